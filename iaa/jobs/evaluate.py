@@ -1,0 +1,103 @@
+"""Scoring and per-example predictions of a trained reader.
+
+Two distributions are kept apart. Training maximises the paper's unnormalised pointer-sum
+P(a|Q,D) = sum of d_{i,T} over a's positions (eq. 3), whose candidate values add up to at most 1.
+The ``probs`` written here are those pointer-sums renormalised over the candidates: a proper
+distribution with the same argmax, where a candidate absent from the document gets exactly 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+from iaa.data.batch import Batch
+from iaa.model.loss import candidate_probs, nll_loss
+
+PREDICTION_SCHEMA = pa.schema(
+    [
+        ("example_id", pa.string()),
+        ("candidate_words", pa.list_(pa.string())),
+        ("probs", pa.list_(pa.float32())),
+        ("pred", pa.int32()),
+        ("gold", pa.int32()),
+    ]
+)
+
+
+@torch.no_grad()
+def score_batches(model: nn.Module, batches: Iterable[Batch], device: torch.device | str = "cpu") -> list[float]:
+    """``[correct, total, summed nll]`` of ``model`` over ``batches`` (eval mode)."""
+    model.eval()
+    correct = total = nll = 0.0
+    for batch in batches:
+        batch = batch.to(device)
+        log_p = model(batch)                                   # (B, C)
+        correct += (log_p.argmax(dim=1) == batch.answer).sum().item()
+        total += len(batch)
+        nll += nll_loss(log_p, batch.answer).item() * len(batch)
+    return [correct, total, nll]
+
+
+@torch.no_grad()
+def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device | str = "cpu") -> Iterator[dict[str, Any]]:
+    """Per example: ``example_id``, ``probs`` (renormalised over candidates), ``pred``, ``gold``."""
+    model.eval()
+    for batch in batches:
+        batch = batch.to(device)
+        probs = candidate_probs(model(batch)).cpu()            # (B, C)
+        n_cands = batch.cand_mask.sum(dim=1).cpu()
+        for b, example_id in enumerate(batch.example_ids):
+            row = probs[b, : int(n_cands[b])]
+            yield {
+                "example_id": example_id,
+                "probs": row.tolist(),
+                "pred": int(row.argmax()),
+                "gold": int(batch.answer[b]),
+            }
+
+
+def write_predictions(rows: list[dict[str, Any]], words: dict[str, list[str]], out: Path) -> Path:
+    """Write prediction rows, with each example's ``candidate_words``, as zstd Parquet."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(
+        [{**row, "candidate_words": words[row["example_id"]]} for row in rows], schema=PREDICTION_SCHEMA
+    )
+    tmp = out.with_name(f".{out.name}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    tmp.replace(out)
+    return out
+
+
+def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = None, batch_size: int = 64) -> dict[str, Any]:
+    """Evaluate a checkpoint on one split of a prepared dataset and write its predictions."""
+    from iaa.data.loader import PreparedData, iter_batches
+    from iaa.jobs import checkpoint
+
+    model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
+    data = PreparedData.open(Path(data_dir))
+    if state.get("vocab_hash") and data.manifest.get("vocab_hash") and state["vocab_hash"] != data.manifest["vocab_hash"]:
+        raise ValueError(
+            f"{checkpoint_path} was trained with another vocabulary than {data_dir} "
+            f"(vocab hash {state['vocab_hash'][:12]} vs {data.manifest['vocab_hash'][:12]})"
+        )
+    table = data.table(split)
+    rows = list(predict(model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
+    words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
+    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{split}.parquet"
+    write_predictions(rows, words, out)
+    correct = sum(r["pred"] == r["gold"] for r in rows)
+    return {
+        "accuracy": correct / max(len(rows), 1),
+        "predictions": str(out),
+        "split": split,
+        "examples": len(rows),
+        "model": cfg.model.kind,
+        "checkpoint": str(checkpoint_path),
+    }

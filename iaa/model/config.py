@@ -1,0 +1,50 @@
+"""Typed, frozen configuration of the reader and its named presets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+ModelKind = Literal["iaa", "iaa-fixed-query", "as-reader"]
+MODEL_KINDS: tuple[str, ...] = ("iaa", "iaa-fixed-query", "as-reader")
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """Hyperparameters of the reader (paper section 3 and "Training Details").
+
+    ``vocab_size`` is 0 until a job fills it in from the prepared dataset's vocabulary.
+    """
+
+    kind: ModelKind = "iaa"
+    vocab_size: int = 0
+    embed_dim: int = 384          # d
+    hidden_dim: int = 128         # h, per encoder GRU direction
+    state_dim: int = 512          # s, inference GRU
+    steps: int = 8                # T
+    gate_dim: int = 256           # hidden size of the 2-layer search gates g_q, g_d
+    dropout: float = 0.2
+    candidate_softmax: bool = False  # Stanford AR / GA Reader: attention restricted to candidate positions
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {self.kind!r}")
+        for name in ("embed_dim", "hidden_dim", "state_dim", "steps", "gate_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+
+PRESETS: dict[str, ReaderConfig] = {
+    "paper": ReaderConfig(embed_dim=384, hidden_dim=128, state_dim=512, steps=8, gate_dim=256),
+    "demo": ReaderConfig(embed_dim=64, hidden_dim=64, state_dim=128, steps=3, gate_dim=64),
+    "tiny": ReaderConfig(embed_dim=16, hidden_dim=8, state_dim=12, steps=2, gate_dim=10),
+}
+
+
+def preset(name: str, **overrides: object) -> ReaderConfig:
+    """A named preset, with field overrides."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown model preset {name!r}; choose from {sorted(PRESETS)}")
+    return replace(PRESETS[name], **overrides)  # type: ignore[arg-type]

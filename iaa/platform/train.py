@@ -1,0 +1,44 @@
+"""``iaa-cli train``: one run, in this process or on Ray Train workers, logged to MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from iaa.jobs import train as train_job
+from iaa.jobs.config import JobConfig, to_dict
+from iaa.platform import tracking
+
+
+def run(
+    cfg: JobConfig,
+    prepared: Path,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    workers: int = 0,
+    gpus_per_worker: float = 0.0,
+    workdir: Path = Path("iaa-work"),
+    tracking_uri: str | None = None,
+    address: str | None = None,
+    storage_path: str | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Train ``cfg`` on ``prepared``; ``workers > 0`` runs a Ray TorchTrainer with that many workers."""
+    uri = tracking.resolve_uri(tracking_uri, workdir)
+    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers)}
+    with tracking.run_context(uri, f"train-{cfg.dataset}", Path(run_dir).name, tags=tags) as mlrun:
+        mlrun.log_params(to_dict(cfg))
+        log = lambda metrics: mlrun.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
+        if workers <= 0:
+            result = train_job.run(cfg, prepared, Path(run_dir), resume=resume, on_metrics=log,
+                                   show_progress=show_progress)
+        else:
+            from iaa.platform import ray_train
+
+            result = ray_train.fit(cfg, prepared, Path(run_dir), workers=workers, gpus_per_worker=gpus_per_worker,
+                                   resume=resume, address=address, storage_path=storage_path, on_metrics=log,
+                                   show_progress=show_progress)
+        mlrun.set_tags({"checkpoint": result.get("checkpoint", "")})
+        mlrun.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
+    return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": uri, "mlflow_run_id": mlrun.run_id}
