@@ -55,6 +55,11 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def _coerce(value: Any, current: Any, where: str) -> Any:
+    if isinstance(value, str) and isinstance(current, (int, float)) and not isinstance(current, bool):
+        try:  # YAML 1.1 reads "5e-4" (no dot) as a string
+            value = float(value)
+        except ValueError:
+            pass
     if isinstance(current, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true/false, got {value!r}")

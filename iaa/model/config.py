@@ -25,6 +25,10 @@ class ReaderConfig:
     gate_dim: int = 256           # hidden size of the 2-layer search gates g_q, g_d
     dropout: float = 0.2
     candidate_softmax: bool = False  # Stanford AR / GA Reader: attention restricted to candidate positions
+    # Implementation switches (same mathematics; see iaa/model/*.py and benchmarks/README.md):
+    fused_gru: bool = True           # packed, hand-differentiated BiGRU instead of nn.GRU + packing
+    fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout
+    sparse_embedding_grad: bool = True  # sparse embedding gradient; iaa.jobs.step keeps Adam + L2 exact
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:

@@ -1,0 +1,156 @@
+"""Parse sources in parallel, build the vocabulary from train, write shards, vocab and manifest.
+
+The main thread reads (and gunzips) sources and hands each chunk to a thread pool; parsing,
+id mapping and Parquet writing run in Arrow and numpy kernels that release the GIL, so the
+threads use all cores without copying data between processes. Output does not depend on the
+number of workers: chunking, vocabulary order and part boundaries are fixed by the input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from iaa.data import manifest as M
+from iaa.data.parsed import MAX_MESSAGES, ParsedChunk
+from iaa.data.shards import length_histogram, to_table, write_part
+from iaa.data.vocab import Vocab
+
+PART_ROWS = 25_000  # examples per Parquet part, at least (whole chunks are never split)
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class SplitSource:
+    """One split of a source: ``tasks()`` runs in the main thread and yields parse tasks for the pool."""
+
+    split: str
+    tasks: Callable[[], Iterator[Callable[[], ParsedChunk]]]
+
+
+@dataclass(frozen=True)
+class VocabOptions:
+    placeholder: str
+    min_count: int = 1
+    max_size: int | None = None
+    keep_pattern: str | None = None
+
+
+def default_workers() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def build(out: Path, sources: list[SplitSource], vocab_opts: VocabOptions, *,
+          workers: int | None = None, progress: bool = False, header: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``out/{vocab.json, manifest.json, <split>/part-*.parquet}``; return the manifest.
+
+    ``out`` must be a new or empty directory; ``header`` (dataset, options, source) leads the manifest.
+    Raises the first DataError of the sources (in file order) unless their tasks skip bad examples.
+    """
+    if not any(s.split == "train" for s in sources):
+        raise ValueError("a dataset needs a train split: the vocabulary is built from it")
+    out.mkdir(parents=True, exist_ok=True)
+    bar = _progress(progress)
+    with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
+        try:
+            parsed = _parse_all(pool, sources, bar)
+            train = parsed["train"]
+            vocab = Vocab.build(((c.words, c.word_counts) for c in train), placeholder=vocab_opts.placeholder,
+                                min_count=vocab_opts.min_count, max_size=vocab_opts.max_size,
+                                keep_pattern=vocab_opts.keep_pattern)
+            writes = {split: [(part, pool.submit(_write, group, vocab, out / split / part))
+                              for part, group in _parts(chunks)]
+                      for split, chunks in parsed.items()}
+            shards = {split: [{"file": f"{split}/{part}", **f.result()} for part, f in fs] for split, fs in writes.items()}
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    vocab.save(out / M.VOCAB)
+    manifest = {
+        "schema_version": M.SCHEMA_VERSION,
+        **(header or {}),
+        "vocab_size": len(vocab),
+        "vocab_hash": vocab.sha256,
+        "counts": {s: sum(len(c) for c in cs) for s, cs in parsed.items()},
+        "skipped": {s: sum(sum(c.skipped.values()) for c in cs) for s, cs in parsed.items()},
+        "truncated": {s: sum(len(c.truncated) for c in cs) for s, cs in parsed.items()},
+        "splits": {s: _split_entry(cs, shards[s]) for s, cs in parsed.items()},
+    }
+    M.write(out, manifest)
+    return manifest
+
+
+def _parse_all(pool: ThreadPoolExecutor, sources: list[SplitSource], bar) -> dict[str, list[ParsedChunk]]:
+    futures: dict[str, list[Future]] = {s.split: [] for s in sources}
+    failed: list[Future] = []
+
+    def done(f: Future) -> None:
+        if f.cancelled() or f.exception() is not None:
+            failed.append(f)
+        elif bar is not None:
+            bar.update(len(f.result()))
+
+    for source in sources:  # reading and gunzipping here overlaps with parsing in the pool
+        for task in source.tasks():
+            if failed:
+                break  # a bad example was found: stop reading, report it below
+            futures[source.split].append(f := pool.submit(task))
+            f.add_done_callback(done)
+    return {split: [f.result() for f in fs] for split, fs in futures.items()}  # raises the first error in order
+
+
+def _parts(chunks: list[ParsedChunk]) -> Iterator[tuple[str, list[ParsedChunk]]]:
+    """Consecutive non-empty chunks grouped into parts of at least PART_ROWS examples."""
+    group: list[ParsedChunk] = []
+    rows, n = 0, 0
+    for chunk in (c for c in chunks if len(c)):
+        group.append(chunk)
+        rows += len(chunk)
+        if rows >= PART_ROWS:
+            yield f"part-{n:05d}.parquet", group
+            group, rows, n = [], 0, n + 1
+    if group:
+        yield f"part-{n:05d}.parquet", group
+
+
+def _write(chunks: list[ParsedChunk], vocab: Vocab, path: Path) -> dict:
+    return write_part([to_table(c, vocab) for c in chunks], path)
+
+
+def _split_entry(chunks: list[ParsedChunk], shards: list[dict]) -> dict[str, Any]:
+    skipped: Counter = Counter()
+    messages, truncated = [], []
+    for c in chunks:
+        skipped.update(c.skipped)
+        messages.extend(c.skip_messages)
+        truncated.extend(c.truncated)
+    doc_lens = np.concatenate([np.diff(c.doc_offsets) for c in chunks]) if chunks else np.zeros(0, np.int64)
+    return {
+        "count": int(sum(len(c) for c in chunks)),
+        "skipped": dict(sorted(skipped.items())),
+        "skipped_examples": messages[:MAX_MESSAGES],
+        "truncated": len(truncated),
+        "truncated_examples": truncated[:MAX_MESSAGES],
+        "shards": shards,
+        "doc_len_histogram": length_histogram(doc_lens),
+    }
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(unit=" ex", unit_scale=True, desc="parsing", leave=False)

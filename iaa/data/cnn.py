@@ -1,0 +1,192 @@
+"""Reader of DeepMind's CNN/Daily Mail ``.question`` files (rc-data), from a folder or the .tgz.
+
+One file, one example::
+
+    <url>
+    <blank>
+    <context: tokens, entities anonymised as @entityN>
+    <blank>
+    <query with @placeholder>
+    <blank>
+    <answer: an @entityN>
+    <blank>
+    @entity0:Real Name
+    ...
+
+Candidates are the distinct ``@entityN`` tokens of the document in order of first occurrence
+(the convention of the AS Reader and the Stanford AR). Split folders ``training``, ``validation``
+and ``test`` become ``train``, ``valid`` and ``test``. A .tgz is read as a stream, never extracted;
+an archive with a link, an absolute path or a path that climbs out (``..``) is rejected.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import tarfile
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from iaa.data import errors as E
+from iaa.data import manifest as M
+from iaa.data.build import SplitSource
+from iaa.data.errors import DataError
+from iaa.data.parsed import ClozeExample, ParsedChunk, assemble, encode, note_errors, offsets_of
+
+PLACEHOLDER = "@placeholder"
+ENTITY_PATTERN = r"^@entity\d+$"
+FOLDERS = {"training": "train", "validation": "valid", "test": "test"}
+FILES_PER_TASK = 2_000
+_ENTITY = re.compile(ENTITY_PATTERN)
+_ENTITY_LINE = re.compile(r"^@entity\d+:")
+
+
+def parse_question(name: str, data: bytes) -> ClozeExample:
+    """One ``.question`` file; raises DataError naming the file (and line) for bad input."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"not UTF-8 (byte 0x{data[e.start]:02x} at byte {e.start})", path=name,
+                        line=data.count(b"\n", 0, e.start) + 1, reason=E.NOT_UTF8) from None
+    lines = text.replace("\r\n", "\n").split("\n")
+    fields = {"url": 0, "context": 2, "query": 4, "answer": 6}
+    for what, i in fields.items():
+        if len(lines) <= i or not lines[i].strip():
+            raise DataError(f"missing the {what} (line {i + 1} of url, blank, context, blank, query, blank, answer)",
+                            path=name, line=i + 1, reason=E.MISSING_FIELD)
+        if i and lines[i - 1].strip():
+            raise DataError(f"expected a blank line before the {what}", path=name, line=i, reason=E.MISSING_FIELD)
+    for k, line in enumerate(lines[8:], start=9):
+        if line.strip() and not _ENTITY_LINE.match(line):
+            raise DataError(f"expected an '@entityN:Name' line, found {line[:40]!r}", path=name, line=k,
+                            reason=E.MISSING_FIELD)
+    doc, query, answer = lines[2].split(), lines[4].split(), lines[6].strip()
+    candidates = tuple(dict.fromkeys(t for t in doc if t.startswith("@entity") and _ENTITY.match(t)))
+    return ClozeExample(PurePosixPath(name).stem, tuple(doc), tuple(query), candidates, answer)
+
+
+def parse_files(items: list[tuple[str, bytes]], *, on_error: str = "fail", lowercase: bool = False) -> ParsedChunk:
+    """Parse (name, bytes) question files into one chunk; bad ones raise or are counted (``on_error``)."""
+    examples, names, errs = [], [], []
+    for name, data in items:
+        try:
+            examples.append(parse_question(name, data))
+            names.append(name)
+        except DataError as e:
+            errs.append(e)
+
+    def answer_kind(i: int) -> tuple[str, str]:
+        a = examples[i].answer
+        if not _ENTITY.match(a):
+            return E.ANSWER_NOT_CANDIDATE, f"answer {a!r} is not an @entity token, so it is not among the candidates"
+        return E.ANSWER_NOT_IN_DOCUMENT, f"answer {a!r} does not occur in the document, so it is not among the candidates"
+
+    words, doc, query = encode(pa.array([w for ex in examples for w in ex.doc], pa.string()),
+                               pa.array([w for ex in examples for w in ex.query], pa.string()))
+    chunk, content_errs = assemble(
+        example_ids=pa.array([ex.example_id for ex in examples], pa.string()), words=words,
+        doc=doc, doc_offsets=offsets_of(np.array([len(ex.doc) for ex in examples], np.int64)),
+        query=query, query_offsets=offsets_of(np.array([len(ex.query) for ex in examples], np.int64)),
+        cand_words=pa.array([c for ex in examples for c in ex.candidates], pa.string()),
+        cand_offsets=offsets_of(np.array([len(ex.candidates) for ex in examples], np.int64)),
+        answers=pa.array([ex.answer for ex in examples], pa.string()),
+        placeholder=PLACEHOLDER, lowercase=lowercase, where=lambda i: (names[i], None), answer_kind=answer_kind,
+    )
+    note_errors(chunk, errs + content_errs, on_error)
+    return chunk
+
+
+def find_source(source: Path) -> Path:
+    """The ``questions`` folder under ``source``, or ``source`` itself when it is a .tgz/.tar.gz."""
+    source = Path(source)
+    if source.is_file() and source.name.endswith((".tgz", ".tar.gz", ".tar")):
+        return source
+    for folder in (source / "questions", source / "cnn" / "questions", source):
+        if folder.is_dir() and any((folder / f).is_dir() for f in FOLDERS):
+            return folder
+    raise DataError("no CNN questions here: give the folder holding questions/{training,validation,test}/ "
+                    "or the .tgz", path=source, reason=E.MISSING_SOURCE)
+
+
+def fingerprint(source: Path) -> dict:
+    """Names, sizes and times of the question files (or of the archive)."""
+    found = find_source(source)
+    if found.is_file():
+        return M.fingerprint([found])
+    return M.fingerprint((p for f in FOLDERS for p in (found / f).glob("*.question")), root=found)
+
+
+def split_sources(source: Path, *, on_error: str = "fail", lowercase: bool = False) -> list[SplitSource]:
+    """One SplitSource per split present; each yields parse tasks of FILES_PER_TASK files."""
+    found = find_source(source)
+    if found.is_file():
+        present = {split for split, _, _ in _scan_tgz(found, read=False)}
+    else:
+        present = {split for folder, split in FOLDERS.items() if any((found / folder).glob("*.question"))}
+    parse = functools.partial(parse_files, on_error=on_error, lowercase=lowercase)
+    return [SplitSource(s, functools.partial(_tasks, found, s, parse)) for s in FOLDERS.values() if s in present]
+
+
+def read(source: Path, *, on_error: str = "fail", lowercase: bool = False) -> dict[str, ParsedChunk]:
+    """All splits, each parsed in one piece (tests and small data)."""
+    found = find_source(source)
+    return {s.split: parse_files(list(iter_files(found, s.split)), on_error=on_error, lowercase=lowercase)
+            for s in split_sources(found, on_error=on_error, lowercase=lowercase)}
+
+
+def iter_files(found: Path, split: str) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of one split's question files, in name order (folder) or archive order (.tgz)."""
+    if found.is_file():
+        for s, name, data in _scan_tgz(found, read=True):
+            if s == split:
+                yield f"{found.name}:{name}", data
+        return
+    folder = next(f for f, s in FOLDERS.items() if s == split)
+    for p in sorted((found / folder).glob("*.question")):
+        yield str(p.relative_to(found.parent)), p.read_bytes()
+
+
+def _tasks(found: Path, split: str, parse: Callable) -> Iterator[Callable[[], ParsedChunk]]:
+    batch: list[tuple[str, bytes]] = []
+    for item in iter_files(found, split):
+        batch.append(item)
+        if len(batch) == FILES_PER_TASK:
+            yield functools.partial(parse, batch)
+            batch = []
+    if batch:
+        yield functools.partial(parse, batch)
+
+
+def _scan_tgz(path: Path, *, read: bool) -> Iterator[tuple[str, str, bytes]]:
+    """(split, member name, bytes) of each ``questions/<folder>/*.question`` member, streamed.
+
+    Raises DataError for a member that is a link, absolute, or climbs out with ``..``.
+    """
+    with tarfile.open(path, mode="r:*") as tar:
+        for member in tar:
+            _check_member(path, member)
+            parts = PurePosixPath(member.name).parts
+            if not member.isfile() or not member.name.endswith(".question") or len(parts) < 3:
+                continue
+            if parts[-3] != "questions" or parts[-2] not in FOLDERS:
+                continue
+            data = tar.extractfile(member).read() if read else b""  # type: ignore[union-attr]
+            yield FOLDERS[parts[-2]], member.name, data
+
+
+def _check_member(archive: Path, member: tarfile.TarInfo) -> None:
+    name = PurePosixPath(member.name)
+    if member.issym() or member.islnk():
+        what = f"member {member.name!r} is a link (to {member.linkname!r}); links are not allowed"
+    elif name.is_absolute() or member.name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", member.name):
+        what = f"member {member.name!r} has an absolute path"
+    elif ".." in name.parts or "\\.." in member.name or "..\\" in member.name:
+        what = f"member {member.name!r} would be written outside the target folder"
+    elif not (member.isfile() or member.isdir()):
+        what = f"member {member.name!r} is not a regular file or folder"
+    else:
+        return
+    raise DataError(f"unsafe archive: {what}", path=archive, reason=E.UNSAFE_ARCHIVE)

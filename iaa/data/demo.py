@@ -1,0 +1,160 @@
+"""A generated cloze dataset in CBT format: the embedded default, small enough to train on a laptop.
+
+Story grammar (one example; ``|`` separates alternatives, ``[x]`` is optional)::
+
+    story      := 20 sentences, shuffled: 5 binding sentences + 15 filler sentences
+    cast       := 10 distinct NAMEs; they are the candidates, sorted as in CBT
+    binding    := one per active character (5 of the cast), each binds that character to a
+                  PLACE or an OBJECT no one else in the story is bound to:
+                  [TIME ,] NAME MOVE to the PLACE [TIME2] .
+                | [TIME ,] NAME FIND a ADJ OBJECT [in the PLACE2] .
+    filler     := NAME ACT .  | NAME TALK NAME [for a while] .  | the weather was ADJ .
+                | a ANIMAL SOUND in the distance .  | it was a ADJ day .
+                  (every cast member is named at least once; PLACE2 is never a bound place)
+    query      := about one active character, chosen uniformly, with XXXXX in its place:
+                  place:  [TIME ,] XXXXX was seen near the PLACE .  | XXXXX came back from the PLACE .
+                  object: XXXXX showed everyone the OBJECT .  | the OBJECT belonged to XXXXX .
+    answer     := the character bound to that PLACE or OBJECT
+
+The answer depends on the query's context: only the place or object it mentions tells which of
+the cast it is, and who is named most often is independent of who is asked about, so the
+most-frequent-candidate baseline stays far below a reader that matches the query to the story.
+Deterministic: split ``s`` of seed ``k`` is drawn from ``random.Random(f"{k}-{s}")``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from iaa.data.parsed import ClozeExample
+
+VERSION = 1
+SEED = 1234
+SIZES = {"train": 20_000, "valid": 2_000, "test": 2_000}
+CAST, ACTIVE, SENTENCES = 10, 5, 20
+
+NAMES = ("Anna Ben Clara Daniel Emma Felix Greta Hugo Iris Jack Kate Leo Mia Nora Oscar Paul Quinn Rosa "
+         "Sam Tara Umar Vera Will Xena Yara Zack Alice Bruno Cora Dylan Elsa Finn Gina Hank Ivy Joel Lina "
+         "Max Nina Owen Pia Ray Sara Tom Una Vic Wendy Yuri").split()
+PLACES = ("kitchen garden forest river market barn castle bakery library harbor meadow cellar attic bridge "
+          "chapel mill orchard pond school stable tower village well beach cave field hill lake park road "
+          "shop station temple valley yard inn").split()
+OBJECTS = ("apple lamp kite drum ring basket bell book candle coin cup feather flute hat key ladder map "
+           "mirror necklace paintbrush pebble pillow rope saddle scarf shell spoon stone sword teapot "
+           "trumpet umbrella violin wagon whistle compass").split()
+ADJS = "cold warm quiet noisy bright dark windy sunny grey calm old shiny small heavy strange red blue green".split()
+TIMES = ("in the morning", "after lunch", "at noon", "before dinner", "later that day", "at dawn", "one evening")
+MOVES = "went walked ran hurried wandered".split()
+FINDS = "found discovered picked up noticed".split()
+ACTS = "smiled laughed yawned sang sighed nodded waited".split()
+TALKS = "talked with|waved at|played with|argued with|helped".split("|")
+ANIMALS = "dog owl cow cat goose horse".split()
+SOUNDS = "barked hooted mooed called honked neighed".split()
+
+
+def generate(n: int, rng: random.Random) -> Iterator[ClozeExample]:
+    """``n`` stories following the module's grammar."""
+    for i in range(n):
+        yield _story(rng, f"demo:{i}")
+
+
+def _story(rng: random.Random, example_id: str) -> ClozeExample:
+    cast = rng.sample(NAMES, CAST)
+    active = cast[:ACTIVE]
+    places, objects = rng.sample(PLACES, ACTIVE + 3), rng.sample(OBJECTS, ACTIVE)
+    bound: list[tuple[str, str, str]] = []       # (name, "place"|"object", thing)
+    sentences = []
+    for k, name in enumerate(active):
+        lead = [*rng.choice(TIMES).split(), ","] if rng.random() < 0.4 else []
+        if rng.random() < 0.5:
+            bound.append((name, "place", places[k]))
+            tail = rng.choice(TIMES).split() if rng.random() < 0.3 and not lead else []
+            sentences.append([*lead, name, rng.choice(MOVES), "to", "the", places[k], *tail, "."])
+        else:
+            bound.append((name, "object", objects[k]))
+            where = ["in", "the", rng.choice(places[ACTIVE:])] if rng.random() < 0.4 else []
+            sentences.append([*lead, name, *rng.choice(FINDS).split(), "a", rng.choice(ADJS), objects[k], *where, "."])
+    unnamed = cast[ACTIVE:]
+    while len(sentences) < SENTENCES:
+        sentences.append(_filler(rng, cast, unnamed))
+    rng.shuffle(sentences)
+    name, kind, thing = rng.choice(bound)
+    if kind == "place":
+        query = rng.choice([[*rng.choice(TIMES).split(), ",", "XXXXX", "was", "seen", "near", "the", thing, "."],
+                            ["XXXXX", "came", "back", "from", "the", thing, "."]])
+    else:
+        query = rng.choice([["XXXXX", "showed", "everyone", "the", thing, "."],
+                            ["the", thing, "belonged", "to", "XXXXX", "."]])
+    doc = tuple(w for s in sentences for w in s)
+    return ClozeExample(example_id, doc, tuple(query), tuple(sorted(cast)), name)
+
+
+def _filler(rng: random.Random, cast: list[str], unnamed: list[str]) -> list[str]:
+    """A sentence without bindings; names the cast members not named yet first."""
+    who = unnamed.pop() if unnamed else rng.choice(cast)
+    r = rng.random()
+    if unnamed or r < 0.45:
+        return [who, rng.choice(ACTS), "."]
+    if r < 0.75:
+        other = rng.choice([c for c in cast if c != who])
+        tail = ["for", "a", "while"] if rng.random() < 0.3 else []
+        return [who, *rng.choice(TALKS).split(), other, *tail, "."]
+    if r < 0.85:
+        return ["the", "weather", "was", rng.choice(ADJS), "."]
+    if r < 0.95:
+        k = rng.randrange(len(ANIMALS))
+        return ["a", ANIMALS[k], SOUNDS[k], "in", "the", "distance", "."]
+    return ["it", "was", "a", rng.choice(ADJS), "day", "."]
+
+
+def format_cbt(ex: ClozeExample, sentences: list[list[str]] | None = None) -> str:
+    """One example in CBT's 21-line format (with its trailing blank line)."""
+    sents = sentences if sentences is not None else _split_sentences(ex.doc)
+    lines = [f"{i} {' '.join(s)}" for i, s in enumerate(sents, 1)]
+    lines.append(f"{SENTENCES + 1} {' '.join(ex.query)}\t{ex.answer}\t\t{'|'.join(ex.candidates)}")
+    return "\n".join(lines) + "\n\n"
+
+
+def _split_sentences(doc: tuple[str, ...]) -> list[list[str]]:
+    out, cur = [], []
+    for w in doc:
+        cur.append(w)
+        if w == ".":
+            out.append(cur)
+            cur = []
+    if cur or len(out) != SENTENCES:
+        raise ValueError(f"a demo document must be {SENTENCES} sentences ending in '.'")
+    return out
+
+
+def write_files(folder: Path, *, seed: int = SEED, sizes: dict[str, int] = SIZES) -> dict[str, Path]:
+    """Write ``demo_{split}.txt`` in CBT format for each split; returns split -> path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in sizes.items():
+        rng = random.Random(f"{seed}-{split}")
+        path = folder / f"demo_{split}.txt"
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(format_cbt(ex) for ex in generate(n, rng))
+        paths[split] = path
+    return paths
+
+
+def fingerprint(seed: int = SEED, sizes: dict[str, int] = SIZES) -> dict:
+    """What identifies the generated source: generator version, seed and sizes."""
+    return {"generator": f"iaa.data.demo v{VERSION}", "seed": seed, "sizes": dict(sizes)}
+
+
+def frequency_baseline(examples: Iterable[ClozeExample]) -> float:
+    """Accuracy of answering the candidate named most often in the document (ties: first in order)."""
+    correct = total = 0
+    for ex in examples:
+        counts = Counter(ex.doc)
+        best = max(ex.candidates, key=lambda c: counts[c])  # max keeps the first of equals
+        correct += best == ex.answer
+        total += 1
+    return correct / max(total, 1)

@@ -1,0 +1,38 @@
+"""The one error type of the data layer: bad input, named by file, line and what is wrong."""
+
+from __future__ import annotations
+
+# Why an example was rejected. Keys of the manifest's ``skipped`` counts.
+MISSING_LINE = "missing_line"
+MISSING_FIELD = "missing_field"
+ANSWER_NOT_CANDIDATE = "answer_not_candidate"
+ANSWER_NOT_IN_DOCUMENT = "answer_not_in_document"
+NO_PLACEHOLDER = "no_placeholder"
+NOT_UTF8 = "not_utf8"
+UNSAFE_ARCHIVE = "unsafe_archive"
+MISSING_SOURCE = "missing_source"
+
+REASONS: tuple[str, ...] = (
+    MISSING_LINE, MISSING_FIELD, ANSWER_NOT_CANDIDATE, ANSWER_NOT_IN_DOCUMENT, NO_PLACEHOLDER, NOT_UTF8,
+)
+
+
+class DataError(ValueError):
+    """Bad input data. ``str(err)`` reads ``FILE, line N: what is wrong``.
+
+    Args:
+        what: what is wrong, in words a user can act on.
+        path: the file (or archive member) at fault; None when no single file is.
+        line: 1-based line number in that file, when known (CBT).
+        reason: one of this module's reason constants, used to count skipped examples.
+    """
+
+    def __init__(self, what: str, *, path: object = None, line: int | None = None, reason: str = MISSING_FIELD) -> None:
+        self.what = what
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.reason = reason
+        where = self.path or ""
+        if line is not None:
+            where = f"{where}, line {line}" if where else f"line {line}"
+        super().__init__(f"{where}: {what}" if where else what)

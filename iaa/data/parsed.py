@@ -1,0 +1,249 @@
+"""Parsed cloze examples in columnar form, shared by the CBT and CNN readers.
+
+A reader tokenises a piece of its source into flat token arrays and calls :func:`assemble`, which
+dictionary-encodes the words of that piece once (in Arrow, not a Python loop), finds each
+candidate's positions in the document from the words themselves, checks every example and
+drops or reports the bad ones. The result, a :class:`ParsedChunk`, holds word indices into the
+chunk's own small dictionary; the shard writer later maps that dictionary to vocabulary ids.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from iaa.data import errors as E
+from iaa.data.errors import DataError
+
+Where = Callable[[int], tuple[str, "int | None"]]  # example index -> (file, line) for messages
+
+
+@dataclass(frozen=True)
+class ClozeExample:
+    """One cloze question as plain words, the way tests and humans read it."""
+
+    example_id: str
+    doc: tuple[str, ...]         # document tokens
+    query: tuple[str, ...]       # query tokens, one of them the placeholder
+    candidates: tuple[str, ...]  # in the file's order
+    answer: str                  # the gold word, one of the candidates
+
+
+@dataclass
+class ParsedChunk:
+    """The valid examples of one piece of a source file, columnar. E examples, D distinct words.
+
+    ``doc``/``query`` hold indices into ``words``; example ``i`` owns ``doc[doc_offsets[i]:doc_offsets[i+1]]``.
+    ``words`` are the matching keys (lowercased when the dataset is lowercased); ``cand_words`` are the
+    candidates exactly as written in the file and ``cand_keys`` their matching keys.
+    """
+
+    example_ids: pa.Array          # (E,) string
+    words: pa.Array                # (D,) string, distinct
+    word_counts: np.ndarray        # (D,) int64, occurrences in documents and queries
+    doc: np.ndarray                # (sum Ld,) int32 index into words
+    doc_offsets: np.ndarray        # (E+1,) int64
+    doc_cand: np.ndarray           # (sum Ld,) int16 candidate index of each document token, -1 for none
+    query: np.ndarray              # (sum Lq,) int32 index into words
+    query_offsets: np.ndarray      # (E+1,) int64
+    cand_words: pa.Array           # (sum C,) string, as in the file
+    cand_keys: pa.Array            # (sum C,) string, the words vocabulary ids are looked up by
+    cand_offsets: np.ndarray       # (E+1,) int64
+    answer: np.ndarray             # (E,) int32 index into the example's candidates
+    skipped: Counter = field(default_factory=Counter)     # reason -> count of dropped examples
+    skip_messages: list[str] = field(default_factory=list)  # the first few, for the manifest
+    truncated: list[str] = field(default_factory=list)      # one message per cut-off trailing example
+
+    def __len__(self) -> int:
+        return len(self.answer)
+
+    def examples(self) -> list[ClozeExample]:
+        """The chunk as records (slow: Python objects per token; for tests and small data)."""
+        words = np.array(self.words.to_pylist(), dtype=object)
+        ids, cands = self.example_ids.to_pylist(), self.cand_words.to_pylist()
+        out = []
+        for i in range(len(self)):
+            c = cands[self.cand_offsets[i]:self.cand_offsets[i + 1]]
+            out.append(ClozeExample(
+                example_id=ids[i],
+                doc=tuple(words[self.doc[self.doc_offsets[i]:self.doc_offsets[i + 1]]]),
+                query=tuple(words[self.query[self.query_offsets[i]:self.query_offsets[i + 1]]]),
+                candidates=tuple(c),
+                answer=c[self.answer[i]],
+            ))
+        return out
+
+
+MAX_MESSAGES = 20
+
+
+def lengths(offsets: np.ndarray) -> np.ndarray:
+    """(E+1,) offsets -> (E,) lengths."""
+    return np.diff(offsets)
+
+
+def offsets_of(lens: np.ndarray) -> np.ndarray:
+    """(E,) lengths -> (E+1,) int64 offsets."""
+    out = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=out[1:])
+    return out
+
+
+def select_ragged(values: np.ndarray | pa.Array, offsets: np.ndarray, keep: np.ndarray):
+    """Keep the rows ``keep`` (E,) bool of a ragged array; returns (values, offsets)."""
+    lens = lengths(offsets)
+    mask = np.repeat(keep, lens)
+    values = values[mask] if isinstance(values, np.ndarray) else values.filter(pa.array(mask))
+    return values, offsets_of(lens[keep])
+
+
+def row_of(offsets: np.ndarray) -> np.ndarray:
+    """(E+1,) offsets -> (sum L,) int32 row index of every element."""
+    return np.repeat(np.arange(len(offsets) - 1, dtype=np.int32), lengths(offsets))
+
+
+def match_keys(words: pa.Array, lowercase: bool, keep: str) -> pa.Array:
+    """The words candidates are matched by: lowercased when asked, except the placeholder ``keep``."""
+    if not lowercase:
+        return words
+    return pc.if_else(pc.equal(words, keep), words, pc.utf8_lower(words))
+
+
+def encode(doc_tokens: pa.Array, query_tokens: pa.Array) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """Dictionary-encode flat token arrays together: (words (D,), doc (sum Ld,) int32, query (sum Lq,) int32)."""
+    encoded = pc.dictionary_encode(pa.concat_arrays([doc_tokens.cast(pa.string()), query_tokens.cast(pa.string())]))
+    idx = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    return encoded.dictionary, idx[:len(doc_tokens)], idx[len(doc_tokens):]
+
+
+def assemble(
+    *,
+    example_ids: pa.Array,
+    words: pa.Array,
+    doc: np.ndarray, doc_offsets: np.ndarray,
+    query: np.ndarray, query_offsets: np.ndarray,
+    cand_words: pa.Array, cand_offsets: np.ndarray,
+    answers: pa.Array,
+    placeholder: str,
+    lowercase: bool,
+    where: Where,
+    answer_kind: Callable[[int], tuple[str, str]] | None = None,
+) -> tuple[ParsedChunk, list[DataError]]:
+    """Check E encoded examples; return the valid ones and one error per bad one.
+
+    Args:
+        words: (D,) distinct words; ``doc``/``query`` index it, cut per example by ``*_offsets`` (E+1,).
+            It may hold words no document or query uses.
+        cand_words: flat candidates as written, cut per example by ``cand_offsets``.
+        answers: (E,) the gold word of each example.
+        placeholder: the query token that marks the gap (``XXXXX`` or ``@placeholder``).
+        lowercase: match and count words case-folded (the placeholder keeps its case).
+        where: example index -> (file, line) named by its error.
+        answer_kind: optional example index -> (reason, message) used when the answer is not
+            among the candidates (CNN words this differently from CBT).
+    """
+    n = len(answers)
+    if lowercase:  # fold the distinct words, then remap every token through them
+        folded = pc.dictionary_encode(match_keys(words, True, placeholder))
+        remap = folded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+        doc, query, words = remap[doc], remap[query], folded.dictionary
+    cand_keys = match_keys(cand_words, lowercase, placeholder)
+    cand_local = pc.fill_null(pc.index_in(cand_keys, value_set=words), -1).to_numpy().astype(np.int32)
+
+    answer = _answer_index(cand_words, cand_offsets, answers)                    # (E,)
+    doc_cand = _doc_candidates(doc, doc_offsets, cand_local, cand_offsets)       # (sum Ld,)
+    hit = np.flatnonzero(doc_cand >= 0)
+    hit_row = np.searchsorted(doc_offsets, hit, side="right") - 1
+    answer_in_doc = np.zeros(n, dtype=bool)
+    answer_in_doc[hit_row[doc_cand[hit] == answer[hit_row]]] = True
+    ph = pc.index(words, placeholder).as_py()
+    query_has_ph = np.zeros(n, dtype=bool)
+    query_has_ph[np.searchsorted(query_offsets, np.flatnonzero(query == ph), side="right") - 1] = True
+
+    bad_rows = np.flatnonzero(~query_has_ph | (answer < 0) | ~answer_in_doc)
+    errs: list[DataError] = []
+    for i in bad_rows.tolist():
+        path, line = where(i)
+        if not query_has_ph[i]:
+            errs.append(DataError(f"the query has no {placeholder} placeholder", path=path, line=line, reason=E.NO_PLACEHOLDER))
+        elif answer[i] < 0:
+            if answer_kind is not None:
+                reason, what = answer_kind(i)
+            else:
+                cands = cand_words[cand_offsets[i]:cand_offsets[i + 1]].to_pylist()
+                reason, what = E.ANSWER_NOT_CANDIDATE, f"answer {answers[i].as_py()!r} is not among the candidates {cands}"
+            errs.append(DataError(what, path=path, line=line, reason=reason))
+        else:
+            errs.append(DataError(f"answer {answers[i].as_py()!r} does not occur in the document",
+                                  path=path, line=line, reason=E.ANSWER_NOT_IN_DOCUMENT))
+    if len(bad_rows):
+        keep = np.ones(n, dtype=bool)
+        keep[bad_rows] = False
+        doc_cand, _ = select_ragged(doc_cand, doc_offsets, keep)
+        doc, doc_offsets = select_ragged(doc, doc_offsets, keep)
+        query, query_offsets = select_ragged(query, query_offsets, keep)
+        cand_words, _ = select_ragged(cand_words, cand_offsets, keep)
+        cand_keys, cand_offsets = select_ragged(cand_keys, cand_offsets, keep)
+        example_ids, answer = example_ids.filter(pa.array(keep)), answer[keep]
+    counts = np.bincount(doc, minlength=len(words)) + np.bincount(query, minlength=len(words))
+    chunk = ParsedChunk(
+        example_ids=example_ids, words=words, word_counts=counts.astype(np.int64),
+        doc=doc, doc_offsets=doc_offsets, doc_cand=doc_cand, query=query, query_offsets=query_offsets,
+        cand_words=cand_words, cand_keys=cand_keys, cand_offsets=cand_offsets, answer=answer,
+    )
+    return chunk, errs
+
+
+def _answer_index(cand_words: pa.Array, cand_offsets: np.ndarray, answers: pa.Array) -> np.ndarray:
+    """(E,) int32 index of the first candidate equal to the answer (exact spelling), -1 if none."""
+    rows = row_of(cand_offsets)
+    same = pc.equal(cand_words, pc.take(answers, pa.array(rows))).to_numpy(zero_copy_only=False)
+    first = np.full(len(answers), np.iinfo(np.int32).max, dtype=np.int64)
+    hit = np.flatnonzero(same)
+    np.minimum.at(first, rows[hit], hit - cand_offsets[rows[hit]])
+    first[first == np.iinfo(np.int32).max] = -1
+    return first.astype(np.int32)
+
+
+def _doc_candidates(doc: np.ndarray, doc_offsets: np.ndarray, cand_local: np.ndarray,
+                    cand_offsets: np.ndarray) -> np.ndarray:
+    """(sum Ld,) int16: for each document token the index of the candidate with the same word, else -1.
+
+    Works on word indices, not vocabulary ids, so two candidates unseen in training stay apart.
+    When folding case merges two candidates, the first one in file order gets the positions.
+    """
+    n = len(doc_offsets) - 1
+    out = np.full(len(doc), -1, dtype=np.int16)
+    cand_lens = lengths(cand_offsets)
+    if n == 0 or len(cand_local) == 0:
+        return out
+    width = int(cand_lens.max())
+    table = np.full((n, width), -1, dtype=np.int32)                      # (E, Cmax) word index per slot
+    rows = row_of(cand_offsets)
+    table[rows, np.arange(len(cand_local)) - cand_offsets[rows]] = cand_local
+    is_cand = np.zeros(int(doc.max(initial=0)) + 2, dtype=bool)
+    found = cand_local[(cand_local >= 0) & (cand_local < len(is_cand))]
+    is_cand[found] = True
+    pos = np.flatnonzero(is_cand[doc])                                   # the few tokens that are any candidate
+    pos_row = np.searchsorted(doc_offsets, pos, side="right") - 1
+    same = table[pos_row] == doc[pos][:, None]                           # (M, Cmax)
+    has = same.any(axis=1)
+    out[pos[has]] = same[has].argmax(axis=1)
+    return out
+
+
+def note_errors(chunk: ParsedChunk, errs: list[DataError], on_error: str) -> None:
+    """Raise the first error (fail), or count them on the chunk (skip)."""
+    if not errs:
+        return
+    if on_error == "fail":
+        raise min(errs, key=lambda e: (e.line or 0))
+    for e in sorted(errs, key=lambda e: (e.line or 0)):
+        chunk.skipped[e.reason] += 1
+        if len(chunk.skip_messages) < MAX_MESSAGES:
+            chunk.skip_messages.append(str(e))

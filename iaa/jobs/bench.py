@@ -1,0 +1,195 @@
+"""Training and inference throughput on a synthetic CBT-NE-shaped workload (issue 6, item 1).
+
+The workload is fixed so that implementations are compared on the same work: document lengths
+~ N(430, 110²) clipped to [130, 1000], query lengths ~ N(28, 12²) clipped to [3, 120], 10
+candidates per example (each occurring 1-6 times in the document), a 50,000-word vocabulary with
+Zipf-like word frequencies, the paper's model configuration and batch 32.
+
+Training batches are length-bucketed, as the real loader's are (and as the AS Reader's and GA
+Reader's loaders were): a pool of examples is sorted by document length, cut into batches and the
+batch order shuffled. ``iaa-cli bench`` prints the dict that ``run`` returns.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from iaa.data.batch import Batch
+from iaa.model.config import PRESETS, ReaderConfig
+from iaa.model.reader import build_reader
+from iaa.jobs.step import build_optimizer, train_step
+
+VOCAB_SIZE = 50_000
+NUM_CANDS = 10
+EMBED_L2 = 1e-4
+LR = 1e-3
+
+
+@dataclass
+class Example:
+    doc: np.ndarray       # (Ld,) int64
+    query: np.ndarray     # (Lq,) int64
+    doc_cand: np.ndarray  # (Ld,) int64, -1 for no candidate
+    answer: int
+
+
+def _lengths(rng: np.random.Generator, n: int, mean: float, std: float, lo: int, hi: int) -> np.ndarray:
+    return np.clip(np.rint(rng.normal(mean, std, n)), lo, hi).astype(np.int64)
+
+
+def synthetic_examples(n: int, seed: int = 0, vocab_size: int = VOCAB_SIZE,
+                       num_cands: int = NUM_CANDS) -> list[Example]:
+    """``n`` random examples of the CBT-NE shape (see module docstring). Token 0 is padding."""
+    rng = np.random.default_rng(seed)
+    freq = 1.0 / np.arange(10, vocab_size + 9)                      # Zipf-like, ids 1..V-1
+    freq /= freq.sum()
+    doc_lens = _lengths(rng, n, 430, 110, 130, 1000)
+    query_lens = _lengths(rng, n, 28, 12, 3, 120)
+    examples = []
+    for doc_len, query_len in zip(doc_lens, query_lens):
+        doc = rng.choice(vocab_size - 1, doc_len, p=freq) + 1
+        query = rng.choice(vocab_size - 1, query_len, p=freq) + 1
+        cands = rng.choice(np.arange(1, vocab_size), num_cands, replace=False)
+        counts = rng.integers(1, 7, num_cands)
+        positions = rng.choice(doc_len, counts.sum(), replace=False)
+        doc_cand = np.full(doc_len, -1, dtype=np.int64)
+        doc_cand[positions] = np.repeat(np.arange(num_cands), counts)
+        doc[positions] = cands[doc_cand[positions]]
+        examples.append(Example(doc, query, doc_cand, int(rng.integers(num_cands))))
+    return examples
+
+
+def collate(examples: list[Example], device: str | torch.device = "cpu") -> Batch:
+    """Pad to the longest document and query of the batch (right padding, id 0)."""
+    n, ld, lq = len(examples), max(len(e.doc) for e in examples), max(len(e.query) for e in examples)
+    doc = torch.zeros(n, ld, dtype=torch.int64)
+    query = torch.zeros(n, lq, dtype=torch.int64)
+    doc_cand = torch.full((n, ld), -1, dtype=torch.int64)
+    for i, e in enumerate(examples):
+        doc[i, : len(e.doc)] = torch.from_numpy(e.doc)
+        query[i, : len(e.query)] = torch.from_numpy(e.query)
+        doc_cand[i, : len(e.doc)] = torch.from_numpy(e.doc_cand)
+    doc_mask = torch.arange(ld) < torch.tensor([len(e.doc) for e in examples]).unsqueeze(1)
+    query_mask = torch.arange(lq) < torch.tensor([len(e.query) for e in examples]).unsqueeze(1)
+    batch = Batch(doc, doc_mask, query, query_mask, doc_cand,
+                  torch.ones(n, NUM_CANDS, dtype=torch.bool),
+                  torch.tensor([e.answer for e in examples]), [str(i) for i in range(n)])
+    return batch.to(device)
+
+
+def bucketed_batches(examples: list[Example], batch_size: int, seed: int = 0) -> list[list[Example]]:
+    """Sort by document length, cut into batches, shuffle the batch order."""
+    ordered = sorted(examples, key=lambda e: len(e.doc))
+    batches = [ordered[i: i + batch_size] for i in range(0, len(ordered), batch_size)]
+    np.random.default_rng(seed).shuffle(batches)
+    return batches
+
+
+def random_batches(examples: list[Example], batch_size: int) -> list[list[Example]]:
+    """Batches in the given (random) order, padded to their longest document."""
+    return [examples[i: i + batch_size] for i in range(0, len(examples), batch_size)]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_steps(step: Callable[[Batch], object], batches: Iterable[Batch], device: str) -> tuple[float, int]:
+    """Seconds and examples for running ``step`` over ``batches``."""
+    _sync(device)
+    start, count = time.perf_counter(), 0
+    for batch in batches:
+        step(batch)
+        count += len(batch)
+    _sync(device)
+    return time.perf_counter() - start, count
+
+
+def matmul_gflops(device: str = "cpu", size: int = 2048, reps: int = 10) -> float:
+    """The machine's measured fp32 matmul rate (bf16 on CUDA is not what the model runs)."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    a @ b
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2 * size**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """Matrix-multiply FLOPs of ``fn()`` (forward and backward), by ``FlopCounterMode``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: str = "cpu",
+        batch_size: int = 32, steps: int = 10, warmup: int = 2, seed: int = 0,
+        precision: str = "auto") -> dict:
+    """Time training steps and inference after a warm-up, on the synthetic workload.
+
+    Args:
+        model: iaa | iaa-fixed-query | as-reader.
+        overrides: ``ReaderConfig`` fields to change from the paper preset.
+        device: cpu or cuda.
+        batch_size: examples per batch (training and inference).
+        steps: timed training batches (inference times 2 x steps batches).
+        warmup: untimed batches first.
+        seed: for the model and the workload.
+        precision: fp32, bf16 (autocast), or auto (bf16 on CUDA, fp32 on CPU).
+
+    Returns:
+        A dict with train_examples_per_s, infer_examples_per_s, flops_per_train_example,
+        achieved_gflops, matmul_gflops, roofline_fraction, config, threads, device, precision.
+    """
+    cfg: ReaderConfig = replace(PRESETS["paper"], kind=model, vocab_size=VOCAB_SIZE, **(overrides or {}))
+    amp_dtype = torch.bfloat16 if precision == "bf16" or (precision == "auto" and device.startswith("cuda")) else None
+    torch.manual_seed(seed)
+    reader = build_reader(cfg).to(device)
+    optimizer = build_optimizer(reader, LR, EMBED_L2)
+    pool = synthetic_examples((warmup + steps) * batch_size, seed=seed)
+    train_batches = [collate(b, device) for b in bucketed_batches(pool, batch_size, seed)]
+
+    def train(batch: Batch) -> float:
+        return train_step(reader, optimizer, batch, embed_l2=EMBED_L2, autocast=amp_dtype)
+
+    time_steps(train, train_batches[:warmup], device)
+    train_s, train_n = time_steps(train, train_batches[warmup:], device)
+    flops = count_flops(lambda: train(train_batches[-1])) / len(train_batches[-1])
+
+    infer_pool = synthetic_examples(2 * steps * batch_size, seed=seed + 1)
+    infer_batches = [collate(b, device) for b in bucketed_batches(infer_pool, batch_size, seed)]
+    reader.eval()
+    amp = torch.autocast(device.split(":")[0], dtype=amp_dtype) if amp_dtype else nullcontext()
+    with torch.inference_mode(), amp:
+        time_steps(reader, infer_batches[:warmup], device)
+        infer_s, infer_n = time_steps(reader, infer_batches[warmup:], device)
+
+    peak = matmul_gflops(device)
+    train_rate = train_n / train_s
+    achieved = flops * train_rate / 1e9
+    return {
+        "train_examples_per_s": round(train_rate, 2),
+        "infer_examples_per_s": round(infer_n / infer_s, 2),
+        "flops_per_train_example": int(flops),
+        "achieved_gflops": round(achieved, 1),
+        "matmul_gflops": round(peak, 1),
+        "roofline_fraction": round(achieved / peak, 3),
+        "config": asdict(cfg),
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+        "device": device,
+        "precision": "bf16" if amp_dtype else "fp32",
+    }

@@ -1,0 +1,168 @@
+"""The prepare job: source text -> ``DIR/{manifest.json, vocab.json, <split>/part-*.parquet}``.
+
+Idempotent: when ``DIR``'s manifest records the same source fingerprint and options, nothing is
+done. Output is built in a sibling temporary directory and swapped in when complete, so an
+interrupted run never leaves a half-written dataset behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from iaa.data import build as B
+from iaa.data import cbt, cnn, demo
+from iaa.data import errors as E
+from iaa.data import manifest as M
+from iaa.data.errors import DataError
+
+DATASETS: tuple[str, ...] = ("demo", "cbt-ne", "cbt-cn", "cbt-v", "cbt-p", "cnn")
+ON_ERROR = ("fail", "skip")
+
+
+def run(
+    dataset: str,
+    source: Path | None,
+    out: Path,
+    *,
+    on_error: str = "fail",
+    lowercase: bool | None = None,
+    min_count: int = 1,
+    max_vocab: int | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Prepare ``dataset`` from ``source`` into ``out``.
+
+    Args:
+        dataset: one of DATASETS. ``demo`` is generated and needs no source.
+        source: CBT: the ``CBTest`` folder or its ``data/``; CNN: the folder holding ``questions/``, or the .tgz.
+        on_error: ``fail`` raises DataError at the first bad example; ``skip`` drops and counts them.
+        lowercase: fold case of words (None: the dataset's default, off for all; CNN text is lowercase already).
+        min_count, max_vocab: vocabulary options (train split only); ``max_vocab`` includes special tokens.
+        workers: threads (None: all CPUs). Does not change the output.
+
+    Returns:
+        ``{"dataset", "out", "rebuilt", "counts", "skipped", "truncated", "vocab_size", "seconds"}``,
+        counts per split. Skipped and cut-off examples are also printed to stderr.
+    """
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if max_vocab is not None and max_vocab < 4:
+        raise ValueError(f"max_vocab must be at least 4 (3 special tokens and a word), got {max_vocab}")
+    out = Path(out)
+    started = time.perf_counter()
+    options = {"on_error": on_error, "lowercase": bool(lowercase), "min_count": min_count, "max_vocab": max_vocab}
+    fingerprint = _fingerprint(dataset, source)
+    current = M.is_current(out, dataset=dataset, source=fingerprint, options=options)
+    if current is not None:
+        return _result(current, out, rebuilt=False, seconds=time.perf_counter() - started)
+
+    _check_replaceable(out)
+    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        sources, vocab_opts = _sources(dataset, source, tmp, on_error=on_error, lowercase=bool(lowercase),
+                                       min_count=min_count, max_vocab=max_vocab)
+        header = {"dataset": dataset, "options": options, "source": fingerprint}
+        manifest = B.build(tmp, sources, vocab_opts, workers=workers, progress=progress, header=header)
+        _swap(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _report(manifest)
+    return _result(manifest, out, rebuilt=True, seconds=time.perf_counter() - started)
+
+
+def ensure_prepared(dataset: str, workdir: Path) -> Path:
+    """The prepared directory of ``dataset`` under ``workdir/data``; the demo is generated on first use.
+
+    Raises DataError with the exact ``iaa-cli prepare`` command when a real dataset is not prepared yet.
+    """
+    out = Path(workdir) / "data" / dataset
+    if dataset == "demo":
+        run("demo", None, out, progress=False)
+        return out
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if M.read(out) is None:
+        what = "the CBTest folder" if dataset.startswith("cbt") else "the folder holding questions/ (or cnn.tgz)"
+        raise DataError(f"dataset {dataset!r} is not prepared; run:  iaa-cli prepare --dataset {dataset} "
+                        f"--source PATH --out {out}  (PATH: {what})", path=out, reason=E.MISSING_SOURCE)
+    return out
+
+
+def _fingerprint(dataset: str, source: Path | None) -> dict[str, Any]:
+    if dataset == "demo":
+        return demo.fingerprint()
+    if source is None:
+        raise DataError(f"dataset {dataset!r} needs --source", reason=E.MISSING_SOURCE)
+    if dataset == "cnn":
+        return cnn.fingerprint(Path(source))
+    return M.fingerprint(cbt.find_files(Path(source), dataset.split("-")[1]).values())
+
+
+def _sources(dataset: str, source: Path | None, tmp: Path, *, on_error: str, lowercase: bool,
+             min_count: int, max_vocab: int | None) -> tuple[list[B.SplitSource], B.VocabOptions]:
+    if dataset == "cnn":
+        sources = cnn.split_sources(Path(source), on_error=on_error, lowercase=lowercase)  # type: ignore[arg-type]
+        return sources, B.VocabOptions(cnn.PLACEHOLDER, min_count, max_vocab, keep_pattern=cnn.ENTITY_PATTERN)
+    if dataset == "demo":
+        files = demo.write_files(tmp / "source")
+    else:
+        files = cbt.find_files(Path(source), dataset.split("-")[1])  # type: ignore[arg-type]
+    parse = functools.partial(cbt.parse_chunk, on_error=on_error, lowercase=lowercase)
+    sources = [B.SplitSource(split, functools.partial(_cbt_tasks, path, parse)) for split, path in files.items()]
+    return sources, B.VocabOptions(cbt.PLACEHOLDER, min_count, max_vocab)
+
+
+def _cbt_tasks(path: Path, parse):
+    for raw in cbt.iter_chunks(path):
+        yield functools.partial(parse, raw)
+
+
+def _check_replaceable(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and M.read(out) is None)):
+        raise DataError("refusing to overwrite: it exists and holds no prepared dataset (no manifest.json)",
+                        path=out, reason=E.MISSING_SOURCE)
+
+
+def _swap(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by ``tmp`` (two renames; the old one is deleted afterwards)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _report(manifest: dict[str, Any]) -> None:
+    """Print what was not used: skipped examples by reason, and cut-off trailing examples."""
+    for split, entry in manifest["splits"].items():
+        if entry["skipped"]:
+            reasons = ", ".join(f"{k}: {v}" for k, v in entry["skipped"].items())
+            print(f"{split}: skipped {sum(entry['skipped'].values())} bad example(s) ({reasons})", file=sys.stderr)
+            for msg in entry["skipped_examples"][:3]:
+                print(f"  {msg}", file=sys.stderr)
+        for msg in entry["truncated_examples"]:
+            print(f"{split}: {msg}", file=sys.stderr)
+
+
+def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float) -> dict[str, Any]:
+    return {
+        "dataset": manifest["dataset"],
+        "out": str(out),
+        "rebuilt": rebuilt,
+        "counts": manifest["counts"],
+        "skipped": manifest["skipped"],
+        "truncated": manifest["truncated"],
+        "vocab_size": manifest["vocab_size"],
+        "seconds": round(seconds, 3),
+    }

@@ -1,0 +1,71 @@
+"""Dropout with a cheap random mask (fast path) or ``F.dropout`` (reference path).
+
+Why: on this CPU ``F.dropout`` spends ~5 ns per element drawing a float and a Bernoulli
+sample per element (23% of a training step in the straightforward reader). The fast path draws
+one 64-bit random integer per four elements and compares each 16-bit lane with a threshold,
+so the mask costs ~1 ns per element. The keep probability is quantised to 1/65536
+(p = 0.2 becomes 13107/65536 = 0.199997); the scale is 1/keep of that exact keep probability,
+so E[output] = input holds exactly. The mask is kept as bool (1 byte per element) for backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_LANES = 65536
+
+
+def dropout_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.Tensor, float]:
+    """A bool keep-mask of ``shape`` with P(drop) = round(p * 65536) / 65536, and its scale."""
+    threshold = round(p * _LANES)
+    numel = 1
+    for size in shape:
+        numel *= size
+    # random_(min, None) draws all 64 bits; plain random_() leaves the sign bit 0, which would
+    # bias every fourth lane.
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
+    lanes = words.view(torch.int16)[:numel]                       # uniform over [-32768, 32767]
+    keep = lanes >= (threshold - _LANES // 2)
+    return keep.view(shape), _LANES / (_LANES - threshold)
+
+
+class _MaskedScale(torch.autograd.Function):
+    """y = x * keep * scale, with the same mask and scale in backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x.mul(keep).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad.mul(keep).mul_(ctx.scale), None, None
+
+
+class Dropout(nn.Module):
+    """Inverted dropout; ``fast=False`` (or a non-CPU tensor) is ``F.dropout``.
+
+    Args:
+        p: drop probability.
+        fast: draw the mask from 16-bit random lanes (see module docstring).
+    """
+
+    def __init__(self, p: float, fast: bool = True) -> None:
+        super().__init__()
+        self.p = p
+        self.fast = fast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if not (self.fast and x.is_cpu):                    # CUDA's fused dropout is already fast
+            return F.dropout(x, self.p, training=True)
+        keep, scale = dropout_mask(x.shape, self.p, x.device)
+        return _MaskedScale.apply(x, keep, scale)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, fast={self.fast}"

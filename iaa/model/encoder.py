@@ -1,0 +1,48 @@
+"""Bidirectional GRU encoder (paper section 3, "Bidirectional Encoding", eq. 1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from iaa.model.fused_gru import fused_bigru
+
+
+class BiGRUEncoder(nn.Module):
+    """x̃_i = [→h_i, ←h_i] ∈ R^{2h} for each real token; padding never changes the result.
+
+    Args:
+        input_dim: d, the embedding size.
+        hidden_dim: h, per direction.
+        fused: on CPU, use the packed, hand-differentiated recurrence of ``fused_gru`` (fast
+            path); otherwise ``nn.GRU`` over ``pack_padded_sequence`` (reference path, and on
+            CUDA cuDNN's packed GRU, the fast path there). Both read the same ``nn.GRU``
+            parameters and compute the same function.
+
+    Masks must be left-aligned: row b is real at positions [0, length_b), length_b >= 1.
+    """
+
+    def __init__(self, input_dim: int, hidden_dim: int, fused: bool = True) -> None:
+        super().__init__()
+        self.gru = nn.GRU(input_dim, hidden_dim, batch_first=True, bidirectional=True)
+        self.fused = fused
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, L, d), mask: (B, L) bool.
+
+        Returns:
+            states: (B, L, 2h), exactly 0 at padded positions.
+            final: (B, 2h), [forward state at the last real token, backward state at position 0].
+        """
+        lengths = mask.sum(1)                                              # (B,)
+        if self.fused and x.is_cpu:
+            states = fused_bigru(x, lengths, self.gru._flat_weights)       # (B, L, 2h)
+        else:
+            packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            states, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True,
+                                            total_length=x.shape[1])       # (B, L, 2h)
+        h = self.gru.hidden_size
+        last = (lengths - 1).view(-1, 1, 1).expand(-1, 1, h)
+        final = torch.cat([states[..., :h].gather(1, last).squeeze(1), states[:, 0, h:]], -1)
+        return states, final                                               # (B, L, 2h), (B, 2h)

@@ -1,0 +1,174 @@
+"""A bidirectional GRU over packed real tokens, with a hand-written backward (the fast path).
+
+Same mathematics as ``nn.GRU(bidirectional=True)`` over ``pack_padded_sequence`` (eq. 1; PyTorch's
+gate order r, z, n with h_i = (1 - z) * n + z * h_{i-1}, i.e. the paper's u = 1 - z). Why it is
+faster on CPU:
+
+- Only real tokens are computed: the sequences are sorted by length and laid out time-major
+  ("packed"); step t works on the first ``batch_sizes[t]`` rows, so padding costs nothing.
+- The backward direction reads each sequence reversed within its own length, so both directions
+  advance in lock-step and share one batched matmul per step.
+- The input projections of all steps, and in backward the weight gradients of all steps, are
+  each one large GEMM; only ``h @ W_hh`` and a few element-wise ops remain per step.
+- The backward is written by hand: no autograd graph of ~10 nodes per step and direction.
+
+Layout: ``N`` packed rows per direction, row ``k`` = (time t, rank j). Tensors carry a leading
+direction axis of 2 (0 forward, 1 backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Packing:
+    """Where each packed row comes from in the padded (B, L) layout.
+
+    Attributes:
+        batch_sizes: rows active at each step, non-increasing (python ints).
+        offsets: first packed row of each step.
+        pos: (2, N) flat index b * L + position, for the forward and the backward direction.
+        prev: (N,) packed row holding h_{t-1} of the same sequence, or N (a zero row) at t = 0.
+    """
+
+    batch_sizes: list[int]
+    offsets: list[int]
+    pos: torch.Tensor
+    prev: torch.Tensor
+
+
+def make_packing(lengths: torch.Tensor, max_len: int) -> Packing:
+    """Packing of sequences with ``lengths`` (B,) into time-major order, longest first."""
+    lengths = lengths.to("cpu", torch.int64)
+    sorted_len, perm = torch.sort(lengths, descending=True, stable=True)
+    steps = int(sorted_len[0])
+    active = torch.arange(steps).unsqueeze(1) < sorted_len.unsqueeze(0)  # (T, B)
+    sizes = active.sum(1)                                                  # (T,)
+    t, j = active.nonzero(as_tuple=True)                                   # t-major, j ascending
+    b = perm[j]
+    pos = torch.stack([b * max_len + t, b * max_len + lengths[b] - 1 - t])  # (2, N)
+    offsets = torch.cumsum(sizes, 0) - sizes                               # (T,)
+    prev = torch.where(t > 0, offsets[(t - 1).clamp_min(0)] + j, torch.full_like(t, t.numel()))
+    return Packing(sizes.tolist(), offsets.tolist(), pos, prev)
+
+
+def _forward_steps(gi: torch.Tensor, w_hh_t: torch.Tensor, b_hh: torch.Tensor, pk: Packing):
+    """Run the recurrence. gi: (2, N, 3h) input projections.
+
+    Returns the outputs h_t (2, N, h), the gates [r, z] (2, N, 2h), the candidate states n_t
+    (2, N, h), and per step ``h_{t-1} W_hh^T + b_hh`` (a list of (2, n, 3h), kept for backward).
+    """
+    _, n_rows, h3 = gi.shape
+    h = h3 // 3
+    out = gi.new_empty(2, n_rows, h)
+    rz = gi.new_empty(2, n_rows, 2 * h)
+    cand = gi.new_empty(2, n_rows, h)
+    gh_steps = []
+    h_prev = gi.new_zeros(2, pk.batch_sizes[0], h)
+    for n, off in zip(pk.batch_sizes, pk.offsets):
+        rows = slice(off, off + n)
+        h_prev = h_prev[:, :n]
+        gh = torch.baddbmm(b_hh, h_prev, w_hh_t)                         # (2, n, 3h)
+        gates = rz[:, rows]
+        torch.add(gi[:, rows, : 2 * h], gh[..., : 2 * h], out=gates).sigmoid_()
+        c = cand[:, rows]
+        torch.addcmul(gi[:, rows, 2 * h:], gates[..., :h], gh[..., 2 * h:], out=c).tanh_()
+        h_prev = torch.lerp(c, h_prev, gates[..., h:], out=out[:, rows])  # n + z (h_prev - n)
+        gh_steps.append(gh)
+    return out, rz, cand, gh_steps
+
+
+def _backward_steps(d_out, out, rz, cand, gh_steps, w_hh, pk: Packing):
+    """Back-propagate through the recurrence. d_out: (2, N, h), modified in place.
+
+    Returns d_gh (2, N, 3h), the gradient of ``h_{t-1} W_hh^T + b_hh``, and d_npre (2, N, h),
+    the gradient of the candidate's pre-activation. The gradient of the input projections is
+    [d_gh[..., :2h], d_npre] (r and z add both projections; only n's differ).
+    """
+    _, n_rows, h = out.shape
+    d_gh = out.new_empty(2, n_rows, 3 * h)
+    d_npre = out.new_empty(2, n_rows, h)
+    zero = out.new_zeros(())
+    for step in range(len(pk.batch_sizes) - 1, -1, -1):
+        n, off = pk.batch_sizes[step], pk.offsets[step]
+        rows = slice(off, off + n)
+        dh = d_out[:, rows]
+        r, z = rz[:, rows, :h], rz[:, rows, h:]
+        c = cand[:, rows]
+        prev_rows = slice(pk.offsets[step - 1], pk.offsets[step - 1] + n) if step else None
+        h_prev = out[:, prev_rows] if step else zero
+        d_c = torch.addcmul(dh, dh, z, value=-1.0)                       # dh (1 - z)
+        d_cpre = torch.addcmul(d_c, d_c * c, c, value=-1.0, out=d_npre[:, rows])  # (1 - n^2)
+        d_z = dh * (h_prev - c)
+        torch.mul(d_z, torch.addcmul(z, z, z, value=-1.0), out=d_gh[:, rows, h: 2 * h])
+        torch.mul(d_cpre * gh_steps[step][..., 2 * h:], torch.addcmul(r, r, r, value=-1.0),
+                  out=d_gh[:, rows, :h])
+        torch.mul(d_cpre, r, out=d_gh[:, rows, 2 * h:])
+        if step:
+            d_out[:, prev_rows].add_(torch.baddbmm(dh * z, d_gh[:, rows], w_hh))  # d h_{t-1}
+    return d_gh, d_npre
+
+
+class FusedBiGRU(torch.autograd.Function):
+    """y = BiGRU(x) over the real tokens of each row. See the module docstring."""
+
+    @staticmethod
+    def forward(ctx, x, lengths, w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_b):
+        batch, max_len, dim = x.shape
+        pk = make_packing(lengths, max_len)
+        pos = pk.pos.to(x.device)
+        w_ih = torch.stack([w_ih_f, w_ih_b])                            # (2, 3h, d)
+        w_hh = torch.stack([w_hh_f, w_hh_b])                            # (2, 3h, h)
+        b_ih = torch.stack([b_ih_f, b_ih_b]).unsqueeze(1)               # (2, 1, 3h)
+        b_hh = torch.stack([b_hh_f, b_hh_b]).unsqueeze(1)
+        xp = x.reshape(batch * max_len, dim).index_select(0, pos.view(-1)).view(2, -1, dim)  # (2, N, d)
+        gi = torch.baddbmm(b_ih, xp, w_ih.transpose(1, 2))             # (2, N, 3h)
+        out, rz, cand, gh_steps = _forward_steps(gi, w_hh.transpose(1, 2), b_hh, pk)
+        h = out.shape[-1]
+        y = x.new_zeros(batch * max_len, 2, h)
+        y[:, 0].index_copy_(0, pos[0], out[0])
+        y[:, 1].index_copy_(0, pos[1], out[1])
+        ctx.pk, ctx.shape, ctx.gh_steps = pk, x.shape, gh_steps
+        ctx.save_for_backward(xp, pos, w_ih, w_hh, out, rz, cand)
+        return y.view(batch, max_len, 2 * h)                            # (B, L, 2h)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        xp, pos, w_ih, w_hh, out, rz, cand = ctx.saved_tensors
+        pk, (batch, max_len, dim), gh_steps = ctx.pk, ctx.shape, ctx.gh_steps
+        ctx.gh_steps = None
+        h = out.shape[-1]
+        grad_y = grad_y.reshape(batch * max_len, 2, h)
+        d_out = torch.stack([grad_y[:, 0].index_select(0, pos[0]),
+                             grad_y[:, 1].index_select(0, pos[1])])      # (2, N, h)
+        d_gh, d_npre = _backward_steps(d_out, out, rz, cand, gh_steps, w_hh, pk)
+        d_gi = torch.cat([d_gh[..., : 2 * h], d_npre], -1)              # (2, N, 3h)
+        prev = pk.prev.to(out.device)
+        h_prev = torch.cat([out, out.new_zeros(2, 1, h)], 1).index_select(1, prev)  # (2, N, h)
+        d_w_hh = torch.bmm(d_gh.transpose(1, 2), h_prev)               # (2, 3h, h)
+        d_w_ih = torch.bmm(d_gi.transpose(1, 2), xp)                    # (2, 3h, d)
+        d_b_hh, d_b_ih = d_gh.sum(1), d_gi.sum(1)                       # (2, 3h)
+        d_xp = torch.bmm(d_gi, w_ih)                                    # (2, N, d)
+        d_x = d_xp.new_zeros(batch * max_len, dim)
+        d_x.index_copy_(0, pos[0], d_xp[0]).index_add_(0, pos[1], d_xp[1])
+        return (d_x.view(batch, max_len, dim), None,
+                d_w_ih[0], d_w_hh[0], d_b_ih[0], d_b_hh[0],
+                d_w_ih[1], d_w_hh[1], d_b_ih[1], d_b_hh[1])
+
+
+def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+    """Bidirectional GRU over real tokens.
+
+    Args:
+        x: (B, L, d) inputs; row b is real at positions [0, lengths[b]).
+        lengths: (B,) int64, each >= 1.
+        weights: ``nn.GRU(bidirectional=True)._flat_weights`` (8 tensors: ih, hh, b_ih, b_hh for
+            the forward then the reverse direction).
+
+    Returns:
+        (B, L, 2h): [forward, backward] states at real positions, exactly 0 at padding.
+    """
+    return FusedBiGRU.apply(x, lengths, *weights)

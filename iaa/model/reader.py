@@ -1,0 +1,134 @@
+"""The readers: the IAA reader, its fixed-query ablation and the AS Reader baseline.
+
+All three share the embedding, the encoders, the masking and the pointer-sum, and map a
+``Batch`` to log P(a | Q, D) for each candidate: (B, C).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from iaa.data.batch import Batch
+from iaa.model.attention import DocRead, FixedQueryRead, QueryRead, bilinear_logits
+from iaa.model.config import ReaderConfig
+from iaa.model.dropout import Dropout
+from iaa.model.encoder import BiGRUEncoder
+from iaa.model.gates import SearchGate, gate_features
+from iaa.model.initialization import init_reader_
+from iaa.model.masking import masked_log_softmax
+from iaa.model.pointer import pointer_sum
+
+
+class _Encoders(nn.Module):
+    """Shared word embedding X (|V| x d) and separate BiGRU encoders for query and document.
+
+    Dropout (paper, "Training Details") is applied to the input embeddings and to the encodings,
+    which are the inputs of the attention mechanisms; one mask per tensor, reused by all T steps.
+    """
+
+    def __init__(self, cfg: ReaderConfig) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(cfg.vocab_size, cfg.embed_dim, sparse=cfg.sparse_embedding_grad)
+        self.drop = Dropout(cfg.dropout, fast=cfg.fast_dropout)
+        self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru)
+        self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru)
+
+    def forward(self, batch: Batch):
+        """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h), before
+        the attention-input dropout (each reader drops what its attention reads)."""
+        q_emb = self.drop(self.embedding(batch.query))                     # (B, Lq, d)
+        d_emb = self.drop(self.embedding(batch.doc))                       # (B, Ld, d)
+        q_enc, q_final = self.query_encoder(q_emb, batch.query_mask)       # (B, Lq, 2h), (B, 2h)
+        d_enc, _ = self.doc_encoder(d_emb, batch.doc_mask)                 # (B, Ld, 2h)  eq. 1
+        return q_enc, q_final, d_enc
+
+
+def _answer_mask(cfg: ReaderConfig, batch: Batch) -> torch.Tensor:
+    """Positions the answer distribution d_{i,T} ranges over: all real tokens (paper), or only
+    candidate positions (Stanford AR / GA Reader, ``candidate_softmax``)."""
+    if cfg.candidate_softmax:
+        return batch.doc_mask & (batch.doc_cand >= 0)
+    return batch.doc_mask
+
+
+class IAAReader(nn.Module):
+    """Iterative Alternating Attention reader (paper section 3); ``iaa-fixed-query`` too.
+
+    s_0 = 0. The paper does not give s_0. A zero state adds no parameters and makes the first
+    query read softmax_i(q̃_iᵀ a_q): the learned, query-independent importance bias that the
+    paper introduces a_q for, over encodings that already carry the whole query's context. A
+    learned s_0 would only shift a_q by the constant A_q s_0; a projection of the query encoding
+    would add a layer that the paper does not describe.
+
+    The last step computes only the document attention d_{i,T}: s_T is never read, so its gates
+    and GRU update would be dead computation.
+    """
+
+    def __init__(self, cfg: ReaderConfig) -> None:
+        super().__init__()
+        two_h, s = 2 * cfg.hidden_dim, cfg.state_dim
+        self.cfg = cfg
+        self.encoders = _Encoders(cfg)
+        self.query_read = FixedQueryRead() if cfg.kind == "iaa-fixed-query" else QueryRead(s, two_h)
+        self.doc_read = DocRead(s, two_h)
+        self.gate_q = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
+        self.gate_d = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
+        self.search = nn.GRUCell(2 * two_h, s)                           # inference GRU
+        init_reader_(self)
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.encoders.embedding
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
+        q_enc, _, d_enc = self.encoders(batch)                             # (B, Lq, 2h), (B, Ld, 2h)
+        q_enc, d_enc = self.encoders.drop(q_enc), self.encoders.drop(d_enc)
+        s = d_enc.new_zeros(d_enc.shape[0], self.cfg.state_dim)            # s_0: (B, s)
+        for step in range(self.cfg.steps):
+            q_t, _ = self.query_read(s, q_enc, batch.query_mask)           # (B, 2h)
+            if step == self.cfg.steps - 1:
+                logits = self.doc_read.logits(s, q_t, d_enc)               # (B, Ld)
+                break
+            d_t, _ = self.doc_read(s, q_t, d_enc, batch.doc_mask)          # (B, 2h)
+            features = self.encoders.drop(gate_features(s, q_t, d_t))      # (B, s + 6h)
+            r_q, r_d = self.gate_q(features), self.gate_d(features)        # (B, 2h) each
+            s = self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)      # s_t: (B, s)
+        log_att = masked_log_softmax(logits, _answer_mask(self.cfg, batch))  # log d_{i,T}
+        return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
+
+
+class ASReader(nn.Module):
+    """Attention Sum Reader (Kadlec et al. 2016): one attention step, same code paths.
+
+    The query is [forward state at its last token, backward state at its first token];
+    d_i = softmax_i(d̃_i · q), then the same pointer-sum.
+    """
+
+    def __init__(self, cfg: ReaderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.encoders = _Encoders(cfg)
+        init_reader_(self)
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.encoders.embedding
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
+        _, query, d_enc = self.encoders(batch)                             # (B, 2h), (B, Ld, 2h)
+        query, d_enc = self.encoders.drop(query), self.encoders.drop(d_enc)
+        log_att = masked_log_softmax(bilinear_logits(d_enc, query), _answer_mask(self.cfg, batch))
+        return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C)
+
+
+def build_reader(cfg: ReaderConfig) -> nn.Module:
+    """The reader named by ``cfg.kind``; ``reader(batch) -> log_p`` (B, C).
+
+    ``reader.embedding`` is the word embedding, for the L2 regulariser.
+    """
+    if cfg.vocab_size < 1:
+        raise ValueError("cfg.vocab_size must be set (from the prepared vocabulary) before building")
+    return ASReader(cfg) if cfg.kind == "as-reader" else IAAReader(cfg)

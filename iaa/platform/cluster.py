@@ -1,0 +1,291 @@
+"""Ray clusters: connecting, checking shared storage, and fitting trials to the resources.
+
+A sweep deadlocks when its trials hold the CPUs that their own Train workers wait for (a
+trial driver taking 1 CPU on a 2-CPU machine leaves nothing for the workers). :func:`plan`
+avoids this by construction:
+
+- a trial with one worker trains inside the trial actor, which holds the worker's CPUs (and GPU);
+- a trial with N > 1 workers runs a TorchTrainer from a trial driver that holds only
+  ``DRIVER_CPU`` (0.01) CPU, and each Train worker asks for its threads minus that share, so a
+  driver and its workers together need exactly ``N x threads`` CPUs;
+- ``max_concurrent`` is the number of whole trials that the nodes can host at once.
+
+Multi-node clusters need shared storage for checkpoints (Ray stopped syncing to the head node
+in 2.7): :func:`check_storage` fails early unless the storage path is a cloud URI or a network
+file system, or all nodes run on this machine (``ray.cluster_utils.Cluster`` in tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+DRIVER_CPU = 0.01           # what a trial driver holds while its TorchTrainer workers train
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "ceph", "cephfs", "beegfs",
+              "glusterfs", "fuse.glusterfs", "fuse.gcsfuse", "fuse.s3fs", "fuse.mountpoint-s3", "fuse.juicefs",
+              "fuse.ceph", "fuse.sshfs", "9p", "virtiofs", "wekafs", "panfs")
+REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "abfs://", "abfss://", "az://", "hdfs://", "viewfs://")
+ASSUME_SHARED_ENV = "IAA_ASSUME_SHARED_STORAGE"   # set to 1 for a shared file system not detected here
+
+
+@dataclass(frozen=True)
+class Node:
+    """One alive Ray node's logical resources."""
+
+    address: str
+    cpus: float
+    gpus: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    nodes: tuple[Node, ...]
+    address: str | None                     # None: a local Ray started by this process
+
+    @property
+    def cpus(self) -> float:
+        return sum(n.cpus for n in self.nodes)
+
+    @property
+    def gpus(self) -> float:
+        return sum(n.gpus for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """How many trials run at once, and what each trial and each Train worker asks Ray for.
+
+    ``trial_resources`` uses Tune's lower-case keys (``cpu``, ``gpu``); ``worker_resources``
+    uses Ray Train's ``CPU``/``GPU`` and is empty when the trial trains in its own actor.
+    """
+
+    workers: int
+    threads: int                            # torch threads per worker (= whole CPUs it holds)
+    gpus_per_worker: float
+    max_concurrent: int
+    trial_resources: dict[str, float] = field(default_factory=dict)
+    worker_resources: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def in_actor(self) -> bool:
+        """True when the trial trains inside its own actor (one worker, no TorchTrainer)."""
+        return self.workers == 1
+
+
+# --- connecting ------------------------------------------------------------------------------------
+
+
+def _alive_nodes() -> tuple[Node, ...]:
+    import ray
+
+    return node_summary(ray.nodes())
+
+
+def connect(address: str | None = None, storage_path: str | None = None, *, num_cpus: int | None = None,
+            num_gpus: int | None = None, log_to_driver: bool | None = None) -> ClusterInfo:
+    """Connect to the Ray cluster at ``address`` (or ``RAY_ADDRESS``), else start a local one.
+
+    A Ray already initialised in this process (tests, notebooks) is reused. On a cluster with more
+    than one node, ``storage_path`` must be shared storage (see :func:`check_storage`).
+    Raises ``ValueError`` with the fix when the storage path is missing or local-only.
+    """
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if log_to_driver is None:
+        log_to_driver = os.environ.get("IAA_RAY_LOG_TO_DRIVER", "0") == "1"
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard/CSV/JSON files per trial
+        kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
+                                  "log_to_driver": log_to_driver, "configure_logging": True}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, **kwargs)
+        _quiet_ray_data()
+    info = ClusterInfo(_alive_nodes(), address)
+    check_storage(storage_path, info.nodes)
+    return info
+
+
+def _quiet_ray_data() -> None:
+    try:
+        from ray.data import DataContext
+
+        ctx = DataContext.get_current()
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+    except Exception:  # noqa: BLE001 - progress bars are cosmetic
+        pass
+
+
+# --- shared storage --------------------------------------------------------------------------------
+
+
+def is_remote_uri(path: str | None) -> bool:
+    return bool(path) and "://" in str(path) and not str(path).startswith("file://")
+
+
+def filesystem_type(path: Path, mounts: str | None = None) -> str:
+    """The type of the file system holding ``path`` (longest matching mount point in /proc/mounts)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text(encoding="utf-8")
+        except OSError:
+            return "unknown"
+    path = Path(os.path.abspath(path))
+    best, best_type = "", "unknown"
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount_point = parts[1].replace("\\040", " ")
+        inside = str(path) == mount_point or str(path).startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best):
+            best, best_type = mount_point, parts[2]
+    return best_type
+
+
+def check_storage(storage_path: str | None, nodes: Sequence[Node], *, mounts: str | None = None) -> None:
+    """Fail early when a multi-node cluster has no shared checkpoint storage.
+
+    Accepted on more than one node: a cloud URI (``s3://``, ``gs://``, ...), a path on a network
+    file system (NFS, Lustre, CephFS, a FUSE bucket mount, ...), any path when every node runs on
+    this machine, or any path when ``IAA_ASSUME_SHARED_STORAGE=1``.
+    """
+    hosts = {n.address for n in nodes}
+    if len(nodes) <= 1:
+        return
+    where = f"the cluster has {len(nodes)} nodes ({len(hosts)} hosts)"
+    if not storage_path:
+        raise ValueError(
+            f"{where}: --storage-path is required so that every node can write and read checkpoints; "
+            "give a shared NFS path mounted at the same place on all nodes, or a bucket such as s3://bucket/iaa"
+        )
+    if is_remote_uri(storage_path):
+        if not str(storage_path).startswith(REMOTE_SCHEMES):
+            raise ValueError(f"--storage-path {storage_path}: unsupported scheme; use one of {', '.join(REMOTE_SCHEMES)}")
+        return
+    if len(hosts) == 1 or os.environ.get(ASSUME_SHARED_ENV) == "1":
+        return
+    local = str(storage_path).removeprefix("file://")
+    probe = Path(local)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    fs_type = filesystem_type(probe, mounts)
+    if fs_type not in NETWORK_FS and not fs_type.startswith("fuse."):
+        raise ValueError(
+            f"{where}, but --storage-path {storage_path} is on a local {fs_type} file system that the other "
+            "nodes cannot see; use an NFS mount shared by all nodes or s3://bucket/path "
+            f"(set {ASSUME_SHARED_ENV}=1 if this file system is shared after all)"
+        )
+
+
+# --- fitting trials to the cluster -----------------------------------------------------------------
+
+
+def _slots(nodes: Sequence[Node], cpu: float, gpu: float) -> int:
+    """How many workers asking for ``cpu`` CPUs and ``gpu`` GPUs the nodes hold at once."""
+    total = 0
+    for node in nodes:
+        by_cpu = math.floor(node.cpus / cpu + 1e-9) if cpu > 0 else 10**9
+        by_gpu = math.floor(node.gpus / gpu + 1e-9) if gpu > 0 else 10**9
+        total += min(by_cpu, by_gpu)
+    return total
+
+
+def default_threads(nodes: Sequence[Node], workers: int, gpus_per_worker: float, *, sweep: bool) -> int:
+    """Torch threads per worker when the config does not set ``train.threads``.
+
+    A sweep on CPUs gives each worker one thread, so more trials run side by side; a single
+    run shares the cluster among its workers; GPU workers get the CPUs of their GPU's share.
+    """
+    biggest = max((n.cpus for n in nodes), default=1.0)
+    total = sum(n.cpus for n in nodes)
+    if gpus_per_worker > 0:
+        gpus = sum(n.gpus for n in nodes)
+        per_gpu_slot = total / max(gpus / gpus_per_worker, 1.0)
+        return max(1, min(int(biggest), int(per_gpu_slot), 8))
+    if sweep:
+        return 1
+    return max(1, min(int(biggest), int(total // max(workers, 1))))
+
+
+def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpus_per_worker: float = 0.0,
+         max_concurrent: int | None = None, num_trials: int | None = None, sweep: bool = True) -> TrialPlan:
+    """Resources per trial and how many trials fit at once; ``ValueError`` when none fits.
+
+    Args:
+        nodes: the cluster's alive nodes.
+        workers: Train workers per trial (1 trains inside the trial actor).
+        threads: torch threads (= CPUs) per worker; default from :func:`default_threads`.
+        gpus_per_worker: GPUs per worker (fractions share a GPU).
+        max_concurrent: the user's cap; larger than what fits is an error, not a hang.
+        num_trials: no more trials run at once than there are.
+        sweep: False for a single ``iaa-cli train`` run (no trial driver).
+    """
+    if workers < 1:
+        raise ValueError(f"workers per trial must be >= 1, got {workers}")
+    if gpus_per_worker < 0:
+        raise ValueError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}")
+    if not nodes:
+        raise ValueError("the Ray cluster has no alive nodes")
+    if threads is None or threads <= 0:
+        threads = default_threads(nodes, workers, gpus_per_worker, sweep=sweep)
+    total_cpus, total_gpus = sum(n.cpus for n in nodes), sum(n.gpus for n in nodes)
+    if gpus_per_worker > 0 and total_gpus == 0:
+        raise ValueError(f"--gpus-per-worker {gpus_per_worker} asks for GPUs, but the cluster has none")
+    if gpus_per_worker > 1 and gpus_per_worker != int(gpus_per_worker):
+        raise ValueError(f"--gpus-per-worker above 1 must be a whole number, got {gpus_per_worker}")
+
+    in_actor = sweep and workers == 1
+    driver_cpu = DRIVER_CPU if sweep and not in_actor else 0.0
+    worker_cpu = threads - driver_cpu
+    slots = _slots(nodes, threads, gpus_per_worker)
+    if slots < workers:
+        need = f"{workers} worker(s) x {threads} CPU" + (f" x {gpus_per_worker:g} GPU" if gpus_per_worker else "")
+        biggest = max(n.cpus for n in nodes)
+        hint = (f"no node has {threads} CPUs (the largest has {biggest:g}); lower train.threads"
+                if threads > biggest else f"use at most {slots} worker(s) per trial or fewer threads (train.threads)")
+        raise ValueError(f"a trial needs {need}, but the cluster ({total_cpus:g} CPUs, {total_gpus:g} GPUs on "
+                         f"{len(nodes)} node(s)) fits only {slots} such worker(s): {hint}")
+    fits = slots // workers
+    if max_concurrent is not None and max_concurrent > 0:
+        if max_concurrent > fits:
+            raise ValueError(f"--max-concurrent {max_concurrent}: only {fits} trial(s) of {workers} worker(s) x "
+                             f"{threads} CPU fit this cluster ({total_cpus:g} CPUs, {total_gpus:g} GPUs); "
+                             f"more would wait for each other's CPUs and stall")
+        fits = max_concurrent
+    if num_trials is not None and num_trials > 0:
+        fits = min(fits, num_trials)
+
+    gpu_res = {"gpu": gpus_per_worker} if gpus_per_worker else {}
+    if in_actor:
+        trial = {"cpu": float(threads), **gpu_res}
+        worker: dict[str, float] = {}
+    else:
+        trial = {"cpu": driver_cpu} if sweep else {}
+        worker = {"CPU": round(worker_cpu, 4), **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+    return TrialPlan(workers=workers, threads=threads, gpus_per_worker=gpus_per_worker, max_concurrent=max(fits, 1),
+                     trial_resources=trial, worker_resources=worker)
+
+
+def describe(info: ClusterInfo, trial_plan: TrialPlan) -> str:
+    """One line for the log: the cluster and what each trial holds."""
+    where = "local Ray" if info.address is None else f"Ray at {info.address}"
+    mode = "in the trial actor" if trial_plan.in_actor else f"{trial_plan.workers} Train workers"
+    gpu = f", {trial_plan.gpus_per_worker:g} GPU" if trial_plan.gpus_per_worker else ""
+    return (f"{where}: {len(info.nodes)} node(s), {info.cpus:g} CPUs, {info.gpus:g} GPUs; each trial trains {mode} "
+            f"with {trial_plan.threads} thread(s){gpu} per worker; up to {trial_plan.max_concurrent} trial(s) at once")
+
+
+def node_summary(nodes: Sequence[Mapping[str, Any]]) -> tuple[Node, ...]:
+    """Nodes from ``ray.nodes()``-shaped dicts (for tests and tools)."""
+    return tuple(Node(n.get("NodeManagerAddress", "?"), float(n.get("Resources", {}).get("CPU", 0)),
+                      float(n.get("Resources", {}).get("GPU", 0))) for n in nodes if n.get("Alive", True))

@@ -1,0 +1,73 @@
+"""End to end: train two seeds on tiny demo data, ensemble them through the CLI, read it all back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from iaa.cli import cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TINY = ["model.embed_dim=16", "model.hidden_dim=8", "model.state_dim=12", "model.steps=2", "model.gate_dim=10",
+        "train.max_epochs=1", "train.threads=1", "train.batch_size=16"]
+
+
+def last_json(output: str) -> dict:
+    return json.loads(output.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for var in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "IAA_WORKDIR", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path / "work"
+
+
+def test_ensemble_of_two_seeds_via_cli(env: Path) -> None:
+    runner = CliRunner()
+    workdir = env
+    checkpoints = []
+    for seed in (0, 1):
+        sets = [a for s in TINY + [f"train.seed={seed}"] for a in ("--set", s)]
+        res = runner.invoke(cli, ["train", "--dataset", "demo", "--workdir", str(workdir), *sets, "--json"])
+        assert res.exit_code == 0, res.output
+        checkpoints.append(last_json(res.stdout)["checkpoint"])
+    assert checkpoints[0] != checkpoints[1]
+
+    res = runner.invoke(cli, ["ensemble", "--members", checkpoints[0], "--members", checkpoints[1],
+                              "--workdir", str(workdir), "--name", "two-seeds", "--json"])
+    assert res.exit_code == 0, res.output
+    out = last_json(res.stdout)
+    assert out["members"] == checkpoints and out["all_members"] == checkpoints
+    assert "ensemble (all, 2 of 2)" in res.stderr                     # the table goes to stderr
+
+    rows = pq.read_table(out["predictions"]).to_pylist()
+    assert {r["split"] for r in rows} == {"valid", "test"}
+    for split in ("valid", "test"):
+        mine = [r for r in rows if r["split"] == split]
+        assert len({r["example_id"] for r in mine}) == len(mine) > 0
+        for r in mine:
+            assert len(r["member_probs"]) == 2 and all(len(p) == len(r["candidate_words"]) for p in r["member_probs"])
+            mean = np.array(r["member_probs"], dtype=np.float64).mean(axis=0)
+            assert np.array_equal(np.array(r["probs"]), mean) and r["pred"] == int(np.argmax(mean))
+        assert out[f"{split}_acc"] == pytest.approx(np.mean([r["pred"] == r["gold"] for r in mine]), abs=1e-12)
+        # each member's accuracy, from its own predictions file, matches the report
+        for i in range(2):
+            own = pq.read_table(Path(out["ensemble_dir"]) / "members" / f"{i:02d}-{split}.parquet").to_pylist()
+            acc = np.mean([o["pred"] == o["gold"] for o in own])
+            assert out[f"member_{split}_acc"][i] == pytest.approx(acc, abs=1e-12)
+        assert out[f"mean_member_{split}_acc"] == pytest.approx(np.mean(out[f"member_{split}_acc"]))
+    assert (Path(out["ensemble_dir"]) / "results.txt").is_file()
+
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(out["tracking_uri"]).get_run(out["mlflow_run_id"])
+    assert run.data.metrics["valid_acc"] == pytest.approx(out["valid_acc"])
+    assert run.data.tags["member.1.checkpoint"] == checkpoints[1]
+    assert run.data.tags["member.0.run_id"]   # found through the training run's checkpoint tag

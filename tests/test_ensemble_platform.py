@@ -1,0 +1,117 @@
+"""Planning the members of a sweep ensemble: K best configs x N seeds, reusing what exists.
+
+``iaa.platform.tune`` is replaced by a fake module, so Ray is neither imported nor started.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from iaa.jobs.config import JobConfig, TrainConfig, to_dict
+from iaa.platform import ensemble as platform_ensemble
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def trial(tmp_path: Path, tid: str, acc: float | None, lr: float, seed: int = 0, status: str = "TERMINATED",
+          with_ckpt: bool = True) -> dict:
+    cfg = JobConfig(train=TrainConfig(lr=lr, seed=seed, max_epochs=2))
+    ckpt = tmp_path / "trials" / tid / "best.pt"
+    if with_ckpt:
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        ckpt.write_bytes(b"")
+    data = to_dict(cfg)
+    data["train"]["max_epochs"] = 2  # an int in JSON, as a float in the dataclass: must still match
+    return {"trial_id": tid, "config": data, "best_valid_acc": acc, "checkpoint": str(ckpt),
+            "mlflow_run_id": f"run-{tid}", "status": status}
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> dict:
+    trials = [
+        trial(tmp_path, "t0", 0.50, lr=1e-3),
+        trial(tmp_path, "t1", 0.70, lr=2e-3),
+        trial(tmp_path, "t2", 0.65, lr=2e-3, seed=1),            # same config as t1 but seed 1
+        trial(tmp_path, "t3", 0.60, lr=3e-3),
+        trial(tmp_path, "t4", 0.90, lr=4e-3, status="ERROR"),    # failed: never chosen, never reused
+        trial(tmp_path, "t5", None, lr=5e-3, with_ckpt=False),
+    ]
+    return {"name": "demo-iaa", "dataset": "demo", "data_dir": str(tmp_path / "data"), "tracking_uri": "",
+            "experiment": "tune-demo", "parent_run_id": "parent-123", "trials": trials}
+
+
+@pytest.fixture
+def fake_tune(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict]:
+    calls: list[dict] = []
+
+    def train_many(configs, prepared, **kwargs):
+        calls.append({"configs": list(configs), **kwargs})
+        out = []
+        for cfg in configs:
+            ckpt = tmp_path / "trained" / f"lr{cfg.train.lr}-seed{cfg.train.seed}.pt"
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            ckpt.write_bytes(b"")
+            out.append({"config": cfg, "checkpoint": str(ckpt), "best_valid_acc": 0.5, "mlflow_run_id": "new"})
+        return out
+
+    module = types.ModuleType("iaa.platform.tune")
+    module.train_many = train_many  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "iaa.platform.tune", module)
+    import iaa.platform
+
+    monkeypatch.setattr(iaa.platform, "tune", module, raising=False)
+    return calls
+
+
+def test_best_configs_are_distinct_and_skip_failed(sweep: dict) -> None:
+    configs = platform_ensemble.best_configs(sweep, 2)
+    assert [c.train.lr for c in configs] == [2e-3, 3e-3]   # t1 (t2 is the same config), then t3
+    assert configs[0].train.seed == 0
+
+
+def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, fake_tune: list[dict],
+                                                                 tmp_path: Path) -> None:
+    req = platform_ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
+    out_dir = tmp_path / "ensembles" / "demo-iaa"
+    members = platform_ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "demo-iaa")
+
+    assert [(m.config.train.lr, m.config.train.seed) for m in members] == [
+        (2e-3, 0), (2e-3, 1), (2e-3, 2), (3e-3, 0), (3e-3, 1), (3e-3, 2)]
+    assert [m.source for m in members] == ["trial t1", "trial t2", "trained", "trial t3", "trained", "trained"]
+    assert members[1].mlflow_run_id == "run-t2"
+    assert len(fake_tune) == 1
+    call = fake_tune[0]
+    assert [(c.train.lr, c.train.seed) for c in call["configs"]] == [(2e-3, 2), (3e-3, 1), (3e-3, 2)]
+    assert call["parent_run_id"] == "parent-123" and call["experiment"] == "tune-demo"
+    assert call["name"] != "demo-iaa"   # never the sweep's own name: its folder must stay intact
+
+    # A second run finds the members it trained in trained.json and trains nothing.
+    again = platform_ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "demo-iaa")
+    assert len(fake_tune) == 1
+    assert [m.checkpoint for m in again] == [m.checkpoint for m in members]
+    assert [m.source for m in again][2] == "trained earlier"
+
+
+def test_all_seeds_reused_means_no_training(sweep: dict, fake_tune: list[dict], tmp_path: Path) -> None:
+    req = platform_ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
+    members = platform_ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", "sqlite:///x.db", "e")
+    assert [m.source for m in members] == ["trial t1", "trial t2"]
+    assert fake_tune == []
+
+
+def test_missing_sweep_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no sweep 'nope'"):
+        platform_ensemble.read_sweep(tmp_path, "nope")
+
+
+def test_request_is_frozen() -> None:
+    req = platform_ensemble.EnsembleRequest(members=(Path("a.pt"),))
+    with pytest.raises(Exception):
+        req.seeds = 3  # type: ignore[misc]
+    assert replace(req, seeds=3).seeds == 3
