@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
+from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-TINY = ["model.embed_dim=16", "model.hidden_dim=8", "model.state_dim=12", "model.steps=2", "model.gate_dim=10",
-        "train.max_epochs=1", "train.threads=1", "train.batch_size=16"]
+TINY = [*TINY_SETS, "train.threads=1"]
 
 
 def last_json(output: str) -> dict:
@@ -32,16 +32,17 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 def test_ensemble_of_two_seeds_via_cli(env: Path) -> None:
     runner = CliRunner()
     workdir = env
+    prepared = make_tiny_prepared(workdir.parent / "tiny")   # the demo grammar at a few hundred examples
     checkpoints = []
     for seed in (0, 1):
         sets = [a for s in TINY + [f"train.seed={seed}"] for a in ("--set", s)]
-        res = runner.invoke(cli, ["train", "--dataset", "demo", "--workdir", str(workdir), *sets, "--json"])
+        res = runner.invoke(cli, ["train", "--data", str(prepared), "--workdir", str(workdir), *sets, "--json"])
         assert res.exit_code == 0, res.output
         checkpoints.append(last_json(res.stdout)["checkpoint"])
     assert checkpoints[0] != checkpoints[1]
 
     res = runner.invoke(cli, ["ensemble", "--members", checkpoints[0], "--members", checkpoints[1],
-                              "--workdir", str(workdir), "--name", "two-seeds", "--json"])
+                              "--data", str(prepared), "--workdir", str(workdir), "--name", "two-seeds", "--json"])
     assert res.exit_code == 0, res.output
     out = last_json(res.stdout)
     assert out["members"] == checkpoints and out["all_members"] == checkpoints

@@ -105,6 +105,25 @@ def test_all_seeds_reused_means_no_training(sweep: dict, fake_tune: list[dict], 
     assert fake_tune == []
 
 
+def test_failed_member_is_reported_and_the_others_kept(sweep: dict, fake_tune: list[dict], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    tune = sys.modules["iaa.platform.tune"]
+    real = tune.train_many
+
+    def half_fails(configs, prepared, **kwargs):
+        out = real(configs, prepared, **kwargs)
+        out[0] = {**out[0], "checkpoint": None, "status": "ERROR", "trial_id": "bad"}
+        return out
+
+    monkeypatch.setattr(tune, "train_many", half_fails)
+    req = platform_ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=4, workdir=tmp_path)
+    out_dir = tmp_path / "ensembles" / "e"
+    with pytest.raises(RuntimeError, match=r"1 member\(s\) gave no checkpoint: seed 2 \(trial bad"):
+        platform_ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "e")
+    ledger = json.loads((out_dir / "trained.json").read_text())
+    assert [e["config"]["train"]["seed"] for e in ledger] == [3]
+
+
 def test_missing_sweep_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no sweep 'nope'"):
         platform_ensemble.read_sweep(tmp_path, "nope")

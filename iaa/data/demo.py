@@ -6,10 +6,12 @@ Story grammar (one example; ``|`` separates alternatives, ``[x]`` is optional)::
     cast       := 10 distinct NAMEs; they are the candidates, sorted as in CBT
     binding    := one per active character (5 of the cast), each binds that character to a
                   PLACE or an OBJECT no one else in the story is bound to:
-                  [TIME ,] NAME MOVE to the PLACE [TIME2] .
+                  [TIME ,] NAME MOVE to the PLACE [TIME] .
                 | [TIME ,] NAME FIND a ADJ OBJECT [in the PLACE2] .
-    filler     := NAME ACT .  | NAME TALK NAME [for a while] .  | the weather was ADJ .
-                | a ANIMAL SOUND in the distance .  | it was a ADJ day .
+    filler     := [TIME ,] NAME ACT [ADVERB] .
+                | [TIME ,] NAME TALK NAME [about the WEATHER weather | for a while] .
+                | the weather was WEATHER and the sky was SKY .
+                | somewhere the ANIMAL SOUND in the distance .  | it was a WEATHER day for everyone .
                   (every cast member is named at least once; PLACE2 is never a bound place)
     query      := about one active character, chosen uniformly, with XXXXX in its place:
                   place:  [TIME ,] XXXXX was seen near the PLACE .  | XXXXX came back from the PLACE .
@@ -45,10 +47,13 @@ PLACES = ("kitchen garden forest river market barn castle bakery library harbor 
 OBJECTS = ("apple lamp kite drum ring basket bell book candle coin cup feather flute hat key ladder map "
            "mirror necklace paintbrush pebble pillow rope saddle scarf shell spoon stone sword teapot "
            "trumpet umbrella violin wagon whistle compass").split()
-ADJS = "cold warm quiet noisy bright dark windy sunny grey calm old shiny small heavy strange red blue green".split()
+ADJS = "shiny small heavy strange red blue green wooden golden broken tiny".split()
+WEATHERS = "cold warm windy sunny rainy calm foggy hot".split()
+SKIES = "grey blue clear cloudy dark bright".split()
+ADVERBS = ("quietly", "happily", "for a long time", "again", "loudly", "all afternoon")
 TIMES = ("in the morning", "after lunch", "at noon", "before dinner", "later that day", "at dawn", "one evening")
 MOVES = "went walked ran hurried wandered".split()
-FINDS = "found discovered picked up noticed".split()
+FINDS = ("found", "discovered", "picked up", "noticed")
 ACTS = "smiled laughed yawned sang sighed nodded waited".split()
 TALKS = "talked with|waved at|played with|argued with|helped".split("|")
 ANIMALS = "dog owl cow cat goose horse".split()
@@ -71,7 +76,7 @@ def _story(rng: random.Random, example_id: str) -> ClozeExample:
         lead = [*rng.choice(TIMES).split(), ","] if rng.random() < 0.4 else []
         if rng.random() < 0.5:
             bound.append((name, "place", places[k]))
-            tail = rng.choice(TIMES).split() if rng.random() < 0.3 and not lead else []
+            tail = rng.choice(TIMES).split() if rng.random() < 0.4 and not lead else []
             sentences.append([*lead, name, rng.choice(MOVES), "to", "the", places[k], *tail, "."])
         else:
             bound.append((name, "object", objects[k]))
@@ -95,19 +100,21 @@ def _story(rng: random.Random, example_id: str) -> ClozeExample:
 def _filler(rng: random.Random, cast: list[str], unnamed: list[str]) -> list[str]:
     """A sentence without bindings; names the cast members not named yet first."""
     who = unnamed.pop() if unnamed else rng.choice(cast)
+    lead = [*rng.choice(TIMES).split(), ","] if rng.random() < 0.3 else []
     r = rng.random()
-    if unnamed or r < 0.45:
-        return [who, rng.choice(ACTS), "."]
+    if unnamed or r < 0.4:
+        tail = rng.choice(ADVERBS).split() if rng.random() < 0.5 else []
+        return [*lead, who, rng.choice(ACTS), *tail, "."]
     if r < 0.75:
         other = rng.choice([c for c in cast if c != who])
-        tail = ["for", "a", "while"] if rng.random() < 0.3 else []
-        return [who, *rng.choice(TALKS).split(), other, *tail, "."]
+        tail = rng.choice([["about", "the", rng.choice(WEATHERS), "weather"], ["for", "a", "while"], []])
+        return [*lead, who, *rng.choice(TALKS).split(), other, *tail, "."]
     if r < 0.85:
-        return ["the", "weather", "was", rng.choice(ADJS), "."]
+        return ["the", "weather", "was", rng.choice(WEATHERS), "and", "the", "sky", "was", rng.choice(SKIES), "."]
     if r < 0.95:
         k = rng.randrange(len(ANIMALS))
-        return ["a", ANIMALS[k], SOUNDS[k], "in", "the", "distance", "."]
-    return ["it", "was", "a", rng.choice(ADJS), "day", "."]
+        return ["somewhere", "the", ANIMALS[k], SOUNDS[k], "in", "the", "distance", "."]
+    return ["it", "was", "a", rng.choice(WEATHERS), "day", "for", "everyone", "."]
 
 
 def format_cbt(ex: ClozeExample, sentences: list[list[str]] | None = None) -> str:
@@ -130,8 +137,9 @@ def _split_sentences(doc: tuple[str, ...]) -> list[list[str]]:
     return out
 
 
-def write_files(folder: Path, *, seed: int = SEED, sizes: dict[str, int] = SIZES) -> dict[str, Path]:
-    """Write ``demo_{split}.txt`` in CBT format for each split; returns split -> path."""
+def write_files(folder: Path, *, seed: int | None = None, sizes: dict[str, int] | None = None) -> dict[str, Path]:
+    """Write ``demo_{split}.txt`` in CBT format for each split (default: SEED, SIZES); returns split -> path."""
+    seed, sizes = (SEED if seed is None else seed), (SIZES if sizes is None else sizes)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -144,8 +152,9 @@ def write_files(folder: Path, *, seed: int = SEED, sizes: dict[str, int] = SIZES
     return paths
 
 
-def fingerprint(seed: int = SEED, sizes: dict[str, int] = SIZES) -> dict:
-    """What identifies the generated source: generator version, seed and sizes."""
+def fingerprint(seed: int | None = None, sizes: dict[str, int] | None = None) -> dict:
+    """What identifies the generated source: generator version, seed and sizes (default: SEED, SIZES)."""
+    seed, sizes = (SEED if seed is None else seed), (SIZES if sizes is None else sizes)
     return {"generator": f"iaa.data.demo v{VERSION}", "seed": seed, "sizes": dict(sizes)}
 
 

@@ -58,7 +58,7 @@ def write_part(tables: Sequence[pa.Table], path: Path) -> dict:
     """Write tables as one zstd Parquet file; returns its manifest entry (rows, bytes, sha256)."""
     table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path, compression=COMPRESSION, use_dictionary=False)
+    pq.write_table(table, path, compression=COMPRESSION, use_dictionary=False, write_statistics=False)
     return {"rows": table.num_rows, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 

@@ -324,7 +324,7 @@ def results_table(result: Mapping[str, Any], labels: Sequence[str] | None = None
     rows = [(f"mean member (all {m})", result["mean_member_valid_acc"], result["mean_member_test_acc"])]
     if n != m:
         rows.append((f"mean member (selected {n})", result["mean_selected_valid_acc"], result["mean_selected_test_acc"]))
-    rows.append((f"Boo({n}): best of {n} single models", result["boo_valid"], result["boo_test"]))
+    rows.append((f"Boo({n}): best of {n} single model{'s' if n > 1 else ''}", result["boo_valid"], result["boo_test"]))
     rows.append((f"ensemble ({result['select']}, {n} of {m})", result["valid_acc"], result["test_acc"]))
     lines += [f"{label:<{width}} {_fmt(v):>7} {_fmt(t):>7}" for label, v, t in rows]
     return "\n".join(lines)

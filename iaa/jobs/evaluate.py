@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from iaa.data.batch import Batch
-from iaa.model.loss import candidate_probs, nll_loss
+from iaa.model.pointer import candidate_probs, nll_loss
 
 PREDICTION_SCHEMA = pa.schema(
     [

@@ -9,6 +9,84 @@ from torch import nn
 from iaa.model.masking import masked_softmax
 
 
+class Memory:
+    """Encodings M (B, L, k) read many times, with one gradient GEMM for all the reads.
+
+    Each read of M, logits M v or a glimpse wᵀM, adds a rank-1 term to dL/dM. Left to autograd,
+    each of the 2T - 1 document reads writes a full (B, L, k) gradient and adds it to a running
+    sum: ~6 passes over M per read. Here each read's backward only records its two factors and
+    returns no gradient for M; when every read is done, dL/dM = U Vᵀ in one batched GEMM with
+    inner size 2T - 1. Same gradient, one pass. ``deferred=False`` uses plain autograd (reference).
+    """
+
+    def __init__(self, memory: torch.Tensor, deferred: bool = True) -> None:
+        self.deferred = deferred and memory.requires_grad and torch.is_grad_enabled()
+        self.left: list[torch.Tensor] = []     # (B, L) factors
+        self.right: list[torch.Tensor] = []    # (B, k) factors
+        self.tensor = _CollectGrad.apply(memory, self) if self.deferred else memory  # (B, L, k)
+
+    def logits(self, key: torch.Tensor) -> torch.Tensor:
+        """m_iᵀ key: (B, L)."""
+        if self.deferred:
+            return _ReadLogits.apply(self.tensor, key, self)
+        return bilinear_logits(self.tensor, key)
+
+    def glimpse(self, weights: torch.Tensor) -> torch.Tensor:
+        """Σ_i w_i m_i: (B, k)."""
+        if self.deferred:
+            return _ReadGlimpse.apply(self.tensor, weights, self)
+        return glimpse(weights, self.tensor)
+
+
+class _CollectGrad(torch.autograd.Function):
+    """Identity on M whose backward assembles dL/dM = Σ_j left_j ⊗ right_j in one GEMM."""
+
+    @staticmethod
+    def forward(ctx, memory: torch.Tensor, reads: Memory) -> torch.Tensor:
+        ctx.reads = reads
+        ctx.set_materialize_grads(False)
+        return memory.view_as(memory)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor | None):
+        reads, ctx.reads = ctx.reads, None
+        if reads.left:
+            terms = torch.bmm(torch.stack(reads.left, 2), torch.stack(reads.right, 1))  # (B, L, k)
+            grad = terms if grad is None else grad + terms
+        reads.left, reads.right = [], []
+        return grad, None
+
+
+class _ReadLogits(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, memory: torch.Tensor, key: torch.Tensor, reads: Memory) -> torch.Tensor:
+        ctx.save_for_backward(memory, key)
+        ctx.reads = reads
+        return bilinear_logits(memory, key)                                  # (B, L)
+
+    @staticmethod
+    def backward(ctx, d_logits: torch.Tensor):
+        memory, key = ctx.saved_tensors
+        ctx.reads.left.append(d_logits)
+        ctx.reads.right.append(key)
+        return None, glimpse(d_logits, memory), None                         # d key: (B, k)
+
+
+class _ReadGlimpse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, memory: torch.Tensor, weights: torch.Tensor, reads: Memory) -> torch.Tensor:
+        ctx.save_for_backward(memory, weights)
+        ctx.reads = reads
+        return glimpse(weights, memory)                                      # (B, k)
+
+    @staticmethod
+    def backward(ctx, d_glimpse: torch.Tensor):
+        memory, weights = ctx.saved_tensors
+        ctx.reads.left.append(weights)
+        ctx.reads.right.append(d_glimpse)
+        return None, bilinear_logits(memory, d_glimpse), None                # d weights: (B, L)
+
+
 def glimpse(weights: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
     """Σ_i w_i m_i. weights: (B, L), memory: (B, L, k) -> (B, k)."""
     return torch.bmm(weights.unsqueeze(1), memory).squeeze(1)
@@ -56,11 +134,11 @@ class DocRead(nn.Module):
         super().__init__()
         self.proj = nn.Linear(state_dim + enc_dim, enc_dim)       # A_d (2h x (s + 2h)), a_d
 
-    def logits(self, s: torch.Tensor, q_t: torch.Tensor, d_enc: torch.Tensor) -> torch.Tensor:
+    def logits(self, s: torch.Tensor, q_t: torch.Tensor, d_enc: Memory) -> torch.Tensor:
         """Unnormalised scores d̃_iᵀ(A_d [s, q_t] + a_d): (B, Ld)."""
-        return bilinear_logits(d_enc, self.proj(torch.cat([s, q_t], -1)))
+        return d_enc.logits(self.proj(torch.cat([s, q_t], -1)))
 
-    def forward(self, s: torch.Tensor, q_t: torch.Tensor, d_enc: torch.Tensor, d_mask: torch.Tensor):
-        """s: (B, s), q_t: (B, 2h), d_enc: (B, Ld, 2h). Returns d_t (B, 2h), logits (B, Ld)."""
+    def forward(self, s: torch.Tensor, q_t: torch.Tensor, d_enc: Memory, d_mask: torch.Tensor):
+        """s: (B, s), q_t: (B, 2h), d_enc: d̃ (B, Ld, 2h). Returns d_t (B, 2h), logits (B, Ld)."""
         logits = self.logits(s, q_t, d_enc)                                  # (B, Ld)
-        return glimpse(masked_softmax(logits, d_mask), d_enc), logits
+        return d_enc.glimpse(masked_softmax(logits, d_mask)), logits

@@ -101,7 +101,6 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
     if not ray.is_initialized():
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
         os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard/CSV/JSON files per trial
         kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
                                   "log_to_driver": log_to_driver, "configure_logging": True}
         if address:
@@ -139,7 +138,7 @@ def filesystem_type(path: Path, mounts: str | None = None) -> str:
             mounts = Path("/proc/mounts").read_text(encoding="utf-8")
         except OSError:
             return "unknown"
-    path = Path(os.path.abspath(path))
+    path = Path(os.path.realpath(path))     # symlinks resolved; the path need not exist yet
     best, best_type = "", "unknown"
     for line in mounts.splitlines():
         parts = line.split()
@@ -174,11 +173,7 @@ def check_storage(storage_path: str | None, nodes: Sequence[Node], *, mounts: st
         return
     if len(hosts) == 1 or os.environ.get(ASSUME_SHARED_ENV) == "1":
         return
-    local = str(storage_path).removeprefix("file://")
-    probe = Path(local)
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    fs_type = filesystem_type(probe, mounts)
+    fs_type = filesystem_type(Path(str(storage_path).removeprefix("file://")), mounts)
     if fs_type not in NETWORK_FS and not fs_type.startswith("fuse."):
         raise ValueError(
             f"{where}, but --storage-path {storage_path} is on a local {fs_type} file system that the other "

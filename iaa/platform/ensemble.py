@@ -185,16 +185,20 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
             parent_run_id=sweep.get("parent_run_id"), experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
             address=req.address, storage_path=req.storage_path, workers_per_trial=1, show_progress=req.show_progress,
         )
-        ledger = _ledger(out_dir)
+        ledger, failed = _ledger(out_dir), []
         for cfg, res in zip(to_train, trained):
             found = _existing(res.get("checkpoint"), [Path(req.workdir)])
             if found is None:
-                raise RuntimeError(f"training member seed {cfg.train.seed} gave no checkpoint: {res}")
+                failed.append(f"seed {cfg.train.seed} (trial {res.get('trial_id')}, status {res.get('status')})")
+                continue
             reusable[_config_key(cfg)] = (found, res.get("mlflow_run_id"), "trained")
             ledger.append({"config": to_dict(cfg), "checkpoint": str(found),
                            "best_valid_acc": res.get("best_valid_acc"), "mlflow_run_id": res.get("mlflow_run_id")})
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "trained.json").write_text(json.dumps(ledger, indent=1), encoding="utf-8")
+        if failed:  # the members that did train are in trained.json: running again retrains only these
+            raise RuntimeError(f"ensemble {name}: {len(failed)} member(s) gave no checkpoint: {'; '.join(failed)}. "
+                               f"Run the same command again to retry them; the others are kept for reuse.")
     return [Member(reusable[_config_key(cfg)][0], cfg, reusable[_config_key(cfg)][1], label,
                    reusable[_config_key(cfg)][2]) for cfg, label in wanted]
 
@@ -205,10 +209,8 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
 def _has_split(prepared: Path, split: str) -> bool:
     from iaa.data.loader import PreparedData
 
-    try:
-        return PreparedData.open(Path(prepared)).table(split).num_rows > 0
-    except (KeyError, FileNotFoundError, ValueError):
-        return False
+    data = PreparedData.open(Path(prepared))
+    return split in data.splits and data.table(split).num_rows > 0
 
 
 def evaluate_members(members: Sequence[Member], prepared: Path, out_dir: Path, show_progress: bool) -> list[dict[str, Path | None]]:
@@ -299,7 +301,7 @@ def run(req: EnsembleRequest) -> dict[str, Any]:
             raise ValueError(f"the members were trained on different datasets {named}; pass --data or --dataset")
         dataset, prepared = resolve.data_dir(req.dataset or named[0], req.data, workdir)
         digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in req.members).encode()).hexdigest()[:8]
-        name = req.name or f"{dataset}-{len(members)}members-{digest}"
+        name = req.name or f"{dataset}-{len(members)}members-{req.select}-{digest}"
         out_dir = workdir / "ensembles" / name
         experiment = f"ensemble-{dataset}"
 

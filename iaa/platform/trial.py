@@ -1,0 +1,104 @@
+"""One Ray Tune trial: the function every sweep trial and every ``train_many`` member runs.
+
+Kept free of MLflow and of the driver's code so that a trial actor starts fast: it imports
+torch, the model and the loop, nothing more. All tracking happens in the driver (see
+:mod:`iaa.platform.tune`), which also keeps a SQLite store usable on multi-node clusters.
+
+- One worker per trial: the loop runs inside the trial actor on a :class:`TuneSession`, which
+  reports through ``ray.tune.report`` with a checkpoint (the lowest start-up overhead).
+- N > 1 workers: the trial actor is a light driver (0.01 CPU) that runs a TorchTrainer on N
+  workers, with ``TuneReportCallback`` forwarding rank 0's metrics and checkpoint path to Tune
+  (Ray Train V2's supported Tune pattern). The Train run is named after the trial, so a trial
+  resumed by ``Tuner.restore`` resumes its Train run from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import torch
+
+from iaa.jobs import checkpoint
+from iaa.jobs.config import JobConfig, from_dict
+from iaa.platform.ray_train import CHECKPOINT_FILE, TableSession, build_trainer, load_state
+from iaa.platform.search_space import apply
+
+MEMBER_KEY = "member"          # train_many: the trial config is {"member": index into TrialSpec.members}
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What every trial of one Tune run shares (passed once through ``tune.with_parameters``).
+
+    Either ``base`` (a sweep: each trial's config is ``base`` plus ``fixed`` plus its sampled
+    values) or ``members`` (``train_many``: trial ``i`` trains ``members[i]``), as ``to_dict`` dicts.
+    """
+
+    name: str                                # the Tune run's name
+    storage_path: str                        # where Tune (and Train runs) keep checkpoints
+    workers: int
+    threads: int
+    gpus_per_worker: float = 0.0
+    worker_resources: dict[str, float] = field(default_factory=dict)
+    base: dict[str, Any] | None = None
+    fixed: dict[str, Any] = field(default_factory=dict)
+    members: tuple[dict[str, Any], ...] = ()
+    vocab_hash: str = ""
+
+    def train_run_name(self, trial_id: str) -> str:
+        """The Ray Train run of a multi-worker trial, under ``storage_path``."""
+        return f"{self.name}-train-{trial_id}"
+
+
+def job_config(spec: TrialSpec, trial_config: Mapping[str, Any]) -> JobConfig:
+    """The full job config of a trial from its Tune config (sampled values or member index)."""
+    if MEMBER_KEY in trial_config:
+        return from_dict(spec.members[int(trial_config[MEMBER_KEY])])
+    if spec.base is None:
+        raise ValueError("a sweep trial needs TrialSpec.base")
+    return apply(from_dict(spec.base), {**spec.fixed, **trial_config})
+
+
+class TuneSession(TableSession):
+    """The loop inside a Tune trial actor: local tables, reports through ``ray.tune.report``."""
+
+    def latest_state(self) -> dict[str, Any] | None:
+        import ray.tune
+
+        return load_state(ray.tune.get_checkpoint())
+
+    def report(self, metrics: dict[str, Any], state: dict[str, Any], is_best: bool) -> None:
+        import ray.tune
+
+        with tempfile.TemporaryDirectory(prefix="iaa-ckpt-") as folder:
+            checkpoint.save(Path(folder) / CHECKPOINT_FILE, state)
+            ray.tune.report(self.report_metrics(metrics, state, is_best),
+                            checkpoint=ray.tune.Checkpoint.from_directory(folder))
+
+
+def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid: pa.Table) -> None:
+    """The Tune function trainable (wrapped with ``tune.with_parameters(spec=, train=, valid=)``)."""
+    from iaa.jobs.train import fit
+
+    cfg = job_config(spec, config)
+    if spec.workers == 1:
+        device = torch.device("cuda" if spec.gpus_per_worker > 0 and torch.cuda.is_available() else "cpu")
+        session = TuneSession(train, valid, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
+                              threads=spec.threads, device=device)
+        fit(cfg, session, show_progress=False, vocab_hash=spec.vocab_hash)
+        return
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    trial_id = ray.tune.get_context().get_trial_id()
+    trainer = build_trainer(cfg, train, valid, name=spec.train_run_name(trial_id), storage_path=spec.storage_path,
+                            workers=spec.workers, threads=spec.threads, worker_resources=spec.worker_resources,
+                            use_gpu=spec.gpus_per_worker > 0, vocab_hash=spec.vocab_hash,
+                            callbacks=[TuneReportCallback()])
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error

@@ -1,0 +1,146 @@
+"""Every fast path equals its reference path on random inputs: forward outputs and gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
+from iaa.model.attention import Memory
+from iaa.model.dropout import Dropout
+from iaa.model.fused_gru import fused_bigru
+from iaa.jobs.step import build_optimizer, train_step
+from tests._model_inputs import random_batch
+
+pytestmark = pytest.mark.timeout(120)
+
+REFERENCE = dict(fused_gru=False, batched_read_grad=False, sparse_embedding_grad=False, fast_dropout=False)
+
+
+def _reference_bigru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    return pad_packed_sequence(gru(packed)[0], batch_first=True, total_length=x.shape[1])[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_bigru_equals_packed_nn_gru(dtype):
+    torch.manual_seed(0)
+    gru = nn.GRU(6, 5, batch_first=True, bidirectional=True).to(dtype)
+    lengths = torch.tensor([4, 9, 1, 9, 6])                      # unsorted, ties, a length-1 row
+    x = torch.randn(5, 11, 6, dtype=dtype, requires_grad=True)
+    weight = torch.randn(5, 11, 10, dtype=dtype)
+    results = []
+    for fn in (lambda: _reference_bigru(gru, x, lengths), lambda: fused_bigru(x, lengths, gru._flat_weights)):
+        y = fn()
+        grads = torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])
+        results.append((y, grads))
+    (y_ref, g_ref), (y_fast, g_fast) = results
+    tol = dict(atol=1e-12, rtol=1e-10) if dtype == torch.float64 else dict(atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(y_fast, y_ref, **tol)
+    assert torch.all(y_fast[torch.arange(11) >= lengths.unsqueeze(1)] == 0)
+    for a, b in zip(g_fast, g_ref):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_fused_bigru_gradcheck():
+    torch.manual_seed(0)
+    gru = nn.GRU(3, 2, batch_first=True, bidirectional=True).double()
+    x = torch.randn(3, 5, 3, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([5, 2, 4])
+    assert torch.autograd.gradcheck(lambda x, *w: fused_bigru(x, lengths, list(w)), (x, *gru._flat_weights))
+
+
+def test_batched_memory_reads_equal_autograd():
+    torch.manual_seed(0)
+    memory = torch.randn(3, 7, 4, dtype=torch.float64, requires_grad=True)
+    keys = torch.randn(5, 3, 4, dtype=torch.float64, requires_grad=True)
+    results = []
+    for deferred in (False, True):
+        reads = Memory(memory * 1.0, deferred=deferred)
+        total, state = 0.0, keys[0]
+        for key in keys:                                          # chained reads, as in the IAA loop
+            weights = torch.softmax(reads.logits(state + key), -1)
+            state = torch.tanh(reads.glimpse(weights))
+            total = total + (state ** 2).sum() + weights[:, 0].sum()
+        results.append((total, torch.autograd.grad(total, [memory, keys])))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for a, b in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_fast_reader_equals_reference_reader(kind):
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=1)
+    results = []
+    for flags in ({}, REFERENCE):
+        torch.manual_seed(0)
+        model = build_reader(preset("tiny", vocab_size=40, kind=kind, dropout=0.0, steps=3, **flags))
+        log_p = model(batch)
+        nll_loss(log_p, batch.answer).backward()
+        grads = {n: p.grad.to_dense() if p.grad.is_sparse else p.grad for n, p in model.named_parameters()}
+        results.append((log_p.detach(), grads))
+    (lp_fast, g_fast), (lp_ref, g_ref) = results
+    torch.testing.assert_close(lp_fast, lp_ref, atol=1e-6, rtol=1e-5)
+    for name in g_ref:
+        torch.testing.assert_close(g_fast[name], g_ref[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_fast_dropout_keeps_the_rate_and_the_expectation():
+    torch.manual_seed(0)
+    drop = Dropout(0.2, fast=True).train()
+    x = torch.ones(400, 1000, requires_grad=True)
+    y = drop(x)
+    kept = y != 0
+    assert kept.float().mean().item() == pytest.approx(0.8, abs=0.002)
+    assert y.mean().item() == pytest.approx(1.0, abs=0.005)        # scale = 1 / keep
+    (y * 3).sum().backward()
+    torch.testing.assert_close(x.grad, 3 * y.detach())              # same mask and scale
+    lanes = kept.view(-1, 4).float().mean(0)                        # each 16-bit lane unbiased
+    assert torch.all((lanes - 0.8).abs() < 0.005), lanes
+    assert not torch.equal(drop(x) != 0, kept)                      # a new mask per call
+    assert drop.eval()(x) is x
+
+
+def _reference_step(model, optimizer, batch, embed_l2, clip):
+    """The straightforward step: L2 in the loss, dense gradients, clip_grad_norm_, plain Adam."""
+    loss = nll_loss(model(batch), batch.answer) + embed_l2 * model.embedding.weight.pow(2).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return loss.item()
+
+
+@pytest.mark.parametrize("clip", [5.0, 0.05])                       # 0.05: clipping active
+def test_train_step_equals_reference_step(clip):
+    batches = [random_batch([9, 14, 5], [4, 6, 3], seed=s) for s in range(4)]
+    torch.manual_seed(0)
+    fast = build_reader(preset("tiny", vocab_size=40, dropout=0.0, steps=3))
+    ref = build_reader(preset("tiny", vocab_size=40, dropout=0.0, steps=3, sparse_embedding_grad=False))
+    ref.load_state_dict(copy.deepcopy(fast.state_dict()))
+    embed_l2 = 0.01
+    fast_opt = build_optimizer(fast, lr=0.01, embed_l2=embed_l2)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01, foreach=False)
+    for batch in batches:
+        loss_fast = train_step(fast, fast_opt, batch, embed_l2=embed_l2, clip=clip)
+        loss_ref = _reference_step(ref, ref_opt, batch, embed_l2, clip)
+        assert loss_fast == pytest.approx(loss_ref, rel=1e-5)
+    for (name, a), b in zip(fast.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-4, msg=name)
+
+
+def test_optimizer_state_round_trip():
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40))
+    optimizer = build_optimizer(model, lr=0.01, embed_l2=1e-4)
+    train_step(model, optimizer, random_batch([6, 9], [3, 4]), embed_l2=1e-4)
+    for group in optimizer.param_groups:
+        group["lr"] *= 0.8
+    again = build_optimizer(model, lr=0.01, embed_l2=1e-4)
+    again.load_state_dict(optimizer.state_dict())
+    assert [g["lr"] for g in again.param_groups] == pytest.approx([0.008, 0.008])
+    train_step(model, again, random_batch([6, 9], [3, 4], seed=1), embed_l2=1e-4)

@@ -1,0 +1,202 @@
+"""The platform's pure parts, without starting Ray: resource planning, shared-storage checks, search spaces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from iaa.jobs.config import ConfigError, JobConfig
+from iaa.platform import cluster, search_space
+from iaa.platform.cluster import DRIVER_CPU, Node
+
+pytestmark = pytest.mark.timeout(60)
+
+LAPTOP = (Node("10.0.0.1", cpus=2),)
+TWO_GPU_NODES = (Node("10.0.0.1", cpus=16, gpus=2), Node("10.0.0.2", cpus=16, gpus=2))
+
+
+# --- resource planner -------------------------------------------------------------------------------
+
+
+def _fits(nodes: tuple[Node, ...], plan: cluster.TrialPlan) -> bool:
+    """Whether ``max_concurrent`` trials (drivers and workers) pack onto the nodes, first fit."""
+    free = [[n.cpus, n.gpus] for n in nodes]
+    asks = []
+    for _ in range(plan.max_concurrent):
+        if plan.in_actor:
+            asks.append((plan.trial_resources["cpu"], plan.trial_resources.get("gpu", 0.0)))
+        else:
+            asks.append((plan.trial_resources.get("cpu", 0.0), 0.0))
+            asks += [(plan.worker_resources["CPU"], plan.worker_resources.get("GPU", 0.0))] * plan.workers
+    for cpu, gpu in sorted(asks, reverse=True):
+        slot = next((f for f in free if f[0] + 1e-9 >= cpu and f[1] + 1e-9 >= gpu), None)
+        if slot is None:
+            return False
+        slot[0] -= cpu
+        slot[1] -= gpu
+    return True
+
+
+def test_one_worker_trials_train_in_the_actor_one_per_core() -> None:
+    plan = cluster.plan(LAPTOP, 1)
+    assert plan.in_actor and plan.threads == 1
+    assert plan.trial_resources == {"cpu": 1.0} and plan.worker_resources == {}
+    assert plan.max_concurrent == 2
+    assert _fits(LAPTOP, plan)
+
+
+def test_multi_worker_trial_driver_holds_a_sliver_and_everything_fits() -> None:
+    """The deadlock a new user hit: a 1-CPU trial driver left no CPU for its 2 workers."""
+    plan = cluster.plan(LAPTOP, 2)
+    assert plan.trial_resources == {"cpu": DRIVER_CPU}
+    assert plan.worker_resources == {"CPU": 1 - DRIVER_CPU}
+    assert plan.max_concurrent == 1
+    assert _fits(LAPTOP, plan)
+    assert plan.trial_resources["cpu"] + plan.workers * plan.worker_resources["CPU"] <= 2
+
+
+def test_concurrency_is_capped_by_trials_and_by_user() -> None:
+    assert cluster.plan(LAPTOP, 1, num_trials=1).max_concurrent == 1
+    assert cluster.plan(LAPTOP, 1, max_concurrent=1).max_concurrent == 1
+
+
+def test_too_many_concurrent_trials_is_an_error_not_a_hang() -> None:
+    with pytest.raises(ValueError, match="only 2 trial"):
+        cluster.plan(LAPTOP, 1, max_concurrent=3)
+
+
+def test_a_trial_bigger_than_the_cluster_is_rejected_with_the_fix() -> None:
+    with pytest.raises(ValueError, match="fits only 2 such worker"):
+        cluster.plan(LAPTOP, 3)
+    with pytest.raises(ValueError, match="no node has 4 CPUs"):
+        cluster.plan(LAPTOP, 1, threads=4)
+    with pytest.raises(ValueError, match="cluster has none"):
+        cluster.plan(LAPTOP, 1, gpus_per_worker=1)
+    with pytest.raises(ValueError, match=">= 1"):
+        cluster.plan(LAPTOP, 0)
+
+
+def test_gpu_trials_are_counted_by_gpus() -> None:
+    plan = cluster.plan(TWO_GPU_NODES, 2, gpus_per_worker=1)
+    assert plan.worker_resources["GPU"] == 1 and plan.max_concurrent == 2
+    assert plan.threads == 8
+    assert _fits(TWO_GPU_NODES, plan)
+    half = cluster.plan(TWO_GPU_NODES, 1, gpus_per_worker=0.5)
+    assert half.max_concurrent == 8 and half.trial_resources["gpu"] == 0.5
+    assert _fits(TWO_GPU_NODES, half)
+
+
+def test_workers_do_not_span_nodes() -> None:
+    nodes = (Node("a", cpus=3), Node("b", cpus=3))
+    plan = cluster.plan(nodes, 1, threads=2)
+    assert plan.max_concurrent == 2          # 6 CPUs, but only one 2-CPU worker per 3-CPU node
+    assert _fits(nodes, plan)
+
+
+def test_single_run_shares_the_machine_among_its_workers() -> None:
+    plan = cluster.plan(LAPTOP, 2, sweep=False)
+    assert plan.threads == 1 and plan.worker_resources == {"CPU": 1} and plan.trial_resources == {}
+    assert cluster.plan(LAPTOP, 1, sweep=False).threads == 2
+
+
+# --- shared storage ---------------------------------------------------------------------------------
+
+MOUNTS = """\
+overlay / overlay rw 0 0
+/dev/sda1 /home ext4 rw 0 0
+fileserver:/export /mnt/shared nfs4 rw 0 0
+bucket /mnt/bucket fuse.gcsfuse rw 0 0
+"""
+TWO_HOSTS = (Node("10.0.0.1", 2), Node("10.0.0.2", 2))
+
+
+def test_single_node_needs_no_shared_storage() -> None:
+    cluster.check_storage(None, (Node("10.0.0.1", 2),), mounts=MOUNTS)
+
+
+def test_multi_node_requires_a_storage_path() -> None:
+    with pytest.raises(ValueError, match="--storage-path is required"):
+        cluster.check_storage(None, TWO_HOSTS, mounts=MOUNTS)
+
+
+def test_multi_node_rejects_a_local_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cluster.ASSUME_SHARED_ENV, raising=False)
+    with pytest.raises(ValueError, match="local ext4 file system"):
+        cluster.check_storage("/home/me/ckpt", TWO_HOSTS, mounts=MOUNTS)
+
+
+def test_multi_node_accepts_nfs_buckets_and_fuse_mounts() -> None:
+    cluster.check_storage("/mnt/shared/iaa", TWO_HOSTS, mounts=MOUNTS)
+    cluster.check_storage("/mnt/bucket/runs", TWO_HOSTS, mounts=MOUNTS)
+    cluster.check_storage("s3://bucket/iaa", TWO_HOSTS, mounts=MOUNTS)
+    cluster.check_storage("gs://bucket/iaa", TWO_HOSTS, mounts=MOUNTS)
+    with pytest.raises(ValueError, match="unsupported scheme"):
+        cluster.check_storage("ftp://host/iaa", TWO_HOSTS, mounts=MOUNTS)
+
+
+def test_nodes_on_one_machine_share_any_path() -> None:
+    same_host = (Node("127.0.0.1", 1), Node("127.0.0.1", 1))
+    cluster.check_storage("/home/me/ckpt", same_host, mounts=MOUNTS)
+
+
+def test_filesystem_type_takes_the_longest_mount() -> None:
+    assert cluster.filesystem_type(Path("/mnt/shared/a/b"), MOUNTS) == "nfs4"
+    assert cluster.filesystem_type(Path("/mnt/sharedx"), MOUNTS) == "overlay"
+
+
+# --- search spaces ----------------------------------------------------------------------------------
+
+
+def test_paper_grid_is_the_papers() -> None:
+    space = search_space.parse(search_space.PAPER_GRID, JobConfig())
+    assert {k: p.choices for k, p in space.params.items()} == {
+        "train.embed_l2": (1e-3, 1e-4), "model.steps": (3, 5, 8), "model.embed_dim": (256, 384),
+        "model.hidden_dim": (128, 256), "model.state_dim": (256, 512)}
+    assert search_space.grid_size(space) == 48
+
+
+def test_yaml_ranges_choices_log_scale_and_fixed_values(tmp_path: Path) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text(
+        "train.lr: {low: 1e-4, high: 3.0e-3, log: true}\n"      # 1e-4 is a string to YAML 1.1
+        "model:\n"
+        "  hidden_dim: {low: 64, high: 256, step: 64}\n"
+        "  steps: [3, 5]\n"
+        "  dropout: {low: 0.0, high: 0.5}\n"
+        "train.batch_size: 64\n", encoding="utf-8")
+    space = search_space.load(path, JobConfig())
+    lr, hidden = space.params["train.lr"], space.params["model.hidden_dim"]
+    assert (lr.low, lr.high, lr.log, lr.integer) == (1e-4, 3e-3, True, False)
+    assert (hidden.low, hidden.high, hidden.step, hidden.integer) == (64, 256, 64, True)
+    assert space.params["model.steps"].choices == (3, 5)
+    assert space.fixed == {"train.batch_size": 64}
+    dists = search_space.to_optuna(space)
+    assert dists["train.lr"].log and dists["model.hidden_dim"].step == 64
+    assert type(dists["model.hidden_dim"]).__name__ == "IntDistribution"
+    cfg = search_space.apply(JobConfig(), {**space.fixed, "model.steps": 5, "train.lr": 2e-3})
+    assert (cfg.model.steps, cfg.train.lr, cfg.train.batch_size) == (5, 2e-3, 64)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model.depth: [1, 2]", "unknown key 'model.depth'"),
+    ("model: [1, 2]", "is a section"),
+    ("model.steps: []", "non-empty list"),
+    ("model.steps: [1.5, 2]", "integer"),
+    ("model.steps: [0, 2]", "model.steps=0 is not a valid config value"),
+    ("train.lr: {low: 0.0, high: 1.0, log: true}", "log range needs low > 0"),
+    ("train.lr: {low: 0.1, high: 0.01}", "must be below high"),
+    ("train.lr: {low: 0.1}", "needs both low and high"),
+    ("train.lr: {low: 0.1, high: 0.2, scale: log}", "unknown keys"),
+    ("model.kind: [iaa, bert]", "not a valid config value"),
+    ("dataset: [demo]", "comes from the data"),
+    ("model.vocab_size: [10, 20]", "comes from the data"),
+    ("train.lr: 0.001", "nothing to search"),
+    ("[1, 2]", "expected a mapping"),
+])
+def test_bad_search_spaces_say_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "space.yaml"
+    path.write_text(text + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=message) as err:
+        search_space.load(path, JobConfig())
+    assert str(path) in str(err.value)

@@ -1,0 +1,135 @@
+"""The training loop: determinism, checkpoints, kill-and-resume, and the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from click.testing import CliRunner
+
+from iaa.cli import cli
+from iaa.jobs import checkpoint, resolve
+from iaa.jobs import train as train_job
+from iaa.jobs.session import LocalSession
+from tests._tiny import TINY_SETS, make_tiny_prepared
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_prepared(tmp_path_factory.mktemp("tiny"))
+
+
+def _cfg(prepared: Path, *extra: str):
+    return resolve.job_config("cbt-ne", prepared, sets=(*TINY_SETS, "train.threads=1", *extra))
+
+
+def _params(path: Path) -> dict[str, torch.Tensor]:
+    return checkpoint.load(path)["model"]
+
+
+def test_same_seed_gives_identical_weights(tiny: Path, tmp_path: Path) -> None:
+    cfg = _cfg(tiny)
+    a = train_job.run(cfg, tiny, tmp_path / "a", show_progress=False)
+    b = train_job.run(cfg, tiny, tmp_path / "b", show_progress=False)
+    pa_, pb = _params(Path(a["checkpoint"])), _params(Path(b["checkpoint"]))
+    assert all(torch.equal(pa_[k], pb[k]) for k in pa_)
+    assert a["best_valid_acc"] == b["best_valid_acc"]
+
+
+def test_checkpoint_round_trip_rebuilds_the_model(tiny: Path, tmp_path: Path) -> None:
+    cfg = _cfg(tiny)
+    result = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
+    model, loaded_cfg, state = checkpoint.load_model(Path(result["checkpoint"]))
+    assert loaded_cfg == cfg
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, state["model"][name])
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_kill_and_resume_equals_uninterrupted(tiny: Path, tmp_path: Path) -> None:
+    cfg = _cfg(tiny, "train.check_every=3")
+    full = train_job.run(cfg, tiny, tmp_path / "full", show_progress=False)
+
+    class DiesAfterTwoChecks(LocalSession):
+        reports = 0
+
+        def report(self, metrics, state, is_best):  # type: ignore[override]
+            super().report(metrics, state, is_best)
+            DiesAfterTwoChecks.reports += 1
+            if DiesAfterTwoChecks.reports == 2:
+                raise _Killed
+
+    run_dir = tmp_path / "killed"
+    session = DiesAfterTwoChecks(tiny, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed)
+    with pytest.raises(_Killed):
+        train_job.fit(cfg, session, show_progress=False)
+    resumed = train_job.run(cfg, tiny, run_dir, resume=True, show_progress=False)
+
+    assert resumed["steps"] == full["steps"]
+    assert resumed["best_valid_acc"] == full["best_valid_acc"]
+    a, b = _params(Path(full["run_dir"]) / "checkpoints/last.pt"), _params(run_dir / "checkpoints/last.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [
+        json.loads(x)["step"] for x in (Path(full["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def test_lr_decays_when_valid_accuracy_stalls(tiny: Path, tmp_path: Path) -> None:
+    cfg = _cfg(tiny, "train.lr=1e-9", "train.patience=100")  # nothing is learnt: every check after the first stalls
+    result = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    stalled = [r for r in rows[1:] if r["valid_acc"] <= rows[0]["best_valid_acc"]]
+    assert stalled, "expected stalled checks"
+    assert rows[-1]["lr"] == pytest.approx(1e-9 * 0.8 ** (len(rows) - 1 - sum(
+        r["valid_acc"] > p["best_valid_acc"] for p, r in zip(rows, rows[1:]))))
+    assert result["stop_reason"] == "max-epochs"
+
+
+def test_early_stopping_after_patience(tiny: Path, tmp_path: Path) -> None:
+    cfg = _cfg(tiny, "train.lr=1e-9", "train.patience=2", "train.max_epochs=50")
+    result = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
+    assert result["stop_reason"] == "early-stopped"
+    assert result["steps"] < 50 * 12
+
+
+def test_cli_train_then_evaluate_end_to_end(tiny: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    args = ["train", "--data", str(tiny), "--workdir", str(tmp_path / "w"), "--json",
+            *[x for s in TINY_SETS for x in ("--set", s)]]
+    res = runner.invoke(cli, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert Path(out["checkpoint"]).is_file() and 0.0 <= out["valid_acc"] <= 1.0
+    assert (tmp_path / "w" / "mlflow.db").is_file()
+
+    preds = tmp_path / "preds.parquet"
+    res = runner.invoke(cli, ["evaluate", "--checkpoint", out["checkpoint"], "--data", str(tiny), "--split", "test",
+                              "--out", str(preds), "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    ev = json.loads(res.output.strip().splitlines()[-1])
+    table = pq.read_table(preds).to_pylist()
+    assert len(table) == 64 == ev["examples"]
+    recomputed = sum(r["pred"] == r["gold"] for r in table) / len(table)
+    assert ev["accuracy"] == pytest.approx(recomputed)
+    for row in table:
+        assert len(row["probs"]) == len(row["candidate_words"]) == 10
+        assert sum(row["probs"]) == pytest.approx(1.0, abs=1e-5)
+        assert row["pred"] == max(range(10), key=lambda i: row["probs"][i])
+
+
+def test_cli_rejects_both_dataset_and_data(tiny: Path) -> None:
+    res = CliRunner().invoke(cli, ["train", "--dataset", "demo", "--data", str(tiny)])
+    assert res.exit_code == 2 and "exactly one of" in res.output
+
+
+def test_cli_unknown_set_key_is_a_clear_error(tiny: Path, tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["train", "--data", str(tiny), "--workdir", str(tmp_path), "--set", "train.nope=1"])
+    assert res.exit_code == 1 and "train.nope" in res.output
