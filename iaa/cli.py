@@ -167,6 +167,21 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, split: st
 
 
 @cli.command()
+@data_options
+@click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
+@workdir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
+@_friendly
+def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, as_json: bool) -> None:
+    """Accuracy of the most-frequent-candidate baseline on a split."""
+    from iaa.jobs import frequency, resolve
+
+    _need_data(dataset, data)
+    _, prepared = resolve.data_dir(dataset, data, workdir)
+    _emit(frequency.run(prepared, split), as_json)
+
+
+@cli.command()
 @click.option("--dataset", required=True, type=click.Choice(TUNE_DATASETS))
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), help="A prepared data folder.")
 @click.option("--model", "model_kind", type=click.Choice(MODELS), default="iaa", show_default=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from iaa.data.batch import Batch
@@ -41,3 +42,13 @@ def select(batch: Batch, index: int) -> Batch:
                  batch.query[index: index + 1, :lq], batch.query_mask[index: index + 1, :lq],
                  batch.doc_cand[index: index + 1, :ld], batch.cand_mask[index: index + 1],
                  batch.answer[index: index + 1], [batch.example_ids[index]])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Run model tests on one intra-op thread: tiny tensors gain nothing from a second one, and
+    on a shared machine every parallel region would wait for a descheduled thread (~10-50x)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -8,7 +8,7 @@ import torch
 from iaa.model import (MODEL_KINDS, build_reader, candidate_probs, masked_log_softmax, masked_softmax,
                        nll_loss, pointer_sum, preset)
 from iaa.model.pointer import pointer_sum_loop
-from tests._model_inputs import random_batch, select
+from tests._model_inputs import one_thread, random_batch, select  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
 

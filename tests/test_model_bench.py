@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from iaa.jobs import bench
+from tests._model_inputs import one_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(300)
 TINY = {"embed_dim": 16, "hidden_dim": 8, "state_dim": 12, "steps": 2, "gate_dim": 10}

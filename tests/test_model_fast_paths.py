@@ -14,7 +14,7 @@ from iaa.model.attention import Memory
 from iaa.model.dropout import Dropout
 from iaa.model.fused_gru import fused_bigru
 from iaa.jobs.step import build_optimizer, train_step
-from tests._model_inputs import random_batch
+from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
 

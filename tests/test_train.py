@@ -133,3 +133,11 @@ def test_cli_rejects_both_dataset_and_data(tiny: Path) -> None:
 def test_cli_unknown_set_key_is_a_clear_error(tiny: Path, tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["train", "--data", str(tiny), "--workdir", str(tmp_path), "--set", "train.nope=1"])
     assert res.exit_code == 1 and "train.nope" in res.output
+
+
+def test_frequency_baseline_counts_candidate_occurrences() -> None:
+    from iaa.jobs import frequency
+
+    # candidate 1 occurs most in the first doc (gold 1: right); candidate 2 in the second (gold 0: wrong)
+    assert frequency.accuracy([[0, 1, 1, -1, 2], [2, 2, 0]], [3, 3], [1, 0]) == 0.5
+    assert frequency.accuracy([[0, 1]], [2], [0]) == 1.0  # a tie goes to the first candidate

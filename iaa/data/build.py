@@ -19,10 +19,10 @@ import numpy as np
 
 from iaa.data import manifest as M
 from iaa.data.parsed import MAX_MESSAGES, ParsedChunk
-from iaa.data.shards import length_histogram, to_table, write_part
+from iaa.data.shards import chunk_ids, length_histogram, to_table, write_part
 from iaa.data.vocab import Vocab
 
-PART_ROWS = 25_000  # examples per Parquet part, at least (whole chunks are never split)
+PART_ROWS = 10_000  # examples per Parquet part, at least (whole chunks are never split)
 SPLITS = ("train", "valid", "test")
 
 
@@ -67,7 +67,8 @@ def build(out: Path, sources: list[SplitSource], vocab_opts: VocabOptions, *,
             vocab = Vocab.build(((c.words, c.word_counts) for c in train), placeholder=vocab_opts.placeholder,
                                 min_count=vocab_opts.min_count, max_size=vocab_opts.max_size,
                                 keep_pattern=vocab_opts.keep_pattern)
-            writes = {split: [(part, pool.submit(_write, group, vocab, out / split / part))
+            ids = {id(c): i for cs in parsed.values() for c, i in zip(cs, chunk_ids(cs, vocab))}
+            writes = {split: [(part, pool.submit(_write, group, vocab, [ids[id(c)] for c in group], out / split / part))
                               for part, group in _parts(chunks)]
                       for split, chunks in parsed.items()}
             shards = {split: [{"file": f"{split}/{part}", **f.result()} for part, f in fs] for split, fs in writes.items()}
@@ -125,8 +126,8 @@ def _parts(chunks: list[ParsedChunk]) -> Iterator[tuple[str, list[ParsedChunk]]]
         yield f"part-{n:05d}.parquet", group
 
 
-def _write(chunks: list[ParsedChunk], vocab: Vocab, path: Path) -> dict:
-    return write_part([to_table(c, vocab) for c in chunks], path)
+def _write(chunks: list[ParsedChunk], vocab: Vocab, ids: list, path: Path) -> dict:
+    return write_part([to_table(c, vocab, i) for c, i in zip(chunks, ids)], path)
 
 
 def _split_entry(chunks: list[ParsedChunk], shards: list[dict]) -> dict[str, Any]:

@@ -33,21 +33,30 @@ COMPRESSION = "zstd"
 HIST_EDGES = (0, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096)  # document length buckets, tokens
 
 
-def to_table(chunk: ParsedChunk, vocab: Vocab) -> pa.Table:
-    """Map a chunk's words to vocabulary ids; one row per example, columns as ``SCHEMA``."""
-    word_ids = vocab.ids(chunk.words)                                   # (D,) chunk word -> vocab id
+def to_table(chunk: ParsedChunk, vocab: Vocab, ids: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Table:
+    """Map a chunk's words to vocabulary ids; one row per example, columns as ``SCHEMA``.
+
+    ``ids``: precomputed (``vocab.ids(chunk.words)``, ``vocab.ids(chunk.cand_keys)``), see ``chunk_ids``.
+    """
+    word_ids, cand_ids = ids if ids is not None else chunk_ids([chunk], vocab)[0]   # (D,), (sum C,)
     doc_lens, query_lens = np.diff(chunk.doc_offsets), np.diff(chunk.query_offsets)
     return pa.Table.from_arrays([
         chunk.example_ids.cast(pa.string()),
         _lists(chunk.doc_offsets, pa.array(word_ids[chunk.doc], pa.int32())),
         _lists(chunk.query_offsets, pa.array(word_ids[chunk.query], pa.int32())),
-        _lists(chunk.cand_offsets, pa.array(vocab.ids(chunk.cand_keys), pa.int32())),
+        _lists(chunk.cand_offsets, pa.array(cand_ids, pa.int32())),
         _lists(chunk.cand_offsets, chunk.cand_words.cast(pa.string())),
         pa.array(chunk.answer, pa.int32()),
         _lists(chunk.doc_offsets, pa.array(chunk.doc_cand, pa.int16())),
         pa.array(doc_lens.astype(np.int32)),
         pa.array(query_lens.astype(np.int32)),
     ], schema=SCHEMA)
+
+
+def chunk_ids(chunks: Sequence[ParsedChunk], vocab: Vocab) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Vocabulary ids of each chunk's words and candidate keys, in one lookup for all chunks."""
+    ids = vocab.ids_many([c.words for c in chunks] + [c.cand_keys for c in chunks])
+    return list(zip(ids[:len(chunks)], ids[len(chunks):]))
 
 
 def _lists(offsets: np.ndarray, values: pa.Array) -> pa.ListArray:

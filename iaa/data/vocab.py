@@ -36,6 +36,13 @@ class Vocab:
         found = pc.index_in(words, value_set=self._array)
         return pc.fill_null(found, UNK).to_numpy(zero_copy_only=False).astype(np.int32)
 
+    def ids_many(self, pieces: list[pa.Array]) -> list[np.ndarray]:
+        """``ids`` of several arrays with one hash-table build: [(n_i,) int32]."""
+        if not pieces:
+            return []
+        flat = self.ids(pa.concat_arrays([p.cast(pa.string()) for p in pieces]))
+        return np.split(flat, np.cumsum([len(p) for p in pieces])[:-1])
+
     @property
     def _array(self) -> pa.Array:
         cached = self.__dict__.get("_arr")

@@ -8,7 +8,6 @@ dataset shard, the all-reduce and ``ray.train.report``.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from itertools import islice
@@ -83,7 +82,9 @@ class LocalSession:
         return self.run_dir / "checkpoints"
 
     def num_train_batches(self) -> int:
-        return math.ceil(self._train.num_rows / self.batch_size)
+        from iaa.data.loader import num_batches
+
+        return num_batches(self._train.num_rows, self.batch_size)
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
         from iaa.data.loader import iter_batches

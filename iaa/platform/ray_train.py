@@ -158,7 +158,9 @@ class RayTrainSession(TableSession):
     def prepare_model(self, model: nn.Module) -> nn.Module:
         import ray.train.torch
 
-        return ray.train.torch.prepare_model(model)
+        # Some configs leave parameters unused (T=1 skips the later search steps; the AS reader
+        # has no search gates), which plain DDP rejects.
+        return ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"find_unused_parameters": True})
 
     def latest_state(self) -> dict[str, Any] | None:
         import ray.train

@@ -46,6 +46,7 @@ from iaa.platform.trial import MEMBER_KEY, TrialSpec, job_config, run_trial
 METRIC, MODE = "valid_acc", "max"
 TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "best_valid_acc", "lr", "epoch", "train_examples_per_s")
 MAX_TRIAL_FAILURES = 2      # a failed trial restarts from its last checkpoint this many times
+# (a multi-worker trial once more only: its Train run already restarts failed workers itself)
 TABLE_ROWS = 10
 
 
@@ -259,7 +260,7 @@ class _Launch:
     def run_config(self, callbacks: Sequence[Any]) -> Any:
         return tune.RunConfig(
             name=self.name, storage_path=self.storage,
-            failure_config=tune.FailureConfig(max_failures=MAX_TRIAL_FAILURES),
+            failure_config=tune.FailureConfig(max_failures=MAX_TRIAL_FAILURES if self.plan.in_actor else 1),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
                                                     checkpoint_score_order="max"),
             callbacks=list(callbacks), verbose=1 if self.show_progress else 0,

@@ -1,0 +1,27 @@
+"""The most-frequent-candidate baseline: answer the candidate that occurs most often in the document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def accuracy(doc_cand: list[list[int]], n_cands: list[int], answers: list[int]) -> float:
+    """Accuracy of the most frequent candidate; ties go to the first candidate, as CBT's authors did."""
+    correct = 0
+    for positions, n, gold in zip(doc_cand, n_cands, answers):
+        counts = np.bincount(np.asarray([p for p in positions if p >= 0], dtype=np.int64), minlength=n)
+        correct += int(np.argmax(counts[:n]) == gold)
+    return correct / max(len(answers), 1)
+
+
+def run(data_dir: Path, split: str) -> dict[str, Any]:
+    from iaa.data.loader import PreparedData
+
+    table = PreparedData.open(Path(data_dir)).table(split)
+    acc = accuracy(table.column("doc_cand").to_pylist(),
+                   [len(c) for c in table.column("candidates").to_pylist()],
+                   table.column("answer").to_pylist())
+    return {"baseline": "most-frequent-candidate", "split": split, "accuracy": acc, "examples": table.num_rows}
