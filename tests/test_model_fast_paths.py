@@ -12,7 +12,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
 from iaa.model.attention import Memory
 from iaa.model.dropout import Dropout
-from iaa.model.fused_gru import fused_bigru
+from iaa.model import gru_kernels
+from iaa.model.fused_gru import FusedBiGRU, fused_bigru
 from iaa.jobs.step import build_optimizer, train_step
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
@@ -26,10 +27,22 @@ def _reference_bigru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> tor
     return pad_packed_sequence(gru(packed)[0], batch_first=True, total_length=x.shape[1])[0]
 
 
+@pytest.fixture(params=["python-loop", "cpp-loop"])
+def recurrence(request, monkeypatch):
+    """Run the fused GRU's recurrence in Python or in the C++ kernels (skipped if unbuildable)."""
+    if request.param == "cpp-loop" and gru_kernels.load() is None:
+        pytest.skip("C++ GRU kernels unavailable (no compiler/ninja, or IAA_GRU_CPP=0)")
+    monkeypatch.setattr(FusedBiGRU, "use_cpp", request.param == "cpp-loop")
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_fused_bigru_equals_packed_nn_gru(dtype):
+def test_fused_bigru_equals_packed_nn_gru(dtype, recurrence):
     torch.manual_seed(0)
     gru = nn.GRU(6, 5, batch_first=True, bidirectional=True).to(dtype)
+    with torch.no_grad():                                        # non-zero biases, larger weights
+        for param in gru.parameters():
+            param.normal_(0.0, 0.5)
     lengths = torch.tensor([4, 9, 1, 9, 6])                      # unsorted, ties, a length-1 row
     x = torch.randn(5, 11, 6, dtype=dtype, requires_grad=True)
     weight = torch.randn(5, 11, 10, dtype=dtype)
@@ -46,7 +59,7 @@ def test_fused_bigru_equals_packed_nn_gru(dtype):
         torch.testing.assert_close(a, b, **tol)
 
 
-def test_fused_bigru_gradcheck():
+def test_fused_bigru_gradcheck(recurrence):
     torch.manual_seed(0)
     gru = nn.GRU(3, 2, batch_first=True, bidirectional=True).double()
     x = torch.randn(3, 5, 3, dtype=torch.float64, requires_grad=True)

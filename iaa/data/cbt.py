@@ -160,8 +160,9 @@ class _Lines:
         self.starts = np.concatenate([[0], nl + 1])[:len(ends)]                        # (N,)
         self.ends = ends - ((ends > self.starts) & (b[np.maximum(ends - 1, 0)] == 13))  # drop a \r
         self.blank = self.ends == self.starts
-        p = np.concatenate([b, np.zeros(3, np.uint8)])
-        c0, c1, c2 = (p[self.starts + k].astype(np.int32) for k in range(3))
+        last = max(len(b) - 1, 0)
+        c0, c1, c2 = (np.where(self.starts + k <= last, b[np.minimum(self.starts + k, last)], 0).astype(np.int32)
+                      for k in range(3)) if len(b) else (np.zeros(0, np.int32),) * 3
         d0, d1 = (c0 >= 48) & (c0 <= 57), (c1 >= 48) & (c1 <= 57)
         one, two = d0 & (c1 == 32), d0 & d1 & (c2 == 32)
         self.number = np.where(one, c0 - 48, np.where(two, (c0 - 48) * 10 + c1 - 48, -1))  # (N,) -1: none

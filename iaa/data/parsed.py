@@ -156,11 +156,7 @@ def assemble(
     cand_local = pc.fill_null(pc.index_in(cand_keys, value_set=words), -1).to_numpy().astype(np.int32)
 
     answer = _answer_index(cand_words, cand_offsets, answers)                    # (E,)
-    doc_cand = _doc_candidates(doc, doc_offsets, cand_local, cand_offsets)       # (sum Ld,)
-    hit = np.flatnonzero(doc_cand >= 0)
-    hit_row = np.searchsorted(doc_offsets, hit, side="right") - 1
-    answer_in_doc = np.zeros(n, dtype=bool)
-    answer_in_doc[hit_row[doc_cand[hit] == answer[hit_row]]] = True
+    doc_cand, answer_in_doc = _doc_candidates(doc, doc_offsets, cand_local, cand_offsets, answer, len(words))
     ph = pc.index(words, placeholder).as_py()
     query_has_ph = np.zeros(n, dtype=bool)
     query_has_ph[np.searchsorted(query_offsets, np.flatnonzero(query == ph), side="right") - 1] = True
@@ -210,31 +206,33 @@ def _answer_index(cand_words: pa.Array, cand_offsets: np.ndarray, answers: pa.Ar
     return first.astype(np.int32)
 
 
-def _doc_candidates(doc: np.ndarray, doc_offsets: np.ndarray, cand_local: np.ndarray,
-                    cand_offsets: np.ndarray) -> np.ndarray:
-    """(sum Ld,) int16: for each document token the index of the candidate with the same word, else -1.
+def _doc_candidates(doc: np.ndarray, doc_offsets: np.ndarray, cand_local: np.ndarray, cand_offsets: np.ndarray,
+                    answer: np.ndarray, n_words: int) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate index of each document token, from word indices; and whether each answer occurs.
 
-    Works on word indices, not vocabulary ids, so two candidates unseen in training stay apart.
+    Returns ((sum Ld,) int16 candidate index or -1, (E,) bool answer found in its document).
+    Works on words, not vocabulary ids, so two candidates unseen in training stay apart.
     When folding case merges two candidates, the first one in file order gets the positions.
     """
     n = len(doc_offsets) - 1
     out = np.full(len(doc), -1, dtype=np.int16)
-    cand_lens = lengths(cand_offsets)
     if n == 0 or len(cand_local) == 0:
-        return out
-    width = int(cand_lens.max())
+        return out, np.zeros(n, dtype=bool)
+    width = int(lengths(cand_offsets).max())
     table = np.full((n, width), -1, dtype=np.int32)                      # (E, Cmax) word index per slot
     rows = row_of(cand_offsets)
     table[rows, np.arange(len(cand_local)) - cand_offsets[rows]] = cand_local
-    is_cand = np.zeros(int(doc.max(initial=0)) + 2, dtype=bool)
-    found = cand_local[(cand_local >= 0) & (cand_local < len(is_cand))]
-    is_cand[found] = True
-    pos = np.flatnonzero(is_cand[doc])                                   # the few tokens that are any candidate
+    is_cand = np.zeros(n_words, dtype=bool)
+    is_cand[cand_local[cand_local >= 0]] = True
+    pos = np.flatnonzero(is_cand[doc])                                   # tokens that are some example's candidate
     pos_row = np.searchsorted(doc_offsets, pos, side="right") - 1
     same = table[pos_row] == doc[pos][:, None]                           # (M, Cmax)
     has = same.any(axis=1)
-    out[pos[has]] = same[has].argmax(axis=1)
-    return out
+    pos, pos_row, slot = pos[has], pos_row[has], same[has].argmax(axis=1)
+    out[pos] = slot
+    answer_in_doc = np.zeros(n, dtype=bool)
+    answer_in_doc[pos_row[slot == answer[pos_row]]] = True
+    return out, answer_in_doc
 
 
 def note_errors(chunk: ParsedChunk, errs: list[DataError], on_error: str) -> None:

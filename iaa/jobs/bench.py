@@ -140,7 +140,7 @@ def count_flops(fn: Callable[[], object]) -> int:
 
 def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: str = "cpu",
         batch_size: int = 32, steps: int = 10, warmup: int = 2, seed: int = 0,
-        precision: str = "auto") -> dict:
+        precision: str = "auto", threads: int = 0) -> dict:
     """Time training steps and inference after a warm-up, on the synthetic workload.
 
     Args:
@@ -152,12 +152,15 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
         warmup: untimed batches first.
         seed: for the model and the workload.
         precision: fp32, bf16 (autocast), or auto (bf16 on CUDA, fp32 on CPU).
+        threads: torch intra-op threads for the run (0 keeps the current setting).
 
     Returns:
         A dict with train_examples_per_s, infer_examples_per_s, flops_per_train_example,
         achieved_gflops, matmul_gflops, roofline_fraction, config, threads, device, precision.
     """
     retain_freed_memory()
+    if threads > 0:
+        torch.set_num_threads(threads)
     cfg: ReaderConfig = replace(PRESETS["paper"], kind=model, vocab_size=VOCAB_SIZE, **(overrides or {}))
     amp_dtype = torch.bfloat16 if precision == "bf16" or (precision == "auto" and device.startswith("cuda")) else None
     torch.manual_seed(seed)

@@ -109,20 +109,20 @@ def _clip_and_attach(model: nn.Module, optimizer: torch.optim.Optimizer,
     weight = _unwrap(model).embedding.weight
     grad, weight.grad = weight.grad, None
     others = [p.grad for p in model.parameters() if p.grad is not None and p is not weight]
-    sq_weight = torch.dot(weight.view(-1), weight.view(-1)).double()
-    sq_norm = sum(g.double().pow(2).sum() for g in torch._foreach_norm(others)) if others else 0.0
+    sq_weight = float(torch.dot(weight.view(-1), weight.view(-1)))
+    sq_norm = sum(float(n) ** 2 for n in torch._foreach_norm(others)) if others else 0.0
     two_l2 = 2.0 * embed_l2
     if grad is not None and grad.is_sparse:
         grad = grad.coalesce()
         rows, values = grad.indices()[0], grad.values()                    # unique rows, (R, d)
         decay = weight.index_select(0, rows).mul_(two_l2)                  # 2λ x_r
-        sq_norm = (sq_norm + two_l2**2 * sq_weight
-                   + (decay + values).double().pow(2).sum() - decay.double().pow(2).sum())
+        sq_norm += (two_l2**2 * sq_weight + float(torch.linalg.vector_norm(decay + values)) ** 2
+                    - float(torch.linalg.vector_norm(decay)) ** 2)
     else:
         grad = torch.zeros_like(weight) if grad is None else grad
         grad.add_(weight, alpha=two_l2)                                     # reference: dense
-        sq_norm = sq_norm + grad.double().pow(2).sum()
-    coef = min(1.0, clip / (float(sq_norm) ** 0.5 + 1e-6))                  # as clip_grad_norm_
+        sq_norm += float(torch.linalg.vector_norm(grad)) ** 2
+    coef = min(1.0, clip / (max(sq_norm, 0.0) ** 0.5 + 1e-6))              # as clip_grad_norm_
     if coef < 1.0 and others:
         torch._foreach_mul_(others, coef)
     group = next(g for g in optimizer.param_groups if g.get("name") == "embedding")
@@ -135,7 +135,7 @@ def _clip_and_attach(model: nn.Module, optimizer: torch.optim.Optimizer,
     else:
         weight.grad = grad.mul_(coef) if coef < 1.0 else grad
         group["weight_decay"] = 0.0
-    return embed_l2 * float(sq_weight)
+    return embed_l2 * sq_weight
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, *,

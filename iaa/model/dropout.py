@@ -5,7 +5,7 @@ sample per element (23% of a training step in the straightforward reader). The f
 one 64-bit random integer per four elements and compares each 16-bit lane with a threshold,
 so the mask costs ~1 ns per element. The keep probability is quantised to 1/65536
 (p = 0.2 becomes 13107/65536 = 0.199997); the scale is 1/keep of that exact keep probability,
-so E[output] = input holds exactly. The mask is kept as bool (1 byte per element) for backward.
+so E[output] = input holds exactly. The mask is kept as uint8 (1 byte per element) for backward.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ _LANES = 65536
 
 
 def dropout_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[torch.Tensor, float]:
-    """A bool keep-mask of ``shape`` with P(drop) = round(p * 65536) / 65536, and its scale."""
+    """A 0/1 uint8 keep-mask of ``shape`` with P(drop) = round(p * 65536) / 65536, and its scale."""
     threshold = round(p * _LANES)
     numel = 1
     for size in shape:
@@ -27,8 +27,8 @@ def dropout_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[tor
     # bias every fourth lane.
     words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
     lanes = words.view(torch.int16)[:numel]                       # uniform over [-32768, 32767]
-    keep = lanes >= (threshold - _LANES // 2)
-    return keep.view(shape), _LANES / (_LANES - threshold)
+    keep = (lanes >= (threshold - _LANES // 2)).view(torch.uint8)        # 0/1; x * uint8 is ~3x
+    return keep.view(shape), _LANES / (_LANES - threshold)                 # faster than x * bool
 
 
 class _MaskedScale(torch.autograd.Function):

@@ -25,6 +25,8 @@ from typing import Iterator
 import torch
 from torch.autograd.function import once_differentiable
 
+from iaa.model import gru_kernels
+
 # Threads for the per-step recurrent work; None keeps torch's setting. One thread is the default:
 # each step's matmul is tiny (32 x 128 x 384), and a second thread saves ~10 µs per step on an idle
 # machine but stalls for milliseconds whenever another process holds the other core.
@@ -76,11 +78,12 @@ def make_packing(lengths: torch.Tensor, max_len: int) -> Packing:
     return Packing(sizes.tolist(), offsets.tolist(), pos, prev)
 
 
-def _forward_steps(gi: torch.Tensor, w_hh_t: torch.Tensor, b_hh: torch.Tensor, pk: Packing):
-    """Run the recurrence. gi: (2, N, 3h) input projections.
+def _forward_steps(gi: torch.Tensor, w_hh_t: torch.Tensor, b_hn: torch.Tensor, pk: Packing):
+    """Run the recurrence. gi: (2, N, 3h) input projections, which already include b_hr and b_hz.
 
     Returns the outputs h_t (2, N, h), the gates [r, z] (2, N, 2h), the candidate states n_t
-    (2, N, h), and per step ``h_{t-1} W_hh^T + b_hh`` (a list of (2, n, 3h), kept for backward).
+    (2, N, h), and per step ``h_{t-1} W_hh^T`` with b_hn added to its n part (a list of
+    (2, n, 3h), kept for backward).
     """
     _, n_rows, h3 = gi.shape
     h = h3 // 3
@@ -92,7 +95,8 @@ def _forward_steps(gi: torch.Tensor, w_hh_t: torch.Tensor, b_hh: torch.Tensor, p
     for n, off in zip(pk.batch_sizes, pk.offsets):
         rows = slice(off, off + n)
         h_prev = h_prev[:, :n]
-        gh = torch.baddbmm(b_hh, h_prev, w_hh_t)                         # (2, n, 3h)
+        gh = torch.bmm(h_prev, w_hh_t)                                    # (2, n, 3h)
+        gh[..., 2 * h:].add_(b_hn)
         gates = rz[:, rows]
         torch.add(gi[:, rows, : 2 * h], gh[..., : 2 * h], out=gates).sigmoid_()
         c = cand[:, rows]
@@ -103,15 +107,16 @@ def _forward_steps(gi: torch.Tensor, w_hh_t: torch.Tensor, b_hh: torch.Tensor, p
 
 
 def _backward_steps(d_out, out, rz, cand, gh_steps, w_hh, pk: Packing):
+    # gh_steps: per step h_{t-1} W_hh^T with b_hn in its n part, from _forward_steps
     """Back-propagate through the recurrence. d_out: (2, N, h), modified in place.
 
-    Returns d_gh (2, N, 3h), the gradient of ``h_{t-1} W_hh^T + b_hh``, and d_npre (2, N, h),
-    the gradient of the candidate's pre-activation. The gradient of the input projections is
-    [d_gh[..., :2h], d_npre] (r and z add both projections; only n's differ).
+    Returns d_gh (2, N, 3h), the gradient of ``h_{t-1} W_hh^T + b_hh``, and d_gi (2, N, 3h),
+    the gradient of the input projections: r and z add both projections, so only the n parts
+    differ (d_gi's is the gradient of the candidate's pre-activation).
     """
     _, n_rows, h = out.shape
     d_gh = out.new_empty(2, n_rows, 3 * h)
-    d_npre = out.new_empty(2, n_rows, h)
+    d_gi = out.new_empty(2, n_rows, 3 * h)
     zero = out.new_zeros(())
     for step in range(len(pk.batch_sizes) - 1, -1, -1):
         n, off = pk.batch_sizes[step], pk.offsets[step]
@@ -122,19 +127,26 @@ def _backward_steps(d_out, out, rz, cand, gh_steps, w_hh, pk: Packing):
         prev_rows = slice(pk.offsets[step - 1], pk.offsets[step - 1] + n) if step else None
         h_prev = out[:, prev_rows] if step else zero
         d_c = torch.addcmul(dh, dh, z, value=-1.0)                       # dh (1 - z)
-        d_cpre = torch.addcmul(d_c, d_c * c, c, value=-1.0, out=d_npre[:, rows])  # (1 - n^2)
+        d_cpre = torch.addcmul(d_c, d_c * c, c, value=-1.0, out=d_gi[:, rows, 2 * h:])  # (1 - n^2)
         d_z = dh * (h_prev - c)
         torch.mul(d_z, torch.addcmul(z, z, z, value=-1.0), out=d_gh[:, rows, h: 2 * h])
         torch.mul(d_cpre * gh_steps[step][..., 2 * h:], torch.addcmul(r, r, r, value=-1.0),
                   out=d_gh[:, rows, :h])
         torch.mul(d_cpre, r, out=d_gh[:, rows, 2 * h:])
+        d_gi[:, rows, : 2 * h] = d_gh[:, rows, : 2 * h]
         if step:
-            d_out[:, prev_rows].add_(torch.baddbmm(dh * z, d_gh[:, rows], w_hh))  # d h_{t-1}
-    return d_gh, d_npre
+            d_out[:, prev_rows].addcmul_(dh, z).baddbmm_(d_gh[:, rows], w_hh)  # d h_{t-1}
+    return d_gh, d_gi
 
 
 class FusedBiGRU(torch.autograd.Function):
-    """y = BiGRU(x) over the real tokens of each row. See the module docstring."""
+    """y = BiGRU(x) over the real tokens of each row. See the module docstring.
+
+    The recurrence runs in ``gru_kernels`` (C++) when it builds, else in the Python loops above;
+    ``use_cpp = False`` forces the Python loops (tests compare the two).
+    """
+
+    use_cpp = True
 
     @staticmethod
     def forward(ctx, x, lengths, w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_b):
@@ -143,17 +155,24 @@ class FusedBiGRU(torch.autograd.Function):
         pos = pk.pos.to(x.device)
         w_ih = torch.stack([w_ih_f, w_ih_b])                            # (2, 3h, d)
         w_hh = torch.stack([w_hh_f, w_hh_b])                            # (2, 3h, h)
-        b_ih = torch.stack([b_ih_f, b_ih_b]).unsqueeze(1)               # (2, 1, 3h)
-        b_hh = torch.stack([b_hh_f, b_hh_b]).unsqueeze(1)
+        b_hh = torch.stack([b_hh_f, b_hh_b]).unsqueeze(1)               # (2, 1, 3h)
+        b_in = torch.stack([b_ih_f, b_ih_b]).unsqueeze(1).clone()       # b_ih + [b_hr, b_hz, 0]
+        b_in[..., : 2 * w_hh.shape[2]] += b_hh[..., : 2 * w_hh.shape[2]]
         xp = x.reshape(batch * max_len, dim).index_select(0, pos.view(-1)).view(2, -1, dim)  # (2, N, d)
-        gi = torch.baddbmm(b_ih, xp, w_ih.transpose(1, 2))             # (2, N, 3h)
+        gi = torch.baddbmm(b_in, xp, w_ih.transpose(1, 2))             # (2, N, 3h)
+        kernels = gru_kernels.load() if x.is_cpu and FusedBiGRU.use_cpp else None
+        b_hn = b_hh[..., 2 * w_hh.shape[2]:]                            # (2, 1, h)
         with _recurrent_threads():
-            out, rz, cand, gh_steps = _forward_steps(gi, w_hh.transpose(1, 2), b_hh, pk)
+            if kernels is not None:
+                out, rz, cand, hn = kernels.gru_forward(gi, w_hh.transpose(1, 2), b_hn.squeeze(1),
+                                                        pk.batch_sizes, pk.offsets)
+            else:
+                out, rz, cand, hn = _forward_steps(gi, w_hh.transpose(1, 2), b_hn, pk)
         h = out.shape[-1]
         y = x.new_zeros(batch * max_len, 2, h)
         y[:, 0].index_copy_(0, pos[0], out[0])
         y[:, 1].index_copy_(0, pos[1], out[1])
-        ctx.pk, ctx.shape, ctx.gh_steps = pk, x.shape, gh_steps
+        ctx.pk, ctx.shape, ctx.hn, ctx.kernels = pk, x.shape, hn, kernels
         ctx.save_for_backward(xp, pos, w_ih, w_hh, out, rz, cand)
         return y.view(batch, max_len, 2 * h)                            # (B, L, 2h)
 
@@ -161,19 +180,23 @@ class FusedBiGRU(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_y):
         xp, pos, w_ih, w_hh, out, rz, cand = ctx.saved_tensors
-        pk, (batch, max_len, dim), gh_steps = ctx.pk, ctx.shape, ctx.gh_steps
+        pk, (batch, max_len, dim), hn, kernels = ctx.pk, ctx.shape, ctx.hn, ctx.kernels
         h = out.shape[-1]
         grad_y = grad_y.reshape(batch * max_len, 2, h)
         d_out = torch.stack([grad_y[:, 0].index_select(0, pos[0]),
                              grad_y[:, 1].index_select(0, pos[1])])      # (2, N, h)
         with _recurrent_threads():
-            d_gh, d_npre = _backward_steps(d_out, out, rz, cand, gh_steps, w_hh, pk)
-        d_gi = torch.cat([d_gh[..., : 2 * h], d_npre], -1)              # (2, N, 3h)
-        prev = pk.prev.to(out.device)
-        h_prev = torch.cat([out, out.new_zeros(2, 1, h)], 1).index_select(1, prev)  # (2, N, h)
-        d_w_hh = torch.bmm(d_gh.transpose(1, 2), h_prev)               # (2, 3h, h)
+            if kernels is not None:
+                d_gh, d_gi = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh,
+                                                  pk.batch_sizes, pk.offsets)
+            else:
+                d_gh, d_gi = _backward_steps(d_out, out, rz, cand, hn, w_hh, pk)
+        first = pk.batch_sizes[0]                                       # rows of t = 0: h_prev = 0
+        h_prev = out.index_select(1, pk.prev[first:].to(out.device))   # (2, N - first, h)
+        d_w_hh = torch.bmm(d_gh[:, first:].transpose(1, 2), h_prev)    # (2, 3h, h)
         d_w_ih = torch.bmm(d_gi.transpose(1, 2), xp)                    # (2, 3h, d)
-        d_b_hh, d_b_ih = d_gh.sum(1), d_gi.sum(1)                       # (2, 3h)
+        d_b_hh = d_gh.sum(1)                                            # (2, 3h)
+        d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_gi[..., 2 * h:].sum(1)], 1)
         d_xp = torch.bmm(d_gi, w_ih)                                    # (2, N, d)
         d_x = d_xp.new_zeros(batch * max_len, dim)
         d_x.index_copy_(0, pos[0], d_xp[0]).index_add_(0, pos[1], d_xp[1])

@@ -8,6 +8,7 @@ workers cannot reach a SQLite file on the head node's disk).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import subprocess
 from contextlib import contextmanager
@@ -18,6 +19,8 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 PARENT_TAG = "mlflow.parentRunId"
+
+logging.getLogger("mlflow").setLevel(logging.WARNING)  # keep table-creation chatter off stderr
 
 
 def resolve_uri(tracking_uri: str | None, workdir: Path) -> str:
