@@ -15,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -53,7 +54,11 @@ def main(argv: list[str] | None = None) -> dict:
                              "(A/B of one change) instead of BaselineReader")
     parser.add_argument("--no-infer", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: process CPU time, which other processes on a shared machine "
+                             "barely disturb; meaningful as a rate only with --threads 1")
     args = parser.parse_args(argv)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     retain_freed_memory()                       # both sides get the allocator setting
@@ -89,14 +94,14 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for r in range(args.rounds):
         chunk = slice(r * args.steps, (r + 1) * args.steps)
-        b_s, b_n = bench.time_steps(step_base, base_batches[chunk], "cpu")
-        o_s, o_n = bench.time_steps(step_ours, bucketed[chunk], "cpu")
+        b_s, b_n = bench.time_steps(step_base, base_batches[chunk], "cpu", clock)
+        o_s, o_n = bench.time_steps(step_ours, bucketed[chunk], "cpu", clock)
         row = {"baseline_train": b_n / b_s, "ours_train": o_n / o_s}
         if not args.no_infer:
             base.eval(), ours.eval()
             with torch.inference_mode():
-                bi_s, bi_n = bench.time_steps(base, base_batches[chunk], "cpu")
-                oi_s, oi_n = bench.time_steps(ours, bucketed[chunk], "cpu")
+                bi_s, bi_n = bench.time_steps(base, base_batches[chunk], "cpu", clock)
+                oi_s, oi_n = bench.time_steps(ours, bucketed[chunk], "cpu", clock)
             row.update(baseline_infer=bi_n / bi_s, ours_infer=oi_n / oi_s)
         rows.append(row)
         print(f"round {r}: " + ", ".join(f"{k} {v:.1f} ex/s" for k, v in row.items())
@@ -108,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.no_infer:
         result["infer_ratio"] = round(statistics.median(r["ours_infer"] / r["baseline_infer"] for r in rows), 2)
         result["infer_ratio_best"] = round(best["ours_infer"] / best["baseline_infer"], 2)
-    result.update(threads=torch.get_num_threads(), overrides=overrides, baseline_overrides=args.baseline_set)
+    result.update(threads=torch.get_num_threads(), clock=args.clock, overrides=overrides,
+                  baseline_overrides=args.baseline_set)
     print(json.dumps(result))
     return result
 

@@ -89,13 +89,17 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, fak
     call = fake_tune[0]
     assert [(c.train.lr, c.train.seed) for c in call["configs"]] == [(2e-3, 2), (3e-3, 1), (3e-3, 2)]
     assert call["parent_run_id"] == "parent-123" and call["experiment"] == "tune-demo"
-    assert call["name"] != "demo-iaa"   # never the sweep's own name: its folder must stay intact
+    assert call["name"].startswith("ensemble-demo-iaa-")   # never the sweep's own name: its folder stays intact
 
     # A second run finds the members it trained in trained.json and trains nothing.
     again = platform_ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "demo-iaa")
     assert len(fake_tune) == 1
     assert [m.checkpoint for m in again] == [m.checkpoint for m in members]
     assert [m.source for m in again][2] == "trained earlier"
+    # So does another ensemble of the same sweep under another name.
+    other = platform_ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "ensembles" / "other",
+                                            "sqlite:///x.db", "other")
+    assert len(fake_tune) == 1 and [m.checkpoint for m in other] == [m.checkpoint for m in members]
 
 
 def test_all_seeds_reused_means_no_training(sweep: dict, fake_tune: list[dict], tmp_path: Path) -> None:

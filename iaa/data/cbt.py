@@ -39,7 +39,7 @@ CHUNK_BYTES = 4 << 20
 class RawChunk:
     """A piece of a CBT file that starts and ends at an example boundary."""
 
-    data: bytes
+    data: bytes | memoryview
     path: str          # the file, for messages
     first_line: int    # 1-based line number of the chunk's first line in the file
     is_last: bool      # the chunk ends the file, so an incomplete last example is a cut-off one
@@ -72,25 +72,42 @@ def find_files(source: Path, word_type: str) -> dict[str, Path]:
 def iter_chunks(path: Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[RawChunk]:
     """Stream ``path`` (gzip or plain) as chunks of about ``chunk_bytes``, each cut after a blank line.
 
-    Few, large copies: a parser thread waits on the GIL whenever this reader holds it.
+    Chunks are zero-copy views of large read blocks: whatever this reader does while holding the
+    GIL stalls the parser threads, so it copies little and counts lines with numpy (GIL released).
     """
     path = Path(path)
     tail, first_line = b"", 1
     for block in _read_blocks(path):
-        buf = tail + block if tail else block
-        pos = 0
-        while len(buf) - pos >= chunk_bytes:
-            cut = buf.rfind(b"\n\n", pos, pos + chunk_bytes)
+        view, pos = memoryview(block), 0
+        if tail:  # finish the pending piece with the head of this block (a small copy)
+            cut = _boundary(block, 0, chunk_bytes - len(tail))
             if cut < 0:
-                cut = buf.find(b"\n\n", pos + chunk_bytes)
-                if cut < 0:
-                    break
-            data = buf[pos:cut + 2]
+                tail += block
+                continue
+            data, pos = tail + block[:cut], cut
             yield RawChunk(data, str(path), first_line, False)
-            first_line += data.count(b"\n")
-            pos = cut + 2
-        tail = buf[pos:]
+            first_line += _count_lines(data)
+        while len(block) - pos >= chunk_bytes:
+            cut = _boundary(block, pos, chunk_bytes)
+            if cut < 0:
+                break
+            yield RawChunk(view[pos:cut], str(path), first_line, False)
+            first_line += _count_lines(view[pos:cut])
+            pos = cut
+        tail = block[pos:]
     yield RawChunk(tail, str(path), first_line, True)
+
+
+def _boundary(buf: bytes, pos: int, size: int) -> int:
+    """End (exclusive) of the last example that ends within ``buf[pos:pos+size]``, else of the first after it; -1: none."""
+    cut = buf.rfind(b"\n\n", pos, pos + max(size, 2))
+    if cut < 0:
+        cut = buf.find(b"\n\n", pos + max(size, 2))
+    return cut + 2 if cut >= 0 else -1
+
+
+def _count_lines(data: bytes | memoryview) -> int:
+    return int(np.count_nonzero(np.frombuffer(data, np.uint8) == 10))  # numpy: without the GIL
 
 
 def _read_blocks(path: Path, size: int = 32 << 20) -> Iterator[bytes]:
@@ -152,11 +169,12 @@ def parse_chunk(raw: RawChunk, *, on_error: str = "fail", lowercase: bool = Fals
 class _Lines:
     """Line boundaries of a byte buffer, and the line numbers CBT puts in front of each line."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | memoryview) -> None:
         self.data = data
         b = np.frombuffer(data, dtype=np.uint8)
         nl = np.flatnonzero(b == 10)
-        ends = nl if data.endswith(b"\n") or not data else np.append(nl, len(b))
+        self.ends_with_newline = len(b) > 0 and b[-1] == 10
+        ends = nl if self.ends_with_newline or not len(b) else np.append(nl, len(b))
         self.starts = np.concatenate([[0], nl + 1])[:len(ends)]                        # (N,)
         self.ends = ends - ((ends > self.starts) & (b[np.maximum(ends - 1, 0)] == 13))  # drop a \r
         self.blank = self.ends == self.starts
@@ -176,7 +194,7 @@ class _Lines:
         return len(self.starts)
 
     def text(self, i: int) -> str:
-        return self.data[self.starts[i]:self.ends[i]].decode("utf-8", "replace")
+        return bytes(self.data[self.starts[i]:self.ends[i]]).decode("utf-8", "replace")
 
 
 def _utf8_errors(raw: RawChunk, lines: _Lines) -> dict[int, DataError]:
@@ -187,18 +205,18 @@ def _utf8_errors(raw: RawChunk, lines: _Lines) -> dict[int, DataError]:
     except pa.ArrowInvalid:
         pass
     bad: dict[int, DataError] = {}
-    start = 0
+    start, data = 0, bytes(raw.data)
     while True:
         try:
-            raw.data[start:].decode("utf-8")
+            data[start:].decode("utf-8")
             break
         except UnicodeDecodeError as e:
             pos = start + e.start
-            i = raw.data.count(b"\n", 0, pos)
-            bad.setdefault(i, DataError(f"not UTF-8 (byte 0x{raw.data[pos]:02x} at byte {pos})",
+            i = data.count(b"\n", 0, pos)
+            bad.setdefault(i, DataError(f"not UTF-8 (byte 0x{data[pos]:02x} at byte {pos})",
                                         path=raw.path, line=raw.first_line + i, reason=E.NOT_UTF8))
             start = pos + max(e.end - e.start, 1)
-    lines.__init__(raw.data.decode("utf-8", "replace").encode("utf-8"))  # same lines, bad bytes replaced
+    lines.__init__(data.decode("utf-8", "replace").encode("utf-8"))  # same lines, bad bytes replaced
     return bad
 
 
@@ -220,7 +238,7 @@ def _check_structure(lines: _Lines, raw: RawChunk, errs: list[DataError]):
     firsts_bad: dict[int, int] = {}
     for i in np.flatnonzero(bad_line).tolist():
         firsts_bad.setdefault(int(gid[i]), i)
-    if raw.is_last and len(group_first) and not lines.data.endswith(b"\n"):
+    if raw.is_last and len(group_first) and not lines.ends_with_newline:
         ok[-1] = False  # the file stops inside the last example's last line: cut off, whatever is left of it
     for g in np.flatnonzero(~ok).tolist():
         f = int(group_first[g])
@@ -236,7 +254,7 @@ def _check_structure(lines: _Lines, raw: RawChunk, errs: list[DataError]):
                 what = f"line {p} of the example is missing (found line {lines.number[i]})"
             errs.append(DataError(what, path=raw.path, line=raw.first_line + i, reason=E.MISSING_LINE))
         elif raw.is_last and last == n - 1:
-            where = f"inside line {size[g]}" if size[g] == LINES or not lines.data.endswith(b"\n") else f"after line {size[g]}"
+            where = f"inside line {size[g]}" if size[g] == LINES or not lines.ends_with_newline else f"after line {size[g]}"
             truncated.append(f"{raw.path}, line {raw.first_line + f}: the last example is cut off {where} "
                              f"of {LINES}; it is not used")
         else:
@@ -305,21 +323,25 @@ def _tokens(lines: _Lines, first: np.ndarray, query_lens: np.ndarray):
     delta = np.zeros(len(idx) + 1, np.int8)
     delta[doc_lo], delta[doc_hi] = 1, -1                                 # spans are disjoint and non-empty
     keep = np.cumsum(delta[:-1], dtype=np.int8) > 0
-    keep[line_off[:-1][np.diff(line_off) > 0]] = False                 # each line's number
-    keep &= _string_lengths(flat) > 0                                   # the "" a trailing newline leaves
-    bounds = np.stack([doc_lo, doc_hi], axis=1).ravel()
-    doc_lens = np.add.reduceat(keep.view(np.int8), bounds, dtype=np.int64)[::2]  # kept tokens per span
+    doc_lines = (rel[:, None] + np.arange(LINES - 1)).ravel()           # (E*20,)
+    keep[line_off[doc_lines]] = False                                   # each line's number
+    # A line starts with its number, so the only empty token a line can give is its last one,
+    # left by the whitespace (newline) that ends it.
+    last = line_off[doc_lines + 1] - 1
+    empty = _string_lengths(flat, last) == 0
+    keep[last[empty]] = False
+    doc_lens = (doc_hi - doc_lo) - (LINES - 1) - empty.reshape(-1, LINES - 1).sum(axis=1)
     doc_offsets = offsets_of(doc_lens)
     q_offsets = offsets_of(query_lens)
     q_pos = np.repeat(line_off[rel + LINES - 1] + 1 - q_offsets[:-1], query_lens) + np.arange(q_offsets[-1])
     return encoded.dictionary, idx[keep], doc_offsets, idx[q_pos], q_offsets
 
 
-def _string_lengths(arr: pa.Array) -> np.ndarray:
-    """(n,) byte length of each string of a string array, straight from its offsets buffer."""
+def _string_lengths(arr: pa.Array, at: np.ndarray) -> np.ndarray:
+    """Byte length of the strings ``arr[at]``, read off the offsets buffer."""
     dtype = np.int64 if pa.types.is_large_string(arr.type) else np.int32
     offsets = np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset:arr.offset + len(arr) + 1]
-    return np.diff(offsets)
+    return offsets[at + 1] - offsets[at]
 
 
 def _example_ids(raw: RawChunk, first: np.ndarray) -> pa.Array:

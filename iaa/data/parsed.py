@@ -206,6 +206,9 @@ def _answer_index(cand_words: pa.Array, cand_offsets: np.ndarray, answers: pa.Ar
     return first.astype(np.int32)
 
 
+TABLE_CELLS = 1 << 24  # (rows x distinct candidate words) per lookup table, ~16 MB
+
+
 def _doc_candidates(doc: np.ndarray, doc_offsets: np.ndarray, cand_local: np.ndarray, cand_offsets: np.ndarray,
                     answer: np.ndarray, n_words: int) -> tuple[np.ndarray, np.ndarray]:
     """Candidate index of each document token, from word indices; and whether each answer occurs.
@@ -213,25 +216,38 @@ def _doc_candidates(doc: np.ndarray, doc_offsets: np.ndarray, cand_local: np.nda
     Returns ((sum Ld,) int16 candidate index or -1, (E,) bool answer found in its document).
     Works on words, not vocabulary ids, so two candidates unseen in training stay apart.
     When folding case merges two candidates, the first one in file order gets the positions.
+    A dense (example, candidate word) -> slot table answers each token with one lookup.
     """
     n = len(doc_offsets) - 1
     out = np.full(len(doc), -1, dtype=np.int16)
-    if n == 0 or len(cand_local) == 0:
-        return out, np.zeros(n, dtype=bool)
-    width = int(lengths(cand_offsets).max())
-    table = np.full((n, width), -1, dtype=np.int32)                      # (E, Cmax) word index per slot
-    rows = row_of(cand_offsets)
-    table[rows, np.arange(len(cand_local)) - cand_offsets[rows]] = cand_local
-    is_cand = np.zeros(n_words, dtype=bool)
-    is_cand[cand_local[cand_local >= 0]] = True
-    pos = np.flatnonzero(is_cand[doc])                                   # tokens that are some example's candidate
-    pos_row = np.searchsorted(doc_offsets, pos, side="right") - 1
-    same = table[pos_row] == doc[pos][:, None]                           # (M, Cmax)
-    has = same.any(axis=1)
-    pos, pos_row, slot = pos[has], pos_row[has], same[has].argmax(axis=1)
-    out[pos] = slot
     answer_in_doc = np.zeros(n, dtype=bool)
-    answer_in_doc[pos_row[slot == answer[pos_row]]] = True
+    ok = cand_local >= 0
+    if n == 0 or not ok.any():
+        return out, answer_in_doc
+    rows = row_of(cand_offsets)[ok]
+    slots = (np.arange(len(cand_local)) - cand_offsets[row_of(cand_offsets)])[ok]
+    uniq = np.unique(cand_local[ok])
+    code = np.full(n_words, -1, np.int64)                                # word -> candidate-word code
+    code[uniq] = np.arange(len(uniq))
+    width = len(uniq)
+    keys = rows * width + code[cand_local[ok]]                           # (example, code) of each candidate
+    keys, first = np.unique(keys, return_index=True)                     # first slot wins on duplicates
+    slots = slots[first]
+    doc_code = code[doc]
+    step = max(TABLE_CELLS // width, 1)
+    for r0 in range(0, n, step):                                         # blocks of examples bound the table size
+        r1 = min(r0 + step, n)
+        lo, hi = doc_offsets[r0], doc_offsets[r1]
+        pos = lo + np.flatnonzero(doc_code[lo:hi] >= 0)                  # tokens that are some candidate word
+        pos_row = np.searchsorted(doc_offsets, pos, side="right") - 1
+        table = np.full((r1 - r0) * width, -1, np.int16)
+        k0, k1 = np.searchsorted(keys, [r0 * width, r1 * width])
+        table[keys[k0:k1] - r0 * width] = slots[k0:k1]
+        slot = table[(pos_row - r0) * width + doc_code[pos]]
+        has = slot >= 0
+        pos, pos_row, slot = pos[has], pos_row[has], slot[has]
+        out[pos] = slot
+        answer_in_doc[pos_row[slot == answer[pos_row]]] = True
     return out, answer_in_doc
 
 

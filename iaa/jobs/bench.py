@@ -104,15 +104,16 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(step: Callable[[Batch], object], batches: Iterable[Batch], device: str) -> tuple[float, int]:
-    """Seconds and examples for running ``step`` over ``batches``."""
+def time_steps(step: Callable[[Batch], object], batches: Iterable[Batch], device: str,
+               clock: Callable[[], float] = time.perf_counter) -> tuple[float, int]:
+    """Seconds (by ``clock``) and examples for running ``step`` over ``batches``."""
     _sync(device)
-    start, count = time.perf_counter(), 0
+    start, count = clock(), 0
     for batch in batches:
         step(batch)
         count += len(batch)
     _sync(device)
-    return time.perf_counter() - start, count
+    return clock() - start, count
 
 
 def matmul_gflops(device: str = "cpu", size: int = 2048, reps: int = 10) -> float:

@@ -21,59 +21,56 @@ from types import ModuleType
 
 _SOURCE = r"""
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <vector>
 
-// Packed layout of fused_gru.py: tensors (2, N, k), rows [off, off + n) hold step t, and the rows
-// of step t - 1 for the same sequences are [prev, prev + n). h = hidden size.
+// Packed layout of fused_gru.py: tensors (2, N, k) for the two directions d; rows [off, off + n)
+// hold step t, rows [prev, prev + n) the same sequences at step t - 1. h = hidden size. The two
+// directions are independent, so each step runs them in at::parallel_for (one per thread when
+// torch has two threads, else one after the other).
 
 template <typename T>
-static void gate_preacts(const T* gi, const T* gh, T* rz, int64_t N, int64_t n, int64_t off,
-                         int64_t h) {
-  for (int64_t d = 0; d < 2; ++d)
-    for (int64_t i = 0; i < n; ++i) {
-      const T* a = gi + ((d * N) + off + i) * 3 * h;
-      const T* b = gh + (d * n + i) * 3 * h;
-      T* o = rz + ((d * N) + off + i) * 2 * h;
-      for (int64_t j = 0; j < 2 * h; ++j) o[j] = a[j] + b[j];
-    }
+static void gate_preacts(const T* gi, const T* gh, T* rz, int64_t n, int64_t h) {
+  // gi, rz: this direction's rows of step t; gh: (n, 3h). rz <- [r, z] pre-activations.
+  for (int64_t i = 0; i < n; ++i) {
+    const T* __restrict__ a = gi + i * 3 * h;
+    const T* __restrict__ b = gh + i * 3 * h;
+    T* __restrict__ o = rz + i * 2 * h;
+    for (int64_t j = 0; j < 2 * h; ++j) o[j] = a[j] + b[j];
+  }
 }
 
 template <typename T>
 static void cand_preacts(const T* gi, const T* gh, const T* b_hn, const T* rz, T* hn, T* cand,
-                         int64_t N, int64_t n, int64_t off, int64_t h) {
-  for (int64_t d = 0; d < 2; ++d)
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t row = d * N + off + i;
-      const T* a = gi + row * 3 * h + 2 * h;
-      const T* b = gh + (d * n + i) * 3 * h + 2 * h;
-      const T* bias = b_hn + d * h;
-      const T* r = rz + row * 2 * h;
-      T* x = hn + row * h;
-      T* c = cand + row * h;
-      for (int64_t j = 0; j < h; ++j) {
-        x[j] = b[j] + bias[j];
-        c[j] = a[j] + r[j] * x[j];
-      }
+                         int64_t n, int64_t h) {
+  // hn <- W_hn h_{t-1} + b_hn; cand <- its pre-activation W_in x + b_in + r * hn.
+  for (int64_t i = 0; i < n; ++i) {
+    const T* __restrict__ a = gi + i * 3 * h + 2 * h;
+    const T* __restrict__ b = gh + i * 3 * h + 2 * h;
+    const T* __restrict__ r = rz + i * 2 * h;
+    T* __restrict__ x = hn + i * h;
+    T* __restrict__ c = cand + i * h;
+    for (int64_t j = 0; j < h; ++j) {
+      x[j] = b[j] + b_hn[j];
+      c[j] = a[j] + r[j] * x[j];
     }
+  }
 }
 
 template <typename T>
-static void new_state(const T* rz, const T* cand, const T* hprev, int64_t hprev_rows, T* out,
-                      int64_t N, int64_t n, int64_t off, int64_t h) {
-  // hprev == nullptr: h_{t-1} = 0, so h_t = (1 - z) n.
-  for (int64_t d = 0; d < 2; ++d)
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t row = d * N + off + i;
-      const T* __restrict__ z = rz + row * 2 * h + h;
-      const T* __restrict__ c = cand + row * h;
-      T* __restrict__ o = out + row * h;
-      if (hprev) {
-        const T* __restrict__ p = hprev + (d * hprev_rows + i) * h;
-        for (int64_t j = 0; j < h; ++j) o[j] = c[j] + z[j] * (p[j] - c[j]);
-      } else {
-        for (int64_t j = 0; j < h; ++j) o[j] = c[j] - z[j] * c[j];
-      }
+static void new_state(const T* rz, const T* cand, const T* hprev, T* out, int64_t n, int64_t h) {
+  // h_t = n + z (h_{t-1} - n); hprev == nullptr means h_{t-1} = 0.
+  for (int64_t i = 0; i < n; ++i) {
+    const T* __restrict__ z = rz + i * 2 * h + h;
+    const T* __restrict__ c = cand + i * h;
+    T* __restrict__ o = out + i * h;
+    if (hprev) {
+      const T* __restrict__ p = hprev + i * h;
+      for (int64_t j = 0; j < h; ++j) o[j] = c[j] + z[j] * (p[j] - c[j]);
+    } else {
+      for (int64_t j = 0; j < h; ++j) o[j] = c[j] - z[j] * c[j];
     }
+  }
 }
 
 std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor w_hh_t, torch::Tensor b_hn,
@@ -86,89 +83,99 @@ std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor w_hh_t, t
   auto cand = at::empty({2, N, h}, gi.options());
   auto hn = at::empty({2, N, h}, gi.options());
   for (size_t t = 0; t < sizes.size(); ++t) {
-    const int64_t n = sizes[t], off = offsets[t];
-    torch::Tensor gh;
-    if (t == 0) gh = at::zeros({2, n, 3 * h}, gi.options());
-    else gh = at::bmm(out.narrow(1, offsets[t - 1], n), w_hh_t);  // (2, n, 3h)
-    AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
-      gate_preacts<scalar_t>(gi.data_ptr<scalar_t>(), gh.data_ptr<scalar_t>(),
-                             rz.data_ptr<scalar_t>(), N, n, off, h);
-    });
-    rz.narrow(1, off, n).sigmoid_();
-    AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
-      cand_preacts<scalar_t>(gi.data_ptr<scalar_t>(), gh.data_ptr<scalar_t>(),
-                             b_hn.data_ptr<scalar_t>(), rz.data_ptr<scalar_t>(),
-                             hn.data_ptr<scalar_t>(), cand.data_ptr<scalar_t>(), N, n, off, h);
-    });
-    cand.narrow(1, off, n).tanh_();
-    AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
-      const scalar_t* prev = t == 0 ? nullptr : out.data_ptr<scalar_t>() + offsets[t - 1] * h;
-      new_state<scalar_t>(rz.data_ptr<scalar_t>(), cand.data_ptr<scalar_t>(), prev, N,
-                          out.data_ptr<scalar_t>(), N, n, off, h);
+    const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
+    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t d = begin; d < end; ++d) {
+        auto gh = t ? at::mm(out[d].narrow(0, prev, n), w_hh_t[d])
+                    : at::zeros({n, 3 * h}, gi.options());                       // (n, 3h)
+        auto gates = rz[d].narrow(0, off, n), c = cand[d].narrow(0, off, n);
+        AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
+          gate_preacts<scalar_t>(gi[d].narrow(0, off, n).data_ptr<scalar_t>(),
+                                 gh.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(), n, h);
+        });
+        gates.sigmoid_();
+        AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
+          cand_preacts<scalar_t>(gi[d].narrow(0, off, n).data_ptr<scalar_t>(),
+                                 gh.data_ptr<scalar_t>(), b_hn[d].data_ptr<scalar_t>(),
+                                 gates.data_ptr<scalar_t>(),
+                                 hn[d].narrow(0, off, n).data_ptr<scalar_t>(),
+                                 c.data_ptr<scalar_t>(), n, h);
+        });
+        c.tanh_();
+        AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
+          new_state<scalar_t>(gates.data_ptr<scalar_t>(), c.data_ptr<scalar_t>(),
+                              t ? out[d].narrow(0, prev, n).data_ptr<scalar_t>() : nullptr,
+                              out[d].narrow(0, off, n).data_ptr<scalar_t>(), n, h);
+        });
+      }
     });
   }
   return {out, rz, cand, hn};
 }
 
 template <typename T>
-static void step_grads(const T* d_out, const T* carry, int64_t carry_n, const T* out,
+static void step_grads(const T* d_out, const T* carry, int64_t carry_n, const T* hprev,
                        const T* rz, const T* cand, const T* hn, T* d_gh, T* d_gi, T* d_hz,
-                       const T* zeros, int64_t N, int64_t n, int64_t off, int64_t prev,
-                       bool first, int64_t h) {
-  // dh = d_out + carry (carry = d h_t from step t + 1, rows < carry_n); zeros: h zeros.
-  for (int64_t d = 0; d < 2; ++d)
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t row = d * N + off + i;
-      const T* __restrict__ g = d_out + row * h;
-      const T* __restrict__ cr = (carry && i < carry_n) ? carry + (d * carry_n + i) * h : zeros;
-      const T* __restrict__ r = rz + row * 2 * h;
-      const T* __restrict__ z = r + h;
-      const T* __restrict__ c = cand + row * h;
-      const T* __restrict__ x = hn + row * h;
-      const T* __restrict__ p = first ? zeros : out + (d * N + prev + i) * h;
-      T* __restrict__ gh = d_gh + row * 3 * h;
-      T* __restrict__ gx = d_gi + row * 3 * h;
-      T* __restrict__ hz = d_hz + (d * n + i) * h;
-      for (int64_t j = 0; j < h; ++j) {
-        const T dh = g[j] + cr[j];
-        const T d_cpre = dh * (T(1) - z[j]) * (T(1) - c[j] * c[j]);
-        const T d_r = d_cpre * x[j] * r[j] * (T(1) - r[j]);
-        const T d_z = dh * (p[j] - c[j]) * z[j] * (T(1) - z[j]);
-        gh[j] = d_r;
-        gh[h + j] = d_z;
-        gh[2 * h + j] = d_cpre * r[j];
-        gx[j] = d_r;
-        gx[h + j] = d_z;
-        gx[2 * h + j] = d_cpre;
-        hz[j] = dh * z[j];
-      }
+                       const T* zeros, int64_t n, int64_t h) {
+  // dh = d_out + carry (d h_t from step t + 1, rows < carry_n). hprev == nullptr: h_{t-1} = 0.
+  for (int64_t i = 0; i < n; ++i) {
+    const T* __restrict__ g = d_out + i * h;
+    const T* __restrict__ cr = (carry && i < carry_n) ? carry + i * h : zeros;
+    const T* __restrict__ r = rz + i * 2 * h;
+    const T* __restrict__ z = r + h;
+    const T* __restrict__ c = cand + i * h;
+    const T* __restrict__ x = hn + i * h;
+    const T* __restrict__ p = hprev ? hprev + i * h : zeros;
+    T* __restrict__ gh = d_gh + i * 3 * h;
+    T* __restrict__ gx = d_gi + i * 3 * h;
+    T* __restrict__ hz = d_hz + i * h;
+    for (int64_t j = 0; j < h; ++j) {
+      const T dh = g[j] + cr[j];
+      const T d_cpre = dh * (T(1) - z[j]) * (T(1) - c[j] * c[j]);
+      const T d_r = d_cpre * x[j] * r[j] * (T(1) - r[j]);
+      const T d_z = dh * (p[j] - c[j]) * z[j] * (T(1) - z[j]);
+      gh[j] = d_r;
+      gh[h + j] = d_z;
+      gh[2 * h + j] = d_cpre * r[j];
+      gx[j] = d_r;
+      gx[h + j] = d_z;
+      gx[2 * h + j] = d_cpre;
+      hz[j] = dh * z[j];
     }
+  }
 }
 
 std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, torch::Tensor rz,
                                         torch::Tensor cand, torch::Tensor hn, torch::Tensor w_hh,
                                         std::vector<int64_t> sizes, std::vector<int64_t> offsets) {
-  // d_out (2, N, h): gradient of the outputs; w_hh (2, 3h, h).
+  // d_out (2, N, h): gradient of the outputs; w_hh (2, 3h, h). Returns d_gh, d_gi (2, N, 3h).
   d_out = d_out.contiguous(); w_hh = w_hh.contiguous();
   const int64_t N = out.size(1), h = out.size(2);
   auto d_gh = at::empty({2, N, 3 * h}, out.options());
   auto d_gi = at::empty({2, N, 3 * h}, out.options());
-  torch::Tensor carry;  // d h_{t-1} from step t: (2, n_t, h)
   auto zeros = at::zeros({h}, out.options());
+  std::vector<torch::Tensor> carry(2);  // d h_{t-1} from step t, per direction: (n_t, h)
   for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
-    const int64_t n = sizes[t], off = offsets[t];
-    auto d_hz = at::empty({2, n, h}, out.options());
-    AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_backward", [&] {
-      step_grads<scalar_t>(d_out.data_ptr<scalar_t>(),
-                           carry.defined() ? carry.data_ptr<scalar_t>() : nullptr,
-                           carry.defined() ? carry.size(1) : 0, out.data_ptr<scalar_t>(),
-                           rz.data_ptr<scalar_t>(), cand.data_ptr<scalar_t>(),
-                           hn.data_ptr<scalar_t>(), d_gh.data_ptr<scalar_t>(),
-                           d_gi.data_ptr<scalar_t>(), d_hz.data_ptr<scalar_t>(),
-                           zeros.data_ptr<scalar_t>(), N, n, off,
-                           t > 0 ? offsets[t - 1] : 0, t == 0, h);
+    const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
+    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t d = begin; d < end; ++d) {
+        auto d_hz = at::empty({n, h}, out.options());
+        auto grad_h = d_gh[d].narrow(0, off, n);
+        AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_backward", [&] {
+          step_grads<scalar_t>(d_out[d].narrow(0, off, n).data_ptr<scalar_t>(),
+                               carry[d].defined() ? carry[d].data_ptr<scalar_t>() : nullptr,
+                               carry[d].defined() ? carry[d].size(0) : 0,
+                               t ? out[d].narrow(0, prev, n).data_ptr<scalar_t>() : nullptr,
+                               rz[d].narrow(0, off, n).data_ptr<scalar_t>(),
+                               cand[d].narrow(0, off, n).data_ptr<scalar_t>(),
+                               hn[d].narrow(0, off, n).data_ptr<scalar_t>(),
+                               grad_h.data_ptr<scalar_t>(),
+                               d_gi[d].narrow(0, off, n).data_ptr<scalar_t>(),
+                               d_hz.data_ptr<scalar_t>(), zeros.data_ptr<scalar_t>(), n, h);
+        });
+        if (t > 0) carry[d] = at::addmm(d_hz, grad_h, w_hh[d]);  // d h_{t-1}: (n, h)
+      }
     });
-    if (t > 0) carry = at::baddbmm(d_hz, d_gh.narrow(1, off, n), w_hh);  // (2, n, h)
   }
   return {d_gh, d_gi};
 }

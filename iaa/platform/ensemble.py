@@ -8,8 +8,8 @@ Members come from one of two places:
   trials' ``best_valid_acc``; configurations that differ only in ``train.seed`` count as one)
   each get N seeds: the trial's own ``train.seed + i`` for ``i = 0 .. N-1``, so seed ``i = 0``
   is the trial itself. A member whose config equals, field for field (seed included), a trial
-  with a checkpoint on disk, or a member trained by an earlier run of this ensemble (recorded
-  in ``trained.json``), reuses that checkpoint; the rest train in parallel as Ray trials
+  with a checkpoint on disk, or a member trained by an earlier ensemble in the same workdir
+  (each records those it trained in its ``trained.json``), reuses that checkpoint; the rest train in parallel as Ray trials
   through :func:`iaa.platform.tune.train_many`.
 
 Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.ensemble`
@@ -155,12 +155,18 @@ def _ledger(out_dir: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
 
 
+def _all_ledgers(workdir: Path) -> list[dict[str, Any]]:
+    """The members trained by every ensemble under ``workdir`` (each records its own in trained.json)."""
+    return [entry for path in sorted((Path(workdir) / "ensembles").glob("*/trained.json"))
+            for entry in _ledger(path.parent)]
+
+
 def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, out_dir: Path, uri: str,
                   name: str) -> list[Member]:
     """K best configurations x N seeds, reusing matching checkpoints and training the rest on Ray."""
     sweep_dir = Path(req.workdir) / "sweeps" / sweep["name"]
     reusable: dict[str, tuple[Path, str | None, str]] = {}
-    for entry in _ledger(out_dir):
+    for entry in _all_ledgers(Path(req.workdir)):
         found = _existing(entry.get("checkpoint"), [Path(req.workdir)])
         if found is not None:
             reusable[_config_key(entry["config"])] = (found, entry.get("mlflow_run_id"), "trained earlier")
@@ -180,8 +186,10 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
 
         print(f"ensemble: reusing {len(wanted) - len(to_train)} checkpoints, training {len(to_train)} members on Ray",
               file=sys.stderr)
+        # One Ray run name per set of members, so that a later call never lands in an earlier run's folder.
+        digest = hashlib.sha1("\n".join(_config_key(c) for c in to_train).encode()).hexdigest()[:8]
         trained = tune.train_many(
-            to_train, prepared, name=f"ensemble-{name}", workdir=Path(req.workdir), tracking_uri=uri,
+            to_train, prepared, name=f"ensemble-{name}-{digest}", workdir=Path(req.workdir), tracking_uri=uri,
             parent_run_id=sweep.get("parent_run_id"), experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
             address=req.address, storage_path=req.storage_path, workers_per_trial=1, show_progress=req.show_progress,
         )
@@ -199,8 +207,11 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
         if failed:  # the members that did train are in trained.json: running again retrains only these
             raise RuntimeError(f"ensemble {name}: {len(failed)} member(s) gave no checkpoint: {'; '.join(failed)}. "
                                f"Run the same command again to retry them; the others are kept for reuse.")
-    return [Member(reusable[_config_key(cfg)][0], cfg, reusable[_config_key(cfg)][1], label,
-                   reusable[_config_key(cfg)][2]) for cfg, label in wanted]
+    members = []
+    for cfg, label in wanted:
+        found, run_id, source = reusable[_config_key(cfg)]
+        members.append(Member(found, cfg, run_id, label, source))
+    return members
 
 
 # --- evaluation and tracking -------------------------------------------------------------------

@@ -40,7 +40,7 @@ import ray.tune as tune
 
 from iaa.jobs.config import JobConfig, dump_yaml, from_dict, to_dict
 from iaa.platform import cluster, search_space, tracking
-from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, _remove
+from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, _remove, start_janitor
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, job_config, run_trial
 
 METRIC, MODE = "valid_acc", "max"
@@ -234,6 +234,8 @@ class _Launch:
                                  gpus_per_worker=self.gpus_per_worker, max_concurrent=self.max_concurrent,
                                  num_trials=self.num_trials)
         self.storage = self.storage_path or str((Path(self.workdir) / "ray").resolve())
+        if not self.plan.in_actor:
+            start_janitor()
         if self.show_progress:
             print(cluster.describe(self.info, self.plan), file=sys.stderr)
 
@@ -352,7 +354,8 @@ def _max_checks(cfg: JobConfig, space: search_space.SearchSpace, train_rows: int
         epochs += list(p.choices or (p.high,))
     n_batches = math.ceil(train_rows / max(workers, 1) / max(1, int(min(batch_sizes))))
     check_every = cfg.train.check_every or max(1, n_batches // 2)
-    return max(1, math.ceil(math.ceil(max(epochs) * n_batches) / check_every))
+    # One more than the trial can reach: a trial that ends by itself is never stopped (killed) by ASHA.
+    return max(1, math.ceil(math.ceil(max(epochs) * n_batches) / check_every)) + 1
 
 
 def _wipe(launch: _Launch, sweep_dir: Path) -> None:
