@@ -157,3 +157,18 @@ def test_optimizer_state_round_trip():
     again.load_state_dict(optimizer.state_dict())
     assert [g["lr"] for g in again.param_groups] == pytest.approx([0.008, 0.008])
     train_step(model, again, random_batch([6, 9], [3, 4], seed=1), embed_l2=1e-4)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_inference_table_equals_per_token_projection(kind):
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=2)
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40, kind=kind)).eval()
+    plain = build_reader(preset("tiny", vocab_size=40, kind=kind, inference_table=False)).eval()
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch), plain(batch), atol=1e-6, rtol=1e-5)
+        for module in (model, plain):                     # a weight update must refresh the table
+            module.embedding.weight.mul_(1.5)
+            module.encoders.doc_encoder.gru.weight_ih_l0.add_(0.1)
+        torch.testing.assert_close(model(batch), plain(batch), atol=1e-6, rtol=1e-5)

@@ -36,3 +36,10 @@ class DataError(ValueError):
         if line is not None:
             where = f"{where}, line {line}" if where else f"line {line}"
         super().__init__(f"{where}: {what}" if where else what)
+
+    def __reduce__(self):  # keep the fields when sent between processes (Ray, multiprocessing)
+        return _rebuild, (self.what, self.path, self.line, self.reason)
+
+
+def _rebuild(what: str, path: str | None, line: int | None, reason: str) -> DataError:
+    return DataError(what, path=path, line=line, reason=reason)

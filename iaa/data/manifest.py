@@ -24,7 +24,10 @@ def fingerprint(files: Iterable[Path], root: Path | None = None) -> dict[str, An
         st = path.stat()
         name = str(path.relative_to(root)) if root is not None else path.name
         entries.append([name, st.st_size, st.st_mtime_ns])
-    return {"files": len(entries), "sha256": digest(entries)}
+    out: dict[str, Any] = {"files": len(entries), "sha256": digest(entries)}
+    if len(entries) <= 10:
+        out["names"] = [e[0] for e in entries]
+    return out
 
 
 def digest(obj: Any) -> str:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from iaa import __version__
 from iaa.data import build as B
 from iaa.data import cbt, cnn, demo
 from iaa.data import errors as E
@@ -71,7 +72,7 @@ def run(
     try:
         sources, vocab_opts = _sources(dataset, source, tmp, on_error=on_error, lowercase=bool(lowercase),
                                        min_count=min_count, max_vocab=max_vocab)
-        header = {"dataset": dataset, "options": options, "source": fingerprint}
+        header = {"dataset": dataset, "created_by": f"iaa {__version__}", "options": options, "source": fingerprint}
         manifest = B.build(tmp, sources, vocab_opts, workers=workers, progress=progress, header=header)
         _swap(tmp, out)
     finally:

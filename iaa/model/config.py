@@ -30,6 +30,7 @@ class ReaderConfig:
     fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout
     sparse_embedding_grad: bool = True  # sparse embedding gradient; iaa.jobs.step keeps Adam + L2 exact
     batched_read_grad: bool = True   # one GEMM for the gradient of all T document reads
+    inference_table: bool = True     # inference: per-word cache of the doc encoder's input projection
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from iaa.model.fused_gru import fused_bigru
+from iaa.model.fused_gru import bigru_from_table, fused_bigru, input_table
 
 
 class BiGRUEncoder(nn.Module):
@@ -42,7 +42,23 @@ class BiGRUEncoder(nn.Module):
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
             states, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True,
                                             total_length=x.shape[1])       # (B, L, 2h)
+        return states, self._final(states, lengths)
+
+    @torch.no_grad()
+    def forward_from_table(self, tokens: torch.Tensor, mask: torch.Tensor,
+                           table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward(embedding[tokens], mask)`` without input dropout or gradient, from the
+        per-word input projections ``table = self.input_table(embedding)`` (fused CPU path)."""
+        lengths = mask.sum(1)
+        states = bigru_from_table(tokens, lengths, table, self.gru._flat_weights)
+        return states, self._final(states, lengths)
+
+    @torch.no_grad()
+    def input_table(self, embedding: torch.Tensor) -> torch.Tensor:
+        """Every word's input projection for both directions: (V, 2, 3h)."""
+        return input_table(embedding, self.gru._flat_weights)
+
+    def _final(self, states: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         h = self.gru.hidden_size
         last = (lengths - 1).view(-1, 1, 1).expand(-1, 1, h)
-        final = torch.cat([states[..., :h].gather(1, last).squeeze(1), states[:, 0, h:]], -1)
-        return states, final                                               # (B, L, 2h), (B, 2h)
+        return torch.cat([states[..., :h].gather(1, last).squeeze(1), states[:, 0, h:]], -1)

@@ -139,6 +139,38 @@ def _backward_steps(d_out, out, rz, cand, gh_steps, w_hh, pk: Packing):
     return d_gh, d_gi
 
 
+def _stack_weights(w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_b):
+    """Both directions stacked: W_ih (2, 3h, d), W_hh (2, 3h, h), b_hh (2, 1, 3h), and the input
+    bias b_in = b_ih + [b_hr, b_hz, 0] (2, 1, 3h): r and z add both biases, so they fold."""
+    w_ih, w_hh = torch.stack([w_ih_f, w_ih_b]), torch.stack([w_hh_f, w_hh_b])
+    b_hh = torch.stack([b_hh_f, b_hh_b]).unsqueeze(1)
+    b_in = torch.stack([b_ih_f, b_ih_b]).unsqueeze(1).clone()
+    b_in[..., : 2 * w_hh.shape[2]] += b_hh[..., : 2 * w_hh.shape[2]]
+    return w_ih, w_hh, b_hh, b_in
+
+
+def _recurrence(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, pk: Packing):
+    """Forward recurrence from the input projections gi (2, N, 3h), in C++ if available."""
+    kernels = gru_kernels.load() if gi.is_cpu and FusedBiGRU.use_cpp else None
+    b_hn = b_hh[..., 2 * w_hh.shape[2]:]                                # (2, 1, h)
+    with _recurrent_threads():
+        if kernels is not None:
+            out, rz, cand, hn = kernels.gru_forward(gi, w_hh.transpose(1, 2), b_hn.squeeze(1),
+                                                    pk.batch_sizes, pk.offsets)
+        else:
+            out, rz, cand, hn = _forward_steps(gi, w_hh.transpose(1, 2), b_hn, pk)
+    return out, rz, cand, hn, kernels
+
+
+def _unpack(out: torch.Tensor, pos: torch.Tensor, batch: int, max_len: int) -> torch.Tensor:
+    """Packed outputs (2, N, h) to (B, L, 2h), zero at padding."""
+    h = out.shape[-1]
+    y = out.new_zeros(batch * max_len, 2, h)
+    y[:, 0].index_copy_(0, pos[0], out[0])
+    y[:, 1].index_copy_(0, pos[1], out[1])
+    return y.view(batch, max_len, 2 * h)
+
+
 class FusedBiGRU(torch.autograd.Function):
     """y = BiGRU(x) over the real tokens of each row. See the module docstring.
 
@@ -149,32 +181,17 @@ class FusedBiGRU(torch.autograd.Function):
     use_cpp = True
 
     @staticmethod
-    def forward(ctx, x, lengths, w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_b):
+    def forward(ctx, x, lengths, *weights):
         batch, max_len, dim = x.shape
         pk = make_packing(lengths, max_len)
         pos = pk.pos.to(x.device)
-        w_ih = torch.stack([w_ih_f, w_ih_b])                            # (2, 3h, d)
-        w_hh = torch.stack([w_hh_f, w_hh_b])                            # (2, 3h, h)
-        b_hh = torch.stack([b_hh_f, b_hh_b]).unsqueeze(1)               # (2, 1, 3h)
-        b_in = torch.stack([b_ih_f, b_ih_b]).unsqueeze(1).clone()       # b_ih + [b_hr, b_hz, 0]
-        b_in[..., : 2 * w_hh.shape[2]] += b_hh[..., : 2 * w_hh.shape[2]]
+        w_ih, w_hh, b_hh, b_in = _stack_weights(*weights)
         xp = x.reshape(batch * max_len, dim).index_select(0, pos.view(-1)).view(2, -1, dim)  # (2, N, d)
         gi = torch.baddbmm(b_in, xp, w_ih.transpose(1, 2))             # (2, N, 3h)
-        kernels = gru_kernels.load() if x.is_cpu and FusedBiGRU.use_cpp else None
-        b_hn = b_hh[..., 2 * w_hh.shape[2]:]                            # (2, 1, h)
-        with _recurrent_threads():
-            if kernels is not None:
-                out, rz, cand, hn = kernels.gru_forward(gi, w_hh.transpose(1, 2), b_hn.squeeze(1),
-                                                        pk.batch_sizes, pk.offsets)
-            else:
-                out, rz, cand, hn = _forward_steps(gi, w_hh.transpose(1, 2), b_hn, pk)
-        h = out.shape[-1]
-        y = x.new_zeros(batch * max_len, 2, h)
-        y[:, 0].index_copy_(0, pos[0], out[0])
-        y[:, 1].index_copy_(0, pos[1], out[1])
+        out, rz, cand, hn, kernels = _recurrence(gi, w_hh, b_hh, pk)
         ctx.pk, ctx.shape, ctx.hn, ctx.kernels = pk, x.shape, hn, kernels
         ctx.save_for_backward(xp, pos, w_ih, w_hh, out, rz, cand)
-        return y.view(batch, max_len, 2 * h)                            # (B, L, 2h)
+        return _unpack(out, pos, batch, max_len)                        # (B, L, 2h)
 
     @staticmethod
     @once_differentiable
@@ -218,3 +235,34 @@ def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tens
         (B, L, 2h): [forward, backward] states at real positions, exactly 0 at padding.
     """
     return FusedBiGRU.apply(x, lengths, *weights)
+
+
+def input_table(embedding: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+    """Every word's input projection, (V, 2, 3h): X W_ih^T + b_in for both directions.
+
+    For inference without input dropout, ``bigru_from_table`` then looks projections up instead
+    of multiplying: the same values, computed once per word instead of once per token.
+    """
+    w_ih, _, _, b_in = _stack_weights(*weights)
+    return torch.einsum("vd,ekd->vek", embedding, w_ih).add_(b_in.transpose(0, 1))
+
+
+@torch.no_grad()
+def bigru_from_table(tokens: torch.Tensor, lengths: torch.Tensor, table: torch.Tensor,
+                     weights: list[torch.Tensor]) -> torch.Tensor:
+    """``fused_bigru(embedding[tokens], ...)`` for inference, from ``input_table``'s projections.
+
+    Args:
+        tokens: (B, L) int64 word ids. lengths: (B,). table: (V, 2, 3h). weights: as ``fused_bigru``.
+
+    Returns:
+        (B, L, 2h), exactly 0 at padding. No gradient.
+    """
+    batch, max_len = tokens.shape
+    pk = make_packing(lengths, max_len)
+    pos = pk.pos.to(tokens.device)
+    _, w_hh, b_hh, _ = _stack_weights(*weights)
+    words = tokens.reshape(-1)[pos]                                     # (2, N)
+    gi = torch.stack([table[:, 0].index_select(0, words[0]), table[:, 1].index_select(0, words[1])])
+    out = _recurrence(gi, w_hh, b_hh, pk)[0]                            # (2, N, h)
+    return _unpack(out, pos, batch, max_len)

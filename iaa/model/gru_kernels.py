@@ -73,6 +73,36 @@ static void new_state(const T* rz, const T* cand, const T* hprev, T* out, int64_
   }
 }
 
+template <typename T>
+static void forward_steps(const torch::Tensor& gi, const torch::Tensor& w_hh_t, const T* b_hn,
+                          torch::Tensor& out, torch::Tensor& rz, torch::Tensor& cand, T* hn,
+                          const std::vector<int64_t>& sizes, const std::vector<int64_t>& offsets) {
+  const int64_t N = gi.size(1), h = gi.size(2) / 3;
+  const T* gi_p = gi.data_ptr<T>();
+  T *out_p = out.data_ptr<T>(), *rz_p = rz.data_ptr<T>(), *cand_p = cand.data_ptr<T>();
+  const torch::Tensor out_d[2] = {out[0], out[1]}, w_d[2] = {w_hh_t[0], w_hh_t[1]};
+  const torch::Tensor rz_d[2] = {rz[0], rz[1]}, cand_d[2] = {cand[0], cand[1]};
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
+    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t d = begin; d < end; ++d) {
+        auto gh = t ? at::mm(out_d[d].narrow(0, prev, n), w_d[d])
+                    : at::zeros({n, 3 * h}, gi.options());                       // (n, 3h)
+        const T* g = gh.data_ptr<T>();
+        const T* x = gi_p + (d * N + off) * 3 * h;
+        T* gates = rz_p + (d * N + off) * 2 * h;
+        T* c = cand_p + (d * N + off) * h;
+        gate_preacts<T>(x, g, gates, n, h);
+        rz_d[d].narrow(0, off, n).sigmoid_();
+        cand_preacts<T>(x, g, b_hn + d * h, gates, hn + (d * N + off) * h, c, n, h);
+        cand_d[d].narrow(0, off, n).tanh_();
+        new_state<T>(gates, c, t ? out_p + (d * N + prev) * h : nullptr,
+                     out_p + (d * N + off) * h, n, h);
+      }
+    });
+  }
+}
+
 std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor w_hh_t, torch::Tensor b_hn,
                                        std::vector<int64_t> sizes, std::vector<int64_t> offsets) {
   // gi (2, N, 3h) with b_hr, b_hz folded in; w_hh_t (2, h, 3h); b_hn (2, h).
@@ -82,34 +112,10 @@ std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor w_hh_t, t
   auto rz = at::empty({2, N, 2 * h}, gi.options());
   auto cand = at::empty({2, N, h}, gi.options());
   auto hn = at::empty({2, N, h}, gi.options());
-  for (size_t t = 0; t < sizes.size(); ++t) {
-    const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
-    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t d = begin; d < end; ++d) {
-        auto gh = t ? at::mm(out[d].narrow(0, prev, n), w_hh_t[d])
-                    : at::zeros({n, 3 * h}, gi.options());                       // (n, 3h)
-        auto gates = rz[d].narrow(0, off, n), c = cand[d].narrow(0, off, n);
-        AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
-          gate_preacts<scalar_t>(gi[d].narrow(0, off, n).data_ptr<scalar_t>(),
-                                 gh.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(), n, h);
-        });
-        gates.sigmoid_();
-        AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
-          cand_preacts<scalar_t>(gi[d].narrow(0, off, n).data_ptr<scalar_t>(),
-                                 gh.data_ptr<scalar_t>(), b_hn[d].data_ptr<scalar_t>(),
-                                 gates.data_ptr<scalar_t>(),
-                                 hn[d].narrow(0, off, n).data_ptr<scalar_t>(),
-                                 c.data_ptr<scalar_t>(), n, h);
-        });
-        c.tanh_();
-        AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
-          new_state<scalar_t>(gates.data_ptr<scalar_t>(), c.data_ptr<scalar_t>(),
-                              t ? out[d].narrow(0, prev, n).data_ptr<scalar_t>() : nullptr,
-                              out[d].narrow(0, off, n).data_ptr<scalar_t>(), n, h);
-        });
-      }
-    });
-  }
+  AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
+    forward_steps<scalar_t>(gi, w_hh_t, b_hn.data_ptr<scalar_t>(), out, rz, cand,
+                            hn.data_ptr<scalar_t>(), sizes, offsets);
+  });
   return {out, rz, cand, hn};
 }
 
@@ -145,6 +151,37 @@ static void step_grads(const T* d_out, const T* carry, int64_t carry_n, const T*
   }
 }
 
+template <typename T>
+static void backward_steps(const torch::Tensor& d_out, const torch::Tensor& out,
+                           const torch::Tensor& rz, const torch::Tensor& cand,
+                           const torch::Tensor& hn, const torch::Tensor& w_hh,
+                           torch::Tensor& d_gh, torch::Tensor& d_gi,
+                           const std::vector<int64_t>& sizes, const std::vector<int64_t>& offsets) {
+  const int64_t N = out.size(1), h = out.size(2);
+  const T *g_p = d_out.data_ptr<T>(), *out_p = out.data_ptr<T>(), *rz_p = rz.data_ptr<T>();
+  const T *cand_p = cand.data_ptr<T>(), *hn_p = hn.data_ptr<T>();
+  T *dgh_p = d_gh.data_ptr<T>(), *dgi_p = d_gi.data_ptr<T>();
+  const torch::Tensor dgh_d[2] = {d_gh[0], d_gh[1]}, w_d[2] = {w_hh[0], w_hh[1]};
+  auto zeros = at::zeros({h}, out.options());
+  const T* zero_p = zeros.data_ptr<T>();
+  torch::Tensor carry[2];  // d h_{t-1} from step t, per direction: (n_t, h)
+  for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
+    const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
+    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t d = begin; d < end; ++d) {
+        auto d_hz = at::empty({n, h}, out.options());
+        const int64_t row = d * N + off;
+        step_grads<T>(g_p + row * h, carry[d].defined() ? carry[d].data_ptr<T>() : nullptr,
+                      carry[d].defined() ? carry[d].size(0) : 0,
+                      t ? out_p + (d * N + prev) * h : nullptr, rz_p + row * 2 * h,
+                      cand_p + row * h, hn_p + row * h, dgh_p + row * 3 * h, dgi_p + row * 3 * h,
+                      d_hz.data_ptr<T>(), zero_p, n, h);
+        if (t > 0) carry[d] = at::addmm(d_hz, dgh_d[d].narrow(0, off, n), w_d[d]);  // (n, h)
+      }
+    });
+  }
+}
+
 std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, torch::Tensor rz,
                                         torch::Tensor cand, torch::Tensor hn, torch::Tensor w_hh,
                                         std::vector<int64_t> sizes, std::vector<int64_t> offsets) {
@@ -153,30 +190,9 @@ std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, 
   const int64_t N = out.size(1), h = out.size(2);
   auto d_gh = at::empty({2, N, 3 * h}, out.options());
   auto d_gi = at::empty({2, N, 3 * h}, out.options());
-  auto zeros = at::zeros({h}, out.options());
-  std::vector<torch::Tensor> carry(2);  // d h_{t-1} from step t, per direction: (n_t, h)
-  for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
-    const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
-    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t d = begin; d < end; ++d) {
-        auto d_hz = at::empty({n, h}, out.options());
-        auto grad_h = d_gh[d].narrow(0, off, n);
-        AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_backward", [&] {
-          step_grads<scalar_t>(d_out[d].narrow(0, off, n).data_ptr<scalar_t>(),
-                               carry[d].defined() ? carry[d].data_ptr<scalar_t>() : nullptr,
-                               carry[d].defined() ? carry[d].size(0) : 0,
-                               t ? out[d].narrow(0, prev, n).data_ptr<scalar_t>() : nullptr,
-                               rz[d].narrow(0, off, n).data_ptr<scalar_t>(),
-                               cand[d].narrow(0, off, n).data_ptr<scalar_t>(),
-                               hn[d].narrow(0, off, n).data_ptr<scalar_t>(),
-                               grad_h.data_ptr<scalar_t>(),
-                               d_gi[d].narrow(0, off, n).data_ptr<scalar_t>(),
-                               d_hz.data_ptr<scalar_t>(), zeros.data_ptr<scalar_t>(), n, h);
-        });
-        if (t > 0) carry[d] = at::addmm(d_hz, grad_h, w_hh[d]);  // d h_{t-1}: (n, h)
-      }
-    });
-  }
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_backward", [&] {
+    backward_steps<scalar_t>(d_out, out, rz, cand, hn, w_hh, d_gh, d_gi, sizes, offsets);
+  });
   return {d_gh, d_gi};
 }
 

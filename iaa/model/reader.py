@@ -25,10 +25,16 @@ class _Encoders(nn.Module):
 
     Dropout (paper, "Training Details") is applied to the input embeddings and to the encodings,
     which are the inputs of the attention mechanisms; one mask per tensor, reused by all T steps.
+
+    In inference on the fused CPU path, the document encoder reads a cached table of every word's
+    input projection (``inference_table``, V x 6h floats: 154 MB at the paper config), rebuilt
+    whenever the embedding or the encoder's weights change (e.g. after each training step).
     """
 
     def __init__(self, cfg: ReaderConfig) -> None:
         super().__init__()
+        self.cfg = cfg
+        self._table: tuple[tuple, torch.Tensor] | None = None             # inference cache
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.embed_dim, sparse=cfg.sparse_embedding_grad)
         self.drop = Dropout(cfg.dropout, fast=cfg.fast_dropout)
         self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru)
@@ -38,10 +44,27 @@ class _Encoders(nn.Module):
         """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h), before
         the attention-input dropout (each reader drops what its attention reads)."""
         q_emb = self.drop(self.embedding(batch.query))                     # (B, Lq, d)
-        d_emb = self.drop(self.embedding(batch.doc))                       # (B, Ld, d)
         q_enc, q_final = self.query_encoder(q_emb, batch.query_mask)       # (B, Lq, 2h), (B, 2h)
+        if self._use_table(batch.doc):
+            d_enc, _ = self.doc_encoder.forward_from_table(batch.doc, batch.doc_mask, self._doc_table())
+            return q_enc, q_final, d_enc
+        d_emb = self.drop(self.embedding(batch.doc))                       # (B, Ld, d)
         d_enc, _ = self.doc_encoder(d_emb, batch.doc_mask)                 # (B, Ld, 2h)  eq. 1
         return q_enc, q_final, d_enc
+
+    def _use_table(self, doc: torch.Tensor) -> bool:
+        """Inference (no dropout, no gradient) on the fused CPU path: look the document's input
+        projections up per word instead of computing them per token (same values)."""
+        return (self.cfg.inference_table and self.cfg.fused_gru and doc.is_cpu
+                and not self.training and not torch.is_grad_enabled())
+
+    def _doc_table(self) -> torch.Tensor:
+        """The doc encoder's per-word projections (V, 2, 3h), rebuilt when any weight changed."""
+        params = [self.embedding.weight, *self.doc_encoder.gru._flat_weights]
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if self._table is None or self._table[0] != key:
+            self._table = (key, self.doc_encoder.input_table(self.embedding.weight))
+        return self._table[1]
 
 
 def _answer_mask(cfg: ReaderConfig, batch: Batch) -> torch.Tensor:
