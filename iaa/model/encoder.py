@@ -12,6 +12,12 @@ from iaa.model.fused_gru import bigru_from_table, fused_bigru, input_table
 class BiGRUEncoder(nn.Module):
     """x̃_i = [→h_i, ←h_i] ∈ R^{2h} for each real token; padding never changes the result.
 
+    The GRU is PyTorch's (and cuDNN's): the reset gate multiplies the recurrent term after its
+    matrix, n = tanh(W_in x + b_in + r ∘ (W_hn h + b_hn)), where the paper's eq. 1 has
+    tanh(I_h x + H_h (r ∘ h)). Same gates and state update otherwise. We keep PyTorch's form
+    because it is the one cuDNN runs (the GPU path) and lets one matmul per step serve all three
+    gates (the CPU path); the inference GRU (``nn.GRUCell``) uses it too.
+
     Args:
         input_dim: d, the embedding size.
         hidden_dim: h, per direction.

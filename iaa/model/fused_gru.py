@@ -11,6 +11,10 @@ faster on CPU:
 - The input projections of all steps, and in backward the weight gradients of all steps, are
   each one large GEMM; only ``h @ W_hh`` and a few element-wise ops remain per step.
 - The backward is written by hand: no autograd graph of ~10 nodes per step and direction.
+- The per-step loops run in C++ (``gru_kernels``) when it builds; the Python loops below are the
+  fallback and the second reference in the tests.
+- Inference can start from a per-word table of input projections (``input_table``,
+  ``bigru_from_table``): one lookup per token instead of a matmul.
 
 Layout: ``N`` packed rows per direction, row ``k`` = (time t, rank j). Tensors carry a leading
 direction axis of 2 (0 forward, 1 backward).
@@ -27,9 +31,10 @@ from torch.autograd.function import once_differentiable
 
 from iaa.model import gru_kernels
 
-# Threads for the per-step recurrent work; None keeps torch's setting. One thread is the default:
-# each step's matmul is tiny (32 x 128 x 384), and a second thread saves ~10 µs per step on an idle
-# machine but stalls for milliseconds whenever another process holds the other core.
+# Threads for the per-step recurrent work; None keeps torch's setting (the C++ loop then runs the
+# two directions on two threads). One thread is the default: each step's work is tiny (a 32 x 128
+# x 384 matmul per direction), and a parallel region per step stalls for milliseconds whenever
+# another process holds the other core: 5-80x slower loops measured on this shared machine.
 RECURRENT_THREADS: int | None = 1
 
 
@@ -54,7 +59,7 @@ class Packing:
         batch_sizes: rows active at each step, non-increasing (python ints).
         offsets: first packed row of each step.
         pos: (2, N) flat index b * L + position, for the forward and the backward direction.
-        prev: (N,) packed row holding h_{t-1} of the same sequence, or N (a zero row) at t = 0.
+        prev: (N,) packed row holding h_{t-1} of the same sequence (N at t = 0, where h_{t-1} = 0).
     """
 
     batch_sizes: list[int]
