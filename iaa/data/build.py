@@ -105,10 +105,12 @@ def _parse_all(pool: ThreadPoolExecutor, sources: list[SplitSource], bar) -> dic
 
     for source in sources:  # reading and gunzipping here overlaps with parsing in the pool
         for task in source.tasks():
-            if failed:
-                break  # a bad example was found: stop reading, report it below
             futures[source.split].append(f := pool.submit(task))
             f.add_done_callback(done)
+            if failed:
+                break  # a bad example was found: stop reading, report it below
+        if failed:
+            break
     return {split: [f.result() for f in fs] for split, fs in futures.items()}  # raises the first error in order
 
 

@@ -175,7 +175,8 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
 
     time_steps(train, train_batches[:warmup], device)
     train_s, train_n = time_steps(train, train_batches[warmup:], device)
-    flops = count_flops(lambda: train(train_batches[-1])) / len(train_batches[-1])
+    typical = sorted(train_batches, key=lambda b: b.doc.shape[1])[len(train_batches) // 2]
+    flops = count_flops(lambda: train(typical)) / len(typical)         # median-length batch
 
     infer_pool = synthetic_examples(2 * steps * batch_size, seed=seed + 1)
     infer_batches = [collate(b, device) for b in bucketed_batches(infer_pool, batch_size, seed)]

@@ -48,6 +48,8 @@ class _Encoders(nn.Module):
         if self._use_table(batch.doc):
             d_enc, _ = self.doc_encoder.forward_from_table(batch.doc, batch.doc_mask, self._doc_table())
             return q_enc, q_final, d_enc
+        if self.training:
+            self._table = None                                             # stale from here on
         d_emb = self.drop(self.embedding(batch.doc))                       # (B, Ld, d)
         d_enc, _ = self.doc_encoder(d_emb, batch.doc_mask)                 # (B, Ld, 2h)  eq. 1
         return q_enc, q_final, d_enc

@@ -204,24 +204,25 @@ JANITOR_POLL_S = 2.0
 class PlacementGroupJanitor:
     """Frees the worker placement group of a Train run whose controller died.
 
-    When Tune stops a multi-worker trial (ASHA, or the trial reaching ASHA's ``max_t``), it kills
-    the trial actor and with it the Train controller, which then never releases its workers'
-    placement group: the next trial waits forever for those CPUs. Ray's own cleaner asks the State
-    API whether the controller lives, which needs the dashboard; a ``pip install ray[tune,train]``
-    has none, so the cleaner never fires. This actor, owned by the sweep's driver, asks the
-    controller itself (``__ray_ready__``) and removes the group once the controller is gone.
+    When Tune stops a multi-worker trial (ASHA), it kills the trial actor and with it the Train
+    controller, which then never releases its workers' placement group: the next trial waits
+    forever for those CPUs. Ray's own cleaner (a detached actor per run) asks the State API whether
+    the controller lives, which needs the dashboard; a ``pip install ray[tune,train]`` has none,
+    so that cleaner never fires and never exits. This actor, owned by the sweep's driver, asks the
+    controller itself (``__ray_ready__``); once the controller is gone it removes the placement
+    group and stops Ray's cleaner.
     """
 
     def __init__(self) -> None:
         import threading
 
-        self._watched: list[tuple[Any, Any]] = []
+        self._watched: list[tuple[Any, Any, Any]] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._loop, name="janitor", daemon=True).start()
 
-    def watch(self, controller: Any, placement_group: Any) -> None:
+    def watch(self, controller: Any, placement_group: Any, ray_cleaner: Any = None) -> None:
         with self._lock:
-            self._watched.append((controller, placement_group))
+            self._watched.append((controller, placement_group, ray_cleaner))
 
     def watched(self) -> int:
         with self._lock:
@@ -235,21 +236,24 @@ class PlacementGroupJanitor:
             time.sleep(JANITOR_POLL_S)
             with self._lock:
                 watched = list(self._watched)
-            for controller, pg in watched:
+            for entry in watched:
+                controller, pg, ray_cleaner = entry
                 try:
                     ray.get(controller.__ray_ready__.remote(), timeout=10)
                     continue                                    # alive
                 except ray.exceptions.GetTimeoutError:
                     continue                                    # alive but busy
                 except ray.exceptions.RayActorError:
-                    pass                                        # dead: free its group
+                    pass                                        # dead: free what it held
                 try:
                     if placement_group_table(pg).get("state") != "REMOVED":
                         remove_placement_group(pg)
+                    if ray_cleaner is not None:
+                        ray.kill(ray_cleaner)
                 except Exception:  # noqa: BLE001 - already gone
                     pass
                 with self._lock:
-                    self._watched.remove((controller, pg))
+                    self._watched.remove(entry)
 
 
 def start_janitor() -> Any:
@@ -264,8 +268,10 @@ def _janitor_callback() -> Any:
     """A Train controller callback that hands the worker placement group to the janitor.
 
     It uses Ray Train's internal callback hooks (the ones Ray's own cleaner uses), which
-    ``RunConfig(callbacks=...)`` accepts for exactly such workarounds.
+    ``RunConfig(callbacks=...)`` accepts for such workarounds.
     """
+    import gc
+
     import ray
     from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
@@ -279,7 +285,9 @@ def _janitor_callback() -> Any:
             except ValueError:
                 return  # no sweep driver started one (e.g. a standalone TorchTrainer)
             pg = worker_group.get_worker_group_state().placement_group_handle.placement_group
-            janitor.watch.remote(self.controller, pg)
+            ray_cleaner = next((getattr(o, "_cleaner", None) for o in gc.get_objects()
+                                if type(o).__name__ == "PlacementGroupCleanerCallback"), None)
+            janitor.watch.remote(self.controller, pg, ray_cleaner)
 
     return JanitorCallback()
 

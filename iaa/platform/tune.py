@@ -324,13 +324,17 @@ def _records(results: Any, tracker: Any, spec: TrialSpec, storage: str, download
             "status": status,
             "checks": int(metrics.get("checks", 0) or 0),
             "steps": int(metrics.get("steps", 0) or 0),
-            "stop_reason": metrics.get("stop_reason", "") or ("asha" if status == "TERMINATED" and not metrics.get("done") else ""),
+            # the loop names why it stopped in its last report; a trial ended with none was stopped by ASHA
+            "stop_reason": metrics.get("stop_reason") or ("asha" if status == "TERMINATED" else ""),
             "error": str(result.error)[:2000] if result.error else None,
         })
     return records
 
 
 def _fit(tuner: Any) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # save the experiment state often, for --resume
     # Tune snapshots the experiment at every kept checkpoint (what --resume needs); don't warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -426,7 +430,8 @@ def _start(req: TuneRequest, launch: _Launch, spec: TrialSpec, trainable: Any, b
         sweep = {"name": launch.name, "dataset": req.dataset, "data_dir": str(Path(launch.prepared).resolve()),
                  "tracking_uri": launch.uri, "experiment": launch.experiment, "parent_run_id": parent.run_id,
                  "storage": launch.experiment_path, "search_space": json.loads(space.to_json()),
-                 "num_samples": num_samples, "trials": []}
+                 "num_samples": num_samples, "workers_per_trial": req.workers_per_trial,
+                 "max_concurrent": launch.plan.max_concurrent, "trials": []}
         _write_json(sweep_dir / "sweep.json", sweep)
         tracker = MlflowTrials(uri=launch.uri, experiment=launch.experiment, parent_run_id=parent.run_id,
                                sweep=launch.name, dataset=req.dataset, spec=spec)

@@ -1,0 +1,30 @@
+"""Shared bits of the platform tests: a tiny search space and MLflow read-back helpers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+# Two knobs of the tiny model: 4 points, so 2-3 trials stay cheap.
+TINY_SPACE = "model.hidden_dim: [8, 12]\nmodel.steps: [1, 2]\n"
+
+
+def write_space(folder: Path) -> Path:
+    path = folder / "space.yaml"
+    path.write_text(TINY_SPACE, encoding="utf-8")
+    return path
+
+
+def read_sweep(workdir: Path, name: str) -> dict[str, Any]:
+    return json.loads((workdir / "sweeps" / name / "sweep.json").read_text(encoding="utf-8"))
+
+
+def children(sweep: dict[str, Any]) -> list[Any]:
+    """The sweep's nested MLflow runs (tag ``mlflow.parentRunId`` = the parent run)."""
+    client = MlflowClient(sweep["tracking_uri"])
+    experiment = client.get_experiment_by_name(sweep["experiment"])
+    runs = client.search_runs([experiment.experiment_id])
+    return [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep["parent_run_id"]]

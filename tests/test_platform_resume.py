@@ -1,0 +1,76 @@
+"""Kill a sweep after its first trial finished, resume it, and check nothing finished runs twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests._platform import children, read_sweep, write_space
+from tests._tiny import TINY_SETS, make_tiny_prepared
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _command(tiny: Path, workdir: Path, space: Path, *extra: str) -> list[str]:
+    sets = [arg for s in (*TINY_SETS, "train.max_epochs=6") for arg in ("--set", s)]
+    return [sys.executable, "-m", "iaa.cli", "tune", "--dataset", "cbt-ne", "--data", str(tiny), "--num-samples", "3",
+            "--max-concurrent", "1", "--search-space", str(space), *sets, "--workdir", str(workdir), "--name", "r",
+            "--json", *extra]
+
+
+def _finished_children(workdir: Path) -> list:
+    sweep_file = workdir / "sweeps" / "r" / "sweep.json"
+    if not sweep_file.is_file():
+        return []
+    try:
+        return [r for r in children(read_sweep(workdir, "r")) if r.info.status == "FINISHED"]
+    except Exception:  # noqa: BLE001 - the store is being written
+        return []
+
+
+def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path: Path) -> None:
+    tiny = make_tiny_prepared(tmp_path / "data")
+    space = write_space(tmp_path)
+    work = tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(_command(tiny, work, space), cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    try:
+        while not _finished_children(work):
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.time() < deadline, "no trial finished in time"
+            time.sleep(1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)   # the whole session: the CLI and the Ray it started
+        proc.wait()
+    done_before = {r.data.tags["trial_id"]: r for r in _finished_children(work)}
+    assert 1 <= len(done_before) < 3, "the sweep must be killed part-way"
+
+    resumed = subprocess.run(_command(tiny, work, space, "--resume"), cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=800)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    result = json.loads(resumed.stdout.strip().splitlines()[-1])
+    assert result["sweep"] == "r"
+
+    sweep = read_sweep(work, "r")
+    assert len(sweep["trials"]) == 3 and {t["status"] for t in sweep["trials"]} == {"TERMINATED"}
+    assert set(done_before) <= {t["trial_id"] for t in sweep["trials"]}
+    runs = children(sweep)
+    assert len(runs) == 3, "one child run per trial: resumed trials find theirs again"
+    client = MlflowClient(sweep["tracking_uri"])
+    for trial_id, before in done_before.items():
+        after = next(r for r in runs if r.data.tags["trial_id"] == trial_id)
+        assert after.info.end_time == before.info.end_time, f"finished trial {trial_id} ran again"
+        steps = [m.step for m in client.get_metric_history(after.info.run_id, "valid_acc")]
+        assert len(steps) == len(set(steps))
+    assert client.get_run(sweep["parent_run_id"]).info.status == "FINISHED"

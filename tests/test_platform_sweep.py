@@ -1,0 +1,98 @@
+"""A sweep and a data-parallel run on a local Ray (2 CPUs), read back through MLflow and the files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from iaa.cli import cli
+from iaa.jobs import checkpoint, evaluate
+from iaa.jobs.config import JobConfig, from_dict, load
+from tests._platform import children, read_sweep, write_space
+from tests._tiny import TINY_SETS, make_tiny_prepared
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_prepared(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module (the platform reuses a Ray already started in the process)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: Path, local_ray: None) -> None:
+    from iaa.platform import tune
+
+    result = tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
+                                       sets=TINY_SETS, workdir=tmp_path, name="two", show_progress=False))
+    assert {"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"} <= set(result)
+    sweep = read_sweep(tmp_path, "two")
+    assert sweep["parent_run_id"] and sweep["data_dir"] == str(tiny.resolve())
+    trials = sweep["trials"]
+    assert len(trials) == 2 and {t["status"] for t in trials} == {"TERMINATED"}
+    for trial in trials:
+        model, cfg, state = checkpoint.load_model(Path(trial["checkpoint"]))
+        assert cfg == from_dict(trial["config"])
+        assert state["progress"]["best_valid_acc"] == pytest.approx(trial["best_valid_acc"])
+        assert cfg.model.hidden_dim in (8, 12) and cfg.model.steps in (1, 2) and cfg.model.embed_dim == 16
+    assert result["best_valid_acc"] == max(t["best_valid_acc"] for t in trials)
+
+    # best_config.yaml is a job config that `iaa-cli train --config` takes as it is
+    best = load(JobConfig(), Path(result["best_config"]))
+    assert best == from_dict(max(trials, key=lambda t: t["best_valid_acc"])["config"])
+
+    client = MlflowClient(result["tracking_uri"])
+    parent = client.get_run(sweep["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.metrics["best_valid_acc"] == result["best_valid_acc"]
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"best_config.yaml", "sweep.json"}
+    kids = children(sweep)
+    assert len(kids) == 2
+    by_trial = {t["trial_id"]: t for t in trials}
+    for run in kids:
+        tags, params = run.data.tags, run.data.params
+        trial = by_trial[tags["trial_id"]]
+        assert run.info.status == "FINISHED" and run.info.run_id == trial["mlflow_run_id"]
+        assert tags["dataset"] == "cbt-ne" and tags["git_commit"] and tags["checkpoint"] == trial["checkpoint"]
+        assert int(params["model.hidden_dim"]) == trial["config"]["model"]["hidden_dim"]
+        assert float(params["train.lr"]) == trial["config"]["train"]["lr"]
+        acc = client.get_metric_history(run.info.run_id, "valid_acc")
+        loss = client.get_metric_history(run.info.run_id, "train_loss")
+        assert len(acc) == trial["checks"] == len(loss) >= 2
+        assert [m.step for m in acc] == sorted({m.step for m in acc}) and acc[0].step > 0
+
+
+def test_train_with_two_workers_gives_a_checkpoint_that_evaluates(tiny: Path, tmp_path: Path, local_ray: None) -> None:
+    sets = [arg for s in TINY_SETS for arg in ("--set", s)]
+    out = CliRunner().invoke(cli, ["train", "--data", str(tiny), *sets, "--workers", "2", "--workdir", str(tmp_path),
+                                   "--run-dir", str(tmp_path / "run"), "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output.strip().splitlines()[-1])
+    assert result["workers"] == 2 and result["threads"] == 1
+    best = Path(result["checkpoint"])
+    assert best == tmp_path / "run" / "checkpoints" / "best.pt" and best.is_file()
+
+    scored = evaluate.run(best, tiny, "valid", tmp_path / "pred.parquet")
+    assert scored["examples"] == 64
+    # Validation was all-reduced over disjoint shares of the split: the reported best accuracy is
+    # the accuracy of the best checkpoint on the whole split (up to float ties in the argmax).
+    assert abs(scored["accuracy"] - result["best_valid_acc"]) <= 1 / 64 + 1e-9
+
+    checks = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [c["checks"] for c in checks] == list(range(1, len(checks) + 1)) and len(checks) >= 2
+    client = MlflowClient(result["tracking_uri"])
+    run = client.get_run(result["mlflow_run_id"])
+    assert run.data.params["model.embed_dim"] == "16" and run.data.tags["workers"] == "2"
+    assert len(client.get_metric_history(run.info.run_id, "valid_acc")) == len(checks)
