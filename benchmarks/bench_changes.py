@@ -11,7 +11,6 @@ best round of each side is compared. Parts:
   packed ``nn.GRU`` (the reference path), the fused packed recurrence in Python, in C++.
 - ``train/<change>``: a whole training step with every change on, against the same step with
   that one change off (leave-one-out), on length-bucketed batches unless the change is bucketing.
-  ``fast_dropout`` off means ``F.dropout``; ``cpp_dropout`` off means the torch-ops fast dropout.
 - ``infer/inference_table``: inference with and without the per-word projection table.
 - ``adam/fused``: one Adam step over the paper model's parameters, default vs fused kernel.
 
@@ -36,14 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from iaa.jobs import bench  # noqa: E402
 from iaa.jobs.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
-from iaa.model.dropout import Dropout  # noqa: E402
 from iaa.model.encoder import BiGRUEncoder  # noqa: E402
 from iaa.model.fused_gru import FusedBiGRU  # noqa: E402
 
 LEAVE_ONE_OUT = {  # change -> the config (or switch) that turns it off
     "bucketing": {},
     "cpp_recurrence": {"use_cpp": False},
-    "cpp_dropout": {"dropout_cpp": False},
     "fast_dropout": {"fast_dropout": False},
     "sparse_embedding_grad": {"sparse_embedding_grad": False},
     "batched_read_grad": {"batched_read_grad": False},
@@ -100,16 +97,15 @@ def _pair(before: float, after: float) -> dict:
 def _trainer(overrides: dict, batches: list) -> Callable[[], int]:
     overrides = dict(overrides)
     use_cpp = overrides.pop("use_cpp", True)
-    dropout_cpp = overrides.pop("dropout_cpp", True)
     torch.manual_seed(0)
     model = build_reader(replace(PRESETS["paper"], vocab_size=bench.VOCAB_SIZE, **overrides))
     optimizer = build_optimizer(model, bench.LR, bench.EMBED_L2)
 
     def run() -> int:
-        FusedBiGRU.use_cpp, Dropout.use_cpp = use_cpp, dropout_cpp
+        FusedBiGRU.use_cpp = use_cpp
         for batch in batches:
             train_step(model, optimizer, batch, embed_l2=bench.EMBED_L2)
-        FusedBiGRU.use_cpp = Dropout.use_cpp = True
+        FusedBiGRU.use_cpp = True
         return sum(len(b) for b in batches)
 
     run()                                                           # warm-up

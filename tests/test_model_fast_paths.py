@@ -12,8 +12,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
 from iaa.model.attention import Memory
 from iaa.model.dropout import Dropout
-from iaa.model import cpu_kernels
-from iaa.model import dropout as dropout_module
+from iaa.model import gru_kernels
 from iaa.model.fused_gru import FusedBiGRU, fused_bigru
 from iaa.jobs.step import build_optimizer, train_step
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
@@ -31,18 +30,9 @@ def _reference_bigru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> tor
 @pytest.fixture(params=["python", "cpp"])
 def recurrence(request, monkeypatch):
     """Run the fused GRU's recurrence in Python or in the C++ kernels (skipped if unbuildable)."""
-    if request.param == "cpp" and cpu_kernels.load() is None:
-        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_CPU_KERNELS=0)")
+    if request.param == "cpp" and gru_kernels.load() is None:
+        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_GRU_CPP=0)")
     monkeypatch.setattr(FusedBiGRU, "use_cpp", request.param == "cpp")
-    return request.param
-
-
-@pytest.fixture(params=["python", "cpp"])
-def dropout_impl(request, monkeypatch):
-    """Run the fast dropout as torch ops or as the one-pass C++ kernel (skipped if unbuildable)."""
-    if request.param == "cpp" and cpu_kernels.load() is None:
-        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_CPU_KERNELS=0)")
-    monkeypatch.setattr(dropout_module.Dropout, "use_cpp", request.param == "cpp")
     return request.param
 
 
@@ -112,7 +102,7 @@ def test_fast_reader_equals_reference_reader(kind):
         torch.testing.assert_close(g_fast[name], g_ref[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
-def test_fast_dropout_keeps_the_rate_and_the_expectation(dropout_impl):
+def test_fast_dropout_keeps_the_rate_and_the_expectation():
     torch.manual_seed(0)
     drop = Dropout(0.2, fast=True).train()
     x = torch.ones(400, 1000, requires_grad=True)

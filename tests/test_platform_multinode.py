@@ -20,8 +20,7 @@ def two_nodes():
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
-    yield cluster
+    yield cluster            # the platform connects itself (--address), as the CLI would
     ray.shutdown()
     cluster.shutdown()
 

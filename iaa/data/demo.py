@@ -13,9 +13,12 @@ Story grammar (one example; ``|`` separates alternatives, ``[x]`` is optional)::
                 | the weather was WEATHER and the sky was SKY .
                 | somewhere the ANIMAL SOUND in the distance .  | it was a WEATHER day for everyone .
                   (every cast member is named at least once; PLACE2 is never a bound place)
-    query      := about one active character, chosen uniformly, with XXXXX in its place:
-                  place:  [TIME ,] XXXXX was seen near the PLACE .  | XXXXX came back from the PLACE .
-                  object: XXXXX showed everyone the OBJECT .  | the OBJECT belonged to XXXXX .
+    query      := about one active character, chosen uniformly, with XXXXX in its place; half the
+                  time it restates the binding (any verb of its kind), else it paraphrases it:
+                  place:  XXXXX MOVE to the PLACE .  | [TIME ,] XXXXX was seen near the PLACE .
+                        | XXXXX came back from the PLACE .
+                  object: XXXXX FIND a ADJ OBJECT .  (the binding's ADJ)
+                        | XXXXX showed everyone the OBJECT .  | the OBJECT belonged to XXXXX .
     answer     := the character bound to that PLACE or OBJECT
 
 The answer depends on the query's context: only the place or object it mentions tells which of
@@ -33,7 +36,7 @@ from typing import Iterable, Iterator
 
 from iaa.data.parsed import ClozeExample
 
-VERSION = 1
+VERSION = 2
 SEED = 1234
 SIZES = {"train": 20_000, "valid": 2_000, "test": 2_000}
 CAST, ACTIVE, SENTENCES = 10, 5, 20
@@ -70,29 +73,30 @@ def _story(rng: random.Random, example_id: str) -> ClozeExample:
     cast = rng.sample(NAMES, CAST)
     active = cast[:ACTIVE]
     places, objects = rng.sample(PLACES, ACTIVE + 3), rng.sample(OBJECTS, ACTIVE)
-    bound: list[tuple[str, str, str]] = []       # (name, "place"|"object", thing)
+    bound: list[tuple[str, list[str], list[list[str]]]] = []   # (name, restatement, paraphrases)
     sentences = []
     for k, name in enumerate(active):
         lead = [*rng.choice(TIMES).split(), ","] if rng.random() < 0.4 else []
         if rng.random() < 0.5:
-            bound.append((name, "place", places[k]))
+            place = places[k]
             tail = rng.choice(TIMES).split() if rng.random() < 0.4 and not lead else []
-            sentences.append([*lead, name, rng.choice(MOVES), "to", "the", places[k], *tail, "."])
+            sentences.append([*lead, name, rng.choice(MOVES), "to", "the", place, *tail, "."])
+            bound.append((name, ["XXXXX", rng.choice(MOVES), "to", "the", place, "."], [
+                [*rng.choice(TIMES).split(), ",", "XXXXX", "was", "seen", "near", "the", place, "."],
+                ["XXXXX", "came", "back", "from", "the", place, "."]]))
         else:
-            bound.append((name, "object", objects[k]))
+            thing, adj = objects[k], rng.choice(ADJS)
             where = ["in", "the", rng.choice(places[ACTIVE:])] if rng.random() < 0.4 else []
-            sentences.append([*lead, name, *rng.choice(FINDS).split(), "a", rng.choice(ADJS), objects[k], *where, "."])
+            sentences.append([*lead, name, *rng.choice(FINDS).split(), "a", adj, thing, *where, "."])
+            bound.append((name, ["XXXXX", *rng.choice(FINDS).split(), "a", adj, thing, "."], [
+                ["XXXXX", "showed", "everyone", "the", thing, "."],
+                ["the", thing, "belonged", "to", "XXXXX", "."]]))
     unnamed = cast[ACTIVE:]
     while len(sentences) < SENTENCES:
         sentences.append(_filler(rng, cast, unnamed))
     rng.shuffle(sentences)
-    name, kind, thing = rng.choice(bound)
-    if kind == "place":
-        query = rng.choice([[*rng.choice(TIMES).split(), ",", "XXXXX", "was", "seen", "near", "the", thing, "."],
-                            ["XXXXX", "came", "back", "from", "the", thing, "."]])
-    else:
-        query = rng.choice([["XXXXX", "showed", "everyone", "the", thing, "."],
-                            ["the", thing, "belonged", "to", "XXXXX", "."]])
+    name, restated, paraphrases = rng.choice(bound)
+    query = restated if rng.random() < 0.5 else rng.choice(paraphrases)
     doc = tuple(w for s in sentences for w in s)
     return ClozeExample(example_id, doc, tuple(query), tuple(sorted(cast)), name)
 

@@ -3,11 +3,9 @@
 Why: on this CPU ``F.dropout`` spends ~8 ns per element, mostly drawing a Bernoulli sample per
 element (issue 6 profiled it at 23% of the straightforward reader's step). The fast path draws
 one 64-bit random integer per four elements and compares each 16-bit lane with a threshold:
-mask, multiply and backward together cost ~5.5 ns per element (benchmarks/README.md). The keep probability is quantised to 1/65536
-(p = 0.2 becomes 13107/65536 = 0.199997); the scale is 1/keep of that exact keep probability,
-so E[output] = input holds exactly. The mask is kept as uint8 (1 byte per element) for backward.
-With ``cpu_kernels`` built, drawing, masking and scaling are one C++ pass (a counter-based
-generator seeded from torch's); otherwise three torch ops do it.
+mask, multiply and backward together cost ~5.5 ns per element (benchmarks/README.md). The keep
+probability is quantised to 1/65536 (p = 0.2 becomes 13107/65536 = 0.199997); the scale is
+1/keep of that exact keep probability, so E[output] = input holds exactly. The mask is kept as uint8 (1 byte per element) for backward.
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from iaa.model import cpu_kernels
 
 _LANES = 65536
 
@@ -50,25 +46,6 @@ class _MaskedScale(torch.autograd.Function):
         return grad.mul(keep).mul_(ctx.scale), None, None
 
 
-class _FusedDropout(torch.autograd.Function):
-    """The same inverted dropout in one C++ pass (``cpu_kernels``): mask and output together."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, p: float, kernels) -> torch.Tensor:
-        threshold = round(p * _LANES)
-        seed = int(torch.empty((), dtype=torch.int64).random_(-(2**63), None))  # default generator
-        scale = _LANES / (_LANES - threshold)
-        y, keep = kernels.dropout_forward(x, seed, threshold, scale)
-        ctx.save_for_backward(keep)
-        ctx.scale, ctx.kernels = scale, kernels
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (keep,) = ctx.saved_tensors
-        return ctx.kernels.dropout_backward(grad, keep, ctx.scale), None, None
-
-
 class Dropout(nn.Module):
     """Inverted dropout; ``fast=False`` (or a non-CPU tensor) is ``F.dropout``.
 
@@ -76,8 +53,6 @@ class Dropout(nn.Module):
         p: drop probability.
         fast: draw the mask from 16-bit random lanes (see module docstring).
     """
-
-    use_cpp = True   # the one-pass C++ kernel when it builds (tests also run the Python path)
 
     def __init__(self, p: float, fast: bool = True) -> None:
         super().__init__()
@@ -89,9 +64,6 @@ class Dropout(nn.Module):
             return x
         if not (self.fast and x.is_cpu):                    # CUDA's fused dropout is already fast
             return F.dropout(x, self.p, training=True)
-        kernels = cpu_kernels.load() if Dropout.use_cpp else None
-        if kernels is not None:
-            return _FusedDropout.apply(x, self.p, kernels)
         keep, scale = dropout_mask(x.shape, self.p, x.device)
         return _MaskedScale.apply(x, keep, scale)
 

@@ -11,7 +11,7 @@ faster on CPU:
 - The input projections of all steps, and in backward the weight gradients of all steps, are
   each one large GEMM; only ``h @ W_hh`` and a few element-wise ops remain per step.
 - The backward is written by hand: no autograd graph of ~10 nodes per step and direction.
-- The per-step loops run in C++ (``cpu_kernels``) when it builds; the Python loops below are the
+- The per-step loops run in C++ (``gru_kernels``) when it builds; the Python loops below are the
   fallback and the second reference in the tests.
 - Inference can start from a per-word table of input projections (``input_table``,
   ``bigru_from_table``): one lookup per token instead of a matmul.
@@ -29,7 +29,7 @@ from typing import Iterator
 import torch
 from torch.autograd.function import once_differentiable
 
-from iaa.model import cpu_kernels
+from iaa.model import gru_kernels
 
 # Threads for the per-step recurrent work; None keeps torch's setting (the C++ loop then runs the
 # two directions on two threads). One thread is the default: each step's work is tiny (a 32 x 128
@@ -156,7 +156,7 @@ def _stack_weights(w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_
 
 def _recurrence(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, pk: Packing):
     """Forward recurrence from the input projections gi (2, N, 3h), in C++ if available."""
-    kernels = cpu_kernels.load() if gi.is_cpu and FusedBiGRU.use_cpp else None
+    kernels = gru_kernels.load() if gi.is_cpu and FusedBiGRU.use_cpp else None
     b_hn = b_hh[..., 2 * w_hh.shape[2]:]                                # (2, 1, h)
     with _recurrent_threads():
         if kernels is not None:
@@ -179,7 +179,7 @@ def _unpack(out: torch.Tensor, pos: torch.Tensor, batch: int, max_len: int) -> t
 class FusedBiGRU(torch.autograd.Function):
     """y = BiGRU(x) over the real tokens of each row. See the module docstring.
 
-    The recurrence runs in ``cpu_kernels`` (C++) when it builds, else in the Python loops above;
+    The recurrence runs in ``gru_kernels`` (C++) when it builds, else in the Python loops above;
     ``use_cpp = False`` forces the Python loops (tests compare the two).
     """
 

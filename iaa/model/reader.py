@@ -109,7 +109,8 @@ class IAAReader(nn.Module):
     def forward(self, batch: Batch) -> torch.Tensor:
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
         q_enc, _, d_enc = self.encoders(batch)                             # (B, Lq, 2h), (B, Ld, 2h)
-        q_enc, d_enc = self.encoders.drop(q_enc), Memory(self.encoders.drop(d_enc), deferred=self.cfg.batched_read_grad)
+        q_enc = self.encoders.drop(q_enc)                                  # attention inputs
+        d_enc = Memory(self.encoders.drop(d_enc), deferred=self.cfg.batched_read_grad)
         s = q_enc.new_zeros(q_enc.shape[0], self.cfg.state_dim)            # s_0: (B, s)
         for step in range(self.cfg.steps):
             q_t, _ = self.query_read(s, q_enc, batch.query_mask)           # (B, 2h)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -341,27 +340,22 @@ def build_trainer(cfg: JobConfig, train: pa.Table, valid: pa.Table, *, name: str
     )
 
 
-class _QueueCallback:
-    """Forwards rank 0's metrics from the Train controller to the driver through a Ray queue."""
+def _queue_callback(queue: Any) -> Any:
+    """A Train callback that forwards rank 0's metrics from the controller to the driver's queue."""
+    from ray.train import UserCallback
 
-    def __new__(cls, queue: Any) -> Any:  # a UserCallback subclass, built lazily so that ray loads late
-        from ray.train import UserCallback
+    class QueueCallback(UserCallback):
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+            if metrics:
+                queue.put({**metrics[0], "checkpoint_path": checkpoint.path if checkpoint else None})
 
-        class QueueCallback(UserCallback):
-            def __init__(self, q: Any) -> None:
-                self.queue = q
-
-            def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
-                if metrics:
-                    self.queue.put({**metrics[0], "checkpoint_path": checkpoint.path if checkpoint else None})
-
-        return QueueCallback(queue)
+    return QueueCallback()
 
 
 # --- iaa-cli train --workers N ---------------------------------------------------------------------
 
 
-def _remove(storage_path: str, name: str) -> None:
+def remove_run(storage_path: str, name: str) -> None:
     """Delete a previous run's Ray folder (a fresh run must not restore it)."""
     if "://" not in storage_path:
         shutil.rmtree(Path(storage_path) / name, ignore_errors=True)
@@ -408,7 +402,6 @@ def fit(
         ``checkpoint`` (the best checkpoint file, loadable by ``checkpoint.load_model``) and
         ``run_dir``.
     """
-    import ray
     from ray.util.queue import Queue
 
     from iaa.data.loader import PreparedData
@@ -421,9 +414,9 @@ def fit(
     storage = storage_path or str(run_dir / "ray")
     name = run_dir.name
     if not resume:
-        _remove(storage, name)
-        for stale in (run_dir / "metrics.jsonl", run_dir / "checkpoints"):
-            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+        remove_run(storage, name)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     data = PreparedData.open(Path(prepared))
     if show_progress:
@@ -433,7 +426,7 @@ def fit(
     trainer = build_trainer(cfg, data.table("train"), data.table("valid"), name=name, storage_path=storage,
                             workers=workers, threads=trial_plan.threads,
                             worker_resources=trial_plan.worker_resources, use_gpu=gpus_per_worker > 0,
-                            vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[_QueueCallback(queue)])
+                            vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[_queue_callback(queue)])
     history: list[dict[str, Any]] = []
     done = threading.Event()
 

@@ -32,15 +32,15 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import ray.tune as tune
 
 from iaa.jobs.config import JobConfig, dump_yaml, from_dict, to_dict
 from iaa.platform import cluster, search_space, tracking
-from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, _remove, start_janitor
+from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, remove_run, start_janitor
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, job_config, run_trial
 
 METRIC, MODE = "valid_acc", "max"
@@ -364,7 +364,7 @@ def _max_checks(cfg: JobConfig, space: search_space.SearchSpace, train_rows: int
 
 def _wipe(launch: _Launch, sweep_dir: Path) -> None:
     """Forget a previous sweep of this name (a fresh run must not mix with it)."""
-    _remove(launch.storage, launch.name)
+    remove_run(launch.storage, launch.name)
     if not cluster.is_remote_uri(launch.storage):
         for stale in Path(launch.storage).glob(f"{launch.name}-train-*"):
             shutil.rmtree(stale, ignore_errors=True)

@@ -1,18 +1,11 @@
-"""C++ kernels of the CPU fast path, built on first use: the GRU recurrence of ``fused_gru`` and
-the one-pass dropout of ``dropout``.
+"""The GRU recurrence of ``fused_gru`` as a small C++ loop (CPU), built on first use.
 
-GRU. At batch 32 each recurrent step is a (32 x 128) x (128 x 384) matmul plus element-wise gate
+Why: at batch 32 each recurrent step is a (32 x 128) x (128 x 384) matmul plus element-wise gate
 arithmetic on ~8,000 numbers. From Python that is ~7 operator calls per step forward and ~15
 backward, each costing more in dispatch than in arithmetic (~130 µs and ~200 µs per step). Here
 the gate arithmetic of a step is one plain loop (sigmoid and tanh stay ATen's vectorised
 kernels), and the loop over steps runs in C++: ~35 µs per step. Same formulas as the Python loop
 in ``fused_gru``, which stays as the fallback and the reference in the tests.
-
-Dropout. One pass draws the mask and applies it: a counter-based generator (splitmix64 of a seed
-drawn from torch's default generator, so ``torch.manual_seed`` still fixes it) gives 64 random
-bits per 4 elements, each 16-bit lane is compared with the threshold, and y = keep ? x * scale : 0
-and the uint8 mask are written together. The Python fallback makes the same kind of mask in
-three passes.
 
 Built with ``torch.utils.cpp_extension.load_inline`` (needs a C++ compiler and ninja), cached in
 ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) by source hash: the first call
@@ -203,73 +196,9 @@ std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, 
   return {d_gh, d_gi};
 }
 
-static inline uint64_t mix64(uint64_t z) {  // splitmix64's output function
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-template <typename T>
-static void dropout_words(const T* x, T* y, uint8_t* keep, int64_t begin, int64_t end,
-                          uint64_t seed, uint32_t threshold, T scale) {
-  // Elements [4 * begin, 4 * end): word w's 64 bits decide elements 4w .. 4w + 3.
-  for (int64_t w = begin; w < end; ++w) {
-    const uint64_t bits = mix64(seed + static_cast<uint64_t>(w + 1) * 0x9E3779B97F4A7C15ULL);
-    for (int k = 0; k < 4; ++k) {
-      const int64_t i = 4 * w + k;
-      const uint8_t kept = ((bits >> (16 * k)) & 0xFFFF) >= threshold;
-      keep[i] = kept;
-      y[i] = kept ? x[i] * scale : T(0);
-    }
-  }
-}
-
-std::vector<torch::Tensor> dropout_forward(torch::Tensor x, int64_t seed, int64_t threshold,
-                                           double scale) {
-  // Drop an element when its 16-bit lane < threshold (P = threshold / 65536).
-  x = x.contiguous();
-  auto y = at::empty_like(x);
-  auto keep = at::empty(x.sizes(), x.options().dtype(at::kByte));
-  const int64_t n = x.numel(), words = n / 4;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "dropout_forward", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    uint8_t* kp = keep.data_ptr<uint8_t>();
-    const uint64_t s = static_cast<uint64_t>(seed);
-    at::parallel_for(0, words, 16384, [&](int64_t begin, int64_t end) {
-      dropout_words<scalar_t>(xp, yp, kp, begin, end, s, threshold, scalar_t(scale));
-    });
-    const uint64_t bits = mix64(s + static_cast<uint64_t>(words + 1) * 0x9E3779B97F4A7C15ULL);
-    for (int64_t i = 4 * words; i < n; ++i) {  // the last < 4 elements
-      const uint8_t kept = ((bits >> (16 * (i - 4 * words))) & 0xFFFF) >= threshold;
-      kp[i] = kept;
-      yp[i] = kept ? xp[i] * scalar_t(scale) : scalar_t(0);
-    }
-  });
-  return {y, keep};
-}
-
-torch::Tensor dropout_backward(torch::Tensor grad, torch::Tensor keep, double scale) {
-  grad = grad.contiguous();
-  auto out = at::empty_like(grad);
-  const int64_t n = grad.numel();
-  AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "dropout_backward", [&] {
-    const scalar_t* g = grad.data_ptr<scalar_t>();
-    const uint8_t* k = keep.data_ptr<uint8_t>();
-    scalar_t* o = out.data_ptr<scalar_t>();
-    const scalar_t sc = scalar_t(scale);
-    at::parallel_for(0, n, 65536, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) o[i] = k[i] ? g[i] * sc : scalar_t(0);
-    });
-  });
-  return out;
-}
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_forward", &gru_forward, "packed bidirectional GRU recurrence (forward)");
   m.def("gru_backward", &gru_backward, "packed bidirectional GRU recurrence (backward)");
-  m.def("dropout_forward", &dropout_forward, "one-pass dropout: output and uint8 keep-mask");
-  m.def("dropout_backward", &dropout_backward, "dropout backward: grad * keep * scale");
 }
 """
 
@@ -277,17 +206,17 @@ _STATE: dict[str, ModuleType | None] = {}
 
 
 def load() -> ModuleType | None:
-    """The compiled kernels, or None when disabled (``IAA_CPU_KERNELS=0``) or the build failed."""
+    """The compiled kernels, or None when disabled (``IAA_GRU_CPP=0``) or the build failed."""
     if "module" in _STATE:
         return _STATE["module"]
     module = None
-    if os.environ.get("IAA_CPU_KERNELS", "1") != "0":
+    if os.environ.get("IAA_GRU_CPP", "1") != "0":
         try:
             from torch.utils.cpp_extension import load_inline
 
-            module = load_inline(name="iaa_cpu_kernels", cpp_sources=[_SOURCE],
+            module = load_inline(name="iaa_gru_kernels", cpp_sources=[_SOURCE],
                                  extra_cflags=["-O3", "-march=native"], verbose=False)
         except Exception as error:  # no compiler or ninja: the Python loop computes the same
-            warnings.warn(f"iaa: C++ CPU kernels unavailable, using the Python paths ({error})")
+            warnings.warn(f"iaa: C++ GRU kernels unavailable, using the Python loop ({error})")
     _STATE["module"] = module
     return module
