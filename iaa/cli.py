@@ -122,7 +122,8 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
 @click.option("--workers", type=int, default=0, show_default=True,
               help="Ray Train data-parallel workers; 0 trains in this process without Ray.")
-@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True)
+@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
+              help="GPUs per Ray worker (NCCL); with --workers 0, any value > 0 trains on this machine's GPU.")
 @cluster_options
 @workdir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")

@@ -31,8 +31,9 @@ def run(
         mlrun.log_params(to_dict(cfg))
         log = lambda metrics: mlrun.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
         if workers <= 0:
+            device = "cuda" if gpus_per_worker > 0 else "cpu"  # in process: --gpus-per-worker > 0 means this GPU
             result = train_job.run(cfg, prepared, Path(run_dir), resume=resume, on_metrics=log,
-                                   show_progress=show_progress)
+                                   show_progress=show_progress, device=device)
         else:
             from iaa.platform import ray_train
 
