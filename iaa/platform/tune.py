@@ -118,10 +118,12 @@ class MlflowTrials(tune.Callback):
         self.run_ids: dict[str, str] = {}
         self.best: dict[str, tuple[float, str]] = {}     # trial id -> (valid_acc, checkpoint dir)
         self.trials: list[Any] = []
+        self.done_before: set[str] = set()   # trials whose run had finished when a resumed sweep met them
+        self.reported: set[str] = set()      # trials that reported in this process
         _TRACKERS[sweep] = self
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "trials": []}
+        return {**self.__dict__, "trials": [], "done_before": set(), "reported": set()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -158,10 +160,16 @@ class MlflowTrials(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         run = self.run_for(trial)
+        if run.client.get_run(run.run_id).info.status == "FINISHED":
+            # A sweep killed between a trial's last report and Tune's next saved state resumes that
+            # trial from its final checkpoint: it stops at once without training. Leave its run be.
+            self.done_before.add(trial.trial_id)
+            return
         run.client.update_run(run.run_id, status="RUNNING")
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
                         **info: Any) -> None:
+        self.reported.add(trial.trial_id)
         metrics = {k: result[k] for k in TRIAL_METRICS if k in result}
         self.run_for(trial).log_metrics(metrics, step=int(result.get("step", 0)))
         path = result.get("checkpoint_path")      # multi-worker trials: the Train run's checkpoint
@@ -174,6 +182,8 @@ class MlflowTrials(tune.Callback):
             self.best[trial.trial_id] = (float(last.get(METRIC, 0.0)), str(checkpoint.path))
 
     def _end(self, trial: Any, status: str) -> None:
+        if trial.trial_id in self.done_before and trial.trial_id not in self.reported:
+            return
         run = self.run_for(trial)
         if trial.trial_id in self.best:
             run.set_tags({"checkpoint": checkpoint_file(self.best[trial.trial_id][1])})
@@ -332,10 +342,7 @@ def _records(results: Any, tracker: Any, spec: TrialSpec, storage: str, download
 
 
 def _fit(tuner: Any) -> Any:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")  # save the experiment state often, for --resume
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # save the experiment state often, for --resume
     # Tune snapshots the experiment at every kept checkpoint (what --resume needs); don't warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     return tuner.fit()
@@ -415,10 +422,12 @@ def _start(req: TuneRequest, launch: _Launch, spec: TrialSpec, trainable: Any, b
            space: search_space.SearchSpace, preset: TunePreset, num_samples: int, sweep_dir: Path,
            callbacks: Sequence[Any]) -> tuple[Any, dict[str, Any], tracking.Run, MlflowTrials]:
     """A fresh sweep: forget any previous one of this name, open the parent run, build the Tuner."""
+    import optuna
     from optuna.samplers import TPESampler
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     _wipe(launch, sweep_dir)
     parent = tracking.Run.start(launch.uri, launch.experiment, launch.name,
                                 tags={"dataset": req.dataset, "sweep": launch.name, "model": base.model.kind})
@@ -473,6 +482,25 @@ def _resume(req: TuneRequest, launch: _Launch, trainable: Any,
         print(f"resuming sweep {launch.name} from {launch.experiment_path}"
               + (f" ({done} trials finished when last recorded)" if done else ""), file=sys.stderr)
     return tuner, sweep, parent, tracker
+
+
+def _close_lost_runs(parent: tracking.Run, experiment: str, records: list[dict[str, Any]]) -> None:
+    """End as KILLED the child runs of trials that a killed sweep started but never recorded.
+
+    Tune saves its state every few seconds; a trial started after the last save is forgotten on
+    ``--resume`` (and the searcher samples a new one), but its MLflow child run already exists.
+    """
+    kept = {r["mlflow_run_id"] for r in records}
+    found = parent.client.get_experiment_by_name(experiment)
+    if found is None:
+        return
+    runs = parent.client.search_runs([found.experiment_id], filter_string="attributes.status = 'RUNNING'")
+    for run in runs:
+        if run.data.tags.get(tracking.PARENT_TAG) == parent.run_id and run.info.run_id not in kept:
+            lost = tracking.Run(parent.uri, run.info.run_id)
+            lost.set_tags({"lost": "started before the sweep was killed, after its last saved state; "
+                                   "resumed without it"})
+            lost.end("KILLED")
 
 
 def _finish(records: list[dict[str, Any]], sweep: dict[str, Any], sweep_dir: Path, parent: tracking.Run,
@@ -531,6 +559,9 @@ def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     num_samples = req.num_samples or preset.num_samples
     name = req.name or f"{req.dataset}-{req.model_kind}"
     sweep_dir = workdir / "sweeps" / name
+    if req.resume and not (sweep_dir / "sweep.json").is_file():   # fail before starting Ray
+        raise FileNotFoundError(f"no sweep {name!r} to resume: {sweep_dir / 'sweep.json'} is missing; "
+                                "run it without --resume first")
     launch = _Launch(name=name, prepared=prepared, workdir=workdir, uri=tracking.resolve_uri(req.tracking_uri, workdir),
                      experiment=f"tune-{req.dataset}", dataset=req.dataset, address=req.address,
                      storage_path=req.storage_path, workers_per_trial=req.workers_per_trial,
@@ -553,6 +584,8 @@ def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         raise
     sweep["wall_s"] = round(sweep.get("wall_s", 0.0) + time.time() - started, 1)
     _write_json(sweep_dir / "sweep.json", sweep)
+    if req.resume:
+        _close_lost_runs(parent, sweep["experiment"], sweep["trials"])
     return _finish(sweep["trials"], sweep, sweep_dir, parent, space)
 
 
