@@ -61,6 +61,8 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path: Path) 
         proc.wait()
     done_before = {r.data.tags["trial_id"]: r for r in _finished_children(work)}
     assert 1 <= len(done_before) < 3, "the sweep must be killed part-way"
+    client = MlflowClient(read_sweep(work, "r")["tracking_uri"])
+    checks_before = {t: len(client.get_metric_history(r.info.run_id, "valid_acc")) for t, r in done_before.items()}
 
     resumed = subprocess.run(_command(tiny, work, space, "--resume"), cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=800)
@@ -77,10 +79,9 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path: Path) 
         "one child run per trial: resumed trials find theirs again"
     # a trial started after Tune's last saved state is forgotten and replaced; its run is closed
     assert all(r.info.status == "KILLED" and not r.data.metrics for r in runs if r not in finished)
-    client = MlflowClient(sweep["tracking_uri"])
     for trial_id, before in done_before.items():
         after = next(r for r in runs if r.data.tags["trial_id"] == trial_id)
         assert after.info.end_time == before.info.end_time, f"finished trial {trial_id} ran again"
         steps = [m.step for m in client.get_metric_history(after.info.run_id, "valid_acc")]
-        assert len(steps) == len(set(steps))
+        assert len(steps) == len(set(steps)) == checks_before[trial_id]
     assert client.get_run(sweep["parent_run_id"]).info.status == "FINISHED"

@@ -18,7 +18,7 @@ DATASET_PRESETS: dict[str, JobConfig] = {
         model=PRESETS["demo"],
         # One torch thread: the demo model's ops are too small to gain from two, and under load
         # two threads ran 10x slower here (54 vs 500 examples/s).
-        train=TrainConfig(check_every=0, max_epochs=4, patience=4, embed_l2=1e-4, threads=1),
+        train=TrainConfig(check_every=0, max_epochs=4.0, patience=4, embed_l2=1e-4, threads=1),
     ),
     **{
         name: JobConfig(dataset=name, model=_PAPER, train=TrainConfig(check_every=2000, max_epochs=10))

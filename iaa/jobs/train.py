@@ -66,7 +66,14 @@ def fit(cfg: JobConfig, session: Session, *, show_progress: bool = True, vocab_h
     model = session.prepare_model(model)
 
     n_batches = session.num_train_batches()
-    check_every = tc.check_every or max(1, n_batches // 2)
+    half = max(1, n_batches // 2)
+
+    def due(p: Progress) -> bool:
+        """A validation check is due: every ``check_every`` steps, else at mid-epoch and epoch end."""
+        if tc.check_every:
+            return p.step % tc.check_every == 0
+        return p.batch in (half, n_batches)
+
     max_steps = max(1, math.ceil(tc.max_epochs * n_batches))
     main = session.rank == 0
     bar = tqdm(
@@ -131,7 +138,7 @@ def fit(cfg: JobConfig, session: Session, *, show_progress: bool = True, vocab_h
                 over = progress.elapsed_s > tc.max_minutes * 60
                 if session.all_reduce_sum([float(over)])[0] > 0:
                     progress.stop_reason = "max-time"
-            if progress.stop_reason or progress.step % check_every == 0:
+            if progress.stop_reason or due(progress):
                 stop = check()
                 if stop:
                     break

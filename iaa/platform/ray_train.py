@@ -57,9 +57,9 @@ MetricsCallback = Callable[[dict[str, Any]], None]
 class TableSession:
     """Batches from in-memory Arrow tables; the Ray sessions add reduce, model and report.
 
-    ``train`` is this worker's own part of the training split; ``valid`` is its part of the
-    validation split. ``first_step_at`` records when the first training batch was handed out
-    (wall-clock seconds), to measure start-up overhead.
+    ``train`` is this worker's own part of the training split; ``valid`` is the validation split
+    (a Ray Train worker scores only its rank's share of it). ``first_step_at`` records when the
+    first training batch was handed out (wall-clock seconds), to measure start-up overhead.
     """
 
     rank = 0

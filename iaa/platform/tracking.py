@@ -60,6 +60,13 @@ def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def artifact_location(uri: str) -> str | None:
+    """Artifacts of a SQLite store go beside it (MLflow's default, ``./mlruns``, follows the cwd)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
 def experiment_id(uri: str, name: str) -> str:
     """The id of experiment ``name`` in the store at ``uri``, created if needed."""
     client = MlflowClient(uri)
@@ -67,7 +74,7 @@ def experiment_id(uri: str, name: str) -> str:
     if found is not None:
         return found.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifact_location(uri))
     except mlflow.exceptions.MlflowException:  # created concurrently by another process
         found = client.get_experiment_by_name(name)
         assert found is not None
