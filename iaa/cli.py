@@ -98,19 +98,19 @@ def cli() -> None:
 @click.option("--lowercase/--no-lowercase", default=None, help="Lowercase tokens [default: per dataset].")
 @click.option("--min-count", type=int, default=1, show_default=True, help="Drop training words seen fewer times.")
 @click.option("--max-vocab", type=int, default=None, help="Keep at most this many words (by frequency).")
-@click.option("--processes", type=int, default=None, help="Parser processes [default: all cores].")
+@click.option("--threads", type=int, default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
 @workdir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
 @_friendly
 def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, lowercase: bool | None,
-            min_count: int, max_vocab: int | None, processes: int | None, workdir: Path, as_json: bool) -> None:
+            min_count: int, max_vocab: int | None, threads: int | None, workdir: Path, as_json: bool) -> None:
     """Parse a corpus into Parquet shards, a vocabulary and a manifest."""
     from iaa.jobs import prepare as job
 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
     result = job.run(dataset, source, out or workdir / "data" / dataset, on_error=on_error, lowercase=lowercase,
-                     min_count=min_count, max_vocab=max_vocab, workers=processes, progress=not as_json)
+                     min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json)
     _emit(result, as_json)
 
 
