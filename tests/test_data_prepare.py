@@ -179,3 +179,16 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(DataError, match="needs --source"):
         prepare.run("cbt-ne", None, tmp_path / "o")
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_a_corpus_without_usable_training_examples_is_an_error(tmp_path):
+    from iaa.data.errors import DataError
+    from iaa.jobs import prepare
+
+    data = tmp_path / "CBTest" / "data"
+    data.mkdir(parents=True)
+    for name in ("cbtest_NE_train.txt", "cbtest_NE_valid_2000ex.txt"):
+        (data / name).write_text("1 a b c .\n2 d e f .\n", encoding="utf-8")  # only a cut-off example
+    with pytest.raises(DataError, match="no usable training example"):
+        prepare.run("cbt-ne", tmp_path / "CBTest", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -74,6 +74,11 @@ def run(
                                        min_count=min_count, max_vocab=max_vocab)
         header = {"dataset": dataset, "created_by": f"iaa {__version__}", "options": options, "source": fingerprint}
         manifest = B.build(tmp, sources, vocab_opts, workers=workers, progress=progress, header=header)
+        if not manifest["counts"].get("train"):
+            _report(manifest)
+            raise DataError(f"no usable training example (skipped: "
+                            f"{manifest['skipped'].get('train', 0)}, cut off: {manifest['truncated'].get('train', 0)}); "
+                            f"nothing was written to {out}", path=source, reason=E.MISSING_SOURCE)
         _swap(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
