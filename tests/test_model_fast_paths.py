@@ -178,3 +178,24 @@ def test_inference_table_equals_per_token_projection(kind):
             module.embedding.weight.mul_(1.5)
             module.encoders.doc_encoder.gru.weight_ih_l0.add_(0.1)
         torch.testing.assert_close(model(batch), plain(batch), atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_projections_stay_within_bf16_rounding_of_fp32():
+    """The one opt-in path that is not the same arithmetic: its error is bf16's, and no more."""
+    torch.manual_seed(0)
+    gru = nn.GRU(64, 32, batch_first=True, bidirectional=True)
+    lengths = torch.tensor([40, 17, 33, 40, 5, 28])
+    x = torch.randn(6, 40, 64, requires_grad=True)
+    weight = torch.randn(6, 40, 64)
+    results = []
+    for bf16 in (False, True):
+        y = fused_bigru(x, lengths, gru._flat_weights, bf16=bf16)
+        results.append((y, torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])))
+    (y32, g32), (y16, g16) = results
+    assert torch.all(y16[torch.arange(40) >= lengths.unsqueeze(1)] == 0)
+    assert torch.backends.mkldnn.matmul.fp32_precision != "bf16"    # restored after the block
+    for a, b in zip((y16, *g16), (y32, *g32)):
+        rel = ((a - b).norm() / b.norm()).item()
+        assert rel < 2e-2, rel                                        # bf16 has 8 mantissa bits
+    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert not torch.equal(y16, y32)                              # the bf16 path really ran

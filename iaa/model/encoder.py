@@ -25,14 +25,15 @@ class BiGRUEncoder(nn.Module):
             path); otherwise ``nn.GRU`` over ``pack_padded_sequence`` (reference path, and on
             CUDA cuDNN's packed GRU, the fast path there). Both read the same ``nn.GRU``
             parameters and compute the same function.
+        bf16: fused path only: its large GEMMs multiply in bf16 (``fused_gru.gemm_precision``).
 
     Masks must be left-aligned: row b is real at positions [0, length_b), length_b >= 1.
     """
 
-    def __init__(self, input_dim: int, hidden_dim: int, fused: bool = True) -> None:
+    def __init__(self, input_dim: int, hidden_dim: int, fused: bool = True, bf16: bool = False) -> None:
         super().__init__()
         self.gru = nn.GRU(input_dim, hidden_dim, batch_first=True, bidirectional=True)
-        self.fused = fused
+        self.fused, self.bf16 = fused, bf16
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, L, d), mask: (B, L) bool.
@@ -43,7 +44,7 @@ class BiGRUEncoder(nn.Module):
         """
         lengths = mask.sum(1)                                              # (B,)
         if self.fused and x.is_cpu:
-            states = fused_bigru(x, lengths, self.gru._flat_weights)       # (B, L, 2h)
+            states = fused_bigru(x, lengths, self.gru._flat_weights, self.bf16)  # (B, L, 2h)
         else:
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
             states, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True,

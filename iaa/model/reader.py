@@ -37,8 +37,10 @@ class _Encoders(nn.Module):
         self._table: tuple[tuple, torch.Tensor] | None = None             # inference cache
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.embed_dim, sparse=cfg.sparse_embedding_grad)
         self.drop = Dropout(cfg.dropout, fast=cfg.fast_dropout)
-        self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru)
-        self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru)
+        self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru,
+                                          bf16=cfg.bf16_projections)
+        self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru,
+                                        bf16=cfg.bf16_projections)
 
     def forward(self, batch: Batch):
         """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h), before

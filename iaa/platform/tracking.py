@@ -7,6 +7,7 @@ workers cannot reach a SQLite file on the head node's disk).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
 import os
@@ -67,8 +68,28 @@ def artifact_location(uri: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def ensure_store(uri: str) -> None:
+    """Create (or migrate) a SQLite store once, under a file lock.
+
+    MLflow builds a new SQLite store's tables on first use. Two processes doing that at once
+    (two ``iaa-cli train`` started together on a fresh workdir) race, and one fails with
+    "duplicate column name". The lock makes the second wait and then find the tables made.
+    """
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    with open(db.parent / f"{db.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            MlflowClient(uri).search_experiments(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def experiment_id(uri: str, name: str) -> str:
     """The id of experiment ``name`` in the store at ``uri``, created if needed."""
+    ensure_store(uri)
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
