@@ -238,8 +238,9 @@ class FusedBiGRU(torch.autograd.Function):
         pk, (batch, max_len, dim), hn, kernels = ctx.pk, ctx.shape, ctx.hn, ctx.kernels
         h = out.shape[-1]
         grad_y = grad_y.reshape(batch * max_len, 2, h)
-        d_out = torch.stack([grad_y[:, 0].index_select(0, pos[0]),
-                             grad_y[:, 1].index_select(0, pos[1])])      # (2, N, h)
+        d_out = grad_y.new_empty(2, pos.shape[1], h)                    # (2, N, h)
+        for k in range(2):
+            torch.index_select(grad_y[:, k], 0, pos[k], out=d_out[k])
         with _recurrent_threads():
             if kernels is not None:
                 d_gh, d_gi = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh,
@@ -304,6 +305,8 @@ def bigru_from_table(tokens: torch.Tensor, lengths: torch.Tensor, table: torch.T
     pos = pk.pos.to(tokens.device)
     _, w_hh, b_hh, _ = _stack_weights(*weights)
     words = tokens.reshape(-1)[pos]                                     # (2, N)
-    gi = torch.stack([table[:, 0].index_select(0, words[0]), table[:, 1].index_select(0, words[1])])
+    gi = table.new_empty(2, words.shape[1], table.shape[2])             # (2, N, 3h)
+    for k in range(2):                                                  # gathered in place: no stack
+        torch.index_select(table[:, k], 0, words[k], out=gi[k])
     out = _recurrence(gi, w_hh, b_hh, pk)[0]                            # (2, N, h)
     return _unpack(out, pos, batch, max_len)

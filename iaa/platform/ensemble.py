@@ -87,13 +87,11 @@ def _run_dir_label(checkpoint: Path) -> str:
 
 def _find_run_id(uri: str, checkpoint: Path) -> str | None:
     """The MLflow run whose ``checkpoint`` tag names ``checkpoint`` (as given or absolute), if any."""
-    from mlflow.tracking import MlflowClient
-
     spellings = {str(checkpoint), str(checkpoint.resolve())}
     if any("'" in s for s in spellings):
         return None
     try:
-        client = MlflowClient(uri)
+        client = tracking.open_client(uri)
         experiments = [e.experiment_id for e in client.search_experiments()]
         for spelling in spellings:
             runs = client.search_runs(experiments, filter_string=f"tags.checkpoint = '{spelling}'",

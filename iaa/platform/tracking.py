@@ -82,15 +82,22 @@ def ensure_store(uri: str) -> None:
     with open(db.parent / f"{db.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            MlflowClient(uri).search_experiments(max_results=1)
+            MlflowClient(uri).search_experiments(max_results=1)   # builds the tables
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def open_client(uri: str) -> MlflowClient:
+    """An ``MlflowClient`` for ``uri``, once its store exists (``ensure_store``). Every client of
+    the platform comes from here: MLflow opens, and on first use creates, the store as soon as a
+    client is made."""
+    ensure_store(uri)
+    return MlflowClient(uri)
+
+
 def experiment_id(uri: str, name: str) -> str:
     """The id of experiment ``name`` in the store at ``uri``, created if needed."""
-    ensure_store(uri)
-    client = MlflowClient(uri)
+    client = open_client(uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
@@ -111,7 +118,7 @@ class Run:
 
     def __init__(self, uri: str, run_id: str) -> None:
         self.uri, self.run_id = uri, run_id
-        self.client = MlflowClient(uri)
+        self.client = open_client(uri)
 
     @classmethod
     def start(cls, uri: str, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
@@ -119,7 +126,7 @@ class Run:
         all_tags = {"git_commit": git_commit(), **(tags or {})}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        client = MlflowClient(uri)
+        client = open_client(uri)
         run = client.create_run(experiment_id(uri, experiment), run_name=name, tags=all_tags)
         return cls(uri, run.info.run_id)
 

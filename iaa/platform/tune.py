@@ -144,9 +144,7 @@ class MlflowTrials(tune.Callback):
         return tracking.Run(self.uri, run_id)
 
     def find(self, trial_id: str) -> str | None:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(self.uri)
+            client = tracking.open_client(self.uri)
         found = client.get_experiment_by_name(self.experiment)
         if found is None:
             return None
