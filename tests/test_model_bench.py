@@ -32,6 +32,14 @@ def test_bench_run_reports_rates(model):
     assert result["config"]["kind"] == model and result["device"] == "cpu" and result["threads"] >= 1
 
 
+def test_bf16_on_cpu_means_bf16_projection_gemms_not_autocast():
+    result = bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4, precision="bf16")
+    assert result["precision"] == "bf16" and result["config"]["bf16_projections"] is True
+    assert bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4)["precision"] == "fp32"
+    with pytest.raises(ValueError, match="precision"):
+        bench.run(overrides=TINY, precision="fp16")
+
+
 def test_side_by_side_script_runs():
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_train.py"
     spec = importlib.util.spec_from_file_location("bench_train", path)

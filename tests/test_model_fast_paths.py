@@ -199,3 +199,17 @@ def test_bf16_projections_stay_within_bf16_rounding_of_fp32():
         assert rel < 2e-2, rel                                        # bf16 has 8 mantissa bits
     if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
         assert not torch.equal(y16, y32)                              # the bf16 path really ran
+
+
+def test_fused_bigru_runs_in_fp32_under_cpu_autocast():
+    torch.manual_seed(0)
+    gru = nn.GRU(8, 4, batch_first=True, bidirectional=True)
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    lengths = torch.tensor([5, 2, 4])
+    y_ref = fused_bigru(x, lengths, gru._flat_weights)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fused_bigru(x, lengths, gru._flat_weights)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, y_ref, atol=0, rtol=0)
+    (g,) = torch.autograd.grad(y.sum(), [x])
+    assert g.dtype == torch.float32 and torch.isfinite(g).all()

@@ -152,7 +152,9 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
         steps: timed training batches (inference times 2 x steps batches).
         warmup: untimed batches first.
         seed: for the model and the workload.
-        precision: fp32, bf16 (autocast), or auto (bf16 on CUDA, fp32 on CPU).
+        precision: fp32, bf16, or auto (bf16 on CUDA, fp32 on CPU). bf16 is autocast on CUDA;
+            on CPU it is ``ReaderConfig.bf16_projections`` (the encoders' large GEMMs in bf16;
+            CPU autocast would also put the many 32-row matmuls in bf16, which are slower there).
         threads: torch intra-op threads for the run (0 keeps the current setting).
 
     Returns:
@@ -162,8 +164,13 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     retain_freed_memory()
     if threads > 0:
         torch.set_num_threads(threads)
-    cfg: ReaderConfig = replace(PRESETS["paper"], kind=model, vocab_size=VOCAB_SIZE, **(overrides or {}))
-    amp_dtype = torch.bfloat16 if precision == "bf16" or (precision == "auto" and device.startswith("cuda")) else None
+    if precision not in ("fp32", "bf16", "auto"):
+        raise ValueError(f"precision must be fp32, bf16 or auto, got {precision!r}")
+    cuda = device.startswith("cuda")
+    bf16 = precision == "bf16" or (precision == "auto" and cuda)
+    overrides = {**({"bf16_projections": True} if bf16 and not cuda else {}), **(overrides or {})}
+    cfg: ReaderConfig = replace(PRESETS["paper"], kind=model, vocab_size=VOCAB_SIZE, **overrides)
+    amp_dtype = torch.bfloat16 if bf16 and cuda else None
     torch.manual_seed(seed)
     reader = build_reader(cfg).to(device)
     optimizer = build_optimizer(reader, LR, EMBED_L2)
@@ -200,5 +207,5 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
         "batch_size": batch_size,
         "threads": torch.get_num_threads(),
         "device": device,
-        "precision": "bf16" if amp_dtype else "fp32",
+        "precision": "bf16" if amp_dtype or (cfg.bf16_projections and not cuda) else "fp32",
     }

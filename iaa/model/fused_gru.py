@@ -218,6 +218,7 @@ class FusedBiGRU(torch.autograd.Function):
     use_cpp = True
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)  # fp32 under CPU autocast
     def forward(ctx, x, lengths, bf16, *weights):
         batch, max_len, dim = x.shape
         pk = make_packing(lengths, max_len)
@@ -232,6 +233,7 @@ class FusedBiGRU(torch.autograd.Function):
         return _unpack(out, pos, batch, max_len)                        # (B, L, 2h)
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
     @once_differentiable
     def backward(ctx, grad_y):
         xp, pos, w_ih, w_hh, out, rz, cand = ctx.saved_tensors
