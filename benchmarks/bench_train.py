@@ -3,11 +3,12 @@
     python benchmarks/bench_train.py [--rounds 3] [--steps 3] [--set fused_gru=false ...]
 
 Each round times ``--steps`` baseline training batches (random batches padded to their longest
-document), then ``--steps`` batches of ours (length-bucketed, ``iaa.jobs.step.train_step``), on
-the synthetic CBT-NE workload of ``iaa.jobs.bench`` at the paper config. Over all rounds both
-sides train on every example of the pool once, so the rates are totals: examples / seconds. Then
-``--rounds`` inference passes over all batches. Rounds alternate between the two sides, so both
-meet the same disturbances from other processes; the last line is JSON.
+document), then ``--steps`` batches of ours (length-bucketed, ``iaa.jobs.step.train_step``), then
+of each ``--variant`` (ours with some fields changed, e.g. ``bf16:bf16_projections=true``), on
+the synthetic CBT-NE workload of ``iaa.jobs.bench`` at the paper config. Over all rounds every
+side trains on every example of the pool once, so the rates are totals: examples / seconds. Then
+``--rounds`` inference passes over all batches. Rounds alternate between the sides, so all meet
+the same disturbances from other processes; the last line is JSON.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ def _value(text: str) -> object:
     return text
 
 
+def _overrides(pairs: list[str]) -> dict[str, object]:
+    return {k: _value(v) for k, v in (kv.split("=", 1) for kv in pairs)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -52,6 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--baseline-set", action="append", default=[],
                         help="field=value for a second 'ours' run standing in as the baseline "
                              "(A/B of one change) instead of BaselineReader")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE,...",
+                        help="another side timed in the same rounds: ours with these fields, "
+                             "e.g. bf16:bf16_projections=true")
     parser.add_argument("--no-infer", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -61,65 +69,69 @@ def main(argv: list[str] | None = None) -> dict:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    retain_freed_memory()                       # both sides get the allocator setting
-    overrides = dict(kv.split("=", 1) for kv in args.set)
-    cfg = replace(PRESETS["paper"], kind=args.model, vocab_size=bench.VOCAB_SIZE,
-                  **{k: _value(v) for k, v in overrides.items()})
-    base_cfg = replace(cfg, **{k: _value(v) for k, v in (kv.split("=", 1) for kv in args.baseline_set)})
+    retain_freed_memory()                       # every side gets the allocator setting
+    overrides = _overrides(args.set)
+    cfg = replace(PRESETS["paper"], kind=args.model, vocab_size=bench.VOCAB_SIZE, **overrides)
     pool = bench.synthetic_examples(args.rounds * args.steps * args.batch_size, seed=0)
     warm = bench.collate(bench.synthetic_examples(args.batch_size, seed=1))
     bucketed = [bench.collate(b) for b in bench.bucketed_batches(pool, args.batch_size)]
     padded = [bench.collate(b) for b in bench.random_batches(pool, args.batch_size)]
 
-    torch.manual_seed(0)
-    ours = build_reader(cfg)
-    ours_opt = build_optimizer(ours, bench.LR, bench.EMBED_L2)
+    def ours(side_cfg):
+        torch.manual_seed(0)
+        model = build_reader(side_cfg)
+        opt = build_optimizer(model, bench.LR, bench.EMBED_L2)
+        return model, lambda batch: train_step(model, opt, batch, embed_l2=bench.EMBED_L2), bucketed
+
+    # sides: name -> (model, one training step, its batches); the baseline first.
+    sides: dict[str, tuple] = {}
     if args.baseline_set:
-        base = build_reader(base_cfg)
-        base_opt = build_optimizer(base, bench.LR, bench.EMBED_L2)
-        base_step, base_batches = train_step, bucketed
+        sides["baseline"] = ours(replace(cfg, **_overrides(args.baseline_set)))
     else:
+        torch.manual_seed(0)
         base = BaselineReader(cfg)
         base_opt = baseline_optimizer(base, bench.LR)
-        base_step, base_batches = baseline_train_step, padded
+        sides["baseline"] = (base, lambda batch: baseline_train_step(base, base_opt, batch,
+                                                                      embed_l2=bench.EMBED_L2), padded)
+    sides["ours"] = ours(cfg)
+    for spec in args.variant:
+        name, _, fields = spec.partition(":")
+        sides[name] = ours(replace(cfg, **_overrides([f for f in fields.split(",") if f])))
 
-    def step_ours(batch):
-        return train_step(ours, ours_opt, batch, embed_l2=bench.EMBED_L2)
-
-    def step_base(batch):
-        return base_step(base, base_opt, batch, embed_l2=bench.EMBED_L2)
-
-    step_base(warm)  # warm-up, on other examples
-    step_ours(warm)
-    totals = {k: [0.0, 0] for k in ("baseline_train", "ours_train", "baseline_infer", "ours_infer")}
+    for _, step, _ in sides.values():
+        step(warm)                                  # warm-up, on other examples
+    totals = {f"{name}_{kind}": [0.0, 0] for kind in ("train", "infer") for name in sides}
 
     def add(key: str, seconds: float, count: int) -> float:
         totals[key][0] += seconds
         totals[key][1] += count
         return count / seconds
 
-    # Training: round r times batches r*steps .. of each side. Both sides see every example of
+    # Training: round r times batches r*steps .. of each side. Every side sees every example of
     # the pool once over all rounds (in different batches), so the totals compare equal work.
     for r in range(args.rounds):
         chunk = slice(r * args.steps, (r + 1) * args.steps)
-        row = {"baseline_train": add("baseline_train", *bench.time_steps(step_base, base_batches[chunk], "cpu", clock)),
-               "ours_train": add("ours_train", *bench.time_steps(step_ours, bucketed[chunk], "cpu", clock))}
+        row = {f"{name}_train": add(f"{name}_train", *bench.time_steps(step, batches[chunk], "cpu", clock))
+               for name, (_, step, batches) in sides.items()}
         print(f"train round {r}: " + ", ".join(f"{k} {v:.1f} ex/s" for k, v in row.items()), flush=True)
     # Inference: the trained models, every batch, after a warm-up batch (ours builds its table).
     if not args.no_infer:
-        base.eval(), ours.eval()
         with torch.inference_mode():
-            base(warm), ours(warm)
+            for model, _, _ in sides.values():
+                model.eval()
+                model(warm)
             for r in range(args.rounds):
-                row = {"baseline_infer": add("baseline_infer", *bench.time_steps(base, base_batches, "cpu", clock)),
-                       "ours_infer": add("ours_infer", *bench.time_steps(ours, bucketed, "cpu", clock))}
+                row = {f"{name}_infer": add(f"{name}_infer", *bench.time_steps(model, batches, "cpu", clock))
+                       for name, (model, _, batches) in sides.items()}
                 print(f"infer round {r}: " + ", ".join(f"{k} {v:.1f} ex/s" for k, v in row.items()), flush=True)
     result = {k: round(n / t, 2) for k, (t, n) in totals.items() if n}
-    result["train_ratio"] = round(result["ours_train"] / result["baseline_train"], 2)
-    if not args.no_infer:
-        result["infer_ratio"] = round(result["ours_infer"] / result["baseline_infer"], 2)
-    result.update(threads=torch.get_num_threads(), clock=args.clock, overrides=overrides,
-                  baseline_overrides=args.baseline_set)
+    for name in list(sides)[1:]:
+        prefix = "" if name == "ours" else f"{name}_"
+        result[f"{prefix}train_ratio"] = round(result[f"{name}_train"] / result["baseline_train"], 2)
+        if not args.no_infer:
+            result[f"{prefix}infer_ratio"] = round(result[f"{name}_infer"] / result["baseline_infer"], 2)
+    result.update(threads=torch.get_num_threads(), clock=args.clock, overrides=args.set,
+                  baseline_overrides=args.baseline_set, variants=args.variant)
     print(json.dumps(result))
     return result
 
