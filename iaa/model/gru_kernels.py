@@ -82,12 +82,14 @@ static void forward_steps(const torch::Tensor& gi, const torch::Tensor& w_hh_t, 
   T *out_p = out.data_ptr<T>(), *rz_p = rz.data_ptr<T>(), *cand_p = cand.data_ptr<T>();
   const torch::Tensor out_d[2] = {out[0], out[1]}, w_d[2] = {w_hh_t[0], w_hh_t[1]};
   const torch::Tensor rz_d[2] = {rz[0], rz[1]}, cand_d[2] = {cand[0], cand[1]};
+  const auto gh_buf = at::zeros({2, sizes.empty() ? 0 : sizes[0], 3 * h}, gi.options());  // h_{t-1} W_hh^T
+  const torch::Tensor gh_d[2] = {gh_buf[0], gh_buf[1]};
   for (size_t t = 0; t < sizes.size(); ++t) {
     const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
     at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
       for (int64_t d = begin; d < end; ++d) {
-        auto gh = t ? at::mm(out_d[d].narrow(0, prev, n), w_d[d])
-                    : at::zeros({n, 3 * h}, gi.options());                       // (n, 3h)
+        auto gh = gh_d[d].narrow(0, 0, n);                                      // (n, 3h); 0 at t = 0
+        if (t) at::mm_out(gh, out_d[d].narrow(0, prev, n), w_d[d]);
         const T* g = gh.data_ptr<T>();
         const T* x = gi_p + (d * N + off) * 3 * h;
         T* gates = rz_p + (d * N + off) * 2 * h;
@@ -120,13 +122,14 @@ std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor w_hh_t, t
 }
 
 template <typename T>
-static void step_grads(const T* d_out, const T* carry, int64_t carry_n, const T* hprev,
-                       const T* rz, const T* cand, const T* hn, T* d_gh, T* d_gi, T* d_hz,
+static void step_grads(const T* d_out, T* carry, int64_t carry_n, const T* hprev,
+                       const T* rz, const T* cand, const T* hn, T* d_gh, T* d_gi,
                        const T* zeros, int64_t n, int64_t h) {
   // dh = d_out + carry (d h_t from step t + 1, rows < carry_n). hprev == nullptr: h_{t-1} = 0.
+  // carry is then overwritten, in place, with dh * z: the first term of d h_{t-1}.
   for (int64_t i = 0; i < n; ++i) {
     const T* __restrict__ g = d_out + i * h;
-    const T* __restrict__ cr = (carry && i < carry_n) ? carry + i * h : zeros;
+    const T* __restrict__ cr = i < carry_n ? carry + i * h : zeros;
     const T* __restrict__ r = rz + i * 2 * h;
     const T* __restrict__ z = r + h;
     const T* __restrict__ c = cand + i * h;
@@ -134,7 +137,7 @@ static void step_grads(const T* d_out, const T* carry, int64_t carry_n, const T*
     const T* __restrict__ p = hprev ? hprev + i * h : zeros;
     T* __restrict__ gh = d_gh + i * 3 * h;
     T* __restrict__ gx = d_gi + i * 3 * h;
-    T* __restrict__ hz = d_hz + i * h;
+    T* hz = carry + i * h;                      // may alias cr: each element is read, then written
     for (int64_t j = 0; j < h; ++j) {
       const T dh = g[j] + cr[j];
       const T d_cpre = dh * (T(1) - z[j]) * (T(1) - c[j] * c[j]);
@@ -164,21 +167,26 @@ static void backward_steps(const torch::Tensor& d_out, const torch::Tensor& out,
   const torch::Tensor dgh_d[2] = {d_gh[0], d_gh[1]}, w_d[2] = {w_hh[0], w_hh[1]};
   auto zeros = at::zeros({h}, out.options());
   const T* zero_p = zeros.data_ptr<T>();
-  torch::Tensor carry[2];  // d h_{t-1} from step t, per direction: (n_t, h)
+  // d h_{t-1} from step t, per direction, rows [0, n_t): dh_t * z_t + d_gh_t W_hh, built in place.
+  const auto carry = at::empty({2, sizes.empty() ? 0 : sizes[0], h}, out.options());
+  const torch::Tensor carry_d[2] = {carry[0], carry[1]};
+  int64_t carry_n = 0;
   for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
     const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
     at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
       for (int64_t d = begin; d < end; ++d) {
-        auto d_hz = at::empty({n, h}, out.options());
         const int64_t row = d * N + off;
-        step_grads<T>(g_p + row * h, carry[d].defined() ? carry[d].data_ptr<T>() : nullptr,
-                      carry[d].defined() ? carry[d].size(0) : 0,
+        step_grads<T>(g_p + row * h, carry_d[d].data_ptr<T>(), carry_n,
                       t ? out_p + (d * N + prev) * h : nullptr, rz_p + row * 2 * h,
                       cand_p + row * h, hn_p + row * h, dgh_p + row * 3 * h, dgi_p + row * 3 * h,
-                      d_hz.data_ptr<T>(), zero_p, n, h);
-        if (t > 0) carry[d] = at::addmm(d_hz, dgh_d[d].narrow(0, off, n), w_d[d]);  // (n, h)
+                      zero_p, n, h);
+        if (t > 0) {
+          auto c = carry_d[d].narrow(0, 0, n);
+          c.addmm_(dgh_d[d].narrow(0, off, n), w_d[d]);                          // (n, h)
+        }
       }
     });
+    carry_n = n;
   }
 }
 
