@@ -7,8 +7,8 @@ document), then ``--steps`` batches of ours (length-bucketed, ``iaa.jobs.step.tr
 of each ``--variant`` (ours with some fields changed, e.g. ``bf16:bf16_projections=true``), on
 the synthetic CBT-NE workload of ``iaa.jobs.bench`` at the paper config. Over all rounds every
 side trains on every example of the pool once, so the rates are totals: examples / seconds. Then
-``--rounds`` inference passes over all batches. Rounds alternate between the sides, so all meet
-the same disturbances from other processes; the last line is JSON.
+``--rounds`` inference passes over all batches. Rounds interleave the sides, and the side that
+goes first rotates, so all meet the same disturbances from other processes; the last line is JSON.
 """
 
 from __future__ import annotations
@@ -109,10 +109,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     # Training: round r times batches r*steps .. of each side. Every side sees every example of
     # the pool once over all rounds (in different batches), so the totals compare equal work.
+    # The side that goes first rotates from round to round.
+    names = list(sides)
     for r in range(args.rounds):
         chunk = slice(r * args.steps, (r + 1) * args.steps)
-        row = {f"{name}_train": add(f"{name}_train", *bench.time_steps(step, batches[chunk], "cpu", clock))
-               for name, (_, step, batches) in sides.items()}
+        order = names[r % len(names):] + names[: r % len(names)]
+        row = {f"{name}_train": add(f"{name}_train", *bench.time_steps(sides[name][1], sides[name][2][chunk],
+                                                                      "cpu", clock))
+               for name in order}
         print(f"train round {r}: " + ", ".join(f"{k} {v:.1f} ex/s" for k, v in row.items()), flush=True)
     # Inference: the trained models, every batch, after a warm-up batch (ours builds its table).
     if not args.no_infer:
@@ -121,8 +125,10 @@ def main(argv: list[str] | None = None) -> dict:
                 model.eval()
                 model(warm)
             for r in range(args.rounds):
-                row = {f"{name}_infer": add(f"{name}_infer", *bench.time_steps(model, batches, "cpu", clock))
-                       for name, (model, _, batches) in sides.items()}
+                order = names[r % len(names):] + names[: r % len(names)]
+                row = {f"{name}_infer": add(f"{name}_infer", *bench.time_steps(sides[name][0], sides[name][2],
+                                                                              "cpu", clock))
+                       for name in order}
                 print(f"infer round {r}: " + ", ".join(f"{k} {v:.1f} ex/s" for k, v in row.items()), flush=True)
     result = {k: round(n / t, 2) for k, (t, n) in totals.items() if n}
     for name in list(sides)[1:]:

@@ -50,4 +50,5 @@ done
 
 # 4. The same benchmark on this machine's CPUs, for scale.
 step bench_cpu $CLI bench --device cpu --json
+step bench_cpu_bf16 $CLI bench --device cpu --set bench.precision=bf16 --json
 echo "results in $OUT_DIR"
