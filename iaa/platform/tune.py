@@ -144,7 +144,7 @@ class MlflowTrials(tune.Callback):
         return tracking.Run(self.uri, run_id)
 
     def find(self, trial_id: str) -> str | None:
-            client = tracking.open_client(self.uri)
+        client = tracking.open_client(self.uri)
         found = client.get_experiment_by_name(self.experiment)
         if found is None:
             return None
