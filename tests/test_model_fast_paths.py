@@ -213,3 +213,25 @@ def test_fused_bigru_runs_in_fp32_under_cpu_autocast():
     torch.testing.assert_close(y, y_ref, atol=0, rtol=0)
     (g,) = torch.autograd.grad(y.sum(), [x])
     assert g.dtype == torch.float32 and torch.isfinite(g).all()
+
+
+def test_cpp_recurrence_runs_the_two_directions_on_two_threads_with_the_same_result():
+    if gru_kernels.load() is None:
+        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_GRU_CPP=0)")
+    torch.manual_seed(0)
+    gru = nn.GRU(12, 16, batch_first=True, bidirectional=True)
+    lengths = torch.tensor([30, 7, 22, 30, 1])
+    x = torch.randn(5, 30, 12, requires_grad=True)
+    weight = torch.randn(5, 30, 32)
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            y = fused_bigru(x, lengths, gru._flat_weights)
+            results.append((y, torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])))
+    finally:
+        torch.set_num_threads(before)
+    (y1, g1), (y2, g2) = results
+    for a, b in zip((y2, *g2), (y1, *g1)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

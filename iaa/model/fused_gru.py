@@ -34,10 +34,12 @@ from torch.autograd.function import once_differentiable
 
 from iaa.model import gru_kernels
 
-# Threads for the per-step recurrent work; None keeps torch's setting (the C++ loop then runs the
-# two directions on two threads). One thread is the default: each step's work is tiny (a 32 x 128
-# x 384 matmul per direction), and a parallel region per step stalls for milliseconds whenever
-# another process holds the other core: 5-80x slower loops measured on this shared machine.
+# Threads for the Python fallback loops (None keeps torch's setting). They would open a parallel
+# region for every step's tiny matmul, which stalls for milliseconds whenever another process
+# holds the other core (5-80x slower loops measured on this shared machine), so they run on one.
+# The C++ kernels need no such setting: each direction's whole loop is one task of a single
+# parallel region, so with two torch threads the directions run side by side and never wait for
+# each other between steps (1.12x faster training on 2 idle cores, benchmarks/README.md).
 RECURRENT_THREADS: int | None = 1
 
 
@@ -190,11 +192,11 @@ def _recurrence(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, pk: Pa
     """Forward recurrence from the input projections gi (2, N, 3h), in C++ if available."""
     kernels = gru_kernels.load() if gi.is_cpu and FusedBiGRU.use_cpp else None
     b_hn = b_hh[..., 2 * w_hh.shape[2]:]                                # (2, 1, h)
-    with _recurrent_threads():
-        if kernels is not None:
-            out, rz, cand, hn = kernels.gru_forward(gi, w_hh.transpose(1, 2), b_hn.squeeze(1),
-                                                    pk.batch_sizes, pk.offsets)
-        else:
+    if kernels is not None:
+        out, rz, cand, hn = kernels.gru_forward(gi, w_hh.transpose(1, 2), b_hn.squeeze(1),
+                                                pk.batch_sizes, pk.offsets)
+    else:
+        with _recurrent_threads():
             out, rz, cand, hn = _forward_steps(gi, w_hh.transpose(1, 2), b_hn, pk)
     return out, rz, cand, hn, kernels
 
@@ -243,11 +245,11 @@ class FusedBiGRU(torch.autograd.Function):
         d_out = grad_y.new_empty(2, pos.shape[1], h)                    # (2, N, h)
         for k in range(2):
             torch.index_select(grad_y[:, k], 0, pos[k], out=d_out[k])
-        with _recurrent_threads():
-            if kernels is not None:
-                d_gh, d_gi = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh,
-                                                  pk.batch_sizes, pk.offsets)
-            else:
+        if kernels is not None:
+            d_gh, d_gi = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh,
+                                              pk.batch_sizes, pk.offsets)
+        else:
+            with _recurrent_threads():
                 d_gh, d_gi = _backward_steps(d_out, out, rz, cand, hn, w_hh, pk)
         first = pk.batch_sizes[0]                                       # rows of t = 0: h_prev = 0
         h_prev = out.index_select(1, pk.prev[first:].to(out.device))   # (2, N - first, h)

@@ -26,8 +26,8 @@ _SOURCE = r"""
 
 // Packed layout of fused_gru.py: tensors (2, N, k) for the two directions d; rows [off, off + n)
 // hold step t, rows [prev, prev + n) the same sequences at step t - 1. h = hidden size. The two
-// directions are independent, so each step runs them in at::parallel_for (one per thread when
-// torch has two threads, else one after the other).
+// directions are independent, so each runs its whole loop in one at::parallel_for task (one
+// direction per thread when torch has two threads, else one after the other).
 
 template <typename T>
 static void gate_preacts(const T* gi, const T* gh, T* rz, int64_t n, int64_t h) {
@@ -84,10 +84,12 @@ static void forward_steps(const torch::Tensor& gi, const torch::Tensor& w_hh_t, 
   const torch::Tensor rz_d[2] = {rz[0], rz[1]}, cand_d[2] = {cand[0], cand[1]};
   const auto gh_buf = at::zeros({2, sizes.empty() ? 0 : sizes[0], 3 * h}, gi.options());  // h_{t-1} W_hh^T
   const torch::Tensor gh_d[2] = {gh_buf[0], gh_buf[1]};
-  for (size_t t = 0; t < sizes.size(); ++t) {
-    const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
-    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t d = begin; d < end; ++d) {
+  // One parallel region for the whole recurrence: each thread runs one direction's loop (they
+  // are independent), so the threads never wait for each other between steps.
+  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t d = begin; d < end; ++d) {
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
         auto gh = gh_d[d].narrow(0, 0, n);                                      // (n, 3h); 0 at t = 0
         if (t) at::mm_out(gh, out_d[d].narrow(0, prev, n), w_d[d]);
         const T* g = gh.data_ptr<T>();
@@ -101,8 +103,8 @@ static void forward_steps(const torch::Tensor& gi, const torch::Tensor& w_hh_t, 
         new_state<T>(gates, c, t ? out_p + (d * N + prev) * h : nullptr,
                      out_p + (d * N + off) * h, n, h);
       }
-    });
-  }
+    }
+  });
 }
 
 std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor w_hh_t, torch::Tensor b_hn,
@@ -170,11 +172,11 @@ static void backward_steps(const torch::Tensor& d_out, const torch::Tensor& out,
   // d h_{t-1} from step t, per direction, rows [0, n_t): dh_t * z_t + d_gh_t W_hh, built in place.
   const auto carry = at::empty({2, sizes.empty() ? 0 : sizes[0], h}, out.options());
   const torch::Tensor carry_d[2] = {carry[0], carry[1]};
-  int64_t carry_n = 0;
-  for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
-    const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
-    at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t d = begin; d < end; ++d) {
+  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {      // one direction per thread
+    for (int64_t d = begin; d < end; ++d) {
+      int64_t carry_n = 0;
+      for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
+        const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
         const int64_t row = d * N + off;
         step_grads<T>(g_p + row * h, carry_d[d].data_ptr<T>(), carry_n,
                       t ? out_p + (d * N + prev) * h : nullptr, rz_p + row * 2 * h,
@@ -184,10 +186,10 @@ static void backward_steps(const torch::Tensor& d_out, const torch::Tensor& out,
           auto c = carry_d[d].narrow(0, 0, n);
           c.addmm_(dgh_d[d].narrow(0, off, n), w_d[d]);                          // (n, h)
         }
+        carry_n = n;
       }
-    });
-    carry_n = n;
-  }
+    }
+  });
 }
 
 std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, torch::Tensor rz,
@@ -223,7 +225,8 @@ def load() -> ModuleType | None:
             from torch.utils.cpp_extension import load_inline
 
             module = load_inline(name="iaa_gru_kernels", cpp_sources=[_SOURCE],
-                                 extra_cflags=["-O3", "-march=native"], verbose=False)
+                                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                                 extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as error:  # no compiler or ninja: the Python loop computes the same
             warnings.warn(f"iaa: C++ GRU kernels unavailable, using the Python loop ({error})")
     _STATE["module"] = module
