@@ -230,8 +230,11 @@ def test_cpp_recurrence_runs_the_two_directions_on_two_threads_with_the_same_res
             torch.set_num_threads(threads)
             y = fused_bigru(x, lengths, gru._flat_weights)
             results.append((y, torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])))
+        with torch.inference_mode():                              # the worker thread inherits it
+            y_infer = fused_bigru(x, lengths, gru._flat_weights)
     finally:
         torch.set_num_threads(before)
     (y1, g1), (y2, g2) = results
+    torch.testing.assert_close(y_infer, y1, atol=1e-6, rtol=1e-6)
     for a, b in zip((y2, *g2), (y1, *g1)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -22,6 +22,7 @@ from types import ModuleType
 _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <vector>
 
 // Packed layout of fused_gru.py: tensors (2, N, k) for the two directions d; rows [off, off + n)
@@ -86,7 +87,9 @@ static void forward_steps(const torch::Tensor& gi, const torch::Tensor& w_hh_t, 
   const torch::Tensor gh_d[2] = {gh_buf[0], gh_buf[1]};
   // One parallel region for the whole recurrence: each thread runs one direction's loop (they
   // are independent), so the threads never wait for each other between steps.
+  const at::ThreadLocalState tls;  // inference / grad mode of the caller, for the worker thread
   at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+    at::ThreadLocalStateGuard guard(tls);
     for (int64_t d = begin; d < end; ++d) {
       for (size_t t = 0; t < sizes.size(); ++t) {
         const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
@@ -172,7 +175,9 @@ static void backward_steps(const torch::Tensor& d_out, const torch::Tensor& out,
   // d h_{t-1} from step t, per direction, rows [0, n_t): dh_t * z_t + d_gh_t W_hh, built in place.
   const auto carry = at::empty({2, sizes.empty() ? 0 : sizes[0], h}, out.options());
   const torch::Tensor carry_d[2] = {carry[0], carry[1]};
+  const at::ThreadLocalState tls;
   at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {      // one direction per thread
+    at::ThreadLocalStateGuard guard(tls);
     for (int64_t d = begin; d < end; ++d) {
       int64_t carry_n = 0;
       for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
