@@ -238,3 +238,25 @@ def test_cpp_recurrence_runs_the_two_directions_on_two_threads_with_the_same_res
     torch.testing.assert_close(y_infer, y1, atol=1e-6, rtol=1e-6)
     for a, b in zip((y2, *g2), (y1, *g1)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_cpp_recurrence_under_a_python_dispatch_mode_on_two_threads():
+    """FlopCounterMode (``iaa-cli bench``) calls into Python on every op: no deadlock, all counted."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    gru = nn.GRU(12, 16, batch_first=True, bidirectional=True)
+    lengths = torch.tensor([9, 4, 9])
+    x = torch.randn(3, 9, 12, requires_grad=True)
+    before = torch.get_num_threads()
+    counts = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            counter = FlopCounterMode(display=False)
+            with counter:
+                fused_bigru(x, lengths, gru._flat_weights).sum().backward()
+            counts.append(counter.get_total_flops())
+    finally:
+        torch.set_num_threads(before)
+    assert counts[0] > 0 and counts[0] == counts[1]

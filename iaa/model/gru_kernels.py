@@ -23,12 +23,31 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <vector>
 
 // Packed layout of fused_gru.py: tensors (2, N, k) for the two directions d; rows [off, off + n)
 // hold step t, rows [prev, prev + n) the same sequences at step t - 1. h = hidden size. The two
 // directions are independent, so each runs its whole loop in one at::parallel_for task (one
 // direction per thread when torch has two threads, else one after the other).
+
+// body(d) for both directions d, in one parallel region: one direction per thread when torch
+// has two threads. The workers get the caller's thread-local state (grad / inference mode). Under
+// a Python dispatch mode (e.g. FlopCounterMode) every op calls into Python, which only the thread
+// holding the GIL may do, so both directions then run here, one after the other.
+template <typename F>
+static void for_each_direction(const F& body) {
+  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+    body(0);
+    body(1);
+    return;
+  }
+  const at::ThreadLocalState tls;
+  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+    at::ThreadLocalStateGuard guard(tls);
+    for (int64_t d = begin; d < end; ++d) body(d);
+  });
+}
 
 template <typename T>
 static void gate_preacts(const T* gi, const T* gh, T* rz, int64_t n, int64_t h) {
@@ -85,27 +104,22 @@ static void forward_steps(const torch::Tensor& gi, const torch::Tensor& w_hh_t, 
   const torch::Tensor rz_d[2] = {rz[0], rz[1]}, cand_d[2] = {cand[0], cand[1]};
   const auto gh_buf = at::zeros({2, sizes.empty() ? 0 : sizes[0], 3 * h}, gi.options());  // h_{t-1} W_hh^T
   const torch::Tensor gh_d[2] = {gh_buf[0], gh_buf[1]};
-  // One parallel region for the whole recurrence: each thread runs one direction's loop (they
-  // are independent), so the threads never wait for each other between steps.
-  const at::ThreadLocalState tls;  // inference / grad mode of the caller, for the worker thread
-  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
-    at::ThreadLocalStateGuard guard(tls);
-    for (int64_t d = begin; d < end; ++d) {
-      for (size_t t = 0; t < sizes.size(); ++t) {
-        const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
-        auto gh = gh_d[d].narrow(0, 0, n);                                      // (n, 3h); 0 at t = 0
-        if (t) at::mm_out(gh, out_d[d].narrow(0, prev, n), w_d[d]);
-        const T* g = gh.data_ptr<T>();
-        const T* x = gi_p + (d * N + off) * 3 * h;
-        T* gates = rz_p + (d * N + off) * 2 * h;
-        T* c = cand_p + (d * N + off) * h;
-        gate_preacts<T>(x, g, gates, n, h);
-        rz_d[d].narrow(0, off, n).sigmoid_();
-        cand_preacts<T>(x, g, b_hn + d * h, gates, hn + (d * N + off) * h, c, n, h);
-        cand_d[d].narrow(0, off, n).tanh_();
-        new_state<T>(gates, c, t ? out_p + (d * N + prev) * h : nullptr,
-                     out_p + (d * N + off) * h, n, h);
-      }
+  // Each direction's whole loop is one task: the threads never wait for each other between steps.
+  for_each_direction([&](int64_t d) {
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
+      auto gh = gh_d[d].narrow(0, 0, n);                                      // (n, 3h); 0 at t = 0
+      if (t) at::mm_out(gh, out_d[d].narrow(0, prev, n), w_d[d]);
+      const T* g = gh.data_ptr<T>();
+      const T* x = gi_p + (d * N + off) * 3 * h;
+      T* gates = rz_p + (d * N + off) * 2 * h;
+      T* c = cand_p + (d * N + off) * h;
+      gate_preacts<T>(x, g, gates, n, h);
+      rz_d[d].narrow(0, off, n).sigmoid_();
+      cand_preacts<T>(x, g, b_hn + d * h, gates, hn + (d * N + off) * h, c, n, h);
+      cand_d[d].narrow(0, off, n).tanh_();
+      new_state<T>(gates, c, t ? out_p + (d * N + prev) * h : nullptr,
+                   out_p + (d * N + off) * h, n, h);
     }
   });
 }
@@ -175,24 +189,20 @@ static void backward_steps(const torch::Tensor& d_out, const torch::Tensor& out,
   // d h_{t-1} from step t, per direction, rows [0, n_t): dh_t * z_t + d_gh_t W_hh, built in place.
   const auto carry = at::empty({2, sizes.empty() ? 0 : sizes[0], h}, out.options());
   const torch::Tensor carry_d[2] = {carry[0], carry[1]};
-  const at::ThreadLocalState tls;
-  at::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {      // one direction per thread
-    at::ThreadLocalStateGuard guard(tls);
-    for (int64_t d = begin; d < end; ++d) {
-      int64_t carry_n = 0;
-      for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
-        const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
-        const int64_t row = d * N + off;
-        step_grads<T>(g_p + row * h, carry_d[d].data_ptr<T>(), carry_n,
-                      t ? out_p + (d * N + prev) * h : nullptr, rz_p + row * 2 * h,
-                      cand_p + row * h, hn_p + row * h, dgh_p + row * 3 * h, dgi_p + row * 3 * h,
-                      zero_p, n, h);
-        if (t > 0) {
-          auto c = carry_d[d].narrow(0, 0, n);
-          c.addmm_(dgh_d[d].narrow(0, off, n), w_d[d]);                          // (n, h)
-        }
-        carry_n = n;
+  for_each_direction([&](int64_t d) {
+    int64_t carry_n = 0;
+    for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
+      const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
+      const int64_t row = d * N + off;
+      step_grads<T>(g_p + row * h, carry_d[d].data_ptr<T>(), carry_n,
+                    t ? out_p + (d * N + prev) * h : nullptr, rz_p + row * 2 * h,
+                    cand_p + row * h, hn_p + row * h, dgh_p + row * 3 * h, dgi_p + row * 3 * h,
+                    zero_p, n, h);
+      if (t > 0) {
+        auto c = carry_d[d].narrow(0, 0, n);
+        c.addmm_(dgh_d[d].narrow(0, off, n), w_d[d]);                          // (n, h)
       }
+      carry_n = n;
     }
   });
 }
