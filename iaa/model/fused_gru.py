@@ -7,7 +7,8 @@ faster on CPU:
 - Only real tokens are computed: the sequences are sorted by length and laid out time-major
   ("packed"); step t works on the first ``batch_sizes[t]`` rows, so padding costs nothing.
 - The backward direction reads each sequence reversed within its own length, so both directions
-  advance in lock-step and share one batched matmul per step.
+  use the same packed layout; in C++ each direction's loop is one task, and with two threads the
+  two run side by side.
 - The input projections of all steps, and in backward the weight gradients of all steps, are
   each one large GEMM per direction; only ``h @ W_hh`` and a few element-wise ops remain per step.
 - Optionally (``bf16=True``) those large GEMMs multiply in bf16 with fp32 accumulation and fp32
@@ -163,7 +164,7 @@ def _stack_weights(w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_
 def gemm_precision(bf16: bool) -> Iterator[None]:
     """Within the block, fp32 CPU matmuls multiply in bf16 when ``bf16`` (fp32 accumulation and
     fp32 results: ``torch.backends.mkldnn.matmul.fp32_precision``). A CPU without bf16 support
-    keeps fp32."""
+    keeps fp32. The setting is process-wide while the block runs."""
     if not bf16:
         yield
         return
