@@ -28,13 +28,13 @@ class Memory:
     def logits(self, key: torch.Tensor) -> torch.Tensor:
         """m_iᵀ key: (B, L)."""
         if self.deferred:
-            return _ReadLogits.apply(self.tensor, key, self)
+            return _Read.apply(self.tensor, key, self, True)
         return bilinear_logits(self.tensor, key)
 
     def glimpse(self, weights: torch.Tensor) -> torch.Tensor:
         """Σ_i w_i m_i: (B, k)."""
         if self.deferred:
-            return _ReadGlimpse.apply(self.tensor, weights, self)
+            return _Read.apply(self.tensor, weights, self, False)
         return glimpse(weights, self.tensor)
 
 
@@ -57,34 +57,27 @@ class _CollectGrad(torch.autograd.Function):
         return grad, None
 
 
-class _ReadLogits(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, memory: torch.Tensor, key: torch.Tensor, reads: Memory) -> torch.Tensor:
-        ctx.save_for_backward(memory, key)
-        ctx.reads = reads
-        return bilinear_logits(memory, key)                                  # (B, L)
+class _Read(torch.autograd.Function):
+    """One read of M that defers dL/dM to ``_CollectGrad``: logits M x, or glimpse xᵀM.
+
+    The two reads are each other's transpose, so each one's backward for x is the other read,
+    and each records its rank-1 factors (left (B, L), right (B, k)) for dL/dM.
+    """
 
     @staticmethod
-    def backward(ctx, d_logits: torch.Tensor):
-        memory, key = ctx.saved_tensors
-        ctx.reads.left.append(d_logits)
-        ctx.reads.right.append(key)
-        return None, glimpse(d_logits, memory), None                         # d key: (B, k)
-
-
-class _ReadGlimpse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, memory: torch.Tensor, weights: torch.Tensor, reads: Memory) -> torch.Tensor:
-        ctx.save_for_backward(memory, weights)
-        ctx.reads = reads
-        return glimpse(weights, memory)                                      # (B, k)
+    def forward(ctx, memory: torch.Tensor, x: torch.Tensor, reads: Memory, logits: bool) -> torch.Tensor:
+        ctx.save_for_backward(memory, x)
+        ctx.reads, ctx.logits = reads, logits
+        return bilinear_logits(memory, x) if logits else glimpse(x, memory)  # (B, L) or (B, k)
 
     @staticmethod
-    def backward(ctx, d_glimpse: torch.Tensor):
-        memory, weights = ctx.saved_tensors
-        ctx.reads.left.append(weights)
-        ctx.reads.right.append(d_glimpse)
-        return None, bilinear_logits(memory, d_glimpse), None                # d weights: (B, L)
+    def backward(ctx, d_out: torch.Tensor):
+        memory, x = ctx.saved_tensors
+        left, right = (d_out, x) if ctx.logits else (x, d_out)
+        ctx.reads.left.append(left)
+        ctx.reads.right.append(right)
+        d_x = glimpse(d_out, memory) if ctx.logits else bilinear_logits(memory, d_out)
+        return None, d_x, None, None
 
 
 def glimpse(weights: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
