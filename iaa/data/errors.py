@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from iaa.errors import IaaError
+
 # Why an example was rejected. Keys of the manifest's ``skipped`` counts.
 MISSING_LINE = "missing_line"
 MISSING_FIELD = "missing_field"
@@ -17,7 +19,7 @@ REASONS: tuple[str, ...] = (
 )
 
 
-class DataError(ValueError):
+class DataError(IaaError, ValueError):
     """Bad input data. ``str(err)`` reads ``FILE, line N: what is wrong``.
 
     Args:

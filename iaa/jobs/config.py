@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from iaa.errors import IaaError
 from iaa.model.config import ReaderConfig
 
 
@@ -46,7 +47,7 @@ class JobConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-class ConfigError(ValueError):
+class ConfigError(IaaError, ValueError):
     """A config file or override names an unknown key or holds a value of the wrong type."""
 
 

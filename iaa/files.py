@@ -1,0 +1,46 @@
+"""Small file-system helpers shared by every layer: atomic writes and remote-URI detection."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "abfs://", "abfss://", "az://", "hdfs://", "viewfs://")
+
+
+def is_remote_uri(path: object) -> bool:
+    """True for a cloud or HDFS URI (``s3://...``); False for local paths and ``file://`` URIs."""
+    return str(path).startswith(REMOTE_SCHEMES) if path else False
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
+
+    A reader never sees a half-written file, and a failed write leaves the old file untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object]) -> Path:
+    """Call ``write(tmp_path)`` and move the result to ``path`` atomically; returns ``path``."""
+    with atomic_path(path) as tmp:
+        write(tmp)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
