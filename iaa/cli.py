@@ -36,11 +36,12 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from iaa.errors import IaaError
         from iaa.jobs.config import ConfigError
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, FileNotFoundError, ValueError, KeyError) as err:
+        except (IaaError, ConfigError, FileNotFoundError, ValueError, KeyError) as err:
             message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
             raise click.ClickException(str(message)) from err
 
@@ -193,20 +194,26 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
               help="YAML search space overriding the paper's grid.")
 @click.option("--workers-per-trial", type=int, default=1, show_default=True, help="Ray Train workers per trial.")
 @click.option("--gpus-per-worker", type=float, default=0.0, show_default=True)
-@click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL].")
+@click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL-<short id>, new for every sweep].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler and of the trials.")
 @config_options
 @workdir_option
 @cluster_options
-@click.option("--resume", is_flag=True, help="Continue an interrupted sweep of the same name.")
+@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[NAME]",
+              help="Continue the interrupted sweep NAME (or --name; alone: the latest of this dataset and model).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
 @_friendly
 def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | None, max_concurrent: int | None,
          max_epochs: float | None, search_space: Path | None, workers_per_trial: int, gpus_per_worker: float,
          sweep_name: str | None, seed: int, config_file: Path | None, sets: tuple[str, ...], workdir: Path,
-         tracking_uri: str | None, address: str | None, storage_path: str | None, resume: bool, as_json: bool) -> None:
+         tracking_uri: str | None, address: str | None, storage_path: str | None, resume: str | None,
+         as_json: bool) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
     from iaa.platform import tune as job
+
+    if resume and sweep_name and resume != sweep_name:
+        raise click.UsageError(f"--resume {resume} and --name {sweep_name} name different sweeps")
+    sweep_name = resume or sweep_name
 
     result = job.run(
         job.TuneRequest(
@@ -214,7 +221,7 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
             max_concurrent=max_concurrent, max_epochs=max_epochs, search_space=search_space,
             workers_per_trial=workers_per_trial, gpus_per_worker=gpus_per_worker, name=sweep_name, seed=seed,
             config_file=config_file, sets=tuple(sets), workdir=workdir, tracking_uri=tracking_uri,
-            address=address, storage_path=storage_path, resume=resume, show_progress=not as_json,
+            address=address, storage_path=storage_path, resume=resume is not None, show_progress=not as_json,
         )
     )
     _emit(result, as_json)
@@ -231,14 +238,18 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
 @click.option("--p", "top_p", type=float, default=0.5, show_default=True, help="Fraction kept by --select top-p.")
 @click.option("--name", "ensemble_name", help="Ensemble name [default: from the sweep or members].")
+@click.option("--workers", "workers_per_trial", type=int, default=1, show_default=True,
+              help="Ray Train workers for each member that must be trained.")
+@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
+              help="GPUs per worker for the members that must be trained.")
 @workdir_option
 @cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
 @_friendly
 def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[Path, ...], dataset: str | None,
              data: Path | None, top_configs: int, seeds: int, select: str, top_p: float, ensemble_name: str | None,
-             workdir: Path, tracking_uri: str | None, address: str | None, storage_path: str | None,
-             as_json: bool) -> None:
+             workers_per_trial: int, gpus_per_worker: float, workdir: Path, tracking_uri: str | None,
+             address: str | None, storage_path: str | None, as_json: bool) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
     from iaa.platform import ensemble as job
 
@@ -251,7 +262,8 @@ def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[P
         job.EnsembleRequest(
             sweep=sweep, members=members, dataset=dataset, data=data, top_configs=top_configs, seeds=seeds,
             select=select, p=top_p, name=ensemble_name, workdir=workdir, tracking_uri=tracking_uri,
-            address=address, storage_path=storage_path, show_progress=not as_json,
+            address=address, storage_path=storage_path, workers_per_trial=workers_per_trial,
+            gpus_per_worker=gpus_per_worker, show_progress=not as_json,
         )
     )
     _emit(result, as_json)

@@ -1,6 +1,6 @@
 """Planning the members of a sweep ensemble: K best configs x N seeds, reusing what exists.
 
-``iaa.platform.tune`` is replaced by a fake module, so Ray is neither imported nor started.
+``iaa.platform.launch`` is replaced by a fake module, so Ray is neither imported nor started.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from iaa.errors import IaaError
 from iaa.jobs.config import JobConfig, TrainConfig, to_dict
+from iaa.jobs.sweep import TrialRecord
+from iaa.jobs import members as members_job
 from iaa.platform import ensemble as platform_ensemble
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,7 +46,8 @@ def sweep(tmp_path: Path) -> dict:
         trial(tmp_path, "t5", None, lr=5e-3, with_ckpt=False),
     ]
     return {"name": "demo-iaa", "dataset": "demo", "data_dir": str(tmp_path / "data"), "tracking_uri": "",
-            "experiment": "tune-demo", "parent_run_id": "parent-123", "trials": trials}
+            "experiment": "tune-demo", "parent_run_id": "parent-123",
+            "trials": [TrialRecord.from_json(t) for t in trials]}
 
 
 @pytest.fixture
@@ -57,20 +61,21 @@ def fake_tune(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict]:
             ckpt = tmp_path / "trained" / f"lr{cfg.train.lr}-seed{cfg.train.seed}.pt"
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             ckpt.write_bytes(b"")
-            out.append({"config": cfg, "checkpoint": str(ckpt), "best_valid_acc": 0.5, "mlflow_run_id": "new"})
+            out.append(TrialRecord(trial_id=f"t-{cfg.train.seed}", config=cfg, checkpoint=str(ckpt),
+                                   best_valid_acc=0.5, mlflow_run_id="new"))
         return out
 
-    module = types.ModuleType("iaa.platform.tune")
+    module = types.ModuleType("iaa.platform.launch")
     module.train_many = train_many  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "iaa.platform.tune", module)
+    monkeypatch.setitem(sys.modules, "iaa.platform.launch", module)
     import iaa.platform
 
-    monkeypatch.setattr(iaa.platform, "tune", module, raising=False)
+    monkeypatch.setattr(iaa.platform, "launch", module, raising=False)
     return calls
 
 
 def test_best_configs_are_distinct_and_skip_failed(sweep: dict) -> None:
-    configs = platform_ensemble.best_configs(sweep, 2)
+    configs = members_job.best_configs(sweep["name"], sweep["trials"], 2)
     assert [c.train.lr for c in configs] == [2e-3, 3e-3]   # t1 (t2 is the same config), then t3
     assert configs[0].train.seed == 0
 
@@ -111,25 +116,25 @@ def test_all_seeds_reused_means_no_training(sweep: dict, fake_tune: list[dict], 
 
 def test_failed_member_is_reported_and_the_others_kept(sweep: dict, fake_tune: list[dict], tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    tune = sys.modules["iaa.platform.tune"]
-    real = tune.train_many
+    launch = sys.modules["iaa.platform.launch"]
+    real = launch.train_many
 
     def half_fails(configs, prepared, **kwargs):
         out = real(configs, prepared, **kwargs)
-        out[0] = {**out[0], "checkpoint": None, "status": "ERROR", "trial_id": "bad"}
+        out[0] = replace(out[0], checkpoint=None, status="ERROR", trial_id="bad")
         return out
 
-    monkeypatch.setattr(tune, "train_many", half_fails)
+    monkeypatch.setattr(launch, "train_many", half_fails)
     req = platform_ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=4, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "e"
-    with pytest.raises(RuntimeError, match=r"1 member\(s\) gave no checkpoint: seed 2 \(trial bad"):
+    with pytest.raises(IaaError, match=r"1 member\(s\) gave no checkpoint: seed 2 \(trial bad"):
         platform_ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "e")
     ledger = json.loads((out_dir / "trained.json").read_text())
     assert [e["config"]["train"]["seed"] for e in ledger] == [3]
 
 
 def test_missing_sweep_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no sweep 'nope'"):
+    with pytest.raises(IaaError, match="no sweep 'nope'"):
         platform_ensemble.read_sweep(tmp_path, "nope")
 
 

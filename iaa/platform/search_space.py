@@ -26,7 +26,6 @@ choice list, ``low >= high``, or a log range that reaches 0. ``dataset`` and
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -244,16 +243,3 @@ def to_optuna(space: SearchSpace) -> dict[str, Any]:
         else:
             out[name] = FloatDistribution(float(p.low), float(p.high), log=p.log, step=p.step)
     return out
-
-
-def grid_size(space: SearchSpace) -> float:
-    """Points in the space (``inf`` with a continuous range)."""
-    size = 1.0
-    for p in space.params.values():
-        if p.choices is not None:
-            size *= len(p.choices)
-        elif p.integer or p.step:
-            size *= math.floor((p.high - p.low) / (p.step or 1)) + 1
-        else:
-            return math.inf
-    return size

@@ -1,8 +1,19 @@
-"""MLflow tracking: the store, runs, nested runs and what each run logs.
+"""MLflow tracking, the only module that talks to MLflow: the store, runs and what they log.
 
 The default store is embedded: a SQLite file under the work directory. ``--tracking-uri`` or
 ``MLFLOW_TRACKING_URI`` selects a server instead (required on multi-node clusters, whose
 workers cannot reach a SQLite file on the head node's disk).
+
+- **At start** (:func:`open_store`) the store is checked within ``IAA_SERVICE_TIMEOUT_S``
+  seconds (default 5): an unreachable server or a damaged SQLite file is an :class:`IaaError`
+  naming it. MLflow's own HTTP retries are shortened (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
+  ``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``; values set in the
+  environment win), so that a server lost later costs seconds, not minutes.
+- **During a run** metrics are buffered when the store fails and retried every
+  ``RETRY_EVERY_S``; training never stops for tracking. A run that ends with metrics still
+  unlogged says which on stderr.
+- **Owners**: every run carries the ``iaa.owner`` tag (host, pid, process start). A later start
+  on the same host marks ``KILLED`` the runs still ``RUNNING`` whose process is gone.
 """
 
 from __future__ import annotations
@@ -11,15 +22,33 @@ import fcntl
 import functools
 import logging
 import os
+import socket
+import sqlite3
 import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import mlflow
+import requests
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from iaa.errors import IaaError
+
 PARENT_TAG = "mlflow.parentRunId"
+OWNER_TAG = "iaa.owner"
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}   # MLflow 3's training-runs view
+TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "IAA_SERVICE_TIMEOUT_S", 5.0
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+RETRY_EVERY_S = 30.0
+TRANSIENT = (mlflow.exceptions.MlflowException, requests.exceptions.RequestException, OSError)
 
 logging.getLogger("mlflow").setLevel(logging.WARNING)  # keep table-creation chatter off stderr
 
@@ -32,6 +61,42 @@ def resolve_uri(tracking_uri: str | None, workdir: Path) -> str:
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{workdir / 'mlflow.db'}"
+
+
+def open_store(tracking_uri: str | None, workdir: Path) -> str:
+    """The store's URI, once checked; runs left ``RUNNING`` by dead processes are marked ``KILLED``."""
+    for key, value in MLFLOW_HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    uri = resolve_uri(tracking_uri, workdir)
+    check(uri)
+    close_orphans(uri)
+    return uri
+
+
+def check(uri: str, timeout_s: float | None = None) -> None:
+    """Fail fast with a message naming the store when it cannot be used."""
+    timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)) if timeout_s is None else timeout_s
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
+        except urllib.error.HTTPError:
+            pass                                    # it answered: reachable
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise IaaError(f"MLflow tracking server {uri} is not reachable within {timeout_s:g} s ({reason}); "
+                           "start it, fix --tracking-uri / MLFLOW_TRACKING_URI, or leave both unset to use a "
+                           f"SQLite store under the workdir ({TIMEOUT_ENV} sets the wait)") from err
+    elif uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///"))
+        if db.exists():
+            try:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=timeout_s) as conn:
+                    verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+            except sqlite3.DatabaseError as err:
+                verdict = str(err)
+            if verdict != "ok":
+                raise IaaError(f"the MLflow store {db} is damaged ({verdict}); move it aside to start a fresh "
+                               "store, or pass --tracking-uri")
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,8 +138,7 @@ def ensure_store(uri: str) -> None:
     """Create (or migrate) a SQLite store once, under a file lock.
 
     MLflow builds a new SQLite store's tables on first use. Two processes doing that at once
-    (two ``iaa-cli train`` started together on a fresh workdir) race, and one fails with
-    "duplicate column name". The lock makes the second wait and then find the tables made.
+    race, and one fails with "duplicate column name". The lock makes the second wait.
     """
     if not uri.startswith("sqlite:///"):
         return
@@ -87,80 +151,210 @@ def ensure_store(uri: str) -> None:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def open_client(uri: str) -> MlflowClient:
-    """An ``MlflowClient`` for ``uri``, once its store exists (``ensure_store``). Every client of
-    the platform comes from here: MLflow opens, and on first use creates, the store as soon as a
-    client is made."""
+def _client(uri: str) -> MlflowClient:
     ensure_store(uri)
     return MlflowClient(uri)
 
 
 def experiment_id(uri: str, name: str) -> str:
     """The id of experiment ``name`` in the store at ``uri``, created if needed."""
-    client = open_client(uri)
+    client = _client(uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location(uri))
+        return client.create_experiment(name, artifact_location=artifact_location(uri), tags=EXPERIMENT_KIND)
     except mlflow.exceptions.MlflowException:  # created concurrently by another process
         found = client.get_experiment_by_name(name)
         assert found is not None
         return found.experiment_id
 
 
+# --- owners ----------------------------------------------------------------------------------------
+
+
+def _process_start(pid: int) -> str:
+    """The start time of process ``pid`` in clock ticks since boot ('' where /proc is missing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner() -> str:
+    """This process: ``host:pid:start`` (the start time tells a reused pid apart)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
+
+
+def owner_alive(token: str) -> bool:
+    """Whether the process of ``token`` still runs; a process on another host counts as alive."""
+    host, _, rest = token.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not start or _process_start(int(pid)) == start
+
+
+def close_orphans(uri: str) -> list[str]:
+    """Mark ``KILLED`` the runs left ``RUNNING`` by a process of this host that is gone."""
+    client = _client(uri)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    if not ids:
+        return []
+    closed = []
+    for run in client.search_runs(ids, filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        token = run.data.tags.get(OWNER_TAG)
+        if token and not owner_alive(token):
+            client.set_tag(run.info.run_id, "iaa.killed", f"process {token} ended without closing this run")
+            client.set_terminated(run.info.run_id, status="KILLED")
+            closed.append(run.info.run_id)
+    return closed
+
+
+# --- finding runs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    status: str
+    tags: Mapping[str, str]
+
+
+def find_runs(uri: str, experiment: str, tags: Mapping[str, str] = {}, status: str | None = None) -> list[RunInfo]:
+    """Runs of ``experiment`` carrying every tag of ``tags`` (and ``status``), newest first."""
+    if any("'" in str(v) for v in tags.values()):
+        return []
+    client = _client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    terms = [f"tags.`{k}` = '{v}'" for k, v in tags.items()] + ([f"attributes.status = '{status}'"] if status else [])
+    runs = client.search_runs([found.experiment_id], filter_string=" and ".join(terms),
+                              order_by=["attributes.start_time DESC"], max_results=5000)
+    return [RunInfo(r.info.run_id, r.info.status, dict(r.data.tags)) for r in runs]
+
+
+def find_by_tag(uri: str, key: str, values: Sequence[str]) -> str | None:
+    """The newest run of any experiment whose tag ``key`` is one of ``values``."""
+    client = _client(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    for value in values:
+        if "'" in value or not experiments:
+            continue
+        runs = client.search_runs(experiments, filter_string=f"tags.`{key}` = '{value}'", max_results=1,
+                                  order_by=["attributes.start_time DESC"])
+        if runs:
+            return runs[0].info.run_id
+    return None
+
+
+# --- runs ------------------------------------------------------------------------------------------
+
+
 class Run:
     """One MLflow run driven through ``MlflowClient``, so it never touches global run state.
 
     Keeping to the client (no ``mlflow.start_run``) means no ``MLFLOW_RUN_ID`` leaks from a
-    parent's environment into child processes.
+    parent's environment into child processes. Metrics the store refuses are kept and sent
+    again at the next call after ``RETRY_EVERY_S``; :meth:`end` reports those it never could.
     """
 
     def __init__(self, uri: str, run_id: str) -> None:
         self.uri, self.run_id = uri, run_id
-        self.client = open_client(uri)
+        self._client = _client(uri)
+        self._pending: list[Metric] = []
+        self._retry_at = 0.0
+        self._failure: str | None = None
 
     @classmethod
     def start(cls, uri: str, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
               parent_run_id: str | None = None) -> "Run":
-        all_tags = {"git_commit": git_commit(), **(tags or {})}
+        all_tags = {"git_commit": git_commit(), OWNER_TAG: owner(), **(tags or {})}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        client = open_client(uri)
-        run = client.create_run(experiment_id(uri, experiment), run_name=name, tags=all_tags)
+        run = _client(uri).create_run(experiment_id(uri, experiment), run_name=name, tags=all_tags)
         return cls(uri, run.info.run_id)
 
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
+    @classmethod
+    def reopen(cls, uri: str, run_id: str) -> "Run":
+        """Continue run ``run_id`` (a resumed job): ``RUNNING`` again, owned by this process."""
+        run = cls(uri, run_id)
+        run.mark_running()
+        return run
 
+    def mark_running(self) -> None:
+        self._client.set_tag(self.run_id, OWNER_TAG, owner())
+        self._client.update_run(self.run_id, status="RUNNING")
+
+    def status(self) -> str:
+        return self._client.get_run(self.run_id).info.status
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
         for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[i : i + 100])
+            self._client.log_batch(self.run_id, params=items[i : i + 100])
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        from mlflow.entities import Metric
-        import time
-
         now = int(time.time() * 1000)
-        items = [Metric(k, v, now, step or 0) for k, v in numeric(metrics).items()]
-        if items:
-            self.client.log_batch(self.run_id, metrics=items)
+        self._pending += [Metric(k, v, now, step or 0) for k, v in numeric(metrics).items()]
+        self._flush()
+
+    def _flush(self, force: bool = False) -> None:
+        if not self._pending or (not force and time.monotonic() < self._retry_at):
+            return
+        try:
+            while self._pending:
+                self._client.log_batch(self.run_id, metrics=self._pending[:1000])
+                del self._pending[:1000]
+        except TRANSIENT as err:
+            if self._failure is None:
+                print(f"warning: MLflow at {self.uri} failed ({str(err)[:300]}); keeping metrics and retrying every "
+                      f"{RETRY_EVERY_S:g} s", file=sys.stderr)
+            self._failure = str(err)[:300]
+            self._retry_at = time.monotonic() + RETRY_EVERY_S
+
+    def unlogged(self) -> list[Metric]:
+        """Metrics kept because the store refused them."""
+        return list(self._pending)
+
+    def _tolerant(self, what: str, call: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            call(*args, **kwargs)
+        except TRANSIENT as err:
+            print(f"warning: MLflow at {self.uri}: could not {what} of run {self.run_id} ({str(err)[:300]})",
+                  file=sys.stderr)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, str(value))
+            self._tolerant(f"set tag {key}", self._client.set_tag, self.run_id, key, str(value))
 
     def log_artifact(self, path: Path) -> None:
-        self.client.log_artifact(self.run_id, str(path))
+        self._tolerant(f"store {Path(path).name}", self._client.log_artifact, self.run_id, str(path))
 
     def end(self, status: str = "FINISHED") -> None:
-        self.client.set_terminated(self.run_id, status=status)
+        """Send what is kept, then close the run; what could not be sent is named on stderr."""
+        self._flush(force=True)
+        if self._pending:
+            names = sorted({m.key for m in self._pending})
+            steps = sorted({m.step for m in self._pending})
+            print(f"warning: {len(self._pending)} metric values of run {self.run_id} were not logged to MLflow at "
+                  f"{self.uri}: {', '.join(names)} at steps {steps[0]}..{steps[-1]} ({self._failure})", file=sys.stderr)
+        self._tolerant(f"mark {status}", self._client.set_terminated, self.run_id, status=status)
 
 
 @contextmanager
-def run_context(uri: str, experiment: str, name: str, **kwargs: Any) -> Iterator[Run]:
-    """A run that ends FINISHED, or FAILED / KILLED when its block raises."""
-    run = Run.start(uri, experiment, name, **kwargs)
+def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None = None,
+                **kwargs: Any) -> Iterator[Run]:
+    """A run (``resume_id``: continued) that ends FINISHED, or FAILED / KILLED when its block raises."""
+    run = Run.reopen(uri, resume_id) if resume_id else Run.start(uri, experiment, name, **kwargs)
     try:
         yield run
     except KeyboardInterrupt:

@@ -1,4 +1,8 @@
-"""``iaa-cli train``: one run, in this process or on Ray Train workers, logged to MLflow."""
+"""``iaa-cli train``: one run, in this process or on Ray Train workers, logged to MLflow.
+
+A run resumed with ``--resume`` continues the MLflow run that its run directory had (found by
+the ``run_dir`` tag), so one directory has one run whose metrics go on where they stopped.
+"""
 
 from __future__ import annotations
 
@@ -25,10 +29,13 @@ def run(
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """Train ``cfg`` on ``prepared``; ``workers > 0`` runs a Ray TorchTrainer with that many workers."""
-    uri = tracking.resolve_uri(tracking_uri, workdir)
+    uri = tracking.open_store(tracking_uri, workdir)
+    experiment = f"train-{cfg.dataset}"
     tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers)}
-    with tracking.run_context(uri, f"train-{cfg.dataset}", Path(run_dir).name, tags=tags) as mlrun:
-        mlrun.log_params(to_dict(cfg))
+    resume_id = previous_run(uri, experiment, Path(run_dir)) if resume else None
+    with tracking.run_context(uri, experiment, Path(run_dir).name, tags=tags, resume_id=resume_id) as mlrun:
+        if resume_id is None:
+            mlrun.log_params(to_dict(cfg))
         log = lambda metrics: mlrun.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
         if workers <= 0:
             device = "cuda" if gpus_per_worker > 0 else "cpu"  # in process: --gpus-per-worker > 0 means this GPU
@@ -43,3 +50,12 @@ def run(
         mlrun.set_tags({"checkpoint": result.get("checkpoint", "")})
         mlrun.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
     return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": uri, "mlflow_run_id": mlrun.run_id}
+
+
+def previous_run(uri: str, experiment: str, run_dir: Path) -> str | None:
+    """The newest MLflow run of ``run_dir`` (tagged with it as given or as an absolute path)."""
+    for spelling in dict.fromkeys([str(run_dir), str(run_dir.resolve())]):
+        runs = tracking.find_runs(uri, experiment, {"run_dir": spelling})
+        if runs:
+            return runs[0].run_id
+    return None

@@ -2,7 +2,7 @@
 
 Kept free of MLflow and of the driver's code so that a trial actor starts fast: it imports
 torch, the model and the loop, nothing more. All tracking happens in the driver (see
-:mod:`iaa.platform.tune`), which also keeps a SQLite store usable on multi-node clusters.
+:mod:`iaa.platform.trial_runs`), which also keeps a SQLite store usable on multi-node clusters.
 
 - One worker per trial: the loop runs inside the trial actor on a :class:`TuneSession`, which
   reports through ``ray.tune.report`` with a checkpoint (the lowest start-up overhead).
@@ -22,9 +22,11 @@ from typing import Any, Mapping
 import pyarrow as pa
 import torch
 
+from iaa.files import is_remote_uri
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig, from_dict
-from iaa.platform.ray_train import CHECKPOINT_FILE, TableSession, build_trainer, load_state
+from iaa.jobs.sweep import TrialRecord
+from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, TableSession, build_trainer, load_state
 from iaa.platform.search_space import apply
 
 MEMBER_KEY = "member"          # train_many: the trial config is {"member": index into TrialSpec.members}
@@ -102,3 +104,73 @@ def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid
     result = trainer.fit()
     if result.error is not None:
         raise result.error
+
+
+# --- from Tune's results to typed records (in the driver) -------------------------------------------
+
+
+def _best_checkpoint(result: Any, spec: TrialSpec, trial_id: str) -> str | None:
+    """The best checkpoint directory of one trial (the last check that improved ``valid_acc``)."""
+    if spec.workers > 1:  # the trial's Train run holds them
+        import ray.train
+
+        path = f"{spec.storage_path.rstrip('/')}/{spec.train_run_name(trial_id)}"
+        try:
+            train_run = ray.train.Result.from_path(path)
+        except (FileNotFoundError, RuntimeError, ValueError):   # the trial never started its Train run
+            train_run = None
+        best = train_run.get_best_checkpoint(CHECKPOINT_SCORE, "max") if train_run is not None else None
+        if best is not None:
+            return best.path
+    scored = [(float(m.get(CHECKPOINT_SCORE, -1.0)), c.path) for c, m in (result.best_checkpoints or [])]
+    scored = [s for s in scored if s[0] >= 0]
+    return max(scored)[1] if scored else None
+
+
+def local_checkpoint(ckpt_dir: str | None, storage: str, dest: Path) -> str | None:
+    """A checkpoint file readable here: in place on a local/NFS store, downloaded from a bucket."""
+    if ckpt_dir is None:
+        return None
+    source = f"{str(ckpt_dir).rstrip('/')}/{CHECKPOINT_FILE}"
+    if not is_remote_uri(storage):
+        return source
+    import pyarrow.fs
+
+    fs, _ = pyarrow.fs.FileSystem.from_uri(storage)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    pyarrow.fs.copy_files(source, str(dest), source_filesystem=fs)
+    return str(dest)
+
+
+def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_ids: Mapping[str, str],
+            tagged: Mapping[str, str], downloads: Path) -> list[TrialRecord]:
+    """One record per trial of a Tune ``ResultGrid``.
+
+    Args:
+        statuses: Tune's status by trial id (unfinished trials of an interrupted run are not TERMINATED).
+        run_ids: the trials' MLflow child runs by trial id.
+        tagged: the checkpoint directories that the child runs' tags name (a fallback).
+        downloads: where checkpoints kept in a bucket are copied.
+    """
+    out = []
+    for result in results:
+        metrics = result.metrics or {}
+        trial_id = metrics.get("trial_id") or Path(result.path).name
+        status = statuses.get(trial_id) or ("ERROR" if result.error else "TERMINATED")
+        best_acc = metrics.get("best_valid_acc")
+        ckpt = _best_checkpoint(result, spec, trial_id) or tagged.get(trial_id)
+        out.append(TrialRecord(
+            trial_id=trial_id,
+            config=job_config(spec, result.config or {}),
+            params=dict(result.config or {}),
+            best_valid_acc=float(best_acc) if best_acc is not None else None,
+            checkpoint=local_checkpoint(ckpt, spec.storage_path, downloads / f"{trial_id}.pt"),
+            mlflow_run_id=run_ids.get(trial_id),
+            status=status,
+            checks=int(metrics.get("checks", 0) or 0),
+            steps=int(metrics.get("steps", 0) or 0),
+            # the loop names why it stopped in its last report; a trial ended with none was stopped by ASHA
+            stop_reason=metrics.get("stop_reason") or ("asha" if status == "TERMINATED" else ""),
+            error=str(result.error)[:2000] if result.error else None,
+        ))
+    return out
