@@ -143,3 +143,36 @@ def test_request_is_frozen() -> None:
     with pytest.raises(Exception):
         req.seeds = 3  # type: ignore[misc]
     assert replace(req, seeds=3).seeds == 3
+
+
+def test_members_train_on_the_requested_resources(sweep: dict, fake_tune: list[dict], tmp_path: Path) -> None:
+    req = platform_ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=3, workdir=tmp_path,
+                                            workers_per_trial=2, gpus_per_worker=0.5)
+    platform_ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", "sqlite:///x.db", "e")
+    [call] = fake_tune
+    assert call["workers_per_trial"] == 2 and call["gpus_per_worker"] == 0.5
+
+
+def test_train_many_plans_with_the_members_threads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from iaa.platform import launch
+
+    asked: dict = {}
+
+    def connect(**kwargs):
+        asked.update(kwargs)
+        raise RuntimeError("planned")   # stop before Ray
+
+    monkeypatch.setattr(launch, "connect", connect)
+    configs = [JobConfig(train=TrainConfig(seed=s, threads=3)) for s in (0, 1)]
+    with pytest.raises(RuntimeError, match="planned"):
+        launch.train_many(configs, tmp_path, name="e-1", workdir=tmp_path, tracking_uri="sqlite:///x.db",
+                          parent_run_id=None, experiment="x", workers_per_trial=2, gpus_per_worker=1.0)
+    assert (asked["threads"], asked["workers_per_trial"], asked["gpus_per_worker"]) == (3, 2, 1.0)
+
+
+def test_the_same_checkpoint_twice_is_refused(tmp_path: Path) -> None:
+    ckpt = tmp_path / "a.pt"
+    ckpt.write_bytes(b"")
+    req = platform_ensemble.EnsembleRequest(members=(ckpt, tmp_path / "." / "a.pt"), workdir=tmp_path)
+    with pytest.raises(IaaError, match="more than once"):
+        platform_ensemble.run(req)

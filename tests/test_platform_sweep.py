@@ -102,19 +102,19 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
     from dataclasses import replace
 
     from iaa.jobs import resolve
-    from iaa.platform import tracking, tune
+    from iaa.platform import launch, tracking
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
     configs = [replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1)]
     uri = tracking.resolve_uri(None, tmp_path)
     parent = tracking.Run.start(uri, "ensemble-test", "parent")
-    results = tune.train_many(configs, tiny, name="many", workdir=tmp_path, tracking_uri=uri,
-                              parent_run_id=parent.run_id, experiment="ensemble-test", show_progress=False)
-    assert [r["config"] for r in results] == configs
+    results = launch.train_many(configs, tiny, name="many", workdir=tmp_path, tracking_uri=uri,
+                                parent_run_id=parent.run_id, experiment="ensemble-test", show_progress=False)
+    assert [r.config for r in results] == configs
     client = MlflowClient(uri)
     for cfg, result in zip(configs, results):
-        _, loaded, state = checkpoint.load_model(Path(result["checkpoint"]))
-        assert loaded == cfg and state["progress"]["best_valid_acc"] == pytest.approx(result["best_valid_acc"])
-        run = client.get_run(result["mlflow_run_id"])
+        _, loaded, state = checkpoint.load_model(Path(result.checkpoint))
+        assert loaded == cfg and state["progress"]["best_valid_acc"] == pytest.approx(result.best_valid_acc)
+        run = client.get_run(result.mlflow_run_id)
         assert run.data.tags["mlflow.parentRunId"] == parent.run_id
         assert run.data.params["train.seed"] == str(cfg.train.seed) and run.info.status == "FINISHED"

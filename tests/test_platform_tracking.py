@@ -18,8 +18,9 @@ from iaa.platform import tracking
 start = float(sys.argv[2])
 while time.time() < start:          # all children reach the store at the same moment
     time.sleep(0.001)
+from mlflow.tracking import MlflowClient
 run = tracking.Run.start(sys.argv[1], "race", "r")   # what `iaa-cli train` does first
-print(run.client.get_run(run.run_id).info.experiment_id)
+print(MlflowClient(sys.argv[1]).get_run(run.run_id).info.experiment_id)
 """
 
 
@@ -37,3 +38,131 @@ def test_processes_creating_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: P
     assert len(ids) == 1                            # one experiment, found by all
     assert len(MlflowClient(uri).search_runs(list(ids))) == 4
     assert MlflowClient(uri).get_experiment(ids.pop()).name == "race"
+
+
+# --- faults: an unreachable server, a damaged store, a lost server, a killed process ---------------
+
+
+def test_an_unreachable_server_fails_at_once_naming_it(tmp_path: Path) -> None:
+    from iaa.errors import IaaError
+    from iaa.platform import tracking
+
+    with pytest.raises(IaaError, match=r"http://127\.0\.0\.1:9 is not reachable"):
+        tracking.open_store("http://127.0.0.1:9", tmp_path)
+
+
+@pytest.mark.parametrize("command", ["train", "tune"])
+def test_the_cli_names_an_unreachable_tracking_server(tmp_path: Path, command: str) -> None:
+    from click.testing import CliRunner
+
+    from iaa.cli import cli
+    from tests._tiny import make_tiny_prepared
+
+    tiny = make_tiny_prepared(tmp_path / "tiny")
+    dataset = ["--dataset", "cbt-ne"] if command == "tune" else []
+    out = CliRunner().invoke(cli, [command, *dataset, "--data", str(tiny), "--workdir", str(tmp_path / "w"),
+                                   "--tracking-uri", "http://127.0.0.1:9"])
+    assert out.exit_code != 0 and "http://127.0.0.1:9" in out.output, out.output
+    assert not (tmp_path / "w" / "ray").exists()           # failed before starting Ray or training
+
+
+def test_a_damaged_sqlite_store_is_named(tmp_path: Path) -> None:
+    from iaa.errors import IaaError
+    from iaa.platform import tracking
+
+    (tmp_path / "mlflow.db").write_bytes(b"this is no database" * 100)
+    with pytest.raises(IaaError, match=f"{tmp_path / 'mlflow.db'} is damaged"):
+        tracking.open_store(None, tmp_path)
+
+
+def _history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, key)]
+
+
+def test_metrics_refused_by_a_lost_store_are_kept_and_sent_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlflow
+
+    from iaa.platform import tracking
+
+    uri = tracking.open_store(None, tmp_path)
+    run = tracking.Run.start(uri, "lost", "r")
+    real, down = run._client.log_batch, {"calls": 2}
+
+    def flaky(*args, **kwargs):
+        if down["calls"] > 0:
+            down["calls"] -= 1
+            raise mlflow.exceptions.MlflowException("connection refused")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run._client, "log_batch", flaky)
+    monkeypatch.setattr(tracking, "RETRY_EVERY_S", 0.0)
+    for step in (1, 2, 3):
+        run.log_metrics({"valid_acc": step / 10}, step=step)
+    run.end()
+    assert _history(uri, run.run_id, "valid_acc") == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert MlflowClient(uri).get_run(run.run_id).info.status == "FINISHED"
+
+
+def test_a_store_that_never_comes_back_ends_the_run_with_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    import mlflow
+
+    from iaa.platform import tracking
+
+    uri = tracking.open_store(None, tmp_path)
+    run = tracking.Run.start(uri, "lost", "r")
+
+    def refused(*args, **kwargs):
+        raise mlflow.exceptions.MlflowException("connection refused")
+
+    monkeypatch.setattr(run._client, "log_batch", refused)
+    monkeypatch.setattr(run._client, "set_terminated", refused)
+    for step in (1, 2):
+        run.log_metrics({"valid_acc": 0.5, "train_loss": 1.0}, step=step)   # training goes on
+    run.end()
+    err = capsys.readouterr().err
+    assert "4 metric values" in err and "train_loss, valid_acc at steps 1..2" in err
+    assert "could not mark FINISHED" in err
+
+
+_KILLED = """
+import os, sys
+from iaa.platform import tracking
+run = tracking.Run.start(sys.argv[1], "killed", "r")
+print(run.run_id, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_path: Path) -> None:
+    from iaa.platform import tracking
+
+    uri = tracking.open_store(None, tmp_path)
+    alive = tracking.Run.start(uri, "killed", "alive")          # this process: left alone
+    child = subprocess.run([sys.executable, "-c", _KILLED, uri], capture_output=True, text=True, timeout=100)
+    run_id = child.stdout.strip()
+    assert child.returncode == -9 and MlflowClient(uri).get_run(run_id).info.status == "RUNNING"
+    tracking.open_store(None, tmp_path)
+    killed = MlflowClient(uri).get_run(run_id)
+    assert killed.info.status == "KILLED" and "ended without closing" in killed.data.tags["iaa.killed"]
+    assert MlflowClient(uri).get_run(alive.run_id).info.status == "RUNNING"
+
+
+@pytest.mark.slow
+def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from iaa.jobs import resolve
+    from iaa.platform import train
+    from tests._tiny import TINY_SETS, make_tiny_prepared
+
+    tiny = make_tiny_prepared(tmp_path / "tiny")
+    cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
+    first = train.run(cfg, tiny, tmp_path / "run", workdir=tmp_path, show_progress=False)
+    longer = replace(cfg, train=replace(cfg.train, max_epochs=2.0))
+    again = train.run(longer, tiny, tmp_path / "run", resume=True, workdir=tmp_path, show_progress=False)
+    assert again["mlflow_run_id"] == first["mlflow_run_id"]
+    run = MlflowClient(first["tracking_uri"]).get_run(first["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    steps = [s for s, _ in _history(first["tracking_uri"], run.info.run_id, "valid_acc")]
+    assert steps == sorted(steps) and len(steps) > 2               # the resumed checks follow the first ones

@@ -214,3 +214,86 @@ def test_bad_search_spaces_say_what_is_wrong(tmp_path: Path, text: str, message:
     with pytest.raises(ConfigError, match=message) as err:
         search_space.load(path, JobConfig())
     assert str(path) in str(err.value)
+
+
+# --- the searcher and the scheduler -----------------------------------------------------------------
+
+
+def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> None:
+    from iaa.platform import search
+
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    searcher = search.searcher(space, seed=0)
+    config = searcher.suggest("t1")
+    assert config["model.steps"] in (1, 2, 3)
+    # the last check fell back from the trial's best: TPE must learn the best (0.6), not the last (0.3)
+    searcher.on_trial_result("t1", {"valid_acc": 0.6, "best_valid_acc": 0.6, "training_iteration": 1})
+    last = {"valid_acc": 0.3, "best_valid_acc": 0.6, "training_iteration": 2}
+    searcher.on_trial_complete("t1", last)
+    [told] = searcher._ot_study.trials
+    assert told.value == 0.6
+    asha = search.scheduler(search.TUNE_PRESETS["demo"], max_t=4)
+    assert asha.metric == "valid_acc" and searcher.metric == "best_valid_acc"
+
+
+# --- sweep names, records and epochs -----------------------------------------------------------------
+
+
+def test_default_sweep_names_are_unique_and_a_taken_name_is_refused(tmp_path: Path) -> None:
+    from iaa.errors import IaaError
+    from iaa.platform import launch, tune
+
+    names = {tune.sweep_name(tune.TuneRequest(dataset="demo", workdir=tmp_path)) for _ in range(20)}
+    assert len(names) == 20 and all(n.startswith("demo-iaa-") for n in names)
+    storage = tmp_path / "ray"
+    (storage / "mine").mkdir(parents=True)
+    (storage / "mine" / "keep.txt").write_text("x")
+    with pytest.raises(IaaError, match="already exists"):
+        launch.claim(str(storage), "mine", tmp_path / "sweeps" / "mine")
+    assert (storage / "mine" / "keep.txt").read_text() == "x" and not (tmp_path / "sweeps" / "mine").exists()
+    launch.claim(str(storage), "other", tmp_path / "sweeps" / "other")
+    with pytest.raises(IaaError, match="already exists"):
+        launch.claim(str(storage), "other", tmp_path / "sweeps" / "other")   # the sweep folder is taken now
+
+
+def test_a_default_name_finds_the_latest_sweep_and_records_round_trip(tmp_path: Path) -> None:
+    import os
+
+    from iaa.jobs import sweep
+
+    rec = sweep.TrialRecord(trial_id="t1", config=JobConfig(), params={"model.steps": 2}, best_valid_acc=0.5,
+                            checkpoint="/c.pt", mlflow_run_id="r", checks=3, steps=30, stop_reason="asha")
+    for i, name in enumerate(("demo-iaa-aaaaaa", "demo-iaa-bbbbbb")):
+        sweep.write(sweep.sweep_file(tmp_path, name), {"name": name, "trials": [rec]})
+        os.utime(sweep.sweep_file(tmp_path, name), (1000 + i, 1000 + i))
+    assert sweep.find(tmp_path, "demo-iaa").parent.name == "demo-iaa-bbbbbb"
+    assert sweep.find(tmp_path, "demo-iaa-aaaaaa").parent.name == "demo-iaa-aaaaaa"
+    loaded = sweep.read(sweep.sweep_file(tmp_path, "demo-iaa-aaaaaa"))
+    assert loaded["trials"] == [rec]
+    with pytest.raises(Exception, match="no sweep 'cnn-iaa'"):
+        sweep.find(tmp_path, "cnn-iaa")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests._tiny import make_tiny_prepared
+
+    return make_tiny_prepared(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.mark.parametrize("sets, config_text, max_epochs, expected", [
+    ((), None, None, 4.0),                                # the tune preset's budget
+    (("train.max_epochs=10",), None, None, 10.0),         # equal to the dataset preset: still the user's
+    ((), "train:\n  max_epochs: 10\n", None, 10.0),       # from the config file
+    (("train.max_epochs=3",), None, 2.0, 2.0),            # --max-epochs wins
+])
+def test_an_explicit_max_epochs_is_kept_whatever_it_is(tiny: Path, tmp_path: Path, sets: tuple, config_text: str | None,
+                                                        max_epochs: float | None, expected: float) -> None:
+    from iaa.platform import tune
+
+    config_file = None
+    if config_text is not None:
+        config_file = tmp_path / "c.yaml"
+        config_file.write_text(config_text)
+    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, sets=sets, config_file=config_file, max_epochs=max_epochs)
+    assert tune.base_config(req, tiny, tune.TUNE_PRESETS["cbt-ne"]).train.max_epochs == expected
