@@ -118,3 +118,28 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
         run = client.get_run(result.mlflow_run_id)
         assert run.data.tags["mlflow.parentRunId"] == parent.run_id
         assert run.data.params["train.seed"] == str(cfg.train.seed) and run.info.status == "FINISHED"
+
+
+def test_two_sweeps_with_default_names_on_one_storage_path_both_survive(tiny: Path, tmp_path: Path,
+                                                                       local_ray: None) -> None:
+    from iaa.errors import IaaError
+    from iaa.platform import tune
+
+    shared = tmp_path / "shared"
+    request = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=write_space(tmp_path),
+                               sets=TINY_SETS, workdir=tmp_path / "work", storage_path=str(shared),
+                               show_progress=False)
+    first = tune.run(request)
+    first_trials = read_sweep(tmp_path / "work", first["sweep"])["trials"]
+    second = tune.run(request)
+    assert first["sweep"] != second["sweep"] and first["sweep"].startswith("cbt-ne-iaa-")
+    for result in (first, second):
+        sweep = read_sweep(tmp_path / "work", result["sweep"])
+        assert (shared / result["sweep"]).is_dir() and Path(result["best_config"]).is_file()
+        assert all(Path(t["checkpoint"]).is_file() for t in sweep["trials"])
+    assert read_sweep(tmp_path / "work", first["sweep"])["trials"] == first_trials
+
+    with pytest.raises(IaaError, match="already exists"):       # a name in use is refused, not reused
+        tune.run(tune.TuneRequest(**{**request.__dict__, "name": first["sweep"]}))
+    assert read_sweep(tmp_path / "work", first["sweep"])["trials"] == first_trials
+    assert all(Path(t["checkpoint"]).is_file() for t in first_trials)

@@ -297,3 +297,19 @@ def test_an_explicit_max_epochs_is_kept_whatever_it_is(tiny: Path, tmp_path: Pat
         config_file.write_text(config_text)
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, sets=sets, config_file=config_file, max_epochs=max_epochs)
     assert tune.base_config(req, tiny, tune.TUNE_PRESETS["cbt-ne"]).train.max_epochs == expected
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--resume", "gone"], "no sweep 'gone' to resume"),
+    (["--name", "gone", "--resume"], "no sweep 'gone' to resume"),
+    (["--resume"], "no sweep 'cbt-ne-iaa'"),
+    (["--resume", "a", "--name", "b"], "name different sweeps"),
+])
+def test_resume_names_the_sweep_to_continue(tiny: Path, tmp_path: Path, args: list, message: str) -> None:
+    from click.testing import CliRunner
+
+    from iaa.cli import cli
+
+    out = CliRunner().invoke(cli, ["tune", "--dataset", "cbt-ne", "--data", str(tiny), "--workdir", str(tmp_path),
+                                   *args, "--json"])
+    assert out.exit_code != 0 and message in out.output, out.output
