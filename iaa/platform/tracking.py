@@ -22,7 +22,6 @@ import fcntl
 import functools
 import logging
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from iaa.errors import IaaError
+from iaa.platform.owner import owner, owner_alive
 
 PARENT_TAG = "mlflow.parentRunId"
 OWNER_TAG = "iaa.owner"
@@ -170,36 +170,7 @@ def experiment_id(uri: str, name: str) -> str:
         return found.experiment_id
 
 
-# --- owners ----------------------------------------------------------------------------------------
-
-
-def _process_start(pid: int) -> str:
-    """The start time of process ``pid`` in clock ticks since boot ('' where /proc is missing)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def owner() -> str:
-    """This process: ``host:pid:start`` (the start time tells a reused pid apart)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
-
-
-def owner_alive(token: str) -> bool:
-    """Whether the process of ``token`` still runs; a process on another host counts as alive."""
-    host, _, rest = token.partition(":")
-    pid, _, start = rest.partition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not start or _process_start(int(pid)) == start
+# --- runs left running by killed processes ------------------------------------------------------
 
 
 def close_orphans(uri: str) -> list[str]:
