@@ -62,16 +62,20 @@ def taken(storage: str, name: str) -> bool:
     return (Path(storage) / name).exists() or any(Path(storage).glob(f"{name}-train-*"))
 
 
-def claim(storage: str, name: str, folder: Path | None = None) -> None:
-    """Take ``name`` for a new run: nothing of that name may exist; ``folder`` is created here."""
-    if taken(storage, name):
-        raise IaaError(f"a run named {name!r} already exists under {storage}: continue it with --resume {name}, "
+def check_free(storage: str, name: str, folder: Path | None = None) -> None:
+    """Refuse ``name`` when a run of that name exists under ``storage`` or ``folder`` exists."""
+    if taken(storage, name) or (folder is not None and folder.exists()):
+        where = storage if taken(storage, name) else folder
+        raise IaaError(f"a run named {name!r} already exists ({where}): continue it with --resume {name}, "
                        "or choose another --name (nothing was deleted)")
-    if folder is None:
-        return
+
+
+def claim(storage: str, name: str, folder: Path) -> None:
+    """Take ``name`` for a new run by creating ``folder``; refused when anything of that name exists."""
+    check_free(storage, name, folder)
     try:
         folder.mkdir(parents=True, exist_ok=False)
-    except FileExistsError as err:
+    except FileExistsError as err:   # another process claimed it a moment ago
         raise IaaError(f"{folder} already exists: continue that run with --resume {name}, or choose another "
                        "--name (nothing was deleted)") from err
 
@@ -167,7 +171,7 @@ def train_many(configs: Sequence[JobConfig], prepared: Path, *, name: str, workd
     if not configs:
         return []
     storage = storage_root(storage_path, workdir)
-    claim(storage, name)
+    check_free(storage, name)
     threads = max(c.train.threads for c in configs) or None
     launch = connect(name=name, prepared=prepared, workdir=workdir, address=address, storage_path=storage_path,
                      workers_per_trial=workers_per_trial, gpus_per_worker=gpus_per_worker, threads=threads,

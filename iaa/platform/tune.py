@@ -217,12 +217,14 @@ def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         uri = tracking.open_store(sweep["tracking_uri"], workdir)
     else:
         uri = tracking.open_store(req.tracking_uri, workdir)
-        launcher.claim(storage, name, folder)
+        launcher.check_free(storage, name, folder)
     launch = launcher.connect(name=name, prepared=prepared, workdir=workdir, address=req.address,
                               storage_path=req.storage_path, workers_per_trial=req.workers_per_trial,
                               gpus_per_worker=req.gpus_per_worker, threads=base.train.threads or None,
                               max_concurrent=req.max_concurrent, num_trials=num_samples,
                               show_progress=req.show_progress)
+    if not req.resume:
+        launcher.claim(storage, name, folder)
     spec = launcher.trial_spec(launch, base=base, fixed=space.fixed)
     fn, train_rows = launcher.trainable(launch, spec)
     if req.resume:
