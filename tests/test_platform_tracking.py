@@ -1,4 +1,4 @@
-"""The embedded MLflow store: several processes may create it at once."""
+"""MLflow tracking: a store several processes create at once, and every fault a run may meet."""
 
 from __future__ import annotations
 
@@ -166,3 +166,64 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
     assert run.info.status == "FINISHED"
     steps = [s for s, _ in _history(first["tracking_uri"], run.info.run_id, "valid_acc")]
     assert steps == sorted(steps) and len(steps) > 2               # the resumed checks follow the first ones
+
+
+def test_experiments_open_in_the_training_runs_view(tmp_path: Path) -> None:
+    from iaa.platform import tracking
+
+    uri = tracking.open_store(None, tmp_path)
+    experiment = MlflowClient(uri).get_experiment(tracking.experiment_id(uri, "tune-demo"))
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_training_outlives_a_tracking_server_that_dies(tmp_path: Path) -> None:
+    """A real MLflow server killed after the first check: training ends normally and names what was lost."""
+    import json
+    import os
+    import urllib.request
+
+    from tests._tiny import TINY_SETS, make_tiny_prepared
+
+    tiny = make_tiny_prepared(tmp_path / "tiny", {"train": 1200, "valid": 64, "test": 64})
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"{uri}/health", timeout=2).close()
+                break
+            except OSError:
+                assert time.time() < deadline and server.poll() is None, "the MLflow server did not start"
+                time.sleep(0.5)
+        sets = [a for s in (*TINY_SETS, "train.check_every=10", "train.max_epochs=3") for a in ("--set", s)]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        train = subprocess.Popen([sys.executable, "-m", "iaa.cli", "train", "--data", str(tiny), *sets, "--workdir",
+                                  str(tmp_path / "w"), "--tracking-uri", uri, "--json"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        client = MlflowClient(uri)
+        while not any(client.get_metric_history(r.info.run_id, "valid_acc")
+                      for e in client.search_experiments() for r in client.search_runs([e.experiment_id])):
+            assert train.poll() is None, train.communicate()
+            time.sleep(0.2)
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait()
+    out, err = train.communicate(timeout=500)
+    assert train.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert Path(result["checkpoint"]).is_file()
+    assert "were not logged to MLflow" in err and "valid_acc" in err
