@@ -188,14 +188,24 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
             "sweep_json": str(sweep_dir / "sweep.json"), "parent_run_id": parent.run_id}
 
 
-def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Run (or with ``req.resume`` continue) a sweep.
+@dataclass(frozen=True)
+class _Sweep:
+    """What a sweep is, settled before Ray starts: name, folders, data, config, space, store."""
 
-    Returns ``{"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"}`` plus the
-    best trial, its checkpoint, the number of trials and the ``sweep.json`` path. Raises
-    :class:`SweepInterrupted` when the sweep stopped with unfinished trials (after recording
-    them). ``callbacks`` are extra Tune callbacks (the overhead benchmark uses one).
-    """
+    name: str
+    folder: Path                     # WORKDIR/sweeps/NAME
+    storage: str                     # STORAGE (the Tune run is STORAGE/NAME)
+    prepared: Path
+    base: JobConfig
+    space: search_space.SearchSpace
+    preset: TunePreset
+    num_samples: int
+    uri: str                         # the MLflow store, checked
+    recorded: dict[str, Any] | None  # the sweep.json of a sweep to resume
+
+
+def _settle(req: TuneRequest) -> _Sweep:
+    """Every check that needs no Ray: data, config, search space, name, the MLflow store."""
     from iaa.jobs import resolve
 
     if req.dataset not in TUNE_PRESETS:
@@ -207,44 +217,57 @@ def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     base = base_config(req, prepared, preset)
     space = (search_space.load(req.search_space, base) if req.search_space is not None
              else search_space.parse(preset.space, base))
-    num_samples = req.num_samples or preset.num_samples
     name = sweep_name(req)
     folder, storage = sweep_file.sweep_dir(workdir, name), launcher.storage_root(req.storage_path, workdir)
-    if req.resume:   # fail before starting Ray
+    recorded = None
+    if req.resume:
         if not (folder / "sweep.json").is_file():
             raise IaaError(f"no sweep {name!r} to resume: {folder / 'sweep.json'} is missing; run it without --resume")
-        sweep = sweep_file.read(folder / "sweep.json")
-        uri = tracking.open_store(sweep["tracking_uri"], workdir)
+        recorded = sweep_file.read(folder / "sweep.json")
+        uri = tracking.open_store(recorded["tracking_uri"], workdir)
     else:
         uri = tracking.open_store(req.tracking_uri, workdir)
         launcher.check_free(storage, name, folder)
-    launch = launcher.connect(name=name, prepared=prepared, workdir=workdir, address=req.address,
+    return _Sweep(name, folder, storage, prepared, base, space, preset, req.num_samples or preset.num_samples, uri,
+                  recorded)
+
+
+def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Run (or with ``req.resume`` continue) a sweep.
+
+    Returns ``{"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"}`` plus the
+    best trial, its checkpoint, the number of trials and the ``sweep.json`` path. Raises
+    :class:`SweepInterrupted` when the sweep stopped with unfinished trials (after recording
+    them). ``callbacks`` are extra Tune callbacks (the overhead benchmark uses one).
+    """
+    s = _settle(req)
+    launch = launcher.connect(name=s.name, prepared=s.prepared, workdir=Path(req.workdir), address=req.address,
                               storage_path=req.storage_path, workers_per_trial=req.workers_per_trial,
-                              gpus_per_worker=req.gpus_per_worker, threads=base.train.threads or None,
-                              max_concurrent=req.max_concurrent, num_trials=num_samples,
+                              gpus_per_worker=req.gpus_per_worker, threads=s.base.train.threads or None,
+                              max_concurrent=req.max_concurrent, num_trials=s.num_samples,
                               show_progress=req.show_progress)
-    if not req.resume:
-        launcher.claim(storage, name, folder)
-    spec = launcher.trial_spec(launch, base=base, fixed=space.fixed)
+    spec = launcher.trial_spec(launch, base=s.base, fixed=s.space.fixed)
     fn, train_rows = launcher.trainable(launch, spec)
-    if req.resume:
-        tuner = launcher.restore(launch, fn)
-        parent = tracking.Run.reopen(uri, sweep["parent_run_id"])
+    if s.recorded is not None:
+        tuner, sweep = launcher.restore(launch, fn), s.recorded
+        parent = tracking.Run.reopen(s.uri, sweep["parent_run_id"])
         if req.show_progress:
-            print(f"resuming sweep {name} from {launch.experiment_path}", file=sys.stderr)
+            print(f"resuming sweep {s.name} from {launch.experiment_path}", file=sys.stderr)
     else:
-        tuner, sweep, parent = _start(req, launch, fn, train_rows, base, space, preset, num_samples, uri, callbacks)
+        launcher.claim(s.storage, s.name, s.folder)
+        tuner, sweep, parent = _start(req, launch, fn, train_rows, s.base, s.space, s.preset, s.num_samples, s.uri,
+                                      callbacks)
     started = time.time()
     try:
         results, statuses = launcher.fit(launch, tuner)
-        run_ids, tagged = child_runs(uri, sweep["experiment"], name, parent.run_id)
+        run_ids, tagged = child_runs(s.uri, sweep["experiment"], s.name, parent.run_id)
         sweep["trials"] = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
-                                           downloads=folder / "checkpoints")
+                                  downloads=s.folder / "checkpoints")
     except BaseException:
         parent.end("FAILED")
         raise
     sweep["wall_s"] = round(sweep.get("wall_s", 0.0) + time.time() - started, 1)
-    sweep_file.write(folder / "sweep.json", sweep)
-    if req.resume:
+    sweep_file.write(s.folder / "sweep.json", sweep)
+    if s.recorded is not None:
         _close_lost_runs(parent, sweep["experiment"], {r.mlflow_run_id for r in sweep["trials"]})
-    return _finish(sweep["trials"], sweep, folder, parent, space)
+    return _finish(sweep["trials"], sweep, s.folder, parent, s.space)
