@@ -99,7 +99,7 @@ def add_to_ledger(out_dir: Path, trained: Sequence[tuple[JobConfig, Path, TrialR
 
 # --- reuse -----------------------------------------------------------------------------------------
 
-Found = tuple[Path, "str | None", str]      # checkpoint, MLflow run, source
+Found = tuple[Path, str | None, str]      # checkpoint, MLflow run, source
 
 
 def reusable(workdir: Path, sweep_folder: Path, trials: Sequence[TrialRecord]) -> dict[str, Found]:

@@ -199,8 +199,10 @@ class RunInfo:
     tags: Mapping[str, str]
 
 
-def find_runs(uri: str, experiment: str, tags: Mapping[str, str] = {}, status: str | None = None) -> list[RunInfo]:
+def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
+              status: str | None = None) -> list[RunInfo]:
     """Runs of ``experiment`` carrying every tag of ``tags`` (and ``status``), newest first."""
+    tags = tags or {}
     if any("'" in str(v) for v in tags.values()):
         return []
     client = _client(uri)
