@@ -7,8 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+from iaa.data.errors import DataError
+from iaa.data.manifest import MANIFEST, rebuild_hint
 from iaa.jobs import config as config_mod
-from iaa.jobs.config import JobConfig
+from iaa.jobs.config import ConfigError, JobConfig
 from iaa.jobs.presets import for_dataset
 
 
@@ -16,18 +18,24 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
     """The dataset name and prepared folder: ``data`` as given, or ``dataset`` under ``workdir``.
 
     ``demo`` is generated and prepared on first use; other datasets must have been prepared.
+    Every job opens its data here, so every shard is verified here (see ``iaa.data.verify``).
     """
-    if data is not None:
-        manifest = Path(data) / "manifest.json"
-        if not manifest.is_file():
-            raise FileNotFoundError(f"{data} holds no manifest.json: prepare it first with `iaa-cli prepare`")
-        name = json.loads(manifest.read_text(encoding="utf-8")).get("dataset", dataset or "demo")
-        return str(name), Path(data)
-    if dataset is None:
-        raise ValueError("give --dataset NAME or --data PREPARED_DIR")
-    from iaa.jobs.prepare import ensure_prepared
+    from iaa.data import verify
 
-    return dataset, ensure_prepared(dataset, Path(workdir))
+    if data is not None:
+        prepared = Path(data)
+    elif dataset is None:
+        raise ConfigError("give --dataset NAME or --data PREPARED_DIR")
+    else:
+        from iaa.jobs.prepare import ensure_prepared
+
+        prepared = ensure_prepared(dataset, Path(workdir))
+    manifest = verify.verify(prepared)
+    if manifest.get("counts", {}).get("valid") == 0:
+        raise DataError(f"the valid split is empty, so no accuracy can be measured; "
+                        f"{rebuild_hint(prepared, manifest)} from a source with validation examples",
+                        path=prepared / MANIFEST)
+    return str(manifest.get("dataset", dataset)), prepared
 
 
 def vocab_size(prepared: Path) -> int:
