@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from iaa.data.errors import DataError
+from iaa.errors import IaaError
 from iaa.data.manifest import MANIFEST, rebuild_hint
 from iaa.jobs import config as config_mod
 from iaa.jobs.config import ConfigError, JobConfig
@@ -29,7 +32,7 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
     else:
         from iaa.jobs.prepare import ensure_prepared
 
-        prepared = ensure_prepared(dataset, Path(workdir))
+        prepared = ensure_prepared(dataset, writable_workdir(workdir))
     manifest = verify.verify(prepared)
     if manifest.get("counts", {}).get("valid") == 0:
         raise DataError(f"the valid split is empty, so no accuracy can be measured; "
@@ -56,3 +59,73 @@ def job_config(
         cfg = replace(cfg, model=replace(cfg.model, kind=model_kind))
     cfg = config_mod.load(cfg, None, sets)
     return replace(cfg, dataset=dataset, model=replace(cfg.model, vocab_size=vocab_size(prepared)))
+
+
+def run_dir(dataset: str, cfg: JobConfig, given: Path | None, workdir: Path) -> Path:
+    """The run folder of ``train``: ``given``, else ``WORKDIR/runs/DATASET-MODEL-seedN``."""
+    return Path(given) if given is not None else Path(workdir) / "runs" / f"{dataset}-{cfg.model.kind}-seed{cfg.train.seed}"
+
+
+def writable_workdir(workdir: Path) -> Path:
+    """``workdir``, created if needed; IaaError when it cannot be written."""
+    return writable(workdir, "the workdir", "give a writable --workdir (or IAA_WORKDIR)")
+
+
+def writable_parent(out: Path) -> Path:
+    """Check that the folder ``out`` will be written in can be written; returns ``out``."""
+    writable(Path(out).parent, "the output folder's parent", "give a writable --out or --workdir")
+    return Path(out)
+
+
+def writable(folder: Path, what: str, todo: str) -> Path:
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise IaaError(f"{folder}: {what} is not writable ({err.strerror}); {todo}") from None
+    return folder
+
+
+def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
+    """The ensemble's checkpoints; IaaError when one is listed twice (it would count as two members)."""
+    seen: dict[Path, Path] = {}
+    for member in members:
+        key = Path(member).resolve()
+        if key in seen:
+            raise IaaError(f"{member}: listed twice in --members (also as {seen[key]}); an ensemble averages "
+                           "distinct checkpoints, so list each once")
+        seen[key] = Path(member)
+    return tuple(members)
+
+
+def tracking_store(tracking_uri: str | None, workdir: Path) -> None:
+    """Check the default SQLite MLflow store under ``workdir`` before a job opens it.
+
+    A damaged ``mlflow.db`` would otherwise fail deep inside MLflow with a traceback.
+    """
+    if tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):
+        return
+    db = Path(workdir) / "mlflow.db"
+    if not db.exists():
+        return
+    problem = _sqlite_problem(db)
+    if problem:
+        raise IaaError(f"{db}: not a readable MLflow database ({problem}); move it away to start a new store "
+                       "(the runs it held are lost), or pass --tracking-uri")
+
+
+def _sqlite_problem(db: Path) -> str | None:
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            status = con.execute("PRAGMA quick_check").fetchone()[0]
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as err:
+        return str(err)
+    return None if status == "ok" else status
