@@ -167,7 +167,6 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
           workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
     from iaa.jobs import resolve, rundir
-    from iaa.platform import train as platform_train
 
     _need_data(dataset, data)
     if resume and overwrite:
@@ -177,6 +176,8 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
     name, prepared = resolve.data_dir(dataset, data, workdir)
     cfg = resolve.job_config(name, prepared, model_kind=model_kind, config_file=config_file, sets=sets)
     with rundir.claim(resolve.run_dir(name, cfg, run_dir, workdir), resume=resume, overwrite=overwrite) as folder:
+        from iaa.platform import train as platform_train
+
         result = platform_train.run(cfg, prepared, folder, resume=resume, workers=workers,
                                     gpus_per_worker=gpus_per_worker, workdir=workdir, tracking_uri=tracking_uri,
                                     address=address, storage_path=storage_path, show_progress=not as_json)
@@ -245,10 +246,11 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
          tracking_uri: str | None, address: str | None, storage_path: str | None, resume: bool, as_json: bool) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
     from iaa.jobs import resolve
-    from iaa.platform import tune as job
 
     resolve.writable_workdir(workdir)
     resolve.tracking_store(tracking_uri, workdir)
+    from iaa.platform import tune as job
+
     result = job.run(
         job.TuneRequest(
             dataset=dataset, data=data, model_kind=model_kind, num_samples=num_samples,
@@ -282,13 +284,14 @@ def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[P
              as_json: bool) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
     from iaa.jobs import resolve
-    from iaa.platform import ensemble as job
 
     members = resolve.distinct_members(tuple(members) + tuple(more_members))
     if (sweep is None) == (not members):
         raise click.UsageError("give exactly one of --sweep NAME or --members CKPT ...")
     resolve.writable_workdir(workdir)
     resolve.tracking_store(tracking_uri, workdir)
+    from iaa.platform import ensemble as job
+
     if not 0 < top_p <= 1:
         raise click.UsageError("--p must be in (0, 1]")
     result = job.run(

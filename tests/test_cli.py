@@ -1,0 +1,88 @@
+"""The CLI: expected failures are one line, genuine bugs keep their traceback, --debug shows all."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from _shared import REPO
+from iaa import cli
+from iaa.data.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def demo_workdir(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("cli")
+    result = CliRunner().invoke(cli.cli, ["prepare", "--dataset", "demo", "--workdir", str(workdir), "--json"])
+    assert result.exit_code == 0, result.output
+    return workdir
+
+
+def test_a_genuine_bug_keeps_its_traceback(demo_workdir, monkeypatch):
+    from iaa.jobs import frequency
+
+    def broken(*args, **kwargs):
+        return {}["accuracy"]  # a KeyError from a bug, not from the user
+
+    monkeypatch.setattr(frequency, "run", broken)
+    result = CliRunner().invoke(cli.cli, ["baseline", "--dataset", "demo", "--workdir", str(demo_workdir)])
+    assert result.exit_code == 1
+    assert isinstance(result.exception, KeyError)  # not turned into a click message
+    assert "Error:" not in result.output
+
+
+def test_an_expected_error_is_one_line_and_debug_shows_its_traceback(demo_workdir, monkeypatch):
+    from iaa.jobs import frequency
+
+    def bad_data(*args, **kwargs):
+        raise DataError("row 3: answer index outside its candidates", path="x.parquet")
+
+    monkeypatch.setattr(frequency, "run", bad_data)
+    args = ["baseline", "--dataset", "demo", "--workdir", str(demo_workdir)]
+    result = CliRunner().invoke(cli.cli, args)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.output.strip() == "Error: x.parquet: row 3: answer index outside its candidates"
+    debug = CliRunner().invoke(cli.cli, ["--debug", *args])
+    assert debug.exit_code == 1 and isinstance(debug.exception, DataError)
+    monkeypatch.setenv("IAA_DEBUG", "1")
+    assert isinstance(CliRunner().invoke(cli.cli, args).exception, DataError)
+
+
+def test_traceback_reaches_stderr_in_a_real_process(tmp_path):
+    """End to end: a working command exits 0; the same command with an injected bug shows a traceback."""
+    env_cmd = [sys.executable, "-m", "iaa.cli", "baseline", "--dataset", "demo", "--workdir", str(tmp_path / "w")]
+    ok = subprocess.run(env_cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    code = ("import sys; from iaa import cli; from iaa.jobs import frequency;"
+            "frequency.run = lambda *a, **k: {}['accuracy']; sys.argv = ['iaa-cli', *sys.argv[1:]]; cli.main()")
+    bug = subprocess.run([sys.executable, "-c", code, *env_cmd[3:]], capture_output=True, text=True, cwd=REPO,
+                         timeout=120)
+    assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'accuracy'" in bug.stderr
+
+
+def test_help_does_not_import_torch():
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "iaa.cli", "--help"], capture_output=True,
+                         text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0
+    assert " torch" not in out.stderr and "ray" not in out.stderr.split() and " mlflow" not in out.stderr
+
+
+def test_dataset_and_model_choices_come_from_their_single_sources():
+    from iaa.data.datasets import DATASETS
+    from iaa.model.config import MODEL_KINDS
+
+    params = {p.name: p for p in cli.train.params}
+    assert tuple(params["dataset"].type.choices) == DATASETS
+    assert tuple(params["model_kind"].type.choices) == MODEL_KINDS
+    assert tuple(cli.prepare.params[0].type.choices) == DATASETS
+
+
+def test_every_command_with_json_shares_one_option():
+    with_json = [c for c in cli.cli.commands.values() if any(p.name == "as_json" for p in c.params)]
+    assert len(with_json) == 7
+    helps = {next(p for p in c.params if p.name == "as_json").help for c in with_json}
+    assert helps == {"Print the result as JSON on the last line."}
