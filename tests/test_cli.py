@@ -86,3 +86,17 @@ def test_every_command_with_json_shares_one_option():
     assert len(with_json) == 7
     helps = {next(p for p in c.params if p.name == "as_json").help for c in with_json}
     assert helps == {"Print the result as JSON on the last line."}
+
+
+def test_tune_keeps_an_explicit_max_epochs_even_when_it_equals_the_preset(demo_workdir, tmp_path):
+    from iaa.platform import tune
+
+    prepared = demo_workdir / "data" / "demo"
+    preset = tune.TUNE_PRESETS["demo"]
+    explicit = tune.TuneRequest(dataset="demo", sets=("train.max_epochs=4",))  # the demo preset's own value
+    assert tune._base_config(explicit, prepared, preset).train.max_epochs == 4.0
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  max_epochs: 4.0\n")
+    from_file = tune.TuneRequest(dataset="demo", config_file=config)
+    assert tune._base_config(from_file, prepared, preset).train.max_epochs == 4.0
+    assert tune._base_config(tune.TuneRequest(dataset="demo"), prepared, preset).train.max_epochs == preset.max_epochs

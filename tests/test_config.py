@@ -107,3 +107,12 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
     path.write_text("train:\n  lr: 0.1\n  seed: [1, 2\nmodel: {}\n")
     with pytest.raises(C.ConfigError, match=r"broken.yaml, line \d+: not valid YAML"):
         C.load(C.JobConfig(), path)
+
+
+def test_chosen_keys_lists_what_the_user_gave_whatever_the_value(tmp_path: Path) -> None:
+    from iaa.jobs.resolve import chosen_keys
+
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  max_epochs: 10\nmodel:\n  steps: 8\n")
+    assert chosen_keys(path, ["train.lr=1e-3"]) == {"train.max_epochs", "model.steps", "train.lr"}
+    assert chosen_keys(None) == set()

@@ -147,7 +147,7 @@ def load(base: JobConfig, path: Path | None = None, sets: Sequence[str] = ()) ->
     """``base`` updated by the YAML file at ``path``, then by ``--set`` overrides."""
     cfg = base
     if path is not None:
-        data = _read_yaml(Path(path))
+        data = read_yaml(Path(path))
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         try:
@@ -157,7 +157,8 @@ def load(base: JobConfig, path: Path | None = None, sets: Sequence[str] = ()) ->
     return merge(cfg, parse_sets(sets))
 
 
-def _read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
+    """The parsed YAML file at ``path`` ({} when empty); ConfigError naming file and line when it is not YAML."""
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as err:

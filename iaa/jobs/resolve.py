@@ -129,3 +129,15 @@ def _sqlite_problem(db: Path) -> str | None:
     except sqlite3.Error as err:
         return str(err)
     return None if status == "ok" else status
+
+
+def chosen_keys(config_file: Path | None, sets: Sequence[str] = ()) -> set[str]:
+    """Dotted keys (``train.max_epochs``) that the YAML file or ``--set`` give, whatever their values."""
+    given = [config_mod.read_yaml(Path(config_file))] if config_file is not None else []
+    return {key for tree in [*given, config_mod.parse_sets(sets)] for key in _dotted(tree)}
+
+
+def _dotted(tree: object, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict):
+        return [prefix.rstrip(".")] if prefix else []
+    return [key for name, sub in tree.items() for key in _dotted(sub, f"{prefix}{name}.")]

@@ -402,13 +402,12 @@ def _table(records: list[dict[str, Any]], space: search_space.SearchSpace) -> st
 def _base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConfig:
     """Dataset preset, config file, --model and --set; then the epochs of the sweep."""
     from iaa.jobs import resolve
-    from iaa.jobs.presets import for_dataset
 
     cfg = resolve.job_config(req.dataset, prepared, model_kind=req.model_kind, config_file=req.config_file,
                              sets=req.sets)
     epochs = req.max_epochs
-    if epochs is None:  # the tune preset's budget, unless the config file or --set chose one
-        epochs = preset.max_epochs if cfg.train.max_epochs == for_dataset(req.dataset).train.max_epochs else None
+    if epochs is None and "train.max_epochs" not in resolve.chosen_keys(req.config_file, req.sets):
+        epochs = preset.max_epochs  # the tune preset's budget, unless the config file or --set chose one
     if epochs is not None:
         if epochs <= 0:
             raise ValueError(f"--max-epochs must be > 0, got {epochs}")
