@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import re
 from pathlib import Path
 
@@ -163,7 +164,7 @@ def _recon_example(name: str, line21: int) -> str:
     path = require_shared(f"{RECON}/{name}")
     opener = gzip.open if name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
-        lines = [line for k, line in enumerate(f, 1) if line21 - 21 < k <= line21]
+        lines = list(itertools.islice(f, line21 - 21, line21))
     return "".join(lines) + "\n"
 
 
