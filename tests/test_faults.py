@@ -164,6 +164,15 @@ def test_an_unchanged_file_is_verified_once_per_process_but_a_change_is_caught(d
         verify.verify(data)
 
 
+def test_a_manifest_edited_after_verification_is_checked_again(data):
+    verify.verify(data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["splits"]["train"]["shards"][0]["sha256"] = "0" * 64
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(verify.DataError, match="sha256"):
+        verify.verify(data)
+
+
 def test_empty_valid_split_is_an_error_not_accuracy_zero(data):
     manifest = json.loads((data / "manifest.json").read_text())
     manifest["splits"]["valid"].update(shards=[], count=0)

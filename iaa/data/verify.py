@@ -28,7 +28,7 @@ from iaa.data import manifest as M
 from iaa.data.errors import DataError
 from iaa.data.shards import SCHEMA, file_sha256
 
-_VERIFIED: dict[str, tuple[int, ...]] = {}  # resolved path -> stat identity when it was last verified
+_VERIFIED: dict[str, tuple] = {}  # resolved path -> (stat identity, what it was checked against)
 
 
 def verify(root: Path) -> dict[str, Any]:
@@ -73,10 +73,11 @@ def _check_vocab(root: Path, manifest: dict[str, Any]) -> int:
     path = root / M.VOCAB
     if not path.is_file():
         raise _Damage(path, "is missing")
-    if not _unchanged(path):
+    expected = (manifest.get("vocab_hash"),)
+    if not _unchanged(path, expected):
         if hashlib.sha256(path.read_bytes()).hexdigest() != manifest.get("vocab_hash"):
             raise _Damage(path, "does not match the manifest's vocab_hash: it changed after prepare")
-        _remember(path)
+        _remember(path, expected)
     return int(manifest["vocab_size"])
 
 
@@ -85,7 +86,8 @@ def _check_shard(root: Path, shard: dict[str, Any], vocab_size: int) -> int:
     path = root / str(shard.get("file", ""))
     if not path.is_file():
         raise _Damage(path, "is missing (deleted after prepare?)")
-    if _unchanged(path):
+    expected = (shard.get("sha256"), shard.get("rows"), vocab_size)
+    if _unchanged(path, expected):
         return int(shard["rows"])
     if path.stat().st_size != shard.get("bytes"):
         raise _Damage(path, f"has {path.stat().st_size} bytes, the manifest records {shard.get('bytes')}: "
@@ -101,7 +103,7 @@ def _check_shard(root: Path, shard: dict[str, Any], vocab_size: int) -> int:
     problem = value_problem(table, vocab_size)
     if problem:
         raise _Damage(path, problem)
-    _remember(path)
+    _remember(path, expected)
     return table.num_rows
 
 
@@ -156,12 +158,13 @@ def _identity(path: Path) -> tuple[int, ...]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def _unchanged(path: Path) -> bool:
-    return _VERIFIED.get(str(path.resolve())) == _identity(path)
+def _unchanged(path: Path, expected: tuple) -> bool:
+    """``path`` was verified against ``expected`` in this process and has not changed since."""
+    return _VERIFIED.get(str(path.resolve())) == (_identity(path), expected)
 
 
-def _remember(path: Path) -> None:
-    _VERIFIED[str(path.resolve())] = _identity(path)
+def _remember(path: Path, expected: tuple) -> None:
+    _VERIFIED[str(path.resolve())] = (_identity(path), expected)
 
 
 def forget() -> None:

@@ -101,13 +101,14 @@ def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
 
 
 def tracking_store(tracking_uri: str | None, workdir: Path) -> None:
-    """Check the default SQLite MLflow store under ``workdir`` before a job opens it.
+    """Check a SQLite MLflow store (by default ``WORKDIR/mlflow.db``) before a job opens it.
 
     A damaged ``mlflow.db`` would otherwise fail deep inside MLflow with a traceback.
     """
-    if tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):
-        return
-    db = Path(workdir) / "mlflow.db"
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri and not uri.startswith("sqlite:///"):
+        return  # a server or another store: its own client reports what is wrong
+    db = Path(uri[len("sqlite:///"):]) if uri else Path(workdir) / "mlflow.db"
     if not db.exists():
         return
     problem = _sqlite_problem(db)
