@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +35,16 @@ class _ModelKinds(click.Choice):
 
 
 MODELS = _ModelKinds()
+
+
+class _Finite(click.FloatRange):
+    """``click.FloatRange`` that also refuses nan and inf."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:
@@ -125,9 +136,9 @@ def cli(debug: bool) -> None:
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="fail: stop at the first bad example. skip: skip bad examples, count them and report the count.")
 @click.option("--lowercase/--no-lowercase", default=None, help="Lowercase tokens [default: per dataset].")
-@click.option("--min-count", type=int, default=1, show_default=True, help="Drop training words seen fewer times.")
-@click.option("--max-vocab", type=int, default=None, help="Keep at most this many words (by frequency).")
-@click.option("--threads", type=int, default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
+@click.option("--min-count", type=click.IntRange(min=1), default=1, show_default=True, help="Drop training words seen fewer times.")
+@click.option("--max-vocab", type=click.IntRange(min=4), default=None, help="Keep at most this many words (by frequency).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
 @workdir_option
 @json_option
 @_friendly
@@ -153,9 +164,9 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/DATASET-MODEL-seedN]")
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
-@click.option("--workers", type=int, default=0, show_default=True,
+@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Ray Train data-parallel workers; 0 trains in this process without Ray.")
-@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
+@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per Ray worker (NCCL); with --workers 0, any value > 0 trains on this machine's GPU.")
 @cluster_options
 @workdir_option
@@ -225,13 +236,13 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @click.option("--dataset", required=True, type=click.Choice(TUNE_DATASETS))
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), help="A prepared data folder.")
 @click.option("--model", "model_kind", type=MODELS, default="iaa", show_default=True)
-@click.option("--num-samples", type=int, default=None, help="Trials [default: per dataset preset].")
-@click.option("--max-concurrent", type=int, default=None, help="Trials at once [default: what the cluster fits].")
-@click.option("--max-epochs", type=float, default=None, help="Epochs per trial [default: per dataset preset].")
+@click.option("--num-samples", type=click.IntRange(min=1), default=None, help="Trials [default: per dataset preset].")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=None, help="Trials at once [default: what the cluster fits].")
+@click.option("--max-epochs", type=_Finite(min=0, min_open=True), default=None, help="Epochs per trial [default: per dataset preset].")
 @click.option("--search-space", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML search space overriding the paper's grid.")
-@click.option("--workers-per-trial", type=int, default=1, show_default=True, help="Ray Train workers per trial.")
-@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True)
+@click.option("--workers-per-trial", type=click.IntRange(min=1), default=1, show_default=True, help="Ray Train workers per trial.")
+@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True)
 @click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler and of the trials.")
 @config_options
@@ -269,8 +280,8 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
               help="Checkpoints to ensemble as they are (repeat the flag, or list them after one flag).")
 @click.argument("more_members", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @data_options
-@click.option("--top-configs", type=int, default=1, show_default=True, help="K best configurations of the sweep.")
-@click.option("--seeds", type=int, default=5, show_default=True, help="N seeds of each configuration.")
+@click.option("--top-configs", type=click.IntRange(min=1), default=1, show_default=True, help="K best configurations of the sweep.")
+@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="N seeds of each configuration.")
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
 @click.option("--p", "top_p", type=float, default=0.5, show_default=True, help="Fraction kept by --select top-p.")
 @click.option("--name", "ensemble_name", help="Ensemble name [default: from the sweep or members].")

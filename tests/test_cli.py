@@ -97,3 +97,15 @@ def test_tune_keeps_an_explicit_max_epochs_even_when_it_equals_the_preset(demo_w
     from_file = tune.TuneRequest(dataset="demo", config_file=config)
     assert tune._base_config(from_file, prepared, preset).train.max_epochs == 4.0
     assert tune._base_config(tune.TuneRequest(dataset="demo"), prepared, preset).train.max_epochs == preset.max_epochs
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["prepare", "--dataset", "demo", "--threads", "-3"], "--threads"),
+    (["tune", "--dataset", "demo", "--max-epochs", "nan"], "--max-epochs"),
+    (["tune", "--dataset", "demo", "--num-samples", "0"], "--num-samples"),
+    (["train", "--dataset", "demo", "--gpus-per-worker", "inf"], "--gpus-per-worker"),
+])
+def test_out_of_range_flags_are_usage_errors_naming_the_flag(args, flag, tmp_path):
+    result = CliRunner().invoke(cli.cli, [*args, "--workdir", str(tmp_path)])
+    assert result.exit_code == 2 and flag in result.output
+    assert not any(tmp_path.iterdir())
