@@ -1,7 +1,8 @@
 """The prepare job: source text -> ``DIR/{manifest.json, vocab.json, <split>/part-*.parquet}``.
 
-Idempotent: when ``DIR``'s manifest records the same source fingerprint and options, nothing is
-done. Output is built in a sibling temporary directory and swapped in when complete, so an
+Idempotent: when ``DIR``'s manifest records the same source fingerprint and options and every
+file in ``DIR`` verifies against it (``iaa.data.verify``), nothing is done; a damaged folder is
+rebuilt. Output is built in a sibling temporary directory and swapped in when complete, so an
 interrupted run never leaves a half-written dataset behind.
 """
 
