@@ -293,8 +293,8 @@ def _split_case_variants(doc_cand: np.ndarray, exact_doc: np.ndarray, doc_offset
     (``tom``) stay with the first. Same rule as for unseen candidates: words decide, not ids.
     """
     rows = row_of(cand_offsets).astype(np.int64)
-    width = int(cand_folded.max(initial=0)) + 1
-    group = rows * width + cand_folded                                   # (sum C,) (example, folded word)
+    width = int(cand_folded.max(initial=0)) + 2
+    group = rows * width + cand_folded + 1                               # (sum C,) (example, folded word or -1)
     uniq, inverse, sizes = np.unique(group, return_inverse=True, return_counts=True)
     shared = (sizes[inverse] > 1) & (cand_folded >= 0) & (cand_exact >= 0)
     if not shared.any():
