@@ -1,7 +1,7 @@
 """Scoring and per-example predictions of a trained reader.
 
 Two distributions are kept apart. Training maximises the paper's unnormalised pointer-sum
-P(a|Q,D) = sum of d_{i,T} over a's positions (eq. 3), whose candidate values add up to at most 1.
+P(a|Q,D) = sum of d_{i,T} over a's positions (eq. 2), whose candidate values add up to at most 1.
 The ``probs`` written here are those pointer-sums renormalised over the candidates: a proper
 distribution with the same argmax, where a candidate absent from the document gets exactly 0.
 """
