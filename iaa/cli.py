@@ -145,13 +145,13 @@ def cli(debug: bool) -> None:
 def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, lowercase: bool | None,
             min_count: int, max_vocab: int | None, threads: int | None, workdir: Path, as_json: bool) -> None:
     """Parse a corpus into Parquet shards, a vocabulary and a manifest."""
+    from iaa.files import ensure_writable
     from iaa.jobs import prepare as job
-    from iaa.jobs.resolve import writable_parent
 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
     out = out or workdir / "data" / dataset
-    writable_parent(out)
+    ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
     result = job.run(dataset, source, out, on_error=on_error, lowercase=lowercase,
                      min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json)
     _emit(result, as_json)

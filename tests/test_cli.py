@@ -9,40 +9,44 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from _cbt_fixtures import write_source
 from _shared import REPO
 from iaa import cli
 from iaa.data.errors import DataError
 
 
 @pytest.fixture(scope="module")
-def demo_workdir(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("cli")
-    result = CliRunner().invoke(cli.cli, ["prepare", "--dataset", "demo", "--workdir", str(workdir), "--json"])
+def prepared(tmp_path_factory) -> Path:
+    """A small prepared CBT-NE folder."""
+    root = tmp_path_factory.mktemp("cli")
+    out = root / "cbt-ne"
+    result = CliRunner().invoke(cli.cli, ["prepare", "--dataset", "cbt-ne", "--source", str(write_source(root)),
+                                          "--out", str(out)])
     assert result.exit_code == 0, result.output
-    return workdir
+    return out
 
 
-def test_a_genuine_bug_keeps_its_traceback(demo_workdir, monkeypatch):
+def test_a_genuine_bug_keeps_its_traceback(prepared, monkeypatch):
     from iaa.jobs import frequency
 
     def broken(*args, **kwargs):
         return {}["accuracy"]  # a KeyError from a bug, not from the user
 
     monkeypatch.setattr(frequency, "run", broken)
-    result = CliRunner().invoke(cli.cli, ["baseline", "--dataset", "demo", "--workdir", str(demo_workdir)])
+    result = CliRunner().invoke(cli.cli, ["baseline", "--data", str(prepared)])
     assert result.exit_code == 1
     assert isinstance(result.exception, KeyError)  # not turned into a click message
     assert "Error:" not in result.output
 
 
-def test_an_expected_error_is_one_line_and_debug_shows_its_traceback(demo_workdir, monkeypatch):
+def test_an_expected_error_is_one_line_and_debug_shows_its_traceback(prepared, monkeypatch):
     from iaa.jobs import frequency
 
     def bad_data(*args, **kwargs):
         raise DataError("row 3: answer index outside its candidates", path="x.parquet")
 
     monkeypatch.setattr(frequency, "run", bad_data)
-    args = ["baseline", "--dataset", "demo", "--workdir", str(demo_workdir)]
+    args = ["baseline", "--data", str(prepared)]
     result = CliRunner().invoke(cli.cli, args)
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
     assert result.output.strip() == "Error: x.parquet: row 3: answer index outside its candidates"
@@ -52,13 +56,13 @@ def test_an_expected_error_is_one_line_and_debug_shows_its_traceback(demo_workdi
     assert isinstance(CliRunner().invoke(cli.cli, args).exception, DataError)
 
 
-def test_traceback_reaches_stderr_in_a_real_process(demo_workdir):
+def test_traceback_reaches_stderr_in_a_real_process(tmp_path):
     """End to end: an injected bug in a job prints a Python traceback and exits 1."""
-    code = ("import sys; from iaa import cli; from iaa.jobs import frequency;"
-            "frequency.run = lambda *a, **k: {}['accuracy']; sys.argv = ['iaa-cli', *sys.argv[1:]]; cli.main()")
-    bug = subprocess.run([sys.executable, "-c", code, "baseline", "--data", str(demo_workdir / "data" / "demo")],
+    code = ("import sys; from iaa import cli; from iaa.jobs import prepare;"
+            "prepare.run = lambda *a, **k: {}['counts']; sys.argv = ['iaa-cli', *sys.argv[1:]]; cli.main()")
+    bug = subprocess.run([sys.executable, "-c", code, "prepare", "--dataset", "demo", "--out", str(tmp_path / "o")],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'accuracy'" in bug.stderr
+    assert bug.returncode == 1 and "Traceback" in bug.stderr and "KeyError: 'counts'" in bug.stderr
 
 
 def test_help_does_not_import_torch():
@@ -85,10 +89,9 @@ def test_every_command_with_json_shares_one_option():
     assert helps == {"Print the result as JSON on the last line."}
 
 
-def test_tune_keeps_an_explicit_max_epochs_even_when_it_equals_the_preset(demo_workdir, tmp_path):
+def test_tune_keeps_an_explicit_max_epochs_even_when_it_equals_the_preset(prepared, tmp_path):
     from iaa.platform import tune
 
-    prepared = demo_workdir / "data" / "demo"
     preset = tune.TUNE_PRESETS["demo"]
     explicit = tune.TuneRequest(dataset="demo", sets=("train.max_epochs=4",))  # the demo preset's own value
     assert tune._base_config(explicit, prepared, preset).train.max_epochs == 4.0

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from _cbt_fixtures import example
+from _cbt_fixtures import example, write_source
 from iaa import cli
 from iaa.data import verify
 from iaa.data.shards import SCHEMA, file_sha256
@@ -31,19 +31,24 @@ TINY = ["--set", "model.embed_dim=16", "--set", "model.hidden_dim=8", "--set", "
 
 
 @pytest.fixture(scope="module")
-def prepared_demo(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("template") / "demo"
-    result = CliRunner().invoke(cli.cli, ["prepare", "--dataset", "demo", "--out", str(out), "--json"])
+def source(tmp_path_factory) -> Path:
+    return write_source(tmp_path_factory.mktemp("source"))
+
+
+@pytest.fixture(scope="module")
+def prepared(source, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("template") / "cbt-ne"
+    result = CliRunner().invoke(cli.cli, ["prepare", "--dataset", "cbt-ne", "--source", str(source), "--out", str(out)])
     assert result.exit_code == 0, result.output
     return out
 
 
 @pytest.fixture
-def data(prepared_demo, tmp_path) -> Path:
-    """A fresh copy of the prepared demo for one test to damage."""
+def data(prepared, tmp_path) -> Path:
+    """A fresh copy of a small prepared dataset for one test to damage."""
     verify.forget()
-    copy = tmp_path / "data" / "demo"
-    shutil.copytree(prepared_demo, copy)
+    copy = tmp_path / "data" / "cbt-ne"
+    shutil.copytree(prepared, copy)
     return copy
 
 
@@ -54,8 +59,10 @@ def invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def rebuilt(data: Path) -> bool:
-    result = CliRunner().invoke(cli.cli, ["prepare", "--dataset", "demo", "--out", str(data), "--json"])
+def rebuilt(data: Path, source: Path) -> bool:
+    """Run prepare as the damage message says; True when it rebuilt ``data``."""
+    args = ["prepare", "--dataset", "cbt-ne", "--source", str(source), "--out", str(data), "--json"]
+    result = CliRunner().invoke(cli.cli, args)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout.splitlines()[-1])["rebuilt"]
 
@@ -91,16 +98,17 @@ def rewrite_shard(data: Path, shard: Path, change) -> None:
 
 # ---- verified data --------------------------------------------------------------------------------
 
-def test_flipped_byte_is_caught_and_prepare_rebuilds_it(data):
+def test_flipped_byte_is_caught_and_prepare_rebuilds_it(data, source):
     shard = first_shard(data)
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     shard.write_bytes(bytes(raw))
     code, out = invoke("baseline", "--data", str(data))
-    assert_one_message(code, out, str(shard), "sha256", "re-run `iaa-cli prepare --dataset demo --out")
-    assert rebuilt(data) is True
+    assert_one_message(code, out, str(shard), "sha256",
+                       f"re-run `iaa-cli prepare --dataset cbt-ne --source {source.resolve()} --out {data}`")
+    assert rebuilt(data, source) is True
     assert invoke("baseline", "--data", str(data))[0] == 0
-    assert rebuilt(data) is False
+    assert rebuilt(data, source) is False
 
 
 def test_zstd_corrupted_shard_of_the_same_size_is_caught(data):
@@ -146,10 +154,10 @@ def test_vocabulary_edited_after_prepare_is_caught(data):
 
 
 @pytest.mark.parametrize("text, what", [("[]", "is not a manifest"), ("{bad", "is not valid JSON")])
-def test_broken_manifest_is_one_message_and_prepare_replaces_it(data, text, what):
+def test_broken_manifest_is_one_message_and_prepare_replaces_it(data, source, text, what):
     (data / "manifest.json").write_text(text)
     assert_one_message(*invoke("baseline", "--data", str(data)), "manifest.json", what, "re-run `iaa-cli prepare")
-    assert rebuilt(data) is True
+    assert rebuilt(data, source) is True
 
 
 def test_an_unchanged_file_is_verified_once_per_process_but_a_change_is_caught(data):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from iaa.data.errors import DataError
 from iaa.errors import IaaError
+from iaa.files import ensure_writable
 from iaa.data.manifest import MANIFEST, rebuild_hint
 from iaa.jobs import config as config_mod
 from iaa.jobs.config import ConfigError, JobConfig
@@ -68,24 +68,7 @@ def run_dir(dataset: str, cfg: JobConfig, given: Path | None, workdir: Path) -> 
 
 def writable_workdir(workdir: Path) -> Path:
     """``workdir``, created if needed; IaaError when it cannot be written."""
-    return writable(workdir, "the workdir", "give a writable --workdir (or IAA_WORKDIR)")
-
-
-def writable_parent(out: Path) -> Path:
-    """Check that the folder ``out`` will be written in can be written; returns ``out``."""
-    writable(Path(out).parent, "the output folder's parent", "give a writable --out or --workdir")
-    return Path(out)
-
-
-def writable(folder: Path, what: str, todo: str) -> Path:
-    folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        raise IaaError(f"{folder}: {what} is not writable ({err.strerror}); {todo}") from None
-    return folder
+    return ensure_writable(workdir, "the workdir", "give a writable --workdir (or IAA_WORKDIR)")
 
 
 def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
