@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -15,11 +16,35 @@ from typing import Any, Callable
 import click
 
 from iaa import __version__
+from iaa.data.datasets import DATASETS, TUNE_DATASETS
 
-DATASETS = ("demo", "cbt-ne", "cbt-cn", "cbt-v", "cbt-p", "cnn")
-TUNE_DATASETS = ("demo", "cbt-ne", "cbt-cn", "cnn")
-MODELS = ("iaa", "iaa-fixed-query", "as-reader")
 DEFAULT_WORKDIR = "iaa-work"
+
+
+class _ModelKinds(click.Choice):
+    """``click.Choice`` of ``iaa.model.config.MODEL_KINDS``, read on first use (the model package imports torch)."""
+
+    def __init__(self) -> None:
+        self.case_sensitive = True
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        from iaa.model.config import MODEL_KINDS
+
+        return MODEL_KINDS
+
+
+MODELS = _ModelKinds()
+
+
+class _Finite(click.FloatRange):
+    """``click.FloatRange`` that also refuses nan and inf."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:
@@ -31,21 +56,34 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
             click.echo(f"{key}: {value}")
 
 
+def _debug(ctx: click.Context | None) -> bool:
+    root = ctx.find_root() if ctx is not None else None
+    flag = bool(root.params.get("debug")) if root is not None and root.params else False
+    return flag or os.environ.get("IAA_DEBUG", "") not in ("", "0")
+
+
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the errors users cause (bad data, bad config, missing files) into clear exits."""
+    """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file) as one line.
+
+    Anything else is a bug and keeps its traceback; ``--debug`` or ``IAA_DEBUG=1`` keeps it for all.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from iaa.errors import IaaError
-        from iaa.jobs.config import ConfigError
 
         try:
             return fn(*args, **kwargs)
-        except (IaaError, ConfigError, FileNotFoundError, ValueError, KeyError) as err:
-            message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-            raise click.ClickException(str(message)) from err
+        except IaaError as err:
+            if _debug(click.get_current_context(silent=True)):
+                raise
+            raise click.ClickException(str(err)) from err
 
     return wrapper
+
+
+def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")(fn)
 
 
 def workdir_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -85,7 +123,8 @@ def _need_data(dataset: str | None, data: Path | None) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="iaa-cli")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of every error (also: IAA_DEBUG=1).")
+def cli(debug: bool) -> None:
     """Iterative Alternating Attention reader: prepare, train, evaluate, tune and ensemble."""
 
 
@@ -97,52 +136,62 @@ def cli() -> None:
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="fail: stop at the first bad example. skip: skip bad examples, count them and report the count.")
 @click.option("--lowercase/--no-lowercase", default=None, help="Lowercase tokens [default: per dataset].")
-@click.option("--min-count", type=int, default=1, show_default=True, help="Drop training words seen fewer times.")
-@click.option("--max-vocab", type=int, default=None, help="Keep at most this many words (by frequency).")
-@click.option("--threads", type=int, default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
+@click.option("--min-count", type=click.IntRange(min=1), default=1, show_default=True, help="Drop training words seen fewer times.")
+@click.option("--max-vocab", type=click.IntRange(min=4), default=None, help="Keep at most this many words (by frequency).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
 @workdir_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
+@json_option
 @_friendly
 def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, lowercase: bool | None,
             min_count: int, max_vocab: int | None, threads: int | None, workdir: Path, as_json: bool) -> None:
     """Parse a corpus into Parquet shards, a vocabulary and a manifest."""
+    from iaa.files import ensure_writable
     from iaa.jobs import prepare as job
 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
-    result = job.run(dataset, source, out or workdir / "data" / dataset, on_error=on_error, lowercase=lowercase,
+    out = out or workdir / "data" / dataset
+    ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
+    result = job.run(dataset, source, out, on_error=on_error, lowercase=lowercase,
                      min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json)
     _emit(result, as_json)
 
 
 @cli.command()
 @data_options
-@click.option("--model", "model_kind", type=click.Choice(MODELS), help="Reader variant [default: from config, iaa].")
+@click.option("--model", "model_kind", type=MODELS, help="Reader variant [default: from config, iaa].")
 @config_options
 @click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/DATASET-MODEL-seedN]")
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
-@click.option("--workers", type=int, default=0, show_default=True,
+@click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
+@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Ray Train data-parallel workers; 0 trains in this process without Ray.")
-@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
+@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per Ray worker (NCCL); with --workers 0, any value > 0 trains on this machine's GPU.")
 @cluster_options
 @workdir_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
+@json_option
 @_friendly
 def train(dataset: str | None, data: Path | None, model_kind: str | None, config_file: Path | None,
-          sets: tuple[str, ...], run_dir: Path | None, resume: bool, workers: int, gpus_per_worker: float,
-          tracking_uri: str | None, address: str | None, storage_path: str | None, workdir: Path, as_json: bool) -> None:
+          sets: tuple[str, ...], run_dir: Path | None, resume: bool, overwrite: bool, workers: int,
+          gpus_per_worker: float, tracking_uri: str | None, address: str | None, storage_path: str | None,
+          workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import resolve
-    from iaa.platform import train as platform_train
+    from iaa.jobs import resolve, rundir
 
     _need_data(dataset, data)
+    if resume and overwrite:
+        raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
+    resolve.writable_workdir(workdir)
+    resolve.tracking_store(tracking_uri, workdir)
     name, prepared = resolve.data_dir(dataset, data, workdir)
     cfg = resolve.job_config(name, prepared, model_kind=model_kind, config_file=config_file, sets=sets)
-    run_dir = run_dir or workdir / "runs" / f"{name}-{cfg.model.kind}-seed{cfg.train.seed}"
-    result = platform_train.run(cfg, prepared, run_dir, resume=resume, workers=workers,
-                                gpus_per_worker=gpus_per_worker, workdir=workdir, tracking_uri=tracking_uri,
-                                address=address, storage_path=storage_path, show_progress=not as_json)
+    with rundir.claim(resolve.run_dir(name, cfg, run_dir, workdir), resume=resume, overwrite=overwrite) as folder:
+        from iaa.platform import train as platform_train
+
+        result = platform_train.run(cfg, prepared, folder, resume=resume, workers=workers,
+                                    gpus_per_worker=gpus_per_worker, workdir=workdir, tracking_uri=tracking_uri,
+                                    address=address, storage_path=storage_path, show_progress=not as_json)
     _emit(result, as_json)
 
 
@@ -152,7 +201,7 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
 @click.option("--split", required=True, type=click.Choice(["train", "valid", "test"]))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Predictions Parquet file.")
 @workdir_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
+@json_option
 @_friendly
 def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, split: str, out: Path | None,
              workdir: Path, as_json: bool) -> None:
@@ -172,7 +221,7 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, split: st
 @data_options
 @click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
 @workdir_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
+@json_option
 @_friendly
 def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, as_json: bool) -> None:
     """Accuracy of the most-frequent-candidate baseline on a split."""
@@ -186,14 +235,14 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @cli.command()
 @click.option("--dataset", required=True, type=click.Choice(TUNE_DATASETS))
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), help="A prepared data folder.")
-@click.option("--model", "model_kind", type=click.Choice(MODELS), default="iaa", show_default=True)
-@click.option("--num-samples", type=int, default=None, help="Trials [default: per dataset preset].")
-@click.option("--max-concurrent", type=int, default=None, help="Trials at once [default: what the cluster fits].")
-@click.option("--max-epochs", type=float, default=None, help="Epochs per trial [default: per dataset preset].")
+@click.option("--model", "model_kind", type=MODELS, default="iaa", show_default=True)
+@click.option("--num-samples", type=click.IntRange(min=1), default=None, help="Trials [default: per dataset preset].")
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=None, help="Trials at once [default: what the cluster fits].")
+@click.option("--max-epochs", type=_Finite(min=0, min_open=True), default=None, help="Epochs per trial [default: per dataset preset].")
 @click.option("--search-space", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML search space overriding the paper's grid.")
-@click.option("--workers-per-trial", type=int, default=1, show_default=True, help="Ray Train workers per trial.")
-@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True)
+@click.option("--workers-per-trial", type=click.IntRange(min=1), default=1, show_default=True, help="Ray Train workers per trial.")
+@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True)
 @click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL-<short id>, new for every sweep].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler and of the trials.")
 @config_options
@@ -201,7 +250,7 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @cluster_options
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[NAME]",
               help="Continue the interrupted sweep NAME (or --name; alone: the latest of this dataset and model).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
+@json_option
 @_friendly
 def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | None, max_concurrent: int | None,
          max_epochs: float | None, search_space: Path | None, workers_per_trial: int, gpus_per_worker: float,
@@ -209,6 +258,10 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
          tracking_uri: str | None, address: str | None, storage_path: str | None, resume: str | None,
          as_json: bool) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
+    from iaa.jobs import resolve
+
+    resolve.writable_workdir(workdir)
+    resolve.tracking_store(tracking_uri, workdir)
     from iaa.platform import tune as job
 
     if resume and sweep_name and resume != sweep_name:
@@ -233,29 +286,33 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
               help="Checkpoints to ensemble as they are (repeat the flag, or list them after one flag).")
 @click.argument("more_members", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @data_options
-@click.option("--top-configs", type=int, default=1, show_default=True, help="K best configurations of the sweep.")
-@click.option("--seeds", type=int, default=5, show_default=True, help="N seeds of each configuration.")
+@click.option("--top-configs", type=click.IntRange(min=1), default=1, show_default=True, help="K best configurations of the sweep.")
+@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="N seeds of each configuration.")
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
 @click.option("--p", "top_p", type=float, default=0.5, show_default=True, help="Fraction kept by --select top-p.")
 @click.option("--name", "ensemble_name", help="Ensemble name [default: from the sweep or members].")
-@click.option("--workers", "workers_per_trial", type=int, default=1, show_default=True,
+@click.option("--workers", "workers_per_trial", type=click.IntRange(min=1), default=1, show_default=True,
               help="Ray Train workers for each member that must be trained.")
-@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
+@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
 @workdir_option
 @cluster_options
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
+@json_option
 @_friendly
 def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[Path, ...], dataset: str | None,
              data: Path | None, top_configs: int, seeds: int, select: str, top_p: float, ensemble_name: str | None,
              workers_per_trial: int, gpus_per_worker: float, workdir: Path, tracking_uri: str | None,
              address: str | None, storage_path: str | None, as_json: bool) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
-    from iaa.platform import ensemble as job
+    from iaa.jobs import resolve
 
-    members = tuple(members) + tuple(more_members)
+    members = resolve.distinct_members(tuple(members) + tuple(more_members))
     if (sweep is None) == (not members):
         raise click.UsageError("give exactly one of --sweep NAME or --members CKPT ...")
+    resolve.writable_workdir(workdir)
+    resolve.tracking_store(tracking_uri, workdir)
+    from iaa.platform import ensemble as job
+
     if not 0 < top_p <= 1:
         raise click.UsageError("--p must be in (0, 1]")
     result = job.run(
@@ -270,11 +327,11 @@ def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[P
 
 
 @cli.command()
-@click.option("--model", "model_kind", type=click.Choice(MODELS), default="iaa", show_default=True)
+@click.option("--model", "model_kind", type=MODELS, default="iaa", show_default=True)
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a model field (d, h, s, T ... as model.embed_dim=256) or bench.batch_size=64.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
+@json_option
 @_friendly
 def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) -> None:
     """Time training steps and inference on the CBT-NE-shaped workload at the paper config."""

@@ -1,4 +1,4 @@
-"""Small file-system helpers shared by every layer: atomic writes and remote-URI detection."""
+"""Small file-system helpers shared by every layer: atomic writes, writable folders, remote-URI detection."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
+
+from iaa.errors import IaaError
 
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "abfs://", "abfss://", "az://", "hdfs://", "viewfs://")
 
@@ -44,3 +46,15 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object]) 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def ensure_writable(folder: str | os.PathLike[str], what: str, todo: str) -> Path:
+    """``folder``, created if needed; IaaError saying ``what`` it is and ``todo`` when it cannot be written."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise IaaError(f"{folder}: {what} is not writable ({err.strerror}); {todo}") from None
+    return folder

@@ -20,3 +20,14 @@ def example(*, query: str = "then XXXXX sat down .", answer: str = "Anna", cands
 
 def doc_tokens(context: list[str] | None = None) -> tuple[str, ...]:
     return tuple(w for s in (context or sentences()) for w in s.split())
+
+
+def write_source(folder, *, train: int = 40, valid: int = 10):
+    """A small CBTest folder (``folder/CBTest``) of valid NE examples whose answers vary; returns it."""
+    from pathlib import Path
+
+    data = Path(folder) / "CBTest" / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for name, n in (("cbtest_NE_train.txt", train), ("cbtest_NE_valid_2000ex.txt", valid)):
+        (data / name).write_text("".join(example(answer=CANDS[i % len(CANDS)]) for i in range(n)), encoding="utf-8")
+    return data.parent

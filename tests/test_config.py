@@ -51,3 +51,68 @@ def test_presets_follow_the_paper_check_interval() -> None:
     assert for_dataset("cbt-ne").train.check_every == 2000
     assert for_dataset("cnn").train.check_every == 5000
     assert for_dataset("cbt-cn", "as-reader").model.kind == "as-reader"
+
+
+def test_presets_cover_every_dataset_and_train_max_epochs_takes_a_fraction() -> None:
+    from iaa.data.datasets import DATASETS
+    from iaa.jobs.presets import DATASET_PRESETS
+
+    assert tuple(DATASET_PRESETS) == DATASETS
+    for name in DATASETS:
+        assert C.load(for_dataset(name), None, ["train.max_epochs=0.5"]).train.max_epochs == 0.5
+
+
+def _sample(declared: type, current: object) -> object:
+    """A value of the declared type that differs from ``current`` and passes range checks."""
+    import typing
+
+    if typing.get_origin(declared) is typing.Literal:
+        return next(v for v in typing.get_args(declared) if v != current)
+    return {bool: not current, int: int(current) + 1, float: float(current) * 0.5 + 0.25,
+            str: f"{current}x"}[declared]
+
+
+@pytest.mark.parametrize("dataset", ["demo", "cbt-ne", "cbt-cn", "cbt-v", "cbt-p", "cnn"])
+def test_every_key_of_every_preset_takes_a_value_of_its_declared_type(dataset: str) -> None:
+    base = for_dataset(dataset)
+    for section in ("model", "train"):
+        sub = getattr(base, section)
+        for key, declared in C.field_types(sub).items():
+            value = _sample(declared, getattr(sub, key))
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            cfg = C.load(base, None, [f"{section}.{key}={text}"])
+            assert getattr(getattr(cfg, section), key) == value, (section, key)
+            assert type(getattr(getattr(cfg, section), key)) is type(value)
+
+
+@pytest.mark.parametrize("item, bound", [
+    ("train.check_every=-5", ">= 0"), ("train.lr_decay=0", "in (0, 1]"), ("train.threads=-3", ">= 0"),
+    ("train.max_minutes=-1", ">= 0"), ("train.max_epochs=nan", "> 0"), ("train.lr=inf", "> 0"),
+    ("train.patience=0", ">= 1"), ("train.clip=0", "> 0"), ("model.steps=0", ">= 1"),
+])
+def test_out_of_range_settings_are_rejected_naming_the_key(item: str, bound: str) -> None:
+    key = item.split("=")[0]
+    with pytest.raises(C.ConfigError) as info:
+        C.load(for_dataset("cbt-ne"), None, [item])
+    assert str(info.value).startswith(f"{key} must be {bound}")
+
+
+def test_model_kind_must_be_one_of_the_declared_kinds() -> None:
+    with pytest.raises(C.ConfigError, match="model.kind: expected one of"):
+        C.load(C.JobConfig(), None, ["model.kind=transformer"])
+
+
+def test_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("train:\n  lr: 0.1\n  seed: [1, 2\nmodel: {}\n")
+    with pytest.raises(C.ConfigError, match=r"broken.yaml, line \d+: not valid YAML"):
+        C.load(C.JobConfig(), path)
+
+
+def test_chosen_keys_lists_what_the_user_gave_whatever_the_value(tmp_path: Path) -> None:
+    from iaa.jobs.resolve import chosen_keys
+
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  max_epochs: 10\nmodel:\n  steps: 8\n")
+    assert chosen_keys(path, ["train.lr=1e-3"]) == {"train.max_epochs", "model.steps", "train.lr"}
+    assert chosen_keys(None) == set()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -145,5 +147,71 @@ def test_find_files_by_official_names(tmp_path):
         cbt.find_files(tmp_path / "CBTest", "V")
 
 
-def test_sentences_fixture_names_every_candidate():
-    assert set(CANDS) <= set(doc_tokens(sentences()))
+def test_every_candidate_of_the_fixture_is_located_in_its_document(tmp_path):
+    """Each of the ten candidates gets the document positions where its word stands."""
+    chunk = cbt.read(write(tmp_path, example()))
+    doc = doc_tokens(sentences())
+    for slot, name in enumerate(CANDS):
+        assert [i for i, c in enumerate(chunk.doc_cand.tolist()) if c == slot] == [
+            i for i, w in enumerate(doc) if w == name]
+
+
+RECON = "cbt-recon/CBTest/data"
+
+
+def _recon_example(name: str, line21: int) -> str:
+    """The 21 lines of one cbt-recon example that ends at file line ``line21``."""
+    path = require_shared(f"{RECON}/{name}")
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = list(itertools.islice(f, line21 - 21, line21))
+    return "".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("name, line21, answer, other", [
+    ("cbtest_NE_train.txt.gz", 20525, "Tom", "TOM"),
+    ("cbtest_NE_valid_2000ex.txt", 373, "Jack", "JACK"),
+])
+def test_lowercase_keeps_candidates_that_differ_only_in_case_apart(tmp_path, name, line21, answer, other):
+    """Real cbt-recon examples whose candidates include both ``TOM`` and ``Tom``: folding case must not merge them."""
+    path = write(tmp_path, _recon_example(name, line21))
+    exact, folded = cbt.read(path), cbt.read(path, lowercase=True)
+    (ex,) = folded.examples()
+    assert ex.answer == answer and {answer, other} <= set(ex.candidates)
+    assert folded.answer.tolist() == exact.answer.tolist()
+    doc = exact.examples()[0].doc
+    slot, other_slot = ex.candidates.index(answer), ex.candidates.index(other)
+    marks = folded.doc_cand.tolist()
+    assert [i for i, c in enumerate(marks) if c == slot] == [i for i, w in enumerate(doc) if w == answer]
+    assert [i for i, c in enumerate(marks) if c == other_slot] == [i for i, w in enumerate(doc) if w.lower() == other.lower() and w != answer]
+
+
+@pytest.mark.slow
+def test_lowercase_drops_no_cbt_recon_ne_question(tmp_path):
+    """All 108,719 train and 2,000 valid NE questions survive --lowercase (590 and 54 were dropped before)."""
+    from iaa.jobs import prepare
+
+    source = require_shared("cbt-recon/CBTest")
+    result = prepare.run("cbt-ne", source, tmp_path / "ne", on_error="skip", lowercase=True, progress=False)
+    assert result["counts"] == {"train": 108719, "valid": 2000}
+    assert result["skipped"] == {"train": 0, "valid": 0}
+
+
+def test_case_variants_not_spelled_like_any_candidate_go_to_the_first_one(tmp_path):
+    context = sentences()
+    context[0] = "TOM and Tom and tom met ."
+    path = write(tmp_path, example(context=context, answer="Tom", cands=("TOM", "Tom") + CANDS[2:]))
+    chunk = cbt.read(path, lowercase=True)
+    assert chunk.doc_cand.tolist()[:6] == [0, -1, 1, -1, 0, -1]
+
+
+def test_query_with_two_placeholders_and_duplicate_candidates_are_errors(tmp_path):
+    two = example(query="XXXXX saw XXXXX .")
+    dup = example(cands=CANDS[:9] + ("Anna",))
+    for text, reason, what in ((two, E.MANY_PLACEHOLDERS, "2 XXXXX placeholders"),
+                               (dup, E.DUPLICATE_CANDIDATE, "['Anna'] listed more than once")):
+        path = write(tmp_path, example() + text)
+        with pytest.raises(DataError, match=re.escape(what)) as info:
+            cbt.read(path)
+        assert (info.value.reason, info.value.line) == (reason, 43)
+        assert dict(cbt.read(path, on_error="skip").skipped) == {reason: 1}

@@ -172,9 +172,9 @@ def test_cnn_prepare_keeps_entities_and_placeholder(tmp_path):
 
 
 def test_bad_arguments(tmp_path):
-    with pytest.raises(ValueError, match="dataset"):
+    with pytest.raises(DataError, match="dataset"):
         prepare.run("squad", None, tmp_path / "o")
-    with pytest.raises(ValueError, match="on_error"):
+    with pytest.raises(DataError, match="on_error"):
         prepare.run("demo", None, tmp_path / "o", on_error="ignore")
     with pytest.raises(DataError, match="needs --source"):
         prepare.run("cbt-ne", None, tmp_path / "o")

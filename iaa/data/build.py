@@ -16,8 +16,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from iaa.data import errors as E
 from iaa.data import manifest as M
+from iaa.data.errors import DataError
 from iaa.data.parsed import MAX_MESSAGES, ParsedChunk
 from iaa.data.shards import chunk_ids, length_histogram, to_table, write_part
 from iaa.data.vocab import Vocab
@@ -57,12 +61,14 @@ def build(out: Path, sources: list[SplitSource], vocab_opts: VocabOptions, *,
     Raises the first DataError of the sources (in file order) unless their tasks skip bad examples.
     """
     if not any(s.split == "train" for s in sources):
-        raise ValueError("a dataset needs a train split: the vocabulary is built from it")
+        raise DataError("the source has no train split, and the vocabulary is built from it",
+                        reason=E.MISSING_SOURCE)
     out.mkdir(parents=True, exist_ok=True)
     bar = _progress(progress)
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
         try:
             parsed = _parse_all(pool, sources, bar)
+            _check_unique_ids(parsed)
             train = parsed["train"]
             vocab = Vocab.build(((c.words, c.word_counts) for c in train), placeholder=vocab_opts.placeholder,
                                 min_count=vocab_opts.min_count, max_size=vocab_opts.max_size,
@@ -112,6 +118,22 @@ def _parse_all(pool: ThreadPoolExecutor, sources: list[SplitSource], bar) -> dic
         if failed:
             break
     return {split: [f.result() for f in fs] for split, fs in futures.items()}  # raises the first error in order
+
+
+def _check_unique_ids(parsed: dict[str, list[ParsedChunk]]) -> None:
+    """Raise DataError when two examples share an id (the same file twice, or in two splits)."""
+    ids = [c.example_ids for cs in parsed.values() for c in cs if len(c)]
+    if not ids:
+        return
+    counts = pc.value_counts(pa.chunked_array(ids, pa.string()))
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        first = repeated.field("values")[0].as_py()
+        where = [split for split, cs in parsed.items() for c in cs
+                 for _ in range(pc.sum(pc.equal(c.example_ids, first)).as_py() or 0)]
+        raise DataError(f"example id {first!r} occurs {len(where)} times (in {', '.join(where)}); "
+                        f"{len(repeated)} id(s) repeat: is a question file in the source twice?",
+                        reason=E.DUPLICATE_ID)
 
 
 def _parts(chunks: list[ParsedChunk]) -> Iterator[tuple[str, list[ParsedChunk]]]:

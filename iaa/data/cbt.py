@@ -229,6 +229,11 @@ def _check_structure(lines: _Lines, raw: RawChunk, errs: list[DataError]):
     filled = ~lines.blank
     run_start = filled & np.concatenate([[True], lines.blank[:-1]])
     group_first = np.flatnonzero(run_start)
+    if not len(group_first):  # nothing but blank lines
+        if raw.first_line == 1 and raw.is_last:
+            errs.append(DataError("holds no example, only blank lines" if n else "is empty", path=raw.path,
+                                  reason=E.MISSING_LINE))
+        return group_first, group_first, np.zeros(0, dtype=bool), []
     gid = np.cumsum(run_start) - 1
     size = np.bincount(gid[filled], minlength=len(group_first))
     pos = np.arange(n) - group_first[np.maximum(gid, 0)]

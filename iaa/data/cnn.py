@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import re
 import tarfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator
 
@@ -146,7 +147,10 @@ def iter_files(found: Path, split: str) -> Iterator[tuple[str, bytes]]:
         return
     folder = next(f for f, s in FOLDERS.items() if s == split)
     for p in sorted((found / folder).glob("*.question")):
-        yield str(p.relative_to(found.parent)), p.read_bytes()
+        name = str(p.relative_to(found.parent))
+        if not p.is_file():
+            raise DataError("is named like a question file but is not a file", path=p, reason=E.MISSING_FIELD)
+        yield name, p.read_bytes()
 
 
 def _tasks(found: Path, split: str, parse: Callable) -> Iterator[Callable[[], ParsedChunk]]:
@@ -165,16 +169,36 @@ def _scan_tgz(path: Path, *, read: bool) -> Iterator[tuple[str, str, bytes]]:
 
     Raises DataError for a member that is a link, absolute, or climbs out with ``..``.
     """
-    with tarfile.open(path, mode="r:*") as tar:
-        for member in tar:
-            _check_member(path, member)
-            parts = PurePosixPath(member.name).parts
-            if not member.isfile() or not member.name.endswith(".question") or len(parts) < 3:
-                continue
-            if parts[-3] != "questions" or parts[-2] not in FOLDERS:
-                continue
-            data = tar.extractfile(member).read() if read else b""  # type: ignore[union-attr]
-            yield FOLDERS[parts[-2]], member.name, data
+    try:
+        with tarfile.open(path, mode="r:*") as tar:
+            for member in tar:
+                _check_member(path, member)
+                parts = PurePosixPath(member.name).parts
+                if not member.isfile() or not member.name.endswith(".question") or len(parts) < 3:
+                    continue
+                if parts[-3] != "questions" or parts[-2] not in FOLDERS:
+                    continue
+                data = tar.extractfile(member).read() if read else b""  # type: ignore[union-attr]
+                yield FOLDERS[parts[-2]], member.name, data
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise DataError(f"{_archive_problem(path, err)}; download the archive again, or give the extracted "
+                        "folder holding questions/", path=path, reason=E.MISSING_SOURCE) from None
+
+
+def _archive_problem(path: Path, err: Exception) -> str:
+    """What is wrong with an archive that tarfile could not read, in one line."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if not head:
+        return "is empty"
+    if path.name.endswith(("gz", ".tgz")) and head != b"\x1f\x8b":
+        return "is not gzip-compressed (a .tgz is a gzip-compressed tar archive)"
+    if isinstance(err, (EOFError, zlib.error)) or "unexpected end" in first or "truncated" in first:
+        return "ends early (an incomplete download?)"
+    return f"is not a readable tar archive ({first})"
 
 
 def _check_member(archive: Path, member: tarfile.TarInfo) -> None:

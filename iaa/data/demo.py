@@ -30,9 +30,8 @@ Deterministic: split ``s`` of seed ``k`` is drawn from ``random.Random(f"{k}-{s}
 from __future__ import annotations
 
 import random
-from collections import Counter
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from iaa.data.parsed import ClozeExample
 
@@ -160,14 +159,3 @@ def fingerprint(seed: int | None = None, sizes: dict[str, int] | None = None) ->
     """What identifies the generated source: generator version, seed and sizes (default: SEED, SIZES)."""
     seed, sizes = (SEED if seed is None else seed), (SIZES if sizes is None else sizes)
     return {"generator": f"iaa.data.demo v{VERSION}", "seed": seed, "sizes": dict(sizes)}
-
-
-def frequency_baseline(examples: Iterable[ClozeExample]) -> float:
-    """Accuracy of answering the candidate named most often in the document (ties: first in order)."""
-    correct = total = 0
-    for ex in examples:
-        counts = Counter(ex.doc)
-        best = max(ex.candidates, key=lambda c: counts[c])  # max keeps the first of equals
-        correct += best == ex.answer
-        total += 1
-    return correct / max(total, 1)

@@ -13,9 +13,13 @@ NO_PLACEHOLDER = "no_placeholder"
 NOT_UTF8 = "not_utf8"
 UNSAFE_ARCHIVE = "unsafe_archive"
 MISSING_SOURCE = "missing_source"
+MANY_PLACEHOLDERS = "many_placeholders"
+DUPLICATE_CANDIDATE = "duplicate_candidate"
+DUPLICATE_ID = "duplicate_id"
 
 REASONS: tuple[str, ...] = (
     MISSING_LINE, MISSING_FIELD, ANSWER_NOT_CANDIDATE, ANSWER_NOT_IN_DOCUMENT, NO_PLACEHOLDER, NOT_UTF8,
+    MANY_PLACEHOLDERS, DUPLICATE_CANDIDATE, DUPLICATE_ID,
 )
 
 

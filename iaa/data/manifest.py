@@ -1,16 +1,20 @@
 """``manifest.json``: what a prepared dataset holds, and whether it is still current.
 
 A prepared directory is current when its manifest has this schema version, the same dataset,
-options and source fingerprint, and every shard it lists is present with its recorded size.
+options and source fingerprint, and every shard it lists is present with its recorded size;
+``iaa.data.verify`` then checks the shards' contents.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable
+
+from iaa.data import errors as E
+from iaa.data.errors import DataError
+from iaa.files import atomic_write_text
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -36,19 +40,42 @@ def digest(obj: Any) -> str:
 
 
 def read(out: Path) -> dict[str, Any] | None:
+    """The manifest of ``out``; None when there is none. Raises DataError when it is not a manifest."""
     path = Path(out) / MANIFEST
     if not path.is_file():
+        if path.exists():
+            raise DataError(f"is not a file; {rebuild_hint(Path(out), None)}", path=path, reason=E.MISSING_SOURCE)
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        manifest = None
+    except ValueError as err:
+        raise DataError(f"is not valid JSON ({err}); {rebuild_hint(Path(out), None)}", path=path,
+                        reason=E.MISSING_SOURCE) from None
+    if not isinstance(manifest, dict) or "dataset" not in manifest:
+        raise DataError(f"is not a manifest (expected a JSON object with a dataset and its splits); "
+                        f"{rebuild_hint(Path(out), None)}", path=path, reason=E.MISSING_SOURCE)
+    return manifest
+
+
+def rebuild_hint(out: Path, manifest: dict[str, Any] | None) -> str:
+    """What to do about a damaged prepared folder: the ``iaa-cli prepare`` command that rebuilds it."""
+    manifest = manifest or {}
+    dataset = manifest.get("dataset", "DATASET")
+    source = "" if dataset == "demo" else f" --source {manifest.get('source_path', 'SOURCE')}"
+    options = manifest.get("options") or {}
+    flags = "".join([
+        " --lowercase" if options.get("lowercase") else "",
+        " --on-error skip" if options.get("on_error") == "skip" else "",
+        f" --min-count {options['min_count']}" if options.get("min_count", 1) != 1 else "",
+        f" --max-vocab {options['max_vocab']}" if options.get("max_vocab") else "",
+    ])
+    return f"re-run `iaa-cli prepare --dataset {dataset}{source} --out {out}{flags}` to rebuild it"
 
 
 def write(out: Path, manifest: dict[str, Any]) -> None:
-    tmp = Path(out) / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, Path(out) / MANIFEST)
+    atomic_write_text(Path(out) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
 
 
 def is_current(out: Path, *, dataset: str, source: dict[str, Any], options: dict[str, Any]) -> dict[str, Any] | None:

@@ -148,25 +148,39 @@ def assemble(
             among the candidates (CNN words this differently from CBT).
     """
     n = len(answers)
+    exact_words, exact_doc = words, doc
     if lowercase:  # fold the distinct words, then remap every token through them
         folded = pc.dictionary_encode(match_keys(words, True, placeholder))
         remap = folded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
         doc, query, words = remap[doc], remap[query], folded.dictionary
     cand_keys = match_keys(cand_words, lowercase, placeholder)
-    cand_local = pc.fill_null(pc.index_in(cand_keys, value_set=words), -1).to_numpy().astype(np.int32)
+    cand_local = _lookup(cand_keys, words)                                       # (sum C,) -1: not in any text
 
     answer = _answer_index(cand_words, cand_offsets, answers)                    # (E,)
-    doc_cand, answer_in_doc = _doc_candidates(doc, doc_offsets, cand_local, cand_offsets, answer, len(words))
+    doc_cand = _doc_candidates(doc, doc_offsets, cand_local, cand_offsets, len(words))
+    if lowercase:
+        doc_cand = _split_case_variants(doc_cand, exact_doc, doc_offsets, _lookup(cand_words, exact_words),
+                                        cand_local, cand_offsets, len(exact_words))
+    answer_in_doc = _answer_in_doc(doc_cand, doc_offsets, answer)
     ph = pc.index(words, placeholder).as_py()
-    query_has_ph = np.zeros(n, dtype=bool)
-    query_has_ph[np.searchsorted(query_offsets, np.flatnonzero(query == ph), side="right") - 1] = True
+    placeholders = np.bincount(np.searchsorted(query_offsets, np.flatnonzero(query == ph), side="right") - 1,
+                               minlength=n)[:n]                                  # (E,) placeholders per query
+    duplicate = _duplicate_candidates(cand_words, cand_offsets)                  # (E,) bool
 
-    bad_rows = np.flatnonzero(~query_has_ph | (answer < 0) | ~answer_in_doc)
+    bad_rows = np.flatnonzero((placeholders != 1) | duplicate | (answer < 0) | ~answer_in_doc)
     errs: list[DataError] = []
     for i in bad_rows.tolist():
         path, line = where(i)
-        if not query_has_ph[i]:
+        if placeholders[i] == 0:
             errs.append(DataError(f"the query has no {placeholder} placeholder", path=path, line=line, reason=E.NO_PLACEHOLDER))
+        elif placeholders[i] > 1:
+            errs.append(DataError(f"the query has {placeholders[i]} {placeholder} placeholders; a cloze query has one",
+                                  path=path, line=line, reason=E.MANY_PLACEHOLDERS))
+        elif duplicate[i]:
+            cands = cand_words[cand_offsets[i]:cand_offsets[i + 1]].to_pylist()
+            twice = sorted({c for c in cands if cands.count(c) > 1})
+            errs.append(DataError(f"candidate(s) {twice} listed more than once in {cands}",
+                                  path=path, line=line, reason=E.DUPLICATE_CANDIDATE))
         elif answer[i] < 0:
             if answer_kind is not None:
                 reason, what = answer_kind(i)
@@ -206,24 +220,46 @@ def _answer_index(cand_words: pa.Array, cand_offsets: np.ndarray, answers: pa.Ar
     return first.astype(np.int32)
 
 
+def _lookup(keys: pa.Array, words: pa.Array) -> np.ndarray:
+    """(n,) int32 index of each key in ``words``, -1 where absent."""
+    return pc.fill_null(pc.index_in(keys, value_set=words), -1).to_numpy().astype(np.int32)
+
+
+def _duplicate_candidates(cand_words: pa.Array, cand_offsets: np.ndarray) -> np.ndarray:
+    """(E,) bool: the example lists one spelling twice among its candidates."""
+    n = len(cand_offsets) - 1
+    if not len(cand_words):
+        return np.zeros(n, dtype=bool)
+    code = pc.dictionary_encode(cand_words).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = row_of(cand_offsets).astype(np.int64)
+    pairs = np.unique(rows * (int(code.max()) + 1) + code)
+    return np.bincount(pairs // (int(code.max()) + 1), minlength=n)[:n] < np.diff(cand_offsets)
+
+
+def _answer_in_doc(doc_cand: np.ndarray, doc_offsets: np.ndarray, answer: np.ndarray) -> np.ndarray:
+    """(E,) bool: some document token of the example is its answer candidate."""
+    n = len(doc_offsets) - 1
+    rows = row_of(doc_offsets)
+    hit = (doc_cand >= 0) & (doc_cand == answer[rows]) if len(rows) else np.zeros(0, bool)
+    return np.bincount(rows[hit], minlength=n)[:n] > 0
+
+
 TABLE_CELLS = 1 << 24  # (rows x distinct candidate words) per lookup table, ~16 MB
 
 
 def _doc_candidates(doc: np.ndarray, doc_offsets: np.ndarray, cand_local: np.ndarray, cand_offsets: np.ndarray,
-                    answer: np.ndarray, n_words: int) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate index of each document token, from word indices; and whether each answer occurs.
+                    n_words: int) -> np.ndarray:
+    """(sum Ld,) int16 candidate index of each document token (-1: none), from word indices.
 
-    Returns ((sum Ld,) int16 candidate index or -1, (E,) bool answer found in its document).
     Works on words, not vocabulary ids, so two candidates unseen in training stay apart.
-    When folding case merges two candidates, the first one in file order gets the positions.
+    When two candidates share a word (case folded), the first one in file order gets the positions.
     A dense (example, candidate word) -> slot table answers each token with one lookup.
     """
     n = len(doc_offsets) - 1
     out = np.full(len(doc), -1, dtype=np.int16)
-    answer_in_doc = np.zeros(n, dtype=bool)
     ok = cand_local >= 0
     if n == 0 or not ok.any():
-        return out, answer_in_doc
+        return out
     rows = row_of(cand_offsets)[ok]
     slots = (np.arange(len(cand_local)) - cand_offsets[row_of(cand_offsets)])[ok]
     uniq = np.unique(cand_local[ok])
@@ -243,12 +279,28 @@ def _doc_candidates(doc: np.ndarray, doc_offsets: np.ndarray, cand_local: np.nda
         table = np.full((r1 - r0) * width, -1, np.int16)
         k0, k1 = np.searchsorted(keys, [r0 * width, r1 * width])
         table[keys[k0:k1] - r0 * width] = slots[k0:k1]
-        slot = table[(pos_row - r0) * width + doc_code[pos]]
-        has = slot >= 0
-        pos, pos_row, slot = pos[has], pos_row[has], slot[has]
-        out[pos] = slot
-        answer_in_doc[pos_row[slot == answer[pos_row]]] = True
-    return out, answer_in_doc
+        out[pos] = table[(pos_row - r0) * width + doc_code[pos]]
+    return out
+
+
+def _split_case_variants(doc_cand: np.ndarray, exact_doc: np.ndarray, doc_offsets: np.ndarray,
+                         cand_exact: np.ndarray, cand_folded: np.ndarray, cand_offsets: np.ndarray,
+                         n_exact: int) -> np.ndarray:
+    """Keep candidates that differ only in case (``TOM``, ``Tom``) apart after folding.
+
+    ``doc_cand`` gives a folded word's positions to the first such candidate; a token spelled
+    exactly like another candidate of the group goes to that one instead. Other case variants
+    (``tom``) stay with the first. Same rule as for unseen candidates: words decide, not ids.
+    """
+    rows = row_of(cand_offsets).astype(np.int64)
+    width = int(cand_folded.max(initial=0)) + 2
+    group = rows * width + cand_folded + 1                               # (sum C,) (example, folded word or -1)
+    uniq, inverse, sizes = np.unique(group, return_inverse=True, return_counts=True)
+    shared = (sizes[inverse] > 1) & (cand_folded >= 0) & (cand_exact >= 0)
+    if not shared.any():
+        return doc_cand
+    exact = _doc_candidates(exact_doc, doc_offsets, np.where(shared, cand_exact, -1), cand_offsets, n_exact)
+    return np.where(exact >= 0, exact, doc_cand).astype(np.int16)
 
 
 def note_errors(chunk: ParsedChunk, errs: list[DataError], on_error: str) -> None:

@@ -12,6 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from iaa.data.errors import DataError
+
 PAD, UNK, PLACEHOLDER_ID = 0, 1, 2
 PAD_TOKEN, UNK_TOKEN = "<pad>", "<unk>"
 ENTITY_PATTERN = r"^@entity\d+$"  # CNN's anonymised entities: always kept
@@ -66,7 +68,7 @@ class Vocab:
     def load(cls, path: Path) -> "Vocab":
         tokens = json.loads(Path(path).read_text(encoding="utf-8"))
         if not isinstance(tokens, list) or len(tokens) < 3 or tokens[:2] != [PAD_TOKEN, UNK_TOKEN]:
-            raise ValueError(f"{path}: not a vocabulary (expected a JSON list starting {PAD_TOKEN!r}, {UNK_TOKEN!r})")
+            raise DataError(f"not a vocabulary (expected a JSON list starting {PAD_TOKEN!r}, {UNK_TOKEN!r})", path=path)
         return cls(tuple(tokens))
 
     @classmethod

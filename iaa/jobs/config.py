@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
 from iaa.errors import IaaError
+from iaa.files import atomic_write_text
 from iaa.model.config import ReaderConfig
 
 
@@ -30,12 +33,23 @@ class TrainConfig:
     threads: int = 0              # torch intra-op threads; 0 leaves torch's default
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"train.batch_size must be >= 1, got {self.batch_size}")
-        if self.lr <= 0:
-            raise ValueError(f"train.lr must be > 0, got {self.lr}")
-        if self.max_epochs <= 0:
-            raise ValueError(f"train.max_epochs must be > 0, got {self.max_epochs}")
+        checks = {
+            "lr": (self.lr > 0, "> 0"),
+            "batch_size": (self.batch_size >= 1, ">= 1"),
+            "clip": (self.clip > 0, "> 0"),
+            "embed_l2": (self.embed_l2 >= 0, ">= 0"),
+            "check_every": (self.check_every >= 0, ">= 0 (0: every half epoch)"),
+            "lr_decay": (0 < self.lr_decay <= 1, "in (0, 1]"),
+            "patience": (self.patience >= 1, ">= 1"),
+            "max_epochs": (self.max_epochs > 0, "> 0"),
+            "max_minutes": (self.max_minutes >= 0, ">= 0 (0: no limit)"),
+            "seed": (self.seed >= 0, ">= 0"),
+            "threads": (self.threads >= 0, ">= 0 (0: torch's default)"),
+        }
+        for name, (ok, bound) in checks.items():
+            value = getattr(self, name)
+            if not ok or (isinstance(value, float) and not math.isfinite(value)):
+                raise ValueError(f"train.{name} must be {bound}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -55,34 +69,42 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def _coerce(value: Any, current: Any, where: str) -> Any:
-    if isinstance(value, str) and isinstance(current, (int, float)) and not isinstance(current, bool):
+def _coerce(value: Any, declared: Any, where: str) -> Any:
+    """``value`` as the field's declared type (int, float, bool, str or a Literal of strings)."""
+    if isinstance(value, str) and declared in (int, float):
         try:  # YAML 1.1 reads "5e-4" (no dot) as a string
             value = float(value)
         except ValueError:
             pass
-    if isinstance(current, bool):
+    if declared is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true/false, got {value!r}")
         return value
-    if isinstance(current, int) and not isinstance(current, bool):
+    if declared is int:
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
-    if isinstance(current, float):
+    if declared is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
-    if isinstance(current, str) and not isinstance(value, str):
+    if declared is str and not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if typing.get_origin(declared) is Literal and value not in typing.get_args(declared):
+        raise ConfigError(f"{where}: expected one of {list(typing.get_args(declared))}, got {value!r}")
     return value
 
 
+def field_types(cfg: Any) -> dict[str, Any]:
+    """Field name -> declared type of a config dataclass (annotations resolved)."""
+    return typing.get_type_hints(type(cfg))
+
+
 def merge(cfg: Any, updates: Mapping[str, Any], prefix: str = "") -> Any:
-    """A copy of the dataclass ``cfg`` with nested ``updates``; unknown keys are rejected."""
-    known = {f.name for f in fields(cfg)}
+    """A copy of the dataclass ``cfg`` with nested ``updates``; unknown keys and bad values are rejected."""
+    known = field_types(cfg)
     changes: dict[str, Any] = {}
     for key, value in updates.items():
         where = f"{prefix}{key}"
@@ -94,11 +116,13 @@ def merge(cfg: Any, updates: Mapping[str, Any], prefix: str = "") -> Any:
                 raise ConfigError(f"{where}: expected a mapping of {sorted(f.name for f in fields(current))}")
             changes[key] = merge(current, value, prefix=f"{where}.")
         else:
-            changes[key] = _coerce(value, current, where)
+            changes[key] = _coerce(value, known[key], where)
     try:
         return replace(cfg, **changes)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{prefix or 'config'}: {err}") from err
+        message = str(err)
+        section = prefix.rstrip(".")
+        raise ConfigError(message if not section or message.startswith(prefix) else f"{section}.{message}") from err
 
 
 def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
@@ -112,7 +136,10 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
         parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({_first_line(err)})") from None
     return nested
 
 
@@ -120,8 +147,7 @@ def load(base: JobConfig, path: Path | None = None, sets: Sequence[str] = ()) ->
     """``base`` updated by the YAML file at ``path``, then by ``--set`` overrides."""
     cfg = base
     if path is not None:
-        text = Path(path).read_text(encoding="utf-8")
-        data = yaml.safe_load(text) or {}
+        data = read_yaml(Path(path))
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         try:
@@ -131,10 +157,28 @@ def load(base: JobConfig, path: Path | None = None, sets: Sequence[str] = ()) ->
     return merge(cfg, parse_sets(sets))
 
 
+def read_yaml(path: Path) -> Any:
+    """The parsed YAML file at ``path`` ({} when empty); ConfigError naming file and line when it is not YAML."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        line = f", line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: not valid YAML ({err.problem}); fix the file or leave out --config") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({_first_line(err)})") from None
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def from_dict(data: Mapping[str, Any]) -> JobConfig:
     """Rebuild a JobConfig from ``to_dict`` output (for example, from a checkpoint)."""
     return merge(JobConfig(), data)
 
 
 def dump_yaml(cfg: JobConfig, path: Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

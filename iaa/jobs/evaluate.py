@@ -1,7 +1,7 @@
 """Scoring and per-example predictions of a trained reader.
 
 Two distributions are kept apart. Training maximises the paper's unnormalised pointer-sum
-P(a|Q,D) = sum of d_{i,T} over a's positions (eq. 3), whose candidate values add up to at most 1.
+P(a|Q,D) = sum of d_{i,T} over a's positions (eq. 2), whose candidate values add up to at most 1.
 The ``probs`` written here are those pointer-sums renormalised over the candidates: a proper
 distribution with the same argmax, where a candidate absent from the document gets exactly 0.
 """
@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from iaa.data.batch import Batch
+from iaa.data.errors import MISSING_SOURCE, DataError
+from iaa.files import atomic_write
 from iaa.model.pointer import candidate_probs, nll_loss
 
 PREDICTION_SCHEMA = pa.schema(
@@ -64,15 +66,10 @@ def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device | s
 
 def write_predictions(rows: list[dict[str, Any]], words: dict[str, list[str]], out: Path) -> Path:
     """Write prediction rows, with each example's ``candidate_words``, as zstd Parquet."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(
         [{**row, "candidate_words": words[row["example_id"]]} for row in rows], schema=PREDICTION_SCHEMA
     )
-    tmp = out.with_name(f".{out.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    tmp.replace(out)
-    return out
+    return atomic_write(out, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
 def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = None, batch_size: int = 64) -> dict[str, Any]:
@@ -83,9 +80,10 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = No
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
     data = PreparedData.open(Path(data_dir))
     if state.get("vocab_hash") and data.manifest.get("vocab_hash") and state["vocab_hash"] != data.manifest["vocab_hash"]:
-        raise ValueError(
-            f"{checkpoint_path} was trained with another vocabulary than {data_dir} "
-            f"(vocab hash {state['vocab_hash'][:12]} vs {data.manifest['vocab_hash'][:12]})"
+        raise DataError(
+            f"was trained with another vocabulary than {data_dir} (vocab hash {state['vocab_hash'][:12]} vs "
+            f"{data.manifest['vocab_hash'][:12]}); evaluate it on the data it was trained on",
+            path=checkpoint_path, reason=MISSING_SOURCE,
         )
     table = data.table(split)
     rows = list(predict(model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))

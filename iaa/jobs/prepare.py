@@ -1,7 +1,8 @@
 """The prepare job: source text -> ``DIR/{manifest.json, vocab.json, <split>/part-*.parquet}``.
 
-Idempotent: when ``DIR``'s manifest records the same source fingerprint and options, nothing is
-done. Output is built in a sibling temporary directory and swapped in when complete, so an
+Idempotent: when ``DIR``'s manifest records the same source fingerprint and options and every
+file in ``DIR`` verifies against it (``iaa.data.verify``), nothing is done; a damaged folder is
+rebuilt. Output is built in a sibling temporary directory and swapped in when complete, so an
 interrupted run never leaves a half-written dataset behind.
 """
 
@@ -20,10 +21,12 @@ from iaa.data import build as B
 from iaa.data import cbt, cnn, demo
 from iaa.data import errors as E
 from iaa.data import manifest as M
+from iaa.data import verify
+from iaa.data.datasets import DATASETS
 from iaa.data.errors import DataError
 
-DATASETS: tuple[str, ...] = ("demo", "cbt-ne", "cbt-cn", "cbt-v", "cbt-p", "cnn")
 ON_ERROR = ("fail", "skip")
+_SPLIT_WORDS = {"train": "training", "valid": "validation"}
 
 
 def run(
@@ -53,18 +56,19 @@ def run(
         counts per split. Skipped and cut-off examples are also printed to stderr.
     """
     if dataset not in DATASETS:
-        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+        raise DataError(f"dataset must be one of {DATASETS}, got {dataset!r}")
     if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        raise DataError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if min_count < 1:
+        raise DataError(f"--min-count must be >= 1, got {min_count}")
     if max_vocab is not None and max_vocab < 4:
-        raise ValueError(f"max_vocab must be at least 4 (3 special tokens and a word), got {max_vocab}")
+        raise DataError(f"max_vocab must be at least 4 (3 special tokens and a word), got {max_vocab}")
     out = Path(out)
     started = time.perf_counter()
     options = {"on_error": on_error, "lowercase": bool(lowercase), "min_count": min_count, "max_vocab": max_vocab}
     fingerprint = _fingerprint(dataset, source)
-    current = M.is_current(out, dataset=dataset, source=fingerprint, options=options)
-    if current is not None:
-        return _result(current, out, rebuilt=False, seconds=time.perf_counter() - started)
+    if _up_to_date(out, dataset=dataset, source=fingerprint, options=options):
+        return _result(M.read(out), out, rebuilt=False, seconds=time.perf_counter() - started)
 
     _check_replaceable(out)
     tmp = out.parent / f".{out.name}.building-{os.getpid()}"
@@ -72,13 +76,15 @@ def run(
     try:
         sources, vocab_opts = _sources(dataset, source, tmp, on_error=on_error, lowercase=bool(lowercase),
                                        min_count=min_count, max_vocab=max_vocab)
-        header = {"dataset": dataset, "created_by": f"iaa {__version__}", "options": options, "source": fingerprint}
+        header = {"dataset": dataset, "created_by": f"iaa {__version__}", "options": options, "source": fingerprint,
+                  "source_path": None if source is None else str(Path(source).resolve())}
         manifest = B.build(tmp, sources, vocab_opts, workers=workers, progress=progress, header=header)
-        if not manifest["counts"].get("train"):
-            _report(manifest)
-            raise DataError(f"no usable training example (skipped: "
-                            f"{manifest['skipped'].get('train', 0)}, cut off: {manifest['truncated'].get('train', 0)}); "
-                            f"nothing was written to {out}", path=source, reason=E.MISSING_SOURCE)
+        for split, count in manifest["counts"].items():
+            if not count:
+                _report(manifest)
+                raise DataError(f"no usable {_SPLIT_WORDS.get(split, split)} example (skipped: {manifest['skipped'].get(split, 0)}, cut off: "
+                                f"{manifest['truncated'].get(split, 0)}); nothing was written to {out}",
+                                path=source, reason=E.MISSING_SOURCE)
         _swap(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -96,12 +102,27 @@ def ensure_prepared(dataset: str, workdir: Path) -> Path:
         run("demo", None, out, progress=False)
         return out
     if dataset not in DATASETS:
-        raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+        raise DataError(f"dataset must be one of {DATASETS}, got {dataset!r}")
     if M.read(out) is None:
         what = "the CBTest folder" if dataset.startswith("cbt") else "the folder holding questions/ (or cnn.tgz)"
         raise DataError(f"dataset {dataset!r} is not prepared; run:  iaa-cli prepare --dataset {dataset} "
                         f"--source PATH --out {out}  (PATH: {what})", path=out, reason=E.MISSING_SOURCE)
     return out
+
+
+def _up_to_date(out: Path, **identity: Any) -> bool:
+    """True when ``out`` was built from this source with these options and its files are intact.
+
+    A damaged folder (bad manifest, changed or missing shard) is not up to date: it is rebuilt.
+    """
+    try:
+        if M.is_current(out, **identity) is None:
+            return False
+        verify.verify(out)
+        return True
+    except DataError as err:
+        print(f"rebuilding: {err}", file=sys.stderr)
+        return False
 
 
 def _fingerprint(dataset: str, source: Path | None) -> dict[str, Any]:
@@ -134,7 +155,7 @@ def _cbt_tasks(path: Path, parse):
 
 
 def _check_replaceable(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and M.read(out) is None)):
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / M.MANIFEST).exists())):
         raise DataError("refusing to overwrite: it exists and holds no prepared dataset (no manifest.json)",
                         path=out, reason=E.MISSING_SOURCE)
 

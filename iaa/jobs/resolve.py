@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+from iaa.data.errors import DataError
+from iaa.errors import IaaError
+from iaa.files import ensure_writable
+from iaa.data.manifest import MANIFEST, rebuild_hint
 from iaa.jobs import config as config_mod
-from iaa.jobs.config import JobConfig
+from iaa.jobs.config import ConfigError, JobConfig
 from iaa.jobs.presets import for_dataset
 
 
@@ -16,18 +21,24 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
     """The dataset name and prepared folder: ``data`` as given, or ``dataset`` under ``workdir``.
 
     ``demo`` is generated and prepared on first use; other datasets must have been prepared.
+    Every job opens its data here, so every shard is verified here (see ``iaa.data.verify``).
     """
-    if data is not None:
-        manifest = Path(data) / "manifest.json"
-        if not manifest.is_file():
-            raise FileNotFoundError(f"{data} holds no manifest.json: prepare it first with `iaa-cli prepare`")
-        name = json.loads(manifest.read_text(encoding="utf-8")).get("dataset", dataset or "demo")
-        return str(name), Path(data)
-    if dataset is None:
-        raise ValueError("give --dataset NAME or --data PREPARED_DIR")
-    from iaa.jobs.prepare import ensure_prepared
+    from iaa.data import verify
 
-    return dataset, ensure_prepared(dataset, Path(workdir))
+    if data is not None:
+        prepared = Path(data)
+    elif dataset is None:
+        raise ConfigError("give --dataset NAME or --data PREPARED_DIR")
+    else:
+        from iaa.jobs.prepare import ensure_prepared
+
+        prepared = ensure_prepared(dataset, writable_workdir(workdir))
+    manifest = verify.verify(prepared)
+    if manifest.get("counts", {}).get("valid") == 0:
+        raise DataError(f"the valid split is empty, so no accuracy can be measured; "
+                        f"{rebuild_hint(prepared, manifest)} from a source with validation examples",
+                        path=prepared / MANIFEST)
+    return str(manifest.get("dataset", dataset)), prepared
 
 
 def vocab_size(prepared: Path) -> int:
@@ -48,3 +59,69 @@ def job_config(
         cfg = replace(cfg, model=replace(cfg.model, kind=model_kind))
     cfg = config_mod.load(cfg, None, sets)
     return replace(cfg, dataset=dataset, model=replace(cfg.model, vocab_size=vocab_size(prepared)))
+
+
+def run_dir(dataset: str, cfg: JobConfig, given: Path | None, workdir: Path) -> Path:
+    """The run folder of ``train``: ``given``, else ``WORKDIR/runs/DATASET-MODEL-seedN``."""
+    return Path(given) if given is not None else Path(workdir) / "runs" / f"{dataset}-{cfg.model.kind}-seed{cfg.train.seed}"
+
+
+def writable_workdir(workdir: Path) -> Path:
+    """``workdir``, created if needed; IaaError when it cannot be written."""
+    return ensure_writable(workdir, "the workdir", "give a writable --workdir (or IAA_WORKDIR)")
+
+
+def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
+    """The ensemble's checkpoints; IaaError when one is listed twice (it would count as two members)."""
+    seen: dict[Path, Path] = {}
+    for member in members:
+        key = Path(member).resolve()
+        if key in seen:
+            raise IaaError(f"{member}: listed twice in --members (also as {seen[key]}); an ensemble averages "
+                           "distinct checkpoints, so list each once")
+        seen[key] = Path(member)
+    return tuple(members)
+
+
+def tracking_store(tracking_uri: str | None, workdir: Path) -> None:
+    """Check a SQLite MLflow store (by default ``WORKDIR/mlflow.db``) before a job opens it.
+
+    A damaged ``mlflow.db`` would otherwise fail deep inside MLflow with a traceback.
+    """
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri and not uri.startswith("sqlite:///"):
+        return  # a server or another store: its own client reports what is wrong
+    db = Path(uri[len("sqlite:///"):]) if uri else Path(workdir) / "mlflow.db"
+    if not db.exists():
+        return
+    problem = _sqlite_problem(db)
+    if problem:
+        raise IaaError(f"{db}: not a readable MLflow database ({problem}); move it away to start a new store "
+                       "(the runs it held are lost), or pass --tracking-uri")
+
+
+def _sqlite_problem(db: Path) -> str | None:
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            status = con.execute("PRAGMA quick_check").fetchone()[0]
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as err:
+        return str(err)
+    return None if status == "ok" else status
+
+
+def chosen_keys(config_file: Path | None, sets: Sequence[str] = ()) -> set[str]:
+    """Dotted keys (``train.max_epochs``) that the YAML file or ``--set`` give, whatever their values."""
+    given = [config_mod.read_yaml(Path(config_file))] if config_file is not None else []
+    return {key for tree in [*given, config_mod.parse_sets(sets)] for key in _dotted(tree)}
+
+
+def _dotted(tree: object, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict):
+        return [prefix.rstrip(".")] if prefix else []
+    return [key for name, sub in tree.items() for key in _dotted(sub, f"{prefix}{name}.")]

@@ -28,11 +28,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
 from iaa.errors import IaaError
 from iaa.jobs import sweep as sweep_file
-from iaa.jobs.config import ConfigError, JobConfig, dump_yaml, parse_sets, to_dict
+from iaa.jobs.config import ConfigError, JobConfig, dump_yaml, to_dict
 from iaa.jobs.sweep import FINISHED_STATUSES, TrialRecord
 from iaa.platform import launch as launcher
 from iaa.platform import search, search_space, tracking
@@ -70,16 +68,6 @@ class TuneRequest:
     show_progress: bool = True
 
 
-def _epochs_chosen(req: TuneRequest) -> bool:
-    """Whether the config file or a ``--set`` names ``train.max_epochs`` (then it is kept, whatever it is)."""
-    if "max_epochs" in (parse_sets(req.sets).get("train") or {}):
-        return True
-    if req.config_file is None:
-        return False
-    data = yaml.safe_load(Path(req.config_file).read_text(encoding="utf-8")) or {}
-    return isinstance(data.get("train"), dict) and "max_epochs" in data["train"]
-
-
 def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConfig:
     """Dataset preset, config file, --model and --set; then the epochs of the sweep.
 
@@ -90,12 +78,14 @@ def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConf
 
     cfg = resolve.job_config(req.dataset, prepared, model_kind=req.model_kind, config_file=req.config_file,
                              sets=req.sets)
-    epochs = req.max_epochs if req.max_epochs is not None else (None if _epochs_chosen(req) else preset.max_epochs)
-    if epochs is None:
-        return cfg
-    if not epochs > 0:
-        raise ConfigError(f"--max-epochs must be > 0, got {epochs}")
-    return replace(cfg, train=replace(cfg.train, max_epochs=float(epochs)))
+    epochs = req.max_epochs
+    if epochs is None and "train.max_epochs" not in resolve.chosen_keys(req.config_file, req.sets):
+        epochs = preset.max_epochs  # the tune preset's budget, unless the config file or --set chose one
+    if epochs is not None:
+        if not epochs > 0:
+            raise ConfigError(f"--max-epochs must be > 0, got {epochs}")
+        cfg = replace(cfg, train=replace(cfg.train, max_epochs=float(epochs)))
+    return cfg
 
 
 def sweep_name(req: TuneRequest) -> str:

@@ -1,0 +1,7 @@
+"""The datasets the project knows, by name: the one list that the CLI, presets and prepare share."""
+
+from __future__ import annotations
+
+DATASETS: tuple[str, ...] = ("demo", "cbt-ne", "cbt-cn", "cbt-v", "cbt-p", "cnn")
+# Those with a hyperparameter-search preset (the paper tuned on CBT NE and CN, and on CNN).
+TUNE_DATASETS: tuple[str, ...] = ("demo", "cbt-ne", "cbt-cn", "cnn")
