@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import types
@@ -140,7 +141,7 @@ def test_missing_sweep_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_request_is_frozen() -> None:
     req = platform_ensemble.EnsembleRequest(members=(Path("a.pt"),))
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         req.seeds = 3  # type: ignore[misc]
     assert replace(req, seeds=3).seeds == 3
 

@@ -10,7 +10,7 @@ module is pure numpy/pyarrow; training and evaluating the members is the platfor
   with another example set or other candidates is rejected with a :class:`MismatchError` naming
   it and the first example that differs.
 - **Averaging.** The ensemble distribution is the arithmetic mean of the members' candidate
-  probabilities, per example, in float64 (eq. 3's pointer-sums, renormalised over candidates by
+  probabilities, per example, in float64 (eq. 2's pointer-sums, renormalised over candidates by
   the evaluate job). Its prediction is the argmax; ties go to the first candidate, as in the
   evaluate job's ``torch.argmax``.
 - **Selection** (valid split only): ``all``; ``top-p``, the best ``max(1, floor(p * M))`` members
@@ -31,6 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iaa.errors import IaaError
+
 SELECT_MODES: tuple[str, ...] = ("all", "top-p", "greedy")
 SPLITS: tuple[str, ...] = ("valid", "test")
 REQUIRED_COLUMNS: tuple[str, ...] = ("example_id", "candidate_words", "probs", "gold")
@@ -48,7 +50,7 @@ ENSEMBLE_SCHEMA = pa.schema(
 )
 
 
-class MismatchError(ValueError):
+class MismatchError(IaaError, ValueError):
     """Members' predictions cover different examples, or different candidates for one example."""
 
 
@@ -75,7 +77,7 @@ class AlignedSplit:
     def mean_probs(self, members: Sequence[int]) -> np.ndarray:
         """(E, C) arithmetic mean of the given members' distributions."""
         if len(members) == 0:
-            raise ValueError("an ensemble needs at least one member")
+            raise IaaError("an ensemble needs at least one member")
         return self.probs[list(members)].mean(axis=0)
 
     def predict(self, probs: np.ndarray) -> np.ndarray:
@@ -98,11 +100,11 @@ def read_predictions(path: Path) -> pa.Table:
     """An evaluate-job predictions file, checked to have the columns an ensemble needs."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no predictions file at {path}")
+        raise IaaError(f"no predictions file at {path}")
     table = pq.read_table(path)
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
-        raise ValueError(f"{path} is not a predictions file: it lacks columns {missing}")
+        raise IaaError(f"{path} is not a predictions file: it lacks columns {missing}")
     return table
 
 
@@ -128,11 +130,11 @@ def align(split: str, members: Sequence[tuple[str, pa.Table]]) -> AlignedSplit:
             ``candidate_words``, gold index, or number of probabilities.
     """
     if not members:
-        raise ValueError("an ensemble needs at least one member")
+        raise IaaError("an ensemble needs at least one member")
     ref_name, ref_table = members[0]
     ref_ids = ref_table.column("example_id").to_pylist()
     if not ref_ids:
-        raise ValueError(f"{split}: member {ref_name} has no predictions")
+        raise IaaError(f"{split}: member {ref_name} has no predictions")
     ref_cands = ref_table.column("candidate_words").to_pylist()
     ref_gold = ref_table.column("gold").to_pylist()
     width = max(len(c) for c in ref_cands)
@@ -370,7 +372,7 @@ def run(
     has_test = [m.get("test") is not None for m in member_predictions]
     if any(has_test) and not all(has_test):
         lacking = names[has_test.index(False)]
-        raise ValueError(f"member {lacking} has no test predictions while others do")
+        raise IaaError(f"member {lacking} has no test predictions while others do")
     splits = [s for s in SPLITS if s == "valid" or all(has_test)]
     aligned = {
         split: align(split, [(name, read_predictions(m[split])) for name, m in zip(names, member_predictions)])
