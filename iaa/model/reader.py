@@ -71,6 +71,13 @@ class _Encoders(nn.Module):
         return self._table[1]
 
 
+def _full_precision(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in fp32 at least: under autocast the attention reads compute in bf16, but the
+    answer distribution (a log-softmax over hundreds of positions, then the pointer-sum's
+    log-sum-exp) keeps full precision, so log P(a) is fp32 whatever the compute dtype."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
 def _answer_mask(cfg: ReaderConfig, batch: Batch) -> torch.Tensor:
     """Positions the answer distribution d_{i,T} ranges over: all real tokens (paper), or only
     candidate positions (Stanford AR / GA Reader, ``candidate_softmax``)."""
@@ -123,7 +130,7 @@ class IAAReader(nn.Module):
             features = self.encoders.drop(gate_features(s, q_t, d_t))      # (B, s + 6h)
             r_q, r_d = self.gate_q(features), self.gate_d(features)        # (B, 2h) each
             s = self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)      # s_t: (B, s)
-        log_att = masked_log_softmax(logits, _answer_mask(self.cfg, batch))  # log d_{i,T}
+        log_att = masked_log_softmax(_full_precision(logits), _answer_mask(self.cfg, batch))  # log d_{i,T}
         return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
 
 
@@ -148,7 +155,8 @@ class ASReader(nn.Module):
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
         _, query, d_enc = self.encoders(batch)                             # (B, 2h), (B, Ld, 2h)
         query, d_enc = self.encoders.drop(query), self.encoders.drop(d_enc)
-        log_att = masked_log_softmax(bilinear_logits(d_enc, query), _answer_mask(self.cfg, batch))
+        logits = _full_precision(bilinear_logits(d_enc, query))            # (B, Ld)
+        log_att = masked_log_softmax(logits, _answer_mask(self.cfg, batch))
         return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C)
 
 
