@@ -104,7 +104,7 @@ def _trainer(overrides: dict, batches: list) -> Callable[[], int]:
     def run() -> int:
         FusedBiGRU.use_cpp = use_cpp
         for batch in batches:
-            train_step(model, optimizer, batch, embed_l2=bench.EMBED_L2)
+            train_step(model, optimizer, batch)
         FusedBiGRU.use_cpp = True
         return sum(len(b) for b in batches)
 

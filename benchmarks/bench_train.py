@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.manual_seed(0)
         model = build_reader(side_cfg)
         opt = build_optimizer(model, bench.LR, bench.EMBED_L2)
-        return model, lambda batch: train_step(model, opt, batch, embed_l2=bench.EMBED_L2), bucketed
+        return model, lambda batch: train_step(model, opt, batch), bucketed
 
     # sides: name -> (model, one training step, its batches); the baseline first.
     sides: dict[str, tuple] = {}

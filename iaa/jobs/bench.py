@@ -178,7 +178,7 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     train_batches = [collate(b, device) for b in bucketed_batches(pool, batch_size, seed)]
 
     def train(batch: Batch) -> float:
-        return train_step(reader, optimizer, batch, embed_l2=EMBED_L2, autocast=amp_dtype)
+        return train_step(reader, optimizer, batch, amp_dtype=amp_dtype)
 
     time_steps(train, train_batches[:warmup], device)
     train_s, train_n = time_steps(train, train_batches[warmup:], device)
