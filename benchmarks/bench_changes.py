@@ -31,7 +31,9 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from baseline_reader import random_batches  # noqa: E402
 from iaa.jobs import bench  # noqa: E402
 from iaa.jobs.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     retain_freed_memory()
     pool = bench.synthetic_examples(args.batches * 32, seed=0)
     bucketed = [bench.collate(b) for b in bench.bucketed_batches(pool, 32)]
-    padded = [bench.collate(b) for b in bench.random_batches(pool, 32)]
+    padded = [bench.collate(b) for b in random_batches(pool, 32)]
     wanted = (lambda name: args.only is None or any(name.startswith(p) for p in args.only))
     results: dict[str, dict] = {}
     if wanted("gru/"):

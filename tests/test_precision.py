@@ -91,3 +91,20 @@ def test_precision_names_map_to_autocast_dtypes() -> None:
     assert precision_dtype("bf16") is torch.bfloat16
     with pytest.raises(ConfigError, match="train.precision"):
         precision_dtype("fp16")
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_bf16_autocast_inference_matches_fp32(kind: str, path: str) -> None:
+    """Validation runs under the training precision, in inference mode: on the fast path the
+    document encoder then reads its per-word projection table, which must stay fp32."""
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=2)
+    model = _model(kind, path).eval()
+    with torch.inference_mode():
+        with autocast("cpu", torch.bfloat16):
+            lp16 = model(batch)                                         # builds the table
+        lp32 = model(batch)
+    assert lp16.dtype == lp32.dtype == torch.float32
+    finite = torch.isfinite(lp32)
+    assert torch.equal(finite, torch.isfinite(lp16))
+    assert (lp16 - lp32)[finite].abs().max().item() < LOG_P_ATOL
