@@ -13,6 +13,9 @@ best round of each side is compared. Parts:
   that one change off (leave-one-out), on length-bucketed batches unless the change is bucketing.
 - ``infer/inference_table``: inference with and without the per-word projection table.
 - ``adam/fused``: one Adam step over the paper model's parameters, default vs fused kernel.
+- ``march/gru`` and ``march/train``: the C++ recurrence built with ``-march=native`` against the
+  shipped build for the generic x86-64 / arm64 target: the document BiGRU alone, and a whole
+  training step.
 
 The last line is JSON: {name: {"before": rate, "after": rate, "ratio": after / before}}.
 """
@@ -38,6 +41,7 @@ from iaa.jobs import bench  # noqa: E402
 from iaa.jobs.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
 from iaa.model.encoder import BiGRUEncoder  # noqa: E402
+from iaa.model import gru_kernels  # noqa: E402
 from iaa.model.fused_gru import FusedBiGRU  # noqa: E402
 
 LEAVE_ONE_OUT = {  # change -> the config (or switch) that turns it off
@@ -114,6 +118,36 @@ def _trainer(overrides: dict, batches: list) -> Callable[[], int]:
     return run
 
 
+def _with_kernels(module, fn: Callable[[], int]) -> Callable[[], int]:
+    """``fn`` with the C++ recurrence taken from ``module`` (one build of gru_kernels)."""
+    def run() -> int:
+        gru_kernels._STATE["module"] = module
+        return fn()
+    return run
+
+
+def march_part(batch: bench.Batch, batches: list, rounds: int) -> dict[str, dict]:
+    """-march=native against the generic target, for the BiGRU alone and a training step."""
+    native = gru_kernels.build((*gru_kernels.CFLAGS, "-march=native"))
+    generic = gru_kernels.build()
+    torch.manual_seed(0)
+    enc = BiGRUEncoder(384, 128)
+    x = torch.randn(*batch.doc.shape, 384, requires_grad=True)
+
+    def gru() -> int:
+        enc(x, batch.doc_mask)[0].sum().backward()
+        return len(batch)
+
+    step = _trainer({}, batches)
+    results = {}
+    for name, fn in (("march/gru", gru), ("march/train", step)):
+        rates = best_rate({"before": _with_kernels(generic, fn), "after": _with_kernels(native, fn)}, rounds)
+        results[name] = _pair(rates["before"], rates["after"])
+        print(name, results[name], flush=True)
+    gru_kernels._STATE["module"] = generic
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -168,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
                           args.rounds * 3)
         results["adam/fused"] = _pair(rates["before"], rates["after"])
         print("adam/fused", results["adam/fused"], flush=True)
+    if wanted("march/"):
+        results.update(march_part(bucketed[0], bucketed, args.rounds))
     print(json.dumps(results))
     return results
 

@@ -309,3 +309,17 @@ def test_cpp_recurrence_under_a_python_dispatch_mode_on_two_threads():
     finally:
         torch.set_num_threads(before)
     assert counts[0] > 0 and counts[0] == counts[1]
+
+
+def test_the_cpp_build_is_keyed_by_source_flags_and_cpu(monkeypatch):
+    """A cache folder shared by nodes with different CPUs must never serve one node's native
+    build to another: the shipped build is generic, and a native build's name changes with the
+    CPU's features."""
+    assert gru_kernels.SOURCE.is_file() and "PYBIND11_MODULE" in gru_kernels.SOURCE.read_text()
+    assert not set(gru_kernels.CFLAGS) & set(gru_kernels.NATIVE)
+    native = (*gru_kernels.CFLAGS, "-march=native")
+    names = {flags: gru_kernels.build_name(flags) for flags in (gru_kernels.CFLAGS, native, ("-O2",))}
+    assert len(set(names.values())) == 3                              # one build per set of flags
+    monkeypatch.setattr(gru_kernels, "cpu_features", lambda: "fpu sse sse2")
+    assert gru_kernels.build_name(native) != names[native]            # another CPU: another build
+    assert gru_kernels.build_name() == names[gru_kernels.CFLAGS]      # the generic build is shared

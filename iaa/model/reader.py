@@ -1,7 +1,7 @@
 """The readers: the IAA reader, its fixed-query ablation and the AS Reader baseline.
 
-All three share the embedding, the encoders, the masking and the pointer-sum, and map a
-``Batch`` to log P(a | Q, D) for each candidate: (B, C).
+All three share the embedding, the encoders, the masking and the pointer-sum, and map a batch
+(``ReaderInputs``, e.g. the loader's ``Batch``) to log P(a | Q, D) for each candidate: (B, C).
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from iaa.data.batch import Batch
 from iaa.model.attention import DocRead, FixedQueryRead, Memory, QueryRead, bilinear_logits
 from iaa.model.config import ReaderConfig
 from iaa.model.dropout import Dropout
 from iaa.model.encoder import BiGRUEncoder
 from iaa.model.gates import SearchGate, gate_features
 from iaa.model.initialization import init_reader_
+from iaa.model.inputs import ReaderInputs
 from iaa.model.masking import masked_log_softmax
 from iaa.model.pointer import pointer_sum
 
@@ -42,7 +42,7 @@ class _Encoders(nn.Module):
         self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru,
                                         bf16=cfg.bf16_projections)
 
-    def forward(self, batch: Batch):
+    def forward(self, batch: ReaderInputs):
         """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h), before
         the attention-input dropout (each reader drops what its attention reads)."""
         q_emb = self.drop(self.embedding(batch.query))                     # (B, Lq, d)
@@ -78,7 +78,7 @@ def _full_precision(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
 
 
-def _answer_mask(cfg: ReaderConfig, batch: Batch) -> torch.Tensor:
+def _answer_mask(cfg: ReaderConfig, batch: ReaderInputs) -> torch.Tensor:
     """Positions the answer distribution d_{i,T} ranges over: all real tokens (paper), or only
     candidate positions (Stanford AR / GA Reader, ``candidate_softmax``)."""
     if cfg.candidate_softmax:
@@ -115,7 +115,7 @@ class IAAReader(nn.Module):
     def embedding(self) -> nn.Embedding:
         return self.encoders.embedding
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: ReaderInputs) -> torch.Tensor:
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
         q_enc, _, d_enc = self.encoders(batch)                             # (B, Lq, 2h), (B, Ld, 2h)
         q_enc = self.encoders.drop(q_enc)                                  # attention inputs
@@ -151,7 +151,7 @@ class ASReader(nn.Module):
     def embedding(self) -> nn.Embedding:
         return self.encoders.embedding
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: ReaderInputs) -> torch.Tensor:
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
         _, query, d_enc = self.encoders(batch)                             # (B, 2h), (B, Ld, 2h)
         query, d_enc = self.encoders.drop(query), self.encoders.drop(d_enc)
