@@ -23,7 +23,7 @@ from iaa.jobs import checkpoint, resolve
 from iaa.jobs import train as train_job
 from iaa.jobs.evaluate import score_batches
 from iaa.model.encoder import BiGRUEncoder
-from tests._tiny import TINY_SETS, make_tiny_prepared
+from tests._tiny import TINY_SETS, kill_after_checks, make_tiny_prepared
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 PARAM_TOL = dict(atol=1e-3, rtol=1e-2)
@@ -59,29 +59,11 @@ def test_a_few_training_steps_on_cuda(tiny, cuda, tmp_path, precision) -> None:
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
-class _Killed(Exception):
-    pass
-
-
 def test_kill_and_resume_on_cuda_equals_an_uninterrupted_run(tiny, cuda, tmp_path) -> None:
-    from iaa.jobs.session import LocalSession
-
     cfg = _cfg(tiny, "train.check_every=3")
     full = train_job.run(cfg, tiny, tmp_path / "full", device=cuda, show_progress=False)
-
-    class DiesAfterTwoChecks(LocalSession):
-        reports = 0
-
-        def report(self, metrics, state, is_best):  # type: ignore[override]
-            super().report(metrics, state, is_best)
-            DiesAfterTwoChecks.reports += 1
-            if DiesAfterTwoChecks.reports == 2:
-                raise _Killed
-
     run_dir = tmp_path / "killed"
-    session = DiesAfterTwoChecks(tiny, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed, device=cuda)
-    with pytest.raises(_Killed):
-        train_job.fit(cfg, session, show_progress=False)
+    kill_after_checks(cfg, tiny, run_dir, checks=2, device=cuda)
     resumed = train_job.run(cfg, tiny, run_dir, resume=True, device=cuda, show_progress=False)
     assert resumed["steps"] == full["steps"]
     a, b = _params(tmp_path / "full/checkpoints/last.pt"), _params(run_dir / "checkpoints/last.pt")

@@ -208,11 +208,15 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     flops = count_flops(lambda: train(typical)) / len(typical)         # median-length batch
     infer_s, infer_n = _time_inference(reader, device, amp_dtype, batch_size, steps, warmup, seed)
     peak = matmul_gflops(device, dtype=amp_dtype or torch.float32)
-    train_rate = train_n / train_s
+    return _report(cfg, device, amp_dtype, batch_size, flops, train_n / train_s, infer_n / infer_s, peak)
+
+
+def _report(cfg: ReaderConfig, device: str, amp_dtype, batch_size: int, flops: float,
+            train_rate: float, infer_rate: float, peak: float) -> dict:
     achieved = flops * train_rate / 1e9
     return {
         "train_examples_per_s": round(train_rate, 2),
-        "infer_examples_per_s": round(infer_n / infer_s, 2),
+        "infer_examples_per_s": round(infer_rate, 2),
         "flops_per_train_example": int(flops),
         "achieved_gflops": round(achieved, 3),
         "matmul_gflops": round(peak, 1),
