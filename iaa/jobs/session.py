@@ -37,7 +37,6 @@ class Session(Protocol):
     rank: int
     world_size: int
     device: torch.device
-    resumed_from: str
 
     def num_train_batches(self) -> int: ...
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Batch]: ...
@@ -58,7 +57,7 @@ class SessionBase:
 
     rank = 0
     world_size = 1
-    resumed_from = ""          # the checkpoint latest_state() loaded, for messages
+    resumed_from = ""          # the checkpoint latest_state() loaded, named in messages (optional)
 
     def __init__(self, train: pa.Table, valid: pa.Table, *, batch_size: int, seed: int,
                  device: torch.device | str = "cpu") -> None:

@@ -80,7 +80,7 @@ class Trainer:
         progress = Progress()
         saved = self.session.latest_state()
         if saved is not None:
-            source = self.session.resumed_from or "the last checkpoint"
+            source = getattr(self.session, "resumed_from", "") or "the last checkpoint"
             checkpoint.check_resumable(saved, self.cfg, self.vocab_hash, source)
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])

@@ -37,7 +37,7 @@ from iaa.model import gru_kernels
 
 # Threads for the Python fallback loops (None keeps torch's setting). They would open a parallel
 # region for every step's tiny matmul, which stalls for milliseconds whenever another process
-# holds the other core (5-80x slower loops measured on this shared machine), so they run on one.
+# holds the other core (5-80x slower loops measured on a loaded 2-core machine), so they run on one.
 # The C++ kernels need no such setting: each direction's whole loop is one task of a single
 # parallel region, so with two torch threads the directions run side by side and never wait for
 # each other between steps (1.12x faster training on 2 idle cores, benchmarks/README.md).
