@@ -7,7 +7,7 @@
 #   TRAIN_MINUTES=4.5 SWEEP="64 128 256 512" bash benchmarks/gpu.sh
 #
 # 0. env.txt: the card, driver, torch, CUDA and cuDNN versions.
-# 1. pytest -m gpu (tests/test_gpu.py).
+# 1. pytest -m gpu: tests/test_gpu.py, and with Ray installed tests/test_platform_gpu*.py.
 # 2. bench_{fp32,bf16}.json: the CBT-NE-shaped benchmark at the paper config, batch 32: training
 #    and inference ex/s, peak GPU memory, FLOPs and the fraction of the measured matmul rate.
 # 3. sweep_bs<N>.json: the same in bf16 at larger batches.
@@ -62,7 +62,13 @@ fi
 # 1. The GPU tests (they skip, each with its reason, without CUDA).
 if python -c "import pytest" 2>/dev/null; then
   echo "== pytest -m gpu"
-  timeout 240 python -m pytest -q -m gpu -rs -p no:cacheprovider tests/test_gpu.py >"$OUT_DIR/pytest_gpu.log" 2>&1
+  GPU_TESTS="tests/test_gpu.py"
+  if python -c "import ray" 2>/dev/null; then   # the Ray GPU tests (one GPU worker, killed, resumed)
+    GPU_TESTS="$GPU_TESTS $(ls tests/test_platform_gpu*.py 2>/dev/null | tr '\n' ' ')"
+  else
+    echo "!! Ray is not installed: the Ray GPU tests (tests/test_platform_gpu*.py) are not run"
+  fi
+  timeout 240 python -m pytest -q -m gpu -rs -p no:cacheprovider $GPU_TESTS >"$OUT_DIR/pytest_gpu.log" 2>&1
   echo "{\"step\": \"pytest_gpu\", \"exit\": $?}" >"$OUT_DIR/pytest_gpu.json"
   tail -n 12 "$OUT_DIR/pytest_gpu.log"
 else
