@@ -102,6 +102,7 @@ def test_checkpoints_hold_cpu_tensors_and_verify_their_digest(finished) -> None:
     assert raw["format"] == checkpoint.FORMAT and len(raw["digest"]) == 64
     state = checkpoint.load(path)
     assert "digest" not in state and checkpoint.digest(state) == raw["digest"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [checkpoint.BEST, checkpoint.LAST]  # no staging left
 
 
 def _leaves(value):

@@ -173,13 +173,9 @@ class LocalSession(SessionBase):
     def publish(self, metrics: dict[str, Any], folder: Path | None, is_best: bool) -> None:
         assert folder is not None
         staged = folder / CHECKPOINT_FILE
-        if is_best:
-            best = folder / checkpoint.BEST
-            try:
-                os.link(staged, best)                  # last.pt is replaced, never written in place
-            except OSError:                            # a file system without hard links
-                shutil.copyfile(staged, best)
-            os.replace(best, self.ckpt_dir / checkpoint.BEST)
+        if is_best:                                    # a copy: best.pt never shares a file with last.pt
+            shutil.copyfile(staged, folder / checkpoint.BEST)
+            os.replace(folder / checkpoint.BEST, self.ckpt_dir / checkpoint.BEST)
         os.replace(staged, self.ckpt_dir / checkpoint.LAST)
         with self.metrics_path.open("a", encoding="utf-8") as out:
             out.write(json.dumps({**metrics, "time": time.time()}) + "\n")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from iaa.data.batch import Batch
 from iaa.errors import IaaError
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig
@@ -112,7 +113,7 @@ class Trainer:
                     return
         p.finish_epoch()
 
-    def _run_batch(self, batch) -> None:
+    def _run_batch(self, batch: Batch) -> None:
         """One training step, then the step and time budgets."""
         p, tc = self.progress, self.tc
         loss = train_step(self.model, self.optimizer, batch.to(self.session.device), clip=tc.clip,
