@@ -5,8 +5,9 @@ The objective (paper, "Training Details") is
     loss = -mean log P(a* | Q, D) + embed_l2 * ||X||²       (X: the word embedding)
 
 with the gradient clipped to norm ``clip`` (over all parameters, the L2 term included) and Adam.
-The training loop, the evaluation job and the Ray adapter all call ``build_optimizer`` and
-``train_step``, so every caller gets the fast path.
+The training loop (in process, in a Tune trial or on Ray Train workers) and the benchmarks all
+call ``build_optimizer`` and ``train_step``, so every caller gets the fast path. λ lives in the
+:class:`Optimizer` (``embed_l2``), the one place ``train_step`` reads it from.
 
 Fast path, same mathematics. A dense Adam update of the 50,000 x 384 embedding is needed for
 exactness: with the L2 term every row has a gradient (2 λ x_r) every step, and Adam's moments
@@ -82,13 +83,17 @@ class Optimizer:
                   {"params": rest, "name": "rest", "weight_decay": 0.0}]
         fused = self.embedding.device.type in ("cpu", "cuda")
         self.adam = torch.optim.Adam(groups, lr=lr, fused=fused)
-        self._embed_group = self.adam.param_groups[0]
         self._grad_buffer: torch.Tensor | None = None
         self._touched_rows: torch.Tensor | None = None
 
     @property
     def param_groups(self) -> list[dict]:
         return self.adam.param_groups
+
+    @property
+    def _embed_group(self) -> dict:
+        """The embedding's group (looked up each time: ``load_state_dict`` replaces the dicts)."""
+        return self.adam.param_groups[0]
 
     @property
     def lr(self) -> float:
