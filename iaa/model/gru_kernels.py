@@ -16,9 +16,10 @@ and the machine type, so a changed source or flag never loads a stale build.
 It is built for the generic target of the machine type (x86-64, arm64), not ``-march=native``:
 native code can hold instructions that another CPU lacks, and nodes of a cluster that share a
 cache folder would load each other's builds. Native code was measured 0 to 1.4% faster on the
-BiGRU and 0.4 to 0.5% on a training step (``benchmarks/bench_changes.py --only march/``, benchmarks/README.md),
-which is not worth that risk. A build with native flags (the benchmark's) is also keyed by the
-CPU's instruction-set extensions.
+BiGRU and 0.4 to 0.5% on a training step (``benchmarks/bench_changes.py --only march/``,
+benchmarks/README.md), which is not worth that risk. A build with native flags (the benchmark's)
+is also keyed by the CPU's instruction-set extensions.
+
 Set ``IAA_GRU_CPP=0`` to skip it; a failed build warns once and the Python loop is used.
 """
 
