@@ -196,3 +196,32 @@ def test_resume_may_extend_the_budget(tiny, run_dir) -> None:
     assert done["stop_reason"] == "max-epochs"
     result = _resume(tiny, run_dir, "train.max_minutes=60")          # 2 epochs instead of 1
     assert result["stop_reason"] == "max-epochs" and result["steps"] == 2 * done["step"]
+
+
+# --- the session base's report -------------------------------------------------------------------
+
+
+class _Recorder(SessionBase):
+    def __init__(self, rank: int) -> None:
+        import pyarrow as pa
+
+        super().__init__(pa.table({"x": [1]}), pa.table({"x": [1]}), batch_size=1, seed=0)
+        self.rank = rank
+        self.published: list = []
+
+    def publish(self, metrics, folder, is_best):
+        staged = folder / "checkpoint.pt" if folder is not None else None
+        self.published.append((metrics, staged and checkpoint.load(staged), is_best))
+
+
+def test_report_writes_the_checkpoint_on_rank_0_only_and_adds_the_progress(finished) -> None:
+    state = checkpoint.load(finished / "checkpoints" / checkpoint.LAST)
+    for rank in (0, 1):
+        session = _Recorder(rank)
+        session.report({"valid_acc": 0.5, "step": 3}, state, True)
+        (metrics, written, is_best), = session.published
+        assert is_best and metrics["valid_acc"] == 0.5 and metrics["is_best"] is True
+        assert metrics["steps"] == state["progress"]["step"] and metrics["stop_reason"] == "max-epochs"
+        assert (written is not None) == (rank == 0)
+        if written is not None:
+            assert checkpoint.digest(written) == checkpoint.digest(state)
