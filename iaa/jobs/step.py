@@ -151,24 +151,27 @@ def build_optimizer(model: nn.Module, lr: float, embed_l2: float) -> Optimizer:
 def _clip_and_attach(model: nn.Module, optimizer: Optimizer, clip: float) -> float:
     """Clip the total gradient (L2 term included) to norm ``clip`` and hand it to Adam.
 
-    Returns λ ||X||², the value of the L2 term.
+    The squared norms are summed in float64 on the parameters' device and read back once (on a
+    GPU every read-back waits for the device). Returns λ ||X||², the value of the L2 term.
     """
     weight, embed_l2 = optimizer.embedding, optimizer.embed_l2
     grad, weight.grad = weight.grad, None
     others = [p.grad for p in model.parameters() if p.grad is not None and p is not weight]
-    sq_weight = float(torch.dot(weight.view(-1), weight.view(-1)))
-    sq_norm = sum(float(n) ** 2 for n in torch._foreach_norm(others)) if others else 0.0
+    sq = lambda t: t.double().square()                                     # noqa: E731 (float64 sums)
+    sq_weight = torch.dot(weight.view(-1), weight.view(-1)).double()
+    sq_norm = sq(torch.stack(torch._foreach_norm(others))).sum() if others else sq_weight.new_zeros(())
     two_l2 = 2.0 * embed_l2
     if grad is not None and grad.is_sparse:
         grad = grad.coalesce()
         rows, values = grad.indices()[0], grad.values()                    # unique rows, (R, d)
         decay = weight.index_select(0, rows).mul_(two_l2)                  # 2λ x_r
-        sq_norm += (two_l2**2 * sq_weight + float(torch.linalg.vector_norm(decay + values)) ** 2
-                    - float(torch.linalg.vector_norm(decay)) ** 2)
+        sq_norm = (sq_norm + two_l2**2 * sq_weight + sq(torch.linalg.vector_norm(decay + values))
+                   - sq(torch.linalg.vector_norm(decay)))
     else:
         grad = torch.zeros_like(weight) if grad is None else grad
         grad.add_(weight, alpha=two_l2)                                     # reference: dense
-        sq_norm += float(torch.linalg.vector_norm(grad)) ** 2
+        sq_norm = sq_norm + sq(torch.linalg.vector_norm(grad))
+    sq_norm, sq_weight = torch.stack([sq_norm, sq_weight]).tolist()        # one read-back per step
     coef = min(1.0, clip / (max(sq_norm, 0.0) ** 0.5 + 1e-6))              # as clip_grad_norm_
     if coef < 1.0 and others:
         torch._foreach_mul_(others, coef)
