@@ -1,4 +1,4 @@
-"""The straightforward IAA reader of issue 6, kept for side-by-side speed comparisons.
+"""The straightforward IAA reader, kept for side-by-side speed comparisons.
 
 What a first PyTorch port looks like: ``nn.GRU`` over batches padded to their longest document
 (no packing, so the backward direction also reads the padding), ``nn.Dropout``, a dense
@@ -15,6 +15,12 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.model.config import ReaderConfig
+
+
+def random_batches(examples: list, batch_size: int) -> list[list]:
+    """The baseline's batching: examples in the given (random) order, cut into batches, each
+    padded to its longest document by ``iaa.jobs.bench.collate`` (no length bucketing)."""
+    return [examples[i: i + batch_size] for i in range(0, len(examples), batch_size)]
 
 
 class BaselineReader(nn.Module):

@@ -13,6 +13,9 @@ best round of each side is compared. Parts:
   that one change off (leave-one-out), on length-bucketed batches unless the change is bucketing.
 - ``infer/inference_table``: inference with and without the per-word projection table.
 - ``adam/fused``: one Adam step over the paper model's parameters, default vs fused kernel.
+- ``march/gru`` and ``march/train``: the C++ recurrence built with ``-march=native`` against the
+  shipped build for the generic x86-64 / arm64 target: the document BiGRU alone, and a whole
+  training step.
 
 The last line is JSON: {name: {"before": rate, "after": rate, "ratio": after / before}}.
 """
@@ -31,11 +34,14 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from baseline_reader import random_batches  # noqa: E402
 from iaa.jobs import bench  # noqa: E402
 from iaa.jobs.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
 from iaa.model.encoder import BiGRUEncoder  # noqa: E402
+from iaa.model import gru_kernels  # noqa: E402
 from iaa.model.fused_gru import FusedBiGRU  # noqa: E402
 
 LEAVE_ONE_OUT = {  # change -> the config (or switch) that turns it off
@@ -104,12 +110,42 @@ def _trainer(overrides: dict, batches: list) -> Callable[[], int]:
     def run() -> int:
         FusedBiGRU.use_cpp = use_cpp
         for batch in batches:
-            train_step(model, optimizer, batch, embed_l2=bench.EMBED_L2)
+            train_step(model, optimizer, batch)
         FusedBiGRU.use_cpp = True
         return sum(len(b) for b in batches)
 
     run()                                                           # warm-up
     return run
+
+
+def _with_kernels(module, fn: Callable[[], int]) -> Callable[[], int]:
+    """``fn`` with the C++ recurrence taken from ``module`` (one build of gru_kernels)."""
+    def run() -> int:
+        gru_kernels._STATE["module"] = module
+        return fn()
+    return run
+
+
+def march_part(batch: bench.Batch, batches: list, rounds: int) -> dict[str, dict]:
+    """-march=native against the generic target, for the BiGRU alone and a training step."""
+    native = gru_kernels.build((*gru_kernels.CFLAGS, "-march=native"))
+    generic = gru_kernels.build()
+    torch.manual_seed(0)
+    enc = BiGRUEncoder(384, 128)
+    x = torch.randn(*batch.doc.shape, 384, requires_grad=True)
+
+    def gru() -> int:
+        enc(x, batch.doc_mask)[0].sum().backward()
+        return len(batch)
+
+    step = _trainer({}, batches)
+    results = {}
+    for name, fn in (("march/gru", gru), ("march/train", step)):
+        rates = best_rate({"before": _with_kernels(generic, fn), "after": _with_kernels(native, fn)}, rounds)
+        results[name] = _pair(rates["before"], rates["after"])
+        print(name, results[name], flush=True)
+    gru_kernels._STATE["module"] = generic
+    return results
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -122,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     retain_freed_memory()
     pool = bench.synthetic_examples(args.batches * 32, seed=0)
     bucketed = [bench.collate(b) for b in bench.bucketed_batches(pool, 32)]
-    padded = [bench.collate(b) for b in bench.random_batches(pool, 32)]
+    padded = [bench.collate(b) for b in random_batches(pool, 32)]
     wanted = (lambda name: args.only is None or any(name.startswith(p) for p in args.only))
     results: dict[str, dict] = {}
     if wanted("gru/"):
@@ -166,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
                           args.rounds * 3)
         results["adam/fused"] = _pair(rates["before"], rates["after"])
         print("adam/fused", results["adam/fused"], flush=True)
+    if wanted("march/"):
+        results.update(march_part(bucketed[0], bucketed, args.rounds))
     print(json.dumps(results))
     return results
 

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from baseline_reader import BaselineReader, baseline_optimizer, baseline_train_step  # noqa: E402
+from baseline_reader import BaselineReader, baseline_optimizer, baseline_train_step, random_batches  # noqa: E402
 from iaa.jobs import bench  # noqa: E402
 from iaa.jobs.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
@@ -75,13 +75,13 @@ def main(argv: list[str] | None = None) -> dict:
     pool = bench.synthetic_examples(args.rounds * args.steps * args.batch_size, seed=0)
     warm = bench.collate(bench.synthetic_examples(args.batch_size, seed=1))
     bucketed = [bench.collate(b) for b in bench.bucketed_batches(pool, args.batch_size)]
-    padded = [bench.collate(b) for b in bench.random_batches(pool, args.batch_size)]
+    padded = [bench.collate(b) for b in random_batches(pool, args.batch_size)]
 
     def ours(side_cfg):
         torch.manual_seed(0)
         model = build_reader(side_cfg)
         opt = build_optimizer(model, bench.LR, bench.EMBED_L2)
-        return model, lambda batch: train_step(model, opt, batch, embed_l2=bench.EMBED_L2), bucketed
+        return model, lambda batch: train_step(model, opt, batch), bucketed
 
     # sides: name -> (model, one training step, its batches); the baseline first.
     sides: dict[str, tuple] = {}

@@ -47,7 +47,7 @@ def select(batch: Batch, index: int) -> Batch:
 @pytest.fixture(autouse=True)
 def one_thread():
     """Run model tests on one intra-op thread: tiny tensors gain nothing from a second one, and
-    on a shared machine every parallel region would wait for a descheduled thread (~10-50x)."""
+    on a loaded machine every parallel region would wait for a descheduled thread (~10-50x)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

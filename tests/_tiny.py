@@ -24,3 +24,31 @@ def make_tiny_prepared(root: Path, sizes: dict[str, int] = TINY_SIZES) -> Path:
     out = root / "prepared"
     prepare.run("cbt-ne", root / "CBTest", out, progress=False)
     return out
+
+
+class Killed(Exception):
+    """Stands for a kill -9 in the middle of a run."""
+
+
+def kill_after_checks(cfg, prepared: Path, run_dir: Path, checks: int, device: str = "cpu") -> None:
+    """Train ``cfg`` in ``run_dir`` and die right after the ``checks``-th check was reported
+    (its checkpoint written), as a killed process would."""
+    from iaa.jobs import train
+    from iaa.jobs.session import LocalSession
+
+    class DiesAfterChecks(LocalSession):
+        reports = 0
+
+        def report(self, metrics, state, is_best):  # type: ignore[override]
+            super().report(metrics, state, is_best)
+            self.reports += 1
+            if self.reports == checks:
+                raise Killed
+
+    session = DiesAfterChecks(prepared, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
+                              device=device)
+    try:
+        train.fit(cfg, session, show_progress=False)
+    except Killed:
+        return
+    raise AssertionError(f"the run ended before its check {checks}")

@@ -6,12 +6,23 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from iaa.jobs import bench
+from iaa.jobs.step import build_optimizer, train_step
+from iaa.model import build_reader, preset
 from tests._model_inputs import one_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(300)
 TINY = {"embed_dim": 16, "hidden_dim": 8, "state_dim": 12, "steps": 2, "gate_dim": 10}
+
+
+@pytest.fixture(autouse=True)
+def small_roofline(monkeypatch):
+    """The roofline matmul at 256 instead of 2048: the same measurement, 500x less work."""
+    measure = bench.matmul_gflops
+    monkeypatch.setattr(bench, "matmul_gflops", lambda device, dtype=torch.float32: measure(
+        device, size=256, reps=3, dtype=dtype))
 
 
 def test_synthetic_workload_has_the_cbt_ne_shape():
@@ -23,13 +34,42 @@ def test_synthetic_workload_has_the_cbt_ne_shape():
         assert e.answer in range(bench.NUM_CANDS) and 3 <= len(e.query) <= 120
 
 
-@pytest.mark.parametrize("model", ["iaa", "as-reader"])
-def test_bench_run_reports_rates(model):
+def test_count_flops_counts_matmuls_forward_and_backward():
+    layer = torch.nn.Linear(48, 20, bias=False)
+    x = torch.randn(7, 48, requires_grad=True)
+    # forward x W^T, backward dx = g W and dW = g^T x: three (7 x 48 x 20) products
+    assert bench.count_flops(lambda: layer(x).sum().backward()) == 3 * 2 * 7 * 48 * 20
+
+
+def test_time_steps_counts_examples_and_reads_the_clock_around_the_work():
+    ticks = iter([10.0, 12.5])
+    calls = []
+    seconds, count = bench.time_steps(calls.append, [[1, 2, 3], [4, 5]], "cpu", clock=lambda: next(ticks))
+    assert (seconds, count) == (2.5, 5) and calls == [[1, 2, 3], [4, 5]]
+
+
+def test_bench_run_reports_consistent_figures():
+    model = "iaa"
     result = bench.run(model=model, overrides=TINY, steps=1, warmup=1, batch_size=4)
-    for key in ("train_examples_per_s", "infer_examples_per_s", "flops_per_train_example",
-                "achieved_gflops", "matmul_gflops"):
-        assert result[key] > 0, key
-    assert result["config"]["kind"] == model and result["device"] == "cpu" and result["threads"] >= 1
+    assert result["config"]["kind"] == model and result["config"]["embed_dim"] == TINY["embed_dim"]
+    assert result["device"] == "cpu" and result["batch_size"] == 4 and result["threads"] >= 1
+    assert result["achieved_gflops"] == pytest.approx(
+        result["flops_per_train_example"] * result["train_examples_per_s"] / 1e9, rel=1e-2, abs=2e-3)
+    assert result["roofline_fraction"] == pytest.approx(result["achieved_gflops"] / result["matmul_gflops"],
+                                                        rel=2e-2, abs=2e-3)
+    assert result["peak_memory_bytes"] > 10 * 2**20                    # at least the interpreter and torch
+
+
+def test_iaa_does_more_work_per_example_than_the_as_reader():
+    """The AS Reader is the IAA reader's encoders plus one read: strictly fewer FLOPs, and the
+    IAA reader's extra work grows with its number of inference steps T."""
+    batch = bench.collate(bench.synthetic_examples(4, seed=0, vocab_size=500))
+    flops = {}
+    for model, steps in (("as-reader", 2), ("iaa", 2), ("iaa", 4)):
+        reader = build_reader(preset("tiny", kind=model, vocab_size=500, steps=steps))
+        optimizer = build_optimizer(reader, lr=1e-3, embed_l2=1e-4)
+        flops[model, steps] = bench.count_flops(lambda: train_step(reader, optimizer, batch))
+    assert flops["as-reader", 2] < flops["iaa", 2] < flops["iaa", 4]
 
 
 def test_bf16_on_cpu_means_bf16_projection_gemms_not_autocast():

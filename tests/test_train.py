@@ -14,8 +14,7 @@ from click.testing import CliRunner
 from iaa.cli import cli
 from iaa.jobs import checkpoint, resolve
 from iaa.jobs import train as train_job
-from iaa.jobs.session import LocalSession
-from tests._tiny import TINY_SETS, make_tiny_prepared
+from tests._tiny import TINY_SETS, kill_after_checks, make_tiny_prepared
 
 
 @pytest.fixture(scope="module")
@@ -49,27 +48,12 @@ def test_checkpoint_round_trip_rebuilds_the_model(tiny: Path, tmp_path: Path) ->
         assert torch.equal(tensor, state["model"][name])
 
 
-class _Killed(Exception):
-    pass
-
-
 def test_kill_and_resume_equals_uninterrupted(tiny: Path, tmp_path: Path) -> None:
     cfg = _cfg(tiny, "train.check_every=3")
     full = train_job.run(cfg, tiny, tmp_path / "full", show_progress=False)
 
-    class DiesAfterTwoChecks(LocalSession):
-        reports = 0
-
-        def report(self, metrics, state, is_best):  # type: ignore[override]
-            super().report(metrics, state, is_best)
-            DiesAfterTwoChecks.reports += 1
-            if DiesAfterTwoChecks.reports == 2:
-                raise _Killed
-
     run_dir = tmp_path / "killed"
-    session = DiesAfterTwoChecks(tiny, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed)
-    with pytest.raises(_Killed):
-        train_job.fit(cfg, session, show_progress=False)
+    kill_after_checks(cfg, tiny, run_dir, checks=2)
     resumed = train_job.run(cfg, tiny, run_dir, resume=True, show_progress=False)
 
     assert resumed["steps"] == full["steps"]

@@ -1,4 +1,4 @@
-"""Training and inference throughput on a synthetic CBT-NE-shaped workload (issue 6, item 1).
+"""Training and inference throughput on a synthetic CBT-NE-shaped workload.
 
 The workload is fixed so that implementations are compared on the same work: document lengths
 ~ N(430, 110²) clipped to [130, 1000], query lengths ~ N(28, 12²) clipped to [3, 120], 10
@@ -13,7 +13,6 @@ batch order shuffled. ``iaa-cli bench`` prints the dict that ``run`` returns.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable
 
@@ -23,7 +22,7 @@ import torch
 from iaa.data.batch import Batch
 from iaa.model.config import PRESETS, ReaderConfig
 from iaa.model.reader import build_reader
-from iaa.jobs.step import build_optimizer, retain_freed_memory, train_step
+from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
 
 VOCAB_SIZE = 50_000
 NUM_CANDS = 10
@@ -94,11 +93,6 @@ def bucketed_batches(examples: list[Example], batch_size: int, seed: int = 0) ->
     return batches
 
 
-def random_batches(examples: list[Example], batch_size: int) -> list[list[Example]]:
-    """Batches in the given (random) order, padded to their longest document."""
-    return [examples[i: i + batch_size] for i in range(0, len(examples), batch_size)]
-
-
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -116,10 +110,12 @@ def time_steps(step: Callable[[Batch], object], batches: Iterable[Batch], device
     return clock() - start, count
 
 
-def matmul_gflops(device: str = "cpu", size: int = 2048, reps: int = 10) -> float:
-    """The machine's measured fp32 matmul rate (bf16 on CUDA is not what the model runs)."""
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
+def matmul_gflops(device: str = "cpu", size: int = 2048, reps: int = 10,
+                  dtype: torch.dtype = torch.float32) -> float:
+    """The machine's measured rate of a large ``dtype`` matmul: the roofline the model's matmuls
+    are held to (bf16 under CUDA autocast, where they run in bf16; fp32 otherwise)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
     a @ b
     _sync(device)
     start = time.perf_counter()
@@ -137,6 +133,35 @@ def count_flops(fn: Callable[[], object]) -> int:
     with counter:
         fn()
     return counter.get_total_flops()
+
+
+def _peak_memory_bytes(device: str) -> int:
+    """Peak memory so far: the CUDA caching allocator's peak, or the process's peak resident set."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024     # Linux: KiB
+
+
+def _setup(model: str, overrides: dict[str, object] | None, device: str, precision: str):
+    """The reader config and autocast dtype of a bench run (see ``run`` for ``precision``)."""
+    if precision not in ("fp32", "bf16", "auto"):
+        raise ValueError(f"precision must be fp32, bf16 or auto, got {precision!r}")
+    cuda = device.startswith("cuda")
+    bf16 = precision == "bf16" or (precision == "auto" and cuda)
+    overrides = {**({"bf16_projections": True} if bf16 and not cuda else {}), **(overrides or {})}
+    cfg: ReaderConfig = replace(PRESETS["paper"], kind=model, vocab_size=VOCAB_SIZE, **overrides)
+    return cfg, (torch.bfloat16 if bf16 and cuda else None)
+
+
+def _time_inference(reader, device: str, amp_dtype, batch_size: int, steps: int, warmup: int, seed: int):
+    infer_pool = synthetic_examples((warmup + 2 * steps) * batch_size, seed=seed + 1)
+    infer_batches = [collate(b, device) for b in bucketed_batches(infer_pool, batch_size, seed)]
+    reader.eval()
+    with torch.inference_mode(), autocast(device.split(":")[0], amp_dtype):
+        time_steps(reader, infer_batches[:warmup], device)
+        return time_steps(reader, infer_batches[warmup:], device)
 
 
 def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: str = "cpu",
@@ -159,18 +184,13 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
 
     Returns:
         A dict with train_examples_per_s, infer_examples_per_s, flops_per_train_example,
-        achieved_gflops, matmul_gflops, roofline_fraction, config, threads, device, precision.
+        achieved_gflops, matmul_gflops (in the matmuls' dtype), roofline_fraction,
+        peak_memory_bytes, config, batch_size, threads, device, precision.
     """
-    retain_freed_memory()
+    retain_freed_memory()                     # an entry point: opts the process in
     if threads > 0:
         torch.set_num_threads(threads)
-    if precision not in ("fp32", "bf16", "auto"):
-        raise ValueError(f"precision must be fp32, bf16 or auto, got {precision!r}")
-    cuda = device.startswith("cuda")
-    bf16 = precision == "bf16" or (precision == "auto" and cuda)
-    overrides = {**({"bf16_projections": True} if bf16 and not cuda else {}), **(overrides or {})}
-    cfg: ReaderConfig = replace(PRESETS["paper"], kind=model, vocab_size=VOCAB_SIZE, **overrides)
-    amp_dtype = torch.bfloat16 if bf16 and cuda else None
+    cfg, amp_dtype = _setup(model, overrides, device, precision)
     torch.manual_seed(seed)
     reader = build_reader(cfg).to(device)
     optimizer = build_optimizer(reader, LR, EMBED_L2)
@@ -178,34 +198,33 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     train_batches = [collate(b, device) for b in bucketed_batches(pool, batch_size, seed)]
 
     def train(batch: Batch) -> float:
-        return train_step(reader, optimizer, batch, embed_l2=EMBED_L2, autocast=amp_dtype)
+        return train_step(reader, optimizer, batch, amp_dtype=amp_dtype)
 
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
     time_steps(train, train_batches[:warmup], device)
     train_s, train_n = time_steps(train, train_batches[warmup:], device)
     typical = sorted(train_batches, key=lambda b: b.doc.shape[1])[len(train_batches) // 2]
     flops = count_flops(lambda: train(typical)) / len(typical)         # median-length batch
+    infer_s, infer_n = _time_inference(reader, device, amp_dtype, batch_size, steps, warmup, seed)
+    peak = matmul_gflops(device, dtype=amp_dtype or torch.float32)
+    return _report(cfg, device, amp_dtype, batch_size, flops, train_n / train_s, infer_n / infer_s, peak)
 
-    infer_pool = synthetic_examples(2 * steps * batch_size, seed=seed + 1)
-    infer_batches = [collate(b, device) for b in bucketed_batches(infer_pool, batch_size, seed)]
-    reader.eval()
-    amp = torch.autocast(device.split(":")[0], dtype=amp_dtype) if amp_dtype else nullcontext()
-    with torch.inference_mode(), amp:
-        time_steps(reader, infer_batches[:warmup], device)
-        infer_s, infer_n = time_steps(reader, infer_batches[warmup:], device)
 
-    peak = matmul_gflops(device)
-    train_rate = train_n / train_s
+def _report(cfg: ReaderConfig, device: str, amp_dtype, batch_size: int, flops: float,
+            train_rate: float, infer_rate: float, peak: float) -> dict:
     achieved = flops * train_rate / 1e9
     return {
         "train_examples_per_s": round(train_rate, 2),
-        "infer_examples_per_s": round(infer_n / infer_s, 2),
+        "infer_examples_per_s": round(infer_rate, 2),
         "flops_per_train_example": int(flops),
         "achieved_gflops": round(achieved, 3),
         "matmul_gflops": round(peak, 1),
         "roofline_fraction": round(achieved / peak, 3),
+        "peak_memory_bytes": _peak_memory_bytes(device),
         "config": asdict(cfg),
         "batch_size": batch_size,
         "threads": torch.get_num_threads(),
         "device": device,
-        "precision": "bf16" if amp_dtype or (cfg.bf16_projections and not cuda) else "fp32",
+        "precision": "bf16" if amp_dtype or (cfg.bf16_projections and not device.startswith("cuda")) else "fp32",
     }

@@ -5,8 +5,9 @@ The objective (paper, "Training Details") is
     loss = -mean log P(a* | Q, D) + embed_l2 * ||X||²       (X: the word embedding)
 
 with the gradient clipped to norm ``clip`` (over all parameters, the L2 term included) and Adam.
-The training loop, the evaluation job and the Ray adapter all call ``build_optimizer`` and
-``train_step``, so every caller gets the fast path.
+The training loop (in process, in a Tune trial or on Ray Train workers) and the benchmarks all
+call ``build_optimizer`` and ``train_step``, so every caller gets the fast path. λ lives in the
+:class:`Optimizer` (``embed_l2``), the one place ``train_step`` reads it from.
 
 Fast path, same mathematics. A dense Adam update of the 50,000 x 384 embedding is needed for
 exactness: with the L2 term every row has a gradient (2 λ x_r) every step, and Adam's moments
@@ -37,6 +38,8 @@ import torch
 from torch import nn
 
 from iaa.data.batch import Batch
+from iaa.jobs.checkpoint import unwrap
+from iaa.jobs.config import ConfigError
 from iaa.model.pointer import nll_loss
 
 
@@ -47,6 +50,8 @@ def retain_freed_memory() -> bool:
     above glibc's mmap threshold, so each is a fresh mmap whose pages the kernel faults in and
     zeroes again: ~47,000 page faults per batch, ~13% of a step's CPU time (benchmarks/README.md).
     Cost: resident memory stays at its peak. Process-wide and idempotent; returns whether it applied.
+    Nothing calls it implicitly: an entry point opts in once at process start (``iaa.jobs.train.run``,
+    ``iaa-cli bench`` and the benchmark scripts do).
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -58,110 +63,160 @@ def retain_freed_memory() -> bool:
     return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The reader inside a DDP (or similar) wrapper."""
-    return getattr(model, "module", model)
+class Optimizer:
+    """Adam (fused where the device allows) plus the embedding's sparse-gradient bookkeeping.
 
+    Holds λ (``embed_l2``, the one place it lives during training) and the dense gradient buffer
+    of the embedding (zero except on last step's rows, which the next step re-zeroes).
+    ``state_dict`` / ``load_state_dict`` round-trip Adam's state (moments, step, learning rate);
+    the buffer is rebuilt on demand, so a checkpoint holds no copy of it.
 
-def build_optimizer(model: nn.Module, lr: float, embed_l2: float) -> torch.optim.Adam:
-    """Adam (fused where the device allows) with the embedding in its own parameter group.
-
-    Args:
-        model: a reader from ``iaa.model.build_reader`` (or a wrapper with ``.module``).
-        lr: learning rate for both groups (the loop may scale ``param_groups[i]["lr"]``).
-        embed_l2: λ of the embedding L2 term; recorded in the embedding group. ``train_step``
-            sets that group's ``weight_decay`` itself every step.
-
-    Returns:
-        A ``torch.optim.Adam``: ``param_groups``, ``state_dict`` and ``load_state_dict`` as usual.
-
-    Also calls ``retain_freed_memory()``: every training run builds its optimizer here once.
+    Build it after the model is on its device: Adam's state is created, and loaded, on the
+    parameters' device.
     """
-    retain_freed_memory()
-    embedding = _unwrap(model).embedding.weight
-    rest = [p for p in model.parameters() if p.requires_grad and p is not embedding]
-    groups = [
-        {"params": [embedding], "name": "embedding", "embed_l2": embed_l2, "weight_decay": 0.0},
-        {"params": rest, "name": "rest", "weight_decay": 0.0},
-    ]
-    fused = embedding.device.type in ("cpu", "cuda")
-    return torch.optim.Adam(groups, lr=lr, fused=fused)
+
+    def __init__(self, model: nn.Module, lr: float, embed_l2: float) -> None:
+        self.embedding = _embedding_weight(model)
+        self.embed_l2 = float(embed_l2)
+        rest = [p for p in model.parameters() if p.requires_grad and p is not self.embedding]
+        groups = [{"params": [self.embedding], "name": "embedding", "weight_decay": 0.0},
+                  {"params": rest, "name": "rest", "weight_decay": 0.0}]
+        fused = self.embedding.device.type in ("cpu", "cuda")
+        self.adam = torch.optim.Adam(groups, lr=lr, fused=fused)
+        self._grad_buffer: torch.Tensor | None = None
+        self._touched_rows: torch.Tensor | None = None
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.adam.param_groups
+
+    @property
+    def _embed_group(self) -> dict:
+        """The embedding's group (looked up each time: ``load_state_dict`` replaces the dicts)."""
+        return self.adam.param_groups[0]
+
+    @property
+    def lr(self) -> float:
+        return float(self.adam.param_groups[0]["lr"])
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.adam.param_groups:
+            group["lr"] = lr
+
+    def state_dict(self) -> dict:
+        return self.adam.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Adam's saved state, moved to the parameters' device and dtype."""
+        self.adam.load_state_dict(state)
+
+    def step(self) -> None:
+        self.adam.step()
+
+    def embedding_grad_buffer(self) -> torch.Tensor:
+        """A dense gradient buffer for the embedding, zero except on last step's rows."""
+        weight, buffer = self.embedding, self._grad_buffer
+        if buffer is None or buffer.shape != weight.shape or buffer.device != weight.device:
+            buffer = self._grad_buffer = torch.zeros_like(weight)
+        elif self._touched_rows is not None:
+            buffer.index_fill_(0, self._touched_rows, 0.0)
+        self._touched_rows = None
+        return buffer
+
+    def attach_sparse_grad(self, rows: torch.Tensor, values: torch.Tensor, l2_coef: float) -> None:
+        """The embedding's gradient: ``values`` on ``rows`` plus ``l2_coef * X``, added by Adam."""
+        buffer = self.embedding_grad_buffer()
+        buffer.index_copy_(0, rows, values)
+        self._touched_rows = rows
+        self.embedding.grad = buffer
+        self._embed_group["weight_decay"] = l2_coef                         # Adam adds wd * x
+
+    def attach_dense_grad(self, grad: torch.Tensor) -> None:
+        self.embedding.grad = grad
+        self._embed_group["weight_decay"] = 0.0
 
 
-def _embedding_grad_buffer(optimizer: torch.optim.Optimizer, weight: torch.Tensor) -> torch.Tensor:
-    """A dense gradient buffer for the embedding, zero except on last step's rows."""
-    buffer = getattr(optimizer, "_embed_grad", None)
-    if buffer is None or buffer.shape != weight.shape or buffer.device != weight.device:
-        buffer = torch.zeros_like(weight)
-        optimizer._embed_grad, optimizer._embed_rows = buffer, None
-    elif optimizer._embed_rows is not None:
-        buffer.index_fill_(0, optimizer._embed_rows, 0.0)
-    return buffer
+def _embedding_weight(model: nn.Module) -> torch.Tensor:
+    """The word embedding of a reader, or of the reader inside a DDP (or similar) wrapper."""
+    return unwrap(model).embedding.weight
+
+
+def build_optimizer(model: nn.Module, lr: float, embed_l2: float) -> Optimizer:
+    """The training optimiser of ``model`` (a reader from ``iaa.model.build_reader``, or a
+    wrapper with ``.module``): Adam with learning rate ``lr`` and the embedding L2 weight λ."""
+    return Optimizer(model, lr, embed_l2)
 
 
 @torch.no_grad()
-def _clip_and_attach(model: nn.Module, optimizer: torch.optim.Optimizer,
-                     embed_l2: float, clip: float) -> float:
+def _clip_and_attach(model: nn.Module, optimizer: Optimizer, clip: float) -> float:
     """Clip the total gradient (L2 term included) to norm ``clip`` and hand it to Adam.
 
-    Returns embed_l2 * ||X||², the value of the L2 term.
+    The squared norms are summed in float64 on the parameters' device and read back once (on a
+    GPU every read-back waits for the device). Returns λ ||X||², the value of the L2 term.
     """
-    weight = _unwrap(model).embedding.weight
+    weight, embed_l2 = optimizer.embedding, optimizer.embed_l2
     grad, weight.grad = weight.grad, None
     others = [p.grad for p in model.parameters() if p.grad is not None and p is not weight]
-    sq_weight = float(torch.dot(weight.view(-1), weight.view(-1)))
-    sq_norm = sum(float(n) ** 2 for n in torch._foreach_norm(others)) if others else 0.0
+    sq = lambda t: t.double().square()                                     # noqa: E731 (float64 sums)
+    sq_weight = torch.dot(weight.view(-1), weight.view(-1)).double()
+    sq_norm = sq(torch.stack(torch._foreach_norm(others))).sum() if others else sq_weight.new_zeros(())
     two_l2 = 2.0 * embed_l2
     if grad is not None and grad.is_sparse:
         grad = grad.coalesce()
         rows, values = grad.indices()[0], grad.values()                    # unique rows, (R, d)
         decay = weight.index_select(0, rows).mul_(two_l2)                  # 2λ x_r
-        sq_norm += (two_l2**2 * sq_weight + float(torch.linalg.vector_norm(decay + values)) ** 2
-                    - float(torch.linalg.vector_norm(decay)) ** 2)
+        sq_norm = (sq_norm + two_l2**2 * sq_weight + sq(torch.linalg.vector_norm(decay + values))
+                   - sq(torch.linalg.vector_norm(decay)))
     else:
         grad = torch.zeros_like(weight) if grad is None else grad
         grad.add_(weight, alpha=two_l2)                                     # reference: dense
-        sq_norm += float(torch.linalg.vector_norm(grad)) ** 2
+        sq_norm = sq_norm + sq(torch.linalg.vector_norm(grad))
+    sq_norm, sq_weight = torch.stack([sq_norm, sq_weight]).tolist()        # one read-back per step
     coef = min(1.0, clip / (max(sq_norm, 0.0) ** 0.5 + 1e-6))              # as clip_grad_norm_
     if coef < 1.0 and others:
         torch._foreach_mul_(others, coef)
-    group = next(g for g in optimizer.param_groups if g.get("name") == "embedding")
     if grad.is_sparse:
-        buffer = _embedding_grad_buffer(optimizer, weight)
-        buffer.index_copy_(0, rows, values.mul_(coef) if coef < 1.0 else values)
-        optimizer._embed_rows = rows
-        weight.grad = buffer
-        group["weight_decay"] = two_l2 * coef                               # Adam adds wd * x
+        optimizer.attach_sparse_grad(rows, values.mul_(coef) if coef < 1.0 else values, two_l2 * coef)
     else:
-        weight.grad = grad.mul_(coef) if coef < 1.0 else grad
-        group["weight_decay"] = 0.0
+        optimizer.attach_dense_grad(grad.mul_(coef) if coef < 1.0 else grad)
     return embed_l2 * sq_weight
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, *,
-               embed_l2: float, clip: float = 5.0, autocast: torch.dtype | None = None) -> float:
+def autocast(device_type: str, dtype: torch.dtype | None):
+    """``torch.autocast(device_type, dtype)``, or a no-op context when ``dtype`` is None."""
+    return torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def precision_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of ``TrainConfig.precision``: None for fp32, bfloat16 for bf16."""
+    if precision not in ("fp32", "bf16"):
+        raise ConfigError(f"train.precision must be fp32 or bf16, got {precision!r}")
+    return torch.bfloat16 if precision == "bf16" else None
+
+
+def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
+               clip: float = 5.0, amp_dtype: torch.dtype | None = None) -> float:
     """Forward, loss, backward, gradient-norm clipping and an Adam step on one batch.
 
     Args:
         model: the reader (training mode is set here).
-        optimizer: from ``build_optimizer``.
+        optimizer: from ``build_optimizer`` (it holds λ).
         batch: on the model's device.
-        embed_l2: λ of the embedding L2 term.
         clip: maximum total gradient norm.
-        autocast: run the forward under ``torch.autocast`` with this dtype (e.g. bfloat16 on
-            CUDA); None keeps full precision.
+        amp_dtype: run the forward under ``torch.autocast`` on the batch's device with this dtype
+            (bfloat16: ``train.precision=bf16``); None keeps full precision. Parameters,
+            gradients and Adam's state stay fp32 either way, and the loss is computed in fp32.
 
     Returns:
         The loss, -mean log P(a*) + λ ||X||², as a float.
     """
     model.train()
-    device_type = batch.doc.device.type
-    amp = torch.autocast(device_type, dtype=autocast) if autocast is not None else nullcontext()
-    with amp:
-        nll = nll_loss(model(batch).float(), batch.answer)
+    with autocast(batch.doc.device.type, amp_dtype):
+        log_p = model(batch)                                               # (B, C)
+    nll = nll_loss(log_p.float(), batch.answer)
     for p in model.parameters():
         p.grad = None
     nll.backward()
-    l2_value = _clip_and_attach(model, optimizer, embed_l2, clip)
+    l2_value = _clip_and_attach(model, optimizer, clip)
     optimizer.step()
     return float(nll.detach()) + l2_value

@@ -4,150 +4,172 @@ The loop knows nothing of Ray: it talks to a :class:`~iaa.jobs.session.Session`.
 deterministic on CPU for a given seed, and a run resumed from its last checkpoint reaches the
 same result as an uninterrupted one: the checkpoint holds the model, the optimizer, the RNG
 state and the position in the epoch, and the batch order is a pure function of (seed, epoch).
+
+Devices are handled here, once: the model is moved to the session's device before the
+optimiser is built or its saved state loaded, so Adam's moments always live beside their
+parameters; checkpoints hold CPU tensors (:mod:`iaa.jobs.checkpoint`), so a run trained on a GPU
+resumes or evaluates on a CPU and the other way round. ``train.precision=bf16`` runs forward
+passes (training and validation) under bf16 autocast on that device; parameters, gradients and
+Adam's state stay fp32.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from iaa.data.batch import Batch
+from iaa.errors import IaaError
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig
 from iaa.jobs.evaluate import score_batches
+from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
-from iaa.jobs.step import build_optimizer, train_step
+from iaa.jobs.step import autocast, build_optimizer, precision_dtype, retain_freed_memory, train_step
 from iaa.model.reader import build_reader
 
 TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks
 
 
 @dataclass
-class Progress:
-    """Loop state saved in every checkpoint."""
+class _LossWindow:
+    """Training losses since the last check, and when that window started."""
 
-    epoch: int = 0
-    batch: int = 0            # batches done in the current epoch
-    step: int = 0             # batches done in all
-    checks: int = 0
-    best_valid_acc: float = -1.0
-    best_step: int = 0
-    bad_checks: int = 0       # consecutive checks without improvement
-    elapsed_s: float = 0.0    # training wall time, summed across resumptions
-    stop_reason: str = ""
+    total: float = 0.0
+    batches: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+    def add(self, loss: float) -> None:
+        self.total += loss
+        self.batches += 1
 
 
-def _set_lr(optimizer: torch.optim.Optimizer, factor: float) -> float:
-    for group in optimizer.param_groups:
-        group["lr"] *= factor
-    return float(optimizer.param_groups[0]["lr"])
+class Trainer:
+    """One run of the loop on one session; ``fit`` is the whole of it."""
+
+    def __init__(self, cfg: JobConfig, session: Session, *, show_progress: bool = True,
+                 vocab_hash: str = "") -> None:
+        if cfg.train.threads > 0:
+            torch.set_num_threads(cfg.train.threads)
+        self.cfg, self.tc, self.session, self.vocab_hash = cfg, cfg.train, session, vocab_hash
+        self.amp_dtype = precision_dtype(cfg.train.precision)
+        self.model, self.optimizer, self.progress = self._load()
+        self.n_batches = session.num_train_batches()
+        if self.n_batches == 0:
+            raise IaaError("the training split is empty: prepare the dataset with training examples")
+        self.max_steps = max(1, math.ceil(self.tc.max_epochs * self.n_batches))
+        self.progress.resume(max_steps=self.max_steps, max_seconds=self.tc.max_minutes * 60)
+        examples = self.tc.batch_size * session.world_size
+        self.bar = tqdm(total=self.max_steps * examples, initial=self.progress.step * examples, unit="ex",
+                        unit_scale=True, dynamic_ncols=True, desc=f"train {cfg.model.kind}",
+                        disable=not (show_progress and session.rank == 0))
+        self.window = _LossWindow()
+        self.last: dict[str, Any] = {}
+        self._clock_base = self.progress.elapsed_s - time.perf_counter()
+
+    def _load(self):
+        """The model on the session's device, then its optimiser, then the saved state if any."""
+        torch.manual_seed(self.tc.seed)
+        model = build_reader(self.cfg.model).to(self.session.device)
+        optimizer = build_optimizer(model, lr=self.tc.lr, embed_l2=self.tc.embed_l2)
+        progress = Progress()
+        saved = self.session.latest_state()
+        if saved is not None:
+            source = getattr(self.session, "resumed_from", "") or "the last checkpoint"
+            checkpoint.check_resumable(saved, self.cfg, self.vocab_hash, source)
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            checkpoint.restore_rng(saved)
+            progress = Progress.from_dict(saved["progress"], lr_scale=optimizer.lr / self.tc.lr)
+        optimizer.set_lr(self.tc.lr * progress.lr_scale)
+        return self.session.prepare_model(model), optimizer, progress
+
+    def fit(self) -> dict[str, Any]:
+        """Train until the budget, the step limit or early stopping ends the run."""
+        self.model.train()
+        if self.progress.step >= self.max_steps:
+            self.progress.stop("max-epochs")
+        while not self.progress.stop_reason:
+            self._run_epoch()
+        self.bar.close()
+        p = self.progress
+        return {**self.last, "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
+                "stop_reason": p.stop_reason, "train_seconds": p.elapsed_s}
+
+    def _run_epoch(self) -> None:
+        """The rest of the current epoch, with the checks that fall in it."""
+        p = self.progress
+        for batch in self.session.train_batches(p.epoch, skip=p.batch):
+            self._run_batch(batch)
+            if p.stop_reason or self._check_due():
+                self._check()
+                if p.stop_reason:
+                    return
+        p.finish_epoch()
+
+    def _run_batch(self, batch: Batch) -> None:
+        """One training step, then the step and time budgets."""
+        p, tc = self.progress, self.tc
+        loss = train_step(self.model, self.optimizer, batch.to(self.session.device), clip=tc.clip,
+                          amp_dtype=self.amp_dtype)
+        p.finish_batch(self._clock_base + time.perf_counter())
+        self.window.add(loss)
+        self.bar.update(len(batch) * self.session.world_size)
+        self.bar.set_postfix(loss=f"{self.window.total / self.window.batches:.3f}", refresh=False)
+        if p.step >= self.max_steps:
+            p.stop("max-epochs")
+        elif tc.max_minutes > 0 and p.step % TIME_CHECK_EVERY == 0:
+            over = p.elapsed_s > tc.max_minutes * 60
+            if self.session.all_reduce_sum([float(over)])[0] > 0:
+                p.stop("max-time")
+
+    def _check_due(self) -> bool:
+        """Every ``check_every`` steps, else at mid-epoch and at the end of the epoch."""
+        if self.tc.check_every:
+            return self.progress.step % self.tc.check_every == 0
+        return self.progress.batch in (max(1, self.n_batches // 2), self.n_batches)
+
+    def _check(self) -> None:
+        """Validate; let the progress decide lr decay and early stopping; report a checkpoint."""
+        p, tc = self.progress, self.tc
+        with autocast(self.session.device.type, self.amp_dtype):
+            sums = score_batches(checkpoint.unwrap(self.model), self.session.valid_batches(), self.session.device)
+        correct, total, nll = self.session.all_reduce_sum(sums)
+        acc = correct / max(total, 1)
+        improved = p.record_check(acc, lr_decay=tc.lr_decay, patience=tc.patience)
+        self.optimizer.set_lr(tc.lr * p.lr_scale)
+        self.last = self._metrics(acc, nll / max(total, 1))
+        state = checkpoint.make_state(self.cfg, self.model, self.optimizer, p.to_dict(), self.vocab_hash)
+        self.session.report(self.last, state, improved)
+        self.bar.set_postfix(valid_acc=f"{acc:.3f}", best=f"{p.best_valid_acc:.3f}")
+        self.window = _LossWindow()
+        self.model.train()
+
+    def _metrics(self, valid_acc: float, valid_loss: float) -> dict[str, Any]:
+        """The metrics of a check: validation, the training loss and speed since the last one."""
+        loss_sum, batches = self.session.all_reduce_sum([self.window.total, self.window.batches])
+        seconds = max(time.perf_counter() - self.window.start, 1e-9)
+        return {
+            "step": self.progress.step,
+            "epoch": self.progress.step / self.n_batches,
+            "train_loss": loss_sum / max(batches, 1),
+            "valid_acc": valid_acc,
+            "valid_loss": valid_loss,
+            "best_valid_acc": self.progress.best_valid_acc,
+            "lr": self.optimizer.lr,
+            "train_examples_per_s": self.window.batches * self.tc.batch_size * self.session.world_size / seconds,
+        }
 
 
 def fit(cfg: JobConfig, session: Session, *, show_progress: bool = True, vocab_hash: str = "") -> dict[str, Any]:
     """Train ``cfg.model`` on the session's data; returns the final metrics and progress."""
-    tc = cfg.train
-    if tc.threads > 0:
-        torch.set_num_threads(tc.threads)
-    torch.manual_seed(tc.seed)
-    model = build_reader(cfg.model)
-    optimizer = build_optimizer(model, lr=tc.lr, embed_l2=tc.embed_l2)
-    progress = Progress()
-    saved = session.latest_state()
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        torch.set_rng_state(saved["rng"])
-        progress = Progress(**saved["progress"])
-    model = session.prepare_model(model)
-
-    n_batches = session.num_train_batches()
-    half = max(1, n_batches // 2)
-
-    def due(p: Progress) -> bool:
-        """A validation check is due: every ``check_every`` steps, else at mid-epoch and epoch end."""
-        if tc.check_every:
-            return p.step % tc.check_every == 0
-        return p.batch in (half, n_batches)
-
-    max_steps = max(1, math.ceil(tc.max_epochs * n_batches))
-    main = session.rank == 0
-    bar = tqdm(
-        total=max_steps * tc.batch_size * session.world_size,
-        initial=progress.step * tc.batch_size * session.world_size,
-        unit="ex", unit_scale=True, dynamic_ncols=True,
-        disable=not (show_progress and main), desc=f"train {cfg.model.kind}",
-    )
-    last: dict[str, Any] = {}
-    loss_sum, loss_n, window_start = 0.0, 0, time.perf_counter()
-
-    def check() -> bool:
-        """Validate, decay lr, report with a checkpoint; True when training should stop."""
-        nonlocal loss_sum, loss_n, window_start, last
-        correct, total, nll = session.all_reduce_sum(score_batches(checkpoint.unwrap(model), session.valid_batches(), session.device))
-        acc = correct / max(total, 1)
-        progress.checks += 1
-        improved = acc > progress.best_valid_acc
-        if improved:
-            progress.best_valid_acc, progress.best_step, progress.bad_checks = acc, progress.step, 0
-        else:
-            progress.bad_checks += 1
-            _set_lr(optimizer, tc.lr_decay)
-        if progress.bad_checks >= tc.patience:
-            progress.stop_reason = progress.stop_reason or "early-stopped"
-        train_loss = session.all_reduce_sum([loss_sum, loss_n])
-        now = time.perf_counter()
-        last = {
-            "step": progress.step,
-            "epoch": progress.step / n_batches,
-            "train_loss": train_loss[0] / max(train_loss[1], 1),
-            "valid_acc": acc,
-            "valid_loss": nll / max(total, 1),
-            "best_valid_acc": progress.best_valid_acc,
-            "lr": float(optimizer.param_groups[0]["lr"]),
-            "train_examples_per_s": loss_n * tc.batch_size * session.world_size / max(now - window_start, 1e-9),
-        }
-        state = checkpoint.make_state(cfg, model, optimizer, asdict(progress), vocab_hash)
-        session.report(last, state, improved)
-        bar.set_postfix(valid_acc=f"{acc:.3f}", best=f"{progress.best_valid_acc:.3f}")
-        loss_sum, loss_n, window_start = 0.0, 0, time.perf_counter()
-        model.train()
-        return bool(progress.stop_reason)
-
-    model.train()
-    if n_batches == 0:
-        raise ValueError("the training split is empty")
-    resumed_elapsed, started = progress.elapsed_s, time.perf_counter()
-    stop = progress.stop_reason != "" or progress.step >= max_steps
-    while not stop:
-        for batch in session.train_batches(progress.epoch, skip=progress.batch):
-            loss = train_step(model, optimizer, batch.to(session.device), embed_l2=tc.embed_l2, clip=tc.clip)
-            progress.elapsed_s = resumed_elapsed + time.perf_counter() - started
-            progress.batch += 1
-            progress.step += 1
-            loss_sum, loss_n = loss_sum + loss, loss_n + 1
-            bar.update(len(batch) * session.world_size)
-            bar.set_postfix(loss=f"{loss_sum / loss_n:.3f}", refresh=False)
-            if progress.step >= max_steps:
-                progress.stop_reason = "max-epochs"
-            elif tc.max_minutes > 0 and progress.step % TIME_CHECK_EVERY == 0:
-                over = progress.elapsed_s > tc.max_minutes * 60
-                if session.all_reduce_sum([float(over)])[0] > 0:
-                    progress.stop_reason = "max-time"
-            if progress.stop_reason or due(progress):
-                stop = check()
-                if stop:
-                    break
-        else:
-            progress.epoch += 1
-            progress.batch = 0
-    bar.close()
-    return {**last, "best_valid_acc": progress.best_valid_acc, "best_step": progress.best_step,
-            "steps": progress.step, "stop_reason": progress.stop_reason, "train_seconds": progress.elapsed_s}
+    return Trainer(cfg, session, show_progress=show_progress, vocab_hash=vocab_hash).fit()
 
 
 def run(
@@ -160,9 +182,13 @@ def run(
     show_progress: bool = True,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    """Train in this process; returns the metrics with the best checkpoint's path."""
+    """Train in this process; returns the metrics with the best checkpoint's path.
+
+    An entry point: it opts this process into ``retain_freed_memory`` (faster CPU steps).
+    """
     from iaa.jobs.session import LocalSession
 
+    retain_freed_memory()
     session = LocalSession(data_dir, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
                            resume=resume, on_metrics=on_metrics, device=device)
     result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.get("vocab_hash", ""))

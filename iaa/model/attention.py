@@ -17,13 +17,19 @@ class Memory:
     sum: ~6 passes over M per read. Here each read's backward only records its two factors and
     returns no gradient for M; when every read is done, dL/dM = U Vᵀ in one batched GEMM with
     inner size 2T - 1. Same gradient, one pass. ``deferred=False`` uses plain autograd (reference).
+
+    Under autocast the deferred reads compute in autocast's dtype, as ``torch.bmm`` would: M is
+    cast once here, and each read casts its other factor, so their backward (which runs outside
+    autocast) multiplies tensors of one dtype. The gradient reaches the fp32 M through the cast.
     """
 
     def __init__(self, memory: torch.Tensor, deferred: bool = True) -> None:
         self.deferred = deferred and memory.requires_grad and torch.is_grad_enabled()
         self.left: list[torch.Tensor] = []     # (B, L) factors
         self.right: list[torch.Tensor] = []    # (B, k) factors
-        self.tensor = _CollectGrad.apply(memory, self) if self.deferred else memory  # (B, L, k)
+        if self.deferred:
+            memory = _CollectGrad.apply(memory.to(_compute_dtype(memory)), self)
+        self.tensor = memory                   # (B, L, k)
 
     def logits(self, key: torch.Tensor) -> torch.Tensor:
         """m_iᵀ key: (B, L)."""
@@ -36,6 +42,15 @@ class Memory:
         if self.deferred:
             return _Read.apply(self.tensor, weights, self, False)
         return glimpse(weights, self.tensor)
+
+
+def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul of ``tensor`` runs in here: autocast's, when it is on for its device
+    (autocast casts floating-point tensors other than float64)."""
+    device = tensor.device.type
+    if torch.is_autocast_enabled(device) and tensor.is_floating_point() and tensor.dtype != torch.float64:
+        return torch.get_autocast_dtype(device)
+    return tensor.dtype
 
 
 class _CollectGrad(torch.autograd.Function):
@@ -66,6 +81,7 @@ class _Read(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, memory: torch.Tensor, x: torch.Tensor, reads: Memory, logits: bool) -> torch.Tensor:
+        x = x.to(memory.dtype)                 # under autocast: M is already in its dtype
         ctx.save_for_backward(memory, x)
         ctx.reads, ctx.logits = reads, logits
         return bilinear_logits(memory, x) if logits else glimpse(x, memory)  # (B, L) or (B, k)
@@ -73,6 +89,7 @@ class _Read(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
         memory, x = ctx.saved_tensors
+        d_out = d_out.to(memory.dtype)
         left, right = (d_out, x) if ctx.logits else (x, d_out)
         ctx.reads.left.append(left)
         ctx.reads.right.append(right)

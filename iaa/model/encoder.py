@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from iaa.model.fused_gru import bigru_from_table, fused_bigru, input_table
+
+
+def _rnn_precision(x: torch.Tensor):
+    """Autocast as it is, except a bf16 GRU on cuDNN before 9.13, which has no bf16 RNN kernels:
+    that GRU runs in fp32 (autocast off around it)."""
+    if x.is_cuda and torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.bfloat16:
+        version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        if version is None or version < 91300:
+            return torch.autocast("cuda", enabled=False)
+    return nullcontext()
 
 
 class BiGRUEncoder(nn.Module):
@@ -46,9 +58,10 @@ class BiGRUEncoder(nn.Module):
         if self.fused and x.is_cpu:
             states = fused_bigru(x, lengths, self.gru._flat_weights, self.bf16)  # (B, L, 2h)
         else:
-            packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-            states, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True,
-                                            total_length=x.shape[1])       # (B, L, 2h)
+            with _rnn_precision(x):
+                packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+                states, _ = pad_packed_sequence(self.gru(packed)[0], batch_first=True,
+                                                total_length=x.shape[1])   # (B, L, 2h)
         return states, self._final(states, lengths)
 
     @torch.no_grad()

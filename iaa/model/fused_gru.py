@@ -37,7 +37,7 @@ from iaa.model import gru_kernels
 
 # Threads for the Python fallback loops (None keeps torch's setting). They would open a parallel
 # region for every step's tiny matmul, which stalls for milliseconds whenever another process
-# holds the other core (5-80x slower loops measured on this shared machine), so they run on one.
+# holds the other core (5-80x slower loops measured on a loaded 2-core machine), so they run on one.
 # The C++ kernels need no such setting: each direction's whole loop is one task of a single
 # parallel region, so with two torch threads the directions run side by side and never wait for
 # each other between steps (1.12x faster training on 2 idle cores, benchmarks/README.md).
@@ -288,10 +288,12 @@ def input_table(embedding: torch.Tensor, weights: list[torch.Tensor]) -> torch.T
     """Every word's input projection, (V, 2, 3h): X W_ih^T + b_in for both directions.
 
     For inference without input dropout, ``bigru_from_table`` then looks projections up instead
-    of multiplying: the same values, computed once per word instead of once per token.
+    of multiplying: the same values, computed once per word instead of once per token. In the
+    weights' dtype even under autocast, as ``fused_bigru``'s projections.
     """
-    w_ih, _, _, b_in = _stack_weights(*weights)
-    return torch.einsum("vd,ekd->vek", embedding, w_ih).add_(b_in.transpose(0, 1))
+    with torch.autocast(embedding.device.type, enabled=False):
+        w_ih, _, _, b_in = _stack_weights(*weights)
+        return torch.einsum("vd,ekd->vek", embedding, w_ih).add_(b_in.transpose(0, 1))
 
 
 @torch.no_grad()
@@ -303,8 +305,14 @@ def bigru_from_table(tokens: torch.Tensor, lengths: torch.Tensor, table: torch.T
         tokens: (B, L) int64 word ids. lengths: (B,). table: (V, 2, 3h). weights: as ``fused_bigru``.
 
     Returns:
-        (B, L, 2h), exactly 0 at padding. No gradient.
+        (B, L, 2h), exactly 0 at padding, in ``table``'s dtype (fp32 for fp32 weights, even under
+        autocast, as ``fused_bigru``). No gradient.
     """
+    with torch.autocast(tokens.device.type, enabled=False):
+        return _bigru_from_table(tokens, lengths, table, weights)
+
+
+def _bigru_from_table(tokens, lengths, table, weights):
     batch, max_len = tokens.shape
     pk = make_packing(lengths, max_len)
     pos = pk.pos.to(tokens.device)

@@ -32,18 +32,6 @@ def pointer_sum(log_att: torch.Tensor, doc_cand: torch.Tensor, num_cands: int) -
     return log_p.masked_fill(~present, float("-inf"))                   # (B, C)
 
 
-def pointer_sum_loop(log_att: torch.Tensor, doc_cand: torch.Tensor, num_cands: int) -> torch.Tensor:
-    """Plain-loop reference of ``pointer_sum`` (for tests): P(a) = Σ over positions, then log."""
-    probs = log_att.exp()
-    out = torch.zeros(log_att.shape[0], num_cands, dtype=log_att.dtype)
-    for b in range(log_att.shape[0]):
-        for i in range(log_att.shape[1]):
-            a = int(doc_cand[b, i])
-            if a >= 0:
-                out[b, a] += probs[b, i]
-    return out.log()
-
-
 def nll_loss(log_p: torch.Tensor, answer: torch.Tensor) -> torch.Tensor:
     """Mean of -log P(a* | Q, D) over the batch (the paper's training objective).
 

@@ -1,7 +1,7 @@
 """The readers: the IAA reader, its fixed-query ablation and the AS Reader baseline.
 
-All three share the embedding, the encoders, the masking and the pointer-sum, and map a
-``Batch`` to log P(a | Q, D) for each candidate: (B, C).
+All three share the embedding, the encoders, the masking and the pointer-sum, and map a batch
+(``ReaderInputs``, e.g. the loader's ``Batch``) to log P(a | Q, D) for each candidate: (B, C).
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from iaa.data.batch import Batch
 from iaa.model.attention import DocRead, FixedQueryRead, Memory, QueryRead, bilinear_logits
 from iaa.model.config import ReaderConfig
 from iaa.model.dropout import Dropout
 from iaa.model.encoder import BiGRUEncoder
 from iaa.model.gates import SearchGate, gate_features
 from iaa.model.initialization import init_reader_
+from iaa.model.inputs import ReaderInputs
 from iaa.model.masking import masked_log_softmax
 from iaa.model.pointer import pointer_sum
 
@@ -42,7 +42,7 @@ class _Encoders(nn.Module):
         self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru,
                                         bf16=cfg.bf16_projections)
 
-    def forward(self, batch: Batch):
+    def forward(self, batch: ReaderInputs):
         """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h), before
         the attention-input dropout (each reader drops what its attention reads)."""
         q_emb = self.drop(self.embedding(batch.query))                     # (B, Lq, d)
@@ -71,7 +71,14 @@ class _Encoders(nn.Module):
         return self._table[1]
 
 
-def _answer_mask(cfg: ReaderConfig, batch: Batch) -> torch.Tensor:
+def _full_precision(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in fp32 at least: under autocast the attention reads compute in bf16, but the
+    answer distribution (a log-softmax over hundreds of positions, then the pointer-sum's
+    log-sum-exp) keeps full precision, so log P(a) is fp32 whatever the compute dtype."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
+def _answer_mask(cfg: ReaderConfig, batch: ReaderInputs) -> torch.Tensor:
     """Positions the answer distribution d_{i,T} ranges over: all real tokens (paper), or only
     candidate positions (Stanford AR / GA Reader, ``candidate_softmax``)."""
     if cfg.candidate_softmax:
@@ -108,7 +115,7 @@ class IAAReader(nn.Module):
     def embedding(self) -> nn.Embedding:
         return self.encoders.embedding
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: ReaderInputs) -> torch.Tensor:
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
         q_enc, _, d_enc = self.encoders(batch)                             # (B, Lq, 2h), (B, Ld, 2h)
         q_enc = self.encoders.drop(q_enc)                                  # attention inputs
@@ -123,7 +130,7 @@ class IAAReader(nn.Module):
             features = self.encoders.drop(gate_features(s, q_t, d_t))      # (B, s + 6h)
             r_q, r_d = self.gate_q(features), self.gate_d(features)        # (B, 2h) each
             s = self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)      # s_t: (B, s)
-        log_att = masked_log_softmax(logits, _answer_mask(self.cfg, batch))  # log d_{i,T}
+        log_att = masked_log_softmax(_full_precision(logits), _answer_mask(self.cfg, batch))  # log d_{i,T}
         return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
 
 
@@ -144,11 +151,12 @@ class ASReader(nn.Module):
     def embedding(self) -> nn.Embedding:
         return self.encoders.embedding
 
-    def forward(self, batch: Batch) -> torch.Tensor:
+    def forward(self, batch: ReaderInputs) -> torch.Tensor:
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
         _, query, d_enc = self.encoders(batch)                             # (B, 2h), (B, Ld, 2h)
         query, d_enc = self.encoders.drop(query), self.encoders.drop(d_enc)
-        log_att = masked_log_softmax(bilinear_logits(d_enc, query), _answer_mask(self.cfg, batch))
+        logits = _full_precision(bilinear_logits(d_enc, query))            # (B, Ld)
+        log_att = masked_log_softmax(logits, _answer_mask(self.cfg, batch))
         return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C)
 
 

@@ -1,0 +1,110 @@
+"""``train.precision=bf16``: forward, backward and an Adam step under bf16 autocast on the CPU.
+
+The same code runs under CUDA autocast on a GPU (tests/test_gpu.py). Each model kind, on the
+fast and on the reference path, must run without a dtype error, keep parameters, gradients and
+Adam's state in fp32 (autocast changes only the compute dtype of the forward pass), return fp32
+log-probabilities, and stay within bf16's rounding of the fp32 result.
+
+Tolerances: bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%); a forward and backward
+pass chain a few dozen rounded matmuls (the reference path runs even the GRU recurrence in
+bf16), so outputs are held to 0.01 in log-probability (~1%
+in probability) and each parameter's gradient to 5% relative error in norm.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from iaa.jobs.step import autocast, build_optimizer, precision_dtype, train_step
+from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
+from iaa.jobs.config import ConfigError
+from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.timeout(120)
+
+PATHS = {
+    "fast": {},
+    "reference": dict(fused_gru=False, batched_read_grad=False, sparse_embedding_grad=False, fast_dropout=False),
+}
+LOG_P_ATOL = 0.01
+GRAD_RTOL = 0.05
+
+
+def _model(kind: str, path: str) -> torch.nn.Module:
+    """A tiny reader whose weights are scaled up so that attention is far from uniform (at the
+    initial scale every read averages, and bf16 would hardly change anything)."""
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40, kind=kind, dropout=0.0, steps=3, **PATHS[path]))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(3.0)
+    return model
+
+
+def _dense(grad: torch.Tensor) -> torch.Tensor:
+    return grad.to_dense() if grad.is_sparse else grad
+
+
+def _forward_backward(model, batch, dtype):
+    with autocast("cpu", dtype):
+        log_p = model(batch)                                            # (B, C)
+    nll_loss(log_p, batch.answer).backward()
+    grads = {name: _dense(p.grad).clone() for name, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = None
+    return log_p.detach(), grads
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_bf16_autocast_step_matches_fp32(kind: str, path: str) -> None:
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=1)
+    results = {}
+    for dtype in (None, torch.bfloat16):
+        model = _model(kind, path)
+        log_p, grads = _forward_backward(model, batch, dtype)
+        assert log_p.dtype == torch.float32                              # the answer distribution
+        assert all(g.dtype == torch.float32 for g in grads.values())
+        optimizer = build_optimizer(model, lr=1e-3, embed_l2=1e-4)
+        before = [p.detach().clone() for p in model.parameters()]
+        loss = train_step(model, optimizer, batch, amp_dtype=dtype)       # the real step
+        assert loss == loss and loss > 0                                  # finite, not NaN
+        for p, old in zip(model.parameters(), before):
+            assert p.dtype == torch.float32 and torch.isfinite(p).all()
+            assert not torch.equal(p, old)                                # every parameter moved
+        for state in optimizer.adam.state.values():
+            assert all(t.dtype == torch.float32 for t in state.values() if torch.is_tensor(t))
+        results[dtype] = (log_p, grads)
+    (lp32, g32), (lp16, g16) = results[None], results[torch.bfloat16]
+    finite = torch.isfinite(lp32)
+    assert torch.equal(finite, torch.isfinite(lp16))                     # same absent candidates
+    assert not torch.equal(lp16, lp32)                                   # bf16 really ran
+    assert (lp16 - lp32)[finite].abs().max().item() < LOG_P_ATOL
+    for name, grad in g32.items():
+        rel = ((g16[name] - grad).norm() / grad.norm().clamp_min(1e-12)).item()
+        assert rel < GRAD_RTOL, (name, rel)
+
+
+def test_precision_names_map_to_autocast_dtypes() -> None:
+    assert precision_dtype("fp32") is None
+    assert precision_dtype("bf16") is torch.bfloat16
+    with pytest.raises(ConfigError, match="train.precision"):
+        precision_dtype("fp16")
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_bf16_autocast_inference_matches_fp32(kind: str, path: str) -> None:
+    """Validation runs under the training precision, in inference mode: on the fast path the
+    document encoder then reads its per-word projection table, which must stay fp32."""
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=2)
+    model = _model(kind, path).eval()
+    with torch.inference_mode():
+        with autocast("cpu", torch.bfloat16):
+            lp16 = model(batch)                                         # builds the table
+        lp32 = model(batch)
+    assert lp16.dtype == lp32.dtype == torch.float32
+    finite = torch.isfinite(lp32)
+    assert torch.equal(finite, torch.isfinite(lp16))
+    assert (lp16 - lp32)[finite].abs().max().item() < LOG_P_ATOL
