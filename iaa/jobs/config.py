@@ -31,7 +31,7 @@ class TrainConfig:
     max_minutes: float = 0.0      # wall-clock budget; 0 means none
     seed: int = 0
     threads: int = 0              # torch intra-op threads; 0 leaves torch's default
-    precision: str = "fp32"       # fp32 | bf16: forward passes under bf16 autocast (CUDA or CPU)
+    precision: Literal["fp32", "bf16"] = "fp32"  # fp32 | bf16: forward passes under bf16 autocast (CUDA or CPU)
 
     def __post_init__(self) -> None:
         checks = {
