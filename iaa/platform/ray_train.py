@@ -194,103 +194,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     train_fit(cfg, session, show_progress=False, vocab_hash=config.get("vocab_hash", ""))
 
 
-# --- freeing the placement groups of killed Train runs ----------------------------------------------
-
-JANITOR_NAME = "iaa-placement-group-janitor"
-JANITOR_POLL_S = 2.0
-
-
-class PlacementGroupJanitor:
-    """Frees the worker placement group of a Train run whose controller died.
-
-    When Tune stops a multi-worker trial (ASHA), it kills the trial actor and with it the Train
-    controller, which then never releases its workers' placement group: the next trial waits
-    forever for those CPUs. Ray's own cleaner (a detached actor per run) asks the State API whether
-    the controller lives, which needs the dashboard; a ``pip install ray[tune,train]`` has none,
-    so that cleaner never fires and never exits. This actor, owned by the sweep's driver, asks the
-    controller itself (``__ray_ready__``); once the controller is gone it removes the placement
-    group and stops Ray's cleaner.
-    """
-
-    def __init__(self) -> None:
-        import threading
-
-        self._watched: list[tuple[Any, Any, Any]] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._loop, name="janitor", daemon=True).start()
-
-    def watch(self, controller: Any, placement_group: Any, ray_cleaner: Any = None) -> None:
-        with self._lock:
-            self._watched.append((controller, placement_group, ray_cleaner))
-
-    def watched(self) -> int:
-        with self._lock:
-            return len(self._watched)
-
-    def _loop(self) -> None:
-        import ray
-        from ray.util import placement_group_table, remove_placement_group
-
-        while True:
-            time.sleep(JANITOR_POLL_S)
-            with self._lock:
-                watched = list(self._watched)
-            for entry in watched:
-                controller, pg, ray_cleaner = entry
-                try:
-                    ray.get(controller.__ray_ready__.remote(), timeout=10)
-                    continue                                    # alive
-                except ray.exceptions.GetTimeoutError:
-                    continue                                    # alive but busy
-                except ray.exceptions.RayActorError:
-                    pass                                        # dead: free what it held
-                try:
-                    if placement_group_table(pg).get("state") != "REMOVED":
-                        remove_placement_group(pg)
-                    if ray_cleaner is not None:
-                        ray.kill(ray_cleaner)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-                with self._lock:
-                    self._watched.remove(entry)
-
-
-def start_janitor() -> Any:
-    """The job's :class:`PlacementGroupJanitor` (created on first use; lives as long as the driver)."""
-    import ray
-
-    actor = ray.remote(num_cpus=0, max_concurrency=4)(PlacementGroupJanitor)
-    return actor.options(name=JANITOR_NAME, get_if_exists=True).remote()
-
-
-def _janitor_callback() -> Any:
-    """A Train controller callback that hands the worker placement group to the janitor.
-
-    It uses Ray Train's internal callback hooks (the ones Ray's own cleaner uses), which
-    ``RunConfig(callbacks=...)`` accepts for such workarounds.
-    """
-    import gc
-
-    import ray
-    from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
-
-    class JanitorCallback(ControllerCallback, WorkerGroupCallback):
-        def after_controller_start(self, train_run_context: Any) -> None:
-            self.controller = ray.get_runtime_context().current_actor
-
-        def after_worker_group_start(self, worker_group: Any) -> None:
-            try:
-                janitor = ray.get_actor(JANITOR_NAME)
-            except ValueError:
-                return  # no sweep driver started one (e.g. a standalone TorchTrainer)
-            pg = worker_group.get_worker_group_state().placement_group_handle.placement_group
-            ray_cleaner = next((getattr(o, "_cleaner", None) for o in gc.get_objects()
-                                if type(o).__name__ == "PlacementGroupCleanerCallback"), None)
-            janitor.watch.remote(self.controller, pg, ray_cleaner)
-
-    return JanitorCallback()
-
-
 # --- building a trainer ----------------------------------------------------------------------------
 
 
@@ -333,7 +236,7 @@ def build_trainer(cfg: JobConfig, train: pa.Table, valid: pa.Table, *, name: str
             failure_config=ray.train.FailureConfig(max_failures=MAX_FAILURES),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
                                                          checkpoint_score_order="max"),
-            callbacks=[*callbacks, _janitor_callback()],
+            callbacks=list(callbacks),
         ),
         datasets=datasets(train, valid, workers),
         dataset_config=DataConfig(datasets_to_split=["train"]),

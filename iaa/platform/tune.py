@@ -40,7 +40,7 @@ import ray.tune as tune
 
 from iaa.jobs.config import JobConfig, dump_yaml, from_dict, to_dict
 from iaa.platform import cluster, search_space, tracking
-from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, remove_run, start_janitor
+from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, remove_run
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, job_config, run_trial
 
 METRIC, MODE = "valid_acc", "max"
@@ -242,8 +242,6 @@ class _Launch:
                                  gpus_per_worker=self.gpus_per_worker, max_concurrent=self.max_concurrent,
                                  num_trials=self.num_trials)
         self.storage = self.storage_path or str((Path(self.workdir) / "ray").resolve())
-        if not self.plan.in_actor:
-            start_janitor()
         if self.show_progress:
             print(cluster.describe(self.info, self.plan), file=sys.stderr)
 
