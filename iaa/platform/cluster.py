@@ -21,14 +21,16 @@ import logging
 import math
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.files import REMOTE_SCHEMES, is_remote_uri  # noqa: F401 - is_remote_uri: callers use cluster.is_remote_uri
+from iaa.platform import resources
 
 DRIVER_CPU = 0.01           # what a trial driver holds while its TorchTrainer workers train
+DRIVER_RESOURCE = "trial_driver"  # a custom resource of the head (or on-demand) nodes: drivers run there
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "ceph", "cephfs", "beegfs",
               "glusterfs", "fuse.glusterfs", "fuse.gcsfuse", "fuse.s3fs", "fuse.mountpoint-s3", "fuse.juicefs",
               "fuse.ceph", "fuse.sshfs", "9p", "virtiofs", "wekafs", "panfs")
@@ -42,6 +44,7 @@ class Node:
     address: str
     cpus: float
     gpus: float = 0.0
+    driver: float = 0.0                     # its DRIVER_RESOURCE: trial drivers may run here
 
 
 @dataclass(frozen=True)
@@ -190,17 +193,18 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
         os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
         kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": log_to_driver,
                                   "configure_logging": True}
+        env = resources.job_env()
         if address:
             check_reachable(address)
-            env = {"RAY_ADDRESS": address} if _host_port(address) and "://" not in address else {}
+            if _host_port(address) and "://" not in address:
+                env["RAY_ADDRESS"] = address
             ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kwargs)
         else:
             host = os.environ.get(DASHBOARD_HOST_ENV, "127.0.0.1")
             port = dashboard_port(host)
-            api = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+            env["RAY_API_SERVER_ADDRESS"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
             context = ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=True,
-                               dashboard_host=host, dashboard_port=port,
-                               runtime_env={"env_vars": {"RAY_API_SERVER_ADDRESS": api}}, **kwargs)
+                               dashboard_host=host, dashboard_port=port, runtime_env={"env_vars": env}, **kwargs)
             dashboard = context.dashboard_url or None
         _quiet_ray_data()
     info = ClusterInfo(_alive_nodes(), address, dashboard)
@@ -294,17 +298,18 @@ def default_threads(nodes: Sequence[Node], workers: int, gpus_per_worker: float,
     """
     biggest = max((n.cpus for n in nodes), default=1.0)
     total = sum(n.cpus for n in nodes)
-    if gpus_per_worker > 0:
-        gpus = sum(n.gpus for n in nodes)
-        per_gpu_slot = total / max(gpus / gpus_per_worker, 1.0)
-        return max(1, min(int(biggest), int(per_gpu_slot), 8))
+    if gpus_per_worker > 0:   # the CPUs of one GPU share on the smallest GPU node
+        per_slot = [n.cpus / math.floor(n.gpus / gpus_per_worker + 1e-9) for n in nodes
+                    if n.gpus + 1e-9 >= gpus_per_worker]
+        return max(1, min(int(min(per_slot, default=1.0)), 8))
     if sweep:
         return 1
     return max(1, min(int(biggest), int(total // max(workers, 1))))
 
 
 def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpus_per_worker: float = 0.0,
-         max_concurrent: int | None = None, num_trials: int | None = None, sweep: bool = True) -> TrialPlan:
+         max_concurrent: int | None = None, num_trials: int | None = None, sweep: bool = True,
+         queue: bool = False) -> TrialPlan:
     """Resources per trial and how many trials fit at once; :class:`ClusterError` when none fits.
 
     Args:
@@ -312,9 +317,12 @@ def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpu
         workers: Train workers per trial (1 trains inside the trial actor).
         threads: torch threads (= CPUs) per worker; default from :func:`default_threads`.
         gpus_per_worker: GPUs per worker (fractions share a GPU).
-        max_concurrent: the user's cap; larger than what fits is an error, not a hang.
+        max_concurrent: the user's cap; larger than what fits is an error, not a hang (unless ``queue``).
         num_trials: no more trials run at once than there are.
         sweep: False for a single ``iaa-cli train`` run (no trial driver).
+        queue: a cluster that may grow (reached by ``--address``): trials beyond what fits today wait
+            in Tune's queue, and their pending resources make the autoscaler add nodes; the
+            default concurrency is then ``num_trials``.
     """
     if workers < 1:
         raise ClusterError(f"workers per trial must be >= 1, got {workers}")
@@ -329,6 +337,10 @@ def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpu
         raise ClusterError(f"--gpus-per-worker {gpus_per_worker} asks for GPUs, but the cluster has none")
     if gpus_per_worker > 1 and gpus_per_worker != int(gpus_per_worker):
         raise ClusterError(f"--gpus-per-worker above 1 must be a whole number, got {gpus_per_worker}")
+    if workers > 1 and 0 < gpus_per_worker < 1:
+        raise ClusterError(f"--gpus-per-worker {gpus_per_worker:g} with {workers} workers per trial: NCCL cannot "
+                           "put two ranks of one run on a GPU; use --gpus-per-worker 1, or one worker per trial "
+                           "(--workers-per-trial 1) to share GPUs between trials")
 
     in_actor = sweep and workers == 1
     driver_cpu = DRIVER_CPU if sweep and not in_actor else 0.0
@@ -342,8 +354,10 @@ def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpu
         raise ClusterError(f"a trial needs {need}, but the cluster ({total_cpus:g} CPUs, {total_gpus:g} GPUs on "
                          f"{len(nodes)} node(s)) fits only {slots} such worker(s): {hint}")
     fits = slots // workers
+    if queue and not (max_concurrent and max_concurrent > 0):
+        max_concurrent = max(fits, num_trials or 0)
     if max_concurrent is not None and max_concurrent > 0:
-        if max_concurrent > fits:
+        if max_concurrent > fits and not queue:
             raise ClusterError(f"--max-concurrent {max_concurrent}: only {fits} trial(s) of {workers} worker(s) x "
                              f"{threads} CPU fit this cluster ({total_cpus:g} CPUs, {total_gpus:g} GPUs); "
                              f"more would wait for each other's CPUs and stall")
@@ -357,9 +371,42 @@ def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpu
         worker: dict[str, float] = {}
     else:
         trial = {"cpu": driver_cpu} if sweep else {}
+        if sweep and any(n.driver > 0 for n in nodes):
+            trial[DRIVER_RESOURCE] = DRIVER_CPU
         worker = {"CPU": round(worker_cpu, 4), **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
     return TrialPlan(workers=workers, threads=threads, gpus_per_worker=gpus_per_worker, max_concurrent=max(fits, 1),
                      trial_resources=trial, worker_resources=worker)
+
+
+def fit_trials(info: ClusterInfo, workers: int, *, threads: int | None = None, gpus_per_worker: float = 0.0,
+               max_concurrent: int | None = None, num_trials: int | None = None,
+               sweep: bool = True) -> tuple[ClusterInfo, TrialPlan]:
+    """:func:`plan` on the connected cluster; a cluster reached by ``--address`` may grow first.
+
+    On such a cluster, when not even one trial fits yet (no GPU node has started, say), the
+    autoscaler is asked for one trial's workers and the sweep waits for them (see
+    :func:`iaa.platform.resources.wait_for`); then concurrency is planned with ``queue=True``.
+    A local cluster cannot grow: what does not fit is refused at once.
+    """
+    args = {"threads": threads, "gpus_per_worker": gpus_per_worker, "sweep": sweep}
+    if info.address is None:
+        return info, plan(info.nodes, workers, max_concurrent=max_concurrent, num_trials=num_trials, **args)
+    holder: list[ClusterInfo] = [info]
+
+    def one_fits() -> bool:
+        holder[0] = replace(info, nodes=_alive_nodes())
+        try:
+            plan(holder[0].nodes, workers, **args)
+        except ClusterError:
+            return False
+        return True
+
+    if not one_fits():
+        bundle = {"CPU": float(threads or 1), **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+        gpu = f" x {gpus_per_worker:g} GPU" if gpus_per_worker else ""
+        resources.wait_for([bundle] * workers, one_fits, f"{workers} worker(s) of {bundle['CPU']:g} CPU{gpu}")
+    info = holder[0]
+    return info, plan(info.nodes, workers, max_concurrent=max_concurrent, num_trials=num_trials, queue=True, **args)
 
 
 def describe(info: ClusterInfo, trial_plan: TrialPlan) -> str:
@@ -376,4 +423,5 @@ def describe(info: ClusterInfo, trial_plan: TrialPlan) -> str:
 def node_summary(nodes: Sequence[Mapping[str, Any]]) -> tuple[Node, ...]:
     """Nodes from ``ray.nodes()``-shaped dicts (for tests and tools)."""
     return tuple(Node(n.get("NodeManagerAddress", "?"), float(n.get("Resources", {}).get("CPU", 0)),
-                      float(n.get("Resources", {}).get("GPU", 0))) for n in nodes if n.get("Alive", True))
+                      float(n.get("Resources", {}).get("GPU", 0)), float(n.get("Resources", {}).get(DRIVER_RESOURCE, 0)))
+                 for n in nodes if n.get("Alive", True))

@@ -40,6 +40,7 @@ from torch import nn
 from iaa.data.batch import Batch
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig, from_dict, to_dict
+from iaa.platform.resources import forced_device
 
 MAX_FAILURES = 2              # worker-group restarts from the last checkpoint before a run fails
 CHECKPOINT_FILE = "checkpoint.pt"  # the state file inside every Ray checkpoint directory
@@ -131,8 +132,9 @@ class RayTrainSession(TableSession):
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         train = _pull(ray.train.get_dataset_shard("train"))
         valid = _pull(ray.train.get_dataset_shard("valid"))    # the whole split: ranks score disjoint batches
-        super().__init__(train, valid, batch_size=batch_size, seed=seed, threads=threads,
-                         device=ray.train.torch.get_device())
+        # the GPU Ray assigned to this worker, unless IAA_TRAIN_DEVICE=cpu forces the CPU
+        device = torch.device("cpu") if forced_device() == "cpu" else ray.train.torch.get_device()
+        super().__init__(train, valid, batch_size=batch_size, seed=seed, threads=threads, device=device)
 
     def num_train_batches(self) -> int:
         if self._n_batches is None:  # equal on every rank, or report's barrier would hang
@@ -159,6 +161,8 @@ class RayTrainSession(TableSession):
 
         # Some configs leave parameters unused (T=1 skips the later search steps; the AS reader
         # has no search gates), which plain DDP rejects.
+        if self.device.type == "cpu" and forced_device() == "cpu":   # GPU workers forced onto the CPU
+            return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
         return ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"find_unused_parameters": True})
 
     def latest_state(self) -> dict[str, Any] | None:
@@ -207,6 +211,11 @@ def datasets(train: pa.Table, valid: pa.Table, workers: int) -> dict[str, Any]:
     return {"train": ray.data.from_arrow(blocks), "valid": ray.data.from_arrow(valid)}
 
 
+def process_group_backend(use_gpu: bool) -> str:
+    """NCCL between GPU workers (one GPU per rank), gloo on CPUs and for GPU workers forced onto the CPU."""
+    return "nccl" if use_gpu and forced_device() != "cpu" else "gloo"
+
+
 def job_for_workers(cfg: JobConfig, world_size: int, use_gpu: bool) -> JobConfig:
     """The config the workers build: NCCL cannot all-reduce sparse gradients, so GPUs use dense ones."""
     if world_size > 1 and use_gpu and getattr(cfg.model, "sparse_embedding_grad", False):
@@ -223,12 +232,13 @@ def build_trainer(cfg: JobConfig, train: pa.Table, valid: pa.Table, *, name: str
     """
     import ray.train
     from ray.train import DataConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     job = job_for_workers(cfg, workers, use_gpu)
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"job": to_dict(job), "threads": threads, "vocab_hash": vocab_hash, "world_size": workers},
+        torch_config=TorchConfig(backend=process_group_backend(use_gpu)),
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu,
                                                resources_per_worker=dict(worker_resources)),
         run_config=ray.train.RunConfig(
@@ -311,9 +321,9 @@ def fit(
     from iaa.platform import cluster
 
     run_dir = Path(run_dir).resolve()
-    info = cluster.connect(address, storage_path)
-    trial_plan = cluster.plan(info.nodes, workers, threads=cfg.train.threads or None,
-                              gpus_per_worker=gpus_per_worker, sweep=False)
+    info, trial_plan = cluster.fit_trials(cluster.connect(address, storage_path), workers,
+                                          threads=cfg.train.threads or None, gpus_per_worker=gpus_per_worker,
+                                          sweep=False)
     storage = storage_path or str(run_dir / "ray")
     name = run_dir.name
     if not resume:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import pyarrow as pa
-import torch
 
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig, from_dict
 from iaa.platform.ray_train import CHECKPOINT_FILE, TableSession, build_trainer, load_state
+from iaa.platform.resources import train_device
 from iaa.platform.search_space import apply
 
 MEMBER_KEY = "member"          # train_many: the trial config is {"member": index into TrialSpec.members}
@@ -86,7 +86,7 @@ def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid
 
     cfg = job_config(spec, config)
     if spec.workers == 1:
-        device = torch.device("cuda" if spec.gpus_per_worker > 0 and torch.cuda.is_available() else "cpu")
+        device = train_device(spec.gpus_per_worker)
         session = TuneSession(train, valid, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
                               threads=spec.threads, device=device)
         fit(cfg, session, show_progress=False, vocab_hash=spec.vocab_hash)

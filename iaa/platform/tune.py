@@ -237,10 +237,10 @@ class _Launch:
         return f"{self.storage.rstrip('/')}/{self.name}"
 
     def connect(self) -> None:
-        self.info = cluster.connect(self.address, self.storage_path)
-        self.plan = cluster.plan(self.info.nodes, self.workers_per_trial, threads=self.threads,
-                                 gpus_per_worker=self.gpus_per_worker, max_concurrent=self.max_concurrent,
-                                 num_trials=self.num_trials)
+        self.info, self.plan = cluster.fit_trials(cluster.connect(self.address, self.storage_path),
+                                                  self.workers_per_trial, threads=self.threads,
+                                                  gpus_per_worker=self.gpus_per_worker,
+                                                  max_concurrent=self.max_concurrent, num_trials=self.num_trials)
         self.storage = self.storage_path or str((Path(self.workdir) / "ray").resolve())
         if self.show_progress:
             print(cluster.describe(self.info, self.plan), file=sys.stderr)
