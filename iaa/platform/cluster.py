@@ -198,7 +198,12 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
             check_reachable(address)
             if _host_port(address) and "://" not in address:
                 env["RAY_ADDRESS"] = address
-            ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kwargs)
+            try:
+                ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kwargs)
+            except (ConnectionError, ray.exceptions.AuthenticationError) as err:
+                raise ClusterError(f"cannot join the Ray cluster at {address}: {str(err).splitlines()[-1]} (a cluster "
+                                   "with token authentication needs RAY_AUTH_MODE=token and its token here, see "
+                                   "`ray get-auth-token`)") from err
         else:
             host = os.environ.get(DASHBOARD_HOST_ENV, "127.0.0.1")
             port = dashboard_port(host)

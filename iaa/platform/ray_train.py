@@ -2,11 +2,13 @@
 
 Going distributed changes only what a :class:`~iaa.jobs.session.Session` does:
 
-- **data**: each worker gets its own part of the training split as a Ray Data shard
-  (``ray.train.get_dataset_shard("train")``), pulls it once into a local Arrow table and cuts it
-  into length-bucketed batches with :func:`iaa.data.loader.iter_batches`; the validation split
-  is not split by Ray Data (evening out shards would drop rows): each worker scores its rank's
-  disjoint share of the loader's batch plan, so every example counts exactly once;
+- **data**: each worker reads its own rows of the training split from the prepared folder's
+  Parquet shards (:meth:`iaa.data.loader.PreparedData.rank_rows`: a contiguous share, the same on
+  every restart) and cuts them into length-bucketed batches by (seed, epoch) with
+  :func:`iaa.data.loader.iter_batches`; nothing goes through the driver or the object store.
+  Each worker reads the (small) validation split whole and scores its rank's disjoint share of the
+  loader's batch plan, so every example counts exactly once. On a cluster the prepared folder
+  must be on storage every node sees;
 - **all-reduce**: validation sums and the stop signal go through ``torch.distributed``
   (gloo on CPU, NCCL on GPU), so only rank 0's metrics need reaching Ray;
 - **model**: ``ray.train.torch.prepare_model`` (device + DDP);
@@ -40,6 +42,7 @@ from torch import nn
 from iaa.data.batch import Batch
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig, from_dict, to_dict
+from iaa.errors import IaaError
 from iaa.platform.resources import forced_device
 
 MAX_FAILURES = 2              # worker-group restarts from the last checkpoint before a run fails
@@ -48,7 +51,6 @@ CHECKPOINT_FILE = "checkpoint.pt"  # the state file inside every Ray checkpoint 
 # checks that improved it and -1 elsewhere, so a later check that only ties the best never
 # displaces the best checkpoint (the loop's best is the first check reaching the maximum).
 CHECKPOINT_SCORE = "checkpoint_score"
-BLOCKS_PER_WORKER = 4         # Ray Data blocks per worker, so that shards can be evened out
 MetricsCallback = Callable[[dict[str, Any]], None]
 
 
@@ -124,14 +126,22 @@ def load_state(ckpt: Any) -> dict[str, Any] | None:
 class RayTrainSession(TableSession):
     """A Ray Train worker: its dataset shard, all-reduce over the worker group, DDP, report."""
 
-    def __init__(self, *, batch_size: int, seed: int, threads: int) -> None:
+    def __init__(self, prepared: str, *, batch_size: int, seed: int, threads: int) -> None:
         import ray.train
         import ray.train.torch
 
+        from iaa.data.loader import PreparedData
+
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
-        train = _pull(ray.train.get_dataset_shard("train"))
-        valid = _pull(ray.train.get_dataset_shard("valid"))    # the whole split: ranks score disjoint batches
+        if not Path(prepared).is_dir():
+            raise IaaError(f"the prepared data folder {prepared} is not visible on node {ray.util.get_node_ip_address()}; "
+                           "on a cluster, put it on storage that every node mounts at the same path")
+        data = PreparedData.open(Path(prepared))
+        train = data.rank_rows("train", self.rank, self.world_size)
+        if train.num_rows == 0:
+            raise IaaError(f"rank {self.rank} of {self.world_size} has no training rows: use fewer workers")
+        valid = data.table("valid")                             # the whole split: ranks score disjoint batches
         # the GPU Ray assigned to this worker, unless IAA_TRAIN_DEVICE=cpu forces the CPU
         device = torch.device("cpu") if forced_device() == "cpu" else ray.train.torch.get_device()
         super().__init__(train, valid, batch_size=batch_size, seed=seed, threads=threads, device=device)
@@ -181,34 +191,17 @@ class RayTrainSession(TableSession):
             ray.train.report(self.report_metrics(metrics, state, is_best), checkpoint=ckpt)
 
 
-def _pull(shard: Any) -> pa.Table:
-    """A Ray Data iterator's rows as one Arrow table (this worker's part of a split)."""
-    tables = [b for b in shard.iter_batches(batch_size=None, batch_format="pyarrow") if b.num_rows]
-    if not tables:
-        raise ValueError("this worker's data shard is empty: use fewer workers for so small a dataset")
-    return pa.concat_tables(tables).combine_chunks()
-
-
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """The Ray Train worker entry point: the plain training loop on a :class:`RayTrainSession`."""
     from iaa.jobs.train import fit as train_fit
 
     cfg = from_dict(config["job"])
-    session = RayTrainSession(batch_size=cfg.train.batch_size, seed=cfg.train.seed, threads=config["threads"])
+    session = RayTrainSession(config["prepared"], batch_size=cfg.train.batch_size, seed=cfg.train.seed,
+                              threads=config["threads"])
     train_fit(cfg, session, show_progress=False, vocab_hash=config.get("vocab_hash", ""))
 
 
 # --- building a trainer ----------------------------------------------------------------------------
-
-
-def datasets(train: pa.Table, valid: pa.Table, workers: int) -> dict[str, Any]:
-    """Ray Data datasets of the in-memory splits (no read tasks, so no CPU needed to start them)."""
-    import ray.data
-
-    n = max(1, min(train.num_rows, workers * BLOCKS_PER_WORKER))
-    step = math.ceil(train.num_rows / n)
-    blocks = [train.slice(i, step) for i in range(0, train.num_rows, step)]
-    return {"train": ray.data.from_arrow(blocks), "valid": ray.data.from_arrow(valid)}
 
 
 def process_group_backend(use_gpu: bool) -> str:
@@ -223,21 +216,22 @@ def job_for_workers(cfg: JobConfig, world_size: int, use_gpu: bool) -> JobConfig
     return cfg
 
 
-def build_trainer(cfg: JobConfig, train: pa.Table, valid: pa.Table, *, name: str, storage_path: str,
-                  workers: int, threads: int, worker_resources: dict[str, float], use_gpu: bool,
-                  vocab_hash: str = "", callbacks: Sequence[Any] = ()) -> Any:
+def build_trainer(cfg: JobConfig, prepared: Path, *, name: str, storage_path: str, workers: int, threads: int,
+                  worker_resources: dict[str, float], use_gpu: bool, vocab_hash: str = "",
+                  callbacks: Sequence[Any] = ()) -> Any:
     """A TorchTrainer running :func:`train_loop_per_worker` on ``workers`` workers.
 
-    Checkpoints go to ``storage_path/name``; the best by ``valid_acc`` and the latest are kept.
+    The workers read their rows of ``prepared`` themselves. Checkpoints go to
+    ``storage_path/name``; the best by ``valid_acc`` and the latest are kept.
     """
     import ray.train
-    from ray.train import DataConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     job = job_for_workers(cfg, workers, use_gpu)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"job": to_dict(job), "threads": threads, "vocab_hash": vocab_hash, "world_size": workers},
+        train_loop_config={"job": to_dict(job), "threads": threads, "vocab_hash": vocab_hash, "world_size": workers,
+                           "prepared": str(Path(prepared).resolve())},
         torch_config=TorchConfig(backend=process_group_backend(use_gpu)),
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu,
                                                resources_per_worker=dict(worker_resources)),
@@ -248,8 +242,6 @@ def build_trainer(cfg: JobConfig, train: pa.Table, valid: pa.Table, *, name: str
                                                          checkpoint_score_order="max"),
             callbacks=list(callbacks),
         ),
-        datasets=datasets(train, valid, workers),
-        dataset_config=DataConfig(datasets_to_split=["train"]),
     )
 
 
@@ -336,7 +328,7 @@ def fit(
         print(cluster.describe(info, trial_plan).replace("each trial trains", "the run trains"), file=sys.stderr)
 
     queue = Queue(actor_options={"num_cpus": 0})
-    trainer = build_trainer(cfg, data.table("train"), data.table("valid"), name=name, storage_path=storage,
+    trainer = build_trainer(cfg, Path(prepared), name=name, storage_path=storage,
                             workers=workers, threads=trial_plan.threads,
                             worker_resources=trial_plan.worker_resources, use_gpu=gpus_per_worker > 0,
                             vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[_queue_callback(queue)])

@@ -48,6 +48,7 @@ class TrialSpec:
     fixed: dict[str, Any] = field(default_factory=dict)
     members: tuple[dict[str, Any], ...] = ()
     vocab_hash: str = ""
+    prepared: str = ""                       # the data folder: Train workers read their rows from it
 
     def train_run_name(self, trial_id: str) -> str:
         """The Ray Train run of a multi-worker trial, under ``storage_path``."""
@@ -95,7 +96,7 @@ def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = ray.tune.get_context().get_trial_id()
-    trainer = build_trainer(cfg, train, valid, name=spec.train_run_name(trial_id), storage_path=spec.storage_path,
+    trainer = build_trainer(cfg, Path(spec.prepared), name=spec.train_run_name(trial_id), storage_path=spec.storage_path,
                             workers=spec.workers, threads=spec.threads, worker_resources=spec.worker_resources,
                             use_gpu=spec.gpus_per_worker > 0, vocab_hash=spec.vocab_hash,
                             callbacks=[TuneReportCallback()])

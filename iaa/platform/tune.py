@@ -254,14 +254,16 @@ class _Launch:
                          threads=self.plan.threads, gpus_per_worker=self.plan.gpus_per_worker,
                          worker_resources=dict(self.plan.worker_resources),
                          base=to_dict(base) if base is not None else None, fixed=dict(fixed or {}),
-                         members=tuple(to_dict(m) for m in members), vocab_hash=manifest.get("vocab_hash", ""))
+                         members=tuple(to_dict(m) for m in members), vocab_hash=manifest.get("vocab_hash", ""),
+                         prepared=str(Path(self.prepared).resolve()))
 
     def trainable(self, spec: TrialSpec) -> Any:
         from iaa.data.loader import PreparedData
 
         data = PreparedData.open(Path(self.prepared))
-        train, valid = data.table("train"), data.table("valid")
-        self.train_rows = train.num_rows
+        self.train_rows = int(data.manifest["splits"]["train"]["count"])
+        # one-worker trials share tables put once into the object store; Train workers read their own rows
+        train, valid = (data.table("train"), data.table("valid")) if self.plan.in_actor else (None, None)
         fn = tune.with_parameters(run_trial, spec=spec, train=train, valid=valid)
         return tune.with_resources(fn, dict(self.plan.trial_resources))
 
