@@ -61,8 +61,8 @@ def test_ranks_together_read_the_split_once_in_order(three_shards: Path) -> None
 
 def test_a_rank_opens_only_the_shards_holding_its_rows(three_shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[str] = []
-    real = loader.pq.read_table
-    monkeypatch.setattr(loader.pq, "read_table", lambda path, **kw: opened.append(Path(path).name) or real(path, **kw))
+    real = loader.pq.ParquetFile
+    monkeypatch.setattr(loader.pq, "ParquetFile", lambda path, **kw: opened.append(Path(path).name) or real(path, **kw))
     data = PreparedData.open(three_shards)
     assert data.rank_rows("train", 0, 3).num_rows == 64 and opened == ["part-00000.parquet"]   # rows 0-63
     opened.clear()

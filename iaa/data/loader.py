@@ -30,6 +30,7 @@ from iaa.data.shards import SCHEMA, file_sha256
 from iaa.data.vocab import Vocab
 
 POOL_BATCHES = 50  # batches per length-sorted pool: larger pools pad less but shuffle less
+READ_BATCH_ROWS = 2048  # rows decoded at a time when a worker reads its share of a shard
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,9 @@ class PreparedData:
             n = int(shard["rows"])
             lo, hi = max(start, offset), min(stop, offset + n)
             if lo < hi:
-                table = pq.read_table(self.root / shard["file"], schema=SCHEMA)
-                parts.append(table.slice(lo - offset, hi - lo))
+                parts += _read_range(self.root / shard["file"], lo - offset, hi - offset)
             offset += n
-        return pa.concat_tables(parts).combine_chunks() if parts else SCHEMA.empty_table()
+        return pa.Table.from_batches(parts).cast(SCHEMA) if parts else SCHEMA.empty_table()
 
     def rank_rows(self, split: str, rank: int, world_size: int) -> pa.Table:
         """This rank's contiguous share of a split (see :func:`rank_range`), read from its shards only."""
@@ -95,6 +95,19 @@ class PreparedData:
                 if file_sha256(self.root / shard["file"]) != shard["sha256"]:
                     raise DataError("checksum mismatch: the shard changed after prepare",
                                     path=self.root / shard["file"], reason=E.MISSING_SOURCE)
+
+
+def _read_range(path: Path, start: int, stop: int) -> list[pa.RecordBatch]:
+    """Rows ``[start, stop)`` of one Parquet file, streamed: at most one decoded batch beyond them."""
+    kept, offset = [], 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH_ROWS):
+        lo, hi = max(start, offset), min(stop, offset + batch.num_rows)
+        if lo < hi:
+            kept.append(batch.slice(lo - offset, hi - lo))
+        offset += batch.num_rows
+        if offset >= stop:
+            break
+    return kept
 
 
 class _Columns:
