@@ -55,8 +55,10 @@ def autoscaling_cluster():
     temp = tempfile.mkdtemp(prefix="iaa-as-", dir="/tmp")    # short: Ray's socket paths live under it
     config = Path(temp) / "autoscaler.json"
     config.write_text(json.dumps(_config(address)), encoding="utf-8")
-    # Without token authentication: this process may have read its Ray settings before the test set any.
-    env = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "disabled"}
+    # Token authentication as this process already has it: a local Ray started earlier in the process
+    # turned it on (with the token in ~/.ray/auth_token), and Ray reads the mode once per process.
+    env = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1",
+           "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     head = subprocess.Popen(["ray", "start", "--head", f"--port={port}", "--num-cpus=1",
                              "--resources", json.dumps({"trial_driver": 10}), f"--autoscaling-config={config}",
                              f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats", "--block"],
