@@ -73,3 +73,15 @@ def test_gpu_workers_all_reduce_with_nccl_unless_forced_onto_the_cpu(monkeypatch
     assert process_group_backend(True) == "nccl" and process_group_backend(False) == "gloo"
     monkeypatch.setenv(resources.TRAIN_DEVICE_ENV, "cpu")
     assert process_group_backend(True) == "gloo"
+
+
+def test_a_growing_cluster_refuses_impossible_requests_without_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_wait(*args, **kwargs):
+        raise AssertionError("asked the autoscaler for a request no node can hold")
+
+    monkeypatch.setattr(resources, "wait_for", no_wait)
+    info = ClusterInfo((Node("head", cpus=8),), address="10.0.0.1:6379")
+    with pytest.raises(IaaError, match="NCCL"):
+        cluster.fit_trials(info, 2, gpus_per_worker=0.5)
+    with pytest.raises(IaaError, match="whole number"):
+        cluster.fit_trials(info, 1, gpus_per_worker=1.5)

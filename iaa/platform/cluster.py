@@ -396,6 +396,7 @@ def fit_trials(info: ClusterInfo, workers: int, *, threads: int | None = None, g
     args = {"threads": threads, "gpus_per_worker": gpus_per_worker, "sweep": sweep}
     if info.address is None:
         return info, plan(info.nodes, workers, max_concurrent=max_concurrent, num_trials=num_trials, **args)
+    plan((Node("any node", cpus=1e6, gpus=1e6),), workers, **args)   # a request no cluster fits fails now
     holder: list[ClusterInfo] = [info]
 
     def one_fits() -> bool:
