@@ -75,7 +75,7 @@ def autoscaling_cluster():
     ray.shutdown()
     os.killpg(head.pid, signal.SIGTERM)      # this session: ray start, its head and the fake nodes
     try:
-        head.wait(timeout=30)
+        head.wait(timeout=10)
     except subprocess.TimeoutExpired:
         os.killpg(head.pid, signal.SIGKILL)
     shutil.rmtree(temp, ignore_errors=True)
