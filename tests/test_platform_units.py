@@ -313,3 +313,19 @@ def test_resume_names_the_sweep_to_continue(tiny: Path, tmp_path: Path, args: li
     out = CliRunner().invoke(cli, ["tune", "--dataset", "cbt-ne", "--data", str(tiny), "--workdir", str(tmp_path),
                                    *args, "--json"])
     assert out.exit_code != 0 and message in out.output, out.output
+
+
+def test_ray_run_names_are_unique_per_fresh_run_and_kept_on_resume(tmp_path: Path) -> None:
+    """Two run folders called ``run`` sharing a storage path never share (or delete) a Ray run."""
+    from iaa.platform.ray_train import ray_run_name
+
+    a, b = tmp_path / "alice" / "run", tmp_path / "bob" / "run"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    name_a, previous_a = ray_run_name(a, resume=False)
+    name_b, _ = ray_run_name(b, resume=False)
+    assert previous_a is None and name_a != name_b and name_a.startswith("run-")
+    assert ray_run_name(a, resume=True) == (name_a, None)          # --resume continues the same run
+    again, previous = ray_run_name(a, resume=False)                 # --overwrite: a new run ...
+    assert again != name_a and previous == name_a                   # ... that may delete only its own
+    assert ray_run_name(tmp_path / "old", resume=True)[0] == "old"  # recorded before: the folder name

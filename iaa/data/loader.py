@@ -4,6 +4,10 @@
 is sorted by length and cut), then shuffles the batch order by (seed, epoch). Every example is in
 exactly one batch per epoch; with ``world_size`` > 1 each rank gets a disjoint share of the same
 plan with an equal number of batches, which data-parallel training needs to stay in step.
+
+Data-parallel workers read only their own rows of the training split (:meth:`PreparedData.rank_rows`:
+a contiguous share of the shards in manifest order, so every rank reads each shard file at most
+once and no row is read by two ranks), then plan their epochs over those rows as above.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from iaa.data.shards import SCHEMA, file_sha256
 from iaa.data.vocab import Vocab
 
 POOL_BATCHES = 50  # batches per length-sorted pool: larger pools pad less but shuffle less
+READ_BATCH_ROWS = 2048  # rows decoded at a time when a worker reads its share of a shard
 
 
 @dataclass(frozen=True)
@@ -54,13 +59,34 @@ class PreparedData:
 
     def table(self, split: str) -> pa.Table:
         """All rows of one split, in file order (columns as ``iaa.data.shards.SCHEMA``)."""
-        if split not in self.manifest["splits"]:
-            raise DataError(f"no {split!r} split here (have {', '.join(self.splits)})", path=self.root,
-                            reason=E.MISSING_SOURCE)
+        self._need_split(split)
         files = [self.root / s["file"] for s in self.manifest["splits"][split]["shards"]]
         if not files:
             return SCHEMA.empty_table()
         return pa.concat_tables(pq.read_table(f, schema=SCHEMA) for f in files)
+
+    def rows(self, split: str, start: int, stop: int) -> pa.Table:
+        """Rows ``[start, stop)`` of one split, reading only the shards that hold them."""
+        self._need_split(split)
+        parts, offset = [], 0
+        for shard in self.manifest["splits"][split]["shards"]:
+            n = int(shard["rows"])
+            lo, hi = max(start, offset), min(stop, offset + n)
+            if lo < hi:
+                parts += _read_range(self.root / shard["file"], lo - offset, hi - offset)
+            offset += n
+        return pa.Table.from_batches(parts).cast(SCHEMA) if parts else SCHEMA.empty_table()
+
+    def rank_rows(self, split: str, rank: int, world_size: int) -> pa.Table:
+        """This rank's contiguous share of a split (see :func:`rank_range`), read from its shards only."""
+        self._need_split(split)
+        total = sum(int(s["rows"]) for s in self.manifest["splits"][split]["shards"])
+        return self.rows(split, *rank_range(total, rank, world_size))
+
+    def _need_split(self, split: str) -> None:
+        if split not in self.manifest["splits"]:
+            raise DataError(f"no {split!r} split here (have {', '.join(self.splits)})", path=self.root,
+                            reason=E.MISSING_SOURCE)
 
     def verify(self) -> None:
         """Check every shard against its sha256 in the manifest; raises DataError on a mismatch."""
@@ -69,6 +95,19 @@ class PreparedData:
                 if file_sha256(self.root / shard["file"]) != shard["sha256"]:
                     raise DataError("checksum mismatch: the shard changed after prepare",
                                     path=self.root / shard["file"], reason=E.MISSING_SOURCE)
+
+
+def _read_range(path: Path, start: int, stop: int) -> list[pa.RecordBatch]:
+    """Rows ``[start, stop)`` of one Parquet file, streamed: at most one decoded batch beyond them."""
+    kept, offset = [], 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH_ROWS):
+        lo, hi = max(start, offset), min(stop, offset + batch.num_rows)
+        if lo < hi:
+            kept.append(batch.slice(lo - offset, hi - lo))
+        offset += batch.num_rows
+        if offset >= stop:
+            break
+    return kept
 
 
 class _Columns:
@@ -121,6 +160,13 @@ def _pad(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, fill: int) -
 def collate(table: pa.Table) -> Batch:
     """All rows of ``table`` (a slice of a split) as one padded batch, in row order."""
     return _Columns(table).batch(np.arange(table.num_rows))
+
+
+def rank_range(total: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``[start, stop)`` of rank's contiguous share of ``total`` rows; shares differ by at most one row."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank {rank} of {world_size}")
+    return rank * total // world_size, (rank + 1) * total // world_size
 
 
 def num_batches(n: int, batch_size: int, world_size: int = 1) -> int:

@@ -25,7 +25,7 @@ from iaa.files import is_remote_uri
 from iaa.jobs.config import JobConfig, to_dict
 from iaa.jobs.sweep import TrialRecord
 from iaa.platform import cluster
-from iaa.platform.ray_train import CHECKPOINT_SCORE, start_janitor
+from iaa.platform.ray_train import CHECKPOINT_SCORE
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.trial_runs import TrialRuns, child_runs
 
@@ -83,12 +83,10 @@ def claim(storage: str, name: str, folder: Path) -> None:
 def connect(*, name: str, prepared: Path, workdir: Path, address: str | None, storage_path: str | None,
             workers_per_trial: int, gpus_per_worker: float, threads: int | None, max_concurrent: int | None,
             num_trials: int, show_progress: bool) -> Launch:
-    """Join (or start) Ray and size the trials; see :func:`iaa.platform.cluster.plan`."""
-    info = cluster.connect(address, storage_path)
-    plan = cluster.plan(info.nodes, workers_per_trial, threads=threads, gpus_per_worker=gpus_per_worker,
-                        max_concurrent=max_concurrent, num_trials=num_trials)
-    if not plan.in_actor:
-        start_janitor()
+    """Join (or start) Ray and size the trials; see :func:`iaa.platform.cluster.fit_trials`."""
+    info, plan = cluster.fit_trials(cluster.connect(address, storage_path), workers_per_trial, threads=threads,
+                                    gpus_per_worker=gpus_per_worker, max_concurrent=max_concurrent,
+                                    num_trials=num_trials)
     if show_progress:
         print(cluster.describe(info, plan), file=sys.stderr)
     return Launch(name=name, storage=storage_root(storage_path, workdir), prepared=Path(prepared), info=info,
@@ -104,7 +102,8 @@ def trial_spec(launch: Launch, *, base: JobConfig | None = None, fixed: Mapping[
                      threads=launch.plan.threads, gpus_per_worker=launch.plan.gpus_per_worker,
                      worker_resources=dict(launch.plan.worker_resources),
                      base=to_dict(base) if base is not None else None, fixed=dict(fixed or {}),
-                     members=tuple(to_dict(m) for m in members), vocab_hash=manifest.get("vocab_hash", ""))
+                     members=tuple(to_dict(m) for m in members), vocab_hash=manifest.get("vocab_hash", ""),
+                     prepared=str(launch.prepared.resolve()))
 
 
 def trainable(launch: Launch, spec: TrialSpec) -> tuple[Any, int]:
@@ -112,9 +111,11 @@ def trainable(launch: Launch, spec: TrialSpec) -> tuple[Any, int]:
     from iaa.data.loader import PreparedData
 
     data = PreparedData.open(launch.prepared)
-    train, valid = data.table("train"), data.table("valid")
+    train_rows = int(data.manifest["splits"]["train"]["count"])
+    # one-worker trials share tables put once into the object store; Train workers read their own rows
+    train, valid = (data.table("train"), data.table("valid")) if launch.plan.in_actor else (None, None)
     fn = tune.with_parameters(run_trial, spec=spec, train=train, valid=valid)
-    return tune.with_resources(fn, dict(launch.plan.trial_resources)), train.num_rows
+    return tune.with_resources(fn, dict(launch.plan.trial_resources)), train_rows
 
 
 def _trial_dirname(trial: Any) -> str:

@@ -2,11 +2,13 @@
 
 Going distributed changes only what a :class:`~iaa.jobs.session.Session` does:
 
-- **data**: each worker gets its own part of the training split as a Ray Data shard
-  (``ray.train.get_dataset_shard("train")``), pulls it once into a local Arrow table and cuts it
-  into length-bucketed batches with :func:`iaa.data.loader.iter_batches`; the validation split
-  is not split by Ray Data (evening out shards would drop rows): each worker scores its rank's
-  disjoint share of the loader's batch plan, so every example counts exactly once;
+- **data**: each worker reads its own rows of the training split from the prepared folder's
+  Parquet shards (:meth:`iaa.data.loader.PreparedData.rank_rows`: a contiguous share, the same on
+  every restart) and cuts them into length-bucketed batches by (seed, epoch) with
+  :func:`iaa.data.loader.iter_batches`; nothing goes through the driver or the object store.
+  Each worker reads the (small) validation split whole and scores its rank's disjoint share of the
+  loader's batch plan, so every example counts exactly once. On a cluster the prepared folder
+  must be on storage every node sees;
 - **all-reduce**: validation sums and the stop signal go through ``torch.distributed``
   (gloo on CPU, NCCL on GPU), so only rank 0's metrics need reaching Ray;
 - **model**: ``ray.train.torch.prepare_model`` (device + DDP);
@@ -40,6 +42,8 @@ from torch import nn
 from iaa.data.batch import Batch
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig, from_dict, to_dict
+from iaa.errors import IaaError
+from iaa.platform.resources import forced_device
 
 MAX_FAILURES = 2              # worker-group restarts from the last checkpoint before a run fails
 CHECKPOINT_FILE = "checkpoint.pt"  # the state file inside every Ray checkpoint directory
@@ -47,7 +51,6 @@ CHECKPOINT_FILE = "checkpoint.pt"  # the state file inside every Ray checkpoint 
 # checks that improved it and -1 elsewhere, so a later check that only ties the best never
 # displaces the best checkpoint (the loop's best is the first check reaching the maximum).
 CHECKPOINT_SCORE = "checkpoint_score"
-BLOCKS_PER_WORKER = 4         # Ray Data blocks per worker, so that shards can be evened out
 MetricsCallback = Callable[[dict[str, Any]], None]
 
 
@@ -123,16 +126,25 @@ def load_state(ckpt: Any) -> dict[str, Any] | None:
 class RayTrainSession(TableSession):
     """A Ray Train worker: its dataset shard, all-reduce over the worker group, DDP, report."""
 
-    def __init__(self, *, batch_size: int, seed: int, threads: int) -> None:
+    def __init__(self, prepared: str, *, batch_size: int, seed: int, threads: int) -> None:
         import ray.train
         import ray.train.torch
 
+        from iaa.data.loader import PreparedData
+
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
-        train = _pull(ray.train.get_dataset_shard("train"))
-        valid = _pull(ray.train.get_dataset_shard("valid"))    # the whole split: ranks score disjoint batches
-        super().__init__(train, valid, batch_size=batch_size, seed=seed, threads=threads,
-                         device=ray.train.torch.get_device())
+        if not Path(prepared).is_dir():
+            raise IaaError(f"the prepared data folder {prepared} is not visible on node {ray.util.get_node_ip_address()}; "
+                           "on a cluster, put it on storage that every node mounts at the same path")
+        data = PreparedData.open(Path(prepared))
+        train = data.rank_rows("train", self.rank, self.world_size)
+        if train.num_rows == 0:
+            raise IaaError(f"rank {self.rank} of {self.world_size} has no training rows: use fewer workers")
+        valid = data.table("valid")                             # the whole split: ranks score disjoint batches
+        # the GPU Ray assigned to this worker, unless IAA_TRAIN_DEVICE=cpu forces the CPU
+        device = torch.device("cpu") if forced_device() == "cpu" else ray.train.torch.get_device()
+        super().__init__(train, valid, batch_size=batch_size, seed=seed, threads=threads, device=device)
 
     def num_train_batches(self) -> int:
         if self._n_batches is None:  # equal on every rank, or report's barrier would hang
@@ -159,6 +171,8 @@ class RayTrainSession(TableSession):
 
         # Some configs leave parameters unused (T=1 skips the later search steps; the AS reader
         # has no search gates), which plain DDP rejects.
+        if self.device.type == "cpu" and forced_device() == "cpu":   # GPU workers forced onto the CPU
+            return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
         return ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"find_unused_parameters": True})
 
     def latest_state(self) -> dict[str, Any] | None:
@@ -177,131 +191,22 @@ class RayTrainSession(TableSession):
             ray.train.report(self.report_metrics(metrics, state, is_best), checkpoint=ckpt)
 
 
-def _pull(shard: Any) -> pa.Table:
-    """A Ray Data iterator's rows as one Arrow table (this worker's part of a split)."""
-    tables = [b for b in shard.iter_batches(batch_size=None, batch_format="pyarrow") if b.num_rows]
-    if not tables:
-        raise ValueError("this worker's data shard is empty: use fewer workers for so small a dataset")
-    return pa.concat_tables(tables).combine_chunks()
-
-
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """The Ray Train worker entry point: the plain training loop on a :class:`RayTrainSession`."""
     from iaa.jobs.train import fit as train_fit
 
     cfg = from_dict(config["job"])
-    session = RayTrainSession(batch_size=cfg.train.batch_size, seed=cfg.train.seed, threads=config["threads"])
+    session = RayTrainSession(config["prepared"], batch_size=cfg.train.batch_size, seed=cfg.train.seed,
+                              threads=config["threads"])
     train_fit(cfg, session, show_progress=False, vocab_hash=config.get("vocab_hash", ""))
-
-
-# --- freeing the placement groups of killed Train runs ----------------------------------------------
-
-JANITOR_NAME = "iaa-placement-group-janitor"
-JANITOR_POLL_S = 2.0
-
-
-class PlacementGroupJanitor:
-    """Frees the worker placement group of a Train run whose controller died.
-
-    When Tune stops a multi-worker trial (ASHA), it kills the trial actor and with it the Train
-    controller, which then never releases its workers' placement group: the next trial waits
-    forever for those CPUs. Ray's own cleaner (a detached actor per run) asks the State API whether
-    the controller lives, which needs the dashboard; a ``pip install ray[tune,train]`` has none,
-    so that cleaner never fires and never exits. This actor, owned by the sweep's driver, asks the
-    controller itself (``__ray_ready__``); once the controller is gone it removes the placement
-    group and stops Ray's cleaner.
-    """
-
-    def __init__(self) -> None:
-        import threading
-
-        self._watched: list[tuple[Any, Any, Any]] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._loop, name="janitor", daemon=True).start()
-
-    def watch(self, controller: Any, placement_group: Any, ray_cleaner: Any = None) -> None:
-        with self._lock:
-            self._watched.append((controller, placement_group, ray_cleaner))
-
-    def watched(self) -> int:
-        with self._lock:
-            return len(self._watched)
-
-    def _loop(self) -> None:
-        import ray
-        from ray.util import placement_group_table, remove_placement_group
-
-        while True:
-            time.sleep(JANITOR_POLL_S)
-            with self._lock:
-                watched = list(self._watched)
-            for entry in watched:
-                controller, pg, ray_cleaner = entry
-                try:
-                    ray.get(controller.__ray_ready__.remote(), timeout=10)
-                    continue                                    # alive
-                except ray.exceptions.GetTimeoutError:
-                    continue                                    # alive but busy
-                except ray.exceptions.RayActorError:
-                    pass                                        # dead: free what it held
-                try:
-                    if placement_group_table(pg).get("state") != "REMOVED":
-                        remove_placement_group(pg)
-                    if ray_cleaner is not None:
-                        ray.kill(ray_cleaner)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-                with self._lock:
-                    self._watched.remove(entry)
-
-
-def start_janitor() -> Any:
-    """The job's :class:`PlacementGroupJanitor` (created on first use; lives as long as the driver)."""
-    import ray
-
-    actor = ray.remote(num_cpus=0, max_concurrency=4)(PlacementGroupJanitor)
-    return actor.options(name=JANITOR_NAME, get_if_exists=True).remote()
-
-
-def _janitor_callback() -> Any:
-    """A Train controller callback that hands the worker placement group to the janitor.
-
-    It uses Ray Train's internal callback hooks (the ones Ray's own cleaner uses), which
-    ``RunConfig(callbacks=...)`` accepts for such workarounds.
-    """
-    import gc
-
-    import ray
-    from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
-
-    class JanitorCallback(ControllerCallback, WorkerGroupCallback):
-        def after_controller_start(self, train_run_context: Any) -> None:
-            self.controller = ray.get_runtime_context().current_actor
-
-        def after_worker_group_start(self, worker_group: Any) -> None:
-            try:
-                janitor = ray.get_actor(JANITOR_NAME)
-            except ValueError:
-                return  # no sweep driver started one (e.g. a standalone TorchTrainer)
-            pg = worker_group.get_worker_group_state().placement_group_handle.placement_group
-            ray_cleaner = next((getattr(o, "_cleaner", None) for o in gc.get_objects()
-                                if type(o).__name__ == "PlacementGroupCleanerCallback"), None)
-            janitor.watch.remote(self.controller, pg, ray_cleaner)
-
-    return JanitorCallback()
 
 
 # --- building a trainer ----------------------------------------------------------------------------
 
 
-def datasets(train: pa.Table, valid: pa.Table, workers: int) -> dict[str, Any]:
-    """Ray Data datasets of the in-memory splits (no read tasks, so no CPU needed to start them)."""
-    import ray.data
-
-    n = max(1, min(train.num_rows, workers * BLOCKS_PER_WORKER))
-    step = math.ceil(train.num_rows / n)
-    blocks = [train.slice(i, step) for i in range(0, train.num_rows, step)]
-    return {"train": ray.data.from_arrow(blocks), "valid": ray.data.from_arrow(valid)}
+def process_group_backend(use_gpu: bool) -> str:
+    """NCCL between GPU workers (one GPU per rank), gloo on CPUs and for GPU workers forced onto the CPU."""
+    return "nccl" if use_gpu and forced_device() != "cpu" else "gloo"
 
 
 def job_for_workers(cfg: JobConfig, world_size: int, use_gpu: bool) -> JobConfig:
@@ -311,21 +216,23 @@ def job_for_workers(cfg: JobConfig, world_size: int, use_gpu: bool) -> JobConfig
     return cfg
 
 
-def build_trainer(cfg: JobConfig, train: pa.Table, valid: pa.Table, *, name: str, storage_path: str,
-                  workers: int, threads: int, worker_resources: dict[str, float], use_gpu: bool,
-                  vocab_hash: str = "", callbacks: Sequence[Any] = ()) -> Any:
+def build_trainer(cfg: JobConfig, prepared: Path, *, name: str, storage_path: str, workers: int, threads: int,
+                  worker_resources: dict[str, float], use_gpu: bool, vocab_hash: str = "",
+                  callbacks: Sequence[Any] = ()) -> Any:
     """A TorchTrainer running :func:`train_loop_per_worker` on ``workers`` workers.
 
-    Checkpoints go to ``storage_path/name``; the best by ``valid_acc`` and the latest are kept.
+    The workers read their rows of ``prepared`` themselves. Checkpoints go to
+    ``storage_path/name``; the best by ``valid_acc`` and the latest are kept.
     """
     import ray.train
-    from ray.train import DataConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     job = job_for_workers(cfg, workers, use_gpu)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"job": to_dict(job), "threads": threads, "vocab_hash": vocab_hash, "world_size": workers},
+        train_loop_config={"job": to_dict(job), "threads": threads, "vocab_hash": vocab_hash, "world_size": workers,
+                           "prepared": str(Path(prepared).resolve())},
+        torch_config=TorchConfig(backend=process_group_backend(use_gpu)),
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu,
                                                resources_per_worker=dict(worker_resources)),
         run_config=ray.train.RunConfig(
@@ -333,10 +240,8 @@ def build_trainer(cfg: JobConfig, train: pa.Table, valid: pa.Table, *, name: str
             failure_config=ray.train.FailureConfig(max_failures=MAX_FAILURES),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
                                                          checkpoint_score_order="max"),
-            callbacks=[*callbacks, _janitor_callback()],
+            callbacks=list(callbacks),
         ),
-        datasets=datasets(train, valid, workers),
-        dataset_config=DataConfig(datasets_to_split=["train"]),
     )
 
 
@@ -355,8 +260,31 @@ def _queue_callback(queue: Any) -> Any:
 # --- iaa-cli train --workers N ---------------------------------------------------------------------
 
 
+RAY_RUN_FILE = "ray_run_name"      # in the run folder: the name of its Ray Train run under the storage path
+
+
+def ray_run_name(run_dir: Path, *, resume: bool) -> tuple[str, str | None]:
+    """The Ray Train run name of ``run_dir``, and the name of its own previous run to delete.
+
+    A fresh run gets a new unique name (``<run folder>-<8 hex>``), recorded in the run folder, so
+    two run folders that share a name and a ``--storage-path`` never touch each other's Ray runs;
+    ``--resume`` reads the recorded name back (runs recorded before had the bare folder name).
+    """
+    import uuid
+
+    from iaa.files import atomic_write_text
+
+    marker = run_dir / RAY_RUN_FILE
+    previous = marker.read_text(encoding="utf-8").strip() if marker.exists() else None
+    if resume:
+        return previous or run_dir.name, None
+    name = f"{run_dir.name}-{uuid.uuid4().hex[:8]}"
+    atomic_write_text(marker, name)
+    return name, previous
+
+
 def remove_run(storage_path: str, name: str) -> None:
-    """Delete a previous run's Ray folder (a fresh run must not restore it)."""
+    """Delete this run folder's own previous Ray run (a fresh run under ``--overwrite``)."""
     if "://" not in storage_path:
         shutil.rmtree(Path(storage_path) / name, ignore_errors=True)
         return
@@ -370,11 +298,10 @@ def remove_run(storage_path: str, name: str) -> None:
 
 def _fetch(ckpt: Any, dest: Path) -> Path:
     """Copy the state file of a Ray checkpoint (local or in a bucket) to ``dest``."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with ckpt.as_directory() as folder:
-        tmp = dest.with_name(f".{dest.name}.tmp")
+    from iaa.files import atomic_path
+
+    with ckpt.as_directory() as folder, atomic_path(dest) as tmp:
         shutil.copyfile(Path(folder) / CHECKPOINT_FILE, tmp)
-        tmp.replace(dest)
     return dest
 
 
@@ -393,7 +320,7 @@ def fit(
 ) -> dict[str, Any]:
     """Train ``cfg`` on ``workers`` Ray Train workers; returns the final metrics and checkpoint.
 
-    Checkpoints go to ``STORAGE/<run_dir name>`` (``STORAGE``: ``storage_path``, else
+    Checkpoints go to ``STORAGE/<run_dir name>-<id>`` (:func:`ray_run_name`; ``STORAGE``: ``storage_path``, else
     ``run_dir/ray``); the best and the last are copied to ``run_dir/checkpoints/{best,last}.pt``,
     and every check is appended to ``run_dir/metrics.jsonl`` as with the local trainer.
 
@@ -408,22 +335,23 @@ def fit(
     from iaa.platform import cluster
 
     run_dir = Path(run_dir).resolve()
-    info = cluster.connect(address, storage_path)
-    trial_plan = cluster.plan(info.nodes, workers, threads=cfg.train.threads or None,
-                              gpus_per_worker=gpus_per_worker, sweep=False)
+    info, trial_plan = cluster.fit_trials(cluster.connect(address, storage_path), workers,
+                                          threads=cfg.train.threads or None, gpus_per_worker=gpus_per_worker,
+                                          sweep=False)
     storage = storage_path or str(run_dir / "ray")
-    name = run_dir.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    name, previous = ray_run_name(run_dir, resume=resume)
     if not resume:
-        remove_run(storage, name)
+        if previous:
+            remove_run(storage, previous)
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
     data = PreparedData.open(Path(prepared))
     if show_progress:
         print(cluster.describe(info, trial_plan).replace("each trial trains", "the run trains"), file=sys.stderr)
 
     queue = Queue(actor_options={"num_cpus": 0})
-    trainer = build_trainer(cfg, data.table("train"), data.table("valid"), name=name, storage_path=storage,
+    trainer = build_trainer(cfg, Path(prepared), name=name, storage_path=storage,
                             workers=workers, threads=trial_plan.threads,
                             worker_resources=trial_plan.worker_resources, use_gpu=gpus_per_worker > 0,
                             vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[_queue_callback(queue)])

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import pyarrow as pa
-import torch
 
 from iaa.files import is_remote_uri
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig, from_dict
 from iaa.jobs.sweep import TrialRecord
 from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, TableSession, build_trainer, load_state
+from iaa.platform.resources import train_device
 from iaa.platform.search_space import apply
 
 MEMBER_KEY = "member"          # train_many: the trial config is {"member": index into TrialSpec.members}
@@ -50,6 +50,7 @@ class TrialSpec:
     fixed: dict[str, Any] = field(default_factory=dict)
     members: tuple[dict[str, Any], ...] = ()
     vocab_hash: str = ""
+    prepared: str = ""                       # the data folder: Train workers read their rows from it
 
     def train_run_name(self, trial_id: str) -> str:
         """The Ray Train run of a multi-worker trial, under ``storage_path``."""
@@ -88,7 +89,7 @@ def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid
 
     cfg = job_config(spec, config)
     if spec.workers == 1:
-        device = torch.device("cuda" if spec.gpus_per_worker > 0 and torch.cuda.is_available() else "cpu")
+        device = train_device(spec.gpus_per_worker)
         session = TuneSession(train, valid, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
                               threads=spec.threads, device=device)
         fit(cfg, session, show_progress=False, vocab_hash=spec.vocab_hash)
@@ -97,7 +98,7 @@ def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = ray.tune.get_context().get_trial_id()
-    trainer = build_trainer(cfg, train, valid, name=spec.train_run_name(trial_id), storage_path=spec.storage_path,
+    trainer = build_trainer(cfg, Path(spec.prepared), name=spec.train_run_name(trial_id), storage_path=spec.storage_path,
                             workers=spec.workers, threads=spec.threads, worker_resources=spec.worker_resources,
                             use_gpu=spec.gpus_per_worker > 0, vocab_hash=spec.vocab_hash,
                             callbacks=[TuneReportCallback()])

@@ -1,0 +1,98 @@
+"""Connecting to Ray: an unreachable --address fails fast and names the address; the local
+cluster's dashboard listens on loopback only, on a port of its own, behind Ray's token auth."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from click.testing import CliRunner
+
+from iaa.cli import cli
+from iaa.errors import IaaError
+from iaa.platform import cluster
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])        # nothing listens there once the probe closes
+
+
+def test_unreachable_address_is_an_error_naming_it() -> None:
+    address = f"127.0.0.1:{_closed_port()}"
+    with pytest.raises(IaaError, match=f"Ray cluster at {address} is not reachable within 2 s"):
+        cluster.check_reachable(address, timeout_s=2)
+    with pytest.raises(IaaError, match="ray://127.0.0.1"):
+        cluster.check_reachable(f"ray://{address}", timeout_s=2)
+
+
+def test_reachable_address_and_local_lookups_pass() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        cluster.check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=2)
+    cluster.check_reachable("auto")            # Ray's own look-up on this machine: nothing to probe
+
+
+def test_connect_timeout_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cluster.CONNECT_TIMEOUT_ENV, "0.5")
+    assert cluster.connect_timeout() == 0.5
+    monkeypatch.setenv(cluster.CONNECT_TIMEOUT_ENV, "soon")
+    with pytest.raises(IaaError, match="IAA_RAY_CONNECT_TIMEOUT='soon'"):
+        cluster.connect_timeout()
+
+
+def test_cli_train_on_an_unreachable_address_exits_with_the_address(tmp_path) -> None:
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("a Ray started by another test in this process would be reused")
+    address = f"127.0.0.1:{_closed_port()}"
+    out = CliRunner().invoke(cli, ["train", "--dataset", "demo", "--workers", "2", "--address", address,
+                                   "--workdir", str(tmp_path), "--set", "train.max_epochs=0.01"],
+                             env={cluster.CONNECT_TIMEOUT_ENV: "2"})
+    assert out.exit_code != 0 and f"Ray cluster at {address} is not reachable" in out.output
+    assert not ray.is_initialized()
+
+
+def test_dashboard_port_avoids_a_busy_8265(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cluster.DASHBOARD_PORT_ENV, raising=False)
+    with socket.socket() as squatter:
+        try:
+            squatter.bind(("127.0.0.1", cluster.DEFAULT_DASHBOARD_PORT))
+        except OSError:
+            pass                                   # someone else's dashboard holds it already
+        port = cluster.dashboard_port("127.0.0.1")
+        assert port != cluster.DEFAULT_DASHBOARD_PORT and cluster._port_free("127.0.0.1", port)
+    monkeypatch.setenv(cluster.DASHBOARD_PORT_ENV, "9911")
+    assert cluster.dashboard_port() == 9911
+    monkeypatch.setenv(cluster.DASHBOARD_PORT_ENV, "x")
+    with pytest.raises(IaaError, match="IAA_DASHBOARD_PORT"):
+        cluster.dashboard_port()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_local_cluster_dashboard_is_loopback_only_and_needs_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+    import requests
+
+    if ray.is_initialized():
+        pytest.skip("needs to start its own local Ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    info = cluster.connect(num_cpus=1)
+    try:
+        assert info.dashboard is not None
+        host, port = info.dashboard.rsplit(":", 1)
+        assert host == "127.0.0.1"
+        node_ip = ray.util.get_node_ip_address()
+        assert node_ip != "127.0.0.1"
+        with pytest.raises(OSError):          # not reachable from the network
+            socket.create_connection((node_ip, int(port)), timeout=2).close()
+        answer = requests.get(f"http://{info.dashboard}/api/version", timeout=10)
+        assert answer.status_code == 401      # Ray's token authentication is on for a local cluster
+        assert "dashboard http://127.0.0.1:" in cluster.describe(info, cluster.plan(info.nodes, 1))
+    finally:
+        ray.shutdown()
