@@ -32,6 +32,9 @@ from iaa.files import atomic_write_text
 STYLES = ("cbt-ne", "cbt-cn", "cbt-v", "cbt-p", "cnn")
 MANIFEST = "cloze.json"
 LOCAL_BATCH_UNITS = 4
+# What each recipe reads from the tagger: CN is "a noun that is not a named entity", so it needs both.
+NEEDS = {"cbt-ne": frozenset({"tags", "ents"}), "cbt-cn": frozenset({"tags", "ents"}), "cbt-v": frozenset({"tags"}),
+         "cbt-p": frozenset({"tags"}), "cnn": frozenset({"ents"})}
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, address: str | 
     _check_replaceable(out)
     if tagger is None:
         check_pipeline(cfg.pipeline)
-    factory = tagger or spacy_factory(cfg.pipeline)
+    factory = tagger or spacy_factory(cfg.pipeline, needs=NEEDS[cfg.style])
     tagged = tag_documents(read_documents(list(cfg.sources)), cfg.window, factory, workers=workers,
                            address=address, progress=progress)
     split_of = splits.assign(tagged.docs, valid=cfg.valid, test=cfg.test, seed=cfg.seed, split_by=cfg.split_by)

