@@ -8,6 +8,7 @@ schedules them.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -34,19 +35,21 @@ def tag(units: Sequence[Unit], factory: Callable[[], Tagger], *, workers: int | 
     Args:
         factory: picklable zero-argument function that builds a tagger (on each actor).
         workers: tagger actors, 1 CPU each [default: one per CPU of the cluster].
-        address: Ray cluster to use [default: ``RAY_ADDRESS``, else a local Ray].
+        address: Ray cluster to use [default: ``RAY_ADDRESS``, else a new local Ray].
     """
     import ray
     from tqdm import tqdm
 
     from iaa.platform.cluster import connect
 
-    connect(address)
+    # "local" starts a Ray of our own: without an address ray.init joins whichever local Ray
+    # started last, and another user's cluster on the same machine is not ours to load.
+    connect(address or os.environ.get("RAY_ADDRESS") or "local")
     actors = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     rows = [{"unit": u.unit, "doc": u.doc, "kind": u.kind, "text": u.text} for u in units]
     ds = ray.data.from_items(rows, override_num_blocks=max(1, min(len(rows), actors * 8)))
     tagged = ds.map_batches(_TagActor, fn_constructor_kwargs={"factory": factory}, batch_size=BATCH_UNITS,
-                            batch_format="numpy", concurrency=actors, num_cpus=1)
+                            batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1)
     out: list[str | None] = [None] * len(units)
     position = {u.unit: i for i, u in enumerate(units)}
     with tqdm(total=len(units), desc=f"tagging on Ray ({actors} actors)", unit="unit", disable=not progress) as bar:
