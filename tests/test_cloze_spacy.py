@@ -60,3 +60,26 @@ def test_cbt_ne_from_a_real_book_round_trips(tmp_path: Path):
     examples = cbt.read(tmp_path / "out" / "cbtest_NE_train.txt").examples()
     assert len(examples) == result["questions"]["train"] > 5
     assert all(ex.answer in ex.doc and len(ex.candidates) == 10 for ex in examples)
+
+
+def test_cli_makes_cnn_questions_from_plain_text(tmp_path: Path):
+    import json
+
+    from click.testing import CliRunner
+
+    from iaa.cli import cli
+    from iaa.data import cnn
+
+    people = ["Alice Brown", "Tom Green", "Mary Stone", "Peter White"]
+    text = "\n\n".join(f"{people[i % 4]} walked to London with {people[(i + 1) % 4]} on day {i}. "
+                       f"Later {people[(i + 2) % 4]} wrote a letter to {people[i % 4]} in Paris." for i in range(30))
+    (tmp_path / "news").mkdir()
+    (tmp_path / "news" / "story.txt").write_text(text + "\n", encoding="utf-8")
+    res = CliRunner().invoke(cli, ["make-cloze", "--style", "cnn", "--source", str(tmp_path / "news"),
+                                   "--out", str(tmp_path / "out"), "--context", "10", "--stride", "3",
+                                   "--workers", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.output.strip().splitlines()[-1])
+    examples = cnn.read(tmp_path / "out")["train"].examples()
+    assert len(examples) == result["questions"]["train"] > 3
+    assert all(ex.answer in ex.candidates and "@placeholder" in ex.query for ex in examples)
