@@ -289,6 +289,39 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
     _emit(result, as_json)
 
 
+@cli.command()
+@click.option("--checkpoint", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@data_options
+@click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
+@click.option("--example-id", "example_ids", multiple=True, metavar="ID", help="An example to explain (repeatable).")
+@click.option("--first", type=int, default=None, help="Explain the split's first N examples.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="HTML page [default: explain-SPLIT.html beside the run's checkpoints folder].")
+@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Also draw the first example as a PNG figure.")
+@workdir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result, with every attention value, as JSON on the last line.")
+@_friendly
+def explain(checkpoint: Path, dataset: str | None, data: Path | None, split: str, example_ids: tuple[str, ...],
+            first: int | None, out: Path | None, png: Path | None, workdir: Path, as_json: bool) -> None:
+    """Show what the reader attends to at each inference step, as an HTML page (and a PNG)."""
+    from iaa.jobs import explain as job
+    from iaa.jobs import resolve
+
+    _need_data(dataset, data)
+    if not example_ids and not first:
+        raise click.UsageError("choose examples with --example-id ID (repeatable) or --first N")
+    _, prepared = resolve.data_dir(dataset, data, workdir)
+    result = job.run(checkpoint, prepared, split, example_ids=example_ids, first=first, out=out, png=png)
+    if as_json:
+        _emit(result, True)
+        return
+    for r in result["examples"]:
+        mark = "correct" if r["pred"] == r["gold"] else f"wrong (gold {r['candidates'][r['gold']]})"
+        click.echo(f"{r['example_id']}: predicted {r['candidates'][r['pred']]} "
+                   f"p={r['probs'][r['pred']]:.3f}, {mark}")
+    click.echo(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cli()
