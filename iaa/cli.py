@@ -322,6 +322,36 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, split: str
     click.echo(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
 
 
+@cli.command()
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A trained reader.")
+@click.option("--ensemble", "ensemble_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder written by `iaa-cli ensemble`: its selected members are averaged.")
+@click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help='JSON Lines of {"id", "document", "query", "candidates"[, "answer"]}, or a CBT / CNN file.')
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output JSON Lines.")
+@data_options
+@workdir_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
+@_friendly
+def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path, out: Path, dataset: str | None,
+            data: Path | None, workdir: Path, as_json: bool) -> None:
+    """Answer cloze questions given as raw text (or a CBT / CNN file)."""
+    from iaa.jobs import predict as job
+    from iaa.jobs import resolve
+
+    if (checkpoint is None) == (ensemble_dir is None):
+        raise click.UsageError("give exactly one of --checkpoint CKPT or --ensemble DIR")
+    checkpoints = [checkpoint] if checkpoint is not None else job.ensemble_members(ensemble_dir)
+    if dataset is not None and data is not None:
+        raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
+    prepared = (resolve.data_dir(dataset, data, workdir)[1] if dataset or data
+                else job.default_data_dir(checkpoints[0], workdir))
+    result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared)
+    for warning in result["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
+    _emit(result, as_json)
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cli()
