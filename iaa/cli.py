@@ -121,6 +121,7 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @config_options
 @click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/DATASET-MODEL-seedN]")
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
+@click.option("--register", metavar="NAME", help="Also register the logged MLflow model under NAME.")
 @click.option("--workers", type=int, default=0, show_default=True,
               help="Ray Train data-parallel workers; 0 trains in this process without Ray.")
 @click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
@@ -130,7 +131,8 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
 @_friendly
 def train(dataset: str | None, data: Path | None, model_kind: str | None, config_file: Path | None,
-          sets: tuple[str, ...], run_dir: Path | None, resume: bool, workers: int, gpus_per_worker: float,
+          sets: tuple[str, ...], run_dir: Path | None, resume: bool, register: str | None, workers: int,
+          gpus_per_worker: float,
           tracking_uri: str | None, address: str | None, storage_path: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
     from iaa.jobs import resolve
@@ -142,7 +144,8 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
     run_dir = run_dir or workdir / "runs" / f"{name}-{cfg.model.kind}-seed{cfg.train.seed}"
     result = platform_train.run(cfg, prepared, run_dir, resume=resume, workers=workers,
                                 gpus_per_worker=gpus_per_worker, workdir=workdir, tracking_uri=tracking_uri,
-                                address=address, storage_path=storage_path, show_progress=not as_json)
+                                address=address, storage_path=storage_path, show_progress=not as_json,
+                                register=register)
     _emit(result, as_json)
 
 

@@ -50,7 +50,7 @@ class _Page(HTMLParser):
 def _explain(args: list[str]) -> dict:
     result = CliRunner().invoke(cli, ["explain", *args, "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    return json.loads(result.output.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("kind,steps", [("iaa", 3), ("iaa-fixed-query", 2), ("as-reader", 1)])
