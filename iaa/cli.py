@@ -202,6 +202,7 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @config_options
 @workdir_option
 @cluster_options
+@click.option("--register", metavar="NAME", help="Register the best trial's MLflow model under NAME.")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[NAME]",
               help="Continue the interrupted sweep NAME (or --name; alone: the latest of this dataset and model).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
@@ -209,8 +210,8 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | None, max_concurrent: int | None,
          max_epochs: float | None, search_space: Path | None, workers_per_trial: int, gpus_per_worker: float,
          sweep_name: str | None, seed: int, config_file: Path | None, sets: tuple[str, ...], workdir: Path,
-         tracking_uri: str | None, address: str | None, storage_path: str | None, resume: str | None,
-         as_json: bool) -> None:
+         tracking_uri: str | None, address: str | None, storage_path: str | None, register: str | None,
+         resume: str | None, as_json: bool) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
     from iaa.platform import tune as job
 
@@ -225,6 +226,7 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
             workers_per_trial=workers_per_trial, gpus_per_worker=gpus_per_worker, name=sweep_name, seed=seed,
             config_file=config_file, sets=tuple(sets), workdir=workdir, tracking_uri=tracking_uri,
             address=address, storage_path=storage_path, resume=resume is not None, show_progress=not as_json,
+            register=register,
         )
     )
     _emit(result, as_json)
@@ -245,13 +247,15 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
               help="Ray Train workers for each member that must be trained.")
 @click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
+@click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
 @workdir_option
 @cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")
 @_friendly
 def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[Path, ...], dataset: str | None,
              data: Path | None, top_configs: int, seeds: int, select: str, top_p: float, ensemble_name: str | None,
-             workers_per_trial: int, gpus_per_worker: float, workdir: Path, tracking_uri: str | None,
+             workers_per_trial: int, gpus_per_worker: float, register: str | None, workdir: Path,
+             tracking_uri: str | None,
              address: str | None, storage_path: str | None, as_json: bool) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
     from iaa.platform import ensemble as job
@@ -266,7 +270,7 @@ def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[P
             sweep=sweep, members=members, dataset=dataset, data=data, top_configs=top_configs, seeds=seeds,
             select=select, p=top_p, name=ensemble_name, workdir=workdir, tracking_uri=tracking_uri,
             address=address, storage_path=storage_path, workers_per_trial=workers_per_trial,
-            gpus_per_worker=gpus_per_worker, show_progress=not as_json,
+            gpus_per_worker=gpus_per_worker, show_progress=not as_json, register=register,
         )
     )
     _emit(result, as_json)

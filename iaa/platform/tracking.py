@@ -328,8 +328,8 @@ class Run:
         entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
         self._tolerant("log the dataset", self._client.log_inputs, self.run_id, [entry])
 
-    def log_artifact(self, path: Path) -> None:
-        self._tolerant(f"store {Path(path).name}", self._client.log_artifact, self.run_id, str(path))
+    def log_artifact(self, path: Path, folder: str | None = None) -> None:
+        self._tolerant(f"store {Path(path).name}", self._client.log_artifact, self.run_id, str(path), folder)
 
     def end(self, status: str = "FINISHED") -> None:
         """Send what is kept, then close the run; what could not be sent is named on stderr."""
