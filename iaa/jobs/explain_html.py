@@ -23,6 +23,10 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 6px;border-top
 .t{font-weight:600}.gates{font-size:12px;color:#555}
 .q,.d{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;line-height:1.9}
 .w{padding:1px 1px;border-radius:2px}
+.q{padding-bottom:4px;margin-bottom:4px;border-bottom:1px dashed #ddd}
+.q::before,.d::before{display:inline-block;width:76px;font:11px system-ui,sans-serif;color:#888}
+.q::before{content:"query"}.d::before{content:"document"}
+.gold .bar{background:#2a7d2a}
 .q .w{background:rgba(31,119,180,var(--a))}.d .w{background:rgba(214,39,40,var(--a))}
 .c{text-decoration:underline dotted #888}.ph{outline:1px solid #1f77b4}
 .legend{font-size:12px;color:#555;margin:4px 0 0}

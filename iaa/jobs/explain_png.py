@@ -9,7 +9,8 @@ from typing import Any
 
 from iaa.files import atomic_path
 
-MAX_DOC_LABELS = 60  # document positions labelled on the x axis: the most attended ones
+MAX_DOC_LABELS = 40   # document positions labelled on the x axis: the most attended ones ...
+LABEL_SHARE = 0.02    # ... that reach this share of the figure's largest document weight
 
 
 def draw(record: dict[str, Any], out: Path) -> Path:
@@ -36,7 +37,8 @@ def draw(record: dict[str, Any], out: Path) -> Path:
         ax_q.set_title("query attention", fontsize=9)
     ax_d = fig.add_subplot(grid[0, 1])
     ax_d.imshow(doc, aspect="auto", cmap="Reds", vmin=0, interpolation="nearest")
-    labelled = sorted(np.argsort(doc.max(0))[::-1][:MAX_DOC_LABELS])
+    peak = doc.max(0)                                                      # (Ld,)
+    labelled = sorted(i for i in np.argsort(peak)[::-1][:MAX_DOC_LABELS] if peak[i] >= LABEL_SHARE * peak.max())
     ax_d.set_xticks(labelled, [record["doc_tokens"][i] for i in labelled], rotation=90, fontsize=6)
     ax_d.set_yticks(range(len(steps)), [_step_label(s) for s in steps], fontsize=7)
     ax_d.yaxis.tick_right()
