@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import shutil
 import tempfile
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import mlflow
 import mlflow.pyfunc
@@ -29,25 +33,35 @@ from iaa.errors import IaaError
 
 ARTIFACT = "model"
 DATA_FILES = ("manifest.json", "vocab.json")
+PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
-class ReaderModel(mlflow.pyfunc.PythonModel):
-    """pyfunc wrapper around :class:`iaa.jobs.predict.Predictor`."""
+def _drop_warning(*args: Any, **kwargs: Any) -> None:
+    """Stands in for ``warnings.showwarning`` (MLflow resets filters to "once" inside its calls)."""
 
-    def load_context(self, context: Any) -> None:
-        from iaa.jobs.predict import Predictor
 
-        members = sorted(k for k in context.artifacts if k.startswith("member_"))
-        self.predictor = Predictor.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]))
+# MLflow advises type hints on ``predict`` when the class is defined; ours takes a DataFrame of
+# the predict columns, which its hint-based validation cannot describe.
+with warnings.catch_warnings():
+    warnings.showwarning = _drop_warning
 
-    def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
-        """Rows of ``iaa-cli predict`` for the questions of ``model_input`` (a DataFrame)."""
-        from iaa.jobs.raw_text import from_record
+    class ReaderModel(mlflow.pyfunc.PythonModel):
+        """pyfunc wrapper around :class:`iaa.jobs.predict.Predictor`."""
 
-        placeholder = self.predictor.vocab.placeholder
-        records = model_input.to_dict(orient="records") if hasattr(model_input, "to_dict") else list(model_input)
-        questions = [from_record(_plain(r), f"row {i}", placeholder) for i, r in enumerate(records, 1)]
-        return self.predictor.predict(questions)
+        def load_context(self, context: Any) -> None:
+            from iaa.jobs.predict import Predictor
+
+            members = sorted(k for k in context.artifacts if k.startswith("member_"))
+            self.predictor = Predictor.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]))
+
+        def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
+            """Rows of ``iaa-cli predict`` for the questions of ``model_input`` (a DataFrame)."""
+            from iaa.jobs.raw_text import from_record
+
+            placeholder = self.predictor.vocab.placeholder
+            records = model_input.to_dict(orient="records") if hasattr(model_input, "to_dict") else list(model_input)
+            questions = [from_record(_plain(r), f"row {i}", placeholder) for i, r in enumerate(records, 1)]
+            return self.predictor.predict(questions)
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:
@@ -89,14 +103,36 @@ def save(checkpoints: Sequence[Path], prepared: Path, out: Path) -> Path:
         for i, path in enumerate(checkpoints):
             artifacts[f"member_{i:02d}"] = str(_model_only(Path(path), Path(tmp) / f"member_{i:02d}.pt"))
         config = ckpt.load(Path(checkpoints[0]))["config"]
-        mlflow.pyfunc.save_model(
-            str(out), python_model=ReaderModel(), artifacts=artifacts,
-            code_paths=[str(Path(iaa.__file__).resolve().parent)],
-            pip_requirements=_requirements(),
-            metadata={"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
-                      "manifest_digest": manifest_digest(prepared)},
-        )
+        with _quiet():
+            mlflow.pyfunc.save_model(
+                str(out), python_model=ReaderModel(), artifacts=artifacts,
+                code_paths=[str(Path(iaa.__file__).resolve().parent)],
+                pip_requirements=_requirements(),
+                metadata={"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
+                          "manifest_digest": manifest_digest(prepared)},
+            )
     return Path(out)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """No progress bars (they would glue to a ``--json`` line) and no advice about type hints or
+    CloudPickle while saving: the model's predict takes a DataFrame and the model is our code."""
+    bar = os.environ.get(PROGRESS_ENV)
+    os.environ[PROGRESS_ENV] = "false"
+    logger = logging.getLogger("mlflow.pyfunc")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _drop_warning
+            yield
+    finally:
+        logger.setLevel(level)
+        if bar is None:
+            os.environ.pop(PROGRESS_ENV, None)
+        else:
+            os.environ[PROGRESS_ENV] = bar
 
 
 def _requirements() -> list[str]:
