@@ -141,7 +141,7 @@ def evaluate_members(members: Sequence[Member], prepared: Path, out_dir: Path, s
 
 def _track(uri: str, experiment: str, name: str, req: EnsembleRequest, sweep: dict[str, Any] | None,
            dataset: str, members: Sequence[Member], result: dict[str, Any], out_dir: Path,
-           prepared: Path) -> tuple[str, str]:
+           prepared: Path) -> tuple[str, str | None]:
     """The ensemble's MLflow run: params, metrics, artifacts, its data, and its pyfunc model
     (the selected members, averaged). Returns (run id, model URI)."""
     from iaa.platform import mlflow_model
@@ -171,7 +171,7 @@ def _track(uri: str, experiment: str, name: str, req: EnsembleRequest, sweep: di
             run.log_artifact(Path(result[artifact]))
         run.log_artifact(out_dir / "ensemble.json")
         run.log_dataset(prepared, context="eval")
-        model_uri = mlflow_model.log(uri, run.run_id, [Path(m) for m in result["members"]], prepared, req.register)
+        model_uri = mlflow_model.try_log(uri, run.run_id, [Path(m) for m in result["members"]], prepared, req.register)
     return run.run_id, model_uri
 
 

@@ -158,6 +158,21 @@ def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, regi
     return model_uri
 
 
+def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
+            register: str | None = None) -> str | None:
+    """:func:`log`, where a failing store is a warning on stderr (the trained model stands)."""
+    import sys
+
+    from iaa.platform.tracking import TRANSIENT
+
+    try:
+        return log(uri, run_id, checkpoints, prepared, register)
+    except TRANSIENT as err:
+        print(f"warning: could not log the model of run {run_id} to MLflow at {uri} ({str(err)[:300]}); "
+              f"the checkpoint is still at {checkpoints[0]}", file=sys.stderr)
+        return None
+
+
 def register_model(uri: str, run_id: str, name: str) -> str:
     """A new version of registered model ``name`` from run ``run_id``'s model: ``models:/NAME/V``."""
     client = MlflowClient(uri)

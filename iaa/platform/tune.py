@@ -218,11 +218,7 @@ def _best_outputs(best: TrialRecord, uri: str, sweep_dir: Path, prepared: Path,
         run = tracking.Run(uri, best.mlflow_run_id)
         for artifact in (page["html"], page["png"]):
             run.log_artifact(Path(artifact), "explain")
-        try:
-            out["model_uri"] = mlflow_model.log(uri, best.mlflow_run_id, [Path(best.checkpoint)], prepared, register)
-        except tracking.TRANSIENT as err:
-            print(f"warning: could not log the best trial's model to MLflow at {uri} ({str(err)[:300]})",
-                  file=sys.stderr)
+        out["model_uri"] = mlflow_model.try_log(uri, best.mlflow_run_id, [Path(best.checkpoint)], prepared, register)
     return out
 
 
