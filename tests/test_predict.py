@@ -115,3 +115,13 @@ def test_bad_input_names_the_line(setup, tmp_path, bad, message):
     assert result.exit_code != 0
     assert message in result.output
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_a_cnn_question_for_a_cbt_model_names_its_query_line(setup, tmp_path):
+    _, prepared, ckpts = setup
+    question = tmp_path / "q1.question"
+    question.write_text("http://x\n\n@entity1 met @entity2 .\n\n@placeholder met @entity2\n\n@entity1\n\n"
+                        "@entity1:Ann\n@entity2:Bob\n", encoding="utf-8")
+    result = _invoke(["predict", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--input", str(question),
+                      "--out", str(tmp_path / "o.jsonl")])
+    assert result.exit_code != 0 and "q1.question:5: the query has no XXXXX placeholder" in result.output

@@ -24,6 +24,7 @@ from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+CNN_QUERY_LINE = 5  # url, blank, context, blank, query: what a CNN question's messages point at
 
 
 class InputError(IaaError):
@@ -52,7 +53,7 @@ def read_input(path: Path, placeholder: str) -> list[Question]:
         from iaa.data import cnn
 
         ex = cnn.parse_question(str(path), path.read_bytes())
-        return [Question(ex, ex.answer, f"{path}:1")]
+        return [Question(ex, ex.answer, f"{path}:{CNN_QUERY_LINE}")]
     from iaa.data import cbt
 
     chunk = cbt.read(path, on_error="fail")
