@@ -164,6 +164,7 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/DATASET-MODEL-seedN]")
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
+@click.option("--register", metavar="NAME", help="Also register the logged MLflow model under NAME.")
 @click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Ray Train data-parallel workers; 0 trains in this process without Ray.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
@@ -173,9 +174,9 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @json_option
 @_friendly
 def train(dataset: str | None, data: Path | None, model_kind: str | None, config_file: Path | None,
-          sets: tuple[str, ...], run_dir: Path | None, resume: bool, overwrite: bool, workers: int,
-          gpus_per_worker: float, tracking_uri: str | None, address: str | None, storage_path: str | None,
-          workdir: Path, as_json: bool) -> None:
+          sets: tuple[str, ...], run_dir: Path | None, resume: bool, overwrite: bool, register: str | None,
+          workers: int, gpus_per_worker: float, tracking_uri: str | None, address: str | None,
+          storage_path: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
     from iaa.jobs import resolve, rundir
 
@@ -191,7 +192,8 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
 
         result = platform_train.run(cfg, prepared, folder, resume=resume, workers=workers,
                                     gpus_per_worker=gpus_per_worker, workdir=workdir, tracking_uri=tracking_uri,
-                                    address=address, storage_path=storage_path, show_progress=not as_json)
+                                    address=address, storage_path=storage_path, show_progress=not as_json,
+                                    register=register)
     _emit(result, as_json)
 
 
@@ -248,6 +250,7 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @config_options
 @workdir_option
 @cluster_options
+@click.option("--register", metavar="NAME", help="Register the best trial's MLflow model under NAME.")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[NAME]",
               help="Continue the interrupted sweep NAME (or --name; alone: the latest of this dataset and model).")
 @json_option
@@ -255,8 +258,8 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | None, max_concurrent: int | None,
          max_epochs: float | None, search_space: Path | None, workers_per_trial: int, gpus_per_worker: float,
          sweep_name: str | None, seed: int, config_file: Path | None, sets: tuple[str, ...], workdir: Path,
-         tracking_uri: str | None, address: str | None, storage_path: str | None, resume: str | None,
-         as_json: bool) -> None:
+         tracking_uri: str | None, address: str | None, storage_path: str | None, register: str | None,
+         resume: str | None, as_json: bool) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
     from iaa.jobs import resolve
 
@@ -275,6 +278,7 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
             workers_per_trial=workers_per_trial, gpus_per_worker=gpus_per_worker, name=sweep_name, seed=seed,
             config_file=config_file, sets=tuple(sets), workdir=workdir, tracking_uri=tracking_uri,
             address=address, storage_path=storage_path, resume=resume is not None, show_progress=not as_json,
+            register=register,
         )
     )
     _emit(result, as_json)
@@ -295,13 +299,15 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
               help="Ray Train workers for each member that must be trained.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
+@click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
 @workdir_option
 @cluster_options
 @json_option
 @_friendly
 def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[Path, ...], dataset: str | None,
              data: Path | None, top_configs: int, seeds: int, select: str, top_p: float, ensemble_name: str | None,
-             workers_per_trial: int, gpus_per_worker: float, workdir: Path, tracking_uri: str | None,
+             workers_per_trial: int, gpus_per_worker: float, register: str | None, workdir: Path,
+             tracking_uri: str | None,
              address: str | None, storage_path: str | None, as_json: bool) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
     from iaa.jobs import resolve
@@ -320,7 +326,7 @@ def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[P
             sweep=sweep, members=members, dataset=dataset, data=data, top_configs=top_configs, seeds=seeds,
             select=select, p=top_p, name=ensemble_name, workdir=workdir, tracking_uri=tracking_uri,
             address=address, storage_path=storage_path, workers_per_trial=workers_per_trial,
-            gpus_per_worker=gpus_per_worker, show_progress=not as_json,
+            gpus_per_worker=gpus_per_worker, show_progress=not as_json, register=register,
         )
     )
     _emit(result, as_json)
@@ -376,6 +382,68 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
     cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
                           split_by=split_by, seed=seed, stride=stride, context=context, pipeline=pipeline)
     result = job.run(cfg, out, workers=workers, address=address, progress=not as_json)
+
+
+@cli.command()
+@click.option("--checkpoint", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@data_options
+@click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
+@click.option("--example-id", "example_ids", multiple=True, metavar="ID", help="An example to explain (repeatable).")
+@click.option("--first", type=click.IntRange(min=1), default=None, help="Explain the split's first N examples.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="HTML page [default: explain-SPLIT.html beside the run's checkpoints folder].")
+@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Also draw the first example as a PNG figure.")
+@workdir_option
+@json_option
+@_friendly
+def explain(checkpoint: Path, dataset: str | None, data: Path | None, split: str, example_ids: tuple[str, ...],
+            first: int | None, out: Path | None, png: Path | None, workdir: Path, as_json: bool) -> None:
+    """Show what the reader attends to at each inference step, as an HTML page (and a PNG)."""
+    from iaa.jobs import explain as job
+    from iaa.jobs import resolve
+
+    _need_data(dataset, data)
+    if not example_ids and not first:
+        raise click.UsageError("choose examples with --example-id ID (repeatable) or --first N")
+    _, prepared = resolve.data_dir(dataset, data, workdir)
+    result = job.run(checkpoint, prepared, split, example_ids=example_ids, first=first, out=out, png=png)
+    if as_json:
+        _emit(result, True)
+        return
+    for r in result["examples"]:
+        mark = "correct" if r["pred"] == r["gold"] else f"wrong (gold {r['candidates'][r['gold']]})"
+        click.echo(f"{r['example_id']}: predicted {r['candidates'][r['pred']]} "
+                   f"p={r['probs'][r['pred']]:.3f}, {mark}")
+    click.echo(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
+
+
+@cli.command()
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A trained reader.")
+@click.option("--ensemble", "ensemble_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder written by `iaa-cli ensemble`: its selected members are averaged.")
+@click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help='JSON Lines of {"id", "document", "query", "candidates"[, "answer"]}, or a CBT / CNN file.')
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output JSON Lines.")
+@data_options
+@workdir_option
+@json_option
+@_friendly
+def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path, out: Path, dataset: str | None,
+            data: Path | None, workdir: Path, as_json: bool) -> None:
+    """Answer cloze questions given as raw text (or a CBT / CNN file)."""
+    from iaa.jobs import predict as job
+    from iaa.jobs import resolve
+
+    if (checkpoint is None) == (ensemble_dir is None):
+        raise click.UsageError("give exactly one of --checkpoint CKPT or --ensemble DIR")
+    checkpoints = [checkpoint] if checkpoint is not None else job.ensemble_members(ensemble_dir)
+    if dataset is not None and data is not None:
+        raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
+    prepared = (resolve.data_dir(dataset, data, workdir)[1] if dataset or data
+                else job.default_data_dir(checkpoints[0], workdir))
+    result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared)
+    for warning in result["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
     _emit(result, as_json)
 
 

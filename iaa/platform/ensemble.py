@@ -54,6 +54,7 @@ class EnsembleRequest:
     workers_per_trial: int = 1    # Ray Train workers per member trained
     gpus_per_worker: float = 0.0
     show_progress: bool = True
+    register: str | None = None   # register the ensemble's MLflow model under this name
 
 
 def _run_dir_label(checkpoint: Path) -> str:
@@ -139,7 +140,12 @@ def evaluate_members(members: Sequence[Member], prepared: Path, out_dir: Path, s
 
 
 def _track(uri: str, experiment: str, name: str, req: EnsembleRequest, sweep: dict[str, Any] | None,
-           dataset: str, members: Sequence[Member], result: dict[str, Any], out_dir: Path) -> str:
+           dataset: str, members: Sequence[Member], result: dict[str, Any], out_dir: Path,
+           prepared: Path) -> tuple[str, str | None]:
+    """The ensemble's MLflow run: params, metrics, artifacts, its data, and its pyfunc model
+    (the selected members, averaged). Returns (run id, model URI)."""
+    from iaa.platform import mlflow_model
+
     tags: dict[str, Any] = {"kind": "ensemble", "dataset": dataset, "select": req.select,
                             "ensemble_dir": str(out_dir)}
     if sweep is not None:
@@ -164,7 +170,9 @@ def _track(uri: str, experiment: str, name: str, req: EnsembleRequest, sweep: di
         for artifact in ("predictions", "table_path"):
             run.log_artifact(Path(result[artifact]))
         run.log_artifact(out_dir / "ensemble.json")
-    return run.run_id
+        run.log_dataset(prepared, context="eval")
+        model_uri = mlflow_model.try_log(uri, run.run_id, [Path(m) for m in result["members"]], prepared, req.register)
+    return run.run_id, model_uri
 
 
 def run(req: EnsembleRequest) -> dict[str, Any]:
@@ -222,7 +230,8 @@ def run(req: EnsembleRequest) -> dict[str, Any]:
                "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
                "sweep": req.sweep, "tracking_uri": uri}
     atomic_write_text(out_dir / "ensemble.json", json.dumps(summary, indent=1, default=str))
-    summary["mlflow_run_id"] = _track(uri, experiment, name, req, sweep, dataset, members, result, out_dir)
+    summary["mlflow_run_id"], summary["model_uri"] = _track(uri, experiment, name, req, sweep, dataset, members,
+                                                            result, out_dir, prepared)
     atomic_write_text(out_dir / "ensemble.json", json.dumps(summary, indent=1, default=str))
     print(table, file=sys.stderr)
     return summary

@@ -38,8 +38,9 @@ class TunePreset:
 
 
 TUNE_PRESETS: dict[str, TunePreset] = {
-    # A whole sweep on a 2-core laptop in minutes: 6 trials of 1 epoch (2 checks) each, 2 at a time.
-    "demo": TunePreset(num_samples=6, max_epochs=1.0, space=search_space.DEMO_GRID, grace_period=1,
+    # A whole sweep on a 2-core laptop in a few minutes: 4 trials of at most 1.5 epochs (3 checks),
+    # 2 at a time; ASHA compares them after one epoch (2 checks), once the reader has learned.
+    "demo": TunePreset(num_samples=4, max_epochs=1.5, space=search_space.DEMO_GRID, grace_period=2,
                        reduction_factor=2.0),
     "cbt-ne": TunePreset(num_samples=24, max_epochs=4.0, space=search_space.PAPER_GRID, grace_period=2,
                          reduction_factor=3.0),

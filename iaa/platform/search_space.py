@@ -80,14 +80,14 @@ PAPER_GRID: dict[str, Any] = {
     "model.state_dim": [256, 512],
 }
 
-# The same five knobs, scaled to the demo preset's model (d=64, h=64, s=128, T=3), so that a
-# whole sweep runs on a laptop in minutes.
+# The demo sweep: knobs that matter at the demo preset's size (d=64, h=64, s=128, T=3). The
+# learning rate matters most: at 1e-3 the reader sits at ~0.39 valid for 1.5 epochs before it
+# learns (0.86 at epoch 2), at 2e-3 it reaches 0.86 and at 4e-3 0.93 after one epoch. So a whole
+# sweep of 1.5-epoch trials runs on a 2-core laptop in minutes and still shows the reader learn.
 DEMO_GRID: dict[str, Any] = {
-    "train.embed_l2": [1e-3, 1e-4],
-    "model.steps": [1, 2, 3],
-    "model.embed_dim": [32, 64],
+    "train.lr": [2e-3, 4e-3],
+    "model.steps": [2, 3],
     "model.hidden_dim": [32, 64],
-    "model.state_dim": [64, 128],
 }
 
 

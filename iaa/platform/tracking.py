@@ -28,6 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,8 +310,26 @@ class Run:
         for key, value in tags.items():
             self._tolerant(f"set tag {key}", self._client.set_tag, self.run_id, key, str(value))
 
-    def log_artifact(self, path: Path) -> None:
-        self._tolerant(f"store {Path(path).name}", self._client.log_artifact, self.run_id, str(path))
+    def log_dataset(self, prepared: Path, context: str = "train") -> None:
+        """Record the prepared data as the run's input: name, source folder and manifest digest
+        (the UI's Dataset column)."""
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        from iaa.platform.mlflow_model import dataset_summary
+
+        info = dataset_summary(prepared)
+        with warnings.catch_warnings():  # "can be interpreted in multiple ways": all local folders
+            warnings.simplefilter("ignore")
+            source = resolve_dataset_source(info["source"])
+        dataset = MetaDataset(source, name=info["name"], digest=info["digest"])
+        entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
+        self._tolerant("log the dataset", self._client.log_inputs, self.run_id, [entry])
+
+    def log_artifact(self, path: Path, folder: str | None = None) -> None:
+        self._tolerant(f"store {Path(path).name}", self._client.log_artifact, self.run_id, str(path), folder)
 
     def end(self, status: str = "FINISHED") -> None:
         """Send what is kept, then close the run; what could not be sent is named on stderr."""

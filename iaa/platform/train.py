@@ -27,6 +27,7 @@ def run(
     address: str | None = None,
     storage_path: str | None = None,
     show_progress: bool = True,
+    register: str | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` on ``prepared``; ``workers > 0`` runs a Ray TorchTrainer with that many workers."""
     uri = tracking.open_store(tracking_uri, workdir)
@@ -36,6 +37,7 @@ def run(
     with tracking.run_context(uri, experiment, Path(run_dir).name, tags=tags, resume_id=resume_id) as mlrun:
         if resume_id is None:
             mlrun.log_params(to_dict(cfg))
+            mlrun.log_dataset(prepared)
         log = lambda metrics: mlrun.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
         if workers <= 0:
             device = "cuda" if gpus_per_worker > 0 else "cpu"  # in process: --gpus-per-worker > 0 means this GPU
@@ -48,6 +50,10 @@ def run(
                                    resume=resume, address=address, storage_path=storage_path, on_metrics=log,
                                    show_progress=show_progress)
         mlrun.set_tags({"checkpoint": result.get("checkpoint", "")})
+        if result.get("checkpoint"):
+            from iaa.platform import mlflow_model
+
+            result["model_uri"] = mlflow_model.try_log(uri, mlrun.run_id, [Path(result["checkpoint"])], prepared, register)
         mlrun.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
     return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": uri, "mlflow_run_id": mlrun.run_id}
 

@@ -9,6 +9,7 @@ tags. Nothing reads the callback back after a run: records come from the results
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import ray.tune as tune
@@ -50,9 +51,9 @@ class TrialRuns(tune.Callback):
     """Gives every trial its MLflow child run and logs its checks; tags its best checkpoint."""
 
     def __init__(self, *, uri: str, experiment: str, parent_run_id: str | None, sweep: str, dataset: str,
-                 spec: TrialSpec) -> None:
+                 spec: TrialSpec, data_dir: Path | None = None) -> None:
         self.uri, self.experiment, self.parent_run_id = uri, experiment, parent_run_id
-        self.sweep, self.dataset, self.spec = sweep, dataset, spec
+        self.sweep, self.dataset, self.spec, self.data_dir = sweep, dataset, spec, data_dir
         self.run_ids: dict[str, str] = {}
         self.best: dict[str, str] = {}       # trial id -> best checkpoint directory
         self._runs: dict[str, tracking.Run] = {}
@@ -73,6 +74,8 @@ class TrialRuns(tune.Callback):
                                      tags={**trial_tags(self.sweep, trial.trial_id), "dataset": self.dataset,
                                            "model": cfg.model.kind}, parent_run_id=self.parent_run_id)
             run.log_params(to_dict(cfg))
+            if self.data_dir is not None:
+                run.log_dataset(self.data_dir)
         else:
             run = tracking.Run(self.uri, run_id)
         self.run_ids[trial.trial_id] = run.run_id
@@ -132,3 +135,24 @@ class TrialRuns(tune.Callback):
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._end(trial, "FAILED")
+
+
+class SweepProgress(tune.Callback):
+    """Prints the sweep's elapsed time and a running estimate of the time left (stderr)."""
+
+    def __init__(self, progress: Any) -> None:
+        self.progress = progress        # iaa.jobs.cost.Progress
+
+    def _say(self, line: str | None) -> None:
+        if line:
+            print(line, file=sys.stderr)
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
+                        **info: Any) -> None:
+        self._say(self.progress.update(trial.trial_id, epoch=result.get("epoch")))
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._say(self.progress.update(trial.trial_id, ended=True))
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._say(self.progress.update(trial.trial_id, ended=True))

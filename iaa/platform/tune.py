@@ -36,7 +36,8 @@ from iaa.platform import launch as launcher
 from iaa.platform import search, search_space, tracking
 from iaa.platform.search import TUNE_PRESETS, TunePreset
 from iaa.platform.trial import records
-from iaa.platform.trial_runs import TrialRuns, child_runs
+from iaa.jobs.cost import Progress, SweepCost, probe
+from iaa.platform.trial_runs import SweepProgress, TrialRuns, child_runs
 
 
 class SweepInterrupted(IaaError):
@@ -66,6 +67,7 @@ class TuneRequest:
     storage_path: str | None = None
     resume: bool = False
     show_progress: bool = True
+    register: str | None = None      # register the best trial's MLflow model under this name
 
 
 def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConfig:
@@ -106,6 +108,7 @@ def _start(req: TuneRequest, launch: launcher.Launch, fn: Any, train_rows: int, 
     parent = tracking.Run.start(uri, experiment, launch.name,
                                 tags={"dataset": req.dataset, "sweep": launch.name, "model": base.model.kind})
     try:
+        parent.log_dataset(launch.prepared)
         parent.log_params({**tracking.flatten(to_dict(base)), "tune.num_samples": num_samples,
                            "tune.search_space": space.describe(), "tune.seed": req.seed,
                            "tune.workers_per_trial": req.workers_per_trial,
@@ -117,7 +120,8 @@ def _start(req: TuneRequest, launch: launcher.Launch, fn: Any, train_rows: int, 
                  "trials": []}
         sweep_file.write(sweep_file.sweep_file(req.workdir, launch.name), sweep)
         runs = TrialRuns(uri=uri, experiment=experiment, parent_run_id=parent.run_id, sweep=launch.name,
-                         dataset=req.dataset, spec=launcher.trial_spec(launch, base=base, fixed=space.fixed))
+                         dataset=req.dataset, spec=launcher.trial_spec(launch, base=base, fixed=space.fixed),
+                         data_dir=launch.prepared)
         max_t = search.max_checks(base, space, train_rows, req.workers_per_trial)
         tuner = launcher.tuner(launch, fn, [runs, *callbacks], show_progress=req.show_progress,
                                search_alg=search.searcher(space, req.seed), scheduler=search.scheduler(preset, max_t),
@@ -147,8 +151,9 @@ def _close_lost_runs(parent: tracking.Run, experiment: str, kept: set[str]) -> N
 
 
 def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, parent: tracking.Run,
-            space: search_space.SearchSpace) -> dict[str, Any]:
-    """The best trial: its config as YAML, the table, the parent run's metrics and artifacts."""
+            space: search_space.SearchSpace, prepared: Path, register: str | None = None) -> dict[str, Any]:
+    """The best trial: its config as YAML, the table, the parent run's metrics and artifacts, and
+    on the best trial's run its MLflow model and explain page."""
     name = sweep["name"]
     unfinished = [r for r in records if r.status not in FINISHED_STATUSES]
     if unfinished:
@@ -172,10 +177,39 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     parent.log_artifact(best_config)
     parent.log_artifact(sweep_dir / "sweep.json")
     parent.end("FINISHED")
+    outputs = _best_outputs(best, sweep["tracking_uri"], sweep_dir, prepared, register)
+    ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
+    print(f"best trial {best.trial_id}: valid accuracy {best.best_valid_acc:.4f}\n"
+          f"  config:       {best_config}  (iaa-cli train --config {best_config})\n"
+          + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
+          + f"  runs:         {ui}", file=sys.stderr)
     return {"sweep": name, "tracking_uri": sweep["tracking_uri"], "experiment": sweep["experiment"],
             "best_config": str(best_config), "best_valid_acc": best.best_valid_acc,
             "best_trial": best.trial_id, "best_checkpoint": best.checkpoint, "trials": len(records),
-            "sweep_json": str(sweep_dir / "sweep.json"), "parent_run_id": parent.run_id}
+            "sweep_json": str(sweep_dir / "sweep.json"), "parent_run_id": parent.run_id, **outputs, "mlflow_ui": ui}
+
+
+EXPLAIN_EXAMPLES = 5  # validation examples on the best trial's explain page
+
+
+def _best_outputs(best: TrialRecord, uri: str, sweep_dir: Path, prepared: Path,
+                  register: str | None) -> dict[str, Any]:
+    """The best trial's MLflow model and its explain page (first validation examples), both
+    stored on its run. Tracking failures are warnings: the sweep's result stands."""
+    from iaa.jobs import explain
+    from iaa.platform import mlflow_model
+
+    if not best.checkpoint or not Path(best.checkpoint).is_file():
+        return {}
+    page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
+                       out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png")
+    out: dict[str, Any] = {"explain_page": page["html"], "explain_png": page["png"]}
+    if best.mlflow_run_id:
+        run = tracking.Run(uri, best.mlflow_run_id)
+        for artifact in (page["html"], page["png"]):
+            run.log_artifact(Path(artifact), "explain")
+        out["model_uri"] = mlflow_model.try_log(uri, best.mlflow_run_id, [Path(best.checkpoint)], prepared, register)
+    return out
 
 
 @dataclass(frozen=True)
@@ -222,6 +256,17 @@ def _settle(req: TuneRequest) -> _Sweep:
                   recorded)
 
 
+def _cost(launch: launcher.Launch, s: _Sweep, train_rows: int) -> SweepCost:
+    """The sweep's size and expected wall time, printed before the first trial starts."""
+    plan = launch.plan
+    gpus = plan.gpus_per_worker > 0
+    rate = 0.0 if gpus else probe(s.base, s.prepared, plan.threads)
+    cost = SweepCost(trials=s.num_samples, epochs=s.base.train.max_epochs, examples=train_rows,
+                     examples_per_s=rate, concurrency=plan.max_concurrent, gpus=gpus)
+    print(cost.describe(), file=sys.stderr)
+    return cost
+
+
 def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Run (or with ``req.resume`` continue) a sweep.
 
@@ -245,6 +290,8 @@ def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
             print(f"resuming sweep {s.name} from {launch.experiment_path}", file=sys.stderr)
     else:
         launcher.claim(s.storage, s.name, s.folder)
+        if req.show_progress:
+            callbacks = [*callbacks, SweepProgress(Progress(_cost(launch, s, train_rows)))]
         tuner, sweep, parent = _start(req, launch, fn, train_rows, s.base, s.space, s.preset, s.num_samples, s.uri,
                                       callbacks)
     started = time.time()
@@ -260,4 +307,4 @@ def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     sweep_file.write(s.folder / "sweep.json", sweep)
     if s.recorded is not None:
         _close_lost_runs(parent, sweep["experiment"], {r.mlflow_run_id for r in sweep["trials"]})
-    return _finish(sweep["trials"], sweep, s.folder, parent, s.space)
+    return _finish(sweep["trials"], sweep, s.folder, parent, s.space, s.prepared, req.register)

@@ -1,0 +1,125 @@
+"""What a sweep will cost, said before it starts, and how much of it is left while it runs.
+
+The estimate multiplies out trials x epochs x training examples and divides by a throughput
+probe: a few training steps of the sweep's base config on this machine's CPU, with the torch
+threads one trial gets. It is an upper bound: ASHA usually stops part of the trials early.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from iaa.jobs.config import JobConfig
+
+PROBE_BATCHES = 4          # timed training steps (after one warm-up step)
+MANY_HOURS = 3.0           # above this, on CPUs, say which flags shrink the sweep
+
+
+@dataclass(frozen=True)
+class SweepCost:
+    trials: int
+    epochs: float
+    examples: int              # training examples per epoch
+    examples_per_s: float      # per trial; 0 when not probed (GPU trials)
+    concurrency: int
+    gpus: bool
+
+    @property
+    def total_examples(self) -> float:
+        return self.trials * self.epochs * self.examples
+
+    @property
+    def wall_s(self) -> float | None:
+        """Expected wall time if ASHA stops no trial; None when the throughput is unknown."""
+        if self.examples_per_s <= 0:
+            return None
+        waves = math.ceil(self.trials / max(self.concurrency, 1))
+        return waves * self.epochs * self.examples / self.examples_per_s
+
+    def describe(self) -> str:
+        head = (f"cost: {self.trials} trials x {self.epochs:g} epochs x {self.examples:,} examples, "
+                f"{self.concurrency} at a time")
+        if self.wall_s is None:
+            return f"{head}; throughput on GPU workers not probed from here"
+        text = (f"{head}; ~{self.examples_per_s:,.0f} examples/s per trial (probe) -> at most "
+                f"{duration(self.wall_s)} (less where ASHA stops trials)")
+        if not self.gpus and self.wall_s > MANY_HOURS * 3600:
+            text += ("\n  that is long for CPUs: shrink it with --num-samples N, --max-epochs E, a smaller "
+                     "model (--set model.embed_dim=...), or run on a GPU cluster (--address, --gpus-per-worker 1)")
+        return text
+
+
+def duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def probe(cfg: JobConfig, prepared: Path, threads: int) -> float:
+    """Training examples/s of ``cfg``'s model on this CPU with ``threads`` torch threads."""
+    import torch
+
+    from iaa.data.loader import PreparedData, iter_batches
+    from iaa.jobs.step import build_optimizer, train_step
+    from iaa.model.reader import build_reader
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        table = PreparedData.open(prepared).table("train")
+        batches = iter_batches(table.slice(0, cfg.train.batch_size * (PROBE_BATCHES + 1)), cfg.train.batch_size,
+                               seed=0, epoch=0)
+        model = build_reader(cfg.model)
+        optimizer = build_optimizer(model, cfg.train.lr, cfg.train.embed_l2)
+        seen, start = 0, 0.0
+        for i, batch in enumerate(batches):
+            train_step(model, optimizer, batch, embed_l2=cfg.train.embed_l2, clip=cfg.train.clip)
+            if i == 0:
+                start = time.perf_counter()
+            else:
+                seen += len(batch)
+        return seen / max(time.perf_counter() - start, 1e-9)
+    finally:
+        torch.set_num_threads(before)
+
+
+class Progress:
+    """Elapsed time and a running estimate of the time left, from the epochs trials have done."""
+
+    def __init__(self, cost: SweepCost, every_s: float = 20.0) -> None:
+        self.cost, self.every_s = cost, every_s
+        self.started = time.monotonic()
+        self.epochs: dict[str, float] = {}      # trial id -> epochs done
+        self.done: set[str] = set()             # trials that ended (finished or stopped)
+        self._last = 0.0
+
+    def update(self, trial_id: str, epoch: float | None = None, ended: bool = False) -> str | None:
+        """Record a trial's report; returns a progress line at most every ``every_s`` seconds."""
+        if epoch is not None:
+            self.epochs[trial_id] = max(epoch, self.epochs.get(trial_id, 0.0))
+        if ended:
+            self.done.add(trial_id)
+        now = time.monotonic()
+        if now - self._last < self.every_s and not ended:
+            return None
+        self._last = now
+        return self.line(now - self.started)
+
+    def left_s(self, elapsed: float) -> float | None:
+        """Seconds left if ASHA stops no more trials, at the rate seen so far."""
+        c = self.cost
+        done = sum(self.epochs.values())
+        if done <= 0 or elapsed <= 0:
+            return None
+        remaining = sum(max(c.epochs - e, 0.0) for t, e in self.epochs.items() if t not in self.done)
+        remaining += max(c.trials - len(self.epochs), 0) * c.epochs
+        return remaining / (done / elapsed)
+
+    def line(self, elapsed: float) -> str:
+        left = self.left_s(elapsed)
+        tail = "estimating time left" if left is None else f"at most ~{duration(left)} left"
+        return (f"sweep: {duration(elapsed)} elapsed, {len(self.done)}/{self.cost.trials} trials done, {tail}")

@@ -1,0 +1,116 @@
+"""``iaa-cli predict``: answer cloze questions given as raw text (or CBT / CNN files) with a
+checkpoint or a seed ensemble; the same ``probs`` as ``iaa-cli evaluate`` writes.
+
+An ensemble's distribution is the mean of its members' candidate probabilities, as in
+``iaa.jobs.ensemble``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from torch import nn
+
+from iaa.data.vocab import Vocab
+from iaa.errors import IaaError
+from iaa.jobs.raw_text import Question, read_input, to_rows
+
+BATCH_SIZE = 32
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """Readers that share one vocabulary, and how their dataset tokenises."""
+
+    models: tuple[nn.Module, ...]
+    vocab: Vocab
+    lowercase: bool
+
+    @classmethod
+    def load(cls, checkpoints: Sequence[Path], data_dir: Path) -> "Predictor":
+        """Rebuild each checkpoint; refuse one trained on another vocabulary than ``data_dir``'s."""
+        from iaa.data.loader import PreparedData
+        from iaa.jobs import checkpoint
+
+        data = PreparedData.open(Path(data_dir))
+        models = []
+        for path in checkpoints:
+            model, _, state = checkpoint.load_model(Path(path))
+            if state.get("vocab_hash") and state["vocab_hash"] != data.manifest.get("vocab_hash"):
+                raise IaaError(f"{path} was trained with another vocabulary than {data_dir}: "
+                               "pass the prepared folder it was trained on with --data")
+            models.append(model)
+        lowercase = bool(data.manifest.get("options", {}).get("lowercase", False))
+        return cls(tuple(models), data.vocab, lowercase)
+
+    def predict(self, questions: Sequence[Question]) -> list[dict[str, Any]]:
+        """One ``{"id", "prediction", "probs": {candidate: p}[, "correct"]}`` per question, in order."""
+        import torch
+
+        from iaa.data.loader import collate
+        from iaa.model.pointer import candidate_probs
+
+        if not questions:
+            return []
+        table = to_rows(questions, self.vocab, self.lowercase)
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(questions), BATCH_SIZE):
+                batch = collate(table.slice(start, BATCH_SIZE))
+                probs = torch.stack([candidate_probs(m.eval()(batch)) for m in self.models]).mean(0)  # (B, C)
+                for b, q in enumerate(questions[start:start + BATCH_SIZE]):
+                    out.append(_answer(q, probs[b, :len(q.example.candidates)].tolist()))
+        return out
+
+
+def _answer(q: Question, probs: list[float]) -> dict[str, Any]:
+    cands = q.example.candidates
+    best = max(range(len(cands)), key=probs.__getitem__)
+    row: dict[str, Any] = {"id": q.example.example_id, "prediction": cands[best],
+                           "probs": {c: p for c, p in zip(cands, probs)}}
+    if q.gold is not None:
+        row["correct"] = cands[best] == q.gold
+    return row
+
+
+def ensemble_members(ensemble_dir: Path) -> list[Path]:
+    """The selected members' checkpoints of an ``iaa-cli ensemble`` output folder."""
+    summary = Path(ensemble_dir) / "ensemble.json"
+    if not summary.is_file():
+        raise IaaError(f"{ensemble_dir} holds no ensemble.json: give the folder `iaa-cli ensemble` wrote")
+    members = json.loads(summary.read_text(encoding="utf-8")).get("members") or []
+    if not members:
+        raise IaaError(f"{summary} lists no members")
+    return [Path(m) for m in members]
+
+
+def default_data_dir(checkpoint_path: Path, workdir: Path) -> Path:
+    """The prepared folder of the checkpoint's dataset under ``workdir``."""
+    from iaa.jobs import checkpoint
+    from iaa.jobs.config import from_dict
+
+    dataset = from_dict(checkpoint.load(Path(checkpoint_path))["config"]).dataset
+    folder = Path(workdir) / "data" / dataset
+    if not (folder / "manifest.json").is_file():
+        raise IaaError(f"no prepared {dataset} data at {folder}: pass the folder the model was trained on with --data")
+    return folder
+
+
+def run(input_path: Path, out: Path, *, checkpoints: Sequence[Path], data_dir: Path) -> dict[str, Any]:
+    """Predict every question of ``input_path`` and write JSON Lines to ``out``."""
+    from iaa.files import atomic_write_text
+
+    import warnings
+
+    predictor = Predictor.load(checkpoints, data_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = predictor.predict(read_input(Path(input_path), predictor.vocab.placeholder))
+    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    scored = [r["correct"] for r in rows if "correct" in r]
+    return {"predictions": str(out), "examples": len(rows), "members": len(checkpoints),
+            "accuracy": sum(scored) / len(scored) if scored else None,
+            "warnings": [str(w.message) for w in caught]}

@@ -1,0 +1,136 @@
+"""Cloze questions from outside a prepared dataset, turned into rows like ``prepare`` writes.
+
+Three inputs: JSON Lines of ``{"id", "document", "query", "candidates"[, "answer"]}`` with raw
+text, a CBT file, or a CNN ``.question`` file. Raw text is split on whitespace, as both parsers
+split their lines. The rows go through the parsers' own ``assemble`` (placeholder and candidate
+matching, optional lowercasing) and ``to_table`` (vocabulary ids, ``<unk>`` for unseen words,
+``doc_cand`` from the words themselves, so distinct unseen candidates stay apart).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from iaa.data.parsed import ClozeExample, assemble, encode, match_keys, offsets_of
+from iaa.data.shards import to_table
+from iaa.data.vocab import Vocab
+from iaa.errors import IaaError
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+CNN_QUERY_LINE = 5  # url, blank, context, blank, query: what a CNN question's messages point at
+
+
+class InputError(IaaError):
+    """A question that cannot be answered as given; the message names the input and line."""
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question as read, with its gold answer (None when the input gives none)."""
+
+    example: ClozeExample
+    gold: str | None
+    where: str            # "FILE:LINE", for messages
+
+
+def read_input(path: Path, placeholder: str) -> list[Question]:
+    """The questions of ``path``: JSON Lines, a CNN ``.question`` file, or else a CBT file."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such input file")
+    if path.name.endswith(JSONL_SUFFIXES):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return [from_record(_json(line, f"{path}:{n}"), f"{path}:{n}", placeholder)
+                for n, line in enumerate(lines, 1) if line.strip()]
+    if path.suffix == ".question":
+        from iaa.data import cnn
+
+        ex = cnn.parse_question(str(path), path.read_bytes())
+        return [Question(ex, ex.answer, f"{path}:{CNN_QUERY_LINE}")]
+    from iaa.data import cbt
+
+    chunk = cbt.read(path, on_error="fail")
+    return [Question(ex, ex.answer, f"{path}:{ex.example_id.rsplit(':', 1)[-1]}") for ex in chunk.examples()]
+
+
+def _json(line: str, where: str) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: expected a JSON object with id, document, query, candidates")
+    return record
+
+
+def from_record(record: dict[str, Any], where: str, placeholder: str) -> Question:
+    """One ``{"id", "document", "query", "candidates"[, "answer"]}`` record, checked."""
+    missing = [k for k in ("document", "query", "candidates") if k not in record]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(missing)} (need id, document, query, candidates)")
+    cands = record["candidates"]
+    if isinstance(cands, str):
+        cands = cands.split("|") if "|" in cands else cands.split()
+    if not isinstance(cands, list) or not [c for c in cands if str(c).strip()]:
+        raise InputError(f"{where}: the candidate list is empty")
+    query = str(record["query"]).split()
+    if placeholder not in query:
+        raise InputError(f"{where}: the query has no {placeholder} placeholder (it marks the word to fill in)")
+    doc = str(record["document"]).split()
+    if not doc:
+        raise InputError(f"{where}: the document is empty")
+    example_id = str(record.get("id", where.rsplit(":", 1)[-1]))
+    gold = record.get("answer")
+    example = ClozeExample(example_id, tuple(doc), tuple(query), tuple(str(c).strip() for c in cands if str(c).strip()),
+                           "")
+    return Question(example, None if gold is None else str(gold), where)
+
+
+def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.Table:
+    """Rows with ``iaa.data.shards.SCHEMA`` columns, one per question, in order.
+
+    ``answer`` holds a candidate that occurs in the document (the model needs none; the gold is
+    kept on the ``Question``). A candidate absent from its document gets probability 0: warned
+    about here. A question with no candidate in its document cannot be answered: an error.
+    """
+    placeholder = vocab.placeholder
+    stand_ins = [_present_candidate(q, lowercase, placeholder) for q in questions]
+    words, doc, query = encode(pa.array([w for q in questions for w in q.example.doc], pa.string()),
+                               pa.array([w for q in questions for w in q.example.query], pa.string()))
+    chunk, errs = assemble(
+        example_ids=pa.array([q.example.example_id for q in questions], pa.string()), words=words,
+        doc=doc, doc_offsets=_offsets(len(q.example.doc) for q in questions),
+        query=query, query_offsets=_offsets(len(q.example.query) for q in questions),
+        cand_words=pa.array([c for q in questions for c in q.example.candidates], pa.string()),
+        cand_offsets=_offsets(len(q.example.candidates) for q in questions),
+        answers=pa.array(stand_ins, pa.string()),
+        placeholder=placeholder, lowercase=lowercase, where=lambda i: (questions[i].where, None),
+    )
+    if errs:
+        raise InputError(str(errs[0]))
+    return to_table(chunk, vocab)
+
+
+def _present_candidate(q: Question, lowercase: bool, placeholder: str) -> str:
+    """The first candidate that occurs in the document; warns about the absent ones."""
+    keys = set(match_keys(pa.array(q.example.doc, pa.string()), lowercase, placeholder).to_pylist())
+    cands = q.example.candidates
+    cand_keys = match_keys(pa.array(cands, pa.string()), lowercase, placeholder).to_pylist()
+    absent = [c for c, k in zip(cands, cand_keys) if k not in keys]
+    if len(absent) == len(cands):
+        raise InputError(f"{q.where}: no candidate occurs in the document, so the reader cannot point at any")
+    if absent:
+        warnings.warn(f"{q.where}: candidate(s) {', '.join(absent)} do not occur in the document: probability 0",
+                      stacklevel=2)
+    return next(c for c, k in zip(cands, cand_keys) if k in keys)
+
+
+def _offsets(lens: Iterable[int]) -> np.ndarray:
+    return offsets_of(np.fromiter(lens, np.int64))

@@ -1,0 +1,123 @@
+"""``iaa-cli explain``: the page is self-contained and shows the model's own attention values."""
+
+from __future__ import annotations
+
+import json
+import math
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from iaa.cli import cli
+from iaa.data.loader import PreparedData, collate
+from iaa.jobs import checkpoint
+from iaa.jobs.trace import trace_batch
+from iaa.model.pointer import candidate_probs
+from tests._explain import tiny_setup
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return tiny_setup(tmp_path_factory.mktemp("explain"))
+
+
+class _Page(HTMLParser):
+    """Collects, per example and step, the data-w values of query and document words."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[tuple[str, int, str], list[float]] = {}
+        self.probs: dict[str, dict[str, float]] = {}
+        self.example, self.step, self.kind = "", 0, ""
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "data-example" in a:
+            self.example = a["data-example"]
+        if "data-step" in a:
+            self.step = int(a["data-step"])
+        if "data-kind" in a:
+            self.kind = a["data-kind"]
+        if "data-w" in a:
+            self.values.setdefault((self.example, self.step, self.kind), []).append(float(a["data-w"]))
+        if "data-p" in a:
+            self.probs.setdefault(self.example, {})[a["data-cand"]] = float(a["data-p"])
+
+
+def _explain(args: list[str]) -> dict:
+    result = CliRunner().invoke(cli, ["explain", *args, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind,steps", [("iaa", 3), ("iaa-fixed-query", 2), ("as-reader", 1)])
+def test_page_shows_the_models_values(setup, tmp_path, kind, steps):
+    prepared, ckpts = setup
+    out = tmp_path / "page.html"
+    result = _explain(["--checkpoint", str(ckpts[kind]), "--data", str(prepared), "--split", "valid",
+                       "--first", "2", "--out", str(out)])
+    html = out.read_text(encoding="utf-8")
+    for external in ("<script", "http:", "https:", "<link", "@import", "url("):
+        assert external not in html
+    page = _Page()
+    page.feed(html)
+    assert len(result["examples"]) == 2
+    for r in result["examples"]:
+        assert r["steps"] == len(r["trace"]) == steps
+        assert math.isclose(sum(r["probs"]), 1.0, abs_tol=1e-4)
+        assert r["pred"] == max(range(len(r["probs"])), key=r["probs"].__getitem__)
+        for s in r["trace"]:
+            assert page.values[(r["example_id"], s["step"], "d")] == pytest.approx(s["doc_attention"], abs=1e-6)
+            assert math.isclose(sum(s["doc_attention"]), 1.0, abs_tol=1e-4)
+            if kind == "as-reader":
+                assert s["query_attention"] is None
+            else:
+                assert page.values[(r["example_id"], s["step"], "q")] == pytest.approx(s["query_attention"], abs=1e-6)
+                assert math.isclose(sum(s["query_attention"]), 1.0, abs_tol=1e-4)
+            gated = kind != "as-reader" and s["step"] < steps
+            assert (s["r_q"] is not None) == gated and (s["r_d"] is not None) == gated
+        assert page.probs[r["example_id"]] == pytest.approx(dict(zip(r["candidates"], r["probs"])), abs=1e-6)
+    section = html.split(f'data-example="{result["examples"][0]["example_id"]}"')[1].split("</table>")[0]
+    assert "gold</span>" in section and "predicted</span>" in section
+
+
+def test_fixed_query_attention_is_uniform(setup):
+    prepared, ckpts = setup
+    result = _explain(["--checkpoint", str(ckpts["iaa-fixed-query"]), "--data", str(prepared), "--first", "1",
+                       "--out", str(Path(ckpts["iaa"]).parent / "fq.html")])
+    q = result["examples"][0]["trace"][0]["query_attention"]
+    assert q == pytest.approx([1 / len(q)] * len(q), abs=1e-6)
+
+
+def test_trace_reproduces_forward_on_a_padded_batch(setup):
+    """The replayed steps give the reader's own output, padding included (several examples)."""
+    prepared, ckpts = setup
+    model, _, _ = checkpoint.load_model(ckpts["iaa"])
+    batch = collate(PreparedData.open(prepared).table("valid").slice(0, 8))
+    trace = trace_batch(model, batch)
+    assert torch.allclose(trace.probs, candidate_probs(model(batch)))
+    assert (trace.steps[0].doc[~batch.doc_mask] == 0).all()
+    assert torch.allclose(trace.steps[-1].query.sum(1), torch.ones(8))
+
+
+def test_several_ids_and_png(setup, tmp_path):
+    prepared, ckpts = setup
+    ids = PreparedData.open(prepared).table("valid").column("example_id").to_pylist()
+    png = tmp_path / "fig.png"
+    result = _explain(["--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--example-id", ids[5],
+                       "--example-id", ids[2], "--out", str(tmp_path / "p.html"), "--png", str(png)])
+    assert [r["example_id"] for r in result["examples"]] == [ids[5], ids[2]]
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_unknown_example_is_a_clear_error(setup, tmp_path):
+    prepared, ckpts = setup
+    result = CliRunner().invoke(cli, ["explain", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared),
+                                      "--example-id", "nope", "--out", str(tmp_path / "x.html")])
+    assert result.exit_code != 0 and "no example 'nope' in the valid split" in result.output
+    result = CliRunner().invoke(cli, ["explain", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared)])
+    assert result.exit_code != 0 and "--first N" in result.output

@@ -1,0 +1,127 @@
+"""``iaa-cli predict``: raw text in, the evaluate job's probabilities out; clear errors per line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from iaa.cli import cli
+from iaa.data import cbt
+from tests._explain import tiny_checkpoint, tiny_setup
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("predict")
+    prepared, ckpts = tiny_setup(root)
+    return root, prepared, ckpts
+
+
+def _valid_file(root: Path) -> Path:
+    return root / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt"
+
+
+def _invoke(args: list[str]):
+    return CliRunner().invoke(cli, args)
+
+
+def _predict(ckpt_args: list[str], prepared: Path, source: Path, out: Path) -> list[dict]:
+    result = _invoke(["predict", *ckpt_args, "--data", str(prepared), "--input", str(source), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+
+
+def _jsonl(root: Path, records: list[dict], name: str = "in.jsonl") -> Path:
+    path = root / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _evaluated(setup, tmp_path) -> dict[str, dict[str, float]]:
+    root, prepared, ckpts = setup
+    out = tmp_path / "eval.parquet"
+    result = _invoke(["evaluate", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--split", "valid",
+                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = pq.read_table(out).to_pylist()
+    return {r["example_id"]: dict(zip(r["candidate_words"], r["probs"])) for r in rows}
+
+
+def test_raw_text_and_cbt_file_match_evaluate(setup, tmp_path):
+    root, prepared, ckpts = setup
+    expected = _evaluated(setup, tmp_path)
+    examples = cbt.read(_valid_file(root)).examples()
+    source = _jsonl(tmp_path, [{"id": ex.example_id, "document": " ".join(ex.doc), "query": " ".join(ex.query),
+                                "candidates": list(ex.candidates), "answer": ex.answer} for ex in examples])
+    for given in (source, _valid_file(root)):
+        rows = _predict(["--checkpoint", str(ckpts["iaa"])], prepared, given, tmp_path / "out.jsonl")
+        assert len(rows) == len(examples) == len(expected)
+        for row, ex in zip(rows, examples):
+            assert row["id"] == ex.example_id
+            assert row["probs"] == pytest.approx(expected[ex.example_id], abs=1e-5)
+            assert row["prediction"] == max(row["probs"], key=row["probs"].get)
+            assert row["correct"] == (row["prediction"] == ex.answer)
+
+
+def test_ensemble_averages_its_members(setup, tmp_path):
+    root, prepared, ckpts = setup
+    other = tiny_checkpoint(prepared, tmp_path / "seed1.pt", "iaa", steps=3, seed=1)
+    ens = tmp_path / "ens"
+    ens.mkdir()
+    (ens / "ensemble.json").write_text(json.dumps({"members": [str(ckpts["iaa"]), str(other)]}), encoding="utf-8")
+    source = _valid_file(root)
+    both = _predict(["--ensemble", str(ens)], prepared, source, tmp_path / "e.jsonl")
+    one = _predict(["--checkpoint", str(ckpts["iaa"])], prepared, source, tmp_path / "a.jsonl")
+    two = _predict(["--checkpoint", str(other)], prepared, source, tmp_path / "b.jsonl")
+    for e, a, b in zip(both, one, two):
+        assert e["probs"] == pytest.approx({c: (a["probs"][c] + b["probs"][c]) / 2 for c in a["probs"]}, abs=1e-6)
+
+
+def test_unseen_candidates_stay_apart_and_absent_ones_get_zero(setup, tmp_path):
+    _, prepared, ckpts = setup
+    record = {"id": "x", "document": "zork went home . blip ran to the park . zork ran", "query": "XXXXX went home",
+              "candidates": ["zork", "blip", "qqq"]}
+    source = _jsonl(tmp_path, [record])
+    result = _invoke(["predict", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--input", str(source),
+                      "--out", str(tmp_path / "o.jsonl"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "qqq do not occur in the document" in result.stderr
+    row = json.loads((tmp_path / "o.jsonl").read_text())
+    assert row["probs"]["qqq"] == 0.0
+    assert row["probs"]["zork"] > 0 and row["probs"]["blip"] > 0
+    assert row["probs"]["zork"] != pytest.approx(row["probs"]["blip"], abs=1e-7)
+    assert sum(row["probs"].values()) == pytest.approx(1.0, abs=1e-5)
+    assert "correct" not in row
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"id": "b", "document": "a b c", "query": "no gap here", "candidates": ["a"]}, "in.jsonl:2: the query has no XXXXX"),
+    ({"id": "b", "document": "a b c", "query": "XXXXX b", "candidates": []}, "in.jsonl:2: the candidate list is empty"),
+    ({"id": "b", "document": "a b c", "query": "XXXXX b", "candidates": ["z"]}, "in.jsonl:2: no candidate occurs"),
+    ({"id": "b", "document": "a b c", "query": "XXXXX b"}, "in.jsonl:2: missing candidates"),
+    ("{not json", "in.jsonl:2: not valid JSON"),
+])
+def test_bad_input_names_the_line(setup, tmp_path, bad, message):
+    _, prepared, ckpts = setup
+    good = {"id": "a", "document": "a b c", "query": "XXXXX b", "candidates": ["a", "c"]}
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps(good) + "\n" + (bad if isinstance(bad, str) else json.dumps(bad)) + "\n", encoding="utf-8")
+    result = _invoke(["predict", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--input", str(path),
+                      "--out", str(tmp_path / "o.jsonl")])
+    assert result.exit_code != 0
+    assert message in result.output
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_a_cnn_question_for_a_cbt_model_names_its_query_line(setup, tmp_path):
+    _, prepared, ckpts = setup
+    question = tmp_path / "q1.question"
+    question.write_text("http://x\n\n@entity1 met @entity2 .\n\n@placeholder met @entity2\n\n@entity1\n\n"
+                        "@entity1:Ann\n@entity2:Bob\n", encoding="utf-8")
+    result = _invoke(["predict", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--input", str(question),
+                      "--out", str(tmp_path / "o.jsonl")])
+    assert result.exit_code != 0 and "q1.question:5: the query has no XXXXX placeholder" in result.output
