@@ -92,7 +92,7 @@ def curve(uri: str, record: tracking.RunRecord, metric: str, x: str) -> Curve | 
 
 
 def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
-         baseline: float | None = None) -> Path:
+         baseline: float | None = None, xlabel: str | None = None) -> Path:
     """A PNG of the curves (and the baseline as a dashed line), written atomically."""
     import matplotlib
 
@@ -105,7 +105,7 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
         ax.plot(c.x, c.y, marker="o", markersize=3, linewidth=1.5, label=label)
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label=f"most frequent candidate ({baseline:.3f})")
-    ax.set_xlabel(X_LABELS[x])
+    ax.set_xlabel(xlabel or X_LABELS[x])
     ax.set_ylabel(metric)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
