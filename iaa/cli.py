@@ -448,6 +448,44 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
     _emit(result, as_json)
 
 
+@click.option("--experiment", required=True, help="MLflow experiment: train-DATASET for train runs, tune-DATASET for sweeps.")
+@click.option("--runs", "run_ids", multiple=True, metavar="ID",
+              help="Draw only these runs (repeatable); a sweep's parent run stands for its trials [default: all].")
+@click.option("--metric", default="valid_acc", show_default=True, help="The logged metric on the y axis.")
+@click.option("--x", "x_axis", type=click.Choice(["examples", "steps", "seconds"]), default="examples", show_default=True,
+              help="examples: training examples seen (step x batch size x workers); seconds: since the run started.")
+@click.option("--baseline", type=_Finite(), default=None, help="Draw this accuracy as a dashed line.")
+@click.option("--baseline-data", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Draw the most-frequent-candidate accuracy on this prepared folder's valid split.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The PNG to write.")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+              help="MLflow tracking server; default: the SQLite store under the workdir.")
+@workdir_option
+@json_option
+@_friendly
+def report(experiment: str, run_ids: tuple[str, ...], metric: str, x_axis: str, baseline: float | None,
+           baseline_data: Path | None, out: Path, tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
+    """Draw learning curves (a metric against examples seen) of tracked runs from the MLflow store."""
+    from iaa.platform import report as job
+
+    if baseline is not None and baseline_data is not None:
+        raise click.UsageError("give at most one of --baseline and --baseline-data")
+    if baseline_data is not None:
+        from iaa.jobs import frequency
+
+        baseline = frequency.run(baseline_data, "valid")["accuracy"]
+    result = job.run(experiment, out, run_ids=run_ids, metric=metric, x=x_axis, baseline=baseline,
+                     workdir=workdir, tracking_uri=tracking_uri)
+    if as_json:
+        _emit(result, True)
+        return
+    for c in result["runs"]:
+        best = max(range(len(c["y"])), key=lambda i: c["y"][i])
+        click.echo(f"{c['name']}: {len(c['y'])} points; last {metric} {c['y'][-1]:.4f} at {x_axis} {c['x'][-1]:g}; "
+                   f"best {c['y'][best]:.4f} at {x_axis} {c['x'][best]:g}")
+    click.echo(f"figure: {result['out']}")
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cli()

@@ -356,3 +356,51 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
         run.end("FAILED")
         raise
     run.end("FINISHED")
+
+
+# --- reading runs back (reports) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a report needs of one run: its name, start, parameters and tags."""
+
+    run_id: str
+    name: str
+    status: str
+    start_ms: int
+    params: Mapping[str, str]
+    tags: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    step: int
+    value: float
+    timestamp_ms: int
+
+
+def _record(run: Any) -> RunRecord:
+    return RunRecord(run.info.run_id, run.info.run_name or run.info.run_id, run.info.status,
+                     int(run.info.start_time or 0), dict(run.data.params), dict(run.data.tags))
+
+
+def experiment_records(uri: str, experiment: str) -> list[RunRecord] | None:
+    """Every run of ``experiment``, oldest first; None when the store has no such experiment."""
+    client = _client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs([found.experiment_id], order_by=["attributes.start_time ASC"], max_results=5000)
+    return [_record(r) for r in runs]
+
+
+def experiment_names(uri: str) -> list[str]:
+    """The names of the store's experiments."""
+    return sorted(e.name for e in _client(uri).search_experiments())
+
+
+def metric_history(uri: str, run_id: str, key: str) -> list[MetricPoint]:
+    """Every logged value of metric ``key`` of run ``run_id``, in logging order."""
+    history = _client(uri).get_metric_history(run_id, key)
+    return [MetricPoint(int(m.step), float(m.value), int(m.timestamp)) for m in history]

@@ -1,0 +1,169 @@
+"""Reproduce the evidence studies with one command each, through the project's own CLI.
+
+    python benchmarks/evidence/evidence.py curves   [--workdir W] [--minutes 20] [--dry-run]
+    python benchmarks/evidence/evidence.py ensemble [--workdir W] [--minutes 15] [--seeds 5] [--dry-run]
+    python benchmarks/evidence/evidence.py search   [--workdir W] [--tune-samples 12] [--dry-run]
+
+- ``curves``: prepares cbt-recon CN, trains the three ``--model`` kinds side by side at the same
+  config and wall-clock budget (one thread each), and draws validation accuracy against
+  examples seen with ``iaa-cli report`` and the most-frequent-candidate line.
+- ``ensemble``: trains N seeds of the IAA reader at the paper config on cbt-recon CN, two at a
+  time, then ``iaa-cli ensemble --members ... --select all`` and ``--select greedy``.
+- ``search``: trains every configuration of the demo search space for the same epochs (the
+  grid), then ``iaa-cli tune`` with a fraction of the trials for each sweep seed, and draws the
+  best validation accuracy found against the trial-seconds spent (anytime curves).
+
+``--dry-run`` prints the commands and runs nothing. Each study uses its own workdir, so its
+MLflow experiments hold only its runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+SMALL = {"model.embed_dim": 96, "model.hidden_dim": 64, "model.state_dim": 128, "model.steps": 4, "model.gate_dim": 96}
+MODELS = ("iaa", "iaa-fixed-query", "as-reader")
+CLI = ["nice", "-n", "5", "iaa-cli"]
+
+Step = list[list[str]]   # commands run at the same time; steps run one after another
+
+
+def sets(values: dict[str, object]) -> list[str]:
+    return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+
+
+def curves_plan(a: argparse.Namespace) -> list[Step]:
+    data = f"{a.workdir}/data/cbt-cn"
+    common = ["--workdir", a.workdir, *sets({**SMALL, "train.threads": 1, "train.max_minutes": a.minutes,
+                                              "train.patience": 1000, "train.check_every": a.check_every})]
+    return [
+        [[*CLI, "prepare", "--dataset", "cbt-cn", "--source", str(a.source), "--out", data, "--workdir", a.workdir]],
+        [[*CLI, "train", "--data", data, "--model", m, *common] for m in MODELS],
+        [[*CLI, "report", "--experiment", "train-cbt-cn", "--workdir", a.workdir, "--baseline-data", data,
+          "--out", a.out, "--json"]],
+    ]
+
+
+def ensemble_plan(a: argparse.Namespace) -> list[Step]:
+    data = f"{a.workdir}/data/cbt-cn"
+    runs = [f"{a.workdir}/runs/ensemble-seed{s}" for s in range(a.seeds)]
+    train = [[*CLI, "train", "--data", data, "--model", "iaa", "--run-dir", run, "--workdir", a.workdir,
+              *sets({"train.seed": s, "train.threads": 1, "train.max_minutes": a.minutes, "train.patience": 1000,
+                     "train.check_every": a.check_every})]
+             for s, run in enumerate(runs)]
+    members = [f"{run}/checkpoints/best.pt" for run in runs]
+    return [
+        [[*CLI, "prepare", "--dataset", "cbt-cn", "--source", str(a.source), "--out", data, "--workdir", a.workdir]],
+        *[train[i : i + a.parallel] for i in range(0, len(train), a.parallel)],
+        *[[[*CLI, "ensemble", "--data", data, "--members", *members, "--select", select, "--name", f"cn-{select}",
+            "--workdir", a.workdir, "--json"]] for select in ("all", "greedy")],
+    ]
+
+
+def grid(space: dict[str, Sequence[object]]) -> list[dict[str, object]]:
+    """Every configuration of a search space of choices."""
+    keys = list(space)
+    return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
+
+
+def search_plan(a: argparse.Namespace) -> list[Step]:
+    from iaa.platform.search_space import DEMO_GRID
+
+    epochs = {"train.max_epochs": a.epochs, "train.patience": 1000}
+    grid_runs = [[*CLI, "train", "--dataset", "demo", "--workdir", a.workdir, "--run-dir",
+                  f"{a.workdir}/runs/grid-{i}", *sets({**cfg, **epochs})] for i, cfg in enumerate(grid(DEMO_GRID))]
+    tunes = [[*CLI, "tune", "--dataset", "demo", "--workdir", a.workdir, "--num-samples", str(a.tune_samples),
+              "--max-epochs", str(a.epochs), "--seed", str(seed), "--name", f"demo-tune-seed{seed}", "--json"]
+             for seed in a.sweep_seeds]
+    return [*[[run] for run in grid_runs], *[[t] for t in tunes]]
+
+
+def anytime(workdir: str, out: str) -> dict[str, object]:
+    """Best valid accuracy found against cumulative trial-seconds, for the grid and each sweep."""
+    from iaa.platform import report, tracking
+
+    uri = tracking.open_store(None, Path(workdir))
+
+    def spent(records: list[tracking.RunRecord]) -> report.Curve:
+        x, y, best, total = [], [], 0.0, 0.0
+        for r in records:
+            history = tracking.metric_history(uri, r.run_id, "valid_acc")
+            if not history:
+                continue
+            total += (history[-1].timestamp_ms - r.start_ms) / 1000.0    # the trial's seconds up to its last check
+            best = max(best, max(p.value for p in history))
+            x.append(total)
+            y.append(best)
+        return report.Curve("", "", "", tuple(range(len(x))), tuple(x), tuple(y))
+
+    grid_curve = spent(tracking.experiment_records(uri, "train-demo") or [])
+    curves = [report.Curve("grid", f"grid ({len(grid_curve.x)} configs)", "", grid_curve.steps, grid_curve.x, grid_curve.y)]
+    tune_runs = tracking.experiment_records(uri, "tune-demo") or []
+    for parent in (r for r in tune_runs if tracking.PARENT_TAG not in r.tags):
+        c = spent([r for r in tune_runs if r.tags.get(tracking.PARENT_TAG) == parent.run_id])
+        curves.append(report.Curve(parent.run_id, f"tune {parent.name}", "", c.steps, c.x, c.y))
+    report.draw(curves, Path(out), metric="best valid_acc found", x="seconds", title="demo: grid vs tune",
+                xlabel="trial-seconds spent (cumulative)")
+    target = max(grid_curve.y, default=0.0) - 0.01
+    within = {c.name: next((x for x, y in zip(c.x, c.y) if y >= target), None) for c in curves}
+    return {"out": out, "grid_best": max(grid_curve.y, default=None), "seconds_to_within_1_point": within}
+
+
+def run_plan(plan: list[Step], dry_run: bool) -> None:
+    for step in plan:
+        for cmd in step:
+            print(("  " if len(step) > 1 else "") + shlex.join(cmd), flush=True)
+        if dry_run:
+            continue
+        procs = [subprocess.Popen(cmd) for cmd in step]
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            sys.exit(f"a command failed with exit codes {codes}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="study", required=True)
+    for name in ("curves", "ensemble", "search"):
+        s = sub.add_parser(name)
+        s.add_argument("--workdir", default=f"iaa-work-{name}")
+        s.add_argument("--dry-run", action="store_true", help="Print the commands; run nothing.")
+        if name != "search":
+            s.add_argument("--source", type=Path, default=SHARED / "cbt-recon" / "CBTest")
+    curves = sub.choices["curves"]
+    curves.add_argument("--minutes", type=float, default=20.0, help="Wall-clock budget of each model.")
+    curves.add_argument("--check-every", type=int, default=200, help="Batches between validation checks.")
+    curves.add_argument("--out", default="docs/curves-cbt-cn.png")
+    ens = sub.choices["ensemble"]
+    ens.add_argument("--minutes", type=float, default=15.0, help="Wall-clock budget of each member.")
+    ens.add_argument("--seeds", type=int, default=5)
+    ens.add_argument("--parallel", type=int, default=2, help="Members trained at once.")
+    ens.add_argument("--check-every", type=int, default=300,
+                     help="Batches between checks (the preset's 2,000 is more than 15 minutes on one CPU thread).")
+    search = sub.choices["search"]
+    search.add_argument("--epochs", type=float, default=1.0, help="Epochs of every grid run and trial.")
+    search.add_argument("--tune-samples", type=int, default=12, help="Trials of each tune sweep.")
+    search.add_argument("--sweep-seeds", type=int, nargs="+", default=[0, 1, 2])
+    search.add_argument("--out", default="docs/search-demo.png")
+    return p
+
+
+PLANS = {"curves": curves_plan, "ensemble": ensemble_plan, "search": search_plan}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    a = parser().parse_args(argv)
+    run_plan(PLANS[a.study](a), a.dry_run)
+    if a.study == "search" and not a.dry_run:
+        print(anytime(a.workdir, a.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""``iaa-cli report``: the figure's data is the MLflow metric history, and the PNG is written.
+
+Runs are logged straight into a temporary SQLite store (no Ray, no training), with a known
+history, so the test can compare what the command plotted with what MLflow holds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from iaa.cli import cli
+from iaa.platform import tracking
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+HISTORY = {"iaa": [(200, 0.31), (400, 0.36), (600, 0.41)], "as-reader": [(200, 0.30), (400, 0.33), (600, 0.35)]}
+
+
+def _log_run(uri: str, experiment: str, name: str, model: str, points: list[tuple[int, float]], *,
+             batch: int = 32, workers: str = "0", parent: str | None = None) -> str:
+    run = tracking.Run.start(uri, experiment, name, tags={"model": model, "workers": workers}, parent_run_id=parent)
+    run.log_params({"train": {"batch_size": batch}, "model": {"kind": model}})
+    for step, acc in points:
+        run.log_metrics({"valid_acc": acc, "step": step, "train_loss": 2.0 - acc}, step=step)
+    run.end()
+    return run.run_id
+
+
+def _report(workdir: Path, *args: str) -> dict:
+    result = CliRunner().invoke(cli, ["report", "--workdir", str(workdir), "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output.strip().splitlines()[-1])
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> tuple[Path, str]:
+    uri = tracking.resolve_uri(None, tmp_path)
+    for model, points in HISTORY.items():
+        _log_run(uri, "train-demo", f"demo-{model}-seed0", model, points)
+    return tmp_path, uri
+
+
+def test_report_plots_the_metric_history(store: tuple[Path, str]) -> None:
+    workdir, uri = store
+    out = workdir / "fig" / "curves.png"
+    result = _report(workdir, "--experiment", "train-demo", "--out", str(out), "--baseline", "0.28")
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 5000
+    assert {r["model"] for r in result["runs"]} == set(HISTORY)
+    for r in result["runs"]:
+        history = tracking.metric_history(uri, r["run_id"], "valid_acc")
+        assert r["y"] == [m.value for m in history]
+        assert r["steps"] == [m.step for m in history]
+        assert r["x"] == [m.step * 32 for m in history]          # examples seen: step x batch size
+        assert r["y"] == [acc for _, acc in HISTORY[r["model"]]]
+    assert result["baseline"] == 0.28
+
+
+def test_report_x_axes_and_workers(tmp_path: Path) -> None:
+    uri = tracking.resolve_uri(None, tmp_path)
+    run_id = _log_run(uri, "train-demo", "two-workers", "iaa", [(10, 0.5), (20, 0.6)], batch=8, workers="2")
+    out = tmp_path / "f.png"
+    examples = _report(tmp_path, "--experiment", "train-demo", "--out", str(out))["runs"][0]
+    assert examples["run_id"] == run_id and examples["x"] == [160.0, 320.0]   # 10 x 8 x 2, 20 x 8 x 2
+    steps = _report(tmp_path, "--experiment", "train-demo", "--out", str(out), "--x", "steps")["runs"][0]
+    assert steps["x"] == [10.0, 20.0]
+    seconds = _report(tmp_path, "--experiment", "train-demo", "--out", str(out), "--x", "seconds")["runs"][0]
+    assert all(s >= 0 for s in seconds["x"]) and seconds["x"] == sorted(seconds["x"])
+    loss = _report(tmp_path, "--experiment", "train-demo", "--out", str(out), "--metric", "train_loss")["runs"][0]
+    assert loss["y"] == pytest.approx([1.5, 1.4])
+
+
+def test_report_draws_a_sweeps_children(tmp_path: Path) -> None:
+    uri = tracking.resolve_uri(None, tmp_path)
+    parent = tracking.Run.start(uri, "tune-demo", "sweep")
+    parent.log_metrics({"best_valid_acc": 0.9})
+    parent.end()
+    kids = {_log_run(uri, "tune-demo", f"sweep-t{i}", "iaa", [(1, 0.1 * i), (2, 0.2 * i)], parent=parent.run_id)
+            for i in (1, 2, 3)}
+    out = tmp_path / "sweep.png"
+    by_experiment = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out))
+    assert {r["run_id"] for r in by_experiment["runs"]} == kids
+    assert by_experiment["skipped"] == [parent.run_id]            # the parent has no valid_acc history
+    by_parent = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out), "--runs", parent.run_id)
+    assert {r["run_id"] for r in by_parent["runs"]} == kids
+    one = sorted(kids)[0]
+    assert [r["run_id"] for r in _report(tmp_path, "--experiment", "tune-demo", "--out", str(out),
+                                         "--runs", one)["runs"]] == [one]
+
+
+def test_report_names_what_is_missing(store: tuple[Path, str]) -> None:
+    workdir, _ = store
+    out = workdir / "x.png"
+    runner = CliRunner()
+    missing = runner.invoke(cli, ["report", "--workdir", str(workdir), "--experiment", "train-cnn", "--out", str(out)])
+    assert missing.exit_code != 0 and "train-cnn" in missing.output and "train-demo" in missing.output
+    no_metric = runner.invoke(cli, ["report", "--workdir", str(workdir), "--experiment", "train-demo",
+                                    "--metric", "nope", "--out", str(out)])
+    assert no_metric.exit_code != 0 and "nope" in no_metric.output
+    bad_run = runner.invoke(cli, ["report", "--workdir", str(workdir), "--experiment", "train-demo",
+                                  "--runs", "abc", "--out", str(out)])
+    assert bad_run.exit_code != 0 and "abc" in bad_run.output
+    assert not out.exists()

@@ -1,0 +1,102 @@
+"""``benchmarks/evidence/evidence.py``: argument parsing and the commands each study plans (nothing runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "evidence" / "evidence.py"
+
+
+@pytest.fixture(scope="module")
+def evidence():
+    spec = importlib.util.spec_from_file_location("evidence", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _plan(evidence, *argv: str):
+    args = evidence.parser().parse_args(list(argv))
+    return evidence.PLANS[args.study](args)
+
+
+def _set_args(cmd: list[str]) -> list[str]:
+    return [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--set"]
+
+
+def test_curves_trains_the_three_models_at_once_with_one_config(evidence) -> None:
+    prepare, train, report = _plan(evidence, "curves", "--minutes", "7", "--workdir", "w")
+    assert len(prepare) == 1 and "prepare" in prepare[0]
+    assert sorted(cmd[cmd.index("--model") + 1] for cmd in train) == sorted(evidence.MODELS)
+    assert len({tuple(_set_args(cmd)) for cmd in train}) == 1           # same config and budget for all
+    assert "train.max_minutes=7.0" in _set_args(train[0]) and "train.threads=1" in _set_args(train[0])
+    assert report[0][report[0].index("report") + 1:][:2] == ["--experiment", "train-cbt-cn"]
+
+
+def test_ensemble_trains_seeds_in_pairs_then_ensembles_them(evidence) -> None:
+    plan = _plan(evidence, "ensemble", "--seeds", "5", "--parallel", "2", "--workdir", "w")
+    trains = plan[1:-2]
+    assert [len(step) for step in trains] == [2, 2, 1]
+    seeds = [s for step in trains for cmd in step for s in _set_args(cmd) if s.startswith("train.seed=")]
+    assert seeds == [f"train.seed={i}" for i in range(5)]
+    run_dirs = [cmd[cmd.index("--run-dir") + 1] for step in trains for cmd in step]
+    for step, select in zip(plan[-2:], ("all", "greedy")):
+        cmd = step[0]
+        members = cmd[cmd.index("--members") + 1 : cmd.index("--select")]
+        assert members == [f"{d}/checkpoints/best.pt" for d in run_dirs]
+        assert cmd[cmd.index("--select") + 1] == select
+
+
+def test_search_runs_the_whole_demo_grid_then_each_sweep_seed(evidence) -> None:
+    from iaa.platform.search_space import DEMO_GRID
+
+    plan = _plan(evidence, "search", "--tune-samples", "6", "--sweep-seeds", "0", "1", "2")
+    grid_cmds = [step[0] for step in plan if "train" in step[0]]
+    tune_cmds = [step[0] for step in plan if "tune" in step[0]]
+    size = 1
+    for choices in DEMO_GRID.values():
+        size *= len(choices)
+    assert len(grid_cmds) == size == len({tuple(_set_args(c)) for c in grid_cmds})
+    assert [c[c.index("--seed") + 1] for c in tune_cmds] == ["0", "1", "2"]
+    assert all(c[c.index("--num-samples") + 1] == "6" for c in tune_cmds)
+
+
+def test_dry_run_prints_and_runs_nothing(evidence, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(evidence.subprocess, "Popen", lambda *a, **k: pytest.fail("a dry run started a command"))
+    evidence.main(["curves", "--dry-run"])
+    out = capsys.readouterr().out
+    assert out.count("iaa-cli train") == 3 and "iaa-cli report" in out
+
+
+def test_bad_arguments_are_refused(evidence) -> None:
+    with pytest.raises(SystemExit):
+        evidence.parser().parse_args(["grid"])
+    with pytest.raises(SystemExit):
+        evidence.parser().parse_args(["ensemble", "--seeds", "five"])
+
+
+def test_anytime_curves_come_from_the_tracked_runs(evidence, tmp_path: Path) -> None:
+    from iaa.platform import tracking
+
+    uri = tracking.resolve_uri(None, tmp_path)
+
+    def log(experiment: str, accs: list[float], parent: str | None = None) -> None:
+        run = tracking.Run.start(uri, experiment, "r", parent_run_id=parent)
+        for step, acc in enumerate(accs, 1):
+            run.log_metrics({"valid_acc": acc}, step=step)
+        run.end()
+
+    for accs in ([0.5, 0.6], [0.7], [0.65]):
+        log("train-demo", accs)
+    sweep = tracking.Run.start(uri, "tune-demo", "sweep")
+    sweep.end()
+    for accs in ([0.2], [0.695]):
+        log("tune-demo", accs, parent=sweep.run_id)
+    result = evidence.anytime(str(tmp_path), str(tmp_path / "any.png"))
+    assert result["grid_best"] == 0.7
+    within = result["seconds_to_within_1_point"]
+    assert within["grid (3 configs)"] is not None and within["tune sweep"] is not None
+    assert (tmp_path / "any.png").read_bytes()[:4] == b"\x89PNG"
