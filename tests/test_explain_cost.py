@@ -34,3 +34,14 @@ def test_time_left_follows_the_rate_seen():
     assert progress.left_s(10.0) == 5 / (2 / 10.0)
     assert "1/4 trials done" in progress.line(10.0)
     assert duration(3725) == "1h02m" and duration(65) == "1m05s"
+
+
+def test_probe_trains_the_sweeps_model_and_measures_a_rate(tmp_path):
+    """The probe runs real training steps of the configured reader (the sweep's first line uses it)."""
+    from iaa.jobs import resolve
+    from iaa.jobs.cost import probe
+    from tests._tiny import TINY_SETS, make_tiny_prepared
+
+    prepared = make_tiny_prepared(tmp_path)
+    cfg = resolve.job_config("cbt-ne", prepared, model_kind="iaa", config_file=None, sets=TINY_SETS)
+    assert probe(cfg, prepared, threads=1) > 0

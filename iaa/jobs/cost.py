@@ -77,7 +77,7 @@ def probe(cfg: JobConfig, prepared: Path, threads: int) -> float:
         optimizer = build_optimizer(model, cfg.train.lr, cfg.train.embed_l2)
         seen, start = 0, 0.0
         for i, batch in enumerate(batches):
-            train_step(model, optimizer, batch, embed_l2=cfg.train.embed_l2, clip=cfg.train.clip)
+            train_step(model, optimizer, batch, clip=cfg.train.clip)
             if i == 0:
                 start = time.perf_counter()
             else:
