@@ -317,7 +317,7 @@ def test_resume_names_the_sweep_to_continue(tiny: Path, tmp_path: Path, args: li
 
 def test_ray_run_names_are_unique_per_fresh_run_and_kept_on_resume(tmp_path: Path) -> None:
     """Two run folders called ``run`` sharing a storage path never share (or delete) a Ray run."""
-    from iaa.platform.ray_train import ray_run_name
+    from iaa.platform.train import ray_run_name
 
     a, b = tmp_path / "alice" / "run", tmp_path / "bob" / "run"
     a.mkdir(parents=True)

@@ -79,7 +79,8 @@ class SessionBase:
     def valid_batches(self) -> Iterator[Batch]:
         from iaa.data.loader import iter_batches
 
-        return iter_batches(self.valid, self.batch_size, seed=self.seed, epoch=0, shuffle=False)
+        return iter_batches(self.valid, self.batch_size, seed=self.seed, epoch=0, shuffle=False,
+                            rank=self.rank, world_size=self.world_size)   # each rank scores its own share
 
     def all_reduce_sum(self, values: Sequence[float]) -> list[float]:
         return [float(v) for v in values]
