@@ -329,3 +329,21 @@ def test_ray_run_names_are_unique_per_fresh_run_and_kept_on_resume(tmp_path: Pat
     again, previous = ray_run_name(a, resume=False)                 # --overwrite: a new run ...
     assert again != name_a and previous == name_a                   # ... that may delete only its own
     assert ray_run_name(tmp_path / "old", resume=True)[0] == "old"  # recorded before: the folder name
+
+
+def test_a_train_run_failed_by_expected_worker_errors_is_one_line_and_a_bug_keeps_its_traceback() -> None:
+    """Ray reports each failed worker's own exception by rank; only all-expected failures become IaaError."""
+    from ray.train import WorkerGroupError
+
+    from iaa.errors import IaaError
+    from iaa.platform.ray_train import raise_failure
+
+    no_rows = IaaError("rank 1 of 2 has no training rows: use fewer workers")
+    expected = WorkerGroupError("rank 1 failed", {1: no_rows})
+    with pytest.raises(IaaError, match=r"run r-1 failed on rank 1 of its workers: .*use fewer workers") as caught:
+        raise_failure("r-1", expected)
+    assert caught.value.__cause__ is expected
+    bug = WorkerGroupError("rank 0 failed", {0: KeyError("model"), 1: no_rows})
+    with pytest.raises(RuntimeError, match="run r-2 failed") as caught:
+        raise_failure("r-2", bug)
+    assert not isinstance(caught.value, IaaError) and caught.value.__cause__ is bug

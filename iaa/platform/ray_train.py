@@ -47,6 +47,10 @@ MAX_FAILURES = 2              # worker-group restarts from the last checkpoint b
 CHECKPOINT_SCORE = "checkpoint_score"
 
 
+class TrainRunError(IaaError):
+    """A Ray Train run failed for a reason its workers named (an expected failure on a worker)."""
+
+
 # --- sessions --------------------------------------------------------------------------------------
 
 
@@ -214,3 +218,18 @@ def queue_callback(queue: Any) -> Any:
                 queue.put({**metrics[0], "checkpoint_path": checkpoint.path if checkpoint else None})
 
     return QueueCallback()
+
+
+def raise_failure(name: str, error: BaseException) -> None:
+    """Raise the error of the failed Train run ``name``.
+
+    When every failed worker raised an expected error (an :class:`~iaa.errors.IaaError`, such as
+    a prepared folder that a node cannot see, which Ray reports in ``worker_failures`` by rank),
+    a :class:`TrainRunError` carries the lowest rank's message. Anything else is a bug: a
+    RuntimeError chained to Ray's error, with the workers' tracebacks.
+    """
+    failures: dict[int, BaseException] = dict(getattr(error, "worker_failures", None) or {})
+    if failures and all(isinstance(err, IaaError) for err in failures.values()):
+        rank = min(failures)
+        raise TrainRunError(f"Ray Train run {name} failed on rank {rank} of its workers: {failures[rank]}") from error
+    raise RuntimeError(f"Ray Train run {name} failed: {error}") from error

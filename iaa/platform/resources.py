@@ -179,18 +179,20 @@ def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpu
             default concurrency is then ``num_trials``.
     """
     if workers < 1:
-        raise ClusterError(f"workers per trial must be >= 1, got {workers}")
+        raise ClusterError(f"workers per trial must be >= 1, got {workers}: ask for at least one worker")
     if gpus_per_worker < 0:
-        raise ClusterError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}")
+        raise ClusterError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}: use 0 to train on CPUs")
     if not nodes:
-        raise ClusterError("the Ray cluster has no alive nodes")
+        raise ClusterError("the Ray cluster has no alive nodes; check that its head node runs (`ray status`)")
     if threads is None or threads <= 0:
         threads = default_threads(nodes, workers, gpus_per_worker, sweep=sweep)
     total_cpus, total_gpus = sum(n.cpus for n in nodes), sum(n.gpus for n in nodes)
     if gpus_per_worker > 0 and total_gpus == 0:
-        raise ClusterError(f"--gpus-per-worker {gpus_per_worker} asks for GPUs, but the cluster has none")
+        raise ClusterError(f"--gpus-per-worker {gpus_per_worker} asks for GPUs, but the cluster has none; use "
+                           "--gpus-per-worker 0 to train on CPUs, or --address a cluster with GPU nodes")
     if gpus_per_worker > 1 and gpus_per_worker != int(gpus_per_worker):
-        raise ClusterError(f"--gpus-per-worker above 1 must be a whole number, got {gpus_per_worker}")
+        raise ClusterError(f"--gpus-per-worker above 1 must be a whole number, got {gpus_per_worker}: a worker "
+                           "shares one GPU (below 1) or holds whole GPUs")
     if workers > 1 and 0 < gpus_per_worker < 1:
         raise ClusterError(f"--gpus-per-worker {gpus_per_worker:g} with {workers} workers per trial: NCCL cannot "
                            "put two ranks of one run on a GPU; use --gpus-per-worker 1, or one worker per trial "

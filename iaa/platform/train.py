@@ -147,7 +147,7 @@ def fit_workers(
 
     from iaa.data.loader import PreparedData
     from iaa.platform import cluster
-    from iaa.platform.ray_train import CHECKPOINT_SCORE, build_trainer, queue_callback
+    from iaa.platform.ray_train import CHECKPOINT_SCORE, build_trainer, queue_callback, raise_failure
 
     run_dir = Path(run_dir).resolve()
     info, trial_plan = cluster.fit_trials(cluster.connect(address, storage_path), workers,
@@ -198,7 +198,7 @@ def fit_workers(
         drainer.join(timeout=30)
         queue.shutdown()
     if result.error is not None:
-        raise RuntimeError(f"Ray Train run {name} failed: {result.error}") from result.error
+        raise_failure(name, result.error)
     best = result.get_best_checkpoint(metric=CHECKPOINT_SCORE, mode="max")
     if best is None:
         raise RuntimeError(f"Ray Train run {name} reported no checkpoint")
