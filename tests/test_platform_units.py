@@ -347,3 +347,31 @@ def test_a_train_run_failed_by_expected_worker_errors_is_one_line_and_a_bug_keep
     with pytest.raises(RuntimeError, match="run r-2 failed") as caught:
         raise_failure("r-2", bug)
     assert not isinstance(caught.value, IaaError) and caught.value.__cause__ is bug
+
+
+def test_ray_sessions_report_the_checkpoint_score_and_when_the_first_batch_went_out(tiny: Path) -> None:
+    """What Tune and Ray Train receive: the base report plus the score Ray ranks checkpoints by."""
+    from iaa.data.loader import PreparedData
+    from iaa.jobs.session import CHECKPOINT_FILE
+    from iaa.platform.ray_train import CHECKPOINT_SCORE, RaySession
+
+    class Recorder(RaySession):
+        def publish(self, metrics, folder, is_best):
+            self.published.append((metrics, folder is not None and (folder / CHECKPOINT_FILE).is_file()))
+
+    data = PreparedData.open(tiny)
+    session = Recorder(data.table("train"), data.table("valid"), batch_size=4, seed=0, threads=0)
+    session.published = []
+    assert session.first_step_at is None
+    next(session.train_batches(0))
+    first = session.first_step_at
+    assert first is not None
+    next(session.train_batches(1))
+    assert session.first_step_at == first                       # the first batch of the run, not of an epoch
+    state = {"progress": {"checks": 2, "step": 7, "best_step": 7}}
+    session.report({"valid_acc": 0.25}, state, True)
+    session.report({"valid_acc": 0.25}, state, False)
+    (best, wrote_best), (tie, wrote_tie) = session.published
+    assert wrote_best and wrote_tie                             # one worker: rank 0 writes every checkpoint
+    assert best[CHECKPOINT_SCORE] == 0.25 and tie[CHECKPOINT_SCORE] == -1.0   # a tie never displaces the best
+    assert best["first_step_at"] == first and best["steps"] == 7 and best["is_best"] and not tie["is_best"]

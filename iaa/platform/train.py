@@ -119,6 +119,47 @@ def _fetch(ckpt: Any, dest: Path) -> Path:
     return dest
 
 
+class _Checks:
+    """While a Train run trains: each check that rank 0 reports, taken from the driver's queue
+    (:func:`iaa.platform.ray_train.queue_callback`), goes to ``metrics.jsonl``, the progress line
+    and ``on_metrics``, as the local trainer's checks do."""
+
+    def __init__(self, queue: Any, run_dir: Path, *, on_metrics: MetricsCallback | None, show_progress: bool) -> None:
+        self.queue, self.run_dir = queue, run_dir
+        self.on_metrics, self.show_progress = on_metrics, show_progress
+        self.history: list[dict[str, Any]] = []
+        self._done = threading.Event()
+        self._drainer = threading.Thread(target=self._drain, name="iaa-metrics", daemon=True)
+
+    def __enter__(self) -> _Checks:
+        self._drainer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._drainer.join(timeout=30)
+        self.queue.shutdown()
+
+    def _drain(self) -> None:
+        while not (self._done.is_set() and self.queue.empty()):
+            try:
+                metrics = self.queue.get(timeout=0.5)
+            except Exception:  # noqa: BLE001 - ray.util.queue.Empty on timeout
+                continue
+            self._record(metrics)
+
+    def _record(self, metrics: dict[str, Any]) -> None:
+        self.history.append(metrics)
+        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as out:
+            out.write(json.dumps({**metrics, "time": time.time()}, default=str) + "\n")
+        if self.show_progress:
+            print(f"check {metrics.get('checks')}: step {metrics.get('step')} epoch {metrics.get('epoch', 0):.2f} "
+                  f"train_loss {metrics.get('train_loss', 0):.4f} valid_acc {metrics.get('valid_acc', 0):.4f} "
+                  f"(best {metrics.get('best_valid_acc', 0):.4f})", file=sys.stderr)
+        if self.on_metrics is not None:
+            self.on_metrics(metrics)
+
+
 def fit_workers(
     cfg: JobConfig,
     prepared: Path,
@@ -170,33 +211,8 @@ def fit_workers(
                             workers=workers, threads=trial_plan.threads,
                             worker_resources=trial_plan.worker_resources, use_gpu=gpus_per_worker > 0,
                             vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[queue_callback(queue)])
-    history: list[dict[str, Any]] = []
-    done = threading.Event()
-
-    def drain() -> None:
-        while not (done.is_set() and queue.empty()):
-            try:
-                metrics = queue.get(timeout=0.5)
-            except Exception:  # noqa: BLE001 - ray.util.queue.Empty on timeout
-                continue
-            history.append(metrics)
-            with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as out:
-                out.write(json.dumps({**metrics, "time": time.time()}, default=str) + "\n")
-            if show_progress:
-                print(f"check {metrics.get('checks')}: step {metrics.get('step')} epoch {metrics.get('epoch', 0):.2f} "
-                      f"train_loss {metrics.get('train_loss', 0):.4f} valid_acc {metrics.get('valid_acc', 0):.4f} "
-                      f"(best {metrics.get('best_valid_acc', 0):.4f})", file=sys.stderr)
-            if on_metrics is not None:
-                on_metrics(metrics)
-
-    drainer = threading.Thread(target=drain, name="iaa-metrics", daemon=True)
-    drainer.start()
-    try:
+    with _Checks(queue, run_dir, on_metrics=on_metrics, show_progress=show_progress) as checks:
         result = trainer.fit()
-    finally:
-        done.set()
-        drainer.join(timeout=30)
-        queue.shutdown()
     if result.error is not None:
         raise_failure(name, result.error)
     best = result.get_best_checkpoint(metric=CHECKPOINT_SCORE, mode="max")
@@ -205,7 +221,7 @@ def fit_workers(
     best_file = _fetch(best, run_dir / "checkpoints" / checkpoint.BEST)
     if result.checkpoint is not None:
         _fetch(result.checkpoint, run_dir / "checkpoints" / checkpoint.LAST)
-    last = history[-1] if history else dict(result.metrics or {})
+    last = checks.history[-1] if checks.history else dict(result.metrics or {})
     return {**last, "best_valid_acc": last.get("best_valid_acc", -1.0), "steps": last.get("steps", 0),
             "stop_reason": last.get("stop_reason", ""), "checkpoint": str(best_file), "run_dir": str(run_dir),
             "ray_storage": f"{storage.rstrip('/')}/{name}", "workers": workers, "threads": trial_plan.threads}
