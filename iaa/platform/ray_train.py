@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NoReturn, Sequence
 
 import pyarrow as pa
 import torch
@@ -220,7 +220,7 @@ def queue_callback(queue: Any) -> Any:
     return QueueCallback()
 
 
-def raise_failure(name: str, error: BaseException) -> None:
+def raise_failure(name: str, error: BaseException) -> NoReturn:
     """Raise the error of the failed Train run ``name``.
 
     When every failed worker raised an expected error (an :class:`~iaa.errors.IaaError`, such as

@@ -184,6 +184,7 @@ def fit_workers(
         ``checkpoint`` (the best checkpoint file, loadable by ``checkpoint.load_model``) and
         ``run_dir``.
     """
+    from ray.train import TrainingFailedError
     from ray.util.queue import Queue
 
     from iaa.data.loader import PreparedData
@@ -212,7 +213,10 @@ def fit_workers(
                             worker_resources=trial_plan.worker_resources, use_gpu=gpus_per_worker > 0,
                             vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[queue_callback(queue)])
     with _Checks(queue, run_dir, on_metrics=on_metrics, show_progress=show_progress) as checks:
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except TrainingFailedError as err:     # Train V2's fit raises what failed the run
+            raise_failure(name, err)
     if result.error is not None:
         raise_failure(name, result.error)
     best = result.get_best_checkpoint(metric=CHECKPOINT_SCORE, mode="max")
