@@ -130,9 +130,14 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address == "local":          # Ray's word for "a new local cluster": the default here anyway
+        address = None
     if log_to_driver is None:
         log_to_driver = os.environ.get("IAA_RAY_LOG_TO_DRIVER", "0") == "1"
     dashboard = None
+    if ray.is_initialized() and address and "://" not in address and _host_port(address) and \
+            ray.get_runtime_context().gcs_address != address:
+        ray.shutdown()              # joined to another cluster earlier in this process
     if not ray.is_initialized():
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
         os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
@@ -153,7 +158,8 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
             host = os.environ.get(DASHBOARD_HOST_ENV, "127.0.0.1")
             port = dashboard_port(host)
             env["RAY_API_SERVER_ADDRESS"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-            context = ray.init(num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=True,
+            # address="local": without it, ray.init joins the latest `ray start` cluster on this machine
+            context = ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=True,
                                dashboard_host=host, dashboard_port=port, runtime_env={"env_vars": env}, **kwargs)
             dashboard = context.dashboard_url or None
         _quiet_ray_data()
