@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.errors import IaaError
-from iaa.platform import cluster
+from iaa.platform import cluster, resources
 
 
 def _closed_port() -> int:
@@ -93,6 +93,6 @@ def test_local_cluster_dashboard_is_loopback_only_and_needs_the_token(monkeypatc
             socket.create_connection((node_ip, int(port)), timeout=2).close()
         answer = requests.get(f"http://{info.dashboard}/api/version", timeout=10)
         assert answer.status_code == 401      # Ray's token authentication is on for a local cluster
-        assert "dashboard http://127.0.0.1:" in cluster.describe(info, cluster.plan(info.nodes, 1))
+        assert "dashboard http://127.0.0.1:" in cluster.describe(info, resources.plan(info.nodes, 1))
     finally:
         ray.shutdown()

@@ -7,7 +7,8 @@ import torch
 
 from iaa.errors import IaaError
 from iaa.platform import cluster, resources
-from iaa.platform.cluster import DRIVER_RESOURCE, ClusterInfo, Node
+from iaa.platform.cluster import ClusterInfo
+from iaa.platform.resources import DRIVER_CPU, DRIVER_RESOURCE, Node
 from iaa.platform.ray_train import process_group_backend
 
 pytestmark = pytest.mark.timeout(60)
@@ -17,33 +18,33 @@ GPU_NODES = (Node("head", cpus=8, driver=100), Node("g1", cpus=8, gpus=1), Node(
 
 def test_fractional_gpus_with_several_workers_are_refused() -> None:
     with pytest.raises(IaaError, match="NCCL cannot put two ranks of one run on a GPU"):
-        cluster.plan(GPU_NODES, 2, gpus_per_worker=0.5)
-    assert cluster.plan(GPU_NODES, 1, gpus_per_worker=0.5).trial_resources["gpu"] == 0.5
-    assert cluster.plan(GPU_NODES, 2, gpus_per_worker=1).worker_resources["GPU"] == 1
+        resources.plan(GPU_NODES, 2, gpus_per_worker=0.5)
+    assert resources.plan(GPU_NODES, 1, gpus_per_worker=0.5).trial_resources["gpu"] == 0.5
+    assert resources.plan(GPU_NODES, 2, gpus_per_worker=1).worker_resources["GPU"] == 1
 
 
 def test_gpu_workers_get_the_cpus_of_a_gpu_share_on_the_smallest_gpu_node() -> None:
-    plan = cluster.plan(GPU_NODES, 1, gpus_per_worker=1)
+    plan = resources.plan(GPU_NODES, 1, gpus_per_worker=1)
     assert plan.threads == 8 and plan.max_concurrent == 5      # 1 + 4 GPUs; the head has none
-    assert cluster.plan(GPU_NODES, 1, gpus_per_worker=0.5).threads == 4
+    assert resources.plan(GPU_NODES, 1, gpus_per_worker=0.5).threads == 4
 
 
 def test_trial_drivers_ask_for_the_driver_resource_when_a_node_offers_it() -> None:
-    plan = cluster.plan(GPU_NODES, 2, gpus_per_worker=1)
-    assert plan.trial_resources == {"cpu": cluster.DRIVER_CPU, DRIVER_RESOURCE: cluster.DRIVER_CPU}
-    in_actor = cluster.plan(GPU_NODES, 1, gpus_per_worker=1)
+    plan = resources.plan(GPU_NODES, 2, gpus_per_worker=1)
+    assert plan.trial_resources == {"cpu": DRIVER_CPU, DRIVER_RESOURCE: DRIVER_CPU}
+    in_actor = resources.plan(GPU_NODES, 1, gpus_per_worker=1)
     assert DRIVER_RESOURCE not in in_actor.trial_resources      # it trains itself, on a GPU node
-    bare = cluster.plan((Node("g1", cpus=8, gpus=2),), 2, gpus_per_worker=1)
+    bare = resources.plan((Node("g1", cpus=8, gpus=2),), 2, gpus_per_worker=1)
     assert DRIVER_RESOURCE not in bare.trial_resources          # no node has it: nothing would run
 
 
 def test_a_growing_cluster_queues_trials_beyond_what_fits_today() -> None:
     nodes = (Node("head", cpus=8), Node("g1", cpus=8, gpus=1))
     with pytest.raises(IaaError, match="--max-concurrent 4"):
-        cluster.plan(nodes, 1, gpus_per_worker=1, max_concurrent=4)
-    assert cluster.plan(nodes, 1, gpus_per_worker=1, max_concurrent=4, queue=True).max_concurrent == 4
-    assert cluster.plan(nodes, 1, gpus_per_worker=1, num_trials=6, queue=True).max_concurrent == 6
-    assert cluster.plan(nodes, 1, gpus_per_worker=1, num_trials=6).max_concurrent == 1
+        resources.plan(nodes, 1, gpus_per_worker=1, max_concurrent=4)
+    assert resources.plan(nodes, 1, gpus_per_worker=1, max_concurrent=4, queue=True).max_concurrent == 4
+    assert resources.plan(nodes, 1, gpus_per_worker=1, num_trials=6, queue=True).max_concurrent == 6
+    assert resources.plan(nodes, 1, gpus_per_worker=1, num_trials=6).max_concurrent == 1
 
 
 def test_a_local_cluster_without_gpus_is_refused_at_once() -> None:

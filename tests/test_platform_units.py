@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from iaa.jobs.config import ConfigError, JobConfig
-from iaa.platform import cluster, search_space
-from iaa.platform.cluster import DRIVER_CPU, Node
+from iaa.platform import resources, search_space, storage
+from iaa.platform.resources import DRIVER_CPU, Node
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,7 +33,7 @@ TWO_GPU_NODES = (Node("10.0.0.1", cpus=16, gpus=2), Node("10.0.0.2", cpus=16, gp
 # --- resource planner -------------------------------------------------------------------------------
 
 
-def _fits(nodes: tuple[Node, ...], plan: cluster.TrialPlan) -> bool:
+def _fits(nodes: tuple[Node, ...], plan: resources.TrialPlan) -> bool:
     """Whether ``max_concurrent`` trials (drivers and workers) pack onto the nodes, first fit."""
     free = [[n.cpus, n.gpus] for n in nodes]
     asks = []
@@ -53,7 +53,7 @@ def _fits(nodes: tuple[Node, ...], plan: cluster.TrialPlan) -> bool:
 
 
 def test_one_worker_trials_train_in_the_actor_one_per_core() -> None:
-    plan = cluster.plan(LAPTOP, 1)
+    plan = resources.plan(LAPTOP, 1)
     assert plan.in_actor and plan.threads == 1
     assert plan.trial_resources == {"cpu": 1.0} and plan.worker_resources == {}
     assert plan.max_concurrent == 2
@@ -62,7 +62,7 @@ def test_one_worker_trials_train_in_the_actor_one_per_core() -> None:
 
 def test_multi_worker_trial_driver_holds_a_sliver_and_everything_fits() -> None:
     """The deadlock a new user hit: a 1-CPU trial driver left no CPU for its 2 workers."""
-    plan = cluster.plan(LAPTOP, 2)
+    plan = resources.plan(LAPTOP, 2)
     assert plan.trial_resources == {"cpu": DRIVER_CPU}
     assert plan.worker_resources == {"CPU": 1 - DRIVER_CPU}
     assert plan.max_concurrent == 1
@@ -71,47 +71,47 @@ def test_multi_worker_trial_driver_holds_a_sliver_and_everything_fits() -> None:
 
 
 def test_concurrency_is_capped_by_trials_and_by_user() -> None:
-    assert cluster.plan(LAPTOP, 1, num_trials=1).max_concurrent == 1
-    assert cluster.plan(LAPTOP, 1, max_concurrent=1).max_concurrent == 1
+    assert resources.plan(LAPTOP, 1, num_trials=1).max_concurrent == 1
+    assert resources.plan(LAPTOP, 1, max_concurrent=1).max_concurrent == 1
 
 
 def test_too_many_concurrent_trials_is_an_error_not_a_hang() -> None:
     with pytest.raises(ValueError, match="only 2 trial"):
-        cluster.plan(LAPTOP, 1, max_concurrent=3)
+        resources.plan(LAPTOP, 1, max_concurrent=3)
 
 
 def test_a_trial_bigger_than_the_cluster_is_rejected_with_the_fix() -> None:
     with pytest.raises(ValueError, match="fits only 2 such worker"):
-        cluster.plan(LAPTOP, 3)
+        resources.plan(LAPTOP, 3)
     with pytest.raises(ValueError, match="no node has 4 CPUs"):
-        cluster.plan(LAPTOP, 1, threads=4)
+        resources.plan(LAPTOP, 1, threads=4)
     with pytest.raises(ValueError, match="cluster has none"):
-        cluster.plan(LAPTOP, 1, gpus_per_worker=1)
+        resources.plan(LAPTOP, 1, gpus_per_worker=1)
     with pytest.raises(ValueError, match=">= 1"):
-        cluster.plan(LAPTOP, 0)
+        resources.plan(LAPTOP, 0)
 
 
 def test_gpu_trials_are_counted_by_gpus() -> None:
-    plan = cluster.plan(TWO_GPU_NODES, 2, gpus_per_worker=1)
+    plan = resources.plan(TWO_GPU_NODES, 2, gpus_per_worker=1)
     assert plan.worker_resources["GPU"] == 1 and plan.max_concurrent == 2
     assert plan.threads == 8
     assert _fits(TWO_GPU_NODES, plan)
-    half = cluster.plan(TWO_GPU_NODES, 1, gpus_per_worker=0.5)
+    half = resources.plan(TWO_GPU_NODES, 1, gpus_per_worker=0.5)
     assert half.max_concurrent == 8 and half.trial_resources["gpu"] == 0.5
     assert _fits(TWO_GPU_NODES, half)
 
 
 def test_workers_do_not_span_nodes() -> None:
     nodes = (Node("a", cpus=3), Node("b", cpus=3))
-    plan = cluster.plan(nodes, 1, threads=2)
+    plan = resources.plan(nodes, 1, threads=2)
     assert plan.max_concurrent == 2          # 6 CPUs, but only one 2-CPU worker per 3-CPU node
     assert _fits(nodes, plan)
 
 
 def test_single_run_shares_the_machine_among_its_workers() -> None:
-    plan = cluster.plan(LAPTOP, 2, sweep=False)
+    plan = resources.plan(LAPTOP, 2, sweep=False)
     assert plan.threads == 1 and plan.worker_resources == {"CPU": 1} and plan.trial_resources == {}
-    assert cluster.plan(LAPTOP, 1, sweep=False).threads == 2
+    assert resources.plan(LAPTOP, 1, sweep=False).threads == 2
 
 
 # --- shared storage ---------------------------------------------------------------------------------
@@ -126,37 +126,37 @@ TWO_HOSTS = (Node("10.0.0.1", 2), Node("10.0.0.2", 2))
 
 
 def test_single_node_needs_no_shared_storage() -> None:
-    cluster.check_storage(None, (Node("10.0.0.1", 2),), mounts=MOUNTS)
+    storage.check_storage(None, (Node("10.0.0.1", 2),), mounts=MOUNTS)
 
 
 def test_multi_node_requires_a_storage_path() -> None:
     with pytest.raises(ValueError, match="--storage-path is required"):
-        cluster.check_storage(None, TWO_HOSTS, mounts=MOUNTS)
+        storage.check_storage(None, TWO_HOSTS, mounts=MOUNTS)
 
 
 def test_multi_node_rejects_a_local_disk(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(cluster.ASSUME_SHARED_ENV, raising=False)
+    monkeypatch.delenv(storage.ASSUME_SHARED_ENV, raising=False)
     with pytest.raises(ValueError, match="local ext4 file system"):
-        cluster.check_storage("/home/me/ckpt", TWO_HOSTS, mounts=MOUNTS)
+        storage.check_storage("/home/me/ckpt", TWO_HOSTS, mounts=MOUNTS)
 
 
 def test_multi_node_accepts_nfs_buckets_and_fuse_mounts() -> None:
-    cluster.check_storage("/mnt/shared/iaa", TWO_HOSTS, mounts=MOUNTS)
-    cluster.check_storage("/mnt/bucket/runs", TWO_HOSTS, mounts=MOUNTS)
-    cluster.check_storage("s3://bucket/iaa", TWO_HOSTS, mounts=MOUNTS)
-    cluster.check_storage("gs://bucket/iaa", TWO_HOSTS, mounts=MOUNTS)
+    storage.check_storage("/mnt/shared/iaa", TWO_HOSTS, mounts=MOUNTS)
+    storage.check_storage("/mnt/bucket/runs", TWO_HOSTS, mounts=MOUNTS)
+    storage.check_storage("s3://bucket/iaa", TWO_HOSTS, mounts=MOUNTS)
+    storage.check_storage("gs://bucket/iaa", TWO_HOSTS, mounts=MOUNTS)
     with pytest.raises(ValueError, match="unsupported scheme"):
-        cluster.check_storage("ftp://host/iaa", TWO_HOSTS, mounts=MOUNTS)
+        storage.check_storage("ftp://host/iaa", TWO_HOSTS, mounts=MOUNTS)
 
 
 def test_nodes_on_one_machine_share_any_path() -> None:
     same_host = (Node("127.0.0.1", 1), Node("127.0.0.1", 1))
-    cluster.check_storage("/home/me/ckpt", same_host, mounts=MOUNTS)
+    storage.check_storage("/home/me/ckpt", same_host, mounts=MOUNTS)
 
 
 def test_filesystem_type_takes_the_longest_mount() -> None:
-    assert cluster.filesystem_type(Path("/mnt/shared/a/b"), MOUNTS) == "nfs4"
-    assert cluster.filesystem_type(Path("/mnt/sharedx"), MOUNTS) == "overlay"
+    assert storage.filesystem_type(Path("/mnt/shared/a/b"), MOUNTS) == "nfs4"
+    assert storage.filesystem_type(Path("/mnt/sharedx"), MOUNTS) == "overlay"
 
 
 # --- search spaces ----------------------------------------------------------------------------------
@@ -317,7 +317,7 @@ def test_resume_names_the_sweep_to_continue(tiny: Path, tmp_path: Path, args: li
 
 def test_ray_run_names_are_unique_per_fresh_run_and_kept_on_resume(tmp_path: Path) -> None:
     """Two run folders called ``run`` sharing a storage path never share (or delete) a Ray run."""
-    from iaa.platform.ray_train import ray_run_name
+    from iaa.platform.train import ray_run_name
 
     a, b = tmp_path / "alice" / "run", tmp_path / "bob" / "run"
     a.mkdir(parents=True)
@@ -329,3 +329,49 @@ def test_ray_run_names_are_unique_per_fresh_run_and_kept_on_resume(tmp_path: Pat
     again, previous = ray_run_name(a, resume=False)                 # --overwrite: a new run ...
     assert again != name_a and previous == name_a                   # ... that may delete only its own
     assert ray_run_name(tmp_path / "old", resume=True)[0] == "old"  # recorded before: the folder name
+
+
+def test_a_train_run_failed_by_expected_worker_errors_is_one_line_and_a_bug_keeps_its_traceback() -> None:
+    """Ray reports each failed worker's own exception by rank; only all-expected failures become IaaError."""
+    from ray.train import WorkerGroupError
+
+    from iaa.errors import IaaError
+    from iaa.platform.ray_train import raise_failure
+
+    no_rows = IaaError("rank 1 of 2 has no training rows: use fewer workers")
+    expected = WorkerGroupError("rank 1 failed", {1: no_rows})
+    with pytest.raises(IaaError, match=r"run r-1 failed on rank 1 of its workers: .*use fewer workers") as caught:
+        raise_failure("r-1", expected)
+    assert caught.value.__cause__ is expected
+    bug = WorkerGroupError("rank 0 failed", {0: KeyError("model"), 1: no_rows})
+    with pytest.raises(RuntimeError, match="run r-2 failed") as caught:
+        raise_failure("r-2", bug)
+    assert not isinstance(caught.value, IaaError) and caught.value.__cause__ is bug
+
+
+def test_ray_sessions_report_the_checkpoint_score_and_when_the_first_batch_went_out(tiny: Path) -> None:
+    """What Tune and Ray Train receive: the base report plus the score Ray ranks checkpoints by."""
+    from iaa.data.loader import PreparedData
+    from iaa.jobs.session import CHECKPOINT_FILE
+    from iaa.platform.ray_train import CHECKPOINT_SCORE, RaySession
+
+    class Recorder(RaySession):
+        def publish(self, metrics, folder, is_best):
+            self.published.append((metrics, folder is not None and (folder / CHECKPOINT_FILE).is_file()))
+
+    data = PreparedData.open(tiny)
+    session = Recorder(data.table("train"), data.table("valid"), batch_size=4, seed=0, threads=0)
+    session.published = []
+    assert session.first_step_at is None
+    next(session.train_batches(0))
+    first = session.first_step_at
+    assert first is not None
+    next(session.train_batches(1))
+    assert session.first_step_at == first                       # the first batch of the run, not of an epoch
+    state = {"progress": {"checks": 2, "step": 7, "best_step": 7}}
+    session.report({"valid_acc": 0.25}, state, True)
+    session.report({"valid_acc": 0.25}, state, False)
+    (best, wrote_best), (tie, wrote_tie) = session.published
+    assert wrote_best and wrote_tie                             # one worker: rank 0 writes every checkpoint
+    assert best[CHECKPOINT_SCORE] == 0.25 and tie[CHECKPOINT_SCORE] == -1.0   # a tie never displaces the best
+    assert best["first_step_at"] == first and best["steps"] == 7 and best["is_best"] and not tie["is_best"]

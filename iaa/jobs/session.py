@@ -4,8 +4,9 @@ The loop in :mod:`iaa.jobs.train` talks only to a :class:`Session`. :class:`Sess
 what every session shares: batches from in-memory Arrow tables, the device, and ``report``, the
 one "report with a checkpoint" helper. It writes the checkpoint into a folder and hands the
 folder to ``publish``, the one method a session must write. :class:`LocalSession` publishes to
-``run_dir``; ``iaa.platform`` supplies the Ray Train and Tune sessions, which publish through
-``ray.train.report`` / ``ray.tune.report`` and add the dataset shard and the all-reduce.
+``run_dir``; ``iaa.platform`` supplies the Tune and Ray Train sessions (both built on
+``iaa.platform.ray_train.RaySession``), which publish through ``ray.tune.report`` /
+``ray.train.report``; the Ray Train one adds the worker's rows and the all-reduce.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class SessionBase:
     def valid_batches(self) -> Iterator[Batch]:
         from iaa.data.loader import iter_batches
 
-        return iter_batches(self.valid, self.batch_size, seed=self.seed, epoch=0, shuffle=False)
+        return iter_batches(self.valid, self.batch_size, seed=self.seed, epoch=0, shuffle=False,
+                            rank=self.rank, world_size=self.world_size)   # each rank scores its own share
 
     def all_reduce_sum(self, values: Sequence[float]) -> list[float]:
         return [float(v) for v in values]

@@ -14,7 +14,6 @@ torch, the model and the loop, nothing more. All tracking happens in the driver 
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,10 +21,9 @@ from typing import Any, Mapping
 import pyarrow as pa
 
 from iaa.files import is_remote_uri
-from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig, from_dict
 from iaa.jobs.sweep import TrialRecord
-from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, TableSession, build_trainer, load_state
+from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, RaySession, build_trainer, load_state
 from iaa.platform.resources import train_device
 from iaa.platform.search_space import apply
 
@@ -66,7 +64,7 @@ def job_config(spec: TrialSpec, trial_config: Mapping[str, Any]) -> JobConfig:
     return apply(from_dict(spec.base), {**spec.fixed, **trial_config})
 
 
-class TuneSession(TableSession):
+class TuneSession(RaySession):
     """The loop inside a Tune trial actor: local tables, reports through ``ray.tune.report``."""
 
     def latest_state(self) -> dict[str, Any] | None:
@@ -74,13 +72,10 @@ class TuneSession(TableSession):
 
         return load_state(ray.tune.get_checkpoint())
 
-    def report(self, metrics: dict[str, Any], state: dict[str, Any], is_best: bool) -> None:
+    def publish(self, metrics: dict[str, Any], folder: Path | None, is_best: bool) -> None:
         import ray.tune
 
-        with tempfile.TemporaryDirectory(prefix="iaa-ckpt-") as folder:
-            checkpoint.save(Path(folder) / CHECKPOINT_FILE, state)
-            ray.tune.report(self.report_metrics(metrics, state, is_best),
-                            checkpoint=ray.tune.Checkpoint.from_directory(folder))
+        ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(folder))
 
 
 def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid: pa.Table) -> None:
