@@ -448,6 +448,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
     _emit(result, as_json)
 
 
+@cli.command()
 @click.option("--experiment", required=True, help="MLflow experiment: train-DATASET for train runs, tune-DATASET for sweeps.")
 @click.option("--runs", "run_ids", multiple=True, metavar="ID",
               help="Draw only these runs (repeatable); a sweep's parent run stands for its trials [default: all].")
