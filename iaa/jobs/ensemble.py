@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iaa.errors import IaaError
+from iaa.files import atomic_write_text
 
 SELECT_MODES: tuple[str, ...] = ("all", "top-p", "greedy")
 SPLITS: tuple[str, ...] = ("valid", "test")
@@ -144,40 +145,14 @@ def align(split: str, members: Sequence[tuple[str, pa.Table]]) -> AlignedSplit:
         mask[e, : len(cands)] = True
 
     for m, (name, table) in enumerate(members):
-        ids = table.column("example_id").to_pylist()
-        dup = _first_duplicate(ids)
-        if dup is not None:
-            raise MismatchError(f"{split}: member {name} lists example {dup!r} more than once")
-        row_of = {example_id: row for row, example_id in enumerate(ids)}
-        if len(row_of) != len(ref_ids) or any(e not in row_of for e in ref_ids):
-            missing = next((e for e in ref_ids if e not in row_of), None)
-            ref_set = set(ref_ids)
-            extra = next((e for e in ids if e not in ref_set), None)
-            what = (f"lacks example {missing!r}" if missing is not None else f"has example {extra!r}")
-            raise MismatchError(
-                f"{split}: member {name} covers other examples than member {ref_name}: it {what} "
-                f"({len(ids)} vs {len(ref_ids)} examples); were they evaluated on the same prepared data?"
-            )
+        row_of = _rows_by_id(split, name, table.column("example_id").to_pylist(), ref_name, ref_ids)
         cands = table.column("candidate_words").to_pylist()
         gold = table.column("gold").to_pylist()
         member_probs = table.column("probs").to_pylist()
         for e, example_id in enumerate(ref_ids):
             row = row_of[example_id]
-            if cands[row] != ref_cands[e]:
-                raise MismatchError(
-                    f"{split}: member {name} has other candidates than member {ref_name} for example "
-                    f"{example_id!r}: {cands[row]} vs {ref_cands[e]}"
-                )
-            if gold[row] != ref_gold[e]:
-                raise MismatchError(
-                    f"{split}: member {name} has gold {gold[row]} but member {ref_name} has {ref_gold[e]} "
-                    f"for example {example_id!r}"
-                )
-            if len(member_probs[row]) != len(ref_cands[e]):
-                raise MismatchError(
-                    f"{split}: member {name} gives {len(member_probs[row])} probabilities for the "
-                    f"{len(ref_cands[e])} candidates of example {example_id!r}"
-                )
+            _check_example(f"{split}: member {name}", f"member {ref_name}", example_id,
+                           (cands[row], gold[row], len(member_probs[row])), (ref_cands[e], ref_gold[e]))
             probs[m, e, : len(ref_cands[e])] = member_probs[row]
     return AlignedSplit(
         split=split,
@@ -188,6 +163,39 @@ def align(split: str, members: Sequence[tuple[str, pa.Table]]) -> AlignedSplit:
         probs=probs,
         cand_mask=mask,
     )
+
+
+def _rows_by_id(split: str, name: str, ids: list[str], ref_name: str, ref_ids: list[str]) -> dict[str, int]:
+    """Row of each example id in a member's table; MismatchError unless it covers exactly ``ref_ids``."""
+    dup = _first_duplicate(ids)
+    if dup is not None:
+        raise MismatchError(f"{split}: member {name} lists example {dup!r} more than once")
+    row_of = {example_id: row for row, example_id in enumerate(ids)}
+    if len(row_of) != len(ref_ids) or any(e not in row_of for e in ref_ids):
+        missing = next((e for e in ref_ids if e not in row_of), None)
+        ref_set = set(ref_ids)
+        extra = next((e for e in ids if e not in ref_set), None)
+        what = (f"lacks example {missing!r}" if missing is not None else f"has example {extra!r}")
+        raise MismatchError(
+            f"{split}: member {name} covers other examples than member {ref_name}: it {what} "
+            f"({len(ids)} vs {len(ref_ids)} examples); were they evaluated on the same prepared data?"
+        )
+    return row_of
+
+
+def _check_example(who: str, ref: str, example_id: str, got: tuple[list[str], int, int],
+                   want: tuple[list[str], int]) -> None:
+    """MismatchError unless a member's (candidates, gold, number of probabilities) agree with the reference."""
+    cands, gold, n_probs = got
+    ref_cands, ref_gold = want
+    if cands != ref_cands:
+        raise MismatchError(f"{who} has other candidates than {ref} for example {example_id!r}: "
+                            f"{cands} vs {ref_cands}")
+    if gold != ref_gold:
+        raise MismatchError(f"{who} has gold {gold} but {ref} has {ref_gold} for example {example_id!r}")
+    if n_probs != len(ref_cands):
+        raise MismatchError(f"{who} gives {n_probs} probabilities for the {len(ref_cands)} candidates of "
+                            f"example {example_id!r}")
 
 
 def _ranked(accs: np.ndarray) -> list[int]:
@@ -365,34 +373,50 @@ def run(
     Raises:
         MismatchError: members disagree on examples or candidates.
     """
-    if len(member_predictions) != len(names):
-        raise ValueError("give one name per member")
     if select_mode not in SELECT_MODES:
         raise ValueError(f"unknown selection {select_mode!r}; choose from {list(SELECT_MODES)}")
+    aligned = _aligned_splits(member_predictions, names)
+    valid = aligned["valid"]
+    chosen, trace = select(valid, select_mode, p)
+    result = {**_scores(aligned, chosen, names), "members": [names[i] for i in chosen], "selected": chosen,
+              "select": select_mode, "p": p if select_mode == "top-p" else None, "all_members": list(names),
+              "selection_trace": trace, "examples": {split: len(a.example_ids) for split, a in aligned.items()}}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result["predictions"] = str(write_predictions(list(aligned.values()), chosen, out_dir / "predictions.parquet"))
+    table = results_table(result, labels)
+    atomic_write_text(out_dir / "results.txt", table + "\n")
+    result["table"] = table
+    result["table_path"] = str(out_dir / "results.txt")
+    return result
+
+
+def _aligned_splits(member_predictions: Sequence[Mapping[str, Path | None]],
+                    names: Sequence[str]) -> dict[str, AlignedSplit]:
+    """Valid (and test, when every member has it) predictions of all members, aligned by example."""
+    if len(member_predictions) != len(names):
+        raise ValueError("give one name per member")
     has_test = [m.get("test") is not None for m in member_predictions]
     if any(has_test) and not all(has_test):
         lacking = names[has_test.index(False)]
         raise IaaError(f"member {lacking} has no test predictions while others do")
     splits = [s for s in SPLITS if s == "valid" or all(has_test)]
-    aligned = {
+    return {
         split: align(split, [(name, read_predictions(m[split])) for name, m in zip(names, member_predictions)])
         for split in splits
     }
-    valid, test = aligned["valid"], aligned.get("test")
-    chosen, trace = select(valid, select_mode, p)
 
+
+def _scores(aligned: Mapping[str, AlignedSplit], chosen: list[int], names: Sequence[str]) -> dict[str, Any]:
+    """The ensemble's accuracies, every member's, their means and Boo(n), on valid and test."""
+    valid, test = aligned["valid"], aligned.get("test")
     member_valid = valid.member_accuracies().tolist()
     member_test = None if test is None else test.member_accuracies().tolist()
     everyone = range(len(names))
     n = len(chosen)
-    result: dict[str, Any] = {
+    return {
         "valid_acc": valid.accuracy(chosen),
         "test_acc": None if test is None else test.accuracy(chosen),   # the one test evaluation
-        "members": [names[i] for i in chosen],
-        "selected": chosen,
-        "select": select_mode,
-        "p": p if select_mode == "top-p" else None,
-        "all_members": list(names),
         "member_valid_acc": member_valid,
         "member_test_acc": member_test,
         "mean_member_valid_acc": _mean(member_valid, everyone),
@@ -402,14 +426,4 @@ def run(
         "boo_n": n,
         "boo_valid": boo_n(member_valid, n),
         "boo_test": None if member_test is None else boo_n(member_valid, n, member_test),
-        "selection_trace": trace,
-        "examples": {split: len(a.example_ids) for split, a in aligned.items()},
     }
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result["predictions"] = str(write_predictions(list(aligned.values()), chosen, out_dir / "predictions.parquet"))
-    table = results_table(result, labels)
-    (out_dir / "results.txt").write_text(table + "\n", encoding="utf-8")
-    result["table"] = table
-    result["table_path"] = str(out_dir / "results.txt")
-    return result
