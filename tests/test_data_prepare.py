@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from _cbt_fixtures import doc_tokens, example, sentences
-from iaa.data import cbt, manifest as M
+from iaa.data import cbt, manifest as M, verify
 from iaa.data.errors import DataError
 from iaa.data.loader import PreparedData
 from iaa.data.shards import SCHEMA, file_sha256
@@ -97,7 +97,7 @@ def test_manifest_records_counts_checksums_vocab_and_reports(tmp_path, capsys):
             assert shard["file"].startswith(f"{split}/part-") and shard["sha256"] == file_sha256(path)
             assert pq.read_metadata(path).num_rows == shard["rows"]
             assert pq.read_metadata(path).row_group(0).column(1).compression == "ZSTD"
-    PreparedData.open(out).verify()
+    verify.verify(out)                     # every shard, its rows and value ranges match the manifest
 
 
 def test_fail_mode_raises_and_leaves_no_output(tmp_path):

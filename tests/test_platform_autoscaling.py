@@ -73,7 +73,7 @@ def autoscaling_cluster():
             time.sleep(1)
     yield address
     ray.shutdown()
-    os.killpg(head.pid, signal.SIGTERM)      # this session: ray start, its head and the fake nodes
+    os.killpg(head.pid, signal.SIGTERM)      # the process group: ray start, its head and the fake nodes
     try:
         head.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -26,7 +26,7 @@ from iaa.data import errors as E
 from iaa.data import manifest as M
 from iaa.data.batch import Batch
 from iaa.data.errors import DataError
-from iaa.data.shards import SCHEMA, file_sha256
+from iaa.data.shards import SCHEMA
 from iaa.data.vocab import Vocab
 
 POOL_BATCHES = 50  # batches per length-sorted pool: larger pools pad less but shuffle less
@@ -87,14 +87,6 @@ class PreparedData:
         if split not in self.manifest["splits"]:
             raise DataError(f"no {split!r} split here (have {', '.join(self.splits)})", path=self.root,
                             reason=E.MISSING_SOURCE)
-
-    def verify(self) -> None:
-        """Check every shard against its sha256 in the manifest; raises DataError on a mismatch."""
-        for entry in self.manifest["splits"].values():
-            for shard in entry["shards"]:
-                if file_sha256(self.root / shard["file"]) != shard["sha256"]:
-                    raise DataError("checksum mismatch: the shard changed after prepare",
-                                    path=self.root / shard["file"], reason=E.MISSING_SOURCE)
 
 
 def _read_range(path: Path, start: int, stop: int) -> list[pa.RecordBatch]:
