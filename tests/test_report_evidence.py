@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "evidence" / "evid
 def evidence():
     spec = importlib.util.spec_from_file_location("evidence", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["evidence"] = module       # dataclasses look their module up there
     spec.loader.exec_module(module)
-    return module
+    yield module
+    sys.modules.pop("evidence", None)
 
 
 def _plan(evidence, *argv: str):
@@ -50,18 +53,46 @@ def test_ensemble_trains_seeds_in_pairs_then_ensembles_them(evidence) -> None:
         assert cmd[cmd.index("--select") + 1] == select
 
 
-def test_search_runs_the_whole_demo_grid_then_each_sweep_seed(evidence) -> None:
+def test_search_runs_the_whole_demo_grid_in_pairs_then_each_sweep_seed(evidence) -> None:
     from iaa.platform.search_space import DEMO_GRID
 
-    plan = _plan(evidence, "search", "--tune-samples", "6", "--sweep-seeds", "0", "1", "2")
-    grid_cmds = [step[0] for step in plan if "train" in step[0]]
+    plan = _plan(evidence, "search", "--tune-samples", "6", "--sweep-seeds", "0", "1", "2", "--epochs", "2")
+    assert "prepare" in plan[0][0]                      # the demo data is made once, before runs share it
+    grid_steps = [step for step in plan[1:] if "train" in step[0]]
+    grid_cmds = [cmd for step in grid_steps for cmd in step]
     tune_cmds = [step[0] for step in plan if "tune" in step[0]]
     size = 1
     for choices in DEMO_GRID.values():
         size *= len(choices)
     assert len(grid_cmds) == size == len({tuple(_set_args(c)) for c in grid_cmds})
+    assert [len(step) for step in grid_steps] == [2] * (size // 2)
+    assert all("train.max_epochs=2.0" in _set_args(c) for c in grid_cmds)
     assert [c[c.index("--seed") + 1] for c in tune_cmds] == ["0", "1", "2"]
-    assert all(c[c.index("--num-samples") + 1] == "6" for c in tune_cmds)
+    assert all(c[c.index("--num-samples") + 1] == "6" and c[c.index("--max-epochs") + 1] == "2.0" for c in tune_cmds)
+    assert not any("--search-space" in c for c in tune_cmds)
+
+
+def test_search_over_a_yaml_space_grids_its_choices_and_tunes_the_same_space(evidence, tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("train.lr: [0.001, 0.004]\nmodel.steps: [2, 3, 4]\nmodel.embed_dim: 32\n")
+    plan = _plan(evidence, "search", "--space", str(space), "--sweep-seeds", "7")
+    grid_cmds = [cmd for step in plan[1:] for cmd in step if "train" in cmd]
+    assert len(grid_cmds) == 6 and all("model.embed_dim=32" in _set_args(c) for c in grid_cmds)
+    tune = [step[0] for step in plan if "tune" in step[0]][0]
+    assert tune[tune.index("--search-space") + 1] == str(space)
+    space.write_text("train.lr: {low: 0.001, high: 0.004}\n")
+    with pytest.raises(SystemExit, match="needs choices"):
+        _plan(evidence, "search", "--space", str(space))
+
+
+def test_compute_counts_overlapping_runs_once_each_and_best_only_grows(evidence) -> None:
+    T = evidence.Trace
+    # two runs side by side from t=0, a third after them: checks at (time, accuracy)
+    runs = [T(0.0, ((10.0, 0.5), (20.0, 0.6))), T(0.0, ((15.0, 0.7),)), T(20.0, ((30.0, 0.65),))]
+    x, y = evidence.best_against_compute(runs)
+    assert x == [10.0 + 10.0, 15.0 + 15.0, 20.0 + 15.0, 20.0 + 15.0 + 10.0]
+    assert y == [0.5, 0.7, 0.7, 0.7]
+    assert all(b >= a for a, b in zip(x, x[1:])) and all(b >= a for a, b in zip(y, y[1:]))
 
 
 def test_dry_run_prints_and_runs_nothing(evidence, capsys, monkeypatch) -> None:
@@ -97,6 +128,8 @@ def test_anytime_curves_come_from_the_tracked_runs(evidence, tmp_path: Path) -> 
         log("tune-demo", accs, parent=sweep.run_id)
     result = evidence.anytime(str(tmp_path), str(tmp_path / "any.png"))
     assert result["grid_best"] == 0.7
-    within = result["seconds_to_within_1_point"]
-    assert within["grid (3 configs)"] is not None and within["tune sweep"] is not None
+    grid, tune = result["curves"]["grid"], result["curves"][sweep.run_id]
+    assert grid["best"] == 0.7 and tune["best"] == 0.695           # 0.695 is within 1 point of 0.7
+    assert grid["trial_seconds"] == result["grid_trial_seconds"] > 0
+    assert tune["seconds_to_within_1_point"] is not None and tune["fraction_of_grid"] is not None
     assert (tmp_path / "any.png").read_bytes()[:4] == b"\x89PNG"

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -73,47 +75,90 @@ def grid(space: dict[str, Sequence[object]]) -> list[dict[str, object]]:
     return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
 
 
-def search_plan(a: argparse.Namespace) -> list[Step]:
-    from iaa.platform.search_space import DEMO_GRID
+def search_grid(space_file: Path | None) -> list[dict[str, object]]:
+    """The grid of the demo preset's space, or of a YAML space file (its fixed keys in every config)."""
+    from iaa.jobs.presets import for_dataset
+    from iaa.platform import search_space
 
+    if space_file is None:
+        return grid(search_space.DEMO_GRID)
+    space = search_space.load(space_file, for_dataset("demo"))
+    if any(p.choices is None for p in space.params.values()):
+        sys.exit(f"{space_file}: a grid needs choices for every key, not ranges")
+    return [{**space.fixed, **cfg} for cfg in grid({k: p.choices for k, p in space.params.items()})]
+
+
+def search_plan(a: argparse.Namespace) -> list[Step]:
     epochs = {"train.max_epochs": a.epochs, "train.patience": 1000}
     grid_runs = [[*CLI, "train", "--dataset", "demo", "--workdir", a.workdir, "--run-dir",
-                  f"{a.workdir}/runs/grid-{i}", *sets({**cfg, **epochs})] for i, cfg in enumerate(grid(DEMO_GRID))]
+                  f"{a.workdir}/runs/grid-{i}", *sets({**cfg, **epochs})] for i, cfg in enumerate(search_grid(a.space))]
+    space = ["--search-space", str(a.space)] if a.space else []
     tunes = [[*CLI, "tune", "--dataset", "demo", "--workdir", a.workdir, "--num-samples", str(a.tune_samples),
-              "--max-epochs", str(a.epochs), "--seed", str(seed), "--name", f"demo-tune-seed{seed}", "--json"]
+              "--max-epochs", str(a.epochs), *space, "--seed", str(seed), "--name", f"demo-tune-seed{seed}", "--json"]
              for seed in a.sweep_seeds]
-    return [*[[run] for run in grid_runs], *[[t] for t in tunes]]
+    prepare = [*CLI, "prepare", "--dataset", "demo", "--workdir", a.workdir]   # once, before runs share it
+    return [[prepare], *[grid_runs[i : i + a.parallel] for i in range(0, len(grid_runs), a.parallel)],
+            *[[t] for t in tunes]]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One run's validation checks: its start and the (time, accuracy) of each check, in seconds."""
+
+    start: float
+    checks: tuple[tuple[float, float], ...]
+
+    @property
+    def end(self) -> float:
+        return self.checks[-1][0]
+
+
+def best_against_compute(traces: Sequence[Trace]) -> tuple[list[float], list[float]]:
+    """Best accuracy found against trial-seconds spent, for runs that may overlap in time.
+
+    At each check time t, the compute spent is the sum over the runs started before t of
+    ``min(t, end) - start`` (a run computes from its start to its last check), and the best is the
+    highest check at or before t. Runs two at a time on two cores thus count two seconds per second.
+    """
+    xs, ys = [], []
+    for t in sorted(t for trace in traces for t, _ in trace.checks):
+        xs.append(sum(min(t, trace.end) - trace.start for trace in traces if trace.start < t))
+        ys.append(max(acc for trace in traces for at, acc in trace.checks if at <= t))
+    return xs, ys
 
 
 def anytime(workdir: str, out: str) -> dict[str, object]:
-    """Best valid accuracy found against cumulative trial-seconds, for the grid and each sweep."""
+    """Best valid accuracy found against trial-seconds, for the grid and each sweep, and what each needs."""
     from iaa.platform import report, tracking
 
     uri = tracking.open_store(None, Path(workdir))
 
-    def spent(records: list[tracking.RunRecord]) -> report.Curve:
-        x, y, best, total = [], [], 0.0, 0.0
-        for r in records:
-            history = tracking.metric_history(uri, r.run_id, "valid_acc")
-            if not history:
-                continue
-            total += (history[-1].timestamp_ms - r.start_ms) / 1000.0    # the trial's seconds up to its last check
-            best = max(best, max(p.value for p in history))
-            x.append(total)
-            y.append(best)
-        return report.Curve("", "", "", tuple(range(len(x))), tuple(x), tuple(y))
+    def traces(records: list[tracking.RunRecord]) -> list[Trace]:
+        found = [(r, report.curve(uri, r, "valid_acc", "seconds")) for r in records]
+        return [Trace(r.start_ms / 1000.0, tuple((r.start_ms / 1000.0 + s, acc) for s, acc in zip(c.x, c.y)))
+                for r, c in found if c is not None]
 
-    grid_curve = spent(tracking.experiment_records(uri, "train-demo") or [])
-    curves = [report.Curve("grid", f"grid ({len(grid_curve.x)} configs)", "", grid_curve.steps, grid_curve.x, grid_curve.y)]
+    def as_curve(name: str, label: str, runs: list[Trace]) -> report.Curve:
+        x, y = best_against_compute(runs)
+        return report.Curve(name, label, "", tuple(range(len(x))), tuple(x), tuple(y))
+
+    grid_runs = traces(tracking.experiment_records(uri, "train-demo") or [])
+    curves = [as_curve("grid", f"grid ({len(grid_runs)} configs)", grid_runs)]
     tune_runs = tracking.experiment_records(uri, "tune-demo") or []
     for parent in (r for r in tune_runs if tracking.PARENT_TAG not in r.tags):
-        c = spent([r for r in tune_runs if r.tags.get(tracking.PARENT_TAG) == parent.run_id])
-        curves.append(report.Curve(parent.run_id, f"tune {parent.name}", "", c.steps, c.x, c.y))
+        trials = traces([r for r in tune_runs if r.tags.get(tracking.PARENT_TAG) == parent.run_id])
+        curves.append(as_curve(parent.run_id, f"tune {parent.name} ({len(trials)} trials)", trials))
     report.draw(curves, Path(out), metric="best valid_acc found", x="seconds", title="demo: grid vs tune",
                 xlabel="trial-seconds spent (cumulative)")
-    target = max(grid_curve.y, default=0.0) - 0.01
-    within = {c.name: next((x for x, y in zip(c.x, c.y) if y >= target), None) for c in curves}
-    return {"out": out, "grid_best": max(grid_curve.y, default=None), "seconds_to_within_1_point": within}
+    grid_best = max(curves[0].y, default=0.0)
+    grid_total = max(curves[0].x, default=0.0)
+    rows = {}
+    for c in curves:
+        reached = next((x for x, y in zip(c.x, c.y) if y >= grid_best - 0.01), None)
+        rows[c.run_id] = {"label": c.name, "best": max(c.y, default=None), "trial_seconds": max(c.x, default=0.0),
+                        "seconds_to_within_1_point": reached,
+                        "fraction_of_grid": None if reached is None or not grid_total else reached / grid_total}
+    return {"out": out, "grid_best": grid_best, "grid_trial_seconds": grid_total, "curves": rows}
 
 
 def run_plan(plan: list[Step], dry_run: bool) -> None:
@@ -148,7 +193,9 @@ def parser() -> argparse.ArgumentParser:
     ens.add_argument("--check-every", type=int, default=300,
                      help="Batches between checks (the preset's 2,000 is more than 15 minutes on one CPU thread).")
     search = sub.choices["search"]
-    search.add_argument("--epochs", type=float, default=1.0, help="Epochs of every grid run and trial.")
+    search.add_argument("--epochs", type=float, default=2.0, help="Epochs of every grid run and trial.")
+    search.add_argument("--space", type=Path, help="YAML search space of choices [default: the demo preset's].")
+    search.add_argument("--parallel", type=int, default=2, help="Grid runs trained at once.")
     search.add_argument("--tune-samples", type=int, default=12, help="Trials of each tune sweep.")
     search.add_argument("--sweep-seeds", type=int, nargs="+", default=[0, 1, 2])
     search.add_argument("--out", default="docs/search-demo.png")
@@ -162,7 +209,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     a = parser().parse_args(argv)
     run_plan(PLANS[a.study](a), a.dry_run)
     if a.study == "search" and not a.dry_run:
-        print(anytime(a.workdir, a.out))
+        result = anytime(a.workdir, a.out)
+        Path(a.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
