@@ -243,6 +243,10 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @click.option("--max-epochs", type=_Finite(min=0, min_open=True), default=None, help="Epochs per trial [default: per dataset preset].")
 @click.option("--search-space", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML search space overriding the paper's grid.")
+@click.option("--grace-period", type=click.IntRange(min=1), default=None,
+              help="ASHA: validation checks before a trial may be stopped [default: per dataset preset].")
+@click.option("--reduction-factor", type=_Finite(min=1, min_open=True), default=None,
+              help="ASHA: keep the best 1/F of the trials at each rung [default: per dataset preset].")
 @click.option("--workers-per-trial", type=click.IntRange(min=1), default=1, show_default=True, help="Ray Train workers per trial.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True)
 @click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL-<short id>, new for every sweep].")
@@ -256,8 +260,8 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @json_option
 @_friendly
 def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | None, max_concurrent: int | None,
-         max_epochs: float | None, search_space: Path | None, workers_per_trial: int, gpus_per_worker: float,
-         sweep_name: str | None, seed: int, config_file: Path | None, sets: tuple[str, ...], workdir: Path,
+         max_epochs: float | None, search_space: Path | None, grace_period: int | None,
+         reduction_factor: float | None, workers_per_trial: int, gpus_per_worker: float, sweep_name: str | None, seed: int, config_file: Path | None, sets: tuple[str, ...], workdir: Path,
          tracking_uri: str | None, address: str | None, storage_path: str | None, register: str | None,
          resume: str | None, as_json: bool) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
@@ -275,7 +279,7 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
         job.TuneRequest(
             dataset=dataset, data=data, model_kind=model_kind, num_samples=num_samples,
             max_concurrent=max_concurrent, max_epochs=max_epochs, search_space=search_space,
-            workers_per_trial=workers_per_trial, gpus_per_worker=gpus_per_worker, name=sweep_name, seed=seed,
+            grace_period=grace_period, reduction_factor=reduction_factor, workers_per_trial=workers_per_trial, gpus_per_worker=gpus_per_worker, name=sweep_name, seed=seed,
             config_file=config_file, sets=tuple(sets), workdir=workdir, tracking_uri=tracking_uri,
             address=address, storage_path=storage_path, resume=resume is not None, show_progress=not as_json,
             register=register,

@@ -236,6 +236,32 @@ def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> 
     assert asha.metric == "valid_acc" and searcher.metric == "best_valid_acc"
 
 
+def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
+    from iaa.platform import search, tune
+
+    preset = search.TUNE_PRESETS["demo"]
+    assert tune.asha_preset(tune.TuneRequest(dataset="demo")) == preset
+    tuned = tune.asha_preset(tune.TuneRequest(dataset="demo", grace_period=1, reduction_factor=3.0))
+    assert (tuned.grace_period, tuned.reduction_factor, tuned.num_samples) == (1, 3.0, preset.num_samples)
+    asha = search.scheduler(tuned, max_t=5)
+    assert asha._reduction_factor == 3.0
+    # rungs at 1 and 3 checks: the milestones ASHA compares trials at
+    assert sorted(m for m, _ in asha._brackets[0]._rungs) == [1, 3]
+    with pytest.raises(ConfigError, match="--grace-period"):
+        tune.asha_preset(tune.TuneRequest(dataset="demo", grace_period=0))
+    with pytest.raises(ConfigError, match="--reduction-factor"):
+        tune.asha_preset(tune.TuneRequest(dataset="demo", reduction_factor=1.0))
+
+
+def test_tune_cli_refuses_a_reduction_factor_of_one() -> None:
+    from click.testing import CliRunner
+
+    from iaa.cli import cli
+
+    result = CliRunner().invoke(cli, ["tune", "--dataset", "demo", "--reduction-factor", "1"])
+    assert result.exit_code == 2 and "--reduction-factor" in result.output
+
+
 # --- sweep names, records and epochs -----------------------------------------------------------------
 
 

@@ -85,6 +85,15 @@ def test_search_over_a_yaml_space_grids_its_choices_and_tunes_the_same_space(evi
         _plan(evidence, "search", "--space", str(space))
 
 
+def test_search_passes_asha_settings_and_can_add_sweeps_beside_an_existing_grid(evidence) -> None:
+    plan = _plan(evidence, "search", "--tune-only", "--grace-period", "1", "--reduction-factor", "3",
+                 "--label", "g1", "--sweep-seeds", "0", "1")
+    assert all(len(step) == 1 and "tune" in step[0] for step in plan) and len(plan) == 2
+    cmd = plan[0][0]
+    assert cmd[cmd.index("--grace-period") + 1] == "1" and cmd[cmd.index("--reduction-factor") + 1] == "3.0"
+    assert [step[0][step[0].index("--name") + 1] for step in plan] == ["demo-tune-g1-seed0", "demo-tune-g1-seed1"]
+
+
 def test_compute_counts_overlapping_runs_once_each_and_best_only_grows(evidence) -> None:
     T = evidence.Trace
     # two runs side by side from t=0, a third after them: checks at (time, accuracy)

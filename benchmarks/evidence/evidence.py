@@ -93,9 +93,14 @@ def search_plan(a: argparse.Namespace) -> list[Step]:
     grid_runs = [[*CLI, "train", "--dataset", "demo", "--workdir", a.workdir, "--run-dir",
                   f"{a.workdir}/runs/grid-{i}", *sets({**cfg, **epochs})] for i, cfg in enumerate(search_grid(a.space))]
     space = ["--search-space", str(a.space)] if a.space else []
+    asha = [*(["--grace-period", str(a.grace_period)] if a.grace_period else []),
+            *(["--reduction-factor", str(a.reduction_factor)] if a.reduction_factor else [])]
+    label = f"demo-tune-{a.label}-" if a.label else "demo-tune-"
     tunes = [[*CLI, "tune", "--dataset", "demo", "--workdir", a.workdir, "--num-samples", str(a.tune_samples),
-              "--max-epochs", str(a.epochs), *space, "--seed", str(seed), "--name", f"demo-tune-seed{seed}", "--json"]
+              "--max-epochs", str(a.epochs), *space, *asha, "--seed", str(seed), "--name", f"{label}seed{seed}", "--json"]
              for seed in a.sweep_seeds]
+    if a.tune_only:
+        return [[t] for t in tunes]
     prepare = [*CLI, "prepare", "--dataset", "demo", "--workdir", a.workdir]   # once, before runs share it
     return [[prepare], *[grid_runs[i : i + a.parallel] for i in range(0, len(grid_runs), a.parallel)],
             *[[t] for t in tunes]]
@@ -196,6 +201,10 @@ def parser() -> argparse.ArgumentParser:
     search.add_argument("--epochs", type=float, default=2.0, help="Epochs of every grid run and trial.")
     search.add_argument("--space", type=Path, help="YAML search space of choices [default: the demo preset's].")
     search.add_argument("--parallel", type=int, default=2, help="Grid runs trained at once.")
+    search.add_argument("--grace-period", type=int, help="ASHA grace period of the sweeps [default: the preset's].")
+    search.add_argument("--reduction-factor", type=float, help="ASHA reduction factor [default: the preset's].")
+    search.add_argument("--label", default="", help="Put in the sweeps' names, to tell settings apart.")
+    search.add_argument("--tune-only", action="store_true", help="Run only the sweeps (the grid is already in the workdir).")
     search.add_argument("--tune-samples", type=int, default=12, help="Trials of each tune sweep.")
     search.add_argument("--sweep-seeds", type=int, nargs="+", default=[0, 1, 2])
     search.add_argument("--out", default="docs/search-demo.png")

@@ -55,6 +55,8 @@ class TuneRequest:
     max_concurrent: int | None = None
     max_epochs: float | None = None
     search_space: Path | None = None
+    grace_period: int | None = None      # ASHA: checks before a trial may be stopped
+    reduction_factor: float | None = None  # ASHA: keeps the best 1/reduction_factor at each rung
     workers_per_trial: int = 1
     gpus_per_worker: float = 0.0
     name: str | None = None          # None: a new unique name (or, with resume, the latest sweep)
@@ -112,10 +114,12 @@ def _start(req: TuneRequest, launch: launcher.Launch, fn: Any, train_rows: int, 
         parent.log_params({**tracking.flatten(to_dict(base)), "tune.num_samples": num_samples,
                            "tune.search_space": space.describe(), "tune.seed": req.seed,
                            "tune.workers_per_trial": req.workers_per_trial,
+                           "tune.grace_period": preset.grace_period, "tune.reduction_factor": preset.reduction_factor,
                            "tune.max_concurrent": launch.plan.max_concurrent})
         sweep = {"name": launch.name, "dataset": req.dataset, "data_dir": str(launch.prepared.resolve()),
                  "tracking_uri": uri, "experiment": experiment, "parent_run_id": parent.run_id,
                  "storage": launch.experiment_path, "search_space": json.loads(space.to_json()), "num_samples": num_samples,
+                 "asha": {"grace_period": preset.grace_period, "reduction_factor": preset.reduction_factor},
                  "workers_per_trial": req.workers_per_trial, "max_concurrent": launch.plan.max_concurrent,
                  "trials": []}
         sweep_file.write(sweep_file.sweep_file(req.workdir, launch.name), sweep)
@@ -131,7 +135,8 @@ def _start(req: TuneRequest, launch: launcher.Launch, fn: Any, train_rows: int, 
         raise
     if req.show_progress:
         print(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; TPE learns from "
-              f"{search.SEARCH_METRIC}, ASHA stops on {search.STOP_METRIC} at every check (at most {max_t}); "
+              f"{search.SEARCH_METRIC}, ASHA stops on {search.STOP_METRIC} at every check (at most {max_t}; grace "
+              f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
               f"MLflow {uri}, experiment {experiment}", file=sys.stderr)
     return tuner, sweep, parent
 
@@ -236,7 +241,7 @@ def _settle(req: TuneRequest) -> _Sweep:
         raise ConfigError(f"no tune preset for {req.dataset!r}; choose from {sorted(TUNE_PRESETS)}")
     if req.num_samples is not None and req.num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {req.num_samples}")
-    preset, workdir = TUNE_PRESETS[req.dataset], Path(req.workdir)
+    preset, workdir = asha_preset(req), Path(req.workdir)
     _, prepared = resolve.data_dir(req.dataset if req.data is None else None, req.data, workdir)
     base = base_config(req, prepared, preset)
     space = (search_space.load(req.search_space, base) if req.search_space is not None
@@ -254,6 +259,17 @@ def _settle(req: TuneRequest) -> _Sweep:
         launcher.check_free(storage, name, folder)
     return _Sweep(name, folder, storage, prepared, base, space, preset, req.num_samples or preset.num_samples, uri,
                   recorded)
+
+
+def asha_preset(req: TuneRequest) -> TunePreset:
+    """The dataset's tune preset with ``--grace-period`` and ``--reduction-factor`` applied."""
+    preset = TUNE_PRESETS[req.dataset]
+    if req.grace_period is not None and req.grace_period < 1:
+        raise ConfigError(f"--grace-period must be at least 1 check, got {req.grace_period}")
+    if req.reduction_factor is not None and not req.reduction_factor > 1:
+        raise ConfigError(f"--reduction-factor must be above 1, got {req.reduction_factor}")
+    return replace(preset, grace_period=req.grace_period or preset.grace_period,
+                   reduction_factor=req.reduction_factor or preset.reduction_factor)
 
 
 def _cost(launch: launcher.Launch, s: _Sweep, train_rows: int) -> SweepCost:
