@@ -236,6 +236,32 @@ def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> 
     assert asha.metric == "valid_acc" and searcher.metric == "best_valid_acc"
 
 
+def test_the_searcher_proposes_every_configuration_of_a_finite_space_once_before_any_repeat() -> None:
+    from optuna.trial import TrialState
+
+    from iaa.platform import search
+
+    space = search_space.parse(search_space.DEMO_GRID, JobConfig())
+    assert space.size == 8
+    redraws = 0
+    for seed in range(3):
+        searcher = search.searcher(space, seed=seed)
+        proposed = [searcher.suggest(f"t{i}") for i in range(8)]
+        keys = [tuple(sorted(c.items())) for c in proposed]
+        assert len(set(keys)) == 8, f"seed {seed} repeated a configuration: {keys}"
+        for i, config in enumerate(proposed):
+            searcher.on_trial_complete(f"t{i}", {"best_valid_acc": 0.5 + 0.01 * i})
+        assert searcher.suggest("t8") is not None                  # space exhausted: a repeat is allowed now
+        states = [t.state for t in searcher._ot_study.trials]
+        # the discarded repeats are FAILED (TPE ignores them); the 8 trials it learns from are COMPLETE
+        assert states.count(TrialState.COMPLETE) == 8 and set(states) <= {TrialState.COMPLETE, TrialState.FAIL,
+                                                                          TrialState.RUNNING}
+        redraws += states.count(TrialState.FAIL)
+    assert redraws > 0        # random draws of 8 from 8 repeat (all distinct only 0.24% of the time)
+    ranged = search_space.parse({"train.lr": {"low": 1e-4, "high": 1e-2, "log": True}}, JobConfig())
+    assert ranged.size is None and search.searcher(ranged, seed=0).suggest("t0") is not None
+
+
 def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
     from iaa.platform import search, tune
 

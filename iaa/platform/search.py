@@ -1,7 +1,8 @@
 """The search of a sweep: per-dataset budgets, Optuna's TPE sampler and ASHA early stopping.
 
 - **searcher**: ``OptunaSearch`` over a :mod:`~iaa.platform.search_space` with a seeded
-  ``TPESampler``. It learns from each trial's *best* validation accuracy
+  ``TPESampler``, proposing each configuration of a finite space once
+  (:mod:`~iaa.platform.distinct_search`). It learns from each trial's *best* validation accuracy
   (``best_valid_acc`` of the trial's last report), so that a trial ASHA cut short feeds TPE
   the best score it reached, not a rung-level one;
 - **scheduler**: ASHA stops trials on the per-check ``valid_acc``, with ``checks`` as its
@@ -52,14 +53,15 @@ TUNE_PRESETS: dict[str, TunePreset] = {
 
 
 def searcher(space: SearchSpace, seed: int) -> Any:
-    """Optuna TPE over ``space``, told each trial's best validation accuracy."""
+    """Optuna TPE over ``space``, told each trial's best validation accuracy; no configuration twice."""
     import optuna
     from optuna.samplers import TPESampler
-    from ray.tune.search.optuna import OptunaSearch
+
+    from iaa.platform.distinct_search import DistinctOptunaSearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return OptunaSearch(space=search_space.to_optuna(space), metric=SEARCH_METRIC, mode=MODE,
-                        sampler=TPESampler(seed=seed))
+    return DistinctOptunaSearch(space=search_space.to_optuna(space), metric=SEARCH_METRIC, mode=MODE,
+                                sampler=TPESampler(seed=seed), size=space.size)
 
 
 def scheduler(preset: TunePreset, max_t: int) -> Any:

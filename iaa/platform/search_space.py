@@ -66,6 +66,16 @@ class SearchSpace:
     def describe(self) -> str:
         return ", ".join(f"{name} {p.describe()}" for name, p in self.params.items())
 
+    @property
+    def size(self) -> int | None:
+        """Distinct configurations: the product of the choices; None when a parameter is a range."""
+        total = 1
+        for p in self.params.values():
+            if p.choices is None:
+                return None
+            total *= len(set(p.choices))
+        return total
+
     def to_json(self) -> str:
         return json.dumps({"params": {k: {f: getattr(p, f) for f in ("choices", "low", "high", "log", "step")}
                                       for k, p in self.params.items()}, "fixed": self.fixed}, default=str)
