@@ -131,11 +131,16 @@ def test_anytime_curves_come_from_the_tracked_runs(evidence, tmp_path: Path) -> 
 
     for accs in ([0.5, 0.6], [0.7], [0.65]):
         log("train-demo", accs)
-    sweep = tracking.Run.start(uri, "tune-demo", "sweep")
+    sweep = tracking.Run.start(uri, "tune-demo", "demo-tune-seed0")
     sweep.end()
     for accs in ([0.2], [0.695]):
         log("tune-demo", accs, parent=sweep.run_id)
+    other = tracking.Run.start(uri, "tune-demo", "demo-tune-g1-seed0")   # another setting: drawn with --label g1
+    other.end()
+    log("tune-demo", [0.3], parent=other.run_id)
     result = evidence.anytime(str(tmp_path), str(tmp_path / "any.png"))
+    assert set(result["curves"]) == {"grid", sweep.run_id}
+    assert set(evidence.anytime(str(tmp_path), str(tmp_path / "g1.png"), "g1")["curves"]) == {"grid", other.run_id}
     assert result["grid_best"] == 0.7
     grid, tune = result["curves"]["grid"], result["curves"][sweep.run_id]
     assert grid["best"] == 0.7 and tune["best"] == 0.695           # 0.695 is within 1 point of 0.7

@@ -92,8 +92,13 @@ def curve(uri: str, record: tracking.RunRecord, metric: str, x: str) -> Curve | 
 
 
 def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
-         baseline: float | None = None, xlabel: str | None = None) -> Path:
-    """A PNG of the curves (and the baseline as a dashed line), written atomically."""
+         baseline: float | None = None, xlabel: str | None = None, steps: bool = False,
+         marks: Sequence[tuple[float, str]] = ()) -> Path:
+    """A PNG of the curves (and the baseline as a dashed line), written atomically.
+
+    ``steps`` draws each curve as a staircase (a best-so-far value holds until the next point);
+    ``marks`` are more horizontal lines, as (y, label).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,9 +107,12 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
     for c in curves:
         label = c.name if not c.model or c.model in c.name else f"{c.name} ({c.model})"
-        ax.plot(c.x, c.y, marker="o", markersize=3, linewidth=1.5, label=label)
+        ax.plot(c.x, c.y, marker="o", markersize=3, linewidth=1.5, label=label,
+                drawstyle="steps-post" if steps else "default")
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1, label=f"most frequent candidate ({baseline:.3f})")
+    for y, text in marks:
+        ax.axhline(y, color="black", linestyle=":", linewidth=1, label=text)
     ax.set_xlabel(xlabel or X_LABELS[x])
     ax.set_ylabel(metric)
     ax.set_title(title)
