@@ -137,7 +137,7 @@ def sweep_prefix(label: str) -> str:
     return f"demo-tune-{label}-seed" if label else "demo-tune-seed"
 
 
-def anytime(workdir: str, out: str, label: str = "") -> dict[str, object]:
+def anytime(workdir: str, out: str, label: str = "", title: str = "demo: grid vs tune") -> dict[str, object]:
     """Best valid accuracy found against trial-seconds, for the grid and each sweep of ``label``, and
     the compute each needs to come within 1 point of the grid's best."""
     from iaa.platform import report, tracking
@@ -161,7 +161,7 @@ def anytime(workdir: str, out: str, label: str = "") -> dict[str, object]:
         trials = traces([r for r in tune_runs if r.tags.get(tracking.PARENT_TAG) == parent.run_id])
         curves.append(as_curve(parent.run_id, f"tune {parent.name} ({len(trials)} trials)", trials))
     grid_best = max(curves[0].y, default=0.0)
-    report.draw(curves, Path(out), metric="best valid_acc found", x="seconds", title="demo: grid vs tune",
+    report.draw(curves, Path(out), metric="best valid_acc found", x="seconds", title=title,
                 xlabel="trial-seconds spent (cumulative)", steps=True,
                 marks=[(grid_best - 0.01, f"1 point below the grid's best ({grid_best - 0.01:.3f})")])
     grid_total = max(curves[0].x, default=0.0)
@@ -228,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not getattr(a, "plot_only", False):
         run_plan(PLANS[a.study](a), a.dry_run)
     if a.study == "search" and not a.dry_run:
-        result = anytime(a.workdir, a.out, a.label)
+        space = a.space.stem if a.space else "demo"
+        result = anytime(a.workdir, a.out, a.label, f"{space} space: grid vs tune {a.label or '(preset ASHA)'}")
         Path(a.out).with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(json.dumps(result, indent=2))
 
