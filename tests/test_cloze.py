@@ -110,9 +110,11 @@ def test_sources_read_books_plain_text_and_folders(tmp_path):
     write(tmp_path / "a" / "sub" / "y.txt.gz", article(7, seed=1))
     write(tmp_path / "a" / "ignored.md", "not text")
     docs = read_documents([SourceSpec(tmp_path / "a"), SourceSpec.parse(f"valid={tmp_path / 'a' / 'x.txt'}")])
-    assert [(d.doc_id.split("/")[-1], d.kind, len(d.pieces), d.split) for d in docs] == [
-        ("sub/y.txt.gz".split("/")[-1], TEXT, 2, None), ("x.txt:One", TOKENS, 3, None), ("x.txt:Two", TOKENS, 2, None),
-        ("x.txt:One#2", TOKENS, 3, "valid"), ("x.txt:Two#2", TOKENS, 2, "valid")]
+    # ids are relative to the source; the file given a second time gets its own file id
+    assert [(d.doc_id, d.kind, len(d.pieces), d.split) for d in docs] == [
+        ("sub/y.txt.gz", TEXT, 2, None), ("x.txt:One", TOKENS, 3, None), ("x.txt:Two", TOKENS, 2, None),
+        ("x.txt#2:One", TOKENS, 3, "valid"), ("x.txt#2:Two", TOKENS, 2, "valid")]
+    assert docs[3].path == str(tmp_path / "a" / "x.txt") and docs[3].file_id == "x.txt#2"
     units = make_units(docs, pieces=2)
     assert [(u.doc, u.text.count("\n") + 1) for u in units] == [(0, 2), (1, 2), (1, 1), (2, 2), (3, 2), (3, 1), (4, 2)]
 
@@ -178,13 +180,30 @@ def test_same_inputs_and_seed_give_byte_identical_outputs(tmp_path, style):
     assert files_of(tmp_path / "a") != files_of(tmp_path / "c")
 
 
+@pytest.mark.parametrize("style", ["cbt-ne", "cnn"])
+def test_the_same_files_give_the_same_questions_from_any_path(tmp_path, style, monkeypatch):
+    src = books(tmp_path, sentences=100)
+    moved = tmp_path / "elsewhere" / "deeper" / src.name
+    moved.parent.mkdir(parents=True)
+    moved.write_bytes(src.read_bytes())
+    make(style, [src], tmp_path / "a", context=10)
+    monkeypatch.chdir(moved.parent)                                 # a relative path, another folder
+    make(style, [Path(src.name)], tmp_path / "b", context=10)
+    make(style, [moved.parent.parent], tmp_path / "c", context=10)  # a folder source: ids relative to it
+    data = {k: v for k, v in files_of(tmp_path / "a").items() if k != make_cloze.MANIFEST}
+    assert data and data == {k: v for k, v in files_of(tmp_path / "b").items() if k != make_cloze.MANIFEST}
+    assert len(files_of(tmp_path / "c")) == len(files_of(tmp_path / "a"))
+    manifest = make_cloze.json.loads((tmp_path / "c" / make_cloze.MANIFEST).read_text())
+    assert all(d.startswith("deeper/books.txt.gz:") for ds in manifest["documents"].values() for d in ds)
+
+
 def test_a_split_named_on_the_source_is_kept_and_no_book_is_in_two_splits(tmp_path):
     train = books(tmp_path, n=3)
     held = write(tmp_path / "held" / "v.txt", book("Held", 40, seed=9))
     make("cbt-p", [train, f"valid={held}"], tmp_path / "out", valid=0, test=1)
     manifest = make_cloze.json.loads((tmp_path / "out" / make_cloze.MANIFEST).read_text())
     docs = manifest["documents"]
-    assert docs["valid"] == [f"{held}:Held"] and len(docs["test"]) == 1 and len(docs["train"]) == 2
+    assert docs["valid"] == ["v.txt:Held"] and len(docs["test"]) == 1 and len(docs["train"]) == 2
     assert not set(docs["train"]) & set(docs["test"])
 
 

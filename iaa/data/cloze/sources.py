@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -45,11 +45,15 @@ class Document:
     """One book or article.
 
     Attributes:
-        doc_id: unique and stable: the file path, plus ``:TITLE`` for a book of a raw CBT file.
+        doc_id: unique and stable: ``file_id``, plus ``:TITLE`` for a book of a raw CBT file. It
+            seeds the document's questions, so it must not depend on where the files lie.
         path: the file, for messages.
         kind: TOKENS (``pieces`` are tokenised sentences) or TEXT (``pieces`` are paragraphs).
         pieces: the text, in order.
         split: the split forced by its source, or None.
+        file_id: the file's path relative to its source folder (its name, for a file source), with
+            ``#k`` added when two sources hold files of the same name: the same files give the same
+            ids from any working directory or absolute path.
     """
 
     doc_id: str
@@ -57,6 +61,7 @@ class Document:
     kind: str
     pieces: tuple[str, ...]
     split: str | None = None
+    file_id: str = ""
 
 
 def files_of(spec: SourceSpec) -> list[Path]:
@@ -76,28 +81,38 @@ def read_documents(specs: list[SourceSpec]) -> list[Document]:
     """All documents of all sources, in source order; DataError for an empty or undecodable file."""
     docs: list[Document] = []
     seen: set[str] = set()
+    file_ids: set[str] = set()
     for spec in specs:
         for path in files_of(spec):
-            for doc in read_file(path, spec.split):
-                doc_id, k = doc.doc_id, 2
-                while doc_id in seen:  # two books with one title in a file, or one file given twice
-                    doc_id, k = f"{doc.doc_id}#{k}", k + 1
-                seen.add(doc_id)
-                docs.append(doc if doc_id == doc.doc_id else Document(doc_id, doc.path, doc.kind, doc.pieces, doc.split))
+            file_id = _unique(path.relative_to(spec.path).as_posix() if spec.path.is_dir() else path.name, file_ids)
+            for doc in read_file(path, spec.split, file_id=file_id):
+                doc_id = _unique(doc.doc_id, seen)   # two books with one title in a file
+                docs.append(doc if doc_id == doc.doc_id else replace(doc, doc_id=doc_id))
     return docs
 
 
-def read_file(path: Path, split: str | None = None) -> list[Document]:
-    """The documents of one file (one, or one per book in CBT's raw layout)."""
+def _unique(name: str, taken: set[str]) -> str:
+    """``name``, or ``name#k`` with the first k >= 2 not taken yet; recorded as taken."""
+    unique, k = name, 2
+    while unique in taken:
+        unique, k = f"{name}#{k}", k + 1
+    taken.add(unique)
+    return unique
+
+
+def read_file(path: Path, split: str | None = None, *, file_id: str | None = None) -> list[Document]:
+    """The documents of one file (one, or one per book in CBT's raw layout); ids start with ``file_id``
+    [default: the file's name]."""
     text = decode(path, _read_bytes(path))
     lines = text.replace("\r\n", "\n").split("\n")
     first = next((ln for ln in lines if ln.strip()), None)
     if first is None:
         raise DataError("the file is empty: it has no text to make questions from", path=path,
                         reason=E.MISSING_SOURCE)
+    file_id = file_id or path.name
     if first.startswith(BOOK_MARK):
-        return list(_books(path, lines, split))
-    return [Document(str(path), str(path), TEXT, tuple(_paragraphs(lines)), split)]
+        return list(_books(path, file_id, lines, split))
+    return [Document(file_id, str(path), TEXT, tuple(_paragraphs(lines)), split, file_id)]
 
 
 def decode(path: Path, data: bytes) -> str:
@@ -119,12 +134,12 @@ def _read_bytes(path: Path) -> bytes:
         raise DataError(f"cannot gunzip: {e}", path=path, reason=E.MISSING_SOURCE) from None
 
 
-def _books(path: Path, lines: list[str], split: str | None) -> Iterator[Document]:
+def _books(path: Path, file_id: str, lines: list[str], split: str | None) -> Iterator[Document]:
     title, sentences = None, []
     for line in lines + [BOOK_MARK]:  # the sentinel closes the last book
         if line.startswith(BOOK_MARK):
             if title is not None and sentences:
-                yield Document(f"{path}:{title}", str(path), TOKENS, tuple(sentences), split)
+                yield Document(f"{file_id}:{title}", str(path), TOKENS, tuple(sentences), split, file_id)
             title, sentences = line[len(BOOK_MARK):].lstrip(" :").strip() or "untitled", []
         elif line.strip():
             sentences.append(" ".join(line.split()))

@@ -23,7 +23,7 @@ def assign(docs: Sequence[Document], *, valid: int, test: int, seed: int, split_
     """
     if split_by not in SPLIT_BY:
         raise ValueError(f"split_by must be one of {SPLIT_BY}, got {split_by!r}")
-    key = (lambda d: d.doc_id) if split_by == "document" else (lambda d: d.path)
+    key = (lambda d: d.doc_id) if split_by == "document" else (lambda d: d.file_id or d.path)
     units = sorted({key(d) for d in docs if d.split is None})
     if valid < 0 or test < 0 or valid + test > len(units):
         raise IaaError(f"--valid {valid} --test {test} asks for {valid + test} {split_by}s, but the sources "
