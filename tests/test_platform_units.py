@@ -279,6 +279,16 @@ def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() 
         tune.asha_preset(tune.TuneRequest(dataset="demo", reduction_factor=1.0))
 
 
+def test_a_set_of_a_searched_key_is_named_as_having_no_effect() -> None:
+    from iaa.platform import tune
+
+    space = search_space.parse(search_space.PAPER_GRID, JobConfig())
+    notes = tune.searched_overrides(("model.embed_dim=64", "train.lr=0.002", "model.steps = 2"), space)
+    assert len(notes) == 2
+    assert notes[0].startswith("--set model.embed_dim=64 has no effect") and "{256, 384}" in notes[0]
+    assert "model.steps" in notes[1] and not any("train.lr" in n for n in notes)
+
+
 def test_tune_cli_refuses_a_reduction_factor_of_one() -> None:
     from click.testing import CliRunner
 

@@ -246,6 +246,8 @@ def _settle(req: TuneRequest) -> _Sweep:
     base = base_config(req, prepared, preset)
     space = (search_space.load(req.search_space, base) if req.search_space is not None
              else search_space.parse(preset.space, base))
+    for note in searched_overrides(req.sets, space):
+        print(f"warning: {note}", file=sys.stderr)
     name = sweep_name(req)
     folder, storage = sweep_file.sweep_dir(workdir, name), launcher.storage_root(req.storage_path, workdir)
     recorded = None
@@ -259,6 +261,17 @@ def _settle(req: TuneRequest) -> _Sweep:
         launcher.check_free(storage, name, folder)
     return _Sweep(name, folder, storage, prepared, base, space, preset, req.num_samples or preset.num_samples, uri,
                   recorded)
+
+
+def searched_overrides(sets: Sequence[str], space: search_space.SearchSpace) -> list[str]:
+    """A note for each ``--set`` of a key the search space searches: the trials never use its value."""
+    notes = []
+    for item in sets:
+        key = item.split("=", 1)[0].strip()
+        if key in space.params:
+            notes.append(f"--set {item} has no effect: the search space searches {key} "
+                         f"{space.params[key].describe()}; give --search-space FILE without {key} to fix it")
+    return notes
 
 
 def asha_preset(req: TuneRequest) -> TunePreset:
