@@ -455,7 +455,9 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
 @cli.command()
 @click.option("--experiment", required=True, help="MLflow experiment: train-DATASET for train runs, tune-DATASET for sweeps.")
 @click.option("--runs", "run_ids", multiple=True, metavar="ID",
-              help="Draw only these runs (repeatable); a sweep's parent run stands for its trials [default: all].")
+              help="Draw only these runs (repeat the flag, or list them after one flag); a sweep's parent run "
+                   "stands for its trials [default: all].")
+@click.argument("more_run_ids", nargs=-1, metavar="[ID]...")
 @click.option("--metric", default="valid_acc", show_default=True, help="The logged metric on the y axis.")
 @click.option("--x", "x_axis", type=click.Choice(["examples", "steps", "seconds"]), default="examples", show_default=True,
               help="examples: training examples seen (step x batch size x workers); seconds: since the run started.")
@@ -468,10 +470,15 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
 @workdir_option
 @json_option
 @_friendly
-def report(experiment: str, run_ids: tuple[str, ...], metric: str, x_axis: str, baseline: float | None,
-           baseline_data: Path | None, out: Path, tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
+def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, ...], metric: str, x_axis: str,
+           baseline: float | None, baseline_data: Path | None, out: Path, tracking_uri: str | None, workdir: Path,
+           as_json: bool) -> None:
     """Draw learning curves (a metric against examples seen) of tracked runs from the MLflow store."""
     from iaa.platform import report as job
+
+    if more_run_ids and not run_ids:
+        raise click.UsageError(f"unexpected argument {more_run_ids[0]!r}: run ids go after --runs")
+    run_ids = tuple(dict.fromkeys(run_ids + more_run_ids))
 
     if baseline is not None and baseline_data is not None:
         raise click.UsageError("give at most one of --baseline and --baseline-data")

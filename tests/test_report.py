@@ -86,9 +86,15 @@ def test_report_draws_a_sweeps_children(tmp_path: Path) -> None:
     assert by_experiment["skipped"] == [parent.run_id]            # the parent has no valid_acc history
     by_parent = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out), "--runs", parent.run_id)
     assert {r["run_id"] for r in by_parent["runs"]} == kids
-    one = sorted(kids)[0]
+    one, two, _ = sorted(kids)
     assert [r["run_id"] for r in _report(tmp_path, "--experiment", "tune-demo", "--out", str(out),
                                          "--runs", one)["runs"]] == [one]
+    listed = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out), "--runs", one, two)["runs"]
+    repeated = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out), "--runs", one, "--runs", two)["runs"]
+    assert {r["run_id"] for r in listed} == {r["run_id"] for r in repeated} == {one, two}
+    stray = CliRunner().invoke(cli, ["report", "--workdir", str(tmp_path), "--experiment", "tune-demo",
+                                     "--out", str(out), one])
+    assert stray.exit_code == 2 and "after --runs" in stray.output
 
 
 def test_report_names_what_is_missing(store: tuple[Path, str]) -> None:
