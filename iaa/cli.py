@@ -261,7 +261,8 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @_friendly
 def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | None, max_concurrent: int | None,
          max_epochs: float | None, search_space: Path | None, grace_period: int | None,
-         reduction_factor: float | None, workers_per_trial: int, gpus_per_worker: float, sweep_name: str | None, seed: int, config_file: Path | None, sets: tuple[str, ...], workdir: Path,
+         reduction_factor: float | None, workers_per_trial: int, gpus_per_worker: float, sweep_name: str | None,
+         seed: int, config_file: Path | None, sets: tuple[str, ...], workdir: Path,
          tracking_uri: str | None, address: str | None, storage_path: str | None, register: str | None,
          resume: str | None, as_json: bool) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
@@ -279,7 +280,8 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
         job.TuneRequest(
             dataset=dataset, data=data, model_kind=model_kind, num_samples=num_samples,
             max_concurrent=max_concurrent, max_epochs=max_epochs, search_space=search_space,
-            grace_period=grace_period, reduction_factor=reduction_factor, workers_per_trial=workers_per_trial, gpus_per_worker=gpus_per_worker, name=sweep_name, seed=seed,
+            grace_period=grace_period, reduction_factor=reduction_factor, workers_per_trial=workers_per_trial,
+            gpus_per_worker=gpus_per_worker, name=sweep_name, seed=seed,
             config_file=config_file, sets=tuple(sets), workdir=workdir, tracking_uri=tracking_uri,
             address=address, storage_path=storage_path, resume=resume is not None, show_progress=not as_json,
             register=register,
@@ -479,7 +481,6 @@ def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, .
     if more_run_ids and not run_ids:
         raise click.UsageError(f"unexpected argument {more_run_ids[0]!r}: run ids go after --runs")
     run_ids = tuple(dict.fromkeys(run_ids + more_run_ids))
-
     if baseline is not None and baseline_data is not None:
         raise click.UsageError("give at most one of --baseline and --baseline-data")
     if baseline_data is not None:
