@@ -17,8 +17,8 @@ import click
 
 from iaa import __version__
 from iaa.data.datasets import CLOZE_STYLES, DATASETS, TUNE_DATASETS
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
-DEFAULT_WORKDIR = "iaa-work"
 
 
 class _ModelKinds(click.Choice):
@@ -150,7 +150,7 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
-    out = out or workdir / "data" / dataset
+    out = out or Workdir(workdir).data(dataset)
     ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
     result = job.run(dataset, source, out, on_error=on_error, lowercase=lowercase,
                      min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json)
@@ -183,8 +183,8 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
     _need_data(dataset, data)
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
-    resolve.writable_workdir(workdir)
-    resolve.tracking_store(tracking_uri, workdir)
+    Workdir(workdir).writable()
+    Workdir(workdir).tracking_uri(tracking_uri)
     name, prepared = resolve.data_dir(dataset, data, workdir)
     cfg = resolve.job_config(name, prepared, model_kind=model_kind, config_file=config_file, sets=sets)
     with rundir.claim(resolve.run_dir(name, cfg, run_dir, workdir), resume=resume, overwrite=overwrite) as folder:
@@ -268,8 +268,8 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
     from iaa.jobs import resolve
 
-    resolve.writable_workdir(workdir)
-    resolve.tracking_store(tracking_uri, workdir)
+    Workdir(workdir).writable()
+    Workdir(workdir).tracking_uri(tracking_uri)
     from iaa.platform import tune as job
 
     if resume and sweep_name and resume != sweep_name:
@@ -321,8 +321,8 @@ def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[P
     members = resolve.distinct_members(tuple(members) + tuple(more_members))
     if (sweep is None) == (not members):
         raise click.UsageError("give exactly one of --sweep NAME or --members CKPT ...")
-    resolve.writable_workdir(workdir)
-    resolve.tracking_store(tracking_uri, workdir)
+    Workdir(workdir).writable()
+    Workdir(workdir).tracking_uri(tracking_uri)
     from iaa.platform import ensemble as job
 
     if not 0 < top_p <= 1:

@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from iaa.cli import cli
 from iaa.jobs import checkpoint, evaluate
 from iaa.jobs.config import JobConfig, from_dict, load
+from iaa.jobs.workdir import Workdir
 from tests._platform import children, read_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
@@ -106,7 +107,7 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
     configs = [replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1)]
-    uri = tracking.resolve_uri(None, tmp_path)
+    uri = Workdir(tmp_path).tracking_uri()
     parent = tracking.Run.start(uri, "ensemble-test", "parent")
     results = launch.train_many(configs, tiny, name="many", workdir=tmp_path, tracking_uri=uri,
                                 parent_run_id=parent.run_id, experiment="ensemble-test", show_progress=False)

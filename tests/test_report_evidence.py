@@ -119,9 +119,10 @@ def test_bad_arguments_are_refused(evidence) -> None:
 
 
 def test_anytime_curves_come_from_the_tracked_runs(evidence, tmp_path: Path) -> None:
+    from iaa.jobs.workdir import Workdir
     from iaa.platform import tracking
 
-    uri = tracking.resolve_uri(None, tmp_path)
+    uri = Workdir(tmp_path).tracking_uri()
 
     def log(experiment: str, accs: list[float], parent: str | None = None) -> None:
         run = tracking.Run.start(uri, experiment, "r", parent_run_id=parent)

@@ -140,9 +140,10 @@ def sweep_prefix(label: str) -> str:
 def anytime(workdir: str, out: str, label: str = "", title: str = "demo: grid vs tune") -> dict[str, object]:
     """Best valid accuracy found against trial-seconds, for the grid and each sweep of ``label``, and
     the compute each needs to come within 1 point of the grid's best."""
+    from iaa.jobs.workdir import Workdir
     from iaa.platform import report, tracking
 
-    uri = tracking.open_store(None, Path(workdir))
+    uri = tracking.open_store(Workdir(workdir).tracking_uri())
 
     def traces(records: list[tracking.RunRecord]) -> list[Trace]:
         found = [(r, report.curve(uri, r, "valid_acc", "seconds")) for r in records]

@@ -17,6 +17,7 @@ from torch import nn
 from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
 from iaa.jobs.raw_text import Question, read_input, to_rows
+from iaa.jobs.workdir import Workdir
 
 BATCH_SIZE = 32
 
@@ -93,8 +94,8 @@ def default_data_dir(checkpoint_path: Path, workdir: Path) -> Path:
     from iaa.jobs.config import from_dict
 
     dataset = from_dict(checkpoint.load(Path(checkpoint_path))["config"]).dataset
-    folder = Path(workdir) / "data" / dataset
-    if not (folder / "manifest.json").is_file():
+    folder = Workdir(workdir).data(dataset)
+    if not Workdir(workdir).is_prepared(dataset):
         raise IaaError(f"no prepared {dataset} data at {folder}: pass the folder the model was trained on with --data")
     return folder
 

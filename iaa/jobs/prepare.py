@@ -24,6 +24,7 @@ from iaa.data import manifest as M
 from iaa.data import verify
 from iaa.data.datasets import DATASETS
 from iaa.data.errors import DataError
+from iaa.jobs.workdir import Workdir
 
 ON_ERROR = ("fail", "skip")
 _SPLIT_WORDS = {"train": "training", "valid": "validation"}
@@ -97,7 +98,7 @@ def ensure_prepared(dataset: str, workdir: Path) -> Path:
 
     Raises DataError with the exact ``iaa-cli prepare`` command when a real dataset is not prepared yet.
     """
-    out = Path(workdir) / "data" / dataset
+    out = Workdir(workdir).data(dataset)
     if dataset == "demo":
         run("demo", None, out, progress=False)
         return out

@@ -12,11 +12,9 @@ folder to ``publish``, the one method a session must write. :class:`LocalSession
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
-import time
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -27,6 +25,7 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.jobs import checkpoint
+from iaa.jobs.workdir import RunFolder
 
 MetricsCallback = Callable[[dict[str, Any]], None]
 CHECKPOINT_FILE = "checkpoint.pt"  # the state file inside every reported checkpoint folder
@@ -132,27 +131,20 @@ class LocalSession(SessionBase):
         super().__init__(self.data.table("train"), self.data.table("valid"), batch_size=batch_size,
                          seed=seed, device=device)
         self.run_dir = Path(run_dir)
+        self.folder = RunFolder(self.run_dir)
         self.resume = resume
         self.on_metrics = on_metrics
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
-            for stale in (self.metrics_path, self.ckpt_dir):
-                if stale.is_dir():
-                    shutil.rmtree(stale)
-                elif stale.exists():
-                    stale.unlink()
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
+            self.folder.clear()
 
     @property
     def ckpt_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.folder.checkpoints
 
     @property
     def best_checkpoint(self) -> Path:
-        return self.ckpt_dir / checkpoint.BEST
+        return self.folder.best
 
     def latest_state(self) -> dict[str, Any] | None:
         found = checkpoint.load_latest(self.ckpt_dir) if self.resume else None
@@ -177,10 +169,9 @@ class LocalSession(SessionBase):
         staged = folder / CHECKPOINT_FILE
         if is_best:                                    # a copy: best.pt never shares a file with last.pt
             shutil.copyfile(staged, folder / checkpoint.BEST)
-            os.replace(folder / checkpoint.BEST, self.ckpt_dir / checkpoint.BEST)
-        os.replace(staged, self.ckpt_dir / checkpoint.LAST)
-        with self.metrics_path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps({**metrics, "time": time.time()}) + "\n")
+            os.replace(folder / checkpoint.BEST, self.folder.best)
+        os.replace(staged, self.folder.last)
+        self.folder.append_metrics(metrics)
         if self.on_metrics is not None:
             self.on_metrics(metrics)
 

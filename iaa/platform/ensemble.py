@@ -31,6 +31,7 @@ from iaa.jobs import members as ledger
 from iaa.jobs import sweep as sweep_file
 from iaa.jobs.config import ConfigError, from_dict
 from iaa.jobs.members import Member
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 from iaa.platform import tracking
 
 
@@ -47,7 +48,7 @@ class EnsembleRequest:
     select: str = "all"           # all | top-p | greedy, decided on valid
     p: float = 0.5                # fraction kept by top-p
     name: str | None = None
-    workdir: Path = Path("iaa-work")
+    workdir: Path = Path(DEFAULT_WORKDIR)
     tracking_uri: str | None = None
     address: str | None = None
     storage_path: str | None = None
@@ -197,7 +198,7 @@ def run(req: EnsembleRequest) -> dict[str, Any]:
     if twice is not None:
         raise ConfigError(f"--members lists {twice} more than once; an ensemble counts each checkpoint once")
     workdir = Path(req.workdir)
-    uri = tracking.open_store(req.tracking_uri, workdir)
+    uri = tracking.open_store(Workdir(workdir).tracking_uri(req.tracking_uri))
 
     sweep: dict[str, Any] | None = None
     if req.sweep is not None:
@@ -207,7 +208,7 @@ def run(req: EnsembleRequest) -> dict[str, Any]:
         else:
             dataset, prepared = resolve.data_dir(req.dataset or sweep["dataset"], req.data, workdir)
         name = req.name or sweep["name"]
-        out_dir = workdir / "ensembles" / name
+        out_dir = Workdir(workdir).ensemble(name)
         members = sweep_members(req, sweep, prepared, out_dir, uri, name)
         experiment = sweep.get("experiment") or f"ensemble-{dataset}"
     else:
@@ -218,7 +219,7 @@ def run(req: EnsembleRequest) -> dict[str, Any]:
         dataset, prepared = resolve.data_dir(req.dataset or named[0], req.data, workdir)
         digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in req.members).encode()).hexdigest()[:8]
         name = req.name or f"{dataset}-{len(members)}members-{req.select}-{digest}"
-        out_dir = workdir / "ensembles" / name
+        out_dir = Workdir(workdir).ensemble(name)
         experiment = f"ensemble-{dataset}"
 
     files = evaluate_members(members, prepared, out_dir, req.show_progress)

@@ -24,6 +24,7 @@ from iaa.errors import IaaError
 from iaa.files import is_remote_uri
 from iaa.jobs.config import JobConfig, to_dict
 from iaa.jobs.sweep import TrialRecord
+from iaa.jobs.workdir import Workdir
 from iaa.platform import cluster
 from iaa.platform.ray_train import CHECKPOINT_SCORE
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, records, run_trial
@@ -46,10 +47,6 @@ class Launch:
     @property
     def experiment_path(self) -> str:
         return f"{self.storage.rstrip('/')}/{self.name}"
-
-
-def storage_root(storage_path: str | None, workdir: Path) -> str:
-    return storage_path or str((Path(workdir) / "ray").resolve())
 
 
 def taken(storage: str, name: str) -> bool:
@@ -89,7 +86,7 @@ def connect(*, name: str, prepared: Path, workdir: Path, address: str | None, st
                                     num_trials=num_trials)
     if show_progress:
         print(cluster.describe(info, plan), file=sys.stderr)
-    return Launch(name=name, storage=storage_root(storage_path, workdir), prepared=Path(prepared), info=info,
+    return Launch(name=name, storage=Workdir(workdir).storage(storage_path), prepared=Path(prepared), info=info,
                   plan=plan)
 
 
@@ -171,7 +168,7 @@ def train_many(configs: Sequence[JobConfig], prepared: Path, *, name: str, workd
     """
     if not configs:
         return []
-    storage = storage_root(storage_path, workdir)
+    storage = Workdir(workdir).storage(storage_path)
     check_free(storage, name)
     threads = max(c.train.threads for c in configs) or None
     launch = connect(name=name, prepared=prepared, workdir=workdir, address=address, storage_path=storage_path,
@@ -185,6 +182,6 @@ def train_many(configs: Sequence[JobConfig], prepared: Path, *, name: str, workd
                                           param_space={MEMBER_KEY: tune.grid_search(list(range(len(configs))))}))
     run_ids, tagged = child_runs(tracking_uri, experiment, name, parent_run_id)
     found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
-                    downloads=Path(workdir) / "sweeps" / name / "checkpoints")
+                    downloads=Workdir(workdir).sweep(name) / "checkpoints")
     by_member = {int(r.params[MEMBER_KEY]): r for r in found}
     return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR") for i, cfg in enumerate(configs)]

@@ -29,10 +29,11 @@ import mlflow.pyfunc
 from mlflow.tracking import MlflowClient
 
 import iaa
+from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError
 
 ARTIFACT = "model"
-DATA_FILES = ("manifest.json", "vocab.json")
+DATA_FILES = (MANIFEST, VOCAB)
 PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
@@ -74,7 +75,7 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
 
 def manifest_digest(prepared: Path) -> str:
     """A short digest of the prepared data's manifest (which holds every shard's sha256)."""
-    return hashlib.sha256((Path(prepared) / "manifest.json").read_bytes()).hexdigest()[:16]
+    return hashlib.sha256((Path(prepared) / MANIFEST).read_bytes()).hexdigest()[:16]
 
 
 def _model_only(checkpoint: Path, out: Path) -> Path:
@@ -194,6 +195,6 @@ def load(model_uri: str, uri: str | None = None) -> Any:
 
 
 def dataset_summary(prepared: Path) -> dict[str, Any]:
-    manifest = json.loads((Path(prepared) / "manifest.json").read_text(encoding="utf-8"))
+    manifest = json.loads((Path(prepared) / MANIFEST).read_text(encoding="utf-8"))
     return {"name": manifest.get("dataset", Path(prepared).name), "source": str(Path(prepared).resolve()),
             "digest": manifest_digest(prepared)}

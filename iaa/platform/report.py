@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from iaa.errors import IaaError
 from iaa.files import atomic_path
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 from iaa.platform import tracking
 
 X_AXES = ("examples", "steps", "seconds")
@@ -126,12 +127,12 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
 
 
 def run(experiment: str, out: Path, *, run_ids: Sequence[str] = (), metric: str = "valid_acc",
-        x: str = "examples", baseline: float | None = None, workdir: Path = Path("iaa-work"),
+        x: str = "examples", baseline: float | None = None, workdir: Path = Path(DEFAULT_WORKDIR),
         tracking_uri: str | None = None) -> dict[str, Any]:
     """Draw ``metric`` against ``x`` for the selected runs; returns the plotted data, run by run."""
     if x not in X_AXES:
         raise IaaError(f"--x must be one of {', '.join(X_AXES)}, got {x!r}")
-    uri = tracking.open_store(tracking_uri, workdir)
+    uri = tracking.open_store(Workdir(workdir).tracking_uri(tracking_uri))
     curves, skipped = [], []
     for record in select_runs(uri, experiment, run_ids):
         c = curve(uri, record, metric, x)

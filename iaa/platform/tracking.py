@@ -22,7 +22,6 @@ import fcntl
 import functools
 import logging
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from iaa.errors import IaaError
+from iaa.jobs.workdir import sqlite_file
 from iaa.platform.owner import owner, owner_alive
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -54,21 +54,11 @@ TRANSIENT = (mlflow.exceptions.MlflowException, requests.exceptions.RequestExcep
 logging.getLogger("mlflow").setLevel(logging.WARNING)  # keep table-creation chatter off stderr
 
 
-def resolve_uri(tracking_uri: str | None, workdir: Path) -> str:
-    """``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///WORKDIR/mlflow.db``."""
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    workdir = Path(workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{workdir / 'mlflow.db'}"
-
-
-def open_store(tracking_uri: str | None, workdir: Path) -> str:
-    """The store's URI, once checked; runs left ``RUNNING`` by dead processes are marked ``KILLED``."""
+def open_store(uri: str) -> str:
+    """The store at ``uri`` (from :meth:`iaa.jobs.workdir.Workdir.tracking_uri`), once checked; runs
+    left ``RUNNING`` by dead processes are marked ``KILLED``."""
     for key, value in MLFLOW_HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    uri = resolve_uri(tracking_uri, workdir)
     check(uri)
     close_orphans(uri)
     return uri
@@ -87,17 +77,6 @@ def check(uri: str, timeout_s: float | None = None) -> None:
             raise IaaError(f"MLflow tracking server {uri} is not reachable within {timeout_s:g} s ({reason}); "
                            "start it, fix --tracking-uri / MLFLOW_TRACKING_URI, or leave both unset to use a "
                            f"SQLite store under the workdir ({TIMEOUT_ENV} sets the wait)") from err
-    elif uri.startswith("sqlite:///"):
-        db = Path(uri.removeprefix("sqlite:///"))
-        if db.exists():
-            try:
-                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=timeout_s) as conn:
-                    verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
-            except sqlite3.DatabaseError as err:
-                verdict = str(err)
-            if verdict != "ok":
-                raise IaaError(f"the MLflow store {db} is damaged ({verdict}); move it aside to start a fresh "
-                               "store, or pass --tracking-uri")
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,9 +108,8 @@ def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def artifact_location(uri: str) -> str | None:
     """Artifacts of a SQLite store go beside it (MLflow's default, ``./mlruns``, follows the cwd)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-    return None
+    db = sqlite_file(uri)
+    return (db.resolve().parent / "mlartifacts").as_uri() if db is not None else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,9 +119,9 @@ def ensure_store(uri: str) -> None:
     MLflow builds a new SQLite store's tables on first use. Two processes doing that at once
     race, and one fails with "duplicate column name". The lock makes the second wait.
     """
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_file(uri)
+    if db is None:
         return
-    db = Path(uri.removeprefix("sqlite:///"))
     with open(db.parent / f"{db.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

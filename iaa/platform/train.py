@@ -23,6 +23,7 @@ from iaa.jobs import checkpoint
 from iaa.jobs import train as train_job
 from iaa.jobs.config import JobConfig, to_dict
 from iaa.jobs.session import CHECKPOINT_FILE, MetricsCallback
+from iaa.jobs.workdir import DEFAULT_WORKDIR, RunFolder, Workdir
 from iaa.platform import tracking
 
 
@@ -34,7 +35,7 @@ def run(
     resume: bool = False,
     workers: int = 0,
     gpus_per_worker: float = 0.0,
-    workdir: Path = Path("iaa-work"),
+    workdir: Path = Path(DEFAULT_WORKDIR),
     tracking_uri: str | None = None,
     address: str | None = None,
     storage_path: str | None = None,
@@ -42,7 +43,7 @@ def run(
     register: str | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` on ``prepared``; ``workers > 0`` runs a Ray TorchTrainer with that many workers."""
-    uri = tracking.open_store(tracking_uri, workdir)
+    uri = tracking.open_store(Workdir(workdir).tracking_uri(tracking_uri))
     experiment = f"train-{cfg.dataset}"
     tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers)}
     resume_id = previous_run(uri, experiment, Path(run_dir)) if resume else None
@@ -57,7 +58,8 @@ def run(
                                    show_progress=show_progress, device=device)
         else:
             result = fit_workers(cfg, prepared, Path(run_dir), workers=workers, gpus_per_worker=gpus_per_worker,
-                                 resume=resume, address=address, storage_path=storage_path, on_metrics=log,
+                                 resume=resume, address=address,
+                                 storage_path=Workdir(workdir).storage(storage_path), on_metrics=log,
                                  show_progress=show_progress)
         mlrun.set_tags({"checkpoint": result.get("checkpoint", "")})
         if result.get("checkpoint"):
@@ -80,9 +82,6 @@ def previous_run(uri: str, experiment: str, run_dir: Path) -> str | None:
 # --- train --workers N ---------------------------------------------------------------------------
 
 
-RAY_RUN_FILE = "ray_run_name"      # in the run folder: the name of its Ray Train run under the storage path
-
-
 def ray_run_name(run_dir: Path, *, resume: bool) -> tuple[str, str | None]:
     """The Ray Train run name of ``run_dir``, and the name of its own previous run to delete.
 
@@ -94,7 +93,7 @@ def ray_run_name(run_dir: Path, *, resume: bool) -> tuple[str, str | None]:
 
     from iaa.files import atomic_write_text
 
-    marker = run_dir / RAY_RUN_FILE
+    marker = RunFolder(run_dir).ray_run_file
     previous = marker.read_text(encoding="utf-8").strip() if marker.exists() else None
     if resume:
         return previous or run_dir.name, None
@@ -156,8 +155,7 @@ class _Checks:
 
     def _record(self, metrics: dict[str, Any]) -> None:
         self.history.append(metrics)
-        with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as out:
-            out.write(json.dumps({**metrics, "time": time.time()}, default=str) + "\n")
+        RunFolder(self.run_dir).append_metrics(metrics)
         if self.show_progress:
             print(f"check {metrics.get('checks')}: step {metrics.get('step')} epoch {metrics.get('epoch', 0):.2f} "
                   f"train_loss {metrics.get('train_loss', 0):.4f} valid_acc {metrics.get('valid_acc', 0):.4f} "
@@ -201,14 +199,14 @@ def fit_workers(
     info, trial_plan = cluster.fit_trials(cluster.connect(address, storage_path), workers,
                                           threads=cfg.train.threads or None, gpus_per_worker=gpus_per_worker,
                                           sweep=False)
-    storage = storage_path or str(run_dir / "ray")
+    storage = storage_path or Workdir().storage()
+    folder = RunFolder(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     name, previous = ray_run_name(run_dir, resume=resume)
     if not resume:
         if previous:
             remove_run(storage, previous)
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        folder.clear()
     data = PreparedData.open(Path(prepared))
     if show_progress:
         print(cluster.describe(info, trial_plan).replace("each trial trains", "the run trains"), file=sys.stderr)
@@ -228,9 +226,9 @@ def fit_workers(
     best = result.get_best_checkpoint(metric=CHECKPOINT_SCORE, mode="max")
     if best is None:
         raise RuntimeError(f"Ray Train run {name} reported no checkpoint")
-    best_file = _fetch(best, run_dir / "checkpoints" / checkpoint.BEST)
+    best_file = _fetch(best, folder.best)
     if result.checkpoint is not None:
-        _fetch(result.checkpoint, run_dir / "checkpoints" / checkpoint.LAST)
+        _fetch(result.checkpoint, folder.last)
     last = checks.history[-1] if checks.history else dict(result.metrics or {})
     return {**last, "best_valid_acc": last.get("best_valid_acc", -1.0), "steps": last.get("steps", 0),
             "stop_reason": last.get("stop_reason", ""), "checkpoint": str(best_file), "run_dir": str(run_dir),

@@ -32,6 +32,7 @@ from iaa.errors import IaaError
 from iaa.jobs import sweep as sweep_file
 from iaa.jobs.config import ConfigError, JobConfig, dump_yaml, to_dict
 from iaa.jobs.sweep import FINISHED_STATUSES, TrialRecord
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 from iaa.platform import launch as launcher
 from iaa.platform import search, search_space, tracking
 from iaa.platform.search import TUNE_PRESETS, TunePreset
@@ -63,7 +64,7 @@ class TuneRequest:
     seed: int = 0
     config_file: Path | None = None
     sets: tuple[str, ...] = ()
-    workdir: Path = Path("iaa-work")
+    workdir: Path = Path(DEFAULT_WORKDIR)
     tracking_uri: str | None = None
     address: str | None = None
     storage_path: str | None = None
@@ -249,15 +250,15 @@ def _settle(req: TuneRequest) -> _Sweep:
     for note in searched_overrides(req.sets, space):
         print(f"warning: {note}", file=sys.stderr)
     name = sweep_name(req)
-    folder, storage = sweep_file.sweep_dir(workdir, name), launcher.storage_root(req.storage_path, workdir)
+    folder, storage = Workdir(workdir).sweep(name), Workdir(workdir).storage(req.storage_path)
     recorded = None
     if req.resume:
         if not (folder / "sweep.json").is_file():
             raise IaaError(f"no sweep {name!r} to resume: {folder / 'sweep.json'} is missing; run it without --resume")
         recorded = sweep_file.read(folder / "sweep.json")
-        uri = tracking.open_store(recorded["tracking_uri"], workdir)
+        uri = tracking.open_store(Workdir(workdir).tracking_uri(recorded["tracking_uri"]))
     else:
-        uri = tracking.open_store(req.tracking_uri, workdir)
+        uri = tracking.open_store(Workdir(workdir).tracking_uri(req.tracking_uri))
         launcher.check_free(storage, name, folder)
     return _Sweep(name, folder, storage, prepared, base, space, preset, req.num_samples or preset.num_samples, uri,
                   recorded)
