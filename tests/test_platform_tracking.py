@@ -154,15 +154,16 @@ def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_p
 def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from iaa.jobs import resolve
-    from iaa.platform import train
+    from iaa.jobs import resolve, train
+    from iaa.platform.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
 
     tiny = make_tiny_prepared(tmp_path / "tiny")
     cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
-    first = train.run(cfg, tiny, tmp_path / "run", workdir=tmp_path, show_progress=False)
+    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri())
+    first = train.run_tracked(cfg, tiny, tmp_path / "run", tracker, show_progress=False)
     longer = replace(cfg, train=replace(cfg.train, max_epochs=2.0))
-    again = train.run(longer, tiny, tmp_path / "run", resume=True, workdir=tmp_path, show_progress=False)
+    again = train.run_tracked(longer, tiny, tmp_path / "run", tracker, resume=True, show_progress=False)
     assert again["mlflow_run_id"] == first["mlflow_run_id"]
     run = MlflowClient(first["tracking_uri"]).get_run(first["mlflow_run_id"])
     assert run.info.status == "FINISHED"

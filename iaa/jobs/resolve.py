@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Sequence
 
 from iaa.data.errors import DataError
-from iaa.errors import IaaError
 from iaa.data.manifest import MANIFEST, VOCAB, rebuild_hint
 from iaa.jobs import config as config_mod
 from iaa.jobs.config import ConfigError, JobConfig
@@ -63,18 +62,6 @@ def job_config(
 def run_dir(dataset: str, cfg: JobConfig, given: Path | None, workdir: Path) -> Path:
     """The run folder of ``train``: ``given``, else ``WORKDIR/runs/DATASET-MODEL-seedN``."""
     return Path(given) if given is not None else Workdir(workdir).run(f"{dataset}-{cfg.model.kind}-seed{cfg.train.seed}").path
-
-
-def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
-    """The ensemble's checkpoints; IaaError when one is listed twice (it would count as two members)."""
-    seen: dict[Path, Path] = {}
-    for member in members:
-        key = Path(member).resolve()
-        if key in seen:
-            raise IaaError(f"{member}: listed twice in --members (also as {seen[key]}); an ensemble averages "
-                           "distinct checkpoints, so list each once")
-        seen[key] = Path(member)
-    return tuple(members)
 
 
 def chosen_keys(config_file: Path | None, sets: Sequence[str] = ()) -> set[str]:

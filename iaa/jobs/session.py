@@ -25,9 +25,9 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.jobs import checkpoint
+from iaa.jobs.ports import MetricsCallback
 from iaa.jobs.workdir import RunFolder
 
-MetricsCallback = Callable[[dict[str, Any]], None]
 CHECKPOINT_FILE = "checkpoint.pt"  # the state file inside every reported checkpoint folder
 
 
@@ -58,6 +58,7 @@ class SessionBase:
     rank = 0
     world_size = 1
     resumed_from = ""          # the checkpoint latest_state() loaded, named in messages (optional)
+    vocab: dict[str, Any] = {}  # checkpoint.vocab_card of the data, saved in every checkpoint
 
     def __init__(self, train: pa.Table, valid: pa.Table, *, batch_size: int, seed: int,
                  device: torch.device | str = "cpu") -> None:
@@ -103,7 +104,7 @@ class SessionBase:
         every rank calls ``publish`` (with None for the folder on the other ranks)."""
         with self.checkpoint_folder() as folder:
             if self.rank == 0:
-                checkpoint.save(folder / CHECKPOINT_FILE, state)
+                checkpoint.save(folder / CHECKPOINT_FILE, {**state, "vocab": self.vocab} if self.vocab else state)
             self.publish(self.report_metrics(metrics, state, is_best), folder if self.rank == 0 else None,
                          is_best)
 
@@ -130,6 +131,7 @@ class LocalSession(SessionBase):
         self.data = PreparedData.open(Path(data_dir))
         super().__init__(self.data.table("train"), self.data.table("valid"), batch_size=batch_size,
                          seed=seed, device=device)
+        self.vocab = checkpoint.vocab_card(Path(data_dir))
         self.run_dir = Path(run_dir)
         self.folder = RunFolder(self.run_dir)
         self.resume = resume

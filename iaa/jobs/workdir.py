@@ -1,6 +1,6 @@
 """The work folder and the run folder: the one place that names where things live.
 
-A :class:`Workdir` (``--workdir``, ``IAA_WORKDIR``, default ``iaa-work``) holds::
+A :class:`Workdir` (``--workdir``, ``IAA_WORKDIR``, default :data:`DEFAULT_WORKDIR`) holds::
 
     data/DATASET/        prepared datasets (manifest.json, vocab.json, split shards)
     runs/NAME/           one training run each (a RunFolder)
@@ -35,7 +35,7 @@ TRACKING_ENV = "MLFLOW_TRACKING_URI"
 
 
 def sqlite_file(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///PATH`` tracking URI; None for any other store."""
+    """The database file of a SQLite tracking URI (:data:`SQLITE` + path); None for any other store."""
     return Path(uri[len(SQLITE):]) if uri.startswith(SQLITE) else None
 
 
@@ -153,7 +153,7 @@ class Workdir:
         return storage_path or str((self.root / "ray").resolve())
 
     def tracking_uri(self, tracking_uri: str | None = None) -> str:
-        """``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///WORKDIR/mlflow.db``.
+        """``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else the SQLite store ``WORKDIR/mlflow.db``.
 
         A SQLite store is checked here, so a damaged file fails before any job starts.
         """

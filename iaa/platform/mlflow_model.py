@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 import iaa
 from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError
+from iaa.platform.tracking import TRANSIENT, manifest_digest
 
 ARTIFACT = "model"
 DATA_FILES = (MANIFEST, VOCAB)
@@ -73,11 +74,6 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def manifest_digest(prepared: Path) -> str:
-    """A short digest of the prepared data's manifest (which holds every shard's sha256)."""
-    return hashlib.sha256((Path(prepared) / MANIFEST).read_bytes()).hexdigest()[:16]
-
-
 def _model_only(checkpoint: Path, out: Path) -> Path:
     """The checkpoint without optimizer and loop state: what inference needs."""
     import torch
@@ -85,7 +81,7 @@ def _model_only(checkpoint: Path, out: Path) -> Path:
     from iaa.jobs import checkpoint as ckpt
 
     state = ckpt.load(checkpoint)
-    torch.save({k: state[k] for k in ("format", "config", "model", "vocab_hash") if k in state}, out)
+    torch.save({k: state[k] for k in ("format", "config", "model", "vocab_hash", "vocab") if k in state}, out)
     return out
 
 
@@ -164,8 +160,6 @@ def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
     """:func:`log`, where a failing store is a warning on stderr (the trained model stands)."""
     import sys
 
-    from iaa.platform.tracking import TRANSIENT
-
     try:
         return log(uri, run_id, checkpoints, prepared, register)
     except TRANSIENT as err:
@@ -192,9 +186,3 @@ def load(model_uri: str, uri: str | None = None) -> Any:
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)
     return mlflow.pyfunc.load_model(model_uri)
-
-
-def dataset_summary(prepared: Path) -> dict[str, Any]:
-    manifest = json.loads((Path(prepared) / MANIFEST).read_text(encoding="utf-8"))
-    return {"name": manifest.get("dataset", Path(prepared).name), "source": str(Path(prepared).resolve()),
-            "digest": manifest_digest(prepared)}

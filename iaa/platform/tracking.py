@@ -1,4 +1,8 @@
-"""MLflow tracking, the only module that talks to MLflow: the store, runs and what they log.
+"""MLflow tracking: the store, runs and what they log.
+
+With :mod:`iaa.platform.mlflow_model` (the pyfunc model, which builds on this module and never
+the other way round) and :mod:`iaa.platform.tracker` (the jobs' Tracker on both) this is the
+only code that talks to MLflow.
 
 The default store is embedded: a SQLite file under the work directory. ``--tracking-uri`` or
 ``MLFLOW_TRACKING_URI`` selects a server instead (required on multi-node clusters, whose
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -29,7 +35,6 @@ import urllib.error
 import urllib.request
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -39,6 +44,8 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from iaa.errors import IaaError
+from iaa.data.manifest import MANIFEST
+from iaa.jobs.ports import MetricPoint, RunInfo, RunRecord
 from iaa.jobs.workdir import sqlite_file
 from iaa.platform.owner import owner, owner_alive
 
@@ -171,13 +178,6 @@ def close_orphans(uri: str) -> list[str]:
 # --- finding runs ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunInfo:
-    run_id: str
-    status: str
-    tags: Mapping[str, str]
-
-
 def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
               status: str | None = None) -> list[RunInfo]:
     """Runs of ``experiment`` carrying every tag of ``tags`` (and ``status``), newest first."""
@@ -191,7 +191,7 @@ def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
     terms = [f"tags.`{k}` = '{v}'" for k, v in tags.items()] + ([f"attributes.status = '{status}'"] if status else [])
     runs = client.search_runs([found.experiment_id], filter_string=" and ".join(terms),
                               order_by=["attributes.start_time DESC"], max_results=5000)
-    return [RunInfo(r.info.run_id, r.info.status, dict(r.data.tags)) for r in runs]
+    return [RunInfo(r.info.run_id, r.info.status, dict(r.data.tags), r.data.tags.get(PARENT_TAG)) for r in runs]
 
 
 def find_by_tag(uri: str, key: str, values: Sequence[str]) -> str | None:
@@ -296,8 +296,6 @@ class Run:
         from mlflow.entities import DatasetInput, InputTag
         from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-        from iaa.platform.mlflow_model import dataset_summary
-
         info = dataset_summary(prepared)
         with warnings.catch_warnings():  # "can be interpreted in multiple ways": all local folders
             warnings.simplefilter("ignore")
@@ -339,28 +337,10 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
 # --- reading runs back (reports) -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunRecord:
-    """What a report needs of one run: its name, start, parameters and tags."""
-
-    run_id: str
-    name: str
-    status: str
-    start_ms: int
-    params: Mapping[str, str]
-    tags: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class MetricPoint:
-    step: int
-    value: float
-    timestamp_ms: int
-
-
 def _record(run: Any) -> RunRecord:
     return RunRecord(run.info.run_id, run.info.run_name or run.info.run_id, run.info.status,
-                     int(run.info.start_time or 0), dict(run.data.params), dict(run.data.tags))
+                     int(run.info.start_time or 0), dict(run.data.params), dict(run.data.tags),
+                     run.data.tags.get(PARENT_TAG))
 
 
 def experiment_records(uri: str, experiment: str) -> list[RunRecord] | None:
@@ -382,3 +362,15 @@ def metric_history(uri: str, run_id: str, key: str) -> list[MetricPoint]:
     """Every logged value of metric ``key`` of run ``run_id``, in logging order."""
     history = _client(uri).get_metric_history(run_id, key)
     return [MetricPoint(int(m.step), float(m.value), int(m.timestamp)) for m in history]
+
+
+def manifest_digest(prepared: Path) -> str:
+    """A short digest of the prepared data's manifest (which holds every shard's sha256)."""
+    return hashlib.sha256((Path(prepared) / MANIFEST).read_bytes()).hexdigest()[:16]
+
+
+def dataset_summary(prepared: Path) -> dict[str, Any]:
+    """The prepared data as MLflow records it: name, source folder and manifest digest."""
+    manifest = json.loads((Path(prepared) / MANIFEST).read_text(encoding="utf-8"))
+    return {"name": manifest.get("dataset", Path(prepared).name), "source": str(Path(prepared).resolve()),
+            "digest": manifest_digest(prepared)}

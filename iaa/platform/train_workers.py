@@ -1,85 +1,23 @@
-"""``iaa-cli train``: one run, in this process or on Ray Train workers, logged to MLflow.
+"""``iaa-cli train --workers N``: one run on N Ray Train workers, driven from this process.
 
-A run resumed with ``--resume`` continues the MLflow run that its run directory had (found by
-the ``run_dir`` tag), so one directory has one run whose metrics go on where they stopped.
-
-With ``--workers N`` (:func:`fit_workers`) the run trains on N Ray Train workers
-(:mod:`iaa.platform.ray_train`); this process drives it: it names the Ray run, forwards every
-check to ``metrics.jsonl`` and MLflow, and copies the best and last checkpoints into the run
-folder, so the run folder looks as it does after a local run.
+:func:`fit_workers` trains on the workers (:mod:`iaa.platform.ray_train`); this process drives
+it: it names the Ray run, forwards every check to ``metrics.jsonl`` and the tracker, and copies
+the best and last checkpoints into the run folder, so the run folder looks as it does after a
+local run (:func:`iaa.jobs.train.run`).
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from iaa.jobs import checkpoint
-from iaa.jobs import train as train_job
-from iaa.jobs.config import JobConfig, to_dict
-from iaa.jobs.session import CHECKPOINT_FILE, MetricsCallback
-from iaa.jobs.workdir import DEFAULT_WORKDIR, RunFolder, Workdir
-from iaa.platform import tracking
-
-
-def run(
-    cfg: JobConfig,
-    prepared: Path,
-    run_dir: Path,
-    *,
-    resume: bool = False,
-    workers: int = 0,
-    gpus_per_worker: float = 0.0,
-    workdir: Path = Path(DEFAULT_WORKDIR),
-    tracking_uri: str | None = None,
-    address: str | None = None,
-    storage_path: str | None = None,
-    show_progress: bool = True,
-    register: str | None = None,
-) -> dict[str, Any]:
-    """Train ``cfg`` on ``prepared``; ``workers > 0`` runs a Ray TorchTrainer with that many workers."""
-    uri = tracking.open_store(Workdir(workdir).tracking_uri(tracking_uri))
-    experiment = f"train-{cfg.dataset}"
-    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers)}
-    resume_id = previous_run(uri, experiment, Path(run_dir)) if resume else None
-    with tracking.run_context(uri, experiment, Path(run_dir).name, tags=tags, resume_id=resume_id) as mlrun:
-        if resume_id is None:
-            mlrun.log_params(to_dict(cfg))
-            mlrun.log_dataset(prepared)
-        log = lambda metrics: mlrun.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
-        if workers <= 0:
-            device = "cuda" if gpus_per_worker > 0 else "cpu"  # in process: --gpus-per-worker > 0 means this GPU
-            result = train_job.run(cfg, prepared, Path(run_dir), resume=resume, on_metrics=log,
-                                   show_progress=show_progress, device=device)
-        else:
-            result = fit_workers(cfg, prepared, Path(run_dir), workers=workers, gpus_per_worker=gpus_per_worker,
-                                 resume=resume, address=address,
-                                 storage_path=Workdir(workdir).storage(storage_path), on_metrics=log,
-                                 show_progress=show_progress)
-        mlrun.set_tags({"checkpoint": result.get("checkpoint", "")})
-        if result.get("checkpoint"):
-            from iaa.platform import mlflow_model
-
-            result["model_uri"] = mlflow_model.try_log(uri, mlrun.run_id, [Path(result["checkpoint"])], prepared, register)
-        mlrun.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
-    return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": uri, "mlflow_run_id": mlrun.run_id}
-
-
-def previous_run(uri: str, experiment: str, run_dir: Path) -> str | None:
-    """The newest MLflow run of ``run_dir`` (tagged with it as given or as an absolute path)."""
-    for spelling in dict.fromkeys([str(run_dir), str(run_dir.resolve())]):
-        runs = tracking.find_runs(uri, experiment, {"run_dir": spelling})
-        if runs:
-            return runs[0].run_id
-    return None
-
-
-# --- train --workers N ---------------------------------------------------------------------------
+from iaa.jobs.config import JobConfig
+from iaa.jobs.ports import MetricsCallback
+from iaa.jobs.session import CHECKPOINT_FILE
+from iaa.jobs.workdir import RunFolder
 
 
 def ray_run_name(run_dir: Path, *, resume: bool) -> tuple[str, str | None]:
@@ -174,13 +112,14 @@ def fit_workers(
     resume: bool = False,
     address: str | None = None,
     storage_path: str | None = None,
+    storage: str,
     on_metrics: MetricsCallback | None = None,
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """Train ``cfg`` on ``workers`` Ray Train workers; returns the final metrics and checkpoint.
 
-    Checkpoints go to ``STORAGE/<run_dir name>-<id>`` (:func:`ray_run_name`; ``STORAGE``: ``storage_path``, else
-    ``run_dir/ray``); the best and the last are copied to ``run_dir/checkpoints/{best,last}.pt``,
+    Checkpoints go to ``STORAGE/<run_dir name>-<id>`` (:func:`ray_run_name`; ``storage_path`` is the
+    user's ``--storage-path``, checked against the cluster); the best and the last are copied to ``run_dir/checkpoints/{best,last}.pt``,
     and every check is appended to ``run_dir/metrics.jsonl`` as with the local trainer.
 
     Returns:
@@ -199,7 +138,6 @@ def fit_workers(
     info, trial_plan = cluster.fit_trials(cluster.connect(address, storage_path), workers,
                                           threads=cfg.train.threads or None, gpus_per_worker=gpus_per_worker,
                                           sweep=False)
-    storage = storage_path or Workdir().storage()
     folder = RunFolder(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     name, previous = ray_run_name(run_dir, resume=resume)
