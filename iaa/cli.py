@@ -139,11 +139,13 @@ def cli(debug: bool) -> None:
 @click.option("--min-count", type=click.IntRange(min=1), default=1, show_default=True, help="Drop training words seen fewer times.")
 @click.option("--max-vocab", type=click.IntRange(min=4), default=None, help="Keep at most this many words (by frequency).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
+@click.option("--overwrite", is_flag=True, help="Replace another dataset (or one from another source path) that --out holds.")
 @workdir_option
 @json_option
 @_friendly
 def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, lowercase: bool | None,
-            min_count: int, max_vocab: int | None, threads: int | None, workdir: Path, as_json: bool) -> None:
+            min_count: int, max_vocab: int | None, threads: int | None, overwrite: bool, workdir: Path,
+            as_json: bool) -> None:
     """Parse a corpus into Parquet shards, a vocabulary and a manifest."""
     from iaa.files import ensure_writable
     from iaa.jobs import prepare as job
@@ -153,7 +155,8 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
     out = out or workdir / "data" / dataset
     ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
     result = job.run(dataset, source, out, on_error=on_error, lowercase=lowercase,
-                     min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json)
+                     min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json,
+                     overwrite=overwrite)
     _emit(result, as_json)
 
 
