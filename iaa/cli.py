@@ -379,18 +379,19 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Tagger actors on Ray [default: one per CPU]; 0 tags in this process without Ray.")
 @click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")
+@click.option("--overwrite", is_flag=True, help="Replace questions of other options that --out holds.")
 @json_option
 @_friendly
 def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, valid: int, test: int, seed: int,
                stride: int | None, context: int, pipeline: str, workers: int | None, address: str | None,
-               as_json: bool) -> None:
+               overwrite: bool, as_json: bool) -> None:
     """Make CBT- or CNN-style cloze questions from any text, in the official file formats."""
     from iaa.data.cloze.sources import SourceSpec
     from iaa.jobs import make_cloze as job
 
     cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
                           split_by=split_by, seed=seed, stride=stride, context=context, pipeline=pipeline)
-    result = job.run(cfg, out, workers=workers, address=address, progress=not as_json)
+    result = job.run(cfg, out, workers=workers, address=address, progress=not as_json, overwrite=overwrite)
     _emit(result, as_json)
 
 
