@@ -181,8 +181,9 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
           workers: int, gpus_per_worker: float, tracking_uri: str | None, address: str | None,
           storage_path: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import resolve, rundir
+    from iaa.jobs import names, resolve, rundir
 
+    names.registered_name(register)
     _need_data(dataset, data)
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
@@ -269,8 +270,11 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
          tracking_uri: str | None, address: str | None, storage_path: str | None, register: str | None,
          resume: str | None, as_json: bool) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
-    from iaa.jobs import resolve
+    from iaa.jobs import names, resolve
 
+    names.folder_name(sweep_name)
+    names.folder_name(resume or None, "--resume")
+    names.registered_name(register)
     resolve.writable_workdir(workdir)
     resolve.tracking_store(tracking_uri, workdir)
     from iaa.platform import tune as job
@@ -309,18 +313,22 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
 @click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
+@click.option("--overwrite", is_flag=True, help="Replace a finished ensemble of the same name.")
 @workdir_option
 @cluster_options
 @json_option
 @_friendly
 def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[Path, ...], dataset: str | None,
              data: Path | None, top_configs: int, seeds: int, select: str, top_p: float, ensemble_name: str | None,
-             workers_per_trial: int, gpus_per_worker: float, register: str | None, workdir: Path,
+             workers_per_trial: int, gpus_per_worker: float, register: str | None, overwrite: bool, workdir: Path,
              tracking_uri: str | None,
              address: str | None, storage_path: str | None, as_json: bool) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
-    from iaa.jobs import resolve
+    from iaa.jobs import names, resolve
 
+    names.folder_name(ensemble_name)
+    names.folder_name(sweep, "--sweep")
+    names.registered_name(register)
     members = resolve.distinct_members(tuple(members) + tuple(more_members))
     if (sweep is None) == (not members):
         raise click.UsageError("give exactly one of --sweep NAME or --members CKPT ...")
@@ -335,7 +343,7 @@ def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[P
             sweep=sweep, members=members, dataset=dataset, data=data, top_configs=top_configs, seeds=seeds,
             select=select, p=top_p, name=ensemble_name, workdir=workdir, tracking_uri=tracking_uri,
             address=address, storage_path=storage_path, workers_per_trial=workers_per_trial,
-            gpus_per_worker=gpus_per_worker, show_progress=not as_json, register=register,
+            gpus_per_worker=gpus_per_worker, show_progress=not as_json, register=register, overwrite=overwrite,
         )
     )
     _emit(result, as_json)
@@ -452,7 +460,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
         raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
     prepared = (resolve.data_dir(dataset, data, workdir)[1] if dataset or data
                 else job.default_data_dir(checkpoints[0], workdir))
-    result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared)
+    result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared, ensemble_dir=ensemble_dir)
     for warning in result["warnings"]:
         click.echo(f"warning: {warning}", err=True)
     _emit(result, as_json)
@@ -487,12 +495,16 @@ def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, .
     run_ids = tuple(dict.fromkeys(run_ids + more_run_ids))
     if baseline is not None and baseline_data is not None:
         raise click.UsageError("give at most one of --baseline and --baseline-data")
+    from iaa.jobs import outputs
+
+    inputs = {"a file of the prepared data": outputs.data_files(baseline_data)}
+    job.check_out(out, workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
     if baseline_data is not None:
         from iaa.jobs import frequency
 
         baseline = frequency.run(baseline_data, "valid")["accuracy"]
     result = job.run(experiment, out, run_ids=run_ids, metric=metric, x=x_axis, baseline=baseline,
-                     workdir=workdir, tracking_uri=tracking_uri)
+                     workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
     if as_json:
         _emit(result, True)
         return

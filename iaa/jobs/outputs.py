@@ -31,8 +31,8 @@ from typing import Iterable, Mapping
 from iaa.errors import IaaError
 from iaa.files import writing
 
-__all__ = ["OutputError", "refuse_inputs", "check_suffix", "check_file", "check_folder", "install",
-           "building", "files_under", "writing"]
+__all__ = ["OutputError", "refuse_inputs", "check_suffix", "check_file", "check_file_output", "data_files",
+           "check_folder", "install", "building", "files_under", "writing"]
 
 OVERWRITE = "--overwrite"
 
@@ -87,6 +87,20 @@ def check_file(out: str | os.PathLike[str], *, flag: str = "--out") -> None:
     """Refuse a file output that names an existing folder."""
     if Path(out).is_dir():
         raise OutputError(f"{out}: {flag} is a folder; give a file name (nothing was written)")
+
+
+def check_file_output(out: str | os.PathLike[str], *, suffixes: Iterable[str], what: str,
+                      inputs: Mapping[str, str | os.PathLike[str] | Iterable | None], flag: str = "--out") -> Path:
+    """All the checks of a file output, before any work: not a folder, the right suffix, no input."""
+    check_file(out, flag=flag)
+    check_suffix(out, suffixes, what, flag=flag)
+    refuse_inputs(out, inputs, flag=flag)
+    return Path(out)
+
+
+def data_files(prepared: str | os.PathLike[str] | None) -> list[Path]:
+    """The files of a prepared data folder, as inputs an output may not replace."""
+    return [] if prepared is None else [Path(prepared) / rel for rel in files_under(Path(prepared))]
 
 
 def check_folder(out: Path, *, manifest: str, kind: str, overwrite: bool, same: bool = False,
