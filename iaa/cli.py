@@ -63,14 +63,18 @@ def _debug(ctx: click.Context | None) -> bool:
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file) as one line.
+    """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file; or a full or
+    read-only disk met anywhere) as one line.
 
     Anything else is a bug and keeps its traceback; ``--debug`` or ``IAA_DEBUG=1`` keeps it for all.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import errno
+
         from iaa.errors import IaaError
+        from iaa.files import unwritable_message
 
         try:
             return fn(*args, **kwargs)
@@ -78,6 +82,10 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
             if _debug(click.get_current_context(silent=True)):
                 raise
             raise click.ClickException(str(err)) from err
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
+                raise
+            raise click.ClickException(unwritable_message(err, err.filename or "the output")) from err
 
     return wrapper
 
