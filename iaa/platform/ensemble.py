@@ -178,7 +178,8 @@ def _track(uri: str, experiment: str, name: str, req: EnsembleRequest, sweep: di
             run.log_artifact(Path(result[artifact]))
         run.log_artifact(out_dir / SUMMARY)
         run.log_dataset(prepared, context="eval")
-        model_uri = mlflow_model.try_log(uri, run.run_id, [Path(m) for m in result["members"]], prepared, req.register)
+        model_uri = mlflow_model.try_log(uri, run.run_id, [Path(m) for m in result["members"]], prepared, req.register,
+                                         run=run)
     return run.run_id, model_uri
 
 
