@@ -24,15 +24,21 @@ class Batch:
     cand_mask: torch.Tensor   # (B, C) bool, True for a real candidate
     answer: torch.Tensor      # (B,) int64 index into candidates
     example_ids: list[str]
+    doc_lengths: torch.Tensor | None = None    # (B,) int64, always on the CPU: doc_mask.sum(1)
+    query_lengths: torch.Tensor | None = None  # (B,) int64, always on the CPU: query_mask.sum(1)
 
     def __len__(self) -> int:
         return len(self.example_ids)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        moved = {
-            f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-            if isinstance(getattr(self, f.name), torch.Tensor)
-            else getattr(self, f.name)
-            for f in fields(self)
-        }
-        return Batch(**moved)
+        """The tensors on ``device`` (the lengths stay on the host, where packing reads them)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "Batch":
+        """The tensors in page-locked memory, so that ``to(cuda, non_blocking=True)`` is asynchronous."""
+        return self._map(torch.Tensor.pin_memory)
+
+    def _map(self, fn) -> "Batch":
+        host = ("doc_lengths", "query_lengths", "example_ids")
+        return Batch(**{f.name: getattr(self, f.name) if f.name in host or getattr(self, f.name) is None
+                        else fn(getattr(self, f.name)) for f in fields(self)})

@@ -77,11 +77,12 @@ def collate(examples: list[Example], device: str | torch.device = "cpu") -> Batc
         doc[i, : len(e.doc)] = torch.from_numpy(e.doc)
         query[i, : len(e.query)] = torch.from_numpy(e.query)
         doc_cand[i, : len(e.doc)] = torch.from_numpy(e.doc_cand)
-    doc_mask = torch.arange(ld) < torch.tensor([len(e.doc) for e in examples]).unsqueeze(1)
-    query_mask = torch.arange(lq) < torch.tensor([len(e.query) for e in examples]).unsqueeze(1)
-    batch = Batch(doc, doc_mask, query, query_mask, doc_cand,
-                  torch.ones(n, NUM_CANDS, dtype=torch.bool),
-                  torch.tensor([e.answer for e in examples]), [str(i) for i in range(n)])
+    doc_len = torch.tensor([len(e.doc) for e in examples])
+    query_len = torch.tensor([len(e.query) for e in examples])
+    batch = Batch(doc, torch.arange(ld) < doc_len.unsqueeze(1), query, torch.arange(lq) < query_len.unsqueeze(1),
+                  doc_cand, torch.ones(n, NUM_CANDS, dtype=torch.bool),
+                  torch.tensor([e.answer for e in examples]), [str(i) for i in range(n)],
+                  doc_lengths=doc_len, query_lengths=query_len)
     return batch.to(device)
 
 
