@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -32,13 +32,40 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         """The tensors on ``device`` (the lengths stay on the host, where packing reads them)."""
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+        return self.map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Batch":
         """The tensors in page-locked memory, so that ``to(cuda, non_blocking=True)`` is asynchronous."""
-        return self._map(torch.Tensor.pin_memory)
+        return self.map_tensors(torch.Tensor.pin_memory)
 
-    def _map(self, fn) -> "Batch":
+    def map_tensors(self, fn) -> "Batch":
+        """A batch with ``fn`` applied to each tensor but the host-side lengths."""
         host = ("doc_lengths", "query_lengths", "example_ids")
         return Batch(**{f.name: getattr(self, f.name) if f.name in host or getattr(self, f.name) is None
                         else fn(getattr(self, f.name)) for f in fields(self)})
+
+
+def bucket_width(length: int, smallest: int = 16) -> int:
+    """The smallest of smallest x {1, 1.5} x 2^k that holds ``length``: a few widths per octave,
+    so that padding to them wastes at most a third and a compiled reader sees few shapes."""
+    width = smallest
+    while True:
+        for candidate in (width, width * 3 // 2):
+            if candidate >= length:
+                return candidate
+        width *= 2
+
+
+def pad_to_buckets(batch: Batch) -> Batch:
+    """``batch`` with Ld and Lq padded to ``bucket_width`` (masks False, doc_cand -1, tokens 0).
+
+    Padding never changes a reader's output (the masks exclude it); it only fixes the shapes.
+    """
+    ld, lq = batch.doc.shape[1], batch.query.shape[1]
+    wd, wq = bucket_width(ld), bucket_width(lq)
+    if (wd, wq) == (ld, lq):
+        return batch
+    pad = lambda t, width, fill: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)  # noqa: E731
+    return replace(batch, doc=pad(batch.doc, wd, 0), doc_mask=pad(batch.doc_mask, wd, False),
+                   doc_cand=pad(batch.doc_cand, wd, -1), query=pad(batch.query, wq, 0),
+                   query_mask=pad(batch.query_mask, wq, False))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -22,12 +24,18 @@ def rnn_dtype(x: torch.Tensor) -> torch.dtype:
       fp32 matmuls may use TF32 when ``torch.backends.cudnn.allow_tf32`` is on (torch's default).
     """
     device = x.device.type
-    if not (torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.bfloat16):
+    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+            and torch.get_autocast_dtype(device) == torch.bfloat16):
         return torch.float32
     if device == "cuda":
         version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         return torch.bfloat16 if version is not None and version >= 91300 else torch.float32
     return torch.bfloat16
+
+
+def _autocast_off(device: str):
+    """Autocast off for ``device`` (where autocast exists for it)."""
+    return torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext()
 
 
 class BiGRUEncoder(nn.Module):
@@ -75,17 +83,25 @@ class BiGRUEncoder(nn.Module):
         return states, self._final(states, on_device)
 
     def _packed_gru(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """``nn.GRU`` over the packed real tokens, in ``rnn_dtype(x)`` with autocast off: (B, L, 2h)."""
+        """``nn.GRU`` over the packed real tokens, in ``rnn_dtype(x)`` with autocast off: (B, L, 2h).
+
+        The rows are sorted by length here, on the host: ``pack_padded_sequence`` with
+        ``enforce_sorted=False`` would hand ``pad_packed_sequence`` device indices that it copies
+        back to the host (a sync on a GPU).
+        """
         dtype = rnn_dtype(x)
-        with torch.autocast(x.device.type, enabled=False):
-            packed = pack_padded_sequence(x.to(dtype), lengths, batch_first=True, enforce_sorted=False)
+        by_length, order = torch.sort(lengths, descending=True)           # host
+        order_dev = order.to(x.device, non_blocking=True)
+        restore = torch.argsort(order).to(x.device, non_blocking=True)
+        with _autocast_off(x.device.type):
+            packed = pack_padded_sequence(x.index_select(0, order_dev).to(dtype), by_length, batch_first=True)
             if dtype == torch.float32:
                 out = self.gru(packed)[0]
             else:                                                          # the weights in dtype too
                 weights = {name: p.to(dtype) for name, p in self.gru.named_parameters()}
                 out = torch.func.functional_call(self.gru, weights, (packed,))[0]
             states, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-        return states
+        return states.index_select(0, restore)                             # (B, L, 2h), batch order
 
     @torch.no_grad()
     def forward_from_table(self, tokens: torch.Tensor, mask: torch.Tensor,
