@@ -36,7 +36,7 @@ FORMAT = 2
 # implementation switches (same function, other code). Anything else (the model, the data, the
 # optimiser's settings) would silently continue a different run.
 RESUMABLE_CHANGES = (
-    "train.max_epochs", "train.max_minutes", "train.threads", "train.precision",
+    "train.max_epochs", "train.max_minutes", "train.threads", "train.precision", "train.compile",
     "model.fused_gru", "model.fast_dropout", "model.sparse_embedding_grad", "model.batched_read_grad",
     "model.inference_table", "model.bf16_projections",
 )
