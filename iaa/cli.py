@@ -64,14 +64,18 @@ def _debug(ctx: click.Context | None) -> bool:
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file) as one line.
+    """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file; or a full or
+    read-only disk met anywhere) as one line.
 
     Anything else is a bug and keeps its traceback; ``--debug`` or ``IAA_DEBUG=1`` keeps it for all.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import errno
+
         from iaa.errors import IaaError
+        from iaa.files import unwritable_message
 
         try:
             return fn(*args, **kwargs)
@@ -79,6 +83,10 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
             if _debug(click.get_current_context(silent=True)):
                 raise
             raise click.ClickException(str(err)) from err
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
+                raise
+            raise click.ClickException(unwritable_message(err, err.filename or "the output")) from err
 
     return wrapper
 
@@ -161,11 +169,13 @@ def cli(debug: bool) -> None:
 @click.option("--min-count", type=click.IntRange(min=1), default=1, show_default=True, help="Drop training words seen fewer times.")
 @click.option("--max-vocab", type=click.IntRange(min=4), default=None, help="Keep at most this many words (by frequency).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
+@click.option("--overwrite", is_flag=True, help="Replace another dataset (or one from another source path) that --out holds.")
 @workdir_option
 @json_option
 @_friendly
 def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, lowercase: bool | None,
-            min_count: int, max_vocab: int | None, threads: int | None, workdir: Path, as_json: bool) -> None:
+            min_count: int, max_vocab: int | None, threads: int | None, overwrite: bool, workdir: Path,
+            as_json: bool) -> None:
     """Parse a corpus into Parquet shards, a vocabulary and a manifest."""
     from iaa.files import ensure_writable
     from iaa.jobs import prepare as job
@@ -175,7 +185,8 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
     out = out or Workdir(workdir).data(dataset)
     ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
     result = job.run(dataset, source, out, on_error=on_error, lowercase=lowercase,
-                     min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json)
+                     min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json,
+                     overwrite=overwrite)
     _emit(result, as_json)
 
 
@@ -200,9 +211,10 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
           workers: int, gpus_per_worker: float, tracking_uri: str | None, address: str | None,
           storage_path: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import resolve, rundir
+    from iaa.jobs import names, resolve, rundir
     from iaa.jobs import train as job
 
+    names.registered_name(register)
     _need_data(dataset, data)
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
@@ -309,6 +321,7 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
 @click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
+@click.option("--overwrite", is_flag=True, help="Replace a finished ensemble of the same name.")
 @workdir_option
 @cluster_options
 @json_option
@@ -362,11 +375,12 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Tagger actors on Ray [default: one per CPU]; 0 tags in this process without Ray.")
 @address_option
+@click.option("--overwrite", is_flag=True, help="Replace questions of other options that --out holds.")
 @json_option
 @_friendly
 def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, valid: int, test: int, seed: int,
                stride: int | None, context: int, pipeline: str, workers: int | None, address: str | None,
-               as_json: bool) -> None:
+               overwrite: bool, as_json: bool) -> None:
     """Make CBT- or CNN-style cloze questions from any text, in the official file formats."""
     from iaa.data.cloze.sources import SourceSpec
     from iaa.jobs import make_cloze as job
@@ -376,7 +390,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
     from iaa.platform import cloze_ray
 
     tag_map = functools.partial(cloze_ray.tag, address=address) if workers != 0 else None
-    result = job.run(cfg, out, workers=workers, tag_map=tag_map, progress=not as_json)
+    result = job.run(cfg, out, workers=workers, tag_map=tag_map, progress=not as_json, overwrite=overwrite)
     _emit(result, as_json)
 
 
@@ -436,7 +450,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
     if dataset is not None and data is not None:
         raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
     prepared = resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
-    result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared)
+    result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared, ensemble_dir=ensemble_dir)
     for warning in result["warnings"]:
         click.echo(f"warning: {warning}", err=True)
     _emit(result, as_json)
@@ -470,12 +484,18 @@ def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, .
     run_ids = tuple(dict.fromkeys(run_ids + more_run_ids))
     if baseline is not None and baseline_data is not None:
         raise click.UsageError("give at most one of --baseline and --baseline-data")
+    from iaa.jobs import outputs
+
+    inputs = {"a file of the prepared data": outputs.data_files(baseline_data)}
+    job.check_out(out, workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
     if baseline_data is not None:
         from iaa.jobs import frequency
 
         baseline = frequency.run(baseline_data, "valid")["accuracy"]
-    result = job.run(experiment, out, _tracker(workdir, tracking_uri), run_ids=run_ids, metric=metric, x=x_axis,
-                     baseline=baseline)
+    from iaa.platform.tracker import MlflowTracker
+
+    result = job.run(experiment, out, MlflowTracker, run_ids=run_ids, metric=metric, x=x_axis, baseline=baseline,
+                     workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
     if as_json:
         _emit(result, True)
         return

@@ -126,6 +126,7 @@ class _Columns:
             doc_cand=torch.from_numpy(doc_cand), cand_mask=torch.from_numpy(cand_mask),
             answer=torch.from_numpy(self.answer[rows].astype(np.int64)),
             example_ids=self.example_id[rows].tolist(),
+            doc_lengths=torch.from_numpy(doc_mask.sum(1)), query_lengths=torch.from_numpy(query_mask.sum(1)),
         )
 
 

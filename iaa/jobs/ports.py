@@ -79,8 +79,8 @@ class Tracker(Protocol):
     def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
                   status: str | None = None) -> list[RunInfo]: ...     # newest first
     def find_by_tag(self, key: str, values: Sequence[str]) -> str | None: ...
-    def log_model(self, run_id: str, checkpoints: Sequence[Path], prepared: Path,
-                  register: str | None = None) -> str | None: ...      # the model URI; None when the store failed
+    def log_model(self, run: TrackedRun, checkpoints: Sequence[Path], prepared: Path,
+                  register: str | None = None) -> str | None: ...      # the model URI; None (and noted on run) when the store failed
     def experiment_records(self, experiment: str) -> list[RunRecord] | None: ...  # oldest first
     def experiment_names(self) -> list[str]: ...
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]: ...

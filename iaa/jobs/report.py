@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.files import atomic_path
 from iaa.jobs.ports import MetricPoint, RunRecord, Tracker
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
 X_AXES = ("examples", "steps", "seconds")
 X_LABELS = {"examples": "training examples seen", "steps": "optimizer steps", "seconds": "wall-clock seconds since run start"}
@@ -126,11 +127,27 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
     return Path(out)
 
 
-def run(experiment: str, out: Path, tracker: Tracker, *, run_ids: Sequence[str] = (), metric: str = "valid_acc",
-        x: str = "examples", baseline: float | None = None) -> dict[str, Any]:
-    """Draw ``metric`` against ``x`` for the selected runs; returns the plotted data, run by run."""
+def check_out(out: Path, *, workdir: Path, tracking_uri: str | None, inputs: Mapping[str, Any] | None = None) -> None:
+    """Refuse an ``out`` that is no ``.png`` or would replace the tracking database or one of ``inputs``."""
+    from iaa.jobs import outputs
+
+    outputs.check_file_output(out, suffixes=(".png",), what="a PNG image", inputs={
+        **(inputs or {}), "the tracking database": Workdir(workdir).tracking_db(tracking_uri)})
+
+
+def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, run_ids: Sequence[str] = (),
+        metric: str = "valid_acc", x: str = "examples", baseline: float | None = None,
+        workdir: Path = Path(DEFAULT_WORKDIR), tracking_uri: str | None = None,
+        inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Draw ``metric`` against ``x`` for the selected runs of the store ``open_tracker(uri)``;
+    returns the plotted data, run by run.
+
+    ``inputs`` (label -> paths) are what else the command read (see :func:`check_out`).
+    """
     if x not in X_AXES:
         raise IaaError(f"--x must be one of {', '.join(X_AXES)}, got {x!r}")
+    check_out(out, workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
+    tracker = open_tracker(Workdir(workdir).tracking_uri(tracking_uri))
     uri = tracker.uri
     curves, skipped = [], []
     for record in select_runs(tracker, experiment, run_ids):

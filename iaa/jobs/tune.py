@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from iaa.errors import IaaError
 from iaa.jobs import sweep as sweep_file
 from iaa.jobs.config import ConfigError, JobConfig, dump_yaml, to_dict
-from iaa.jobs import search_space
+from iaa.jobs import names, search_space
 from iaa.jobs.cost import Progress, SweepCost, probe
 from iaa.jobs.ports import Launcher, Placement, SearchPlan, TrackedRun, Tracker, TrialTracking
 from iaa.jobs.presets import SEARCH_METRIC, STOP_METRIC, TUNE_PRESETS, TunePreset, max_checks
@@ -76,6 +76,8 @@ class TuneRequest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
         object.__setattr__(self, "sets", tuple(self.sets))
+        names.folder_name(self.name)
+        names.registered_name(self.register)
         if self.dataset not in TUNE_PRESETS:
             raise ConfigError(f"no tune preset for {self.dataset!r}; choose from {sorted(TUNE_PRESETS)}")
         if self.num_samples is not None and self.num_samples < 1:
@@ -219,7 +221,7 @@ def _best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared
         run = tracker.attach(best.mlflow_run_id)
         for artifact in (page["html"], page["png"]):
             run.log_artifact(Path(artifact), "explain")
-        out["model_uri"] = tracker.log_model(best.mlflow_run_id, [Path(best.checkpoint)], prepared, register)
+        out["model_uri"] = tracker.log_model(run, [Path(best.checkpoint)], prepared, register)
     return out
 
 

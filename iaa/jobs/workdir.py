@@ -152,6 +152,13 @@ class Workdir:
         """Ray's storage: ``--storage-path`` (an NFS path or a bucket URI), else ``WORKDIR/ray``."""
         return storage_path or str((self.root / "ray").resolve())
 
+    TRACKING_DB = "mlflow.db"
+
+    def tracking_db(self, tracking_uri: str | None = None) -> Path | None:
+        """The SQLite file of the store :meth:`tracking_uri` names; None for a server."""
+        uri = tracking_uri or os.environ.get(TRACKING_ENV)
+        return sqlite_file(uri) if uri else self.root / self.TRACKING_DB
+
     def tracking_uri(self, tracking_uri: str | None = None) -> str:
         """``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else the SQLite store ``WORKDIR/mlflow.db``.
 
@@ -161,7 +168,7 @@ class Workdir:
         if not uri:
             root = self.root.resolve()
             root.mkdir(parents=True, exist_ok=True)
-            uri = f"{SQLITE}{root / 'mlflow.db'}"
+            uri = f"{SQLITE}{root / self.TRACKING_DB}"
         db = sqlite_file(uri)
         problem = sqlite_problem(db) if db is not None else None
         if problem:

@@ -29,6 +29,7 @@ from iaa.jobs.sweep import TrialRecord
 from iaa.jobs.workdir import RunFolder
 from iaa.platform import cluster, search
 from iaa.platform.ray_train import CHECKPOINT_SCORE
+from iaa.platform.storage import check_private
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.trial_runs import SweepProgress, TrialRuns, child_runs
 
@@ -146,6 +147,7 @@ def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: b
 
 def restore(launch: Launch, fn: Any) -> Any:
     """The interrupted Tune run of ``launch``: searcher, scheduler and callbacks as they were saved."""
+    check_private(launch.experiment_path)
     if not tune.Tuner.can_restore(launch.experiment_path):
         raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without --resume")
     return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)

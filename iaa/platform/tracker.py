@@ -42,9 +42,9 @@ class MlflowTracker:
         except TRANSIENT:
             return None
 
-    def log_model(self, run_id: str, checkpoints: Sequence[Path], prepared: Path,
+    def log_model(self, run: Run, checkpoints: Sequence[Path], prepared: Path,
                   register: str | None = None) -> str | None:
-        return mlflow_model.try_log(self.uri, run_id, checkpoints, prepared, register)
+        return mlflow_model.try_log(self.uri, run.run_id, checkpoints, prepared, register, run=run)
 
     def experiment_records(self, experiment: str) -> list[RunRecord] | None:
         return tracking.experiment_records(self.uri, experiment)
