@@ -31,7 +31,7 @@ from iaa.platform import cluster, search
 from iaa.platform.ray_train import CHECKPOINT_SCORE
 from iaa.platform.storage import check_private
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, records, run_trial
-from iaa.platform.trial_runs import SweepProgress, TrialRuns, child_runs
+from iaa.platform.trial_runs import SweepConsole, TrialRuns, child_runs
 
 MAX_TRIAL_FAILURES = 2      # a failed trial restarts from its last checkpoint this many times
 # (a multi-worker trial once more only: its Train run already restarts failed workers itself)
@@ -196,7 +196,8 @@ class RayLauncher:
         return bool(tune.Tuner.can_restore(placement.experiment_path))
 
     def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
-              downloads: Path, progress: Any = None, show_progress: bool = True) -> list[TrialRecord]:
+              downloads: Path, progress: Any = None, show_progress: bool = True,
+              verbose: bool = False) -> list[TrialRecord]:
         """Search ``plan`` (or continue the saved run); one record per trial, checkpoints fetched to ``downloads``."""
         launch = self._launches[placement.name]
         spec = trial_spec(launch, base=plan.base, fixed=plan.space.fixed)
@@ -206,9 +207,9 @@ class RayLauncher:
         else:
             runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
                              sweep=trials.sweep, dataset=trials.dataset, spec=spec, data_dir=trials.data_dir)
-            callbacks = [runs, *self.callbacks, *([SweepProgress(progress)] if progress is not None else [])]
-            tuner_ = tuner(launch, fn, callbacks, show_progress=show_progress,
-                           search_alg=search.searcher(plan.space, plan.seed),
+            callbacks = [runs, *self.callbacks, SweepConsole(progress)]
+            tuner_ = tuner(launch, fn, callbacks, show_progress=verbose,
+                           search_alg=search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name),
                            scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
         results, statuses = fit(launch, tuner_)
         run_ids, tagged = child_runs(trials.uri, trials.experiment, trials.sweep, trials.parent_run_id)
