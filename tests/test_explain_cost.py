@@ -81,6 +81,9 @@ def test_the_console_table_comes_only_after_a_quiet_spell_with_the_searched_valu
     assert table[1].split() == ["trial", "state", "checks", "valid_acc", "best", "lr", "T"]
     assert table[2].split() == ["a", "running", "0", "-", "-", "4e-3", "2"]
     assert len(table) == 3
+    clock.now = 100.0
+    console.tick()                                        # nothing changed since: no second table
+    assert len(out.getvalue().splitlines()) == 4
 
 
 def test_probe_trains_the_sweeps_model_and_measures_a_rate(tmp_path):

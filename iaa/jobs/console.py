@@ -53,6 +53,7 @@ class SweepConsole:
         self.started = self.clock()
         self._said = self.started            # when the last line was written
         self._table_at = self.started
+        self._changed = False                # a trial event since the last table
 
     # --- events ---------------------------------------------------------------------------------
 
@@ -95,11 +96,13 @@ class SweepConsole:
             self._say(f"trial {trial_id} finished ({reason or 'done'}) {after}")
 
     def tick(self) -> None:
-        """Called often by the scheduler: a table when nothing was said for ``table_every_s``."""
+        """Called often by the scheduler: a table when nothing was said for ``table_every_s`` since
+        a check or trial event changed it (an unchanged table is not repeated)."""
         now = self.clock()
-        if self.trials and now - self._said >= self.table_every_s and now - self._table_at >= self.table_every_s:
-            self._table_at = now
+        if self._changed and now - self._said >= self.table_every_s and now - self._table_at >= self.table_every_s:
+            self._table_at, self._changed = now, False
             self._say(self.table())
+            self._changed = False
 
     # --- what is printed ------------------------------------------------------------------------
 
@@ -162,7 +165,7 @@ class SweepConsole:
     def _say(self, text: str) -> None:
         now = self.clock()
         print(f"[{duration(now - self.started)}] {text}", file=self.out, flush=True)
-        self._said = now
+        self._said, self._changed = now, True
 
 
 def _float(value: Any) -> float | None:

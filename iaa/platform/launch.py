@@ -153,12 +153,25 @@ def restore(launch: Launch, fn: Any) -> Any:
     return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
 
 
-def fit(launch: Launch, tuner_: Any) -> tuple[Any, dict[str, str]]:
-    """Run ``tuner_``; returns its ``ResultGrid`` and every trial's Tune status by trial id."""
+def fit(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, dict[str, str]]:
+    """Run ``tuner_``; returns its ``ResultGrid`` and every trial's Tune status by trial id.
+
+    ``quiet``: not even Tune's banner (its configuration box, results folder and TensorBoard
+    hint, which its new output prints at every verbosity; the older one is silent at 0).
+    """
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # save the experiment state often, for --resume
     # Tune snapshots the experiment at every kept checkpoint (what --resume needs); don't warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    results = tuner_.fit()
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    if quiet:
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        results = tuner_.fit()
+    finally:
+        if quiet and before is None:
+            del os.environ["RAY_AIR_NEW_OUTPUT"]
+        elif quiet:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
     analysis = tune.ExperimentAnalysis(launch.experiment_path)
     return results, {t.trial_id: t.status for t in analysis.trials}
 
@@ -211,7 +224,7 @@ class RayLauncher:
             tuner_ = tuner(launch, fn, callbacks, show_progress=verbose,
                            search_alg=search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name),
                            scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
-        results, statuses = fit(launch, tuner_)
+        results, statuses = fit(launch, tuner_, quiet=not verbose)
         run_ids, tagged = child_runs(trials.uri, trials.experiment, trials.sweep, trials.parent_run_id)
         return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
 
