@@ -104,6 +104,7 @@ def test_flop_formula_equals_the_flop_counter_on_the_reference_path(kind: str) -
         assert batch_flops(cfg, batch) == counter.get_total_flops()
 
 
+@pytest.mark.slow                              # inductor compiles for minutes on a small shared CPU
 @pytest.mark.parametrize("kind", ["iaa", "as-reader"])
 def test_compiled_reads_equal_eager_reads(kind: str) -> None:
     """``compile_reads`` (``train.compile``) computes what the eager reader does, in value and
@@ -174,3 +175,24 @@ def test_prefetch_raises_the_sources_error_and_stops_when_closed() -> None:
     next(endless)
     endless.close()                                  # joins the thread: it must not block on a full queue
     assert not any(t.name == "iaa-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+def test_checkpoint_rng_belongs_to_the_models_device() -> None:
+    """The CUDA RNG state saved is the model's GPU's (``model_device``), and it is restored onto
+    the device the run continues on, never implicitly onto GPU 0 or onto a CPU run."""
+    from iaa.jobs import checkpoint
+    from iaa.jobs.config import JobConfig
+
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40))
+    optimizer = build_optimizer(model, lr=1e-3, embed_l2=1e-4)
+    assert checkpoint.model_device(model) == torch.device("cpu")
+    assert checkpoint.model_device(torch.nn.Module()) == torch.device("cpu")
+    state = checkpoint.make_state(JobConfig(), model, optimizer)
+    assert "cuda_rng" not in state                               # a CPU model saves no CUDA state
+    expected = torch.rand(3)                                     # the draws after the save
+    checkpoint.restore_rng({**state, "cuda_rng": torch.zeros(16, dtype=torch.uint8)}, "cpu")
+    assert torch.equal(torch.rand(3), expected)                  # the CPU state, and nothing else, back
+    with HostReads():
+        on_fake_device(model)
+        assert checkpoint.model_device(model).type == "meta"     # the parameters' device, whatever it is
