@@ -75,8 +75,11 @@ def write_predictions(rows: list[dict[str, Any]], words: dict[str, list[str]], o
 def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = None, batch_size: int = 64) -> dict[str, Any]:
     """Evaluate a checkpoint on one split of a prepared dataset and write its predictions."""
     from iaa.data.loader import PreparedData, iter_batches
-    from iaa.jobs import checkpoint
+    from iaa.jobs import checkpoint, outputs
 
+    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{split}.parquet"
+    outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet",
+                              inputs={"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)})
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
     data = PreparedData.open(Path(data_dir))
     if state.get("vocab_hash") and data.manifest.get("vocab_hash") and state["vocab_hash"] != data.manifest["vocab_hash"]:
@@ -88,7 +91,6 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = No
     table = data.table(split)
     rows = list(predict(model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
     words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
-    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{split}.parquet"
     write_predictions(rows, words, out)
     correct = sum(r["pred"] == r["gold"] for r in rows)
     return {
