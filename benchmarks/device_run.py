@@ -84,7 +84,7 @@ def _bench(args, **kwargs) -> dict:
     from iaa.jobs import bench
 
     size = dict(overrides={k: v for k, v in TINY_MODEL.items() if k != "vocab_size"}, batch_size=4, steps=1,
-                warmup=1, matmul_size=128) if args.tiny else dict(batch_size=32, steps=30, warmup=3)
+                warmup=1, matmul_size=128, threads=1) if args.tiny else dict(batch_size=32, steps=30, warmup=3)
     if args.tiny and kwargs.get("compile"):
         kwargs["compile_backend"] = "eager"    # graph capture only: inductor takes minutes on a small CPU
     result = bench.run(device=args.device, **{**size, **kwargs})
