@@ -421,6 +421,9 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, split: str
         mark = "correct" if r["pred"] == r["gold"] else f"wrong (gold {r['candidates'][r['gold']]})"
         click.echo(f"{r['example_id']}: predicted {r['candidates'][r['pred']]} "
                    f"p={r['probs'][r['pred']]:.3f}, {mark}")
+        if r["stopped_at"] is not None:
+            halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
+            click.echo(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
     click.echo(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
 
 

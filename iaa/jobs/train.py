@@ -29,6 +29,7 @@ from iaa.errors import IaaError
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig
 from iaa.jobs.evaluate import score_batches
+from iaa.jobs.objective import Objective
 from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
 from iaa.jobs.step import autocast, build_optimizer, precision_dtype, retain_freed_memory, train_step
@@ -59,6 +60,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         self.cfg, self.tc, self.session, self.vocab_hash = cfg, cfg.train, session, vocab_hash
         self.amp_dtype = precision_dtype(cfg.train.precision)
+        self.objective = Objective.from_config(cfg)
         self.model, self.optimizer, self.progress = self._load()
         self.n_batches = session.num_train_batches()
         if self.n_batches == 0:
@@ -117,7 +119,7 @@ class Trainer:
         """One training step, then the step and time budgets."""
         p, tc = self.progress, self.tc
         loss = train_step(self.model, self.optimizer, batch.to(self.session.device), clip=tc.clip,
-                          amp_dtype=self.amp_dtype)
+                          amp_dtype=self.amp_dtype, objective=self.objective)
         p.finish_batch(self._clock_base + time.perf_counter())
         self.window.add(loss)
         self.bar.update(len(batch) * self.session.world_size)

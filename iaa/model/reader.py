@@ -6,6 +6,8 @@ All three share the embedding, the encoders, the masking and the pointer-sum, an
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -14,6 +16,7 @@ from iaa.model.config import ReaderConfig
 from iaa.model.dropout import Dropout
 from iaa.model.encoder import BiGRUEncoder
 from iaa.model.gates import SearchGate, gate_features
+from iaa.model.halting import Halting, HaltingUnit, halting_weights, mixture_log, safe_log
 from iaa.model.initialization import init_reader_
 from iaa.model.inputs import ReaderInputs
 from iaa.model.masking import masked_log_softmax
@@ -97,6 +100,9 @@ class IAAReader(nn.Module):
 
     The last step computes only the document attention d_{i,T}: s_T is never read, so its gates
     and GRU update would be dead computation.
+
+    With ``cfg.halting == "act"`` each example takes 1 to T steps (Adaptive Computation Time,
+    ``iaa.model.halting``) and the answer distribution mixes the steps' document attentions.
     """
 
     def __init__(self, cfg: ReaderConfig) -> None:
@@ -109,17 +115,29 @@ class IAAReader(nn.Module):
         self.gate_q = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
         self.gate_d = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
         self.search = nn.GRUCell(2 * two_h, s)                           # inference GRU
+        self.halting_unit = HaltingUnit(s, cfg.steps) if cfg.halting == "act" else None
         init_reader_(self)
 
     @property
     def embedding(self) -> nn.Embedding:
         return self.encoders.embedding
 
-    def forward(self, batch: ReaderInputs) -> torch.Tensor:
-        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
+    def forward(self, batch: ReaderInputs, return_halting: bool = False):
+        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document; with
+        ``return_halting``, also what ACT decided (a ``Halting``; None when ``halting="none"``)."""
         q_enc, _, d_enc = self.encoders(batch)                             # (B, Lq, 2h), (B, Ld, 2h)
         q_enc = self.encoders.drop(q_enc)                                  # attention inputs
         d_enc = Memory(self.encoders.drop(d_enc), deferred=self.cfg.batched_read_grad)
+        halting = None
+        if self.halting_unit is None:
+            log_att = self._fixed_steps(q_enc, d_enc, batch)               # log d_{i,T}: (B, Ld)
+        else:
+            log_att, halting = self._adaptive_steps(q_enc, d_enc, batch)   # log Σ_t p_t d_{i,t}
+        log_p = pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
+        return (log_p, halting) if return_halting else log_p
+
+    def _fixed_steps(self, q_enc: torch.Tensor, d_enc: Memory, batch: ReaderInputs) -> torch.Tensor:
+        """The paper's T steps; returns log d_{i,T}: (B, Ld)."""
         s = q_enc.new_zeros(q_enc.shape[0], self.cfg.state_dim)            # s_0: (B, s)
         for step in range(self.cfg.steps):
             q_t, _ = self.query_read(s, q_enc, batch.query_mask)           # (B, 2h)
@@ -127,11 +145,105 @@ class IAAReader(nn.Module):
                 logits = self.doc_read.logits(s, q_t, d_enc)               # (B, Ld)
                 break
             d_t, _ = self.doc_read(s, q_t, d_enc, batch.doc_mask)          # (B, 2h)
-            features = self.encoders.drop(gate_features(s, q_t, d_t))      # (B, s + 6h)
-            r_q, r_d = self.gate_q(features), self.gate_d(features)        # (B, 2h) each
-            s = self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)      # s_t: (B, s)
-        log_att = masked_log_softmax(_full_precision(logits), _answer_mask(self.cfg, batch))  # log d_{i,T}
-        return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
+            s = self._search(s, q_t, d_t)                                  # s_t: (B, s)
+        return masked_log_softmax(_full_precision(logits), _answer_mask(self.cfg, batch))  # log d_{i,T}
+
+    def _search(self, s: torch.Tensor, q_t: torch.Tensor, d_t: torch.Tensor) -> torch.Tensor:
+        """Gated search results into the inference GRU: s_{t-1} -> s_t, (B, s)."""
+        features = self.encoders.drop(gate_features(s, q_t, d_t))          # (B, s + 6h)
+        r_q, r_d = self.gate_q(features), self.gate_d(features)            # (B, 2h) each
+        return self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)
+
+    def _adaptive_steps(self, q_enc: torch.Tensor, d_enc: Memory, batch: ReaderInputs):
+        """ACT over the steps (iaa/model/halting.py): log Σ_t p_t d_{i,t} (B, Ld) and a ``Halting``.
+
+        Under ``torch.no_grad`` (inference) an example that halts leaves the batch, so later steps
+        compute only the examples still running; in training they run on, with weight 0, and the
+        loop ends when the last example has halted.
+        """
+        cfg, batch_size = self.cfg, q_enc.shape[0]
+        run = _Running.start(q_enc, d_enc, batch, _answer_mask(cfg, batch), cfg.state_dim)
+        record = _HaltingRecord(batch_size)
+        for step in range(cfg.steps):
+            last = step == cfg.steps - 1
+            q_t, _ = self.query_read(run.s, run.q_enc, run.q_mask)                # (A, 2h)
+            d_t, logits = self.doc_read(run.s, q_t, run.d_enc, run.d_mask)       # (A, 2h), (A, Ld)
+            log_d = masked_log_softmax(_full_precision(logits), run.a_mask)      # log d_{i,t}: (A, Ld)
+            h = run.spent.new_zeros(run.spent.shape)                             # no unit at T_max
+            if not last:
+                run.s = self._search(run.s, q_t, d_t)                            # s_t: (A, s)
+                h = self.halting_unit(run.s, step)                               # h_t: (A,)
+            p, halts = halting_weights(h, run.spent, last)                       # (A,), (A,)
+            p, halts = torch.where(run.alive, p, torch.zeros_like(p)), halts & run.alive
+            record.add(run.rows, step, h, p, halts, log_d)
+            run.spent, run.alive = run.spent + h, run.alive & ~halts
+            if last or not bool(run.alive.any()):
+                break
+            if not torch.is_grad_enabled():
+                run = run.select(run.alive)
+        return record.finish()
+
+
+@dataclass
+class _Running:
+    """The rows of a batch that the ACT loop still computes, with their per-row state."""
+
+    rows: torch.Tensor       # (A,) int64 indices into the batch
+    alive: torch.Tensor      # (A,) bool: not halted yet
+    spent: torch.Tensor      # (A,) Σ h_t so far
+    s: torch.Tensor          # (A, s) inference state
+    q_enc: torch.Tensor      # (A, Lq, 2h)
+    q_mask: torch.Tensor     # (A, Lq)
+    d_enc: Memory            # (A, Ld, 2h)
+    d_mask: torch.Tensor     # (A, Ld)
+    a_mask: torch.Tensor     # (A, Ld) answer positions
+
+    @classmethod
+    def start(cls, q_enc: torch.Tensor, d_enc: Memory, batch: ReaderInputs, a_mask: torch.Tensor,
+              state_dim: int) -> "_Running":
+        n = q_enc.shape[0]
+        return cls(torch.arange(n, device=q_enc.device), torch.ones(n, dtype=torch.bool, device=q_enc.device),
+                   q_enc.new_zeros(n), q_enc.new_zeros(n, state_dim), q_enc, batch.query_mask, d_enc,
+                   batch.doc_mask, a_mask)
+
+    def select(self, keep: torch.Tensor) -> "_Running":
+        """Only the rows where ``keep`` (inference: no gradient flows through the copies)."""
+        return _Running(self.rows[keep], self.alive[keep], self.spent[keep], self.s[keep], self.q_enc[keep],
+                        self.q_mask[keep], Memory(self.d_enc.tensor[keep], deferred=False), self.d_mask[keep],
+                        self.a_mask[keep])
+
+
+class _HaltingRecord:
+    """Per-step results of the ACT loop, gathered back to full batch size."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.h: list[torch.Tensor] = []          # (B,) each
+        self.p: list[torch.Tensor] = []          # (B,)
+        self.log_d: list[torch.Tensor] = []      # (B, Ld)
+        self.steps: torch.Tensor | None = None   # (B,) int64
+        self.remainder: torch.Tensor | None = None
+
+    def _full(self, rows: torch.Tensor, x: torch.Tensor, fill: float) -> torch.Tensor:
+        if x.shape[0] == self.batch_size:
+            return x
+        return x.new_full((self.batch_size, *x.shape[1:]), fill).index_copy(0, rows, x)
+
+    def add(self, rows, step: int, h, p, halts, log_d) -> None:
+        if self.steps is None:
+            self.steps = torch.zeros(self.batch_size, dtype=torch.long, device=p.device)
+            self.remainder = p.new_zeros(self.batch_size)
+        self.h.append(self._full(rows, h, 0.0))
+        self.p.append(self._full(rows, p, 0.0))
+        self.log_d.append(self._full(rows, log_d, float("-inf")))
+        stopped = rows[halts]
+        self.steps = self.steps.index_fill(0, stopped, step + 1)
+        self.remainder = self.remainder.index_put((stopped,), p[halts])
+
+    def finish(self) -> tuple[torch.Tensor, Halting]:
+        p = torch.stack(self.p)                                                 # (n, B)
+        log_att = mixture_log(safe_log(p), torch.stack(self.log_d))             # (B, Ld)
+        return log_att, Halting(torch.stack(self.h, 1), p.t(), self.steps, self.remainder)
 
 
 class ASReader(nn.Module):
