@@ -72,8 +72,10 @@ def write_predictions(rows: list[dict[str, Any]], words: dict[str, list[str]], o
     return atomic_write(out, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
-def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = None, batch_size: int = 64) -> dict[str, Any]:
-    """Evaluate a checkpoint on one split of a prepared dataset and write its predictions."""
+def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = None, batch_size: int = 64,
+        limit: int | None = None) -> dict[str, Any]:
+    """Evaluate a checkpoint on one split of a prepared dataset (its first ``limit`` rows, when
+    given) and write its predictions."""
     from iaa.data.loader import PreparedData, iter_batches
     from iaa.jobs import checkpoint
 
@@ -85,7 +87,7 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = No
             f"{data.manifest['vocab_hash'][:12]}); evaluate it on the data it was trained on",
             path=checkpoint_path, reason=MISSING_SOURCE,
         )
-    table = data.table(split)
+    table = data.table(split) if limit is None else data.rows(split, 0, limit)
     rows = list(predict(model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
     words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
     out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{split}.parquet"

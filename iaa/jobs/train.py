@@ -183,15 +183,18 @@ def run(
     on_metrics: MetricsCallback | None = None,
     show_progress: bool = True,
     device: str = "cpu",
+    train_rows: Any = None,
 ) -> dict[str, Any]:
     """Train in this process; returns the metrics with the best checkpoint's path.
 
-    An entry point: it opts this process into ``retain_freed_memory`` (faster CPU steps).
+    ``train_rows`` (a pyarrow Table in the shards' schema, e.g. with a teacher column) replaces
+    the prepared training split. An entry point: it opts this process into
+    ``retain_freed_memory`` (faster CPU steps).
     """
     from iaa.jobs.session import LocalSession
 
     retain_freed_memory()
     session = LocalSession(data_dir, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
-                           resume=resume, on_metrics=on_metrics, device=device)
+                           resume=resume, on_metrics=on_metrics, device=device, train_rows=train_rows)
     result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.get("vocab_hash", ""))
     return {**result, "checkpoint": str(session.best_checkpoint), "run_dir": str(run_dir)}
