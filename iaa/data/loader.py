@@ -129,6 +129,7 @@ class _Columns:
             answer=torch.from_numpy(self.answer[rows].astype(np.int64)),
             example_ids=self.example_id[rows].tolist(),
             teacher=None if self.teacher is None else torch.from_numpy(self._teacher(rows, cand_mask.shape[1])),
+            doc_lengths=torch.from_numpy(doc_mask.sum(1)), query_lengths=torch.from_numpy(query_mask.sum(1)),
         )
 
     def _teacher(self, rows: np.ndarray, width: int) -> np.ndarray:

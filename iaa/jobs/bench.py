@@ -21,6 +21,7 @@ import torch
 
 from iaa.data.batch import Batch
 from iaa.model.config import PRESETS, ReaderConfig
+from iaa.model.flops import batch_flops
 from iaa.model.reader import build_reader
 from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
 
@@ -77,11 +78,12 @@ def collate(examples: list[Example], device: str | torch.device = "cpu") -> Batc
         doc[i, : len(e.doc)] = torch.from_numpy(e.doc)
         query[i, : len(e.query)] = torch.from_numpy(e.query)
         doc_cand[i, : len(e.doc)] = torch.from_numpy(e.doc_cand)
-    doc_mask = torch.arange(ld) < torch.tensor([len(e.doc) for e in examples]).unsqueeze(1)
-    query_mask = torch.arange(lq) < torch.tensor([len(e.query) for e in examples]).unsqueeze(1)
-    batch = Batch(doc, doc_mask, query, query_mask, doc_cand,
-                  torch.ones(n, NUM_CANDS, dtype=torch.bool),
-                  torch.tensor([e.answer for e in examples]), [str(i) for i in range(n)])
+    doc_len = torch.tensor([len(e.doc) for e in examples])
+    query_len = torch.tensor([len(e.query) for e in examples])
+    batch = Batch(doc, torch.arange(ld) < doc_len.unsqueeze(1), query, torch.arange(lq) < query_len.unsqueeze(1),
+                  doc_cand, torch.ones(n, NUM_CANDS, dtype=torch.bool),
+                  torch.tensor([e.answer for e in examples]), [str(i) for i in range(n)],
+                  doc_lengths=doc_len, query_lengths=query_len)
     return batch.to(device)
 
 
@@ -126,7 +128,9 @@ def matmul_gflops(device: str = "cpu", size: int = 2048, reps: int = 10,
 
 
 def count_flops(fn: Callable[[], object]) -> int:
-    """Matrix-multiply FLOPs of ``fn()`` (forward and backward), by ``FlopCounterMode``."""
+    """Matrix-multiply FLOPs of ``fn()`` (forward and backward), by ``FlopCounterMode``: only the
+    matmuls that reach the dispatcher (not cuDNN's GRU, nor the fused CPU recurrence). The
+    benchmark counts with ``iaa.model.flops`` instead; this checks that formula."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
@@ -205,7 +209,7 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     time_steps(train, train_batches[:warmup], device)
     train_s, train_n = time_steps(train, train_batches[warmup:], device)
     typical = sorted(train_batches, key=lambda b: b.doc.shape[1])[len(train_batches) // 2]
-    flops = count_flops(lambda: train(typical)) / len(typical)         # median-length batch
+    flops = batch_flops(cfg, typical) / len(typical)                   # median-length batch
     infer_s, infer_n = _time_inference(reader, device, amp_dtype, batch_size, steps, warmup, seed)
     peak = matmul_gflops(device, dtype=amp_dtype or torch.float32)
     return _report(cfg, device, amp_dtype, batch_size, flops, train_n / train_s, infer_n / infer_s, peak)

@@ -32,6 +32,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0              # torch intra-op threads; 0 leaves torch's default
     precision: Literal["fp32", "bf16"] = "fp32"  # fp32 | bf16: forward passes under bf16 autocast (CUDA or CPU)
+    compile: bool = False         # torch.compile the reader's attention steps (CUDA graphs on CUDA)
 
     def __post_init__(self) -> None:
         checks = {

@@ -85,8 +85,11 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = No
     """Evaluate a checkpoint on one split of a prepared dataset (its first ``limit`` rows, when
     given) and write its predictions."""
     from iaa.data.loader import PreparedData, iter_batches
-    from iaa.jobs import checkpoint
+    from iaa.jobs import checkpoint, outputs
 
+    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{split}.parquet"
+    outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet",
+                              inputs={"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)})
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
     data = PreparedData.open(Path(data_dir))
     if state.get("vocab_hash") and data.manifest.get("vocab_hash") and state["vocab_hash"] != data.manifest["vocab_hash"]:
@@ -100,7 +103,6 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = No
     rows = list(predict(model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
     seconds = time.perf_counter() - start
     words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
-    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{split}.parquet"
     write_predictions(rows, words, out)
     correct = sum(r["pred"] == r["gold"] for r in rows)
     return {

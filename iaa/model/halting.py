@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from iaa.model.attention import Memory
+
 EPSILON = 0.01  # ε: an example halts once its halting probabilities reach 1 - ε (Graves 2016)
 
 
@@ -104,3 +106,68 @@ def mixture_log(log_weights: torch.Tensor, log_att: torch.Tensor) -> torch.Tenso
 def safe_log(p: torch.Tensor) -> torch.Tensor:
     """log p, exactly -inf where p = 0, with a finite gradient everywhere."""
     return torch.where(p > 0, torch.log(p.clamp_min(torch.finfo(p.dtype).tiny)), float("-inf"))
+
+
+@dataclass
+class Running:
+    """The rows of a batch that the ACT loop still computes, with their per-row state."""
+
+    rows: torch.Tensor       # (A,) int64 indices into the batch
+    alive: torch.Tensor      # (A,) bool: not halted yet
+    spent: torch.Tensor      # (A,) Σ h_t so far
+    s: torch.Tensor          # (A, s) inference state
+    q_enc: torch.Tensor      # (A, Lq, 2h)
+    q_mask: torch.Tensor     # (A, Lq)
+    d_enc: Memory            # (A, Ld, 2h)
+    d_mask: torch.Tensor     # (A, Ld)
+    a_mask: torch.Tensor     # (A, Ld) answer positions
+
+    @classmethod
+    def start(cls, q_enc: torch.Tensor, d_enc: Memory, q_mask: torch.Tensor, d_mask: torch.Tensor,
+              a_mask: torch.Tensor, state_dim: int) -> "Running":
+        n, device = q_enc.shape[0], q_enc.device
+        return cls(torch.arange(n, device=device), torch.ones(n, dtype=torch.bool, device=device),
+                   q_enc.new_zeros(n), q_enc.new_zeros(n, state_dim), q_enc, q_mask, d_enc, d_mask, a_mask)
+
+    def select(self, keep: torch.Tensor) -> "Running":
+        """Only the rows where ``keep`` (inference: no gradient flows through the copies)."""
+        return Running(self.rows[keep], self.alive[keep], self.spent[keep], self.s[keep], self.q_enc[keep],
+                       self.q_mask[keep], Memory(self.d_enc.tensor[keep], deferred=False), self.d_mask[keep],
+                       self.a_mask[keep])
+
+
+class HaltingRecord:
+    """Per-step results of the ACT loop, gathered back to the full batch of B examples."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.h: list[torch.Tensor] = []          # (B,) h_t per step
+        self.p: list[torch.Tensor] = []          # (B,) p_t
+        self.log_d: list[torch.Tensor] = []      # (B, Ld) log d_{i,t}
+        self.steps: torch.Tensor | None = None   # (B,) int64 N
+        self.remainder: torch.Tensor | None = None
+
+    def _full(self, rows: torch.Tensor, x: torch.Tensor, fill: float) -> torch.Tensor:
+        """(A, ...) values of ``rows`` -> (B, ...), ``fill`` for the examples no longer running."""
+        if x.shape[0] == self.batch_size:
+            return x
+        return x.new_full((self.batch_size, *x.shape[1:]), fill).index_copy(0, rows, x)
+
+    def add(self, rows: torch.Tensor, step: int, h: torch.Tensor, p: torch.Tensor, halts: torch.Tensor,
+            log_d: torch.Tensor) -> None:
+        """One step t = ``step`` + 1 of the running ``rows``: h_t, p_t, who halts, log d_{i,t}."""
+        if self.steps is None:
+            self.steps = torch.zeros(self.batch_size, dtype=torch.long, device=p.device)
+            self.remainder = p.new_zeros(self.batch_size)
+        self.h.append(self._full(rows, h, 0.0))
+        self.p.append(self._full(rows, p, 0.0))
+        self.log_d.append(self._full(rows, log_d, float("-inf")))
+        stopped = rows[halts]
+        self.steps = self.steps.index_fill(0, stopped, step + 1)
+        self.remainder = self.remainder.index_put((stopped,), p[halts])
+
+    def finish(self) -> tuple[torch.Tensor, Halting]:
+        """log Σ_t p_t d_{i,t} (B, Ld) and the ``Halting``."""
+        p = torch.stack(self.p)                                                 # (n, B)
+        log_att = mixture_log(safe_log(p), torch.stack(self.log_d))             # (B, Ld)
+        return log_att, Halting(torch.stack(self.h, 1), p.t(), self.steps, self.remainder)

@@ -76,7 +76,8 @@ def run(
         if result.get("checkpoint"):
             from iaa.platform import mlflow_model
 
-            result["model_uri"] = mlflow_model.try_log(uri, mlrun.run_id, [Path(result["checkpoint"])], prepared, register)
+            result["model_uri"] = mlflow_model.try_log(uri, mlrun.run_id, [Path(result["checkpoint"])], prepared, register,
+                                                       run=mlrun)
         mlrun.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
     return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": uri, "mlflow_run_id": mlrun.run_id}
 
