@@ -412,6 +412,51 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
 
 
 @cli.command()
+@click.option("--ensemble", "ensemble_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="An ensemble folder from `iaa-cli ensemble` (WORKDIR/ensembles/NAME): the teacher.")
+@click.option("--model", "model_kind", type=MODELS, help="Student variant [default: the members'].")
+@config_options
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Weight of the gold NLL; 1 - alpha goes to the KL to the teacher (1: ordinary training).")
+@click.option("--temperature", type=_Finite(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--train-examples", type=click.IntRange(min=1), default=None,
+              help="Distil on the first N training examples only [default: all].")
+@click.option("--refresh-teacher", is_flag=True, help="Compute the teacher again even where a stored one exists.")
+@click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/distill-ENSEMBLE-MODEL-seedN]")
+@click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
+@click.option("--register", metavar="NAME", help="Also register the student's MLflow model under NAME.")
+@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Score the teacher's members as this many parallel Ray tasks; 0: in this process (unless --address).")
+@click.option("--address", envvar="RAY_ADDRESS", help="Ray cluster for the teacher's scoring.")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="MLflow tracking server; default: a SQLite store under the workdir.")
+@workdir_option
+@json_option
+@_friendly
+def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None, sets: tuple[str, ...], alpha: float,
+            temperature: float, train_examples: int | None, refresh_teacher: bool, run_dir: Path | None,
+            overwrite: bool, register: str | None, workers: int, address: str | None, tracking_uri: str | None,
+            workdir: Path, as_json: bool) -> None:
+    """Train one reader against an ensemble's averaged distributions (knowledge distillation)."""
+    from functools import partial
+
+    from iaa.jobs import distill as job
+    from iaa.jobs import resolve, rundir, teacher
+    from iaa.platform import teacher_ray
+    from iaa.platform import train as platform_train
+
+    resolve.writable_workdir(workdir)
+    resolve.tracking_store(tracking_uri, workdir)
+    req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
+                             temperature=temperature, train_examples=train_examples, run_dir=run_dir,
+                             workdir=workdir, refresh_teacher=refresh_teacher, show_progress=not as_json)
+    score = teacher_ray.scorer(workers or None, address, not as_json) if (workers or address) else teacher.score_in_process
+    claim = partial(rundir.claim, overwrite=overwrite)
+    train = partial(platform_train.run, workdir=workdir, tracking_uri=tracking_uri, show_progress=not as_json,
+                    register=register)
+    _emit(job.run(req, train=train, score=score, claim=claim), as_json)
+
+
+@cli.command()
 @click.option("--checkpoint", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @data_options
 @click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
@@ -441,6 +486,9 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, split: str
         mark = "correct" if r["pred"] == r["gold"] else f"wrong (gold {r['candidates'][r['gold']]})"
         click.echo(f"{r['example_id']}: predicted {r['candidates'][r['pred']]} "
                    f"p={r['probs'][r['pred']]:.3f}, {mark}")
+        if r["stopped_at"] is not None:
+            halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
+            click.echo(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
     click.echo(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
 
 
