@@ -1,0 +1,106 @@
+"""``iaa-cli serve``: requests checked field by field, batches answered like ``iaa-cli predict``,
+and (slow) the same on Ray Serve over HTTP, through bad requests and a killed replica."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from iaa.cli import cli
+from iaa.jobs import serve as job
+from iaa.jobs.predict import Predictor
+from tests._explain import tiny_setup
+
+QUESTION = {"id": "q1", "document": "the cat sat on the mat . the dog ran to the mat .",
+            "query": "the XXXXX ran to the mat", "candidates": ["cat", "dog", "mat"]}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    prepared, ckpts = tiny_setup(root)
+    return root, prepared, ckpts["iaa"]
+
+
+@pytest.fixture(scope="module")
+def answerer(setup):
+    root, prepared, ckpt = setup
+    return job.Answerer.load(job.ModelSource("checkpoint", str(ckpt), str(prepared)))
+
+
+def _body(value) -> bytes:
+    return json.dumps(value).encode()
+
+
+def _refused(answerer, body: bytes, limits: job.Limits = job.Limits()) -> job.RequestError:
+    with pytest.raises(job.RequestError) as caught:
+        answerer.parse(body, limits)
+    return caught.value
+
+
+@pytest.mark.parametrize("body, status, field", [
+    (b'{"document": "a b', 400, "not valid JSON"),
+    (b"[]", 400, "non-empty list"),
+    (b'"just a string"', 400, "question object"),
+    (_body({k: v for k, v in QUESTION.items() if k != "query"}), 400, "query: missing"),
+    (_body({**QUESTION, "document": 7}), 400, "document: expected a string, got a number"),
+    (_body({**QUESTION, "candidates": {"a": 1}}), 400, "candidates: expected a list of strings, got an object"),
+    (_body([QUESTION, {**QUESTION, "candidates": ["cat", 3]}]), 400, "[1].candidates[1]: expected a string"),
+    (_body([QUESTION, 5]), 400, "[1]: expected a JSON object"),
+    (_body({**QUESTION, "id": True}), 400, "id: expected a string or an integer, got a boolean"),
+    (_body({**QUESTION, "answer": ["cat"]}), 400, "answer: expected a string, got a list"),
+    (_body({**QUESTION, "candidates": ["horse", "cow"]}), 422, "no candidate occurs in the document"),
+    (_body([QUESTION, {**QUESTION, "query": "the cat ran"}]), 422, "[1]: the query has no XXXXX placeholder"),
+    (_body({**QUESTION, "candidates": []}), 422, "the candidate list is empty"),
+])
+def test_bad_requests_get_a_status_naming_the_field(answerer, body, status, field):
+    error = _refused(answerer, body)
+    assert error.status == status and field in str(error)
+    assert error.body() == {"error": str(error), "status": status}
+
+
+def test_oversized_requests_get_413(answerer):
+    limits = job.Limits(max_document_words=20, max_questions=2, max_request_bytes=2000)
+    error = _refused(answerer, _body([QUESTION, {**QUESTION, "document": "the cat " * 20}]), limits)
+    assert error.status == 413 and "[1].document: 40 words, over the limit of 20" in str(error)
+    assert _refused(answerer, _body([QUESTION] * 3), limits).status == 413
+    assert _refused(answerer, _body({**QUESTION, "id": "x" * 3000}), limits).status == 413
+    assert len(answerer.parse(_body([QUESTION, QUESTION]), job.Limits(max_document_words=14))[0]) == 2
+
+
+def test_a_batch_of_requests_answers_each_like_predict(setup, answerer, tmp_path):
+    root, prepared, ckpt = setup
+    first = [QUESTION, {**QUESTION, "id": "q2", "query": "the XXXXX sat on the mat", "answer": "cat"}]
+    second = {k: v for k, v in QUESTION.items() if k != "id"}
+    requests = [answerer.parse(_body(first)), answerer.parse(_body(second))]
+    assert [single for _, single in requests] == [False, True]
+    rows = answerer.answer([questions for questions, _ in requests])
+
+    source = tmp_path / "q.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in [*first, second]), encoding="utf-8")
+    out = tmp_path / "p.jsonl"
+    result = CliRunner().invoke(cli, ["predict", "--checkpoint", str(ckpt), "--data", str(prepared),
+                                      "--input", str(source), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    expected = [json.loads(line) for line in out.read_text().splitlines()]
+    got = [row for rows_of_one in rows for row in rows_of_one]
+    assert [len(r) for r in rows] == [2, 1] and len(got) == len(expected) == 3
+    for g, e in zip(got, expected):
+        assert g.pop("model") == {"name": ckpt.stem, "version": answerer.version}
+        assert g.keys() == e.keys() and g["prediction"] == e["prediction"] and g.get("correct") == e.get("correct")
+        assert g["probs"] == pytest.approx(e["probs"], abs=1e-6)
+    assert [g["id"] for g in got] == ["q1", "q2", "1"]     # no id: its place in the request (predict: its line)
+
+
+def test_the_version_of_a_checkpoint_is_its_content(setup, tmp_path):
+    root, prepared, ckpt = setup
+    found = job.locate(job.ModelSource("checkpoint", str(ckpt), str(prepared)))
+    copy = tmp_path / "other.pt"
+    copy.write_bytes(ckpt.read_bytes())
+    again = job.locate(job.ModelSource("checkpoint", str(copy), str(prepared)))
+    assert found.version == again.version and len(found.version) == 12 and found.name != again.name
+    with pytest.raises(job.IaaError, match="MLflow model URI"):
+        job.ModelSource("model", "demo-reader/1")
