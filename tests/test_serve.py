@@ -104,3 +104,117 @@ def test_the_version_of_a_checkpoint_is_its_content(setup, tmp_path):
     assert found.version == again.version and len(found.version) == 12 and found.name != again.name
     with pytest.raises(job.IaaError, match="MLflow model URI"):
         job.ModelSource("model", "demo-reader/1")
+
+
+# --- on Ray Serve (one local Ray and one deployment of two replicas for all of these) -----------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: bytes) -> tuple[int, dict, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{url}/predict", data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read()), dict(reply.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}"), dict(err.headers)
+
+
+@pytest.fixture(scope="module")
+def served(setup):
+    pytest.importorskip("ray.serve", reason="needs ray[serve]")
+    import ray
+
+    from iaa.platform import serve as platform_serve
+
+    root, prepared, ckpt = setup
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    cfg = job.config(model_uri=None, checkpoint=ckpt, ensemble_dir=None, data_dir=prepared, workdir=root,
+                     tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
+                     max_document_words=200)
+    try:
+        yield platform_serve.start(cfg), cfg
+    finally:
+        platform_serve.stop(cfg.app_name)
+        ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(setup, served, tmp_path):
+    import urllib.request
+
+    from iaa.data import cbt
+    from iaa.platform import serve as platform_serve
+
+    root, prepared, ckpt = setup
+    url, cfg = served
+    with urllib.request.urlopen(f"{url}/ready", timeout=30) as ready:
+        assert ready.status == 200 and json.loads(ready.read())["model"]["name"] == ckpt.stem
+
+    examples = cbt.read(root / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt").examples()[:12]
+    records = [{"id": ex.example_id, "document": " ".join(ex.doc), "query": " ".join(ex.query),
+                "candidates": list(ex.candidates), "answer": ex.answer} for ex in examples]
+    source = tmp_path / "q.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    out = tmp_path / "p.jsonl"
+    result = CliRunner().invoke(cli, ["predict", "--checkpoint", str(ckpt), "--data", str(prepared),
+                                      "--input", str(source), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    expected = [json.loads(line) for line in out.read_text().splitlines()]
+
+    status, rows, headers = _post(url, json.dumps(records[:8]).encode())           # a list
+    singles = [_post(url, json.dumps(r).encode()) for r in records[8:]]            # one object each
+    assert status == 200 and all(s == 200 for s, _, _ in singles)
+    version = headers["x-iaa-model-version"]
+    got = rows + [row for _, row, _ in singles]
+    assert [g["id"] for g in got] == [e["id"] for e in expected]
+    for g, e in zip(got, expected):
+        assert g["model"] == {"name": ckpt.stem, "version": version}
+        assert g["prediction"] == e["prediction"] and g["correct"] == e["correct"]
+        assert g["probs"] == pytest.approx(e["probs"], abs=1e-6)
+
+    bad = [(b"{not json", 400, "not valid JSON"),
+           (json.dumps({**records[0], "query": 3}).encode(), 400, "query: expected a string"),
+           (json.dumps({**records[0], "document": "word " * 201}).encode(), 413, "201 words"),
+           (json.dumps({**records[0], "candidates": ["zebra"]}).encode(), 422, "no candidate occurs")]
+    for body, code, message in bad:
+        status, reply, _ = _post(url, body)
+        assert status == code and message in reply["error"], reply
+    assert _post(url, json.dumps(records[0]).encode())[0] == 200
+    assert platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_killed_replica_loses_at_most_its_requests_in_flight_and_comes_back(setup, served):
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from iaa.platform import serve as platform_serve
+
+    url, cfg = served
+    body = json.dumps(QUESTION).encode()
+    concurrency, total = 4, 80
+    with ThreadPoolExecutor(concurrency) as pool:
+        futures = [pool.submit(_post, url, body) for _ in range(total)]
+        while sum(f.done() for f in futures) < total // 4:
+            time.sleep(0.05)
+        platform_serve.kill_replica(cfg.app_name)
+        statuses = [f.result()[0] for f in futures]
+    failed = sum(s != 200 for s in statuses)
+    assert failed <= concurrency, statuses          # only requests in flight can be lost
+    deadline = time.monotonic() + 180
+    while platform_serve.replicas(cfg.app_name) != {"RUNNING": 2} and time.monotonic() < deadline:
+        time.sleep(1)
+    assert platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}
+    assert _post(url, body)[0] == 200
