@@ -218,3 +218,19 @@ def test_a_killed_replica_loses_at_most_its_requests_in_flight_and_comes_back(se
         time.sleep(1)
     assert platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}
     assert _post(url, body)[0] == 200
+
+
+def test_the_cluster_serve_config_builds_a_deployment():
+    pytest.importorskip("ray.serve", reason="needs ray[serve]")
+    import yaml
+
+    from iaa.platform import serve as platform_serve
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy" / "serve.yaml").read_text())
+    args = platform_serve.config_args(doc["applications"][0]["args"])
+    cfg = platform_serve.from_dict(args)
+    assert cfg.source.kind == "model" and cfg.autoscale == (1, 8) and cfg.limits.max_document_words == 5000
+    options = platform_serve.deployment_options(cfg)
+    assert options["autoscaling_config"]["max_replicas"] == 8 and "num_replicas" not in options
+    assert options["ray_actor_options"] == {"num_cpus": 2}
+    assert platform_serve.from_dict(platform_serve.to_dict(cfg)) == cfg
