@@ -31,6 +31,7 @@ from iaa.errors import IaaError
 from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig
 from iaa.jobs.evaluate import score_batches
+from iaa.jobs.objective import Objective
 from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
 from iaa.jobs.step import autocast, build_optimizer, precision_dtype, retain_freed_memory, train_step
@@ -66,6 +67,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         self.cfg, self.tc, self.session, self.vocab_hash = cfg, cfg.train, session, vocab_hash
         self.amp_dtype = precision_dtype(cfg.train.precision)
+        self.objective = Objective.from_config(cfg)
         self.model, self.optimizer, self.progress = self._load()
         self.n_batches = session.num_train_batches()
         if self.n_batches == 0:
@@ -130,7 +132,8 @@ class Trainer:
     def _run_batch(self, batch: Batch) -> None:
         """One training step (``batch`` on the device), then the step and time budgets."""
         p, tc = self.progress, self.tc
-        loss = train_step(self.model, self.optimizer, batch, clip=tc.clip, amp_dtype=self.amp_dtype)
+        loss = train_step(self.model, self.optimizer, batch, clip=tc.clip, amp_dtype=self.amp_dtype,
+                          objective=self.objective)
         p.finish_batch(self._clock_base + time.perf_counter())
         self.window.add(loss)
         self.bar.update(len(batch) * self.session.world_size)
@@ -204,15 +207,18 @@ def run(
     on_metrics: MetricsCallback | None = None,
     show_progress: bool = True,
     device: str = "cpu",
+    train_rows: Any = None,
 ) -> dict[str, Any]:
     """Train in this process; returns the metrics with the best checkpoint's path.
 
-    An entry point: it opts this process into ``retain_freed_memory`` (faster CPU steps).
+    ``train_rows`` (a pyarrow Table in the shards' schema, e.g. with a teacher column) replaces
+    the prepared training split. An entry point: it opts this process into
+    ``retain_freed_memory`` (faster CPU steps).
     """
     from iaa.jobs.session import LocalSession
 
     retain_freed_memory()
     session = LocalSession(data_dir, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
-                           resume=resume, on_metrics=on_metrics, device=device)
+                           resume=resume, on_metrics=on_metrics, device=device, train_rows=train_rows)
     result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.get("vocab_hash", ""))
     return {**result, "checkpoint": str(session.best_checkpoint), "run_dir": str(run_dir)}
