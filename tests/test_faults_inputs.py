@@ -97,3 +97,35 @@ def test_integer_ids_and_a_candidate_string_are_still_accepted(model, tmp_path):
     code, out = predict(model, tmp_path, path)
     assert code == 0, out
     assert json.loads((tmp_path / "answers.jsonl").read_text())["id"] == "7"
+
+
+# ---- make-cloze texts ---------------------------------------------------------------------------------
+
+def _make_cloze(source: Path, out: Path) -> None:
+    from _cloze_fake import make_fake
+
+    from iaa.data.cloze.sources import SourceSpec
+    from iaa.jobs import make_cloze
+
+    make_cloze.run(make_cloze.ClozeConfig("cbt-ne", (SourceSpec(source),)), out, workers=0, tagger=make_fake,
+                   progress=False)
+
+
+def test_a_book_file_of_one_title_line_names_the_file(tmp_path):
+    from iaa.errors import IaaError
+
+    book = tmp_path / "book.txt"
+    book.write_text("_BOOK_TITLE_ : Alone\n")
+    with pytest.raises(IaaError, match=f"{book}.*no book text"):
+        _make_cloze(book, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_paragraph_longer_than_the_tagger_reads_names_the_file_and_line(tmp_path):
+    from iaa.errors import IaaError
+
+    text = tmp_path / "long.txt"
+    text.write_text("A short first paragraph .\n\n" + "word " * 250_000 + "\n")
+    with pytest.raises(IaaError, match=f"{text}, line 3: .*1,249,999 characters"):
+        _make_cloze(text, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
