@@ -340,6 +340,27 @@ class Run:
         entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
         self._tolerant("log the dataset", self._client.log_inputs, self.run_id, [entry])
 
+    def log_file_input(self, path: Path, context: str) -> None:
+        """Record a file (e.g. a distillation teacher's Parquet) as an input of the run: its name,
+        path and the sha256 of its bytes (first 12 hex digits) as the digest."""
+        import hashlib
+
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        sha = hashlib.sha256()
+        with Path(path).open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                sha.update(block)
+        with warnings.catch_warnings():  # "can be interpreted in multiple ways": a local file
+            warnings.simplefilter("ignore")
+            source = resolve_dataset_source(str(Path(path).resolve()))
+        dataset = MetaDataset(source, name=Path(path).stem, digest=sha.hexdigest()[:12])
+        entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
+        self._tolerant(f"log the {context} input", self._client.log_inputs, self.run_id, [entry])
+
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self._tolerant(f"store {Path(path).name}", self._client.log_artifact, self.run_id, str(path), folder)
 
