@@ -440,7 +440,9 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     from functools import partial
 
     from iaa.jobs import distill as job
-    from iaa.jobs import resolve, rundir, teacher
+    from iaa.jobs import names, resolve, rundir, teacher
+
+    names.registered_name(register)
     from iaa.platform import teacher_ray
     from iaa.platform import train as platform_train
 
