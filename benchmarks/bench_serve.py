@@ -105,6 +105,7 @@ async def drive(url: str, bodies: list[tuple[str, bytes]], concurrency: int,
     results: list[tuple[str, int, float]] = []
     spans: list[tuple[float, float, int]] = []          # (start, end, status) of every request
     in_flight = [0]
+    errors: dict[str, int] = {}                          # client-side failures by exception type
 
     async def client(session: aiohttp.ClientSession) -> None:
         while not queue.empty():
@@ -115,8 +116,9 @@ async def drive(url: str, bodies: list[tuple[str, bytes]], concurrency: int,
                 async with session.post(url, data=body, headers={"content-type": "application/json"}) as reply:
                     await reply.read()
                     status = reply.status
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                 status = -1
+                errors[type(error).__name__] = errors.get(type(error).__name__, 0) + 1
             in_flight[0] -= 1
             end = time.perf_counter()
             results.append((kind, status, end - start))
@@ -129,7 +131,7 @@ async def drive(url: str, bodies: list[tuple[str, bytes]], concurrency: int,
         started = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
         wall = time.perf_counter() - started
-    return {**summarize(results, wall), "spans": spans}
+    return {**summarize(results, wall), "client_errors": errors, "spans": spans}
 
 
 def summarize(results: list[tuple[str, int, float]], wall: float) -> dict[str, Any]:
@@ -235,7 +237,7 @@ def kill_run(url: str, pool: list[dict[str, Any]], n: int, concurrency: int, app
     """A run during which one of two replicas is killed at a quarter of the requests."""
     from iaa.platform import serve as platform_serve
 
-    bodies = [("good", body_for("serve", q)) for _, q in request_mix(pool, n) if isinstance(q, dict)][:n]
+    bodies = [("good", body_for("serve", q)) for q in pool[:n]]
     state: dict[str, Any] = {}
 
     async def on_progress(done: int, in_flight: int) -> None:
@@ -257,6 +259,7 @@ def kill_run(url: str, pool: list[dict[str, Any]], n: int, concurrency: int, app
         time.sleep(0.5)
     return {**summary, "killed": state.get("killed"), "in_flight_at_kill": state.get("in_flight"),
             "in_flight_at_death": in_flight_at_death, "lost_sent_after_death": sent_after_death,
+            "lost_statuses": _count(status for _, _, status in spans if status != 200),
             "lost": summary["good_errors"], "replicas_running_again": restored,
             "two_replicas_again_within_s": round(time.perf_counter() - state["at"], 1) if restored else None}
 
