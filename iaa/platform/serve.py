@@ -256,6 +256,13 @@ def stop(app: str = "iaa") -> None:
 
 def run_forever(cfg: job.ServeConfig) -> None:
     """``iaa-cli serve``: deploy, say where, and serve until Ctrl-C."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)        # a service manager's stop: shut Serve down too
+    signal.signal(signal.SIGINT, interrupt)         # also when started with SIGINT ignored (`cmd &`)
     url = start(cfg)
     print(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)", file=sys.stderr)
     try:
