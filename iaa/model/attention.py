@@ -48,7 +48,8 @@ def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     """The dtype a matmul of ``tensor`` runs in here: autocast's, when it is on for its device
     (autocast casts floating-point tensors other than float64)."""
     device = tensor.device.type
-    if torch.is_autocast_enabled(device) and tensor.is_floating_point() and tensor.dtype != torch.float64:
+    if (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+            and tensor.is_floating_point() and tensor.dtype != torch.float64):
         return torch.get_autocast_dtype(device)
     return tensor.dtype
 

@@ -251,8 +251,12 @@ def _store(uri: str | None) -> Iterator[None]:
 
 
 def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
-            register: str | None = None) -> str | None:
-    """:func:`log`, where a failing store is a warning on stderr (the trained model stands)."""
+            register: str | None = None, run: Any = None) -> str | None:
+    """:func:`log`, where a failing store is a warning on stderr (the trained model stands).
+
+    With ``run`` (the ``tracking.Run`` being logged), the failure is also recorded as lost on it,
+    so that the run ends FAILED and the command says what was not logged.
+    """
     import sys
 
     from iaa.platform.tracking import TRANSIENT
@@ -262,6 +266,9 @@ def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
     except TRANSIENT as err:
         print(f"warning: could not log the model of run {run_id} to MLflow at {uri} ({str(err)[:300]}); "
               f"the checkpoint is still at {checkpoints[0]}", file=sys.stderr)
+        if run is not None:
+            run.lose(f"the model{' and its registration as ' + repr(register) if register else ''} "
+                     f"(the checkpoint is at {checkpoints[0]})", err)
         return None
 
 

@@ -295,7 +295,8 @@ def _cost(launch: launcher.Launch, s: _Sweep, train_rows: int) -> SweepCost:
     gpus = plan.gpus_per_worker > 0
     rate = 0.0 if gpus else probe(s.base, s.prepared, plan.threads)
     cost = SweepCost(trials=s.num_samples, epochs=s.base.train.max_epochs, examples=train_rows,
-                     examples_per_s=rate, concurrency=plan.max_concurrent, gpus=gpus)
+                     examples_per_s=rate, concurrency=plan.max_concurrent, gpus=gpus,
+                     gpus_per_trial=plan.gpus_per_worker)
     print(cost.describe(), file=sys.stderr)
     return cost
 
