@@ -571,6 +571,64 @@ def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, .
     click.echo(f"figure: {result['out']}")
 
 
+def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    low, sep, high = value.partition(":")
+    if not (sep and low.isdigit() and high.isdigit()) or int(low) > int(high) or int(high) < 1:
+        raise click.BadParameter(f"{value!r}: expected MIN:MAX replicas, 0 <= MIN <= MAX, MAX >= 1")
+    return int(low), int(high)
+
+
+@cli.command()
+@click.option("--model", "model_uri", metavar="URI",
+              help="An MLflow model: models:/NAME/VERSION (or models:/NAME@ALIAS, or a logged model's models:/ID).")
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A trained reader.")
+@click.option("--ensemble", "ensemble_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder written by `iaa-cli ensemble`: its selected members are averaged.")
+@data_options
+@click.option("--replicas", type=click.IntRange(min=1), help="Fixed number of replicas [default: 1].")
+@click.option("--autoscale", metavar="MIN:MAX", callback=_autoscale, help="Autoscale between MIN and MAX replicas.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Requests answered by one model call (serve.batch).")
+@click.option("--batch-wait-ms", type=_Finite(min=0), default=5.0, show_default=True,
+              help="How long a batch waits for more requests.")
+@click.option("--cpus-per-replica", type=_Finite(min=0.01), default=0.5, show_default=True,
+              help="Ray CPUs each replica holds (fractions let replicas share a small node).")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads per replica.")
+@click.option("--max-document-words", type=click.IntRange(min=1), default=5000, show_default=True,
+              help="Longer documents are refused with 413.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Where the HTTP proxy listens (0.0.0.0: all).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+              help="MLflow store of --model; default: the SQLite store under the workdir.")
+@workdir_option
+@_friendly
+def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, dataset: str | None,
+          data: Path | None, replicas: int | None, autoscale: tuple[int, int] | None, max_batch: int,
+          batch_wait_ms: float, cpus_per_replica: float, threads: int, max_document_words: int, host: str, port: int,
+          address: str | None, tracking_uri: str | None, workdir: Path) -> None:
+    """Serve a reader or an ensemble on Ray Serve: POST /predict takes predict's JSON questions."""
+    from iaa.jobs import resolve
+    from iaa.jobs import serve as job
+
+    if sum(x is not None for x in (model_uri, checkpoint, ensemble_dir)) != 1:
+        raise click.UsageError("give exactly one of --model URI, --checkpoint CKPT or --ensemble DIR")
+    if replicas is not None and autoscale is not None:
+        raise click.UsageError("give --replicas N or --autoscale MIN:MAX, not both")
+    if dataset is not None and data is not None:
+        raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
+    prepared = resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
+    cfg = job.config(model_uri=model_uri, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
+                     workdir=workdir, tracking_uri=tracking_uri, replicas=replicas or 1, autoscale=autoscale,
+                     max_batch=max_batch, batch_wait_ms=batch_wait_ms, cpus_per_replica=cpus_per_replica,
+                     threads=threads, max_document_words=max_document_words, host=host, port=port, address=address)
+    from iaa.platform import serve as platform_serve
+
+    platform_serve.run_forever(cfg)
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cli()

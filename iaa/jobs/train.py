@@ -94,7 +94,7 @@ class Trainer:
             checkpoint.check_resumable(saved, self.cfg, self.vocab_hash, source)
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
-            checkpoint.restore_rng(saved)
+            checkpoint.restore_rng(saved, self.session.device)
             progress = Progress.from_dict(saved["progress"], lr_scale=optimizer.lr / self.tc.lr)
         optimizer.set_lr(self.tc.lr * progress.lr_scale)
         if self.tc.compile:

@@ -126,9 +126,9 @@ class _Reader(nn.Module):
         return read(q_enc, q_final, d_enc, batch.query_mask, batch.doc_mask, _answer_mask(self.cfg, batch),
                     batch.doc_cand, batch.cand_mask.shape[1])
 
-    def compile_reads(self, mode: str | None = None) -> None:
-        """Compile ``_read`` for training steps (``mode``: ``torch.compile``'s, e.g.
-        ``reduce-overhead`` for CUDA graphs).
+    def compile_reads(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """Compile ``_read`` for training steps (``mode``, ``backend``: ``torch.compile``'s;
+        ``reduce-overhead`` means CUDA graphs on CUDA).
 
         Shapes are static: each (B, Lq, Ld) compiles once, so callers pad Lq and Ld to a few
         buckets (``iaa.data.batch.pad_to_buckets``); the recompile limit is raised to hold them.
@@ -138,7 +138,8 @@ class _Reader(nn.Module):
         import torch._dynamo
 
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        self._compiled_read = torch.compile(self._read, mode=mode, dynamic=False)
+        mode = mode if backend == "inductor" else None                   # modes are inductor's
+        self._compiled_read = torch.compile(self._read, mode=mode, backend=backend, dynamic=False)
 
     def _read(self, q_enc: torch.Tensor, q_final: torch.Tensor, d_enc: torch.Tensor, query_mask: torch.Tensor,
               doc_mask: torch.Tensor, answer_mask: torch.Tensor, doc_cand: torch.Tensor,
