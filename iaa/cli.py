@@ -211,7 +211,7 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
           workers: int, gpus_per_worker: float, tracking_uri: str | None, address: str | None,
           storage_path: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import names, resolve, rundir
+    from iaa.jobs import names, outputs, resolve, rundir
     from iaa.jobs import train as job
 
     names.registered_name(register)
@@ -223,9 +223,12 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
     uri = work.tracking_uri(tracking_uri)
     name, prepared = resolve.data_dir(dataset, data, workdir)
     cfg = resolve.job_config(name, prepared, model_kind=model_kind, config_file=config_file, sets=sets)
+    run_dir = resolve.run_dir(name, cfg, run_dir, workdir)
+    outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
+                          flag="--run-dir", folder=True)
     tracker = _tracker(workdir, uri)
     launcher = _launcher(address, storage_path) if workers > 0 else None
-    with rundir.claim(resolve.run_dir(name, cfg, run_dir, workdir), resume=resume, overwrite=overwrite) as folder:
+    with rundir.claim(run_dir, resume=resume, overwrite=overwrite) as folder:
         result = job.run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=resume, workers=workers,
                                  gpus_per_worker=gpus_per_worker, storage=work.storage(storage_path),
                                  show_progress=not as_json, register=register)
@@ -423,8 +426,10 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     from functools import partial
 
     from iaa.jobs import distill as job
-    from iaa.jobs import rundir, teacher
+    from iaa.jobs import names, rundir, teacher
     from iaa.jobs import train as train_job
+
+    names.registered_name(register)
     from iaa.platform import teacher_ray
 
     Workdir(workdir).writable()
