@@ -45,7 +45,7 @@ from mlflow.tracking import MlflowClient
 
 from iaa.errors import IaaError
 from iaa.data.manifest import MANIFEST
-from iaa.jobs.ports import MetricPoint, RunInfo, RunRecord
+from iaa.jobs.ports import MetricPoint, RunRecord
 from iaa.jobs.workdir import sqlite_file
 from iaa.platform.owner import owner, owner_alive
 
@@ -179,7 +179,7 @@ def close_orphans(uri: str) -> list[str]:
 
 
 def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
-              status: str | None = None) -> list[RunInfo]:
+              status: str | None = None) -> list[RunRecord]:
     """Runs of ``experiment`` carrying every tag of ``tags`` (and ``status``), newest first."""
     tags = tags or {}
     if any("'" in str(v) for v in tags.values()):
@@ -191,7 +191,7 @@ def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
     terms = [f"tags.`{k}` = '{v}'" for k, v in tags.items()] + ([f"attributes.status = '{status}'"] if status else [])
     runs = client.search_runs([found.experiment_id], filter_string=" and ".join(terms),
                               order_by=["attributes.start_time DESC"], max_results=5000)
-    return [RunInfo(r.info.run_id, r.info.status, dict(r.data.tags), r.data.tags.get(PARENT_TAG)) for r in runs]
+    return [_record(r) for r in runs]
 
 
 def find_by_tag(uri: str, key: str, values: Sequence[str]) -> str | None:
