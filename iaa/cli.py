@@ -211,7 +211,7 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
           workers: int, gpus_per_worker: float, tracking_uri: str | None, address: str | None,
           storage_path: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import names, resolve, rundir
+    from iaa.jobs import names, outputs, resolve, rundir
     from iaa.jobs import train as job
 
     names.registered_name(register)
@@ -223,9 +223,12 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
     uri = work.tracking_uri(tracking_uri)
     name, prepared = resolve.data_dir(dataset, data, workdir)
     cfg = resolve.job_config(name, prepared, model_kind=model_kind, config_file=config_file, sets=sets)
+    run_dir = resolve.run_dir(name, cfg, run_dir, workdir)
+    outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
+                          flag="--run-dir", folder=True)
     tracker = _tracker(workdir, uri)
     launcher = _launcher(address, storage_path) if workers > 0 else None
-    with rundir.claim(resolve.run_dir(name, cfg, run_dir, workdir), resume=resume, overwrite=overwrite) as folder:
+    with rundir.claim(run_dir, resume=resume, overwrite=overwrite) as folder:
         result = job.run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=resume, workers=workers,
                                  gpus_per_worker=gpus_per_worker, storage=work.storage(storage_path),
                                  show_progress=not as_json, register=register)
@@ -398,6 +401,52 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
 
 
 @cli.command()
+@click.option("--ensemble", "ensemble_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="An ensemble folder from `iaa-cli ensemble` (WORKDIR/ensembles/NAME): the teacher.")
+@click.option("--model", "model_kind", type=MODELS, help="Student variant [default: the members'].")
+@config_options
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Weight of the gold NLL; 1 - alpha goes to the KL to the teacher (1: ordinary training).")
+@click.option("--temperature", type=_Finite(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--train-examples", type=click.IntRange(min=1), default=None,
+              help="Distil on the first N training examples only [default: all].")
+@click.option("--refresh-teacher", is_flag=True, help="Compute the teacher again even where a stored one exists.")
+@click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/distill-ENSEMBLE-MODEL-seedN]")
+@click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
+@click.option("--register", metavar="NAME", help="Also register the student's MLflow model under NAME.")
+@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Score the teacher's members as this many parallel Ray tasks; 0: in this process (unless --address).")
+@address_option
+@tracking_option
+@workdir_option
+@json_option
+@_friendly
+def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None, sets: tuple[str, ...], alpha: float,
+            temperature: float, train_examples: int | None, refresh_teacher: bool, run_dir: Path | None,
+            overwrite: bool, register: str | None, workers: int, address: str | None, tracking_uri: str | None,
+            workdir: Path, as_json: bool) -> None:
+    """Train one reader against an ensemble's averaged distributions (knowledge distillation)."""
+    from functools import partial
+
+    from iaa.jobs import distill as job
+    from iaa.jobs import names, rundir, teacher
+    from iaa.jobs import train as train_job
+
+    names.registered_name(register)
+    from iaa.platform import teacher_ray
+
+    Workdir(workdir).writable()
+    tracker = _tracker(workdir, tracking_uri)
+    req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
+                             temperature=temperature, train_examples=train_examples, run_dir=run_dir,
+                             workdir=workdir, refresh_teacher=refresh_teacher, show_progress=not as_json)
+    score = teacher_ray.scorer(workers or None, address, not as_json) if (workers or address) else teacher.score_in_process
+    claim = partial(rundir.claim, overwrite=overwrite)
+    train = partial(train_job.run_tracked, tracker=tracker, show_progress=not as_json, register=register)
+    _emit(job.run(req, train=train, score=score, claim=claim), as_json)
+
+
+@cli.command()
 @click.option("--checkpoint", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @data_options
 @click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
@@ -427,6 +476,9 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, split: str
         mark = "correct" if r["pred"] == r["gold"] else f"wrong (gold {r['candidates'][r['gold']]})"
         click.echo(f"{r['example_id']}: predicted {r['candidates'][r['pred']]} "
                    f"p={r['probs'][r['pred']]:.3f}, {mark}")
+        if r["stopped_at"] is not None:
+            halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
+            click.echo(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
     click.echo(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
 
 
@@ -523,6 +575,63 @@ def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], 
         click.echo(f"{c['name']}: {len(c['y'])} points; last {metric} {c['y'][-1]:.4f} at {x_axis} {c['x'][-1]:g}; "
                    f"best {c['y'][best]:.4f} at {x_axis} {c['x'][best]:g}")
     click.echo(f"figure: {result['out']}")
+
+
+def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    low, sep, high = value.partition(":")
+    if not (sep and low.isdigit() and high.isdigit()) or int(low) > int(high) or int(high) < 1:
+        raise click.BadParameter(f"{value!r}: expected MIN:MAX replicas, 0 <= MIN <= MAX, MAX >= 1")
+    return int(low), int(high)
+
+
+@cli.command()
+@click.option("--model", "model_uri", metavar="URI",
+              help="An MLflow model: models:/NAME/VERSION (or models:/NAME@ALIAS, or a logged model's models:/ID).")
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A trained reader.")
+@click.option("--ensemble", "ensemble_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder written by `iaa-cli ensemble`: its selected members are averaged.")
+@data_options
+@click.option("--replicas", type=click.IntRange(min=1), help="Fixed number of replicas [default: 1].")
+@click.option("--autoscale", metavar="MIN:MAX", callback=_autoscale, help="Autoscale between MIN and MAX replicas.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Requests answered by one model call (serve.batch).")
+@click.option("--batch-wait-ms", type=_Finite(min=0), default=5.0, show_default=True,
+              help="How long a batch waits for more requests.")
+@click.option("--cpus-per-replica", type=_Finite(min=0.01), default=0.5, show_default=True,
+              help="Ray CPUs each replica holds (fractions let replicas share a small node).")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads per replica.")
+@click.option("--max-document-words", type=click.IntRange(min=1), default=5000, show_default=True,
+              help="Longer documents are refused with 413.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Where the HTTP proxy listens (0.0.0.0: all).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@address_option
+@tracking_option
+@workdir_option
+@_friendly
+def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, dataset: str | None,
+          data: Path | None, replicas: int | None, autoscale: tuple[int, int] | None, max_batch: int,
+          batch_wait_ms: float, cpus_per_replica: float, threads: int, max_document_words: int, host: str, port: int,
+          address: str | None, tracking_uri: str | None, workdir: Path) -> None:
+    """Serve a reader or an ensemble on Ray Serve: POST /predict takes predict's JSON questions."""
+    from iaa.jobs import resolve
+    from iaa.jobs import serve as job
+
+    if sum(x is not None for x in (model_uri, checkpoint, ensemble_dir)) != 1:
+        raise click.UsageError("give exactly one of --model URI, --checkpoint CKPT or --ensemble DIR")
+    if replicas is not None and autoscale is not None:
+        raise click.UsageError("give --replicas N or --autoscale MIN:MAX, not both")
+    if dataset is not None and data is not None:
+        raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
+    prepared = resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
+    cfg = job.config(model_uri=model_uri, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
+                     workdir=workdir, tracking_uri=tracking_uri, replicas=replicas or 1, autoscale=autoscale,
+                     max_batch=max_batch, batch_wait_ms=batch_wait_ms, cpus_per_replica=cpus_per_replica,
+                     threads=threads, max_document_words=max_document_words, host=host, port=port, address=address)
+    from iaa.platform import serve as platform_serve
+
+    platform_serve.run_forever(cfg)
 
 
 def main() -> None:

@@ -11,6 +11,9 @@ import torch
 class Batch:
     """A padded batch of cloze examples. Masks are boolean, True for a real token.
 
+    ``teacher`` is present only where the table has a ``teacher_probs`` column
+    (``iaa-cli distill``).
+
     ``doc_cand[b, i]`` is the index (into the example's candidates) of the word at document
     position ``i``, or -1 when that word is no candidate or is padding. It is computed from the
     words themselves, so two candidates that both map to ``<unk>`` stay apart.
@@ -24,6 +27,7 @@ class Batch:
     cand_mask: torch.Tensor   # (B, C) bool, True for a real candidate
     answer: torch.Tensor      # (B,) int64 index into candidates
     example_ids: list[str]
+    teacher: torch.Tensor | None = None  # (B, C) float32 soft targets over the candidates (distillation)
     doc_lengths: torch.Tensor | None = None    # (B,) int64, always on the CPU: doc_mask.sum(1)
     query_lengths: torch.Tensor | None = None  # (B,) int64, always on the CPU: query_mask.sum(1)
 

@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from iaa.data.batch import Batch
+from iaa.data.batch import Batch, pad_to_buckets
 from iaa.model.config import PRESETS, ReaderConfig
 from iaa.model.flops import batch_flops
 from iaa.model.reader import build_reader
@@ -170,7 +170,8 @@ def _time_inference(reader, device: str, amp_dtype, batch_size: int, steps: int,
 
 def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: str = "cpu",
         batch_size: int = 32, steps: int = 10, warmup: int = 2, seed: int = 0,
-        precision: str = "auto", threads: int = 0) -> dict:
+        precision: str = "auto", threads: int = 0, compile: bool = False,
+        compile_backend: str = "inductor", matmul_size: int = 2048) -> dict:
     """Time training steps and inference after a warm-up, on the synthetic workload.
 
     Args:
@@ -185,6 +186,10 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
             on CPU it is ``ReaderConfig.bf16_projections`` (the encoders' large GEMMs in bf16;
             CPU autocast would also put the many 32-row matmuls in bf16, which are slower there).
         threads: torch intra-op threads for the run (0 keeps the current setting).
+        compile: ``train.compile``: compiled attention reads (CUDA graphs on CUDA) over batches
+            padded to bucketed widths; every timed batch's shape is compiled before the timing.
+        compile_backend: ``torch.compile``'s backend (``eager``: graph capture only, for a quick check).
+        matmul_size: the square matmul that measures the machine's rate (``matmul_gflops``).
 
     Returns:
         A dict with train_examples_per_s, infer_examples_per_s, flops_per_train_example,
@@ -200,19 +205,23 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     optimizer = build_optimizer(reader, LR, EMBED_L2)
     pool = synthetic_examples((warmup + steps) * batch_size, seed=seed)
     train_batches = [collate(b, device) for b in bucketed_batches(pool, batch_size, seed)]
+    if compile:
+        reader.compile_reads(mode="reduce-overhead" if device.startswith("cuda") else None, backend=compile_backend)
+        train_batches = [pad_to_buckets(b) for b in train_batches]
 
     def train(batch: Batch) -> float:
         return train_step(reader, optimizer, batch, amp_dtype=amp_dtype)
 
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
-    time_steps(train, train_batches[:warmup], device)
+    time_steps(train, train_batches[:warmup] if not compile else train_batches, device)
     train_s, train_n = time_steps(train, train_batches[warmup:], device)
     typical = sorted(train_batches, key=lambda b: b.doc.shape[1])[len(train_batches) // 2]
     flops = batch_flops(cfg, typical) / len(typical)                   # median-length batch
     infer_s, infer_n = _time_inference(reader, device, amp_dtype, batch_size, steps, warmup, seed)
-    peak = matmul_gflops(device, dtype=amp_dtype or torch.float32)
-    return _report(cfg, device, amp_dtype, batch_size, flops, train_n / train_s, infer_n / infer_s, peak)
+    peak = matmul_gflops(device, size=matmul_size, dtype=amp_dtype or torch.float32)
+    return {**_report(cfg, device, amp_dtype, batch_size, flops, train_n / train_s, infer_n / infer_s, peak),
+            "compile": compile}
 
 
 def _report(cfg: ReaderConfig, device: str, amp_dtype, batch_size: int, flops: float,

@@ -128,8 +128,9 @@ def make_state(
     if optimizer is not None:
         state["optimizer"] = to_cpu(optimizer.state_dict())
         state["rng"] = torch.get_rng_state()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda_rng"] = torch.cuda.get_rng_state()
+        device = model_device(model)
+        if device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(device)          # the model's GPU, not GPU 0
     if progress is not None:
         state["progress"] = dict(progress)
     return state
@@ -165,11 +166,18 @@ def check_vocab(state: Mapping[str, Any], vocab_hash: str, source: Path | str, d
                               f"{ours[:12]}, the data's {vocab_hash[:12]}): {todo}")
 
 
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Set the RNG states saved by ``make_state`` (the CUDA one only where CUDA is in use)."""
+def restore_rng(state: Mapping[str, Any], device: torch.device | str = "cpu") -> None:
+    """Set the RNG states saved by ``make_state``: the CPU's, and the CUDA one on ``device`` when
+    the run continues on a GPU (each rank restores its own GPU's generator)."""
     torch.set_rng_state(state["rng"])
-    if "cuda_rng" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda_rng"])
+    device = torch.device(device)
+    if "cuda_rng" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s parameters (the CPU for a model without any)."""
+    return next((p.device for p in unwrap(model).parameters()), torch.device("cpu"))
 
 
 def load(path: Path) -> dict[str, Any]:

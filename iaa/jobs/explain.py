@@ -58,6 +58,8 @@ def example_records(model: nn.Module, table: pa.Table, tokens: Sequence[str], ro
             "gold": record["answer"],
             "pred": max(range(len(probs)), key=probs.__getitem__),
             "probs": probs,
+            "stopped_at": None if trace.stopped is None else int(trace.stopped[0]),
+            "max_steps": getattr(model.cfg, "steps", 1),
             "trace": [_step_record(t, step) for t, step in enumerate(trace.steps, 1)],
         })
     return records
@@ -71,7 +73,8 @@ def _step_record(t: int, step) -> dict[str, Any]:
         return None if x is None else round(float(x[0]), ROUND)
 
     return {"step": t, "query_attention": values(step.query), "doc_attention": values(step.doc),
-            "r_q": scalar(step.r_q), "r_d": scalar(step.r_d)}
+            "r_q": scalar(step.r_q), "r_d": scalar(step.r_d),
+            "halt_prob": scalar(step.halt), "weight": scalar(step.weight)}
 
 
 def run(checkpoint_path: Path, data_dir: Path, split: str, *, example_ids: Sequence[str] = (),

@@ -23,18 +23,8 @@ MetricsCallback = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
-class RunInfo:
-    """A tracked run found by its tags."""
-
-    run_id: str
-    status: str
-    tags: Mapping[str, str]
-    parent_run_id: str | None = None
-
-
-@dataclass(frozen=True)
 class RunRecord:
-    """What a report needs of one run: its name, start, parameters and tags."""
+    """A tracked run as found by its experiment or tags: its name, start, parameters and tags."""
 
     run_id: str
     name: str
@@ -61,6 +51,7 @@ class TrackedRun(Protocol):
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None: ...
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
     def log_dataset(self, prepared: Path, context: str = "train") -> None: ...
+    def log_file_input(self, path: Path, context: str) -> None: ...     # a file input (name, path, sha256)
     def log_artifact(self, path: Path, folder: str | None = None) -> None: ...
     def end(self, status: str = "FINISHED") -> None: ...
 
@@ -77,7 +68,7 @@ class Tracker(Protocol):
     def run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
             resume_id: str | None = None) -> ContextManager[TrackedRun]: ...  # ends FINISHED, FAILED or KILLED
     def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
-                  status: str | None = None) -> list[RunInfo]: ...     # newest first
+                  status: str | None = None) -> list[RunRecord]: ...     # newest first
     def find_by_tag(self, key: str, values: Sequence[str]) -> str | None: ...
     def log_model(self, run: TrackedRun, checkpoints: Sequence[Path], prepared: Path,
                   register: str | None = None) -> str | None: ...      # the model URI; None (and noted on run) when the store failed

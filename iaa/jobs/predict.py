@@ -5,7 +5,7 @@ A checkpoint carries its vocabulary (:func:`iaa.jobs.checkpoint.vocabulary`), so
 any folder; an older one without it needs the prepared folder it was trained on.
 
 An ensemble's distribution is the mean of its members' candidate probabilities, as in
-``iaa.jobs.ensemble``.
+``iaa.jobs.averaging``.
 """
 
 from __future__ import annotations

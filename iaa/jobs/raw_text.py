@@ -150,7 +150,7 @@ def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.
     about here. A question with no candidate in its document cannot be answered: an error.
     """
     placeholder = vocab.placeholder
-    stand_ins = [_present_candidate(q, lowercase, placeholder) for q in questions]
+    stand_ins = [present_candidate(q, lowercase, placeholder) for q in questions]
     words, doc, query = encode(pa.array([w for q in questions for w in q.example.doc], pa.string()),
                                pa.array([w for q in questions for w in q.example.query], pa.string()))
     chunk, errs = assemble(
@@ -167,7 +167,7 @@ def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.
     return to_table(chunk, vocab)
 
 
-def _present_candidate(q: Question, lowercase: bool, placeholder: str) -> str:
+def present_candidate(q: Question, lowercase: bool, placeholder: str) -> str:
     """The first candidate that occurs in the document; warns about the absent ones."""
     keys = set(match_keys(pa.array(q.example.doc, pa.string()), lowercase, placeholder).to_pylist())
     cands = q.example.candidates

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from iaa.errors import IaaError
+from iaa.files import writing
 from iaa.jobs.workdir import RunFolder
 
 LOCK = ".lock"
@@ -45,9 +46,11 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
             held = ", ".join(n for n in RunFolder.RUN_FILES if (run_dir / n).exists())
             raise RunDirError(f"{run_dir} already holds a run ({held}); "
                               "add --resume to continue it, --overwrite to replace it, or give another --run-dir")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield run_dir
+        with writing(run_dir):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        with writing(run_dir):      # a full or read-only disk met by the run: one message naming its folder
+            yield run_dir
     finally:
         os.close(fd)  # releases the lock
 

@@ -4,6 +4,9 @@ The objective (paper, "Training Details") is
 
     loss = -mean log P(a* | Q, D) + embed_l2 * ||X||²       (X: the word embedding)
 
+where a teacher's soft targets or ACT's ponder cost may add terms to the first part
+(:mod:`iaa.jobs.objective`).
+
 with the gradient clipped to norm ``clip`` (over all parameters, the L2 term included) and Adam.
 The training loop (in process, in a Tune trial or on Ray Train workers) and the benchmarks all
 call ``build_optimizer`` and ``train_step``, so every caller gets the fast path. λ lives in the
@@ -13,8 +16,9 @@ Fast path, same mathematics. A dense Adam update of the 50,000 x 384 embedding i
 exactness: with the L2 term every row has a gradient (2 λ x_r) every step, and Adam's moments
 move rows that the batch did not touch. What is avoided is everything else that is dense:
 
-- The embedding's data gradient stays sparse (``nn.Embedding(sparse=True)``): no zero-fill of a
-  77 MB gradient and no dense scatter.
+- On the CPU the embedding's data gradient stays sparse (``sparse_embedding_grad``): no
+  zero-fill of a 77 MB gradient and no dense scatter. On a GPU it is dense: coalescing a sparse
+  gradient reads its size back to the host, and a GPU step reads nothing back.
 - The L2 gradient is never materialised. The clipping norm is computed exactly from
   ||2λX + S||² = 4λ²||X||² + Σ_{rows r of S} (||2λx_r + s_r||² - ||2λx_r||²), where S is the
   coalesced sparse data gradient; ||X||² is also the value of the L2 term.
@@ -40,7 +44,7 @@ from torch import nn
 from iaa.data.batch import Batch
 from iaa.jobs.checkpoint import unwrap
 from iaa.jobs.config import ConfigError
-from iaa.model.pointer import nll_loss
+from iaa.jobs.objective import Objective, reader_output
 
 
 def retain_freed_memory() -> bool:
@@ -197,7 +201,8 @@ def precision_dtype(precision: str) -> torch.dtype | None:
 
 
 def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
-               clip: float = 5.0, amp_dtype: torch.dtype | None = None) -> float:
+               clip: float = 5.0, amp_dtype: torch.dtype | None = None,
+               objective: Objective = Objective()) -> float:
     """Forward, loss, backward, gradient-norm clipping and an Adam step on one batch.
 
     Args:
@@ -208,19 +213,20 @@ def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
         amp_dtype: run the forward under ``torch.autocast`` on the batch's device with this dtype
             (bfloat16: ``train.precision=bf16``); None keeps full precision. Parameters,
             gradients and Adam's state stay fp32 either way, and the loss is computed in fp32.
+        objective: the loss of the batch (default: the paper's NLL).
 
     Returns:
-        The loss, -mean log P(a*) + λ ||X||², as a 0-dim float64 tensor on the model's device.
-        Nothing here reads a value back to the host on a GPU (no sync): the caller sums the
-        losses as tensors and reads them when it reports.
+        The loss, -mean log P(a*) (or ``objective``'s loss) + λ ||X||², as a 0-dim float64
+        tensor on the model's device. Nothing here reads a value back to the host on a GPU (no
+        sync): the caller sums the losses as tensors and reads them when it reports.
     """
     model.train()
     with autocast(batch.doc.device.type, amp_dtype):
-        log_p = model(batch)                                               # (B, C)
-    nll = nll_loss(log_p.float(), batch.answer)
+        log_p, halting = reader_output(model, batch)                       # (B, C)
+    loss = objective(log_p.float(), batch, halting)
     for p in model.parameters():
         p.grad = None
-    nll.backward()
+    loss.backward()
     l2_value = _clip_and_attach(model, optimizer, clip)
     optimizer.step()
-    return nll.detach() + l2_value
+    return loss.detach() + l2_value

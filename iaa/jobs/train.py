@@ -32,6 +32,7 @@ from iaa.jobs import checkpoint
 from iaa.jobs.config import JobConfig, to_dict
 from iaa.jobs.ports import Launcher, Tracker
 from iaa.jobs.evaluate import score_batches
+from iaa.jobs.objective import Objective
 from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
 from iaa.jobs.step import autocast, build_optimizer, precision_dtype, retain_freed_memory, train_step
@@ -68,6 +69,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         self.cfg, self.tc, self.session, self.vocab_hash = cfg, cfg.train, session, vocab_hash
         self.amp_dtype = precision_dtype(cfg.train.precision)
+        self.objective = Objective.from_config(cfg)
         self.model, self.optimizer, self.progress = self._load()
         self.n_batches = session.num_train_batches()
         if self.n_batches == 0:
@@ -96,7 +98,7 @@ class Trainer:
             checkpoint.check_resumable(saved, self.cfg, self.vocab_hash, source)
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
-            checkpoint.restore_rng(saved)
+            checkpoint.restore_rng(saved, self.session.device)
             progress = Progress.from_dict(saved["progress"], lr_scale=optimizer.lr / self.tc.lr)
         optimizer.set_lr(self.tc.lr * progress.lr_scale)
         if self.tc.compile:
@@ -134,7 +136,8 @@ class Trainer:
     def _run_batch(self, batch: Batch) -> None:
         """One training step (``batch`` on the device), then the step and time budgets."""
         p, tc = self.progress, self.tc
-        loss = train_step(self.model, self.optimizer, batch, clip=tc.clip, amp_dtype=self.amp_dtype)
+        loss = train_step(self.model, self.optimizer, batch, clip=tc.clip, amp_dtype=self.amp_dtype,
+                          objective=self.objective)
         p.finish_batch(self._clock_base + time.perf_counter())
         self.window.add(loss)
         self.bar.update(len(batch) * self.session.world_size)
@@ -208,16 +211,19 @@ def run(
     on_metrics: MetricsCallback | None = None,
     show_progress: bool = True,
     device: str = "cpu",
+    train_rows: Any = None,
 ) -> dict[str, Any]:
     """Train in this process; returns the metrics with the best checkpoint's path.
 
-    An entry point: it opts this process into ``retain_freed_memory`` (faster CPU steps).
+    ``train_rows`` (a pyarrow Table in the shards' schema, e.g. with a teacher column) replaces
+    the prepared training split. An entry point: it opts this process into
+    ``retain_freed_memory`` (faster CPU steps).
     """
     from iaa.jobs.session import LocalSession
 
     retain_freed_memory()
     session = LocalSession(data_dir, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
-                           resume=resume, on_metrics=on_metrics, device=device)
+                           resume=resume, on_metrics=on_metrics, device=device, train_rows=train_rows)
     result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.get("vocab_hash", ""))
     return {**result, "checkpoint": str(session.best_checkpoint), "run_dir": str(run_dir)}
 
@@ -235,28 +241,39 @@ def run_tracked(
     storage: str = "",
     show_progress: bool = True,
     register: str | None = None,
+    train_rows: Any = None,
+    teacher: Path | None = None,
+    tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``iaa-cli train``: one run, in this process (``workers == 0``) or on the launcher's workers,
     tracked in ``tracker``, with its model logged at the end.
 
     A run resumed with ``resume`` continues the tracked run that its run folder had (found by the
     ``run_dir`` tag), so one folder has one run whose metrics go on where they stopped.
+    ``train_rows`` (a pyarrow Table) replaces the prepared training split, in process only: the
+    distillation job passes the rows with their teacher distributions, and ``teacher`` (the
+    teacher's Parquet file) is then logged as an input of the run.
     """
     if workers > 0 and launcher is None:
         raise IaaError("training on workers needs a launcher")
+    if train_rows is not None and workers > 0:
+        raise ValueError("training on given rows (distillation) runs in process, not on Ray Train workers")
     folder = RunFolder(Path(run_dir))
     experiment = f"train-{cfg.dataset}"
-    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers)}
+    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers),
+            **(tags or {})}
     resume_id = previous_run(tracker, experiment, folder.path) if resume else None
     with tracker.run(experiment, folder.path.name, tags=tags, resume_id=resume_id) as tracked:
         if resume_id is None:
             tracked.log_params(to_dict(cfg))
             tracked.log_dataset(prepared)
+            if teacher is not None:
+                tracked.log_file_input(Path(teacher), context="teacher")
         log = lambda metrics: tracked.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
         if workers <= 0:
             device = "cuda" if gpus_per_worker > 0 else "cpu"  # in process: --gpus-per-worker > 0 means this GPU
             result = run(cfg, prepared, folder.path, resume=resume, on_metrics=log, show_progress=show_progress,
-                         device=device)
+                         device=device, train_rows=train_rows)
         else:
             assert launcher is not None
             result = launcher.train_workers(cfg, prepared, folder, workers=workers, gpus_per_worker=gpus_per_worker,

@@ -15,6 +15,7 @@ from iaa.model.config import ReaderConfig
 from iaa.model.dropout import Dropout
 from iaa.model.encoder import BiGRUEncoder
 from iaa.model.gates import SearchGate, gate_features
+from iaa.model.halting import HaltingRecord, HaltingUnit, Running, halting_weights
 from iaa.model.initialization import init_reader_
 from iaa.model.inputs import ReaderInputs
 from iaa.model.masking import masked_log_softmax
@@ -125,9 +126,9 @@ class _Reader(nn.Module):
         return read(q_enc, q_final, d_enc, batch.query_mask, batch.doc_mask, _answer_mask(self.cfg, batch),
                     batch.doc_cand, batch.cand_mask.shape[1])
 
-    def compile_reads(self, mode: str | None = None) -> None:
-        """Compile ``_read`` for training steps (``mode``: ``torch.compile``'s, e.g.
-        ``reduce-overhead`` for CUDA graphs).
+    def compile_reads(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """Compile ``_read`` for training steps (``mode``, ``backend``: ``torch.compile``'s;
+        ``reduce-overhead`` means CUDA graphs on CUDA).
 
         Shapes are static: each (B, Lq, Ld) compiles once, so callers pad Lq and Ld to a few
         buckets (``iaa.data.batch.pad_to_buckets``); the recompile limit is raised to hold them.
@@ -137,7 +138,8 @@ class _Reader(nn.Module):
         import torch._dynamo
 
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        self._compiled_read = torch.compile(self._read, mode=mode, dynamic=False)
+        mode = mode if backend == "inductor" else None                   # modes are inductor's
+        self._compiled_read = torch.compile(self._read, mode=mode, backend=backend, dynamic=False)
 
     def _read(self, q_enc: torch.Tensor, q_final: torch.Tensor, d_enc: torch.Tensor, query_mask: torch.Tensor,
               doc_mask: torch.Tensor, answer_mask: torch.Tensor, doc_cand: torch.Tensor,
@@ -159,6 +161,9 @@ class IAAReader(_Reader):
 
     The last step computes only the document attention d_{i,T}: s_T is never read, so its gates
     and GRU update would be dead computation.
+
+    With ``cfg.halting == "act"`` each example takes 1 to T steps (Adaptive Computation Time,
+    ``iaa.model.halting``) and the answer distribution mixes the steps' document attentions.
     """
 
     def __init__(self, cfg: ReaderConfig) -> None:
@@ -169,7 +174,18 @@ class IAAReader(_Reader):
         self.gate_q = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
         self.gate_d = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
         self.search = nn.GRUCell(2 * two_h, s)                           # inference GRU
+        self.halting_unit = HaltingUnit(s, cfg.steps) if cfg.halting == "act" else None
         init_reader_(self)
+
+    def forward(self, batch: ReaderInputs, return_halting: bool = False):
+        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document; with
+        ``return_halting``, also what ACT decided (a ``Halting``; None when ``halting="none"``)."""
+        if self.halting_unit is None:
+            log_p = super().forward(batch)
+            return (log_p, None) if return_halting else log_p
+        q_enc, _, d_enc = self.encoders(batch)                             # (B, Lq, 2h), (B, Ld, 2h)
+        log_p, halting = self._adaptive_read(q_enc, d_enc, batch)
+        return (log_p, halting) if return_halting else log_p
 
     def _read(self, q_enc, q_final, d_enc, query_mask, doc_mask, answer_mask, doc_cand, num_cands):
         """The T alternating steps and the pointer-sum: (B, C)."""
@@ -183,11 +199,49 @@ class IAAReader(_Reader):
                 logits = self.doc_read.logits(s, q_t, d_enc)               # (B, Ld)
                 break
             d_t, _ = self.doc_read(s, q_t, d_enc, doc_mask)                # (B, 2h)
-            features = self.encoders.drop(gate_features(s, q_t, d_t))      # (B, s + 6h)
-            r_q, r_d = self.gate_q(features), self.gate_d(features)        # (B, 2h) each
-            s = self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)      # s_t: (B, s)
+            s = self._search(s, q_t, d_t)                                  # s_t: (B, s)
         log_att = masked_log_softmax(_full_precision(logits), answer_mask)  # log d_{i,T}
         return pointer_sum(log_att, doc_cand, num_cands)                   # (B, C) eq. 2
+
+    def _search(self, s: torch.Tensor, q_t: torch.Tensor, d_t: torch.Tensor) -> torch.Tensor:
+        """Gated search results into the inference GRU: s_{t-1} -> s_t, (B, s)."""
+        features = self.encoders.drop(gate_features(s, q_t, d_t))          # (B, s + 6h)
+        r_q, r_d = self.gate_q(features), self.gate_d(features)            # (B, 2h) each
+        return self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)
+
+    def _adaptive_read(self, q_enc: torch.Tensor, d_enc: torch.Tensor, batch: ReaderInputs):
+        """ACT over the steps (``iaa.model.halting``): log P(a | Q, D) (B, C) from the mixture
+        Σ_t p_t d_{i,t}, and the ``Halting``.
+
+        Under ``torch.no_grad`` (inference) an example that halts leaves the batch, so later steps
+        compute only the examples still running; in training they run on with weight 0, and the
+        loop ends when the last example has halted. Always eager (``compile_reads`` compiles the
+        fixed-T read only).
+        """
+        cfg = self.cfg
+        q_enc = self.encoders.drop(q_enc)                                  # attention inputs
+        d_enc = Memory(self.encoders.drop(d_enc), deferred=cfg.batched_read_grad)
+        run = Running.start(q_enc, d_enc, batch.query_mask, batch.doc_mask, _answer_mask(cfg, batch), cfg.state_dim)
+        record = HaltingRecord(q_enc.shape[0])
+        for step in range(cfg.steps):
+            last = step == cfg.steps - 1
+            q_t, _ = self.query_read(run.s, run.q_enc, run.q_mask)                # (A, 2h)
+            d_t, logits = self.doc_read(run.s, q_t, run.d_enc, run.d_mask)       # (A, 2h), (A, Ld)
+            log_d = masked_log_softmax(_full_precision(logits), run.a_mask)      # log d_{i,t}: (A, Ld)
+            h = run.spent.new_zeros(run.spent.shape)                             # no unit at T_max
+            if not last:
+                run.s = self._search(run.s, q_t, d_t)                            # s_t: (A, s)
+                h = self.halting_unit(run.s, step)                               # h_t: (A,)
+            p, halts = halting_weights(h, run.spent, last)                       # (A,), (A,)
+            p, halts = torch.where(run.alive, p, torch.zeros_like(p)), halts & run.alive
+            record.add(run.rows, step, h, p, halts, log_d)
+            run.spent, run.alive = run.spent + h, run.alive & ~halts
+            if last or not bool(run.alive.any()):
+                break
+            if not torch.is_grad_enabled():
+                run = run.select(run.alive)
+        log_att, halting = record.finish()                                 # log Σ_t p_t d_{i,t}: (B, Ld)
+        return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1]), halting  # (B, C) eq. 2
 
 
 class ASReader(_Reader):

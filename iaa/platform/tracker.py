@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from iaa.jobs.ports import MetricPoint, RunInfo, RunRecord
+from iaa.jobs.ports import MetricPoint, RunRecord
 from iaa.platform import mlflow_model, tracking
 from iaa.platform.tracking import TRANSIENT, Run
 
@@ -32,7 +32,7 @@ class MlflowTracker:
         return tracking.run_context(self.uri, experiment, name, tags=tags, resume_id=resume_id)
 
     def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
-                  status: str | None = None) -> list[RunInfo]:
+                  status: str | None = None) -> list[RunRecord]:
         return tracking.find_runs(self.uri, experiment, tags, status)
 
     def find_by_tag(self, key: str, values: Sequence[str]) -> str | None:

@@ -45,7 +45,7 @@ from mlflow.tracking import MlflowClient
 
 from iaa.errors import IaaError
 from iaa.data.manifest import MANIFEST
-from iaa.jobs.ports import MetricPoint, RunInfo, RunRecord
+from iaa.jobs.ports import MetricPoint, RunRecord
 from iaa.jobs.workdir import sqlite_file
 from iaa.platform.owner import owner, owner_alive
 
@@ -179,7 +179,7 @@ def close_orphans(uri: str) -> list[str]:
 
 
 def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
-              status: str | None = None) -> list[RunInfo]:
+              status: str | None = None) -> list[RunRecord]:
     """Runs of ``experiment`` carrying every tag of ``tags`` (and ``status``), newest first."""
     tags = tags or {}
     if any("'" in str(v) for v in tags.values()):
@@ -191,7 +191,7 @@ def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
     terms = [f"tags.`{k}` = '{v}'" for k, v in tags.items()] + ([f"attributes.status = '{status}'"] if status else [])
     runs = client.search_runs([found.experiment_id], filter_string=" and ".join(terms),
                               order_by=["attributes.start_time DESC"], max_results=5000)
-    return [RunInfo(r.info.run_id, r.info.status, dict(r.data.tags), r.data.tags.get(PARENT_TAG)) for r in runs]
+    return [_record(r) for r in runs]
 
 
 def find_by_tag(uri: str, key: str, values: Sequence[str]) -> str | None:
@@ -315,6 +315,27 @@ class Run:
         dataset = MetaDataset(source, name=info["name"], digest=info["digest"])
         entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
         self._tolerant("log the dataset", self._client.log_inputs, self.run_id, [entry])
+
+    def log_file_input(self, path: Path, context: str) -> None:
+        """Record a file (e.g. a distillation teacher's Parquet) as an input of the run: its name,
+        path and the sha256 of its bytes (first 12 hex digits) as the digest."""
+        import hashlib
+
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        sha = hashlib.sha256()
+        with Path(path).open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                sha.update(block)
+        with warnings.catch_warnings():  # "can be interpreted in multiple ways": a local file
+            warnings.simplefilter("ignore")
+            source = resolve_dataset_source(str(Path(path).resolve()))
+        dataset = MetaDataset(source, name=Path(path).stem, digest=sha.hexdigest()[:12])
+        entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
+        self._tolerant(f"log the {context} input", self._client.log_inputs, self.run_id, [entry])
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self._tolerant(f"store {Path(path).name}", self._client.log_artifact, self.run_id, str(path), folder)
