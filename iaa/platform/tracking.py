@@ -382,7 +382,7 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
                                  "restart it) and run again to log it")
 
 
-VIEW_KEY = "iaa-sweep"   # the experiment's saved runs view: ``#/experiments/ID/runs?viewStateShareKey=iaa-sweep``
+VIEW_KEY = "iaa-sweep"   # the experiment's saved runs view (``viewStateShareKey``)
 
 
 def show_columns(uri: str, experiment: str, columns: Sequence[str], order_by: str) -> str | None:
@@ -392,6 +392,7 @@ def show_columns(uri: str, experiment: str, columns: Sequence[str], order_by: st
 
     MLflow's UI opens an experiment with the columns the browser last chose; a view saved as the
     experiment tag ``mlflow.sharedViewState.KEY`` opens with its own columns from a link.
+    (``mlflow.experimentKind`` is what older 3.x UIs read; 3.17's follows the link's ``workflowType``.)
     """
     def canonical(name: str) -> str:
         kind, _, key = name.partition(".")
@@ -405,7 +406,9 @@ def show_columns(uri: str, experiment: str, columns: Sequence[str], order_by: st
              "orderByAsc": False, "runsExpanded": {}, "hideEmptyCharts": True}
     for key, value in {**EXPERIMENT_KIND, f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(state)}.items():
         client.set_experiment_tag(found.experiment_id, key, value)
-    return f"#/experiments/{found.experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+    # The UI shows every experiment as GenAI or as model training after a global switch (kept per
+    # browser, GenAI by default); ``workflowType`` in the link picks model training.
+    return f"#/experiments/{found.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
 
 
 # --- reading runs back (reports) -------------------------------------------------------------------
