@@ -459,3 +459,20 @@ def test_ray_sessions_report_the_checkpoint_score_and_when_the_first_batch_went_
     assert wrote_best and wrote_tie                             # one worker: rank 0 writes every checkpoint
     assert best[CHECKPOINT_SCORE] == 0.25 and tie[CHECKPOINT_SCORE] == -1.0   # a tie never displaces the best
     assert best["first_step_at"] == first and best["steps"] == 7 and best["is_best"] and not tie["is_best"]
+
+
+def test_a_restored_searcher_continues_the_same_persistent_study(tmp_path: Path) -> None:
+    from iaa.platform import search
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    first = search.searcher(space, seed=0, storage=url, study_name="s")
+    first.suggest("a")
+    first.save(str(tmp_path / "searcher.pkl"))            # what Tune keeps for --resume
+    again = search.searcher(space, seed=0, storage=url, study_name="s")
+    again.restore(str(tmp_path / "searcher.pkl"))
+    again.suggest("b")
+    import optuna
+
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    assert len(trials) == 2 and trials[0].params != trials[1].params   # one study, no repeat across the restart
