@@ -53,12 +53,14 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
     scored = _scored_copy(study)
     if len(scored.trials) < 2:
         raise IaaError(f"study {study_name!r} has {len(scored.trials)} scored trial(s); importances need 2 or more")
-    importances = dict(optuna.importance.get_param_importances(scored)) if len(study.best_trial.params) else {}
+    # fANOVA, seeded: Optuna 5's default (PED-ANOVA) needs many more trials than a sweep has
+    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+    importances = {k: float(v) for k, v in optuna.importance.get_param_importances(scored, evaluator=evaluator).items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {name: out_dir / f"{name}.png" for name in FIGURES}
     with warnings.catch_warnings():                # the matplotlib figures are "experimental"
         warnings.simplefilter("ignore")
-        vis.plot_param_importances(scored)
+        vis.plot_param_importances(scored, evaluator=evaluator)
         _save(plt, paths["importances"])
         vis.plot_parallel_coordinate(scored)
         _save(plt, paths["parallel_coordinates"])
