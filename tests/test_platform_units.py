@@ -274,8 +274,8 @@ def test_a_trial_asha_stopped_is_pruned_with_its_checks_in_a_persistent_study(tm
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
     searcher = search.searcher(space, seed=0, storage=url, study_name="demo-iaa-abc123")
     searcher.suggest("t1")
-    for check, acc in ((1, 0.4), (2, 0.35)):
-        searcher.on_trial_result("t1", {"valid_acc": acc, "best_valid_acc": 0.4, "checks": check})
+    searcher.on_trial_result("t1", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
+    # Tune hands the result ASHA stops on to on_trial_complete only, never to on_trial_result
     searcher.on_trial_complete("t1", {"valid_acc": 0.35, "best_valid_acc": 0.4, "checks": 2, "stop_reason": ""})
     [trial] = optuna.load_study(study_name="demo-iaa-abc123", storage=url).trials   # read back from the file
     assert trial.state == TrialState.PRUNED and trial.intermediate_values == {1: 0.4, 2: 0.35}

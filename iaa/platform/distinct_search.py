@@ -85,6 +85,7 @@ class StudySearch(OptunaSearch):
         then takes its last intermediate value); others COMPLETE with their best accuracy."""
         if not error and result and not result.get("stop_reason") and trial_id in self._ot_trials \
                 and trial_id not in self._completed_trials:
+            self.on_trial_result(trial_id, result)    # the check ASHA stopped on reaches only this call
             ot_trial = self._ot_trials[trial_id]
             ot_trial.set_user_attr("stopped_by", "asha")
             self._ot_study.tell(ot_trial, state=TrialState.PRUNED)

@@ -70,6 +70,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         if stops:
             ax.scatter(*zip(*stops), marker="x", s=80, color="crimson", zorder=5, label="stopped by ASHA")
             ax.legend(loc="lower right", fontsize="small")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("validation check")
         ax.set_ylabel("valid_acc")
         _save(plt, paths["intermediate_values"])
