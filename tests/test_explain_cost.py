@@ -70,20 +70,25 @@ def test_the_console_table_comes_only_after_a_quiet_spell_with_the_searched_valu
     out, clock = io.StringIO(), _Clock()
     console = SweepConsole(None, ["train.lr", "model.steps"], out=out, clock=clock, table_every_s=30)
     console.trial_started("a", {"train.lr": 0.004, "model.steps": 2})
-    clock.now = 29.0
+    console.trial_started("b", {"train.lr": 0.002, "model.steps": 3})
+    clock.now = 40.0
     console.tick()
-    assert len(out.getvalue().splitlines()) == 1          # not quiet long enough
-    clock.now = 31.0
+    assert len(out.getvalue().splitlines()) == 2          # no trial ended yet: the check lines say it all
+    console.trial_ended("b", "asha")
+    clock.now = 69.0
+    console.tick()
+    assert len(out.getvalue().splitlines()) == 3          # not quiet long enough
+    clock.now = 71.0
     console.tick()
     console.tick()                                        # at most every 30 s
-    table = out.getvalue().splitlines()[1:]
-    assert table[0] == "[0m31s] 0/1 trials done"
+    table = out.getvalue().splitlines()[3:]
+    assert table[0] == "[1m11s] 1/2 trials done"
     assert table[1].split() == ["trial", "state", "checks", "valid_acc", "best", "lr", "T"]
     assert table[2].split() == ["a", "running", "0", "-", "-", "4e-3", "2"]
-    assert len(table) == 3
-    clock.now = 100.0
-    console.tick()                                        # nothing changed since: no second table
-    assert len(out.getvalue().splitlines()) == 4
+    assert len(table) == 4
+    clock.now = 200.0
+    console.tick()                                        # no trial ended since: no second table
+    assert len(out.getvalue().splitlines()) == 7
 
 
 def test_probe_trains_the_sweeps_model_and_measures_a_rate(tmp_path):

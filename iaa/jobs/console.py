@@ -2,8 +2,8 @@
 
 The launcher's adapter calls :class:`SweepConsole` on each trial event (started, check, stopped
 by ASHA, finished, failed) and on the scheduler's idle ticks; the console writes one line per
-event and, while nothing else is said, a compact table of the trials at most every
-``TABLE_EVERY_S`` seconds, with the searched parameters as columns. It also corrects the
+event and, after a trial ended and once nothing else was said for ``TABLE_EVERY_S`` seconds,
+a compact table of the trials with the searched parameters as columns. It also corrects the
 sweep's cost estimate from the first real checks: the probe before the sweep times a few
 training steps only, while a trial also validates, checkpoints and starts up.
 """
@@ -53,7 +53,7 @@ class SweepConsole:
         self.started = self.clock()
         self._said = self.started            # when the last line was written
         self._table_at = self.started
-        self._changed = False                # a trial event since the last table
+        self._changed = False                # a trial ended since the last table
 
     # --- events ---------------------------------------------------------------------------------
 
@@ -83,6 +83,7 @@ class SweepConsole:
         t = self.trials.setdefault(trial_id, _Trial({}, self.clock()))
         if t.state != "running":
             return
+        self._changed = True
         after = f"after {t.checks} check{'s' * (t.checks != 1)}, best valid_acc {_acc(t.best)}"
         if reason == "asha":
             t.state = "stopped"
@@ -96,13 +97,12 @@ class SweepConsole:
             self._say(f"trial {trial_id} finished ({reason or 'done'}) {after}")
 
     def tick(self) -> None:
-        """Called often by the scheduler: a table when nothing was said for ``table_every_s`` since
-        a check or trial event changed it (an unchanged table is not repeated)."""
+        """Called often by the scheduler: the standings, once nothing was said for ``table_every_s``
+        after a trial ended (each check has its own line; an unchanged table is not repeated)."""
         now = self.clock()
         if self._changed and now - self._said >= self.table_every_s and now - self._table_at >= self.table_every_s:
             self._table_at, self._changed = now, False
             self._say(self.table())
-            self._changed = False
 
     # --- what is printed ------------------------------------------------------------------------
 
@@ -165,7 +165,7 @@ class SweepConsole:
     def _say(self, text: str) -> None:
         now = self.clock()
         print(f"[{duration(now - self.started)}] {text}", file=self.out, flush=True)
-        self._said, self._changed = now, True
+        self._said = now
 
 
 def _float(value: Any) -> float | None:
