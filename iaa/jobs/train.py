@@ -10,7 +10,8 @@ optimiser is built or its saved state loaded, so Adam's moments always live besi
 parameters; checkpoints hold CPU tensors (:mod:`iaa.jobs.checkpoint`), so a run trained on a GPU
 resumes or evaluates on a CPU and the other way round. ``train.precision=bf16`` runs forward
 passes (training and validation) under bf16 autocast on that device; parameters, gradients and
-Adam's state stay fp32.
+Adam's state stay fp32. ``auto`` (the default) is bf16 where this machine runs it faster
+(:mod:`iaa.jobs.precision`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from iaa.jobs.config import JobConfig
 from iaa.jobs.evaluate import score_batches
 from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
-from iaa.jobs.step import autocast, build_optimizer, precision_dtype, retain_freed_memory, train_step
+from iaa.jobs import precision
+from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
 from iaa.model.reader import build_reader
 
 TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks
@@ -58,7 +60,8 @@ class Trainer:
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
         self.cfg, self.tc, self.session, self.vocab_hash = cfg, cfg.train, session, vocab_hash
-        self.amp_dtype = precision_dtype(cfg.train.precision)
+        self.precision = precision.resolve(cfg.train.precision, session.device)   # fp32 | bf16
+        self.amp_dtype = precision.autocast_dtype(self.precision)
         self.model, self.optimizer, self.progress = self._load()
         self.n_batches = session.num_train_batches()
         if self.n_batches == 0:
@@ -100,7 +103,7 @@ class Trainer:
         self.bar.close()
         p = self.progress
         return {**self.last, "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
-                "stop_reason": p.stop_reason, "train_seconds": p.elapsed_s}
+                "stop_reason": p.stop_reason, "train_seconds": p.elapsed_s, "precision": self.precision}
 
     def _run_epoch(self) -> None:
         """The rest of the current epoch, with the checks that fall in it."""

@@ -16,8 +16,9 @@ from iaa.model.encoder import BiGRUEncoder
 from iaa.model.gates import SearchGate, gate_features
 from iaa.model.initialization import init_reader_
 from iaa.model.inputs import ReaderInputs
-from iaa.model.masking import masked_log_softmax
+from iaa.model.masking import full_precision, masked_log_softmax
 from iaa.model.pointer import pointer_sum
+from iaa.model.precision import cpu_bf16
 
 
 class _Encoders(nn.Module):
@@ -27,8 +28,9 @@ class _Encoders(nn.Module):
     which are the inputs of the attention mechanisms; one mask per tensor, reused by all T steps.
 
     In inference on the fused CPU path, the document encoder reads a cached table of every word's
-    input projection (``inference_table``, V x 6h floats: 154 MB at the paper config), rebuilt
-    whenever the embedding or the encoder's weights change (e.g. after each training step).
+    input projection (``inference_table``, V x 6h numbers: 154 MB in fp32 at the paper config,
+    77 MB in bf16), rebuilt whenever the embedding or the encoder's weights change (e.g. after
+    each training step) or the precision does.
     """
 
     def __init__(self, cfg: ReaderConfig) -> None:
@@ -37,10 +39,8 @@ class _Encoders(nn.Module):
         self._table: tuple[tuple, torch.Tensor] | None = None             # inference cache
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.embed_dim, sparse=cfg.sparse_embedding_grad)
         self.drop = Dropout(cfg.dropout, fast=cfg.fast_dropout)
-        self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru,
-                                          bf16=cfg.bf16_projections)
-        self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru,
-                                        bf16=cfg.bf16_projections)
+        self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru)
+        self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru)
 
     def forward(self, batch: ReaderInputs):
         """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h), before
@@ -63,19 +63,23 @@ class _Encoders(nn.Module):
                 and not self.training and not torch.is_grad_enabled())
 
     def _doc_table(self) -> torch.Tensor:
-        """The doc encoder's per-word projections (V, 2, 3h), rebuilt when any weight changed."""
+        """The doc encoder's per-word projections (V, 2, 3h), rebuilt when any weight changed;
+        in bf16 under CPU autocast with bf16 (as the fused encoder's projections), else fp32."""
+        dtype = torch.bfloat16 if cpu_bf16() else torch.float32
         params = [self.embedding.weight, *self.doc_encoder.gru._flat_weights]
-        key = tuple((p.data_ptr(), p._version) for p in params)
+        key = (dtype, *((p.data_ptr(), p._version) for p in params))
         if self._table is None or self._table[0] != key:
-            self._table = (key, self.doc_encoder.input_table(self.embedding.weight))
+            self._table = None                                             # free the old one first
+            self._table = (key, self.doc_encoder.input_table(self.embedding.weight, dtype))
         return self._table[1]
 
 
-def _full_precision(logits: torch.Tensor) -> torch.Tensor:
-    """Logits in fp32 at least: under autocast the attention reads compute in bf16, but the
-    answer distribution (a log-softmax over hundreds of positions, then the pointer-sum's
-    log-sum-exp) keeps full precision, so log P(a) is fp32 whatever the compute dtype."""
-    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+def _small_matmuls_fp32():
+    """CPU autocast off: the inference steps' 32-row matmuls (gates, inference GRU, query reads,
+    the projections of the document reads) are faster in fp32 than in bf16 with their casts
+    (benchmarks/README.md, "bf16 on CPU"). The document reads keep their ``Memory``'s dtype."""
+    return torch.autocast("cpu", enabled=False)
 
 
 def _answer_mask(cfg: ReaderConfig, batch: ReaderInputs) -> torch.Tensor:
@@ -118,9 +122,16 @@ class IAAReader(nn.Module):
     def forward(self, batch: ReaderInputs) -> torch.Tensor:
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
         q_enc, _, d_enc = self.encoders(batch)                             # (B, Lq, 2h), (B, Ld, 2h)
-        q_enc = self.encoders.drop(q_enc)                                  # attention inputs
-        d_enc = Memory(self.encoders.drop(d_enc), deferred=self.cfg.batched_read_grad)
+        q_enc = full_precision(self.encoders.drop(q_enc))                  # attention inputs, fp32
+        d_enc = Memory(full_precision(self.encoders.drop(d_enc)), deferred=self.cfg.batched_read_grad)
         s = q_enc.new_zeros(q_enc.shape[0], self.cfg.state_dim)            # s_0: (B, s)
+        with _small_matmuls_fp32():
+            logits = self._search(s, q_enc, d_enc, batch)                  # (B, Ld)
+        log_att = masked_log_softmax(logits, _answer_mask(self.cfg, batch))  # log d_{i,T}
+        return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
+
+    def _search(self, s: torch.Tensor, q_enc: torch.Tensor, d_enc: Memory, batch: ReaderInputs) -> torch.Tensor:
+        """The T alternating steps from s_0; returns the last step's document logits (B, Ld)."""
         for step in range(self.cfg.steps):
             q_t, _ = self.query_read(s, q_enc, batch.query_mask)           # (B, 2h)
             if step == self.cfg.steps - 1:
@@ -130,8 +141,7 @@ class IAAReader(nn.Module):
             features = self.encoders.drop(gate_features(s, q_t, d_t))      # (B, s + 6h)
             r_q, r_d = self.gate_q(features), self.gate_d(features)        # (B, 2h) each
             s = self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)      # s_t: (B, s)
-        log_att = masked_log_softmax(_full_precision(logits), _answer_mask(self.cfg, batch))  # log d_{i,T}
-        return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
+        return logits
 
 
 class ASReader(nn.Module):
@@ -155,7 +165,7 @@ class ASReader(nn.Module):
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
         _, query, d_enc = self.encoders(batch)                             # (B, 2h), (B, Ld, 2h)
         query, d_enc = self.encoders.drop(query), self.encoders.drop(d_enc)
-        logits = _full_precision(bilinear_logits(d_enc, query))            # (B, Ld)
+        logits = bilinear_logits(d_enc, query)                             # (B, Ld)
         log_att = masked_log_softmax(logits, _answer_mask(self.cfg, batch))
         return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C)
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from iaa.jobs import checkpoint
+from iaa.jobs import checkpoint, precision
 from iaa.jobs import train as train_job
 from iaa.jobs.config import JobConfig, to_dict
 from iaa.jobs.session import CHECKPOINT_FILE, MetricsCallback
@@ -46,6 +46,8 @@ def run(
     experiment = f"train-{cfg.dataset}"
     tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers)}
     resume_id = previous_run(uri, experiment, Path(run_dir)) if resume else None
+    # auto -> fp32 or bf16 here, once: the MLflow params record it, and every worker uses it
+    cfg = precision.resolved(cfg, "cuda" if gpus_per_worker > 0 else "cpu")
     with tracking.run_context(uri, experiment, Path(run_dir).name, tags=tags, resume_id=resume_id) as mlrun:
         if resume_id is None:
             mlrun.log_params(to_dict(cfg))
