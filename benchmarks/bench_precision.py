@@ -1,6 +1,6 @@
 """fp32 against bf16 on the CPU, interleaved in one run: GEMM choices, training and inference.
 
-    python benchmarks/bench_precision.py [--threads 2] [--rounds 5] [--steps 2] [--json OUT]
+    python benchmarks/bench_precision.py [--threads 2] [--rounds 5] [--steps 2] [--clock cpu] [--json OUT]
 
 1. GEMMs: each matmul shape of the paper config in fp32 and with bf16 operands, the two
    alternating, median of ``--rounds`` (GFLOP/s), with the cast of the operands that the
@@ -20,7 +20,6 @@ import json
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -103,7 +102,7 @@ SIDES = {                  # name: (autocast dtype, small matmuls in bf16 too)
 }
 
 
-def model_rates(rounds: int, steps: int, batch_size: int) -> dict[str, dict[str, float]]:
+def model_rates(rounds: int, steps: int, batch_size: int, clock=time.perf_counter) -> dict[str, dict[str, float]]:
     cfg = replace(PRESETS["paper"], vocab_size=bench.VOCAB_SIZE)
     sides = {}
     for name, (dtype, bf16_small) in SIDES.items():
@@ -122,9 +121,9 @@ def model_rates(rounds: int, steps: int, batch_size: int) -> dict[str, dict[str,
     for i, batch in enumerate(batches):
         for name in order[i % len(order):] + order[: i % len(order)]:      # who goes first rotates
             reader, optimizer, dtype = sides[name]
-            start = time.perf_counter()
+            start = clock()
             train_step(reader, optimizer, batch, amp_dtype=dtype)
-            seconds[name]["train"] += time.perf_counter() - start
+            seconds[name]["train"] += clock() - start
     for reader, _, dtype in sides.values():
         reader.eval()
         with torch.inference_mode(), autocast("cpu", dtype):
@@ -132,10 +131,10 @@ def model_rates(rounds: int, steps: int, batch_size: int) -> dict[str, dict[str,
     for i, batch in enumerate(batches):
         for name in order[i % len(order):] + order[: i % len(order)]:
             reader, _, dtype = sides[name]
-            start = time.perf_counter()
-            with torch.inference_mode(), autocast("cpu", dtype) if dtype else nullcontext():
+            start = clock()
+            with torch.inference_mode(), autocast("cpu", dtype):
                 reader(batch)
-            seconds[name]["infer"] += time.perf_counter() - start
+            seconds[name]["infer"] += clock() - start
     n = len(batches) * batch_size
     rates = {name: {f"{kind}_examples_per_s": round(n / s, 2) for kind, s in t.items()} for name, t in seconds.items()}
     for name, r in rates.items():
@@ -153,6 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--no-model", action="store_true", help="only the GEMMs")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="reader sides: cpu = process CPU time, which other processes on a shared "
+                             "machine barely disturb; meaningful as a rate only with --threads 1")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     if args.threads > 0:
@@ -160,7 +162,9 @@ def main(argv: list[str] | None = None) -> dict:
     retain_freed_memory()
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "gemms": gemm_rates(args.rounds)}
     if not args.no_model:
-        result["model"] = model_rates(args.rounds, args.steps, args.batch_size)
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        result["model"] = model_rates(args.rounds, args.steps, args.batch_size, clock)
+        result["clock"] = args.clock
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
