@@ -3,7 +3,8 @@
     python deploy/validate.py        # prints one line per file; exits 1 on the first problem
 
 It cannot start a cluster: it parses ``cluster.yaml`` (Ray cluster launcher), ``rayjob.yaml``
-(KubeRay) and ``mlflow.yaml`` (Kubernetes, several documents), and checks that they use the
+(KubeRay), ``mlflow.yaml`` (Kubernetes, several documents) and ``serve.yaml`` (Ray Serve), checks
+that the Serve application is ``iaa-cli serve``'s with a registered model, and that they use the
 image built from the Dockerfile, give the head the ``trial_driver`` resource and no GPUs, keep
 GPU workers at 0 to start, and point the sweep at the MLflow Service that ``mlflow.yaml`` defines.
 """
@@ -68,13 +69,29 @@ def check_mlflow(docs: list[dict[str, Any]]) -> str:
     return f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local:{port}"
 
 
+SERVE_ARGS = {"model", "checkpoint", "ensemble", "data_dir", "workdir", "tracking_uri", "replicas", "autoscale",
+              "max_batch", "batch_wait_ms", "cpus_per_replica", "threads", "limits", "app_name"}
+
+
+def check_serve(doc: dict[str, Any], mlflow_url: str) -> None:
+    f = "serve.yaml"
+    (app,) = doc["applications"]
+    _need(app["import_path"] == "iaa.platform.serve:build", f, "the application is iaa.platform.serve:build")
+    args = app["args"]
+    _need(set(args) <= SERVE_ARGS, f, f"unknown args {sorted(set(args) - SERVE_ARGS)}")
+    _need(str(args.get("model", "")).startswith("models:/"), f, "replicas on any node serve a registered model")
+    _need(args.get("tracking_uri") == mlflow_url, f, f"the model comes from {mlflow_url}")
+    _need(float(args.get("cpus_per_replica", 0)) >= int(args.get("threads", 1)), f, "a replica's threads fit its CPUs")
+
+
 def main() -> None:
     load = lambda name: list(yaml.safe_load_all((HERE / name).read_text(encoding="utf-8")))  # noqa: E731
     url = check_mlflow(load("mlflow.yaml"))
     check_rayjob(load("rayjob.yaml")[0], url)
     check_cluster(load("cluster.yaml")[0])
+    check_serve(load("serve.yaml")[0], url)
     _need("torch==2.13.0" in (HERE / "Dockerfile").read_text(encoding="utf-8"), "Dockerfile", "torch 2.13.0 baked in")
-    print(f"mlflow.yaml: ok ({url})\nrayjob.yaml: ok\ncluster.yaml: ok\nDockerfile: ok")
+    print(f"mlflow.yaml: ok ({url})\nrayjob.yaml: ok\ncluster.yaml: ok\nserve.yaml: ok\nDockerfile: ok")
 
 
 if __name__ == "__main__":

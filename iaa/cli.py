@@ -63,14 +63,18 @@ def _debug(ctx: click.Context | None) -> bool:
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file) as one line.
+    """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file; or a full or
+    read-only disk met anywhere) as one line.
 
     Anything else is a bug and keeps its traceback; ``--debug`` or ``IAA_DEBUG=1`` keeps it for all.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import errno
+
         from iaa.errors import IaaError
+        from iaa.files import unwritable_message
 
         try:
             return fn(*args, **kwargs)
@@ -78,6 +82,10 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
             if _debug(click.get_current_context(silent=True)):
                 raise
             raise click.ClickException(str(err)) from err
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
+                raise
+            raise click.ClickException(unwritable_message(err, err.filename or "the output")) from err
 
     return wrapper
 
@@ -139,11 +147,13 @@ def cli(debug: bool) -> None:
 @click.option("--min-count", type=click.IntRange(min=1), default=1, show_default=True, help="Drop training words seen fewer times.")
 @click.option("--max-vocab", type=click.IntRange(min=4), default=None, help="Keep at most this many words (by frequency).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
+@click.option("--overwrite", is_flag=True, help="Replace another dataset (or one from another source path) that --out holds.")
 @workdir_option
 @json_option
 @_friendly
 def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, lowercase: bool | None,
-            min_count: int, max_vocab: int | None, threads: int | None, workdir: Path, as_json: bool) -> None:
+            min_count: int, max_vocab: int | None, threads: int | None, overwrite: bool, workdir: Path,
+            as_json: bool) -> None:
     """Parse a corpus into Parquet shards, a vocabulary and a manifest."""
     from iaa.files import ensure_writable
     from iaa.jobs import prepare as job
@@ -153,7 +163,8 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
     out = out or workdir / "data" / dataset
     ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
     result = job.run(dataset, source, out, on_error=on_error, lowercase=lowercase,
-                     min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json)
+                     min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json,
+                     overwrite=overwrite)
     _emit(result, as_json)
 
 
@@ -178,8 +189,9 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
           workers: int, gpus_per_worker: float, tracking_uri: str | None, address: str | None,
           storage_path: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import resolve, rundir
+    from iaa.jobs import names, resolve, rundir
 
+    names.registered_name(register)
     _need_data(dataset, data)
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
@@ -266,8 +278,11 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
          tracking_uri: str | None, address: str | None, storage_path: str | None, register: str | None,
          resume: str | None, as_json: bool) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
-    from iaa.jobs import resolve
+    from iaa.jobs import names, resolve
 
+    names.folder_name(sweep_name)
+    names.folder_name(resume or None, "--resume")
+    names.registered_name(register)
     resolve.writable_workdir(workdir)
     resolve.tracking_store(tracking_uri, workdir)
     from iaa.platform import tune as job
@@ -306,18 +321,22 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
 @click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
+@click.option("--overwrite", is_flag=True, help="Replace a finished ensemble of the same name.")
 @workdir_option
 @cluster_options
 @json_option
 @_friendly
 def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[Path, ...], dataset: str | None,
              data: Path | None, top_configs: int, seeds: int, select: str, top_p: float, ensemble_name: str | None,
-             workers_per_trial: int, gpus_per_worker: float, register: str | None, workdir: Path,
+             workers_per_trial: int, gpus_per_worker: float, register: str | None, overwrite: bool, workdir: Path,
              tracking_uri: str | None,
              address: str | None, storage_path: str | None, as_json: bool) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
-    from iaa.jobs import resolve
+    from iaa.jobs import names, resolve
 
+    names.folder_name(ensemble_name)
+    names.folder_name(sweep, "--sweep")
+    names.registered_name(register)
     members = resolve.distinct_members(tuple(members) + tuple(more_members))
     if (sweep is None) == (not members):
         raise click.UsageError("give exactly one of --sweep NAME or --members CKPT ...")
@@ -332,7 +351,7 @@ def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[P
             sweep=sweep, members=members, dataset=dataset, data=data, top_configs=top_configs, seeds=seeds,
             select=select, p=top_p, name=ensemble_name, workdir=workdir, tracking_uri=tracking_uri,
             address=address, storage_path=storage_path, workers_per_trial=workers_per_trial,
-            gpus_per_worker=gpus_per_worker, show_progress=not as_json, register=register,
+            gpus_per_worker=gpus_per_worker, show_progress=not as_json, register=register, overwrite=overwrite,
         )
     )
     _emit(result, as_json)
@@ -376,19 +395,65 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Tagger actors on Ray [default: one per CPU]; 0 tags in this process without Ray.")
 @click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")
+@click.option("--overwrite", is_flag=True, help="Replace questions of other options that --out holds.")
 @json_option
 @_friendly
 def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, valid: int, test: int, seed: int,
                stride: int | None, context: int, pipeline: str, workers: int | None, address: str | None,
-               as_json: bool) -> None:
+               overwrite: bool, as_json: bool) -> None:
     """Make CBT- or CNN-style cloze questions from any text, in the official file formats."""
     from iaa.data.cloze.sources import SourceSpec
     from iaa.jobs import make_cloze as job
 
     cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
                           split_by=split_by, seed=seed, stride=stride, context=context, pipeline=pipeline)
-    result = job.run(cfg, out, workers=workers, address=address, progress=not as_json)
+    result = job.run(cfg, out, workers=workers, address=address, progress=not as_json, overwrite=overwrite)
     _emit(result, as_json)
+
+
+@cli.command()
+@click.option("--ensemble", "ensemble_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="An ensemble folder from `iaa-cli ensemble` (WORKDIR/ensembles/NAME): the teacher.")
+@click.option("--model", "model_kind", type=MODELS, help="Student variant [default: the members'].")
+@config_options
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Weight of the gold NLL; 1 - alpha goes to the KL to the teacher (1: ordinary training).")
+@click.option("--temperature", type=_Finite(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--train-examples", type=click.IntRange(min=1), default=None,
+              help="Distil on the first N training examples only [default: all].")
+@click.option("--refresh-teacher", is_flag=True, help="Compute the teacher again even where a stored one exists.")
+@click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/distill-ENSEMBLE-MODEL-seedN]")
+@click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
+@click.option("--register", metavar="NAME", help="Also register the student's MLflow model under NAME.")
+@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Score the teacher's members as this many parallel Ray tasks; 0: in this process (unless --address).")
+@click.option("--address", envvar="RAY_ADDRESS", help="Ray cluster for the teacher's scoring.")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="MLflow tracking server; default: a SQLite store under the workdir.")
+@workdir_option
+@json_option
+@_friendly
+def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None, sets: tuple[str, ...], alpha: float,
+            temperature: float, train_examples: int | None, refresh_teacher: bool, run_dir: Path | None,
+            overwrite: bool, register: str | None, workers: int, address: str | None, tracking_uri: str | None,
+            workdir: Path, as_json: bool) -> None:
+    """Train one reader against an ensemble's averaged distributions (knowledge distillation)."""
+    from functools import partial
+
+    from iaa.jobs import distill as job
+    from iaa.jobs import resolve, rundir, teacher
+    from iaa.platform import teacher_ray
+    from iaa.platform import train as platform_train
+
+    resolve.writable_workdir(workdir)
+    resolve.tracking_store(tracking_uri, workdir)
+    req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
+                             temperature=temperature, train_examples=train_examples, run_dir=run_dir,
+                             workdir=workdir, refresh_teacher=refresh_teacher, show_progress=not as_json)
+    score = teacher_ray.scorer(workers or None, address, not as_json) if (workers or address) else teacher.score_in_process
+    claim = partial(rundir.claim, overwrite=overwrite)
+    train = partial(platform_train.run, workdir=workdir, tracking_uri=tracking_uri, show_progress=not as_json,
+                    register=register)
+    _emit(job.run(req, train=train, score=score, claim=claim), as_json)
 
 
 @cli.command()
@@ -421,6 +486,9 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, split: str
         mark = "correct" if r["pred"] == r["gold"] else f"wrong (gold {r['candidates'][r['gold']]})"
         click.echo(f"{r['example_id']}: predicted {r['candidates'][r['pred']]} "
                    f"p={r['probs'][r['pred']]:.3f}, {mark}")
+        if r["stopped_at"] is not None:
+            halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
+            click.echo(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
     click.echo(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
 
 
@@ -448,7 +516,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
         raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
     prepared = (resolve.data_dir(dataset, data, workdir)[1] if dataset or data
                 else job.default_data_dir(checkpoints[0], workdir))
-    result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared)
+    result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared, ensemble_dir=ensemble_dir)
     for warning in result["warnings"]:
         click.echo(f"warning: {warning}", err=True)
     _emit(result, as_json)
@@ -483,12 +551,16 @@ def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, .
     run_ids = tuple(dict.fromkeys(run_ids + more_run_ids))
     if baseline is not None and baseline_data is not None:
         raise click.UsageError("give at most one of --baseline and --baseline-data")
+    from iaa.jobs import outputs
+
+    inputs = {"a file of the prepared data": outputs.data_files(baseline_data)}
+    job.check_out(out, workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
     if baseline_data is not None:
         from iaa.jobs import frequency
 
         baseline = frequency.run(baseline_data, "valid")["accuracy"]
     result = job.run(experiment, out, run_ids=run_ids, metric=metric, x=x_axis, baseline=baseline,
-                     workdir=workdir, tracking_uri=tracking_uri)
+                     workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
     if as_json:
         _emit(result, True)
         return
@@ -497,6 +569,64 @@ def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, .
         click.echo(f"{c['name']}: {len(c['y'])} points; last {metric} {c['y'][-1]:.4f} at {x_axis} {c['x'][-1]:g}; "
                    f"best {c['y'][best]:.4f} at {x_axis} {c['x'][best]:g}")
     click.echo(f"figure: {result['out']}")
+
+
+def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    low, sep, high = value.partition(":")
+    if not (sep and low.isdigit() and high.isdigit()) or int(low) > int(high) or int(high) < 1:
+        raise click.BadParameter(f"{value!r}: expected MIN:MAX replicas, 0 <= MIN <= MAX, MAX >= 1")
+    return int(low), int(high)
+
+
+@cli.command()
+@click.option("--model", "model_uri", metavar="URI",
+              help="An MLflow model: models:/NAME/VERSION (or models:/NAME@ALIAS, or a logged model's models:/ID).")
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A trained reader.")
+@click.option("--ensemble", "ensemble_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder written by `iaa-cli ensemble`: its selected members are averaged.")
+@data_options
+@click.option("--replicas", type=click.IntRange(min=1), help="Fixed number of replicas [default: 1].")
+@click.option("--autoscale", metavar="MIN:MAX", callback=_autoscale, help="Autoscale between MIN and MAX replicas.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Requests answered by one model call (serve.batch).")
+@click.option("--batch-wait-ms", type=_Finite(min=0), default=5.0, show_default=True,
+              help="How long a batch waits for more requests.")
+@click.option("--cpus-per-replica", type=_Finite(min=0.01), default=0.5, show_default=True,
+              help="Ray CPUs each replica holds (fractions let replicas share a small node).")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads per replica.")
+@click.option("--max-document-words", type=click.IntRange(min=1), default=5000, show_default=True,
+              help="Longer documents are refused with 413.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Where the HTTP proxy listens (0.0.0.0: all).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+              help="MLflow store of --model; default: the SQLite store under the workdir.")
+@workdir_option
+@_friendly
+def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, dataset: str | None,
+          data: Path | None, replicas: int | None, autoscale: tuple[int, int] | None, max_batch: int,
+          batch_wait_ms: float, cpus_per_replica: float, threads: int, max_document_words: int, host: str, port: int,
+          address: str | None, tracking_uri: str | None, workdir: Path) -> None:
+    """Serve a reader or an ensemble on Ray Serve: POST /predict takes predict's JSON questions."""
+    from iaa.jobs import resolve
+    from iaa.jobs import serve as job
+
+    if sum(x is not None for x in (model_uri, checkpoint, ensemble_dir)) != 1:
+        raise click.UsageError("give exactly one of --model URI, --checkpoint CKPT or --ensemble DIR")
+    if replicas is not None and autoscale is not None:
+        raise click.UsageError("give --replicas N or --autoscale MIN:MAX, not both")
+    if dataset is not None and data is not None:
+        raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
+    prepared = resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
+    cfg = job.config(model_uri=model_uri, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
+                     workdir=workdir, tracking_uri=tracking_uri, replicas=replicas or 1, autoscale=autoscale,
+                     max_batch=max_batch, batch_wait_ms=batch_wait_ms, cpus_per_replica=cpus_per_replica,
+                     threads=threads, max_document_words=max_document_words, host=host, port=port, address=address)
+    from iaa.platform import serve as platform_serve
+
+    platform_serve.run_forever(cfg)
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
-"""Small file-system helpers shared by every layer: atomic writes, writable folders, remote-URI detection."""
+"""Small file-system helpers shared by every layer: atomic writes, writable folders, remote-URI detection,
+and one-line errors for a disk that cannot take a write."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 import uuid
@@ -11,6 +13,9 @@ from typing import Callable, Iterator
 
 from iaa.errors import IaaError
 
+# errnos of a disk or folder that cannot take a write: an expected failure, not a bug
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+                        errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG})
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "abfs://", "abfss://", "az://", "hdfs://", "viewfs://")
 
 
@@ -26,12 +31,14 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     A reader never sees a half-written file, and a failed write leaves the old file untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     # a fresh name, not mkstemp: the writer creates the file, so it gets the usual mode (umask), not 0600
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        yield Path(tmp)
-        os.replace(tmp, path)
+        with writing(path):
+            yield Path(tmp)
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -59,3 +66,32 @@ def ensure_writable(folder: str | os.PathLike[str], what: str, todo: str) -> Pat
     except OSError as err:
         raise IaaError(f"{folder}: {what} is not writable ({err.strerror}); {todo}") from None
     return folder
+
+
+class UnwritableError(IaaError):
+    """A full disk, a read-only folder or a missing permission stopped a write."""
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a full disk, a read-only folder or a missing permission into one UnwritableError naming the file."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in UNWRITABLE and not _looks_unwritable(err):
+            raise
+        raise UnwritableError(unwritable_message(err, path)) from None
+
+
+def unwritable_message(err: OSError, path: str | os.PathLike[str]) -> str:
+    """``FILE: cannot write it (reason); what to do`` for an OSError met while writing ``path``."""
+    reason = err.strerror or str(err).strip().splitlines()[0]
+    return (f"{path}: cannot write it ({reason}); free some space or choose a writable output "
+            "(nothing was replaced)")
+
+
+def _looks_unwritable(err: OSError) -> bool:
+    """pyarrow's and torch's write errors carry no errno, only the C library's text."""
+    text = str(err)
+    return any(s in text for s in ("No space left", "Read-only file system", "Permission denied",
+                                   "Disk quota exceeded", "File too large"))

@@ -32,7 +32,8 @@ def random_batch(doc_lens: list[int], query_lens: list[int], vocab: int = 40, ca
     doc_mask = torch.arange(ld) < torch.tensor(doc_lens).unsqueeze(1)
     query_mask = torch.arange(lq) < torch.tensor(query_lens).unsqueeze(1)
     return Batch(doc, doc_mask, query, query_mask, doc_cand, torch.ones(n, cands, dtype=torch.bool),
-                 answer, [f"ex{b}" for b in range(n)])
+                 answer, [f"ex{b}" for b in range(n)],
+                 doc_lengths=torch.tensor(doc_lens), query_lengths=torch.tensor(query_lens))
 
 
 def select(batch: Batch, index: int) -> Batch:

@@ -37,10 +37,10 @@ def books(tmp_path: Path, n: int = 4, sentences: int = 60) -> Path:
     return write(tmp_path / "src" / "books.txt.gz", "".join(book(f"Book {i}", sentences, seed=i) for i in range(n)))
 
 
-def make(style: str, sources: list[Path | str], out: Path, **kw) -> dict:
+def make(style: str, sources: list[Path | str], out: Path, overwrite: bool = False, **kw) -> dict:
     cfg = make_cloze.ClozeConfig(style, tuple(SourceSpec.parse(str(s)) for s in sources),
                                  **{**CFG, **kw})
-    return make_cloze.run(cfg, out, workers=0, tagger=make_fake, progress=False)
+    return make_cloze.run(cfg, out, workers=0, tagger=make_fake, progress=False, overwrite=overwrite)
 
 
 def tagged(text: str, kind: str = TOKENS):
@@ -209,10 +209,13 @@ def test_a_split_named_on_the_source_is_kept_and_no_book_is_in_two_splits(tmp_pa
 
 def test_refuses_to_overwrite_a_folder_it_did_not_make(tmp_path):
     write(tmp_path / "out" / "precious.txt", "keep me")
-    with pytest.raises(IaaError, match="refusing to overwrite"):
+    with pytest.raises(IaaError, match=r"refusing to write .* holds other files \(precious.txt\)"):
         make("cbt-ne", [books(tmp_path)], tmp_path / "out")
     make("cbt-ne", [books(tmp_path)], tmp_path / "made")
-    make("cbt-ne", [books(tmp_path)], tmp_path / "made", seed=1)  # its own output is replaced
+    make("cbt-ne", [books(tmp_path)], tmp_path / "made")  # the same questions again: remade
+    with pytest.raises(IaaError, match="already holds a cloze question set .* add --overwrite"):
+        make("cbt-ne", [books(tmp_path)], tmp_path / "made", seed=1)
+    make("cbt-ne", [books(tmp_path)], tmp_path / "made", seed=1, overwrite=True)  # its own output is replaced
 
 
 # --- error paths -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from iaa.data import cbt, manifest as M, verify
 from iaa.data.errors import DataError
 from iaa.data.loader import PreparedData
 from iaa.data.shards import SCHEMA, file_sha256
+from iaa.errors import IaaError
 from iaa.jobs import prepare
 
 TRAIN_NAMES = ("Anna", "Ben", "Clara", "Dan", "Emma", "Finn", "Gus", "Hana", "Ivo", "Jon")
@@ -147,7 +148,7 @@ def test_refuses_to_overwrite_a_foreign_folder(tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
-    with pytest.raises(DataError, match="refusing to overwrite"):
+    with pytest.raises(IaaError, match=r"refusing to write .* holds other files \(notes.txt\)"):
         prepare.run("cbt-ne", make_cbtest(tmp_path), out, progress=False)
     assert (out / "notes.txt").read_text() == "keep me"
 

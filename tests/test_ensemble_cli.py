@@ -29,7 +29,7 @@ def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path / "work"
 
 
-def test_ensemble_of_two_seeds_via_cli(env: Path) -> None:
+def test_ensemble_of_two_seeds_via_cli(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runner = CliRunner()
     workdir = env
     prepared = make_tiny_prepared(workdir.parent / "tiny")   # the demo grammar at a few hundred examples
@@ -72,3 +72,9 @@ def test_ensemble_of_two_seeds_via_cli(env: Path) -> None:
     assert run.data.metrics["valid_acc"] == pytest.approx(out["valid_acc"])
     assert run.data.tags["member.1.checkpoint"] == checkpoints[1]
     assert run.data.tags["member.0.run_id"]   # found through the training run's checkpoint tag
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", out["tracking_uri"])
+    (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    assert logged.source_run_id == run.info.run_id and logged.tags["iaa.members"] == "2"
+    assert out["model_uri"] == f"models:/{logged.model_id}"

@@ -132,3 +132,25 @@ def test_bench_cli_on_cuda(cuda, precision) -> None:
     assert out["device"] == "cuda" and out["precision"] == precision
     assert out["train_examples_per_s"] > 0 and out["peak_memory_bytes"] > 0
 
+
+
+def test_bf16_encoders_run_the_gru_in_bf16_or_fp32_never_fp16(cuda) -> None:
+    """Under ``train.precision=bf16`` (bf16 autocast) the cuDNN GRU runs in the dtype the encoder
+    chooses: bf16 with bf16 weights on cuDNN >= 9.13, else fp32; gradients reach the fp32
+    parameters and the input in fp32."""
+    from iaa.jobs.step import autocast, precision_dtype
+    from iaa.model.encoder import rnn_dtype
+
+    torch.manual_seed(0)
+    encoder = BiGRUEncoder(24, 16, fused=False).to(cuda)
+    x = torch.randn(5, 30, 24, device=cuda, requires_grad=True)
+    mask = (torch.arange(30) < torch.tensor([30, 7, 22, 1, 16]).unsqueeze(1)).to(cuda)
+    with autocast("cuda", precision_dtype("bf16")):
+        expected = rnn_dtype(x)
+        states, final = encoder(x, mask, mask.sum(1).cpu())
+    assert expected in (torch.bfloat16, torch.float32)
+    version = torch.backends.cudnn.version()
+    assert expected == (torch.bfloat16 if version >= 91300 else torch.float32), version
+    assert states.dtype == expected and final.dtype == expected
+    grads = torch.autograd.grad(states.float().sum() + final.float().sum(), [x, *encoder.parameters()])
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)

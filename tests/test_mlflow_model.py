@@ -27,7 +27,7 @@ print(json.dumps(model.predict(df)))
 
 
 @pytest.mark.slow
-def test_train_logs_a_model_that_predicts_like_the_cli(tmp_path):
+def test_train_logs_a_model_that_predicts_like_the_cli(tmp_path, monkeypatch):
     prepared = make_tiny_prepared(tmp_path)
     work = tmp_path / "work"
     sets = [a for s in TINY_SETS for a in ("--set", s)] + ["--set", "train.max_epochs=1"]
@@ -48,7 +48,10 @@ def test_train_logs_a_model_that_predicts_like_the_cli(tmp_path):
     assert result.exit_code == 0, result.output
     expected = [json.loads(line) for line in out.read_text().splitlines()]
 
+    import mlflow
+
     uri = trained["tracking_uri"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     for model_uri in ("models:/tiny-reader/1", f"runs:/{trained['mlflow_run_id']}/model"):
         proc = subprocess.run([sys.executable, "-c", LOAD_AND_PREDICT, uri, model_uri, str(source)], cwd=tmp_path,
                               capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
@@ -66,3 +69,14 @@ def test_train_logs_a_model_that_predicts_like_the_cli(tmp_path):
     manifest = json.loads((prepared / "manifest.json").read_text())
     assert entry.dataset.name == manifest["dataset"] and str(prepared.resolve()) in entry.dataset.source
     assert len(entry.dataset.digest) == 16
+
+    # an MLflow 3 logged model of the run, with a signature, an input example and index-installable pins
+    (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    assert logged.source_run_id == trained["mlflow_run_id"] and logged.name == "model"
+    assert [o.model_id for o in run.outputs.model_outputs] == [logged.model_id]
+    info = mlflow.models.get_model_info(f"models:/{logged.model_id}")
+    assert info.signature is not None and "candidates" in info.signature.inputs.input_names()
+    assert info.saved_input_example_info is not None
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/{logged.model_id}", dst_path=str(tmp_path / "dl")))
+    pins = (local / "requirements.txt").read_text().split()
+    assert "torch" in " ".join(pins) and not [p for p in pins if "+" in p]

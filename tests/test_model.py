@@ -82,7 +82,7 @@ def test_overfits_one_small_batch(kind):
     batch = random_batch([10, 14, 8, 12], [4, 5, 3, 6], seed=3)
     optimizer = build_optimizer(model, lr=0.02, embed_l2=0.0)
     for _ in range(150):
-        loss = train_step(model, optimizer, batch)
+        loss = float(train_step(model, optimizer, batch))
     model.eval()
     with torch.no_grad():
         log_p = model(batch)

@@ -145,7 +145,7 @@ def test_train_step_equals_reference_step(clip):
     fast_opt = build_optimizer(fast, lr=0.01, embed_l2=embed_l2)
     ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01, foreach=False)
     for batch in batches:
-        loss_fast = train_step(fast, fast_opt, batch, clip=clip)
+        loss_fast = float(train_step(fast, fast_opt, batch, clip=clip))
         loss_ref = _reference_step(ref, ref_opt, batch, embed_l2, clip)
         assert loss_fast == pytest.approx(loss_ref, rel=1e-5)
     for (name, a), b in zip(fast.named_parameters(), ref.parameters()):
@@ -259,3 +259,28 @@ def test_the_cpp_build_is_keyed_by_source_flags_and_cpu(monkeypatch):
     monkeypatch.setattr(gru_kernels, "cpu_features", lambda: "fpu sse sse2")
     assert gru_kernels.build_name(native) != names[native]            # another CPU: another build
     assert gru_kernels.build_name() == names[gru_kernels.CFLAGS]      # the generic build is shared
+
+
+def test_a_copy_of_the_source_in_another_folder_reuses_the_build(tmp_path, monkeypatch):
+    """An MLflow model unpacks the package into a new folder on every load: the same source there
+    must load the existing build, without compiling (``load`` of cpp_extension compiles)."""
+    import importlib.util
+    import shutil
+
+    import torch.utils.cpp_extension
+
+    if gru_kernels.load() is None:
+        pytest.skip("the C++ kernels cannot be built here (no compiler or ninja)")
+    for name in ("gru_kernels.py", "gru_kernels.cpp"):
+        shutil.copy2(gru_kernels.SOURCE.with_name(name), tmp_path / name)
+    spec = importlib.util.spec_from_file_location("copied_gru_kernels", tmp_path / "gru_kernels.py")
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    assert copy.SOURCE == tmp_path / "gru_kernels.cpp" and copy.build_name() == gru_kernels.build_name()
+
+    def compile_again(*args, **kwargs):
+        raise AssertionError(f"compiled again for a copy at {tmp_path}")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", compile_again)
+    module = copy.build()
+    assert module.__file__ == gru_kernels.build().__file__

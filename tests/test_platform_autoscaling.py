@@ -28,13 +28,19 @@ from tests._tiny import TINY_SETS, make_tiny_prepared
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-def _config(gcs_address: str) -> dict:
+GPU_NODES = {"gpu": {"resources": {"CPU": 1, "GPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 2},
+             "cpu": {"resources": {"CPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 1}}
+# One GPU with the CPUs of four trials, and room for a second such node: packing must not need it.
+SHARED_GPU_NODES = {"gpu4": {"resources": {"CPU": 4, "GPU": 1}, "node_config": {}, "min_workers": 0,
+                             "max_workers": 2}}
+
+
+def _config(gcs_address: str, worker_types: dict) -> dict:
     node_types = {
         "ray.head.default": {"resources": {"CPU": 1, "trial_driver": 10}, "node_config": {}, "max_workers": 0},
-        "gpu": {"resources": {"CPU": 1, "GPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 2},
-        "cpu": {"resources": {"CPU": 1}, "node_config": {}, "min_workers": 0, "max_workers": 1},
+        **worker_types,
     }
-    return {"cluster_name": "iaa-fake", "max_workers": 3, "upscaling_speed": 1.0, "idle_timeout_minutes": 5,
+    return {"cluster_name": "iaa-fake", "max_workers": 4, "upscaling_speed": 1.0, "idle_timeout_minutes": 5,
             "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
                          "disable_launch_config_check": True, "gcs_address": gcs_address},
             "available_node_types": node_types, "head_node_type": "ray.head.default", "auth": {}, "docker": {},
@@ -46,6 +52,15 @@ def _config(gcs_address: str) -> dict:
 
 @pytest.fixture
 def autoscaling_cluster():
+    yield from _cluster(GPU_NODES)
+
+
+@pytest.fixture
+def shared_gpu_cluster():
+    yield from _cluster(SHARED_GPU_NODES)
+
+
+def _cluster(worker_types: dict):
     import ray
 
     with socket.socket() as probe:
@@ -54,7 +69,7 @@ def autoscaling_cluster():
     address = f"{ray.util.get_node_ip_address()}:{port}"
     temp = tempfile.mkdtemp(prefix="iaa-as-", dir="/tmp")    # short: Ray's socket paths live under it
     config = Path(temp) / "autoscaler.json"
-    config.write_text(json.dumps(_config(address)), encoding="utf-8")
+    config.write_text(json.dumps(_config(address, worker_types)), encoding="utf-8")
     # Token authentication as this process already has it: a local Ray started earlier in the process
     # turned it on (with the token in ~/.ray/auth_token), and Ray reads the mode once per process.
     env = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1",
@@ -99,3 +114,25 @@ def test_gpu_sweep_waits_for_the_autoscaler_and_finishes(autoscaling_cluster: st
     assert sweep["max_concurrent"] == 2          # not frozen at the one GPU node there was at the start
     gpu_nodes = [n for n in ray.nodes() if n["Resources"].get("GPU")]
     assert len(gpu_nodes) == 2, gpu_nodes        # the second trial's demand brought a second GPU node
+
+
+def test_quarter_gpus_pack_four_trials_on_one_gpu(shared_gpu_cluster: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--gpus-per-worker 0.25``: four one-worker trials run at once on the one GPU node the
+    autoscaler starts for them (a second would be allowed, and is not needed)."""
+    import ray
+
+    from iaa.platform import tune
+
+    monkeypatch.setenv("IAA_TRAIN_DEVICE", "cpu")
+    monkeypatch.setenv("IAA_AUTOSCALE_WAIT_S", "180")
+    tiny = make_tiny_prepared(tmp_path / "data")
+    tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(tmp_path),
+                              sets=TINY_SETS, workdir=tmp_path / "work", name="packed", gpus_per_worker=0.25,
+                              address=shared_gpu_cluster, storage_path=str(tmp_path / "shared"),
+                              show_progress=False))
+    sweep = read_sweep(tmp_path / "work", "packed")
+    assert [t["status"] for t in sweep["trials"]] == ["TERMINATED"] * 4
+    assert sweep["max_concurrent"] == 4
+    gpu_nodes = [n for n in ray.nodes() if n["Resources"].get("GPU")]
+    assert len(gpu_nodes) == 1, gpu_nodes        # all four trials on one GPU

@@ -21,7 +21,7 @@ def test_manifests_parse_and_agree() -> None:
     out = _validate(DEPLOY)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["mlflow.yaml:", "ok", "(http://mlflow.mlflow.svc.cluster.local:5000)",
-                                  "rayjob.yaml:", "ok", "cluster.yaml:", "ok", "Dockerfile:", "ok"]
+                                  "rayjob.yaml:", "ok", "cluster.yaml:", "ok", "serve.yaml:", "ok", "Dockerfile:", "ok"]
 
 
 def test_a_broken_manifest_is_caught(tmp_path: Path) -> None:

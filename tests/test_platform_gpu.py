@@ -56,9 +56,7 @@ def test_a_local_cluster_without_gpus_is_refused_at_once() -> None:
 def test_train_device_follows_the_assigned_gpus_or_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(resources.TRAIN_DEVICE_ENV, raising=False)
     assert resources.train_device(0) == torch.device("cpu")
-    if torch.cuda.is_available():
-        assert resources.train_device(1) == torch.device("cuda", 0)
-    else:
+    if not torch.cuda.is_available():
         with pytest.raises(IaaError, match="IAA_TRAIN_DEVICE=cpu"):
             resources.train_device(1)
     monkeypatch.setenv(resources.TRAIN_DEVICE_ENV, "cpu")
@@ -67,6 +65,14 @@ def test_train_device_follows_the_assigned_gpus_or_the_override(monkeypatch: pyt
     monkeypatch.setenv(resources.TRAIN_DEVICE_ENV, "tpu")
     with pytest.raises(IaaError, match="use cpu or cuda"):
         resources.train_device(1)
+
+
+@pytest.mark.gpu
+def test_a_worker_given_a_gpu_trains_on_its_first_visible_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here (torch.cuda.is_available() is False); run `pytest -m gpu` on a GPU machine")
+    monkeypatch.delenv(resources.TRAIN_DEVICE_ENV, raising=False)
+    assert resources.train_device(1) == torch.device("cuda", 0)
 
 
 def test_gpu_workers_all_reduce_with_nccl_unless_forced_onto_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,7 +33,8 @@ def local_ray():
     ray.shutdown()
 
 
-def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: Path, local_ray: None) -> None:
+def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: Path, local_ray: None,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from iaa.platform import tune
 
     result = tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
@@ -49,6 +50,7 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
         assert state["progress"]["best_valid_acc"] == pytest.approx(trial["best_valid_acc"])
         assert cfg.model.hidden_dim in (8, 12) and cfg.model.steps in (1, 2) and cfg.model.embed_dim == 16
     assert result["best_valid_acc"] == max(t["best_valid_acc"] for t in trials)
+    best_run = max(trials, key=lambda t: t["best_valid_acc"])["mlflow_run_id"]
 
     # best_config.yaml is a job config that `iaa-cli train --config` takes as it is
     best = load(JobConfig(), Path(result["best_config"]))
@@ -72,6 +74,14 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
         loss = client.get_metric_history(run.info.run_id, "train_loss")
         assert len(acc) == trial["checks"] == len(loss) >= 2
         assert [m.step for m in acc] == sorted({m.step for m in acc}) and acc[0].step > 0
+
+    # every trained reader is an MLflow 3 logged model of its trial's run
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", result["tracking_uri"])
+    logged = mlflow.search_logged_models(experiment_ids=[parent.info.experiment_id], output_format="list")
+    assert sorted(m.source_run_id for m in logged) == sorted(t["mlflow_run_id"] for t in trials)
+    assert result["model_uri"] == f"models:/{next(m.model_id for m in logged if m.source_run_id == best_run)}"
 
 
 def test_train_with_two_workers_gives_a_checkpoint_that_evaluates(tiny: Path, tmp_path: Path, local_ray: None) -> None:

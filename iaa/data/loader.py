@@ -29,6 +29,7 @@ from iaa.data.errors import DataError
 from iaa.data.shards import SCHEMA
 from iaa.data.vocab import Vocab
 
+TEACHER_COLUMN = "teacher_probs"  # optional list<float32> column of soft targets (iaa.jobs.distill)
 POOL_BATCHES = 50  # batches per length-sorted pool: larger pools pad less but shuffle less
 READ_BATCH_ROWS = 2048  # rows decoded at a time when a worker reads its share of a shard
 
@@ -113,6 +114,7 @@ class _Columns:
         self.answer = table.column("answer").to_numpy()
         self.example_id = np.array(table.column("example_id").to_pylist(), dtype=object)
         self.doc_len = np.diff(self.doc_off)
+        self.teacher = _flat(table.column(TEACHER_COLUMN)) if TEACHER_COLUMN in table.column_names else None
 
     def batch(self, rows: np.ndarray) -> Batch:
         doc, doc_mask = _pad(self.doc, self.doc_off, rows, 0)
@@ -126,7 +128,18 @@ class _Columns:
             doc_cand=torch.from_numpy(doc_cand), cand_mask=torch.from_numpy(cand_mask),
             answer=torch.from_numpy(self.answer[rows].astype(np.int64)),
             example_ids=self.example_id[rows].tolist(),
+            teacher=None if self.teacher is None else torch.from_numpy(self._teacher(rows, cand_mask.shape[1])),
+            doc_lengths=torch.from_numpy(doc_mask.sum(1)), query_lengths=torch.from_numpy(query_mask.sum(1)),
         )
+
+    def _teacher(self, rows: np.ndarray, width: int) -> np.ndarray:
+        """The rows' soft targets, (B, C) float32, 0 past each row's candidates."""
+        values, offsets = self.teacher
+        out = np.zeros((len(rows), width), dtype=np.float32)
+        for b, row in enumerate(rows):
+            row_values = values[offsets[row]:offsets[row + 1]]
+            out[b, : len(row_values)] = row_values
+        return out
 
 
 def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

@@ -19,8 +19,9 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from iaa.data.batch import Batch
+from iaa.data.batch import Batch, pad_to_buckets
 from iaa.model.config import PRESETS, ReaderConfig
+from iaa.model.flops import batch_flops
 from iaa.model.reader import build_reader
 from iaa.jobs import precision as precision_lib
 from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
@@ -78,11 +79,12 @@ def collate(examples: list[Example], device: str | torch.device = "cpu") -> Batc
         doc[i, : len(e.doc)] = torch.from_numpy(e.doc)
         query[i, : len(e.query)] = torch.from_numpy(e.query)
         doc_cand[i, : len(e.doc)] = torch.from_numpy(e.doc_cand)
-    doc_mask = torch.arange(ld) < torch.tensor([len(e.doc) for e in examples]).unsqueeze(1)
-    query_mask = torch.arange(lq) < torch.tensor([len(e.query) for e in examples]).unsqueeze(1)
-    batch = Batch(doc, doc_mask, query, query_mask, doc_cand,
-                  torch.ones(n, NUM_CANDS, dtype=torch.bool),
-                  torch.tensor([e.answer for e in examples]), [str(i) for i in range(n)])
+    doc_len = torch.tensor([len(e.doc) for e in examples])
+    query_len = torch.tensor([len(e.query) for e in examples])
+    batch = Batch(doc, torch.arange(ld) < doc_len.unsqueeze(1), query, torch.arange(lq) < query_len.unsqueeze(1),
+                  doc_cand, torch.ones(n, NUM_CANDS, dtype=torch.bool),
+                  torch.tensor([e.answer for e in examples]), [str(i) for i in range(n)],
+                  doc_lengths=doc_len, query_lengths=query_len)
     return batch.to(device)
 
 
@@ -129,18 +131,20 @@ def matmul_gflops(device: str = "cpu", size: int = 2048, reps: int = 10,
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
-def matmul_rooflines(device: str = "cpu", rounds: int = 3) -> dict[str, float]:
-    """GFLOP/s of a large fp32 and bf16 matmul on ``device``: the median of ``rounds``, the two
-    dtypes alternating (a shared machine's load then hits both alike)."""
+def matmul_rooflines(device: str = "cpu", size: int = 2048, rounds: int = 3) -> dict[str, float]:
+    """GFLOP/s of a large (``size``²) fp32 and bf16 matmul on ``device``: the median of
+    ``rounds``, the two dtypes alternating (a shared machine's load then hits both alike)."""
     rates: dict[str, list[float]] = {"fp32": [], "bf16": []}
     for _ in range(rounds):
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            rates[name].append(matmul_gflops(device, reps=3, dtype=dtype))
+            rates[name].append(matmul_gflops(device, size=size, reps=3, dtype=dtype))
     return {name: round(sorted(r)[len(r) // 2], 1) for name, r in rates.items()}
 
 
 def count_flops(fn: Callable[[], object]) -> int:
-    """Matrix-multiply FLOPs of ``fn()`` (forward and backward), by ``FlopCounterMode``."""
+    """Matrix-multiply FLOPs of ``fn()`` (forward and backward), by ``FlopCounterMode``: only the
+    matmuls that reach the dispatcher (not cuDNN's GRU, nor the fused CPU recurrence). The
+    benchmark counts with ``iaa.model.flops`` instead; this checks that formula."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
@@ -200,7 +204,8 @@ def _time_inference(reader, device: str, amp_dtype, batch_size: int, steps: int,
 
 def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: str = "cpu",
         batch_size: int = 32, steps: int = 10, warmup: int = 2, seed: int = 0,
-        precision: str = "auto", threads: int = 0) -> dict:
+        precision: str = "auto", threads: int = 0, compile: bool = False,
+        compile_backend: str = "inductor", matmul_size: int = 2048) -> dict:
     """Time training steps and inference after a warm-up, on the synthetic workload.
 
     Args:
@@ -215,6 +220,10 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
             runs it at least 1.5x faster, ``iaa.jobs.precision``). bf16 is bf16 autocast, with
             explicit bf16 operands in the CPU encoders, inference table and attention reads.
         threads: torch intra-op threads for the run (0 keeps the current setting).
+        compile: ``train.compile``: compiled attention reads (CUDA graphs on CUDA) over batches
+            padded to bucketed widths; every timed batch's shape is compiled before the timing.
+        compile_backend: ``torch.compile``'s backend (``eager``: graph capture only, for a quick check).
+        matmul_size: the square matmul that measures the machine's rate (``matmul_gflops``).
 
     Returns:
         A dict with train_examples_per_s, infer_examples_per_s, flops_per_train_example,
@@ -234,19 +243,37 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     optimizer = build_optimizer(reader, LR, EMBED_L2)
     pool = synthetic_examples((warmup + steps) * batch_size, seed=seed)
     train_batches = [collate(b, device) for b in bucketed_batches(pool, batch_size, seed)]
+    if compile:
+        reader.compile_reads(mode="reduce-overhead" if device.startswith("cuda") else None, backend=compile_backend)
+        train_batches = [pad_to_buckets(b) for b in train_batches]
 
     def train(batch: Batch) -> float:
         return train_step(reader, optimizer, batch, amp_dtype=amp_dtype)
 
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
-    time_steps(train, train_batches[:warmup], device)
+    time_steps(train, train_batches[:warmup] if not compile else train_batches, device)
     train_s, train_n = time_steps(train, train_batches[warmup:], device)
     typical = sorted(train_batches, key=lambda b: b.doc.shape[1])[len(train_batches) // 2]
-    by_dtype = {name: f / len(typical) for name, f in count_flops_by_dtype(lambda: train(typical)).items()}
+    flops = batch_flops(cfg, typical) / len(typical)                   # median-length batch
+    by_dtype = _flops_by_dtype(flops, used, device, lambda: train(typical), len(typical))
     infer_s, infer_n = _time_inference(reader, device, amp_dtype, batch_size, steps, warmup, seed)
-    rooflines = matmul_rooflines(device)
-    return _report(cfg, device, used, batch_size, by_dtype, train_n / train_s, infer_n / infer_s, rooflines)
+    rooflines = matmul_rooflines(device, size=matmul_size)
+    return {**_report(cfg, device, used, batch_size, by_dtype, train_n / train_s, infer_n / infer_s, rooflines),
+            "compile": compile}
+
+
+def _flops_by_dtype(flops: float, used: str, device: str, step: Callable[[], object], examples: int) -> dict[str, float]:
+    """A training example's matmul FLOPs (``flops``, all of them) by the dtype they multiply in.
+
+    fp32 runs, and bf16 autocast on CUDA (where cuDNN's GRU runs in bf16 too), multiply all in
+    one dtype. On the CPU in bf16, the matmuls with bf16 operands all reach the dispatcher and
+    are counted there (``count_flops_by_dtype``, one more step); the rest is fp32.
+    """
+    if used == "fp32" or device.startswith("cuda"):
+        return {used: flops}
+    bf16 = min(count_flops_by_dtype(step).get("bf16", 0) / examples, flops)
+    return {"fp32": flops - bf16, "bf16": bf16}
 
 
 def _report(cfg: ReaderConfig, device: str, used: str, batch_size: int, by_dtype: dict[str, float],

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from iaa.errors import IaaError
-from iaa.files import atomic_path
+from iaa.files import UnwritableError, atomic_path
 from iaa.jobs.config import ConfigError, JobConfig, from_dict, to_dict
 from iaa.model.reader import build_reader
 
@@ -36,7 +36,7 @@ FORMAT = 2
 # implementation switches (same function, other code). Anything else (the model, the data, the
 # optimiser's settings) would silently continue a different run.
 RESUMABLE_CHANGES = (
-    "train.max_epochs", "train.max_minutes", "train.threads", "train.precision",
+    "train.max_epochs", "train.max_minutes", "train.threads", "train.precision", "train.compile",
     "model.fused_gru", "model.fast_dropout", "model.sparse_embedding_grad", "model.batched_read_grad",
     "model.inference_table",
 )
@@ -93,7 +93,13 @@ def save(path: Path, state: dict[str, Any]) -> Path:
     """Write ``state`` atomically (a temporary file beside ``path``, then a rename), with its digest."""
     state = {k: v for k, v in state.items() if k != "digest"}
     with atomic_path(path) as tmp:
-        torch.save({**state, "digest": digest(state)}, tmp)
+        try:
+            torch.save({**state, "digest": digest(state)}, tmp)
+        except RuntimeError as err:   # torch's zip writer reports a full disk as a RuntimeError
+            if "write" not in str(err).lower():
+                raise
+            raise UnwritableError(f"{path}: cannot write the checkpoint ({str(err).strip().splitlines()[0][:120]}); "
+                                  "free some space or choose a writable --run-dir (nothing was replaced)") from None
     return Path(path)
 
 
@@ -119,18 +125,26 @@ def make_state(
     if optimizer is not None:
         state["optimizer"] = to_cpu(optimizer.state_dict())
         state["rng"] = torch.get_rng_state()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda_rng"] = torch.cuda.get_rng_state()
+        device = model_device(model)
+        if device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(device)          # the model's GPU, not GPU 0
     if progress is not None:
         state["progress"] = dict(progress)
     return state
 
 
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Set the RNG states saved by ``make_state`` (the CUDA one only where CUDA is in use)."""
+def restore_rng(state: Mapping[str, Any], device: torch.device | str = "cpu") -> None:
+    """Set the RNG states saved by ``make_state``: the CPU's, and the CUDA one on ``device`` when
+    the run continues on a GPU (each rank restores its own GPU's generator)."""
     torch.set_rng_state(state["rng"])
-    if "cuda_rng" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda_rng"])
+    device = torch.device(device)
+    if "cuda_rng" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s parameters (the CPU for a model without any)."""
+    return next((p.device for p in unwrap(model).parameters()), torch.device("cpu"))
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -147,7 +161,8 @@ def load(path: Path) -> dict[str, Any]:
                               "probably killed; use another checkpoint or train again")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as err:
+    except (EOFError, OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
+            KeyError, IndexError, TypeError, AttributeError) as err:
         reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated, damaged or another "
                               f"kind of file: {reason}); use another checkpoint or train again") from err

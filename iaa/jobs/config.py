@@ -32,6 +32,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0              # torch intra-op threads; 0 leaves torch's default
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 where the machine runs it >= 1.5x faster (iaa.jobs.precision)
+    compile: bool = False         # torch.compile the reader's attention steps (CUDA graphs on CUDA)
 
     def __post_init__(self) -> None:
         checks = {
@@ -54,12 +55,27 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class DistillConfig:
+    """Soft targets from a teacher (``iaa-cli distill``; the loss in :mod:`iaa.jobs.objective`)."""
+
+    alpha: float = 1.0            # α: weight of the gold NLL; 1 - α on the KL to the teacher (1: no teacher)
+    temperature: float = 1.0     # T, applied to teacher and student alike
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"distill.alpha must be in [0, 1], got {self.alpha!r}")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"distill.temperature must be > 0, got {self.temperature!r}")
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """Everything a training run needs; checkpoints and MLflow runs store all of it."""
 
     dataset: str = "demo"
     model: ReaderConfig = field(default_factory=ReaderConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 class ConfigError(IaaError, ValueError):

@@ -26,6 +26,7 @@ class SweepCost:
     examples_per_s: float      # per trial; 0 when not probed (GPU trials)
     concurrency: int
     gpus: bool
+    gpus_per_trial: float = 0.0    # a fraction: trials sharing each GPU
 
     @property
     def total_examples(self) -> float:
@@ -43,13 +44,24 @@ class SweepCost:
         head = (f"cost: {self.trials} trials x {self.epochs:g} epochs x {self.examples:,} examples, "
                 f"{self.concurrency} at a time")
         if self.wall_s is None:
-            return f"{head}; throughput on GPU workers not probed from here"
+            return f"{head}; throughput on GPU workers not probed from here" + self.sharing()
         text = (f"{head}; ~{self.examples_per_s:,.0f} examples/s per trial (probe) -> at most "
                 f"{duration(self.wall_s)} (less where ASHA stops trials)")
         if not self.gpus and self.wall_s > MANY_HOURS * 3600:
             text += ("\n  that is long for CPUs: shrink it with --num-samples N, --max-epochs E, a smaller "
                      "model (--set model.embed_dim=...), or run on a GPU cluster (--address, --gpus-per-worker 1)")
         return text
+
+
+    def sharing(self) -> str:
+        """When trials share a GPU, when that pays (nothing when each has its own)."""
+        if not 0 < self.gpus_per_trial < 1:
+            return ""
+        per_gpu = round(1 / self.gpus_per_trial)
+        return (f"\n  {per_gpu} one-worker trials share each GPU: this pays while one trial leaves the card "
+                "idle (the paper's model at batch 32 is bound by kernel launches, not arithmetic), and "
+                "stops paying once one trial fills it (large batches or models); each trial gets "
+                f"1/{per_gpu} of the card's memory")
 
 
 def duration(seconds: float) -> str:

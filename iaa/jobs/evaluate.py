@@ -8,6 +8,7 @@ distribution with the same argmax, where a candidate absent from the document ge
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -28,6 +29,7 @@ PREDICTION_SCHEMA = pa.schema(
         ("probs", pa.list_(pa.float32())),
         ("pred", pa.int32()),
         ("gold", pa.int32()),
+        ("steps", pa.int32()),   # inference steps the example took (ACT readers); null otherwise
     ]
 )
 
@@ -48,11 +50,16 @@ def score_batches(model: nn.Module, batches: Iterable[Batch], device: torch.devi
 
 @torch.no_grad()
 def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device | str = "cpu") -> Iterator[dict[str, Any]]:
-    """Per example: ``example_id``, ``probs`` (renormalised over candidates), ``pred``, ``gold``."""
+    """Per example: ``example_id``, ``probs`` (renormalised over candidates), ``pred``, ``gold``,
+    and ``steps`` (the inference steps it took, for an ACT reader; else None)."""
+    from iaa.jobs.objective import reader_output
+
     model.eval()
     for batch in batches:
         batch = batch.to(device)
-        probs = candidate_probs(model(batch)).cpu()            # (B, C)
+        log_p, halting = reader_output(model, batch)
+        probs = candidate_probs(log_p).cpu()                   # (B, C)
+        steps = [None] * len(batch) if halting is None else halting.steps.tolist()
         n_cands = batch.cand_mask.sum(dim=1).cpu()
         for b, example_id in enumerate(batch.example_ids):
             row = probs[b, : int(n_cands[b])]
@@ -61,6 +68,7 @@ def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device | s
                 "probs": row.tolist(),
                 "pred": int(row.argmax()),
                 "gold": int(batch.answer[b]),
+                "steps": steps[b],
             }
 
 
@@ -72,11 +80,16 @@ def write_predictions(rows: list[dict[str, Any]], words: dict[str, list[str]], o
     return atomic_write(out, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
-def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = None, batch_size: int = 64) -> dict[str, Any]:
-    """Evaluate a checkpoint on one split of a prepared dataset and write its predictions."""
+def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = None, batch_size: int = 64,
+        limit: int | None = None) -> dict[str, Any]:
+    """Evaluate a checkpoint on one split of a prepared dataset (its first ``limit`` rows, when
+    given) and write its predictions."""
     from iaa.data.loader import PreparedData, iter_batches
-    from iaa.jobs import checkpoint
+    from iaa.jobs import checkpoint, outputs
 
+    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{split}.parquet"
+    outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet",
+                              inputs={"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)})
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
     data = PreparedData.open(Path(data_dir))
     if state.get("vocab_hash") and data.manifest.get("vocab_hash") and state["vocab_hash"] != data.manifest["vocab_hash"]:
@@ -85,10 +98,11 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = No
             f"{data.manifest['vocab_hash'][:12]}); evaluate it on the data it was trained on",
             path=checkpoint_path, reason=MISSING_SOURCE,
         )
-    table = data.table(split)
+    table = data.table(split) if limit is None else data.rows(split, 0, limit)
+    start = time.perf_counter()
     rows = list(predict(model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
+    seconds = time.perf_counter() - start
     words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
-    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{split}.parquet"
     write_predictions(rows, words, out)
     correct = sum(r["pred"] == r["gold"] for r in rows)
     return {
@@ -98,4 +112,15 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = No
         "examples": len(rows),
         "model": cfg.model.kind,
         "checkpoint": str(checkpoint_path),
+        "examples_per_s": len(rows) / max(seconds, 1e-9),
+        **step_counts(rows),
     }
+
+
+def step_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``mean_steps`` and ``steps_histogram`` ({steps: examples}) of an ACT reader's predictions."""
+    steps = [r["steps"] for r in rows if r.get("steps") is not None]
+    if not steps:
+        return {}
+    return {"mean_steps": sum(steps) / len(steps),
+            "steps_histogram": {n: steps.count(n) for n in sorted(set(steps))}}

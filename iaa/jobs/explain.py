@@ -58,6 +58,8 @@ def example_records(model: nn.Module, table: pa.Table, tokens: Sequence[str], ro
             "gold": record["answer"],
             "pred": max(range(len(probs)), key=probs.__getitem__),
             "probs": probs,
+            "stopped_at": None if trace.stopped is None else int(trace.stopped[0]),
+            "max_steps": getattr(model.cfg, "steps", 1),
             "trace": [_step_record(t, step) for t, step in enumerate(trace.steps, 1)],
         })
     return records
@@ -71,23 +73,29 @@ def _step_record(t: int, step) -> dict[str, Any]:
         return None if x is None else round(float(x[0]), ROUND)
 
     return {"step": t, "query_attention": values(step.query), "doc_attention": values(step.doc),
-            "r_q": scalar(step.r_q), "r_d": scalar(step.r_d)}
+            "r_q": scalar(step.r_q), "r_d": scalar(step.r_d),
+            "halt_prob": scalar(step.halt), "weight": scalar(step.weight)}
 
 
 def run(checkpoint_path: Path, data_dir: Path, split: str, *, example_ids: Sequence[str] = (),
         first: int | None = None, out: Path | None = None, png: Path | None = None) -> dict[str, Any]:
     """Explain the chosen examples; write the HTML page (and PNG); return the records."""
     from iaa.data.loader import PreparedData
-    from iaa.jobs import checkpoint
+    from iaa.jobs import checkpoint, outputs
     from iaa.jobs.explain_html import render_page
 
+    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"explain-{split}.html"
+    inputs = {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)}
+    outputs.check_file_output(out, suffixes=(".html", ".htm"), what="an HTML page", inputs=inputs)
+    if png is not None:
+        outputs.check_file_output(png, suffixes=(".png",), what="a PNG image", flag="--png",
+                                  inputs={**inputs, "the HTML page (--out)": out})
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
     data = PreparedData.open(Path(data_dir))
     _check_vocab(state, data.manifest, checkpoint_path, data_dir)
     table = data.table(split)
     rows = select_rows(table, example_ids, first, split)
     records = example_records(model, table, data.vocab.tokens, rows, cfg.model.kind)
-    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"explain-{split}.html"
     title = f"{cfg.model.kind} on {data.manifest.get('dataset', data_dir)} ({split})"
     atomic_write_text(out, render_page(records, title))
     result: dict[str, Any] = {"html": str(out), "examples": records}

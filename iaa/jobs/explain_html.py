@@ -48,8 +48,14 @@ def _example(r: dict[str, Any]) -> str:
     steps = "".join(_step(r, s) for s in r["trace"])
     return (f"<section class=\"example\" data-example=\"{escape(r['example_id'])}\">"
             f"<h2>{escape(r['example_id'])}</h2>"
-            f"<div class=\"meta\">{escape(r['model'])} · T = {r['steps']} · query: "
+            f"<div class=\"meta\">{escape(r['model'])} · {_steps_taken(r)} · query: "
             f"{escape(' '.join(r['query_tokens']))}</div>{_candidates(r)}{steps}</section>")
+
+
+def _steps_taken(r: dict[str, Any]) -> str:
+    if r.get("stopped_at") is None:
+        return f"T = {r['steps']}"
+    return f"halted at step {r['stopped_at']} (adaptive, ACT)"
 
 
 def _candidates(r: dict[str, Any]) -> str:
@@ -74,6 +80,9 @@ def _step(r: dict[str, Any], s: dict[str, Any]) -> str:
     gates = "no gates (last step)" if s["r_q"] is None else f"r<sub>q</sub> {s['r_q']:.3f}<br>r<sub>d</sub> {s['r_d']:.3f}"
     if r["model"] == "as-reader":
         gates = "one step"
+    if s.get("halt_prob") is not None:
+        halt = "no halting unit (last step)" if s["r_q"] is None else f"halt h<sub>t</sub> {s['halt_prob']:.3f}"
+        gates += f"<br><span data-halt=\"{s['halt_prob']}\">{halt}</span><br>weight p<sub>t</sub> {s['weight']:.3f}"
     query = (_tokens(r["query_tokens"], s["query_attention"], "q", placeholder=r["placeholder"])
              if s["query_attention"] is not None else "<div class=\"q\">(final encoder states, no query attention)</div>")
     doc = _tokens(r["doc_tokens"], s["doc_attention"], "d", cand=r["doc_cand"])

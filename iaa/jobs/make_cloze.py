@@ -3,7 +3,8 @@
 Steps: read the documents, tag them (in this process, or on Ray with one tagger per actor),
 drop documents too short for one question, assign whole documents to splits, cut the questions
 with the style's recipe and write the official files. The output is built in a sibling folder
-and swapped in when complete. Only tagging runs in parallel; the questions depend on the
+and moved in file by file when complete, ``cloze.json`` last; it lists the files written, and a
+rebuild deletes only those (``iaa.jobs.outputs``). Only tagging runs in parallel; the questions depend on the
 inputs, the options and the seed alone (each document draws from its own seeded generator),
 so the same inputs and seed give byte-identical files, with or without Ray.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
 import time
@@ -29,7 +29,8 @@ from iaa.data.errors import DataError
 from iaa.data.datasets import CLOZE_STYLES
 from iaa.jobs.config import ConfigError
 from iaa.errors import IaaError
-from iaa.files import atomic_write_text
+from iaa.files import atomic_write_text, writing
+from iaa.jobs import outputs
 
 STYLES = CLOZE_STYLES
 MANIFEST = "cloze.json"
@@ -95,7 +96,7 @@ class Tagged:
 
 
 def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, address: str | None = None,
-        tagger: Callable[[], Tagger] | None = None, progress: bool = True) -> dict[str, Any]:
+        tagger: Callable[[], Tagger] | None = None, progress: bool = True, overwrite: bool = False) -> dict[str, Any]:
     """Make the questions of ``cfg`` into ``out``.
 
     Args:
@@ -103,6 +104,8 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, address: str | 
             actor per CPU of the cluster.
         address: Ray cluster address (None: local Ray, or ``RAY_ADDRESS``).
         tagger: zero-argument factory of the tagger [default: spaCy with ``cfg.pipeline``].
+        overwrite: replace questions of another config that ``out`` holds (the same config is
+            remade without it).
 
     Returns:
         ``{"style", "out", "documents", "questions", "skipped_documents", "tokens", "tagging_seconds",
@@ -114,22 +117,24 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, address: str | 
     """
     started = time.perf_counter()
     out = Path(out)
-    _check_replaceable(out)
+    outputs.refuse_inputs(out, {"the source": [spec.path for spec in cfg.sources]}, folder=True)
+    previous = _replaceable(out, cfg, overwrite)
     if tagger is None:
         check_pipeline(cfg.pipeline)
     factory = tagger or spacy_factory(cfg.pipeline, needs=NEEDS[cfg.style])
     tagged = tag_documents(read_documents(list(cfg.sources)), cfg.window, factory, workers=workers,
                            address=address, progress=progress)
     split_of = splits.assign(tagged.docs, valid=cfg.valid, test=cfg.test, seed=cfg.seed, split_by=cfg.split_by)
-    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = outputs.building(out)
     try:
-        counts = _write(cfg, tmp, tagged, split_of)
+        with writing(out):
+            counts = _write(cfg, tmp, tagged, split_of)
         documents = {s: [d.doc_id for d, sp in zip(tagged.docs, split_of) if sp == s] for s in counts}
         manifest = {"style": cfg.style, "config": _config_record(cfg), "questions": counts,
-                    "documents": documents, "skipped_documents": tagged.skipped}
+                    "documents": documents, "skipped_documents": tagged.skipped,
+                    "files": outputs.files_under(tmp) + [MANIFEST]}
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-        _swap(tmp, out)
+        outputs.install(tmp, out, written=manifest["files"], previous=previous, manifest=MANIFEST)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"style": cfg.style, "out": str(out), "documents": {s: len(v) for s, v in documents.items()},
@@ -239,17 +244,22 @@ def _config_record(cfg: ClozeConfig) -> dict[str, Any]:
     return record
 
 
-def _check_replaceable(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file())):
-        raise IaaError(f"{out}: refusing to overwrite: it exists and was not made by make-cloze (no {MANIFEST}); "
-                       "give a new or empty --out folder")
-
-
-def _swap(tmp: Path, out: Path) -> None:
-    """Put the finished ``tmp`` folder in the place of ``out`` (the old one is removed after)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stale = out.with_name(f".{out.name}.stale-{os.getpid()}")
-    if out.exists():
-        os.replace(out, stale)
-    os.replace(tmp, out)
-    shutil.rmtree(stale, ignore_errors=True)
+def _replaceable(out: Path, cfg: ClozeConfig, overwrite: bool) -> list[str]:
+    """The files of the questions that ``out`` holds, to replace; [] for a new or empty folder."""
+    try:
+        recorded = json.loads((out / MANIFEST).read_text(encoding="utf-8")) if (out / MANIFEST).is_file() else None
+    except (OSError, ValueError):
+        recorded = {}   # a damaged manifest of ours: remake it, deleting nothing else
+    if not isinstance(recorded, dict) and recorded is not None:
+        recorded = {}
+    same = recorded == {} or (recorded is not None and recorded.get("config") == _config_record(cfg))
+    if not outputs.check_folder(out, manifest=MANIFEST, kind="cloze question set", overwrite=overwrite, same=same):
+        return []
+    files = (recorded or {}).get("files")
+    if isinstance(files, list):
+        return [f for f in files if isinstance(f, str)]
+    # written before cloze.json listed its files: the names the writers give
+    cbt = [writers.cbt_path(Path(), t, split).as_posix() for t in ("NE", "CN", "V", "P") for split in writers.CBT_SUFFIX]
+    cnn = [p.relative_to(out).as_posix() for folder in writers.CNN_FOLDER.values()
+           for p in (out / "questions" / folder).glob("*.question")]
+    return cbt + cnn + [MANIFEST]

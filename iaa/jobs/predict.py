@@ -19,6 +19,7 @@ from iaa.errors import IaaError
 from iaa.jobs.raw_text import Question, read_input, to_rows
 
 BATCH_SIZE = 32
+SUMMARY = "ensemble.json"   # what `iaa-cli ensemble` writes into its folder
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,39 @@ def _answer(q: Question, probs: list[float]) -> dict[str, Any]:
 
 
 def ensemble_members(ensemble_dir: Path) -> list[Path]:
-    """The selected members' checkpoints of an ``iaa-cli ensemble`` output folder."""
-    summary = Path(ensemble_dir) / "ensemble.json"
+    """The selected members' checkpoints of an ``iaa-cli ensemble`` output folder.
+
+    Members are absolute paths, each checked against the sha256 that ``ensemble.json`` recorded
+    for it (an ensemble written before digests were recorded is read without that check); a
+    relative path (it would depend on the current folder) or a changed member is refused.
+    """
+    summary = Path(ensemble_dir) / SUMMARY
     if not summary.is_file():
-        raise IaaError(f"{ensemble_dir} holds no ensemble.json: give the folder `iaa-cli ensemble` wrote")
-    members = json.loads(summary.read_text(encoding="utf-8")).get("members") or []
+        raise IaaError(f"{ensemble_dir} holds no {SUMMARY}: give the folder `iaa-cli ensemble` wrote")
+    try:
+        record = json.loads(summary.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise IaaError(f"{summary}: not valid JSON ({err}); re-run `iaa-cli ensemble` to write it again") from None
+    members = record.get("members") if isinstance(record, dict) else None
+    if not isinstance(members, list) or not all(isinstance(m, str) and m for m in members):
+        raise IaaError(f"{summary}: 'members' must be a list of checkpoint paths; re-run `iaa-cli ensemble`")
     if not members:
         raise IaaError(f"{summary} lists no members")
+    digests = record.get("member_sha256") or {}
+    for member in members:
+        if not Path(member).is_absolute():
+            raise IaaError(f"{summary}: member {member} is a relative path, which would depend on the current "
+                           "folder; re-run `iaa-cli ensemble` to record absolute paths and digests")
+        if not isinstance(digests, dict) or (digests and member not in digests):
+            raise IaaError(f"{summary}: no sha256 recorded for member {member}; re-run `iaa-cli ensemble`")
+    from iaa.data.shards import file_sha256
+
+    for member in members:
+        if not Path(member).is_file():
+            raise IaaError(f"{summary}: member {member} is missing; re-run `iaa-cli ensemble`")
+        if digests and file_sha256(Path(member)) != digests[member]:
+            raise IaaError(f"{member}: changed since the ensemble {ensemble_dir} was made (its sha256 differs "
+                           f"from the one in {SUMMARY}); re-run `iaa-cli ensemble` with the members you mean")
     return [Path(m) for m in members]
 
 
@@ -99,12 +126,22 @@ def default_data_dir(checkpoint_path: Path, workdir: Path) -> Path:
     return folder
 
 
-def run(input_path: Path, out: Path, *, checkpoints: Sequence[Path], data_dir: Path) -> dict[str, Any]:
-    """Predict every question of ``input_path`` and write JSON Lines to ``out``."""
-    from iaa.files import atomic_write_text
+def run(input_path: Path, out: Path, *, checkpoints: Sequence[Path], data_dir: Path,
+        ensemble_dir: Path | None = None) -> dict[str, Any]:
+    """Predict every question of ``input_path`` and write JSON Lines to ``out``.
 
+    ``ensemble_dir`` (the folder the checkpoints came from, if any) is an input too: ``out`` may
+    not replace one of its files.
+    """
     import warnings
 
+    from iaa.files import atomic_write_text
+    from iaa.jobs import outputs
+    from iaa.jobs.raw_text import JSONL_SUFFIXES
+
+    outputs.check_file_output(out, suffixes=JSONL_SUFFIXES, what="JSON Lines", inputs={
+        "the input": input_path, "a checkpoint": checkpoints, "a file of the prepared data": outputs.data_files(data_dir),
+        "a file of the ensemble": outputs.data_files(ensemble_dir)})
     predictor = Predictor.load(checkpoints, data_dir)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -2,14 +2,15 @@
 
 Idempotent: when ``DIR``'s manifest records the same source fingerprint and options and every
 file in ``DIR`` verifies against it (``iaa.data.verify``), nothing is done; a damaged folder is
-rebuilt. Output is built in a sibling temporary directory and swapped in when complete, so an
-interrupted run never leaves a half-written dataset behind.
+rebuilt. A dataset of another source or options is replaced only with ``overwrite``. Output is
+built in a sibling temporary directory and moved in file by file, the manifest last, so an
+interrupted run never leaves a half-written dataset behind; the manifest lists the files it
+wrote (``files``), and a rebuild deletes only those (``iaa.jobs.outputs``).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import sys
 import time
@@ -24,6 +25,8 @@ from iaa.data import manifest as M
 from iaa.data import verify
 from iaa.data.datasets import DATASETS
 from iaa.data.errors import DataError
+from iaa.files import writing
+from iaa.jobs import outputs
 
 ON_ERROR = ("fail", "skip")
 _SPLIT_WORDS = {"train": "training", "valid": "validation"}
@@ -40,6 +43,7 @@ def run(
     max_vocab: int | None = None,
     workers: int | None = None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Prepare ``dataset`` from ``source`` into ``out``.
 
@@ -50,6 +54,7 @@ def run(
         lowercase: fold case of words (None: the dataset's default, off for all; CNN text is lowercase already).
         min_count, max_vocab: vocabulary options (train split only); ``max_vocab`` includes special tokens.
         workers: threads (None: all CPUs). Does not change the output.
+        overwrite: replace a dataset that ``out`` holds of another dataset or source path.
 
     Returns:
         ``{"dataset", "out", "rebuilt", "counts", "skipped", "truncated", "vocab_size", "seconds"}``,
@@ -66,26 +71,32 @@ def run(
     out = Path(out)
     started = time.perf_counter()
     options = {"on_error": on_error, "lowercase": bool(lowercase), "min_count": min_count, "max_vocab": max_vocab}
+    if source is not None:
+        outputs.refuse_inputs(out, {"the source": source}, folder=True)
     fingerprint = _fingerprint(dataset, source)
     if _up_to_date(out, dataset=dataset, source=fingerprint, options=options):
         return _result(M.read(out), out, rebuilt=False, seconds=time.perf_counter() - started)
 
-    _check_replaceable(out)
-    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    source_path = None if source is None else str(Path(source).resolve())
+    previous = _replaceable(out, overwrite=overwrite, dataset=dataset, source_path=source_path)
+    tmp = outputs.building(out)
     try:
         sources, vocab_opts = _sources(dataset, source, tmp, on_error=on_error, lowercase=bool(lowercase),
                                        min_count=min_count, max_vocab=max_vocab)
         header = {"dataset": dataset, "created_by": f"iaa {__version__}", "options": options, "source": fingerprint,
-                  "source_path": None if source is None else str(Path(source).resolve())}
-        manifest = B.build(tmp, sources, vocab_opts, workers=workers, progress=progress, header=header)
+                  "source_path": source_path}
+        with writing(out):
+            manifest = B.build(tmp, sources, vocab_opts, workers=workers, progress=progress, header=header)
         for split, count in manifest["counts"].items():
             if not count:
                 _report(manifest)
                 raise DataError(f"no usable {_SPLIT_WORDS.get(split, split)} example (skipped: {manifest['skipped'].get(split, 0)}, cut off: "
                                 f"{manifest['truncated'].get(split, 0)}); nothing was written to {out}",
                                 path=source, reason=E.MISSING_SOURCE)
-        _swap(tmp, out)
+        with writing(out):
+            manifest["files"] = outputs.files_under(tmp) + ([] if (tmp / M.MANIFEST).exists() else [M.MANIFEST])
+            M.write(tmp, manifest)
+        outputs.install(tmp, out, written=manifest["files"], previous=previous, manifest=M.MANIFEST)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _report(manifest)
@@ -99,7 +110,7 @@ def ensure_prepared(dataset: str, workdir: Path) -> Path:
     """
     out = Path(workdir) / "data" / dataset
     if dataset == "demo":
-        run("demo", None, out, progress=False)
+        run("demo", None, out, progress=False, overwrite=True)
         return out
     if dataset not in DATASETS:
         raise DataError(f"dataset must be one of {DATASETS}, got {dataset!r}")
@@ -154,20 +165,32 @@ def _cbt_tasks(path: Path, parse):
         yield functools.partial(parse, raw)
 
 
-def _check_replaceable(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / M.MANIFEST).exists())):
-        raise DataError("refusing to overwrite: it exists and holds no prepared dataset (no manifest.json)",
-                        path=out, reason=E.MISSING_SOURCE)
+def _replaceable(out: Path, *, overwrite: bool, **identity: Any) -> list[str]:
+    """The files of the dataset that ``out`` holds, to replace; [] for a new or empty folder.
+
+    The same dataset from the same source path (changed files or options: an update), or one
+    whose manifest is damaged, is rebuilt without ``overwrite``; another dataset or source needs
+    it; a folder of other files is refused.
+    """
+    try:
+        recorded = M.read(out) if out.is_dir() else None
+    except DataError:
+        recorded = {}   # a damaged manifest of ours: rebuild it, deleting nothing else
+    same = recorded is not None and all(recorded.get(k) == v for k, v in identity.items())
+    if not outputs.check_folder(out, manifest=M.MANIFEST, kind="prepared dataset", overwrite=overwrite,
+                                same=same or recorded == {}):
+        return []
+    return _recorded_files(recorded or {})
 
 
-def _swap(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by ``tmp`` (two renames; the old one is deleted afterwards)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+def _recorded_files(manifest: dict[str, Any]) -> list[str]:
+    """What a prepared dataset's manifest says it wrote (older manifests: vocabulary and shards)."""
+    files = manifest.get("files")
+    if isinstance(files, list):
+        return [f for f in files if isinstance(f, str)]
+    shards = [s.get("file") for split in (manifest.get("splits") or {}).values() if isinstance(split, dict)
+              for s in split.get("shards", []) if isinstance(s, dict)]
+    return [M.MANIFEST, M.VOCAB] + [f for f in shards if isinstance(f, str)]
 
 
 def _report(manifest: dict[str, Any]) -> None:

@@ -1,7 +1,11 @@
 """Cloze questions from outside a prepared dataset, turned into rows like ``prepare`` writes.
 
 Three inputs: JSON Lines of ``{"id", "document", "query", "candidates"[, "answer"]}`` with raw
-text, a CBT file, or a CNN ``.question`` file. Raw text is split on whitespace, as both parsers
+text, a CBT file, or a CNN ``.question`` file. JSON Lines are strict: lines end at ``\n`` only
+(a U+2028 inside a string is text), ``document`` and ``query`` are strings, ``candidates`` a
+list of strings (or one string of ``|``- or space-separated words), ``id`` a string or an
+integer and unique, ``answer`` one of the candidates; an empty file and undecodable bytes are
+errors naming the file and line. Raw text is split on whitespace, as both parsers
 split their lines. The rows go through the parsers' own ``assemble`` (placeholder and candidate
 matching, optional lowercasing) and ``to_table`` (vocabulary ids, ``<unk>`` for unseen words,
 ``doc_cand`` from the words themselves, so distinct unseen candidates stay apart).
@@ -46,9 +50,7 @@ def read_input(path: Path, placeholder: str) -> list[Question]:
     if not path.is_file():
         raise InputError(f"{path}: no such input file")
     if path.name.endswith(JSONL_SUFFIXES):
-        lines = path.read_text(encoding="utf-8").splitlines()
-        return [from_record(_json(line, f"{path}:{n}"), f"{path}:{n}", placeholder)
-                for n, line in enumerate(lines, 1) if line.strip()]
+        return _read_jsonl(path, placeholder)
     if path.suffix == ".question":
         from iaa.data import cnn
 
@@ -58,6 +60,28 @@ def read_input(path: Path, placeholder: str) -> list[Question]:
 
     chunk = cbt.read(path, on_error="fail")
     return [Question(ex, ex.answer, f"{path}:{ex.example_id.rsplit(':', 1)[-1]}") for ex in chunk.examples()]
+
+
+def _read_jsonl(path: Path, placeholder: str) -> list[Question]:
+    """Every record of a JSON Lines file, split on ``\n`` only; ids unique."""
+    questions: list[Question] = []
+    first_line: dict[str, int] = {}
+    for n, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"{path}:{n}: not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1})") from None
+        if not line.strip():
+            continue
+        q = from_record(_json(line, f"{path}:{n}"), f"{path}:{n}", placeholder)
+        if q.example.example_id in first_line:
+            raise InputError(f"{path}:{n}: id {q.example.example_id!r} is also the id of line "
+                             f"{first_line[q.example.example_id]}; give every question its own id")
+        first_line[q.example.example_id] = n
+        questions.append(q)
+    if not questions:
+        raise InputError(f"{path}: no question in the file (it is empty or holds only blank lines)")
+    return questions
 
 
 def _json(line: str, where: str) -> dict[str, Any]:
@@ -75,22 +99,47 @@ def from_record(record: dict[str, Any], where: str, placeholder: str) -> Questio
     missing = [k for k in ("document", "query", "candidates") if k not in record]
     if missing:
         raise InputError(f"{where}: missing {', '.join(missing)} (need id, document, query, candidates)")
+    for key in ("document", "query"):
+        if not isinstance(record[key], str):
+            raise InputError(f"{where}: {key} must be a string of text, got {_kind(record[key])}")
     cands = record["candidates"]
     if isinstance(cands, str):
         cands = cands.split("|") if "|" in cands else cands.split()
-    if not isinstance(cands, list) or not [c for c in cands if str(c).strip()]:
+    if not isinstance(cands, list):
+        raise InputError(f"{where}: candidates must be a list of strings, got {_kind(cands)}")
+    for c in cands:
+        if not isinstance(c, str):
+            raise InputError(f"{where}: candidates must be a list of strings, got one that is {_kind(c)}")
+    cands = [c.strip() for c in cands if c.strip()]
+    if not cands:
         raise InputError(f"{where}: the candidate list is empty")
-    query = str(record["query"]).split()
+    query = record["query"].split()
     if placeholder not in query:
         raise InputError(f"{where}: the query has no {placeholder} placeholder (it marks the word to fill in)")
-    doc = str(record["document"]).split()
+    doc = record["document"].split()
     if not doc:
         raise InputError(f"{where}: the document is empty")
-    example_id = str(record.get("id", where.rsplit(":", 1)[-1]))
+    example_id = record.get("id", where.rsplit(":", 1)[-1])
+    if isinstance(example_id, bool) or not isinstance(example_id, (str, int)) or not str(example_id).strip():
+        raise InputError(f"{where}: id must be a non-empty string or an integer, got {_kind(example_id)}")
     gold = record.get("answer")
-    example = ClozeExample(example_id, tuple(doc), tuple(query), tuple(str(c).strip() for c in cands if str(c).strip()),
-                           "")
-    return Question(example, None if gold is None else str(gold), where)
+    if gold is not None and not isinstance(gold, str):
+        raise InputError(f"{where}: answer must be a string (one of the candidates), got {_kind(gold)}")
+    if gold is not None and gold.strip() not in cands:
+        raise InputError(f"{where}: the answer {gold!r} is not one of the candidates ({', '.join(cands)})")
+    example = ClozeExample(str(example_id), tuple(doc), tuple(query), tuple(cands), "")
+    return Question(example, None if gold is None else gold.strip(), where)
+
+
+def _kind(value: Any) -> str:
+    """How a JSON value reads in a message: ``a list``, ``null``, ``the number 3``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    return {list: "a list", dict: "an object", str: "a string"}.get(type(value), type(value).__name__)
 
 
 def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.Table:
@@ -101,7 +150,7 @@ def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.
     about here. A question with no candidate in its document cannot be answered: an error.
     """
     placeholder = vocab.placeholder
-    stand_ins = [_present_candidate(q, lowercase, placeholder) for q in questions]
+    stand_ins = [present_candidate(q, lowercase, placeholder) for q in questions]
     words, doc, query = encode(pa.array([w for q in questions for w in q.example.doc], pa.string()),
                                pa.array([w for q in questions for w in q.example.query], pa.string()))
     chunk, errs = assemble(
@@ -118,7 +167,7 @@ def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.
     return to_table(chunk, vocab)
 
 
-def _present_candidate(q: Question, lowercase: bool, placeholder: str) -> str:
+def present_candidate(q: Question, lowercase: bool, placeholder: str) -> str:
     """The first candidate that occurs in the document; warns about the absent ones."""
     keys = set(match_keys(pa.array(q.example.doc, pa.string()), lowercase, placeholder).to_pylist())
     cands = q.example.candidates

@@ -83,17 +83,22 @@ def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
     return tuple(members)
 
 
+def tracking_db(tracking_uri: str | None, workdir: Path) -> Path | None:
+    """The SQLite file of the MLflow store (by default ``WORKDIR/mlflow.db``); None for a server."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri and not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///"):]) if uri else Path(workdir) / "mlflow.db"
+
+
 def tracking_store(tracking_uri: str | None, workdir: Path) -> None:
     """Check a SQLite MLflow store (by default ``WORKDIR/mlflow.db``) before a job opens it.
 
     A damaged ``mlflow.db`` would otherwise fail deep inside MLflow with a traceback.
     """
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri and not uri.startswith("sqlite:///"):
+    db = tracking_db(tracking_uri, workdir)
+    if db is None or not db.exists():
         return  # a server or another store: its own client reports what is wrong
-    db = Path(uri[len("sqlite:///"):]) if uri else Path(workdir) / "mlflow.db"
-    if not db.exists():
-        return
     problem = _sqlite_problem(db)
     if problem:
         raise IaaError(f"{db}: not a readable MLflow database ({problem}); move it away to start a new store "

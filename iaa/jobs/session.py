@@ -120,17 +120,18 @@ class SessionBase:
 
 
 class LocalSession(SessionBase):
-    """One process, reading the prepared shards directly; checkpoints under ``run_dir``:
+    """One process, reading the prepared shards directly (or given training rows); checkpoints under ``run_dir``:
     ``checkpoints/last.pt``, ``checkpoints/best.pt`` and one JSON line per check in
     ``metrics.jsonl``."""
 
     def __init__(self, data_dir: Path, run_dir: Path, *, batch_size: int, seed: int, resume: bool = False,
-                 on_metrics: MetricsCallback | None = None, device: str = "cpu") -> None:
+                 on_metrics: MetricsCallback | None = None, device: str = "cpu",
+                 train_rows: pa.Table | None = None) -> None:
         from iaa.data.loader import PreparedData
 
         self.data = PreparedData.open(Path(data_dir))
-        super().__init__(self.data.table("train"), self.data.table("valid"), batch_size=batch_size,
-                         seed=seed, device=device)
+        train = self.data.table("train") if train_rows is None else train_rows
+        super().__init__(train, self.data.table("valid"), batch_size=batch_size, seed=seed, device=device)
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.on_metrics = on_metrics

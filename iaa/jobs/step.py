@@ -4,6 +4,9 @@ The objective (paper, "Training Details") is
 
     loss = -mean log P(a* | Q, D) + embed_l2 * ||X||²       (X: the word embedding)
 
+where a teacher's soft targets or ACT's ponder cost may add terms to the first part
+(:mod:`iaa.jobs.objective`).
+
 with the gradient clipped to norm ``clip`` (over all parameters, the L2 term included) and Adam.
 The training loop (in process, in a Tune trial or on Ray Train workers) and the benchmarks all
 call ``build_optimizer`` and ``train_step``, so every caller gets the fast path. λ lives in the
@@ -40,7 +43,7 @@ from torch import nn
 from iaa.data.batch import Batch
 from iaa.jobs.checkpoint import unwrap
 from iaa.jobs import precision as precision_lib
-from iaa.model.pointer import nll_loss
+from iaa.jobs.objective import Objective, reader_output
 
 
 def retain_freed_memory() -> bool:
@@ -148,11 +151,14 @@ def build_optimizer(model: nn.Module, lr: float, embed_l2: float) -> Optimizer:
 
 
 @torch.no_grad()
-def _clip_and_attach(model: nn.Module, optimizer: Optimizer, clip: float) -> float:
+def _clip_and_attach(model: nn.Module, optimizer: Optimizer, clip: float) -> torch.Tensor:
     """Clip the total gradient (L2 term included) to norm ``clip`` and hand it to Adam.
 
-    The squared norms are summed in float64 on the parameters' device and read back once (on a
-    GPU every read-back waits for the device). Returns λ ||X||², the value of the L2 term.
+    The squared norms are summed in float64 on the parameters' device. With a dense embedding
+    gradient (always on a GPU) nothing is read back: the clipping coefficient stays a device
+    tensor and multiplies every gradient in one ``_foreach_mul_``, as ``clip_grad_norm_(foreach=True)``
+    does. The sparse CPU path reads the norm once (free on a CPU) to skip the multiplications when
+    nothing is clipped. Returns λ ||X||², the value of the L2 term, as a 0-dim device tensor.
     """
     weight, embed_l2 = optimizer.embedding, optimizer.embed_l2
     grad, weight.grad = weight.grad, None
@@ -167,18 +173,17 @@ def _clip_and_attach(model: nn.Module, optimizer: Optimizer, clip: float) -> flo
         decay = weight.index_select(0, rows).mul_(two_l2)                  # 2λ x_r
         sq_norm = (sq_norm + two_l2**2 * sq_weight + sq(torch.linalg.vector_norm(decay + values))
                    - sq(torch.linalg.vector_norm(decay)))
-    else:
-        grad = torch.zeros_like(weight) if grad is None else grad
-        grad.add_(weight, alpha=two_l2)                                     # reference: dense
-        sq_norm = sq_norm + sq(torch.linalg.vector_norm(grad))
-    sq_norm, sq_weight = torch.stack([sq_norm, sq_weight]).tolist()        # one read-back per step
-    coef = min(1.0, clip / (max(sq_norm, 0.0) ** 0.5 + 1e-6))              # as clip_grad_norm_
-    if coef < 1.0 and others:
-        torch._foreach_mul_(others, coef)
-    if grad.is_sparse:
+        coef = min(1.0, clip / (max(float(sq_norm), 0.0) ** 0.5 + 1e-6))  # as clip_grad_norm_
+        if coef < 1.0 and others:
+            torch._foreach_mul_(others, coef)
         optimizer.attach_sparse_grad(rows, values.mul_(coef) if coef < 1.0 else values, two_l2 * coef)
-    else:
-        optimizer.attach_dense_grad(grad.mul_(coef) if coef < 1.0 else grad)
+        return embed_l2 * sq_weight
+    grad = torch.zeros_like(weight) if grad is None else grad
+    grad.add_(weight, alpha=two_l2)                                         # the L2 gradient, dense
+    sq_norm = sq_norm + sq(torch.linalg.vector_norm(grad))
+    coef = (clip / (sq_norm.clamp_min(0.0).sqrt() + 1e-6)).clamp_max(1.0)  # as clip_grad_norm_
+    torch._foreach_mul_([*others, grad], coef.to(grad.dtype))              # x 1.0 when not clipped
+    optimizer.attach_dense_grad(grad)
     return embed_l2 * sq_weight
 
 
@@ -194,7 +199,8 @@ def precision_dtype(precision: str, device: str | torch.device = "cpu") -> torch
 
 
 def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
-               clip: float = 5.0, amp_dtype: torch.dtype | None = None) -> float:
+               clip: float = 5.0, amp_dtype: torch.dtype | None = None,
+               objective: Objective = Objective()) -> float:
     """Forward, loss, backward, gradient-norm clipping and an Adam step on one batch.
 
     Args:
@@ -205,17 +211,20 @@ def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
         amp_dtype: run the forward under ``torch.autocast`` on the batch's device with this dtype
             (bfloat16: ``train.precision=bf16``); None keeps full precision. Parameters,
             gradients and Adam's state stay fp32 either way, and the loss is computed in fp32.
+        objective: the loss of the batch (default: the paper's NLL).
 
     Returns:
-        The loss, -mean log P(a*) + λ ||X||², as a float.
+        The loss, -mean log P(a*) (or ``objective``'s loss) + λ ||X||², as a 0-dim float64
+        tensor on the model's device. Nothing here reads a value back to the host on a GPU (no
+        sync): the caller sums the losses as tensors and reads them when it reports.
     """
     model.train()
     with autocast(batch.doc.device.type, amp_dtype):
-        log_p = model(batch)                                               # (B, C)
-    nll = nll_loss(log_p.float(), batch.answer)
+        log_p, halting = reader_output(model, batch)                       # (B, C)
+    loss = objective(log_p.float(), batch, halting)
     for p in model.parameters():
         p.grad = None
-    nll.backward()
+    loss.backward()
     l2_value = _clip_and_attach(model, optimizer, clip)
     optimizer.step()
-    return float(nll.detach()) + l2_value
+    return loss.detach() + l2_value

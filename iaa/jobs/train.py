@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,30 +26,36 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from iaa.data.batch import Batch
+from iaa.data.batch import Batch, pad_to_buckets
+from iaa.data.prefetch import prefetch
 from iaa.errors import IaaError
-from iaa.jobs import checkpoint
+from iaa.jobs import checkpoint, precision
 from iaa.jobs.config import JobConfig
 from iaa.jobs.evaluate import score_batches
+from iaa.jobs.objective import Objective
 from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
-from iaa.jobs import precision
 from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
 from iaa.model.reader import build_reader
 
 TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks
+PREFETCH_DEPTH = 3     # batches padded and copied ahead on a GPU (iaa.data.prefetch)
 
 
 @dataclass
 class _LossWindow:
-    """Training losses since the last check, and when that window started."""
+    """Training losses since the last check, and when that window started.
 
-    total: float = 0.0
+    The losses are summed as device tensors and read once, at the check: reading each step's
+    loss would make the host wait for the GPU every step.
+    """
+
+    total: torch.Tensor | float = 0.0
     batches: int = 0
     start: float = field(default_factory=time.perf_counter)
 
-    def add(self, loss: float) -> None:
-        self.total += loss
+    def add(self, loss: torch.Tensor) -> None:
+        self.total = self.total + loss
         self.batches += 1
 
 
@@ -62,6 +69,7 @@ class Trainer:
         self.cfg, self.tc, self.session, self.vocab_hash = cfg, cfg.train, session, vocab_hash
         self.precision = precision.resolve(cfg.train.precision, session.device)   # fp32 | bf16
         self.amp_dtype = precision.autocast_dtype(self.precision)
+        self.objective = Objective.from_config(cfg)
         self.model, self.optimizer, self.progress = self._load()
         self.n_batches = session.num_train_batches()
         if self.n_batches == 0:
@@ -88,9 +96,11 @@ class Trainer:
             checkpoint.check_resumable(saved, self.cfg, self.vocab_hash, source)
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
-            checkpoint.restore_rng(saved)
+            checkpoint.restore_rng(saved, self.session.device)
             progress = Progress.from_dict(saved["progress"], lr_scale=optimizer.lr / self.tc.lr)
         optimizer.set_lr(self.tc.lr * progress.lr_scale)
+        if self.tc.compile:
+            model.compile_reads(mode="reduce-overhead" if self.session.device.type == "cuda" else None)
         return self.session.prepare_model(model), optimizer, progress
 
     def fit(self) -> dict[str, Any]:
@@ -108,23 +118,27 @@ class Trainer:
     def _run_epoch(self) -> None:
         """The rest of the current epoch, with the checks that fall in it."""
         p = self.progress
-        for batch in self.session.train_batches(p.epoch, skip=p.batch):
-            self._run_batch(batch)
-            if p.stop_reason or self._check_due():
-                self._check()
-                if p.stop_reason:
-                    return
+        batches = self.session.train_batches(p.epoch, skip=p.batch)
+        if self.tc.compile:
+            batches = map(pad_to_buckets, batches)                         # few shapes to compile
+        device = self.session.device
+        with closing(prefetch(batches, device, depth=PREFETCH_DEPTH if device.type == "cuda" else 0)) as ready:
+            for batch in ready:
+                self._run_batch(batch)
+                if p.stop_reason or self._check_due():
+                    self._check()
+                    if p.stop_reason:
+                        return
         p.finish_epoch()
 
     def _run_batch(self, batch: Batch) -> None:
-        """One training step, then the step and time budgets."""
+        """One training step (``batch`` on the device), then the step and time budgets."""
         p, tc = self.progress, self.tc
-        loss = train_step(self.model, self.optimizer, batch.to(self.session.device), clip=tc.clip,
-                          amp_dtype=self.amp_dtype)
+        loss = train_step(self.model, self.optimizer, batch, clip=tc.clip, amp_dtype=self.amp_dtype,
+                          objective=self.objective)
         p.finish_batch(self._clock_base + time.perf_counter())
         self.window.add(loss)
         self.bar.update(len(batch) * self.session.world_size)
-        self.bar.set_postfix(loss=f"{self.window.total / self.window.batches:.3f}", refresh=False)
         if p.step >= self.max_steps:
             p.stop("max-epochs")
         elif tc.max_minutes > 0 and p.step % TIME_CHECK_EVERY == 0:
@@ -141,23 +155,33 @@ class Trainer:
     def _check(self) -> None:
         """Validate; let the progress decide lr decay and early stopping; report a checkpoint."""
         p, tc = self.progress, self.tc
+        if self.session.device.type == "cuda":
+            torch.cuda.synchronize(self.session.device)                    # the window's steps are done
+        train_seconds = time.perf_counter() - self.window.start
         with autocast(self.session.device.type, self.amp_dtype):
             sums = score_batches(checkpoint.unwrap(self.model), self.session.valid_batches(), self.session.device)
         correct, total, nll = self.session.all_reduce_sum(sums)
+        valid_seconds = time.perf_counter() - self.window.start - train_seconds
         acc = correct / max(total, 1)
         improved = p.record_check(acc, lr_decay=tc.lr_decay, patience=tc.patience)
         self.optimizer.set_lr(tc.lr * p.lr_scale)
-        self.last = self._metrics(acc, nll / max(total, 1))
+        self.last = self._metrics(acc, nll / max(total, 1), train_seconds, valid_seconds)
         state = checkpoint.make_state(self.cfg, self.model, self.optimizer, p.to_dict(), self.vocab_hash)
         self.session.report(self.last, state, improved)
-        self.bar.set_postfix(valid_acc=f"{acc:.3f}", best=f"{p.best_valid_acc:.3f}")
+        self.bar.set_postfix(loss=f"{self.last['train_loss']:.3f}", valid_acc=f"{acc:.3f}",
+                             best=f"{p.best_valid_acc:.3f}")
         self.window = _LossWindow()
         self.model.train()
 
-    def _metrics(self, valid_acc: float, valid_loss: float) -> dict[str, Any]:
-        """The metrics of a check: validation, the training loss and speed since the last one."""
-        loss_sum, batches = self.session.all_reduce_sum([self.window.total, self.window.batches])
-        seconds = max(time.perf_counter() - self.window.start, 1e-9)
+    def _metrics(self, valid_acc: float, valid_loss: float, train_seconds: float,
+                 valid_seconds: float) -> dict[str, Any]:
+        """The metrics of a check: validation, the training loss and speed since the last one.
+
+        ``train_examples_per_s`` counts the training steps' time only (from the end of the last
+        check to the start of this one); the validation's own time is ``valid_seconds``.
+        """
+        loss_sum, batches = self.session.all_reduce_sum([float(self.window.total), self.window.batches])
+        seconds = max(train_seconds, 1e-9)
         return {
             "step": self.progress.step,
             "epoch": self.progress.step / self.n_batches,
@@ -167,6 +191,7 @@ class Trainer:
             "best_valid_acc": self.progress.best_valid_acc,
             "lr": self.optimizer.lr,
             "train_examples_per_s": self.window.batches * self.tc.batch_size * self.session.world_size / seconds,
+            "valid_seconds": valid_seconds,
         }
 
 
@@ -184,15 +209,18 @@ def run(
     on_metrics: MetricsCallback | None = None,
     show_progress: bool = True,
     device: str = "cpu",
+    train_rows: Any = None,
 ) -> dict[str, Any]:
     """Train in this process; returns the metrics with the best checkpoint's path.
 
-    An entry point: it opts this process into ``retain_freed_memory`` (faster CPU steps).
+    ``train_rows`` (a pyarrow Table in the shards' schema, e.g. with a teacher column) replaces
+    the prepared training split. An entry point: it opts this process into
+    ``retain_freed_memory`` (faster CPU steps).
     """
     from iaa.jobs.session import LocalSession
 
     retain_freed_memory()
     session = LocalSession(data_dir, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
-                           resume=resume, on_metrics=on_metrics, device=device)
+                           resume=resume, on_metrics=on_metrics, device=device, train_rows=train_rows)
     result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.get("vocab_hash", ""))
     return {**result, "checkpoint": str(session.best_checkpoint), "run_dir": str(run_dir)}

@@ -7,6 +7,8 @@ from typing import Literal
 
 ModelKind = Literal["iaa", "iaa-fixed-query", "as-reader"]
 MODEL_KINDS: tuple[str, ...] = ("iaa", "iaa-fixed-query", "as-reader")
+Halting = Literal["none", "act"]
+HALTING_MODES: tuple[str, ...] = ("none", "act")
 
 
 @dataclass(frozen=True)
@@ -21,10 +23,15 @@ class ReaderConfig:
     embed_dim: int = 384          # d
     hidden_dim: int = 128         # h, per encoder GRU direction
     state_dim: int = 512          # s, inference GRU
-    steps: int = 8                # T
+    steps: int = 8                # T; with halting="act", the most steps an example may take
     gate_dim: int = 256           # hidden size of the 2-layer search gates g_q, g_d
     dropout: float = 0.2
     candidate_softmax: bool = False  # Stanford AR / GA Reader: attention restricted to candidate positions
+    # Beyond the paper: "none" runs all T steps (the paper); "act" lets each example stop early
+    # (Adaptive Computation Time, Graves 2016; iaa/model/halting.py), at a training cost of
+    # ponder_cost * (N + R) per example.
+    halting: Halting = "none"
+    ponder_cost: float = 0.001       # τ
     # Implementation switches (same mathematics; see iaa/model/*.py and benchmarks/README.md):
     fused_gru: bool = True           # packed, hand-differentiated BiGRU instead of nn.GRU + packing
     fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout
@@ -40,6 +47,12 @@ class ReaderConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.halting not in HALTING_MODES:
+            raise ValueError(f"halting must be one of {HALTING_MODES}, got {self.halting!r}")
+        if self.halting == "act" and self.kind == "as-reader":
+            raise ValueError("halting='act' needs an iterative reader (iaa or iaa-fixed-query); the AS Reader has one step")
+        if not self.ponder_cost >= 0.0:
+            raise ValueError(f"ponder_cost must be >= 0, got {self.ponder_cost}")
 
 
 PRESETS: dict[str, ReaderConfig] = {

@@ -13,6 +13,11 @@ The source is ``gru_kernels.cpp`` beside this file. It is built on first use wit
 takes ~30 s. The build's name carries a hash of the source, the compiler flags, the torch version
 and the machine type, so a changed source or flag never loads a stale build.
 
+The build is keyed by that content alone, never by where this file lies: the source is copied
+into the build's folder and compiled there, and a folder that already holds the built library
+is loaded directly. An MLflow model unpacks this package into a new temporary folder on every
+load; it still reuses the build of any earlier load, of any copy of the same source.
+
 It is built for the generic target of the machine type (x86-64, arm64), not ``-march=native``:
 native code can hold instructions that another CPU lacks, and nodes of a cluster that share a
 cache folder would load each other's builds. Native code was measured 0 to 1.4% faster on the
@@ -28,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -54,25 +60,38 @@ def cpu_features() -> str:
 
 
 def build_name(cflags: tuple[str, ...] = CFLAGS) -> str:
-    """The extension's name (and cache folder): one per source, flags, torch version and machine
-    type, and with native flags one per set of CPU features too."""
+    """The extension's name (and cache folder): one per source, flags, torch version, Python
+    version and machine type, and with native flags one per set of CPU features too."""
     import torch
 
     cpu = cpu_features() if any(flag in NATIVE for flag in cflags) else platform.machine()
     key = hashlib.sha256()
     for part in (SOURCE.read_bytes(), " ".join(cflags).encode(), " ".join(LDFLAGS).encode(),
-                 torch.__version__.encode(), cpu.encode()):
+                 torch.__version__.encode(), cpu.encode(), sys.implementation.cache_tag.encode()):
         key.update(part)
         key.update(b"\0")
     return f"iaa_gru_kernels_{key.hexdigest()[:16]}"
 
 
 def build(cflags: tuple[str, ...] = CFLAGS) -> ModuleType:
-    """Compile (or load the cached build of) the kernels with ``cflags``."""
+    """Load the built kernels for ``cflags``, compiling them first when no build exists."""
+    from torch.utils.cpp_extension import _get_build_directory, _import_module_from_library
     from torch.utils.cpp_extension import load as load_extension
 
-    return load_extension(name=build_name(cflags), sources=[str(SOURCE)], extra_cflags=list(cflags),
-                          extra_ldflags=list(LDFLAGS), verbose=False)
+    name = build_name(cflags)
+    folder = Path(_get_build_directory(name, verbose=False))
+    try:
+        return _import_module_from_library(name, str(folder), True)
+    except (ImportError, OSError, AssertionError):   # not built yet (or half written): build under torch's lock
+        pass
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / SOURCE.name
+    if not source.is_file() or source.read_bytes() != SOURCE.read_bytes():
+        staged = folder / f".{SOURCE.name}.{os.getpid()}"
+        staged.write_bytes(SOURCE.read_bytes())
+        staged.replace(source)
+    return load_extension(name=name, sources=[str(source)], extra_cflags=list(cflags),
+                          extra_ldflags=list(LDFLAGS), build_directory=str(folder), verbose=False)
 
 
 def load() -> ModuleType | None:

@@ -13,8 +13,11 @@ import torch
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
-    """Autocast's dtype on ``device_type`` ("cpu", "cuda"), or None when autocast is off there."""
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    """Autocast's dtype on ``device_type`` ("cpu", "cuda"), or None when autocast is off there
+    (or does not exist for that device type)."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
 
 
 def compute_dtype(tensor: torch.Tensor) -> torch.dtype:

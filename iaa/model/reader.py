@@ -7,6 +7,7 @@ All three share the embedding, the encoders, the masking and the pointer-sum, an
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from iaa.model.attention import DocRead, FixedQueryRead, Memory, QueryRead, bilinear_logits
@@ -14,6 +15,7 @@ from iaa.model.config import ReaderConfig
 from iaa.model.dropout import Dropout
 from iaa.model.encoder import BiGRUEncoder
 from iaa.model.gates import SearchGate, gate_features
+from iaa.model.halting import HaltingRecord, HaltingUnit, Running, halting_weights
 from iaa.model.initialization import init_reader_
 from iaa.model.inputs import ReaderInputs
 from iaa.model.masking import full_precision, masked_log_softmax
@@ -45,16 +47,28 @@ class _Encoders(nn.Module):
     def forward(self, batch: ReaderInputs):
         """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h), before
         the attention-input dropout (each reader drops what its attention reads)."""
-        q_emb = self.drop(self.embedding(batch.query))                     # (B, Lq, d)
-        q_enc, q_final = self.query_encoder(q_emb, batch.query_mask)       # (B, Lq, 2h), (B, 2h)
+        q_emb = self.drop(self.embed(batch.query))                         # (B, Lq, d)
+        q_enc, q_final = self.query_encoder(q_emb, batch.query_mask,
+                                            getattr(batch, "query_lengths", None))  # (B, Lq, 2h), (B, 2h)
         if self._use_table(batch.doc):
             d_enc, _ = self.doc_encoder.forward_from_table(batch.doc, batch.doc_mask, self._doc_table())
             return q_enc, q_final, d_enc
         if self.training:
             self._table = None                                             # stale from here on
-        d_emb = self.drop(self.embedding(batch.doc))                       # (B, Ld, d)
-        d_enc, _ = self.doc_encoder(d_emb, batch.doc_mask)                 # (B, Ld, 2h)  eq. 1
+        d_emb = self.drop(self.embed(batch.doc))                           # (B, Ld, d)
+        d_enc, _ = self.doc_encoder(d_emb, batch.doc_mask,
+                                    getattr(batch, "doc_lengths", None))   # (B, Ld, 2h)  eq. 1
         return q_enc, q_final, d_enc
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The word vectors of ``tokens``: (B, L) -> (B, L, d).
+
+        The gradient is sparse (``sparse_embedding_grad``) on the CPU only, where
+        ``iaa.jobs.step`` turns it into an exact, cheap Adam update. On a GPU it is dense: a
+        sparse gradient must be coalesced, which reads its size back to the host every step.
+        """
+        weight = self.embedding.weight
+        return F.embedding(tokens, weight, sparse=self.embedding.sparse and tokens.is_cpu)
 
     def _use_table(self, doc: torch.Tensor) -> bool:
         """Inference (no dropout, no gradient) on the fused CPU path: look the document's input
@@ -74,11 +88,11 @@ class _Encoders(nn.Module):
         return self._table[1]
 
 
-
 def _small_matmuls_fp32():
     """CPU autocast off: the inference steps' 32-row matmuls (gates, inference GRU, query reads,
     the projections of the document reads) are faster in fp32 than in bf16 with their casts
-    (benchmarks/README.md, "bf16 on CPU"). The document reads keep their ``Memory``'s dtype."""
+    (docs/speed.md, "bf16 on CPU"). The document reads keep their ``Memory``'s dtype (bf16
+    under bf16 autocast); the log-softmaxes and the pointer-sum are fp32 either way."""
     return torch.autocast("cpu", enabled=False)
 
 
@@ -90,7 +104,57 @@ def _answer_mask(cfg: ReaderConfig, batch: ReaderInputs) -> torch.Tensor:
     return batch.doc_mask
 
 
-class IAAReader(nn.Module):
+class _Reader(nn.Module):
+    """What the readers share: the encoders, then ``_read`` from the encodings to log P(a | Q, D).
+
+    ``compile_reads`` compiles ``_read`` (the attention steps and the answer distribution, where
+    the per-step work is small and a step launches dozens of kernels) with ``torch.compile``;
+    training steps then run the compiled reads, everything else the eager ones.
+    """
+
+    def __init__(self, cfg: ReaderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.encoders = _Encoders(cfg)
+        self._compiled_read = None
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        return self.encoders.embedding
+
+    def forward(self, batch: ReaderInputs) -> torch.Tensor:
+        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
+        q_enc, q_final, d_enc = self.encoders(batch)                      # (B, Lq, 2h), (B, 2h), (B, Ld, 2h)
+        compiled = self._compiled_read is not None and self.training and torch.is_grad_enabled()
+        read = self._compiled_read if compiled else self._read
+        return read(q_enc, q_final, d_enc, batch.query_mask, batch.doc_mask, _answer_mask(self.cfg, batch),
+                    batch.doc_cand, batch.cand_mask.shape[1])
+
+    def compile_reads(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """Compile ``_read`` for training steps (``mode``, ``backend``: ``torch.compile``'s;
+        ``reduce-overhead`` means CUDA graphs on CUDA).
+
+        Shapes are static: each (B, Lq, Ld) compiles once, so callers pad Lq and Ld to a few
+        buckets (``iaa.data.batch.pad_to_buckets``); the recompile limit is raised to hold them.
+        Inside the compiled graph the document reads are plain ``bmm`` under autograd (the
+        deferred gradient of ``Memory`` keeps Python state that a graph cannot hold).
+        """
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        mode = mode if backend == "inductor" else None                   # modes are inductor's
+        self._compiled_read = torch.compile(self._read, mode=mode, backend=backend, dynamic=False)
+
+    def _read(self, q_enc: torch.Tensor, q_final: torch.Tensor, d_enc: torch.Tensor, query_mask: torch.Tensor,
+              doc_mask: torch.Tensor, answer_mask: torch.Tensor, doc_cand: torch.Tensor,
+              num_cands: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+RECOMPILE_LIMIT = 64  # graphs per compiled read: (batch size, query bucket, document bucket) triples
+
+
+class IAAReader(_Reader):
     """Iterative Alternating Attention reader (paper section 3); ``iaa-fixed-query`` too.
 
     s_0 = 0. The paper does not give s_0. A zero state adds no parameters and makes the first
@@ -101,50 +165,96 @@ class IAAReader(nn.Module):
 
     The last step computes only the document attention d_{i,T}: s_T is never read, so its gates
     and GRU update would be dead computation.
+
+    With ``cfg.halting == "act"`` each example takes 1 to T steps (Adaptive Computation Time,
+    ``iaa.model.halting``) and the answer distribution mixes the steps' document attentions.
     """
 
     def __init__(self, cfg: ReaderConfig) -> None:
-        super().__init__()
+        super().__init__(cfg)
         two_h, s = 2 * cfg.hidden_dim, cfg.state_dim
-        self.cfg = cfg
-        self.encoders = _Encoders(cfg)
         self.query_read = FixedQueryRead() if cfg.kind == "iaa-fixed-query" else QueryRead(s, two_h)
         self.doc_read = DocRead(s, two_h)
         self.gate_q = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
         self.gate_d = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
         self.search = nn.GRUCell(2 * two_h, s)                           # inference GRU
+        self.halting_unit = HaltingUnit(s, cfg.steps) if cfg.halting == "act" else None
         init_reader_(self)
 
-    @property
-    def embedding(self) -> nn.Embedding:
-        return self.encoders.embedding
-
-    def forward(self, batch: ReaderInputs) -> torch.Tensor:
-        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
+    def forward(self, batch: ReaderInputs, return_halting: bool = False):
+        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document; with
+        ``return_halting``, also what ACT decided (a ``Halting``; None when ``halting="none"``)."""
+        if self.halting_unit is None:
+            log_p = super().forward(batch)
+            return (log_p, None) if return_halting else log_p
         q_enc, _, d_enc = self.encoders(batch)                             # (B, Lq, 2h), (B, Ld, 2h)
+        log_p, halting = self._adaptive_read(q_enc, d_enc, batch)
+        return (log_p, halting) if return_halting else log_p
+
+    def _read(self, q_enc, q_final, d_enc, query_mask, doc_mask, answer_mask, doc_cand, num_cands):
+        """The T alternating steps and the pointer-sum: (B, C)."""
+        deferred = self.cfg.batched_read_grad and not torch.compiler.is_compiling()
         q_enc = full_precision(self.encoders.drop(q_enc))                  # attention inputs, fp32
-        d_enc = Memory(full_precision(self.encoders.drop(d_enc)), deferred=self.cfg.batched_read_grad)
+        d_enc = Memory(full_precision(self.encoders.drop(d_enc)), deferred=deferred)  # bf16 reads under bf16
         s = q_enc.new_zeros(q_enc.shape[0], self.cfg.state_dim)            # s_0: (B, s)
         with _small_matmuls_fp32():
-            logits = self._search(s, q_enc, d_enc, batch)                  # (B, Ld)
-        log_att = masked_log_softmax(logits, _answer_mask(self.cfg, batch))  # log d_{i,T}
-        return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
+            for step in range(self.cfg.steps):
+                q_t, _ = self.query_read(s, q_enc, query_mask)             # (B, 2h)
+                if step == self.cfg.steps - 1:
+                    logits = self.doc_read.logits(s, q_t, d_enc)           # (B, Ld)
+                    break
+                d_t, _ = self.doc_read(s, q_t, d_enc, doc_mask)            # (B, 2h)
+                s = self._search(s, q_t, d_t)                              # s_t: (B, s)
+        log_att = masked_log_softmax(logits, answer_mask)                  # log d_{i,T}, fp32
+        return pointer_sum(log_att, doc_cand, num_cands)                   # (B, C) eq. 2
 
-    def _search(self, s: torch.Tensor, q_enc: torch.Tensor, d_enc: Memory, batch: ReaderInputs) -> torch.Tensor:
-        """The T alternating steps from s_0; returns the last step's document logits (B, Ld)."""
-        for step in range(self.cfg.steps):
-            q_t, _ = self.query_read(s, q_enc, batch.query_mask)           # (B, 2h)
-            if step == self.cfg.steps - 1:
-                logits = self.doc_read.logits(s, q_t, d_enc)               # (B, Ld)
+    def _search(self, s: torch.Tensor, q_t: torch.Tensor, d_t: torch.Tensor) -> torch.Tensor:
+        """Gated search results into the inference GRU: s_{t-1} -> s_t, (B, s)."""
+        features = self.encoders.drop(gate_features(s, q_t, d_t))          # (B, s + 6h)
+        r_q, r_d = self.gate_q(features), self.gate_d(features)            # (B, 2h) each
+        return self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)
+
+    def _adaptive_read(self, q_enc: torch.Tensor, d_enc: torch.Tensor, batch: ReaderInputs):
+        """ACT over the steps (``iaa.model.halting``): log P(a | Q, D) (B, C) from the mixture
+        Σ_t p_t d_{i,t}, and the ``Halting``.
+
+        Under ``torch.no_grad`` (inference) an example that halts leaves the batch, so later steps
+        compute only the examples still running; in training they run on with weight 0, and the
+        loop ends when the last example has halted. Always eager (``compile_reads`` compiles the
+        fixed-T read only).
+        """
+        cfg = self.cfg
+        q_enc = full_precision(self.encoders.drop(q_enc))                  # attention inputs, fp32
+        d_enc = Memory(full_precision(self.encoders.drop(d_enc)), deferred=cfg.batched_read_grad)
+        with _small_matmuls_fp32():
+            return self._act_steps(q_enc, d_enc, batch)
+
+    def _act_steps(self, q_enc: torch.Tensor, d_enc: Memory, batch: ReaderInputs):
+        cfg = self.cfg
+        run = Running.start(q_enc, d_enc, batch.query_mask, batch.doc_mask, _answer_mask(cfg, batch), cfg.state_dim)
+        record = HaltingRecord(q_enc.shape[0])
+        for step in range(cfg.steps):
+            last = step == cfg.steps - 1
+            q_t, _ = self.query_read(run.s, run.q_enc, run.q_mask)                # (A, 2h)
+            d_t, logits = self.doc_read(run.s, q_t, run.d_enc, run.d_mask)       # (A, 2h), (A, Ld)
+            log_d = masked_log_softmax(logits, run.a_mask)                       # log d_{i,t}: (A, Ld)
+            h = run.spent.new_zeros(run.spent.shape)                             # no unit at T_max
+            if not last:
+                run.s = self._search(run.s, q_t, d_t)                            # s_t: (A, s)
+                h = self.halting_unit(run.s, step)                               # h_t: (A,)
+            p, halts = halting_weights(h, run.spent, last)                       # (A,), (A,)
+            p, halts = torch.where(run.alive, p, torch.zeros_like(p)), halts & run.alive
+            record.add(run.rows, step, h, p, halts, log_d)
+            run.spent, run.alive = run.spent + h, run.alive & ~halts
+            if last or not bool(run.alive.any()):
                 break
-            d_t, _ = self.doc_read(s, q_t, d_enc, batch.doc_mask)          # (B, 2h)
-            features = self.encoders.drop(gate_features(s, q_t, d_t))      # (B, s + 6h)
-            r_q, r_d = self.gate_q(features), self.gate_d(features)        # (B, 2h) each
-            s = self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)      # s_t: (B, s)
-        return logits
+            if not torch.is_grad_enabled():
+                run = run.select(run.alive)
+        log_att, halting = record.finish()                                 # log Σ_t p_t d_{i,t}: (B, Ld)
+        return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1]), halting  # (B, C) eq. 2
 
 
-class ASReader(nn.Module):
+class ASReader(_Reader):
     """Attention Sum Reader (Kadlec et al. 2016): one attention step, same code paths.
 
     The query is [forward state at its last token, backward state at its first token];
@@ -152,22 +262,14 @@ class ASReader(nn.Module):
     """
 
     def __init__(self, cfg: ReaderConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.encoders = _Encoders(cfg)
+        super().__init__(cfg)
         init_reader_(self)
 
-    @property
-    def embedding(self) -> nn.Embedding:
-        return self.encoders.embedding
-
-    def forward(self, batch: ReaderInputs) -> torch.Tensor:
-        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document."""
-        _, query, d_enc = self.encoders(batch)                             # (B, 2h), (B, Ld, 2h)
-        query, d_enc = self.encoders.drop(query), self.encoders.drop(d_enc)
-        logits = bilinear_logits(d_enc, query)                             # (B, Ld)
-        log_att = masked_log_softmax(logits, _answer_mask(self.cfg, batch))
-        return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C)
+    def _read(self, q_enc, q_final, d_enc, query_mask, doc_mask, answer_mask, doc_cand, num_cands):
+        """One dot-product read with the query's final states, and the pointer-sum: (B, C)."""
+        query, d_enc = self.encoders.drop(q_final), self.encoders.drop(d_enc)   # (B, 2h), (B, Ld, 2h)
+        log_att = masked_log_softmax(bilinear_logits(d_enc, query), answer_mask)  # (B, Ld), fp32
+        return pointer_sum(log_att, doc_cand, num_cands)                   # (B, C)
 
 
 def build_reader(cfg: ReaderConfig) -> nn.Module:

@@ -1,7 +1,8 @@
 """Joining or starting Ray, and sizing trials on the cluster it finds.
 
 :func:`connect` joins the cluster at ``--address`` (failing fast, with a message, when nothing
-listens there) or starts a local one with Ray's dashboard on 127.0.0.1, and checks that
+listens there) or starts a local one with Ray's dashboard on 127.0.0.1 (and, unless the dashboard
+is asked to listen elsewhere, every HTTP endpoint of Ray on loopback), and checks that
 checkpoints can go to storage every node sees (:mod:`iaa.platform.storage`).
 :func:`fit_trials` plans the trials on the live nodes (:func:`iaa.platform.resources.plan`);
 a cluster reached by ``--address`` may first be asked to grow.
@@ -9,11 +10,13 @@ a cluster reached by ``--address`` may first be asked to grow.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import logging
 import os
 import socket
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Iterator
 
 from iaa.platform import resources
 from iaa.platform.resources import ClusterError, Node, TrialPlan, node_summary, plan
@@ -22,6 +25,7 @@ from iaa.platform.storage import check_storage
 DASHBOARD_HOST_ENV = "IAA_DASHBOARD_HOST"      # where a local cluster's dashboard listens (127.0.0.1)
 DASHBOARD_PORT_ENV = "IAA_DASHBOARD_PORT"      # its port (8265, or a free one when 8265 is taken)
 CONNECT_TIMEOUT_ENV = "IAA_RAY_CONNECT_TIMEOUT"  # seconds to reach a --address before giving up (10)
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # 0: Ray's node address is loopback
 DEFAULT_DASHBOARD_PORT = 8265
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
@@ -54,6 +58,53 @@ def _port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def dashboard_host() -> str:
+    """Where a local cluster's dashboard listens: ``IAA_DASHBOARD_HOST`` (default 127.0.0.1), checked."""
+    host = os.environ.get(DASHBOARD_HOST_ENV, "127.0.0.1")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+    except (OSError, UnicodeError) as err:
+        raise ClusterError(f"{DASHBOARD_HOST_ENV}={host!r}: cannot listen there ({getattr(err, 'strerror', None) or err}); "
+                           "give an address of this machine, such as 127.0.0.1 (the default) or 0.0.0.0") from None
+    return host
+
+
+@contextlib.contextmanager
+def _loopback_only(wanted: bool) -> Iterator[None]:
+    """Start a local cluster whose every port listens on loopback only (when ``wanted``).
+
+    Ray binds its Prometheus endpoints (metrics agent, dashboard, autoscaler), which answer
+    without a token, and its gRPC ports to all interfaces, unless the node's address is a
+    loopback one. Ray takes the loopback address when ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+    (its switch for single-machine Ray on Windows and macOS): set for the processes the new
+    cluster starts, and restored after, so that a later ``--address`` join uses the real address.
+    """
+    if not wanted:
+        yield
+        return
+    from ray._private import ray_constants
+
+    saved_env, saved = os.environ.get(SINGLE_MACHINE_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[SINGLE_MACHINE_ENV], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+        if saved_env is None:
+            os.environ.pop(SINGLE_MACHINE_ENV, None)
+        else:
+            os.environ[SINGLE_MACHINE_ENV] = saved_env
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError, UnicodeError):
+        return False
 
 
 def dashboard_port(host: str = "127.0.0.1") -> int:
@@ -155,12 +206,14 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
                                    "with token authentication needs RAY_AUTH_MODE=token and its token here, see "
                                    "`ray get-auth-token`)") from err
         else:
-            host = os.environ.get(DASHBOARD_HOST_ENV, "127.0.0.1")
+            host = dashboard_host()
             port = dashboard_port(host)
             env["RAY_API_SERVER_ADDRESS"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
             # address="local": without it, ray.init joins the latest `ray start` cluster on this machine
-            context = ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=True,
-                               dashboard_host=host, dashboard_port=port, runtime_env={"env_vars": env}, **kwargs)
+            with _loopback_only(_loopback(host)):
+                context = ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
+                                   include_dashboard=True, dashboard_host=host, dashboard_port=port,
+                                   runtime_env={"env_vars": env}, **kwargs)
             dashboard = context.dashboard_url or None
         _quiet_ray_data()
     info = ClusterInfo(_alive_nodes(), address, dashboard)

@@ -13,6 +13,10 @@ Members come from one of two places:
 Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.ensemble`
 does the alignment, averaging and selection. Everything lands in ``WORKDIR/ensembles/NAME/``,
 and one MLflow run records it (tagged ``sweep_parent_run_id`` with the sweep's parent run).
+``ensemble.json`` names every member by its absolute path with the sha256 of the file
+(``member_sha256``), so the folder means the same wherever it is used, and a changed member is
+refused (``iaa.jobs.predict.ensemble_members``). A finished ensemble is replaced only with
+``overwrite``.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from iaa.data.shards import file_sha256
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs import ensemble as ensemble_job
@@ -31,6 +36,7 @@ from iaa.jobs import members as ledger
 from iaa.jobs import sweep as sweep_file
 from iaa.jobs.config import ConfigError, from_dict
 from iaa.jobs.members import Member
+from iaa.jobs.predict import SUMMARY
 from iaa.platform import tracking
 
 
@@ -55,6 +61,7 @@ class EnsembleRequest:
     gpus_per_worker: float = 0.0
     show_progress: bool = True
     register: str | None = None   # register the ensemble's MLflow model under this name
+    overwrite: bool = False       # replace a finished ensemble of the same name
 
 
 def _run_dir_label(checkpoint: Path) -> str:
@@ -169,10 +176,22 @@ def _track(uri: str, experiment: str, name: str, req: EnsembleRequest, sweep: di
                                                          if result["member_test_acc"] is not None else {})}, step=i)
         for artifact in ("predictions", "table_path"):
             run.log_artifact(Path(result[artifact]))
-        run.log_artifact(out_dir / "ensemble.json")
+        run.log_artifact(out_dir / SUMMARY)
         run.log_dataset(prepared, context="eval")
-        model_uri = mlflow_model.try_log(uri, run.run_id, [Path(m) for m in result["members"]], prepared, req.register)
+        model_uri = mlflow_model.try_log(uri, run.run_id, [Path(m) for m in result["members"]], prepared, req.register,
+                                         run=run)
     return run.run_id, model_uri
+
+
+def _check_free(out_dir: Path, name: str, overwrite: bool) -> None:
+    """Refuse to replace a finished ensemble (one with ``ensemble.json``) unless ``overwrite``.
+
+    A folder without it is an unfinished ensemble of this name (its ``trained.json`` lists the
+    members trained so far): it is continued.
+    """
+    if (out_dir / SUMMARY).exists() and not overwrite:
+        raise IaaError(f"{out_dir}: an ensemble named {name!r} exists already; add --overwrite to replace it, "
+                       "or choose another --name (nothing was changed)")
 
 
 def run(req: EnsembleRequest) -> dict[str, Any]:
@@ -208,6 +227,7 @@ def run(req: EnsembleRequest) -> dict[str, Any]:
             dataset, prepared = resolve.data_dir(req.dataset or sweep["dataset"], req.data, workdir)
         name = req.name or sweep["name"]
         out_dir = workdir / "ensembles" / name
+        _check_free(out_dir, name, req.overwrite)
         members = sweep_members(req, sweep, prepared, out_dir, uri, name)
         experiment = sweep.get("experiment") or f"ensemble-{dataset}"
     else:
@@ -219,8 +239,10 @@ def run(req: EnsembleRequest) -> dict[str, Any]:
         digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in req.members).encode()).hexdigest()[:8]
         name = req.name or f"{dataset}-{len(members)}members-{req.select}-{digest}"
         out_dir = workdir / "ensembles" / name
+        _check_free(out_dir, name, req.overwrite)
         experiment = f"ensemble-{dataset}"
 
+    members = [replace(m, checkpoint=Path(m.checkpoint).resolve()) for m in members]
     files = evaluate_members(members, prepared, out_dir, req.show_progress)
     labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
     result = ensemble_job.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
@@ -228,10 +250,11 @@ def run(req: EnsembleRequest) -> dict[str, Any]:
     table = result.pop("table")
     summary = {**result, "name": name, "dataset": dataset, "data_dir": str(prepared), "ensemble_dir": str(out_dir),
                "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
-               "sweep": req.sweep, "tracking_uri": uri}
-    atomic_write_text(out_dir / "ensemble.json", json.dumps(summary, indent=1, default=str))
+               "sweep": req.sweep, "tracking_uri": uri,
+               "member_sha256": {str(m.checkpoint): file_sha256(m.checkpoint) for m in members}}
+    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=1, default=str))
     summary["mlflow_run_id"], summary["model_uri"] = _track(uri, experiment, name, req, sweep, dataset, members,
                                                             result, out_dir, prepared)
-    atomic_write_text(out_dir / "ensemble.json", json.dumps(summary, indent=1, default=str))
+    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=1, default=str))
     print(table, file=sys.stderr)
     return summary

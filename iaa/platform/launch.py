@@ -26,6 +26,7 @@ from iaa.jobs.config import JobConfig, to_dict
 from iaa.jobs.sweep import TrialRecord
 from iaa.platform import cluster
 from iaa.platform.ray_train import CHECKPOINT_SCORE
+from iaa.platform.storage import check_private
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.trial_runs import TrialRuns, child_runs
 
@@ -143,6 +144,7 @@ def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: b
 
 def restore(launch: Launch, fn: Any) -> Any:
     """The interrupted Tune run of ``launch``: searcher, scheduler and callbacks as they were saved."""
+    check_private(launch.experiment_path)
     if not tune.Tuner.can_restore(launch.experiment_path):
         raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without --resume")
     return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)

@@ -7,8 +7,11 @@ members of a seed ensemble (their probabilities are averaged). The ``iaa`` packa
 ``code_paths``, so the model loads and serves without this repository
 (``mlflow models serve -m models:/NAME/1 --env-manager local``).
 
-Models are written with ``save_model`` and stored as the run's ``model`` artifacts through the
-client, like every other artifact here, so no global MLflow run state is touched.
+Each model is an MLflow 3 logged model (``mlflow.pyfunc.log_model(name="model")``) created for
+its run through the client, so no global MLflow run state is touched: it carries a signature
+(the predict columns in, the predict rows out) and an input example, its requirements are
+plain package-index pins, and ``mlflow.search_logged_models`` and the experiment's Models tab
+list it. ``register`` makes it a version of a registered model.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Iterator, Sequence
 
 import mlflow
 import mlflow.pyfunc
+from mlflow.models import ModelSignature
 from mlflow.tracking import MlflowClient
 
 import iaa
@@ -34,6 +38,7 @@ from iaa.errors import IaaError
 ARTIFACT = "model"
 DATA_FILES = ("manifest.json", "vocab.json")
 PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+URI_ENV = "MLFLOW_TRACKING_URI"
 
 
 def _drop_warning(*args: Any, **kwargs: Any) -> None:
@@ -88,29 +93,61 @@ def _model_only(checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def save(checkpoints: Sequence[Path], prepared: Path, out: Path) -> Path:
-    """Write the pyfunc model of ``checkpoints`` (one, or an ensemble's members) to folder ``out``."""
+def _stage(checkpoints: Sequence[Path], prepared: Path, folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """The model's artifacts (vocabulary, manifest, inference-only members) in ``folder``, and its metadata."""
     from iaa.jobs import checkpoint as ckpt
 
     if not checkpoints:
         raise IaaError("a model needs at least one checkpoint")
-    with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp:
-        data = Path(tmp) / "data"
-        data.mkdir()
-        for name in DATA_FILES:
-            shutil.copy2(Path(prepared) / name, data / name)
-        artifacts = {"data": str(data)}
-        for i, path in enumerate(checkpoints):
-            artifacts[f"member_{i:02d}"] = str(_model_only(Path(path), Path(tmp) / f"member_{i:02d}.pt"))
-        config = ckpt.load(Path(checkpoints[0]))["config"]
-        with _quiet():
-            mlflow.pyfunc.save_model(
-                str(out), python_model=ReaderModel(), artifacts=artifacts,
-                code_paths=[str(Path(iaa.__file__).resolve().parent)],
-                pip_requirements=_requirements(),
-                metadata={"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
-                          "manifest_digest": manifest_digest(prepared)},
-            )
+    data = folder / "data"
+    data.mkdir()
+    for name in DATA_FILES:
+        shutil.copy2(Path(prepared) / name, data / name)
+    artifacts = {"data": str(data)}
+    for i, path in enumerate(checkpoints):
+        artifacts[f"member_{i:02d}"] = str(_model_only(Path(path), folder / f"member_{i:02d}.pt"))
+    config = ckpt.load(Path(checkpoints[0]))["config"]
+    metadata = {"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
+                "manifest_digest": manifest_digest(prepared)}
+    return artifacts, metadata
+
+
+def signature() -> ModelSignature:
+    """The predict columns in (``answer`` optional) and the predict rows out."""
+    from mlflow.types.schema import Array, ColSpec, Map, Schema
+
+    inputs = Schema([ColSpec("string", "id"), ColSpec("string", "document"), ColSpec("string", "query"),
+                     ColSpec(Array("string"), "candidates"), ColSpec("string", "answer", required=False)])
+    outputs = Schema([ColSpec("string", "id"), ColSpec("string", "prediction"), ColSpec(Map("double"), "probs"),
+                      ColSpec("boolean", "correct", required=False)])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def input_example(placeholder: str) -> Any:
+    """One small question in the dataset's placeholder convention."""
+    import pandas as pd
+
+    return pd.DataFrame([{"id": "example-1", "document": "mary went to the garden . john went to the kitchen .",
+                          "query": f"{placeholder} went to the garden", "candidates": ["mary", "john"]}])
+
+
+def _placeholder(prepared: Path) -> str:
+    from iaa.data.vocab import Vocab
+
+    return Vocab.load(Path(prepared) / "vocab.json").placeholder
+
+
+def _log_kwargs(checkpoints: Sequence[Path], prepared: Path, folder: Path) -> dict[str, Any]:
+    artifacts, metadata = _stage(checkpoints, prepared, folder)
+    return dict(python_model=ReaderModel(), artifacts=artifacts, code_paths=[str(Path(iaa.__file__).resolve().parent)],
+                pip_requirements=requirements(), metadata=metadata, signature=signature(),
+                input_example=input_example(_placeholder(prepared)))
+
+
+def save(checkpoints: Sequence[Path], prepared: Path, out: Path) -> Path:
+    """Write the pyfunc model of ``checkpoints`` (one, or an ensemble's members) to folder ``out``."""
+    with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp, _quiet():
+        mlflow.pyfunc.save_model(str(out), **_log_kwargs(checkpoints, prepared, Path(tmp)))
     return Path(out)
 
 
@@ -135,32 +172,82 @@ def _quiet() -> Iterator[None]:
             os.environ[PROGRESS_ENV] = bar
 
 
-def _requirements() -> list[str]:
-    """Pinned to what runs here, so ``serve`` without ``--env-manager local`` rebuilds the same."""
+def requirements() -> list[str]:
+    """Pinned to what runs here, so ``serve`` without ``--env-manager local`` rebuilds the same.
+
+    A local version label (``torch==2.13.0+cpu``) is dropped: the package index has no such
+    file, and the plain release is the same code.
+    """
     from importlib.metadata import version
 
-    return [f"{name}=={version(name)}" for name in ("mlflow", "torch", "pyarrow", "numpy", "pandas", "pyyaml")]
+    return [f"{name}=={version(name).split('+')[0]}" for name in ("mlflow", "torch", "pyarrow", "numpy", "pandas", "pyyaml")]
 
 
 def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, register: str | None = None) -> str:
-    """Store the model as run ``run_id``'s ``model`` artifacts; register it as ``register``.
+    """Log the model as a logged model of run ``run_id`` (once: a run that already has one keeps
+    it); register it as ``register``.
 
-    Returns the model URI (``runs:/<id>/model``, or ``models:/NAME/VERSION`` when registered).
+    Returns the model URI: ``models:/<model id>``, or ``models:/NAME/VERSION`` when registered.
     """
+    from mlflow.entities import LoggedModelOutput
+
     client = MlflowClient(uri)
-    with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp:
-        folder = save(checkpoints, prepared, Path(tmp) / ARTIFACT)
-        client.log_artifacts(run_id, str(folder), ARTIFACT)
-    model_uri = f"runs:/{run_id}/{ARTIFACT}"
+    model_id = logged_model_id(uri, run_id)
+    if model_id is None:
+        run = client.get_run(run_id)
+        kind = "ensemble" if len(checkpoints) > 1 else "reader"
+        model = client.create_logged_model(run.info.experiment_id, name=ARTIFACT, source_run_id=run_id,
+                                           params=dict(run.data.params), model_type=f"iaa-{kind}",
+                                           tags={"iaa.members": str(len(checkpoints))})
+        model_id = model.model_id
+        with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp, _quiet(), _store(uri):
+            mlflow.pyfunc.log_model(name=ARTIFACT, model_id=model_id, **_log_kwargs(checkpoints, prepared, Path(tmp)))
+        client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])
+    model_uri = f"models:/{model_id}"
     if register:
-        model_uri = register_model(uri, run_id, register)
+        model_uri = register_model(uri, run_id, register, model_id)
     client.set_tag(run_id, "iaa.model_uri", model_uri)
     return model_uri
 
 
+def logged_model_id(uri: str, run_id: str) -> str | None:
+    """The id of run ``run_id``'s finished logged model, or None."""
+    client = MlflowClient(uri)
+    experiment = client.get_run(run_id).info.experiment_id
+    found = client.search_logged_models([experiment], filter_string=f"source_run_id = '{run_id}' AND name = '{ARTIFACT}'",
+                                        max_results=10)
+    ready = [m for m in found if str(m.status).endswith("READY")]
+    return ready[0].model_id if ready else None
+
+
+@contextmanager
+def _store(uri: str) -> Iterator[None]:
+    """``log_model`` talks to the global tracking URI: point it at ``uri`` for the call only.
+
+    ``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI`` in the environment, which the
+    next command of this process would take as the user's choice: both are put back.
+    """
+    from mlflow.tracking._tracking_service import utils
+
+    previous, env = utils._tracking_uri, os.environ.get(URI_ENV)
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)        # None: unset again
+        if env is None:
+            os.environ.pop(URI_ENV, None)
+        else:
+            os.environ[URI_ENV] = env
+
+
 def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
-            register: str | None = None) -> str | None:
-    """:func:`log`, where a failing store is a warning on stderr (the trained model stands)."""
+            register: str | None = None, run: Any = None) -> str | None:
+    """:func:`log`, where a failing store is a warning on stderr (the trained model stands).
+
+    With ``run`` (the ``tracking.Run`` being logged), the failure is also recorded as lost on it,
+    so that the run ends FAILED and the command says what was not logged.
+    """
     import sys
 
     from iaa.platform.tracking import TRANSIENT
@@ -170,18 +257,21 @@ def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
     except TRANSIENT as err:
         print(f"warning: could not log the model of run {run_id} to MLflow at {uri} ({str(err)[:300]}); "
               f"the checkpoint is still at {checkpoints[0]}", file=sys.stderr)
+        if run is not None:
+            run.lose(f"the model{' and its registration as ' + repr(register) if register else ''} "
+                     f"(the checkpoint is at {checkpoints[0]})", err)
         return None
 
 
-def register_model(uri: str, run_id: str, name: str) -> str:
-    """A new version of registered model ``name`` from run ``run_id``'s model: ``models:/NAME/V``."""
+def register_model(uri: str, run_id: str, name: str, model_id: str) -> str:
+    """A new version of registered model ``name`` from logged model ``model_id``: ``models:/NAME/V``."""
     client = MlflowClient(uri)
     try:
         client.get_registered_model(name)
     except mlflow.exceptions.MlflowException:
         client.create_registered_model(name)
-    source = f"{client.get_run(run_id).info.artifact_uri}/{ARTIFACT}"
-    version = client.create_model_version(name, source=source, run_id=run_id)
+    source = client.get_logged_model(model_id).artifact_location
+    version = client.create_model_version(name, source=source, run_id=run_id, model_id=model_id)
     return f"models:/{name}/{version.version}"
 
 
@@ -197,3 +287,47 @@ def dataset_summary(prepared: Path) -> dict[str, Any]:
     manifest = json.loads((Path(prepared) / "manifest.json").read_text(encoding="utf-8"))
     return {"name": manifest.get("dataset", Path(prepared).name), "source": str(Path(prepared).resolve()),
             "digest": manifest_digest(prepared)}
+
+
+def fetch(model_uri: str, tracking_uri: str | None = None) -> "LoadedModel":
+    """Download the model at ``model_uri`` and name its files (members, prepared data), its
+    name and its version: ``models:/NAME/VERSION`` and ``models:/NAME@ALIAS`` give the registry's,
+    a logged model (``models:/<id>``) or a run's model its name and id."""
+    from mlflow.models import Model
+
+    from iaa.jobs.serve import LoadedModel
+
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    name, version = _name_version(client, model_uri)
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(model_uri, tracking_uri=tracking_uri,
+                                                         dst_path=tempfile.mkdtemp(prefix="iaa-serve-")))
+    except mlflow.exceptions.MlflowException as err:
+        raise IaaError(f"cannot fetch the model {model_uri} from {tracking_uri or mlflow.get_tracking_uri()}: "
+                       f"{str(err).splitlines()[0][:300]}") from err
+    flavor = Model.load(str(local)).flavors.get("python_function", {})
+    artifacts = {k: local / v["path"] for k, v in (flavor.get("artifacts") or {}).items()}
+    members = tuple(artifacts[k] for k in sorted(artifacts) if k.startswith("member_"))
+    if not members or "data" not in artifacts:
+        raise IaaError(f"{model_uri} is not an iaa reader model (its MLmodel lists no member_* and data artifacts)")
+    return LoadedModel(members, artifacts["data"], name, version)
+
+
+def _name_version(client: MlflowClient, model_uri: str) -> tuple[str, str]:
+    ref = model_uri.removeprefix("models:/")
+    try:
+        if model_uri.startswith("runs:/"):
+            run_id = model_uri.removeprefix("runs:/").split("/")[0]
+            return client.get_run(run_id).info.run_name or run_id, run_id
+        if "@" in ref:
+            name, alias = ref.split("@", 1)
+            return name, str(client.get_model_version_by_alias(name, alias).version)
+        if "/" in ref:
+            name, version = ref.split("/", 1)
+            if version == "latest":
+                version = str(max(int(v.version) for v in client.search_model_versions(f"name = '{name}'")))
+            return name, version
+        logged = client.get_logged_model(ref)
+        return logged.name, logged.model_id
+    except (mlflow.exceptions.MlflowException, ValueError) as err:
+        raise IaaError(f"no model {model_uri} in the MLflow store: {str(err).splitlines()[0][:300]}") from err

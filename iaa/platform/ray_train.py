@@ -113,6 +113,8 @@ class RayTrainSession(RaySession):
         valid = data.table("valid")                             # the whole split: ranks score disjoint batches
         # the GPU Ray assigned to this worker, unless IAA_TRAIN_DEVICE=cpu forces the CPU
         device = torch.device("cpu") if forced_device() == "cpu" else ray.train.torch.get_device()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)      # this rank's context, RNG and kernels on its own GPU
         super().__init__(train, valid, batch_size=batch_size, seed=seed, threads=threads, device=device)
         self._n_batches: int | None = None
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.files import atomic_path
@@ -125,12 +125,24 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
     return Path(out)
 
 
+def check_out(out: Path, *, workdir: Path, tracking_uri: str | None, inputs: Mapping[str, Any] | None = None) -> None:
+    """Refuse an ``out`` that is no ``.png`` or would replace the tracking database or one of ``inputs``."""
+    from iaa.jobs import outputs, resolve
+
+    outputs.check_file_output(out, suffixes=(".png",), what="a PNG image", inputs={
+        **(inputs or {}), "the tracking database": resolve.tracking_db(tracking_uri, workdir)})
+
+
 def run(experiment: str, out: Path, *, run_ids: Sequence[str] = (), metric: str = "valid_acc",
         x: str = "examples", baseline: float | None = None, workdir: Path = Path("iaa-work"),
-        tracking_uri: str | None = None) -> dict[str, Any]:
-    """Draw ``metric`` against ``x`` for the selected runs; returns the plotted data, run by run."""
+        tracking_uri: str | None = None, inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Draw ``metric`` against ``x`` for the selected runs; returns the plotted data, run by run.
+
+    ``inputs`` (label -> paths) are what else the command read (see :func:`check_out`).
+    """
     if x not in X_AXES:
         raise IaaError(f"--x must be one of {', '.join(X_AXES)}, got {x!r}")
+    check_out(out, workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
     uri = tracking.open_store(tracking_uri, workdir)
     curves, skipped = [], []
     for record in select_runs(uri, experiment, run_ids):

@@ -17,9 +17,13 @@ preset's space; every key not in it keeps the job config's value::
     # nested keys work too
     model:
       state_dim: [256, 512]
+    # adaptive steps (ACT): model.steps is then the most steps an example may take
+    model.halting: act
+    model.ponder_cost: {low: 1.0e-4, high: 1.0e-2, log: true}
 
 Errors name the key and what is wrong: an unknown field, a value of the wrong type, an empty
-choice list, ``low >= high``, or a log range that reaches 0. ``dataset`` and
+choice list, ``low >= high``, a log range that reaches 0, or a key searched where it has no
+effect (``model.ponder_cost`` without ``model.halting: act`` in some trial). ``dataset`` and
 ``model.vocab_size`` come from the data and cannot be searched.
 """
 
@@ -35,6 +39,10 @@ import yaml
 from iaa.jobs.config import ConfigError, JobConfig, merge
 
 NOT_SEARCHABLE = ("dataset", "model.vocab_size")
+# A key that only matters when another key has a given value: searching it otherwise wastes trials.
+ONLY_WITH: dict[str, tuple[str, Any]] = {
+    "model.ponder_cost": ("model.halting", "act"),   # τ of ACT's ponder cost
+}
 SPEC_KEYS = {"choices", "low", "high", "log", "step"}
 
 
@@ -201,6 +209,7 @@ def parse(data: Mapping[str, Any] | None, base: JobConfig) -> SearchSpace:
             fixed[name] = spec
     if not params:
         raise ConfigError("search space: nothing to search (every key is fixed); give choices or a range")
+    _check_dependencies(params, fixed, base)
     checks = [(name, value, fixed) for name, value in fixed.items()]
     checks += [(p.name, v, {**fixed, p.name: v}) for p in params.values() for v in (p.choices or (p.low, p.high))]
     for name, value, values in checks:  # every value must make a valid config: fail now, not in a trial
@@ -209,6 +218,17 @@ def parse(data: Mapping[str, Any] | None, base: JobConfig) -> SearchSpace:
         except ConfigError as err:
             raise ConfigError(f"search space: {name}={value!r} is not a valid config value: {err}") from err
     return SearchSpace(params, fixed)
+
+
+def _check_dependencies(params: Mapping[str, Param], fixed: Mapping[str, Any], base: JobConfig) -> None:
+    """A searched key of ``ONLY_WITH`` needs its condition reachable in some trial."""
+    for name, (key, value) in ONLY_WITH.items():
+        if name not in params:
+            continue
+        possible = params[key].choices if key in params else (fixed[key],) if key in fixed else (_field_value(base, key),)
+        if value not in possible:
+            raise ConfigError(f"search space: {name} has no effect unless {key} is {value!r}; "
+                              f"add {key}: {value} (or {{choices: [none, {value}]}}) to the space")
 
 
 def load(path: Path, base: JobConfig) -> SearchSpace:

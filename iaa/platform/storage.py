@@ -1,13 +1,19 @@
-"""Checkpoint storage that every node of a cluster sees.
+"""Checkpoint storage that every node of a cluster sees, and that only its owner can write.
 
 Multi-node clusters need shared storage for checkpoints (Ray stopped syncing to the head node
 in 2.7): :func:`check_storage` fails early unless the storage path is a cloud URI or a network
 file system, or all nodes run on this machine (``ray.cluster_utils.Cluster`` in tests).
+
+Resuming a sweep unpickles Tune's state (``tuner.pkl``, the searcher's state) from the storage
+path, and unpickling runs code: :func:`check_private` refuses a local folder, or a pickle in it,
+that another user owns or that group or others may write. A remote URI cannot be checked this
+way: whoever can write the bucket prefix is trusted (see docs/platform.md).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Sequence
 
@@ -69,3 +75,30 @@ def check_storage(storage_path: str | None, nodes: Sequence[Node], *, mounts: st
             "nodes cannot see; use an NFS mount shared by all nodes or s3://bucket/path "
             f"(set {ASSUME_SHARED_ENV}=1 if this file system is shared after all)"
         )
+
+
+def check_private(folder: str | os.PathLike[str], what: str = "the sweep's storage") -> None:
+    """Refuse to unpickle from ``folder`` unless it and every pickle directly in it are this user's own.
+
+    Owned by the current user and not writable by group or others, as ssh asks of ``~/.ssh``.
+    A remote URI is not checked (its access control is the bucket's).
+    """
+    if is_remote_uri(folder):
+        return
+    folder = Path(str(folder).removeprefix("file://"))
+    for path in [folder, *sorted(folder.glob("*.pkl"))]:
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        problem = None
+        if stat.S_ISLNK(st.st_mode):
+            problem = "is a symbolic link"
+        elif st.st_uid != os.getuid():
+            problem = f"is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+        if problem:
+            raise ClusterError(f"{path} {problem}; resuming would unpickle {what} from it, which runs code that "
+                               f"whoever can write it chose. Check it, then `chmod go-w {path}` (and `chown` it) "
+                               "to resume, or start a new sweep")

@@ -233,12 +233,17 @@ def find_by_tag(uri: str, key: str, values: Sequence[str]) -> str | None:
 # --- runs ------------------------------------------------------------------------------------------
 
 
+class TrackingIncomplete(IaaError):
+    """The work finished, but the tracking store refused part of its record."""
+
+
 class Run:
     """One MLflow run driven through ``MlflowClient``, so it never touches global run state.
 
     Keeping to the client (no ``mlflow.start_run``) means no ``MLFLOW_RUN_ID`` leaks from a
     parent's environment into child processes. Metrics the store refuses are kept and sent
     again at the next call after ``RETRY_EVERY_S``; :meth:`end` reports those it never could.
+    Everything the store refused for good is kept in :attr:`lost` (see :func:`run_context`).
     """
 
     def __init__(self, uri: str, run_id: str) -> None:
@@ -247,6 +252,7 @@ class Run:
         self._pending: list[Metric] = []
         self._retry_at = 0.0
         self._failure: str | None = None
+        self.lost: list[str] = []          # what the store refused for good, with why
 
     @classmethod
     def start(cls, uri: str, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
@@ -299,12 +305,18 @@ class Run:
         """Metrics kept because the store refused them."""
         return list(self._pending)
 
+    def lose(self, what: str, err: BaseException | str) -> None:
+        """Record that ``what`` was not logged, and why."""
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        self.lost.append(f"{what} ({reason})")
+
     def _tolerant(self, what: str, call: Any, *args: Any, **kwargs: Any) -> None:
         try:
             call(*args, **kwargs)
         except TRANSIENT as err:
             print(f"warning: MLflow at {self.uri}: could not {what} of run {self.run_id} ({str(err)[:300]})",
                   file=sys.stderr)
+            self.lose(what, err)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         for key, value in tags.items():
@@ -328,6 +340,27 @@ class Run:
         entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
         self._tolerant("log the dataset", self._client.log_inputs, self.run_id, [entry])
 
+    def log_file_input(self, path: Path, context: str) -> None:
+        """Record a file (e.g. a distillation teacher's Parquet) as an input of the run: its name,
+        path and the sha256 of its bytes (first 12 hex digits) as the digest."""
+        import hashlib
+
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        sha = hashlib.sha256()
+        with Path(path).open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                sha.update(block)
+        with warnings.catch_warnings():  # "can be interpreted in multiple ways": a local file
+            warnings.simplefilter("ignore")
+            source = resolve_dataset_source(str(Path(path).resolve()))
+        dataset = MetaDataset(source, name=Path(path).stem, digest=sha.hexdigest()[:12])
+        entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
+        self._tolerant(f"log the {context} input", self._client.log_inputs, self.run_id, [entry])
+
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self._tolerant(f"store {Path(path).name}", self._client.log_artifact, self.run_id, str(path), folder)
 
@@ -339,13 +372,21 @@ class Run:
             steps = sorted({m.step for m in self._pending})
             print(f"warning: {len(self._pending)} metric values of run {self.run_id} were not logged to MLflow at "
                   f"{self.uri}: {', '.join(names)} at steps {steps[0]}..{steps[-1]} ({self._failure})", file=sys.stderr)
+            self.lose(f"{len(self._pending)} metric values ({', '.join(names)} at steps {steps[0]}..{steps[-1]})",
+                      self._failure or "refused")
+            self._pending.clear()
         self._tolerant(f"mark {status}", self._client.set_terminated, self.run_id, status=status)
 
 
 @contextmanager
 def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None = None,
                 **kwargs: Any) -> Iterator[Run]:
-    """A run (``resume_id``: continued) that ends FINISHED, or FAILED / KILLED when its block raises."""
+    """A run (``resume_id``: continued) that ends FINISHED, or FAILED / KILLED when its block raises.
+
+    A block that finishes while the store refused something for good (a full disk, a locked
+    database) ends the run FAILED and raises :class:`TrackingIncomplete` naming what was not
+    logged: the work itself is done, but the record of it is not whole.
+    """
     run = Run.reopen(uri, resume_id) if resume_id else Run.start(uri, experiment, name, **kwargs)
     try:
         yield run
@@ -355,7 +396,14 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
     except BaseException:
         run.end("FAILED")
         raise
-    run.end("FINISHED")
+    run._flush(force=True)
+    run.end("FAILED" if run.lost or run.unlogged() else "FINISHED")
+    if run.lost:
+        marked = "could not be marked FAILED either" if any(w.startswith("mark ") for w in run.lost) else "is marked FAILED"
+        raise TrackingIncomplete(f"{uri}: the store did not record everything of run {run.run_id}, which {marked}; "
+                                 f"not logged: {'; '.join(w for w in run.lost if not w.startswith('mark '))}. The work "
+                                 "itself finished and its files are written; free the store's disk (or unlock it, or "
+                                 "restart it) and run again to log it")
 
 
 # --- reading runs back (reports) -------------------------------------------------------------------

@@ -40,11 +40,22 @@ def run(
     storage_path: str | None = None,
     show_progress: bool = True,
     register: str | None = None,
+    train_rows: Any = None,
+    teacher: Path | None = None,
+    tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Train ``cfg`` on ``prepared``; ``workers > 0`` runs a Ray TorchTrainer with that many workers."""
+    """Train ``cfg`` on ``prepared``; ``workers > 0`` runs a Ray TorchTrainer with that many workers.
+
+    ``train_rows`` (a pyarrow Table) replaces the prepared training split, in process only: the
+    distillation job passes the rows with their teacher distributions, and ``teacher`` (the
+    teacher's Parquet file) is then logged as an input of the run.
+    """
+    if train_rows is not None and workers > 0:
+        raise ValueError("training on given rows (distillation) runs in process, not on Ray Train workers")
     uri = tracking.open_store(tracking_uri, workdir)
     experiment = f"train-{cfg.dataset}"
-    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers)}
+    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers),
+            **(tags or {})}
     resume_id = previous_run(uri, experiment, Path(run_dir)) if resume else None
     # auto -> fp32 or bf16 here, once: the MLflow params record it, and every worker uses it
     cfg = precision.resolved(cfg, "cuda" if gpus_per_worker > 0 else "cpu")
@@ -52,11 +63,13 @@ def run(
         if resume_id is None:
             mlrun.log_params(to_dict(cfg))
             mlrun.log_dataset(prepared)
+            if teacher is not None:
+                mlrun.log_file_input(Path(teacher), context="teacher")
         log = lambda metrics: mlrun.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
         if workers <= 0:
             device = "cuda" if gpus_per_worker > 0 else "cpu"  # in process: --gpus-per-worker > 0 means this GPU
             result = train_job.run(cfg, prepared, Path(run_dir), resume=resume, on_metrics=log,
-                                   show_progress=show_progress, device=device)
+                                   show_progress=show_progress, device=device, train_rows=train_rows)
         else:
             result = fit_workers(cfg, prepared, Path(run_dir), workers=workers, gpus_per_worker=gpus_per_worker,
                                  resume=resume, address=address, storage_path=storage_path, on_metrics=log,
@@ -65,7 +78,8 @@ def run(
         if result.get("checkpoint"):
             from iaa.platform import mlflow_model
 
-            result["model_uri"] = mlflow_model.try_log(uri, mlrun.run_id, [Path(result["checkpoint"])], prepared, register)
+            result["model_uri"] = mlflow_model.try_log(uri, mlrun.run_id, [Path(result["checkpoint"])], prepared, register,
+                                                       run=mlrun)
         mlrun.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
     return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": uri, "mlflow_run_id": mlrun.run_id}
 

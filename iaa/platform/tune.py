@@ -183,7 +183,7 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     parent.log_artifact(best_config)
     parent.log_artifact(sweep_dir / "sweep.json")
     parent.end("FINISHED")
-    outputs = _best_outputs(best, sweep["tracking_uri"], sweep_dir, prepared, register)
+    outputs = _best_outputs(best, sweep["tracking_uri"], sweep_dir, prepared, register, records)
     ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
     print(f"best trial {best.trial_id}: valid accuracy {best.best_valid_acc:.4f}\n"
           f"  config:       {best_config}  (iaa-cli train --config {best_config})\n"
@@ -198,15 +198,19 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
 EXPLAIN_EXAMPLES = 5  # validation examples on the best trial's explain page
 
 
-def _best_outputs(best: TrialRecord, uri: str, sweep_dir: Path, prepared: Path,
-                  register: str | None) -> dict[str, Any]:
-    """The best trial's MLflow model and its explain page (first validation examples), both
-    stored on its run. Tracking failures are warnings: the sweep's result stands."""
+def _best_outputs(best: TrialRecord, uri: str, sweep_dir: Path, prepared: Path, register: str | None,
+                  records: Sequence[TrialRecord] = ()) -> dict[str, Any]:
+    """Every trial's MLflow model, and the best trial's explain page (first validation examples),
+    both stored on their runs; ``register`` registers the best model. Tracking failures are
+    warnings: the sweep's result stands."""
     from iaa.jobs import explain
     from iaa.platform import mlflow_model
 
     if not best.checkpoint or not Path(best.checkpoint).is_file():
         return {}
+    for trial in records:             # every trained reader is a logged model; the best one comes last
+        if trial is not best and trial.mlflow_run_id and trial.checkpoint and Path(trial.checkpoint).is_file():
+            mlflow_model.try_log(uri, trial.mlflow_run_id, [Path(trial.checkpoint)], prepared)
     page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
                        out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png")
     out: dict[str, Any] = {"explain_page": page["html"], "explain_png": page["png"]}
@@ -292,7 +296,8 @@ def _cost(launch: launcher.Launch, s: _Sweep, train_rows: int) -> SweepCost:
     gpus = plan.gpus_per_worker > 0
     rate = 0.0 if gpus else probe(s.base, s.prepared, plan.threads)
     cost = SweepCost(trials=s.num_samples, epochs=s.base.train.max_epochs, examples=train_rows,
-                     examples_per_s=rate, concurrency=plan.max_concurrent, gpus=gpus)
+                     examples_per_s=rate, concurrency=plan.max_concurrent, gpus=gpus,
+                     gpus_per_trial=plan.gpus_per_worker)
     print(cost.describe(), file=sys.stderr)
     return cost
 

@@ -1,0 +1,90 @@
+"""Matrix-multiply FLOPs of a reader's training step, counted from the config and the batch shape.
+
+``torch.utils.flop_counter.FlopCounterMode`` sees only the matmuls that reach the dispatcher:
+on CUDA it misses cuDNN's GRU (``_cudnn_rnn`` and its backward, ~90% of the work at the paper's
+size), and on the fused CPU path the C++ recurrence. This counts what the step computes, whatever
+the kernels: 2 FLOPs per multiply-add, forward and backward (a matmul's backward is two matmuls
+of the same size, one when its input needs no gradient), as ``FlopCounterMode`` counts them on
+the reference CPU path (``fused_gru=False``, ``batched_read_grad=False``), where every matmul is
+dispatched.
+
+What is counted:
+
+- encoders (eq. 1), per real token and direction: the input projection 3h x d and the recurrent
+  matrix 3h x h. Each direction's first step multiplies a zero state (no gradient flows to it):
+  all rows for the forward GRU, the rows as long as the longest for the backward one;
+- IAA steps (section 3), per example and per padded position: query read (A_q, the logits over
+  Lq and the glimpse), document read (A_d, the logits over Ld and the glimpse), two search gates
+  and the inference GRU; the last step computes the query read and the document logits only;
+  s_0 = 0 needs no gradient;
+- AS Reader: one dot product per document position.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from iaa.model.config import ReaderConfig
+
+
+def _matmul(m: int, k: int, n: int, input_grad: bool = True) -> int:
+    """Forward and backward FLOPs of (m x k) @ (k x n) whose right factor is a parameter."""
+    return 2 * m * k * n * (3 if input_grad else 2)
+
+
+def encoder_flops(cfg: ReaderConfig, tokens: int, rows: int, longest: int) -> int:
+    """One BiGRU over ``tokens`` real tokens in ``rows`` sequences (``longest`` of them of the
+    maximum length), forward and backward."""
+    d, h = cfg.embed_dim, cfg.hidden_dim
+    inputs = 2 * _matmul(tokens, d, 3 * h)                         # both directions
+    zero_states = 2 * (rows + longest) * h * 3 * h                 # no input gradient at step 0
+    return inputs + 2 * _matmul(tokens, h, 3 * h) - zero_states
+
+
+def read_flops(cfg: ReaderConfig, batch: int, query_len: int, doc_len: int) -> int:
+    """The attention steps of one padded batch (B, Lq, Ld), forward and backward."""
+    two_h, s, g, steps = 2 * cfg.hidden_dim, cfg.state_dim, cfg.gate_dim, cfg.steps
+    bmm = lambda length, grads: 2 * batch * length * two_h * grads     # noqa: E731 (one read)
+    if cfg.kind == "as-reader":
+        return bmm(doc_len, 3)                                      # logits d̃ q
+    total = 0
+    for step in range(steps):
+        s_grad = step > 0                                           # s_0 = 0 has no gradient
+        if cfg.kind == "iaa":
+            total += _matmul(batch, s, two_h, s_grad)               # A_q s + a_q
+            total += bmm(query_len, 3) + bmm(query_len, 3)          # logits, glimpse
+        else:                                                       # fixed query: the mean
+            total += bmm(query_len, 2)                              # the weights need no gradient
+        total += _matmul(batch, s + two_h, two_h)                   # A_d [s, q_t] + a_d
+        total += bmm(doc_len, 3)                                    # logits
+        if step == steps - 1:
+            break
+        total += bmm(doc_len, 3)                                    # glimpse
+        total += 2 * (_matmul(batch, s + 3 * two_h, g) + _matmul(batch, g, two_h))  # gates g_q, g_d
+        total += _matmul(batch, 2 * two_h, 3 * s) + _matmul(batch, s, 3 * s, s_grad)  # GRUCell
+    return total
+
+
+def train_step_flops(cfg: ReaderConfig, query_lengths: Sequence[int], doc_lengths: Sequence[int],
+                     query_len: int | None = None, doc_len: int | None = None) -> int:
+    """FLOPs of one training step (forward and backward) of a padded batch.
+
+    Args:
+        cfg: the reader.
+        query_lengths, doc_lengths: each example's real tokens (B of each).
+        query_len, doc_len: the padded widths Lq and Ld (default: the longest lengths).
+    """
+    lq, ld = query_len or max(query_lengths), doc_len or max(doc_lengths)
+    return (_encoder(cfg, query_lengths) + _encoder(cfg, doc_lengths)
+            + read_flops(cfg, len(doc_lengths), lq, ld))
+
+
+def _encoder(cfg: ReaderConfig, lengths: Sequence[int]) -> int:
+    longest = max(lengths)
+    return encoder_flops(cfg, sum(lengths), len(lengths), sum(1 for n in lengths if n == longest))
+
+
+def batch_flops(cfg: ReaderConfig, batch) -> int:
+    """``train_step_flops`` of a ``ReaderInputs`` batch (from the masks' row sums)."""
+    return train_step_flops(cfg, batch.query_mask.sum(1).tolist(), batch.doc_mask.sum(1).tolist(),
+                            batch.query_mask.shape[1], batch.doc_mask.shape[1])

@@ -1,0 +1,60 @@
+"""The distillation teacher's member scoring as Ray tasks: one task per member, one CPU and one
+torch thread each, at most ``workers`` at a time. Each task runs the evaluate job, exactly as
+:func:`iaa.jobs.teacher.score_in_process` does, and writes its predictions file; on a cluster
+of several nodes the output folder must be shared storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from iaa.jobs.teacher import Scorer
+
+
+def _score_one(checkpoint: str, prepared: str, split: str, limit: int | None, out: str) -> str:
+    import torch
+
+    from iaa.jobs import evaluate
+
+    torch.set_num_threads(1)
+    return evaluate.run(Path(checkpoint), Path(prepared), split, Path(out), limit=limit)["predictions"]
+
+
+def scorer(workers: int | None = None, address: str | None = None, show_progress: bool = True) -> Scorer:
+    """A ``Scorer`` that scores the members on the Ray cluster at ``address`` (default: a local one)."""
+
+    def score(checkpoints: Sequence[Path], prepared: Path, split: str, limit: int | None,
+              out_dir: Path) -> list[Path]:
+        import ray
+        from tqdm import tqdm
+
+        from iaa.platform.cluster import connect
+
+        connect(address or "local")
+        slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        task = ray.remote(num_cpus=1)(_score_one)
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        jobs = [(str(c), str(prepared), split, limit, str(Path(out_dir) / f"{i:02d}-{split}.parquet"))
+                for i, c in enumerate(checkpoints)]
+        pending: dict = {}
+        done: dict[int, str] = {}
+        with tqdm(total=len(jobs), desc=f"teacher: scoring members on Ray ({slots} at a time)", unit="member",
+                  disable=not show_progress) as bar:
+            for i, job in enumerate(jobs):
+                if len(pending) >= slots:
+                    _collect(pending, done, bar)
+                pending[task.remote(*job)] = i
+            while pending:
+                _collect(pending, done, bar)
+        return [Path(done[i]) for i in range(len(jobs))]
+
+    return score
+
+
+def _collect(pending: dict, done: dict[int, str], bar) -> None:
+    import ray
+
+    ready, _ = ray.wait(list(pending), num_returns=1)
+    for ref in ready:
+        done[pending.pop(ref)] = ray.get(ref)
+        bar.update(1)

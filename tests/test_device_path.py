@@ -1,0 +1,198 @@
+"""The accelerator's code path, checked on the CPU: no host syncs in a training step, the GRU's
+dtype under autocast, the FLOP formula, compiled reads, bucketed shapes and prefetched batches.
+
+Tolerances: compiled and eager reads compute the same float32 operations, but the compiler fuses
+and reorders reductions, so outputs are held to 1e-5 absolute / 1e-4 relative (log-probabilities
+near -2) and gradients to 1e-5 / 1e-3.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from iaa.data.batch import bucket_width, pad_to_buckets
+from iaa.data.prefetch import prefetch
+from iaa.jobs.step import autocast, build_optimizer, train_step
+from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
+from iaa.model.encoder import BiGRUEncoder
+from iaa.model.flops import batch_flops
+from tests._fake_device import HostReads, batch_on_fake_device, on_fake_device
+from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.timeout(300)
+REFERENCE = dict(fused_gru=False, batched_read_grad=False, sparse_embedding_grad=False, fast_dropout=False)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_training_steps_read_nothing_back_from_the_device(kind: str) -> None:
+    """Between two checks the host never waits for the device: no copy back, no scalar read,
+    no op whose output size depends on the data. The model and batch sit on a stand-in
+    accelerator (``tests/_fake_device.py``), so every device-dependent branch takes its GPU side.
+
+    Adam's own step is not counted: off CUDA and CPU, torch's Adam keeps its step count on the
+    host and reads it; on CUDA ``build_optimizer`` uses the fused kernel, which reads nothing.
+    """
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40, kind=kind, steps=3))      # default switches
+    batches = [random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=s) for s in range(3)]
+    reads = HostReads()
+    with reads:
+        on_fake_device(model)
+        optimizer = build_optimizer(model, lr=1e-3, embed_l2=1e-4)
+        adam_step = optimizer.adam.step
+
+        def uncounted_step(*args, **kwargs):
+            reads.paused = True
+            try:
+                return adam_step(*args, **kwargs)
+            finally:
+                reads.paused = False
+
+        optimizer.adam.step = uncounted_step
+        total = 0.0
+        for batch in batches:
+            total = total + train_step(model, optimizer, batch_on_fake_device(batch), clip=0.05)
+        assert reads.reads == [], "\n".join(reads.reads)
+        assert not optimizer.embedding.grad.is_sparse                   # the device's dense gradient
+        loss = float(total) / len(batches)                               # the check reads it: once
+    assert len(reads.reads) == 1 and "_local_scalar_dense" in reads.reads[0]
+    assert 0 < loss < 10
+
+
+def test_autocast_is_off_inside_the_gru_which_runs_in_an_explicit_dtype() -> None:
+    """Autocast's cuDNN rule would run a GRU in fp16 under bf16 autocast; the encoder turns
+    autocast off around ``nn.GRU`` and casts its input and weights itself: bf16 under bf16
+    autocast (here, on the CPU; on CUDA with cuDNN >= 9.13), fp32 otherwise, never fp16."""
+    torch.manual_seed(0)
+    encoder = BiGRUEncoder(12, 8, fused=False)
+    seen: list[tuple[bool, torch.dtype, set]] = []
+
+    def record(module, args):
+        packed = args[0]
+        seen.append((torch.is_autocast_enabled("cpu"), packed.data.dtype,
+                     {getattr(module, name).dtype for name in module._flat_weights_names}))
+
+    encoder.gru.register_forward_pre_hook(record)
+    x = torch.randn(3, 7, 12, requires_grad=True)
+    mask = torch.arange(7) < torch.tensor([7, 4, 1]).unsqueeze(1)
+    for dtype, expected in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32), (None, torch.float32)):
+        seen.clear()
+        with autocast("cpu", dtype):
+            states, final = encoder(x, mask)
+        assert seen == [(False, expected, {expected})], (dtype, seen)
+        assert states.dtype == expected and final.dtype == expected
+        (grad,) = torch.autograd.grad(states.float().sum() + final.float().sum(), x)
+        assert grad.dtype == torch.float32 and torch.isfinite(grad).all()
+        assert all(p.dtype == torch.float32 for p in encoder.parameters())
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_flop_formula_equals_the_flop_counter_on_the_reference_path(kind: str) -> None:
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=40, kind=kind, steps=3, **REFERENCE)
+    model = build_reader(cfg)
+    optimizer = build_optimizer(model, lr=1e-3, embed_l2=1e-4)
+    for doc_lens in ([9, 14, 5, 14], [9, 14, 5, 11]):                # one and two rows at the longest
+        batch = random_batch(doc_lens, [4, 6, 3, 6], seed=1, pad_to=(17, 8))  # padded beyond the longest
+        counter = FlopCounterMode(display=False)
+        with counter:
+            train_step(model, optimizer, batch)
+        assert batch_flops(cfg, batch) == counter.get_total_flops()
+
+
+@pytest.mark.slow                              # inductor compiles for minutes on a small shared CPU
+@pytest.mark.parametrize("kind", ["iaa", "as-reader"])
+def test_compiled_reads_equal_eager_reads(kind: str) -> None:
+    """``compile_reads`` (``train.compile``) computes what the eager reader does, in value and
+    gradient, on the default (fast) switches."""
+    torch.manual_seed(0)
+    eager = build_reader(preset("tiny", vocab_size=40, kind=kind, steps=3, dropout=0.0))
+    compiled = build_reader(preset("tiny", vocab_size=40, kind=kind, steps=3, dropout=0.0))
+    compiled.load_state_dict(eager.state_dict())
+    compiled.compile_reads()
+    batch = pad_to_buckets(random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=3))
+    results = []
+    for model in (eager, compiled):
+        model.train()
+        log_p = model(batch)
+        nll_loss(log_p, batch.answer).backward()
+        grads = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone() for n, p in model.named_parameters()}
+        results.append((log_p.detach(), grads))
+    (lp_e, g_e), (lp_c, g_c) = results
+    finite = torch.isfinite(lp_e)
+    assert torch.equal(finite, torch.isfinite(lp_c))
+    torch.testing.assert_close(lp_c[finite], lp_e[finite], atol=1e-5, rtol=1e-4)
+    for name in g_e:
+        torch.testing.assert_close(g_c[name], g_e[name], atol=1e-5, rtol=1e-3, msg=name)
+    assert compiled._compiled_read is not None
+
+
+def test_bucketed_padding_keeps_the_output_and_few_shapes() -> None:
+    assert [bucket_width(n) for n in (1, 16, 17, 24, 25, 33, 430, 1000)] == [16, 16, 24, 24, 32, 48, 512, 1024]
+    assert len({bucket_width(n) for n in range(130, 1001)}) == 6                 # CBT documents
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40, dropout=0.0)).eval()
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=3)
+    padded = pad_to_buckets(batch)
+    assert padded.doc.shape[1] == 16 and padded.query.shape[1] == 16
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded), model(batch), atol=1e-6, rtol=1e-5)
+
+
+def test_prefetch_prepares_the_next_batch_while_the_current_one_is_used() -> None:
+    """The background thread cuts batch k + 1 while the consumer still holds batch k (no timing:
+    the producer signals, and the consumer waits for that signal before it lets go)."""
+    made = [threading.Event() for _ in range(4)]
+
+    def source():
+        for i in range(4):
+            batch = random_batch([5, 3], [2, 2], seed=i)
+            made[i].set()
+            yield batch
+
+    seen = []
+    for i, batch in enumerate(prefetch(source(), "cpu", depth=2)):
+        seen.append(batch.doc)
+        if i + 1 < 4:
+            assert made[i + 1].wait(timeout=30), f"batch {i + 1} was not prepared while batch {i} was in use"
+    assert [torch.equal(a, random_batch([5, 3], [2, 2], seed=i).doc) for i, a in enumerate(seen)] == [True] * 4
+
+
+def test_prefetch_raises_the_sources_error_and_stops_when_closed() -> None:
+    def failing():
+        yield random_batch([5], [2])
+        raise ValueError("bad shard")
+
+    batches = prefetch(failing(), "cpu", depth=2)
+    next(batches)
+    with pytest.raises(ValueError, match="bad shard"):
+        next(batches)
+    endless = prefetch((random_batch([5], [2]) for _ in iter(int, 1)), "cpu", depth=2)
+    next(endless)
+    endless.close()                                  # joins the thread: it must not block on a full queue
+    assert not any(t.name == "iaa-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+def test_checkpoint_rng_belongs_to_the_models_device() -> None:
+    """The CUDA RNG state saved is the model's GPU's (``model_device``), and it is restored onto
+    the device the run continues on, never implicitly onto GPU 0 or onto a CPU run."""
+    from iaa.jobs import checkpoint
+    from iaa.jobs.config import JobConfig
+
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40))
+    optimizer = build_optimizer(model, lr=1e-3, embed_l2=1e-4)
+    assert checkpoint.model_device(model) == torch.device("cpu")
+    assert checkpoint.model_device(torch.nn.Module()) == torch.device("cpu")
+    state = checkpoint.make_state(JobConfig(), model, optimizer)
+    assert "cuda_rng" not in state                               # a CPU model saves no CUDA state
+    expected = torch.rand(3)                                     # the draws after the save
+    checkpoint.restore_rng({**state, "cuda_rng": torch.zeros(16, dtype=torch.uint8)}, "cpu")
+    assert torch.equal(torch.rand(3), expected)                  # the CPU state, and nothing else, back
+    with HostReads():
+        on_fake_device(model)
+        assert checkpoint.model_device(model).type == "meta"     # the parameters' device, whatever it is

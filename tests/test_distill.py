@@ -1,0 +1,197 @@
+"""Distillation (``iaa-cli distill``): the teacher is the ensemble's own average, α = 1 is ordinary
+training, the soft loss is a KL, and a bad or stale teacher is refused with a clear error."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from iaa.data.loader import PreparedData, TEACHER_COLUMN, iter_batches
+from iaa.jobs import checkpoint, distill, resolve, teacher
+from iaa.jobs import ensemble as ensemble_job
+from iaa.jobs import evaluate
+from iaa.jobs import train as train_job
+from iaa.jobs.config import JobConfig
+from iaa.jobs.objective import Objective
+from iaa.jobs.teacher import TeacherError
+from tests._tiny import TINY_SETS, make_tiny_prepared
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def tiny_cfg(prepared: Path, seed: int = 0, *sets: str) -> JobConfig:
+    return resolve.job_config("cbt-ne", prepared, sets=[*TINY_SETS, "train.max_epochs=1", "train.threads=1",
+                                                        f"train.seed={seed}", *sets])
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny dataset, three briefly trained members and an ensemble folder over them."""
+    root = tmp_path_factory.mktemp("distill")
+    prepared = make_tiny_prepared(root)
+    members = [Path(train_job.run(tiny_cfg(prepared, seed), prepared, root / f"member{seed}", show_progress=False)
+                    ["checkpoint"]) for seed in range(3)]
+    ens = root / "ensembles" / "three"
+    files = [{"valid": Path(evaluate.run(m, prepared, "valid", ens / "members" / f"{i:02d}-valid.parquet")["predictions"]),
+              "test": None} for i, m in enumerate(members)]
+    result = ensemble_job.run(files, [str(m) for m in members], ens)
+    (ens / "ensemble.json").write_text(json.dumps({**{k: v for k, v in result.items() if k != "table"},
+                                                   "data_dir": str(prepared)}, default=str))
+    return root, prepared, members, ens
+
+
+def request(setup, **kw) -> distill.DistillRequest:
+    root, prepared, _, ens = setup
+    return distill.DistillRequest(ens, workdir=root / "work", show_progress=False,
+                                  sets=(*TINY_SETS, "train.max_epochs=1", "train.threads=1"), **kw)
+
+
+def plain_train(cfg, prepared, run_dir, train_rows=None, teacher=None, tags=None):
+    """The in-process train job (the CLI passes the MLflow-tracked one)."""
+    return train_job.run(cfg, prepared, run_dir, show_progress=False, train_rows=train_rows)
+
+
+def test_soft_targets_equal_the_ensembles_own_average(setup, tmp_path):
+    _, prepared, members, ens = setup
+    _, found = teacher.members_of(ens)
+    assert [m.checkpoint for m in found] == members
+    table = teacher.compute(found, prepared, "valid", None, tmp_path, teacher.score_in_process)
+    ours = dict(zip(table.column("example_id").to_pylist(), table.column(TEACHER_COLUMN).to_pylist()))
+    theirs = pq.read_table(ens / "predictions.parquet").to_pylist()
+    assert len(ours) == len(theirs) > 0
+    for row in theirs:
+        np.testing.assert_allclose(ours[row["example_id"]], row["probs"], rtol=0, atol=1e-7)   # float32 storage
+
+
+def test_the_teacher_is_computed_once_and_reused(setup):
+    req = request(setup, train_examples=64, run_dir=setup[0] / "runs" / "once")
+    result = distill.run(req, train=plain_train)
+    assert result["teacher_computed"]
+    path = Path(result["teacher"])
+    assert path.parent == setup[1] / "teachers" and pq.read_table(path).num_rows == 64
+    calls = []
+    again = distill.run(replace(req, run_dir=setup[0] / "runs" / "twice"), train=plain_train,
+                        score=lambda *a: calls.append(a) or [])
+    assert not again["teacher_computed"] and calls == []
+
+
+def test_alpha_one_reproduces_ordinary_training(setup, tmp_path):
+    _, prepared, members, ens = setup
+    cfg = tiny_cfg(prepared, 5)
+    plain = train_job.run(cfg, prepared, tmp_path / "plain", show_progress=False)
+    path = distill.prepare_teacher(request(setup), prepared, teacher.members_of(ens)[1], teacher.score_in_process)[0]
+    rows = teacher.attach(PreparedData.open(prepared).table("train"), path)
+    taught = train_job.run(replace(cfg, distill=replace(cfg.distill, alpha=1.0, temperature=2.0)), prepared,
+                           tmp_path / "alpha1", show_progress=False, train_rows=rows)
+    soft = train_job.run(replace(cfg, distill=replace(cfg.distill, alpha=0.0)), prepared,
+                         tmp_path / "alpha0", show_progress=False, train_rows=rows)
+    a, b, c = (checkpoint.load(Path(r["checkpoint"]))["model"] for r in (plain, taught, soft))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert plain["best_valid_acc"] == taught["best_valid_acc"]
+    assert not all(torch.equal(a[k], c[k]) for k in a)          # the teacher does move training when α < 1
+
+
+def test_the_soft_loss_is_t_squared_kl_to_the_tempered_teacher():
+    torch.manual_seed(0)
+    log_p = torch.log_softmax(torch.randn(3, 4), 1)
+    log_p[2, 3] = float("-inf")                                   # a candidate absent from the document
+    teacher_p = torch.softmax(torch.randn(3, 4), 1)
+    teacher_p[2, 3] = 0.0
+    teacher_p[2] /= teacher_p[2].sum()
+    cand_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    teacher_p[1, 3] = 0.0
+    teacher_p[1] /= teacher_p[1].sum()
+
+    class B:
+        answer = torch.tensor([0, 1, 2])
+        teacher = teacher_p
+
+    B.cand_mask = cand_mask
+    t = 2.0
+    got = Objective(alpha=0.0, temperature=t).soft_loss(log_p, B)
+    expected = 0.0
+    for b in range(3):
+        keep = [c for c in range(4) if cand_mask[b, c] and teacher_p[b, c] > 0]
+        q = torch.softmax(torch.log(teacher_p[b, keep]) / t, 0)
+        p = torch.softmax(log_p[b, keep] / t, 0)
+        expected += float((q * (q.log() - p.log())).sum())
+    assert float(got) == pytest.approx(t * t * expected / 3, rel=1e-5)
+    same = Objective(alpha=0.0).soft_loss(torch.log(teacher_p), B)
+    assert float(same) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_alpha_below_one_without_a_teacher_is_a_clear_error(setup):
+    _, prepared, _, _ = setup
+    batch = next(iter_batches(PreparedData.open(prepared).table("train"), 4, seed=0, epoch=0))
+    with pytest.raises(Exception, match="distill.alpha < 1 needs the teacher"):
+        Objective(alpha=0.5)(torch.zeros(len(batch), batch.cand_mask.shape[1]), batch)
+
+
+def test_a_folder_that_is_no_ensemble_is_refused(setup, tmp_path):
+    with pytest.raises(TeacherError, match="not an ensemble folder"):
+        distill.run(replace(request(setup), ensemble=tmp_path), train=plain_train)
+
+
+def test_a_stale_teacher_is_refused_until_refreshed(setup, tmp_path):
+    root, prepared, members, ens = setup
+    copies = tmp_path / "ens"
+    copies.mkdir()
+    moved = []
+    for i, m in enumerate(members):                                 # members of our own to change
+        moved.append(tmp_path / f"m{i}.pt")
+        moved[-1].write_bytes(Path(m).read_bytes())
+    summary = json.loads((ens / "ensemble.json").read_text())
+    (copies / "ensemble.json").write_text(json.dumps({**summary, "members": [str(m) for m in moved]}))
+    req = replace(request(setup), ensemble=copies, train_examples=32, run_dir=tmp_path / "run1")
+    distill.run(req, train=plain_train)
+    state = checkpoint.load(moved[1])
+    state["model"] = {k: v + 0.01 if v.is_floating_point() else v for k, v in state["model"].items()}
+    checkpoint.save(moved[1], state)                                # member 1 retrained in place
+    with pytest.raises(TeacherError, match=r"stale teacher: member .*m1\.pt changed since"):
+        distill.run(replace(req, run_dir=tmp_path / "run2"), train=plain_train)
+    fresh = distill.run(replace(req, run_dir=tmp_path / "run3", refresh_teacher=True), train=plain_train)
+    assert fresh["teacher_computed"]
+
+
+def _damage(path: Path, change) -> None:
+    table = pq.read_table(path)
+    meta = table.schema.metadata
+    rows = table.to_pylist()
+    change(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=teacher.SCHEMA).replace_schema_metadata(meta), path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda rows: rows.pop(3), "no teacher distribution for training example"),
+    (lambda rows: rows[2].update(teacher_probs=[0.5] * len(rows[2]["teacher_probs"])), "not a distribution"),
+    (lambda rows: rows[1].update(candidate_words=list(reversed(rows[1]["candidate_words"]))), "candidates differ"),
+])
+def test_a_damaged_teacher_is_refused_naming_the_file_and_example(setup, tmp_path, change, message):
+    _, prepared, _, ens = setup
+    path = distill.prepare_teacher(request(setup, train_examples=16), prepared, teacher.members_of(ens)[1],
+                                   teacher.score_in_process)[0]
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(path.read_bytes())
+    _damage(bad, change)
+    with pytest.raises(TeacherError, match=message) as err:
+        teacher.attach(PreparedData.open(prepared).rows("train", 0, 16), bad)
+    assert str(bad) in str(err.value)
+
+
+def test_a_teacher_file_that_is_not_parquet_is_refused(setup):
+    req = request(setup, train_examples=8, run_dir=setup[0] / "runs" / "garbage")
+    path = distill.teacher_path(setup[1], req.ensemble, 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"not parquet at all")
+    try:
+        with pytest.raises(TeacherError, match="not a readable Parquet file"):
+            distill.run(req, train=plain_train)
+    finally:
+        path.unlink()

@@ -1,0 +1,236 @@
+"""``iaa-cli serve``: requests checked field by field, batches answered like ``iaa-cli predict``,
+and (slow) the same on Ray Serve over HTTP, through bad requests and a killed replica."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from iaa.cli import cli
+from iaa.jobs import serve as job
+from iaa.jobs.predict import Predictor
+from tests._explain import tiny_setup
+
+QUESTION = {"id": "q1", "document": "the cat sat on the mat . the dog ran to the mat .",
+            "query": "the XXXXX ran to the mat", "candidates": ["cat", "dog", "mat"]}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    prepared, ckpts = tiny_setup(root)
+    return root, prepared, ckpts["iaa"]
+
+
+@pytest.fixture(scope="module")
+def answerer(setup):
+    root, prepared, ckpt = setup
+    return job.Answerer.load(job.ModelSource("checkpoint", str(ckpt), str(prepared)))
+
+
+def _body(value) -> bytes:
+    return json.dumps(value).encode()
+
+
+def _refused(answerer, body: bytes, limits: job.Limits = job.Limits()) -> job.RequestError:
+    with pytest.raises(job.RequestError) as caught:
+        answerer.parse(body, limits)
+    return caught.value
+
+
+@pytest.mark.parametrize("body, status, field", [
+    (b'{"document": "a b', 400, "not valid JSON"),
+    (b"[]", 400, "non-empty list"),
+    (b'"just a string"', 400, "question object"),
+    (_body({k: v for k, v in QUESTION.items() if k != "query"}), 400, "query: missing"),
+    (_body({**QUESTION, "document": 7}), 400, "document: expected a string, got a number"),
+    (_body({**QUESTION, "candidates": {"a": 1}}), 400, "candidates: expected a list of strings, got an object"),
+    (_body([QUESTION, {**QUESTION, "candidates": ["cat", 3]}]), 400, "[1].candidates[1]: expected a string"),
+    (_body([QUESTION, 5]), 400, "[1]: expected a JSON object"),
+    (_body({**QUESTION, "id": True}), 400, "id: expected a string or an integer, got a boolean"),
+    (_body({**QUESTION, "answer": ["cat"]}), 400, "answer: expected a string, got a list"),
+    (_body({**QUESTION, "candidates": ["horse", "cow"]}), 422, "no candidate occurs in the document"),
+    (_body([QUESTION, {**QUESTION, "query": "the cat ran"}]), 422, "[1]: the query has no XXXXX placeholder"),
+    (_body({**QUESTION, "candidates": []}), 422, "the candidate list is empty"),
+])
+def test_bad_requests_get_a_status_naming_the_field(answerer, body, status, field):
+    error = _refused(answerer, body)
+    assert error.status == status and field in str(error)
+    assert error.body() == {"error": str(error), "status": status}
+
+
+def test_oversized_requests_get_413(answerer):
+    limits = job.Limits(max_document_words=20, max_questions=2, max_request_bytes=2000)
+    error = _refused(answerer, _body([QUESTION, {**QUESTION, "document": "the cat " * 20}]), limits)
+    assert error.status == 413 and "[1].document: 40 words, over the limit of 20" in str(error)
+    assert _refused(answerer, _body([QUESTION] * 3), limits).status == 413
+    assert _refused(answerer, _body({**QUESTION, "id": "x" * 3000}), limits).status == 413
+    assert len(answerer.parse(_body([QUESTION, QUESTION]), job.Limits(max_document_words=14))[0]) == 2
+
+
+def test_a_batch_of_requests_answers_each_like_predict(setup, answerer, tmp_path):
+    root, prepared, ckpt = setup
+    first = [QUESTION, {**QUESTION, "id": "q2", "query": "the XXXXX sat on the mat", "answer": "cat"}]
+    second = {k: v for k, v in QUESTION.items() if k != "id"}
+    requests = [answerer.parse(_body(first)), answerer.parse(_body(second))]
+    assert [single for _, single in requests] == [False, True]
+    rows = answerer.answer([questions for questions, _ in requests])
+
+    source = tmp_path / "q.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in [*first, second]), encoding="utf-8")
+    out = tmp_path / "p.jsonl"
+    result = CliRunner().invoke(cli, ["predict", "--checkpoint", str(ckpt), "--data", str(prepared),
+                                      "--input", str(source), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    expected = [json.loads(line) for line in out.read_text().splitlines()]
+    got = [row for rows_of_one in rows for row in rows_of_one]
+    assert [len(r) for r in rows] == [2, 1] and len(got) == len(expected) == 3
+    for g, e in zip(got, expected):
+        assert g.pop("model") == {"name": ckpt.stem, "version": answerer.version}
+        assert g.keys() == e.keys() and g["prediction"] == e["prediction"] and g.get("correct") == e.get("correct")
+        assert g["probs"] == pytest.approx(e["probs"], abs=1e-6)
+    assert [g["id"] for g in got] == ["q1", "q2", "1"]     # no id: its place in the request (predict: its line)
+
+
+def test_the_version_of_a_checkpoint_is_its_content(setup, tmp_path):
+    root, prepared, ckpt = setup
+    found = job.locate(job.ModelSource("checkpoint", str(ckpt), str(prepared)))
+    copy = tmp_path / "other.pt"
+    copy.write_bytes(ckpt.read_bytes())
+    again = job.locate(job.ModelSource("checkpoint", str(copy), str(prepared)))
+    assert found.version == again.version and len(found.version) == 12 and found.name != again.name
+    with pytest.raises(job.IaaError, match="MLflow model URI"):
+        job.ModelSource("model", "demo-reader/1")
+
+
+# --- on Ray Serve (one local Ray and one deployment of two replicas for all of these) -----------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: bytes) -> tuple[int, dict, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{url}/predict", data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read()), dict(reply.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}"), dict(err.headers)
+
+
+@pytest.fixture(scope="module")
+def served(setup):
+    pytest.importorskip("ray.serve", reason="needs ray[serve]")
+    import ray
+
+    from iaa.platform import serve as platform_serve
+
+    root, prepared, ckpt = setup
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    cfg = job.config(model_uri=None, checkpoint=ckpt, ensemble_dir=None, data_dir=prepared, workdir=root,
+                     tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
+                     max_document_words=200)
+    try:
+        yield platform_serve.start(cfg), cfg
+    finally:
+        platform_serve.stop(cfg.app_name)
+        ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(setup, served, tmp_path):
+    import urllib.request
+
+    from iaa.data import cbt
+    from iaa.platform import serve as platform_serve
+
+    root, prepared, ckpt = setup
+    url, cfg = served
+    with urllib.request.urlopen(f"{url}/ready", timeout=30) as ready:
+        assert ready.status == 200 and json.loads(ready.read())["model"]["name"] == ckpt.stem
+
+    examples = cbt.read(root / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt").examples()[:12]
+    records = [{"id": ex.example_id, "document": " ".join(ex.doc), "query": " ".join(ex.query),
+                "candidates": list(ex.candidates), "answer": ex.answer} for ex in examples]
+    source = tmp_path / "q.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    out = tmp_path / "p.jsonl"
+    result = CliRunner().invoke(cli, ["predict", "--checkpoint", str(ckpt), "--data", str(prepared),
+                                      "--input", str(source), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    expected = [json.loads(line) for line in out.read_text().splitlines()]
+
+    status, rows, headers = _post(url, json.dumps(records[:8]).encode())           # a list
+    singles = [_post(url, json.dumps(r).encode()) for r in records[8:]]            # one object each
+    assert status == 200 and all(s == 200 for s, _, _ in singles)
+    version = headers["x-iaa-model-version"]
+    got = rows + [row for _, row, _ in singles]
+    assert [g["id"] for g in got] == [e["id"] for e in expected]
+    for g, e in zip(got, expected):
+        assert g["model"] == {"name": ckpt.stem, "version": version}
+        assert g["prediction"] == e["prediction"] and g["correct"] == e["correct"]
+        assert g["probs"] == pytest.approx(e["probs"], abs=1e-6)
+
+    bad = [(b"{not json", 400, "not valid JSON"),
+           (json.dumps({**records[0], "query": 3}).encode(), 400, "query: expected a string"),
+           (json.dumps({**records[0], "document": "word " * 201}).encode(), 413, "201 words"),
+           (json.dumps({**records[0], "candidates": ["zebra"]}).encode(), 422, "no candidate occurs")]
+    for body, code, message in bad:
+        status, reply, _ = _post(url, body)
+        assert status == code and message in reply["error"], reply
+    assert _post(url, json.dumps(records[0]).encode())[0] == 200
+    assert platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_killed_replica_loses_at_most_its_requests_in_flight_and_comes_back(setup, served):
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from iaa.platform import serve as platform_serve
+
+    url, cfg = served
+    body = json.dumps(QUESTION).encode()
+    concurrency, total = 4, 80
+    with ThreadPoolExecutor(concurrency) as pool:
+        futures = [pool.submit(_post, url, body) for _ in range(total)]
+        while sum(f.done() for f in futures) < total // 4:
+            time.sleep(0.05)
+        platform_serve.kill_replica(cfg.app_name)
+        statuses = [f.result()[0] for f in futures]
+    failed = sum(s != 200 for s in statuses)
+    assert failed <= concurrency, statuses          # only requests in flight can be lost
+    deadline = time.monotonic() + 180
+    while platform_serve.replicas(cfg.app_name) != {"RUNNING": 2} and time.monotonic() < deadline:
+        time.sleep(1)
+    assert platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}
+    assert _post(url, body)[0] == 200
+
+
+def test_the_cluster_serve_config_builds_a_deployment():
+    pytest.importorskip("ray.serve", reason="needs ray[serve]")
+    import yaml
+
+    from iaa.platform import serve as platform_serve
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy" / "serve.yaml").read_text())
+    args = platform_serve.config_args(doc["applications"][0]["args"])
+    cfg = platform_serve.from_dict(args)
+    assert cfg.source.kind == "model" and cfg.autoscale == (1, 8) and cfg.limits.max_document_words == 5000
+    options = platform_serve.deployment_options(cfg)
+    assert options["autoscaling_config"]["max_replicas"] == 8 and "num_replicas" not in options
+    assert options["ray_actor_options"] == {"num_cpus": 2}
+    assert platform_serve.from_dict(platform_serve.to_dict(cfg)) == cfg
