@@ -205,3 +205,22 @@ def test_reader_training_and_inference_under_bf16_stay_within_bounds(kind) -> No
     assert (i16 - i32)[finite].abs().max().item() < 0.01
     for name, grad in g32.items():
         assert _rel(g16[name], grad) < 0.05, name
+
+
+@pytest.mark.slow
+def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from iaa.jobs import resolve
+    from iaa.platform import train
+    from tests._tiny import TINY_SETS, make_tiny_prepared
+
+    tiny = make_tiny_prepared(tmp_path / "tiny")
+    cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
+    assert cfg.train.precision == "auto"                                  # the default
+    for rates, chosen in (({"fp32": 100.0, "bf16": 400.0}, "bf16"), ({"fp32": 100.0, "bf16": 20.0}, "fp32")):
+        monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
+        result = train.run(cfg, tiny, tmp_path / f"run-{chosen}", workdir=tmp_path, show_progress=False)
+        params = MlflowClient(result["tracking_uri"]).get_run(result["mlflow_run_id"]).data.params
+        assert params["train.precision"] == chosen and result["precision"] == chosen
