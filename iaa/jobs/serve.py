@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,6 +228,7 @@ class Answerer:
     def __init__(self, predictor: Any, name: str, version: str) -> None:
         self.predictor, self.name, self.version = predictor, name, version
         self.model = {"name": name, "version": version}
+        self.load_seconds: float | None = None       # fetch, load and warm-up, when made by :meth:`load`
 
     @classmethod
     def load(cls, source: ModelSource, threads: int = 1, fetch_model: ModelFetcher | None = None) -> "Answerer":
@@ -235,10 +237,12 @@ class Answerer:
 
         from iaa.jobs.predict import Predictor
 
+        started = time.perf_counter()
         torch.set_num_threads(max(1, threads))
         found = locate(source, fetch_model)
         answerer = cls(Predictor.load(found.checkpoints, found.data_dir), found.name, found.version)
         answerer.warm_up()
+        answerer.load_seconds = time.perf_counter() - started
         return answerer
 
     @property

@@ -38,7 +38,7 @@ from iaa.errors import IaaError
 ARTIFACT = "model"
 DATA_FILES = ("manifest.json", "vocab.json")
 PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-URI_ENV = "MLFLOW_TRACKING_URI"
+URI_ENVS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
 
 def _drop_warning(*args: Any, **kwargs: Any) -> None:
@@ -221,24 +221,33 @@ def logged_model_id(uri: str, run_id: str) -> str | None:
 
 
 @contextmanager
-def _store(uri: str) -> Iterator[None]:
-    """``log_model`` talks to the global tracking URI: point it at ``uri`` for the call only.
+def _store(uri: str | None) -> Iterator[None]:
+    """``log_model`` and ``models:/`` downloads use the global tracking and registry URIs: point
+    both at ``uri`` for the call only (None: leave them).
 
     ``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI`` in the environment, which the
-    next command of this process would take as the user's choice: both are put back.
+    next command of this process would take as the user's choice: globals and environment are
+    put back as they were.
     """
-    from mlflow.tracking._tracking_service import utils
+    from mlflow.tracking._model_registry import utils as registry
+    from mlflow.tracking._tracking_service import utils as tracking
 
-    previous, env = utils._tracking_uri, os.environ.get(URI_ENV)
+    if uri is None:
+        yield
+        return
+    saved = (tracking._tracking_uri, registry._registry_uri, {k: os.environ.get(k) for k in URI_ENVS})
     mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(previous)        # None: unset again
-        if env is None:
-            os.environ.pop(URI_ENV, None)
-        else:
-            os.environ[URI_ENV] = env
+        mlflow.set_tracking_uri(saved[0])       # None: unset again
+        registry._registry_uri = saved[1]
+        for key, value in saved[2].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
@@ -300,8 +309,8 @@ def fetch(model_uri: str, tracking_uri: str | None = None) -> "LoadedModel":
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     name, version = _name_version(client, model_uri)
     try:
-        local = Path(mlflow.artifacts.download_artifacts(model_uri, tracking_uri=tracking_uri,
-                                                         dst_path=tempfile.mkdtemp(prefix="iaa-serve-")))
+        with _store(tracking_uri):
+            local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=tempfile.mkdtemp(prefix="iaa-serve-")))
     except mlflow.exceptions.MlflowException as err:
         raise IaaError(f"cannot fetch the model {model_uri} from {tracking_uri or mlflow.get_tracking_uri()}: "
                        f"{str(err).splitlines()[0][:300]}") from err
