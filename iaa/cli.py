@@ -189,7 +189,7 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
           workers: int, gpus_per_worker: float, tracking_uri: str | None, address: str | None,
           storage_path: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import names, resolve, rundir
+    from iaa.jobs import names, outputs, resolve, rundir
 
     names.registered_name(register)
     _need_data(dataset, data)
@@ -199,7 +199,10 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
     resolve.tracking_store(tracking_uri, workdir)
     name, prepared = resolve.data_dir(dataset, data, workdir)
     cfg = resolve.job_config(name, prepared, model_kind=model_kind, config_file=config_file, sets=sets)
-    with rundir.claim(resolve.run_dir(name, cfg, run_dir, workdir), resume=resume, overwrite=overwrite) as folder:
+    run_dir = resolve.run_dir(name, cfg, run_dir, workdir)
+    outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database":
+                                    resolve.tracking_db(tracking_uri, workdir)}, flag="--run-dir", folder=True)
+    with rundir.claim(run_dir, resume=resume, overwrite=overwrite) as folder:
         from iaa.platform import train as platform_train
 
         result = platform_train.run(cfg, prepared, folder, resume=resume, workers=workers,
@@ -440,7 +443,9 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     from functools import partial
 
     from iaa.jobs import distill as job
-    from iaa.jobs import resolve, rundir, teacher
+    from iaa.jobs import names, resolve, rundir, teacher
+
+    names.registered_name(register)
     from iaa.platform import teacher_ray
     from iaa.platform import train as platform_train
 

@@ -398,3 +398,14 @@ def test_resume_refuses_storage_that_others_can_write(tmp_path):
     os.chown(folder / "tuner.pkl", 12345, -1)
     with pytest.raises(IaaError, match="owned by uid 12345"):
         check_private(folder)
+
+
+@pytest.mark.parametrize("target", ["prepared", "store"])
+def test_a_run_folder_that_is_an_input_is_refused(w, target):
+    make_store(w["root"] / "work")
+    run_dir = w["prepared"] if target == "prepared" else w["root"] / "work" / "mlflow.db"
+    before = snapshot(w["root"])
+    code, out = invoke("train", "--data", w["prepared"], "--run-dir", run_dir, "--workdir", w["root"] / "work",
+                       "--set", "train.max_epochs=0.01")
+    assert_one_message(code, out, run_dir, "--run-dir")
+    assert_unchanged(before, w["root"])

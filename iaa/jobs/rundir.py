@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from iaa.errors import IaaError
+from iaa.files import writing
 
 LOCK = ".lock"
 RUN_FILES = ("checkpoints", "metrics.jsonl")  # what a started run leaves in its folder
@@ -49,9 +50,11 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
         if holds_run(run_dir) and not (resume or overwrite):
             raise RunDirError(f"{run_dir} already holds a run ({', '.join(n for n in RUN_FILES if (run_dir / n).exists())}); "
                               "add --resume to continue it, --overwrite to replace it, or give another --run-dir")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield run_dir
+        with writing(run_dir):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        with writing(run_dir):      # a full or read-only disk met by the run: one message naming its folder
+            yield run_dir
     finally:
         os.close(fd)  # releases the lock
 
