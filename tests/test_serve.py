@@ -186,7 +186,7 @@ def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(set
     bad = [(b"{not json", 400, "not valid JSON"),
            (json.dumps({**records[0], "query": 3}).encode(), 400, "query: expected a string"),
            (json.dumps({**records[0], "document": "word " * 201}).encode(), 413, "201 words"),
-           (json.dumps({**records[0], "candidates": ["zebra"]}).encode(), 422, "no candidate occurs")]
+           (json.dumps({**records[0], "candidates": ["zebra"], "answer": "zebra"}).encode(), 422, "no candidate occurs")]
     for body, code, message in bad:
         status, reply, _ = _post(url, body)
         assert status == code and message in reply["error"], reply
