@@ -60,11 +60,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--easy-steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=None, help="Only the split's first N examples.")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     models = {"act": checkpoint.load_model(args.act)[0], "fixed": checkpoint.load_model(args.fixed)[0]}
-    table = PreparedData.open(args.data).table(args.split)
+    data = PreparedData.open(args.data)
+    table = data.table(args.split) if args.limit is None else data.rows(args.split, 0, args.limit)
     result, stats = timed_pass(models, table, args.batch_size, args.rounds)
     order = [row for b in iter_batches(table, args.batch_size, seed=0, epoch=0, shuffle=False)
              for row in b.example_ids]
