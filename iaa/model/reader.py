@@ -172,6 +172,8 @@ class IAAReader(_Reader):
         self.search = nn.GRUCell(2 * two_h, s)                           # inference GRU
         self.halting_unit = HaltingUnit(s, cfg.steps) if cfg.halting == "act" else None
         init_reader_(self)
+        if self.halting_unit is not None:
+            nn.init.constant_(self.halting_unit.bias, cfg.halt_bias_init)
 
     def forward(self, batch: ReaderInputs, return_halting: bool = False):
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document; with
