@@ -22,8 +22,8 @@ def small_roofline(monkeypatch):
     """The roofline matmul at 256 instead of 2048: the same measurement, 500x less work; and
     ``auto`` decided by injected probe rates (a machine without bf16 units: fp32)."""
     measure = bench.matmul_gflops
-    monkeypatch.setattr(bench, "matmul_gflops", lambda device, dtype=torch.float32, reps=3, size=None: measure(
-        device, size=256, reps=reps, dtype=dtype))
+    monkeypatch.setattr(bench, "matmul_gflops", lambda device, size=256, dtype=torch.float32, reps=3: measure(
+        device, size=min(size, 256), reps=reps, dtype=dtype))
     monkeypatch.setattr(precision, "probed_rates", lambda: {"fp32": 100.0, "bf16": 20.0})
 
 

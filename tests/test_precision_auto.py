@@ -212,15 +212,17 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    from iaa.jobs import resolve
-    from iaa.platform import train
+    from iaa.jobs import resolve, train
+    from iaa.jobs.workdir import Workdir
+    from iaa.platform.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
 
     tiny = make_tiny_prepared(tmp_path / "tiny")
     cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
     assert cfg.train.precision == "auto"                                  # the default
+    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri())
     for rates, chosen in (({"fp32": 100.0, "bf16": 400.0}, "bf16"), ({"fp32": 100.0, "bf16": 20.0}, "fp32")):
         monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
-        result = train.run(cfg, tiny, tmp_path / f"run-{chosen}", workdir=tmp_path, show_progress=False)
+        result = train.run_tracked(cfg, tiny, tmp_path / f"run-{chosen}", tracker, show_progress=False)
         params = MlflowClient(result["tracking_uri"]).get_run(result["mlflow_run_id"]).data.params
         assert params["train.precision"] == chosen and result["precision"] == chosen

@@ -15,7 +15,7 @@ faster on CPU:
   explicitly (oneDNN accumulates in fp32 and rounds the result to bf16; AMX and AVX512-BF16 run
   them several times faster than fp32). The recurrence, its small ``h W_hh`` matmuls and the
   gate arithmetic stay fp32: at 32 rows the bf16 matmul is slower than fp32, and the state
-  carried over hundreds of steps keeps full precision (benchmarks/README.md, "bf16 on CPU").
+  carried over hundreds of steps keeps full precision (docs/speed.md, "bf16 on CPU").
 - The backward is written by hand: no autograd graph of ~10 nodes per step and direction.
 - The per-step loops run in C++ (``gru_kernels``) when it builds; the Python loops below are the
   fallback and the second reference in the tests.
@@ -166,7 +166,7 @@ def _stack_weights(w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_
 def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch.bmm(a, b)`` over the direction axis, as one 2-D ``mm`` per direction (in the
     operands' dtype; fp32 accumulation in bf16). In fp32 the two are equally fast; in bf16 see
-    benchmarks/README.md, "bf16 on CPU"."""
+    docs/speed.md, "bf16 on CPU"."""
     out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
     for k in range(a.shape[0]):
         torch.mm(a[k], b[k], out=out[k])
