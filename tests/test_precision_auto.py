@@ -226,3 +226,16 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
         result = train.run_tracked(cfg, tiny, tmp_path / f"run-{chosen}", tracker, show_progress=False)
         params = MlflowClient(result["tracking_uri"]).get_run(result["mlflow_run_id"]).data.params
         assert params["train.precision"] == chosen and result["precision"] == chosen
+
+
+def test_a_checkpoint_config_with_the_former_bf16_switch_still_loads() -> None:
+    """``model.bf16_projections`` is gone; a saved config that has it loads, and where it was on
+    the run keeps asking for bf16."""
+    from iaa.jobs.config import JobConfig, from_dict, to_dict
+
+    for saved, expected in ((True, "bf16"), (False, "fp32")):
+        data = to_dict(JobConfig())
+        data["model"]["bf16_projections"] = saved
+        data["train"]["precision"] = "fp32"
+        cfg = from_dict(data)
+        assert cfg.train.precision == expected and not hasattr(cfg.model, "bf16_projections")
