@@ -185,4 +185,6 @@ def test_halting_config_is_checked_and_reaches_the_job_config():
         preset("tiny", ponder_cost=-1.0)
     cfg = merge(JobConfig(), {"model": {"halting": "act", "ponder_cost": 0.01}})
     assert Objective.from_config(cfg).ponder_cost == 0.01
+    cfg = preset("tiny", vocab_size=40, steps=4, halting="act", halt_bias_init=-2.5)
+    assert torch.equal(build_reader(cfg).halting_unit.bias.detach(), torch.full((3,), -2.5))
     assert Objective.from_config(JobConfig()).ponder_cost == 0.0

@@ -85,7 +85,7 @@ def members_of(ensemble_dir: Path) -> tuple[dict[str, Any], list[Member]]:
 def compute(members: Sequence[Member], prepared: Path, split: str, limit: int | None, work_dir: Path,
             score: Scorer) -> pa.Table:
     """The members' averaged distribution on ``split`` (its first ``limit`` rows), by example."""
-    from iaa.jobs import ensemble as ensemble_job
+    from iaa.jobs import averaging as ensemble_job
 
     files = score([m.checkpoint for m in members], prepared, split, limit, work_dir)
     aligned = ensemble_job.align(split, [(str(m.checkpoint), pq.read_table(f)) for m, f in zip(members, files)])

@@ -32,6 +32,7 @@ class ReaderConfig:
     # ponder_cost * (N + R) per example.
     halting: Halting = "none"
     ponder_cost: float = 0.001       # τ
+    halt_bias_init: float = -1.0     # b_t at the start: h_t ≈ σ(-1) = 0.27, so about 4 steps at first
     # Implementation switches (same mathematics; see iaa/model/*.py and benchmarks/README.md):
     fused_gru: bool = True           # packed, hand-differentiated BiGRU instead of nn.GRU + packing
     fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout

@@ -33,10 +33,12 @@ from mlflow.models import ModelSignature
 from mlflow.tracking import MlflowClient
 
 import iaa
+from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError
+from iaa.platform.tracking import TRANSIENT, manifest_digest
 
 ARTIFACT = "model"
-DATA_FILES = ("manifest.json", "vocab.json")
+DATA_FILES = (MANIFEST, VOCAB)
 PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 URI_ENVS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
@@ -77,11 +79,6 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def manifest_digest(prepared: Path) -> str:
-    """A short digest of the prepared data's manifest (which holds every shard's sha256)."""
-    return hashlib.sha256((Path(prepared) / "manifest.json").read_bytes()).hexdigest()[:16]
-
-
 def _model_only(checkpoint: Path, out: Path) -> Path:
     """The checkpoint without optimizer and loop state: what inference needs."""
     import torch
@@ -89,7 +86,7 @@ def _model_only(checkpoint: Path, out: Path) -> Path:
     from iaa.jobs import checkpoint as ckpt
 
     state = ckpt.load(checkpoint)
-    torch.save({k: state[k] for k in ("format", "config", "model", "vocab_hash") if k in state}, out)
+    torch.save({k: state[k] for k in ("format", "config", "model", "vocab_hash", "vocab") if k in state}, out)
     return out
 
 
@@ -134,7 +131,7 @@ def input_example(placeholder: str) -> Any:
 def _placeholder(prepared: Path) -> str:
     from iaa.data.vocab import Vocab
 
-    return Vocab.load(Path(prepared) / "vocab.json").placeholder
+    return Vocab.load(Path(prepared) / VOCAB).placeholder
 
 
 def _log_kwargs(checkpoints: Sequence[Path], prepared: Path, folder: Path) -> dict[str, Any]:
@@ -259,8 +256,6 @@ def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
     """
     import sys
 
-    from iaa.platform.tracking import TRANSIENT
-
     try:
         return log(uri, run_id, checkpoints, prepared, register)
     except TRANSIENT as err:
@@ -290,12 +285,6 @@ def load(model_uri: str, uri: str | None = None) -> Any:
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)
     return mlflow.pyfunc.load_model(model_uri)
-
-
-def dataset_summary(prepared: Path) -> dict[str, Any]:
-    manifest = json.loads((Path(prepared) / "manifest.json").read_text(encoding="utf-8"))
-    return {"name": manifest.get("dataset", Path(prepared).name), "source": str(Path(prepared).resolve()),
-            "digest": manifest_digest(prepared)}
 
 
 def fetch(model_uri: str, tracking_uri: str | None = None) -> "LoadedModel":
