@@ -77,7 +77,7 @@ def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teach
     if req.show_progress:
         print(f"distill: computing the teacher of {len(members)} members on "
               f"{req.train_examples or 'all'} training examples -> {path}", file=sys.stderr)
-    work = path.parent / f".scoring-{path.stem}"
+    work = Path(req.workdir) / "distill" / f"scoring-{path.stem}"     # scratch, outside the prepared data
     table = teacher_mod.compute(members, prepared, "train", req.train_examples, work, score)
     teacher_mod.write(table, path, ensemble_dir=req.ensemble, members=members, split="train",
                       limit=req.train_examples, vocab_hash=vocab_hash)
