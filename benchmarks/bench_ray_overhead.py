@@ -30,7 +30,9 @@ import ray.tune
 
 from iaa.data import demo
 from iaa.jobs import prepare
-from iaa.platform import tune
+from iaa.jobs import tune
+from iaa.platform.launch import RayLauncher
+from iaa.platform.tracker import MlflowTracker
 
 TINY_SETS = ("model.embed_dim=16", "model.hidden_dim=8", "model.state_dim=12", "model.steps=2", "model.gate_dim=10",
              "train.batch_size=16", "train.max_epochs=1", "train.check_every=1000", "train.seed=0")
@@ -93,7 +95,7 @@ def main() -> None:
         tune.run(tune.TuneRequest(dataset="cbt-ne", data=prepared, num_samples=args.trials,
                                   search_space=root / "space.yaml", sets=TINY_SETS, workdir=root / "work",
                                   workers_per_trial=args.workers_per_trial, name="bench", show_progress=False),
-                 callbacks=[clock])
+                 MlflowTracker, RayLauncher(callbacks=[clock]))
         wall = time.time() - started
         sweep = json.loads((root / "work" / "sweeps" / "bench" / "sweep.json").read_text(encoding="utf-8"))
     concurrency = int(sweep["max_concurrent"])

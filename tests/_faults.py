@@ -77,9 +77,10 @@ def make_checkpoint(prepared: Path, path: Path, seed: int = 0) -> Path:
 
 def make_store(workdir: Path, experiment: str = "train-cbt-ne") -> Path:
     """``WORKDIR/mlflow.db`` holding one run with a valid_acc history; returns the database file."""
+    from iaa.jobs.workdir import Workdir
     from iaa.platform import tracking
 
-    uri = tracking.open_store(None, workdir)
+    uri = tracking.open_store(Workdir(workdir).tracking_uri())
     run = tracking.Run.start(uri, experiment, "r1", tags={"model": "iaa"})
     run.log_params({"train": {"batch_size": 32}})
     for step, acc in enumerate((0.2, 0.3, 0.4), 1):

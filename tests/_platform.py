@@ -28,3 +28,13 @@ def children(sweep: dict[str, Any]) -> list[Any]:
     experiment = client.get_experiment_by_name(sweep["experiment"])
     runs = client.search_runs([experiment.experiment_id])
     return [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep["parent_run_id"]]
+
+
+def run_sweep(address: str | None = None, callbacks: tuple = (), **request: Any) -> dict[str, Any]:
+    """``iaa-cli tune`` as the CLI composes it: a TuneRequest, the MLflow tracker, the Ray launcher."""
+    from iaa.jobs import tune
+    from iaa.platform.launch import RayLauncher
+    from iaa.platform.tracker import MlflowTracker
+
+    req = tune.TuneRequest(**request)
+    return tune.run(req, MlflowTracker, RayLauncher(address, req.storage_path, callbacks))

@@ -90,7 +90,7 @@ def test_every_command_with_json_shares_one_option():
 
 
 def test_tune_keeps_an_explicit_max_epochs_even_when_it_equals_the_preset(prepared, tmp_path):
-    from iaa.platform import tune
+    from iaa.jobs import tune
 
     preset = tune.TUNE_PRESETS["demo"]
     explicit = tune.TuneRequest(dataset="demo", sets=("train.max_epochs=4",))  # the demo preset's own value

@@ -17,7 +17,7 @@ from iaa.data import cbt, cnn
 from iaa.data import errors as E
 from iaa.data.cloze import cbt_recipe, cnn_recipe, splits
 from iaa.data.cloze.sources import TEXT, TOKENS, SourceSpec, read_documents
-from iaa.data.cloze.tagging import SpacyTagger, decode, encode, make_units
+from iaa.data.cloze.tagging import DEFAULT_PIPELINE, SpacyTagger, decode, encode, make_units
 from iaa.data.errors import DataError
 from iaa.errors import IaaError
 from iaa.jobs import make_cloze, prepare
@@ -259,6 +259,10 @@ def test_cli_reports_a_missing_tagger_in_one_line(tmp_path, monkeypatch):
 
 
 def test_cli_rejects_a_bad_source_argument(tmp_path):
+    # make-cloze checks its spaCy pipeline before it reads any source
+    spacy = pytest.importorskip("spacy", reason='spaCy is an optional extra: pip install -e ".[cloze]"')
+    if not spacy.util.is_package(DEFAULT_PIPELINE):
+        pytest.skip(f"the spaCy pipeline {DEFAULT_PIPELINE} is not installed")
     res = CliRunner().invoke(cli, ["make-cloze", "--style", "cnn", "--source", str(tmp_path / "nope"),
                                    "--out", str(tmp_path / "out")])
     assert res.exit_code != 0 and "no such file or folder" in res.output

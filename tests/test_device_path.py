@@ -196,3 +196,14 @@ def test_checkpoint_rng_belongs_to_the_models_device() -> None:
     with HostReads():
         on_fake_device(model)
         assert checkpoint.model_device(model).type == "meta"     # the parameters' device, whatever it is
+
+
+def test_the_cost_estimate_says_when_sharing_a_gpu_pays() -> None:
+    from iaa.jobs.cost import SweepCost
+
+    def text(share: float) -> str:
+        return SweepCost(trials=8, epochs=2, examples=1000, examples_per_s=0.0, concurrency=8, gpus=True,
+                         gpus_per_trial=share).describe()
+
+    assert "4 one-worker trials share each GPU" in text(0.25) and "idle" in text(0.25)
+    assert "share each GPU" not in text(1.0)

@@ -15,7 +15,7 @@ import torch
 
 from iaa.data.loader import PreparedData, TEACHER_COLUMN, iter_batches
 from iaa.jobs import checkpoint, distill, resolve, teacher
-from iaa.jobs import ensemble as ensemble_job
+from iaa.jobs import averaging as ensemble_job
 from iaa.jobs import evaluate
 from iaa.jobs import train as train_job
 from iaa.jobs.config import JobConfig

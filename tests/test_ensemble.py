@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from iaa.jobs import ensemble
+from iaa.jobs import averaging as ensemble
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,8 @@ from iaa.errors import IaaError
 from iaa.jobs.config import JobConfig, TrainConfig, to_dict
 from iaa.jobs.sweep import TrialRecord
 from iaa.jobs import members as members_job
-from iaa.platform import ensemble as platform_ensemble
+from iaa.jobs import ensemble
+from iaa.jobs.ports import TrialTracking
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,28 +52,27 @@ def sweep(tmp_path: Path) -> dict:
             "trials": [TrialRecord.from_json(t) for t in trials]}
 
 
-@pytest.fixture
-def fake_tune(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict]:
-    calls: list[dict] = []
+class FakeLauncher:
+    """A Launcher whose train_many "trains" each config into an empty checkpoint file, and records its calls."""
 
-    def train_many(configs, prepared, **kwargs):
-        calls.append({"configs": list(configs), **kwargs})
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.calls = folder, []
+
+    def train_many(self, configs, prepared, **kwargs):
+        self.calls.append({"configs": list(configs), **kwargs})
         out = []
         for cfg in configs:
-            ckpt = tmp_path / "trained" / f"lr{cfg.train.lr}-seed{cfg.train.seed}.pt"
+            ckpt = self.folder / "trained" / f"lr{cfg.train.lr}-seed{cfg.train.seed}.pt"
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             ckpt.write_bytes(b"")
             out.append(TrialRecord(trial_id=f"t-{cfg.train.seed}", config=cfg, checkpoint=str(ckpt),
                                    best_valid_acc=0.5, mlflow_run_id="new"))
         return out
 
-    module = types.ModuleType("iaa.platform.launch")
-    module.train_many = train_many  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "iaa.platform.launch", module)
-    import iaa.platform
 
-    monkeypatch.setattr(iaa.platform, "launch", module, raising=False)
-    return calls
+@pytest.fixture
+def launcher(tmp_path: Path) -> FakeLauncher:
+    return FakeLauncher(tmp_path)
 
 
 def test_best_configs_are_distinct_and_skip_failed(sweep: dict) -> None:
@@ -81,11 +81,12 @@ def test_best_configs_are_distinct_and_skip_failed(sweep: dict) -> None:
     assert configs[0].train.seed == 0
 
 
-def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, fake_tune: list[dict],
+def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, launcher: FakeLauncher,
                                                                  tmp_path: Path) -> None:
-    req = platform_ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
+    fake_tune = launcher.calls
+    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "demo-iaa"
-    members = platform_ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "demo-iaa")
+    members = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "demo-iaa", launcher)
 
     assert [(m.config.train.lr, m.config.train.seed) for m in members] == [
         (2e-3, 0), (2e-3, 1), (2e-3, 2), (3e-3, 0), (3e-3, 1), (3e-3, 2)]
@@ -94,63 +95,62 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, fak
     assert len(fake_tune) == 1
     call = fake_tune[0]
     assert [(c.train.lr, c.train.seed) for c in call["configs"]] == [(2e-3, 2), (3e-3, 1), (3e-3, 2)]
-    assert call["parent_run_id"] == "parent-123" and call["experiment"] == "tune-demo"
+    assert call["trials"].parent_run_id == "parent-123" and call["trials"].experiment == "tune-demo"
     assert call["name"].startswith("ensemble-demo-iaa-")   # never the sweep's own name: its folder stays intact
+    assert call["downloads"] == out_dir / "checkpoints"    # the members it trains land in the ensemble's folder
 
     # A second run finds the members it trained in trained.json and trains nothing.
-    again = platform_ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "demo-iaa")
+    again = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "demo-iaa", launcher)
     assert len(fake_tune) == 1
     assert [m.checkpoint for m in again] == [m.checkpoint for m in members]
     assert [m.source for m in again][2] == "trained earlier"
     # So does another ensemble of the same sweep under another name.
-    other = platform_ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "ensembles" / "other",
-                                            "sqlite:///x.db", "other")
+    other = ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "ensembles" / "other",
+                                   "sqlite:///x.db", "other", launcher)
     assert len(fake_tune) == 1 and [m.checkpoint for m in other] == [m.checkpoint for m in members]
 
 
-def test_all_seeds_reused_means_no_training(sweep: dict, fake_tune: list[dict], tmp_path: Path) -> None:
-    req = platform_ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
-    members = platform_ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", "sqlite:///x.db", "e")
+def test_all_seeds_reused_means_no_training(sweep: dict, tmp_path: Path) -> None:
+    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
+    members = ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", "sqlite:///x.db", "e", None)
     assert [m.source for m in members] == ["trial t1", "trial t2"]
-    assert fake_tune == []
 
 
-def test_failed_member_is_reported_and_the_others_kept(sweep: dict, fake_tune: list[dict], tmp_path: Path,
+def test_failed_member_is_reported_and_the_others_kept(sweep: dict, launcher: FakeLauncher, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    launch = sys.modules["iaa.platform.launch"]
-    real = launch.train_many
+    real = launcher.train_many
 
     def half_fails(configs, prepared, **kwargs):
         out = real(configs, prepared, **kwargs)
         out[0] = replace(out[0], checkpoint=None, status="ERROR", trial_id="bad")
         return out
 
-    monkeypatch.setattr(launch, "train_many", half_fails)
-    req = platform_ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=4, workdir=tmp_path)
+    monkeypatch.setattr(launcher, "train_many", half_fails)
+    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=4, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "e"
     with pytest.raises(IaaError, match=r"1 member\(s\) gave no checkpoint: seed 2 \(trial bad"):
-        platform_ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "e")
+        ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "e", launcher)
     ledger = json.loads((out_dir / "trained.json").read_text())
     assert [e["config"]["train"]["seed"] for e in ledger] == [3]
 
 
 def test_missing_sweep_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(IaaError, match="no sweep 'nope'"):
-        platform_ensemble.read_sweep(tmp_path, "nope")
+        ensemble.read_sweep(tmp_path, "nope")
 
 
 def test_request_is_frozen() -> None:
-    req = platform_ensemble.EnsembleRequest(members=(Path("a.pt"),))
+    req = ensemble.EnsembleRequest(members=(Path("a.pt"),))
     with pytest.raises(dataclasses.FrozenInstanceError):
         req.seeds = 3  # type: ignore[misc]
     assert replace(req, seeds=3).seeds == 3
 
 
-def test_members_train_on_the_requested_resources(sweep: dict, fake_tune: list[dict], tmp_path: Path) -> None:
-    req = platform_ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=3, workdir=tmp_path,
-                                            workers_per_trial=2, gpus_per_worker=0.5)
-    platform_ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", "sqlite:///x.db", "e")
-    [call] = fake_tune
+def test_members_train_on_the_requested_resources(sweep: dict, launcher: FakeLauncher, tmp_path: Path) -> None:
+    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=3, workdir=tmp_path,
+                                   workers_per_trial=2, gpus_per_worker=0.5)
+    ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", "sqlite:///x.db", "e", launcher)
+    [call] = launcher.calls
     assert call["workers_per_trial"] == 2 and call["gpus_per_worker"] == 0.5
 
 
@@ -165,15 +165,15 @@ def test_train_many_plans_with_the_members_threads(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(launch, "connect", connect)
     configs = [JobConfig(train=TrainConfig(seed=s, threads=3)) for s in (0, 1)]
+    trials = TrialTracking(uri="sqlite:///x.db", experiment="x", parent_run_id=None, sweep="e-1", dataset="demo")
     with pytest.raises(RuntimeError, match="planned"):
-        launch.train_many(configs, tmp_path, name="e-1", workdir=tmp_path, tracking_uri="sqlite:///x.db",
-                          parent_run_id=None, experiment="x", workers_per_trial=2, gpus_per_worker=1.0)
+        launch.RayLauncher().train_many(configs, tmp_path, name="e-1", storage=str(tmp_path / "ray"), trials=trials,
+                                        downloads=tmp_path / "d", workers_per_trial=2, gpus_per_worker=1.0)
     assert (asked["threads"], asked["workers_per_trial"], asked["gpus_per_worker"]) == (3, 2, 1.0)
 
 
 def test_the_same_checkpoint_twice_is_refused(tmp_path: Path) -> None:
     ckpt = tmp_path / "a.pt"
     ckpt.write_bytes(b"")
-    req = platform_ensemble.EnsembleRequest(members=(ckpt, tmp_path / "." / "a.pt"), workdir=tmp_path)
-    with pytest.raises(IaaError, match="more than once"):
-        platform_ensemble.run(req)
+    with pytest.raises(IaaError, match="listed twice"):
+        ensemble.EnsembleRequest(members=(ckpt, tmp_path / "." / "a.pt"), workdir=tmp_path)

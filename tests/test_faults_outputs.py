@@ -160,7 +160,7 @@ def test_make_cloze_refuses_an_out_folder_that_holds_its_texts(w):
     (out / "texts" / "book.txt").write_text("Once upon a time .\n" * 40)  # ... that now holds the texts
     before = snapshot(w["root"])
     code, msg = invoke("make-cloze", "--style", "cbt-ne", "--source", out / "texts", "--out", out, "--workers", "0")
-    assert_one_message(code, msg, out, "which the command reads")
+    assert_one_message(code, msg, out, "which the command uses")
     assert_unchanged(before, w["root"])
 
 
@@ -398,3 +398,14 @@ def test_resume_refuses_storage_that_others_can_write(tmp_path):
     os.chown(folder / "tuner.pkl", 12345, -1)
     with pytest.raises(IaaError, match="owned by uid 12345"):
         check_private(folder)
+
+
+@pytest.mark.parametrize("target", ["prepared", "store"])
+def test_a_run_folder_that_is_an_input_is_refused(w, target):
+    make_store(w["root"] / "work")
+    run_dir = w["prepared"] if target == "prepared" else w["root"] / "work" / "mlflow.db"
+    before = snapshot(w["root"])
+    code, out = invoke("train", "--data", w["prepared"], "--run-dir", run_dir, "--workdir", w["root"] / "work",
+                       "--set", "train.max_epochs=0.01")
+    assert_one_message(code, out, run_dir, "--run-dir")
+    assert_unchanged(before, w["root"])

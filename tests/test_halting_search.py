@@ -9,7 +9,7 @@ import pytest
 
 from iaa.jobs.config import ConfigError, JobConfig
 from iaa.jobs.objective import Objective
-from iaa.platform import search_space
+from iaa.jobs import search_space
 
 SPACE = """\
 model.halting: act
@@ -26,7 +26,7 @@ def test_a_yaml_space_searches_the_ponder_cost_and_trials_train_with_it(tmp_path
     path.write_text(SPACE, encoding="utf-8")
     space = search_space.load(path, JobConfig())
     assert space.fixed == {"model.halting": "act"}
-    dist = search_space.to_optuna(space)["model.ponder_cost"]
+    dist = search.to_optuna(space)["model.ponder_cost"]
     assert dist.log and (dist.low, dist.high) == (1e-4, 1e-2)
     searcher = search.searcher(space, seed=0)
     for trial in ("t1", "t2", "t3"):

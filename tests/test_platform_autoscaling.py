@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._platform import read_sweep, write_space
+from tests._platform import read_sweep, run_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -100,15 +100,12 @@ def test_gpu_sweep_waits_for_the_autoscaler_and_finishes(autoscaling_cluster: st
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 
-    from iaa.platform import tune
-
     monkeypatch.setenv("IAA_TRAIN_DEVICE", "cpu")
     monkeypatch.setenv("IAA_AUTOSCALE_WAIT_S", "180")
     tiny = make_tiny_prepared(tmp_path / "data")
-    tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
-                              sets=TINY_SETS, workdir=tmp_path / "work", name="auto", gpus_per_worker=1,
-                              address=autoscaling_cluster, storage_path=str(tmp_path / "shared"),
-                              show_progress=False))
+    run_sweep(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
+              sets=TINY_SETS, workdir=tmp_path / "work", name="auto", gpus_per_worker=1,
+              address=autoscaling_cluster, storage_path=str(tmp_path / "shared"), show_progress=False)
     sweep = read_sweep(tmp_path / "work", "auto")
     assert [t["status"] for t in sweep["trials"]] == ["TERMINATED", "TERMINATED"]
     assert sweep["max_concurrent"] == 2          # not frozen at the one GPU node there was at the start
@@ -122,15 +119,12 @@ def test_quarter_gpus_pack_four_trials_on_one_gpu(shared_gpu_cluster: str, tmp_p
     autoscaler starts for them (a second would be allowed, and is not needed)."""
     import ray
 
-    from iaa.platform import tune
-
     monkeypatch.setenv("IAA_TRAIN_DEVICE", "cpu")
     monkeypatch.setenv("IAA_AUTOSCALE_WAIT_S", "180")
     tiny = make_tiny_prepared(tmp_path / "data")
-    tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(tmp_path),
-                              sets=TINY_SETS, workdir=tmp_path / "work", name="packed", gpus_per_worker=0.25,
-                              address=shared_gpu_cluster, storage_path=str(tmp_path / "shared"),
-                              show_progress=False))
+    run_sweep(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(tmp_path),
+              sets=TINY_SETS, workdir=tmp_path / "work", name="packed", gpus_per_worker=0.25,
+              address=shared_gpu_cluster, storage_path=str(tmp_path / "shared"), show_progress=False)
     sweep = read_sweep(tmp_path / "work", "packed")
     assert [t["status"] for t in sweep["trials"]] == ["TERMINATED"] * 4
     assert sweep["max_concurrent"] == 4

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._platform import read_sweep, write_space
+from tests._platform import read_sweep, run_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -28,17 +28,15 @@ def two_nodes():
 def test_sweep_on_two_nodes_needs_and_uses_shared_storage(two_nodes, tmp_path: Path) -> None:
     import ray
 
-    from iaa.platform import tune
-
     tiny = make_tiny_prepared(tmp_path / "data")
-    request = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
-                               sets=TINY_SETS, workdir=tmp_path / "work", name="multi", address=two_nodes.address,
-                               show_progress=False)
+    request = dict(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
+                   sets=TINY_SETS, workdir=tmp_path / "work", name="multi", address=two_nodes.address,
+                   show_progress=False)
     with pytest.raises(ValueError, match="--storage-path is required"):
-        tune.run(request)
+        run_sweep(**request)
 
     shared = tmp_path / "shared"
-    result = tune.run(tune.TuneRequest(**{**request.__dict__, "storage_path": str(shared)}))
+    result = run_sweep(**request, storage_path=str(shared))
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
     sweep = read_sweep(tmp_path / "work", "multi")
     assert [t["status"] for t in sweep["trials"]] == ["TERMINATED", "TERMINATED"]

@@ -57,15 +57,14 @@ def _live_groups() -> list[str]:
 
 def test_asha_stopped_two_worker_trials_release_their_placement_groups(tmp_path: Path, other_cluster: None,
                                                                        own_ray: None, monkeypatch) -> None:
-    from iaa.platform import tune
+    from tests._platform import run_sweep
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     tiny = make_tiny_prepared(tmp_path / "data")
     space = tmp_path / "space.yaml"
     space.write_text(SPACE, encoding="utf-8")
-    tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=space, sets=TINY_SETS,
-                              workdir=tmp_path / "work", name="pg", workers_per_trial=2, seed=0,
-                              show_progress=False))
+    run_sweep(dataset="cbt-ne", data=tiny, num_samples=4, search_space=space, sets=TINY_SETS,
+              workdir=tmp_path / "work", name="pg", workers_per_trial=2, seed=0, show_progress=False)
     trials = read_sweep(tmp_path / "work", "pg")["trials"]
     assert len(trials) == 4 and all(t["status"] == "TERMINATED" for t in trials)
     assert any(t["stop_reason"] == "asha" for t in trials), [t["stop_reason"] for t in trials]

@@ -12,7 +12,8 @@ from mlflow.tracking import MlflowClient
 from iaa.cli import cli
 from iaa.jobs import checkpoint, evaluate
 from iaa.jobs.config import JobConfig, from_dict, load
-from tests._platform import children, read_sweep, write_space
+from iaa.jobs.workdir import Workdir
+from tests._platform import children, read_sweep, run_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -35,10 +36,8 @@ def local_ray():
 
 def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: Path, local_ray: None,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from iaa.platform import tune
-
-    result = tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
-                                       sets=TINY_SETS, workdir=tmp_path, name="two", show_progress=False))
+    result = run_sweep(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
+                       sets=TINY_SETS, workdir=tmp_path, name="two", show_progress=False)
     assert {"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"} <= set(result)
     sweep = read_sweep(tmp_path, "two")
     assert sweep["parent_run_id"] and sweep["data_dir"] == str(tiny.resolve())
@@ -116,7 +115,7 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
     configs = [replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1)]
-    uri = tracking.resolve_uri(None, tmp_path)
+    uri = Workdir(tmp_path).tracking_uri()
     parent = tracking.Run.start(uri, "ensemble-test", "parent")
     results = launch.train_many(configs, tiny, name="many", workdir=tmp_path, tracking_uri=uri,
                                 parent_run_id=parent.run_id, experiment="ensemble-test", show_progress=False)
@@ -133,15 +132,13 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
 def test_two_sweeps_with_default_names_on_one_storage_path_both_survive(tiny: Path, tmp_path: Path,
                                                                        local_ray: None) -> None:
     from iaa.errors import IaaError
-    from iaa.platform import tune
 
     shared = tmp_path / "shared"
-    request = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=write_space(tmp_path),
-                               sets=TINY_SETS, workdir=tmp_path / "work", storage_path=str(shared),
-                               show_progress=False)
-    first = tune.run(request)
+    request = dict(dataset="cbt-ne", data=tiny, num_samples=1, search_space=write_space(tmp_path),
+                   sets=TINY_SETS, workdir=tmp_path / "work", storage_path=str(shared), show_progress=False)
+    first = run_sweep(**request)
     first_trials = read_sweep(tmp_path / "work", first["sweep"])["trials"]
-    second = tune.run(request)
+    second = run_sweep(**request)
     assert first["sweep"] != second["sweep"] and first["sweep"].startswith("cbt-ne-iaa-")
     for result in (first, second):
         sweep = read_sweep(tmp_path / "work", result["sweep"])
@@ -150,6 +147,6 @@ def test_two_sweeps_with_default_names_on_one_storage_path_both_survive(tiny: Pa
     assert read_sweep(tmp_path / "work", first["sweep"])["trials"] == first_trials
 
     with pytest.raises(IaaError, match="already exists"):       # a name in use is refused, not reused
-        tune.run(tune.TuneRequest(**{**request.__dict__, "name": first["sweep"]}))
+        run_sweep(**request, name=first["sweep"])
     assert read_sweep(tmp_path / "work", first["sweep"])["trials"] == first_trials
     assert all(Path(t["checkpoint"]).is_file() for t in first_trials)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from iaa.jobs.workdir import Workdir
+
 pytestmark = pytest.mark.timeout(120)
 
 _CHILD = """
@@ -48,7 +50,7 @@ def test_an_unreachable_server_fails_at_once_naming_it(tmp_path: Path) -> None:
     from iaa.platform import tracking
 
     with pytest.raises(IaaError, match=r"http://127\.0\.0\.1:9 is not reachable"):
-        tracking.open_store("http://127.0.0.1:9", tmp_path)
+        tracking.open_store(Workdir(tmp_path).tracking_uri("http://127.0.0.1:9"))
 
 
 @pytest.mark.parametrize("command", ["train", "tune"])
@@ -72,7 +74,7 @@ def test_a_damaged_sqlite_store_is_named(tmp_path: Path) -> None:
 
     (tmp_path / "mlflow.db").write_bytes(b"this is no database" * 100)
     with pytest.raises(IaaError, match=f"{tmp_path / 'mlflow.db'} is damaged"):
-        tracking.open_store(None, tmp_path)
+        tracking.open_store(Workdir(tmp_path).tracking_uri())
 
 
 def _history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -84,7 +86,7 @@ def test_metrics_refused_by_a_lost_store_are_kept_and_sent_later(tmp_path: Path,
 
     from iaa.platform import tracking
 
-    uri = tracking.open_store(None, tmp_path)
+    uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
     run = tracking.Run.start(uri, "lost", "r")
     real, down = run._client.log_batch, {"calls": 2}
 
@@ -109,7 +111,7 @@ def test_a_store_that_never_comes_back_ends_the_run_with_a_warning(tmp_path: Pat
 
     from iaa.platform import tracking
 
-    uri = tracking.open_store(None, tmp_path)
+    uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
     run = tracking.Run.start(uri, "lost", "r")
 
     def refused(*args, **kwargs):
@@ -137,12 +139,12 @@ os.kill(os.getpid(), 9)
 def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_path: Path) -> None:
     from iaa.platform import tracking
 
-    uri = tracking.open_store(None, tmp_path)
+    uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
     alive = tracking.Run.start(uri, "killed", "alive")          # this process: left alone
     child = subprocess.run([sys.executable, "-c", _KILLED, uri], capture_output=True, text=True, timeout=100)
     run_id = child.stdout.strip()
     assert child.returncode == -9 and MlflowClient(uri).get_run(run_id).info.status == "RUNNING"
-    tracking.open_store(None, tmp_path)
+    tracking.open_store(Workdir(tmp_path).tracking_uri())
     killed = MlflowClient(uri).get_run(run_id)
     assert killed.info.status == "KILLED" and "ended without closing" in killed.data.tags["iaa.killed"]
     assert MlflowClient(uri).get_run(alive.run_id).info.status == "RUNNING"
@@ -152,15 +154,16 @@ def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_p
 def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from iaa.jobs import resolve
-    from iaa.platform import train
+    from iaa.jobs import resolve, train
+    from iaa.platform.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
 
     tiny = make_tiny_prepared(tmp_path / "tiny")
     cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
-    first = train.run(cfg, tiny, tmp_path / "run", workdir=tmp_path, show_progress=False)
+    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri())
+    first = train.run_tracked(cfg, tiny, tmp_path / "run", tracker, show_progress=False)
     longer = replace(cfg, train=replace(cfg.train, max_epochs=2.0))
-    again = train.run(longer, tiny, tmp_path / "run", resume=True, workdir=tmp_path, show_progress=False)
+    again = train.run_tracked(longer, tiny, tmp_path / "run", tracker, resume=True, show_progress=False)
     assert again["mlflow_run_id"] == first["mlflow_run_id"]
     run = MlflowClient(first["tracking_uri"]).get_run(first["mlflow_run_id"])
     assert run.info.status == "FINISHED"
@@ -171,7 +174,7 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
 def test_experiments_open_in_the_training_runs_view(tmp_path: Path) -> None:
     from iaa.platform import tracking
 
-    uri = tracking.open_store(None, tmp_path)
+    uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
     experiment = MlflowClient(uri).get_experiment(tracking.experiment_id(uri, "tune-demo"))
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from iaa.jobs.config import ConfigError, JobConfig
-from iaa.platform import resources, search_space, storage
+from iaa.jobs import search_space
+from iaa.platform import resources, storage
+from iaa.jobs.presets import TUNE_PRESETS
 from iaa.platform.resources import DRIVER_CPU, Node
 
 pytestmark = pytest.mark.timeout(60)
@@ -185,7 +187,9 @@ def test_yaml_ranges_choices_log_scale_and_fixed_values(tmp_path: Path) -> None:
     assert (hidden.low, hidden.high, hidden.step, hidden.integer) == (64, 256, 64, True)
     assert space.params["model.steps"].choices == (3, 5)
     assert space.fixed == {"train.batch_size": 64}
-    dists = search_space.to_optuna(space)
+    from iaa.platform.search import to_optuna
+
+    dists = to_optuna(space)
     assert dists["train.lr"].log and dists["model.hidden_dim"].step == 64
     assert type(dists["model.hidden_dim"]).__name__ == "IntDistribution"
     cfg = search_space.apply(JobConfig(), {**space.fixed, "model.steps": 5, "train.lr": 2e-3})
@@ -232,7 +236,7 @@ def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> 
     searcher.on_trial_complete("t1", last)
     [told] = searcher._ot_study.trials
     assert told.value == 0.6
-    asha = search.scheduler(search.TUNE_PRESETS["demo"], max_t=4)
+    asha = search.scheduler(TUNE_PRESETS["demo"], max_t=4)
     assert asha.metric == "valid_acc" and searcher.metric == "best_valid_acc"
 
 
@@ -263,9 +267,10 @@ def test_the_searcher_proposes_every_configuration_of_a_finite_space_once_before
 
 
 def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
-    from iaa.platform import search, tune
+    from iaa.jobs import tune
+    from iaa.platform import search
 
-    preset = search.TUNE_PRESETS["demo"]
+    preset = TUNE_PRESETS["demo"]
     assert tune.asha_preset(tune.TuneRequest(dataset="demo")) == preset
     tuned = tune.asha_preset(tune.TuneRequest(dataset="demo", grace_period=1, reduction_factor=3.0))
     assert (tuned.grace_period, tuned.reduction_factor, tuned.num_samples) == (1, 3.0, preset.num_samples)
@@ -274,13 +279,13 @@ def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() 
     # rungs at 1 and 3 checks: the milestones ASHA compares trials at
     assert sorted(m for m, _ in asha._brackets[0]._rungs) == [1, 3]
     with pytest.raises(ConfigError, match="--grace-period"):
-        tune.asha_preset(tune.TuneRequest(dataset="demo", grace_period=0))
+        tune.TuneRequest(dataset="demo", grace_period=0)
     with pytest.raises(ConfigError, match="--reduction-factor"):
-        tune.asha_preset(tune.TuneRequest(dataset="demo", reduction_factor=1.0))
+        tune.TuneRequest(dataset="demo", reduction_factor=1.0)
 
 
 def test_a_set_of_a_searched_key_is_named_as_having_no_effect() -> None:
-    from iaa.platform import tune
+    from iaa.jobs import tune
 
     space = search_space.parse(search_space.PAPER_GRID, JobConfig())
     notes = tune.searched_overrides(("model.embed_dim=64", "train.lr=0.002", "model.steps = 2"), space)
@@ -303,7 +308,8 @@ def test_tune_cli_refuses_a_reduction_factor_of_one() -> None:
 
 def test_default_sweep_names_are_unique_and_a_taken_name_is_refused(tmp_path: Path) -> None:
     from iaa.errors import IaaError
-    from iaa.platform import launch, tune
+    from iaa.jobs import tune
+    from iaa.platform import launch
 
     names = {tune.sweep_name(tune.TuneRequest(dataset="demo", workdir=tmp_path)) for _ in range(20)}
     assert len(names) == 20 and all(n.startswith("demo-iaa-") for n in names)
@@ -351,14 +357,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 ])
 def test_an_explicit_max_epochs_is_kept_whatever_it_is(tiny: Path, tmp_path: Path, sets: tuple, config_text: str | None,
                                                         max_epochs: float | None, expected: float) -> None:
-    from iaa.platform import tune
+    from iaa.jobs import tune
 
     config_file = None
     if config_text is not None:
         config_file = tmp_path / "c.yaml"
         config_file.write_text(config_text)
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, sets=sets, config_file=config_file, max_epochs=max_epochs)
-    assert tune.base_config(req, tiny, tune.TUNE_PRESETS["cbt-ne"]).train.max_epochs == expected
+    assert tune.base_config(req, tiny, TUNE_PRESETS["cbt-ne"]).train.max_epochs == expected
 
 
 @pytest.mark.parametrize("args, message", [
@@ -379,7 +385,7 @@ def test_resume_names_the_sweep_to_continue(tiny: Path, tmp_path: Path, args: li
 
 def test_ray_run_names_are_unique_per_fresh_run_and_kept_on_resume(tmp_path: Path) -> None:
     """Two run folders called ``run`` sharing a storage path never share (or delete) a Ray run."""
-    from iaa.platform.train import ray_run_name
+    from iaa.platform.train_workers import ray_run_name
 
     a, b = tmp_path / "alice" / "run", tmp_path / "bob" / "run"
     a.mkdir(parents=True)

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
+from iaa.jobs.workdir import Workdir
 from iaa.platform import tracking
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -37,7 +38,7 @@ def _report(workdir: Path, *args: str) -> dict:
 
 @pytest.fixture()
 def store(tmp_path: Path) -> tuple[Path, str]:
-    uri = tracking.resolve_uri(None, tmp_path)
+    uri = Workdir(tmp_path).tracking_uri()
     for model, points in HISTORY.items():
         _log_run(uri, "train-demo", f"demo-{model}-seed0", model, points)
     return tmp_path, uri
@@ -60,7 +61,7 @@ def test_report_plots_the_metric_history(store: tuple[Path, str]) -> None:
 
 
 def test_report_x_axes_and_workers(tmp_path: Path) -> None:
-    uri = tracking.resolve_uri(None, tmp_path)
+    uri = Workdir(tmp_path).tracking_uri()
     run_id = _log_run(uri, "train-demo", "two-workers", "iaa", [(10, 0.5), (20, 0.6)], batch=8, workers="2")
     out = tmp_path / "f.png"
     examples = _report(tmp_path, "--experiment", "train-demo", "--out", str(out))["runs"][0]
@@ -74,7 +75,7 @@ def test_report_x_axes_and_workers(tmp_path: Path) -> None:
 
 
 def test_report_draws_a_sweeps_children(tmp_path: Path) -> None:
-    uri = tracking.resolve_uri(None, tmp_path)
+    uri = Workdir(tmp_path).tracking_uri()
     parent = tracking.Run.start(uri, "tune-demo", "sweep")
     parent.log_metrics({"best_valid_acc": 0.9})
     parent.end()

@@ -186,7 +186,7 @@ def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(set
     bad = [(b"{not json", 400, "not valid JSON"),
            (json.dumps({**records[0], "query": 3}).encode(), 400, "query: expected a string"),
            (json.dumps({**records[0], "document": "word " * 201}).encode(), 413, "201 words"),
-           (json.dumps({**records[0], "candidates": ["zebra"]}).encode(), 422, "no candidate occurs")]
+           (json.dumps({**records[0], "candidates": ["zebra"], "answer": "zebra"}).encode(), 422, "no candidate occurs")]
     for body, code, message in bad:
         status, reply, _ = _post(url, body)
         assert status == code and message in reply["error"], reply
@@ -209,14 +209,14 @@ def test_a_killed_replica_loses_at_most_its_requests_in_flight_and_comes_back(se
         futures = [pool.submit(_post, url, body) for _ in range(total)]
         while sum(f.done() for f in futures) < total // 4:
             time.sleep(0.05)
-        platform_serve.kill_replica(cfg.app_name)
+        killed = platform_serve.kill_replica(cfg.app_name)
         statuses = [f.result()[0] for f in futures]
     failed = sum(s != 200 for s in statuses)
     assert failed <= concurrency, statuses          # only requests in flight can be lost
     deadline = time.monotonic() + 180
-    while platform_serve.replicas(cfg.app_name) != {"RUNNING": 2} and time.monotonic() < deadline:
+    while not platform_serve.replaced(cfg.app_name, killed, 2) and time.monotonic() < deadline:
         time.sleep(1)
-    assert platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}
+    assert platform_serve.replaced(cfg.app_name, killed, 2)
     assert _post(url, body)[0] == 200
 
 

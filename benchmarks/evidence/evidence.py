@@ -78,7 +78,7 @@ def grid(space: dict[str, Sequence[object]]) -> list[dict[str, object]]:
 def search_grid(space_file: Path | None) -> list[dict[str, object]]:
     """The grid of the demo preset's space, or of a YAML space file (its fixed keys in every config)."""
     from iaa.jobs.presets import for_dataset
-    from iaa.platform import search_space
+    from iaa.jobs import search_space
 
     if space_file is None:
         return grid(search_space.DEMO_GRID)
@@ -140,12 +140,15 @@ def sweep_prefix(label: str) -> str:
 def anytime(workdir: str, out: str, label: str = "", title: str = "demo: grid vs tune") -> dict[str, object]:
     """Best valid accuracy found against trial-seconds, for the grid and each sweep of ``label``, and
     the compute each needs to come within 1 point of the grid's best."""
-    from iaa.platform import report, tracking
+    from iaa.jobs import report
+    from iaa.jobs.ports import RunRecord
+    from iaa.jobs.workdir import Workdir
+    from iaa.platform.tracker import MlflowTracker
 
-    uri = tracking.open_store(None, Path(workdir))
+    tracker = MlflowTracker(Workdir(workdir).tracking_uri())
 
-    def traces(records: list[tracking.RunRecord]) -> list[Trace]:
-        found = [(r, report.curve(uri, r, "valid_acc", "seconds")) for r in records]
+    def traces(records: list[RunRecord]) -> list[Trace]:
+        found = [(r, report.curve(tracker, r, "valid_acc", "seconds")) for r in records]
         return [Trace(r.start_ms / 1000.0, tuple((r.start_ms / 1000.0 + s, acc) for s, acc in zip(c.x, c.y)))
                 for r, c in found if c is not None]
 
@@ -153,12 +156,12 @@ def anytime(workdir: str, out: str, label: str = "", title: str = "demo: grid vs
         x, y = best_against_compute(runs)
         return report.Curve(name, label, "", tuple(range(len(x))), tuple(x), tuple(y))
 
-    grid_runs = traces(tracking.experiment_records(uri, "train-demo") or [])
+    grid_runs = traces(tracker.experiment_records("train-demo") or [])
     curves = [as_curve("grid", f"grid ({len(grid_runs)} configs)", grid_runs)]
-    tune_runs = tracking.experiment_records(uri, "tune-demo") or []
-    parents = [r for r in tune_runs if tracking.PARENT_TAG not in r.tags and r.name.startswith(sweep_prefix(label))]
+    tune_runs = tracker.experiment_records("tune-demo") or []
+    parents = [r for r in tune_runs if r.parent_run_id is None and r.name.startswith(sweep_prefix(label))]
     for parent in parents:
-        trials = traces([r for r in tune_runs if r.tags.get(tracking.PARENT_TAG) == parent.run_id])
+        trials = traces([r for r in tune_runs if r.parent_run_id == parent.run_id])
         curves.append(as_curve(parent.run_id, f"tune {parent.name} ({len(trials)} trials)", trials))
     grid_best = max(curves[0].y, default=0.0)
     report.draw(curves, Path(out), metric="best valid_acc found", x="seconds", title=title,

@@ -66,7 +66,12 @@ class Vocab:
 
     @classmethod
     def load(cls, path: Path) -> "Vocab":
-        tokens = json.loads(Path(path).read_text(encoding="utf-8"))
+        return cls.from_json(Path(path).read_text(encoding="utf-8"), path)
+
+    @classmethod
+    def from_json(cls, text: str, path: Path | str) -> "Vocab":
+        """The vocabulary of ``vocab.json``'s text (read from ``path``: a file, or a checkpoint holding it)."""
+        tokens = json.loads(text)
         if not isinstance(tokens, list) or len(tokens) < 3 or tokens[:2] != [PAD_TOKEN, UNK_TOKEN]:
             raise DataError(f"not a vocabulary (expected a JSON list starting {PAD_TOKEN!r}, {UNK_TOKEN!r})", path=path)
         return cls(tuple(tokens))

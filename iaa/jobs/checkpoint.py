@@ -2,8 +2,10 @@
 
 A checkpoint is a plain dict of CPU tensors and primitives, so it loads with
 ``torch.load(weights_only=True)`` on any machine, with or without a GPU. It holds the whole job
-config, so the model can be rebuilt from the file alone, and the RNG and loop state, so
-``--resume`` continues exactly. Since format 2 it also holds a sha256 digest of everything else,
+config, so the model can be rebuilt from the file alone, its vocabulary (``vocab``: the prepared
+``vocab.json`` text and the dataset's lowercasing, :func:`vocab_card`), so it answers raw questions
+alone, and the RNG and loop state, so ``--resume`` continues exactly. Checkpoints written before
+the vocabulary was embedded still load; they need the prepared folder they were trained on. Since format 2 it also holds a sha256 digest of everything else,
 so a flipped bit in a tensor (which ``torch.load`` does not notice) is caught on load.
 
 Every expected failure (a missing, empty, truncated or damaged file, a file that is no
@@ -24,6 +26,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
 from iaa.files import UnwritableError, atomic_path
 from iaa.jobs.config import ConfigError, JobConfig, from_dict, to_dict
@@ -133,6 +136,36 @@ def make_state(
     return state
 
 
+def vocab_card(prepared: Path) -> dict[str, Any]:
+    """What a checkpoint carries of its data: the prepared ``vocab.json`` text (its sha256 is the
+    manifest's ``vocab_hash``) and whether the dataset lowercases its words."""
+    from iaa.data.manifest import VOCAB, read
+
+    options = (read(Path(prepared)) or {}).get("options") or {}
+    return {"json": (Path(prepared) / VOCAB).read_text(encoding="utf-8"), "lowercase": bool(options.get("lowercase", False))}
+
+
+def vocabulary(state: Mapping[str, Any], source: Path | str) -> tuple[Vocab, bool] | None:
+    """The vocabulary a checkpoint carries, and whether its dataset lowercases; None for an older
+    checkpoint without one."""
+    card = state.get("vocab")
+    if not card:
+        return None
+    return Vocab.from_json(card["json"], source), bool(card.get("lowercase", False))
+
+
+def check_vocab(state: Mapping[str, Any], vocab_hash: str, source: Path | str, data: Path | str, todo: str) -> None:
+    """Refuse a checkpoint trained on another vocabulary than the data's (``vocab_hash``).
+
+    Raises:
+        CheckpointError: both hashes are known and differ; the message ends with ``todo``.
+    """
+    ours = state.get("vocab_hash", "")
+    if ours and vocab_hash and ours != vocab_hash:
+        raise CheckpointError(f"{source} was trained on other data than {data} (vocabulary "
+                              f"{ours[:12]}, the data's {vocab_hash[:12]}): {todo}")
+
+
 def restore_rng(state: Mapping[str, Any], device: torch.device | str = "cpu") -> None:
     """Set the RNG states saved by ``make_state``: the CPU's, and the CUDA one on ``device`` when
     the run continues on a GPU (each rank restores its own GPU's generator)."""
@@ -210,11 +243,8 @@ def check_resumable(state: Mapping[str, Any], cfg: JobConfig, vocab_hash: str, s
     Raises:
         CheckpointError: the data's vocabulary or a setting outside ``RESUMABLE_CHANGES`` differs.
     """
-    saved_hash = state.get("vocab_hash", "")
-    if saved_hash and vocab_hash and saved_hash != vocab_hash:
-        raise CheckpointError(f"cannot resume from {source}: it was trained on other data (vocabulary "
-                              f"{saved_hash[:12]}, now {vocab_hash[:12]}); use the same --data or "
-                              "--dataset, or start a fresh run without --resume")
+    check_vocab(state, vocab_hash, f"cannot resume from {source}: it", "the data given now",
+                "use the same --data or --dataset, or start a fresh run without --resume")
     try:
         saved = from_dict(state["config"])
     except ConfigError as err:

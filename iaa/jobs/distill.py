@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 from iaa.jobs import teacher as teacher_mod
 from iaa.jobs.config import JobConfig, from_dict, load
 
@@ -40,7 +41,7 @@ class DistillRequest:
     temperature: float = 1.0
     train_examples: int | None = None   # distil on the first N training examples only
     run_dir: Path | None = None
-    workdir: Path = Path("iaa-work")
+    workdir: Path = Path(DEFAULT_WORKDIR)
     refresh_teacher: bool = False
     show_progress: bool = True
 
@@ -107,8 +108,8 @@ def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer 
     data = PreparedData.open(prepared)
     rows = data.table("train") if req.train_examples is None else data.rows("train", 0, req.train_examples)
     rows = teacher_mod.attach(rows, path)
-    run_dir = req.run_dir or Path(req.workdir) / "runs" / (
-        f"distill-{Path(req.ensemble).name}-{cfg.model.kind}-seed{cfg.train.seed}")
+    run_dir = req.run_dir or Workdir(req.workdir).run(
+        f"distill-{Path(req.ensemble).name}-{cfg.model.kind}-seed{cfg.train.seed}").path
     tags = {"teacher": str(path), "teacher_ensemble": str(req.ensemble), "distill.members": str(len(members))}
     from iaa.jobs import rundir
 

@@ -1,429 +1,273 @@
-"""Seed ensembles: align members' predictions, average them, select on valid, score test once.
+"""``iaa-cli ensemble``: gather members, evaluate them, average them, and track the result.
 
-The paper's best numbers "average the predictions of 5 models trained with different random
-seeds". Here a member is one evaluated checkpoint, known only by its predictions files (the
-evaluate job's Parquet: ``example_id``, ``candidate_words``, ``probs``, ``pred``, ``gold``). This
-module is pure numpy/pyarrow; training and evaluating the members is the platform's business.
+Members come from one of two places:
 
-- **Alignment.** Members are matched by ``example_id`` and then checked to hold the same
-  ``candidate_words`` (and gold index) for every example, never by row position alone. A member
-  with another example set or other candidates is rejected with a :class:`MismatchError` naming
-  it and the first example that differs.
-- **Averaging.** The ensemble distribution is the arithmetic mean of the members' candidate
-  probabilities, per example, in float64 (eq. 2's pointer-sums, renormalised over candidates by
-  the evaluate job). Its prediction is the argmax; ties go to the first candidate, as in the
-  evaluate job's ``torch.argmax``.
-- **Selection** (valid split only): ``all``; ``top-p``, the best ``max(1, floor(p * M))`` members
-  by valid accuracy (ties: the member listed first); ``greedy`` forward selection, see
-  :func:`select_greedy`. The test split is scored once, for the chosen ensemble.
-- **Seed luck.** :func:`boo_n` is Bajgar, Kadlec and Kleindienst's (2018) expected best-of-n
-  single-model accuracy, to set beside the ensemble's gain.
+- ``--members CKPT ...``: checkpoints used as they are. The data is ``--data``/``--dataset``,
+  else the dataset named in the checkpoints' configs (prepared under the workdir).
+- ``--sweep NAME``: ``WORKDIR/sweeps/NAME/sweep.json`` (a default name such as ``demo-iaa``
+  means the latest ``demo-iaa-<id>``). :mod:`iaa.jobs.members` picks its K best configurations
+  x N seeds and the checkpoints to reuse; the rest train in parallel as trials of the
+  :class:`~iaa.jobs.ports.Launcher` (``train_many``), with the request's workers, GPUs and the
+  configs' ``train.threads``.
+
+Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.averaging`
+does the alignment, averaging and selection. Everything lands in ``WORKDIR/ensembles/NAME/``,
+and one MLflow run records it (tagged ``sweep_parent_run_id`` with the sweep's parent run).
+``ensemble.json`` names every member by its absolute path with the sha256 of the file
+(``member_sha256``), so the folder means the same wherever it is used, and a changed member is
+refused (``iaa.jobs.predict.ensemble_members``). A finished ensemble is replaced only with
+``overwrite``.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
+from iaa.data.shards import file_sha256
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
-
-SELECT_MODES: tuple[str, ...] = ("all", "top-p", "greedy")
-SPLITS: tuple[str, ...] = ("valid", "test")
-REQUIRED_COLUMNS: tuple[str, ...] = ("example_id", "candidate_words", "probs", "gold")
-
-ENSEMBLE_SCHEMA = pa.schema(
-    [
-        ("example_id", pa.string()),
-        ("split", pa.string()),
-        ("candidate_words", pa.list_(pa.string())),
-        ("member_probs", pa.list_(pa.list_(pa.float32()))),  # (M_selected, C_e), members' own values
-        ("probs", pa.list_(pa.float64())),                   # (C_e,) mean over member_probs
-        ("pred", pa.int32()),
-        ("gold", pa.int32()),
-    ]
-)
-
-
-class MismatchError(IaaError, ValueError):
-    """Members' predictions cover different examples, or different candidates for one example."""
+from iaa.jobs import averaging
+from iaa.jobs import members as ledger
+from iaa.jobs import names
+from iaa.jobs import sweep as sweep_file
+from iaa.jobs.config import ConfigError, from_dict
+from iaa.jobs.members import Member
+from iaa.jobs.ports import Launcher, Tracker, TrialTracking
+from iaa.jobs.predict import SUMMARY
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
 
 @dataclass(frozen=True)
-class AlignedSplit:
-    """The predictions of M members on one split, aligned to the first member's example order.
+class EnsembleRequest:
+    """What ``iaa-cli ensemble`` asks for; exactly one of ``sweep`` and ``members``, checked here."""
 
-    Candidate counts vary per example (CNN), so ``probs`` is padded with 0 past each example's
-    candidates and ``cand_mask`` marks the real ones.
-    """
+    sweep: str | None = None
+    members: tuple[Path, ...] = ()
+    dataset: str | None = None
+    data: Path | None = None
+    top_configs: int = 1          # K best configurations of the sweep
+    seeds: int = 5                # N seeds of each
+    select: str = "all"           # all | top-p | greedy, decided on valid
+    p: float = 0.5                # fraction kept by top-p
+    name: str | None = None
+    workdir: Path = Path(DEFAULT_WORKDIR)
+    storage_path: str | None = None
+    workers_per_trial: int = 1    # Ray Train workers per member trained
+    gpus_per_worker: float = 0.0
+    show_progress: bool = True
+    register: str | None = None   # register the ensemble's MLflow model under this name
+    overwrite: bool = False       # replace a finished ensemble of the same name
 
-    split: str
-    names: tuple[str, ...]            # (M,)
-    example_ids: list[str]            # (E,)
-    candidate_words: list[list[str]]  # (E, C_e)
-    gold: np.ndarray                  # (E,) int64 index into the candidates
-    probs: np.ndarray                 # (M, E, C) float64, C = max C_e
-    cand_mask: np.ndarray             # (E, C) bool, True for a real candidate
-
-    @property
-    def num_members(self) -> int:
-        return int(self.probs.shape[0])
-
-    def mean_probs(self, members: Sequence[int]) -> np.ndarray:
-        """(E, C) arithmetic mean of the given members' distributions."""
-        if len(members) == 0:
-            raise IaaError("an ensemble needs at least one member")
-        return self.probs[list(members)].mean(axis=0)
-
-    def predict(self, probs: np.ndarray) -> np.ndarray:
-        """(E,) argmax over each example's real candidates; ties go to the first."""
-        return np.where(self.cand_mask, probs, -np.inf).argmax(axis=1)
-
-    def accuracy_of(self, probs: np.ndarray) -> float:
-        return float((self.predict(probs) == self.gold).mean())
-
-    def accuracy(self, members: Sequence[int]) -> float:
-        """Accuracy of the mean distribution of ``members``."""
-        return self.accuracy_of(self.mean_probs(members))
-
-    def member_accuracies(self) -> np.ndarray:
-        """(M,) each member's own accuracy."""
-        return np.array([self.accuracy_of(self.probs[m]) for m in range(self.num_members)])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", distinct_members(self.members))
+        object.__setattr__(self, "workdir", Path(self.workdir))
+        names.folder_name(self.name)
+        names.folder_name(self.sweep, "--sweep")
+        names.registered_name(self.register)
+        if (self.sweep is None) == (not self.members):
+            raise ConfigError("give exactly one of --sweep NAME or --members CKPT ...")
+        if self.select not in averaging.SELECT_MODES:
+            raise ConfigError(f"unknown selection {self.select!r}; choose from {list(averaging.SELECT_MODES)}")
+        if self.top_configs < 1 or self.seeds < 1:
+            raise ConfigError("--top-configs and --seeds must be >= 1")
+        if not 0 < self.p <= 1:
+            raise ConfigError("--p must be in (0, 1]")
 
 
-def read_predictions(path: Path) -> pa.Table:
-    """An evaluate-job predictions file, checked to have the columns an ensemble needs."""
-    path = Path(path)
-    if not path.is_file():
-        raise IaaError(f"no predictions file at {path}")
-    table = pq.read_table(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
-    if missing:
-        raise IaaError(f"{path} is not a predictions file: it lacks columns {missing}")
-    return table
+def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
+    """The ensemble's checkpoints; ConfigError when one is listed twice (it would count as two members)."""
+    seen: dict[Path, Path] = {}
+    for member in members:
+        key = Path(member).resolve()
+        if key in seen:
+            raise ConfigError(f"{member}: listed twice in --members (also as {seen[key]}); an ensemble averages "
+                              "distinct checkpoints, so list each once")
+        seen[key] = Path(member)
+    return tuple(Path(m) for m in members)
 
 
-def _first_duplicate(ids: Sequence[str]) -> str | None:
-    seen: set[str] = set()
-    for example_id in ids:
-        if example_id in seen:
-            return example_id
-        seen.add(example_id)
-    return None
+def _run_dir_label(checkpoint: Path) -> str:
+    return checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else checkpoint.stem
 
 
-def align(split: str, members: Sequence[tuple[str, pa.Table]]) -> AlignedSplit:
-    """Align members' predictions on one split by ``example_id``, checking candidates and gold.
+def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
+    """Checkpoints as they are, each linked to the tracked run whose ``checkpoint`` tag names it."""
+    from iaa.jobs import checkpoint
 
-    Args:
-        split: the split's name, for messages and the output.
-        members: ``(name, predictions table)`` per member; the first sets the example order.
-
-    Raises:
-        MismatchError: a member lacks an example of the first member or has an extra one, lists
-            an example twice, or differs from the first member in an example's
-            ``candidate_words``, gold index, or number of probabilities.
-    """
-    if not members:
-        raise IaaError("an ensemble needs at least one member")
-    ref_name, ref_table = members[0]
-    ref_ids = ref_table.column("example_id").to_pylist()
-    if not ref_ids:
-        raise IaaError(f"{split}: member {ref_name} has no predictions")
-    ref_cands = ref_table.column("candidate_words").to_pylist()
-    ref_gold = ref_table.column("gold").to_pylist()
-    width = max(len(c) for c in ref_cands)
-    probs = np.zeros((len(members), len(ref_ids), width), dtype=np.float64)    # (M, E, C)
-    mask = np.zeros((len(ref_ids), width), dtype=bool)                         # (E, C)
-    for e, cands in enumerate(ref_cands):
-        mask[e, : len(cands)] = True
-
-    for m, (name, table) in enumerate(members):
-        row_of = _rows_by_id(split, name, table.column("example_id").to_pylist(), ref_name, ref_ids)
-        cands = table.column("candidate_words").to_pylist()
-        gold = table.column("gold").to_pylist()
-        member_probs = table.column("probs").to_pylist()
-        for e, example_id in enumerate(ref_ids):
-            row = row_of[example_id]
-            _check_example(f"{split}: member {name}", f"member {ref_name}", example_id,
-                           (cands[row], gold[row], len(member_probs[row])), (ref_cands[e], ref_gold[e]))
-            probs[m, e, : len(ref_cands[e])] = member_probs[row]
-    return AlignedSplit(
-        split=split,
-        names=tuple(name for name, _ in members),
-        example_ids=ref_ids,
-        candidate_words=ref_cands,
-        gold=np.asarray(ref_gold, dtype=np.int64),
-        probs=probs,
-        cand_mask=mask,
-    )
+    members = []
+    for path in map(Path, paths):
+        cfg = from_dict(checkpoint.load(path)["config"])
+        run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.resolve())])
+        members.append(Member(path, cfg, run_id, _run_dir_label(path), "given"))
+    return members
 
 
-def _rows_by_id(split: str, name: str, ids: list[str], ref_name: str, ref_ids: list[str]) -> dict[str, int]:
-    """Row of each example id in a member's table; MismatchError unless it covers exactly ``ref_ids``."""
-    dup = _first_duplicate(ids)
-    if dup is not None:
-        raise MismatchError(f"{split}: member {name} lists example {dup!r} more than once")
-    row_of = {example_id: row for row, example_id in enumerate(ids)}
-    if len(row_of) != len(ref_ids) or any(e not in row_of for e in ref_ids):
-        missing = next((e for e in ref_ids if e not in row_of), None)
-        ref_set = set(ref_ids)
-        extra = next((e for e in ids if e not in ref_set), None)
-        what = (f"lacks example {missing!r}" if missing is not None else f"has example {extra!r}")
-        raise MismatchError(
-            f"{split}: member {name} covers other examples than member {ref_name}: it {what} "
-            f"({len(ids)} vs {len(ref_ids)} examples); were they evaluated on the same prepared data?"
+def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, out_dir: Path, uri: str,
+                  name: str, launcher: Launcher | None) -> list[Member]:
+    """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials."""
+    trials = sweep["trials"]
+    workdir = Workdir(req.workdir)
+    found = ledger.reusable(workdir.root, workdir.sweep(sweep["name"]), trials)
+    wanted = ledger.seeded(ledger.best_configs(sweep["name"], trials, req.top_configs), req.seeds)
+    to_train = [cfg for cfg, _ in wanted if ledger.config_key(cfg) not in found]
+    if to_train:
+        if launcher is None:
+            raise IaaError(f"{len(to_train)} members must be trained, and no launcher was given")
+        print(f"ensemble: reusing {len(wanted) - len(to_train)} checkpoints, training {len(to_train)} members on Ray",
+              file=sys.stderr)
+        run_name = sweep_file.unique_name(f"ensemble-{name}")
+        trials_to = TrialTracking(uri=uri, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
+                                  parent_run_id=sweep.get("parent_run_id"), sweep=run_name, dataset=to_train[0].dataset)
+        trained = launcher.train_many(
+            to_train, prepared, name=run_name, storage=workdir.storage(req.storage_path), trials=trials_to,
+            downloads=out_dir / "checkpoints", workers_per_trial=req.workers_per_trial,
+            gpus_per_worker=req.gpus_per_worker, show_progress=req.show_progress,
         )
-    return row_of
+        ledger.record_trained(name, out_dir, Path(req.workdir), to_train, trained, found)
+    return ledger.members(wanted, found)
 
 
-def _check_example(who: str, ref: str, example_id: str, got: tuple[list[str], int, int],
-                   want: tuple[list[str], int]) -> None:
-    """MismatchError unless a member's (candidates, gold, number of probabilities) agree with the reference."""
-    cands, gold, n_probs = got
-    ref_cands, ref_gold = want
-    if cands != ref_cands:
-        raise MismatchError(f"{who} has other candidates than {ref} for example {example_id!r}: "
-                            f"{cands} vs {ref_cands}")
-    if gold != ref_gold:
-        raise MismatchError(f"{who} has gold {gold} but {ref} has {ref_gold} for example {example_id!r}")
-    if n_probs != len(ref_cands):
-        raise MismatchError(f"{who} gives {n_probs} probabilities for the {len(ref_cands)} candidates of "
-                            f"example {example_id!r}")
+def read_sweep(workdir: Path, name: str) -> dict[str, Any]:
+    """The sweep ``name`` (or the latest of a default-named prefix), with at least one trial."""
+    path = sweep_file.find(workdir, name)
+    sweep = sweep_file.read(path)
+    if not sweep["trials"]:
+        raise IaaError(f"sweep {name!r} has no trials in {path}")
+    return sweep
 
 
-def _ranked(accs: np.ndarray) -> list[int]:
-    """Member indices by accuracy, best first; ties keep the members' order (stable)."""
-    return sorted(range(len(accs)), key=lambda i: (-accs[i], i))
+# --- evaluation and tracking -------------------------------------------------------------------
 
 
-def select_all(valid: AlignedSplit) -> list[int]:
-    return list(range(valid.num_members))
+def _has_split(prepared: Path, split: str) -> bool:
+    from iaa.data.loader import PreparedData
+
+    data = PreparedData.open(Path(prepared))
+    return split in data.splits and data.table(split).num_rows > 0
 
 
-def select_top_p(valid: AlignedSplit, p: float) -> list[int]:
-    """The best ``max(1, floor(p * M))`` members by valid accuracy, in the members' order."""
-    if not 0 < p <= 1:
-        raise ValueError(f"p must be in (0, 1], got {p}")
-    k = max(1, math.floor(p * valid.num_members + 1e-9))
-    return sorted(_ranked(valid.member_accuracies())[:k])
+def evaluate_members(members: Sequence[Member], prepared: Path, out_dir: Path, show_progress: bool) -> list[dict[str, Path | None]]:
+    """Each member's predictions files on valid and (where the data has it) test."""
+    from tqdm import tqdm
+
+    from iaa.jobs import evaluate
+
+    splits = ["valid"] + (["test"] if _has_split(prepared, "test") else [])
+    files: list[dict[str, Path | None]] = []
+    bar = tqdm(total=len(members) * len(splits), desc="evaluate members", unit="eval", disable=not show_progress,
+               file=sys.stderr)
+    for i, member in enumerate(members):
+        entry: dict[str, Path | None] = {"valid": None, "test": None}
+        for split in splits:
+            out = out_dir / "members" / f"{i:02d}-{split}.parquet"
+            entry[split] = Path(evaluate.run(member.checkpoint, prepared, split, out)["predictions"])
+            bar.update(1)
+        files.append(entry)
+    bar.close()
+    return files
 
 
-def select_greedy(valid: AlignedSplit) -> tuple[list[int], list[dict[str, Any]]]:
-    """Forward selection on valid accuracy, without replacement.
-
-    Start from the best single member. At each step, try adding each remaining member and keep
-    the one giving the highest ensemble valid accuracy; stop when none strictly improves it.
-    Ties (between starting members, or between additions giving the same accuracy) go to the
-    member listed first, which keeps the result deterministic.
-
-    Returns:
-        The chosen member indices in the members' order, and the trace of the selection: one
-        ``{"added": index, "valid_acc": ensemble accuracy after adding it}`` per step.
-    """
-    accs = valid.member_accuracies()
-    chosen = [_ranked(accs)[0]]
-    best = float(accs[chosen[0]])
-    trace = [{"added": chosen[0], "valid_acc": best}]
-    while len(chosen) < valid.num_members:
-        remaining = [j for j in range(valid.num_members) if j not in chosen]
-        scores = [(valid.accuracy(chosen + [j]), j) for j in remaining]
-        score, j = max(scores, key=lambda s: (s[0], -s[1]))
-        if score <= best:
-            break
-        chosen.append(j)
-        best = score
-        trace.append({"added": j, "valid_acc": score})
-    return sorted(chosen), trace
-
-
-def select(valid: AlignedSplit, mode: str, p: float = 0.5) -> tuple[list[int], list[dict[str, Any]]]:
-    """Member indices chosen by ``mode`` on the valid split, with the greedy trace (else empty)."""
-    if mode == "all":
-        return select_all(valid), []
-    if mode == "top-p":
-        return select_top_p(valid, p), []
-    if mode == "greedy":
-        return select_greedy(valid)
-    raise ValueError(f"unknown selection {mode!r}; choose from {list(SELECT_MODES)}")
-
-
-def boo_n(select_by: Sequence[float], n: int, report: Sequence[float] | None = None) -> float:
-    """Expected best-of-n single-model score (Bajgar, Kadlec and Kleindienst 2018, Boo_n).
-
-    Draw n members with replacement from the empirical distribution of m members, keep the one
-    best by ``select_by`` (valid accuracy), and take its ``report`` score (default: ``select_by``
-    itself). With ``select_by`` sorted ascending, the i-th member is the best of the n draws with
-    probability ``(i/m)^n - ((i-1)/m)^n``, so
-
-        Boo_n = sum_i report_(i) * ((i/m)^n - ((i-1)/m)^n).
-
-    On valid this is the expected maximum of n draws. With ``report`` = test accuracies it is the
-    paper's test-time Boo_n: the test score of the model that a user picking by validation would
-    keep. Members tied in ``select_by`` share their group's probability equally (the draw among
-    them is arbitrary), so their ``report`` scores are averaged. ``n = 1`` gives the mean of
-    ``report``; large n tends to the ``report`` of the best member(s) by ``select_by``.
-    """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    keys = np.asarray(select_by, dtype=np.float64)
-    values = keys if report is None else np.asarray(report, dtype=np.float64)
-    if keys.size == 0 or keys.shape != values.shape:
-        raise ValueError("boo_n needs one report value per member and at least one member")
-    m = keys.size
-    total, below = 0.0, 0
-    for key in np.unique(keys):                   # ascending
-        group = keys == key
-        at_most = below + int(group.sum())
-        total += values[group].mean() * ((at_most / m) ** n - (below / m) ** n)
-        below = at_most
-    return float(total)
-
-
-def write_predictions(splits: Sequence[AlignedSplit], members: Sequence[int], out: Path) -> Path:
-    """Write the ensemble's per-example predictions (:data:`ENSEMBLE_SCHEMA`) as zstd Parquet.
-
-    ``member_probs`` holds one list per chosen member, in ``members`` order, with the members'
-    own float32 values; ``probs`` is their float64 mean.
-    """
-    rows = []
-    for aligned in splits:
-        mean = aligned.mean_probs(members)                        # (E, C)
-        pred = aligned.predict(mean)                              # (E,)
-        for e, example_id in enumerate(aligned.example_ids):
-            c = len(aligned.candidate_words[e])
-            rows.append({
-                "example_id": example_id,
-                "split": aligned.split,
-                "candidate_words": aligned.candidate_words[e],
-                "member_probs": [aligned.probs[m, e, :c].tolist() for m in members],
-                "probs": mean[e, :c].tolist(),
-                "pred": int(pred[e]),
-                "gold": int(aligned.gold[e]),
-            })
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=ENSEMBLE_SCHEMA), tmp, compression="zstd")
-    tmp.replace(out)
-    return out
-
-
-def _fmt(value: float | None) -> str:
-    return "   -  " if value is None else f"{value:.4f}"
-
-
-def results_table(result: Mapping[str, Any], labels: Sequence[str] | None = None) -> str:
-    """A plain-text table: each member's valid/test accuracy, the means, Boo(n), the ensemble."""
-    names = list(labels or result["all_members"])
-    valid, test = result["member_valid_acc"], result["member_test_acc"]
+def _track(tracker: Tracker, experiment: str, name: str, req: EnsembleRequest, sweep: dict[str, Any] | None,
+           dataset: str, members: Sequence[Member], result: dict[str, Any], out_dir: Path,
+           prepared: Path) -> tuple[str, str | None]:
+    """The ensemble's tracked run: params, metrics, artifacts, its data, and its model (the
+    selected members, averaged). Returns (run id, model URI)."""
+    tags: dict[str, Any] = {"kind": "ensemble", "dataset": dataset, "select": req.select,
+                            "ensemble_dir": str(out_dir)}
+    if sweep is not None:
+        tags.update({"sweep": sweep.get("name", ""), "sweep_parent_run_id": sweep.get("parent_run_id") or ""})
     chosen = set(result["selected"])
-    width = max([len(n) for n in names] + [30]) + 6
-    lines = [f"{'member':<{width}} {'valid':>7} {'test':>7}  selected", "-" * (width + 27)]
-    for i, name in enumerate(names):
-        t = None if test is None else test[i]
-        lines.append(f"{i:>3} {name:<{width - 4}} {_fmt(valid[i]):>7} {_fmt(t):>7}  {'*' if i in chosen else ''}")
-    lines.append("-" * (width + 27))
-    n, m = len(chosen), len(names)
-    rows = [(f"mean member (all {m})", result["mean_member_valid_acc"], result["mean_member_test_acc"])]
-    if n != m:
-        rows.append((f"mean member (selected {n})", result["mean_selected_valid_acc"], result["mean_selected_test_acc"]))
-    rows.append((f"Boo({n}): best of {n} single model{'s' if n > 1 else ''}", result["boo_valid"], result["boo_test"]))
-    rows.append((f"ensemble ({result['select']}, {n} of {m})", result["valid_acc"], result["test_acc"]))
-    lines += [f"{label:<{width}} {_fmt(v):>7} {_fmt(t):>7}" for label, v, t in rows]
-    return "\n".join(lines)
+    for i, member in enumerate(members):
+        tags.update({f"member.{i}.run_id": member.mlflow_run_id or "", f"member.{i}.checkpoint": str(member.checkpoint),
+                     f"member.{i}.selected": str(i in chosen).lower(), f"member.{i}.source": member.source})
+    with tracker.run(experiment, f"ensemble-{name}", tags=tags) as run:
+        run.log_params({"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
+                        "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(chosen)})
+        run.log_metrics({k: result[k] for k in ("valid_acc", "test_acc", "mean_member_valid_acc",
+                                                 "mean_member_test_acc", "mean_selected_valid_acc",
+                                                 "mean_selected_test_acc") if result[k] is not None})
+        run.log_metrics({"boo_n": result["boo_n"], f"boo_{result['boo_n']}_valid": result["boo_valid"],
+                         "boo_n_valid": result["boo_valid"],
+                         **({f"boo_{result['boo_n']}_test": result["boo_test"], "boo_n_test": result["boo_test"]}
+                            if result["boo_test"] is not None else {})})
+        for i, acc in enumerate(result["member_valid_acc"]):
+            run.log_metrics({"member_valid_acc": acc, **({"member_test_acc": result["member_test_acc"][i]}
+                                                         if result["member_test_acc"] is not None else {})}, step=i)
+        for artifact in ("predictions", "table_path"):
+            run.log_artifact(Path(result[artifact]))
+        run.log_artifact(out_dir / SUMMARY)
+        run.log_dataset(prepared, context="eval")
+        model_uri = tracker.log_model(run, [Path(m) for m in result["members"]], prepared, req.register)
+    return run.run_id, model_uri
 
 
-def _mean(values: Sequence[float] | None, members: Sequence[int]) -> float | None:
-    return None if values is None else float(np.mean([values[i] for i in members]))
+def _check_free(out_dir: Path, name: str, overwrite: bool) -> None:
+    """Refuse to replace a finished ensemble (one with ``ensemble.json``) unless ``overwrite``.
+
+    A folder without it is an unfinished ensemble of this name (its ``trained.json`` lists the
+    members trained so far): it is continued.
+    """
+    if (out_dir / SUMMARY).exists() and not overwrite:
+        raise IaaError(f"{out_dir}: an ensemble named {name!r} exists already; add --overwrite to replace it, "
+                       "or choose another --name (nothing was changed)")
 
 
-def run(
-    member_predictions: Sequence[Mapping[str, Path | None]],
-    names: Sequence[str],
-    out_dir: Path,
-    *,
-    select_mode: str = "all",
-    p: float = 0.5,
-    labels: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """Ensemble members from their predictions files and write the results under ``out_dir``.
-
-    Args:
-        member_predictions: per member, ``{"valid": path, "test": path or None}``. Test is scored
-            when every member has it and skipped (reported as None) when none has.
-        names: one identifier per member (for example its checkpoint path), used in messages
-            and in the result's ``members`` / ``all_members``.
-        out_dir: gets ``predictions.parquet`` and ``results.txt``.
-        select_mode: ``all``, ``top-p`` or ``greedy``; decided on valid only.
-        p: the fraction kept by ``top-p``.
-        labels: short names for the table (default: ``names``).
+def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None) -> dict[str, Any]:
+    """Build, evaluate and score the ensemble that ``req`` describes; see the module docstring.
 
     Returns:
-        ``valid_acc``, ``test_acc`` (None without a test split), ``members`` (the chosen
-        names), ``selected`` (their indices), per-member and mean accuracies, ``boo_n``,
-        ``boo_valid``, ``boo_test``, ``predictions`` and ``table`` paths, the ``table`` text.
-
-    Raises:
-        MismatchError: members disagree on examples or candidates.
+        ``valid_acc``, ``test_acc`` (None without a test split), ``members`` (checkpoint paths
+        of the selected members, in the order of ``member_probs``), ``predictions`` (the Parquet
+        path), ``all_members``, per-member and mean accuracies, ``boo_n``, ``boo_valid``,
+        ``boo_test``, ``select``, ``mlflow_run_id`` and the output folder.
     """
-    if select_mode not in SELECT_MODES:
-        raise ValueError(f"unknown selection {select_mode!r}; choose from {list(SELECT_MODES)}")
-    aligned = _aligned_splits(member_predictions, names)
-    valid = aligned["valid"]
-    chosen, trace = select(valid, select_mode, p)
-    result = {**_scores(aligned, chosen, names), "members": [names[i] for i in chosen], "selected": chosen,
-              "select": select_mode, "p": p if select_mode == "top-p" else None, "all_members": list(names),
-              "selection_trace": trace, "examples": {split: len(a.example_ids) for split, a in aligned.items()}}
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result["predictions"] = str(write_predictions(list(aligned.values()), chosen, out_dir / "predictions.parquet"))
-    table = results_table(result, labels)
-    atomic_write_text(out_dir / "results.txt", table + "\n")
-    result["table"] = table
-    result["table_path"] = str(out_dir / "results.txt")
-    return result
+    from iaa.jobs import resolve
 
+    workdir, uri = req.workdir, tracker.uri
 
-def _aligned_splits(member_predictions: Sequence[Mapping[str, Path | None]],
-                    names: Sequence[str]) -> dict[str, AlignedSplit]:
-    """Valid (and test, when every member has it) predictions of all members, aligned by example."""
-    if len(member_predictions) != len(names):
-        raise ValueError("give one name per member")
-    has_test = [m.get("test") is not None for m in member_predictions]
-    if any(has_test) and not all(has_test):
-        lacking = names[has_test.index(False)]
-        raise IaaError(f"member {lacking} has no test predictions while others do")
-    splits = [s for s in SPLITS if s == "valid" or all(has_test)]
-    return {
-        split: align(split, [(name, read_predictions(m[split])) for name, m in zip(names, member_predictions)])
-        for split in splits
-    }
+    sweep: dict[str, Any] | None = None
+    if req.sweep is not None:
+        sweep = read_sweep(workdir, req.sweep)
+        if req.dataset is None and req.data is None and sweep.get("data_dir"):
+            dataset, prepared = resolve.data_dir(None, Path(sweep["data_dir"]), workdir)
+        else:
+            dataset, prepared = resolve.data_dir(req.dataset or sweep["dataset"], req.data, workdir)
+        name = req.name or sweep["name"]
+        out_dir = Workdir(workdir).ensemble(name)
+        _check_free(out_dir, name, req.overwrite)
+        members = sweep_members(req, sweep, prepared, out_dir, uri, name, launcher)
+        experiment = sweep.get("experiment") or f"ensemble-{dataset}"
+    else:
+        members = given_members(req.members, tracker)
+        named = sorted({m.config.dataset for m in members})
+        if req.dataset is None and req.data is None and len(named) > 1:
+            raise ConfigError(f"the members were trained on different datasets {named}; pass --data or --dataset")
+        dataset, prepared = resolve.data_dir(req.dataset or named[0], req.data, workdir)
+        digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in req.members).encode()).hexdigest()[:8]
+        name = req.name or f"{dataset}-{len(members)}members-{req.select}-{digest}"
+        out_dir = Workdir(workdir).ensemble(name)
+        _check_free(out_dir, name, req.overwrite)
+        experiment = f"ensemble-{dataset}"
 
+    members = [replace(m, checkpoint=Path(m.checkpoint).resolve()) for m in members]
 
-def _scores(aligned: Mapping[str, AlignedSplit], chosen: list[int], names: Sequence[str]) -> dict[str, Any]:
-    """The ensemble's accuracies, every member's, their means and Boo(n), on valid and test."""
-    valid, test = aligned["valid"], aligned.get("test")
-    member_valid = valid.member_accuracies().tolist()
-    member_test = None if test is None else test.member_accuracies().tolist()
-    everyone = range(len(names))
-    n = len(chosen)
-    return {
-        "valid_acc": valid.accuracy(chosen),
-        "test_acc": None if test is None else test.accuracy(chosen),   # the one test evaluation
-        "member_valid_acc": member_valid,
-        "member_test_acc": member_test,
-        "mean_member_valid_acc": _mean(member_valid, everyone),
-        "mean_member_test_acc": _mean(member_test, everyone),
-        "mean_selected_valid_acc": _mean(member_valid, chosen),
-        "mean_selected_test_acc": _mean(member_test, chosen),
-        "boo_n": n,
-        "boo_valid": boo_n(member_valid, n),
-        "boo_test": None if member_test is None else boo_n(member_valid, n, member_test),
-    }
+    files = evaluate_members(members, prepared, out_dir, req.show_progress)
+    labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
+    result = averaging.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
+                              p=req.p, labels=labels)
+    table = result.pop("table")
+    summary = {**result, "name": name, "dataset": dataset, "data_dir": str(prepared), "ensemble_dir": str(out_dir),
+               "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
+               "sweep": req.sweep, "tracking_uri": uri,
+               "member_sha256": {str(m.checkpoint): file_sha256(m.checkpoint) for m in members}}
+    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=1, default=str))
+    summary["mlflow_run_id"], summary["model_uri"] = _track(tracker, experiment, name, req, sweep, dataset, members,
+                                                            result, out_dir, prepared)
+    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=1, default=str))
+    print(table, file=sys.stderr)
+    return summary

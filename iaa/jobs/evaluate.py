@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from iaa.data.batch import Batch
-from iaa.data.errors import MISSING_SOURCE, DataError
 from iaa.files import atomic_write
 from iaa.model.pointer import candidate_probs, nll_loss
 
@@ -92,12 +91,8 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = No
                               inputs={"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)})
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
     data = PreparedData.open(Path(data_dir))
-    if state.get("vocab_hash") and data.manifest.get("vocab_hash") and state["vocab_hash"] != data.manifest["vocab_hash"]:
-        raise DataError(
-            f"was trained with another vocabulary than {data_dir} (vocab hash {state['vocab_hash'][:12]} vs "
-            f"{data.manifest['vocab_hash'][:12]}); evaluate it on the data it was trained on",
-            path=checkpoint_path, reason=MISSING_SOURCE,
-        )
+    checkpoint.check_vocab(state, data.manifest.get("vocab_hash", ""), checkpoint_path, data_dir,
+                           "evaluate it on the data it was trained on")
     table = data.table(split) if limit is None else data.rows(split, 0, limit)
     start = time.perf_counter()
     rows = list(predict(model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))

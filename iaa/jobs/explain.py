@@ -92,7 +92,8 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, *, example_ids: Seque
                                   inputs={**inputs, "the HTML page (--out)": out})
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
     data = PreparedData.open(Path(data_dir))
-    _check_vocab(state, data.manifest, checkpoint_path, data_dir)
+    checkpoint.check_vocab(state, data.manifest.get("vocab_hash", ""), checkpoint_path, data_dir,
+                           "explain it on the data it was trained on")
     table = data.table(split)
     rows = select_rows(table, example_ids, first, split)
     records = example_records(model, table, data.vocab.tokens, rows, cfg.model.kind)
@@ -104,10 +105,3 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, *, example_ids: Seque
 
         result["png"] = str(draw(records[0], Path(png)))
     return result
-
-
-def _check_vocab(state: dict[str, Any], manifest: dict[str, Any], checkpoint_path: Path, data_dir: Path) -> None:
-    ours, theirs = state.get("vocab_hash"), manifest.get("vocab_hash")
-    if ours and theirs and ours != theirs:
-        raise IaaError(f"{checkpoint_path} was trained with another vocabulary than {data_dir} "
-                       f"(vocab hash {ours[:12]} vs {theirs[:12]}): explain it on the data it was trained on")

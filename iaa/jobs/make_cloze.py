@@ -28,9 +28,12 @@ from iaa.data.cloze.tagging import DEFAULT_PIPELINE, TaggedSentence, Tagger, Uni
 from iaa.data.errors import DataError
 from iaa.data.datasets import CLOZE_STYLES
 from iaa.jobs.config import ConfigError
-from iaa.errors import IaaError
 from iaa.files import atomic_write_text, writing
 from iaa.jobs import outputs
+
+# Maps a tagger over work units on a cluster; returns each unit's encoded tagging, in order:
+# tag_map(units, factory, workers=N, progress=True).
+TagMap = Callable[..., list[str]]
 
 STYLES = CLOZE_STYLES
 MANIFEST = "cloze.json"
@@ -95,14 +98,14 @@ class Tagged:
         return [s for text in self.encoded[i] for s in decode(text)]
 
 
-def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, address: str | None = None,
+def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, tag_map: TagMap | None = None,
         tagger: Callable[[], Tagger] | None = None, progress: bool = True, overwrite: bool = False) -> dict[str, Any]:
     """Make the questions of ``cfg`` into ``out``.
 
     Args:
-        workers: 0 tags in this process; N > 0 on Ray with N tagger actors; None on Ray with one
+        workers: 0 tags in this process; N > 0 with ``tag_map`` on N tagger actors; None with one
             actor per CPU of the cluster.
-        address: Ray cluster address (None: local Ray, or ``RAY_ADDRESS``).
+        tag_map: maps the tagger over work units on a cluster (``iaa.platform.cloze_ray.tag``).
         tagger: zero-argument factory of the tagger [default: spaCy with ``cfg.pipeline``].
         overwrite: replace questions of another config that ``out`` holds (the same config is
             remade without it).
@@ -123,7 +126,7 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, address: str | 
         check_pipeline(cfg.pipeline)
     factory = tagger or spacy_factory(cfg.pipeline, needs=NEEDS[cfg.style])
     tagged = tag_documents(read_documents(list(cfg.sources)), cfg.window, factory, workers=workers,
-                           address=address, progress=progress)
+                           tag_map=tag_map, progress=progress)
     split_of = splits.assign(tagged.docs, valid=cfg.valid, test=cfg.test, seed=cfg.seed, split_by=cfg.split_by)
     tmp = outputs.building(out)
     try:
@@ -145,7 +148,7 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, address: str | 
 
 
 def tag_documents(docs: Sequence[Document], window: int, factory: Callable[[], Tagger], *, workers: int | None = 0,
-                  address: str | None = None, progress: bool = True) -> Tagged:
+                  tag_map: TagMap | None = None, progress: bool = True) -> Tagged:
     """Tag the documents long enough for one window; raises DataError when none is."""
     skipped = [_short(d, len(d.pieces), window) for d in docs if d.kind == TOKENS and len(d.pieces) < window]
     keep = [d for d in docs if not (d.kind == TOKENS and len(d.pieces) < window)]
@@ -153,10 +156,10 @@ def tag_documents(docs: Sequence[Document], window: int, factory: Callable[[], T
     started = time.perf_counter()
     if workers == 0:
         encoded = _tag_here(units, factory, progress)
+    elif tag_map is None:
+        raise IaaError("tagging on workers needs a cluster map (tag_map); give workers=0 to tag here")
     else:
-        from iaa.platform import cloze_ray
-
-        encoded = cloze_ray.tag(units, factory, workers=workers, address=address, progress=progress)
+        encoded = tag_map(units, factory, workers=workers, progress=progress)
     seconds = time.perf_counter() - started
     per_doc: list[list[str]] = [[] for _ in keep]
     for u, text in zip(units, encoded):

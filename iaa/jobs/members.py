@@ -22,6 +22,7 @@ from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.config import JobConfig, from_dict, to_dict
 from iaa.jobs.sweep import TrialRecord
+from iaa.jobs.workdir import Workdir
 
 LEDGER = "trained.json"
 
@@ -85,7 +86,7 @@ def read_ledger(out_dir: Path) -> list[dict[str, Any]]:
 
 def all_ledgers(workdir: Path) -> list[dict[str, Any]]:
     """The members trained by every ensemble under ``workdir``."""
-    return [entry for path in sorted((Path(workdir) / "ensembles").glob(f"*/{LEDGER}"))
+    return [entry for path in sorted(Workdir(workdir).ensembles.glob(f"*/{LEDGER}"))
             for entry in read_ledger(path.parent)]
 
 

@@ -1,8 +1,11 @@
 """``iaa-cli predict``: answer cloze questions given as raw text (or CBT / CNN files) with a
 checkpoint or a seed ensemble; the same ``probs`` as ``iaa-cli evaluate`` writes.
 
+A checkpoint carries its vocabulary (:func:`iaa.jobs.checkpoint.vocabulary`), so it answers from
+any folder; an older one without it needs the prepared folder it was trained on.
+
 An ensemble's distribution is the mean of its members' candidate probabilities, as in
-``iaa.jobs.ensemble``.
+``iaa.jobs.averaging``.
 """
 
 from __future__ import annotations
@@ -31,21 +34,28 @@ class Predictor:
     lowercase: bool
 
     @classmethod
-    def load(cls, checkpoints: Sequence[Path], data_dir: Path) -> "Predictor":
-        """Rebuild each checkpoint; refuse one trained on another vocabulary than ``data_dir``'s."""
+    def load(cls, checkpoints: Sequence[Path], data_dir: Path | None = None) -> "Predictor":
+        """Rebuild each checkpoint, with the vocabulary of ``data_dir`` or else the one the first
+        checkpoint carries; refuse a member trained on another vocabulary."""
         from iaa.data.loader import PreparedData
         from iaa.jobs import checkpoint
 
-        data = PreparedData.open(Path(data_dir))
-        models = []
-        for path in checkpoints:
-            model, _, state = checkpoint.load_model(Path(path))
-            if state.get("vocab_hash") and state["vocab_hash"] != data.manifest.get("vocab_hash"):
-                raise IaaError(f"{path} was trained with another vocabulary than {data_dir}: "
-                               "pass the prepared folder it was trained on with --data")
-            models.append(model)
-        lowercase = bool(data.manifest.get("options", {}).get("lowercase", False))
-        return cls(tuple(models), data.vocab, lowercase)
+        loaded = [(Path(path), *checkpoint.load_model(Path(path))) for path in checkpoints]
+        if data_dir is not None:
+            data = PreparedData.open(Path(data_dir))
+            vocab, lowercase = data.vocab, bool(data.manifest.get("options", {}).get("lowercase", False))
+            vocab_hash, source = data.manifest.get("vocab_hash", ""), str(data_dir)
+        else:
+            first, _, _, state = loaded[0]
+            carried = checkpoint.vocabulary(state, first)
+            if carried is None:
+                raise IaaError(f"{first} carries no vocabulary (it was written by an older version): pass the "
+                               "prepared folder it was trained on with --data or --dataset")
+            (vocab, lowercase), vocab_hash, source = carried, state.get("vocab_hash", ""), str(first)
+        for path, _, _, state in loaded:
+            checkpoint.check_vocab(state, vocab_hash, path, source, "an ensemble's members and the data must share one "
+                                   "vocabulary; pass the prepared folder it was trained on with --data")
+        return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase)
 
     def predict(self, questions: Sequence[Question]) -> list[dict[str, Any]]:
         """One ``{"id", "prediction", "probs": {candidate: p}[, "correct"]}`` per question, in order."""
@@ -114,21 +124,10 @@ def ensemble_members(ensemble_dir: Path) -> list[Path]:
     return [Path(m) for m in members]
 
 
-def default_data_dir(checkpoint_path: Path, workdir: Path) -> Path:
-    """The prepared folder of the checkpoint's dataset under ``workdir``."""
-    from iaa.jobs import checkpoint
-    from iaa.jobs.config import from_dict
-
-    dataset = from_dict(checkpoint.load(Path(checkpoint_path))["config"]).dataset
-    folder = Path(workdir) / "data" / dataset
-    if not (folder / "manifest.json").is_file():
-        raise IaaError(f"no prepared {dataset} data at {folder}: pass the folder the model was trained on with --data")
-    return folder
-
-
-def run(input_path: Path, out: Path, *, checkpoints: Sequence[Path], data_dir: Path,
+def run(input_path: Path, out: Path, *, checkpoints: Sequence[Path], data_dir: Path | None = None,
         ensemble_dir: Path | None = None) -> dict[str, Any]:
-    """Predict every question of ``input_path`` and write JSON Lines to ``out``.
+    """Predict every question of ``input_path`` and write JSON Lines to ``out``; ``data_dir``: the
+    prepared folder whose vocabulary to use (default: the one the checkpoints carry).
 
     ``ensemble_dir`` (the folder the checkpoints came from, if any) is an input too: ``out`` may
     not replace one of its files.

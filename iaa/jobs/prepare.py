@@ -25,6 +25,7 @@ from iaa.data import manifest as M
 from iaa.data import verify
 from iaa.data.datasets import DATASETS
 from iaa.data.errors import DataError
+from iaa.jobs.workdir import Workdir
 from iaa.files import writing
 from iaa.jobs import outputs
 
@@ -108,7 +109,7 @@ def ensure_prepared(dataset: str, workdir: Path) -> Path:
 
     Raises DataError with the exact ``iaa-cli prepare`` command when a real dataset is not prepared yet.
     """
-    out = Path(workdir) / "data" / dataset
+    out = Workdir(workdir).data(dataset)
     if dataset == "demo":
         run("demo", None, out, progress=False, overwrite=True)
         return out

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from iaa.data.errors import DataError
-from iaa.errors import IaaError
-from iaa.files import ensure_writable
-from iaa.data.manifest import MANIFEST, rebuild_hint
+from iaa.data.manifest import MANIFEST, VOCAB, rebuild_hint
 from iaa.jobs import config as config_mod
 from iaa.jobs.config import ConfigError, JobConfig
 from iaa.jobs.presets import for_dataset
+from iaa.jobs.workdir import Workdir
 
 
 def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str, Path]:
@@ -32,7 +30,7 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
     else:
         from iaa.jobs.prepare import ensure_prepared
 
-        prepared = ensure_prepared(dataset, writable_workdir(workdir))
+        prepared = ensure_prepared(dataset, Workdir(workdir).writable())
     manifest = verify.verify(prepared)
     if manifest.get("counts", {}).get("valid") == 0:
         raise DataError(f"the valid split is empty, so no accuracy can be measured; "
@@ -42,7 +40,7 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
 
 
 def vocab_size(prepared: Path) -> int:
-    return len(json.loads((Path(prepared) / "vocab.json").read_text(encoding="utf-8")))
+    return len(json.loads((Path(prepared) / VOCAB).read_text(encoding="utf-8")))
 
 
 def job_config(
@@ -63,61 +61,7 @@ def job_config(
 
 def run_dir(dataset: str, cfg: JobConfig, given: Path | None, workdir: Path) -> Path:
     """The run folder of ``train``: ``given``, else ``WORKDIR/runs/DATASET-MODEL-seedN``."""
-    return Path(given) if given is not None else Path(workdir) / "runs" / f"{dataset}-{cfg.model.kind}-seed{cfg.train.seed}"
-
-
-def writable_workdir(workdir: Path) -> Path:
-    """``workdir``, created if needed; IaaError when it cannot be written."""
-    return ensure_writable(workdir, "the workdir", "give a writable --workdir (or IAA_WORKDIR)")
-
-
-def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
-    """The ensemble's checkpoints; IaaError when one is listed twice (it would count as two members)."""
-    seen: dict[Path, Path] = {}
-    for member in members:
-        key = Path(member).resolve()
-        if key in seen:
-            raise IaaError(f"{member}: listed twice in --members (also as {seen[key]}); an ensemble averages "
-                           "distinct checkpoints, so list each once")
-        seen[key] = Path(member)
-    return tuple(members)
-
-
-def tracking_db(tracking_uri: str | None, workdir: Path) -> Path | None:
-    """The SQLite file of the MLflow store (by default ``WORKDIR/mlflow.db``); None for a server."""
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri and not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///"):]) if uri else Path(workdir) / "mlflow.db"
-
-
-def tracking_store(tracking_uri: str | None, workdir: Path) -> None:
-    """Check a SQLite MLflow store (by default ``WORKDIR/mlflow.db``) before a job opens it.
-
-    A damaged ``mlflow.db`` would otherwise fail deep inside MLflow with a traceback.
-    """
-    db = tracking_db(tracking_uri, workdir)
-    if db is None or not db.exists():
-        return  # a server or another store: its own client reports what is wrong
-    problem = _sqlite_problem(db)
-    if problem:
-        raise IaaError(f"{db}: not a readable MLflow database ({problem}); move it away to start a new store "
-                       "(the runs it held are lost), or pass --tracking-uri")
-
-
-def _sqlite_problem(db: Path) -> str | None:
-    import sqlite3
-
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            status = con.execute("PRAGMA quick_check").fetchone()[0]
-            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        finally:
-            con.close()
-    except sqlite3.Error as err:
-        return str(err)
-    return None if status == "ok" else status
+    return Path(given) if given is not None else Workdir(workdir).run(f"{dataset}-{cfg.model.kind}-seed{cfg.train.seed}").path
 
 
 def chosen_keys(config_file: Path | None, sets: Sequence[str] = ()) -> set[str]:

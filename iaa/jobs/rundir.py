@@ -17,18 +17,14 @@ from pathlib import Path
 from typing import Iterator
 
 from iaa.errors import IaaError
+from iaa.files import writing
+from iaa.jobs.workdir import RunFolder
 
 LOCK = ".lock"
-RUN_FILES = ("checkpoints", "metrics.jsonl")  # what a started run leaves in its folder
 
 
 class RunDirError(IaaError):
     """The run folder is in use, or holds a run that the command would replace."""
-
-
-def holds_run(run_dir: Path) -> bool:
-    """True when ``run_dir`` holds a started or finished run."""
-    return any((Path(run_dir) / name).exists() for name in RUN_FILES)
 
 
 @contextlib.contextmanager
@@ -46,12 +42,15 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
                 raise
             raise RunDirError(f"{run_dir} is in use by another run (pid {_holder(fd)}); wait for it to end, "
                               "or give another --run-dir") from None
-        if holds_run(run_dir) and not (resume or overwrite):
-            raise RunDirError(f"{run_dir} already holds a run ({', '.join(n for n in RUN_FILES if (run_dir / n).exists())}); "
+        if RunFolder(run_dir).holds_run() and not (resume or overwrite):
+            held = ", ".join(n for n in RunFolder.RUN_FILES if (run_dir / n).exists())
+            raise RunDirError(f"{run_dir} already holds a run ({held}); "
                               "add --resume to continue it, --overwrite to replace it, or give another --run-dir")
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield run_dir
+        with writing(run_dir):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        with writing(run_dir):      # a full or read-only disk met by the run: one message naming its folder
+            yield run_dir
     finally:
         os.close(fd)  # releases the lock
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 from iaa.jobs.raw_text import InputError, Question, from_record, present_candidate
 
 MODEL_PREFIXES = ("models:/", "runs:/")
@@ -58,8 +59,8 @@ class ModelSource:
 
     kind: str
     ref: str
-    data_dir: str | None = None          # the prepared folder (checkpoint, ensemble); None: the workdir's
-    workdir: str = "iaa-work"
+    data_dir: str | None = None          # the prepared folder (checkpoint, ensemble); None: the checkpoints' own vocabulary
+    workdir: str = DEFAULT_WORKDIR
     tracking_uri: str | None = None      # for models:/ URIs
 
     def __post_init__(self) -> None:
@@ -100,7 +101,7 @@ def config(*, model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path
     processes); a ``models:/`` URI is read from ``tracking_uri``, else the workdir's SQLite store."""
     workdir = Path(workdir).resolve()
     if model_uri is not None:
-        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workdir / 'mlflow.db'}"
+        uri = Workdir(workdir).tracking_uri(tracking_uri)
         source = ModelSource("model", model_uri, workdir=str(workdir), tracking_uri=uri)
     else:
         kind, ref = ("checkpoint", checkpoint) if checkpoint is not None else ("ensemble", ensemble_dir)
@@ -188,7 +189,7 @@ class LoadedModel:
     """A model's files on this machine, and its name and version (both strings)."""
 
     checkpoints: tuple[Path, ...]
-    data_dir: Path
+    data_dir: Path | None                # None: the vocabulary the checkpoints carry
     name: str
     version: str
 
@@ -212,7 +213,7 @@ def locate(source: ModelSource, fetch_model: ModelFetcher | None = None) -> Load
     else:
         checkpoints = predict.ensemble_members(ref)
         name, digest = ref.resolve().name, _digest(ref / "ensemble.json")
-    data_dir = Path(source.data_dir) if source.data_dir else predict.default_data_dir(checkpoints[0], Path(source.workdir))
+    data_dir = Path(source.data_dir) if source.data_dir else None
     return LoadedModel(tuple(checkpoints), data_dir, name, digest)
 
 
@@ -227,6 +228,7 @@ class Answerer:
     def __init__(self, predictor: Any, name: str, version: str) -> None:
         self.predictor, self.name, self.version = predictor, name, version
         self.model = {"name": name, "version": version}
+        self.load_seconds: float | None = None       # fetch, load and warm-up, when made by :meth:`load`
 
     @classmethod
     def load(cls, source: ModelSource, threads: int = 1, fetch_model: ModelFetcher | None = None) -> "Answerer":
@@ -235,10 +237,12 @@ class Answerer:
 
         from iaa.jobs.predict import Predictor
 
+        started = time.perf_counter()
         torch.set_num_threads(max(1, threads))
         found = locate(source, fetch_model)
         answerer = cls(Predictor.load(found.checkpoints, found.data_dir), found.name, found.version)
         answerer.warm_up()
+        answerer.load_seconds = time.perf_counter() - started
         return answerer
 
     @property

@@ -12,11 +12,9 @@ folder to ``publish``, the one method a session must write. :class:`LocalSession
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
-import time
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -27,8 +25,9 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.jobs import checkpoint
+from iaa.jobs.ports import MetricsCallback
+from iaa.jobs.workdir import RunFolder
 
-MetricsCallback = Callable[[dict[str, Any]], None]
 CHECKPOINT_FILE = "checkpoint.pt"  # the state file inside every reported checkpoint folder
 
 
@@ -59,6 +58,7 @@ class SessionBase:
     rank = 0
     world_size = 1
     resumed_from = ""          # the checkpoint latest_state() loaded, named in messages (optional)
+    vocab: dict[str, Any] = {}  # checkpoint.vocab_card of the data, saved in every checkpoint
 
     def __init__(self, train: pa.Table, valid: pa.Table, *, batch_size: int, seed: int,
                  device: torch.device | str = "cpu") -> None:
@@ -104,7 +104,7 @@ class SessionBase:
         every rank calls ``publish`` (with None for the folder on the other ranks)."""
         with self.checkpoint_folder() as folder:
             if self.rank == 0:
-                checkpoint.save(folder / CHECKPOINT_FILE, state)
+                checkpoint.save(folder / CHECKPOINT_FILE, {**state, "vocab": self.vocab} if self.vocab else state)
             self.publish(self.report_metrics(metrics, state, is_best), folder if self.rank == 0 else None,
                          is_best)
 
@@ -132,28 +132,22 @@ class LocalSession(SessionBase):
         self.data = PreparedData.open(Path(data_dir))
         train = self.data.table("train") if train_rows is None else train_rows
         super().__init__(train, self.data.table("valid"), batch_size=batch_size, seed=seed, device=device)
+        self.vocab = checkpoint.vocab_card(Path(data_dir))
         self.run_dir = Path(run_dir)
+        self.folder = RunFolder(self.run_dir)
         self.resume = resume
         self.on_metrics = on_metrics
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
-            for stale in (self.metrics_path, self.ckpt_dir):
-                if stale.is_dir():
-                    shutil.rmtree(stale)
-                elif stale.exists():
-                    stale.unlink()
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
+            self.folder.clear()
 
     @property
     def ckpt_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.folder.checkpoints
 
     @property
     def best_checkpoint(self) -> Path:
-        return self.ckpt_dir / checkpoint.BEST
+        return self.folder.best
 
     def latest_state(self) -> dict[str, Any] | None:
         found = checkpoint.load_latest(self.ckpt_dir) if self.resume else None
@@ -178,10 +172,9 @@ class LocalSession(SessionBase):
         staged = folder / CHECKPOINT_FILE
         if is_best:                                    # a copy: best.pt never shares a file with last.pt
             shutil.copyfile(staged, folder / checkpoint.BEST)
-            os.replace(folder / checkpoint.BEST, self.ckpt_dir / checkpoint.BEST)
-        os.replace(staged, self.ckpt_dir / checkpoint.LAST)
-        with self.metrics_path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps({**metrics, "time": time.time()}) + "\n")
+            os.replace(folder / checkpoint.BEST, self.folder.best)
+        os.replace(staged, self.folder.last)
+        self.folder.append_metrics(metrics)
         if self.on_metrics is not None:
             self.on_metrics(metrics)
 

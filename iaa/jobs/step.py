@@ -16,8 +16,9 @@ Fast path, same mathematics. A dense Adam update of the 50,000 x 384 embedding i
 exactness: with the L2 term every row has a gradient (2 λ x_r) every step, and Adam's moments
 move rows that the batch did not touch. What is avoided is everything else that is dense:
 
-- The embedding's data gradient stays sparse (``nn.Embedding(sparse=True)``): no zero-fill of a
-  77 MB gradient and no dense scatter.
+- On the CPU the embedding's data gradient stays sparse (``sparse_embedding_grad``): no
+  zero-fill of a 77 MB gradient and no dense scatter. On a GPU it is dense: coalescing a sparse
+  gradient reads its size back to the host, and a GPU step reads nothing back.
 - The L2 gradient is never materialised. The clipping norm is computed exactly from
   ||2λX + S||² = 4λ²||X||² + Σ_{rows r of S} (||2λx_r + s_r||² - ||2λx_r||²), where S is the
   coalesced sparse data gradient; ||X||² is also the value of the L2 term.

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.config import JobConfig, from_dict, to_dict
+from iaa.jobs.workdir import Workdir
 
 FAILED_STATUSES = frozenset({"ERROR", "FAILED"})
 FINISHED_STATUSES = frozenset({"TERMINATED", "ERROR"})
@@ -66,7 +67,7 @@ class TrialRecord:
 
 
 def sweep_dir(workdir: Path, name: str) -> Path:
-    return Path(workdir) / "sweeps" / name
+    return Workdir(workdir).sweep(name)
 
 
 def sweep_file(workdir: Path, name: str) -> Path:
@@ -102,7 +103,7 @@ def find(workdir: Path, name: str) -> Path:
     exact = sweep_file(workdir, name)
     if exact.is_file():
         return exact
-    runs = [p for p in (Path(workdir) / "sweeps").glob(f"{name}-*/sweep.json") if _is_id(p.parent.name, name)]
+    runs = [p for p in Workdir(workdir).sweeps.glob(f"{name}-*/sweep.json") if _is_id(p.parent.name, name)]
     if runs:
         return max(runs, key=lambda p: p.stat().st_mtime)
     raise IaaError(f"no sweep {name!r}: {exact} does not exist (run `iaa-cli tune --name {name}` first)")

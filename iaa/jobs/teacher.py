@@ -65,13 +65,13 @@ def members_of(ensemble_dir: Path) -> tuple[dict[str, Any], list[Member]]:
     if not summary_path.is_file():
         raise TeacherError(f"{ensemble_dir} is not an ensemble folder (no ensemble.json): make one with "
                            "`iaa-cli ensemble`, then pass its folder (WORKDIR/ensembles/NAME)")
+    from iaa.jobs.predict import ensemble_members
+
     try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        paths = [Path(p) for p in summary["members"]]
-    except (ValueError, KeyError, TypeError) as err:
-        raise TeacherError(f"{summary_path}: not an ensemble summary ({err}); make the ensemble again") from None
-    if not paths:
-        raise TeacherError(f"{summary_path}: the ensemble has no selected members")
+        paths = ensemble_members(ensemble_dir)     # absolute paths, each the file the ensemble was made of
+    except IaaError as err:
+        raise TeacherError(str(err)) from None
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
     members = []
     for path in paths:
         try:
@@ -85,7 +85,7 @@ def members_of(ensemble_dir: Path) -> tuple[dict[str, Any], list[Member]]:
 def compute(members: Sequence[Member], prepared: Path, split: str, limit: int | None, work_dir: Path,
             score: Scorer) -> pa.Table:
     """The members' averaged distribution on ``split`` (its first ``limit`` rows), by example."""
-    from iaa.jobs import ensemble as ensemble_job
+    from iaa.jobs import averaging as ensemble_job
 
     files = score([m.checkpoint for m in members], prepared, split, limit, work_dir)
     aligned = ensemble_job.align(split, [(str(m.checkpoint), pq.read_table(f)) for m, f in zip(members, files)])

@@ -29,12 +29,14 @@ from iaa.data.batch import Batch, pad_to_buckets
 from iaa.data.prefetch import prefetch
 from iaa.errors import IaaError
 from iaa.jobs import checkpoint
-from iaa.jobs.config import JobConfig
+from iaa.jobs.config import JobConfig, to_dict
+from iaa.jobs.ports import Launcher, Tracker
 from iaa.jobs.evaluate import score_batches
 from iaa.jobs.objective import Objective
 from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
 from iaa.jobs.step import autocast, build_optimizer, precision_dtype, retain_freed_memory, train_step
+from iaa.jobs.workdir import RunFolder
 from iaa.model.reader import build_reader
 
 TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks
@@ -222,3 +224,71 @@ def run(
                            resume=resume, on_metrics=on_metrics, device=device, train_rows=train_rows)
     result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.get("vocab_hash", ""))
     return {**result, "checkpoint": str(session.best_checkpoint), "run_dir": str(run_dir)}
+
+
+def run_tracked(
+    cfg: JobConfig,
+    prepared: Path,
+    run_dir: Path,
+    tracker: Tracker,
+    *,
+    launcher: Launcher | None = None,
+    resume: bool = False,
+    workers: int = 0,
+    gpus_per_worker: float = 0.0,
+    storage: str = "",
+    show_progress: bool = True,
+    register: str | None = None,
+    train_rows: Any = None,
+    teacher: Path | None = None,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``iaa-cli train``: one run, in this process (``workers == 0``) or on the launcher's workers,
+    tracked in ``tracker``, with its model logged at the end.
+
+    A run resumed with ``resume`` continues the tracked run that its run folder had (found by the
+    ``run_dir`` tag), so one folder has one run whose metrics go on where they stopped.
+    ``train_rows`` (a pyarrow Table) replaces the prepared training split, in process only: the
+    distillation job passes the rows with their teacher distributions, and ``teacher`` (the
+    teacher's Parquet file) is then logged as an input of the run.
+    """
+    if workers > 0 and launcher is None:
+        raise IaaError("training on workers needs a launcher")
+    if train_rows is not None and workers > 0:
+        raise ValueError("training on given rows (distillation) runs in process, not on Ray Train workers")
+    folder = RunFolder(Path(run_dir))
+    experiment = f"train-{cfg.dataset}"
+    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers),
+            **(tags or {})}
+    resume_id = previous_run(tracker, experiment, folder.path) if resume else None
+    with tracker.run(experiment, folder.path.name, tags=tags, resume_id=resume_id) as tracked:
+        if resume_id is None:
+            tracked.log_params(to_dict(cfg))
+            tracked.log_dataset(prepared)
+            if teacher is not None:
+                tracked.log_file_input(Path(teacher), context="teacher")
+        log = lambda metrics: tracked.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
+        if workers <= 0:
+            device = "cuda" if gpus_per_worker > 0 else "cpu"  # in process: --gpus-per-worker > 0 means this GPU
+            result = run(cfg, prepared, folder.path, resume=resume, on_metrics=log, show_progress=show_progress,
+                         device=device, train_rows=train_rows)
+        else:
+            assert launcher is not None
+            result = launcher.train_workers(cfg, prepared, folder, workers=workers, gpus_per_worker=gpus_per_worker,
+                                            resume=resume, storage=storage, on_metrics=log,
+                                            show_progress=show_progress)
+        tracked.set_tags({"checkpoint": result.get("checkpoint", "")})
+        if result.get("checkpoint"):
+            result["model_uri"] = tracker.log_model(tracked, [Path(result["checkpoint"])], prepared, register)
+        tracked.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
+    return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": tracker.uri,
+            "mlflow_run_id": tracked.run_id}
+
+
+def previous_run(tracker: Tracker, experiment: str, run_dir: Path) -> str | None:
+    """The newest tracked run of ``run_dir`` (tagged with it as given or as an absolute path)."""
+    for spelling in dict.fromkeys([str(run_dir), str(run_dir.resolve())]):
+        runs = tracker.find_runs(experiment, {"run_dir": spelling})
+        if runs:
+            return runs[0].run_id
+    return None

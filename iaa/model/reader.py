@@ -130,24 +130,20 @@ class _Reader(nn.Module):
         """Compile ``_read`` for training steps (``mode``, ``backend``: ``torch.compile``'s;
         ``reduce-overhead`` means CUDA graphs on CUDA).
 
-        Shapes are static: each (B, Lq, Ld) compiles once, so callers pad Lq and Ld to a few
-        buckets (``iaa.data.batch.pad_to_buckets``); the recompile limit is raised to hold them.
-        Inside the compiled graph the document reads are plain ``bmm`` under autograd (the
-        deferred gradient of ``Memory`` keeps Python state that a graph cannot hold).
+        The first shape compiles a static graph and the next one a graph with dynamic sizes
+        (torch's automatic dynamic shapes), which serves every later shape. CUDA graphs are
+        recorded per shape, so callers pad Lq and Ld to a few widths
+        (``iaa.data.batch.pad_to_buckets``). Inside the compiled graph the document reads are
+        plain ``bmm`` under autograd (the deferred gradient of ``Memory`` keeps Python state that
+        a graph cannot hold).
         """
-        import torch._dynamo
-
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         mode = mode if backend == "inductor" else None                   # modes are inductor's
-        self._compiled_read = torch.compile(self._read, mode=mode, backend=backend, dynamic=False)
+        self._compiled_read = torch.compile(self._read, mode=mode, backend=backend)
 
     def _read(self, q_enc: torch.Tensor, q_final: torch.Tensor, d_enc: torch.Tensor, query_mask: torch.Tensor,
               doc_mask: torch.Tensor, answer_mask: torch.Tensor, doc_cand: torch.Tensor,
               num_cands: int) -> torch.Tensor:
         raise NotImplementedError
-
-
-RECOMPILE_LIMIT = 64  # graphs per compiled read: (batch size, query bucket, document bucket) triples
 
 
 class IAAReader(_Reader):

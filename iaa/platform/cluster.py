@@ -83,10 +83,11 @@ def _loopback_only(wanted: bool) -> Iterator[None]:
     (its switch for single-machine Ray on Windows and macOS): set for the processes the new
     cluster starts, and restored after, so that a later ``--address`` join uses the real address.
     """
-    if not wanted:
+    from ray._private import ray_constants
+
+    if not wanted or not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
         yield
         return
-    from ray._private import ray_constants
 
     saved_env, saved = os.environ.get(SINGLE_MACHINE_ENV), ray_constants.ENABLE_RAY_CLUSTER
     os.environ[SINGLE_MACHINE_ENV], ray_constants.ENABLE_RAY_CLUSTER = "0", False

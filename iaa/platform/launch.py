@@ -1,10 +1,11 @@
-"""Starting Tune runs of the trial function: the cluster, resources, names, Tuner, restore.
+"""The jobs' Launcher on Ray: Tune runs of the trial function, and Train runs of one job.
 
-:func:`connect` builds one frozen :class:`Launch`: the Ray cluster it joined, what each trial
-holds there (:func:`iaa.platform.cluster.plan`, so that trial drivers never hold the CPUs
-their workers need) and where checkpoints go (``STORAGE/NAME``; ``STORAGE`` is
-``--storage-path``, else ``WORKDIR/ray``). A sweep (:mod:`iaa.platform.tune`) and an
-ensemble's members (:func:`train_many`) both start from it.
+:class:`RayLauncher` implements :class:`iaa.jobs.ports.Launcher`. :func:`connect` builds one
+frozen :class:`Launch`: the Ray cluster it joined, what each trial holds there
+(:func:`iaa.platform.cluster.plan`, so that trial drivers never hold the CPUs their workers
+need) and where checkpoints go (``STORAGE/NAME``; ``STORAGE`` from
+:meth:`iaa.jobs.workdir.Workdir.storage`). A sweep (:mod:`iaa.jobs.tune`) and an ensemble's
+members (:meth:`RayLauncher.train_many`) both start from it.
 
 Run names are never reused: a folder that exists under the storage path belongs to another run
 and is refused (:func:`claim`), never deleted.
@@ -23,12 +24,14 @@ import ray.tune as tune
 from iaa.errors import IaaError
 from iaa.files import is_remote_uri
 from iaa.jobs.config import JobConfig, to_dict
+from iaa.jobs.ports import MetricsCallback, Placement, SearchPlan, TrialTracking
 from iaa.jobs.sweep import TrialRecord
-from iaa.platform import cluster
+from iaa.jobs.workdir import RunFolder
+from iaa.platform import cluster, search
 from iaa.platform.ray_train import CHECKPOINT_SCORE
 from iaa.platform.storage import check_private
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, records, run_trial
-from iaa.platform.trial_runs import TrialRuns, child_runs
+from iaa.platform.trial_runs import SweepProgress, TrialRuns, child_runs
 
 MAX_TRIAL_FAILURES = 2      # a failed trial restarts from its last checkpoint this many times
 # (a multi-worker trial once more only: its Train run already restarts failed workers itself)
@@ -47,10 +50,6 @@ class Launch:
     @property
     def experiment_path(self) -> str:
         return f"{self.storage.rstrip('/')}/{self.name}"
-
-
-def storage_root(storage_path: str | None, workdir: Path) -> str:
-    return storage_path or str((Path(workdir) / "ray").resolve())
 
 
 def taken(storage: str, name: str) -> bool:
@@ -81,22 +80,26 @@ def claim(storage: str, name: str, folder: Path) -> None:
                        "--name (nothing was deleted)") from err
 
 
-def connect(*, name: str, prepared: Path, workdir: Path, address: str | None, storage_path: str | None,
+def connect(*, name: str, prepared: Path, storage: str, address: str | None, storage_path: str | None,
             workers_per_trial: int, gpus_per_worker: float, threads: int | None, max_concurrent: int | None,
             num_trials: int, show_progress: bool) -> Launch:
-    """Join (or start) Ray and size the trials; see :func:`iaa.platform.cluster.fit_trials`."""
+    """Join (or start) Ray and size the trials; see :func:`iaa.platform.cluster.fit_trials`.
+
+    ``storage_path`` is what the user gave (a multi-node cluster needs one); ``storage`` where
+    checkpoints go.
+    """
     info, plan = cluster.fit_trials(cluster.connect(address, storage_path), workers_per_trial, threads=threads,
                                     gpus_per_worker=gpus_per_worker, max_concurrent=max_concurrent,
                                     num_trials=num_trials)
     if show_progress:
         print(cluster.describe(info, plan), file=sys.stderr)
-    return Launch(name=name, storage=storage_root(storage_path, workdir), prepared=Path(prepared), info=info,
-                  plan=plan)
+    return Launch(name=name, storage=storage, prepared=Path(prepared), info=info, plan=plan)
 
 
 def trial_spec(launch: Launch, *, base: JobConfig | None = None, fixed: Mapping[str, Any] | None = None,
                members: Sequence[JobConfig] = ()) -> TrialSpec:
     from iaa.data.manifest import read
+    from iaa.jobs.checkpoint import vocab_card
 
     manifest = read(launch.prepared) or {}
     return TrialSpec(name=launch.name, storage_path=launch.storage, workers=launch.plan.workers,
@@ -104,7 +107,7 @@ def trial_spec(launch: Launch, *, base: JobConfig | None = None, fixed: Mapping[
                      worker_resources=dict(launch.plan.worker_resources),
                      base=to_dict(base) if base is not None else None, fixed=dict(fixed or {}),
                      members=tuple(to_dict(m) for m in members), vocab_hash=manifest.get("vocab_hash", ""),
-                     prepared=str(launch.prepared.resolve()))
+                     vocab=vocab_card(launch.prepared), prepared=str(launch.prepared.resolve()))
 
 
 def trainable(launch: Launch, spec: TrialSpec) -> tuple[Any, int]:
@@ -160,33 +163,92 @@ def fit(launch: Launch, tuner_: Any) -> tuple[Any, dict[str, str]]:
     return results, {t.trial_id: t.status for t in analysis.trials}
 
 
-def train_many(configs: Sequence[JobConfig], prepared: Path, *, name: str, workdir: Path, tracking_uri: str,
-               parent_run_id: str | None, experiment: str, address: str | None = None,
-               storage_path: str | None = None, workers_per_trial: int = 1, gpus_per_worker: float = 0.0,
-               show_progress: bool = True) -> list[TrialRecord]:
-    """Train every config as a parallel Tune trial (no search, no early stopping).
+class RayLauncher:
+    """:class:`iaa.jobs.ports.Launcher` on the Ray cluster at ``address`` (default: a local one).
 
-    Each trial gets an MLflow child run under ``parent_run_id``. Trials use ``workers_per_trial``
-    Train workers of ``gpus_per_worker`` GPUs and the configs' ``train.threads`` (the largest).
-    Returns one record per config, in input order; ``checkpoint`` is ``None`` (status ``ERROR``)
-    when a trial failed before its first check.
+    ``storage_path`` is the user's ``--storage-path`` (checked against the cluster: several nodes
+    need shared storage); ``callbacks`` are extra Tune callbacks for every sweep.
     """
-    if not configs:
-        return []
-    storage = storage_root(storage_path, workdir)
-    check_free(storage, name)
-    threads = max(c.train.threads for c in configs) or None
-    launch = connect(name=name, prepared=prepared, workdir=workdir, address=address, storage_path=storage_path,
-                     workers_per_trial=workers_per_trial, gpus_per_worker=gpus_per_worker, threads=threads,
-                     max_concurrent=None, num_trials=len(configs), show_progress=show_progress)
-    spec = trial_spec(launch, members=configs)
-    runs = TrialRuns(uri=tracking_uri, experiment=experiment, parent_run_id=parent_run_id, sweep=name,
-                     dataset=configs[0].dataset, spec=spec)
-    fn, _ = trainable(launch, spec)
-    results, statuses = fit(launch, tuner(launch, fn, [runs], show_progress=show_progress,
-                                          param_space={MEMBER_KEY: tune.grid_search(list(range(len(configs))))}))
-    run_ids, tagged = child_runs(tracking_uri, experiment, name, parent_run_id)
-    found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
-                    downloads=Path(workdir) / "sweeps" / name / "checkpoints")
-    by_member = {int(r.params[MEMBER_KEY]): r for r in found}
-    return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR") for i, cfg in enumerate(configs)]
+
+    def __init__(self, address: str | None = None, storage_path: str | None = None,
+                 callbacks: Sequence[Any] = ()) -> None:
+        self.address, self.storage_path, self.callbacks = address, storage_path, list(callbacks)
+        self._launches: dict[str, Launch] = {}
+
+    check_free = staticmethod(check_free)
+    claim = staticmethod(claim)
+
+    def connect(self, *, name: str, prepared: Path, storage: str, workers_per_trial: int, gpus_per_worker: float,
+                threads: int | None, max_concurrent: int | None, num_trials: int,
+                show_progress: bool) -> Placement:
+        from iaa.data.manifest import read
+
+        launch = connect(name=name, prepared=prepared, storage=storage, address=self.address,
+                         storage_path=self.storage_path, workers_per_trial=workers_per_trial,
+                         gpus_per_worker=gpus_per_worker, threads=threads, max_concurrent=max_concurrent,
+                         num_trials=num_trials, show_progress=show_progress)
+        self._launches[name] = launch
+        rows = int(((read(launch.prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
+        return Placement(name=name, storage=storage, prepared=launch.prepared, max_concurrent=launch.plan.max_concurrent,
+                         threads=launch.plan.threads, gpus_per_worker=launch.plan.gpus_per_worker, train_rows=rows)
+
+    def can_resume(self, placement: Placement) -> bool:
+        return bool(tune.Tuner.can_restore(placement.experiment_path))
+
+    def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
+              downloads: Path, progress: Any = None, show_progress: bool = True) -> list[TrialRecord]:
+        """Search ``plan`` (or continue the saved run); one record per trial, checkpoints fetched to ``downloads``."""
+        launch = self._launches[placement.name]
+        spec = trial_spec(launch, base=plan.base, fixed=plan.space.fixed)
+        fn, _ = trainable(launch, spec)
+        if resume:
+            tuner_ = restore(launch, fn)
+        else:
+            runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
+                             sweep=trials.sweep, dataset=trials.dataset, spec=spec, data_dir=trials.data_dir)
+            callbacks = [runs, *self.callbacks, *([SweepProgress(progress)] if progress is not None else [])]
+            tuner_ = tuner(launch, fn, callbacks, show_progress=show_progress,
+                           search_alg=search.searcher(plan.space, plan.seed),
+                           scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
+        results, statuses = fit(launch, tuner_)
+        run_ids, tagged = child_runs(trials.uri, trials.experiment, trials.sweep, trials.parent_run_id)
+        return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
+
+    def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
+                   trials: TrialTracking, downloads: Path, workers_per_trial: int = 1, gpus_per_worker: float = 0.0,
+                   show_progress: bool = True) -> list[TrialRecord]:
+        """Train every config as a parallel Tune trial (no search, no early stopping).
+
+        Each trial gets a child run under ``trials.parent_run_id``. Trials use ``workers_per_trial``
+        Train workers of ``gpus_per_worker`` GPUs and the configs' ``train.threads`` (the largest).
+        Returns one record per config, in input order; ``checkpoint`` is ``None`` (status ``ERROR``)
+        when a trial failed before its first check.
+        """
+        if not configs:
+            return []
+        check_free(storage, name)
+        threads = max(c.train.threads for c in configs) or None
+        launch = connect(name=name, prepared=prepared, storage=storage, address=self.address,
+                         storage_path=self.storage_path, workers_per_trial=workers_per_trial,
+                         gpus_per_worker=gpus_per_worker, threads=threads, max_concurrent=None,
+                         num_trials=len(configs), show_progress=show_progress)
+        spec = trial_spec(launch, members=configs)
+        runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
+                         sweep=name, dataset=configs[0].dataset, spec=spec)
+        fn, _ = trainable(launch, spec)
+        results, statuses = fit(launch, tuner(launch, fn, [runs], show_progress=show_progress,
+                                              param_space={MEMBER_KEY: tune.grid_search(list(range(len(configs))))}))
+        run_ids, tagged = child_runs(trials.uri, trials.experiment, name, trials.parent_run_id)
+        found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
+        by_member = {int(r.params[MEMBER_KEY]): r for r in found}
+        return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR")
+                for i, cfg in enumerate(configs)]
+
+    def train_workers(self, cfg: JobConfig, prepared: Path, folder: RunFolder, *, workers: int,
+                      gpus_per_worker: float, resume: bool, storage: str, on_metrics: MetricsCallback | None,
+                      show_progress: bool) -> dict[str, Any]:
+        from iaa.platform.train_workers import fit_workers
+
+        return fit_workers(cfg, prepared, folder.path, workers=workers, gpus_per_worker=gpus_per_worker,
+                           resume=resume, address=self.address, storage_path=self.storage_path, storage=storage,
+                           on_metrics=on_metrics, show_progress=show_progress)

@@ -33,12 +33,14 @@ from mlflow.models import ModelSignature
 from mlflow.tracking import MlflowClient
 
 import iaa
+from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError
+from iaa.platform.tracking import TRANSIENT, manifest_digest
 
 ARTIFACT = "model"
-DATA_FILES = ("manifest.json", "vocab.json")
+DATA_FILES = (MANIFEST, VOCAB)
 PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-URI_ENV = "MLFLOW_TRACKING_URI"
+URI_ENVS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
 
 def _drop_warning(*args: Any, **kwargs: Any) -> None:
@@ -77,11 +79,6 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def manifest_digest(prepared: Path) -> str:
-    """A short digest of the prepared data's manifest (which holds every shard's sha256)."""
-    return hashlib.sha256((Path(prepared) / "manifest.json").read_bytes()).hexdigest()[:16]
-
-
 def _model_only(checkpoint: Path, out: Path) -> Path:
     """The checkpoint without optimizer and loop state: what inference needs."""
     import torch
@@ -89,7 +86,7 @@ def _model_only(checkpoint: Path, out: Path) -> Path:
     from iaa.jobs import checkpoint as ckpt
 
     state = ckpt.load(checkpoint)
-    torch.save({k: state[k] for k in ("format", "config", "model", "vocab_hash") if k in state}, out)
+    torch.save({k: state[k] for k in ("format", "config", "model", "vocab_hash", "vocab") if k in state}, out)
     return out
 
 
@@ -134,7 +131,7 @@ def input_example(placeholder: str) -> Any:
 def _placeholder(prepared: Path) -> str:
     from iaa.data.vocab import Vocab
 
-    return Vocab.load(Path(prepared) / "vocab.json").placeholder
+    return Vocab.load(Path(prepared) / VOCAB).placeholder
 
 
 def _log_kwargs(checkpoints: Sequence[Path], prepared: Path, folder: Path) -> dict[str, Any]:
@@ -221,24 +218,33 @@ def logged_model_id(uri: str, run_id: str) -> str | None:
 
 
 @contextmanager
-def _store(uri: str) -> Iterator[None]:
-    """``log_model`` talks to the global tracking URI: point it at ``uri`` for the call only.
+def _store(uri: str | None) -> Iterator[None]:
+    """``log_model`` and ``models:/`` downloads use the global tracking and registry URIs: point
+    both at ``uri`` for the call only (None: leave them).
 
     ``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI`` in the environment, which the
-    next command of this process would take as the user's choice: both are put back.
+    next command of this process would take as the user's choice: globals and environment are
+    put back as they were.
     """
-    from mlflow.tracking._tracking_service import utils
+    from mlflow.tracking._model_registry import utils as registry
+    from mlflow.tracking._tracking_service import utils as tracking
 
-    previous, env = utils._tracking_uri, os.environ.get(URI_ENV)
+    if uri is None:
+        yield
+        return
+    saved = (tracking._tracking_uri, registry._registry_uri, {k: os.environ.get(k) for k in URI_ENVS})
     mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(previous)        # None: unset again
-        if env is None:
-            os.environ.pop(URI_ENV, None)
-        else:
-            os.environ[URI_ENV] = env
+        mlflow.set_tracking_uri(saved[0])       # None: unset again
+        registry._registry_uri = saved[1]
+        for key, value in saved[2].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
@@ -249,8 +255,6 @@ def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
     so that the run ends FAILED and the command says what was not logged.
     """
     import sys
-
-    from iaa.platform.tracking import TRANSIENT
 
     try:
         return log(uri, run_id, checkpoints, prepared, register)
@@ -283,12 +287,6 @@ def load(model_uri: str, uri: str | None = None) -> Any:
     return mlflow.pyfunc.load_model(model_uri)
 
 
-def dataset_summary(prepared: Path) -> dict[str, Any]:
-    manifest = json.loads((Path(prepared) / "manifest.json").read_text(encoding="utf-8"))
-    return {"name": manifest.get("dataset", Path(prepared).name), "source": str(Path(prepared).resolve()),
-            "digest": manifest_digest(prepared)}
-
-
 def fetch(model_uri: str, tracking_uri: str | None = None) -> "LoadedModel":
     """Download the model at ``model_uri`` and name its files (members, prepared data), its
     name and its version: ``models:/NAME/VERSION`` and ``models:/NAME@ALIAS`` give the registry's,
@@ -300,8 +298,8 @@ def fetch(model_uri: str, tracking_uri: str | None = None) -> "LoadedModel":
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     name, version = _name_version(client, model_uri)
     try:
-        local = Path(mlflow.artifacts.download_artifacts(model_uri, tracking_uri=tracking_uri,
-                                                         dst_path=tempfile.mkdtemp(prefix="iaa-serve-")))
+        with _store(tracking_uri):
+            local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=tempfile.mkdtemp(prefix="iaa-serve-")))
     except mlflow.exceptions.MlflowException as err:
         raise IaaError(f"cannot fetch the model {model_uri} from {tracking_uri or mlflow.get_tracking_uri()}: "
                        f"{str(err).splitlines()[0][:300]}") from err

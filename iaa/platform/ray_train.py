@@ -18,7 +18,7 @@ Going distributed changes only what a :class:`~iaa.jobs.session.Session` does:
 A worker failure is retried from the last checkpoint up to ``MAX_FAILURES`` times. Train V2
 restores a run whose ``RunConfig(name, storage_path)`` is unchanged, which is how ``--resume``
 and a restored Tune trial continue. The ``train --workers N`` driver is
-:func:`iaa.platform.train.fit_workers`; a multi-worker Tune trial runs :func:`build_trainer`
+:func:`iaa.platform.train_workers.fit_workers`; a multi-worker Tune trial runs :func:`build_trainer`
 from :func:`iaa.platform.trial.run_trial`.
 """
 
@@ -107,6 +107,7 @@ class RayTrainSession(RaySession):
             raise IaaError(f"the prepared data folder {prepared} is not visible on node {ray.util.get_node_ip_address()}; "
                            "on a cluster, put it on storage that every node mounts at the same path")
         data = PreparedData.open(Path(prepared))
+        self.vocab = checkpoint.vocab_card(Path(prepared))
         train = data.rank_rows("train", self.rank, self.world_size)
         if train.num_rows == 0:
             raise IaaError(f"rank {self.rank} of {self.world_size} has no training rows: use fewer workers")

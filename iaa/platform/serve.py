@@ -1,23 +1,25 @@
 """The reader on Ray Serve: the only module that imports ``ray.serve``.
 
-One deployment, ``Reader``, whose replicas each hold an :class:`iaa.jobs.serve.Answerer`:
+Two deployments. ``Reader`` replicas each hold an :class:`iaa.jobs.serve.Answerer`; ``Ingress``
+takes HTTP and hands each request's bytes to a reader:
 
 - ``POST /predict`` takes ``iaa-cli predict``'s question object, or a list of them, and answers
   with its rows (an object, or a list), each carrying the model's name and version (also in the
-  ``x-iaa-model`` and ``x-iaa-model-version`` headers). Requests are parsed and checked on their
-  own, then answered in batches: ``serve.batch`` gathers up to ``max_batch`` requests (waiting at
-  most ``batch_wait_ms``) into one model call.
-- ``GET /ready`` answers 200 from a replica, and a replica takes traffic only once its
-  constructor has loaded the model and answered a warm-up question: until then the proxy has
-  no replica to route to (503). ``GET /`` says the same plus the limits.
+  ``x-iaa-model`` and ``x-iaa-model-version`` headers). A reader parses and checks each request
+  on its own, then answers it in a batch: ``serve.batch`` gathers up to ``max_batch`` requests
+  (waiting at most ``batch_wait_ms``) into one model call.
+- ``GET /ready`` answers 200 once a reader has loaded the model and answered a warm-up question
+  (a reader takes requests only after its constructor), else 503. ``GET /`` adds the limits.
 - A refused request is a 400/413/422 JSON ``{"error", "status"}``; an error inside a batch fails
-  only the requests of that batch (500) and never the replica.
+  only the requests of that batch (500) and never the replica. A request whose reader dies under
+  it is sent to another reader.
 
 :func:`build` is also the application builder a Serve config names (``deploy/serve.yaml``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -27,16 +29,22 @@ from typing import Any
 
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from iaa.errors import IaaError
 from iaa.jobs import serve as job
 
 ROUTE = "/"
+READY_WAIT_S = 5.0                 # GET /ready: how long to wait for a reader before 503
+
+
+Reply = tuple[int, str, dict[str, str]]          # status, JSON text, headers
 
 
 @serve.deployment(name="Reader", health_check_period_s=10, graceful_shutdown_timeout_s=5, max_constructor_retry_count=2)
 class Reader:
+    """A replica holding the model: parses a request body and answers it within a batch."""
+
     def __init__(self, config: dict[str, Any]) -> None:
         from iaa.platform import mlflow_model
 
@@ -47,31 +55,22 @@ class Reader:
         self.answer.set_max_batch_size(cfg.max_batch)
         self.answer.set_batch_wait_timeout_s(cfg.batch_wait_ms / 1000)
 
-    async def __call__(self, request: Request) -> Response:
-        path = request.url.path.rstrip("/") or "/"
-        if request.method == "GET" and path in ("/ready", "/"):
-            return self._json({"ready": True, "model": self.answerer.model,
-                               **({"limits": asdict(self.limits)} if path == "/" else {})})
-        if path != "/predict":
-            return self._json({"error": f"no route {request.method} {path}: POST /predict, GET /ready",
-                               "status": 404}, 404)
-        if request.method != "POST":
-            return self._json({"error": "/predict takes POST with a JSON body", "status": 405}, 405)
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > self.limits.max_request_bytes:
-            error = job.RequestError(413, f"request: {length} bytes, over the limit of {self.limits.max_request_bytes}")
-            return self._json(error.body(), 413)
+    def describe(self, with_limits: bool = False) -> Reply:
+        info = {"ready": True, "model": self.answerer.model, "load_seconds": round(self.answerer.load_seconds or 0.0, 3)}
+        return 200, json.dumps({**info, **({"limits": asdict(self.limits)} if with_limits else {})}), self.headers
+
+    async def predict(self, body: bytes) -> Reply:
         try:
-            questions, single = self.answerer.parse(await request.body(), self.limits)
+            questions, single = self.answerer.parse(body, self.limits)
         except job.RequestError as error:
-            return self._json(error.body(), error.status)
+            return error.status, json.dumps(error.body(), ensure_ascii=False), self.headers
         try:
             rows = await self.answer(questions)
         except Exception as error:  # noqa: BLE001 - a failed batch is a 500 for its requests, never a dead replica
             logging.getLogger("ray.serve").exception("batch failed")
-            return self._json({"error": f"the model failed on this batch: {type(error).__name__}: {error}",
-                               "status": 500}, 500)
-        return self._json(rows[0] if single else rows)
+            failure = {"error": f"the model failed on this batch: {type(error).__name__}: {error}", "status": 500}
+            return 500, json.dumps(failure), self.headers
+        return 200, json.dumps(rows[0] if single else rows, ensure_ascii=False), self.headers
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def answer(self, requests: list[list[Any]]) -> list[list[dict[str, Any]]]:
@@ -81,9 +80,51 @@ class Reader:
         if self.answerer is None:
             raise RuntimeError("no model loaded")
 
-    def _json(self, content: Any, status: int = 200) -> Response:
-        return Response(json.dumps(content, ensure_ascii=False), status_code=status, media_type="application/json",
-                        headers=self.headers)
+
+@serve.deployment(name="Ingress", health_check_period_s=10, graceful_shutdown_timeout_s=5)
+class Ingress:
+    """HTTP in front of the readers. A request whose reader replica dies under it is sent again
+    to another (``RETRIES`` times): a crashed replica costs latency, not answers."""
+
+    RETRIES = 2
+
+    def __init__(self, reader: Any, limits: dict[str, Any]) -> None:
+        self.reader = reader
+        self.limits = job.Limits(**limits)
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path.rstrip("/") or "/"
+        if request.method == "GET" and path in ("/ready", "/"):
+            try:
+                return await asyncio.wait_for(self._call("describe", path == "/"), READY_WAIT_S)
+            except asyncio.TimeoutError:
+                return _json({"ready": False, "error": "no reader replica has loaded the model yet", "status": 503}, 503)
+        if path != "/predict":
+            return _json({"error": f"no route {request.method} {path}: POST /predict, GET /ready", "status": 404}, 404)
+        if request.method != "POST":
+            return _json({"error": "/predict takes POST with a JSON body", "status": 405}, 405)
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > self.limits.max_request_bytes:
+            error = job.RequestError(413, f"request: {length} bytes, over the limit of {self.limits.max_request_bytes}")
+            return _json(error.body(), 413)
+        return await self._call("predict", await request.body())
+
+    async def _call(self, method: str, *args: Any) -> Response:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        for attempt in range(self.RETRIES + 1):
+            try:
+                status, text, headers = await getattr(self.reader, method).remote(*args)
+                return Response(text, status_code=status, media_type="application/json", headers=headers)
+            except (ActorDiedError, ActorUnavailableError, RayActorError) as error:
+                if attempt == self.RETRIES:
+                    return _json({"error": f"no reader replica could answer ({type(error).__name__})", "status": 503},
+                                 503)
+        raise AssertionError("unreachable")
+
+
+def _json(content: Any, status: int) -> Response:
+    return Response(json.dumps(content), status_code=status, media_type="application/json")
 
 
 def to_dict(cfg: job.ServeConfig) -> dict[str, Any]:
@@ -101,7 +142,7 @@ def from_dict(data: dict[str, Any]) -> job.ServeConfig:
 
 
 def deployment_options(cfg: job.ServeConfig) -> dict[str, Any]:
-    """Replicas (fixed or autoscaled), each holding ``cpus_per_replica`` Ray CPUs."""
+    """Readers (fixed or autoscaled), each holding ``cpus_per_replica`` Ray CPUs."""
     options: dict[str, Any] = {"ray_actor_options": {"num_cpus": cfg.cpus_per_replica},
                                "max_ongoing_requests": max(8, 4 * cfg.max_batch)}
     if cfg.autoscale is not None:
@@ -113,13 +154,22 @@ def deployment_options(cfg: job.ServeConfig) -> dict[str, Any]:
     return options
 
 
+INGRESS_CPUS = 0.1                   # it only reads HTTP and forwards bytes
+
+
 def build(args: dict[str, Any]) -> Any:
     """The Serve application of ``args`` (a :class:`~iaa.jobs.serve.ServeConfig` as a dict, or
-    the flat ``model``/``checkpoint``/``ensemble`` keys of a Serve config file)."""
+    the flat ``model``/``checkpoint``/``ensemble`` keys of a Serve config file): an ingress (one
+    replica, autoscaled up to a quarter of the readers' maximum on large deployments) before the
+    readers."""
     if "source" not in args:
         args = config_args(args)
     cfg = from_dict(args)
-    return Reader.options(**deployment_options(cfg)).bind(to_dict(cfg))
+    readers = Reader.options(**deployment_options(cfg)).bind(to_dict(cfg))
+    most = cfg.autoscale[1] if cfg.autoscale else cfg.replicas
+    ingress = {"num_replicas": 1} if most <= 4 else {"autoscaling_config": {"min_replicas": 1, "max_replicas": most // 4}}
+    return Ingress.options(ray_actor_options={"num_cpus": INGRESS_CPUS}, max_ongoing_requests=1000,
+                           **ingress).bind(readers, asdict(cfg.limits))
 
 
 def config_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -150,30 +200,53 @@ def start(cfg: job.ServeConfig) -> str:
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"})
     try:
         serve.run(build(to_dict(cfg)), name=cfg.app_name, route_prefix=ROUTE, blocking=False)
-    except RuntimeError as err:          # Serve's DeploymentFailed: a replica's constructor raised
-        raise IaaError(f"the model could not be served: {str(err)[-1500:]}") from err
+    except RuntimeError as err:          # DEPLOY_FAILED: a replica's constructor raised
+        raise IaaError(f"the model could not be served: {_failure(cfg.app_name) or err}") from err
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
     return f"http://{host}:{cfg.port}"
 
 
+def _failure(app: str) -> str:
+    """The last line of the error a replica's constructor raised (Serve keeps its traceback)."""
+    status = serve.status().applications.get(app)
+    messages = [d.message for d in (status.deployments.values() if status else ()) if d.message]
+    lines = [line for m in messages for line in m.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
 def replicas(app: str = "iaa") -> dict[str, int]:
-    """How many of the application's replicas are in each state (``RUNNING``, ``STARTING``, ...)."""
+    """How many of the application's reader replicas are in each state (``RUNNING``, ``STARTING``, ...)."""
     status = serve.status().applications.get(app)
     if status is None:
         return {}
-    return {str(k): int(v) for d in status.deployments.values() for k, v in d.replica_states.items()}
+    readers = status.deployments.get("Reader")
+    return {str(k): int(v) for k, v in readers.replica_states.items()} if readers else {}
+
+
+def replica_names(app: str = "iaa") -> list[str]:
+    """The actor names of the application's live reader replicas."""
+    import ray
+
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"].startswith(f"SERVE_REPLICA::{app}#Reader#"))
 
 
 def kill_replica(app: str = "iaa") -> str:
-    """Kill one replica's actor, as a crashed process would die; Serve starts another. Returns its name."""
+    """Kill one reader replica's actor, as a crashed process would die; Serve starts another.
+    Returns its name."""
     import ray
 
-    names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a["name"].startswith(f"SERVE_REPLICA::{app}#"))
+    names = replica_names(app)
     if not names:
         raise IaaError(f"application {app} has no replica to kill")
     ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
     return names[0]
+
+
+def replaced(app: str, killed: str, count: int) -> bool:
+    """Whether ``killed`` is gone and ``count`` replicas, the new one among them, are running."""
+    names = replica_names(app)
+    return killed not in names and len(names) == count and replicas(app) == {"RUNNING": count}
 
 
 def stop(app: str = "iaa") -> None:
@@ -183,6 +256,13 @@ def stop(app: str = "iaa") -> None:
 
 def run_forever(cfg: job.ServeConfig) -> None:
     """``iaa-cli serve``: deploy, say where, and serve until Ctrl-C."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)        # a service manager's stop: shut Serve down too
+    signal.signal(signal.SIGINT, interrupt)         # also when started with SIGINT ignored (`cmd &`)
     url = start(cfg)
     print(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)", file=sys.stderr)
     try:

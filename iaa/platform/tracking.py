@@ -1,4 +1,8 @@
-"""MLflow tracking, the only module that talks to MLflow: the store, runs and what they log.
+"""MLflow tracking: the store, runs and what they log.
+
+With :mod:`iaa.platform.mlflow_model` (the pyfunc model, which builds on this module and never
+the other way round) and :mod:`iaa.platform.tracker` (the jobs' Tracker on both) this is the
+only code that talks to MLflow.
 
 The default store is embedded: a SQLite file under the work directory. ``--tracking-uri`` or
 ``MLFLOW_TRACKING_URI`` selects a server instead (required on multi-node clusters, whose
@@ -20,9 +24,10 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
+import json
 import logging
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -30,7 +35,6 @@ import urllib.error
 import urllib.request
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -40,6 +44,9 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from iaa.errors import IaaError
+from iaa.data.manifest import MANIFEST
+from iaa.jobs.ports import MetricPoint, RunRecord
+from iaa.jobs.workdir import sqlite_file
 from iaa.platform.owner import owner, owner_alive
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -54,21 +61,11 @@ TRANSIENT = (mlflow.exceptions.MlflowException, requests.exceptions.RequestExcep
 logging.getLogger("mlflow").setLevel(logging.WARNING)  # keep table-creation chatter off stderr
 
 
-def resolve_uri(tracking_uri: str | None, workdir: Path) -> str:
-    """``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///WORKDIR/mlflow.db``."""
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    workdir = Path(workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{workdir / 'mlflow.db'}"
-
-
-def open_store(tracking_uri: str | None, workdir: Path) -> str:
-    """The store's URI, once checked; runs left ``RUNNING`` by dead processes are marked ``KILLED``."""
+def open_store(uri: str) -> str:
+    """The store at ``uri`` (from :meth:`iaa.jobs.workdir.Workdir.tracking_uri`), once checked; runs
+    left ``RUNNING`` by dead processes are marked ``KILLED``."""
     for key, value in MLFLOW_HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    uri = resolve_uri(tracking_uri, workdir)
     check(uri)
     close_orphans(uri)
     return uri
@@ -87,17 +84,6 @@ def check(uri: str, timeout_s: float | None = None) -> None:
             raise IaaError(f"MLflow tracking server {uri} is not reachable within {timeout_s:g} s ({reason}); "
                            "start it, fix --tracking-uri / MLFLOW_TRACKING_URI, or leave both unset to use a "
                            f"SQLite store under the workdir ({TIMEOUT_ENV} sets the wait)") from err
-    elif uri.startswith("sqlite:///"):
-        db = Path(uri.removeprefix("sqlite:///"))
-        if db.exists():
-            try:
-                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=timeout_s) as conn:
-                    verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
-            except sqlite3.DatabaseError as err:
-                verdict = str(err)
-            if verdict != "ok":
-                raise IaaError(f"the MLflow store {db} is damaged ({verdict}); move it aside to start a fresh "
-                               "store, or pass --tracking-uri")
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,9 +115,8 @@ def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def artifact_location(uri: str) -> str | None:
     """Artifacts of a SQLite store go beside it (MLflow's default, ``./mlruns``, follows the cwd)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-    return None
+    db = sqlite_file(uri)
+    return (db.resolve().parent / "mlartifacts").as_uri() if db is not None else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,9 +126,9 @@ def ensure_store(uri: str) -> None:
     MLflow builds a new SQLite store's tables on first use. Two processes doing that at once
     race, and one fails with "duplicate column name". The lock makes the second wait.
     """
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_file(uri)
+    if db is None:
         return
-    db = Path(uri.removeprefix("sqlite:///"))
     with open(db.parent / f"{db.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -193,15 +178,8 @@ def close_orphans(uri: str) -> list[str]:
 # --- finding runs ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunInfo:
-    run_id: str
-    status: str
-    tags: Mapping[str, str]
-
-
 def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
-              status: str | None = None) -> list[RunInfo]:
+              status: str | None = None) -> list[RunRecord]:
     """Runs of ``experiment`` carrying every tag of ``tags`` (and ``status``), newest first."""
     tags = tags or {}
     if any("'" in str(v) for v in tags.values()):
@@ -213,7 +191,7 @@ def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
     terms = [f"tags.`{k}` = '{v}'" for k, v in tags.items()] + ([f"attributes.status = '{status}'"] if status else [])
     runs = client.search_runs([found.experiment_id], filter_string=" and ".join(terms),
                               order_by=["attributes.start_time DESC"], max_results=5000)
-    return [RunInfo(r.info.run_id, r.info.status, dict(r.data.tags)) for r in runs]
+    return [_record(r) for r in runs]
 
 
 def find_by_tag(uri: str, key: str, values: Sequence[str]) -> str | None:
@@ -330,8 +308,6 @@ class Run:
         from mlflow.entities import DatasetInput, InputTag
         from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-        from iaa.platform.mlflow_model import dataset_summary
-
         info = dataset_summary(prepared)
         with warnings.catch_warnings():  # "can be interpreted in multiple ways": all local folders
             warnings.simplefilter("ignore")
@@ -409,28 +385,10 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
 # --- reading runs back (reports) -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunRecord:
-    """What a report needs of one run: its name, start, parameters and tags."""
-
-    run_id: str
-    name: str
-    status: str
-    start_ms: int
-    params: Mapping[str, str]
-    tags: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class MetricPoint:
-    step: int
-    value: float
-    timestamp_ms: int
-
-
 def _record(run: Any) -> RunRecord:
     return RunRecord(run.info.run_id, run.info.run_name or run.info.run_id, run.info.status,
-                     int(run.info.start_time or 0), dict(run.data.params), dict(run.data.tags))
+                     int(run.info.start_time or 0), dict(run.data.params), dict(run.data.tags),
+                     run.data.tags.get(PARENT_TAG))
 
 
 def experiment_records(uri: str, experiment: str) -> list[RunRecord] | None:
@@ -452,3 +410,15 @@ def metric_history(uri: str, run_id: str, key: str) -> list[MetricPoint]:
     """Every logged value of metric ``key`` of run ``run_id``, in logging order."""
     history = _client(uri).get_metric_history(run_id, key)
     return [MetricPoint(int(m.step), float(m.value), int(m.timestamp)) for m in history]
+
+
+def manifest_digest(prepared: Path) -> str:
+    """A short digest of the prepared data's manifest (which holds every shard's sha256)."""
+    return hashlib.sha256((Path(prepared) / MANIFEST).read_bytes()).hexdigest()[:16]
+
+
+def dataset_summary(prepared: Path) -> dict[str, Any]:
+    """The prepared data as MLflow records it: name, source folder and manifest digest."""
+    manifest = json.loads((Path(prepared) / MANIFEST).read_text(encoding="utf-8"))
+    return {"name": manifest.get("dataset", Path(prepared).name), "source": str(Path(prepared).resolve()),
+            "digest": manifest_digest(prepared)}

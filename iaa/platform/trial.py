@@ -25,7 +25,7 @@ from iaa.jobs.config import JobConfig, from_dict
 from iaa.jobs.sweep import TrialRecord
 from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, RaySession, build_trainer, load_state
 from iaa.platform.resources import train_device
-from iaa.platform.search_space import apply
+from iaa.jobs.search_space import apply
 
 MEMBER_KEY = "member"          # train_many: the trial config is {"member": index into TrialSpec.members}
 
@@ -48,6 +48,7 @@ class TrialSpec:
     fixed: dict[str, Any] = field(default_factory=dict)
     members: tuple[dict[str, Any], ...] = ()
     vocab_hash: str = ""
+    vocab: Mapping[str, Any] = field(default_factory=dict)   # checkpoint.vocab_card, read in the driver
     prepared: str = ""                       # the data folder: Train workers read their rows from it
 
     def train_run_name(self, trial_id: str) -> str:
@@ -87,6 +88,7 @@ def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid
         device = train_device(spec.gpus_per_worker)
         session = TuneSession(train, valid, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
                               threads=spec.threads, device=device)
+        session.vocab = dict(spec.vocab)
         fit(cfg, session, show_progress=False, vocab_hash=spec.vocab_hash)
         return
     import ray.tune

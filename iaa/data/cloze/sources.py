@@ -19,6 +19,7 @@ from iaa.data import errors as E
 from iaa.data.errors import DataError
 
 BOOK_MARK = "_BOOK_TITLE_"
+MAX_PARAGRAPH_CHARS = 1_000_000   # spaCy's default nlp.max_length: the most text one tagger call reads
 TOKENS, TEXT = "tokens", "text"   # Document.kind: tokenised sentences / raw paragraphs
 SPLITS = ("train", "valid", "test")
 SUFFIXES = (".txt", ".txt.gz")
@@ -111,8 +112,19 @@ def read_file(path: Path, split: str | None = None, *, file_id: str | None = Non
                         reason=E.MISSING_SOURCE)
     file_id = file_id or path.name
     if first.startswith(BOOK_MARK):
-        return list(_books(path, file_id, lines, split))
-    return [Document(file_id, str(path), TEXT, tuple(_paragraphs(lines)), split, file_id)]
+        books = list(_books(path, file_id, lines, split))
+        if not books:
+            raise DataError(f"has {BOOK_MARK} lines but no book text under them: nothing to make questions from",
+                            path=path, reason=E.MISSING_SOURCE)
+        return books
+    paragraphs = []
+    for line, paragraph in _paragraphs(lines):
+        if len(paragraph) > MAX_PARAGRAPH_CHARS:
+            raise DataError(f"the paragraph starting here has {len(paragraph):,} characters, more than the tagger "
+                            f"reads at once ({MAX_PARAGRAPH_CHARS:,}, spaCy's max_length); put blank lines between "
+                            "its paragraphs", path=path, line=line, reason=E.MISSING_SOURCE)
+        paragraphs.append(paragraph)
+    return [Document(file_id, str(path), TEXT, tuple(paragraphs), split, file_id)]
 
 
 def decode(path: Path, data: bytes) -> str:
@@ -145,11 +157,12 @@ def _books(path: Path, file_id: str, lines: list[str], split: str | None) -> Ite
             sentences.append(" ".join(line.split()))
 
 
-def _paragraphs(lines: list[str]) -> Iterator[str]:
+def _paragraphs(lines: list[str]) -> Iterator[tuple[int, str]]:
+    """Each paragraph (lines up to a blank one, joined) with the number of its first line."""
     para: list[str] = []
-    for line in lines + [""]:
+    for n, line in enumerate(lines + [""], 1):
         if line.strip():
             para.append(line.strip())
         elif para:
-            yield " ".join(para)
+            yield n - len(para), " ".join(para)
             para = []

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.files import atomic_path
-from iaa.platform import tracking
+from iaa.jobs.ports import MetricPoint, RunRecord, Tracker
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
 X_AXES = ("examples", "steps", "seconds")
 X_LABELS = {"examples": "training examples seen", "steps": "optimizer steps", "seconds": "wall-clock seconds since run start"}
@@ -41,28 +42,29 @@ class Curve:
     y: tuple[float, ...]
 
 
-def select_runs(uri: str, experiment: str, run_ids: Sequence[str] = ()) -> list[tracking.RunRecord]:
+def select_runs(tracker: Tracker, experiment: str, run_ids: Sequence[str] = ()) -> list[RunRecord]:
     """The runs of ``experiment`` to draw: all, or those of ``run_ids`` (a parent stands for its children)."""
-    records = tracking.experiment_records(uri, experiment)
+    uri = tracker.uri
+    records = tracker.experiment_records(experiment)
     if records is None:
-        names = ", ".join(tracking.experiment_names(uri)) or "none"
+        names = ", ".join(tracker.experiment_names()) or "none"
         raise IaaError(f"the MLflow store {uri} has no experiment {experiment!r} (it has: {names}); "
                        "train runs go to train-DATASET, sweeps to tune-DATASET")
     if not run_ids:
         return records
     by_id = {r.run_id: r for r in records}
-    chosen: dict[str, tracking.RunRecord] = {}
+    chosen: dict[str, RunRecord] = {}
     for run_id in run_ids:
         if run_id not in by_id:
             raise IaaError(f"run {run_id} is not in experiment {experiment!r} of {uri}; "
                            "list its runs with `mlflow ui` or drop --runs to draw them all")
-        children = [r for r in records if r.tags.get(tracking.PARENT_TAG) == run_id]
+        children = [r for r in records if r.parent_run_id == run_id]
         for record in children or [by_id[run_id]]:
             chosen[record.run_id] = record
     return list(chosen.values())
 
 
-def x_values(record: tracking.RunRecord, points: Sequence[tracking.MetricPoint], x: str) -> list[float]:
+def x_values(record: RunRecord, points: Sequence[MetricPoint], x: str) -> list[float]:
     """The x coordinate of each point (see the module docstring for each axis)."""
     if x == "steps":
         return [float(p.step) for p in points]
@@ -77,10 +79,10 @@ def x_values(record: tracking.RunRecord, points: Sequence[tracking.MetricPoint],
     return [float(p.step * batch * workers) for p in points]
 
 
-def curve(uri: str, record: tracking.RunRecord, metric: str, x: str) -> Curve | None:
+def curve(tracker: Tracker, record: RunRecord, metric: str, x: str) -> Curve | None:
     """The run's curve, one point per step (a resumed run that logged a step twice keeps the later value)."""
-    by_step: dict[int, tracking.MetricPoint] = {}
-    for point in tracking.metric_history(uri, record.run_id, metric):
+    by_step: dict[int, MetricPoint] = {}
+    for point in tracker.metric_history(record.run_id, metric):
         kept = by_step.get(point.step)
         if kept is None or point.timestamp_ms >= kept.timestamp_ms:
             by_step[point.step] = point
@@ -127,26 +129,29 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
 
 def check_out(out: Path, *, workdir: Path, tracking_uri: str | None, inputs: Mapping[str, Any] | None = None) -> None:
     """Refuse an ``out`` that is no ``.png`` or would replace the tracking database or one of ``inputs``."""
-    from iaa.jobs import outputs, resolve
+    from iaa.jobs import outputs
 
     outputs.check_file_output(out, suffixes=(".png",), what="a PNG image", inputs={
-        **(inputs or {}), "the tracking database": resolve.tracking_db(tracking_uri, workdir)})
+        **(inputs or {}), "the tracking database": Workdir(workdir).tracking_db(tracking_uri)})
 
 
-def run(experiment: str, out: Path, *, run_ids: Sequence[str] = (), metric: str = "valid_acc",
-        x: str = "examples", baseline: float | None = None, workdir: Path = Path("iaa-work"),
-        tracking_uri: str | None = None, inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Draw ``metric`` against ``x`` for the selected runs; returns the plotted data, run by run.
+def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, run_ids: Sequence[str] = (),
+        metric: str = "valid_acc", x: str = "examples", baseline: float | None = None,
+        workdir: Path = Path(DEFAULT_WORKDIR), tracking_uri: str | None = None,
+        inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Draw ``metric`` against ``x`` for the selected runs of the store ``open_tracker(uri)``;
+    returns the plotted data, run by run.
 
     ``inputs`` (label -> paths) are what else the command read (see :func:`check_out`).
     """
     if x not in X_AXES:
         raise IaaError(f"--x must be one of {', '.join(X_AXES)}, got {x!r}")
     check_out(out, workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
-    uri = tracking.open_store(tracking_uri, workdir)
+    tracker = open_tracker(Workdir(workdir).tracking_uri(tracking_uri))
+    uri = tracker.uri
     curves, skipped = [], []
-    for record in select_runs(uri, experiment, run_ids):
-        c = curve(uri, record, metric, x)
+    for record in select_runs(tracker, experiment, run_ids):
+        c = curve(tracker, record, metric, x)
         if c is None:
             skipped.append(record.run_id)
         else:

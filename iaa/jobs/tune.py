@@ -1,13 +1,14 @@
-"""``iaa-cli tune``: Optuna (TPE) search with ASHA on Ray Tune, tracked in MLflow.
+"""``iaa-cli tune``: a hyperparameter sweep with early stopping, tracked run by run.
 
-A sweep is one Tune run named ``NAME`` (``--name``; default ``DATASET-MODEL-<id>`` with a short
-random id, so sweeps never share a folder):
+A sweep is one run of the :class:`~iaa.jobs.ports.Launcher` named ``NAME`` (``--name``; default
+``DATASET-MODEL-<id>`` with a short random id, so sweeps never share a folder). With the Ray
+adapter (:class:`iaa.platform.launch.RayLauncher`):
 
-- **search** (:mod:`~iaa.platform.search`): TPE over the paper's grid, a per-dataset preset,
-  or ``--search-space FILE.yaml``, learning from each trial's best check; ASHA stops trials;
-- **resources and start** (:mod:`~iaa.platform.launch`): trials sized to the cluster,
-  checkpoints under ``STORAGE/NAME``;
-- **tracking** (:mod:`~iaa.platform.trial_runs`): one MLflow parent run per sweep and one child
+- **search** (:data:`~iaa.jobs.presets.TUNE_PRESETS`, :mod:`~iaa.platform.search`): Optuna's TPE
+  over the paper's grid, a per-dataset preset, or ``--search-space FILE.yaml``, learning from
+  each trial's best check; ASHA stops trials;
+- **resources and start**: trials sized to the cluster, checkpoints under ``STORAGE/NAME``;
+- **tracking** (the :class:`~iaa.jobs.ports.Tracker`): one parent run per sweep and one child
   run per trial, all from the driver;
 - **outputs**: ``WORKDIR/sweeps/NAME/sweep.json`` (:mod:`iaa.jobs.sweep`: every trial's config,
   best accuracy, checkpoint file, MLflow run, status), ``best_config.yaml`` (for
@@ -26,18 +27,17 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs import sweep as sweep_file
 from iaa.jobs.config import ConfigError, JobConfig, dump_yaml, to_dict
-from iaa.jobs.sweep import FINISHED_STATUSES, TrialRecord
-from iaa.platform import launch as launcher
-from iaa.platform import search, search_space, tracking
-from iaa.platform.search import TUNE_PRESETS, TunePreset
-from iaa.platform.trial import records
+from iaa.jobs import names, search_space
 from iaa.jobs.cost import Progress, SweepCost, probe
-from iaa.platform.trial_runs import SweepProgress, TrialRuns, child_runs
+from iaa.jobs.ports import Launcher, Placement, SearchPlan, TrackedRun, Tracker, TrialTracking
+from iaa.jobs.presets import SEARCH_METRIC, STOP_METRIC, TUNE_PRESETS, TunePreset, max_checks
+from iaa.jobs.sweep import FINISHED_STATUSES, TrialRecord
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
 
 class SweepInterrupted(IaaError):
@@ -46,7 +46,10 @@ class SweepInterrupted(IaaError):
 
 @dataclass(frozen=True)
 class TuneRequest:
-    """What ``iaa-cli tune`` asks for; ``None`` means the dataset's :data:`TUNE_PRESETS` value."""
+    """What ``iaa-cli tune`` asks for; ``None`` means the dataset's :data:`TUNE_PRESETS` value.
+
+    Checked here, once: a bad value is a ConfigError before anything starts.
+    """
 
     dataset: str
     data: Path | None = None
@@ -63,13 +66,28 @@ class TuneRequest:
     seed: int = 0
     config_file: Path | None = None
     sets: tuple[str, ...] = ()
-    workdir: Path = Path("iaa-work")
-    tracking_uri: str | None = None
-    address: str | None = None
+    workdir: Path = Path(DEFAULT_WORKDIR)
+    tracking_uri: str | None = None  # None: the workdir's store (a resumed sweep: the store it was tracked in)
     storage_path: str | None = None
     resume: bool = False
     show_progress: bool = True
     register: str | None = None      # register the best trial's MLflow model under this name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workdir", Path(self.workdir))
+        object.__setattr__(self, "sets", tuple(self.sets))
+        names.folder_name(self.name)
+        names.registered_name(self.register)
+        if self.dataset not in TUNE_PRESETS:
+            raise ConfigError(f"no tune preset for {self.dataset!r}; choose from {sorted(TUNE_PRESETS)}")
+        if self.num_samples is not None and self.num_samples < 1:
+            raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
+        if self.max_epochs is not None and not self.max_epochs > 0:
+            raise ConfigError(f"--max-epochs must be > 0, got {self.max_epochs}")
+        if self.grace_period is not None and self.grace_period < 1:
+            raise ConfigError(f"--grace-period must be at least 1 check, got {self.grace_period}")
+        if self.reduction_factor is not None and not self.reduction_factor > 1:
+            raise ConfigError(f"--reduction-factor must be above 1, got {self.reduction_factor}")
 
 
 def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConfig:
@@ -86,8 +104,6 @@ def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConf
     if epochs is None and "train.max_epochs" not in resolve.chosen_keys(req.config_file, req.sets):
         epochs = preset.max_epochs  # the tune preset's budget, unless the config file or --set chose one
     if epochs is not None:
-        if not epochs > 0:
-            raise ConfigError(f"--max-epochs must be > 0, got {epochs}")
         cfg = replace(cfg, train=replace(cfg.train, max_epochs=float(epochs)))
     return cfg
 
@@ -102,61 +118,54 @@ def sweep_name(req: TuneRequest) -> str:
     return sweep_file.find(Path(req.workdir), base).parent.name
 
 
-def _start(req: TuneRequest, launch: launcher.Launch, fn: Any, train_rows: int, base: JobConfig,
-           space: search_space.SearchSpace, preset: TunePreset, num_samples: int, uri: str,
-           callbacks: Sequence[Any]) -> tuple[Any, dict[str, Any], tracking.Run]:
-    """A fresh sweep: its parent run, its sweep.json, its Tuner."""
-    experiment = f"tune-{req.dataset}"
-    parent = tracking.Run.start(uri, experiment, launch.name,
-                                tags={"dataset": req.dataset, "sweep": launch.name, "model": base.model.kind})
+def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Tracker) -> tuple[dict[str, Any], TrackedRun]:
+    """A fresh sweep: its parent run and its sweep.json."""
+    experiment, base, space, preset, num_samples = f"tune-{req.dataset}", plan.base, plan.space, plan.preset, plan.num_samples
+    uri = tracker.uri
+    parent = tracker.start_run(experiment, launch.name,
+                               tags={"dataset": req.dataset, "sweep": launch.name, "model": base.model.kind})
     try:
         parent.log_dataset(launch.prepared)
-        parent.log_params({**tracking.flatten(to_dict(base)), "tune.num_samples": num_samples,
+        parent.log_params({**to_dict(base), "tune.num_samples": num_samples,
                            "tune.search_space": space.describe(), "tune.seed": req.seed,
                            "tune.workers_per_trial": req.workers_per_trial,
                            "tune.grace_period": preset.grace_period, "tune.reduction_factor": preset.reduction_factor,
-                           "tune.max_concurrent": launch.plan.max_concurrent})
+                           "tune.max_concurrent": launch.max_concurrent})
         sweep = {"name": launch.name, "dataset": req.dataset, "data_dir": str(launch.prepared.resolve()),
                  "tracking_uri": uri, "experiment": experiment, "parent_run_id": parent.run_id,
                  "storage": launch.experiment_path, "search_space": json.loads(space.to_json()), "num_samples": num_samples,
                  "asha": {"grace_period": preset.grace_period, "reduction_factor": preset.reduction_factor},
-                 "workers_per_trial": req.workers_per_trial, "max_concurrent": launch.plan.max_concurrent,
+                 "workers_per_trial": req.workers_per_trial, "max_concurrent": launch.max_concurrent,
                  "trials": []}
         sweep_file.write(sweep_file.sweep_file(req.workdir, launch.name), sweep)
-        runs = TrialRuns(uri=uri, experiment=experiment, parent_run_id=parent.run_id, sweep=launch.name,
-                         dataset=req.dataset, spec=launcher.trial_spec(launch, base=base, fixed=space.fixed),
-                         data_dir=launch.prepared)
-        max_t = search.max_checks(base, space, train_rows, req.workers_per_trial)
-        tuner = launcher.tuner(launch, fn, [runs, *callbacks], show_progress=req.show_progress,
-                               search_alg=search.searcher(space, req.seed), scheduler=search.scheduler(preset, max_t),
-                               num_samples=num_samples)
     except BaseException:
         parent.end("FAILED")
         raise
     if req.show_progress:
         print(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; TPE learns from "
-              f"{search.SEARCH_METRIC}, ASHA stops on {search.STOP_METRIC} at every check (at most {max_t}; grace "
+              f"{SEARCH_METRIC}, ASHA stops on {STOP_METRIC} at every check (at most {plan.max_t}; grace "
               f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
               f"MLflow {uri}, experiment {experiment}", file=sys.stderr)
-    return tuner, sweep, parent
+    return sweep, parent
 
 
-def _close_lost_runs(parent: tracking.Run, experiment: str, kept: set[str]) -> None:
+def _close_lost_runs(tracker: Tracker, parent: TrackedRun, experiment: str, kept: set[str]) -> None:
     """End as KILLED the child runs of trials that a killed sweep started but never recorded.
 
     Tune saves its state every few seconds; a trial started after the last save is forgotten on
     ``--resume`` (and the searcher samples a new one), but its MLflow child run already exists.
     """
-    for run in tracking.find_runs(parent.uri, experiment, status="RUNNING"):
-        if run.tags.get(tracking.PARENT_TAG) == parent.run_id and run.run_id not in kept:
-            lost = tracking.Run(parent.uri, run.run_id)
+    for run in tracker.find_runs(experiment, status="RUNNING"):
+        if run.parent_run_id == parent.run_id and run.run_id not in kept:
+            lost = tracker.attach(run.run_id)
             lost.set_tags({"lost": "started before the sweep was killed, after its last saved state; "
                                    "resumed without it"})
             lost.end("KILLED")
 
 
-def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, parent: tracking.Run,
-            space: search_space.SearchSpace, prepared: Path, register: str | None = None) -> dict[str, Any]:
+def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, parent: TrackedRun,
+            space: search_space.SearchSpace, prepared: Path, tracker: Tracker,
+            register: str | None = None) -> dict[str, Any]:
     """The best trial: its config as YAML, the table, the parent run's metrics and artifacts, and
     on the best trial's run its MLflow model and explain page."""
     name = sweep["name"]
@@ -182,7 +191,7 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     parent.log_artifact(best_config)
     parent.log_artifact(sweep_dir / "sweep.json")
     parent.end("FINISHED")
-    outputs = _best_outputs(best, sweep["tracking_uri"], sweep_dir, prepared, register, records)
+    outputs = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
     ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
     print(f"best trial {best.trial_id}: valid accuracy {best.best_valid_acc:.4f}\n"
           f"  config:       {best_config}  (iaa-cli train --config {best_config})\n"
@@ -197,27 +206,26 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
 EXPLAIN_EXAMPLES = 5  # validation examples on the best trial's explain page
 
 
-def _best_outputs(best: TrialRecord, uri: str, sweep_dir: Path, prepared: Path, register: str | None,
+def _best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared: Path, register: str | None,
                   records: Sequence[TrialRecord] = ()) -> dict[str, Any]:
-    """Every trial's MLflow model, and the best trial's explain page (first validation examples),
+    """Every trial's tracked model, and the best trial's explain page (first validation examples),
     both stored on their runs; ``register`` registers the best model. Tracking failures are
     warnings: the sweep's result stands."""
     from iaa.jobs import explain
-    from iaa.platform import mlflow_model
 
     if not best.checkpoint or not Path(best.checkpoint).is_file():
         return {}
     for trial in records:             # every trained reader is a logged model; the best one comes last
         if trial is not best and trial.mlflow_run_id and trial.checkpoint and Path(trial.checkpoint).is_file():
-            mlflow_model.try_log(uri, trial.mlflow_run_id, [Path(trial.checkpoint)], prepared)
+            tracker.log_model(tracker.attach(trial.mlflow_run_id), [Path(trial.checkpoint)], prepared)
     page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
                        out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png")
     out: dict[str, Any] = {"explain_page": page["html"], "explain_png": page["png"]}
     if best.mlflow_run_id:
-        run = tracking.Run(uri, best.mlflow_run_id)
+        run = tracker.attach(best.mlflow_run_id)
         for artifact in (page["html"], page["png"]):
             run.log_artifact(Path(artifact), "explain")
-        out["model_uri"] = mlflow_model.try_log(uri, best.mlflow_run_id, [Path(best.checkpoint)], prepared, register)
+        out["model_uri"] = tracker.log_model(run, [Path(best.checkpoint)], prepared, register)
     return out
 
 
@@ -233,18 +241,14 @@ class _Sweep:
     space: search_space.SearchSpace
     preset: TunePreset
     num_samples: int
-    uri: str                         # the MLflow store, checked
+    tracker: Tracker                 # the store, checked
     recorded: dict[str, Any] | None  # the sweep.json of a sweep to resume
 
 
-def _settle(req: TuneRequest) -> _Sweep:
-    """Every check that needs no Ray: data, config, search space, name, the MLflow store."""
+def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> _Sweep:
+    """Every check that needs no cluster: data, config, search space, name, the store."""
     from iaa.jobs import resolve
 
-    if req.dataset not in TUNE_PRESETS:
-        raise ConfigError(f"no tune preset for {req.dataset!r}; choose from {sorted(TUNE_PRESETS)}")
-    if req.num_samples is not None and req.num_samples < 1:
-        raise ConfigError(f"--num-samples must be >= 1, got {req.num_samples}")
     preset, workdir = asha_preset(req), Path(req.workdir)
     _, prepared = resolve.data_dir(req.dataset if req.data is None else None, req.data, workdir)
     base = base_config(req, prepared, preset)
@@ -253,18 +257,18 @@ def _settle(req: TuneRequest) -> _Sweep:
     for note in searched_overrides(req.sets, space):
         print(f"warning: {note}", file=sys.stderr)
     name = sweep_name(req)
-    folder, storage = sweep_file.sweep_dir(workdir, name), launcher.storage_root(req.storage_path, workdir)
+    folder, storage = Workdir(workdir).sweep(name), Workdir(workdir).storage(req.storage_path)
     recorded = None
     if req.resume:
         if not (folder / "sweep.json").is_file():
             raise IaaError(f"no sweep {name!r} to resume: {folder / 'sweep.json'} is missing; run it without --resume")
         recorded = sweep_file.read(folder / "sweep.json")
-        uri = tracking.open_store(recorded["tracking_uri"], workdir)
+        tracker = open_tracker(Workdir(workdir).tracking_uri(recorded["tracking_uri"]))
     else:
-        uri = tracking.open_store(req.tracking_uri, workdir)
+        tracker = open_tracker(Workdir(workdir).tracking_uri(req.tracking_uri))
         launcher.check_free(storage, name, folder)
-    return _Sweep(name, folder, storage, prepared, base, space, preset, req.num_samples or preset.num_samples, uri,
-                  recorded)
+    return _Sweep(name, folder, storage, prepared, base, space, preset, req.num_samples or preset.num_samples,
+                  tracker, recorded)
 
 
 def searched_overrides(sets: Sequence[str], space: search_space.SearchSpace) -> list[str]:
@@ -281,64 +285,62 @@ def searched_overrides(sets: Sequence[str], space: search_space.SearchSpace) -> 
 def asha_preset(req: TuneRequest) -> TunePreset:
     """The dataset's tune preset with ``--grace-period`` and ``--reduction-factor`` applied."""
     preset = TUNE_PRESETS[req.dataset]
-    if req.grace_period is not None and req.grace_period < 1:
-        raise ConfigError(f"--grace-period must be at least 1 check, got {req.grace_period}")
-    if req.reduction_factor is not None and not req.reduction_factor > 1:
-        raise ConfigError(f"--reduction-factor must be above 1, got {req.reduction_factor}")
     return replace(preset, grace_period=req.grace_period or preset.grace_period,
                    reduction_factor=req.reduction_factor or preset.reduction_factor)
 
 
-def _cost(launch: launcher.Launch, s: _Sweep, train_rows: int) -> SweepCost:
+def _cost(launch: Placement, s: _Sweep) -> SweepCost:
     """The sweep's size and expected wall time, printed before the first trial starts."""
-    plan = launch.plan
-    gpus = plan.gpus_per_worker > 0
-    rate = 0.0 if gpus else probe(s.base, s.prepared, plan.threads)
-    cost = SweepCost(trials=s.num_samples, epochs=s.base.train.max_epochs, examples=train_rows,
-                     examples_per_s=rate, concurrency=plan.max_concurrent, gpus=gpus,
-                     gpus_per_trial=plan.gpus_per_worker)
+    gpus = launch.gpus_per_worker > 0
+    rate = 0.0 if gpus else probe(s.base, s.prepared, launch.threads)
+    cost = SweepCost(trials=s.num_samples, epochs=s.base.train.max_epochs, examples=launch.train_rows,
+                     examples_per_s=rate, concurrency=launch.max_concurrent, gpus=gpus,
+                     gpus_per_trial=launch.gpus_per_worker)
     print(cost.describe(), file=sys.stderr)
     return cost
 
 
-def run(req: TuneRequest, *, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Run (or with ``req.resume`` continue) a sweep.
+def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> dict[str, Any]:
+    """Run (or with ``req.resume`` continue) a sweep, tracked in ``open_tracker(uri)``.
 
     Returns ``{"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"}`` plus the
     best trial, its checkpoint, the number of trials and the ``sweep.json`` path. Raises
     :class:`SweepInterrupted` when the sweep stopped with unfinished trials (after recording
-    them). ``callbacks`` are extra Tune callbacks (the overhead benchmark uses one).
+    them).
     """
-    s = _settle(req)
-    launch = launcher.connect(name=s.name, prepared=s.prepared, workdir=Path(req.workdir), address=req.address,
-                              storage_path=req.storage_path, workers_per_trial=req.workers_per_trial,
-                              gpus_per_worker=req.gpus_per_worker, threads=s.base.train.threads or None,
-                              max_concurrent=req.max_concurrent, num_trials=s.num_samples,
-                              show_progress=req.show_progress)
-    spec = launcher.trial_spec(launch, base=s.base, fixed=s.space.fixed)
-    fn, train_rows = launcher.trainable(launch, spec)
+    s = _settle(req, open_tracker, launcher)
+    tracker = s.tracker
+    launch = launcher.connect(name=s.name, prepared=s.prepared, storage=s.storage,
+                              workers_per_trial=req.workers_per_trial, gpus_per_worker=req.gpus_per_worker,
+                              threads=s.base.train.threads or None, max_concurrent=req.max_concurrent,
+                              num_trials=s.num_samples, show_progress=req.show_progress)
+    plan = SearchPlan(base=s.base, space=s.space, preset=s.preset, seed=req.seed, num_samples=s.num_samples,
+                      max_t=max_checks(s.base, s.space, launch.train_rows, req.workers_per_trial))
+    progress = None
     if s.recorded is not None:
-        tuner, sweep = launcher.restore(launch, fn), s.recorded
-        parent = tracking.Run.reopen(s.uri, sweep["parent_run_id"])
+        if not launcher.can_resume(launch):
+            raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without --resume")
+        sweep = s.recorded
+        parent = tracker.reopen_run(sweep["parent_run_id"])
         if req.show_progress:
             print(f"resuming sweep {s.name} from {launch.experiment_path}", file=sys.stderr)
     else:
         launcher.claim(s.storage, s.name, s.folder)
         if req.show_progress:
-            callbacks = [*callbacks, SweepProgress(Progress(_cost(launch, s, train_rows)))]
-        tuner, sweep, parent = _start(req, launch, fn, train_rows, s.base, s.space, s.preset, s.num_samples, s.uri,
-                                      callbacks)
+            progress = Progress(_cost(launch, s))
+        sweep, parent = _start(req, launch, plan, tracker)
+    trials = TrialTracking(uri=tracker.uri, experiment=sweep["experiment"], parent_run_id=parent.run_id,
+                           sweep=s.name, dataset=req.dataset, data_dir=s.prepared)
     started = time.time()
     try:
-        results, statuses = launcher.fit(launch, tuner)
-        run_ids, tagged = child_runs(s.uri, sweep["experiment"], s.name, parent.run_id)
-        sweep["trials"] = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
-                                  downloads=s.folder / "checkpoints")
+        sweep["trials"] = launcher.sweep(launch, plan, trials, resume=s.recorded is not None,
+                                         downloads=s.folder / "checkpoints", progress=progress,
+                                         show_progress=req.show_progress)
     except BaseException:
         parent.end("FAILED")
         raise
     sweep["wall_s"] = round(sweep.get("wall_s", 0.0) + time.time() - started, 1)
     sweep_file.write(s.folder / "sweep.json", sweep)
     if s.recorded is not None:
-        _close_lost_runs(parent, sweep["experiment"], {r.mlflow_run_id for r in sweep["trials"]})
-    return _finish(sweep["trials"], sweep, s.folder, parent, s.space, s.prepared, req.register)
+        _close_lost_runs(tracker, parent, sweep["experiment"], {r.mlflow_run_id for r in sweep["trials"]})
+    return _finish(sweep["trials"], sweep, s.folder, parent, s.space, s.prepared, tracker, req.register)

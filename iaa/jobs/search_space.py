@@ -259,18 +259,3 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 def apply(base: JobConfig, values: Mapping[str, Any]) -> JobConfig:
     """``base`` with the dotted ``values`` of one trial (``ConfigError`` on a bad value)."""
     return merge(base, unflatten(values))
-
-
-def to_optuna(space: SearchSpace) -> dict[str, Any]:
-    """Optuna distributions by parameter name, for ``OptunaSearch(space=...)``."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-    out: dict[str, Any] = {}
-    for name, p in space.params.items():
-        if p.choices is not None:
-            out[name] = CategoricalDistribution(list(p.choices))
-        elif p.integer:
-            out[name] = IntDistribution(int(p.low), int(p.high), log=p.log, step=int(p.step or 1))
-        else:
-            out[name] = FloatDistribution(float(p.low), float(p.high), log=p.log, step=p.step)
-    return out

@@ -1,0 +1,131 @@
+"""Fault suite, inputs: strict JSON Lines for ``iaa-cli predict``.
+
+Lines end at ``\\n`` only; ``document`` and ``query`` are strings and ``candidates`` a list of
+strings; ids are unique; an answer is one of the candidates; an empty file and undecodable bytes
+are errors. Each bad input is exit 1, one ``Error:`` line naming the file and line, no output
+written, and every file left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from _faults import (assert_one_message, assert_unchanged, invoke, make_checkpoint, make_prepared, question, questions,
+                     snapshot)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("inputs")
+    _, prepared = make_prepared(root)
+    return prepared, make_checkpoint(prepared, root / "run" / "checkpoints" / "best.pt")
+
+
+def predict(model, tmp_path: Path, input_path: Path) -> tuple[int, str]:
+    prepared, ckpt = model
+    return invoke("predict", "--checkpoint", ckpt, "--data", prepared, "--input", input_path,
+                  "--out", tmp_path / "answers.jsonl")
+
+
+BAD = {
+    "candidate-list-of-lists": ([question(1, candidates=[["Anna", "Ben"], "Ben"])], 1, "candidates must be a list of strings"),
+    "candidate-null": ([question(1, candidates=["Anna", None])], 1, "candidates must be a list of strings"),
+    "candidates-null": ([question(1, candidates=None)], 1, "candidates must be a list of strings, got null"),
+    "document-list": ([question(1, document=["Anna", "walked"])], 1, "document must be a string"),
+    "query-number": ([question(1, query=3)], 1, "query must be a string"),
+    "id-object": ([question(1, id={"a": 1})], 1, "id must be"),
+    "answer-not-a-candidate": ([question(1, answer="Clara")], 1, "is not one of the candidates"),
+    "answer-list": ([question(1, answer=["Ben"])], 1, "answer must be a string"),
+    "duplicate-id": ([question(1), question(2), question(1)], 3, "also the id of line 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_record_is_one_message_naming_file_and_line(model, tmp_path, case):
+    records, line, what = BAD[case]
+    path = questions(tmp_path / "q.jsonl", records)
+    before = snapshot(tmp_path)
+    assert_one_message(*predict(model, tmp_path, path), f"{path}:{line}", what)
+    assert not (tmp_path / "answers.jsonl").exists()
+    assert_unchanged(before, tmp_path)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_an_empty_input_is_an_error(model, tmp_path, text):
+    path = tmp_path / "q.jsonl"
+    path.write_text(text)
+    before = snapshot(tmp_path)
+    assert_one_message(*predict(model, tmp_path, path), path, "no question")
+    assert_unchanged(before, tmp_path)
+
+
+def test_undecodable_bytes_name_the_file_and_line(model, tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_bytes((json.dumps(question(1)) + "\n").encode() + b'{"id": "q2", "document": "\xff\xfe"}\n')
+    before = snapshot(tmp_path)
+    assert_one_message(*predict(model, tmp_path, path), f"{path}:2", "not UTF-8")
+    assert_unchanged(before, tmp_path)
+
+
+def test_a_line_separator_inside_a_string_is_text_not_a_line_break(model, tmp_path):
+    path = tmp_path / "q.jsonl"
+    record = question(1, document="Anna walked to the river .\u2028Ben sat down .")
+    path.write_text(json.dumps(record, ensure_ascii=False) + "\n" + json.dumps(question(2)) + "\n", encoding="utf-8")
+    code, out = predict(model, tmp_path, path)
+    assert code == 0, out
+    rows = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q1", "q2"]
+
+
+def test_predict_out_in_a_missing_folder_tree_under_a_file_is_one_message(model, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a folder")
+    path = questions(tmp_path / "q.jsonl", [question(1)])
+    prepared, ckpt = model
+    before = snapshot(tmp_path)
+    code, out = invoke("predict", "--checkpoint", ckpt, "--data", prepared, "--input", path,
+                       "--out", blocker / "sub" / "answers.jsonl")
+    assert_one_message(code, out, blocker / "sub" / "answers.jsonl")
+    assert_unchanged(before, tmp_path)
+
+
+def test_integer_ids_and_a_candidate_string_are_still_accepted(model, tmp_path):
+    path = questions(tmp_path / "q.jsonl", [question(1, id=7, candidates="Anna|Ben")])
+    code, out = predict(model, tmp_path, path)
+    assert code == 0, out
+    assert json.loads((tmp_path / "answers.jsonl").read_text())["id"] == "7"
+
+
+# ---- make-cloze texts ---------------------------------------------------------------------------------
+
+def _make_cloze(source: Path, out: Path) -> None:
+    from _cloze_fake import make_fake
+
+    from iaa.data.cloze.sources import SourceSpec
+    from iaa.jobs import make_cloze
+
+    make_cloze.run(make_cloze.ClozeConfig("cbt-ne", (SourceSpec(source),)), out, workers=0, tagger=make_fake,
+                   progress=False)
+
+
+def test_a_book_file_of_one_title_line_names_the_file(tmp_path):
+    from iaa.errors import IaaError
+
+    book = tmp_path / "book.txt"
+    book.write_text("_BOOK_TITLE_ : Alone\n")
+    with pytest.raises(IaaError, match=f"{book}.*no book text"):
+        _make_cloze(book, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_paragraph_longer_than_the_tagger_reads_names_the_file_and_line(tmp_path):
+    from iaa.errors import IaaError
+
+    text = tmp_path / "long.txt"
+    text.write_text("A short first paragraph .\n\n" + "word " * 250_000 + "\n")
+    with pytest.raises(IaaError, match=f"{text}, line 3: .*1,249,999 characters"):
+        _make_cloze(text, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
