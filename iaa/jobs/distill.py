@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
-from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 from iaa.jobs import teacher as teacher_mod
 from iaa.jobs.config import JobConfig, from_dict, load
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
 # The train workflow: (config, prepared data, run folder, training rows, teacher input, run tags) -> result.
 TrainWorkflow = Callable[..., dict[str, Any]]
