@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=None, help="Only the split's first N examples.")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -46,7 +47,8 @@ def main() -> None:
     for spec in args.student:
         name, _, path = spec.partition("=")
         models[name] = checkpoint.load_model(Path(path))[0]
-    table = PreparedData.open(args.data).table(args.split)
+    data = PreparedData.open(args.data)
+    table = data.table(args.split) if args.limit is None else data.rows(args.split, 0, args.limit)
     result, _ = timed_pass(models, table, args.batch_size, args.rounds)
     for name, model in models.items():
         result[name]["parameters"] = parameters(model)

@@ -160,7 +160,7 @@ def test_make_cloze_refuses_an_out_folder_that_holds_its_texts(w):
     (out / "texts" / "book.txt").write_text("Once upon a time .\n" * 40)  # ... that now holds the texts
     before = snapshot(w["root"])
     code, msg = invoke("make-cloze", "--style", "cbt-ne", "--source", out / "texts", "--out", out, "--workers", "0")
-    assert_one_message(code, msg, out, "which the command reads")
+    assert_one_message(code, msg, out, "which the command uses")
     assert_unchanged(before, w["root"])
 
 

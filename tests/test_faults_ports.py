@@ -26,7 +26,8 @@ def _process_tree(root: int) -> set[int]:
                 pass
     tree, todo = {root}, [root]
     while todo:
-        kids = [pid for pid, ppid in parent.items() if ppid == todo.pop() and pid not in tree]
+        here = todo.pop()
+        kids = [pid for pid, ppid in parent.items() if ppid == here and pid not in tree]
         tree.update(kids)
         todo.extend(kids)
     return tree

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
-from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 from iaa.jobs import teacher as teacher_mod
 from iaa.jobs.config import JobConfig, from_dict, load
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
 # The train workflow: (config, prepared data, run folder, training rows, teacher input, run tags) -> result.
 TrainWorkflow = Callable[..., dict[str, Any]]
@@ -78,7 +78,7 @@ def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teach
     if req.show_progress:
         print(f"distill: computing the teacher of {len(members)} members on "
               f"{req.train_examples or 'all'} training examples -> {path}", file=sys.stderr)
-    work = path.parent / f".scoring-{path.stem}"
+    work = Path(req.workdir) / "distill" / f"scoring-{path.stem}"     # scratch, outside the prepared data
     table = teacher_mod.compute(members, prepared, "train", req.train_examples, work, score)
     teacher_mod.write(table, path, ensemble_dir=req.ensemble, members=members, split="train",
                       limit=req.train_examples, vocab_hash=vocab_hash)

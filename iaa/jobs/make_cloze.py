@@ -28,7 +28,6 @@ from iaa.data.cloze.tagging import DEFAULT_PIPELINE, TaggedSentence, Tagger, Uni
 from iaa.data.errors import DataError
 from iaa.data.datasets import CLOZE_STYLES
 from iaa.jobs.config import ConfigError
-from iaa.errors import IaaError
 from iaa.files import atomic_write_text, writing
 from iaa.jobs import outputs
 

@@ -67,11 +67,11 @@ def refuse_inputs(out: str | os.PathLike[str], inputs: Mapping[str, str | os.Pat
     for label, given in inputs.items():
         paths = [given] if isinstance(given, (str, os.PathLike)) else list(given or ())
         for path in paths:
-            if path is None or str(path).startswith(("s3://", "gs://", "http://", "https://")):
+            if path is None or "://" in str(path):     # a remote store or bucket: never a local output
                 continue
             if same_path(out, path) or (folder and inside(path, out) and Path(path).exists()):
                 how = "is" if same_path(out, path) else "holds"
-                raise OutputError(f"{out}: {flag} {how} {label} {path}, which the command reads; "
+                raise OutputError(f"{out}: {flag} {how} {label} {path}, which the command uses; "
                                   f"give another {flag} (nothing was written)")
 
 

@@ -42,6 +42,7 @@ NOT_SEARCHABLE = ("dataset", "model.vocab_size")
 # A key that only matters when another key has a given value: searching it otherwise wastes trials.
 ONLY_WITH: dict[str, tuple[str, Any]] = {
     "model.ponder_cost": ("model.halting", "act"),   # τ of ACT's ponder cost
+    "model.halt_bias_init": ("model.halting", "act"),
 }
 SPEC_KEYS = {"choices", "low", "high", "log", "step"}
 

@@ -96,7 +96,7 @@ def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConf
     ``--max-epochs`` wins; else a ``train.max_epochs`` from the config file or ``--set`` stays;
     else the tune preset's budget applies.
     """
-    from iaa.jobs import resolve
+    from iaa.jobs import precision, resolve
 
     cfg = resolve.job_config(req.dataset, prepared, model_kind=req.model_kind, config_file=req.config_file,
                              sets=req.sets)
@@ -105,7 +105,8 @@ def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConf
         epochs = preset.max_epochs  # the tune preset's budget, unless the config file or --set chose one
     if epochs is not None:
         cfg = replace(cfg, train=replace(cfg.train, max_epochs=float(epochs)))
-    return cfg
+    # auto -> fp32 or bf16 once for the sweep: every trial and its MLflow params use the same
+    return precision.resolved(cfg, "cuda" if req.gpus_per_worker > 0 else "cpu")
 
 
 def sweep_name(req: TuneRequest) -> str:

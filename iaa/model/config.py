@@ -32,16 +32,13 @@ class ReaderConfig:
     # ponder_cost * (N + R) per example.
     halting: Halting = "none"
     ponder_cost: float = 0.001       # τ
+    halt_bias_init: float = -1.0     # b_t at the start: h_t ≈ σ(-1) = 0.27, so about 4 steps at first
     # Implementation switches (same mathematics; see iaa/model/*.py and benchmarks/README.md):
     fused_gru: bool = True           # packed, hand-differentiated BiGRU instead of nn.GRU + packing
     fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout
     sparse_embedding_grad: bool = True  # sparse embedding gradient; iaa.jobs.step keeps Adam + L2 exact
     batched_read_grad: bool = True   # one GEMM for the gradient of all T document reads
     inference_table: bool = True     # inference: per-word cache of the doc encoder's input projection
-    # Not the same arithmetic: the encoders' large GEMMs multiply in bf16 (fp32 accumulation and
-    # results) on CPUs with AMX / AVX512-BF16. Off by default; its accuracy cost is measured in
-    # benchmarks/README.md.
-    bf16_projections: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:

@@ -15,7 +15,9 @@ added to the loss with weight τ (``model.ponder_cost``).
 
 ``b_t`` is one bias per step t < T_max (Graves has one in all; no unit runs at T_max): it lets the unit learn a prior over the
 number of steps, and driving b_t to -∞ for t < k and +∞ at k makes the reader stop at step k
-exactly. Biases start at 0, as all the reader's biases do (paper, "Training Details").
+exactly. The biases start at ``model.halt_bias_init`` (default -1: h_t ≈ 0.27, so about four
+steps at first). At 0, h_t ≈ 0.5 and every example stops at step 2 from the start (0.5 + 0.5 ≥
+1 - ε), a point that ACT's gradient, which moves only R and the p_t, does not leave easily.
 """
 
 from __future__ import annotations
