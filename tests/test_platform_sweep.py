@@ -129,14 +129,17 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
     from dataclasses import replace
 
     from iaa.jobs import resolve
+    from iaa.jobs.ports import TrialTracking
     from iaa.platform import launch, tracking
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
     configs = [replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1)]
     uri = Workdir(tmp_path).tracking_uri()
     parent = tracking.Run.start(uri, "ensemble-test", "parent")
-    results = launch.train_many(configs, tiny, name="many", workdir=tmp_path, tracking_uri=uri,
-                                parent_run_id=parent.run_id, experiment="ensemble-test", show_progress=False)
+    trials = TrialTracking(uri=uri, experiment="ensemble-test", parent_run_id=parent.run_id, sweep="many",
+                           dataset="cbt-ne")
+    results = launch.RayLauncher().train_many(configs, tiny, name="many", storage=Workdir(tmp_path).storage(),
+                                              trials=trials, downloads=tmp_path / "many", show_progress=False)
     assert [r.config for r in results] == configs
     client = MlflowClient(uri)
     for cfg, result in zip(configs, results):
