@@ -77,7 +77,7 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
 
     # the parent holds the search space and the best config, not a preset's value of a searched key
     best_trial = max(trials, key=lambda t: t["best_valid_acc"])
-    assert parent.data.params["search.model.steps"].startswith("choice") and "model.steps" not in parent.data.params
+    assert parent.data.params["search.model.steps"] == "{1, 2}" and "model.steps" not in parent.data.params
     assert int(parent.data.params["best.model.steps"]) == best_trial["config"]["model"]["steps"]
     assert parent.data.tags["best_mlflow_run_id"] == best_trial["mlflow_run_id"]
     assert best_trial["mlflow_run_id"] in parent.data.tags["mlflow.note.content"]
