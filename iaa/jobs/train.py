@@ -76,7 +76,9 @@ class Trainer:
         self.n_batches = session.num_train_batches()
         if self.n_batches == 0:
             raise IaaError("the training split is empty: prepare the dataset with training examples")
-        self.max_steps = max(1, math.ceil(self.tc.max_epochs * self.n_batches))
+        # Rounded down, so that a budget like 1.5 epochs ends on the mid-epoch check (batch n // 2)
+        # instead of one step later, in an extra check of a single batch.
+        self.max_steps = max(1, math.floor(self.tc.max_epochs * self.n_batches + 1e-9))
         self.progress.resume(max_steps=self.max_steps, max_seconds=self.tc.max_minutes * 60)
         examples = self.tc.batch_size * session.world_size
         self.bar = tqdm(total=self.max_steps * examples, initial=self.progress.step * examples, unit="ex",
