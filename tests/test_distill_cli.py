@@ -79,7 +79,7 @@ def test_distill_makes_a_student_every_command_accepts(tmp_path: Path, monkeypat
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [g["prediction"] for g in got] == [e["prediction"] for e in expected]
 
-    # the same teacher again: reused, not recomputed; then a stale one is refused
+    # the same teacher again: reused, not recomputed; then a retrained member is refused
     again = invoke("distill", "--ensemble", ens["ensemble_dir"], "--workdir", str(work), *sets(["train.seed=3"]))
     assert not again["teacher_computed"] and again["teacher"] == student["teacher"]
     res = CliRunner().invoke(cli, ["train", "--data", str(prepared), "--workdir", str(work), "--overwrite",
@@ -87,4 +87,5 @@ def test_distill_makes_a_student_every_command_accepts(tmp_path: Path, monkeypat
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(cli, ["distill", "--ensemble", ens["ensemble_dir"], "--workdir", str(work),
                                    *sets(["train.seed=4"])])
-    assert res.exit_code == 1 and "stale teacher" in res.output and "--refresh-teacher" in res.output
+    # the ensemble itself is stale now (a member's sha256 differs from ensemble.json): refused before any work
+    assert res.exit_code == 1 and "sha256 differs" in res.output and "iaa-cli ensemble" in res.output
