@@ -4,7 +4,7 @@
 
 Each round times ``--steps`` baseline training batches (random batches padded to their longest
 document), then ``--steps`` batches of ours (length-bucketed, ``iaa.jobs.step.train_step``), then
-of each ``--variant`` (ours with some fields changed, e.g. ``bf16:bf16_projections=true``), on
+of each ``--variant`` (ours with some fields changed, e.g. ``plain:fused_gru=false``), on
 the synthetic CBT-NE workload of ``iaa.jobs.bench`` at the paper config. Over all rounds every
 side trains on every example of the pool once, so the rates are totals: examples / seconds. Then
 ``--rounds`` inference passes over all batches. Rounds interleave the sides, and the side that
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "(A/B of one change) instead of BaselineReader")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:FIELD=VALUE,...",
                         help="another side timed in the same rounds: ours with these fields, "
-                             "e.g. bf16:bf16_projections=true")
+                             "e.g. plain:fused_gru=false (bf16: benchmarks/bench_precision.py)")
     parser.add_argument("--no-infer", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",

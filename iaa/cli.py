@@ -293,6 +293,9 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @workdir_option
 @cluster_options
 @click.option("--register", metavar="NAME", help="Register the best trial's MLflow model under NAME.")
+@click.option("--optuna-storage", metavar="URL",
+              help="Optuna RDB storage of the sweep's study [default: sqlite:///WORKDIR/optuna.db].")
+@click.option("--verbose", is_flag=True, help="Also print Ray Tune's own status tables and result boxes.")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[NAME]",
               help="Continue the interrupted sweep NAME (or --name; alone: the latest of this dataset and model).")
 @json_option
@@ -509,7 +512,10 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
 
 
 @cli.command()
-@click.option("--experiment", required=True, help="MLflow experiment: train-DATASET for train runs, tune-DATASET for sweeps.")
+@click.option("--experiment", help="MLflow experiment: train-DATASET for train runs, tune-DATASET for sweeps.")
+@click.option("--sweep", "sweep", metavar="NAME",
+              help="Instead: the sweep's parameter importances, parallel coordinates and checks per trial "
+                   "(from its Optuna study; --out is then a folder [default: WORKDIR/sweeps/NAME/report]).")
 @click.option("--runs", "run_ids", multiple=True, metavar="ID",
               help="Draw only these runs (repeat the flag, or list them after one flag); a sweep's parent run "
                    "stands for its trials [default: all].")
@@ -520,17 +526,30 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
 @click.option("--baseline", type=_Finite(), default=None, help="Draw this accuracy as a dashed line.")
 @click.option("--baseline-data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Draw the most-frequent-candidate accuracy on this prepared folder's valid split.")
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The PNG to write.")
+@click.option("--out", type=click.Path(path_type=Path), help="The PNG to write (with --sweep: the folder).")
 @tracking_option
 @workdir_option
 @json_option
 @_friendly
-def report(experiment: str, run_ids: tuple[str, ...], more_run_ids: tuple[str, ...], metric: str, x_axis: str,
-           baseline: float | None, baseline_data: Path | None, out: Path, tracking_uri: str | None, workdir: Path,
-           as_json: bool) -> None:
-    """Draw learning curves (a metric against examples seen) of tracked runs from the MLflow store."""
+def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], more_run_ids: tuple[str, ...],
+           metric: str, x_axis: str, baseline: float | None, baseline_data: Path | None, out: Path | None,
+           tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
+    """Draw learning curves (a metric against examples seen) of tracked runs from the MLflow store,
+    or with --sweep what a sweep learnt (importances, parallel coordinates, checks per trial)."""
     from iaa.jobs import report as job
 
+    if (experiment is None) == (sweep is None):
+        raise click.UsageError("give one of --experiment (learning curves) and --sweep (a sweep's analytics)")
+    if sweep is not None:
+        from iaa.jobs import sweep_report
+        from iaa.platform.study import analyze
+        from iaa.platform.tracker import MlflowTracker
+
+        result = sweep_report.run(sweep, workdir, analyze, MlflowTracker, out=out)
+        click.echo(json.dumps(result, default=str) if as_json else sweep_report.describe(result))
+        return
+    if out is None:
+        raise click.UsageError("--out PNG is required with --experiment")
     if more_run_ids and not run_ids:
         raise click.UsageError(f"unexpected argument {more_run_ids[0]!r}: run ids go after --runs")
     run_ids = tuple(dict.fromkeys(run_ids + more_run_ids))

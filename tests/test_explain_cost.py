@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from iaa.jobs.cost import Progress, SweepCost, duration
+from iaa.jobs.cost import SweepCost, duration
 
 
 def _cost(rate: float, gpus: bool = False) -> SweepCost:
@@ -23,17 +23,72 @@ def test_waves_of_concurrent_trials():
     assert cost.wall_s == 2 * 2 * 1000 / 100.0          # two waves of 20 s
 
 
-def test_time_left_follows_the_rate_seen():
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_console_says_each_trial_event_once_and_corrects_the_estimate_from_real_checks():
+    import io
+
+    from iaa.jobs.console import SweepConsole
+
     cost = SweepCost(trials=4, epochs=2, examples=1000, examples_per_s=100.0, concurrency=2, gpus=False)
-    progress = Progress(cost, every_s=0)
-    progress.update("a", epoch=1.0)
-    progress.update("b", epoch=1.0)
-    # 2 epochs done in 10 s; left: 1 + 1 for a and b, 2 + 2 for the two unstarted trials.
-    assert progress.left_s(10.0) == 6 / (2 / 10.0)
-    progress.update("a", ended=True)                   # ASHA stopped it: its last epoch is not owed
-    assert progress.left_s(10.0) == 5 / (2 / 10.0)
-    assert "1/4 trials done" in progress.line(10.0)
+    out, clock = io.StringIO(), _Clock()
+    console = SweepConsole(cost, ["train.lr", "model.steps"], out=out, clock=clock)
+    console.trial_started("a", {"train.lr": 0.004, "model.steps": 2})
+    console.trial_started("b", {"train.lr": 0.001, "model.steps": 1})
+    clock.now = 50.0
+    console.trial_checked("a", {"checks": 1, "epoch": 0.5, "valid_acc": 0.6, "best_valid_acc": 0.6})
+    # 0.5 epochs in 50 s: a trial takes 200 s; two waves -> 400 s, where the probe said 40 s
+    assert console.corrected_s == 400.0 and cost.wall_s == 40.0
+    console.trial_checked("b", {"checks": 1, "epoch": 0.5, "valid_acc": 0.5, "best_valid_acc": 0.5})
+    # left: 1.5 + 1.5 epochs of a and b, 2 + 2 of the unstarted trials, two at a time at 0.01 epoch/s
+    assert console.left_s() == 7 / (0.01 * 2)
+    console.trial_ended("b", "asha")
+    console.trial_ended("b", "asha")                      # said once
+    console.trial_ended("a", "max-epochs")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[0m00s] trial a started: lr=4e-3 T=2"
+    assert "estimate from the first check: about 6m40s in all (the probe said at most 0m40s)" in lines[3]
+    assert lines[-2] == "[0m50s] trial b stopped by ASHA after 1 check, best valid_acc 0.5000"
+    assert lines[-1] == "[0m50s] trial a finished (max-epochs) after 1 check, best valid_acc 0.6000"
+    assert len(lines) == 7
+    assert "sweep took 7m00s; estimated at most 0m40s before it started; about 6m40s after the first check" \
+        == console.summary(420.0)
     assert duration(3725) == "1h02m" and duration(65) == "1m05s"
+
+
+def test_the_console_table_comes_only_after_a_quiet_spell_with_the_searched_values_as_columns():
+    import io
+
+    from iaa.jobs.console import SweepConsole
+
+    out, clock = io.StringIO(), _Clock()
+    console = SweepConsole(None, ["train.lr", "model.steps"], out=out, clock=clock, table_every_s=30)
+    console.trial_started("a", {"train.lr": 0.004, "model.steps": 2})
+    console.trial_started("b", {"train.lr": 0.002, "model.steps": 3})
+    clock.now = 40.0
+    console.tick()
+    assert len(out.getvalue().splitlines()) == 2          # no trial ended yet: the check lines say it all
+    console.trial_ended("b", "asha")
+    clock.now = 69.0
+    console.tick()
+    assert len(out.getvalue().splitlines()) == 3          # not quiet long enough
+    clock.now = 71.0
+    console.tick()
+    console.tick()                                        # at most every 30 s
+    table = out.getvalue().splitlines()[3:]
+    assert table[0] == "[1m11s] 1/2 trials done"
+    assert table[1].split() == ["trial", "state", "checks", "valid_acc", "best", "lr", "T"]
+    assert table[2].split() == ["a", "running", "0", "-", "-", "4e-3", "2"]
+    assert len(table) == 4
+    clock.now = 200.0
+    console.tick()                                        # no trial ended since: no second table
+    assert len(out.getvalue().splitlines()) == 7
 
 
 def test_probe_trains_the_sweeps_model_and_measures_a_rate(tmp_path):

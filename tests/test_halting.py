@@ -12,9 +12,9 @@ from iaa.model import build_reader, candidate_probs, preset
 from iaa.model.attention import Memory
 from iaa.model.gates import gate_features
 from iaa.model.halting import EPSILON
-from iaa.model.masking import masked_log_softmax
+from iaa.model.masking import full_precision, masked_log_softmax
 from iaa.model.pointer import pointer_sum
-from iaa.model.reader import _answer_mask, _full_precision
+from iaa.model.reader import _answer_mask
 from tests._model_inputs import one_thread, random_batch, select  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -47,7 +47,7 @@ def paper_forward(model, batch):
         features = model.encoders.drop(gate_features(s, q_t, d_t))
         r_q, r_d = model.gate_q(features), model.gate_d(features)
         s = model.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)
-    log_att = masked_log_softmax(_full_precision(logits), _answer_mask(model.cfg, batch))
+    log_att = masked_log_softmax(full_precision(logits), _answer_mask(model.cfg, batch))
     return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])
 
 

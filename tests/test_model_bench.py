@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from iaa.jobs import bench
+from iaa.jobs import bench, precision
 from iaa.jobs.step import build_optimizer, train_step
 from iaa.model import build_reader, preset
 from tests._model_inputs import one_thread  # noqa: F401 (autouse fixture)
@@ -19,10 +19,12 @@ TINY = {"embed_dim": 16, "hidden_dim": 8, "state_dim": 12, "steps": 2, "gate_dim
 
 @pytest.fixture(autouse=True)
 def small_roofline(monkeypatch):
-    """The roofline matmul at 256 instead of 2048: the same measurement, 500x less work."""
+    """The roofline matmul at 256 instead of 2048: the same measurement, 500x less work; and
+    ``auto`` decided by injected probe rates (a machine without bf16 units: fp32)."""
     measure = bench.matmul_gflops
-    monkeypatch.setattr(bench, "matmul_gflops", lambda device, size=256, dtype=torch.float32: measure(
-        device, size=min(size, 256), reps=3, dtype=dtype))
+    monkeypatch.setattr(bench, "matmul_gflops", lambda device, size=256, dtype=torch.float32, reps=3: measure(
+        device, size=min(size, 256), reps=reps, dtype=dtype))
+    monkeypatch.setattr(precision, "probed_rates", lambda: {"fp32": 100.0, "bf16": 20.0})
 
 
 def test_synthetic_workload_has_the_cbt_ne_shape():
@@ -55,6 +57,8 @@ def test_bench_run_reports_consistent_figures():
     assert result["device"] == "cpu" and result["batch_size"] == 4 and result["threads"] >= 1
     assert result["achieved_gflops"] == pytest.approx(
         result["flops_per_train_example"] * result["train_examples_per_s"] / 1e9, rel=1e-2, abs=2e-3)
+    assert result["precision"] == "fp32" and set(result["flops_by_dtype"]) == {"fp32"}
+    assert result["matmul_gflops"] == result["matmul_gflops_fp32"] and result["matmul_gflops_bf16"] > 0
     assert result["roofline_fraction"] == pytest.approx(result["achieved_gflops"] / result["matmul_gflops"],
                                                         rel=2e-2, abs=2e-3)
     assert result["peak_memory_bytes"] > 10 * 2**20                    # at least the interpreter and torch
@@ -72,10 +76,19 @@ def test_iaa_does_more_work_per_example_than_the_as_reader():
     assert flops["as-reader", 2] < flops["iaa", 2] < flops["iaa", 4]
 
 
-def test_bf16_on_cpu_means_bf16_projection_gemms_not_autocast():
+def test_bf16_bench_counts_each_gemm_against_its_own_dtypes_roofline(monkeypatch):
+    """The encoders' projections, their input and weight gradients and the document reads
+    multiply bf16 operands; the recurrence and the 32-row matmuls stay fp32. The roofline
+    fraction holds each dtype's FLOPs to that dtype's rate."""
     result = bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4, precision="bf16")
-    assert result["precision"] == "bf16" and result["config"]["bf16_projections"] is True
-    assert bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4)["precision"] == "fp32"
+    flops = result["flops_by_dtype"]
+    assert result["precision"] == "bf16" and flops["bf16"] > 0 and flops["fp32"] > 0
+    assert sum(flops.values()) == result["flops_per_train_example"]
+    ideal_s = flops["fp32"] / (result["matmul_gflops_fp32"] * 1e9) + flops["bf16"] / (result["matmul_gflops_bf16"] * 1e9)
+    assert result["roofline_fraction"] == pytest.approx(ideal_s * result["train_examples_per_s"], rel=2e-2, abs=2e-3)
+    assert result["matmul_gflops"] == result["matmul_gflops_bf16"]
+    monkeypatch.setattr(precision, "probed_rates", lambda: {"fp32": 100.0, "bf16": 400.0})
+    assert bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4)["precision"] == "bf16"   # auto
     with pytest.raises(ValueError, match="precision"):
         bench.run(overrides=TINY, precision="fp16")
 

@@ -13,7 +13,7 @@ from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
 from iaa.model.attention import Memory
 from iaa.model.dropout import Dropout
 from iaa.model import gru_kernels
-from iaa.model.fused_gru import FusedBiGRU, fused_bigru, gemm_precision
+from iaa.model.fused_gru import FusedBiGRU, fused_bigru
 from iaa.jobs.step import build_optimizer, train_step
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
@@ -198,71 +198,6 @@ def test_inference_table_equals_per_token_projection(kind):
             module.embedding.weight.mul_(1.5)
             module.encoders.doc_encoder.gru.weight_ih_l0.add_(0.1)
         torch.testing.assert_close(model(batch), plain(batch), atol=1e-6, rtol=1e-5)
-
-
-def _gemms_round_to_bf16(rows: int, inner: int, cols: int) -> bool:
-    """Whether an fp32 ``mm`` of this shape under ``gemm_precision(True)`` takes a bf16 kernel.
-
-    ``_is_mkldnn_bf16_supported()`` is not enough: oneDNN may report bf16 support (AVX512-BF16)
-    and still serve the implicit down-conversion with an fp32 kernel. So multiply operands whose
-    bf16 rounding is far from fp32 and see which of the two products the result is.
-    """
-    g = torch.Generator().manual_seed(0)
-    a = 1 + torch.rand(rows, inner, generator=g) * 2 ** -8           # bf16 rounds these to 1 or 1 + 2^-7
-    b = torch.ones(inner, cols)
-    with gemm_precision(True):
-        y = torch.mm(a, b)
-    exact, rounded = a @ b, a.bfloat16().float() @ b
-    return bool((y - rounded).abs().max() < (y - exact).abs().max())
-
-
-def test_bf16_projections_stay_within_bf16_rounding_of_fp32():
-    """The one opt-in path that is not the same arithmetic: its error is bf16's, and no more."""
-    torch.manual_seed(0)
-    gru = nn.GRU(64, 32, batch_first=True, bidirectional=True)
-    lengths = torch.tensor([40, 17, 33, 40, 5, 28])
-    x = torch.randn(6, 40, 64, requires_grad=True)
-    weight = torch.randn(6, 40, 64)
-    results = []
-    for bf16 in (False, True):
-        y = fused_bigru(x, lengths, gru._flat_weights, bf16=bf16)
-        results.append((y, torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])))
-    (y32, g32), (y16, g16) = results
-    assert torch.all(y16[torch.arange(40) >= lengths.unsqueeze(1)] == 0)
-    for a, b in zip((y16, *g16), (y32, *g32)):
-        rel = ((a - b).norm() / b.norm()).item()
-        assert rel < 2e-2, rel                                        # bf16 has 8 mantissa bits
-    if _gemms_round_to_bf16(int(lengths.sum()), 64, 96):              # the projection GEMM's shape
-        assert ((y16 - y32).norm() / y32.norm()).item() > 1e-4        # the bf16 kernel really ran
-    else:                                                             # oneDNN kept fp32 here
-        torch.testing.assert_close(y16, y32, atol=1e-5, rtol=1e-4)
-
-
-def test_gemm_precision_sets_bf16_only_inside_its_block():
-    before = torch.backends.mkldnn.matmul.fp32_precision
-    with gemm_precision(True):
-        assert torch.backends.mkldnn.matmul.fp32_precision == "bf16"
-    assert torch.backends.mkldnn.matmul.fp32_precision == before
-    with pytest.raises(ZeroDivisionError):                            # restored on an exception too
-        with gemm_precision(True):
-            1 / 0
-    assert torch.backends.mkldnn.matmul.fp32_precision == before
-    with gemm_precision(False):
-        assert torch.backends.mkldnn.matmul.fp32_precision == before
-
-
-def test_fused_bigru_runs_in_fp32_under_cpu_autocast():
-    torch.manual_seed(0)
-    gru = nn.GRU(8, 4, batch_first=True, bidirectional=True)
-    x = torch.randn(3, 5, 8, requires_grad=True)
-    lengths = torch.tensor([5, 2, 4])
-    y_ref = fused_bigru(x, lengths, gru._flat_weights)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = fused_bigru(x, lengths, gru._flat_weights)
-    assert y.dtype == torch.float32
-    torch.testing.assert_close(y, y_ref, atol=0, rtol=0)
-    (g,) = torch.autograd.grad(y.sum(), [x])
-    assert g.dtype == torch.float32 and torch.isfinite(g).all()
 
 
 def test_cpp_recurrence_runs_the_two_directions_on_two_threads_with_the_same_result():

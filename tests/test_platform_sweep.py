@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from iaa.cli import cli
+from iaa.jobs.sweep import config_label
 from iaa.jobs import checkpoint, evaluate
 from iaa.jobs.config import JobConfig, from_dict, load
 from iaa.jobs.workdir import Workdir
@@ -74,6 +75,23 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
         assert len(acc) == trial["checks"] == len(loss) >= 2
         assert [m.step for m in acc] == sorted({m.step for m in acc}) and acc[0].step > 0
 
+    # the parent holds the search space and the best config, not a preset's value of a searched key
+    best_trial = max(trials, key=lambda t: t["best_valid_acc"])
+    assert parent.data.params["search.model.steps"].startswith("choice") and "model.steps" not in parent.data.params
+    assert int(parent.data.params["best.model.steps"]) == best_trial["config"]["model"]["steps"]
+    assert parent.data.tags["best_mlflow_run_id"] == best_trial["mlflow_run_id"]
+    assert best_trial["mlflow_run_id"] in parent.data.tags["mlflow.note.content"]
+    assert client.get_run(best_trial["mlflow_run_id"]).data.tags["best_in_sweep"] == "true"
+    # child runs are named by the values that tell them apart
+    assert {r.info.run_name for r in kids} == {config_label(t["params"]) for t in trials}
+    assert all(r.data.tags["stop_reason"] for r in kids)
+    # the Optuna study outlives the process: every trial, with each check as an intermediate value
+    import optuna
+
+    study = optuna.load_study(study_name="two", storage=sweep["optuna"]["storage"])
+    assert sorted(len(t.intermediate_values) for t in study.trials) == sorted(t["checks"] for t in trials)
+    assert {t.state.name for t in study.trials} <= {"COMPLETE", "PRUNED"}
+
     # every trained reader is an MLflow 3 logged model of its trial's run
     import mlflow
 
@@ -111,14 +129,17 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
     from dataclasses import replace
 
     from iaa.jobs import resolve
+    from iaa.jobs.ports import TrialTracking
     from iaa.platform import launch, tracking
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
     configs = [replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1)]
     uri = Workdir(tmp_path).tracking_uri()
     parent = tracking.Run.start(uri, "ensemble-test", "parent")
-    results = launch.train_many(configs, tiny, name="many", workdir=tmp_path, tracking_uri=uri,
-                                parent_run_id=parent.run_id, experiment="ensemble-test", show_progress=False)
+    trials = TrialTracking(uri=uri, experiment="ensemble-test", parent_run_id=parent.run_id, sweep="many",
+                           dataset="cbt-ne")
+    results = launch.RayLauncher().train_many(configs, tiny, name="many", storage=Workdir(tmp_path).storage(),
+                                              trials=trials, downloads=tmp_path / "many", show_progress=False)
     assert [r.config for r in results] == configs
     client = MlflowClient(uri)
     for cfg, result in zip(configs, results):

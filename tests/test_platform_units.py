@@ -232,10 +232,11 @@ def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> 
     assert config["model.steps"] in (1, 2, 3)
     # the last check fell back from the trial's best: TPE must learn the best (0.6), not the last (0.3)
     searcher.on_trial_result("t1", {"valid_acc": 0.6, "best_valid_acc": 0.6, "training_iteration": 1})
-    last = {"valid_acc": 0.3, "best_valid_acc": 0.6, "training_iteration": 2}
+    last = {"valid_acc": 0.3, "best_valid_acc": 0.6, "training_iteration": 2, "stop_reason": "max-epochs"}
+    searcher.on_trial_result("t1", last)
     searcher.on_trial_complete("t1", last)
     [told] = searcher._ot_study.trials
-    assert told.value == 0.6
+    assert told.value == 0.6 and told.intermediate_values == {1: 0.6, 2: 0.3}
     asha = search.scheduler(TUNE_PRESETS["demo"], max_t=4)
     assert asha.metric == "valid_acc" and searcher.metric == "best_valid_acc"
 
@@ -254,16 +255,31 @@ def test_the_searcher_proposes_every_configuration_of_a_finite_space_once_before
         keys = [tuple(sorted(c.items())) for c in proposed]
         assert len(set(keys)) == 8, f"seed {seed} repeated a configuration: {keys}"
         for i, config in enumerate(proposed):
-            searcher.on_trial_complete(f"t{i}", {"best_valid_acc": 0.5 + 0.01 * i})
+            searcher.on_trial_complete(f"t{i}", {"best_valid_acc": 0.5 + 0.01 * i, "stop_reason": "max-epochs"})
         assert searcher.suggest("t8") is not None                  # space exhausted: a repeat is allowed now
         states = [t.state for t in searcher._ot_study.trials]
-        # the discarded repeats are FAILED (TPE ignores them); the 8 trials it learns from are COMPLETE
-        assert states.count(TrialState.COMPLETE) == 8 and set(states) <= {TrialState.COMPLETE, TrialState.FAIL,
-                                                                          TrialState.RUNNING}
-        redraws += states.count(TrialState.FAIL)
-    assert redraws > 0        # random draws of 8 from 8 repeat (all distinct only 0.24% of the time)
+        # repeats are drawn again before the study records a trial: no discarded (FAILED) trials
+        assert states == [TrialState.COMPLETE] * 8 + [TrialState.RUNNING]
     ranged = search_space.parse({"train.lr": {"low": 1e-4, "high": 1e-2, "log": True}}, JobConfig())
     assert ranged.size is None and search.searcher(ranged, seed=0).suggest("t0") is not None
+
+
+def test_a_trial_asha_stopped_is_pruned_with_its_checks_in_a_persistent_study(tmp_path: Path) -> None:
+    import optuna
+    from optuna.trial import TrialState
+
+    from iaa.platform import search
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    searcher = search.searcher(space, seed=0, storage=url, study_name="demo-iaa-abc123")
+    searcher.suggest("t1")
+    searcher.on_trial_result("t1", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
+    # Tune hands the result ASHA stops on to on_trial_complete only, never to on_trial_result
+    searcher.on_trial_complete("t1", {"valid_acc": 0.35, "best_valid_acc": 0.4, "checks": 2, "stop_reason": ""})
+    [trial] = optuna.load_study(study_name="demo-iaa-abc123", storage=url).trials   # read back from the file
+    assert trial.state == TrialState.PRUNED and trial.intermediate_values == {1: 0.4, 2: 0.35}
+    assert trial.user_attrs["stopped_by"] == "asha"
 
 
 def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
@@ -443,3 +459,20 @@ def test_ray_sessions_report_the_checkpoint_score_and_when_the_first_batch_went_
     assert wrote_best and wrote_tie                             # one worker: rank 0 writes every checkpoint
     assert best[CHECKPOINT_SCORE] == 0.25 and tie[CHECKPOINT_SCORE] == -1.0   # a tie never displaces the best
     assert best["first_step_at"] == first and best["steps"] == 7 and best["is_best"] and not tie["is_best"]
+
+
+def test_a_restored_searcher_continues_the_same_persistent_study(tmp_path: Path) -> None:
+    from iaa.platform import search
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    first = search.searcher(space, seed=0, storage=url, study_name="s")
+    first.suggest("a")
+    first.save(str(tmp_path / "searcher.pkl"))            # what Tune keeps for --resume
+    again = search.searcher(space, seed=0, storage=url, study_name="s")
+    again.restore(str(tmp_path / "searcher.pkl"))
+    again.suggest("b")
+    import optuna
+
+    trials = optuna.load_study(study_name="s", storage=url).trials
+    assert len(trials) == 2 and trials[0].params != trials[1].params   # one study, no repeat across the restart

@@ -137,7 +137,9 @@ def served(setup):
     from iaa.platform import serve as platform_serve
 
     root, prepared, ckpt = setup
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    started = not ray.is_initialized()          # another module's Ray may still be up: reuse it
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     cfg = job.config(model_uri=None, checkpoint=ckpt, ensemble_dir=None, data_dir=prepared, workdir=root,
                      tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
                      max_document_words=200)
@@ -145,7 +147,8 @@ def served(setup):
         yield platform_serve.start(cfg), cfg
     finally:
         platform_serve.stop(cfg.app_name)
-        ray.shutdown()
+        if started:
+            ray.shutdown()
 
 
 @pytest.mark.slow

@@ -125,3 +125,12 @@ def test_frequency_baseline_counts_candidate_occurrences() -> None:
     # candidate 1 occurs most in the first doc (gold 1: right); candidate 2 in the second (gold 0: wrong)
     assert frequency.accuracy([[0, 1, 1, -1, 2], [2, 2, 0]], [3, 3], [1, 0]) == 0.5
     assert frequency.accuracy([[0, 1]], [2], [0]) == 1.0  # a tie goes to the first candidate
+
+
+def test_a_fractional_budget_ends_on_its_check_without_a_one_batch_report(tiny: Path, tmp_path: Path) -> None:
+    # 192 rows / 64 = 3 batches an epoch, checks at batches 1 and 3; 1.5 epochs = 4.5 steps. Rounding
+    # up would add a last report of one batch at step 5, a cliff at the end of every metric chart.
+    cfg = _cfg(tiny, "train.batch_size=64", "train.check_every=0", "train.max_epochs=1.5")
+    result = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 3, 4] and result["stop_reason"] == "max-epochs"

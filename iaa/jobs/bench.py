@@ -23,6 +23,7 @@ from iaa.data.batch import Batch, pad_to_buckets
 from iaa.model.config import PRESETS, ReaderConfig
 from iaa.model.flops import batch_flops
 from iaa.model.reader import build_reader
+from iaa.jobs import precision as precision_lib
 from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
 
 VOCAB_SIZE = 50_000
@@ -114,8 +115,8 @@ def time_steps(step: Callable[[Batch], object], batches: Iterable[Batch], device
 
 def matmul_gflops(device: str = "cpu", size: int = 2048, reps: int = 10,
                   dtype: torch.dtype = torch.float32) -> float:
-    """The machine's measured rate of a large ``dtype`` matmul: the roofline the model's matmuls
-    are held to (bf16 under CUDA autocast, where they run in bf16; fp32 otherwise)."""
+    """The machine's measured rate of a large ``dtype`` matmul: the roofline that the model's
+    matmuls in that dtype are held to."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     a @ b
@@ -125,6 +126,19 @@ def matmul_gflops(device: str = "cpu", size: int = 2048, reps: int = 10,
         a @ b
     _sync(device)
     return 2 * size**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+
+
+def matmul_rooflines(device: str = "cpu", size: int = 2048, rounds: int = 3) -> dict[str, float]:
+    """GFLOP/s of a large (``size``²) fp32 and bf16 matmul on ``device``: the median of
+    ``rounds``, the two dtypes alternating (a shared machine's load then hits both alike)."""
+    rates: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for _ in range(rounds):
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            rates[name].append(matmul_gflops(device, size=size, reps=3, dtype=dtype))
+    return {name: round(sorted(r)[len(r) // 2], 1) for name, r in rates.items()}
 
 
 def count_flops(fn: Callable[[], object]) -> int:
@@ -139,6 +153,30 @@ def count_flops(fn: Callable[[], object]) -> int:
     return counter.get_total_flops()
 
 
+def count_flops_by_dtype(fn: Callable[[], object]) -> dict[str, int]:
+    """Matrix-multiply FLOPs of ``fn()`` by the dtype of the operands that each matmul multiplied
+    (``FlopCounterMode``'s formulas; the first floating-point operand's dtype)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    flops: dict[str, int] = {}
+
+    class ByDtype(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            formula = flop_registry.get(func._overloadpacket)
+            if formula is not None:
+                dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
+                name = DTYPE_NAMES.get(dtype, str(dtype))
+                flops[name] = flops.get(name, 0) + int(formula(*args, **kwargs, out_val=out))
+            return out
+
+    with ByDtype():
+        fn()
+    return flops
+
+
 def _peak_memory_bytes(device: str) -> int:
     """Peak memory so far: the CUDA caching allocator's peak, or the process's peak resident set."""
     if device.startswith("cuda"):
@@ -149,14 +187,10 @@ def _peak_memory_bytes(device: str) -> int:
 
 
 def _setup(model: str, overrides: dict[str, object] | None, device: str, precision: str):
-    """The reader config and autocast dtype of a bench run (see ``run`` for ``precision``)."""
-    if precision not in ("fp32", "bf16", "auto"):
-        raise ValueError(f"precision must be fp32, bf16 or auto, got {precision!r}")
-    cuda = device.startswith("cuda")
-    bf16 = precision == "bf16" or (precision == "auto" and cuda)
-    overrides = {**({"bf16_projections": True} if bf16 and not cuda else {}), **(overrides or {})}
-    cfg: ReaderConfig = replace(PRESETS["paper"], kind=model, vocab_size=VOCAB_SIZE, **overrides)
-    return cfg, (torch.bfloat16 if bf16 and cuda else None)
+    """The reader config and the precision used (fp32 | bf16) of a bench run."""
+    used = precision_lib.resolve(precision, device)
+    cfg: ReaderConfig = replace(PRESETS["paper"], kind=model, vocab_size=VOCAB_SIZE, **(overrides or {}))
+    return cfg, used
 
 
 def _time_inference(reader, device: str, amp_dtype, batch_size: int, steps: int, warmup: int, seed: int):
@@ -182,9 +216,9 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
         steps: timed training batches (inference times 2 x steps batches).
         warmup: untimed batches first.
         seed: for the model and the workload.
-        precision: fp32, bf16, or auto (bf16 on CUDA, fp32 on CPU). bf16 is autocast on CUDA;
-            on CPU it is ``ReaderConfig.bf16_projections`` (the encoders' large GEMMs in bf16;
-            CPU autocast would also put the many 32-row matmuls in bf16, which are slower there).
+        precision: fp32, bf16, or auto (``train.precision``'s rule: bf16 where this machine
+            runs it at least 1.5x faster, ``iaa.jobs.precision``). bf16 is bf16 autocast, with
+            explicit bf16 operands in the CPU encoders, inference table and attention reads.
         threads: torch intra-op threads for the run (0 keeps the current setting).
         compile: ``train.compile``: compiled attention reads (CUDA graphs on CUDA) over batches
             padded to bucketed widths; every timed batch's shape is compiled before the timing.
@@ -193,13 +227,17 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
 
     Returns:
         A dict with train_examples_per_s, infer_examples_per_s, flops_per_train_example,
-        achieved_gflops, matmul_gflops (in the matmuls' dtype), roofline_fraction,
-        peak_memory_bytes, config, batch_size, threads, device, precision.
+        flops_by_dtype (per training example, by the dtype each matmul multiplied in),
+        achieved_gflops, matmul_gflops_fp32 and matmul_gflops_bf16 (the machine's two
+        rooflines), matmul_gflops (the roofline of the precision used), roofline_fraction (the
+        time the matmuls would take at their own dtype's roofline over the measured step time),
+        peak_memory_bytes, config, batch_size, threads, device, precision (the one used).
     """
     retain_freed_memory()                     # an entry point: opts the process in
     if threads > 0:
         torch.set_num_threads(threads)
-    cfg, amp_dtype = _setup(model, overrides, device, precision)
+    cfg, used = _setup(model, overrides, device, precision)
+    amp_dtype = precision_lib.autocast_dtype(used)
     torch.manual_seed(seed)
     reader = build_reader(cfg).to(device)
     optimizer = build_optimizer(reader, LR, EMBED_L2)
@@ -218,26 +256,46 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     train_s, train_n = time_steps(train, train_batches[warmup:], device)
     typical = sorted(train_batches, key=lambda b: b.doc.shape[1])[len(train_batches) // 2]
     flops = batch_flops(cfg, typical) / len(typical)                   # median-length batch
+    by_dtype = _flops_by_dtype(flops, used, device, lambda: train(typical), len(typical))
     infer_s, infer_n = _time_inference(reader, device, amp_dtype, batch_size, steps, warmup, seed)
-    peak = matmul_gflops(device, size=matmul_size, dtype=amp_dtype or torch.float32)
-    return {**_report(cfg, device, amp_dtype, batch_size, flops, train_n / train_s, infer_n / infer_s, peak),
+    rooflines = matmul_rooflines(device, size=matmul_size)
+    return {**_report(cfg, device, used, batch_size, by_dtype, train_n / train_s, infer_n / infer_s, rooflines),
             "compile": compile}
 
 
-def _report(cfg: ReaderConfig, device: str, amp_dtype, batch_size: int, flops: float,
-            train_rate: float, infer_rate: float, peak: float) -> dict:
+def _flops_by_dtype(flops: float, used: str, device: str, step: Callable[[], object], examples: int) -> dict[str, float]:
+    """A training example's matmul FLOPs (``flops``, all of them) by the dtype they multiply in.
+
+    fp32 runs, and bf16 autocast on CUDA (where cuDNN's GRU runs in bf16 too), multiply all in
+    one dtype. On the CPU in bf16, the matmuls with bf16 operands all reach the dispatcher and
+    are counted there (``count_flops_by_dtype``, one more step); the rest is fp32.
+    """
+    if used == "fp32" or device.startswith("cuda"):
+        return {used: flops}
+    bf16 = min(count_flops_by_dtype(step).get("bf16", 0) / examples, flops)
+    return {"fp32": flops - bf16, "bf16": bf16}
+
+
+def _report(cfg: ReaderConfig, device: str, used: str, batch_size: int, by_dtype: dict[str, float],
+            train_rate: float, infer_rate: float, rooflines: dict[str, float]) -> dict:
+    flops = sum(by_dtype.values())                                     # per example, median-length batch
     achieved = flops * train_rate / 1e9
+    # seconds per example the matmuls would take, each at its own dtype's roofline
+    ideal_s = sum(f / (rooflines.get(name, rooflines["fp32"]) * 1e9) for name, f in by_dtype.items())
     return {
         "train_examples_per_s": round(train_rate, 2),
         "infer_examples_per_s": round(infer_rate, 2),
         "flops_per_train_example": int(flops),
+        "flops_by_dtype": {name: int(f) for name, f in sorted(by_dtype.items())},
         "achieved_gflops": round(achieved, 3),
-        "matmul_gflops": round(peak, 1),
-        "roofline_fraction": round(achieved / peak, 3),
+        "matmul_gflops": rooflines[used],
+        "matmul_gflops_fp32": rooflines["fp32"],
+        "matmul_gflops_bf16": rooflines["bf16"],
+        "roofline_fraction": round(ideal_s * train_rate, 3),
         "peak_memory_bytes": _peak_memory_bytes(device),
         "config": asdict(cfg),
         "batch_size": batch_size,
         "threads": torch.get_num_threads(),
         "device": device,
-        "precision": "bf16" if amp_dtype or (cfg.bf16_projections and not device.startswith("cuda")) else "fp32",
+        "precision": used,
     }

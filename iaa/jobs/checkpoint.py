@@ -41,7 +41,7 @@ FORMAT = 2
 RESUMABLE_CHANGES = (
     "train.max_epochs", "train.max_minutes", "train.threads", "train.precision", "train.compile",
     "model.fused_gru", "model.fast_dropout", "model.sparse_embedding_grad", "model.batched_read_grad",
-    "model.inference_table", "model.bf16_projections",
+    "model.inference_table",
 )
 
 

@@ -1,4 +1,4 @@
-"""What a sweep will cost, said before it starts, and how much of it is left while it runs.
+"""What a sweep will cost, said before it starts (:mod:`iaa.jobs.console` corrects it as it runs).
 
 The estimate multiplies out trials x epochs x training examples and divides by a throughput
 probe: a few training steps of the sweep's base config on this machine's CPU, with the torch
@@ -97,41 +97,3 @@ def probe(cfg: JobConfig, prepared: Path, threads: int) -> float:
         return seen / max(time.perf_counter() - start, 1e-9)
     finally:
         torch.set_num_threads(before)
-
-
-class Progress:
-    """Elapsed time and a running estimate of the time left, from the epochs trials have done."""
-
-    def __init__(self, cost: SweepCost, every_s: float = 20.0) -> None:
-        self.cost, self.every_s = cost, every_s
-        self.started = time.monotonic()
-        self.epochs: dict[str, float] = {}      # trial id -> epochs done
-        self.done: set[str] = set()             # trials that ended (finished or stopped)
-        self._last = 0.0
-
-    def update(self, trial_id: str, epoch: float | None = None, ended: bool = False) -> str | None:
-        """Record a trial's report; returns a progress line at most every ``every_s`` seconds."""
-        if epoch is not None:
-            self.epochs[trial_id] = max(epoch, self.epochs.get(trial_id, 0.0))
-        if ended:
-            self.done.add(trial_id)
-        now = time.monotonic()
-        if now - self._last < self.every_s and not ended:
-            return None
-        self._last = now
-        return self.line(now - self.started)
-
-    def left_s(self, elapsed: float) -> float | None:
-        """Seconds left if ASHA stops no more trials, at the rate seen so far."""
-        c = self.cost
-        done = sum(self.epochs.values())
-        if done <= 0 or elapsed <= 0:
-            return None
-        remaining = sum(max(c.epochs - e, 0.0) for t, e in self.epochs.items() if t not in self.done)
-        remaining += max(c.trials - len(self.epochs), 0) * c.epochs
-        return remaining / (done / elapsed)
-
-    def line(self, elapsed: float) -> str:
-        left = self.left_s(elapsed)
-        tail = "estimating time left" if left is None else f"at most ~{duration(left)} left"
-        return (f"sweep: {duration(elapsed)} elapsed, {len(self.done)}/{self.cost.trials} trials done, {tail}")

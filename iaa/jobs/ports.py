@@ -74,6 +74,7 @@ class Tracker(Protocol):
                   register: str | None = None) -> str | None: ...      # the model URI; None (and noted on run) when the store failed
     def experiment_records(self, experiment: str) -> list[RunRecord] | None: ...  # oldest first
     def experiment_names(self) -> list[str]: ...
+    def show_columns(self, experiment: str, columns: Sequence[str], order_by: str) -> str | None: ...  # a UI link
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]: ...
 
 
@@ -119,6 +120,8 @@ class SearchPlan:
     seed: int
     num_samples: int
     max_t: int               # the most checks a trial can reach
+    study_storage: str | None = None  # where the searcher keeps its study (an Optuna RDB URL); None: in memory
+    study_name: str | None = None
 
 
 class Launcher(Protocol):
@@ -131,7 +134,8 @@ class Launcher(Protocol):
                 show_progress: bool) -> Placement: ...
     def can_resume(self, placement: Placement) -> bool: ...
     def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
-              downloads: Path, progress: Any = None, show_progress: bool = True) -> list[TrialRecord]: ...
+              downloads: Path, progress: Any = None, show_progress: bool = True,
+              verbose: bool = False) -> list[TrialRecord]: ...   # progress: an iaa.jobs.console.SweepConsole
     def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
                    trials: TrialTracking, downloads: Path, workers_per_trial: int = 1, gpus_per_worker: float = 0.0,
                    show_progress: bool = True) -> list[TrialRecord]: ...

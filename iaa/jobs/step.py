@@ -43,7 +43,7 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.jobs.checkpoint import unwrap
-from iaa.jobs.config import ConfigError
+from iaa.jobs import precision as precision_lib
 from iaa.jobs.objective import Objective, reader_output
 
 
@@ -193,11 +193,10 @@ def autocast(device_type: str, dtype: torch.dtype | None):
     return torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext()
 
 
-def precision_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype of ``TrainConfig.precision``: None for fp32, bfloat16 for bf16."""
-    if precision not in ("fp32", "bf16"):
-        raise ConfigError(f"train.precision must be fp32 or bf16, got {precision!r}")
-    return torch.bfloat16 if precision == "bf16" else None
+def precision_dtype(precision: str, device: str | torch.device = "cpu") -> torch.dtype | None:
+    """The autocast dtype of ``TrainConfig.precision`` on ``device``: None for fp32, bfloat16
+    for bf16; ``auto`` is decided by ``iaa.jobs.precision.resolve`` (a probe, cached)."""
+    return precision_lib.autocast_dtype(precision_lib.resolve(precision, device))
 
 
 def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,

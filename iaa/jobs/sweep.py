@@ -136,3 +136,33 @@ def _dotted(data: Mapping[str, Any], name: str) -> Any:
             return ""
         node = node[part]
     return node
+
+
+# Short names of the paper's hyperparameters, for run names and table columns.
+SHORT_NAMES = {"train.lr": "lr", "model.steps": "T", "model.hidden_dim": "h", "model.embed_dim": "d",
+               "model.state_dim": "s", "train.batch_size": "B", "model.dropout": "dropout"}
+
+
+def short_name(key: str) -> str:
+    """``model.steps`` -> ``T``; an unknown key keeps its last dotted part."""
+    return SHORT_NAMES.get(key, key.split(".")[-1])
+
+
+def short_value(value: Any) -> str:
+    """``0.004`` -> ``4e-3``, ``64`` -> ``64``: compact and exact for the values a grid holds."""
+    if isinstance(value, float) and not value.is_integer() and abs(value) < 0.01:
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def config_label(params: Mapping[str, Any]) -> str:
+    """What distinguishes a trial: ``lr=4e-3 T=2 h=64`` from its searched values."""
+    return " ".join(f"{short_name(k)}={short_value(v)}" for k, v in sorted(params.items(), key=lambda kv: _order(kv[0])))
+
+
+def _order(key: str) -> tuple[int, str]:
+    names = list(SHORT_NAMES)
+    return (names.index(key), key) if key in names else (len(names), key)

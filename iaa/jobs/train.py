@@ -10,7 +10,8 @@ optimiser is built or its saved state loaded, so Adam's moments always live besi
 parameters; checkpoints hold CPU tensors (:mod:`iaa.jobs.checkpoint`), so a run trained on a GPU
 resumes or evaluates on a CPU and the other way round. ``train.precision=bf16`` runs forward
 passes (training and validation) under bf16 autocast on that device; parameters, gradients and
-Adam's state stay fp32.
+Adam's state stay fp32. ``auto`` (the default) is bf16 where this machine runs it faster
+(:mod:`iaa.jobs.precision`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ from tqdm import tqdm
 from iaa.data.batch import Batch, pad_to_buckets
 from iaa.data.prefetch import prefetch
 from iaa.errors import IaaError
-from iaa.jobs import checkpoint
+from iaa.jobs import checkpoint, precision
 from iaa.jobs.config import JobConfig, to_dict
 from iaa.jobs.ports import Launcher, Tracker
 from iaa.jobs.evaluate import score_batches
 from iaa.jobs.objective import Objective
 from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
-from iaa.jobs.step import autocast, build_optimizer, precision_dtype, retain_freed_memory, train_step
+from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
 from iaa.jobs.workdir import RunFolder
 from iaa.model.reader import build_reader
 
@@ -68,13 +69,16 @@ class Trainer:
         if cfg.train.threads > 0:
             torch.set_num_threads(cfg.train.threads)
         self.cfg, self.tc, self.session, self.vocab_hash = cfg, cfg.train, session, vocab_hash
-        self.amp_dtype = precision_dtype(cfg.train.precision)
+        self.precision = precision.resolve(cfg.train.precision, session.device)   # fp32 | bf16
+        self.amp_dtype = precision.autocast_dtype(self.precision)
         self.objective = Objective.from_config(cfg)
         self.model, self.optimizer, self.progress = self._load()
         self.n_batches = session.num_train_batches()
         if self.n_batches == 0:
             raise IaaError("the training split is empty: prepare the dataset with training examples")
-        self.max_steps = max(1, math.ceil(self.tc.max_epochs * self.n_batches))
+        # Rounded down, so that a budget like 1.5 epochs ends on the mid-epoch check (batch n // 2)
+        # instead of one step later, in an extra check of a single batch.
+        self.max_steps = max(1, math.floor(self.tc.max_epochs * self.n_batches + 1e-9))
         self.progress.resume(max_steps=self.max_steps, max_seconds=self.tc.max_minutes * 60)
         examples = self.tc.batch_size * session.world_size
         self.bar = tqdm(total=self.max_steps * examples, initial=self.progress.step * examples, unit="ex",
@@ -113,7 +117,7 @@ class Trainer:
         self.bar.close()
         p = self.progress
         return {**self.last, "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
-                "stop_reason": p.stop_reason, "train_seconds": p.elapsed_s}
+                "stop_reason": p.stop_reason, "train_seconds": p.elapsed_s, "precision": self.precision}
 
     def _run_epoch(self) -> None:
         """The rest of the current epoch, with the checks that fall in it."""
@@ -261,6 +265,8 @@ def run_tracked(
     tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers),
             **(tags or {})}
     resume_id = previous_run(tracker, experiment, folder.path) if resume else None
+    # auto -> fp32 or bf16 here, once: the tracked params record it, and every worker uses it
+    cfg = precision.resolved(cfg, "cuda" if gpus_per_worker > 0 else "cpu")
     with tracker.run(experiment, folder.path.name, tags=tags, resume_id=resume_id) as tracked:
         if resume_id is None:
             tracked.log_params(to_dict(cfg))

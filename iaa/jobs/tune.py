@@ -33,7 +33,8 @@ from iaa.errors import IaaError
 from iaa.jobs import sweep as sweep_file
 from iaa.jobs.config import ConfigError, JobConfig, dump_yaml, to_dict
 from iaa.jobs import names, search_space
-from iaa.jobs.cost import Progress, SweepCost, probe
+from iaa.jobs.console import SweepConsole
+from iaa.jobs.cost import SweepCost, probe
 from iaa.jobs.ports import Launcher, Placement, SearchPlan, TrackedRun, Tracker, TrialTracking
 from iaa.jobs.presets import SEARCH_METRIC, STOP_METRIC, TUNE_PRESETS, TunePreset, max_checks
 from iaa.jobs.sweep import FINISHED_STATUSES, TrialRecord
@@ -72,6 +73,8 @@ class TuneRequest:
     resume: bool = False
     show_progress: bool = True
     register: str | None = None      # register the best trial's MLflow model under this name
+    verbose: bool = False            # Ray Tune's own status tables and result boxes
+    optuna_storage: str | None = None  # the study's RDB URL; None: sqlite:///WORKDIR/optuna.db
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -96,7 +99,7 @@ def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConf
     ``--max-epochs`` wins; else a ``train.max_epochs`` from the config file or ``--set`` stays;
     else the tune preset's budget applies.
     """
-    from iaa.jobs import resolve
+    from iaa.jobs import precision, resolve
 
     cfg = resolve.job_config(req.dataset, prepared, model_kind=req.model_kind, config_file=req.config_file,
                              sets=req.sets)
@@ -105,7 +108,8 @@ def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConf
         epochs = preset.max_epochs  # the tune preset's budget, unless the config file or --set chose one
     if epochs is not None:
         cfg = replace(cfg, train=replace(cfg.train, max_epochs=float(epochs)))
-    return cfg
+    # auto -> fp32 or bf16 once for the sweep: every trial and its MLflow params use the same
+    return precision.resolved(cfg, "cuda" if req.gpus_per_worker > 0 else "cpu")
 
 
 def sweep_name(req: TuneRequest) -> str:
@@ -118,6 +122,41 @@ def sweep_name(req: TuneRequest) -> str:
     return sweep_file.find(Path(req.workdir), base).parent.name
 
 
+def study_storage(req: TuneRequest) -> str:
+    """Where the sweep's Optuna study lives: ``--optuna-storage``, else ``WORKDIR/optuna.db``
+    (one file for every sweep of the work folder: ``optuna-dashboard sqlite:///...`` lists them)."""
+    return req.optuna_storage or f"sqlite:///{(Path(req.workdir) / OPTUNA_DB).resolve()}"
+
+
+OPTUNA_DB = "optuna.db"
+
+
+def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Placement) -> dict[str, Any]:
+    """The parent run's params: what every trial shares (the config less the searched keys), the
+    search space (``search.KEY``) and the sweep's settings (``tune.*``)."""
+    shared = to_dict(base)
+    for key in plan.space.params:
+        head, _, leaf = key.rpartition(".")
+        node = shared
+        for part in head.split(".") if head else []:
+            node = node.get(part, {})
+        node.pop(leaf, None)
+    return {**shared, **{f"search.{k}": p.describe() for k, p in plan.space.params.items()},
+            "tune.num_samples": plan.num_samples, "tune.seed": req.seed, "tune.workers_per_trial": req.workers_per_trial,
+            "tune.grace_period": plan.preset.grace_period, "tune.reduction_factor": plan.preset.reduction_factor,
+            "tune.max_checks": plan.max_t, "tune.max_concurrent": launch.max_concurrent,
+            "tune.study": plan.study_name, "tune.study_storage": plan.study_storage}
+
+
+SORT_COLUMN = "metrics.best_valid_acc"
+
+
+def run_columns(space: search_space.SearchSpace, best: bool = False) -> list[str]:
+    """The runs table's columns: the accuracies, the searched params (and the parent's ``best.*``)."""
+    return ["metrics.best_valid_acc", "metrics.valid_acc", *[f"params.{k}" for k in space.params],
+            *([f"params.best.{k}" for k in space.params] if best else [])]
+
+
 def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Tracker) -> tuple[dict[str, Any], TrackedRun]:
     """A fresh sweep: its parent run and its sweep.json."""
     experiment, base, space, preset, num_samples = f"tune-{req.dataset}", plan.base, plan.space, plan.preset, plan.num_samples
@@ -126,17 +165,14 @@ def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Track
                                tags={"dataset": req.dataset, "sweep": launch.name, "model": base.model.kind})
     try:
         parent.log_dataset(launch.prepared)
-        parent.log_params({**to_dict(base), "tune.num_samples": num_samples,
-                           "tune.search_space": space.describe(), "tune.seed": req.seed,
-                           "tune.workers_per_trial": req.workers_per_trial,
-                           "tune.grace_period": preset.grace_period, "tune.reduction_factor": preset.reduction_factor,
-                           "tune.max_concurrent": launch.max_concurrent})
+        parent.log_params(sweep_params(base, plan, req, launch))
+        tracker.show_columns(experiment, run_columns(space), SORT_COLUMN)   # the runs view, while the sweep runs
         sweep = {"name": launch.name, "dataset": req.dataset, "data_dir": str(launch.prepared.resolve()),
                  "tracking_uri": uri, "experiment": experiment, "parent_run_id": parent.run_id,
                  "storage": launch.experiment_path, "search_space": json.loads(space.to_json()), "num_samples": num_samples,
                  "asha": {"grace_period": preset.grace_period, "reduction_factor": preset.reduction_factor},
                  "workers_per_trial": req.workers_per_trial, "max_concurrent": launch.max_concurrent,
-                 "trials": []}
+                 "optuna": {"storage": plan.study_storage, "study": plan.study_name}, "trials": []}
         sweep_file.write(sweep_file.sweep_file(req.workdir, launch.name), sweep)
     except BaseException:
         parent.end("FAILED")
@@ -165,7 +201,7 @@ def _close_lost_runs(tracker: Tracker, parent: TrackedRun, experiment: str, kept
 
 def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, parent: TrackedRun,
             space: search_space.SearchSpace, prepared: Path, tracker: Tracker,
-            register: str | None = None) -> dict[str, Any]:
+            register: str | None = None, req: TuneRequest | None = None) -> dict[str, Any]:
     """The best trial: its config as YAML, the table, the parent run's metrics and artifacts, and
     on the best trial's run its MLflow model and explain page."""
     name = sweep["name"]
@@ -186,21 +222,43 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     parent.log_metrics({"best_valid_acc": best.best_valid_acc, "trials": len(records),
                         "trials_stopped_early": sum(r.stop_reason == "asha" for r in records),
                         "trials_failed": sum(r.status == "ERROR" for r in records)}, step=0)
+    label = sweep_file.config_label(best.params)
+    parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
+    view = tracker.show_columns(sweep["experiment"], run_columns(space, best=True), SORT_COLUMN)
+    link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
     parent.set_tags({"best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
-                     "best_mlflow_run_id": best.mlflow_run_id or ""})
+                     "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,
+                     "mlflow.note.content": f"Best trial: [{label}]{link}, best valid_acc {best.best_valid_acc:.4f} "
+                                            f"(trial {best.trial_id}, run {best.mlflow_run_id}); its config is "
+                                            "the `best.*` params and the artifact `best_config.yaml`."})
+    if best.mlflow_run_id:
+        tracker.attach(best.mlflow_run_id).set_tags({"best_in_sweep": "true", "mlflow.note.content":
+                                                     f"The best trial of sweep {name}."})
     parent.log_artifact(best_config)
     parent.log_artifact(sweep_dir / "sweep.json")
     parent.end("FINISHED")
     outputs = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
     ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
-    print(f"best trial {best.trial_id}: valid accuracy {best.best_valid_acc:.4f}\n"
+    print(f"best trial {best.trial_id} ({label}): valid accuracy {best.best_valid_acc:.4f}\n"
           f"  config:       {best_config}  (iaa-cli train --config {best_config})\n"
           + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
-          + f"  runs:         {ui}", file=sys.stderr)
+          + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
+          + next_commands(name, best, outputs, req), file=sys.stderr)
     return {"sweep": name, "tracking_uri": sweep["tracking_uri"], "experiment": sweep["experiment"],
             "best_config": str(best_config), "best_valid_acc": best.best_valid_acc,
             "best_trial": best.trial_id, "best_checkpoint": best.checkpoint, "trials": len(records),
             "sweep_json": str(sweep_dir / "sweep.json"), "parent_run_id": parent.run_id, **outputs, "mlflow_ui": ui}
+
+
+def next_commands(name: str, best: TrialRecord, outputs: dict[str, Any], req: TuneRequest | None) -> str:
+    """What to run after the sweep: its analytics, an ensemble of its best configs, a service."""
+    where = "" if req is None or Path(req.workdir) == Path(DEFAULT_WORKDIR) else f" --workdir {req.workdir}"
+    model = (f"--model models:/{req.register}/latest" if req is not None and req.register
+             else f"--checkpoint {best.checkpoint}")
+    return ("next:\n"
+            f"  iaa-cli report --sweep {name}{where}\n"
+            f"  iaa-cli ensemble --sweep {name}{where}\n"
+            f"  iaa-cli serve {model}")
 
 
 EXPLAIN_EXAMPLES = 5  # validation examples on the best trial's explain page
@@ -314,9 +372,12 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
                               workers_per_trial=req.workers_per_trial, gpus_per_worker=req.gpus_per_worker,
                               threads=s.base.train.threads or None, max_concurrent=req.max_concurrent,
                               num_trials=s.num_samples, show_progress=req.show_progress)
+    recorded_study = (s.recorded or {}).get("optuna") or {}
     plan = SearchPlan(base=s.base, space=s.space, preset=s.preset, seed=req.seed, num_samples=s.num_samples,
-                      max_t=max_checks(s.base, s.space, launch.train_rows, req.workers_per_trial))
-    progress = None
+                      max_t=max_checks(s.base, s.space, launch.train_rows, req.workers_per_trial),
+                      study_storage=recorded_study.get("storage") or study_storage(req),
+                      study_name=recorded_study.get("study") or s.name)
+    console = None
     if s.recorded is not None:
         if not launcher.can_resume(launch):
             raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without --resume")
@@ -327,20 +388,22 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     else:
         launcher.claim(s.storage, s.name, s.folder)
         if req.show_progress:
-            progress = Progress(_cost(launch, s))
+            console = SweepConsole(_cost(launch, s), list(s.space.params))
         sweep, parent = _start(req, launch, plan, tracker)
     trials = TrialTracking(uri=tracker.uri, experiment=sweep["experiment"], parent_run_id=parent.run_id,
                            sweep=s.name, dataset=req.dataset, data_dir=s.prepared)
     started = time.time()
     try:
         sweep["trials"] = launcher.sweep(launch, plan, trials, resume=s.recorded is not None,
-                                         downloads=s.folder / "checkpoints", progress=progress,
-                                         show_progress=req.show_progress)
+                                         downloads=s.folder / "checkpoints", progress=console,
+                                         show_progress=req.show_progress, verbose=req.verbose)
     except BaseException:
         parent.end("FAILED")
         raise
     sweep["wall_s"] = round(sweep.get("wall_s", 0.0) + time.time() - started, 1)
+    if console is not None:
+        print(console.summary(time.time() - started), file=sys.stderr)
     sweep_file.write(s.folder / "sweep.json", sweep)
     if s.recorded is not None:
         _close_lost_runs(tracker, parent, sweep["experiment"], {r.mlflow_run_id for r in sweep["trials"]})
-    return _finish(sweep["trials"], sweep, s.folder, parent, s.space, s.prepared, tracker, req.register)
+    return _finish(sweep["trials"], sweep, s.folder, parent, s.space, s.prepared, tracker, req.register, req)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from iaa.model.masking import masked_softmax
+from iaa.model.precision import compute_dtype
 
 
 class Memory:
@@ -18,40 +19,35 @@ class Memory:
     returns no gradient for M; when every read is done, dL/dM = U Vᵀ in one batched GEMM with
     inner size 2T - 1. Same gradient, one pass. ``deferred=False`` uses plain autograd (reference).
 
-    Under autocast the deferred reads compute in autocast's dtype, as ``torch.bmm`` would: M is
-    cast once here, and each read casts its other factor, so their backward (which runs outside
-    autocast) multiplies tensors of one dtype. The gradient reaches the fp32 M through the cast.
+    The reads multiply in ``dtype``: by default autocast's where it is on when the memory is
+    made (bf16 under ``train.precision=bf16``), whether or not it is still on at the reads. M is
+    cast once here (not once per read), each read casts its other factor, and returns its result
+    in M's own dtype (fp32), so the softmaxes and gates around the reads stay fp32. The gradient
+    reaches the fp32 M through the cast.
     """
 
-    def __init__(self, memory: torch.Tensor, deferred: bool = True) -> None:
+    def __init__(self, memory: torch.Tensor, deferred: bool = True, dtype: torch.dtype | None = None) -> None:
         self.deferred = deferred and memory.requires_grad and torch.is_grad_enabled()
         self.left: list[torch.Tensor] = []     # (B, L) factors
         self.right: list[torch.Tensor] = []    # (B, k) factors
+        self.dtype = memory.dtype              # of the reads' results
+        memory = memory.to(dtype or compute_dtype(memory))                  # cast once, not per read
         if self.deferred:
-            memory = _CollectGrad.apply(memory.to(_compute_dtype(memory)), self)
-        self.tensor = memory                   # (B, L, k)
+            memory = _CollectGrad.apply(memory, self)
+        self.tensor = memory                   # (B, L, k) in the reads' compute dtype
 
     def logits(self, key: torch.Tensor) -> torch.Tensor:
         """m_iᵀ key: (B, L)."""
         if self.deferred:
-            return _Read.apply(self.tensor, key, self, True)
-        return bilinear_logits(self.tensor, key)
+            return _Read.apply(self.tensor, key, self, True).to(self.dtype)
+        return bilinear_logits(self.tensor, key.to(self.tensor.dtype)).to(self.dtype)
 
     def glimpse(self, weights: torch.Tensor) -> torch.Tensor:
         """Σ_i w_i m_i: (B, k)."""
         if self.deferred:
-            return _Read.apply(self.tensor, weights, self, False)
-        return glimpse(weights, self.tensor)
+            return _Read.apply(self.tensor, weights, self, False).to(self.dtype)
+        return glimpse(weights.to(self.tensor.dtype), self.tensor).to(self.dtype)
 
-
-def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
-    """The dtype a matmul of ``tensor`` runs in here: autocast's, when it is on for its device
-    (autocast casts floating-point tensors other than float64)."""
-    device = tensor.device.type
-    if (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
-            and tensor.is_floating_point() and tensor.dtype != torch.float64):
-        return torch.get_autocast_dtype(device)
-    return tensor.dtype
 
 
 class _CollectGrad(torch.autograd.Function):

@@ -39,10 +39,6 @@ class ReaderConfig:
     sparse_embedding_grad: bool = True  # sparse embedding gradient; iaa.jobs.step keeps Adam + L2 exact
     batched_read_grad: bool = True   # one GEMM for the gradient of all T document reads
     inference_table: bool = True     # inference: per-word cache of the doc encoder's input projection
-    # Not the same arithmetic: the encoders' large GEMMs multiply in bf16 (fp32 accumulation and
-    # results) on CPUs with AMX / AVX512-BF16. Off by default; its accuracy cost is measured in
-    # benchmarks/README.md.
-    bf16_projections: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:

@@ -54,15 +54,14 @@ class BiGRUEncoder(nn.Module):
             path); otherwise ``nn.GRU`` over ``pack_padded_sequence`` (reference path, and on
             CUDA cuDNN's packed GRU, the fast path there). Both read the same ``nn.GRU``
             parameters and compute the same function.
-        bf16: fused path only: its large GEMMs multiply in bf16 (``fused_gru.gemm_precision``).
 
     Masks must be left-aligned: row b is real at positions [0, length_b), length_b >= 1.
     """
 
-    def __init__(self, input_dim: int, hidden_dim: int, fused: bool = True, bf16: bool = False) -> None:
+    def __init__(self, input_dim: int, hidden_dim: int, fused: bool = True) -> None:
         super().__init__()
         self.gru = nn.GRU(input_dim, hidden_dim, batch_first=True, bidirectional=True)
-        self.fused, self.bf16 = fused, bf16
+        self.fused = fused
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor,
                 lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +75,7 @@ class BiGRUEncoder(nn.Module):
         """
         on_device = mask.sum(1)                                            # (B,) beside x
         if self.fused and x.is_cpu:
-            states = fused_bigru(x, on_device, self.gru._flat_weights, self.bf16)  # (B, L, 2h)
+            states = fused_bigru(x, on_device, self.gru._flat_weights)    # (B, L, 2h)
         else:
             host = on_device.cpu() if lengths is None else lengths
             states = self._packed_gru(x, host)                            # (B, L, 2h)
@@ -113,9 +112,9 @@ class BiGRUEncoder(nn.Module):
         return states, self._final(states, lengths)
 
     @torch.no_grad()
-    def input_table(self, embedding: torch.Tensor) -> torch.Tensor:
-        """Every word's input projection for both directions: (V, 2, 3h)."""
-        return input_table(embedding, self.gru._flat_weights)
+    def input_table(self, embedding: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Every word's input projection for both directions: (V, 2, 3h), in ``dtype``."""
+        return input_table(embedding, self.gru._flat_weights, dtype)
 
     def _final(self, states: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         h = self.gru.hidden_size

@@ -11,14 +11,16 @@ faster on CPU:
   two run side by side.
 - The input projections of all steps, and in backward the weight gradients of all steps, are
   each one large GEMM per direction; only ``h @ W_hh`` and a few element-wise ops remain per step.
-- Optionally (``bf16=True``) those large GEMMs multiply in bf16 with fp32 accumulation and fp32
-  results (oneDNN's implicit down-conversion, AMX / AVX512-BF16 CPUs): 4-6x faster GEMMs, inputs
-  rounded to 8 mantissa bits. Off by default; see ``ReaderConfig.bf16_projections``.
+- Under CPU autocast with bf16 (``train.precision=bf16``) those large GEMMs get bf16 operands
+  explicitly (oneDNN accumulates in fp32 and rounds the result to bf16; AMX and AVX512-BF16 run
+  them several times faster than fp32). The recurrence, its small ``h W_hh`` matmuls and the
+  gate arithmetic stay fp32: at 32 rows the bf16 matmul is slower than fp32, and the state
+  carried over hundreds of steps keeps full precision (docs/speed.md, "bf16 on CPU").
 - The backward is written by hand: no autograd graph of ~10 nodes per step and direction.
 - The per-step loops run in C++ (``gru_kernels``) when it builds; the Python loops below are the
   fallback and the second reference in the tests.
 - Inference can start from a per-word table of input projections (``input_table``,
-  ``bigru_from_table``): one lookup per token instead of a matmul.
+  ``bigru_from_table``): one lookup per token instead of a matmul; in bf16, half the memory.
 
 Layout: ``N`` packed rows per direction, row ``k`` = (time t, rank j). Tensors carry a leading
 direction axis of 2 (0 forward, 1 backward).
@@ -34,6 +36,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from iaa.model import gru_kernels
+from iaa.model.precision import cpu_bf16
 
 # Threads for the Python fallback loops (None keeps torch's setting). They would open a parallel
 # region for every step's tiny matmul, which stalls for milliseconds whenever another process
@@ -160,29 +163,10 @@ def _stack_weights(w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_
     return w_ih, w_hh, b_hh, b_in
 
 
-@contextmanager
-def gemm_precision(bf16: bool) -> Iterator[None]:
-    """Within the block, fp32 CPU matmuls multiply in bf16 when ``bf16`` (fp32 accumulation and
-    fp32 results: ``torch.backends.mkldnn.matmul.fp32_precision``). A CPU without bf16 support
-    keeps fp32. The setting is process-wide while the block runs."""
-    if not bf16:
-        yield
-        return
-    before = torch.backends.mkldnn.matmul.fp32_precision
-    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
-    try:
-        yield
-    finally:
-        torch.backends.mkldnn.matmul.fp32_precision = before
-
-
 def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``torch.bmm(a, b)`` over the direction axis, as one 2-D ``mm`` per direction.
-
-    ``mm`` is the call oneDNN's bf16 path serves: under ``gemm_precision(True)`` a batched
-    ``bmm`` of the same shapes stayed ~1.5x slower (benchmarks/README.md). In fp32 the two are
-    equally fast.
-    """
+    """``torch.bmm(a, b)`` over the direction axis, as one 2-D ``mm`` per direction (in the
+    operands' dtype; fp32 accumulation in bf16). In fp32 the two are equally fast; in bf16 see
+    docs/speed.md, "bf16 on CPU"."""
     out = a.new_empty(a.shape[0], a.shape[1], b.shape[2])
     for k in range(a.shape[0]):
         torch.mm(a[k], b[k], out=out[k])
@@ -221,17 +205,18 @@ class FusedBiGRU(torch.autograd.Function):
     use_cpp = True
 
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)  # fp32 under CPU autocast
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)  # bf16 only where asked
     def forward(ctx, x, lengths, bf16, *weights):
         batch, max_len, dim = x.shape
         pk = make_packing(lengths, max_len)
         pos = pk.pos.to(x.device)
         w_ih, w_hh, b_hh, b_in = _stack_weights(*weights)
+        if bf16:                                                        # bf16 operands, kept for backward
+            x, w_ih = x.to(torch.bfloat16), w_ih.to(torch.bfloat16)
         xp = x.reshape(batch * max_len, dim).index_select(0, pos.view(-1)).view(2, -1, dim)  # (2, N, d)
-        with gemm_precision(bf16):
-            gi = _bmm(xp, w_ih.transpose(1, 2)).add_(b_in)             # (2, N, 3h)
+        gi = _bmm(xp, w_ih.transpose(1, 2)).to(w_hh.dtype).add_(b_in)  # (2, N, 3h) in the weights' dtype
         out, rz, cand, hn, kernels = _recurrence(gi, w_hh, b_hh, pk)
-        ctx.pk, ctx.shape, ctx.hn, ctx.kernels, ctx.bf16 = pk, x.shape, hn, kernels, bf16
+        ctx.pk, ctx.shape, ctx.hn, ctx.kernels = pk, x.shape, hn, kernels
         ctx.save_for_backward(xp, pos, w_ih, w_hh, out, rz, cand)
         return _unpack(out, pos, batch, max_len)                        # (B, L, 2h)
 
@@ -254,12 +239,14 @@ class FusedBiGRU(torch.autograd.Function):
                 d_gh, d_gi = _backward_steps(d_out, out, rz, cand, hn, w_hh, pk)
         first = pk.batch_sizes[0]                                       # rows of t = 0: h_prev = 0
         h_prev = out.index_select(1, pk.prev[first:].to(out.device))   # (2, N - first, h)
-        with gemm_precision(ctx.bf16):
-            d_w_hh = _bmm(d_gh[:, first:].transpose(1, 2), h_prev)     # (2, 3h, h)
-            d_w_ih = _bmm(d_gi.transpose(1, 2), xp)                     # (2, 3h, d)
-            d_xp = _bmm(d_gi, w_ih)                                     # (2, N, d)
         d_b_hh = d_gh.sum(1)                                            # (2, 3h)
         d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_gi[..., 2 * h:].sum(1)], 1)
+        d_w_hh = _bmm(d_gh[:, first:].transpose(1, 2), h_prev)         # (2, 3h, h)
+        # in bf16 when the forward's projection was: one cast of d_gi serves both GEMMs (d_w_hh
+        # stays fp32: casting d_gh and h for its inner size h costs more than bf16 saves)
+        d_gi, full = d_gi.to(xp.dtype), w_hh.dtype
+        d_w_ih = _bmm(d_gi.transpose(1, 2), xp).to(full)                # (2, 3h, d)
+        d_xp = _bmm(d_gi, w_ih).to(full)                                # (2, N, d)
         d_x = d_xp.new_zeros(batch * max_len, dim)
         d_x.index_copy_(0, pos[0], d_xp[0]).index_add_(0, pos[1], d_xp[1])
         return (d_x.view(batch, max_len, dim), None, None,
@@ -268,7 +255,7 @@ class FusedBiGRU(torch.autograd.Function):
 
 
 def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tensor],
-                bf16: bool = False) -> torch.Tensor:
+                bf16: bool | None = None) -> torch.Tensor:
     """Bidirectional GRU over real tokens.
 
     Args:
@@ -276,24 +263,31 @@ def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tens
         lengths: (B,) int64, each >= 1.
         weights: ``nn.GRU(bidirectional=True)._flat_weights`` (8 tensors: ih, hh, b_ih, b_hh for
             the forward then the reverse direction).
-        bf16: run the input-projection and weight-gradient GEMMs in bf16 (``gemm_precision``).
+        bf16: give the input-projection, input-gradient and W_ih weight-gradient GEMMs bf16 operands
+            (fp32 accumulation); None: when CPU autocast with bf16 is on (``precision.cpu_bf16``).
+            The recurrence and everything returned stay fp32.
 
     Returns:
-        (B, L, 2h): [forward, backward] states at real positions, exactly 0 at padding.
+        (B, L, 2h): [forward, backward] states at real positions, exactly 0 at padding; fp32.
     """
-    return FusedBiGRU.apply(x, lengths, bf16, *weights)
+    return FusedBiGRU.apply(x, lengths, cpu_bf16() if bf16 is None else bf16, *weights)
 
 
-def input_table(embedding: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+def input_table(embedding: torch.Tensor, weights: list[torch.Tensor],
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Every word's input projection, (V, 2, 3h): X W_ih^T + b_in for both directions.
 
     For inference without input dropout, ``bigru_from_table`` then looks projections up instead
-    of multiplying: the same values, computed once per word instead of once per token. In the
-    weights' dtype even under autocast, as ``fused_bigru``'s projections.
+    of multiplying: the same values, computed once per word instead of once per token. ``dtype``
+    bf16 (what ``fused_bigru`` does under CPU autocast with bf16): bf16 operands, the bias added
+    in the fp32 accumulator, one rounding of each entry to bf16, half the memory.
     """
     with torch.autocast(embedding.device.type, enabled=False):
         w_ih, _, _, b_in = _stack_weights(*weights)
-        return torch.einsum("vd,ekd->vek", embedding, w_ih).add_(b_in.transpose(0, 1))
+        if dtype == torch.float32:
+            return torch.einsum("vd,ekd->vek", embedding, w_ih).add_(b_in.transpose(0, 1))
+        x = embedding.to(dtype)
+        return torch.stack([torch.addmm(b_in[k].to(dtype), x, w_ih[k].to(dtype).t()) for k in range(2)], 1)
 
 
 @torch.no_grad()
@@ -305,8 +299,8 @@ def bigru_from_table(tokens: torch.Tensor, lengths: torch.Tensor, table: torch.T
         tokens: (B, L) int64 word ids. lengths: (B,). table: (V, 2, 3h). weights: as ``fused_bigru``.
 
     Returns:
-        (B, L, 2h), exactly 0 at padding, in ``table``'s dtype (fp32 for fp32 weights, even under
-        autocast, as ``fused_bigru``). No gradient.
+        (B, L, 2h), exactly 0 at padding, fp32 (the recurrence runs in fp32 from a bf16 table
+        too, as ``fused_bigru``). No gradient.
     """
     with torch.autocast(tokens.device.type, enabled=False):
         return _bigru_from_table(tokens, lengths, table, weights)
@@ -321,5 +315,5 @@ def _bigru_from_table(tokens, lengths, table, weights):
     gi = table.new_empty(2, words.shape[1], table.shape[2])             # (2, N, 3h)
     for k in range(2):                                                  # gathered in place: no stack
         torch.index_select(table[:, k], 0, words[k], out=gi[k])
-    out = _recurrence(gi, w_hh, b_hh, pk)[0]                            # (2, N, h)
+    out = _recurrence(gi.to(w_hh.dtype), w_hh, b_hh, pk)[0]             # (2, N, h)
     return _unpack(out, pos, batch, max_len)

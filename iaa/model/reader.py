@@ -18,8 +18,9 @@ from iaa.model.gates import SearchGate, gate_features
 from iaa.model.halting import HaltingRecord, HaltingUnit, Running, halting_weights
 from iaa.model.initialization import init_reader_
 from iaa.model.inputs import ReaderInputs
-from iaa.model.masking import masked_log_softmax
+from iaa.model.masking import full_precision, masked_log_softmax
 from iaa.model.pointer import pointer_sum
+from iaa.model.precision import cpu_bf16
 
 
 class _Encoders(nn.Module):
@@ -29,8 +30,9 @@ class _Encoders(nn.Module):
     which are the inputs of the attention mechanisms; one mask per tensor, reused by all T steps.
 
     In inference on the fused CPU path, the document encoder reads a cached table of every word's
-    input projection (``inference_table``, V x 6h floats: 154 MB at the paper config), rebuilt
-    whenever the embedding or the encoder's weights change (e.g. after each training step).
+    input projection (``inference_table``, V x 6h numbers: 154 MB in fp32 at the paper config,
+    77 MB in bf16), rebuilt whenever the embedding or the encoder's weights change (e.g. after
+    each training step) or the precision does.
     """
 
     def __init__(self, cfg: ReaderConfig) -> None:
@@ -39,10 +41,8 @@ class _Encoders(nn.Module):
         self._table: tuple[tuple, torch.Tensor] | None = None             # inference cache
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.embed_dim, sparse=cfg.sparse_embedding_grad)
         self.drop = Dropout(cfg.dropout, fast=cfg.fast_dropout)
-        self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru,
-                                          bf16=cfg.bf16_projections)
-        self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru,
-                                        bf16=cfg.bf16_projections)
+        self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru)
+        self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim, fused=cfg.fused_gru)
 
     def forward(self, batch: ReaderInputs):
         """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h), before
@@ -77,19 +77,23 @@ class _Encoders(nn.Module):
                 and not self.training and not torch.is_grad_enabled())
 
     def _doc_table(self) -> torch.Tensor:
-        """The doc encoder's per-word projections (V, 2, 3h), rebuilt when any weight changed."""
+        """The doc encoder's per-word projections (V, 2, 3h), rebuilt when any weight changed;
+        in bf16 under CPU autocast with bf16 (as the fused encoder's projections), else fp32."""
+        dtype = torch.bfloat16 if cpu_bf16() else torch.float32
         params = [self.embedding.weight, *self.doc_encoder.gru._flat_weights]
-        key = tuple((p.data_ptr(), p._version) for p in params)
+        key = (dtype, *((p.data_ptr(), p._version) for p in params))
         if self._table is None or self._table[0] != key:
-            self._table = (key, self.doc_encoder.input_table(self.embedding.weight))
+            self._table = None                                             # free the old one first
+            self._table = (key, self.doc_encoder.input_table(self.embedding.weight, dtype))
         return self._table[1]
 
 
-def _full_precision(logits: torch.Tensor) -> torch.Tensor:
-    """Logits in fp32 at least: under autocast the attention reads compute in bf16, but the
-    answer distribution (a log-softmax over hundreds of positions, then the pointer-sum's
-    log-sum-exp) keeps full precision, so log P(a) is fp32 whatever the compute dtype."""
-    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+def _small_matmuls_fp32():
+    """CPU autocast off: the inference steps' 32-row matmuls (gates, inference GRU, query reads,
+    the projections of the document reads) are faster in fp32 than in bf16 with their casts
+    (docs/speed.md, "bf16 on CPU"). The document reads keep their ``Memory``'s dtype (bf16
+    under bf16 autocast); the log-softmaxes and the pointer-sum are fp32 either way."""
+    return torch.autocast("cpu", enabled=False)
 
 
 def _answer_mask(cfg: ReaderConfig, batch: ReaderInputs) -> torch.Tensor:
@@ -188,17 +192,18 @@ class IAAReader(_Reader):
     def _read(self, q_enc, q_final, d_enc, query_mask, doc_mask, answer_mask, doc_cand, num_cands):
         """The T alternating steps and the pointer-sum: (B, C)."""
         deferred = self.cfg.batched_read_grad and not torch.compiler.is_compiling()
-        q_enc = self.encoders.drop(q_enc)                                  # attention inputs
-        d_enc = Memory(self.encoders.drop(d_enc), deferred=deferred)
+        q_enc = full_precision(self.encoders.drop(q_enc))                  # attention inputs, fp32
+        d_enc = Memory(full_precision(self.encoders.drop(d_enc)), deferred=deferred)  # bf16 reads under bf16
         s = q_enc.new_zeros(q_enc.shape[0], self.cfg.state_dim)            # s_0: (B, s)
-        for step in range(self.cfg.steps):
-            q_t, _ = self.query_read(s, q_enc, query_mask)                 # (B, 2h)
-            if step == self.cfg.steps - 1:
-                logits = self.doc_read.logits(s, q_t, d_enc)               # (B, Ld)
-                break
-            d_t, _ = self.doc_read(s, q_t, d_enc, doc_mask)                # (B, 2h)
-            s = self._search(s, q_t, d_t)                                  # s_t: (B, s)
-        log_att = masked_log_softmax(_full_precision(logits), answer_mask)  # log d_{i,T}
+        with _small_matmuls_fp32():
+            for step in range(self.cfg.steps):
+                q_t, _ = self.query_read(s, q_enc, query_mask)             # (B, 2h)
+                if step == self.cfg.steps - 1:
+                    logits = self.doc_read.logits(s, q_t, d_enc)           # (B, Ld)
+                    break
+                d_t, _ = self.doc_read(s, q_t, d_enc, doc_mask)            # (B, 2h)
+                s = self._search(s, q_t, d_t)                              # s_t: (B, s)
+        log_att = masked_log_softmax(logits, answer_mask)                  # log d_{i,T}, fp32
         return pointer_sum(log_att, doc_cand, num_cands)                   # (B, C) eq. 2
 
     def _search(self, s: torch.Tensor, q_t: torch.Tensor, d_t: torch.Tensor) -> torch.Tensor:
@@ -217,15 +222,20 @@ class IAAReader(_Reader):
         fixed-T read only).
         """
         cfg = self.cfg
-        q_enc = self.encoders.drop(q_enc)                                  # attention inputs
-        d_enc = Memory(self.encoders.drop(d_enc), deferred=cfg.batched_read_grad)
+        q_enc = full_precision(self.encoders.drop(q_enc))                  # attention inputs, fp32
+        d_enc = Memory(full_precision(self.encoders.drop(d_enc)), deferred=cfg.batched_read_grad)
+        with _small_matmuls_fp32():
+            return self._act_steps(q_enc, d_enc, batch)
+
+    def _act_steps(self, q_enc: torch.Tensor, d_enc: Memory, batch: ReaderInputs):
+        cfg = self.cfg
         run = Running.start(q_enc, d_enc, batch.query_mask, batch.doc_mask, _answer_mask(cfg, batch), cfg.state_dim)
         record = HaltingRecord(q_enc.shape[0])
         for step in range(cfg.steps):
             last = step == cfg.steps - 1
             q_t, _ = self.query_read(run.s, run.q_enc, run.q_mask)                # (A, 2h)
             d_t, logits = self.doc_read(run.s, q_t, run.d_enc, run.d_mask)       # (A, 2h), (A, Ld)
-            log_d = masked_log_softmax(_full_precision(logits), run.a_mask)      # log d_{i,t}: (A, Ld)
+            log_d = masked_log_softmax(logits, run.a_mask)                       # log d_{i,t}: (A, Ld)
             h = run.spent.new_zeros(run.spent.shape)                             # no unit at T_max
             if not last:
                 run.s = self._search(run.s, q_t, d_t)                            # s_t: (A, s)
@@ -256,8 +266,7 @@ class ASReader(_Reader):
     def _read(self, q_enc, q_final, d_enc, query_mask, doc_mask, answer_mask, doc_cand, num_cands):
         """One dot-product read with the query's final states, and the pointer-sum: (B, C)."""
         query, d_enc = self.encoders.drop(q_final), self.encoders.drop(d_enc)   # (B, 2h), (B, Ld, 2h)
-        logits = _full_precision(bilinear_logits(d_enc, query))            # (B, Ld)
-        log_att = masked_log_softmax(logits, answer_mask)
+        log_att = masked_log_softmax(bilinear_logits(d_enc, query), answer_mask)  # (B, Ld), fp32
         return pointer_sum(log_att, doc_cand, num_cands)                   # (B, C)
 
 

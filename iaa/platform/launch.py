@@ -31,7 +31,7 @@ from iaa.platform import cluster, search
 from iaa.platform.ray_train import CHECKPOINT_SCORE
 from iaa.platform.storage import check_private
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, records, run_trial
-from iaa.platform.trial_runs import SweepProgress, TrialRuns, child_runs
+from iaa.platform.trial_runs import SweepConsole, TrialRuns, child_runs
 
 MAX_TRIAL_FAILURES = 2      # a failed trial restarts from its last checkpoint this many times
 # (a multi-worker trial once more only: its Train run already restarts failed workers itself)
@@ -153,12 +153,25 @@ def restore(launch: Launch, fn: Any) -> Any:
     return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
 
 
-def fit(launch: Launch, tuner_: Any) -> tuple[Any, dict[str, str]]:
-    """Run ``tuner_``; returns its ``ResultGrid`` and every trial's Tune status by trial id."""
+def fit(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, dict[str, str]]:
+    """Run ``tuner_``; returns its ``ResultGrid`` and every trial's Tune status by trial id.
+
+    ``quiet``: not even Tune's banner (its configuration box, results folder and TensorBoard
+    hint, which its new output prints at every verbosity; the older one is silent at 0).
+    """
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # save the experiment state often, for --resume
     # Tune snapshots the experiment at every kept checkpoint (what --resume needs); don't warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    results = tuner_.fit()
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    if quiet:
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        results = tuner_.fit()
+    finally:
+        if quiet and before is None:
+            del os.environ["RAY_AIR_NEW_OUTPUT"]
+        elif quiet:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
     analysis = tune.ExperimentAnalysis(launch.experiment_path)
     return results, {t.trial_id: t.status for t in analysis.trials}
 
@@ -196,7 +209,8 @@ class RayLauncher:
         return bool(tune.Tuner.can_restore(placement.experiment_path))
 
     def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
-              downloads: Path, progress: Any = None, show_progress: bool = True) -> list[TrialRecord]:
+              downloads: Path, progress: Any = None, show_progress: bool = True,
+              verbose: bool = False) -> list[TrialRecord]:
         """Search ``plan`` (or continue the saved run); one record per trial, checkpoints fetched to ``downloads``."""
         launch = self._launches[placement.name]
         spec = trial_spec(launch, base=plan.base, fixed=plan.space.fixed)
@@ -206,11 +220,11 @@ class RayLauncher:
         else:
             runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
                              sweep=trials.sweep, dataset=trials.dataset, spec=spec, data_dir=trials.data_dir)
-            callbacks = [runs, *self.callbacks, *([SweepProgress(progress)] if progress is not None else [])]
-            tuner_ = tuner(launch, fn, callbacks, show_progress=show_progress,
-                           search_alg=search.searcher(plan.space, plan.seed),
+            callbacks = [runs, *self.callbacks, SweepConsole(progress)]
+            tuner_ = tuner(launch, fn, callbacks, show_progress=verbose,
+                           search_alg=search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name),
                            scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
-        results, statuses = fit(launch, tuner_)
+        results, statuses = fit(launch, tuner_, quiet=not verbose)
         run_ids, tagged = child_runs(trials.uri, trials.experiment, trials.sweep, trials.parent_run_id)
         return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
 

@@ -18,16 +18,31 @@ from typing import Any
 from iaa.jobs.presets import MODE, SEARCH_METRIC, STOP_METRIC, TIME_ATTR, TunePreset
 from iaa.jobs.search_space import SearchSpace
 
-def searcher(space: SearchSpace, seed: int) -> Any:
-    """Optuna TPE over ``space``, told each trial's best validation accuracy; no configuration twice."""
+def searcher(space: SearchSpace, seed: int, storage: str | None = None, study_name: str | None = None) -> Any:
+    """Optuna TPE over ``space``, told each trial's best validation accuracy; no configuration twice.
+
+    ``storage`` (an Optuna RDB URL such as ``sqlite:///WORKDIR/optuna.db``) keeps the study
+    ``study_name`` after the process ends: ``optuna-dashboard URL`` opens it, and a resumed
+    sweep continues it.
+    """
     import optuna
     from optuna.samplers import TPESampler
 
-    from iaa.platform.distinct_search import DistinctOptunaSearch
+    from iaa.platform.distinct_search import DistinctSampler, StudySearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return DistinctOptunaSearch(space=to_optuna(space), metric=SEARCH_METRIC, mode=MODE,
-                                sampler=TPESampler(seed=seed), size=space.size)
+    distributions = to_optuna(space)
+    sampler = DistinctSampler(TPESampler(seed=seed), distributions, space.size)
+    return StudySearch(space=distributions, metric=SEARCH_METRIC, mode=MODE, sampler=sampler,
+                       storage=study_storage(storage) if storage else None, study_name=study_name)
+
+
+def study_storage(url: str) -> Any:
+    """An Optuna RDB storage at ``url``; SQLite waits for a reader (optuna-dashboard) instead of failing."""
+    import optuna
+
+    kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
 
 
 def scheduler(preset: TunePreset, max_t: int) -> Any:

@@ -52,5 +52,12 @@ class MlflowTracker:
     def experiment_names(self) -> list[str]:
         return tracking.experiment_names(self.uri)
 
+    def show_columns(self, experiment: str, columns: Sequence[str], order_by: str) -> str | None:
+        """A saved runs view with these columns; None when the store failed (a courtesy)."""
+        try:
+            return tracking.show_columns(self.uri, experiment, columns, order_by)
+        except TRANSIENT:
+            return None
+
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]:
         return tracking.metric_history(self.uri, run_id, key)

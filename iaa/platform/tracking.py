@@ -382,6 +382,35 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
                                  "restart it) and run again to log it")
 
 
+VIEW_KEY = "iaa-sweep"   # the experiment's saved runs view (``viewStateShareKey``)
+
+
+def show_columns(uri: str, experiment: str, columns: Sequence[str], order_by: str) -> str | None:
+    """Save a runs view of ``experiment`` showing ``columns`` (``metrics.valid_acc``,
+    ``params.train.lr``), sorted by ``order_by`` descending, and mark the experiment a
+    training-runs one; returns the view's path in the UI (``#/experiments/ID/runs?...``).
+
+    MLflow's UI opens an experiment with the columns the browser last chose; a view saved as the
+    experiment tag ``mlflow.sharedViewState.KEY`` opens with its own columns from a link.
+    (``mlflow.experimentKind`` is what older 3.x UIs read; 3.17's follows the link's ``workflowType``.)
+    """
+    def canonical(name: str) -> str:
+        kind, _, key = name.partition(".")
+        return f"{kind}.`{key}`"
+
+    client = _client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    state = {"selectedColumns": [canonical(c) for c in columns], "orderByKey": canonical(order_by),
+             "orderByAsc": False, "runsExpanded": {}, "hideEmptyCharts": True}
+    for key, value in {**EXPERIMENT_KIND, f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(state)}.items():
+        client.set_experiment_tag(found.experiment_id, key, value)
+    # The UI shows every experiment as GenAI or as model training after a global switch (kept per
+    # browser, GenAI by default); ``workflowType`` in the link picks model training.
+    return f"#/experiments/{found.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+
+
 # --- reading runs back (reports) -------------------------------------------------------------------
 
 

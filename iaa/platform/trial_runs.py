@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import ray.tune as tune
 
 from iaa.jobs.config import to_dict
 from iaa.platform import tracking
 from iaa.platform.ray_train import CHECKPOINT_FILE
-from iaa.platform.trial import TrialSpec, job_config
+from iaa.jobs.sweep import config_label
+from iaa.platform.trial import MEMBER_KEY, TrialSpec, job_config
 
 # What a trial's child run records at every check.
 TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "best_valid_acc", "lr", "epoch", "train_examples_per_s")
@@ -31,6 +32,14 @@ def checkpoint_file(checkpoint_dir: str) -> str:
 def trial_tags(sweep: str, trial_id: str) -> dict[str, str]:
     """The tags that find a trial's child run again."""
     return {"sweep": sweep, "trial_id": trial_id}
+
+
+def run_name(sweep: str, trial_id: str, config: Mapping[str, Any]) -> str:
+    """A sweep trial's run is named by its searched values (``lr=4e-3 T=2 h=64``); an ensemble
+    member (``{"member": i}``) by its group and trial."""
+    if not config or MEMBER_KEY in config:
+        return f"{sweep}-{trial_id}"
+    return config_label(config)
 
 
 def child_runs(uri: str, experiment: str, sweep: str,
@@ -70,7 +79,7 @@ class TrialRuns(tune.Callback):
         run_id = self.run_ids.get(trial.trial_id) or self._find(trial.trial_id)
         if run_id is None:
             cfg = job_config(self.spec, trial.config)
-            run = tracking.Run.start(self.uri, self.experiment, f"{self.sweep}-{trial.trial_id}",
+            run = tracking.Run.start(self.uri, self.experiment, run_name(self.sweep, trial.trial_id, trial.config),
                                      tags={**trial_tags(self.sweep, trial.trial_id), "dataset": self.dataset,
                                            "model": cfg.model.kind}, parent_run_id=self.parent_run_id)
             run.log_params(to_dict(cfg))
@@ -125,8 +134,10 @@ class TrialRuns(tune.Callback):
 
         def end() -> None:
             run = self._run(trial)
+            tags = {"stop_reason": stop_reason(trial.last_result)} if status == "FINISHED" else {}
             if trial.trial_id in self.best:
-                run.set_tags({"checkpoint": checkpoint_file(self.best[trial.trial_id])})
+                tags["checkpoint"] = checkpoint_file(self.best[trial.trial_id])
+            run.set_tags(tags)
             run.end(status)
         self._track(f"mark the child run {status}", trial, end)
 
@@ -137,22 +148,37 @@ class TrialRuns(tune.Callback):
         self._end(trial, "FAILED")
 
 
-class SweepProgress(tune.Callback):
-    """Prints the sweep's elapsed time and a running estimate of the time left (stderr)."""
+class SweepConsole(tune.Callback):
+    """Forwards every trial event to the sweep's console (:class:`iaa.jobs.console.SweepConsole`)."""
 
-    def __init__(self, progress: Any) -> None:
-        self.progress = progress        # iaa.jobs.cost.Progress
+    def __init__(self, console: Any) -> None:
+        self.console = console
 
-    def _say(self, line: str | None) -> None:
-        if line:
-            print(line, file=sys.stderr)
+    def __getstate__(self) -> dict[str, Any]:
+        return {"console": None}             # the console belongs to the process that prints
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        if self.console is not None:
+            self.console.trial_started(trial.trial_id, trial.config)
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
                         **info: Any) -> None:
-        self._say(self.progress.update(trial.trial_id, epoch=result.get("epoch")))
+        if self.console is not None:
+            self.console.trial_checked(trial.trial_id, result)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._say(self.progress.update(trial.trial_id, ended=True))
+        if self.console is not None:
+            self.console.trial_ended(trial.trial_id, stop_reason(trial.last_result))
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._say(self.progress.update(trial.trial_id, ended=True))
+        if self.console is not None:
+            self.console.trial_ended(trial.trial_id, "error", getattr(trial, "error_msg", None))
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        if self.console is not None:
+            self.console.tick()
+
+
+def stop_reason(last_result: Mapping[str, Any] | None) -> str:
+    """Why a trial ended: the loop names its own reason in its last report; none means ASHA stopped it."""
+    return str((last_result or {}).get("stop_reason") or "asha")

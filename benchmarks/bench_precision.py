@@ -1,0 +1,175 @@
+"""fp32 against bf16 on the CPU, interleaved in one run: GEMM choices, training and inference.
+
+    python benchmarks/bench_precision.py [--threads 2] [--rounds 5] [--steps 2] [--clock cpu] [--json OUT]
+
+1. GEMMs: each matmul shape of the paper config in fp32 and with bf16 operands, the two
+   alternating, median of ``--rounds`` (GFLOP/s), with the cast of the operands that the
+   reader pays counted in the bf16 time where it pays it (``cast``). These decide which GEMMs
+   get bf16 operands (``iaa.model.fused_gru``, ``iaa.model.precision``).
+2. Training and inference of the IAA reader on the synthetic CBT-NE workload of
+   ``iaa.jobs.bench``, one batch per side in turn, sides: fp32, bf16 (``train.precision=bf16``,
+   where the inference steps' 32-row matmuls, i.e. gates, inference GRU, query reads and
+   projections, stay fp32), and bf16 with those small matmuls in bf16 too (what plain autocast
+   does). Rates are totals (examples / seconds) per side; the last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from iaa.jobs import bench  # noqa: E402
+from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step  # noqa: E402
+from iaa.model import PRESETS, build_reader  # noqa: E402
+
+TOKENS = 32 * 430          # packed rows of one encoder at batch 32
+# name: (m, k, n, cast): cast = which operands the bf16 path converts on each call
+GEMMS = {
+    "encoder input projection x W_ih^T": (TOKENS, 384, 384, "a"),
+    "encoder input gradient dG W_ih": (TOKENS, 384, 384, "a"),
+    "encoder weight gradient dG^T x": (384, TOKENS, 384, "a"),
+    "encoder recurrent weight gradient dG^T h": (384, TOKENS, 128, "ab"),
+    "recurrent step h W_hh^T (32 rows)": (32, 128, 384, "a"),
+    "inference GRU step (32 rows)": (32, 512, 1536, "a"),
+    "search gate hidden layer (32 rows)": (32, 1280, 256, "a"),
+    "inference table X W_ih^T (50k words)": (bench.VOCAB_SIZE, 384, 384, "ab"),
+}
+
+
+def gemm_rates(rounds: int, clock=time.perf_counter) -> dict[str, dict[str, float]]:
+    """GFLOP/s per GEMM: fp32, bf16 on bf16 operands, and bf16 counting the operand casts."""
+    results = {}
+    for name, (m, k, n, cast) in GEMMS.items():
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        reps = max(1, int(2e9 // (2 * m * k * n)))
+        sides = {
+            "fp32": lambda: torch.mm(a, b),
+            "bf16": lambda: torch.mm(a16, b16),
+            "bf16_with_cast": lambda: torch.mm(a.bfloat16() if "a" in cast else a16,
+                                               b.bfloat16() if "b" in cast else b16).float(),
+        }
+        times: dict[str, list[float]] = {side: [] for side in sides}
+        for rnd in range(rounds + 1):
+            for side, fn in sides.items():
+                start = clock()
+                for _ in range(reps):
+                    fn()
+                if rnd:
+                    times[side].append((clock() - start) / reps)
+        results[name] = {side: round(2 * m * k * n / statistics.median(t) / 1e9, 1) for side, t in times.items()}
+        results[name]["bf16_speedup"] = round(results[name]["bf16_with_cast"] / results[name]["fp32"], 2)
+        print(f"{name:45s} fp32 {results[name]['fp32']:7.1f}  bf16 {results[name]['bf16']:7.1f}  "
+              f"bf16+cast {results[name]['bf16_with_cast']:7.1f} GFLOP/s  ({results[name]['bf16_speedup']}x)",
+              flush=True)
+    return results
+
+
+class _Bf16(nn.Module):
+    """``module`` under bf16 autocast, its result back in fp32 (the "small matmuls in bf16" side)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.inner = module
+
+    def forward(self, *args):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.inner(*args).float()
+
+
+def _small_matmuls_bf16(reader: nn.Module) -> nn.Module:
+    for name in ("gate_q", "gate_d", "search"):
+        setattr(reader, name, _Bf16(getattr(reader, name)))
+    reader.query_read.proj = _Bf16(reader.query_read.proj)
+    reader.doc_read.proj = _Bf16(reader.doc_read.proj)
+    return reader
+
+
+SIDES = {                  # name: (autocast dtype, small matmuls in bf16 too)
+    "fp32": (None, False),
+    "bf16": (torch.bfloat16, False),
+    "bf16, small matmuls bf16": (torch.bfloat16, True),
+}
+
+
+def model_rates(rounds: int, steps: int, batch_size: int, clock=time.perf_counter) -> dict[str, dict[str, float]]:
+    cfg = replace(PRESETS["paper"], vocab_size=bench.VOCAB_SIZE)
+    sides = {}
+    for name, (dtype, bf16_small) in SIDES.items():
+        torch.manual_seed(0)
+        reader = build_reader(cfg)
+        if bf16_small:
+            _small_matmuls_bf16(reader)
+        sides[name] = (reader, build_optimizer(reader, 1e-3, 1e-4), dtype)
+    pool = bench.synthetic_examples(rounds * steps * batch_size, seed=0)
+    batches = [bench.collate(b) for b in bench.bucketed_batches(pool, batch_size)]
+    warm = bench.collate(bench.synthetic_examples(batch_size, seed=1))
+    for reader, optimizer, dtype in sides.values():
+        train_step(reader, optimizer, warm, amp_dtype=dtype)
+    seconds = {name: {"train": 0.0, "infer": 0.0} for name in sides}
+    order = list(sides)
+    for i, batch in enumerate(batches):
+        for name in order[i % len(order):] + order[: i % len(order)]:      # who goes first rotates
+            reader, optimizer, dtype = sides[name]
+            start = clock()
+            train_step(reader, optimizer, batch, amp_dtype=dtype)
+            seconds[name]["train"] += clock() - start
+    for reader, _, dtype in sides.values():
+        reader.eval()
+        with torch.inference_mode(), autocast("cpu", dtype):
+            reader(warm)                                                # builds the inference table
+    for i, batch in enumerate(batches):
+        for name in order[i % len(order):] + order[: i % len(order)]:
+            reader, _, dtype = sides[name]
+            start = clock()
+            with torch.inference_mode(), autocast("cpu", dtype):
+                reader(batch)
+            seconds[name]["infer"] += clock() - start
+    n = len(batches) * batch_size
+    rates = {name: {f"{kind}_examples_per_s": round(n / s, 2) for kind, s in t.items()} for name, t in seconds.items()}
+    for name, r in rates.items():
+        r["train_speedup"] = round(r["train_examples_per_s"] / rates["fp32"]["train_examples_per_s"], 2)
+        r["infer_speedup"] = round(r["infer_examples_per_s"] / rates["fp32"]["infer_examples_per_s"], 2)
+        print(f"{name:26s} train {r['train_examples_per_s']:7.2f} ex/s ({r['train_speedup']}x)  "
+              f"infer {r['infer_examples_per_s']:7.2f} ex/s ({r['infer_speedup']}x)", flush=True)
+    return rates
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
+    parser.add_argument("--rounds", type=int, default=5, help="GEMM timings per side; training batches = rounds x steps")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--no-model", action="store_true", help="only the GEMMs")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu = process CPU time, which other processes on a shared machine "
+                             "barely disturb; meaningful as a rate only with --threads 1")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    retain_freed_memory()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "clock": args.clock,
+              "gemms": gemm_rates(args.rounds, clock)}
+    if not args.no_model:
+        result["model"] = model_rates(args.rounds, args.steps, args.batch_size, clock)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

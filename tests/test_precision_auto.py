@@ -1,0 +1,241 @@
+"""bf16 on the CPU: ``auto`` picks the dtype from the probe, and bf16 stays within its bounds.
+
+Bounds: bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%). The fused encoder rounds
+its operands and the results of its input-projection GEMMs; the recurrence and the gradients
+sum in fp32. Outputs and gradients of the encoder are held to 2% relative error in norm, and a
+bf16 run must differ from fp32 by more than 1e-4 (fp32 arithmetic differs by ~1e-7), which
+proves that bf16 operands were really multiplied.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from iaa.jobs import precision
+from iaa.jobs.config import ConfigError
+from iaa.model import build_reader, nll_loss, preset
+from iaa.model.attention import Memory
+from iaa.model.fused_gru import FusedBiGRU, fused_bigru, input_table
+from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.timeout(120)
+
+REL = 2e-2
+RAN_BF16 = 1e-4
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+# --- auto: the choice from the probe's result ---------------------------------------------------
+
+
+@pytest.mark.parametrize("rates, chosen", [
+    ({"fp32": 120.0, "bf16": 400.0}, "bf16"),      # AVX512-BF16 / AMX
+    ({"fp32": 120.0, "bf16": 180.0}, "bf16"),      # exactly 1.5x
+    ({"fp32": 120.0, "bf16": 170.0}, "fp32"),      # faster, but not enough to pay for the rounding
+    ({"fp32": 120.0, "bf16": 15.0}, "fp32"),       # no bf16 units: emulated, slower
+])
+def test_auto_picks_the_dtype_from_the_probes_rates(rates, chosen) -> None:
+    assert precision.resolve("auto", "cpu", rates=lambda: rates) == chosen
+    for forced in ("fp32", "bf16"):                # forced either way, whatever the probe says
+        assert precision.resolve(forced, "cpu", rates=lambda: rates) == forced
+
+
+def test_unknown_precision_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="train.precision"):
+        precision.resolve("fp16", "cpu")
+    with pytest.raises(ConfigError, match="resolved"):
+        precision.autocast_dtype("auto")
+
+
+def test_probe_runs_once_per_machine_and_is_cached(tmp_path, monkeypatch) -> None:
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return {"fp32": 100.0, "bf16": 350.0}
+
+    assert precision.probed_rates(measure, tmp_path) == {"fp32": 100.0, "bf16": 350.0}
+    assert precision.probed_rates(measure, tmp_path) == {"fp32": 100.0, "bf16": 350.0}
+    assert len(calls) == 1
+    saved = json.loads((tmp_path / precision.CACHE_FILE).read_text())
+    assert saved[precision.machine_key()]["torch"] == torch.__version__
+    monkeypatch.setattr(precision, "cpu_name", lambda: "another CPU")     # another machine: probe again
+    assert precision.probed_rates(lambda: {"fp32": 100.0, "bf16": 90.0}, tmp_path)["bf16"] == 90.0
+    assert len(json.loads((tmp_path / precision.CACHE_FILE).read_text())) == 2
+
+
+def test_a_damaged_cache_is_measured_again(tmp_path) -> None:
+    (tmp_path / precision.CACHE_FILE).write_text("{not json")
+    assert precision.probed_rates(lambda: {"fp32": 1.0, "bf16": 2.0}, tmp_path) == {"fp32": 1.0, "bf16": 2.0}
+    assert json.loads((tmp_path / precision.CACHE_FILE).read_text())[precision.machine_key()]["bf16"] == 2.0
+
+
+def test_the_probe_measures_both_dtypes() -> None:
+    rates = precision.measure_gemm_rates(shape=(64, 32, 48), reps=2)
+    assert set(rates) == {"fp32", "bf16"} and all(r > 0 for r in rates.values())
+
+
+def test_trainer_uses_and_reports_the_precision_auto_chose(monkeypatch, tmp_path) -> None:
+    """The job resolves ``auto`` through the probe: bf16 from a bf16 machine's rates, fp32 from
+    a machine without bf16 units (where fp32 is the same code as ``precision=fp32``)."""
+    from iaa.jobs.config import JobConfig, TrainConfig
+    from iaa.jobs.train import Trainer
+
+    class Session:
+        device = torch.device("cpu")
+        rank, world_size = 0, 1
+
+        def latest_state(self):
+            return None
+
+        def prepare_model(self, model):
+            return model
+
+        def num_train_batches(self):
+            return 1
+
+    cfg = JobConfig(model=preset("tiny", vocab_size=40), train=TrainConfig(precision="auto"))
+    for rates, dtype in (({"fp32": 100.0, "bf16": 400.0}, torch.bfloat16), ({"fp32": 100.0, "bf16": 20.0}, None)):
+        monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
+        trainer = Trainer(cfg, Session(), show_progress=False)
+        assert trainer.amp_dtype is dtype and trainer.precision == ("bf16" if dtype else "fp32")
+    assert precision.resolved(cfg).train.precision == "fp32"
+
+
+# --- bf16 results within bounds, and bf16 really ran ---------------------------------------------
+
+
+def test_fused_encoder_under_bf16_autocast_stays_within_bf16_rounding_of_fp32() -> None:
+    torch.manual_seed(0)
+    gru = nn.GRU(64, 32, batch_first=True, bidirectional=True)
+    lengths = torch.tensor([40, 17, 33, 40, 5, 28])
+    x = torch.randn(6, 40, 64, requires_grad=True)
+    weight = torch.randn(6, 40, 64)
+    results = []
+    for dtype in (None, torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+            y = fused_bigru(x, lengths, gru._flat_weights)
+        grads = torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])
+        assert y.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads)
+        results.append((y, grads))
+    (y32, g32), (y16, g16) = results
+    assert torch.all(y16[torch.arange(40) >= lengths.unsqueeze(1)] == 0)        # padding exactly 0
+    assert _rel(y16, y32) > RAN_BF16                                            # bf16 operands ran
+    for a, b in zip((y16, *g16), (y32, *g32)):
+        assert _rel(a, b) < REL
+
+
+def test_explicit_bf16_argument_matches_autocast_and_python_loop() -> None:
+    """``bf16=True`` is what autocast selects; the C++ and the Python recurrence agree in it."""
+    torch.manual_seed(1)
+    gru = nn.GRU(16, 8, batch_first=True, bidirectional=True)
+    x, lengths = torch.randn(4, 9, 16), torch.tensor([9, 3, 7, 1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        by_autocast = fused_bigru(x, lengths, gru._flat_weights)
+    explicit = fused_bigru(x, lengths, gru._flat_weights, bf16=True)
+    torch.testing.assert_close(explicit, by_autocast, atol=0, rtol=0)
+    FusedBiGRU.use_cpp = False
+    try:
+        python = fused_bigru(x, lengths, gru._flat_weights, bf16=True)
+    finally:
+        FusedBiGRU.use_cpp = True
+    torch.testing.assert_close(python, explicit, atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_inference_table_is_half_the_memory_and_within_bf16_rounding() -> None:
+    torch.manual_seed(2)
+    gru = nn.GRU(24, 8, batch_first=True, bidirectional=True)
+    embedding = torch.randn(50, 24)
+    t32 = input_table(embedding, gru._flat_weights)
+    t16 = input_table(embedding, gru._flat_weights, torch.bfloat16)
+    assert t16.dtype == torch.bfloat16 and t16.shape == t32.shape
+    assert t16.element_size() * 2 == t32.element_size()
+    assert RAN_BF16 < _rel(t16.float(), t32) < 1e-2                            # one bf16 rounding
+
+
+def test_memory_reads_multiply_in_bf16_and_return_fp32() -> None:
+    torch.manual_seed(3)
+    m = torch.randn(3, 20, 16, requires_grad=True)
+    key, weights = torch.randn(3, 16), torch.softmax(torch.randn(3, 20), -1)
+    for deferred in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mem = Memory(m, deferred=deferred)
+        assert mem.tensor.dtype == torch.bfloat16                              # cast once, here
+        logits, glimpse = mem.logits(key), mem.glimpse(weights)                # autocast off: still bf16
+        assert logits.dtype == glimpse.dtype == torch.float32
+        ref = Memory(m, deferred=deferred)
+        assert RAN_BF16 < _rel(logits, ref.logits(key)) < REL
+        assert RAN_BF16 < _rel(glimpse, ref.glimpse(weights)) < REL
+
+
+@pytest.mark.parametrize("kind", ["iaa", "as-reader"])
+def test_reader_training_and_inference_under_bf16_stay_within_bounds(kind) -> None:
+    """The whole reader at the demo size, its weights scaled up so that attention is far from
+    uniform: log-probabilities within 0.01, every parameter's gradient within 5% in norm, and
+    bf16 really ran (the outputs differ by more than fp32 rounding)."""
+    batch = random_batch([30, 45, 12, 38], [5, 7, 3, 6], vocab=60, seed=4)
+    results = {}
+    for dtype in (None, torch.bfloat16):
+        torch.manual_seed(0)
+        model = build_reader(preset("demo", vocab_size=60, kind=kind, dropout=0.0))
+        with torch.no_grad():                    # attention far from uniform, as in test_precision.py
+            for param in model.parameters():
+                param.mul_(2.0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+            log_p = model(batch)
+        nll_loss(log_p, batch.answer).backward()
+        grads = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad) for n, p in model.named_parameters()}
+        model.eval()
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+            inferred = model(batch)                                              # the inference table
+        results[dtype] = (log_p.detach(), grads, inferred)
+    (lp32, g32, i32), (lp16, g16, i16) = results[None], results[torch.bfloat16]
+    finite = torch.isfinite(lp32)
+    assert lp16.dtype == i16.dtype == torch.float32
+    assert torch.equal(finite, torch.isfinite(lp16)) and torch.equal(finite, torch.isfinite(i16))
+    assert (lp16 - lp32)[finite].abs().max().item() > RAN_BF16                 # bf16 ran
+    assert (lp16 - lp32)[finite].abs().max().item() < 0.01
+    assert (i16 - i32)[finite].abs().max().item() < 0.01
+    for name, grad in g32.items():
+        assert _rel(g16[name], grad) < 0.05, name
+
+
+@pytest.mark.slow
+def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from iaa.jobs import resolve, train
+    from iaa.jobs.workdir import Workdir
+    from iaa.platform.tracker import MlflowTracker
+    from tests._tiny import TINY_SETS, make_tiny_prepared
+
+    tiny = make_tiny_prepared(tmp_path / "tiny")
+    cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
+    assert cfg.train.precision == "auto"                                  # the default
+    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri())
+    for rates, chosen in (({"fp32": 100.0, "bf16": 400.0}, "bf16"), ({"fp32": 100.0, "bf16": 20.0}, "fp32")):
+        monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
+        result = train.run_tracked(cfg, tiny, tmp_path / f"run-{chosen}", tracker, show_progress=False)
+        params = MlflowClient(result["tracking_uri"]).get_run(result["mlflow_run_id"]).data.params
+        assert params["train.precision"] == chosen and result["precision"] == chosen
+
+
+def test_a_checkpoint_config_with_the_former_bf16_switch_still_loads() -> None:
+    """``model.bf16_projections`` is gone; a saved config that has it loads, and where it was on
+    the run keeps asking for bf16."""
+    from iaa.jobs.config import JobConfig, from_dict, to_dict
+
+    for saved, expected in ((True, "bf16"), (False, "fp32")):
+        data = to_dict(JobConfig())
+        data["model"]["bf16_projections"] = saved
+        data["train"]["precision"] = "fp32"
+        cfg = from_dict(data)
+        assert cfg.train.precision == expected and not hasattr(cfg.model, "bf16_projections")

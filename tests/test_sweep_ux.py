@@ -1,0 +1,42 @@
+"""What a sweep shows: run names, the parent run's params, the next commands (no Ray, no MLflow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from iaa.jobs import search_space, tune
+from iaa.jobs.config import JobConfig
+from iaa.jobs.ports import Placement, SearchPlan
+from iaa.jobs.presets import TUNE_PRESETS
+from iaa.jobs.sweep import TrialRecord, config_label
+
+
+def test_run_names_show_the_searched_values_short_and_in_the_papers_order() -> None:
+    assert config_label({"model.hidden_dim": 64, "model.steps": 2, "train.lr": 0.004}) == "lr=4e-3 T=2 h=64"
+    assert config_label({"train.lr": 0.00125, "model.dropout": 0.2}) == "lr=1.25e-3 dropout=0.2"
+    assert config_label({"train.lr": 0.05}) == "lr=0.05"
+
+
+def test_the_parent_run_logs_the_search_space_not_a_presets_value_of_a_searched_key(tmp_path: Path) -> None:
+    base = JobConfig()
+    space = search_space.parse(search_space.DEMO_GRID, base)
+    plan = SearchPlan(base=base, space=space, preset=TUNE_PRESETS["demo"], seed=0, num_samples=4, max_t=4,
+                      study_storage="sqlite:///x.db", study_name="demo-iaa-abc123")
+    req = tune.TuneRequest(dataset="demo", workdir=tmp_path)
+    launch = Placement(name="demo-iaa-abc123", storage=str(tmp_path), prepared=tmp_path, max_concurrent=2,
+                       threads=1, gpus_per_worker=0.0, train_rows=100)
+    params = tune.sweep_params(base, plan, req, launch)
+    for key in space.params:
+        head, leaf = key.split(".")
+        assert leaf not in params[head]                       # no single value for what is searched
+        assert params[f"search.{key}"] == space.params[key].describe()
+    assert params["train"]["seed"] == base.train.seed         # what every trial shares stays
+    assert params["tune.study"] == "demo-iaa-abc123" and params["tune.num_samples"] == 4
+
+
+def test_the_summary_ends_with_the_next_commands() -> None:
+    best = TrialRecord(trial_id="t1", config=JobConfig(), checkpoint="/w/best.pt")
+    text = tune.next_commands("demo-iaa-abc123", best, {}, tune.TuneRequest(dataset="demo"))
+    assert text.splitlines()[1:] == ["  iaa-cli report --sweep demo-iaa-abc123",
+                                     "  iaa-cli ensemble --sweep demo-iaa-abc123",
+                                     "  iaa-cli serve --checkpoint /w/best.pt"]
