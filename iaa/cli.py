@@ -294,7 +294,7 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @cluster_options
 @click.option("--register", metavar="NAME", help="Register the best trial's MLflow model under NAME.")
 @click.option("--optuna-storage", metavar="URL",
-              help="Optuna RDB storage of the sweep's study [default: sqlite:///WORKDIR/optuna.db].")
+              help="Optuna RDB storage of the sweep's study [default: a SQLite file, WORKDIR/optuna.db].")
 @click.option("--verbose", is_flag=True, help="Also print Ray Tune's own status tables and result boxes.")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[NAME]",
               help="Continue the interrupted sweep NAME (or --name; alone: the latest of this dataset and model).")

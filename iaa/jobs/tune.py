@@ -74,7 +74,7 @@ class TuneRequest:
     show_progress: bool = True
     register: str | None = None      # register the best trial's MLflow model under this name
     verbose: bool = False            # Ray Tune's own status tables and result boxes
-    optuna_storage: str | None = None  # the study's RDB URL; None: sqlite:///WORKDIR/optuna.db
+    optuna_storage: str | None = None  # the study's RDB URL; None: the SQLite file WORKDIR/optuna.db
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -124,11 +124,8 @@ def sweep_name(req: TuneRequest) -> str:
 
 def study_storage(req: TuneRequest) -> str:
     """Where the sweep's Optuna study lives: ``--optuna-storage``, else ``WORKDIR/optuna.db``
-    (one file for every sweep of the work folder: ``optuna-dashboard sqlite:///...`` lists them)."""
-    return req.optuna_storage or f"sqlite:///{(Path(req.workdir) / OPTUNA_DB).resolve()}"
-
-
-OPTUNA_DB = "optuna.db"
+    (one file for every sweep of the work folder: ``optuna-dashboard`` on it lists them)."""
+    return Workdir(req.workdir).optuna_storage(req.optuna_storage)
 
 
 def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Placement) -> dict[str, Any]:

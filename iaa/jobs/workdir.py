@@ -154,6 +154,10 @@ class Workdir:
 
     TRACKING_DB = "mlflow.db"
 
+    def optuna_storage(self, given: str | None = None) -> str:
+        """A sweep's Optuna study store: ``--optuna-storage``, else the SQLite file ``WORKDIR/optuna.db``."""
+        return given or f"{SQLITE}{(self.root / 'optuna.db').resolve()}"
+
     def tracking_db(self, tracking_uri: str | None = None) -> Path | None:
         """The SQLite file of the store :meth:`tracking_uri` names; None for a server."""
         uri = tracking_uri or os.environ.get(TRACKING_ENV)

@@ -21,7 +21,7 @@ from iaa.jobs.search_space import SearchSpace
 def searcher(space: SearchSpace, seed: int, storage: str | None = None, study_name: str | None = None) -> Any:
     """Optuna TPE over ``space``, told each trial's best validation accuracy; no configuration twice.
 
-    ``storage`` (an Optuna RDB URL such as ``sqlite:///WORKDIR/optuna.db``) keeps the study
+    ``storage`` (an Optuna RDB URL, by default the SQLite file ``WORKDIR/optuna.db``) keeps the study
     ``study_name`` after the process ends: ``optuna-dashboard URL`` opens it, and a resumed
     sweep continues it.
     """
