@@ -53,6 +53,20 @@ def timed_pass(models: dict, table, batch_size: int, rounds: int) -> dict:
     return out, stats
 
 
+def split_table(args: argparse.Namespace):
+    """The split to time: all of it, or its first ``--limit`` examples."""
+    data = PreparedData.open(args.data)
+    return data.table(args.split) if args.limit is None else data.rows(args.split, 0, args.limit)
+
+
+def emit(report: dict, path: Path | None) -> None:
+    """Print the report as JSON, and write it to ``path`` when one is given."""
+    text = json.dumps(report, indent=1)
+    print(text)
+    if path:
+        path.write_text(text + "\n", encoding="utf-8")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--act", type=Path, required=True)
@@ -68,8 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     models = {"act": checkpoint.load_model(args.act)[0], "fixed": checkpoint.load_model(args.fixed)[0]}
-    data = PreparedData.open(args.data)
-    table = data.table(args.split) if args.limit is None else data.rows(args.split, 0, args.limit)
+    table = split_table(args)
     result, stats = timed_pass(models, table, args.batch_size, args.rounds)
     order = [row for b in iter_batches(table, args.batch_size, seed=0, epoch=0, shuffle=False)
              for row in b.example_ids]
@@ -82,10 +95,7 @@ def main() -> None:
         easy_result, _ = timed_pass(models, easy, args.batch_size, args.rounds)
         report.update(easy_examples=easy.num_rows, easy_steps=args.easy_steps, easy=easy_result,
                       speedup_easy=easy_result["act"]["examples_per_s"] / easy_result["fixed"]["examples_per_s"])
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n", encoding="utf-8")
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

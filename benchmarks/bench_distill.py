@@ -12,7 +12,6 @@ example is the sum of its members' (it runs each member once), so its examples/s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,9 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_act import timed_pass  # noqa: E402
+from bench_act import emit, split_table, timed_pass  # noqa: E402
 
-from iaa.data.loader import PreparedData  # noqa: E402
 from iaa.jobs import checkpoint  # noqa: E402
 
 
@@ -47,8 +45,7 @@ def main() -> None:
     for spec in args.student:
         name, _, path = spec.partition("=")
         models[name] = checkpoint.load_model(Path(path))[0]
-    data = PreparedData.open(args.data)
-    table = data.table(args.split) if args.limit is None else data.rows(args.split, 0, args.limit)
+    table = split_table(args)
     result, _ = timed_pass(models, table, args.batch_size, args.rounds)
     for name, model in models.items():
         result[name]["parameters"] = parameters(model)
@@ -59,10 +56,7 @@ def main() -> None:
               "ensemble_parameters": sum(m["parameters"] for m in members),
               "speedup_over_ensemble": {name: result[name]["examples_per_s"] / ensemble_per_s
                                         for name in models if not name.startswith("member")}}
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n", encoding="utf-8")
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

@@ -48,13 +48,15 @@ class _Finite(click.FloatRange):
         return number
 
 
-def _emit(result: dict[str, Any], as_json: bool) -> None:
-    """Print a result: a JSON object as the last stdout line with ``--json``, else key: value lines."""
+def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None) -> None:
+    """Print a result: a JSON object as the last stdout line with ``--json``, else key: value lines
+    (only ``keys``, where the command's own summary on stderr has already shown the rest)."""
     if as_json:
         click.echo(json.dumps(result, default=str))
     else:
         for key, value in result.items():
-            click.echo(f"{key}: {value}")
+            if keys is None or key in keys:
+                click.echo(f"{key}: {value}")
 
 
 def _debug(ctx: click.Context | None) -> bool:
@@ -308,7 +310,8 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
     if resume and sweep_name and resume != sweep_name:
         raise click.UsageError(f"--resume {resume} and --name {sweep_name} name different sweeps")
     req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, show_progress=not as_json)
-    _emit(job.run(req, MlflowTracker, _launcher(address, req.storage_path)), as_json)
+    _emit(job.run(req, MlflowTracker, _launcher(address, req.storage_path)), as_json,
+          keys=("sweep", "best_valid_acc", "model_uri"))
 
 
 @cli.command()

@@ -409,3 +409,51 @@ def test_a_run_folder_that_is_an_input_is_refused(w, target):
                        "--set", "train.max_epochs=0.01")
     assert_one_message(code, out, run_dir, "--run-dir")
     assert_unchanged(before, w["root"])
+
+
+def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every output of the sweep is written; the trial run whose model the store refused ends FAILED,
+    and the loss is reported (the command then exits 1) rather than passed over."""
+    from iaa.jobs import explain, tune
+    from iaa.jobs.sweep import TrialRecord
+
+    monkeypatch.setattr(explain, "run", lambda *a, **k: {"html": str(tmp_path / "e.html"), "png": str(tmp_path / "e.png")})
+
+    class Run:
+        def __init__(self, run_id: str) -> None:
+            self.run_id, self.lost, self.status = run_id, [], "FINISHED"
+
+        def log_artifact(self, path: Path, folder: str | None = None) -> None:
+            pass
+
+        def end(self, status: str = "FINISHED") -> None:
+            self.status = status
+
+    class Store:
+        uri = "sqlite:///store.db"
+
+        def __init__(self) -> None:
+            self.runs: dict[str, Run] = {}
+
+        def attach(self, run_id: str) -> Run:
+            return self.runs.setdefault(run_id, Run(run_id))
+
+        def log_model(self, run: Run, checkpoints, prepared, register=None) -> str | None:
+            if run.run_id == "refused":
+                run.lost.append("the model (No space left on device)")
+                return None
+            return f"models:/m-{run.run_id}"
+
+    checkpoints = []
+    for name in ("best", "refused"):
+        checkpoints.append(tmp_path / f"{name}.pt")
+        checkpoints[-1].write_bytes(b"weights")
+    best, other = (TrialRecord(trial_id=n, config=None, best_valid_acc=acc,  # type: ignore[arg-type]
+                               checkpoint=str(c), mlflow_run_id=n)
+                   for n, acc, c in (("best", 0.9, checkpoints[0]), ("refused", 0.5, checkpoints[1])))
+    store = Store()
+    outputs, unlogged = tune._best_outputs(best, store, tmp_path, tmp_path, None, [best, other])
+    assert outputs["model_uri"] == "models:/m-best"
+    assert store.runs["refused"].status == "FAILED" and store.runs["best"].status == "FINISHED"
+    assert len(unlogged) == 1 and "refused" in unlogged[0] and "No space left" in unlogged[0]

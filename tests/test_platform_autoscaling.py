@@ -96,20 +96,25 @@ def _cluster(worker_types: dict):
     shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_gpu_sweep_waits_for_the_autoscaler_and_finishes(autoscaling_cluster: str, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def _gpu_sweep(address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, trials: int,
+               gpus_per_worker: float) -> tuple[dict, list]:
+    """A tiny sweep of one-worker trials on the fake autoscaling cluster: (sweep.json, the GPU nodes after it)."""
     import ray
 
     monkeypatch.setenv("IAA_TRAIN_DEVICE", "cpu")
     monkeypatch.setenv("IAA_AUTOSCALE_WAIT_S", "180")
     tiny = make_tiny_prepared(tmp_path / "data")
-    run_sweep(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
-              sets=TINY_SETS, workdir=tmp_path / "work", name="auto", gpus_per_worker=1,
-              address=autoscaling_cluster, storage_path=str(tmp_path / "shared"), show_progress=False)
-    sweep = read_sweep(tmp_path / "work", "auto")
+    run_sweep(dataset="cbt-ne", data=tiny, num_samples=trials, search_space=write_space(tmp_path),
+              sets=TINY_SETS, workdir=tmp_path / "work", name="gpu", gpus_per_worker=gpus_per_worker,
+              address=address, storage_path=str(tmp_path / "shared"), show_progress=False)
+    return read_sweep(tmp_path / "work", "gpu"), [n for n in ray.nodes() if n["Resources"].get("GPU")]
+
+
+def test_gpu_sweep_waits_for_the_autoscaler_and_finishes(autoscaling_cluster: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    sweep, gpu_nodes = _gpu_sweep(autoscaling_cluster, tmp_path, monkeypatch, trials=2, gpus_per_worker=1)
     assert [t["status"] for t in sweep["trials"]] == ["TERMINATED", "TERMINATED"]
     assert sweep["max_concurrent"] == 2          # not frozen at the one GPU node there was at the start
-    gpu_nodes = [n for n in ray.nodes() if n["Resources"].get("GPU")]
     assert len(gpu_nodes) == 2, gpu_nodes        # the second trial's demand brought a second GPU node
 
 
@@ -117,16 +122,7 @@ def test_quarter_gpus_pack_four_trials_on_one_gpu(shared_gpu_cluster: str, tmp_p
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``--gpus-per-worker 0.25``: four one-worker trials run at once on the one GPU node the
     autoscaler starts for them (a second would be allowed, and is not needed)."""
-    import ray
-
-    monkeypatch.setenv("IAA_TRAIN_DEVICE", "cpu")
-    monkeypatch.setenv("IAA_AUTOSCALE_WAIT_S", "180")
-    tiny = make_tiny_prepared(tmp_path / "data")
-    run_sweep(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(tmp_path),
-              sets=TINY_SETS, workdir=tmp_path / "work", name="packed", gpus_per_worker=0.25,
-              address=shared_gpu_cluster, storage_path=str(tmp_path / "shared"), show_progress=False)
-    sweep = read_sweep(tmp_path / "work", "packed")
+    sweep, gpu_nodes = _gpu_sweep(shared_gpu_cluster, tmp_path, monkeypatch, trials=4, gpus_per_worker=0.25)
     assert [t["status"] for t in sweep["trials"]] == ["TERMINATED"] * 4
     assert sweep["max_concurrent"] == 4
-    gpu_nodes = [n for n in ray.nodes() if n["Resources"].get("GPU")]
     assert len(gpu_nodes) == 1, gpu_nodes        # all four trials on one GPU

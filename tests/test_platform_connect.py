@@ -3,7 +3,9 @@ cluster's dashboard listens on loopback only, on a port of its own, behind Ray's
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
 
 import pytest
 from click.testing import CliRunner
@@ -17,6 +19,16 @@ def _closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])        # nothing listens there once the probe closes
+
+
+def _own_network_addresses() -> list[str]:
+    """This machine's own IPv4 addresses other than loopback, as `ip` lists them."""
+    try:
+        listing = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True,
+                                 check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return [a for a in re.findall(r"inet (\S+)/", listing) if not a.startswith("127.")]
 
 
 def test_unreachable_address_is_an_error_naming_it() -> None:
@@ -87,10 +99,10 @@ def test_local_cluster_dashboard_is_loopback_only_and_needs_the_token(monkeypatc
         assert info.dashboard is not None
         host, port = info.dashboard.rsplit(":", 1)
         assert host == "127.0.0.1"
-        node_ip = ray.util.get_node_ip_address()
-        assert node_ip != "127.0.0.1"
-        with pytest.raises(OSError):          # not reachable from the network
-            socket.create_connection((node_ip, int(port)), timeout=2).close()
+        assert ray.util.get_node_ip_address() == "127.0.0.1"   # a local cluster's node is loopback
+        for address in _own_network_addresses():                # not reachable from the network
+            with pytest.raises(OSError):
+                socket.create_connection((address, int(port)), timeout=2).close()
         answer = requests.get(f"http://{info.dashboard}/api/version", timeout=10)
         assert answer.status_code == 401      # Ray's token authentication is on for a local cluster
         assert "dashboard http://127.0.0.1:" in cluster.describe(info, resources.plan(info.nodes, 1))

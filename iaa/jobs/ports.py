@@ -46,6 +46,7 @@ class TrackedRun(Protocol):
     """One run of the store: what it logs. Failures of the store are warnings, never fatal."""
 
     run_id: str
+    lost: list[str]          # what the store refused for good, with why (empty while all is logged)
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...            # nested dicts are flattened
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None: ...

@@ -234,13 +234,17 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     parent.log_artifact(best_config)
     parent.log_artifact(sweep_dir / "sweep.json")
     parent.end("FINISHED")
-    outputs = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
+    outputs, unlogged = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
     ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
     print(f"best trial {best.trial_id} ({label}): valid accuracy {best.best_valid_acc:.4f}\n"
           f"  config:       {best_config}  (iaa-cli train --config {best_config})\n"
           + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
           + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
           + next_commands(name, best, outputs, req), file=sys.stderr)
+    if unlogged:
+        raise IaaError(f"{sweep['tracking_uri']}: the sweep finished and its files are written, but the store did "
+                       f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
+                       "restart it) and log the models again")
     return {"sweep": name, "tracking_uri": sweep["tracking_uri"], "experiment": sweep["experiment"],
             "best_config": str(best_config), "best_valid_acc": best.best_valid_acc,
             "best_trial": best.trial_id, "best_checkpoint": best.checkpoint, "trials": len(records),
@@ -262,26 +266,36 @@ EXPLAIN_EXAMPLES = 5  # validation examples on the best trial's explain page
 
 
 def _best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared: Path, register: str | None,
-                  records: Sequence[TrialRecord] = ()) -> dict[str, Any]:
+                  records: Sequence[TrialRecord] = ()) -> tuple[dict[str, Any], list[str]]:
     """Every trial's tracked model, and the best trial's explain page (first validation examples),
-    both stored on their runs; ``register`` registers the best model. Tracking failures are
-    warnings: the sweep's result stands."""
+    both stored on their runs; ``register`` registers the best model.
+
+    Returns the outputs and what the store refused for good, run by run: those runs are marked
+    FAILED, and the sweep's result stands (every output is written before the command fails)."""
     from iaa.jobs import explain
 
     if not best.checkpoint or not Path(best.checkpoint).is_file():
-        return {}
+        return {}, []
+    runs = []
     for trial in records:             # every trained reader is a logged model; the best one comes last
         if trial is not best and trial.mlflow_run_id and trial.checkpoint and Path(trial.checkpoint).is_file():
-            tracker.log_model(tracker.attach(trial.mlflow_run_id), [Path(trial.checkpoint)], prepared)
+            runs.append(tracker.attach(trial.mlflow_run_id))
+            tracker.log_model(runs[-1], [Path(trial.checkpoint)], prepared)
     page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
                        out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png")
     out: dict[str, Any] = {"explain_page": page["html"], "explain_png": page["png"]}
     if best.mlflow_run_id:
         run = tracker.attach(best.mlflow_run_id)
+        runs.append(run)
         for artifact in (page["html"], page["png"]):
             run.log_artifact(Path(artifact), "explain")
         out["model_uri"] = tracker.log_model(run, [Path(best.checkpoint)], prepared, register)
-    return out
+    unlogged = []
+    for run in runs:
+        if run.lost:
+            run.end("FAILED")
+            unlogged.append(f"run {run.run_id} (marked FAILED) lacks {', '.join(run.lost)}")
+    return out, unlogged
 
 
 @dataclass(frozen=True)
