@@ -370,6 +370,9 @@ def test_make_cloze_into_a_full_disk_names_the_output(tmp_path):
 # ---- the local cluster's settings ---------------------------------------------------------------------
 
 def test_a_bad_dashboard_host_is_one_message(w):
+    import ray
+
+    ray.shutdown()     # a Ray that another test left in this process would be reused, the host never read
     code, out = invoke("tune", "--dataset", "cbt-ne", "--data", w["prepared"], "--num-samples", "1",
                        "--max-epochs", "0.01", "--workdir", w["root"] / "work",
                        env={"IAA_DASHBOARD_HOST": "no-such-host.invalid", "RAY_ADDRESS": ""})
