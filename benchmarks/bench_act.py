@@ -53,6 +53,17 @@ def timed_pass(models: dict, table, batch_size: int, rounds: int) -> dict:
     return out, stats
 
 
+def timing_arguments(ap: argparse.ArgumentParser, rounds: int) -> None:
+    """The options every inference-timing script shares: data, split, batch, rounds, threads, output."""
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--split", default="valid")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=None, help="Only the split's first N examples.")
+    ap.add_argument("--json", type=Path)
+
+
 def split_table(args: argparse.Namespace):
     """The split to time: all of it, or its first ``--limit`` examples."""
     data = PreparedData.open(args.data)
@@ -71,14 +82,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--act", type=Path, required=True)
     ap.add_argument("--fixed", type=Path, required=True)
-    ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--split", default="valid")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--easy-steps", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--limit", type=int, default=None, help="Only the split's first N examples.")
-    ap.add_argument("--json", type=Path)
+    timing_arguments(ap, rounds=3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     models = {"act": checkpoint.load_model(args.act)[0], "fixed": checkpoint.load_model(args.fixed)[0]}

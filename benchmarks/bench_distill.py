@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_act import emit, split_table, timed_pass  # noqa: E402
+from bench_act import emit, split_table, timed_pass, timing_arguments  # noqa: E402
 
 from iaa.jobs import checkpoint  # noqa: E402
 
@@ -30,15 +30,9 @@ def parameters(model: torch.nn.Module) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--members", type=Path, nargs="+", required=True)
     ap.add_argument("--student", action="append", default=[], metavar="NAME=CKPT")
-    ap.add_argument("--split", default="valid")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--limit", type=int, default=None, help="Only the split's first N examples.")
-    ap.add_argument("--json", type=Path)
+    timing_arguments(ap, rounds=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     models = {f"member{i}": checkpoint.load_model(p)[0] for i, p in enumerate(args.members)}
