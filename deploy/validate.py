@@ -76,7 +76,7 @@ SERVE_ARGS = {"model", "checkpoint", "ensemble", "data_dir", "workdir", "trackin
 def check_serve(doc: dict[str, Any], mlflow_url: str) -> None:
     f = "serve.yaml"
     (app,) = doc["applications"]
-    _need(app["import_path"] == "iaa.platform.serve:build", f, "the application is iaa.platform.serve:build")
+    _need(app["import_path"] == "iaa.cli:serve_app", f, "the application is iaa.cli:serve_app")
     args = app["args"]
     _need(set(args) <= SERVE_ARGS, f, f"unknown args {sorted(set(args) - SERVE_ARGS)}")
     _need(str(args.get("model", "")).startswith("models:/"), f, "replicas on any node serve a registered model")

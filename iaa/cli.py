@@ -443,7 +443,8 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
                              temperature=temperature, train_examples=train_examples, run_dir=run_dir,
                              workdir=workdir, refresh_teacher=refresh_teacher, show_progress=not as_json)
-    score = teacher_ray.scorer(workers or None, address, not as_json) if (workers or address) else teacher.score_in_process
+    score = (teacher_ray.scorer(teacher.score_member, workers or None, address, not as_json) if (workers or address)
+             else teacher.score_in_process)
     claim = partial(rundir.claim, overwrite=overwrite)
     train = partial(train_job.run_tracked, tracker=tracker, show_progress=not as_json, register=register)
     _emit(job.run(req, train=train, score=score, claim=claim), as_json)
@@ -634,7 +635,16 @@ def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | N
                      threads=threads, max_document_words=max_document_words, host=host, port=port, address=address)
     from iaa.platform import serve as platform_serve
 
-    platform_serve.run_forever(cfg)
+    platform_serve.run_forever(cfg, job.Answerer.load)
+
+
+def serve_app(args: dict[str, Any]) -> Any:
+    """The application a Ray Serve config names (``import_path: iaa.cli:serve_app``, as in
+    ``deploy/serve.yaml``): the Ray Serve adapter with the serve job's model loader."""
+    from iaa.jobs import serve as job
+    from iaa.platform import serve as platform_serve
+
+    return platform_serve.build(args, job.Answerer.load)
 
 
 def main() -> None:

@@ -2,6 +2,8 @@
 
 - ``ray``, ``mlflow`` and ``optuna`` are imported only in ``iaa/platform``, the adapters;
 - ``iaa.jobs`` never imports ``iaa.platform`` (jobs are written against ``iaa.jobs.ports``);
+- ``iaa.platform`` imports from ``iaa.jobs`` only the ports, configs and paths: the job code an
+  adapter runs reaches it as a callable the job passes in;
 - ``iaa.model`` imports no other ``iaa`` layer, ``iaa.data`` neither jobs nor platform;
 - no two modules of ``iaa`` import each other, directly or around a longer cycle.
 """
@@ -56,6 +58,18 @@ def test_layers_import_only_downward(layer: str, forbidden: tuple[str, ...]) -> 
     upward = {name: sorted(m for m in deps if m.startswith(forbidden))
               for name, deps in GRAPH.items() if name.startswith(layer)}
     assert {name: deps for name, deps in upward.items() if deps} == {}
+
+
+# What an adapter may import from the jobs: the ports, the configs (and presets and search spaces,
+# plain data) and the work folder's paths.
+PLATFORM_MAY_IMPORT = {"iaa.jobs", "iaa.jobs.ports", "iaa.jobs.config", "iaa.jobs.presets", "iaa.jobs.workdir",
+                       "iaa.jobs.search_space"}
+
+
+def test_the_platform_imports_from_the_jobs_only_ports_and_configs() -> None:
+    workflows = {name: sorted(m for m in deps if m.startswith("iaa.jobs") and m not in PLATFORM_MAY_IMPORT)
+                 for name, deps in GRAPH.items() if name.startswith("iaa.platform")}
+    assert {name: deps for name, deps in workflows.items() if deps} == {}
 
 
 def test_no_import_cycle() -> None:

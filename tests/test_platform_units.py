@@ -433,19 +433,36 @@ def test_a_train_run_failed_by_expected_worker_errors_is_one_line_and_a_bug_keep
     assert not isinstance(caught.value, IaaError) and caught.value.__cause__ is bug
 
 
-def test_ray_sessions_report_the_checkpoint_score_and_when_the_first_batch_went_out(tiny: Path) -> None:
-    """What Tune and Ray Train receive: the base report plus the score Ray ranks checkpoints by."""
-    from iaa.data.loader import PreparedData
-    from iaa.jobs.session import CHECKPOINT_FILE
-    from iaa.platform.ray_train import CHECKPOINT_SCORE, RaySession
+def test_cluster_sessions_report_the_checkpoint_score_and_when_the_first_batch_went_out(tiny: Path) -> None:
+    """What Tune and Ray Train receive through the link: the base report plus the score Ray ranks checkpoints by."""
+    from contextlib import nullcontext
 
-    class Recorder(RaySession):
-        def publish(self, metrics, folder, is_best):
+    from iaa.data.loader import PreparedData
+    from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE
+    from iaa.jobs.session import ClusterSession
+
+    class Recorder:
+        rank, world_size, device = 0, 1, "cpu"
+
+        def __init__(self):
+            self.published = []
+
+        def all_reduce(self, values, op):
+            return [float(v) for v in values]
+
+        def prepare_model(self, model):
+            return model
+
+        def last_checkpoint(self):
+            return nullcontext(None)
+
+        def publish(self, metrics, folder):
             self.published.append((metrics, folder is not None and (folder / CHECKPOINT_FILE).is_file()))
 
     data = PreparedData.open(tiny)
-    session = Recorder(data.table("train"), data.table("valid"), batch_size=4, seed=0, threads=0)
-    session.published = []
+    link = Recorder()
+    session = ClusterSession(link, data.table("train"), data.table("valid"), batch_size=4, seed=0, threads=0)
+    assert session.latest_state() is None
     assert session.first_step_at is None
     next(session.train_batches(0))
     first = session.first_step_at
@@ -455,7 +472,7 @@ def test_ray_sessions_report_the_checkpoint_score_and_when_the_first_batch_went_
     state = {"progress": {"checks": 2, "step": 7, "best_step": 7}}
     session.report({"valid_acc": 0.25}, state, True)
     session.report({"valid_acc": 0.25}, state, False)
-    (best, wrote_best), (tie, wrote_tie) = session.published
+    (best, wrote_best), (tie, wrote_tie) = link.published
     assert wrote_best and wrote_tie                             # one worker: rank 0 writes every checkpoint
     assert best[CHECKPOINT_SCORE] == 0.25 and tie[CHECKPOINT_SCORE] == -1.0   # a tie never displaces the best
     assert best["first_step_at"] == first and best["steps"] == 7 and best["is_best"] and not tie["is_best"]

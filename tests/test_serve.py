@@ -3,6 +3,7 @@ and (slow) the same on Ray Serve over HTTP, through bad requests and a killed re
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -144,7 +145,7 @@ def served(setup):
                      tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
                      max_document_words=200)
     try:
-        yield platform_serve.start(cfg), cfg
+        yield platform_serve.start(cfg, job.Answerer.load), cfg
     finally:
         platform_serve.stop(cfg.app_name)
         if started:
@@ -230,6 +231,8 @@ def test_the_cluster_serve_config_builds_a_deployment():
     from iaa.platform import serve as platform_serve
 
     doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy" / "serve.yaml").read_text())
+    module, _, builder = doc["applications"][0]["import_path"].partition(":")
+    assert callable(getattr(importlib.import_module(module), builder))     # what `serve deploy` imports
     args = platform_serve.config_args(doc["applications"][0]["args"])
     cfg = platform_serve.from_dict(args)
     assert cfg.source.kind == "model" and cfg.autoscale == (1, 8) and cfg.limits.max_document_words == 5000

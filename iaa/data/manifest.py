@@ -91,3 +91,10 @@ def is_current(out: Path, *, dataset: str, source: dict[str, Any], options: dict
             if not path.is_file() or path.stat().st_size != shard["bytes"]:
                 return None
     return m
+
+
+def vocab_card(prepared: Path) -> dict[str, Any]:
+    """What a checkpoint carries of its data: the prepared ``vocab.json`` text (its sha256 is the
+    manifest's ``vocab_hash``) and whether the dataset lowercases its words."""
+    options = (read(Path(prepared)) or {}).get("options") or {}
+    return {"json": (Path(prepared) / VOCAB).read_text(encoding="utf-8"), "lowercase": bool(options.get("lowercase", False))}

@@ -3,8 +3,8 @@
 A checkpoint is a plain dict of CPU tensors and primitives, so it loads with
 ``torch.load(weights_only=True)`` on any machine, with or without a GPU. It holds the whole job
 config, so the model can be rebuilt from the file alone, its vocabulary (``vocab``: the prepared
-``vocab.json`` text and the dataset's lowercasing, :func:`vocab_card`), so it answers raw questions
-alone, and the RNG and loop state, so ``--resume`` continues exactly. Checkpoints written before
+``vocab.json`` text and the dataset's lowercasing, :func:`iaa.data.manifest.vocab_card`), so it
+answers raw questions alone, and the RNG and loop state, so ``--resume`` continues exactly. Checkpoints written before
 the vocabulary was embedded still load; they need the prepared folder they were trained on. Since format 2 it also holds a sha256 digest of everything else,
 so a flipped bit in a tensor (which ``torch.load`` does not notice) is caught on load.
 
@@ -134,15 +134,6 @@ def make_state(
     if progress is not None:
         state["progress"] = dict(progress)
     return state
-
-
-def vocab_card(prepared: Path) -> dict[str, Any]:
-    """What a checkpoint carries of its data: the prepared ``vocab.json`` text (its sha256 is the
-    manifest's ``vocab_hash``) and whether the dataset lowercases its words."""
-    from iaa.data.manifest import VOCAB, read
-
-    options = (read(Path(prepared)) or {}).get("options") or {}
-    return {"json": (Path(prepared) / VOCAB).read_text(encoding="utf-8"), "lowercase": bool(options.get("lowercase", False))}
 
 
 def vocabulary(state: Mapping[str, Any], source: Path | str) -> tuple[Vocab, bool] | None:

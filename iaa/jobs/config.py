@@ -210,3 +210,50 @@ def from_dict(data: Mapping[str, Any]) -> JobConfig:
 
 def dump_yaml(cfg: JobConfig, path: Path) -> None:
     atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"model.steps": 5}`` -> ``{"model": {"steps": 5}}``."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def apply(base: JobConfig, values: Mapping[str, Any]) -> JobConfig:
+    """``base`` with the dotted ``values`` of one trial (``ConfigError`` on a bad value)."""
+    return merge(base, unflatten(values))
+
+
+# Short names of the paper's hyperparameters, for run names and table columns.
+SHORT_NAMES = {"train.lr": "lr", "model.steps": "T", "model.hidden_dim": "h", "model.embed_dim": "d",
+               "model.state_dim": "s", "train.batch_size": "B", "model.dropout": "dropout"}
+
+
+def short_name(key: str) -> str:
+    """``model.steps`` -> ``T``; an unknown key keeps its last dotted part."""
+    return SHORT_NAMES.get(key, key.split(".")[-1])
+
+
+def short_value(value: Any) -> str:
+    """``0.004`` -> ``4e-3``, ``64`` -> ``64``: compact and exact for the values a grid holds."""
+    if isinstance(value, float) and not value.is_integer() and abs(value) < 0.01:
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def config_label(params: Mapping[str, Any]) -> str:
+    """What distinguishes a trial: ``lr=4e-3 T=2 h=64`` from its searched values."""
+    return " ".join(f"{short_name(k)}={short_value(v)}" for k, v in sorted(params.items(), key=lambda kv: _order(kv[0])))
+
+
+def _order(key: str) -> tuple[int, str]:
+    names = list(SHORT_NAMES)
+    return (names.index(key), key) if key in names else (len(names), key)

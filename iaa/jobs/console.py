@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from iaa.jobs.cost import SweepCost, duration
-from iaa.jobs.sweep import config_label, short_name, short_value
+from iaa.jobs.config import config_label, short_name, short_value
 
 TABLE_EVERY_S = 30.0
 

@@ -38,7 +38,7 @@ from iaa.jobs import sweep as sweep_file
 from iaa.jobs.config import ConfigError, from_dict
 from iaa.jobs.members import Member
 from iaa.jobs.ports import Launcher, Tracker, TrialTracking
-from iaa.jobs.predict import SUMMARY
+from iaa.jobs.predict import MODEL_CODE, SUMMARY
 from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
 
@@ -116,6 +116,8 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
     wanted = ledger.seeded(ledger.best_configs(sweep["name"], trials, req.top_configs), req.seeds)
     to_train = [cfg for cfg, _ in wanted if ledger.config_key(cfg) not in found]
     if to_train:
+        from iaa.jobs.train import fit_on_worker
+
         if launcher is None:
             raise IaaError(f"{len(to_train)} members must be trained, and no launcher was given")
         print(f"ensemble: reusing {len(wanted) - len(to_train)} checkpoints, training {len(to_train)} members on Ray",
@@ -125,7 +127,7 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
                                   parent_run_id=sweep.get("parent_run_id"), sweep=run_name, dataset=to_train[0].dataset)
         trained = launcher.train_many(
             to_train, prepared, name=run_name, storage=workdir.storage(req.storage_path), trials=trials_to,
-            downloads=out_dir / "checkpoints", workers_per_trial=req.workers_per_trial,
+            downloads=out_dir / "checkpoints", fit=fit_on_worker, workers_per_trial=req.workers_per_trial,
             gpus_per_worker=req.gpus_per_worker, show_progress=req.show_progress,
         )
         ledger.record_trained(name, out_dir, Path(req.workdir), to_train, trained, found)
@@ -202,7 +204,7 @@ def _track(tracker: Tracker, experiment: str, name: str, req: EnsembleRequest, s
             run.log_artifact(Path(result[artifact]))
         run.log_artifact(out_dir / SUMMARY)
         run.log_dataset(prepared, context="eval")
-        model_uri = tracker.log_model(run, [Path(m) for m in result["members"]], prepared, req.register)
+        model_uri = tracker.log_model(run, [Path(m) for m in result["members"]], prepared, req.register, code=MODEL_CODE)
     return run.run_id, model_uri
 
 

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.config import JobConfig, from_dict, to_dict
-from iaa.jobs.sweep import TrialRecord
+from iaa.jobs.ports import TrialRecord
 from iaa.jobs.workdir import Workdir
 
 LEDGER = "trained.json"

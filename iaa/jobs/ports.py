@@ -1,22 +1,25 @@
 """The ports of the jobs: what a workflow needs from run tracking and from a cluster.
 
 Jobs are written against these protocols and never import :mod:`iaa.platform`, which holds
-the adapters: :class:`iaa.platform.tracking.MlflowTracker` (a :class:`Tracker`) and
+the adapters: :class:`iaa.platform.tracker.MlflowTracker` (a :class:`Tracker`) and
 :class:`iaa.platform.launch.RayLauncher` (a :class:`Launcher`). ``iaa.cli`` builds them and
-hands them to the jobs.
+hands them to the jobs. The adapters import from :mod:`iaa.jobs` only these ports, the configs
+and the work folder's paths: the job code they run (the training loop, the predictor) reaches
+them as callables the job passes in, and the records they share with the jobs live here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
-from iaa.jobs.config import JobConfig
-from iaa.jobs.sweep import TrialRecord
-from iaa.jobs.workdir import RunFolder
+from iaa.errors import IaaError
+from iaa.jobs.config import JobConfig, from_dict, to_dict
+from iaa.jobs.workdir import DEFAULT_WORKDIR, RunFolder
 
 MetricsCallback = Callable[[dict[str, Any]], None]
+FAILED_STATUSES = frozenset({"ERROR", "FAILED"})
 
 
 # --- tracking ------------------------------------------------------------------------------------
@@ -57,6 +60,17 @@ class TrackedRun(Protocol):
     def end(self, status: str = "FINISHED") -> None: ...
 
 
+@dataclass(frozen=True)
+class ModelCode:
+    """The job's code that a logged model needs: ``read`` loads a verified checkpoint's state, and
+    ``load`` rebuilds the predictor from member checkpoints and a data folder (its
+    ``predict_records`` answers predict's rows). The model pickles ``load`` by reference, so both
+    are module-level callables of :mod:`iaa`, which travels with the model."""
+
+    read: Callable[[Path], dict[str, Any]]
+    load: Callable[[Sequence[Path], "Path | None"], Any]
+
+
 class Tracker(Protocol):
     """A store of runs, their parameters, metrics, artifacts and models."""
 
@@ -71,8 +85,8 @@ class Tracker(Protocol):
     def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
                   status: str | None = None) -> list[RunRecord]: ...     # newest first
     def find_by_tag(self, key: str, values: Sequence[str]) -> str | None: ...
-    def log_model(self, run: TrackedRun, checkpoints: Sequence[Path], prepared: Path,
-                  register: str | None = None) -> str | None: ...      # the model URI; None (and noted on run) when the store failed
+    def log_model(self, run: TrackedRun, checkpoints: Sequence[Path], prepared: Path, register: str | None = None, *,
+                  code: ModelCode) -> str | None: ...      # the model URI; None (and noted on run) when the store failed
     def experiment_records(self, experiment: str) -> list[RunRecord] | None: ...  # oldest first
     def experiment_names(self) -> list[str]: ...
     def show_columns(self, experiment: str, columns: Sequence[str], order_by: str) -> str | None: ...  # a UI link
@@ -80,6 +94,78 @@ class Tracker(Protocol):
 
 
 # --- launching trials and workers ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial of a sweep (or one member trained for an ensemble), as ``sweep.json`` stores it."""
+
+    trial_id: str
+    config: JobConfig
+    params: Mapping[str, Any] = field(default_factory=dict)   # the Tune config: sampled values
+    best_valid_acc: float | None = None
+    checkpoint: str | None = None          # the best checkpoint file, readable from the driver
+    mlflow_run_id: str | None = None
+    status: str = "TERMINATED"             # Tune's: TERMINATED, ERROR, or unfinished (RUNNING, PENDING ...)
+    checks: int = 0
+    steps: int = 0
+    stop_reason: str = ""                  # the loop's (patience, max_epochs ...), or "asha"
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILED_STATUSES
+
+    @property
+    def scored(self) -> bool:
+        """Finished without error and made at least one validation check."""
+        return self.best_valid_acc is not None and not self.failed
+
+    def to_json(self) -> dict[str, Any]:
+        row = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**row, "config": to_dict(self.config), "params": dict(self.params)}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> "TrialRecord":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in row.items() if k in known}
+        acc = values.get("best_valid_acc")
+        return cls(**{**values, "config": from_dict(row["config"]), "params": dict(row.get("params") or {}),
+                      "best_valid_acc": float(acc) if acc is not None else None})
+
+
+CHECKPOINT_FILE = "checkpoint.pt"       # the state file inside every reported checkpoint folder
+# Ray keeps the checkpoint with the highest score plus the latest. The score is valid_acc at the
+# checks that improved it and -1 elsewhere, so a later check that only ties the best never
+# displaces the best checkpoint (the loop's best is the first check reaching the maximum).
+CHECKPOINT_SCORE = "checkpoint_score"
+
+
+class WorkerLink(Protocol):
+    """What the training loop on a cluster worker needs from the cluster (a Tune trial or a Train
+    worker); :class:`iaa.jobs.session.ClusterSession` builds the loop's session on it."""
+
+    rank: int
+    world_size: int
+    device: Any                                                          # a torch.device
+
+    def all_reduce(self, values: Sequence[float], op: str) -> list[float]: ...   # op: "sum" or "min"
+    def prepare_model(self, model: Any) -> Any: ...                      # the model on device (DDP)
+    def last_checkpoint(self) -> ContextManager[Path | None]: ...        # the latest reported folder
+    def publish(self, metrics: dict[str, Any], folder: Path | None) -> None: ...  # folder: rank 0 only
+
+
+class WorkerFit(Protocol):
+    """The job's loop on one worker (:func:`iaa.jobs.train.fit_on_worker`): a trial gets its
+    ``train`` and ``valid`` tables and ``vocab`` card; a Train worker reads its rows of ``prepared``.
+    It travels to Ray workers pickled by reference, so it is a module-level function."""
+
+    def __call__(self, cfg: JobConfig, link: WorkerLink, *, threads: int, vocab_hash: str, prepared: str = "",
+                 train: Any = None, valid: Any = None, vocab: Mapping[str, Any] | None = None) -> Any: ...
+
+
+# (checkpoints, prepared, split, limit, out folder) -> each member's predictions file
+Scorer = Callable[[Sequence[Path], Path, str, "int | None", Path], list[Path]]
 
 
 @dataclass(frozen=True)
@@ -135,11 +221,90 @@ class Launcher(Protocol):
                 show_progress: bool) -> Placement: ...
     def can_resume(self, placement: Placement) -> bool: ...
     def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
-              downloads: Path, progress: Any = None, show_progress: bool = True,
+              downloads: Path, fit: WorkerFit, progress: Any = None, show_progress: bool = True,
               verbose: bool = False) -> list[TrialRecord]: ...   # progress: an iaa.jobs.console.SweepConsole
     def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
-                   trials: TrialTracking, downloads: Path, workers_per_trial: int = 1, gpus_per_worker: float = 0.0,
-                   show_progress: bool = True) -> list[TrialRecord]: ...
-    def train_workers(self, cfg: JobConfig, prepared: Path, folder: RunFolder, *, workers: int,
+                   trials: TrialTracking, downloads: Path, fit: WorkerFit, workers_per_trial: int = 1,
+                   gpus_per_worker: float = 0.0, show_progress: bool = True) -> list[TrialRecord]: ...
+    def train_workers(self, cfg: JobConfig, prepared: Path, folder: RunFolder, *, fit: WorkerFit, workers: int,
                       gpus_per_worker: float, resume: bool, storage: str, on_metrics: MetricsCallback | None,
                       show_progress: bool) -> dict[str, Any]: ...
+
+
+# --- serving ---------------------------------------------------------------------------------------
+
+MODEL_PREFIXES = ("models:/", "runs:/")
+
+
+class RequestError(IaaError):
+    """A request the server refuses, with its HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def body(self) -> dict[str, Any]:
+        return {"error": str(self), "status": self.status}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold (over them: 413)."""
+
+    max_document_words: int = 5000       # CNN documents run to ~2,000 words, CBT's to ~1,000
+    max_questions: int = 256             # per request
+    max_request_bytes: int = 8 << 20
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a replica loads: ``kind`` is ``model`` (an MLflow URI), ``checkpoint`` or ``ensemble``."""
+
+    kind: str
+    ref: str
+    data_dir: str | None = None          # the prepared folder (checkpoint, ensemble); None: the checkpoints' own vocabulary
+    workdir: str = DEFAULT_WORKDIR
+    tracking_uri: str | None = None      # for models:/ URIs
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("model", "checkpoint", "ensemble"):
+            raise IaaError(f"unknown model source kind {self.kind!r}")
+        if self.kind == "model" and not self.ref.startswith(MODEL_PREFIXES):
+            raise IaaError(f"--model {self.ref}: expected an MLflow model URI, models:/NAME/VERSION")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """One served model and how it is deployed."""
+
+    source: ModelSource
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None        # (min, max) replicas
+    max_batch: int = 16                              # requests per model call
+    batch_wait_ms: float = 5.0                       # how long a batch waits to fill
+    cpus_per_replica: float = 0.5                    # Ray CPUs each replica holds (fractional on small nodes)
+    threads: int = 1                                 # torch threads per replica
+    host: str = "127.0.0.1"
+    port: int = 8000
+    address: str | None = None                       # an existing Ray cluster
+    app_name: str = "iaa"
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.max_batch < 1 or self.batch_wait_ms < 0 or self.cpus_per_replica <= 0:
+            raise IaaError("serve needs replicas >= 1, max batch >= 1, batch wait >= 0 ms and CPUs per replica > 0")
+        if self.autoscale is not None and not 0 <= self.autoscale[0] <= self.autoscale[1] >= 1:
+            raise IaaError(f"--autoscale {self.autoscale[0]}:{self.autoscale[1]}: need 0 <= MIN <= MAX and MAX >= 1")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model's files on this machine, and its name and version (both strings)."""
+
+    checkpoints: tuple[Path, ...]
+    data_dir: Path | None                # None: the vocabulary the checkpoints carry
+    name: str
+    version: str
+
+
+ModelFetcher = Callable[[str, "str | None"], LoadedModel]    # (MLflow URI, tracking URI) -> files

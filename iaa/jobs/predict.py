@@ -19,7 +19,9 @@ from torch import nn
 
 from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
-from iaa.jobs.raw_text import Question, read_input, to_rows
+from iaa.jobs import checkpoint
+from iaa.jobs.ports import ModelCode
+from iaa.jobs.raw_text import Question, from_record, read_input, to_rows
 
 BATCH_SIZE = 32
 SUMMARY = "ensemble.json"   # what `iaa-cli ensemble` writes into its folder
@@ -38,7 +40,6 @@ class Predictor:
         """Rebuild each checkpoint, with the vocabulary of ``data_dir`` or else the one the first
         checkpoint carries; refuse a member trained on another vocabulary."""
         from iaa.data.loader import PreparedData
-        from iaa.jobs import checkpoint
 
         loaded = [(Path(path), *checkpoint.load_model(Path(path))) for path in checkpoints]
         if data_dir is not None:
@@ -75,6 +76,15 @@ class Predictor:
                 for b, q in enumerate(questions[start:start + BATCH_SIZE]):
                     out.append(_answer(q, probs[b, :len(q.example.candidates)].tolist()))
         return out
+
+    def predict_records(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """:meth:`predict` on question records (predict's JSON objects), named ``row N`` in errors."""
+        placeholder = self.vocab.placeholder
+        return self.predict([from_record(r, f"row {i}", placeholder) for i, r in enumerate(records, 1)])
+
+
+# What a logged model runs of this job: how it reads checkpoints and rebuilds the predictor.
+MODEL_CODE = ModelCode(read=checkpoint.load, load=Predictor.load)
 
 
 def _answer(q: Question, probs: list[float]) -> dict[str, Any]:

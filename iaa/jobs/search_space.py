@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from iaa.jobs.config import ConfigError, JobConfig, merge
+from iaa.jobs.config import ConfigError, JobConfig, apply
 
 NOT_SEARCHABLE = ("dataset", "model.vocab_size")
 # A key that only matters when another key has a given value: searching it otherwise wastes trials.
@@ -242,20 +242,3 @@ def load(path: Path, base: JobConfig) -> SearchSpace:
         return parse(data, base)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from err
-
-
-def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"model.steps": 5}`` -> ``{"model": {"steps": 5}}``."""
-    nested: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = nested
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return nested
-
-
-def apply(base: JobConfig, values: Mapping[str, Any]) -> JobConfig:
-    """``base`` with the dotted ``values`` of one trial (``ConfigError`` on a bad value)."""
-    return merge(base, unflatten(values))

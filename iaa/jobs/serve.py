@@ -22,76 +22,13 @@ import hashlib
 import json
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from iaa.errors import IaaError
-from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
+from iaa.jobs.ports import Limits, LoadedModel, ModelFetcher, ModelSource, RequestError, ServeConfig
+from iaa.jobs.workdir import Workdir
 from iaa.jobs.raw_text import InputError, Question, from_record, present_candidate
-
-MODEL_PREFIXES = ("models:/", "runs:/")
-
-
-class RequestError(IaaError):
-    """A request the server refuses, with its HTTP status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-    def body(self) -> dict[str, Any]:
-        return {"error": str(self), "status": self.status}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may hold (over them: 413)."""
-
-    max_document_words: int = 5000       # CNN documents run to ~2,000 words, CBT's to ~1,000
-    max_questions: int = 256             # per request
-    max_request_bytes: int = 8 << 20
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """What a replica loads: ``kind`` is ``model`` (an MLflow URI), ``checkpoint`` or ``ensemble``."""
-
-    kind: str
-    ref: str
-    data_dir: str | None = None          # the prepared folder (checkpoint, ensemble); None: the checkpoints' own vocabulary
-    workdir: str = DEFAULT_WORKDIR
-    tracking_uri: str | None = None      # for models:/ URIs
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("model", "checkpoint", "ensemble"):
-            raise IaaError(f"unknown model source kind {self.kind!r}")
-        if self.kind == "model" and not self.ref.startswith(MODEL_PREFIXES):
-            raise IaaError(f"--model {self.ref}: expected an MLflow model URI, models:/NAME/VERSION")
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """One served model and how it is deployed."""
-
-    source: ModelSource
-    replicas: int = 1
-    autoscale: tuple[int, int] | None = None        # (min, max) replicas
-    max_batch: int = 16                              # requests per model call
-    batch_wait_ms: float = 5.0                       # how long a batch waits to fill
-    cpus_per_replica: float = 0.5                    # Ray CPUs each replica holds (fractional on small nodes)
-    threads: int = 1                                 # torch threads per replica
-    host: str = "127.0.0.1"
-    port: int = 8000
-    address: str | None = None                       # an existing Ray cluster
-    app_name: str = "iaa"
-    limits: Limits = field(default_factory=Limits)
-
-    def __post_init__(self) -> None:
-        if self.replicas < 1 or self.max_batch < 1 or self.batch_wait_ms < 0 or self.cpus_per_replica <= 0:
-            raise IaaError("serve needs replicas >= 1, max batch >= 1, batch wait >= 0 ms and CPUs per replica > 0")
-        if self.autoscale is not None and not 0 <= self.autoscale[0] <= self.autoscale[1] >= 1:
-            raise IaaError(f"--autoscale {self.autoscale[0]}:{self.autoscale[1]}: need 0 <= MIN <= MAX and MAX >= 1")
 
 
 def config(*, model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, data_dir: Path | None,
@@ -182,19 +119,6 @@ def _type(value: Any) -> str:
 
 
 # --- answering ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """A model's files on this machine, and its name and version (both strings)."""
-
-    checkpoints: tuple[Path, ...]
-    data_dir: Path | None                # None: the vocabulary the checkpoints carry
-    name: str
-    version: str
-
-
-ModelFetcher = Callable[[str, "str | None"], LoadedModel]    # (MLflow URI, tracking URI) -> files
 
 
 def locate(source: ModelSource, fetch_model: ModelFetcher | None = None) -> LoadedModel:

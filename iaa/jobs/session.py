@@ -4,9 +4,9 @@ The loop in :mod:`iaa.jobs.train` talks only to a :class:`Session`. :class:`Sess
 what every session shares: batches from in-memory Arrow tables, the device, and ``report``, the
 one "report with a checkpoint" helper. It writes the checkpoint into a folder and hands the
 folder to ``publish``, the one method a session must write. :class:`LocalSession` publishes to
-``run_dir``; ``iaa.platform`` supplies the Tune and Ray Train sessions (both built on
-``iaa.platform.ray_train.RaySession``), which publish through ``ray.tune.report`` /
-``ray.train.report``; the Ray Train one adds the worker's rows and the all-reduce.
+``run_dir``; :class:`ClusterSession` runs on a Tune trial or a Ray Train worker, where
+``iaa.platform`` supplies the :class:`~iaa.jobs.ports.WorkerLink`: ``ray.tune.report`` /
+``ray.train.report``, the worker group's all-reduce and DDP.
 """
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import pyarrow as pa
 import torch
 from torch import nn
 
 from iaa.data.batch import Batch
+from iaa.data.manifest import vocab_card
 from iaa.jobs import checkpoint
-from iaa.jobs.ports import MetricsCallback
+from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkerLink
 from iaa.jobs.workdir import RunFolder
-
-CHECKPOINT_FILE = "checkpoint.pt"  # the state file inside every reported checkpoint folder
 
 
 class Session(Protocol):
@@ -58,7 +58,7 @@ class SessionBase:
     rank = 0
     world_size = 1
     resumed_from = ""          # the checkpoint latest_state() loaded, named in messages (optional)
-    vocab: dict[str, Any] = {}  # checkpoint.vocab_card of the data, saved in every checkpoint
+    vocab: dict[str, Any] = {}  # manifest.vocab_card of the data, saved in every checkpoint
 
     def __init__(self, train: pa.Table, valid: pa.Table, *, batch_size: int, seed: int,
                  device: torch.device | str = "cpu") -> None:
@@ -132,7 +132,7 @@ class LocalSession(SessionBase):
         self.data = PreparedData.open(Path(data_dir))
         train = self.data.table("train") if train_rows is None else train_rows
         super().__init__(train, self.data.table("valid"), batch_size=batch_size, seed=seed, device=device)
-        self.vocab = checkpoint.vocab_card(Path(data_dir))
+        self.vocab = vocab_card(Path(data_dir))
         self.run_dir = Path(run_dir)
         self.folder = RunFolder(self.run_dir)
         self.resume = resume
@@ -178,3 +178,52 @@ class LocalSession(SessionBase):
         if self.on_metrics is not None:
             self.on_metrics(metrics)
 
+
+class ClusterSession(SessionBase):
+    """A Tune trial or a Ray Train worker: its rows in memory, the rest through ``link``.
+
+    ``threads`` torch threads for this worker (0 keeps torch's default); every report also
+    carries ``CHECKPOINT_SCORE`` (by which Ray keeps the best checkpoint) and ``first_step_at``,
+    when the first training batch was handed out (wall-clock seconds, to measure start-up).
+    """
+
+    def __init__(self, link: WorkerLink, train: pa.Table, valid: pa.Table, *, batch_size: int, seed: int,
+                 threads: int, vocab: Mapping[str, Any] | None = None) -> None:
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.link, self.rank, self.world_size = link, link.rank, link.world_size
+        super().__init__(train, valid, batch_size=batch_size, seed=seed, device=link.device)
+        self.vocab = dict(vocab or {})
+        self.first_step_at: float | None = None
+        self._n_batches: int | None = None
+
+    def num_train_batches(self) -> int:
+        if self._n_batches is None:  # equal on every rank, or report's barrier would hang
+            local = float(super().num_train_batches())
+            self._n_batches = int(self.link.all_reduce([local], "min")[0])
+        return self._n_batches
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
+        for batch in super().train_batches(epoch, skip):
+            if self.first_step_at is None:
+                self.first_step_at = time.time()
+            yield batch
+
+    def all_reduce_sum(self, values: Sequence[float]) -> list[float]:
+        return self.link.all_reduce(values, "sum")
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        return self.link.prepare_model(model)
+
+    def latest_state(self) -> dict[str, Any] | None:
+        with self.link.last_checkpoint() as folder:
+            path = folder / CHECKPOINT_FILE if folder is not None else None
+            return checkpoint.load(path) if path is not None and path.exists() else None
+
+    def report_metrics(self, metrics: dict[str, Any], state: dict[str, Any], is_best: bool) -> dict[str, Any]:
+        return {**super().report_metrics(metrics, state, is_best),
+                CHECKPOINT_SCORE: float(metrics["valid_acc"]) if is_best else -1.0,
+                "first_step_at": self.first_step_at or time.time()}
+
+    def publish(self, metrics: dict[str, Any], folder: Path | None, is_best: bool) -> None:
+        self.link.publish(metrics, folder)

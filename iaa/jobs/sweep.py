@@ -14,56 +14,17 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
-from iaa.jobs.config import JobConfig, from_dict, to_dict
+from iaa.jobs.config import to_dict
+from iaa.jobs.ports import TrialRecord
 from iaa.jobs.workdir import Workdir
 
-FAILED_STATUSES = frozenset({"ERROR", "FAILED"})
 FINISHED_STATUSES = frozenset({"TERMINATED", "ERROR"})
 TABLE_ROWS = 10
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One trial of a sweep (or one member trained for an ensemble), as ``sweep.json`` stores it."""
-
-    trial_id: str
-    config: JobConfig
-    params: Mapping[str, Any] = field(default_factory=dict)   # the Tune config: sampled values
-    best_valid_acc: float | None = None
-    checkpoint: str | None = None          # the best checkpoint file, readable from the driver
-    mlflow_run_id: str | None = None
-    status: str = "TERMINATED"             # Tune's: TERMINATED, ERROR, or unfinished (RUNNING, PENDING ...)
-    checks: int = 0
-    steps: int = 0
-    stop_reason: str = ""                  # the loop's (patience, max_epochs ...), or "asha"
-    error: str | None = None
-
-    @property
-    def failed(self) -> bool:
-        return self.status in FAILED_STATUSES
-
-    @property
-    def scored(self) -> bool:
-        """Finished without error and made at least one validation check."""
-        return self.best_valid_acc is not None and not self.failed
-
-    def to_json(self) -> dict[str, Any]:
-        row = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**row, "config": to_dict(self.config), "params": dict(self.params)}
-
-    @classmethod
-    def from_json(cls, row: Mapping[str, Any]) -> "TrialRecord":
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in row.items() if k in known}
-        acc = values.get("best_valid_acc")
-        return cls(**{**values, "config": from_dict(row["config"]), "params": dict(row.get("params") or {}),
-                      "best_valid_acc": float(acc) if acc is not None else None})
 
 
 def sweep_dir(workdir: Path, name: str) -> Path:
@@ -136,33 +97,3 @@ def _dotted(data: Mapping[str, Any], name: str) -> Any:
             return ""
         node = node[part]
     return node
-
-
-# Short names of the paper's hyperparameters, for run names and table columns.
-SHORT_NAMES = {"train.lr": "lr", "model.steps": "T", "model.hidden_dim": "h", "model.embed_dim": "d",
-               "model.state_dim": "s", "train.batch_size": "B", "model.dropout": "dropout"}
-
-
-def short_name(key: str) -> str:
-    """``model.steps`` -> ``T``; an unknown key keeps its last dotted part."""
-    return SHORT_NAMES.get(key, key.split(".")[-1])
-
-
-def short_value(value: Any) -> str:
-    """``0.004`` -> ``4e-3``, ``64`` -> ``64``: compact and exact for the values a grid holds."""
-    if isinstance(value, float) and not value.is_integer() and abs(value) < 0.01:
-        mantissa, exponent = f"{value:.2e}".split("e")
-        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-def config_label(params: Mapping[str, Any]) -> str:
-    """What distinguishes a trial: ``lr=4e-3 T=2 h=64`` from its searched values."""
-    return " ".join(f"{short_name(k)}={short_value(v)}" for k, v in sorted(params.items(), key=lambda kv: _order(kv[0])))
-
-
-def _order(key: str) -> tuple[int, str]:
-    names = list(SHORT_NAMES)
-    return (names.index(key), key) if key in names else (len(names), key)

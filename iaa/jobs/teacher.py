@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from iaa.data.loader import TEACHER_COLUMN
 from iaa.errors import IaaError
 from iaa.files import atomic_write
+from iaa.jobs.ports import Scorer
 
 META_KEY = b"iaa.teacher"
 SCHEMA = pa.schema([("example_id", pa.string()), ("candidate_words", pa.list_(pa.string())),
@@ -41,9 +42,6 @@ SUM_TOLERANCE = 1e-3   # a stored distribution must add up to 1 within this (flo
 
 # (checkpoints, prepared data, split, first N rows or None, output folder) -> one predictions file
 # per checkpoint, in the evaluate job's schema.
-Scorer = Callable[[Sequence[Path], Path, str, "int | None", Path], list[Path]]
-
-
 class TeacherError(IaaError):
     """The ensemble cannot teach, or a stored teacher is damaged, stale or for other data."""
 
@@ -162,10 +160,15 @@ def attach(train: pa.Table, path: Path) -> pa.Table:
     return train.append_column(pa.field(TEACHER_COLUMN, pa.list_(pa.float32())), pa.array(column, pa.list_(pa.float32())))
 
 
-def score_in_process(checkpoints: Sequence[Path], prepared: Path, split: str, limit: int | None,
-                     out_dir: Path) -> list[Path]:
-    """Each member's predictions with the evaluate job, one after the other (the default ``Scorer``)."""
+def score_member(checkpoint: Path, prepared: Path, split: str, limit: int | None, out: Path) -> Path:
+    """One member's predictions on ``split`` (its first ``limit`` rows) with the evaluate job."""
     from iaa.jobs import evaluate
 
-    return [Path(evaluate.run(c, prepared, split, Path(out_dir) / f"{i:02d}-{split}.parquet", limit=limit)["predictions"])
+    return Path(evaluate.run(Path(checkpoint), Path(prepared), split, Path(out), limit=limit)["predictions"])
+
+
+def score_in_process(checkpoints: Sequence[Path], prepared: Path, split: str, limit: int | None,
+                     out_dir: Path) -> list[Path]:
+    """Each member's predictions, one after the other (the default ``Scorer``)."""
+    return [score_member(c, prepared, split, limit, Path(out_dir) / f"{i:02d}-{split}.parquet")
             for i, c in enumerate(checkpoints)]

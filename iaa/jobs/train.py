@@ -21,7 +21,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from tqdm import tqdm
@@ -31,9 +31,10 @@ from iaa.data.prefetch import prefetch
 from iaa.errors import IaaError
 from iaa.jobs import checkpoint, precision
 from iaa.jobs.config import JobConfig, to_dict
-from iaa.jobs.ports import Launcher, Tracker
+from iaa.jobs.ports import Launcher, Tracker, WorkerLink
 from iaa.jobs.evaluate import score_batches
 from iaa.jobs.objective import Objective
+from iaa.jobs.predict import MODEL_CODE
 from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
 from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
@@ -204,6 +205,26 @@ def fit(cfg: JobConfig, session: Session, *, show_progress: bool = True, vocab_h
     return Trainer(cfg, session, show_progress=show_progress, vocab_hash=vocab_hash).fit()
 
 
+def fit_on_worker(cfg: JobConfig, link: WorkerLink, *, threads: int, vocab_hash: str, prepared: str = "",
+                  train: Any = None, valid: Any = None, vocab: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The loop on a cluster worker (a :class:`~iaa.jobs.ports.WorkerFit`): on the given ``train`` and
+    ``valid`` tables (a one-worker trial), else on this rank's rows of the ``prepared`` folder's
+    training split and the whole validation split (each rank scores its own share of it)."""
+    from iaa.data.loader import PreparedData
+    from iaa.data.manifest import vocab_card
+    from iaa.jobs.session import ClusterSession
+
+    if train is None:
+        data = PreparedData.open(Path(prepared))
+        vocab = vocab_card(Path(prepared))
+        train, valid = data.rank_rows("train", link.rank, link.world_size), data.table("valid")
+        if train.num_rows == 0:
+            raise IaaError(f"rank {link.rank} of {link.world_size} has no training rows: use fewer workers")
+    session = ClusterSession(link, train, valid, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
+                             threads=threads, vocab=vocab)
+    return fit(cfg, session, show_progress=False, vocab_hash=vocab_hash)
+
+
 def run(
     cfg: JobConfig,
     data_dir: Path,
@@ -280,12 +301,13 @@ def run_tracked(
                          device=device, train_rows=train_rows)
         else:
             assert launcher is not None
-            result = launcher.train_workers(cfg, prepared, folder, workers=workers, gpus_per_worker=gpus_per_worker,
-                                            resume=resume, storage=storage, on_metrics=log,
+            result = launcher.train_workers(cfg, prepared, folder, fit=fit_on_worker, workers=workers,
+                                            gpus_per_worker=gpus_per_worker, resume=resume, storage=storage, on_metrics=log,
                                             show_progress=show_progress)
         tracked.set_tags({"checkpoint": result.get("checkpoint", "")})
         if result.get("checkpoint"):
-            result["model_uri"] = tracker.log_model(tracked, [Path(result["checkpoint"])], prepared, register)
+            result["model_uri"] = tracker.log_model(tracked, [Path(result["checkpoint"])], prepared, register,
+                                                    code=MODEL_CODE)
         tracked.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
     return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": tracker.uri,
             "mlflow_run_id": tracked.run_id}

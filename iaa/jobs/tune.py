@@ -31,13 +31,13 @@ from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs import sweep as sweep_file
-from iaa.jobs.config import ConfigError, JobConfig, dump_yaml, to_dict
+from iaa.jobs.config import ConfigError, JobConfig, config_label, dump_yaml, to_dict
 from iaa.jobs import names, search_space
 from iaa.jobs.console import SweepConsole
 from iaa.jobs.cost import SweepCost, probe
-from iaa.jobs.ports import Launcher, Placement, SearchPlan, TrackedRun, Tracker, TrialTracking
+from iaa.jobs.ports import Launcher, Placement, SearchPlan, TrackedRun, Tracker, TrialRecord, TrialTracking
 from iaa.jobs.presets import SEARCH_METRIC, STOP_METRIC, TUNE_PRESETS, TunePreset, max_checks
-from iaa.jobs.sweep import FINISHED_STATUSES, TrialRecord
+from iaa.jobs.sweep import FINISHED_STATUSES
 from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 
 
@@ -219,7 +219,7 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     parent.log_metrics({"best_valid_acc": best.best_valid_acc, "trials": len(records),
                         "trials_stopped_early": sum(r.stop_reason == "asha" for r in records),
                         "trials_failed": sum(r.status == "ERROR" for r in records)}, step=0)
-    label = sweep_file.config_label(best.params)
+    label = config_label(best.params)
     parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
     view = tracker.show_columns(sweep["experiment"], run_columns(space, best=True), SORT_COLUMN)
     link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
@@ -273,6 +273,7 @@ def _best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared
     Returns the outputs and what the store refused for good, run by run: those runs are marked
     FAILED, and the sweep's result stands (every output is written before the command fails)."""
     from iaa.jobs import explain
+    from iaa.jobs.predict import MODEL_CODE
 
     if not best.checkpoint or not Path(best.checkpoint).is_file():
         return {}, []
@@ -280,7 +281,7 @@ def _best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared
     for trial in records:             # every trained reader is a logged model; the best one comes last
         if trial is not best and trial.mlflow_run_id and trial.checkpoint and Path(trial.checkpoint).is_file():
             runs.append(tracker.attach(trial.mlflow_run_id))
-            tracker.log_model(runs[-1], [Path(trial.checkpoint)], prepared)
+            tracker.log_model(runs[-1], [Path(trial.checkpoint)], prepared, code=MODEL_CODE)
     page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
                        out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png")
     out: dict[str, Any] = {"explain_page": page["html"], "explain_png": page["png"]}
@@ -289,7 +290,7 @@ def _best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared
         runs.append(run)
         for artifact in (page["html"], page["png"]):
             run.log_artifact(Path(artifact), "explain")
-        out["model_uri"] = tracker.log_model(run, [Path(best.checkpoint)], prepared, register)
+        out["model_uri"] = tracker.log_model(run, [Path(best.checkpoint)], prepared, register, code=MODEL_CODE)
     unlogged = []
     for run in runs:
         if run.lost:
@@ -404,9 +405,11 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     trials = TrialTracking(uri=tracker.uri, experiment=sweep["experiment"], parent_run_id=parent.run_id,
                            sweep=s.name, dataset=req.dataset, data_dir=s.prepared)
     started = time.time()
+    from iaa.jobs.train import fit_on_worker
+
     try:
         sweep["trials"] = launcher.sweep(launch, plan, trials, resume=s.recorded is not None,
-                                         downloads=s.folder / "checkpoints", progress=console,
+                                         downloads=s.folder / "checkpoints", fit=fit_on_worker, progress=console,
                                          show_progress=req.show_progress, verbose=req.verbose)
     except BaseException:
         parent.end("FAILED")

@@ -23,12 +23,12 @@ import ray.tune as tune
 
 from iaa.errors import IaaError
 from iaa.files import is_remote_uri
+from iaa.data.manifest import vocab_card
 from iaa.jobs.config import JobConfig, to_dict
-from iaa.jobs.ports import MetricsCallback, Placement, SearchPlan, TrialTracking
-from iaa.jobs.sweep import TrialRecord
+from iaa.jobs.ports import (CHECKPOINT_SCORE, MetricsCallback, Placement, SearchPlan, TrialRecord, TrialTracking,
+                            WorkerFit)
 from iaa.jobs.workdir import RunFolder
 from iaa.platform import cluster, search
-from iaa.platform.ray_train import CHECKPOINT_SCORE
 from iaa.platform.storage import check_private
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.trial_runs import SweepConsole, TrialRuns, child_runs
@@ -96,13 +96,12 @@ def connect(*, name: str, prepared: Path, storage: str, address: str | None, sto
     return Launch(name=name, storage=storage, prepared=Path(prepared), info=info, plan=plan)
 
 
-def trial_spec(launch: Launch, *, base: JobConfig | None = None, fixed: Mapping[str, Any] | None = None,
+def trial_spec(launch: Launch, fit: WorkerFit, *, base: JobConfig | None = None, fixed: Mapping[str, Any] | None = None,
                members: Sequence[JobConfig] = ()) -> TrialSpec:
     from iaa.data.manifest import read
-    from iaa.jobs.checkpoint import vocab_card
 
     manifest = read(launch.prepared) or {}
-    return TrialSpec(name=launch.name, storage_path=launch.storage, workers=launch.plan.workers,
+    return TrialSpec(name=launch.name, fit=fit, storage_path=launch.storage, workers=launch.plan.workers,
                      threads=launch.plan.threads, gpus_per_worker=launch.plan.gpus_per_worker,
                      worker_resources=dict(launch.plan.worker_resources),
                      base=to_dict(base) if base is not None else None, fixed=dict(fixed or {}),
@@ -209,11 +208,11 @@ class RayLauncher:
         return bool(tune.Tuner.can_restore(placement.experiment_path))
 
     def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
-              downloads: Path, progress: Any = None, show_progress: bool = True,
+              downloads: Path, fit: WorkerFit, progress: Any = None, show_progress: bool = True,
               verbose: bool = False) -> list[TrialRecord]:
         """Search ``plan`` (or continue the saved run); one record per trial, checkpoints fetched to ``downloads``."""
         launch = self._launches[placement.name]
-        spec = trial_spec(launch, base=plan.base, fixed=plan.space.fixed)
+        spec = trial_spec(launch, fit, base=plan.base, fixed=plan.space.fixed)
         fn, _ = trainable(launch, spec)
         if resume:
             tuner_ = restore(launch, fn)
@@ -229,8 +228,8 @@ class RayLauncher:
         return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
 
     def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
-                   trials: TrialTracking, downloads: Path, workers_per_trial: int = 1, gpus_per_worker: float = 0.0,
-                   show_progress: bool = True) -> list[TrialRecord]:
+                   trials: TrialTracking, downloads: Path, fit: WorkerFit, workers_per_trial: int = 1,
+                   gpus_per_worker: float = 0.0, show_progress: bool = True) -> list[TrialRecord]:
         """Train every config as a parallel Tune trial (no search, no early stopping).
 
         Each trial gets a child run under ``trials.parent_run_id``. Trials use ``workers_per_trial``
@@ -246,7 +245,7 @@ class RayLauncher:
                          storage_path=self.storage_path, workers_per_trial=workers_per_trial,
                          gpus_per_worker=gpus_per_worker, threads=threads, max_concurrent=None,
                          num_trials=len(configs), show_progress=show_progress)
-        spec = trial_spec(launch, members=configs)
+        spec = trial_spec(launch, fit, members=configs)
         runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
                          sweep=name, dataset=configs[0].dataset, spec=spec)
         fn, _ = trainable(launch, spec)
@@ -258,11 +257,11 @@ class RayLauncher:
         return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR")
                 for i, cfg in enumerate(configs)]
 
-    def train_workers(self, cfg: JobConfig, prepared: Path, folder: RunFolder, *, workers: int,
+    def train_workers(self, cfg: JobConfig, prepared: Path, folder: RunFolder, *, fit: WorkerFit, workers: int,
                       gpus_per_worker: float, resume: bool, storage: str, on_metrics: MetricsCallback | None,
                       show_progress: bool) -> dict[str, Any]:
         from iaa.platform.train_workers import fit_workers
 
-        return fit_workers(cfg, prepared, folder.path, workers=workers, gpus_per_worker=gpus_per_worker,
+        return fit_workers(cfg, prepared, folder.path, fit=fit, workers=workers, gpus_per_worker=gpus_per_worker,
                            resume=resume, address=self.address, storage_path=self.storage_path, storage=storage,
                            on_metrics=on_metrics, show_progress=show_progress)

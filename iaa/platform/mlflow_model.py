@@ -25,7 +25,7 @@ import tempfile
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import mlflow
 import mlflow.pyfunc
@@ -35,6 +35,7 @@ from mlflow.tracking import MlflowClient
 import iaa
 from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError
+from iaa.jobs.ports import LoadedModel, ModelCode
 from iaa.platform.tracking import TRANSIENT, manifest_digest
 
 ARTIFACT = "model"
@@ -53,22 +54,20 @@ with warnings.catch_warnings():
     warnings.showwarning = _drop_warning
 
     class ReaderModel(mlflow.pyfunc.PythonModel):
-        """pyfunc wrapper around :class:`iaa.jobs.predict.Predictor`."""
+        """pyfunc wrapper around the predictor that ``load`` (:attr:`iaa.jobs.ports.ModelCode.load`,
+        pickled with the model by reference) rebuilds from the model's members and data."""
+
+        def __init__(self, load: Callable[[Sequence[Path], Path], Any]) -> None:
+            self.load = load
 
         def load_context(self, context: Any) -> None:
-            from iaa.jobs.predict import Predictor
-
             members = sorted(k for k in context.artifacts if k.startswith("member_"))
-            self.predictor = Predictor.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]))
+            self.predictor = self.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]))
 
         def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
             """Rows of ``iaa-cli predict`` for the questions of ``model_input`` (a DataFrame)."""
-            from iaa.jobs.raw_text import from_record
-
-            placeholder = self.predictor.vocab.placeholder
             records = model_input.to_dict(orient="records") if hasattr(model_input, "to_dict") else list(model_input)
-            questions = [from_record(_plain(r), f"row {i}", placeholder) for i, r in enumerate(records, 1)]
-            return self.predictor.predict(questions)
+            return self.predictor.predict_records([_plain(r) for r in records])
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:
@@ -79,21 +78,18 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _model_only(checkpoint: Path, out: Path) -> Path:
-    """The checkpoint without optimizer and loop state: what inference needs."""
+def _model_only(state: dict[str, Any], out: Path) -> Path:
+    """A checkpoint's state without optimizer and loop state: what inference needs."""
     import torch
 
-    from iaa.jobs import checkpoint as ckpt
-
-    state = ckpt.load(checkpoint)
     torch.save({k: state[k] for k in ("format", "config", "model", "vocab_hash", "vocab") if k in state}, out)
     return out
 
 
-def _stage(checkpoints: Sequence[Path], prepared: Path, folder: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """The model's artifacts (vocabulary, manifest, inference-only members) in ``folder``, and its metadata."""
-    from iaa.jobs import checkpoint as ckpt
-
+def _stage(checkpoints: Sequence[Path], prepared: Path, folder: Path,
+           read: Callable[[Path], dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
+    """The model's artifacts (vocabulary, manifest, inference-only members) in ``folder``, and its
+    metadata; ``read`` loads a checkpoint."""
     if not checkpoints:
         raise IaaError("a model needs at least one checkpoint")
     data = folder / "data"
@@ -102,8 +98,9 @@ def _stage(checkpoints: Sequence[Path], prepared: Path, folder: Path) -> tuple[d
         shutil.copy2(Path(prepared) / name, data / name)
     artifacts = {"data": str(data)}
     for i, path in enumerate(checkpoints):
-        artifacts[f"member_{i:02d}"] = str(_model_only(Path(path), folder / f"member_{i:02d}.pt"))
-    config = ckpt.load(Path(checkpoints[0]))["config"]
+        state = read(Path(path))
+        config = state["config"] if i == 0 else config
+        artifacts[f"member_{i:02d}"] = str(_model_only(state, folder / f"member_{i:02d}.pt"))
     metadata = {"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
                 "manifest_digest": manifest_digest(prepared)}
     return artifacts, metadata
@@ -134,18 +131,11 @@ def _placeholder(prepared: Path) -> str:
     return Vocab.load(Path(prepared) / VOCAB).placeholder
 
 
-def _log_kwargs(checkpoints: Sequence[Path], prepared: Path, folder: Path) -> dict[str, Any]:
-    artifacts, metadata = _stage(checkpoints, prepared, folder)
-    return dict(python_model=ReaderModel(), artifacts=artifacts, code_paths=[str(Path(iaa.__file__).resolve().parent)],
+def _log_kwargs(checkpoints: Sequence[Path], prepared: Path, folder: Path, code: ModelCode) -> dict[str, Any]:
+    artifacts, metadata = _stage(checkpoints, prepared, folder, code.read)
+    return dict(python_model=ReaderModel(code.load), artifacts=artifacts, code_paths=[str(Path(iaa.__file__).resolve().parent)],
                 pip_requirements=requirements(), metadata=metadata, signature=signature(),
                 input_example=input_example(_placeholder(prepared)))
-
-
-def save(checkpoints: Sequence[Path], prepared: Path, out: Path) -> Path:
-    """Write the pyfunc model of ``checkpoints`` (one, or an ensemble's members) to folder ``out``."""
-    with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp, _quiet():
-        mlflow.pyfunc.save_model(str(out), **_log_kwargs(checkpoints, prepared, Path(tmp)))
-    return Path(out)
 
 
 @contextmanager
@@ -180,7 +170,8 @@ def requirements() -> list[str]:
     return [f"{name}=={version(name).split('+')[0]}" for name in ("mlflow", "torch", "pyarrow", "numpy", "pandas", "pyyaml")]
 
 
-def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, register: str | None = None) -> str:
+def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code: ModelCode,
+        register: str | None = None) -> str:
     """Log the model as a logged model of run ``run_id`` (once: a run that already has one keeps
     it); register it as ``register``.
 
@@ -198,7 +189,7 @@ def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, regi
                                            tags={"iaa.members": str(len(checkpoints))})
         model_id = model.model_id
         with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp, _quiet(), _store(uri):
-            mlflow.pyfunc.log_model(name=ARTIFACT, model_id=model_id, **_log_kwargs(checkpoints, prepared, Path(tmp)))
+            mlflow.pyfunc.log_model(name=ARTIFACT, model_id=model_id, **_log_kwargs(checkpoints, prepared, Path(tmp), code))
         client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])
     model_uri = f"models:/{model_id}"
     if register:
@@ -247,7 +238,7 @@ def _store(uri: str | None) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
+def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code: ModelCode,
             register: str | None = None, run: Any = None) -> str | None:
     """:func:`log`, where a failing store is a warning on stderr (the trained model stands).
 
@@ -257,7 +248,7 @@ def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path,
     import sys
 
     try:
-        return log(uri, run_id, checkpoints, prepared, register)
+        return log(uri, run_id, checkpoints, prepared, code, register)
     except TRANSIENT as err:
         print(f"warning: could not log the model of run {run_id} to MLflow at {uri} ({str(err)[:300]}); "
               f"the checkpoint is still at {checkpoints[0]}", file=sys.stderr)
@@ -287,13 +278,11 @@ def load(model_uri: str, uri: str | None = None) -> Any:
     return mlflow.pyfunc.load_model(model_uri)
 
 
-def fetch(model_uri: str, tracking_uri: str | None = None) -> "LoadedModel":
+def fetch(model_uri: str, tracking_uri: str | None = None) -> LoadedModel:
     """Download the model at ``model_uri`` and name its files (members, prepared data), its
     name and its version: ``models:/NAME/VERSION`` and ``models:/NAME@ALIAS`` give the registry's,
     a logged model (``models:/<id>``) or a run's model its name and id."""
     from mlflow.models import Model
-
-    from iaa.jobs.serve import LoadedModel
 
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     name, version = _name_version(client, model_uri)

@@ -1,7 +1,8 @@
 """The reader on Ray Serve: the only module that imports ``ray.serve``.
 
-Two deployments. ``Reader`` replicas each hold an :class:`iaa.jobs.serve.Answerer`; ``Ingress``
-takes HTTP and hands each request's bytes to a reader:
+Two deployments. ``Reader`` replicas each hold the answerer that the job's ``load``
+(:meth:`iaa.jobs.serve.Answerer.load`) returns; ``Ingress`` takes HTTP and hands each request's
+bytes to a reader:
 
 - ``POST /predict`` takes ``iaa-cli predict``'s question object, or a list of them, and answers
   with its rows (an object, or a list), each carrying the model's name and version (also in the
@@ -14,7 +15,8 @@ takes HTTP and hands each request's bytes to a reader:
   only the requests of that batch (500) and never the replica. A request whose reader dies under
   it is sent to another reader.
 
-:func:`build` is also the application builder a Serve config names (``deploy/serve.yaml``).
+:func:`build` makes the application; a Serve config (``deploy/serve.yaml``) names
+:func:`iaa.cli.serve_app`, which hands it the job's loader.
 """
 
 from __future__ import annotations
@@ -25,32 +27,34 @@ import logging
 import sys
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
 from iaa.errors import IaaError
-from iaa.jobs import serve as job
+from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeConfig
 
 ROUTE = "/"
 READY_WAIT_S = 5.0                 # GET /ready: how long to wait for a reader before 503
 
 
 Reply = tuple[int, str, dict[str, str]]          # status, JSON text, headers
+# (source, threads=, fetch_model=) -> a loaded, warmed-up iaa.jobs.serve.Answerer; pickled by reference
+AnswererLoader = Callable[..., Any]
 
 
 @serve.deployment(name="Reader", health_check_period_s=10, graceful_shutdown_timeout_s=5, max_constructor_retry_count=2)
 class Reader:
     """A replica holding the model: parses a request body and answers it within a batch."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], load: AnswererLoader) -> None:
         from iaa.platform import mlflow_model
 
         cfg = from_dict(config)
         self.limits = cfg.limits
-        self.answerer = job.Answerer.load(cfg.source, threads=cfg.threads, fetch_model=mlflow_model.fetch)
+        self.answerer = load(cfg.source, threads=cfg.threads, fetch_model=mlflow_model.fetch)
         self.headers = {"x-iaa-model": self.answerer.name, "x-iaa-model-version": self.answerer.version}
         self.answer.set_max_batch_size(cfg.max_batch)
         self.answer.set_batch_wait_timeout_s(cfg.batch_wait_ms / 1000)
@@ -62,7 +66,7 @@ class Reader:
     async def predict(self, body: bytes) -> Reply:
         try:
             questions, single = self.answerer.parse(body, self.limits)
-        except job.RequestError as error:
+        except RequestError as error:
             return error.status, json.dumps(error.body(), ensure_ascii=False), self.headers
         try:
             rows = await self.answer(questions)
@@ -90,7 +94,7 @@ class Ingress:
 
     def __init__(self, reader: Any, limits: dict[str, Any]) -> None:
         self.reader = reader
-        self.limits = job.Limits(**limits)
+        self.limits = Limits(**limits)
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path.rstrip("/") or "/"
@@ -105,7 +109,7 @@ class Ingress:
             return _json({"error": "/predict takes POST with a JSON body", "status": 405}, 405)
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > self.limits.max_request_bytes:
-            error = job.RequestError(413, f"request: {length} bytes, over the limit of {self.limits.max_request_bytes}")
+            error = RequestError(413, f"request: {length} bytes, over the limit of {self.limits.max_request_bytes}")
             return _json(error.body(), 413)
         return await self._call("predict", await request.body())
 
@@ -127,21 +131,21 @@ def _json(content: Any, status: int) -> Response:
     return Response(json.dumps(content), status_code=status, media_type="application/json")
 
 
-def to_dict(cfg: job.ServeConfig) -> dict[str, Any]:
+def to_dict(cfg: ServeConfig) -> dict[str, Any]:
     """A config as plain data (what replicas receive and a Serve config file holds)."""
     return asdict(cfg)
 
 
-def from_dict(data: dict[str, Any]) -> job.ServeConfig:
+def from_dict(data: dict[str, Any]) -> ServeConfig:
     fields = dict(data)
-    fields["source"] = job.ModelSource(**fields["source"])
-    fields["limits"] = job.Limits(**(fields.get("limits") or {}))
+    fields["source"] = ModelSource(**fields["source"])
+    fields["limits"] = Limits(**(fields.get("limits") or {}))
     if fields.get("autoscale") is not None:
         fields["autoscale"] = tuple(fields["autoscale"])
-    return job.ServeConfig(**fields)
+    return ServeConfig(**fields)
 
 
-def deployment_options(cfg: job.ServeConfig) -> dict[str, Any]:
+def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
     """Readers (fixed or autoscaled), each holding ``cpus_per_replica`` Ray CPUs."""
     options: dict[str, Any] = {"ray_actor_options": {"num_cpus": cfg.cpus_per_replica},
                                "max_ongoing_requests": max(8, 4 * cfg.max_batch)}
@@ -157,15 +161,15 @@ def deployment_options(cfg: job.ServeConfig) -> dict[str, Any]:
 INGRESS_CPUS = 0.1                   # it only reads HTTP and forwards bytes
 
 
-def build(args: dict[str, Any]) -> Any:
-    """The Serve application of ``args`` (a :class:`~iaa.jobs.serve.ServeConfig` as a dict, or
+def build(args: dict[str, Any], load: AnswererLoader) -> Any:
+    """The Serve application of ``args`` (a :class:`~iaa.jobs.ports.ServeConfig` as a dict, or
     the flat ``model``/``checkpoint``/``ensemble`` keys of a Serve config file): an ingress (one
     replica, autoscaled up to a quarter of the readers' maximum on large deployments) before the
-    readers."""
+    readers, which load the model with ``load``."""
     if "source" not in args:
         args = config_args(args)
     cfg = from_dict(args)
-    readers = Reader.options(**deployment_options(cfg)).bind(to_dict(cfg))
+    readers = Reader.options(**deployment_options(cfg)).bind(to_dict(cfg), load)
     most = cfg.autoscale[1] if cfg.autoscale else cfg.replicas
     ingress = {"num_replicas": 1} if most <= 4 else {"autoscaling_config": {"min_replicas": 1, "max_replicas": most // 4}}
     return Ingress.options(ray_actor_options={"num_cpus": INGRESS_CPUS}, max_ongoing_requests=1000,
@@ -187,8 +191,8 @@ def config_args(args: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "source": source}
 
 
-def start(cfg: job.ServeConfig) -> str:
-    """Deploy ``cfg`` on the Ray cluster (``cfg.address`` or a local one); returns the base URL
+def start(cfg: ServeConfig, load: AnswererLoader) -> str:
+    """Deploy ``cfg`` (readers loading with ``load``) on the Ray cluster (``cfg.address`` or a local one); returns the base URL
     once every replica has loaded the model (``serve.run`` waits for that, and raises when a
     replica cannot start)."""
     import ray
@@ -199,7 +203,7 @@ def start(cfg: job.ServeConfig) -> str:
         cluster.connect(cfg.address)
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"})
     try:
-        serve.run(build(to_dict(cfg)), name=cfg.app_name, route_prefix=ROUTE, blocking=False)
+        serve.run(build(to_dict(cfg), load), name=cfg.app_name, route_prefix=ROUTE, blocking=False)
     except RuntimeError as err:          # DEPLOY_FAILED: a replica's constructor raised
         raise IaaError(f"the model could not be served: {_failure(cfg.app_name) or err}") from err
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
@@ -254,7 +258,7 @@ def stop(app: str = "iaa") -> None:
     serve.shutdown()
 
 
-def run_forever(cfg: job.ServeConfig) -> None:
+def run_forever(cfg: ServeConfig, load: AnswererLoader) -> None:
     """``iaa-cli serve``: deploy, say where, and serve until Ctrl-C."""
     import signal
 
@@ -263,7 +267,7 @@ def run_forever(cfg: job.ServeConfig) -> None:
 
     signal.signal(signal.SIGTERM, interrupt)        # a service manager's stop: shut Serve down too
     signal.signal(signal.SIGINT, interrupt)         # also when started with SIGINT ignored (`cmd &`)
-    url = start(cfg)
+    url = start(cfg, load)
     print(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)", file=sys.stderr)
     try:
         while True:

@@ -1,27 +1,30 @@
 """The distillation teacher's member scoring as Ray tasks: one task per member, one CPU and one
-torch thread each, at most ``workers`` at a time. Each task runs the evaluate job, exactly as
-:func:`iaa.jobs.teacher.score_in_process` does, and writes its predictions file; on a cluster
-of several nodes the output folder must be shared storage."""
+torch thread each, at most ``workers`` at a time. Each task runs the job's ``score_member``
+(:func:`iaa.jobs.teacher.score_member`, as :func:`iaa.jobs.teacher.score_in_process` does) and
+writes its predictions file; on a cluster of several nodes the output folder must be shared storage."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
-from iaa.jobs.teacher import Scorer
+from iaa.jobs.ports import Scorer
+
+MemberScore = Callable[[Path, Path, str, "int | None", Path], Any]   # (checkpoint, prepared, split, limit, out)
 
 
-def _score_one(checkpoint: str, prepared: str, split: str, limit: int | None, out: str) -> str:
+def _score_one(score_member: MemberScore, checkpoint: str, prepared: str, split: str, limit: int | None,
+               out: str) -> str:
     import torch
 
-    from iaa.jobs import evaluate
-
     torch.set_num_threads(1)
-    return evaluate.run(Path(checkpoint), Path(prepared), split, Path(out), limit=limit)["predictions"]
+    return str(score_member(Path(checkpoint), Path(prepared), split, limit, Path(out)))
 
 
-def scorer(workers: int | None = None, address: str | None = None, show_progress: bool = True) -> Scorer:
-    """A ``Scorer`` that scores the members on the Ray cluster at ``address`` (default: a local one)."""
+def scorer(score_member: MemberScore, workers: int | None = None, address: str | None = None,
+           show_progress: bool = True) -> Scorer:
+    """A ``Scorer`` that runs the job's ``score_member`` for each member on the Ray cluster at
+    ``address`` (default: a local one)."""
 
     def score(checkpoints: Sequence[Path], prepared: Path, split: str, limit: int | None,
               out_dir: Path) -> list[Path]:
@@ -34,7 +37,7 @@ def scorer(workers: int | None = None, address: str | None = None, show_progress
         slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         task = ray.remote(num_cpus=1)(_score_one)
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        jobs = [(str(c), str(prepared), split, limit, str(Path(out_dir) / f"{i:02d}-{split}.parquet"))
+        jobs = [(score_member, str(c), str(prepared), split, limit, str(Path(out_dir) / f"{i:02d}-{split}.parquet"))
                 for i, c in enumerate(checkpoints)]
         pending: dict = {}
         done: dict[int, str] = {}

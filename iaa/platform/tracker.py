@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from iaa.jobs.ports import MetricPoint, RunRecord
+from iaa.jobs.ports import MetricPoint, ModelCode, RunRecord
 from iaa.platform import mlflow_model, tracking
 from iaa.platform.tracking import TRANSIENT, Run
 
@@ -42,9 +42,9 @@ class MlflowTracker:
         except TRANSIENT:
             return None
 
-    def log_model(self, run: Run, checkpoints: Sequence[Path], prepared: Path,
-                  register: str | None = None) -> str | None:
-        return mlflow_model.try_log(self.uri, run.run_id, checkpoints, prepared, register, run=run)
+    def log_model(self, run: Run, checkpoints: Sequence[Path], prepared: Path, register: str | None = None, *,
+                  code: ModelCode) -> str | None:
+        return mlflow_model.try_log(self.uri, run.run_id, checkpoints, prepared, code, register, run=run)
 
     def experiment_records(self, experiment: str) -> list[RunRecord] | None:
         return tracking.experiment_records(self.uri, experiment)

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from iaa.jobs.config import JobConfig
-from iaa.jobs.ports import MetricsCallback
-from iaa.jobs.session import CHECKPOINT_FILE
+from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkerFit
 from iaa.jobs.workdir import RunFolder
 
 
@@ -107,6 +106,7 @@ def fit_workers(
     prepared: Path,
     run_dir: Path,
     *,
+    fit: WorkerFit,
     workers: int,
     gpus_per_worker: float = 0.0,
     resume: bool = False,
@@ -116,7 +116,8 @@ def fit_workers(
     on_metrics: MetricsCallback | None = None,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Train ``cfg`` on ``workers`` Ray Train workers; returns the final metrics and checkpoint.
+    """Train ``cfg`` with the job's loop ``fit`` on ``workers`` Ray Train workers; returns the final
+    metrics and checkpoint.
 
     Checkpoints go to ``STORAGE/<run_dir name>-<id>`` (:func:`ray_run_name`; ``storage_path`` is the
     user's ``--storage-path``, checked against the cluster); the best and the last are copied to ``run_dir/checkpoints/{best,last}.pt``,
@@ -132,7 +133,7 @@ def fit_workers(
 
     from iaa.data.loader import PreparedData
     from iaa.platform import cluster
-    from iaa.platform.ray_train import CHECKPOINT_SCORE, build_trainer, queue_callback, raise_failure
+    from iaa.platform.ray_train import build_trainer, queue_callback, raise_failure
 
     run_dir = Path(run_dir).resolve()
     info, trial_plan = cluster.fit_trials(cluster.connect(address, storage_path), workers,
@@ -150,7 +151,7 @@ def fit_workers(
         print(cluster.describe(info, trial_plan).replace("each trial trains", "the run trains"), file=sys.stderr)
 
     queue = Queue(actor_options={"num_cpus": 0})
-    trainer = build_trainer(cfg, Path(prepared), name=name, storage_path=storage,
+    trainer = build_trainer(cfg, Path(prepared), fit=fit, name=name, storage_path=storage,
                             workers=workers, threads=trial_plan.threads,
                             worker_resources=trial_plan.worker_resources, use_gpu=gpus_per_worker > 0,
                             vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[queue_callback(queue)])

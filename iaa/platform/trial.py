@@ -21,11 +21,10 @@ from typing import Any, Mapping
 import pyarrow as pa
 
 from iaa.files import is_remote_uri
-from iaa.jobs.config import JobConfig, from_dict
-from iaa.jobs.sweep import TrialRecord
-from iaa.platform.ray_train import CHECKPOINT_FILE, CHECKPOINT_SCORE, RaySession, build_trainer, load_state
+from iaa.jobs.config import JobConfig, apply, from_dict
+from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, TrialRecord, WorkerFit
+from iaa.platform.ray_train import TuneLink, build_trainer
 from iaa.platform.resources import train_device
-from iaa.jobs.search_space import apply
 
 MEMBER_KEY = "member"          # train_many: the trial config is {"member": index into TrialSpec.members}
 
@@ -39,6 +38,7 @@ class TrialSpec:
     """
 
     name: str                                # the Tune run's name
+    fit: WorkerFit                           # the job's loop, run in each trial (or its Train workers)
     storage_path: str                        # where Tune (and Train runs) keep checkpoints
     workers: int
     threads: int
@@ -48,7 +48,7 @@ class TrialSpec:
     fixed: dict[str, Any] = field(default_factory=dict)
     members: tuple[dict[str, Any], ...] = ()
     vocab_hash: str = ""
-    vocab: Mapping[str, Any] = field(default_factory=dict)   # checkpoint.vocab_card, read in the driver
+    vocab: Mapping[str, Any] = field(default_factory=dict)   # manifest.vocab_card, read in the driver
     prepared: str = ""                       # the data folder: Train workers read their rows from it
 
     def train_run_name(self, trial_id: str) -> str:
@@ -65,38 +65,19 @@ def job_config(spec: TrialSpec, trial_config: Mapping[str, Any]) -> JobConfig:
     return apply(from_dict(spec.base), {**spec.fixed, **trial_config})
 
 
-class TuneSession(RaySession):
-    """The loop inside a Tune trial actor: local tables, reports through ``ray.tune.report``."""
-
-    def latest_state(self) -> dict[str, Any] | None:
-        import ray.tune
-
-        return load_state(ray.tune.get_checkpoint())
-
-    def publish(self, metrics: dict[str, Any], folder: Path | None, is_best: bool) -> None:
-        import ray.tune
-
-        ray.tune.report(metrics, checkpoint=ray.tune.Checkpoint.from_directory(folder))
-
-
 def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid: pa.Table) -> None:
     """The Tune function trainable (wrapped with ``tune.with_parameters(spec=, train=, valid=)``)."""
-    from iaa.jobs.train import fit
-
     cfg = job_config(spec, config)
     if spec.workers == 1:
-        device = train_device(spec.gpus_per_worker)
-        session = TuneSession(train, valid, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
-                              threads=spec.threads, device=device)
-        session.vocab = dict(spec.vocab)
-        fit(cfg, session, show_progress=False, vocab_hash=spec.vocab_hash)
+        spec.fit(cfg, TuneLink(train_device(spec.gpus_per_worker)), threads=spec.threads, vocab_hash=spec.vocab_hash,
+                 train=train, valid=valid, vocab=spec.vocab)
         return
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
     trial_id = ray.tune.get_context().get_trial_id()
-    trainer = build_trainer(cfg, Path(spec.prepared), name=spec.train_run_name(trial_id), storage_path=spec.storage_path,
-                            workers=spec.workers, threads=spec.threads, worker_resources=spec.worker_resources,
+    trainer = build_trainer(cfg, Path(spec.prepared), fit=spec.fit, name=spec.train_run_name(trial_id),
+                            storage_path=spec.storage_path, workers=spec.workers, threads=spec.threads, worker_resources=spec.worker_resources,
                             use_gpu=spec.gpus_per_worker > 0, vocab_hash=spec.vocab_hash,
                             callbacks=[TuneReportCallback()])
     result = trainer.fit()

@@ -14,10 +14,9 @@ from typing import Any, Mapping
 
 import ray.tune as tune
 
-from iaa.jobs.config import to_dict
+from iaa.jobs.config import config_label, to_dict
+from iaa.jobs.ports import CHECKPOINT_FILE
 from iaa.platform import tracking
-from iaa.platform.ray_train import CHECKPOINT_FILE
-from iaa.jobs.sweep import config_label
 from iaa.platform.trial import MEMBER_KEY, TrialSpec, job_config
 
 # What a trial's child run records at every check.
