@@ -16,7 +16,7 @@ import pytest
 
 from iaa.errors import IaaError
 from iaa.jobs.config import JobConfig, TrainConfig, to_dict
-from iaa.jobs.sweep import TrialRecord
+from iaa.jobs.ports import TrialRecord
 from iaa.jobs import members as members_job
 from iaa.jobs import ensemble
 from iaa.jobs.ports import TrialTracking
@@ -168,7 +168,7 @@ def test_train_many_plans_with_the_members_threads(monkeypatch: pytest.MonkeyPat
     trials = TrialTracking(uri="sqlite:///x.db", experiment="x", parent_run_id=None, sweep="e-1", dataset="demo")
     with pytest.raises(RuntimeError, match="planned"):
         launch.RayLauncher().train_many(configs, tmp_path, name="e-1", storage=str(tmp_path / "ray"), trials=trials,
-                                        downloads=tmp_path / "d", workers_per_trial=2, gpus_per_worker=1.0)
+                                        downloads=tmp_path / "d", fit=print, workers_per_trial=2, gpus_per_worker=1.0)
     assert (asked["threads"], asked["workers_per_trial"], asked["gpus_per_worker"]) == (3, 2, 1.0)
 
 

@@ -419,7 +419,7 @@ def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_p
     """Every output of the sweep is written; the trial run whose model the store refused ends FAILED,
     and the loss is reported (the command then exits 1) rather than passed over."""
     from iaa.jobs import explain, tune
-    from iaa.jobs.sweep import TrialRecord
+    from iaa.jobs.ports import TrialRecord
 
     monkeypatch.setattr(explain, "run", lambda *a, **k: {"html": str(tmp_path / "e.html"), "png": str(tmp_path / "e.png")})
 
@@ -442,7 +442,7 @@ def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_p
         def attach(self, run_id: str) -> Run:
             return self.runs.setdefault(run_id, Run(run_id))
 
-        def log_model(self, run: Run, checkpoints, prepared, register=None) -> str | None:
+        def log_model(self, run: Run, checkpoints, prepared, register=None, *, code) -> str | None:
             if run.run_id == "refused":
                 run.lost.append("the model (No space left on device)")
                 return None

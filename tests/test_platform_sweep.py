@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from iaa.cli import cli
-from iaa.jobs.sweep import config_label
+from iaa.jobs.config import config_label
 from iaa.jobs import checkpoint, evaluate
 from iaa.jobs.config import JobConfig, from_dict, load
 from iaa.jobs.workdir import Workdir
@@ -133,13 +133,16 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
     from iaa.platform import launch, tracking
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
+    from iaa.jobs.train import fit_on_worker
+
     configs = [replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1)]
     uri = Workdir(tmp_path).tracking_uri()
     parent = tracking.Run.start(uri, "ensemble-test", "parent")
     trials = TrialTracking(uri=uri, experiment="ensemble-test", parent_run_id=parent.run_id, sweep="many",
                            dataset="cbt-ne")
     results = launch.RayLauncher().train_many(configs, tiny, name="many", storage=Workdir(tmp_path).storage(),
-                                              trials=trials, downloads=tmp_path / "many", show_progress=False)
+                                              trials=trials, downloads=tmp_path / "many", fit=fit_on_worker,
+                                              show_progress=False)
     assert [r.config for r in results] == configs
     client = MlflowClient(uri)
     for cfg, result in zip(configs, results):

@@ -10,6 +10,7 @@ import pytest
 from iaa.jobs.config import ConfigError, JobConfig
 from iaa.jobs import search_space
 from iaa.platform import resources, storage
+from iaa.jobs.ports import TrialRecord
 from iaa.jobs.presets import TUNE_PRESETS
 from iaa.platform.resources import DRIVER_CPU, Node
 
@@ -345,7 +346,7 @@ def test_a_default_name_finds_the_latest_sweep_and_records_round_trip(tmp_path: 
 
     from iaa.jobs import sweep
 
-    rec = sweep.TrialRecord(trial_id="t1", config=JobConfig(), params={"model.steps": 2}, best_valid_acc=0.5,
+    rec = TrialRecord(trial_id="t1", config=JobConfig(), params={"model.steps": 2}, best_valid_acc=0.5,
                             checkpoint="/c.pt", mlflow_run_id="r", checks=3, steps=30, stop_reason="asha")
     for i, name in enumerate(("demo-iaa-aaaaaa", "demo-iaa-bbbbbb")):
         sweep.write(sweep.sweep_file(tmp_path, name), {"name": name, "trials": [rec]})

@@ -8,7 +8,8 @@ from iaa.jobs import search_space, tune
 from iaa.jobs.config import JobConfig
 from iaa.jobs.ports import Placement, SearchPlan
 from iaa.jobs.presets import TUNE_PRESETS
-from iaa.jobs.sweep import TrialRecord, config_label
+from iaa.jobs.config import config_label
+from iaa.jobs.ports import TrialRecord
 
 
 def test_run_names_show_the_searched_values_short_and_in_the_papers_order() -> None:
