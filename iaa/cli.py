@@ -50,13 +50,20 @@ class _Finite(click.FloatRange):
 
 def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None) -> None:
     """Print a result: a JSON object as the last stdout line with ``--json``, else key: value lines
-    (only ``keys``, where the command's own summary on stderr has already shown the rest)."""
+    (only ``keys``, where the command's own summary on stderr has already shown the rest). Its
+    ``warnings`` go to stderr first."""
+    _warn(result)
     if as_json:
         click.echo(json.dumps(result, default=str))
     else:
         for key, value in result.items():
             if keys is None or key in keys:
                 click.echo(f"{key}: {value}")
+
+
+def _warn(result: dict[str, Any]) -> None:
+    for warning in result.get("warnings", ()):
+        click.echo(f"warning: {warning}", err=True)
 
 
 def _debug(ctx: click.Context | None) -> bool:
@@ -153,6 +160,24 @@ def _need_data(dataset: str | None, data: Path | None) -> None:
         raise click.UsageError("give exactly one of --dataset NAME or --data PREPARED_DIR")
 
 
+INPUT_FORMATS = 'JSON Lines of {"id", "document", "query", "candidates"[, "answer"]}, or a CBT / CNN file.'
+
+
+def input_option(purpose: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--input FILE``: questions in the raw formats ``predict`` reads (``purpose`` opens the help)."""
+    return click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                        help=purpose + INPUT_FORMATS)
+
+
+def _examples_source(dataset: str | None, data: Path | None, input_path: Path | None, workdir: Path) -> Path | None:
+    """The prepared folder of ``--dataset``/``--data``, or None with ``--input``; exactly one is given."""
+    from iaa.jobs import resolve
+
+    if sum(x is not None for x in (dataset, data, input_path)) != 1:
+        raise click.UsageError("give exactly one of --dataset NAME, --data PREPARED_DIR or --input FILE")
+    return None if input_path is not None else resolve.data_dir(dataset, data, workdir)[1]
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="iaa-cli")
 @click.option("--debug", is_flag=True, help="Show the traceback of every error (also: IAA_DEBUG=1).")
@@ -240,22 +265,23 @@ def train(dataset: str | None, data: Path | None, model_kind: str | None, config
 @cli.command()
 @click.option("--checkpoint", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @data_options
-@click.option("--split", required=True, type=click.Choice(["train", "valid", "test"]))
+@input_option("Score these questions instead (each with its answer), with the vocabulary the checkpoint carries: ")
+@click.option("--split", type=click.Choice(["train", "valid", "test"]), help="The split of --data/--dataset to score.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Predictions Parquet file.")
 @workdir_option
 @json_option
 @_friendly
-def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, split: str, out: Path | None,
-             workdir: Path, as_json: bool) -> None:
-    """Score a checkpoint on a split and write per-example predictions."""
+def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_path: Path | None, split: str | None,
+             out: Path | None, workdir: Path, as_json: bool) -> None:
+    """Score a checkpoint on a split (or a questions file) and write per-example predictions."""
     from iaa.jobs import evaluate as job
-    from iaa.jobs import resolve
 
-    _need_data(dataset, data)
-    _, prepared = resolve.data_dir(dataset, data, workdir)
-    result = job.run(checkpoint, prepared, split, out)
+    prepared = _examples_source(dataset, data, input_path, workdir)
+    if (split is None) == (input_path is None):
+        raise click.UsageError("give --split with --dataset or --data, and no --split with --input")
+    result = job.run(checkpoint, prepared, split, out, input_path=input_path)
     if not as_json:
-        click.echo(f"{split} accuracy: {result['accuracy']:.4f} over {result['examples']} examples")
+        click.echo(job.describe(result))
     _emit(result, as_json)
 
 
@@ -453,6 +479,7 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
 @cli.command()
 @click.option("--checkpoint", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @data_options
+@input_option("Explain these questions instead, with the vocabulary the checkpoint carries: ")
 @click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
 @click.option("--example-id", "example_ids", multiple=True, metavar="ID", help="An example to explain (repeatable).")
 @click.option("--first", type=click.IntRange(min=1), default=None, help="Explain the split's first N examples.")
@@ -462,28 +489,22 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
 @workdir_option
 @json_option
 @_friendly
-def explain(checkpoint: Path, dataset: str | None, data: Path | None, split: str, example_ids: tuple[str, ...],
-            first: int | None, out: Path | None, png: Path | None, workdir: Path, as_json: bool) -> None:
+def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path: Path | None, split: str,
+            example_ids: tuple[str, ...], first: int | None, out: Path | None, png: Path | None, workdir: Path,
+            as_json: bool) -> None:
     """Show what the reader attends to at each inference step, as an HTML page (and a PNG)."""
     from iaa.jobs import explain as job
-    from iaa.jobs import resolve
 
-    _need_data(dataset, data)
+    prepared = _examples_source(dataset, data, input_path, workdir)
     if not example_ids and not first:
         raise click.UsageError("choose examples with --example-id ID (repeatable) or --first N")
-    _, prepared = resolve.data_dir(dataset, data, workdir)
-    result = job.run(checkpoint, prepared, split, example_ids=example_ids, first=first, out=out, png=png)
+    result = job.run(checkpoint, prepared, None if input_path else split, example_ids=example_ids, first=first,
+                     out=out, png=png, input_path=input_path)
     if as_json:
         _emit(result, True)
-        return
-    for r in result["examples"]:
-        mark = "correct" if r["pred"] == r["gold"] else f"wrong (gold {r['candidates'][r['gold']]})"
-        click.echo(f"{r['example_id']}: predicted {r['candidates'][r['pred']]} "
-                   f"p={r['probs'][r['pred']]:.3f}, {mark}")
-        if r["stopped_at"] is not None:
-            halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
-            click.echo(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
-    click.echo(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
+    else:
+        _warn(result)
+        click.echo(job.describe(result))
 
 
 @cli.command()
@@ -491,7 +512,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, split: str
 @click.option("--ensemble", "ensemble_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A folder written by `iaa-cli ensemble`: its selected members are averaged.")
 @click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help='JSON Lines of {"id", "document", "query", "candidates"[, "answer"]}, or a CBT / CNN file.')
+              help=INPUT_FORMATS)
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output JSON Lines.")
 @data_options
 @workdir_option
@@ -509,10 +530,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
     if dataset is not None and data is not None:
         raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
     prepared = resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
-    result = job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared, ensemble_dir=ensemble_dir)
-    for warning in result["warnings"]:
-        click.echo(f"warning: {warning}", err=True)
-    _emit(result, as_json)
+    _emit(job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared, ensemble_dir=ensemble_dir), as_json)
 
 
 @cli.command()

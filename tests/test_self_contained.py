@@ -70,3 +70,86 @@ def test_an_old_checkpoint_without_a_vocabulary_needs_its_data(trained, tmp_path
     rows = _predict(["--checkpoint", str(old), "--data", str(prepared), "--input", str(questions),
                      "--out", str(tmp_path / "B.jsonl")])
     assert len(rows) == len(questions.read_text().splitlines())
+
+
+def _in_empty_folder(tmp_path: Path, monkeypatch) -> Path:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    monkeypatch.delenv("IAA_WORKDIR", raising=False)
+    return empty
+
+
+def test_evaluate_scores_a_questions_file_from_an_empty_folder_as_it_scores_the_split(trained, tmp_path,
+                                                                                     monkeypatch) -> None:
+    import pyarrow.parquet as pq
+
+    prepared, best, questions = trained
+    empty = _in_empty_folder(tmp_path, monkeypatch)
+    alone = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(best), "--input", str(questions),
+                                     "--out", "P.parquet", "--json"])
+    assert alone.exit_code == 0, alone.output
+    assert sorted(p.name for p in empty.iterdir()) == ["P.parquet"]     # nothing else written: no workdir
+    split = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(best), "--data", str(prepared), "--split",
+                                     "valid", "--out", str(tmp_path / "S.parquet"), "--json"])
+    assert split.exit_code == 0, split.output
+    mine, theirs = json.loads(alone.output.splitlines()[-1]), json.loads(split.output.splitlines()[-1])
+    assert mine["examples"] == theirs["examples"] == len(questions.read_text().splitlines())
+    assert mine["accuracy"] == pytest.approx(theirs["accuracy"]) and mine["input"] == str(questions)
+    by_id = {r["example_id"]: r for r in pq.read_table(tmp_path / "S.parquet").to_pylist()}
+    for row in pq.read_table(empty / "P.parquet").to_pylist():
+        other = by_id[row["example_id"]]
+        assert (row["gold"], row["pred"], row["candidate_words"]) == (other["gold"], other["pred"],
+                                                                      other["candidate_words"])
+        assert row["probs"] == pytest.approx(other["probs"], abs=1e-5)
+
+
+def test_evaluate_names_the_line_of_a_question_without_an_answer(trained, tmp_path, monkeypatch) -> None:
+    _, best, questions = trained
+    lines = questions.read_text(encoding="utf-8").splitlines()
+    unanswered = json.loads(lines[1])
+    del unanswered["answer"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([lines[0], json.dumps(unanswered), *lines[2:]]) + "\n", encoding="utf-8")
+    _in_empty_folder(tmp_path, monkeypatch)
+    result = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(best), "--input", str(bad), "--out", "P.parquet"])
+    assert result.exit_code == 1 and f"{bad}:2: no answer" in result.output
+    assert not Path("P.parquet").exists()
+
+
+@pytest.mark.parametrize("args", [[], ["--split", "valid"], ["--data", "PREPARED", "--split", "valid"]])
+def test_evaluate_takes_exactly_one_source_of_examples(trained, tmp_path, args) -> None:
+    prepared, best, questions = trained
+    args = [str(prepared) if a == "PREPARED" else a for a in args]
+    inputs = [] if args == [] else ["--input", str(questions)]
+    result = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(best), *inputs, *args,
+                                      "--out", str(tmp_path / "P.parquet")])
+    assert result.exit_code == 2 and "--input" in result.output
+    assert not (tmp_path / "P.parquet").exists()
+
+
+def test_explain_draws_a_questions_file_from_an_empty_folder(trained, tmp_path, monkeypatch) -> None:
+    prepared, best, questions = trained
+    lines = questions.read_text(encoding="utf-8").splitlines()
+    unanswered = json.loads(lines[0])
+    del unanswered["answer"]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join([json.dumps(unanswered), *lines[1:]]) + "\n", encoding="utf-8")
+    second = json.loads(lines[1])["id"]
+    empty = _in_empty_folder(tmp_path, monkeypatch)
+    result = CliRunner().invoke(cli, ["explain", "--checkpoint", str(best), "--input", str(mixed), "--first", "1",
+                                      "--example-id", second, "--out", "E.html", "--json"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in empty.iterdir()) == ["E.html"]
+    second_record, first_record = json.loads(result.output.splitlines()[-1])["examples"]   # ids first, then --first
+    assert second_record["example_id"] == second and first_record["example_id"] == unanswered["id"]
+    assert first_record["gold"] is None                         # the question gave no answer
+    split = CliRunner().invoke(cli, ["explain", "--checkpoint", str(best), "--data", str(prepared),
+                                     "--example-id", second, "--out", str(tmp_path / "S.html"), "--json"])
+    assert split.exit_code == 0, split.output
+    (from_split,) = json.loads(split.output.splitlines()[-1])["examples"]
+    assert second_record["gold"] == from_split["gold"] and second_record["candidates"] == from_split["candidates"]
+    assert second_record["probs"] == pytest.approx(from_split["probs"], abs=1e-5)
+    text = CliRunner().invoke(cli, ["explain", "--checkpoint", str(best), "--input", str(mixed), "--first", "1",
+                                    "--out", "T.html"])
+    assert text.exit_code == 0 and "no answer given" in text.output

@@ -9,8 +9,10 @@ distribution with the same argmax, where a candidate absent from the document ge
 from __future__ import annotations
 
 import time
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -79,23 +81,72 @@ def write_predictions(rows: list[dict[str, Any]], words: dict[str, list[str]], o
     return atomic_write(out, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
-def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = None, batch_size: int = 64,
-        limit: int | None = None) -> dict[str, Any]:
-    """Evaluate a checkpoint on one split of a prepared dataset (its first ``limit`` rows, when
-    given) and write its predictions."""
-    from iaa.data.loader import PreparedData, iter_batches
+@dataclass(frozen=True)
+class Examples:
+    """A checkpoint's reader and the examples to run it on: a prepared split, or a raw file's questions."""
+
+    model: nn.Module
+    kind: str                  # the reader variant
+    table: pa.Table            # rows in iaa.data.shards.SCHEMA; ``answer`` is -1 where a question gives none
+    tokens: Sequence[str]      # the vocabulary's words, by id
+    name: str                  # the split, or the input file's stem: in default output names
+    title: str                 # "DATASET (SPLIT)", or the input file
+    inputs: dict[str, Any]     # what the output policy keeps outputs off
+    warnings: tuple[str, ...] = ()   # about the input's questions (a candidate absent from its document)
+
+
+def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split: str | None = None,
+                  input_path: Path | None = None, limit: int | None = None, need_answers: bool = False,
+                  todo: str = "") -> Examples:
+    """The reader of ``checkpoint_path`` with the examples of ``input_path`` (the formats ``predict
+    --input`` reads, with the vocabulary the checkpoint carries), else of ``split`` of the prepared
+    ``data_dir`` (its first ``limit`` rows); ``todo`` ends the message of a vocabulary mismatch.
+
+    Raises:
+        InputError: ``need_answers`` and a question of ``input_path`` gives no answer.
+    """
     from iaa.jobs import checkpoint, outputs
 
-    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{split}.parquet"
-    outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet",
-                              inputs={"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)})
+    if input_path is not None:
+        from iaa.jobs.predict import Predictor
+        from iaa.jobs.raw_text import labelled_rows, read_input
+
+        predictor = Predictor.load([Path(checkpoint_path)])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            table = labelled_rows(read_input(Path(input_path), predictor.vocab.placeholder), predictor.vocab,
+                                  predictor.lowercase, need_answers=need_answers)
+        model = predictor.models[0]
+        return Examples(model, model.cfg.kind, table.slice(0, limit), predictor.vocab.tokens, Path(input_path).stem,
+                        str(input_path), {"the checkpoint": checkpoint_path, "the input": input_path},
+                        tuple(str(w.message) for w in caught))
+    from iaa.data.loader import PreparedData
+
+    assert data_dir is not None and split is not None
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
     data = PreparedData.open(Path(data_dir))
-    checkpoint.check_vocab(state, data.manifest.get("vocab_hash", ""), checkpoint_path, data_dir,
-                           "evaluate it on the data it was trained on")
+    checkpoint.check_vocab(state, data.manifest.get("vocab_hash", ""), checkpoint_path, data_dir, todo)
     table = data.table(split) if limit is None else data.rows(split, 0, limit)
+    return Examples(model, cfg.model.kind, table, data.vocab.tokens, split,
+                    f"{data.manifest.get('dataset', data_dir)} ({split})",
+                    {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)})
+
+
+def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Path | None = None,
+        batch_size: int = 64, limit: int | None = None, input_path: Path | None = None) -> dict[str, Any]:
+    """Evaluate a checkpoint on one split of a prepared dataset, or on the questions of
+    ``input_path`` (each must give its answer), and write its predictions; ``limit``: the first
+    rows only."""
+    from iaa.data.loader import iter_batches
+    from iaa.jobs import outputs
+
+    found = load_examples(checkpoint_path, data_dir=data_dir, split=split, input_path=input_path, limit=limit,
+                          need_answers=True, todo="evaluate it on the data it was trained on")
+    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{found.name}.parquet"
+    outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet", inputs=found.inputs)
+    table = found.table
     start = time.perf_counter()
-    rows = list(predict(model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
+    rows = list(predict(found.model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
     seconds = time.perf_counter() - start
     words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
     write_predictions(rows, words, out)
@@ -104,12 +155,19 @@ def run(checkpoint_path: Path, data_dir: Path, split: str, out: Path | None = No
         "accuracy": correct / max(len(rows), 1),
         "predictions": str(out),
         "split": split,
+        **({"input": str(input_path), "warnings": list(found.warnings)} if input_path is not None else {}),
         "examples": len(rows),
-        "model": cfg.model.kind,
+        "model": found.kind,
         "checkpoint": str(checkpoint_path),
         "examples_per_s": len(rows) / max(seconds, 1e-9),
         **step_counts(rows),
     }
+
+
+def describe(result: dict[str, Any]) -> str:
+    """The line ``iaa-cli evaluate`` prints before its result."""
+    return (f"{result['split'] or result['input']} accuracy: {result['accuracy']:.4f} "
+            f"over {result['examples']} examples")
 
 
 def step_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:

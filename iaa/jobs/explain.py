@@ -1,5 +1,6 @@
-"""``iaa-cli explain``: per-step attention of a trained reader on chosen examples, as a
-self-contained HTML page, an optional Figure-2-style PNG, and plain records (``--json``)."""
+"""``iaa-cli explain``: per-step attention of a trained reader on chosen examples (of a prepared
+split, or of a raw questions file), as a self-contained HTML page, an optional Figure-2-style PNG,
+and plain records (``--json``)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from iaa.files import atomic_write_text
 ROUND = 6  # decimals kept in records and pages: enough to compare against the model
 
 
-def select_rows(table: pa.Table, example_ids: Sequence[str], first: int | None, split: str) -> list[int]:
+def select_rows(table: pa.Table, example_ids: Sequence[str], first: int | None, source: str) -> list[int]:
     """Row numbers of the requested examples, in the order asked: ids first, then the first N."""
     ids = table.column("example_id").to_pylist()
     where = {example_id: row for row, example_id in enumerate(ids)}
     missing = [e for e in example_ids if e not in where]
     if missing:
         sample = ", ".join(ids[:3])
-        raise IaaError(f"no example {missing[0]!r} in the {split} split (its ids look like: {sample})")
+        raise IaaError(f"no example {missing[0]!r} in {source} (its ids look like: {sample})")
     rows = [where[e] for e in example_ids]
     rows += [r for r in range(min(first or 0, len(ids))) if r not in rows]
     if not rows:
@@ -55,7 +56,7 @@ def example_records(model: nn.Module, table: pa.Table, tokens: Sequence[str], ro
             "doc_tokens": doc,
             "doc_cand": record["doc_cand"],
             "candidates": words,
-            "gold": record["answer"],
+            "gold": record["answer"] if record["answer"] >= 0 else None,     # -1: the question gave none
             "pred": max(range(len(probs)), key=probs.__getitem__),
             "probs": probs,
             "stopped_at": None if trace.stopped is None else int(trace.stopped[0]),
@@ -77,31 +78,46 @@ def _step_record(t: int, step) -> dict[str, Any]:
             "halt_prob": scalar(step.halt), "weight": scalar(step.weight)}
 
 
-def run(checkpoint_path: Path, data_dir: Path, split: str, *, example_ids: Sequence[str] = (),
-        first: int | None = None, out: Path | None = None, png: Path | None = None) -> dict[str, Any]:
-    """Explain the chosen examples; write the HTML page (and PNG); return the records."""
-    from iaa.data.loader import PreparedData
-    from iaa.jobs import checkpoint, outputs
+def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, example_ids: Sequence[str] = (),
+        first: int | None = None, out: Path | None = None, png: Path | None = None,
+        input_path: Path | None = None) -> dict[str, Any]:
+    """Explain the chosen examples of a prepared split, or of the questions of ``input_path``; write
+    the HTML page (and PNG); return the records."""
+    from iaa.jobs import outputs
+    from iaa.jobs.evaluate import load_examples
     from iaa.jobs.explain_html import render_page
 
-    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"explain-{split}.html"
-    inputs = {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)}
-    outputs.check_file_output(out, suffixes=(".html", ".htm"), what="an HTML page", inputs=inputs)
+    if not example_ids and not first:
+        raise IaaError("choose examples with --example-id ID (repeatable) or --first N")
+    found = load_examples(checkpoint_path, data_dir=data_dir, split=split, input_path=input_path,
+                          todo="explain it on the data it was trained on")
+    out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"explain-{found.name}.html"
+    outputs.check_file_output(out, suffixes=(".html", ".htm"), what="an HTML page", inputs=found.inputs)
     if png is not None:
         outputs.check_file_output(png, suffixes=(".png",), what="a PNG image", flag="--png",
-                                  inputs={**inputs, "the HTML page (--out)": out})
-    model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
-    data = PreparedData.open(Path(data_dir))
-    checkpoint.check_vocab(state, data.manifest.get("vocab_hash", ""), checkpoint_path, data_dir,
-                           "explain it on the data it was trained on")
-    table = data.table(split)
-    rows = select_rows(table, example_ids, first, split)
-    records = example_records(model, table, data.vocab.tokens, rows, cfg.model.kind)
-    title = f"{cfg.model.kind} on {data.manifest.get('dataset', data_dir)} ({split})"
-    atomic_write_text(out, render_page(records, title))
-    result: dict[str, Any] = {"html": str(out), "examples": records}
+                                  inputs={**found.inputs, "the HTML page (--out)": out})
+    rows = select_rows(found.table, example_ids, first, f"the {split} split" if input_path is None else str(input_path))
+    records = example_records(found.model, found.table, found.tokens, rows, found.kind)
+    atomic_write_text(out, render_page(records, f"{found.kind} on {found.title}"))
+    result: dict[str, Any] = {"html": str(out), "examples": records,
+                              **({"warnings": list(found.warnings)} if input_path is not None else {})}
     if png is not None:
         from iaa.jobs.explain_png import draw
 
         result["png"] = str(draw(records[0], Path(png)))
     return result
+
+
+def describe(result: dict[str, Any]) -> str:
+    """What ``iaa-cli explain`` prints: each example's prediction (and halting steps), then the files."""
+    lines = []
+    for r in result["examples"]:
+        cands = r["candidates"]
+        mark = ("no answer given" if r["gold"] is None else "correct" if r["pred"] == r["gold"]
+                else f"wrong (gold {cands[r['gold']]})")
+        lines.append(f"{r['example_id']}: predicted {cands[r['pred']]} p={r['probs'][r['pred']]:.3f}, {mark}")
+        if r["stopped_at"] is not None:
+            halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
+            lines.append(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
+    lines.append(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
+    return "\n".join(lines)

@@ -167,6 +167,22 @@ def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.
     return to_table(chunk, vocab)
 
 
+def labelled_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool, *, need_answers: bool) -> pa.Table:
+    """:func:`to_rows` with each question's own answer in ``answer`` (-1 where none is given).
+
+    Raises:
+        InputError: ``need_answers`` and a question gives no answer (named by file and line).
+    """
+    missing = [q for q in questions if q.gold is None]
+    if need_answers and missing:
+        raise InputError(f"{missing[0].where}: no answer: evaluation needs the answer of every question "
+                         f"(an \"answer\" that is one of its candidates); {len(missing)} of {len(questions)} have none")
+    table = to_rows(questions, vocab, lowercase)
+    gold = [-1 if q.gold is None else q.example.candidates.index(q.gold) for q in questions]
+    return table.set_column(table.schema.get_field_index("answer"), table.schema.field("answer"),
+                            pa.array(gold, pa.int32()))
+
+
 def present_candidate(q: Question, lowercase: bool, placeholder: str) -> str:
     """The first candidate that occurs in the document; warns about the absent ones."""
     keys = set(match_keys(pa.array(q.example.doc, pa.string()), lowercase, placeholder).to_pylist())
