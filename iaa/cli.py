@@ -142,9 +142,11 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _tracker(workdir: Path, tracking_uri: str | None) -> Any:
-    """The jobs' Tracker: the MLflow store of ``--tracking-uri`` (or the workdir's), checked."""
+    """The jobs' Tracker: the MLflow store of ``--tracking-uri`` (or the workdir's, in a writable
+    workdir), checked."""
     from iaa.platform.tracker import MlflowTracker
 
+    Workdir(workdir).writable()
     return MlflowTracker(Workdir(workdir).tracking_uri(tracking_uri))
 
 
@@ -167,6 +169,15 @@ def input_option(purpose: str = "") -> Callable[[Callable[..., Any]], Callable[.
     """``--input FILE``: questions in the raw formats ``predict`` reads (``purpose`` opens the help)."""
     return click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                         help=purpose + INPUT_FORMATS)
+
+
+def _vocabulary_data(dataset: str | None, data: Path | None, workdir: Path) -> Path | None:
+    """The prepared folder of ``--dataset``/``--data`` whose vocabulary to use; None: the checkpoints' own."""
+    from iaa.jobs import resolve
+
+    if dataset is not None and data is not None:
+        raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
+    return resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
 
 
 def _examples_source(dataset: str | None, data: Path | None, input_path: Path | None, workdir: Path) -> Path | None:
@@ -204,17 +215,12 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
             min_count: int, max_vocab: int | None, threads: int | None, overwrite: bool, workdir: Path,
             as_json: bool) -> None:
     """Parse a corpus into Parquet shards, a vocabulary and a manifest."""
-    from iaa.files import ensure_writable
     from iaa.jobs import prepare as job
 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
-    out = out or Workdir(workdir).data(dataset)
-    ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
-    result = job.run(dataset, source, out, on_error=on_error, lowercase=lowercase,
-                     min_count=min_count, max_vocab=max_vocab, workers=threads, progress=not as_json,
-                     overwrite=overwrite)
-    _emit(result, as_json)
+    _emit(job.run(dataset, source, out, workdir=workdir, on_error=on_error, lowercase=lowercase, min_count=min_count,
+                  max_vocab=max_vocab, workers=threads, progress=not as_json, overwrite=overwrite), as_json)
 
 
 @cli.command()
@@ -233,33 +239,17 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @workdir_option
 @json_option
 @_friendly
-def train(dataset: str | None, data: Path | None, model_kind: str | None, config_file: Path | None,
-          sets: tuple[str, ...], run_dir: Path | None, resume: bool, overwrite: bool, register: str | None,
-          workers: int, gpus_per_worker: float, tracking_uri: str | None, address: str | None,
-          storage_path: str | None, workdir: Path, as_json: bool) -> None:
+def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **request: Any) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import names, outputs, resolve, rundir
     from iaa.jobs import train as job
+    from iaa.platform.tracker import MlflowTracker
 
-    names.registered_name(register)
-    _need_data(dataset, data)
+    _need_data(request["dataset"], request["data"])
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
-    work = Workdir(workdir)
-    work.writable()
-    uri = work.tracking_uri(tracking_uri)
-    name, prepared = resolve.data_dir(dataset, data, workdir)
-    cfg = resolve.job_config(name, prepared, model_kind=model_kind, config_file=config_file, sets=sets)
-    run_dir = resolve.run_dir(name, cfg, run_dir, workdir)
-    outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
-                          flag="--run-dir", folder=True)
-    tracker = _tracker(workdir, uri)
-    launcher = _launcher(address, storage_path) if workers > 0 else None
-    with rundir.claim(run_dir, resume=resume, overwrite=overwrite) as folder:
-        result = job.run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=resume, workers=workers,
-                                 gpus_per_worker=gpus_per_worker, storage=work.storage(storage_path),
-                                 show_progress=not as_json, register=register)
-    _emit(result, as_json)
+    req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=not as_json)
+    _emit(job.run_request(req, MlflowTracker, _launcher(address, req.storage_path) if req.workers > 0 else None),
+          as_json)
 
 
 @cli.command()
@@ -367,9 +357,7 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
     from iaa.jobs import ensemble as job
 
     req = job.EnsembleRequest(members=members + more_members, workdir=workdir, show_progress=not as_json, **request)
-    Workdir(workdir).writable()
-    tracker = _tracker(workdir, tracking_uri)
-    _emit(job.run(req, tracker, _launcher(address, req.storage_path)), as_json)
+    _emit(job.run(req, _tracker(workdir, tracking_uri), _launcher(address, req.storage_path)), as_json)
 
 
 @cli.command()
@@ -464,7 +452,6 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     names.registered_name(register)
     from iaa.platform import teacher_ray
 
-    Workdir(workdir).writable()
     tracker = _tracker(workdir, tracking_uri)
     req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
                              temperature=temperature, train_examples=train_examples, run_dir=run_dir,
@@ -522,15 +509,11 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
             data: Path | None, workdir: Path, as_json: bool) -> None:
     """Answer cloze questions given as raw text (or a CBT / CNN file)."""
     from iaa.jobs import predict as job
-    from iaa.jobs import resolve
 
     if (checkpoint is None) == (ensemble_dir is None):
         raise click.UsageError("give exactly one of --checkpoint CKPT or --ensemble DIR")
-    checkpoints = [checkpoint] if checkpoint is not None else job.ensemble_members(ensemble_dir)
-    if dataset is not None and data is not None:
-        raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
-    prepared = resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
-    _emit(job.run(input_path, out, checkpoints=checkpoints, data_dir=prepared, ensemble_dir=ensemble_dir), as_json)
+    prepared = _vocabulary_data(dataset, data, workdir)
+    _emit(job.run(input_path, out, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared), as_json)
 
 
 @cli.command()
@@ -574,29 +557,13 @@ def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], 
         raise click.UsageError("--out PNG is required with --experiment")
     if more_run_ids and not run_ids:
         raise click.UsageError(f"unexpected argument {more_run_ids[0]!r}: run ids go after --runs")
-    run_ids = tuple(dict.fromkeys(run_ids + more_run_ids))
     if baseline is not None and baseline_data is not None:
         raise click.UsageError("give at most one of --baseline and --baseline-data")
-    from iaa.jobs import outputs
-
-    inputs = {"a file of the prepared data": outputs.data_files(baseline_data)}
-    job.check_out(out, workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
-    if baseline_data is not None:
-        from iaa.jobs import frequency
-
-        baseline = frequency.run(baseline_data, "valid")["accuracy"]
     from iaa.platform.tracker import MlflowTracker
 
-    result = job.run(experiment, out, MlflowTracker, run_ids=run_ids, metric=metric, x=x_axis, baseline=baseline,
-                     workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
-    if as_json:
-        _emit(result, True)
-        return
-    for c in result["runs"]:
-        best = max(range(len(c["y"])), key=lambda i: c["y"][i])
-        click.echo(f"{c['name']}: {len(c['y'])} points; last {metric} {c['y'][-1]:.4f} at {x_axis} {c['x'][-1]:g}; "
-                   f"best {c['y'][best]:.4f} at {x_axis} {c['x'][best]:g}")
-    click.echo(f"figure: {result['out']}")
+    result = job.run(experiment, out, MlflowTracker, run_ids=run_ids + more_run_ids, metric=metric, x=x_axis,
+                     baseline=baseline, baseline_data=baseline_data, workdir=workdir, tracking_uri=tracking_uri)
+    click.echo(json.dumps(result, default=str) if as_json else job.describe(result))
 
 
 def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
@@ -637,16 +604,13 @@ def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | N
           batch_wait_ms: float, cpus_per_replica: float, threads: int, max_document_words: int, host: str, port: int,
           address: str | None, tracking_uri: str | None, workdir: Path) -> None:
     """Serve a reader or an ensemble on Ray Serve: POST /predict takes predict's JSON questions."""
-    from iaa.jobs import resolve
     from iaa.jobs import serve as job
 
     if sum(x is not None for x in (model_uri, checkpoint, ensemble_dir)) != 1:
         raise click.UsageError("give exactly one of --model URI, --checkpoint CKPT or --ensemble DIR")
     if replicas is not None and autoscale is not None:
         raise click.UsageError("give --replicas N or --autoscale MIN:MAX, not both")
-    if dataset is not None and data is not None:
-        raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
-    prepared = resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
+    prepared = _vocabulary_data(dataset, data, workdir)
     cfg = job.config(model_uri=model_uri, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
                      workdir=workdir, tracking_uri=tracking_uri, replicas=replicas or 1, autoscale=autoscale,
                      max_batch=max_batch, batch_wait_ms=batch_wait_ms, cpus_per_replica=cpus_per_replica,

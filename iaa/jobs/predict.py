@@ -134,13 +134,12 @@ def ensemble_members(ensemble_dir: Path) -> list[Path]:
     return [Path(m) for m in members]
 
 
-def run(input_path: Path, out: Path, *, checkpoints: Sequence[Path], data_dir: Path | None = None,
-        ensemble_dir: Path | None = None) -> dict[str, Any]:
-    """Predict every question of ``input_path`` and write JSON Lines to ``out``; ``data_dir``: the
-    prepared folder whose vocabulary to use (default: the one the checkpoints carry).
-
-    ``ensemble_dir`` (the folder the checkpoints came from, if any) is an input too: ``out`` may
-    not replace one of its files.
+def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble_dir: Path | None = None,
+        data_dir: Path | None = None) -> dict[str, Any]:
+    """Predict every question of ``input_path`` with ``checkpoint`` or the members of
+    ``ensemble_dir`` and write JSON Lines to ``out``; ``data_dir``: the prepared folder whose
+    vocabulary to use (default: the one the checkpoints carry). ``out`` may not replace an input,
+    nor a file of the ensemble.
     """
     import warnings
 
@@ -148,6 +147,7 @@ def run(input_path: Path, out: Path, *, checkpoints: Sequence[Path], data_dir: P
     from iaa.jobs import outputs
     from iaa.jobs.raw_text import JSONL_SUFFIXES
 
+    checkpoints = [Path(checkpoint)] if checkpoint is not None else ensemble_members(Path(ensemble_dir))
     outputs.check_file_output(out, suffixes=JSONL_SUFFIXES, what="JSON Lines", inputs={
         "the input": input_path, "a checkpoint": checkpoints, "a file of the prepared data": outputs.data_files(data_dir),
         "a file of the ensemble": outputs.data_files(ensemble_dir)})

@@ -25,8 +25,8 @@ from iaa.data import manifest as M
 from iaa.data import verify
 from iaa.data.datasets import DATASETS
 from iaa.data.errors import DataError
-from iaa.jobs.workdir import Workdir
-from iaa.files import writing
+from iaa.files import ensure_writable, writing
+from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
 from iaa.jobs import outputs
 
 ON_ERROR = ("fail", "skip")
@@ -36,8 +36,9 @@ _SPLIT_WORDS = {"train": "training", "valid": "validation"}
 def run(
     dataset: str,
     source: Path | None,
-    out: Path,
+    out: Path | None,
     *,
+    workdir: Path = Path(DEFAULT_WORKDIR),
     on_error: str = "fail",
     lowercase: bool | None = None,
     min_count: int = 1,
@@ -46,7 +47,7 @@ def run(
     progress: bool = True,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Prepare ``dataset`` from ``source`` into ``out``.
+    """Prepare ``dataset`` from ``source`` into ``out`` (default: ``WORKDIR/data/DATASET``).
 
     Args:
         dataset: one of DATASETS. ``demo`` is generated and needs no source.
@@ -69,7 +70,8 @@ def run(
         raise DataError(f"--min-count must be >= 1, got {min_count}")
     if max_vocab is not None and max_vocab < 4:
         raise DataError(f"max_vocab must be at least 4 (3 special tokens and a word), got {max_vocab}")
-    out = Path(out)
+    out = Path(out) if out is not None else Workdir(workdir).data(dataset)
+    ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
     started = time.perf_counter()
     options = {"on_error": on_error, "lowercase": bool(lowercase), "min_count": min_count, "max_vocab": max_vocab}
     if source is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
 from iaa.files import atomic_path
@@ -127,30 +127,32 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
     return Path(out)
 
 
-def check_out(out: Path, *, workdir: Path, tracking_uri: str | None, inputs: Mapping[str, Any] | None = None) -> None:
-    """Refuse an ``out`` that is no ``.png`` or would replace the tracking database or one of ``inputs``."""
-    from iaa.jobs import outputs
-
-    outputs.check_file_output(out, suffixes=(".png",), what="a PNG image", inputs={
-        **(inputs or {}), "the tracking database": Workdir(workdir).tracking_db(tracking_uri)})
-
-
 def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, run_ids: Sequence[str] = (),
         metric: str = "valid_acc", x: str = "examples", baseline: float | None = None,
-        workdir: Path = Path(DEFAULT_WORKDIR), tracking_uri: str | None = None,
-        inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        baseline_data: Path | None = None, workdir: Path = Path(DEFAULT_WORKDIR),
+        tracking_uri: str | None = None) -> dict[str, Any]:
     """Draw ``metric`` against ``x`` for the selected runs of the store ``open_tracker(uri)``;
     returns the plotted data, run by run.
 
-    ``inputs`` (label -> paths) are what else the command read (see :func:`check_out`).
+    ``baseline_data``: a prepared folder whose valid split's most-frequent-candidate accuracy is
+    drawn as the baseline. ``out`` must be a ``.png`` that replaces neither the tracking database
+    nor a file of ``baseline_data``.
     """
+    from iaa.jobs import outputs
+
     if x not in X_AXES:
         raise IaaError(f"--x must be one of {', '.join(X_AXES)}, got {x!r}")
-    check_out(out, workdir=workdir, tracking_uri=tracking_uri, inputs=inputs)
+    outputs.check_file_output(out, suffixes=(".png",), what="a PNG image", inputs={
+        "a file of the prepared data": outputs.data_files(baseline_data),
+        "the tracking database": Workdir(workdir).tracking_db(tracking_uri)})
+    if baseline_data is not None:
+        from iaa.jobs import frequency
+
+        baseline = frequency.run(baseline_data, "valid")["accuracy"]
     tracker = open_tracker(Workdir(workdir).tracking_uri(tracking_uri))
     uri = tracker.uri
     curves, skipped = [], []
-    for record in select_runs(tracker, experiment, run_ids):
+    for record in select_runs(tracker, experiment, tuple(dict.fromkeys(run_ids))):
         c = curve(tracker, record, metric, x)
         if c is None:
             skipped.append(record.run_id)
@@ -162,3 +164,14 @@ def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, r
     draw(curves, out, metric=metric, x=x, title=experiment, baseline=baseline)
     return {"experiment": experiment, "tracking_uri": uri, "metric": metric, "x": x, "out": str(out),
             "baseline": baseline, "runs": [asdict(c) for c in curves], "skipped": skipped}
+
+
+def describe(result: dict[str, Any]) -> str:
+    """What ``iaa-cli report`` prints: each run's points, last and best values, then the figure."""
+    metric, x = result["metric"], result["x"]
+    lines = []
+    for c in result["runs"]:
+        best = max(range(len(c["y"])), key=lambda i: c["y"][i])
+        lines.append(f"{c['name']}: {len(c['y'])} points; last {metric} {c['y'][-1]:.4f} at {x} {c['x'][-1]:g}; "
+                     f"best {c['y'][best]:.4f} at {x} {c['x'][best]:g}")
+    return "\n".join([*lines, f"figure: {result['out']}"])

@@ -21,7 +21,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from tqdm import tqdm
@@ -38,7 +38,7 @@ from iaa.jobs.predict import MODEL_CODE
 from iaa.jobs.progress import Progress
 from iaa.jobs.session import MetricsCallback, Session
 from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
-from iaa.jobs.workdir import RunFolder
+from iaa.jobs.workdir import DEFAULT_WORKDIR, RunFolder, Workdir
 from iaa.model.reader import build_reader
 
 TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks
@@ -311,6 +311,53 @@ def run_tracked(
         tracked.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
     return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": tracker.uri,
             "mlflow_run_id": tracked.run_id}
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What ``iaa-cli train`` asks for: the data (``dataset`` or a prepared ``data`` folder), the
+    config (model kind, YAML file, ``--set`` overrides), the run folder and where it trains."""
+
+    dataset: str | None
+    data: Path | None
+    model_kind: str | None = None
+    config_file: Path | None = None
+    sets: tuple[str, ...] = ()
+    run_dir: Path | None = None              # default: WORKDIR/runs/DATASET-MODEL-seedN
+    resume: bool = False
+    overwrite: bool = False
+    register: str | None = None
+    workers: int = 0                         # Ray Train workers; 0 trains in this process
+    gpus_per_worker: float = 0.0
+    tracking_uri: str | None = None
+    storage_path: str | None = None
+    workdir: Path = Path(DEFAULT_WORKDIR)
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        from iaa.jobs import names
+
+        names.registered_name(self.register)
+
+
+def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher | None) -> dict[str, Any]:
+    """``iaa-cli train``: resolve the data, config and run folder (never over an input), claim the
+    folder and train tracked in the store ``open_tracker(uri)``."""
+    from iaa.jobs import outputs, resolve, rundir
+
+    work = Workdir(req.workdir)
+    work.writable()
+    uri = work.tracking_uri(req.tracking_uri)
+    name, prepared = resolve.data_dir(req.dataset, req.data, req.workdir)
+    cfg = resolve.job_config(name, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
+    run_dir = resolve.run_dir(name, cfg, req.run_dir, req.workdir)
+    outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
+                          flag="--run-dir", folder=True)
+    tracker = open_tracker(uri)
+    with rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
+        return run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume, workers=req.workers,
+                           gpus_per_worker=req.gpus_per_worker, storage=work.storage(req.storage_path),
+                           show_progress=req.show_progress, register=req.register)
 
 
 def previous_run(tracker: Tracker, experiment: str, run_dir: Path) -> str | None:

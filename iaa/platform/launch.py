@@ -152,7 +152,7 @@ def restore(launch: Launch, fn: Any) -> Any:
     return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
 
 
-def fit(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, dict[str, str]]:
+def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, dict[str, str]]:
     """Run ``tuner_``; returns its ``ResultGrid`` and every trial's Tune status by trial id.
 
     ``quiet``: not even Tune's banner (its configuration box, results folder and TensorBoard
@@ -223,7 +223,7 @@ class RayLauncher:
             tuner_ = tuner(launch, fn, callbacks, show_progress=verbose,
                            search_alg=search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name),
                            scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
-        results, statuses = fit(launch, tuner_, quiet=not verbose)
+        results, statuses = run_tuner(launch, tuner_, quiet=not verbose)
         run_ids, tagged = child_runs(trials.uri, trials.experiment, trials.sweep, trials.parent_run_id)
         return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
 
@@ -249,7 +249,7 @@ class RayLauncher:
         runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
                          sweep=name, dataset=configs[0].dataset, spec=spec)
         fn, _ = trainable(launch, spec)
-        results, statuses = fit(launch, tuner(launch, fn, [runs], show_progress=show_progress,
+        results, statuses = run_tuner(launch, tuner(launch, fn, [runs], show_progress=show_progress,
                                               param_space={MEMBER_KEY: tune.grid_search(list(range(len(configs))))}))
         run_ids, tagged = child_runs(trials.uri, trials.experiment, name, trials.parent_run_id)
         found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
