@@ -1,11 +1,13 @@
 """One Ray Tune trial: the function every sweep trial and every ``train_many`` member runs.
 
 Kept free of MLflow and of the driver's code so that a trial actor starts fast: it imports
-torch, the model and the loop, nothing more. All tracking happens in the driver (see
-:mod:`iaa.platform.trial_runs`), which also keeps a SQLite store usable on multi-node clusters.
+torch, the model and the loop (the job's ``fit``, carried by :class:`TrialSpec`), nothing more.
+All tracking happens in the driver (see :mod:`iaa.platform.trial_runs`), which also keeps a
+SQLite store usable on multi-node clusters.
 
-- One worker per trial: the loop runs inside the trial actor on a :class:`TuneSession`, which
-  reports through ``ray.tune.report`` with a checkpoint (the lowest start-up overhead).
+- One worker per trial: the loop runs inside the trial actor on a
+  :class:`~iaa.platform.ray_train.TuneLink`, which reports through ``ray.tune.report`` with a
+  checkpoint (the lowest start-up overhead).
 - N > 1 workers: the trial actor is a light driver (0.01 CPU) that runs a TorchTrainer on N
   workers, with ``TuneReportCallback`` forwarding rank 0's metrics and checkpoint path to Tune
   (Ray Train V2's supported Tune pattern). The Train run is named after the trial, so a trial
