@@ -72,6 +72,16 @@ def test_an_old_checkpoint_without_a_vocabulary_needs_its_data(trained, tmp_path
     assert len(rows) == len(questions.read_text().splitlines())
 
 
+def _without_answer(questions: Path, line: int, dest: Path) -> dict:
+    """A copy of ``questions`` at ``dest`` whose question on ``line`` (from 1) gives no answer; that question."""
+    lines = questions.read_text(encoding="utf-8").splitlines()
+    unanswered = json.loads(lines[line - 1])
+    del unanswered["answer"]
+    lines[line - 1] = json.dumps(unanswered)
+    dest.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return unanswered
+
+
 def _in_empty_folder(tmp_path: Path, monkeypatch) -> Path:
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -106,11 +116,8 @@ def test_evaluate_scores_a_questions_file_from_an_empty_folder_as_it_scores_the_
 
 def test_evaluate_names_the_line_of_a_question_without_an_answer(trained, tmp_path, monkeypatch) -> None:
     _, best, questions = trained
-    lines = questions.read_text(encoding="utf-8").splitlines()
-    unanswered = json.loads(lines[1])
-    del unanswered["answer"]
     bad = tmp_path / "bad.jsonl"
-    bad.write_text("\n".join([lines[0], json.dumps(unanswered), *lines[2:]]) + "\n", encoding="utf-8")
+    _without_answer(questions, 2, bad)
     _in_empty_folder(tmp_path, monkeypatch)
     result = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(best), "--input", str(bad), "--out", "P.parquet"])
     assert result.exit_code == 1 and f"{bad}:2: no answer" in result.output
@@ -130,12 +137,9 @@ def test_evaluate_takes_exactly_one_source_of_examples(trained, tmp_path, args) 
 
 def test_explain_draws_a_questions_file_from_an_empty_folder(trained, tmp_path, monkeypatch) -> None:
     prepared, best, questions = trained
-    lines = questions.read_text(encoding="utf-8").splitlines()
-    unanswered = json.loads(lines[0])
-    del unanswered["answer"]
     mixed = tmp_path / "mixed.jsonl"
-    mixed.write_text("\n".join([json.dumps(unanswered), *lines[1:]]) + "\n", encoding="utf-8")
-    second = json.loads(lines[1])["id"]
+    unanswered = _without_answer(questions, 1, mixed)
+    second = json.loads(questions.read_text(encoding="utf-8").splitlines()[1])["id"]
     empty = _in_empty_folder(tmp_path, monkeypatch)
     result = CliRunner().invoke(cli, ["explain", "--checkpoint", str(best), "--input", str(mixed), "--first", "1",
                                       "--example-id", second, "--out", "E.html", "--json"])
