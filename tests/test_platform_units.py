@@ -494,3 +494,12 @@ def test_a_restored_searcher_continues_the_same_persistent_study(tmp_path: Path)
 
     trials = optuna.load_study(study_name="s", storage=url).trials
     assert len(trials) == 2 and trials[0].params != trials[1].params   # one study, no repeat across the restart
+
+
+def test_a_pyfunc_model_logged_without_its_loader_names_the_way_out() -> None:
+    from iaa.errors import IaaError
+    from iaa.platform.mlflow_model import ReaderModel
+
+    old = object.__new__(ReaderModel)           # what unpickling a model of an older iaa gives
+    with pytest.raises(IaaError, match="log it again"):
+        old.load_context(None)

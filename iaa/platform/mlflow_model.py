@@ -57,10 +57,16 @@ with warnings.catch_warnings():
         """pyfunc wrapper around the predictor that ``load`` (:attr:`iaa.jobs.ports.ModelCode.load`,
         pickled with the model by reference) rebuilds from the model's members and data."""
 
+        load: Callable[[Sequence[Path], Path], Any] | None = None   # None in models logged before it was carried
+
         def __init__(self, load: Callable[[Sequence[Path], Path], Any]) -> None:
             self.load = load
 
         def load_context(self, context: Any) -> None:
+            if self.load is None:
+                raise IaaError("this model was logged by an older iaa that did not store how to load its reader; "
+                               "log it again (iaa-cli train, tune or ensemble with --register), or serve its "
+                               "files with `iaa-cli serve --model URI`")
             members = sorted(k for k in context.artifacts if k.startswith("member_"))
             self.predictor = self.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]))
 
