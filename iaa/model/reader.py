@@ -77,7 +77,7 @@ class _Encoders(nn.Module):
                 and not self.training and not torch.is_grad_enabled())
 
     def _doc_table(self) -> torch.Tensor:
-        """The doc encoder's per-word projections (V, 2, 3h), rebuilt when any weight changed;
+        """The doc encoder's per-word projections (2, V, 3h), rebuilt when any weight changed;
         in bf16 under CPU autocast with bf16 (as the fused encoder's projections), else fp32."""
         dtype = torch.bfloat16 if cpu_bf16() else torch.float32
         params = [self.embedding.weight, *self.doc_encoder.gru._flat_weights]
