@@ -260,25 +260,33 @@ class FusedBiGRU(torch.autograd.Function):
         d_out = grad_y.new_empty(2, pos.shape[1], h)                    # (2, N, h)
         for k in range(2):
             torch.index_select(grad_y[:, k], 0, pos[k], out=d_out[k])
+        fast = (kernels is not None and out.dtype == torch.float32 and kernels.fast_paths(h)
+                and kernels.fast_paths(dim))                            # AVX-512, fp32 state
         if kernels is not None:
             packed = pack_vnni(w_hh) if ctx.amx else w_hh.new_empty(0)
-            d_gh, d_gi = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh, packed,
-                                              pk.batch_sizes, pk.offsets)
+            d_gh, d_gi, d_bn = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh, packed, pk.batch_sizes,
+                                                    pk.offsets, fast and xp.dtype == torch.bfloat16)
         else:
             with _recurrent_threads():
                 d_gh, d_gi = _backward_steps(d_out, out, rz, cand, hn, w_hh, pk)
+            d_bn = d_gi[..., 2 * h:].sum(1)
         first = pk.batch_sizes[0]                                       # rows of t = 0: h_prev = 0
         h_prev = out.index_select(1, pk.prev[first:].to(out.device))   # (2, N - first, h)
         d_b_hh = d_gh.sum(1)                                            # (2, 3h)
-        d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_gi[..., 2 * h:].sum(1)], 1)
+        d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_bn], 1)
         d_w_hh = _bmm(d_gh[:, first:].transpose(1, 2), h_prev)         # (2, 3h, h)
-        # in bf16 when the forward's projection was: one cast of d_gi serves both GEMMs (d_w_hh
-        # stays fp32: casting d_gh and h for its inner size h costs more than bf16 saves)
+        # in bf16 when the forward's projection was: d_gi (bf16 from the fast path, else cast
+        # once) serves both GEMMs (d_w_hh stays fp32: casting d_gh and h for its inner size h
+        # costs more than bf16 saves)
         d_gi, full = d_gi.to(xp.dtype), w_hh.dtype
         d_w_ih = _bmm(d_gi.transpose(1, 2), xp).to(full)                # (2, 3h, d)
-        d_xp = _bmm(d_gi, w_ih).to(full)                                # (2, N, d)
-        d_x = d_xp.new_zeros(batch * max_len, dim)
-        d_x.index_copy_(0, pos[0], d_xp[0]).index_add_(0, pos[1], d_xp[1])
+        d_xp = _bmm(d_gi, w_ih)                                         # (2, N, d)
+        if fast:
+            d_x = kernels.scatter_rows(d_xp, pos, batch * max_len)
+        else:
+            d_xp = d_xp.to(full)
+            d_x = d_xp.new_zeros(batch * max_len, dim)
+            d_x.index_copy_(0, pos[0], d_xp[0]).index_add_(0, pos[1], d_xp[1])
         return (d_x.view(batch, max_len, dim), None, None,
                 d_w_ih[0], d_w_hh[0], d_b_ih[0], d_b_hh[0],
                 d_w_ih[1], d_w_hh[1], d_b_ih[1], d_b_hh[1])

@@ -76,6 +76,16 @@ IAA_AVX512 static inline __m512 sigmoid16(__m512 x) {
   return _mm512_div_ps(one, _mm512_add_ps(one, Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), x))));
 }
 
+// Round to bf16, nearest even (as torch's conversion, for finite values), with AVX-512F only.
+IAA_AVX512 static inline void store_bf16(at::BFloat16* p, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+IAA_AVX512 static inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+IAA_AVX512 static inline void store16(at::BFloat16* p, __m512 v) { store_bf16(p, v); }
+
 // One step of one direction, n rows: [r, z] = sigmoid(gi_rz + b_rz + gh_rz), hn = gh_n + b_hn,
 // cand = tanh(gi_n + b_n + r * hn), h_t = cand + z (h_{t-1} - cand). Row i's gi is gi + i * 3h,
 // or gi + gi_rows[i] * 3h when gi_rows is given (a per-word table). b_in may be null (already in
@@ -114,10 +124,13 @@ IAA_AVX512 static void step_avx512(const In* gi, const int64_t* gi_rows, const f
   }
 }
 
-// The gradients of one step (as step_grads below), vectorised. h % 16 == 0.
+// The gradients of one step (as step_grads below), vectorised; d_gi in fp32 or bf16, and the
+// candidate pre-activations' gradients summed into bn_sum (the n part of b_ih's gradient).
+// h % 16 == 0.
+template <typename Out>
 IAA_AVX512 static void step_grads_avx512(const float* d_out, float* carry, int64_t carry_n, const float* hprev,
                                          const float* rz, const float* cand, const float* hn, float* d_gh,
-                                         float* d_gi, int64_t n, int64_t h) {
+                                         Out* d_gi, float* bn_sum, int64_t n, int64_t h) {
   const __m512 one = _mm512_set1_ps(1.f);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < h; j += 16) {
@@ -130,15 +143,29 @@ IAA_AVX512 static void step_grads_avx512(const float* d_out, float* carry, int64
       const __m512 d_r = _mm512_mul_ps(_mm512_mul_ps(d_cpre, x), _mm512_mul_ps(r, _mm512_sub_ps(one, r)));
       const __m512 d_z = _mm512_mul_ps(_mm512_mul_ps(dh, _mm512_sub_ps(p, c)), _mm512_mul_ps(z, _mm512_sub_ps(one, z)));
       float* gh = d_gh + i * 3 * h;
-      float* gx = d_gi + i * 3 * h;
+      Out* gx = d_gi + i * 3 * h;
       _mm512_storeu_ps(gh + j, d_r);
       _mm512_storeu_ps(gh + h + j, d_z);
       _mm512_storeu_ps(gh + 2 * h + j, _mm512_mul_ps(d_cpre, r));
-      _mm512_storeu_ps(gx + j, d_r);
-      _mm512_storeu_ps(gx + h + j, d_z);
-      _mm512_storeu_ps(gx + 2 * h + j, d_cpre);
+      store16(gx + j, d_r);
+      store16(gx + h + j, d_z);
+      store16(gx + 2 * h + j, d_cpre);
+      _mm512_storeu_ps(bn_sum + j, _mm512_add_ps(_mm512_loadu_ps(bn_sum + j), d_cpre));
       _mm512_storeu_ps(carry + i * h + j, _mm512_mul_ps(dh, z));
     }
+  }
+}
+
+// d_x (positions, d) fp32 = zeros, then row pos[0][k] = src[0][k] and row pos[1][k] += src[1][k]:
+// the two directions' input gradients (2, N, d), fp32 or bf16, back in the padded layout. d % 16 == 0.
+template <typename In>
+IAA_AVX512 static void scatter_rows_avx512(const In* src, const int64_t* pos, int64_t N, int64_t d, float* dst) {
+  for (int64_t k = 0; k < N; ++k)
+    for (int64_t j = 0; j < d; j += 16) _mm512_storeu_ps(dst + pos[k] * d + j, load16(src + k * d + j));
+  for (int64_t k = 0; k < N; ++k) {
+    float* row = dst + pos[N + k] * d;
+    for (int64_t j = 0; j < d; j += 16)
+      _mm512_storeu_ps(row + j, _mm512_add_ps(_mm512_loadu_ps(row + j), load16(src + (N + k) * d + j)));
   }
 }
 
@@ -494,14 +521,17 @@ static void backward_steps(const torch::Tensor& d_out, const torch::Tensor& out,
 }
 
 #ifdef IAA_X86
+template <typename Out>
 static void backward_fast(const torch::Tensor& d_out, const torch::Tensor& out, const torch::Tensor& rz,
                           const torch::Tensor& cand, const torch::Tensor& hn, const torch::Tensor& w_hh,
                           const at::BFloat16* w_packed, torch::Tensor& d_gh, torch::Tensor& d_gi,
-                          const std::vector<int64_t>& sizes, const std::vector<int64_t>& offsets) {
+                          torch::Tensor& d_bn, const std::vector<int64_t>& sizes,
+                          const std::vector<int64_t>& offsets) {
   const int64_t N = out.size(1), h = out.size(2), rows = sizes.empty() ? 0 : (sizes[0] + 31) / 32 * 32;
   const float *g_p = d_out.data_ptr<float>(), *out_p = out.data_ptr<float>(), *rz_p = rz.data_ptr<float>();
   const float *cand_p = cand.data_ptr<float>(), *hn_p = hn.data_ptr<float>();
-  float *dgh_p = d_gh.data_ptr<float>(), *dgi_p = d_gi.data_ptr<float>();
+  float* dgh_p = d_gh.data_ptr<float>();
+  Out* dgi_p = d_gi.data_ptr<Out>();
   const torch::Tensor dgh_d[2] = {d_gh[0], d_gh[1]}, w_d[2] = {w_hh[0], w_hh[1]};
   const auto carry = at::empty({2, rows, h}, out.options());                 // d h_{t-1}, built in place
   const auto product = at::empty({2, rows, h}, out.options());               // d_gh W_hh (AMX)
@@ -513,9 +543,9 @@ static void backward_fast(const torch::Tensor& d_out, const torch::Tensor& out, 
     int64_t carry_n = 0;
     for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
       const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0, row = d * N + off;
-      step_grads_avx512(g_p + row * h, cr, carry_n, t ? out_p + (d * N + prev) * h : nullptr,
-                        rz_p + row * 2 * h, cand_p + row * h, hn_p + row * h, dgh_p + row * 3 * h,
-                        dgi_p + row * 3 * h, n, h);
+      step_grads_avx512<Out>(g_p + row * h, cr, carry_n, t ? out_p + (d * N + prev) * h : nullptr,
+                             rz_p + row * 2 * h, cand_p + row * h, hn_p + row * h, dgh_p + row * 3 * h,
+                             dgi_p + row * 3 * h, d_bn.data_ptr<float>() + d * h, n, h);
       if (t > 0 && w_packed) {
         amx_gemm(dgh_p + row * 3 * h, n, 3 * h, 3 * h, w_packed + d * 3 * h * h, h, prod,
                  a_buf.data_ptr<at::BFloat16>() + d * rows * 3 * h);
@@ -532,30 +562,54 @@ static void backward_fast(const torch::Tensor& d_out, const torch::Tensor& out, 
 std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, torch::Tensor rz,
                                         torch::Tensor cand, torch::Tensor hn, torch::Tensor w_hh,
                                         torch::Tensor w_packed, std::vector<int64_t> sizes,
-                                        std::vector<int64_t> offsets) {
+                                        std::vector<int64_t> offsets, bool bf16_gi) {
   // d_out (2, N, h): gradient of the outputs; w_hh (2, 3h, h); w_packed: W_hh packed for AMX
-  // (pack_vnni) or empty. Returns d_gh, d_gi (2, N, 3h).
+  // (pack_vnni) or empty. Returns d_gh (2, N, 3h), d_gi (2, N, 3h; bf16 when bf16_gi and the fast
+  // path runs, for the bf16 GEMMs that consume it) and d_bn (2, h), the sum over rows of d_gi's
+  // n part (b_in's gradient there), summed in the state's dtype.
   d_out = d_out.contiguous(); w_hh = w_hh.contiguous();
   const int64_t N = out.size(1), h = out.size(2);
   auto d_gh = at::empty({2, N, 3 * h}, out.options());
-  auto d_gi = at::empty({2, N, 3 * h}, out.options());
 #ifdef IAA_X86
   if (out.scalar_type() == at::kFloat && fast_paths(h)) {
     const at::BFloat16* packed = w_packed.numel() && amx_paths(h) ? w_packed.contiguous().data_ptr<at::BFloat16>() : nullptr;
-    backward_fast(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, sizes, offsets);
-    return {d_gh, d_gi};
+    auto d_gi = at::empty({2, N, 3 * h}, out.options().dtype(bf16_gi ? at::kBFloat16 : at::kFloat));
+    auto d_bn = at::zeros({2, h}, out.options());
+    if (bf16_gi)
+      backward_fast<at::BFloat16>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bn, sizes, offsets);
+    else
+      backward_fast<float>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bn, sizes, offsets);
+    return {d_gh, d_gi, d_bn};
   }
 #endif
+  auto d_gi = at::empty({2, N, 3 * h}, out.options());
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_backward", [&] {
     backward_steps<scalar_t>(d_out, out, rz, cand, hn, w_hh, d_gh, d_gi, sizes, offsets);
   });
-  return {d_gh, d_gi};
+  return {d_gh, d_gi, d_gi.narrow(2, 2 * h, h).sum(1)};
+}
+
+torch::Tensor scatter_rows(torch::Tensor src, torch::Tensor pos, int64_t positions) {
+  // (positions, d) fp32: zero, except row pos[0][k] = src[0][k] + (src[1][j] where pos[1][j] is
+  // that row); src (2, N, d) fp32 or bf16. Needs fast_paths(d).
+  const int64_t N = src.size(1), d = src.size(2);
+  TORCH_CHECK(fast_paths(d), "scatter_rows needs the AVX-512 path");
+  src = src.contiguous(); pos = pos.contiguous();
+  auto dst = at::zeros({positions, d}, src.options().dtype(at::kFloat));
+#ifdef IAA_X86
+  if (src.scalar_type() == at::kBFloat16)
+    scatter_rows_avx512(src.data_ptr<at::BFloat16>(), pos.data_ptr<int64_t>(), N, d, dst.data_ptr<float>());
+  else
+    scatter_rows_avx512(src.to(at::kFloat).data_ptr<float>(), pos.data_ptr<int64_t>(), N, d, dst.data_ptr<float>());
+#endif
+  return dst;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_forward", &gru_forward, "packed bidirectional GRU recurrence (forward)");
   m.def("gru_backward", &gru_backward, "packed bidirectional GRU recurrence (backward)");
   m.def("gru_infer", &gru_infer, "packed bidirectional GRU recurrence for inference, from a per-word table");
+  m.def("scatter_rows", &scatter_rows, "both directions' input gradients back in the padded layout");
   m.def("fast_paths", &fast_paths, "whether the AVX-512 step runs for hidden size h");
   m.def("amx_paths", &amx_paths, "whether the AMX recurrent matmuls run for hidden size h");
   m.def("amx_matmul", &amx_matmul, "a (n, K) fp32 times a packed (K, N) bf16 matrix, on AMX");
