@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from iaa.model import gru_kernels
-from iaa.model.fused_gru import FusedBiGRU, bigru_from_table, fused_bigru, input_table, pack_vnni
+from iaa.model.fused_gru import FusedBiGRU, bigru_from_table, fused_bigru, input_table
 from tests._model_inputs import one_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -75,7 +75,7 @@ def test_amx_matmul_multiplies_the_bf16_rounded_operands(rows: int, k: int, n: i
     kernels = _kernels(k, amx=True)
     torch.manual_seed(3)
     a, b = torch.randn(rows, k), torch.randn(k, n)
-    product = kernels.amx_matmul(a, pack_vnni(b[None])[0], n)
+    product = kernels.amx_matmul(a, b)
     assert product.shape == (rows, n) and product.dtype == torch.float32
     torch.testing.assert_close(product, a.bfloat16().float() @ b.bfloat16().float(), atol=1e-4, rtol=1e-5)
     assert _rel(product, a @ b) > RAN_BF16                                      # rounded: bf16 ran

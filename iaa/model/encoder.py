@@ -112,7 +112,7 @@ class BiGRUEncoder(nn.Module):
         return states, self._final(states, lengths)
 
     @torch.no_grad()
-    def input_table(self, embedding: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def input_table(self, embedding: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Every word's input projection for both directions: (2, V, 3h), in ``dtype``."""
         return input_table(embedding, self.gru._flat_weights, dtype)
 

@@ -173,13 +173,6 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def pack_vnni(b: torch.Tensor) -> torch.Tensor:
-    """(2, K, N) matrices in AMX's bf16 tile layout: per 16-column block, K/2 rows of 16 column
-    pairs (b[2k, j], b[2k + 1, j]), as ``gru_kernels``'s AMX matmul reads them. K, N % 32 == 0."""
-    d, k, n = b.shape
-    return b.to(torch.bfloat16).reshape(d, k // 2, 2, n // 16, 16).permute(0, 3, 1, 4, 2).contiguous()
-
-
 def _amx(kernels, bf16: bool, h: int) -> bool:
     """Whether the recurrent matmuls run on AMX: in bf16 only, where the CPU has AMX."""
     return kernels is not None and bf16 and kernels.amx_paths(h)
@@ -198,9 +191,8 @@ def _recurrence(gi: torch.Tensor, b_in: torch.Tensor | None, w_hh: torch.Tensor,
     h = w_hh.shape[2]
     b_hn = b_hh[..., 2 * h:]                                            # (2, 1, h)
     if kernels is not None:
-        packed = pack_vnni(w_hh.transpose(1, 2)) if _amx(kernels, bf16, h) else gi.new_empty(0)
         bias = b_in.squeeze(1) if b_in is not None else gi.new_empty(0)
-        out, rz, cand, hn = kernels.gru_forward(gi, bias, w_hh.transpose(1, 2), packed, b_hn.squeeze(1),
+        out, rz, cand, hn = kernels.gru_forward(gi, bias, w_hh.transpose(1, 2), _amx(kernels, bf16, h), b_hn.squeeze(1),
                                                 pk.batch_sizes, pk.offsets, keep)
     else:
         gi = gi.to(w_hh.dtype)
@@ -263,8 +255,7 @@ class FusedBiGRU(torch.autograd.Function):
         fast = (kernels is not None and out.dtype == torch.float32 and kernels.fast_paths(h)
                 and kernels.fast_paths(dim))                            # AVX-512, fp32 state
         if kernels is not None:
-            packed = pack_vnni(w_hh) if ctx.amx else w_hh.new_empty(0)
-            d_gh, d_gi, d_bn = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh, packed, pk.batch_sizes,
+            d_gh, d_gi, d_bn = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh, ctx.amx, pk.batch_sizes,
                                                     pk.offsets, fast and xp.dtype == torch.bfloat16)
         else:
             with _recurrent_threads():
@@ -312,16 +303,18 @@ def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tens
 
 
 def input_table(embedding: torch.Tensor, weights: list[torch.Tensor],
-                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                dtype: torch.dtype | None = None) -> torch.Tensor:
     """Every word's input projection, (2, V, 3h): X W_ih^T + b_in for each direction.
 
     For inference without input dropout, ``bigru_from_table`` then looks projections up instead
     of multiplying: the same values, computed once per word instead of once per token. ``dtype``
     bf16 (what ``fused_bigru`` does under CPU autocast with bf16): bf16 operands, the bias added
-    in the fp32 accumulator, one rounding of each entry to bf16, half the memory.
+    in the fp32 accumulator, one rounding of each entry to bf16, half the memory; None: the
+    embedding's dtype.
     """
     with torch.autocast(embedding.device.type, enabled=False):
         w_ih, _, _, b_in = _stack_weights(*weights)
+        dtype = dtype or embedding.dtype
         x = embedding.to(dtype)
         return torch.stack([torch.addmm(b_in[k].to(dtype), x, w_ih[k].to(dtype).t()) for k in range(2)])
 
@@ -353,8 +346,7 @@ def _bigru_from_table(tokens, lengths, table, weights):
     bf16 = table.dtype == torch.bfloat16
     kernels = gru_kernels.load() if tokens.is_cpu and FusedBiGRU.use_cpp else None
     if kernels is not None and kernels.fast_paths(h):                   # reads the table in place
-        packed = pack_vnni(w_hh.transpose(1, 2)) if _amx(kernels, bf16, h) else table.new_empty(0)
-        y = kernels.gru_infer(table, words, pos, w_hh.transpose(1, 2), packed, b_hh[:, 0, 2 * h:],
+        y = kernels.gru_infer(table, words, pos, w_hh.transpose(1, 2), _amx(kernels, bf16, h), b_hh[:, 0, 2 * h:],
                               pk.batch_sizes, pk.offsets, batch * max_len)
         return y.view(batch, max_len, 2 * h)
     gi = torch.stack([table[k].index_select(0, words[k]) for k in range(2)])  # (2, N, 3h)

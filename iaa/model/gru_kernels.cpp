@@ -214,6 +214,22 @@ IAA_AMX static void amx_gemm(const float* A, int64_t n, int64_t K, int64_t lda, 
 }
 #endif
 
+// B (d, K, N) fp32 -> (d, N / 16, K / 2, 16, 2) bf16: per 16-column block, K / 2 rows of 16
+// column pairs (b[2k, j], b[2k + 1, j]), the layout amx_gemm's tile loads read.
+static torch::Tensor pack_vnni(const torch::Tensor& b) {
+  const auto src = b.to(at::kFloat).contiguous();
+  const int64_t D = src.size(0), K = src.size(1), N = src.size(2);
+  auto out = at::empty({D, N / 16, K / 2, 16, 2}, src.options().dtype(at::kBFloat16));
+  const float* s = src.data_ptr<float>();
+  at::BFloat16* o = out.data_ptr<at::BFloat16>();
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t c = 0; c < N / 16; ++c)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < 16; ++j)
+          o[(((d * (N / 16) + c) * (K / 2) + k / 2) * 16 + j) * 2 + k % 2] = at::BFloat16(s[(d * K + k) * N + c * 16 + j]);
+  return out;
+}
+
 bool fast_paths(int64_t h) {
 #ifdef IAA_X86
   return has_avx512() && h % 16 == 0;
@@ -230,10 +246,12 @@ bool amx_paths(int64_t h) {
 #endif
 }
 
-torch::Tensor amx_matmul(torch::Tensor a, torch::Tensor b_packed, int64_t n_cols) {
-  // a (n, K) fp32 times the packed (K, n_cols) matrix: what the recurrence's AMX path computes.
+torch::Tensor amx_matmul(torch::Tensor a, torch::Tensor b) {
+  // a (n, K) times b (K, N), fp32, with bf16-rounded operands: what the recurrence's AMX path computes.
+  const int64_t n_cols = b.size(1);
   TORCH_CHECK(amx_paths(a.size(1)) && n_cols % 32 == 0, "AMX is not usable here");
   a = a.contiguous();
+  const auto b_packed = pack_vnni(b.unsqueeze(0));
   const int64_t n = a.size(0), K = a.size(1), rows = (n + 31) / 32 * 32;
   auto c = at::empty({rows, n_cols}, a.options());
   auto buf = at::zeros({rows, K}, a.options().dtype(at::kBFloat16));
@@ -386,7 +404,7 @@ static void infer_fast(const torch::Tensor& table, const int64_t* words, const i
 #endif
 
 torch::Tensor gru_infer(torch::Tensor table, torch::Tensor words, torch::Tensor pos, torch::Tensor w_hh_t,
-                        torch::Tensor w_packed, torch::Tensor b_hn, std::vector<int64_t> sizes,
+                        bool amx, torch::Tensor b_hn, std::vector<int64_t> sizes,
                         std::vector<int64_t> offsets, int64_t positions) {
   // The recurrence for inference, reading the input projections from the per-word table (2, V, 3h)
   // (fp32 or bf16) at words (2, N), and writing h_t straight to its place pos (2, N) in the
@@ -399,7 +417,8 @@ torch::Tensor gru_infer(torch::Tensor table, torch::Tensor words, torch::Tensor 
   auto out = at::empty({2, N, h}, w_hh_t.options());
   auto y = at::zeros({positions, 2 * h}, w_hh_t.options());
 #ifdef IAA_X86
-  const at::BFloat16* packed = w_packed.numel() && amx_paths(h) ? w_packed.contiguous().data_ptr<at::BFloat16>() : nullptr;
+  const auto w_packed = amx && amx_paths(h) ? pack_vnni(w_hh_t) : torch::Tensor();
+  const at::BFloat16* packed = w_packed.defined() ? w_packed.data_ptr<at::BFloat16>() : nullptr;
   if (table.scalar_type() == at::kBFloat16)
     infer_fast<at::BFloat16>(table, words.data_ptr<int64_t>(), y_rows.data_ptr<int64_t>(), w_hh_t, packed,
                              b_hn.data_ptr<float>(), out, y.data_ptr<float>(), sizes, offsets);
@@ -411,11 +430,11 @@ torch::Tensor gru_infer(torch::Tensor table, torch::Tensor words, torch::Tensor 
 }
 
 std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor b_in, torch::Tensor w_hh_t,
-                                       torch::Tensor w_packed, torch::Tensor b_hn,
+                                       bool amx, torch::Tensor b_hn,
                                        std::vector<int64_t> sizes, std::vector<int64_t> offsets, bool keep) {
   // gi (2, N, 3h) in fp32, fp64 or bf16, with b_hr, b_hz folded in, and b_in (2, 3h) still to add
-  // (empty when gi holds it); w_hh_t (2, h, 3h); w_packed: W_hh^T packed for AMX (pack_vnni), or
-  // empty; b_hn (2, h). keep: also return the gates, candidates and hn (for backward); else those
+  // (empty when gi holds it); w_hh_t (2, h, 3h); amx: the recurrent matmuls with bf16 operands on
+  // AMX where amx_paths(h); b_hn (2, h). keep: also return the gates, candidates and hn (for backward); else those
   // three are empty. The state and the outputs are fp32 for bf16 inputs.
   gi = gi.contiguous(); w_hh_t = w_hh_t.contiguous(); b_hn = b_hn.contiguous();
   const int64_t N = gi.size(1), h = gi.size(2) / 3;
@@ -429,7 +448,8 @@ std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor b_in, tor
     auto cand = keep ? at::empty({2, N, h}, state) : at::empty({0}, state);
     auto hn = keep ? at::empty({2, N, h}, state) : at::empty({0}, state);
     const float* bias = has_bias ? b_in.data_ptr<float>() : nullptr;
-    const at::BFloat16* packed = w_packed.numel() && amx_paths(h) ? w_packed.contiguous().data_ptr<at::BFloat16>() : nullptr;
+    const auto w_packed = amx && amx_paths(h) ? pack_vnni(w_hh_t) : torch::Tensor();
+    const at::BFloat16* packed = w_packed.defined() ? w_packed.data_ptr<at::BFloat16>() : nullptr;
     float *rz_p = keep ? rz.data_ptr<float>() : nullptr, *cand_p = keep ? cand.data_ptr<float>() : nullptr;
     float* hn_p = keep ? hn.data_ptr<float>() : nullptr;
     auto w = w_hh_t.to(at::kFloat);
@@ -561,10 +581,9 @@ static void backward_fast(const torch::Tensor& d_out, const torch::Tensor& out, 
 
 std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, torch::Tensor rz,
                                         torch::Tensor cand, torch::Tensor hn, torch::Tensor w_hh,
-                                        torch::Tensor w_packed, std::vector<int64_t> sizes,
+                                        bool amx, std::vector<int64_t> sizes,
                                         std::vector<int64_t> offsets, bool bf16_gi) {
-  // d_out (2, N, h): gradient of the outputs; w_hh (2, 3h, h); w_packed: W_hh packed for AMX
-  // (pack_vnni) or empty. Returns d_gh (2, N, 3h), d_gi (2, N, 3h; bf16 when bf16_gi and the fast
+  // d_out (2, N, h): gradient of the outputs; w_hh (2, 3h, h); amx: as gru_forward. Returns d_gh (2, N, 3h), d_gi (2, N, 3h; bf16 when bf16_gi and the fast
   // path runs, for the bf16 GEMMs that consume it) and d_bn (2, h), the sum over rows of d_gi's
   // n part (b_in's gradient there), summed in the state's dtype.
   d_out = d_out.contiguous(); w_hh = w_hh.contiguous();
@@ -572,7 +591,8 @@ std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, 
   auto d_gh = at::empty({2, N, 3 * h}, out.options());
 #ifdef IAA_X86
   if (out.scalar_type() == at::kFloat && fast_paths(h)) {
-    const at::BFloat16* packed = w_packed.numel() && amx_paths(h) ? w_packed.contiguous().data_ptr<at::BFloat16>() : nullptr;
+    const auto w_packed = amx && amx_paths(h) ? pack_vnni(w_hh) : torch::Tensor();
+    const at::BFloat16* packed = w_packed.defined() ? w_packed.data_ptr<at::BFloat16>() : nullptr;
     auto d_gi = at::empty({2, N, 3 * h}, out.options().dtype(bf16_gi ? at::kBFloat16 : at::kFloat));
     auto d_bn = at::zeros({2, h}, out.options());
     if (bf16_gi)
@@ -612,5 +632,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scatter_rows", &scatter_rows, "both directions' input gradients back in the padded layout");
   m.def("fast_paths", &fast_paths, "whether the AVX-512 step runs for hidden size h");
   m.def("amx_paths", &amx_paths, "whether the AMX recurrent matmuls run for hidden size h");
-  m.def("amx_matmul", &amx_matmul, "a (n, K) fp32 times a packed (K, N) bf16 matrix, on AMX");
+  m.def("amx_matmul", &amx_matmul, "a (n, K) times b (K, N) with bf16 operands on AMX, fp32 result");
 }
