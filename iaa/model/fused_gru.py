@@ -173,6 +173,12 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def amx_recurrence(h: int) -> bool:
+    """Whether, under bf16, the CPU recurrence of hidden size ``h`` multiplies on AMX."""
+    kernels = gru_kernels.load() if FusedBiGRU.use_cpp else None
+    return _amx(kernels, True, h)
+
+
 def _amx(kernels, bf16: bool, h: int) -> bool:
     """Whether the recurrent matmuls run on AMX: in bf16 only, where the CPU has AMX."""
     return kernels is not None and bf16 and kernels.amx_paths(h)
