@@ -19,7 +19,9 @@ from iaa.jobs import precision
 from iaa.jobs.config import ConfigError
 from iaa.model import build_reader, nll_loss, preset
 from iaa.model.attention import Memory
+from iaa.model import precision as precision_module
 from iaa.model.fused_gru import FusedBiGRU, fused_bigru, input_table
+from iaa.model.precision import gru_cell, linear, small_matmuls
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -205,6 +207,31 @@ def test_reader_training_and_inference_under_bf16_stay_within_bounds(kind) -> No
     assert (i16 - i32)[finite].abs().max().item() < 0.01
     for name, grad in g32.items():
         assert _rel(g16[name], grad) < 0.05, name
+
+
+def test_small_matmuls_in_bf16_inference_use_cached_bf16_weights() -> None:
+    """Under ``small_matmuls(bf16=True)`` the T steps' layers multiply bf16 copies of their
+    weights (kept across calls, made again after an update) within bf16 bounds; without it they
+    are the fp32 layers themselves."""
+    torch.manual_seed(5)
+    layer, cell = nn.Linear(96, 40), nn.GRUCell(48, 32)
+    x, s = torch.randn(32, 96), torch.randn(32, 32)
+    xc = torch.randn(32, 48)
+    with torch.no_grad():
+        with small_matmuls(False):
+            assert torch.equal(linear(x, layer), layer(x)) and torch.equal(gru_cell(xc, s, cell), cell(xc, s))
+        with small_matmuls(True):
+            y16, h16 = linear(x, layer), gru_cell(xc, s, cell)
+            copy = precision_module._bf16(layer.weight)
+            assert copy.dtype == torch.bfloat16 and precision_module._bf16(layer.weight) is copy
+            layer.weight.mul_(2.0)                                               # an update
+            assert precision_module._bf16(layer.weight) is not copy
+            doubled = linear(x, layer)
+            layer.weight.div_(2.0)
+    assert y16.dtype == h16.dtype == torch.float32
+    for got, want in ((y16, layer(x)), (h16, cell(xc, s))):
+        assert RAN_BF16 < _rel(got, want) < REL
+    assert _rel(doubled, torch.nn.functional.linear(x, 2 * layer.weight, layer.bias)) < REL
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from iaa.model.masking import masked_softmax
-from iaa.model.precision import compute_dtype
+from iaa.model.precision import compute_dtype, linear
 
 
 class Memory:
@@ -117,7 +117,7 @@ class QueryRead(nn.Module):
 
     def forward(self, s: torch.Tensor, q_enc: torch.Tensor, q_mask: torch.Tensor):
         """s: (B, s), q_enc: (B, Lq, 2h), q_mask: (B, Lq). Returns q_t (B, 2h), q_att (B, Lq)."""
-        att = masked_softmax(bilinear_logits(q_enc, self.proj(s)), q_mask)  # (B, Lq)
+        att = masked_softmax(bilinear_logits(q_enc, linear(s, self.proj)), q_mask)  # (B, Lq)
         return glimpse(att, q_enc), att
 
 
@@ -143,7 +143,7 @@ class DocRead(nn.Module):
 
     def logits(self, s: torch.Tensor, q_t: torch.Tensor, d_enc: Memory) -> torch.Tensor:
         """Unnormalised scores d̃_iᵀ(A_d [s, q_t] + a_d): (B, Ld)."""
-        return d_enc.logits(self.proj(torch.cat([s, q_t], -1)))
+        return d_enc.logits(linear(torch.cat([s, q_t], -1), self.proj))
 
     def forward(self, s: torch.Tensor, q_t: torch.Tensor, d_enc: Memory, d_mask: torch.Tensor):
         """s: (B, s), q_t: (B, 2h), d_enc: d̃ (B, Ld, 2h). Returns d_t (B, 2h), logits (B, Ld)."""

@@ -112,8 +112,8 @@ class BiGRUEncoder(nn.Module):
         return states, self._final(states, lengths)
 
     @torch.no_grad()
-    def input_table(self, embedding: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Every word's input projection for both directions: (V, 2, 3h), in ``dtype``."""
+    def input_table(self, embedding: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Every word's input projection for both directions: (2, V, 3h), in ``dtype``."""
         return input_table(embedding, self.gru._flat_weights, dtype)
 
     def _final(self, states: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -37,8 +37,14 @@ def encoder_flops(cfg: ReaderConfig, tokens: int, rows: int, longest: int) -> in
     maximum length), forward and backward."""
     d, h = cfg.embed_dim, cfg.hidden_dim
     inputs = 2 * _matmul(tokens, d, 3 * h)                         # both directions
+    return inputs + recurrent_flops(cfg, tokens, rows, longest)
+
+
+def recurrent_flops(cfg: ReaderConfig, tokens: int, rows: int, longest: int) -> int:
+    """The recurrent matmuls h_{t-1} W_hh^T of one BiGRU (part of ``encoder_flops``)."""
+    h = cfg.hidden_dim
     zero_states = 2 * (rows + longest) * h * 3 * h                 # no input gradient at step 0
-    return inputs + 2 * _matmul(tokens, h, 3 * h) - zero_states
+    return 2 * _matmul(tokens, h, 3 * h) - zero_states
 
 
 def read_flops(cfg: ReaderConfig, batch: int, query_len: int, doc_len: int) -> int:
@@ -82,6 +88,15 @@ def train_step_flops(cfg: ReaderConfig, query_lengths: Sequence[int], doc_length
 def _encoder(cfg: ReaderConfig, lengths: Sequence[int]) -> int:
     longest = max(lengths)
     return encoder_flops(cfg, sum(lengths), len(lengths), sum(1 for n in lengths if n == longest))
+
+
+def batch_recurrent_flops(cfg: ReaderConfig, batch) -> int:
+    """``recurrent_flops`` of both encoders of a ``ReaderInputs`` batch."""
+    total = 0
+    for mask in (batch.query_mask, batch.doc_mask):
+        lengths = mask.sum(1).tolist()
+        total += recurrent_flops(cfg, sum(lengths), len(lengths), lengths.count(max(lengths)))
+    return total
 
 
 def batch_flops(cfg: ReaderConfig, batch) -> int:

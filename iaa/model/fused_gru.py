@@ -173,14 +173,37 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _recurrence(gi: torch.Tensor, w_hh: torch.Tensor, b_hh: torch.Tensor, pk: Packing):
-    """Forward recurrence from the input projections gi (2, N, 3h), in C++ if available."""
+def amx_recurrence(h: int) -> bool:
+    """Whether, under bf16, the CPU recurrence of hidden size ``h`` multiplies on AMX."""
+    kernels = gru_kernels.load() if FusedBiGRU.use_cpp else None
+    return _amx(kernels, True, h)
+
+
+def _amx(kernels, bf16: bool, h: int) -> bool:
+    """Whether the recurrent matmuls run on AMX: in bf16 only, where the CPU has AMX."""
+    return kernels is not None and bf16 and kernels.amx_paths(h)
+
+
+def _recurrence(gi: torch.Tensor, b_in: torch.Tensor | None, w_hh: torch.Tensor, b_hh: torch.Tensor,
+                pk: Packing, bf16: bool = False, keep: bool = True):
+    """Forward recurrence from the input projections gi (2, N, 3h), in C++ if available.
+
+    gi is fp32 or bf16; ``b_in`` (2, 1, 3h), when given, is added in fp32 (gi is then the bare
+    GEMM result). ``bf16``: the recurrent matmuls h_{t-1} W_hh^T take bf16 operands (AMX) where
+    the CPU runs them fast. ``keep``: also return what backward needs (else the C++ path returns
+    empty gates, candidates and hn). The state and outputs are fp32 (the weights' dtype).
+    """
     kernels = gru_kernels.load() if gi.is_cpu and FusedBiGRU.use_cpp else None
-    b_hn = b_hh[..., 2 * w_hh.shape[2]:]                                # (2, 1, h)
+    h = w_hh.shape[2]
+    b_hn = b_hh[..., 2 * h:]                                            # (2, 1, h)
     if kernels is not None:
-        out, rz, cand, hn = kernels.gru_forward(gi, w_hh.transpose(1, 2), b_hn.squeeze(1),
-                                                pk.batch_sizes, pk.offsets)
+        bias = b_in.squeeze(1) if b_in is not None else gi.new_empty(0)
+        out, rz, cand, hn = kernels.gru_forward(gi, bias, w_hh.transpose(1, 2), _amx(kernels, bf16, h), b_hn.squeeze(1),
+                                                pk.batch_sizes, pk.offsets, keep)
     else:
+        gi = gi.to(w_hh.dtype)
+        if b_in is not None:
+            gi = gi + b_in
         with _recurrent_threads():
             out, rz, cand, hn = _forward_steps(gi, w_hh.transpose(1, 2), b_hn, pk)
     return out, rz, cand, hn, kernels
@@ -214,9 +237,13 @@ class FusedBiGRU(torch.autograd.Function):
         if bf16:                                                        # bf16 operands, kept for backward
             x, w_ih = x.to(torch.bfloat16), w_ih.to(torch.bfloat16)
         xp = x.reshape(batch * max_len, dim).index_select(0, pos.view(-1)).view(2, -1, dim)  # (2, N, d)
-        gi = _bmm(xp, w_ih.transpose(1, 2)).to(w_hh.dtype).add_(b_in)  # (2, N, 3h) in the weights' dtype
-        out, rz, cand, hn, kernels = _recurrence(gi, w_hh, b_hh, pk)
+        gi = _bmm(xp, w_ih.transpose(1, 2))                             # (2, N, 3h), bf16 or fp32
+        if not bf16:
+            gi, b_in = gi.add_(b_in), None
+        keep = any(ctx.needs_input_grad)
+        out, rz, cand, hn, kernels = _recurrence(gi, b_in, w_hh, b_hh, pk, bf16, keep)
         ctx.pk, ctx.shape, ctx.hn, ctx.kernels = pk, x.shape, hn, kernels
+        ctx.amx = _amx(kernels, bf16, w_hh.shape[2])
         ctx.save_for_backward(xp, pos, w_ih, w_hh, out, rz, cand)
         return _unpack(out, pos, batch, max_len)                        # (B, L, 2h)
 
@@ -231,24 +258,32 @@ class FusedBiGRU(torch.autograd.Function):
         d_out = grad_y.new_empty(2, pos.shape[1], h)                    # (2, N, h)
         for k in range(2):
             torch.index_select(grad_y[:, k], 0, pos[k], out=d_out[k])
+        fast = (kernels is not None and out.dtype == torch.float32 and kernels.fast_paths(h)
+                and kernels.fast_paths(dim))                            # AVX-512, fp32 state
         if kernels is not None:
-            d_gh, d_gi = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh,
-                                              pk.batch_sizes, pk.offsets)
+            d_gh, d_gi, d_bn = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh, ctx.amx, pk.batch_sizes,
+                                                    pk.offsets, fast and xp.dtype == torch.bfloat16)
         else:
             with _recurrent_threads():
                 d_gh, d_gi = _backward_steps(d_out, out, rz, cand, hn, w_hh, pk)
+            d_bn = d_gi[..., 2 * h:].sum(1)
         first = pk.batch_sizes[0]                                       # rows of t = 0: h_prev = 0
         h_prev = out.index_select(1, pk.prev[first:].to(out.device))   # (2, N - first, h)
         d_b_hh = d_gh.sum(1)                                            # (2, 3h)
-        d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_gi[..., 2 * h:].sum(1)], 1)
+        d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_bn], 1)
         d_w_hh = _bmm(d_gh[:, first:].transpose(1, 2), h_prev)         # (2, 3h, h)
-        # in bf16 when the forward's projection was: one cast of d_gi serves both GEMMs (d_w_hh
-        # stays fp32: casting d_gh and h for its inner size h costs more than bf16 saves)
+        # in bf16 when the forward's projection was: d_gi (bf16 from the fast path, else cast
+        # once) serves both GEMMs (d_w_hh stays fp32: casting d_gh and h for its inner size h
+        # costs more than bf16 saves)
         d_gi, full = d_gi.to(xp.dtype), w_hh.dtype
         d_w_ih = _bmm(d_gi.transpose(1, 2), xp).to(full)                # (2, 3h, d)
-        d_xp = _bmm(d_gi, w_ih).to(full)                                # (2, N, d)
-        d_x = d_xp.new_zeros(batch * max_len, dim)
-        d_x.index_copy_(0, pos[0], d_xp[0]).index_add_(0, pos[1], d_xp[1])
+        d_xp = _bmm(d_gi, w_ih)                                         # (2, N, d)
+        if fast:
+            d_x = kernels.scatter_rows(d_xp, pos, batch * max_len)
+        else:
+            d_xp = d_xp.to(full)
+            d_x = d_xp.new_zeros(batch * max_len, dim)
+            d_x.index_copy_(0, pos[0], d_xp[0]).index_add_(0, pos[1], d_xp[1])
         return (d_x.view(batch, max_len, dim), None, None,
                 d_w_ih[0], d_w_hh[0], d_b_ih[0], d_b_hh[0],
                 d_w_ih[1], d_w_hh[1], d_b_ih[1], d_b_hh[1])
@@ -274,20 +309,20 @@ def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tens
 
 
 def input_table(embedding: torch.Tensor, weights: list[torch.Tensor],
-                dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Every word's input projection, (V, 2, 3h): X W_ih^T + b_in for both directions.
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Every word's input projection, (2, V, 3h): X W_ih^T + b_in for each direction.
 
     For inference without input dropout, ``bigru_from_table`` then looks projections up instead
     of multiplying: the same values, computed once per word instead of once per token. ``dtype``
     bf16 (what ``fused_bigru`` does under CPU autocast with bf16): bf16 operands, the bias added
-    in the fp32 accumulator, one rounding of each entry to bf16, half the memory.
+    in the fp32 accumulator, one rounding of each entry to bf16, half the memory; None: the
+    embedding's dtype.
     """
     with torch.autocast(embedding.device.type, enabled=False):
         w_ih, _, _, b_in = _stack_weights(*weights)
-        if dtype == torch.float32:
-            return torch.einsum("vd,ekd->vek", embedding, w_ih).add_(b_in.transpose(0, 1))
+        dtype = dtype or embedding.dtype
         x = embedding.to(dtype)
-        return torch.stack([torch.addmm(b_in[k].to(dtype), x, w_ih[k].to(dtype).t()) for k in range(2)], 1)
+        return torch.stack([torch.addmm(b_in[k].to(dtype), x, w_ih[k].to(dtype).t()) for k in range(2)])
 
 
 @torch.no_grad()
@@ -296,11 +331,12 @@ def bigru_from_table(tokens: torch.Tensor, lengths: torch.Tensor, table: torch.T
     """``fused_bigru(embedding[tokens], ...)`` for inference, from ``input_table``'s projections.
 
     Args:
-        tokens: (B, L) int64 word ids. lengths: (B,). table: (V, 2, 3h). weights: as ``fused_bigru``.
+        tokens: (B, L) int64 word ids. lengths: (B,). table: (2, V, 3h). weights: as ``fused_bigru``.
 
     Returns:
         (B, L, 2h), exactly 0 at padding, fp32 (the recurrence runs in fp32 from a bf16 table
-        too, as ``fused_bigru``). No gradient.
+        too, as ``fused_bigru``; a bf16 table also gives the recurrent matmuls bf16 operands
+        where the CPU has AMX). No gradient.
     """
     with torch.autocast(tokens.device.type, enabled=False):
         return _bigru_from_table(tokens, lengths, table, weights)
@@ -311,9 +347,14 @@ def _bigru_from_table(tokens, lengths, table, weights):
     pk = make_packing(lengths, max_len)
     pos = pk.pos.to(tokens.device)
     _, w_hh, b_hh, _ = _stack_weights(*weights)
+    h = w_hh.shape[2]
     words = tokens.reshape(-1)[pos]                                     # (2, N)
-    gi = table.new_empty(2, words.shape[1], table.shape[2])             # (2, N, 3h)
-    for k in range(2):                                                  # gathered in place: no stack
-        torch.index_select(table[:, k], 0, words[k], out=gi[k])
-    out = _recurrence(gi.to(w_hh.dtype), w_hh, b_hh, pk)[0]             # (2, N, h)
+    bf16 = table.dtype == torch.bfloat16
+    kernels = gru_kernels.load() if tokens.is_cpu and FusedBiGRU.use_cpp else None
+    if kernels is not None and kernels.fast_paths(h):                   # reads the table in place
+        y = kernels.gru_infer(table, words, pos, w_hh.transpose(1, 2), _amx(kernels, bf16, h), b_hh[:, 0, 2 * h:],
+                              pk.batch_sizes, pk.offsets, batch * max_len)
+        return y.view(batch, max_len, 2 * h)
+    gi = torch.stack([table[k].index_select(0, words[k]) for k in range(2)])  # (2, N, 3h)
+    out = _recurrence(gi, None, w_hh, b_hh, pk, bf16, keep=False)[0]   # (2, N, h)
     return _unpack(out, pos, batch, max_len)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from iaa.model.precision import linear
+
 
 class SearchGate(nn.Module):
     """A 2-layer feed-forward net R^{s+6h} -> R^{2h} with a sigmoid output.
@@ -23,7 +25,7 @@ class SearchGate(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """features: (B, s + 6h) -> gate values in (0, 1): (B, 2h)."""
-        return torch.sigmoid(self.out(torch.tanh(self.hidden(features))))
+        return torch.sigmoid(linear(torch.tanh(linear(features, self.hidden)), self.out))
 
 
 def gate_features(s: torch.Tensor, q_t: torch.Tensor, d_t: torch.Tensor) -> torch.Tensor:

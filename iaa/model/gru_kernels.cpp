@@ -4,6 +4,14 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define IAA_X86 1
+#endif
+
 // Packed layout of fused_gru.py: tensors (2, N, k) for the two directions d; rows [off, off + n)
 // hold step t, rows [prev, prev + n) the same sequences at step t - 1. h = hidden size. The two
 // directions are independent, so each runs its whole loop in one at::parallel_for task (one
@@ -25,6 +33,233 @@ static void for_each_direction(const F& body) {
     at::ThreadLocalStateGuard guard(tls);
     for (int64_t d = begin; d < end; ++d) body(d);
   });
+}
+
+#ifdef IAA_X86
+// ---- x86 fast paths, chosen at run time (the build itself targets generic x86-64) -------------
+// AVX-512: one fused loop per step for the gate arithmetic, with the same vectorised exp and
+// tanh (Sleef, exported by libtorch) as ATen's sigmoid_ and tanh_ kernels; it reads the input
+// projections in fp32 or bf16. AMX: the recurrent matmuls with bf16 operands and fp32
+// accumulation, for precision bf16 only.
+#define IAA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define IAA_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512bf16,amx-tile,amx-bf16")))
+
+extern "C" __m512 Sleef_expf16_u10(__m512);
+extern "C" __m512 Sleef_tanhf16_u10(__m512);
+
+static bool has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return yes;
+}
+
+static bool amx_usable() {
+  // CPUID leaf 7: AMX-BF16 (EDX 22), AMX-TILE (EDX 24); sub-leaf 1: AVX512-BF16 (EAX 5). Linux
+  // then grants the tile data state to the process on request (arch_prctl ARCH_REQ_XCOMP_PERM).
+  static const bool yes = [] {
+    unsigned a, b, c, d, a1, b1, c1, d1;
+    if (!has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
+      return false;
+    if (!(d & (1u << 22)) || !(d & (1u << 24)) || !(a1 & (1u << 5))) return false;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  }();
+  return yes;
+}
+
+IAA_AVX512 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+IAA_AVX512 static inline __m512 load16(const at::BFloat16* p) {     // bf16 -> fp32 is exact
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+IAA_AVX512 static inline __m512 sigmoid16(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  return _mm512_div_ps(one, _mm512_add_ps(one, Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+// Round to bf16, nearest even (as torch's conversion, for finite values), with AVX-512F only.
+IAA_AVX512 static inline void store_bf16(at::BFloat16* p, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+IAA_AVX512 static inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+IAA_AVX512 static inline void store16(at::BFloat16* p, __m512 v) { store_bf16(p, v); }
+
+// One step of one direction, n rows: [r, z] = sigmoid(gi_rz + b_rz + gh_rz), hn = gh_n + b_hn,
+// cand = tanh(gi_n + b_n + r * hn), h_t = cand + z (h_{t-1} - cand). Row i's gi is gi + i * 3h,
+// or gi + gi_rows[i] * 3h when gi_rows is given (a per-word table). b_in may be null (already in
+// gi); hprev null means h_{t-1} = 0; rz, cand, hn null: not kept (inference). h_t also goes to
+// y + y_rows[i] when y_rows is given. h % 16 == 0.
+template <typename In>
+IAA_AVX512 static void step_avx512(const In* gi, const int64_t* gi_rows, const float* b_in, const float* gh,
+                                   const float* b_hn, const float* hprev, float* out, float* rz, float* cand,
+                                   float* hn, float* y, const int64_t* y_rows, int64_t n, int64_t h) {
+  for (int64_t i = 0; i < n; ++i) {
+    const In* a = gi + (gi_rows ? gi_rows[i] : i) * 3 * h;
+    const float* g = gh + i * 3 * h;
+    for (int64_t j = 0; j < h; j += 16) {
+      __m512 pr = _mm512_add_ps(load16(a + j), _mm512_loadu_ps(g + j));
+      __m512 pz = _mm512_add_ps(load16(a + h + j), _mm512_loadu_ps(g + h + j));
+      __m512 pn = load16(a + 2 * h + j);
+      if (b_in) {
+        pr = _mm512_add_ps(pr, _mm512_loadu_ps(b_in + j));
+        pz = _mm512_add_ps(pz, _mm512_loadu_ps(b_in + h + j));
+        pn = _mm512_add_ps(pn, _mm512_loadu_ps(b_in + 2 * h + j));
+      }
+      const __m512 r = sigmoid16(pr), z = sigmoid16(pz);
+      const __m512 x = _mm512_add_ps(_mm512_loadu_ps(g + 2 * h + j), _mm512_loadu_ps(b_hn + j));
+      const __m512 c = Sleef_tanhf16_u10(_mm512_fmadd_ps(r, x, pn));
+      const __m512 p = hprev ? _mm512_loadu_ps(hprev + i * h + j) : _mm512_setzero_ps();
+      const __m512 h_t = _mm512_fmadd_ps(z, _mm512_sub_ps(p, c), c);
+      _mm512_storeu_ps(out + i * h + j, h_t);
+      if (y_rows) _mm512_storeu_ps(y + y_rows[i] + j, h_t);
+      if (rz) {
+        _mm512_storeu_ps(rz + i * 2 * h + j, r);
+        _mm512_storeu_ps(rz + i * 2 * h + h + j, z);
+        _mm512_storeu_ps(cand + i * h + j, c);
+        _mm512_storeu_ps(hn + i * h + j, x);
+      }
+    }
+  }
+}
+
+// The gradients of one step (as step_grads below), vectorised; d_gi in fp32 or bf16, and the
+// candidate pre-activations' gradients summed into bn_sum (the n part of b_ih's gradient).
+// h % 16 == 0.
+template <typename Out>
+IAA_AVX512 static void step_grads_avx512(const float* d_out, float* carry, int64_t carry_n, const float* hprev,
+                                         const float* rz, const float* cand, const float* hn, float* d_gh,
+                                         Out* d_gi, float* bn_sum, int64_t n, int64_t h) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < h; j += 16) {
+      __m512 dh = _mm512_loadu_ps(d_out + i * h + j);
+      if (i < carry_n) dh = _mm512_add_ps(dh, _mm512_loadu_ps(carry + i * h + j));
+      const __m512 r = _mm512_loadu_ps(rz + i * 2 * h + j), z = _mm512_loadu_ps(rz + i * 2 * h + h + j);
+      const __m512 c = _mm512_loadu_ps(cand + i * h + j), x = _mm512_loadu_ps(hn + i * h + j);
+      const __m512 p = hprev ? _mm512_loadu_ps(hprev + i * h + j) : _mm512_setzero_ps();
+      const __m512 d_cpre = _mm512_mul_ps(_mm512_mul_ps(dh, _mm512_sub_ps(one, z)), _mm512_fnmadd_ps(c, c, one));
+      const __m512 d_r = _mm512_mul_ps(_mm512_mul_ps(d_cpre, x), _mm512_mul_ps(r, _mm512_sub_ps(one, r)));
+      const __m512 d_z = _mm512_mul_ps(_mm512_mul_ps(dh, _mm512_sub_ps(p, c)), _mm512_mul_ps(z, _mm512_sub_ps(one, z)));
+      float* gh = d_gh + i * 3 * h;
+      Out* gx = d_gi + i * 3 * h;
+      _mm512_storeu_ps(gh + j, d_r);
+      _mm512_storeu_ps(gh + h + j, d_z);
+      _mm512_storeu_ps(gh + 2 * h + j, _mm512_mul_ps(d_cpre, r));
+      store16(gx + j, d_r);
+      store16(gx + h + j, d_z);
+      store16(gx + 2 * h + j, d_cpre);
+      _mm512_storeu_ps(bn_sum + j, _mm512_add_ps(_mm512_loadu_ps(bn_sum + j), d_cpre));
+      _mm512_storeu_ps(carry + i * h + j, _mm512_mul_ps(dh, z));
+    }
+  }
+}
+
+// d_x (positions, d) fp32 = zeros, then row pos[0][k] = src[0][k] and row pos[1][k] += src[1][k]:
+// the two directions' input gradients (2, N, d), fp32 or bf16, back in the padded layout. d % 16 == 0.
+template <typename In>
+IAA_AVX512 static void scatter_rows_avx512(const In* src, const int64_t* pos, int64_t N, int64_t d, float* dst) {
+  for (int64_t k = 0; k < N; ++k)
+    for (int64_t j = 0; j < d; j += 16) _mm512_storeu_ps(dst + pos[k] * d + j, load16(src + k * d + j));
+  for (int64_t k = 0; k < N; ++k) {
+    float* row = dst + pos[N + k] * d;
+    for (int64_t j = 0; j < d; j += 16)
+      _mm512_storeu_ps(row + j, _mm512_add_ps(_mm512_loadu_ps(row + j), load16(src + (N + k) * d + j)));
+  }
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// C (n x N, fp32, row stride N; rows up to n rounded up to 32 are written) = A (n x K, fp32, row
+// stride lda) B, with B given packed (pack_vnni) in bf16. A's rows are rounded to bf16 into
+// a_buf (32-row blocks, K columns); AMX accumulates in fp32. K % 32 == 0, N % 32 == 0.
+IAA_AMX static void amx_gemm(const float* A, int64_t n, int64_t K, int64_t lda, const at::BFloat16* B,
+                             int64_t N, float* C, at::BFloat16* a_buf) {
+  const int64_t rows = (n + 31) / 32 * 32;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < K; k += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a_buf + i * K + k),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(A + i * lda + k)));
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+  _tile_loadconfig(&cfg);
+  const auto* b = reinterpret_cast<const char*>(B);
+  const auto* a = reinterpret_cast<const char*>(a_buf);
+  const int64_t b_block = K / 2 * 64;                    // bytes of one 16-column block of B
+  for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+    for (int64_t c0 = 0; c0 < N / 16; c0 += 2) {
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t k0 = 0; k0 < K; k0 += 32) {
+        _tile_loadd(4, a + (r0 * K + k0) * 2, K * 2);
+        _tile_loadd(5, a + ((r0 + 16) * K + k0) * 2, K * 2);
+        _tile_loadd(6, b + c0 * b_block + k0 * 32, 64);
+        _tile_loadd(7, b + (c0 + 1) * b_block + k0 * 32, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, C + r0 * N + c0 * 16, N * 4);
+      _tile_stored(1, C + r0 * N + (c0 + 1) * 16, N * 4);
+      _tile_stored(2, C + (r0 + 16) * N + c0 * 16, N * 4);
+      _tile_stored(3, C + (r0 + 16) * N + (c0 + 1) * 16, N * 4);
+    }
+  }
+  _tile_release();
+}
+#endif
+
+// B (d, K, N) fp32 -> (d, N / 16, K / 2, 16, 2) bf16: per 16-column block, K / 2 rows of 16
+// column pairs (b[2k, j], b[2k + 1, j]), the layout amx_gemm's tile loads read.
+static torch::Tensor pack_vnni(const torch::Tensor& b) {
+  const auto src = b.to(at::kFloat).contiguous();
+  const int64_t D = src.size(0), K = src.size(1), N = src.size(2);
+  auto out = at::empty({D, N / 16, K / 2, 16, 2}, src.options().dtype(at::kBFloat16));
+  const float* s = src.data_ptr<float>();
+  at::BFloat16* o = out.data_ptr<at::BFloat16>();
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t c = 0; c < N / 16; ++c)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < 16; ++j)
+          o[(((d * (N / 16) + c) * (K / 2) + k / 2) * 16 + j) * 2 + k % 2] = at::BFloat16(s[(d * K + k) * N + c * 16 + j]);
+  return out;
+}
+
+bool fast_paths(int64_t h) {
+#ifdef IAA_X86
+  return has_avx512() && h % 16 == 0;
+#else
+  return false;
+#endif
+}
+
+bool amx_paths(int64_t h) {
+#ifdef IAA_X86
+  return amx_usable() && h % 32 == 0;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor amx_matmul(torch::Tensor a, torch::Tensor b) {
+  // a (n, K) times b (K, N), fp32, with bf16-rounded operands: what the recurrence's AMX path computes.
+  const int64_t n_cols = b.size(1);
+  TORCH_CHECK(amx_paths(a.size(1)) && n_cols % 32 == 0, "AMX is not usable here");
+  a = a.contiguous();
+  const auto b_packed = pack_vnni(b.unsqueeze(0));
+  const int64_t n = a.size(0), K = a.size(1), rows = (n + 31) / 32 * 32;
+  auto c = at::empty({rows, n_cols}, a.options());
+  auto buf = at::zeros({rows, K}, a.options().dtype(at::kBFloat16));
+#ifdef IAA_X86
+  amx_gemm(a.data_ptr<float>(), n, K, K, b_packed.data_ptr<at::BFloat16>(), n_cols, c.data_ptr<float>(),
+           buf.data_ptr<at::BFloat16>());
+#endif
+  return c.narrow(0, 0, n);
 }
 
 template <typename T>
@@ -102,15 +337,135 @@ static void forward_steps(const torch::Tensor& gi, const torch::Tensor& w_hh_t, 
   });
 }
 
-std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor w_hh_t, torch::Tensor b_hn,
-                                       std::vector<int64_t> sizes, std::vector<int64_t> offsets) {
-  // gi (2, N, 3h) with b_hr, b_hz folded in; w_hh_t (2, h, 3h); b_hn (2, h).
+#ifdef IAA_X86
+// The recurrence with the fused AVX-512 step, gh = h_{t-1} W_hh^T by AMX (w_packed) or ATen.
+template <typename In>
+static void forward_fast(const torch::Tensor& gi, const float* b_in, const torch::Tensor& w_hh_t,
+                         const at::BFloat16* w_packed, const float* b_hn, torch::Tensor& out, float* rz,
+                         float* cand, float* hn, const std::vector<int64_t>& sizes,
+                         const std::vector<int64_t>& offsets) {
+  const int64_t N = gi.size(1), h = gi.size(2) / 3, rows = sizes.empty() ? 0 : (sizes[0] + 31) / 32 * 32;
+  const In* gi_p = gi.data_ptr<In>();
+  float* out_p = out.data_ptr<float>();
+  const torch::Tensor out_d[2] = {out[0], out[1]}, w_d[2] = {w_hh_t[0], w_hh_t[1]};
+  const auto gh_buf = at::zeros({2, rows, 3 * h}, out.options());           // 0 at t = 0
+  const auto a_buf = at::zeros({2, rows, h}, out.options().dtype(at::kBFloat16));
+  const torch::Tensor gh_d[2] = {gh_buf[0], gh_buf[1]};
+  for_each_direction([&](int64_t d) {
+    float* g = gh_buf.data_ptr<float>() + d * rows * 3 * h;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
+      const float* hprev = t ? out_p + (d * N + prev) * h : nullptr;
+      if (t && w_packed)
+        amx_gemm(hprev, n, h, h, w_packed + d * h * 3 * h, 3 * h, g, a_buf.data_ptr<at::BFloat16>() + d * rows * h);
+      else if (t) {
+        auto gh = gh_d[d].narrow(0, 0, n);
+        at::mm_out(gh, out_d[d].narrow(0, prev, n), w_d[d]);
+      }
+      const int64_t row = d * N + off;
+      step_avx512<In>(gi_p + row * 3 * h, nullptr, b_in ? b_in + d * 3 * h : nullptr, g, b_hn + d * h, hprev,
+                      out_p + row * h, rz ? rz + row * 2 * h : nullptr, rz ? cand + row * h : nullptr,
+                      rz ? hn + row * h : nullptr, nullptr, nullptr, n, h);
+    }
+  });
+}
+#endif
+
+#ifdef IAA_X86
+template <typename In>
+static void infer_fast(const torch::Tensor& table, const int64_t* words, const int64_t* y_rows,
+                       const torch::Tensor& w_hh_t, const at::BFloat16* w_packed, const float* b_hn,
+                       torch::Tensor& out, float* y, const std::vector<int64_t>& sizes,
+                       const std::vector<int64_t>& offsets) {
+  const int64_t V = table.size(1), N = out.size(1), h = out.size(2);
+  const int64_t rows = sizes.empty() ? 0 : (sizes[0] + 31) / 32 * 32;
+  const In* table_p = table.data_ptr<In>();
+  float* out_p = out.data_ptr<float>();
+  const torch::Tensor out_d[2] = {out[0], out[1]}, w_d[2] = {w_hh_t[0], w_hh_t[1]};
+  const auto gh_buf = at::zeros({2, rows, 3 * h}, out.options());
+  const auto a_buf = at::zeros({2, rows, h}, out.options().dtype(at::kBFloat16));
+  const torch::Tensor gh_d[2] = {gh_buf[0], gh_buf[1]};
+  for_each_direction([&](int64_t d) {
+    float* g = gh_buf.data_ptr<float>() + d * rows * 3 * h;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
+      const float* hprev = t ? out_p + (d * N + prev) * h : nullptr;
+      if (t && w_packed)
+        amx_gemm(hprev, n, h, h, w_packed + d * h * 3 * h, 3 * h, g, a_buf.data_ptr<at::BFloat16>() + d * rows * h);
+      else if (t) {
+        auto gh = gh_d[d].narrow(0, 0, n);
+        at::mm_out(gh, out_d[d].narrow(0, prev, n), w_d[d]);
+      }
+      step_avx512<In>(table_p + d * V * 3 * h, words + d * N + off, nullptr, g, b_hn + d * h, hprev,
+                      out_p + (d * N + off) * h, nullptr, nullptr, nullptr, y + d * h, y_rows + d * N + off, n, h);
+    }
+  });
+}
+#endif
+
+torch::Tensor gru_infer(torch::Tensor table, torch::Tensor words, torch::Tensor pos, torch::Tensor w_hh_t,
+                        bool amx, torch::Tensor b_hn, std::vector<int64_t> sizes,
+                        std::vector<int64_t> offsets, int64_t positions) {
+  // The recurrence for inference, reading the input projections from the per-word table (2, V, 3h)
+  // (fp32 or bf16) at words (2, N), and writing h_t straight to its place pos (2, N) in the
+  // (positions, 2h) fp32 result, zero elsewhere. Needs fast_paths(h).
+  const int64_t N = words.size(1), h = w_hh_t.size(1);
+  TORCH_CHECK(fast_paths(h) && table.dim() == 3 && table.size(0) == 2, "gru_infer needs the AVX-512 path");
+  table = table.contiguous(); w_hh_t = w_hh_t.to(at::kFloat).contiguous(); b_hn = b_hn.to(at::kFloat).contiguous();
+  words = words.contiguous();
+  const auto y_rows = (pos * (2 * h)).contiguous();                             // element offsets
+  auto out = at::empty({2, N, h}, w_hh_t.options());
+  auto y = at::zeros({positions, 2 * h}, w_hh_t.options());
+#ifdef IAA_X86
+  const auto w_packed = amx && amx_paths(h) ? pack_vnni(w_hh_t) : torch::Tensor();
+  const at::BFloat16* packed = w_packed.defined() ? w_packed.data_ptr<at::BFloat16>() : nullptr;
+  if (table.scalar_type() == at::kBFloat16)
+    infer_fast<at::BFloat16>(table, words.data_ptr<int64_t>(), y_rows.data_ptr<int64_t>(), w_hh_t, packed,
+                             b_hn.data_ptr<float>(), out, y.data_ptr<float>(), sizes, offsets);
+  else
+    infer_fast<float>(table.to(at::kFloat), words.data_ptr<int64_t>(), y_rows.data_ptr<int64_t>(), w_hh_t, packed,
+                      b_hn.data_ptr<float>(), out, y.data_ptr<float>(), sizes, offsets);
+#endif
+  return y;
+}
+
+std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor b_in, torch::Tensor w_hh_t,
+                                       bool amx, torch::Tensor b_hn,
+                                       std::vector<int64_t> sizes, std::vector<int64_t> offsets, bool keep) {
+  // gi (2, N, 3h) in fp32, fp64 or bf16, with b_hr, b_hz folded in, and b_in (2, 3h) still to add
+  // (empty when gi holds it); w_hh_t (2, h, 3h); amx: the recurrent matmuls with bf16 operands on
+  // AMX where amx_paths(h); b_hn (2, h). keep: also return the gates, candidates and hn (for backward); else those
+  // three are empty. The state and the outputs are fp32 for bf16 inputs.
   gi = gi.contiguous(); w_hh_t = w_hh_t.contiguous(); b_hn = b_hn.contiguous();
   const int64_t N = gi.size(1), h = gi.size(2) / 3;
-  auto out = at::empty({2, N, h}, gi.options());
-  auto rz = at::empty({2, N, 2 * h}, gi.options());
-  auto cand = at::empty({2, N, h}, gi.options());
-  auto hn = at::empty({2, N, h}, gi.options());
+  const auto state = gi.scalar_type() == at::kBFloat16 ? gi.options().dtype(at::kFloat) : gi.options();
+  const bool has_bias = b_in.numel() > 0;
+#ifdef IAA_X86
+  if (state.dtype() == at::kFloat && fast_paths(h)) {
+    b_in = has_bias ? b_in.to(at::kFloat).contiguous() : b_in;
+    auto out = at::empty({2, N, h}, state);
+    auto rz = keep ? at::empty({2, N, 2 * h}, state) : at::empty({0}, state);
+    auto cand = keep ? at::empty({2, N, h}, state) : at::empty({0}, state);
+    auto hn = keep ? at::empty({2, N, h}, state) : at::empty({0}, state);
+    const float* bias = has_bias ? b_in.data_ptr<float>() : nullptr;
+    const auto w_packed = amx && amx_paths(h) ? pack_vnni(w_hh_t) : torch::Tensor();
+    const at::BFloat16* packed = w_packed.defined() ? w_packed.data_ptr<at::BFloat16>() : nullptr;
+    float *rz_p = keep ? rz.data_ptr<float>() : nullptr, *cand_p = keep ? cand.data_ptr<float>() : nullptr;
+    float* hn_p = keep ? hn.data_ptr<float>() : nullptr;
+    auto w = w_hh_t.to(at::kFloat);
+    if (gi.scalar_type() == at::kBFloat16)
+      forward_fast<at::BFloat16>(gi, bias, w, packed, b_hn.data_ptr<float>(), out, rz_p, cand_p, hn_p, sizes, offsets);
+    else
+      forward_fast<float>(gi, bias, w, packed, b_hn.data_ptr<float>(), out, rz_p, cand_p, hn_p, sizes, offsets);
+    return {out, rz, cand, hn};
+  }
+#endif
+  gi = gi.to(state.dtype());
+  if (has_bias) gi = gi + b_in.to(state.dtype()).unsqueeze(1);
+  auto out = at::empty({2, N, h}, state);
+  auto rz = at::empty({2, N, 2 * h}, state);
+  auto cand = at::empty({2, N, h}, state);
+  auto hn = at::empty({2, N, h}, state);
   AT_DISPATCH_FLOATING_TYPES(gi.scalar_type(), "gru_forward", [&] {
     forward_steps<scalar_t>(gi, w_hh_t, b_hn.data_ptr<scalar_t>(), out, rz, cand,
                             hn.data_ptr<scalar_t>(), sizes, offsets);
@@ -185,21 +540,97 @@ static void backward_steps(const torch::Tensor& d_out, const torch::Tensor& out,
   });
 }
 
+#ifdef IAA_X86
+template <typename Out>
+static void backward_fast(const torch::Tensor& d_out, const torch::Tensor& out, const torch::Tensor& rz,
+                          const torch::Tensor& cand, const torch::Tensor& hn, const torch::Tensor& w_hh,
+                          const at::BFloat16* w_packed, torch::Tensor& d_gh, torch::Tensor& d_gi,
+                          torch::Tensor& d_bn, const std::vector<int64_t>& sizes,
+                          const std::vector<int64_t>& offsets) {
+  const int64_t N = out.size(1), h = out.size(2), rows = sizes.empty() ? 0 : (sizes[0] + 31) / 32 * 32;
+  const float *g_p = d_out.data_ptr<float>(), *out_p = out.data_ptr<float>(), *rz_p = rz.data_ptr<float>();
+  const float *cand_p = cand.data_ptr<float>(), *hn_p = hn.data_ptr<float>();
+  float* dgh_p = d_gh.data_ptr<float>();
+  Out* dgi_p = d_gi.data_ptr<Out>();
+  const torch::Tensor dgh_d[2] = {d_gh[0], d_gh[1]}, w_d[2] = {w_hh[0], w_hh[1]};
+  const auto carry = at::empty({2, rows, h}, out.options());                 // d h_{t-1}, built in place
+  const auto product = at::empty({2, rows, h}, out.options());               // d_gh W_hh (AMX)
+  const auto a_buf = at::zeros({2, rows, 3 * h}, out.options().dtype(at::kBFloat16));
+  const torch::Tensor carry_d[2] = {carry[0], carry[1]};
+  for_each_direction([&](int64_t d) {
+    float* cr = carry.data_ptr<float>() + d * rows * h;
+    float* prod = product.data_ptr<float>() + d * rows * h;
+    int64_t carry_n = 0;
+    for (int64_t t = (int64_t)sizes.size() - 1; t >= 0; --t) {
+      const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0, row = d * N + off;
+      step_grads_avx512<Out>(g_p + row * h, cr, carry_n, t ? out_p + (d * N + prev) * h : nullptr,
+                             rz_p + row * 2 * h, cand_p + row * h, hn_p + row * h, dgh_p + row * 3 * h,
+                             dgi_p + row * 3 * h, d_bn.data_ptr<float>() + d * h, n, h);
+      if (t > 0 && w_packed) {
+        amx_gemm(dgh_p + row * 3 * h, n, 3 * h, 3 * h, w_packed + d * 3 * h * h, h, prod,
+                 a_buf.data_ptr<at::BFloat16>() + d * rows * 3 * h);
+        for (int64_t k = 0; k < n * h; ++k) cr[k] += prod[k];
+      } else if (t > 0) {
+        carry_d[d].narrow(0, 0, n).addmm_(dgh_d[d].narrow(0, off, n), w_d[d]);   // (n, h)
+      }
+      carry_n = n;
+    }
+  });
+}
+#endif
+
 std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, torch::Tensor rz,
                                         torch::Tensor cand, torch::Tensor hn, torch::Tensor w_hh,
-                                        std::vector<int64_t> sizes, std::vector<int64_t> offsets) {
-  // d_out (2, N, h): gradient of the outputs; w_hh (2, 3h, h). Returns d_gh, d_gi (2, N, 3h).
+                                        bool amx, std::vector<int64_t> sizes,
+                                        std::vector<int64_t> offsets, bool bf16_gi) {
+  // d_out (2, N, h): gradient of the outputs; w_hh (2, 3h, h); amx: as gru_forward. Returns d_gh (2, N, 3h), d_gi (2, N, 3h; bf16 when bf16_gi and the fast
+  // path runs, for the bf16 GEMMs that consume it) and d_bn (2, h), the sum over rows of d_gi's
+  // n part (b_in's gradient there), summed in the state's dtype.
   d_out = d_out.contiguous(); w_hh = w_hh.contiguous();
   const int64_t N = out.size(1), h = out.size(2);
   auto d_gh = at::empty({2, N, 3 * h}, out.options());
+#ifdef IAA_X86
+  if (out.scalar_type() == at::kFloat && fast_paths(h)) {
+    const auto w_packed = amx && amx_paths(h) ? pack_vnni(w_hh) : torch::Tensor();
+    const at::BFloat16* packed = w_packed.defined() ? w_packed.data_ptr<at::BFloat16>() : nullptr;
+    auto d_gi = at::empty({2, N, 3 * h}, out.options().dtype(bf16_gi ? at::kBFloat16 : at::kFloat));
+    auto d_bn = at::zeros({2, h}, out.options());
+    if (bf16_gi)
+      backward_fast<at::BFloat16>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bn, sizes, offsets);
+    else
+      backward_fast<float>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bn, sizes, offsets);
+    return {d_gh, d_gi, d_bn};
+  }
+#endif
   auto d_gi = at::empty({2, N, 3 * h}, out.options());
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_backward", [&] {
     backward_steps<scalar_t>(d_out, out, rz, cand, hn, w_hh, d_gh, d_gi, sizes, offsets);
   });
-  return {d_gh, d_gi};
+  return {d_gh, d_gi, d_gi.narrow(2, 2 * h, h).sum(1)};
+}
+
+torch::Tensor scatter_rows(torch::Tensor src, torch::Tensor pos, int64_t positions) {
+  // (positions, d) fp32: zero, except row pos[0][k] = src[0][k] + (src[1][j] where pos[1][j] is
+  // that row); src (2, N, d) fp32 or bf16. Needs fast_paths(d).
+  const int64_t N = src.size(1), d = src.size(2);
+  TORCH_CHECK(fast_paths(d), "scatter_rows needs the AVX-512 path");
+  src = src.contiguous(); pos = pos.contiguous();
+  auto dst = at::zeros({positions, d}, src.options().dtype(at::kFloat));
+#ifdef IAA_X86
+  if (src.scalar_type() == at::kBFloat16)
+    scatter_rows_avx512(src.data_ptr<at::BFloat16>(), pos.data_ptr<int64_t>(), N, d, dst.data_ptr<float>());
+  else
+    scatter_rows_avx512(src.to(at::kFloat).data_ptr<float>(), pos.data_ptr<int64_t>(), N, d, dst.data_ptr<float>());
+#endif
+  return dst;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_forward", &gru_forward, "packed bidirectional GRU recurrence (forward)");
   m.def("gru_backward", &gru_backward, "packed bidirectional GRU recurrence (backward)");
+  m.def("gru_infer", &gru_infer, "packed bidirectional GRU recurrence for inference, from a per-word table");
+  m.def("scatter_rows", &scatter_rows, "both directions' input gradients back in the padded layout");
+  m.def("fast_paths", &fast_paths, "whether the AVX-512 step runs for hidden size h");
+  m.def("amx_paths", &amx_paths, "whether the AMX recurrent matmuls run for hidden size h");
+  m.def("amx_matmul", &amx_matmul, "a (n, K) times b (K, N) with bf16 operands on AMX, fp32 result");
 }

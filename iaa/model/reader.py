@@ -20,7 +20,7 @@ from iaa.model.initialization import init_reader_
 from iaa.model.inputs import ReaderInputs
 from iaa.model.masking import full_precision, masked_log_softmax
 from iaa.model.pointer import pointer_sum
-from iaa.model.precision import cpu_bf16
+from iaa.model.precision import cpu_bf16, gru_cell, small_matmuls
 
 
 class _Encoders(nn.Module):
@@ -77,9 +77,9 @@ class _Encoders(nn.Module):
                 and not self.training and not torch.is_grad_enabled())
 
     def _doc_table(self) -> torch.Tensor:
-        """The doc encoder's per-word projections (V, 2, 3h), rebuilt when any weight changed;
+        """The doc encoder's per-word projections (2, V, 3h), rebuilt when any weight changed;
         in bf16 under CPU autocast with bf16 (as the fused encoder's projections), else fp32."""
-        dtype = torch.bfloat16 if cpu_bf16() else torch.float32
+        dtype = torch.bfloat16 if cpu_bf16() else None                    # None: the embedding's
         params = [self.embedding.weight, *self.doc_encoder.gru._flat_weights]
         key = (dtype, *((p.data_ptr(), p._version) for p in params))
         if self._table is None or self._table[0] != key:
@@ -88,12 +88,14 @@ class _Encoders(nn.Module):
         return self._table[1]
 
 
-def _small_matmuls_fp32():
-    """CPU autocast off: the inference steps' 32-row matmuls (gates, inference GRU, query reads,
-    the projections of the document reads) are faster in fp32 than in bf16 with their casts
-    (docs/speed.md, "bf16 on CPU"). The document reads keep their ``Memory``'s dtype (bf16
-    under bf16 autocast); the log-softmaxes and the pointer-sum are fp32 either way."""
-    return torch.autocast("cpu", enabled=False)
+def _small_matmuls():
+    """The inference steps' 32-row matmuls (gates, inference GRU, query reads, the projections
+    of the document reads): fp32 in training, where autocast's per-call casts cost more than
+    bf16 saves, and bf16 operands with cached bf16 weights in bf16 inference
+    (``precision.small_matmuls``; docs/speed.md, "bf16 on CPU"). The document reads keep their
+    ``Memory``'s dtype (bf16 under bf16 autocast); the log-softmaxes and the pointer-sum are
+    fp32 either way."""
+    return small_matmuls(cpu_bf16() and not torch.is_grad_enabled())
 
 
 def _answer_mask(cfg: ReaderConfig, batch: ReaderInputs) -> torch.Tensor:
@@ -195,7 +197,7 @@ class IAAReader(_Reader):
         q_enc = full_precision(self.encoders.drop(q_enc))                  # attention inputs, fp32
         d_enc = Memory(full_precision(self.encoders.drop(d_enc)), deferred=deferred)  # bf16 reads under bf16
         s = q_enc.new_zeros(q_enc.shape[0], self.cfg.state_dim)            # s_0: (B, s)
-        with _small_matmuls_fp32():
+        with _small_matmuls():
             for step in range(self.cfg.steps):
                 q_t, _ = self.query_read(s, q_enc, query_mask)             # (B, 2h)
                 if step == self.cfg.steps - 1:
@@ -210,7 +212,7 @@ class IAAReader(_Reader):
         """Gated search results into the inference GRU: s_{t-1} -> s_t, (B, s)."""
         features = self.encoders.drop(gate_features(s, q_t, d_t))          # (B, s + 6h)
         r_q, r_d = self.gate_q(features), self.gate_d(features)            # (B, 2h) each
-        return self.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)
+        return gru_cell(torch.cat([r_q * q_t, r_d * d_t], -1), s, self.search)
 
     def _adaptive_read(self, q_enc: torch.Tensor, d_enc: torch.Tensor, batch: ReaderInputs):
         """ACT over the steps (``iaa.model.halting``): log P(a | Q, D) (B, C) from the mixture
@@ -224,7 +226,7 @@ class IAAReader(_Reader):
         cfg = self.cfg
         q_enc = full_precision(self.encoders.drop(q_enc))                  # attention inputs, fp32
         d_enc = Memory(full_precision(self.encoders.drop(d_enc)), deferred=cfg.batched_read_grad)
-        with _small_matmuls_fp32():
+        with _small_matmuls():
             return self._act_steps(q_enc, d_enc, batch)
 
     def _act_steps(self, q_enc: torch.Tensor, d_enc: Memory, batch: ReaderInputs):
