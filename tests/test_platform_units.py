@@ -503,3 +503,22 @@ def test_a_pyfunc_model_logged_without_its_loader_names_the_way_out() -> None:
     old = object.__new__(ReaderModel)           # what unpickling a model of an older iaa gives
     with pytest.raises(IaaError, match="log it again"):
         old.load_context(None)
+
+
+def test_a_trial_hands_the_jobs_loop_its_config_with_the_base_settings_and_its_sampled_values() -> None:
+    """``--set model.steps=2`` reaches the loop the job injected: base config, fixed and sampled values merged."""
+    from iaa.jobs.config import apply, to_dict
+    from iaa.platform.trial import TrialSpec, run_trial
+
+    seen = []
+
+    def fit(cfg, link, **kwargs):
+        seen.append((cfg, link.rank, link.world_size, kwargs))
+
+    base = apply(JobConfig(), {"model.steps": 2})              # what resolve makes of --set model.steps=2
+    spec = TrialSpec(name="t", fit=fit, storage_path="", workers=1, threads=1, base=to_dict(base),
+                     fixed={"train.batch_size": 8}, vocab_hash="h", vocab={"json": "{}"})
+    run_trial({"train.lr": 2e-3}, spec=spec, train="TRAIN", valid="VALID")
+    ((cfg, rank, world, kwargs),) = seen
+    assert (cfg.model.steps, cfg.train.batch_size, cfg.train.lr) == (2, 8, 2e-3) and (rank, world) == (0, 1)
+    assert kwargs == {"threads": 1, "vocab_hash": "h", "train": "TRAIN", "valid": "VALID", "vocab": {"json": "{}"}}
