@@ -16,7 +16,6 @@ list it. ``register`` makes it a version of a registered model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
