@@ -471,7 +471,8 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
 @click.option("--example-id", "example_ids", multiple=True, metavar="ID", help="An example to explain (repeatable).")
 @click.option("--first", type=click.IntRange(min=1), default=None, help="Explain the split's first N examples.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="HTML page [default: explain-SPLIT.html beside the run's checkpoints folder].")
+              help="HTML page [default: explain-SPLIT.html, or explain-STEM.html of --input, beside the run's "
+                   "checkpoints folder].")
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Also draw the first example as a PNG figure.")
 @workdir_option
 @json_option
