@@ -246,8 +246,9 @@ bool amx_paths(int64_t h) {
 #endif
 }
 
-torch::Tensor amx_matmul(torch::Tensor a, torch::Tensor b) {
-  // a (n, K) times b (K, N), fp32, with bf16-rounded operands: what the recurrence's AMX path computes.
+torch::Tensor amx_matmul(torch::Tensor a, torch::Tensor b, int64_t repeats) {
+  // a (n, K) times b (K, N), fp32, with bf16-rounded operands: what the recurrence's AMX path
+  // computes. b is packed once, then the product is computed `repeats` times (for timing).
   const int64_t n_cols = b.size(1);
   TORCH_CHECK(amx_paths(a.size(1)) && n_cols % 32 == 0, "AMX is not usable here");
   a = a.contiguous();
@@ -256,8 +257,9 @@ torch::Tensor amx_matmul(torch::Tensor a, torch::Tensor b) {
   auto c = at::empty({rows, n_cols}, a.options());
   auto buf = at::zeros({rows, K}, a.options().dtype(at::kBFloat16));
 #ifdef IAA_X86
-  amx_gemm(a.data_ptr<float>(), n, K, K, b_packed.data_ptr<at::BFloat16>(), n_cols, c.data_ptr<float>(),
-           buf.data_ptr<at::BFloat16>());
+  for (int64_t i = 0; i < repeats; ++i)
+    amx_gemm(a.data_ptr<float>(), n, K, K, b_packed.data_ptr<at::BFloat16>(), n_cols, c.data_ptr<float>(),
+             buf.data_ptr<at::BFloat16>());
 #endif
   return c.narrow(0, 0, n);
 }
@@ -632,5 +634,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scatter_rows", &scatter_rows, "both directions' input gradients back in the padded layout");
   m.def("fast_paths", &fast_paths, "whether the AVX-512 step runs for hidden size h");
   m.def("amx_paths", &amx_paths, "whether the AMX recurrent matmuls run for hidden size h");
-  m.def("amx_matmul", &amx_matmul, "a (n, K) times b (K, N) with bf16 operands on AMX, fp32 result");
+  m.def("amx_matmul", &amx_matmul, "a (n, K) times b (K, N) with bf16 operands on AMX, fp32 result",
+        py::arg("a"), py::arg("b"), py::arg("repeats") = 1);
 }
