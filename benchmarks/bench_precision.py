@@ -7,10 +7,11 @@
    reader pays counted in the bf16 time where it pays it (``cast``). These decide which GEMMs
    get bf16 operands (``iaa.model.fused_gru``, ``iaa.model.precision``).
 2. Training and inference of the IAA reader on the synthetic CBT-NE workload of
-   ``iaa.jobs.bench``, one batch per side in turn, sides: fp32, bf16 (``train.precision=bf16``,
-   where the inference steps' 32-row matmuls, i.e. gates, inference GRU, query reads and
-   projections, stay fp32), and bf16 with those small matmuls in bf16 too (what plain autocast
-   does). Rates are totals (examples / seconds) per side; the last line is JSON.
+   ``iaa.jobs.bench``, one batch per side in turn, sides: fp32, bf16 (``train.precision=bf16``:
+   in inference the T steps' 32-row matmuls, i.e. gates, inference GRU and read projections,
+   multiply cached bf16 weights), and bf16 with those inference matmuls kept fp32
+   (``iaa.model.precision.BF16_SMALL_MATMULS``). Training is the same code in both bf16 sides.
+   Rates are totals (examples / seconds) per side; the last line is JSON.
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from iaa.jobs import bench  # noqa: E402
 from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
+from iaa.model import gru_kernels  # noqa: E402
+from iaa.model import precision as model_precision  # noqa: E402
 
 TOKENS = 32 * 430          # packed rows of one encoder at batch 32
 # name: (m, k, n, cast): cast = which operands the bf16 path converts on each call
@@ -40,6 +43,7 @@ GEMMS = {
     "encoder weight gradient dG^T x": (384, TOKENS, 384, "a"),
     "encoder recurrent weight gradient dG^T h": (384, TOKENS, 128, "ab"),
     "recurrent step h W_hh^T (32 rows)": (32, 128, 384, "a"),
+    "recurrent step gradient dG W_hh (32 rows)": (32, 384, 128, "a"),
     "inference GRU step (32 rows)": (32, 512, 1536, "a"),
     "search gate hidden layer (32 rows)": (32, 1280, 256, "a"),
     "inference table X W_ih^T (50k words)": (bench.VOCAB_SIZE, 384, 384, "ab"),
@@ -68,71 +72,77 @@ def gemm_rates(rounds: int, clock=time.perf_counter) -> dict[str, dict[str, floa
                 if rnd:
                     times[side].append((clock() - start) / reps)
         results[name] = {side: round(2 * m * k * n / statistics.median(t) / 1e9, 1) for side, t in times.items()}
+        if name.startswith("recurrent step"):
+            results[name].update(_amx_rate(a, b, reps, rounds, clock))
         results[name]["bf16_speedup"] = round(results[name]["bf16_with_cast"] / results[name]["fp32"], 2)
+        amx = f"  C++ AMX {results[name]['amx']:7.1f}" if "amx" in results[name] else ""
         print(f"{name:45s} fp32 {results[name]['fp32']:7.1f}  bf16 {results[name]['bf16']:7.1f}  "
-              f"bf16+cast {results[name]['bf16_with_cast']:7.1f} GFLOP/s  ({results[name]['bf16_speedup']}x)",
+              f"bf16+cast {results[name]['bf16_with_cast']:7.1f} GFLOP/s  ({results[name]['bf16_speedup']}x){amx}",
               flush=True)
     return results
 
 
-class _Bf16(nn.Module):
-    """``module`` under bf16 autocast, its result back in fp32 (the "small matmuls in bf16" side)."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.inner = module
-
-    def forward(self, *args):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return self.inner(*args).float()
-
-
-def _small_matmuls_bf16(reader: nn.Module) -> nn.Module:
-    for name in ("gate_q", "gate_d", "search"):
-        setattr(reader, name, _Bf16(getattr(reader, name)))
-    reader.query_read.proj = _Bf16(reader.query_read.proj)
-    reader.doc_read.proj = _Bf16(reader.doc_read.proj)
-    return reader
+def _amx_rate(a: torch.Tensor, b: torch.Tensor, reps: int, rounds: int, clock) -> dict[str, float]:
+    """The recurrence's own AMX matmul (``gru_kernels``, operands rounded to bf16 in the loop, as
+    the recurrence does at every step), where the CPU has AMX: {"amx": GFLOP/s}, else {}."""
+    kernels = gru_kernels.load()
+    if kernels is None or not kernels.amx_paths(a.shape[1]):
+        return {}
+    times = []
+    for rnd in range(rounds + 1):
+        start = clock()
+        kernels.amx_matmul(a, b, reps)
+        if rnd:
+            times.append((clock() - start) / reps)
+    return {"amx": round(2 * a.shape[0] * a.shape[1] * b.shape[1] / statistics.median(times) / 1e9, 1)}
 
 
-SIDES = {                  # name: (autocast dtype, small matmuls in bf16 too)
-    "fp32": (None, False),
-    "bf16": (torch.bfloat16, False),
-    "bf16, small matmuls bf16": (torch.bfloat16, True),
+SIDES = {                  # name: (autocast dtype, bf16 small matmuls in inference)
+    "fp32": (None, True),
+    "bf16": (torch.bfloat16, True),
+    "bf16, small inference matmuls fp32": (torch.bfloat16, False),
 }
+
+
+@contextmanager
+def _small_matmuls_bf16(on: bool):
+    before = model_precision.BF16_SMALL_MATMULS
+    model_precision.BF16_SMALL_MATMULS = on
+    try:
+        yield
+    finally:
+        model_precision.BF16_SMALL_MATMULS = before
 
 
 def model_rates(rounds: int, steps: int, batch_size: int, clock=time.perf_counter) -> dict[str, dict[str, float]]:
     cfg = replace(PRESETS["paper"], vocab_size=bench.VOCAB_SIZE)
     sides = {}
-    for name, (dtype, bf16_small) in SIDES.items():
+    for name, (dtype, small_bf16) in SIDES.items():
         torch.manual_seed(0)
         reader = build_reader(cfg)
-        if bf16_small:
-            _small_matmuls_bf16(reader)
-        sides[name] = (reader, build_optimizer(reader, 1e-3, 1e-4), dtype)
+        sides[name] = (reader, build_optimizer(reader, 1e-3, 1e-4), dtype, small_bf16)
     pool = bench.synthetic_examples(rounds * steps * batch_size, seed=0)
     batches = [bench.collate(b) for b in bench.bucketed_batches(pool, batch_size)]
     warm = bench.collate(bench.synthetic_examples(batch_size, seed=1))
-    for reader, optimizer, dtype in sides.values():
+    for reader, optimizer, dtype, _ in sides.values():
         train_step(reader, optimizer, warm, amp_dtype=dtype)
     seconds = {name: {"train": 0.0, "infer": 0.0} for name in sides}
     order = list(sides)
     for i, batch in enumerate(batches):
         for name in order[i % len(order):] + order[: i % len(order)]:      # who goes first rotates
-            reader, optimizer, dtype = sides[name]
+            reader, optimizer, dtype, _ = sides[name]
             start = clock()
             train_step(reader, optimizer, batch, amp_dtype=dtype)
             seconds[name]["train"] += clock() - start
-    for reader, _, dtype in sides.values():
+    for reader, _, dtype, small_bf16 in sides.values():
         reader.eval()
-        with torch.inference_mode(), autocast("cpu", dtype):
+        with torch.inference_mode(), autocast("cpu", dtype), _small_matmuls_bf16(small_bf16):
             reader(warm)                                                # builds the inference table
     for i, batch in enumerate(batches):
         for name in order[i % len(order):] + order[: i % len(order)]:
-            reader, _, dtype = sides[name]
+            reader, _, dtype, small_bf16 = sides[name]
             start = clock()
-            with torch.inference_mode(), autocast("cpu", dtype):
+            with torch.inference_mode(), autocast("cpu", dtype), _small_matmuls_bf16(small_bf16):
                 reader(batch)
             seconds[name]["infer"] += clock() - start
     n = len(batches) * batch_size

@@ -351,7 +351,7 @@ def _bigru_from_table(tokens, lengths, table, weights):
     words = tokens.reshape(-1)[pos]                                     # (2, N)
     bf16 = table.dtype == torch.bfloat16
     kernels = gru_kernels.load() if tokens.is_cpu and FusedBiGRU.use_cpp else None
-    if kernels is not None and kernels.fast_paths(h):                   # reads the table in place
+    if kernels is not None and w_hh.dtype == torch.float32 and kernels.fast_paths(h):  # reads the table in place
         y = kernels.gru_infer(table, words, pos, w_hh.transpose(1, 2), _amx(kernels, bf16, h), b_hh[:, 0, 2 * h:],
                               pk.batch_sizes, pk.offsets, batch * max_len)
         return y.view(batch, max_len, 2 * h)

@@ -230,24 +230,17 @@ static torch::Tensor pack_vnni(const torch::Tensor& b) {
   return out;
 }
 
-bool fast_paths(int64_t h) {
-#ifdef IAA_X86
-  return has_avx512() && h % 16 == 0;
-#else
-  return false;
+#ifndef IAA_X86
+static bool has_avx512() { return false; }
+static bool amx_usable() { return false; }
 #endif
-}
 
-bool amx_paths(int64_t h) {
-#ifdef IAA_X86
-  return amx_usable() && h % 32 == 0;
-#else
-  return false;
-#endif
-}
+bool fast_paths(int64_t h) { return has_avx512() && h % 16 == 0; }
+bool amx_paths(int64_t h) { return amx_usable() && h % 32 == 0; }
 
-torch::Tensor amx_matmul(torch::Tensor a, torch::Tensor b) {
-  // a (n, K) times b (K, N), fp32, with bf16-rounded operands: what the recurrence's AMX path computes.
+torch::Tensor amx_matmul(torch::Tensor a, torch::Tensor b, int64_t repeats) {
+  // a (n, K) times b (K, N), fp32, with bf16-rounded operands: what the recurrence's AMX path
+  // computes. b is packed once, then the product is computed `repeats` times (for timing).
   const int64_t n_cols = b.size(1);
   TORCH_CHECK(amx_paths(a.size(1)) && n_cols % 32 == 0, "AMX is not usable here");
   a = a.contiguous();
@@ -256,8 +249,9 @@ torch::Tensor amx_matmul(torch::Tensor a, torch::Tensor b) {
   auto c = at::empty({rows, n_cols}, a.options());
   auto buf = at::zeros({rows, K}, a.options().dtype(at::kBFloat16));
 #ifdef IAA_X86
-  amx_gemm(a.data_ptr<float>(), n, K, K, b_packed.data_ptr<at::BFloat16>(), n_cols, c.data_ptr<float>(),
-           buf.data_ptr<at::BFloat16>());
+  for (int64_t i = 0; i < repeats; ++i)
+    amx_gemm(a.data_ptr<float>(), n, K, K, b_packed.data_ptr<at::BFloat16>(), n_cols, c.data_ptr<float>(),
+             buf.data_ptr<at::BFloat16>());
 #endif
   return c.narrow(0, 0, n);
 }
@@ -339,13 +333,16 @@ static void forward_steps(const torch::Tensor& gi, const torch::Tensor& w_hh_t, 
 
 #ifdef IAA_X86
 // The recurrence with the fused AVX-512 step, gh = h_{t-1} W_hh^T by AMX (w_packed) or ATen.
+// Direction d's input projections start at gi + d * gi_rows * 3h: packed rows of gi (2, N, 3h)
+// (gi_rows = N), or rows of a per-word table (2, V, 3h) (gi_rows = V) at words (2, N). b_in: added
+// when not null; rz, cand, hn: kept when not null; y, y_rows (2, N): states also written there.
 template <typename In>
-static void forward_fast(const torch::Tensor& gi, const float* b_in, const torch::Tensor& w_hh_t,
-                         const at::BFloat16* w_packed, const float* b_hn, torch::Tensor& out, float* rz,
-                         float* cand, float* hn, const std::vector<int64_t>& sizes,
-                         const std::vector<int64_t>& offsets) {
-  const int64_t N = gi.size(1), h = gi.size(2) / 3, rows = sizes.empty() ? 0 : (sizes[0] + 31) / 32 * 32;
-  const In* gi_p = gi.data_ptr<In>();
+static void recurrence_fast(const In* gi, int64_t gi_rows, const int64_t* words, const float* b_in,
+                            const torch::Tensor& w_hh_t, const at::BFloat16* w_packed, const float* b_hn,
+                            torch::Tensor& out, float* rz, float* cand, float* hn, float* y,
+                            const int64_t* y_rows, const std::vector<int64_t>& sizes,
+                            const std::vector<int64_t>& offsets) {
+  const int64_t N = out.size(1), h = out.size(2), rows = sizes.empty() ? 0 : (sizes[0] + 31) / 32 * 32;
   float* out_p = out.data_ptr<float>();
   const torch::Tensor out_d[2] = {out[0], out[1]}, w_d[2] = {w_hh_t[0], w_hh_t[1]};
   const auto gh_buf = at::zeros({2, rows, 3 * h}, out.options());           // 0 at t = 0
@@ -353,8 +350,9 @@ static void forward_fast(const torch::Tensor& gi, const float* b_in, const torch
   const torch::Tensor gh_d[2] = {gh_buf[0], gh_buf[1]};
   for_each_direction([&](int64_t d) {
     float* g = gh_buf.data_ptr<float>() + d * rows * 3 * h;
+    const In* gi_d = gi + d * gi_rows * 3 * h;
     for (size_t t = 0; t < sizes.size(); ++t) {
-      const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
+      const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0, row = d * N + off;
       const float* hprev = t ? out_p + (d * N + prev) * h : nullptr;
       if (t && w_packed)
         amx_gemm(hprev, n, h, h, w_packed + d * h * 3 * h, 3 * h, g, a_buf.data_ptr<at::BFloat16>() + d * rows * h);
@@ -362,42 +360,10 @@ static void forward_fast(const torch::Tensor& gi, const float* b_in, const torch
         auto gh = gh_d[d].narrow(0, 0, n);
         at::mm_out(gh, out_d[d].narrow(0, prev, n), w_d[d]);
       }
-      const int64_t row = d * N + off;
-      step_avx512<In>(gi_p + row * 3 * h, nullptr, b_in ? b_in + d * 3 * h : nullptr, g, b_hn + d * h, hprev,
-                      out_p + row * h, rz ? rz + row * 2 * h : nullptr, rz ? cand + row * h : nullptr,
-                      rz ? hn + row * h : nullptr, nullptr, nullptr, n, h);
-    }
-  });
-}
-#endif
-
-#ifdef IAA_X86
-template <typename In>
-static void infer_fast(const torch::Tensor& table, const int64_t* words, const int64_t* y_rows,
-                       const torch::Tensor& w_hh_t, const at::BFloat16* w_packed, const float* b_hn,
-                       torch::Tensor& out, float* y, const std::vector<int64_t>& sizes,
-                       const std::vector<int64_t>& offsets) {
-  const int64_t V = table.size(1), N = out.size(1), h = out.size(2);
-  const int64_t rows = sizes.empty() ? 0 : (sizes[0] + 31) / 32 * 32;
-  const In* table_p = table.data_ptr<In>();
-  float* out_p = out.data_ptr<float>();
-  const torch::Tensor out_d[2] = {out[0], out[1]}, w_d[2] = {w_hh_t[0], w_hh_t[1]};
-  const auto gh_buf = at::zeros({2, rows, 3 * h}, out.options());
-  const auto a_buf = at::zeros({2, rows, h}, out.options().dtype(at::kBFloat16));
-  const torch::Tensor gh_d[2] = {gh_buf[0], gh_buf[1]};
-  for_each_direction([&](int64_t d) {
-    float* g = gh_buf.data_ptr<float>() + d * rows * 3 * h;
-    for (size_t t = 0; t < sizes.size(); ++t) {
-      const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0;
-      const float* hprev = t ? out_p + (d * N + prev) * h : nullptr;
-      if (t && w_packed)
-        amx_gemm(hprev, n, h, h, w_packed + d * h * 3 * h, 3 * h, g, a_buf.data_ptr<at::BFloat16>() + d * rows * h);
-      else if (t) {
-        auto gh = gh_d[d].narrow(0, 0, n);
-        at::mm_out(gh, out_d[d].narrow(0, prev, n), w_d[d]);
-      }
-      step_avx512<In>(table_p + d * V * 3 * h, words + d * N + off, nullptr, g, b_hn + d * h, hprev,
-                      out_p + (d * N + off) * h, nullptr, nullptr, nullptr, y + d * h, y_rows + d * N + off, n, h);
+      step_avx512<In>(words ? gi_d : gi_d + off * 3 * h, words ? words + row : nullptr,
+                      b_in ? b_in + d * 3 * h : nullptr, g, b_hn + d * h, hprev, out_p + row * h,
+                      rz ? rz + row * 2 * h : nullptr, rz ? cand + row * h : nullptr,
+                      rz ? hn + row * h : nullptr, y ? y + d * h : nullptr, y ? y_rows + row : nullptr, n, h);
     }
   });
 }
@@ -419,12 +385,15 @@ torch::Tensor gru_infer(torch::Tensor table, torch::Tensor words, torch::Tensor 
 #ifdef IAA_X86
   const auto w_packed = amx && amx_paths(h) ? pack_vnni(w_hh_t) : torch::Tensor();
   const at::BFloat16* packed = w_packed.defined() ? w_packed.data_ptr<at::BFloat16>() : nullptr;
+  const int64_t V = table.size(1);
   if (table.scalar_type() == at::kBFloat16)
-    infer_fast<at::BFloat16>(table, words.data_ptr<int64_t>(), y_rows.data_ptr<int64_t>(), w_hh_t, packed,
-                             b_hn.data_ptr<float>(), out, y.data_ptr<float>(), sizes, offsets);
+    recurrence_fast<at::BFloat16>(table.data_ptr<at::BFloat16>(), V, words.data_ptr<int64_t>(), nullptr, w_hh_t,
+                                  packed, b_hn.data_ptr<float>(), out, nullptr, nullptr, nullptr,
+                                  y.data_ptr<float>(), y_rows.data_ptr<int64_t>(), sizes, offsets);
   else
-    infer_fast<float>(table.to(at::kFloat), words.data_ptr<int64_t>(), y_rows.data_ptr<int64_t>(), w_hh_t, packed,
-                      b_hn.data_ptr<float>(), out, y.data_ptr<float>(), sizes, offsets);
+    recurrence_fast<float>(table.to(at::kFloat).data_ptr<float>(), V, words.data_ptr<int64_t>(), nullptr, w_hh_t,
+                           packed, b_hn.data_ptr<float>(), out, nullptr, nullptr, nullptr,
+                           y.data_ptr<float>(), y_rows.data_ptr<int64_t>(), sizes, offsets);
 #endif
   return y;
 }
@@ -454,9 +423,11 @@ std::vector<torch::Tensor> gru_forward(torch::Tensor gi, torch::Tensor b_in, tor
     float* hn_p = keep ? hn.data_ptr<float>() : nullptr;
     auto w = w_hh_t.to(at::kFloat);
     if (gi.scalar_type() == at::kBFloat16)
-      forward_fast<at::BFloat16>(gi, bias, w, packed, b_hn.data_ptr<float>(), out, rz_p, cand_p, hn_p, sizes, offsets);
+      recurrence_fast<at::BFloat16>(gi.data_ptr<at::BFloat16>(), N, nullptr, bias, w, packed, b_hn.data_ptr<float>(),
+                                    out, rz_p, cand_p, hn_p, nullptr, nullptr, sizes, offsets);
     else
-      forward_fast<float>(gi, bias, w, packed, b_hn.data_ptr<float>(), out, rz_p, cand_p, hn_p, sizes, offsets);
+      recurrence_fast<float>(gi.data_ptr<float>(), N, nullptr, bias, w, packed, b_hn.data_ptr<float>(),
+                             out, rz_p, cand_p, hn_p, nullptr, nullptr, sizes, offsets);
     return {out, rz, cand, hn};
   }
 #endif
@@ -632,5 +603,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scatter_rows", &scatter_rows, "both directions' input gradients back in the padded layout");
   m.def("fast_paths", &fast_paths, "whether the AVX-512 step runs for hidden size h");
   m.def("amx_paths", &amx_paths, "whether the AMX recurrent matmuls run for hidden size h");
-  m.def("amx_matmul", &amx_matmul, "a (n, K) times b (K, N) with bf16 operands on AMX, fp32 result");
+  m.def("amx_matmul", &amx_matmul, "a (n, K) times b (K, N) with bf16 operands on AMX, fp32 result",
+        py::arg("a"), py::arg("b"), py::arg("repeats") = 1);
 }

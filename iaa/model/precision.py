@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+# False keeps the small matmuls fp32 in bf16 inference too (benchmarks time the two side by side).
+BF16_SMALL_MATMULS = True
 _SMALL = threading.local()
 _WEIGHTS16 = WeakIdKeyDictionary()          # parameter -> (its data_ptr and version, bf16 copy)
 
@@ -55,7 +57,7 @@ def small_matmuls(bf16: bool) -> Iterator[None]:
     """CPU autocast off for the T steps' small matmuls; ``bf16`` (inference, no gradient):
     ``linear`` and ``gru_cell`` multiply bf16 copies of their inputs and weights instead."""
     before = getattr(_SMALL, "bf16", False)
-    _SMALL.bf16 = bf16
+    _SMALL.bf16 = bf16 and BF16_SMALL_MATMULS
     try:
         with torch.autocast("cpu", enabled=False):
             yield
