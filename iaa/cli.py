@@ -100,6 +100,11 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def precision_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True,
+                        help="What the reader multiplies in; auto: bf16 where this machine computes it faster.")(fn)
+
+
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on the last line.")(fn)
 
@@ -258,18 +263,19 @@ def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **r
 @input_option("Score these questions instead (each with its answer), with the vocabulary the checkpoint carries: ")
 @click.option("--split", type=click.Choice(["train", "valid", "test"]), help="The split of --data/--dataset to score.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Predictions Parquet file.")
+@precision_option
 @workdir_option
 @json_option
 @_friendly
 def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_path: Path | None, split: str | None,
-             out: Path | None, workdir: Path, as_json: bool) -> None:
+             out: Path | None, precision: str, workdir: Path, as_json: bool) -> None:
     """Score a checkpoint on a split (or a questions file) and write per-example predictions."""
     from iaa.jobs import evaluate as job
 
     prepared = _examples_source(dataset, data, input_path, workdir)
     if (split is None) == (input_path is None):
         raise click.UsageError("give --split with --dataset or --data, and no --split with --input")
-    result = job.run(checkpoint, prepared, split, out, input_path=input_path)
+    result = job.run(checkpoint, prepared, split, out, input_path=input_path, precision=precision)
     if not as_json:
         click.echo(job.describe(result))
     _emit(result, as_json)
@@ -503,18 +509,20 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
               help=INPUT_FORMATS)
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output JSON Lines.")
 @data_options
+@precision_option
 @workdir_option
 @json_option
 @_friendly
 def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path, out: Path, dataset: str | None,
-            data: Path | None, workdir: Path, as_json: bool) -> None:
+            data: Path | None, precision: str, workdir: Path, as_json: bool) -> None:
     """Answer cloze questions given as raw text (or a CBT / CNN file)."""
     from iaa.jobs import predict as job
 
     if (checkpoint is None) == (ensemble_dir is None):
         raise click.UsageError("give exactly one of --checkpoint CKPT or --ensemble DIR")
     prepared = _vocabulary_data(dataset, data, workdir)
-    _emit(job.run(input_path, out, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared), as_json)
+    _emit(job.run(input_path, out, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
+                  precision=precision), as_json)
 
 
 @cli.command()

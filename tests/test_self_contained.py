@@ -157,3 +157,26 @@ def test_explain_draws_a_questions_file_from_an_empty_folder(trained, tmp_path, 
     text = CliRunner().invoke(cli, ["explain", "--checkpoint", str(best), "--input", str(mixed), "--first", "1",
                                     "--out", "T.html"])
     assert text.exit_code == 0 and "no answer given" in text.output
+
+
+def test_predict_and_evaluate_answer_at_the_precision_asked_and_report_it(trained, tmp_path, monkeypatch) -> None:
+    """``--precision`` (default auto, from the machine's probe) is what the reader multiplies in
+    (its inference table is built in that dtype), and the JSON says which."""
+    import torch
+
+    from iaa.jobs import precision
+    from iaa.jobs.predict import Predictor
+    from iaa.jobs.raw_text import read_input
+
+    prepared, best, questions = trained
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        predictor = Predictor.load([best], precision=name)
+        predictor.predict(read_input(questions, predictor.vocab.placeholder))
+        assert predictor.models[0].encoders._table[1].dtype == dtype
+    monkeypatch.setattr(precision, "probed_rates", lambda: {"fp32": 100.0, "bf16": 400.0})
+    for command in (["predict", "--checkpoint", str(best), "--input", str(questions), "--out", str(tmp_path / "a.jsonl")],
+                    ["evaluate", "--checkpoint", str(best), "--input", str(questions), "--out", str(tmp_path / "a.parquet")]):
+        for flags, used in (([], "bf16"), (["--precision", "fp32"], "fp32")):
+            result = CliRunner().invoke(cli, [*command, *flags, "--json"])
+            assert result.exit_code == 0, result.output
+            assert json.loads(result.output.strip().splitlines()[-1])["precision"] == used

@@ -21,6 +21,7 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.files import atomic_write
+from iaa.jobs import precision as precision_lib
 from iaa.model.pointer import candidate_probs, nll_loss
 
 PREDICTION_SCHEMA = pa.schema(
@@ -133,10 +134,11 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
 
 
 def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Path | None = None,
-        batch_size: int = 64, limit: int | None = None, input_path: Path | None = None) -> dict[str, Any]:
+        batch_size: int = 64, limit: int | None = None, input_path: Path | None = None,
+        precision: str = "auto") -> dict[str, Any]:
     """Evaluate a checkpoint on one split of a prepared dataset, or on the questions of
     ``input_path`` (each must give its answer), and write its predictions; ``limit``: the first
-    rows only."""
+    rows only; ``precision``: what the reader multiplies in (auto | fp32 | bf16)."""
     from iaa.data.loader import iter_batches
     from iaa.jobs import outputs
 
@@ -146,7 +148,8 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
     outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet", inputs=found.inputs)
     table = found.table
     start = time.perf_counter()
-    rows = list(predict(found.model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
+    with precision_lib.inference(precision):
+        rows = list(predict(found.model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
     seconds = time.perf_counter() - start
     words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
     write_predictions(rows, words, out)
@@ -160,6 +163,7 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
         "model": found.kind,
         "checkpoint": str(checkpoint_path),
         "examples_per_s": len(rows) / max(seconds, 1e-9),
+        "precision": precision_lib.resolve(precision),
         **step_counts(rows),
     }
 

@@ -21,9 +21,10 @@ import os
 import platform
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, ContextManager, Mapping
 
 import torch
 
@@ -134,6 +135,14 @@ def resolve(precision: str, device: str | torch.device = "cpu", rates: Callable[
 def resolved(cfg: JobConfig, device: str | torch.device = "cpu") -> JobConfig:
     """``cfg`` with ``train.precision`` resolved for ``device``: what a run records and uses."""
     return replace(cfg, train=replace(cfg.train, precision=resolve(cfg.train.precision, device)))
+
+
+def inference(precision: str = "auto", device: str | torch.device = "cpu") -> ContextManager[object]:
+    """The context inference runs under (evaluate, predict, serve): ``precision`` resolved for
+    ``device`` as a run's would be, so ``auto`` answers in bf16 where this machine computes it
+    faster. Use ``resolve(precision, device)`` to report which."""
+    dtype = autocast_dtype(resolve(precision, device))
+    return torch.autocast(torch.device(device).type, dtype=dtype) if dtype is not None else nullcontext()
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:

@@ -20,6 +20,7 @@ from torch import nn
 from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
 from iaa.jobs import checkpoint
+from iaa.jobs import precision as precision_lib
 from iaa.jobs.ports import ModelCode
 from iaa.jobs.raw_text import Question, from_record, read_input, to_rows
 
@@ -34,9 +35,10 @@ class Predictor:
     models: tuple[nn.Module, ...]
     vocab: Vocab
     lowercase: bool
+    precision: str = "auto"    # what the readers multiply in: auto | fp32 | bf16 (iaa.jobs.precision)
 
     @classmethod
-    def load(cls, checkpoints: Sequence[Path], data_dir: Path | None = None) -> "Predictor":
+    def load(cls, checkpoints: Sequence[Path], data_dir: Path | None = None, precision: str = "auto") -> "Predictor":
         """Rebuild each checkpoint, with the vocabulary of ``data_dir`` or else the one the first
         checkpoint carries; refuse a member trained on another vocabulary."""
         from iaa.data.loader import PreparedData
@@ -56,7 +58,7 @@ class Predictor:
         for path, _, _, state in loaded:
             checkpoint.check_vocab(state, vocab_hash, path, source, "an ensemble's members and the data must share one "
                                    "vocabulary; pass the prepared folder it was trained on with --data")
-        return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase)
+        return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase, precision)
 
     def predict(self, questions: Sequence[Question]) -> list[dict[str, Any]]:
         """One ``{"id", "prediction", "probs": {candidate: p}[, "correct"]}`` per question, in order."""
@@ -69,7 +71,7 @@ class Predictor:
             return []
         table = to_rows(questions, self.vocab, self.lowercase)
         out = []
-        with torch.no_grad():
+        with torch.no_grad(), precision_lib.inference(self.precision):
             for start in range(0, len(questions), BATCH_SIZE):
                 batch = collate(table.slice(start, BATCH_SIZE))
                 probs = torch.stack([candidate_probs(m.eval()(batch)) for m in self.models]).mean(0)  # (B, C)
@@ -135,11 +137,11 @@ def ensemble_members(ensemble_dir: Path) -> list[Path]:
 
 
 def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble_dir: Path | None = None,
-        data_dir: Path | None = None) -> dict[str, Any]:
+        data_dir: Path | None = None, precision: str = "auto") -> dict[str, Any]:
     """Predict every question of ``input_path`` with ``checkpoint`` or the members of
     ``ensemble_dir`` and write JSON Lines to ``out``; ``data_dir``: the prepared folder whose
-    vocabulary to use (default: the one the checkpoints carry). ``out`` may not replace an input,
-    nor a file of the ensemble.
+    vocabulary to use (default: the one the checkpoints carry); ``precision``: auto | fp32 | bf16.
+    ``out`` may not replace an input, nor a file of the ensemble.
     """
     import warnings
 
@@ -151,7 +153,7 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     outputs.check_file_output(out, suffixes=JSONL_SUFFIXES, what="JSON Lines", inputs={
         "the input": input_path, "a checkpoint": checkpoints, "a file of the prepared data": outputs.data_files(data_dir),
         "a file of the ensemble": outputs.data_files(ensemble_dir)})
-    predictor = Predictor.load(checkpoints, data_dir)
+    predictor = Predictor.load(checkpoints, data_dir, precision)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rows = predictor.predict(read_input(Path(input_path), predictor.vocab.placeholder))
@@ -159,4 +161,4 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     scored = [r["correct"] for r in rows if "correct" in r]
     return {"predictions": str(out), "examples": len(rows), "members": len(checkpoints),
             "accuracy": sum(scored) / len(scored) if scored else None,
-            "warnings": [str(w.message) for w in caught]}
+            "warnings": [str(w.message) for w in caught], "precision": precision_lib.resolve(precision)}
