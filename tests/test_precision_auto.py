@@ -209,10 +209,11 @@ def test_reader_training_and_inference_under_bf16_stay_within_bounds(kind) -> No
         assert _rel(g16[name], grad) < 0.05, name
 
 
-def test_small_matmuls_in_bf16_inference_use_cached_bf16_weights() -> None:
+def test_small_matmuls_in_bf16_inference_use_bf16_weights_made_once_per_pass() -> None:
     """Under ``small_matmuls(bf16=True)`` the T steps' layers multiply bf16 copies of their
-    weights (kept across calls, made again after an update) within bf16 bounds; without it they
-    are the fp32 layers themselves."""
+    weights within bf16 bounds, one copy per block; the next block sees weights that a fused
+    Adam step changed in place (it does not bump their version counter). Without it they are
+    the fp32 layers themselves."""
     torch.manual_seed(5)
     layer, cell = nn.Linear(96, 40), nn.GRUCell(48, 32)
     x, s = torch.randn(32, 96), torch.randn(32, 32)
@@ -224,14 +225,16 @@ def test_small_matmuls_in_bf16_inference_use_cached_bf16_weights() -> None:
             y16, h16 = linear(x, layer), gru_cell(xc, s, cell)
             copy = precision_module._bf16(layer.weight)
             assert copy.dtype == torch.bfloat16 and precision_module._bf16(layer.weight) is copy
-            layer.weight.mul_(2.0)                                               # an update
-            assert precision_module._bf16(layer.weight) is not copy
-            doubled = linear(x, layer)
-            layer.weight.div_(2.0)
     assert y16.dtype == h16.dtype == torch.float32
     for got, want in ((y16, layer(x)), (h16, cell(xc, s))):
         assert RAN_BF16 < _rel(got, want) < REL
-    assert _rel(doubled, torch.nn.functional.linear(x, 2 * layer.weight, layer.bias)) < REL
+    layer.weight.grad, layer.bias.grad = torch.ones_like(layer.weight), torch.ones_like(layer.bias)
+    version = layer.weight._version
+    torch.optim.Adam(layer.parameters(), lr=0.5, fused=True).step()             # in place, same version
+    assert layer.weight._version == version
+    with torch.no_grad(), small_matmuls(True):
+        updated = linear(x, layer)
+    assert _rel(updated, layer(x)) < REL and _rel(updated, y16) > 0.1
 
 
 @pytest.mark.slow

@@ -8,9 +8,11 @@ softmaxes and the pointer-sum stay fp32, and parameters never change dtype.
 
 The T steps' small matmuls (32 rows at batch 32: gates, inference GRU, read projections) run
 under ``small_matmuls``: fp32 in training (autocast's per-call weight casts cost more than bf16
-saves there), and in bf16 inference with bf16 copies of the weights cached across calls
-(``linear``, ``gru_cell``): there the weights are re-read from memory at every step, and bf16
-halves those bytes.
+saves there), and in bf16 inference with bf16 copies of the weights made once per
+``small_matmuls`` block, i.e. once per forward pass, and shared by its T steps (``linear``,
+``gru_cell``): each step re-reads the weights from memory, and bf16 halves those bytes. The
+copies never outlive the block: an optimizer may change the weights in place without bumping
+their version counter (fused Adam does not), so a cache across passes could serve stale ones.
 """
 
 from __future__ import annotations
@@ -22,12 +24,10 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 # False keeps the small matmuls fp32 in bf16 inference too (benchmarks time the two side by side).
 BF16_SMALL_MATMULS = True
 _SMALL = threading.local()
-_WEIGHTS16 = WeakIdKeyDictionary()          # parameter -> (its data_ptr and version, bf16 copy)
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -56,23 +56,21 @@ def cpu_bf16() -> bool:
 def small_matmuls(bf16: bool) -> Iterator[None]:
     """CPU autocast off for the T steps' small matmuls; ``bf16`` (inference, no gradient):
     ``linear`` and ``gru_cell`` multiply bf16 copies of their inputs and weights instead."""
-    before = getattr(_SMALL, "bf16", False)
-    _SMALL.bf16 = bf16 and BF16_SMALL_MATMULS
+    before = getattr(_SMALL, "bf16", False), getattr(_SMALL, "copies", {})
+    _SMALL.bf16, _SMALL.copies = bf16 and BF16_SMALL_MATMULS, {}
     try:
         with torch.autocast("cpu", enabled=False):
             yield
     finally:
-        _SMALL.bf16 = before
+        _SMALL.bf16, _SMALL.copies = before
 
 
 def _bf16(param: torch.Tensor) -> torch.Tensor:
-    """A bf16 copy of ``param``, made again only when its storage or version changes."""
-    key = (param.data_ptr(), param._version)
-    cached = _WEIGHTS16.get(param)
-    if cached is None or cached[0] != key:
-        cached = (key, param.detach().to(torch.bfloat16))
-        _WEIGHTS16[param] = cached
-    return cached[1]
+    """A bf16 copy of ``param``, made once per ``small_matmuls`` block."""
+    copy = _SMALL.copies.get(id(param))
+    if copy is None:
+        copy = _SMALL.copies[id(param)] = param.detach().to(torch.bfloat16)
+    return copy
 
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
