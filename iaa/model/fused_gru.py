@@ -13,9 +13,10 @@ faster on CPU:
   each one large GEMM per direction; only ``h @ W_hh`` and a few element-wise ops remain per step.
 - Under CPU autocast with bf16 (``train.precision=bf16``) those large GEMMs get bf16 operands
   explicitly (oneDNN accumulates in fp32 and rounds the result to bf16; AMX and AVX512-BF16 run
-  them several times faster than fp32). The recurrence, its small ``h W_hh`` matmuls and the
-  gate arithmetic stay fp32: at 32 rows the bf16 matmul is slower than fp32, and the state
-  carried over hundreds of steps keeps full precision (docs/speed.md, "bf16 on CPU").
+  them several times faster than fp32). The small per-step ``h W_hh`` matmuls take bf16
+  operands only on AMX, in the C++ loop's own tile kernel (oneDNN's bf16 kernel is slower than
+  fp32 at 32 rows); the gate arithmetic and the state carried over hundreds of steps stay fp32
+  (docs/speed.md, "bf16 on CPU").
 - The backward is written by hand: no autograd graph of ~10 nodes per step and direction.
 - The per-step loops run in C++ (``gru_kernels``) when it builds; the Python loops below are the
   fallback and the second reference in the tests.
@@ -273,8 +274,8 @@ class FusedBiGRU(torch.autograd.Function):
         d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_bn], 1)
         d_w_hh = _bmm(d_gh[:, first:].transpose(1, 2), h_prev)         # (2, 3h, h)
         # in bf16 when the forward's projection was: d_gi (bf16 from the fast path, else cast
-        # once) serves both GEMMs (d_w_hh stays fp32: casting d_gh and h for its inner size h
-        # costs more than bf16 saves)
+        # once) serves both GEMMs (d_w_hh stays fp32: with the casts of d_gh and h it would be
+        # 1.6x faster in bf16, but it is ~1% of a step)
         d_gi, full = d_gi.to(xp.dtype), w_hh.dtype
         d_w_ih = _bmm(d_gi.transpose(1, 2), xp).to(full)                # (2, 3h, d)
         d_xp = _bmm(d_gi, w_ih)                                         # (2, N, d)
@@ -300,7 +301,8 @@ def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tens
             the forward then the reverse direction).
         bf16: give the input-projection, input-gradient and W_ih weight-gradient GEMMs bf16 operands
             (fp32 accumulation); None: when CPU autocast with bf16 is on (``precision.cpu_bf16``).
-            The recurrence and everything returned stay fp32.
+            The recurrent matmuls then take bf16 operands where the CPU has AMX; the state and
+            everything returned stay fp32.
 
     Returns:
         (B, L, 2h): [forward, backward] states at real positions, exactly 0 at padding; fp32.
