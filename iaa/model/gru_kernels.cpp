@@ -2,6 +2,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <cmath>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -596,6 +597,182 @@ torch::Tensor scatter_rows(torch::Tensor src, torch::Tensor pos, int64_t positio
   return dst;
 }
 
+// ---- The IAA reader's T attention steps for inference (paper section 3), one call per batch ----
+// What IAAReader._read computes without dropout or gradient, with each step's matmuls on 32 rows
+// and its reads of the encodings fused: for each example, the logits of a read, their masked
+// softmax and the glimpse run back to back while that example's encodings are still in cache.
+
+#ifdef IAA_X86
+// out[i] = m_i . key for the L rows of one example; m (L, k) fp32 or bf16, k % 16 == 0.
+template <typename M>
+IAA_AVX512 static void row_dots(const M* m, int64_t L, int64_t k, const float* key, float* out) {
+  for (int64_t i = 0; i < L; ++i) {
+    const M* row = m + i * k;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= k; j += 32) {
+      a0 = _mm512_fmadd_ps(load16(row + j), _mm512_loadu_ps(key + j), a0);
+      a1 = _mm512_fmadd_ps(load16(row + j + 16), _mm512_loadu_ps(key + j + 16), a1);
+    }
+    if (j < k) a0 = _mm512_fmadd_ps(load16(row + j), _mm512_loadu_ps(key + j), a0);
+    out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+}
+
+// glimpse = sum_i p_i m_i, where p = softmax(logits) over the rows where mask holds (all zero when
+// none does: masking.masked_softmax). logits (L) is overwritten with p.
+template <typename M>
+IAA_AVX512 static void softmax_glimpse(const M* m, int64_t L, int64_t k, float* logits, const bool* mask,
+                                       float* glimpse) {
+  float top = -INFINITY;
+  for (int64_t i = 0; i < L; ++i)
+    if (mask[i] && logits[i] > top) top = logits[i];
+  for (int64_t j = 0; j < k; ++j) glimpse[j] = 0.f;
+  if (top == -INFINITY) return;
+  __m512 total = _mm512_setzero_ps();
+  const __m512 shift = _mm512_set1_ps(top);
+  for (int64_t i = 0; i < L; i += 16) {
+    const __mmask16 tail = i + 16 <= L ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - i)) - 1);
+    const __mmask16 real = _mm_mask_test_epi8_mask(tail, _mm_maskz_loadu_epi8(tail, mask + i), _mm_set1_epi8(1));
+    const __m512 e = _mm512_maskz_mov_ps(real, Sleef_expf16_u10(_mm512_sub_ps(_mm512_maskz_loadu_ps(real, logits + i), shift)));
+    _mm512_mask_storeu_ps(logits + i, tail, e);
+    total = _mm512_add_ps(total, e);
+  }
+  const float scale = 1.f / _mm512_reduce_add_ps(total);
+  for (int64_t i = 0; i < L; ++i) {
+    if (!mask[i]) continue;
+    const __m512 p = _mm512_set1_ps(logits[i] * scale);
+    const M* row = m + i * k;
+    for (int64_t j = 0; j < k; j += 16)
+      _mm512_storeu_ps(glimpse + j, _mm512_fmadd_ps(p, load16(row + j), _mm512_loadu_ps(glimpse + j)));
+  }
+}
+
+// One read of each example's encodings memory (B, L, k): the logits m_i . key_b (B, L) when
+// glimpse is null, else the glimpse of their masked softmax (B, k).
+template <typename M>
+static void attend(const torch::Tensor& memory, const torch::Tensor& key, const torch::Tensor& mask,
+                   float* logits, float* glimpse) {
+  const int64_t B = memory.size(0), L = memory.size(1), k = memory.size(2);
+  const M* m = memory.data_ptr<M>();
+  const float* q = key.data_ptr<float>();
+  const bool* real = mask.data_ptr<bool>();
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      row_dots<M>(m + b * L * k, L, k, q + b * k, logits + b * L);
+      if (glimpse) softmax_glimpse<M>(m + b * L * k, L, k, logits + b * L, real + b * L, glimpse + b * k);
+    }
+  });
+}
+
+// y (n, N) = act(y + bias) in place; act 0: none, 1: tanh, 2: sigmoid. N % 16 == 0.
+IAA_AVX512 static void bias_act(float* y, int64_t n, int64_t N, const float* bias, int act) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < N; j += 16) {
+      __m512 v = _mm512_add_ps(_mm512_loadu_ps(y + i * N + j), _mm512_loadu_ps(bias + j));
+      if (act == 1) v = Sleef_tanhf16_u10(v);
+      else if (act == 2) v = sigmoid16(v);
+      _mm512_storeu_ps(y + i * N + j, v);
+    }
+}
+
+// s_t (n, S) from the GRU cell's gi = x W_ih^T + b_ih and gh = s W_hh^T + b_hh (n, 3S), gates in
+// PyTorch's order r, z, n: r, z = sigmoid(gi + gh), c = tanh(gi_n + r gh_n), s_t = c + z (s - c).
+IAA_AVX512 static void gru_cell_update(const float* gi, const float* gh, const float* s, float* out,
+                                       int64_t n, int64_t S) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float *a = gi + i * 3 * S, *g = gh + i * 3 * S;
+    for (int64_t j = 0; j < S; j += 16) {
+      const __m512 r = sigmoid16(_mm512_add_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(g + j)));
+      const __m512 z = sigmoid16(_mm512_add_ps(_mm512_loadu_ps(a + S + j), _mm512_loadu_ps(g + S + j)));
+      const __m512 c = Sleef_tanhf16_u10(_mm512_fmadd_ps(r, _mm512_loadu_ps(g + 2 * S + j), _mm512_loadu_ps(a + 2 * S + j)));
+      const __m512 p = _mm512_loadu_ps(s + i * S + j);
+      _mm512_storeu_ps(out + i * S + j, _mm512_fmadd_ps(z, _mm512_sub_ps(p, c), c));
+    }
+  }
+}
+
+// One layer of a step: act(x W^T + b), x (n, K) fp32. With `packed` (pack_linear(W)) the product
+// takes bf16 operands on AMX, else fp32 (ATen).
+struct Dense {
+  torch::Tensor weight, packed, bias;
+  torch::Tensor operator()(const torch::Tensor& x, int act, at::BFloat16* a_buf) const {
+    const int64_t n = x.size(0), K = x.size(1), N = weight.size(0);
+    torch::Tensor y;
+    if (packed.defined()) {
+      y = at::empty({(n + 31) / 32 * 32, N}, x.options());
+      amx_gemm(x.data_ptr<float>(), n, K, K, packed.data_ptr<at::BFloat16>(), N, y.data_ptr<float>(), a_buf);
+      y = y.narrow(0, 0, n);
+    } else {
+      y = at::mm(x, weight.t());
+    }
+    bias_act(y.data_ptr<float>(), n, N, bias.data_ptr<float>(), act);
+    return y;
+  }
+};
+#endif
+
+bool steps_paths(int64_t enc_dim, int64_t state_dim, int64_t gate_dim) {
+  return has_avx512() && enc_dim % 16 == 0 && state_dim % 16 == 0 && gate_dim % 16 == 0;
+}
+
+bool steps_amx(int64_t enc_dim, int64_t state_dim, int64_t gate_dim) {
+  return amx_usable() && enc_dim % 32 == 0 && state_dim % 32 == 0 && gate_dim % 32 == 0;
+}
+
+torch::Tensor pack_linear(torch::Tensor weight) {
+  // nn.Linear's weight (N, K) as the packed bf16 operand of amx_gemm: W^T in VNNI layout.
+  return pack_vnni(weight.detach().t().unsqueeze(0)).squeeze(0);
+}
+
+torch::Tensor iaa_steps(torch::Tensor q_enc, torch::Tensor q_mask, torch::Tensor d_enc, torch::Tensor d_mask,
+                        std::vector<torch::Tensor> weights, std::vector<torch::Tensor> packed, int64_t steps) {
+  // The T steps of IAAReader._read for inference: returns the last step's document logits (B, Ld).
+  // q_enc (B, Lq, 2h) fp32, d_enc (B, Ld, 2h) fp32 or bf16 (the reads then take it as is, with
+  // fp32 keys and fp32 sums), masks bool. weights: (weight, bias) of A_q, A_d, the two layers of
+  // gate_q then of gate_d, then the search GRU's W_ih, W_hh, b_ih, b_hh, all fp32; packed: the
+  // same 8 weights' pack_linear (AMX, bf16 operands), or empty (fp32 products).
+  TORCH_CHECK(weights.size() == 16 && (packed.empty() || packed.size() == 8), "iaa_steps: 16 weights, 0 or 8 packed");
+  const int64_t B = q_enc.size(0), two_h = q_enc.size(2), S = weights[14].size(0) / 3, G = weights[4].size(0);
+  TORCH_CHECK(steps_paths(two_h, S, G) && steps >= 1, "iaa_steps needs the AVX-512 path");
+  TORCH_CHECK(packed.empty() || steps_amx(two_h, S, G), "iaa_steps: AMX is not usable here");
+#ifdef IAA_X86
+  q_enc = q_enc.contiguous(); d_enc = d_enc.contiguous(); q_mask = q_mask.contiguous(); d_mask = d_mask.contiguous();
+  auto layer = [&](int i) {
+    return Dense{weights[2 * i].contiguous(), packed.empty() ? torch::Tensor() : packed[i], weights[2 * i + 1].contiguous()};
+  };
+  const Dense read_q = layer(0), read_d = layer(1), gq1 = layer(2), gq2 = layer(3), gd1 = layer(4), gd2 = layer(5);
+  const Dense gru_i{weights[12].contiguous(), packed.empty() ? torch::Tensor() : packed[6], weights[14].contiguous()};
+  const Dense gru_h{weights[13].contiguous(), packed.empty() ? torch::Tensor() : packed[7], weights[15].contiguous()};
+  const auto f32 = q_enc.options();
+  const int64_t Lq = q_enc.size(1), Ld = d_enc.size(1), rows = (B + 31) / 32 * 32;
+  const auto a_buf = at::zeros({rows, S + 6 * two_h}, f32.dtype(at::kBFloat16));   // AMX rows, widest K
+  at::BFloat16* buf = a_buf.data_ptr<at::BFloat16>();
+  auto q_logits = at::empty({B, Lq}, f32), d_logits = at::empty({B, Ld}, f32);
+  auto q_t = at::empty({B, two_h}, f32), d_t = at::empty({B, two_h}, f32);
+  auto s = at::zeros({B, S}, f32);                                                  // s_0 = 0
+  const bool bf16 = d_enc.scalar_type() == at::kBFloat16;
+  for (int64_t t = 0; t < steps; ++t) {
+    attend<float>(q_enc, read_q(s, 0, buf), q_mask, q_logits.data_ptr<float>(), q_t.data_ptr<float>());
+    const auto key = read_d(at::cat({s, q_t}, 1), 0, buf);
+    const bool last = t == steps - 1;
+    float* glimpse = last ? nullptr : d_t.data_ptr<float>();
+    if (bf16) attend<at::BFloat16>(d_enc, key, d_mask, d_logits.data_ptr<float>(), glimpse);
+    else attend<float>(d_enc, key, d_mask, d_logits.data_ptr<float>(), glimpse);
+    if (last) break;
+    const auto features = at::cat({s, q_t, d_t, q_t * d_t}, 1);                     // (B, S + 6h)
+    const auto r_q = gq2(gq1(features, 1, buf), 2, buf), r_d = gd2(gd1(features, 1, buf), 2, buf);
+    const auto gi = gru_i(at::cat({r_q * q_t, r_d * d_t}, 1), 0, buf), gh = gru_h(s, 0, buf);
+    auto next = at::empty({B, S}, f32);
+    gru_cell_update(gi.data_ptr<float>(), gh.data_ptr<float>(), s.data_ptr<float>(), next.data_ptr<float>(), B, S);
+    s = next;
+  }
+  return d_logits;
+#else
+  return torch::Tensor();
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_forward", &gru_forward, "packed bidirectional GRU recurrence (forward)");
   m.def("gru_backward", &gru_backward, "packed bidirectional GRU recurrence (backward)");
@@ -605,4 +782,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_paths", &amx_paths, "whether the AMX recurrent matmuls run for hidden size h");
   m.def("amx_matmul", &amx_matmul, "a (n, K) times b (K, N) with bf16 operands on AMX, fp32 result",
         py::arg("a"), py::arg("b"), py::arg("repeats") = 1);
+  m.def("iaa_steps", &iaa_steps, "the IAA reader's T attention steps for inference; the last document logits");
+  m.def("pack_linear", &pack_linear, "a linear layer's weight packed for the AMX products of iaa_steps");
+  m.def("steps_paths", &steps_paths, "whether iaa_steps runs for these sizes (2h, s, gate)");
+  m.def("steps_amx", &steps_amx, "whether iaa_steps' products can take bf16 operands on AMX here");
 }

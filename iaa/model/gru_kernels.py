@@ -1,4 +1,5 @@
-"""The GRU recurrence of ``fused_gru`` as a small C++ loop (CPU), built on first use.
+"""The GRU recurrence of ``fused_gru`` as a small C++ loop (CPU), built on first use; the same
+extension also runs the IAA reader's T inference steps (``inference_steps``).
 
 Why: at batch 32 each recurrent step is a (32 x 128) x (128 x 384) matmul plus element-wise gate
 arithmetic on ~8,000 numbers. From Python that is ~7 operator calls per step forward and ~15

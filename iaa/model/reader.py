@@ -20,7 +20,9 @@ from iaa.model.initialization import init_reader_
 from iaa.model.inputs import ReaderInputs
 from iaa.model.masking import full_precision, masked_log_softmax
 from iaa.model.pointer import pointer_sum
+from iaa.model import inference_steps
 from iaa.model.precision import cpu_bf16, gru_cell, small_matmuls
+from iaa.model import precision
 
 
 class _Encoders(nn.Module):
@@ -164,6 +166,9 @@ class IAAReader(_Reader):
     The last step computes only the document attention d_{i,T}: s_T is never read, so its gates
     and GRU update would be dead computation.
 
+    In CPU inference the T steps run as one C++ call (``iaa.model.inference_steps``), which
+    computes the same steps with each read's logits, softmax and glimpse fused.
+
     With ``cfg.halting == "act"`` each example takes 1 to T steps (Adaptive Computation Time,
     ``iaa.model.halting``) and the answer distribution mixes the steps' document attentions.
     """
@@ -176,6 +181,7 @@ class IAAReader(_Reader):
         self.gate_q = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
         self.gate_d = SearchGate(s + 3 * two_h, cfg.gate_dim, two_h)
         self.search = nn.GRUCell(2 * two_h, s)                           # inference GRU
+        self._step_weights = inference_steps.StepWeights()
         self.halting_unit = HaltingUnit(s, cfg.steps) if cfg.halting == "act" else None
         init_reader_(self)
         if self.halting_unit is not None:
@@ -184,6 +190,8 @@ class IAAReader(_Reader):
     def forward(self, batch: ReaderInputs, return_halting: bool = False):
         """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document; with
         ``return_halting``, also what ACT decided (a ``Halting``; None when ``halting="none"``)."""
+        if self.training:
+            self._step_weights.reset()                                     # weights about to change
         if self.halting_unit is None:
             log_p = super().forward(batch)
             return (log_p, None) if return_halting else log_p
@@ -193,6 +201,11 @@ class IAAReader(_Reader):
 
     def _read(self, q_enc, q_final, d_enc, query_mask, doc_mask, answer_mask, doc_cand, num_cands):
         """The T alternating steps and the pointer-sum: (B, C)."""
+        if inference_steps.usable(self, q_enc):
+            bf16 = cpu_bf16()
+            logits = inference_steps.logits(self, self._step_weights, q_enc, d_enc, query_mask, doc_mask,
+                                            bf16, bf16 and precision.BF16_SMALL_MATMULS)
+            return pointer_sum(masked_log_softmax(logits, answer_mask), doc_cand, num_cands)
         deferred = self.cfg.batched_read_grad and not torch.compiler.is_compiling()
         q_enc = full_precision(self.encoders.drop(q_enc))                  # attention inputs, fp32
         d_enc = Memory(full_precision(self.encoders.drop(d_enc)), deferred=deferred)  # bf16 reads under bf16
