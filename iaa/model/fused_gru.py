@@ -272,10 +272,11 @@ class FusedBiGRU(torch.autograd.Function):
         h_prev = out.index_select(1, pk.prev[first:].to(out.device))   # (2, N - first, h)
         d_b_hh = d_gh.sum(1)                                            # (2, 3h)
         d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_bn], 1)
-        d_w_hh = _bmm(d_gh[:, first:].transpose(1, 2), h_prev)         # (2, 3h, h)
-        # in bf16 when the forward's projection was: d_gi (bf16 from the fast path, else cast
-        # once) serves both GEMMs (d_w_hh stays fp32: with the casts of d_gh and h it would be
-        # 1.6x faster in bf16, but it is ~1% of a step)
+        # The weight-gradient GEMMs take bf16 operands when the forward's projection did:
+        # d_gi (bf16 from the fast path, else cast once) serves d_w_ih and d_x; d_gh and h are
+        # cast for d_w_hh (with the casts 1.6x faster than fp32 at the paper config).
+        d_gh_rows = d_gh[:, first:].to(xp.dtype)
+        d_w_hh = _bmm(d_gh_rows.transpose(1, 2), h_prev.to(xp.dtype)).to(w_hh.dtype)  # (2, 3h, h)
         d_gi, full = d_gi.to(xp.dtype), w_hh.dtype
         d_w_ih = _bmm(d_gi.transpose(1, 2), xp).to(full)                # (2, 3h, d)
         d_xp = _bmm(d_gi, w_ih)                                         # (2, N, d)

@@ -49,28 +49,37 @@ class _Encoders(nn.Module):
     def forward(self, batch: ReaderInputs):
         """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h), before
         the attention-input dropout (each reader drops what its attention reads)."""
-        q_emb = self.drop(self.embed(batch.query))                         # (B, Lq, d)
-        q_enc, q_final = self.query_encoder(q_emb, batch.query_mask,
-                                            getattr(batch, "query_lengths", None))  # (B, Lq, 2h), (B, 2h)
         if self._use_table(batch.doc):
+            q_emb = self.embed(batch.query)                                # (B, Lq, d)
+            q_enc, q_final = self.query_encoder(q_emb, batch.query_mask, getattr(batch, "query_lengths", None))
             d_enc, _ = self.doc_encoder.forward_from_table(batch.doc, batch.doc_mask, self._doc_table())
             return q_enc, q_final, d_enc
         if self.training:
             self._table = None                                             # stale from here on
-        d_emb = self.drop(self.embed(batch.doc))                           # (B, Ld, d)
+        q_emb, d_emb = self.embed(batch.query, batch.doc)                  # (B, Lq, d), (B, Ld, d)
+        q_enc, q_final = self.query_encoder(self.drop(q_emb), batch.query_mask,
+                                            getattr(batch, "query_lengths", None))  # (B, Lq, 2h), (B, 2h)
+        d_emb = self.drop(d_emb)
         d_enc, _ = self.doc_encoder(d_emb, batch.doc_mask,
                                     getattr(batch, "doc_lengths", None))   # (B, Ld, 2h)  eq. 1
         return q_enc, q_final, d_enc
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The word vectors of ``tokens``: (B, L) -> (B, L, d).
+    def embed(self, *tokens: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The word vectors of each of ``tokens``: (B, L) -> (B, L, d); several token tensors are
+        looked up together, so the embedding gets one gradient rather than a sum of several.
 
         The gradient is sparse (``sparse_embedding_grad``) on the CPU only, where
         ``iaa.jobs.step`` turns it into an exact, cheap Adam update. On a GPU it is dense: a
         sparse gradient must be coalesced, which reads its size back to the host every step.
+        One lookup for query and document saves adding two sparse gradients of the whole
+        vocabulary's shape every step.
         """
         weight = self.embedding.weight
-        return F.embedding(tokens, weight, sparse=self.embedding.sparse and tokens.is_cpu)
+        sparse = self.embedding.sparse and tokens[0].is_cpu
+        if len(tokens) == 1:
+            return F.embedding(tokens[0], weight, sparse=sparse)
+        vectors = F.embedding(torch.cat([t.reshape(-1) for t in tokens]), weight, sparse=sparse)
+        return tuple(v.view(*t.shape, -1) for v, t in zip(vectors.split([t.numel() for t in tokens]), tokens))
 
     def _use_table(self, doc: torch.Tensor) -> bool:
         """Inference (no dropout, no gradient) on the fused CPU path: look the document's input
