@@ -1,11 +1,12 @@
 """One code version's training and inference rates, for comparing versions in separate processes.
 
-    python benchmarks/bench_versions.py CODE_DIR fp32|bf16 [BATCHES]
+    python benchmarks/bench_versions.py CODE_DIR fp32|bf16 [BATCHES] [THREADS]
 
 Imports ``iaa`` from ``CODE_DIR`` (a checkout, e.g. a ``git worktree`` of an older commit), then
 times ``BATCHES`` training steps and as many inference batches of the paper-config reader on
-the synthetic CBT-NE workload of ``iaa.jobs.bench``, one thread, process CPU time, and prints one
-JSON line. Two versions cannot share a process, so alternate them, e.g. three rounds of
+the synthetic CBT-NE workload of ``iaa.jobs.bench``, on THREADS torch threads (default 1: then
+process CPU time, else wall-clock time), and prints one JSON line. Two versions cannot share a
+process, so alternate them, e.g. three rounds of
 
     for v in "../old fp32" ". fp32" ". bf16"; do python benchmarks/bench_versions.py $v 6; done
 """
@@ -17,6 +18,7 @@ from dataclasses import replace
 
 code, precision = sys.argv[1], sys.argv[2]
 batches = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+threads = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 sys.path.insert(0, code)
 
 import torch  # noqa: E402
@@ -25,7 +27,8 @@ from iaa.jobs import bench  # noqa: E402
 from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
 
-torch.set_num_threads(1)
+torch.set_num_threads(threads)
+clock = time.process_time if threads == 1 else time.perf_counter
 retain_freed_memory()
 dtype = torch.bfloat16 if precision == "bf16" else None
 torch.manual_seed(0)
@@ -34,15 +37,15 @@ optimizer = build_optimizer(reader, 1e-3, 1e-4)
 timed = [bench.collate(b) for b in bench.bucketed_batches(bench.synthetic_examples(batches * 32, seed=0), 32)]
 warm = bench.collate(bench.synthetic_examples(32, seed=1))
 train_step(reader, optimizer, warm, amp_dtype=dtype)
-start = time.process_time()
+start = clock()
 for batch in timed:
     train_step(reader, optimizer, batch, amp_dtype=dtype)
-train = len(timed) * 32 / (time.process_time() - start)
+train = len(timed) * 32 / (clock() - start)
 reader.eval()
 with torch.inference_mode(), autocast("cpu", dtype):
     reader(warm)                                            # builds the inference table
-    start = time.process_time()
+    start = clock()
     for batch in timed:
         reader(batch)
-infer = len(timed) * 32 / (time.process_time() - start)
-print(json.dumps({"code": code, "precision": precision, "train": round(train, 2), "infer": round(infer, 2)}))
+infer = len(timed) * 32 / (clock() - start)
+print(json.dumps({"code": code, "precision": precision, "threads": threads, "train": round(train, 2), "infer": round(infer, 2)}))

@@ -262,19 +262,19 @@ class FusedBiGRU(torch.autograd.Function):
         fast = (kernels is not None and out.dtype == torch.float32 and kernels.fast_paths(h)
                 and kernels.fast_paths(dim))                            # AVX-512, fp32 state
         if kernels is not None:
-            d_gh, d_gi, d_bn = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh, ctx.amx, pk.batch_sizes,
-                                                    pk.offsets, fast and xp.dtype == torch.bfloat16)
+            d_gh, d_gi, d_b_hh, d_bn = kernels.gru_backward(d_out, out, rz, cand, hn, w_hh, ctx.amx,
+                                                            pk.batch_sizes, pk.offsets,
+                                                            fast and xp.dtype == torch.bfloat16)
         else:
             with _recurrent_threads():
                 d_gh, d_gi = _backward_steps(d_out, out, rz, cand, hn, w_hh, pk)
-            d_bn = d_gi[..., 2 * h:].sum(1)
+            d_b_hh, d_bn = d_gh.sum(1), d_gi[..., 2 * h:].sum(1)
         first = pk.batch_sizes[0]                                       # rows of t = 0: h_prev = 0
         h_prev = out.index_select(1, pk.prev[first:].to(out.device))   # (2, N - first, h)
-        d_b_hh = d_gh.sum(1)                                            # (2, 3h)
         d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_bn], 1)
-        # The weight-gradient GEMMs take bf16 operands when the forward's projection did:
-        # d_gi (bf16 from the fast path, else cast once) serves d_w_ih and d_x; d_gh and h are
-        # cast for d_w_hh (with the casts 1.6x faster than fp32 at the paper config).
+        # The weight-gradient GEMMs take bf16 operands when the forward's projection did: d_gi
+        # and d_gh (bf16 from the fast path, else cast once) serve d_w_ih and d_x, and d_w_hh
+        # with h cast once. The bias gradients d_b_hh (2, 3h) and d_b_ih are fp32 sums.
         d_gh_rows = d_gh[:, first:].to(xp.dtype)
         d_w_hh = _bmm(d_gh_rows.transpose(1, 2), h_prev.to(xp.dtype)).to(w_hh.dtype)  # (2, 3h, h)
         d_gi, full = d_gi.to(xp.dtype), w_hh.dtype

@@ -3,6 +3,7 @@
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -125,13 +126,13 @@ IAA_AVX512 static void step_avx512(const In* gi, const int64_t* gi_rows, const f
   }
 }
 
-// The gradients of one step (as step_grads below), vectorised; d_gi in fp32 or bf16, and the
-// candidate pre-activations' gradients summed into bn_sum (the n part of b_ih's gradient).
-// h % 16 == 0.
+// The gradients of one step (as step_grads below), vectorised; d_gh and d_gi in fp32 or bf16,
+// with fp32 sums over the rows: d_gh's into bh_sum (b_hh's gradient) and the candidate
+// pre-activations' into bn_sum (the n part of b_ih's gradient). h % 16 == 0.
 template <typename Out>
 IAA_AVX512 static void step_grads_avx512(const float* d_out, float* carry, int64_t carry_n, const float* hprev,
-                                         const float* rz, const float* cand, const float* hn, float* d_gh,
-                                         Out* d_gi, float* bn_sum, int64_t n, int64_t h) {
+                                         const float* rz, const float* cand, const float* hn, Out* d_gh,
+                                         Out* d_gi, float* bh_sum, float* bn_sum, int64_t n, int64_t h) {
   const __m512 one = _mm512_set1_ps(1.f);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < h; j += 16) {
@@ -143,11 +144,15 @@ IAA_AVX512 static void step_grads_avx512(const float* d_out, float* carry, int64
       const __m512 d_cpre = _mm512_mul_ps(_mm512_mul_ps(dh, _mm512_sub_ps(one, z)), _mm512_fnmadd_ps(c, c, one));
       const __m512 d_r = _mm512_mul_ps(_mm512_mul_ps(d_cpre, x), _mm512_mul_ps(r, _mm512_sub_ps(one, r)));
       const __m512 d_z = _mm512_mul_ps(_mm512_mul_ps(dh, _mm512_sub_ps(p, c)), _mm512_mul_ps(z, _mm512_sub_ps(one, z)));
-      float* gh = d_gh + i * 3 * h;
+      Out* gh = d_gh + i * 3 * h;
       Out* gx = d_gi + i * 3 * h;
-      _mm512_storeu_ps(gh + j, d_r);
-      _mm512_storeu_ps(gh + h + j, d_z);
-      _mm512_storeu_ps(gh + 2 * h + j, _mm512_mul_ps(d_cpre, r));
+      const __m512 d_hn = _mm512_mul_ps(d_cpre, r);
+      store16(gh + j, d_r);
+      store16(gh + h + j, d_z);
+      store16(gh + 2 * h + j, d_hn);
+      _mm512_storeu_ps(bh_sum + j, _mm512_add_ps(_mm512_loadu_ps(bh_sum + j), d_r));
+      _mm512_storeu_ps(bh_sum + h + j, _mm512_add_ps(_mm512_loadu_ps(bh_sum + h + j), d_z));
+      _mm512_storeu_ps(bh_sum + 2 * h + j, _mm512_add_ps(_mm512_loadu_ps(bh_sum + 2 * h + j), d_hn));
       store16(gx + j, d_r);
       store16(gx + h + j, d_z);
       store16(gx + 2 * h + j, d_cpre);
@@ -179,13 +184,20 @@ struct alignas(64) TileConfig {
 // C (n x N, fp32, row stride N; rows up to n rounded up to 32 are written) = A (n x K, fp32, row
 // stride lda) B, with B given packed (pack_vnni) in bf16. A's rows are rounded to bf16 into
 // a_buf (32-row blocks, K columns); AMX accumulates in fp32. K % 32 == 0, N % 32 == 0.
-IAA_AMX static void amx_gemm(const float* A, int64_t n, int64_t K, int64_t lda, const at::BFloat16* B,
+IAA_AMX static inline void to_bf16_row(const float* src, at::BFloat16* dst, int64_t K) {
+  for (int64_t k = 0; k < K; k += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + k)));
+}
+IAA_AMX static inline void to_bf16_row(const at::BFloat16* src, at::BFloat16* dst, int64_t K) {
+  std::memcpy(dst, src, K * sizeof(at::BFloat16));
+}
+
+// A may also be bf16 (copied as is).
+template <typename A_t>
+IAA_AMX static void amx_gemm(const A_t* A, int64_t n, int64_t K, int64_t lda, const at::BFloat16* B,
                              int64_t N, float* C, at::BFloat16* a_buf) {
   const int64_t rows = (n + 31) / 32 * 32;
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < K; k += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a_buf + i * K + k),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(A + i * lda + k)));
+  for (int64_t i = 0; i < n; ++i) to_bf16_row(A + i * lda, a_buf + i * K, K);
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
   _tile_loadconfig(&cfg);
@@ -517,12 +529,12 @@ template <typename Out>
 static void backward_fast(const torch::Tensor& d_out, const torch::Tensor& out, const torch::Tensor& rz,
                           const torch::Tensor& cand, const torch::Tensor& hn, const torch::Tensor& w_hh,
                           const at::BFloat16* w_packed, torch::Tensor& d_gh, torch::Tensor& d_gi,
-                          torch::Tensor& d_bn, const std::vector<int64_t>& sizes,
+                          torch::Tensor& d_bh, torch::Tensor& d_bn, const std::vector<int64_t>& sizes,
                           const std::vector<int64_t>& offsets) {
   const int64_t N = out.size(1), h = out.size(2), rows = sizes.empty() ? 0 : (sizes[0] + 31) / 32 * 32;
   const float *g_p = d_out.data_ptr<float>(), *out_p = out.data_ptr<float>(), *rz_p = rz.data_ptr<float>();
   const float *cand_p = cand.data_ptr<float>(), *hn_p = hn.data_ptr<float>();
-  float* dgh_p = d_gh.data_ptr<float>();
+  Out* dgh_p = d_gh.data_ptr<Out>();
   Out* dgi_p = d_gi.data_ptr<Out>();
   const torch::Tensor dgh_d[2] = {d_gh[0], d_gh[1]}, w_d[2] = {w_hh[0], w_hh[1]};
   const auto carry = at::empty({2, rows, h}, out.options());                 // d h_{t-1}, built in place
@@ -537,13 +549,14 @@ static void backward_fast(const torch::Tensor& d_out, const torch::Tensor& out, 
       const int64_t n = sizes[t], off = offsets[t], prev = t ? offsets[t - 1] : 0, row = d * N + off;
       step_grads_avx512<Out>(g_p + row * h, cr, carry_n, t ? out_p + (d * N + prev) * h : nullptr,
                              rz_p + row * 2 * h, cand_p + row * h, hn_p + row * h, dgh_p + row * 3 * h,
-                             dgi_p + row * 3 * h, d_bn.data_ptr<float>() + d * h, n, h);
+                             dgi_p + row * 3 * h, d_bh.data_ptr<float>() + d * 3 * h,
+                             d_bn.data_ptr<float>() + d * h, n, h);
       if (t > 0 && w_packed) {
         amx_gemm(dgh_p + row * 3 * h, n, 3 * h, 3 * h, w_packed + d * 3 * h * h, h, prod,
                  a_buf.data_ptr<at::BFloat16>() + d * rows * 3 * h);
         for (int64_t k = 0; k < n * h; ++k) cr[k] += prod[k];
       } else if (t > 0) {
-        carry_d[d].narrow(0, 0, n).addmm_(dgh_d[d].narrow(0, off, n), w_d[d]);   // (n, h)
+        carry_d[d].narrow(0, 0, n).addmm_(dgh_d[d].narrow(0, off, n).to(at::kFloat), w_d[d]);   // (n, h)
       }
       carry_n = n;
     }
@@ -555,9 +568,11 @@ std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, 
                                         torch::Tensor cand, torch::Tensor hn, torch::Tensor w_hh,
                                         bool amx, std::vector<int64_t> sizes,
                                         std::vector<int64_t> offsets, bool bf16_gi) {
-  // d_out (2, N, h): gradient of the outputs; w_hh (2, 3h, h); amx: as gru_forward. Returns d_gh (2, N, 3h), d_gi (2, N, 3h; bf16 when bf16_gi and the fast
-  // path runs, for the bf16 GEMMs that consume it) and d_bn (2, h), the sum over rows of d_gi's
-  // n part (b_in's gradient there), summed in the state's dtype.
+  // d_out (2, N, h): gradient of the outputs; w_hh (2, 3h, h); amx: as gru_forward. Returns d_gh
+  // and d_gi (2, N, 3h; both bf16 when bf16_gi and the fast path runs, for the bf16 GEMMs that
+  // consume them), d_bh (2, 3h), the sum of d_gh over rows (b_hh's gradient), and d_bn (2, h),
+  // the sum over rows of d_gi's n part (b_in's gradient there), both summed in the state's dtype
+  // from the unrounded values.
   d_out = d_out.contiguous(); w_hh = w_hh.contiguous();
   const int64_t N = out.size(1), h = out.size(2);
   auto d_gh = at::empty({2, N, 3 * h}, out.options());
@@ -565,20 +580,22 @@ std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, 
   if (out.scalar_type() == at::kFloat && fast_paths(h)) {
     const auto w_packed = amx && amx_paths(h) ? pack_vnni(w_hh) : torch::Tensor();
     const at::BFloat16* packed = w_packed.defined() ? w_packed.data_ptr<at::BFloat16>() : nullptr;
-    auto d_gi = at::empty({2, N, 3 * h}, out.options().dtype(bf16_gi ? at::kBFloat16 : at::kFloat));
-    auto d_bn = at::zeros({2, h}, out.options());
+    const auto grads = out.options().dtype(bf16_gi ? at::kBFloat16 : at::kFloat);
+    auto d_gi = at::empty({2, N, 3 * h}, grads);
+    d_gh = at::empty({2, N, 3 * h}, grads);
+    auto d_bh = at::zeros({2, 3 * h}, out.options()), d_bn = at::zeros({2, h}, out.options());
     if (bf16_gi)
-      backward_fast<at::BFloat16>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bn, sizes, offsets);
+      backward_fast<at::BFloat16>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bh, d_bn, sizes, offsets);
     else
-      backward_fast<float>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bn, sizes, offsets);
-    return {d_gh, d_gi, d_bn};
+      backward_fast<float>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bh, d_bn, sizes, offsets);
+    return {d_gh, d_gi, d_bh, d_bn};
   }
 #endif
   auto d_gi = at::empty({2, N, 3 * h}, out.options());
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_backward", [&] {
     backward_steps<scalar_t>(d_out, out, rz, cand, hn, w_hh, d_gh, d_gi, sizes, offsets);
   });
-  return {d_gh, d_gi, d_gi.narrow(2, 2 * h, h).sum(1)};
+  return {d_gh, d_gi, d_gh.sum(1), d_gi.narrow(2, 2 * h, h).sum(1)};
 }
 
 torch::Tensor scatter_rows(torch::Tensor src, torch::Tensor pos, int64_t positions) {
