@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from iaa.model import build_reader, gru_kernels, inference_steps, nll_loss, preset
+from iaa.model import build_reader, gru_kernels, inference_steps, nll_loss, precision, preset
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -77,6 +77,13 @@ def test_bf16_steps_stay_within_bounds_and_multiply_in_bf16() -> None:
     assert torch.equal(finite, torch.isfinite(fused))
     assert RAN_BF16 < (fused - fp32)[finite].abs().max().item() < 0.01
     assert (fused - python)[finite].abs().max().item() < 0.01
+    precision.BF16_SMALL_MATMULS = False                   # bf16 reads, fp32 products under autocast
+    try:
+        reads_only = _infer(model, batch, True, bf16=True)
+    finally:
+        precision.BF16_SMALL_MATMULS = True
+    assert RAN_BF16 < (reads_only - fp32)[finite].abs().max().item() < 0.01
+    assert (reads_only - fused)[finite].abs().max().item() > RAN_BF16         # the products differ
 
 
 def test_packed_weights_follow_a_fused_adam_step() -> None:

@@ -91,4 +91,5 @@ def logits(reader: nn.Module, cache: StepWeights, q_enc: torch.Tensor, d_enc: to
     amx = bf16_matmuls and kernels.steps_amx(2 * cfg.hidden_dim, cfg.state_dim, cfg.gate_dim)
     weights, packed = cache.get(reader, amx)
     memory = d_enc.to(torch.bfloat16) if bf16 else d_enc.float()
-    return kernels.iaa_steps(q_enc.float(), query_mask, memory, doc_mask, weights, packed, cfg.steps)
+    with torch.autocast("cpu", enabled=False):                          # fp32 products stay fp32
+        return kernels.iaa_steps(q_enc.float(), query_mask, memory, doc_mask, weights, packed, cfg.steps)
