@@ -8,10 +8,12 @@
    get bf16 operands (``iaa.model.fused_gru``, ``iaa.model.precision``).
 2. Training and inference of the IAA reader on the synthetic CBT-NE workload of
    ``iaa.jobs.bench``, one batch per side in turn, sides: fp32, bf16 (``train.precision=bf16``:
-   in inference the T steps' 32-row matmuls, i.e. gates, inference GRU and read projections,
-   multiply cached bf16 weights), and bf16 with those inference matmuls kept fp32
-   (``iaa.model.precision.BF16_SMALL_MATMULS``). Training is the same code in both bf16 sides.
-   Rates are totals (examples / seconds) per side; the last line is JSON.
+   the T steps' 32-row matmuls, i.e. gates, inference GRU and read projections, take bf16
+   operands on AMX where the CPU has it), and bf16 with those matmuls kept fp32
+   (``iaa.model.precision.BF16_SMALL_MATMULS``). Each side's first batch goes first in turn,
+   and in training the sides trade readers (same initial weights, one optimizer each) from
+   batch to batch: a reader's own memory placement was measured to bias its side by up to 10%. Rates are
+   totals (examples / seconds) per side; the last line is JSON.
 """
 
 from __future__ import annotations
@@ -97,10 +99,10 @@ def _amx_rate(a: torch.Tensor, b: torch.Tensor, reps: int, rounds: int, clock) -
     return {"amx": round(2 * a.shape[0] * a.shape[1] * b.shape[1] / statistics.median(times) / 1e9, 1)}
 
 
-SIDES = {                  # name: (autocast dtype, bf16 small matmuls in inference)
+SIDES = {                  # name: (autocast dtype, bf16 small matmuls)
     "fp32": (None, True),
     "bf16": (torch.bfloat16, True),
-    "bf16, small inference matmuls fp32": (torch.bfloat16, False),
+    "bf16, small matmuls fp32": (torch.bfloat16, False),
 }
 
 
@@ -116,31 +118,42 @@ def _small_matmuls_bf16(on: bool):
 
 def model_rates(rounds: int, steps: int, batch_size: int, clock=time.perf_counter) -> dict[str, dict[str, float]]:
     cfg = replace(PRESETS["paper"], vocab_size=bench.VOCAB_SIZE)
-    sides = {}
-    for name, (dtype, small_bf16) in SIDES.items():
+    readers = []
+    for _ in SIDES:
         torch.manual_seed(0)
         reader = build_reader(cfg)
-        sides[name] = (reader, build_optimizer(reader, 1e-3, 1e-4), dtype, small_bf16)
+        readers.append((reader, build_optimizer(reader, 1e-3, 1e-4)))
     pool = bench.synthetic_examples(rounds * steps * batch_size, seed=0)
     batches = [bench.collate(b) for b in bench.bucketed_batches(pool, batch_size)]
     warm = bench.collate(bench.synthetic_examples(batch_size, seed=1))
-    for reader, optimizer, dtype, _ in sides.values():
-        train_step(reader, optimizer, warm, amp_dtype=dtype)
-    seconds = {name: {"train": 0.0, "infer": 0.0} for name in sides}
-    order = list(sides)
+    order = list(SIDES)
+    for reader, optimizer in readers:
+        for dtype, small_bf16 in SIDES.values():
+            with _small_matmuls_bf16(small_bf16):
+                train_step(reader, optimizer, warm, amp_dtype=dtype)
+    seconds = {name: {"train": 0.0, "infer": 0.0} for name in SIDES}
+
+    def sides_of(i: int, trade: bool):
+        """Batch i's (side, reader) pairs: who goes first rotates; with ``trade`` the readers
+        rotate over the sides too (in inference each side keeps its reader, whose per-word
+        table is built for that side's dtype)."""
+        for name in order[i % len(order):] + order[: i % len(order)]:
+            yield name, readers[(order.index(name) + (i // len(order) if trade else 0)) % len(readers)]
+
     for i, batch in enumerate(batches):
-        for name in order[i % len(order):] + order[: i % len(order)]:      # who goes first rotates
-            reader, optimizer, dtype, _ = sides[name]
+        for name, (reader, optimizer) in sides_of(i, trade=True):
+            dtype, small_bf16 = SIDES[name]
             start = clock()
-            train_step(reader, optimizer, batch, amp_dtype=dtype)
+            with _small_matmuls_bf16(small_bf16):
+                train_step(reader, optimizer, batch, amp_dtype=dtype)
             seconds[name]["train"] += clock() - start
-    for reader, _, dtype, small_bf16 in sides.values():
+    for (reader, _), (dtype, small_bf16) in zip(readers, SIDES.values()):
         reader.eval()
         with torch.inference_mode(), autocast("cpu", dtype), _small_matmuls_bf16(small_bf16):
             reader(warm)                                                # builds the inference table
     for i, batch in enumerate(batches):
-        for name in order[i % len(order):] + order[: i % len(order)]:
-            reader, _, dtype, small_bf16 = sides[name]
+        for name, (reader, _) in sides_of(i, trade=False):
+            dtype, small_bf16 = SIDES[name]
             start = clock()
             with torch.inference_mode(), autocast("cpu", dtype), _small_matmuls_bf16(small_bf16):
                 reader(batch)

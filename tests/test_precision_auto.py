@@ -269,3 +269,29 @@ def test_a_checkpoint_config_with_the_former_bf16_switch_still_loads() -> None:
         data["train"]["precision"] = "fp32"
         cfg = from_dict(data)
         assert cfg.train.precision == expected and not hasattr(cfg.model, "bf16_projections")
+
+
+def test_small_matmuls_in_bf16_training_multiply_on_amx_with_one_weight_gradient_per_block() -> None:
+    """Under ``small_matmuls(amx=True)`` (training under bf16) the T steps' layers multiply bf16
+    operands on AMX: outputs and every gradient within bf16 bounds of fp32 and further from it
+    than fp32 rounding (AMX ran); the weight gradient summed over the block's uses matches."""
+    if not precision_module.amx_usable():
+        pytest.skip("this CPU has no AMX (or the OS does not grant it, or no C++ kernels): fp32 here")
+    torch.manual_seed(6)
+    layer, cell = nn.Linear(96, 64), nn.GRUCell(64, 32)
+    xs = [torch.randn(20, 96, requires_grad=True) for _ in range(3)]          # 60 rows: padded to 64
+    results = {}
+    for amx in (False, True):
+        for param in (*layer.parameters(), *cell.parameters()):
+            param.grad = None
+        with small_matmuls(False, amx=amx):
+            h = torch.zeros(20, 32)
+            for x in xs:
+                h = gru_cell(linear(x, layer), h, cell)
+        out = (h * torch.linspace(-1, 1, 32)).sum()
+        grads = torch.autograd.grad(out, [*xs, *layer.parameters(), *cell.parameters()])
+        results[amx] = (h.detach(), grads)
+    (h32, g32), (h16, g16) = results[False], results[True]
+    assert RAN_BF16 < _rel(h16, h32) < REL
+    for got, want in zip(g16, g32):
+        assert RAN_BF16 < _rel(got, want) < REL

@@ -227,14 +227,35 @@ IAA_AMX static void amx_gemm(const A_t* A, int64_t n, int64_t K, int64_t lda, co
 }
 #endif
 
+#ifdef IAA_X86
+// Rows k and k + 1 of one 16-column block, interleaved: (b[k, j], b[k + 1, j]) for j < 16.
+IAA_AMX static void pack_pairs(const float* row0, const float* row1, at::BFloat16* out) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row1), _mm512_loadu_ps(row0));
+  _mm512_storeu_si512(out, _mm512_permutexvar_epi16(order, both));
+}
+#endif
+
 // B (d, K, N) fp32 -> (d, N / 16, K / 2, 16, 2) bf16: per 16-column block, K / 2 rows of 16
-// column pairs (b[2k, j], b[2k + 1, j]), the layout amx_gemm's tile loads read.
+// column pairs (b[2k, j], b[2k + 1, j]), the layout amx_gemm's tile loads read. Rounded to
+// nearest even, as torch's conversion (vectorised where the CPU has AVX512-BF16).
 static torch::Tensor pack_vnni(const torch::Tensor& b) {
   const auto src = b.to(at::kFloat).contiguous();
   const int64_t D = src.size(0), K = src.size(1), N = src.size(2);
   auto out = at::empty({D, N / 16, K / 2, 16, 2}, src.options().dtype(at::kBFloat16));
   const float* s = src.data_ptr<float>();
   at::BFloat16* o = out.data_ptr<at::BFloat16>();
+#ifdef IAA_X86
+  if (amx_usable()) {
+    for (int64_t d = 0; d < D; ++d)                  // reads row pairs in order: each is contiguous
+      for (int64_t k = 0; k < K; k += 2)
+        for (int64_t c = 0; c < N / 16; ++c)
+          pack_pairs(s + (d * K + k) * N + c * 16, s + (d * K + k + 1) * N + c * 16,
+                     o + ((d * (N / 16) + c) * (K / 2) + k / 2) * 32);
+    return out;
+  }
+#endif
   for (int64_t d = 0; d < D; ++d)
     for (int64_t c = 0; c < N / 16; ++c)
       for (int64_t k = 0; k < K; ++k)
@@ -737,9 +758,56 @@ bool steps_amx(int64_t enc_dim, int64_t state_dim, int64_t gate_dim) {
   return amx_usable() && enc_dim % 32 == 0 && state_dim % 32 == 0 && gate_dim % 32 == 0;
 }
 
-torch::Tensor pack_linear(torch::Tensor weight) {
-  // nn.Linear's weight (N, K) as the packed bf16 operand of amx_gemm: W^T in VNNI layout.
-  return pack_vnni(weight.detach().t().unsqueeze(0)).squeeze(0);
+#ifdef IAA_X86
+// W (N, K) fp32 -> W^T packed as pack_vnni packs it: (N / 16, K / 2, 16, 2). In the VNNI layout a
+// column pair of W^T is a pair of adjacent elements of one row of W, so each 16-row block of W is
+// rounded to bf16 row by row and its 32-bit pairs transposed: no transposed copy of W.
+IAA_AMX static void pack_transposed(const float* w, int64_t N, int64_t K, at::BFloat16* out) {
+  std::vector<uint32_t> rows(16 * K / 2);
+  auto* dst = reinterpret_cast<uint32_t*>(out);
+  for (int64_t c = 0; c < N / 16; ++c) {
+    for (int64_t j = 0; j < 16; ++j)
+      for (int64_t k = 0; k < K; k += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows.data() + j * K / 2 + k / 2),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(w + (c * 16 + j) * K + k)));
+    for (int64_t kp = 0; kp < K / 2; ++kp)
+      for (int64_t j = 0; j < 16; ++j) dst[(c * (K / 2) + kp) * 16 + j] = rows[j * K / 2 + kp];
+  }
+}
+#endif
+
+torch::Tensor pack_linear(torch::Tensor weight, bool transpose) {
+  // nn.Linear's weight W (N, K) as the packed bf16 operand of amx_gemm: W^T (for x W^T) in VNNI
+  // layout, or W itself (for dy W) when transpose is false.
+  const auto w = weight.detach().to(at::kFloat).contiguous();
+#ifdef IAA_X86
+  if (transpose && amx_usable() && w.size(1) % 16 == 0) {
+    const int64_t N = w.size(0), K = w.size(1);
+    auto out = at::empty({N / 16, K / 2, 16, 2}, w.options().dtype(at::kBFloat16));
+    pack_transposed(w.data_ptr<float>(), N, K, out.data_ptr<at::BFloat16>());
+    return out;
+  }
+#endif
+  return pack_vnni((transpose ? w.t() : w).unsqueeze(0)).squeeze(0);
+}
+
+torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bias) {
+  // x (n, K) fp32 times the packed (N / 16, K / 2, 16, 2) bf16 operand, plus bias (N) when not
+  // empty: (n, N) fp32, with bf16-rounded operands and fp32 sums (AMX).
+  const int64_t n = x.size(0), K = x.size(1), N = packed.size(0) * 16, rows = (n + 31) / 32 * 32;
+  TORCH_CHECK(amx_paths(K) && N % 32 == 0 && packed.size(1) * 2 == K, "amx_linear: AMX is not usable here");
+  x = x.to(at::kFloat).contiguous();
+  auto y = at::empty({rows, N}, x.options());
+  auto a_buf = at::empty({rows, K}, x.options().dtype(at::kBFloat16));
+#ifdef IAA_X86
+  amx_gemm(x.data_ptr<float>(), n, K, K, packed.data_ptr<at::BFloat16>(), N, y.data_ptr<float>(),
+           a_buf.data_ptr<at::BFloat16>());
+  if (bias.numel()) {
+    bias = bias.to(at::kFloat).contiguous();
+    bias_act(y.data_ptr<float>(), n, N, bias.data_ptr<float>(), 0);
+  }
+#endif
+  return y.narrow(0, 0, n);
 }
 
 torch::Tensor iaa_steps(torch::Tensor q_enc, torch::Tensor q_mask, torch::Tensor d_enc, torch::Tensor d_mask,
@@ -800,7 +868,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_matmul", &amx_matmul, "a (n, K) times b (K, N) with bf16 operands on AMX, fp32 result",
         py::arg("a"), py::arg("b"), py::arg("repeats") = 1);
   m.def("iaa_steps", &iaa_steps, "the IAA reader's T attention steps for inference; the last document logits");
-  m.def("pack_linear", &pack_linear, "a linear layer's weight packed for the AMX products of iaa_steps");
+  m.def("pack_linear", &pack_linear, "a linear layer's weight packed for AMX products (amx_linear, iaa_steps)",
+        py::arg("weight"), py::arg("transpose") = true);
+  m.def("amx_linear", &amx_linear, "x times a packed weight, plus a bias, with bf16 operands on AMX");
   m.def("steps_paths", &steps_paths, "whether iaa_steps runs for these sizes (2h, s, gate)");
   m.def("steps_amx", &steps_amx, "whether iaa_steps' products can take bf16 operands on AMX here");
 }

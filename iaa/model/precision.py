@@ -7,12 +7,22 @@ CPU, the fused encoder and the inference table (``fused_gru``) and the attention
 softmaxes and the pointer-sum stay fp32, and parameters never change dtype.
 
 The T steps' small matmuls (32 rows at batch 32: gates, inference GRU, read projections) run
-under ``small_matmuls``: fp32 in training (autocast's per-call weight casts cost more than bf16
-saves there), and in bf16 inference with bf16 copies of the weights made once per
-``small_matmuls`` block, i.e. once per forward pass, and shared by its T steps (``linear``,
-``gru_cell``): each step re-reads the weights from memory, and bf16 halves those bytes. The
-copies never outlive the block: an optimizer may change the weights in place without bumping
-their version counter (fused Adam does not), so a cache across passes could serve stale ones.
+under ``small_matmuls``, which hands ``linear`` and ``gru_cell`` weights prepared once per block,
+i.e. once per forward pass, and shared by its T steps:
+
+- training under bf16 where the CPU has AMX (``amx=True``): bf16 operands on AMX
+  (``gru_kernels.amx_linear``, fp32 sums), the weights packed for the forward product (W^T) and
+  for the input gradient (W); each weight's gradient Σ_t dy_tᵀx_t is one AMX product over the
+  T steps, the bias gradient an fp32 sum. oneDNN's bf16 kernels cost more than they save at 32 rows (they
+  repack the weight on every call), and so does autocast's per-call cast;
+- bf16 inference (``bf16=True``): bf16 copies of the weights (oneDNN): each step re-reads the
+  weights from memory, and bf16 halves those bytes (CPUs without AVX-512; elsewhere the C++
+  steps of ``inference_steps`` serve inference);
+- otherwise fp32.
+
+The prepared weights never outlive the block: an optimizer may change the weights in place
+without bumping their version counter (fused Adam does not), so a cache across passes could
+serve stale ones.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from iaa.model import gru_kernels
 
 # False keeps the small matmuls fp32 in bf16 inference too (benchmarks time the two side by side).
 BF16_SMALL_MATMULS = True
@@ -52,17 +64,95 @@ def cpu_bf16() -> bool:
     return autocast_dtype("cpu") == torch.bfloat16
 
 
+def amx_usable() -> bool:
+    """Whether ``small_matmuls(amx=True)`` multiplies on AMX here (CPU, kernels built, AMX granted)."""
+    kernels = gru_kernels.load()
+    return kernels is not None and kernels.amx_paths(32)
+
+
 @contextmanager
-def small_matmuls(bf16: bool) -> Iterator[None]:
-    """CPU autocast off for the T steps' small matmuls; ``bf16`` (inference, no gradient):
-    ``linear`` and ``gru_cell`` multiply bf16 copies of their inputs and weights instead."""
-    before = getattr(_SMALL, "bf16", False), getattr(_SMALL, "copies", {})
-    _SMALL.bf16, _SMALL.copies = bf16 and BF16_SMALL_MATMULS, {}
+def small_matmuls(bf16: bool, amx: bool = False) -> Iterator[None]:
+    """CPU autocast off for the T steps' small matmuls. ``bf16`` (inference, no gradient):
+    ``linear`` and ``gru_cell`` multiply bf16 copies of their inputs and weights instead;
+    ``amx`` (training): they multiply bf16 operands on AMX where the CPU has it."""
+    before = getattr(_SMALL, "bf16", False), getattr(_SMALL, "amx", False), getattr(_SMALL, "copies", {})
+    _SMALL.bf16 = bf16 and BF16_SMALL_MATMULS
+    _SMALL.amx = amx and BF16_SMALL_MATMULS and amx_usable()
+    _SMALL.copies = {}
     try:
         with torch.autocast("cpu", enabled=False):
             yield
     finally:
-        _SMALL.bf16, _SMALL.copies = before
+        _SMALL.bf16, _SMALL.amx, _SMALL.copies = before
+
+
+class _WeightGrad:
+    """The factors (dy, x) of each product x Wᵀ with one weight W in a block, for dW = Σ dyᵀx."""
+
+    def __init__(self) -> None:
+        self.dys: list[torch.Tensor] = []
+        self.xs: list[torch.Tensor] = []
+
+
+class _CollectWeightGrad(torch.autograd.Function):
+    """Identity on W whose backward computes dW = Σ_t dy_tᵀ x_t over the block's T products in
+    one AMX product (inner size T x batch) instead of T products and T - 1 additions of a
+    weight-sized gradient (as ``attention.Memory`` does for the document reads)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, grads: _WeightGrad) -> torch.Tensor:
+        ctx.grads = grads
+        ctx.set_materialize_grads(False)
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor | None):
+        grads, ctx.grads = ctx.grads, None
+        if grads.dys:
+            dy, x = torch.cat(grads.dys), torch.cat(grads.xs)                   # (R, N), (R, K)
+            pad = -dy.shape[0] % 32                                             # AMX: inner size % 32
+            if pad:
+                dy, x = F.pad(dy, (0, 0, 0, pad)), F.pad(x, (0, 0, 0, pad))
+            dw = gru_kernels.load().amx_matmul(dy.t().contiguous(), x)          # (N, K) fp32
+            grad = dw if grad is None else grad + dw
+        grads.dys, grads.xs = [], []
+        return grad, None
+
+
+class _AmxLinear(torch.autograd.Function):
+    """y = x Wᵀ + b with bf16 operands on AMX. Backward: dx = dy W on AMX, db = Σ dy in fp32, and
+    (dy, x) handed to the weight's ``_CollectWeightGrad``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, packed_t, packed, grads):
+        ctx.save_for_backward(x)
+        ctx.packed, ctx.has_bias, ctx.grads = packed, bias is not None, grads
+        return gru_kernels.load().amx_linear(x, packed_t, bias if bias is not None else x.new_empty(0))
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dx = gru_kernels.load().amx_linear(dy, ctx.packed, dy.new_empty(0)) if ctx.needs_input_grad[0] else None
+        if ctx.needs_input_grad[1]:
+            ctx.grads.dys.append(dy)
+            ctx.grads.xs.append(x)
+        return dx, None, dy.sum(0) if ctx.has_bias else None, None, None, None
+
+
+def _amx_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``F.linear(x, weight, bias)`` on AMX under ``small_matmuls(amx=True)``, with the weight
+    packed once per block; None where AMX does not run (off, or a size not a multiple of 32)."""
+    n_out, n_in = weight.shape
+    if not getattr(_SMALL, "amx", False) or n_out % 32 or n_in % 32:
+        return None
+    prepared = _SMALL.copies.get(id(weight))
+    if prepared is None:
+        kernels, grads = gru_kernels.load(), _WeightGrad()
+        node = _CollectWeightGrad.apply(weight, grads) if weight.requires_grad else weight
+        prepared = _SMALL.copies[id(weight)] = (node, kernels.pack_linear(weight, True),
+                                                kernels.pack_linear(weight, False), grads)
+    node, packed_t, packed, grads = prepared
+    return _AmxLinear.apply(x, node, bias, packed_t, packed, grads)
 
 
 def _bf16(param: torch.Tensor) -> torch.Tensor:
@@ -74,7 +164,11 @@ def _bf16(param: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """``layer(x)``; under ``small_matmuls(bf16=True)`` with bf16 operands, the result in fp32."""
+    """``layer(x)``; under ``small_matmuls(bf16=True)`` or ``(amx=True)`` with bf16 operands,
+    the result in fp32."""
+    y = _amx_linear(x, layer.weight, layer.bias)
+    if y is not None:
+        return y
     if not getattr(_SMALL, "bf16", False):
         return layer(x)
     bias = _bf16(layer.bias) if layer.bias is not None else None
@@ -82,12 +176,15 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 
 
 def gru_cell(x: torch.Tensor, h: torch.Tensor, cell: nn.GRUCell) -> torch.Tensor:
-    """``cell(x, h)``; under ``small_matmuls(bf16=True)`` its two matmuls take bf16 operands and
-    the gates (PyTorch's order r, z, n) and the new state are computed in fp32."""
-    if not getattr(_SMALL, "bf16", False):
-        return cell(x, h)
-    gi = F.linear(x.to(torch.bfloat16), _bf16(cell.weight_ih), _bf16(cell.bias_ih)).float()  # (B, 3s)
-    gh = F.linear(h.to(torch.bfloat16), _bf16(cell.weight_hh), _bf16(cell.bias_hh)).float()
+    """``cell(x, h)``; under ``small_matmuls(bf16=True)`` or ``(amx=True)`` its two matmuls take
+    bf16 operands and the gates (PyTorch's order r, z, n) and the new state are computed in fp32."""
+    gi = _amx_linear(x, cell.weight_ih, cell.bias_ih)
+    gh = _amx_linear(h, cell.weight_hh, cell.bias_hh) if gi is not None else None
+    if gh is None:
+        if not getattr(_SMALL, "bf16", False):
+            return cell(x, h)
+        gi = F.linear(x.to(torch.bfloat16), _bf16(cell.weight_ih), _bf16(cell.bias_ih)).float()  # (B, 3s)
+        gh = F.linear(h.to(torch.bfloat16), _bf16(cell.weight_hh), _bf16(cell.bias_hh)).float()
     i_r, i_z, i_n = gi.chunk(3, 1)
     h_r, h_z, h_n = gh.chunk(3, 1)
     r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)

@@ -101,12 +101,13 @@ class _Encoders(nn.Module):
 
 def _small_matmuls():
     """The inference steps' 32-row matmuls (gates, inference GRU, query reads, the projections
-    of the document reads): fp32 in training, where autocast's per-call casts cost more than
-    bf16 saves, and bf16 operands with cached bf16 weights in bf16 inference
-    (``precision.small_matmuls``; docs/speed.md, "bf16 on CPU"). The document reads keep their
-    ``Memory``'s dtype (bf16 under bf16 autocast); the log-softmaxes and the pointer-sum are
-    fp32 either way."""
-    return small_matmuls(cpu_bf16() and not torch.is_grad_enabled())
+    of the document reads) under bf16: in training bf16 operands on AMX where the CPU has it
+    (else fp32: autocast's per-call casts cost more than bf16 saves at 32 rows), in inference
+    bf16 operands with bf16 weights made once per pass (``precision.small_matmuls``;
+    docs/speed.md, "bf16 on CPU"). The document reads keep their ``Memory``'s dtype (bf16 under
+    bf16 autocast); the log-softmaxes and the pointer-sum are fp32 either way."""
+    bf16, grad = cpu_bf16(), torch.is_grad_enabled()
+    return small_matmuls(bf16 and not grad, amx=bf16 and grad)
 
 
 def _answer_mask(cfg: ReaderConfig, batch: ReaderInputs) -> torch.Tensor:
