@@ -412,10 +412,18 @@ torch::Tensor gru_infer(torch::Tensor table, torch::Tensor words, torch::Tensor 
   const int64_t N = words.size(1), h = w_hh_t.size(1);
   TORCH_CHECK(fast_paths(h) && table.dim() == 3 && table.size(0) == 2, "gru_infer needs the AVX-512 path");
   table = table.contiguous(); w_hh_t = w_hh_t.to(at::kFloat).contiguous(); b_hn = b_hn.to(at::kFloat).contiguous();
-  words = words.contiguous();
+  words = words.contiguous(); pos = pos.contiguous();
   const auto y_rows = (pos * (2 * h)).contiguous();                             // element offsets
   auto out = at::empty({2, N, h}, w_hh_t.options());
-  auto y = at::zeros({positions, 2 * h}, w_hh_t.options());
+  auto y = at::empty({positions, 2 * h}, w_hh_t.options());
+  {                                                    // zero the padding rows only: the rest is written
+    std::vector<uint8_t> real(positions, 0);
+    const int64_t* p = pos.data_ptr<int64_t>();
+    for (int64_t k = 0; k < N; ++k) real[p[k]] = 1;
+    float* rows = y.data_ptr<float>();
+    for (int64_t r = 0; r < positions; ++r)
+      if (!real[r]) std::memset(rows + r * 2 * h, 0, 2 * h * sizeof(float));
+  }
 #ifdef IAA_X86
   const auto w_packed = amx && amx_paths(h) ? pack_vnni(w_hh_t) : torch::Tensor();
   const at::BFloat16* packed = w_packed.defined() ? w_packed.data_ptr<at::BFloat16>() : nullptr;
