@@ -174,6 +174,17 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# Under bf16 each direction's packed rows are padded with zero rows to a multiple of this: the
+# bf16 GEMMs over the tokens (projection, input and weight gradients) then see few shapes. oneDNN
+# builds a kernel for every new shape, 5 to 11 ms each at these sizes, and every batch has its
+# own token count. fp32 GEMMs (MKL) build nothing per shape and are not padded.
+GEMM_ROWS = 256
+
+
+def _padded_rows(n: int) -> int:
+    return -(-n // GEMM_ROWS) * GEMM_ROWS
+
+
 def amx_recurrence(h: int) -> bool:
     """Whether, under bf16, the CPU recurrence of hidden size ``h`` multiplies on AMX."""
     kernels = gru_kernels.load() if FusedBiGRU.use_cpp else None
@@ -237,8 +248,13 @@ class FusedBiGRU(torch.autograd.Function):
         w_ih, w_hh, b_hh, b_in = _stack_weights(*weights)
         if bf16:                                                        # bf16 operands, kept for backward
             x, w_ih = x.to(torch.bfloat16), w_ih.to(torch.bfloat16)
-        xp = x.reshape(batch * max_len, dim).index_select(0, pos.view(-1)).view(2, -1, dim)  # (2, N, d)
-        gi = _bmm(xp, w_ih.transpose(1, 2))                             # (2, N, 3h), bf16 or fp32
+        n = pos.shape[1]
+        rows = _padded_rows(n) if bf16 and x.is_cpu and FusedBiGRU.use_cpp and gru_kernels.load() else n
+        xp = x.new_empty(2, rows, dim)                                  # (2, N', d): N real rows, then zeros
+        xp[:, n:].zero_()
+        for k in range(2):
+            torch.index_select(x.reshape(batch * max_len, dim), 0, pos[k], out=xp[k, :n])
+        gi = _bmm(xp, w_ih.transpose(1, 2))                             # (2, N', 3h), bf16 or fp32
         if not bf16:
             gi, b_in = gi.add_(b_in), None
         keep = any(ctx.needs_input_grad)
@@ -246,7 +262,7 @@ class FusedBiGRU(torch.autograd.Function):
         ctx.pk, ctx.shape, ctx.hn, ctx.kernels = pk, x.shape, hn, kernels
         ctx.amx = _amx(kernels, bf16, w_hh.shape[2])
         ctx.save_for_backward(xp, pos, w_ih, w_hh, out, rz, cand)
-        return _unpack(out, pos, batch, max_len)                        # (B, L, 2h)
+        return _unpack(out[:, :n], pos, batch, max_len)                 # (B, L, 2h)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
@@ -254,11 +270,11 @@ class FusedBiGRU(torch.autograd.Function):
     def backward(ctx, grad_y):
         xp, pos, w_ih, w_hh, out, rz, cand = ctx.saved_tensors
         pk, (batch, max_len, dim), hn, kernels = ctx.pk, ctx.shape, ctx.hn, ctx.kernels
-        h = out.shape[-1]
+        h, n, rows = out.shape[-1], pos.shape[1], out.shape[1]          # rows: N padded (bf16)
         grad_y = grad_y.reshape(batch * max_len, 2, h)
-        d_out = grad_y.new_empty(2, pos.shape[1], h)                    # (2, N, h)
+        d_out = grad_y.new_empty(2, rows, h)                            # (2, N', h); padding never read
         for k in range(2):
-            torch.index_select(grad_y[:, k], 0, pos[k], out=d_out[k])
+            torch.index_select(grad_y[:, k], 0, pos[k], out=d_out[k, :n])
         fast = (kernels is not None and out.dtype == torch.float32 and kernels.fast_paths(h)
                 and kernels.fast_paths(dim))                            # AVX-512, fp32 state
         if kernels is not None:
@@ -270,7 +286,10 @@ class FusedBiGRU(torch.autograd.Function):
                 d_gh, d_gi = _backward_steps(d_out, out, rz, cand, hn, w_hh, pk)
             d_b_hh, d_bn = d_gh.sum(1), d_gi[..., 2 * h:].sum(1)
         first = pk.batch_sizes[0]                                       # rows of t = 0: h_prev = 0
-        h_prev = out.index_select(1, pk.prev[first:].to(out.device))   # (2, N - first, h)
+        prev = pk.prev[first:].to(out.device)
+        if rows > n:                                                    # padding: d_gh is 0 there
+            prev = torch.cat([prev, prev.new_zeros(rows - n)])
+        h_prev = out.index_select(1, prev)                              # (2, N' - first, h)
         d_b_ih = torch.cat([d_b_hh[:, : 2 * h], d_bn], 1)
         # The weight-gradient GEMMs take bf16 operands when the forward's projection did: d_gi
         # and d_gh (bf16 from the fast path, else cast once) serve d_w_ih and d_x, and d_w_hh
@@ -283,7 +302,7 @@ class FusedBiGRU(torch.autograd.Function):
         if fast:
             d_x = kernels.scatter_rows(d_xp, pos, batch * max_len)
         else:
-            d_xp = d_xp.to(full)
+            d_xp = d_xp[:, :n].to(full)
             d_x = d_xp.new_zeros(batch * max_len, dim)
             d_x.index_copy_(0, pos[0], d_xp[0]).index_add_(0, pos[1], d_xp[1])
         return (d_x.view(batch, max_len, dim), None, None,

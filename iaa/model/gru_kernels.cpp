@@ -163,15 +163,17 @@ IAA_AVX512 static void step_grads_avx512(const float* d_out, float* carry, int64
 }
 
 // d_x (positions, d) fp32 = zeros, then row pos[0][k] = src[0][k] and row pos[1][k] += src[1][k]:
-// the two directions' input gradients (2, N, d), fp32 or bf16, back in the padded layout. d % 16 == 0.
+// the two directions' input gradients (2, rows, d), fp32 or bf16, of which the first N rows of
+// each direction are read, back in the padded layout. d % 16 == 0.
 template <typename In>
-IAA_AVX512 static void scatter_rows_avx512(const In* src, const int64_t* pos, int64_t N, int64_t d, float* dst) {
+IAA_AVX512 static void scatter_rows_avx512(const In* src, int64_t rows, const int64_t* pos, int64_t N, int64_t d,
+                                           float* dst) {
   for (int64_t k = 0; k < N; ++k)
     for (int64_t j = 0; j < d; j += 16) _mm512_storeu_ps(dst + pos[k] * d + j, load16(src + k * d + j));
   for (int64_t k = 0; k < N; ++k) {
     float* row = dst + pos[N + k] * d;
     for (int64_t j = 0; j < d; j += 16)
-      _mm512_storeu_ps(row + j, _mm512_add_ps(_mm512_loadu_ps(row + j), load16(src + (N + k) * d + j)));
+      _mm512_storeu_ps(row + j, _mm512_add_ps(_mm512_loadu_ps(row + j), load16(src + (rows + k) * d + j)));
   }
 }
 
@@ -601,7 +603,8 @@ std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, 
   // and d_gi (2, N, 3h; both bf16 when bf16_gi and the fast path runs, for the bf16 GEMMs that
   // consume them), d_bh (2, 3h), the sum of d_gh over rows (b_hh's gradient), and d_bn (2, h),
   // the sum over rows of d_gi's n part (b_in's gradient there), both summed in the state's dtype
-  // from the unrounded values.
+  // from the unrounded values. Rows past the packed steps (padding of each direction) are 0 in
+  // d_gh and d_gi.
   d_out = d_out.contiguous(); w_hh = w_hh.contiguous();
   const int64_t N = out.size(1), h = out.size(2);
   auto d_gh = at::empty({2, N, 3 * h}, out.options());
@@ -617,6 +620,9 @@ std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, 
       backward_fast<at::BFloat16>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bh, d_bn, sizes, offsets);
     else
       backward_fast<float>(d_out, out, rz, cand, hn, w_hh, packed, d_gh, d_gi, d_bh, d_bn, sizes, offsets);
+    const int64_t real = sizes.empty() ? 0 : offsets.back() + sizes.back();
+    d_gh.narrow(1, real, N - real).zero_();
+    d_gi.narrow(1, real, N - real).zero_();
     return {d_gh, d_gi, d_bh, d_bn};
   }
 #endif
@@ -624,21 +630,25 @@ std::vector<torch::Tensor> gru_backward(torch::Tensor d_out, torch::Tensor out, 
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_backward", [&] {
     backward_steps<scalar_t>(d_out, out, rz, cand, hn, w_hh, d_gh, d_gi, sizes, offsets);
   });
+  const int64_t real = sizes.empty() ? 0 : offsets.back() + sizes.back();
+  d_gh.narrow(1, real, N - real).zero_();
+  d_gi.narrow(1, real, N - real).zero_();
   return {d_gh, d_gi, d_gh.sum(1), d_gi.narrow(2, 2 * h, h).sum(1)};
 }
 
 torch::Tensor scatter_rows(torch::Tensor src, torch::Tensor pos, int64_t positions) {
   // (positions, d) fp32: zero, except row pos[0][k] = src[0][k] + (src[1][j] where pos[1][j] is
-  // that row); src (2, N, d) fp32 or bf16. Needs fast_paths(d).
-  const int64_t N = src.size(1), d = src.size(2);
+  // that row); src (2, N', d) fp32 or bf16, its first N = pos.size(1) rows per direction read.
+  // Needs fast_paths(d).
+  const int64_t N = pos.size(1), rows = src.size(1), d = src.size(2);
   TORCH_CHECK(fast_paths(d), "scatter_rows needs the AVX-512 path");
   src = src.contiguous(); pos = pos.contiguous();
   auto dst = at::zeros({positions, d}, src.options().dtype(at::kFloat));
 #ifdef IAA_X86
   if (src.scalar_type() == at::kBFloat16)
-    scatter_rows_avx512(src.data_ptr<at::BFloat16>(), pos.data_ptr<int64_t>(), N, d, dst.data_ptr<float>());
+    scatter_rows_avx512(src.data_ptr<at::BFloat16>(), rows, pos.data_ptr<int64_t>(), N, d, dst.data_ptr<float>());
   else
-    scatter_rows_avx512(src.to(at::kFloat).data_ptr<float>(), pos.data_ptr<int64_t>(), N, d, dst.data_ptr<float>());
+    scatter_rows_avx512(src.to(at::kFloat).data_ptr<float>(), rows, pos.data_ptr<int64_t>(), N, d, dst.data_ptr<float>());
 #endif
   return dst;
 }
