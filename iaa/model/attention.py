@@ -4,6 +4,7 @@ Attention"), and the AS Reader's dot-product read."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from iaa.model.masking import masked_softmax
@@ -24,26 +25,47 @@ class Memory:
     cast once here (not once per read), each read casts its other factor, and returns its result
     in M's own dtype (fp32), so the softmaxes and gates around the reads stay fp32. The gradient
     reaches the fp32 M through the cast.
+
+    In bf16 on the CPU, M's length L is padded with zero rows to a multiple of ``PAD_BF16`` (the
+    reads see only the real L): oneDNN builds a kernel for each new shape of a bf16 batched
+    matmul (~5 ms), and nearly every batch has its own L.
     """
+
+    PAD_BF16 = 64
 
     def __init__(self, memory: torch.Tensor, deferred: bool = True, dtype: torch.dtype | None = None) -> None:
         self.deferred = deferred and memory.requires_grad and torch.is_grad_enabled()
         self.left: list[torch.Tensor] = []     # (B, L) factors
         self.right: list[torch.Tensor] = []    # (B, k) factors
         self.dtype = memory.dtype              # of the reads' results
+        self.length = memory.shape[1]
         memory = memory.to(dtype or compute_dtype(memory))                  # cast once, not per read
+        pad = -self.length % self.PAD_BF16
+        if memory.dtype == torch.bfloat16 and memory.is_cpu and pad:
+            memory = F.pad(memory, (0, 0, 0, pad))
         if self.deferred:
             memory = _CollectGrad.apply(memory, self)
         self.tensor = memory                   # (B, L, k) in the reads' compute dtype
 
+    def select(self, rows: torch.Tensor) -> "Memory":
+        """The same memory for the examples ``rows`` only (inference: no deferred gradient)."""
+        chosen = Memory.__new__(Memory)
+        chosen.deferred, chosen.left, chosen.right = False, [], []
+        chosen.dtype, chosen.length, chosen.tensor = self.dtype, self.length, self.tensor[rows]
+        return chosen
+
     def logits(self, key: torch.Tensor) -> torch.Tensor:
         """m_iᵀ key: (B, L)."""
         if self.deferred:
-            return _Read.apply(self.tensor, key, self, True).to(self.dtype)
-        return bilinear_logits(self.tensor, key.to(self.tensor.dtype)).to(self.dtype)
+            logits = _Read.apply(self.tensor, key, self, True)
+        else:
+            logits = bilinear_logits(self.tensor, key.to(self.tensor.dtype))
+        return logits[:, :self.length].to(self.dtype)
 
     def glimpse(self, weights: torch.Tensor) -> torch.Tensor:
         """Σ_i w_i m_i: (B, k)."""
+        pad = self.tensor.shape[1] - self.length
+        weights = F.pad(weights, (0, pad)) if pad else weights
         if self.deferred:
             return _Read.apply(self.tensor, weights, self, False).to(self.dtype)
         return glimpse(weights.to(self.tensor.dtype), self.tensor).to(self.dtype)

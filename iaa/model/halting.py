@@ -134,7 +134,7 @@ class Running:
     def select(self, keep: torch.Tensor) -> "Running":
         """Only the rows where ``keep`` (inference: no gradient flows through the copies)."""
         return Running(self.rows[keep], self.alive[keep], self.spent[keep], self.s[keep], self.q_enc[keep],
-                       self.q_mask[keep], Memory(self.d_enc.tensor[keep], deferred=False), self.d_mask[keep],
+                       self.q_mask[keep], self.d_enc.select(keep), self.d_mask[keep],
                        self.a_mask[keep])
 
 
