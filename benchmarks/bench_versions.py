@@ -1,11 +1,14 @@
 """One code version's training and inference rates, for comparing versions in separate processes.
 
-    python benchmarks/bench_versions.py CODE_DIR fp32|bf16 [BATCHES] [THREADS]
+    python benchmarks/bench_versions.py CODE_DIR fp32|bf16 [BATCHES] [THREADS] [WARMUP]
 
 Imports ``iaa`` from ``CODE_DIR`` (a checkout, e.g. a ``git worktree`` of an older commit), then
 times ``BATCHES`` training steps and as many inference batches of the paper-config reader on
 the synthetic CBT-NE workload of ``iaa.jobs.bench``, on THREADS torch threads (default 1: then
-process CPU time, else wall-clock time), and prints one JSON line. Two versions cannot share a
+process CPU time, else wall-clock time), after WARMUP other batches (default 1), and prints one
+JSON line. Each batch has its own shapes: under bf16, oneDNN builds a kernel the first time it
+sees a shape, so with few warm-up batches a run counts those builds, which a long training run
+pays once per shape. Two versions cannot share a
 process, so alternate them, e.g. three rounds of
 
     for v in "../old fp32" ". fp32" ". bf16"; do python benchmarks/bench_versions.py $v 6; done
@@ -19,6 +22,7 @@ from dataclasses import replace
 code, precision = sys.argv[1], sys.argv[2]
 batches = int(sys.argv[3]) if len(sys.argv) > 3 else 6
 threads = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+warmup = int(sys.argv[5]) if len(sys.argv) > 5 else 1
 sys.path.insert(0, code)
 
 import torch  # noqa: E402
@@ -36,7 +40,8 @@ reader = build_reader(replace(PRESETS["paper"], vocab_size=bench.VOCAB_SIZE))
 optimizer = build_optimizer(reader, 1e-3, 1e-4)
 timed = [bench.collate(b) for b in bench.bucketed_batches(bench.synthetic_examples(batches * 32, seed=0), 32)]
 warm = bench.collate(bench.synthetic_examples(32, seed=1))
-train_step(reader, optimizer, warm, amp_dtype=dtype)
+for batch in bench.bucketed_batches(bench.synthetic_examples(warmup * 32, seed=1), 32):
+    train_step(reader, optimizer, bench.collate(batch), amp_dtype=dtype)
 start = clock()
 for batch in timed:
     train_step(reader, optimizer, batch, amp_dtype=dtype)
@@ -48,4 +53,4 @@ with torch.inference_mode(), autocast("cpu", dtype):
     for batch in timed:
         reader(batch)
 infer = len(timed) * 32 / (clock() - start)
-print(json.dumps({"code": code, "precision": precision, "threads": threads, "train": round(train, 2), "infer": round(infer, 2)}))
+print(json.dumps({"code": code, "precision": precision, "threads": threads, "warmup": warmup, "train": round(train, 2), "infer": round(infer, 2)}))

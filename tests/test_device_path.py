@@ -19,7 +19,7 @@ from iaa.data.prefetch import prefetch
 from iaa.jobs.step import autocast, build_optimizer, train_step
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
 from iaa.model.encoder import BiGRUEncoder
-from iaa.model.flops import batch_flops
+from iaa.model.flops import batch_flops, step_layer_flops
 from tests._fake_device import HostReads, batch_on_fake_device, on_fake_device
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
@@ -102,6 +102,26 @@ def test_flop_formula_equals_the_flop_counter_on_the_reference_path(kind: str) -
         with counter:
             train_step(model, optimizer, batch)
         assert batch_flops(cfg, batch) == counter.get_total_flops()
+
+
+def test_step_layer_flops_are_the_attention_steps_weight_matmuls() -> None:
+    """``step_layer_flops`` (what the bench counts as bf16 when the steps' layers run on AMX)
+    equals what the flop counter sees of the steps' addmm/mm, forward and backward."""
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=40, steps=3, **REFERENCE)
+    model = build_reader(cfg)
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 6], seed=1)
+    two_h = 2 * cfg.hidden_dim
+    q_enc = torch.randn(4, batch.query.shape[1], two_h, requires_grad=True)
+    d_enc = torch.randn(4, batch.doc.shape[1], two_h, requires_grad=True)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        log_p = model._read(q_enc, q_enc[:, 0], d_enc, batch.query_mask, batch.doc_mask, batch.doc_mask,
+                            batch.doc_cand, batch.cand_mask.shape[1])
+        log_p[torch.isfinite(log_p)].sum().backward()
+    counts = counter.get_flop_counts()["Global"]
+    layers = sum(f for op, f in counts.items() if str(op) in ("aten.addmm", "aten.mm"))
+    assert layers > 0 and step_layer_flops(cfg, 4) == layers
 
 
 @pytest.mark.slow                              # inductor compiles for minutes on a small shared CPU

@@ -78,8 +78,8 @@ def test_iaa_does_more_work_per_example_than_the_as_reader():
 
 def test_bf16_bench_counts_each_gemm_against_its_own_dtypes_roofline(monkeypatch):
     """The encoders' projections, their input and weight gradients and the document reads
-    multiply bf16 operands; the 32-row training matmuls stay fp32 (and, at this size, the
-    recurrence: AMX needs h % 32 == 0). The roofline
+    multiply bf16 operands; at this size the 32-row training matmuls and the recurrence stay
+    fp32 (AMX needs sizes that are multiples of 32). The roofline
     fraction holds each dtype's FLOPs to that dtype's rate."""
     result = bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4, precision="bf16")
     flops = result["flops_by_dtype"]

@@ -21,8 +21,9 @@ import torch
 
 from iaa.data.batch import Batch, pad_to_buckets
 from iaa.model.config import PRESETS, ReaderConfig
-from iaa.model.flops import batch_flops, batch_recurrent_flops
+from iaa.model.flops import batch_flops, batch_recurrent_flops, step_layer_flops
 from iaa.model.fused_gru import amx_recurrence
+from iaa.model.precision import amx_usable
 from iaa.model.reader import build_reader
 from iaa.jobs import precision as precision_lib
 from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step
@@ -258,8 +259,11 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     typical = sorted(train_batches, key=lambda b: b.doc.shape[1])[len(train_batches) // 2]
     flops = batch_flops(cfg, typical) / len(typical)                   # median-length batch
     amx = device == "cpu" and cfg.fused_gru and amx_recurrence(cfg.hidden_dim)
-    recurrent = batch_recurrent_flops(cfg, typical) / len(typical) if amx else 0.0
-    by_dtype = _flops_by_dtype(flops, used, device, lambda: train(typical), len(typical), recurrent)
+    on_amx = batch_recurrent_flops(cfg, typical) / len(typical) if amx else 0.0
+    sizes = (2 * cfg.hidden_dim, cfg.state_dim, cfg.gate_dim)
+    if device == "cpu" and used == "bf16" and amx_usable() and all(size % 32 == 0 for size in sizes):
+        on_amx += step_layer_flops(cfg, len(typical)) / len(typical)    # precision.small_matmuls(amx=True)
+    by_dtype = _flops_by_dtype(flops, used, device, lambda: train(typical), len(typical), on_amx)
     infer_s, infer_n = _time_inference(reader, device, amp_dtype, batch_size, steps, warmup, seed)
     rooflines = matmul_rooflines(device, size=matmul_size)
     return {**_report(cfg, device, used, batch_size, by_dtype, train_n / train_s, infer_n / infer_s, rooflines),
@@ -267,18 +271,18 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
 
 
 def _flops_by_dtype(flops: float, used: str, device: str, step: Callable[[], object], examples: int,
-                    recurrent: float = 0.0) -> dict[str, float]:
+                    on_amx: float = 0.0) -> dict[str, float]:
     """A training example's matmul FLOPs (``flops``, all of them) by the dtype they multiply in.
 
     fp32 runs, and bf16 autocast on CUDA (where cuDNN's GRU runs in bf16 too), multiply all in
     one dtype. On the CPU in bf16, the matmuls with bf16 operands reach the dispatcher and are
-    counted there (``count_flops_by_dtype``, one more step), except the C++ recurrence's AMX
-    matmuls, which are counted from the config (``recurrent``: their FLOPs per example when
-    they run on AMX, else 0); the rest is fp32.
+    counted there (``count_flops_by_dtype``, one more step), except the matmuls of the C++
+    kernels on AMX (the recurrence, the attention steps' layers in training), which are counted
+    from the config (``on_amx``: their FLOPs per example); the rest is fp32.
     """
     if used == "fp32" or device.startswith("cuda"):
         return {used: flops}
-    bf16 = min(count_flops_by_dtype(step).get("bf16", 0) / examples + recurrent, flops)
+    bf16 = min(count_flops_by_dtype(step).get("bf16", 0) / examples + on_amx, flops)
     return {"fp32": flops - bf16, "bf16": bf16}
 
 

@@ -49,25 +49,36 @@ def recurrent_flops(cfg: ReaderConfig, tokens: int, rows: int, longest: int) -> 
 
 def read_flops(cfg: ReaderConfig, batch: int, query_len: int, doc_len: int) -> int:
     """The attention steps of one padded batch (B, Lq, Ld), forward and backward."""
+    return _read_flops(cfg, batch, query_len, doc_len, reads=True, layers=True)
+
+
+def step_layer_flops(cfg: ReaderConfig, batch: int) -> int:
+    """The matmuls of the attention steps with a weight matrix (read projections, gates, the
+    inference GRU) in one batch of ``batch`` rows: part of ``read_flops``."""
+    return _read_flops(cfg, batch, 0, 0, reads=False, layers=True)
+
+
+def _read_flops(cfg: ReaderConfig, batch: int, query_len: int, doc_len: int, reads: bool, layers: bool) -> int:
     two_h, s, g, steps = 2 * cfg.hidden_dim, cfg.state_dim, cfg.gate_dim, cfg.steps
-    bmm = lambda length, grads: 2 * batch * length * two_h * grads     # noqa: E731 (one read)
+    bmm = lambda length, grads: 2 * batch * length * two_h * grads * reads  # noqa: E731 (one read)
+    dense = lambda *args: _matmul(*args) * layers                          # noqa: E731
     if cfg.kind == "as-reader":
         return bmm(doc_len, 3)                                      # logits d̃ q
     total = 0
     for step in range(steps):
         s_grad = step > 0                                           # s_0 = 0 has no gradient
         if cfg.kind == "iaa":
-            total += _matmul(batch, s, two_h, s_grad)               # A_q s + a_q
+            total += dense(batch, s, two_h, s_grad)                 # A_q s + a_q
             total += bmm(query_len, 3) + bmm(query_len, 3)          # logits, glimpse
         else:                                                       # fixed query: the mean
             total += bmm(query_len, 2)                              # the weights need no gradient
-        total += _matmul(batch, s + two_h, two_h)                   # A_d [s, q_t] + a_d
+        total += dense(batch, s + two_h, two_h)                     # A_d [s, q_t] + a_d
         total += bmm(doc_len, 3)                                    # logits
         if step == steps - 1:
             break
         total += bmm(doc_len, 3)                                    # glimpse
-        total += 2 * (_matmul(batch, s + 3 * two_h, g) + _matmul(batch, g, two_h))  # gates g_q, g_d
-        total += _matmul(batch, 2 * two_h, 3 * s) + _matmul(batch, s, 3 * s, s_grad)  # GRUCell
+        total += 2 * (dense(batch, s + 3 * two_h, g) + dense(batch, g, two_h))  # gates g_q, g_d
+        total += dense(batch, 2 * two_h, 3 * s) + dense(batch, s, 3 * s, s_grad)  # GRUCell
     return total
 
 
