@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from iaa.model.deferred import DeferredGrad
 from iaa.model.masking import masked_softmax
 from iaa.model.precision import compute_dtype, linear
 
@@ -44,8 +45,16 @@ class Memory:
         if memory.dtype == torch.bfloat16 and memory.is_cpu and pad:
             memory = F.pad(memory, (0, 0, 0, pad))
         if self.deferred:
-            memory = _CollectGrad.apply(memory, self)
+            memory = DeferredGrad.apply(memory, self)
         self.tensor = memory                   # (B, L, k) in the reads' compute dtype
+
+    def gradient(self) -> torch.Tensor | None:
+        """dL/dM = Σ_j left_j ⊗ right_j over the reads, in one GEMM (``DeferredGrad``)."""
+        terms = None
+        if self.left:
+            terms = torch.bmm(torch.stack(self.left, 2), torch.stack(self.right, 1))  # (B, L, k)
+        self.left, self.right = [], []
+        return terms
 
     def select(self, rows: torch.Tensor) -> "Memory":
         """The same memory for the examples ``rows`` only (inference: no deferred gradient)."""
@@ -72,27 +81,8 @@ class Memory:
 
 
 
-class _CollectGrad(torch.autograd.Function):
-    """Identity on M whose backward assembles dL/dM = Σ_j left_j ⊗ right_j in one GEMM."""
-
-    @staticmethod
-    def forward(ctx, memory: torch.Tensor, reads: Memory) -> torch.Tensor:
-        ctx.reads = reads
-        ctx.set_materialize_grads(False)
-        return memory.view_as(memory)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor | None):
-        reads, ctx.reads = ctx.reads, None
-        if reads.left:
-            terms = torch.bmm(torch.stack(reads.left, 2), torch.stack(reads.right, 1))  # (B, L, k)
-            grad = terms if grad is None else grad + terms
-        reads.left, reads.right = [], []
-        return grad, None
-
-
 class _Read(torch.autograd.Function):
-    """One read of M that defers dL/dM to ``_CollectGrad``: logits M x, or glimpse xᵀM.
+    """One read of M that defers dL/dM to ``DeferredGrad``: logits M x, or glimpse xᵀM.
 
     The two reads are each other's transpose, so each one's backward for x is the other read,
     and each records its rank-1 factors (left (B, L), right (B, k)) for dL/dM.

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from iaa.model import gru_kernels
+from iaa.model.deferred import DeferredGrad
 
 # False keeps the small matmuls fp32 in bf16 inference too (benchmarks time the two side by side).
 BF16_SMALL_MATMULS = True
@@ -87,41 +88,28 @@ def small_matmuls(bf16: bool, amx: bool = False) -> Iterator[None]:
 
 
 class _WeightGrad:
-    """The factors (dy, x) of each product x Wᵀ with one weight W in a block, for dW = Σ dyᵀx."""
+    """The factors (dy, x) of each product x Wᵀ with one weight W in a block: W's gradient is
+    Σ_t dy_tᵀ x_t over the block's T products, one AMX product (inner size T x batch) instead of
+    T products and T - 1 additions of a weight-sized gradient (``deferred.DeferredGrad``)."""
 
     def __init__(self) -> None:
         self.dys: list[torch.Tensor] = []
         self.xs: list[torch.Tensor] = []
 
-
-class _CollectWeightGrad(torch.autograd.Function):
-    """Identity on W whose backward computes dW = Σ_t dy_tᵀ x_t over the block's T products in
-    one AMX product (inner size T x batch) instead of T products and T - 1 additions of a
-    weight-sized gradient (as ``attention.Memory`` does for the document reads)."""
-
-    @staticmethod
-    def forward(ctx, weight: torch.Tensor, grads: _WeightGrad) -> torch.Tensor:
-        ctx.grads = grads
-        ctx.set_materialize_grads(False)
-        return weight.view_as(weight)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor | None):
-        grads, ctx.grads = ctx.grads, None
-        if grads.dys:
-            dy, x = torch.cat(grads.dys), torch.cat(grads.xs)                   # (R, N), (R, K)
-            pad = -dy.shape[0] % 32                                             # AMX: inner size % 32
-            if pad:
-                dy, x = F.pad(dy, (0, 0, 0, pad)), F.pad(x, (0, 0, 0, pad))
-            dw = gru_kernels.load().amx_matmul(dy.t().contiguous(), x)          # (N, K) fp32
-            grad = dw if grad is None else grad + dw
-        grads.dys, grads.xs = [], []
-        return grad, None
+    def gradient(self) -> torch.Tensor | None:
+        if not self.dys:
+            return None
+        dy, x = torch.cat(self.dys), torch.cat(self.xs)                       # (R, N), (R, K)
+        self.dys, self.xs = [], []
+        pad = -dy.shape[0] % 32                                               # AMX: inner size % 32
+        if pad:
+            dy, x = F.pad(dy, (0, 0, 0, pad)), F.pad(x, (0, 0, 0, pad))
+        return gru_kernels.load().amx_matmul(dy.t().contiguous(), x)          # (N, K) fp32
 
 
 class _AmxLinear(torch.autograd.Function):
     """y = x Wᵀ + b with bf16 operands on AMX. Backward: dx = dy W on AMX, db = Σ dy in fp32, and
-    (dy, x) handed to the weight's ``_CollectWeightGrad``."""
+    (dy, x) handed to the weight's ``_WeightGrad``."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, packed_t, packed, grads):
@@ -148,7 +136,7 @@ def _amx_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     prepared = _SMALL.copies.get(id(weight))
     if prepared is None:
         kernels, grads = gru_kernels.load(), _WeightGrad()
-        node = _CollectWeightGrad.apply(weight, grads) if weight.requires_grad else weight
+        node = DeferredGrad.apply(weight, grads) if weight.requires_grad else weight
         prepared = _SMALL.copies[id(weight)] = (node, kernels.pack_linear(weight, True),
                                                 kernels.pack_linear(weight, False), grads)
     node, packed_t, packed, grads = prepared
