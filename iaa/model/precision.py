@@ -13,8 +13,8 @@ i.e. once per forward pass, and shared by its T steps:
 - training under bf16 where the CPU has AMX (``amx=True``): bf16 operands on AMX
   (``gru_kernels.amx_linear``, fp32 sums), the weights packed for the forward product (W^T) and
   for the input gradient (W); each weight's gradient Σ_t dy_tᵀx_t is one AMX product over the
-  T steps, the bias gradient an fp32 sum. oneDNN's bf16 kernels cost more than they save at 32 rows (they
-  repack the weight on every call), and so does autocast's per-call cast;
+  T steps, the bias gradient an fp32 sum. oneDNN's bf16 kernels cost more than they save at
+  32 rows (they repack the weight on every call), and so does autocast's per-call cast;
 - bf16 inference (``bf16=True``): bf16 copies of the weights (oneDNN): each step re-reads the
   weights from memory, and bf16 halves those bytes (CPUs without AVX-512; elsewhere the C++
   steps of ``inference_steps`` serve inference);

@@ -20,9 +20,8 @@ from iaa.model.initialization import init_reader_
 from iaa.model.inputs import ReaderInputs
 from iaa.model.masking import full_precision, masked_log_softmax
 from iaa.model.pointer import pointer_sum
-from iaa.model import inference_steps
+from iaa.model import inference_steps, precision
 from iaa.model.precision import cpu_bf16, gru_cell, small_matmuls
-from iaa.model import precision
 
 
 class _Encoders(nn.Module):
@@ -100,7 +99,7 @@ class _Encoders(nn.Module):
 
 
 def _small_matmuls():
-    """The inference steps' 32-row matmuls (gates, inference GRU, query reads, the projections
+    """The attention steps' 32-row matmuls (gates, inference GRU, query reads, the projections
     of the document reads) under bf16: in training bf16 operands on AMX where the CPU has it
     (else fp32: autocast's per-call casts cost more than bf16 saves at 32 rows), in inference
     bf16 operands with bf16 weights made once per pass (``precision.small_matmuls``;
