@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from iaa.data.loader import PreparedData, iter_batches
-from iaa.jobs import checkpoint
-from iaa.jobs.objective import reader_output
+from iaa.jobs.training import checkpoint
+from iaa.jobs.training.objective import reader_output
 
 
 @torch.no_grad()

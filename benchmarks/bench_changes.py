@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baseline_reader import random_batches  # noqa: E402
-from iaa.jobs import bench  # noqa: E402
-from iaa.jobs.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
+from iaa.jobs.training import bench  # noqa: E402
+from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
 from iaa.model.encoder import BiGRUEncoder  # noqa: E402
 from iaa.model import gru_kernels  # noqa: E402

@@ -20,7 +20,7 @@ import time
 from iaa.data.cloze import cbt_recipe, cnn_recipe
 from iaa.data.cloze.sources import SourceSpec, read_documents
 from iaa.data.cloze.tagging import spacy_factory
-from iaa.jobs import make_cloze
+from iaa.jobs.datasets import make_cloze
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
     results, reference = [], None
     for name, workers in runs:
         if workers:  # start Ray outside the timed part; its start-up is reported on its own
-            from iaa.platform.cluster import connect
+            from iaa.platform.cluster.connect import connect
 
             started = time.perf_counter()
             connect(os.environ.get("RAY_ADDRESS") or "local")

@@ -29,10 +29,10 @@ from typing import Any
 import ray.tune
 
 from iaa.data import demo
-from iaa.jobs import prepare
-from iaa.jobs import tune
-from iaa.platform.launch import RayLauncher
-from iaa.platform.tracker import MlflowTracker
+from iaa.jobs.datasets import prepare
+from iaa.jobs.search import tune
+from iaa.platform.sweeps.launch import RayLauncher
+from iaa.platform.tracking.tracker import MlflowTracker
 
 TINY_SETS = ("model.embed_dim=16", "model.hidden_dim=8", "model.state_dim=12", "model.steps=2", "model.gate_dim=10",
              "train.batch_size=16", "train.max_epochs=1", "train.check_every=1000", "train.seed=0")

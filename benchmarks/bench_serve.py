@@ -235,7 +235,7 @@ def cold_start(args: argparse.Namespace, question: dict[str, Any]) -> dict[str, 
 
 def kill_run(url: str, pool: list[dict[str, Any]], n: int, concurrency: int, app: str) -> dict[str, Any]:
     """A run during which one of two replicas is killed at a quarter of the requests."""
-    from iaa.platform import serve as platform_serve
+    from iaa.platform import ray_serve as platform_serve
 
     bodies = [("good", body_for("serve", q)) for q in pool[:n]]
     state: dict[str, Any] = {}
@@ -293,8 +293,8 @@ def main() -> None:
 
     import ray
 
-    from iaa.jobs import serve as job
-    from iaa.platform import serve as platform_serve
+    from iaa.jobs.inference import serve as job
+    from iaa.platform import ray_serve as platform_serve
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     cfg = job.config(model_uri=args.model, checkpoint=None, ensemble_dir=None, data_dir=None, workdir=args.workdir,

@@ -4,7 +4,7 @@
 
 Imports ``iaa`` from ``CODE_DIR`` (a checkout, e.g. a ``git worktree`` of an older commit), then
 times ``BATCHES`` training steps and as many inference batches of the paper-config reader on
-the synthetic CBT-NE workload of ``iaa.jobs.bench``, on THREADS torch threads (default 1: then
+the synthetic CBT-NE workload of ``iaa.jobs.training.bench``, on THREADS torch threads (default 1: then
 process CPU time, else wall-clock time), after WARMUP other batches (default 1), and prints one
 JSON line. Each batch has its own shapes: under bf16, oneDNN builds a kernel the first time it
 sees a shape, so with few warm-up batches a run counts those builds, which a long training run
@@ -27,8 +27,8 @@ sys.path.insert(0, code)
 
 import torch  # noqa: E402
 
-from iaa.jobs import bench  # noqa: E402
-from iaa.jobs.step import autocast, build_optimizer, retain_freed_memory, train_step  # noqa: E402
+from iaa.jobs.training import bench  # noqa: E402
+from iaa.jobs.training.step import autocast, build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
 
 torch.set_num_threads(threads)

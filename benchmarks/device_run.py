@@ -83,7 +83,7 @@ def step_pytest_gpu(args) -> dict:
 
 
 def _bench(args, **kwargs) -> dict:
-    from iaa.jobs import bench
+    from iaa.jobs.training import bench
 
     size = dict(overrides={k: v for k, v in TINY_MODEL.items() if k != "vocab_size"}, batch_size=4, steps=1,
                 warmup=1, matmul_size=128, threads=1) if args.tiny else dict(batch_size=32, steps=30, warmup=3)
@@ -146,8 +146,8 @@ def step_sync_check(args) -> dict:
 
     import torch
 
-    from iaa.jobs import bench
-    from iaa.jobs.step import build_optimizer, train_step
+    from iaa.jobs.training import bench
+    from iaa.jobs.training.step import build_optimizer, train_step
     from iaa.model.config import PRESETS
     from iaa.model.reader import build_reader
     from dataclasses import replace
@@ -178,8 +178,8 @@ def step_prefetch(args) -> dict:
     import torch
 
     from iaa.data.prefetch import prefetch
-    from iaa.jobs import bench
-    from iaa.jobs.step import build_optimizer, train_step
+    from iaa.jobs.training import bench
+    from iaa.jobs.training.step import build_optimizer, train_step
     from iaa.model.config import PRESETS
     from iaa.model.reader import build_reader
     from dataclasses import replace
@@ -206,7 +206,7 @@ def step_prefetch(args) -> dict:
 
 
 def step_prepare_cn(args) -> dict:
-    from iaa.jobs import prepare
+    from iaa.jobs.datasets import prepare
 
     source = _tiny_cn(Path(args.work)) if args.tiny else DATA
     if not (source / "data" / "cbtest_CN_train.txt.gz").exists() and not args.tiny:
@@ -253,7 +253,8 @@ def step_compare(args) -> dict:
 
 
 def step_train_one(args) -> dict:
-    from iaa.jobs import resolve, train
+    from iaa.jobs.datasets import resolve
+    from iaa.jobs.training import train
 
     prepared = Path(args.work) / "cbt-cn"
     sets = [f"model.kind={args.model}", f"train.batch_size={args.batch_size}", "train.precision=bf16",

@@ -18,7 +18,7 @@ import click
 
 from iaa import __version__
 from iaa.data.datasets import CLOZE_STYLES, DATASETS, TUNE_DATASETS
-from iaa.jobs.workdir import DEFAULT_WORKDIR, Workdir
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
 
 
@@ -149,7 +149,7 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _tracker(workdir: Path, tracking_uri: str | None) -> Any:
     """The jobs' Tracker: the MLflow store of ``--tracking-uri`` (or the workdir's, in a writable
     workdir), checked."""
-    from iaa.platform.tracker import MlflowTracker
+    from iaa.platform.tracking.tracker import MlflowTracker
 
     Workdir(workdir).writable()
     return MlflowTracker(Workdir(workdir).tracking_uri(tracking_uri))
@@ -157,7 +157,7 @@ def _tracker(workdir: Path, tracking_uri: str | None) -> Any:
 
 def _launcher(address: str | None, storage_path: str | None) -> Any:
     """The jobs' Launcher: the Ray cluster at ``--address`` (default: a local one)."""
-    from iaa.platform.launch import RayLauncher
+    from iaa.platform.sweeps.launch import RayLauncher
 
     return RayLauncher(address, storage_path)
 
@@ -178,7 +178,7 @@ def input_option(purpose: str = "") -> Callable[[Callable[..., Any]], Callable[.
 
 def _vocabulary_data(dataset: str | None, data: Path | None, workdir: Path) -> Path | None:
     """The prepared folder of ``--dataset``/``--data`` whose vocabulary to use; None: the checkpoints' own."""
-    from iaa.jobs import resolve
+    from iaa.jobs.datasets import resolve
 
     if dataset is not None and data is not None:
         raise click.UsageError("give at most one of --dataset NAME or --data PREPARED_DIR")
@@ -187,7 +187,7 @@ def _vocabulary_data(dataset: str | None, data: Path | None, workdir: Path) -> P
 
 def _examples_source(dataset: str | None, data: Path | None, input_path: Path | None, workdir: Path) -> Path | None:
     """The prepared folder of ``--dataset``/``--data``, or None with ``--input``; exactly one is given."""
-    from iaa.jobs import resolve
+    from iaa.jobs.datasets import resolve
 
     if sum(x is not None for x in (dataset, data, input_path)) != 1:
         raise click.UsageError("give exactly one of --dataset NAME, --data PREPARED_DIR or --input FILE")
@@ -220,7 +220,7 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
             min_count: int, max_vocab: int | None, threads: int | None, overwrite: bool, workdir: Path,
             as_json: bool) -> None:
     """Parse a corpus into Parquet shards, a vocabulary and a manifest."""
-    from iaa.jobs import prepare as job
+    from iaa.jobs.datasets import prepare as job
 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
@@ -246,8 +246,8 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @_friendly
 def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **request: Any) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs import train as job
-    from iaa.platform.tracker import MlflowTracker
+    from iaa.jobs.training import train as job
+    from iaa.platform.tracking.tracker import MlflowTracker
 
     _need_data(request["dataset"], request["data"])
     if resume and overwrite:
@@ -270,7 +270,7 @@ def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **r
 def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_path: Path | None, split: str | None,
              out: Path | None, precision: str, workdir: Path, as_json: bool) -> None:
     """Score a checkpoint on a split (or a questions file) and write per-example predictions."""
-    from iaa.jobs import evaluate as job
+    from iaa.jobs.inference import evaluate as job
 
     prepared = _examples_source(dataset, data, input_path, workdir)
     if (split is None) == (input_path is None):
@@ -289,7 +289,8 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
 @_friendly
 def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, as_json: bool) -> None:
     """Accuracy of the most-frequent-candidate baseline on a split."""
-    from iaa.jobs import frequency, resolve
+    from iaa.jobs.reports import frequency
+    from iaa.jobs.datasets import resolve
 
     _need_data(dataset, data)
     _, prepared = resolve.data_dir(dataset, data, workdir)
@@ -326,8 +327,8 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @_friendly
 def tune(address: str | None, sweep_name: str | None, resume: str | None, as_json: bool, **request: Any) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
-    from iaa.jobs import tune as job
-    from iaa.platform.tracker import MlflowTracker
+    from iaa.jobs.search import tune as job
+    from iaa.platform.tracking.tracker import MlflowTracker
 
     if resume and sweep_name and resume != sweep_name:
         raise click.UsageError(f"--resume {resume} and --name {sweep_name} name different sweeps")
@@ -360,7 +361,7 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
 def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir: Path, tracking_uri: str | None,
              address: str | None, as_json: bool, **request: Any) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
-    from iaa.jobs import ensemble as job
+    from iaa.jobs.ensembles import ensemble as job
 
     req = job.EnsembleRequest(members=members + more_members, workdir=workdir, show_progress=not as_json, **request)
     _emit(job.run(req, _tracker(workdir, tracking_uri), _launcher(address, req.storage_path)), as_json)
@@ -375,8 +376,8 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
 @_friendly
 def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) -> None:
     """Time training steps and inference on the CBT-NE-shaped workload at the paper config."""
-    from iaa.jobs import bench as job
-    from iaa.jobs.config import parse_sets
+    from iaa.jobs.training import bench as job
+    from iaa.jobs.training.config import parse_sets
 
     overrides = parse_sets(sets)
     unknown = set(overrides) - {"model", "bench"}
@@ -412,7 +413,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
                overwrite: bool, as_json: bool) -> None:
     """Make CBT- or CNN-style cloze questions from any text, in the official file formats."""
     from iaa.data.cloze.sources import SourceSpec
-    from iaa.jobs import make_cloze as job
+    from iaa.jobs.datasets import make_cloze as job
 
     cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
                           split_by=split_by, seed=seed, stride=stride, context=context, pipeline=pipeline)
@@ -451,9 +452,10 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     """Train one reader against an ensemble's averaged distributions (knowledge distillation)."""
     from functools import partial
 
-    from iaa.jobs import distill as job
-    from iaa.jobs import names, rundir, teacher
-    from iaa.jobs import train as train_job
+    from iaa.jobs.ensembles import distill as job
+    from iaa.jobs.workdir import names, rundir
+    from iaa.jobs.ensembles import teacher
+    from iaa.jobs.training import train as train_job
 
     names.registered_name(register)
     from iaa.platform import teacher_ray
@@ -487,7 +489,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
             example_ids: tuple[str, ...], first: int | None, out: Path | None, png: Path | None, workdir: Path,
             as_json: bool) -> None:
     """Show what the reader attends to at each inference step, as an HTML page (and a PNG)."""
-    from iaa.jobs import explain as job
+    from iaa.jobs.inference import explain as job
 
     prepared = _examples_source(dataset, data, input_path, workdir)
     if not example_ids and not first:
@@ -516,7 +518,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
 def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path, out: Path, dataset: str | None,
             data: Path | None, precision: str, workdir: Path, as_json: bool) -> None:
     """Answer cloze questions given as raw text (or a CBT / CNN file)."""
-    from iaa.jobs import predict as job
+    from iaa.jobs.inference import predict as job
 
     if (checkpoint is None) == (ensemble_dir is None):
         raise click.UsageError("give exactly one of --checkpoint CKPT or --ensemble DIR")
@@ -550,14 +552,14 @@ def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], 
            tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
     """Draw learning curves (a metric against examples seen) of tracked runs from the MLflow store,
     or with --sweep what a sweep learnt (importances, parallel coordinates, checks per trial)."""
-    from iaa.jobs import report as job
+    from iaa.jobs.reports import report as job
 
     if (experiment is None) == (sweep is None):
         raise click.UsageError("give one of --experiment (learning curves) and --sweep (a sweep's analytics)")
     if sweep is not None:
-        from iaa.jobs import sweep_report
-        from iaa.platform.study import analyze
-        from iaa.platform.tracker import MlflowTracker
+        from iaa.jobs.reports import sweep_report
+        from iaa.platform.sweeps.study import analyze
+        from iaa.platform.tracking.tracker import MlflowTracker
 
         result = sweep_report.run(sweep, workdir, analyze, MlflowTracker, out=out)
         click.echo(json.dumps(result, default=str) if as_json else sweep_report.describe(result))
@@ -568,7 +570,7 @@ def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], 
         raise click.UsageError(f"unexpected argument {more_run_ids[0]!r}: run ids go after --runs")
     if baseline is not None and baseline_data is not None:
         raise click.UsageError("give at most one of --baseline and --baseline-data")
-    from iaa.platform.tracker import MlflowTracker
+    from iaa.platform.tracking.tracker import MlflowTracker
 
     result = job.run(experiment, out, MlflowTracker, run_ids=run_ids + more_run_ids, metric=metric, x=x_axis,
                      baseline=baseline, baseline_data=baseline_data, workdir=workdir, tracking_uri=tracking_uri)
@@ -613,7 +615,7 @@ def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | N
           batch_wait_ms: float, cpus_per_replica: float, threads: int, max_document_words: int, host: str, port: int,
           address: str | None, tracking_uri: str | None, workdir: Path) -> None:
     """Serve a reader or an ensemble on Ray Serve: POST /predict takes predict's JSON questions."""
-    from iaa.jobs import serve as job
+    from iaa.jobs.inference import serve as job
 
     if sum(x is not None for x in (model_uri, checkpoint, ensemble_dir)) != 1:
         raise click.UsageError("give exactly one of --model URI, --checkpoint CKPT or --ensemble DIR")
@@ -624,7 +626,7 @@ def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | N
                      workdir=workdir, tracking_uri=tracking_uri, replicas=replicas or 1, autoscale=autoscale,
                      max_batch=max_batch, batch_wait_ms=batch_wait_ms, cpus_per_replica=cpus_per_replica,
                      threads=threads, max_document_words=max_document_words, host=host, port=port, address=address)
-    from iaa.platform import serve as platform_serve
+    from iaa.platform import ray_serve as platform_serve
 
     platform_serve.run_forever(cfg, job.Answerer.load)
 
@@ -632,8 +634,8 @@ def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | N
 def serve_app(args: dict[str, Any]) -> Any:
     """The application a Ray Serve config names (``import_path: iaa.cli:serve_app``, as in
     ``deploy/serve.yaml``): the Ray Serve adapter with the serve job's model loader."""
-    from iaa.jobs import serve as job
-    from iaa.platform import serve as platform_serve
+    from iaa.jobs.inference import serve as job
+    from iaa.platform import ray_serve as platform_serve
 
     return platform_serve.build(args, job.Answerer.load)
 

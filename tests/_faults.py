@@ -66,7 +66,9 @@ def make_checkpoint(prepared: Path, path: Path, seed: int = 0) -> Path:
     """An untrained but complete checkpoint of a tiny reader for ``prepared`` (no training needed)."""
     import torch
 
-    from iaa.jobs import checkpoint, resolve
+    from iaa.jobs.training import checkpoint
+
+    from iaa.jobs.datasets import resolve
     from iaa.model.reader import build_reader
 
     cfg = resolve.job_config("cbt-ne", prepared, sets=[*TINY_MODEL, f"train.seed={seed}"])
@@ -77,8 +79,8 @@ def make_checkpoint(prepared: Path, path: Path, seed: int = 0) -> Path:
 
 def make_store(workdir: Path, experiment: str = "train-cbt-ne") -> Path:
     """``WORKDIR/mlflow.db`` holding one run with a valid_acc history; returns the database file."""
-    from iaa.jobs.workdir import Workdir
-    from iaa.platform import tracking
+    from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking import store as tracking
 
     uri = tracking.open_store(Workdir(workdir).tracking_uri())
     run = tracking.Run.start(uri, experiment, "r1", tags={"model": "iaa"})

@@ -32,9 +32,9 @@ def children(sweep: dict[str, Any]) -> list[Any]:
 
 def run_sweep(address: str | None = None, callbacks: tuple = (), **request: Any) -> dict[str, Any]:
     """``iaa-cli tune`` as the CLI composes it: a TuneRequest, the MLflow tracker, the Ray launcher."""
-    from iaa.jobs import tune
-    from iaa.platform.launch import RayLauncher
-    from iaa.platform.tracker import MlflowTracker
+    from iaa.jobs.search import tune
+    from iaa.platform.sweeps.launch import RayLauncher
+    from iaa.platform.tracking.tracker import MlflowTracker
 
     req = tune.TuneRequest(**request)
     return tune.run(req, MlflowTracker, RayLauncher(address, req.storage_path, callbacks))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from iaa.data import demo
-from iaa.jobs import prepare
+from iaa.jobs.datasets import prepare
 
 TINY_SIZES = {"train": 192, "valid": 64, "test": 64}
 TINY_SETS = (
@@ -33,8 +33,8 @@ class Killed(Exception):
 def kill_after_checks(cfg, prepared: Path, run_dir: Path, checks: int, device: str = "cpu") -> None:
     """Train ``cfg`` in ``run_dir`` and die right after the ``checks``-th check was reported
     (its checkpoint written), as a killed process would."""
-    from iaa.jobs import train
-    from iaa.jobs.session import LocalSession
+    from iaa.jobs.training import train
+    from iaa.jobs.training.session import LocalSession
 
     class DiesAfterChecks(LocalSession):
         reports = 0

@@ -62,8 +62,9 @@ def test_layers_import_only_downward(layer: str, forbidden: tuple[str, ...]) -> 
 
 # What an adapter may import from the jobs: the ports, the configs (and presets and search spaces,
 # plain data) and the work folder's paths.
-PLATFORM_MAY_IMPORT = {"iaa.jobs", "iaa.jobs.ports", "iaa.jobs.config", "iaa.jobs.presets", "iaa.jobs.workdir",
-                       "iaa.jobs.search_space"}
+PLATFORM_MAY_IMPORT = {"iaa.jobs", "iaa.jobs.ports", "iaa.jobs.training.config", "iaa.jobs.training.presets",
+                       "iaa.jobs.workdir", "iaa.jobs.workdir.paths", "iaa.jobs.search", "iaa.jobs.search.search_space",
+                       "iaa.jobs.training"}
 
 
 def test_the_platform_imports_from_the_jobs_only_ports_and_configs() -> None:

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from iaa.errors import IaaError
-from iaa.jobs import checkpoint, resolve
-from iaa.jobs import train as train_job
-from iaa.jobs.checkpoint import CheckpointError
-from iaa.jobs.session import SessionBase
+from iaa.jobs.training import checkpoint
+from iaa.jobs.datasets import resolve
+from iaa.jobs.training import train as train_job
+from iaa.jobs.training.checkpoint import CheckpointError
+from iaa.jobs.training.session import SessionBase
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = pytest.mark.timeout(300)

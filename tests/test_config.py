@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from iaa.jobs import config as C
-from iaa.jobs.presets import for_dataset
+from iaa.jobs.training import config as C
+from iaa.jobs.training.presets import for_dataset
 from iaa.model.config import preset
 
 
@@ -55,7 +55,7 @@ def test_presets_follow_the_paper_check_interval() -> None:
 
 def test_presets_cover_every_dataset_and_train_max_epochs_takes_a_fraction() -> None:
     from iaa.data.datasets import DATASETS
-    from iaa.jobs.presets import DATASET_PRESETS
+    from iaa.jobs.training.presets import DATASET_PRESETS
 
     assert tuple(DATASET_PRESETS) == DATASETS
     for name in DATASETS:
@@ -110,7 +110,7 @@ def test_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
 
 
 def test_chosen_keys_lists_what_the_user_gave_whatever_the_value(tmp_path: Path) -> None:
-    from iaa.jobs.resolve import chosen_keys
+    from iaa.jobs.datasets.resolve import chosen_keys
 
     path = tmp_path / "c.yaml"
     path.write_text("train:\n  max_epochs: 10\nmodel:\n  steps: 8\n")

@@ -189,7 +189,7 @@ def test_lowercase_keeps_candidates_that_differ_only_in_case_apart(tmp_path, nam
 @pytest.mark.slow
 def test_lowercase_drops_no_cbt_recon_ne_question(tmp_path):
     """All 108,719 train and 2,000 valid NE questions survive --lowercase (590 and 54 were dropped before)."""
-    from iaa.jobs import prepare
+    from iaa.jobs.datasets import prepare
 
     source = require_shared("cbt-recon/CBTest")
     result = prepare.run("cbt-ne", source, tmp_path / "ne", on_error="skip", lowercase=True, progress=False)

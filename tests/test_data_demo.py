@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from iaa.data import cbt, demo, manifest as M
-from iaa.jobs import prepare
+from iaa.jobs.datasets import prepare
 
 
 def test_deterministic_by_seed(tmp_path):
@@ -31,7 +31,7 @@ def oracle(ex) -> str:
 
 
 def test_frequency_baseline_is_low_but_context_decides(tmp_path):
-    from iaa.jobs import frequency
+    from iaa.jobs.reports import frequency
 
     paths = demo.write_files(tmp_path, sizes={"valid": demo.SIZES["valid"]})
     chunk = cbt.read(paths["valid"])

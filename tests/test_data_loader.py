@@ -59,7 +59,7 @@ def test_collate_pads_with_masks_and_minus_one_candidates():
 
 def test_iter_batches_over_a_prepared_split(tmp_path):
     from test_data_prepare import make_cbtest
-    from iaa.jobs import prepare
+    from iaa.jobs.datasets import prepare
 
     prepare.run("cbt-ne", make_cbtest(tmp_path), tmp_path / "out", progress=False)
     data = PreparedData.open(tmp_path / "out")

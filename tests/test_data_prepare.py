@@ -15,7 +15,7 @@ from iaa.data.errors import DataError
 from iaa.data.loader import PreparedData
 from iaa.data.shards import SCHEMA, file_sha256
 from iaa.errors import IaaError
-from iaa.jobs import prepare
+from iaa.jobs.datasets import prepare
 
 TRAIN_NAMES = ("Anna", "Ben", "Clara", "Dan", "Emma", "Finn", "Gus", "Hana", "Ivo", "Jon")
 UNSEEN = ("Quill", "Roux")  # only in the valid split: both map to <unk>
@@ -184,7 +184,7 @@ def test_bad_arguments(tmp_path):
 
 def test_a_corpus_without_usable_training_examples_is_an_error(tmp_path):
     from iaa.data.errors import DataError
-    from iaa.jobs import prepare
+    from iaa.jobs.datasets import prepare
 
     data = tmp_path / "CBTest" / "data"
     data.mkdir(parents=True)

@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from iaa.data.batch import bucket_width, pad_to_buckets
 from iaa.data.prefetch import prefetch
-from iaa.jobs.step import autocast, build_optimizer, train_step
+from iaa.jobs.training.step import autocast, build_optimizer, train_step
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
 from iaa.model.encoder import BiGRUEncoder
 from iaa.model.flops import batch_flops, step_layer_flops
@@ -200,8 +200,8 @@ def test_prefetch_raises_the_sources_error_and_stops_when_closed() -> None:
 def test_checkpoint_rng_belongs_to_the_models_device() -> None:
     """The CUDA RNG state saved is the model's GPU's (``model_device``), and it is restored onto
     the device the run continues on, never implicitly onto GPU 0 or onto a CPU run."""
-    from iaa.jobs import checkpoint
-    from iaa.jobs.config import JobConfig
+    from iaa.jobs.training import checkpoint
+    from iaa.jobs.training.config import JobConfig
 
     torch.manual_seed(0)
     model = build_reader(preset("tiny", vocab_size=40))
@@ -219,7 +219,7 @@ def test_checkpoint_rng_belongs_to_the_models_device() -> None:
 
 
 def test_the_cost_estimate_says_when_sharing_a_gpu_pays() -> None:
-    from iaa.jobs.cost import SweepCost
+    from iaa.jobs.search.cost import SweepCost
 
     def text(share: float) -> str:
         return SweepCost(trials=8, epochs=2, examples=1000, examples_per_s=0.0, concurrency=8, gpus=True,

@@ -14,13 +14,15 @@ import pytest
 import torch
 
 from iaa.data.loader import PreparedData, TEACHER_COLUMN, iter_batches
-from iaa.jobs import checkpoint, distill, resolve, teacher
-from iaa.jobs import averaging as ensemble_job
-from iaa.jobs import evaluate
-from iaa.jobs import train as train_job
-from iaa.jobs.config import JobConfig
-from iaa.jobs.objective import Objective
-from iaa.jobs.teacher import TeacherError
+from iaa.jobs.training import checkpoint
+from iaa.jobs.ensembles import distill, teacher
+from iaa.jobs.datasets import resolve
+from iaa.jobs.ensembles import averaging as ensemble_job
+from iaa.jobs.inference import evaluate
+from iaa.jobs.training import train as train_job
+from iaa.jobs.training.config import JobConfig
+from iaa.jobs.training.objective import Objective
+from iaa.jobs.ensembles.teacher import TeacherError
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = pytest.mark.timeout(300)

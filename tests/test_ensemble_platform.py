@@ -1,6 +1,6 @@
 """Planning the members of a sweep ensemble: K best configs x N seeds, reusing what exists.
 
-``iaa.platform.launch`` is replaced by a fake module, so Ray is neither imported nor started.
+``iaa.platform.sweeps.launch`` is replaced by a fake module, so Ray is neither imported nor started.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from iaa.errors import IaaError
-from iaa.jobs.config import JobConfig, TrainConfig, to_dict
+from iaa.jobs.training.config import JobConfig, TrainConfig, to_dict
 from iaa.jobs.ports import TrialRecord
-from iaa.jobs import members as members_job
-from iaa.jobs import ensemble
+from iaa.jobs.ensembles import members as members_job
+from iaa.jobs.ensembles import ensemble
 from iaa.jobs.ports import TrialTracking
 
 pytestmark = pytest.mark.timeout(60)
@@ -155,7 +155,7 @@ def test_members_train_on_the_requested_resources(sweep: dict, launcher: FakeLau
 
 
 def test_train_many_plans_with_the_members_threads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from iaa.platform import launch
+    from iaa.platform.sweeps import launch
 
     asked: dict = {}
 

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.data.loader import PreparedData, collate
-from iaa.jobs import checkpoint
-from iaa.jobs.trace import trace_batch
+from iaa.jobs.training import checkpoint
+from iaa.jobs.inference.trace import trace_batch
 from iaa.model.pointer import candidate_probs
 from tests._explain import tiny_setup
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.jobs import prepare
+from iaa.jobs.datasets import prepare
 from tests._explain import tiny_checkpoint
 from tests._shared import require_shared
 

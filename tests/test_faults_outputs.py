@@ -168,7 +168,7 @@ def test_make_cloze_into_the_current_folder(tmp_path, monkeypatch):
     from _cloze_fake import book, make_fake
 
     from iaa.data.cloze.sources import SourceSpec
-    from iaa.jobs import make_cloze
+    from iaa.jobs.datasets import make_cloze
 
     texts = tmp_path / "texts"
     texts.mkdir()
@@ -357,7 +357,7 @@ def test_make_cloze_into_a_full_disk_names_the_output(tmp_path):
 
     from iaa.data.cloze.sources import SourceSpec
     from iaa.errors import IaaError
-    from iaa.jobs import make_cloze
+    from iaa.jobs.datasets import make_cloze
 
     (tmp_path / "b.txt").write_text(book("A Book", 400, seed=0))
     with small_fs(tmp_path / "full", size="64k") as folder:
@@ -381,7 +381,7 @@ def test_a_bad_dashboard_host_is_one_message(w):
 
 def test_resume_refuses_storage_that_others_can_write(tmp_path):
     from iaa.errors import IaaError
-    from iaa.platform.storage import check_private
+    from iaa.platform.cluster.storage import check_private
 
     folder = tmp_path / "sweep"
     folder.mkdir()
@@ -418,7 +418,8 @@ def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every output of the sweep is written; the trial run whose model the store refused ends FAILED,
     and the loss is reported (the command then exits 1) rather than passed over."""
-    from iaa.jobs import explain, tune
+    from iaa.jobs.inference import explain
+    from iaa.jobs.search import tune
     from iaa.jobs.ports import TrialRecord
 
     monkeypatch.setattr(explain, "run", lambda *a, **k: {"html": str(tmp_path / "e.html"), "png": str(tmp_path / "e.png")})

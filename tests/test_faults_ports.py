@@ -52,7 +52,7 @@ def test_every_port_of_a_local_cluster_is_on_loopback(monkeypatch):
     if shutil.which("ss") is None or not os.path.isdir("/proc"):
         pytest.skip("needs ss (iproute2) and /proc to list listening sockets")
     ray = pytest.importorskip("ray")
-    from iaa.platform import cluster
+    from iaa.platform.cluster import connect as cluster
 
     if ray.is_initialized():
         ray.shutdown()

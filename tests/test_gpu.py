@@ -19,9 +19,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from iaa.jobs import checkpoint, resolve
-from iaa.jobs import train as train_job
-from iaa.jobs.evaluate import score_batches
+from iaa.jobs.training import checkpoint
+
+from iaa.jobs.datasets import resolve
+from iaa.jobs.training import train as train_job
+from iaa.jobs.inference.evaluate import score_batches
 from iaa.model.encoder import BiGRUEncoder
 from tests._tiny import TINY_SETS, kill_after_checks, make_tiny_prepared
 
@@ -138,7 +140,7 @@ def test_bf16_encoders_run_the_gru_in_bf16_or_fp32_never_fp16(cuda) -> None:
     """Under ``train.precision=bf16`` (bf16 autocast) the cuDNN GRU runs in the dtype the encoder
     chooses: bf16 with bf16 weights on cuDNN >= 9.13, else fp32; gradients reach the fp32
     parameters and the input in fp32."""
-    from iaa.jobs.step import autocast, precision_dtype
+    from iaa.jobs.training.step import autocast, precision_dtype
     from iaa.model.encoder import rnn_dtype
 
     torch.manual_seed(0)

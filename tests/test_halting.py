@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from iaa.jobs.config import JobConfig, merge
-from iaa.jobs.objective import Objective
+from iaa.jobs.training.config import JobConfig, merge
+from iaa.jobs.training.objective import Objective
 from iaa.model import build_reader, candidate_probs, preset
 from iaa.model.attention import Memory
 from iaa.model.gates import gate_features

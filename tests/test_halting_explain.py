@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.data.loader import PreparedData, collate
-from iaa.jobs import checkpoint, resolve
+from iaa.jobs.training import checkpoint
+from iaa.jobs.datasets import resolve
 from iaa.model.reader import build_reader
 from tests._tiny import TINY_SETS, make_tiny_prepared
 

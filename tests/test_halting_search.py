@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from iaa.jobs.config import ConfigError, JobConfig
-from iaa.jobs.objective import Objective
-from iaa.jobs import search_space
+from iaa.jobs.training.config import ConfigError, JobConfig
+from iaa.jobs.training.objective import Objective
+from iaa.jobs.search import search_space
 
 SPACE = """\
 model.halting: act
@@ -20,7 +20,7 @@ model.steps: [4, 8]
 
 def test_a_yaml_space_searches_the_ponder_cost_and_trials_train_with_it(tmp_path: Path) -> None:
     pytest.importorskip("optuna")
-    from iaa.platform import search
+    from iaa.platform.sweeps import search_algorithm as search
 
     path = tmp_path / "act.yaml"
     path.write_text(SPACE, encoding="utf-8")

@@ -76,7 +76,7 @@ def test_every_parameter_gets_a_gradient(kind):
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_overfits_one_small_batch(kind):
-    from iaa.jobs.step import build_optimizer, train_step
+    from iaa.jobs.training.step import build_optimizer, train_step
 
     model = tiny(kind, dropout=0.0)
     batch = random_batch([10, 14, 8, 12], [4, 5, 3, 6], seed=3)

@@ -14,7 +14,7 @@ from iaa.model.attention import Memory
 from iaa.model.dropout import Dropout
 from iaa.model import gru_kernels
 from iaa.model.fused_gru import FusedBiGRU, fused_bigru
-from iaa.jobs.step import build_optimizer, train_step
+from iaa.jobs.training.step import build_optimizer, train_step
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -155,7 +155,7 @@ def test_train_step_equals_reference_step(clip):
 def test_optimizer_state_round_trip(tmp_path):
     """Saved and loaded through a checkpoint file, the optimiser continues exactly: the learning
     rate, the step count and both Adam moments of every parameter come back."""
-    from iaa.jobs import checkpoint
+    from iaa.jobs.training import checkpoint
 
     torch.manual_seed(0)
     model = build_reader(preset("tiny", vocab_size=40, dropout=0.0))

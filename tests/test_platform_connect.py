@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.errors import IaaError
-from iaa.platform import cluster, resources
+from iaa.platform.cluster import connect as cluster, resources
 
 
 def _closed_port() -> int:

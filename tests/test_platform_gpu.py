@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from iaa.errors import IaaError
-from iaa.platform import cluster, resources
-from iaa.platform.cluster import ClusterInfo
-from iaa.platform.resources import DRIVER_CPU, DRIVER_RESOURCE, Node
+from iaa.platform.cluster import connect as cluster, resources
+from iaa.platform.cluster.connect import ClusterInfo
+from iaa.platform.cluster.resources import DRIVER_CPU, DRIVER_RESOURCE, Node
 from iaa.platform.ray_train import process_group_backend
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,10 +10,11 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from iaa.cli import cli
-from iaa.jobs.config import config_label
-from iaa.jobs import checkpoint, evaluate
-from iaa.jobs.config import JobConfig, from_dict, load
-from iaa.jobs.workdir import Workdir
+from iaa.jobs.training.config import config_label
+from iaa.jobs.training import checkpoint
+from iaa.jobs.inference import evaluate
+from iaa.jobs.training.config import JobConfig, from_dict, load
+from iaa.jobs.workdir.paths import Workdir
 from tests._platform import children, read_sweep, run_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
@@ -128,12 +129,13 @@ def test_train_with_two_workers_gives_a_checkpoint_that_evaluates(tiny: Path, tm
 def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path, local_ray: None) -> None:
     from dataclasses import replace
 
-    from iaa.jobs import resolve
+    from iaa.jobs.datasets import resolve
     from iaa.jobs.ports import TrialTracking
-    from iaa.platform import launch, tracking
+    from iaa.platform.sweeps import launch
+    from iaa.platform.tracking import store as tracking
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
-    from iaa.jobs.train import fit_on_worker
+    from iaa.jobs.training.train import fit_on_worker
 
     configs = [replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1)]
     uri = Workdir(tmp_path).tracking_uri()

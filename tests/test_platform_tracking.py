@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from iaa.jobs.workdir import Workdir
+from iaa.jobs.workdir.paths import Workdir
 
 pytestmark = pytest.mark.timeout(120)
 
 _CHILD = """
 import sys, time
-from iaa.platform import tracking
+from iaa.platform.tracking import store as tracking
 start = float(sys.argv[2])
 while time.time() < start:          # all children reach the store at the same moment
     time.sleep(0.001)
@@ -47,7 +47,7 @@ def test_processes_creating_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: P
 
 def test_an_unreachable_server_fails_at_once_naming_it(tmp_path: Path) -> None:
     from iaa.errors import IaaError
-    from iaa.platform import tracking
+    from iaa.platform.tracking import store as tracking
 
     with pytest.raises(IaaError, match=r"http://127\.0\.0\.1:9 is not reachable"):
         tracking.open_store(Workdir(tmp_path).tracking_uri("http://127.0.0.1:9"))
@@ -70,7 +70,7 @@ def test_the_cli_names_an_unreachable_tracking_server(tmp_path: Path, command: s
 
 def test_a_damaged_sqlite_store_is_named(tmp_path: Path) -> None:
     from iaa.errors import IaaError
-    from iaa.platform import tracking
+    from iaa.platform.tracking import store as tracking
 
     (tmp_path / "mlflow.db").write_bytes(b"this is no database" * 100)
     with pytest.raises(IaaError, match=f"{tmp_path / 'mlflow.db'} is damaged"):
@@ -84,7 +84,7 @@ def _history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 def test_metrics_refused_by_a_lost_store_are_kept_and_sent_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import mlflow
 
-    from iaa.platform import tracking
+    from iaa.platform.tracking import store as tracking
 
     uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
     run = tracking.Run.start(uri, "lost", "r")
@@ -109,7 +109,7 @@ def test_a_store_that_never_comes_back_ends_the_run_with_a_warning(tmp_path: Pat
                                                                    capsys: pytest.CaptureFixture) -> None:
     import mlflow
 
-    from iaa.platform import tracking
+    from iaa.platform.tracking import store as tracking
 
     uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
     run = tracking.Run.start(uri, "lost", "r")
@@ -129,7 +129,7 @@ def test_a_store_that_never_comes_back_ends_the_run_with_a_warning(tmp_path: Pat
 
 _KILLED = """
 import os, sys
-from iaa.platform import tracking
+from iaa.platform.tracking import store as tracking
 run = tracking.Run.start(sys.argv[1], "killed", "r")
 print(run.run_id, flush=True)
 os.kill(os.getpid(), 9)
@@ -137,7 +137,7 @@ os.kill(os.getpid(), 9)
 
 
 def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_path: Path) -> None:
-    from iaa.platform import tracking
+    from iaa.platform.tracking import store as tracking
 
     uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
     alive = tracking.Run.start(uri, "killed", "alive")          # this process: left alone
@@ -154,8 +154,10 @@ def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_p
 def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from iaa.jobs import resolve, train
-    from iaa.platform.tracker import MlflowTracker
+    from iaa.jobs.datasets import resolve
+
+    from iaa.jobs.training import train
+    from iaa.platform.tracking.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
 
     tiny = make_tiny_prepared(tmp_path / "tiny")
@@ -172,7 +174,7 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
 
 
 def test_experiments_open_in_the_training_runs_view(tmp_path: Path) -> None:
-    from iaa.platform import tracking
+    from iaa.platform.tracking import store as tracking
 
     uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
     experiment = MlflowClient(uri).get_experiment(tracking.experiment_id(uri, "tune-demo"))

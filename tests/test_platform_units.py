@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from iaa.jobs.config import ConfigError, JobConfig
-from iaa.jobs import search_space
-from iaa.platform import resources, storage
+from iaa.jobs.training.config import ConfigError, JobConfig
+from iaa.jobs.search import search_space
+from iaa.platform.cluster import resources, storage
 from iaa.jobs.ports import TrialRecord
-from iaa.jobs.presets import TUNE_PRESETS
-from iaa.platform.resources import DRIVER_CPU, Node
+from iaa.jobs.training.presets import TUNE_PRESETS
+from iaa.platform.cluster.resources import DRIVER_CPU, Node
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -188,7 +188,7 @@ def test_yaml_ranges_choices_log_scale_and_fixed_values(tmp_path: Path) -> None:
     assert (hidden.low, hidden.high, hidden.step, hidden.integer) == (64, 256, 64, True)
     assert space.params["model.steps"].choices == (3, 5)
     assert space.fixed == {"train.batch_size": 64}
-    from iaa.platform.search import to_optuna
+    from iaa.platform.sweeps.search_algorithm import to_optuna
 
     dists = to_optuna(space)
     assert dists["train.lr"].log and dists["model.hidden_dim"].step == 64
@@ -225,7 +225,7 @@ def test_bad_search_spaces_say_what_is_wrong(tmp_path: Path, text: str, message:
 
 
 def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> None:
-    from iaa.platform import search
+    from iaa.platform.sweeps import search_algorithm as search
 
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
     searcher = search.searcher(space, seed=0)
@@ -245,7 +245,7 @@ def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> 
 def test_the_searcher_proposes_every_configuration_of_a_finite_space_once_before_any_repeat() -> None:
     from optuna.trial import TrialState
 
-    from iaa.platform import search
+    from iaa.platform.sweeps import search_algorithm as search
 
     space = search_space.parse(search_space.DEMO_GRID, JobConfig())
     assert space.size == 8
@@ -269,7 +269,7 @@ def test_a_trial_asha_stopped_is_pruned_with_its_checks_in_a_persistent_study(tm
     import optuna
     from optuna.trial import TrialState
 
-    from iaa.platform import search
+    from iaa.platform.sweeps import search_algorithm as search
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
@@ -284,8 +284,8 @@ def test_a_trial_asha_stopped_is_pruned_with_its_checks_in_a_persistent_study(tm
 
 
 def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
-    from iaa.jobs import tune
-    from iaa.platform import search
+    from iaa.jobs.search import tune
+    from iaa.platform.sweeps import search_algorithm as search
 
     preset = TUNE_PRESETS["demo"]
     assert tune.asha_preset(tune.TuneRequest(dataset="demo")) == preset
@@ -302,7 +302,7 @@ def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() 
 
 
 def test_a_set_of_a_searched_key_is_named_as_having_no_effect() -> None:
-    from iaa.jobs import tune
+    from iaa.jobs.search import tune
 
     space = search_space.parse(search_space.PAPER_GRID, JobConfig())
     notes = tune.searched_overrides(("model.embed_dim=64", "train.lr=0.002", "model.steps = 2"), space)
@@ -325,8 +325,8 @@ def test_tune_cli_refuses_a_reduction_factor_of_one() -> None:
 
 def test_default_sweep_names_are_unique_and_a_taken_name_is_refused(tmp_path: Path) -> None:
     from iaa.errors import IaaError
-    from iaa.jobs import tune
-    from iaa.platform import launch
+    from iaa.jobs.search import tune
+    from iaa.platform.sweeps import launch
 
     names = {tune.sweep_name(tune.TuneRequest(dataset="demo", workdir=tmp_path)) for _ in range(20)}
     assert len(names) == 20 and all(n.startswith("demo-iaa-") for n in names)
@@ -344,7 +344,7 @@ def test_default_sweep_names_are_unique_and_a_taken_name_is_refused(tmp_path: Pa
 def test_a_default_name_finds_the_latest_sweep_and_records_round_trip(tmp_path: Path) -> None:
     import os
 
-    from iaa.jobs import sweep
+    from iaa.jobs.search import sweep
 
     rec = TrialRecord(trial_id="t1", config=JobConfig(), params={"model.steps": 2}, best_valid_acc=0.5,
                             checkpoint="/c.pt", mlflow_run_id="r", checks=3, steps=30, stop_reason="asha")
@@ -374,7 +374,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 ])
 def test_an_explicit_max_epochs_is_kept_whatever_it_is(tiny: Path, tmp_path: Path, sets: tuple, config_text: str | None,
                                                         max_epochs: float | None, expected: float) -> None:
-    from iaa.jobs import tune
+    from iaa.jobs.search import tune
 
     config_file = None
     if config_text is not None:
@@ -440,7 +440,7 @@ def test_cluster_sessions_report_the_checkpoint_score_and_when_the_first_batch_w
 
     from iaa.data.loader import PreparedData
     from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE
-    from iaa.jobs.session import ClusterSession
+    from iaa.jobs.training.session import ClusterSession
 
     class Recorder:
         rank, world_size, device = 0, 1, "cpu"
@@ -480,7 +480,7 @@ def test_cluster_sessions_report_the_checkpoint_score_and_when_the_first_batch_w
 
 
 def test_a_restored_searcher_continues_the_same_persistent_study(tmp_path: Path) -> None:
-    from iaa.platform import search
+    from iaa.platform.sweeps import search_algorithm as search
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
@@ -507,8 +507,8 @@ def test_a_pyfunc_model_logged_without_its_loader_names_the_way_out() -> None:
 
 def test_a_trial_hands_the_jobs_loop_its_config_with_the_base_settings_and_its_sampled_values() -> None:
     """``--set model.steps=2`` reaches the loop the job injected: base config, fixed and sampled values merged."""
-    from iaa.jobs.config import apply, to_dict
-    from iaa.platform.trial import TrialSpec, run_trial
+    from iaa.jobs.training.config import apply, to_dict
+    from iaa.platform.sweeps.trial import TrialSpec, run_trial
 
     seen = []
 

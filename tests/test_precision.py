@@ -16,9 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from iaa.jobs.step import autocast, build_optimizer, precision_dtype, train_step
+from iaa.jobs.training.step import autocast, build_optimizer, precision_dtype, train_step
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
-from iaa.jobs.config import ConfigError
+from iaa.jobs.training.config import ConfigError
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from iaa.jobs import precision
-from iaa.jobs.config import ConfigError
+from iaa.jobs.training import precision_policy as precision
+from iaa.jobs.training.config import ConfigError
 from iaa.model import build_reader, nll_loss, preset
 from iaa.model.attention import Memory
 from iaa.model import precision as precision_module
@@ -87,8 +87,8 @@ def test_the_probe_measures_both_dtypes() -> None:
 def test_trainer_uses_and_reports_the_precision_auto_chose(monkeypatch, tmp_path) -> None:
     """The job resolves ``auto`` through the probe: bf16 from a bf16 machine's rates, fp32 from
     a machine without bf16 units (where fp32 is the same code as ``precision=fp32``)."""
-    from iaa.jobs.config import JobConfig, TrainConfig
-    from iaa.jobs.train import Trainer
+    from iaa.jobs.training.config import JobConfig, TrainConfig
+    from iaa.jobs.training.train import Trainer
 
     class Session:
         device = torch.device("cpu")
@@ -242,9 +242,11 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    from iaa.jobs import resolve, train
-    from iaa.jobs.workdir import Workdir
-    from iaa.platform.tracker import MlflowTracker
+    from iaa.jobs.datasets import resolve
+
+    from iaa.jobs.training import train
+    from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
 
     tiny = make_tiny_prepared(tmp_path / "tiny")
@@ -261,7 +263,7 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
 def test_a_checkpoint_config_with_the_former_bf16_switch_still_loads() -> None:
     """``model.bf16_projections`` is gone; a saved config that has it loads, and where it was on
     the run keeps asking for bf16."""
-    from iaa.jobs.config import JobConfig, from_dict, to_dict
+    from iaa.jobs.training.config import JobConfig, from_dict, to_dict
 
     for saved, expected in ((True, "bf16"), (False, "fp32")):
         data = to_dict(JobConfig())

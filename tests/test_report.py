@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.jobs.workdir import Workdir
-from iaa.platform import tracking
+from iaa.jobs.workdir.paths import Workdir
+from iaa.platform.tracking import store as tracking
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HISTORY = {"iaa": [(200, 0.31), (400, 0.36), (600, 0.41)], "as-reader": [(200, 0.30), (400, 0.33), (600, 0.35)]}

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.jobs import serve as job
-from iaa.jobs.predict import Predictor
+from iaa.jobs.inference import serve as job
+from iaa.jobs.inference.predict import Predictor
 from tests._explain import tiny_setup
 
 QUESTION = {"id": "q1", "document": "the cat sat on the mat . the dog ran to the mat .",
@@ -135,7 +135,7 @@ def served(setup):
     pytest.importorskip("ray.serve", reason="needs ray[serve]")
     import ray
 
-    from iaa.platform import serve as platform_serve
+    from iaa.platform import ray_serve as platform_serve
 
     root, prepared, ckpt = setup
     started = not ray.is_initialized()          # another module's Ray may still be up: reuse it
@@ -158,7 +158,7 @@ def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(set
     import urllib.request
 
     from iaa.data import cbt
-    from iaa.platform import serve as platform_serve
+    from iaa.platform import ray_serve as platform_serve
 
     root, prepared, ckpt = setup
     url, cfg = served
@@ -204,7 +204,7 @@ def test_a_killed_replica_loses_at_most_its_requests_in_flight_and_comes_back(se
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from iaa.platform import serve as platform_serve
+    from iaa.platform import ray_serve as platform_serve
 
     url, cfg = served
     body = json.dumps(QUESTION).encode()
@@ -228,7 +228,7 @@ def test_the_cluster_serve_config_builds_a_deployment():
     pytest.importorskip("ray.serve", reason="needs ray[serve]")
     import yaml
 
-    from iaa.platform import serve as platform_serve
+    from iaa.platform import ray_serve as platform_serve
 
     doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "deploy" / "serve.yaml").read_text())
     module, _, builder = doc["applications"][0]["import_path"].partition(":")

@@ -30,7 +30,7 @@ def _study(url: str) -> None:
 
 
 def test_the_study_gives_importances_and_three_figures_with_asha_stops(tmp_path: Path) -> None:
-    from iaa.platform.study import analyze
+    from iaa.platform.sweeps.study import analyze
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     _study(url)
@@ -45,7 +45,7 @@ def test_the_study_gives_importances_and_three_figures_with_asha_stops(tmp_path:
 
 def test_a_missing_study_is_one_clear_error(tmp_path: Path) -> None:
     from iaa.errors import IaaError
-    from iaa.platform.study import analyze
+    from iaa.platform.sweeps.study import analyze
 
     with pytest.raises(IaaError, match="no Optuna study 'nope'"):
         analyze(f"sqlite:///{tmp_path / 'optuna.db'}", "nope", tmp_path / "report")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from iaa.jobs import search_space, tune
-from iaa.jobs.config import JobConfig
+from iaa.jobs.search import search_space, tune
+from iaa.jobs.training.config import JobConfig
 from iaa.jobs.ports import Placement, SearchPlan
-from iaa.jobs.presets import TUNE_PRESETS
-from iaa.jobs.config import config_label
+from iaa.jobs.training.presets import TUNE_PRESETS
+from iaa.jobs.training.config import config_label
 from iaa.jobs.ports import TrialRecord
 
 

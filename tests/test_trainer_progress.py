@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from iaa.jobs.progress import Progress
+from iaa.jobs.training.progress import Progress
 
 
 def _checks(accuracies, *, lr_decay=0.5, patience=3) -> tuple[Progress, list[bool]]:

@@ -77,8 +77,8 @@ def grid(space: dict[str, Sequence[object]]) -> list[dict[str, object]]:
 
 def search_grid(space_file: Path | None) -> list[dict[str, object]]:
     """The grid of the demo preset's space, or of a YAML space file (its fixed keys in every config)."""
-    from iaa.jobs.presets import for_dataset
-    from iaa.jobs import search_space
+    from iaa.jobs.training.presets import for_dataset
+    from iaa.jobs.search import search_space
 
     if space_file is None:
         return grid(search_space.DEMO_GRID)
@@ -140,10 +140,10 @@ def sweep_prefix(label: str) -> str:
 def anytime(workdir: str, out: str, label: str = "", title: str = "demo: grid vs tune") -> dict[str, object]:
     """Best valid accuracy found against trial-seconds, for the grid and each sweep of ``label``, and
     the compute each needs to come within 1 point of the grid's best."""
-    from iaa.jobs import report
+    from iaa.jobs.reports import report
     from iaa.jobs.ports import RunRecord
-    from iaa.jobs.workdir import Workdir
-    from iaa.platform.tracker import MlflowTracker
+    from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking.tracker import MlflowTracker
 
     tracker = MlflowTracker(Workdir(workdir).tracking_uri())
 

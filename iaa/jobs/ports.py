@@ -1,8 +1,8 @@
 """The ports of the jobs: what a workflow needs from run tracking and from a cluster.
 
 Jobs are written against these protocols and never import :mod:`iaa.platform`, which holds
-the adapters: :class:`iaa.platform.tracker.MlflowTracker` (a :class:`Tracker`) and
-:class:`iaa.platform.launch.RayLauncher` (a :class:`Launcher`). ``iaa.cli`` builds them and
+the adapters: :class:`iaa.platform.tracking.tracker.MlflowTracker` (a :class:`Tracker`) and
+:class:`iaa.platform.sweeps.launch.RayLauncher` (a :class:`Launcher`). ``iaa.cli`` builds them and
 hands them to the jobs. The adapters import from :mod:`iaa.jobs` only these ports, the configs
 and the work folder's paths: the job code they run (the training loop, the predictor) reaches
 them as callables the job passes in, and the records they share with the jobs live here.
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 from iaa.errors import IaaError
-from iaa.jobs.config import JobConfig, from_dict, to_dict
-from iaa.jobs.workdir import DEFAULT_WORKDIR, RunFolder
+from iaa.jobs.training.config import JobConfig, from_dict, to_dict
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder
 
 MetricsCallback = Callable[[dict[str, Any]], None]
 FAILED_STATUSES = frozenset({"ERROR", "FAILED"})
@@ -143,7 +143,7 @@ CHECKPOINT_SCORE = "checkpoint_score"
 
 class WorkerLink(Protocol):
     """What the training loop on a cluster worker needs from the cluster (a Tune trial or a Train
-    worker); :class:`iaa.jobs.session.ClusterSession` builds the loop's session on it."""
+    worker); :class:`iaa.jobs.training.session.ClusterSession` builds the loop's session on it."""
 
     rank: int
     world_size: int
@@ -156,7 +156,7 @@ class WorkerLink(Protocol):
 
 
 class WorkerFit(Protocol):
-    """The job's loop on one worker (:func:`iaa.jobs.train.fit_on_worker`): a trial gets its
+    """The job's loop on one worker (:func:`iaa.jobs.training.train.fit_on_worker`): a trial gets its
     ``train`` and ``valid`` tables and ``vocab`` card; a Train worker reads its rows of ``prepared``.
     It travels to Ray workers pickled by reference, so it is a module-level function."""
 
@@ -202,8 +202,8 @@ class SearchPlan:
     """What a sweep searches and how it stops trials (the adapter builds the searcher and scheduler)."""
 
     base: JobConfig
-    space: Any               # iaa.jobs.search_space.SearchSpace
-    preset: Any              # iaa.jobs.presets.TunePreset, with the request's ASHA settings
+    space: Any               # iaa.jobs.search.search_space.SearchSpace
+    preset: Any              # iaa.jobs.training.presets.TunePreset, with the request's ASHA settings
     seed: int
     num_samples: int
     max_t: int               # the most checks a trial can reach
@@ -222,7 +222,7 @@ class Launcher(Protocol):
     def can_resume(self, placement: Placement) -> bool: ...
     def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
               downloads: Path, fit: WorkerFit, progress: Any = None, show_progress: bool = True,
-              verbose: bool = False) -> list[TrialRecord]: ...   # progress: an iaa.jobs.console.SweepConsole
+              verbose: bool = False) -> list[TrialRecord]: ...   # progress: an iaa.jobs.search.console.SweepConsole
     def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
                    trials: TrialTracking, downloads: Path, fit: WorkerFit, workers_per_trial: int = 1,
                    gpus_per_worker: float = 0.0, show_progress: bool = True) -> list[TrialRecord]: ...

@@ -36,7 +36,7 @@ class ReaderConfig:
     # Implementation switches (same mathematics; see iaa/model/*.py and benchmarks/README.md):
     fused_gru: bool = True           # packed, hand-differentiated BiGRU instead of nn.GRU + packing
     fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout
-    sparse_embedding_grad: bool = True  # sparse embedding gradient; iaa.jobs.step keeps Adam + L2 exact
+    sparse_embedding_grad: bool = True  # sparse embedding gradient; iaa.jobs.training.step keeps Adam + L2 exact
     batched_read_grad: bool = True   # one GEMM for the gradient of all T document reads
     inference_table: bool = True     # inference: per-word cache of the doc encoder's input projection
 

@@ -68,7 +68,7 @@ class _Encoders(nn.Module):
         looked up together, so the embedding gets one gradient rather than a sum of several.
 
         The gradient is sparse (``sparse_embedding_grad``) on the CPU only, where
-        ``iaa.jobs.step`` turns it into an exact, cheap Adam update. On a GPU it is dense: a
+        ``iaa.jobs.training.step`` turns it into an exact, cheap Adam update. On a GPU it is dense: a
         sparse gradient must be coalesced, which reads its size back to the host every step.
         One lookup for query and document saves adding two sparse gradients of the whole
         vocabulary's shape every step.

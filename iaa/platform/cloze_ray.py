@@ -40,7 +40,7 @@ def tag(units: Sequence[Unit], factory: Callable[[], Tagger], *, workers: int | 
     import ray
     from tqdm import tqdm
 
-    from iaa.platform.cluster import connect
+    from iaa.platform.cluster.connect import connect
 
     # "local" starts a Ray of our own: without an address ray.init joins whichever local Ray
     # started last, and another user's cluster on the same machine is not ours to load.

@@ -35,7 +35,7 @@ import iaa
 from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError
 from iaa.jobs.ports import LoadedModel, ModelCode
-from iaa.platform.tracking import TRANSIENT, manifest_digest
+from iaa.platform.tracking.store import TRANSIENT, manifest_digest
 
 ARTIFACT = "model"
 DATA_FILES = (MANIFEST, VOCAB)

@@ -1,6 +1,6 @@
-"""Data-parallel training on Ray Train (V2): the loop of :mod:`iaa.jobs.train` on N workers.
+"""Data-parallel training on Ray Train (V2): the loop of :mod:`iaa.jobs.training.train` on N workers.
 
-Going distributed changes only what the loop's :class:`~iaa.jobs.session.ClusterSession` gets from
+Going distributed changes only what the loop's :class:`~iaa.jobs.training.session.ClusterSession` gets from
 its :class:`~iaa.jobs.ports.WorkerLink`, and where its rows come from:
 
 - **data**: each worker reads its own rows of the training split from the prepared folder's
@@ -14,15 +14,15 @@ its :class:`~iaa.jobs.ports.WorkerLink`, and where its rows come from:
   (gloo on CPU, NCCL on GPU), so only rank 0's metrics need reaching Ray;
 - **model**: ``ray.train.torch.prepare_model`` (device + DDP);
 - **report**: ``ray.train.report`` on every worker (it is a barrier) with a checkpoint that
-  rank 0 writes into a temporary directory (:meth:`iaa.jobs.session.SessionBase.report`).
+  rank 0 writes into a temporary directory (:meth:`iaa.jobs.training.session.SessionBase.report`).
 
-The loop itself is the job's (:func:`iaa.jobs.train.fit_on_worker`), handed in as ``fit``.
+The loop itself is the job's (:func:`iaa.jobs.training.train.fit_on_worker`), handed in as ``fit``.
 
 A worker failure is retried from the last checkpoint up to ``MAX_FAILURES`` times. Train V2
 restores a run whose ``RunConfig(name, storage_path)`` is unchanged, which is how ``--resume``
 and a restored Tune trial continue. The ``train --workers N`` driver is
 :func:`iaa.platform.train_workers.fit_workers`; a multi-worker Tune trial runs :func:`build_trainer`
-from :func:`iaa.platform.trial.run_trial`.
+from :func:`iaa.platform.sweeps.trial.run_trial`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from iaa.errors import IaaError
-from iaa.jobs.config import JobConfig, from_dict, to_dict
+from iaa.jobs.training.config import JobConfig, from_dict, to_dict
 from iaa.jobs.ports import CHECKPOINT_SCORE, WorkerFit
-from iaa.platform.resources import forced_device
+from iaa.platform.cluster.resources import forced_device
 
 MAX_FAILURES = 2              # worker-group restarts from the last checkpoint before a run fails
 

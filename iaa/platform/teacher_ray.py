@@ -1,6 +1,6 @@
 """The distillation teacher's member scoring as Ray tasks: one task per member, one CPU and one
 torch thread each, at most ``workers`` at a time. Each task runs the job's ``score_member``
-(:func:`iaa.jobs.teacher.score_member`, as :func:`iaa.jobs.teacher.score_in_process` does) and
+(:func:`iaa.jobs.ensembles.teacher.score_member`, as :func:`iaa.jobs.ensembles.teacher.score_in_process` does) and
 writes its predictions file; on a cluster of several nodes the output folder must be shared storage."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def scorer(score_member: MemberScore, workers: int | None = None, address: str |
         import ray
         from tqdm import tqdm
 
-        from iaa.platform.cluster import connect
+        from iaa.platform.cluster.connect import connect
 
         connect(address or "local")
         slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -3,7 +3,7 @@
 :func:`fit_workers` trains on the workers (:mod:`iaa.platform.ray_train`); this process drives
 it: it names the Ray run, forwards every check to ``metrics.jsonl`` and the tracker, and copies
 the best and last checkpoints into the run folder, so the run folder looks as it does after a
-local run (:func:`iaa.jobs.train.run`).
+local run (:func:`iaa.jobs.training.train.run`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from iaa.jobs.config import JobConfig
+from iaa.jobs.training.config import JobConfig
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkerFit
-from iaa.jobs.workdir import RunFolder
+from iaa.jobs.workdir.paths import RunFolder
 
 
 def ray_run_name(run_dir: Path, *, resume: bool) -> tuple[str, str | None]:
@@ -132,7 +132,7 @@ def fit_workers(
     from ray.util.queue import Queue
 
     from iaa.data.loader import PreparedData
-    from iaa.platform import cluster
+    from iaa.platform.cluster import connect as cluster
     from iaa.platform.ray_train import build_trainer, queue_callback, raise_failure
 
     run_dir = Path(run_dir).resolve()

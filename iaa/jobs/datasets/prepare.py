@@ -1,0 +1,221 @@
+"""The prepare job: source text -> ``DIR/{manifest.json, vocab.json, <split>/part-*.parquet}``.
+
+Idempotent: when ``DIR``'s manifest records the same source fingerprint and options and every
+file in ``DIR`` verifies against it (``iaa.data.verify``), nothing is done; a damaged folder is
+rebuilt. A dataset of another source or options is replaced only with ``overwrite``. Output is
+built in a sibling temporary directory and moved in file by file, the manifest last, so an
+interrupted run never leaves a half-written dataset behind; the manifest lists the files it
+wrote (``files``), and a rebuild deletes only those (``iaa.jobs.workdir.outputs``).
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from iaa import __version__
+from iaa.data import build as B
+from iaa.data import cbt, cnn, demo
+from iaa.data import errors as E
+from iaa.data import manifest as M
+from iaa.data import verify
+from iaa.data.datasets import DATASETS
+from iaa.data.errors import DataError
+from iaa.files import ensure_writable, writing
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+from iaa.jobs.workdir import outputs
+
+ON_ERROR = ("fail", "skip")
+_SPLIT_WORDS = {"train": "training", "valid": "validation"}
+
+
+def run(
+    dataset: str,
+    source: Path | None,
+    out: Path | None,
+    *,
+    workdir: Path = Path(DEFAULT_WORKDIR),
+    on_error: str = "fail",
+    lowercase: bool | None = None,
+    min_count: int = 1,
+    max_vocab: int | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Prepare ``dataset`` from ``source`` into ``out`` (default: ``WORKDIR/data/DATASET``).
+
+    Args:
+        dataset: one of DATASETS. ``demo`` is generated and needs no source.
+        source: CBT: the ``CBTest`` folder or its ``data/``; CNN: the folder holding ``questions/``, or the .tgz.
+        on_error: ``fail`` raises DataError at the first bad example; ``skip`` drops and counts them.
+        lowercase: fold case of words (None: the dataset's default, off for all; CNN text is lowercase already).
+        min_count, max_vocab: vocabulary options (train split only); ``max_vocab`` includes special tokens.
+        workers: threads (None: all CPUs). Does not change the output.
+        overwrite: replace a dataset that ``out`` holds of another dataset or source path.
+
+    Returns:
+        ``{"dataset", "out", "rebuilt", "counts", "skipped", "truncated", "vocab_size", "seconds"}``,
+        counts per split. Skipped and cut-off examples are also printed to stderr.
+    """
+    if dataset not in DATASETS:
+        raise DataError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if on_error not in ON_ERROR:
+        raise DataError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if min_count < 1:
+        raise DataError(f"--min-count must be >= 1, got {min_count}")
+    if max_vocab is not None and max_vocab < 4:
+        raise DataError(f"max_vocab must be at least 4 (3 special tokens and a word), got {max_vocab}")
+    out = Path(out) if out is not None else Workdir(workdir).data(dataset)
+    ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
+    started = time.perf_counter()
+    options = {"on_error": on_error, "lowercase": bool(lowercase), "min_count": min_count, "max_vocab": max_vocab}
+    if source is not None:
+        outputs.refuse_inputs(out, {"the source": source}, folder=True)
+    fingerprint = _fingerprint(dataset, source)
+    if _up_to_date(out, dataset=dataset, source=fingerprint, options=options):
+        return _result(M.read(out), out, rebuilt=False, seconds=time.perf_counter() - started)
+
+    source_path = None if source is None else str(Path(source).resolve())
+    previous = _replaceable(out, overwrite=overwrite, dataset=dataset, source_path=source_path)
+    tmp = outputs.building(out)
+    try:
+        sources, vocab_opts = _sources(dataset, source, tmp, on_error=on_error, lowercase=bool(lowercase),
+                                       min_count=min_count, max_vocab=max_vocab)
+        header = {"dataset": dataset, "created_by": f"iaa {__version__}", "options": options, "source": fingerprint,
+                  "source_path": source_path}
+        with writing(out):
+            manifest = B.build(tmp, sources, vocab_opts, workers=workers, progress=progress, header=header)
+        for split, count in manifest["counts"].items():
+            if not count:
+                _report(manifest)
+                raise DataError(f"no usable {_SPLIT_WORDS.get(split, split)} example (skipped: {manifest['skipped'].get(split, 0)}, cut off: "
+                                f"{manifest['truncated'].get(split, 0)}); nothing was written to {out}",
+                                path=source, reason=E.MISSING_SOURCE)
+        with writing(out):
+            manifest["files"] = outputs.files_under(tmp) + ([] if (tmp / M.MANIFEST).exists() else [M.MANIFEST])
+            M.write(tmp, manifest)
+        outputs.install(tmp, out, written=manifest["files"], previous=previous, manifest=M.MANIFEST)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _report(manifest)
+    return _result(manifest, out, rebuilt=True, seconds=time.perf_counter() - started)
+
+
+def ensure_prepared(dataset: str, workdir: Path) -> Path:
+    """The prepared directory of ``dataset`` under ``workdir/data``; the demo is generated on first use.
+
+    Raises DataError with the exact ``iaa-cli prepare`` command when a real dataset is not prepared yet.
+    """
+    out = Workdir(workdir).data(dataset)
+    if dataset == "demo":
+        run("demo", None, out, progress=False, overwrite=True)
+        return out
+    if dataset not in DATASETS:
+        raise DataError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if M.read(out) is None:
+        what = "the CBTest folder" if dataset.startswith("cbt") else "the folder holding questions/ (or cnn.tgz)"
+        raise DataError(f"dataset {dataset!r} is not prepared; run:  iaa-cli prepare --dataset {dataset} "
+                        f"--source PATH --out {out}  (PATH: {what})", path=out, reason=E.MISSING_SOURCE)
+    return out
+
+
+def _up_to_date(out: Path, **identity: Any) -> bool:
+    """True when ``out`` was built from this source with these options and its files are intact.
+
+    A damaged folder (bad manifest, changed or missing shard) is not up to date: it is rebuilt.
+    """
+    try:
+        if M.is_current(out, **identity) is None:
+            return False
+        verify.verify(out)
+        return True
+    except DataError as err:
+        print(f"rebuilding: {err}", file=sys.stderr)
+        return False
+
+
+def _fingerprint(dataset: str, source: Path | None) -> dict[str, Any]:
+    if dataset == "demo":
+        return demo.fingerprint()
+    if source is None:
+        raise DataError(f"dataset {dataset!r} needs --source", reason=E.MISSING_SOURCE)
+    if dataset == "cnn":
+        return cnn.fingerprint(Path(source))
+    return M.fingerprint(cbt.find_files(Path(source), dataset.split("-")[1]).values())
+
+
+def _sources(dataset: str, source: Path | None, tmp: Path, *, on_error: str, lowercase: bool,
+             min_count: int, max_vocab: int | None) -> tuple[list[B.SplitSource], B.VocabOptions]:
+    if dataset == "cnn":
+        sources = cnn.split_sources(Path(source), on_error=on_error, lowercase=lowercase)  # type: ignore[arg-type]
+        return sources, B.VocabOptions(cnn.PLACEHOLDER, min_count, max_vocab, keep_pattern=cnn.ENTITY_PATTERN)
+    if dataset == "demo":
+        files = demo.write_files(tmp / "source")
+    else:
+        files = cbt.find_files(Path(source), dataset.split("-")[1])  # type: ignore[arg-type]
+    parse = functools.partial(cbt.parse_chunk, on_error=on_error, lowercase=lowercase)
+    sources = [B.SplitSource(split, functools.partial(_cbt_tasks, path, parse)) for split, path in files.items()]
+    return sources, B.VocabOptions(cbt.PLACEHOLDER, min_count, max_vocab)
+
+
+def _cbt_tasks(path: Path, parse):
+    for raw in cbt.iter_chunks(path):
+        yield functools.partial(parse, raw)
+
+
+def _replaceable(out: Path, *, overwrite: bool, **identity: Any) -> list[str]:
+    """The files of the dataset that ``out`` holds, to replace; [] for a new or empty folder.
+
+    The same dataset from the same source path (changed files or options: an update), or one
+    whose manifest is damaged, is rebuilt without ``overwrite``; another dataset or source needs
+    it; a folder of other files is refused.
+    """
+    try:
+        recorded = M.read(out) if out.is_dir() else None
+    except DataError:
+        recorded = {}   # a damaged manifest of ours: rebuild it, deleting nothing else
+    same = recorded is not None and all(recorded.get(k) == v for k, v in identity.items())
+    if not outputs.check_folder(out, manifest=M.MANIFEST, kind="prepared dataset", overwrite=overwrite,
+                                same=same or recorded == {}):
+        return []
+    return _recorded_files(recorded or {})
+
+
+def _recorded_files(manifest: dict[str, Any]) -> list[str]:
+    """What a prepared dataset's manifest says it wrote (older manifests: vocabulary and shards)."""
+    files = manifest.get("files")
+    if isinstance(files, list):
+        return [f for f in files if isinstance(f, str)]
+    shards = [s.get("file") for split in (manifest.get("splits") or {}).values() if isinstance(split, dict)
+              for s in split.get("shards", []) if isinstance(s, dict)]
+    return [M.MANIFEST, M.VOCAB] + [f for f in shards if isinstance(f, str)]
+
+
+def _report(manifest: dict[str, Any]) -> None:
+    """Print what was not used: skipped examples by reason, and cut-off trailing examples."""
+    for split, entry in manifest["splits"].items():
+        if entry["skipped"]:
+            reasons = ", ".join(f"{k}: {v}" for k, v in entry["skipped"].items())
+            print(f"{split}: skipped {sum(entry['skipped'].values())} bad example(s) ({reasons})", file=sys.stderr)
+            for msg in entry["skipped_examples"][:3]:
+                print(f"  {msg}", file=sys.stderr)
+        for msg in entry["truncated_examples"]:
+            print(f"{split}: {msg}", file=sys.stderr)
+
+
+def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float) -> dict[str, Any]:
+    return {
+        "dataset": manifest["dataset"],
+        "out": str(out),
+        "rebuilt": rebuilt,
+        "counts": manifest["counts"],
+        "skipped": manifest["skipped"],
+        "truncated": manifest["truncated"],
+        "vocab_size": manifest["vocab_size"],
+        "seconds": round(seconds, 3),
+    }

@@ -1,0 +1,76 @@
+"""From command-line choices to a prepared data folder and a complete job config."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+from iaa.data.errors import DataError
+from iaa.data.manifest import MANIFEST, VOCAB, rebuild_hint
+from iaa.jobs.training import config as config_mod
+from iaa.jobs.training.config import ConfigError, JobConfig
+from iaa.jobs.training.presets import for_dataset
+from iaa.jobs.workdir.paths import Workdir
+
+
+def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str, Path]:
+    """The dataset name and prepared folder: ``data`` as given, or ``dataset`` under ``workdir``.
+
+    ``demo`` is generated and prepared on first use; other datasets must have been prepared.
+    Every job opens its data here, so every shard is verified here (see ``iaa.data.verify``).
+    """
+    from iaa.data import verify
+
+    if data is not None:
+        prepared = Path(data)
+    elif dataset is None:
+        raise ConfigError("give --dataset NAME or --data PREPARED_DIR")
+    else:
+        from iaa.jobs.datasets.prepare import ensure_prepared
+
+        prepared = ensure_prepared(dataset, Workdir(workdir).writable())
+    manifest = verify.verify(prepared)
+    if manifest.get("counts", {}).get("valid") == 0:
+        raise DataError(f"the valid split is empty, so no accuracy can be measured; "
+                        f"{rebuild_hint(prepared, manifest)} from a source with validation examples",
+                        path=prepared / MANIFEST)
+    return str(manifest.get("dataset", dataset)), prepared
+
+
+def vocab_size(prepared: Path) -> int:
+    return len(json.loads((Path(prepared) / VOCAB).read_text(encoding="utf-8")))
+
+
+def job_config(
+    dataset: str,
+    prepared: Path,
+    *,
+    model_kind: str | None = None,
+    config_file: Path | None = None,
+    sets: Sequence[str] = (),
+) -> JobConfig:
+    """Dataset preset, then the YAML file, then ``--model``, then ``--set`` overrides."""
+    cfg = config_mod.load(for_dataset(dataset), config_file)
+    if model_kind is not None:
+        cfg = replace(cfg, model=replace(cfg.model, kind=model_kind))
+    cfg = config_mod.load(cfg, None, sets)
+    return replace(cfg, dataset=dataset, model=replace(cfg.model, vocab_size=vocab_size(prepared)))
+
+
+def run_dir(dataset: str, cfg: JobConfig, given: Path | None, workdir: Path) -> Path:
+    """The run folder of ``train``: ``given``, else ``WORKDIR/runs/DATASET-MODEL-seedN``."""
+    return Path(given) if given is not None else Workdir(workdir).run(f"{dataset}-{cfg.model.kind}-seed{cfg.train.seed}").path
+
+
+def chosen_keys(config_file: Path | None, sets: Sequence[str] = ()) -> set[str]:
+    """Dotted keys (``train.max_epochs``) that the YAML file or ``--set`` give, whatever their values."""
+    given = [config_mod.read_yaml(Path(config_file))] if config_file is not None else []
+    return {key for tree in [*given, config_mod.parse_sets(sets)] for key in _dotted(tree)}
+
+
+def _dotted(tree: object, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict):
+        return [prefix.rstrip(".")] if prefix else []
+    return [key for name, sub in tree.items() for key in _dotted(sub, f"{prefix}{name}.")]

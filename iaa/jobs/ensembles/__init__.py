@@ -1,0 +1,1 @@
+"""Seed ensembles and distillation: members, averaged distributions, teachers."""

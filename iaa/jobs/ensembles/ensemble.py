@@ -1,0 +1,275 @@
+"""``iaa-cli ensemble``: gather members, evaluate them, average them, and track the result.
+
+Members come from one of two places:
+
+- ``--members CKPT ...``: checkpoints used as they are. The data is ``--data``/``--dataset``,
+  else the dataset named in the checkpoints' configs (prepared under the workdir).
+- ``--sweep NAME``: ``WORKDIR/sweeps/NAME/sweep.json`` (a default name such as ``demo-iaa``
+  means the latest ``demo-iaa-<id>``). :mod:`iaa.jobs.ensembles.members` picks its K best configurations
+  x N seeds and the checkpoints to reuse; the rest train in parallel as trials of the
+  :class:`~iaa.jobs.ports.Launcher` (``train_many``), with the request's workers, GPUs and the
+  configs' ``train.threads``.
+
+Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.ensembles.averaging`
+does the alignment, averaging and selection. Everything lands in ``WORKDIR/ensembles/NAME/``,
+and one MLflow run records it (tagged ``sweep_parent_run_id`` with the sweep's parent run).
+``ensemble.json`` names every member by its absolute path with the sha256 of the file
+(``member_sha256``), so the folder means the same wherever it is used, and a changed member is
+refused (``iaa.jobs.inference.predict.ensemble_members``). A finished ensemble is replaced only with
+``overwrite``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from iaa.data.shards import file_sha256
+from iaa.errors import IaaError
+from iaa.files import atomic_write_text
+from iaa.jobs.ensembles import averaging
+from iaa.jobs.ensembles import members as ledger
+from iaa.jobs.workdir import names
+from iaa.jobs.search import sweep as sweep_file
+from iaa.jobs.training.config import ConfigError, from_dict
+from iaa.jobs.ensembles.members import Member
+from iaa.jobs.ports import Launcher, Tracker, TrialTracking
+from iaa.jobs.inference.predict import MODEL_CODE, SUMMARY
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+
+
+@dataclass(frozen=True)
+class EnsembleRequest:
+    """What ``iaa-cli ensemble`` asks for; exactly one of ``sweep`` and ``members``, checked here."""
+
+    sweep: str | None = None
+    members: tuple[Path, ...] = ()
+    dataset: str | None = None
+    data: Path | None = None
+    top_configs: int = 1          # K best configurations of the sweep
+    seeds: int = 5                # N seeds of each
+    select: str = "all"           # all | top-p | greedy, decided on valid
+    p: float = 0.5                # fraction kept by top-p
+    name: str | None = None
+    workdir: Path = Path(DEFAULT_WORKDIR)
+    storage_path: str | None = None
+    workers_per_trial: int = 1    # Ray Train workers per member trained
+    gpus_per_worker: float = 0.0
+    show_progress: bool = True
+    register: str | None = None   # register the ensemble's MLflow model under this name
+    overwrite: bool = False       # replace a finished ensemble of the same name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", distinct_members(self.members))
+        object.__setattr__(self, "workdir", Path(self.workdir))
+        names.folder_name(self.name)
+        names.folder_name(self.sweep, "--sweep")
+        names.registered_name(self.register)
+        if (self.sweep is None) == (not self.members):
+            raise ConfigError("give exactly one of --sweep NAME or --members CKPT ...")
+        if self.select not in averaging.SELECT_MODES:
+            raise ConfigError(f"unknown selection {self.select!r}; choose from {list(averaging.SELECT_MODES)}")
+        if self.top_configs < 1 or self.seeds < 1:
+            raise ConfigError("--top-configs and --seeds must be >= 1")
+        if not 0 < self.p <= 1:
+            raise ConfigError("--p must be in (0, 1]")
+
+
+def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
+    """The ensemble's checkpoints; ConfigError when one is listed twice (it would count as two members)."""
+    seen: dict[Path, Path] = {}
+    for member in members:
+        key = Path(member).resolve()
+        if key in seen:
+            raise ConfigError(f"{member}: listed twice in --members (also as {seen[key]}); an ensemble averages "
+                              "distinct checkpoints, so list each once")
+        seen[key] = Path(member)
+    return tuple(Path(m) for m in members)
+
+
+def _run_dir_label(checkpoint: Path) -> str:
+    return checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else checkpoint.stem
+
+
+def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
+    """Checkpoints as they are, each linked to the tracked run whose ``checkpoint`` tag names it."""
+    from iaa.jobs.training import checkpoint
+
+    members = []
+    for path in map(Path, paths):
+        cfg = from_dict(checkpoint.load(path)["config"])
+        run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.resolve())])
+        members.append(Member(path, cfg, run_id, _run_dir_label(path), "given"))
+    return members
+
+
+def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, out_dir: Path, uri: str,
+                  name: str, launcher: Launcher | None) -> list[Member]:
+    """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials."""
+    trials = sweep["trials"]
+    workdir = Workdir(req.workdir)
+    found = ledger.reusable(workdir.root, workdir.sweep(sweep["name"]), trials)
+    wanted = ledger.seeded(ledger.best_configs(sweep["name"], trials, req.top_configs), req.seeds)
+    to_train = [cfg for cfg, _ in wanted if ledger.config_key(cfg) not in found]
+    if to_train:
+        from iaa.jobs.training.train import fit_on_worker
+
+        if launcher is None:
+            raise IaaError(f"{len(to_train)} members must be trained, and no launcher was given")
+        print(f"ensemble: reusing {len(wanted) - len(to_train)} checkpoints, training {len(to_train)} members on Ray",
+              file=sys.stderr)
+        run_name = sweep_file.unique_name(f"ensemble-{name}")
+        trials_to = TrialTracking(uri=uri, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
+                                  parent_run_id=sweep.get("parent_run_id"), sweep=run_name, dataset=to_train[0].dataset)
+        trained = launcher.train_many(
+            to_train, prepared, name=run_name, storage=workdir.storage(req.storage_path), trials=trials_to,
+            downloads=out_dir / "checkpoints", fit=fit_on_worker, workers_per_trial=req.workers_per_trial,
+            gpus_per_worker=req.gpus_per_worker, show_progress=req.show_progress,
+        )
+        ledger.record_trained(name, out_dir, Path(req.workdir), to_train, trained, found)
+    return ledger.members(wanted, found)
+
+
+def read_sweep(workdir: Path, name: str) -> dict[str, Any]:
+    """The sweep ``name`` (or the latest of a default-named prefix), with at least one trial."""
+    path = sweep_file.find(workdir, name)
+    sweep = sweep_file.read(path)
+    if not sweep["trials"]:
+        raise IaaError(f"sweep {name!r} has no trials in {path}")
+    return sweep
+
+
+# --- evaluation and tracking -------------------------------------------------------------------
+
+
+def _has_split(prepared: Path, split: str) -> bool:
+    from iaa.data.loader import PreparedData
+
+    data = PreparedData.open(Path(prepared))
+    return split in data.splits and data.table(split).num_rows > 0
+
+
+def evaluate_members(members: Sequence[Member], prepared: Path, out_dir: Path, show_progress: bool) -> list[dict[str, Path | None]]:
+    """Each member's predictions files on valid and (where the data has it) test."""
+    from tqdm import tqdm
+
+    from iaa.jobs.inference import evaluate
+
+    splits = ["valid"] + (["test"] if _has_split(prepared, "test") else [])
+    files: list[dict[str, Path | None]] = []
+    bar = tqdm(total=len(members) * len(splits), desc="evaluate members", unit="eval", disable=not show_progress,
+               file=sys.stderr)
+    for i, member in enumerate(members):
+        entry: dict[str, Path | None] = {"valid": None, "test": None}
+        for split in splits:
+            out = out_dir / "members" / f"{i:02d}-{split}.parquet"
+            entry[split] = Path(evaluate.run(member.checkpoint, prepared, split, out)["predictions"])
+            bar.update(1)
+        files.append(entry)
+    bar.close()
+    return files
+
+
+def _track(tracker: Tracker, experiment: str, name: str, req: EnsembleRequest, sweep: dict[str, Any] | None,
+           dataset: str, members: Sequence[Member], result: dict[str, Any], out_dir: Path,
+           prepared: Path) -> tuple[str, str | None]:
+    """The ensemble's tracked run: params, metrics, artifacts, its data, and its model (the
+    selected members, averaged). Returns (run id, model URI)."""
+    tags: dict[str, Any] = {"kind": "ensemble", "dataset": dataset, "select": req.select,
+                            "ensemble_dir": str(out_dir)}
+    if sweep is not None:
+        tags.update({"sweep": sweep.get("name", ""), "sweep_parent_run_id": sweep.get("parent_run_id") or ""})
+    chosen = set(result["selected"])
+    for i, member in enumerate(members):
+        tags.update({f"member.{i}.run_id": member.mlflow_run_id or "", f"member.{i}.checkpoint": str(member.checkpoint),
+                     f"member.{i}.selected": str(i in chosen).lower(), f"member.{i}.source": member.source})
+    with tracker.run(experiment, f"ensemble-{name}", tags=tags) as run:
+        run.log_params({"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
+                        "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(chosen)})
+        run.log_metrics({k: result[k] for k in ("valid_acc", "test_acc", "mean_member_valid_acc",
+                                                 "mean_member_test_acc", "mean_selected_valid_acc",
+                                                 "mean_selected_test_acc") if result[k] is not None})
+        run.log_metrics({"boo_n": result["boo_n"], f"boo_{result['boo_n']}_valid": result["boo_valid"],
+                         "boo_n_valid": result["boo_valid"],
+                         **({f"boo_{result['boo_n']}_test": result["boo_test"], "boo_n_test": result["boo_test"]}
+                            if result["boo_test"] is not None else {})})
+        for i, acc in enumerate(result["member_valid_acc"]):
+            run.log_metrics({"member_valid_acc": acc, **({"member_test_acc": result["member_test_acc"][i]}
+                                                         if result["member_test_acc"] is not None else {})}, step=i)
+        for artifact in ("predictions", "table_path"):
+            run.log_artifact(Path(result[artifact]))
+        run.log_artifact(out_dir / SUMMARY)
+        run.log_dataset(prepared, context="eval")
+        model_uri = tracker.log_model(run, [Path(m) for m in result["members"]], prepared, req.register, code=MODEL_CODE)
+    return run.run_id, model_uri
+
+
+def _check_free(out_dir: Path, name: str, overwrite: bool) -> None:
+    """Refuse to replace a finished ensemble (one with ``ensemble.json``) unless ``overwrite``.
+
+    A folder without it is an unfinished ensemble of this name (its ``trained.json`` lists the
+    members trained so far): it is continued.
+    """
+    if (out_dir / SUMMARY).exists() and not overwrite:
+        raise IaaError(f"{out_dir}: an ensemble named {name!r} exists already; add --overwrite to replace it, "
+                       "or choose another --name (nothing was changed)")
+
+
+def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None) -> dict[str, Any]:
+    """Build, evaluate and score the ensemble that ``req`` describes; see the module docstring.
+
+    Returns:
+        ``valid_acc``, ``test_acc`` (None without a test split), ``members`` (checkpoint paths
+        of the selected members, in the order of ``member_probs``), ``predictions`` (the Parquet
+        path), ``all_members``, per-member and mean accuracies, ``boo_n``, ``boo_valid``,
+        ``boo_test``, ``select``, ``mlflow_run_id`` and the output folder.
+    """
+    from iaa.jobs.datasets import resolve
+
+    workdir, uri = req.workdir, tracker.uri
+
+    sweep: dict[str, Any] | None = None
+    if req.sweep is not None:
+        sweep = read_sweep(workdir, req.sweep)
+        if req.dataset is None and req.data is None and sweep.get("data_dir"):
+            dataset, prepared = resolve.data_dir(None, Path(sweep["data_dir"]), workdir)
+        else:
+            dataset, prepared = resolve.data_dir(req.dataset or sweep["dataset"], req.data, workdir)
+        name = req.name or sweep["name"]
+        out_dir = Workdir(workdir).ensemble(name)
+        _check_free(out_dir, name, req.overwrite)
+        members = sweep_members(req, sweep, prepared, out_dir, uri, name, launcher)
+        experiment = sweep.get("experiment") or f"ensemble-{dataset}"
+    else:
+        members = given_members(req.members, tracker)
+        named = sorted({m.config.dataset for m in members})
+        if req.dataset is None and req.data is None and len(named) > 1:
+            raise ConfigError(f"the members were trained on different datasets {named}; pass --data or --dataset")
+        dataset, prepared = resolve.data_dir(req.dataset or named[0], req.data, workdir)
+        digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in req.members).encode()).hexdigest()[:8]
+        name = req.name or f"{dataset}-{len(members)}members-{req.select}-{digest}"
+        out_dir = Workdir(workdir).ensemble(name)
+        _check_free(out_dir, name, req.overwrite)
+        experiment = f"ensemble-{dataset}"
+
+    members = [replace(m, checkpoint=Path(m.checkpoint).resolve()) for m in members]
+
+    files = evaluate_members(members, prepared, out_dir, req.show_progress)
+    labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
+    result = averaging.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
+                              p=req.p, labels=labels)
+    table = result.pop("table")
+    summary = {**result, "name": name, "dataset": dataset, "data_dir": str(prepared), "ensemble_dir": str(out_dir),
+               "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
+               "sweep": req.sweep, "tracking_uri": uri,
+               "member_sha256": {str(m.checkpoint): file_sha256(m.checkpoint) for m in members}}
+    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=1, default=str))
+    summary["mlflow_run_id"], summary["model_uri"] = _track(tracker, experiment, name, req, sweep, dataset, members,
+                                                            result, out_dir, prepared)
+    atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=1, default=str))
+    print(table, file=sys.stderr)
+    return summary

@@ -1,0 +1,1 @@
+"""A trained reader at work: evaluate, predict, explain and serve."""

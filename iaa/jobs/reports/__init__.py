@@ -1,0 +1,1 @@
+"""Reports read back from tracking: learning curves, a sweep's importances, the frequency baseline."""

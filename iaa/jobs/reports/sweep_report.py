@@ -1,0 +1,49 @@
+"""``iaa-cli report --sweep NAME``: what a sweep learnt, from its Optuna study.
+
+Three figures (parameter importances, parallel coordinates, and each trial's checks with
+ASHA's stops marked) go to ``--out`` (default ``WORKDIR/sweeps/NAME/report``) and to the
+sweep's parent run under ``report/``; the numbers behind them are the returned dict
+(``--json``). The study is read by an adapter (:func:`iaa.platform.sweeps.study.analyze`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from iaa.errors import IaaError
+from iaa.jobs.search import sweep as sweep_file
+from iaa.jobs.ports import Tracker
+
+StudyAnalyzer = Callable[[str, str, Path], dict[str, Any]]   # (storage URL, study name, out folder) -> numbers
+
+
+def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable[[str], Tracker],
+        out: Path | None = None) -> dict[str, Any]:
+    """Draw the figures of sweep ``name``'s study and log them to its parent run."""
+    path = sweep_file.find(Path(workdir), name)
+    sweep = sweep_file.read(path)
+    study = sweep.get("optuna") or {}
+    if not study.get("storage"):
+        raise IaaError(f"{path}: the sweep kept no Optuna study (it ran before studies were stored); "
+                       "run the sweep again to analyse it")
+    folder = Path(out) if out is not None else path.parent / "report"
+    result = analyze(study["storage"], study["study"], folder)
+    logged = False
+    if sweep.get("parent_run_id"):
+        parent = open_tracker(sweep["tracking_uri"]).attach(sweep["parent_run_id"])
+        for figure in result["figures"].values():
+            parent.log_artifact(Path(figure), "report")
+        logged = True
+    return {"sweep": sweep["name"], **result, "logged_to_run": sweep.get("parent_run_id") if logged else None}
+
+
+def describe(result: dict[str, Any]) -> str:
+    """The importances and the figures, for the console."""
+    lines = [f"sweep {result['sweep']}: {len(result['trials'])} trials in study {result['study']}",
+             "parameter importance (fANOVA over finished and ASHA-stopped trials):"]
+    lines += [f"  {name:24s} {value:.3f}" for name, value in result["importances"].items()]
+    lines += [f"{name}: {path}" for name, path in result["figures"].items()]
+    if result.get("logged_to_run"):
+        lines.append(f"figures logged to the parent run {result['logged_to_run']} under report/")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The work folder: where things live, run folders, the output policy and safe names."""

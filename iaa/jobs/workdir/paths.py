@@ -1,0 +1,181 @@
+"""The work folder and the run folder: the one place that names where things live.
+
+A :class:`Workdir` (``--workdir``, ``IAA_WORKDIR``, default :data:`DEFAULT_WORKDIR`) holds::
+
+    data/DATASET/        prepared datasets (manifest.json, vocab.json, split shards)
+    runs/NAME/           one training run each (a RunFolder)
+    sweeps/NAME/         sweep.json, best_config.yaml, the downloaded trial checkpoints
+    ensembles/NAME/      ensemble.json, members' predictions, the ledger of members it trained
+    ray/                 Ray's storage (Tune and Train runs) unless --storage-path says otherwise
+    mlflow.db            the SQLite MLflow store unless --tracking-uri / MLFLOW_TRACKING_URI
+    mlartifacts/         that store's artifacts
+
+A :class:`RunFolder` is the one reader and writer of a run's files (``metrics.jsonl``,
+``checkpoints/{best,last}.pt``). What a command may replace or delete in these folders is
+decided by the output policy (:mod:`iaa.jobs.workdir.outputs`), never here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from iaa.data.manifest import MANIFEST
+from iaa.errors import IaaError
+from iaa.files import ensure_writable
+
+DEFAULT_WORKDIR = "iaa-work"
+SQLITE = "sqlite:///"
+TRACKING_ENV = "MLFLOW_TRACKING_URI"
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a SQLite tracking URI (:data:`SQLITE` + path); None for any other store."""
+    return Path(uri[len(SQLITE):]) if uri.startswith(SQLITE) else None
+
+
+def sqlite_problem(db: Path, timeout_s: float = 5.0) -> str | None:
+    """Why the SQLite file ``db`` is no readable database, or None when it is (or does not exist)."""
+    if not db.exists():
+        return None
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=timeout_s) as con:
+            verdict = con.execute("PRAGMA quick_check").fetchone()[0]
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as err:
+        return str(err)
+    return None if verdict == "ok" else verdict
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One training run's folder: its metrics, its checkpoints, the name of its Ray Train run."""
+
+    path: Path
+
+    RUN_FILES = ("checkpoints", "metrics.jsonl")   # what a started run leaves in its folder
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def best(self) -> Path:
+        from iaa.jobs.training.checkpoint import BEST
+
+        return self.checkpoints / BEST
+
+    @property
+    def last(self) -> Path:
+        from iaa.jobs.training.checkpoint import LAST
+
+        return self.checkpoints / LAST
+
+    @property
+    def ray_run_file(self) -> Path:
+        """Holds the name of the run's Ray Train run under the storage path (``train --workers``)."""
+        return self.path / "ray_run_name"
+
+    def holds_run(self) -> bool:
+        """True when the folder holds a started or finished run."""
+        return any((self.path / name).exists() for name in self.RUN_FILES)
+
+    def append_metrics(self, metrics: dict[str, Any]) -> None:
+        """One JSON line per validation check, stamped with the wall-clock time."""
+        with self.metrics.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({**metrics, "time": time.time()}, default=str) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics.is_file():
+            return []
+        return [json.loads(line) for line in self.metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def clear(self) -> None:
+        """Remove the run's own files (a fresh run in a claimed folder); nothing else is touched."""
+        import shutil
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.checkpoints, ignore_errors=True)
+        self.metrics.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Workdir:
+    """Every path under the work folder, and where Ray and MLflow keep their state."""
+
+    root: Path = Path(DEFAULT_WORKDIR)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    def writable(self) -> Path:
+        """The folder, created if needed; IaaError when it cannot be written."""
+        return ensure_writable(self.root, "the workdir", "give a writable --workdir (or IAA_WORKDIR)")
+
+    # --- datasets, runs, sweeps, ensembles -------------------------------------------------------
+
+    def data(self, dataset: str) -> Path:
+        return self.root / "data" / dataset
+
+    def is_prepared(self, dataset: str) -> bool:
+        return (self.data(dataset) / MANIFEST).is_file()
+
+    def run(self, name: str) -> RunFolder:
+        return RunFolder(self.root / "runs" / name)
+
+    @property
+    def sweeps(self) -> Path:
+        return self.root / "sweeps"
+
+    def sweep(self, name: str) -> Path:
+        return self.sweeps / name
+
+    @property
+    def ensembles(self) -> Path:
+        return self.root / "ensembles"
+
+    def ensemble(self, name: str) -> Path:
+        return self.ensembles / name
+
+    # --- Ray storage and the MLflow store ----------------------------------------------------------
+
+    def storage(self, storage_path: str | None = None) -> str:
+        """Ray's storage: ``--storage-path`` (an NFS path or a bucket URI), else ``WORKDIR/ray``."""
+        return storage_path or str((self.root / "ray").resolve())
+
+    TRACKING_DB = "mlflow.db"
+
+    def optuna_storage(self, given: str | None = None) -> str:
+        """A sweep's Optuna study store: ``--optuna-storage``, else the SQLite file ``WORKDIR/optuna.db``."""
+        return given or f"{SQLITE}{(self.root / 'optuna.db').resolve()}"
+
+    def tracking_db(self, tracking_uri: str | None = None) -> Path | None:
+        """The SQLite file of the store :meth:`tracking_uri` names; None for a server."""
+        uri = tracking_uri or os.environ.get(TRACKING_ENV)
+        return sqlite_file(uri) if uri else self.root / self.TRACKING_DB
+
+    def tracking_uri(self, tracking_uri: str | None = None) -> str:
+        """``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else the SQLite store ``WORKDIR/mlflow.db``.
+
+        A SQLite store is checked here, so a damaged file fails before any job starts.
+        """
+        uri = tracking_uri or os.environ.get(TRACKING_ENV)
+        if not uri:
+            root = self.root.resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            uri = f"{SQLITE}{root / self.TRACKING_DB}"
+        db = sqlite_file(uri)
+        problem = sqlite_problem(db) if db is not None else None
+        if problem:
+            raise IaaError(f"the MLflow store {db} is damaged: not a readable MLflow database ({problem}); move it "
+                           "aside to start a fresh store (the runs it held are lost), or pass --tracking-uri")
+        return uri

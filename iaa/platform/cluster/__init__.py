@@ -1,0 +1,1 @@
+"""Joining or starting Ray, sizing trials on it, and storage every node sees."""

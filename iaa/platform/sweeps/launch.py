@@ -1,0 +1,268 @@
+"""The jobs' Launcher on Ray: Tune runs of the trial function, and Train runs of one job.
+
+:class:`RayLauncher` implements :class:`iaa.jobs.ports.Launcher`. :func:`connect` builds one
+frozen :class:`Launch`: the Ray cluster it joined, what each trial holds there
+(:func:`iaa.platform.cluster.connect.plan`, so that trial drivers never hold the CPUs their workers
+need) and where checkpoints go (``STORAGE/NAME``; ``STORAGE`` from
+:meth:`iaa.jobs.workdir.paths.Workdir.storage`). A sweep (:mod:`iaa.jobs.search.tune`) and an ensemble's
+members (:meth:`RayLauncher.train_many`) both start from it.
+
+Run names are never reused: a folder that exists under the storage path belongs to another run
+and is refused (:func:`claim`), never deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import ray.tune as tune
+
+from iaa.errors import IaaError
+from iaa.files import is_remote_uri
+from iaa.data.manifest import vocab_card
+from iaa.jobs.training.config import JobConfig, to_dict
+from iaa.jobs.ports import (CHECKPOINT_SCORE, MetricsCallback, Placement, SearchPlan, TrialRecord, TrialTracking,
+                            WorkerFit)
+from iaa.jobs.workdir.paths import RunFolder
+from iaa.platform.cluster import connect as cluster
+from iaa.platform.sweeps import search_algorithm as search
+from iaa.platform.cluster.storage import check_private
+from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
+from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns, child_runs
+
+MAX_TRIAL_FAILURES = 2      # a failed trial restarts from its last checkpoint this many times
+# (a multi-worker trial once more only: its Train run already restarts failed workers itself)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where and how the trials of one Tune run train."""
+
+    name: str                    # the Tune run's name: its folder under ``storage``
+    storage: str                 # STORAGE: a local path or a bucket URI
+    prepared: Path               # the prepared data folder
+    info: cluster.ClusterInfo
+    plan: cluster.TrialPlan
+
+    @property
+    def experiment_path(self) -> str:
+        return f"{self.storage.rstrip('/')}/{self.name}"
+
+
+def taken(storage: str, name: str) -> bool:
+    """Whether ``STORAGE/NAME`` (a Tune run) or any ``STORAGE/NAME-train-*`` (its Train runs) exists."""
+    if is_remote_uri(storage):
+        import pyarrow.fs
+
+        fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+        return fs.get_file_info(f"{root.rstrip('/')}/{name}").type != pyarrow.fs.FileType.NotFound
+    return (Path(storage) / name).exists() or any(Path(storage).glob(f"{name}-train-*"))
+
+
+def check_free(storage: str, name: str, folder: Path | None = None) -> None:
+    """Refuse ``name`` when a run of that name exists under ``storage`` or ``folder`` exists."""
+    if taken(storage, name) or (folder is not None and folder.exists()):
+        where = storage if taken(storage, name) else folder
+        raise IaaError(f"a run named {name!r} already exists ({where}): continue it with --resume {name}, "
+                       "or choose another --name (nothing was deleted)")
+
+
+def claim(storage: str, name: str, folder: Path) -> None:
+    """Take ``name`` for a new run by creating ``folder``; refused when anything of that name exists."""
+    check_free(storage, name, folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=False)
+    except FileExistsError as err:   # another process claimed it a moment ago
+        raise IaaError(f"{folder} already exists: continue that run with --resume {name}, or choose another "
+                       "--name (nothing was deleted)") from err
+
+
+def connect(*, name: str, prepared: Path, storage: str, address: str | None, storage_path: str | None,
+            workers_per_trial: int, gpus_per_worker: float, threads: int | None, max_concurrent: int | None,
+            num_trials: int, show_progress: bool) -> Launch:
+    """Join (or start) Ray and size the trials; see :func:`iaa.platform.cluster.connect.fit_trials`.
+
+    ``storage_path`` is what the user gave (a multi-node cluster needs one); ``storage`` where
+    checkpoints go.
+    """
+    info, plan = cluster.fit_trials(cluster.connect(address, storage_path), workers_per_trial, threads=threads,
+                                    gpus_per_worker=gpus_per_worker, max_concurrent=max_concurrent,
+                                    num_trials=num_trials)
+    if show_progress:
+        print(cluster.describe(info, plan), file=sys.stderr)
+    return Launch(name=name, storage=storage, prepared=Path(prepared), info=info, plan=plan)
+
+
+def trial_spec(launch: Launch, fit: WorkerFit, *, base: JobConfig | None = None, fixed: Mapping[str, Any] | None = None,
+               members: Sequence[JobConfig] = ()) -> TrialSpec:
+    from iaa.data.manifest import read
+
+    manifest = read(launch.prepared) or {}
+    return TrialSpec(name=launch.name, fit=fit, storage_path=launch.storage, workers=launch.plan.workers,
+                     threads=launch.plan.threads, gpus_per_worker=launch.plan.gpus_per_worker,
+                     worker_resources=dict(launch.plan.worker_resources),
+                     base=to_dict(base) if base is not None else None, fixed=dict(fixed or {}),
+                     members=tuple(to_dict(m) for m in members), vocab_hash=manifest.get("vocab_hash", ""),
+                     vocab=vocab_card(launch.prepared), prepared=str(launch.prepared.resolve()))
+
+
+def trainable(launch: Launch, spec: TrialSpec) -> tuple[Any, int]:
+    """The trial function with its data and resources, and the number of training rows."""
+    from iaa.data.loader import PreparedData
+
+    data = PreparedData.open(launch.prepared)
+    train_rows = int(data.manifest["splits"]["train"]["count"])
+    # one-worker trials share tables put once into the object store; Train workers read their own rows
+    train, valid = (data.table("train"), data.table("valid")) if launch.plan.in_actor else (None, None)
+    fn = tune.with_parameters(run_trial, spec=spec, train=train, valid=valid)
+    return tune.with_resources(fn, dict(launch.plan.trial_resources)), train_rows
+
+
+def _trial_dirname(trial: Any) -> str:
+    return trial.trial_id
+
+
+def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: bool, search_alg: Any = None,
+          scheduler: Any = None, num_samples: int = 1, param_space: Mapping[str, Any] | None = None) -> Any:
+    """A new ``Tuner``; the searcher and scheduler carry their own metrics."""
+    in_actor = launch.plan.in_actor
+    return tune.Tuner(
+        fn, param_space=dict(param_space or {}),
+        tune_config=tune.TuneConfig(search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
+                                    max_concurrent_trials=launch.plan.max_concurrent, reuse_actors=in_actor,
+                                    trial_dirname_creator=_trial_dirname),
+        run_config=tune.RunConfig(
+            name=launch.name, storage_path=launch.storage,
+            failure_config=tune.FailureConfig(max_failures=MAX_TRIAL_FAILURES if in_actor else 1),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
+                                                    checkpoint_score_order="max"),
+            callbacks=list(callbacks), verbose=1 if show_progress else 0,
+        ),
+    )
+
+
+def restore(launch: Launch, fn: Any) -> Any:
+    """The interrupted Tune run of ``launch``: searcher, scheduler and callbacks as they were saved."""
+    check_private(launch.experiment_path)
+    if not tune.Tuner.can_restore(launch.experiment_path):
+        raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without --resume")
+    return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
+
+
+def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, dict[str, str]]:
+    """Run ``tuner_``; returns its ``ResultGrid`` and every trial's Tune status by trial id.
+
+    ``quiet``: not even Tune's banner (its configuration box, results folder and TensorBoard
+    hint, which its new output prints at every verbosity; the older one is silent at 0).
+    """
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # save the experiment state often, for --resume
+    # Tune snapshots the experiment at every kept checkpoint (what --resume needs); don't warn about it.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    if quiet:
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        results = tuner_.fit()
+    finally:
+        if quiet and before is None:
+            del os.environ["RAY_AIR_NEW_OUTPUT"]
+        elif quiet:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
+    analysis = tune.ExperimentAnalysis(launch.experiment_path)
+    return results, {t.trial_id: t.status for t in analysis.trials}
+
+
+class RayLauncher:
+    """:class:`iaa.jobs.ports.Launcher` on the Ray cluster at ``address`` (default: a local one).
+
+    ``storage_path`` is the user's ``--storage-path`` (checked against the cluster: several nodes
+    need shared storage); ``callbacks`` are extra Tune callbacks for every sweep.
+    """
+
+    def __init__(self, address: str | None = None, storage_path: str | None = None,
+                 callbacks: Sequence[Any] = ()) -> None:
+        self.address, self.storage_path, self.callbacks = address, storage_path, list(callbacks)
+        self._launches: dict[str, Launch] = {}
+
+    check_free = staticmethod(check_free)
+    claim = staticmethod(claim)
+
+    def connect(self, *, name: str, prepared: Path, storage: str, workers_per_trial: int, gpus_per_worker: float,
+                threads: int | None, max_concurrent: int | None, num_trials: int,
+                show_progress: bool) -> Placement:
+        from iaa.data.manifest import read
+
+        launch = connect(name=name, prepared=prepared, storage=storage, address=self.address,
+                         storage_path=self.storage_path, workers_per_trial=workers_per_trial,
+                         gpus_per_worker=gpus_per_worker, threads=threads, max_concurrent=max_concurrent,
+                         num_trials=num_trials, show_progress=show_progress)
+        self._launches[name] = launch
+        rows = int(((read(launch.prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
+        return Placement(name=name, storage=storage, prepared=launch.prepared, max_concurrent=launch.plan.max_concurrent,
+                         threads=launch.plan.threads, gpus_per_worker=launch.plan.gpus_per_worker, train_rows=rows)
+
+    def can_resume(self, placement: Placement) -> bool:
+        return bool(tune.Tuner.can_restore(placement.experiment_path))
+
+    def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
+              downloads: Path, fit: WorkerFit, progress: Any = None, show_progress: bool = True,
+              verbose: bool = False) -> list[TrialRecord]:
+        """Search ``plan`` (or continue the saved run); one record per trial, checkpoints fetched to ``downloads``."""
+        launch = self._launches[placement.name]
+        spec = trial_spec(launch, fit, base=plan.base, fixed=plan.space.fixed)
+        fn, _ = trainable(launch, spec)
+        if resume:
+            tuner_ = restore(launch, fn)
+        else:
+            runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
+                             sweep=trials.sweep, dataset=trials.dataset, spec=spec, data_dir=trials.data_dir)
+            callbacks = [runs, *self.callbacks, ConsoleCallback(progress)]
+            tuner_ = tuner(launch, fn, callbacks, show_progress=verbose,
+                           search_alg=search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name),
+                           scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
+        results, statuses = run_tuner(launch, tuner_, quiet=not verbose)
+        run_ids, tagged = child_runs(trials.uri, trials.experiment, trials.sweep, trials.parent_run_id)
+        return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
+
+    def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
+                   trials: TrialTracking, downloads: Path, fit: WorkerFit, workers_per_trial: int = 1,
+                   gpus_per_worker: float = 0.0, show_progress: bool = True) -> list[TrialRecord]:
+        """Train every config as a parallel Tune trial (no search, no early stopping).
+
+        Each trial gets a child run under ``trials.parent_run_id``. Trials use ``workers_per_trial``
+        Train workers of ``gpus_per_worker`` GPUs and the configs' ``train.threads`` (the largest).
+        Returns one record per config, in input order; ``checkpoint`` is ``None`` (status ``ERROR``)
+        when a trial failed before its first check.
+        """
+        if not configs:
+            return []
+        check_free(storage, name)
+        threads = max(c.train.threads for c in configs) or None
+        launch = connect(name=name, prepared=prepared, storage=storage, address=self.address,
+                         storage_path=self.storage_path, workers_per_trial=workers_per_trial,
+                         gpus_per_worker=gpus_per_worker, threads=threads, max_concurrent=None,
+                         num_trials=len(configs), show_progress=show_progress)
+        spec = trial_spec(launch, fit, members=configs)
+        runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
+                         sweep=name, dataset=configs[0].dataset, spec=spec)
+        fn, _ = trainable(launch, spec)
+        results, statuses = run_tuner(launch, tuner(launch, fn, [runs], show_progress=show_progress,
+                                              param_space={MEMBER_KEY: tune.grid_search(list(range(len(configs))))}))
+        run_ids, tagged = child_runs(trials.uri, trials.experiment, name, trials.parent_run_id)
+        found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
+        by_member = {int(r.params[MEMBER_KEY]): r for r in found}
+        return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR")
+                for i, cfg in enumerate(configs)]
+
+    def train_workers(self, cfg: JobConfig, prepared: Path, folder: RunFolder, *, fit: WorkerFit, workers: int,
+                      gpus_per_worker: float, resume: bool, storage: str, on_metrics: MetricsCallback | None,
+                      show_progress: bool) -> dict[str, Any]:
+        from iaa.platform.train_workers import fit_workers
+
+        return fit_workers(cfg, prepared, folder.path, fit=fit, workers=workers, gpus_per_worker=gpus_per_worker,
+                           resume=resume, address=self.address, storage_path=self.storage_path, storage=storage,
+                           on_metrics=on_metrics, show_progress=show_progress)

@@ -1,0 +1,91 @@
+"""A sweep's Optuna study read back: parameter importances, parallel coordinates, and each
+trial's checks with ASHA's stops marked (Optuna's matplotlib figures and ``optuna.importance``).
+
+ASHA stops most trials of a sweep, and Optuna's importances and parallel coordinates look at
+COMPLETE trials only. So both are drawn from a copy of the study in which an ASHA-stopped
+(PRUNED) trial counts with the best check it reached, the value TPE would have learnt had it
+finished then; the intermediate values come from the study as it is.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from iaa.errors import IaaError
+
+FIGURES = ("importances", "parallel_coordinates", "intermediate_values")
+
+
+def _scored_copy(study: Any) -> Any:
+    """An in-memory study of the finished and ASHA-stopped trials, each valued by its best check."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    copy = optuna.create_study(direction=study.direction)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        value = t.value if t.state == TrialState.COMPLETE else max(t.intermediate_values.values(), default=None)
+        if value is not None:
+            copy.add_trial(create_trial(params=t.params, distributions=t.distributions, value=value,
+                                        intermediate_values=t.intermediate_values, user_attrs=t.user_attrs))
+    return copy
+
+
+def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
+    """Draw the three figures of study ``study_name`` into ``out_dir``; return their paths and numbers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna
+    from optuna.trial import TrialState
+    from optuna.visualization import matplotlib as vis
+
+    from iaa.platform.sweeps.search_algorithm import study_storage
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=study_storage(storage_url))
+    except KeyError as err:
+        raise IaaError(f"no Optuna study {study_name!r} in {storage_url}: the sweep ran before studies were kept, "
+                       "or --optuna-storage pointed elsewhere") from err
+    scored = _scored_copy(study)
+    if len(scored.trials) < 2:
+        raise IaaError(f"study {study_name!r} has {len(scored.trials)} scored trial(s); importances need 2 or more")
+    # fANOVA, seeded: Optuna 5's default (PED-ANOVA) needs many more trials than a sweep has
+    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
+    importances = {k: float(v) for k, v in optuna.importance.get_param_importances(scored, evaluator=evaluator).items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {name: out_dir / f"{name}.png" for name in FIGURES}
+    with warnings.catch_warnings():                # the matplotlib figures are "experimental"
+        warnings.simplefilter("ignore")
+        vis.plot_param_importances(scored, evaluator=evaluator)
+        _save(plt, paths["importances"])
+        vis.plot_parallel_coordinate(scored)
+        _save(plt, paths["parallel_coordinates"])
+        ax = vis.plot_intermediate_values(study)
+        stops = [(max(t.intermediate_values), t.intermediate_values[max(t.intermediate_values)])
+                 for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if t.intermediate_values]
+        if stops:
+            ax.scatter(*zip(*stops), marker="x", s=80, color="crimson", zorder=5, label="stopped by ASHA")
+            ax.legend(loc="lower right", fontsize="small")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("validation check")
+        ax.set_ylabel("valid_acc")
+        _save(plt, paths["intermediate_values"])
+    trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
+               "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
+               "stopped_by_asha": t.state == TrialState.PRUNED}
+              for t in study.get_trials(deepcopy=False)]
+    return {"study": study_name, "storage": storage_url, "importances": importances,
+            "best": {"params": scored.best_trial.params, "value": scored.best_value},
+            "trials": trials, "figures": {k: str(v) for k, v in paths.items()}}
+
+
+def _save(plt: Any, path: Path) -> None:
+    fig = plt.gcf()
+    fig.set_size_inches(9, 5.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

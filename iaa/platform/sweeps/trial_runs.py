@@ -1,0 +1,183 @@
+"""Every trial's MLflow child run, kept by a Tune callback in the driver.
+
+Only the driver talks to MLflow, so the default SQLite store works on multi-node clusters too.
+Tune pickles its callbacks into the run (``tuner.pkl``) and brings them back on ``--resume``;
+so :class:`TrialRuns` holds plain data, and a resumed trial finds its child run again by its
+tags. Nothing reads the callback back after a run: records come from the results and the store.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import ray.tune as tune
+
+from iaa.jobs.training.config import config_label, to_dict
+from iaa.jobs.ports import CHECKPOINT_FILE
+from iaa.platform.tracking import store as tracking
+from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, job_config
+
+# What a trial's child run records at every check.
+TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "best_valid_acc", "lr", "epoch", "train_examples_per_s")
+
+
+def checkpoint_file(checkpoint_dir: str) -> str:
+    """The state file inside a Ray checkpoint directory."""
+    return f"{str(checkpoint_dir).rstrip('/')}/{CHECKPOINT_FILE}"
+
+
+def trial_tags(sweep: str, trial_id: str) -> dict[str, str]:
+    """The tags that find a trial's child run again."""
+    return {"sweep": sweep, "trial_id": trial_id}
+
+
+def run_name(sweep: str, trial_id: str, config: Mapping[str, Any]) -> str:
+    """A sweep trial's run is named by its searched values (``lr=4e-3 T=2 h=64``); an ensemble
+    member (``{"member": i}``) by its group and trial."""
+    if not config or MEMBER_KEY in config:
+        return f"{sweep}-{trial_id}"
+    return config_label(config)
+
+
+def child_runs(uri: str, experiment: str, sweep: str,
+               parent_run_id: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """The child run of every trial of ``sweep``, and the checkpoint directory its tag names, by trial id."""
+    run_ids: dict[str, str] = {}
+    tagged: dict[str, str] = {}
+    for run in reversed(tracking.find_runs(uri, experiment, {"sweep": sweep})):   # oldest first: the newest wins
+        trial_id = run.tags.get("trial_id")
+        if trial_id and run.tags.get(tracking.PARENT_TAG) == parent_run_id:
+            run_ids[trial_id] = run.run_id
+            if run.tags.get("checkpoint"):
+                tagged[trial_id] = run.tags["checkpoint"].removesuffix(f"/{CHECKPOINT_FILE}")
+    return run_ids, tagged
+
+
+class TrialRuns(tune.Callback):
+    """Gives every trial its MLflow child run and logs its checks; tags its best checkpoint."""
+
+    def __init__(self, *, uri: str, experiment: str, parent_run_id: str | None, sweep: str, dataset: str,
+                 spec: TrialSpec, data_dir: Path | None = None) -> None:
+        self.uri, self.experiment, self.parent_run_id = uri, experiment, parent_run_id
+        self.sweep, self.dataset, self.spec, self.data_dir = sweep, dataset, spec, data_dir
+        self.run_ids: dict[str, str] = {}
+        self.best: dict[str, str] = {}       # trial id -> best checkpoint directory
+        self._runs: dict[str, tracking.Run] = {}
+        self._done_before: set[str] = set()  # trials whose run had finished when a resumed sweep met them
+        self._reported: set[str] = set()     # trials that reported in this process
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_runs": {}, "_done_before": set(), "_reported": set()}
+
+    def _run(self, trial: Any) -> tracking.Run:
+        """The trial's child run: open here, found by its tags, or created with the trial's config."""
+        if trial.trial_id in self._runs:
+            return self._runs[trial.trial_id]
+        run_id = self.run_ids.get(trial.trial_id) or self._find(trial.trial_id)
+        if run_id is None:
+            cfg = job_config(self.spec, trial.config)
+            run = tracking.Run.start(self.uri, self.experiment, run_name(self.sweep, trial.trial_id, trial.config),
+                                     tags={**trial_tags(self.sweep, trial.trial_id), "dataset": self.dataset,
+                                           "model": cfg.model.kind}, parent_run_id=self.parent_run_id)
+            run.log_params(to_dict(cfg))
+            if self.data_dir is not None:
+                run.log_dataset(self.data_dir)
+        else:
+            run = tracking.Run(self.uri, run_id)
+        self.run_ids[trial.trial_id] = run.run_id
+        self._runs[trial.trial_id] = run
+        return run
+
+    def _find(self, trial_id: str) -> str | None:
+        runs = [r for r in tracking.find_runs(self.uri, self.experiment, trial_tags(self.sweep, trial_id))
+                if r.tags.get(tracking.PARENT_TAG) == self.parent_run_id]
+        return runs[0].run_id if runs else None
+
+    def _track(self, what: str, trial: Any, action: Any) -> None:
+        """Run ``action``; a failing store costs the trial its tracking, never its training."""
+        try:
+            action()
+        except tracking.TRANSIENT as err:
+            print(f"warning: MLflow at {self.uri}: could not {what} for trial {trial.trial_id} ({str(err)[:300]})",
+                  file=sys.stderr)
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        def start() -> None:
+            run = self._run(trial)
+            if run.status() == "FINISHED":
+                # A sweep killed between a trial's last report and Tune's next saved state resumes
+                # that trial from its final checkpoint: it stops at once. Leave its run be.
+                self._done_before.add(trial.trial_id)
+            else:
+                run.mark_running()
+        self._track("open the child run", trial, start)
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
+                        **info: Any) -> None:
+        self._reported.add(trial.trial_id)
+        metrics = {k: result[k] for k in TRIAL_METRICS if k in result}
+        self._track("log metrics", trial, lambda: self._run(trial).log_metrics(metrics, step=int(result.get("step", 0))))
+        path = result.get("checkpoint_path")      # multi-worker trials: the Train run's checkpoint
+        if path and result.get("is_best"):
+            self.best[trial.trial_id] = str(path)
+
+    def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any, **info: Any) -> None:
+        if (trial.last_result or {}).get("is_best") and checkpoint is not None:
+            self.best[trial.trial_id] = str(checkpoint.path)
+
+    def _end(self, trial: Any, status: str) -> None:
+        if trial.trial_id in self._done_before and trial.trial_id not in self._reported:
+            return
+
+        def end() -> None:
+            run = self._run(trial)
+            tags = {"stop_reason": stop_reason(trial.last_result)} if status == "FINISHED" else {}
+            if trial.trial_id in self.best:
+                tags["checkpoint"] = checkpoint_file(self.best[trial.trial_id])
+            run.set_tags(tags)
+            run.end(status)
+        self._track(f"mark the child run {status}", trial, end)
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._end(trial, "FINISHED")
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._end(trial, "FAILED")
+
+
+class ConsoleCallback(tune.Callback):
+    """Forwards every trial event to the sweep's console (:class:`iaa.jobs.search.console.SweepConsole`)."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"console": None}             # the console belongs to the process that prints
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        if self.console is not None:
+            self.console.trial_started(trial.trial_id, trial.config)
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
+                        **info: Any) -> None:
+        if self.console is not None:
+            self.console.trial_checked(trial.trial_id, result)
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        if self.console is not None:
+            self.console.trial_ended(trial.trial_id, stop_reason(trial.last_result))
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        if self.console is not None:
+            self.console.trial_ended(trial.trial_id, "error", getattr(trial, "error_msg", None))
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        if self.console is not None:
+            self.console.tick()
+
+
+def stop_reason(last_result: Mapping[str, Any] | None) -> str:
+    """Why a trial ended: the loop names its own reason in its last report; none means ASHA stopped it."""
+    return str((last_result or {}).get("stop_reason") or "asha")

@@ -1,0 +1,1 @@
+"""MLflow tracking: the store and the jobs' Tracker on it."""

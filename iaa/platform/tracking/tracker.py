@@ -1,0 +1,64 @@
+"""The jobs' :class:`~iaa.jobs.ports.Tracker` on MLflow: runs from :mod:`iaa.platform.tracking.store`,
+models from :mod:`iaa.platform.mlflow_model`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from iaa.jobs.ports import MetricPoint, ModelCode, RunRecord
+from iaa.platform import mlflow_model
+from iaa.platform.tracking import store as tracking
+from iaa.platform.tracking.store import TRANSIENT, Run
+
+
+class MlflowTracker:
+    """:class:`iaa.jobs.ports.Tracker` on an MLflow store (checked when it is opened)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = tracking.open_store(uri)
+
+    def start_run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
+                  parent_run_id: str | None = None) -> Run:
+        return Run.start(self.uri, experiment, name, tags=tags, parent_run_id=parent_run_id)
+
+    def reopen_run(self, run_id: str) -> Run:
+        return Run.reopen(self.uri, run_id)
+
+    def attach(self, run_id: str) -> Run:
+        return Run(self.uri, run_id)
+
+    def run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
+            resume_id: str | None = None) -> Any:
+        return tracking.run_context(self.uri, experiment, name, tags=tags, resume_id=resume_id)
+
+    def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
+                  status: str | None = None) -> list[RunRecord]:
+        return tracking.find_runs(self.uri, experiment, tags, status)
+
+    def find_by_tag(self, key: str, values: Sequence[str]) -> str | None:
+        """The newest run tagged ``key`` = one of ``values``; None also when the store fails (a courtesy link)."""
+        try:
+            return tracking.find_by_tag(self.uri, key, values)
+        except TRANSIENT:
+            return None
+
+    def log_model(self, run: Run, checkpoints: Sequence[Path], prepared: Path, register: str | None = None, *,
+                  code: ModelCode) -> str | None:
+        return mlflow_model.try_log(self.uri, run.run_id, checkpoints, prepared, code, register, run=run)
+
+    def experiment_records(self, experiment: str) -> list[RunRecord] | None:
+        return tracking.experiment_records(self.uri, experiment)
+
+    def experiment_names(self) -> list[str]:
+        return tracking.experiment_names(self.uri)
+
+    def show_columns(self, experiment: str, columns: Sequence[str], order_by: str) -> str | None:
+        """A saved runs view with these columns; None when the store failed (a courtesy)."""
+        try:
+            return tracking.show_columns(self.uri, experiment, columns, order_by)
+        except TRANSIENT:
+            return None
+
+    def metric_history(self, run_id: str, key: str) -> list[MetricPoint]:
+        return tracking.metric_history(self.uri, run_id, key)
