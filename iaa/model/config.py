@@ -2,13 +2,59 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, ClassVar, Literal, Mapping
 
 ModelKind = Literal["iaa", "iaa-fixed-query", "as-reader"]
 MODEL_KINDS: tuple[str, ...] = ("iaa", "iaa-fixed-query", "as-reader")
 Halting = Literal["none", "act"]
 HALTING_MODES: tuple[str, ...] = ("none", "act")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: always finite, within ``low``..``high`` (either may
+    be open, or None for no bound). Upper bounds keep a setting below what would hang or overflow."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {self.low:g} and finite"
+        return f"{'<' if self.high_open else '<='} {self.high:g} and finite" if self.high is not None else "finite"
+
+
+def check_ranges(cfg: Any, ranges: Mapping[str, Range], section: str) -> None:
+    """Raise ValueError naming ``section.field`` for the first numeric field outside its range."""
+    for name, allowed in ranges.items():
+        value = getattr(cfg, name)
+        if value not in allowed:
+            raise ValueError(f"{section}.{name} must be {allowed}, got {shown_number(value)}")
+
+
+def shown_number(value: float) -> str:
+    """``value`` short: a huge integer as ``1e+30`` (or its number of digits), not 31 digits."""
+    if not isinstance(value, int) or abs(value) < 10**15:
+        return repr(value)
+    if value.bit_length() < 1000:
+        return f"{float(value):.3g}"
+    return f"an integer of about {int(value.bit_length() * math.log10(2))} digits"
+
+
+DIM = Range(1, 8192)    # a layer width: beyond this a single matrix no longer fits a machine
 
 
 @dataclass(frozen=True)
@@ -40,20 +86,20 @@ class ReaderConfig:
     batched_read_grad: bool = True   # one GEMM for the gradient of all T document reads
     inference_table: bool = True     # inference: per-word cache of the doc encoder's input projection
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "vocab_size": Range(0, 10_000_000), "embed_dim": DIM, "hidden_dim": DIM, "state_dim": DIM,
+        "steps": Range(1, 256), "gate_dim": DIM, "dropout": Range(0.0, 1.0, high_open=True),
+        "ponder_cost": Range(0.0, 100.0), "halt_bias_init": Range(-100.0, 100.0),
+    }
+
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
             raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {self.kind!r}")
-        for name in ("embed_dim", "hidden_dim", "state_dim", "steps", "gate_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_ranges(self, self.RANGES, "model")
         if self.halting not in HALTING_MODES:
             raise ValueError(f"halting must be one of {HALTING_MODES}, got {self.halting!r}")
         if self.halting == "act" and self.kind == "as-reader":
             raise ValueError("halting='act' needs an iterative reader (iaa or iaa-fixed-query); the AS Reader has one step")
-        if not self.ponder_cost >= 0.0:
-            raise ValueError(f"ponder_cost must be >= 0, got {self.ponder_cost}")
 
 
 PRESETS: dict[str, ReaderConfig] = {

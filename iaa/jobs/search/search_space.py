@@ -30,13 +30,13 @@ effect (``model.ponder_cost`` without ``model.halting: act`` in some trial). ``d
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
-from iaa.jobs.training.config import ConfigError, JobConfig, apply
+from iaa.jobs.training.config import ConfigError, JobConfig, apply, read_yaml
+from iaa.model.config import shown_number
 
 NOT_SEARCHABLE = ("dataset", "model.vocab_size")
 # A key that only matters when another key has a given value: searching it otherwise wastes trials.
@@ -145,6 +145,8 @@ def _number(value: Any, integer: bool, where: str) -> float | int:
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"search space: {where}: expected a number, got {value!r}")
+    if not math.isfinite(value if isinstance(value, float) else 0.0) or abs(value) > 1e300:
+        raise ConfigError(f"search space: {where}: expected a finite number, got {str(value)[:40]}")
     if integer:
         if float(value) != int(value):
             raise ConfigError(f"search space: {where}: this field is an integer, got {value!r}")
@@ -217,7 +219,7 @@ def parse(data: Mapping[str, Any] | None, base: JobConfig) -> SearchSpace:
         try:
             apply(base, values)
         except ConfigError as err:
-            raise ConfigError(f"search space: {name}={value!r} is not a valid config value: {err}") from err
+            raise ConfigError(f"search space: {name}={shown_number(value)} is not a valid config value: {err}") from err
     return SearchSpace(params, fixed)
 
 
@@ -234,10 +236,7 @@ def _check_dependencies(params: Mapping[str, Param], fixed: Mapping[str, Any], b
 
 def load(path: Path, base: JobConfig) -> SearchSpace:
     """Parse the YAML search-space file at ``path`` (format in the module docstring)."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    data = read_yaml(Path(path))
     try:
         return parse(data, base)
     except ConfigError as err:

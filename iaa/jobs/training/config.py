@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import yaml
 
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
-from iaa.model.config import ReaderConfig
+from iaa.jobs.training import strict_yaml
+from iaa.model.config import Range, ReaderConfig, check_ranges
 
 
 @dataclass(frozen=True)
@@ -34,24 +34,22 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 where the machine runs it >= 1.5x faster (iaa.jobs.training.precision_policy)
     compile: bool = False         # torch.compile the reader's attention steps (CUDA graphs on CUDA)
 
+    RANGES: ClassVar[dict[str, Range]] = {
+        "lr": Range(0.0, low_open=True),
+        "batch_size": Range(1, 65536),
+        "clip": Range(0.0, low_open=True),
+        "embed_l2": Range(0.0),
+        "check_every": Range(0, 10**9),              # 0: every half epoch
+        "lr_decay": Range(0.0, 1.0, low_open=True),
+        "patience": Range(1, 10**6),
+        "max_epochs": Range(0.0, 10**6, low_open=True),
+        "max_minutes": Range(0.0, 10**7),            # 0: no limit
+        "seed": Range(0, 2**32 - 1),                 # numpy's and every worker's seed range
+        "threads": Range(0, 4096),                   # 0: torch's default
+    }
+
     def __post_init__(self) -> None:
-        checks = {
-            "lr": (self.lr > 0, "> 0"),
-            "batch_size": (self.batch_size >= 1, ">= 1"),
-            "clip": (self.clip > 0, "> 0"),
-            "embed_l2": (self.embed_l2 >= 0, ">= 0"),
-            "check_every": (self.check_every >= 0, ">= 0 (0: every half epoch)"),
-            "lr_decay": (0 < self.lr_decay <= 1, "in (0, 1]"),
-            "patience": (self.patience >= 1, ">= 1"),
-            "max_epochs": (self.max_epochs > 0, "> 0"),
-            "max_minutes": (self.max_minutes >= 0, ">= 0 (0: no limit)"),
-            "seed": (self.seed >= 0, ">= 0"),
-            "threads": (self.threads >= 0, ">= 0 (0: torch's default)"),
-        }
-        for name, (ok, bound) in checks.items():
-            value = getattr(self, name)
-            if not ok or (isinstance(value, float) and not math.isfinite(value)):
-                raise ValueError(f"train.{name} must be {bound}, got {value!r}")
+        check_ranges(self, self.RANGES, "train")
 
 
 @dataclass(frozen=True)
@@ -61,11 +59,10 @@ class DistillConfig:
     alpha: float = 1.0            # α: weight of the gold NLL; 1 - α on the KL to the teacher (1: no teacher)
     temperature: float = 1.0     # T, applied to teacher and student alike
 
+    RANGES: ClassVar[dict[str, Range]] = {"alpha": Range(0.0, 1.0), "temperature": Range(0.0, 1000.0, low_open=True)}
+
     def __post_init__(self) -> None:
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"distill.alpha must be in [0, 1], got {self.alpha!r}")
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"distill.temperature must be > 0, got {self.temperature!r}")
+        check_ranges(self, self.RANGES, "distill")
 
 
 @dataclass(frozen=True)
@@ -106,7 +103,10 @@ def _coerce(value: Any, declared: Any, where: str) -> Any:
     if declared is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:      # an integer of hundreds of digits
+            raise ConfigError(f"{where}: a number of about {int(value.bit_length() * 0.30103)} digits is too large") from None
     if declared is str and not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}")
     if typing.get_origin(declared) is Literal and value not in typing.get_args(declared):
@@ -115,8 +115,9 @@ def _coerce(value: Any, declared: Any, where: str) -> Any:
 
 
 def field_types(cfg: Any) -> dict[str, Any]:
-    """Field name -> declared type of a config dataclass (annotations resolved)."""
-    return typing.get_type_hints(type(cfg))
+    """Field name -> declared type of a config dataclass (annotations resolved; class constants left out)."""
+    hints = typing.get_type_hints(type(cfg))
+    return {f.name: hints[f.name] for f in fields(cfg)}
 
 
 def merge(cfg: Any, updates: Mapping[str, Any], prefix: str = "") -> Any:
@@ -154,9 +155,10 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         try:
-            node[parts[-1]] = yaml.safe_load(raw)
+            node[parts[-1]] = strict_yaml.safe_load(raw)
         except yaml.YAMLError as err:
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({_first_line(err)})") from None
+            shown = item if len(item) <= 80 else f"{item[:60]}..."
+            raise ConfigError(f"--set {shown!r}: the value is not valid YAML ({_first_line(err)})") from None
     return nested
 
 
@@ -177,13 +179,13 @@ def load(base: JobConfig, path: Path | None = None, sets: Sequence[str] = ()) ->
 def read_yaml(path: Path) -> Any:
     """The parsed YAML file at ``path`` ({} when empty); ConfigError naming file and line when it is not YAML."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return strict_yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         line = f", line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{line}: not valid YAML ({err.problem}); fix the file or leave out --config") from None
+        raise ConfigError(f"{path}{line}: not valid YAML ({err.problem}); fix the file") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({_first_line(err)})") from None
 

@@ -41,8 +41,12 @@ from iaa.jobs.training.step import autocast, build_optimizer, retain_freed_memor
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
 from iaa.model.reader import build_reader
 
-TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks
+TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks, and between loss checks on a GPU
 PREFETCH_DEPTH = 3     # batches padded and copied ahead on a GPU (iaa.data.prefetch)
+
+
+class DivergedError(IaaError):
+    """The training loss became NaN or infinite: the weights are lost, so the run stops."""
 
 
 @dataclass
@@ -143,6 +147,8 @@ class Trainer:
                           objective=self.objective)
         p.finish_batch(self._clock_base + time.perf_counter())
         self.window.add(loss)
+        if self.session.device.type != "cuda" or p.step % TIME_CHECK_EVERY == 0:   # reading it waits for a GPU
+            self._stop_if_diverged(self.window.total)
         self.bar.update(len(batch) * self.session.world_size)
         if p.step >= self.max_steps:
             p.stop("max-epochs")
@@ -150,6 +156,19 @@ class Trainer:
             over = p.elapsed_s > tc.max_minutes * 60
             if self.session.all_reduce_sum([float(over)])[0] > 0:
                 p.stop("max-time")
+
+    def _stop_if_diverged(self, loss: torch.Tensor | float) -> None:
+        """Raise :class:`DivergedError` when ``loss`` (a sum of the window's losses) is not finite.
+
+        Every later step would only carry the NaN on, and a checkpoint or model of NaN weights
+        would answer every question alike; so the run stops before it writes one.
+        """
+        value = float(loss)
+        if not math.isfinite(value):
+            raise DivergedError(
+                f"training diverged: the loss became {value} by step {self.progress.step} (epoch "
+                f"{self.progress.step / self.n_batches:.2f}); the run stops without logging a model or a checkpoint of it: "
+                f"lower train.lr (now {self.tc.lr:g}) or train.clip (now {self.tc.clip:g}), or check the data")
 
     def _check_due(self) -> bool:
         """Every ``check_every`` steps, else at mid-epoch and at the end of the epoch."""
@@ -163,6 +182,7 @@ class Trainer:
         if self.session.device.type == "cuda":
             torch.cuda.synchronize(self.session.device)                    # the window's steps are done
         train_seconds = time.perf_counter() - self.window.start
+        self._stop_if_diverged(self.window.total)                          # before a checkpoint is written
         with autocast(self.session.device.type, self.amp_dtype):
             sums = score_batches(checkpoint.unwrap(self.model), self.session.valid_batches(), self.session.device)
         correct, total, nll = self.session.all_reduce_sum(sums)
