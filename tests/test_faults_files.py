@@ -71,3 +71,28 @@ def test_an_old_checkpoint_without_a_digest_still_loads(prepared, tmp_path, stat
     assert code == 0, output
     new = checkpoint.save(tmp_path / "new.pt", state)
     assert checkpoint.load(new)["format"] == checkpoint.FORMAT == 3
+
+
+def test_a_teacher_edited_into_valid_distributions_is_refused_by_its_content_digest(prepared, tmp_path):
+    """Uniform distributions over the same candidates pass every per-row check; the digest does not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iaa.data.loader import PreparedData
+    from iaa.jobs.ensembles import teacher
+
+    rows = PreparedData.open(prepared).rows("train", 0, 8)
+    words = rows.column("candidate_words").to_pylist()
+    table = pa.table({"example_id": rows.column("example_id"), "candidate_words": words,
+                      "teacher_probs": [[1.0 if i == 0 else 0.0 for i in range(len(w))] for w in words]},
+                     schema=teacher.SCHEMA)
+    path = teacher.write(table, tmp_path / "t.parquet", ensemble_dir=tmp_path, members=[], split="train",
+                         limit=8, vocab_hash="")
+    assert teacher.attach(rows, path).num_rows == 8                     # as written: accepted
+    meta = pq.read_schema(path).metadata
+    uniform = table.set_column(2, "teacher_probs", pa.array([[1 / len(w)] * len(w) for w in words],
+                                                            pa.list_(pa.float32())))
+    pq.write_table(uniform.replace_schema_metadata(meta), path)
+    with pytest.raises(teacher.TeacherError, match="do not match the digest") as err:
+        teacher.attach(rows, path)
+    assert str(path) in str(err.value)

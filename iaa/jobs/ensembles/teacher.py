@@ -13,13 +13,15 @@ to ``PREPARED/teachers/NAME.parquet``:
 | ``teacher_probs`` | list<float32> | the members' mean distribution over them |
 
 The file's metadata (key ``iaa.teacher``) records the ensemble, the split, the number of rows,
-the data's vocabulary hash and each member's checkpoint with its digest. A teacher whose members'
+the data's vocabulary hash, each member's checkpoint with its digest, and the sha256 of the
+table's own contents (``content_sha256``), so an edited distribution is refused like a stale one. A teacher whose members'
 checkpoints (or whose data) changed since is stale, and :func:`load` refuses it, as it refuses a
 file that does not match the training split.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -93,10 +95,27 @@ def compute(members: Sequence[Member], prepared: Path, split: str, limit: int | 
                      TEACHER_COLUMN: probs}, schema=SCHEMA)
 
 
+def content_digest(table: pa.Table) -> str:
+    """sha256 of a teacher table's ids, candidates and distributions (float32 bytes)."""
+    h = hashlib.sha256()
+    for name in SCHEMA.names:
+        column = table.column(name).combine_chunks()
+        if pa.types.is_list(column.type):
+            h.update(np.diff(column.offsets.to_numpy()).astype(np.int64).tobytes())
+            column = column.flatten()
+        if pa.types.is_floating(column.type):
+            h.update(column.to_numpy(zero_copy_only=False).astype(np.float32).tobytes())
+        else:
+            h.update("\0".join(column.to_pylist()).encode("utf-8"))
+        h.update(b"|")
+    return h.hexdigest()
+
+
 def write(table: pa.Table, path: Path, *, ensemble_dir: Path, members: Sequence[Member], split: str,
           limit: int | None, vocab_hash: str) -> Path:
     meta = {"ensemble": str(ensemble_dir), "split": split, "limit": limit, "rows": table.num_rows,
-            "vocab_hash": vocab_hash, "members": [m.to_dict() for m in members]}
+            "vocab_hash": vocab_hash, "members": [m.to_dict() for m in members],
+            "content_sha256": content_digest(table)}
     table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
     return atomic_write(Path(path), lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
@@ -157,6 +176,11 @@ def attach(train: pa.Table, path: Path) -> pa.Table:
             raise TeacherError(f"{path}: example {example_id!r} (row {i}): not a distribution "
                                f"(sum {sum(p):.4f}); pass --refresh-teacher")
         column.append(p)
+    recorded = read_meta(path).get("content_sha256")
+    if recorded != content_digest(teacher):
+        what = "carries no content digest (written by an older version)" if recorded is None else \
+            "its contents do not match the digest written with them (edited after distill wrote it)"
+        raise TeacherError(f"{path}: {what}; pass --refresh-teacher to compute it again")
     return train.append_column(pa.field(TEACHER_COLUMN, pa.list_(pa.float32())), pa.array(column, pa.list_(pa.float32())))
 
 
