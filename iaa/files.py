@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -95,3 +97,35 @@ def _looks_unwritable(err: OSError) -> bool:
     text = str(err)
     return any(s in text for s in ("No space left", "Read-only file system", "Permission denied",
                                    "Disk quota exceeded", "File too large"))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def remove_dead_leftovers(folder: str | os.PathLike[str], pattern: str) -> list[Path]:
+    """Delete the entries of ``folder`` whose whole name matches ``pattern`` (a regex with a group
+    ``pid``) and whose process no longer runs: what a killed run left half-written. An entry of a
+    live process, or of a name that does not match, is never touched. Returns what was removed."""
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = re.fullmatch(pattern, entry.name)
+        if match is None or pid_alive(int(match["pid"])):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed

@@ -96,3 +96,50 @@ def test_a_teacher_edited_into_valid_distributions_is_refused_by_its_content_dig
     with pytest.raises(teacher.TeacherError, match="do not match the digest") as err:
         teacher.attach(rows, path)
     assert str(path) in str(err.value)
+
+
+@pytest.fixture
+def pids():
+    """(a dead PID, a live PID of another process)."""
+    import subprocess
+    import sys
+
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        yield finished.pid, live.pid
+    finally:
+        live.kill()
+        live.wait()
+
+
+def _leftover(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "part-0.parquet").write_bytes(b"x" * 1000)
+    return folder
+
+
+def test_prepare_removes_building_folders_of_killed_runs_only(prepared, tmp_path, pids):
+    from _cbt_fixtures import write_source
+
+    dead, live = pids
+    out = tmp_path / "cbt-ne"
+    killed = _leftover(tmp_path / f".cbt-ne.building-{dead}")
+    running = _leftover(tmp_path / f".cbt-ne.building-{live}")
+    other = _leftover(tmp_path / f".other.building-{dead}")
+    code, output = invoke("prepare", "--dataset", "cbt-ne", "--source", write_source(tmp_path / "src"), "--out", out)
+    assert code == 0, output
+    assert not killed.exists() and running.exists() and other.exists()
+
+
+def test_a_checkpoint_write_removes_staging_folders_of_killed_runs_only(prepared, tmp_path, pids):
+    from iaa.jobs.training.session import LocalSession
+
+    dead, live = pids
+    session = LocalSession(prepared, tmp_path / "run", batch_size=8, seed=0)
+    killed = _leftover(session.ckpt_dir / f".staging-{dead}-abc123")
+    running = _leftover(session.ckpt_dir / f".staging-{live}-def456")
+    with session.checkpoint_folder() as folder:
+        assert folder.name.startswith(f".staging-{__import__('os').getpid()}-")
+    assert not killed.exists() and running.exists() and not folder.exists()

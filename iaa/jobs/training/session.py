@@ -26,6 +26,7 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.data.manifest import vocab_card
+from iaa.files import remove_dead_leftovers
 from iaa.jobs.training import checkpoint
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkerLink
 from iaa.jobs.workdir.paths import RunFolder
@@ -159,9 +160,11 @@ class LocalSession(SessionBase):
 
     @contextlib.contextmanager
     def checkpoint_folder(self) -> Iterator[Path]:
-        """A staging folder inside ``checkpoints/``: publishing is then a rename, not a copy."""
+        """A staging folder inside ``checkpoints/``: publishing is then a rename, not a copy.
+        Staging folders of killed runs (``.staging-PID-*`` of a dead PID) are removed first."""
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.ckpt_dir))
+        remove_dead_leftovers(self.ckpt_dir, r"\.staging-(?P<pid>\d+)-.+")
+        folder = Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=self.ckpt_dir))
         try:
             yield folder
         finally:

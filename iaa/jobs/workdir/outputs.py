@@ -24,12 +24,13 @@ half-written file.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterable, Mapping
 
 from iaa.errors import IaaError
-from iaa.files import writing
+from iaa.files import remove_dead_leftovers, writing
 
 __all__ = ["OutputError", "refuse_inputs", "check_suffix", "check_file", "check_file_output", "data_files",
            "check_folder", "install", "building", "files_under", "writing"]
@@ -176,8 +177,14 @@ def _prune(folder: Path, root: Path) -> None:
 
 
 def building(out: Path) -> Path:
-    """A fresh sibling folder of ``out`` to build in (``out`` itself resolved, so ``.`` works)."""
+    """A fresh sibling folder of ``out`` to build in (``out`` itself resolved, so ``.`` works).
+
+    Building folders of ``out`` left by killed runs (``.NAME.building-PID`` of a dead PID) are
+    removed first; one of a live process is left alone.
+    """
     out = Path(out).resolve()
-    tmp = out.parent / f".{out.name or 'out'}.building-{os.getpid()}"
+    name = out.name or "out"
+    remove_dead_leftovers(out.parent, rf"\.{re.escape(name)}\.building-(?P<pid>\d+)")
+    tmp = out.parent / f".{name}.building-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     return tmp
