@@ -346,7 +346,7 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
 @click.option("--top-configs", type=click.IntRange(1, 1000), default=1, show_default=True, help="K best configurations of the sweep.")
 @click.option("--seeds", type=click.IntRange(1, 1000), default=5, show_default=True, help="N seeds of each configuration.")
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
-@click.option("--p", "p", type=float, default=0.5, show_default=True, help="Fraction kept by --select top-p.")
+@click.option("--p", "p", type=_Finite(0, 1, min_open=True), default=0.5, show_default=True, help="Fraction kept by --select top-p.")
 @click.option("--name", "name", help="Ensemble name [default: from the sweep or members].")
 @click.option("--workers", "workers_per_trial", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Ray Train workers for each member that must be trained.")
@@ -437,6 +437,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
 @click.option("--refresh-teacher", is_flag=True, help="Compute the teacher again even where a stored one exists.")
 @click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/distill-ENSEMBLE-MODEL-seedN]")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
+@click.option("--resume", is_flag=True, help="Continue the student's run from its run directory's last checkpoint.")
 @click.option("--register", metavar="NAME", help="Also register the student's MLflow model under NAME.")
 @click.option("--workers", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Score the teacher's members as this many parallel Ray tasks; 0: in this process (unless --address).")
@@ -447,7 +448,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
 @_friendly
 def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None, sets: tuple[str, ...], alpha: float,
             temperature: float, train_examples: int | None, refresh_teacher: bool, run_dir: Path | None,
-            overwrite: bool, register: str | None, workers: int, address: str | None, tracking_uri: str | None,
+            resume: bool, overwrite: bool, register: str | None, workers: int, address: str | None, tracking_uri: str | None,
             workdir: Path, as_json: bool) -> None:
     """Train one reader against an ensemble's averaged distributions (knowledge distillation)."""
     from functools import partial
@@ -458,6 +459,8 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     from iaa.jobs.training import train as train_job
 
     names.registered_name(register)
+    if resume and overwrite:
+        raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
     from iaa.platform import teacher_ray
 
     tracker = _tracker(workdir, tracking_uri)
@@ -466,8 +469,8 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
                              workdir=workdir, refresh_teacher=refresh_teacher, show_progress=not as_json)
     score = (teacher_ray.scorer(teacher.score_member, workers or None, address, not as_json) if (workers or address)
              else teacher.score_in_process)
-    claim = partial(rundir.claim, overwrite=overwrite)
-    train = partial(train_job.run_tracked, tracker=tracker, show_progress=not as_json, register=register)
+    claim = partial(rundir.claim, resume=resume, overwrite=overwrite)
+    train = partial(train_job.run_tracked, tracker=tracker, show_progress=not as_json, register=register, resume=resume)
     _emit(job.run(req, train=train, score=score, claim=claim), as_json)
 
 

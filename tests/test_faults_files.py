@@ -143,3 +143,38 @@ def test_a_checkpoint_write_removes_staging_folders_of_killed_runs_only(prepared
     with session.checkpoint_folder() as folder:
         assert folder.name.startswith(f".staging-{__import__('os').getpid()}-")
     assert not killed.exists() and running.exists() and not folder.exists()
+
+
+def last_json(output: str) -> dict:
+    return json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_distill_resumes_with_resume_as_its_message_says(prepared, tmp_path):
+    from _faults import TINY_MODEL
+
+    work = tmp_path / "work"
+    sets = [x for s in (*TINY_MODEL, "train.max_epochs=1", "train.threads=1") for x in ("--set", s)]
+
+    def run(*args: object) -> tuple[int, str]:
+        return invoke(*args, "--workdir", work, *sets)
+
+    members = []
+    for seed in (0, 1):
+        code, output = run("train", "--data", prepared, "--set", f"train.seed={seed}", "--json")
+        assert code == 0, output
+        members.append(last_json(output)["checkpoint"])
+    code, output = invoke("ensemble", "--members", *members, "--data", prepared, "--workdir", work,
+                          "--name", "two", "--json")
+    assert code == 0, output
+    ensemble = last_json(output)["ensemble_dir"]
+    code, output = run("distill", "--ensemble", ensemble, "--run-dir", tmp_path / "student", "--json")
+    assert code == 0, output
+    first = last_json(output)
+    code, output = run("distill", "--ensemble", ensemble, "--run-dir", tmp_path / "student")
+    assert_one_message(code, output, "add --resume to continue it")
+    code, output = run("distill", "--ensemble", ensemble, "--run-dir", tmp_path / "student", "--resume", "--json")
+    assert code == 0, output
+    again = last_json(output)
+    assert again["mlflow_run_id"] == first["mlflow_run_id"] and not again["teacher_computed"]
