@@ -300,7 +300,7 @@ def main() -> None:
     cfg = job.config(model_uri=args.model, checkpoint=None, ensemble_dir=None, data_dir=None, workdir=args.workdir,
                      tracking_uri=args.tracking_uri, replicas=args.replicas, max_batch=args.max_batch,
                      batch_wait_ms=args.batch_wait_ms, port=free_port(), max_document_words=MAX_DOCUMENT_WORDS)
-    serve_url = platform_serve.start(cfg, job.Answerer.load)
+    serve_url = platform_serve.start(cfg, job.CODE)
     mlflow_proc, mlflow_url = None, None
     if not args.skip_mlflow:
         port = free_port()

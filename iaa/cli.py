@@ -607,6 +607,10 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads per replica.")
 @click.option("--max-document-words", type=click.IntRange(min=1), default=5000, show_default=True,
               help="Longer documents are refused with 413.")
+@click.option("--max-query-words", type=click.IntRange(min=1), default=500, show_default=True,
+              help="Longer queries are refused with 413.")
+@click.option("--max-candidates", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Questions with more candidates are refused with 413.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Where the HTTP proxy listens (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @address_option
@@ -615,7 +619,8 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @_friendly
 def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, dataset: str | None,
           data: Path | None, replicas: int | None, autoscale: tuple[int, int] | None, max_batch: int,
-          batch_wait_ms: float, cpus_per_replica: float, threads: int, max_document_words: int, host: str, port: int,
+          batch_wait_ms: float, cpus_per_replica: float, threads: int, max_document_words: int, max_query_words: int,
+          max_candidates: int, host: str, port: int,
           address: str | None, tracking_uri: str | None, workdir: Path) -> None:
     """Serve a reader or an ensemble on Ray Serve: POST /predict takes predict's JSON questions."""
     from iaa.jobs.inference import serve as job
@@ -628,10 +633,11 @@ def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | N
     cfg = job.config(model_uri=model_uri, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
                      workdir=workdir, tracking_uri=tracking_uri, replicas=replicas or 1, autoscale=autoscale,
                      max_batch=max_batch, batch_wait_ms=batch_wait_ms, cpus_per_replica=cpus_per_replica,
-                     threads=threads, max_document_words=max_document_words, host=host, port=port, address=address)
+                     threads=threads, max_document_words=max_document_words, max_query_words=max_query_words,
+                     max_candidates=max_candidates, host=host, port=port, address=address)
     from iaa.platform import ray_serve as platform_serve
 
-    platform_serve.run_forever(cfg, job.Answerer.load)
+    platform_serve.run_forever(cfg, job.CODE)
 
 
 def serve_app(args: dict[str, Any]) -> Any:
@@ -640,7 +646,7 @@ def serve_app(args: dict[str, Any]) -> Any:
     from iaa.jobs.inference import serve as job
     from iaa.platform import ray_serve as platform_serve
 
-    return platform_serve.build(args, job.Answerer.load)
+    return platform_serve.build(args, job.CODE)
 
 
 def main() -> None:

@@ -145,7 +145,7 @@ def served(setup):
                      tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
                      max_document_words=200)
     try:
-        yield platform_serve.start(cfg, job.Answerer.load), cfg
+        yield platform_serve.start(cfg, job.CODE), cfg
     finally:
         platform_serve.stop(cfg.app_name)
         if started:

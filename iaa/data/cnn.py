@@ -16,7 +16,9 @@ One file, one example::
 Candidates are the distinct ``@entityN`` tokens of the document in order of first occurrence
 (the convention of the AS Reader and the Stanford AR). Split folders ``training``, ``validation``
 and ``test`` become ``train``, ``valid`` and ``test``. A .tgz is read as a stream, never extracted;
-an archive with a link, an absolute path or a path that climbs out (``..``) is rejected.
+an archive with a link, an absolute path or a path that climbs out (``..``) is rejected, and so is
+a question file over ``MAX_QUESTION_BYTES`` (rc-data's largest is about 100 KB), in an archive
+(by its header, before a byte of it is read) or in a folder.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ PLACEHOLDER = "@placeholder"
 ENTITY_PATTERN = r"^@entity\d+$"
 FOLDERS = {"training": "train", "validation": "valid", "test": "test"}
 FILES_PER_TASK = 2_000
+MAX_QUESTION_BYTES = 16 << 20     # one .question file; rc-data's are at most about 100 KB
 _ENTITY = re.compile(ENTITY_PATTERN)
 _ENTITY_LINE = re.compile(r"^@entity\d+:")
 
@@ -150,6 +153,7 @@ def iter_files(found: Path, split: str) -> Iterator[tuple[str, bytes]]:
         name = str(p.relative_to(found.parent))
         if not p.is_file():
             raise DataError("is named like a question file but is not a file", path=p, reason=E.MISSING_FIELD)
+        _check_size(p, p.stat().st_size)
         yield name, p.read_bytes()
 
 
@@ -178,6 +182,7 @@ def _scan_tgz(path: Path, *, read: bool) -> Iterator[tuple[str, str, bytes]]:
                     continue
                 if parts[-3] != "questions" or parts[-2] not in FOLDERS:
                     continue
+                _check_size(f"{path}:{member.name}", member.size)
                 data = tar.extractfile(member).read() if read else b""  # type: ignore[union-attr]
                 yield FOLDERS[parts[-2]], member.name, data
     except (tarfile.TarError, EOFError, OSError, zlib.error) as err:
@@ -185,6 +190,13 @@ def _scan_tgz(path: Path, *, read: bool) -> Iterator[tuple[str, str, bytes]]:
             raise
         raise DataError(f"{_archive_problem(path, err)}; download the archive again, or give the extracted "
                         "folder holding questions/", path=path, reason=E.MISSING_SOURCE) from None
+
+
+def _check_size(name: str | Path, size: int) -> None:
+    if size > MAX_QUESTION_BYTES:
+        raise DataError(f"a question file of {size:,} bytes, over the limit of {MAX_QUESTION_BYTES:,} (rc-data's are "
+                        "at most about 100 KB); remove it, or give the folder of the real questions",
+                        path=name, reason=E.MISSING_SOURCE)
 
 
 def _archive_problem(path: Path, err: Exception) -> str:

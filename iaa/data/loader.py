@@ -49,9 +49,9 @@ class PreparedData:
         if manifest is None:
             raise DataError("no manifest.json: not a prepared dataset (run iaa-cli prepare)", path=root,
                             reason=E.MISSING_SOURCE)
-        if manifest.get("schema_version") != M.SCHEMA_VERSION:
+        if manifest.get("schema_version") not in M.READABLE_VERSIONS:
             raise DataError(f"prepared with schema version {manifest.get('schema_version')}, this code reads "
-                            f"{M.SCHEMA_VERSION}: run iaa-cli prepare again", path=root, reason=E.MISSING_SOURCE)
+                            f"{', '.join(map(str, M.READABLE_VERSIONS))}: run iaa-cli prepare again", path=root, reason=E.MISSING_SOURCE)
         return cls(root, manifest, Vocab.load(root / M.VOCAB))
 
     @property

@@ -16,7 +16,8 @@ from iaa.data import errors as E
 from iaa.data.errors import DataError
 from iaa.files import atomic_write_text
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2         # 2: doc_cand is int32 (1: int16, which wraps past 32,767 candidates)
+READABLE_VERSIONS = (1, 2)  # a version-1 folder still loads; `prepare` rewrites it
 MANIFEST = "manifest.json"
 VOCAB = "vocab.json"
 

@@ -48,7 +48,7 @@ class ParsedChunk:
     word_counts: np.ndarray        # (D,) int64, occurrences in documents and queries
     doc: np.ndarray                # (sum Ld,) int32 index into words
     doc_offsets: np.ndarray        # (E+1,) int64
-    doc_cand: np.ndarray           # (sum Ld,) int16 candidate index of each document token, -1 for none
+    doc_cand: np.ndarray           # (sum Ld,) int32 candidate index of each document token, -1 for none
     query: np.ndarray              # (sum Lq,) int32 index into words
     query_offsets: np.ndarray      # (E+1,) int64
     cand_words: pa.Array           # (sum C,) string, as in the file
@@ -244,19 +244,19 @@ def _answer_in_doc(doc_cand: np.ndarray, doc_offsets: np.ndarray, answer: np.nda
     return np.bincount(rows[hit], minlength=n)[:n] > 0
 
 
-TABLE_CELLS = 1 << 24  # (rows x distinct candidate words) per lookup table, ~16 MB
+TABLE_CELLS = 1 << 22  # (rows x distinct candidate words) per lookup table, 16 MB of int32
 
 
 def _doc_candidates(doc: np.ndarray, doc_offsets: np.ndarray, cand_local: np.ndarray, cand_offsets: np.ndarray,
                     n_words: int) -> np.ndarray:
-    """(sum Ld,) int16 candidate index of each document token (-1: none), from word indices.
+    """(sum Ld,) int32 candidate index of each document token (-1: none), from word indices.
 
     Works on words, not vocabulary ids, so two candidates unseen in training stay apart.
     When two candidates share a word (case folded), the first one in file order gets the positions.
     A dense (example, candidate word) -> slot table answers each token with one lookup.
     """
     n = len(doc_offsets) - 1
-    out = np.full(len(doc), -1, dtype=np.int16)
+    out = np.full(len(doc), -1, dtype=np.int32)
     ok = cand_local >= 0
     if n == 0 or not ok.any():
         return out
@@ -276,7 +276,7 @@ def _doc_candidates(doc: np.ndarray, doc_offsets: np.ndarray, cand_local: np.nda
         lo, hi = doc_offsets[r0], doc_offsets[r1]
         pos = lo + np.flatnonzero(doc_code[lo:hi] >= 0)                  # tokens that are some candidate word
         pos_row = np.searchsorted(doc_offsets, pos, side="right") - 1
-        table = np.full((r1 - r0) * width, -1, np.int16)
+        table = np.full((r1 - r0) * width, -1, np.int32)
         k0, k1 = np.searchsorted(keys, [r0 * width, r1 * width])
         table[keys[k0:k1] - r0 * width] = slots[k0:k1]
         out[pos] = table[(pos_row - r0) * width + doc_code[pos]]
@@ -300,7 +300,7 @@ def _split_case_variants(doc_cand: np.ndarray, exact_doc: np.ndarray, doc_offset
     if not shared.any():
         return doc_cand
     exact = _doc_candidates(exact_doc, doc_offsets, np.where(shared, cand_exact, -1), cand_offsets, n_exact)
-    return np.where(exact >= 0, exact, doc_cand).astype(np.int16)
+    return np.where(exact >= 0, exact, doc_cand).astype(np.int32)
 
 
 def note_errors(chunk: ParsedChunk, errs: list[DataError], on_error: str) -> None:

@@ -25,7 +25,8 @@ SCHEMA = pa.schema([
     ("candidates", pa.list_(pa.int32())),        # (C,) vocab ids of the candidates, in file order
     ("candidate_words", pa.list_(pa.string())),  # (C,) the candidates as written in the file
     ("answer", pa.int32()),                      # index into candidates of the gold word
-    ("doc_cand", pa.list_(pa.int16())),          # (Ld,) candidate index of each document token, -1 for none
+    ("doc_cand", pa.list_(pa.int32())),          # (Ld,) candidate index of each document token, -1 for none
+                                                 # (int16 in schema version 1: read as int32)
     ("doc_len", pa.int32()),                     # Ld
     ("query_len", pa.int32()),                   # Lq
 ])
@@ -47,7 +48,7 @@ def to_table(chunk: ParsedChunk, vocab: Vocab, ids: tuple[np.ndarray, np.ndarray
         _lists(chunk.cand_offsets, pa.array(cand_ids, pa.int32())),
         _lists(chunk.cand_offsets, chunk.cand_words.cast(pa.string())),
         pa.array(chunk.answer, pa.int32()),
-        _lists(chunk.doc_offsets, pa.array(chunk.doc_cand, pa.int16())),
+        _lists(chunk.doc_offsets, pa.array(chunk.doc_cand, pa.int32())),
         pa.array(doc_lens.astype(np.int32)),
         pa.array(query_lens.astype(np.int32)),
     ], schema=SCHEMA)

@@ -59,9 +59,9 @@ class _Damage(Exception):
 
 
 def _check_header(root: Path, manifest: dict[str, Any]) -> None:
-    if manifest.get("schema_version") != M.SCHEMA_VERSION:
+    if manifest.get("schema_version") not in M.READABLE_VERSIONS:
         raise _Damage(root / M.MANIFEST, f"written with schema version {manifest.get('schema_version')!r}, "
-                                         f"this code reads version {M.SCHEMA_VERSION}")
+                                         f"this code reads versions {', '.join(map(str, M.READABLE_VERSIONS))}")
     splits = manifest.get("splits")
     if not isinstance(splits, dict) or not isinstance(manifest.get("vocab_size"), int) or not all(
             isinstance(e, dict) and isinstance(e.get("shards"), list) for e in splits.values()):

@@ -253,8 +253,28 @@ class Limits:
     """What one request may hold (over them: 413)."""
 
     max_document_words: int = 5000       # CNN documents run to ~2,000 words, CBT's to ~1,000
+    max_query_words: int = 500           # CNN and CBT queries run to ~100 words
+    max_candidates: int = 1000           # per question; CNN's run to ~500 entities, CBT's are 10
     max_questions: int = 256             # per request
     max_request_bytes: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise IaaError(f"serve limit {name} must be a whole number >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ServeCode:
+    """The serve job's code that the Serve adapter runs (module-level callables, pickled by
+    reference): ``load(source, threads=, fetch_model=)`` builds a reader replica's warmed-up
+    answerer; ``parse(body, placeholder, lowercase, limits)`` checks one request body and returns
+    ``(questions, single)`` or raises :class:`RequestError` (the ingress runs it, so a batch only
+    computes); ``request_schema`` is the JSON schema of a request body, for the OpenAPI document."""
+
+    load: Callable[..., Any]
+    parse: Callable[[bytes, str, bool, Limits], tuple[list[Any], bool]]
+    request_schema: Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -1,83 +1,135 @@
 """The reader on Ray Serve: the only module that imports ``ray.serve``.
 
-Two deployments. ``Reader`` replicas each hold the answerer that the job's ``load``
-(:meth:`iaa.jobs.inference.serve.Answerer.load`) returns; ``Ingress`` takes HTTP and hands each request's
-bytes to a reader:
+Two deployments. ``Reader`` replicas each hold the answerer that the job's ``code.load``
+(:meth:`iaa.jobs.inference.serve.Answerer.load`) returns; ``Ingress``, a FastAPI app on
+``@serve.ingress``, takes HTTP, checks each request and hands its questions to a reader:
 
 - ``POST /predict`` takes ``iaa-cli predict``'s question object, or a list of them, and answers
   with its rows (an object, or a list), each carrying the model's name and version (also in the
-  ``x-iaa-model`` and ``x-iaa-model-version`` headers). A reader parses and checks each request
-  on its own, then answers it in a batch: ``serve.batch`` gathers up to ``max_batch`` requests
-  (waiting at most ``batch_wait_ms``) into one model call.
+  ``x-iaa-model`` and ``x-iaa-model-version`` headers). The ingress reads the body up to the
+  byte limit (a chunked body too) and runs the job's ``code.parse`` on it (the pydantic model
+  of a question, then every check that can fail one question); a reader then only computes,
+  answering it in a batch: ``serve.batch`` gathers up to ``max_batch`` requests (waiting at most
+  ``batch_wait_ms``) into one model call.
 - ``GET /ready`` answers 200 once a reader has loaded the model and answered a warm-up question
   (a reader takes requests only after its constructor), else 503. ``GET /`` adds the limits.
-- A refused request is a 400/413/422 JSON ``{"error", "status"}``; an error inside a batch fails
-  only the requests of that batch (500) and never the replica. A request whose reader dies under
-  it is sent to another reader.
+  ``GET /docs`` and ``GET /openapi.json`` describe the API, the request body included.
+- A refused request is a 400/413/422 JSON ``{"error", "status"}``; should the model fail inside
+  a batch, only the failing request gets a 500, and never the replica. A request whose reader
+  dies under it is sent to another reader.
 
 :func:`build` makes the application; a Serve config (``deploy/serve.yaml``) names
-:func:`iaa.cli.serve_app`, which hands it the job's loader.
+:func:`iaa.cli.serve_app`, which hands it the job's code (:data:`iaa.jobs.inference.serve.CODE`).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Serve pickles the ingress class by value, and FastAPI
+# reads its routes' annotations (``request: Request``) in the replica, where a string would not resolve.
 import asyncio
+import functools
 import json
 import logging
 import sys
 import time
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from ray import serve
-from starlette.requests import Request
 from starlette.responses import Response
 
+from iaa import __version__
 from iaa.errors import IaaError
-from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeConfig
+from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeCode, ServeConfig
 
 ROUTE = "/"
 READY_WAIT_S = 5.0                 # GET /ready: how long to wait for a reader before 503
 
 
 Reply = tuple[int, str, dict[str, str]]          # status, JSON text, headers
-# (source, threads=, fetch_model=) -> a loaded, warmed-up iaa.jobs.inference.serve.Answerer; pickled by reference
-AnswererLoader = Callable[..., Any]
+
+app = FastAPI(title="iaa reader", version=__version__, docs_url="/docs", redoc_url=None,
+              description="Cloze questions answered by an Iterative Alternating Attention reader (`iaa-cli serve`). "
+                          "A refused request is a JSON {error, status}; the error names the field.")
+_REFUSALS = {400: {"description": "not JSON, a wrong type, or text that is not Unicode (the error names the field)"},
+             413: {"description": "a body, document, query, candidate list or question count over the limits"},
+             422: {"description": "a question the reader cannot answer: no placeholder or two, a candidate listed "
+                                  "twice, no candidate in the document"},
+             500: {"description": "the model failed on this request"},
+             503: {"description": "no reader replica could answer"}}
+
+
+class _NoReader(Exception):
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.body = {"error": f"no reader replica could answer ({type(error).__name__})", "status": 503}
+
+
+async def _read(request: Request, limit: int) -> bytes:
+    """The body, read up to ``limit`` bytes: a larger one (a ``Content-Length`` over it, or a
+    chunked body that grows past it) is refused with 413 as soon as that is known."""
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit:
+        raise RequestError(413, f"request: {length} bytes, over the limit of {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"request: more than {limit} bytes, over the limit of {limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _openapi(request_schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI document, with ``POST /predict``'s body as the serve job's request schema."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(request_schema.pop("$defs", {}))
+        doc["paths"]["/predict"]["post"]["requestBody"] = {
+            "required": True, "content": {"application/json": {"schema": request_schema}}}
+        app.openapi_schema = doc
+    return app.openapi_schema
+
+
+def _json(content: Any, status: int) -> Response:
+    return Response(json.dumps(content), status_code=status, media_type="application/json")
 
 
 @serve.deployment(name="Reader", health_check_period_s=10, graceful_shutdown_timeout_s=5, max_constructor_retry_count=2)
 class Reader:
-    """A replica holding the model: parses a request body and answers it within a batch."""
+    """A replica holding the model: answers requests the ingress has checked, within a batch."""
 
-    def __init__(self, config: dict[str, Any], load: AnswererLoader) -> None:
+    def __init__(self, config: dict[str, Any], code: ServeCode) -> None:
         from iaa.platform import mlflow_model
 
         cfg = from_dict(config)
-        self.limits = cfg.limits
-        self.answerer = load(cfg.source, threads=cfg.threads, fetch_model=mlflow_model.fetch)
+        self.answerer = code.load(cfg.source, threads=cfg.threads, fetch_model=mlflow_model.fetch)
         self.headers = {"x-iaa-model": self.answerer.name, "x-iaa-model-version": self.answerer.version}
         self.answer.set_max_batch_size(cfg.max_batch)
         self.answer.set_batch_wait_timeout_s(cfg.batch_wait_ms / 1000)
 
-    def describe(self, with_limits: bool = False) -> Reply:
+    def describe(self, limits: dict[str, int] | None = None) -> Reply:
         info = {"ready": True, "model": self.answerer.model, "load_seconds": round(self.answerer.load_seconds or 0.0, 3)}
-        return 200, json.dumps({**info, **({"limits": asdict(self.limits)} if with_limits else {})}), self.headers
+        return 200, json.dumps({**info, **({"limits": limits} if limits else {})}), self.headers
 
-    async def predict(self, body: bytes) -> Reply:
-        try:
-            questions, single = self.answerer.parse(body, self.limits)
-        except RequestError as error:
-            return error.status, json.dumps(error.body(), ensure_ascii=False), self.headers
+    def traits(self) -> tuple[str, bool]:
+        """What checking a request needs of the model: its placeholder and whether it lowercases."""
+        return self.answerer.placeholder, self.answerer.lowercase
+
+    async def predict(self, questions: list[Any], single: bool) -> Reply:
         try:
             rows = await self.answer(questions)
         except Exception as error:  # noqa: BLE001 - a failed batch is a 500 for its requests, never a dead replica
-            logging.getLogger("ray.serve").exception("batch failed")
-            failure = {"error": f"the model failed on this batch: {type(error).__name__}: {error}", "status": 500}
+            rows = error
+        if isinstance(rows, Exception):
+            logging.getLogger("ray.serve").error("a request failed in the model: %s: %s", type(rows).__name__, rows)
+            failure = {"error": f"the model failed on this request: {type(rows).__name__}: {rows}", "status": 500}
             return 500, json.dumps(failure), self.headers
         return 200, json.dumps(rows[0] if single else rows, ensure_ascii=False), self.headers
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def answer(self, requests: list[list[Any]]) -> list[list[dict[str, Any]]]:
+    async def answer(self, requests: list[list[Any]]) -> list[list[dict[str, Any]] | Exception]:
         return self.answerer.answer(requests)
 
     def check_health(self) -> None:
@@ -86,49 +138,70 @@ class Reader:
 
 
 @serve.deployment(name="Ingress", health_check_period_s=10, graceful_shutdown_timeout_s=5)
+@serve.ingress(app)
 class Ingress:
-    """HTTP in front of the readers. A request whose reader replica dies under it is sent again
-    to another (``RETRIES`` times): a crashed replica costs latency, not answers."""
+    """HTTP in front of the readers (FastAPI; ``GET /docs`` and ``/openapi.json`` describe it).
+    Every check of a request runs here, before any reader sees it. A request whose reader replica
+    dies under it is sent again to another (``RETRIES`` times): a crashed replica costs latency,
+    not answers."""
 
     RETRIES = 2
 
-    def __init__(self, reader: Any, limits: dict[str, Any]) -> None:
+    def __init__(self, reader: Any, limits: dict[str, Any], code: ServeCode) -> None:
         self.reader = reader
         self.limits = Limits(**limits)
+        self.parse = code.parse
+        self.traits: tuple[str, bool] | None = None        # the model's placeholder and lowercasing, once known
+        app.openapi = functools.partial(_openapi, dict(code.request_schema))
 
-    async def __call__(self, request: Request) -> Response:
-        path = request.url.path.rstrip("/") or "/"
-        if request.method == "GET" and path in ("/ready", "/"):
-            try:
-                return await asyncio.wait_for(self._call("describe", path == "/"), READY_WAIT_S)
-            except asyncio.TimeoutError:
-                return _json({"ready": False, "error": "no reader replica has loaded the model yet", "status": 503}, 503)
-        if path != "/predict":
-            return _json({"error": f"no route {request.method} {path}: POST /predict, GET /ready", "status": 404}, 404)
-        if request.method != "POST":
-            return _json({"error": "/predict takes POST with a JSON body", "status": 405}, 405)
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > self.limits.max_request_bytes:
-            error = RequestError(413, f"request: {length} bytes, over the limit of {self.limits.max_request_bytes}")
-            return _json(error.body(), 413)
-        return await self._call("predict", await request.body())
+    @app.get("/ready", responses={503: _REFUSALS[503]})
+    async def ready(self) -> Response:
+        """200 once a reader replica has loaded the model and answered a warm-up question."""
+        return await self._describe(None)
+
+    @app.get("/", responses={503: _REFUSALS[503]})
+    async def info(self) -> Response:
+        """``/ready`` with the limits of a request."""
+        return await self._describe(asdict(self.limits))
+
+    @app.post("/predict", responses=_REFUSALS)
+    async def predict(self, request: Request) -> Response:
+        """One question, or a list of them: ``iaa-cli predict``'s rows, with the model's name and version."""
+        try:
+            body = await _read(request, self.limits.max_request_bytes)
+            if self.traits is None:
+                self.traits = tuple(await self._remote("traits"))
+            placeholder, lowercase = self.traits
+            questions, single = await asyncio.to_thread(self.parse, body, placeholder, lowercase, self.limits)
+        except RequestError as error:
+            return _json(error.body(), error.status)
+        except _NoReader as error:
+            return _json(error.body, 503)
+        return await self._call("predict", questions, single)
+
+    async def _describe(self, limits: dict[str, int] | None) -> Response:
+        try:
+            return await asyncio.wait_for(self._call("describe", limits), READY_WAIT_S)
+        except asyncio.TimeoutError:
+            return _json({"ready": False, "error": "no reader replica has loaded the model yet", "status": 503}, 503)
 
     async def _call(self, method: str, *args: Any) -> Response:
+        try:
+            status, text, headers = await self._remote(method, *args)
+        except _NoReader as error:
+            return _json(error.body, 503)
+        return Response(text, status_code=status, media_type="application/json", headers=headers)
+
+    async def _remote(self, method: str, *args: Any) -> Any:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         for attempt in range(self.RETRIES + 1):
             try:
-                status, text, headers = await getattr(self.reader, method).remote(*args)
-                return Response(text, status_code=status, media_type="application/json", headers=headers)
+                return await getattr(self.reader, method).remote(*args)
             except (ActorDiedError, ActorUnavailableError, RayActorError) as error:
                 if attempt == self.RETRIES:
-                    return _json({"error": f"no reader replica could answer ({type(error).__name__})", "status": 503},
-                                 503)
+                    raise _NoReader(error) from None
         raise AssertionError("unreachable")
-
-
-def _json(content: Any, status: int) -> Response:
-    return Response(json.dumps(content), status_code=status, media_type="application/json")
 
 
 def to_dict(cfg: ServeConfig) -> dict[str, Any]:
@@ -161,19 +234,19 @@ def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
 INGRESS_CPUS = 0.1                   # it only reads HTTP and forwards bytes
 
 
-def build(args: dict[str, Any], load: AnswererLoader) -> Any:
+def build(args: dict[str, Any], code: ServeCode) -> Any:
     """The Serve application of ``args`` (a :class:`~iaa.jobs.ports.ServeConfig` as a dict, or
     the flat ``model``/``checkpoint``/``ensemble`` keys of a Serve config file): an ingress (one
-    replica, autoscaled up to a quarter of the readers' maximum on large deployments) before the
-    readers, which load the model with ``load``."""
+    replica, autoscaled up to a quarter of the readers' maximum on large deployments) that checks
+    each request with ``code.parse``, before the readers, which load the model with ``code.load``."""
     if "source" not in args:
         args = config_args(args)
     cfg = from_dict(args)
-    readers = Reader.options(**deployment_options(cfg)).bind(to_dict(cfg), load)
+    readers = Reader.options(**deployment_options(cfg)).bind(to_dict(cfg), code)
     most = cfg.autoscale[1] if cfg.autoscale else cfg.replicas
     ingress = {"num_replicas": 1} if most <= 4 else {"autoscaling_config": {"min_replicas": 1, "max_replicas": most // 4}}
     return Ingress.options(ray_actor_options={"num_cpus": INGRESS_CPUS}, max_ongoing_requests=1000,
-                           **ingress).bind(readers, asdict(cfg.limits))
+                           **ingress).bind(readers, asdict(cfg.limits), code)
 
 
 def config_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -191,8 +264,8 @@ def config_args(args: dict[str, Any]) -> dict[str, Any]:
     return {**rest, "source": source}
 
 
-def start(cfg: ServeConfig, load: AnswererLoader) -> str:
-    """Deploy ``cfg`` (readers loading with ``load``) on the Ray cluster (``cfg.address`` or a local one); returns the base URL
+def start(cfg: ServeConfig, code: ServeCode) -> str:
+    """Deploy ``cfg`` (readers loading with ``code.load``) on the Ray cluster (``cfg.address`` or a local one); returns the base URL
     once every replica has loaded the model (``serve.run`` waits for that, and raises when a
     replica cannot start)."""
     import ray
@@ -203,7 +276,7 @@ def start(cfg: ServeConfig, load: AnswererLoader) -> str:
         cluster.connect(cfg.address)
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"})
     try:
-        serve.run(build(to_dict(cfg), load), name=cfg.app_name, route_prefix=ROUTE, blocking=False)
+        serve.run(build(to_dict(cfg), code), name=cfg.app_name, route_prefix=ROUTE, blocking=False)
     except RuntimeError as err:          # DEPLOY_FAILED: a replica's constructor raised
         raise IaaError(f"the model could not be served: {_failure(cfg.app_name) or err}") from err
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
@@ -258,7 +331,7 @@ def stop(app: str = "iaa") -> None:
     serve.shutdown()
 
 
-def run_forever(cfg: ServeConfig, load: AnswererLoader) -> None:
+def run_forever(cfg: ServeConfig, code: ServeCode) -> None:
     """``iaa-cli serve``: deploy, say where, and serve until Ctrl-C."""
     import signal
 
@@ -267,7 +340,7 @@ def run_forever(cfg: ServeConfig, load: AnswererLoader) -> None:
 
     signal.signal(signal.SIGTERM, interrupt)        # a service manager's stop: shut Serve down too
     signal.signal(signal.SIGINT, interrupt)         # also when started with SIGINT ignored (`cmd &`)
-    url = start(cfg, load)
+    url = start(cfg, code)
     print(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)", file=sys.stderr)
     try:
         while True:

@@ -19,6 +19,7 @@ from iaa.data import errors as E
 from iaa.data.errors import DataError
 
 BOOK_MARK = "_BOOK_TITLE_"
+MAX_SOURCE_BYTES = 512 << 20     # one source file's text, gunzipped: it is read whole (a book is ~1 MB)
 MAX_PARAGRAPH_CHARS = 1_000_000   # spaCy's default nlp.max_length: the most text one tagger call reads
 TOKENS, TEXT = "tokens", "text"   # Document.kind: tokenised sentences / raw paragraphs
 SPLITS = ("train", "valid", "test")
@@ -137,13 +138,19 @@ def decode(path: Path, data: bytes) -> str:
 
 
 def _read_bytes(path: Path) -> bytes:
-    if not path.name.endswith(".gz"):
-        return path.read_bytes()
+    """The file's bytes (gunzipped), read up to ``MAX_SOURCE_BYTES``: a larger one is refused."""
     try:
-        with gzip.open(path, "rb") as f:
-            return f.read()
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)
     except (OSError, EOFError, zlib.error) as e:
+        if not path.name.endswith(".gz"):
+            raise
         raise DataError(f"cannot gunzip: {e}", path=path, reason=E.MISSING_SOURCE) from None
+    if len(data) > MAX_SOURCE_BYTES:
+        raise DataError(f"holds more than {MAX_SOURCE_BYTES >> 20} MiB of text{' once gunzipped' * path.name.endswith('.gz')}, "
+                        "more than one source file may hold; split it into several files", path=path,
+                        reason=E.MISSING_SOURCE)
+    return data
 
 
 def _books(path: Path, file_id: str, lines: list[str], split: str | None) -> Iterator[Document]:

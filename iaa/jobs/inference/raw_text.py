@@ -5,7 +5,9 @@ text, a CBT file, or a CNN ``.question`` file. JSON Lines are strict: lines end 
 (a U+2028 inside a string is text), ``document`` and ``query`` are strings, ``candidates`` a
 list of strings (or one string of ``|``- or space-separated words), ``id`` a string or an
 integer and unique, ``answer`` one of the candidates; an empty file and undecodable bytes are
-errors naming the file and line. Raw text is split on whitespace, as both parsers
+errors naming the file and line, and so are text that is not Unicode (a lone surrogate such as
+``"\\ud800"``), a number of more than ``MAX_NUMBER_DIGITS`` digits and JSON nested deeper than
+Python reads (:func:`loads`). Raw text is split on whitespace, as both parsers
 split their lines. The rows go through the parsers' own ``assemble`` (placeholder and candidate
 matching, optional lowercasing) and ``to_table`` (vocabulary ids, ``<unk>`` for unseen words,
 ``doc_cand`` from the words themselves, so distinct unseen candidates stay apart).
@@ -22,12 +24,14 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from iaa.data.parsed import ClozeExample, assemble, encode, match_keys, offsets_of
+from iaa.data.parsed import ClozeExample, ParsedChunk, assemble, encode, match_keys, offsets_of
 from iaa.data.shards import to_table
 from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+MAX_NUMBER_DIGITS = 40        # an integer id of more is refused (Python itself stops at 4,300)
+SHOWN = 5                     # candidates named in a message, then "and N more"
 CNN_QUERY_LINE = 5  # url, blank, context, blank, query: what a CNN question's messages point at
 
 
@@ -84,11 +88,48 @@ def _read_jsonl(path: Path, placeholder: str) -> list[Question]:
     return questions
 
 
-def _json(line: str, where: str) -> dict[str, Any]:
+class LongNumber:
+    """A JSON integer of more than ``MAX_NUMBER_DIGITS`` digits, kept as its length: it is never a
+    valid value, and the field that holds it names it in the error."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _integer(text: str) -> int | LongNumber:
+    digits = len(text.lstrip("-"))
+    return LongNumber(digits) if digits > MAX_NUMBER_DIGITS else int(text)
+
+
+def loads(text: str | bytes, where: str) -> Any:
+    """JSON text as Python values; a too-long integer becomes a :class:`LongNumber`.
+
+    Raises:
+        InputError: not JSON, or nested deeper than Python's recursion limit (named ``where``).
+    """
     try:
-        record = json.loads(line)
+        return json.loads(text, parse_int=_integer)
     except json.JSONDecodeError as err:
         raise InputError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except UnicodeDecodeError as err:
+        raise InputError(f"{where}: not valid JSON (not UTF-8 text at byte {err.start})") from None
+    except RecursionError:
+        raise InputError(f"{where}: not valid JSON (nested too deeply; a question is an object of strings and "
+                         "a list of strings)") from None
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` is not Unicode text (a lone surrogate cannot be written as UTF-8), else None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return (f"holds a lone surrogate (\\u{ord(value[err.start]):04x} at character {err.start + 1}), which is "
+                "not Unicode text; send each character as itself or as a surrogate pair")
+    return None
+
+
+def _json(line: str, where: str) -> dict[str, Any]:
+    record = loads(line, where)
     if not isinstance(record, dict):
         raise InputError(f"{where}: expected a JSON object with id, document, query, candidates")
     return record
@@ -113,6 +154,11 @@ def from_record(record: dict[str, Any], where: str, placeholder: str) -> Questio
     cands = [c.strip() for c in cands if c.strip()]
     if not cands:
         raise InputError(f"{where}: the candidate list is empty")
+    texts = [("document", record["document"]), ("query", record["query"]), *(("candidates", c) for c in cands),
+             *((key, record[key]) for key in ("id", "answer") if isinstance(record.get(key), str))]
+    for key, text in texts:
+        if problem := text_problem(text):
+            raise InputError(f"{where}: {key} {problem}")
     query = record["query"].split()
     if placeholder not in query:
         raise InputError(f"{where}: the query has no {placeholder} placeholder (it marks the word to fill in)")
@@ -126,7 +172,7 @@ def from_record(record: dict[str, Any], where: str, placeholder: str) -> Questio
     if gold is not None and not isinstance(gold, str):
         raise InputError(f"{where}: answer must be a string (one of the candidates), got {_kind(gold)}")
     if gold is not None and gold.strip() not in cands:
-        raise InputError(f"{where}: the answer {gold!r} is not one of the candidates ({', '.join(cands)})")
+        raise InputError(f"{where}: the answer {gold!r} is not one of the candidates ({named(cands)})")
     example = ClozeExample(str(example_id), tuple(doc), tuple(query), tuple(cands), "")
     return Question(example, None if gold is None else gold.strip(), where)
 
@@ -137,9 +183,17 @@ def _kind(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, LongNumber):
+        return f"a number of {value.digits:,} digits (at most {MAX_NUMBER_DIGITS}; give such an id as a string)"
     if isinstance(value, (int, float)):
         return f"the number {value}"
     return {list: "a list", dict: "an object", str: "a string"}.get(type(value), type(value).__name__)
+
+
+def named(words: Sequence[str]) -> str:
+    """``a, b, c`` for a message: the first ``SHOWN`` words, then how many more."""
+    more = f" and {len(words) - SHOWN:,} more" if len(words) > SHOWN else ""
+    return ", ".join(words[:SHOWN]) + more
 
 
 def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.Table:
@@ -149,7 +203,16 @@ def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.
     kept on the ``Question``). A candidate absent from its document gets probability 0: warned
     about here. A question with no candidate in its document cannot be answered: an error.
     """
-    placeholder = vocab.placeholder
+    return to_table(assembled(questions, vocab.placeholder, lowercase), vocab)
+
+
+def assembled(questions: Sequence[Question], placeholder: str, lowercase: bool) -> ParsedChunk:
+    """The questions checked and matched as ``prepare`` does (one placeholder, no candidate listed
+    twice, some candidate in the document), before any vocabulary: what :func:`to_rows` maps to ids.
+
+    Raises:
+        InputError: the first question that cannot be answered, named by its ``where``.
+    """
     stand_ins = [present_candidate(q, lowercase, placeholder) for q in questions]
     words, doc, query = encode(pa.array([w for q in questions for w in q.example.doc], pa.string()),
                                pa.array([w for q in questions for w in q.example.query], pa.string()))
@@ -164,7 +227,7 @@ def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.
     )
     if errs:
         raise InputError(str(errs[0]))
-    return to_table(chunk, vocab)
+    return chunk
 
 
 def labelled_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool, *, need_answers: bool) -> pa.Table:
@@ -192,7 +255,7 @@ def present_candidate(q: Question, lowercase: bool, placeholder: str) -> str:
     if len(absent) == len(cands):
         raise InputError(f"{q.where}: no candidate occurs in the document, so the reader cannot point at any")
     if absent:
-        warnings.warn(f"{q.where}: candidate(s) {', '.join(absent)} do not occur in the document: probability 0",
+        warnings.warn(f"{q.where}: candidate(s) {named(absent)} do not occur in the document: probability 0",
                       stacklevel=2)
     return next(c for c, k in zip(cands, cand_keys) if k in keys)
 

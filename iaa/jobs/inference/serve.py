@@ -5,13 +5,17 @@ The workflow, without the server:
 - :class:`ModelSource` names what a replica loads: a registered or logged MLflow model
   (``models:/NAME/VERSION``), a checkpoint, or an ``iaa-cli ensemble`` folder.
 - :func:`parse` checks one request body and turns it into questions, or raises
-  :class:`RequestError` with the HTTP status: 400 for malformed JSON, a missing field or a wrong
-  type (naming the field), 413 for a document or a body over the :class:`Limits`, 422 for a
-  question the reader cannot answer (no candidate in the document, no placeholder). Every check
-  that could fail a question happens here, per request, so a batch never holds a bad question.
+  :class:`RequestError` with the HTTP status: 400 for malformed JSON (nested too deeply, a
+  number of too many digits), a missing field, a wrong type or text that is not Unicode (naming
+  the field, checked against the pydantic model :class:`QuestionIn`), 413 for a document, a
+  query, a candidate list or a body over the :class:`Limits`, 422 for a question the reader
+  cannot answer (no candidate in the document, no placeholder or two, a candidate listed twice).
+  Every check that could fail a question happens here, per request (the serve ingress runs it),
+  so a batch never holds a bad question.
 - :class:`Answerer` holds the loaded :class:`~iaa.jobs.inference.predict.Predictor` and answers a batch of
   requests with one pass of the same code as ``iaa-cli predict``; each row is ``predict``'s
-  ``{"id", "prediction", "probs"[, "correct"]}`` plus the model's ``{"name", "version"}``.
+  ``{"id", "prediction", "probs"[, "correct"]}`` plus the model's ``{"name", "version"}``. Should
+  the model still fail on one request of a batch, only that request fails.
 
 ``iaa.platform.ray_serve`` runs it on Ray Serve: replicas, ``serve.batch``, HTTP.
 """
@@ -23,16 +27,19 @@ import json
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from iaa.errors import IaaError
-from iaa.jobs.ports import Limits, LoadedModel, ModelFetcher, ModelSource, RequestError, ServeConfig
+from iaa.jobs.ports import Limits, LoadedModel, ModelFetcher, ModelSource, RequestError, ServeCode, ServeConfig
 from iaa.jobs.workdir.paths import Workdir
-from iaa.jobs.inference.raw_text import InputError, Question, from_record, present_candidate
+from iaa.jobs.inference.raw_text import InputError, LongNumber, Question, assembled, from_record, loads, text_problem
 
 
 def config(*, model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, data_dir: Path | None,
            workdir: Path, tracking_uri: str | None, max_document_words: int = Limits.max_document_words,
+           max_query_words: int = Limits.max_query_words, max_candidates: int = Limits.max_candidates,
            **deploy: Any) -> ServeConfig:
     """The config of ``iaa-cli serve``'s flags. Paths are made absolute (replicas run in other
     processes); a ``models:/`` URI is read from ``tracking_uri``, else the workdir's SQLite store."""
@@ -44,24 +51,57 @@ def config(*, model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path
         kind, ref = ("checkpoint", checkpoint) if checkpoint is not None else ("ensemble", ensemble_dir)
         source = ModelSource(kind, str(Path(ref).resolve()), str(Path(data_dir).resolve()) if data_dir else None,
                              str(workdir))
-    return ServeConfig(source, limits=Limits(max_document_words=max_document_words), **deploy)
+    limits = Limits(max_document_words=max_document_words, max_query_words=max_query_words,
+                    max_candidates=max_candidates)
+    return ServeConfig(source, limits=limits, **deploy)
 
 
 # --- requests ------------------------------------------------------------------------------------
 
 
+def _unicode(value: str) -> str:
+    if problem := text_problem(value):
+        raise ValueError(problem)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+
+
+class QuestionIn(BaseModel):
+    """One question of ``POST /predict``: ``iaa-cli predict``'s JSON Lines record."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", title="Question")
+
+    document: Text = Field(description="the text to read; split on whitespace")
+    query: Text = Field(description="the text with one placeholder word (XXXXX or @placeholder) to fill in")
+    candidates: list[Text] | Text = Field(description="the words to choose from: a list, or one string of "
+                                                      "|- or space-separated words")
+    id: Text | int = Field(None, description="default: the question's place in the request, 1, 2, ...")
+    answer: Text | None = Field(None, description="the gold candidate, if known: rows then say whether it was chosen")
+
+
+QUESTIONS = TypeAdapter(list[QuestionIn])
+# The request body of POST /predict as JSON schema: one question, or a non-empty list of them.
+REQUEST_SCHEMA = TypeAdapter(QuestionIn | list[QuestionIn]).json_schema(ref_template="#/components/schemas/{model}")
+_EXPECTED = {"document": "a string", "query": "a string", "candidates": "a list of strings", "answer": "a string",
+             "id": "a string or an integer"}
+
+
 def parse(body: bytes, placeholder: str, lowercase: bool, limits: Limits = Limits()) -> tuple[list[Question], bool]:
-    """The questions of one request body, and whether it was a single object (not a list).
+    """The questions of one request body, and whether it was a single object (not a list): every
+    check that can fail one question runs here, so a batch of parsed requests only computes.
 
     Raises:
-        RequestError: 400, 413 or 422, with a message naming the field (``[2].candidates``).
+        RequestError: 400 (not JSON, a wrong type, text that is not Unicode), 413 (over a limit of
+            ``limits``) or 422 (a question the reader cannot answer), naming the field (``[2].candidates``).
     """
     if len(body) > limits.max_request_bytes:
         raise RequestError(413, f"request: {len(body)} bytes, over the limit of {limits.max_request_bytes}")
     try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RequestError(400, f"request: not valid JSON ({getattr(err, 'msg', err)})") from None
+        payload = loads(body, "request")
+    except InputError as err:
+        raise RequestError(400, str(err)) from None
     single = isinstance(payload, dict)
     items = [payload] if single else payload
     if not isinstance(items, list) or not items:
@@ -69,51 +109,63 @@ def parse(body: bytes, placeholder: str, lowercase: bool, limits: Limits = Limit
                                 "or a non-empty list of them")
     if len(items) > limits.max_questions:
         raise RequestError(413, f"request: {len(items)} questions, over the limit of {limits.max_questions}")
+    try:
+        QUESTIONS.validate_python(items)
+    except ValidationError as err:
+        raise RequestError(400, _field_error(err, single)) from None
     questions = []
     for i, item in enumerate(items):
         where = "" if single else f"[{i}]."
-        record = _checked(item, where, limits)
-        if "id" not in record:
-            record = {**record, "id": str(i + 1)}          # predict numbers them by line
+        _within(item, where, limits)
+        if "id" not in item:
+            item = {**item, "id": str(i + 1)}          # predict numbers them by line
         try:
-            question = from_record(record, where[:-1] or "question", placeholder)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")        # some candidates absent: they get probability 0
-                present_candidate(question, lowercase, placeholder)
+            question = from_record(item, where[:-1] or "question", placeholder)
         except InputError as err:
             raise RequestError(422, str(err)) from None
         questions.append(question)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")            # some candidates absent: they get probability 0
+            assembled(questions, placeholder, lowercase)
+    except InputError as err:
+        raise RequestError(422, str(err)) from None
     return questions, single
 
 
-def _checked(item: Any, where: str, limits: Limits) -> dict[str, Any]:
-    """``item`` as a record ``from_record`` takes, each field's type checked (400 naming it)."""
-    if not isinstance(item, dict):
-        raise RequestError(400, f"{where[:-1] or 'request'}: expected a JSON object with document, query, candidates")
-    for name in ("document", "query", "candidates"):
-        if name not in item or item[name] is None:
-            raise RequestError(400, f"{where}{name}: missing (a question needs document, query and candidates)")
-    for name in ("document", "query"):
-        if not isinstance(item[name], str):
-            raise RequestError(400, f"{where}{name}: expected a string, got {_type(item[name])}")
+def _field_error(err: ValidationError, single: bool) -> str:
+    """The first field pydantic refused, as ``[1].candidates[2]: expected a string, got a number``."""
+    errors = err.errors()
+    first = errors[0]["loc"][:2]
+    error = max((e for e in errors if e["loc"][:2] == first), key=lambda e: (e["type"] == "missing", len(e["loc"])))
+    index, rest = error["loc"][0], [part for part in error["loc"][1:] if part in _EXPECTED or isinstance(part, int)]
+    path = ("" if single else f"[{index}]") + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest)
+    path = path.lstrip(".") or ("request" if single else path)
+    if error["type"] == "missing":
+        return f"{path}: missing (a question needs document, query and candidates)"
+    if not rest:
+        return f"{path}: expected a JSON object with document, query, candidates"
+    if error["type"] == "value_error":
+        return f"{path} {error['ctx']['error']}"
+    expected = "a string" if isinstance(rest[-1], int) else _EXPECTED[rest[-1]]
+    return f"{path}: expected {expected}, got {_type(error['input'])}"
+
+
+def _within(item: dict[str, Any], where: str, limits: Limits) -> None:
+    """413 naming the field when the document, the query or the candidates are over ``limits``."""
+    counts = [("document", len(item["document"].split()), "words", limits.max_document_words),
+              ("query", len(item["query"].split()), "words", limits.max_query_words)]
     cands = item["candidates"]
-    if isinstance(cands, list):
-        for j, cand in enumerate(cands):
-            if not isinstance(cand, str):
-                raise RequestError(400, f"{where}candidates[{j}]: expected a string, got {_type(cand)}")
-    elif not isinstance(cands, str):
-        raise RequestError(400, f"{where}candidates: expected a list of strings, got {_type(cands)}")
-    if "id" in item and (isinstance(item["id"], bool) or not isinstance(item["id"], (str, int))):
-        raise RequestError(400, f"{where}id: expected a string or an integer, got {_type(item['id'])}")
-    if item.get("answer") is not None and not isinstance(item["answer"], str):
-        raise RequestError(400, f"{where}answer: expected a string, got {_type(item['answer'])}")
-    words = len(item["document"].split())
-    if words > limits.max_document_words:
-        raise RequestError(413, f"{where}document: {words} words, over the limit of {limits.max_document_words}")
-    return item
+    counts.append(("candidates", len(cands if isinstance(cands, list) else cands.split("|") if "|" in cands
+                                     else cands.split()), "candidates", limits.max_candidates))
+    for name, count, unit, limit in counts:
+        if count > limit:
+            raise RequestError(413, f"{where}{name}: {count} {unit}, over the limit of {limit}")
 
 
 def _type(value: Any) -> str:
+    if isinstance(value, LongNumber):
+        return f"a number of {value.digits:,} digits"
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
             float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
@@ -184,14 +236,34 @@ class Answerer:
         record = {"id": "warm-up", "document": "a b c", "query": f"{self.placeholder} b", "candidates": ["a", "c"]}
         self.answer([[from_record(record, "warm-up", self.placeholder)]])
 
-    def answer(self, requests: Sequence[Sequence[Question]]) -> list[list[dict[str, Any]]]:
-        """``predict``'s rows for each request's questions, from one pass over all of them."""
+    def answer(self, requests: Sequence[Sequence[Question]]) -> list[list[dict[str, Any]] | Exception]:
+        """``predict``'s rows for each request's questions, from one pass over all of them. When
+        that pass fails, each request is answered alone, so the failure is only the failing
+        request's: its place holds the exception."""
         flat = [q for questions in requests for q in questions]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")            # absent candidates: probability 0, as predict says
-            rows = self.predictor.predict(flat)
+        try:
+            rows = self._predict(flat)
+        except Exception:  # noqa: BLE001 - find the request that fails, answer the others
+            if len(requests) == 1:
+                raise
+            return [self._alone(questions) for questions in requests]
         out, start = [], 0
         for questions in requests:
             out.append([{**row, "model": self.model} for row in rows[start:start + len(questions)]])
             start += len(questions)
         return out
+
+    def _alone(self, questions: Sequence[Question]) -> list[dict[str, Any]] | Exception:
+        try:
+            return [{**row, "model": self.model} for row in self._predict(questions)]
+        except Exception as error:  # noqa: BLE001 - this request's failure, reported as its 500
+            return error
+
+    def _predict(self, questions: Sequence[Question]) -> list[dict[str, Any]]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")            # absent candidates: probability 0, as predict says
+            return self.predictor.predict(questions)
+
+
+# What the Serve adapter runs of this job: the replicas' loader, the ingress's checks, the API's schema.
+CODE = ServeCode(load=Answerer.load, parse=parse, request_schema=REQUEST_SCHEMA)
