@@ -16,7 +16,8 @@ import pytest
 
 from iaa.errors import IaaError
 from iaa.jobs.training.config import JobConfig, TrainConfig, to_dict
-from iaa.jobs.ports import TrialRecord
+from fakes import FakeTracker
+from iaa.jobs.ports import MembersRequest, TrialRecord
 from iaa.jobs.ensembles import members as members_job
 from iaa.jobs.ensembles import ensemble
 from iaa.jobs.ports import TrialTracking
@@ -58,10 +59,10 @@ class FakeLauncher:
     def __init__(self, folder: Path) -> None:
         self.folder, self.calls = folder, []
 
-    def train_many(self, configs, prepared, **kwargs):
-        self.calls.append({"configs": list(configs), **kwargs})
+    def train_many(self, request):
+        self.calls.append(request)
         out = []
-        for cfg in configs:
+        for cfg in request.configs:
             ckpt = self.folder / "trained" / f"lr{cfg.train.lr}-seed{cfg.train.seed}.pt"
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             ckpt.write_bytes(b"")
@@ -86,7 +87,7 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, lau
     fake_tune = launcher.calls
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "demo-iaa"
-    members = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "demo-iaa", launcher)
+    members = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "demo-iaa", launcher)
 
     assert [(m.config.train.lr, m.config.train.seed) for m in members] == [
         (2e-3, 0), (2e-3, 1), (2e-3, 2), (3e-3, 0), (3e-3, 1), (3e-3, 2)]
@@ -94,25 +95,25 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, lau
     assert members[1].mlflow_run_id == "run-t2"
     assert len(fake_tune) == 1
     call = fake_tune[0]
-    assert [(c.train.lr, c.train.seed) for c in call["configs"]] == [(2e-3, 2), (3e-3, 1), (3e-3, 2)]
-    assert call["trials"].parent_run_id == "parent-123" and call["trials"].experiment == "tune-demo"
-    assert call["name"].startswith("ensemble-demo-iaa-")   # never the sweep's own name: its folder stays intact
-    assert call["downloads"] == out_dir / "checkpoints"    # the members it trains land in the ensemble's folder
+    assert [(c.train.lr, c.train.seed) for c in call.configs] == [(2e-3, 2), (3e-3, 1), (3e-3, 2)]
+    assert call.tracking.parent_run_id == "parent-123" and call.tracking.experiment == "tune-demo"
+    assert call.name.startswith("ensemble-demo-iaa-")   # never the sweep's own name: its folder stays intact
+    assert call.downloads == out_dir / "checkpoints"    # the members it trains land in the ensemble's folder
 
     # A second run finds the members it trained in trained.json and trains nothing.
-    again = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "demo-iaa", launcher)
+    again = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "demo-iaa", launcher)
     assert len(fake_tune) == 1
     assert [m.checkpoint for m in again] == [m.checkpoint for m in members]
     assert [m.source for m in again][2] == "trained earlier"
     # So does another ensemble of the same sweep under another name.
     other = ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "ensembles" / "other",
-                                   "sqlite:///x.db", "other", launcher)
+                                   FakeTracker(), "other", launcher)
     assert len(fake_tune) == 1 and [m.checkpoint for m in other] == [m.checkpoint for m in members]
 
 
 def test_all_seeds_reused_means_no_training(sweep: dict, tmp_path: Path) -> None:
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
-    members = ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", "sqlite:///x.db", "e", None)
+    members = ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", None)
     assert [m.source for m in members] == ["trial t1", "trial t2"]
 
 
@@ -120,8 +121,8 @@ def test_failed_member_is_reported_and_the_others_kept(sweep: dict, launcher: Fa
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     real = launcher.train_many
 
-    def half_fails(configs, prepared, **kwargs):
-        out = real(configs, prepared, **kwargs)
+    def half_fails(request):
+        out = real(request)
         out[0] = replace(out[0], checkpoint=None, status="ERROR", trial_id="bad")
         return out
 
@@ -129,7 +130,7 @@ def test_failed_member_is_reported_and_the_others_kept(sweep: dict, launcher: Fa
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=4, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "e"
     with pytest.raises(IaaError, match=r"1 member\(s\) gave no checkpoint: seed 2 \(trial bad"):
-        ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, "sqlite:///x.db", "e", launcher)
+        ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
     ledger = json.loads((out_dir / "trained.json").read_text())
     assert [e["config"]["train"]["seed"] for e in ledger] == [3]
 
@@ -149,9 +150,9 @@ def test_request_is_frozen() -> None:
 def test_members_train_on_the_requested_resources(sweep: dict, launcher: FakeLauncher, tmp_path: Path) -> None:
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=3, workdir=tmp_path,
                                    workers_per_trial=2, gpus_per_worker=0.5)
-    ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", "sqlite:///x.db", "e", launcher)
+    ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", launcher)
     [call] = launcher.calls
-    assert call["workers_per_trial"] == 2 and call["gpus_per_worker"] == 0.5
+    assert call.workers_per_trial == 2 and call.gpus_per_worker == 0.5
 
 
 def test_train_many_plans_with_the_members_threads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -159,17 +160,19 @@ def test_train_many_plans_with_the_members_threads(monkeypatch: pytest.MonkeyPat
 
     asked: dict = {}
 
-    def connect(**kwargs):
-        asked.update(kwargs)
+    def connect(request, address, storage_path):
+        asked["request"] = request
         raise RuntimeError("planned")   # stop before Ray
 
     monkeypatch.setattr(launch, "connect", connect)
-    configs = [JobConfig(train=TrainConfig(seed=s, threads=3)) for s in (0, 1)]
-    trials = TrialTracking(uri="sqlite:///x.db", experiment="x", parent_run_id=None, sweep="e-1", dataset="demo")
+    configs = (JobConfig(train=TrainConfig(seed=0, threads=3)), JobConfig(train=TrainConfig(seed=1, threads=3)))
+    trials = TrialTracking(tracker=FakeTracker(), experiment="x", parent_run_id=None, sweep="e-1", dataset="demo")
     with pytest.raises(RuntimeError, match="planned"):
-        launch.RayLauncher().train_many(configs, tmp_path, name="e-1", storage=str(tmp_path / "ray"), trials=trials,
-                                        downloads=tmp_path / "d", fit=print, workers_per_trial=2, gpus_per_worker=1.0)
-    assert (asked["threads"], asked["workers_per_trial"], asked["gpus_per_worker"]) == (3, 2, 1.0)
+        launch.RayLauncher().train_many(MembersRequest(
+            configs=configs, prepared=tmp_path, name="e-1", storage=str(tmp_path / "ray"), tracking=trials,
+            fit=print, downloads=tmp_path / "d", workers_per_trial=2, gpus_per_worker=1.0))
+    request = asked["request"]
+    assert (request.threads, request.workers_per_trial, request.gpus_per_worker) == (3, 2, 1.0)
 
 
 def test_the_same_checkpoint_twice_is_refused(tmp_path: Path) -> None:

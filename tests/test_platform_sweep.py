@@ -130,22 +130,23 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
     from dataclasses import replace
 
     from iaa.jobs.datasets import resolve
-    from iaa.jobs.ports import TrialTracking
+    from iaa.jobs.ports import MembersRequest, TrialTracking
     from iaa.platform.sweeps import launch
     from iaa.platform.tracking import store as tracking
+    from iaa.platform.tracking.tracker import MlflowTracker
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
     from iaa.jobs.training.train import fit_on_worker
 
-    configs = [replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1)]
+    configs = tuple(replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1))
     uri = Workdir(tmp_path).tracking_uri()
     parent = tracking.Run.start(uri, "ensemble-test", "parent")
-    trials = TrialTracking(uri=uri, experiment="ensemble-test", parent_run_id=parent.run_id, sweep="many",
-                           dataset="cbt-ne")
-    results = launch.RayLauncher().train_many(configs, tiny, name="many", storage=Workdir(tmp_path).storage(),
-                                              trials=trials, downloads=tmp_path / "many", fit=fit_on_worker,
-                                              show_progress=False)
-    assert [r.config for r in results] == configs
+    trials = TrialTracking(tracker=MlflowTracker(uri), experiment="ensemble-test", parent_run_id=parent.run_id,
+                           sweep="many", dataset="cbt-ne")
+    results = launch.RayLauncher().train_many(MembersRequest(
+        configs=configs, prepared=tiny, name="many", storage=Workdir(tmp_path).storage(), tracking=trials,
+        fit=fit_on_worker, downloads=tmp_path / "many", show_progress=False))
+    assert [r.config for r in results] == list(configs)
     client = MlflowClient(uri)
     for cfg, result in zip(configs, results):
         _, loaded, state = checkpoint.load_model(Path(result.checkpoint))

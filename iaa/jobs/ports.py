@@ -12,13 +12,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Mapping, Protocol, Sequence
 
 from iaa.errors import IaaError
+from iaa.jobs.search.search_space import SearchSpace
 from iaa.jobs.training.config import JobConfig, from_dict, to_dict
+from iaa.jobs.training.presets import TunePreset
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder
 
-MetricsCallback = Callable[[dict[str, Any]], None]
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import torch
+
+    from iaa.jobs.inference.raw_text import Question
+
+Metrics = dict[str, object]
+MetricsCallback = Callable[[Metrics], None]
 FAILED_STATUSES = frozenset({"ERROR", "FAILED"})
 
 
@@ -51,9 +60,11 @@ class TrackedRun(Protocol):
     run_id: str
     lost: list[str]          # what the store refused for good, with why (empty while all is logged)
 
-    def log_params(self, params: Mapping[str, Any]) -> None: ...            # nested dicts are flattened
-    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None: ...
-    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
+    def status(self) -> str: ...                                          # RUNNING, FINISHED, FAILED, KILLED
+    def mark_running(self) -> None: ...                                   # RUNNING again, owned by this process
+    def log_params(self, params: Mapping[str, object]) -> None: ...       # nested dicts are flattened
+    def log_metrics(self, metrics: Mapping[str, object], step: int | None = None) -> None: ...
+    def set_tags(self, tags: Mapping[str, object]) -> None: ...
     def log_dataset(self, prepared: Path, context: str = "train") -> None: ...
     def log_file_input(self, path: Path, context: str) -> None: ...     # a file input (name, path, sha256)
     def log_artifact(self, path: Path, folder: str | None = None) -> None: ...
@@ -67,15 +78,25 @@ class ModelCode:
     ``predict_records`` answers predict's rows). The model pickles ``load`` by reference, so both
     are module-level callables of :mod:`iaa`, which travels with the model."""
 
-    read: Callable[[Path], dict[str, Any]]
-    load: Callable[[Sequence[Path], "Path | None"], Any]
-    write: Callable[[Path, dict[str, Any]], Path]   # saves a state with its digest
+    read: Callable[[Path], dict[str, object]]
+    load: Callable[[Sequence[Path], "Path | None"], "Answerer"]
+    write: Callable[[Path, dict[str, object]], Path]   # saves a state with its digest
+
+
+class Answerer(Protocol):
+    """A loaded reader or ensemble: ``iaa-cli predict``'s rows for its questions."""
+
+    def predict_records(self, records: Sequence[Mapping[str, object]]) -> list[dict[str, object]]: ...
 
 
 class Tracker(Protocol):
-    """A store of runs, their parameters, metrics, artifacts and models."""
+    """A store of runs, their parameters, metrics, artifacts and models.
+
+    A failing store raises one of ``transient_errors``: the caller decides whether the work goes on.
+    """
 
     uri: str
+    transient_errors: tuple[type[BaseException], ...]
 
     def start_run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
                   parent_run_id: str | None = None) -> TrackedRun: ...
@@ -103,7 +124,7 @@ class TrialRecord:
 
     trial_id: str
     config: JobConfig
-    params: Mapping[str, Any] = field(default_factory=dict)   # the Tune config: sampled values
+    params: Mapping[str, object] = field(default_factory=dict)   # the Tune config: sampled values
     best_valid_acc: float | None = None
     checkpoint: str | None = None          # the best checkpoint file, readable from the driver
     mlflow_run_id: str | None = None
@@ -122,12 +143,12 @@ class TrialRecord:
         """Finished without error and made at least one validation check."""
         return self.best_valid_acc is not None and not self.failed
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         row = {f.name: getattr(self, f.name) for f in fields(self)}
         return {**row, "config": to_dict(self.config), "params": dict(self.params)}
 
     @classmethod
-    def from_json(cls, row: Mapping[str, Any]) -> "TrialRecord":
+    def from_json(cls, row: Mapping[str, object]) -> "TrialRecord":
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in row.items() if k in known}
         acc = values.get("best_valid_acc")
@@ -148,12 +169,12 @@ class WorkerLink(Protocol):
 
     rank: int
     world_size: int
-    device: Any                                                          # a torch.device
+    device: "torch.device"
 
     def all_reduce(self, values: Sequence[float], op: str) -> list[float]: ...   # op: "sum" or "min"
-    def prepare_model(self, model: Any) -> Any: ...                      # the model on device (DDP)
+    def prepare_model(self, model: "torch.nn.Module") -> "torch.nn.Module": ...  # the model on device (DDP)
     def last_checkpoint(self) -> ContextManager[Path | None]: ...        # the latest reported folder
-    def publish(self, metrics: dict[str, Any], folder: Path | None) -> None: ...  # folder: rank 0 only
+    def publish(self, metrics: Metrics, folder: Path | None) -> None: ...  # folder: rank 0 only
 
 
 class WorkerFit(Protocol):
@@ -162,7 +183,8 @@ class WorkerFit(Protocol):
     It travels to Ray workers pickled by reference, so it is a module-level function."""
 
     def __call__(self, cfg: JobConfig, link: WorkerLink, *, threads: int, vocab_hash: str, prepared: str = "",
-                 train: Any = None, valid: Any = None, vocab: Mapping[str, Any] | None = None) -> Any: ...
+                 train: "pa.Table | None" = None, valid: "pa.Table | None" = None,
+                 vocab: Mapping[str, object] | None = None) -> Metrics: ...
 
 
 # (checkpoints, prepared, split, limit, out folder) -> each member's predictions file
@@ -188,9 +210,9 @@ class Placement:
 
 @dataclass(frozen=True)
 class TrialTracking:
-    """Where every trial's child run goes: the store, the experiment and the parent run."""
+    """Where every trial's child run goes: the tracker, the experiment and the parent run."""
 
-    uri: str
+    tracker: Tracker
     experiment: str
     parent_run_id: str | None
     sweep: str
@@ -203,8 +225,8 @@ class SearchPlan:
     """What a sweep searches and how it stops trials (the adapter builds the searcher and scheduler)."""
 
     base: JobConfig
-    space: Any               # iaa.jobs.search.search_space.SearchSpace
-    preset: Any              # iaa.jobs.training.presets.TunePreset, with the request's ASHA settings
+    space: SearchSpace
+    preset: TunePreset       # with the request's ASHA settings
     seed: int
     num_samples: int
     max_t: int               # the most checks a trial can reach
@@ -212,24 +234,87 @@ class SearchPlan:
     study_name: str | None = None
 
 
+class SweepEvents(Protocol):
+    """What a sweep's console hears of its trials (:class:`iaa.jobs.search.console.SweepConsole`)."""
+
+    def trial_started(self, trial_id: str, config: Mapping[str, object]) -> None: ...
+    def trial_checked(self, trial_id: str, result: Mapping[str, object]) -> None: ...
+    def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None: ...
+    def tick(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ConnectRequest:
+    """A group of trials to place on the cluster."""
+
+    name: str                          # the run's name under ``storage``
+    prepared: Path
+    storage: str
+    num_trials: int
+    workers_per_trial: int = 1
+    gpus_per_worker: float = 0.0
+    threads: int | None = None         # torch threads per worker; None: what the cluster's CPUs allow
+    max_concurrent: int | None = None  # None: as many as fit
+    show_progress: bool = True
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """A search, placed by :meth:`Launcher.connect`, its trials tracked under ``tracking``."""
+
+    placement: Placement
+    plan: SearchPlan
+    tracking: TrialTracking
+    fit: WorkerFit
+    downloads: Path                    # where checkpoints kept in a bucket are copied
+    resume: bool = False               # continue the saved run of ``placement``
+    console: SweepEvents | None = None
+    show_progress: bool = True
+    verbose: bool = False              # the cluster's own progress tables too
+
+
+@dataclass(frozen=True)
+class MembersRequest:
+    """Configs to train as parallel trials, without search or early stopping (an ensemble's members)."""
+
+    configs: tuple[JobConfig, ...]
+    prepared: Path
+    name: str
+    storage: str
+    tracking: TrialTracking
+    fit: WorkerFit
+    downloads: Path
+    workers_per_trial: int = 1
+    gpus_per_worker: float = 0.0
+    show_progress: bool = True
+
+
+@dataclass(frozen=True)
+class WorkersRequest:
+    """One training run on several data-parallel workers, its files in ``folder``."""
+
+    cfg: JobConfig
+    prepared: Path
+    folder: RunFolder
+    fit: WorkerFit
+    workers: int
+    storage: str
+    gpus_per_worker: float = 0.0
+    resume: bool = False
+    on_metrics: MetricsCallback | None = None
+    show_progress: bool = True
+
+
 class Launcher(Protocol):
     """Runs trials, Train workers and maps on a cluster."""
 
     def check_free(self, storage: str, name: str, folder: Path | None = None) -> None: ...
     def claim(self, storage: str, name: str, folder: Path) -> None: ...
-    def connect(self, *, name: str, prepared: Path, storage: str, workers_per_trial: int, gpus_per_worker: float,
-                threads: int | None, max_concurrent: int | None, num_trials: int,
-                show_progress: bool) -> Placement: ...
+    def connect(self, request: ConnectRequest) -> Placement: ...
     def can_resume(self, placement: Placement) -> bool: ...
-    def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
-              downloads: Path, fit: WorkerFit, progress: Any = None, show_progress: bool = True,
-              verbose: bool = False) -> list[TrialRecord]: ...   # progress: an iaa.jobs.search.console.SweepConsole
-    def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
-                   trials: TrialTracking, downloads: Path, fit: WorkerFit, workers_per_trial: int = 1,
-                   gpus_per_worker: float = 0.0, show_progress: bool = True) -> list[TrialRecord]: ...
-    def train_workers(self, cfg: JobConfig, prepared: Path, folder: RunFolder, *, fit: WorkerFit, workers: int,
-                      gpus_per_worker: float, resume: bool, storage: str, on_metrics: MetricsCallback | None,
-                      show_progress: bool) -> dict[str, Any]: ...
+    def sweep(self, request: SweepRequest) -> list[TrialRecord]: ...
+    def train_many(self, request: MembersRequest) -> list[TrialRecord]: ...   # one record per config, in order
+    def train_workers(self, request: WorkersRequest) -> Metrics: ...
 
 
 # --- serving ---------------------------------------------------------------------------------------
@@ -244,7 +329,7 @@ class RequestError(IaaError):
         super().__init__(message)
         self.status = status
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         return {"error": str(self), "status": self.status}
 
 
@@ -272,9 +357,22 @@ class ServeCode:
     ``(questions, single)`` or raises :class:`RequestError` (the ingress runs it, so a batch only
     computes); ``request_schema`` is the JSON schema of a request body, for the OpenAPI document."""
 
-    load: Callable[..., Any]
-    parse: Callable[[bytes, str, bool, Limits], tuple[list[Any], bool]]
-    request_schema: Mapping[str, Any]
+    load: Callable[..., "ServedModel"]
+    parse: Callable[[bytes, str, bool, Limits], "tuple[list[Question], bool]"]
+    request_schema: Mapping[str, object]
+
+
+class ServedModel(Protocol):
+    """What a reader replica holds: the loaded model, its names, and its answers to checked questions."""
+
+    name: str
+    version: str
+    model: str
+    load_seconds: float | None
+    placeholder: str
+    lowercase: bool
+
+    def answer(self, requests: "Sequence[Sequence[Question]]") -> list[list[dict[str, object]] | Exception]: ...
 
 
 @dataclass(frozen=True)

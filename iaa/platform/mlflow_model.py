@@ -219,20 +219,19 @@ def _store(uri: str | None) -> Iterator[None]:
     next command of this process would take as the user's choice: globals and environment are
     put back as they were.
     """
-    from mlflow.tracking._model_registry import utils as registry
-    from mlflow.tracking._tracking_service import utils as tracking
+    from iaa.platform.tracking.mlflow_internals import restore_registry_uri, set_uris
 
     if uri is None:
         yield
         return
-    saved = (tracking._tracking_uri, registry._registry_uri, {k: os.environ.get(k) for k in URI_ENVS})
+    saved = (*set_uris(), {k: os.environ.get(k) for k in URI_ENVS})
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:
         yield
     finally:
         mlflow.set_tracking_uri(saved[0])       # None: unset again
-        registry._registry_uri = saved[1]
+        restore_registry_uri(saved[1])
         for key, value in saved[2].items():
             if value is None:
                 os.environ.pop(key, None)

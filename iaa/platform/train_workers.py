@@ -14,8 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from iaa.jobs.training.config import JobConfig
-from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkerFit
+from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkersRequest
 from iaa.jobs.workdir.paths import RunFolder
 
 
@@ -101,27 +100,15 @@ class _Checks:
             self.on_metrics(metrics)
 
 
-def fit_workers(
-    cfg: JobConfig,
-    prepared: Path,
-    run_dir: Path,
-    *,
-    fit: WorkerFit,
-    workers: int,
-    gpus_per_worker: float = 0.0,
-    resume: bool = False,
-    address: str | None = None,
-    storage_path: str | None = None,
-    storage: str,
-    on_metrics: MetricsCallback | None = None,
-    show_progress: bool = True,
-) -> dict[str, Any]:
-    """Train ``cfg`` with the job's loop ``fit`` on ``workers`` Ray Train workers; returns the final
-    metrics and checkpoint.
+def fit_workers(request: WorkersRequest, *, address: str | None = None,
+                storage_path: str | None = None) -> dict[str, Any]:
+    """Train ``request.cfg`` with the job's loop ``request.fit`` on ``request.workers`` Ray Train
+    workers; returns the final metrics and checkpoint.
 
-    Checkpoints go to ``STORAGE/<run_dir name>-<id>`` (:func:`ray_run_name`; ``storage_path`` is the
-    user's ``--storage-path``, checked against the cluster); the best and the last are copied to ``run_dir/checkpoints/{best,last}.pt``,
-    and every check is appended to ``run_dir/metrics.jsonl`` as with the local trainer.
+    Checkpoints go to ``STORAGE/<run folder name>-<id>`` (:func:`ray_run_name`; ``storage_path`` is the
+    user's ``--storage-path``, checked against the cluster); the best and the last are copied to
+    ``RUN_FOLDER/checkpoints/{best,last}.pt``, and every check is appended to
+    ``RUN_FOLDER/metrics.jsonl`` as with the local trainer.
 
     Returns:
         The last check's metrics with ``best_valid_acc``, ``steps``, ``stop_reason``,
@@ -135,7 +122,9 @@ def fit_workers(
     from iaa.platform.cluster import connect as cluster
     from iaa.platform.ray_train import build_trainer, queue_callback, raise_failure
 
-    run_dir = Path(run_dir).resolve()
+    cfg, prepared, workers, gpus_per_worker = request.cfg, request.prepared, request.workers, request.gpus_per_worker
+    resume, storage, fit, show_progress = request.resume, request.storage, request.fit, request.show_progress
+    run_dir = request.folder.path.resolve()
     info, trial_plan = cluster.fit_trials(cluster.connect(address, storage_path), workers,
                                           threads=cfg.train.threads or None, gpus_per_worker=gpus_per_worker,
                                           sweep=False)
@@ -155,7 +144,7 @@ def fit_workers(
                             workers=workers, threads=trial_plan.threads,
                             worker_resources=trial_plan.worker_resources, use_gpu=gpus_per_worker > 0,
                             vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[queue_callback(queue)])
-    with _Checks(queue, run_dir, on_metrics=on_metrics, show_progress=show_progress) as checks:
+    with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=show_progress) as checks:
         try:
             result = trainer.fit()
         except TrainingFailedError as err:     # Train V2's fit raises what failed the run

@@ -37,7 +37,7 @@ from iaa.jobs.workdir import names
 from iaa.jobs.search import sweep as sweep_file
 from iaa.jobs.training.config import ConfigError, from_dict
 from iaa.jobs.ensembles.members import Member
-from iaa.jobs.ports import Launcher, Tracker, TrialTracking
+from iaa.jobs.ports import Launcher, MembersRequest, Tracker, TrialTracking
 from iaa.jobs.inference.predict import MODEL_CODE, SUMMARY
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
@@ -107,7 +107,7 @@ def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
     return members
 
 
-def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, out_dir: Path, uri: str,
+def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, out_dir: Path, tracker: Tracker,
                   name: str, launcher: Launcher | None) -> list[Member]:
     """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials."""
     trials = sweep["trials"]
@@ -123,13 +123,14 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
         print(f"ensemble: reusing {len(wanted) - len(to_train)} checkpoints, training {len(to_train)} members on Ray",
               file=sys.stderr)
         run_name = sweep_file.unique_name(f"ensemble-{name}")
-        trials_to = TrialTracking(uri=uri, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
+        trials_to = TrialTracking(tracker=tracker, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
                                   parent_run_id=sweep.get("parent_run_id"), sweep=run_name, dataset=to_train[0].dataset)
-        trained = launcher.train_many(
-            to_train, prepared, name=run_name, storage=workdir.storage(req.storage_path), trials=trials_to,
-            downloads=out_dir / "checkpoints", fit=fit_on_worker, workers_per_trial=req.workers_per_trial,
-            gpus_per_worker=req.gpus_per_worker, show_progress=req.show_progress,
-        )
+        trained = launcher.train_many(MembersRequest(
+            configs=tuple(to_train), prepared=prepared, name=run_name, storage=workdir.storage(req.storage_path),
+            tracking=trials_to, fit=fit_on_worker, downloads=out_dir / "checkpoints",
+            workers_per_trial=req.workers_per_trial, gpus_per_worker=req.gpus_per_worker,
+            show_progress=req.show_progress,
+        ))
         ledger.record_trained(name, out_dir, Path(req.workdir), to_train, trained, found)
     return ledger.members(wanted, found)
 
@@ -242,7 +243,7 @@ def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None
         name = req.name or sweep["name"]
         out_dir = Workdir(workdir).ensemble(name)
         _check_free(out_dir, name, req.overwrite)
-        members = sweep_members(req, sweep, prepared, out_dir, uri, name, launcher)
+        members = sweep_members(req, sweep, prepared, out_dir, tracker, name, launcher)
         experiment = sweep.get("experiment") or f"ensemble-{dataset}"
     else:
         members = given_members(req.members, tracker)

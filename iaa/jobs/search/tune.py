@@ -36,7 +36,8 @@ from iaa.jobs.workdir import names
 from iaa.jobs.search import search_space
 from iaa.jobs.search.console import SweepConsole
 from iaa.jobs.search.cost import SweepCost, probe
-from iaa.jobs.ports import Launcher, Placement, SearchPlan, TrackedRun, Tracker, TrialRecord, TrialTracking
+from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, SweepRequest, TrackedRun, Tracker,
+                            TrialRecord, TrialTracking)
 from iaa.jobs.training.presets import SEARCH_METRIC, STOP_METRIC, TUNE_PRESETS, TunePreset, max_checks
 from iaa.jobs.search.sweep import FINISHED_STATUSES
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
@@ -382,10 +383,10 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     """
     s = _settle(req, open_tracker, launcher)
     tracker = s.tracker
-    launch = launcher.connect(name=s.name, prepared=s.prepared, storage=s.storage,
-                              workers_per_trial=req.workers_per_trial, gpus_per_worker=req.gpus_per_worker,
-                              threads=s.base.train.threads or None, max_concurrent=req.max_concurrent,
-                              num_trials=s.num_samples, show_progress=req.show_progress)
+    launch = launcher.connect(ConnectRequest(
+        name=s.name, prepared=s.prepared, storage=s.storage, num_trials=s.num_samples,
+        workers_per_trial=req.workers_per_trial, gpus_per_worker=req.gpus_per_worker,
+        threads=s.base.train.threads or None, max_concurrent=req.max_concurrent, show_progress=req.show_progress))
     recorded_study = (s.recorded or {}).get("optuna") or {}
     plan = SearchPlan(base=s.base, space=s.space, preset=s.preset, seed=req.seed, num_samples=s.num_samples,
                       max_t=max_checks(s.base, s.space, launch.train_rows, req.workers_per_trial),
@@ -404,15 +405,15 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
         if req.show_progress:
             console = SweepConsole(_cost(launch, s), list(s.space.params))
         sweep, parent = _start(req, launch, plan, tracker)
-    trials = TrialTracking(uri=tracker.uri, experiment=sweep["experiment"], parent_run_id=parent.run_id,
+    trials = TrialTracking(tracker=tracker, experiment=sweep["experiment"], parent_run_id=parent.run_id,
                            sweep=s.name, dataset=req.dataset, data_dir=s.prepared)
     started = time.time()
     from iaa.jobs.training.train import fit_on_worker
 
     try:
-        sweep["trials"] = launcher.sweep(launch, plan, trials, resume=s.recorded is not None,
-                                         downloads=s.folder / "checkpoints", fit=fit_on_worker, progress=console,
-                                         show_progress=req.show_progress, verbose=req.verbose)
+        sweep["trials"] = launcher.sweep(SweepRequest(
+            placement=launch, plan=plan, tracking=trials, fit=fit_on_worker, downloads=s.folder / "checkpoints",
+            resume=s.recorded is not None, console=console, show_progress=req.show_progress, verbose=req.verbose))
     except BaseException:
         parent.end("FAILED")
         raise

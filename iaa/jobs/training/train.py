@@ -31,7 +31,7 @@ from iaa.data.prefetch import prefetch
 from iaa.errors import IaaError
 from iaa.jobs.training import checkpoint, precision_policy as precision
 from iaa.jobs.training.config import JobConfig, to_dict
-from iaa.jobs.ports import Launcher, Tracker, WorkerLink
+from iaa.jobs.ports import Launcher, Tracker, WorkerLink, WorkersRequest
 from iaa.jobs.inference.evaluate import score_batches
 from iaa.jobs.training.objective import Objective
 from iaa.jobs.inference.predict import MODEL_CODE
@@ -321,9 +321,9 @@ def run_tracked(
                          device=device, train_rows=train_rows)
         else:
             assert launcher is not None
-            result = launcher.train_workers(cfg, prepared, folder, fit=fit_on_worker, workers=workers,
-                                            gpus_per_worker=gpus_per_worker, resume=resume, storage=storage, on_metrics=log,
-                                            show_progress=show_progress)
+            result = launcher.train_workers(WorkersRequest(
+                cfg=cfg, prepared=prepared, folder=folder, fit=fit_on_worker, workers=workers, storage=storage,
+                gpus_per_worker=gpus_per_worker, resume=resume, on_metrics=log, show_progress=show_progress))
         tracked.set_tags({"checkpoint": result.get("checkpoint", "")})
         if result.get("checkpoint"):
             result["model_uri"] = tracker.log_model(tracked, [Path(result["checkpoint"])], prepared, register,

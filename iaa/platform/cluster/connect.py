@@ -83,9 +83,10 @@ def _loopback_only(wanted: bool) -> Iterator[None]:
     (its switch for single-machine Ray on Windows and macOS): set for the processes the new
     cluster starts, and restored after, so that a later ``--address`` join uses the real address.
     """
-    from ray._private import ray_constants
+    from iaa.platform.cluster.ray_internals import ray_constants as internals
 
-    if not wanted or not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+    ray_constants = internals()
+    if not wanted or ray_constants is None:
         yield
         return
 

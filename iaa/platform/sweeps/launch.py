@@ -25,9 +25,8 @@ from iaa.errors import IaaError
 from iaa.files import is_remote_uri
 from iaa.data.manifest import vocab_card
 from iaa.jobs.training.config import JobConfig, to_dict
-from iaa.jobs.ports import (CHECKPOINT_SCORE, MetricsCallback, Placement, SearchPlan, TrialRecord, TrialTracking,
-                            WorkerFit)
-from iaa.jobs.workdir.paths import RunFolder
+from iaa.jobs.ports import (CHECKPOINT_SCORE, ConnectRequest, MembersRequest, Metrics, Placement, SweepRequest,
+                            TrialRecord, WorkerFit, WorkersRequest)
 from iaa.platform.cluster import connect as cluster
 from iaa.platform.sweeps import search_algorithm as search
 from iaa.platform.cluster.storage import check_private
@@ -81,20 +80,18 @@ def claim(storage: str, name: str, folder: Path) -> None:
                        "--name (nothing was deleted)") from err
 
 
-def connect(*, name: str, prepared: Path, storage: str, address: str | None, storage_path: str | None,
-            workers_per_trial: int, gpus_per_worker: float, threads: int | None, max_concurrent: int | None,
-            num_trials: int, show_progress: bool) -> Launch:
+def connect(request: ConnectRequest, address: str | None, storage_path: str | None) -> Launch:
     """Join (or start) Ray and size the trials; see :func:`iaa.platform.cluster.connect.fit_trials`.
 
-    ``storage_path`` is what the user gave (a multi-node cluster needs one); ``storage`` where
-    checkpoints go.
+    ``storage_path`` is what the user gave (a multi-node cluster needs one); ``request.storage``
+    where checkpoints go.
     """
-    info, plan = cluster.fit_trials(cluster.connect(address, storage_path), workers_per_trial, threads=threads,
-                                    gpus_per_worker=gpus_per_worker, max_concurrent=max_concurrent,
-                                    num_trials=num_trials)
-    if show_progress:
+    info, plan = cluster.fit_trials(cluster.connect(address, storage_path), request.workers_per_trial,
+                                    threads=request.threads, gpus_per_worker=request.gpus_per_worker,
+                                    max_concurrent=request.max_concurrent, num_trials=request.num_trials)
+    if request.show_progress:
         print(cluster.describe(info, plan), file=sys.stderr)
-    return Launch(name=name, storage=storage, prepared=Path(prepared), info=info, plan=plan)
+    return Launch(name=request.name, storage=request.storage, prepared=Path(request.prepared), info=info, plan=plan)
 
 
 def trial_spec(launch: Launch, fit: WorkerFit, *, base: JobConfig | None = None, fixed: Mapping[str, Any] | None = None,
@@ -191,78 +188,73 @@ class RayLauncher:
     check_free = staticmethod(check_free)
     claim = staticmethod(claim)
 
-    def connect(self, *, name: str, prepared: Path, storage: str, workers_per_trial: int, gpus_per_worker: float,
-                threads: int | None, max_concurrent: int | None, num_trials: int,
-                show_progress: bool) -> Placement:
+    def connect(self, request: ConnectRequest) -> Placement:
         from iaa.data.manifest import read
 
-        launch = connect(name=name, prepared=prepared, storage=storage, address=self.address,
-                         storage_path=self.storage_path, workers_per_trial=workers_per_trial,
-                         gpus_per_worker=gpus_per_worker, threads=threads, max_concurrent=max_concurrent,
-                         num_trials=num_trials, show_progress=show_progress)
-        self._launches[name] = launch
+        launch = connect(request, self.address, self.storage_path)
+        self._launches[request.name] = launch
         rows = int(((read(launch.prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
-        return Placement(name=name, storage=storage, prepared=launch.prepared, max_concurrent=launch.plan.max_concurrent,
-                         threads=launch.plan.threads, gpus_per_worker=launch.plan.gpus_per_worker, train_rows=rows)
+        return Placement(name=request.name, storage=request.storage, prepared=launch.prepared,
+                         max_concurrent=launch.plan.max_concurrent, threads=launch.plan.threads,
+                         gpus_per_worker=launch.plan.gpus_per_worker, train_rows=rows)
 
     def can_resume(self, placement: Placement) -> bool:
         return bool(tune.Tuner.can_restore(placement.experiment_path))
 
-    def sweep(self, placement: Placement, plan: SearchPlan, trials: TrialTracking, *, resume: bool,
-              downloads: Path, fit: WorkerFit, progress: Any = None, show_progress: bool = True,
-              verbose: bool = False) -> list[TrialRecord]:
-        """Search ``plan`` (or continue the saved run); one record per trial, checkpoints fetched to ``downloads``."""
-        launch = self._launches[placement.name]
-        spec = trial_spec(launch, fit, base=plan.base, fixed=plan.space.fixed)
+    def sweep(self, request: SweepRequest) -> list[TrialRecord]:
+        """Search ``request.plan`` (or continue the saved run); one record per trial, checkpoints
+        fetched to ``request.downloads``."""
+        plan, trials = request.plan, request.tracking
+        launch = self._launches[request.placement.name]
+        spec = trial_spec(launch, request.fit, base=plan.base, fixed=plan.space.fixed)
         fn, _ = trainable(launch, spec)
-        if resume:
+        if request.resume:
             tuner_ = restore(launch, fn)
         else:
-            runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
-                             sweep=trials.sweep, dataset=trials.dataset, spec=spec, data_dir=trials.data_dir)
-            callbacks = [runs, *self.callbacks, ConsoleCallback(progress)]
-            tuner_ = tuner(launch, fn, callbacks, show_progress=verbose,
+            runs = TrialRuns(tracker=trials.tracker, experiment=trials.experiment,
+                             parent_run_id=trials.parent_run_id, sweep=trials.sweep, dataset=trials.dataset,
+                             spec=spec, data_dir=trials.data_dir)
+            callbacks = [runs, *self.callbacks, ConsoleCallback(request.console)]
+            tuner_ = tuner(launch, fn, callbacks, show_progress=request.verbose,
                            search_alg=search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name),
                            scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
-        results, statuses = run_tuner(launch, tuner_, quiet=not verbose)
-        run_ids, tagged = child_runs(trials.uri, trials.experiment, trials.sweep, trials.parent_run_id)
-        return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
+        results, statuses = run_tuner(launch, tuner_, quiet=not request.verbose)
+        run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
+        return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
+                       downloads=request.downloads)
 
-    def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
-                   trials: TrialTracking, downloads: Path, fit: WorkerFit, workers_per_trial: int = 1,
-                   gpus_per_worker: float = 0.0, show_progress: bool = True) -> list[TrialRecord]:
+    def train_many(self, request: MembersRequest) -> list[TrialRecord]:
         """Train every config as a parallel Tune trial (no search, no early stopping).
 
-        Each trial gets a child run under ``trials.parent_run_id``. Trials use ``workers_per_trial``
-        Train workers of ``gpus_per_worker`` GPUs and the configs' ``train.threads`` (the largest).
-        Returns one record per config, in input order; ``checkpoint`` is ``None`` (status ``ERROR``)
-        when a trial failed before its first check.
+        Each trial gets a child run under ``request.tracking.parent_run_id``. Trials use
+        ``workers_per_trial`` Train workers of ``gpus_per_worker`` GPUs and the configs'
+        ``train.threads`` (the largest). Returns one record per config, in input order;
+        ``checkpoint`` is ``None`` (status ``ERROR``) when a trial failed before its first check.
         """
+        configs, trials = request.configs, request.tracking
         if not configs:
             return []
-        check_free(storage, name)
-        threads = max(c.train.threads for c in configs) or None
-        launch = connect(name=name, prepared=prepared, storage=storage, address=self.address,
-                         storage_path=self.storage_path, workers_per_trial=workers_per_trial,
-                         gpus_per_worker=gpus_per_worker, threads=threads, max_concurrent=None,
-                         num_trials=len(configs), show_progress=show_progress)
-        spec = trial_spec(launch, fit, members=configs)
-        runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
-                         sweep=name, dataset=configs[0].dataset, spec=spec)
+        check_free(request.storage, request.name)
+        placing = ConnectRequest(name=request.name, prepared=request.prepared, storage=request.storage,
+                                 num_trials=len(configs), workers_per_trial=request.workers_per_trial,
+                                 gpus_per_worker=request.gpus_per_worker,
+                                 threads=max(c.train.threads for c in configs) or None,
+                                 show_progress=request.show_progress)
+        launch = connect(placing, self.address, self.storage_path)
+        spec = trial_spec(launch, request.fit, members=configs)
+        runs = TrialRuns(tracker=trials.tracker, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
+                         sweep=request.name, dataset=configs[0].dataset, spec=spec)
         fn, _ = trainable(launch, spec)
-        results, statuses = run_tuner(launch, tuner(launch, fn, [runs], show_progress=show_progress,
+        results, statuses = run_tuner(launch, tuner(launch, fn, [runs], show_progress=request.show_progress,
                                               param_space={MEMBER_KEY: tune.grid_search(list(range(len(configs))))}))
-        run_ids, tagged = child_runs(trials.uri, trials.experiment, name, trials.parent_run_id)
-        found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
+        run_ids, tagged = child_runs(trials.tracker, trials.experiment, request.name, trials.parent_run_id)
+        found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
+                        downloads=request.downloads)
         by_member = {int(r.params[MEMBER_KEY]): r for r in found}
         return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR")
                 for i, cfg in enumerate(configs)]
 
-    def train_workers(self, cfg: JobConfig, prepared: Path, folder: RunFolder, *, fit: WorkerFit, workers: int,
-                      gpus_per_worker: float, resume: bool, storage: str, on_metrics: MetricsCallback | None,
-                      show_progress: bool) -> dict[str, Any]:
+    def train_workers(self, request: WorkersRequest) -> Metrics:
         from iaa.platform.train_workers import fit_workers
 
-        return fit_workers(cfg, prepared, folder.path, fit=fit, workers=workers, gpus_per_worker=gpus_per_worker,
-                           resume=resume, address=self.address, storage_path=self.storage_path, storage=storage,
-                           on_metrics=on_metrics, show_progress=show_progress)
+        return fit_workers(request, address=self.address, storage_path=self.storage_path)

@@ -1,9 +1,10 @@
-"""Every trial's MLflow child run, kept by a Tune callback in the driver.
+"""Every trial's child run, kept by a Tune callback in the driver through the jobs' Tracker.
 
-Only the driver talks to MLflow, so the default SQLite store works on multi-node clusters too.
-Tune pickles its callbacks into the run (``tuner.pkl``) and brings them back on ``--resume``;
-so :class:`TrialRuns` holds plain data, and a resumed trial finds its child run again by its
-tags. Nothing reads the callback back after a run: records come from the results and the store.
+Only the driver talks to the tracking store, so the default SQLite store works on multi-node
+clusters too. Tune pickles its callbacks into the run (``tuner.pkl``) and brings them back on
+``--resume``; so :class:`TrialRuns` holds plain data and the tracker (which pickles as its URI),
+and a resumed trial finds its child run again by its tags. Nothing reads the callback back after
+a run: records come from the results and the store.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from typing import Any, Mapping
 import ray.tune as tune
 
 from iaa.jobs.training.config import config_label, to_dict
-from iaa.jobs.ports import CHECKPOINT_FILE
-from iaa.platform.tracking import store as tracking
+from iaa.jobs.ports import CHECKPOINT_FILE, SweepEvents, TrackedRun, Tracker
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, job_config
 
 # What a trial's child run records at every check.
@@ -41,14 +41,14 @@ def run_name(sweep: str, trial_id: str, config: Mapping[str, Any]) -> str:
     return config_label(config)
 
 
-def child_runs(uri: str, experiment: str, sweep: str,
+def child_runs(tracker: Tracker, experiment: str, sweep: str,
                parent_run_id: str | None) -> tuple[dict[str, str], dict[str, str]]:
     """The child run of every trial of ``sweep``, and the checkpoint directory its tag names, by trial id."""
     run_ids: dict[str, str] = {}
     tagged: dict[str, str] = {}
-    for run in reversed(tracking.find_runs(uri, experiment, {"sweep": sweep})):   # oldest first: the newest wins
+    for run in reversed(tracker.find_runs(experiment, {"sweep": sweep})):   # oldest first: the newest wins
         trial_id = run.tags.get("trial_id")
-        if trial_id and run.tags.get(tracking.PARENT_TAG) == parent_run_id:
+        if trial_id and run.parent_run_id == parent_run_id:
             run_ids[trial_id] = run.run_id
             if run.tags.get("checkpoint"):
                 tagged[trial_id] = run.tags["checkpoint"].removesuffix(f"/{CHECKPOINT_FILE}")
@@ -58,49 +58,56 @@ def child_runs(uri: str, experiment: str, sweep: str,
 class TrialRuns(tune.Callback):
     """Gives every trial its MLflow child run and logs its checks; tags its best checkpoint."""
 
-    def __init__(self, *, uri: str, experiment: str, parent_run_id: str | None, sweep: str, dataset: str,
+    def __init__(self, *, tracker: Tracker, experiment: str, parent_run_id: str | None, sweep: str, dataset: str,
                  spec: TrialSpec, data_dir: Path | None = None) -> None:
-        self.uri, self.experiment, self.parent_run_id = uri, experiment, parent_run_id
+        self.tracker, self.experiment, self.parent_run_id = tracker, experiment, parent_run_id
         self.sweep, self.dataset, self.spec, self.data_dir = sweep, dataset, spec, data_dir
         self.run_ids: dict[str, str] = {}
         self.best: dict[str, str] = {}       # trial id -> best checkpoint directory
-        self._runs: dict[str, tracking.Run] = {}
+        self._runs: dict[str, TrackedRun] = {}
         self._done_before: set[str] = set()  # trials whose run had finished when a resumed sweep met them
         self._reported: set[str] = set()     # trials that reported in this process
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_runs": {}, "_done_before": set(), "_reported": set()}
 
-    def _run(self, trial: Any) -> tracking.Run:
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "tracker" not in state:           # saved before the callback held a tracker: it held the store's URI
+            from iaa.platform.tracking.tracker import MlflowTracker
+
+            state["tracker"] = MlflowTracker(state.pop("uri"))
+        self.__dict__.update(state)
+
+    def _run(self, trial: Any) -> TrackedRun:
         """The trial's child run: open here, found by its tags, or created with the trial's config."""
         if trial.trial_id in self._runs:
             return self._runs[trial.trial_id]
         run_id = self.run_ids.get(trial.trial_id) or self._find(trial.trial_id)
         if run_id is None:
             cfg = job_config(self.spec, trial.config)
-            run = tracking.Run.start(self.uri, self.experiment, run_name(self.sweep, trial.trial_id, trial.config),
-                                     tags={**trial_tags(self.sweep, trial.trial_id), "dataset": self.dataset,
-                                           "model": cfg.model.kind}, parent_run_id=self.parent_run_id)
+            run = self.tracker.start_run(self.experiment, run_name(self.sweep, trial.trial_id, trial.config),
+                                         tags={**trial_tags(self.sweep, trial.trial_id), "dataset": self.dataset,
+                                               "model": cfg.model.kind}, parent_run_id=self.parent_run_id)
             run.log_params(to_dict(cfg))
             if self.data_dir is not None:
                 run.log_dataset(self.data_dir)
         else:
-            run = tracking.Run(self.uri, run_id)
+            run = self.tracker.attach(run_id)
         self.run_ids[trial.trial_id] = run.run_id
         self._runs[trial.trial_id] = run
         return run
 
     def _find(self, trial_id: str) -> str | None:
-        runs = [r for r in tracking.find_runs(self.uri, self.experiment, trial_tags(self.sweep, trial_id))
-                if r.tags.get(tracking.PARENT_TAG) == self.parent_run_id]
+        runs = [r for r in self.tracker.find_runs(self.experiment, trial_tags(self.sweep, trial_id))
+                if r.parent_run_id == self.parent_run_id]
         return runs[0].run_id if runs else None
 
     def _track(self, what: str, trial: Any, action: Any) -> None:
         """Run ``action``; a failing store costs the trial its tracking, never its training."""
         try:
             action()
-        except tracking.TRANSIENT as err:
-            print(f"warning: MLflow at {self.uri}: could not {what} for trial {trial.trial_id} ({str(err)[:300]})",
+        except self.tracker.transient_errors as err:
+            print(f"warning: tracking at {self.tracker.uri}: could not {what} for trial {trial.trial_id} ({str(err)[:300]})",
                   file=sys.stderr)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -150,7 +157,7 @@ class TrialRuns(tune.Callback):
 class ConsoleCallback(tune.Callback):
     """Forwards every trial event to the sweep's console (:class:`iaa.jobs.search.console.SweepConsole`)."""
 
-    def __init__(self, console: Any) -> None:
+    def __init__(self, console: SweepEvents | None) -> None:
         self.console = console
 
     def __getstate__(self) -> dict[str, Any]:

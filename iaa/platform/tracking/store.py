@@ -305,16 +305,13 @@ class Run:
         (the UI's Dataset column)."""
         from mlflow.data.dataset_source_registry import resolve_dataset_source
         from mlflow.data.meta_dataset import MetaDataset
-        from mlflow.entities import DatasetInput, InputTag
-        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
         info = dataset_summary(prepared)
         with warnings.catch_warnings():  # "can be interpreted in multiple ways": all local folders
             warnings.simplefilter("ignore")
             source = resolve_dataset_source(info["source"])
         dataset = MetaDataset(source, name=info["name"], digest=info["digest"])
-        entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
-        self._tolerant("log the dataset", self._client.log_inputs, self.run_id, [entry])
+        self._tolerant("log the dataset", self._client.log_inputs, self.run_id, [_input(dataset, context)])
 
     def log_file_input(self, path: Path, context: str) -> None:
         """Record a file (e.g. a distillation teacher's Parquet) as an input of the run: its name,
@@ -323,8 +320,6 @@ class Run:
 
         from mlflow.data.dataset_source_registry import resolve_dataset_source
         from mlflow.data.meta_dataset import MetaDataset
-        from mlflow.entities import DatasetInput, InputTag
-        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
         sha = hashlib.sha256()
         with Path(path).open("rb") as f:
@@ -334,8 +329,7 @@ class Run:
             warnings.simplefilter("ignore")
             source = resolve_dataset_source(str(Path(path).resolve()))
         dataset = MetaDataset(source, name=Path(path).stem, digest=sha.hexdigest()[:12])
-        entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
-        self._tolerant(f"log the {context} input", self._client.log_inputs, self.run_id, [entry])
+        self._tolerant(f"log the {context} input", self._client.log_inputs, self.run_id, [_input(dataset, context)])
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self._tolerant(f"store {Path(path).name}", self._client.log_artifact, self.run_id, str(path), folder)
@@ -444,6 +438,18 @@ def metric_history(uri: str, run_id: str, key: str) -> list[MetricPoint]:
 def manifest_digest(prepared: Path) -> str:
     """A short digest of the prepared data's manifest (which holds every shard's sha256)."""
     return hashlib.sha256((Path(prepared) / MANIFEST).read_bytes()).hexdigest()[:16]
+
+
+def _input(dataset: Any, context: str) -> Any:
+    """A run input of ``dataset`` (an ``mlflow.data.Dataset``) in ``context`` (``train``, ``teacher``),
+    built from the dataset's public ``to_dict``."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    info = dataset.to_dict()
+    entity = Dataset(name=info["name"], digest=info["digest"], source_type=info["source_type"],
+                     source=info["source"], schema=info.get("schema"), profile=info.get("profile"))
+    return DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
 
 
 def dataset_summary(prepared: Path) -> dict[str, Any]:

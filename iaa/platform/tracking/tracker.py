@@ -15,6 +15,8 @@ from iaa.platform.tracking.store import TRANSIENT, Run
 class MlflowTracker:
     """:class:`iaa.jobs.ports.Tracker` on an MLflow store (checked when it is opened)."""
 
+    transient_errors = TRANSIENT
+
     def __init__(self, uri: str) -> None:
         self.uri = tracking.open_store(uri)
 

@@ -1,0 +1,331 @@
+"""In-process fakes of the jobs' ports: a :class:`FakeTracker` that keeps runs in memory and a
+:class:`FakeLauncher` that runs every trial, member and worker in this process, one after another.
+
+With them a job's whole use case (train, tune, ensemble, train on workers) runs without Ray or
+MLflow in seconds; the end-to-end tests run the same jobs on the real adapters.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import shutil
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ContextManager, Iterator, Mapping, Sequence
+
+import torch
+
+from iaa.errors import IaaError
+from iaa.jobs.ports import (CHECKPOINT_FILE, ConnectRequest, MembersRequest, MetricPoint, Metrics, ModelCode,
+                            Placement, RunRecord, SweepRequest, TrackedRun, TrialRecord, TrialTracking, WorkerFit,
+                            WorkersRequest)
+from iaa.jobs.search.search_space import Param, SearchSpace
+from iaa.jobs.training.config import JobConfig, apply
+
+
+class StoreDown(ConnectionError):
+    """What a :class:`FakeTracker` raises while ``down`` is set."""
+
+
+def _flatten(data: Mapping[str, object], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value)
+    return out
+
+
+@dataclass
+class FakeRun:
+    """One run of a :class:`FakeTracker`: everything it was given, as given."""
+
+    tracker: "FakeTracker"
+    run_id: str
+    experiment: str
+    name: str
+    tags: dict[str, str]
+    parent_run_id: str | None
+    start_ms: int
+    state: str = "RUNNING"
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, list[MetricPoint]] = field(default_factory=dict)
+    inputs: list[tuple[str, str]] = field(default_factory=list)      # (context, path)
+    artifacts: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+
+    def status(self) -> str:
+        self.tracker.check()
+        return self.state
+
+    def mark_running(self) -> None:
+        self.tracker.check()
+        self.state = "RUNNING"
+
+    def log_params(self, params: Mapping[str, object]) -> None:
+        self.tracker.check()
+        self.params.update(_flatten(params))
+
+    def log_metrics(self, metrics: Mapping[str, object], step: int | None = None) -> None:
+        self.tracker.check()
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.metrics.setdefault(key, []).append(MetricPoint(step or 0, float(value), int(time.time() * 1000)))
+
+    def set_tags(self, tags: Mapping[str, object]) -> None:
+        self.tracker.check()
+        self.tags.update({k: str(v) for k, v in tags.items()})
+
+    def log_dataset(self, prepared: Path, context: str = "train") -> None:
+        self.inputs.append((context, str(prepared)))
+
+    def log_file_input(self, path: Path, context: str) -> None:
+        self.inputs.append((context, str(path)))
+
+    def log_artifact(self, path: Path, folder: str | None = None) -> None:
+        self.artifacts.append(f"{folder}/{Path(path).name}" if folder else Path(path).name)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.state = status
+
+    def last(self, key: str) -> float:
+        return self.metrics[key][-1].value
+
+    def record(self) -> RunRecord:
+        return RunRecord(self.run_id, self.name, self.state, self.start_ms, dict(self.params), dict(self.tags),
+                         self.parent_run_id)
+
+
+class FakeTracker:
+    """:class:`iaa.jobs.ports.Tracker` in memory. Set ``down`` to make every call fail as a lost store would."""
+
+    uri = "memory:"
+    transient_errors = (StoreDown,)
+
+    def __init__(self) -> None:
+        self.runs: dict[str, FakeRun] = {}
+        self.models: list[dict[str, object]] = []
+        self.down = False
+        self._ids = itertools.count(1)
+
+    def check(self) -> None:
+        if self.down:
+            raise StoreDown("the fake store is down")
+
+    def start_run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
+                  parent_run_id: str | None = None) -> FakeRun:
+        self.check()
+        run = FakeRun(self, f"run-{next(self._ids)}", experiment, name, dict(tags or {}), parent_run_id,
+                      start_ms=len(self.runs))
+        self.runs[run.run_id] = run
+        return run
+
+    def reopen_run(self, run_id: str) -> FakeRun:
+        run = self.attach(run_id)
+        run.mark_running()
+        return run
+
+    def attach(self, run_id: str) -> FakeRun:
+        self.check()
+        if run_id not in self.runs:
+            raise IaaError(f"{self.uri}: no run {run_id}")
+        return self.runs[run_id]
+
+    def run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
+            resume_id: str | None = None) -> ContextManager[TrackedRun]:
+        @contextmanager
+        def context() -> Iterator[FakeRun]:
+            run = self.reopen_run(resume_id) if resume_id else self.start_run(experiment, name, tags=tags)
+            try:
+                yield run
+            except KeyboardInterrupt:
+                run.end("KILLED")
+                raise
+            except BaseException:
+                run.end("FAILED")
+                raise
+            run.end("FINISHED")
+        return context()
+
+    def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
+                  status: str | None = None) -> list[RunRecord]:
+        self.check()
+        found = [r.record() for r in self.runs.values() if r.experiment == experiment
+                 and all(r.tags.get(k) == v for k, v in (tags or {}).items()) and status in (None, r.state)]
+        return sorted(found, key=lambda r: r.start_ms, reverse=True)
+
+    def find_by_tag(self, key: str, values: Sequence[str]) -> str | None:
+        found = [r for r in self.runs.values() if r.tags.get(key) in values]
+        return max(found, key=lambda r: r.start_ms).run_id if found else None
+
+    def log_model(self, run: TrackedRun, checkpoints: Sequence[Path], prepared: Path, register: str | None = None, *,
+                  code: ModelCode) -> str | None:
+        self.check()
+        self.models.append({"run_id": run.run_id, "checkpoints": [str(c) for c in checkpoints],
+                            "prepared": str(prepared), "register": register, "code": code})
+        return f"models:/{register}/{len(self.models)}" if register else f"runs:/{run.run_id}/model"
+
+    def experiment_records(self, experiment: str) -> list[RunRecord] | None:
+        found = self.find_runs(experiment)
+        return list(reversed(found)) if found else None
+
+    def experiment_names(self) -> list[str]:
+        return sorted({r.experiment for r in self.runs.values()})
+
+    def show_columns(self, experiment: str, columns: Sequence[str], order_by: str) -> str | None:
+        return None
+
+    def metric_history(self, run_id: str, key: str) -> list[MetricPoint]:
+        return list(self.attach(run_id).metrics.get(key, []))
+
+    def children(self, parent_run_id: str) -> list[FakeRun]:
+        return [r for r in self.runs.values() if r.parent_run_id == parent_run_id]
+
+
+class FakeLink:
+    """:class:`iaa.jobs.ports.WorkerLink` of a lone worker: publishing keeps the metrics and copies
+    each best checkpoint to ``best`` (and each checkpoint to ``last``)."""
+
+    rank, world_size = 0, 1
+    device = torch.device("cpu")
+
+    def __init__(self, best: Path, last: Path | None = None, on_metrics=None) -> None:
+        self.best, self.last, self.on_metrics = best, last, on_metrics
+        self.history: list[Metrics] = []
+
+    def all_reduce(self, values: Sequence[float], op: str) -> list[float]:
+        return list(values)
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def last_checkpoint(self) -> ContextManager[Path | None]:
+        return nullcontext(None)
+
+    def publish(self, metrics: Metrics, folder: Path | None) -> None:
+        self.history.append(dict(metrics))
+        if self.on_metrics is not None:
+            self.on_metrics(dict(metrics))
+        if folder is None:
+            return
+        targets = ([self.best] if metrics.get("is_best") else []) + ([self.last] if self.last else [])
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(folder / CHECKPOINT_FILE, target)
+
+
+def sample(space: SearchSpace, count: int, seed: int) -> list[dict[str, object]]:
+    """``count`` configurations of ``space``: choices in turn (every value early), ranges at random."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        values: dict[str, object] = {}
+        for name, p in space.params.items():
+            values[name] = p.choices[i % len(p.choices)] if p.choices is not None else _draw(p, rng)
+        out.append(values)
+    return out
+
+
+def _draw(p: Param, rng: random.Random) -> float | int:
+    low, high = float(p.low), float(p.high)
+    value = math.exp(rng.uniform(math.log(low), math.log(high))) if p.log else rng.uniform(low, high)
+    if p.step:
+        value = low + round((value - low) / p.step) * p.step
+    return int(round(value)) if p.integer else value
+
+
+class FakeLauncher:
+    """:class:`iaa.jobs.ports.Launcher` in this process: one trial at a time, no search algorithm
+    (:func:`sample`), no early stopping; ``requests`` keeps what it was asked."""
+
+    def __init__(self) -> None:
+        self.requests: list[object] = []
+
+    def check_free(self, storage: str, name: str, folder: Path | None = None) -> None:
+        if (Path(storage) / name).exists() or (folder is not None and folder.exists()):
+            raise IaaError(f"a run named {name!r} already exists")
+
+    def claim(self, storage: str, name: str, folder: Path) -> None:
+        self.check_free(storage, name, folder)
+        folder.mkdir(parents=True)
+
+    def connect(self, request: ConnectRequest) -> Placement:
+        from iaa.data.manifest import read
+
+        self.requests.append(request)
+        rows = int(((read(request.prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
+        return Placement(name=request.name, storage=request.storage, prepared=Path(request.prepared),
+                         max_concurrent=1, threads=1, gpus_per_worker=0.0, train_rows=rows)
+
+    def can_resume(self, placement: Placement) -> bool:
+        return False
+
+    def sweep(self, request: SweepRequest) -> list[TrialRecord]:
+        self.requests.append(request)
+        plan = request.plan
+        out = []
+        for i, values in enumerate(sample(plan.space, plan.num_samples, plan.seed)):
+            cfg = apply(plan.base, {**plan.space.fixed, **values})
+            out.append(self._trial(f"trial{i:05d}", cfg, values, request.placement.prepared, request.tracking,
+                                   request.fit, request.downloads, request.console))
+        return out
+
+    def train_many(self, request: MembersRequest) -> list[TrialRecord]:
+        self.requests.append(request)
+        return [self._trial(f"member{i:05d}", cfg, {"member": i}, request.prepared, request.tracking, request.fit,
+                            request.downloads) for i, cfg in enumerate(request.configs)]
+
+    def train_workers(self, request: WorkersRequest) -> Metrics:
+        self.requests.append(request)
+        folder = request.folder
+        link = FakeLink(folder.best, folder.last, request.on_metrics)
+        result = _fit(request.fit, request.cfg, link, request.prepared)
+        return {**result, "checkpoint": str(folder.best), "run_dir": str(folder.path), "workers": request.workers}
+
+    def _trial(self, trial_id: str, cfg: JobConfig, params: Mapping[str, object], prepared: Path,
+               tracking: TrialTracking, fit: WorkerFit, downloads: Path, console=None) -> TrialRecord:
+        tracker = tracking.tracker
+        run = tracker.start_run(tracking.experiment, f"{tracking.sweep}-{trial_id}",
+                                tags={"sweep": tracking.sweep, "trial_id": trial_id},
+                                parent_run_id=tracking.parent_run_id)
+        if console is not None:
+            console.trial_started(trial_id, params)
+        best = downloads / f"{trial_id}.pt"
+
+        def checked(metrics: Metrics) -> None:
+            run.log_metrics(metrics, step=int(metrics.get("step", 0)))
+            if console is not None:
+                console.trial_checked(trial_id, metrics)
+
+        try:
+            result = _fit(fit, cfg, FakeLink(best, on_metrics=checked), prepared)
+        except Exception as err:  # a failed trial is a record, as on the cluster
+            run.end("FAILED")
+            if console is not None:
+                console.trial_ended(trial_id, "error", str(err))
+            return TrialRecord(trial_id=trial_id, config=cfg, params=dict(params), mlflow_run_id=run.run_id,
+                               status="ERROR", error=str(err))
+        run.set_tags({"checkpoint": str(best)})
+        run.end("FINISHED")
+        if console is not None:
+            console.trial_ended(trial_id, str(result.get("stop_reason", "")))
+        return TrialRecord(trial_id=trial_id, config=cfg, params=dict(params),
+                           best_valid_acc=float(result["best_valid_acc"]),
+                           checkpoint=str(best) if best.exists() else None, mlflow_run_id=run.run_id,
+                           checks=int(result.get("checks", 0)), steps=int(result.get("steps", 0)),
+                           stop_reason=str(result.get("stop_reason", "")))
+
+
+def _fit(fit: WorkerFit, cfg: JobConfig, link: FakeLink, prepared: Path) -> Metrics:
+    """The job's loop on ``link`` over the whole prepared folder, as a one-worker trial runs it."""
+    from iaa.data.loader import PreparedData
+    from iaa.data.manifest import vocab_card
+
+    data = PreparedData.open(Path(prepared))
+    return fit(cfg, link, threads=1, vocab_hash=data.manifest.get("vocab_hash", ""), train=data.table("train"),
+               valid=data.table("valid"), vocab=vocab_card(Path(prepared)))

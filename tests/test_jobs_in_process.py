@@ -1,0 +1,112 @@
+"""Every job's use case on the in-process fakes of its ports (tests/fakes.py): no Ray, no MLflow,
+seconds each. The end-to-end tests (test_platform_*.py) run the same jobs on the real adapters."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeLauncher, FakeTracker
+from iaa.jobs.ports import MembersRequest, SweepRequest, WorkersRequest
+from _platform import TINY_SPACE
+from _tiny import TINY_SETS, make_tiny_prepared
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_prepared(tmp_path_factory.mktemp("tiny"))
+
+
+def _cfg(tiny: Path, *sets: str):
+    from iaa.jobs.datasets import resolve
+
+    return resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, *sets))
+
+
+def test_train_tracks_its_run_params_checks_and_model(tiny: Path, tmp_path: Path) -> None:
+    from iaa.jobs.training import train
+
+    tracker = FakeTracker()
+    result = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, show_progress=False)
+
+    run = tracker.runs[result["mlflow_run_id"]]
+    assert run.state == "FINISHED" and run.params["model.hidden_dim"] == "8"
+    assert run.last("valid_acc") == pytest.approx(max(p.value for p in run.metrics["valid_acc"]))
+    assert [m["run_id"] for m in tracker.models] == [run.run_id]
+    assert Path(result["checkpoint"]).is_file()
+
+
+def test_train_on_workers_goes_through_the_launcher(tiny: Path, tmp_path: Path) -> None:
+    from iaa.jobs.training import train
+
+    tracker, launcher = FakeTracker(), FakeLauncher()
+    result = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, launcher=launcher, workers=2,
+                               storage=str(tmp_path / "storage"), show_progress=False)
+
+    [request] = launcher.requests
+    assert isinstance(request, WorkersRequest) and request.workers == 2 and request.folder.path == tmp_path / "run"
+    assert Path(result["checkpoint"]).is_file()
+    assert tracker.runs[result["mlflow_run_id"]].metrics["valid_acc"], "the launcher's checks reach the run"
+
+
+def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny: Path, tmp_path: Path) -> None:
+    from iaa.jobs.search import tune
+
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE, encoding="utf-8")
+    tracker, launcher = FakeTracker(), FakeLauncher()
+    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=3, search_space=space, sets=TINY_SETS,
+                           workdir=tmp_path / "work", name="fake", show_progress=False)
+    before = set(sys.modules)
+    result = tune.run(req, lambda uri: tracker, launcher)
+
+    assert not {m.split(".")[0] for m in set(sys.modules) - before} & {"ray", "mlflow", "optuna"}
+
+    sweep = json.loads((tmp_path / "work" / "sweeps" / "fake" / "sweep.json").read_text())
+    assert len(sweep["trials"]) == 3
+    request = next(r for r in launcher.requests if isinstance(r, SweepRequest))
+    assert request.tracking.tracker is tracker and request.plan.num_samples == 3
+    children = tracker.children(sweep["parent_run_id"])
+    assert sorted(c.run_id for c in children) == sorted(t["mlflow_run_id"] for t in sweep["trials"])
+    best = max(sweep["trials"], key=lambda t: t["best_valid_acc"])
+    assert result["best_valid_acc"] == pytest.approx(best["best_valid_acc"])
+    assert tracker.runs[sweep["parent_run_id"]].state == "FINISHED"
+
+
+def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp_path: Path) -> None:
+    from iaa.jobs.ensembles import ensemble
+    from iaa.jobs.search import tune
+
+    space = tmp_path / "space.yaml"
+    space.write_text("model.hidden_dim: [8]\n", encoding="utf-8")
+    tracker, launcher = FakeTracker(), FakeLauncher()
+    work = tmp_path / "work"
+    tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=space, sets=TINY_SETS,
+                              workdir=work, name="one", show_progress=False), lambda uri: tracker, launcher)
+    result = ensemble.run(ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
+                                                   show_progress=False), tracker, launcher)
+
+    [members] = [r for r in launcher.requests if isinstance(r, MembersRequest)]
+    assert [c.train.seed for c in members.configs] == [1]            # seed 0 is the sweep's own trial
+    assert len(result["members"]) == 2 and 0 <= result["valid_acc"] <= 1
+    assert tracker.runs[result["mlflow_run_id"]].state == "FINISHED"
+
+
+def test_a_store_that_fails_during_a_sweep_costs_the_trial_its_tracking_not_its_training(tiny: Path) -> None:
+    """The real Tune callback on the fake tracker: a store that is down is a warning per trial."""
+    pytest.importorskip("ray.tune", reason="the callback is Ray Tune's")
+    from iaa.platform.sweeps.trial_runs import TrialRuns
+
+    class Trial:
+        trial_id, config, last_result = "t1", {}, {"stop_reason": "patience"}
+
+    tracker = FakeTracker()
+    runs = TrialRuns(tracker=tracker, experiment="x", parent_run_id=None, sweep="s", dataset="cbt-ne", spec=None)
+    tracker.down = True
+    runs.on_trial_complete(0, [], Trial())          # warns, does not raise
+    assert tracker.runs == {}
