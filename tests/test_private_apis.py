@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "iaa"
 LIBRARIES = ("ray", "mlflow", "torch", "optuna")
 SHIMS = {"ray": "iaa.platform.cluster.ray_internals", "mlflow": "iaa.platform.tracking.mlflow_internals",
-         "torch": "iaa.model.kernels.torch_internals"}
+         "torch": "iaa.jobs.training.torch_internals"}
 
 
 @pytest.mark.parametrize("library", sorted(SHIMS))

@@ -158,12 +158,13 @@ def count_flops(fn: Callable[[], object]) -> int:
 def count_flops_by_dtype(fn: Callable[[], object]) -> dict[str, int]:
     """Matrix-multiply FLOPs of ``fn()`` by the dtype of the operands that each matmul multiplied
     (``FlopCounterMode``'s formulas; the first floating-point operand's dtype)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
+
+    from iaa.jobs.training.torch_internals import dispatch_mode
 
     flops: dict[str, int] = {}
 
-    class ByDtype(TorchDispatchMode):
+    class ByDtype(dispatch_mode()):  # type: ignore[misc]
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
