@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 from iaa.platform.cluster import resources
 from iaa.platform.cluster.resources import ClusterError, Node, TrialPlan, node_summary, plan
@@ -27,6 +27,8 @@ DASHBOARD_PORT_ENV = "IAA_DASHBOARD_PORT"      # its port (8265, or a free one w
 CONNECT_TIMEOUT_ENV = "IAA_RAY_CONNECT_TIMEOUT"  # seconds to reach a --address before giving up (10)
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # 0: Ray's node address is loopback
 DEFAULT_DASHBOARD_PORT = 8265
+LOCAL_START_TRIES = 3        # starts of a local Ray whose dashboard port another process took first
+AUTH_MODE_ENV = "RAY_AUTH_MODE"   # "token" for a local cluster unless set (Ray's own default, said once in docs)
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 
@@ -108,8 +110,9 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def dashboard_port(host: str = "127.0.0.1") -> int:
-    """The port of a local cluster's dashboard: ``IAA_DASHBOARD_PORT``, else 8265 when free, else any free port.
+def dashboard_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """The port of a local cluster's dashboard: ``IAA_DASHBOARD_PORT``, else 8265 when free, else any free port
+    (never one of ``avoid``, ports that were taken when Ray tried them).
 
     Each local cluster gets its own port, so two sweeps (or test runs) on one machine do not collide,
     and its workers are told exactly that port (see :func:`connect`).
@@ -120,11 +123,14 @@ def dashboard_port(host: str = "127.0.0.1") -> int:
             return int(wanted)
         except ValueError:
             raise ClusterError(f"{DASHBOARD_PORT_ENV}={wanted!r} is not a port number") from None
-    if _port_free(host, DEFAULT_DASHBOARD_PORT):
+    if DEFAULT_DASHBOARD_PORT not in avoid and _port_free(host, DEFAULT_DASHBOARD_PORT):
         return DEFAULT_DASHBOARD_PORT
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            port = int(probe.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def connect_timeout() -> float:
@@ -207,19 +213,75 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
                                    "with token authentication needs RAY_AUTH_MODE=token and its token here, see "
                                    "`ray get-auth-token`)") from err
         else:
-            host = dashboard_host()
-            port = dashboard_port(host)
-            env["RAY_API_SERVER_ADDRESS"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-            # address="local": without it, ray.init joins the latest `ray start` cluster on this machine
-            with _loopback_only(_loopback(host)):
-                context = ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
-                                   include_dashboard=True, dashboard_host=host, dashboard_port=port,
-                                   runtime_env={"env_vars": env}, **kwargs)
-            dashboard = context.dashboard_url or None
+            dashboard = _start_local(num_cpus, num_gpus, env, kwargs)
         _quiet_ray_data()
     info = ClusterInfo(_alive_nodes(), address, dashboard)
     check_storage(storage_path, info.nodes)
     return info
+
+
+def _start_local(num_cpus: int | None, num_gpus: int | None, env: dict[str, str], kwargs: dict[str, Any]) -> str | None:
+    """Start a local cluster; returns its dashboard's ``host:port``.
+
+    The dashboard's port is picked here (its workers must be told it before they start), so
+    another process may bind it first, in the seconds a loaded machine takes to start Ray: then
+    Ray is started again on another port, up to :data:`LOCAL_START_TRIES` times. Any failure is a
+    :class:`ClusterError` of one line; Ray's own log of it stays in its session's ``logs/``.
+    Token authentication is asked for explicitly (Ray turns it on for a new local cluster
+    anyway, with a warning on every start).
+    """
+    import ray
+
+    os.environ.setdefault(AUTH_MODE_ENV, "token")
+    host = dashboard_host()
+    fixed = bool(os.environ.get(DASHBOARD_PORT_ENV))
+    taken: set[int] = set()
+    for attempt in range(1, LOCAL_START_TRIES + 1):
+        port = dashboard_port(host, avoid=taken)
+        env["RAY_API_SERVER_ADDRESS"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+        try:
+            # address="local": without it, ray.init joins the latest `ray start` cluster on this machine
+            with _loopback_only(_loopback(host)), _ray_start_log_quiet():
+                context = ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
+                                   include_dashboard=True, dashboard_host=host, dashboard_port=port,
+                                   runtime_env={"env_vars": env}, **kwargs)
+            return context.dashboard_url or None
+        except Exception as err:  # noqa: BLE001 - Ray raises bare Exceptions here; each becomes one line
+            ray.shutdown()
+            if _port_taken(err) and not fixed and attempt < LOCAL_START_TRIES:
+                taken.add(port)
+                continue
+            hint = (f"; free port {port} or set {DASHBOARD_PORT_ENV} to another" if _port_taken(err) and fixed else
+                    "; see Ray's logs under /tmp/ray/session_latest/logs")
+            raise ClusterError(f"could not start a local Ray (dashboard on {host}:{port}, try {attempt}): "
+                               f"{_one_line(err)}{hint}") from None
+    raise AssertionError("unreachable")
+
+
+def _port_taken(err: BaseException) -> bool:
+    text = str(err).lower()
+    return any(words in text for words in ("address already in use", "already occupied", "valid port"))
+
+
+def _one_line(err: BaseException) -> str:
+    """The telling line of a (multi-line) Ray error: one naming a taken port, else the last."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    telling = [line for line in lines if _port_taken(Exception(line))]
+    line = (telling or lines)[-1]
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
+@contextlib.contextmanager
+def _ray_start_log_quiet() -> Iterator[None]:
+    """Ray logs a failed dashboard start as twenty lines of its log before it raises: the raised
+    error, made one line, says it instead."""
+    services = logging.getLogger("ray._private.services")
+    level = services.level
+    services.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        services.setLevel(level)
 
 
 def _quiet_ray_data() -> None:
