@@ -28,7 +28,6 @@ CONNECT_TIMEOUT_ENV = "IAA_RAY_CONNECT_TIMEOUT"  # seconds to reach a --address 
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # 0: Ray's node address is loopback
 DEFAULT_DASHBOARD_PORT = 8265
 LOCAL_START_TRIES = 3        # starts of a local Ray whose dashboard port another process took first
-AUTH_MODE_ENV = "RAY_AUTH_MODE"   # "token" for a local cluster unless set (Ray's own default, said once in docs)
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 
@@ -227,12 +226,11 @@ def _start_local(num_cpus: int | None, num_gpus: int | None, env: dict[str, str]
     another process may bind it first, in the seconds a loaded machine takes to start Ray: then
     Ray is started again on another port, up to :data:`LOCAL_START_TRIES` times. Any failure is a
     :class:`ClusterError` of one line; Ray's own log of it stays in its session's ``logs/``.
-    Token authentication is asked for explicitly (Ray turns it on for a new local cluster
-    anyway, with a warning on every start).
+    Ray turns token authentication on for a new local cluster with a warning on every start;
+    docs/platform.md explains it once instead.
     """
     import ray
 
-    os.environ.setdefault(AUTH_MODE_ENV, "token")
     host = dashboard_host()
     fixed = bool(os.environ.get(DASHBOARD_PORT_ENV))
     taken: set[int] = set()
@@ -271,17 +269,26 @@ def _one_line(err: BaseException) -> str:
     return line if len(line) <= 240 else line[:237] + "..."
 
 
+QUIETED_LOGGERS = {
+    "ray._private.services": logging.CRITICAL,      # a failed dashboard start as twenty lines of its log:
+                                                    # the raised error, made one line, says it instead
+    "ray._private.authentication.authentication_token_setup": logging.ERROR,   # "Token authentication is
+                                                    # enabled", on every start: explained in docs/platform.md
+}
+
+
 @contextlib.contextmanager
 def _ray_start_log_quiet() -> Iterator[None]:
-    """Ray logs a failed dashboard start as twenty lines of its log before it raises: the raised
-    error, made one line, says it instead."""
-    services = logging.getLogger("ray._private.services")
-    level = services.level
-    services.setLevel(logging.CRITICAL)
+    """Ray's start-up messages that iaa says otherwise (:data:`QUIETED_LOGGERS`) are held back."""
+    loggers = {logging.getLogger(name): level for name, level in QUIETED_LOGGERS.items()}
+    saved = {log: log.level for log in loggers}
+    for log, level in loggers.items():
+        log.setLevel(level)
     try:
         yield
     finally:
-        services.setLevel(level)
+        for log, level in saved.items():
+            log.setLevel(level)
 
 
 def _quiet_ray_data() -> None:

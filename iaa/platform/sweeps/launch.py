@@ -221,8 +221,9 @@ class RayLauncher:
             runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
                              sweep=trials.sweep, dataset=trials.dataset, spec=spec, data_dir=trials.data_dir)
             callbacks = [runs, *self.callbacks, ConsoleCallback(progress)]
-            tuner_ = tuner(launch, fn, callbacks, show_progress=verbose,
-                           search_alg=search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name),
+            searcher = search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name)
+            searcher.run_ids = runs.run_ids          # each Optuna trial names its MLflow run
+            tuner_ = tuner(launch, fn, callbacks, show_progress=verbose, search_alg=searcher,
                            scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
         results, statuses = run_tuner(launch, tuner_, quiet=not verbose)
         run_ids, tagged = child_runs(trials.uri, trials.experiment, trials.sweep, trials.parent_run_id)
