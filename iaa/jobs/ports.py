@@ -212,6 +212,9 @@ class SearchPlan:
     study_name: str | None = None
 
 
+MEMBER_KEY = "member"      # train_many: each trial's Tune config is {"member": index into its configs}
+
+
 class Launcher(Protocol):
     """Runs trials, Train workers and maps on a cluster."""
 
@@ -226,7 +229,8 @@ class Launcher(Protocol):
               verbose: bool = False) -> list[TrialRecord]: ...   # progress: an iaa.jobs.search.console.SweepConsole
     def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
                    trials: TrialTracking, downloads: Path, fit: WorkerFit, workers_per_trial: int = 1,
-                   gpus_per_worker: float = 0.0, show_progress: bool = True) -> list[TrialRecord]: ...
+                   gpus_per_worker: float = 0.0, show_progress: bool = True, progress: Any = None,
+                   verbose: bool = False) -> list[TrialRecord]: ...   # progress: as sweep's
     def train_workers(self, cfg: JobConfig, prepared: Path, folder: RunFolder, *, fit: WorkerFit, workers: int,
                       gpus_per_worker: float, resume: bool, storage: str, on_metrics: MetricsCallback | None,
                       show_progress: bool) -> dict[str, Any]: ...

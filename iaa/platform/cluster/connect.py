@@ -172,7 +172,7 @@ def check_reachable(address: str, timeout_s: float | None = None) -> None:
 
 
 def connect(address: str | None = None, storage_path: str | None = None, *, num_cpus: int | None = None,
-            num_gpus: int | None = None, log_to_driver: bool | None = None) -> ClusterInfo:
+            num_gpus: int | None = None, log_to_driver: bool | None = None, dashboard: bool = True) -> ClusterInfo:
     """Connect to the Ray cluster at ``address`` (or ``RAY_ADDRESS``), else start a local one.
 
     A local cluster runs Ray's dashboard on ``IAA_DASHBOARD_HOST`` (default 127.0.0.1) and a port
@@ -181,8 +181,9 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
     died (a trial stopped by ASHA) through the State API, which otherwise looks for "the" local
     cluster and fails when a machine runs two. A Ray already initialised in this process (tests,
     notebooks) is reused. On a cluster with more than one node, ``storage_path`` must be shared
-    storage (see :func:`check_storage`). Raises :class:`ClusterError` for an unreachable address
-    or unusable storage.
+    storage (see :func:`check_storage`). ``dashboard=False`` starts a local cluster without Ray's
+    dashboard (``iaa-cli serve``: Ray Serve does not use it, and it costs seconds to start).
+    Raises :class:`ClusterError` for an unreachable address or unusable storage.
     """
     import ray
 
@@ -191,7 +192,7 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
         address = None
     if log_to_driver is None:
         log_to_driver = os.environ.get("IAA_RAY_LOG_TO_DRIVER", "0") == "1"
-    dashboard = None
+    dashboard_url = None
     if ray.is_initialized() and address and "://" not in address and _host_port(address) and \
             ray.get_runtime_context().gcs_address != address:
         ray.shutdown()              # joined to another cluster earlier in this process
@@ -212,14 +213,15 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
                                    "with token authentication needs RAY_AUTH_MODE=token and its token here, see "
                                    "`ray get-auth-token`)") from err
         else:
-            dashboard = _start_local(num_cpus, num_gpus, env, kwargs)
+            dashboard_url = _start_local(num_cpus, num_gpus, env, kwargs, dashboard)
         _quiet_ray_data()
-    info = ClusterInfo(_alive_nodes(), address, dashboard)
+    info = ClusterInfo(_alive_nodes(), address, dashboard_url)
     check_storage(storage_path, info.nodes)
     return info
 
 
-def _start_local(num_cpus: int | None, num_gpus: int | None, env: dict[str, str], kwargs: dict[str, Any]) -> str | None:
+def _start_local(num_cpus: int | None, num_gpus: int | None, env: dict[str, str], kwargs: dict[str, Any],
+                 dashboard: bool = True) -> str | None:
     """Start a local cluster; returns its dashboard's ``host:port``.
 
     The dashboard's port is picked here (its workers must be told it before they start), so
@@ -231,6 +233,16 @@ def _start_local(num_cpus: int | None, num_gpus: int | None, env: dict[str, str]
     """
     import ray
 
+    if not dashboard:
+        try:
+            with _loopback_only(True), _ray_start_log_quiet():
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
+                         include_dashboard=False, runtime_env={"env_vars": env} if env else None, **kwargs)
+        except Exception as err:  # noqa: BLE001 - as below
+            ray.shutdown()
+            raise ClusterError(f"could not start a local Ray: {_one_line(err)}; see Ray's logs under "
+                               "/tmp/ray/session_latest/logs") from None
+        return None
     host = dashboard_host()
     fixed = bool(os.environ.get(DASHBOARD_PORT_ENV))
     taken: set[int] = set()

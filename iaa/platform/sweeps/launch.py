@@ -231,11 +231,14 @@ class RayLauncher:
 
     def train_many(self, configs: Sequence[JobConfig], prepared: Path, *, name: str, storage: str,
                    trials: TrialTracking, downloads: Path, fit: WorkerFit, workers_per_trial: int = 1,
-                   gpus_per_worker: float = 0.0, show_progress: bool = True) -> list[TrialRecord]:
+                   gpus_per_worker: float = 0.0, show_progress: bool = True, progress: Any = None,
+                   verbose: bool = False) -> list[TrialRecord]:
         """Train every config as a parallel Tune trial (no search, no early stopping).
 
         Each trial gets a child run under ``trials.parent_run_id``. Trials use ``workers_per_trial``
         Train workers of ``gpus_per_worker`` GPUs and the configs' ``train.threads`` (the largest).
+        ``progress`` (a :class:`~iaa.jobs.search.console.SweepConsole`) hears every trial event;
+        Ray Tune's own tables reach the terminal only when ``verbose``.
         Returns one record per config, in input order; ``checkpoint`` is ``None`` (status ``ERROR``)
         when a trial failed before its first check.
         """
@@ -247,12 +250,15 @@ class RayLauncher:
                          storage_path=self.storage_path, workers_per_trial=workers_per_trial,
                          gpus_per_worker=gpus_per_worker, threads=threads, max_concurrent=None,
                          num_trials=len(configs), show_progress=show_progress)
+        if progress is not None:
+            progress.placed(launch.plan.max_concurrent)
         spec = trial_spec(launch, fit, members=configs)
         runs = TrialRuns(uri=trials.uri, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
                          sweep=name, dataset=configs[0].dataset, spec=spec)
         fn, _ = trainable(launch, spec)
-        results, statuses = run_tuner(launch, tuner(launch, fn, [runs], show_progress=show_progress,
-                                              param_space={MEMBER_KEY: tune.grid_search(list(range(len(configs))))}))
+        grid = {MEMBER_KEY: tune.grid_search(list(range(len(configs))))}
+        results, statuses = run_tuner(launch, tuner(launch, fn, [runs, ConsoleCallback(progress)], show_progress=verbose,
+                                                    param_space=grid), quiet=not verbose)
         run_ids, tagged = child_runs(trials.uri, trials.experiment, name, trials.parent_run_id)
         found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=downloads)
         by_member = {int(r.params[MEMBER_KEY]): r for r in found}
