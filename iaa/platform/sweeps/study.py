@@ -103,9 +103,12 @@ def _trial_labels(ax: Any, study: Any) -> None:
     names = {f"Trial{t.number}": " ".join(filter(None, (f"#{t.number}", t.user_attrs.get("tune_trial_id"),
                                                           config_label(t.params))))
              for t in study.get_trials(deepcopy=False)}
-    for line in ax.get_lines():
-        if line.get_label() in names:
-            line.set_label(names[line.get_label()])
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10"]          # Optuna's tab20 gives every other trial a pale shade
+    for i, line in enumerate(line for line in ax.get_lines() if line.get_label() in names):
+        line.set_label(names[line.get_label()])
+        line.set_color(palette(i % 10))
     if ax.get_lines():
         ax.legend(loc="lower right", fontsize="small")
 
