@@ -385,16 +385,16 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
 VIEW_KEY = "iaa-sweep"   # the experiment's saved runs view (``viewStateShareKey``)
 
 
-def show_columns(uri: str, experiment: str, columns: Sequence[str], expand: Sequence[str] = ()) -> str | None:
+def show_columns(uri: str, experiment: str, columns: Sequence[str]) -> str | None:
     """Save a runs view of ``experiment`` showing ``columns`` (``metrics.valid_acc``,
-    ``params.train.lr``), each run of ``expand`` (a sweep's parent) open over its nested children,
-    and mark the experiment a training-runs one; returns the view's URL in the UI
+    ``params.train.lr``), and mark the experiment a training-runs one; returns the view's URL in the UI
     (:func:`ui_url`, ``http://127.0.0.1:5000/#/experiments/ID/runs?...``).
 
     MLflow's UI opens an experiment with the columns the browser last chose; a view saved as the
     experiment tag ``mlflow.sharedViewState.KEY`` opens with its own columns from a link. The UI
     nests child runs under their parent only while the table is sorted by start time (any other
-    sort lists the parent among its children), so the view keeps that order.
+    sort lists the parent among its children), so the view keeps that order. (A shared view
+    cannot open a parent: the UI drops ``runsExpanded`` from it.)
     (``mlflow.experimentKind`` is what older 3.x UIs read; 3.17's follows the link's ``workflowType``.)
     """
     def canonical(name: str) -> str:
@@ -406,7 +406,7 @@ def show_columns(uri: str, experiment: str, columns: Sequence[str], expand: Sequ
     if found is None:
         return None
     state = {"selectedColumns": [canonical(c) for c in columns], "orderByKey": "attributes.start_time",
-             "orderByAsc": False, "runsExpanded": {run_id: True for run_id in expand}, "hideEmptyCharts": True}
+             "orderByAsc": False, "hideEmptyCharts": True}
     for key, value in {**EXPERIMENT_KIND, f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(state)}.items():
         client.set_experiment_tag(found.experiment_id, key, value)
     # The UI shows every experiment as GenAI or as model training after a global switch (kept per
