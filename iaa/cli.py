@@ -354,6 +354,7 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
               help="GPUs per worker for the members that must be trained.")
 @click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished ensemble of the same name.")
+@click.option("--verbose", is_flag=True, help="Also print Ray Tune's own status tables while members train.")
 @workdir_option
 @cluster_options
 @json_option
@@ -364,7 +365,8 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
     from iaa.jobs.ensembles import ensemble as job
 
     req = job.EnsembleRequest(members=members + more_members, workdir=workdir, show_progress=not as_json, **request)
-    _emit(job.run(req, _tracker(workdir, tracking_uri), _launcher(address, req.storage_path)), as_json)
+    _emit(job.run(req, _tracker(workdir, tracking_uri), _launcher(address, req.storage_path)), as_json,
+          keys=("name", "valid_acc", "test_acc", "ensemble_dir", "model_uri"))
 
 
 @cli.command()

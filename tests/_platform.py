@@ -38,3 +38,20 @@ def run_sweep(address: str | None = None, callbacks: tuple = (), **request: Any)
 
     req = tune.TuneRequest(**request)
     return tune.run(req, MlflowTracker, RayLauncher(address, req.storage_path, callbacks))
+
+
+def start_local_ray(num_cpus: int = 2) -> None:
+    """A local Ray for a test module, as the CLI's (Ray Serve's patience with a slow proxy included);
+    a start that fails fails the test with one line naming Ray, not a fixture traceback."""
+    import pytest
+    import ray
+
+    from iaa.platform.cluster import resources
+
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+                 runtime_env={"env_vars": resources.job_env()})
+    except Exception as err:  # noqa: BLE001 - any failure to start is the same failure here
+        ray.shutdown()
+        lines = str(err).strip().splitlines() or [""]
+        pytest.fail(f"the local Ray did not start ({type(err).__name__}: {lines[-1][:300]})")

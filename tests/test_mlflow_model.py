@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.data import cbt
+from iaa.platform import mlflow_model
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 LOAD_AND_PREDICT = """
@@ -72,7 +73,8 @@ def test_train_logs_a_model_that_predicts_like_the_cli(tmp_path, monkeypatch):
 
     # an MLflow 3 logged model of the run, with a signature, an input example and index-installable pins
     (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
-    assert logged.source_run_id == trained["mlflow_run_id"] and logged.name == "model"
+    assert logged.source_run_id == trained["mlflow_run_id"] and logged.name == mlflow_model.model_name(run.info.run_name)
+    assert {m.key for m in logged.metrics} >= {"valid_acc"}          # the Models page can rank it
     assert [o.model_id for o in run.outputs.model_outputs] == [logged.model_id]
     info = mlflow.models.get_model_info(f"models:/{logged.model_id}")
     assert info.signature is not None and "candidates" in info.signature.inputs.input_names()

@@ -102,3 +102,17 @@ def test_side_by_side_script_runs():
     sets = [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}")]
     result = module.main(["--rounds", "1", "--steps", "1", "--batch-size", "4", *sets])
     assert result["train_ratio"] > 0 and result["infer_ratio"] > 0
+
+
+def test_a_cpu_without_bf16_units_gets_no_bf16_roofline_and_is_told(monkeypatch):
+    assert not bench.bf16_units("cpu", "avx2 avx512f fma sse4_2")          # AMD Zen 3: no AVX-512 BF16
+    assert bench.bf16_units("cpu", "avx512f avx512_bf16") and bench.bf16_units("cpu", "amx_bf16 amx_tile")
+    assert bench.bf16_units("cuda", "")
+    timed = []
+    monkeypatch.setattr(bench, "matmul_gflops", lambda device, size, reps, dtype: timed.append(dtype) or 50.0)
+    monkeypatch.setattr(bench, "bf16_units", lambda device="cpu", features=None: False)
+    assert bench.matmul_rooflines("cpu", size=64) == {"fp32": 50.0, "bf16": None}
+    assert set(timed) == {torch.float32}                                  # bf16 never timed
+    result = bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4, precision="fp32", matmul_size=64)
+    assert result["matmul_gflops_bf16"] is None and "no bf16 units" in result["warnings"][0]
+    assert result["roofline_fraction"] > 0

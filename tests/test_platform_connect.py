@@ -108,3 +108,57 @@ def test_local_cluster_dashboard_is_loopback_only_and_needs_the_token(monkeypatc
         assert "dashboard http://127.0.0.1:" in cluster.describe(info, resources.plan(info.nodes, 1))
     finally:
         ray.shutdown()
+
+
+class _FakeContext:
+    dashboard_url = "127.0.0.1:1"
+
+
+def _ray_init_failing(times: int, message: str, calls: list[int]):
+    """A ``ray.init`` that fails ``times`` times as Ray does when the dashboard's port was taken."""
+
+    def init(**kwargs):
+        calls.append(kwargs["dashboard_port"])
+        if len(calls) <= times:
+            raise Exception(f"\n{message}\nThe last 20 lines of dashboard.log:\n  more\n  lines")
+        return _FakeContext()
+
+    return init
+
+
+TAKEN = "Failed to find a valid port for dashboard after 0 retries: [Errno 98] address already in use"
+
+
+def test_a_taken_dashboard_port_starts_ray_again_on_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    calls: list[int] = []
+    monkeypatch.delenv(cluster.DASHBOARD_PORT_ENV, raising=False)
+    monkeypatch.setattr(ray, "init", _ray_init_failing(2, TAKEN, calls))
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    env: dict[str, str] = {}
+    assert cluster._start_local(1, None, env, {}) == "127.0.0.1:1"
+    assert len(calls) == 3 and len(set(calls)) == 3           # a new port each time
+    assert env["RAY_API_SERVER_ADDRESS"].endswith(f":{calls[-1]}")   # workers are told the port Ray got
+
+
+def test_a_failed_ray_start_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    calls: list[int] = []
+    monkeypatch.setattr(ray, "init", _ray_init_failing(99, TAKEN, calls))
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.delenv(cluster.DASHBOARD_PORT_ENV, raising=False)
+    with pytest.raises(IaaError) as caught:
+        cluster._start_local(1, None, {}, {})
+    assert len(calls) == cluster.LOCAL_START_TRIES
+    assert "\n" not in str(caught.value) and "address already in use" in str(caught.value)
+    monkeypatch.setenv(cluster.DASHBOARD_PORT_ENV, "9911")        # a port the user fixed is not changed
+    calls.clear()
+    with pytest.raises(IaaError, match="IAA_DASHBOARD_PORT") as caught:
+        cluster._start_local(1, None, {}, {})
+    assert calls == [9911] and "\n" not in str(caught.value)
+    monkeypatch.setattr(ray, "init", _ray_init_failing(99, "raylet died", calls))
+    monkeypatch.delenv(cluster.DASHBOARD_PORT_ENV)
+    with pytest.raises(IaaError, match="could not start a local Ray.*: lines; see Ray's logs"):
+        cluster._start_local(1, None, {}, {})

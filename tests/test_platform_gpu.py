@@ -61,7 +61,7 @@ def test_train_device_follows_the_assigned_gpus_or_the_override(monkeypatch: pyt
             resources.train_device(1)
     monkeypatch.setenv(resources.TRAIN_DEVICE_ENV, "cpu")
     assert resources.train_device(1) == torch.device("cpu")
-    assert resources.job_env() == {resources.TRAIN_DEVICE_ENV: "cpu"}
+    assert resources.job_env()[resources.TRAIN_DEVICE_ENV] == "cpu"
     monkeypatch.setenv(resources.TRAIN_DEVICE_ENV, "tpu")
     with pytest.raises(IaaError, match="use cpu or cuda"):
         resources.train_device(1)

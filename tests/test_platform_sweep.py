@@ -15,7 +15,7 @@ from iaa.jobs.training import checkpoint
 from iaa.jobs.inference import evaluate
 from iaa.jobs.training.config import JobConfig, from_dict, load
 from iaa.jobs.workdir.paths import Workdir
-from tests._platform import children, read_sweep, run_sweep, write_space
+from tests._platform import children, read_sweep, run_sweep, start_local_ray, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -31,7 +31,7 @@ def local_ray():
     """One local Ray for the module (the platform reuses a Ray already started in the process)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    start_local_ray(num_cpus=2)
     yield
     ray.shutdown()
 

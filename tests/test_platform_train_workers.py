@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
+from tests._platform import start_local_ray
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -23,7 +24,7 @@ def test_an_expected_failure_on_every_worker_is_one_line_without_a_traceback(
     monkeypatch.setattr(ray_train, "MAX_FAILURES", 0)        # the same error on every retry: fail at once
     prepared = make_tiny_prepared(tmp_path / "one-row", {"train": 1, "valid": 16, "test": 16})
     sets = [arg for s in TINY_SETS for arg in ("--set", s)]
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    start_local_ray(num_cpus=2)
     try:
         out = CliRunner().invoke(cli, ["train", "--data", str(prepared), *sets, "--workers", "2",
                                        "--workdir", str(tmp_path), "--run-dir", str(tmp_path / "run")])

@@ -14,6 +14,7 @@ from iaa.cli import cli
 from iaa.jobs.inference import serve as job
 from iaa.jobs.inference.predict import Predictor
 from tests._explain import tiny_setup
+from tests._platform import start_local_ray
 
 QUESTION = {"id": "q1", "document": "the cat sat on the mat . the dog ran to the mat .",
             "query": "the XXXXX ran to the mat", "candidates": ["cat", "dog", "mat"]}
@@ -130,6 +131,29 @@ def _post(url: str, body: bytes) -> tuple[int, dict, dict]:
         return err.code, json.loads(err.read() or b"{}"), dict(err.headers)
 
 
+SERVICE_WAIT_S = 600           # a busy 2-core laptop takes minutes to start Ray Serve's processes
+
+
+def wait_ready(url: str, timeout_s: float = SERVICE_WAIT_S) -> None:
+    """Wait until ``url/ready`` answers 200; fail naming the service that did not come up."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline, last = time.monotonic() + timeout_s, "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=30) as ready:
+                if ready.status == 200:
+                    return
+        except urllib.error.HTTPError as err:
+            last = f"HTTP {err.code}: {err.read()[:200]!r}"
+        except OSError as err:
+            last = str(err)
+        time.sleep(1)
+    pytest.fail(f"the reader service at {url} was not ready within {timeout_s:g} s (last: {last})")
+
+
 @pytest.fixture(scope="module")
 def served(setup):
     pytest.importorskip("ray.serve", reason="needs ray[serve]")
@@ -139,13 +163,19 @@ def served(setup):
 
     root, prepared, ckpt = setup
     started = not ray.is_initialized()          # another module's Ray may still be up: reuse it
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    if started:                                 # with Serve's patience with a slow proxy, as the CLI's Ray
+        start_local_ray(num_cpus=2)
     cfg = job.config(model_uri=None, checkpoint=ckpt, ensemble_dir=None, data_dir=prepared, workdir=root,
                      tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
                      max_document_words=200)
     try:
-        yield platform_serve.start(cfg, job.CODE), cfg
+        try:
+            url = platform_serve.start(cfg, job.CODE)
+        except Exception as err:  # noqa: BLE001 - name what did not start, then fail
+            pytest.fail(f"Ray Serve did not start the reader service ({type(err).__name__}: "
+                        f"{str(err).strip().splitlines()[-1][:300] if str(err).strip() else ''})")
+        wait_ready(url)
+        yield url, cfg
     finally:
         platform_serve.stop(cfg.app_name)
         if started:
@@ -162,7 +192,7 @@ def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(set
 
     root, prepared, ckpt = setup
     url, cfg = served
-    with urllib.request.urlopen(f"{url}/ready", timeout=30) as ready:
+    with urllib.request.urlopen(f"{url}/ready", timeout=120) as ready:
         assert ready.status == 200 and json.loads(ready.read())["model"]["name"] == ckpt.stem
 
     examples = cbt.read(root / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt").examples()[:12]
@@ -217,10 +247,11 @@ def test_a_killed_replica_loses_at_most_its_requests_in_flight_and_comes_back(se
         statuses = [f.result()[0] for f in futures]
     failed = sum(s != 200 for s in statuses)
     assert failed <= concurrency, statuses          # only requests in flight can be lost
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + SERVICE_WAIT_S
     while not platform_serve.replaced(cfg.app_name, killed, 2) and time.monotonic() < deadline:
         time.sleep(1)
-    assert platform_serve.replaced(cfg.app_name, killed, 2)
+    assert platform_serve.replaced(cfg.app_name, killed, 2), \
+        f"no new reader replica in place of {killed} within {SERVICE_WAIT_S} s: {platform_serve.replicas(cfg.app_name)}"
     assert _post(url, body)[0] == 200
 
 

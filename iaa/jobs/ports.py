@@ -111,7 +111,7 @@ class Tracker(Protocol):
                   code: ModelCode) -> str | None: ...      # the model URI; None (and noted on run) when the store failed
     def experiment_records(self, experiment: str) -> list[RunRecord] | None: ...  # oldest first
     def experiment_names(self) -> list[str]: ...
-    def show_columns(self, experiment: str, columns: Sequence[str], order_by: str) -> str | None: ...  # a UI link
+    def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None: ...  # a UI URL
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]: ...
 
 
@@ -234,6 +234,9 @@ class SearchPlan:
     study_name: str | None = None
 
 
+MEMBER_KEY = "member"      # train_many: each trial's Tune config is {"member": index into its configs}
+
+
 class SweepEvents(Protocol):
     """What a sweep's console hears of its trials (:class:`iaa.jobs.search.console.SweepConsole`)."""
 
@@ -241,6 +244,7 @@ class SweepEvents(Protocol):
     def trial_checked(self, trial_id: str, result: Mapping[str, object]) -> None: ...
     def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None: ...
     def tick(self) -> None: ...
+    def placed(self, concurrency: int) -> None: ...                       # how many trials run at once
 
 
 @dataclass(frozen=True)
@@ -287,6 +291,8 @@ class MembersRequest:
     workers_per_trial: int = 1
     gpus_per_worker: float = 0.0
     show_progress: bool = True
+    console: SweepEvents | None = None    # hears every member's events
+    verbose: bool = False                 # the cluster's own progress tables too
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ members of a seed ensemble (their probabilities are averaged). The ``iaa`` packa
 ``code_paths``, so the model loads and serves without this repository
 (``mlflow models serve -m models:/NAME/1 --env-manager local``).
 
-Each model is an MLflow 3 logged model (``mlflow.pyfunc.log_model(name="model")``) created for
-its run through the client, so no global MLflow run state is touched: it carries a signature
-(the predict columns in, the predict rows out) and an input example, its requirements are
-plain package-index pins, and ``mlflow.search_logged_models`` and the experiment's Models tab
-list it. ``register`` makes it a version of a registered model.
+Each model is an MLflow 3 logged model created for its run through the client, so no global
+MLflow run state is touched: it is named after its run (a sweep trial's ``lr=4e-3 T=2 h=64``),
+carries the run's ``valid_acc`` (its best check: the checkpoint it holds) and ``test_acc`` where
+measured, the run's ``best_in_sweep`` tag, a signature (the predict columns in, the predict
+rows out) and an input example; its requirements are plain package-index pins, and
+``mlflow.search_logged_models`` and the experiment's Models tab list and rank it. ``register``
+makes it a version of a registered model.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from iaa.errors import IaaError
 from iaa.jobs.ports import LoadedModel, ModelCode
 from iaa.platform.tracking.store import TRANSIENT, manifest_digest
 
-ARTIFACT = "model"
+ARTIFACT = "model"               # the artifact folder of every logged model
+MODEL_TAGS = ("best_in_sweep", "sweep", "trial_id", "kind")   # run tags the logged model carries too
+BAD_NAME_CHARS = "/:.%\"'"      # not allowed in a logged model's name
 DATA_FILES = (MANIFEST, VOCAB)
 PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 URI_ENVS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
@@ -186,13 +190,15 @@ def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code
     if model_id is None:
         run = client.get_run(run_id)
         kind = "ensemble" if len(checkpoints) > 1 else "reader"
-        model = client.create_logged_model(run.info.experiment_id, name=ARTIFACT, source_run_id=run_id,
-                                           params=dict(run.data.params), model_type=f"iaa-{kind}",
-                                           tags={"iaa.members": str(len(checkpoints))})
+        tags = {"iaa.members": str(len(checkpoints)), **{k: run.data.tags[k] for k in MODEL_TAGS if k in run.data.tags}}
+        model = client.create_logged_model(run.info.experiment_id, name=model_name(run.info.run_name),
+                                           source_run_id=run_id, params=dict(run.data.params),
+                                           model_type=f"iaa-{kind}", tags=tags)
         model_id = model.model_id
         with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp, _quiet(), _store(uri):
             mlflow.pyfunc.log_model(name=ARTIFACT, model_id=model_id, **_log_kwargs(checkpoints, prepared, Path(tmp), code))
         client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])
+        client.log_batch(run_id, metrics=model_metrics(client, run_id, model_id))
     model_uri = f"models:/{model_id}"
     if register:
         model_uri = register_model(uri, run_id, register, model_id)
@@ -200,13 +206,35 @@ def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code
     return model_uri
 
 
+def model_name(run_name: str | None) -> str:
+    """A logged model's name: its run's, with the characters MLflow refuses in one made ``_``."""
+    name = "".join("_" if c in BAD_NAME_CHARS else c for c in (run_name or "")).strip()
+    return name or ARTIFACT
+
+
+def model_metrics(client: MlflowClient, run_id: str, model_id: str) -> list[Any]:
+    """The run's accuracies as the logged model's metrics: the check of ``valid_acc`` the checkpoint
+    holds (the run's best; the earliest of equal ones) and the last ``test_acc`` where the run
+    measured it. Each is a point of the run's own history, logged again with the model's id (as
+    ``mlflow.log_model`` does), so the run's curves gain no point."""
+    from mlflow.entities import Metric
+
+    points = []
+    for key, pick in (("valid_acc", lambda h: max(h, key=lambda m: (m.value, -m.step))),
+                      ("test_acc", lambda h: h[-1])):
+        history = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+        if history:
+            m = pick(history)
+            points.append(Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, run_id=run_id))
+    return points
+
+
 def logged_model_id(uri: str, run_id: str) -> str | None:
-    """The id of run ``run_id``'s finished logged model, or None."""
+    """The id of run ``run_id``'s finished logged model (one this module logged), or None."""
     client = MlflowClient(uri)
     experiment = client.get_run(run_id).info.experiment_id
-    found = client.search_logged_models([experiment], filter_string=f"source_run_id = '{run_id}' AND name = '{ARTIFACT}'",
-                                        max_results=10)
-    ready = [m for m in found if str(m.status).endswith("READY")]
+    found = client.search_logged_models([experiment], filter_string=f"source_run_id = '{run_id}'", max_results=50)
+    ready = [m for m in found if str(m.status).endswith("READY") and "iaa.members" in (m.tags or {})]
     return ready[0].model_id if ready else None
 
 

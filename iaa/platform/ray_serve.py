@@ -273,7 +273,7 @@ def start(cfg: ServeConfig, code: ServeCode) -> str:
     from iaa.platform.cluster import connect as cluster
 
     if not ray.is_initialized():
-        cluster.connect(cfg.address)
+        cluster.connect(cfg.address, dashboard=False)     # Serve needs no dashboard: seconds saved
     serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"})
     try:
         serve.run(build(to_dict(cfg), code), name=cfg.app_name, route_prefix=ROUTE, blocking=False)

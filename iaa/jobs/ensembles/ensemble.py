@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,9 +36,11 @@ from iaa.jobs.ensembles import averaging
 from iaa.jobs.ensembles import members as ledger
 from iaa.jobs.workdir import names
 from iaa.jobs.search import sweep as sweep_file
+from iaa.jobs.search.console import SweepConsole
+from iaa.jobs.search.cost import SweepCost
 from iaa.jobs.training.config import ConfigError, from_dict
 from iaa.jobs.ensembles.members import Member
-from iaa.jobs.ports import Launcher, MembersRequest, Tracker, TrialTracking
+from iaa.jobs.ports import MEMBER_KEY, Launcher, MembersRequest, Tracker, TrialTracking
 from iaa.jobs.inference.predict import MODEL_CODE, SUMMARY
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
@@ -60,6 +63,7 @@ class EnsembleRequest:
     workers_per_trial: int = 1    # Ray Train workers per member trained
     gpus_per_worker: float = 0.0
     show_progress: bool = True
+    verbose: bool = False         # Ray Tune's own status tables while members train
     register: str | None = None   # register the ensemble's MLflow model under this name
     overwrite: bool = False       # replace a finished ensemble of the same name
 
@@ -115,6 +119,7 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
     found = ledger.reusable(workdir.root, workdir.sweep(sweep["name"]), trials)
     wanted = ledger.seeded(ledger.best_configs(sweep["name"], trials, req.top_configs), req.seeds)
     to_train = [cfg for cfg, _ in wanted if ledger.config_key(cfg) not in found]
+    labels = [label for cfg, label in wanted if ledger.config_key(cfg) not in found]
     if to_train:
         from iaa.jobs.training.train import fit_on_worker
 
@@ -125,14 +130,31 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
         run_name = sweep_file.unique_name(f"ensemble-{name}")
         trials_to = TrialTracking(tracker=tracker, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
                                   parent_run_id=sweep.get("parent_run_id"), sweep=run_name, dataset=to_train[0].dataset)
+        console = member_console(to_train, labels, prepared, req) if req.show_progress else None
+        started = time.monotonic()
         trained = launcher.train_many(MembersRequest(
             configs=tuple(to_train), prepared=prepared, name=run_name, storage=workdir.storage(req.storage_path),
             tracking=trials_to, fit=fit_on_worker, downloads=out_dir / "checkpoints",
             workers_per_trial=req.workers_per_trial, gpus_per_worker=req.gpus_per_worker,
-            show_progress=req.show_progress,
+            show_progress=req.show_progress, console=console, verbose=req.verbose,
         ))
+        if console is not None:
+            print(console.summary(time.monotonic() - started), file=sys.stderr)
         ledger.record_trained(name, out_dir, Path(req.workdir), to_train, trained, found)
     return ledger.members(wanted, found)
+
+
+def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared: Path,
+                   req: EnsembleRequest) -> SweepConsole:
+    """The console of the members being trained (``labels``: ``config0-seed1``, ...): one line per
+    member event and an ETA, as a sweep's."""
+    from iaa.data.manifest import read
+
+    rows = int(((read(prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
+    cost = SweepCost(trials=len(configs), epochs=max(c.train.max_epochs for c in configs), examples=rows,
+                     examples_per_s=0.0, concurrency=len(configs), gpus=req.gpus_per_worker > 0)
+    return SweepConsole(cost, (), label=lambda params: f"member {labels[int(params[MEMBER_KEY])]}",
+                        what="training members")
 
 
 def read_sweep(workdir: Path, name: str) -> dict[str, Any]:
@@ -273,4 +295,21 @@ def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None
                                                             result, out_dir, prepared)
     atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=1, default=str))
     print(table, file=sys.stderr)
+    print(describe(summary, req), file=sys.stderr)
     return summary
+
+
+def describe(summary: dict[str, Any], req: EnsembleRequest) -> str:
+    """The ensemble in a few lines, and what to run with it."""
+    test = "" if summary.get("test_acc") is None else f", test {summary['test_acc']:.4f}"
+    mean = summary.get("mean_member_valid_acc")
+    members = f"{len(summary['members'])} of {len(summary['all_members'])} members ({summary['select']})"
+    where = "" if Path(req.workdir) == Path(DEFAULT_WORKDIR) else f" --workdir {req.workdir}"
+    return (f"ensemble {summary['name']}: {members}: valid accuracy {summary['valid_acc']:.4f}{test}"
+            + ("" if mean is None else f" (members alone: {mean:.4f} on average)") + "\n"
+            f"  folder:       {summary['ensemble_dir']}\n"
+            + (f"  model:        {summary['model_uri']}\n" if summary.get("model_uri") else "")
+            + "next:\n"
+            f"  iaa-cli serve --ensemble {summary['ensemble_dir']} --data {summary['data_dir']}{where}\n"
+            f"  iaa-cli evaluate --checkpoint {summary['members'][0]} --data {summary['data_dir']} --split valid\n"
+            f"  iaa-cli distill --ensemble {summary['ensemble_dir']}{where}")

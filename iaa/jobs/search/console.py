@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
 from iaa.jobs.search.cost import SweepCost, duration
@@ -39,10 +39,14 @@ class SweepConsole:
     Args:
         cost: the estimate said before the sweep (None: no estimate, e.g. a resumed sweep).
         searched: the searched parameter names, in table order.
+        label: what a trial is, from its Tune config (an ensemble's members: their seed).
+        what: the work, in the closing line ("sweep", "training members").
     """
 
     cost: SweepCost | None
     searched: Sequence[str]
+    label: Callable[[Mapping[str, Any]], str] = config_label
+    what: str = "sweep"
     out: TextIO = field(default_factory=lambda: sys.stderr)
     clock: Callable[[], float] = time.monotonic
     table_every_s: float = TABLE_EVERY_S
@@ -61,7 +65,7 @@ class SweepConsole:
         if trial_id in self.trials and self.trials[trial_id].state == "running":
             return                                  # a restarted or resumed trial
         self.trials[trial_id] = _Trial(dict(params), self.clock())
-        self._say(f"trial {trial_id} started: {config_label(params)}")
+        self._say(f"trial {trial_id} started: {self.label(params)}")
 
     def trial_checked(self, trial_id: str, metrics: Mapping[str, Any]) -> None:
         t = self.trials.setdefault(trial_id, _Trial({}, self.clock()))
@@ -74,9 +78,9 @@ class SweepConsole:
             self.corrected_s = self._estimate_total()
         self._say(f"trial {trial_id} check {t.checks} (epoch {t.epoch:.2f}): valid_acc {_acc(t.valid_acc)}, "
                   f"best {_acc(t.best)}")
-        if first and self.corrected_s is not None and self.cost is not None and self.cost.wall_s:
-            self._say(f"estimate from the first check: about {duration(self.corrected_s)} in all "
-                      f"(the probe said at most {duration(self.cost.wall_s)})")
+        if first and self.corrected_s is not None and self.cost is not None:
+            probe = f" (the probe said at most {duration(self.cost.wall_s)})" if self.cost.wall_s else ""
+            self._say(f"estimate from the first check: about {duration(self.corrected_s)} in all{probe}")
 
     def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None:
         """``reason``: ``asha`` (stopped by the scheduler), the loop's stop reason, or ``error``."""
@@ -124,7 +128,7 @@ class SweepConsole:
 
     def summary(self, wall_s: float) -> str:
         """The sweep's time against the estimates said before and during it."""
-        parts = [f"sweep took {duration(wall_s)}"]
+        parts = [f"{self.what} took {duration(wall_s)}"]
         if self.cost is not None and self.cost.wall_s:
             parts.append(f"estimated at most {duration(self.cost.wall_s)} before it started")
         if self.corrected_s is not None:
@@ -132,6 +136,11 @@ class SweepConsole:
         return "; ".join(parts)
 
     # --- the estimate ---------------------------------------------------------------------------
+
+    def placed(self, concurrency: int) -> None:
+        """How many trials run at once, once the cluster is known (the estimate's waves)."""
+        if self.cost is not None:
+            self.cost = replace(self.cost, concurrency=concurrency)
 
     def _epochs_per_s(self) -> float | None:
         """A trial's speed in epochs per second, start-up and validation included (the mean over

@@ -148,13 +148,10 @@ def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Pl
             "tune.study": plan.study_name, "tune.study_storage": plan.study_storage}
 
 
-SORT_COLUMN = "metrics.best_valid_acc"
-
-
-def run_columns(space: search_space.SearchSpace, best: bool = False) -> list[str]:
-    """The runs table's columns: the accuracies, the searched params (and the parent's ``best.*``)."""
-    return ["metrics.best_valid_acc", "metrics.valid_acc", *[f"params.{k}" for k in space.params],
-            *([f"params.best.{k}" for k in space.params] if best else [])]
+def run_columns(space: search_space.SearchSpace) -> list[str]:
+    """The runs table's columns: the accuracies and the searched params (what each trial tried;
+    the parent's best config is its ``best.*`` params and its note)."""
+    return ["metrics.best_valid_acc", "metrics.valid_acc", *[f"params.{k}" for k in space.params]]
 
 
 def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Tracker) -> tuple[dict[str, Any], TrackedRun]:
@@ -166,7 +163,7 @@ def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Track
     try:
         parent.log_dataset(launch.prepared)
         parent.log_params(sweep_params(base, plan, req, launch))
-        tracker.show_columns(experiment, run_columns(space), SORT_COLUMN)   # the runs view, while the sweep runs
+        tracker.show_columns(experiment, run_columns(space))   # the runs view, while the sweep runs
         sweep = {"name": launch.name, "dataset": req.dataset, "data_dir": str(launch.prepared.resolve()),
                  "tracking_uri": uri, "experiment": experiment, "parent_run_id": parent.run_id,
                  "storage": launch.experiment_path, "search_space": json.loads(space.to_json()), "num_samples": num_samples,
@@ -224,7 +221,7 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
                         "trials_failed": sum(r.status == "ERROR" for r in records)}, step=0)
     label = config_label(best.params)
     parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
-    view = tracker.show_columns(sweep["experiment"], run_columns(space, best=True), SORT_COLUMN)
+    view = tracker.show_columns(sweep["experiment"], run_columns(space))
     link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
     parent.set_tags({"best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
                      "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,

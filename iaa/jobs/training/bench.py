@@ -133,14 +133,33 @@ def matmul_gflops(device: str = "cpu", size: int = 2048, reps: int = 10,
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
-def matmul_rooflines(device: str = "cpu", size: int = 2048, rounds: int = 3) -> dict[str, float]:
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")   # x86 AVX-512 BF16 and AMX; arm64's BF16 extension
+NO_BF16_UNITS = ("bf16 roofline skipped: this CPU has no bf16 units (none of avx512_bf16, amx_bf16 in "
+                 "/proc/cpuinfo), so bf16 matmuls are emulated and slower than fp32; matmul_gflops_bf16 is null")
+
+
+def bf16_units(device: str = "cpu", features: str | None = None) -> bool:
+    """Whether ``device`` multiplies bf16 in hardware: a GPU, or a CPU with one of
+    :data:`BF16_CPU_FLAGS` among its ``features`` (default: this CPU's)."""
+    if not device.startswith("cpu"):
+        return True
+    flags = (features if features is not None else precision_lib.cpu_features()).split()
+    return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
+def matmul_rooflines(device: str = "cpu", size: int = 2048, rounds: int = 3,
+                     bf16: bool | None = None) -> dict[str, float | None]:
     """GFLOP/s of a large (``size``²) fp32 and bf16 matmul on ``device``: the median of
-    ``rounds``, the two dtypes alternating (a shared machine's load then hits both alike)."""
-    rates: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    ``rounds``, the two dtypes alternating (a shared machine's load then hits both alike).
+    ``bf16=False`` (default: :func:`bf16_units`) skips bf16, whose rate is then None: on a CPU
+    without bf16 units it is emulated, and timing it takes minutes."""
+    dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if (bf16_units(device) if bf16 is None else bf16)
+                                        else {})}
+    rates: dict[str, list[float]] = {name: [] for name in dtypes}
     for _ in range(rounds):
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for name, dtype in dtypes.items():
             rates[name].append(matmul_gflops(device, size=size, reps=3, dtype=dtype))
-    return {name: round(sorted(r)[len(r) // 2], 1) for name, r in rates.items()}
+    return {"bf16": None, **{name: round(sorted(r)[len(r) // 2], 1) for name, r in rates.items()}}
 
 
 def count_flops(fn: Callable[[], object]) -> int:
@@ -292,8 +311,9 @@ def _report(cfg: ReaderConfig, device: str, used: str, batch_size: int, by_dtype
     flops = sum(by_dtype.values())                                     # per example, median-length batch
     achieved = flops * train_rate / 1e9
     # seconds per example the matmuls would take, each at its own dtype's roofline
-    ideal_s = sum(f / (rooflines.get(name, rooflines["fp32"]) * 1e9) for name, f in by_dtype.items())
+    ideal_s = sum(f / ((rooflines.get(name) or rooflines["fp32"]) * 1e9) for name, f in by_dtype.items())
     return {
+        **({"warnings": [NO_BF16_UNITS]} if rooflines.get("bf16") is None else {}),
         "train_examples_per_s": round(train_rate, 2),
         "infer_examples_per_s": round(infer_rate, 2),
         "flops_per_train_example": int(flops),

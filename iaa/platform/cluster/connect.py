@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 from iaa.platform.cluster import resources
 from iaa.platform.cluster.resources import ClusterError, Node, TrialPlan, node_summary, plan
@@ -27,6 +27,7 @@ DASHBOARD_PORT_ENV = "IAA_DASHBOARD_PORT"      # its port (8265, or a free one w
 CONNECT_TIMEOUT_ENV = "IAA_RAY_CONNECT_TIMEOUT"  # seconds to reach a --address before giving up (10)
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # 0: Ray's node address is loopback
 DEFAULT_DASHBOARD_PORT = 8265
+LOCAL_START_TRIES = 3        # starts of a local Ray whose dashboard port another process took first
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 
@@ -109,8 +110,9 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def dashboard_port(host: str = "127.0.0.1") -> int:
-    """The port of a local cluster's dashboard: ``IAA_DASHBOARD_PORT``, else 8265 when free, else any free port.
+def dashboard_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """The port of a local cluster's dashboard: ``IAA_DASHBOARD_PORT``, else 8265 when free, else any free port
+    (never one of ``avoid``, ports that were taken when Ray tried them).
 
     Each local cluster gets its own port, so two sweeps (or test runs) on one machine do not collide,
     and its workers are told exactly that port (see :func:`connect`).
@@ -121,11 +123,14 @@ def dashboard_port(host: str = "127.0.0.1") -> int:
             return int(wanted)
         except ValueError:
             raise ClusterError(f"{DASHBOARD_PORT_ENV}={wanted!r} is not a port number") from None
-    if _port_free(host, DEFAULT_DASHBOARD_PORT):
+    if DEFAULT_DASHBOARD_PORT not in avoid and _port_free(host, DEFAULT_DASHBOARD_PORT):
         return DEFAULT_DASHBOARD_PORT
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            port = int(probe.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def connect_timeout() -> float:
@@ -168,7 +173,7 @@ def check_reachable(address: str, timeout_s: float | None = None) -> None:
 
 
 def connect(address: str | None = None, storage_path: str | None = None, *, num_cpus: int | None = None,
-            num_gpus: int | None = None, log_to_driver: bool | None = None) -> ClusterInfo:
+            num_gpus: int | None = None, log_to_driver: bool | None = None, dashboard: bool = True) -> ClusterInfo:
     """Connect to the Ray cluster at ``address`` (or ``RAY_ADDRESS``), else start a local one.
 
     A local cluster runs Ray's dashboard on ``IAA_DASHBOARD_HOST`` (default 127.0.0.1) and a port
@@ -177,8 +182,9 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
     died (a trial stopped by ASHA) through the State API, which otherwise looks for "the" local
     cluster and fails when a machine runs two. A Ray already initialised in this process (tests,
     notebooks) is reused. On a cluster with more than one node, ``storage_path`` must be shared
-    storage (see :func:`check_storage`). Raises :class:`ClusterError` for an unreachable address
-    or unusable storage.
+    storage (see :func:`check_storage`). ``dashboard=False`` starts a local cluster without Ray's
+    dashboard (``iaa-cli serve``: Ray Serve does not use it, and it costs seconds to start).
+    Raises :class:`ClusterError` for an unreachable address or unusable storage.
     """
     import ray
 
@@ -187,7 +193,7 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
         address = None
     if log_to_driver is None:
         log_to_driver = os.environ.get("IAA_RAY_LOG_TO_DRIVER", "0") == "1"
-    dashboard = None
+    dashboard_url = None
     if ray.is_initialized() and address and "://" not in address and _host_port(address) and \
             ray.get_runtime_context().gcs_address != address:
         ray.shutdown()              # joined to another cluster earlier in this process
@@ -208,19 +214,94 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
                                    "with token authentication needs RAY_AUTH_MODE=token and its token here, see "
                                    "`ray get-auth-token`)") from err
         else:
-            host = dashboard_host()
-            port = dashboard_port(host)
-            env["RAY_API_SERVER_ADDRESS"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+            dashboard_url = _start_local(num_cpus, num_gpus, env, kwargs, dashboard)
+        _quiet_ray_data()
+    info = ClusterInfo(_alive_nodes(), address, dashboard_url)
+    check_storage(storage_path, info.nodes)
+    return info
+
+
+def _start_local(num_cpus: int | None, num_gpus: int | None, env: dict[str, str], kwargs: dict[str, Any],
+                 dashboard: bool = True) -> str | None:
+    """Start a local cluster; returns its dashboard's ``host:port``.
+
+    The dashboard's port is picked here (its workers must be told it before they start), so
+    another process may bind it first, in the seconds a loaded machine takes to start Ray: then
+    Ray is started again on another port, up to :data:`LOCAL_START_TRIES` times. Any failure is a
+    :class:`ClusterError` of one line; Ray's own log of it stays in its session's ``logs/``.
+    Ray turns token authentication on for a new local cluster with a warning on every start;
+    docs/platform.md explains it once instead.
+    """
+    import ray
+
+    if not dashboard:
+        try:
+            with _loopback_only(True), _ray_start_log_quiet():
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
+                         include_dashboard=False, runtime_env={"env_vars": env} if env else None, **kwargs)
+        except Exception as err:  # noqa: BLE001 - as below
+            ray.shutdown()
+            raise ClusterError(f"could not start a local Ray: {_one_line(err)}; see Ray's logs under "
+                               "/tmp/ray/session_latest/logs") from None
+        return None
+    host = dashboard_host()
+    fixed = bool(os.environ.get(DASHBOARD_PORT_ENV))
+    taken: set[int] = set()
+    for attempt in range(1, LOCAL_START_TRIES + 1):
+        port = dashboard_port(host, avoid=taken)
+        env["RAY_API_SERVER_ADDRESS"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+        try:
             # address="local": without it, ray.init joins the latest `ray start` cluster on this machine
-            with _loopback_only(_loopback(host)):
+            with _loopback_only(_loopback(host)), _ray_start_log_quiet():
                 context = ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus,
                                    include_dashboard=True, dashboard_host=host, dashboard_port=port,
                                    runtime_env={"env_vars": env}, **kwargs)
-            dashboard = context.dashboard_url or None
-        _quiet_ray_data()
-    info = ClusterInfo(_alive_nodes(), address, dashboard)
-    check_storage(storage_path, info.nodes)
-    return info
+            return context.dashboard_url or None
+        except Exception as err:  # noqa: BLE001 - Ray raises bare Exceptions here; each becomes one line
+            ray.shutdown()
+            if _port_taken(err) and not fixed and attempt < LOCAL_START_TRIES:
+                taken.add(port)
+                continue
+            hint = (f"; free port {port} or set {DASHBOARD_PORT_ENV} to another" if _port_taken(err) and fixed else
+                    "; see Ray's logs under /tmp/ray/session_latest/logs")
+            raise ClusterError(f"could not start a local Ray (dashboard on {host}:{port}, try {attempt}): "
+                               f"{_one_line(err)}{hint}") from None
+    raise AssertionError("unreachable")
+
+
+def _port_taken(err: BaseException) -> bool:
+    text = str(err).lower()
+    return any(words in text for words in ("address already in use", "already occupied", "valid port"))
+
+
+def _one_line(err: BaseException) -> str:
+    """The telling line of a (multi-line) Ray error: one naming a taken port, else the last."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    telling = [line for line in lines if _port_taken(Exception(line))]
+    line = (telling or lines)[-1]
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
+QUIETED_LOGGERS = {
+    "ray._private.services": logging.CRITICAL,      # a failed dashboard start as twenty lines of its log:
+                                                    # the raised error, made one line, says it instead
+    "ray._private.authentication.authentication_token_setup": logging.ERROR,   # "Token authentication is
+                                                    # enabled", on every start: explained in docs/platform.md
+}
+
+
+@contextlib.contextmanager
+def _ray_start_log_quiet() -> Iterator[None]:
+    """Ray's start-up messages that iaa says otherwise (:data:`QUIETED_LOGGERS`) are held back."""
+    loggers = {logging.getLogger(name): level for name, level in QUIETED_LOGGERS.items()}
+    saved = {log: log.level for log in loggers}
+    for log, level in loggers.items():
+        log.setLevel(level)
+    try:
+        yield
+    finally:
+        for log, level in saved.items():
+            log.setLevel(level)
 
 
 def _quiet_ray_data() -> None:

@@ -95,9 +95,19 @@ def train_device(gpus: float) -> torch.device:
     return torch.device("cuda", 0)
 
 
+# Ray Serve kills a proxy that does not answer its ready check within 5 s (10 s for a health
+# check), and starts another: on a loaded machine none ever starts. Its controller reads these
+# when it starts, from the job's environment; a value set in this process wins.
+SERVE_PATIENCE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
+
+
 def job_env() -> dict[str, str]:
-    """Settings of this process that every worker of the job must see (passed in the runtime env)."""
-    return {TRAIN_DEVICE_ENV: os.environ[TRAIN_DEVICE_ENV]} if os.environ.get(TRAIN_DEVICE_ENV) else {}
+    """Settings of this process that every worker of the job must see (passed in the runtime env),
+    and Ray Serve's patience with a slow proxy (:data:`SERVE_PATIENCE`)."""
+    env = {key: os.environ.get(key, value) for key, value in SERVE_PATIENCE.items()}
+    if os.environ.get(TRAIN_DEVICE_ENV):
+        env[TRAIN_DEVICE_ENV] = os.environ[TRAIN_DEVICE_ENV]
+    return env
 
 
 def wait_seconds() -> float:

@@ -10,14 +10,19 @@ configuration of the space is taken, repeats are allowed.
 
 :class:`StudySearch` also makes the study tell what happened: every check's ``valid_acc`` is an
 intermediate value (step = the check), and a trial that ASHA stopped is PRUNED, not COMPLETE.
+The objective is named ``valid_acc``, and each trial carries the user attributes
+``tune_trial_id`` and ``mlflow_run_id`` (from ``run_ids``, which the sweep's MLflow callback
+fills), so optuna-dashboard, Tune's folders and MLflow's runs name the same trials.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any, Mapping
 
 from optuna.distributions import BaseDistribution
+from optuna.exceptions import ExperimentalWarning
 from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
@@ -25,6 +30,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from iaa.jobs.training.presets import STOP_METRIC
 
+OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
 
 
@@ -70,12 +76,29 @@ class DistinctSampler(BaseSampler):
 
 
 class StudySearch(OptunaSearch):
-    """``OptunaSearch`` whose study records each check and ASHA's stops truthfully."""
+    """``OptunaSearch`` whose study records each check and ASHA's stops truthfully, with a named
+    objective and each trial's Tune trial id and MLflow run id."""
+
+    run_ids: Mapping[str, str] = {}      # Tune trial id -> MLflow run id, filled while trials start
+
+    def _setup_study(self, mode: Any) -> None:
+        super()._setup_study(mode)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)     # stable in use since Optuna 3.2
+            self._ot_study.set_metric_names([OBJECTIVE_NAME])
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        config = super().suggest(trial_id)
+        if trial_id in self._ot_trials:
+            self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
+        return config
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is None or trial_id in self._completed_trials or STOP_METRIC not in result:
             return
+        if self.run_ids.get(trial_id) and "mlflow_run_id" not in ot_trial.user_attrs:
+            ot_trial.set_user_attr("mlflow_run_id", self.run_ids[trial_id])
         step = int(result.get("checks") or result.get("training_iteration") or 0)
         if step not in self._ot_study._storage.get_trial(ot_trial._trial_id).intermediate_values:
             ot_trial.report(float(result[STOP_METRIC]), step)

@@ -215,8 +215,9 @@ class RayLauncher:
                              parent_run_id=trials.parent_run_id, sweep=trials.sweep, dataset=trials.dataset,
                              spec=spec, data_dir=trials.data_dir)
             callbacks = [runs, *self.callbacks, ConsoleCallback(request.console)]
-            tuner_ = tuner(launch, fn, callbacks, show_progress=request.verbose,
-                           search_alg=search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name),
+            searcher = search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name)
+            searcher.run_ids = runs.run_ids          # each Optuna trial names its MLflow run
+            tuner_ = tuner(launch, fn, callbacks, show_progress=request.verbose, search_alg=searcher,
                            scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
         results, statuses = run_tuner(launch, tuner_, quiet=not request.verbose)
         run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
@@ -228,8 +229,10 @@ class RayLauncher:
 
         Each trial gets a child run under ``request.tracking.parent_run_id``. Trials use
         ``workers_per_trial`` Train workers of ``gpus_per_worker`` GPUs and the configs'
-        ``train.threads`` (the largest). Returns one record per config, in input order;
-        ``checkpoint`` is ``None`` (status ``ERROR``) when a trial failed before its first check.
+        ``train.threads`` (the largest). ``request.console`` hears every trial event; Ray Tune's
+        own tables reach the terminal only when ``request.verbose``. Returns one record per config,
+        in input order; ``checkpoint`` is ``None`` (status ``ERROR``) when a trial failed before
+        its first check.
         """
         configs, trials = request.configs, request.tracking
         if not configs:
@@ -241,12 +244,16 @@ class RayLauncher:
                                  threads=max(c.train.threads for c in configs) or None,
                                  show_progress=request.show_progress)
         launch = connect(placing, self.address, self.storage_path)
+        if request.console is not None:
+            request.console.placed(launch.plan.max_concurrent)
         spec = trial_spec(launch, request.fit, members=configs)
         runs = TrialRuns(tracker=trials.tracker, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
                          sweep=request.name, dataset=configs[0].dataset, spec=spec)
         fn, _ = trainable(launch, spec)
-        results, statuses = run_tuner(launch, tuner(launch, fn, [runs], show_progress=request.show_progress,
-                                              param_space={MEMBER_KEY: tune.grid_search(list(range(len(configs))))}))
+        grid = {MEMBER_KEY: tune.grid_search(list(range(len(configs))))}
+        callbacks = [runs, ConsoleCallback(request.console)]
+        results, statuses = run_tuner(launch, tuner(launch, fn, callbacks, show_progress=request.verbose,
+                                                    param_space=grid), quiet=not request.verbose)
         run_ids, tagged = child_runs(trials.tracker, trials.experiment, request.name, trials.parent_run_id)
         found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
                         downloads=request.downloads)

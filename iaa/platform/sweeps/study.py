@@ -16,6 +16,7 @@ from typing import Any
 from iaa.errors import IaaError
 
 FIGURES = ("importances", "parallel_coordinates", "intermediate_values")
+OBJECTIVE = "best valid_acc"       # what each trial is valued by (its best check)
 
 
 def _scored_copy(study: Any) -> Any:
@@ -60,11 +61,12 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
     paths = {name: out_dir / f"{name}.png" for name in FIGURES}
     with warnings.catch_warnings():                # the matplotlib figures are "experimental"
         warnings.simplefilter("ignore")
-        vis.plot_param_importances(scored, evaluator=evaluator)
+        vis.plot_param_importances(scored, evaluator=evaluator, target_name=OBJECTIVE)
         _save(plt, paths["importances"])
-        vis.plot_parallel_coordinate(scored)
+        _readable_lines(vis.plot_parallel_coordinate(scored, target_name=OBJECTIVE))
         _save(plt, paths["parallel_coordinates"])
         ax = vis.plot_intermediate_values(study)
+        _trial_labels(ax, study)
         stops = [(max(t.intermediate_values), t.intermediate_values[max(t.intermediate_values)])
                  for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if t.intermediate_values]
         if stops:
@@ -83,8 +85,38 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
             "trials": trials, "figures": {k: str(v) for k, v in paths.items()}}
 
 
+def _readable_lines(ax: Any) -> None:
+    """Parallel coordinates: Optuna colours the trials with "Blues", whose worst trials are
+    near-white on the grey ggplot background; viridis keeps every line visible, worst dark."""
+    from matplotlib.collections import LineCollection
+
+    for collection in ax.collections:
+        if isinstance(collection, LineCollection):
+            collection.set_cmap("viridis")
+            collection.set_linewidth(2.0)
+
+
+def _trial_labels(ax: Any, study: Any) -> None:
+    """Each trial's curve labelled by its number, Tune trial id and searched values, not "Trial0"."""
+    from iaa.jobs.training.config import config_label
+
+    names = {f"Trial{t.number}": " ".join(filter(None, (f"#{t.number}", t.user_attrs.get("tune_trial_id"),
+                                                          config_label(t.params))))
+             for t in study.get_trials(deepcopy=False)}
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10"]          # Optuna's tab20 gives every other trial a pale shade
+    for i, line in enumerate(line for line in ax.get_lines() if line.get_label() in names):
+        line.set_label(names[line.get_label()])
+        line.set_color(palette(i % 10))
+    if ax.get_lines():
+        ax.legend(loc="lower right", fontsize="small")
+
+
 def _save(plt: Any, path: Path) -> None:
     fig = plt.gcf()
+    for ax in fig.axes:
+        ax.set_facecolor("white")
     fig.set_size_inches(9, 5.5)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -24,11 +24,10 @@ import pyarrow as pa
 
 from iaa.files import is_remote_uri
 from iaa.jobs.training.config import JobConfig, apply, from_dict
-from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, TrialRecord, WorkerFit
+from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MEMBER_KEY, TrialRecord, WorkerFit
 from iaa.platform.ray_train import TuneLink, build_trainer
 from iaa.platform.cluster.resources import train_device
 
-MEMBER_KEY = "member"          # train_many: the trial config is {"member": index into TrialSpec.members}
 
 
 @dataclass(frozen=True)

@@ -379,13 +379,16 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
 VIEW_KEY = "iaa-sweep"   # the experiment's saved runs view (``viewStateShareKey``)
 
 
-def show_columns(uri: str, experiment: str, columns: Sequence[str], order_by: str) -> str | None:
+def show_columns(uri: str, experiment: str, columns: Sequence[str]) -> str | None:
     """Save a runs view of ``experiment`` showing ``columns`` (``metrics.valid_acc``,
-    ``params.train.lr``), sorted by ``order_by`` descending, and mark the experiment a
-    training-runs one; returns the view's path in the UI (``#/experiments/ID/runs?...``).
+    ``params.train.lr``), and mark the experiment a training-runs one; returns the view's URL in the UI
+    (:func:`ui_url`, ``http://127.0.0.1:5000/#/experiments/ID/runs?...``).
 
     MLflow's UI opens an experiment with the columns the browser last chose; a view saved as the
-    experiment tag ``mlflow.sharedViewState.KEY`` opens with its own columns from a link.
+    experiment tag ``mlflow.sharedViewState.KEY`` opens with its own columns from a link. The UI
+    nests child runs under their parent only while the table is sorted by start time (any other
+    sort lists the parent among its children), so the view keeps that order. (A shared view
+    cannot open a parent: the UI drops ``runsExpanded`` from it.)
     (``mlflow.experimentKind`` is what older 3.x UIs read; 3.17's follows the link's ``workflowType``.)
     """
     def canonical(name: str) -> str:
@@ -396,13 +399,26 @@ def show_columns(uri: str, experiment: str, columns: Sequence[str], order_by: st
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return None
-    state = {"selectedColumns": [canonical(c) for c in columns], "orderByKey": canonical(order_by),
-             "orderByAsc": False, "runsExpanded": {}, "hideEmptyCharts": True}
+    state = {"selectedColumns": [canonical(c) for c in columns], "orderByKey": "attributes.start_time",
+             "orderByAsc": False, "hideEmptyCharts": True}
     for key, value in {**EXPERIMENT_KIND, f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(state)}.items():
         client.set_experiment_tag(found.experiment_id, key, value)
     # The UI shows every experiment as GenAI or as model training after a global switch (kept per
     # browser, GenAI by default); ``workflowType`` in the link picks model training.
-    return f"#/experiments/{found.experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+    return (f"{ui_url(uri)}/#/experiments/{found.experiment_id}/runs?workflowType=machine_learning"
+            f"&viewStateShareKey={VIEW_KEY}")
+
+
+UI_URL = "http://127.0.0.1:5000"     # where ``mlflow ui`` serves a file store by default
+
+
+def ui_url(uri: str) -> str:
+    """The address of the UI showing the store ``uri``: a tracking server is its own UI; a SQLite
+    or file store is shown by ``mlflow ui --backend-store-uri URI`` (``MLFLOW_UI_URL`` if it runs
+    elsewhere)."""
+    if uri.startswith(("http://", "https://")):
+        return uri.rstrip("/")
+    return os.environ.get("MLFLOW_UI_URL", UI_URL).rstrip("/")
 
 
 # --- reading runs back (reports) -------------------------------------------------------------------

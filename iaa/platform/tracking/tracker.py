@@ -55,10 +55,11 @@ class MlflowTracker:
     def experiment_names(self) -> list[str]:
         return tracking.experiment_names(self.uri)
 
-    def show_columns(self, experiment: str, columns: Sequence[str], order_by: str) -> str | None:
-        """A saved runs view with these columns; None when the store failed (a courtesy)."""
+    def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None:
+        """A saved runs view with these columns, trials nested under their sweep; None when the
+        store failed (a courtesy)."""
         try:
-            return tracking.show_columns(self.uri, experiment, columns, order_by)
+            return tracking.show_columns(self.uri, experiment, columns)
         except TRANSIENT:
             return None
 
