@@ -177,7 +177,7 @@ class FakeTracker:
     def experiment_names(self) -> list[str]:
         return sorted({r.experiment for r in self.runs.values()})
 
-    def show_columns(self, experiment: str, columns: Sequence[str], order_by: str) -> str | None:
+    def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None:
         return None
 
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]:
