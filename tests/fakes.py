@@ -141,15 +141,15 @@ class FakeTracker:
         @contextmanager
         def context() -> Iterator[FakeRun]:
             run = self.reopen_run(resume_id) if resume_id else self.start_run(experiment, name, tags=tags)
+            status = "FAILED"
             try:
                 yield run
+                status = "FINISHED"
             except KeyboardInterrupt:
-                run.end("KILLED")
+                status = "KILLED"
                 raise
-            except BaseException:
-                run.end("FAILED")
-                raise
-            run.end("FINISHED")
+            finally:
+                run.end(status)
         return context()
 
     def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
