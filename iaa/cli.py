@@ -162,9 +162,17 @@ def _launcher(address: str | None, storage_path: str | None) -> Any:
     return RayLauncher(address, storage_path)
 
 
+def _open_tracker(uri: str) -> Any:
+    """The MLflow Tracker at ``uri``, imported only when a job opens it (after its inputs are checked)."""
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    return MlflowTracker(uri)
+
+
 def _need_data(dataset: str | None, data: Path | None) -> None:
-    if (dataset is None) == (data is None):
-        raise click.UsageError("give exactly one of --dataset NAME or --data PREPARED_DIR")
+    """``--dataset`` or ``--data`` (both: they must agree, which the job checks against the manifest)."""
+    if dataset is None and data is None:
+        raise click.UsageError("give --dataset NAME or --data PREPARED_DIR")
 
 
 INPUT_FORMATS = 'JSON Lines of {"id", "document", "query", "candidates"[, "answer"]}, or a CBT / CNN file.'
@@ -245,15 +253,18 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @json_option
 @_friendly
 def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **request: Any) -> None:
-    """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs.training import train as job
-    from iaa.platform.tracking.tracker import MlflowTracker
+    """Train one reader, with validation checks, checkpoints and an MLflow run.
 
-    _need_data(request["dataset"], request["data"])
+    The data is --dataset or --data, or what the --config file names: `iaa-cli train --config
+    WORKDIR/sweeps/NAME/best_config.yaml` trains a sweep's best configuration on the sweep's data."""
+    from iaa.jobs.training import train as job
+
+    if request["dataset"] is None and request["data"] is None and request["config_file"] is None:
+        raise click.UsageError("give --dataset NAME, --data PREPARED_DIR, or a --config file that names its data")
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
     req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=not as_json)
-    _emit(job.run_request(req, MlflowTracker, _launcher(address, req.storage_path) if req.workers > 0 else None),
+    _emit(job.run_request(req, _open_tracker, _launcher(address, req.storage_path) if req.workers > 0 else None),
           as_json)
 
 
@@ -298,8 +309,10 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 
 
 @cli.command()
-@click.option("--dataset", required=True, type=click.Choice(TUNE_DATASETS))
-@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), help="A prepared data folder.")
+@click.option("--dataset", type=click.Choice(TUNE_DATASETS),
+              help="The dataset prepared under the workdir; with --data, the one its manifest names (checked).")
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A prepared data folder; its dataset comes from its manifest.")
 @click.option("--model", "model_kind", type=MODELS, default="iaa", show_default=True)
 @click.option("--num-samples", type=click.IntRange(min=1), default=None, help="Trials [default: per dataset preset].")
 @click.option("--max-concurrent", type=click.IntRange(min=1), default=None, help="Trials at once [default: what the cluster fits].")
@@ -328,12 +341,13 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 def tune(address: str | None, sweep_name: str | None, resume: str | None, as_json: bool, **request: Any) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
     from iaa.jobs.search import tune as job
-    from iaa.platform.tracking.tracker import MlflowTracker
 
     if resume and sweep_name and resume != sweep_name:
         raise click.UsageError(f"--resume {resume} and --name {sweep_name} name different sweeps")
+    _need_data(request["dataset"], request["data"])
     req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, show_progress=not as_json)
-    _emit(job.run(req, MlflowTracker, _launcher(address, req.storage_path)), as_json,
+    req = job.with_dataset(req)          # missing or contradicting data fails here, before Ray or MLflow loads
+    _emit(job.run(req, _open_tracker, _launcher(address, req.storage_path)), as_json,
           keys=("sweep", "best_valid_acc", "model_uri"))
 
 
