@@ -34,7 +34,7 @@ from iaa.errors import IaaError
 from iaa.jobs.search import sweep as sweep_file
 from iaa.jobs.training.config import ConfigError, JobConfig, config_label, dump_yaml, to_dict
 from iaa.jobs.workdir import names
-from iaa.jobs.search import search_space
+from iaa.jobs.search import exploration, search_space
 from iaa.jobs.search.console import SweepConsole
 from iaa.jobs.search.cost import SweepCost, probe
 from iaa.jobs.ports import Launcher, Placement, SearchPlan, TrackedRun, Tracker, TrialRecord, TrialTracking
@@ -244,6 +244,8 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     best_config = sweep_dir / "best_config.yaml"
     write_best_config(best, best_config, name, train_epochs, req.data if req is not None else None)
     print(sweep_file.table(records, list(space.params)), file=sys.stderr)
+    for note in exploration.notes([r.params for r in scored], list(space.params)):
+        print(f"warning: {note}", file=sys.stderr)
     parent.log_metrics({"best_valid_acc": best.best_valid_acc, "trials": len(records),
                         "trials_stopped_early": sum(r.stop_reason == "asha" for r in records),
                         "trials_failed": sum(r.status == "ERROR" for r in records)}, step=0)
