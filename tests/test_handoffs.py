@@ -125,3 +125,54 @@ def test_train_with_only_best_config_trains_it_on_the_sweeps_data_to_its_early_s
     assert out["stop_reason"] in ("early-stopped", "max-epochs")
     assert out["steps"] > 0.5 * 192 / 16                       # beyond the trial's budget
     assert Path(out["run_dir"]).parent == tmp_path / "w" / "runs"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module (the platform reuses a Ray already started in the process)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _printed_next_commands(stderr: str) -> list[str]:
+    lines = stderr.splitlines()
+    start = lines.index("next:") + 1
+    return [line.strip() for line in lines[start:] if line.startswith("  iaa-cli ")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Path, local_ray: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import shlex
+
+    from tests._platform import write_space
+
+    work = tmp_path / "work"
+    sets = [arg for s in TINY_SETS for arg in ("--set", s)]
+    tuned = CliRunner().invoke(cli.cli, ["tune", "--data", str(tiny), "--num-samples", "2", "--max-epochs", "1",
+                                         "--search-space", str(write_space(tmp_path)), "--name", "hand",
+                                         "--workdir", str(work), *sets])
+    assert tuned.exit_code == 0, tuned.output
+    commands = _printed_next_commands(tuned.stderr)
+    assert [shlex.split(c)[1] for c in commands] == ["train", "report", "ensemble", "serve"]
+
+    # serve runs until stopped: the printed flags must give a model that loads and answers; the
+    # Ray Serve deployment itself is tested in test_serve.py
+    from iaa.platform import ray_serve
+
+    served = []
+    monkeypatch.setattr(ray_serve, "run_forever", lambda cfg, load: served.append(load(cfg.source, cfg.threads)))
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "iaa-cli"
+        result = CliRunner().invoke(cli.cli, argv[1:])
+        assert result.exit_code == 0, f"{command}\n{result.output}"
+        if argv[1] == "train":                       # the best config, on the sweep's data, past the trial budget
+            assert "to its early stop: up to 2 epochs" in result.stderr
+            assert "steps: " in result.stdout and (work / "runs").is_dir()
+    [answerer] = served
+    assert answerer.predictor is not None
