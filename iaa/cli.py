@@ -57,7 +57,7 @@ def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = 
         click.echo(json.dumps(result, default=str))
     else:
         for key, value in result.items():
-            if keys is None or key in keys:
+            if (keys is None or key in keys) and key != "warnings":   # those went to stderr
                 click.echo(f"{key}: {value}")
 
 

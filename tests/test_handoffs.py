@@ -18,6 +18,7 @@ from iaa import cli
 from iaa.data.datasets import CLOZE_STYLES
 from iaa.jobs.datasets import resolve
 from iaa.jobs.ports import TrialRecord
+from iaa.jobs.reports import frequency
 from iaa.jobs.search import tune
 from iaa.jobs.training.config import JobConfig, load, read_handoff
 from iaa.jobs.training.presets import TUNE_PRESETS
@@ -122,6 +123,7 @@ def test_train_with_only_best_config_trains_it_on_the_sweeps_data_to_its_early_s
     assert ("training the best configuration of sweep s1 (trial t_00001: valid accuracy 0.3125 in at most 0.5 "
             "epochs) to its early stop: up to 3 epochs") in result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["baseline_valid_acc"] == frequency.run(tiny, "valid")["accuracy"]
     assert out["stop_reason"] in ("early-stopped", "max-epochs")
     assert out["steps"] > 0.5 * 192 / 16                       # beyond the trial's budget
     assert Path(out["run_dir"]).parent == tmp_path / "w" / "runs"
@@ -157,6 +159,8 @@ def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Pa
                                          "--search-space", str(write_space(tmp_path)), "--name", "hand",
                                          "--workdir", str(work), *sets])
     assert tuned.exit_code == 0, tuned.output
+    base = frequency.run(tiny, "valid")["accuracy"]
+    assert f"(most-frequent-candidate baseline {base:.4f}" in tuned.stderr
     commands = _printed_next_commands(tuned.stderr)
     assert [shlex.split(c)[1] for c in commands] == ["train", "report", "ensemble", "serve"]
 
@@ -176,3 +180,41 @@ def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Pa
             assert "steps: " in result.stdout and (work / "runs").is_dir()
     [answerer] = served
     assert answerer.predictor is not None
+
+
+def test_an_accuracy_is_shown_beside_the_baseline_and_not_being_above_it_is_said() -> None:
+    assert frequency.beside(0.5, 0.364) == "0.5000 (most-frequent-candidate baseline 0.3640)"
+    assert frequency.beside(0.2955, 0.364).endswith("baseline 0.3640, and not above it)")
+    assert frequency.below_warning(0.5, 0.364, "the run") == []
+    [warning] = frequency.below_warning(0.2955, 0.364, "the best trial t1")
+    assert warning.startswith("the best trial t1's valid accuracy 0.2955 is not above the most-frequent-candidate")
+
+
+def test_asha_settings_that_can_never_stop_a_trial_are_a_warning() -> None:
+    from iaa.jobs.search import search_space as spaces
+    from iaa.jobs.training.presets import max_checks
+
+    preset = TUNE_PRESETS["demo"]
+    demo = replace(JobConfig(), train=replace(JobConfig().train, check_every=0))
+    space = spaces.parse(preset.space, demo)
+
+    def reachable(epochs: float) -> int:
+        return max_checks(replace(demo, train=replace(demo.train, max_epochs=epochs)), space, 4096, 1) - 1
+
+    [note] = tune.asha_notes(reachable(0.3), preset)          # --max-epochs 0.3: one check, grace 2
+    assert note.startswith("ASHA can never stop a trial early: a trial makes at most 1 validation check(s)")
+    assert "--grace-period" not in note.split("give ")[-1]
+    assert tune.asha_notes(reachable(1.0), preset) != []        # two checks: the grace rung is the last
+    assert tune.asha_notes(reachable(1.5), preset) == []        # the quick start: three checks
+    assert tune.asha_notes(reachable(1.0), replace(preset, grace_period=1)) == []
+
+
+def test_make_cloze_warns_of_an_evaluation_split_too_small_to_measure() -> None:
+    from iaa.jobs.datasets.make_cloze import small_splits
+
+    [valid] = small_splits({"train": 900, "valid": 44, "test": 0})
+    assert valid.startswith("the valid split has only 44 questions: an accuracy measured on it has a standard "
+                            "error of up to 7.5 points")
+    assert small_splits({"train": 900, "valid": 400, "test": 1000}) == []
+    [empty] = small_splits({"train": 900})
+    assert empty.startswith("the valid split is empty")

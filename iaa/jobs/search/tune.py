@@ -34,6 +34,7 @@ from iaa.errors import IaaError
 from iaa.jobs.search import sweep as sweep_file
 from iaa.jobs.training.config import ConfigError, JobConfig, config_label, dump_yaml, to_dict
 from iaa.jobs.workdir import names
+from iaa.jobs.reports import frequency
 from iaa.jobs.search import exploration, search_space
 from iaa.jobs.search.console import SweepConsole
 from iaa.jobs.search.cost import SweepCost, probe
@@ -266,7 +267,11 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     parent.end("FINISHED")
     outputs, unlogged = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
     ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
-    print(f"best trial {best.trial_id} ({label}): valid accuracy {best.best_valid_acc:.4f}\n"
+    base = frequency.run(prepared, "valid")["accuracy"]
+    warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.trial_id}")
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"best trial {best.trial_id} ({label}): valid accuracy {frequency.beside(best.best_valid_acc, base)}\n"
           f"  config:       {best_config}\n"
           + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
           + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
@@ -276,7 +281,7 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
                        "restart it) and log the models again")
     return {"sweep": name, "tracking_uri": sweep["tracking_uri"], "experiment": sweep["experiment"],
-            "best_config": str(best_config), "best_valid_acc": best.best_valid_acc,
+            "best_config": str(best_config), "best_valid_acc": best.best_valid_acc, "baseline_valid_acc": base,
             "best_trial": best.trial_id, "best_checkpoint": best.checkpoint, "trials": len(records),
             "sweep_json": str(sweep_dir / "sweep.json"), "parent_run_id": parent.run_id, **outputs, "mlflow_ui": ui}
 
@@ -410,6 +415,18 @@ def searched_overrides(sets: Sequence[str], space: search_space.SearchSpace) -> 
     return notes
 
 
+def asha_notes(reachable_checks: int, preset: TunePreset) -> list[str]:
+    """A note when ASHA can never stop a trial early: its first rung (the grace period) is at or
+    past the last check a trial makes by itself."""
+    if reachable_checks > preset.grace_period:
+        return []
+    return [f"ASHA can never stop a trial early: a trial makes at most {reachable_checks} validation check(s), "
+            f"and ASHA first compares trials after {preset.grace_period} (--grace-period); every trial runs its "
+            "whole budget. To let it stop the weak ones, give "
+            + (f"--grace-period {reachable_checks - 1} or " if reachable_checks > 1 else "")
+            + "a larger --max-epochs (or more checks per epoch, --set train.check_every=BATCHES)"]
+
+
 def asha_preset(req: TuneRequest) -> TunePreset:
     """The dataset's tune preset with ``--grace-period`` and ``--reduction-factor`` applied."""
     preset = TUNE_PRESETS[req.dataset]
@@ -448,6 +465,8 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
                       max_t=max_checks(s.base, s.space, launch.train_rows, req.workers_per_trial),
                       study_storage=recorded_study.get("storage") or study_storage(req),
                       study_name=recorded_study.get("study") or s.name)
+    for note in asha_notes(plan.max_t - 1, s.preset):
+        print(f"warning: {note}", file=sys.stderr)
     console = None
     if s.recorded is not None:
         if not launcher.can_resume(launch):

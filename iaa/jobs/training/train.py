@@ -360,9 +360,22 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
                           flag="--run-dir", folder=True)
     tracker = open_tracker(uri)
     with rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
-        return run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume, workers=req.workers,
-                           gpus_per_worker=req.gpus_per_worker, storage=work.storage(req.storage_path),
-                           show_progress=req.show_progress, register=req.register)
+        result = run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume,
+                             workers=req.workers, gpus_per_worker=req.gpus_per_worker,
+                             storage=work.storage(req.storage_path), show_progress=req.show_progress,
+                             register=req.register)
+    return with_baseline(result, prepared)
+
+
+def with_baseline(result: dict[str, Any], prepared: Path) -> dict[str, Any]:
+    """``result`` with the most-frequent-candidate accuracy on the valid split beside its best
+    accuracy, and a warning when the reader is not above it."""
+    from iaa.jobs.reports import frequency
+
+    base = frequency.run(prepared, "valid")["accuracy"]
+    acc = result.get("best_valid_acc")
+    warnings = frequency.below_warning(acc, base, "the run") if acc is not None else []
+    return {**result, "baseline_valid_acc": base, "warnings": [*result.get("warnings", []), *warnings]}
 
 
 def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]:
