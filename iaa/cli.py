@@ -38,8 +38,8 @@ class _ModelKinds(click.Choice):
 MODELS = _ModelKinds()
 
 
-class _Finite(click.FloatRange):
-    """``click.FloatRange`` that also refuses nan and inf."""
+class _FiniteFloat(click.types.FloatParamType):
+    """Any finite number: nan and inf are refused."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
@@ -48,17 +48,22 @@ class _Finite(click.FloatRange):
         return number
 
 
-def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None) -> None:
+class _Finite(click.FloatRange, _FiniteFloat):
+    """``click.FloatRange`` that also refuses nan and inf (unbounded: ``_FiniteFloat``, whose help
+    shows no empty range)."""
+
+
+def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None, err: bool = False) -> None:
     """Print a result: a JSON object as the last stdout line with ``--json``, else key: value lines
     (only ``keys``, where the command's own summary on stderr has already shown the rest). Its
-    ``warnings`` go to stderr first."""
+    ``warnings`` go to stderr first. ``err``: all of it to stderr (stdout carries the output)."""
     _warn(result)
     if as_json:
-        click.echo(json.dumps(result, default=str))
+        click.echo(json.dumps(result, default=str), err=err)
     else:
         for key, value in result.items():
             if (keys is None or key in keys) and key != "warnings":   # those went to stderr
-                click.echo(f"{key}: {value}")
+                click.echo(f"{key}: {value}", err=err)
 
 
 def _warn(result: dict[str, Any]) -> None:
@@ -244,8 +249,8 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
 @click.option("--register", metavar="NAME", help="Also register the logged MLflow model under NAME.")
-@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Ray Train data-parallel workers; 0 trains in this process without Ray.")
+@click.option("--data-parallel-workers", "--workers", "workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Ray Train workers that train this one reader data-parallel; 0 trains in this process without Ray.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per Ray worker (NCCL); with --workers 0, any value > 0 trains on this machine's GPU.")
 @cluster_options
@@ -362,8 +367,8 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
 @click.option("--p", "p", type=float, default=0.5, show_default=True, help="Fraction kept by --select top-p.")
 @click.option("--name", "name", help="Ensemble name [default: from the sweep or members].")
-@click.option("--workers", "workers_per_trial", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Ray Train workers for each member that must be trained.")
+@click.option("--workers-per-member", "--workers", "workers_per_trial", type=click.IntRange(min=1), default=1,
+              show_default=True, help="Ray Train workers for each member that must be trained (as tune's --workers-per-trial).")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
 @click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
@@ -386,10 +391,12 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a model field (d, h, s, T ... as model.embed_dim=256) or bench.batch_size=64.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@workdir_option
 @json_option
 @_friendly
-def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) -> None:
-    """Time training steps and inference on the CBT-NE-shaped workload at the paper config."""
+def bench(model_kind: str, sets: tuple[str, ...], device: str, workdir: Path, as_json: bool) -> None:
+    """Time training steps and inference on the CBT-NE-shaped workload at the paper config;
+    the result is also saved as WORKDIR/bench/MODEL-DEVICE.json."""
     from iaa.jobs.training import bench as job
     from iaa.jobs.training.config import parse_sets
 
@@ -398,6 +405,7 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
     if unknown:
         raise click.UsageError(f"--set keys must start with model. or bench., got {sorted(unknown)}")
     result = job.run(model=model_kind, overrides=overrides.get("model", {}), device=device, **overrides.get("bench", {}))
+    result["saved"] = str(job.save(result, Workdir(workdir).writable() / "bench" / f"{model_kind}-{device}.json"))
     _emit(result, as_json)
 
 
@@ -452,7 +460,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
 @click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/distill-ENSEMBLE-MODEL-seedN]")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
 @click.option("--register", metavar="NAME", help="Also register the student's MLflow model under NAME.")
-@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--teacher-workers", "--workers", "workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Score the teacher's members as this many parallel Ray tasks; 0: in this process (unless --address).")
 @address_option
 @tracking_option
@@ -491,7 +499,8 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
 @input_option("Explain these questions instead, with the vocabulary the checkpoint carries: ")
 @click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
 @click.option("--example-id", "example_ids", multiple=True, metavar="ID", help="An example to explain (repeatable).")
-@click.option("--first", type=click.IntRange(min=1), default=None, help="Explain the split's first N examples.")
+@click.option("--first", type=click.IntRange(min=1), default=None,
+              help="Explain the split's first N examples [with --input: every question of a small file].")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="HTML page [default: explain-SPLIT.html, or explain-STEM.html of --input, beside the run's "
                    "checkpoints folder].")
@@ -506,7 +515,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
     from iaa.jobs.inference import explain as job
 
     prepared = _examples_source(dataset, data, input_path, workdir)
-    if not example_ids and not first:
+    if not example_ids and not first and input_path is None:
         raise click.UsageError("choose examples with --example-id ID (repeatable) or --first N")
     result = job.run(checkpoint, prepared, None if input_path else split, example_ids=example_ids, first=first,
                      out=out, png=png, input_path=input_path)
@@ -523,7 +532,8 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
               help="A folder written by `iaa-cli ensemble`: its selected members are averaged.")
 @click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help=INPUT_FORMATS)
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output JSON Lines.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              help="Output JSON Lines; - writes them to stdout (and the summary to stderr).")
 @data_options
 @precision_option
 @workdir_option
@@ -538,7 +548,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
         raise click.UsageError("give exactly one of --checkpoint CKPT or --ensemble DIR")
     prepared = _vocabulary_data(dataset, data, workdir)
     _emit(job.run(input_path, out, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
-                  precision=precision), as_json)
+                  precision=precision), as_json, err=str(out) == "-")
 
 
 @cli.command()
@@ -553,7 +563,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
 @click.option("--metric", default="valid_acc", show_default=True, help="The logged metric on the y axis.")
 @click.option("--x", "x_axis", type=click.Choice(["examples", "steps", "seconds"]), default="examples", show_default=True,
               help="examples: training examples seen (step x batch size x workers); seconds: since the run started.")
-@click.option("--baseline", type=_Finite(), default=None, help="Draw this accuracy as a dashed line.")
+@click.option("--baseline", type=_FiniteFloat(), default=None, help="Draw this accuracy as a dashed line.")
 @click.option("--baseline-data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Draw the most-frequent-candidate accuracy on this prepared folder's valid split.")
 @click.option("--out", type=click.Path(path_type=Path), help="The PNG to write (with --sweep: the folder).")
