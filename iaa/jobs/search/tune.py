@@ -37,7 +37,7 @@ from iaa.jobs.workdir import names
 from iaa.jobs.reports import frequency
 from iaa.jobs.search import exploration, search_space
 from iaa.jobs.search.console import SweepConsole
-from iaa.jobs.search.cost import SweepCost, probe
+from iaa.jobs.search.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, probe
 from iaa.jobs.ports import Launcher, Placement, SearchPlan, TrackedRun, Tracker, TrialRecord, TrialTracking
 from iaa.jobs.training.presets import SEARCH_METRIC, STOP_METRIC, TUNE_PRESETS, TunePreset, max_checks
 from iaa.jobs.search.sweep import FINISHED_STATUSES
@@ -434,13 +434,19 @@ def asha_preset(req: TuneRequest) -> TunePreset:
                    reduction_factor=req.reduction_factor or preset.reduction_factor)
 
 
-def _cost(launch: Placement, s: _Sweep) -> SweepCost:
-    """The sweep's size and expected wall time, printed before the first trial starts."""
+def _cost(launch: Placement, s: _Sweep, checks: int) -> SweepCost:
+    """The sweep's size and expected wall time (``checks``: a trial's validation checks, at most),
+    printed before the first trial starts."""
+    from iaa.data.manifest import read as read_manifest
+
     gpus = launch.gpus_per_worker > 0
     rate = 0.0 if gpus else probe(s.base, s.prepared, launch.threads)
+    valid_rate = 0.0 if gpus else probe(s.base, s.prepared, launch.threads, split="valid")
+    valid = int(((read_manifest(s.prepared) or {}).get("counts") or {}).get("valid", 0))
     cost = SweepCost(trials=s.num_samples, epochs=s.base.train.max_epochs, examples=launch.train_rows,
                      examples_per_s=rate, concurrency=launch.max_concurrent, gpus=gpus,
-                     gpus_per_trial=launch.gpus_per_worker)
+                     gpus_per_trial=launch.gpus_per_worker, checks=checks, valid_examples=valid,
+                     valid_examples_per_s=valid_rate, start_s=SWEEP_START_S, trial_start_s=TRIAL_START_S)
     print(cost.describe(), file=sys.stderr)
     return cost
 
@@ -478,7 +484,7 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     else:
         launcher.claim(s.storage, s.name, s.folder)
         if req.show_progress:
-            console = SweepConsole(_cost(launch, s), list(s.space.params))
+            console = SweepConsole(_cost(launch, s, plan.max_t - 1), list(s.space.params))
         sweep, parent = _start(req, launch, plan, tracker)
     trials = TrialTracking(uri=tracker.uri, experiment=sweep["experiment"], parent_run_id=parent.run_id,
                            sweep=s.name, dataset=req.dataset, data_dir=s.prepared)
