@@ -38,8 +38,8 @@ class _ModelKinds(click.Choice):
 MODELS = _ModelKinds()
 
 
-class _Finite(click.FloatRange):
-    """``click.FloatRange`` that also refuses nan and inf."""
+class _FiniteFloat(click.types.FloatParamType):
+    """Any finite number: nan and inf are refused."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
@@ -48,17 +48,22 @@ class _Finite(click.FloatRange):
         return number
 
 
-def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None) -> None:
+class _Finite(click.FloatRange, _FiniteFloat):
+    """``click.FloatRange`` that also refuses nan and inf (unbounded: ``_FiniteFloat``, whose help
+    shows no empty range)."""
+
+
+def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None, err: bool = False) -> None:
     """Print a result: a JSON object as the last stdout line with ``--json``, else key: value lines
     (only ``keys``, where the command's own summary on stderr has already shown the rest). Its
-    ``warnings`` go to stderr first."""
+    ``warnings`` go to stderr first. ``err``: all of it to stderr (stdout carries the output)."""
     _warn(result)
     if as_json:
-        click.echo(json.dumps(result, default=str))
+        click.echo(json.dumps(result, default=str), err=err)
     else:
         for key, value in result.items():
-            if keys is None or key in keys:
-                click.echo(f"{key}: {value}")
+            if (keys is None or key in keys) and key != "warnings":   # those went to stderr
+                click.echo(f"{key}: {value}", err=err)
 
 
 def _warn(result: dict[str, Any]) -> None:
@@ -162,9 +167,17 @@ def _launcher(address: str | None, storage_path: str | None) -> Any:
     return RayLauncher(address, storage_path)
 
 
+def _open_tracker(uri: str) -> Any:
+    """The MLflow Tracker at ``uri``, imported only when a job opens it (after its inputs are checked)."""
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    return MlflowTracker(uri)
+
+
 def _need_data(dataset: str | None, data: Path | None) -> None:
-    if (dataset is None) == (data is None):
-        raise click.UsageError("give exactly one of --dataset NAME or --data PREPARED_DIR")
+    """``--dataset`` or ``--data`` (both: they must agree, which the job checks against the manifest)."""
+    if dataset is None and data is None:
+        raise click.UsageError("give --dataset NAME or --data PREPARED_DIR")
 
 
 INPUT_FORMATS = 'JSON Lines of {"id", "document", "query", "candidates"[, "answer"]}, or a CBT / CNN file.'
@@ -236,8 +249,8 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
 @click.option("--register", metavar="NAME", help="Also register the logged MLflow model under NAME.")
-@click.option("--workers", type=click.IntRange(0, 1024), default=0, show_default=True,
-              help="Ray Train data-parallel workers; 0 trains in this process without Ray.")
+@click.option("--data-parallel-workers", "--workers", "workers", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="Ray Train workers that train this one reader data-parallel; 0 trains in this process without Ray.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per Ray worker (NCCL); with --workers 0, any value > 0 trains on this machine's GPU.")
 @cluster_options
@@ -245,15 +258,18 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @json_option
 @_friendly
 def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **request: Any) -> None:
-    """Train one reader, with validation checks, checkpoints and an MLflow run."""
-    from iaa.jobs.training import train as job
-    from iaa.platform.tracking.tracker import MlflowTracker
+    """Train one reader, with validation checks, checkpoints and an MLflow run.
 
-    _need_data(request["dataset"], request["data"])
+    The data is --dataset or --data, or what the --config file names: `iaa-cli train --config
+    WORKDIR/sweeps/NAME/best_config.yaml` trains a sweep's best configuration on the sweep's data."""
+    from iaa.jobs.training import train as job
+
+    if request["dataset"] is None and request["data"] is None and request["config_file"] is None:
+        raise click.UsageError("give --dataset NAME, --data PREPARED_DIR, or a --config file that names its data")
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
     req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=not as_json)
-    _emit(job.run_request(req, MlflowTracker, _launcher(address, req.storage_path) if req.workers > 0 else None),
+    _emit(job.run_request(req, _open_tracker, _launcher(address, req.storage_path) if req.workers > 0 else None),
           as_json)
 
 
@@ -298,8 +314,10 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 
 
 @cli.command()
-@click.option("--dataset", required=True, type=click.Choice(TUNE_DATASETS))
-@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path), help="A prepared data folder.")
+@click.option("--dataset", type=click.Choice(TUNE_DATASETS),
+              help="The dataset prepared under the workdir; with --data, the one its manifest names (checked).")
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A prepared data folder; its dataset comes from its manifest.")
 @click.option("--model", "model_kind", type=MODELS, default="iaa", show_default=True)
 @click.option("--num-samples", type=click.IntRange(1, 100_000), default=None, help="Trials [default: per dataset preset].")
 @click.option("--max-concurrent", type=click.IntRange(1, 1024), default=None, help="Trials at once [default: what the cluster fits].")
@@ -328,12 +346,13 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 def tune(address: str | None, sweep_name: str | None, resume: str | None, as_json: bool, **request: Any) -> None:
     """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
     from iaa.jobs.search import tune as job
-    from iaa.platform.tracking.tracker import MlflowTracker
 
     if resume and sweep_name and resume != sweep_name:
         raise click.UsageError(f"--resume {resume} and --name {sweep_name} name different sweeps")
+    _need_data(request["dataset"], request["data"])
     req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, show_progress=not as_json)
-    _emit(job.run(req, MlflowTracker, _launcher(address, req.storage_path)), as_json,
+    req = job.with_dataset(req)          # missing or contradicting data fails here, before Ray or MLflow loads
+    _emit(job.run(req, _open_tracker, _launcher(address, req.storage_path)), as_json,
           keys=("sweep", "best_valid_acc", "model_uri"))
 
 
@@ -348,8 +367,8 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
 @click.option("--p", "p", type=_Finite(0, 1, min_open=True), default=0.5, show_default=True, help="Fraction kept by --select top-p.")
 @click.option("--name", "name", help="Ensemble name [default: from the sweep or members].")
-@click.option("--workers", "workers_per_trial", type=click.IntRange(1, 1024), default=1, show_default=True,
-              help="Ray Train workers for each member that must be trained.")
+@click.option("--workers-per-member", "--workers", "workers_per_trial", type=click.IntRange(1, 1024), default=1,
+              show_default=True, help="Ray Train workers for each member that must be trained (as tune's --workers-per-trial).")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
 @click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
@@ -374,10 +393,12 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a model field (d, h, s, T ... as model.embed_dim=256) or bench.batch_size=64.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@workdir_option
 @json_option
 @_friendly
-def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) -> None:
-    """Time training steps and inference on the CBT-NE-shaped workload at the paper config."""
+def bench(model_kind: str, sets: tuple[str, ...], device: str, workdir: Path, as_json: bool) -> None:
+    """Time training steps and inference on the CBT-NE-shaped workload at the paper config;
+    the result is also saved as WORKDIR/bench/MODEL-DEVICE.json."""
     from iaa.jobs.training import bench as job
     from iaa.jobs.training.config import parse_sets
 
@@ -386,6 +407,7 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, as_json: bool) ->
     if unknown:
         raise click.UsageError(f"--set keys must start with model. or bench., got {sorted(unknown)}")
     result = job.run(model=model_kind, overrides=overrides.get("model", {}), device=device, **overrides.get("bench", {}))
+    result["saved"] = str(job.save(result, Workdir(workdir).writable() / "bench" / f"{model_kind}-{device}.json"))
     _emit(result, as_json)
 
 
@@ -441,7 +463,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
 @click.option("--resume", is_flag=True, help="Continue the student's run from its run directory's last checkpoint.")
 @click.option("--register", metavar="NAME", help="Also register the student's MLflow model under NAME.")
-@click.option("--workers", type=click.IntRange(0, 1024), default=0, show_default=True,
+@click.option("--teacher-workers", "--workers", "workers", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Score the teacher's members as this many parallel Ray tasks; 0: in this process (unless --address).")
 @address_option
 @tracking_option
@@ -482,7 +504,8 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
 @input_option("Explain these questions instead, with the vocabulary the checkpoint carries: ")
 @click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
 @click.option("--example-id", "example_ids", multiple=True, metavar="ID", help="An example to explain (repeatable).")
-@click.option("--first", type=click.IntRange(min=1), default=None, help="Explain the split's first N examples.")
+@click.option("--first", type=click.IntRange(min=1), default=None,
+              help="Explain the split's first N examples [with --input: every question of a small file].")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="HTML page [default: explain-SPLIT.html, or explain-STEM.html of --input, beside the run's "
                    "checkpoints folder].")
@@ -497,7 +520,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
     from iaa.jobs.inference import explain as job
 
     prepared = _examples_source(dataset, data, input_path, workdir)
-    if not example_ids and not first:
+    if not example_ids and not first and input_path is None:
         raise click.UsageError("choose examples with --example-id ID (repeatable) or --first N")
     result = job.run(checkpoint, prepared, None if input_path else split, example_ids=example_ids, first=first,
                      out=out, png=png, input_path=input_path)
@@ -514,7 +537,8 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
               help="A folder written by `iaa-cli ensemble`: its selected members are averaged.")
 @click.option("--input", "input_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help=INPUT_FORMATS)
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output JSON Lines.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              help="Output JSON Lines; - writes them to stdout (and the summary to stderr).")
 @data_options
 @precision_option
 @workdir_option
@@ -529,7 +553,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
         raise click.UsageError("give exactly one of --checkpoint CKPT or --ensemble DIR")
     prepared = _vocabulary_data(dataset, data, workdir)
     _emit(job.run(input_path, out, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
-                  precision=precision), as_json)
+                  precision=precision), as_json, err=str(out) == "-")
 
 
 @cli.command()
@@ -544,7 +568,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
 @click.option("--metric", default="valid_acc", show_default=True, help="The logged metric on the y axis.")
 @click.option("--x", "x_axis", type=click.Choice(["examples", "steps", "seconds"]), default="examples", show_default=True,
               help="examples: training examples seen (step x batch size x workers); seconds: since the run started.")
-@click.option("--baseline", type=_Finite(), default=None, help="Draw this accuracy as a dashed line.")
+@click.option("--baseline", type=_FiniteFloat(), default=None, help="Draw this accuracy as a dashed line.")
 @click.option("--baseline-data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Draw the most-frequent-candidate accuracy on this prepared folder's valid split.")
 @click.option("--out", type=click.Path(path_type=Path), help="The PNG to write (with --sweep: the folder).")

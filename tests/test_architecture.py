@@ -64,7 +64,8 @@ def test_layers_import_only_downward(layer: str, forbidden: tuple[str, ...]) -> 
 # plain data) and the work folder's paths.
 PLATFORM_MAY_IMPORT = {"iaa.jobs", "iaa.jobs.ports", "iaa.jobs.training.config", "iaa.jobs.training.presets",
                        "iaa.jobs.workdir", "iaa.jobs.workdir.paths", "iaa.jobs.search", "iaa.jobs.search.search_space",
-                       "iaa.jobs.training"}
+                       "iaa.jobs.training",
+                       "iaa.jobs.search.exploration"}   # pure: what a sweep's trials cannot tell (the study's notes)
 
 
 def test_the_platform_imports_from_the_jobs_only_ports_and_configs() -> None:

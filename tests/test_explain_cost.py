@@ -23,6 +23,15 @@ def test_waves_of_concurrent_trials():
     assert cost.wall_s == 2 * 2 * 1000 / 100.0          # two waves of 20 s
 
 
+def test_a_small_sweep_counts_its_validation_and_start_up_not_only_its_training():
+    cost = SweepCost(trials=4, epochs=1.5, examples=2000, examples_per_s=200.0, concurrency=2, gpus=False,
+                     checks=3, valid_examples=500, valid_examples_per_s=500.0, start_s=20.0, trial_start_s=5.0)
+    # 20 s to start, then two waves of (5 s start + 15 s training + 3 checks of 1 s)
+    assert cost.wall_s == 20.0 + 2 * (5.0 + 15.0 + 3.0)
+    assert "of which 0m36s is not training: 3 validation check(s) of 500 examples per trial" in cost.describe()
+    assert "not training" not in _cost(20.0).describe()
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -100,3 +109,4 @@ def test_probe_trains_the_sweeps_model_and_measures_a_rate(tmp_path):
     prepared = make_tiny_prepared(tmp_path)
     cfg = resolve.job_config("cbt-ne", prepared, model_kind="iaa", config_file=None, sets=TINY_SETS)
     assert probe(cfg, prepared, threads=1) > 0
+    assert probe(cfg, prepared, threads=1, split="valid") > 0

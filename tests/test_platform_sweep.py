@@ -13,7 +13,7 @@ from iaa.cli import cli
 from iaa.jobs.training.config import config_label
 from iaa.jobs.training import checkpoint
 from iaa.jobs.inference import evaluate
-from iaa.jobs.training.config import JobConfig, from_dict, load
+from iaa.jobs.training.config import JobConfig, from_dict, load, read_handoff
 from iaa.jobs.workdir.paths import Workdir
 from tests._platform import children, read_sweep, run_sweep, start_local_ray, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -53,9 +53,11 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
     assert result["best_valid_acc"] == max(t["best_valid_acc"] for t in trials)
     best_run = max(trials, key=lambda t: t["best_valid_acc"])["mlflow_run_id"]
 
-    # best_config.yaml is a job config that `iaa-cli train --config` takes as it is
+    # best_config.yaml is a job config that `iaa-cli train --config` takes as it is: the best
+    # trial's, with the training length in place of the trial's budget (here both are --set's 2)
     best = load(JobConfig(), Path(result["best_config"]))
     assert best == from_dict(max(trials, key=lambda t: t["best_valid_acc"])["config"])
+    assert read_handoff(Path(result["best_config"]))["data"] == str(tiny.resolve())
 
     client = MlflowClient(result["tracking_uri"])
     parent = client.get_run(sweep["parent_run_id"])

@@ -265,6 +265,59 @@ def test_the_searcher_proposes_every_configuration_of_a_finite_space_once_before
     assert ranged.size is None and search.searcher(ranged, seed=0).suggest("t0") is not None
 
 
+def _demo_proposals(seed: int) -> list[dict]:
+    """The quick start's four trials, two at a time as on a 2-core laptop."""
+    from iaa.platform.sweeps import search_algorithm as search
+
+    preset = TUNE_PRESETS["demo"]
+    searcher = search.searcher(search_space.parse(preset.space, JobConfig()), seed=seed)
+    proposed = []
+    for wave in range(0, preset.num_samples, 2):
+        ids = [f"t{i}" for i in range(wave, wave + 2)]
+        proposed += [searcher.suggest(t) for t in ids]
+        for i, t in enumerate(ids):
+            searcher.on_trial_complete(t, {"best_valid_acc": 0.4 + 0.05 * i, "stop_reason": "max-epochs"})
+    return proposed
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_quick_starts_four_trials_try_every_searched_value_deterministically(seed: int) -> None:
+    proposed = _demo_proposals(seed)
+    for key, values in TUNE_PRESETS["demo"].space.items():
+        assert {c[key] for c in proposed} == set(values), f"seed {seed}: {key} never varied in {proposed}"
+    assert len({tuple(sorted(c.items())) for c in proposed}) == 4
+    assert _demo_proposals(seed) == proposed
+
+
+def test_the_study_notes_too_few_trials_and_a_parameter_that_never_varied() -> None:
+    from iaa.platform.sweeps import search_algorithm as search
+
+    searcher = search.searcher(search_space.parse({"model.steps": [1, 2]}, JobConfig()), seed=0)
+    for i in range(2):
+        searcher.suggest(f"t{i}")
+        searcher.on_trial_complete(f"t{i}", {"best_valid_acc": 0.5, "stop_reason": "max-epochs"})
+        notes = searcher._ot_study.user_attrs["notes"]
+        assert notes[-1].startswith(f"{i + 1} scored trial(s) are too few")
+        assert any(n.startswith("model.steps never varied") for n in notes) == (i == 0)
+
+
+def test_the_start_up_design_spreads_a_range_over_its_strata_and_walks_every_choice() -> None:
+    import math
+
+    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.space_filling import RANGE_STRATA
+
+    space = search_space.parse({"train.lr": {"low": 1e-4, "high": 1e-2, "log": True}, "model.steps": [1, 2, 3]},
+                               JobConfig())
+    for seed in range(3):
+        searcher = search.searcher(space, seed=seed)
+        first = [searcher.suggest(f"t{i}") for i in range(RANGE_STRATA)]
+        width = math.log(100) / RANGE_STRATA
+        strata = {math.floor((math.log(c["train.lr"]) - math.log(1e-4)) / width) for c in first}
+        assert strata == set(range(RANGE_STRATA)), f"seed {seed}: {first}"
+        assert {c["model.steps"] for c in first} == {1, 2, 3}
+
+
 def test_a_trial_asha_stopped_is_pruned_with_its_checks_in_a_persistent_study(tmp_path: Path) -> None:
     import optuna
     from optuna.trial import TrialState

@@ -37,7 +37,28 @@ def test_the_parent_run_logs_the_search_space_not_a_presets_value_of_a_searched_
 
 def test_the_summary_ends_with_the_next_commands() -> None:
     best = TrialRecord(trial_id="t1", config=JobConfig(), checkpoint="/w/best.pt")
-    text = tune.next_commands("demo-iaa-abc123", best, {}, tune.TuneRequest(dataset="demo"))
-    assert text.splitlines()[1:] == ["  iaa-cli report --sweep demo-iaa-abc123",
+    text = tune.next_commands("demo-iaa-abc123", best, {}, tune.TuneRequest(dataset="demo"), Path("/w/best.yaml"))
+    assert text.splitlines()[1:] == ["  iaa-cli train --config /w/best.yaml",
+                                     "  iaa-cli report --sweep demo-iaa-abc123",
                                      "  iaa-cli ensemble --sweep demo-iaa-abc123",
                                      "  iaa-cli serve --checkpoint /w/best.pt"]
+
+
+def test_a_parameter_that_never_varied_and_too_few_trials_are_said() -> None:
+    from iaa.jobs.search import exploration
+
+    trials = [{"train.lr": 4e-3, "model.steps": s} for s in (2, 3, 2, 3)]
+    notes = exploration.notes(trials, ["train.lr", "model.steps"])
+    assert notes[0].startswith("train.lr never varied (every trial tried 0.004)")
+    assert not any(n.startswith("model.steps") for n in notes)
+    assert notes[-1].startswith("4 scored trial(s) are too few to rank parameter importances")
+    many = [{"train.lr": lr, "model.steps": 2 + i % 2} for i, lr in enumerate([1e-3, 2e-3] * 6)]
+    assert exploration.notes(many, ["train.lr", "model.steps"]) == []
+
+
+def test_report_describe_shows_the_warnings_after_the_importances() -> None:
+    from iaa.jobs.reports import sweep_report
+
+    text = sweep_report.describe({"sweep": "s", "trials": [{}] * 4, "study": "s", "importances": {"train.lr": 0.0},
+                                  "figures": {}, "warnings": ["train.lr never varied"]})
+    assert text.splitlines()[-1] == "warning: train.lr never varied"

@@ -110,9 +110,10 @@ def test_cli_train_then_evaluate_end_to_end(tiny: Path, tmp_path: Path) -> None:
         assert row["pred"] == max(range(10), key=lambda i: row["probs"][i])
 
 
-def test_cli_rejects_both_dataset_and_data(tiny: Path) -> None:
-    res = CliRunner().invoke(cli, ["train", "--dataset", "demo", "--data", str(tiny)])
-    assert res.exit_code == 2 and "exactly one of" in res.output
+def test_cli_rejects_a_dataset_that_contradicts_the_data(tiny: Path, tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["train", "--dataset", "demo", "--data", str(tiny), "--workdir", str(tmp_path)])
+    assert res.exit_code == 1 and res.output.count("\n") == 1
+    assert res.output.startswith(f"Error: {tiny / 'manifest.json'}: the folder holds cbt-ne, not demo")
 
 
 def test_cli_unknown_set_key_is_a_clear_error(tiny: Path, tmp_path: Path) -> None:

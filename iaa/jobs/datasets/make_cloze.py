@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from iaa.data import errors as E
 from iaa.data.cloze import cbt_recipe, cnn_recipe, splits, writers
@@ -111,8 +112,9 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, tag_map: TagMap
             remade without it).
 
     Returns:
-        ``{"style", "out", "documents", "questions", "skipped_documents", "tokens", "tagging_seconds",
-        "tokens_per_s", "seconds"}``, counts per split.
+        ``{"style", "out", "documents", "questions", "warnings", "skipped_documents", "tokens",
+        "tagging_seconds", "tokens_per_s", "seconds"}``, counts per split; ``warnings`` names each
+        evaluation split too small to measure an accuracy on (:func:`small_splits`).
 
     Raises:
         DataError: an empty or undecodable file, or no document long enough for one question.
@@ -141,10 +143,29 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, tag_map: TagMap
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"style": cfg.style, "out": str(out), "documents": {s: len(v) for s, v in documents.items()},
-            "questions": counts, "skipped_documents": len(tagged.skipped), "tokens": tagged.tokens,
+            "questions": counts, "warnings": small_splits(counts), "skipped_documents": len(tagged.skipped), "tokens": tagged.tokens,
             "tagging_seconds": round(tagged.seconds, 2),
             "tokens_per_s": round(tagged.tokens / max(tagged.seconds, 1e-9)),
             "seconds": round(time.perf_counter() - started, 2)}
+
+
+MEASURABLE_QUESTIONS = 400   # an accuracy on fewer has a standard error above 2.5 points
+
+
+def small_splits(counts: Mapping[str, int]) -> list[str]:
+    """A warning for each evaluation split too small to measure an accuracy on, with the
+    standard error of an accuracy at that size (at its worst, 50%: sqrt(0.25 / n))."""
+    notes = []
+    for split in ("valid", "test"):
+        n = counts.get(split, 0)
+        if 0 < n < MEASURABLE_QUESTIONS:
+            notes.append(f"the {split} split has only {n} questions: an accuracy measured on it has a standard "
+                         f"error of up to {100 * math.sqrt(0.25 / n):.1f} points, so small differences between "
+                         f"models are noise; draw more documents into it (--{split} N) for at least "
+                         f"{MEASURABLE_QUESTIONS} questions (2.5 points)")
+    if counts.get("valid", 0) == 0:
+        notes.append("the valid split is empty: train and tune need one to measure accuracy; give --valid N")
+    return notes
 
 
 def tag_documents(docs: Sequence[Document], window: int, factory: Callable[[], Tagger], *, workers: int | None = 0,

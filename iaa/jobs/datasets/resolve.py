@@ -20,6 +20,7 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
 
     ``demo`` is generated and prepared on first use; other datasets must have been prepared.
     Every job opens its data here, so every shard is verified here (see ``iaa.data.verify``).
+    With both, ``dataset`` must be the one the folder's manifest names (a ConfigError otherwise).
     """
     from iaa.data import verify
 
@@ -36,7 +37,11 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
         raise DataError(f"the valid split is empty, so no accuracy can be measured; "
                         f"{rebuild_hint(prepared, manifest)} from a source with validation examples",
                         path=prepared / MANIFEST)
-    return str(manifest.get("dataset", dataset)), prepared
+    recorded = manifest.get("dataset")
+    if data is not None and dataset is not None and recorded and recorded != dataset:
+        raise ConfigError(f"{prepared / MANIFEST}: the folder holds {recorded}, not {dataset}; "
+                          f"leave out --dataset (it comes from the manifest) or give --dataset {recorded}")
+    return str(recorded or dataset), prepared
 
 
 def vocab_size(prepared: Path) -> int:

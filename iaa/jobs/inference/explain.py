@@ -78,19 +78,28 @@ def _step_record(t: int, step) -> dict[str, Any]:
             "halt_prob": scalar(step.halt), "weight": scalar(step.weight)}
 
 
+WHOLE_INPUT = 20   # an --input file of at most this many questions is explained whole without --first
+
+
 def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, example_ids: Sequence[str] = (),
         first: int | None = None, out: Path | None = None, png: Path | None = None,
         input_path: Path | None = None) -> dict[str, Any]:
-    """Explain the chosen examples of a prepared split, or of the questions of ``input_path``; write
-    the HTML page (and PNG); return the records."""
+    """Explain the chosen examples of a prepared split, or of the questions of ``input_path`` (all
+    of them when none are chosen and there are at most :data:`WHOLE_INPUT`); write the HTML page
+    (and PNG); return the records."""
     from iaa.jobs.workdir import outputs
     from iaa.jobs.inference.evaluate import load_examples
     from iaa.jobs.inference.explain_html import render_page
 
-    if not example_ids and not first:
+    if not example_ids and not first and input_path is None:
         raise IaaError("choose examples with --example-id ID (repeatable) or --first N")
     found = load_examples(checkpoint_path, data_dir=data_dir, split=split, input_path=input_path,
                           todo="explain it on the data it was trained on")
+    if not example_ids and not first:                     # --input alone: every question of a small file
+        if found.table.num_rows > WHOLE_INPUT:
+            raise IaaError(f"{input_path} holds {found.table.num_rows} questions, more than one page shows "
+                           f"({WHOLE_INPUT}); choose with --first N or --example-id ID")
+        first = found.table.num_rows
     out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"explain-{found.name}.html"
     outputs.check_file_output(out, suffixes=(".html", ".htm"), what="an HTML page", inputs=found.inputs)
     if png is not None:

@@ -11,6 +11,7 @@ An ensemble's distribution is the mean of its members' candidate probabilities, 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -150,15 +151,23 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     from iaa.jobs.inference.raw_text import JSONL_SUFFIXES
 
     checkpoints = [Path(checkpoint)] if checkpoint is not None else ensemble_members(Path(ensemble_dir))
-    outputs.check_file_output(out, suffixes=JSONL_SUFFIXES, what="JSON Lines", inputs={
-        "the input": input_path, "a checkpoint": checkpoints, "a file of the prepared data": outputs.data_files(data_dir),
-        "a file of the ensemble": outputs.data_files(ensemble_dir)})
+    to_stdout = str(out) == "-"
+    if not to_stdout:
+        outputs.check_file_output(out, suffixes=JSONL_SUFFIXES, what="JSON Lines", inputs={
+            "the input": input_path, "a checkpoint": checkpoints,
+            "a file of the prepared data": outputs.data_files(data_dir),
+            "a file of the ensemble": outputs.data_files(ensemble_dir)})
     predictor = Predictor.load(checkpoints, data_dir, precision)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rows = predictor.predict(read_input(Path(input_path), predictor.vocab.placeholder))
-    atomic_write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    if to_stdout:
+        sys.stdout.write(lines)
+        sys.stdout.flush()
+    else:
+        atomic_write_text(out, lines)
     scored = [r["correct"] for r in rows if "correct" in r]
-    return {"predictions": str(out), "examples": len(rows), "members": len(checkpoints),
+    return {"predictions": "stdout" if to_stdout else str(out), "examples": len(rows), "members": len(checkpoints),
             "accuracy": sum(scored) / len(scored) if scored else None,
             "warnings": [str(w.message) for w in caught], "precision": precision_lib.resolve(precision)}

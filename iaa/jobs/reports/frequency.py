@@ -25,3 +25,17 @@ def run(data_dir: Path, split: str) -> dict[str, Any]:
                    [len(c) for c in table.column("candidates").to_pylist()],
                    table.column("answer").to_pylist())
     return {"baseline": "most-frequent-candidate", "split": split, "accuracy": acc, "examples": table.num_rows}
+
+
+def beside(accuracy: float, baseline: float) -> str:
+    """``accuracy`` with the baseline beside it, saying when the reader is not above it."""
+    below = ", and not above it" if accuracy <= baseline else ""
+    return f"{accuracy:.4f} (most-frequent-candidate baseline {baseline:.4f}{below})"
+
+
+def below_warning(accuracy: float, baseline: float, what: str) -> list[str]:
+    """A warning when ``what``'s valid accuracy is not above the baseline; [] otherwise."""
+    if accuracy > baseline:
+        return []
+    return [f"{what}'s valid accuracy {accuracy:.4f} is not above the most-frequent-candidate baseline "
+            f"{baseline:.4f}: train longer, on more data, or check the questions"]

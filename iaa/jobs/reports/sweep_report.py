@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from iaa.errors import IaaError
-from iaa.jobs.search import sweep as sweep_file
+from iaa.jobs.search import exploration, sweep as sweep_file
 from iaa.jobs.ports import Tracker
 
+SCORED_STATES = ("COMPLETE", "PRUNED")    # finished, or stopped by ASHA with the checks it made
 StudyAnalyzer = Callable[[str, str, Path], dict[str, Any]]   # (storage URL, study name, out folder) -> numbers
 
 
@@ -35,7 +36,10 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
         for figure in result["figures"].values():
             parent.log_artifact(Path(figure), "report")
         logged = True
-    return {"sweep": sweep["name"], **result, "logged_to_run": sweep.get("parent_run_id") if logged else None}
+    scored = [t["params"] for t in result["trials"] if t.get("state") in SCORED_STATES]
+    searched = list((sweep.get("search_space") or {}).get("params") or {}) or sorted({k for t in scored for k in t})
+    return {"sweep": sweep["name"], **result, "logged_to_run": sweep.get("parent_run_id") if logged else None,
+            "warnings": exploration.notes(scored, searched)}
 
 
 def describe(result: dict[str, Any]) -> str:
@@ -43,6 +47,7 @@ def describe(result: dict[str, Any]) -> str:
     lines = [f"sweep {result['sweep']}: {len(result['trials'])} trials in study {result['study']}",
              "parameter importance (fANOVA over finished and ASHA-stopped trials):"]
     lines += [f"  {name:24s} {value:.3f}" for name, value in result["importances"].items()]
+    lines += [f"warning: {note}" for note in result.get("warnings", ())]
     lines += [f"{name}: {path}" for name, path in result["figures"].items()]
     if result.get("logged_to_run"):
         lines.append(f"figures logged to the parent run {result['logged_to_run']} under report/")

@@ -2,7 +2,11 @@
 
 The estimate multiplies out trials x epochs x training examples and divides by a throughput
 probe: a few training steps of the sweep's base config on this machine's CPU, with the torch
-threads one trial gets. It is an upper bound: ASHA usually stops part of the trials early.
+threads one trial gets. To that it adds what a sweep does besides training, which decides the
+time of a sweep on a small dataset: each trial's validation checks (timed by a second probe of a
+few scoring batches), the start of each wave of trials, and the sweep's own start (the Tune
+controller, the trials' actors, the first runs in the store). It is an upper bound: ASHA
+usually stops part of the trials early.
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ from iaa.jobs.training.config import JobConfig
 
 PROBE_BATCHES = 4          # timed training steps (after one warm-up step)
 MANY_HOURS = 3.0           # above this, on CPUs, say which flags shrink the sweep
+# The demo sweep on a 2-core machine shared with other jobs: 5 s (load 6) to 20 s (load 20) from
+# the estimate to the first trial's start, and a trial's first check 1-2 s after its training
+# and validation time. The lower figures fit both: a long sweep is ruled by its training, a
+# short one by these (see docs/sweeps.md for the measured runs).
+SWEEP_START_S = 5.0
+TRIAL_START_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,11 @@ class SweepCost:
     concurrency: int
     gpus: bool
     gpus_per_trial: float = 0.0    # a fraction: trials sharing each GPU
+    checks: int = 0                # validation checks per trial, at most
+    valid_examples: int = 0        # examples scored at each check
+    valid_examples_per_s: float = 0.0   # scoring speed of one trial (probe); 0: not counted
+    start_s: float = 0.0           # the sweep's start, before the first trial trains
+    trial_start_s: float = 0.0     # each wave of trials' start
 
     @property
     def total_examples(self) -> float:
@@ -37,8 +52,23 @@ class SweepCost:
         """Expected wall time if ASHA stops no trial; None when the throughput is unknown."""
         if self.examples_per_s <= 0:
             return None
-        waves = math.ceil(self.trials / max(self.concurrency, 1))
-        return waves * self.epochs * self.examples / self.examples_per_s
+        return self.start_s + self.waves * (self.trial_start_s + self.train_s + self.valid_s)
+
+    @property
+    def waves(self) -> int:
+        return math.ceil(self.trials / max(self.concurrency, 1))
+
+    @property
+    def train_s(self) -> float:
+        """One trial's training steps."""
+        return self.epochs * self.examples / self.examples_per_s if self.examples_per_s > 0 else 0.0
+
+    @property
+    def valid_s(self) -> float:
+        """One trial's validation checks."""
+        if self.valid_examples_per_s <= 0:
+            return 0.0
+        return self.checks * self.valid_examples / self.valid_examples_per_s
 
     def describe(self) -> str:
         head = (f"cost: {self.trials} trials x {self.epochs:g} epochs x {self.examples:,} examples, "
@@ -47,6 +77,10 @@ class SweepCost:
             return f"{head}; throughput on GPU workers not probed from here" + self.sharing()
         text = (f"{head}; ~{self.examples_per_s:,.0f} examples/s per trial (probe) -> at most "
                 f"{duration(self.wall_s)} (less where ASHA stops trials)")
+        overhead = self.wall_s - self.waves * self.train_s
+        if overhead >= 1:
+            text += (f"; of which {duration(overhead)} is not training: {self.checks} validation check(s) of "
+                     f"{self.valid_examples:,} examples per trial and the trials' start")
         if not self.gpus and self.wall_s > MANY_HOURS * 3600:
             text += ("\n  that is long for CPUs: shrink it with --num-samples N, --max-epochs E, a smaller "
                      "model (--set model.embed_dim=...), or run on a GPU cluster (--address, --gpus-per-worker 1)")
@@ -71,29 +105,35 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def probe(cfg: JobConfig, prepared: Path, threads: int) -> float:
-    """Training examples/s of ``cfg``'s model on this CPU with ``threads`` torch threads."""
+def probe(cfg: JobConfig, prepared: Path, threads: int, split: str = "train") -> float:
+    """Examples/s of ``cfg``'s model on this CPU with ``threads`` torch threads: training steps
+    on the first training examples, or (``split="valid"``) scoring the first validation ones."""
     import torch
 
     from iaa.data.loader import PreparedData, iter_batches
+    from iaa.jobs.inference.evaluate import score_batches
     from iaa.jobs.training.step import build_optimizer, train_step
     from iaa.model.reader import build_reader
 
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:
-        table = PreparedData.open(prepared).table("train")
+        table = PreparedData.open(prepared).table(split)
         batches = iter_batches(table.slice(0, cfg.train.batch_size * (PROBE_BATCHES + 1)), cfg.train.batch_size,
-                               seed=0, epoch=0)
+                               seed=0, epoch=0, shuffle=split == "train")
         model = build_reader(cfg.model)
         optimizer = build_optimizer(model, cfg.train.lr, cfg.train.embed_l2)
         seen, start = 0, 0.0
-        for i, batch in enumerate(batches):
-            train_step(model, optimizer, batch, clip=cfg.train.clip)
-            if i == 0:
-                start = time.perf_counter()
-            else:
-                seen += len(batch)
+        with torch.inference_mode(split != "train"):
+            for i, batch in enumerate(batches):
+                if split == "train":
+                    train_step(model, optimizer, batch, clip=cfg.train.clip)
+                else:
+                    score_batches(model, [batch])
+                if i == 0:
+                    start = time.perf_counter()
+                else:
+                    seen += len(batch)
         return seen / max(time.perf_counter() - start, 1e-9)
     finally:
         torch.set_num_threads(before)

@@ -23,6 +23,7 @@ A name that exists already is refused, never overwritten.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -33,9 +34,10 @@ from iaa.errors import IaaError
 from iaa.jobs.search import sweep as sweep_file
 from iaa.jobs.training.config import ConfigError, JobConfig, config_label, dump_yaml, to_dict
 from iaa.jobs.workdir import names
-from iaa.jobs.search import search_space
+from iaa.jobs.reports import frequency
+from iaa.jobs.search import exploration, search_space
 from iaa.jobs.search.console import SweepConsole
-from iaa.jobs.search.cost import SweepCost, probe
+from iaa.jobs.search.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, probe
 from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, SweepRequest, TrackedRun, Tracker,
                             TrialRecord, TrialTracking)
 from iaa.jobs.training.presets import SEARCH_METRIC, STOP_METRIC, TUNE_PRESETS, TunePreset, max_checks
@@ -54,7 +56,7 @@ class TuneRequest:
     Checked here, once: a bad value is a ConfigError before anything starts.
     """
 
-    dataset: str
+    dataset: str | None = None           # None: the one the manifest of ``data`` names (:func:`with_dataset`)
     data: Path | None = None
     model_kind: str = "iaa"
     num_samples: int | None = None
@@ -83,7 +85,7 @@ class TuneRequest:
         object.__setattr__(self, "sets", tuple(self.sets))
         names.folder_name(self.name)
         names.registered_name(self.register)
-        if self.dataset not in TUNE_PRESETS:
+        if self.dataset is not None and self.dataset not in TUNE_PRESETS:
             raise ConfigError(f"no tune preset for {self.dataset!r}; choose from {sorted(TUNE_PRESETS)}")
         if self.num_samples is not None and self.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
@@ -93,6 +95,30 @@ class TuneRequest:
             raise ConfigError(f"--grace-period must be at least 1 check, got {self.grace_period}")
         if self.reduction_factor is not None and not self.reduction_factor > 1:
             raise ConfigError(f"--reduction-factor must be above 1, got {self.reduction_factor}")
+
+
+def with_dataset(req: TuneRequest) -> TuneRequest:
+    """``req`` with its dataset settled from the data, before any cluster or store is touched.
+
+    With ``--data`` alone the dataset is the one its manifest names; with both, they must agree.
+    A missing or damaged dataset, a contradiction, or a dataset without a sweep preset is one
+    error here, so a bad start fails in a moment.
+    """
+    from iaa.jobs.datasets import resolve
+
+    name, _ = resolve.data_dir(req.dataset, req.data, Path(req.workdir))
+    if name not in TUNE_PRESETS:
+        raise ConfigError(f"no tune preset for dataset {name!r}; choose from {sorted(TUNE_PRESETS)}")
+    return replace(req, dataset=name)
+
+
+def training_epochs(req: TuneRequest, prepared: Path) -> float:
+    """The training length ``iaa-cli train`` gives this config (preset, config file, ``--set``):
+    what the best trial's config is trained for, not the sweep's per-trial budget."""
+    from iaa.jobs.datasets import resolve
+
+    return resolve.job_config(req.dataset, prepared, model_kind=req.model_kind, config_file=req.config_file,
+                              sets=req.sets).train.max_epochs
 
 
 def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConfig:
@@ -198,7 +224,8 @@ def _close_lost_runs(tracker: Tracker, parent: TrackedRun, experiment: str, kept
 
 def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, parent: TrackedRun,
             space: search_space.SearchSpace, prepared: Path, tracker: Tracker,
-            register: str | None = None, req: TuneRequest | None = None) -> dict[str, Any]:
+            register: str | None = None, req: TuneRequest | None = None,
+            train_epochs: float | None = None) -> dict[str, Any]:
     """The best trial: its config as YAML, the table, the parent run's metrics and artifacts, and
     on the best trial's run its MLflow model and explain page."""
     name = sweep["name"]
@@ -214,8 +241,10 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
         raise RuntimeError(f"sweep {name}: no trial finished a validation check. {errors}")
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
     best_config = sweep_dir / "best_config.yaml"
-    dump_yaml(best.config, best_config)
+    write_best_config(best, best_config, name, train_epochs, req.data if req is not None else None)
     print(sweep_file.table(records, list(space.params)), file=sys.stderr)
+    for note in exploration.notes([r.params for r in scored], list(space.params)):
+        print(f"warning: {note}", file=sys.stderr)
     parent.log_metrics({"best_valid_acc": best.best_valid_acc, "trials": len(records),
                         "trials_stopped_early": sum(r.stop_reason == "asha" for r in records),
                         "trials_failed": sum(r.status == "ERROR" for r in records)}, step=0)
@@ -236,29 +265,61 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     parent.end("FINISHED")
     outputs, unlogged = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
     ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
-    print(f"best trial {best.trial_id} ({label}): valid accuracy {best.best_valid_acc:.4f}\n"
-          f"  config:       {best_config}  (iaa-cli train --config {best_config})\n"
+    base = frequency.run(prepared, "valid")["accuracy"]
+    warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.trial_id}")
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"best trial {best.trial_id} ({label}): valid accuracy {frequency.beside(best.best_valid_acc, base)}\n"
+          f"  config:       {best_config}\n"
           + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
           + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
-          + next_commands(name, best, outputs, req), file=sys.stderr)
+          + next_commands(name, best, outputs, req, best_config), file=sys.stderr)
     if unlogged:
         raise IaaError(f"{sweep['tracking_uri']}: the sweep finished and its files are written, but the store did "
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
                        "restart it) and log the models again")
     return {"sweep": name, "tracking_uri": sweep["tracking_uri"], "experiment": sweep["experiment"],
-            "best_config": str(best_config), "best_valid_acc": best.best_valid_acc,
+            "best_config": str(best_config), "best_valid_acc": best.best_valid_acc, "baseline_valid_acc": base,
             "best_trial": best.trial_id, "best_checkpoint": best.checkpoint, "trials": len(records),
             "sweep_json": str(sweep_dir / "sweep.json"), "parent_run_id": parent.run_id, **outputs, "mlflow_ui": ui}
 
 
-def next_commands(name: str, best: TrialRecord, outputs: dict[str, Any], req: TuneRequest | None) -> str:
-    """What to run after the sweep: its analytics, an ensemble of its best configs, a service."""
-    where = "" if req is None or Path(req.workdir) == Path(DEFAULT_WORKDIR) else f" --workdir {req.workdir}"
-    model = (f"--model models:/{req.register}/latest" if req is not None and req.register
-             else f"--checkpoint {best.checkpoint}")
+def write_best_config(best: TrialRecord, path: Path, sweep: str, train_epochs: float | None,
+                      data: Path | None) -> None:
+    """The best trial's config, for ``iaa-cli train --config PATH`` with no other flag.
+
+    Its ``train.max_epochs`` is a training length (``train_epochs``, unless the sweep searched
+    it): early stopping ends the run sooner. The sweep's per-trial budget is kept apart as
+    ``sweep.trial_max_epochs``, and ``data`` names the prepared folder the sweep read (absent: the
+    config's ``dataset`` under the work folder).
+    """
+    trial_epochs = best.config.train.max_epochs
+    cfg = best.config
+    if train_epochs is not None and "train.max_epochs" not in best.params:
+        cfg = replace(cfg, train=replace(cfg.train, max_epochs=float(train_epochs)))
+    handoff: dict[str, Any] = {"data": str(Path(data).resolve())} if data is not None else {}
+    handoff["sweep"] = {"name": sweep, "trial": best.trial_id, "best_valid_acc": best.best_valid_acc,
+                        "trial_max_epochs": trial_epochs}
+    dump_yaml(cfg, path, handoff, header=(
+        f"The best configuration of sweep {sweep} (trial {best.trial_id}).\n"
+        f"`iaa-cli train --config {path.name}` trains it for up to train.max_epochs, stopping early after\n"
+        f"train.patience checks without improvement; each trial of the sweep had sweep.trial_max_epochs."))
+
+
+def next_commands(name: str, best: TrialRecord, outputs: dict[str, Any], req: TuneRequest | None,
+                  best_config: Path | None = None) -> str:
+    """What to run after the sweep: train its best config, its analytics, an ensemble of its best
+    configs, a service. Each line runs as printed (the work folder and store are named when not
+    the defaults)."""
+    q = shlex.quote
+    where = "" if req is None or Path(req.workdir) == Path(DEFAULT_WORKDIR) else f" --workdir {q(str(req.workdir))}"
+    store = f" --tracking-uri {q(req.tracking_uri)}" if req is not None and req.tracking_uri else ""
+    model = (f"--model models:/{req.register}/latest{where}{store}" if req is not None and req.register
+             else f"--checkpoint {q(str(best.checkpoint))}")
     return ("next:\n"
-            f"  iaa-cli report --sweep {name}{where}\n"
-            f"  iaa-cli ensemble --sweep {name}{where}\n"
+            + (f"  iaa-cli train --config {q(str(best_config))}{where}{store}\n" if best_config is not None else "")
+            + f"  iaa-cli report --sweep {name}{where}\n"
+            f"  iaa-cli ensemble --sweep {name}{where}{store}\n"
             f"  iaa-cli serve {model}")
 
 
@@ -320,7 +381,7 @@ def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: 
     from iaa.jobs.datasets import resolve
 
     preset, workdir = asha_preset(req), Path(req.workdir)
-    _, prepared = resolve.data_dir(req.dataset if req.data is None else None, req.data, workdir)
+    _, prepared = resolve.data_dir(req.dataset, req.data, workdir)
     base = base_config(req, prepared, preset)
     space = (search_space.load(req.search_space, base) if req.search_space is not None
              else search_space.parse(preset.space, base))
@@ -352,6 +413,18 @@ def searched_overrides(sets: Sequence[str], space: search_space.SearchSpace) -> 
     return notes
 
 
+def asha_notes(reachable_checks: int, preset: TunePreset) -> list[str]:
+    """A note when ASHA can never stop a trial early: its first rung (the grace period) is at or
+    past the last check a trial makes by itself."""
+    if reachable_checks > preset.grace_period:
+        return []
+    return [f"ASHA can never stop a trial early: a trial makes at most {reachable_checks} validation check(s), "
+            f"and ASHA first compares trials after {preset.grace_period} (--grace-period); every trial runs its "
+            "whole budget. To let it stop the weak ones, give "
+            + (f"--grace-period {reachable_checks - 1} or " if reachable_checks > 1 else "")
+            + "a larger --max-epochs (or more checks per epoch, --set train.check_every=BATCHES)"]
+
+
 def asha_preset(req: TuneRequest) -> TunePreset:
     """The dataset's tune preset with ``--grace-period`` and ``--reduction-factor`` applied."""
     preset = TUNE_PRESETS[req.dataset]
@@ -359,13 +432,19 @@ def asha_preset(req: TuneRequest) -> TunePreset:
                    reduction_factor=req.reduction_factor or preset.reduction_factor)
 
 
-def _cost(launch: Placement, s: _Sweep) -> SweepCost:
-    """The sweep's size and expected wall time, printed before the first trial starts."""
+def _cost(launch: Placement, s: _Sweep, checks: int) -> SweepCost:
+    """The sweep's size and expected wall time (``checks``: a trial's validation checks, at most),
+    printed before the first trial starts."""
+    from iaa.data.manifest import read as read_manifest
+
     gpus = launch.gpus_per_worker > 0
     rate = 0.0 if gpus else probe(s.base, s.prepared, launch.threads)
+    valid_rate = 0.0 if gpus else probe(s.base, s.prepared, launch.threads, split="valid")
+    valid = int(((read_manifest(s.prepared) or {}).get("counts") or {}).get("valid", 0))
     cost = SweepCost(trials=s.num_samples, epochs=s.base.train.max_epochs, examples=launch.train_rows,
                      examples_per_s=rate, concurrency=launch.max_concurrent, gpus=gpus,
-                     gpus_per_trial=launch.gpus_per_worker)
+                     gpus_per_trial=launch.gpus_per_worker, checks=checks, valid_examples=valid,
+                     valid_examples_per_s=valid_rate, start_s=SWEEP_START_S, trial_start_s=TRIAL_START_S)
     print(cost.describe(), file=sys.stderr)
     return cost
 
@@ -378,6 +457,7 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     :class:`SweepInterrupted` when the sweep stopped with unfinished trials (after recording
     them).
     """
+    req = with_dataset(req)
     s = _settle(req, open_tracker, launcher)
     tracker = s.tracker
     launch = launcher.connect(ConnectRequest(
@@ -389,6 +469,8 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
                       max_t=max_checks(s.base, s.space, launch.train_rows, req.workers_per_trial),
                       study_storage=recorded_study.get("storage") or study_storage(req),
                       study_name=recorded_study.get("study") or s.name)
+    for note in asha_notes(plan.max_t - 1, s.preset):
+        print(f"warning: {note}", file=sys.stderr)
     console = None
     if s.recorded is not None:
         if not launcher.can_resume(launch):
@@ -400,7 +482,7 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     else:
         launcher.claim(s.storage, s.name, s.folder)
         if req.show_progress:
-            console = SweepConsole(_cost(launch, s), list(s.space.params))
+            console = SweepConsole(_cost(launch, s, plan.max_t - 1), list(s.space.params))
         sweep, parent = _start(req, launch, plan, tracker)
     trials = TrialTracking(tracker=tracker, experiment=sweep["experiment"], parent_run_id=parent.run_id,
                            sweep=s.name, dataset=req.dataset, data_dir=s.prepared)
@@ -420,4 +502,5 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     sweep_file.write(s.folder / "sweep.json", sweep)
     if s.recorded is not None:
         _close_lost_runs(tracker, parent, sweep["experiment"], {r.mlflow_run_id for r in sweep["trials"]})
-    return _finish(sweep["trials"], sweep, s.folder, parent, s.space, s.prepared, tracker, req.register, req)
+    return _finish(sweep["trials"], sweep, s.folder, parent, s.space, s.prepared, tracker, req.register, req,
+                   training_epochs(req, s.prepared))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -330,3 +331,15 @@ def _report(cfg: ReaderConfig, device: str, used: str, batch_size: int, by_dtype
         "device": device,
         "precision": used,
     }
+
+
+def save(result: dict, path: Path) -> Path:
+    """Write ``result`` (what :func:`run` returned) as JSON to ``path``, replacing an earlier one."""
+    import json
+
+    from iaa.files import atomic_write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
+    return path

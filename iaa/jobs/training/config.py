@@ -162,15 +162,21 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
     return nested
 
 
+# Top-level keys of a config file that describe where it came from, not the job: a sweep's
+# best_config.yaml names its data (``data``: a prepared folder) and the sweep that chose it
+# (``sweep``: name, best trial, each trial's epoch budget). ``load`` leaves them out.
+HANDOFF_KEYS = ("data", "sweep")
+
+
 def load(base: JobConfig, path: Path | None = None, sets: Sequence[str] = ()) -> JobConfig:
-    """``base`` updated by the YAML file at ``path``, then by ``--set`` overrides."""
+    """``base`` updated by the YAML file at ``path`` (less its :data:`HANDOFF_KEYS`), then by ``--set`` overrides."""
     cfg = base
     if path is not None:
         data = read_yaml(Path(path))
         if not isinstance(data, Mapping):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         try:
-            cfg = merge(cfg, data)
+            cfg = merge(cfg, {k: v for k, v in data.items() if k not in HANDOFF_KEYS})
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from err
     return merge(cfg, parse_sets(sets))
@@ -210,8 +216,26 @@ def from_dict(data: Mapping[str, Any]) -> JobConfig:
     return merge(JobConfig(), data)
 
 
-def dump_yaml(cfg: JobConfig, path: Path) -> None:
-    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+def dump_yaml(cfg: JobConfig, path: Path, handoff: Mapping[str, Any] | None = None, header: str = "") -> None:
+    """Write ``cfg`` as YAML, with ``handoff`` (:data:`HANDOFF_KEYS` only) after it and ``header`` as comments."""
+    extra = dict(handoff or {})
+    if set(extra) - set(HANDOFF_KEYS):
+        raise ValueError(f"handoff keys must be among {HANDOFF_KEYS}, got {sorted(extra)}")
+    comments = "".join(f"# {line}\n" for line in header.splitlines())
+    atomic_write_text(path, comments + yaml.safe_dump({**to_dict(cfg), **extra}, sort_keys=False))
+
+
+def read_handoff(path: Path) -> dict[str, Any]:
+    """The :data:`HANDOFF_KEYS` that the config file at ``path`` holds ({} for an ordinary config)."""
+    data = read_yaml(Path(path))
+    if not isinstance(data, Mapping):
+        return {}
+    handoff = {k: data[k] for k in HANDOFF_KEYS if k in data}
+    if "data" in handoff and not isinstance(handoff["data"], str):
+        raise ConfigError(f"{path}: data: expected the path of a prepared folder, got {handoff['data']!r}")
+    if "sweep" in handoff and not isinstance(handoff["sweep"], Mapping):
+        raise ConfigError(f"{path}: sweep: expected a mapping (name, trial, trial_max_epochs), got {handoff['sweep']!r}")
+    return handoff
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:

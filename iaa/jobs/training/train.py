@@ -17,6 +17,7 @@ Adam's state stay fp32. ``auto`` (the default) is bf16 where this machine runs i
 from __future__ import annotations
 
 import math
+import sys
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -369,16 +370,59 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     work = Workdir(req.workdir)
     work.writable()
     uri = work.tracking_uri(req.tracking_uri)
-    name, prepared = resolve.data_dir(req.dataset, req.data, req.workdir)
+    dataset, data, handoff = data_of(req)
+    name, prepared = resolve.data_dir(dataset, data, req.workdir)
     cfg = resolve.job_config(name, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
+    if "sweep" in handoff:                      # on stderr, with --json too: what this run is
+        print(best_config_notice(handoff["sweep"], cfg), file=sys.stderr)
     run_dir = resolve.run_dir(name, cfg, req.run_dir, req.workdir)
     outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
                           flag="--run-dir", folder=True)
     tracker = open_tracker(uri)
     with rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
-        return run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume, workers=req.workers,
-                           gpus_per_worker=req.gpus_per_worker, storage=work.storage(req.storage_path),
-                           show_progress=req.show_progress, register=req.register)
+        result = run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume,
+                             workers=req.workers, gpus_per_worker=req.gpus_per_worker,
+                             storage=work.storage(req.storage_path), show_progress=req.show_progress,
+                             register=req.register)
+    return with_baseline(result, prepared)
+
+
+def with_baseline(result: dict[str, Any], prepared: Path) -> dict[str, Any]:
+    """``result`` with the most-frequent-candidate accuracy on the valid split beside its best
+    accuracy, and a warning when the reader is not above it."""
+    from iaa.jobs.reports import frequency
+
+    base = frequency.run(prepared, "valid")["accuracy"]
+    acc = result.get("best_valid_acc")
+    warnings = frequency.below_warning(acc, base, "the run") if acc is not None else []
+    return {**result, "baseline_valid_acc": base, "warnings": [*result.get("warnings", []), *warnings]}
+
+
+def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]:
+    """``--dataset``/``--data``; with neither, what the ``--config`` file names (a sweep's
+    best_config.yaml names its ``data`` folder, or only its ``dataset``), and the file's handoff keys."""
+    from iaa.jobs.training.config import read_handoff, read_yaml
+
+    handoff = read_handoff(req.config_file) if req.config_file is not None else {}
+    if req.dataset is not None or req.data is not None:
+        return req.dataset, req.data, handoff
+    if req.config_file is None:
+        raise IaaError("give --dataset NAME, --data PREPARED_DIR or a --config file that names its data")
+    tree = read_yaml(req.config_file)
+    dataset = tree.get("dataset") if isinstance(tree, dict) else None
+    if "data" not in handoff and not dataset:
+        raise IaaError(f"{req.config_file}: names no data (no 'data' or 'dataset' key); give --dataset NAME "
+                       "or --data PREPARED_DIR")
+    return dataset or None, Path(handoff["data"]) if "data" in handoff else None, handoff
+
+
+def best_config_notice(sweep: Mapping[str, Any], cfg: JobConfig) -> str:
+    """What ``train --config best_config.yaml`` is about to do, against what the sweep's trial did."""
+    acc = sweep.get("best_valid_acc")
+    trial = (f" (trial {sweep.get('trial', '?')}: valid accuracy {acc:.4f} in at most "
+             f"{sweep.get('trial_max_epochs', '?')} epochs)" if isinstance(acc, (int, float)) else "")
+    return (f"training the best configuration of sweep {sweep.get('name', '?')}{trial} to its early stop: "
+            f"up to {cfg.train.max_epochs:g} epochs, ending after {cfg.train.patience} checks without improvement")
 
 
 def previous_run(tracker: Tracker, experiment: str, run_dir: Path) -> str | None:

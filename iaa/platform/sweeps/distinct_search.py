@@ -6,7 +6,9 @@ same model to the same accuracy: the second is pure waste. TPE samples its first
 itself quickly (8 configurations, 4 trials: a repeat in 59% of sweeps). :class:`DistinctSampler`
 draws a whole configuration at once (Optuna's relative sampling) and draws again while it
 repeats one the study already holds, so the study never records a discarded repeat. Once every
-configuration of the space is taken, repeats are allowed.
+configuration of the space is taken, repeats are allowed. Its first trials follow a seeded
+space-filling design (:mod:`~iaa.platform.sweeps.space_filling`), so that every searched value is
+tried before TPE takes over.
 
 :class:`StudySearch` also makes the study tell what happened: every check's ``valid_acc`` is an
 intermediate value (step = the check), and a trial that ASHA stopped is PRUNED, not COMPLETE.
@@ -28,7 +30,9 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 from ray.tune.search.optuna import OptunaSearch
 
+from iaa.jobs.search import exploration
 from iaa.jobs.training.presets import STOP_METRIC
+from iaa.platform.sweeps.space_filling import stratified_config
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
@@ -41,10 +45,12 @@ class DistinctSampler(BaseSampler):
         inner: the sampler that proposes, one parameter at a time (``sample_independent``).
         space: the search space's distributions by name.
         size: the number of distinct configurations (None: unbounded, ranges).
+        seed: seeds the start-up design of the first trials; None: ``inner`` proposes from the first.
     """
 
-    def __init__(self, inner: BaseSampler, space: Mapping[str, BaseDistribution], size: int | None) -> None:
-        self.inner, self.space, self.size = inner, dict(space), size
+    def __init__(self, inner: BaseSampler, space: Mapping[str, BaseDistribution], size: int | None,
+                 seed: int | None = None) -> None:
+        self.inner, self.space, self.size, self.seed = inner, dict(space), size, seed
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self.space)
@@ -53,6 +59,10 @@ class DistinctSampler(BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         taken = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.number != trial.number and t.params}
         exhausted = self.size is not None and len(taken) >= self.size
+        if self.seed is not None and search_space == self.space:
+            designed = stratified_config(self.space, self.seed, trial.number)
+            if designed is not None and (exhausted or _key(designed) not in taken):
+                return designed
         config: dict[str, Any] = {}
         for _ in range(MAX_REDRAWS):
             config = {name: self.inner.sample_independent(study, trial, name, dist)
@@ -113,8 +123,16 @@ class StudySearch(OptunaSearch):
             ot_trial.set_user_attr("stopped_by", "asha")
             self._ot_study.tell(ot_trial, state=TrialState.PRUNED)
             self._completed_trials.add(trial_id)
+            self._note_exploration()
             return
         super().on_trial_complete(trial_id, result, error)
+        self._note_exploration()
+
+    def _note_exploration(self) -> None:
+        """The study's ``notes`` (shown by optuna-dashboard): a searched parameter that never varied
+        in the scored trials, and too few of them to rank importances; refreshed as trials end."""
+        scored = self._ot_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        self._ot_study.set_user_attr("notes", exploration.notes([t.params for t in scored], list(self._space)))
 
 
 def _key(config: Mapping[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """The search of a sweep on Ray Tune: Optuna's TPE sampler and ASHA early stopping.
 
 - **searcher**: ``OptunaSearch`` over a :mod:`~iaa.jobs.search.search_space` with a seeded
-  ``TPESampler``, proposing each configuration of a finite space once
+  ``TPESampler`` after a seeded space-filling start that tries every searched value
+  (:mod:`~iaa.platform.sweeps.space_filling`), proposing each configuration of a finite space once
   (:mod:`~iaa.platform.sweeps.distinct_search`). It learns from each trial's *best* validation accuracy
   (``best_valid_acc`` of the trial's last report), so that a trial ASHA cut short feeds TPE
   the best score it reached, not a rung-level one;
@@ -26,15 +27,23 @@ def searcher(space: SearchSpace, seed: int, storage: str | None = None, study_na
     sweep continues it.
     """
     import optuna
-    from optuna.samplers import TPESampler
 
-    from iaa.platform.sweeps.distinct_search import DistinctSampler, StudySearch
+    from iaa.platform.sweeps.distinct_search import StudySearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     distributions = to_optuna(space)
-    sampler = DistinctSampler(TPESampler(seed=seed), distributions, space.size)
-    return StudySearch(space=distributions, metric=SEARCH_METRIC, mode=MODE, sampler=sampler,
+    return StudySearch(space=distributions, metric=SEARCH_METRIC, mode=MODE, sampler=sampler(space, seed),
                        storage=study_storage(storage) if storage else None, study_name=study_name)
+
+
+def sampler(space: SearchSpace, seed: int) -> Any:
+    """The sweep's Optuna sampler: a space-filling start (every searched value at least once),
+    then TPE, both seeded; no configuration twice while the space has untried ones."""
+    from optuna.samplers import TPESampler
+
+    from iaa.platform.sweeps.distinct_search import DistinctSampler
+
+    return DistinctSampler(TPESampler(seed=seed), to_optuna(space), space.size, seed=seed)
 
 
 def study_storage(url: str) -> Any:

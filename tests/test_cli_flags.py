@@ -1,0 +1,97 @@
+"""CLI flags that read as they work: one meaning per name, stdout as an output, small inputs whole."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from iaa import cli
+from iaa.data.manifest import vocab_card
+from iaa.jobs.training import checkpoint
+from tests._explain import tiny_checkpoint
+from tests._tiny import make_tiny_prepared
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(prepared folder, checkpoint, a 3-question JSON Lines file)."""
+    root = tmp_path_factory.mktemp("flags")
+    prepared = make_tiny_prepared(root)
+    ckpt = tiny_checkpoint(prepared, root / "iaa.pt", "iaa", steps=2)
+    checkpoint.save(ckpt, {**checkpoint.load(ckpt), "vocab": vocab_card(prepared)})   # as training saves it
+    questions = root / "q.jsonl"
+    records = [{"id": f"q{i}", "document": "the cat sat on the mat . the dog ran", "query": "the XXXXX sat",
+                "candidates": ["cat", "dog", "mat"], "answer": "cat"} for i in range(3)]
+    questions.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return prepared, ckpt, questions
+
+
+@pytest.mark.parametrize("command, alias, dest", [
+    ("train", "--data-parallel-workers", "workers"),
+    ("ensemble", "--workers-per-member", "workers_per_trial"),
+    ("distill", "--teacher-workers", "workers"),
+])
+def test_each_workers_flag_has_a_name_that_says_what_it_counts_and_keeps_the_old_one(command: str, alias: str,
+                                                                                     dest: str) -> None:
+    [param] = [p for p in cli.cli.commands[command].params if p.name == dest]
+    assert param.opts == [alias, "--workers"]
+    ctx = cli.cli.commands[command].make_context(command, [alias, "3", *(["--ensemble", "."] if command == "distill"
+                                                                         else [])])
+    assert ctx.params[dest] == 3
+
+
+def test_report_baseline_help_shows_no_empty_range() -> None:
+    result = CliRunner().invoke(cli.cli, ["report", "--help"])
+    assert result.exit_code == 0 and "None" not in result.output
+
+
+def test_report_baseline_still_refuses_nan() -> None:
+    result = CliRunner().invoke(cli.cli, ["report", "--experiment", "x", "--baseline", "nan", "--out", "x.png"])
+    assert result.exit_code == 2 and "'nan' is not a finite number" in result.output
+
+
+def test_predict_out_dash_writes_the_predictions_to_stdout_and_the_summary_to_stderr(model, tmp_path: Path) -> None:
+    prepared, ckpt, questions = model
+    result = CliRunner().invoke(cli.cli, ["predict", "--checkpoint", str(ckpt), "--input", str(questions),
+                                          "--out", "-"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["id"] for r in rows] == ["q0", "q1", "q2"]
+    assert "examples: 3" in result.stderr and not Path("-").exists()
+
+
+def test_explain_input_alone_explains_every_question_of_a_small_file(model, tmp_path: Path) -> None:
+    prepared, ckpt, questions = model
+    out = tmp_path / "page.html"
+    result = CliRunner().invoke(cli.cli, ["explain", "--checkpoint", str(ckpt), "--input", str(questions),
+                                          "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert [e["example_id"] for e in json.loads(result.stdout.splitlines()[-1])["examples"]] == ["q0", "q1", "q2"]
+
+
+def test_explain_input_alone_refuses_a_large_file_in_one_line(model, tmp_path: Path) -> None:
+    from iaa.jobs.inference.explain import WHOLE_INPUT
+
+    prepared, ckpt, questions = model
+    big = tmp_path / "big.jsonl"
+    line = questions.read_text().splitlines()[0]
+    big.write_text("".join(line.replace('"q0"', f'"b{i}"') + "\n" for i in range(WHOLE_INPUT + 1)))
+    result = CliRunner().invoke(cli.cli, ["explain", "--checkpoint", str(ckpt), "--input", str(big),
+                                          "--out", str(tmp_path / "p.html")])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert f"holds {WHOLE_INPUT + 1} questions" in result.output and "--first N" in result.output
+
+
+@pytest.mark.timeout(300)
+def test_bench_takes_a_workdir_and_saves_its_result_there(tmp_path: Path) -> None:
+    small = ["--set", "model.embed_dim=16", "--set", "model.hidden_dim=8", "--set", "model.state_dim=8",
+             "--set", "model.gate_dim=8", "--set", "model.steps=1", "--set", "bench.steps=1",
+             "--set", "bench.warmup=0", "--set", "bench.batch_size=2", "--set", "bench.precision=fp32"]
+    result = CliRunner().invoke(cli.cli, ["bench", *small, "--workdir", str(tmp_path / "w"), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout.splitlines()[-1])
+    saved = tmp_path / "w" / "bench" / "iaa-cpu.json"
+    assert out["saved"] == str(saved) and json.loads(saved.read_text()) == {k: v for k, v in out.items() if k != "saved"}

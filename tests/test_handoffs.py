@@ -1,0 +1,220 @@
+"""Handoffs between commands: tune's data checked before any work, best_config.yaml that `train`
+takes as it is, and a bad start that fails at once, before Ray or MLflow is imported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from _shared import REPO
+from iaa import cli
+from iaa.data.datasets import CLOZE_STYLES
+from iaa.jobs.datasets import resolve
+from iaa.jobs.ports import TrialRecord
+from iaa.jobs.reports import frequency
+from iaa.jobs.search import tune
+from iaa.jobs.training.config import JobConfig, load, read_handoff
+from iaa.jobs.training.presets import TUNE_PRESETS
+from tests._tiny import TINY_SETS, make_tiny_prepared
+
+HEAVY = ("ray", "mlflow", "optuna", "torch")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_prepared(tmp_path_factory.mktemp("tiny"))
+
+
+def _cli_in_process(args: list[str]) -> subprocess.CompletedProcess:
+    """``iaa-cli ARGS`` in a fresh interpreter that prints, last on stdout, which heavy packages it loaded."""
+    code = ("import sys; from iaa import cli; sys.argv = ['iaa-cli', *sys.argv[1:]]\n"
+            "try:\n    cli.main()\nfinally:\n"
+            f"    print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+@pytest.mark.parametrize("args, code", [
+    (["tune", "--dataset", "cnn"], 1),                       # not prepared
+    (["tune", "--dataset", "demo", "--max-epochs", "0"], 2),  # a bad flag
+    (["tune"], 2),                                           # no data at all
+])
+def test_a_bad_start_of_tune_is_one_line_before_ray_mlflow_or_torch_load(args: list[str], code: int,
+                                                                          tmp_path: Path) -> None:
+    out = _cli_in_process([*args, "--workdir", str(tmp_path / "w")])
+    assert out.returncode == code, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    if code == 1:
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("Error: ")
+        assert "iaa-cli prepare --dataset cnn" in out.stderr
+
+
+def test_tune_takes_the_dataset_from_the_manifest_of_data(tiny: Path, tmp_path: Path) -> None:
+    req = tune.with_dataset(tune.TuneRequest(data=tiny, workdir=tmp_path))
+    assert req.dataset == "cbt-ne" and req.data == tiny
+
+
+def test_tune_refuses_a_dataset_that_contradicts_the_manifest_in_one_line(tiny: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli.cli, ["tune", "--data", str(tiny), "--dataset", "cnn",
+                                          "--workdir", str(tmp_path / "w")])
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"Error: {tiny / 'manifest.json'}: the folder holds cbt-ne, not cnn; leave out "
+                                     "--dataset (it comes from the manifest) or give --dataset cbt-ne")
+    assert not (tmp_path / "w").exists()                      # no work began: no folder, no store
+
+
+def test_every_style_make_cloze_writes_can_be_tuned() -> None:
+    choices = next(p for p in cli.tune.params if p.name == "dataset").type.choices
+    for style in CLOZE_STYLES:
+        assert style in choices and style in TUNE_PRESETS
+        assert tune.asha_preset(tune.TuneRequest(dataset=style)).num_samples >= 1
+
+
+def _best_record(tiny: Path, trial_epochs: float) -> TrialRecord:
+    cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, f"train.max_epochs={trial_epochs}"))
+    return TrialRecord(trial_id="t_00001", config=cfg, params={"model.steps": 2}, best_valid_acc=0.3125,
+                       checkpoint="/nowhere/best.pt")
+
+
+def test_best_config_keeps_the_data_and_the_trial_budget_apart_from_the_training_length(tiny: Path,
+                                                                                       tmp_path: Path) -> None:
+    best = _best_record(tiny, trial_epochs=0.5)
+    path = tmp_path / "best_config.yaml"
+    tune.write_best_config(best, path, "s1", train_epochs=2.0, data=tiny)
+    handoff = read_handoff(path)
+    assert handoff["data"] == str(tiny.resolve())
+    assert handoff["sweep"] == {"name": "s1", "trial": "t_00001", "best_valid_acc": 0.3125, "trial_max_epochs": 0.5}
+    cfg = load(JobConfig(), path)                             # the handoff keys are not config keys
+    assert cfg == replace(best.config, train=replace(best.config.train, max_epochs=2.0))
+    raw = yaml.safe_load(path.read_text())
+    assert raw["train"]["max_epochs"] == 2.0 and raw["dataset"] == "cbt-ne"
+
+
+def test_best_config_of_a_dataset_sweep_names_the_dataset_only(tiny: Path, tmp_path: Path) -> None:
+    path = tmp_path / "best_config.yaml"
+    tune.write_best_config(_best_record(tiny, 0.5), path, "s1", train_epochs=2.0, data=None)
+    assert "data" not in read_handoff(path) and yaml.safe_load(path.read_text())["dataset"] == "cbt-ne"
+
+
+def test_the_next_commands_start_with_training_the_best_config_in_the_same_workdir(tmp_path: Path) -> None:
+    best = TrialRecord(trial_id="t1", config=JobConfig(), checkpoint="/w/best.pt")
+    req = tune.TuneRequest(dataset="demo", workdir=tmp_path / "my work", tracking_uri="sqlite:////s/m.db")
+    lines = tune.next_commands("demo-iaa-abc123", best, {}, req, tmp_path / "my work" / "b.yaml").splitlines()
+    work = f"'{tmp_path / 'my work'}'"
+    assert lines[1] == f"  iaa-cli train --config '{tmp_path / 'my work' / 'b.yaml'}' --workdir {work} " \
+                       "--tracking-uri sqlite:////s/m.db"
+    assert lines[2] == f"  iaa-cli report --sweep demo-iaa-abc123 --workdir {work}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_train_with_only_best_config_trains_it_on_the_sweeps_data_to_its_early_stop(tiny: Path,
+                                                                                    tmp_path: Path) -> None:
+    path = tmp_path / "best_config.yaml"
+    tune.write_best_config(_best_record(tiny, trial_epochs=0.5), path, "s1", train_epochs=3.0, data=tiny)
+    result = CliRunner().invoke(cli.cli, ["train", "--config", str(path), "--workdir", str(tmp_path / "w"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert ("training the best configuration of sweep s1 (trial t_00001: valid accuracy 0.3125 in at most 0.5 "
+            "epochs) to its early stop: up to 3 epochs") in result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["baseline_valid_acc"] == frequency.run(tiny, "valid")["accuracy"]
+    assert out["stop_reason"] in ("early-stopped", "max-epochs")
+    assert out["steps"] > 0.5 * 192 / 16                       # beyond the trial's budget
+    assert Path(out["run_dir"]).parent == tmp_path / "w" / "runs"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module (the platform reuses a Ray already started in the process)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _printed_next_commands(stderr: str) -> list[str]:
+    lines = stderr.splitlines()
+    start = lines.index("next:") + 1
+    return [line.strip() for line in lines[start:] if line.startswith("  iaa-cli ")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Path, local_ray: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import shlex
+
+    from tests._platform import write_space
+
+    work = tmp_path / "work"
+    sets = [arg for s in TINY_SETS for arg in ("--set", s)]
+    tuned = CliRunner().invoke(cli.cli, ["tune", "--data", str(tiny), "--num-samples", "2", "--max-epochs", "1",
+                                         "--search-space", str(write_space(tmp_path)), "--name", "hand",
+                                         "--workdir", str(work), *sets])
+    assert tuned.exit_code == 0, tuned.output
+    base = frequency.run(tiny, "valid")["accuracy"]
+    assert f"(most-frequent-candidate baseline {base:.4f}" in tuned.stderr
+    commands = _printed_next_commands(tuned.stderr)
+    assert [shlex.split(c)[1] for c in commands] == ["train", "report", "ensemble", "serve"]
+
+    # serve runs until stopped: the printed flags must give a model that loads and answers; the
+    # Ray Serve deployment itself is tested in test_serve.py
+    from iaa.platform import ray_serve
+
+    served = []
+    monkeypatch.setattr(ray_serve, "run_forever", lambda cfg, load: served.append(load(cfg.source, cfg.threads)))
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "iaa-cli"
+        result = CliRunner().invoke(cli.cli, argv[1:])
+        assert result.exit_code == 0, f"{command}\n{result.output}"
+        if argv[1] == "train":                       # the best config, on the sweep's data, past the trial budget
+            assert "to its early stop: up to 2 epochs" in result.stderr
+            assert "steps: " in result.stdout and (work / "runs").is_dir()
+    [answerer] = served
+    assert answerer.predictor is not None
+
+
+def test_an_accuracy_is_shown_beside_the_baseline_and_not_being_above_it_is_said() -> None:
+    assert frequency.beside(0.5, 0.364) == "0.5000 (most-frequent-candidate baseline 0.3640)"
+    assert frequency.beside(0.2955, 0.364).endswith("baseline 0.3640, and not above it)")
+    assert frequency.below_warning(0.5, 0.364, "the run") == []
+    [warning] = frequency.below_warning(0.2955, 0.364, "the best trial t1")
+    assert warning.startswith("the best trial t1's valid accuracy 0.2955 is not above the most-frequent-candidate")
+
+
+def test_asha_settings_that_can_never_stop_a_trial_are_a_warning() -> None:
+    from iaa.jobs.search import search_space as spaces
+    from iaa.jobs.training.presets import max_checks
+
+    preset = TUNE_PRESETS["demo"]
+    demo = replace(JobConfig(), train=replace(JobConfig().train, check_every=0))
+    space = spaces.parse(preset.space, demo)
+
+    def reachable(epochs: float) -> int:
+        return max_checks(replace(demo, train=replace(demo.train, max_epochs=epochs)), space, 4096, 1) - 1
+
+    [note] = tune.asha_notes(reachable(0.3), preset)          # --max-epochs 0.3: one check, grace 2
+    assert note.startswith("ASHA can never stop a trial early: a trial makes at most 1 validation check(s)")
+    assert "--grace-period" not in note.split("give ")[-1]
+    assert tune.asha_notes(reachable(1.0), preset) != []        # two checks: the grace rung is the last
+    assert tune.asha_notes(reachable(1.5), preset) == []        # the quick start: three checks
+    assert tune.asha_notes(reachable(1.0), replace(preset, grace_period=1)) == []
+
+
+def test_make_cloze_warns_of_an_evaluation_split_too_small_to_measure() -> None:
+    from iaa.jobs.datasets.make_cloze import small_splits
+
+    [valid] = small_splits({"train": 900, "valid": 44, "test": 0})
+    assert valid.startswith("the valid split has only 44 questions: an accuracy measured on it has a standard "
+                            "error of up to 7.5 points")
+    assert small_splits({"train": 900, "valid": 400, "test": 1000}) == []
+    [empty] = small_splits({"train": 900})
+    assert empty.startswith("the valid split is empty")
