@@ -5,12 +5,16 @@
 - ``iaa.platform`` imports from ``iaa.jobs`` only the ports, configs and paths: the job code an
   adapter runs reaches it as a callable the job passes in;
 - ``iaa.model`` imports no other ``iaa`` layer, ``iaa.data`` neither jobs nor platform;
+- ``iaa.model.kernels`` (the fast paths) imports only torch, the standard library and its own
+  modules, and the rest of ``iaa.model`` reaches the kernels only through the package
+  (``iaa.model.kernels.select``), never a kernel module;
 - no two modules of ``iaa`` import each other, directly or around a longer cycle.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,6 +62,27 @@ def test_layers_import_only_downward(layer: str, forbidden: tuple[str, ...]) -> 
     upward = {name: sorted(m for m in deps if m.startswith(forbidden))
               for name, deps in GRAPH.items() if name.startswith(layer)}
     assert {name: deps for name, deps in upward.items() if deps} == {}
+
+
+KERNELS = "iaa.model.kernels"
+
+
+def test_kernels_import_only_torch_the_standard_library_and_each_other() -> None:
+    outside = {name: sorted(m for m in deps if not (m.split(".")[0] in ("torch", "__future__")
+                                                    or m.split(".")[0] in sys.stdlib_module_names
+                                                    or m == KERNELS or m.startswith(KERNELS + ".")))
+               for name, deps in GRAPH.items() if name == KERNELS or name.startswith(KERNELS + ".")}
+    assert {name: deps for name, deps in outside.items() if deps} == {}
+
+
+def test_the_model_reaches_the_kernels_only_through_select() -> None:
+    """Outside ``kernels/``, the model imports the kernels package (its ``select`` and
+    ``Kernels``), never one kernel's module: which fast path runs is chosen in one place."""
+    reader_side = {name: sorted(m for m in deps if m.startswith(KERNELS + "."))
+                   for name, deps in GRAPH.items()
+                   if name.startswith("iaa.model") and not (name == KERNELS or name.startswith(KERNELS + "."))}
+    assert {name: deps for name, deps in reader_side.items() if deps} == {}
+    assert KERNELS in GRAPH["iaa.model.reader"]
 
 
 # What an adapter may import from the jobs: the ports, the configs (and presets and search spaces,

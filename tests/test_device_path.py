@@ -1,5 +1,5 @@
 """The accelerator's code path, checked on the CPU: no host syncs in a training step, the GRU's
-dtype under autocast, the FLOP formula, compiled reads, bucketed shapes and prefetched batches.
+dtype in bf16, the FLOP formula, compiled reads, bucketed shapes and prefetched batches.
 
 Tolerances: compiled and eager reads compute the same float32 operations, but the compiler fuses
 and reorders reductions, so outputs are held to 1e-5 absolute / 1e-4 relative (log-probabilities
@@ -16,10 +16,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from iaa.data.batch import bucket_width, pad_to_buckets
 from iaa.data.prefetch import prefetch
-from iaa.jobs.training.step import autocast, build_optimizer, train_step
+from iaa.jobs.training.step import build_optimizer, train_step
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
 from iaa.model.encoder import BiGRUEncoder
 from iaa.model.flops import batch_flops, step_layer_flops
+from iaa.model.reader import Masks
 from tests._fake_device import HostReads, batch_on_fake_device, on_fake_device
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
@@ -65,10 +66,11 @@ def test_training_steps_read_nothing_back_from_the_device(kind: str) -> None:
 
 def test_autocast_is_off_inside_the_gru_which_runs_in_an_explicit_dtype() -> None:
     """Autocast's cuDNN rule would run a GRU in fp16 under bf16 autocast; the encoder turns
-    autocast off around ``nn.GRU`` and casts its input and weights itself: bf16 under bf16
-    autocast (here, on the CPU; on CUDA with cuDNN >= 9.13), fp32 otherwise, never fp16."""
+    autocast off around ``nn.GRU`` and casts its input and weights itself: bf16 in precision
+    bf16 (here, on the CPU; on CUDA with cuDNN >= 9.13), fp32 otherwise, never fp16, whatever
+    autocast the caller has on."""
     torch.manual_seed(0)
-    encoder = BiGRUEncoder(12, 8, fused=False)
+    encoder = BiGRUEncoder(12, 8)
     seen: list[tuple[bool, torch.dtype, set]] = []
 
     def record(module, args):
@@ -79,11 +81,13 @@ def test_autocast_is_off_inside_the_gru_which_runs_in_an_explicit_dtype() -> Non
     encoder.gru.register_forward_pre_hook(record)
     x = torch.randn(3, 7, 12, requires_grad=True)
     mask = torch.arange(7) < torch.tensor([7, 4, 1]).unsqueeze(1)
-    for dtype, expected in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32), (None, torch.float32)):
+    cases = (("bf16", torch.bfloat16, torch.bfloat16), ("bf16", None, torch.bfloat16),
+             ("fp32", torch.float16, torch.float32), ("fp32", torch.bfloat16, torch.float32), ("fp32", None, torch.float32))
+    for precision, dtype, expected in cases:
         seen.clear()
-        with autocast("cpu", dtype):
-            states, final = encoder(x, mask)
-        assert seen == [(False, expected, {expected})], (dtype, seen)
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            states, final = encoder(x, mask, precision=precision)
+        assert seen == [(False, expected, {expected})], (precision, dtype, seen)
         assert states.dtype == expected and final.dtype == expected
         (grad,) = torch.autograd.grad(states.float().sum() + final.float().sum(), x)
         assert grad.dtype == torch.float32 and torch.isfinite(grad).all()
@@ -116,9 +120,9 @@ def test_step_layer_flops_are_the_attention_steps_weight_matmuls() -> None:
     d_enc = torch.randn(4, batch.doc.shape[1], two_h, requires_grad=True)
     counter = FlopCounterMode(display=False)
     with counter:
-        log_p = model._read(q_enc, q_enc[:, 0], d_enc, batch.query_mask, batch.doc_mask, batch.doc_mask,
-                            batch.doc_cand, batch.cand_mask.shape[1])
-        log_p[torch.isfinite(log_p)].sum().backward()
+        masks = Masks(batch.query_mask, batch.doc_mask, batch.doc_mask)
+        log_att, _, _ = model._read(q_enc, q_enc[:, 0], d_enc, masks, kernels=model.kernels, trace=False)
+        log_att[torch.isfinite(log_att)].sum().backward()
     counts = counter.get_flop_counts()["Global"]
     layers = sum(f for op, f in counts.items() if str(op) in ("aten.addmm", "aten.mm"))
     assert layers > 0 and step_layer_flops(cfg, 4) == layers

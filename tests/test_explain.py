@@ -14,8 +14,7 @@ from click.testing import CliRunner
 from iaa.cli import cli
 from iaa.data.loader import PreparedData, collate
 from iaa.jobs.training import checkpoint
-from iaa.jobs.inference.trace import trace_batch
-from iaa.model.pointer import candidate_probs
+from iaa.model.pointer import candidate_probs, pointer_sum
 from tests._explain import tiny_setup
 
 
@@ -92,15 +91,29 @@ def test_fixed_query_attention_is_uniform(setup):
     assert q == pytest.approx([1 / len(q)] * len(q), abs=1e-6)
 
 
-def test_trace_reproduces_forward_on_a_padded_batch(setup):
-    """The replayed steps give the reader's own output, padding included (several examples)."""
+def test_the_trace_is_the_forward_pass_on_a_padded_batch(setup):
+    """``forward(batch, trace=True)`` on several padded examples: the answer it gives is the one
+    without the trace (where inference may run the C++ steps), and it is the pointer-sum of the
+    last step's document attention; attentions are 0 on padding and sum to 1, gates lie in
+    (0, 1) on every step but the last."""
     prepared, ckpts = setup
     model, _, _ = checkpoint.load_model(ckpts["iaa"])
     batch = collate(PreparedData.open(prepared).table("valid").slice(0, 8))
-    trace = trace_batch(model, batch)
-    assert torch.allclose(trace.probs, candidate_probs(model(batch)))
-    assert (trace.steps[0].doc[~batch.doc_mask] == 0).all()
-    assert torch.allclose(trace.steps[-1].query.sum(1), torch.ones(8))
+    with torch.no_grad():
+        log_p, trace = model(batch, trace=True)
+        plain = model(batch)
+    probs = candidate_probs(log_p)
+    assert torch.allclose(probs, candidate_probs(plain), atol=1e-4)
+    answer = pointer_sum(trace.steps[-1].doc.log(), batch.doc_cand, batch.cand_mask.shape[1])
+    assert torch.allclose(candidate_probs(answer), probs, atol=1e-5)
+    assert len(trace.steps) == model.cfg.steps and trace.halting is None
+    for step in trace.steps:
+        assert (step.doc[~batch.doc_mask] == 0).all() and (step.query[~batch.query_mask] == 0).all()
+        assert torch.allclose(step.query.sum(1), torch.ones(8)) and torch.allclose(step.doc.sum(1), torch.ones(8))
+    for step in trace.steps[:-1]:
+        assert step.r_q.shape == step.r_d.shape == (8, 2 * model.cfg.hidden_dim)
+        assert ((step.r_q > 0) & (step.r_q < 1)).all()
+    assert trace.steps[-1].r_q is None
 
 
 def test_several_ids_and_png(setup, tmp_path):

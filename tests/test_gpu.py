@@ -25,6 +25,8 @@ from iaa.jobs.datasets import resolve
 from iaa.jobs.training import train as train_job
 from iaa.jobs.inference.evaluate import score_batches
 from iaa.model.encoder import BiGRUEncoder
+from iaa.model.kernels import gru_kernels
+from iaa.model.kernels.fused_gru import FusedEncoder
 from tests._tiny import TINY_SETS, kill_after_checks, make_tiny_prepared
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
@@ -113,7 +115,8 @@ def test_cudnn_gru_equals_the_cpu_fused_gru(cuda) -> None:
         for device in ("cpu", cuda):
             enc = encoder.to(device)
             xd = x.to(device).requires_grad_()
-            states, final = enc(xd, mask.to(device))
+            fused = FusedEncoder("fp32", gru_kernels.load()) if device == "cpu" else None
+            states, final = enc(xd, mask.to(device), kernel=fused)
             grads = torch.autograd.grad((states * weight.to(device)).sum() + final.sum(), [xd, *enc.parameters()])
             outputs[device] = [t.detach().cpu() for t in (states, final, *grads)]
     finally:
@@ -137,19 +140,18 @@ def test_bench_cli_on_cuda(cuda, precision) -> None:
 
 
 def test_bf16_encoders_run_the_gru_in_bf16_or_fp32_never_fp16(cuda) -> None:
-    """Under ``train.precision=bf16`` (bf16 autocast) the cuDNN GRU runs in the dtype the encoder
-    chooses: bf16 with bf16 weights on cuDNN >= 9.13, else fp32; gradients reach the fp32
-    parameters and the input in fp32."""
-    from iaa.jobs.training.step import autocast, precision_dtype
+    """Under ``train.precision=bf16`` the cuDNN GRU runs in the dtype the encoder chooses, even
+    under the caller's bf16 autocast: bf16 with bf16 weights on cuDNN >= 9.13, else fp32;
+    gradients reach the fp32 parameters and the input in fp32."""
     from iaa.model.encoder import rnn_dtype
 
     torch.manual_seed(0)
-    encoder = BiGRUEncoder(24, 16, fused=False).to(cuda)
+    encoder = BiGRUEncoder(24, 16).to(cuda)
     x = torch.randn(5, 30, 24, device=cuda, requires_grad=True)
     mask = (torch.arange(30) < torch.tensor([30, 7, 22, 1, 16]).unsqueeze(1)).to(cuda)
-    with autocast("cuda", precision_dtype("bf16")):
-        expected = rnn_dtype(x)
-        states, final = encoder(x, mask, mask.sum(1).cpu())
+    expected = rnn_dtype("cuda", "bf16")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        states, final = encoder(x, mask, mask.sum(1).cpu(), precision="bf16")
     assert expected in (torch.bfloat16, torch.float32)
     version = torch.backends.cudnn.version()
     assert expected == (torch.bfloat16 if version >= 91300 else torch.float32), version

@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from iaa.model import gru_kernels
-from iaa.model.fused_gru import FusedBiGRU, bigru_from_table, fused_bigru, input_table
+from iaa.model.kernels import gru_kernels
+from iaa.model.kernels.fused_gru import bigru_from_table, fused_bigru, input_table
 from tests._model_inputs import one_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,7 +29,7 @@ RAN_BF16 = 1e-4     # fp32 arithmetic differs by ~1e-7
 def _kernels(h: int, amx: bool = False):
     kernels = gru_kernels.load()
     if kernels is None:
-        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_GRU_CPP=0)")
+        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_NO_COMPILED_KERNELS=1)")
     if not kernels.fast_paths(h):
         pytest.skip("this CPU has no AVX-512: the fast path does not run here")
     if amx and not kernels.amx_paths(h):
@@ -43,12 +43,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _encode(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor, weight: torch.Tensor, cpp: bool,
             bf16: bool = False):
-    FusedBiGRU.use_cpp = cpp
-    try:
-        y = fused_bigru(x, lengths, gru._flat_weights, bf16=bf16)
-        return y, torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])
-    finally:
-        FusedBiGRU.use_cpp = True
+    y = fused_bigru(x, lengths, gru._flat_weights, bf16=bf16, cpp=gru_kernels.load() if cpp else None)
+    return y, torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])
 
 
 def _inputs(h: int, seed: int = 0):
@@ -95,7 +91,7 @@ def test_amx_recurrence_under_bf16_stays_within_bounds_and_really_ran() -> None:
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.bfloat16, REL)])
 def test_inference_reads_the_table_in_place(dtype: torch.dtype, tolerance: float) -> None:
-    _kernels(32)
+    cpp = _kernels(32)
     torch.manual_seed(4)
     gru = nn.GRU(48, 32, batch_first=True, bidirectional=True)
     embedding = torch.randn(90, 48)
@@ -105,7 +101,7 @@ def test_inference_reads_the_table_in_place(dtype: torch.dtype, tolerance: float
         expected = fused_bigru(embedding[tokens], lengths, gru._flat_weights)
         table = input_table(embedding, gru._flat_weights, dtype)
         assert table.shape == (2, 90, 96) and table.dtype == dtype
-        y = bigru_from_table(tokens, lengths, table, gru._flat_weights)
+        y = bigru_from_table(tokens, lengths, table, gru._flat_weights, cpp=cpp)
     assert y.dtype == torch.float32
     assert torch.all(y[torch.arange(21) >= lengths.unsqueeze(1)] == 0)
     assert _rel(y, expected) < tolerance

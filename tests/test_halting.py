@@ -9,12 +9,11 @@ import torch
 from iaa.jobs.training.config import JobConfig, merge
 from iaa.jobs.training.objective import Objective
 from iaa.model import build_reader, candidate_probs, preset
-from iaa.model.attention import Memory
 from iaa.model.gates import gate_features
 from iaa.model.halting import EPSILON
-from iaa.model.masking import full_precision, masked_log_softmax
+from iaa.model.masking import masked_log_softmax
 from iaa.model.pointer import pointer_sum
-from iaa.model.reader import _answer_mask
+from iaa.model.reader import Masks
 from tests._model_inputs import one_thread, random_batch, select  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,20 +33,19 @@ def spread_halting(model, bias: float = -1.0, scale: float = 100.0) -> None:
 
 def paper_forward(model, batch):
     """The IAA reader's forward as it was before ``model.halting`` existed, line for line."""
-    q_enc, _, d_enc = model.encoders(batch)
-    q_enc = model.encoders.drop(q_enc)
-    d_enc = Memory(model.encoders.drop(d_enc), deferred=model.cfg.batched_read_grad)
+    q_enc, _, d_enc = model.encoders(batch, model.kernels, model._drop)
+    q_enc, d_enc = model._attention_inputs(q_enc, d_enc, model.kernels)
     s = q_enc.new_zeros(q_enc.shape[0], model.cfg.state_dim)
     for step in range(model.cfg.steps):
         q_t, _ = model.query_read(s, q_enc, batch.query_mask)
         if step == model.cfg.steps - 1:
             logits = model.doc_read.logits(s, q_t, d_enc)
             break
-        d_t, _ = model.doc_read(s, q_t, d_enc, batch.doc_mask)
-        features = model.encoders.drop(gate_features(s, q_t, d_t))
+        d_t, _, _ = model.doc_read(s, q_t, d_enc, batch.doc_mask)
+        features = model._drop(gate_features(s, q_t, d_t))
         r_q, r_d = model.gate_q(features), model.gate_d(features)
         s = model.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)
-    log_att = masked_log_softmax(full_precision(logits), _answer_mask(model.cfg, batch))
+    log_att = masked_log_softmax(logits, Masks.of(model.cfg, batch).answer)
     return pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])
 
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 import torch
 
-from iaa.model import (MODEL_KINDS, build_reader, candidate_probs, masked_log_softmax, masked_softmax,
-                       nll_loss, pointer_sum, preset)
+from iaa.model import (MODEL_KINDS, ReaderConfig, build_reader, candidate_probs, masked_log_softmax,
+                       masked_softmax, nll_loss, pointer_sum, preset)
+from iaa.model import kernels as fast
 from tests._model_inputs import one_thread, random_batch, select  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -224,7 +229,7 @@ def test_the_model_package_imports_only_torch_itself_and_the_standard_library():
     import iaa.model
 
     outside = []
-    for path in sorted(Path(iaa.model.__file__).parent.glob("*.py")):
+    for path in sorted(Path(iaa.model.__file__).parent.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
@@ -233,3 +238,43 @@ def test_the_model_package_imports_only_torch_itself_and_the_standard_library():
                 if not (top == "torch" or name.startswith("iaa.model") or top in sys.stdlib_module_names):
                     outside.append(f"{path.name}: {name}")
     assert outside == []
+
+
+SAVED = Path(__file__).parent / "data" / "readers_before_kernel_seam.pt"
+
+
+def _unflatten(flat: dict) -> dict[str, torch.Tensor]:
+    sizes = [math.prod(shape) for shape in flat["shapes"]]
+    return {name: values.view(shape) for name, shape, values
+            in zip(flat["names"], flat["shapes"], flat["values"].split(sizes))}
+
+
+@pytest.mark.parametrize("variant", ["iaa", "iaa-fixed-query", "as-reader", "iaa-act"])
+@pytest.mark.parametrize("kernels", ["selected", "reference"])
+def test_a_reader_saved_by_an_earlier_version_loads_and_answers_the_same(variant, kernels):
+    """``tests/data/readers_before_kernel_seam.pt``: each variant's config, state dict and
+    outputs on one batch (inference, and training with every parameter's gradient), saved by the
+    code before the fast paths moved behind ``iaa.model.kernels.select``, on its default (fast)
+    path. Its parameter names load as they are; the default kernels give the same numbers to
+    fp32 rounding, and the reference the same within 1e-5."""
+    saved = torch.load(SAVED, weights_only=True)[variant]
+    cfg = ReaderConfig(**saved["config"])
+    model = build_reader(cfg)
+    if kernels == "reference":
+        model.kernels = fast.select("cpu", "fp32", replace(cfg, fused_gru=False, batched_read_grad=False,
+                                                           fast_dropout=False, inference_table=False))
+    model.load_state_dict(_unflatten(saved["state_dict"]))                   # strict: same names
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=1)
+    model.eval()
+    with torch.no_grad():
+        inferred = model(batch)
+    model.train()
+    log_p = model(batch)
+    nll_loss(log_p, batch.answer).backward()
+    tol = dict(atol=1e-6, rtol=1e-6) if kernels == "selected" else dict(atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(inferred, saved["log_p"], **tol)
+    torch.testing.assert_close(log_p.detach(), saved["train_log_p"], **tol)
+    for name, grad in _unflatten(saved["grads"]).items():
+        param = dict(model.named_parameters())[name]
+        torch.testing.assert_close(param.grad.to_dense() if param.grad.is_sparse else param.grad, grad, **tol,
+                                   msg=name)

@@ -1,8 +1,10 @@
-"""Every fast path equals its reference path on random inputs: forward outputs and gradients."""
+"""The kernels' parts held to their references on random inputs (forward outputs and gradients),
+and the training step's own fast path; whole readers in ``tests/test_kernels.py``."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,17 +12,14 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
-from iaa.model.attention import Memory
-from iaa.model.dropout import Dropout
-from iaa.model import gru_kernels
-from iaa.model.fused_gru import FusedBiGRU, fused_bigru
+from iaa.model.kernels import gru_kernels
+from iaa.model.kernels.deferred import Memory
+from iaa.model.kernels.dropout import FastDropout
+from iaa.model.kernels.fused_gru import fused_bigru
 from iaa.jobs.training.step import build_optimizer, train_step
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
-
-REFERENCE = dict(fused_gru=False, batched_read_grad=False, sparse_embedding_grad=False, fast_dropout=False)
-
 
 def _reference_bigru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
@@ -28,12 +27,13 @@ def _reference_bigru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> tor
 
 
 @pytest.fixture(params=["python", "cpp"])
-def recurrence(request, monkeypatch):
-    """Run the fused GRU's recurrence in Python or in the C++ kernels (skipped if unbuildable)."""
-    if request.param == "cpp" and gru_kernels.load() is None:
-        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_GRU_CPP=0)")
-    monkeypatch.setattr(FusedBiGRU, "use_cpp", request.param == "cpp")
-    return request.param
+def recurrence(request):
+    """The fused GRU's recurrence in Python (None) or in the C++ kernels (skipped if unbuildable)."""
+    if request.param == "python":
+        return None
+    if gru_kernels.load() is None:
+        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_NO_COMPILED_KERNELS=1)")
+    return gru_kernels.load()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -47,7 +47,7 @@ def test_fused_bigru_equals_packed_nn_gru(dtype, recurrence):
     x = torch.randn(5, 11, 6, dtype=dtype, requires_grad=True)
     weight = torch.randn(5, 11, 10, dtype=dtype)
     results = []
-    for fn in (lambda: _reference_bigru(gru, x, lengths), lambda: fused_bigru(x, lengths, gru._flat_weights)):
+    for fn in (lambda: _reference_bigru(gru, x, lengths), lambda: fused_bigru(x, lengths, gru._flat_weights, cpp=recurrence)):
         y = fn()
         grads = torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])
         results.append((y, grads))
@@ -64,7 +64,7 @@ def test_fused_bigru_gradcheck(recurrence):
     gru = nn.GRU(3, 2, batch_first=True, bidirectional=True).double()
     x = torch.randn(3, 5, 3, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([5, 2, 4])
-    assert torch.autograd.gradcheck(lambda x, *w: fused_bigru(x, lengths, list(w)), (x, *gru._flat_weights))
+    assert torch.autograd.gradcheck(lambda x, *w: fused_bigru(x, lengths, list(w), cpp=recurrence), (x, *gru._flat_weights))
 
 
 def test_batched_memory_reads_equal_autograd():
@@ -85,26 +85,10 @@ def test_batched_memory_reads_equal_autograd():
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("kind", MODEL_KINDS)
-def test_fast_reader_equals_reference_reader(kind):
-    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=1)
-    results = []
-    for flags in ({}, REFERENCE):
-        torch.manual_seed(0)
-        model = build_reader(preset("tiny", vocab_size=40, kind=kind, dropout=0.0, steps=3, **flags))
-        log_p = model(batch)
-        nll_loss(log_p, batch.answer).backward()
-        grads = {n: p.grad.to_dense() if p.grad.is_sparse else p.grad for n, p in model.named_parameters()}
-        results.append((log_p.detach(), grads))
-    (lp_fast, g_fast), (lp_ref, g_ref) = results
-    torch.testing.assert_close(lp_fast, lp_ref, atol=1e-6, rtol=1e-5)
-    for name in g_ref:
-        torch.testing.assert_close(g_fast[name], g_ref[name], atol=1e-6, rtol=1e-4, msg=name)
-
-
 def test_fast_dropout_keeps_the_rate_and_the_expectation():
     torch.manual_seed(0)
-    drop = Dropout(0.2, fast=True).train()
+    fast = FastDropout()
+    drop = lambda x: fast(x, 0.2)  # noqa: E731
     x = torch.ones(400, 1000, requires_grad=True)
     y = drop(x)
     kept = y != 0
@@ -121,7 +105,9 @@ def test_fast_dropout_keeps_the_rate_and_the_expectation():
     assert torch.equal(drop(x), first)                              # torch.manual_seed fixes it
     odd = drop(torch.ones(7, 3, dtype=torch.float64))               # tail of < 4 elements, float64
     assert odd.dtype == torch.float64 and set(odd.unique().tolist()) <= {0.0, 65536 / (65536 - 13107)}
-    assert drop.eval()(x) is x
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40)).eval()          # eval: no dropout at all
+    assert model.kernels.dropout is not None and model._drop(x) is x
 
 
 def _reference_step(model, optimizer, batch, embed_l2, clip):
@@ -201,8 +187,9 @@ def test_inference_table_equals_per_token_projection(kind):
 
 
 def test_cpp_recurrence_runs_the_two_directions_on_two_threads_with_the_same_result():
-    if gru_kernels.load() is None:
-        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_GRU_CPP=0)")
+    cpp = gru_kernels.load()
+    if cpp is None:
+        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_NO_COMPILED_KERNELS=1)")
     torch.manual_seed(0)
     gru = nn.GRU(12, 16, batch_first=True, bidirectional=True)
     lengths = torch.tensor([30, 7, 22, 30, 1])
@@ -213,10 +200,10 @@ def test_cpp_recurrence_runs_the_two_directions_on_two_threads_with_the_same_res
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            y = fused_bigru(x, lengths, gru._flat_weights)
+            y = fused_bigru(x, lengths, gru._flat_weights, cpp=cpp)
             results.append((y, torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])))
         with torch.inference_mode():                              # the worker thread inherits it
-            y_infer = fused_bigru(x, lengths, gru._flat_weights)
+            y_infer = fused_bigru(x, lengths, gru._flat_weights, cpp=cpp)
     finally:
         torch.set_num_threads(before)
     (y1, g1), (y2, g2) = results
@@ -229,6 +216,9 @@ def test_cpp_recurrence_under_a_python_dispatch_mode_on_two_threads():
     """FlopCounterMode (``iaa-cli bench``) calls into Python on every op: no deadlock, all counted."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    cpp = gru_kernels.load()
+    if cpp is None:
+        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_NO_COMPILED_KERNELS=1)")
     torch.manual_seed(0)
     gru = nn.GRU(12, 16, batch_first=True, bidirectional=True)
     lengths = torch.tensor([9, 4, 9])
@@ -240,7 +230,7 @@ def test_cpp_recurrence_under_a_python_dispatch_mode_on_two_threads():
             torch.set_num_threads(threads)
             counter = FlopCounterMode(display=False)
             with counter:
-                fused_bigru(x, lengths, gru._flat_weights).sum().backward()
+                fused_bigru(x, lengths, gru._flat_weights, cpp=cpp).sum().backward()
             counts.append(counter.get_total_flops())
     finally:
         torch.set_num_threads(before)
@@ -261,21 +251,27 @@ def test_the_cpp_build_is_keyed_by_source_flags_and_cpu(monkeypatch):
     assert gru_kernels.build_name() == names[gru_kernels.CFLAGS]      # the generic build is shared
 
 
-def test_a_copy_of_the_source_in_another_folder_reuses_the_build(tmp_path, monkeypatch):
-    """An MLflow model unpacks the package into a new folder on every load: the same source there
-    must load the existing build, without compiling (``load`` of cpp_extension compiles)."""
+def _copy_of_the_kernels(folder):
+    """``gru_kernels`` imported from a copy of its files in ``folder``."""
     import importlib.util
     import shutil
 
+    for path in (Path(gru_kernels.__file__), gru_kernels.SOURCE, gru_kernels.AMX_SOURCE, *gru_kernels.HEADERS):
+        shutil.copy2(path, folder / path.name)
+    spec = importlib.util.spec_from_file_location(f"copied_gru_kernels_{folder.name}", folder / "gru_kernels.py")
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    return copy
+
+
+def test_a_copy_of_the_source_in_another_folder_reuses_the_build(tmp_path, monkeypatch):
+    """An MLflow model unpacks the package into a new folder on every load: the same source there
+    must load the existing build, without compiling (``load`` of cpp_extension compiles)."""
     import torch.utils.cpp_extension
 
     if gru_kernels.load() is None:
         pytest.skip("the C++ kernels cannot be built here (no compiler or ninja)")
-    for name in ("gru_kernels.py", "gru_kernels.cpp"):
-        shutil.copy2(gru_kernels.SOURCE.with_name(name), tmp_path / name)
-    spec = importlib.util.spec_from_file_location("copied_gru_kernels", tmp_path / "gru_kernels.py")
-    copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
+    copy = _copy_of_the_kernels(tmp_path)
     assert copy.SOURCE == tmp_path / "gru_kernels.cpp" and copy.build_name() == gru_kernels.build_name()
 
     def compile_again(*args, **kwargs):
@@ -284,3 +280,33 @@ def test_a_copy_of_the_source_in_another_folder_reuses_the_build(tmp_path, monke
     monkeypatch.setattr(torch.utils.cpp_extension, "load", compile_again)
     module = copy.build()
     assert module.__file__ == gru_kernels.build().__file__
+
+
+@pytest.mark.slow                                # two builds of the C++ kernels: minutes on 2 cores
+@pytest.mark.timeout(1200)
+def test_a_compiler_that_cannot_build_the_amx_code_still_builds_the_rest(tmp_path, monkeypatch):
+    """``gru_amx.cpp`` is its own translation unit: where it does not compile (GCC before 11 knows
+    no AMX), the rest is built without it, runs its other paths, and is loaded from then on
+    without trying the AMX build again."""
+    import torch.utils.cpp_extension
+
+    if gru_kernels.load() is None:
+        pytest.skip("the C++ kernels cannot be built here (no compiler or ninja)")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "builds"))
+    (tmp_path / "src").mkdir()
+    copy = _copy_of_the_kernels(tmp_path / "src")
+    copy.AMX_SOURCE.write_text('#error "this compiler does not know AMX"\n')
+    with pytest.warns(UserWarning, match="AMX kernels do not compile"):
+        built = copy.build_with_fallback()
+    assert not built.amx_paths(32)
+    torch.manual_seed(0)
+    gru = nn.GRU(6, 16, batch_first=True, bidirectional=True)
+    x, lengths = torch.randn(3, 9, 6, requires_grad=True), torch.tensor([9, 4, 7])
+    y = fused_bigru(x, lengths, gru._flat_weights, cpp=built)
+    torch.testing.assert_close(y, fused_bigru(x, lengths, gru._flat_weights), atol=2e-6, rtol=1e-5)
+
+    def compile_again(*args, **kwargs):
+        raise AssertionError("tried the AMX build again")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", compile_again)
+    assert copy.build_with_fallback().__file__ == built.__file__

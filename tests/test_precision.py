@@ -1,9 +1,10 @@
-"""``train.precision=bf16``: forward, backward and an Adam step under bf16 autocast on the CPU.
+"""``train.precision=bf16``: forward, backward and an Adam step of a bf16 reader on the CPU.
 
-The same code runs under CUDA autocast on a GPU (tests/test_gpu.py). Each model kind, on the
-fast and on the reference path, must run without a dtype error, keep parameters, gradients and
-Adam's state in fp32 (autocast changes only the compute dtype of the forward pass), return fp32
-log-probabilities, and stay within bf16's rounding of the fp32 result.
+Precision is the reader's argument (``build_reader(cfg, device, precision)``); the same code
+runs on a GPU (tests/test_gpu.py). Each model kind, on the fast and on the reference path, must
+run without a dtype error, keep parameters, gradients and Adam's state in fp32 (precision
+changes only the compute dtype of the forward pass), return fp32 log-probabilities, and stay
+within bf16's rounding of the fp32 result. The caller's autocast changes nothing.
 
 Tolerances: bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%); a forward and backward
 pass chain a few dozen rounded matmuls (the reference path runs even the GRU recurrence in
@@ -16,9 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from iaa.jobs.training.step import autocast, build_optimizer, precision_dtype, train_step
+from iaa.jobs.training.step import build_optimizer, train_step
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
-from iaa.jobs.training.config import ConfigError
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,11 +31,12 @@ LOG_P_ATOL = 0.01
 GRAD_RTOL = 0.05
 
 
-def _model(kind: str, path: str) -> torch.nn.Module:
+def _model(kind: str, path: str, precision: str = "fp32") -> torch.nn.Module:
     """A tiny reader whose weights are scaled up so that attention is far from uniform (at the
     initial scale every read averages, and bf16 would hardly change anything)."""
     torch.manual_seed(0)
-    model = build_reader(preset("tiny", vocab_size=40, kind=kind, dropout=0.0, steps=3, **PATHS[path]))
+    model = build_reader(preset("tiny", vocab_size=40, kind=kind, dropout=0.0, steps=3, **PATHS[path]),
+                         precision=precision)
     with torch.no_grad():
         for param in model.parameters():
             param.mul_(3.0)
@@ -46,8 +47,8 @@ def _dense(grad: torch.Tensor) -> torch.Tensor:
     return grad.to_dense() if grad.is_sparse else grad
 
 
-def _forward_backward(model, batch, dtype):
-    with autocast("cpu", dtype):
+def _forward_backward(model, batch, autocast: bool = False):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # the caller's, if any
         log_p = model(batch)                                            # (B, C)
     nll_loss(log_p, batch.answer).backward()
     grads = {name: _dense(p.grad).clone() for name, p in model.named_parameters()}
@@ -58,25 +59,25 @@ def _forward_backward(model, batch, dtype):
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("kind", MODEL_KINDS)
-def test_bf16_autocast_step_matches_fp32(kind: str, path: str) -> None:
+def test_bf16_step_matches_fp32(kind: str, path: str) -> None:
     batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=1)
     results = {}
-    for dtype in (None, torch.bfloat16):
-        model = _model(kind, path)
-        log_p, grads = _forward_backward(model, batch, dtype)
+    for precision in ("fp32", "bf16"):
+        model = _model(kind, path, precision)
+        log_p, grads = _forward_backward(model, batch)
         assert log_p.dtype == torch.float32                              # the answer distribution
         assert all(g.dtype == torch.float32 for g in grads.values())
         optimizer = build_optimizer(model, lr=1e-3, embed_l2=1e-4)
         before = [p.detach().clone() for p in model.parameters()]
-        loss = train_step(model, optimizer, batch, amp_dtype=dtype)       # the real step
+        loss = train_step(model, optimizer, batch)                        # the real step
         assert loss == loss and loss > 0                                  # finite, not NaN
         for p, old in zip(model.parameters(), before):
             assert p.dtype == torch.float32 and torch.isfinite(p).all()
             assert not torch.equal(p, old)                                # every parameter moved
         for state in optimizer.adam.state.values():
             assert all(t.dtype == torch.float32 for t in state.values() if torch.is_tensor(t))
-        results[dtype] = (log_p, grads)
-    (lp32, g32), (lp16, g16) = results[None], results[torch.bfloat16]
+        results[precision] = (log_p, grads)
+    (lp32, g32), (lp16, g16) = results["fp32"], results["bf16"]
     finite = torch.isfinite(lp32)
     assert torch.equal(finite, torch.isfinite(lp16))                     # same absent candidates
     assert not torch.equal(lp16, lp32)                                   # bf16 really ran
@@ -86,23 +87,29 @@ def test_bf16_autocast_step_matches_fp32(kind: str, path: str) -> None:
         assert rel < GRAD_RTOL, (name, rel)
 
 
-def test_precision_names_map_to_autocast_dtypes() -> None:
-    assert precision_dtype("fp32") is None
-    assert precision_dtype("bf16") is torch.bfloat16
-    with pytest.raises(ConfigError, match="train.precision"):
-        precision_dtype("fp16")
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_the_callers_autocast_does_not_change_the_readers_arithmetic(path: str) -> None:
+    """Precision is an argument: an fp32 reader under the caller's bf16 autocast computes
+    exactly what it computes without it, and a bf16 reader the same either way."""
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=1)
+    for precision in ("fp32", "bf16"):
+        model = _model("iaa", path, precision)
+        plain = _forward_backward(model, batch)
+        wrapped = _forward_backward(model, batch, autocast=True)
+        assert torch.equal(plain[0], wrapped[0])
+        assert all(torch.equal(plain[1][name], wrapped[1][name]) for name in plain[1])
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("kind", MODEL_KINDS)
-def test_bf16_autocast_inference_matches_fp32(kind: str, path: str) -> None:
-    """Validation runs under the training precision, in inference mode: on the fast path the
-    document encoder then reads its per-word projection table, which must stay fp32."""
+def test_bf16_inference_matches_fp32(kind: str, path: str) -> None:
+    """Validation runs in the training precision, in inference mode: on the fast path the
+    document encoder then reads its per-word projection table (bf16 here)."""
     batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=2)
+    model16 = _model(kind, path, "bf16").eval()
     model = _model(kind, path).eval()
     with torch.inference_mode():
-        with autocast("cpu", torch.bfloat16):
-            lp16 = model(batch)                                         # builds the table
+        lp16 = model16(batch)                                           # builds the table
         lp32 = model(batch)
     assert lp16.dtype == lp32.dtype == torch.float32
     finite = torch.isfinite(lp32)

@@ -18,10 +18,10 @@ from torch import nn
 from iaa.jobs.training import precision_policy as precision
 from iaa.jobs.training.config import ConfigError
 from iaa.model import build_reader, nll_loss, preset
-from iaa.model.attention import Memory
-from iaa.model import precision as precision_module
-from iaa.model.fused_gru import FusedBiGRU, fused_bigru, input_table
-from iaa.model.precision import gru_cell, linear, small_matmuls
+from iaa.model.kernels import gru_kernels
+from iaa.model.kernels.deferred import Memory
+from iaa.model.kernels.fused_gru import fused_bigru, input_table
+from iaa.model.kernels.precision import Layers, SmallMatmuls, amx_usable
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,8 +52,8 @@ def test_auto_picks_the_dtype_from_the_probes_rates(rates, chosen) -> None:
 def test_unknown_precision_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="train.precision"):
         precision.resolve("fp16", "cpu")
-    with pytest.raises(ConfigError, match="resolved"):
-        precision.autocast_dtype("auto")
+    with pytest.raises(ValueError, match="precision"):
+        build_reader(preset("tiny", vocab_size=40), precision="auto")     # resolved before building
 
 
 def test_probe_runs_once_per_machine_and_is_cached(tmp_path, monkeypatch) -> None:
@@ -104,26 +104,25 @@ def test_trainer_uses_and_reports_the_precision_auto_chose(monkeypatch, tmp_path
             return 1
 
     cfg = JobConfig(model=preset("tiny", vocab_size=40), train=TrainConfig(precision="auto"))
-    for rates, dtype in (({"fp32": 100.0, "bf16": 400.0}, torch.bfloat16), ({"fp32": 100.0, "bf16": 20.0}, None)):
+    for rates, chosen in (({"fp32": 100.0, "bf16": 400.0}, "bf16"), ({"fp32": 100.0, "bf16": 20.0}, "fp32")):
         monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
         trainer = Trainer(cfg, Session(), show_progress=False)
-        assert trainer.amp_dtype is dtype and trainer.precision == ("bf16" if dtype else "fp32")
+        assert trainer.precision == trainer.model.precision == trainer.model.kernels.precision == chosen
     assert precision.resolved(cfg).train.precision == "fp32"
 
 
 # --- bf16 results within bounds, and bf16 really ran ---------------------------------------------
 
 
-def test_fused_encoder_under_bf16_autocast_stays_within_bf16_rounding_of_fp32() -> None:
+def test_fused_encoder_in_bf16_stays_within_bf16_rounding_of_fp32() -> None:
     torch.manual_seed(0)
     gru = nn.GRU(64, 32, batch_first=True, bidirectional=True)
     lengths = torch.tensor([40, 17, 33, 40, 5, 28])
     x = torch.randn(6, 40, 64, requires_grad=True)
     weight = torch.randn(6, 40, 64)
     results = []
-    for dtype in (None, torch.bfloat16):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
-            y = fused_bigru(x, lengths, gru._flat_weights)
+    for bf16 in (False, True):
+        y = fused_bigru(x, lengths, gru._flat_weights, bf16=bf16, cpp=gru_kernels.load())
         grads = torch.autograd.grad((y * weight).sum(), [x, *gru.parameters()])
         assert y.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads)
         results.append((y, grads))
@@ -134,20 +133,19 @@ def test_fused_encoder_under_bf16_autocast_stays_within_bf16_rounding_of_fp32() 
         assert _rel(a, b) < REL
 
 
-def test_explicit_bf16_argument_matches_autocast_and_python_loop() -> None:
-    """``bf16=True`` is what autocast selects; the C++ and the Python recurrence agree in it."""
+def test_bf16_is_the_argument_not_autocast_and_the_python_loop_agrees() -> None:
+    """The fused encoder multiplies in bf16 where its ``bf16`` argument says so, whatever the
+    caller's autocast; the C++ and the Python recurrence agree in it."""
     torch.manual_seed(1)
     gru = nn.GRU(16, 8, batch_first=True, bidirectional=True)
     x, lengths = torch.randn(4, 9, 16), torch.tensor([9, 3, 7, 1])
+    cpp = gru_kernels.load()
+    explicit = fused_bigru(x, lengths, gru._flat_weights, bf16=True, cpp=cpp)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        by_autocast = fused_bigru(x, lengths, gru._flat_weights)
-    explicit = fused_bigru(x, lengths, gru._flat_weights, bf16=True)
-    torch.testing.assert_close(explicit, by_autocast, atol=0, rtol=0)
-    FusedBiGRU.use_cpp = False
-    try:
-        python = fused_bigru(x, lengths, gru._flat_weights, bf16=True)
-    finally:
-        FusedBiGRU.use_cpp = True
+        under_autocast = fused_bigru(x, lengths, gru._flat_weights, bf16=False, cpp=cpp)
+    torch.testing.assert_close(under_autocast, fused_bigru(x, lengths, gru._flat_weights, cpp=cpp), atol=0, rtol=0)
+    assert _rel(explicit, under_autocast) > RAN_BF16
+    python = fused_bigru(x, lengths, gru._flat_weights, bf16=True, cpp=None)
     torch.testing.assert_close(python, explicit, atol=1e-6, rtol=1e-5)
 
 
@@ -167,10 +165,9 @@ def test_memory_reads_multiply_in_bf16_and_return_fp32() -> None:
     m = torch.randn(3, 20, 16, requires_grad=True)
     key, weights = torch.randn(3, 16), torch.softmax(torch.randn(3, 20), -1)
     for deferred in (True, False):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            mem = Memory(m, deferred=deferred)
+        mem = Memory(m, deferred=deferred, dtype=torch.bfloat16)
         assert mem.tensor.dtype == torch.bfloat16                              # cast once, here
-        logits, glimpse = mem.logits(key), mem.glimpse(weights)                # autocast off: still bf16
+        logits, glimpse = mem.logits(key), mem.glimpse(weights)
         assert logits.dtype == glimpse.dtype == torch.float32
         ref = Memory(m, deferred=deferred)
         assert RAN_BF16 < _rel(logits, ref.logits(key)) < REL
@@ -178,27 +175,26 @@ def test_memory_reads_multiply_in_bf16_and_return_fp32() -> None:
 
 
 @pytest.mark.parametrize("kind", ["iaa", "as-reader"])
-def test_reader_training_and_inference_under_bf16_stay_within_bounds(kind) -> None:
+def test_reader_training_and_inference_in_bf16_stay_within_bounds(kind) -> None:
     """The whole reader at the demo size, its weights scaled up so that attention is far from
     uniform: log-probabilities within 0.01, every parameter's gradient within 5% in norm, and
     bf16 really ran (the outputs differ by more than fp32 rounding)."""
     batch = random_batch([30, 45, 12, 38], [5, 7, 3, 6], vocab=60, seed=4)
     results = {}
-    for dtype in (None, torch.bfloat16):
+    for used in ("fp32", "bf16"):
         torch.manual_seed(0)
-        model = build_reader(preset("demo", vocab_size=60, kind=kind, dropout=0.0))
+        model = build_reader(preset("demo", vocab_size=60, kind=kind, dropout=0.0), precision=used)
         with torch.no_grad():                    # attention far from uniform, as in test_precision.py
             for param in model.parameters():
                 param.mul_(2.0)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
-            log_p = model(batch)
+        log_p = model(batch)
         nll_loss(log_p, batch.answer).backward()
         grads = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad) for n, p in model.named_parameters()}
         model.eval()
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
+        with torch.inference_mode():
             inferred = model(batch)                                              # the inference table
-        results[dtype] = (log_p.detach(), grads, inferred)
-    (lp32, g32, i32), (lp16, g16, i16) = results[None], results[torch.bfloat16]
+        results[used] = (log_p.detach(), grads, inferred)
+    (lp32, g32, i32), (lp16, g16, i16) = results["fp32"], results["bf16"]
     finite = torch.isfinite(lp32)
     assert lp16.dtype == i16.dtype == torch.float32
     assert torch.equal(finite, torch.isfinite(lp16)) and torch.equal(finite, torch.isfinite(i16))
@@ -210,21 +206,22 @@ def test_reader_training_and_inference_under_bf16_stay_within_bounds(kind) -> No
 
 
 def test_small_matmuls_in_bf16_inference_use_bf16_weights_made_once_per_pass() -> None:
-    """Under ``small_matmuls(bf16=True)`` the T steps' layers multiply bf16 copies of their
-    weights within bf16 bounds, one copy per block; the next block sees weights that a fused
-    Adam step changed in place (it does not bump their version counter). Without it they are
-    the fp32 layers themselves."""
+    """In a bf16 inference block the T steps' layers multiply bf16 copies of their weights
+    within bf16 bounds, one copy per block; the next block sees weights that a fused Adam step
+    changed in place (it does not bump their version counter). With fp32 products they are the
+    fp32 layers themselves."""
     torch.manual_seed(5)
     layer, cell = nn.Linear(96, 40), nn.GRUCell(48, 32)
     x, s = torch.randn(32, 96), torch.randn(32, 32)
     xc = torch.randn(32, 48)
     with torch.no_grad():
-        with small_matmuls(False):
-            assert torch.equal(linear(x, layer), layer(x)) and torch.equal(gru_cell(xc, s, cell), cell(xc, s))
-        with small_matmuls(True):
-            y16, h16 = linear(x, layer), gru_cell(xc, s, cell)
-            copy = precision_module._bf16(layer.weight)
-            assert copy.dtype == torch.bfloat16 and precision_module._bf16(layer.weight) is copy
+        with SmallMatmuls(gru_kernels.load(), bf16_products=False).block(grad=False) as layers:
+            assert torch.equal(layers.linear(x, layer), layer(x))
+            assert torch.equal(layers.gru_cell(xc, s, cell), cell(xc, s))
+        with SmallMatmuls(gru_kernels.load()).block(grad=False) as layers:
+            y16, h16 = layers.linear(x, layer), layers.gru_cell(xc, s, cell)
+            copy = layers._bf16(layer.weight)
+            assert copy.dtype == torch.bfloat16 and layers._bf16(layer.weight) is copy
     assert y16.dtype == h16.dtype == torch.float32
     for got, want in ((y16, layer(x)), (h16, cell(xc, s))):
         assert RAN_BF16 < _rel(got, want) < REL
@@ -232,8 +229,8 @@ def test_small_matmuls_in_bf16_inference_use_bf16_weights_made_once_per_pass() -
     version = layer.weight._version
     torch.optim.Adam(layer.parameters(), lr=0.5, fused=True).step()             # in place, same version
     assert layer.weight._version == version
-    with torch.no_grad(), small_matmuls(True):
-        updated = linear(x, layer)
+    with torch.no_grad(), SmallMatmuls(gru_kernels.load()).block(grad=False) as layers:
+        updated = layers.linear(x, layer)
     assert _rel(updated, layer(x)) < REL and _rel(updated, y16) > 0.1
 
 
@@ -274,10 +271,11 @@ def test_a_checkpoint_config_with_the_former_bf16_switch_still_loads() -> None:
 
 
 def test_small_matmuls_in_bf16_training_multiply_on_amx_with_one_weight_gradient_per_block() -> None:
-    """Under ``small_matmuls(amx=True)`` (training under bf16) the T steps' layers multiply bf16
-    operands on AMX: outputs and every gradient within bf16 bounds of fp32 and further from it
-    than fp32 rounding (AMX ran); the weight gradient summed over the block's uses matches."""
-    if not precision_module.amx_usable():
+    """In a bf16 training block the T steps' layers multiply bf16 operands on AMX: outputs and
+    every gradient within bf16 bounds of fp32 and further from it than fp32 rounding (AMX ran);
+    the weight gradient summed over the block's uses matches."""
+    cpp = gru_kernels.load()
+    if not amx_usable(cpp):
         pytest.skip("this CPU has no AMX (or the OS does not grant it, or no C++ kernels): fp32 here")
     torch.manual_seed(6)
     layer, cell = nn.Linear(96, 64), nn.GRUCell(64, 32)
@@ -286,10 +284,10 @@ def test_small_matmuls_in_bf16_training_multiply_on_amx_with_one_weight_gradient
     for amx in (False, True):
         for param in (*layer.parameters(), *cell.parameters()):
             param.grad = None
-        with small_matmuls(False, amx=amx):
-            h = torch.zeros(20, 32)
-            for x in xs:
-                h = gru_cell(linear(x, layer), h, cell)
+        layers = Layers(cpp if amx else None)
+        h = torch.zeros(20, 32)
+        for x in xs:
+            h = layers.gru_cell(layers.linear(x, layer), h, cell)
         out = (h * torch.linspace(-1, 1, 32)).sum()
         grads = torch.autograd.grad(out, [*xs, *layer.parameters(), *cell.parameters()])
         results[amx] = (h.detach(), grads)

@@ -173,7 +173,7 @@ def test_predict_and_evaluate_answer_at_the_precision_asked_and_report_it(traine
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         predictor = Predictor.load([best], precision=name)
         predictor.predict(read_input(questions, predictor.vocab.placeholder))
-        assert predictor.models[0].encoders._table[1].dtype == dtype
+        assert predictor.models[0].kernels.table._table[1].dtype == dtype
     monkeypatch.setattr(precision, "probed_rates", lambda: {"fp32": 100.0, "bf16": 400.0})
     for command in (["predict", "--checkpoint", str(best), "--input", str(questions), "--out", str(tmp_path / "a.jsonl")],
                     ["evaluate", "--checkpoint", str(best), "--input", str(questions), "--out", str(tmp_path / "a.parquet")]):

@@ -79,7 +79,8 @@ class ReaderConfig:
     halting: Halting = "none"
     ponder_cost: float = 0.001       # τ
     halt_bias_init: float = -1.0     # b_t at the start: h_t ≈ σ(-1) = 0.27, so about 4 steps at first
-    # Implementation switches (same mathematics; see iaa/model/*.py and benchmarks/README.md):
+    # Implementation switches: each turns off a fast path of iaa/model/kernels (same mathematics;
+    # benchmarks/README.md), except sparse_embedding_grad, the embedding's gradient layout.
     fused_gru: bool = True           # packed, hand-differentiated BiGRU instead of nn.GRU + packing
     fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout
     sparse_embedding_grad: bool = True  # sparse embedding gradient; iaa.jobs.training.step keeps Adam + L2 exact

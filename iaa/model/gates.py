@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from iaa.model.precision import linear
+from iaa.model.attention import Layers
 
 
 class SearchGate(nn.Module):
@@ -23,9 +23,9 @@ class SearchGate(nn.Module):
         self.hidden = nn.Linear(in_dim, hidden_dim)
         self.out = nn.Linear(hidden_dim, out_dim)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, layers=Layers) -> torch.Tensor:
         """features: (B, s + 6h) -> gate values in (0, 1): (B, 2h)."""
-        return torch.sigmoid(linear(torch.tanh(linear(features, self.hidden)), self.out))
+        return torch.sigmoid(layers.linear(torch.tanh(layers.linear(features, self.hidden)), self.out))
 
 
 def gate_features(s: torch.Tensor, q_t: torch.Tensor, d_t: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from iaa.model.attention import Memory
+from iaa.model.attention import Encodings
+from iaa.model.masking import full_precision
 
 EPSILON = 0.01  # ε: an example halts once its halting probabilities reach 1 - ε (Graves 2016)
 
@@ -45,8 +46,9 @@ class HaltingUnit(nn.Module):
         self.bias = nn.Parameter(torch.zeros(steps - 1))            # b_t, t < T_max
 
     def forward(self, s: torch.Tensor, step: int) -> torch.Tensor:
-        """s: (B, s) the state after step ``step`` (0-based). Returns h_t: (B,)."""
-        return torch.sigmoid(self.proj(s).squeeze(-1) + self.bias[step])
+        """s: (B, s) the state after step ``step`` (0-based). Returns h_t: (B,), fp32 (it is summed
+        and compared with 1 - ε)."""
+        return torch.sigmoid(full_precision(self.proj(s).squeeze(-1)) + self.bias[step])
 
 
 def halting_weights(h: torch.Tensor, spent: torch.Tensor, last: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,12 +122,12 @@ class Running:
     s: torch.Tensor          # (A, s) inference state
     q_enc: torch.Tensor      # (A, Lq, 2h)
     q_mask: torch.Tensor     # (A, Lq)
-    d_enc: Memory            # (A, Ld, 2h)
+    d_enc: Encodings         # (A, Ld, 2h), or a kernel's reads of them
     d_mask: torch.Tensor     # (A, Ld)
     a_mask: torch.Tensor     # (A, Ld) answer positions
 
     @classmethod
-    def start(cls, q_enc: torch.Tensor, d_enc: Memory, q_mask: torch.Tensor, d_mask: torch.Tensor,
+    def start(cls, q_enc: torch.Tensor, d_enc: Encodings, q_mask: torch.Tensor, d_mask: torch.Tensor,
               a_mask: torch.Tensor, state_dim: int) -> "Running":
         n, device = q_enc.shape[0], q_enc.device
         return cls(torch.arange(n, device=device), torch.ones(n, dtype=torch.bool, device=device),
@@ -139,13 +141,15 @@ class Running:
 
 
 class HaltingRecord:
-    """Per-step results of the ACT loop, gathered back to the full batch of B examples."""
+    """Per-step results of the ACT loop, gathered back to the full batch of B examples; with
+    ``keep``, also tensors of each step asked for (``add``'s ``kept``), e.g. for a trace."""
 
-    def __init__(self, batch_size: int) -> None:
-        self.batch_size = batch_size
+    def __init__(self, batch_size: int, keep: bool = False) -> None:
+        self.batch_size, self.keep = batch_size, keep
         self.h: list[torch.Tensor] = []          # (B,) h_t per step
         self.p: list[torch.Tensor] = []          # (B,) p_t
         self.log_d: list[torch.Tensor] = []      # (B, Ld) log d_{i,t}
+        self.kept: list[tuple[torch.Tensor | None, ...]] = []  # (B, ...) per step, 0 where not run
         self.steps: torch.Tensor | None = None   # (B,) int64 N
         self.remainder: torch.Tensor | None = None
 
@@ -156,8 +160,10 @@ class HaltingRecord:
         return x.new_full((self.batch_size, *x.shape[1:]), fill).index_copy(0, rows, x)
 
     def add(self, rows: torch.Tensor, step: int, h: torch.Tensor, p: torch.Tensor, halts: torch.Tensor,
-            log_d: torch.Tensor) -> None:
+            log_d: torch.Tensor, kept: tuple[torch.Tensor | None, ...] = ()) -> None:
         """One step t = ``step`` + 1 of the running ``rows``: h_t, p_t, who halts, log d_{i,t}."""
+        if self.keep:
+            self.kept.append(tuple(None if x is None else self._full(rows, x, 0.0) for x in kept))
         if self.steps is None:
             self.steps = torch.zeros(self.batch_size, dtype=torch.long, device=p.device)
             self.remainder = p.new_zeros(self.batch_size)

@@ -98,10 +98,11 @@ class Examples:
 
 def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split: str | None = None,
                   input_path: Path | None = None, limit: int | None = None, need_answers: bool = False,
-                  todo: str = "") -> Examples:
+                  todo: str = "", precision: str = "fp32") -> Examples:
     """The reader of ``checkpoint_path`` with the examples of ``input_path`` (the formats ``predict
     --input`` reads, with the vocabulary the checkpoint carries), else of ``split`` of the prepared
     ``data_dir`` (its first ``limit`` rows); ``todo`` ends the message of a vocabulary mismatch.
+    The reader computes in ``precision`` (fp32 | bf16).
 
     Raises:
         InputError: ``need_answers`` and a question of ``input_path`` gives no answer.
@@ -113,7 +114,7 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
         from iaa.jobs.inference.predict import Predictor
         from iaa.jobs.inference.raw_text import labelled_rows, read_input
 
-        predictor = Predictor.load([Path(checkpoint_path)])
+        predictor = Predictor.load([Path(checkpoint_path)], precision=precision)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             table = labelled_rows(read_input(Path(input_path), predictor.vocab.placeholder), predictor.vocab,
@@ -125,7 +126,7 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
     from iaa.data.loader import PreparedData
 
     assert data_dir is not None and split is not None
-    model, cfg, state = checkpoint.load_model(Path(checkpoint_path))
+    model, cfg, state = checkpoint.load_model(Path(checkpoint_path), precision=precision)
     data = PreparedData.open(Path(data_dir))
     checkpoint.check_vocab(state, data.manifest.get("vocab_hash", ""), checkpoint_path, data_dir, todo)
     table = data.table(split) if limit is None else data.rows(split, 0, limit)
@@ -143,14 +144,14 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
     from iaa.data.loader import iter_batches
     from iaa.jobs.workdir import outputs
 
+    used = precision_lib.resolve(precision)
     found = load_examples(checkpoint_path, data_dir=data_dir, split=split, input_path=input_path, limit=limit,
-                          need_answers=True, todo="evaluate it on the data it was trained on")
+                          need_answers=True, todo="evaluate it on the data it was trained on", precision=used)
     out = Path(out) if out is not None else Path(checkpoint_path).parent.parent / f"predictions-{found.name}.parquet"
     outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet", inputs=found.inputs)
     table = found.table
     start = time.perf_counter()
-    with precision_lib.inference(precision):
-        rows = list(predict(found.model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
+    rows = list(predict(found.model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)))
     seconds = time.perf_counter() - start
     words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
     write_predictions(rows, words, out)
@@ -164,7 +165,7 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
         "model": found.kind,
         "checkpoint": str(checkpoint_path),
         "examples_per_s": len(rows) / max(seconds, 1e-9),
-        "precision": precision_lib.resolve(precision),
+        "precision": used,
         **step_counts(rows),
     }
 

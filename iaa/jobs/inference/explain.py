@@ -34,19 +34,23 @@ def select_rows(table: pa.Table, example_ids: Sequence[str], first: int | None, 
 
 def example_records(model: nn.Module, table: pa.Table, tokens: Sequence[str], rows: Sequence[int],
                     kind: str) -> list[dict[str, Any]]:
-    """One record per row: the words, the per-step trace and the final distribution."""
+    """One record per row: the words, the reader's trace of its steps (``forward(batch,
+    trace=True)``: attentions, gates, ACT's halting) and the final distribution."""
+    import torch
+
     from iaa.data.loader import collate
-    from iaa.jobs.inference.trace import trace_batch
+    from iaa.model.pointer import candidate_probs
 
     records = []
+    model.eval()
     for row in rows:
         one = table.slice(row, 1)
-        batch = collate(one)
-        trace = trace_batch(model, batch)
+        with torch.no_grad():
+            log_p, trace = model(collate(one), trace=True)                 # (1, C), Trace
         record = one.to_pylist()[0]
         words = record["candidate_words"]
         doc = [words[c] if c >= 0 else tokens[i] for i, c in zip(record["doc"], record["doc_cand"])]
-        probs = [round(p, ROUND) for p in trace.probs[0].tolist()]
+        probs = [round(p, ROUND) for p in candidate_probs(log_p)[0].tolist()]
         records.append({
             "example_id": record["example_id"],
             "model": kind,
@@ -59,7 +63,7 @@ def example_records(model: nn.Module, table: pa.Table, tokens: Sequence[str], ro
             "gold": record["answer"] if record["answer"] >= 0 else None,     # -1: the question gave none
             "pred": max(range(len(probs)), key=probs.__getitem__),
             "probs": probs,
-            "stopped_at": None if trace.stopped is None else int(trace.stopped[0]),
+            "stopped_at": None if trace.halting is None else int(trace.halting.steps[0]),
             "max_steps": getattr(model.cfg, "steps", 1),
             "trace": [_step_record(t, step) for t, step in enumerate(trace.steps, 1)],
         })
@@ -73,8 +77,11 @@ def _step_record(t: int, step) -> dict[str, Any]:
     def scalar(x):
         return None if x is None else round(float(x[0]), ROUND)
 
+    def mean(gate):                                               # over the 2h gate units
+        return None if gate is None else gate.mean(1)
+
     return {"step": t, "query_attention": values(step.query), "doc_attention": values(step.doc),
-            "r_q": scalar(step.r_q), "r_d": scalar(step.r_d),
+            "r_q": scalar(mean(step.r_q)), "r_d": scalar(mean(step.r_d)),
             "halt_prob": scalar(step.halt), "weight": scalar(step.weight)}
 
 

@@ -36,15 +36,17 @@ class Predictor:
     models: tuple[nn.Module, ...]
     vocab: Vocab
     lowercase: bool
-    precision: str = "auto"    # what the readers multiply in: auto | fp32 | bf16 (iaa.jobs.training.precision_policy)
+    precision: str = "fp32"    # what the readers multiply in: fp32 | bf16
 
     @classmethod
     def load(cls, checkpoints: Sequence[Path], data_dir: Path | None = None, precision: str = "auto") -> "Predictor":
-        """Rebuild each checkpoint, with the vocabulary of ``data_dir`` or else the one the first
-        checkpoint carries; refuse a member trained on another vocabulary."""
+        """Rebuild each checkpoint, computing in ``precision`` (auto | fp32 | bf16, resolved here:
+        ``iaa.jobs.training.precision_policy``), with the vocabulary of ``data_dir`` or else the
+        one the first checkpoint carries; refuse a member trained on another vocabulary."""
         from iaa.data.loader import PreparedData
 
-        loaded = [(Path(path), *checkpoint.load_model(Path(path))) for path in checkpoints]
+        used = precision_lib.resolve(precision)
+        loaded = [(Path(path), *checkpoint.load_model(Path(path), precision=used)) for path in checkpoints]
         if data_dir is not None:
             data = PreparedData.open(Path(data_dir))
             vocab, lowercase = data.vocab, bool(data.manifest.get("options", {}).get("lowercase", False))
@@ -59,7 +61,7 @@ class Predictor:
         for path, _, _, state in loaded:
             checkpoint.check_vocab(state, vocab_hash, path, source, "an ensemble's members and the data must share one "
                                    "vocabulary; pass the prepared folder it was trained on with --data")
-        return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase, precision)
+        return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase, used)
 
     def predict(self, questions: Sequence[Question]) -> list[dict[str, Any]]:
         """One ``{"id", "prediction", "probs": {candidate: p}[, "correct"]}`` per question, in order."""
@@ -72,7 +74,7 @@ class Predictor:
             return []
         table = to_rows(questions, self.vocab, self.lowercase)
         out = []
-        with torch.no_grad(), precision_lib.inference(self.precision):
+        with torch.no_grad():
             for start in range(0, len(questions), BATCH_SIZE):
                 batch = collate(table.slice(start, BATCH_SIZE))
                 probs = torch.stack([candidate_probs(m.eval()(batch)) for m in self.models]).mean(0)  # (B, C)
@@ -170,4 +172,4 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     scored = [r["correct"] for r in rows if "correct" in r]
     return {"predictions": "stdout" if to_stdout else str(out), "examples": len(rows), "members": len(checkpoints),
             "accuracy": sum(scored) / len(scored) if scored else None,
-            "warnings": [str(w.message) for w in caught], "precision": precision_lib.resolve(precision)}
+            "warnings": [str(w.message) for w in caught], "precision": predictor.precision}

@@ -23,11 +23,9 @@ import torch
 from iaa.data.batch import Batch, pad_to_buckets
 from iaa.model.config import PRESETS, ReaderConfig
 from iaa.model.flops import batch_flops, batch_recurrent_flops, step_layer_flops
-from iaa.model.fused_gru import amx_recurrence
-from iaa.model.precision import amx_usable
 from iaa.model.reader import build_reader
 from iaa.jobs.training import precision_policy as precision_lib
-from iaa.jobs.training.step import autocast, build_optimizer, retain_freed_memory, train_step
+from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step
 
 VOCAB_SIZE = 50_000
 NUM_CANDS = 10
@@ -216,11 +214,11 @@ def _setup(model: str, overrides: dict[str, object] | None, device: str, precisi
     return cfg, used
 
 
-def _time_inference(reader, device: str, amp_dtype, batch_size: int, steps: int, warmup: int, seed: int):
+def _time_inference(reader, device: str, batch_size: int, steps: int, warmup: int, seed: int):
     infer_pool = synthetic_examples((warmup + 2 * steps) * batch_size, seed=seed + 1)
     infer_batches = [collate(b, device) for b in bucketed_batches(infer_pool, batch_size, seed)]
     reader.eval()
-    with torch.inference_mode(), autocast(device.split(":")[0], amp_dtype):
+    with torch.inference_mode():
         time_steps(reader, infer_batches[:warmup], device)
         return time_steps(reader, infer_batches[warmup:], device)
 
@@ -240,8 +238,8 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
         warmup: untimed batches first.
         seed: for the model and the workload.
         precision: fp32, bf16, or auto (``train.precision``'s rule: bf16 where this machine
-            runs it at least 1.5x faster, ``iaa.jobs.training.precision_policy``). bf16 is bf16 autocast, with
-            explicit bf16 operands in the CPU encoders, inference table and attention reads.
+            runs it at least 1.5x faster, ``iaa.jobs.training.precision_policy``): the reader's
+            precision (bf16 operands in the CPU kernels, bf16 autocast elsewhere).
         threads: torch intra-op threads for the run (0 keeps the current setting).
         compile: ``train.compile``: compiled attention reads (CUDA graphs on CUDA) over batches
             padded to bucketed widths; every timed batch's shape is compiled before the timing.
@@ -260,9 +258,8 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     if threads > 0:
         torch.set_num_threads(threads)
     cfg, used = _setup(model, overrides, device, precision)
-    amp_dtype = precision_lib.autocast_dtype(used)
     torch.manual_seed(seed)
-    reader = build_reader(cfg).to(device)
+    reader = build_reader(cfg, device, used).to(device)
     optimizer = build_optimizer(reader, LR, EMBED_L2)
     pool = synthetic_examples((warmup + steps) * batch_size, seed=seed)
     train_batches = [collate(b, device) for b in bucketed_batches(pool, batch_size, seed)]
@@ -271,7 +268,7 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
         train_batches = [pad_to_buckets(b) for b in train_batches]
 
     def train(batch: Batch) -> float:
-        return train_step(reader, optimizer, batch, amp_dtype=amp_dtype)
+        return train_step(reader, optimizer, batch)
 
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
@@ -279,13 +276,13 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     train_s, train_n = time_steps(train, train_batches[warmup:], device)
     typical = sorted(train_batches, key=lambda b: b.doc.shape[1])[len(train_batches) // 2]
     flops = batch_flops(cfg, typical) / len(typical)                   # median-length batch
-    amx = device == "cpu" and cfg.fused_gru and amx_recurrence(cfg.hidden_dim)
-    on_amx = batch_recurrent_flops(cfg, typical) / len(typical) if amx else 0.0
+    kernels = reader.kernels                                           # the fast paths chosen for the run
+    on_amx = batch_recurrent_flops(cfg, typical) / len(typical) if kernels.amx_recurrence(cfg.hidden_dim) else 0.0
     sizes = (2 * cfg.hidden_dim, cfg.state_dim, cfg.gate_dim)
-    if device == "cpu" and used == "bf16" and amx_usable() and all(size % 32 == 0 for size in sizes):
-        on_amx += step_layer_flops(cfg, len(typical)) / len(typical)    # precision.small_matmuls(amx=True)
+    if kernels.amx_step_layers() and all(size % 32 == 0 for size in sizes):
+        on_amx += step_layer_flops(cfg, len(typical)) / len(typical)    # the steps' layers on AMX
     by_dtype = _flops_by_dtype(flops, used, device, lambda: train(typical), len(typical), on_amx)
-    infer_s, infer_n = _time_inference(reader, device, amp_dtype, batch_size, steps, warmup, seed)
+    infer_s, infer_n = _time_inference(reader, device, batch_size, steps, warmup, seed)
     rooflines = matmul_rooflines(device, size=matmul_size)
     return {**_report(cfg, device, used, batch_size, by_dtype, train_n / train_s, infer_n / infer_s, rooflines),
             "compile": compile}

@@ -289,14 +289,16 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "
             yield f"{prefix}{key}", a, b
 
 
-def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Module, JobConfig, dict[str, Any]]:
-    """Rebuild the model of a checkpoint on ``device`` in eval mode, with its config and raw state."""
+def load_model(path: Path, device: torch.device | str = "cpu",
+               precision: str = "fp32") -> tuple[nn.Module, JobConfig, dict[str, Any]]:
+    """Rebuild the model of a checkpoint on ``device`` in eval mode, computing in ``precision``
+    (fp32 | bf16), with its config and raw state."""
     state = load(path)
     try:
         cfg = from_dict(state["config"])
     except ConfigError as err:
         raise CheckpointError(f"{path}: its config is not readable by this version ({err})") from err
-    model = build_reader(cfg.model)
+    model = build_reader(cfg.model, device, precision)
     load_weights(model, state, path)
     model.to(device).eval()
     return model, cfg, state

@@ -1,9 +1,9 @@
 """``train.precision``: fp32, bf16, or auto, which picks bf16 where this machine runs it faster.
 
-bf16 means the reader's forward runs under ``torch.autocast(device, torch.bfloat16)``; on the CPU
-the fused encoders, the inference table and the attention reads then give their large matmuls
-bf16 operands (``iaa.model.precision``). Parameters, gradients, Adam's state, the softmaxes, the
-pointer-sum and the loss stay fp32 either way.
+The resolved precision is an argument of the reader (``iaa.model.build_reader``): bf16 gives its
+matmuls bf16 operands (on the CPU through its kernels, ``iaa.model.kernels``, elsewhere through
+bf16 autocast). Parameters, gradients, Adam's state, the softmaxes, the pointer-sum and the loss
+stay fp32 either way.
 
 ``auto`` on a CPU times bf16 against fp32 on an encoder-shaped GEMM (a few hundred milliseconds)
 and uses bf16 where it is at least ``BF16_MIN_SPEEDUP`` times faster: CPUs with AMX or
@@ -21,16 +21,15 @@ import os
 import platform
 import statistics
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping
+from typing import Callable, Mapping
 
 import torch
 
 from iaa.files import atomic_write_text
 from iaa.jobs.training.config import ConfigError, JobConfig
-from iaa.model.gru_kernels import cpu_features
+from iaa.model.kernels.gru_kernels import cpu_features
 
 PRECISIONS = ("auto", "fp32", "bf16")
 BF16_MIN_SPEEDUP = 1.5
@@ -136,17 +135,3 @@ def resolved(cfg: JobConfig, device: str | torch.device = "cpu") -> JobConfig:
     """``cfg`` with ``train.precision`` resolved for ``device``: what a run records and uses."""
     return replace(cfg, train=replace(cfg.train, precision=resolve(cfg.train.precision, device)))
 
-
-def inference(precision: str = "auto", device: str | torch.device = "cpu") -> ContextManager[object]:
-    """The context inference runs under (evaluate, predict, serve): ``precision`` resolved for
-    ``device`` as a run's would be, so ``auto`` answers in bf16 where this machine computes it
-    faster. Use ``resolve(precision, device)`` to report which."""
-    dtype = autocast_dtype(resolve(precision, device))
-    return torch.autocast(torch.device(device).type, dtype=dtype) if dtype is not None else nullcontext()
-
-
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype of a resolved precision: None for fp32, bfloat16 for bf16."""
-    if precision not in ("fp32", "bf16"):
-        raise ConfigError(f"precision must be resolved to fp32 or bf16 first, got {precision!r}")
-    return torch.bfloat16 if precision == "bf16" else None

@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from contextlib import nullcontext
 
 import torch
 from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.jobs.training.checkpoint import unwrap
-from iaa.jobs.training import precision_policy as precision_lib
 from iaa.jobs.training.objective import Objective, reader_output
 
 
@@ -188,20 +186,8 @@ def _clip_and_attach(model: nn.Module, optimizer: Optimizer, clip: float) -> tor
     return embed_l2 * sq_weight
 
 
-def autocast(device_type: str, dtype: torch.dtype | None):
-    """``torch.autocast(device_type, dtype)``, or a no-op context when ``dtype`` is None."""
-    return torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext()
-
-
-def precision_dtype(precision: str, device: str | torch.device = "cpu") -> torch.dtype | None:
-    """The autocast dtype of ``TrainConfig.precision`` on ``device``: None for fp32, bfloat16
-    for bf16; ``auto`` is decided by ``iaa.jobs.training.precision_policy.resolve`` (a probe, cached)."""
-    return precision_lib.autocast_dtype(precision_lib.resolve(precision, device))
-
-
 def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
-               clip: float = 5.0, amp_dtype: torch.dtype | None = None,
-               objective: Objective = Objective()) -> float:
+               clip: float = 5.0, objective: Objective = Objective()) -> float:
     """Forward, loss, backward, gradient-norm clipping and an Adam step on one batch.
 
     Args:
@@ -209,9 +195,6 @@ def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
         optimizer: from ``build_optimizer`` (it holds λ).
         batch: on the model's device.
         clip: maximum total gradient norm.
-        amp_dtype: run the forward under ``torch.autocast`` on the batch's device with this dtype
-            (bfloat16: ``train.precision=bf16``); None keeps full precision. Parameters,
-            gradients and Adam's state stay fp32 either way, and the loss is computed in fp32.
         objective: the loss of the batch (default: the paper's NLL).
 
     Returns:
@@ -220,9 +203,8 @@ def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
         sync): the caller sums the losses as tensors and reads them when it reports.
     """
     model.train()
-    with autocast(batch.doc.device.type, amp_dtype):
-        log_p, halting = reader_output(model, batch)                       # (B, C)
-    loss = objective(log_p.float(), batch, halting)
+    log_p, halting = reader_output(model, batch)                           # (B, C), in the reader's precision
+    loss = objective(log_p.float(), batch, halting)                        # fp32
     for p in model.parameters():
         p.grad = None
     loss.backward()

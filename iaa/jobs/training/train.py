@@ -8,9 +8,9 @@ state and the position in the epoch, and the batch order is a pure function of (
 Devices are handled here, once: the model is moved to the session's device before the
 optimiser is built or its saved state loaded, so Adam's moments always live beside their
 parameters; checkpoints hold CPU tensors (:mod:`iaa.jobs.training.checkpoint`), so a run trained on a GPU
-resumes or evaluates on a CPU and the other way round. ``train.precision=bf16`` runs forward
-passes (training and validation) under bf16 autocast on that device; parameters, gradients and
-Adam's state stay fp32. ``auto`` (the default) is bf16 where this machine runs it faster
+resumes or evaluates on a CPU and the other way round. The reader is built for the session's
+device and ``train.precision``: bf16 gives its matmuls bf16 operands (training and validation);
+parameters, gradients and Adam's state stay fp32. ``auto`` (the default) is bf16 where this machine runs it faster
 (:mod:`iaa.jobs.training.precision_policy`).
 """
 
@@ -38,7 +38,7 @@ from iaa.jobs.training.objective import Objective
 from iaa.jobs.inference.predict import MODEL_CODE
 from iaa.jobs.training.progress import Progress
 from iaa.jobs.training.session import MetricsCallback, Session
-from iaa.jobs.training.step import autocast, build_optimizer, retain_freed_memory, train_step
+from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
 from iaa.model.reader import build_reader
 
@@ -76,7 +76,6 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         self.cfg, self.tc, self.session, self.vocab_hash = cfg, cfg.train, session, vocab_hash
         self.precision = precision.resolve(cfg.train.precision, session.device)   # fp32 | bf16
-        self.amp_dtype = precision.autocast_dtype(self.precision)
         self.objective = Objective.from_config(cfg)
         self.model, self.optimizer, self.progress = self._load()
         self.n_batches = session.num_train_batches()
@@ -97,7 +96,7 @@ class Trainer:
     def _load(self):
         """The model on the session's device, then its optimiser, then the saved state if any."""
         torch.manual_seed(self.tc.seed)
-        model = build_reader(self.cfg.model).to(self.session.device)
+        model = build_reader(self.cfg.model, self.session.device, self.precision).to(self.session.device)
         optimizer = build_optimizer(model, lr=self.tc.lr, embed_l2=self.tc.embed_l2)
         progress = Progress()
         saved = self.session.latest_state()
@@ -144,8 +143,7 @@ class Trainer:
     def _run_batch(self, batch: Batch) -> None:
         """One training step (``batch`` on the device), then the step and time budgets."""
         p, tc = self.progress, self.tc
-        loss = train_step(self.model, self.optimizer, batch, clip=tc.clip, amp_dtype=self.amp_dtype,
-                          objective=self.objective)
+        loss = train_step(self.model, self.optimizer, batch, clip=tc.clip, objective=self.objective)
         p.finish_batch(self._clock_base + time.perf_counter())
         self.window.add(loss)
         if self.session.device.type != "cuda" or p.step % TIME_CHECK_EVERY == 0:   # reading it waits for a GPU
@@ -184,8 +182,7 @@ class Trainer:
             torch.cuda.synchronize(self.session.device)                    # the window's steps are done
         train_seconds = time.perf_counter() - self.window.start
         self._stop_if_diverged(self.window.total)                          # before a checkpoint is written
-        with autocast(self.session.device.type, self.amp_dtype):
-            sums = score_batches(checkpoint.unwrap(self.model), self.session.valid_batches(), self.session.device)
+        sums = score_batches(checkpoint.unwrap(self.model), self.session.valid_batches(), self.session.device)
         correct, total, nll = self.session.all_reduce_sum(sums)
         valid_seconds = time.perf_counter() - self.window.start - train_seconds
         acc = correct / max(total, 1)

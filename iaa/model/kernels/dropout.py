@@ -1,4 +1,4 @@
-"""Dropout with a cheap random mask (fast path) or ``F.dropout`` (reference path).
+"""Dropout with a cheap random mask, in place of ``F.dropout`` (CPU).
 
 Why: on a 2-core Xeon ``F.dropout`` spent ~8 ns per element, mostly drawing a Bernoulli sample
 per element (23% of the straightforward reader's step, profiled). The fast path draws
@@ -12,8 +12,8 @@ uint8 (1 byte per element) for backward.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+
+from iaa.model.kernels.support import Support
 
 _LANES = 65536
 
@@ -47,26 +47,18 @@ class _MaskedScale(torch.autograd.Function):
         return grad.mul(keep).mul_(ctx.scale), None, None
 
 
-class Dropout(nn.Module):
-    """Inverted dropout; ``fast=False`` (or a non-CPU tensor) is ``F.dropout``.
+class FastDropout:
+    """Inverted dropout with a mask drawn from 16-bit random lanes (see the module docstring)."""
 
-    Args:
-        p: drop probability.
-        fast: draw the mask from 16-bit random lanes (see module docstring).
-    """
+    slot, switch = "dropout", "fast_dropout"
+    support = Support(devices=frozenset({"cpu"}))
 
-    def __init__(self, p: float, fast: bool = True) -> None:
-        super().__init__()
-        self.p = p
-        self.fast = fast
+    @classmethod
+    def make(cls, cfg, precision: str) -> "FastDropout":
+        return cls()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if not (self.fast and x.is_cpu):                    # CUDA's fused dropout is already fast
-            return F.dropout(x, self.p, training=True)
-        keep, scale = dropout_mask(x.shape, self.p, x.device)
+    def __call__(self, x: torch.Tensor, p: float) -> torch.Tensor:
+        """``F.dropout(x, p, training=True)`` in distribution: each element kept with
+        probability 1 - p (quantised to 1/65536) and scaled by 1/keep."""
+        keep, scale = dropout_mask(x.shape, p, x.device)
         return _MaskedScale.apply(x, keep, scale)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}, fast={self.fast}"

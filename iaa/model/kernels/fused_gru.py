@@ -19,7 +19,7 @@ faster on CPU:
   (docs/speed.md, "bf16 on CPU").
 - The backward is written by hand: no autograd graph of ~10 nodes per step and direction.
 - The per-step loops run in C++ (``gru_kernels``) when it builds; the Python loops below are the
-  fallback and the second reference in the tests.
+  fallback and the second reference in the tests (``cpp=None``).
 - Inference can start from a per-word table of input projections (``input_table``,
   ``bigru_from_table``): one lookup per token instead of a matmul; in bf16, half the memory.
 
@@ -31,30 +31,33 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Iterator
 
 import torch
+from torch import nn
 from torch.autograd.function import once_differentiable
 
-from iaa.model import gru_kernels
-from iaa.model.precision import cpu_bf16
+from iaa.model.kernels import gru_kernels
+from iaa.model.kernels.support import Support
 
-# Threads for the Python fallback loops (None keeps torch's setting). They would open a parallel
-# region for every step's tiny matmul, which stalls for milliseconds whenever another process
-# holds the other core (5-80x slower loops measured on a loaded 2-core machine), so they run on one.
-# The C++ kernels need no such setting: each direction's whole loop is one task of a single
-# parallel region, so with two torch threads the directions run side by side and never wait for
-# each other between steps (1.12x faster training on 2 idle cores, benchmarks/README.md).
-RECURRENT_THREADS: int | None = 1
+# Threads for the Python fallback loops. They would open a parallel region for every step's tiny
+# matmul, which stalls for milliseconds whenever another process holds the other core (5-80x
+# slower loops measured on a loaded 2-core machine), so they run on one by default. The C++
+# kernels need no such setting: each direction's whole loop is one task of a single parallel
+# region, so with two torch threads the directions run side by side and never wait for each
+# other between steps (1.12x faster training on 2 idle cores, benchmarks/README.md).
+FALLBACK_THREADS = 1
 
 
 @contextmanager
-def _recurrent_threads() -> Iterator[None]:
+def _threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` (None keeps torch's setting)."""
     before = torch.get_num_threads()
-    if RECURRENT_THREADS is None or RECURRENT_THREADS == before:
+    if count is None or count == before:
         yield
         return
-    torch.set_num_threads(RECURRENT_THREADS)
+    torch.set_num_threads(count)
     try:
         yield
     finally:
@@ -185,27 +188,22 @@ def _padded_rows(n: int) -> int:
     return -(-n // GEMM_ROWS) * GEMM_ROWS
 
 
-def amx_recurrence(h: int) -> bool:
-    """Whether, under bf16, the CPU recurrence of hidden size ``h`` multiplies on AMX."""
-    kernels = gru_kernels.load() if FusedBiGRU.use_cpp else None
-    return _amx(kernels, True, h)
-
-
 def _amx(kernels, bf16: bool, h: int) -> bool:
     """Whether the recurrent matmuls run on AMX: in bf16 only, where the CPU has AMX."""
     return kernels is not None and bf16 and kernels.amx_paths(h)
 
 
 def _recurrence(gi: torch.Tensor, b_in: torch.Tensor | None, w_hh: torch.Tensor, b_hh: torch.Tensor,
-                pk: Packing, bf16: bool = False, keep: bool = True):
-    """Forward recurrence from the input projections gi (2, N, 3h), in C++ if available.
+                pk: Packing, bf16: bool, keep: bool, cpp: ModuleType | None, threads: int | None):
+    """Forward recurrence from the input projections gi (2, N, 3h), in C++ (``cpp``, the built
+    ``gru_kernels``) or, with ``cpp=None``, in the Python loop on ``threads`` threads.
 
     gi is fp32 or bf16; ``b_in`` (2, 1, 3h), when given, is added in fp32 (gi is then the bare
     GEMM result). ``bf16``: the recurrent matmuls h_{t-1} W_hh^T take bf16 operands (AMX) where
     the CPU runs them fast. ``keep``: also return what backward needs (else the C++ path returns
     empty gates, candidates and hn). The state and outputs are fp32 (the weights' dtype).
     """
-    kernels = gru_kernels.load() if gi.is_cpu and FusedBiGRU.use_cpp else None
+    kernels = cpp if gi.is_cpu else None
     h = w_hh.shape[2]
     b_hn = b_hh[..., 2 * h:]                                            # (2, 1, h)
     if kernels is not None:
@@ -216,7 +214,7 @@ def _recurrence(gi: torch.Tensor, b_in: torch.Tensor | None, w_hh: torch.Tensor,
         gi = gi.to(w_hh.dtype)
         if b_in is not None:
             gi = gi + b_in
-        with _recurrent_threads():
+        with _threads(threads):
             out, rz, cand, hn = _forward_steps(gi, w_hh.transpose(1, 2), b_hn, pk)
     return out, rz, cand, hn, kernels
 
@@ -233,15 +231,13 @@ def _unpack(out: torch.Tensor, pos: torch.Tensor, batch: int, max_len: int) -> t
 class FusedBiGRU(torch.autograd.Function):
     """y = BiGRU(x) over the real tokens of each row. See the module docstring.
 
-    The recurrence runs in ``gru_kernels`` (C++) when it builds, else in the Python loops above;
-    ``use_cpp = False`` forces the Python loops (tests compare the two).
+    The recurrence runs in ``cpp`` (the built ``gru_kernels``), or in the Python loops above on
+    ``threads`` threads when ``cpp`` is None.
     """
-
-    use_cpp = True
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)  # bf16 only where asked
-    def forward(ctx, x, lengths, bf16, *weights):
+    def forward(ctx, x, lengths, bf16, cpp, threads, *weights):
         batch, max_len, dim = x.shape
         pk = make_packing(lengths, max_len)
         pos = pk.pos.to(x.device)
@@ -249,7 +245,7 @@ class FusedBiGRU(torch.autograd.Function):
         if bf16:                                                        # bf16 operands, kept for backward
             x, w_ih = x.to(torch.bfloat16), w_ih.to(torch.bfloat16)
         n = pos.shape[1]
-        rows = _padded_rows(n) if bf16 and x.is_cpu and FusedBiGRU.use_cpp and gru_kernels.load() else n
+        rows = _padded_rows(n) if bf16 and x.is_cpu and cpp is not None else n
         xp = x.new_empty(2, rows, dim)                                  # (2, N', d): N real rows, then zeros
         xp[:, n:].zero_()
         for k in range(2):
@@ -258,8 +254,8 @@ class FusedBiGRU(torch.autograd.Function):
         if not bf16:
             gi, b_in = gi.add_(b_in), None
         keep = any(ctx.needs_input_grad)
-        out, rz, cand, hn, kernels = _recurrence(gi, b_in, w_hh, b_hh, pk, bf16, keep)
-        ctx.pk, ctx.shape, ctx.hn, ctx.kernels = pk, x.shape, hn, kernels
+        out, rz, cand, hn, kernels = _recurrence(gi, b_in, w_hh, b_hh, pk, bf16, keep, cpp, threads)
+        ctx.pk, ctx.shape, ctx.hn, ctx.kernels, ctx.threads = pk, x.shape, hn, kernels, threads
         ctx.amx = _amx(kernels, bf16, w_hh.shape[2])
         ctx.save_for_backward(xp, pos, w_ih, w_hh, out, rz, cand)
         return _unpack(out[:, :n], pos, batch, max_len)                 # (B, L, 2h)
@@ -282,7 +278,7 @@ class FusedBiGRU(torch.autograd.Function):
                                                             pk.batch_sizes, pk.offsets,
                                                             fast and xp.dtype == torch.bfloat16)
         else:
-            with _recurrent_threads():
+            with _threads(ctx.threads):
                 d_gh, d_gi = _backward_steps(d_out, out, rz, cand, hn, w_hh, pk)
             d_b_hh, d_bn = d_gh.sum(1), d_gi[..., 2 * h:].sum(1)
         first = pk.batch_sizes[0]                                       # rows of t = 0: h_prev = 0
@@ -305,13 +301,13 @@ class FusedBiGRU(torch.autograd.Function):
             d_xp = d_xp[:, :n].to(full)
             d_x = d_xp.new_zeros(batch * max_len, dim)
             d_x.index_copy_(0, pos[0], d_xp[0]).index_add_(0, pos[1], d_xp[1])
-        return (d_x.view(batch, max_len, dim), None, None,
+        return (d_x.view(batch, max_len, dim), None, None, None, None,
                 d_w_ih[0], d_w_hh[0], d_b_ih[0], d_b_hh[0],
                 d_w_ih[1], d_w_hh[1], d_b_ih[1], d_b_hh[1])
 
 
-def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tensor],
-                bf16: bool | None = None) -> torch.Tensor:
+def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tensor], bf16: bool = False,
+                cpp: ModuleType | None = None, threads: int | None = FALLBACK_THREADS) -> torch.Tensor:
     """Bidirectional GRU over real tokens.
 
     Args:
@@ -320,14 +316,15 @@ def fused_bigru(x: torch.Tensor, lengths: torch.Tensor, weights: list[torch.Tens
         weights: ``nn.GRU(bidirectional=True)._flat_weights`` (8 tensors: ih, hh, b_ih, b_hh for
             the forward then the reverse direction).
         bf16: give the input-projection, input-gradient and W_ih weight-gradient GEMMs bf16 operands
-            (fp32 accumulation); None: when CPU autocast with bf16 is on (``precision.cpu_bf16``).
-            The recurrent matmuls then take bf16 operands where the CPU has AMX; the state and
-            everything returned stay fp32.
+            (fp32 accumulation). The recurrent matmuls then take bf16 operands where the CPU has
+            AMX; the state and everything returned stay fp32.
+        cpp: the built ``gru_kernels`` (``gru_kernels.load()``), or None for the Python loops.
+        threads: torch threads of the Python loops (None: torch's setting).
 
     Returns:
         (B, L, 2h): [forward, backward] states at real positions, exactly 0 at padding; fp32.
     """
-    return FusedBiGRU.apply(x, lengths, cpu_bf16() if bf16 is None else bf16, *weights)
+    return FusedBiGRU.apply(x, lengths, bf16, cpp, threads, *weights)
 
 
 def input_table(embedding: torch.Tensor, weights: list[torch.Tensor],
@@ -349,11 +346,13 @@ def input_table(embedding: torch.Tensor, weights: list[torch.Tensor],
 
 @torch.no_grad()
 def bigru_from_table(tokens: torch.Tensor, lengths: torch.Tensor, table: torch.Tensor,
-                     weights: list[torch.Tensor]) -> torch.Tensor:
+                     weights: list[torch.Tensor], cpp: ModuleType | None = None,
+                     threads: int | None = FALLBACK_THREADS) -> torch.Tensor:
     """``fused_bigru(embedding[tokens], ...)`` for inference, from ``input_table``'s projections.
 
     Args:
-        tokens: (B, L) int64 word ids. lengths: (B,). table: (2, V, 3h). weights: as ``fused_bigru``.
+        tokens: (B, L) int64 word ids. lengths: (B,). table: (2, V, 3h). weights, cpp, threads:
+            as ``fused_bigru``.
 
     Returns:
         (B, L, 2h), exactly 0 at padding, fp32 (the recurrence runs in fp32 from a bf16 table
@@ -361,10 +360,10 @@ def bigru_from_table(tokens: torch.Tensor, lengths: torch.Tensor, table: torch.T
         where the CPU has AMX). No gradient.
     """
     with torch.autocast(tokens.device.type, enabled=False):
-        return _bigru_from_table(tokens, lengths, table, weights)
+        return _bigru_from_table(tokens, lengths, table, weights, cpp, threads)
 
 
-def _bigru_from_table(tokens, lengths, table, weights):
+def _bigru_from_table(tokens, lengths, table, weights, cpp, threads):
     batch, max_len = tokens.shape
     pk = make_packing(lengths, max_len)
     pos = pk.pos.to(tokens.device)
@@ -372,11 +371,87 @@ def _bigru_from_table(tokens, lengths, table, weights):
     h = w_hh.shape[2]
     words = tokens.reshape(-1)[pos]                                     # (2, N)
     bf16 = table.dtype == torch.bfloat16
-    kernels = gru_kernels.load() if tokens.is_cpu and FusedBiGRU.use_cpp else None
+    kernels = cpp if tokens.is_cpu else None
     if kernels is not None and w_hh.dtype == torch.float32 and kernels.fast_paths(h):  # reads the table in place
         y = kernels.gru_infer(table, words, pos, w_hh.transpose(1, 2), _amx(kernels, bf16, h), b_hh[:, 0, 2 * h:],
                               pk.batch_sizes, pk.offsets, batch * max_len)
         return y.view(batch, max_len, 2 * h)
     gi = torch.stack([table[k].index_select(0, words[k]) for k in range(2)])  # (2, N, 3h)
-    out = _recurrence(gi, None, w_hh, b_hh, pk, bf16, keep=False)[0]   # (2, N, h)
+    out = _recurrence(gi, None, w_hh, b_hh, pk, bf16, False, kernels, threads)[0]   # (2, N, h)
     return _unpack(out, pos, batch, max_len)
+
+
+def gru_weights(gru: nn.GRU) -> list[torch.Tensor]:
+    """The 8 parameters of a one-layer bidirectional ``nn.GRU`` in ``_flat_weights`` order (ih, hh,
+    b_ih, b_hh forward, then reverse), read by name: after a ``torch.func.functional_call``
+    (the reference encoder's bf16 pass) ``gru._flat_weights`` still holds that call's copies."""
+    return [getattr(gru, f"{name}_l0{suffix}") for suffix in ("", "_reverse")
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+
+
+class FusedEncoder:
+    """The encoders' BiGRU (``fused_bigru``) in place of ``nn.GRU`` over packed sequences (CPU).
+
+    ``cpp``: the built ``gru_kernels`` (its AVX-512 and AMX paths chosen at run time), or None
+    for the Python loops, on ``threads`` threads. In bf16 the large GEMMs take bf16 operands.
+    """
+
+    slot, switch = "encoder", "fused_gru"
+    support = Support(devices=frozenset({"cpu"}))
+
+    def __init__(self, precision: str = "fp32", cpp: ModuleType | None = None,
+                 threads: int | None = FALLBACK_THREADS) -> None:
+        self.bf16, self.cpp, self.threads = precision == "bf16", cpp, threads
+
+    @classmethod
+    def make(cls, cfg, precision: str) -> "FusedEncoder":
+        return cls(precision, gru_kernels.load())
+
+    def encode(self, x: torch.Tensor, lengths: torch.Tensor, gru: nn.GRU) -> torch.Tensor:
+        """x: (B, L, d), lengths: (B,) -> states (B, L, 2h), 0 at padding, fp32."""
+        return fused_bigru(x, lengths, gru_weights(gru), self.bf16, self.cpp, self.threads)
+
+    def amx_recurrence(self, h: int) -> bool:
+        """Whether the recurrent matmuls of hidden size ``h`` multiply on AMX."""
+        return _amx(self.cpp, self.bf16, h)
+
+
+class EncoderTable:
+    """Inference of the document encoder from a per-word table of its input projections
+    (``input_table``, ``bigru_from_table``; CPU, no dropout, no gradient): V x 6h numbers, 154 MB
+    in fp32 at the paper config, 77 MB in bf16. It is rebuilt whenever the embedding or the
+    encoder's weights change, and after ``forget`` (each training pass: an optimiser may change
+    weights in place without bumping their version)."""
+
+    slot, switch = "table", "inference_table"
+    support = Support(devices=frozenset({"cpu"}))
+
+    def __init__(self, precision: str = "fp32", cpp: ModuleType | None = None,
+                 threads: int | None = FALLBACK_THREADS) -> None:
+        self.dtype = torch.bfloat16 if precision == "bf16" else None      # None: the embedding's
+        self.cpp, self.threads = cpp, threads
+        self._table: tuple[tuple, torch.Tensor] | None = None
+
+    @classmethod
+    def make(cls, cfg, precision: str) -> "EncoderTable | None":
+        return cls(precision, gru_kernels.load()) if cfg.fused_gru else None
+
+    def forget(self) -> None:
+        self._table = None
+
+    @torch.no_grad()
+    def table(self, embedding: torch.Tensor, gru: nn.GRU) -> torch.Tensor:
+        """The per-word projections (2, V, 3h), rebuilt when any weight changed."""
+        weights = gru_weights(gru)
+        key = (self.dtype, *((p.data_ptr(), p._version) for p in (embedding, *weights)))
+        if self._table is None or self._table[0] != key:
+            self._table = None                                             # free the old one first
+            self._table = (key, input_table(embedding, weights, self.dtype))
+        return self._table[1]
+
+    def encode(self, tokens: torch.Tensor, lengths: torch.Tensor, embedding: torch.Tensor,
+               gru: nn.GRU) -> torch.Tensor:
+        """tokens: (B, L) word ids, lengths: (B,) -> states (B, L, 2h) of ``gru`` over
+        ``embedding[tokens]``, 0 at padding, fp32."""
+        return bigru_from_table(tokens, lengths, self.table(embedding, gru), gru_weights(gru), self.cpp,
+                                self.threads)

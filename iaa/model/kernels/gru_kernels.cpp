@@ -6,12 +6,25 @@
 #include <cstring>
 #include <vector>
 
+#include "gru_amx.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #define IAA_X86 1
+#endif
+
+#if !defined(IAA_X86) || defined(IAA_NO_AMX)
+// Built without gru_amx.cpp (another architecture, or a compiler without AMX): no AMX, and the
+// AMX functions are never called.
+bool amx_usable() { return false; }
+void amx_gemm(const float*, int64_t, int64_t, int64_t, const at::BFloat16*, int64_t, float*, at::BFloat16*) {
+  TORCH_CHECK(false, "built without AMX");
+}
+void amx_gemm(const at::BFloat16*, int64_t, int64_t, int64_t, const at::BFloat16*, int64_t, float*, at::BFloat16*) {
+  TORCH_CHECK(false, "built without AMX");
+}
+void pack_pairs(const float*, const float*, at::BFloat16*) { TORCH_CHECK(false, "built without AMX"); }
+void pack_transposed(const float*, int64_t, int64_t, at::BFloat16*) { TORCH_CHECK(false, "built without AMX"); }
 #endif
 
 // Packed layout of fused_gru.py: tensors (2, N, k) for the two directions d; rows [off, off + n)
@@ -41,10 +54,9 @@ static void for_each_direction(const F& body) {
 // ---- x86 fast paths, chosen at run time (the build itself targets generic x86-64) -------------
 // AVX-512: one fused loop per step for the gate arithmetic, with the same vectorised exp and
 // tanh (Sleef, exported by libtorch) as ATen's sigmoid_ and tanh_ kernels; it reads the input
-// projections in fp32 or bf16. AMX: the recurrent matmuls with bf16 operands and fp32
-// accumulation, for precision bf16 only.
+// projections in fp32 or bf16. AMX (gru_amx.cpp): the recurrent matmuls with bf16 operands and
+// fp32 accumulation, for precision bf16 only.
 #define IAA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-#define IAA_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512bf16,amx-tile,amx-bf16")))
 
 extern "C" __m512 Sleef_expf16_u10(__m512);
 extern "C" __m512 Sleef_tanhf16_u10(__m512);
@@ -52,19 +64,6 @@ extern "C" __m512 Sleef_tanhf16_u10(__m512);
 static bool has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return yes;
-}
-
-static bool amx_usable() {
-  // CPUID leaf 7: AMX-BF16 (EDX 22), AMX-TILE (EDX 24); sub-leaf 1: AVX512-BF16 (EAX 5). Linux
-  // then grants the tile data state to the process on request (arch_prctl ARCH_REQ_XCOMP_PERM).
-  static const bool yes = [] {
-    unsigned a, b, c, d, a1, b1, c1, d1;
-    if (!has_avx512() || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1))
-      return false;
-    if (!(d & (1u << 22)) || !(d & (1u << 24)) || !(a1 & (1u << 5))) return false;
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  }();
   return yes;
 }
 
@@ -177,66 +176,6 @@ IAA_AVX512 static void scatter_rows_avx512(const In* src, int64_t rows, const in
   }
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// C (n x N, fp32, row stride N; rows up to n rounded up to 32 are written) = A (n x K, fp32, row
-// stride lda) B, with B given packed (pack_vnni) in bf16. A's rows are rounded to bf16 into
-// a_buf (32-row blocks, K columns); AMX accumulates in fp32. K % 32 == 0, N % 32 == 0.
-IAA_AMX static inline void to_bf16_row(const float* src, at::BFloat16* dst, int64_t K) {
-  for (int64_t k = 0; k < K; k += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + k)));
-}
-IAA_AMX static inline void to_bf16_row(const at::BFloat16* src, at::BFloat16* dst, int64_t K) {
-  std::memcpy(dst, src, K * sizeof(at::BFloat16));
-}
-
-// A may also be bf16 (copied as is).
-template <typename A_t>
-IAA_AMX static void amx_gemm(const A_t* A, int64_t n, int64_t K, int64_t lda, const at::BFloat16* B,
-                             int64_t N, float* C, at::BFloat16* a_buf) {
-  const int64_t rows = (n + 31) / 32 * 32;
-  for (int64_t i = 0; i < n; ++i) to_bf16_row(A + i * lda, a_buf + i * K, K);
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
-  _tile_loadconfig(&cfg);
-  const auto* b = reinterpret_cast<const char*>(B);
-  const auto* a = reinterpret_cast<const char*>(a_buf);
-  const int64_t b_block = K / 2 * 64;                    // bytes of one 16-column block of B
-  for (int64_t r0 = 0; r0 < rows; r0 += 32) {
-    for (int64_t c0 = 0; c0 < N / 16; c0 += 2) {
-      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-      for (int64_t k0 = 0; k0 < K; k0 += 32) {
-        _tile_loadd(4, a + (r0 * K + k0) * 2, K * 2);
-        _tile_loadd(5, a + ((r0 + 16) * K + k0) * 2, K * 2);
-        _tile_loadd(6, b + c0 * b_block + k0 * 32, 64);
-        _tile_loadd(7, b + (c0 + 1) * b_block + k0 * 32, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, C + r0 * N + c0 * 16, N * 4);
-      _tile_stored(1, C + r0 * N + (c0 + 1) * 16, N * 4);
-      _tile_stored(2, C + (r0 + 16) * N + c0 * 16, N * 4);
-      _tile_stored(3, C + (r0 + 16) * N + (c0 + 1) * 16, N * 4);
-    }
-  }
-  _tile_release();
-}
-#endif
-
-#ifdef IAA_X86
-// Rows k and k + 1 of one 16-column block, interleaved: (b[k, j], b[k + 1, j]) for j < 16.
-IAA_AMX static void pack_pairs(const float* row0, const float* row1, at::BFloat16* out) {
-  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row1), _mm512_loadu_ps(row0));
-  _mm512_storeu_si512(out, _mm512_permutexvar_epi16(order, both));
-}
 #endif
 
 // B (d, K, N) fp32 -> (d, N / 16, K / 2, 16, 2) bf16: per 16-column block, K / 2 rows of 16
@@ -268,7 +207,6 @@ static torch::Tensor pack_vnni(const torch::Tensor& b) {
 
 #ifndef IAA_X86
 static bool has_avx512() { return false; }
-static bool amx_usable() { return false; }
 #endif
 
 bool fast_paths(int64_t h) { return has_avx512() && h % 16 == 0; }
@@ -654,9 +592,10 @@ torch::Tensor scatter_rows(torch::Tensor src, torch::Tensor pos, int64_t positio
 }
 
 // ---- The IAA reader's T attention steps for inference (paper section 3), one call per batch ----
-// What IAAReader._read computes without dropout or gradient, with each step's matmuls on 32 rows
-// and its reads of the encodings fused: for each example, the logits of a read, their masked
-// softmax and the glimpse run back to back while that example's encodings are still in cache.
+// What the IAA reader's fixed T steps (iaa/model/reader.py) compute without dropout or gradient,
+// with each step's matmuls on 32 rows and its reads of the encodings fused: for each example, the
+// logits of a read, their masked softmax and the glimpse run back to back while that example's
+// encodings are still in cache.
 
 #ifdef IAA_X86
 // out[i] = m_i . key for the L rows of one example; m (L, k) fp32 or bf16, k % 16 == 0.
@@ -776,24 +715,6 @@ bool steps_amx(int64_t enc_dim, int64_t state_dim, int64_t gate_dim) {
   return amx_usable() && enc_dim % 32 == 0 && state_dim % 32 == 0 && gate_dim % 32 == 0;
 }
 
-#ifdef IAA_X86
-// W (N, K) fp32 -> W^T packed as pack_vnni packs it: (N / 16, K / 2, 16, 2). In the VNNI layout a
-// column pair of W^T is a pair of adjacent elements of one row of W, so each 16-row block of W is
-// rounded to bf16 row by row and its 32-bit pairs transposed: no transposed copy of W.
-IAA_AMX static void pack_transposed(const float* w, int64_t N, int64_t K, at::BFloat16* out) {
-  std::vector<uint32_t> rows(16 * K / 2);
-  auto* dst = reinterpret_cast<uint32_t*>(out);
-  for (int64_t c = 0; c < N / 16; ++c) {
-    for (int64_t j = 0; j < 16; ++j)
-      for (int64_t k = 0; k < K; k += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(rows.data() + j * K / 2 + k / 2),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(w + (c * 16 + j) * K + k)));
-    for (int64_t kp = 0; kp < K / 2; ++kp)
-      for (int64_t j = 0; j < 16; ++j) dst[(c * (K / 2) + kp) * 16 + j] = rows[j * K / 2 + kp];
-  }
-}
-#endif
-
 torch::Tensor pack_linear(torch::Tensor weight, bool transpose) {
   // nn.Linear's weight W (N, K) as the packed bf16 operand of amx_gemm: W^T (for x W^T) in VNNI
   // layout, or W itself (for dy W) when transpose is false.
@@ -830,7 +751,7 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bi
 
 torch::Tensor iaa_steps(torch::Tensor q_enc, torch::Tensor q_mask, torch::Tensor d_enc, torch::Tensor d_mask,
                         std::vector<torch::Tensor> weights, std::vector<torch::Tensor> packed, int64_t steps) {
-  // The T steps of IAAReader._read for inference: returns the last step's document logits (B, Ld).
+  // The T steps of IAAReader for inference: returns the last step's document logits (B, Ld).
   // q_enc (B, Lq, 2h) fp32, d_enc (B, Ld, 2h) fp32 or bf16 (the reads then take it as is, with
   // fp32 keys and fp32 sums), masks bool. weights: (weight, bias) of A_q, A_d, the two layers of
   // gate_q then of gate_d, then the search GRU's W_ih, W_hh, b_ih, b_hh, all fp32; packed: the

@@ -1,0 +1,230 @@
+"""Every kernel available on this machine, held to the reference reader (``iaa.model`` with no
+kernels), for every variant of the reader, in training (outputs and every parameter's gradient)
+and in inference, in fp32 and bf16.
+
+A kernel runs alone in an otherwise reference reader with the same weights; ``select`` runs all
+the kernels it chooses together. A variant a kernel does not declare must fall back: ``select``
+never chooses the kernel for it.
+
+Bounds:
+
+- fp32: the same function in another order of float sums: log-probabilities within 2e-5 (they
+  are near -2), gradients within 1e-5 absolute / 1e-4 relative.
+- bf16: bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%), and a pass chains a few
+  dozen rounded products: log-probabilities within 0.01 of the fp32 reference (~1% in
+  probability), each parameter's gradient within 5% of it in norm (of 1e-3, for gradients
+  smaller than that: ACT's halting unit gets ~1e-5 here, below bf16's resolution of the sums).
+
+Sizes: "simd" has every size a multiple of 32, so the C++ kernels take their AVX-512 paths (and
+AMX under bf16) where the CPU has them; "generic" has sizes that no vector path takes. The
+weights are scaled up so that attention is far from uniform, and ACT's halting unit is set so
+that examples stop at different steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from iaa.model import ReaderConfig, build_reader, nll_loss, preset
+from iaa.model import kernels as fast
+from iaa.model.kernels import gru_kernels, support
+from iaa.model.kernels.deferred import DeferredReads
+from iaa.model.kernels.dropout import FastDropout
+from iaa.model.kernels.fused_gru import EncoderTable, FusedEncoder
+from iaa.model.kernels.inference_steps import FusedSteps
+from iaa.model.kernels.precision import SmallMatmuls
+from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.timeout(300)
+
+VARIANTS = {
+    "iaa": {},
+    "iaa-fixed-query": {"kind": "iaa-fixed-query"},
+    "as-reader": {"kind": "as-reader"},
+    "act": {"halting": "act"},
+    "candidate-softmax": {"candidate_softmax": True},
+}
+SIZES = {
+    "simd": dict(embed_dim=32, hidden_dim=32, state_dim=32, gate_dim=32),
+    "generic": dict(embed_dim=12, hidden_dim=8, state_dim=12, gate_dim=10),
+}
+FP32 = dict(log_p=2e-5, atol=1e-5, rtol=1e-4)
+BF16 = dict(log_p=0.01, grad=0.05)
+
+
+def _cpp():
+    return gru_kernels.load()
+
+
+def _steps(cfg: ReaderConfig, precision: str, bf16_products: bool = True) -> FusedSteps | None:
+    steps = FusedSteps.make(cfg, precision)                      # None without AVX-512 or for these sizes
+    if steps is not None:
+        steps.bf16_products = bf16_products
+    return steps
+
+
+# name: (kernel class, its instance for (cfg, precision), None where it cannot run here)
+KERNELS = {
+    "encoder-python": (FusedEncoder, lambda c, p: FusedEncoder(p, None)),
+    "encoder-cpp": (FusedEncoder, lambda c, p: _cpp() and FusedEncoder(p, _cpp())),
+    "table-python": (EncoderTable, lambda c, p: EncoderTable(p, None)),
+    "table-cpp": (EncoderTable, lambda c, p: _cpp() and EncoderTable(p, _cpp())),
+    "reads": (DeferredReads, lambda c, p: DeferredReads(p)),
+    "layers": (SmallMatmuls, lambda c, p: SmallMatmuls(_cpp())),
+    "layers-fp32-products": (SmallMatmuls, lambda c, p: SmallMatmuls(_cpp(), bf16_products=False)),
+    "steps": (FusedSteps, lambda c, p: _steps(c, p)),
+    "steps-fp32-products": (FusedSteps, lambda c, p: _steps(c, p, bf16_products=False)),
+    "dropout": (FastDropout, lambda c, p: FastDropout()),
+}
+
+
+def _config(variant: str, size: str) -> ReaderConfig:
+    return preset("tiny", vocab_size=60, steps=3, dropout=0.0, **SIZES[size], **VARIANTS[variant])
+
+
+def _reader(cfg: ReaderConfig, precision: str, kernels: fast.Kernels):
+    """A reader with ``kernels``, its weights scaled up (attention far from uniform) and, under
+    ACT, halting weights that make examples stop at different steps; the same for a seed."""
+    torch.manual_seed(0)
+    model = build_reader(cfg, "cpu", precision)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(2.0)
+        if cfg.halting == "act":
+            model.halting_unit.proj.weight.normal_(0.0, 1.0)
+            model.halting_unit.bias.fill_(0.0)
+    model.kernels = kernels
+    return model
+
+
+def _run(model, batch):
+    """Training: log P and every parameter's gradient; inference: log P (eval, no gradient)."""
+    model.train()
+    log_p = model(batch)
+    nll_loss(log_p, batch.answer).backward()
+    grads = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad) for n, p in model.named_parameters()}
+    model.eval()
+    with torch.no_grad():
+        inferred = model(batch)
+    return log_p.detach(), grads, inferred
+
+
+def _finite_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    finite = torch.isfinite(b)
+    assert torch.equal(finite, torch.isfinite(a))                     # the same absent candidates
+    return finite
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-12) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(floor)).item()
+
+
+def _hold_to_reference(model, reference, batch, precision: str) -> None:
+    got, want = _run(model, batch), _run(reference, batch)
+    (lp, grads, inferred), (lp_ref, grads_ref, inferred_ref) = got, want
+    for a, b in ((lp, lp_ref), (inferred, inferred_ref)):
+        finite = _finite_equal(a, b)
+        bound = FP32["log_p"] if precision == "fp32" else BF16["log_p"]
+        assert (a - b)[finite].abs().max().item() < bound
+    assert grads.keys() == grads_ref.keys()
+    for name, grad in grads_ref.items():
+        if precision == "fp32":
+            torch.testing.assert_close(grads[name], grad, atol=FP32["atol"], rtol=FP32["rtol"], msg=name)
+        else:
+            assert _rel(grads[name], grad, floor=1e-3) < BF16["grad"], name
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("name", [*sorted(KERNELS), "select"])
+def test_kernel_equals_the_reference(name: str, variant: str, precision: str, size: str) -> None:
+    """The kernel (or all that ``select`` chooses) against the fp32 reference reader; a kernel
+    that does not declare the variant, device or precision must not be chosen for it."""
+    cfg = _config(variant, size)
+    batch = random_batch([20, 25, 9, 16], [5, 7, 3, 6], vocab=60, seed=4)
+    if name == "select":
+        kernels = fast.select("cpu", precision, cfg)
+    else:
+        kind, make = KERNELS[name]
+        if not kind.support.covers(cfg, "cpu", precision):
+            assert not isinstance(getattr(fast.select("cpu", precision, cfg), kind.slot), kind)
+            return
+        kernel = make(cfg, precision)
+        if not kernel:
+            pytest.skip(f"{name} cannot run here (no C++ kernels, or sizes/instructions it lacks)")
+        kernels = fast.Kernels("cpu", precision, **{kind.slot: kernel})
+    model = _reader(cfg, precision, kernels)
+    reference = _reader(cfg, "fp32", fast.Kernels("cpu", "fp32"))
+    _hold_to_reference(model, reference, batch, precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_reference_in_bf16_stays_within_bf16_bounds_of_fp32(precision: str) -> None:
+    """The reference itself under bf16 (autocast): the bound every kernel is held to."""
+    cfg = _config("iaa", "simd")
+    batch = random_batch([20, 25, 9, 16], [5, 7, 3, 6], vocab=60, seed=4)
+    model = _reader(cfg, precision, fast.Kernels("cpu", precision))
+    reference = _reader(cfg, "fp32", fast.Kernels("cpu", "fp32"))
+    _hold_to_reference(model, reference, batch, precision)
+    if precision == "bf16":
+        assert not torch.equal(_run(model, batch)[0], _run(reference, batch)[0])   # bf16 really ran
+
+
+def test_a_new_variant_runs_the_reference() -> None:
+    """A model kind, or an equation field, that no kernel declares: every slot runs the reference."""
+    fields = {f.name: getattr(_config("iaa", "simd"), f.name) for f in dataclasses.fields(ReaderConfig)}
+    for precision in ("fp32", "bf16"):
+        assert fast.select("cpu", precision, SimpleNamespace(**fields)).chosen()        # the paper's: kernels
+        new_kind = SimpleNamespace(**{**fields, "kind": "gated-attention"})
+        assert fast.select("cpu", precision, new_kind).chosen() == {}
+
+
+def test_a_new_equation_field_runs_the_reference(monkeypatch) -> None:
+    fields = {f.name: getattr(_config("iaa", "simd"), f.name) for f in dataclasses.fields(ReaderConfig)}
+    monkeypatch.setattr(support, "EQUATIONS", (*support.EQUATIONS, "attention_sum"))
+    assert fast.select("cpu", "fp32", SimpleNamespace(**fields, attention_sum="max")).chosen() == {}
+
+
+# Fields of ReaderConfig that do not change the equations a kernel computes: the sizes (each
+# kernel checks those it needs in ``make``), what acts in training only (dropout: the reference
+# and the kernel draw their masks differently, see ``test_model_fast_paths``), initialisation,
+# the loss, and the implementation switches. A new field must be added here or to
+# ``support.EQUATIONS``.
+NOT_EQUATIONS = {"vocab_size", "embed_dim", "hidden_dim", "state_dim", "steps", "gate_dim", "dropout",
+                 "ponder_cost", "halt_bias_init", "fused_gru", "fast_dropout", "sparse_embedding_grad",
+                 "batched_read_grad", "inference_table"}
+
+
+def test_every_config_field_is_an_equation_or_declared_not_one() -> None:
+    names = {f.name for f in dataclasses.fields(ReaderConfig)}
+    assert names - NOT_EQUATIONS == set(support.EQUATIONS)
+    assert not NOT_EQUATIONS & set(support.EQUATIONS)
+    for kernel in fast.KERNELS:                                   # every kernel names every field
+        assert set(kernel.support.equations) == set(support.EQUATIONS), kernel.__name__
+        assert kernel.switch is None or kernel.switch in names
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_select_chooses_by_switch_device_and_variant(precision: str) -> None:
+    cfg = _config("iaa", "simd")
+    chosen = fast.select("cpu", precision, cfg).chosen()
+    assert {"encoder", "table", "reads", "dropout"} <= set(chosen)
+    assert ("layers" in chosen) == (precision == "bf16")
+    off = dataclasses.replace(cfg, fused_gru=False, inference_table=False, batched_read_grad=False, fast_dropout=False)
+    assert set(fast.select("cpu", precision, off).chosen()) <= {"layers", "steps"}
+    assert set(fast.select("cuda", precision, cfg).chosen()) == {"reads"}
+    assert "steps" not in fast.select("cpu", precision, _config("act", "simd")).chosen()
+    with pytest.raises(ValueError, match="precision"):
+        fast.select("cpu", "fp16", cfg)
+
+
+def test_a_reader_moved_to_another_device_chooses_its_kernels_again() -> None:
+    model = build_reader(_config("iaa", "generic"))
+    assert model.kernels.device == "cpu" and model.kernels.encoder is not None
+    assert model._kernels(torch.device("meta")).chosen() == {}
+    assert model.kernels.device == "meta"
