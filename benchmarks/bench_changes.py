@@ -41,12 +41,12 @@ from iaa.jobs.training import bench  # noqa: E402
 from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
 from iaa.model.encoder import BiGRUEncoder  # noqa: E402
-from iaa.model import gru_kernels  # noqa: E402
-from iaa.model.fused_gru import FusedBiGRU  # noqa: E402
+from iaa.model.kernels import gru_kernels  # noqa: E402
+from iaa.model.kernels.fused_gru import FusedEncoder  # noqa: E402
 
-LEAVE_ONE_OUT = {  # change -> the config (or switch) that turns it off
+LEAVE_ONE_OUT = {  # change -> the config (or, for the C++ recurrence, the kernel's argument) that turns it off
     "bucketing": {},
-    "cpp_recurrence": {"use_cpp": False},
+    "cpp_recurrence": {"cpp": None},
     "fast_dropout": {"fast_dropout": False},
     "sparse_embedding_grad": {"sparse_embedding_grad": False},
     "batched_read_grad": {"batched_read_grad": False},
@@ -80,15 +80,15 @@ def gru_part(batch: bench.Batch, rounds: int) -> dict[str, dict]:
         return len(lengths)
 
     def fused(cpp: bool) -> Callable[[], int]:
+        kernel = FusedEncoder("fp32", gru_kernels.load() if cpp else None)
+
         def run() -> int:
-            FusedBiGRU.use_cpp = cpp
-            enc(x, mask)[0].sum().backward()
+            enc(x, mask, kernel=kernel)[0].sum().backward()
             return len(lengths)
         return run
 
     rates = best_rate({"padded": padded, "packed": packed, "python": fused(False), "cpp": fused(True)},
                       max(1, rounds - 1))
-    FusedBiGRU.use_cpp = True
     pairs = [("gru/fused_python_vs_padded_nn_gru", "padded", "python"),
              ("gru/fused_python_vs_packed_nn_gru", "packed", "python"),
              ("gru/cpp_vs_python_recurrence", "python", "cpp"),
@@ -101,28 +101,21 @@ def _pair(before: float, after: float) -> dict:
 
 
 def _trainer(overrides: dict, batches: list) -> Callable[[], int]:
+    """Training steps of the paper reader with ``overrides`` of its config; ``cpp`` there: the
+    C++ kernels its encoders run (None: the Python loops)."""
     overrides = dict(overrides)
-    use_cpp = overrides.pop("use_cpp", True)
+    cpp = overrides.pop("cpp", gru_kernels.load())
     torch.manual_seed(0)
     model = build_reader(replace(PRESETS["paper"], vocab_size=bench.VOCAB_SIZE, **overrides))
+    model.kernels.encoder.cpp = cpp
     optimizer = build_optimizer(model, bench.LR, bench.EMBED_L2)
 
     def run() -> int:
-        FusedBiGRU.use_cpp = use_cpp
         for batch in batches:
             train_step(model, optimizer, batch)
-        FusedBiGRU.use_cpp = True
         return sum(len(b) for b in batches)
 
     run()                                                           # warm-up
-    return run
-
-
-def _with_kernels(module, fn: Callable[[], int]) -> Callable[[], int]:
-    """``fn`` with the C++ recurrence taken from ``module`` (one build of gru_kernels)."""
-    def run() -> int:
-        gru_kernels._STATE["module"] = module
-        return fn()
     return run
 
 
@@ -134,17 +127,19 @@ def march_part(batch: bench.Batch, batches: list, rounds: int) -> dict[str, dict
     enc = BiGRUEncoder(384, 128)
     x = torch.randn(*batch.doc.shape, 384, requires_grad=True)
 
-    def gru() -> int:
-        enc(x, batch.doc_mask)[0].sum().backward()
-        return len(batch)
+    def gru(cpp) -> Callable[[], int]:
+        kernel = FusedEncoder("fp32", cpp)
 
-    step = _trainer({}, batches)
+        def run() -> int:
+            enc(x, batch.doc_mask, kernel=kernel)[0].sum().backward()
+            return len(batch)
+        return run
+
     results = {}
-    for name, fn in (("march/gru", gru), ("march/train", step)):
-        rates = best_rate({"before": _with_kernels(generic, fn), "after": _with_kernels(native, fn)}, rounds)
+    for name, make in (("march/gru", gru), ("march/train", lambda cpp: _trainer({"cpp": cpp}, batches))):
+        rates = best_rate({"before": make(generic), "after": make(native)}, rounds)
         results[name] = _pair(rates["before"], rates["after"])
         print(name, results[name], flush=True)
-    gru_kernels._STATE["module"] = generic
     return results
 
 

@@ -5,12 +5,12 @@
 1. GEMMs: each matmul shape of the paper config in fp32 and with bf16 operands, the two
    alternating, median of ``--rounds`` (GFLOP/s), with the cast of the operands that the
    reader pays counted in the bf16 time where it pays it (``cast``). These decide which GEMMs
-   get bf16 operands (``iaa.model.fused_gru``, ``iaa.model.precision``).
+   get bf16 operands (``iaa.model.kernels.fused_gru``, ``iaa.model.kernels.precision``).
 2. Training and inference of the IAA reader on the synthetic CBT-NE workload of
    ``iaa.jobs.training.bench``, one batch per side in turn, sides: fp32, bf16 (``train.precision=bf16``:
    the T steps' 32-row matmuls, i.e. gates, inference GRU and read projections, take bf16
    operands on AMX where the CPU has it), and bf16 with those matmuls kept fp32
-   (``iaa.model.precision.BF16_SMALL_MATMULS``). Each side's first batch goes first in turn,
+   (the kernels' ``bf16_products=False``). Each side's first batch goes first in turn,
    and in training the sides trade readers (same initial weights, one optimizer each) from
    batch to batch: a reader's own memory placement was measured to bias its side by up to 10%. Rates are
    totals (examples / seconds) per side; the last line is JSON.
@@ -23,7 +23,6 @@ import json
 import statistics
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,10 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from iaa.jobs.training import bench  # noqa: E402
-from iaa.jobs.training.step import autocast, build_optimizer, retain_freed_memory, train_step  # noqa: E402
+from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
-from iaa.model import gru_kernels  # noqa: E402
-from iaa.model import precision as model_precision  # noqa: E402
+from iaa.model import kernels as fast  # noqa: E402
+from iaa.model.kernels import gru_kernels  # noqa: E402
 
 TOKENS = 32 * 430          # packed rows of one encoder at batch 32
 # name: (m, k, n, cast): cast = which operands the bf16 path converts on each call
@@ -99,21 +98,24 @@ def _amx_rate(a: torch.Tensor, b: torch.Tensor, reps: int, rounds: int, clock) -
     return {"amx": round(2 * a.shape[0] * a.shape[1] * b.shape[1] / statistics.median(times) / 1e9, 1)}
 
 
-SIDES = {                  # name: (autocast dtype, bf16 small matmuls)
-    "fp32": (None, True),
-    "bf16": (torch.bfloat16, True),
-    "bf16, small matmuls fp32": (torch.bfloat16, False),
+SIDES = {                  # name: (precision, bf16 small matmuls)
+    "fp32": ("fp32", True),
+    "bf16": ("bf16", True),
+    "bf16, small matmuls fp32": ("bf16", False),
 }
 
 
-@contextmanager
-def _small_matmuls_bf16(on: bool):
-    before = model_precision.BF16_SMALL_MATMULS
-    model_precision.BF16_SMALL_MATMULS = on
-    try:
-        yield
-    finally:
-        model_precision.BF16_SMALL_MATMULS = before
+def _as_side(reader, name: str):
+    """``reader`` computing as side ``name``: its precision and kernels chosen for it (the
+    sides trade readers; each side's first pass builds what its kernels cache)."""
+    precision, small_bf16 = SIDES[name]
+    if (reader.precision, getattr(reader, "_side", None)) != (precision, name):
+        reader.precision, reader._side = precision, name
+        reader.kernels = fast.select("cpu", precision, reader.cfg)
+        for kernel in (reader.kernels.layers, reader.kernels.steps):
+            if kernel is not None:
+                kernel.bf16_products = small_bf16
+    return reader
 
 
 def model_rates(rounds: int, steps: int, batch_size: int, clock=time.perf_counter) -> dict[str, dict[str, float]]:
@@ -128,9 +130,8 @@ def model_rates(rounds: int, steps: int, batch_size: int, clock=time.perf_counte
     warm = bench.collate(bench.synthetic_examples(batch_size, seed=1))
     order = list(SIDES)
     for reader, optimizer in readers:
-        for dtype, small_bf16 in SIDES.values():
-            with _small_matmuls_bf16(small_bf16):
-                train_step(reader, optimizer, warm, amp_dtype=dtype)
+        for name in SIDES:
+            train_step(_as_side(reader, name), optimizer, warm)
     seconds = {name: {"train": 0.0, "infer": 0.0} for name in SIDES}
 
     def sides_of(i: int, trade: bool):
@@ -142,20 +143,17 @@ def model_rates(rounds: int, steps: int, batch_size: int, clock=time.perf_counte
 
     for i, batch in enumerate(batches):
         for name, (reader, optimizer) in sides_of(i, trade=True):
-            dtype, small_bf16 = SIDES[name]
+            _as_side(reader, name)
             start = clock()
-            with _small_matmuls_bf16(small_bf16):
-                train_step(reader, optimizer, batch, amp_dtype=dtype)
+            train_step(reader, optimizer, batch)
             seconds[name]["train"] += clock() - start
-    for (reader, _), (dtype, small_bf16) in zip(readers, SIDES.values()):
-        reader.eval()
-        with torch.inference_mode(), autocast("cpu", dtype), _small_matmuls_bf16(small_bf16):
-            reader(warm)                                                # builds the inference table
+    for (reader, _), name in zip(readers, SIDES):
+        with torch.inference_mode():
+            _as_side(reader, name).eval()(warm)                        # builds the inference table
     for i, batch in enumerate(batches):
         for name, (reader, _) in sides_of(i, trade=False):
-            dtype, small_bf16 = SIDES[name]
             start = clock()
-            with torch.inference_mode(), autocast("cpu", dtype), _small_matmuls_bf16(small_bf16):
+            with torch.inference_mode():
                 reader(batch)
             seconds[name]["infer"] += clock() - start
     n = len(batches) * batch_size

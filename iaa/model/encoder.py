@@ -29,9 +29,12 @@ def rnn_dtype(device: str, precision: str) -> torch.dtype:
     return torch.bfloat16
 
 
-def _autocast_off(device: str):
-    """Autocast off for ``device`` (where autocast exists for it)."""
-    return torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext()
+def arithmetic(device: str, precision: str):
+    """Autocast on ``device`` as ``precision`` asks, whatever the caller's: bf16 autocast for
+    bf16 (the parts that need fp32 ask for it), autocast off for fp32."""
+    if not torch.amp.is_autocast_available(device):
+        return nullcontext()
+    return torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 class BiGRUEncoder(nn.Module):
@@ -83,7 +86,7 @@ class BiGRUEncoder(nn.Module):
         by_length, order = torch.sort(lengths, descending=True)           # host
         order_dev = order.to(x.device, non_blocking=True)
         restore = torch.argsort(order).to(x.device, non_blocking=True)
-        with _autocast_off(x.device.type):
+        with arithmetic(x.device.type, "fp32"):                            # autocast off
             packed = pack_padded_sequence(x.index_select(0, order_dev).to(dtype), by_length, batch_first=True)
             if dtype == torch.float32:
                 out = self.gru(packed)[0]

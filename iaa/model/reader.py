@@ -20,7 +20,7 @@ from torch import nn
 from iaa.model import kernels as fast
 from iaa.model.attention import DocRead, Encodings, FixedQueryRead, Layers, QueryRead, bilinear_logits
 from iaa.model.config import ReaderConfig
-from iaa.model.encoder import BiGRUEncoder
+from iaa.model.encoder import BiGRUEncoder, arithmetic
 from iaa.model.gates import SearchGate, gate_features
 from iaa.model.halting import Halting, HaltingRecord, HaltingUnit, Running, halting_weights
 from iaa.model.initialization import init_reader_
@@ -73,14 +73,6 @@ class _Step(NamedTuple):
     r_q: torch.Tensor | None = None     # (B, 2h)
     r_d: torch.Tensor | None = None     # (B, 2h)
     s: torch.Tensor | None = None       # (B, s) s_t
-
-
-def _arithmetic(device: str, precision: str):
-    """The reader's arithmetic, whatever its caller's autocast: bf16 autocast for precision bf16
-    (the parts that need fp32 ask for it), autocast off for fp32."""
-    if not torch.amp.is_autocast_available(device):
-        return nullcontext()
-    return torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 class _Encoders(nn.Module):
@@ -159,7 +151,7 @@ class _Reader(nn.Module):
         compiled = (self._compiled_read is not None and self.training and torch.is_grad_enabled()
                     and not trace and self.cfg.halting == "none")
         read = self._compiled_read if compiled else partial(self._read, kernels=kernels, trace=trace)
-        with _arithmetic(kernels.device, self.precision):
+        with arithmetic(kernels.device, self.precision):
             q_enc, q_final, d_enc = self.encoders(batch, kernels, self._drop)  # (B, Lq, 2h), (B, 2h), (B, Ld, 2h)
             log_att, steps, halting = read(q_enc, q_final, d_enc, Masks.of(self.cfg, batch))  # (B, Ld)
             log_p = pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
