@@ -35,11 +35,10 @@ from iaa.model.kernels.dropout import FastDropout
 from iaa.model.kernels.fused_gru import EncoderTable, FusedEncoder
 from iaa.model.kernels.inference_steps import FusedSteps
 from iaa.model.kernels.precision import SmallMatmuls
-from iaa.model.kernels.support import EQUATIONS, Kernel, Support
+from iaa.model.kernels.support import EQUATIONS, PRECISIONS, Kernel, Support
 
 KERNELS: tuple[type[Kernel], ...] = (FusedEncoder, EncoderTable, DeferredReads, SmallMatmuls, FusedSteps,
                                      FastDropout)
-PRECISIONS = ("fp32", "bf16")
 
 __all__ = ["EQUATIONS", "KERNELS", "Kernel", "Kernels", "Support", "select"]
 
@@ -85,7 +84,7 @@ def select(device: str | torch.device, precision: str, cfg: Any) -> Kernels:
     (``Kernel.make``); each other slot runs the reference.
     """
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     device = torch.device(device).type
     chosen: dict[str, Kernel] = {}
     for kernel in KERNELS:
