@@ -1,4 +1,5 @@
-"""The IAA reader and its baselines, in plain PyTorch; their fast paths in ``kernels``. Imports only torch.
+"""The IAA reader and its baselines, in plain PyTorch; their fast paths in ``kernels``. Imports
+only torch.
 
 The configs (:mod:`iaa.model.config`) load without torch, so a command that only reads a config
 (or fails on its input) starts at once; the modules below are imported on first use.
