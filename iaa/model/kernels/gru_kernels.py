@@ -36,6 +36,7 @@ build warns once and does the same.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import platform
 import sys
@@ -89,21 +90,28 @@ def build_name(cflags: tuple[str, ...] = CFLAGS) -> str:
 
 
 def _build_folder(cflags: tuple[str, ...]) -> tuple[str, Path]:
-    from torch.utils.cpp_extension import _get_build_directory
+    """The build's name and folder: under ``TORCH_EXTENSIONS_DIR``, else torch's default build root,
+    one folder per Python ABI (the name already holds torch's version and the flags)."""
+    from torch.utils.cpp_extension import get_default_build_root
 
     name = build_name(cflags)
-    return name, Path(_get_build_directory(name, verbose=False))
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return name, Path(root) / f"iaa-{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}" / name
 
 
 def load_built(cflags: tuple[str, ...] = CFLAGS) -> ModuleType | None:
     """The build for ``cflags`` where it already exists, else None (compiles nothing)."""
-    from torch.utils.cpp_extension import _import_module_from_library
-
     name, folder = _build_folder(cflags)
-    try:
-        return _import_module_from_library(name, str(folder), True)
-    except (ImportError, OSError, AssertionError):   # not built yet (or half written)
+    library = folder / f"{name}{'.pyd' if os.name == 'nt' else '.so'}"
+    spec = importlib.util.spec_from_file_location(name, library) if library.is_file() else None
+    if spec is None or spec.loader is None:
         return None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except (ImportError, OSError):   # half written, or built for another machine
+        return None
+    return module
 
 
 def build(cflags: tuple[str, ...] = CFLAGS) -> ModuleType:
