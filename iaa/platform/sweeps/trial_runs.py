@@ -100,7 +100,7 @@ class TrialRuns(tune.Callback):
         try:
             action()
         except tracking.TRANSIENT as err:
-            print(f"warning: MLflow at {self.uri}: could not {what} for trial {trial.trial_id} ({str(err)[:300]})",
+            print(f"warning: MLflow at {self.uri}: could not {what} for trial {trial.trial_id} ({tracking.brief(err)})",
                   file=sys.stderr)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
