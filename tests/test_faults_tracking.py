@@ -1,6 +1,7 @@
 """Fault suite, tracking: a store that cannot be used is one line naming its URI and what is
 wrong; a SQLite database of another program is left alone; a store lost mid-run prints warnings
-of one line each, never the store's own tracebacks."""
+of one line each, never the store's own tracebacks, and what it refused is recorded as lost
+(a sweep then ends in one line saying what was not logged)."""
 
 from __future__ import annotations
 
@@ -116,7 +117,9 @@ LOST_STORE = textwrap.dedent("""
     run.log_metrics({"valid_acc": 0.5}, step=1)
     os.unlink(db)
     run.log_metrics({"valid_acc": 0.6}, step=2)
+    run.log_params({"best": {"lr": 0.1}})       # a sweep's last params: kept as lost, not raised
     run.end()
+    assert any(what.startswith("log 1 params") for what in run.lost), run.lost
     try:
         tracking.Run.start("sqlite:///" + db, "e", "r2")
     except tracking.TRANSIENT as err:
@@ -132,5 +135,5 @@ def test_a_store_deleted_mid_run_prints_one_line_warnings_and_no_tracebacks(tmp_
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
     assert "Traceback" not in done.stderr and "[SQL:" not in done.stderr, done.stderr
-    assert len(lines) == 4, done.stderr          # kept-and-retrying, not logged, not marked, refused
+    assert len(lines) == 5, done.stderr          # retrying, params, metrics not logged, not marked, refused
     assert all("attempt to write a readonly database" in line for line in lines), done.stderr

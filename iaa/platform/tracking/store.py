@@ -331,7 +331,8 @@ class Run:
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
         for i in range(0, len(items), 100):
-            self._client.log_batch(self.run_id, params=items[i : i + 100])
+            self._tolerant(f"log {len(items[i : i + 100])} params", self._client.log_batch, self.run_id,
+                           params=items[i : i + 100])
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         now = int(time.time() * 1000)
