@@ -10,3 +10,14 @@ from __future__ import annotations
 
 class IaaError(Exception):
     """An expected failure, with a message that says what is wrong and what to do."""
+
+
+# Lines of a store's error that say where it happened, not what went wrong (SQLAlchemy spans
+# several: a note on autoflush, the statement, its parameters and a link).
+_NOISE = ("(raised as a result of", "[SQL:", "[parameters:", "(Background on this error")
+
+
+def brief(err: BaseException | str) -> str:
+    """The line of an error that says what is wrong, at most 300 characters."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip() and not line.strip().startswith(_NOISE)]
+    return lines[0][:300] if lines else type(err).__name__

@@ -98,6 +98,47 @@ def test_a_teacher_edited_into_valid_distributions_is_refused_by_its_content_dig
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("when", ["evaluating", "logging"])
+def test_an_ensemble_refuses_a_member_that_changed_before_the_end(prepared, tmp_path, monkeypatch, when):
+    """A member retrained while the others are evaluated (or while the model is logged) is refused by
+    name; what ensemble.json records is the digest of the file as first read."""
+    import hashlib
+
+    from iaa.jobs.inference import evaluate
+    from iaa.platform import mlflow_model
+
+    members = [make_checkpoint(prepared, tmp_path / f"m{seed}.pt", seed=seed) for seed in (0, 1)]
+    first = hashlib.sha256(members[0].read_bytes()).hexdigest()
+    retrained = make_checkpoint(prepared, tmp_path / "retrained.pt", seed=7).read_bytes()
+
+    def retrain() -> None:
+        members[0].write_bytes(retrained)
+
+    real_evaluate, real_log = evaluate.run, mlflow_model.try_log
+
+    def evaluating(checkpoint_path, *args, **kwargs):
+        if when == "evaluating" and str(checkpoint_path) == str(members[1].resolve()):
+            retrain()                          # member 0 is evaluated already
+        return real_evaluate(checkpoint_path, *args, **kwargs)
+
+    def logging(*args, **kwargs):
+        retrain()
+        return real_log(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "run", evaluating)
+    if when == "logging":
+        monkeypatch.setattr(mlflow_model, "try_log", logging)
+    code, output = invoke("ensemble", "--members", *members, "--data", prepared, "--workdir", tmp_path / "w",
+                          "--name", "changing")
+    assert_one_message(code, output, str(members[0].resolve()), "changed while ensemble 'changing' was built",
+                       first[:12])
+    summary = tmp_path / "w" / "ensembles" / "changing" / "ensemble.json"
+    if when == "evaluating":
+        assert not summary.exists()
+    else:
+        assert json.loads(summary.read_text())["member_sha256"][str(members[0].resolve())] == first
+
+
 @pytest.fixture
 def pids():
     """(a dead PID, a live PID of another process)."""

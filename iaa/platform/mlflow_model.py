@@ -35,7 +35,7 @@ from mlflow.tracking import MlflowClient
 
 import iaa
 from iaa.data.manifest import MANIFEST, VOCAB
-from iaa.errors import IaaError
+from iaa.errors import IaaError, brief
 from iaa.jobs.ports import LoadedModel, ModelCode
 from iaa.platform.tracking.store import TRANSIENT, manifest_digest
 
@@ -279,7 +279,7 @@ def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, 
     try:
         return log(uri, run_id, checkpoints, prepared, code, register)
     except TRANSIENT as err:
-        print(f"warning: could not log the model of run {run_id} to MLflow at {uri} ({str(err)[:300]}); "
+        print(f"warning: could not log the model of run {run_id} to MLflow at {uri} ({brief(err)}); "
               f"the checkpoint is still at {checkpoints[0]}", file=sys.stderr)
         if run is not None:
             run.lose(f"the model{' and its registration as ' + repr(register) if register else ''} "

@@ -13,10 +13,12 @@ Members come from one of two places:
 Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.ensembles.averaging`
 does the alignment, averaging and selection. Everything lands in ``WORKDIR/ensembles/NAME/``,
 and one MLflow run records it (tagged ``sweep_parent_run_id`` with the sweep's parent run).
-``ensemble.json`` names every member by its absolute path with the sha256 of the file
-(``member_sha256``), so the folder means the same wherever it is used, and a changed member is
-refused (``iaa.jobs.inference.predict.ensemble_members``). A finished ensemble is replaced only with
-``overwrite``.
+``ensemble.json`` names every member by its absolute path with the sha256 of the file taken when
+the ensemble first read it (``member_sha256``), so the folder means the same wherever it is
+used, and a changed member is refused (``iaa.jobs.inference.predict.ensemble_members``). A
+member whose file changes before the end (retrained meanwhile) is refused too, before
+``ensemble.json`` is written and again after the model is logged. A finished ensemble is
+replaced only with ``overwrite``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -105,9 +107,10 @@ def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
 
     members = []
     for path in map(Path, paths):
+        sha256 = file_sha256(path)                       # before its first read
         cfg = from_dict(checkpoint.load(path)["config"])
         run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.resolve())])
-        members.append(Member(path, cfg, run_id, _run_dir_label(path), "given"))
+        members.append(Member(path, cfg, run_id, _run_dir_label(path), "given", sha256))
     return members
 
 
@@ -228,6 +231,7 @@ def _track(tracker: Tracker, experiment: str, name: str, req: EnsembleRequest, s
         run.log_artifact(out_dir / SUMMARY)
         run.log_dataset(prepared, context="eval")
         model_uri = tracker.log_model(run, [Path(m) for m in result["members"]], prepared, req.register, code=MODEL_CODE)
+        ledger.check_unchanged(members, name)           # the logged model copied the members read first
     return run.run_id, model_uri
 
 
@@ -279,17 +283,18 @@ def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None
         _check_free(out_dir, name, req.overwrite)
         experiment = f"ensemble-{dataset}"
 
-    members = [replace(m, checkpoint=Path(m.checkpoint).resolve()) for m in members]
+    members = [ledger.first_read(m) for m in members]
 
     files = evaluate_members(members, prepared, out_dir, req.show_progress)
     labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
     result = averaging.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
                               p=req.p, labels=labels)
     table = result.pop("table")
+    ledger.check_unchanged(members, name)
     summary = {**result, "name": name, "dataset": dataset, "data_dir": str(prepared), "ensemble_dir": str(out_dir),
                "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
                "sweep": req.sweep, "tracking_uri": uri,
-               "member_sha256": {str(m.checkpoint): file_sha256(m.checkpoint) for m in members}}
+               "member_sha256": {str(m.checkpoint): m.sha256 for m in members}}
     atomic_write_text(out_dir / SUMMARY, json.dumps(summary, indent=1, default=str))
     summary["mlflow_run_id"], summary["model_uri"] = _track(tracker, experiment, name, req, sweep, dataset, members,
                                                             result, out_dir, prepared)

@@ -36,6 +36,28 @@ class Member:
     mlflow_run_id: str | None
     label: str                    # short name for the table
     source: str                   # given | trial <id> | trained | trained earlier
+    sha256: str | None = None     # of the file's bytes when the ensemble first read it
+
+
+def first_read(member: Member) -> Member:
+    """``member`` with its absolute path and the sha256 of its file, taken now (keeps one taken earlier)."""
+    from iaa.data.shards import file_sha256
+
+    path = Path(member.checkpoint).resolve()
+    return replace(member, checkpoint=path, sha256=member.sha256 or file_sha256(path))
+
+
+def check_unchanged(members: Sequence[Member], name: str) -> None:
+    """Refuse a member whose file is no longer the one first read (retrained or replaced meanwhile):
+    its accuracy and predictions belong to other weights."""
+    from iaa.data.shards import file_sha256
+
+    for member in members:
+        now = file_sha256(member.checkpoint) if Path(member.checkpoint).is_file() else "missing"
+        if now != member.sha256:
+            raise IaaError(f"{member.checkpoint}: changed while ensemble {name!r} was built (sha256 "
+                           f"{(member.sha256 or '')[:12]} when first read, now {now[:12]}), so its evaluation "
+                           "describes other weights; run the ensemble again once the member is final")
 
 
 def config_key(cfg: JobConfig | Mapping[str, Any], *, ignore_seed: bool = False) -> str:

@@ -262,8 +262,10 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
                                                      f"The best trial of sweep {name}."})
     parent.log_artifact(best_config)
     parent.log_artifact(sweep_dir / "sweep.json")
-    parent.end("FINISHED")
+    parent.end("FAILED" if parent.lost else "FINISHED")
     outputs, unlogged = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
+    if parent.lost:
+        unlogged.insert(0, f"the sweep's run {parent.run_id} (marked FAILED) lacks {', '.join(parent.lost)}")
     ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
     base = frequency.run(prepared, "valid")["accuracy"]
     warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.trial_id}")

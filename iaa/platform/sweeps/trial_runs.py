@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import ray.tune as tune
 
+from iaa.errors import brief
 from iaa.jobs.training.config import config_label, to_dict
 from iaa.jobs.ports import CHECKPOINT_FILE, SweepEvents, TrackedRun, Tracker
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, job_config
@@ -107,7 +108,7 @@ class TrialRuns(tune.Callback):
         try:
             action()
         except self.tracker.transient_errors as err:
-            print(f"warning: tracking at {self.tracker.uri}: could not {what} for trial {trial.trial_id} ({str(err)[:300]})",
+            print(f"warning: tracking at {self.tracker.uri}: could not {what} for trial {trial.trial_id} ({brief(err)})",
                   file=sys.stderr)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

@@ -9,8 +9,10 @@ The default store is embedded: a SQLite file under the work directory. ``--track
 workers cannot reach a SQLite file on the head node's disk).
 
 - **At start** (:func:`open_store`) the store is checked within ``IAA_SERVICE_TIMEOUT_S``
-  seconds (default 5): an unreachable server or a damaged SQLite file is an :class:`IaaError`
-  naming it. MLflow's own HTTP retries are shortened (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
+  seconds (default 5): an unreachable server, a server whose API fails, a damaged SQLite file, a
+  SQLite path in no writable folder, a SQLite database of something else, a file-store folder
+  (MLflow 3 keeps that store in maintenance mode) or an unknown scheme is an :class:`IaaError`
+  naming the URI. MLflow's own HTTP retries are shortened (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
   ``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``; values set in the
   environment win), so that a server lost later costs seconds, not minutes.
 - **During a run** metrics are buffered when the store fails and retried every
@@ -32,8 +34,10 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -43,7 +47,7 @@ import requests
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from iaa.errors import IaaError
+from iaa.errors import IaaError, brief
 from iaa.data.manifest import MANIFEST
 from iaa.jobs.ports import MetricPoint, RunRecord
 from iaa.jobs.workdir.paths import sqlite_file
@@ -58,7 +62,17 @@ MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQ
 RETRY_EVERY_S = 30.0
 TRANSIENT = (mlflow.exceptions.MlflowException, requests.exceptions.RequestException, OSError)
 
+FILE_STORE_SCHEMES = ("", "file")
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")   # with an optional +driver
+OTHER_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc")
+MLFLOW_TABLES = {"alembic_version", "experiments"}              # what marks a SQLite file as MLflow's
+
 logging.getLogger("mlflow").setLevel(logging.WARNING)  # keep table-creation chatter off stderr
+if os.environ.get("IAA_DEBUG", "") in ("", "0"):
+    # A failing store logs each error with its traceback (MLflow's session helper, SQLAlchemy's
+    # pool, alembic) and then raises it; the raised error is what a command reports, in one line.
+    for _name in ("mlflow.store", "sqlalchemy", "alembic"):
+        logging.getLogger(_name).setLevel(logging.CRITICAL)
 
 
 def open_store(uri: str) -> str:
@@ -67,13 +81,29 @@ def open_store(uri: str) -> str:
     for key, value in MLFLOW_HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     check(uri)
-    close_orphans(uri)
+    try:
+        close_orphans(uri)                   # the first real request: tables built, API answering
+    except TRANSIENT as err:
+        if uri.startswith(("http://", "https://")):
+            raise IaaError(f"MLflow tracking server {uri} answers /health but its API fails ({brief(err)}); see the "
+                           "server's log, or fix --tracking-uri / MLFLOW_TRACKING_URI") from err
+        raise IaaError(f"the MLflow store {uri} cannot be used ({brief(err)}); fix it or pass another "
+                       "--tracking-uri") from err
     return uri
 
 
 def check(uri: str, timeout_s: float | None = None) -> None:
     """Fail fast with a message naming the store when it cannot be used."""
     timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)) if timeout_s is None else timeout_s
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    if scheme in FILE_STORE_SCHEMES or (len(scheme) == 1 and uri[1:2] == ":"):     # a path (C:\ too)
+        raise IaaError(f"{uri}: MLflow's file store (a folder such as ./mlruns) is in maintenance mode in MLflow 3 "
+                       "and refused; use a SQLite store: --tracking-uri sqlite:///PATH/mlflow.db, or leave "
+                       "--tracking-uri and MLFLOW_TRACKING_URI unset for WORKDIR/mlflow.db (`mlflow "
+                       "migrate-filestore` moves existing runs into one)")
+    if scheme.split("+")[0] not in DATABASE_SCHEMES and scheme not in OTHER_SCHEMES:
+        raise IaaError(f"{uri}: unknown tracking URI scheme {scheme + ':'!r}; give http(s)://HOST:PORT of an MLflow "
+                       "server, sqlite:///PATH/mlflow.db, or a database URL (postgresql://, mysql://, mssql://)")
     if uri.startswith(("http://", "https://")):
         try:
             urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
@@ -124,17 +154,52 @@ def ensure_store(uri: str) -> None:
     """Create (or migrate) a SQLite store once, under a file lock.
 
     MLflow builds a new SQLite store's tables on first use. Two processes doing that at once
-    race, and one fails with "duplicate column name". The lock makes the second wait.
+    race, and one fails with "duplicate column name". The lock makes the second wait (and the
+    check that the file is MLflow's runs under it, so that it never sees half-built tables).
+    MLflow would add its tables to any SQLite file: one of another program is refused.
     """
     db = sqlite_file(uri)
     if db is None:
         return
-    with open(db.parent / f"{db.name}.lock", "a") as lock:
+    for folder in (db.parent, *db.parent.parents):
+        if folder.exists() and not folder.is_dir():
+            raise IaaError(f"{uri}: {folder} is a file, not a folder, so the MLflow store cannot be made there; give a "
+                           "SQLite path in a writable folder (sqlite:///PATH/mlflow.db)")
+    if not db.parent.is_dir():
+        raise IaaError(f"{uri}: the folder {db.parent} does not exist; create it or give a SQLite path in a writable "
+                       "folder (sqlite:///PATH/mlflow.db)")
+    try:
+        lock = open(db.parent / f"{db.name}.lock", "a")
+    except OSError as err:
+        raise IaaError(f"{uri}: cannot create files in {db.parent} ({err.strerror}), so the MLflow store cannot be made "
+                       "there; give a SQLite path in a writable folder (sqlite:///PATH/mlflow.db)") from err
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            foreign = foreign_tables(db)
+            if foreign:
+                raise IaaError(f"{uri}: {db} is a SQLite database of something else (tables {', '.join(foreign[:5])}"
+                               f"{', ...' if len(foreign) > 5 else ''}), not an MLflow store, and is left as it is; "
+                               "give a new or MLflow file (sqlite:///PATH/mlflow.db)")
             MlflowClient(uri).search_experiments(max_results=1)   # builds the tables
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def foreign_tables(db: Path) -> list[str]:
+    """The tables of SQLite file ``db`` when it holds some but not MLflow's; [] for MLflow's, an
+    empty database, an empty file or no file."""
+    if not db.is_file() or db.stat().st_size == 0:
+        return []
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)) as con:
+            rows = con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+            tables = sorted(name for (name,) in rows)
+    except sqlite3.Error:
+        return []                      # unreadable: MLflow's own error says why
+    return [] if not tables or MLFLOW_TABLES <= set(tables) else tables
 
 
 def _client(uri: str) -> MlflowClient:
@@ -258,7 +323,8 @@ class Run:
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
         for i in range(0, len(items), 100):
-            self._client.log_batch(self.run_id, params=items[i : i + 100])
+            self._tolerant(f"log {len(items[i : i + 100])} params", self._client.log_batch, self.run_id,
+                           params=items[i : i + 100])
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         now = int(time.time() * 1000)
@@ -274,9 +340,9 @@ class Run:
                 del self._pending[:1000]
         except TRANSIENT as err:
             if self._failure is None:
-                print(f"warning: MLflow at {self.uri} failed ({str(err)[:300]}); keeping metrics and retrying every "
+                print(f"warning: MLflow at {self.uri} failed ({brief(err)}); keeping metrics and retrying every "
                       f"{RETRY_EVERY_S:g} s", file=sys.stderr)
-            self._failure = str(err)[:300]
+            self._failure = brief(err)
             self._retry_at = time.monotonic() + RETRY_EVERY_S
 
     def unlogged(self) -> list[Metric]:
@@ -285,14 +351,13 @@ class Run:
 
     def lose(self, what: str, err: BaseException | str) -> None:
         """Record that ``what`` was not logged, and why."""
-        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        self.lost.append(f"{what} ({reason})")
+        self.lost.append(f"{what} ({brief(err)[:200]})")
 
     def _tolerant(self, what: str, call: Any, *args: Any, **kwargs: Any) -> None:
         try:
             call(*args, **kwargs)
         except TRANSIENT as err:
-            print(f"warning: MLflow at {self.uri}: could not {what} of run {self.run_id} ({str(err)[:300]})",
+            print(f"warning: MLflow at {self.uri}: could not {what} of run {self.run_id} ({brief(err)})",
                   file=sys.stderr)
             self.lose(what, err)
 
