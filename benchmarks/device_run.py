@@ -61,7 +61,7 @@ def plan(budget_s: float, part: int | None = None) -> list[tuple[str, float]]:
     """The steps to run and their planned limits, scaled to ``budget_s`` (a part keeps its subset)."""
     scale = budget_s / BUDGET_S
     names = PARTS[part] if part else [name for name, _ in PLAN]
-    return [(name, round(limit * scale, 1)) for name, limit in PLAN if name in names]
+    return [(name, int(limit * scale)) for name, limit in PLAN if name in names]    # rounded down: they fit
 
 
 # --- one step in its own process group ------------------------------------------------------------
@@ -258,7 +258,8 @@ def _run_one(args, name: str, limit: float, env: dict, summary: dict, files: Out
             files.say(f"-- {name} FAILED ({summary[name]['error']}); stderr tail:\n{result.stderr_tail[-3000:]}")
         (files.results / f"{name}.json").write_text(json.dumps(summary[name], indent=1))
     summary["seconds"][name] = round(time.monotonic() - started, 1)
-    files.say(f"-- {name}: {'FAILED' if name in summary['failed'] else 'ok'} in {summary['seconds'][name]} s")
+    status = "FAILED" if name in summary["failed"] else "skipped" if name in summary["skipped"] else "ok"
+    files.say(f"-- {name}: {status} in {summary['seconds'][name]} s")
     files.write_summary(summary)
     files.write_archive()
 
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.plan:
         budget = args.budget_s or BUDGET_S
-        print(json.dumps({"budget_s": budget, "steps": [{"name": n, "limit_s": s} for n, s in plan(budget, args.part)],
+        print(json.dumps({"budget_s": int(budget) if budget == int(budget) else budget, "steps": [{"name": n, "limit_s": s} for n, s in plan(budget, args.part)],
                           "rule": "a step may also use the time the steps before it left unused; 0: only that time"}))
         return 0
     if not args.out:

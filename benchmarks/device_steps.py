@@ -97,12 +97,9 @@ def step_env(args) -> dict:
 
     cuda = torch.cuda.is_available()
     name = torch.cuda.get_device_name(0) if cuda else None
-    driver = None
-    if cuda:
-        try:
-            driver = torch._C._cuda_getDriverVersion()      # e.g. 13000 for 13.0
-        except AttributeError:
-            pass
+    smi = _command(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu,"
+                    "compute_mode", "--format=csv,noheader"])
+    driver = smi.splitlines()[0].split(", ")[1] if smi and ", " in smi else None
     gcc = _command(["gcc", "--version"])
     out = {
         "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -110,9 +107,7 @@ def step_env(args) -> dict:
         "capability": ".".join(map(str, torch.cuda.get_device_capability(0))) if cuda else None,
         "memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
         "datasheet_bf16_tflops": next((v for k, v in BF16_PEAKS if name and k in name), None),
-        "driver_cuda_version": driver,
-        "nvidia_smi": _command(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used,"
-                                "utilization.gpu,compute_mode", "--format=csv,noheader"]),
+        "driver": driver, "nvidia_smi": smi,
         "gpu_processes": _command(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"]),
         "gcc": gcc.splitlines()[0] if gcc else None,
         "ninja": shutil.which("ninja") is not None or importlib.util.find_spec("ninja") is not None,
@@ -428,6 +423,10 @@ def step_compare(args) -> dict:
     out["ranking"] = sorted((k for k in COMPARE_RUNS if out["runs"][k].get("best_valid_acc") is not None),
                             key=lambda k: -out["runs"][k]["best_valid_acc"])
     say("ranking by best valid accuracy: " + ", ".join(f"{k} {out['runs'][k]['best_valid_acc']:.4f}" for k in out["ranking"]))
+    out["at_equal_steps"] = _at_equal_steps(out["runs"])
+    if out["at_equal_steps"]:
+        step, accs = out["at_equal_steps"]["step"], out["at_equal_steps"]["valid_acc"]
+        say(f"at step {step}, reached by every run: " + ", ".join(f"{k} {a:.4f}" for k, a in accs.items()))
     partial(out)
     if failed:
         raise RuntimeError(f"runs failed: {', '.join(failed)} (the others' figures are in the summary)")
@@ -461,6 +460,18 @@ def _record(run: dict, kind: str, event: dict) -> None:
         run["train_seconds"] = round(event["train_seconds"], 1)
         say(f"{kind}: {run['status']} after {len(run['checks'])} checks, {run.get('epoch', 0):.2f} epochs, "
             f"best valid {run.get('best_valid_acc', float('nan')):.4f}")
+
+
+def _at_equal_steps(runs: dict) -> dict | None:
+    """The valid accuracies at the last check step that every run reached: the runs train at
+    different speeds, so their best accuracies cover different numbers of examples."""
+    checked = {kind: run["checks"] for kind, run in runs.items() if run["checks"]}
+    common = set.intersection(*({s for s, _, _ in checks} for checks in checked.values())) if checked else set()
+    if len(checked) < 2 or not common:
+        return None
+    step = max(common)
+    accs = {kind: next(a for s, _, a in checks if s == step) for kind, checks in checked.items()}
+    return {"step": step, "valid_acc": dict(sorted(accs.items(), key=lambda item: -item[1]))}
 
 
 def _how_far(run: dict) -> None:

@@ -68,6 +68,7 @@ def test_the_readme_command_runs_every_step_and_writes_exactly_three_files(tmp_p
     for run in runs.values():
         assert run["status"] == "max-epochs" and 0 <= run["best_valid_acc"] <= 1 and len(run["checks"]) == 3
         assert run["checks_to_early_stop_at_least"] >= 1
+    assert summary["compare"]["at_equal_steps"]["step"] == 12
     log = (tmp_path / "log.txt").read_text()
     assert "[compare] iaa check 1:" in log and "[compare] as-reader: max-epochs" in log
 
