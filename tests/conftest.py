@@ -1,11 +1,12 @@
-"""Test modules that need a package the GPU machines lack (MLflow, Ray, Optuna) skip, naming it,
-instead of failing to collect: ``pytest -m gpu`` there collects the whole suite without errors."""
+"""Test modules that need a package the GPU machines lack (MLflow, Ray, Optuna, and pydantic,
+which comes with Ray Serve) skip, naming it, instead of failing to collect: ``pytest -m gpu``
+there collects the whole suite without errors."""
 
 from __future__ import annotations
 
 import pytest
 
-OPTIONAL = ("mlflow", "ray", "optuna")
+OPTIONAL = ("mlflow", "ray", "optuna", "pydantic")
 
 
 def _missing_optional(error: BaseException | None) -> str | None:

@@ -88,6 +88,19 @@ def test_the_plan_fits_its_budget_with_compare_among_the_first_five() -> None:
             assert names == list(device_run.PARTS[int(extra[1])])
 
 
+def test_the_gpu_tests_collect_without_mlflow_ray_optuna_or_pydantic() -> None:
+    """As on the GPU machines, which lack them: every module that needs one skips, naming it, and
+    both GPU test files collect (the runner's ``pytest_gpu`` step runs them)."""
+    blocked = "import sys; [sys.modules.__setitem__(m, None) for m in ('mlflow', 'ray', 'optuna', 'pydantic')]"
+    script = f"{blocked}; import pytest; sys.exit(pytest.main(['-m', 'gpu', '--collect-only', '-q', '-p', 'no:cacheprovider']))"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "error" not in proc.stdout.splitlines()[-1]
+    assert "tests/test_gpu.py::test_cudnn_gru_equals_the_cpu_fused_gru" in proc.stdout
+    assert "tests/test_platform_gpu.py::test_a_worker_given_a_gpu_trains_on_its_first_visible_device" in proc.stdout
+    assert "needs mlflow, which is not installed" in proc.stdout
+
+
 def test_a_timed_out_step_leaves_no_process_behind() -> None:
     """The step starts a child that ignores SIGTERM, which starts a grandchild: at the step's
     limit the whole group goes, the two processes that would outlive a plain kill included."""
