@@ -64,6 +64,30 @@ def test_training_steps_read_nothing_back_from_the_device(kind: str) -> None:
     assert 0 < loss < 10
 
 
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_the_accelerator_path_never_loads_the_cpp_recurrence(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C++ kernels are CPU kernels: building them (15-40 s) would be wasted on a GPU run. A
+    training step and an inference pass on the stand-in accelerator never ask for them."""
+    from iaa.model import gru_kernels
+
+    def refuse():
+        raise AssertionError("the accelerator path asked for the C++ kernels")
+
+    monkeypatch.setattr(gru_kernels, "load", refuse)
+    monkeypatch.setattr(gru_kernels, "build", refuse)
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40, kind=kind, steps=3))      # default switches
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=0)
+    with HostReads():
+        on_fake_device(model)
+        optimizer = build_optimizer(model, lr=1e-3, embed_l2=1e-4)
+        on_device = batch_on_fake_device(batch)
+        train_step(model, optimizer, on_device, clip=0.05)
+        model.eval()
+        with torch.no_grad():
+            model(on_device)
+
+
 def test_autocast_is_off_inside_the_gru_which_runs_in_an_explicit_dtype() -> None:
     """Autocast's cuDNN rule would run a GRU in fp16 under bf16 autocast; the encoder turns
     autocast off around ``nn.GRU`` and casts its input and weights itself: bf16 in precision

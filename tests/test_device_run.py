@@ -1,58 +1,165 @@
-"""Every step of the GPU runner (benchmarks/device_run.py) runs here, on the CPU at the tiny size,
-so that a broken step fails this suite and not the few minutes of a GPU call."""
+"""The GPU runner (benchmarks/device_run.py) on the CPU at the tiny size: the README's one command
+runs every step, so a broken step fails this suite and not the few minutes of a GPU call; the plan
+fits its budget; a step that runs out of time leaves no process behind."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.timeout(1500)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import device_run  # noqa: E402
+import device_steps  # noqa: E402
+
+pytestmark = pytest.mark.timeout(900)
 
 
-@pytest.mark.parametrize("part", [1, 2])
-def test_each_part_runs_every_step_and_writes_exactly_three_files(part: int, tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import device_run
+def _readme_command() -> list[str]:
+    """The one runner command that benchmarks/README.md documents, as words."""
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+    commands = {line.split("#")[0].strip() for block in blocks for line in block.splitlines()
+                if "device_run.py" in line}
+    assert len(commands) == 1, commands
+    return commands.pop().split()
 
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_run.py"), "--part", str(part),
-                           "--out", str(tmp_path), "--device", "cpu", "--tiny"],
-                          cwd=ROOT, capture_output=True, text=True, env={**__import__("os").environ,
-                                                                         "PYTHON": sys.executable})
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_the_readme_command_runs_every_step_and_writes_exactly_three_files(tmp_path: Path) -> None:
+    words = _readme_command()
+    assert words == ["python3", "benchmarks/device_run.py", "--out", "DIR"]
+    cmd = [sys.executable, *words[1:3], str(tmp_path), "--device", "cpu", "--tiny"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=850,
+                          env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"log-{part}.txt", f"results-{part}.tar.gz",
-                                                         f"summary-{part}.json"]
-    summary = json.loads((tmp_path / f"summary-{part}.json").read_text())
-    assert summary["failed"] == [], {k: summary[k] for k in summary["failed"]}
-    steps = [name for name, _ in device_run.PART_STEPS[part]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt", "results.tar.gz", "summary.json"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failed"] == [] and summary["skipped"] == [], {k: summary[k] for k in summary["failed"]}
+    steps = [name for name, _ in device_run.PLAN]
     assert all(name in summary for name in steps)
-    with tarfile.open(tmp_path / f"results-{part}.tar.gz") as tar:
+    with tarfile.open(tmp_path / "results.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {f"{s}.json" for s in steps} <= names and {f"{s}.log" for s in steps} <= names
-    if part == 1:
-        assert set(summary["bench"]) == {"fp32_eager", "bf16_eager"}
-        assert set(summary["bench_compiled"]) == {"fp32_compiled", "bf16_compiled"}
-        assert summary["bench_compiled"]["bf16_compiled"]["compile"] is True
-        assert summary["shared_card"]["trials_2"]["aggregate_train_examples_per_s"] > 0
-    else:
-        runs = [k for k in summary["compare"] if k.endswith(tuple(f"_bs{n}" for n in (16, 32)))]
-        assert {"iaa_bs32", "iaa-fixed-query_bs32", "as-reader_bs32"} <= set(runs)
-        assert all(0 <= summary["compare"][k]["best_valid_acc"] <= 1 for k in runs)
+    assert set(summary["bench"]) == {"fp32_eager", "bf16_eager"}
+    assert summary["bench_compiled"]["bf16_compiled"]["compile"] is True
+    assert summary["env"]["python_h"] in (True, False) and "gcc" in summary["env"] and "triton" in summary["env"]
+    shared = summary["shared_card"]["trials_2"]
+    assert shared["aggregate_train_examples_per_s"] > 0 and shared["common_window_s"] > 0
+    runs = summary["compare"]["runs"]
+    assert set(runs) == set(device_steps.COMPARE_RUNS)
+    for run in runs.values():
+        assert run["status"] == "max-epochs" and 0 <= run["best_valid_acc"] <= 1 and len(run["checks"]) == 3
+        assert run["checks_to_early_stop_at_least"] >= 1
+    assert summary["compare"]["at_equal_steps"]["step"] == 12
+    log = (tmp_path / "log.txt").read_text()
+    assert "[compare] iaa check 1:" in log and "[compare] as-reader: max-epochs" in log
 
 
-def test_a_step_that_fails_is_named_and_the_part_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import device_run
+def test_the_plan_fits_its_budget_with_compare_among_the_first_five() -> None:
+    for extra in ([], ["--budget-s", "300"], ["--part", "1"], ["--part", "2"]):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_run.py"), "--plan", *extra],
+                              capture_output=True, text=True, check=True)
+        plan = json.loads(proc.stdout)
+        assert plan["budget_s"] == (300 if extra[:1] == ["--budget-s"] else 540)
+        assert sum(step["limit_s"] for step in plan["steps"]) <= plan["budget_s"]
+        names = [step["name"] for step in plan["steps"]]
+        if not extra or extra[0] == "--budget-s":
+            assert names[:3] == ["env", "pytest_gpu", "bench"] and "compare" in names[:5]
+            assert names[-1] == "bench_compiled" and len(names) == len(device_run.PLAN)
+        else:
+            assert names == list(device_run.PARTS[int(extra[1])])
 
+
+def test_the_gpu_tests_collect_without_mlflow_ray_optuna_or_pydantic() -> None:
+    """As on the GPU machines, which lack them: every module that needs one skips, naming it, and
+    both GPU test files collect (the runner's ``pytest_gpu`` step runs them)."""
+    blocked = "import sys; [sys.modules.__setitem__(m, None) for m in ('mlflow', 'ray', 'optuna', 'pydantic')]"
+    script = f"{blocked}; import pytest; sys.exit(pytest.main(['-m', 'gpu', '--collect-only', '-q', '-p', 'no:cacheprovider']))"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "error" not in proc.stdout.splitlines()[-1]
+    assert "tests/test_gpu.py::test_cudnn_gru_equals_the_cpu_fused_gru" in proc.stdout
+    assert "tests/test_platform_gpu.py::test_a_worker_given_a_gpu_trains_on_its_first_visible_device" in proc.stdout
+    assert "needs mlflow, which is not installed" in proc.stdout
+
+
+def test_a_timed_out_step_leaves_no_process_behind() -> None:
+    """The step starts a child that ignores SIGTERM, which starts a grandchild: at the step's
+    limit the whole group goes, the two processes that would outlive a plain kill included."""
+    script = (
+        "import json, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "p = subprocess.Popen([\"sleep\", \"600\"]); print(p.pid, flush=True); time.sleep(600)'], "
+        "stdout=subprocess.PIPE, text=True)\n"
+        "grandchild = int(child.stdout.readline())\n"
+        "print(json.dumps({'pids': [child.pid, grandchild]}), flush=True)\n"
+        "time.sleep(600)\n")
+    result = device_run.run_step([sys.executable, "-c", script], 15.0)
+    assert result.code == "timeout"
+    assert result.last_json is not None, result.stderr_tail
+    pids = result.last_json["pids"]
+    assert len(pids) == 2
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_a_step_that_fails_is_named_and_the_plan_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHON", sys.executable)
-    monkeypatch.setattr(device_run, "PYTHON", sys.executable)
-    monkeypatch.setitem(device_run.PART_STEPS, 1, [("no_such_step", 30), ("env", 60)])
-    device_run.main(["--part", "1", "--out", str(tmp_path), "--device", "cpu", "--tiny"])
-    summary = json.loads((tmp_path / "summary-1.json").read_text())
+    monkeypatch.setattr(device_run, "PLAN", (("no_such_step", 30), ("env", 60)))
+    device_run.main(["--out", str(tmp_path), "--device", "cpu", "--tiny"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["failed"] == ["no_such_step"] and "error" in summary["no_such_step"]
     assert summary["env"]["cpus"] >= 1
+
+
+def test_a_failing_run_of_compare_leaves_the_others_figures(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHON", sys.executable)
+    monkeypatch.setattr(device_steps, "PYTHON", sys.executable)
+    monkeypatch.setattr(device_steps, "COMPARE_RUNS", ("as-reader", "no-such-model"))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    args = SimpleNamespace(device="cpu", tiny=True, work=str(tmp_path), data=str(tmp_path), seconds=120.0)
+    device_steps.step_prepare_cn(args)
+    with pytest.raises(RuntimeError, match="runs failed: no-such-model"):
+        device_steps.step_compare(args)
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["runs"]["no-such-model"]["status"] == "failed" and last["runs"]["no-such-model"]["error"]
+    assert last["runs"]["as-reader"]["status"] == "max-epochs" and len(last["runs"]["as-reader"]["checks"]) == 3
+    assert not (tmp_path / "run-as-reader" / "checkpoints").exists()         # benchmark runs write none
+
+
+def test_device_data_reads_the_shared_data_of_iaa_shared_data_from_a_clone(tmp_path: Path) -> None:
+    clone = tmp_path / "elsewhere" / "clone"
+    (clone / "benchmarks").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "device_data.sh", clone / "benchmarks")
+    data = tmp_path / "my-shared" / "cbt-recon" / "CBTest" / "data"
+    data.mkdir(parents=True)
+    for name in ("cbtest_CN_train.txt.gz", "cbtest_CN_valid_2000ex.txt"):
+        (data / name).write_text(name)
+    script = str(clone / "benchmarks" / "device_data.sh")
+    missing = subprocess.run(["bash", script], cwd=tmp_path, capture_output=True, text=True,
+                             env={**os.environ, "IAA_SHARED_DATA": ""})
+    assert missing.returncode == 1 and "set IAA_SHARED_DATA" in missing.stderr
+    done = subprocess.run(["bash", script], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "IAA_SHARED_DATA": "my-shared"})        # relative to the caller
+    assert done.returncode == 0, done.stderr
+    assert (clone / "device-data" / "cbtest_CN_train.txt.gz").read_text() == "cbtest_CN_train.txt.gz"
+    assert device_steps.cn_source(clone / "device-data") == clone / "device-data"

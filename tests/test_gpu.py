@@ -3,6 +3,9 @@
 Marked ``gpu``: ``pytest -m gpu`` on a machine with a CUDA device; elsewhere every test skips,
 saying why. Needs no Ray and no MLflow (the GPU machines may lack them).
 
+Exactness tests compare fp32 with fp32: TF32, on by default in cuDNN (and so in its GRU), is
+off in them (the ``no_tf32`` fixture).
+
 Tolerances: GPU runs are not bitwise deterministic (cuDNN's GRU and atomic adds in index
 kernels reorder float sums), so where the CPU tests demand equality these allow float noise
 that a few dozen Adam steps amplify: 1e-3 absolute / 1e-2 relative on parameters, 1e-4 on
@@ -40,6 +43,17 @@ def cuda() -> str:
     return "cuda"
 
 
+@pytest.fixture
+def no_tf32():
+    """TF32 off in matmuls and cuDNN for the test: CPU and CUDA both compute in fp32."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 @pytest.fixture(scope="module")
 def tiny(cuda: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_prepared(tmp_path_factory.mktemp("tiny"))
@@ -63,7 +77,7 @@ def test_a_few_training_steps_on_cuda(tiny, cuda, tmp_path, precision) -> None:
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
-def test_kill_and_resume_on_cuda_equals_an_uninterrupted_run(tiny, cuda, tmp_path) -> None:
+def test_kill_and_resume_on_cuda_equals_an_uninterrupted_run(tiny, cuda, tmp_path, no_tf32) -> None:
     cfg = _cfg(tiny, "train.check_every=3")
     full = train_job.run(cfg, tiny, tmp_path / "full", device=cuda, show_progress=False)
     run_dir = tmp_path / "killed"
@@ -83,7 +97,7 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu(tiny, cuda, tmp_path) -> None:
     assert result["steps"] == 24 and result["stop_reason"] == "max-epochs"
 
 
-def test_a_gpu_trained_checkpoint_evaluates_on_the_cpu(tiny, cuda, tmp_path) -> None:
+def test_a_gpu_trained_checkpoint_evaluates_on_the_cpu(tiny, cuda, tmp_path, no_tf32) -> None:
     from iaa.data.loader import PreparedData, iter_batches
 
     result = train_job.run(_cfg(tiny, "train.max_epochs=1"), tiny, tmp_path / "run", device=cuda, show_progress=False)
@@ -99,7 +113,7 @@ def test_a_gpu_trained_checkpoint_evaluates_on_the_cpu(tiny, cuda, tmp_path) -> 
     assert scores["cpu"][2] == pytest.approx(scores[cuda][2], rel=1e-4)      # summed nll
 
 
-def test_cudnn_gru_equals_the_cpu_fused_gru(cuda) -> None:
+def test_cudnn_gru_equals_the_cpu_fused_gru(cuda, no_tf32) -> None:
     torch.manual_seed(0)
     encoder = BiGRUEncoder(24, 16)
     with torch.no_grad():
@@ -109,18 +123,13 @@ def test_cudnn_gru_equals_the_cpu_fused_gru(cuda) -> None:
     x = torch.randn(5, 30, 24)
     weight = torch.randn(5, 30, 32)
     outputs = {}
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False                                  # compare fp32 with fp32
-    try:
-        for device in ("cpu", cuda):
-            enc = encoder.to(device)
-            xd = x.to(device).requires_grad_()
-            fused = FusedEncoder("fp32", gru_kernels.load()) if device == "cpu" else None
-            states, final = enc(xd, mask.to(device), kernel=fused)
-            grads = torch.autograd.grad((states * weight.to(device)).sum() + final.sum(), [xd, *enc.parameters()])
-            outputs[device] = [t.detach().cpu() for t in (states, final, *grads)]
-    finally:
-        torch.backends.cudnn.allow_tf32 = tf32
+    for device in ("cpu", cuda):
+        enc = encoder.to(device)
+        xd = x.to(device).requires_grad_()
+        fused = FusedEncoder("fp32", gru_kernels.load()) if device == "cpu" else None
+        states, final = enc(xd, mask.to(device), kernel=fused)
+        grads = torch.autograd.grad((states * weight.to(device)).sum() + final.sum(), [xd, *enc.parameters()])
+        outputs[device] = [t.detach().cpu() for t in (states, final, *grads)]
     for a, b in zip(outputs[cuda], outputs["cpu"]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
