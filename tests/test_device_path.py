@@ -67,8 +67,10 @@ def test_training_steps_read_nothing_back_from_the_device(kind: str) -> None:
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_the_accelerator_path_never_loads_the_cpp_recurrence(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C++ kernels are CPU kernels: building them (15-40 s) would be wasted on a GPU run. A
-    training step and an inference pass on the stand-in accelerator never ask for them."""
-    from iaa.model import gru_kernels
+    reader built for the stand-in accelerator never asks for them, in a training step or in an
+    inference pass."""
+    from _fake_device import DEVICE
+    from iaa.model.kernels import gru_kernels
 
     def refuse():
         raise AssertionError("the accelerator path asked for the C++ kernels")
@@ -76,7 +78,7 @@ def test_the_accelerator_path_never_loads_the_cpp_recurrence(kind: str, monkeypa
     monkeypatch.setattr(gru_kernels, "load", refuse)
     monkeypatch.setattr(gru_kernels, "build", refuse)
     torch.manual_seed(0)
-    model = build_reader(preset("tiny", vocab_size=40, kind=kind, steps=3))      # default switches
+    model = build_reader(preset("tiny", vocab_size=40, kind=kind, steps=3), DEVICE)   # default switches
     batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=0)
     with HostReads():
         on_fake_device(model)
