@@ -116,8 +116,7 @@ def test_every_numeric_field_declares_a_finite_range():
     from dataclasses import fields
 
     from iaa.jobs.training.config import DistillConfig, TrainConfig
-    from iaa.model.config import ReaderConfig
-    from iaa.ranges import Range
+    from iaa.model.config import Range, ReaderConfig
 
     for cls in (ReaderConfig, TrainConfig, DistillConfig):
         numeric = {f.name for f in fields(cls) if f.type in ("int", "float", int, float)}

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from iaa.jobs.training.config import ConfigError, JobConfig, apply, read_yaml
-from iaa.ranges import shown_number
+from iaa.model.config import shown_number
 
 NOT_SEARCHABLE = ("dataset", "model.vocab_size")
 # A key that only matters when another key has a given value: searching it otherwise wastes trials.

@@ -13,8 +13,7 @@ import yaml
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.training import strict_yaml
-from iaa.model.config import ReaderConfig
-from iaa.ranges import Range, check_ranges
+from iaa.model.config import Range, ReaderConfig, check_ranges
 
 
 @dataclass(frozen=True)
