@@ -29,3 +29,18 @@ class OptionalDepsModule(pytest.Module):
 
 def pytest_pycollect_makemodule(module_path, parent):
     return OptionalDepsModule.from_parent(parent, path=module_path)
+
+
+@pytest.fixture(autouse=True)
+def _keeps_the_tracking_store():
+    """A test that points the process's MLflow at its own store (``mlflow.set_tracking_uri`` sets
+    ``MLFLOW_TRACKING_URI``) would send every later in-process test there: fail it instead."""
+    import os
+
+    before = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    yield
+    after = {k: os.environ.get(k) for k in before}
+    if after != before:
+        for key, value in before.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        pytest.fail(f"the test changed the process's MLflow store ({before} -> {after}); use MlflowClient(uri)")

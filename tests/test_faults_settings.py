@@ -138,6 +138,5 @@ def test_a_loss_that_becomes_infinite_stops_the_run_in_one_line_and_logs_no_mode
     uri = f"sqlite:///{work / 'mlflow.db'}"
     runs = find_runs(uri, "train-cbt-ne")
     assert [r.status for r in runs] == ["FAILED"] and "checkpoint" not in runs[0].tags
-    mlflow.set_tracking_uri(uri)
-    assert mlflow.search_logged_models(experiment_ids=[mlflow.get_experiment_by_name("train-cbt-ne").experiment_id],
-                                       output_format="list") == []
+    client = mlflow.MlflowClient(uri)                    # not the process's global store: other tests use it
+    assert client.search_logged_models([client.get_experiment_by_name("train-cbt-ne").experiment_id]) == []

@@ -169,7 +169,7 @@ def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Pa
     from iaa.platform import ray_serve
 
     served = []
-    monkeypatch.setattr(ray_serve, "run_forever", lambda cfg, load: served.append(load(cfg.source, cfg.threads)))
+    monkeypatch.setattr(ray_serve, "run_forever", lambda cfg, code: served.append(code.load(cfg.source, cfg.threads)))
     for command in commands:
         argv = shlex.split(command)
         assert argv[0] == "iaa-cli"

@@ -53,7 +53,9 @@ def test_train_logs_a_model_that_predicts_like_the_cli(tmp_path, monkeypatch):
 
     uri = trained["tracking_uri"]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    for model_uri in ("models:/tiny-reader/1", f"runs:/{trained['mlflow_run_id']}/model"):
+    # the logged model is named by its run (MLflow 3 resolves runs:/RUN/NAME by that name)
+    name = mlflow_model.model_name(mlflow.MlflowClient(uri).get_run(trained["mlflow_run_id"]).info.run_name)
+    for model_uri in ("models:/tiny-reader/1", f"runs:/{trained['mlflow_run_id']}/{name}"):
         proc = subprocess.run([sys.executable, "-c", LOAD_AND_PREDICT, uri, model_uri, str(source)], cwd=tmp_path,
                               capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
         assert proc.returncode == 0, proc.stderr[-3000:]
