@@ -153,7 +153,7 @@ def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Pa
 
     from tests._platform import write_space
 
-    work = tmp_path / "work"
+    work = tmp_path / "my work"        # a space: every printed line must quote its paths
     sets = [arg for s in TINY_SETS for arg in ("--set", s)]
     tuned = CliRunner().invoke(cli.cli, ["tune", "--data", str(tiny), "--num-samples", "2", "--max-epochs", "1",
                                          "--search-space", str(write_space(tmp_path)), "--name", "hand",
@@ -170,6 +170,7 @@ def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Pa
 
     served = []
     monkeypatch.setattr(ray_serve, "run_forever", lambda cfg, code: served.append(code.load(cfg.source, cfg.threads)))
+    ensemble_commands: list[str] = []
     for command in commands:
         argv = shlex.split(command)
         assert argv[0] == "iaa-cli"
@@ -178,8 +179,17 @@ def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Pa
         if argv[1] == "train":                       # the best config, on the sweep's data, past the trial budget
             assert "to its early stop: up to 2 epochs" in result.stderr
             assert "steps: " in result.stdout and (work / "runs").is_dir()
+        if argv[1] == "ensemble":
+            ensemble_commands = _printed_next_commands(result.stderr)
     [answerer] = served
     assert answerer.predictor is not None
+
+    # and what the ensemble prints next, as printed: serve it, evaluate a member, distill it
+    assert [shlex.split(c)[1] for c in ensemble_commands] == ["serve", "evaluate", "distill"]
+    for command in ensemble_commands:
+        result = CliRunner().invoke(cli.cli, shlex.split(command)[1:])
+        assert result.exit_code == 0, f"{command}\n{result.output}"
+    assert len(served) == 2 and served[1].predictor is not None
 
 
 def test_an_accuracy_is_shown_beside_the_baseline_and_not_being_above_it_is_said() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -309,12 +310,14 @@ def describe(summary: dict[str, Any], req: EnsembleRequest) -> str:
     test = "" if summary.get("test_acc") is None else f", test {summary['test_acc']:.4f}"
     mean = summary.get("mean_member_valid_acc")
     members = f"{len(summary['members'])} of {len(summary['all_members'])} members ({summary['select']})"
-    where = "" if Path(req.workdir) == Path(DEFAULT_WORKDIR) else f" --workdir {req.workdir}"
+    q = lambda path: shlex.quote(str(path))  # noqa: E731 - each line runs as printed, in any shell
+    where = "" if Path(req.workdir) == Path(DEFAULT_WORKDIR) else f" --workdir {q(req.workdir)}"
+    folder, data = q(summary["ensemble_dir"]), q(summary["data_dir"])
     return (f"ensemble {summary['name']}: {members}: valid accuracy {summary['valid_acc']:.4f}{test}"
             + ("" if mean is None else f" (members alone: {mean:.4f} on average)") + "\n"
             f"  folder:       {summary['ensemble_dir']}\n"
             + (f"  model:        {summary['model_uri']}\n" if summary.get("model_uri") else "")
             + "next:\n"
-            f"  iaa-cli serve --ensemble {summary['ensemble_dir']} --data {summary['data_dir']}{where}\n"
-            f"  iaa-cli evaluate --checkpoint {summary['members'][0]} --data {summary['data_dir']} --split valid\n"
-            f"  iaa-cli distill --ensemble {summary['ensemble_dir']}{where}")
+            f"  iaa-cli serve --ensemble {folder} --data {data}{where}\n"
+            f"  iaa-cli evaluate --checkpoint {q(summary['members'][0])} --data {data} --split valid\n"
+            f"  iaa-cli distill --ensemble {folder}{where}")
