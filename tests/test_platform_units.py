@@ -336,6 +336,25 @@ def test_a_trial_asha_stopped_is_pruned_with_its_checks_in_a_persistent_study(tm
     assert trial.user_attrs["stopped_by"] == "asha"
 
 
+def test_a_trial_that_ends_on_its_own_keeps_the_check_delivered_with_its_end(tmp_path: Path) -> None:
+    """A trial that finishes right after its last report may have that check reach the searcher
+    only with ``on_trial_complete``: it is still one of the study's intermediate values."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from iaa.platform.sweeps import search_algorithm as search
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    searcher = search.searcher(space, seed=0, storage=url, study_name="ends")
+    searcher.suggest("t1")
+    searcher.on_trial_result("t1", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
+    searcher.on_trial_complete("t1", {"valid_acc": 0.5, "best_valid_acc": 0.5, "checks": 2,
+                                      "stop_reason": "max-epochs"})
+    [trial] = optuna.load_study(study_name="ends", storage=url).trials
+    assert trial.state == TrialState.COMPLETE and trial.intermediate_values == {1: 0.4, 2: 0.5}
+
+
 def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
     from iaa.jobs.search import tune
     from iaa.platform.sweeps import search_algorithm as search

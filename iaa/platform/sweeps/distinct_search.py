@@ -125,6 +125,8 @@ class StudySearch(OptunaSearch):
             self._completed_trials.add(trial_id)
             self._note_exploration()
             return
+        if not error and result and trial_id in self._ot_trials and trial_id not in self._completed_trials:
+            self.on_trial_result(trial_id, result)    # a last check that Tune delivers only with the end
         super().on_trial_complete(trial_id, result, error)
         self._note_exploration()
 
