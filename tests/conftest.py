@@ -42,5 +42,8 @@ def _keeps_the_tracking_store():
     after = {k: os.environ.get(k) for k in before}
     if after != before:
         for key, value in before.items():
-            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         pytest.fail(f"the test changed the process's MLflow store ({before} -> {after}); use MlflowClient(uri)")
