@@ -271,3 +271,9 @@ def test_the_cluster_serve_config_builds_a_deployment():
     assert options["autoscaling_config"]["max_replicas"] == 8 and "num_replicas" not in options
     assert options["ray_actor_options"] == {"num_cpus": 2}
     assert platform_serve.from_dict(platform_serve.to_dict(cfg)) == cfg
+    from ray.serve.schema import ServeDeploySchema
+
+    from iaa.platform.serve_proxy import proxy_env
+
+    ServeDeploySchema(**doc)
+    assert doc["controller_options"]["runtime_env"]["env_vars"] == proxy_env(cfg.limits.max_request_bytes)

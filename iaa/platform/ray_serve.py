@@ -41,6 +41,7 @@ from starlette.responses import Response
 from iaa import __version__
 from iaa.errors import IaaError
 from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeCode, ServeConfig
+from iaa.platform.serve_proxy import over_limit, proxy_env
 
 ROUTE = "/"
 READY_WAIT_S = 5.0                 # GET /ready: how long to wait for a reader before 503
@@ -70,12 +71,12 @@ async def _read(request: Request, limit: int) -> bytes:
     chunked body that grows past it) is refused with 413 as soon as that is known."""
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > limit:
-        raise RequestError(413, f"request: {length} bytes, over the limit of {limit}")
+        raise RequestError(413, over_limit(limit, int(length)))
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise RequestError(413, f"request: more than {limit} bytes, over the limit of {limit}")
+            raise RequestError(413, over_limit(limit))
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -96,6 +97,16 @@ def _json(content: Any, status: int) -> Response:
     return Response(json.dumps(content), status_code=status, media_type="application/json")
 
 
+def _grpc_on_node_address() -> None:
+    """Serve starts a gRPC server in each replica, after its constructor, for calls between
+    deployments; on a local cluster (a loopback node address) it listens on loopback too."""
+    import ray
+
+    from iaa.platform.cluster.ray_internals import bind_serve_replica_grpc
+
+    bind_serve_replica_grpc(ray.util.get_node_ip_address())
+
+
 @serve.deployment(name="Reader", health_check_period_s=10, graceful_shutdown_timeout_s=5, max_constructor_retry_count=2)
 class Reader:
     """A replica holding the model: answers requests the ingress has checked, within a batch."""
@@ -103,6 +114,7 @@ class Reader:
     def __init__(self, config: dict[str, Any], code: ServeCode) -> None:
         from iaa.platform import mlflow_model
 
+        _grpc_on_node_address()
         cfg = from_dict(config)
         self.answerer = code.load(cfg.source, threads=cfg.threads, fetch_model=mlflow_model.fetch)
         self.headers = {"x-iaa-model": self.answerer.name, "x-iaa-model-version": self.answerer.version}
@@ -148,6 +160,7 @@ class Ingress:
     RETRIES = 2
 
     def __init__(self, reader: Any, limits: dict[str, Any], code: ServeCode) -> None:
+        _grpc_on_node_address()
         self.reader = reader
         self.limits = Limits(**limits)
         self.parse = code.parse
@@ -274,7 +287,8 @@ def start(cfg: ServeConfig, code: ServeCode) -> str:
 
     if not ray.is_initialized():
         cluster.connect(cfg.address, dashboard=False)     # Serve needs no dashboard: seconds saved
-    serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"})
+    serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"},
+                controller_options={"runtime_env": {"env_vars": proxy_env(cfg.limits.max_request_bytes)}})
     try:
         serve.run(build(to_dict(cfg), code), name=cfg.app_name, route_prefix=ROUTE, blocking=False)
     except RuntimeError as err:          # DEPLOY_FAILED: a replica's constructor raised

@@ -1,5 +1,10 @@
-"""The one place that touches Ray's private modules: its switch for a single-machine cluster, by
-which a local cluster binds every port to loopback (see :func:`iaa.platform.cluster.connect._loopback_only`).
+"""The one place that touches Ray's private modules:
+
+- its switch for a single-machine cluster, by which a local cluster binds every port to loopback
+  (see :func:`iaa.platform.cluster.connect._loopback_only`);
+- the address of the gRPC server each Ray Serve replica starts for calls between deployments,
+  which Serve hard-codes as ``[::]:0`` (every interface), whatever the node's address
+  (:func:`bind_serve_replica_grpc`).
 
 ``tests/test_private_apis.py`` checks every name used here against the installed Ray, so an
 upgrade that moves one fails there, by name; at run time a missing name only loses the loopback
@@ -8,9 +13,14 @@ binding (Ray's default binding is used, as the caller says).
 
 from __future__ import annotations
 
+import ipaddress
 from types import ModuleType
+from typing import Any, Callable
 
-NAMES = (("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"),)
+NAMES = (("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"),
+         ("ray.serve._private.replica", "add_port_to_grpc_server"))
+
+ANY_INTERFACE = "[::]:"            # how Serve's replica asks for its inter-deployment gRPC port
 
 
 def ray_constants() -> ModuleType | None:
@@ -20,3 +30,32 @@ def ray_constants() -> ModuleType | None:
     except ImportError:
         return None
     return constants if hasattr(constants, "ENABLE_RAY_CLUSTER") else None
+
+
+def bind_serve_replica_grpc(node_address: str) -> bool:
+    """In a Serve replica's process, on a node whose address is loopback (a local cluster started
+    by iaa), have the replica's inter-deployment gRPC server listen on that address rather than on
+    every interface. Callers reach the server at the node's address, so nothing else changes.
+    Must run before the replica starts that server: in the deployment's constructor. Returns
+    whether the binding is in place."""
+    try:
+        if not ipaddress.ip_address(node_address).is_loopback:
+            return False
+        from ray.serve._private import replica
+    except (ImportError, ValueError):
+        return False
+    add_port: Callable[[Any, str], int] | None = getattr(replica, "add_port_to_grpc_server", None)
+    if add_port is None:
+        return False
+    if getattr(add_port, "bound_to", None) == node_address:
+        return True
+    host = f"[{node_address}]" if ":" in node_address else node_address
+
+    def add_port_on_node(server: Any, address: str) -> int:
+        if address.startswith(ANY_INTERFACE):
+            address = f"{host}:{address[len(ANY_INTERFACE):]}"
+        return add_port(server, address)
+
+    add_port_on_node.bound_to = node_address  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = add_port_on_node
+    return True
