@@ -30,11 +30,21 @@ class Range:
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
     def __str__(self) -> str:
+        low, high = _bound(self.low), _bound(self.high)
         if self.low is not None and self.high is not None:
-            return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
         if self.low is not None:
-            return f"{'>' if self.low_open else '>='} {self.low:g} and finite"
-        return f"{'<' if self.high_open else '<='} {self.high:g} and finite" if self.high is not None else "finite"
+            return f"{'>' if self.low_open else '>='} {low} and finite"
+        return f"{'<' if self.high_open else '<='} {high} and finite" if self.high is not None else "finite"
+
+
+def _bound(value: float | None) -> str:
+    """A bound short (``8192``, ``1e+09``, ``1e-08``), or in full where short would round it
+    (``4294967295``, not ``4.29497e+09``)."""
+    if value is None:
+        return ""
+    short = f"{value:g}"
+    return short if float(short) == value or not float(value).is_integer() else str(int(value))
 
 
 def check_ranges(cfg: Any, ranges: Mapping[str, Range], section: str) -> None:
