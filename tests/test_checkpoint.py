@@ -226,3 +226,27 @@ def test_report_writes_the_checkpoint_on_rank_0_only_and_adds_the_progress(finis
         assert (written is not None) == (rank == 0)
         if written is not None:
             assert checkpoint.digest(written) == checkpoint.digest(state)
+
+
+# --- loading without initialising ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", [(), ("model.halting=act",), ("model.kind=iaa-fixed-query",),
+                                     ("model.kind=as-reader",)], ids=["iaa", "act", "fixed-query", "as-reader"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_loaded_reader_answers_as_one_built_and_given_the_weights(tiny, tmp_path, variant, precision) -> None:
+    """``load_model`` builds the reader without initialising it (the weights are replaced), and
+    the kernels it selects are those of a reader built as in training."""
+    from iaa.model.reader import build_reader
+    from tests._model_inputs import random_batch
+
+    result = train_job.run(_cfg(tiny, "train.max_epochs=1", *variant), tiny, tmp_path / "run",
+                           show_progress=False)
+    loaded, cfg, state = checkpoint.load_model(Path(result["checkpoint"]), precision=precision)
+    built = build_reader(cfg.model, "cpu", precision)
+    built.load_state_dict(state["model"])
+    built.eval()
+    batch = random_batch([9, 7, 5], [4, 3, 4], vocab=cfg.model.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(loaded(batch), built(batch))
+    assert {name for name, _ in loaded.named_parameters()} == {name for name, _ in built.named_parameters()}

@@ -298,7 +298,9 @@ def load_model(path: Path, device: torch.device | str = "cpu",
         cfg = from_dict(state["config"])
     except ConfigError as err:
         raise CheckpointError(f"{path}: its config is not readable by this version ({err})") from err
-    model = build_reader(cfg.model, device, precision)
+    with torch.device("meta"):              # no initialisation: the checkpoint's weights replace it
+        model = build_reader(cfg.model, device, precision)
+    model = model.to_empty(device=device)
     load_weights(model, state, path)
     model.to(device).eval()
     return model, cfg, state
