@@ -30,7 +30,6 @@ TINY_MODEL = {"embed_dim": 16, "hidden_dim": 8, "state_dim": 12, "steps": 2, "ga
 TINY_VOCAB = 500
 # Dense bf16 tensor-core peaks from NVIDIA's datasheets (TFLOP/s), by the name torch reports.
 BF16_PEAKS = (("H200", 989.4), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.4), ("A100", 312.0))
-CUDA_MATMUL_SIZE = 8192     # the roofline's matmul: 2048³ is launch-bound on an H100 and reads low
 COMPARE_RUNS = ("iaa", "iaa-fixed-query", "as-reader")
 COMPARE_BATCH = 32
 RUN_START_S = 25            # a training process's start (imports, data, model, CUDA) and last check
@@ -154,7 +153,7 @@ def _bench(args, **kwargs) -> dict:
     if args.tiny:
         size = dict(overrides=TINY_MODEL, batch_size=4, steps=1, warmup=1, matmul_size=128, threads=1)
     else:
-        size = dict(batch_size=32, steps=30, warmup=3, matmul_size=CUDA_MATMUL_SIZE if args.device == "cuda" else 2048)
+        size = dict(batch_size=32, steps=30, warmup=3)        # the roofline's matmul: bench.MATMUL_SIZES
     if args.tiny and kwargs.get("compile"):
         kwargs["compile_backend"] = "eager"    # graph capture only: inductor takes minutes on a small CPU
     result = bench.run(device=args.device, **{**size, **kwargs})

@@ -116,3 +116,12 @@ def test_a_cpu_without_bf16_units_gets_no_bf16_roofline_and_is_told(monkeypatch)
     result = bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4, precision="fp32", matmul_size=64)
     assert result["matmul_gflops_bf16"] is None and "no bf16 units" in result["warnings"][0]
     assert result["roofline_fraction"] > 0
+
+
+def test_the_roofline_matmul_is_large_enough_to_be_compute_bound_on_a_gpu(monkeypatch):
+    assert bench.roofline_size("cuda") == bench.roofline_size("cuda:1") == 8192
+    assert bench.roofline_size("cpu") == 2048
+    sizes = []
+    monkeypatch.setattr(bench, "matmul_rooflines", lambda device, size: sizes.append(size) or {"fp32": 50.0, "bf16": 50.0})
+    bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4, precision="fp32")
+    assert sizes == [2048]                                               # the CPU's, when none is asked for

@@ -223,10 +223,19 @@ def _time_inference(reader, device: str, batch_size: int, steps: int, warmup: in
         return time_steps(reader, infer_batches[warmup:], device)
 
 
+# The roofline's matmul by device: on a GPU 2048³ is bound by the kernel launch and reads low.
+MATMUL_SIZES = {"cpu": 2048, "cuda": 8192}
+
+
+def roofline_size(device: str) -> int:
+    """The side of the roofline's matmul on ``device`` (:data:`MATMUL_SIZES`; 2048 elsewhere)."""
+    return MATMUL_SIZES.get(torch.device(device).type, 2048)
+
+
 def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: str = "cpu",
         batch_size: int = 32, steps: int = 10, warmup: int = 2, seed: int = 0,
         precision: str = "auto", threads: int = 0, compile: bool = False,
-        compile_backend: str = "inductor", matmul_size: int = 2048) -> dict:
+        compile_backend: str = "inductor", matmul_size: int | None = None) -> dict:
     """Time training steps and inference after a warm-up, on the synthetic workload.
 
     Args:
@@ -244,7 +253,8 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
         compile: ``train.compile``: compiled attention reads (CUDA graphs on CUDA) over batches
             padded to bucketed widths; every timed batch's shape is compiled before the timing.
         compile_backend: ``torch.compile``'s backend (``eager``: graph capture only, for a quick check).
-        matmul_size: the square matmul that measures the machine's rate (``matmul_gflops``).
+        matmul_size: the square matmul that measures the machine's rate (``matmul_gflops``);
+            default :data:`MATMUL_SIZES` of the device.
 
     Returns:
         A dict with train_examples_per_s, infer_examples_per_s, flops_per_train_example,
@@ -283,7 +293,7 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
         on_amx += step_layer_flops(cfg, len(typical)) / len(typical)    # the steps' layers on AMX
     by_dtype = _flops_by_dtype(flops, used, device, lambda: train(typical), len(typical), on_amx)
     infer_s, infer_n = _time_inference(reader, device, batch_size, steps, warmup, seed)
-    rooflines = matmul_rooflines(device, size=matmul_size)
+    rooflines = matmul_rooflines(device, size=matmul_size or roofline_size(device))
     return {**_report(cfg, device, used, batch_size, by_dtype, train_n / train_s, infer_n / infer_s, rooflines),
             "compile": compile}
 
