@@ -70,6 +70,16 @@ def test_undecodable_bytes_name_the_file_and_line(model, tmp_path):
     assert_unchanged(before, tmp_path)
 
 
+def test_a_byte_order_mark_starting_the_file_is_not_part_of_the_first_record(model, tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(question(i)) + "\n" for i in (1, 2)).encode())
+    code, out = predict(model, tmp_path, path)
+    assert code == 0, out
+    assert [json.loads(line)["id"] for line in (tmp_path / "answers.jsonl").read_text().splitlines()] == ["q1", "q2"]
+    path.write_bytes((json.dumps(question(1)) + "\n").encode() + b"\xef\xbb\xbf" + json.dumps(question(2)).encode())
+    assert_one_message(*predict(model, tmp_path, path), f"{path}:2", "not valid JSON")       # only at the start
+
+
 def test_a_line_separator_inside_a_string_is_text_not_a_line_break(model, tmp_path):
     path = tmp_path / "q.jsonl"
     record = question(1, document="Anna walked to the river .\u2028Ben sat down .")

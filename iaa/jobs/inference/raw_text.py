@@ -15,6 +15,7 @@ matching, optional lowercasing) and ``to_table`` (vocabulary ids, ``<unk>`` for 
 
 from __future__ import annotations
 
+import codecs
 import json
 import warnings
 from dataclasses import dataclass
@@ -67,10 +68,11 @@ def read_input(path: Path, placeholder: str) -> list[Question]:
 
 
 def _read_jsonl(path: Path, placeholder: str) -> list[Question]:
-    """Every record of a JSON Lines file, split on ``\n`` only; ids unique."""
+    """Every record of a JSON Lines file, split on ``\n`` only; ids unique. A byte-order mark
+    that starts the file (as some Windows editors write) is not part of the first record."""
     questions: list[Question] = []
     first_line: dict[str, int] = {}
-    for n, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+    for n, raw in enumerate(path.read_bytes().removeprefix(codecs.BOM_UTF8).split(b"\n"), 1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as err:
