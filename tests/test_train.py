@@ -136,3 +136,13 @@ def test_a_fractional_budget_ends_on_its_check_without_a_one_batch_report(tiny: 
     result = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 3, 4] and result["stop_reason"] == "max-epochs"
+
+
+def test_the_progress_bar_writes_a_log_file_sparingly(tiny: Path, tmp_path: Path, capsys) -> None:
+    """With stderr a file or a pipe, the bar is written at its start, at each check and at the
+    end (and every ``LOG_PROGRESS_S``), not ten times a second."""
+    result = train_job.run(_cfg(tiny, "train.max_epochs=10", "train.check_every=10"), tiny, tmp_path / "run",
+                           show_progress=True)
+    writes = capsys.readouterr().err.count("\r")
+    checks = result["steps"] // 10 + 1                      # one every 10 steps, and the last
+    assert 0 < writes <= checks + 3, (writes, checks, result["train_seconds"])

@@ -44,6 +44,7 @@ from iaa.model.reader import build_reader
 
 TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks, and between loss checks on a GPU
 PREFETCH_DEPTH = 3     # batches padded and copied ahead on a GPU (iaa.data.prefetch)
+LOG_PROGRESS_S = 30.0  # the progress bar's interval when stderr is a file or a pipe (a terminal: 0.1 s)
 
 
 class DivergedError(IaaError):
@@ -88,6 +89,7 @@ class Trainer:
         examples = self.tc.batch_size * session.world_size
         self.bar = tqdm(total=self.max_steps * examples, initial=self.progress.step * examples, unit="ex",
                         unit_scale=True, dynamic_ncols=True, desc=f"train {cfg.model.kind}",
+                        mininterval=0.1 if sys.stderr.isatty() else LOG_PROGRESS_S,
                         disable=not (show_progress and session.rank == 0))
         self.window = _LossWindow()
         self.last: dict[str, Any] = {}
