@@ -81,6 +81,11 @@ def test_a_chunked_body_is_refused_as_soon_as_it_grows_past_the_limit():
     assert client.reply() == {"error": "request: more than 1000 bytes, over the limit of 1000", "status": 413}
 
 
+def test_a_chunked_body_claiming_a_small_length_is_still_counted():
+    client, app = _run(b"x" * 100_000, transfer_encoding="chunked", content_length="10")
+    assert client.status() == 413 and app.received == [] and client.read == LIMIT // 100 + 1
+
+
 @pytest.mark.parametrize("size", [0, 999, LIMIT])
 def test_a_chunked_body_within_the_limit_reaches_the_app_as_sent(size):
     client, app = _run(b"y" * size, transfer_encoding="chunked")

@@ -50,9 +50,9 @@ class BodyLimit:
     """ASGI middleware: an HTTP request whose body is over ``limit`` bytes is answered 413 here.
 
     A declared ``Content-Length`` over the limit is refused before any of the body is read (the
-    server holds a body to its declared length). A chunked body is read here up to the limit and
-    refused as soon as it grows past it; one within the limit is handed on, message by message,
-    as it came.
+    server holds a body to its declared length). A chunked body (whatever length it also claims)
+    is read here up to the limit and refused as soon as it grows past it; one within the limit is
+    handed on, message by message, as it came.
     """
 
     def __init__(self, app: Callable[[Message, Receive, Send], Awaitable[None]], limit: int) -> None:
@@ -64,15 +64,12 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
-        length = headers.get(b"content-length")
-        if length is not None:
-            if length.isdigit() and int(length) > self.limit:
-                await _refuse(send, over_limit(self.limit, int(length)))
-            else:
-                await self.app(scope, receive, send)
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            await _refuse(send, over_limit(self.limit, int(length)))
             return
         if b"chunked" not in headers.get(b"transfer-encoding", b"").lower():
-            await self.app(scope, receive, send)              # no body
+            await self.app(scope, receive, send)              # no body, or one the server holds to its length
             return
         read, size = [], 0
         while True:
