@@ -6,14 +6,18 @@ Two deployments. ``Reader`` replicas each hold the answerer that the job's ``cod
 
 - ``POST /predict`` takes ``iaa-cli predict``'s question object, or a list of them, and answers
   with its rows (an object, or a list), each carrying the model's name and version (also in the
-  ``x-iaa-model`` and ``x-iaa-model-version`` headers). The ingress reads the body up to the
-  byte limit (a chunked body too) and runs the job's ``code.parse`` on it (the pydantic model
+  ``x-iaa-model`` and ``x-iaa-model-version`` headers). Serve's proxy refuses a body over the
+  byte limit before any replica sees it (:mod:`iaa.platform.serve_proxy`, set up by :func:`start`);
+  the ingress reads the body up to the limit too (a chunked body included), for proxies without
+  it, and runs the job's ``code.parse`` on it (the pydantic model
   of a question, then every check that can fail one question); a reader then only computes,
   answering it in a batch: ``serve.batch`` gathers up to ``max_batch`` requests (waiting at most
   ``batch_wait_ms``) into one model call.
 - ``GET /ready`` answers 200 once a reader has loaded the model and answered a warm-up question
   (a reader takes requests only after its constructor), else 503. ``GET /`` adds the limits.
   ``GET /docs`` and ``GET /openapi.json`` describe the API, the request body included.
+- On a local cluster, the gRPC server Serve starts in each replica listens on loopback, like
+  the rest of the cluster (:func:`iaa.platform.cluster.ray_internals.bind_serve_replica_grpc`).
 - A refused request is a 400/413/422 JSON ``{"error", "status"}``; should the model fail inside
   a batch, only the failing request gets a 500, and never the replica. A request whose reader
   dies under it is sent to another reader.
