@@ -43,7 +43,8 @@ def main() -> None:
     for vocab in args.vocab:
         with tempfile.TemporaryDirectory() as folder:
             cfg = JobConfig(model=preset("paper", vocab_size=vocab))
-            path = checkpoint.save(Path(folder) / "best.pt", checkpoint.make_state(cfg, build_reader(cfg.model)))
+            reader = build_reader(cfg.model)
+            path = checkpoint.save(Path(folder) / "best.pt", checkpoint.make_state(cfg, reader))
             ways = {"load_model": lambda: checkpoint.load_model(path), "initialised": lambda: initialised_load(path)}
             for way in ways.values():                # the first load pays for imports and kernel builds
                 way()
@@ -54,8 +55,8 @@ def main() -> None:
                     way()
                     seconds[name].append(time.perf_counter() - start)
             medians = {name: statistics.median(values) for name, values in seconds.items()}
-            print(json.dumps({"vocab": vocab, "params_m": round(sum(p.numel() for p in build_reader(cfg.model)
-                                                                     .parameters()) / 1e6, 1),
+            params = sum(p.numel() for p in reader.parameters())
+            print(json.dumps({"vocab": vocab, "params_m": round(params / 1e6, 1),
                               **{f"{name}_s": round(value, 3) for name, value in medians.items()},
                               "ratio": round(medians["load_model"] / medians["initialised"], 3)}), flush=True)
 

@@ -228,8 +228,8 @@ MATMUL_SIZES = {"cpu": 2048, "cuda": 8192}
 
 
 def roofline_size(device: str) -> int:
-    """The side of the roofline's matmul on ``device`` (:data:`MATMUL_SIZES`; 2048 elsewhere)."""
-    return MATMUL_SIZES.get(torch.device(device).type, 2048)
+    """The side of the roofline's matmul on ``device`` (:data:`MATMUL_SIZES`; the CPU's elsewhere)."""
+    return MATMUL_SIZES.get(torch.device(device).type, MATMUL_SIZES["cpu"])
 
 
 def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: str = "cpu",

@@ -302,5 +302,4 @@ def load_model(path: Path, device: torch.device | str = "cpu",
         model = build_reader(cfg.model, device, precision)
     model = model.to_empty(device=device)
     load_weights(model, state, path)
-    model.to(device).eval()
-    return model, cfg, state
+    return model.eval(), cfg, state
