@@ -19,7 +19,7 @@ from iaa.model.config import ReaderConfig
 
 def random_batches(examples: list, batch_size: int) -> list[list]:
     """The baseline's batching: examples in the given (random) order, cut into batches, each
-    padded to its longest document by ``iaa.jobs.training.bench.collate`` (no length bucketing)."""
+    padded to its longest document by ``iaa.jobs.train.bench.collate`` (no length bucketing)."""
     return [examples[i: i + batch_size] for i in range(0, len(examples), batch_size)]
 
 

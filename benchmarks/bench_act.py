@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from iaa.data.loader import PreparedData, iter_batches
-from iaa.jobs.training import checkpoint
-from iaa.jobs.training.objective import reader_output
+from iaa.jobs.modeling import checkpoint
 
 
 @torch.no_grad()
@@ -31,13 +30,14 @@ def timed_pass(models: dict, table, batch_size: int, rounds: int) -> dict:
     names = list(models)
     warm = next(iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False))
     for model in models.values():           # untimed: builds the inference table, loads the kernels
-        reader_output(model, warm)
+        model(warm)
     for r in range(rounds):
         for i, batch in enumerate(iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)):
             order = names if (i + r) % 2 == 0 else names[::-1]
             for name in order:
                 start = time.perf_counter()
-                log_p, halting = reader_output(models[name], batch)
+                out = models[name](batch)
+                log_p, halting = out.log_probs, out.halting
                 stats[name]["seconds"] += time.perf_counter() - start
                 s = stats[name]
                 s["examples"] += len(batch)

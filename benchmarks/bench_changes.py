@@ -37,12 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baseline_reader import random_batches  # noqa: E402
-from iaa.jobs.training import bench  # noqa: E402
+from iaa.jobs.train import bench  # noqa: E402
 from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
 from iaa.model.encoder import BiGRUEncoder  # noqa: E402
 from iaa.model.kernels import gru_kernels  # noqa: E402
 from iaa.model.kernels.fused_gru import FusedEncoder  # noqa: E402
+from iaa.model.kernels.slots import EncoderSlot  # noqa: E402
 
 LEAVE_ONE_OUT = {  # change -> the config (or, for the C++ recurrence, the kernel's argument) that turns it off
     "bucketing": {},
@@ -83,7 +84,7 @@ def gru_part(batch: bench.Batch, rounds: int) -> dict[str, dict]:
         kernel = FusedEncoder("fp32", gru_kernels.load() if cpp else None)
 
         def run() -> int:
-            enc(x, mask, kernel=kernel)[0].sum().backward()
+            enc(x, mask, encode=EncoderSlot(kernel))[0].sum().backward()
             return len(lengths)
         return run
 
@@ -131,7 +132,7 @@ def march_part(batch: bench.Batch, batches: list, rounds: int) -> dict[str, dict
         kernel = FusedEncoder("fp32", cpp)
 
         def run() -> int:
-            enc(x, batch.doc_mask, kernel=kernel)[0].sum().backward()
+            enc(x, batch.doc_mask, encode=EncoderSlot(kernel))[0].sum().backward()
             return len(batch)
         return run
 

@@ -20,7 +20,7 @@ import time
 from iaa.data.cloze import cbt_recipe, cnn_recipe
 from iaa.data.cloze.sources import SourceSpec, read_documents
 from iaa.data.cloze.tagging import spacy_factory
-from iaa.jobs.datasets import make_cloze
+from iaa.jobs.own_data import make_cloze
 
 
 def main() -> None:

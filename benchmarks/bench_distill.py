@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_act import emit, split_table, timed_pass, timing_arguments  # noqa: E402
 
-from iaa.jobs.training import checkpoint  # noqa: E402
+from iaa.jobs.modeling import checkpoint  # noqa: E402
 
 
 def parameters(model: torch.nn.Module) -> int:

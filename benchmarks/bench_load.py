@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from iaa.jobs.training import checkpoint
-from iaa.jobs.training.config import JobConfig, from_dict
+from iaa.jobs.modeling import checkpoint
+from iaa.jobs.config.job_config import JobConfig, from_dict
 from iaa.model import build_reader
 from iaa.model.config import preset
 

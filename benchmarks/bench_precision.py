@@ -7,7 +7,7 @@
    reader pays counted in the bf16 time where it pays it (``cast``). These decide which GEMMs
    get bf16 operands (``iaa.model.kernels.fused_gru``, ``iaa.model.kernels.precision``).
 2. Training and inference of the IAA reader on the synthetic CBT-NE workload of
-   ``iaa.jobs.training.bench``, one batch per side in turn, sides: fp32, bf16 (``train.precision=bf16``:
+   ``iaa.jobs.train.bench``, one batch per side in turn, sides: fp32, bf16 (``train.precision=bf16``:
    the T steps' 32-row matmuls, i.e. gates, inference GRU and read projections, take bf16
    operands on AMX where the CPU has it), and bf16 with those matmuls kept fp32
    (the kernels' ``bf16_products=False``). Each side's first batch goes first in turn,
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from iaa.jobs.training import bench  # noqa: E402
+from iaa.jobs.train import bench  # noqa: E402
 from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
 from iaa.model import kernels as fast  # noqa: E402

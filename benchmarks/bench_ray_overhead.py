@@ -30,7 +30,7 @@ import ray.tune
 
 from iaa.data import demo
 from iaa.jobs.datasets import prepare
-from iaa.jobs.search import tune
+from iaa.jobs.tune import tune
 from iaa.platform.sweeps.launch import RayLauncher
 from iaa.platform.tracking.tracker import MlflowTracker
 

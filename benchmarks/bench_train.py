@@ -5,7 +5,7 @@
 Each round times ``--steps`` baseline training batches (random batches padded to their longest
 document), then ``--steps`` batches of ours (length-bucketed, ``iaa.jobs.training.step.train_step``), then
 of each ``--variant`` (ours with some fields changed, e.g. ``plain:fused_gru=false``), on
-the synthetic CBT-NE workload of ``iaa.jobs.training.bench`` at the paper config. Over all rounds every
+the synthetic CBT-NE workload of ``iaa.jobs.train.bench`` at the paper config. Over all rounds every
 side trains on every example of the pool once, so the rates are totals: examples / seconds. Then
 ``--rounds`` inference passes over all batches. Rounds interleave the sides, and the side that
 goes first rotates, so all meet the same disturbances from other processes; the last line is JSON.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baseline_reader import BaselineReader, baseline_optimizer, baseline_train_step, random_batches  # noqa: E402
-from iaa.jobs.training import bench  # noqa: E402
+from iaa.jobs.train import bench  # noqa: E402
 from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step  # noqa: E402
 from iaa.model import PRESETS, build_reader  # noqa: E402
 

@@ -6,7 +6,7 @@ Times ``iaa.data.verify.verify`` cold (every shard hashed, read and range-checke
 process does) and warm (unchanged files skipped by their stat identity, as a second job in the
 same process does). The epoch time is the split's example count over a training throughput:
 given with ``--train-ex-per-s`` (for instance ``iaa-cli bench``'s ``train_examples_per_s``), or
-measured here by ``iaa.jobs.training.bench.run`` at the paper configuration. Prints one JSON object.
+measured here by ``iaa.jobs.train.bench.run`` at the paper configuration. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="a prepared folder (iaa-cli prepare)")
     parser.add_argument("--train-ex-per-s", type=float, default=None,
-                        help="training throughput; default: measure it with iaa.jobs.training.bench.run")
+                        help="training throughput; default: measure it with iaa.jobs.train.bench.run")
     parser.add_argument("--bench-steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -47,7 +47,7 @@ def main() -> None:
                                  **time_verify(args.data, args.repeats)}
     rate = args.train_ex_per_s
     if rate is None:
-        from iaa.jobs.training import bench
+        from iaa.jobs.train import bench
 
         rate = bench.run(steps=args.bench_steps, warmup=1)["train_examples_per_s"]
         result["train_ex_per_s_measured"] = round(rate, 2)

@@ -4,7 +4,7 @@
 
 Imports ``iaa`` from ``CODE_DIR`` (a checkout, e.g. a ``git worktree`` of an older commit), then
 times ``BATCHES`` training steps and as many inference batches of the paper-config reader on
-the synthetic CBT-NE workload of ``iaa.jobs.training.bench``, on THREADS torch threads (default 1: then
+the synthetic CBT-NE workload of ``iaa.jobs.train.bench``, on THREADS torch threads (default 1: then
 process CPU time, else wall-clock time), after WARMUP other batches (default 1), and prints one
 JSON line. ``auto`` is ``train.precision``'s rule on this machine (the probe, cached). Each
 batch has its own shapes: under bf16, oneDNN builds a kernel the first time it sees a shape, so
@@ -45,9 +45,10 @@ def first_module(*names: str):
     raise ModuleNotFoundError(names[0])
 
 
-bench = first_module("iaa.jobs.training.bench", "iaa.jobs.bench")
+bench = first_module("iaa.jobs.train.bench", "iaa.jobs.training.bench", "iaa.jobs.bench")
 step = first_module("iaa.jobs.training.step", "iaa.jobs.step")
-policy = first_module("iaa.jobs.training.precision_policy", "iaa.jobs.precision")
+policy = first_module("iaa.jobs.modeling.precision_policy", "iaa.jobs.training.precision_policy",
+                      "iaa.jobs.precision")
 build_optimizer, retain_freed_memory, train_step = step.build_optimizer, step.retain_freed_memory, step.train_step
 
 torch.set_num_threads(threads)

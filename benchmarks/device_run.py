@@ -3,12 +3,17 @@
     python3 benchmarks/device_run.py --out DIR [--device cuda|cpu] [--tiny] [--budget-s S] [--data DIR]
     python3 benchmarks/device_run.py --plan        # the steps and their time limits, as one JSON object
 
-The plan (``PLAN``), in order: ``env`` (card, driver, toolchain); ``pytest_gpu`` (the gpu tests);
-``bench`` (batch 32, fp32 and bf16, eager); ``prepare_cn`` and ``compare`` (cbt-recon CN from
-``--data``, default ``device-data/``, prepared, then iaa, iaa-fixed-query and as-reader at batch
-32 side by side on the card to their early stop or the time left); then, with the time that
-remains, ``batch_sweep``, ``shared_card`` (1, 2, 4 and 8 trials), ``sync_check``, ``prefetch``
-and ``bench_compiled`` (bf16). The steps themselves are in ``device_steps.py``.
+The plan (``PLAN``), most valuable first: ``env`` (card, driver, toolchain); ``gate`` (the
+document BiGRU's µs per time step at B = 8, 16, 32, padded and packed, eager and captured, and
+the overlap of 1, 2 and 4 streams: whether our own Triton GRU is worth writing); ``pytest_gpu``
+(the gpu tests); ``bench`` (batch 32, fp32 and bf16, eager and captured, with kernel launches
+per step); ``prepare_cn`` and ``compare`` (cbt-recon CN from ``--data``, default
+``device-data/``, prepared, then iaa, iaa-fixed-query and as-reader at batch 32 side by side on
+the card to their early stop or the time left); ``ensemble`` (5 IAA seeds side by side, then
+the ensemble against the mean member on valid); then, with the time that remains,
+``shared_card`` (1, 2, 4 and 8 trials as processes and as trainers in one process),
+``batch_sweep``, ``sync_check``, ``prefetch`` and ``bench_compiled`` (bf16). The steps are in
+``device_steps.py``, ``device_gpu.py`` and ``device_cards.py``.
 
 Time: the planned limits add up to the budget (default 540 s). A step may use its own limit plus
 whatever the steps before it left unused, so ``compare`` gets the time the tests and benchmarks
@@ -17,7 +22,8 @@ Each step runs in its own process group (session); at its limit the whole group 
 then killed, so no process of a step outlives it. A failed step is recorded and the next runs.
 
 Output: exactly three files in DIR: ``summary.json`` (every figure, ``"failed"`` and
-``"skipped"``: the steps that failed or had no time), ``results.tar.gz`` (each step's JSON and
+``"skipped"``: the steps that failed or had no time; ``"targets"``: each goal with what was
+measured and whether it is met; ``"commit"`` and ``"card"``), ``results.tar.gz`` (each step's JSON and
 log) and ``log.txt`` (what each step said as it happened). The summary is rewritten whenever a
 step reports figures, the archive after every step, so a call cut short still returns what was
 measured. ``--device cpu --tiny`` runs every step in seconds at the tiny model size (the test
@@ -43,15 +49,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import device_cards  # noqa: E402
+import device_gpu  # noqa: E402
 import device_steps  # noqa: E402
 
 ROOT = device_steps.ROOT
 BUDGET_S = 540               # of a call of at most 10 minutes: start-up and the copy back need the rest
 # (step, planned seconds at the default budget); they add up to BUDGET_S. 0: only time left unused.
-PLAN = (("env", 20), ("pytest_gpu", 90), ("bench", 45), ("prepare_cn", 30), ("compare", 325),
-        ("batch_sweep", 30), ("shared_card", 0), ("sync_check", 0), ("prefetch", 0), ("bench_compiled", 0))
-PARTS = {1: ("env", "pytest_gpu", "bench", "batch_sweep", "shared_card", "sync_check", "prefetch", "bench_compiled"),
-         2: ("prepare_cn", "compare")}
+PLAN = (("env", 15), ("gate", 60), ("pytest_gpu", 90), ("bench", 60), ("prepare_cn", 25), ("compare", 200),
+        ("ensemble", 90), ("shared_card", 0), ("batch_sweep", 0), ("sync_check", 0), ("prefetch", 0),
+        ("bench_compiled", 0))
+PARTS = {1: ("env", "gate", "pytest_gpu", "bench", "shared_card", "batch_sweep", "sync_check", "prefetch",
+             "bench_compiled"),
+         2: ("prepare_cn", "compare", "ensemble")}
+STEP_FUNCTIONS = {**device_steps.STEP_FUNCTIONS, **device_gpu.STEP_FUNCTIONS, **device_cards.STEP_FUNCTIONS}
 MIN_STEP_S = 10              # a step with less time than this is skipped
 KILL_GRACE_S = 3             # between SIGTERM and SIGKILL of a step's process group
 TINY_TIME_SCALE = 3          # --tiny on a small shared CPU: imports and start-up dominate
@@ -176,6 +187,9 @@ class Outputs:
         print(text, flush=True)
 
     def write_summary(self, summary: dict) -> None:
+        """``summary`` with its targets, the commit and the card, written whole (a rename)."""
+        summary["targets"] = device_cards.targets(summary)
+        summary["card"] = (summary.get("env") or {}).get("card")
         with self.lock:
             tmp = self.summary.with_suffix(".tmp")
             tmp.write_text(json.dumps(summary, indent=1))
@@ -205,7 +219,7 @@ def run_plan(args) -> dict:
     deadline = time.monotonic() + budget
     summary: dict = {"device": args.device, "tiny": args.tiny, "budget_s": budget, "part": args.part,
                      "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "plan": steps, "failed": [], "skipped": [],
-                     "seconds": {}}
+                     "seconds": {}, "commit": device_cards.commit()}
     previous = signal.signal(signal.SIGTERM, _terminate)
     with tempfile.TemporaryDirectory(prefix="iaa-device-") as scratch:
         results = Path(scratch) / "results"
@@ -279,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(ROOT / "device-data"), help="the raw cbt-recon CN folder")
     parser.add_argument("--plan", action="store_true", help="print the plan as JSON and exit")
     parser.add_argument("--part", type=int, choices=sorted(PARTS), help="only part 1 (no data) or 2 (compare)")
-    parser.add_argument("--step", choices=sorted(device_steps.STEP_FUNCTIONS), help=argparse.SUPPRESS)
+    parser.add_argument("--step", choices=sorted(STEP_FUNCTIONS), help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=60.0, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -288,10 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--barrier", help=argparse.SUPPRESS)
     parser.add_argument("--trials", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--save-valid", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.step:
         sys.path.insert(0, str(ROOT))
-        print(json.dumps(device_steps.STEP_FUNCTIONS[args.step](args)), flush=True)
+        print(json.dumps(STEP_FUNCTIONS[args.step](args)), flush=True)
         return 0
     if args.plan:
         budget = args.budget_s or BUDGET_S

@@ -21,6 +21,7 @@ import sys
 import sysconfig
 import threading
 import time
+from typing import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def step_env(args) -> dict:
 
 def step_pytest_gpu(args) -> dict:
     """``pytest -m gpu`` on the GPU test files; each file skips, saying why, where it cannot run."""
-    files = ["tests/test_gpu.py", "tests/test_platform_gpu.py"]
+    files = ["tests/test_gpu.py", "tests/test_captured_step.py", "tests/test_platform_gpu.py"]
     proc = subprocess.Popen([PYTHON, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider", *files],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -148,7 +149,7 @@ def step_pytest_gpu(args) -> dict:
 
 
 def _bench(args, **kwargs) -> dict:
-    from iaa.jobs.training import bench
+    from iaa.jobs.train import bench
 
     if args.tiny:
         size = dict(overrides=TINY_MODEL, batch_size=4, steps=1, warmup=1, matmul_size=128, threads=1)
@@ -191,7 +192,7 @@ def _reader(args, precision: str = "fp32"):
     (fp32 | bf16), with its optimiser."""
     import torch
 
-    from iaa.jobs.training import bench
+    from iaa.jobs.train import bench
     from iaa.jobs.training.step import build_optimizer
     from iaa.model.config import PRESETS
     from iaa.model.reader import build_reader
@@ -211,7 +212,7 @@ def step_shared_card(args) -> dict:
     largest n comes first: ``bench`` already measured one trial alone.
     """
     out: dict = {}
-    for n in (2, 1) if args.tiny else (8, 4, 2, 1):
+    for n in (2,) if args.tiny else (8, 4, 2, 1):
         barrier = Path(args.work) / f"barrier-{n}"
         barrier.mkdir()
         threads = _threads(args, n)
@@ -240,7 +241,7 @@ def step_bench_window(args) -> dict:
     ``SHARED_WINDOW_S`` later (wall clock, common to all)."""
     import torch
 
-    from iaa.jobs.training import bench
+    from iaa.jobs.train import bench
     from iaa.jobs.training.step import train_step
 
     if args.threads:
@@ -285,7 +286,7 @@ def step_sync_check(args) -> dict:
 
     import torch
 
-    from iaa.jobs.training import bench
+    from iaa.jobs.train import bench
     from iaa.jobs.training.step import train_step
 
     cfg, model, optimizer = _reader(args)
@@ -311,7 +312,7 @@ def step_sync_check(args) -> dict:
 def step_prefetch(args) -> dict:
     """Training steps fed by the host's padding, in the training thread or prefetched."""
     from iaa.data.prefetch import prefetch
-    from iaa.jobs.training import bench
+    from iaa.jobs.train import bench
     from iaa.jobs.training.step import train_step
 
     cfg, model, optimizer = _reader(args)
@@ -382,42 +383,15 @@ def step_compare(args) -> dict:
     """
     minutes = max(0.2, (args.seconds - RUN_START_S) / 60)
     threads = _threads(args, len(COMPARE_RUNS))
-    lines: queue.Queue = queue.Queue()
-    procs = {}
-    for kind in COMPARE_RUNS:
-        procs[kind] = subprocess.Popen(_self(args, "train_one", "--model", kind, "--batch-size", str(COMPARE_BATCH),
-                                             "--minutes", f"{minutes:.2f}", "--threads", str(threads)),
-                                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for stream in ("stdout", "stderr"):
-            threading.Thread(target=_pump, args=(kind, stream, getattr(procs[kind], stream), lines), daemon=True).start()
+    commands = {kind: _self(args, "train_one", "--model", kind, "--batch-size", str(COMPARE_BATCH),
+                            "--minutes", f"{minutes:.2f}", "--threads", str(threads)) for kind in COMPARE_RUNS}
     out: dict = {"minutes_each": round(minutes, 2), "batch_size": COMPARE_BATCH,
                  "runs": {kind: {"status": "running", "checks": []} for kind in COMPARE_RUNS}}
-    errors: dict[str, list[str]] = {kind: [] for kind in COMPARE_RUNS}
-    open_streams = 2 * len(COMPARE_RUNS)
-    while open_streams:
-        kind, stream, line = lines.get()
-        if line is None:
-            open_streams -= 1
-            continue
-        if stream == "stderr":
-            print(f"[{kind}] {line}", end="", file=sys.stderr, flush=True)
-            errors[kind] = (errors[kind] + [line.strip()])[-20:]
-            continue
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        _record(out["runs"][kind], kind, event)
+
+    def card_rate(out: dict) -> None:
         out["card_train_examples_per_s"] = round(sum(r.get("train_examples_per_s", 0) for r in out["runs"].values()), 1)
-        partial(out)
-    failed = []
-    for kind, proc in procs.items():
-        if proc.wait() != 0:
-            run = out["runs"][kind]
-            run["status"] = "failed"
-            run["error"] = f"exit {proc.returncode}: {' | '.join(errors[kind][-3:])}"
-            failed.append(kind)
-            say(f"{kind}: FAILED ({run['error'][:300]})")
+
+    failed = runs_side_by_side(commands, out, after_event=card_rate)
     out["ranking"] = sorted((k for k in COMPARE_RUNS if out["runs"][k].get("best_valid_acc") is not None),
                             key=lambda k: -out["runs"][k]["best_valid_acc"])
     say("ranking by best valid accuracy: " + ", ".join(f"{k} {out['runs'][k]['best_valid_acc']:.4f}" for k in out["ranking"]))
@@ -429,6 +403,46 @@ def step_compare(args) -> dict:
     if failed:
         raise RuntimeError(f"runs failed: {', '.join(failed)} (the others' figures are in the summary)")
     return out
+
+
+def runs_side_by_side(commands: dict[str, list[str]], out: dict,
+                      after_event: Callable[[dict], None] | None = None) -> list[str]:
+    """Run ``commands`` (``train_one`` runs) at once, folding each one's events into
+    ``out["runs"][name]`` (``_record``) and rewriting the summary after each (``after_event``
+    first); a run that fails is marked failed with the tail of its stderr. Returns the names of
+    those that failed."""
+    lines: queue.Queue = queue.Queue()
+    procs = {name: subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, cmd in commands.items()}
+    for name, proc in procs.items():
+        for stream in ("stdout", "stderr"):
+            threading.Thread(target=_pump, args=(name, stream, getattr(proc, stream), lines), daemon=True).start()
+    errors: dict[str, list[str]] = {name: [] for name in commands}
+    open_streams = 2 * len(commands)
+    while open_streams:
+        name, stream, line = lines.get()
+        if line is None:
+            open_streams -= 1
+        elif stream == "stderr":
+            print(f"[{name}] {line}", end="", file=sys.stderr, flush=True)
+            errors[name] = (errors[name] + [line.strip()])[-20:]
+        else:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            _record(out["runs"][name], name, event)
+            if after_event is not None:
+                after_event(out)
+            partial(out)
+    failed = []
+    for name, proc in procs.items():
+        if proc.wait() != 0:
+            run = out["runs"][name]
+            run.update(status="failed", error=f"exit {proc.returncode}: {' | '.join(errors[name][-3:])}")
+            failed.append(name)
+            say(f"{name}: FAILED ({run['error'][:300]})")
+    return failed
 
 
 def _pump(kind: str, stream: str, pipe, lines: queue.Queue) -> None:
@@ -484,11 +498,12 @@ def step_train_one(args) -> dict:
     """One run of ``compare``: the training loop with a session that reports each check on stdout
     and writes no checkpoint (``metrics.jsonl`` only)."""
     from iaa.jobs.datasets import resolve
-    from iaa.jobs.training import train
+    from iaa.jobs.train import train
     from iaa.jobs.training.session import LocalSession
 
     prepared = Path(args.work) / "cbt-cn"
     sets = [f"model.kind={args.model}", f"train.batch_size={args.batch_size}", f"train.threads={args.threads}"]
+    sets += [f"train.seed={args.seed}"] if getattr(args, "seed", None) is not None else []
     if args.tiny:
         sets += [*(f"model.{k}={v}" for k, v in TINY_MODEL.items()), "train.precision=fp32", "train.max_epochs=2",
                  "train.check_every=4"]
@@ -497,7 +512,11 @@ def step_train_one(args) -> dict:
     cfg = resolve.job_config("cbt-cn", prepared, sets=tuple(sets))
 
     class ChecksOnly(LocalSession):
+        best: dict | None = None
+
         def report(self, metrics, state, is_best):  # type: ignore[override]
+            if is_best:
+                self.best = state["model"]
             row = self.report_metrics(metrics, state, is_best)
             self.folder.append_metrics(row)
             batches = self.num_train_batches()
@@ -505,11 +524,35 @@ def step_train_one(args) -> dict:
                               "patience": cfg.train.patience, "check_every": cfg.train.check_every or batches // 2,
                               "examples_per_epoch": batches * cfg.train.batch_size}), flush=True)
 
-    session = ChecksOnly(prepared, Path(args.work) / f"run-{args.model}", batch_size=cfg.train.batch_size,
+    seed = getattr(args, "seed", None)
+    run_dir = Path(args.work) / (f"run-{args.model}" + (f"-seed{seed}" if seed is not None else ""))
+    session = ChecksOnly(prepared, run_dir, batch_size=cfg.train.batch_size,
                          seed=cfg.train.seed, device=args.device)
     result = train.fit(cfg, session, show_progress=False, vocab_hash=session.data.manifest.get("vocab_hash", ""))
+    if getattr(args, "save_valid", None) and session.best is not None:
+        _save_valid_log_p(cfg, session, session.best, Path(args.save_valid), args.device)
     return {"event": "end", **{k: result[k] for k in ("best_valid_acc", "best_step", "steps", "stop_reason",
-                                                      "train_seconds", "precision")}}
+                                                      "train_seconds", "precision", "cuda_graphs", "cuda_graphs_refused")}}
+
+
+def _save_valid_log_p(cfg, session, weights: dict, path: Path, device: str) -> None:
+    """log P(a) (N, C) of the validation split under ``weights``, with the answers, to ``path``."""
+    import torch
+
+    from iaa.model.reader import build_reader
+
+    model = build_reader(cfg.model, device).to(device)
+    model.load_state_dict(weights)
+    model.eval()
+    log_p, answers = [], []
+    with torch.no_grad():
+        for batch in session.valid_batches():
+            batch = batch.to(device)
+            log_p.append(model(batch).log_probs.float().cpu())
+            answers.append(batch.answer.cpu())
+    width = max(t.shape[1] for t in log_p)
+    log_p = [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=float("-inf")) for t in log_p]
+    torch.save({"log_p": torch.cat(log_p), "answer": torch.cat(answers)}, path)
 
 
 STEP_FUNCTIONS = {name[len("step_"):]: fn for name, fn in globals().items() if name.startswith("step_")}

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from iaa.data.loader import PreparedData
-from iaa.jobs.training import checkpoint
+from iaa.jobs.modeling import checkpoint
 from iaa.jobs.datasets import resolve
 from iaa.model.reader import build_reader
 from tests._tiny import TINY_SETS, make_tiny_prepared

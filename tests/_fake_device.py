@@ -131,6 +131,9 @@ def on_fake_device(module: nn.Module) -> nn.Module:
         for name, param in list(sub._parameters.items()):
             if param is not None:
                 setattr(sub, name, nn.Parameter(DeviceTensor(param.detach()), requires_grad=param.requires_grad))
+    for sub in module.modules():
+        if hasattr(sub, "kernels"):         # a reader chooses its kernels again after a move, as in ``.to``
+            sub._apply(lambda t: t, recurse=False)
     return module
 
 

@@ -66,7 +66,7 @@ def make_checkpoint(prepared: Path, path: Path, seed: int = 0) -> Path:
     """An untrained but complete checkpoint of a tiny reader for ``prepared`` (no training needed)."""
     import torch
 
-    from iaa.jobs.training import checkpoint
+    from iaa.jobs.modeling import checkpoint
 
     from iaa.jobs.datasets import resolve
     from iaa.model.reader import build_reader
@@ -80,9 +80,10 @@ def make_checkpoint(prepared: Path, path: Path, seed: int = 0) -> Path:
 def make_store(workdir: Path, experiment: str = "train-cbt-ne") -> Path:
     """``WORKDIR/mlflow.db`` holding one run with a valid_acc history; returns the database file."""
     from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking import connection
     from iaa.platform.tracking import store as tracking
 
-    uri = tracking.open_store(Workdir(workdir).tracking_uri())
+    uri = connection.open_store(Workdir(workdir).tracking_uri())
     run = tracking.Run.start(uri, experiment, "r1", tags={"model": "iaa"})
     run.log_params({"train": {"batch_size": 32}})
     for step, acc in enumerate((0.2, 0.3, 0.4), 1):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,10 @@ def write_space(folder: Path) -> Path:
 
 
 def read_sweep(workdir: Path, name: str) -> dict[str, Any]:
-    return json.loads((workdir / "sweeps" / name / "sweep.json").read_text(encoding="utf-8"))
+    """The sweep's ``sweep.json``, its paths (stored relative to the work folder) found where they are."""
+    from iaa.jobs.sweeps import record
+
+    return record.read_rows(workdir / "sweeps" / name / "sweep.json")
 
 
 def children(sweep: dict[str, Any]) -> list[Any]:
@@ -32,7 +34,7 @@ def children(sweep: dict[str, Any]) -> list[Any]:
 
 def run_sweep(address: str | None = None, callbacks: tuple = (), **request: Any) -> dict[str, Any]:
     """``iaa-cli tune`` as the CLI composes it: a TuneRequest, the MLflow tracker, the Ray launcher."""
-    from iaa.jobs.search import tune
+    from iaa.jobs.tune import tune
     from iaa.platform.sweeps.launch import RayLauncher
     from iaa.platform.tracking.tracker import MlflowTracker
 

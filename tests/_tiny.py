@@ -33,7 +33,7 @@ class Killed(Exception):
 def kill_after_checks(cfg, prepared: Path, run_dir: Path, checks: int, device: str = "cpu") -> None:
     """Train ``cfg`` in ``run_dir`` and die right after the ``checks``-th check was reported
     (its checkpoint written), as a killed process would."""
-    from iaa.jobs.training import train
+    from iaa.jobs.train import train
     from iaa.jobs.training.session import LocalSession
 
     class DiesAfterChecks(LocalSession):

@@ -13,7 +13,7 @@ import random
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ContextManager, Iterator, Mapping, Sequence
 
@@ -21,10 +21,10 @@ import torch
 
 from iaa.errors import IaaError
 from iaa.jobs.ports import (CHECKPOINT_FILE, ConnectRequest, MembersRequest, MetricPoint, Metrics, ModelCode,
-                            Placement, RunRecord, SweepRequest, TrackedRun, TrialRecord, TrialTracking, WorkerFit,
-                            WorkersRequest)
-from iaa.jobs.search.search_space import Param, SearchSpace
-from iaa.jobs.training.config import JobConfig, apply
+                            Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
+                            WorkerData, WorkerFit, WorkersRequest)
+from iaa.jobs.config.search_space import Param, SearchSpace
+from iaa.jobs.config.job_config import JobConfig, apply
 
 
 class StoreDown(ConnectionError):
@@ -137,10 +137,11 @@ class FakeTracker:
         return self.runs[run_id]
 
     def run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
-            resume_id: str | None = None) -> ContextManager[TrackedRun]:
+            resume_id: str | None = None, parent_run_id: str | None = None) -> ContextManager[TrackedRun]:
         @contextmanager
         def context() -> Iterator[FakeRun]:
-            run = self.reopen_run(resume_id) if resume_id else self.start_run(experiment, name, tags=tags)
+            run = (self.reopen_run(resume_id) if resume_id
+                   else self.start_run(experiment, name, tags=tags, parent_run_id=parent_run_id))
             status = "FAILED"
             try:
                 yield run
@@ -245,6 +246,7 @@ class FakeLauncher:
 
     def __init__(self) -> None:
         self.requests: list[object] = []
+        self.failed_trials: list[dict[str, str]] = []   # the attrs of each fail_unfinished_trials call
 
     def check_free(self, storage: str, name: str, folder: Path | None = None) -> None:
         if (Path(storage) / name).exists() or (folder is not None and folder.exists()):
@@ -271,14 +273,18 @@ class FakeLauncher:
         out = []
         for i, values in enumerate(sample(plan.space, plan.num_samples, plan.seed)):
             cfg = apply(plan.base, {**plan.space.fixed, **values})
-            out.append(self._trial(f"trial{i:05d}", cfg, values, request.placement.prepared, request.tracking,
-                                   request.fit, request.downloads, request.console))
+            out.append(self._trial(f"trial{i:05d}", cfg, values, request.placement.prepared, request.trials))
         return out
+
+    def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int:
+        self.failed_trials.append(dict(attrs))
+        return 0
 
     def train_many(self, request: MembersRequest) -> list[TrialRecord]:
         self.requests.append(request)
-        return [self._trial(f"member{i:05d}", cfg, {"member": i}, request.prepared, request.tracking, request.fit,
-                            request.downloads) for i, cfg in enumerate(request.configs)]
+        members = replace(request.trials, console=None)    # this fake leaves the members' console silent
+        return [self._trial(f"member{i:05d}", cfg, {"member": i}, request.connection.prepared, members)
+                for i, cfg in enumerate(request.configs)]
 
     def train_workers(self, request: WorkersRequest) -> Metrics:
         self.requests.append(request)
@@ -288,7 +294,8 @@ class FakeLauncher:
         return {**result, "checkpoint": str(folder.best), "run_dir": str(folder.path), "workers": request.workers}
 
     def _trial(self, trial_id: str, cfg: JobConfig, params: Mapping[str, object], prepared: Path,
-               tracking: TrialTracking, fit: WorkerFit, downloads: Path, console=None) -> TrialRecord:
+               trials: TrialRun) -> TrialRecord:
+        tracking, fit, downloads, console = trials.tracking, trials.fit, trials.downloads, trials.console
         tracker = tracking.tracker
         run = tracker.start_run(tracking.experiment, f"{tracking.sweep}-{trial_id}",
                                 tags={"sweep": tracking.sweep, "trial_id": trial_id},
@@ -327,5 +334,5 @@ def _fit(fit: WorkerFit, cfg: JobConfig, link: FakeLink, prepared: Path) -> Metr
     from iaa.data.manifest import vocab_card
 
     data = PreparedData.open(Path(prepared))
-    return fit(cfg, link, threads=1, vocab_hash=data.manifest.get("vocab_hash", ""), train=data.table("train"),
-               valid=data.table("valid"), vocab=vocab_card(Path(prepared)))
+    return fit(cfg, link, WorkerData(vocab_hash=data.manifest.get("vocab_hash", ""), train=data.table("train"),
+                                     valid=data.table("valid"), vocab=vocab_card(Path(prepared))), threads=1)

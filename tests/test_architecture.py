@@ -8,7 +8,12 @@
 - ``iaa.model.kernels`` (the fast paths) imports only torch, the standard library and its own
   modules, and the rest of ``iaa.model`` reaches the kernels only through the package
   (``iaa.model.kernels.select``), never a kernel module;
-- no two modules of ``iaa`` import each other, directly or around a longer cycle.
+- no two modules of ``iaa`` import each other, directly or around a longer cycle: the largest
+  strongly connected set of modules is one module;
+- inside ``iaa.jobs``: every sub-package is either the base or a use case (``JOBS_BASE``,
+  ``USE_CASES``); a use case never imports another use case, the base never imports a use case,
+  and the sub-packages import each other without a cycle; each port module reaches the other
+  ports only through their records. Planted imports show that each check can fail.
 """
 
 from __future__ import annotations
@@ -87,10 +92,11 @@ def test_the_model_reaches_the_kernels_only_through_select() -> None:
 
 # What an adapter may import from the jobs: the ports, the configs (and presets and search spaces,
 # plain data) and the work folder's paths.
-PLATFORM_MAY_IMPORT = {"iaa.jobs", "iaa.jobs.ports", "iaa.jobs.training.config", "iaa.jobs.training.presets",
-                       "iaa.jobs.workdir", "iaa.jobs.workdir.paths", "iaa.jobs.search", "iaa.jobs.search.search_space",
+PLATFORM_MAY_IMPORT = {"iaa.jobs", "iaa.jobs.ports", "iaa.jobs.ports.records", "iaa.jobs.ports.tracking",
+                       "iaa.jobs.ports.launching", "iaa.jobs.ports.serving", "iaa.jobs.config.job_config", "iaa.jobs.config.presets",
+                       "iaa.jobs.workdir", "iaa.jobs.workdir.paths", "iaa.jobs.config", "iaa.jobs.config.search_space",
                        "iaa.jobs.training",
-                       "iaa.jobs.search.exploration"}   # pure: what a sweep's trials cannot tell (the study's notes)
+                       "iaa.jobs.config.exploration"}   # pure: what a sweep's trials cannot tell (the study's notes)
 
 
 def test_the_platform_imports_from_the_jobs_only_ports_and_configs() -> None:
@@ -119,3 +125,217 @@ def test_no_import_cycle() -> None:
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+# --- the walls inside iaa.jobs ---------------------------------------------------------------------
+# The base is shared by every use case; a use case is one command group's workflow. A sub-package of
+# iaa.jobs in neither list fails test_every_jobs_sub_package_is_placed: place it before it grows.
+JOBS_BASE = ("config", "workdir", "ports", "modeling", "evaluation", "training", "sweeps", "datasets", "interrupt")
+USE_CASES = ("train", "tune", "ensemble", "distill", "inference", "own_data", "reports")
+
+
+def internal_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The imports between modules of ``graph``, less a module's import of its own ancestor packages
+    (importing ``a.b`` runs ``a`` first whatever ``a.b`` names, so that edge adds no order)."""
+    return {name: {m for m in deps if m in graph and m != name and not name.startswith(m + ".")}
+            for name, deps in graph.items()}
+
+
+def jobs_part(module: str) -> str | None:
+    """The sub-package (or top module, ``ports``) of ``iaa.jobs`` that ``module`` belongs to."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["iaa", "jobs"] else None
+
+
+def jobs_parts_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The imports between the sub-packages of ``iaa.jobs``: one edge where any module of one imports
+    any module of the other."""
+    parts: dict[str, set[str]] = {}
+    for name, deps in internal_graph(graph).items():
+        if (part := jobs_part(name)) is not None:
+            parts.setdefault(part, set()).update(p for d in deps if (p := jobs_part(d)) not in (None, part))
+    return parts
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's strongly connected components of ``graph`` (every node in exactly one), largest first."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in sorted(graph.get(node, ())):
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found, key=len, reverse=True)
+
+
+def wall_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Every import across a wall: a use case importing another use case, the base importing a use
+    case, and a sub-package placed in neither list."""
+    breaches = []
+    for name, deps in sorted(internal_graph(graph).items()):
+        part = jobs_part(name)
+        if part is None:
+            continue
+        if part not in JOBS_BASE and part not in USE_CASES:
+            breaches.append(f"{name}: iaa.jobs.{part} is neither a use case nor the base")
+            continue
+        for dep in sorted(deps):
+            other = jobs_part(dep)
+            if other in USE_CASES and other != part:
+                kind = "the use case" if part in USE_CASES else "the base"
+                breaches.append(f"{name} ({kind} {part}) imports {dep} (the use case {other})")
+    return breaches
+
+
+def test_every_jobs_sub_package_is_placed() -> None:
+    found = {jobs_part(name) for name in MODULES} - {None}
+    assert found == set(JOBS_BASE) | set(USE_CASES)
+    assert not set(JOBS_BASE) & set(USE_CASES)
+
+
+def test_no_use_case_imports_another_and_the_base_imports_none() -> None:
+    assert wall_breaches(GRAPH) == []
+
+
+def test_the_jobs_sub_packages_import_each_other_without_a_cycle() -> None:
+    tangled = [sorted(c) for c in strongly_connected(jobs_parts_graph(GRAPH)) if len(c) > 1]
+    assert tangled == []
+
+
+def test_the_largest_strongly_connected_set_of_modules_is_one() -> None:
+    largest = strongly_connected(internal_graph(GRAPH))[0]
+    print(f"largest strongly connected set of modules in iaa: {len(largest)} ({sorted(largest)[:5]})")
+    assert len(largest) == 1, sorted(largest)
+
+
+def test_each_port_depends_only_on_the_records() -> None:
+    """``iaa.jobs.ports.*`` reach each other only through ``records``; the one exception is the
+    launching port's :class:`TrialTracking`, which names the tracking port's ``Tracker`` (a type
+    only, imported under ``TYPE_CHECKING``)."""
+    allowed = {"iaa.jobs.ports.records", "iaa.jobs.ports.launching:iaa.jobs.ports.tracking"}
+    crossings = {f"{name}:{dep}" for name, deps in GRAPH.items()
+                 if name.startswith("iaa.jobs.ports.") for dep in deps
+                 if dep.startswith("iaa.jobs.ports") and dep != "iaa.jobs.ports.records"}
+    assert crossings <= allowed
+
+
+def _planted(graph: dict[str, set[str]], module: str, imported: str) -> dict[str, set[str]]:
+    """A copy of ``graph`` where ``module`` also imports ``imported`` (both made modules if new)."""
+    copy = {name: set(deps) for name, deps in graph.items()}
+    copy.setdefault(module, set()).add(imported)
+    copy.setdefault(imported, set())
+    return copy
+
+
+def test_the_checker_fails_on_a_planted_import_across_the_walls() -> None:
+    across = _planted(GRAPH, "iaa.jobs.tune.tune", "iaa.jobs.ensemble.members")
+    assert wall_breaches(across) == ["iaa.jobs.tune.tune (the use case tune) imports iaa.jobs.ensemble.members "
+                                     "(the use case ensemble)"]
+    downward = _planted(GRAPH, "iaa.jobs.evaluation.explain", "iaa.jobs.reports.report")
+    assert wall_breaches(downward) == ["iaa.jobs.evaluation.explain (the base evaluation) imports "
+                                       "iaa.jobs.reports.report (the use case reports)"]
+    unplaced = _planted(GRAPH, "iaa.jobs.newthing.job", "iaa.jobs.config.job_config")
+    assert wall_breaches(unplaced) == ["iaa.jobs.newthing.job: iaa.jobs.newthing is neither a use case nor the base"]
+    # the same import inside one use case, or from a use case down to the base, is no breach
+    assert wall_breaches(_planted(GRAPH, "iaa.jobs.tune.tune", "iaa.jobs.tune.best")) == []
+    assert wall_breaches(_planted(GRAPH, "iaa.jobs.tune.tune", "iaa.jobs.training.loop")) == []
+
+
+def test_the_cycle_checks_fail_on_a_planted_cycle() -> None:
+    looped = _planted(GRAPH, "iaa.jobs.config.job_config", "iaa.jobs.training.loop")   # training imports config
+    assert {"config", "training"} <= strongly_connected(jobs_parts_graph(looped))[0]
+    largest = strongly_connected(internal_graph(looped))[0]
+    assert {"iaa.jobs.config.job_config", "iaa.jobs.training.loop"} <= largest
+    assert len(strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})[0]) == 3
+
+
+PORT_PARAMETERS = 5     # a port takes one typed request, or a few plain values, never ten arguments
+
+
+def port_parameter_counts(source: str) -> dict[str, int]:
+    """Each callable that ``source`` (a ports module) declares, with how many parameters it takes:
+    the methods of its classes (less ``self``) and every ``Callable[[...], ...]`` it names."""
+    counts: dict[str, int] = {}
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and not item.name.startswith("__post"):
+                    a = item.args
+                    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                    counts[f"{node.name}.{item.name}"] = len([n for n in names if n not in ("self", "cls")])
+        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "Callable"
+              and isinstance(node.slice, ast.Tuple) and isinstance(node.slice.elts[0], ast.List)):
+            counts[f"Callable at line {node.lineno}"] = len(node.slice.elts[0].elts)
+    return counts
+
+
+def test_no_port_callable_takes_more_than_five_parameters() -> None:
+    ports = [p for name, p in MODULES.items() if name == "iaa.jobs.ports" or name.startswith("iaa.jobs.ports.")]
+    too_many = {f"{path.name}: {where}": n for path in ports
+                for where, n in port_parameter_counts(path.read_text(encoding="utf-8")).items() if n > PORT_PARAMETERS}
+    assert too_many == {}
+
+
+def test_the_parameter_count_sees_methods_and_callables() -> None:
+    planted = ("class Fit(Protocol):\n"
+               "    def __call__(self, cfg, link, *, threads, vocab_hash, prepared='', train=None, valid=None): ...\n"
+               "Scorer = Callable[[int, int, int, int, int, int], None]\n")
+    assert port_parameter_counts(planted) == {"Fit.__call__": 7, "Callable at line 3": 6}
+
+
+# --- sizes (reported, not enforced) ----------------------------------------------------------------
+MODULE_LINES = 400      # a module fits on a screen or two
+FUNCTION_LINES = 50
+
+
+def long_functions(source: str, limit: int = FUNCTION_LINES) -> dict[str, int]:
+    """Each function or method of ``source`` longer than ``limit`` lines (its decorators and
+    docstring included), with its length."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if (length := node.end_lineno - start + 1) > limit:
+                found[f"{node.name} (line {node.lineno})"] = length
+    return found
+
+
+def test_report_long_modules_and_functions() -> None:
+    """Prints the modules over 400 lines and the functions over 50 (``pytest -s`` shows them):
+    where to split next. It fails only if the measurement itself breaks."""
+    modules = {name: n for name, path in MODULES.items()
+               if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES}
+    functions = {f"{name}.{where}": n for name, path in MODULES.items()
+                 for where, n in long_functions(path.read_text(encoding="utf-8")).items()}
+    print(f"\nmodules over {MODULE_LINES} lines: {len(modules)}")
+    for name, n in sorted(modules.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:5d}  {name}")
+    print(f"functions over {FUNCTION_LINES} lines: {len(functions)}")
+    for name, n in sorted(functions.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:5d}  {name}")
+    planted = "@decorated\ndef f():\n" + "    x = 1\n" * FUNCTION_LINES + "def g():\n    pass\n"
+    assert long_functions(planted) == {"f (line 2)": FUNCTION_LINES + 2}

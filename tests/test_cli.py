@@ -27,7 +27,7 @@ def prepared(tmp_path_factory) -> Path:
 
 
 def test_a_genuine_bug_keeps_its_traceback(prepared, monkeypatch):
-    from iaa.jobs.reports import frequency
+    from iaa.jobs.evaluation import frequency
 
     def broken(*args, **kwargs):
         return {}["accuracy"]  # a KeyError from a bug, not from the user
@@ -40,7 +40,7 @@ def test_a_genuine_bug_keeps_its_traceback(prepared, monkeypatch):
 
 
 def test_an_expected_error_is_one_line_and_debug_shows_its_traceback(prepared, monkeypatch):
-    from iaa.jobs.reports import frequency
+    from iaa.jobs.evaluation import frequency
 
     def bad_data(*args, **kwargs):
         raise DataError("row 3: answer index outside its candidates", path="x.parquet")
@@ -90,7 +90,7 @@ def test_every_command_with_json_shares_one_option():
 
 
 def test_tune_keeps_an_explicit_max_epochs_even_when_it_equals_the_preset(prepared, tmp_path):
-    from iaa.jobs.search import tune
+    from iaa.jobs.tune import tune
 
     preset = tune.TUNE_PRESETS["demo"]
     explicit = tune.TuneRequest(dataset="demo", sets=("train.max_epochs=4",))  # the demo preset's own value

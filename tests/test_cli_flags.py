@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from iaa import cli
 from iaa.data.manifest import vocab_card
-from iaa.jobs.training import checkpoint
+from iaa.jobs.modeling import checkpoint
 from tests._explain import tiny_checkpoint
 from tests._tiny import make_tiny_prepared
 
@@ -73,7 +73,7 @@ def test_explain_input_alone_explains_every_question_of_a_small_file(model, tmp_
 
 
 def test_explain_input_alone_refuses_a_large_file_in_one_line(model, tmp_path: Path) -> None:
-    from iaa.jobs.inference.explain import WHOLE_INPUT
+    from iaa.jobs.evaluation.explain import WHOLE_INPUT
 
     prepared, ckpt, questions = model
     big = tmp_path / "big.jsonl"

@@ -20,7 +20,8 @@ from iaa.data.cloze.sources import TEXT, TOKENS, SourceSpec, read_documents
 from iaa.data.cloze.tagging import DEFAULT_PIPELINE, SpacyTagger, decode, encode, make_units
 from iaa.data.errors import DataError
 from iaa.errors import IaaError
-from iaa.jobs.datasets import make_cloze, prepare
+from iaa.jobs.own_data import make_cloze
+from iaa.jobs.datasets import prepare
 from tests._cloze_fake import FakeTagger, NAMES, NOUNS, article, book, make_fake
 
 CFG = dict(valid=1, test=1, seed=3)

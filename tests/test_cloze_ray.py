@@ -6,7 +6,7 @@ import pytest
 
 import tests._cloze_fake as fake
 from iaa.data.cloze.sources import SourceSpec
-from iaa.jobs.datasets import make_cloze
+from iaa.jobs.own_data import make_cloze
 from tests.test_cloze import books, files_of, write
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from iaa.data import cbt
 from iaa.data.cloze.sources import TEXT, TOKENS, SourceSpec
 from iaa.data.cloze.tagging import DEFAULT_PIPELINE, SpacyTagger, check_pipeline
 from iaa.errors import IaaError
-from iaa.jobs.datasets import make_cloze
+from iaa.jobs.own_data import make_cloze
 from tests._shared import require_shared
 
 spacy = pytest.importorskip("spacy", reason='spaCy is an optional extra: pip install -e ".[cloze]"')

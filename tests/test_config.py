@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from iaa.jobs.training import config as C
-from iaa.jobs.training.presets import for_dataset
+from iaa.jobs.config import job_config as C
+from iaa.jobs.config.presets import for_dataset
 from iaa.model.config import preset
 
 
@@ -55,7 +55,7 @@ def test_presets_follow_the_paper_check_interval() -> None:
 
 def test_presets_cover_every_dataset_and_train_max_epochs_takes_a_fraction() -> None:
     from iaa.data.datasets import DATASETS
-    from iaa.jobs.training.presets import DATASET_PRESETS
+    from iaa.jobs.config.presets import DATASET_PRESETS
 
     assert tuple(DATASET_PRESETS) == DATASETS
     for name in DATASETS:

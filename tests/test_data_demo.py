@@ -31,7 +31,7 @@ def oracle(ex) -> str:
 
 
 def test_frequency_baseline_is_low_but_context_decides(tmp_path):
-    from iaa.jobs.reports import frequency
+    from iaa.jobs.evaluation import frequency
 
     paths = demo.write_files(tmp_path, sizes={"valid": demo.SIZES["valid"]})
     chunk = cbt.read(paths["valid"])

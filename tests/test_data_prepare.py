@@ -45,7 +45,7 @@ def test_round_trip_tokens_answers_and_candidate_positions(tmp_path):
     source = make_cbtest(tmp_path)
     out = tmp_path / "out"
     result = prepare.run("cbt-ne", source, out, min_count=2, progress=False)
-    assert result["counts"] == {"train": 6, "valid": 2} and result["rebuilt"]
+    assert result["counts"] == {"train": 6, "valid": 2} and result["created"] and not result["rebuilt"]
     data = PreparedData.open(out)
     assert data.vocab.tokens[:3] == ("<pad>", "<unk>", "XXXXX")
     for split in ("train", "valid"):
@@ -110,17 +110,17 @@ def test_fail_mode_raises_and_leaves_no_output(tmp_path):
 
 def test_idempotent_until_source_or_options_change(tmp_path):
     source, out = make_cbtest(tmp_path), tmp_path / "out"
-    assert prepare.run("cbt-ne", source, out, progress=False)["rebuilt"]
+    assert prepare.run("cbt-ne", source, out, progress=False)["created"]
     stamp = (out / "manifest.json").stat().st_mtime_ns
     again = prepare.run("cbt-ne", source, out, progress=False)
-    assert not again["rebuilt"] and again["counts"] == {"train": 6, "valid": 2}
+    assert not again["rebuilt"] and not again["created"] and again["counts"] == {"train": 6, "valid": 2}
     assert (out / "manifest.json").stat().st_mtime_ns == stamp
     assert prepare.run("cbt-ne", source, out, min_count=2, progress=False)["rebuilt"]
     assert not prepare.run("cbt-ne", source, out, min_count=2, progress=False)["rebuilt"]
     train = source / "data" / "cbtest_NE_train.txt"
     train.write_text(train.read_text() + example(answer="Ben"))
     changed = prepare.run("cbt-ne", source, out, min_count=2, progress=False)
-    assert changed["rebuilt"] and changed["counts"]["train"] == 7
+    assert changed["rebuilt"] and not changed["created"] and changed["counts"]["train"] == 7
     (out / "train" / "part-00000.parquet").unlink()
     assert prepare.run("cbt-ne", source, out, min_count=2, progress=False)["rebuilt"]
 

@@ -9,6 +9,8 @@ near -2) and gradients to 1e-5 / 1e-3.
 from __future__ import annotations
 
 import threading
+from dataclasses import asdict, replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,8 +21,8 @@ from iaa.data.prefetch import prefetch
 from iaa.jobs.training.step import build_optimizer, train_step
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
 from iaa.model.encoder import BiGRUEncoder
-from iaa.model.flops import batch_flops, step_layer_flops
-from iaa.model.reader import Masks
+from iaa.jobs.train.flops import batch_flops, step_layer_flops
+from iaa.model.reader import CompiledReads, Masks
 from tests._fake_device import HostReads, batch_on_fake_device, on_fake_device
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
@@ -134,6 +136,34 @@ def test_flop_formula_equals_the_flop_counter_on_the_reference_path(kind: str) -
         assert batch_flops(cfg, batch) == counter.get_total_flops()
 
 
+def test_flop_formula_of_act_equals_the_flop_counter_when_every_example_runs_t_max_steps() -> None:
+    """ACT is counted as T_max steps plus the halting unit after each step but the last: exact
+    when no example halts before T_max (halting biases far below 0)."""
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=40, steps=3, halting="act", **REFERENCE)
+    model = build_reader(cfg)
+    with torch.no_grad():
+        model.halting_unit.bias.fill_(-30.0)
+    optimizer = build_optimizer(model, lr=1e-3, embed_l2=1e-4)
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 6], seed=1, pad_to=(17, 8))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        train_step(model, optimizer, batch)
+    fixed = batch_flops(replace(cfg, halting="none"), batch)
+    assert batch_flops(cfg, batch) == counter.get_total_flops() > fixed
+
+
+def test_flops_of_a_reader_the_formula_does_not_know_are_an_error() -> None:
+    cfg = preset("tiny", vocab_size=40)
+    batch = random_batch([9, 14], [4, 6], seed=1)
+    for field, value in (("kind", "iaa-two-queries"), ("halting", "pondernet")):
+        unknown = SimpleNamespace(**{**asdict(cfg), field: value})
+        with pytest.raises(ValueError, match=f"model.{field}={value!r} are not counted"):
+            batch_flops(unknown, batch)
+        with pytest.raises(ValueError, match=f"model.{field}={value!r}"):
+            step_layer_flops(unknown, 4)
+
+
 def test_step_layer_flops_are_the_attention_steps_weight_matmuls() -> None:
     """``step_layer_flops`` (what the bench counts as bf16 when the steps' layers run on AMX)
     equals what the flop counter sees of the steps' addmm/mm, forward and backward."""
@@ -147,7 +177,7 @@ def test_step_layer_flops_are_the_attention_steps_weight_matmuls() -> None:
     counter = FlopCounterMode(display=False)
     with counter:
         masks = Masks(batch.query_mask, batch.doc_mask, batch.doc_mask)
-        log_att, _, _ = model._read(q_enc, q_enc[:, 0], d_enc, masks, kernels=model.kernels, trace=False)
+        log_att, _, _ = model._read(q_enc, q_enc[:, 0], d_enc, masks, slots=model.slots, trace=False)
         log_att[torch.isfinite(log_att)].sum().backward()
     counts = counter.get_flop_counts()["Global"]
     layers = sum(f for op, f in counts.items() if str(op) in ("aten.addmm", "aten.mm"))
@@ -168,7 +198,7 @@ def test_compiled_reads_equal_eager_reads(kind: str) -> None:
     results = []
     for model in (eager, compiled):
         model.train()
-        log_p = model(batch)
+        log_p = model(batch).log_probs
         nll_loss(log_p, batch.answer).backward()
         grads = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone() for n, p in model.named_parameters()}
         results.append((log_p.detach(), grads))
@@ -178,7 +208,7 @@ def test_compiled_reads_equal_eager_reads(kind: str) -> None:
     torch.testing.assert_close(lp_c[finite], lp_e[finite], atol=1e-5, rtol=1e-4)
     for name in g_e:
         torch.testing.assert_close(g_c[name], g_e[name], atol=1e-5, rtol=1e-3, msg=name)
-    assert compiled._compiled_read is not None
+    assert isinstance(compiled._reads, CompiledReads)
 
 
 def test_bucketed_padding_keeps_the_output_and_few_shapes() -> None:
@@ -190,7 +220,7 @@ def test_bucketed_padding_keeps_the_output_and_few_shapes() -> None:
     padded = pad_to_buckets(batch)
     assert padded.doc.shape[1] == 16 and padded.query.shape[1] == 16
     with torch.no_grad():
-        torch.testing.assert_close(model(padded), model(batch), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(model(padded).log_probs, model(batch).log_probs, atol=1e-6, rtol=1e-5)
 
 
 def test_prefetch_prepares_the_next_batch_while_the_current_one_is_used() -> None:
@@ -230,8 +260,8 @@ def test_prefetch_raises_the_sources_error_and_stops_when_closed() -> None:
 def test_checkpoint_rng_belongs_to_the_models_device() -> None:
     """The CUDA RNG state saved is the model's GPU's (``model_device``), and it is restored onto
     the device the run continues on, never implicitly onto GPU 0 or onto a CPU run."""
-    from iaa.jobs.training import checkpoint
-    from iaa.jobs.training.config import JobConfig
+    from iaa.jobs.modeling import checkpoint
+    from iaa.jobs.config.job_config import JobConfig
 
     torch.manual_seed(0)
     model = build_reader(preset("tiny", vocab_size=40))
@@ -249,7 +279,7 @@ def test_checkpoint_rng_belongs_to_the_models_device() -> None:
 
 
 def test_the_cost_estimate_says_when_sharing_a_gpu_pays() -> None:
-    from iaa.jobs.search.cost import SweepCost
+    from iaa.jobs.sweeps.cost import SweepCost
 
     def text(share: float) -> str:
         return SweepCost(trials=8, epochs=2, examples=1000, examples_per_s=0.0, concurrency=8, gpus=True,

@@ -18,8 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import device_cards  # noqa: E402
 import device_run  # noqa: E402
 import device_steps  # noqa: E402
+
+TARGET_KEYS = {"train_ex_s_b32", "infer_ex_s_b32", "card_train_ex_s", "cn_epoch_s", "compare_early_stop", "ensemble_gain"}
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -58,7 +61,19 @@ def test_the_readme_command_runs_every_step_and_writes_exactly_three_files(tmp_p
     with tarfile.open(tmp_path / "results.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {f"{s}.json" for s in steps} <= names and {f"{s}.log" for s in steps} <= names
-    assert set(summary["bench"]) == {"fp32_eager", "bf16_eager"}
+    assert {"fp32_eager", "bf16_eager"} <= set(summary["bench"])
+    assert set(summary["bench"]["steps"]) == {"fp32_eager", "fp32_captured", "bf16_eager", "bf16_captured"}
+    assert summary["bench"]["steps"]["fp32_captured"]["refused"] == "CUDA graphs need a CUDA device"
+    assert summary["bench"]["steps"]["bf16_eager"]["train_examples_per_s"] > 0
+    gate = summary["gate"]
+    assert set(gate["us_per_time_step"]) == {"b8", "b16", "b32"} and isinstance(gate["gate_passed"], bool)
+    assert all(row["packed_eager"] > 0 and row["padded_eager"] > 0 for row in gate["us_per_time_step"].values())
+    ensemble = summary["ensemble"]
+    assert len(ensemble["member_valid_acc"]) == 2 and 0 <= ensemble["ensemble_valid_acc"] <= 1
+    assert set(summary["targets"]) == TARGET_KEYS and "commit" in summary and "card" in summary
+    assert summary["targets"]["ensemble_gain"]["measured"] == ensemble["gain_points"]
+    assert summary["targets"]["train_ex_s_b32"]["measured"] is None         # the tiny bench runs batch 4
+    assert summary["shared_card"]["in_process_2"]["aggregate_train_examples_per_s"] > 0
     assert summary["bench_compiled"]["bf16_compiled"]["compile"] is True
     assert summary["env"]["python_h"] in (True, False) and "gcc" in summary["env"] and "triton" in summary["env"]
     shared = summary["shared_card"]["trials_2"]
@@ -73,7 +88,7 @@ def test_the_readme_command_runs_every_step_and_writes_exactly_three_files(tmp_p
     assert "[compare] iaa check 1:" in log and "[compare] as-reader: max-epochs" in log
 
 
-def test_the_plan_fits_its_budget_with_compare_among_the_first_five() -> None:
+def test_the_plan_fits_its_budget_most_valuable_first() -> None:
     for extra in ([], ["--budget-s", "300"], ["--part", "1"], ["--part", "2"]):
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_run.py"), "--plan", *extra],
                               capture_output=True, text=True, check=True)
@@ -82,7 +97,8 @@ def test_the_plan_fits_its_budget_with_compare_among_the_first_five() -> None:
         assert sum(step["limit_s"] for step in plan["steps"]) <= plan["budget_s"]
         names = [step["name"] for step in plan["steps"]]
         if not extra or extra[0] == "--budget-s":
-            assert names[:3] == ["env", "pytest_gpu", "bench"] and "compare" in names[:5]
+            assert names[:4] == ["env", "gate", "pytest_gpu", "bench"] and "compare" in names[:6]
+            assert names.index("ensemble") < names.index("shared_card")
             assert names[-1] == "bench_compiled" and len(names) == len(device_run.PLAN)
         else:
             assert names == list(device_run.PARTS[int(extra[1])])
@@ -128,6 +144,32 @@ def test_a_step_that_fails_is_named_and_the_plan_goes_on(tmp_path: Path, monkeyp
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["failed"] == ["no_such_step"] and "error" in summary["no_such_step"]
     assert summary["env"]["cpus"] >= 1
+    assert set(summary["targets"]) == TARGET_KEYS and "commit" in summary and summary["card"] is None
+    assert all(t == {"measured": None, "goal": t["goal"], "met": False} for t in summary["targets"].values())
+
+
+def test_targets_take_the_best_figure_of_each_goal_and_say_whether_it_is_met() -> None:
+    run = lambda status, acc: {"status": status, "best_valid_acc": acc, "checks": []}   # noqa: E731
+    summary = {
+        "bench": {"fp32_eager": {"batch_size": 32, "train_examples_per_s": 400.0, "infer_examples_per_s": 21000.0},
+                  "steps": {"bf16_captured": {"batch_size": 32, "train_examples_per_s": 3100.0},
+                            "fp32_captured": {"refused": "no"}, "bf16_eager": {"batch_size": 4, "train_examples_per_s": 9e9}}},
+        "shared_card": {"trials_8": {"aggregate_train_examples_per_s": 9000.0},
+                        "in_process_8": {"aggregate_train_examples_per_s": 16000.0}},
+        "compare": {"card_train_examples_per_s": 5000.0, "ranking": ["iaa", "as-reader", "iaa-fixed-query"],
+                    "runs": {"iaa": {**run("early-stopped", 0.7), "seconds_per_epoch_training_only": 41.0},
+                             "as-reader": run("early-stopped", 0.6), "iaa-fixed-query": run("max-time", 0.65)}},
+        "ensemble": {"gain_points": 2.5},
+    }
+    targets = device_cards.targets(summary)
+    assert {k: (t["measured"], t["met"]) for k, t in targets.items() if k != "compare_early_stop"} == {
+        "train_ex_s_b32": (3100.0, True), "infer_ex_s_b32": (21000.0, True), "card_train_ex_s": (16000.0, True),
+        "cn_epoch_s": (41.0, False), "ensemble_gain": (2.5, True)}
+    assert targets["compare_early_stop"]["met"] is False                   # one run stopped on time
+    summary["compare"]["runs"]["iaa-fixed-query"]["status"] = "early-stopped"
+    assert device_cards.targets(summary)["compare_early_stop"]["met"] is True
+    summary["compare"]["ranking"] = ["as-reader", "iaa", "iaa-fixed-query"]
+    assert device_cards.targets(summary)["compare_early_stop"]["met"] is False
 
 
 def test_a_failing_run_of_compare_leaves_the_others_figures(tmp_path: Path, capsys: pytest.CaptureFixture,

@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from iaa.data.loader import PreparedData, TEACHER_COLUMN, iter_batches
-from iaa.jobs.training import checkpoint
-from iaa.jobs.ensembles import distill, teacher
+from iaa.jobs.modeling import checkpoint
+from iaa.jobs.distill import distill, teacher
 from iaa.jobs.datasets import resolve
-from iaa.jobs.ensembles import averaging as ensemble_job
-from iaa.jobs.inference import evaluate
-from iaa.jobs.training import train as train_job
-from iaa.jobs.training.config import JobConfig
-from iaa.jobs.training.objective import Objective
-from iaa.jobs.ensembles.teacher import TeacherError
+from iaa.jobs.evaluation import averaging as ensemble_job
+from iaa.jobs.evaluation import evaluate
+from iaa.jobs.train import train as train_job
+from iaa.jobs.config.job_config import JobConfig
+from iaa.jobs.modeling.objective import Objective
+from iaa.jobs.distill.teacher import TeacherError
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,7 +55,7 @@ def request(setup, **kw) -> distill.DistillRequest:
                                   sets=(*TINY_SETS, "train.max_epochs=1", "train.threads=1"), **kw)
 
 
-def plain_train(cfg, prepared, run_dir, train_rows=None, teacher=None, tags=None):
+def plain_train(cfg, prepared, run_dir, train_rows=None, teacher=None, tags=None, experiment=None):
     """The in-process train job (the CLI passes the MLflow-tracked one)."""
     return train_job.run(cfg, prepared, run_dir, show_progress=False, train_rows=train_rows)
 
@@ -77,7 +77,8 @@ def test_the_teacher_is_computed_once_and_reused(setup):
     result = distill.run(req, train=plain_train)
     assert result["teacher_computed"]
     path = Path(result["teacher"])
-    assert path.parent == setup[1] / "teachers" and pq.read_table(path).num_rows == 64
+    assert path.parent == req.workdir / "distill" / "teachers" and pq.read_table(path).num_rows == 64
+    assert not (setup[1] / "teachers").exists()                 # nothing beside the prepared data
     calls = []
     again = distill.run(replace(req, run_dir=setup[0] / "runs" / "twice"), train=plain_train,
                         score=lambda *a: calls.append(a) or [])
@@ -189,7 +190,7 @@ def test_a_damaged_teacher_is_refused_naming_the_file_and_example(setup, tmp_pat
 
 def test_a_teacher_file_that_is_not_parquet_is_refused(setup):
     req = request(setup, train_examples=8, run_dir=setup[0] / "runs" / "garbage")
-    path = distill.teacher_path(setup[1], req.ensemble, 8)
+    path = distill.teacher_path(req.workdir, req.ensemble, 8)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"not parquet at all")
     try:

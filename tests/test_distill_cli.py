@@ -45,7 +45,7 @@ def test_distill_makes_a_student_every_command_accepts(tmp_path: Path, monkeypat
     # a half-size student, with the teacher scored as two Ray tasks
     student = invoke("distill", "--ensemble", ens["ensemble_dir"], "--workdir", str(work), "--alpha", "0.5",
                      "--temperature", "2", "--workers", "2", *sets(["model.hidden_dim=4", "model.state_dim=6"]))
-    assert student["teacher_computed"] and Path(student["teacher"]).parent == prepared / "teachers"
+    assert student["teacher_computed"] and Path(student["teacher"]).parent == work / "distill" / "teachers"
     assert student["members"] == members and Path(student["checkpoint"]).is_file()
 
     from mlflow.tracking import MlflowClient
@@ -56,7 +56,8 @@ def test_distill_makes_a_student_every_command_accepts(tmp_path: Path, monkeypat
     contexts = {i.tags[0].value: i.dataset.name for i in run.inputs.dataset_inputs}
     assert contexts["teacher"] == Path(student["teacher"]).stem and "train" in contexts
 
-    scored = invoke("evaluate", "--checkpoint", student["checkpoint"], "--data", str(prepared), "--split", "valid")
+    scored = invoke("evaluate", "--checkpoint", student["checkpoint"], "--data", str(prepared), "--split", "valid",
+                    "--workdir", str(work))
     assert scored["accuracy"] == pytest.approx(student["best_valid_acc"])
     both = invoke("ensemble", "--members", student["checkpoint"], members[0], "--data", str(prepared),
                   "--workdir", str(work), "--name", "with-student")

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from iaa.jobs.ensembles import averaging as ensemble
+from iaa.jobs.evaluation import averaging as ensemble
 
 pytestmark = pytest.mark.timeout(60)
 
-# The evaluate job's PREDICTION_SCHEMA (iaa/jobs/inference/evaluate.py), repeated so these tests need no torch.
+# The evaluate job's PREDICTION_SCHEMA (iaa/jobs/evaluation/evaluate.py), repeated so these tests need no torch.
 PREDICTION_SCHEMA = pa.schema([
     ("example_id", pa.string()),
     ("candidate_words", pa.list_(pa.string())),

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from iaa.errors import IaaError
-from iaa.jobs.training.config import JobConfig, TrainConfig, to_dict
+from iaa.jobs.config.job_config import JobConfig, TrainConfig, to_dict
 from fakes import FakeTracker
-from iaa.jobs.ports import MembersRequest, TrialRecord
-from iaa.jobs.ensembles import members as members_job
-from iaa.jobs.ensembles import ensemble
+from iaa.jobs.ports import ConnectRequest, MembersRequest, TrialRecord, TrialRun
+from iaa.jobs.ensemble import members as members_job
+from iaa.jobs.ensemble import ensemble
 from iaa.jobs.ports import TrialTracking
 
 pytestmark = pytest.mark.timeout(60)
@@ -96,9 +96,13 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, lau
     assert len(fake_tune) == 1
     call = fake_tune[0]
     assert [(c.train.lr, c.train.seed) for c in call.configs] == [(2e-3, 2), (3e-3, 1), (3e-3, 2)]
-    assert call.tracking.parent_run_id == "parent-123" and call.tracking.experiment == "tune-demo"
-    assert call.name.startswith("ensemble-demo-iaa-")   # never the sweep's own name: its folder stays intact
-    assert call.downloads == out_dir / "checkpoints"    # the members it trains land in the ensemble's folder
+    assert call.trials.tracking.parent_run_id == "parent-123" and call.trials.tracking.experiment == "tune-demo"
+    assert call.connection.name.startswith("ensemble-demo-iaa-")   # never the sweep's own name: its folder stays intact
+    assert call.trials.downloads == out_dir / "checkpoints"   # the members it trains land in the ensemble's folder
+    # each member's run is named by the ensemble and its seed, and logs the data
+    assert call.trials.tracking.member_names == ("demo-iaa-config0-seed-2", "demo-iaa-config1-seed-1",
+                                                 "demo-iaa-config1-seed-2")
+    assert call.trials.tracking.data_dir == tmp_path / "data"
 
     # A second run finds the members it trained in trained.json and trains nothing.
     again = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "demo-iaa", launcher)
@@ -152,10 +156,21 @@ def test_members_train_on_the_requested_resources(sweep: dict, launcher: FakeLau
                                    workers_per_trial=2, gpus_per_worker=0.5)
     ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", launcher)
     [call] = launcher.calls
-    assert call.workers_per_trial == 2 and call.gpus_per_worker == 0.5
+    assert call.connection.workers_per_trial == 2 and call.connection.gpus_per_worker == 0.5
+    assert call.connection.num_trials == len(call.configs)
 
 
-def test_train_many_plans_with_the_members_threads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_members_are_placed_with_the_largest_of_their_threads(sweep: dict, launcher: FakeLauncher,
+                                                             tmp_path: Path) -> None:
+    sweep = {**sweep, "trials": [replace(t, config=replace(t.config, train=replace(t.config.train, threads=i + 1)))
+                                 for i, t in enumerate(sweep["trials"])]}
+    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
+    ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", launcher)
+    [call] = launcher.calls
+    assert call.connection.threads == max(c.train.threads for c in call.configs) > 0
+
+
+def test_train_many_places_the_members_as_their_connection_asks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from iaa.platform.sweeps import launch
 
     asked: dict = {}
@@ -167,12 +182,12 @@ def test_train_many_plans_with_the_members_threads(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(launch, "connect", connect)
     configs = (JobConfig(train=TrainConfig(seed=0, threads=3)), JobConfig(train=TrainConfig(seed=1, threads=3)))
     trials = TrialTracking(tracker=FakeTracker(), experiment="x", parent_run_id=None, sweep="e-1", dataset="demo")
+    connection = ConnectRequest(name="e-1", prepared=tmp_path, storage=str(tmp_path / "ray"), num_trials=2,
+                                workers_per_trial=2, gpus_per_worker=1.0, threads=3)
     with pytest.raises(RuntimeError, match="planned"):
         launch.RayLauncher().train_many(MembersRequest(
-            configs=configs, prepared=tmp_path, name="e-1", storage=str(tmp_path / "ray"), tracking=trials,
-            fit=print, downloads=tmp_path / "d", workers_per_trial=2, gpus_per_worker=1.0))
-    request = asked["request"]
-    assert (request.threads, request.workers_per_trial, request.gpus_per_worker) == (3, 2, 1.0)
+            configs=configs, connection=connection, trials=TrialRun(fit=print, tracking=trials, downloads=tmp_path / "d")))
+    assert asked["request"] is connection
 
 
 def test_the_same_checkpoint_twice_is_refused(tmp_path: Path) -> None:

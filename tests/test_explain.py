@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.data.loader import PreparedData, collate
-from iaa.jobs.training import checkpoint
+from iaa.jobs.modeling import checkpoint
 from iaa.model.pointer import candidate_probs, pointer_sum
 from tests._explain import tiny_setup
 
@@ -100,8 +100,9 @@ def test_the_trace_is_the_forward_pass_on_a_padded_batch(setup):
     model, _, _ = checkpoint.load_model(ckpts["iaa"])
     batch = collate(PreparedData.open(prepared).table("valid").slice(0, 8))
     with torch.no_grad():
-        log_p, trace = model(batch, trace=True)
-        plain = model(batch)
+        out = model(batch, trace=True)
+        log_p, trace = out.log_probs, out.trace
+        plain = model(batch).log_probs
     probs = candidate_probs(log_p)
     assert torch.allclose(probs, candidate_probs(plain), atol=1e-4)
     answer = pointer_sum(trace.steps[-1].doc.log(), batch.doc_cand, batch.cand_mask.shape[1])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from iaa.jobs.search.cost import SweepCost, duration
+from iaa.jobs.sweeps.cost import SweepCost, duration
 
 
 def _cost(rate: float, gpus: bool = False) -> SweepCost:
@@ -43,7 +43,7 @@ class _Clock:
 def test_the_console_says_each_trial_event_once_and_corrects_the_estimate_from_real_checks():
     import io
 
-    from iaa.jobs.search.console import SweepConsole
+    from iaa.jobs.sweeps.console import SweepConsole
 
     cost = SweepCost(trials=4, epochs=2, examples=1000, examples_per_s=100.0, concurrency=2, gpus=False)
     out, clock = io.StringIO(), _Clock()
@@ -74,7 +74,7 @@ def test_the_console_says_each_trial_event_once_and_corrects_the_estimate_from_r
 def test_the_console_table_comes_only_after_a_quiet_spell_with_the_searched_values_as_columns():
     import io
 
-    from iaa.jobs.search.console import SweepConsole
+    from iaa.jobs.sweeps.console import SweepConsole
 
     out, clock = io.StringIO(), _Clock()
     console = SweepConsole(None, ["train.lr", "model.steps"], out=out, clock=clock, table_every_s=30)
@@ -103,7 +103,7 @@ def test_the_console_table_comes_only_after_a_quiet_spell_with_the_searched_valu
 def test_probe_trains_the_sweeps_model_and_measures_a_rate(tmp_path):
     """The probe runs real training steps of the configured reader (the sweep's first line uses it)."""
     from iaa.jobs.datasets import resolve
-    from iaa.jobs.search.cost import probe
+    from iaa.jobs.sweeps.cost import probe
     from tests._tiny import TINY_SETS, make_tiny_prepared
 
     prepared = make_tiny_prepared(tmp_path)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _faults import assert_one_message, invoke, make_checkpoint, make_prepared
-from iaa.jobs.training import checkpoint
+from iaa.jobs.modeling import checkpoint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,7 +79,7 @@ def test_a_teacher_edited_into_valid_distributions_is_refused_by_its_content_dig
     import pyarrow.parquet as pq
 
     from iaa.data.loader import PreparedData
-    from iaa.jobs.ensembles import teacher
+    from iaa.jobs.distill import teacher
 
     rows = PreparedData.open(prepared).rows("train", 0, 8)
     words = rows.column("candidate_words").to_pylist()
@@ -104,7 +104,7 @@ def test_an_ensemble_refuses_a_member_that_changed_before_the_end(prepared, tmp_
     name; what ensemble.json records is the digest of the file as first read."""
     import hashlib
 
-    from iaa.jobs.inference import evaluate
+    from iaa.jobs.evaluation import evaluate
     from iaa.platform import mlflow_model
 
     members = [make_checkpoint(prepared, tmp_path / f"m{seed}.pt", seed=seed) for seed in (0, 1)]

@@ -115,7 +115,7 @@ def _make_cloze(source: Path, out: Path) -> None:
     from _cloze_fake import make_fake
 
     from iaa.data.cloze.sources import SourceSpec
-    from iaa.jobs.datasets import make_cloze
+    from iaa.jobs.own_data import make_cloze
 
     make_cloze.run(make_cloze.ClozeConfig("cbt-ne", (SourceSpec(source),)), out, workers=0, tagger=make_fake,
                    progress=False)

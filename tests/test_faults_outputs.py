@@ -168,7 +168,7 @@ def test_make_cloze_into_the_current_folder(tmp_path, monkeypatch):
     from _cloze_fake import book, make_fake
 
     from iaa.data.cloze.sources import SourceSpec
-    from iaa.jobs.datasets import make_cloze
+    from iaa.jobs.own_data import make_cloze
 
     texts = tmp_path / "texts"
     texts.mkdir()
@@ -224,17 +224,29 @@ def _ensemble(folder: Path, record: object) -> Path:
     return folder
 
 
-def test_an_ensemble_with_relative_members_does_not_load_whatever_sits_there(w, monkeypatch):
-    ens = _ensemble(w["root"] / "ens", {"members": ["run/checkpoints/best.pt"]})
+def test_an_ensemble_with_relative_members_reads_them_from_its_work_folder_not_the_current_one(w, monkeypatch):
+    from iaa.data.shards import file_sha256
+
+    member = "run/checkpoints/best.pt"                          # relative to the work folder (w["root"])
+    ens = _ensemble(w["root"] / "ensembles" / "e", {"members": [member],
+                                                    "member_sha256": {member: file_sha256(w["ckpt"])}})
     elsewhere = w["root"] / "elsewhere"
     shutil.copytree(w["root"] / "run2", elsewhere / "run")      # another model at the same relative path
     monkeypatch.chdir(elsewhere)
-    before = snapshot(w["root"])
+    before = snapshot(w["root"] / "run")
     code, out = invoke("predict", "--ensemble", ens, "--data", w["prepared"], "--input", w["questions"],
                        "--out", w["root"] / "answers.jsonl")
-    assert_one_message(code, out, ens / "ensemble.json", "relative")
-    assert not (w["root"] / "answers.jsonl").exists()
-    assert_unchanged(before, w["root"])
+    assert code == 0, out
+    assert (w["root"] / "answers.jsonl").is_file()
+    assert_unchanged(before, w["root"] / "run")
+    from iaa.jobs.evaluation import ensemble_record
+
+    assert ensemble_record.members(ens) == [w["ckpt"]]
+    monkeypatch.chdir(w["root"])
+    _ensemble(ens, {"members": [member], "member_sha256": {member: file_sha256(w["other"])}})
+    code, out = invoke("predict", "--ensemble", ens, "--data", w["prepared"], "--input", w["questions"],
+                       "--out", w["root"] / "answers2.jsonl")
+    assert_one_message(code, out, str(w["ckpt"]), "changed")     # its own member, whatever sits elsewhere
 
 
 def test_an_ensemble_member_changed_after_the_ensemble_was_made_is_refused(w):
@@ -357,7 +369,7 @@ def test_make_cloze_into_a_full_disk_names_the_output(tmp_path):
 
     from iaa.data.cloze.sources import SourceSpec
     from iaa.errors import IaaError
-    from iaa.jobs.datasets import make_cloze
+    from iaa.jobs.own_data import make_cloze
 
     (tmp_path / "b.txt").write_text(book("A Book", 400, seed=0))
     with small_fs(tmp_path / "full", size="64k") as folder:
@@ -418,8 +430,8 @@ def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every output of the sweep is written; the trial run whose model the store refused ends FAILED,
     and the loss is reported (the command then exits 1) rather than passed over."""
-    from iaa.jobs.inference import explain
-    from iaa.jobs.search import tune
+    from iaa.jobs.evaluation import explain
+    from iaa.jobs.tune import tune
     from iaa.jobs.ports import TrialRecord
 
     monkeypatch.setattr(explain, "run", lambda *a, **k: {"html": str(tmp_path / "e.html"), "png": str(tmp_path / "e.png")})

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from _faults import TINY_MODEL, assert_one_message, invoke, make_prepared
-from iaa.jobs.search import search_space
-from iaa.jobs.training.config import ConfigError, JobConfig, load
+from iaa.jobs.config import search_space
+from iaa.jobs.config.job_config import ConfigError, JobConfig, load
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,7 +115,7 @@ def test_every_numeric_field_declares_a_finite_range():
     """A new numeric field cannot be added without a range (NaN, inf and absurd sizes then pass)."""
     from dataclasses import fields
 
-    from iaa.jobs.training.config import DistillConfig, TrainConfig
+    from iaa.jobs.config.job_config import DistillConfig, TrainConfig
     from iaa.model.config import Range, ReaderConfig
 
     for cls in (ReaderConfig, TrainConfig, DistillConfig):
@@ -130,7 +130,7 @@ def test_every_numeric_field_declares_a_finite_range():
 def test_a_loss_that_becomes_infinite_stops_the_run_in_one_line_and_logs_no_model(prepared, tmp_path):
     import mlflow
 
-    from iaa.platform.tracking.store import find_runs
+    from iaa.platform.tracking.queries import find_runs
 
     work = tmp_path / "work"
     code, output = train(prepared, work, "train.lr=1e30")

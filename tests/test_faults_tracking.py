@@ -95,26 +95,27 @@ def test_a_sqlite_database_of_another_program_is_refused_and_left_alone(tmp_path
     assert_one_message(*report(uri, tmp_path), uri, "is a SQLite database of something else", "people")
     assert_unchanged(before, db)
 
+    from iaa.platform.tracking import connection
     from iaa.platform.tracking import store as tracking
 
     empty = tmp_path / "empty.db"                  # an empty file (e.g. made by touch) becomes a store
     empty.touch()
-    tracking.Run.start(tracking.open_store(f"sqlite:///{empty}"), "e", "r1").end()
+    tracking.Run.start(connection.open_store(f"sqlite:///{empty}"), "e", "r1").end()
     with sqlite3.connect(empty) as con:
         tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     con.close()
-    assert tracking.MLFLOW_TABLES <= tables
-    tracking.open_store(f"sqlite:///{empty}")      # and, now MLflow's, is opened again
+    assert connection.MLFLOW_TABLES <= tables
+    connection.open_store(f"sqlite:///{empty}")      # and, now MLflow's, is opened again
 
 
 LOST_STORE = textwrap.dedent("""
     import os, sys
     from iaa.errors import brief
-    from iaa.platform.tracking import store as tracking
+    from iaa.platform.tracking import connection, store as tracking
 
     db = sys.argv[1]
     tracking.RETRY_EVERY_S = 0
-    run = tracking.Run.start(tracking.open_store("sqlite:///" + db), "e", "r1")
+    run = tracking.Run.start(connection.open_store("sqlite:///" + db), "e", "r1")
     run.log_metrics({"valid_acc": 0.5}, step=1)
     os.unlink(db)
     run.log_metrics({"valid_acc": 0.6}, step=2)
@@ -123,7 +124,7 @@ LOST_STORE = textwrap.dedent("""
     assert any(what.startswith("log 1 params") for what in run.lost), run.lost
     try:
         tracking.Run.start("sqlite:///" + db, "e", "r2")
-    except tracking.TRANSIENT as err:
+    except connection.TRANSIENT as err:
         print("refused:", brief(err), file=sys.stderr)
 """)
 

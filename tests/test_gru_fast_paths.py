@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from iaa.model.kernels import gru_kernels
-from iaa.model.kernels.fused_gru import bigru_from_table, fused_bigru, input_table
+from iaa.model.kernels.encoder_table import bigru_from_table, input_table
+from iaa.model.kernels.fused_gru import fused_bigru
 from tests._model_inputs import one_thread  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)

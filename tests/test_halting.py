@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from iaa.jobs.training.config import JobConfig, merge
-from iaa.jobs.training.objective import Objective
+from iaa.jobs.config.job_config import JobConfig, merge
+from iaa.jobs.modeling.objective import Objective
 from iaa.model import build_reader, candidate_probs, preset
 from iaa.model.gates import gate_features
 from iaa.model.halting import EPSILON
@@ -24,6 +24,12 @@ def act_reader(steps: int = 5, seed: int = 0, **overrides):
     return build_reader(preset("tiny", vocab_size=40, steps=steps, halting="act", **overrides))
 
 
+def outputs(model, batch):
+    """The reader's log P(a | Q, D) (B, C) and ACT's ``Halting``."""
+    out = model(batch)
+    return out.log_probs, out.halting
+
+
 def spread_halting(model, bias: float = -1.0, scale: float = 100.0) -> None:
     """Halting weights large enough that examples stop at different steps."""
     with torch.no_grad():
@@ -33,8 +39,8 @@ def spread_halting(model, bias: float = -1.0, scale: float = 100.0) -> None:
 
 def paper_forward(model, batch):
     """The IAA reader's forward as it was before ``model.halting`` existed, line for line."""
-    q_enc, _, d_enc = model.encoders(batch, model.kernels, model._drop)
-    q_enc, d_enc = model._attention_inputs(q_enc, d_enc, model.kernels)
+    q_enc, _, d_enc = model.encoders(batch, model.slots)
+    q_enc, d_enc = model._attention_inputs(q_enc, d_enc, model.slots)
     s = q_enc.new_zeros(q_enc.shape[0], model.cfg.state_dim)
     for step in range(model.cfg.steps):
         q_t, _ = model.query_read(s, q_enc, batch.query_mask)
@@ -42,7 +48,7 @@ def paper_forward(model, batch):
             logits = model.doc_read.logits(s, q_t, d_enc)
             break
         d_t, _, _ = model.doc_read(s, q_t, d_enc, batch.doc_mask)
-        features = model._drop(gate_features(s, q_t, d_t))
+        features = model._drop(gate_features(s, q_t, d_t), model.slots)
         r_q, r_d = model.gate_q(features), model.gate_d(features)
         s = model.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)
     log_att = masked_log_softmax(logits, Masks.of(model.cfg, batch).answer)
@@ -57,7 +63,7 @@ def test_halting_none_is_the_paper_reader_bit_for_bit(kind):
     assert model.cfg.halting == "none" and model.halting_unit is None
     batch = random_batch([5, 11, 3, 8], [4, 2, 6, 3])
     results = []
-    for forward in (model, lambda b: paper_forward(model, b)):
+    for forward in (lambda b: model(b).log_probs, lambda b: paper_forward(model, b)):
         model.zero_grad(set_to_none=True)
         torch.manual_seed(7)                                   # the same dropout masks
         log_p = forward(batch)
@@ -91,8 +97,8 @@ def test_halting_driven_to_step_k_equals_a_fixed_reader_with_t_k(k, grad):
     fixed.load_state_dict({n: v for n, v in model.state_dict().items() if not n.startswith("halting_unit")})
     batch = random_batch([5, 11, 3, 8], [4, 2, 6, 3])
     with torch.set_grad_enabled(grad):
-        log_p, halting = model(batch, return_halting=True)
-        expected = fixed(batch)
+        log_p, halting = outputs(model, batch)
+        expected = fixed(batch).log_probs
     assert halting.steps.tolist() == [k] * 4
     torch.testing.assert_close(candidate_probs(log_p), candidate_probs(expected), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(log_p, expected, atol=1e-5, rtol=1e-5)
@@ -118,7 +124,7 @@ def test_per_example_step_counts_and_weights_equal_a_plain_loop(grad):
     spread_halting(model)
     batch = random_batch([5, 11, 3, 8, 9, 4, 12, 6], [4, 2, 6, 3, 5, 2, 4, 3], seed=3)
     with torch.set_grad_enabled(grad):
-        _, halting = model(batch, return_halting=True)
+        _, halting = outputs(model, batch)
     steps = halting.steps.tolist()
     assert len(set(steps)) > 1, "the test needs examples that stop at different steps"
     assert steps == reference_steps(halting.probs.detach(), 6)
@@ -135,8 +141,8 @@ def test_inference_drops_halted_examples_and_agrees_with_the_training_loop():
     spread_halting(model)
     batch = random_batch([5, 11, 3, 8, 9, 4, 12, 6], [4, 2, 6, 3, 5, 2, 4, 3], seed=3)
     with torch.no_grad():
-        fast, fast_halting = model(batch, return_halting=True)
-    slow, slow_halting = model(batch, return_halting=True)             # grad on: every row every step
+        fast, fast_halting = outputs(model, batch)
+    slow, slow_halting = outputs(model, batch)             # grad on: every row every step
     torch.testing.assert_close(fast, slow.detach())
     assert torch.equal(fast_halting.steps, slow_halting.steps)
 
@@ -146,9 +152,9 @@ def test_act_padding_invariance():
     spread_halting(model)
     batch = random_batch([5, 11, 3, 8], [4, 2, 6, 3], pad_to=(14, 7))
     with torch.no_grad():
-        together, halting = model(batch, return_halting=True)
+        together, halting = outputs(model, batch)
         for i in range(4):
-            alone, alone_halting = model(select(batch, i), return_halting=True)
+            alone, alone_halting = outputs(model, select(batch, i))
             torch.testing.assert_close(candidate_probs(together[i:i + 1]), candidate_probs(alone), atol=1e-5, rtol=1e-5)
             assert int(alone_halting.steps[0]) == int(halting.steps[i])
 
@@ -157,7 +163,7 @@ def test_every_act_parameter_gets_a_gradient_through_the_answer_and_the_ponder_c
     model = act_reader(steps=4, dropout=0.0, fused_gru=False)
     spread_halting(model, bias=-2.0, scale=0.5)
     batch = random_batch([5, 11, 3, 8], [4, 2, 6, 3])
-    log_p, halting = model(batch, return_halting=True)
+    log_p, halting = outputs(model, batch)
     assert int(halting.steps.max()) == 4, "the test needs an example that reaches T_max"
     Objective(ponder_cost=0.01)(log_p, batch, halting).backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.any(p.grad.to_dense() != 0)]
@@ -169,7 +175,7 @@ def test_ponder_cost_pushes_toward_fewer_steps():
     model = act_reader(steps=4, dropout=0.0)
     spread_halting(model, bias=-2.0, scale=0.5)
     batch = random_batch([5, 11, 3, 8], [4, 2, 6, 3])
-    _, halting = model(batch, return_halting=True)
+    _, halting = outputs(model, batch)
     halting.ponder.sum().backward()
     assert torch.all(model.halting_unit.bias.grad < 0)     # so descent raises b_t: halting comes sooner
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.data.loader import PreparedData, collate
-from iaa.jobs.training import checkpoint
+from iaa.jobs.modeling import checkpoint
 from iaa.jobs.datasets import resolve
 from iaa.model.reader import build_reader
 from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -48,7 +48,7 @@ def test_explain_shows_each_steps_halting_probability_and_the_stop(act_setup, tm
     stops = set()
     for row, record in enumerate(records):
         with torch.no_grad():
-            _, halting = model(collate(table.slice(row, 1)), return_halting=True)
+            halting = model(collate(table.slice(row, 1))).halting
         n = int(halting.steps[0])
         stops.add(n)
         assert record["stopped_at"] == n and record["max_steps"] == 5

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from iaa.jobs.training.config import ConfigError, JobConfig
-from iaa.jobs.training.objective import Objective
-from iaa.jobs.search import search_space
+from iaa.jobs.config.job_config import ConfigError, JobConfig
+from iaa.jobs.modeling.objective import Objective
+from iaa.jobs.config import search_space
 
 SPACE = """\
 model.halting: act

@@ -18,10 +18,10 @@ from iaa import cli
 from iaa.data.datasets import CLOZE_STYLES
 from iaa.jobs.datasets import resolve
 from iaa.jobs.ports import TrialRecord
-from iaa.jobs.reports import frequency
-from iaa.jobs.search import tune
-from iaa.jobs.training.config import JobConfig, load, read_handoff
-from iaa.jobs.training.presets import TUNE_PRESETS
+from iaa.jobs.evaluation import frequency
+from iaa.jobs.tune import tune
+from iaa.jobs.config.job_config import JobConfig, load, read_handoff
+from iaa.jobs.config.presets import TUNE_PRESETS
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 HEAVY = ("ray", "mlflow", "optuna", "torch")
@@ -178,7 +178,7 @@ def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Pa
         assert result.exit_code == 0, f"{command}\n{result.output}"
         if argv[1] == "train":                       # the best config, on the sweep's data, past the trial budget
             assert "to its early stop: up to 2 epochs" in result.stderr
-            assert "steps: " in result.stdout and (work / "runs").is_dir()
+            assert "best_valid_acc: " in result.stdout and (work / "runs").is_dir()
         if argv[1] == "ensemble":
             ensemble_commands = _printed_next_commands(result.stderr)
     [answerer] = served
@@ -201,8 +201,8 @@ def test_an_accuracy_is_shown_beside_the_baseline_and_not_being_above_it_is_said
 
 
 def test_asha_settings_that_can_never_stop_a_trial_are_a_warning() -> None:
-    from iaa.jobs.search import search_space as spaces
-    from iaa.jobs.training.presets import max_checks
+    from iaa.jobs.config import search_space as spaces
+    from iaa.jobs.config.presets import max_checks
 
     preset = TUNE_PRESETS["demo"]
     demo = replace(JobConfig(), train=replace(JobConfig().train, check_every=0))
@@ -220,7 +220,7 @@ def test_asha_settings_that_can_never_stop_a_trial_are_a_warning() -> None:
 
 
 def test_make_cloze_warns_of_an_evaluation_split_too_small_to_measure() -> None:
-    from iaa.jobs.datasets.make_cloze import small_splits
+    from iaa.jobs.own_data.make_cloze import small_splits
 
     [valid] = small_splits({"train": 900, "valid": 44, "test": 0})
     assert valid.startswith("the valid split has only 44 questions: an accuracy measured on it has a standard "

@@ -29,7 +29,7 @@ def _cfg(tiny: Path, *sets: str):
 
 
 def test_train_tracks_its_run_params_checks_and_model(tiny: Path, tmp_path: Path) -> None:
-    from iaa.jobs.training import train
+    from iaa.jobs.train import train
 
     tracker = FakeTracker()
     result = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, show_progress=False)
@@ -42,7 +42,7 @@ def test_train_tracks_its_run_params_checks_and_model(tiny: Path, tmp_path: Path
 
 
 def test_train_on_workers_goes_through_the_launcher(tiny: Path, tmp_path: Path) -> None:
-    from iaa.jobs.training import train
+    from iaa.jobs.train import train
 
     tracker, launcher = FakeTracker(), FakeLauncher()
     result = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, launcher=launcher, workers=2,
@@ -55,7 +55,7 @@ def test_train_on_workers_goes_through_the_launcher(tiny: Path, tmp_path: Path) 
 
 
 def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny: Path, tmp_path: Path) -> None:
-    from iaa.jobs.search import tune
+    from iaa.jobs.tune import tune
 
     space = tmp_path / "space.yaml"
     space.write_text(TINY_SPACE, encoding="utf-8")
@@ -70,7 +70,7 @@ def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny
     sweep = json.loads((tmp_path / "work" / "sweeps" / "fake" / "sweep.json").read_text())
     assert len(sweep["trials"]) == 3
     request = next(r for r in launcher.requests if isinstance(r, SweepRequest))
-    assert request.tracking.tracker is tracker and request.plan.num_samples == 3
+    assert request.trials.tracking.tracker is tracker and request.plan.num_samples == 3
     children = tracker.children(sweep["parent_run_id"])
     assert sorted(c.run_id for c in children) == sorted(t["mlflow_run_id"] for t in sweep["trials"])
     best = max(sweep["trials"], key=lambda t: t["best_valid_acc"])
@@ -79,8 +79,8 @@ def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny
 
 
 def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp_path: Path) -> None:
-    from iaa.jobs.ensembles import ensemble
-    from iaa.jobs.search import tune
+    from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.tune import tune
 
     space = tmp_path / "space.yaml"
     space.write_text("model.hidden_dim: [8]\n", encoding="utf-8")
@@ -93,6 +93,9 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
 
     [members] = [r for r in launcher.requests if isinstance(r, MembersRequest)]
     assert [c.train.seed for c in members.configs] == [1]            # seed 0 is the sweep's own trial
+    # one trial per member, with the threads the members' configs ask for (the largest)
+    assert members.connection.num_trials == 1
+    assert members.connection.threads == (members.configs[0].train.threads or None)
     assert len(result["members"]) == 2 and 0 <= result["valid_acc"] <= 1
     assert tracker.runs[result["mlflow_run_id"]].state == "FINISHED"
 

@@ -34,9 +34,11 @@ from iaa.model import kernels as fast
 from iaa.model.kernels import gru_kernels, support
 from iaa.model.kernels.deferred import DeferredReads
 from iaa.model.kernels.dropout import FastDropout
-from iaa.model.kernels.fused_gru import EncoderTable, FusedEncoder
+from iaa.model.kernels.encoder_table import EncoderTable
+from iaa.model.kernels.fused_gru import FusedEncoder
 from iaa.model.kernels.inference_steps import FusedSteps
 from iaa.model.kernels.precision import SmallMatmuls
+from iaa.model.kernels.slots import EncoderSlot
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(300)
@@ -104,12 +106,12 @@ def _reader(cfg: ReaderConfig, precision: str, kernels: fast.Kernels):
 def _run(model, batch):
     """Training: log P and every parameter's gradient; inference: log P (eval, no gradient)."""
     model.train()
-    log_p = model(batch)
+    log_p = model(batch).log_probs
     nll_loss(log_p, batch.answer).backward()
     grads = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad) for n, p in model.named_parameters()}
     model.eval()
     with torch.no_grad():
-        inferred = model(batch)
+        inferred = model(batch).log_probs
     return log_p.detach(), grads, inferred
 
 
@@ -217,7 +219,8 @@ def test_select_chooses_by_switch_device_and_variant(precision: str) -> None:
     assert ("layers" in chosen) == (precision == "bf16")
     off = dataclasses.replace(cfg, fused_gru=False, inference_table=False, batched_read_grad=False, fast_dropout=False)
     assert set(fast.select("cpu", precision, off).chosen()) <= {"layers", "steps"}
-    assert set(fast.select("cuda", precision, cfg).chosen()) == {"reads"}
+    assert set(fast.select("cuda", precision, cfg).chosen()) == {"encoder", "reads"}     # PaddedGRU
+    assert set(fast.select("cuda", precision, off).chosen()) == set()
     assert "steps" not in fast.select("cpu", precision, _config("act", "simd")).chosen()
     with pytest.raises(ValueError, match="precision"):
         fast.select("cpu", "fp16", cfg)
@@ -226,5 +229,45 @@ def test_select_chooses_by_switch_device_and_variant(precision: str) -> None:
 def test_a_reader_moved_to_another_device_chooses_its_kernels_again() -> None:
     model = build_reader(_config("iaa", "generic"))
     assert model.kernels.device == "cpu" and model.kernels.encoder is not None
-    assert model._kernels(torch.device("meta")).chosen() == {}
-    assert model.kernels.device == "meta"
+    model.to("meta")
+    assert model.kernels.device == "meta" and model.kernels.chosen() == {}
+    assert not isinstance(model.slots.encoder, EncoderSlot)                    # bound again: the reference
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_chosen_kernels_are_described_through_one_public_dict(precision: str) -> None:
+    """What benchmarks and reports learn of the kernels: ``describe()``; ``Kernels`` itself has
+    no method of one CPU kernel (AMX) and the CPU's features come from the package."""
+    kernels = fast.select("cpu", precision, _config("iaa", "simd"))
+    described = kernels.describe()
+    assert described["device"] == "cpu" and described["precision"] == precision
+    assert described["slots"] == kernels.chosen()
+    assert isinstance(described["amx_recurrence"], bool) and isinstance(described["amx_step_layers"], bool)
+    if precision == "fp32":
+        assert not described["amx_recurrence"] and not described["amx_step_layers"]   # AMX is bf16 only
+    assert not [name for name in vars(fast.Kernels) if "amx" in name]
+    assert fast.cpu_features() == gru_kernels.cpu_features()
+
+
+def test_forward_runs_whatever_callable_a_slot_holds_at_its_one_call_site() -> None:
+    """Each slot is one callable with the reference's signature: a wrapper placed in the encoder
+    and steps slots runs for the query and the document, and for the T steps, and changes
+    nothing."""
+    torch.manual_seed(0)
+    model = build_reader(_config("iaa", "generic")).eval()
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=3)
+    with torch.no_grad():
+        before = model(batch).log_probs
+    calls = []
+
+    def recorded(name, slot):
+        return lambda *args, **kwargs: calls.append(name) or slot(*args, **kwargs)
+
+    model.slots = dataclasses.replace(model.slots, encoder=recorded("encoder", model.slots.encoder),
+                                      steps=recorded("steps", model.slots.steps))
+    model.train()
+    out = model(batch)
+    assert calls == ["encoder", "encoder", "steps"] and out.trace is None and out.halting is None
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch).log_probs, before, atol=0, rtol=0)

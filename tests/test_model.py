@@ -62,9 +62,9 @@ def test_padding_invariance(kind, fast):
     model = tiny(kind, **flags).eval()
     batch = random_batch([5, 11, 3, 8], [4, 2, 6, 3], pad_to=(14, 7))
     with torch.no_grad():
-        together = candidate_probs(model(batch))
+        together = candidate_probs(model(batch).log_probs)
         for b in range(4):
-            alone = candidate_probs(model(select(batch, b)))
+            alone = candidate_probs(model(select(batch, b)).log_probs)
             torch.testing.assert_close(alone[0], together[b], atol=1e-6, rtol=1e-5)
 
 
@@ -73,7 +73,7 @@ def test_every_parameter_gets_a_gradient(kind):
     # T = 3: with s_0 = 0 the inference GRU's recurrent weights first matter at s_2, read at t = 3.
     model = tiny(kind, dropout=0.0, steps=3)
     batch = random_batch([9, 12, 7], [4, 5, 3])
-    nll_loss(model(batch), batch.answer).backward()
+    nll_loss(model(batch).log_probs, batch.answer).backward()
     for name, param in model.named_parameters():
         grad = param.grad.to_dense() if param.grad.is_sparse else param.grad
         assert grad is not None and grad.abs().sum() > 0, name
@@ -90,7 +90,7 @@ def test_overfits_one_small_batch(kind):
         loss = float(train_step(model, optimizer, batch))
     model.eval()
     with torch.no_grad():
-        log_p = model(batch)
+        log_p = model(batch).log_probs
     assert loss < 0.1
     assert torch.equal(log_p.argmax(1), batch.answer)
 
@@ -139,11 +139,11 @@ def test_candidate_softmax_restricts_attention_to_candidates():
     model = tiny("iaa", candidate_softmax=True).eval()
     batch = random_batch([9, 12], [4, 5])
     with torch.no_grad():
-        total = model(batch).exp().sum(1)
+        total = model(batch).log_probs.exp().sum(1)
     torch.testing.assert_close(total, torch.ones(2))       # all mass on candidate positions
     plain = tiny("iaa").eval()
     with torch.no_grad():
-        assert torch.all(plain(batch).exp().sum(1) < 1)
+        assert torch.all(plain(batch).log_probs.exp().sum(1) < 1)
 
 
 def test_init_statistics():
@@ -217,7 +217,7 @@ def test_inference_steps_equal_a_transcription_of_the_equations():
         if a >= 0:
             expected[a] += d_att[i]                                              # eq. 2
     with torch.no_grad():
-        got = model(batch)[0].exp()
+        got = model(batch).log_probs[0].exp()
     torch.testing.assert_close(got, expected)
 
 
@@ -267,9 +267,9 @@ def test_a_reader_saved_by_an_earlier_version_loads_and_answers_the_same(variant
     batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=1)
     model.eval()
     with torch.no_grad():
-        inferred = model(batch)
+        inferred = model(batch).log_probs
     model.train()
-    log_p = model(batch)
+    log_p = model(batch).log_probs
     nll_loss(log_p, batch.answer).backward()
     tol = dict(atol=1e-6, rtol=1e-6) if kernels == "selected" else dict(atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(inferred, saved["log_p"], **tol)

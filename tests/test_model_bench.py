@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from iaa.jobs.training import bench, precision_policy as precision
+from iaa.jobs.train import bench
+from iaa.jobs.modeling import precision_policy as precision
 from iaa.jobs.training.step import build_optimizer, train_step
 from iaa.model import build_reader, preset
 from tests._model_inputs import one_thread  # noqa: F401 (autouse fixture)

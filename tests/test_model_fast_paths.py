@@ -107,12 +107,12 @@ def test_fast_dropout_keeps_the_rate_and_the_expectation():
     assert odd.dtype == torch.float64 and set(odd.unique().tolist()) <= {0.0, 65536 / (65536 - 13107)}
     torch.manual_seed(0)
     model = build_reader(preset("tiny", vocab_size=40)).eval()          # eval: no dropout at all
-    assert model.kernels.dropout is not None and model._drop(x) is x
+    assert model.kernels.dropout is not None and model._drop(x, model.slots) is x
 
 
 def _reference_step(model, optimizer, batch, embed_l2, clip):
     """The straightforward step: L2 in the loss, dense gradients, clip_grad_norm_, plain Adam."""
-    loss = nll_loss(model(batch), batch.answer) + embed_l2 * model.embedding.weight.pow(2).sum()
+    loss = nll_loss(model(batch).log_probs, batch.answer) + embed_l2 * model.embedding.weight.pow(2).sum()
     optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -141,7 +141,7 @@ def test_train_step_equals_reference_step(clip):
 def test_optimizer_state_round_trip(tmp_path):
     """Saved and loaded through a checkpoint file, the optimiser continues exactly: the learning
     rate, the step count and both Adam moments of every parameter come back."""
-    from iaa.jobs.training import checkpoint
+    from iaa.jobs.modeling import checkpoint
 
     torch.manual_seed(0)
     model = build_reader(preset("tiny", vocab_size=40, dropout=0.0))
@@ -179,11 +179,11 @@ def test_inference_table_equals_per_token_projection(kind):
     plain = build_reader(preset("tiny", vocab_size=40, kind=kind, inference_table=False)).eval()
     plain.load_state_dict(model.state_dict())
     with torch.no_grad():
-        torch.testing.assert_close(model(batch), plain(batch), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(model(batch).log_probs, plain(batch).log_probs, atol=1e-6, rtol=1e-5)
         for module in (model, plain):                     # a weight update must refresh the table
             module.embedding.weight.mul_(1.5)
             module.encoders.doc_encoder.gru.weight_ih_l0.add_(0.1)
-        torch.testing.assert_close(model(batch), plain(batch), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(model(batch).log_probs, plain(batch).log_probs, atol=1e-6, rtol=1e-5)
 
 
 def test_cpp_recurrence_runs_the_two_directions_on_two_threads_with_the_same_result():

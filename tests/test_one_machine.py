@@ -4,7 +4,6 @@ come up (each starts its own local Ray)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from iaa.jobs.evaluation import ensemble_record
+from iaa.jobs.sweeps import record as sweep_file
 from tests._platform import write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
@@ -65,11 +66,28 @@ def test_ensemble_of_a_sweep_speaks_in_a_few_lines(swept: tuple[Path, Path, Path
     assert "started: member config0-seed1" in proc.stderr                  # one line per member event
     assert "estimate from the first check" in proc.stderr                  # an ETA
     assert "training members took" in proc.stderr
-    summary = json.loads((work / "ensembles" / "two" / "ensemble.json").read_text())
+    summary = ensemble_record.read(work / "ensembles" / "two")             # paths where the folder is
     assert f"iaa-cli serve --ensemble {summary['ensemble_dir']}" in proc.stderr
     assert "iaa-cli evaluate --checkpoint" in proc.stderr
     assert "member_sha256" not in proc.stdout                              # key: value lines, no dict repr
     assert f"valid_acc: {summary['valid_acc']}" in proc.stdout
+    _members_and_models_read_at_a_glance(work, summary)
+
+
+def _members_and_models_read_at_a_glance(work: Path, summary: dict) -> None:
+    """The trained member's run is named by the ensemble and its seed, with its data; the
+    ensemble's run nests under the sweep's; every logged model has its own name."""
+    from mlflow.tracking import MlflowClient
+
+    sweep = sweep_file.read(work / "sweeps" / "two" / "sweep.json")
+    client = MlflowClient(sweep["tracking_uri"])
+    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name(sweep["experiment"]).experiment_id])}
+    member = runs["two-seed-1"]
+    assert member.data.tags["seed"] == member.data.params["train.seed"] == "1"
+    assert [i.dataset.name for i in member.inputs.dataset_inputs] == ["cbt-ne"]
+    assert client.get_run(summary["mlflow_run_id"]).data.tags["mlflow.parentRunId"] == sweep["parent_run_id"]
+    names = [m.name for m in client.search_logged_models([e.experiment_id for e in client.search_experiments()])]
+    assert sorted(names) == sorted({"two-trial-0000", "two-trial-0001", "ensemble-two"})
 
 
 def _free_port() -> int:
@@ -89,7 +107,7 @@ def _ready(url: str) -> bool:
 @pytest.mark.timeout(1500)
 def test_two_sweeps_and_a_service_at_once_on_one_machine(swept: tuple[Path, Path, Path], tmp_path: Path) -> None:
     tiny, space, work = swept
-    checkpoint = json.loads((work / "sweeps" / "two" / "sweep.json").read_text())["trials"][0]["checkpoint"]
+    checkpoint = sweep_file.read(work / "sweeps" / "two" / "sweep.json")["trials"][0].checkpoint
     port = _free_port()
     logs = {name: (tmp_path / f"{name}.log").open("w") for name in ("a", "b", "serve")}
     procs = {name: subprocess.Popen(_tune(tiny, space, tmp_path / name, name, samples=1), cwd=tmp_path, env=_env(),

@@ -10,10 +10,10 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from iaa.cli import cli
-from iaa.jobs.training.config import config_label
-from iaa.jobs.training import checkpoint
-from iaa.jobs.inference import evaluate
-from iaa.jobs.training.config import JobConfig, from_dict, load, read_handoff
+from iaa.jobs.config.job_config import config_label
+from iaa.jobs.modeling import checkpoint
+from iaa.jobs.evaluation import evaluate
+from iaa.jobs.config.job_config import JobConfig, from_dict, load, read_handoff
 from iaa.jobs.workdir.paths import Workdir
 from tests._platform import children, read_sweep, run_sweep, start_local_ray, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -132,22 +132,24 @@ def test_train_many_trains_each_config_in_input_order(tiny: Path, tmp_path: Path
     from dataclasses import replace
 
     from iaa.jobs.datasets import resolve
-    from iaa.jobs.ports import MembersRequest, TrialTracking
+    from iaa.jobs.ports import ConnectRequest, MembersRequest, TrialRun, TrialTracking
     from iaa.platform.sweeps import launch
     from iaa.platform.tracking import store as tracking
     from iaa.platform.tracking.tracker import MlflowTracker
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
-    from iaa.jobs.training.train import fit_on_worker
+    from iaa.jobs.training.loop import fit_on_worker
 
     configs = tuple(replace(base, train=replace(base.train, seed=seed)) for seed in (3, 1))
     uri = Workdir(tmp_path).tracking_uri()
     parent = tracking.Run.start(uri, "ensemble-test", "parent")
     trials = TrialTracking(tracker=MlflowTracker(uri), experiment="ensemble-test", parent_run_id=parent.run_id,
                            sweep="many", dataset="cbt-ne")
+    connection = ConnectRequest(name="many", prepared=tiny, storage=Workdir(tmp_path).storage(),
+                                num_trials=len(configs), show_progress=False)
     results = launch.RayLauncher().train_many(MembersRequest(
-        configs=configs, prepared=tiny, name="many", storage=Workdir(tmp_path).storage(), tracking=trials,
-        fit=fit_on_worker, downloads=tmp_path / "many", show_progress=False))
+        configs=configs, connection=connection,
+        trials=TrialRun(fit=fit_on_worker, tracking=trials, downloads=tmp_path / "many")))
     assert [r.config for r in results] == list(configs)
     client = MlflowClient(uri)
     for cfg, result in zip(configs, results):

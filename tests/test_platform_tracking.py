@@ -47,10 +47,10 @@ def test_processes_creating_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: P
 
 def test_an_unreachable_server_fails_at_once_naming_it(tmp_path: Path) -> None:
     from iaa.errors import IaaError
-    from iaa.platform.tracking import store as tracking
+    from iaa.platform.tracking import connection
 
     with pytest.raises(IaaError, match=r"http://127\.0\.0\.1:9 is not reachable"):
-        tracking.open_store(Workdir(tmp_path).tracking_uri("http://127.0.0.1:9"))
+        connection.open_store(Workdir(tmp_path).tracking_uri("http://127.0.0.1:9"))
 
 
 @pytest.mark.parametrize("command", ["train", "tune"])
@@ -70,11 +70,11 @@ def test_the_cli_names_an_unreachable_tracking_server(tmp_path: Path, command: s
 
 def test_a_damaged_sqlite_store_is_named(tmp_path: Path) -> None:
     from iaa.errors import IaaError
-    from iaa.platform.tracking import store as tracking
+    from iaa.platform.tracking import connection
 
     (tmp_path / "mlflow.db").write_bytes(b"this is no database" * 100)
     with pytest.raises(IaaError, match=f"{tmp_path / 'mlflow.db'} is damaged"):
-        tracking.open_store(Workdir(tmp_path).tracking_uri())
+        connection.open_store(Workdir(tmp_path).tracking_uri())
 
 
 def _history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -84,9 +84,10 @@ def _history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 def test_metrics_refused_by_a_lost_store_are_kept_and_sent_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import mlflow
 
+    from iaa.platform.tracking import connection
     from iaa.platform.tracking import store as tracking
 
-    uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
+    uri = connection.open_store(Workdir(tmp_path).tracking_uri())
     run = tracking.Run.start(uri, "lost", "r")
     real, down = run._client.log_batch, {"calls": 2}
 
@@ -109,9 +110,10 @@ def test_a_store_that_never_comes_back_ends_the_run_with_a_warning(tmp_path: Pat
                                                                    capsys: pytest.CaptureFixture) -> None:
     import mlflow
 
+    from iaa.platform.tracking import connection
     from iaa.platform.tracking import store as tracking
 
-    uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
+    uri = connection.open_store(Workdir(tmp_path).tracking_uri())
     run = tracking.Run.start(uri, "lost", "r")
 
     def refused(*args, **kwargs):
@@ -137,14 +139,15 @@ os.kill(os.getpid(), 9)
 
 
 def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_path: Path) -> None:
+    from iaa.platform.tracking import connection
     from iaa.platform.tracking import store as tracking
 
-    uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
+    uri = connection.open_store(Workdir(tmp_path).tracking_uri())
     alive = tracking.Run.start(uri, "killed", "alive")          # this process: left alone
     child = subprocess.run([sys.executable, "-c", _KILLED, uri], capture_output=True, text=True, timeout=100)
     run_id = child.stdout.strip()
     assert child.returncode == -9 and MlflowClient(uri).get_run(run_id).info.status == "RUNNING"
-    tracking.open_store(Workdir(tmp_path).tracking_uri())
+    connection.open_store(Workdir(tmp_path).tracking_uri())
     killed = MlflowClient(uri).get_run(run_id)
     assert killed.info.status == "KILLED" and "ended without closing" in killed.data.tags["iaa.killed"]
     assert MlflowClient(uri).get_run(alive.run_id).info.status == "RUNNING"
@@ -156,7 +159,7 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
 
     from iaa.jobs.datasets import resolve
 
-    from iaa.jobs.training import train
+    from iaa.jobs.train import train
     from iaa.platform.tracking.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
 
@@ -174,10 +177,10 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
 
 
 def test_experiments_open_in_the_training_runs_view(tmp_path: Path) -> None:
-    from iaa.platform.tracking import store as tracking
+    from iaa.platform.tracking import connection
 
-    uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
-    experiment = MlflowClient(uri).get_experiment(tracking.experiment_id(uri, "tune-demo"))
+    uri = connection.open_store(Workdir(tmp_path).tracking_uri())
+    experiment = MlflowClient(uri).get_experiment(connection.experiment_id(uri, "tune-demo"))
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from iaa.jobs.training.config import ConfigError, JobConfig
-from iaa.jobs.search import search_space
+from iaa.jobs.config.job_config import ConfigError, JobConfig
+from iaa.jobs.config import search_space
 from iaa.platform.cluster import resources, storage
-from iaa.jobs.ports import TrialRecord
-from iaa.jobs.training.presets import TUNE_PRESETS
+from iaa.jobs.ports import TrialRecord, WorkerData
+from iaa.jobs.config.presets import TUNE_PRESETS
 from iaa.platform.cluster.resources import DRIVER_CPU, Node
 
 pytestmark = pytest.mark.timeout(60)
@@ -356,7 +356,7 @@ def test_a_trial_that_ends_on_its_own_keeps_the_check_delivered_with_its_end(tmp
 
 
 def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
-    from iaa.jobs.search import tune
+    from iaa.jobs.tune import tune
     from iaa.platform.sweeps import search_algorithm as search
 
     preset = TUNE_PRESETS["demo"]
@@ -374,7 +374,7 @@ def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() 
 
 
 def test_a_set_of_a_searched_key_is_named_as_having_no_effect() -> None:
-    from iaa.jobs.search import tune
+    from iaa.jobs.tune import tune
 
     space = search_space.parse(search_space.PAPER_GRID, JobConfig())
     notes = tune.searched_overrides(("model.embed_dim=64", "train.lr=0.002", "model.steps = 2"), space)
@@ -397,7 +397,7 @@ def test_tune_cli_refuses_a_reduction_factor_of_one() -> None:
 
 def test_default_sweep_names_are_unique_and_a_taken_name_is_refused(tmp_path: Path) -> None:
     from iaa.errors import IaaError
-    from iaa.jobs.search import tune
+    from iaa.jobs.tune import tune
     from iaa.platform.sweeps import launch
 
     names = {tune.sweep_name(tune.TuneRequest(dataset="demo", workdir=tmp_path)) for _ in range(20)}
@@ -416,7 +416,7 @@ def test_default_sweep_names_are_unique_and_a_taken_name_is_refused(tmp_path: Pa
 def test_a_default_name_finds_the_latest_sweep_and_records_round_trip(tmp_path: Path) -> None:
     import os
 
-    from iaa.jobs.search import sweep
+    from iaa.jobs.sweeps import record as sweep
 
     rec = TrialRecord(trial_id="t1", config=JobConfig(), params={"model.steps": 2}, best_valid_acc=0.5,
                             checkpoint="/c.pt", mlflow_run_id="r", checks=3, steps=30, stop_reason="asha")
@@ -446,7 +446,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 ])
 def test_an_explicit_max_epochs_is_kept_whatever_it_is(tiny: Path, tmp_path: Path, sets: tuple, config_text: str | None,
                                                         max_epochs: float | None, expected: float) -> None:
-    from iaa.jobs.search import tune
+    from iaa.jobs.tune import tune
 
     config_file = None
     if config_text is not None:
@@ -579,18 +579,19 @@ def test_a_pyfunc_model_logged_without_its_loader_names_the_way_out() -> None:
 
 def test_a_trial_hands_the_jobs_loop_its_config_with_the_base_settings_and_its_sampled_values() -> None:
     """``--set model.steps=2`` reaches the loop the job injected: base config, fixed and sampled values merged."""
-    from iaa.jobs.training.config import apply, to_dict
+    from iaa.jobs.config.job_config import apply, to_dict
     from iaa.platform.sweeps.trial import TrialSpec, run_trial
 
     seen = []
 
-    def fit(cfg, link, **kwargs):
-        seen.append((cfg, link.rank, link.world_size, kwargs))
+    def fit(cfg, link, data, **kwargs):
+        seen.append((cfg, link.rank, link.world_size, data, kwargs))
 
     base = apply(JobConfig(), {"model.steps": 2})              # what resolve makes of --set model.steps=2
     spec = TrialSpec(name="t", fit=fit, storage_path="", workers=1, threads=1, base=to_dict(base),
                      fixed={"train.batch_size": 8}, vocab_hash="h", vocab={"json": "{}"})
     run_trial({"train.lr": 2e-3}, spec=spec, train="TRAIN", valid="VALID")
-    ((cfg, rank, world, kwargs),) = seen
+    ((cfg, rank, world, data, kwargs),) = seen
     assert (cfg.model.steps, cfg.train.batch_size, cfg.train.lr) == (2, 8, 2e-3) and (rank, world) == (0, 1)
-    assert kwargs == {"threads": 1, "vocab_hash": "h", "train": "TRAIN", "valid": "VALID", "vocab": {"json": "{}"}}
+    assert kwargs == {"threads": 1}
+    assert data == WorkerData(vocab_hash="h", train="TRAIN", valid="VALID", vocab={"json": "{}"})

@@ -15,12 +15,13 @@ import pytest
 import torch
 from torch import nn
 
-from iaa.jobs.training import precision_policy as precision
-from iaa.jobs.training.config import ConfigError
+from iaa.jobs.modeling import precision_policy as precision
+from iaa.jobs.config.job_config import ConfigError
 from iaa.model import build_reader, nll_loss, preset
 from iaa.model.kernels import gru_kernels
 from iaa.model.kernels.deferred import Memory
-from iaa.model.kernels.fused_gru import fused_bigru, input_table
+from iaa.model.kernels.encoder_table import input_table
+from iaa.model.kernels.fused_gru import fused_bigru
 from iaa.model.kernels.precision import Layers, SmallMatmuls, amx_usable
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
@@ -87,8 +88,8 @@ def test_the_probe_measures_both_dtypes() -> None:
 def test_trainer_uses_and_reports_the_precision_auto_chose(monkeypatch, tmp_path) -> None:
     """The job resolves ``auto`` through the probe: bf16 from a bf16 machine's rates, fp32 from
     a machine without bf16 units (where fp32 is the same code as ``precision=fp32``)."""
-    from iaa.jobs.training.config import JobConfig, TrainConfig
-    from iaa.jobs.training.train import Trainer
+    from iaa.jobs.config.job_config import JobConfig, TrainConfig
+    from iaa.jobs.training.loop import Trainer
 
     class Session:
         device = torch.device("cpu")
@@ -187,12 +188,12 @@ def test_reader_training_and_inference_in_bf16_stay_within_bounds(kind) -> None:
         with torch.no_grad():                    # attention far from uniform, as in test_precision.py
             for param in model.parameters():
                 param.mul_(2.0)
-        log_p = model(batch)
+        log_p = model(batch).log_probs
         nll_loss(log_p, batch.answer).backward()
         grads = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad) for n, p in model.named_parameters()}
         model.eval()
         with torch.inference_mode():
-            inferred = model(batch)                                              # the inference table
+            inferred = model(batch).log_probs                                            # the inference table
         results[used] = (log_p.detach(), grads, inferred)
     (lp32, g32, i32), (lp16, g16, i16) = results["fp32"], results["bf16"]
     finite = torch.isfinite(lp32)
@@ -241,7 +242,7 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
 
     from iaa.jobs.datasets import resolve
 
-    from iaa.jobs.training import train
+    from iaa.jobs.train import train
     from iaa.jobs.workdir.paths import Workdir
     from iaa.platform.tracking.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -260,7 +261,7 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
 def test_a_checkpoint_config_with_the_former_bf16_switch_still_loads() -> None:
     """``model.bf16_projections`` is gone; a saved config that has it loads, and where it was on
     the run keeps asking for bf16."""
-    from iaa.jobs.training.config import JobConfig, from_dict, to_dict
+    from iaa.jobs.config.job_config import JobConfig, from_dict, to_dict
 
     for saved, expected in ((True, "bf16"), (False, "fp32")):
         data = to_dict(JobConfig())

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.jobs.workdir.paths import Workdir
+from iaa.platform.tracking import queries
 from iaa.platform.tracking import store as tracking
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -52,7 +53,7 @@ def test_report_plots_the_metric_history(store: tuple[Path, str]) -> None:
     assert data[:8] == PNG_MAGIC and len(data) > 5000
     assert {r["model"] for r in result["runs"]} == set(HISTORY)
     for r in result["runs"]:
-        history = tracking.metric_history(uri, r["run_id"], "valid_acc")
+        history = queries.metric_history(uri, r["run_id"], "valid_acc")
         assert r["y"] == [m.value for m in history]
         assert r["steps"] == [m.step for m in history]
         assert r["x"] == [m.step * 32 for m in history]          # examples seen: step x batch size

@@ -54,7 +54,7 @@ def test_ensemble_trains_seeds_in_pairs_then_ensembles_them(evidence) -> None:
 
 
 def test_search_runs_the_whole_demo_grid_in_pairs_then_each_sweep_seed(evidence) -> None:
-    from iaa.jobs.search.search_space import DEMO_GRID
+    from iaa.jobs.config.search_space import DEMO_GRID
 
     plan = _plan(evidence, "search", "--tune-samples", "6", "--sweep-seeds", "0", "1", "2", "--epochs", "2")
     assert "prepare" in plan[0][0]                      # the demo data is made once, before runs share it

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from iaa.cli import cli
 from iaa.data import cbt
 from iaa.data.manifest import read
-from iaa.jobs.training import checkpoint
+from iaa.jobs.modeling import checkpoint
 from iaa.jobs.datasets import resolve
-from iaa.jobs.training import train as train_job
+from iaa.jobs.train import train as train_job
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 
@@ -165,9 +165,9 @@ def test_predict_and_evaluate_answer_at_the_precision_asked_and_report_it(traine
     (its inference table is built in that dtype), and the JSON says which."""
     import torch
 
-    from iaa.jobs.training import precision_policy as precision
-    from iaa.jobs.inference.predict import Predictor
-    from iaa.jobs.inference.raw_text import read_input
+    from iaa.jobs.modeling import precision_policy as precision
+    from iaa.jobs.evaluation.predictor import Predictor
+    from iaa.data.raw_text import read_input
 
     prepared, best, questions = trained
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.jobs.inference import serve as job
-from iaa.jobs.inference.predict import Predictor
+from iaa.jobs.evaluation.predictor import Predictor
 from tests._explain import tiny_setup
 from tests._platform import start_local_ray
 

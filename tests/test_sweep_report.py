@@ -49,3 +49,45 @@ def test_a_missing_study_is_one_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(IaaError, match="no Optuna study 'nope'"):
         analyze(f"sqlite:///{tmp_path / 'optuna.db'}", "nope", tmp_path / "report")
+
+
+def _pedanova(study) -> dict[str, float]:
+    """PED-ANOVA as optuna-dashboard calls it: default evaluator, the maximised value negated."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), target=lambda t: -t.values[0])
+
+
+def test_the_report_gives_the_dashboards_importances_beside_its_own(tmp_path: Path) -> None:
+    from iaa.jobs.reports.sweep_report import describe
+    from iaa.platform.sweeps.study import analyze
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    _study(url)
+    result = analyze(url, "demo-x", tmp_path / "report")
+    expected = _pedanova(optuna.load_study(study_name="demo-x", storage=url))
+    assert result["dashboard_importances"] == pytest.approx(expected)
+    assert list(result["dashboard_importances"]) == list(expected)           # the same order
+    assert (result["complete_trials"], result["scored_trials"]) == (4, 8)
+    text = describe({**result, "sweep": "demo-x", "warnings": []})
+    line = next(line for line in text.splitlines() if line.startswith("optuna-dashboard shows PED-ANOVA"))
+    assert all(f"{k} {v:.3f}" in line for k, v in expected.items())
+    assert "4 COMPLETE" in line and "all 8 scored" in line
+
+
+def test_the_dashboard_importances_are_optuna_dashboards_own(tmp_path: Path) -> None:
+    """Against optuna-dashboard's code where it is installed (the ``dashboard`` extra)."""
+    importance = pytest.importorskip("optuna_dashboard._importance", reason="optuna-dashboard is not installed")
+    from optuna_dashboard._inmemory_cache import InMemoryCache
+
+    from iaa.platform.sweeps.study import dashboard_importances
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    _study(url)
+    study = optuna.load_study(study_name="demo-x", storage=url)
+    shown = importance.get_param_importance_from_trials_cache(InMemoryCache(), study._storage, study._study_id, 0,
+                                                             study.get_trials(deepcopy=False))
+    assert dashboard_importances(study) == pytest.approx({row["name"]: row["importance"] for row in shown})

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from iaa.jobs.search import search_space, tune
-from iaa.jobs.training.config import JobConfig
+from iaa.jobs.config import search_space
+from iaa.jobs.tune import tune
+from iaa.jobs.config.job_config import JobConfig
 from iaa.jobs.ports import Placement, SearchPlan
-from iaa.jobs.training.presets import TUNE_PRESETS
-from iaa.jobs.training.config import config_label
+from iaa.jobs.config.presets import TUNE_PRESETS
+from iaa.jobs.config.job_config import config_label
 from iaa.jobs.ports import TrialRecord
 
 
@@ -45,7 +46,7 @@ def test_the_summary_ends_with_the_next_commands() -> None:
 
 
 def test_a_parameter_that_never_varied_and_too_few_trials_are_said() -> None:
-    from iaa.jobs.search import exploration
+    from iaa.jobs.config import exploration
 
     trials = [{"train.lr": 4e-3, "model.steps": s} for s in (2, 3, 2, 3)]
     notes = exploration.notes(trials, ["train.lr", "model.steps"])

@@ -17,28 +17,28 @@ optuna = pytest.importorskip("optuna")
 
 def _store(tmp_path: Path) -> tuple[str, str, str]:
     """A store with experiment tune-demo, a parent run and one child: (uri, experiment id, parent id)."""
-    from iaa.platform.tracking import store as tracking
+    from iaa.platform.tracking import connection
 
-    uri = tracking.open_store(Workdir(tmp_path).tracking_uri())
-    experiment = tracking.experiment_id(uri, "tune-demo")
+    uri = connection.open_store(Workdir(tmp_path).tracking_uri())
+    experiment = connection.experiment_id(uri, "tune-demo")
     parent = MlflowClient(uri).create_run(experiment, run_name="demo-iaa-1").info.run_id
     return uri, experiment, parent
 
 
 def test_the_runs_view_is_a_full_url_nesting_the_trials_under_the_parent(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from iaa.platform.tracking import store as tracking
+    from iaa.platform.tracking import queries
 
     monkeypatch.delenv("MLFLOW_UI_URL", raising=False)
     uri, experiment, _ = _store(tmp_path)
-    url = tracking.show_columns(uri, "tune-demo", ["metrics.valid_acc", "params.train.lr"])
+    url = queries.show_columns(uri, "tune-demo", ["metrics.valid_acc", "params.train.lr"])
     assert url.startswith(f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?")
     key = url.split("viewStateShareKey=")[1]
     state = json.loads(MlflowClient(uri).get_experiment(experiment).tags[f"mlflow.sharedViewState.{key}"])
     assert state["selectedColumns"] == ["metrics.`valid_acc`", "params.`train.lr`"]
     # MLflow's UI nests children under their parent only in start-time order
     assert state["orderByKey"] == "attributes.start_time"
-    assert tracking.ui_url("http://mlflow.example:8080/") == "http://mlflow.example:8080"
+    assert queries.ui_url("http://mlflow.example:8080/") == "http://mlflow.example:8080"
 
 
 def test_a_logged_model_carries_the_accuracy_of_its_checkpoint(tmp_path: Path) -> None:

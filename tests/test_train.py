@@ -12,9 +12,9 @@ import torch
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.jobs.training import checkpoint
+from iaa.jobs.modeling import checkpoint
 from iaa.jobs.datasets import resolve
-from iaa.jobs.training import train as train_job
+from iaa.jobs.train import train as train_job
 from tests._tiny import TINY_SETS, kill_after_checks, make_tiny_prepared
 
 
@@ -122,7 +122,7 @@ def test_cli_unknown_set_key_is_a_clear_error(tiny: Path, tmp_path: Path) -> Non
 
 
 def test_frequency_baseline_counts_candidate_occurrences() -> None:
-    from iaa.jobs.reports import frequency
+    from iaa.jobs.evaluation import frequency
 
     # candidate 1 occurs most in the first doc (gold 1: right); candidate 2 in the second (gold 0: wrong)
     assert frequency.accuracy([[0, 1, 1, -1, 2], [2, 2, 0]], [3, 3], [1, 0]) == 0.5

@@ -77,8 +77,8 @@ def grid(space: dict[str, Sequence[object]]) -> list[dict[str, object]]:
 
 def search_grid(space_file: Path | None) -> list[dict[str, object]]:
     """The grid of the demo preset's space, or of a YAML space file (its fixed keys in every config)."""
-    from iaa.jobs.training.presets import for_dataset
-    from iaa.jobs.search import search_space
+    from iaa.jobs.config.presets import for_dataset
+    from iaa.jobs.config import search_space
 
     if space_file is None:
         return grid(search_space.DEMO_GRID)

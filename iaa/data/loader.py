@@ -29,7 +29,7 @@ from iaa.data.errors import DataError
 from iaa.data.shards import SCHEMA
 from iaa.data.vocab import Vocab
 
-TEACHER_COLUMN = "teacher_probs"  # optional list<float32> column of soft targets (iaa.jobs.ensembles.distill)
+TEACHER_COLUMN = "teacher_probs"  # optional list<float32> column of soft targets (iaa.jobs.distill.distill)
 POOL_BATCHES = 50  # batches per length-sorted pool: larger pools pad less but shuffle less
 READ_BATCH_ROWS = 2048  # rows decoded at a time when a worker reads its share of a shard
 

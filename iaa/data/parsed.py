@@ -149,51 +149,103 @@ def assemble(
     """
     n = len(answers)
     exact_words, exact_doc = words, doc
-    if lowercase:  # fold the distinct words, then remap every token through them
-        folded = pc.dictionary_encode(match_keys(words, True, placeholder))
-        remap = folded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-        doc, query, words = remap[doc], remap[query], folded.dictionary
+    if lowercase:
+        words, doc, query = _fold_case(words, doc, query, placeholder)
     cand_keys = match_keys(cand_words, lowercase, placeholder)
     cand_local = _lookup(cand_keys, words)                                       # (sum C,) -1: not in any text
-
     answer = _answer_index(cand_words, cand_offsets, answers)                    # (E,)
     doc_cand = _doc_candidates(doc, doc_offsets, cand_local, cand_offsets, len(words))
     if lowercase:
         doc_cand = _split_case_variants(doc_cand, exact_doc, doc_offsets, _lookup(cand_words, exact_words),
                                         cand_local, cand_offsets, len(exact_words))
-    answer_in_doc = _answer_in_doc(doc_cand, doc_offsets, answer)
-    ph = pc.index(words, placeholder).as_py()
-    placeholders = np.bincount(np.searchsorted(query_offsets, np.flatnonzero(query == ph), side="right") - 1,
-                               minlength=n)[:n]                                  # (E,) placeholders per query
-    duplicate = _duplicate_candidates(cand_words, cand_offsets)                  # (E,) bool
+    checks = _Checks(
+        placeholders=_placeholder_counts(query, query_offsets, pc.index(words, placeholder).as_py(), n),
+        duplicate=_duplicate_candidates(cand_words, cand_offsets),
+        answer=answer, answer_in_doc=_answer_in_doc(doc_cand, doc_offsets, answer))
+    bad_rows = checks.bad_rows()
+    errs = [_error_of(i, checks, where, placeholder, answers, cand_words, cand_offsets, answer_kind)
+            for i in bad_rows.tolist()]
+    chunk = _chunk_of(
+        _keep_mask(n, bad_rows), example_ids=example_ids, words=words, doc=doc, doc_offsets=doc_offsets,
+        doc_cand=doc_cand, query=query, query_offsets=query_offsets, cand_words=cand_words, cand_keys=cand_keys,
+        cand_offsets=cand_offsets, answer=answer,
+    )
+    return chunk, errs
 
-    bad_rows = np.flatnonzero((placeholders != 1) | duplicate | (answer < 0) | ~answer_in_doc)
-    errs: list[DataError] = []
-    for i in bad_rows.tolist():
-        path, line = where(i)
-        if placeholders[i] == 0:
-            errs.append(DataError(f"the query has no {placeholder} placeholder", path=path, line=line, reason=E.NO_PLACEHOLDER))
-        elif placeholders[i] > 1:
-            errs.append(DataError(f"the query has {placeholders[i]} {placeholder} placeholders; a cloze query has one",
-                                  path=path, line=line, reason=E.MANY_PLACEHOLDERS))
-        elif duplicate[i]:
-            cands = cand_words[cand_offsets[i]:cand_offsets[i + 1]].to_pylist()
-            twice = sorted({c for c in cands if cands.count(c) > 1})
-            errs.append(DataError(f"candidate(s) {twice} listed more than once in {cands}",
-                                  path=path, line=line, reason=E.DUPLICATE_CANDIDATE))
-        elif answer[i] < 0:
-            if answer_kind is not None:
-                reason, what = answer_kind(i)
-            else:
-                cands = cand_words[cand_offsets[i]:cand_offsets[i + 1]].to_pylist()
-                reason, what = E.ANSWER_NOT_CANDIDATE, f"answer {answers[i].as_py()!r} is not among the candidates {cands}"
-            errs.append(DataError(what, path=path, line=line, reason=reason))
+
+def _fold_case(words: pa.Array, doc: np.ndarray, query: np.ndarray,
+               placeholder: str) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """Fold the distinct words (D,) to lower case, then remap every token through them.
+
+    Returns (folded words (D',), doc (sum Ld,) int32, query (sum Lq,) int32), indices into the folded
+    words; the placeholder keeps its case.
+    """
+    folded = pc.dictionary_encode(match_keys(words, True, placeholder))
+    remap = folded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    return folded.dictionary, remap[doc], remap[query]
+
+
+def _placeholder_counts(query: np.ndarray, query_offsets: np.ndarray, ph: int, n: int) -> np.ndarray:
+    """(E,) number of tokens equal to word index ``ph`` (the placeholder; -1: absent) in each query."""
+    rows = np.searchsorted(query_offsets, np.flatnonzero(query == ph), side="right") - 1
+    return np.bincount(rows, minlength=n)[:n]
+
+
+@dataclass(frozen=True)
+class _Checks:
+    """What :func:`assemble` found about each of E examples; any failed check rejects the example."""
+
+    placeholders: np.ndarray   # (E,) int, placeholder tokens in the query; a cloze query has one
+    duplicate: np.ndarray      # (E,) bool, some spelling listed twice among the candidates
+    answer: np.ndarray         # (E,) int32 index of the answer among the candidates, -1 if absent
+    answer_in_doc: np.ndarray  # (E,) bool, the answer candidate occurs in the document
+
+    def bad_rows(self) -> np.ndarray:
+        """Sorted indices of the rejected examples."""
+        return np.flatnonzero((self.placeholders != 1) | self.duplicate | (self.answer < 0) | ~self.answer_in_doc)
+
+
+def _error_of(i: int, checks: _Checks, where: Where, placeholder: str, answers: pa.Array, cand_words: pa.Array,
+              cand_offsets: np.ndarray, answer_kind: Callable[[int], tuple[str, str]] | None) -> DataError:
+    """The error for rejected example ``i``, naming its file and line and the first check it fails."""
+    path, line = where(i)
+    if checks.placeholders[i] == 0:
+        return DataError(f"the query has no {placeholder} placeholder", path=path, line=line, reason=E.NO_PLACEHOLDER)
+    if checks.placeholders[i] > 1:
+        return DataError(f"the query has {checks.placeholders[i]} {placeholder} placeholders; a cloze query has one",
+                         path=path, line=line, reason=E.MANY_PLACEHOLDERS)
+    if checks.duplicate[i]:
+        cands = cand_words[cand_offsets[i]:cand_offsets[i + 1]].to_pylist()
+        twice = sorted({c for c in cands if cands.count(c) > 1})
+        return DataError(f"candidate(s) {twice} listed more than once in {cands}",
+                         path=path, line=line, reason=E.DUPLICATE_CANDIDATE)
+    if checks.answer[i] < 0:
+        if answer_kind is not None:
+            reason, what = answer_kind(i)
         else:
-            errs.append(DataError(f"answer {answers[i].as_py()!r} does not occur in the document",
-                                  path=path, line=line, reason=E.ANSWER_NOT_IN_DOCUMENT))
-    if len(bad_rows):
-        keep = np.ones(n, dtype=bool)
-        keep[bad_rows] = False
+            cands = cand_words[cand_offsets[i]:cand_offsets[i + 1]].to_pylist()
+            reason, what = E.ANSWER_NOT_CANDIDATE, f"answer {answers[i].as_py()!r} is not among the candidates {cands}"
+        return DataError(what, path=path, line=line, reason=reason)
+    return DataError(f"answer {answers[i].as_py()!r} does not occur in the document",
+                     path=path, line=line, reason=E.ANSWER_NOT_IN_DOCUMENT)
+
+
+def _keep_mask(n: int, bad_rows: np.ndarray) -> np.ndarray | None:
+    """(E,) bool, False at ``bad_rows``; None when every example is kept."""
+    if not len(bad_rows):
+        return None
+    keep = np.ones(n, dtype=bool)
+    keep[bad_rows] = False
+    return keep
+
+
+def _chunk_of(keep: np.ndarray | None, *, example_ids: pa.Array, words: pa.Array,
+              doc: np.ndarray, doc_offsets: np.ndarray, doc_cand: np.ndarray,
+              query: np.ndarray, query_offsets: np.ndarray,
+              cand_words: pa.Array, cand_keys: pa.Array, cand_offsets: np.ndarray,
+              answer: np.ndarray) -> ParsedChunk:
+    """The chunk of the examples ``keep`` (E,) bool marks (all when None), its words counted over what is kept."""
+    if keep is not None:
         doc_cand, _ = select_ragged(doc_cand, doc_offsets, keep)
         doc, doc_offsets = select_ragged(doc, doc_offsets, keep)
         query, query_offsets = select_ragged(query, query_offsets, keep)
@@ -201,12 +253,11 @@ def assemble(
         cand_keys, cand_offsets = select_ragged(cand_keys, cand_offsets, keep)
         example_ids, answer = example_ids.filter(pa.array(keep)), answer[keep]
     counts = np.bincount(doc, minlength=len(words)) + np.bincount(query, minlength=len(words))
-    chunk = ParsedChunk(
+    return ParsedChunk(
         example_ids=example_ids, words=words, word_counts=counts.astype(np.int64),
         doc=doc, doc_offsets=doc_offsets, doc_cand=doc_cand, query=query, query_offsets=query_offsets,
         cand_words=cand_words, cand_keys=cand_keys, cand_offsets=cand_offsets, answer=answer,
     )
-    return chunk, errs
 
 
 def _answer_index(cand_words: pa.Array, cand_offsets: np.ndarray, answers: pa.Array) -> np.ndarray:

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from iaa.data import errors as E
 from iaa.data import manifest as M
+from iaa.data.cloze import advice
 from iaa.data.errors import DataError
 from iaa.data.shards import SCHEMA, file_sha256
 
@@ -36,7 +37,7 @@ def verify(root: Path) -> dict[str, Any]:
     root = Path(root)
     manifest = M.read(root)
     if manifest is None:
-        raise DataError(f"no {M.MANIFEST}: not a prepared dataset; {M.rebuild_hint(root, None)}", path=root,
+        raise DataError(f"no {M.MANIFEST}: not a prepared dataset; {advice.not_prepared(root)}", path=root,
                         reason=E.MISSING_SOURCE)
     try:
         _check_header(root, manifest)

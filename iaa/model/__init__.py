@@ -14,14 +14,14 @@ _LAZY = {
     "masked_softmax": "iaa.model.masking", "masked_log_softmax": "iaa.model.masking",
     "pointer_sum": "iaa.model.pointer", "nll_loss": "iaa.model.pointer", "candidate_probs": "iaa.model.pointer",
     "IAAReader": "iaa.model.reader", "ASReader": "iaa.model.reader", "build_reader": "iaa.model.reader",
-    "StepTrace": "iaa.model.reader", "Trace": "iaa.model.reader",
+    "StepTrace": "iaa.model.reader", "Trace": "iaa.model.reader", "ReaderOutput": "iaa.model.reader",
 }
 
 __all__ = [
     "MODEL_KINDS", "PRESETS", "ReaderConfig", "preset",
     "masked_softmax", "masked_log_softmax",
     "pointer_sum", "nll_loss", "candidate_probs",
-    "IAAReader", "ASReader", "build_reader", "StepTrace", "Trace",
+    "IAAReader", "ASReader", "build_reader", "StepTrace", "Trace", "ReaderOutput",
 ]
 
 

@@ -91,7 +91,8 @@ class ReaderConfig:
     halt_bias_init: float = -1.0     # b_t at the start: h_t ≈ σ(-1) = 0.27, so about 4 steps at first
     # Implementation switches: each turns off a fast path of iaa/model/kernels (same mathematics;
     # benchmarks/README.md), except sparse_embedding_grad, the embedding's gradient layout.
-    fused_gru: bool = True           # packed, hand-differentiated BiGRU instead of nn.GRU + packing
+    fused_gru: bool = True           # the encoders' fast BiGRU instead of nn.GRU + packing: CPU, packed and
+                                     # hand-differentiated; CUDA (h <= 128), two cuDNN GRUs over padded rows
     fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout
     sparse_embedding_grad: bool = True  # sparse embedding gradient; iaa.jobs.training.step keeps Adam + L2 exact
     batched_read_grad: bool = True   # one GEMM for the gradient of all T document reads

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
+from typing import Callable
 
 import torch
 from torch import nn
@@ -37,6 +39,37 @@ def arithmetic(device: str, precision: str):
     return torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
+Encode = Callable[[torch.Tensor, torch.Tensor, nn.GRU, "torch.Tensor | None"], torch.Tensor]
+"""The encoder slot: (x (B, L, d), lengths (B,) beside x, gru, lengths (B,) on the host or None)
+-> states (B, L, 2h), 0 at padding."""
+
+
+def packed_gru(x: torch.Tensor, lengths: torch.Tensor, gru: nn.GRU, host_lengths: torch.Tensor | None = None,
+               precision: str = "fp32") -> torch.Tensor:
+    """The reference encoder slot: ``gru`` over the packed real tokens, in ``rnn_dtype`` with
+    autocast off: (B, L, 2h).
+
+    ``host_lengths`` (``lengths`` on the host) spares reading them back from the device (a sync
+    on a GPU). The rows are sorted by length here, on the host: ``pack_padded_sequence`` with
+    ``enforce_sorted=False`` would hand ``pad_packed_sequence`` device indices that it copies
+    back to the host.
+    """
+    host = lengths.cpu() if host_lengths is None else host_lengths
+    dtype = rnn_dtype(x.device.type, precision)
+    by_length, order = torch.sort(host, descending=True)                 # host
+    order_dev = order.to(x.device, non_blocking=True)
+    restore = torch.argsort(order).to(x.device, non_blocking=True)
+    with arithmetic(x.device.type, "fp32"):                                # autocast off
+        packed = pack_padded_sequence(x.index_select(0, order_dev).to(dtype), by_length, batch_first=True)
+        if dtype == torch.float32:
+            out = gru(packed)[0]
+        else:                                                              # the weights in dtype too
+            weights = {name: p.to(dtype) for name, p in gru.named_parameters()}
+            out = torch.func.functional_call(gru, weights, (packed,))[0]
+        states, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+    return states.index_select(0, restore)                                 # (B, L, 2h), batch order
+
+
 class BiGRUEncoder(nn.Module):
     """x̃_i = [→h_i, ←h_i] ∈ R^{2h} for each real token; padding never changes the result.
 
@@ -58,43 +91,20 @@ class BiGRUEncoder(nn.Module):
         self.gru = nn.GRU(input_dim, hidden_dim, batch_first=True, bidirectional=True)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor | None = None,
-                precision: str = "fp32", kernel=None) -> tuple[torch.Tensor, torch.Tensor]:
+                precision: str = "fp32", encode: Encode | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, L, d), mask: (B, L) bool, lengths: (B,) int64 on the CPU, ``mask.sum(1)``
         (optional: without them the ``nn.GRU`` path reads the mask's sums back from the device,
-        a host sync on CUDA). ``kernel``: a fast BiGRU over the same parameters
-        (``iaa.model.kernels``), else ``nn.GRU`` over ``pack_padded_sequence`` (on CUDA, cuDNN's).
+        a host sync on CUDA). ``encode``: the reader's encoder slot (``iaa.model.kernels``), a
+        fast BiGRU over the same parameters; by default ``packed_gru`` in ``precision``.
 
         Returns:
             states: (B, L, 2h), exactly 0 at padded positions.
             final: (B, 2h), [forward state at the last real token, backward state at position 0].
         """
         on_device = mask.sum(1)                                            # (B,) beside x
-        if kernel is not None:
-            states = kernel.encode(x, on_device, self.gru)                 # (B, L, 2h)
-        else:
-            host = on_device.cpu() if lengths is None else lengths
-            states = self._packed_gru(x, host, rnn_dtype(x.device.type, precision))  # (B, L, 2h)
+        encode = encode or partial(packed_gru, precision=precision)
+        states = encode(x, on_device, self.gru, lengths)                   # (B, L, 2h)
         return states, self.final(states, on_device)
-
-    def _packed_gru(self, x: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``nn.GRU`` over the packed real tokens, in ``dtype`` with autocast off: (B, L, 2h).
-
-        The rows are sorted by length here, on the host: ``pack_padded_sequence`` with
-        ``enforce_sorted=False`` would hand ``pad_packed_sequence`` device indices that it copies
-        back to the host (a sync on a GPU).
-        """
-        by_length, order = torch.sort(lengths, descending=True)           # host
-        order_dev = order.to(x.device, non_blocking=True)
-        restore = torch.argsort(order).to(x.device, non_blocking=True)
-        with arithmetic(x.device.type, "fp32"):                            # autocast off
-            packed = pack_padded_sequence(x.index_select(0, order_dev).to(dtype), by_length, batch_first=True)
-            if dtype == torch.float32:
-                out = self.gru(packed)[0]
-            else:                                                          # the weights in dtype too
-                weights = {name: p.to(dtype) for name, p in self.gru.named_parameters()}
-                out = torch.func.functional_call(self.gru, weights, (packed,))[0]
-            states, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-        return states.index_select(0, restore)                             # (B, L, 2h), batch order
 
     def final(self, states: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """[→h at the last real token, ←h at position 0]: (B, 2h)."""

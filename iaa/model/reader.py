@@ -3,7 +3,10 @@
 All three share the embedding, the encoders, the masking and the pointer-sum, and map a batch
 (``ReaderInputs``, e.g. the loader's ``Batch``) to log P(a | Q, D) for each candidate: (B, C).
 This is the reference: plain PyTorch, each equation once. The fast paths of its parts
-(``iaa.model.kernels``) are chosen when a reader is built, for its device and precision.
+(``iaa.model.kernels``) are chosen when a reader is built, for its device and precision, as one
+callable per slot (``slots``) with the reference's signature, the reference's own function where
+no kernel serves; ``forward`` calls each slot at one site, makes no other choice and returns one
+``ReaderOutput``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +23,7 @@ from torch import nn
 from iaa.model import kernels as fast
 from iaa.model.attention import DocRead, Encodings, FixedQueryRead, Layers, QueryRead, bilinear_logits
 from iaa.model.config import ReaderConfig
-from iaa.model.encoder import BiGRUEncoder, arithmetic
+from iaa.model.encoder import BiGRUEncoder, arithmetic, packed_gru
 from iaa.model.gates import SearchGate, gate_features
 from iaa.model.halting import Halting, HaltingRecord, HaltingUnit, Running, halting_weights
 from iaa.model.initialization import init_reader_
@@ -47,6 +50,15 @@ class Trace:
 
     steps: list[StepTrace]
     halting: Halting | None = None
+
+
+@dataclass(frozen=True)
+class ReaderOutput:
+    """What a reader's ``forward`` returns."""
+
+    log_probs: torch.Tensor             # (B, C) log P(a | Q, D); -inf for candidates absent from the document
+    trace: Trace | None = None          # with ``trace=True``: the steps' attentions, gates and ACT's halting
+    halting: Halting | None = None      # what ACT decided (ponder terms); None without ACT
 
 
 class Masks(NamedTuple):
@@ -83,22 +95,19 @@ class _Encoders(nn.Module):
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.embed_dim, sparse=cfg.sparse_embedding_grad)
         self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim)
         self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim)
+        self.dropout = cfg.dropout
 
-    def forward(self, batch: ReaderInputs, kernels: fast.Kernels, drop):
+    def forward(self, batch: ReaderInputs, slots: fast.Slots):
         """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h) (eq. 1),
         before the attention-input dropout (each reader drops what its attention reads)."""
-        precision, kernel = kernels.precision, kernels.encoder
-        query_lengths, doc_lengths = getattr(batch, "query_lengths", None), getattr(batch, "doc_lengths", None)
-        if kernels.table is not None and not self.training and not torch.is_grad_enabled():
-            q_enc, q_final = self.query_encoder(self.embed(batch.query), batch.query_mask, query_lengths,
-                                                precision, kernel)         # (B, Lq, 2h), (B, 2h)
-            d_enc = kernels.table.encode(batch.doc, batch.doc_mask.sum(1), self.embedding.weight,
-                                         self.doc_encoder.gru)             # (B, Ld, 2h)
-            return q_enc, q_final, d_enc
-        q_emb, d_emb = self.embed(batch.query, batch.doc)                  # (B, Lq, d), (B, Ld, d)
-        q_enc, q_final = self.query_encoder(drop(q_emb), batch.query_mask, query_lengths, precision, kernel)
-        d_enc, _ = self.doc_encoder(drop(d_emb), batch.doc_mask, doc_lengths, precision, kernel)
-        return q_enc, q_final, d_enc
+        return slots.table(self, batch, slots)
+
+    def drop(self, x: torch.Tensor, slots: fast.Slots) -> torch.Tensor:
+        """Dropout (paper, "Training Details") on the input embeddings, the attention inputs and
+        the search gates' inputs; one mask per tensor, reused by all T steps."""
+        if not self.training or self.dropout == 0.0:
+            return x
+        return slots.dropout(x, self.dropout)
 
     def embed(self, *tokens: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The word vectors of each of ``tokens``: (B, L) -> (B, L, d); several token tensors are
@@ -118,6 +127,28 @@ class _Encoders(nn.Module):
         return tuple(v.view(*t.shape, -1) for v, t in zip(vectors.split([t.numel() for t in tokens]), tokens))
 
 
+def encode_batch(encoders: _Encoders, batch: ReaderInputs, slots: fast.Slots):
+    """The reference table slot: both encoders over the batch's embeddings after input dropout:
+    q̃ (B, Lq, 2h), the query's final states (B, 2h), d̃ (B, Ld, 2h)."""
+    drop = encoders.drop
+    q_emb, d_emb = encoders.embed(batch.query, batch.doc)                  # (B, Lq, d), (B, Ld, d)
+    q_enc, q_final = encoders.query_encoder(drop(q_emb, slots), batch.query_mask,
+                                            getattr(batch, "query_lengths", None), encode=slots.encoder)
+    d_enc, _ = encoders.doc_encoder(drop(d_emb, slots), batch.doc_mask, getattr(batch, "doc_lengths", None),
+                                    encode=slots.encoder)
+    return q_enc, q_final, d_enc
+
+
+def reference_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """The reference dropout slot: ``F.dropout`` in training."""
+    return F.dropout(x, p, training=True)
+
+
+def reference_layers():
+    """The reference layers slot: each layer itself."""
+    return nullcontext(Layers)
+
+
 class _Reader(nn.Module):
     """What the readers share: the encoders, then ``_read`` from the encodings to the answer
     distribution, then the pointer-sum.
@@ -125,7 +156,7 @@ class _Reader(nn.Module):
     Args:
         cfg: the reader's hyperparameters.
         device: where it will run (cpu, cuda): the fast paths are chosen for it. A reader moved
-            to another device type chooses again, once, at its first batch there.
+            to another device type (``.to``) chooses again.
         precision: fp32 or bf16 (bf16 operands where the kernels or autocast give them; the
             softmaxes, the pointer-sum and every parameter stay fp32).
     """
@@ -135,42 +166,51 @@ class _Reader(nn.Module):
         self.cfg, self.precision = cfg, precision
         self.encoders = _Encoders(cfg)
         self.kernels = fast.select(device, precision, cfg)
-        self._compiled_read = None
+        self._reads = type(self)._read                                   # or compiled: ``compile_reads``
 
     @property
     def embedding(self) -> nn.Embedding:
         return self.encoders.embedding
 
-    def forward(self, batch: ReaderInputs, trace: bool = False, return_halting: bool = False):
-        """Returns log P(a | Q, D): (B, C), -inf for candidates absent from the document; then,
-        with ``trace``, the ``Trace`` of its steps (attentions, gates, ACT's halting); then, with
-        ``return_halting``, what ACT decided (a ``Halting``; None when ``halting="none"``)."""
-        kernels = self._kernels(batch.doc.device)
-        if self.training:
-            kernels.forget()                                               # weights about to change
-        compiled = (self._compiled_read is not None and self.training and torch.is_grad_enabled()
-                    and not trace and self.cfg.halting == "none")
-        read = self._compiled_read if compiled else partial(self._read, kernels=kernels, trace=trace)
-        with arithmetic(kernels.device, self.precision):
-            q_enc, q_final, d_enc = self.encoders(batch, kernels, self._drop)  # (B, Lq, 2h), (B, 2h), (B, Ld, 2h)
-            log_att, steps, halting = read(q_enc, q_final, d_enc, Masks.of(self.cfg, batch))  # (B, Ld)
+    @property
+    def kernels(self) -> fast.Kernels:
+        """The kernels chosen for this reader (``iaa.model.kernels.select``); setting them binds
+        ``slots`` again."""
+        return self._kernels
+
+    @kernels.setter
+    def kernels(self, kernels: fast.Kernels) -> None:
+        self._kernels = kernels
+        self.slots = kernels.slots(self.reference_slots())
+
+    def reference_slots(self) -> fast.Slots:
+        """The reference's own function for each slot (``iaa.model.kernels.Slots``)."""
+        return fast.Slots(encoder=partial(packed_gru, precision=self.precision), table=encode_batch,
+                          reads=Encodings, layers=reference_layers, steps=type(self)._steps,
+                          dropout=reference_dropout)
+
+    def forward(self, batch: ReaderInputs, trace: bool = False) -> ReaderOutput:
+        """log P(a | Q, D) (B, C), -inf for candidates absent from the document; with ``trace``,
+        the ``Trace`` of its steps (attentions, gates, ACT's halting); ACT's ``Halting``."""
+        with arithmetic(self.kernels.device, self.precision):
+            q_enc, q_final, d_enc = self.encoders(batch, self.slots)    # (B, Lq, 2h), (B, 2h), (B, Ld, 2h)
+            masks = Masks.of(self.cfg, batch)
+            log_att, steps, halting = self._reads(self, q_enc, q_final, d_enc, masks, self.slots, trace)  # (B, Ld)
             log_p = pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
-        extra = ((Trace(steps, halting),) if trace else ()) + ((halting,) if return_halting else ())
-        return (log_p, *extra) if extra else log_p
+        return ReaderOutput(log_p, Trace(steps, halting) if trace else None, halting)
 
-    def _kernels(self, device: torch.device) -> fast.Kernels:
-        if device.type != self.kernels.device:                           # moved since it was built
+    def _apply(self, fn, recurse: bool = True):
+        """``nn.Module``'s, then the kernels chosen again where the reader moved to another device
+        type."""
+        super()._apply(fn, recurse)
+        device = self.embedding.weight.device.type
+        if device != self.kernels.device:
             self.kernels = fast.select(device, self.precision, self.cfg)
-        return self.kernels
+        return self
 
-    def _drop(self, x: torch.Tensor) -> torch.Tensor:
-        """Dropout (paper, "Training Details") on the input embeddings, the attention inputs and
-        the search gates' inputs; one mask per tensor, reused by all T steps."""
-        if not self.training or self.cfg.dropout == 0.0:
-            return x
-        if self.kernels.dropout is not None:
-            return self.kernels.dropout(x, self.cfg.dropout)
-        return F.dropout(x, self.cfg.dropout, training=True)
+    def _drop(self, x: torch.Tensor, slots: fast.Slots) -> torch.Tensor:
+        """Dropout on the attention inputs and the search gates' inputs (``_Encoders.drop``)."""
+        return self.encoders.drop(x, slots)
 
     def compile_reads(self, mode: str | None = None, backend: str = "inductor") -> None:
         """Compile ``_read`` for training steps (``mode``, ``backend``: ``torch.compile``'s;
@@ -182,16 +222,36 @@ class _Reader(nn.Module):
         (``iaa.data.batch.pad_to_buckets``). The compiled reads are the reference ones (the
         compiler fuses them itself); ACT's steps stay eager.
         """
+        if self.cfg.halting != "none":
+            return
         mode = mode if backend == "inductor" else None                   # modes are inductor's
-        reference = fast.Kernels(self.kernels.device, self.precision)
-        self._compiled_read = torch.compile(partial(self._read, kernels=reference, trace=False),
-                                            mode=mode, backend=backend)
+        reference = fast.Kernels(self.kernels.device, self.precision).slots(self.reference_slots())
+        compiled = torch.compile(partial(self._read, slots=reference, trace=False), mode=mode, backend=backend)
+        self._reads = CompiledReads(compiled, type(self)._read)
 
     def _read(self, q_enc: torch.Tensor, q_final: torch.Tensor, d_enc: torch.Tensor, masks: Masks,
-              kernels: fast.Kernels, trace: bool) -> tuple[torch.Tensor, list[StepTrace] | None, Halting | None]:
+              slots: fast.Slots, trace: bool) -> tuple[torch.Tensor, list[StepTrace] | None, Halting | None]:
         """log d_{i,T} (B, Ld) over the answer positions, the steps' trace (with ``trace``) and
         ACT's ``Halting`` (None without ACT)."""
         raise NotImplementedError
+
+    def _steps(self, q_enc, d_enc, masks, slots, trace):
+        """The reference steps slot (``iaa.model.kernels.Slots``); the IAA reader's only."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CompiledReads:
+    """A reader's reads: ``compiled`` (the reference reads, compiled) for training steps with
+    gradients and no trace, ``eager`` otherwise."""
+
+    compiled: Callable
+    eager: Callable
+
+    def __call__(self, reader: _Reader, q_enc, q_final, d_enc, masks: Masks, slots: fast.Slots, trace: bool):
+        if reader.training and torch.is_grad_enabled() and not trace:
+            return self.compiled(q_enc, q_final, d_enc, masks)
+        return self.eager(reader, q_enc, q_final, d_enc, masks, slots, trace)
 
 
 class IAAReader(_Reader):
@@ -225,55 +285,51 @@ class IAAReader(_Reader):
             nn.init.constant_(self.halting_unit.bias, cfg.halt_bias_init)
 
     def _step(self, s: torch.Tensor, q: torch.Tensor, d: Encodings, q_mask: torch.Tensor, d_mask: torch.Tensor,
-              layers: Layers, last: bool) -> _Step:
+              layers: Layers, slots: fast.Slots, last: bool) -> _Step:
         """One alternating step from s_{t-1} (B, s): the query read, the document read and,
         except at the last step, the gated search results into the inference GRU."""
         q_t, q_att = self.query_read(s, q, q_mask, layers)                       # (B, 2h), (B, Lq)
         if last:
             return _Step(q_att, self.doc_read.logits(s, q_t, d, layers))         # logits (B, Ld)
         d_t, d_att, logits = self.doc_read(s, q_t, d, d_mask, layers)           # (B, 2h), (B, Ld), (B, Ld)
-        features = self._drop(gate_features(s, q_t, d_t))                       # (B, s + 6h)
+        features = self._drop(gate_features(s, q_t, d_t), slots)                    # (B, s + 6h)
         r_q, r_d = self.gate_q(features, layers), self.gate_d(features, layers)  # (B, 2h) each
         s = layers.gru_cell(torch.cat([r_q * q_t, r_d * d_t], -1), s, self.search)  # s_t: (B, s)
         return _Step(q_att, logits, d_att, r_q, r_d, s)
 
-    def _attention_inputs(self, q_enc: torch.Tensor, d_enc: torch.Tensor, kernels: fast.Kernels):
+    def _attention_inputs(self, q_enc: torch.Tensor, d_enc: torch.Tensor, slots: fast.Slots):
         """q̃ (B, Lq, 2h) and the reads of d̃ (B, Ld, 2h) as the steps see them: after dropout,
         fp32 (the document reads multiply in bf16 under bf16)."""
-        q = full_precision(self._drop(q_enc))
-        d = full_precision(self._drop(d_enc))
-        return q, (kernels.reads.memory(d) if kernels.reads is not None else Encodings(d))
+        q = full_precision(self._drop(q_enc, slots))
+        d = full_precision(self._drop(d_enc, slots))
+        return q, slots.reads(d)
 
-    @staticmethod
-    def _layers(kernels: fast.Kernels):
-        return kernels.layers.block(torch.is_grad_enabled()) if kernels.layers is not None else nullcontext(Layers)
-
-    def _read(self, q_enc, q_final, d_enc, masks, kernels, trace):
-        """The T alternating steps; ACT's in ``_act_read``."""
+    def _read(self, q_enc, q_final, d_enc, masks, slots, trace):
+        """The T alternating steps (the steps slot); ACT's in ``_act_read``."""
         if self.halting_unit is not None:
-            return self._act_read(q_enc, d_enc, masks, kernels, trace)
-        cfg = self.cfg
-        if kernels.steps is not None and not (trace or self.training or torch.is_grad_enabled()):
-            layers = [self.query_read.proj, self.doc_read.proj, self.gate_q.hidden, self.gate_q.out,
-                      self.gate_d.hidden, self.gate_d.out]
-            logits = kernels.steps.last_logits(layers, self.search, q_enc, d_enc, masks.query, masks.doc, cfg.steps)
-            return masked_log_softmax(logits, masks.answer), None, None    # log d_{i,T}: (B, Ld)
-        q, d = self._attention_inputs(q_enc, d_enc, kernels)
-        s = q.new_zeros(q.shape[0], cfg.state_dim)                         # s_0: (B, s)
-        steps = []
-        with self._layers(kernels) as layers:
-            for t in range(cfg.steps):
-                step = self._step(s, q, d, masks.query, masks.doc, layers, last=t == cfg.steps - 1)
-                s = step.s
-                if trace:
-                    steps.append(step)
-        log_att = masked_log_softmax(step.logits, masks.answer)            # log d_{i,T}: (B, Ld), fp32
+            return self._act_read(q_enc, d_enc, masks, slots, trace)
+        logits, steps = slots.steps(self, q_enc, d_enc, masks, slots, trace)  # (B, Ld)
+        log_att = masked_log_softmax(logits, masks.answer)                 # log d_{i,T}: (B, Ld), fp32
         if not trace:
             return log_att, None, None
         traced = [StepTrace(st.q_att, st.d_att, st.r_q, st.r_d) for st in steps[:-1]]
-        return log_att, traced + [StepTrace(step.q_att, log_att.exp(), None, None)], None
+        return log_att, traced + [StepTrace(steps[-1].q_att, log_att.exp(), None, None)], None
 
-    def _act_read(self, q_enc, d_enc, masks, kernels, trace):
+    def _steps(self, q_enc, d_enc, masks, slots, trace):
+        """The reference steps slot: the last step's document logits (B, Ld) and, with
+        ``trace``, every step's ``_Step``."""
+        q, d = self._attention_inputs(q_enc, d_enc, slots)
+        s = q.new_zeros(q.shape[0], self.cfg.state_dim)                    # s_0: (B, s)
+        steps = []
+        with slots.layers() as layers:
+            for t in range(self.cfg.steps):
+                step = self._step(s, q, d, masks.query, masks.doc, layers, slots, last=t == self.cfg.steps - 1)
+                s = step.s
+                if trace:
+                    steps.append(step)
+        return step.logits, (steps if trace else None)
+
+    def _act_read(self, q_enc, d_enc, masks, slots, trace):
         """ACT over the steps (``iaa.model.halting``): log Σ_t p_t d_{i,t} (B, Ld), and the
         ``Halting``.
 
@@ -282,13 +338,13 @@ class IAAReader(_Reader):
         loop ends when the last example has halted.
         """
         cfg = self.cfg
-        q, d = self._attention_inputs(q_enc, d_enc, kernels)
+        q, d = self._attention_inputs(q_enc, d_enc, slots)
         run = Running.start(q, d, masks.query, masks.doc, masks.answer, cfg.state_dim)
         record = HaltingRecord(q.shape[0], keep=trace)
-        with self._layers(kernels) as layers:
+        with slots.layers() as layers:
             for t in range(cfg.steps):
                 last = t == cfg.steps - 1
-                step = self._step(run.s, run.q_enc, run.d_enc, run.q_mask, run.d_mask, layers, last)
+                step = self._step(run.s, run.q_enc, run.d_enc, run.q_mask, run.d_mask, layers, slots, last)
                 log_d = masked_log_softmax(step.logits, run.a_mask)              # log d_{i,t}: (A, Ld)
                 h = run.spent.new_zeros(run.spent.shape) if last else self.halting_unit(step.s, t)  # h_t: (A,)
                 p, halts = halting_weights(h, run.spent, last)                   # (A,), (A,)
@@ -318,16 +374,16 @@ class ASReader(_Reader):
         super().__init__(cfg, device, precision)
         init_reader_(self)
 
-    def _read(self, q_enc, q_final, d_enc, masks, kernels, trace):
+    def _read(self, q_enc, q_final, d_enc, masks, slots, trace):
         """One dot-product read with the query's final states."""
-        query, d_enc = self._drop(q_final), self._drop(d_enc)                    # (B, 2h), (B, Ld, 2h)
+        query, d_enc = self._drop(q_final, slots), self._drop(d_enc, slots)                   # (B, 2h), (B, Ld, 2h)
         log_att = masked_log_softmax(bilinear_logits(d_enc, query), masks.answer)  # (B, Ld), fp32
         return log_att, [StepTrace(None, log_att.exp(), None, None)] if trace else None, None
 
 
 def build_reader(cfg: ReaderConfig, device: str | torch.device = "cpu", precision: str = "fp32") -> nn.Module:
     """The reader named by ``cfg.kind``, with the fast paths for ``device`` and ``precision``
-    (fp32 | bf16); ``reader(batch) -> log_p`` (B, C). Its parameters are on the CPU: move it with
+    (fp32 | bf16); ``reader(batch).log_probs``: (B, C) (a ``ReaderOutput``). Its parameters are on the CPU: move it with
     ``.to(device)``.
 
     ``reader.embedding`` is the word embedding, for the L2 regulariser.

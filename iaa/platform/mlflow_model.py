@@ -2,18 +2,19 @@
 
 ``mlflow.pyfunc.load_model(uri).predict(df)`` takes the columns of ``iaa-cli predict``'s JSON
 Lines (``id``, ``document``, ``query``, ``candidates``, optionally ``answer``) and returns the
-same rows: ``{"id", "prediction", "probs"[, "correct"]}``. A model holds one checkpoint, or the
-members of a seed ensemble (their probabilities are averaged). The ``iaa`` package travels in
-``code_paths``, so the model loads and serves without this repository
-(``mlflow models serve -m models:/NAME/1 --env-manager local``).
+same rows: ``{"id", "prediction", "probs"[, "correct"], "unknown_share", "unknown_candidates"[,
+"warning"]}``. A model holds one checkpoint, or the members of a seed ensemble (their
+probabilities are averaged). The ``iaa`` package travels in ``code_paths``, so the model loads
+and serves without this repository (``mlflow models serve -m models:/NAME/1 --env-manager local``).
 
 Each model is an MLflow 3 logged model created for its run through the client, so no global
-MLflow run state is touched: it is named after its run (a sweep trial's ``lr=4e-3 T=2 h=64``),
-carries the run's ``valid_acc`` (its best check: the checkpoint it holds) and ``test_acc`` where
-measured, the run's ``best_in_sweep`` tag, a signature (the predict columns in, the predict
-rows out) and an input example; its requirements are plain package-index pins, and
-``mlflow.search_logged_models`` and the experiment's Models tab list and rank it. ``register``
-makes it a version of a registered model.
+MLflow run state is touched: it is named by its sweep and trial (``SWEEP-trial-0003``), by its
+ensemble and seed (``ENSEMBLE-seed-7``), or else after its run, and no other model of the store
+has its name (:func:`logged_name`). It carries the run's ``valid_acc`` (its best check: the
+checkpoint it holds) and ``test_acc`` where measured, the run's ``best_in_sweep`` and ``seed``
+tags, a signature (the predict columns in, the predict rows out) and an input example; its
+requirements are plain package-index pins, and ``mlflow.search_logged_models`` and the
+experiment's Models tab list and rank it. ``register`` makes it a version of a registered model.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -37,10 +39,11 @@ import iaa
 from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError, brief
 from iaa.jobs.ports import LoadedModel, ModelCode
-from iaa.platform.tracking.store import TRANSIENT, manifest_digest
+from iaa.platform.tracking.connection import TRANSIENT
+from iaa.platform.tracking.store import manifest_digest
 
 ARTIFACT = "model"               # the artifact folder of every logged model
-MODEL_TAGS = ("best_in_sweep", "sweep", "trial_id", "kind")   # run tags the logged model carries too
+MODEL_TAGS = ("best_in_sweep", "sweep", "trial_id", "kind", "seed", "member")   # run tags the logged model carries too
 BAD_NAME_CHARS = "/:.%\"'"      # not allowed in a logged model's name
 DATA_FILES = (MANIFEST, VOCAB)
 PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
@@ -119,7 +122,9 @@ def signature() -> ModelSignature:
     inputs = Schema([ColSpec("string", "id"), ColSpec("string", "document"), ColSpec("string", "query"),
                      ColSpec(Array("string"), "candidates"), ColSpec("string", "answer", required=False)])
     outputs = Schema([ColSpec("string", "id"), ColSpec("string", "prediction"), ColSpec(Map("double"), "probs"),
-                      ColSpec("boolean", "correct", required=False)])
+                      ColSpec("boolean", "correct", required=False), ColSpec("double", "unknown_share", required=False),
+                      ColSpec(Array("string"), "unknown_candidates", required=False),
+                      ColSpec("string", "warning", required=False)])
     return ModelSignature(inputs=inputs, outputs=outputs)
 
 
@@ -191,7 +196,7 @@ def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code
         run = client.get_run(run_id)
         kind = "ensemble" if len(checkpoints) > 1 else "reader"
         tags = {"iaa.members": str(len(checkpoints)), **{k: run.data.tags[k] for k in MODEL_TAGS if k in run.data.tags}}
-        model = client.create_logged_model(run.info.experiment_id, name=model_name(run.info.run_name),
+        model = client.create_logged_model(run.info.experiment_id, name=logged_name(client, run),
                                            source_run_id=run_id, params=dict(run.data.params),
                                            model_type=f"iaa-{kind}", tags=tags)
         model_id = model.model_id
@@ -210,6 +215,36 @@ def model_name(run_name: str | None) -> str:
     """A logged model's name: its run's, with the characters MLflow refuses in one made ``_``."""
     name = "".join("_" if c in BAD_NAME_CHARS else c for c in (run_name or "")).strip()
     return name or ARTIFACT
+
+
+def logged_name(client: MlflowClient, run: Any) -> str:
+    """The name of ``run``'s logged model, unique in the store: ``SWEEP-trial-0003`` for a sweep's
+    trial (its ``trial_number`` tag), the member's name (``ENSEMBLE-seed-7``) for an ensemble member, else the run's name;
+    a name taken already gets ``-2``, ``-3``, ..."""
+    tags = run.data.tags
+    if tags.get("member"):
+        base = tags["member"]
+    elif tags.get("sweep") and tags.get("trial_id"):
+        base = f"{tags['sweep']}-trial-{tags.get('trial_number') or trial_number(tags['trial_id'])}"
+    else:
+        base = run.info.run_name
+    return free_model_name(client, model_name(base))
+
+
+def trial_number(trial_id: str) -> str:
+    """A trial's index in its Tune run from an id that ends with it (``29acd_00003`` -> ``0003``);
+    else the id as it is (a searcher's trials have ids without one)."""
+    digits = re.search(r"_(\d{5})$", trial_id)
+    return f"{int(digits.group(1)):04d}" if digits else trial_id
+
+
+def free_model_name(client: MlflowClient, name: str) -> str:
+    """``name``, or ``name-2``, ``name-3``, ... : the first that no logged model of the store has."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    taken = {m.name for m in client.search_logged_models(experiments, filter_string=f"name LIKE '{name}%'",
+                                                         max_results=1000)} if experiments else set()
+    candidates = (name if i == 1 else f"{name}-{i}" for i in range(1, len(taken) + 2))
+    return next(c for c in candidates if c not in taken)
 
 
 def model_metrics(client: MlflowClient, run_id: str, model_id: str) -> list[Any]:

@@ -15,7 +15,8 @@ Two deployments. ``Reader`` replicas each hold the answerer that the job's ``cod
   ``batch_wait_ms``) into one model call.
 - ``GET /ready`` answers 200 once a reader has loaded the model and answered a warm-up question
   (a reader takes requests only after its constructor), else 503. ``GET /`` adds the limits.
-  ``GET /docs`` and ``GET /openapi.json`` describe the API, the request body included.
+  ``GET /docs`` and ``GET /openapi.json`` describe the API, the request body included; the
+  page's script and styles are served here too (:mod:`iaa.platform.serve_docs`), not from a CDN.
 - On a local cluster, the gRPC server Serve starts in each replica listens on loopback, like
   the rest of the cluster (:func:`iaa.platform.cluster.ray_internals.bind_serve_replica_grpc`).
 - A refused request is a 400/413/422 JSON ``{"error", "status"}``; should the model fail inside
@@ -45,6 +46,8 @@ from starlette.responses import Response
 from iaa import __version__
 from iaa.errors import IaaError
 from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeCode, ServeConfig
+from iaa.platform.serve_docs import add_docs
+from iaa.platform.serve_logs import driver_lines_to_log
 from iaa.platform.serve_proxy import over_limit, proxy_env
 
 ROUTE = "/"
@@ -53,7 +56,7 @@ READY_WAIT_S = 5.0                 # GET /ready: how long to wait for a reader b
 
 Reply = tuple[int, str, dict[str, str]]          # status, JSON text, headers
 
-app = FastAPI(title="iaa reader", version=__version__, docs_url="/docs", redoc_url=None,
+app = FastAPI(title="iaa reader", version=__version__, docs_url=None, redoc_url=None,
               description="Cloze questions answered by an Iterative Alternating Attention reader (`iaa-cli serve`). "
                           "A refused request is a JSON {error, status}; the error names the field.")
 _REFUSALS = {400: {"description": "not JSON, a wrong type, or text that is not Unicode (the error names the field)"},
@@ -62,6 +65,7 @@ _REFUSALS = {400: {"description": "not JSON, a wrong type, or text that is not U
                                   "twice, no candidate in the document"},
              500: {"description": "the model failed on this request"},
              503: {"description": "no reader replica could answer"}}
+add_docs(app)                      # GET /docs from the package's own copy of Swagger UI: works offline
 
 
 class _NoReader(Exception):
@@ -284,21 +288,29 @@ def config_args(args: dict[str, Any]) -> dict[str, Any]:
 def start(cfg: ServeConfig, code: ServeCode) -> str:
     """Deploy ``cfg`` (readers loading with ``code.load``) on the Ray cluster (``cfg.address`` or a local one); returns the base URL
     once every replica has loaded the model (``serve.run`` waits for that, and raises when a
-    replica cannot start)."""
+    replica cannot start). Serve's own progress lines go to Ray's log folder (:mod:`iaa.platform.serve_logs`)."""
+    _connect(cfg)
+    with driver_lines_to_log():
+        serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"},
+                    controller_options={"runtime_env": {"env_vars": proxy_env(cfg.limits.max_request_bytes)}})
+        try:
+            serve.run(build(to_dict(cfg), code), name=cfg.app_name, route_prefix=ROUTE, blocking=False)
+        except RuntimeError as err:          # DEPLOY_FAILED: a replica's constructor raised
+            raise IaaError(f"the model could not be served: {_failure(cfg.app_name) or err}") from err
+    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
+    return f"http://{host}:{cfg.port}"
+
+
+def _connect(cfg: ServeConfig) -> bool:
+    """Join ``cfg.address`` (or start a local cluster) unless Ray is up here; True when this call
+    started a local cluster, which ends with this process."""
     import ray
 
     from iaa.platform.cluster import connect as cluster
 
-    if not ray.is_initialized():
-        cluster.connect(cfg.address, dashboard=False)     # Serve needs no dashboard: seconds saved
-    serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"},
-                controller_options={"runtime_env": {"env_vars": proxy_env(cfg.limits.max_request_bytes)}})
-    try:
-        serve.run(build(to_dict(cfg), code), name=cfg.app_name, route_prefix=ROUTE, blocking=False)
-    except RuntimeError as err:          # DEPLOY_FAILED: a replica's constructor raised
-        raise IaaError(f"the model could not be served: {_failure(cfg.app_name) or err}") from err
-    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
-    return f"http://{host}:{cfg.port}"
+    if ray.is_initialized():
+        return False
+    return cluster.connect(cfg.address, dashboard=False).address is None     # Serve needs no dashboard: seconds saved
 
 
 def _failure(app: str) -> str:
@@ -344,9 +356,18 @@ def replaced(app: str, killed: str, count: int) -> bool:
     return killed not in names and len(names) == count and replicas(app) == {"RUNNING": count}
 
 
-def stop(app: str = "iaa") -> None:
-    serve.delete(app)
-    serve.shutdown()
+def stop(app: str = "iaa", *, local: bool = False) -> None:
+    """Delete the application and shut Serve down. ``local``: the cluster is this process's own,
+    and is shut down with Serve in it (``serve.shutdown`` makes Ray print a failed, retried
+    ``ServeController.graceful_shutdown`` on every stop)."""
+    import ray
+
+    with driver_lines_to_log():
+        serve.delete(app)
+        if local:
+            ray.shutdown()
+        else:
+            serve.shutdown()
 
 
 def run_forever(cfg: ServeConfig, code: ServeCode) -> None:
@@ -358,6 +379,7 @@ def run_forever(cfg: ServeConfig, code: ServeCode) -> None:
 
     signal.signal(signal.SIGTERM, interrupt)        # a service manager's stop: shut Serve down too
     signal.signal(signal.SIGINT, interrupt)         # also when started with SIGINT ignored (`cmd &`)
+    local = _connect(cfg)
     url = start(cfg, code)
     print(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)", file=sys.stderr)
     try:
@@ -366,4 +388,4 @@ def run_forever(cfg: ServeConfig, code: ServeCode) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        stop(cfg.app_name)
+        stop(cfg.app_name, local=local)

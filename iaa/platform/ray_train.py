@@ -1,4 +1,4 @@
-"""Data-parallel training on Ray Train (V2): the loop of :mod:`iaa.jobs.training.train` on N workers.
+"""Data-parallel training on Ray Train (V2): the loop of :mod:`iaa.jobs.training.loop` on N workers.
 
 Going distributed changes only what the loop's :class:`~iaa.jobs.training.session.ClusterSession` gets from
 its :class:`~iaa.jobs.ports.WorkerLink`, and where its rows come from:
@@ -16,7 +16,7 @@ its :class:`~iaa.jobs.ports.WorkerLink`, and where its rows come from:
 - **report**: ``ray.train.report`` on every worker (it is a barrier) with a checkpoint that
   rank 0 writes into a temporary directory (:meth:`iaa.jobs.training.session.SessionBase.report`).
 
-The loop itself is the job's (:func:`iaa.jobs.training.train.fit_on_worker`), handed in as ``fit``.
+The loop itself is the job's (:func:`iaa.jobs.training.loop.fit_on_worker`), handed in as ``fit``.
 
 A worker failure is retried from the last checkpoint up to ``MAX_FAILURES`` times. Train V2
 restores a run whose ``RunConfig(name, storage_path)`` is unchanged, which is how ``--resume``
@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from iaa.errors import IaaError
-from iaa.jobs.training.config import JobConfig, from_dict, to_dict
-from iaa.jobs.ports import CHECKPOINT_SCORE, WorkerFit
+from iaa.jobs.config.job_config import JobConfig, from_dict, to_dict
+from iaa.jobs.ports import CHECKPOINT_SCORE, WorkerData, WorkerFit
 from iaa.platform.cluster.resources import forced_device
 
 MAX_FAILURES = 2              # worker-group restarts from the last checkpoint before a run fails
@@ -138,8 +138,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if not Path(prepared).is_dir():
         raise IaaError(f"the prepared data folder {prepared} is not visible on node {ray.util.get_node_ip_address()}; "
                        "on a cluster, put it on storage that every node mounts at the same path")
-    config["fit"](from_dict(config["job"]), TrainLink(), prepared=prepared, threads=config["threads"],
-                  vocab_hash=config.get("vocab_hash", ""))
+    config["fit"](from_dict(config["job"]), TrainLink(),
+                  WorkerData(vocab_hash=config.get("vocab_hash", ""), prepared=prepared), threads=config["threads"])
 
 
 # --- building a trainer ----------------------------------------------------------------------------

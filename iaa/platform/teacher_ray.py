@@ -1,6 +1,6 @@
 """The distillation teacher's member scoring as Ray tasks: one task per member, one CPU and one
 torch thread each, at most ``workers`` at a time. Each task runs the job's ``score_member``
-(:func:`iaa.jobs.ensembles.teacher.score_member`, as :func:`iaa.jobs.ensembles.teacher.score_in_process` does) and
+(:func:`iaa.jobs.distill.teacher.score_member`, as :func:`iaa.jobs.distill.teacher.score_in_process` does) and
 writes its predictions file; on a cluster of several nodes the output folder must be shared storage."""
 
 from __future__ import annotations

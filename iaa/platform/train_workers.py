@@ -3,7 +3,7 @@
 :func:`fit_workers` trains on the workers (:mod:`iaa.platform.ray_train`); this process drives
 it: it names the Ray run, forwards every check to ``metrics.jsonl`` and the tracker, and copies
 the best and last checkpoints into the run folder, so the run folder looks as it does after a
-local run (:func:`iaa.jobs.training.train.run`).
+local run (:func:`iaa.jobs.train.train.run`).
 """
 
 from __future__ import annotations
@@ -122,42 +122,59 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
     from iaa.platform.cluster import connect as cluster
     from iaa.platform.ray_train import build_trainer, queue_callback, raise_failure
 
-    cfg, prepared, workers, gpus_per_worker = request.cfg, request.prepared, request.workers, request.gpus_per_worker
-    resume, storage, fit, show_progress = request.resume, request.storage, request.fit, request.show_progress
+    cfg, workers, storage = request.cfg, request.workers, request.storage
     run_dir = request.folder.path.resolve()
     info, trial_plan = cluster.fit_trials(cluster.connect(address, storage_path), workers,
-                                          threads=cfg.train.threads or None, gpus_per_worker=gpus_per_worker,
+                                          threads=cfg.train.threads or None, gpus_per_worker=request.gpus_per_worker,
                                           sweep=False)
-    folder = RunFolder(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    name, previous = ray_run_name(run_dir, resume=resume)
-    if not resume:
-        if previous:
-            remove_run(storage, previous)
-        folder.clear()
-    data = PreparedData.open(Path(prepared))
-    if show_progress:
+    name = _start_run_folder(run_dir, storage, resume=request.resume)
+    data = PreparedData.open(Path(request.prepared))
+    if request.show_progress:
         print(cluster.describe(info, trial_plan).replace("each trial trains", "the run trains"), file=sys.stderr)
 
     queue = Queue(actor_options={"num_cpus": 0})
-    trainer = build_trainer(cfg, Path(prepared), fit=fit, name=name, storage_path=storage,
+    trainer = build_trainer(cfg, Path(request.prepared), fit=request.fit, name=name, storage_path=storage,
                             workers=workers, threads=trial_plan.threads,
-                            worker_resources=trial_plan.worker_resources, use_gpu=gpus_per_worker > 0,
+                            worker_resources=trial_plan.worker_resources, use_gpu=request.gpus_per_worker > 0,
                             vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[queue_callback(queue)])
-    with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=show_progress) as checks:
+    with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=request.show_progress) as checks:
         try:
             result = trainer.fit()
         except TrainingFailedError as err:     # Train V2's fit raises what failed the run
             raise_failure(name, err)
     if result.error is not None:
         raise_failure(name, result.error)
+    best_file = _copy_checkpoints(result, name, RunFolder(run_dir))
+    last = checks.history[-1] if checks.history else dict(result.metrics or {})
+    return {**last, "best_valid_acc": last.get("best_valid_acc", -1.0), "steps": last.get("steps", 0),
+            "stop_reason": last.get("stop_reason", ""), "checkpoint": str(best_file), "run_dir": str(run_dir),
+            "ray_storage": f"{storage.rstrip('/')}/{name}", "workers": workers, "threads": trial_plan.threads}
+
+
+def _start_run_folder(run_dir: Path, storage: str, *, resume: bool) -> str:
+    """Create ``run_dir`` and name its Ray run (:func:`ray_run_name`); returns the name.
+
+    A fresh run deletes the folder's own previous Ray run under ``storage`` and what an earlier run
+    left in the folder; a resumed run keeps both.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    name, previous = ray_run_name(run_dir, resume=resume)
+    if not resume:
+        if previous:
+            remove_run(storage, previous)
+        RunFolder(run_dir).clear()
+    return name
+
+
+def _copy_checkpoints(result: Any, name: str, folder: RunFolder) -> Path:
+    """Copy the best and the last checkpoint of Ray Train run ``name``'s ``result`` into ``folder``.
+
+    Returns the best checkpoint's file; :class:`RuntimeError` when the run reported none.
+    """
     best = result.get_best_checkpoint(metric=CHECKPOINT_SCORE, mode="max")
     if best is None:
         raise RuntimeError(f"Ray Train run {name} reported no checkpoint")
     best_file = _fetch(best, folder.best)
     if result.checkpoint is not None:
         _fetch(result.checkpoint, folder.last)
-    last = checks.history[-1] if checks.history else dict(result.metrics or {})
-    return {**last, "best_valid_acc": last.get("best_valid_acc", -1.0), "steps": last.get("steps", 0),
-            "stop_reason": last.get("stop_reason", ""), "checkpoint": str(best_file), "run_dir": str(run_dir),
-            "ray_storage": f"{storage.rstrip('/')}/{name}", "workers": workers, "threads": trial_plan.threads}
+    return best_file

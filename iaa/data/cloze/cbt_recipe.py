@@ -57,8 +57,13 @@ def word_types(s: TaggedSentence) -> list[str | None]:
 
 
 def questions(sentences: Sequence[TaggedSentence], word_type: str, rng: random.Random,
-              stride: int = 1) -> Iterator[CbtQuestion]:
-    """The questions of one document, in order. ``rng`` draws answers and distractors."""
+              stride: int = 1, tally: Counter[str] | None = None) -> Iterator[CbtQuestion]:
+    """The questions of one document, in order. ``rng`` draws answers and distractors.
+
+    ``tally`` counts the ``windows`` tried and why each dropped one gave no question:
+    ``no_answer_in_context`` (the query sentence has no word of the type that the context also
+    holds) or ``too_few_candidates`` (fewer than 9 other words of the type in the context)."""
+    tally = Counter() if tally is None else tally
     if word_type not in WORD_TYPES:
         raise ValueError(f"word type must be one of {WORD_TYPES}, got {word_type!r}")
     typed = [(s.words, word_types(s)) for s in sentences]
@@ -70,15 +75,18 @@ def questions(sentences: Sequence[TaggedSentence], word_type: str, rng: random.R
         for k in range(max(0, added - CONTEXT), min(added, q - CONTEXT)):
             window.remove(*typed[k])
         added = q
-        question = _question(typed, q, window, word_type, rng)
+        tally["windows"] += 1
+        question = _question(typed, q, window, word_type, rng, tally)
         if question is not None:
             yield question
 
 
-def _question(typed, q: int, window: "_Window", word_type: str, rng: random.Random) -> CbtQuestion | None:
+def _question(typed, q: int, window: "_Window", word_type: str, rng: random.Random,
+              tally: Counter[str]) -> CbtQuestion | None:
     words, types = typed[q]
     slots = [i for i, (w, t) in enumerate(zip(words, types)) if t == word_type and w in window.words]
     if not slots:
+        tally["no_answer_in_context"] += 1
         return None
     slot = rng.choice(slots)
     answer = words[slot]
@@ -87,6 +95,7 @@ def _question(typed, q: int, window: "_Window", word_type: str, rng: random.Rand
         extra = sorted(w for w in window.by_type["CN"] if w != answer and w not in pool)
         pool += rng.sample(extra, min(len(extra), CANDIDATES - 1 - len(pool)))
     if len(pool) < CANDIDATES - 1:
+        tally["too_few_candidates"] += 1
         return None
     distractors = pool if len(pool) == CANDIDATES - 1 else rng.sample(pool, CANDIDATES - 1)
     query = " ".join(PLACEHOLDER if i == slot else w for i, w in enumerate(words))

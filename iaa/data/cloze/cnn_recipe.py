@@ -14,6 +14,7 @@ sentences, as CNN has about four questions per article; neighbouring documents o
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -39,13 +40,18 @@ def mentions(s: TaggedSentence) -> list[tuple[int, int, str]]:
 
 
 def questions(sentences: Sequence[TaggedSentence], rng: random.Random, *, context: int = CONTEXT,
-              stride: int | None = None) -> Iterator[CnnQuestion]:
-    """The questions of one document, in order."""
+              stride: int | None = None, tally: Counter[str] | None = None) -> Iterator[CnnQuestion]:
+    """The questions of one document, in order. ``tally`` counts the ``windows`` tried and why each
+    dropped one gave no question: ``too_few_entities`` (fewer than two in the document) or
+    ``no_answer_in_context`` (the query sentence mentions none of the document's entities)."""
+    tally = Counter() if tally is None else tally
     found = [mentions(s) for s in sentences]
     for q in range(context, len(sentences), stride or STRIDE):
+        tally["windows"] += 1
         doc_keys = {key for k in range(q - context, q) for _, _, key in found[k]}
         slots = [m for m in found[q] if m[2] in doc_keys]
         if len(doc_keys) < 2 or not slots:
+            tally["too_few_entities" if len(doc_keys) < 2 else "no_answer_in_context"] += 1
             continue
         chosen = rng.choice(slots)
         yield _anonymise(sentences, found, q, context, chosen, rng)

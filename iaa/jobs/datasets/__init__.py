@@ -1,1 +1,1 @@
-"""Data a reader can train on: prepared corpora, cloze questions from any text, and resolving --dataset/--data."""
+"""Datasets (base): preparing corpora, and resolving --dataset/--data to a prepared folder."""

@@ -59,17 +59,12 @@ def run(
         overwrite: replace a dataset that ``out`` holds of another dataset or source path.
 
     Returns:
-        ``{"dataset", "out", "rebuilt", "counts", "skipped", "truncated", "vocab_size", "seconds"}``,
-        counts per split. Skipped and cut-off examples are also printed to stderr.
+        ``{"dataset", "out", "rebuilt", "created", "counts", "skipped", "truncated", "vocab_size",
+        "seconds"}``, counts per split. ``created``: ``out`` held no prepared dataset and now does;
+        ``rebuilt``: the dataset ``out`` held (stale, damaged or replaced) was built again. Both
+        are false when it was up to date. Skipped and cut-off examples are also printed to stderr.
     """
-    if dataset not in DATASETS:
-        raise DataError(f"dataset must be one of {DATASETS}, got {dataset!r}")
-    if on_error not in ON_ERROR:
-        raise DataError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    if min_count < 1:
-        raise DataError(f"--min-count must be >= 1, got {min_count}")
-    if max_vocab is not None and max_vocab < 4:
-        raise DataError(f"max_vocab must be at least 4 (3 special tokens and a word), got {max_vocab}")
+    _check_options(dataset, on_error, min_count, max_vocab)
     out = Path(out) if out is not None else Workdir(workdir).data(dataset)
     ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
     started = time.perf_counter()
@@ -79,15 +74,40 @@ def run(
     fingerprint = _fingerprint(dataset, source)
     if _up_to_date(out, dataset=dataset, source=fingerprint, options=options):
         return _result(M.read(out), out, rebuilt=False, seconds=time.perf_counter() - started)
+    existed = (out / M.MANIFEST).exists()          # a manifest, even a damaged one: a dataset was there
 
     source_path = None if source is None else str(Path(source).resolve())
     previous = _replaceable(out, overwrite=overwrite, dataset=dataset, source_path=source_path)
+    header = {"dataset": dataset, "created_by": f"iaa {__version__}", "options": options, "source": fingerprint,
+              "source_path": source_path}
+    manifest = _build(dataset, source, out, header, previous, workers=workers, progress=progress)
+    _report(manifest)
+    return _result(manifest, out, rebuilt=existed, created=not existed, seconds=time.perf_counter() - started)
+
+
+def _check_options(dataset: str, on_error: str, min_count: int, max_vocab: int | None) -> None:
+    """A DataError for an unknown dataset or on_error, or a vocabulary option out of range."""
+    if dataset not in DATASETS:
+        raise DataError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    if on_error not in ON_ERROR:
+        raise DataError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if min_count < 1:
+        raise DataError(f"--min-count must be >= 1, got {min_count}")
+    if max_vocab is not None and max_vocab < 4:
+        raise DataError(f"max_vocab must be at least 4 (3 special tokens and a word), got {max_vocab}")
+
+
+def _build(dataset: str, source: Path | None, out: Path, header: dict[str, Any], previous: list[str], *,
+           workers: int | None, progress: bool) -> dict[str, Any]:
+    """Build the shards, vocabulary and manifest in a temporary folder beside ``out``, then install
+    them over ``previous`` (the files of the dataset ``out`` held); returns the manifest. A split
+    left without a usable example is a DataError, and nothing is written."""
+    options = header["options"]
     tmp = outputs.building(out)
     try:
-        sources, vocab_opts = _sources(dataset, source, tmp, on_error=on_error, lowercase=bool(lowercase),
-                                       min_count=min_count, max_vocab=max_vocab)
-        header = {"dataset": dataset, "created_by": f"iaa {__version__}", "options": options, "source": fingerprint,
-                  "source_path": source_path}
+        sources, vocab_opts = _sources(dataset, source, tmp, on_error=options["on_error"],
+                                       lowercase=options["lowercase"], min_count=options["min_count"],
+                                       max_vocab=options["max_vocab"])
         with writing(out):
             manifest = B.build(tmp, sources, vocab_opts, workers=workers, progress=progress, header=header)
         for split, count in manifest["counts"].items():
@@ -102,8 +122,7 @@ def run(
         outputs.install(tmp, out, written=manifest["files"], previous=previous, manifest=M.MANIFEST)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _report(manifest)
-    return _result(manifest, out, rebuilt=True, seconds=time.perf_counter() - started)
+    return manifest
 
 
 def ensure_prepared(dataset: str, workdir: Path) -> Path:
@@ -208,11 +227,13 @@ def _report(manifest: dict[str, Any]) -> None:
             print(f"{split}: {msg}", file=sys.stderr)
 
 
-def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float) -> dict[str, Any]:
+def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float,
+            created: bool = False) -> dict[str, Any]:
     return {
         "dataset": manifest["dataset"],
         "out": str(out),
         "rebuilt": rebuilt,
+        "created": created,
         "counts": manifest["counts"],
         "skipped": manifest["skipped"],
         "truncated": manifest["truncated"],

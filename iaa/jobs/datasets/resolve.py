@@ -9,9 +9,9 @@ from typing import Sequence
 
 from iaa.data.errors import DataError
 from iaa.data.manifest import MANIFEST, VOCAB, rebuild_hint
-from iaa.jobs.training import config as config_mod
-from iaa.jobs.training.config import ConfigError, JobConfig
-from iaa.jobs.training.presets import for_dataset
+from iaa.jobs.config import job_config as config_mod
+from iaa.jobs.config.job_config import ConfigError, JobConfig
+from iaa.jobs.config.presets import for_dataset
 from iaa.jobs.workdir.paths import Workdir
 
 
@@ -33,15 +33,32 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
 
         prepared = ensure_prepared(dataset, Workdir(workdir).writable())
     manifest = verify.verify(prepared)
-    if manifest.get("counts", {}).get("valid") == 0:
-        raise DataError(f"the valid split is empty, so no accuracy can be measured; "
-                        f"{rebuild_hint(prepared, manifest)} from a source with validation examples",
+    valid = manifest.get("counts", {}).get("valid")
+    if valid == 0 or (valid is None and _remade_with_valid(manifest)):
+        raise DataError(f"the valid split is empty, so no accuracy can be measured; {_empty_valid_hint(prepared, manifest)}",
                         path=prepared / MANIFEST)
     recorded = manifest.get("dataset")
     if data is not None and dataset is not None and recorded and recorded != dataset:
         raise ConfigError(f"{prepared / MANIFEST}: the folder holds {recorded}, not {dataset}; "
                           f"leave out --dataset (it comes from the manifest) or give --dataset {recorded}")
     return str(recorded or dataset), prepared
+
+
+def _remade_with_valid(manifest: dict) -> bool:
+    """The folder was prepared from make-cloze questions (which can be remade with a valid split)."""
+    from iaa.data.cloze import advice
+
+    source = manifest.get("source_path")
+    return bool(source) and advice.cloze_record(Path(source)) is not None
+
+
+def _empty_valid_hint(prepared: Path, manifest: dict) -> str:
+    """How to get a valid split: remake make-cloze questions with one, else prepare another source."""
+    from iaa.data.cloze import advice
+
+    source = manifest.get("source_path")
+    return ((advice.empty_valid(Path(source), prepared) if source else None)
+            or f"{rebuild_hint(prepared, manifest)} from a source with validation examples")
 
 
 def vocab_size(prepared: Path) -> int:

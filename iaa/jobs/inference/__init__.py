@@ -1,1 +1,1 @@
-"""A trained reader at work: evaluate, predict, explain and serve."""
+"""Use case: a trained reader at work (``iaa-cli predict`` and ``iaa-cli serve``)."""

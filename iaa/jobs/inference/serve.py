@@ -12,9 +12,11 @@ The workflow, without the server:
   cannot answer (no candidate in the document, no placeholder or two, a candidate listed twice).
   Every check that could fail a question happens here, per request (the serve ingress runs it),
   so a batch never holds a bad question.
-- :class:`Answerer` holds the loaded :class:`~iaa.jobs.inference.predict.Predictor` and answers a batch of
+- :class:`Answerer` holds the loaded :class:`~iaa.jobs.evaluation.predictor.Predictor` and answers a batch of
   requests with one pass of the same code as ``iaa-cli predict``; each row is ``predict``'s
-  ``{"id", "prediction", "probs"[, "correct"]}`` plus the model's ``{"name", "version"}``. Should
+  ``{"id", "prediction", "probs"[, "correct"], "unknown_share", "unknown_candidates"[, "warning"]}``
+  (the share of the document outside the vocabulary, the unknown candidates, and a warning above
+  :data:`~iaa.jobs.evaluation.unknowns.UNKNOWN_WARN_SHARE`) plus the model's ``{"name", "version"}``. Should
   the model still fail on one request of a batch, only that request fails.
 
 ``iaa.platform.ray_serve`` runs it on Ray Serve: replicas, ``serve.batch``, HTTP.
@@ -34,7 +36,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, 
 from iaa.errors import IaaError
 from iaa.jobs.ports import Limits, LoadedModel, ModelFetcher, ModelSource, RequestError, ServeCode, ServeConfig
 from iaa.jobs.workdir.paths import Workdir
-from iaa.jobs.inference.raw_text import InputError, LongNumber, Question, assembled, from_record, loads, text_problem
+from iaa.data.raw_text import InputError, LongNumber, Question, assembled, from_record, loads, text_problem
 
 
 def config(*, model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, data_dir: Path | None,
@@ -175,7 +177,7 @@ def _type(value: Any) -> str:
 
 def locate(source: ModelSource, fetch_model: ModelFetcher | None = None) -> LoadedModel:
     """The files of ``source``; an MLflow URI goes through ``fetch_model`` (the MLflow adapter)."""
-    from iaa.jobs.inference import predict
+    from iaa.jobs.evaluation import predictor
 
     if source.kind == "model":
         if fetch_model is None:
@@ -187,7 +189,7 @@ def locate(source: ModelSource, fetch_model: ModelFetcher | None = None) -> Load
         name = ref.parent.parent.name if ref.parent.name == "checkpoints" else ref.stem
         digest = _digest(ref)
     else:
-        checkpoints = predict.ensemble_members(ref)
+        checkpoints = predictor.ensemble_members(ref)
         name, digest = ref.resolve().name, _digest(ref / "ensemble.json")
     data_dir = Path(source.data_dir) if source.data_dir else None
     return LoadedModel(tuple(checkpoints), data_dir, name, digest)
@@ -211,7 +213,7 @@ class Answerer:
         """Load ``source`` and answer one question, so the first request finds a warm model."""
         import torch
 
-        from iaa.jobs.inference.predict import Predictor
+        from iaa.jobs.evaluation.predictor import Predictor
 
         started = time.perf_counter()
         torch.set_num_threads(max(1, threads))

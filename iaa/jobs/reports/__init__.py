@@ -1,1 +1,1 @@
-"""Reports read back from tracking: learning curves, a sweep's importances, the frequency baseline."""
+"""Use case: reports read back from tracking: learning curves and a sweep's importances."""

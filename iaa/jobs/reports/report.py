@@ -49,7 +49,7 @@ def select_runs(tracker: Tracker, experiment: str, run_ids: Sequence[str] = ()) 
     if records is None:
         names = ", ".join(tracker.experiment_names()) or "none"
         raise IaaError(f"the MLflow store {uri} has no experiment {experiment!r} (it has: {names}); "
-                       "train runs go to train-DATASET, sweeps to tune-DATASET")
+                       "train runs go to train-DATASET, sweeps to tune-DATASET, distilled students to distill-ENSEMBLE")
     if not run_ids:
         return records
     by_id = {r.run_id: r for r in records}
@@ -146,7 +146,7 @@ def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, r
         "a file of the prepared data": outputs.data_files(baseline_data),
         "the tracking database": Workdir(workdir).tracking_db(tracking_uri)})
     if baseline_data is not None:
-        from iaa.jobs.reports import frequency
+        from iaa.jobs.evaluation import frequency
 
         baseline = frequency.run(baseline_data, "valid")["accuracy"]
     tracker = open_tracker(Workdir(workdir).tracking_uri(tracking_uri))

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from iaa.errors import IaaError
-from iaa.jobs.search import exploration, sweep as sweep_file
+from iaa.jobs.config import exploration
+from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.ports import Tracker
 
 SCORED_STATES = ("COMPLETE", "PRUNED")    # finished, or stopped by ASHA with the checks it made
@@ -42,11 +43,22 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
             "warnings": exploration.notes(scored, searched)}
 
 
+def dashboard_line(result: dict[str, Any]) -> list[str]:
+    """optuna-dashboard's importances of the same study, and in one line why they differ from fANOVA's."""
+    if "dashboard_importances" not in result:
+        return []
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in result["dashboard_importances"].items()) or "none (under 2 COMPLETE trials)"
+    complete, scored = result.get("complete_trials", "?"), result.get("scored_trials", "?")
+    return [f"optuna-dashboard shows PED-ANOVA instead: {shown}; it compares the best 10% of the {complete} COMPLETE "
+            f"trials with all of them (fANOVA above fits all {scored} scored ones), so a small sweep ties there"]
+
+
 def describe(result: dict[str, Any]) -> str:
     """The importances and the figures, for the console."""
     lines = [f"sweep {result['sweep']}: {len(result['trials'])} trials in study {result['study']}",
              "parameter importance (fANOVA over finished and ASHA-stopped trials):"]
     lines += [f"  {name:24s} {value:.3f}" for name, value in result["importances"].items()]
+    lines += dashboard_line(result)
     lines += [f"warning: {note}" for note in result.get("warnings", ())]
     lines += [f"{name}: {path}" for name, path in result["figures"].items()]
     if result.get("logged_to_run"):

@@ -1,1 +1,1 @@
-"""Training one reader: its config and presets, the loop, one step, checkpoints, and the throughput bench."""
+"""Training one reader (base): the loop, one step, the session it runs in and its progress."""

@@ -1,6 +1,6 @@
 """Where a training loop runs: the seam between the plain loop and Ray.
 
-The loop in :mod:`iaa.jobs.training.train` talks only to a :class:`Session`. :class:`SessionBase` holds
+The loop in :mod:`iaa.jobs.training.loop` talks only to a :class:`Session`. :class:`SessionBase` holds
 what every session shares: batches from in-memory Arrow tables, the device, and ``report``, the
 one "report with a checkpoint" helper. It writes the checkpoint into a folder and hands the
 folder to ``publish``, the one method a session must write. :class:`LocalSession` publishes to
@@ -27,7 +27,7 @@ from torch import nn
 from iaa.data.batch import Batch
 from iaa.data.manifest import vocab_card
 from iaa.files import remove_dead_leftovers
-from iaa.jobs.training import checkpoint
+from iaa.jobs.modeling import checkpoint
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkerLink
 from iaa.jobs.workdir.paths import RunFolder
 

@@ -5,7 +5,7 @@ The objective (paper, "Training Details") is
     loss = -mean log P(a* | Q, D) + embed_l2 * ||X||²       (X: the word embedding)
 
 where a teacher's soft targets or ACT's ponder cost may add terms to the first part
-(:mod:`iaa.jobs.training.objective`).
+(:mod:`iaa.jobs.modeling.objective`).
 
 with the gradient clipped to norm ``clip`` (over all parameters, the L2 term included) and Adam.
 The training loop (in process, in a Tune trial or on Ray Train workers) and the benchmarks all
@@ -41,8 +41,9 @@ import torch
 from torch import nn
 
 from iaa.data.batch import Batch
-from iaa.jobs.training.checkpoint import unwrap
-from iaa.jobs.training.objective import Objective, reader_output
+from iaa.jobs.modeling.checkpoint import unwrap
+from iaa.jobs.modeling.objective import Objective
+from iaa.jobs.training.torch_internals import foreach_mul_, foreach_norm
 
 
 def retain_freed_memory() -> bool:
@@ -52,7 +53,7 @@ def retain_freed_memory() -> bool:
     above glibc's mmap threshold, so each is a fresh mmap whose pages the kernel faults in and
     zeroes again: ~47,000 page faults per batch, ~13% of a step's CPU time (benchmarks/README.md).
     Cost: resident memory stays at its peak. Process-wide and idempotent; returns whether it applied.
-    Nothing calls it implicitly: an entry point opts in once at process start (``iaa.jobs.training.train.run``,
+    Nothing calls it implicitly: an entry point opts in once at process start (``iaa.jobs.train.train.run``,
     ``iaa-cli bench`` and the benchmark scripts do).
     """
     if not sys.platform.startswith("linux"):
@@ -77,14 +78,19 @@ class Optimizer:
     parameters' device.
     """
 
-    def __init__(self, model: nn.Module, lr: float, embed_l2: float) -> None:
+    def __init__(self, model: nn.Module, lr: float, embed_l2: float, capturable: bool = False) -> None:
         self.embedding = _embedding_weight(model)
         self.embed_l2 = float(embed_l2)
+        self.capturable = capturable
         rest = [p for p in model.parameters() if p.requires_grad and p is not self.embedding]
         groups = [{"params": [self.embedding], "name": "embedding", "weight_decay": 0.0},
                   {"params": rest, "name": "rest", "weight_decay": 0.0}]
         fused = self.embedding.device.type in ("cpu", "cuda")
-        self.adam = torch.optim.Adam(groups, lr=lr, fused=fused)
+        if capturable:   # the step's count and lr on the device, so that a CUDA graph reads them there
+            lr_value = torch.tensor(float(lr), dtype=torch.float32, device=self.embedding.device)
+            self.adam = torch.optim.Adam(groups, lr=lr_value, fused=True, capturable=True)
+        else:
+            self.adam = torch.optim.Adam(groups, lr=lr, fused=fused)
         self._grad_buffer: torch.Tensor | None = None
         self._touched_rows: torch.Tensor | None = None
 
@@ -102,15 +108,35 @@ class Optimizer:
         return float(self.adam.param_groups[0]["lr"])
 
     def set_lr(self, lr: float) -> None:
+        """Every group's learning rate; a capturable optimiser's is written into its device
+        tensor, so that steps captured before see the new value."""
         for group in self.adam.param_groups:
-            group["lr"] = lr
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
 
     def state_dict(self) -> dict:
-        return self.adam.state_dict()
+        """Adam's state, with the learning rates as floats whatever the optimiser holds."""
+        state = self.adam.state_dict()
+        if self.capturable:
+            state["param_groups"] = [{**g, "lr": float(g["lr"])} for g in state["param_groups"]]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Adam's saved state, moved to the parameters' device and dtype."""
+        """Adam's saved state, moved to the parameters' device and dtype. The optimiser keeps its
+        own kind (fused, capturable, a device learning rate): the state may come from either."""
+        flags = [{k: g[k] for k in ("fused", "capturable", "foreach") if k in g} for g in self.adam.param_groups]
         self.adam.load_state_dict(state)
+        for group, own in zip(self.adam.param_groups, flags):
+            group.update(own)
+            if self.capturable:
+                lr = float(group["lr"])
+                group["lr"] = torch.tensor(lr, dtype=torch.float32, device=self.embedding.device)
+                for p in group["params"]:
+                    st = self.adam.state.get(p, {})
+                    if "step" in st:
+                        st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
 
     def step(self) -> None:
         self.adam.step()
@@ -143,10 +169,20 @@ def _embedding_weight(model: nn.Module) -> torch.Tensor:
     return unwrap(model).embedding.weight
 
 
-def build_optimizer(model: nn.Module, lr: float, embed_l2: float) -> Optimizer:
+def build_optimizer(model: nn.Module, lr: float, embed_l2: float, capturable: bool = False) -> Optimizer:
     """The training optimiser of ``model`` (a reader from ``iaa.model.build_reader``, or a
-    wrapper with ``.module``): Adam with learning rate ``lr`` and the embedding L2 weight λ."""
-    return Optimizer(model, lr, embed_l2)
+    wrapper with ``.module``): Adam with learning rate ``lr`` and the embedding L2 weight λ.
+
+    ``capturable``: Adam's step count and learning rate live on the parameters' device, so that
+    its step can be captured in a CUDA graph (``iaa.jobs.training.captured``); same updates.
+    """
+    return Optimizer(model, lr, embed_l2, capturable)
+
+
+def clip_coefficient(sq_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """min(1, max_norm / (norm + 1e-6)) as a device tensor, from the squared total norm: the
+    factor ``clip_grad_norm_`` scales the gradients by, without reading the norm back."""
+    return (max_norm / (sq_norm.clamp_min(0.0).sqrt() + 1e-6)).clamp_max(1.0)
 
 
 @torch.no_grad()
@@ -164,7 +200,7 @@ def _clip_and_attach(model: nn.Module, optimizer: Optimizer, clip: float) -> tor
     others = [p.grad for p in model.parameters() if p.grad is not None and p is not weight]
     sq = lambda t: t.double().square()                                     # noqa: E731 (float64 sums)
     sq_weight = torch.dot(weight.view(-1), weight.view(-1)).double()
-    sq_norm = sq(torch.stack(torch._foreach_norm(others))).sum() if others else sq_weight.new_zeros(())
+    sq_norm = sq(torch.stack(foreach_norm(others))).sum() if others else sq_weight.new_zeros(())
     two_l2 = 2.0 * embed_l2
     if grad is not None and grad.is_sparse:
         grad = grad.coalesce()
@@ -174,14 +210,14 @@ def _clip_and_attach(model: nn.Module, optimizer: Optimizer, clip: float) -> tor
                    - sq(torch.linalg.vector_norm(decay)))
         coef = min(1.0, clip / (max(float(sq_norm), 0.0) ** 0.5 + 1e-6))  # as clip_grad_norm_
         if coef < 1.0 and others:
-            torch._foreach_mul_(others, coef)
+            foreach_mul_(others, coef)
         optimizer.attach_sparse_grad(rows, values.mul_(coef) if coef < 1.0 else values, two_l2 * coef)
         return embed_l2 * sq_weight
     grad = torch.zeros_like(weight) if grad is None else grad
     grad.add_(weight, alpha=two_l2)                                         # the L2 gradient, dense
     sq_norm = sq_norm + sq(torch.linalg.vector_norm(grad))
-    coef = (clip / (sq_norm.clamp_min(0.0).sqrt() + 1e-6)).clamp_max(1.0)  # as clip_grad_norm_
-    torch._foreach_mul_([*others, grad], coef.to(grad.dtype))              # x 1.0 when not clipped
+    coef = clip_coefficient(sq_norm, clip)                                 # as clip_grad_norm_
+    foreach_mul_([*others, grad], coef.to(grad.dtype))                     # x 1.0 when not clipped
     optimizer.attach_dense_grad(grad)
     return embed_l2 * sq_weight
 
@@ -203,8 +239,8 @@ def train_step(model: nn.Module, optimizer: Optimizer, batch: Batch, *,
         sync): the caller sums the losses as tensors and reads them when it reports.
     """
     model.train()
-    log_p, halting = reader_output(model, batch)                           # (B, C), in the reader's precision
-    loss = objective(log_p.float(), batch, halting)                        # fp32
+    out = model(batch)                                                     # ReaderOutput
+    loss = objective(out.log_probs.float(), batch, out.halting)            # (B, C) in the reader's precision; fp32
     for p in model.parameters():
         p.grad = None
     loss.backward()

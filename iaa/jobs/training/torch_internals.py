@@ -1,6 +1,10 @@
-"""The one place that imports a private torch name: ``TorchDispatchMode``, the base of torch's own
-``FlopCounterMode``, which the bench subclasses to count FLOPs by operand dtype (no public class
-sees each matmul with its operands' dtype).
+"""The one place where the jobs use private torch names:
+
+- ``TorchDispatchMode``, the base of torch's own ``FlopCounterMode``, which the bench subclasses
+  to count FLOPs by operand dtype (no public class sees each matmul with its operands' dtype);
+- ``torch._foreach_norm`` and ``torch._foreach_mul_``, the multi-tensor kernels that
+  ``clip_grad_norm_(foreach=True)`` runs, which the training step's clipping calls directly (it
+  adds the embedding's L2 term to the norm, which ``clip_grad_norm_`` cannot).
 
 ``tests/test_private_apis.py`` checks every name used here against the installed torch, so an
 upgrade that moves one fails there, by name.
@@ -8,7 +12,21 @@ upgrade that moves one fails there, by name.
 
 from __future__ import annotations
 
-NAMES = (("torch.utils._python_dispatch", "TorchDispatchMode"),)
+import torch
+
+NAMES = (("torch.utils._python_dispatch", "TorchDispatchMode"), ("torch", "_foreach_norm"),
+         ("torch", "_foreach_mul_"))
+
+
+def foreach_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The L2 norm of each of ``tensors``, in one multi-tensor kernel: [0-dim tensor, ...]."""
+    return list(torch._foreach_norm(tensors))
+
+
+def foreach_mul_(tensors: list[torch.Tensor], factor: float | torch.Tensor) -> None:
+    """Each of ``tensors`` multiplied in place by ``factor`` (a number or a 0-dim tensor), in one
+    multi-tensor kernel."""
+    torch._foreach_mul_(tensors, factor)
 
 
 def dispatch_mode() -> type:

@@ -4,7 +4,7 @@ Sweep and ensemble names (``--name``, ``--resume NAME``, ``--sweep NAME``) becom
 under the work folder (``WORKDIR/sweeps/NAME``, ``WORKDIR/ensembles/NAME``) and under Ray's
 storage, so they are one path component: letters, digits, ``.``, ``_`` and ``-``, starting with
 a letter or digit. Registered model names (``--register NAME``) follow MLflow's own rules
-(``mlflow.utils.validation._validate_model_name``): not blank, no ``/`` or ``:``, and a name
+(its model-name validation): not blank, no ``/`` or ``:``, and a name
 that a path normalisation would not change (no ``..``, ``//``, leading ``/`` or ``./``).
 Both are checked before any work.
 """

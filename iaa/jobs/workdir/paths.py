@@ -6,17 +6,21 @@ A :class:`Workdir` (``--workdir``, ``IAA_WORKDIR``, default :data:`DEFAULT_WORKD
     runs/NAME/           one training run each (a RunFolder)
     sweeps/NAME/         sweep.json, best_config.yaml, the downloaded trial checkpoints
     ensembles/NAME/      ensemble.json, members' predictions, the ledger of members it trained
+    evaluations/MODEL/   ``iaa-cli evaluate``'s predictions unless --out says otherwise
+    distill/teachers/    the distillation teachers (an ensemble's soft targets)
     ray/                 Ray's storage (Tune and Train runs) unless --storage-path says otherwise
     mlflow.db            the SQLite MLflow store unless --tracking-uri / MLFLOW_TRACKING_URI
     mlartifacts/         that store's artifacts
 
-A :class:`RunFolder` is the one reader and writer of a run's files (``metrics.jsonl``,
+Records in it store these paths relative to it (:mod:`iaa.jobs.workdir.recorded`), so a copied or
+moved work folder works from its new place. A :class:`RunFolder` is the one reader and writer of a run's files (``metrics.jsonl``,
 ``checkpoints/{best,last}.pt``). What a command may replace or delete in these folders is
 decided by the output policy (:mod:`iaa.jobs.workdir.outputs`), never here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -28,10 +32,13 @@ from typing import Any
 from iaa.data.manifest import MANIFEST
 from iaa.errors import IaaError
 from iaa.files import ensure_writable
+from iaa.jobs.workdir.recorded import stored
 
 DEFAULT_WORKDIR = "iaa-work"
 SQLITE = "sqlite:///"
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
+LAST = "last.pt"    # a run's latest checkpoint, in its checkpoints/ folder
+BEST = "best.pt"    # its best checkpoint by validation accuracy
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -70,14 +77,10 @@ class RunFolder:
 
     @property
     def best(self) -> Path:
-        from iaa.jobs.training.checkpoint import BEST
-
         return self.checkpoints / BEST
 
     @property
     def last(self) -> Path:
-        from iaa.jobs.training.checkpoint import LAST
-
         return self.checkpoints / LAST
 
     @property
@@ -145,6 +148,18 @@ class Workdir:
 
     def ensemble(self, name: str) -> Path:
         return self.ensembles / name
+
+    @property
+    def teachers(self) -> Path:
+        return self.root / "distill" / "teachers"
+
+    def evaluation(self, checkpoint: Path) -> Path:
+        """The folder of a checkpoint's predictions: ``evaluations/RUN-STEM-HASH``, the hash of its
+        path within the work folder (so a moved folder keeps its names), or of its absolute path."""
+        checkpoint = Path(checkpoint)
+        run = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else checkpoint.parent.name
+        tag = hashlib.sha1(str(stored(checkpoint, self.root)).encode()).hexdigest()[:8]
+        return self.root / "evaluations" / f"{run}-{checkpoint.stem}-{tag}".lstrip("-")
 
     # --- Ray storage and the MLflow store ----------------------------------------------------------
 

@@ -9,13 +9,21 @@ slot        kernel                                           replaces
 ==========  ==============================================  =========================
 encoder     ``fused_gru.FusedEncoder`` (C++ recurrence:      ``nn.GRU`` over packed
             generic, AVX-512, AMX; else Python loops)        sequences
-table       ``fused_gru.EncoderTable``                       the document encoder in
+encoder     ``padded_gru.PaddedGRU`` (CUDA, h <= 128: two    ``nn.GRU`` over packed
+            one-direction cuDNN GRUs over padded rows)       sequences
+table       ``encoder_table.EncoderTable``                   the document encoder in
                                                              inference
 reads       ``deferred.DeferredReads``                       the document reads' autograd
 layers      ``precision.SmallMatmuls``                       the steps' layers under bf16
 steps       ``inference_steps.FusedSteps``                   the T steps in inference
 dropout     ``dropout.FastDropout``                          ``F.dropout``
 ==========  ==============================================  =========================
+
+``Kernels.slots`` turns the choice into one callable per slot with the reference's signature
+(``slots.Slots``), the reference's own function where no kernel serves; a kernel that computes
+only inference (``table``, ``steps``) runs the reference itself for training, gradients and
+traces. ``Kernels.describe`` says what runs, and ``cpu_features`` what the CPU offers, for
+reports and benchmarks.
 
 Precision is an argument ("fp32" or "bf16"), chosen once with the kernels when the reader is
 built. Nothing else switches the arithmetic: no global, no thread-local, no environment
@@ -32,48 +40,67 @@ import torch
 
 from iaa.model.kernels.deferred import DeferredReads
 from iaa.model.kernels.dropout import FastDropout
-from iaa.model.kernels.fused_gru import EncoderTable, FusedEncoder
+from iaa.model.kernels.encoder_table import EncoderTable
+from iaa.model.kernels.fused_gru import FusedEncoder
+from iaa.model.kernels.gru_kernels import cpu_features
 from iaa.model.kernels.inference_steps import FusedSteps
+from iaa.model.kernels.padded_gru import PaddedGRU
 from iaa.model.kernels.precision import SmallMatmuls
+from iaa.model.kernels.slots import EncoderSlot, Forgetting, LayersSlot, Slots, StepsSlot, TableSlot
 from iaa.model.kernels.support import EQUATIONS, PRECISIONS, Kernel, Support
 
-KERNELS: tuple[type[Kernel], ...] = (FusedEncoder, EncoderTable, DeferredReads, SmallMatmuls, FusedSteps,
-                                     FastDropout)
+KERNELS: tuple[type[Kernel], ...] = (FusedEncoder, PaddedGRU, EncoderTable, DeferredReads, SmallMatmuls,
+                                     FusedSteps, FastDropout)
 
-__all__ = ["EQUATIONS", "KERNELS", "Kernel", "Kernels", "Support", "select"]
+__all__ = ["EQUATIONS", "KERNELS", "Kernel", "Kernels", "Slots", "Support", "cpu_features", "select"]
+
+_CONTEXT = ("device", "precision", "hidden_dim")
 
 
 @dataclass
 class Kernels:
-    """The kernels a reader runs, one per slot; None: the reference (``iaa.model``) runs there."""
+    """The kernels a reader runs, one per slot; None: the reference (``iaa.model``) runs there.
+
+    ``hidden_dim``: the encoders' h, which ``describe`` reports the AMX recurrence for.
+    """
 
     device: str = "cpu"
     precision: str = "fp32"
-    encoder: FusedEncoder | None = None
+    encoder: Any = None          # FusedEncoder or PaddedGRU: any kernel with encode(x, lengths, gru)
     table: EncoderTable | None = None
     reads: DeferredReads | None = None
     layers: SmallMatmuls | None = None
     steps: FusedSteps | None = None
     dropout: FastDropout | None = None
+    hidden_dim: int | None = None
 
     def chosen(self) -> dict[str, str]:
         """The kernel of each slot that has one, by name: {"encoder": "FusedEncoder", ...}."""
         return {f.name: type(k).__name__ for f in fields(self)
-                if (k := getattr(self, f.name)) is not None and f.name not in ("device", "precision")}
+                if (k := getattr(self, f.name)) is not None and f.name not in _CONTEXT}
 
-    def forget(self) -> None:
-        """Drop every cache of weights (before a training pass changes them)."""
-        for kernel in (self.table, self.steps):
-            if kernel is not None:
-                kernel.forget()
+    def describe(self) -> dict[str, Any]:
+        """What runs, for reports and benchmarks: device, precision, the kernel of each slot
+        (``chosen``), and whether the encoders' recurrent matmuls (``amx_recurrence``) and the
+        attention steps' layers in training (``amx_step_layers``) multiply on AMX."""
+        recurrence = getattr(self.encoder, "amx_recurrence", None)
+        on_amx = getattr(self.layers, "on_amx", None)
+        return {"device": self.device, "precision": self.precision, "slots": self.chosen(),
+                "amx_recurrence": bool(recurrence is not None and self.hidden_dim is not None
+                                       and recurrence(self.hidden_dim)),
+                "amx_step_layers": bool(on_amx is not None and on_amx(grad=True))}
 
-    def amx_recurrence(self, hidden: int) -> bool:
-        """Whether the encoders' recurrent matmuls multiply on AMX (bf16 training and inference)."""
-        return self.encoder is not None and self.encoder.amx_recurrence(hidden)
-
-    def amx_step_layers(self) -> bool:
-        """Whether the attention steps' layers multiply on AMX in training."""
-        return self.layers is not None and self.layers.on_amx(grad=True)
+    def slots(self, reference: Slots) -> Slots:
+        """One callable per slot: the chosen kernel's, else ``reference``'s own."""
+        table = TableSlot(self.table, reference.table) if self.table is not None else reference.table
+        caches = [k for k in (self.table, self.steps) if k is not None]
+        return Slots(
+            encoder=EncoderSlot(self.encoder) if self.encoder is not None else reference.encoder,
+            table=Forgetting(table, caches) if caches else table,
+            reads=self.reads.memory if self.reads is not None else reference.reads,
+            layers=LayersSlot(self.layers) if self.layers is not None else reference.layers,
+            steps=StepsSlot(self.steps, reference.steps) if self.steps is not None else reference.steps,
+            dropout=self.dropout if self.dropout is not None else reference.dropout)
 
 
 def select(device: str | torch.device, precision: str, cfg: Any) -> Kernels:
@@ -81,7 +108,8 @@ def select(device: str | torch.device, precision: str, cfg: Any) -> Kernels:
 
     A kernel is chosen where its config switch (``Kernel.switch``) is on, it declares the
     reader's equations, the device and the precision (``Support.covers``), and it can run here
-    (``Kernel.make``); each other slot runs the reference.
+    (``Kernel.make``); each other slot runs the reference. ``Kernels.slots`` turns the choice
+    into one callable per slot.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
@@ -94,4 +122,4 @@ def select(device: str | torch.device, precision: str, cfg: Any) -> Kernels:
             made = kernel.make(cfg, precision)
             if made is not None:
                 chosen[kernel.slot] = made
-    return Kernels(device, precision, **chosen)
+    return Kernels(device, precision, **chosen, hidden_dim=getattr(cfg, "hidden_dim", None))

@@ -687,10 +687,93 @@ IAA_AVX512 static void gru_cell_update(const float* gi, const float* gh, const f
   }
 }
 
+#endif
+
+// ---- The steps' generic build: the same reads and gate arithmetic as plain loops, on any CPU.
+// Never chosen by `select` (the AVX-512 loops are faster where they run); it holds the step loop
+// of iaa_steps to the reference on machines without AVX-512 (tests/test_kernel_equations.py).
+
+static inline float sigmoid1(float x) { return 1.f / (1.f + std::exp(-x)); }
+
+template <typename M>
+static void row_dots_generic(const M* m, int64_t L, int64_t k, const float* key, float* out) {
+  for (int64_t i = 0; i < L; ++i) {
+    float total = 0.f;
+    for (int64_t j = 0; j < k; ++j) total += static_cast<float>(m[i * k + j]) * key[j];
+    out[i] = total;
+  }
+}
+
+template <typename M>
+static void softmax_glimpse_generic(const M* m, int64_t L, int64_t k, float* logits, const bool* mask,
+                                    float* glimpse) {
+  float top = -INFINITY;
+  for (int64_t i = 0; i < L; ++i)
+    if (mask[i] && logits[i] > top) top = logits[i];
+  for (int64_t j = 0; j < k; ++j) glimpse[j] = 0.f;
+  if (top == -INFINITY) return;
+  float total = 0.f;
+  for (int64_t i = 0; i < L; ++i) {
+    logits[i] = mask[i] ? std::exp(logits[i] - top) : 0.f;
+    total += logits[i];
+  }
+  const float scale = 1.f / total;
+  for (int64_t i = 0; i < L; ++i) {
+    if (!mask[i]) continue;
+    const float p = logits[i] * scale;
+    for (int64_t j = 0; j < k; ++j) glimpse[j] += p * static_cast<float>(m[i * k + j]);
+  }
+}
+
+template <typename M>
+static void attend_generic(const torch::Tensor& memory, const torch::Tensor& key, const torch::Tensor& mask,
+                           float* logits, float* glimpse) {
+  const int64_t B = memory.size(0), L = memory.size(1), k = memory.size(2);
+  const M* m = memory.data_ptr<M>();
+  const float* q = key.data_ptr<float>();
+  const bool* real = mask.data_ptr<bool>();
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      row_dots_generic<M>(m + b * L * k, L, k, q + b * k, logits + b * L);
+      if (glimpse) softmax_glimpse_generic<M>(m + b * L * k, L, k, logits + b * L, real + b * L, glimpse + b * k);
+    }
+  });
+}
+
+static void bias_act_generic(float* y, int64_t n, int64_t N, const float* bias, int act) {
+  for (int64_t i = 0; i < n * N; ++i) {
+    const float v = y[i] + bias[i % N];
+    y[i] = act == 1 ? std::tanh(v) : act == 2 ? sigmoid1(v) : v;
+  }
+}
+
+static void gru_cell_update_generic(const float* gi, const float* gh, const float* s, float* out, int64_t n,
+                                    int64_t S) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float *a = gi + i * 3 * S, *g = gh + i * 3 * S;
+    for (int64_t j = 0; j < S; ++j) {
+      const float r = sigmoid1(a[j] + g[j]), z = sigmoid1(a[S + j] + g[S + j]);
+      const float c = std::tanh(a[2 * S + j] + r * g[2 * S + j]);
+      out[i * S + j] = c + z * (s[i * S + j] - c);
+    }
+  }
+}
+
+// One read of the encodings (`attend`), by the AVX-512 loops or, with `generic`, the plain ones.
+template <typename M>
+static void read_memory(bool generic, const torch::Tensor& memory, const torch::Tensor& key,
+                        const torch::Tensor& mask, float* logits, float* glimpse) {
+#ifdef IAA_X86
+  if (!generic) return attend<M>(memory, key, mask, logits, glimpse);
+#endif
+  attend_generic<M>(memory, key, mask, logits, glimpse);
+}
+
 // One layer of a step: act(x W^T + b), x (n, K) fp32. With `packed` (pack_linear(W)) the product
-// takes bf16 operands on AMX, else fp32 (ATen).
+// takes bf16 operands on AMX, else fp32 (ATen). `generic`: the bias and activation as plain loops.
 struct Dense {
   torch::Tensor weight, packed, bias;
+  bool generic;
   torch::Tensor operator()(const torch::Tensor& x, int act, at::BFloat16* a_buf) const {
     const int64_t n = x.size(0), K = x.size(1), N = weight.size(0);
     torch::Tensor y;
@@ -701,11 +784,16 @@ struct Dense {
     } else {
       y = at::mm(x, weight.t());
     }
-    bias_act(y.data_ptr<float>(), n, N, bias.data_ptr<float>(), act);
+#ifdef IAA_X86
+    if (!generic) {
+      bias_act(y.data_ptr<float>(), n, N, bias.data_ptr<float>(), act);
+      return y;
+    }
+#endif
+    bias_act_generic(y.data_ptr<float>(), n, N, bias.data_ptr<float>(), act);
     return y;
   }
 };
-#endif
 
 bool steps_paths(int64_t enc_dim, int64_t state_dim, int64_t gate_dim) {
   return has_avx512() && enc_dim % 16 == 0 && state_dim % 16 == 0 && gate_dim % 16 == 0;
@@ -750,24 +838,26 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor bi
 }
 
 torch::Tensor iaa_steps(torch::Tensor q_enc, torch::Tensor q_mask, torch::Tensor d_enc, torch::Tensor d_mask,
-                        std::vector<torch::Tensor> weights, std::vector<torch::Tensor> packed, int64_t steps) {
+                        std::vector<torch::Tensor> weights, std::vector<torch::Tensor> packed, int64_t steps,
+                        bool generic) {
   // The T steps of IAAReader for inference: returns the last step's document logits (B, Ld).
   // q_enc (B, Lq, 2h) fp32, d_enc (B, Ld, 2h) fp32 or bf16 (the reads then take it as is, with
   // fp32 keys and fp32 sums), masks bool. weights: (weight, bias) of A_q, A_d, the two layers of
   // gate_q then of gate_d, then the search GRU's W_ih, W_hh, b_ih, b_hh, all fp32; packed: the
-  // same 8 weights' pack_linear (AMX, bf16 operands), or empty (fp32 products).
+  // same 8 weights' pack_linear (AMX, bf16 operands), or empty (fp32 products). generic: the
+  // plain loops of the generic build for the reads and the gate arithmetic, on any CPU and size.
   TORCH_CHECK(weights.size() == 16 && (packed.empty() || packed.size() == 8), "iaa_steps: 16 weights, 0 or 8 packed");
   const int64_t B = q_enc.size(0), two_h = q_enc.size(2), S = weights[14].size(0) / 3, G = weights[4].size(0);
-  TORCH_CHECK(steps_paths(two_h, S, G) && steps >= 1, "iaa_steps needs the AVX-512 path");
+  TORCH_CHECK((generic || steps_paths(two_h, S, G)) && steps >= 1, "iaa_steps needs the AVX-512 path");
   TORCH_CHECK(packed.empty() || steps_amx(two_h, S, G), "iaa_steps: AMX is not usable here");
-#ifdef IAA_X86
   q_enc = q_enc.contiguous(); d_enc = d_enc.contiguous(); q_mask = q_mask.contiguous(); d_mask = d_mask.contiguous();
   auto layer = [&](int i) {
-    return Dense{weights[2 * i].contiguous(), packed.empty() ? torch::Tensor() : packed[i], weights[2 * i + 1].contiguous()};
+    return Dense{weights[2 * i].contiguous(), packed.empty() ? torch::Tensor() : packed[i], weights[2 * i + 1].contiguous(),
+                 generic};
   };
   const Dense read_q = layer(0), read_d = layer(1), gq1 = layer(2), gq2 = layer(3), gd1 = layer(4), gd2 = layer(5);
-  const Dense gru_i{weights[12].contiguous(), packed.empty() ? torch::Tensor() : packed[6], weights[14].contiguous()};
-  const Dense gru_h{weights[13].contiguous(), packed.empty() ? torch::Tensor() : packed[7], weights[15].contiguous()};
+  const Dense gru_i{weights[12].contiguous(), packed.empty() ? torch::Tensor() : packed[6], weights[14].contiguous(), generic};
+  const Dense gru_h{weights[13].contiguous(), packed.empty() ? torch::Tensor() : packed[7], weights[15].contiguous(), generic};
   const auto f32 = q_enc.options();
   const int64_t Lq = q_enc.size(1), Ld = d_enc.size(1), rows = (B + 31) / 32 * 32;
   const auto a_buf = at::zeros({rows, S + 6 * two_h}, f32.dtype(at::kBFloat16));   // AMX rows, widest K
@@ -777,24 +867,27 @@ torch::Tensor iaa_steps(torch::Tensor q_enc, torch::Tensor q_mask, torch::Tensor
   auto s = at::zeros({B, S}, f32);                                                  // s_0 = 0
   const bool bf16 = d_enc.scalar_type() == at::kBFloat16;
   for (int64_t t = 0; t < steps; ++t) {
-    attend<float>(q_enc, read_q(s, 0, buf), q_mask, q_logits.data_ptr<float>(), q_t.data_ptr<float>());
+    read_memory<float>(generic, q_enc, read_q(s, 0, buf), q_mask, q_logits.data_ptr<float>(), q_t.data_ptr<float>());
     const auto key = read_d(at::cat({s, q_t}, 1), 0, buf);
     const bool last = t == steps - 1;
     float* glimpse = last ? nullptr : d_t.data_ptr<float>();
-    if (bf16) attend<at::BFloat16>(d_enc, key, d_mask, d_logits.data_ptr<float>(), glimpse);
-    else attend<float>(d_enc, key, d_mask, d_logits.data_ptr<float>(), glimpse);
+    if (bf16) read_memory<at::BFloat16>(generic, d_enc, key, d_mask, d_logits.data_ptr<float>(), glimpse);
+    else read_memory<float>(generic, d_enc, key, d_mask, d_logits.data_ptr<float>(), glimpse);
     if (last) break;
     const auto features = at::cat({s, q_t, d_t, q_t * d_t}, 1);                     // (B, S + 6h)
     const auto r_q = gq2(gq1(features, 1, buf), 2, buf), r_d = gd2(gd1(features, 1, buf), 2, buf);
     const auto gi = gru_i(at::cat({r_q * q_t, r_d * d_t}, 1), 0, buf), gh = gru_h(s, 0, buf);
     auto next = at::empty({B, S}, f32);
-    gru_cell_update(gi.data_ptr<float>(), gh.data_ptr<float>(), s.data_ptr<float>(), next.data_ptr<float>(), B, S);
+    if (generic) {
+      gru_cell_update_generic(gi.data_ptr<float>(), gh.data_ptr<float>(), s.data_ptr<float>(), next.data_ptr<float>(), B, S);
+    } else {
+#ifdef IAA_X86
+      gru_cell_update(gi.data_ptr<float>(), gh.data_ptr<float>(), s.data_ptr<float>(), next.data_ptr<float>(), B, S);
+#endif
+    }
     s = next;
   }
   return d_logits;
-#else
-  return torch::Tensor();
-#endif
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

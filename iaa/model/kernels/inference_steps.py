@@ -30,12 +30,16 @@ from torch import nn
 
 from iaa.model.kernels import gru_kernels
 from iaa.model.kernels.support import Support
+from iaa.model.kernels.torch_internals import version
 
 
 class FusedSteps:
     """The T steps of an IAA reader's inference in one C++ call; the last document logits.
 
     ``bf16_products=False`` keeps the 32-row products fp32 under bf16 (the reads stay bf16).
+    ``generic=True`` runs the C++ kernels' generic build of the steps (plain loops for the reads
+    and the gate arithmetic, any CPU and sizes): never chosen by ``select``, it holds the C++ step
+    loop to the reference on CPUs without AVX-512.
     The AMX-packed weights are kept while the weights stay the same: packing is a pass over
     ~2.7 M numbers at the paper config, redone when a weight's storage or version changes, and
     after ``forget`` (each training pass: an optimiser may update the weights in place without
@@ -47,9 +51,10 @@ class FusedSteps:
                       equations={"kind": frozenset({"iaa"}), "halting": frozenset({"none"}),
                                  "candidate_softmax": frozenset({False, True})})
 
-    def __init__(self, cpp: ModuleType, precision: str = "fp32", bf16_products: bool = True) -> None:
+    def __init__(self, cpp: ModuleType, precision: str = "fp32", bf16_products: bool = True,
+                 generic: bool = False) -> None:
         self.cpp, self.bf16 = cpp, precision == "bf16"
-        self.bf16_products = bf16_products
+        self.bf16_products, self.generic = bf16_products, generic
         self._key: tuple | None = None
         self._packed: list[torch.Tensor] = []
 
@@ -64,7 +69,7 @@ class FusedSteps:
         self._key, self._packed = None, []
 
     def _packed_weights(self, weights: list[torch.Tensor]) -> list[torch.Tensor]:
-        key = tuple((t.data_ptr(), t._version) for t in weights)
+        key = tuple((t.data_ptr(), version(t)) for t in weights)
         if key != self._key:
             matrices = [*weights[0:12:2], weights[12], weights[13]]
             self._packed, self._key = [self.cpp.pack_linear(w.float()) for w in matrices], key
@@ -86,4 +91,5 @@ class FusedSteps:
         packed = self._packed_weights(weights) if amx else []
         memory = d_enc.to(torch.bfloat16) if self.bf16 else d_enc.float()
         with torch.autocast("cpu", enabled=False):                          # fp32 products stay fp32
-            return self.cpp.iaa_steps(q_enc.float(), query_mask, memory, doc_mask, weights, packed, steps)
+            return self.cpp.iaa_steps(q_enc.float(), query_mask, memory, doc_mask, weights, packed, steps,
+                                      self.generic)

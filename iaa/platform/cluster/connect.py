@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Any, Collection, Iterator
 
-from iaa.platform.cluster import resources
+from iaa.platform.cluster import ray_internals, resources
 from iaa.platform.cluster.resources import ClusterError, Node, TrialPlan, node_summary, plan
 from iaa.platform.cluster.storage import check_storage
 
@@ -193,6 +193,28 @@ def connect(address: str | None = None, storage_path: str | None = None, *, num_
         address = None
     if log_to_driver is None:
         log_to_driver = os.environ.get("IAA_RAY_LOG_TO_DRIVER", "0") == "1"
+    with _keeps_sigterm():          # ray.init sets its own, which would bypass the command's stop
+        return _connect(ray, address, storage_path, num_cpus=num_cpus, num_gpus=num_gpus,
+                        log_to_driver=log_to_driver, dashboard=dashboard)
+
+
+@contextlib.contextmanager
+def _keeps_sigterm() -> Iterator[None]:
+    """Give SIGTERM back to the handler it had (the command's stop, :mod:`iaa.jobs.interrupt`)."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and callable(before):
+            signal.signal(signal.SIGTERM, before)
+
+
+def _connect(ray: Any, address: str | None, storage_path: str | None, *, num_cpus: int | None,
+             num_gpus: int | None, log_to_driver: bool, dashboard: bool) -> ClusterInfo:
     dashboard_url = None
     if ray.is_initialized() and address and "://" not in address and _host_port(address) and \
             ray.get_runtime_context().gcs_address != address:
@@ -282,12 +304,7 @@ def _one_line(err: BaseException) -> str:
     return line if len(line) <= 240 else line[:237] + "..."
 
 
-QUIETED_LOGGERS = {
-    "ray._private.services": logging.CRITICAL,      # a failed dashboard start as twenty lines of its log:
-                                                    # the raised error, made one line, says it instead
-    "ray._private.authentication.authentication_token_setup": logging.ERROR,   # "Token authentication is
-                                                    # enabled", on every start: explained in docs/platform.md
-}
+QUIETED_LOGGERS = ray_internals.QUIETED_LOGGERS
 
 
 @contextlib.contextmanager

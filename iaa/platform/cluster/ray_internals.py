@@ -4,7 +4,11 @@
   (see :func:`iaa.platform.cluster.connect._loopback_only`);
 - the address of the gRPC server each Ray Serve replica starts for calls between deployments,
   which Serve hard-codes as ``[::]:0`` (every interface), whatever the node's address
-  (:func:`bind_serve_replica_grpc`).
+  (:func:`bind_serve_replica_grpc`);
+- the loggers of its private modules whose start-up messages iaa says otherwise
+  (:data:`QUIETED_LOGGERS`);
+- the log folder of the session this driver joined (:func:`logs_dir`), where Serve's driver-side
+  lines are written instead of the terminal.
 
 ``tests/test_private_apis.py`` checks every name used here against the installed Ray, so an
 upgrade that moves one fails there, by name; at run time a missing name only loses the loopback
@@ -14,11 +18,24 @@ binding (Ray's default binding is used, as the caller says).
 from __future__ import annotations
 
 import ipaddress
+import logging
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
 NAMES = (("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"),
-         ("ray.serve._private.replica", "add_port_to_grpc_server"))
+         ("ray.serve._private.replica", "add_port_to_grpc_server"),
+         ("ray._private.worker", "_global_node"))
+
+# Loggers of Ray's private modules, and the level below which their messages are held back
+# while a cluster starts (``iaa.platform.cluster.connect``).
+QUIETED_LOGGERS = {
+    "ray._private.services": logging.CRITICAL,      # a failed dashboard start as twenty lines of its log:
+                                                    # the raised error, made one line, says it instead
+    "ray._private.authentication.authentication_token_setup": logging.ERROR,   # "Token authentication is
+                                                    # enabled", on every start: explained in docs/platform.md
+}
+MODULES = tuple(QUIETED_LOGGERS)                    # each must still exist
 
 ANY_INTERFACE = "[::]:"            # how Serve's replica asks for its inter-deployment gRPC port
 
@@ -30,6 +47,18 @@ def ray_constants() -> ModuleType | None:
     except ImportError:
         return None
     return constants if hasattr(constants, "ENABLE_RAY_CLUSTER") else None
+
+
+def logs_dir() -> Path | None:
+    """The log folder of the Ray session this driver joined (``.../session_*/logs``); None when
+    Ray is not initialized here or the name has moved."""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return None
+    node = getattr(worker, "_global_node", None)
+    get = getattr(node, "get_logs_dir_path", None)
+    return Path(get()) if get is not None else None
 
 
 def bind_serve_replica_grpc(node_address: str) -> bool:

@@ -188,16 +188,38 @@ def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpu
             in Tune's queue, and their pending resources make the autoscaler add nodes; the
             default concurrency is then ``num_trials``.
     """
+    _check_request(nodes, workers, gpus_per_worker)
+    if threads is None or threads <= 0:
+        threads = default_threads(nodes, workers, gpus_per_worker, sweep=sweep)
+    _check_gpus(nodes, workers, gpus_per_worker)
+    slots = _slots(nodes, threads, gpus_per_worker)
+    if slots < workers:
+        raise _too_few_slots(nodes, workers, threads, gpus_per_worker, slots)
+    fits = _concurrent_trials(nodes, workers, threads, slots // workers, max_concurrent=max_concurrent,
+                              num_trials=num_trials, queue=queue)
+    trial, worker = _trial_and_worker_resources(nodes, workers, threads, gpus_per_worker, sweep=sweep)
+    return TrialPlan(workers=workers, threads=threads, gpus_per_worker=gpus_per_worker, max_concurrent=max(fits, 1),
+                     trial_resources=trial, worker_resources=worker)
+
+
+def _totals(nodes: Sequence[Node]) -> tuple[float, float]:
+    """(CPUs, GPUs) of all the nodes together."""
+    return sum(n.cpus for n in nodes), sum(n.gpus for n in nodes)
+
+
+def _check_request(nodes: Sequence[Node], workers: int, gpus_per_worker: float) -> None:
+    """:class:`ClusterError` for fewer than one worker, negative GPUs, or a cluster without nodes."""
     if workers < 1:
         raise ClusterError(f"workers per trial must be >= 1, got {workers}: ask for at least one worker")
     if gpus_per_worker < 0:
         raise ClusterError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}: use 0 to train on CPUs")
     if not nodes:
         raise ClusterError("the Ray cluster has no alive nodes; check that its head node runs (`ray status`)")
-    if threads is None or threads <= 0:
-        threads = default_threads(nodes, workers, gpus_per_worker, sweep=sweep)
-    total_cpus, total_gpus = sum(n.cpus for n in nodes), sum(n.gpus for n in nodes)
-    if gpus_per_worker > 0 and total_gpus == 0:
+
+
+def _check_gpus(nodes: Sequence[Node], workers: int, gpus_per_worker: float) -> None:
+    """:class:`ClusterError` for GPUs the cluster lacks, or GPU shares a worker or NCCL cannot use."""
+    if gpus_per_worker > 0 and _totals(nodes)[1] == 0:
         raise ClusterError(f"--gpus-per-worker {gpus_per_worker} asks for GPUs, but the cluster has none; use "
                            "--gpus-per-worker 0 to train on CPUs, or --address a cluster with GPU nodes")
     if gpus_per_worker > 1 and gpus_per_worker != int(gpus_per_worker):
@@ -208,40 +230,56 @@ def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpu
                            "put two ranks of one run on a GPU; use --gpus-per-worker 1, or one worker per trial "
                            "(--workers-per-trial 1) to share GPUs between trials")
 
-    in_actor = sweep and workers == 1
-    driver_cpu = DRIVER_CPU if sweep and not in_actor else 0.0
-    worker_cpu = threads - driver_cpu
-    slots = _slots(nodes, threads, gpus_per_worker)
-    if slots < workers:
-        need = f"{workers} worker(s) x {threads} CPU" + (f" x {gpus_per_worker:g} GPU" if gpus_per_worker else "")
-        biggest = max(n.cpus for n in nodes)
-        hint = (f"no node has {threads} CPUs (the largest has {biggest:g}); lower train.threads"
-                if threads > biggest else f"use at most {slots} worker(s) per trial or fewer threads (train.threads)")
-        raise ClusterError(f"a trial needs {need}, but the cluster ({total_cpus:g} CPUs, {total_gpus:g} GPUs on "
-                           f"{len(nodes)} node(s)) fits only {slots} such worker(s): {hint}")
-    fits = slots // workers
+
+def _too_few_slots(nodes: Sequence[Node], workers: int, threads: int, gpus_per_worker: float,
+                   slots: int) -> ClusterError:
+    """The error for a trial of ``workers`` workers on a cluster that holds only ``slots`` of them."""
+    total_cpus, total_gpus = _totals(nodes)
+    need = f"{workers} worker(s) x {threads} CPU" + (f" x {gpus_per_worker:g} GPU" if gpus_per_worker else "")
+    biggest = max(n.cpus for n in nodes)
+    hint = (f"no node has {threads} CPUs (the largest has {biggest:g}); lower train.threads"
+            if threads > biggest else f"use at most {slots} worker(s) per trial or fewer threads (train.threads)")
+    return ClusterError(f"a trial needs {need}, but the cluster ({total_cpus:g} CPUs, {total_gpus:g} GPUs on "
+                        f"{len(nodes)} node(s)) fits only {slots} such worker(s): {hint}")
+
+
+def _concurrent_trials(nodes: Sequence[Node], workers: int, threads: int, fits: int, *,
+                       max_concurrent: int | None, num_trials: int | None, queue: bool) -> int:
+    """Trials to run at once, from the ``fits`` whole trials the nodes hold, the user's cap and the trial count.
+
+    A cap above ``fits`` is a :class:`ClusterError` unless ``queue`` (the cluster may grow).
+    """
     if queue and not (max_concurrent and max_concurrent > 0):
         max_concurrent = max(fits, num_trials or 0)
     if max_concurrent is not None and max_concurrent > 0:
         if max_concurrent > fits and not queue:
+            total_cpus, total_gpus = _totals(nodes)
             raise ClusterError(f"--max-concurrent {max_concurrent}: only {fits} trial(s) of {workers} worker(s) x "
                                f"{threads} CPU fit this cluster ({total_cpus:g} CPUs, {total_gpus:g} GPUs); "
                                f"more would wait for each other's CPUs and stall")
         fits = max_concurrent
     if num_trials is not None and num_trials > 0:
         fits = min(fits, num_trials)
+    return fits
 
+
+def _trial_and_worker_resources(nodes: Sequence[Node], workers: int, threads: int, gpus_per_worker: float, *,
+                                sweep: bool) -> tuple[dict[str, float], dict[str, float]]:
+    """(Tune's per-trial resources, Ray Train's per-worker resources; empty when the trial trains in its actor).
+
+    A trial in its actor holds its worker's ``threads`` CPUs and GPUs; otherwise a sweep's trial driver
+    holds :data:`DRIVER_CPU` and each worker the rest of its ``threads``.
+    """
+    in_actor = sweep and workers == 1
+    driver_cpu = DRIVER_CPU if sweep and not in_actor else 0.0
     gpu_res = {"gpu": gpus_per_worker} if gpus_per_worker else {}
     if in_actor:
-        trial = {"cpu": float(threads), **gpu_res}
-        worker: dict[str, float] = {}
-    else:
-        trial = {"cpu": driver_cpu} if sweep else {}
-        if sweep and any(n.driver > 0 for n in nodes):
-            trial[DRIVER_RESOURCE] = DRIVER_CPU
-        worker = {"CPU": round(worker_cpu, 4), **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
-    return TrialPlan(workers=workers, threads=threads, gpus_per_worker=gpus_per_worker, max_concurrent=max(fits, 1),
-                     trial_resources=trial, worker_resources=worker)
+        return {"cpu": float(threads), **gpu_res}, {}
+    trial = {"cpu": driver_cpu} if sweep else {}
+    if sweep and any(n.driver > 0 for n in nodes):
+        trial[DRIVER_RESOURCE] = DRIVER_CPU
+    worker = {"CPU": round(threads - driver_cpu, 4), **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
+    return trial, worker
 
 
 def node_summary(nodes: Sequence[Mapping[str, Any]]) -> tuple[Node, ...]:

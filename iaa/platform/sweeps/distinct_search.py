@@ -30,8 +30,8 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 from ray.tune.search.optuna import OptunaSearch
 
-from iaa.jobs.search import exploration
-from iaa.jobs.training.presets import STOP_METRIC
+from iaa.jobs.config import exploration
+from iaa.jobs.config.presets import STOP_METRIC
 from iaa.platform.sweeps.space_filling import stratified_config
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
@@ -103,8 +103,26 @@ class StudySearch(OptunaSearch):
             self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
         return config
 
-    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+    def _live(self, trial_id: str) -> Any:
+        """The Optuna trial of Tune trial ``trial_id``; one that a stop ended FAIL while Tune kept
+        the trial to continue comes back as a new RUNNING trial with its values and checks so far."""
         ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is None or trial_id in self._completed_trials:
+            return ot_trial
+        frozen = self._ot_study._storage.get_trial(ot_trial._trial_id)
+        if not frozen.state.is_finished():
+            return ot_trial
+        self._ot_study.enqueue_trial(frozen.params, user_attrs={
+            **{k: v for k, v in frozen.user_attrs.items() if k not in ("interrupted", "killed")},
+            "continues_trial": frozen.number})
+        revived = self._ot_study.ask(fixed_distributions=self._space)
+        for step, value in sorted(frozen.intermediate_values.items()):
+            revived.report(value, step)
+        self._ot_trials[trial_id] = revived
+        return revived
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        ot_trial = self._live(trial_id)
         if ot_trial is None or trial_id in self._completed_trials or STOP_METRIC not in result:
             return
         if self.run_ids.get(trial_id) and "mlflow_run_id" not in ot_trial.user_attrs:
@@ -116,6 +134,7 @@ class StudySearch(OptunaSearch):
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         """A trial that ended without a reason of its own was stopped by ASHA: PRUNED (Optuna
         then takes its last intermediate value); others COMPLETE with their best accuracy."""
+        self._live(trial_id)
         if not error and result and not result.get("stop_reason") and trial_id in self._ot_trials \
                 and trial_id not in self._completed_trials:
             self.on_trial_result(trial_id, result)    # the check ASHA stopped on reaches only this call

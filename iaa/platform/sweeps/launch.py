@@ -4,7 +4,7 @@
 frozen :class:`Launch`: the Ray cluster it joined, what each trial holds there
 (:func:`iaa.platform.cluster.connect.plan`, so that trial drivers never hold the CPUs their workers
 need) and where checkpoints go (``STORAGE/NAME``; ``STORAGE`` from
-:meth:`iaa.jobs.workdir.paths.Workdir.storage`). A sweep (:mod:`iaa.jobs.search.tune`) and an ensemble's
+:meth:`iaa.jobs.workdir.paths.Workdir.storage`). A sweep (:mod:`iaa.jobs.tune.tune`) and an ensemble's
 members (:meth:`RayLauncher.train_many`) both start from it.
 
 Run names are never reused: a folder that exists under the storage path belongs to another run
@@ -13,20 +13,22 @@ and is refused (:func:`claim`), never deleted.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import ray.tune as tune
 
 from iaa.errors import IaaError
 from iaa.files import is_remote_uri
 from iaa.data.manifest import vocab_card
-from iaa.jobs.training.config import JobConfig, to_dict
-from iaa.jobs.ports import (CHECKPOINT_SCORE, ConnectRequest, MembersRequest, Metrics, Placement, SweepRequest,
-                            TrialRecord, WorkerFit, WorkersRequest)
+from iaa.jobs.config.job_config import JobConfig, to_dict
+from iaa.jobs.ports import (CHECKPOINT_SCORE, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
+                            SweepRequest, TrialRecord, WorkerFit, WorkersRequest)
 from iaa.platform.cluster import connect as cluster
 from iaa.platform.sweeps import search_algorithm as search
 from iaa.platform.cluster.storage import check_private
@@ -157,13 +159,17 @@ def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, di
     hint, which its new output prints at every verbosity; the older one is silent at 0).
     """
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # save the experiment state often, for --resume
+    # SIGINT stays the command's (iaa.jobs.interrupt): Tune's own handler would spend seconds on a
+    # last save and print its Tuner.restore advice, while --resume continues from the saved state
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     # Tune snapshots the experiment at every kept checkpoint (what --resume needs); don't warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     before = os.environ.get("RAY_AIR_NEW_OUTPUT")
     if quiet:
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     try:
-        results = tuner_.fit()
+        with _tune_log_in_file(launch, quiet):
+            results = tuner_.fit()
     finally:
         if quiet and before is None:
             del os.environ["RAY_AIR_NEW_OUTPUT"]
@@ -171,6 +177,33 @@ def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, di
             os.environ["RAY_AIR_NEW_OUTPUT"] = before
     analysis = tune.ExperimentAnalysis(launch.experiment_path)
     return results, {t.trial_id: t.status for t in analysis.trials}
+
+
+@contextmanager
+def _tune_log_in_file(launch: Launch, quiet: bool) -> Iterator[None]:
+    """While ``quiet``, Ray Tune's log (its warnings and advice) goes to ``STORAGE/NAME/tune.log``
+    (a bucket: only its errors, to the console), not to the console."""
+    logger = logging.getLogger("ray.tune")
+    if not quiet:
+        yield
+        return
+    saved = (list(logger.handlers), logger.propagate, logger.level)
+    handler: logging.Handler | None = None
+    if is_remote_uri(launch.storage):
+        logger.setLevel(logging.ERROR)
+    else:
+        folder = Path(launch.experiment_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(folder / "tune.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.handlers, logger.propagate = [handler], False
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = saved[0], saved[1]
+        logger.setLevel(saved[2])
+        if handler is not None:
+            handler.close()
 
 
 class RayLauncher:
@@ -203,60 +236,64 @@ class RayLauncher:
 
     def sweep(self, request: SweepRequest) -> list[TrialRecord]:
         """Search ``request.plan`` (or continue the saved run); one record per trial, checkpoints
-        fetched to ``request.downloads``."""
-        plan, trials = request.plan, request.tracking
+        fetched to ``request.trials.downloads``."""
+        plan, run, trials = request.plan, request.trials, request.trials.tracking
         launch = self._launches[request.placement.name]
-        spec = trial_spec(launch, request.fit, base=plan.base, fixed=plan.space.fixed)
+        spec = trial_spec(launch, run.fit, base=plan.base, fixed=plan.space.fixed)
         fn, _ = trainable(launch, spec)
         if request.resume:
             tuner_ = restore(launch, fn)
+            ConsoleCallback.resumed = run.console         # the restored callback's console is this process's
         else:
             runs = TrialRuns(tracker=trials.tracker, experiment=trials.experiment,
                              parent_run_id=trials.parent_run_id, sweep=trials.sweep, dataset=trials.dataset,
                              spec=spec, data_dir=trials.data_dir)
-            callbacks = [runs, *self.callbacks, ConsoleCallback(request.console)]
+            callbacks = [runs, *self.callbacks, ConsoleCallback(run.console)]
             searcher = search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name)
             searcher.run_ids = runs.run_ids          # each Optuna trial names its MLflow run
-            tuner_ = tuner(launch, fn, callbacks, show_progress=request.verbose, search_alg=searcher,
+            tuner_ = tuner(launch, fn, callbacks, show_progress=run.verbose, search_alg=searcher,
                            scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
-        results, statuses = run_tuner(launch, tuner_, quiet=not request.verbose)
+        results, statuses = run_tuner(launch, tuner_, quiet=not run.verbose)
         run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
         return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
-                       downloads=request.downloads)
+                       downloads=run.downloads)
+
+    def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int:
+        """The plan's study: every unfinished trial ends FAIL with ``attrs`` as user attributes."""
+        if not plan.study_storage or not plan.study_name:
+            return 0
+        from iaa.platform.sweeps.study import fail_unfinished
+
+        return fail_unfinished(plan.study_storage, plan.study_name, attrs)
 
     def train_many(self, request: MembersRequest) -> list[TrialRecord]:
         """Train every config as a parallel Tune trial (no search, no early stopping).
 
-        Each trial gets a child run under ``request.tracking.parent_run_id``. Trials use
-        ``workers_per_trial`` Train workers of ``gpus_per_worker`` GPUs and the configs'
-        ``train.threads`` (the largest). ``request.console`` hears every trial event; Ray Tune's
-        own tables reach the terminal only when ``request.verbose``. Returns one record per config,
-        in input order; ``checkpoint`` is ``None`` (status ``ERROR``) when a trial failed before
-        its first check.
+        Each trial gets a child run under ``request.trials.tracking.parent_run_id``. Trials are placed
+        as ``request.connection`` asks (its workers per trial, GPUs per worker and threads).
+        ``request.trials.console`` hears every trial event; Ray Tune's own tables reach the terminal
+        only when ``request.trials.verbose``. Returns one record per config, in input order;
+        ``checkpoint`` is ``None`` (status ``ERROR``) when a trial failed before its first check.
         """
-        configs, trials = request.configs, request.tracking
+        configs, placing, run = request.configs, request.connection, request.trials
+        trials = run.tracking
         if not configs:
             return []
-        check_free(request.storage, request.name)
-        placing = ConnectRequest(name=request.name, prepared=request.prepared, storage=request.storage,
-                                 num_trials=len(configs), workers_per_trial=request.workers_per_trial,
-                                 gpus_per_worker=request.gpus_per_worker,
-                                 threads=max(c.train.threads for c in configs) or None,
-                                 show_progress=request.show_progress)
+        check_free(placing.storage, placing.name)
         launch = connect(placing, self.address, self.storage_path)
-        if request.console is not None:
-            request.console.placed(launch.plan.max_concurrent)
-        spec = trial_spec(launch, request.fit, members=configs)
+        if run.console is not None:
+            run.console.placed(launch.plan.max_concurrent)
+        spec = trial_spec(launch, run.fit, members=configs)
         runs = TrialRuns(tracker=trials.tracker, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
-                         sweep=request.name, dataset=configs[0].dataset, spec=spec)
+                         sweep=placing.name, dataset=configs[0].dataset, spec=spec,
+                         data_dir=trials.data_dir or placing.prepared, member_names=trials.member_names)
         fn, _ = trainable(launch, spec)
         grid = {MEMBER_KEY: tune.grid_search(list(range(len(configs))))}
-        callbacks = [runs, ConsoleCallback(request.console)]
-        results, statuses = run_tuner(launch, tuner(launch, fn, callbacks, show_progress=request.verbose,
-                                                    param_space=grid), quiet=not request.verbose)
-        run_ids, tagged = child_runs(trials.tracker, trials.experiment, request.name, trials.parent_run_id)
-        found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
-                        downloads=request.downloads)
+        callbacks = [runs, ConsoleCallback(run.console)]
+        results, statuses = run_tuner(launch, tuner(launch, fn, callbacks, show_progress=run.verbose,
+                                                    param_space=grid), quiet=not run.verbose)
+        run_ids, tagged = child_runs(trials.tracker, trials.experiment, placing.name, trials.parent_run_id)
+        found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=run.downloads)
         by_member = {int(r.params[MEMBER_KEY]): r for r in found}
         return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR")
                 for i, cfg in enumerate(configs)]

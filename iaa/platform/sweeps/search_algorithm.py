@@ -1,6 +1,6 @@
 """The search of a sweep on Ray Tune: Optuna's TPE sampler and ASHA early stopping.
 
-- **searcher**: ``OptunaSearch`` over a :mod:`~iaa.jobs.search.search_space` with a seeded
+- **searcher**: ``OptunaSearch`` over a :mod:`~iaa.jobs.config.search_space` with a seeded
   ``TPESampler`` after a seeded space-filling start that tries every searched value
   (:mod:`~iaa.platform.sweeps.space_filling`), proposing each configuration of a finite space once
   (:mod:`~iaa.platform.sweeps.distinct_search`). It learns from each trial's *best* validation accuracy
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from iaa.jobs.training.presets import MODE, SEARCH_METRIC, STOP_METRIC, TIME_ATTR, TunePreset
-from iaa.jobs.search.search_space import SearchSpace
+from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC, TIME_ATTR, TunePreset
+from iaa.jobs.config.search_space import SearchSpace
 
 def searcher(space: SearchSpace, seed: int, storage: str | None = None, study_name: str | None = None) -> Any:
     """Optuna TPE over ``space``, told each trial's best validation accuracy; no configuration twice.

@@ -1,6 +1,13 @@
 """A sweep's Optuna study read back: parameter importances, parallel coordinates, and each
 trial's checks with ASHA's stops marked (Optuna's matplotlib figures and ``optuna.importance``).
 
+Two importances are given. The report's own is fANOVA (seeded) over every scored trial.
+optuna-dashboard shows PED-ANOVA instead (its ``_importance`` module:
+``PedAnovaImportanceEvaluator()`` with its defaults, over COMPLETE trials, the objective negated
+for a maximised study); :func:`dashboard_importances` computes exactly that, so the report can
+show the dashboard's numbers beside its own. PED-ANOVA compares the best 10% of the trials
+with all of them: on a sweep of a few trials that is one trial, and its ranking is mostly ties.
+
 ASHA stops most trials of a sweep, and Optuna's importances and parallel coordinates look at
 COMPLETE trials only. So both are drawn from a copy of the study in which an ASHA-stopped
 (PRUNED) trial counts with the best check it reached, the value TPE would have learnt had it
@@ -11,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from iaa.errors import IaaError
 
@@ -65,24 +72,63 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         _save(plt, paths["importances"])
         _readable_lines(vis.plot_parallel_coordinate(scored, target_name=OBJECTIVE))
         _save(plt, paths["parallel_coordinates"])
-        ax = vis.plot_intermediate_values(study)
-        _trial_labels(ax, study)
-        stops = [(max(t.intermediate_values), t.intermediate_values[max(t.intermediate_values)])
-                 for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if t.intermediate_values]
-        if stops:
-            ax.scatter(*zip(*stops), marker="x", s=80, color="crimson", zorder=5, label="stopped by ASHA")
-            ax.legend(loc="lower right", fontsize="small")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("validation check")
-        ax.set_ylabel("valid_acc")
+        _plot_checks(study)
         _save(plt, paths["intermediate_values"])
     trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
                "stopped_by_asha": t.state == TrialState.PRUNED}
               for t in study.get_trials(deepcopy=False)]
     return {"study": study_name, "storage": storage_url, "importances": importances,
+            "importance_evaluator": "fANOVA", "dashboard_importances": dashboard_importances(study),
+            "scored_trials": len(scored.trials),
+            "complete_trials": len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
             "best": {"params": scored.best_trial.params, "value": scored.best_value},
             "trials": trials, "figures": {k: str(v) for k, v in paths.items()}}
+
+
+def _plot_checks(study: Any) -> None:
+    """Each trial's validation checks (Optuna's intermediate values), labelled by trial, with the
+    last check of each ASHA-stopped (PRUNED) trial marked by a cross."""
+    from optuna.trial import TrialState
+    from optuna.visualization import matplotlib as vis
+
+    ax = vis.plot_intermediate_values(study)
+    _trial_labels(ax, study)
+    stops = [(max(t.intermediate_values), t.intermediate_values[max(t.intermediate_values)])
+             for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if t.intermediate_values]
+    if stops:
+        ax.scatter(*zip(*stops), marker="x", s=80, color="crimson", zorder=5, label="stopped by ASHA")
+        ax.legend(loc="lower right", fontsize="small")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("validation check")
+    ax.set_ylabel("valid_acc")
+
+
+def _lower_is_better(study: Any) -> Any:
+    """PED-ANOVA ranks what reaches low targets: a maximised objective is negated (as the dashboard does)."""
+    from optuna.study import StudyDirection
+
+    sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+    return lambda t: sign * t.value
+
+
+def dashboard_importances(study: Any) -> dict[str, float]:
+    """The parameter importances optuna-dashboard shows for ``study``: PED-ANOVA with its defaults
+    over the COMPLETE trials, highest first; {} with fewer than 2 (the dashboard shows none)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(trials) <= 1:
+        return {}
+    with warnings.catch_warnings():                # "importances will be equal" on tiny studies
+        warnings.simplefilter("ignore")
+        found = optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), target=_lower_is_better(study))
+    if not found:                                  # the dashboard's equal shares
+        names = sorted({name for t in trials for name in t.distributions})
+        found = {name: 1 / len(names) for name in names}
+    return {k: float(v) for k, v in found.items()}
 
 
 def _readable_lines(ax: Any) -> None:
@@ -98,7 +144,7 @@ def _readable_lines(ax: Any) -> None:
 
 def _trial_labels(ax: Any, study: Any) -> None:
     """Each trial's curve labelled by its number, Tune trial id and searched values, not "Trial0"."""
-    from iaa.jobs.training.config import config_label
+    from iaa.jobs.config.job_config import config_label
 
     names = {f"Trial{t.number}": " ".join(filter(None, (f"#{t.number}", t.user_attrs.get("tune_trial_id"),
                                                           config_label(t.params))))
@@ -121,3 +167,30 @@ def _save(plt: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def fail_unfinished(storage_url: str, study_name: str, attrs: Mapping[str, str]) -> int:
+    """End FAIL every RUNNING or WAITING trial of study ``study_name``, with ``attrs`` as its user
+    attributes (why it ended); returns how many. A study that does not exist has none."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    from iaa.platform.sweeps.search_algorithm import study_storage
+
+    if storage_url.startswith("sqlite:///") and not Path(storage_url.removeprefix("sqlite:///")).is_file():
+        return 0
+    storage = study_storage(storage_url)
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return 0
+    failed = 0
+    for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+        try:
+            for key, value in attrs.items():
+                storage.set_trial_user_attr(trial._trial_id, key, value)
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        except UpdateFinishedTrialError:
+            continue                        # finished meanwhile by the sweep itself
+        failed += 1
+    return failed

@@ -23,8 +23,8 @@ from typing import Any, Mapping
 import pyarrow as pa
 
 from iaa.files import is_remote_uri
-from iaa.jobs.training.config import JobConfig, apply, from_dict
-from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MEMBER_KEY, TrialRecord, WorkerFit
+from iaa.jobs.config.job_config import JobConfig, apply, from_dict
+from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MEMBER_KEY, TrialRecord, WorkerData, WorkerFit
 from iaa.platform.ray_train import TuneLink, build_trainer
 from iaa.platform.cluster.resources import train_device
 
@@ -70,8 +70,8 @@ def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid
     """The Tune function trainable (wrapped with ``tune.with_parameters(spec=, train=, valid=)``)."""
     cfg = job_config(spec, config)
     if spec.workers == 1:
-        spec.fit(cfg, TuneLink(train_device(spec.gpus_per_worker)), threads=spec.threads, vocab_hash=spec.vocab_hash,
-                 train=train, valid=valid, vocab=spec.vocab)
+        spec.fit(cfg, TuneLink(train_device(spec.gpus_per_worker)),
+                 WorkerData(vocab_hash=spec.vocab_hash, train=train, valid=valid, vocab=spec.vocab), threads=spec.threads)
         return
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ray.tune as tune
 
 from iaa.errors import brief
-from iaa.jobs.training.config import config_label, to_dict
+from iaa.jobs.config.job_config import config_label, to_dict
 from iaa.jobs.ports import CHECKPOINT_FILE, SweepEvents, TrackedRun, Tracker
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, job_config
 
@@ -34,12 +34,27 @@ def trial_tags(sweep: str, trial_id: str) -> dict[str, str]:
     return {"sweep": sweep, "trial_id": trial_id}
 
 
-def run_name(sweep: str, trial_id: str, config: Mapping[str, Any]) -> str:
+def run_name(sweep: str, trial_id: str, config: Mapping[str, Any], member_names: Sequence[str] = ()) -> str:
     """A sweep trial's run is named by its searched values (``lr=4e-3 T=2 h=64``); an ensemble
-    member (``{"member": i}``) by its group and trial."""
+    member (``{"member": i}``) by ``member_names[i]`` (``ENSEMBLE-seed-7``), else by its group and trial."""
+    if config and MEMBER_KEY in config and int(config[MEMBER_KEY]) < len(member_names):
+        return member_names[int(config[MEMBER_KEY])]
     if not config or MEMBER_KEY in config:
         return f"{sweep}-{trial_id}"
     return config_label(config)
+
+
+def identity_tags(cfg: Any, config: Mapping[str, Any], number: int, member_names: Sequence[str] = ()) -> dict[str, str]:
+    """What names a trial's run at a glance: its ``seed`` (a runs-view column beside ``train.seed``);
+    for a sweep's trial its ``trial_number`` (``0003``: the fourth trial the sweep started), and
+    for an ensemble member its ``member`` name; its logged model is named by these."""
+    tags = {"seed": str(cfg.train.seed)}
+    if config and MEMBER_KEY in config:
+        if int(config[MEMBER_KEY]) < len(member_names):
+            tags["member"] = member_names[int(config[MEMBER_KEY])]
+    else:
+        tags["trial_number"] = f"{number:04d}"
+    return tags
 
 
 def child_runs(tracker: Tracker, experiment: str, sweep: str,
@@ -60,9 +75,10 @@ class TrialRuns(tune.Callback):
     """Gives every trial its MLflow child run and logs its checks; tags its best checkpoint."""
 
     def __init__(self, *, tracker: Tracker, experiment: str, parent_run_id: str | None, sweep: str, dataset: str,
-                 spec: TrialSpec, data_dir: Path | None = None) -> None:
+                 spec: TrialSpec, data_dir: Path | None = None, member_names: Sequence[str] = ()) -> None:
         self.tracker, self.experiment, self.parent_run_id = tracker, experiment, parent_run_id
         self.sweep, self.dataset, self.spec, self.data_dir = sweep, dataset, spec, data_dir
+        self.member_names = tuple(member_names)
         self.run_ids: dict[str, str] = {}
         self.best: dict[str, str] = {}       # trial id -> best checkpoint directory
         self._runs: dict[str, TrackedRun] = {}
@@ -77,6 +93,7 @@ class TrialRuns(tune.Callback):
             from iaa.platform.tracking.tracker import MlflowTracker
 
             state["tracker"] = MlflowTracker(state.pop("uri"))
+        state.setdefault("member_names", ())  # saved before members had names
         self.__dict__.update(state)
 
     def _run(self, trial: Any) -> TrackedRun:
@@ -86,9 +103,12 @@ class TrialRuns(tune.Callback):
         run_id = self.run_ids.get(trial.trial_id) or self._find(trial.trial_id)
         if run_id is None:
             cfg = job_config(self.spec, trial.config)
-            run = self.tracker.start_run(self.experiment, run_name(self.sweep, trial.trial_id, trial.config),
+            names = self.member_names
+            run = self.tracker.start_run(self.experiment, run_name(self.sweep, trial.trial_id, trial.config, names),
                                          tags={**trial_tags(self.sweep, trial.trial_id), "dataset": self.dataset,
-                                               "model": cfg.model.kind}, parent_run_id=self.parent_run_id)
+                                               "model": cfg.model.kind,
+                                               **identity_tags(cfg, trial.config, len(self.run_ids), names)},
+                                         parent_run_id=self.parent_run_id)
             run.log_params(to_dict(cfg))
             if self.data_dir is not None:
                 run.log_dataset(self.data_dir)
@@ -156,13 +176,26 @@ class TrialRuns(tune.Callback):
 
 
 class ConsoleCallback(tune.Callback):
-    """Forwards every trial event to the sweep's console (:class:`iaa.jobs.search.console.SweepConsole`)."""
+    """Forwards every trial event to the sweep's console (:class:`iaa.jobs.sweeps.console.SweepConsole`).
+
+    A restored Tune run brings the callback back without its console (which belongs to the
+    process that prints): the resuming process sets :attr:`resumed`, heard by every restored one.
+    """
+
+    resumed: SweepEvents | None = None
 
     def __init__(self, console: SweepEvents | None) -> None:
-        self.console = console
+        self._console = console
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"console": None}             # the console belongs to the process that prints
+        return {"_console": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._console = state.get("_console", state.get("console"))
+
+    @property
+    def console(self) -> SweepEvents | None:
+        return self._console if self._console is not None else ConsoleCallback.resumed
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         if self.console is not None:

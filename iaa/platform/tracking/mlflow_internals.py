@@ -1,5 +1,6 @@
 """The one place that reads MLflow's private state: the tracking and registry URIs as this process
-set them, which MLflow's public getters hide behind their defaults.
+set them, which MLflow's public getters hide behind their defaults, and the process-wide cache of
+artifact repositories, which MLflow keys by run or model id whatever the store.
 
 ``tests/test_private_apis.py`` checks every name used here against the installed MLflow, so an
 upgrade that moves one fails there, by name, and not in a user's ``log_model``.
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 # (module, attribute): what this file reads; the test imports each.
 NAMES = (("mlflow.tracking._tracking_service.utils", "_tracking_uri"),
-         ("mlflow.tracking._model_registry.utils", "_registry_uri"))
+         ("mlflow.tracking._model_registry.utils", "_registry_uri"),
+         ("mlflow.tracking._tracking_service.utils", "_artifact_repos_cache"))
 
 
 def set_uris() -> tuple[str | None, str | None]:
@@ -25,3 +27,12 @@ def restore_registry_uri(uri: str | None) -> None:
     from mlflow.tracking._model_registry import utils as registry
 
     registry._registry_uri = uri
+
+
+def forget_artifact_repositories() -> None:
+    """Empty MLflow's cache of artifact repositories. It is keyed by run (or logged model) id alone,
+    so after a process used one store, a copy of it (the same ids, other artifact locations) would
+    be given the first store's folders."""
+    from mlflow.tracking._tracking_service import utils as tracking
+
+    tracking._artifact_repos_cache.clear()

@@ -1,119 +1,38 @@
-"""MLflow tracking: the store, runs and what they log.
+"""MLflow runs written by the jobs: a :class:`Run` driven through the client, with its params,
+metrics, tags, inputs and artifacts, and :func:`run_context`, which ends it with its block.
 
-With :mod:`iaa.platform.mlflow_model` (the pyfunc model, which builds on this module and never
-the other way round) and :mod:`iaa.platform.tracking.tracker` (the jobs' Tracker on both) this is the
-only code that talks to MLflow.
+The store is opened and checked by :mod:`iaa.platform.tracking.connection` and read back by
+:mod:`iaa.platform.tracking.queries`. With :mod:`iaa.platform.mlflow_model` (the pyfunc model,
+which builds on these modules and never the other way round) and
+:mod:`iaa.platform.tracking.tracker` (the jobs' Tracker on both) they are the only code that
+talks to MLflow.
 
-The default store is embedded: a SQLite file under the work directory. ``--tracking-uri`` or
-``MLFLOW_TRACKING_URI`` selects a server instead (required on multi-node clusters, whose
-workers cannot reach a SQLite file on the head node's disk).
-
-- **At start** (:func:`open_store`) the store is checked within ``IAA_SERVICE_TIMEOUT_S``
-  seconds (default 5): an unreachable server, a server whose API fails, a damaged SQLite file, a
-  SQLite path in no writable folder, a SQLite database of something else, a file-store folder
-  (MLflow 3 keeps that store in maintenance mode) or an unknown scheme is an :class:`IaaError`
-  naming the URI. MLflow's own HTTP retries are shortened (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
-  ``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``; values set in the
-  environment win), so that a server lost later costs seconds, not minutes.
-- **During a run** metrics are buffered when the store fails and retried every
-  ``RETRY_EVERY_S``; training never stops for tracking. A run that ends with metrics still
-  unlogged says which on stderr.
-- **Owners**: every run carries the ``iaa.owner`` tag (host, pid, process start). A later start
-  on the same host marks ``KILLED`` the runs still ``RUNNING`` whose process is gone.
+**During a run** metrics are buffered when the store fails and retried every
+``RETRY_EVERY_S``; training never stops for tracking. A run that ends with metrics still
+unlogged says which on stderr.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
-import logging
-import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import warnings
-import contextlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping
 
-import mlflow
-import requests
 from mlflow.entities import Metric, Param
-from mlflow.tracking import MlflowClient
 
 from iaa.errors import IaaError, brief
 from iaa.data.manifest import MANIFEST
-from iaa.jobs.ports import MetricPoint, RunRecord
-from iaa.jobs.workdir.paths import sqlite_file
-from iaa.platform.cluster.owner import owner, owner_alive
+from iaa.platform.cluster.owner import owner
+from iaa.platform.tracking.connection import OWNER_TAG, PARENT_TAG, TRANSIENT, experiment_id, store_client
 
-PARENT_TAG = "mlflow.parentRunId"
-OWNER_TAG = "iaa.owner"
-EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}   # MLflow 3's training-runs view
-TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "IAA_SERVICE_TIMEOUT_S", 5.0
-MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 RETRY_EVERY_S = 30.0
-TRANSIENT = (mlflow.exceptions.MlflowException, requests.exceptions.RequestException, OSError)
-
-FILE_STORE_SCHEMES = ("", "file")
-DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")   # with an optional +driver
-OTHER_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc")
-MLFLOW_TABLES = {"alembic_version", "experiments"}              # what marks a SQLite file as MLflow's
-
-logging.getLogger("mlflow").setLevel(logging.WARNING)  # keep table-creation chatter off stderr
-if os.environ.get("IAA_DEBUG", "") in ("", "0"):
-    # A failing store logs each error with its traceback (MLflow's session helper, SQLAlchemy's
-    # pool, alembic) and then raises it; the raised error is what a command reports, in one line.
-    for _name in ("mlflow.store", "sqlalchemy", "alembic"):
-        logging.getLogger(_name).setLevel(logging.CRITICAL)
-
-
-def open_store(uri: str) -> str:
-    """The store at ``uri`` (from :meth:`iaa.jobs.workdir.paths.Workdir.tracking_uri`), once checked; runs
-    left ``RUNNING`` by dead processes are marked ``KILLED``."""
-    for key, value in MLFLOW_HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    check(uri)
-    try:
-        close_orphans(uri)                   # the first real request: tables built, API answering
-    except TRANSIENT as err:
-        if uri.startswith(("http://", "https://")):
-            raise IaaError(f"MLflow tracking server {uri} answers /health but its API fails ({brief(err)}); see the "
-                           "server's log, or fix --tracking-uri / MLFLOW_TRACKING_URI") from err
-        raise IaaError(f"the MLflow store {uri} cannot be used ({brief(err)}); fix it or pass another "
-                       "--tracking-uri") from err
-    return uri
-
-
-def check(uri: str, timeout_s: float | None = None) -> None:
-    """Fail fast with a message naming the store when it cannot be used."""
-    timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)) if timeout_s is None else timeout_s
-    scheme = urllib.parse.urlsplit(uri).scheme.lower()
-    if scheme in FILE_STORE_SCHEMES or (len(scheme) == 1 and uri[1:2] == ":"):     # a path (C:\ too)
-        raise IaaError(f"{uri}: MLflow's file store (a folder such as ./mlruns) is in maintenance mode in MLflow 3 "
-                       "and refused; use a SQLite store: --tracking-uri sqlite:///PATH/mlflow.db, or leave "
-                       "--tracking-uri and MLFLOW_TRACKING_URI unset for WORKDIR/mlflow.db (`mlflow "
-                       "migrate-filestore` moves existing runs into one)")
-    if scheme.split("+")[0] not in DATABASE_SCHEMES and scheme not in OTHER_SCHEMES:
-        raise IaaError(f"{uri}: unknown tracking URI scheme {scheme + ':'!r}; give http(s)://HOST:PORT of an MLflow "
-                       "server, sqlite:///PATH/mlflow.db, or a database URL (postgresql://, mysql://, mssql://)")
-    if uri.startswith(("http://", "https://")):
-        try:
-            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
-        except urllib.error.HTTPError:
-            pass                                    # it answered: reachable
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise IaaError(f"MLflow tracking server {uri} is not reachable within {timeout_s:g} s ({reason}); "
-                           "start it, fix --tracking-uri / MLFLOW_TRACKING_URI, or leave both unset to use a "
-                           f"SQLite store under the workdir ({TIMEOUT_ENV} sets the wait)") from err
 
 
 @functools.lru_cache(maxsize=1)
@@ -143,136 +62,6 @@ def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def artifact_location(uri: str) -> str | None:
-    """Artifacts of a SQLite store go beside it (MLflow's default, ``./mlruns``, follows the cwd)."""
-    db = sqlite_file(uri)
-    return (db.resolve().parent / "mlartifacts").as_uri() if db is not None else None
-
-
-@functools.lru_cache(maxsize=None)
-def ensure_store(uri: str) -> None:
-    """Create (or migrate) a SQLite store once, under a file lock.
-
-    MLflow builds a new SQLite store's tables on first use. Two processes doing that at once
-    race, and one fails with "duplicate column name". The lock makes the second wait (and the
-    check that the file is MLflow's runs under it, so that it never sees half-built tables).
-    MLflow would add its tables to any SQLite file: one of another program is refused.
-    """
-    db = sqlite_file(uri)
-    if db is None:
-        return
-    for folder in (db.parent, *db.parent.parents):
-        if folder.exists() and not folder.is_dir():
-            raise IaaError(f"{uri}: {folder} is a file, not a folder, so the MLflow store cannot be made there; give a "
-                           "SQLite path in a writable folder (sqlite:///PATH/mlflow.db)")
-    if not db.parent.is_dir():
-        raise IaaError(f"{uri}: the folder {db.parent} does not exist; create it or give a SQLite path in a writable "
-                       "folder (sqlite:///PATH/mlflow.db)")
-    try:
-        lock = open(db.parent / f"{db.name}.lock", "a")
-    except OSError as err:
-        raise IaaError(f"{uri}: cannot create files in {db.parent} ({err.strerror}), so the MLflow store cannot be made "
-                       "there; give a SQLite path in a writable folder (sqlite:///PATH/mlflow.db)") from err
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            foreign = foreign_tables(db)
-            if foreign:
-                raise IaaError(f"{uri}: {db} is a SQLite database of something else (tables {', '.join(foreign[:5])}"
-                               f"{', ...' if len(foreign) > 5 else ''}), not an MLflow store, and is left as it is; "
-                               "give a new or MLflow file (sqlite:///PATH/mlflow.db)")
-            MlflowClient(uri).search_experiments(max_results=1)   # builds the tables
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def foreign_tables(db: Path) -> list[str]:
-    """The tables of SQLite file ``db`` when it holds some but not MLflow's; [] for MLflow's, an
-    empty database, an empty file or no file."""
-    if not db.is_file() or db.stat().st_size == 0:
-        return []
-    import sqlite3
-
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)) as con:
-            rows = con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
-            tables = sorted(name for (name,) in rows)
-    except sqlite3.Error:
-        return []                      # unreadable: MLflow's own error says why
-    return [] if not tables or MLFLOW_TABLES <= set(tables) else tables
-
-
-def _client(uri: str) -> MlflowClient:
-    ensure_store(uri)
-    return MlflowClient(uri)
-
-
-def experiment_id(uri: str, name: str) -> str:
-    """The id of experiment ``name`` in the store at ``uri``, created if needed."""
-    client = _client(uri)
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location(uri), tags=EXPERIMENT_KIND)
-    except mlflow.exceptions.MlflowException:  # created concurrently by another process
-        found = client.get_experiment_by_name(name)
-        assert found is not None
-        return found.experiment_id
-
-
-# --- runs left running by killed processes ------------------------------------------------------
-
-
-def close_orphans(uri: str) -> list[str]:
-    """Mark ``KILLED`` the runs left ``RUNNING`` by a process of this host that is gone."""
-    client = _client(uri)
-    ids = [e.experiment_id for e in client.search_experiments()]
-    if not ids:
-        return []
-    closed = []
-    for run in client.search_runs(ids, filter_string="attributes.status = 'RUNNING'", max_results=1000):
-        token = run.data.tags.get(OWNER_TAG)
-        if token and not owner_alive(token):
-            client.set_tag(run.info.run_id, "iaa.killed", f"process {token} ended without closing this run")
-            client.set_terminated(run.info.run_id, status="KILLED")
-            closed.append(run.info.run_id)
-    return closed
-
-
-# --- finding runs ----------------------------------------------------------------------------------
-
-
-def find_runs(uri: str, experiment: str, tags: Mapping[str, str] | None = None,
-              status: str | None = None) -> list[RunRecord]:
-    """Runs of ``experiment`` carrying every tag of ``tags`` (and ``status``), newest first."""
-    tags = tags or {}
-    if any("'" in str(v) for v in tags.values()):
-        return []
-    client = _client(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return []
-    terms = [f"tags.`{k}` = '{v}'" for k, v in tags.items()] + ([f"attributes.status = '{status}'"] if status else [])
-    runs = client.search_runs([found.experiment_id], filter_string=" and ".join(terms),
-                              order_by=["attributes.start_time DESC"], max_results=5000)
-    return [_record(r) for r in runs]
-
-
-def find_by_tag(uri: str, key: str, values: Sequence[str]) -> str | None:
-    """The newest run of any experiment whose tag ``key`` is one of ``values``."""
-    client = _client(uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    for value in values:
-        if "'" in value or not experiments:
-            continue
-        runs = client.search_runs(experiments, filter_string=f"tags.`{key}` = '{value}'", max_results=1,
-                                  order_by=["attributes.start_time DESC"])
-        if runs:
-            return runs[0].info.run_id
-    return None
-
-
 # --- runs ------------------------------------------------------------------------------------------
 
 
@@ -291,7 +80,7 @@ class Run:
 
     def __init__(self, uri: str, run_id: str) -> None:
         self.uri, self.run_id = uri, run_id
-        self._client = _client(uri)
+        self._client = store_client(uri)
         self._pending: list[Metric] = []
         self._retry_at = 0.0
         self._failure: str | None = None
@@ -303,7 +92,7 @@ class Run:
         all_tags = {"git_commit": git_commit(), OWNER_TAG: owner(), **(tags or {})}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        run = _client(uri).create_run(experiment_id(uri, experiment), run_name=name, tags=all_tags)
+        run = store_client(uri).create_run(experiment_id(uri, experiment), run_name=name, tags=all_tags)
         return cls(uri, run.info.run_id)
 
     @classmethod
@@ -439,81 +228,6 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
                                  f"not logged: {'; '.join(w for w in run.lost if not w.startswith('mark '))}. The work "
                                  "itself finished and its files are written; free the store's disk (or unlock it, or "
                                  "restart it) and run again to log it")
-
-
-VIEW_KEY = "iaa-sweep"   # the experiment's saved runs view (``viewStateShareKey``)
-
-
-def show_columns(uri: str, experiment: str, columns: Sequence[str]) -> str | None:
-    """Save a runs view of ``experiment`` showing ``columns`` (``metrics.valid_acc``,
-    ``params.train.lr``), and mark the experiment a training-runs one; returns the view's URL in the UI
-    (:func:`ui_url`, ``http://127.0.0.1:5000/#/experiments/ID/runs?...``).
-
-    MLflow's UI opens an experiment with the columns the browser last chose; a view saved as the
-    experiment tag ``mlflow.sharedViewState.KEY`` opens with its own columns from a link. The UI
-    nests child runs under their parent only while the table is sorted by start time (any other
-    sort lists the parent among its children), so the view keeps that order. (A shared view
-    cannot open a parent: the UI drops ``runsExpanded`` from it.)
-    (``mlflow.experimentKind`` is what older 3.x UIs read; 3.17's follows the link's ``workflowType``.)
-    """
-    def canonical(name: str) -> str:
-        kind, _, key = name.partition(".")
-        return f"{kind}.`{key}`"
-
-    client = _client(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return None
-    state = {"selectedColumns": [canonical(c) for c in columns], "orderByKey": "attributes.start_time",
-             "orderByAsc": False, "hideEmptyCharts": True}
-    for key, value in {**EXPERIMENT_KIND, f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(state)}.items():
-        client.set_experiment_tag(found.experiment_id, key, value)
-    # The UI shows every experiment as GenAI or as model training after a global switch (kept per
-    # browser, GenAI by default); ``workflowType`` in the link picks model training.
-    return (f"{ui_url(uri)}/#/experiments/{found.experiment_id}/runs?workflowType=machine_learning"
-            f"&viewStateShareKey={VIEW_KEY}")
-
-
-UI_URL = "http://127.0.0.1:5000"     # where ``mlflow ui`` serves a file store by default
-
-
-def ui_url(uri: str) -> str:
-    """The address of the UI showing the store ``uri``: a tracking server is its own UI; a SQLite
-    or file store is shown by ``mlflow ui --backend-store-uri URI`` (``MLFLOW_UI_URL`` if it runs
-    elsewhere)."""
-    if uri.startswith(("http://", "https://")):
-        return uri.rstrip("/")
-    return os.environ.get("MLFLOW_UI_URL", UI_URL).rstrip("/")
-
-
-# --- reading runs back (reports) -------------------------------------------------------------------
-
-
-def _record(run: Any) -> RunRecord:
-    return RunRecord(run.info.run_id, run.info.run_name or run.info.run_id, run.info.status,
-                     int(run.info.start_time or 0), dict(run.data.params), dict(run.data.tags),
-                     run.data.tags.get(PARENT_TAG))
-
-
-def experiment_records(uri: str, experiment: str) -> list[RunRecord] | None:
-    """Every run of ``experiment``, oldest first; None when the store has no such experiment."""
-    client = _client(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return None
-    runs = client.search_runs([found.experiment_id], order_by=["attributes.start_time ASC"], max_results=5000)
-    return [_record(r) for r in runs]
-
-
-def experiment_names(uri: str) -> list[str]:
-    """The names of the store's experiments."""
-    return sorted(e.name for e in _client(uri).search_experiments())
-
-
-def metric_history(uri: str, run_id: str, key: str) -> list[MetricPoint]:
-    """Every logged value of metric ``key`` of run ``run_id``, in logging order."""
-    history = _client(uri).get_metric_history(run_id, key)
-    return [MetricPoint(int(m.step), float(m.value), int(m.timestamp)) for m in history]
 
 
 def manifest_digest(prepared: Path) -> str:

@@ -1,5 +1,6 @@
-"""The jobs' :class:`~iaa.jobs.ports.Tracker` on MLflow: runs from :mod:`iaa.platform.tracking.store`,
-models from :mod:`iaa.platform.mlflow_model`."""
+"""The jobs' :class:`~iaa.jobs.ports.Tracker` on MLflow: the store opened by
+:mod:`iaa.platform.tracking.connection`, runs from :mod:`iaa.platform.tracking.store`, read back by
+:mod:`iaa.platform.tracking.queries`, models from :mod:`iaa.platform.mlflow_model`."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any, Mapping, Sequence
 
 from iaa.jobs.ports import MetricPoint, ModelCode, RunRecord
 from iaa.platform import mlflow_model
-from iaa.platform.tracking import store as tracking
-from iaa.platform.tracking.store import TRANSIENT, Run
+from iaa.platform.tracking import connection, queries
+from iaa.platform.tracking.connection import TRANSIENT
+from iaa.platform.tracking.store import Run, run_context
 
 
 class MlflowTracker:
@@ -18,7 +20,7 @@ class MlflowTracker:
     transient_errors = TRANSIENT
 
     def __init__(self, uri: str) -> None:
-        self.uri = tracking.open_store(uri)
+        self.uri = connection.open_store(uri)
 
     def start_run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
                   parent_run_id: str | None = None) -> Run:
@@ -31,17 +33,18 @@ class MlflowTracker:
         return Run(self.uri, run_id)
 
     def run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
-            resume_id: str | None = None) -> Any:
-        return tracking.run_context(self.uri, experiment, name, tags=tags, resume_id=resume_id)
+            resume_id: str | None = None, parent_run_id: str | None = None) -> Any:
+        return run_context(self.uri, experiment, name, tags=tags, resume_id=resume_id,
+                           parent_run_id=parent_run_id)
 
     def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
                   status: str | None = None) -> list[RunRecord]:
-        return tracking.find_runs(self.uri, experiment, tags, status)
+        return queries.find_runs(self.uri, experiment, tags, status)
 
     def find_by_tag(self, key: str, values: Sequence[str]) -> str | None:
         """The newest run tagged ``key`` = one of ``values``; None also when the store fails (a courtesy link)."""
         try:
-            return tracking.find_by_tag(self.uri, key, values)
+            return queries.find_by_tag(self.uri, key, values)
         except TRANSIENT:
             return None
 
@@ -50,18 +53,18 @@ class MlflowTracker:
         return mlflow_model.try_log(self.uri, run.run_id, checkpoints, prepared, code, register, run=run)
 
     def experiment_records(self, experiment: str) -> list[RunRecord] | None:
-        return tracking.experiment_records(self.uri, experiment)
+        return queries.experiment_records(self.uri, experiment)
 
     def experiment_names(self) -> list[str]:
-        return tracking.experiment_names(self.uri)
+        return queries.experiment_names(self.uri)
 
     def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None:
         """A saved runs view with these columns, trials nested under their sweep; None when the
         store failed (a courtesy)."""
         try:
-            return tracking.show_columns(self.uri, experiment, columns)
+            return queries.show_columns(self.uri, experiment, columns)
         except TRANSIENT:
             return None
 
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]:
-        return tracking.metric_history(self.uri, run_id, key)
+        return queries.metric_history(self.uri, run_id, key)

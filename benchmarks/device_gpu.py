@@ -1,0 +1,253 @@
+"""The steps of ``device_run.py`` that measure a training step's speed: ``gate`` (the document
+BiGRU: padded or packed, eager or captured, on 1, 2 or 4 streams) and ``bench`` (eager and
+captured steps, with the kernel launches of each).
+
+Each step runs in its own process, as those of ``device_steps.py``, and returns one dict.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import device_steps as steps
+from device_steps import COMPARE_BATCH, partial, say
+
+GATE_BATCHES = (8, 16, 32)
+GATE_US_PER_TIME_STEP = 7.0     # forward+backward of the document BiGRU at B=16 above this: write our own
+GATE_OVERLAP_4 = 3.0            # ... or 4 streams overlapping less than this
+CAPTURED_SHAPES = 3             # bench: the most common bucket shapes, each captured once
+
+
+class PaddedLoop:
+    """A BiGRU over padded sequences with ``nn.GRU``'s weights, one masked cell step per position:
+    no host lengths, so it can be captured. The stand-in where no padded kernel is selected."""
+
+    capturable = True
+
+    def encode(self, x, lengths, gru):
+        import torch
+
+        batch, width = x.shape[:2]
+        mask = (torch.arange(width, device=x.device) < lengths[:, None]).unsqueeze(-1)   # (B, L, 1)
+        directions = []
+        for suffix, order in (("", range(width)), ("_reverse", range(width - 1, -1, -1))):
+            weights = [getattr(gru, f"{n}_l0{suffix}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+            h, states = x.new_zeros(batch, gru.hidden_size), [None] * width
+            for t in order:
+                h = torch.where(mask[:, t], torch.gru_cell(x[:, t], h, *weights), h)
+                states[t] = h * mask[:, t]
+            directions.append(torch.stack(states, 1))
+        return torch.cat(directions, -1)                                   # (B, L, 2h)
+
+
+def _padded_encoder(device: str):
+    """(name, kernel): the encoder kernel selected on ``device`` where it is capturable, else ``PaddedLoop``."""
+    from iaa.model import kernels
+    from iaa.model.config import PRESETS
+
+    chosen = kernels.select(device, "fp32", replace(PRESETS["paper"], vocab_size=16)).encoder
+    if getattr(chosen, "capturable", False):
+        return type(chosen).__name__, chosen
+    return "PaddedLoop (stand-in)", PaddedLoop()
+
+
+def _seconds_per_call(fn, device: str, budget_s: float = 0.3, most: int = 20) -> float:
+    """Mean seconds of ``fn()`` after one warm-up call, over up to ``most`` calls or ``budget_s``."""
+    fn()
+    steps._sync(device)
+    start, calls = time.perf_counter(), 0
+    while calls < most and (calls < 2 or time.perf_counter() - start < budget_s):
+        fn()
+        calls += 1
+    steps._sync(device)
+    return (time.perf_counter() - start) / calls
+
+
+def _graphed(fn):
+    """``fn`` (no arguments) captured in a CUDA graph after a warm-up on a side stream: its replay."""
+    import torch
+
+    side, current = torch.cuda.Stream(), torch.cuda.current_stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    current.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _encoder_pass(batch: int, length: int, dim: int, hidden: int, device: str, kernel=None):
+    """One document encoder's forward+backward on random input (packed ``nn.GRU`` without ``kernel``)."""
+    import torch
+
+    from iaa.model.encoder import BiGRUEncoder
+
+    from iaa.model.kernels.slots import EncoderSlot
+
+    encoder = BiGRUEncoder(dim, hidden).to(device)
+    encode = None if kernel is None else EncoderSlot(kernel)              # the reader's encoder slot
+    x = torch.randn(batch, length, dim, device=device)
+    lengths = torch.randint(length // 2, length + 1, (batch,))
+    lengths[0] = length
+    mask = (torch.arange(length) < lengths[:, None]).to(device)
+    params = list(encoder.parameters())
+
+    def run() -> None:
+        for p in params:
+            p.grad = None
+        states, final = encoder(x, mask, lengths, "fp32", encode)
+        (states.sum() + final.sum()).backward()
+    return run
+
+
+def _overlap(make, n: int, device: str) -> float:
+    """n independent captured passes on n streams: n x (one alone) / (n together)."""
+    import torch
+
+    replays = [_graphed(make()) for _ in range(n)]
+    streams = [torch.cuda.Stream() for _ in range(n)]
+
+    def together() -> None:
+        for replay, stream in zip(replays, streams):
+            with torch.cuda.stream(stream):
+                replay()
+        for stream in streams:
+            torch.cuda.current_stream().wait_stream(stream)
+    return n * _seconds_per_call(replays[0], device) / _seconds_per_call(together, device)
+
+
+def step_gate(args) -> dict:
+    """Microseconds per time step of the document BiGRU's forward+backward at B = 8, 16, 32:
+    packed (cuDNN) and padded, eager and captured; and the overlap of 1, 2, 4 streams at B=16.
+    ``gate_passed``: our own Triton GRU is worth writing (see ``GATE_*``)."""
+    length, dim, hidden = (32, 16, 8) if args.tiny else (512, 384, 128)
+    cuda = args.device == "cuda"
+    name, kernel = _padded_encoder(args.device)
+    out: dict = {"padded_encoder": name, "length": length, "embed_dim": dim, "hidden_dim": hidden, "us_per_time_step": {}}
+    per_step = lambda seconds: round(seconds * 1e6 / length, 3)            # noqa: E731
+    for b in GATE_BATCHES:
+        row = out["us_per_time_step"][f"b{b}"] = {}
+        row["packed_eager"] = per_step(_seconds_per_call(_encoder_pass(b, length, dim, hidden, args.device), args.device))
+        padded = _encoder_pass(b, length, dim, hidden, args.device, kernel)
+        row["padded_eager"] = per_step(_seconds_per_call(padded, args.device))
+        row["padded_captured"] = per_step(_seconds_per_call(_graphed(padded), args.device)) if cuda else None
+        say(f"gate B={b}: µs per time step {row}")
+        partial(out)
+    out["overlap_b16"] = {"streams_1": 1.0}
+    for n in (2, 4):
+        out["overlap_b16"][f"streams_{n}"] = round(_overlap(
+            lambda: _encoder_pass(16, length, dim, hidden, args.device, kernel), n, args.device), 3) if cuda else None
+    b16 = out["us_per_time_step"]["b16"]
+    best = min(v for v in (b16["packed_eager"], b16["padded_eager"], b16["padded_captured"]) if v is not None)
+    overlap_4 = out["overlap_b16"]["streams_4"]
+    out["gate_figures"] = {"fwd_bwd_us_per_time_step_b16": best, "overlap_4_streams": overlap_4}
+    out["gate_rule"] = f"forward+backward > {GATE_US_PER_TIME_STEP} µs per time step at B=16, or 4 streams overlap < {GATE_OVERLAP_4}x"
+    out["gate_passed"] = bool(best > GATE_US_PER_TIME_STEP or (overlap_4 is not None and overlap_4 < GATE_OVERLAP_4))
+    say(f"gate: best {best} µs per time step at B=16, 4-stream overlap {overlap_4}: passed={out['gate_passed']}")
+    return out
+
+
+# --- bench: eager and captured, with kernel launches -------------------------------------------
+
+
+def _launches(step, batches, device: str) -> dict | None:
+    """Host launches (kernels, graphs, copies) and GPU kernels per step, from the profiler."""
+    if device != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    step(batches[0])
+    steps._sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for batch in batches[:2]:
+            step(batch)
+        steps._sync(device)
+    events = prof.key_averages()
+    host = sum(e.count for e in events if e.key.startswith(("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cudaMemcpy", "cudaMemset")))
+    kernels = sum(e.count for e in events if str(getattr(e, "device_type", "")).endswith("CUDA"))
+    return {"launches_per_step": host / 2, "gpu_kernels_per_step": kernels / 2}
+
+
+def captured_step(args, model):
+    """(the captured training step of ``model``, the encoder it runs), or (None, why not). A
+    reader refused only for its encoder's host lengths runs ``PaddedLoop`` in its place on CUDA."""
+    from iaa.jobs.train import bench
+    from iaa.jobs.training import captured
+    from iaa.jobs.training.step import build_optimizer
+
+    refused, note = captured.refusal(model, args.device), "the reader's own"
+    if refused is not None and "lengths on the host" in refused and args.device == "cuda":
+        model.kernels = replace(model.kernels, encoder=PaddedLoop())           # rebinds the reader's slots
+        note = "PaddedLoop (stand-in: the reader's own encoder is refused)"
+    elif refused is not None:
+        return None, refused
+    optimizer = build_optimizer(model, bench.LR, bench.EMBED_L2, capturable=True)
+    return captured.CapturedStep(model, optimizer), note
+
+
+def _bench_batches(args, cfg, shapes: int | None = None):
+    from iaa.data.batch import pad_to_buckets
+    from iaa.jobs.train import bench
+    from iaa.jobs.training import captured
+
+    size, count = (4, 4) if args.tiny else (COMPARE_BATCH, 24)
+    pool = bench.synthetic_examples(size * count, vocab_size=cfg.vocab_size)
+    batches = [pad_to_buckets(bench.collate(g, args.device)) for g in bench.bucketed_batches(pool, size)]
+    if shapes:
+        common = sorted({captured.shape_of(b) for b in batches},
+                        key=lambda s: -sum(captured.shape_of(b) == s for b in batches))[:shapes]
+        batches = [b for b in batches if captured.shape_of(b) in common]
+    return batches
+
+
+def _bench_step(args, precision: str, capture: bool) -> dict:
+    """Training ex/s at batch 32 of today's eager step or the captured one, with launches per step."""
+    from iaa.jobs.training.step import train_step
+
+    cfg, model, optimizer = steps._reader(args, precision)
+    out: dict = {"precision": precision, "captured": capture}
+    if capture:
+        step, note = captured_step(args, model)
+        if step is None:
+            return {**out, "refused": note}
+        out["encoder"] = note
+    else:
+        step = lambda batch: train_step(model, optimizer, batch)           # noqa: E731
+    batches = _bench_batches(args, cfg, CAPTURED_SHAPES if capture else None)
+    for batch in batches:                                                  # warm-up: every shape captured
+        step(batch)
+    steps._sync(args.device)
+    start = time.perf_counter()
+    for batch in batches:
+        step(batch)
+    steps._sync(args.device)
+    out["batch_size"] = len(batches[0])
+    out["train_examples_per_s"] = round(len(batches) * len(batches[0]) / (time.perf_counter() - start), 1)
+    out.update(_launches(step, batches, args.device) or {"launches_per_step": None})
+    say(f"{precision} {'captured' if capture else 'eager'} batch {len(batches[0])}: {out['train_examples_per_s']:,.0f} ex/s, "
+        f"{out['launches_per_step']} launches per step")
+    return out
+
+
+def step_bench(args) -> dict:
+    """``device_steps.step_bench``'s figures (fp32 and bf16, eager), then each precision's step
+    eager and captured with its launches per step (``steps``)."""
+    out = steps.step_bench(args)
+    out["steps"] = {}
+    for precision in ("fp32", "bf16"):
+        for capture in (False, True):
+            key = f"{precision}_{'captured' if capture else 'eager'}"
+            try:
+                out["steps"][key] = _bench_step(args, precision, capture)
+            except Exception as error:  # one variant's failure is a figure, not the end of the step
+                out["steps"][key] = {"error": f"{type(error).__name__}: {error}"[:500]}
+                say(f"{key}: FAILED {out['steps'][key]['error']}")
+            partial(out)
+    return out
+
+
+STEP_FUNCTIONS = {name[len("step_"):]: fn for name, fn in globals().items() if name.startswith("step_")}

@@ -1,0 +1,32 @@
+"""The one composition step: the adapters a command hands its job (the MLflow tracker, the Ray
+launcher), imported only when a command builds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from iaa.jobs.workdir.paths import Workdir
+
+
+def _tracker(workdir: Path, tracking_uri: str | None) -> Any:
+    """The jobs' Tracker: the MLflow store of ``--tracking-uri`` (or the workdir's, in a writable
+    workdir), checked."""
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    Workdir(workdir).writable()
+    return MlflowTracker(Workdir(workdir).tracking_uri(tracking_uri))
+
+
+def _launcher(address: str | None, storage_path: str | None) -> Any:
+    """The jobs' Launcher: the Ray cluster at ``--address`` (default: a local one)."""
+    from iaa.platform.sweeps.launch import RayLauncher
+
+    return RayLauncher(address, storage_path)
+
+
+def _open_tracker(uri: str) -> Any:
+    """The MLflow Tracker at ``uri``, imported only when a job opens it (after its inputs are checked)."""
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    return MlflowTracker(uri)

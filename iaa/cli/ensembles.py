@@ -1,0 +1,97 @@
+"""Ensemble commands: ``ensemble`` (average several seeds) and ``distill`` (one student of an ensemble)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from iaa.cli.adapters import _launcher, _tracker
+from iaa.cli.options import (MODELS, _Finite, address_option, cluster_options, config_options, data_options,
+                             json_option, tracking_option, workdir_option)
+from iaa.cli.output import CLOSING_KEYS, _close, _emit, _friendly
+
+
+@click.command()
+@click.option("--sweep", help="Name of a finished sweep under the workdir.")
+@click.option("--members", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Checkpoints to ensemble as they are (repeat the flag, or list them after one flag).")
+@click.argument("more_members", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@data_options
+@click.option("--top-configs", type=click.IntRange(1, 1000), default=1, show_default=True, help="K best configurations of the sweep.")
+@click.option("--seeds", type=click.IntRange(1, 1000), default=5, show_default=True, help="N seeds of each configuration.")
+@click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
+@click.option("--p", "p", type=_Finite(0, 1, min_open=True), default=0.5, show_default=True, help="Fraction kept by --select top-p.")
+@click.option("--name", "name", help="Ensemble name [default: from the sweep or members].")
+@click.option("--workers-per-member", "--workers", "workers_per_trial", type=click.IntRange(1, 1024), default=1,
+              show_default=True, help="Ray Train workers for each member that must be trained (as tune's --workers-per-trial).")
+@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
+              help="GPUs per worker for the members that must be trained.")
+@click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
+@click.option("--overwrite", is_flag=True, help="Replace a finished ensemble of the same name.")
+@click.option("--verbose", is_flag=True, help="Also print Ray Tune's own status tables while members train.")
+@workdir_option
+@cluster_options
+@json_option
+@_friendly
+def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir: Path, tracking_uri: str | None,
+             address: str | None, as_json: bool, **request: Any) -> None:
+    """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
+    from iaa.jobs.ensemble import ensemble as job
+
+    req = job.EnsembleRequest(members=members + more_members, workdir=workdir, show_progress=not as_json, **request)
+    _emit(job.run(req, _tracker(workdir, tracking_uri), _launcher(address, req.storage_path)), as_json,
+          keys=("name", "valid_acc", "test_acc", "ensemble_dir", "model_uri"))
+
+
+@click.command()
+@click.option("--ensemble", "ensemble_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="An ensemble folder from `iaa-cli ensemble` (WORKDIR/ensembles/NAME): the teacher.")
+@click.option("--model", "model_kind", type=MODELS, help="Student variant [default: the members'].")
+@config_options
+@click.option("--alpha", type=_Finite(0, 1), default=0.5, show_default=True,
+              help="Weight of the gold NLL; 1 - alpha goes to the KL to the teacher (1: ordinary training).")
+@click.option("--temperature", type=_Finite(0, 1000, min_open=True), default=1.0, show_default=True)
+@click.option("--train-examples", type=click.IntRange(min=1), default=None,
+              help="Distil on the first N training examples only [default: all].")
+@click.option("--refresh-teacher", is_flag=True, help="Compute the teacher again even where a stored one exists.")
+@click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/distill-ENSEMBLE-MODEL-seedN]")
+@click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
+@click.option("--resume", is_flag=True, help="Continue the student's run from its run directory's last checkpoint.")
+@click.option("--register", metavar="NAME", help="Also register the student's MLflow model under NAME.")
+@click.option("--teacher-workers", "--workers", "workers", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="Score the teacher's members as this many parallel Ray tasks; 0: in this process (unless --address).")
+@address_option
+@tracking_option
+@workdir_option
+@json_option
+@_friendly
+def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None, sets: tuple[str, ...], alpha: float,
+            temperature: float, train_examples: int | None, refresh_teacher: bool, run_dir: Path | None,
+            resume: bool, overwrite: bool, register: str | None, workers: int, address: str | None, tracking_uri: str | None,
+            workdir: Path, as_json: bool) -> None:
+    """Train one reader against an ensemble's averaged distributions (knowledge distillation)."""
+    from functools import partial
+
+    from iaa.jobs.distill import distill as job
+    from iaa.jobs.workdir import names, rundir
+    from iaa.jobs.distill import teacher
+    from iaa.jobs.train import train as train_job
+
+    names.registered_name(register)
+    if resume and overwrite:
+        raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
+    from iaa.platform import teacher_ray
+
+    tracker = _tracker(workdir, tracking_uri)
+    req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
+                             temperature=temperature, train_examples=train_examples, run_dir=run_dir,
+                             workdir=workdir, refresh_teacher=refresh_teacher, show_progress=not as_json)
+    score = (teacher_ray.scorer(teacher.score_member, workers or None, address, not as_json) if (workers or address)
+             else teacher.score_in_process)
+    claim = partial(rundir.claim, resume=resume, overwrite=overwrite)
+    train = partial(train_job.run_tracked, tracker=tracker, show_progress=not as_json, register=register, resume=resume)
+    result = job.run(req, train=train, score=score, claim=claim)
+    _close(as_json, "iaa.jobs.distill.summary", result, req)
+    _emit(result, as_json, keys=CLOSING_KEYS)

@@ -1,0 +1,33 @@
+"""The ``iaa-cli`` group: ``--version``, ``--debug``, ``--workdir``, and every command, in the order of its help."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from iaa import __version__
+from iaa.cli import data, ensembles, inference, output, reports, training, tuning
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="iaa-cli")
+@click.option("--debug", is_flag=True, help="Show the traceback of every error (also: IAA_DEBUG=1).")
+@click.option("--workdir", type=click.Path(path_type=Path), default=None,
+              help="The work folder of the command that follows (its own --workdir wins).")
+def cli(debug: bool, workdir: Path | None) -> None:
+    """Iterative Alternating Attention reader: prepare, train, evaluate, tune and ensemble."""
+
+
+COMMANDS = (data.prepare, training.train, inference.evaluate, inference.baseline, tuning.tune, ensembles.ensemble,
+            training.bench, data.make_cloze, ensembles.distill, inference.explain, inference.predict, reports.report,
+            inference.serve)
+for _command in COMMANDS:
+    cli.add_command(_command)
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    output.EXIT_AT_ONCE = True
+    cli()

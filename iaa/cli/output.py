@@ -1,0 +1,100 @@
+"""What a command prints: its result (key: value lines, or JSON with ``--json``), its warnings,
+and an expected failure as one line (a bug keeps its traceback)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any, Callable
+
+import click
+
+
+def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None, err: bool = False) -> None:
+    """Print a result: a JSON object as the last stdout line with ``--json``, else key: value lines,
+    floats to 6 significant digits (only ``keys``, where the command's own summary on stderr has
+    already shown the rest). Its
+    ``warnings`` go to stderr first. ``err``: all of it to stderr (stdout carries the output)."""
+    _warn(result)
+    if as_json:
+        click.echo(json.dumps(result, default=str), err=err)
+    else:
+        for key, value in result.items():
+            if (keys is None or key in keys) and key != "warnings":   # those went to stderr
+                click.echo(f"{key}: {f'{value:.6g}' if isinstance(value, float) else value}", err=err)
+
+
+# What a training command prints on stdout without --json, after its summary on stderr (--json: every key).
+CLOSING_KEYS = ("checkpoint", "best_valid_acc", "model_uri", "run_dir", "mlflow_run_id")
+
+
+def _close(as_json: bool, module: str, *args: Any) -> None:
+    """Without ``--json``: the command's closing summary (``module.describe(*args)``) on stderr."""
+    if not as_json:
+        import importlib
+
+        click.echo(importlib.import_module(module).describe(*args), err=True)
+
+
+def _warn(result: dict[str, Any]) -> None:
+    for warning in result.get("warnings", ()):
+        click.echo(f"warning: {warning}", err=True)
+
+
+def _debug(ctx: click.Context | None) -> bool:
+    root = ctx.find_root() if ctx is not None else None
+    flag = bool(root.params.get("debug")) if root is not None and root.params else False
+    return flag or os.environ.get("IAA_DEBUG", "") not in ("", "0")
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file; or a full or
+    read-only disk met anywhere) as one line.
+
+    Anything else is a bug and keeps its traceback; ``--debug`` or ``IAA_DEBUG=1`` keeps it for all.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import errno
+
+        from iaa.errors import IaaError
+        from iaa.files import unwritable_message
+
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt as err:
+            _interrupted(err)
+        except IaaError as err:
+            if _debug(click.get_current_context(silent=True)):
+                raise
+            raise click.ClickException(str(err)) from err
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
+                raise
+            raise click.ClickException(unwritable_message(err, err.filename or "the output")) from err
+
+    return wrapper
+
+
+def _interrupted(err: KeyboardInterrupt) -> None:
+    """SIGINT or SIGTERM: the job's one line (what is kept, how to resume), no traceback; exit
+    status 128 + the signal's number (130 for Ctrl-C)."""
+    from iaa.jobs.interrupt import Interrupted
+
+    if not isinstance(err, Interrupted):
+        err = Interrupted("SIGINT")
+    click.echo(err.message or str(err), err=True)
+    if EXIT_AT_ONCE:
+        # everything is marked and said: a local Ray's orderly shutdown would take seconds more,
+        # and its processes end with this one (they share its fate)
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(err.exit_code)
+    raise SystemExit(err.exit_code)
+
+
+EXIT_AT_ONCE = False     # set by main(): the process is the command's own, not a test runner's

@@ -1,0 +1,69 @@
+"""``tune``: a hyperparameter sweep on the cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from iaa.cli.adapters import _launcher, _open_tracker
+from iaa.cli.options import (MODELS, _Finite, _need_data,
+                             cluster_options, config_options, json_option, workdir_option)
+from iaa.cli.output import _emit, _friendly
+from iaa.data.datasets import TUNE_DATASETS
+
+
+@click.command()
+@click.option("--dataset", type=click.Choice(TUNE_DATASETS),
+              help="The dataset prepared under the workdir; with --data, the one its manifest names (checked).")
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A prepared data folder; its dataset comes from its manifest.")
+@click.option("--model", "model_kind", type=MODELS, default="iaa", show_default=True)
+@click.option("--num-samples", type=click.IntRange(1, 100_000), default=None, help="Trials [default: per dataset preset].")
+@click.option("--max-concurrent", type=click.IntRange(1, 1024), default=None, help="Trials at once [default: what the cluster fits].")
+@click.option("--max-epochs", type=_Finite(min=0, min_open=True), default=None, help="Epochs per trial [default: per dataset preset].")
+@click.option("--search-space", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="YAML search space overriding the paper's grid.")
+@click.option("--grace-period", type=click.IntRange(1, 10**6), default=None,
+              help="ASHA: validation checks before a trial may be stopped [default: per dataset preset].")
+@click.option("--reduction-factor", type=_Finite(min=1, min_open=True), default=None,
+              help="ASHA: keep the best 1/F of the trials at each rung [default: per dataset preset].")
+@click.option("--workers-per-trial", type=click.IntRange(1, 1024), default=1, show_default=True, help="Ray Train workers per trial.")
+@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True)
+@click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL-<short id>, new for every sweep].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler and of the trials.")
+@config_options
+@workdir_option
+@cluster_options
+@click.option("--register", metavar="NAME", help="Register the best trial's MLflow model under NAME.")
+@click.option("--optuna-storage", metavar="URL",
+              help="Optuna RDB storage of the sweep's study [default: a SQLite file, WORKDIR/optuna.db].")
+@click.option("--verbose", is_flag=True, help="Also print Ray Tune's own status tables and result boxes.")
+@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[NAME]",
+              help="Continue the interrupted sweep NAME (or --name; alone: the latest of this dataset and model).")
+@json_option
+@_friendly
+def tune(address: str | None, sweep_name: str | None, resume: str | None, as_json: bool, **request: Any) -> None:
+    """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
+    if resume and sweep_name and resume != sweep_name:
+        raise click.UsageError(f"--resume {resume} and --name {sweep_name} name different sweeps")
+    if not resume:                       # --resume NAME: the sweep's record names its data
+        _need_data(request["dataset"], request["data"])
+    from iaa.jobs.tune import tune as job
+
+    req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, show_progress=not as_json)
+    req = job.with_dataset(req)          # missing or contradicting data fails here, before Ray or MLflow loads
+    _announce(req, address)
+    _emit(job.run(req, _open_tracker, _launcher(address, req.storage_path)), as_json,
+          keys=("sweep", "best_valid_acc", "model_uri"))
+
+
+def _announce(req: Any, address: str | None) -> None:
+    """The first line, once the data is known and before the libraries load and Ray starts
+    (which take seconds, in silence otherwise)."""
+    what = req.dataset if req.data is None else f"{req.dataset} ({req.data})"
+    verb = f"resuming sweep {req.name}" if req.resume and req.name else "resuming a sweep" if req.resume else "starting a sweep"
+    ray = f"the Ray cluster at {address}" if address else "a local Ray cluster"
+    click.echo(f"tune: {verb} of {req.model_kind} on {what}: loading PyTorch, MLflow and Optuna, "
+               f"then starting {ray}...", err=True)

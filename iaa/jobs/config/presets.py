@@ -1,0 +1,93 @@
+"""Per-dataset presets: model size, check interval and budget that suit each corpus, and each
+tunable dataset's sweep (trials, epochs, search space, ASHA schedule)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from iaa.data.datasets import DATASETS
+from iaa.jobs.config.job_config import ConfigError, JobConfig, TrainConfig
+from iaa.jobs.config import search_space
+from iaa.jobs.config.search_space import SearchSpace
+from iaa.model.config import PRESETS
+
+_PAPER = PRESETS["paper"]
+
+# The paper checks validation every 2,000 batches on CBT and 5,000 on CNN (half an epoch).
+DATASET_PRESETS: dict[str, JobConfig] = {
+    "demo": JobConfig(
+        dataset="demo",
+        model=PRESETS["demo"],
+        # One torch thread: the demo model's ops are too small to gain from two.
+        train=TrainConfig(check_every=0, max_epochs=4.0, patience=4, embed_l2=1e-4, threads=1),
+    ),
+    **{
+        name: JobConfig(dataset=name, model=_PAPER, train=TrainConfig(check_every=2000, max_epochs=10.0))
+        for name in ("cbt-ne", "cbt-cn", "cbt-v", "cbt-p")
+    },
+    "cnn": JobConfig(dataset="cnn", model=_PAPER, train=TrainConfig(check_every=5000, max_epochs=10.0)),
+}
+
+
+def for_dataset(name: str, model_kind: str | None = None) -> JobConfig:
+    """The preset job config of ``name``, optionally for another model kind."""
+    if name not in DATASET_PRESETS:
+        raise ConfigError(f"unknown dataset {name!r}; choose from {list(DATASETS)}")
+    cfg = DATASET_PRESETS[name]
+    if model_kind is not None:
+        cfg = replace(cfg, model=replace(cfg.model, kind=model_kind))
+    return cfg
+
+
+# --- sweeps ----------------------------------------------------------------------------------------
+
+SEARCH_METRIC = "best_valid_acc"   # what TPE learns from: a trial's best check
+STOP_METRIC = "valid_acc"          # what ASHA compares at each rung: the current check
+MODE = "max"
+TIME_ATTR = "checks"
+
+
+@dataclass(frozen=True)
+class TunePreset:
+    """A dataset's sweep budget: trials, epochs per trial, search space and ASHA's schedule."""
+
+    num_samples: int
+    max_epochs: float
+    space: Mapping[str, Any]
+    grace_period: int = 1          # checks before ASHA may stop a trial
+    reduction_factor: float = 2.0  # ASHA keeps the best 1/reduction_factor at each rung
+
+
+TUNE_PRESETS: dict[str, TunePreset] = {
+    # A whole sweep on a 2-core laptop in a few minutes: 4 trials of at most 1.5 epochs (3 checks),
+    # 2 at a time; ASHA compares them after one epoch (2 checks), once the reader has learned.
+    "demo": TunePreset(num_samples=4, max_epochs=1.5, space=search_space.DEMO_GRID, grace_period=2,
+                       reduction_factor=2.0),
+    # CBT's four word types share the paper's CBT sweep (the paper tuned on NE and CN; make-cloze
+    # writes V and P questions in the same format).
+    **{name: TunePreset(num_samples=24, max_epochs=4.0, space=search_space.PAPER_GRID, grace_period=2,
+                        reduction_factor=3.0)
+       for name in ("cbt-ne", "cbt-cn", "cbt-v", "cbt-p")},
+    "cnn": TunePreset(num_samples=16, max_epochs=3.0, space=search_space.PAPER_GRID, grace_period=2,
+                      reduction_factor=3.0),
+}
+
+
+def max_checks(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> int:
+    """An upper bound on a trial's checks: ASHA's ``max_t``."""
+    batch_sizes = [cfg.train.batch_size]
+    if "train.batch_size" in space.params:
+        p = space.params["train.batch_size"]
+        batch_sizes += list(p.choices or (p.low,))
+    if "train.batch_size" in space.fixed:
+        batch_sizes = [space.fixed["train.batch_size"]]
+    epochs = [cfg.train.max_epochs]
+    if "train.max_epochs" in space.params:
+        p = space.params["train.max_epochs"]
+        epochs += list(p.choices or (p.high,))
+    n_batches = math.ceil(train_rows / max(workers, 1) / max(1, int(min(batch_sizes))))
+    check_every = cfg.train.check_every or max(1, n_batches // 2)
+    # One more than the trial can reach: a trial that ends by itself is never stopped (killed) by ASHA.
+    return max(1, math.ceil(math.ceil(max(epochs) * n_batches) / check_every)) + 1

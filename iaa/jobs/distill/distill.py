@@ -1,0 +1,159 @@
+"""``iaa-cli distill``: train one reader against an ensemble's averaged distributions.
+
+1. The teacher: the ensemble folder's selected members (``ensemble.json``), each with its
+   checkpoint digest. Their averaged distribution on the training split is computed once
+   (:mod:`iaa.jobs.distill.teacher`; in parallel through the given ``Scorer``, e.g. on Ray) and kept in
+   ``WORKDIR/distill/teachers/ENSEMBLE.parquet`` (never beside the prepared data, which may be
+   shared or read-only); a later distillation from the same ensemble reuses
+   it after checking that no member's checkpoint (and not the data) changed since.
+2. The student: the first member's config (so, by default, a member's size), then ``--config``,
+   ``--model`` and ``--set`` as for ``train``, then ``distill.alpha`` / ``distill.temperature``.
+   It trains with the train workflow on the training rows that carry a teacher distribution,
+   with the loss α · NLL + (1 - α) · T² · KL(teacher ‖ student) (:mod:`iaa.jobs.modeling.objective`),
+   validates on the gold answers, and ends as a checkpoint and an MLflow model like any reader.
+   The teacher file is logged as an input of the run (context ``teacher``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from iaa.errors import IaaError
+from iaa.jobs.distill import teacher as teacher_mod
+from iaa.jobs.config.job_config import JobConfig, from_dict, load
+from iaa.jobs.workdir import recorded
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+
+# The train workflow: (config, prepared data, run folder, training rows, teacher input, run tags,
+# experiment) -> result.
+TrainWorkflow = Callable[..., dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class DistillRequest:
+    ensemble: Path
+    data: Path | None = None            # default: the ensemble's data
+    model_kind: str | None = None
+    config_file: Path | None = None
+    sets: tuple[str, ...] = ()
+    alpha: float = 0.5                  # weight of the gold NLL
+    temperature: float = 1.0
+    train_examples: int | None = None   # distil on the first N training examples only
+    run_dir: Path | None = None
+    workdir: Path = Path(DEFAULT_WORKDIR)
+    refresh_teacher: bool = False
+    show_progress: bool = True
+
+
+def student_config(member_checkpoint: Path, prepared: Path, req: DistillRequest) -> JobConfig:
+    """A member's config, then ``--config``, ``--model``, ``--set`` and the distillation flags."""
+    from iaa.jobs.modeling import checkpoint
+    from iaa.jobs.datasets import resolve
+
+    cfg = load(from_dict(checkpoint.load(member_checkpoint)["config"]), req.config_file)
+    if req.model_kind is not None:
+        cfg = replace(cfg, model=replace(cfg.model, kind=req.model_kind))
+    cfg = load(cfg, None, req.sets)
+    cfg = replace(cfg, distill=replace(cfg.distill, alpha=req.alpha, temperature=req.temperature))
+    return replace(cfg, model=replace(cfg.model, vocab_size=resolve.vocab_size(prepared)))
+
+
+def teacher_path(workdir: Path, ensemble_dir: Path, limit: int | None) -> Path:
+    """``WORKDIR/distill/teachers/<ensemble folder name>[-first<N>]-<hash>.parquet``: in the work
+    folder, never beside the prepared data; the hash is of the ensemble's path within the work
+    folder (so a moved folder finds its teachers), or of its absolute path."""
+    where = recorded.stored(Path(ensemble_dir), Path(workdir))
+    tag = hashlib.sha1(str(where).encode()).hexdigest()[:8]
+    part = f"-first{limit}" if limit is not None else ""
+    return Workdir(workdir).teachers / f"{Path(ensemble_dir).name}{part}-{tag}.parquet"
+
+
+def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teacher_mod.Member],
+                    score: teacher_mod.Scorer) -> tuple[Path, bool]:
+    """The teacher file for ``req``: reused when fresh, else computed. Returns (path, computed)."""
+    from iaa.data.loader import PreparedData
+
+    vocab_hash = PreparedData.open(prepared).manifest.get("vocab_hash", "")
+    path = teacher_path(req.workdir, req.ensemble, req.train_examples)
+    if path.exists() and not req.refresh_teacher:
+        teacher_mod.check_fresh(path, members, vocab_hash, req.train_examples)
+        return path, False
+    if req.show_progress:
+        print(f"distill: computing the teacher of {len(members)} members on "
+              f"{req.train_examples or 'all'} training examples -> {path}", file=sys.stderr)
+    work = Path(req.workdir) / "distill" / f"scoring-{path.stem}"     # scratch, outside the prepared data
+    table = teacher_mod.compute(members, prepared, "train", req.train_examples, work, score)
+    teacher_mod.write(table, path, ensemble_dir=req.ensemble, members=members, split="train",
+                      limit=req.train_examples, vocab_hash=vocab_hash)
+    for scratch in work.glob("*.parquet"):
+        scratch.unlink()
+    work.rmdir()
+    return path, True
+
+
+def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer = teacher_mod.score_in_process,
+        claim: Callable[[Path], Any] | None = None) -> dict[str, Any]:
+    """Distil the ensemble ``req.ensemble`` into one reader; see the module docstring.
+
+    ``claim`` holds the run folder for the run (default: :func:`iaa.jobs.workdir.rundir.claim`, which
+    refuses a folder that holds a run). Returns the train workflow's result (``checkpoint``, ``best_valid_acc``, ``model_uri``, ...)
+    with ``teacher`` (the Parquet file), ``teacher_computed`` and ``members``. SIGINT or SIGTERM
+    raises :class:`iaa.jobs.interrupt.Interrupted` (the student's run KILLED).
+    """
+    from iaa.jobs import interrupt
+
+    with interrupt.stoppable(resume_command(req), kept=lambda: "kept the teacher file and the student's last checkpoint"):
+        return _run(req, train=train, score=score, claim=claim)
+
+
+def resume_command(req: DistillRequest) -> str:
+    """The exact ``iaa-cli distill ... --resume`` that continues the student's run."""
+    from iaa.jobs.evaluation.closing import q, where_flags
+
+    parts = [f"iaa-cli distill --ensemble {q(req.ensemble)}"]
+    parts += [f"--model {q(req.model_kind)}"] if req.model_kind else []
+    parts += [f"--config {q(req.config_file)}"] if req.config_file else []
+    parts += [f"--set {q(item)}" for item in req.sets]
+    parts += [f"--alpha {req.alpha:g} --temperature {req.temperature:g}"]
+    parts += [f"--train-examples {req.train_examples}"] if req.train_examples else []
+    parts += [f"--run-dir {q(req.run_dir)}"] if req.run_dir else []
+    return " ".join(parts) + where_flags(req.workdir) + " --resume"
+
+
+def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer,
+         claim: Callable[[Path], Any] | None) -> dict[str, Any]:
+    from iaa.data.loader import PreparedData
+    from iaa.jobs.datasets import resolve
+
+    if req.train_examples is not None and req.train_examples < 1:
+        raise IaaError("--train-examples must be >= 1")
+    summary, members = teacher_mod.members_of(req.ensemble)
+    dataset, prepared = resolve.data_dir(None, Path(req.data or summary.get("data_dir", "")), req.workdir)
+    cfg = student_config(members[0].checkpoint, prepared, req)
+    path, computed = prepare_teacher(req, prepared, members, score)
+    data = PreparedData.open(prepared)
+    rows = data.table("train") if req.train_examples is None else data.rows("train", 0, req.train_examples)
+    rows = teacher_mod.attach(rows, path)
+    run_dir = req.run_dir or Workdir(req.workdir).run(
+        f"distill-{Path(req.ensemble).name}-{cfg.model.kind}-seed{cfg.train.seed}").path
+    tags = {"teacher": str(path), "teacher_ensemble": str(req.ensemble), "distill.members": str(len(members))}
+    from iaa.jobs.workdir import rundir
+
+    with (claim or rundir.claim)(Path(run_dir)) as folder:
+        result = train(cfg, prepared, folder, train_rows=rows, teacher=path, tags=tags,
+                       experiment=experiment_name(summary, req.ensemble))
+    from iaa.jobs.distill.summary import comparison
+    from iaa.jobs.training.summary import with_baseline
+
+    return {**with_baseline(result, prepared), "teacher": str(path), "teacher_computed": computed,
+            "dataset": dataset, "members": [str(m.checkpoint) for m in members],
+            **comparison(result.get("best_valid_acc"), summary)}
+
+
+def experiment_name(summary: dict[str, Any], ensemble_dir: Path) -> str:
+    """The student's MLflow experiment, named for its ensemble: ``distill-ENSEMBLE``."""
+    return f"distill-{summary.get('name') or Path(ensemble_dir).name}"

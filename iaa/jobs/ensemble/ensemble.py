@@ -1,0 +1,389 @@
+"""``iaa-cli ensemble``: gather members, evaluate them, average them, and track the result.
+
+Members come from one of two places:
+
+- ``--members CKPT ...``: checkpoints used as they are. The data is ``--data``/``--dataset``,
+  else the dataset named in the checkpoints' configs (prepared under the workdir).
+- ``--sweep NAME``: ``WORKDIR/sweeps/NAME/sweep.json`` (a default name such as ``demo-iaa``
+  means the latest ``demo-iaa-<id>``). :mod:`iaa.jobs.ensemble.members` picks its K best configurations
+  x N seeds and the checkpoints to reuse; the rest train in parallel as trials of the
+  :class:`~iaa.jobs.ports.Launcher` (``train_many``), with the request's workers, GPUs and the
+  configs' ``train.threads``.
+
+Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.evaluation.averaging`
+does the alignment, averaging and selection. Everything lands in ``WORKDIR/ensembles/NAME/``,
+and one MLflow run records it (tagged ``sweep_parent_run_id`` with the sweep's parent run).
+``ensemble.json`` names every member with the sha256 of the file taken when the ensemble first
+read it (``member_sha256``); paths inside the work folder are stored relative to it
+(:mod:`iaa.jobs.evaluation.ensemble_record`), so the folder means the same wherever it is used or
+moved, and a changed member is refused (``iaa.jobs.evaluation.ensemble_record.members``). A
+member whose file changes before the end (retrained meanwhile) is refused too, before
+``ensemble.json`` is written and again after the model is logged. A finished ensemble is
+replaced only with ``overwrite``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from iaa.data.shards import file_sha256
+from iaa.errors import IaaError
+from iaa.jobs import interrupt
+from iaa.jobs.ensemble import scoring
+from iaa.jobs.evaluation import averaging, ensemble_record, uncertainty
+from iaa.jobs.evaluation.closing import q, where_flags
+from iaa.jobs.ensemble import members as ledger
+from iaa.jobs.training.loop import LOG_PROGRESS_S
+from iaa.jobs.workdir import names
+from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.console import SweepConsole
+from iaa.jobs.sweeps.cost import SweepCost
+from iaa.jobs.config.job_config import ConfigError, from_dict
+from iaa.jobs.ensemble.members import Member
+from iaa.jobs.ports import MEMBER_KEY, ConnectRequest, Launcher, MembersRequest, Tracker, TrialRun, TrialTracking
+from iaa.jobs.evaluation.predictor import MODEL_CODE, SUMMARY
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+
+
+@dataclass(frozen=True)
+class EnsembleRequest:
+    """What ``iaa-cli ensemble`` asks for; exactly one of ``sweep`` and ``members``, checked here."""
+
+    sweep: str | None = None
+    members: tuple[Path, ...] = ()
+    dataset: str | None = None
+    data: Path | None = None
+    top_configs: int = 1          # K best configurations of the sweep
+    seeds: int = 5                # N seeds of each
+    select: str = "all"           # all | top-p | greedy, decided on valid
+    p: float = 0.5                # fraction kept by top-p
+    name: str | None = None
+    workdir: Path = Path(DEFAULT_WORKDIR)
+    storage_path: str | None = None
+    workers_per_trial: int = 1    # Ray Train workers per member trained
+    gpus_per_worker: float = 0.0
+    show_progress: bool = True
+    verbose: bool = False         # Ray Tune's own status tables while members train
+    register: str | None = None   # register the ensemble's MLflow model under this name
+    overwrite: bool = False       # replace a finished ensemble of the same name
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", distinct_members(self.members))
+        object.__setattr__(self, "workdir", Path(self.workdir))
+        names.folder_name(self.name)
+        names.folder_name(self.sweep, "--sweep")
+        names.registered_name(self.register)
+        if (self.sweep is None) == (not self.members):
+            raise ConfigError("give exactly one of --sweep NAME or --members CKPT ...")
+        if self.select not in averaging.SELECT_MODES:
+            raise ConfigError(f"unknown selection {self.select!r}; choose from {list(averaging.SELECT_MODES)}")
+        if self.top_configs < 1 or self.seeds < 1:
+            raise ConfigError("--top-configs and --seeds must be >= 1")
+        if not 0 < self.p <= 1:
+            raise ConfigError("--p must be in (0, 1]")
+
+
+def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
+    """The ensemble's checkpoints; ConfigError when one is listed twice (it would count as two members)."""
+    seen: dict[Path, Path] = {}
+    for member in members:
+        key = Path(member).resolve()
+        if key in seen:
+            raise ConfigError(f"{member}: listed twice in --members (also as {seen[key]}); an ensemble averages "
+                              "distinct checkpoints, so list each once")
+        seen[key] = Path(member)
+    return tuple(Path(m) for m in members)
+
+
+def _run_dir_label(checkpoint: Path) -> str:
+    return checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else checkpoint.stem
+
+
+def member_names(ensemble: str, configs: Sequence[JobConfig], top_configs: int, labels: Sequence[str]) -> tuple[str, ...]:
+    """Each member's run name, with its seed: ``ENSEMBLE-seed-7``, or ``ENSEMBLE-config1-seed-7``
+    when several configurations are kept (``labels``: ``config1-seed7``)."""
+    if top_configs == 1:
+        return tuple(f"{ensemble}-seed-{cfg.train.seed}" for cfg in configs)
+    return tuple(f"{ensemble}-{label.split('-seed')[0]}-seed-{cfg.train.seed}" for cfg, label in zip(configs, labels))
+
+
+def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
+    """Checkpoints as they are, each linked to the tracked run whose ``checkpoint`` tag names it."""
+    from iaa.jobs.modeling import checkpoint
+
+    members = []
+    for path in map(Path, paths):
+        sha256 = file_sha256(path)                       # before its first read
+        cfg = from_dict(checkpoint.load(path)["config"])
+        run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.resolve())])
+        members.append(Member(path, cfg, run_id, _run_dir_label(path), "given", sha256))
+    return members
+
+
+def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, out_dir: Path, tracker: Tracker,
+                  name: str, launcher: Launcher | None) -> list[Member]:
+    """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials."""
+    trials = sweep["trials"]
+    workdir = Workdir(req.workdir)
+    found = ledger.reusable(workdir.root, workdir.sweep(sweep["name"]), trials)
+    wanted = ledger.seeded(ledger.best_configs(sweep["name"], trials, req.top_configs), req.seeds)
+    to_train = [cfg for cfg, _ in wanted if ledger.config_key(cfg) not in found]
+    labels = [label for cfg, label in wanted if ledger.config_key(cfg) not in found]
+    if to_train:
+        from iaa.jobs.training.loop import fit_on_worker
+
+        if launcher is None:
+            raise IaaError(f"{len(to_train)} members must be trained, and no launcher was given")
+        print(f"ensemble: reusing {len(wanted) - len(to_train)} checkpoints, training {len(to_train)} members on Ray",
+              file=sys.stderr)
+        run_name = sweep_file.unique_name(f"ensemble-{name}")
+        trials_to = TrialTracking(tracker=tracker, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
+                                  parent_run_id=sweep.get("parent_run_id"), sweep=run_name, dataset=to_train[0].dataset,
+                                  data_dir=prepared, member_names=member_names(name, to_train, req.top_configs, labels))
+        console = member_console(to_train, labels, prepared, req) if req.show_progress else None
+        started = time.monotonic()
+        connection = ConnectRequest(name=run_name, prepared=prepared, storage=workdir.storage(req.storage_path),
+                                    num_trials=len(to_train), workers_per_trial=req.workers_per_trial,
+                                    gpus_per_worker=req.gpus_per_worker,
+                                    threads=max(c.train.threads for c in to_train) or None,
+                                    show_progress=req.show_progress)
+        interrupt.on_stop(lambda signal_name: _end_members(tracker, trials_to.experiment, run_name, signal_name))
+        trained = launcher.train_many(MembersRequest(
+            configs=tuple(to_train), connection=connection,
+            trials=TrialRun(fit=fit_on_worker, tracking=trials_to, downloads=out_dir / "checkpoints", console=console,
+                            verbose=req.verbose),
+        ))
+        if console is not None:
+            print(console.summary(time.monotonic() - started), file=sys.stderr)
+        ledger.record_trained(name, out_dir, Path(req.workdir), to_train, trained, found)
+    return ledger.members(wanted, found)
+
+
+def _end_members(tracker: Tracker, experiment: str, group: str, signal_name: str) -> None:
+    """A stop while members train: their runs still RUNNING end KILLED, tagged ``interrupted``."""
+    for found in tracker.find_runs(experiment, {"sweep": group}, status="RUNNING"):
+        run = tracker.attach(found.run_id)
+        run.set_tags({"interrupted": signal_name})
+        run.end("KILLED")
+
+
+def resume_command(req: EnsembleRequest) -> str:
+    """The command that continues a stopped ensemble: the same one, which reuses every member
+    already trained."""
+    parts = ["iaa-cli ensemble"]
+    parts += [f"--sweep {q(req.sweep)}"] if req.sweep else [" ".join(["--members", *map(q, req.members)])]
+    parts += [f"--dataset {q(req.dataset)}"] if req.dataset else []
+    parts += [f"--data {q(req.data)}"] if req.data else []
+    parts += [f"--top-configs {req.top_configs} --seeds {req.seeds}"] if req.sweep else []
+    parts += [f"--select {req.select}"] + ([f"--p {req.p:g}"] if req.select == "top-p" else [])
+    parts += [f"--name {q(req.name)}"] if req.name else []
+    parts += [f"--workers-per-member {req.workers_per_trial}"] if req.workers_per_trial != 1 else []
+    parts += [f"--gpus-per-worker {req.gpus_per_worker:g}"] if req.gpus_per_worker else []
+    parts += [f"--storage-path {q(req.storage_path)}"] if req.storage_path else []
+    parts += [f"--register {q(req.register)}"] if req.register else []
+    return " ".join(parts) + where_flags(req.workdir)
+
+
+def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared: Path,
+                   req: EnsembleRequest) -> SweepConsole:
+    """The console of the members being trained (``labels``: ``config0-seed1``, ...): one line per
+    member event and an ETA, as a sweep's."""
+    from iaa.data.manifest import read
+
+    rows = int(((read(prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
+    cost = SweepCost(trials=len(configs), epochs=max(c.train.max_epochs for c in configs), examples=rows,
+                     examples_per_s=0.0, concurrency=len(configs), gpus=req.gpus_per_worker > 0)
+    return SweepConsole(cost, (), label=lambda params: f"member {labels[int(params[MEMBER_KEY])]}",
+                        what="training members")
+
+
+def read_sweep(workdir: Path, name: str) -> dict[str, Any]:
+    """The sweep ``name`` (or the latest of a default-named prefix), with at least one trial."""
+    path = sweep_file.find(workdir, name)
+    sweep = sweep_file.read(path)
+    if not sweep["trials"]:
+        raise IaaError(f"sweep {name!r} has no trials in {path}")
+    return sweep
+
+
+# --- evaluation and tracking -------------------------------------------------------------------
+
+
+def _has_split(prepared: Path, split: str) -> bool:
+    from iaa.data.loader import PreparedData
+
+    data = PreparedData.open(Path(prepared))
+    return split in data.splits and data.table(split).num_rows > 0
+
+
+def evaluate_members(members: Sequence[Member], prepared: Path, out_dir: Path, show_progress: bool) -> list[dict[str, Path | None]]:
+    """Each member's predictions files on valid and (where the data has it) test."""
+    from tqdm import tqdm
+
+    from iaa.jobs.evaluation import evaluate
+
+    splits = ["valid"] + (["test"] if _has_split(prepared, "test") else [])
+    sizes = scoring.split_sizes(prepared)
+    files: list[dict[str, Path | None]] = []
+    terminal = sys.stderr.isatty()    # a log file or a pipe gets the bar at its start, every 30 s and its end
+    bar = tqdm(total=len(members) * sum(sizes[s] for s in splits), desc="evaluate members", unit="q",
+               disable=not show_progress, file=sys.stderr, mininterval=0.1 if terminal else LOG_PROGRESS_S)
+    for i, member in enumerate(members):
+        entry: dict[str, Path | None] = {"valid": None, "test": None}
+        for split in splits:
+            out = out_dir / "members" / f"{i:02d}-{split}.parquet"
+            bar.set_postfix_str(f"member {i + 1}/{len(members)} {split}", refresh=terminal)
+            entry[split] = Path(evaluate.run(member.checkpoint, prepared, split, out, progress=bar.update)["predictions"])
+        files.append(entry)
+    bar.close()
+    return files
+
+
+def _track(tracker: Tracker, experiment: str, name: str, req: EnsembleRequest, sweep: dict[str, Any] | None,
+           dataset: str, members: Sequence[Member], result: dict[str, Any], out_dir: Path,
+           prepared: Path) -> tuple[str, str | None]:
+    """The ensemble's tracked run: params, metrics, artifacts, its data, and its model (the
+    selected members, averaged). Returns (run id, model URI)."""
+    tags: dict[str, Any] = {"kind": "ensemble", "dataset": dataset, "select": req.select,
+                            "ensemble_dir": str(out_dir)}
+    if sweep is not None:
+        tags.update({"sweep": sweep.get("name", ""), "sweep_parent_run_id": sweep.get("parent_run_id") or ""})
+    chosen = set(result["selected"])
+    for i, member in enumerate(members):
+        tags.update({f"member.{i}.run_id": member.mlflow_run_id or "", f"member.{i}.checkpoint": str(member.checkpoint),
+                     f"member.{i}.selected": str(i in chosen).lower(), f"member.{i}.source": member.source})
+    parent = (sweep or {}).get("parent_run_id") or None      # the ensemble nests under its sweep's run
+    with tracker.run(experiment, f"ensemble-{name}", tags=tags, parent_run_id=parent) as run:
+        run.log_params({"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
+                        "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(chosen)})
+        run.log_metrics({k: result[k] for k in ("valid_acc", "test_acc", "mean_member_valid_acc",
+                                                 "mean_member_test_acc", "mean_selected_valid_acc",
+                                                 "mean_selected_test_acc") if result[k] is not None})
+        run.log_metrics({"boo_n": result["boo_n"], f"boo_{result['boo_n']}_valid": result["boo_valid"],
+                         "boo_n_valid": result["boo_valid"],
+                         **({f"boo_{result['boo_n']}_test": result["boo_test"], "boo_n_test": result["boo_test"]}
+                            if result["boo_test"] is not None else {})})
+        for i, acc in enumerate(result["member_valid_acc"]):
+            run.log_metrics({"member_valid_acc": acc, **({"member_test_acc": result["member_test_acc"][i]}
+                                                         if result["member_test_acc"] is not None else {})}, step=i)
+        for artifact in ("predictions", "table_path"):
+            run.log_artifact(Path(result[artifact]))
+        run.log_artifact(out_dir / SUMMARY)
+        run.log_dataset(prepared, context="eval")
+        model_uri = tracker.log_model(run, [Path(m) for m in result["members"]], prepared, req.register, code=MODEL_CODE)
+        ledger.check_unchanged(members, name)           # the logged model copied the members read first
+    return run.run_id, model_uri
+
+
+def _check_free(out_dir: Path, name: str, overwrite: bool) -> None:
+    """Refuse to replace a finished ensemble (one with ``ensemble.json``) unless ``overwrite``.
+
+    A folder without it is an unfinished ensemble of this name (its ``trained.json`` lists the
+    members trained so far): it is continued.
+    """
+    if (out_dir / SUMMARY).exists() and not overwrite:
+        raise IaaError(f"{out_dir}: an ensemble named {name!r} exists already; add --overwrite to replace it, "
+                       "or choose another --name (nothing was changed)")
+
+
+def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None) -> dict[str, Any]:
+    """Build, evaluate and score the ensemble that ``req`` describes; see the module docstring.
+
+    Returns:
+        ``valid_acc``, ``test_acc`` (None without a test split), ``members`` (checkpoint paths
+        of the selected members, in the order of ``member_probs``), ``predictions`` (the Parquet
+        path), ``all_members``, per-member and mean accuracies, ``boo_n``, ``boo_valid``,
+        ``boo_test``, ``select``, ``mlflow_run_id`` and the output folder. SIGINT or SIGTERM
+        raises :class:`iaa.jobs.interrupt.Interrupted` (its runs KILLED; the members trained are kept).
+    """
+    with interrupt.stoppable(resume_command(req), kept=lambda: "kept every member trained so far (reused on a rerun)"):
+        return _run(req, tracker, launcher)
+
+
+def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> dict[str, Any]:
+    from iaa.jobs.datasets import resolve
+
+    workdir, uri = req.workdir, tracker.uri
+
+    sweep: dict[str, Any] | None = None
+    if req.sweep is not None:
+        sweep = read_sweep(workdir, req.sweep)
+        if req.dataset is None and req.data is None and sweep.get("data_dir"):
+            dataset, prepared = resolve.data_dir(None, Path(sweep["data_dir"]), workdir)
+        else:
+            dataset, prepared = resolve.data_dir(req.dataset or sweep["dataset"], req.data, workdir)
+        name = req.name or sweep["name"]
+        out_dir = Workdir(workdir).ensemble(name)
+        _check_free(out_dir, name, req.overwrite)
+        members = sweep_members(req, sweep, prepared, out_dir, tracker, name, launcher)
+        experiment = sweep.get("experiment") or f"ensemble-{dataset}"
+    else:
+        members, dataset, prepared, name, out_dir = _given_ensemble(req, tracker)
+        experiment = f"ensemble-{dataset}"
+
+    members = [ledger.first_read(m) for m in members]
+    sizes = scoring.split_sizes(prepared)
+    if req.show_progress:
+        print(scoring.cost_line(len(members), sizes, name), file=sys.stderr)
+
+    files = evaluate_members(members, prepared, out_dir, req.show_progress)
+    labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
+    result = averaging.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
+                              p=req.p, labels=labels)
+    table = result.pop("table")
+    ledger.check_unchanged(members, name)
+    summary = {**result, "name": name, "dataset": dataset, "data_dir": str(prepared), "ensemble_dir": str(out_dir),
+               "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
+               "sweep": req.sweep, "tracking_uri": uri,
+               "member_sha256": {str(m.checkpoint): m.sha256 for m in members}}
+    summary.update(scoring.accuracy_keys(summary, sizes))
+    ensemble_record.write(out_dir, summary)
+    summary["mlflow_run_id"], summary["model_uri"] = _track(tracker, experiment, name, req, sweep, dataset, members,
+                                                            result, out_dir, prepared)
+    ensemble_record.write(out_dir, summary)
+    print(table, file=sys.stderr)
+    print(describe(summary, req), file=sys.stderr)
+    return summary
+
+
+def _given_ensemble(req: EnsembleRequest, tracker: Tracker) -> tuple[list[Member], str, Path, str, Path]:
+    """``--members``: the members, their dataset and prepared folder (one dataset, unless
+    ``--data``/``--dataset`` names it), the ensemble's name (default: dataset, size, selection and
+    a digest of the members' paths) and its free output folder."""
+    from iaa.jobs.datasets import resolve
+
+    members = given_members(req.members, tracker)
+    named = sorted({m.config.dataset for m in members})
+    if req.dataset is None and req.data is None and len(named) > 1:
+        raise ConfigError(f"the members were trained on different datasets {named}; pass --data or --dataset")
+    dataset, prepared = resolve.data_dir(req.dataset or named[0], req.data, req.workdir)
+    digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in req.members).encode()).hexdigest()[:8]
+    name = req.name or f"{dataset}-{len(members)}members-{req.select}-{digest}"
+    out_dir = Workdir(req.workdir).ensemble(name)
+    _check_free(out_dir, name, req.overwrite)
+    return members, dataset, prepared, name, out_dir
+
+
+def describe(summary: dict[str, Any], req: EnsembleRequest) -> str:
+    """The ensemble in a few lines, and what to run with it."""
+    test = ("" if summary.get("test_acc") is None
+            else f", test {uncertainty.accuracy_text(summary['test_acc'], summary.get('test_acc_n') or 0)}")
+    mean = summary.get("mean_member_valid_acc")
+    members = f"{len(summary['members'])} of {len(summary['all_members'])} members ({summary['select']})"
+    where = where_flags(req.workdir)                  # each line runs as printed, in any shell
+    folder, data = q(summary["ensemble_dir"]), q(summary["data_dir"])
+    valid = uncertainty.accuracy_text(summary["valid_acc"], summary.get("valid_acc_n") or 0)
+    return (f"ensemble {summary['name']}: {members}: valid accuracy {valid}{test}"
+            + ("" if mean is None else f" (members alone: {mean:.4f} on average, "
+                                      f"{max(summary['member_valid_acc']):.4f} the best)") + "\n"
+            f"  folder:       {summary['ensemble_dir']}\n"
+            + (f"  model:        {summary['model_uri']}\n" if summary.get("model_uri") else "")
+            + "next:\n"
+            f"  iaa-cli serve --ensemble {folder} --data {data}{where}\n"
+            f"  iaa-cli evaluate --checkpoint {q(summary['members'][0])} --data {data} --split valid{where}\n"
+            f"  iaa-cli distill --ensemble {folder}{where}")

@@ -1,0 +1,31 @@
+"""The ensemble's scoring pass, said before it starts and shown while it runs: every member reads
+every valid (and test) question once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+
+def split_sizes(prepared: Path) -> dict[str, int]:
+    """Questions in the valid and test splits of the prepared folder (0 where a split is absent)."""
+    from iaa.data.loader import PreparedData
+
+    counts = PreparedData.open(Path(prepared)).manifest.get("counts") or {}
+    return {split: int(counts.get(split) or 0) for split in ("valid", "test")}
+
+
+def cost_line(members: int, sizes: Mapping[str, int], name: str) -> str:
+    """What the pass costs, in reader passes over questions, before it starts."""
+    per_member = sum(sizes.values())
+    splits = " and ".join(f"{split} ({n} questions)" for split, n in sizes.items() if n)
+    return (f"ensemble {name}: scoring {members} members on {splits}: {members} x {per_member} = "
+            f"{members * per_member} questions read, one reader pass each")
+
+
+def accuracy_keys(summary: Mapping[str, Any], sizes: Mapping[str, int]) -> dict[str, Any]:
+    """``valid_acc_n``/``valid_acc_stderr`` and the test's, beside the ensemble's accuracies."""
+    from iaa.jobs.evaluation import uncertainty
+
+    return {**uncertainty.fields("valid_acc", summary.get("valid_acc"), sizes["valid"]),
+            **uncertainty.fields("test_acc", summary.get("test_acc"), sizes["test"])}

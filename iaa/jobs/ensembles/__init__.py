@@ -1,1 +1,0 @@
-"""Seed ensembles and distillation: members, averaged distributions, teachers."""

@@ -1,0 +1,91 @@
+"""An ensemble's record on disk: ``WORKDIR/ensembles/NAME/ensemble.json``, written by ``iaa-cli
+ensemble`` and read by ``serve``, ``predict`` and ``distill``.
+
+Every path it names inside the work folder (the members, ``all_members``, the keys of
+``member_sha256``, ``data_dir``, ``ensemble_dir``, the predictions and the table, a SQLite
+``tracking_uri``) is stored relative to the work folder and read back where the folder is now
+(:mod:`iaa.jobs.workdir.recorded`); a path outside it stays absolute. A member is checked against
+the sha256 recorded for it when it is read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from iaa.errors import IaaError
+from iaa.files import atomic_write_text
+from iaa.jobs.workdir import recorded
+
+SUMMARY = "ensemble.json"   # what `iaa-cli ensemble` writes into its folder
+PATH_KEYS = ("data_dir", "ensemble_dir", "predictions", "table_path", "tracking_uri")
+PATH_LISTS = ("members", "all_members")
+
+
+def write(out_dir: Path, summary: Mapping[str, Any]) -> Path:
+    """Write ``summary`` (absolute paths) as ``OUT_DIR/ensemble.json``, atomically."""
+    workdir = recorded.workdir_of(Path(out_dir), "ensembles")
+    data = _paths(summary, lambda text: recorded.stored(text, workdir))
+    path = Path(out_dir) / SUMMARY
+    atomic_write_text(path, json.dumps(data, indent=1, default=str))
+    return path
+
+
+def read(ensemble_dir: Path) -> dict[str, Any]:
+    """``ensemble.json`` of ``ensemble_dir`` with its paths found where they are now (absolute).
+
+    Raises:
+        IaaError: the folder holds no ``ensemble.json``, or it lists no checkpoint paths as ``members``.
+    """
+    summary = Path(ensemble_dir) / SUMMARY
+    if not summary.is_file():
+        raise IaaError(f"{ensemble_dir} holds no {SUMMARY}: give the folder `iaa-cli ensemble` wrote")
+    try:
+        data = json.loads(summary.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise IaaError(f"{summary}: not valid JSON ({err}); re-run `iaa-cli ensemble` to write it again") from None
+    members = data.get("members") if isinstance(data, dict) else None
+    if not isinstance(members, list) or not all(isinstance(m, str) and m for m in members):
+        raise IaaError(f"{summary}: 'members' must be a list of checkpoint paths; re-run `iaa-cli ensemble`")
+    folder = Path(ensemble_dir)
+    workdir = recorded.workdir_of(folder.absolute(), "ensembles")
+    return _paths(data, lambda text: recorded.located(text, workdir, folder.absolute()))
+
+
+def _paths(data: Mapping[str, Any], convert: Callable[[str], str | None]) -> dict[str, Any]:
+    """``data`` with ``convert`` applied to every path it records (members, their digests' keys)."""
+    out = {**data, **{k: convert(str(data[k])) for k in PATH_KEYS if isinstance(data.get(k), (str, Path))}}
+    for key in PATH_LISTS:
+        if isinstance(data.get(key), list):
+            out[key] = [convert(str(m)) if isinstance(m, (str, Path)) else m for m in data[key]]
+    if isinstance(data.get("member_sha256"), dict):
+        out["member_sha256"] = {convert(str(k)): v for k, v in data["member_sha256"].items()}
+    return out
+
+
+def members(ensemble_dir: Path) -> list[Path]:
+    """The selected members' checkpoints of an ``iaa-cli ensemble`` output folder.
+
+    Each is found where the work folder is now and checked against the sha256 that
+    ``ensemble.json`` recorded for it (an ensemble written before digests were recorded is read
+    without that check); a missing or changed member is refused.
+    """
+    from iaa.data.shards import file_sha256
+
+    summary = Path(ensemble_dir) / SUMMARY
+    record = read(ensemble_dir)
+    found = record["members"]
+    if not found:
+        raise IaaError(f"{summary} lists no members")
+    digests = record.get("member_sha256") or {}
+    for member in found:
+        if not isinstance(digests, dict) or (digests and member not in digests):
+            raise IaaError(f"{summary}: no sha256 recorded for member {member}; re-run `iaa-cli ensemble`")
+    for member in found:
+        if not Path(member).is_file():
+            raise IaaError(f"{summary}: member {member} is missing; re-run `iaa-cli ensemble`")
+        if digests and file_sha256(Path(member)) != digests[member]:
+            raise IaaError(f"{member}: changed since the ensemble {ensemble_dir} was made (its sha256 differs "
+                           f"from the one in {SUMMARY}); re-run `iaa-cli ensemble` with the members you mean")
+    return [Path(m) for m in found]

@@ -1,0 +1,208 @@
+"""Scoring and per-example predictions of a trained reader.
+
+Two distributions are kept apart. Training maximises the paper's unnormalised pointer-sum
+P(a|Q,D) = sum of d_{i,T} over a's positions (eq. 2), whose candidate values add up to at most 1.
+The ``probs`` written here are those pointer-sums renormalised over the candidates: a proper
+distribution with the same argmax, where a candidate absent from the document gets exactly 0.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+from iaa.data.batch import Batch
+from iaa.files import atomic_write
+from iaa.jobs.evaluation import uncertainty
+from iaa.jobs.modeling import precision_policy as precision_lib
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+from iaa.model.pointer import candidate_probs, nll_loss
+
+PREDICTION_SCHEMA = pa.schema(
+    [
+        ("example_id", pa.string()),
+        ("candidate_words", pa.list_(pa.string())),
+        ("probs", pa.list_(pa.float32())),
+        ("pred", pa.int32()),
+        ("gold", pa.int32()),
+        ("steps", pa.int32()),   # inference steps the example took (ACT readers); null otherwise
+    ]
+)
+
+
+@torch.no_grad()
+def score_batches(model: nn.Module, batches: Iterable[Batch], device: torch.device | str = "cpu") -> list[float]:
+    """``[correct, total, summed nll]`` of ``model`` over ``batches`` (eval mode)."""
+    model.eval()
+    correct = total = nll = 0.0
+    for batch in batches:
+        batch = batch.to(device)
+        log_p = model(batch).log_probs                         # (B, C)
+        correct += (log_p.argmax(dim=1) == batch.answer).sum().item()
+        total += len(batch)
+        nll += nll_loss(log_p, batch.answer).item() * len(batch)
+    return [correct, total, nll]
+
+
+@torch.no_grad()
+def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device | str = "cpu") -> Iterator[dict[str, Any]]:
+    """Per example: ``example_id``, ``probs`` (renormalised over candidates), ``pred``, ``gold``,
+    and ``steps`` (the inference steps it took, for an ACT reader; else None)."""
+    model.eval()
+    for batch in batches:
+        batch = batch.to(device)
+        out = model(batch)                                     # ReaderOutput
+        log_p, halting = out.log_probs, out.halting
+        probs = candidate_probs(log_p).cpu()                   # (B, C)
+        steps = [None] * len(batch) if halting is None else halting.steps.tolist()
+        n_cands = batch.cand_mask.sum(dim=1).cpu()
+        for b, example_id in enumerate(batch.example_ids):
+            row = probs[b, : int(n_cands[b])]
+            yield {
+                "example_id": example_id,
+                "probs": row.tolist(),
+                "pred": int(row.argmax()),
+                "gold": int(batch.answer[b]),
+                "steps": steps[b],
+            }
+
+
+def write_predictions(rows: list[dict[str, Any]], words: dict[str, list[str]], out: Path) -> Path:
+    """Write prediction rows, with each example's ``candidate_words``, as zstd Parquet."""
+    table = pa.Table.from_pylist(
+        [{**row, "candidate_words": words[row["example_id"]]} for row in rows], schema=PREDICTION_SCHEMA
+    )
+    return atomic_write(out, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+
+
+@dataclass(frozen=True)
+class Examples:
+    """A checkpoint's reader and the examples to run it on: a prepared split, or a raw file's questions."""
+
+    model: nn.Module
+    kind: str                  # the reader variant
+    table: pa.Table            # rows in iaa.data.shards.SCHEMA; ``answer`` is -1 where a question gives none
+    tokens: Sequence[str]      # the vocabulary's words, by id
+    name: str                  # the split, or the input file's stem: in default output names
+    title: str                 # "DATASET (SPLIT)", or the input file
+    inputs: dict[str, Any]     # what the output policy keeps outputs off
+    warnings: tuple[str, ...] = ()   # about the input's questions (a candidate absent from its document)
+
+
+def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split: str | None = None,
+                  input_path: Path | None = None, limit: int | None = None, need_answers: bool = False,
+                  todo: str = "", precision: str = "fp32") -> Examples:
+    """The reader of ``checkpoint_path`` with the examples of ``input_path`` (the formats ``predict
+    --input`` reads, with the vocabulary the checkpoint carries), else of ``split`` of the prepared
+    ``data_dir`` (its first ``limit`` rows); ``todo`` ends the message of a vocabulary mismatch.
+    The reader computes in ``precision`` (fp32 | bf16).
+
+    Raises:
+        InputError: ``need_answers`` and a question of ``input_path`` gives no answer.
+    """
+    from iaa.jobs.modeling import checkpoint
+    from iaa.jobs.workdir import outputs
+
+    if input_path is not None:
+        from iaa.jobs.evaluation.predictor import Predictor
+        from iaa.data.raw_text import labelled_rows, read_input
+
+        predictor = Predictor.load([Path(checkpoint_path)], precision=precision)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            table = labelled_rows(read_input(Path(input_path), predictor.vocab.placeholder), predictor.vocab,
+                                  predictor.lowercase, need_answers=need_answers)
+        model = predictor.models[0]
+        return Examples(model, model.cfg.kind, table.slice(0, limit), predictor.vocab.tokens, Path(input_path).stem,
+                        str(input_path), {"the checkpoint": checkpoint_path, "the input": input_path},
+                        tuple(str(w.message) for w in caught))
+    from iaa.data.loader import PreparedData
+
+    assert data_dir is not None and split is not None
+    model, cfg, state = checkpoint.load_model(Path(checkpoint_path), precision=precision)
+    data = PreparedData.open(Path(data_dir))
+    checkpoint.check_vocab(state, data.manifest.get("vocab_hash", ""), checkpoint_path, data_dir, todo)
+    table = data.table(split) if limit is None else data.rows(split, 0, limit)
+    return Examples(model, cfg.model.kind, table, data.vocab.tokens, split,
+                    f"{data.manifest.get('dataset', data_dir)} ({split})",
+                    {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)})
+
+
+def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Path | None = None,
+        batch_size: int = 64, limit: int | None = None, input_path: Path | None = None,
+        precision: str = "auto", progress: Callable[[int], Any] | None = None,
+        workdir: Path = Path(DEFAULT_WORKDIR)) -> dict[str, Any]:
+    """Evaluate a checkpoint on one split of a prepared dataset, or on the questions of
+    ``input_path`` (each must give its answer), and write its predictions to ``out``, by default
+    ``WORKDIR/evaluations/MODEL/predictions-SPLIT.parquet`` (never beside the checkpoint, whose
+    folder may be another's or read-only); ``limit``: the first rows only; ``precision``: what
+    the reader multiplies in (auto | fp32 | bf16); ``progress``: called with 1 after each example
+    is scored."""
+    from iaa.data.loader import iter_batches
+    from iaa.jobs.workdir import outputs
+
+    used = precision_lib.resolve(precision)
+    found = load_examples(checkpoint_path, data_dir=data_dir, split=split, input_path=input_path, limit=limit,
+                          need_answers=True, todo="evaluate it on the data it was trained on", precision=used)
+    out = Path(out) if out is not None else Workdir(workdir).evaluation(checkpoint_path) / f"predictions-{found.name}.parquet"
+    outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet", inputs=found.inputs)
+    table = found.table
+    start = time.perf_counter()
+    rows = []
+    for row in predict(found.model, iter_batches(table, batch_size, seed=0, epoch=0, shuffle=False)):
+        rows.append(row)
+        if progress is not None:
+            progress(1)
+    seconds = time.perf_counter() - start
+    words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
+    write_predictions(rows, words, out)
+    correct = sum(r["pred"] == r["gold"] for r in rows)
+    return {
+        "accuracy": correct / max(len(rows), 1),
+        "accuracy_stderr": uncertainty.fields("accuracy", correct / max(len(rows), 1), len(rows))["accuracy_stderr"],
+        "data_dir": None if data_dir is None else str(data_dir),
+        "predictions": str(out),
+        "split": split,
+        **({"input": str(input_path), "warnings": list(found.warnings)} if input_path is not None else {}),
+        "examples": len(rows),
+        "model": found.kind,
+        "checkpoint": str(checkpoint_path),
+        "examples_per_s": len(rows) / max(seconds, 1e-9),
+        "precision": used,
+        **step_counts(rows),
+    }
+
+
+def describe(result: dict[str, Any]) -> str:
+    """What ``iaa-cli evaluate`` prints: the accuracy with its standard error over the examples,
+    the predictions file, and the next commands."""
+    from iaa.jobs.evaluation import closing
+
+    q = closing.q
+    ckpt, source = q(result["checkpoint"]), (f"--data {q(result['data_dir'])}" if result.get("data_dir")
+                                            else f"--input {q(result['input'])}")
+    steps = f"; {result['mean_steps']:.2f} inference steps on average" if "mean_steps" in result else ""
+    return (f"{result['split'] or result['input']} accuracy: "
+            f"{uncertainty.accuracy_text(result['accuracy'], result['examples'])} over the examples{steps}\n"
+            f"  predictions:  {result['predictions']}\n"
+            + closing.next_block([f"iaa-cli explain --checkpoint {ckpt} {source}"
+                                  + (f" --split {result['split']}" if result.get("split") else "") + " --first 5",
+                                  f"iaa-cli ensemble --members {ckpt}"
+                                  + (f" --data {q(result['data_dir'])}" if result.get("data_dir") else "")]))
+
+
+def step_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``mean_steps`` and ``steps_histogram`` ({steps: examples}) of an ACT reader's predictions."""
+    steps = [r["steps"] for r in rows if r.get("steps") is not None]
+    if not steps:
+        return {}
+    return {"mean_steps": sum(steps) / len(steps),
+            "steps_histogram": {n: steps.count(n) for n in sorted(set(steps))}}

@@ -1,0 +1,146 @@
+"""``iaa-cli explain``: per-step attention of a trained reader on chosen examples (of a prepared
+split, or of a raw questions file), as a self-contained HTML page, an optional Figure-2-style PNG,
+and plain records (``--json``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import pyarrow as pa
+from torch import nn
+
+from iaa.data.vocab import PLACEHOLDER_ID
+from iaa.errors import IaaError
+from iaa.files import atomic_write_text
+from iaa.jobs.evaluation import unknowns
+
+ROUND = 6  # decimals kept in records and pages: enough to compare against the model
+
+
+def select_rows(table: pa.Table, example_ids: Sequence[str], first: int | None, source: str) -> list[int]:
+    """Row numbers of the requested examples, in the order asked: ids first, then the first N."""
+    ids = table.column("example_id").to_pylist()
+    where = {example_id: row for row, example_id in enumerate(ids)}
+    missing = [e for e in example_ids if e not in where]
+    if missing:
+        sample = ", ".join(ids[:3])
+        raise IaaError(f"no example {missing[0]!r} in {source} (its ids look like: {sample})")
+    rows = [where[e] for e in example_ids]
+    rows += [r for r in range(min(first or 0, len(ids))) if r not in rows]
+    if not rows:
+        raise IaaError("choose examples with --example-id ID (repeatable) or --first N")
+    return rows
+
+
+def example_records(model: nn.Module, table: pa.Table, tokens: Sequence[str], rows: Sequence[int],
+                    kind: str) -> list[dict[str, Any]]:
+    """One record per row: the words, the reader's trace of its steps (``forward(batch,
+    trace=True)``: attentions, gates, ACT's halting) and the final distribution."""
+    import torch
+
+    from iaa.data.loader import collate
+    from iaa.model.pointer import candidate_probs
+
+    records = []
+    model.eval()
+    for row in rows:
+        one = table.slice(row, 1)
+        with torch.no_grad():
+            out = model(collate(one), trace=True)                          # ReaderOutput
+            log_p, trace = out.log_probs, out.trace                        # (1, C), Trace
+        record = one.to_pylist()[0]
+        words = record["candidate_words"]
+        doc = [words[c] if c >= 0 else tokens[i] for i, c in zip(record["doc"], record["doc_cand"])]
+        probs = [round(p, ROUND) for p in candidate_probs(log_p)[0].tolist()]
+        records.append({
+            "example_id": record["example_id"],
+            "model": kind,
+            "steps": len(trace.steps),
+            "placeholder": tokens[PLACEHOLDER_ID],
+            "query_tokens": [tokens[i] for i in record["query"]],
+            "doc_tokens": doc,
+            "doc_cand": record["doc_cand"],
+            "candidates": words,
+            "gold": record["answer"] if record["answer"] >= 0 else None,     # -1: the question gave none
+            "pred": max(range(len(probs)), key=probs.__getitem__),
+            "probs": probs,
+            "stopped_at": None if trace.halting is None else int(trace.halting.steps[0]),
+            "max_steps": getattr(model.cfg, "steps", 1),
+            "trace": [_step_record(t, step) for t, step in enumerate(trace.steps, 1)],
+            **unknowns.of_row(record["doc"], record["candidates"], words),
+        })
+    return records
+
+
+def _step_record(t: int, step) -> dict[str, Any]:
+    def values(x):
+        return None if x is None else [round(v, ROUND) for v in x[0].tolist()]
+
+    def scalar(x):
+        return None if x is None else round(float(x[0]), ROUND)
+
+    def mean(gate):                                               # over the 2h gate units
+        return None if gate is None else gate.mean(1)
+
+    return {"step": t, "query_attention": values(step.query), "doc_attention": values(step.doc),
+            "r_q": scalar(mean(step.r_q)), "r_d": scalar(mean(step.r_d)),
+            "halt_prob": scalar(step.halt), "weight": scalar(step.weight)}
+
+
+WHOLE_INPUT = 20   # an --input file of at most this many questions is explained whole without --first
+
+
+def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, example_ids: Sequence[str] = (),
+        first: int | None = None, out: Path | None = None, png: Path | None = None,
+        input_path: Path | None = None, workdir: Path | None = None) -> dict[str, Any]:
+    """Explain the chosen examples of a prepared split, or of the questions of ``input_path`` (all
+    of them when none are chosen and there are at most :data:`WHOLE_INPUT`); write the HTML page
+    (``out``, by default ``WORKDIR/evaluations/MODEL/explain-SPLIT.html``) and PNG; return the records."""
+    from iaa.jobs.workdir import outputs
+    from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+    from iaa.jobs.evaluation.evaluate import load_examples
+    from iaa.jobs.evaluation.explain_html import render_page
+
+    if not example_ids and not first and input_path is None:
+        raise IaaError("choose examples with --example-id ID (repeatable) or --first N")
+    found = load_examples(checkpoint_path, data_dir=data_dir, split=split, input_path=input_path,
+                          todo="explain it on the data it was trained on")
+    if not example_ids and not first:                     # --input alone: every question of a small file
+        if found.table.num_rows > WHOLE_INPUT:
+            raise IaaError(f"{input_path} holds {found.table.num_rows} questions, more than one page shows "
+                           f"({WHOLE_INPUT}); choose with --first N or --example-id ID")
+        first = found.table.num_rows
+    if out is None:
+        out = Workdir(workdir or Path(DEFAULT_WORKDIR)).evaluation(checkpoint_path) / f"explain-{found.name}.html"
+    outputs.check_file_output(out, suffixes=(".html", ".htm"), what="an HTML page", inputs=found.inputs)
+    if png is not None:
+        outputs.check_file_output(png, suffixes=(".png",), what="a PNG image", flag="--png",
+                                  inputs={**found.inputs, "the HTML page (--out)": out})
+    rows = select_rows(found.table, example_ids, first, f"the {split} split" if input_path is None else str(input_path))
+    records = example_records(found.model, found.table, found.tokens, rows, found.kind)
+    atomic_write_text(out, render_page(records, f"{found.kind} on {found.title}"))
+    gaps = unknowns.warnings_of([r["example_id"] for r in records], records)
+    result: dict[str, Any] = {"html": str(out), "examples": records,
+                              **({"warnings": [*found.warnings, *gaps]} if input_path is not None or gaps else {})}
+    if png is not None:
+        from iaa.jobs.evaluation.explain_png import draw
+
+        result["png"] = str(draw(records[0], Path(png)))
+    return result
+
+
+def describe(result: dict[str, Any]) -> str:
+    """What ``iaa-cli explain`` prints: each example's prediction (and halting steps), then the files."""
+    lines = []
+    for r in result["examples"]:
+        cands = r["candidates"]
+        mark = ("no answer given" if r["gold"] is None else "correct" if r["pred"] == r["gold"]
+                else f"wrong (gold {cands[r['gold']]})")
+        lines.append(f"{r['example_id']}: predicted {cands[r['pred']]} p={r['probs'][r['pred']]:.3f}, {mark}; "
+                     + unknowns.describe(r))
+        if r["stopped_at"] is not None:
+            halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
+            lines.append(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
+    lines.append(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""The explain page: one self-contained HTML file (inline CSS, no script, no external resource).
+
+Each attention weight is the colour intensity of its word, scaled by the step's largest weight
+so that the peak is always fully coloured; the exact value is in the word's ``data-w`` attribute
+and its tooltip. Query attention is blue, document attention red, as in the paper's Figure 2.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any, Sequence
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 6px;border-top:1px solid #ddd;padding-top:14px}
+.meta{color:#666;font-size:12px}
+.cands{border-collapse:collapse;margin:8px 0 14px;font-size:13px}
+.cands td{padding:2px 8px;border-bottom:1px solid #eee}
+.bar{display:inline-block;height:10px;background:#555;vertical-align:middle}
+.gold td{font-weight:600}.mark{font-size:12px;color:#fff;border-radius:3px;padding:0 4px;margin-left:4px}
+.mg{background:#2a7d2a}.mp{background:#b3261e}.mp.ok{background:#2a7d2a}
+.step{display:grid;grid-template-columns:70px 1fr;gap:4px 12px;margin:10px 0;padding:8px;background:#fafafa;border:1px solid #eee;border-radius:4px}
+.t{font-weight:600}.gates{font-size:12px;color:#555}
+.q,.d{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;line-height:1.9}
+.w{padding:1px 1px;border-radius:2px}
+.q{padding-bottom:4px;margin-bottom:4px;border-bottom:1px dashed #ddd}
+.q::before,.d::before{display:inline-block;width:76px;font:11px system-ui,sans-serif;color:#888}
+.q::before{content:"query"}.d::before{content:"document"}
+.gold .bar{background:#2a7d2a}
+.q .w{background:rgba(31,119,180,var(--a))}.d .w{background:rgba(214,39,40,var(--a))}
+.c{text-decoration:underline dotted #888}.ph{outline:1px solid #1f77b4}
+.legend{font-size:12px;color:#555;margin:4px 0 0}
+"""
+
+
+def render_page(records: Sequence[dict[str, Any]], title: str) -> str:
+    """The whole page for ``records`` from ``iaa.jobs.evaluation.explain.example_records``."""
+    body = "".join(_example(r) for r in records)
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
+            f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1>"
+            "<p class=\"legend\">Each row is an inference step t. Blue: query attention q<sub>i,t</sub>; red: "
+            "document attention d<sub>i,t</sub> (colour scaled to the step's largest weight; hover a word for "
+            "its value). r<sub>q</sub>, r<sub>d</sub>: mean search-gate values. Dotted underline: a candidate.</p>"
+            f"{body}</body></html>\n")
+
+
+def _example(r: dict[str, Any]) -> str:
+    steps = "".join(_step(r, s) for s in r["trace"])
+    return (f"<section class=\"example\" data-example=\"{escape(r['example_id'])}\">"
+            f"<h2>{escape(r['example_id'])}</h2>"
+            f"<div class=\"meta\">{escape(r['model'])} · {_steps_taken(r)} · query: "
+            f"{escape(' '.join(r['query_tokens']))}</div>{_candidates(r)}{steps}</section>")
+
+
+def _steps_taken(r: dict[str, Any]) -> str:
+    if r.get("stopped_at") is None:
+        return f"T = {r['steps']}"
+    return f"halted at step {r['stopped_at']} (adaptive, ACT)"
+
+
+def _candidates(r: dict[str, Any]) -> str:
+    """The final pointer-sum distribution, best first, gold and predicted marked."""
+    order = sorted(range(len(r["probs"])), key=lambda i: -r["probs"][i])
+    rows = []
+    for i in order:
+        p = r["probs"][i]
+        marks = ""
+        if i == r["gold"]:
+            marks += "<span class=\"mark mg\">gold</span>"
+        if i == r["pred"]:
+            ok = " ok" if i == r["gold"] else ""
+            marks += f"<span class=\"mark mp{ok}\">predicted</span>"
+        cls = " class=\"gold\"" if i == r["gold"] else ""
+        rows.append(f"<tr{cls} data-cand=\"{escape(r['candidates'][i])}\" data-p=\"{p}\"><td>{escape(r['candidates'][i])}"
+                    f"{marks}</td><td>{p:.4f}</td><td><span class=\"bar\" style=\"width:{300 * p:.1f}px\"></span></td></tr>")
+    return f"<table class=\"cands\">{''.join(rows)}</table>"
+
+
+def _step(r: dict[str, Any], s: dict[str, Any]) -> str:
+    gates = "no gates (last step)" if s["r_q"] is None else f"r<sub>q</sub> {s['r_q']:.3f}<br>r<sub>d</sub> {s['r_d']:.3f}"
+    if r["model"] == "as-reader":
+        gates = "one step"
+    if s.get("halt_prob") is not None:
+        halt = "no halting unit (last step)" if s["r_q"] is None else f"halt h<sub>t</sub> {s['halt_prob']:.3f}"
+        gates += f"<br><span data-halt=\"{s['halt_prob']}\">{halt}</span><br>weight p<sub>t</sub> {s['weight']:.3f}"
+    query = (_tokens(r["query_tokens"], s["query_attention"], "q", placeholder=r["placeholder"])
+             if s["query_attention"] is not None else "<div class=\"q\">(final encoder states, no query attention)</div>")
+    doc = _tokens(r["doc_tokens"], s["doc_attention"], "d", cand=r["doc_cand"])
+    return (f"<div class=\"step\" data-step=\"{s['step']}\"><div><div class=\"t\">t = {s['step']}</div>"
+            f"<div class=\"gates\">{gates}</div></div><div>{query}{doc}</div></div>")
+
+
+def _tokens(words: Sequence[str], weights: Sequence[float], kind: str, *, placeholder: str | None = None,
+            cand: Sequence[int] | None = None) -> str:
+    peak = max(weights, default=0.0) or 1.0
+    spans = []
+    for i, (word, w) in enumerate(zip(words, weights)):
+        cls = "w"
+        if cand is not None and cand[i] >= 0:
+            cls += " c"
+        if word == placeholder:
+            cls += " ph"
+        spans.append(f"<span class=\"{cls}\" data-w=\"{w}\" title=\"{w:.4f}\" style=\"--a:{w / peak:.3f}\">"
+                     f"{escape(word)}</span>")
+    return f"<div class=\"{kind}\" data-kind=\"{kind}\">{' '.join(spans)}</div>"

@@ -1,0 +1,104 @@
+"""The predictor: readers rebuilt from checkpoints (one, or a seed ensemble's members) that answer
+cloze questions given as raw text (or CBT / CNN files); the same ``probs`` as ``iaa-cli evaluate`` writes.
+
+A checkpoint carries its vocabulary (:func:`iaa.jobs.modeling.checkpoint.vocabulary`), so it answers from
+any folder; an older one without it needs the prepared folder it was trained on.
+
+An ensemble's distribution is the mean of its members' candidate probabilities, as in
+``iaa.jobs.evaluation.averaging``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from torch import nn
+
+from iaa.data.vocab import Vocab
+from iaa.errors import IaaError
+from iaa.jobs.evaluation import unknowns
+from iaa.jobs.modeling import checkpoint
+from iaa.jobs.modeling import precision_policy as precision_lib
+from iaa.jobs.ports import ModelCode
+from iaa.data.raw_text import Question, from_record, to_rows
+from iaa.jobs.evaluation.ensemble_record import SUMMARY, members as ensemble_members  # noqa: F401 - the readers' names
+
+BATCH_SIZE = 32
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """Readers that share one vocabulary, and how their dataset tokenises."""
+
+    models: tuple[nn.Module, ...]
+    vocab: Vocab
+    lowercase: bool
+    precision: str = "fp32"    # what the readers multiply in: fp32 | bf16
+
+    @classmethod
+    def load(cls, checkpoints: Sequence[Path], data_dir: Path | None = None, precision: str = "auto") -> "Predictor":
+        """Rebuild each checkpoint, computing in ``precision`` (auto | fp32 | bf16, resolved here:
+        ``iaa.jobs.modeling.precision_policy``), with the vocabulary of ``data_dir`` or else the
+        one the first checkpoint carries; refuse a member trained on another vocabulary."""
+        from iaa.data.loader import PreparedData
+
+        used = precision_lib.resolve(precision)
+        loaded = [(Path(path), *checkpoint.load_model(Path(path), precision=used)) for path in checkpoints]
+        if data_dir is not None:
+            data = PreparedData.open(Path(data_dir))
+            vocab, lowercase = data.vocab, bool(data.manifest.get("options", {}).get("lowercase", False))
+            vocab_hash, source = data.manifest.get("vocab_hash", ""), str(data_dir)
+        else:
+            first, _, _, state = loaded[0]
+            carried = checkpoint.vocabulary(state, first)
+            if carried is None:
+                raise IaaError(f"{first} carries no vocabulary (it was written by an older version): pass the "
+                               "prepared folder it was trained on with --data or --dataset")
+            (vocab, lowercase), vocab_hash, source = carried, state.get("vocab_hash", ""), str(first)
+        for path, _, _, state in loaded:
+            checkpoint.check_vocab(state, vocab_hash, path, source, "an ensemble's members and the data must share one "
+                                   "vocabulary; pass the prepared folder it was trained on with --data")
+        return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase, used)
+
+    def predict(self, questions: Sequence[Question]) -> list[dict[str, Any]]:
+        """One ``{"id", "prediction", "probs": {candidate: p}[, "correct"], "unknown_share",
+        "unknown_candidates"[, "warning"]}`` per question, in order: ``warning`` when the document
+        is mostly ``<unk>`` (:mod:`iaa.jobs.evaluation.unknowns`)."""
+        import torch
+
+        from iaa.data.loader import collate
+        from iaa.model.pointer import candidate_probs
+
+        if not questions:
+            return []
+        table = to_rows(questions, self.vocab, self.lowercase)
+        gaps = unknowns.of_table(table)
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(questions), BATCH_SIZE):
+                batch = collate(table.slice(start, BATCH_SIZE))
+                probs = torch.stack([candidate_probs(m.eval()(batch).log_probs) for m in self.models]).mean(0)  # (B, C)
+                for b, q in enumerate(questions[start:start + BATCH_SIZE]):
+                    out.append(_answer(q, probs[b, :len(q.example.candidates)].tolist()))
+        return [unknowns.annotated(row, gap) for row, gap in zip(out, gaps)]
+
+    def predict_records(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """:meth:`predict` on question records (predict's JSON objects), named ``row N`` in errors."""
+        placeholder = self.vocab.placeholder
+        return self.predict([from_record(r, f"row {i}", placeholder) for i, r in enumerate(records, 1)])
+
+
+# What a logged model runs of this job: how it reads checkpoints and rebuilds the predictor.
+MODEL_CODE = ModelCode(read=checkpoint.load, load=Predictor.load, write=checkpoint.save)
+
+
+def _answer(q: Question, probs: list[float]) -> dict[str, Any]:
+    cands = q.example.candidates
+    best = max(range(len(cands)), key=probs.__getitem__)
+    row: dict[str, Any] = {"id": q.example.example_id, "prediction": cands[best],
+                           "probs": {c: p for c, p in zip(cands, probs)}}
+    if q.gold is not None:
+        row["correct"] = cands[best] == q.gold
+    return row

@@ -1,0 +1,37 @@
+"""The ports of the jobs: what a workflow needs from run tracking, from a cluster and from a server.
+
+Jobs are written against these protocols and never import :mod:`iaa.platform`, which holds
+the adapters: :class:`iaa.platform.tracking.tracker.MlflowTracker` (a :class:`Tracker`) and
+:class:`iaa.platform.sweeps.launch.RayLauncher` (a :class:`Launcher`). ``iaa.cli`` builds them and
+hands them to the jobs. The adapters import from :mod:`iaa.jobs` only these ports, the configs
+and the work folder's paths: the job code they run (the training loop, the predictor) reaches
+them as callables the job passes in, and the records they share with the jobs live here.
+
+One module per concern, each depending only on the records:
+
+- :mod:`~iaa.jobs.ports.records`: the records the ports carry (runs, trials, serve settings);
+- :mod:`~iaa.jobs.ports.tracking`: :class:`Tracker` and :class:`TrackedRun`;
+- :mod:`~iaa.jobs.ports.launching`: :class:`Launcher`, the worker's link and loop, the requests;
+- :mod:`~iaa.jobs.ports.serving`: the serve job's code and a replica's model.
+
+Every name is importable from this package as well.
+"""
+
+from __future__ import annotations
+
+from iaa.jobs.ports.launching import (ConnectRequest, Launcher, MembersRequest, Placement, Scorer, SearchPlan,
+                                      SweepEvents, SweepRequest, TrialRun, TrialTracking, WorkerData, WorkerFit,
+                                      WorkerLink, WorkersRequest)
+from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
+                                    Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelSource,
+                                    RequestError, RunRecord, ServeConfig, TrialRecord)
+from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
+from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
+
+__all__ = [
+    "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES",
+    "Answerer", "ConnectRequest", "Launcher", "Limits", "LoadedModel", "MembersRequest", "MetricPoint", "Metrics",
+    "MetricsCallback", "ModelCode", "ModelFetcher", "ModelSource", "Placement", "RequestError", "RunRecord", "Scorer",
+    "SearchPlan", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun", "Tracker",
+    "TrialRecord", "TrialRun", "TrialTracking", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
+]

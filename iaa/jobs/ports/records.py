@@ -1,0 +1,176 @@
+"""The records the ports carry: plain, frozen, checked when made, and what ``sweep.json`` and a
+served model's settings store as JSON (:meth:`TrialRecord.to_json`, :class:`ServeConfig`).
+
+They depend only on the configs and the work folder's paths, never on a port.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Callable, Mapping
+
+from iaa.errors import IaaError
+from iaa.jobs.config.job_config import JobConfig, from_dict, to_dict
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR
+
+Metrics = dict[str, object]
+MetricsCallback = Callable[[Metrics], None]
+FAILED_STATUSES = frozenset({"ERROR", "FAILED"})
+
+
+# --- runs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A tracked run as found by its experiment or tags: its name, start, parameters and tags."""
+
+    run_id: str
+    name: str
+    status: str
+    start_ms: int
+    params: Mapping[str, str]
+    tags: Mapping[str, str]
+    parent_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    step: int
+    value: float
+    timestamp_ms: int
+
+
+# --- trials ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial of a sweep (or one member trained for an ensemble), as ``sweep.json`` stores it."""
+
+    trial_id: str
+    config: JobConfig
+    params: Mapping[str, object] = field(default_factory=dict)   # the Tune config: sampled values
+    best_valid_acc: float | None = None
+    checkpoint: str | None = None          # the best checkpoint file, readable from the driver
+    mlflow_run_id: str | None = None
+    status: str = "TERMINATED"             # Tune's: TERMINATED, ERROR, or unfinished (RUNNING, PENDING ...)
+    checks: int = 0
+    steps: int = 0
+    stop_reason: str = ""                  # the loop's (patience, max_epochs ...), or "asha"
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILED_STATUSES
+
+    @property
+    def scored(self) -> bool:
+        """Finished without error and made at least one validation check."""
+        return self.best_valid_acc is not None and not self.failed
+
+    def to_json(self) -> dict[str, object]:
+        row = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**row, "config": to_dict(self.config), "params": dict(self.params)}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, object]) -> "TrialRecord":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in row.items() if k in known}
+        acc = values.get("best_valid_acc")
+        return cls(**{**values, "config": from_dict(row["config"]), "params": dict(row.get("params") or {}),
+                      "best_valid_acc": float(acc) if acc is not None else None})
+
+
+CHECKPOINT_FILE = "checkpoint.pt"       # the state file inside every reported checkpoint folder
+# Ray keeps the checkpoint with the highest score plus the latest. The score is valid_acc at the
+# checks that improved it and -1 elsewhere, so a later check that only ties the best never
+# displaces the best checkpoint (the loop's best is the first check reaching the maximum).
+CHECKPOINT_SCORE = "checkpoint_score"
+
+
+MEMBER_KEY = "member"      # train_many: each trial's Tune config is {"member": index into its configs}
+
+
+# --- serving --------------------------------------------------------------------------------------
+
+MODEL_PREFIXES = ("models:/", "runs:/")
+
+
+class RequestError(IaaError):
+    """A request the server refuses, with its HTTP status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def body(self) -> dict[str, object]:
+        return {"error": str(self), "status": self.status}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold (over them: 413)."""
+
+    max_document_words: int = 5000       # CNN documents run to ~2,000 words, CBT's to ~1,000
+    max_query_words: int = 500           # CNN and CBT queries run to ~100 words
+    max_candidates: int = 1000           # per question; CNN's run to ~500 entities, CBT's are 10
+    max_questions: int = 256             # per request
+    max_request_bytes: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise IaaError(f"serve limit {name} must be a whole number >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a replica loads: ``kind`` is ``model`` (an MLflow URI), ``checkpoint`` or ``ensemble``."""
+
+    kind: str
+    ref: str
+    data_dir: str | None = None          # the prepared folder (checkpoint, ensemble); None: the checkpoints' own vocabulary
+    workdir: str = DEFAULT_WORKDIR
+    tracking_uri: str | None = None      # for models:/ URIs
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("model", "checkpoint", "ensemble"):
+            raise IaaError(f"unknown model source kind {self.kind!r}")
+        if self.kind == "model" and not self.ref.startswith(MODEL_PREFIXES):
+            raise IaaError(f"--model {self.ref}: expected an MLflow model URI, models:/NAME/VERSION")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """One served model and how it is deployed."""
+
+    source: ModelSource
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None        # (min, max) replicas
+    max_batch: int = 16                              # requests per model call
+    batch_wait_ms: float = 5.0                       # how long a batch waits to fill
+    cpus_per_replica: float = 0.5                    # Ray CPUs each replica holds (fractional on small nodes)
+    threads: int = 1                                 # torch threads per replica
+    host: str = "127.0.0.1"
+    port: int = 8000
+    address: str | None = None                       # an existing Ray cluster
+    app_name: str = "iaa"
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.max_batch < 1 or self.batch_wait_ms < 0 or self.cpus_per_replica <= 0:
+            raise IaaError("serve needs replicas >= 1, max batch >= 1, batch wait >= 0 ms and CPUs per replica > 0")
+        if self.autoscale is not None and not 0 <= self.autoscale[0] <= self.autoscale[1] >= 1:
+            raise IaaError(f"--autoscale {self.autoscale[0]}:{self.autoscale[1]}: need 0 <= MIN <= MAX and MAX >= 1")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model's files on this machine, and its name and version (both strings)."""
+
+    checkpoints: tuple[Path, ...]
+    data_dir: Path | None                # None: the vocabulary the checkpoints carry
+    name: str
+    version: str

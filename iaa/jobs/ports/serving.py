@@ -1,0 +1,42 @@
+"""The serving port: the serve job's code that a serving adapter runs
+(:mod:`iaa.platform.ray_serve`), and what a replica holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+
+from iaa.jobs.ports.records import Limits, LoadedModel
+
+if TYPE_CHECKING:
+    from iaa.data.raw_text import Question
+
+
+@dataclass(frozen=True)
+class ServeCode:
+    """The serve job's code that the Serve adapter runs (module-level callables, pickled by
+    reference): ``load(source, threads=, fetch_model=)`` builds a reader replica's warmed-up
+    answerer; ``parse(body, placeholder, lowercase, limits)`` checks one request body and returns
+    ``(questions, single)`` or raises :class:`RequestError` (the ingress runs it, so a batch only
+    computes); ``request_schema`` is the JSON schema of a request body, for the OpenAPI document."""
+
+    load: Callable[..., "ServedModel"]
+    parse: Callable[[bytes, str, bool, Limits], "tuple[list[Question], bool]"]
+    request_schema: Mapping[str, object]
+
+
+class ServedModel(Protocol):
+    """What a reader replica holds: the loaded model, its names, and its answers to checked questions."""
+
+    name: str
+    version: str
+    model: str
+    load_seconds: float | None
+    placeholder: str
+    lowercase: bool
+
+    def answer(self, requests: "Sequence[Sequence[Question]]") -> list[list[dict[str, object]] | Exception]: ...
+
+
+
+ModelFetcher = Callable[[str, "str | None"], LoadedModel]    # (MLflow URI, tracking URI) -> files

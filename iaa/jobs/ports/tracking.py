@@ -1,0 +1,72 @@
+"""The tracking port: a store of runs, their parameters, metrics, artifacts and models
+(:class:`iaa.platform.tracking.tracker.MlflowTracker` implements it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ContextManager, Mapping, Protocol, Sequence
+
+from iaa.jobs.ports.records import MetricPoint, RunRecord
+
+
+class TrackedRun(Protocol):
+    """One run of the store: what it logs. Failures of the store are warnings, never fatal."""
+
+    run_id: str
+    lost: list[str]          # what the store refused for good, with why (empty while all is logged)
+
+    def status(self) -> str: ...                                          # RUNNING, FINISHED, FAILED, KILLED
+    def mark_running(self) -> None: ...                                   # RUNNING again, owned by this process
+    def log_params(self, params: Mapping[str, object]) -> None: ...       # nested dicts are flattened
+    def log_metrics(self, metrics: Mapping[str, object], step: int | None = None) -> None: ...
+    def set_tags(self, tags: Mapping[str, object]) -> None: ...
+    def log_dataset(self, prepared: Path, context: str = "train") -> None: ...
+    def log_file_input(self, path: Path, context: str) -> None: ...     # a file input (name, path, sha256)
+    def log_artifact(self, path: Path, folder: str | None = None) -> None: ...
+    def end(self, status: str = "FINISHED") -> None: ...
+
+
+@dataclass(frozen=True)
+class ModelCode:
+    """The job's code that a logged model needs: ``read`` loads a verified checkpoint's state, and
+    ``load`` rebuilds the predictor from member checkpoints and a data folder (its
+    ``predict_records`` answers predict's rows). The model pickles ``load`` by reference, so both
+    are module-level callables of :mod:`iaa`, which travels with the model."""
+
+    read: Callable[[Path], dict[str, object]]
+    load: Callable[[Sequence[Path], "Path | None"], "Answerer"]
+    write: Callable[[Path, dict[str, object]], Path]   # saves a state with its digest
+
+
+class Answerer(Protocol):
+    """A loaded reader or ensemble: ``iaa-cli predict``'s rows for its questions."""
+
+    def predict_records(self, records: Sequence[Mapping[str, object]]) -> list[dict[str, object]]: ...
+
+
+class Tracker(Protocol):
+    """A store of runs, their parameters, metrics, artifacts and models.
+
+    A failing store raises one of ``transient_errors``: the caller decides whether the work goes on.
+    """
+
+    uri: str
+    transient_errors: tuple[type[BaseException], ...]
+
+    def start_run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
+                  parent_run_id: str | None = None) -> TrackedRun: ...
+    def reopen_run(self, run_id: str) -> TrackedRun: ...               # RUNNING again, owned by this process
+    def attach(self, run_id: str) -> TrackedRun: ...                   # an existing run, as it is
+    def run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
+            resume_id: str | None = None,
+            parent_run_id: str | None = None) -> ContextManager[TrackedRun]: ...  # ends FINISHED, FAILED or KILLED
+    def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
+                  status: str | None = None) -> list[RunRecord]: ...     # newest first
+    def find_by_tag(self, key: str, values: Sequence[str]) -> str | None: ...
+    def log_model(self, run: TrackedRun, checkpoints: Sequence[Path], prepared: Path, register: str | None = None, *,
+                  code: ModelCode) -> str | None: ...      # the model URI; None (and noted on run) when the store failed
+    def experiment_records(self, experiment: str) -> list[RunRecord] | None: ...  # oldest first
+    def experiment_names(self) -> list[str]: ...
+    def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None: ...  # a UI URL
+    def metric_history(self, run_id: str, key: str) -> list[MetricPoint]: ...

@@ -1,0 +1,185 @@
+"""What a sweep says on the console while it runs: one line per trial event and a short table.
+
+The launcher's adapter calls :class:`SweepConsole` on each trial event (started, check, stopped
+by ASHA, finished, failed) and on the scheduler's idle ticks; the console writes one line per
+event and, after a trial ended and once nothing else was said for ``TABLE_EVERY_S`` seconds,
+a compact table of the trials with the searched parameters as columns. It also corrects the
+sweep's cost estimate from the first real checks: the probe before the sweep times a few
+training steps only, while a trial also validates, checkpoints and starts up.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence, TextIO
+
+from iaa.jobs.sweeps.cost import SweepCost, duration
+from iaa.jobs.config.job_config import config_label, short_name, short_value
+
+TABLE_EVERY_S = 30.0
+
+
+@dataclass
+class _Trial:
+    params: Mapping[str, Any]
+    started: float
+    checks: int = 0
+    epoch: float = 0.0
+    valid_acc: float | None = None
+    best: float | None = None
+    state: str = "running"        # running, stopped (ASHA), finished, failed
+
+
+@dataclass
+class SweepConsole:
+    """The sweep's console; ``clock`` and ``out`` are replaceable for tests.
+
+    Args:
+        cost: the estimate said before the sweep (None: no estimate, e.g. a resumed sweep).
+        searched: the searched parameter names, in table order.
+        label: what a trial is, from its Tune config (an ensemble's members: their seed).
+        what: the work, in the closing line ("sweep", "training members").
+    """
+
+    cost: SweepCost | None
+    searched: Sequence[str]
+    label: Callable[[Mapping[str, Any]], str] = config_label
+    what: str = "sweep"
+    out: TextIO = field(default_factory=lambda: sys.stderr)
+    clock: Callable[[], float] = time.monotonic
+    table_every_s: float = TABLE_EVERY_S
+    trials: dict[str, _Trial] = field(default_factory=dict)
+    corrected_s: float | None = None       # the estimate after the first checks
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+        self._said = self.started            # when the last line was written
+        self._table_at = self.started
+        self._changed = False                # a trial ended since the last table
+
+    # --- events ---------------------------------------------------------------------------------
+
+    def trial_started(self, trial_id: str, params: Mapping[str, Any]) -> None:
+        if trial_id in self.trials and self.trials[trial_id].state == "running":
+            return                                  # a restarted or resumed trial
+        self.trials[trial_id] = _Trial(dict(params), self.clock())
+        self._say(f"trial {trial_id} started: {self.label(params)}")
+
+    def trial_checked(self, trial_id: str, metrics: Mapping[str, Any]) -> None:
+        t = self.trials.setdefault(trial_id, _Trial({}, self.clock()))
+        t.checks = int(metrics.get("checks", t.checks + 1))
+        t.epoch = float(metrics.get("epoch", t.epoch))
+        t.valid_acc = _float(metrics.get("valid_acc"))
+        t.best = _float(metrics.get("best_valid_acc")) or t.valid_acc
+        first = self.corrected_s is None
+        if first:
+            self.corrected_s = self._estimate_total()
+        self._say(f"trial {trial_id} check {t.checks} (epoch {t.epoch:.2f}): valid_acc {_acc(t.valid_acc)}, "
+                  f"best {_acc(t.best)}")
+        if first and self.corrected_s is not None and self.cost is not None:
+            probe = f" (the probe said at most {duration(self.cost.wall_s)})" if self.cost.wall_s else ""
+            self._say(f"estimate from the first check: about {duration(self.corrected_s)} in all{probe}")
+
+    def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None:
+        """``reason``: ``asha`` (stopped by the scheduler), the loop's stop reason, or ``error``."""
+        t = self.trials.setdefault(trial_id, _Trial({}, self.clock()))
+        if t.state != "running":
+            return
+        self._changed = True
+        after = f"after {t.checks} check{'s' * (t.checks != 1)}, best valid_acc {_acc(t.best)}"
+        if reason == "asha":
+            t.state = "stopped"
+            self._say(f"trial {trial_id} stopped by ASHA {after}")
+        elif reason == "error":
+            t.state = "failed"
+            last = (error or "").strip().splitlines()[-1:]
+            self._say(f"trial {trial_id} failed {after}" + (f": {last[0][:200]}" if last else ""))
+        else:
+            t.state = "finished"
+            self._say(f"trial {trial_id} finished ({reason or 'done'}) {after}")
+
+    def tick(self) -> None:
+        """Called often by the scheduler: the standings, once nothing was said for ``table_every_s``
+        after a trial ended (each check has its own line; an unchanged table is not repeated)."""
+        now = self.clock()
+        if self._changed and now - self._said >= self.table_every_s and now - self._table_at >= self.table_every_s:
+            self._table_at, self._changed = now, False
+            self._say(self.table())
+
+    # --- what is printed ------------------------------------------------------------------------
+
+    def table(self) -> str:
+        """The trials, best first, with the searched values as columns, and the time left."""
+        head = ["trial", "state", "checks", "valid_acc", "best", *[short_name(k) for k in self.searched]]
+        rows = [head]
+        ranked = sorted(self.trials.items(), key=lambda kv: -(kv[1].best if kv[1].best is not None else -1.0))
+        for trial_id, t in ranked:
+            rows.append([trial_id, t.state, str(t.checks), _acc(t.valid_acc), _acc(t.best),
+                         *[short_value(t.params[k]) if k in t.params else "" for k in self.searched]])
+        widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
+        lines = ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        left = self.left_s()
+        done = sum(t.state != "running" for t in self.trials.values())
+        trials = self.cost.trials if self.cost is not None else len(self.trials)
+        lines.insert(0, f"{done}/{trials} trials done" + ("" if left is None else f", about {duration(left)} left"))
+        return "\n".join(lines)
+
+    def summary(self, wall_s: float) -> str:
+        """The sweep's time against the estimates said before and during it."""
+        parts = [f"{self.what} took {duration(wall_s)}"]
+        if self.cost is not None and self.cost.wall_s:
+            parts.append(f"estimated at most {duration(self.cost.wall_s)} before it started")
+        if self.corrected_s is not None:
+            parts.append(f"about {duration(self.corrected_s)} after the first check")
+        return "; ".join(parts)
+
+    # --- the estimate ---------------------------------------------------------------------------
+
+    def placed(self, concurrency: int) -> None:
+        """How many trials run at once, once the cluster is known (the estimate's waves)."""
+        if self.cost is not None:
+            self.cost = replace(self.cost, concurrency=concurrency)
+
+    def _epochs_per_s(self) -> float | None:
+        """A trial's speed in epochs per second, start-up and validation included (the mean over
+        trials that made a check)."""
+        now = self.clock()
+        rates = [t.epoch / (now - t.started) for t in self.trials.values()
+                 if t.checks and t.epoch > 0 and now > t.started]
+        return sum(rates) / len(rates) if rates else None
+
+    def _estimate_total(self) -> float | None:
+        """The sweep's wall time if ASHA stops no trial, at the speed of the checks so far."""
+        rate = self._epochs_per_s()
+        if rate is None or self.cost is None:
+            return None
+        waves = -(-self.cost.trials // max(self.cost.concurrency, 1))
+        return (self.trials_started_at() - self.started) + waves * self.cost.epochs / rate
+
+    def trials_started_at(self) -> float:
+        return min((t.started for t in self.trials.values()), default=self.started)
+
+    def left_s(self) -> float | None:
+        """Seconds left if ASHA stops no more trials: epochs still to train over the sweep's speed."""
+        rate = self._epochs_per_s()
+        if rate is None or self.cost is None:
+            return None
+        running = [t for t in self.trials.values() if t.state == "running"]
+        epochs = sum(max(self.cost.epochs - t.epoch, 0.0) for t in running)
+        epochs += max(self.cost.trials - len(self.trials), 0) * self.cost.epochs
+        return epochs / (rate * max(min(self.cost.concurrency, max(len(running), 1)), 1))
+
+    def _say(self, text: str) -> None:
+        now = self.clock()
+        print(f"[{duration(now - self.started)}] {text}", file=self.out, flush=True)
+        self._said = now
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _acc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"

@@ -1,0 +1,126 @@
+"""A sweep's record on disk: ``WORKDIR/sweeps/NAME/sweep.json``, one typed row per trial.
+
+``sweep.json`` is written by ``iaa-cli tune`` (through the platform) and read by the ensemble
+job, which picks its members from the rows. Its keys are a contract::
+
+    {"name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id", "storage",
+     "search_space", "num_samples", "workers_per_trial", "max_concurrent", "trials": [row, ...],
+     "wall_s"}
+
+with one :class:`TrialRecord` per row. Paths inside the work folder (``data_dir``, ``storage``,
+``tracking_uri``, ``optuna.storage`` and each trial's ``checkpoint``) are stored relative to it and
+found again under the folder the record is in now (:mod:`iaa.jobs.workdir.recorded`), so a copied
+or moved work folder reads its own files. This module needs neither Ray nor MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from iaa.errors import IaaError
+from iaa.files import atomic_write_text
+from iaa.jobs.config.job_config import to_dict
+from iaa.jobs.ports import TrialRecord
+from iaa.jobs.workdir import recorded
+from iaa.jobs.workdir.paths import Workdir
+
+FINISHED_STATUSES = frozenset({"TERMINATED", "ERROR"})
+TABLE_ROWS = 10
+PATH_KEYS = ("data_dir", "storage", "tracking_uri")   # besides optuna.storage and the trials' checkpoints
+
+
+def sweep_dir(workdir: Path, name: str) -> Path:
+    return Workdir(workdir).sweep(name)
+
+
+def sweep_file(workdir: Path, name: str) -> Path:
+    return sweep_dir(workdir, name) / "sweep.json"
+
+
+def unique_name(base: str) -> str:
+    """``base`` with a short random id, e.g. ``demo-iaa-3f9c2a``: runs never share a folder by default."""
+    return f"{base}-{secrets.token_hex(3)}"
+
+
+def read(path: Path) -> dict[str, Any]:
+    """A ``sweep.json``: its header with every path found where it is now (absolute), and ``trials``
+    as :class:`TrialRecord` objects."""
+    data = read_rows(path)
+    return {**data, "trials": [TrialRecord.from_json(t) for t in data["trials"]]}
+
+
+def read_rows(path: Path) -> dict[str, Any]:
+    """A ``sweep.json`` as its JSON, with every path found where it is now (absolute)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise IaaError(f"{path}: not valid JSON ({err}); the sweep record is damaged") from err
+    folder = Path(path).absolute().parent
+    workdir = recorded.workdir_of(folder, "sweeps")
+    return _paths(data, lambda text: recorded.located(text, workdir, folder))
+
+
+def write(path: Path, sweep: Mapping[str, Any]) -> None:
+    """Write ``sweep`` (``trials`` as records) atomically, so a reader never sees half a file; paths
+    inside the work folder are stored relative to it."""
+    workdir = recorded.workdir_of(Path(path).parent, "sweeps")
+    data = _paths({**sweep, "trials": [t.to_json() for t in sweep.get("trials", [])]},
+                  lambda text: recorded.stored(text, workdir))
+    atomic_write_text(path, json.dumps(data, indent=1, default=str))
+
+
+def _paths(data: Mapping[str, Any], convert: Callable[[str], str | None]) -> dict[str, Any]:
+    """``data`` (trials as JSON rows) with ``convert`` applied to every path it records."""
+    out = {**data, **{k: convert(data[k]) for k in PATH_KEYS if isinstance(data.get(k), str)}}
+    if isinstance(data.get("optuna"), Mapping) and isinstance(data["optuna"].get("storage"), str):
+        out["optuna"] = {**data["optuna"], "storage": convert(data["optuna"]["storage"])}
+    out["trials"] = [{**row, "checkpoint": convert(row["checkpoint"])} if isinstance(row.get("checkpoint"), str)
+                     else row for row in data.get("trials", [])]
+    return out
+
+
+def find(workdir: Path, name: str) -> Path:
+    """The ``sweep.json`` of sweep ``name``; a default-named prefix (``demo-iaa``) means its latest run.
+
+    Sweeps are named ``DATASET-MODEL-<id>`` by default, so ``--sweep demo-iaa`` finds the most
+    recently written ``demo-iaa-<id>``. Raises :class:`IaaError` when there is none.
+    """
+    exact = sweep_file(workdir, name)
+    if exact.is_file():
+        return exact
+    runs = [p for p in Workdir(workdir).sweeps.glob(f"{name}-*/sweep.json") if _is_id(p.parent.name, name)]
+    if runs:
+        return max(runs, key=lambda p: p.stat().st_mtime)
+    raise IaaError(f"no sweep {name!r}: {exact} does not exist (run `iaa-cli tune --name {name}` first)")
+
+
+def _is_id(folder: str, prefix: str) -> bool:
+    tail = folder[len(prefix) + 1:]
+    return len(tail) == 6 and all(c in "0123456789abcdef" for c in tail)
+
+
+def table(records: Sequence[TrialRecord], param_names: Sequence[str]) -> str:
+    """The best trials first: rank, trial, status, checks, best valid accuracy and searched values."""
+    ranked = sorted(records, key=lambda r: -(r.best_valid_acc if r.best_valid_acc is not None else -1))
+    head = ["rank", "trial", "status", "checks", "valid_acc", *[n.split(".")[-1] for n in param_names]]
+    rows = [head]
+    for i, r in enumerate(ranked[:TABLE_ROWS], 1):
+        acc = f"{r.best_valid_acc:.4f}" if r.best_valid_acc is not None else "-"
+        status = "stopped" if r.stop_reason == "asha" else r.status.lower()
+        values = [_dotted(to_dict(r.config), n) for n in param_names]
+        rows.append([str(i), r.trial_id, status, str(r.checks), acc,
+                     *[f"{v:g}" if isinstance(v, float) else str(v) for v in values]])
+    widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
+
+
+def _dotted(data: Mapping[str, Any], name: str) -> Any:
+    node: Any = data
+    for part in name.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return ""
+        node = node[part]
+    return node

@@ -1,0 +1,1 @@
+"""Use case: train one reader (``iaa-cli train``) and time its steps (``iaa-cli bench``)."""

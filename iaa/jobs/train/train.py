@@ -1,0 +1,263 @@
+"""``iaa-cli train``: one reader trained in this process or on Ray Train workers, tracked as one
+run with its model logged at the end.
+
+The request is settled first (the data, the config from the preset, a config file and ``--set``,
+the run folder, never over an input), then the loop of :mod:`iaa.jobs.training.loop` runs in a
+:class:`~iaa.jobs.training.session.LocalSession` (``run``) or on the launcher's workers
+(``fit_on_worker``), and the result is logged with the most-frequent-candidate baseline beside it.
+A resumed run continues the tracked run its folder had.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+
+from iaa.errors import IaaError
+from iaa.jobs import interrupt
+from iaa.jobs.modeling import precision_policy as precision
+from iaa.jobs.config.job_config import JobConfig, to_dict
+from iaa.jobs.ports import Launcher, TrackedRun, Tracker, WorkersRequest
+from iaa.jobs.evaluation.predictor import MODEL_CODE
+from iaa.jobs.training.session import MetricsCallback
+from iaa.jobs.training.step import retain_freed_memory
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
+from iaa.jobs.training.loop import fit, fit_on_worker
+
+
+def run(
+    cfg: JobConfig,
+    data_dir: Path,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    on_metrics: MetricsCallback | None = None,
+    show_progress: bool = True,
+    device: str = "cpu",
+    train_rows: Any = None,
+) -> dict[str, Any]:
+    """Train in this process; returns the metrics with the best checkpoint's path.
+
+    ``train_rows`` (a pyarrow Table in the shards' schema, e.g. with a teacher column) replaces
+    the prepared training split. An entry point: it opts this process into
+    ``retain_freed_memory`` (faster CPU steps).
+    """
+    from iaa.jobs.training.session import LocalSession
+
+    retain_freed_memory()
+    session = LocalSession(data_dir, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
+                           resume=resume, on_metrics=on_metrics, device=device, train_rows=train_rows)
+    result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.get("vocab_hash", ""))
+    return {**result, "checkpoint": str(session.best_checkpoint), "run_dir": str(run_dir)}
+
+
+def run_tracked(
+    cfg: JobConfig,
+    prepared: Path,
+    run_dir: Path,
+    tracker: Tracker,
+    *,
+    launcher: Launcher | None = None,
+    resume: bool = False,
+    workers: int = 0,
+    gpus_per_worker: float = 0.0,
+    storage: str = "",
+    show_progress: bool = True,
+    register: str | None = None,
+    train_rows: Any = None,
+    teacher: Path | None = None,
+    tags: dict[str, str] | None = None,
+    experiment: str | None = None,
+) -> dict[str, Any]:
+    """``iaa-cli train``: one run, in this process (``workers == 0``) or on the launcher's workers,
+    tracked in ``tracker``, with its model logged at the end.
+
+    A run resumed with ``resume`` continues the tracked run that its run folder had (found by the
+    ``run_dir`` tag), so one folder has one run whose metrics go on where they stopped.
+    ``train_rows`` (a pyarrow Table) replaces the prepared training split, in process only: the
+    distillation job passes the rows with their teacher distributions, and ``teacher`` (the
+    teacher's Parquet file) is then logged as an input of the run. ``experiment`` is the MLflow
+    experiment of the run (default ``train-DATASET``; distillation's is ``distill-ENSEMBLE``).
+    """
+    if workers > 0 and launcher is None:
+        raise IaaError("training on workers needs a launcher")
+    if train_rows is not None and workers > 0:
+        raise ValueError("training on given rows (distillation) runs in process, not on Ray Train workers")
+    folder = RunFolder(Path(run_dir))
+    experiment = experiment or f"train-{cfg.dataset}"
+    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers),
+            **(tags or {})}
+    resume_id = previous_run(tracker, experiment, folder.path) if resume else None
+    # auto -> fp32 or bf16 here, once: the tracked params record it, and every worker uses it
+    cfg = precision.resolved(cfg, "cuda" if gpus_per_worker > 0 else "cpu")
+    with tracker.run(experiment, folder.path.name, tags=tags, resume_id=resume_id) as tracked:
+        interrupt.on_stop(lambda signal_name: _killed(tracked, signal_name))
+        if resume_id is None:
+            _log_inputs(tracked, cfg, prepared, teacher)
+        log = lambda metrics: tracked.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
+        result = _fit(cfg, prepared, folder, launcher, log, resume=resume, workers=workers,
+                      gpus_per_worker=gpus_per_worker, storage=storage, show_progress=show_progress,
+                      train_rows=train_rows)
+        _log_result(tracker, tracked, result, prepared, register)
+    return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": tracker.uri,
+            "mlflow_run_id": tracked.run_id}
+
+
+def _log_inputs(tracked: TrackedRun, cfg: JobConfig, prepared: Path, teacher: Path | None) -> None:
+    """A new run's inputs: the whole config as params, the prepared data and the teacher's file."""
+    tracked.log_params(to_dict(cfg))
+    tracked.log_dataset(prepared)
+    if teacher is not None:
+        tracked.log_file_input(Path(teacher), context="teacher")
+
+
+def _log_result(tracker: Tracker, tracked: TrackedRun, result: dict[str, Any], prepared: Path,
+                register: str | None) -> None:
+    """The finished run's checkpoint tag, its logged model (``result["model_uri"]``, registered as
+    ``register``) and its final best validation accuracy."""
+    tracked.set_tags({"checkpoint": result.get("checkpoint", "")})
+    if result.get("checkpoint"):
+        result["model_uri"] = tracker.log_model(tracked, [Path(result["checkpoint"])], prepared, register,
+                                                code=MODEL_CODE)
+    tracked.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
+
+
+def _fit(cfg: JobConfig, prepared: Path, folder: RunFolder, launcher: Launcher | None, log: MetricsCallback, *,
+         resume: bool, workers: int, gpus_per_worker: float, storage: str, show_progress: bool,
+         train_rows: Any) -> dict[str, Any]:
+    """Train in this process (``workers <= 0``) or on the launcher's Ray Train workers; returns the
+    metrics with the best checkpoint's path."""
+    if workers <= 0:
+        device = "cuda" if gpus_per_worker > 0 else "cpu"  # in process: --gpus-per-worker > 0 means this GPU
+        return run(cfg, prepared, folder.path, resume=resume, on_metrics=log, show_progress=show_progress,
+                   device=device, train_rows=train_rows)
+    assert launcher is not None
+    return launcher.train_workers(WorkersRequest(
+        cfg=cfg, prepared=prepared, folder=folder, fit=fit_on_worker, workers=workers, storage=storage,
+        gpus_per_worker=gpus_per_worker, resume=resume, on_metrics=log, show_progress=show_progress))
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What ``iaa-cli train`` asks for: the data (``dataset`` or a prepared ``data`` folder), the
+    config (model kind, YAML file, ``--set`` overrides), the run folder and where it trains."""
+
+    dataset: str | None
+    data: Path | None
+    model_kind: str | None = None
+    config_file: Path | None = None
+    sets: tuple[str, ...] = ()
+    run_dir: Path | None = None              # default: WORKDIR/runs/DATASET-MODEL-seedN
+    resume: bool = False
+    overwrite: bool = False
+    register: str | None = None
+    workers: int = 0                         # Ray Train workers; 0 trains in this process
+    gpus_per_worker: float = 0.0
+    tracking_uri: str | None = None
+    storage_path: str | None = None
+    workdir: Path = Path(DEFAULT_WORKDIR)
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        from iaa.jobs.workdir import names
+
+        names.registered_name(self.register)
+
+
+def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher | None) -> dict[str, Any]:
+    """``iaa-cli train``: resolve the data, config and run folder (never over an input), claim the
+    folder and train tracked in the store ``open_tracker(uri)``."""
+    from iaa.jobs.workdir import outputs, rundir
+    from iaa.jobs.datasets import resolve
+
+    work = Workdir(req.workdir)
+    work.writable()
+    uri = work.tracking_uri(req.tracking_uri)
+    dataset, data, handoff = data_of(req)
+    name, prepared = resolve.data_dir(dataset, data, req.workdir)
+    cfg = resolve.job_config(name, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
+    if "sweep" in handoff:                      # on stderr, with --json too: what this run is
+        print(best_config_notice(handoff["sweep"], cfg), file=sys.stderr)
+    run_dir = resolve.run_dir(name, cfg, req.run_dir, req.workdir)
+    outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
+                          flag="--run-dir", folder=True)
+    tracker = open_tracker(uri)
+    with interrupt.stoppable(resume_command(req, run_dir), kept=lambda: f"kept {run_dir} and its last checkpoint"), \
+            rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
+        result = run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume,
+                             workers=req.workers, gpus_per_worker=req.gpus_per_worker,
+                             storage=work.storage(req.storage_path), show_progress=req.show_progress,
+                             register=req.register)
+    return with_baseline(result, prepared)
+
+
+def _killed(run: Any, signal_name: str) -> None:
+    """A stopped run: tagged with the signal, and KILLED (again, where its context ended it)."""
+    run.set_tags({"interrupted": signal_name})
+    run.end("KILLED")
+
+
+def resume_command(req: TrainRequest, run_dir: Path) -> str:
+    """The exact ``iaa-cli train ... --resume`` that continues the run in ``run_dir``."""
+    from iaa.jobs.evaluation.closing import q, where_flags
+
+    parts = ["iaa-cli train"]
+    parts += [f"--dataset {q(req.dataset)}"] if req.dataset else []
+    parts += [f"--data {q(req.data)}"] if req.data else []
+    parts += [f"--model {q(req.model_kind)}"] if req.model_kind else []
+    parts += [f"--config {q(req.config_file)}"] if req.config_file else []
+    parts += [f"--set {q(item)}" for item in req.sets]
+    parts += [f"--run-dir {q(run_dir)}"]
+    parts += [f"--workers {req.workers}"] if req.workers else []
+    parts += [f"--gpus-per-worker {req.gpus_per_worker:g}"] if req.gpus_per_worker else []
+    parts += [f"--storage-path {q(req.storage_path)}"] if req.storage_path else []
+    parts += [f"--register {q(req.register)}"] if req.register else []
+    return " ".join(parts) + where_flags(req.workdir, req.tracking_uri) + " --resume"
+
+
+def with_baseline(result: dict[str, Any], prepared: Path) -> dict[str, Any]:
+    """``result`` with the baseline, the valid split's size and the accuracy's standard error
+    beside its best accuracy (:func:`iaa.jobs.training.summary.with_baseline`)."""
+    from iaa.jobs.training import summary
+
+    return summary.with_baseline(result, prepared)
+
+
+def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]:
+    """``--dataset``/``--data``; with neither, what the ``--config`` file names (a sweep's
+    best_config.yaml names its ``data`` folder, or only its ``dataset``), and the file's handoff keys."""
+    from iaa.jobs.config.job_config import read_handoff, read_yaml
+
+    handoff = read_handoff(req.config_file) if req.config_file is not None else {}
+    if req.dataset is not None or req.data is not None:
+        return req.dataset, req.data, handoff
+    if req.config_file is None:
+        raise IaaError("give --dataset NAME, --data PREPARED_DIR or a --config file that names its data")
+    tree = read_yaml(req.config_file)
+    dataset = tree.get("dataset") if isinstance(tree, dict) else None
+    if "data" not in handoff and not dataset:
+        raise IaaError(f"{req.config_file}: names no data (no 'data' or 'dataset' key); give --dataset NAME "
+                       "or --data PREPARED_DIR")
+    return dataset or None, Path(handoff["data"]) if "data" in handoff else None, handoff
+
+
+def best_config_notice(sweep: Mapping[str, Any], cfg: JobConfig) -> str:
+    """What ``train --config best_config.yaml`` is about to do, against what the sweep's trial did."""
+    acc = sweep.get("best_valid_acc")
+    trial = (f" (trial {sweep.get('trial', '?')}: valid accuracy {acc:.4f} in at most "
+             f"{sweep.get('trial_max_epochs', '?')} epochs)" if isinstance(acc, (int, float)) else "")
+    return (f"training the best configuration of sweep {sweep.get('name', '?')}{trial} to its early stop: "
+            f"up to {cfg.train.max_epochs:g} epochs (train.max_epochs, which ends it first if it is still "
+            f"improving), ending after {cfg.train.patience} checks without improvement")
+
+
+def previous_run(tracker: Tracker, experiment: str, run_dir: Path) -> str | None:
+    """The newest tracked run of ``run_dir`` (tagged with it as given or as an absolute path)."""
+    for spelling in dict.fromkeys([str(run_dir), str(run_dir.resolve())]):
+        runs = tracker.find_runs(experiment, {"run_dir": spelling})
+        if runs:
+            return runs[0].run_id
+    return None

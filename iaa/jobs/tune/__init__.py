@@ -1,0 +1,1 @@
+"""Use case: a hyperparameter sweep (``iaa-cli tune``)."""

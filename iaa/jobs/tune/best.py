@@ -1,0 +1,167 @@
+"""After the sweep: the best trial's config, every trial's logged model, the best one's explain
+page, the parent run's metrics and the summary on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from iaa.errors import IaaError
+from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.config.job_config import config_label, dump_yaml
+from iaa.jobs.evaluation import frequency, uncertainty
+from iaa.jobs.config import exploration, search_space
+from iaa.jobs.ports import (TrackedRun, Tracker,
+                            TrialRecord)
+from iaa.jobs.sweeps.record import FINISHED_STATUSES
+
+from iaa.jobs.tune.next_steps import next_commands
+from iaa.jobs.tune.parent_run import run_columns
+from iaa.jobs.tune.settle import SweepInterrupted, TuneRequest
+
+def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, parent: TrackedRun,
+            space: search_space.SearchSpace, prepared: Path, tracker: Tracker,
+            register: str | None = None, req: TuneRequest | None = None,
+            train_epochs: float | None = None) -> dict[str, Any]:
+    """The best trial: its config as YAML, the table, the parent run's metrics and artifacts, and
+    on the best trial's run its MLflow model and explain page."""
+    name = sweep["name"]
+    scored = _scored_trials(records, name, parent)
+    best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
+    best_config = sweep_dir / "best_config.yaml"
+    write_best_config(best, best_config, name, train_epochs, req.data if req is not None else None)
+    print(sweep_file.table(records, list(space.params)), file=sys.stderr)
+    for note in exploration.notes([r.params for r in scored], list(space.params)):
+        print(f"warning: {note}", file=sys.stderr)
+    label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
+    outputs, unlogged = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
+    if parent.lost:
+        unlogged.insert(0, f"the sweep's run {parent.run_id} (marked FAILED) lacks {', '.join(parent.lost)}")
+    ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
+    baseline_split = frequency.run(prepared, "valid")
+    base, n_valid = baseline_split["accuracy"], baseline_split["examples"]
+    warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.trial_id}")
+    ties = uncertainty.tied_best({r.trial_id: r.best_valid_acc for r in scored})
+    warnings += [uncertainty.tie_note(ties, best.trial_id, best.best_valid_acc, n_valid)] if len(ties) > 1 else []
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"best trial {best.trial_id} ({label}): valid accuracy {frequency.beside(best.best_valid_acc, base, n_valid)}\n"
+          f"  config:       {best_config}\n"
+          + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
+          + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
+          + next_commands(name, best, outputs, req, best_config), file=sys.stderr)
+    if unlogged:
+        raise IaaError(f"{sweep['tracking_uri']}: the sweep finished and its files are written, but the store did "
+                       f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
+                       "restart it) and log the models again")
+    return {"sweep": name, "tracking_uri": sweep["tracking_uri"], "experiment": sweep["experiment"],
+            "best_config": str(best_config), "best_valid_acc": best.best_valid_acc, "baseline_valid_acc": base,
+            "best_trial": best.trial_id, "best_checkpoint": best.checkpoint, "trials": len(records),
+            "sweep_json": str(sweep_dir / "sweep.json"), "parent_run_id": parent.run_id, **outputs, "mlflow_ui": ui,
+            **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties}
+
+
+def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun) -> list[TrialRecord]:
+    """The trials that finished a validation check; with an unfinished trial (the sweep was
+    interrupted) or none scored, the parent run is ended KILLED or FAILED and this raises."""
+    unfinished = [r for r in records if r.status not in FINISHED_STATUSES]
+    if unfinished:
+        parent.end("KILLED")
+        raise SweepInterrupted(f"sweep {name} interrupted with {len(unfinished)} unfinished trial(s); run "
+                               f"`iaa-cli tune ... --resume {name}` to continue it")
+    scored = [r for r in records if r.scored]
+    if not scored:
+        parent.end("FAILED")
+        errors = "; ".join(f"{r.trial_id}: {r.error}" for r in records if r.error)[:2000]
+        raise RuntimeError(f"sweep {name}: no trial finished a validation check. {errors}")
+    return scored
+
+
+def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, records: list[TrialRecord],
+                      sweep: dict[str, Any], space: search_space.SearchSpace, best_config: Path,
+                      sweep_dir: Path) -> tuple[str, str | None]:
+    """The sweep's metrics, the best trial's params, tags and note, its config and ``sweep.json`` on
+    the parent run, which is then ended; the best trial's run is tagged ``best_in_sweep``.
+
+    Returns the best config's label and the store's view of the runs with the search's columns."""
+    parent.log_metrics({"best_valid_acc": best.best_valid_acc, "trials": len(records),
+                        "trials_stopped_early": sum(r.stop_reason == "asha" for r in records),
+                        "trials_failed": sum(r.status == "ERROR" for r in records)}, step=0)
+    label = config_label(best.params)
+    parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
+    view = tracker.show_columns(sweep["experiment"], run_columns(space))
+    link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
+    parent.set_tags({"best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
+                     "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,
+                     "mlflow.note.content": f"Best trial: [{label}]{link}, best valid_acc {best.best_valid_acc:.4f} "
+                                            f"(trial {best.trial_id}, run {best.mlflow_run_id}); its config is "
+                                            "the `best.*` params and the artifact `best_config.yaml`."})
+    if best.mlflow_run_id:
+        tracker.attach(best.mlflow_run_id).set_tags({"best_in_sweep": "true", "mlflow.note.content":
+                                                     f"The best trial of sweep {sweep['name']}."})
+    parent.log_artifact(best_config)
+    parent.log_artifact(sweep_dir / "sweep.json")
+    parent.end("FAILED" if parent.lost else "FINISHED")
+    return label, view
+
+
+def write_best_config(best: TrialRecord, path: Path, sweep: str, train_epochs: float | None,
+                      data: Path | None) -> None:
+    """The best trial's config, for ``iaa-cli train --config PATH`` with no other flag.
+
+    Its ``train.max_epochs`` is a training length (``train_epochs``, unless the sweep searched
+    it): early stopping ends the run sooner. The sweep's per-trial budget is kept apart as
+    ``sweep.trial_max_epochs``, and ``data`` names the prepared folder the sweep read (absent: the
+    config's ``dataset`` under the work folder).
+    """
+    trial_epochs = best.config.train.max_epochs
+    cfg = best.config
+    if train_epochs is not None and "train.max_epochs" not in best.params:
+        cfg = replace(cfg, train=replace(cfg.train, max_epochs=float(train_epochs)))
+    handoff: dict[str, Any] = {"data": str(Path(data).resolve())} if data is not None else {}
+    handoff["sweep"] = {"name": sweep, "trial": best.trial_id, "best_valid_acc": best.best_valid_acc,
+                        "trial_max_epochs": trial_epochs}
+    dump_yaml(cfg, path, handoff, header=(
+        f"The best configuration of sweep {sweep} (trial {best.trial_id}).\n"
+        f"`iaa-cli train --config {path.name}` trains it for up to train.max_epochs, stopping early after\n"
+        f"train.patience checks without improvement; each trial of the sweep had sweep.trial_max_epochs."))
+
+
+EXPLAIN_EXAMPLES = 5  # validation examples on the best trial's explain page
+
+
+def _best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared: Path, register: str | None,
+                  records: Sequence[TrialRecord] = ()) -> tuple[dict[str, Any], list[str]]:
+    """Every trial's tracked model, and the best trial's explain page (first validation examples),
+    both stored on their runs; ``register`` registers the best model.
+
+    Returns the outputs and what the store refused for good, run by run: those runs are marked
+    FAILED, and the sweep's result stands (every output is written before the command fails)."""
+    from iaa.jobs.evaluation import explain
+    from iaa.jobs.evaluation.predictor import MODEL_CODE
+
+    if not best.checkpoint or not Path(best.checkpoint).is_file():
+        return {}, []
+    runs = []
+    for trial in records:             # every trained reader is a logged model; the best one comes last
+        if trial is not best and trial.mlflow_run_id and trial.checkpoint and Path(trial.checkpoint).is_file():
+            runs.append(tracker.attach(trial.mlflow_run_id))
+            tracker.log_model(runs[-1], [Path(trial.checkpoint)], prepared, code=MODEL_CODE)
+    page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
+                       out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png")
+    out: dict[str, Any] = {"explain_page": page["html"], "explain_png": page["png"]}
+    if best.mlflow_run_id:
+        run = tracker.attach(best.mlflow_run_id)
+        runs.append(run)
+        for artifact in (page["html"], page["png"]):
+            run.log_artifact(Path(artifact), "explain")
+        out["model_uri"] = tracker.log_model(run, [Path(best.checkpoint)], prepared, register, code=MODEL_CODE)
+    unlogged = []
+    for run in runs:
+        if run.lost:
+            run.end("FAILED")
+            unlogged.append(f"run {run.run_id} (marked FAILED) lacks {', '.join(run.lost)}")
+    return out, unlogged

@@ -1,0 +1,84 @@
+"""The sweep's parent run: its params, its start with ``sweep.json``, and the child runs a killed
+sweep left open.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.config.job_config import JobConfig, to_dict
+from iaa.jobs.config import search_space
+from iaa.jobs.ports import (Placement, SearchPlan, TrackedRun, Tracker)
+from iaa.jobs.config.presets import SEARCH_METRIC, STOP_METRIC
+
+from iaa.jobs.tune.settle import TuneRequest
+
+def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Placement) -> dict[str, Any]:
+    """The parent run's params: what every trial shares (the config less the searched keys), the
+    search space (``search.KEY``) and the sweep's settings (``tune.*``)."""
+    shared = to_dict(base)
+    for key in plan.space.params:
+        head, _, leaf = key.rpartition(".")
+        node = shared
+        for part in head.split(".") if head else []:
+            node = node.get(part, {})
+        node.pop(leaf, None)
+    return {**shared, **{f"search.{k}": p.describe() for k, p in plan.space.params.items()},
+            "tune.num_samples": plan.num_samples, "tune.seed": req.seed, "tune.workers_per_trial": req.workers_per_trial,
+            "tune.grace_period": plan.preset.grace_period, "tune.reduction_factor": plan.preset.reduction_factor,
+            "tune.max_checks": plan.max_t, "tune.max_concurrent": launch.max_concurrent,
+            "tune.study": plan.study_name, "tune.study_storage": plan.study_storage}
+
+
+def run_columns(space: search_space.SearchSpace) -> list[str]:
+    """The runs table's columns: the accuracies, the searched params (what each trial tried;
+    the parent's best config is its ``best.*`` params and its note) and the seed (an ensemble's
+    members, nested under the sweep too, differ by it)."""
+    seed = [] if "train.seed" in space.params else ["params.train.seed"]
+    return ["metrics.best_valid_acc", "metrics.valid_acc", *[f"params.{k}" for k in space.params], *seed]
+
+
+def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Tracker) -> tuple[dict[str, Any], TrackedRun]:
+    """A fresh sweep: its parent run and its sweep.json."""
+    experiment, base, space, preset, num_samples = f"tune-{req.dataset}", plan.base, plan.space, plan.preset, plan.num_samples
+    uri = tracker.uri
+    parent = tracker.start_run(experiment, launch.name,
+                               tags={"dataset": req.dataset, "sweep": launch.name, "model": base.model.kind})
+    try:
+        parent.log_dataset(launch.prepared)
+        parent.log_params(sweep_params(base, plan, req, launch))
+        tracker.show_columns(experiment, run_columns(space))   # the runs view, while the sweep runs
+        sweep = {"name": launch.name, "dataset": req.dataset, "data_dir": str(launch.prepared.resolve()),
+                 "tracking_uri": uri, "experiment": experiment, "parent_run_id": parent.run_id,
+                 "storage": launch.experiment_path, "search_space": json.loads(space.to_json()), "num_samples": num_samples,
+                 "asha": {"grace_period": preset.grace_period, "reduction_factor": preset.reduction_factor},
+                 "workers_per_trial": req.workers_per_trial, "max_concurrent": launch.max_concurrent,
+                 "optuna": {"storage": plan.study_storage, "study": plan.study_name}, "base": to_dict(base),
+                 "trials": []}
+        sweep_file.write(sweep_file.sweep_file(req.workdir, launch.name), sweep)
+    except BaseException:
+        parent.end("FAILED")
+        raise
+    if req.show_progress:
+        print(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; TPE learns from "
+              f"{SEARCH_METRIC}, ASHA stops on {STOP_METRIC} at every check (at most {plan.max_t}; grace "
+              f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
+              f"MLflow {uri}, experiment {experiment}", file=sys.stderr)
+    return sweep, parent
+
+
+def _close_lost_runs(tracker: Tracker, parent: TrackedRun, experiment: str, kept: set[str]) -> None:
+    """End as KILLED the child runs of trials that a killed sweep started but never recorded.
+
+    Tune saves its state every few seconds; a trial started after the last save is forgotten on
+    ``--resume`` (and the searcher samples a new one), but its MLflow child run already exists.
+    """
+    for run in tracker.find_runs(experiment, status="RUNNING"):
+        if run.parent_run_id == parent.run_id and run.run_id not in kept:
+            lost = tracker.attach(run.run_id)
+            lost.set_tags({"lost": "started before the sweep was killed, after its last saved state; "
+                                   "resumed without it"})
+            lost.end("KILLED")

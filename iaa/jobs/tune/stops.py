@@ -1,0 +1,131 @@
+"""A sweep stopped and continued: what a stop marks, what it keeps, and a resume from the record.
+
+- **stopped** (SIGINT, SIGTERM: :mod:`iaa.jobs.interrupt`): every run of the sweep still RUNNING
+  (the parent and the trials' child runs) ends KILLED, tagged ``interrupted``; every unfinished
+  trial of the Optuna study ends FAIL with the user attribute ``interrupted``;
+- **left RUNNING by a process that was killed** (``kill -9``): ``--resume`` marks them the same
+  way before it continues, tagged ``killed``;
+- **resumed** with ``--resume NAME`` alone: the sweep's record (``sweep.json``) gives its data,
+  base config, search space and budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from iaa.errors import IaaError
+from iaa.jobs.config import search_space
+from iaa.jobs.config.job_config import JobConfig, from_dict
+from iaa.jobs.ports import Launcher, SearchPlan, Tracker
+from iaa.jobs.sweeps import record as sweep_file
+
+# ``req`` below is a :class:`iaa.jobs.tune.tune.TuneRequest` (typed Any: that module imports this one)
+TuneRequest = Any
+
+KILLED_BEFORE = "left RUNNING by a process that ended without closing it; marked when the sweep was resumed"
+
+
+def resume_command(req: TuneRequest, name: str) -> str:
+    """The exact command that continues sweep ``name`` (the work folder named when not the default)."""
+    from iaa.jobs.evaluation.closing import q, where_flags
+
+    return f"iaa-cli tune --resume {q(name)}{where_flags(req.workdir, req.tracking_uri)}"
+
+
+def end_running(tracker: Tracker, launcher: Launcher, experiment: str, sweep: str, plan: SearchPlan | None,
+                tag: Mapping[str, str]) -> int:
+    """End KILLED every RUNNING run of ``sweep`` (tagged ``tag``) and FAIL the study's unfinished
+    trials (user attributes ``tag``); returns the runs ended."""
+    ended = 0
+    for found in tracker.find_runs(experiment, {"sweep": sweep}, status="RUNNING"):
+        run = tracker.attach(found.run_id)
+        run.set_tags(tag)
+        run.end("KILLED")
+        ended += 1
+    if plan is not None:
+        launcher.fail_unfinished_trials(plan, tag)
+    return ended
+
+
+def on_stop(tracker: Tracker, launcher: Launcher, experiment: str, sweep: str,
+            plan: SearchPlan) -> Callable[[str], None]:
+    """The mark a stopped sweep makes, given the signal's name."""
+    return lambda signal_name: end_running(tracker, launcher, experiment, sweep, plan,
+                                           {"interrupted": signal_name})
+
+
+def close_leftovers(tracker: Tracker, launcher: Launcher, record: Mapping[str, Any], plan: SearchPlan) -> int:
+    """Before a resume: the runs and trials a killed process left RUNNING end KILLED and FAIL."""
+    return end_running(tracker, launcher, record["experiment"], record["name"], plan, {"killed": KILLED_BEFORE})
+
+
+def standing(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None) -> tuple[int, int]:
+    """(finished, unfinished) trials of ``sweep`` by their child runs' status."""
+    runs = [r for r in tracker.find_runs(experiment, {"sweep": sweep})
+            if r.parent_run_id == parent_run_id and r.tags.get("trial_id")]
+    latest: dict[str, str] = {}
+    for run in reversed(runs):                              # oldest first: a trial's newest run wins
+        latest[run.tags["trial_id"]] = run.status
+    finished = sum(s in ("FINISHED", "FAILED") for s in latest.values())
+    return finished, len(latest) - finished
+
+
+def kept(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None, folder: Path) -> str:
+    """What a stopped sweep keeps, in words."""
+    finished, unfinished = standing(tracker, experiment, sweep, parent_run_id)
+    return (f"sweep {sweep} kept {finished} finished trial(s) and the last checkpoints of {unfinished} unfinished "
+            f"one(s) ({folder}; runs KILLED, unfinished Optuna trials FAIL)")
+
+
+def resumed_line(tracker: Tracker, record: Mapping[str, Any], num_samples: int) -> str:
+    """What a resumed sweep keeps and what is left."""
+    finished, unfinished = standing(tracker, record["experiment"], record["name"], record.get("parent_run_id"))
+    left = max(num_samples - finished, 0)
+    return (f"resuming sweep {record['name']}: {finished} of {num_samples} trials finished and kept; {left} left, "
+            f"of which {unfinished} continue from their last checkpoint")
+
+
+def from_record(req: TuneRequest) -> TuneRequest:
+    """``req`` (``--resume NAME`` without ``--dataset`` or ``--data``) with the data and budget its
+    ``sweep.json`` records; flags given on the command line win."""
+    if not req.name:
+        raise IaaError("give --resume NAME (or --dataset / --data to resume the latest sweep of a dataset)")
+    path = sweep_file.sweep_file(Path(req.workdir), req.name)
+    if not path.is_file():
+        raise IaaError(f"no sweep {req.name!r} to resume: {path} is missing; run it without --resume")
+    record = sweep_file.read(path)
+    data = Path(str(record.get("data_dir") or ""))
+    if not data.is_absolute():
+        data = Path(req.workdir) / data
+    asha = record.get("asha") or {}
+    storage = str(record.get("storage") or "").rstrip("/")
+    suffix = f"/{req.name}"
+    return replace(req, dataset=record.get("dataset"), data=data,
+                   num_samples=req.num_samples or record.get("num_samples"),
+                   grace_period=req.grace_period or asha.get("grace_period"),
+                   reduction_factor=req.reduction_factor or asha.get("reduction_factor"),
+                   workers_per_trial=int(record.get("workers_per_trial") or req.workers_per_trial),
+                   storage_path=req.storage_path or (storage[: -len(suffix)] if storage.endswith(suffix) else None))
+
+
+def recorded_base(req: TuneRequest, record: Mapping[str, Any] | None, base: JobConfig) -> JobConfig:
+    """The base config the sweep started with (``sweep.json``'s ``base``), unless the command
+    line changes it (``--config``, ``--set``, ``--max-epochs``)."""
+    if record is None or not record.get("base") or req.config_file or req.sets or req.max_epochs:
+        return base
+    return from_dict(record["base"])
+
+
+def recorded_space(req: TuneRequest, record: Mapping[str, Any] | None, base: JobConfig,
+                   space: search_space.SearchSpace) -> search_space.SearchSpace:
+    """The search space the sweep recorded, unless ``--search-space`` gives one."""
+    if record is None or req.search_space is not None or not record.get("search_space"):
+        return space
+    saved = record["search_space"]
+    data: dict[str, Any] = dict(saved.get("fixed") or {})
+    for name, p in (saved.get("params") or {}).items():
+        data[name] = (list(p["choices"]) if p.get("choices") is not None
+                      else {k: p[k] for k in ("low", "high", "log", "step") if p.get(k) is not None})
+    return search_space.parse(data, base)

@@ -1,0 +1,209 @@
+"""Opening and checking an MLflow tracking store: the checks at start, the SQLite file's creation
+under a lock, the client of a store, experiments, and the runs left running by killed processes.
+
+The default store is embedded: a SQLite file under the work directory. ``--tracking-uri`` or
+``MLFLOW_TRACKING_URI`` selects a server instead (required on multi-node clusters, whose
+workers cannot reach a SQLite file on the head node's disk).
+
+- **At start** (:func:`open_store`) the store is checked within ``IAA_SERVICE_TIMEOUT_S``
+  seconds (default 5): an unreachable server, a server whose API fails, a damaged SQLite file, a
+  SQLite path in no writable folder, a SQLite database of something else, a file-store folder
+  (MLflow 3 keeps that store in maintenance mode) or an unknown scheme is an :class:`IaaError`
+  naming the URI. MLflow's own HTTP retries are shortened (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
+  ``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR``; values set in the
+  environment win), so that a server lost later costs seconds, not minutes.
+- **Owners**: every run carries the ``iaa.owner`` tag (host, pid, process start). A later start
+  on the same host marks ``KILLED`` the runs still ``RUNNING`` whose process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import logging
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import requests
+from mlflow.tracking import MlflowClient
+
+from iaa.errors import IaaError, brief
+from iaa.jobs.workdir.paths import sqlite_file
+from iaa.platform.cluster.owner import owner_alive
+from iaa.platform.tracking import relocate
+from iaa.platform.tracking.mlflow_internals import forget_artifact_repositories
+
+PARENT_TAG = "mlflow.parentRunId"
+OWNER_TAG = "iaa.owner"
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}   # MLflow 3's training-runs view
+TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "IAA_SERVICE_TIMEOUT_S", 5.0
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+TRANSIENT = (mlflow.exceptions.MlflowException, requests.exceptions.RequestException, OSError)
+
+FILE_STORE_SCHEMES = ("", "file")
+DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")   # with an optional +driver
+OTHER_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc")
+MLFLOW_TABLES = {"alembic_version", "experiments"}              # what marks a SQLite file as MLflow's
+
+logging.getLogger("mlflow").setLevel(logging.WARNING)  # keep table-creation chatter off stderr
+if os.environ.get("IAA_DEBUG", "") in ("", "0"):
+    # A failing store logs each error with its traceback (MLflow's session helper, SQLAlchemy's
+    # pool, alembic) and then raises it; the raised error is what a command reports, in one line.
+    for _name in ("mlflow.store", "sqlalchemy", "alembic"):
+        logging.getLogger(_name).setLevel(logging.CRITICAL)
+
+
+def open_store(uri: str) -> str:
+    """The store at ``uri`` (from :meth:`iaa.jobs.workdir.paths.Workdir.tracking_uri`), once checked; runs
+    left ``RUNNING`` by dead processes are marked ``KILLED``."""
+    for key, value in MLFLOW_HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    check(uri)
+    try:
+        close_orphans(uri)                   # the first real request: tables built, API answering
+    except TRANSIENT as err:
+        if uri.startswith(("http://", "https://")):
+            raise IaaError(f"MLflow tracking server {uri} answers /health but its API fails ({brief(err)}); see the "
+                           "server's log, or fix --tracking-uri / MLFLOW_TRACKING_URI") from err
+        raise IaaError(f"the MLflow store {uri} cannot be used ({brief(err)}); fix it or pass another "
+                       "--tracking-uri") from err
+    return uri
+
+
+def check(uri: str, timeout_s: float | None = None) -> None:
+    """Fail fast with a message naming the store when it cannot be used."""
+    timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)) if timeout_s is None else timeout_s
+    scheme = urllib.parse.urlsplit(uri).scheme.lower()
+    if scheme in FILE_STORE_SCHEMES or (len(scheme) == 1 and uri[1:2] == ":"):     # a path (C:\ too)
+        raise IaaError(f"{uri}: MLflow's file store (a folder such as ./mlruns) is in maintenance mode in MLflow 3 "
+                       "and refused; use a SQLite store: --tracking-uri sqlite:///PATH/mlflow.db, or leave "
+                       "--tracking-uri and MLFLOW_TRACKING_URI unset for WORKDIR/mlflow.db (`mlflow "
+                       "migrate-filestore` moves existing runs into one)")
+    if scheme.split("+")[0] not in DATABASE_SCHEMES and scheme not in OTHER_SCHEMES:
+        raise IaaError(f"{uri}: unknown tracking URI scheme {scheme + ':'!r}; give http(s)://HOST:PORT of an MLflow "
+                       "server, sqlite:///PATH/mlflow.db, or a database URL (postgresql://, mysql://, mssql://)")
+    if uri.startswith(("http://", "https://")):
+        try:
+            urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s).close()
+        except urllib.error.HTTPError:
+            pass                                    # it answered: reachable
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise IaaError(f"MLflow tracking server {uri} is not reachable within {timeout_s:g} s ({reason}); "
+                           "start it, fix --tracking-uri / MLFLOW_TRACKING_URI, or leave both unset to use a "
+                           f"SQLite store under the workdir ({TIMEOUT_ENV} sets the wait)") from err
+
+
+def artifact_location(uri: str) -> str | None:
+    """Artifacts of a SQLite store go beside it (MLflow's default, ``./mlruns``, follows the cwd);
+    a store found in another folder than its artifacts' is rewritten when opened
+    (:mod:`iaa.platform.tracking.relocate`)."""
+    db = sqlite_file(uri)
+    return relocate.artifact_root(db) if db is not None else None
+
+
+@functools.lru_cache(maxsize=None)
+def ensure_store(uri: str) -> None:
+    """Create (or migrate) a SQLite store once, under a file lock, and point its artifact locations
+    at the folder it is in now (:func:`iaa.platform.tracking.relocate.relocate`).
+
+    MLflow builds a new SQLite store's tables on first use. Two processes doing that at once
+    race, and one fails with "duplicate column name". The lock makes the second wait (and the
+    check that the file is MLflow's runs under it, so that it never sees half-built tables).
+    MLflow would add its tables to any SQLite file: one of another program is refused.
+    """
+    db = sqlite_file(uri)
+    if db is None:
+        return
+    for folder in (db.parent, *db.parent.parents):
+        if folder.exists() and not folder.is_dir():
+            raise IaaError(f"{uri}: {folder} is a file, not a folder, so the MLflow store cannot be made there; give a "
+                           "SQLite path in a writable folder (sqlite:///PATH/mlflow.db)")
+    if not db.parent.is_dir():
+        raise IaaError(f"{uri}: the folder {db.parent} does not exist; create it or give a SQLite path in a writable "
+                       "folder (sqlite:///PATH/mlflow.db)")
+    try:
+        lock = open(db.parent / f"{db.name}.lock", "a")
+    except OSError as err:
+        raise IaaError(f"{uri}: cannot create files in {db.parent} ({err.strerror}), so the MLflow store cannot be made "
+                       "there; give a SQLite path in a writable folder (sqlite:///PATH/mlflow.db)") from err
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            foreign = foreign_tables(db)
+            if foreign:
+                raise IaaError(f"{uri}: {db} is a SQLite database of something else (tables {', '.join(foreign[:5])}"
+                               f"{', ...' if len(foreign) > 5 else ''}), not an MLflow store, and is left as it is; "
+                               "give a new or MLflow file (sqlite:///PATH/mlflow.db)")
+            MlflowClient(uri).search_experiments(max_results=1)   # builds the tables
+            relocate.relocate(db)                                  # a copied or moved work folder
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def foreign_tables(db: Path) -> list[str]:
+    """The tables of SQLite file ``db`` when it holds some but not MLflow's; [] for MLflow's, an
+    empty database, an empty file or no file."""
+    if not db.is_file() or db.stat().st_size == 0:
+        return []
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)) as con:
+            rows = con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+            tables = sorted(name for (name,) in rows)
+    except sqlite3.Error:
+        return []                      # unreadable: MLflow's own error says why
+    return [] if not tables or MLFLOW_TABLES <= set(tables) else tables
+
+
+_last_store: list[str] = []   # the store this process used last
+
+
+def store_client(uri: str) -> MlflowClient:
+    """A client of the store ``uri``; MLflow's artifact repositories of another store are forgotten
+    first (they are cached by run id alone, and a copied store has the same ids)."""
+    ensure_store(uri)
+    if _last_store != [uri]:
+        forget_artifact_repositories()
+        _last_store[:] = [uri]
+    return MlflowClient(uri)
+
+
+def experiment_id(uri: str, name: str) -> str:
+    """The id of experiment ``name`` in the store at ``uri``, created if needed."""
+    client = store_client(uri)
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location(uri), tags=EXPERIMENT_KIND)
+    except mlflow.exceptions.MlflowException:  # created concurrently by another process
+        found = client.get_experiment_by_name(name)
+        assert found is not None
+        return found.experiment_id
+
+
+# --- runs left running by killed processes ------------------------------------------------------
+
+
+def close_orphans(uri: str) -> list[str]:
+    """Mark ``KILLED`` the runs left ``RUNNING`` by a process of this host that is gone."""
+    client = store_client(uri)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    if not ids:
+        return []
+    closed = []
+    for run in client.search_runs(ids, filter_string="attributes.status = 'RUNNING'", max_results=1000):
+        token = run.data.tags.get(OWNER_TAG)
+        if token and not owner_alive(token):
+            client.set_tag(run.info.run_id, "iaa.killed", f"process {token} ended without closing this run")
+            client.set_terminated(run.info.run_id, status="KILLED")
+            closed.append(run.info.run_id)
+    return closed

@@ -1,0 +1,239 @@
+"""The training step replayed from CUDA graphs (iaa.jobs.training.captured).
+
+On the CPU: the bucket shapes and input buffers, the clipping factor that reads nothing back,
+the capturable optimiser (it must train exactly as today's), why a reader is refused, and the
+``train.cuda_graphs`` switch in configs and old checkpoints. Marked ``gpu``: replays equal eager
+steps, and dropout draws new masks at every replay.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from iaa.data.batch import pad_to_buckets
+from iaa.jobs.config.job_config import JobConfig, TrainConfig, from_dict
+from iaa.jobs.modeling import checkpoint
+from iaa.jobs.train import bench
+from iaa.jobs.training import captured
+from iaa.jobs.training.step import build_optimizer, clip_coefficient, train_step
+from iaa.model.config import PRESETS
+from iaa.model.reader import build_reader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from device_gpu import PaddedLoop as PaddedLoopEncoder  # noqa: E402  (the runner's capturable stand-in encoder)
+
+VOCAB = 60
+
+
+def _cfg(**changes):
+    return replace(PRESETS["tiny"], vocab_size=VOCAB, **changes)
+
+
+def _twin(reader: torch.nn.Module) -> torch.nn.Module:
+    """Another reader of the same config, device and weights."""
+    device = next(reader.parameters()).device
+    other = build_reader(reader.cfg, device, reader.precision).to(device)
+    other.load_state_dict(reader.state_dict())
+    other.kernels = replace(other.kernels, encoder=reader.kernels.encoder)
+    return other
+
+
+def _batches(n: int, size: int = 3, seed: int = 0, device: str = "cpu"):
+    pool = bench.synthetic_examples(n * size, seed=seed, vocab_size=VOCAB)
+    return [bench.collate(group, device) for group in bench.bucketed_batches(pool, size, seed)]
+
+
+# --- on the CPU --------------------------------------------------------------------------------
+
+
+def test_bucketed_batches_have_few_shapes_and_buffers_take_each_batch_of_theirs() -> None:
+    batches = [pad_to_buckets(b) for b in _batches(12)]
+    shapes = {captured.shape_of(b) for b in batches}
+    assert len(shapes) < len(batches)                                      # shapes repeat: graphs are reused
+    for b in batches:
+        b_, ld, _, c, teacher = captured.shape_of(b)
+        assert (b_, c, teacher) == (3, bench.NUM_CANDS, False)
+        assert ld in (128, 192, 256, 384, 512, 768, 1024) and ld >= b.doc_mask.sum(1).max()
+    buffers = captured.static_copy(batches[0])
+    assert buffers.doc_lengths is None and buffers.query_lengths is None
+    same = next(b for b in batches[1:] if captured.shape_of(b) == captured.shape_of(batches[0]))
+    captured.fill(buffers, same)
+    for name in ("doc", "doc_mask", "query", "query_mask", "doc_cand", "cand_mask", "answer"):
+        assert torch.equal(getattr(buffers, name), getattr(same, name)), name
+    assert buffers.doc.data_ptr() != same.doc.data_ptr()
+
+
+@pytest.mark.parametrize("max_norm", [0.05, 1e3])                         # clipped, and not
+def test_the_clipping_factor_scales_as_clip_grad_norm(max_norm: float) -> None:
+    torch.manual_seed(0)
+    grads = [torch.randn(5, 3), torch.randn(7), torch.randn(2, 2, 2)]
+    reference = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(reference, grads):
+        p.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_(reference, max_norm)
+    sq_norm = sum(g.double().square().sum() for g in grads)
+    coef = clip_coefficient(sq_norm, max_norm)
+    assert isinstance(coef, torch.Tensor) and coef.dim() == 0 and coef.item() <= 1.0
+    for p, g in zip(reference, grads):
+        torch.testing.assert_close(g * coef.float(), p.grad, rtol=1e-6, atol=1e-7)
+    assert (coef.item() == 1.0) == (max_norm == 1e3)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_capturable_optimiser_trains_as_todays(sparse: bool) -> None:
+    """Same weights after a few steps, through a learning-rate decay and a state round trip."""
+    cfg = _cfg(dropout=0.0, sparse_embedding_grad=sparse)
+    torch.manual_seed(1)
+    today = build_reader(cfg)
+    capture = _twin(today)
+    opt_today = build_optimizer(today, lr=0.01, embed_l2=1e-3)
+    opt_capture = build_optimizer(capture, lr=0.01, embed_l2=1e-3, capturable=True)
+    assert isinstance(opt_capture.param_groups[0]["lr"], torch.Tensor)
+    for i, batch in enumerate(_batches(4)):
+        if i == 2:
+            opt_today.set_lr(0.004)
+            opt_capture.set_lr(0.004)
+            state = opt_capture.state_dict()
+            assert all(isinstance(g["lr"], float) for g in state["param_groups"])   # checkpoints hold floats
+            opt_capture.load_state_dict(checkpoint.to_cpu(state))
+            assert opt_capture.param_groups[0]["capturable"] and opt_capture.lr == pytest.approx(0.004, rel=1e-6)
+        a = train_step(today, opt_today, batch, clip=0.5)
+        b = train_step(capture, opt_capture, batch, clip=0.5)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+    for (name, p), q in zip(today.named_parameters(), capture.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
+    other = build_optimizer(_twin(today), lr=0.01, embed_l2=1e-3)          # and back to today's kind
+    other.load_state_dict(opt_capture.state_dict())
+    assert other.lr == pytest.approx(0.004, rel=1e-6) and not other.param_groups[0]["capturable"]
+
+
+def test_a_reader_that_needs_the_host_is_refused_with_its_reason() -> None:
+    reader = build_reader(_cfg(fused_gru=False), "cuda")                 # packed nn.GRU, built for CUDA
+    assert "CUDA device" in captured.refusal(reader, "cpu")
+    assert "lengths on the host" in captured.refusal(reader, "cuda")
+    assert captured.refusal(build_reader(_cfg(), "cuda"), "cuda") is None  # the padded encoder (PaddedGRU)
+    assert "train.compile" in captured.refusal(reader, "cuda", compile=True)
+    reader.kernels = replace(reader.kernels, encoder=PaddedLoopEncoder())
+    assert captured.refusal(reader, "cuda") is None
+    wrapped = torch.nn.Module()
+    wrapped.module = reader
+    assert "distributed" in captured.refusal(wrapped, "cuda")
+    act = build_reader(_cfg(halting="act"), "cuda")
+    act.kernels = replace(act.kernels, encoder=PaddedLoopEncoder())
+    assert "halting='act'" in captured.refusal(act, "cuda")
+
+
+def test_a_captured_step_needs_a_capturable_optimiser() -> None:
+    reader = build_reader(_cfg())
+    with pytest.raises(ValueError, match="capturable=True"):
+        captured.CapturedStep(reader, build_optimizer(reader, lr=0.01, embed_l2=0.0))
+
+
+def test_cuda_graphs_is_a_train_setting_that_old_checkpoints_and_resumes_accept() -> None:
+    assert TrainConfig().cuda_graphs is True
+    saved = asdict(JobConfig())
+    del saved["train"]["cuda_graphs"]                                      # a checkpoint written before it
+    assert from_dict(saved).train.cuda_graphs is True
+    off = JobConfig(train=TrainConfig(cuda_graphs=False))
+    state = {"config": asdict(JobConfig()), "vocab_hash": ""}
+    checkpoint.check_resumable(state, off, "", "a test checkpoint")         # no CheckpointError
+
+
+def test_on_cuda_the_reader_drops_out_with_torchs_generator() -> None:
+    """The fast CPU dropout is not chosen on CUDA: ``F.dropout`` runs there, whose draws graph
+    capture registers (each replay advances the generator's offset)."""
+    assert build_reader(_cfg(), "cpu").kernels.dropout is not None
+    assert build_reader(_cfg(), "cuda").kernels.dropout is None
+
+
+# --- on a CUDA device --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here (torch.cuda.is_available() is False); run `pytest -m gpu` on a GPU machine")
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield "cuda"
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def _capturable_reader(cfg, device: str):
+    reader = build_reader(cfg, device).to(device)
+    reader.kernels = replace(reader.kernels, encoder=PaddedLoopEncoder())
+    return reader
+
+
+@pytest.mark.gpu
+def test_replays_equal_eager_steps(cuda: str) -> None:
+    torch.manual_seed(0)
+    eager = _capturable_reader(_cfg(dropout=0.0), cuda)
+    graphed = _twin(eager)
+    opt_eager = build_optimizer(eager, lr=0.01, embed_l2=1e-3, capturable=True)
+    opt_graphed = build_optimizer(graphed, lr=0.01, embed_l2=1e-3, capturable=True)
+    step = captured.CapturedStep(graphed, opt_graphed, clip=0.5)
+    batches = [pad_to_buckets(b) for b in _batches(6, device=cuda)]
+    for i, batch in enumerate(batches * 2):                                # every shape replayed
+        if i == 12:
+            opt_eager.set_lr(0.003)
+            opt_graphed.set_lr(0.003)                                      # seen by graphs captured before
+        a = train_step(eager, opt_eager, batch, clip=0.5)
+        b = step(batch)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert 0 < len(step.graphs) == step.eager_steps < len(batches) * 2
+    for (name, p), q in zip(eager.named_parameters(), graphed.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=name)
+
+
+@pytest.mark.gpu
+def test_dropout_draws_new_masks_at_every_replay(cuda: str) -> None:
+    """With the learning rate 0 the weights stay put, so two replays on one batch differ only by
+    their dropout masks: different losses with dropout, equal ones without."""
+    batch = pad_to_buckets(_batches(1, device=cuda)[0])
+    for dropout, differ in ((0.3, True), (0.0, False)):
+        torch.manual_seed(0)
+        reader = _capturable_reader(_cfg(dropout=dropout), cuda)
+        optimizer = build_optimizer(reader, lr=0.0, embed_l2=0.0, capturable=True)
+        step = captured.CapturedStep(reader, optimizer)
+        step(batch)                                                        # warm-up and capture
+        first, second = step(batch), step(batch)                           # two replays
+        apart = float((first - second).abs()) > 1e-5 * float(first.abs())  # not the scatters' float noise
+        assert apart is differ, (dropout, first, second)
+
+
+
+@pytest.mark.gpu
+def test_the_loop_on_cuda_names_its_refusal_or_trains_from_graphs(cuda: str, tmp_path, monkeypatch) -> None:
+    """Today's reader (packed encoder) is refused with its reason and trains eagerly; with a
+    capturable encoder the loop replays graphs and ends where the eager loop ends."""
+    from iaa.jobs.datasets import resolve
+    from iaa.jobs.train import train as train_job
+    from iaa.model import kernels
+    from tests._tiny import TINY_SETS, make_tiny_prepared
+
+    prepared = make_tiny_prepared(tmp_path / "data")
+    cfg = resolve.job_config("cbt-ne", prepared, sets=(*TINY_SETS, "model.dropout=0", "train.max_epochs=1",
+                                                     "train.precision=fp32"))
+    refused = train_job.run(cfg, prepared, tmp_path / "refused", device=cuda, show_progress=False)
+    assert refused["cuda_graphs"] is False and "lengths on the host" in refused["cuda_graphs_refused"]
+    select = kernels.select
+
+    def with_padded_encoder(device, precision, reader_cfg):
+        chosen = select(device, precision, reader_cfg)
+        chosen.encoder = PaddedLoopEncoder() if torch.device(device).type == "cuda" else chosen.encoder
+        return chosen
+
+    monkeypatch.setattr(kernels, "select", with_padded_encoder)
+    graphed = train_job.run(cfg, prepared, tmp_path / "graphed", device=cuda, show_progress=False)
+    eager = train_job.run(replace(cfg, train=replace(cfg.train, cuda_graphs=False)), prepared, tmp_path / "eager",
+                          device=cuda, show_progress=False)
+    assert graphed["cuda_graphs"] is True and graphed["cuda_graphs_refused"] is None and eager["cuda_graphs"] is False
+    assert graphed["steps"] == eager["steps"] == refused["steps"]
+    assert graphed["train_loss"] == pytest.approx(eager["train_loss"], rel=1e-3)
+    assert graphed["valid_loss"] == pytest.approx(eager["valid_loss"], rel=1e-3)

@@ -1,0 +1,183 @@
+"""Ctrl-C and SIGTERM (:mod:`iaa.jobs.interrupt`): a command stops at once, leaves no run
+RUNNING, and says in one line what it kept and the exact command that resumes; a resumed sweep
+needs only its name. In-process on the fakes of the ports (tests/fakes.py), seconds each; the
+real commands in their own processes are in ``test_interrupt_commands.py``."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fakes import FakeLauncher, FakeRun, FakeTracker
+from iaa.jobs.ports import SweepRequest
+from _platform import TINY_SPACE
+from _tiny import TINY_SETS, make_tiny_prepared
+
+pytestmark = pytest.mark.timeout(300)
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_prepared(tmp_path_factory.mktemp("tiny"))
+
+
+def _sets() -> list[str]:
+    return [arg for s in TINY_SETS for arg in ("--set", s)]
+
+
+def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from iaa import cli
+
+    tracker = FakeTracker()
+    monkeypatch.setattr(cli.training, "_open_tracker", lambda uri: tracker)
+    logged = FakeRun.log_metrics
+    sent: list[int] = []
+
+    def log_then_ctrl_c(self: FakeRun, metrics, step=None) -> None:       # Ctrl-C after the first check
+        logged(self, metrics, step)
+        if not sent and "valid_acc" in metrics:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(FakeRun, "log_metrics", log_then_ctrl_c)
+    run_dir = tmp_path / "my run"
+    args = ["train", "--data", str(tiny), *_sets(), "--run-dir", str(run_dir), "--workdir", str(tmp_path / "work")]
+    stopped = CliRunner().invoke(cli.cli, args)
+
+    assert stopped.exit_code == 130, stopped.output
+    [line] = [text for text in stopped.output.splitlines() if text.startswith("interrupted by SIGINT")]
+    assert "Traceback" not in stopped.output and "Aborted" not in stopped.output
+    [run] = tracker.runs.values()
+    assert run.state == "KILLED" and run.tags["interrupted"] == "SIGINT"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler        # the handlers are given back
+
+    command = line.split("resume with: ", 1)[1]
+    argv = shlex.split(command)
+    assert argv[:2] == ["iaa-cli", "train"] and argv[-1] == "--resume" and str(run_dir) in argv
+    resumed = CliRunner().invoke(cli.cli, argv[1:])
+    assert resumed.exit_code == 0, resumed.output
+    assert list(tracker.runs) == [run.run_id] and run.state == "FINISHED"   # the same run, continued
+
+
+def test_a_second_signal_exits_at_once_after_the_marks(tmp_path: Path) -> None:
+    marks = tmp_path / "marks.txt"
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from iaa.jobs import interrupt
+
+        def mark(name):
+            if not os.path.exists({str(marks)!r}):
+                open({str(marks)!r}, "w").close()
+                os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C arrives while the marks run
+                time.sleep(5)
+            with open({str(marks)!r}, "a") as f:
+                f.write(name + "\\n")
+
+        with interrupt.stoppable("iaa-cli tune --resume s") as stop:
+            stop.on_stop(mark)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        print("not reached")
+    """)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert time.monotonic() - started < 4.5            # neither the first mark's 5 s nor the block's 30 s
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    assert marks.read_text().splitlines()[-1] == "SIGTERM"                # marked before it exited
+    assert "interrupted by SIGTERM: resume with: iaa-cli tune --resume s" in proc.stderr
+    assert "not reached" not in proc.stdout and "Traceback" not in proc.stderr
+
+
+class _Killed(BaseException):
+    """Stands for a kill -9 of the sweep's process in the middle of its trials."""
+
+
+class _DyingLauncher(FakeLauncher):
+    """A sweep that starts one trial's child run and dies; a resumed one runs every trial."""
+
+    def can_resume(self, placement) -> bool:
+        return True
+
+    def sweep(self, request: SweepRequest):
+        if not request.resume:
+            t = request.trials.tracking
+            t.tracker.start_run(t.experiment, "lost", tags={"sweep": t.sweep, "trial_id": "t0"},
+                                parent_run_id=t.parent_run_id)
+            raise _Killed
+        return super().sweep(request)
+
+
+def test_tune_resume_by_name_alone_marks_leftovers_and_prints_the_console(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from iaa import cli
+
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE, encoding="utf-8")
+    tracker, launcher = FakeTracker(), _DyingLauncher()
+    monkeypatch.setattr(cli.tuning, "_open_tracker", lambda uri: tracker)
+    monkeypatch.setattr(cli.tuning, "_launcher", lambda address, storage_path: launcher)
+    work = tmp_path / "work"
+    with pytest.raises(_Killed):
+        CliRunner().invoke(cli.cli, ["tune", "--data", str(tiny), "--num-samples", "2", "--search-space", str(space),
+                                     *_sets(), "--name", "k", "--workdir", str(work)], catch_exceptions=False)
+    for run in tracker.runs.values():                 # what a kill -9 leaves: nothing marked
+        run.state = "RUNNING"
+    [lost] = [r for r in tracker.runs.values() if r.name == "lost"]
+
+    resumed = CliRunner().invoke(cli.cli, ["tune", "--resume", "k", "--workdir", str(work)])
+
+    assert resumed.exit_code == 0, resumed.output
+    assert lost.state == "KILLED" and "killed" in lost.tags
+    assert launcher.failed_trials and "killed" in launcher.failed_trials[0]   # the study's unfinished trials
+    request = next(r for r in launcher.requests if isinstance(r, SweepRequest) and r.resume)
+    assert request.plan.base.model.embed_dim == 16 and request.plan.num_samples == 2   # the record's, not presets
+    assert sorted(request.plan.space.params) == ["model.hidden_dim", "model.steps"]
+    err = resumed.stderr
+    assert "resuming sweep k: 0 of 2 trials finished and kept; 2 left, of which 1 continue" in err
+    assert "cost: " in err and "trial trial00000 started" in err and "sweep took" in err
+    assert "rank  trial" in err                                                  # the final table
+
+
+def test_a_stop_fails_the_studys_running_trials_and_a_resumed_trial_goes_on_in_a_new_one(
+        tiny: Path, tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    pytest.importorskip("ray")
+    from optuna.trial import TrialState
+
+    from iaa.jobs.config import search_space
+    from iaa.jobs.datasets import resolve
+    from iaa.platform.sweeps import search_algorithm
+    from iaa.platform.sweeps.study import fail_unfinished
+
+    base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
+    space = search_space.parse({"model.hidden_dim": [8, 12]}, base)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = search_algorithm.searcher(space, 0, url, "s")
+    config = searcher.suggest("t1")
+    searcher.on_trial_result("t1", {"valid_acc": 0.4, "checks": 1})
+
+    assert fail_unfinished(url, "s", {"interrupted": "SIGINT"}) == 1
+    study = searcher._ot_study
+    [stopped] = study.get_trials()
+    assert stopped.state == TrialState.FAIL and stopped.user_attrs["interrupted"] == "SIGINT"
+
+    searcher.on_trial_result("t1", {"valid_acc": 0.6, "checks": 2})             # the resumed trial goes on
+    searcher.on_trial_complete("t1", {"valid_acc": 0.6, "best_valid_acc": 0.6, "checks": 2,
+                                      "stop_reason": "max-epochs"})
+    [_, continued] = study.get_trials()
+    assert continued.state == TrialState.COMPLETE and continued.value == pytest.approx(0.6)
+    assert continued.params == stopped.params == {k: v for k, v in config.items() if k in space.params}
+    assert continued.intermediate_values == {1: 0.4, 2: 0.6}
+    assert continued.user_attrs["continues_trial"] == stopped.number and "interrupted" not in continued.user_attrs

@@ -1,0 +1,203 @@
+"""What the MLflow store shows at a glance: logged models named by sweep and trial (or ensemble
+and seed) and unique in the store, seeds as a column, an ensemble's run nested under its sweep's,
+a distilled student in ``distill-ENSEMBLE``, and every run's data in the Datasets column."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from _tiny import TINY_SETS, make_tiny_prepared
+from fakes import FakeLauncher
+from iaa.jobs.workdir.paths import Workdir
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_prepared(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny trained reader (two epochs of 192 examples)."""
+    from iaa.jobs.datasets import resolve
+    from iaa.jobs.train import train
+
+    cfg = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
+    return Path(train.run(cfg, tiny, tmp_path_factory.mktemp("run"), show_progress=False)["checkpoint"])
+
+
+def _tracker(tmp_path: Path) -> Any:
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    return MlflowTracker(Workdir(tmp_path).tracking_uri())
+
+
+def _datasets(uri: str, run_id: str) -> list[str]:
+    return [i.dataset.name for i in MlflowClient(uri).get_run(run_id).inputs.dataset_inputs]
+
+
+def test_logged_models_are_named_by_sweep_and_trial_and_unique_in_the_store(tmp_path: Path, tiny: Path,
+                                                                            checkpoint: Path) -> None:
+    from iaa.jobs.evaluation.predictor import MODEL_CODE
+
+    tracker = _tracker(tmp_path)
+    names = []
+    # two sweeps whose third trials tried the same values (so their runs have the same name),
+    # and a sweep of the first one's name again (its folder was replaced)
+    for sweep in ("demo-iaa-aaa", "demo-iaa-bbb", "demo-iaa-aaa"):
+        run = tracker.start_run("tune-cbt-ne", "lr=4e-3 T=2", tags={"sweep": sweep, "trial_id": "84b55c_00003"})
+        tracker.log_model(run, [checkpoint], tiny, code=MODEL_CODE)
+        (model,) = MlflowClient(tracker.uri).search_logged_models(
+            [MlflowClient(tracker.uri).get_experiment_by_name("tune-cbt-ne").experiment_id],
+            filter_string=f"source_run_id = '{run.run_id}'")
+        names.append(model.name)
+    assert names == ["demo-iaa-aaa-trial-0003", "demo-iaa-bbb-trial-0003", "demo-iaa-aaa-trial-0003-2"]
+
+
+@dataclass
+class _Trial:
+    """What a Tune callback reads of a trial."""
+
+    trial_id: str
+    config: dict[str, Any]
+    last_result: dict[str, Any] = field(default_factory=dict)
+
+
+def test_members_are_named_by_ensemble_and_seed_with_the_seed_and_data_as_columns(tmp_path: Path, tiny: Path,
+                                                                                  checkpoint: Path) -> None:
+    from iaa.jobs.config.job_config import to_dict
+    from iaa.jobs.datasets import resolve
+    from iaa.jobs.evaluation.predictor import MODEL_CODE
+    from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec
+    from iaa.platform.sweeps.trial_runs import TrialRuns
+
+    tracker = _tracker(tmp_path)
+    configs = [resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, f"train.seed={s}")) for s in (7, 8)]
+    spec = TrialSpec(name="ensemble-ens-1", fit=None, storage_path=str(tmp_path), workers=1, threads=1,
+                     members=tuple(to_dict(c) for c in configs))
+    runs = TrialRuns(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, sweep="ensemble-ens-1",
+                     dataset="cbt-ne", spec=spec, data_dir=tiny, member_names=("ens-seed-7", "ens-seed-8"))
+    for i in range(2):
+        runs.on_trial_start(0, [], _Trial(f"abc_0000{i}", {MEMBER_KEY: i}))
+    client = MlflowClient(tracker.uri)
+    found = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("tune-cbt-ne").experiment_id])}
+    assert sorted(found) == ["ens-seed-7", "ens-seed-8"]
+    for seed in (7, 8):
+        run = found[f"ens-seed-{seed}"]
+        assert run.data.params["train.seed"] == str(seed) and run.data.tags["seed"] == str(seed)
+        assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
+    member = tracker.attach(found["ens-seed-7"].info.run_id)
+    tracker.log_model(member, [checkpoint], tiny, code=MODEL_CODE)
+    (model,) = client.search_logged_models([found["ens-seed-7"].info.experiment_id])
+    assert model.name == "ens-seed-7" and model.tags["seed"] == "7"
+
+
+def test_a_sweeps_trials_are_numbered_in_the_order_they_started(tmp_path: Path, tiny: Path) -> None:
+    from iaa.jobs.config.job_config import to_dict
+    from iaa.jobs.datasets import resolve
+    from iaa.platform import mlflow_model
+    from iaa.platform.sweeps.trial import TrialSpec
+    from iaa.platform.sweeps.trial_runs import TrialRuns
+
+    tracker = _tracker(tmp_path)
+    base = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.seed=3"))
+    spec = TrialSpec(name="demo-iaa-aaa", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(base))
+    runs = TrialRuns(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, sweep="demo-iaa-aaa",
+                     dataset="cbt-ne", spec=spec, data_dir=tiny)
+    for trial_id, lr in (("4f231ee7", 1e-3), ("0b7c9a12", 2e-3)):       # a searcher's ids carry no number
+        runs.on_trial_start(0, [], _Trial(trial_id, {"train.lr": lr}))
+    client = MlflowClient(tracker.uri)
+    for trial_id, number in (("4f231ee7", "0000"), ("0b7c9a12", "0001")):
+        run = client.get_run(runs.run_ids[trial_id])
+        assert run.data.tags["trial_number"] == number and run.data.tags["seed"] == "3"
+        assert mlflow_model.logged_name(client, run) == f"demo-iaa-aaa-trial-{number}"
+        assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
+
+
+def test_the_sweeps_runs_view_shows_the_seed() -> None:
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.jobs.config.search_space import parse
+    from iaa.jobs.tune.parent_run import run_columns
+
+    assert "params.train.seed" in run_columns(parse({"train.lr": [1e-3, 2e-3]}, JobConfig()))
+
+
+def test_the_ensemble_of_a_sweep_nests_under_the_sweeps_run_with_its_data(tmp_path: Path, tiny: Path) -> None:
+    from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.tune import tune
+
+    space = tmp_path / "space.yaml"
+    space.write_text("model.hidden_dim: [8]\n", encoding="utf-8")
+    tracker, launcher, work = _tracker(tmp_path), FakeLauncher(), tmp_path / "work"
+    swept = tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=space, sets=TINY_SETS,
+                                      workdir=work, name="one", show_progress=False), lambda uri: tracker, launcher)
+    result = ensemble.run(ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
+                                                   show_progress=False), tracker, launcher)
+    run = MlflowClient(tracker.uri).get_run(result["mlflow_run_id"])
+    assert run.data.tags["mlflow.parentRunId"] == swept["parent_run_id"]
+    assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
+    assert _datasets(tracker.uri, swept["parent_run_id"]) == ["cbt-ne"]
+
+
+def test_a_distilled_student_is_tracked_in_its_ensembles_experiment(tmp_path: Path, tiny: Path,
+                                                                     checkpoint: Path) -> None:
+    from functools import partial
+
+    from iaa.jobs.distill import distill
+    from iaa.jobs.train import train as train_job
+
+    tracker, work = _tracker(tmp_path), tmp_path / "work"
+    ens = ensemble_of(checkpoint, tiny, work, tracker)
+    train = partial(train_job.run_tracked, tracker=tracker, show_progress=False)
+    result = distill.run(distill.DistillRequest(Path(ens["ensemble_dir"]), workdir=work, sets=TINY_SETS,
+                                                show_progress=False), train=train)
+    run = MlflowClient(tracker.uri).get_run(result["mlflow_run_id"])
+    assert MlflowClient(tracker.uri).get_experiment(run.info.experiment_id).name == "distill-pair"
+    assert "cbt-ne" in _datasets(tracker.uri, run.info.run_id)
+
+
+def ensemble_of(checkpoint: Path, prepared: Path, work: Path, tracker: Any) -> dict[str, Any]:
+    """An ensemble named ``pair`` of one checkpoint and a copy of it."""
+    import shutil
+
+    from iaa.jobs.ensemble import ensemble
+
+    copy = work / "copy" / "best.pt"
+    copy.parent.mkdir(parents=True)
+    shutil.copy2(checkpoint, copy)
+    return ensemble.run(ensemble.EnsembleRequest(members=(checkpoint, copy), data=prepared, name="pair", workdir=work,
+                                                 show_progress=False), tracker)
+
+
+def test_train_many_gives_the_members_runs_their_names_and_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from fakes import FakeTracker
+    from iaa.jobs.config.job_config import JobConfig, TrainConfig
+    from iaa.jobs.ports import ConnectRequest, MembersRequest, TrialRun, TrialTracking
+    from iaa.platform.sweeps import launch
+
+    asked: dict = {}
+
+    def runs(**kwargs: Any) -> None:
+        asked.update(kwargs)
+        raise RuntimeError("planned")   # stop before Ray
+
+    monkeypatch.setattr(launch, "connect", lambda *a: SimpleNamespace(plan=SimpleNamespace(max_concurrent=1)))
+    monkeypatch.setattr(launch, "trial_spec", lambda *a, **k: None)
+    monkeypatch.setattr(launch, "TrialRuns", runs)
+    configs = (JobConfig(train=TrainConfig(seed=7)), JobConfig(train=TrainConfig(seed=8)))
+    trials = TrialTracking(tracker=FakeTracker(), experiment="x", parent_run_id=None, sweep="e-1", dataset="demo",
+                           member_names=("e-seed-7", "e-seed-8"))
+    connection = ConnectRequest(name="e-1", prepared=tmp_path / "data", storage=str(tmp_path / "ray"), num_trials=2)
+    with pytest.raises(RuntimeError, match="planned"):
+        launch.RayLauncher().train_many(MembersRequest(
+            configs=configs, connection=connection, trials=TrialRun(fit=print, tracking=trials, downloads=tmp_path / "d")))
+    assert asked["member_names"] == ("e-seed-7", "e-seed-8") and asked["data_dir"] == tmp_path / "data"
