@@ -98,8 +98,9 @@ def test_tune_stopped_by_ctrl_c_leaves_nothing_running_and_resumes_by_name(tmp_p
 
 def test_train_stopped_by_sigterm_ends_its_run_killed_at_once(tmp_path: Path) -> None:
     tiny, work, run_dir = make_tiny_prepared(tmp_path / "tiny"), tmp_path / "work", tmp_path / "run"
-    argv = _cli("train", "--data", str(tiny), *SETS, "--set", "train.max_epochs=200", "--run-dir", str(run_dir),
-                "--workdir", str(work))
+    # no early stop: the signal must find the run still training, however long the machine takes to send it
+    argv = _cli("train", "--data", str(tiny), *SETS, "--set", "train.max_epochs=200", "--set", "train.patience=100000",
+                "--run-dir", str(run_dir), "--workdir", str(work))
     last = run_dir / "checkpoints" / "last.pt"
     code, took, out = _stop_when(argv, tmp_path / "train.log", lambda text: last.is_file(), signal.SIGTERM)
 
