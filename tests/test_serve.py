@@ -12,7 +12,6 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.jobs.inference import serve as job
-from iaa.jobs.evaluation.predictor import Predictor
 from tests._explain import tiny_setup
 from tests._platform import start_local_ray
 
@@ -57,11 +56,37 @@ def _refused(answerer, body: bytes, limits: job.Limits = job.Limits()) -> job.Re
     (_body({**QUESTION, "candidates": ["horse", "cow"]}), 422, "no candidate occurs in the document"),
     (_body([QUESTION, {**QUESTION, "query": "the cat ran"}]), 422, "[1]: the query has no XXXXX placeholder"),
     (_body({**QUESTION, "candidates": []}), 422, "the candidate list is empty"),
+    (_body({**QUESTION, "candidates": ["cat", "dog", ""]}), 422, 'question: candidates[2]: an empty candidate ("")'),
+    (_body([QUESTION, {**QUESTION, "candidates": ["  ", "dog"]}]), 422,
+     '[1]: candidates[0]: an empty candidate ("  ")'),
+    (_body({**QUESTION, "candidates": "cat||dog"}), 422, 'candidates[1] of the |-separated string: an empty candidate'),
+    (_body({**QUESTION, "candidates": ["cat", "the dog"]}), 422,      # the phrase is in the document
+     'candidates[1]: "the dog" is 2 words; candidates are single words'),
+    (_body({**QUESTION, "candidates": ["cat", "dog cat"]}), 422,      # it is not
+     'candidates[1]: "dog cat" is 2 words; candidates are single words'),
+    (_body({**QUESTION, "candidates": "cat|the mat"}), 422,
+     'candidates[1] of the |-separated string: "the mat" is 2 words'),
 ])
 def test_bad_requests_get_a_status_naming_the_field(answerer, body, status, field):
     error = _refused(answerer, body)
     assert error.status == status and field in str(error)
     assert error.body() == {"error": str(error), "status": status}
+
+
+def test_any_unicode_model_name_travels_in_the_headers():
+    from urllib.parse import unquote
+
+    from starlette.responses import Response
+
+    from iaa.platform.serve_text import log_text, model_headers
+
+    for name in ("runs/模型-ü/best", "models:/модель/1", "50% off"):
+        reply = Response("{}", media_type="application/json", headers=model_headers(name, "1"))
+        sent = dict(reply.raw_headers)[b"x-iaa-model"]                 # the bytes an HTTP server writes
+        assert sent.isascii() and unquote(sent.decode("ascii")) == name
+        assert log_text(f"failed: {name}").isascii()
+    assert model_headers("runs/模型-ü/best", "1")["x-iaa-model"] == "runs/%E6%A8%A1%E5%9E%8B-%C3%BC/best"
+    assert model_headers("demo-reader", "3") == {"x-iaa-model": "demo-reader", "x-iaa-model-version": "3"}
 
 
 def test_oversized_requests_get_413(answerer):
@@ -154,18 +179,25 @@ def wait_ready(url: str, timeout_s: float = SERVICE_WAIT_S) -> None:
     pytest.fail(f"the reader service at {url} was not ready within {timeout_s:g} s (last: {last})")
 
 
+SERVED_NAME = "模型-ü-модель"      # the served copy's run folder: a name HTTP headers cannot carry as it is
+
+
 @pytest.fixture(scope="module")
 def served(setup):
+    """The tiny checkpoint served from ``runs/模型-ü-модель/checkpoints/best.pt``."""
     pytest.importorskip("ray.serve", reason="needs ray[serve]")
     import ray
 
     from iaa.platform import ray_serve as platform_serve
 
     root, prepared, ckpt = setup
+    copy = root / "runs" / SERVED_NAME / "checkpoints" / "best.pt"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_bytes(ckpt.read_bytes())
     started = not ray.is_initialized()          # another module's Ray may still be up: reuse it
     if started:                                 # with Serve's patience with a slow proxy, as the CLI's Ray
         start_local_ray(num_cpus=2)
-    cfg = job.config(model_uri=None, checkpoint=ckpt, ensemble_dir=None, data_dir=prepared, workdir=root,
+    cfg = job.config(model_uri=None, checkpoint=copy, ensemble_dir=None, data_dir=prepared, workdir=root,
                      tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
                      max_document_words=200)
     try:
@@ -186,6 +218,7 @@ def served(setup):
 @pytest.mark.timeout(900)
 def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(setup, served, tmp_path):
     import urllib.request
+    from urllib.parse import unquote
 
     from iaa.data import cbt
     from iaa.platform import ray_serve as platform_serve
@@ -193,7 +226,7 @@ def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(set
     root, prepared, ckpt = setup
     url, cfg = served
     with urllib.request.urlopen(f"{url}/ready", timeout=120) as ready:
-        assert ready.status == 200 and json.loads(ready.read())["model"]["name"] == ckpt.stem
+        assert ready.status == 200 and json.loads(ready.read())["model"]["name"] == SERVED_NAME
 
     examples = cbt.read(root / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt").examples()[:12]
     records = [{"id": ex.example_id, "document": " ".join(ex.doc), "query": " ".join(ex.query),
@@ -210,17 +243,20 @@ def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(set
     singles = [_post(url, json.dumps(r).encode()) for r in records[8:]]            # one object each
     assert status == 200 and all(s == 200 for s, _, _ in singles)
     version = headers["x-iaa-model-version"]
+    assert headers["x-iaa-model"].isascii() and unquote(headers["x-iaa-model"]) == SERVED_NAME
     got = rows + [row for _, row, _ in singles]
     assert [g["id"] for g in got] == [e["id"] for e in expected]
     for g, e in zip(got, expected):
-        assert g["model"] == {"name": ckpt.stem, "version": version}
+        assert g["model"] == {"name": SERVED_NAME, "version": version}
         assert g["prediction"] == e["prediction"] and g["correct"] == e["correct"]
         assert g["probs"] == pytest.approx(e["probs"], abs=1e-6)
 
     bad = [(b"{not json", 400, "not valid JSON"),
            (json.dumps({**records[0], "query": 3}).encode(), 400, "query: expected a string"),
            (json.dumps({**records[0], "document": "word " * 201}).encode(), 413, "201 words"),
-           (json.dumps({**records[0], "candidates": ["zebra"], "answer": "zebra"}).encode(), 422, "no candidate occurs")]
+           (json.dumps({**records[0], "candidates": ["zebra"], "answer": "zebra"}).encode(), 422, "no candidate occurs"),
+           (json.dumps({**records[0], "candidates": [*records[0]["candidates"], " "]}).encode(), 422,
+            "an empty candidate")]
     for body, code, message in bad:
         status, reply, _ = _post(url, body)
         assert status == code and message in reply["error"], reply

@@ -3,7 +3,8 @@
 Three inputs: JSON Lines of ``{"id", "document", "query", "candidates"[, "answer"]}`` with raw
 text, a CBT file, or a CNN ``.question`` file. JSON Lines are strict: lines end at ``\n`` only
 (a U+2028 inside a string is text), ``document`` and ``query`` are strings, ``candidates`` a
-list of strings (or one string of ``|``- or space-separated words), ``id`` a string or an
+list of strings (or one string of ``|``- or space-separated words), each candidate one word
+(never empty, blank or several words: the reader points at single words), ``id`` a string or an
 integer and unique, ``answer`` one of the candidates; an empty file and undecodable bytes are
 errors naming the file and line, and so are text that is not Unicode (a lone surrogate such as
 ``"\\ud800"``), a number of more than ``MAX_NUMBER_DIGITS`` digits and JSON nested deeper than
@@ -145,17 +146,7 @@ def from_record(record: dict[str, Any], where: str, placeholder: str) -> Questio
     for key in ("document", "query"):
         if not isinstance(record[key], str):
             raise InputError(f"{where}: {key} must be a string of text, got {_kind(record[key])}")
-    cands = record["candidates"]
-    if isinstance(cands, str):
-        cands = cands.split("|") if "|" in cands else cands.split()
-    if not isinstance(cands, list):
-        raise InputError(f"{where}: candidates must be a list of strings, got {_kind(cands)}")
-    for c in cands:
-        if not isinstance(c, str):
-            raise InputError(f"{where}: candidates must be a list of strings, got one that is {_kind(c)}")
-    cands = [c.strip() for c in cands if c.strip()]
-    if not cands:
-        raise InputError(f"{where}: the candidate list is empty")
+    cands = _candidates(record["candidates"], where)
     texts = [("document", record["document"]), ("query", record["query"]), *(("candidates", c) for c in cands),
              *((key, record[key]) for key in ("id", "answer") if isinstance(record.get(key), str))]
     for key, text in texts:
@@ -177,6 +168,41 @@ def from_record(record: dict[str, Any], where: str, placeholder: str) -> Questio
         raise InputError(f"{where}: the answer {gold!r} is not one of the candidates ({named(cands)})")
     example = ClozeExample(str(example_id), tuple(doc), tuple(query), tuple(cands), "")
     return Question(example, None if gold is None else gold.strip(), where)
+
+
+def _candidates(cands: Any, where: str) -> list[str]:
+    """The candidate words of a record's ``candidates``: a list, or one string of ``|``- or
+    space-separated words; each is stripped of surrounding spaces.
+
+    Raises:
+        InputError: not strings, an empty list, or a candidate that is empty, blank or several
+            words (the reader points at one word of the document), named by its index.
+    """
+    as_string = isinstance(cands, str)
+    if as_string:
+        cands = cands.split("|") if "|" in cands else cands.split()
+    if not isinstance(cands, list):
+        raise InputError(f"{where}: candidates must be a list of strings, got {_kind(cands)}")
+    for c in cands:
+        if not isinstance(c, str):
+            raise InputError(f"{where}: candidates must be a list of strings, got one that is {_kind(c)}")
+    if not cands:
+        raise InputError(f"{where}: the candidate list is empty")
+    for i, c in enumerate(cands):
+        field = f"candidates[{i}]" + (" of the |-separated string" if as_string else "")
+        if not c.strip():
+            raise InputError(f"{where}: {field}: an empty candidate ({_quoted(c)}); each candidate is one word "
+                             "of the document")
+        if len(c.split()) > 1:
+            raise InputError(f"{where}: {field}: {_quoted(c)} is {len(c.split())} words; candidates are single "
+                             "words (the reader points at one word of the document)")
+    return [c.strip() for c in cands]
+
+
+def _quoted(text: str, most: int = 40) -> str:
+    """``text`` as a JSON string for a message, cut after ``most`` characters."""
+    shown = json.dumps(text[:most] + ("..." if len(text) > most else ""), ensure_ascii=False)
+    return shown.encode("utf-8", "backslashreplace").decode("utf-8")      # a lone surrogate as \ud800
 
 
 def _kind(value: Any) -> str:

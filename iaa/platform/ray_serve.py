@@ -6,11 +6,11 @@ Two deployments. ``Reader`` replicas each hold the answerer that the job's ``cod
 
 - ``POST /predict`` takes ``iaa-cli predict``'s question object, or a list of them, and answers
   with its rows (an object, or a list), each carrying the model's name and version (also in the
-  ``x-iaa-model`` and ``x-iaa-model-version`` headers). Serve's proxy refuses a body over the
-  byte limit before any replica sees it (:mod:`iaa.platform.serve_proxy`, set up by :func:`start`);
-  the ingress reads the body up to the limit too (a chunked body included), for proxies without
-  it, and runs the job's ``code.parse`` on it (the pydantic model
-  of a question, then every check that can fail one question); a reader then only computes,
+  ``x-iaa-model`` and ``x-iaa-model-version`` headers, percent-encoded by :mod:`iaa.platform.serve_text`).
+  Serve's proxy refuses a body over the byte limit before any replica sees it
+  (:mod:`iaa.platform.serve_proxy`, set up by :func:`start`); the ingress reads the body up to the
+  limit too (a chunked body included), for proxies without it, and runs the job's ``code.parse``
+  on it (the pydantic model of a question, then every check that can fail one question); a reader then only computes,
   answering it in a batch: ``serve.batch`` gathers up to ``max_batch`` requests (waiting at most
   ``batch_wait_ms``) into one model call.
 - ``GET /ready`` answers 200 once a reader has loaded the model and answered a warm-up question
@@ -49,6 +49,7 @@ from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeCode, ServeCo
 from iaa.platform.serve_docs import add_docs
 from iaa.platform.serve_logs import driver_lines_to_log
 from iaa.platform.serve_proxy import over_limit, proxy_env
+from iaa.platform.serve_text import log_text, model_headers
 
 ROUTE = "/"
 READY_WAIT_S = 5.0                 # GET /ready: how long to wait for a reader before 503
@@ -62,7 +63,7 @@ app = FastAPI(title="iaa reader", version=__version__, docs_url=None, redoc_url=
 _REFUSALS = {400: {"description": "not JSON, a wrong type, or text that is not Unicode (the error names the field)"},
              413: {"description": "a body, document, query, candidate list or question count over the limits"},
              422: {"description": "a question the reader cannot answer: no placeholder or two, a candidate listed "
-                                  "twice, no candidate in the document"},
+                                  "twice, an empty candidate or one of several words, no candidate in the document"},
              500: {"description": "the model failed on this request"},
              503: {"description": "no reader replica could answer"}}
 add_docs(app)                      # GET /docs from the package's own copy of Swagger UI: works offline
@@ -125,7 +126,7 @@ class Reader:
         _grpc_on_node_address()
         cfg = from_dict(config)
         self.answerer = code.load(cfg.source, threads=cfg.threads, fetch_model=mlflow_model.fetch)
-        self.headers = {"x-iaa-model": self.answerer.name, "x-iaa-model-version": self.answerer.version}
+        self.headers = model_headers(self.answerer.name, self.answerer.version)      # any Unicode name, encoded
         self.answer.set_max_batch_size(cfg.max_batch)
         self.answer.set_batch_wait_timeout_s(cfg.batch_wait_ms / 1000)
 
@@ -143,7 +144,8 @@ class Reader:
         except Exception as error:  # noqa: BLE001 - a failed batch is a 500 for its requests, never a dead replica
             rows = error
         if isinstance(rows, Exception):
-            logging.getLogger("ray.serve").error("a request failed in the model: %s: %s", type(rows).__name__, rows)
+            logging.getLogger("ray.serve").error("a request failed in the model: %s: %s", type(rows).__name__,
+                                                 log_text(str(rows)))
             failure = {"error": f"the model failed on this request: {type(rows).__name__}: {rows}", "status": 500}
             return 500, json.dumps(failure), self.headers
         return 200, json.dumps(rows[0] if single else rows, ensure_ascii=False), self.headers

@@ -9,7 +9,8 @@ The workflow, without the server:
   number of too many digits), a missing field, a wrong type or text that is not Unicode (naming
   the field, checked against the pydantic model :class:`QuestionIn`), 413 for a document, a
   query, a candidate list or a body over the :class:`Limits`, 422 for a question the reader
-  cannot answer (no candidate in the document, no placeholder or two, a candidate listed twice).
+  cannot answer (no candidate in the document, no placeholder or two, a candidate listed twice,
+  an empty or blank candidate, a candidate of several words: the reader points at single words).
   Every check that could fail a question happens here, per request (the serve ingress runs it),
   so a batch never holds a bad question.
 - :class:`Answerer` holds the loaded :class:`~iaa.jobs.evaluation.predictor.Predictor` and answers a batch of
@@ -25,7 +26,6 @@ The workflow, without the server:
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 import warnings
 from pathlib import Path
@@ -77,8 +77,8 @@ class QuestionIn(BaseModel):
 
     document: Text = Field(description="the text to read; split on whitespace")
     query: Text = Field(description="the text with one placeholder word (XXXXX or @placeholder) to fill in")
-    candidates: list[Text] | Text = Field(description="the words to choose from: a list, or one string of "
-                                                      "|- or space-separated words")
+    candidates: list[Text] | Text = Field(description="the words to choose from, each one word of the document: "
+                                                      "a list, or one string of |- or space-separated words")
     id: Text | int = Field(None, description="default: the question's place in the request, 1, 2, ...")
     answer: Text | None = Field(None, description="the gold candidate, if known: rows then say whether it was chosen")
 
