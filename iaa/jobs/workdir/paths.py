@@ -126,7 +126,6 @@ class Workdir:
         return ensure_writable(self.root, "the workdir", "give a writable --workdir (or IAA_WORKDIR)")
 
     # --- datasets, runs, sweeps, ensembles -------------------------------------------------------
-
     # A name becomes a folder here only when it stays inside its parent (iaa.jobs.workdir.names).
 
     def data(self, dataset: str) -> Path:
