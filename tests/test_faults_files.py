@@ -219,3 +219,124 @@ def test_distill_resumes_with_resume_as_its_message_says(prepared, tmp_path):
     assert code == 0, output
     again = last_json(output)
     assert again["mlflow_run_id"] == first["mlflow_run_id"] and not again["teacher_computed"]
+
+
+# --- records, names and the terminal ---------------------------------------------------------------
+
+ROW = {"trial_id": "t1", "config": {}, "status": "TERMINATED", "checks": 1, "steps": 4, "best_valid_acc": 0.5}
+
+
+@pytest.mark.parametrize("edit, key", [
+    ({"trials": [{**ROW, "best_valid_acc": float("nan")}]}, "trials[0].best_valid_acc: expected an accuracy"),
+    ({"name": "../../elsewhere"}, "name: expected a name"),
+    ({"name": "s\x1b[2J"}, "name: expected a name"),
+    ({"trials": "all of them"}, "trials: expected a list, got 'all of them'"),
+    ({"trials": [{**ROW, "checks": "1"}]}, "trials[0].checks: expected a whole number"),
+])
+def test_a_damaged_sweep_record_is_one_line_naming_the_file_and_key(tmp_path, edit, key):
+    record = tmp_path / "w" / "sweeps" / "s" / "sweep.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"name": "s", "trials": [ROW], **edit}), encoding="utf-8")
+    code, output = invoke("report", "--sweep", "s", "--workdir", tmp_path / "w")
+    assert_one_message(code, output, str(record), key)
+    assert "\x1b" not in output
+
+
+@pytest.mark.parametrize("edit, key", [
+    ({"valid_acc": float("nan")}, "valid_acc: expected an accuracy: a finite number in [0, 1], got nan"),
+    ({"name": "../x"}, "name: expected a name"),
+    ({"member_sha256": ["not", "a", "mapping"]}, "member_sha256: expected a mapping"),
+])
+def test_a_damaged_ensemble_record_is_one_line_naming_the_file_and_key(tmp_path, edit, key):
+    from iaa.errors import IaaError
+    from iaa.jobs.evaluation import ensemble_record
+
+    folder = tmp_path / "w" / "ensembles" / "e"
+    folder.mkdir(parents=True)
+    (folder / "ensemble.json").write_text(json.dumps({"name": "e", "members": ["m.pt"], **edit}), encoding="utf-8")
+    with pytest.raises(IaaError) as err:
+        ensemble_record.read(folder)
+    assert str(folder / "ensemble.json") in str(err.value) and key in str(err.value)
+
+
+def test_report_of_a_sweep_name_that_leaves_the_work_folder_is_refused(tmp_path):
+    outside = tmp_path / "escaped-sweep"
+    outside.mkdir()
+    (outside / "sweep.json").write_text(json.dumps({"name": "escaped-sweep", "trials": [],
+                                                    "optuna": {"storage": "sqlite:///x.db", "study": "s"}}))
+    code, output = invoke("report", "--sweep", "../../escaped-sweep", "--workdir", tmp_path / "w")
+    assert_one_message(code, output, "--sweep '../../escaped-sweep' is not a valid name")
+    assert sorted(p.name for p in outside.iterdir()) == ["sweep.json"]
+
+
+@pytest.mark.parametrize("kind, name", [("sweep", "../x"), ("ensemble", "a/b"), ("run", ".."), ("run", "a/../../b"),
+                                        ("data", "../../etc")])
+def test_no_name_becomes_a_folder_outside_its_parent(tmp_path, kind, name):
+    from iaa.jobs.workdir.names import BadNameError
+    from iaa.jobs.workdir.paths import Workdir
+
+    with pytest.raises(BadNameError, match="is not a valid"):
+        getattr(Workdir(tmp_path), kind)(name)
+    assert Workdir(tmp_path).run("cbt-ne-iaa-seed0").path == tmp_path / "runs" / "cbt-ne-iaa-seed0"
+
+
+def test_text_from_files_reaches_the_terminal_with_its_control_characters_escaped():
+    import click
+
+    from iaa.cli.output import _emit, _friendly
+    from iaa.errors import IaaError, printable
+
+    assert printable("a\x1b[2J\x7f\x85\u2028 é 模型\tb") == "a\\x1b[2J\\x7f\\x85\\u2028 é 模型\\tb"
+    assert printable("line\nnext\x1b", keep_lines=True) == "line\nnext\\x1b"
+
+    @click.command()
+    @click.option("--fail", is_flag=True)
+    @_friendly
+    def show(fail: bool) -> None:
+        if fail:
+            raise IaaError("sweep.json: trial \x1b[2J\x1b[31mt1 failed:\nsecond line")
+        _emit({"sweep": "s\x1b]0;title\x07", "warnings": ["name \x1b[31mred"]}, as_json=False)
+
+    from click.testing import CliRunner
+
+    failed = CliRunner().invoke(show, ["--fail"])
+    assert failed.exit_code == 1 and failed.output == "Error: sweep.json: trial \\x1b[2J\\x1b[31mt1 failed:\\nsecond line\n"
+    shown = CliRunner().invoke(show, [])
+    assert shown.exit_code == 0 and "\x1b" not in shown.output and "\x07" not in shown.output, shown.output
+    assert "sweep: s\\x1b]0;title\\x07" in shown.output and "warning: name \\x1b[31mred" in shown.output
+
+
+def test_distill_resume_refuses_a_run_of_another_teacher_naming_both(prepared, tmp_path):
+    from functools import partial
+
+    from iaa.jobs.distill import distill, identity
+    from iaa.jobs.workdir import rundir
+
+    work = tmp_path / "w"
+    members = [make_checkpoint(prepared, tmp_path / f"m{seed}.pt", seed=seed) for seed in (0, 1, 2)]
+    ensembles = {}
+    for name, chosen in (("ens-a", members[:2]), ("ens-b", members[1:])):
+        ensembles[name] = work / "ensembles" / name
+        ensembles[name].mkdir(parents=True)
+        (ensembles[name] / "ensemble.json").write_text(json.dumps(
+            {"name": name, "members": [str(m) for m in chosen], "data_dir": str(prepared)}))
+    trained = []
+
+    def train(cfg, prepared, run_dir, **kwargs):
+        trained.append(kwargs["tags"]["teacher_id"])
+        return {"best_valid_acc": 0.25}
+
+    def distil(name: str, resume: bool) -> dict:
+        req = distill.DistillRequest(ensembles[name], workdir=work, run_dir=tmp_path / "student", train_examples=8,
+                                     show_progress=False, resume=resume)
+        return distill.run(req, train=train, claim=partial(rundir.claim, resume=resume))
+
+    distil("ens-a", resume=False)
+    with pytest.raises(identity.TeacherChangedError) as err:
+        distil("ens-b", resume=True)
+    assert len(trained) == 1
+    message = str(err.value)
+    assert "ensemble ens-a" in message and "ensemble ens-b" in message and str(tmp_path / "student") in message
+    assert trained[0] in message                 # the teacher the run learnt from, by its digest
+    distil("ens-a", resume=True)                 # its own teacher: resumed
+    assert trained == [trained[0]] * 2

@@ -228,3 +228,24 @@ def test_make_cloze_warns_of_an_evaluation_split_too_small_to_measure() -> None:
     assert small_splits({"train": 900, "valid": 400, "test": 1000}) == []
     [empty] = small_splits({"train": 900})
     assert empty.startswith("the valid split is empty")
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("name", "\x1b[2J\x1b[31mowned", "sweep.name: expected a name"),
+    ("name", "../../elsewhere", "sweep.name: expected a name"),
+    ("best_valid_acc", float("nan"), "sweep.best_valid_acc: expected an accuracy: a finite number in [0, 1], got nan"),
+    ("best_valid_acc", 7.5, "sweep.best_valid_acc: expected an accuracy"),
+    ("trial_max_epochs", "many", "sweep.trial_max_epochs: expected a finite number, got 'many'"),
+])
+def test_an_edited_best_config_is_one_line_naming_the_file_and_key_and_never_reaches_the_terminal_raw(
+        tiny: Path, tmp_path: Path, key: str, value: object, message: str) -> None:
+    path = tmp_path / "best_config.yaml"
+    tune.write_best_config(_best_record(tiny, trial_epochs=0.5), path, "s1", train_epochs=1.0, data=tiny)
+    raw = yaml.safe_load(path.read_text())
+    raw["sweep"][key] = value
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    result = CliRunner().invoke(cli.cli, ["train", "--config", str(path), "--workdir", str(tmp_path / "w")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and str(path) in errors[0] and message in errors[0], result.output
+    assert "\x1b" not in result.output and not (tmp_path / "w" / "runs").exists()

@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import click
 
+from iaa.errors import printable
+
 
 def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None, err: bool = False) -> None:
     """Print a result: a JSON object as the last stdout line with ``--json``, else key: value lines,
@@ -22,7 +24,8 @@ def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = 
     else:
         for key, value in result.items():
             if (keys is None or key in keys) and key != "warnings":   # those went to stderr
-                click.echo(f"{key}: {f'{value:.6g}' if isinstance(value, float) else value}", err=err)
+                shown = f"{value:.6g}" if isinstance(value, float) else printable(value)
+                click.echo(f"{printable(key)}: {shown}", err=err)
 
 
 # What a training command prints on stdout without --json, after its summary on stderr (--json: every key).
@@ -34,12 +37,12 @@ def _close(as_json: bool, module: str, *args: Any) -> None:
     if not as_json:
         import importlib
 
-        click.echo(importlib.import_module(module).describe(*args), err=True)
+        click.echo(printable(importlib.import_module(module).describe(*args), keep_lines=True), err=True)
 
 
 def _warn(result: dict[str, Any]) -> None:
     for warning in result.get("warnings", ()):
-        click.echo(f"warning: {warning}", err=True)
+        click.echo(f"warning: {printable(warning)}", err=True)
 
 
 def _debug(ctx: click.Context | None) -> bool:
@@ -50,7 +53,8 @@ def _debug(ctx: click.Context | None) -> bool:
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file; or a full or
-    read-only disk met anywhere) as one line.
+    read-only disk met anywhere) as one line, its control characters escaped (:func:`printable`:
+    the message may quote a file).
 
     Anything else is a bug and keeps its traceback; ``--debug`` or ``IAA_DEBUG=1`` keeps it for all.
     """
@@ -69,11 +73,11 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         except IaaError as err:
             if _debug(click.get_current_context(silent=True)):
                 raise
-            raise click.ClickException(str(err)) from err
+            raise click.ClickException(printable(err)) from err
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
                 raise
-            raise click.ClickException(unwritable_message(err, err.filename or "the output")) from err
+            raise click.ClickException(printable(unwritable_message(err, err.filename or "the output"))) from err
 
     return wrapper
 
@@ -85,7 +89,7 @@ def _interrupted(err: KeyboardInterrupt) -> None:
 
     if not isinstance(err, Interrupted):
         err = Interrupted("SIGINT")
-    click.echo(err.message or str(err), err=True)
+    click.echo(printable(err.message or str(err)), err=True)
     if EXIT_AT_ONCE:
         # everything is marked and said: a local Ray's orderly shutdown would take seconds more,
         # and its processes end with this one (they share its fate)

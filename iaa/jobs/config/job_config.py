@@ -13,6 +13,7 @@ import yaml
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.config import strict_yaml
+from iaa.jobs.workdir import fields as fields_mod
 from iaa.model.config import Range, ReaderConfig, check_ranges
 
 
@@ -36,10 +37,10 @@ class TrainConfig:
     cuda_graphs: bool = True      # CUDA: each training step replays a CUDA graph (iaa.jobs.training.captured); ignored on the CPU
 
     RANGES: ClassVar[dict[str, Range]] = {
-        "lr": Range(0.0, low_open=True),
+        "lr": Range(0.0, 10.0, low_open=True),       # Adam's step; 1e-3 in the paper
         "batch_size": Range(1, 65536),
-        "clip": Range(0.0, low_open=True),
-        "embed_l2": Range(0.0),
+        "clip": Range(0.0, 1e6, low_open=True),
+        "embed_l2": Range(0.0, 10.0),                # beyond 1 the penalty outweighs any loss
         "check_every": Range(0, 10**9),              # 0: every half epoch
         "lr_decay": Range(0.0, 1.0, low_open=True),
         "patience": Range(1, 10**6),
@@ -236,7 +237,13 @@ def read_handoff(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: data: expected the path of a prepared folder, got {handoff['data']!r}")
     if "sweep" in handoff and not isinstance(handoff["sweep"], Mapping):
         raise ConfigError(f"{path}: sweep: expected a mapping (name, trial, trial_max_epochs), got {handoff['sweep']!r}")
+    if "sweep" in handoff:
+        fields_mod.check(path, handoff["sweep"], HANDOFF_SWEEP, where="sweep.")
     return handoff
+
+
+# What a best_config.yaml's ``sweep`` holds (iaa.jobs.workdir.fields kinds); its name and numbers are shown.
+HANDOFF_SWEEP = {"name": "name", "trial": "text", "best_valid_acc": "accuracy?", "trial_max_epochs": "number?"}
 
 
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:

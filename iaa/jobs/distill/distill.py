@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
-from iaa.jobs.distill import teacher as teacher_mod
+from iaa.jobs.distill import identity, teacher as teacher_mod
 from iaa.jobs.config.job_config import JobConfig, from_dict, load
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
@@ -47,6 +47,7 @@ class DistillRequest:
     workdir: Path = Path(DEFAULT_WORKDIR)
     refresh_teacher: bool = False
     show_progress: bool = True
+    resume: bool = False                # continue the run in run_dir: refused when its teacher differs
 
 
 def student_config(member_checkpoint: Path, prepared: Path, req: DistillRequest) -> JobConfig:
@@ -100,7 +101,8 @@ def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer 
     """Distil the ensemble ``req.ensemble`` into one reader; see the module docstring.
 
     ``claim`` holds the run folder for the run (default: :func:`iaa.jobs.workdir.rundir.claim`, which
-    refuses a folder that holds a run). Returns the train workflow's result (``checkpoint``, ``best_valid_acc``, ``model_uri``, ...)
+    refuses a folder that holds a run; with ``req.resume``, a run learnt from another teacher is
+    refused, :mod:`iaa.jobs.distill.identity`). Returns the train workflow's result (``checkpoint``, ``best_valid_acc``, ``model_uri``, ...)
     with ``teacher`` (the Parquet file), ``teacher_computed`` and ``members``. SIGINT or SIGTERM
     raises :class:`iaa.jobs.interrupt.Interrupted` (the student's run KILLED).
     """
@@ -140,10 +142,13 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
     rows = teacher_mod.attach(rows, path)
     run_dir = req.run_dir or Workdir(req.workdir).run(
         f"distill-{Path(req.ensemble).name}-{cfg.model.kind}-seed{cfg.train.seed}").path
-    tags = {"teacher": str(path), "teacher_ensemble": str(req.ensemble), "distill.members": str(len(members))}
+    teacher = identity.of(summary, req.ensemble, [m.digest for m in members])
+    tags = {"teacher": str(path), "teacher_ensemble": str(req.ensemble), "distill.members": str(len(members)),
+            "teacher_id": identity.tag(teacher)}
     from iaa.jobs.workdir import rundir
 
     with (claim or rundir.claim)(Path(run_dir)) as folder:
+        identity.keep(Path(folder), teacher, req.resume)
         result = train(cfg, prepared, folder, train_rows=rows, teacher=path, tags=tags,
                        experiment=experiment_name(summary, req.ensemble))
     from iaa.jobs.distill.summary import comparison

@@ -16,11 +16,17 @@ from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
-from iaa.jobs.workdir import recorded
+from iaa.jobs.workdir import fields, recorded
 
 SUMMARY = "ensemble.json"   # what `iaa-cli ensemble` writes into its folder
 PATH_KEYS = ("data_dir", "ensemble_dir", "predictions", "table_path", "tracking_uri")
 PATH_LISTS = ("members", "all_members")
+# The kind of each key that is read back (iaa.jobs.workdir.fields): names become folders, numbers are shown.
+RULES = {"name": "name", "dataset": "text?", "sweep": "name?", "data_dir": "text?", "ensemble_dir": "text?",
+         "tracking_uri": "text?", "valid_acc": "accuracy?", "test_acc": "accuracy?",
+         "mean_member_valid_acc": "accuracy?", "mean_member_test_acc": "accuracy?",
+         "mean_selected_valid_acc": "accuracy?", "mean_selected_test_acc": "accuracy?",
+         "member_valid_acc": "list?", "member_test_acc": "list?", "member_sha256": "mapping?", "all_members": "list?"}
 
 
 def write(out_dir: Path, summary: Mapping[str, Any]) -> Path:
@@ -45,6 +51,7 @@ def read(ensemble_dir: Path) -> dict[str, Any]:
         data = json.loads(summary.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
         raise IaaError(f"{summary}: not valid JSON ({err}); re-run `iaa-cli ensemble` to write it again") from None
+    fields.check(summary, data, RULES)
     members = data.get("members") if isinstance(data, dict) else None
     if not isinstance(members, list) or not all(isinstance(m, str) and m for m in members):
         raise IaaError(f"{summary}: 'members' must be a list of checkpoint paths; re-run `iaa-cli ensemble`")

@@ -15,6 +15,7 @@ from iaa.errors import IaaError
 from iaa.jobs.config import exploration
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.ports import Tracker
+from iaa.jobs.workdir import names
 
 SCORED_STATES = ("COMPLETE", "PRUNED")    # finished, or stopped by ASHA with the checks it made
 StudyAnalyzer = Callable[[str, str, Path], dict[str, Any]]   # (storage URL, study name, out folder) -> numbers
@@ -22,7 +23,9 @@ StudyAnalyzer = Callable[[str, str, Path], dict[str, Any]]   # (storage URL, stu
 
 def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable[[str], Tracker],
         out: Path | None = None) -> dict[str, Any]:
-    """Draw the figures of sweep ``name``'s study and log them to its parent run."""
+    """Draw the figures of sweep ``name``'s study and log them to its parent run; BadNameError
+    when ``name`` could leave the work folder's ``sweeps`` folder."""
+    names.folder_name(name, "--sweep")
     path = sweep_file.find(Path(workdir), name)
     sweep = sweep_file.read(path)
     study = sweep.get("optuna") or {}

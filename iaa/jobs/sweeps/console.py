@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence, TextIO
 
+from iaa.errors import printable
 from iaa.jobs.sweeps.cost import SweepCost, duration
 from iaa.jobs.config.job_config import config_label, short_name, short_value
 
@@ -173,7 +174,7 @@ class SweepConsole:
 
     def _say(self, text: str) -> None:
         now = self.clock()
-        print(f"[{duration(now - self.started)}] {text}", file=self.out, flush=True)
+        print(f"[{duration(now - self.started)}] {printable(text)}", file=self.out, flush=True)
         self._said = now
 
 

@@ -58,9 +58,28 @@ def read_rows(path: Path) -> dict[str, Any]:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise IaaError(f"{path}: not valid JSON ({err}); the sweep record is damaged") from err
+    check(path, data)
     folder = Path(path).absolute().parent
     workdir = recorded.workdir_of(folder, "sweeps")
     return _paths(data, lambda text: recorded.located(text, workdir, folder))
+
+
+# The kind of each key of sweep.json and of its trials' rows (iaa.jobs.workdir.fields).
+HEADER = {"name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
+          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "optuna": "mapping?",
+          "num_samples": "count?", "wall_s": "number?", "trials": "list"}
+ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
+       "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",
+       "stop_reason": "text?", "error": "text?"}
+
+
+def check(path: Path, data: Any) -> None:
+    """RecordError naming ``path`` and the key when ``data`` (a sweep.json) holds a value of the wrong kind."""
+    from iaa.jobs.workdir import fields
+
+    fields.check(path, data, HEADER)
+    for i, row in enumerate(data.get("trials") or []):
+        fields.check(path, row, ROW, where=f"trials[{i}].")
 
 
 def write(path: Path, sweep: Mapping[str, Any]) -> None:

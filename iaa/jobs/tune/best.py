@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from iaa.errors import IaaError
+from iaa.errors import IaaError, printable
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.config.job_config import config_label, dump_yaml
 from iaa.jobs.evaluation import frequency, uncertainty
@@ -35,7 +35,7 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     write_best_config(best, best_config, name, train_epochs, req.data if req is not None else None)
     print(sweep_file.table(records, list(space.params)), file=sys.stderr)
     for note in exploration.notes([r.params for r in scored], list(space.params)):
-        print(f"warning: {note}", file=sys.stderr)
+        print(f"warning: {printable(note)}", file=sys.stderr)
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
     outputs, unlogged = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
     if parent.lost:
@@ -47,12 +47,13 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     ties = uncertainty.tied_best({r.trial_id: r.best_valid_acc for r in scored})
     warnings += [uncertainty.tie_note(ties, best.trial_id, best.best_valid_acc, n_valid)] if len(ties) > 1 else []
     for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(f"best trial {best.trial_id} ({label}): valid accuracy {frequency.beside(best.best_valid_acc, base, n_valid)}\n"
-          f"  config:       {best_config}\n"
-          + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
-          + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
-          + next_commands(name, best, outputs, req, best_config), file=sys.stderr)
+        print(f"warning: {printable(warning)}", file=sys.stderr)
+    print(printable(f"best trial {best.trial_id} ({label}): valid accuracy "
+                    f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
+                    f"  config:       {best_config}\n"
+                    + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
+                    + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
+                    + next_commands(name, best, outputs, req, best_config), keep_lines=True), file=sys.stderr)
     if unlogged:
         raise IaaError(f"{sweep['tracking_uri']}: the sweep finished and its files are written, but the store did "
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "

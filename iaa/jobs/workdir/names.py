@@ -36,6 +36,16 @@ def folder_name(name: str | None, flag: str = "--name") -> str | None:
     return name
 
 
+def component(name: str, what: str) -> str:
+    """``name`` when it is one path component (a run or dataset folder made from other names, which
+    may hold spaces): not empty, not ``.`` or ``..``, no ``/``, ``\\`` or control character; else
+    BadNameError naming ``what``."""
+    if name in ("", ".", "..") or any(c in name for c in "/\\") or not name.isprintable():
+        raise BadNameError(f"{what} {name!r} is not a valid folder name: it must stay one folder inside its parent "
+                           "(no '/', '\\', control characters, and not '.' or '..')")
+    return name
+
+
 def registered_name(name: str | None, flag: str = "--register") -> str | None:
     """``name`` (None passes) when MLflow accepts it as a registered model name."""
     if name is None:

@@ -32,6 +32,7 @@ from typing import Any
 from iaa.data.manifest import MANIFEST
 from iaa.errors import IaaError
 from iaa.files import ensure_writable
+from iaa.jobs.workdir import names
 from iaa.jobs.workdir.recorded import stored
 
 DEFAULT_WORKDIR = "iaa-work"
@@ -125,29 +126,30 @@ class Workdir:
         return ensure_writable(self.root, "the workdir", "give a writable --workdir (or IAA_WORKDIR)")
 
     # --- datasets, runs, sweeps, ensembles -------------------------------------------------------
+    # A name becomes a folder here only when it stays inside its parent (iaa.jobs.workdir.names).
 
     def data(self, dataset: str) -> Path:
-        return self.root / "data" / dataset
+        return self.root / "data" / names.component(dataset, "dataset")
 
     def is_prepared(self, dataset: str) -> bool:
         return (self.data(dataset) / MANIFEST).is_file()
 
     def run(self, name: str) -> RunFolder:
-        return RunFolder(self.root / "runs" / name)
+        return RunFolder(self.root / "runs" / names.component(name, "run name"))
 
     @property
     def sweeps(self) -> Path:
         return self.root / "sweeps"
 
     def sweep(self, name: str) -> Path:
-        return self.sweeps / name
+        return self.sweeps / str(names.folder_name(name, "sweep name"))
 
     @property
     def ensembles(self) -> Path:
         return self.root / "ensembles"
 
     def ensemble(self, name: str) -> Path:
-        return self.ensembles / name
+        return self.ensembles / str(names.folder_name(name, "ensemble name"))
 
     @property
     def teachers(self) -> Path:
