@@ -87,6 +87,26 @@ def test_a_failed_run_keeps_a_folder_that_holds_a_checkpoint_but_not_its_lock(di
     assert _files(disk) == ["run", "run/checkpoints", "run/checkpoints/last.pt", "run/metrics.jsonl"]
 
 
+def test_a_metrics_line_cut_by_a_full_disk_is_not_left_half_written(tmp_path, monkeypatch):
+    from iaa.jobs.workdir.paths import RunFolder
+
+    folder = RunFolder(tmp_path)
+    folder.append_metrics({"step": 1})
+    before = folder.metrics.read_bytes()
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        if len(data) > 8:
+            real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError):
+        folder.append_metrics({"step": 2})
+    monkeypatch.undo()
+    assert folder.metrics.read_bytes() == before and [m["step"] for m in folder.read_metrics()] == [1]
+
+
 def test_a_shard_on_a_full_disk_is_one_error_naming_it_and_no_partial_file(disk):
     import pyarrow as pa
 
