@@ -139,6 +139,24 @@ def test_a_shard_write_fed_enospc_is_one_error(tmp_path, monkeypatch):
     assert _files(tmp_path) == ["train"]
 
 
+def test_a_distillation_teacher_on_a_full_disk_is_one_error_and_no_partial_file(disk):
+    import numpy as np
+    import pyarrow as pa
+
+    from iaa.files import DiskFullError
+    from iaa.jobs.distill import teacher
+
+    rows = 2000
+    probs = np.random.default_rng(0).random((rows, 10), dtype=np.float32)   # 80 KB that hardly compress
+    columns = {"example_id": [f"e{i}" for i in range(rows)], "candidate_words": [[f"w{j}" for j in range(10)]] * rows,
+               teacher.TEACHER_COLUMN: probs.tolist()}
+    table = pa.table({f.name: pa.array(columns[f.name], f.type) for f in teacher.SCHEMA}, schema=teacher.SCHEMA)
+    path = disk / "teacher.parquet"
+    with pytest.raises(DiskFullError, match=f"^no space left on device writing {path} \\(\\d+ KiB free\\)"):
+        teacher.write(table, path, ensemble_dir=disk, members=[], split="train", limit=None, vocab_hash="")
+    assert _files(disk) == []
+
+
 def test_predictions_on_a_full_disk_say_how_much_they_need(prepared, tmp_path, disk):
     from _faults import make_checkpoint
 
