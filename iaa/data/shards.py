@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iaa.data.parsed import ParsedChunk
+from iaa.files import atomic_write
 from iaa.data.vocab import Vocab
 
 SCHEMA = pa.schema([
@@ -65,10 +66,13 @@ def _lists(offsets: np.ndarray, values: pa.Array) -> pa.ListArray:
 
 
 def write_part(tables: Sequence[pa.Table], path: Path) -> dict:
-    """Write tables as one zstd Parquet file; returns its manifest entry (rows, bytes, sha256)."""
+    """Write tables as one zstd Parquet file, atomically; returns its manifest entry (rows, bytes, sha256).
+
+    A full disk raises :class:`iaa.files.DiskFullError` naming ``path`` and leaves no partial file.
+    """
     table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path, compression=COMPRESSION, use_dictionary=False, write_statistics=False)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression=COMPRESSION, use_dictionary=False,
+                                                  write_statistics=False))
     return {"rows": table.num_rows, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 

@@ -25,7 +25,7 @@ from iaa.data import manifest as M
 from iaa.data import verify
 from iaa.data.datasets import DATASETS
 from iaa.data.errors import DataError
-from iaa.files import ensure_writable, writing
+from iaa.files import DiskFullError, disk_full_message, ensure_writable, writing
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 from iaa.jobs.workdir import outputs
 
@@ -120,6 +120,9 @@ def _build(dataset: str, source: Path | None, out: Path, header: dict[str, Any],
             manifest["files"] = outputs.files_under(tmp) + ([] if (tmp / M.MANIFEST).exists() else [M.MANIFEST])
             M.write(tmp, manifest)
         outputs.install(tmp, out, written=manifest["files"], previous=previous, manifest=M.MANIFEST)
+    except DiskFullError:          # a shard met it: the message names the output, with the free space once tmp is gone
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DiskFullError(disk_full_message(out)) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest

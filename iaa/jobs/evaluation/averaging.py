@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iaa.errors import IaaError
-from iaa.files import atomic_write_text
+from iaa.files import atomic_write, atomic_write_text
 from iaa.jobs.evaluation.alignment import REQUIRED_COLUMNS, AlignedSplit, MismatchError, align, read_predictions
 
 __all__ = ["ENSEMBLE_SCHEMA", "REQUIRED_COLUMNS", "SELECT_MODES", "SPLITS", "AlignedSplit", "MismatchError", "align",
@@ -164,12 +164,8 @@ def write_predictions(splits: Sequence[AlignedSplit], members: Sequence[int], ou
                 "pred": int(pred[e]),
                 "gold": int(aligned.gold[e]),
             })
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=ENSEMBLE_SCHEMA), tmp, compression="zstd")
-    tmp.replace(out)
-    return out
+    table = pa.Table.from_pylist(rows, schema=ENSEMBLE_SCHEMA)
+    return atomic_write(out, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
 def _fmt(value: float | None) -> str:

@@ -31,7 +31,7 @@ from torch import nn
 
 from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
-from iaa.files import UnwritableError, atomic_path
+from iaa.files import atomic_path
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict, to_dict
 from iaa.jobs.workdir.paths import BEST, LAST
 from iaa.model.reader import build_reader
@@ -95,18 +95,27 @@ def _feed(h: Any, value: Any) -> None:
         h.update(repr(value).encode())
 
 
-def save(path: Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` atomically (a temporary file beside ``path``, then a rename), with its digest."""
+def save(path: Path, state: dict[str, Any], shown_as: Path | None = None) -> Path:
+    """Write ``state`` atomically (a temporary file beside ``path``, then a rename), with its digest.
+
+    A full disk raises :class:`iaa.files.DiskFullError` naming ``shown_as`` (default ``path``), the
+    free space and the checkpoint's size, and leaves no partial file.
+    """
     state = {k: v for k, v in state.items() if k != "digest"}
-    with atomic_path(path) as tmp:
-        try:
-            torch.save({**state, "digest": digest(state)}, tmp)
-        except RuntimeError as err:   # torch's zip writer reports a full disk as a RuntimeError
-            if "write" not in str(err).lower():
-                raise
-            raise UnwritableError(f"{path}: cannot write the checkpoint ({str(err).strip().splitlines()[0][:120]}); "
-                                  "free some space or choose a writable --run-dir (nothing was replaced)") from None
+    with atomic_path(path, needs=tensor_bytes(state), shown_as=shown_as) as tmp:
+        torch.save({**state, "digest": digest(state)}, tmp)
     return Path(path)
+
+
+def tensor_bytes(value: Any) -> int:
+    """The bytes of every tensor inside ``value`` (nested dicts, lists, tuples): a checkpoint's size, about."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
 
 
 def make_state(

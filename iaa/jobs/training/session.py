@@ -26,7 +26,7 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.data.manifest import vocab_card
-from iaa.files import remove_dead_leftovers
+from iaa.files import remove_dead_leftovers, writing
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkerLink
 from iaa.jobs.workdir.paths import RunFolder
@@ -60,6 +60,7 @@ class SessionBase:
     world_size = 1
     resumed_from = ""          # the checkpoint latest_state() loaded, named in messages (optional)
     vocab: dict[str, Any] = {}  # manifest.vocab_card of the data, saved in every checkpoint
+    checkpoint_shown_as: Path | None = None   # the file a failed checkpoint write is named as
 
     def __init__(self, train: pa.Table, valid: pa.Table, *, batch_size: int, seed: int,
                  device: torch.device | str = "cpu") -> None:
@@ -105,7 +106,8 @@ class SessionBase:
         every rank calls ``publish`` (with None for the folder on the other ranks)."""
         with self.checkpoint_folder() as folder:
             if self.rank == 0:
-                checkpoint.save(folder / CHECKPOINT_FILE, {**state, "vocab": self.vocab} if self.vocab else state)
+                checkpoint.save(folder / CHECKPOINT_FILE, {**state, "vocab": self.vocab} if self.vocab else state,
+                                shown_as=self.checkpoint_shown_as)
             self.publish(self.report_metrics(metrics, state, is_best), folder if self.rank == 0 else None,
                          is_best)
 
@@ -143,6 +145,10 @@ class LocalSession(SessionBase):
             self.folder.clear()
 
     @property
+    def checkpoint_shown_as(self) -> Path:      # type: ignore[override]
+        return self.folder.last
+
+    @property
     def ckpt_dir(self) -> Path:
         return self.folder.checkpoints
 
@@ -174,7 +180,8 @@ class LocalSession(SessionBase):
         assert folder is not None
         staged = folder / CHECKPOINT_FILE
         if is_best:                                    # a copy: best.pt never shares a file with last.pt
-            shutil.copyfile(staged, folder / checkpoint.BEST)
+            with writing(self.folder.best, needs=staged.stat().st_size):
+                shutil.copyfile(staged, folder / checkpoint.BEST)
             os.replace(folder / checkpoint.BEST, self.folder.best)
         os.replace(staged, self.folder.last)
         self.folder.append_metrics(metrics)

@@ -94,9 +94,21 @@ class RunFolder:
         return any((self.path / name).exists() for name in self.RUN_FILES)
 
     def append_metrics(self, metrics: dict[str, Any]) -> None:
-        """One JSON line per validation check, stamped with the wall-clock time."""
-        with self.metrics.open("a", encoding="utf-8") as out:
-            out.write(json.dumps({**metrics, "time": time.time()}, default=str) + "\n")
+        """One JSON line per validation check, stamped with the wall-clock time; a write that fails
+        (a full disk) leaves the file as it was, never half a line."""
+        line = (json.dumps({**metrics, "time": time.time()}, default=str) + "\n").encode("utf-8")
+        fd = os.open(self.metrics, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            start = os.fstat(fd).st_size
+            try:
+                written = 0
+                while written < len(line):
+                    written += os.write(fd, line[written:])
+            except OSError:
+                os.ftruncate(fd, start)
+                raise
+        finally:
+            os.close(fd)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics.is_file():

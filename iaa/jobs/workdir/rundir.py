@@ -13,6 +13,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -29,30 +30,60 @@ class RunDirError(IaaError):
 
 @contextlib.contextmanager
 def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
-    """Hold ``run_dir`` for one run; raises RunDirError when another run holds it or it would be replaced."""
+    """Hold ``run_dir`` for one run; raises RunDirError when another run holds it or it would be replaced.
+
+    A run that fails leaves no ``.lock`` and no empty ``checkpoints/`` (which would make the
+    folder look like a started run); a folder this call created is removed when it holds no
+    checkpoint.
+    """
     run_dir = Path(run_dir)
     if resume and overwrite:
         raise RunDirError("give --resume (continue the run) or --overwrite (replace it), not both")
+    created = not run_dir.exists()
     fd = _open_lock(run_dir)
     try:
+        _lock(fd, run_dir)
+        _check_free(run_dir, resume or overwrite)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
-            raise RunDirError(f"{run_dir} is in use by another run (pid {_holder(fd)}); wait for it to end, "
-                              "or give another --run-dir") from None
-        if RunFolder(run_dir).holds_run() and not (resume or overwrite):
-            held = ", ".join(n for n in RunFolder.RUN_FILES if (run_dir / n).exists())
-            raise RunDirError(f"{run_dir} already holds a run ({held}); "
-                              "add --resume to continue it, --overwrite to replace it, or give another --run-dir")
-        with writing(run_dir):
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        with writing(run_dir):      # a full or read-only disk met by the run: one message naming its folder
-            yield run_dir
+            with writing(run_dir):
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+            with writing(run_dir):      # a full or read-only disk met by the run: one message naming its folder
+                yield run_dir
+        except Exception:
+            _tidy(run_dir, created)     # while the lock is held
+            raise
     finally:
         os.close(fd)  # releases the lock
+
+
+def _lock(fd: int, run_dir: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise
+        raise RunDirError(f"{run_dir} is in use by another run (pid {_holder(fd)}); wait for it to end, "
+                          "or give another --run-dir") from None
+
+
+def _check_free(run_dir: Path, reuse: bool) -> None:
+    if RunFolder(run_dir).holds_run() and not reuse:
+        held = ", ".join(n for n in RunFolder.RUN_FILES if (run_dir / n).exists())
+        raise RunDirError(f"{run_dir} already holds a run ({held}); "
+                          "add --resume to continue it, --overwrite to replace it, or give another --run-dir")
+
+
+def _tidy(run_dir: Path, created: bool) -> None:
+    """After a failed run: remove the lock file, a ``checkpoints/`` without a checkpoint, and the
+    folder itself when this run created it and nothing complete is in it."""
+    folder = RunFolder(run_dir)
+    complete = folder.last.is_file() or folder.best.is_file()
+    if not complete and folder.checkpoints.is_dir() and not folder.metrics.exists():
+        shutil.rmtree(folder.checkpoints, ignore_errors=True)
+    (run_dir / LOCK).unlink(missing_ok=True)
+    if created and not complete:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _open_lock(run_dir: Path) -> int:

@@ -14,7 +14,8 @@ Each gets its own metric, so the Tune config names none (Tune refuses a metric g
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC, TIME_ATTR, TunePreset
 from iaa.jobs.config.search_space import SearchSpace
@@ -32,8 +33,9 @@ def searcher(space: SearchSpace, seed: int, storage: str | None = None, study_na
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     distributions = to_optuna(space)
-    return StudySearch(space=distributions, metric=SEARCH_METRIC, mode=MODE, sampler=sampler(space, seed),
-                       storage=study_storage(storage) if storage else None, study_name=study_name)
+    with study_writes(storage or "", f"keep the study {study_name}"):
+        return StudySearch(space=distributions, metric=SEARCH_METRIC, mode=MODE, sampler=sampler(space, seed),
+                           storage=study_storage(storage) if storage else None, study_name=study_name)
 
 
 def sampler(space: SearchSpace, seed: int) -> Any:
@@ -47,11 +49,31 @@ def sampler(space: SearchSpace, seed: int) -> Any:
 
 
 def study_storage(url: str) -> Any:
-    """An Optuna RDB storage at ``url``; SQLite waits for a reader (optuna-dashboard) instead of failing."""
+    """An Optuna RDB storage at ``url``; SQLite waits for a reader (optuna-dashboard) instead of failing.
+    A full disk is one :class:`iaa.files.DiskFullError` naming the store."""
     import optuna
 
     kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    with study_writes(url, "be opened"):
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def study_writes(url: str, failed: str) -> Iterator[None]:
+    """Turn a full disk met by the Optuna store ``url`` (SQLAlchemy's "database or disk is full",
+    an OSError) into one DiskFullError saying what the store could not do (``failed``)."""
+    from iaa.files import DiskFullError, disk_full, free_bytes, size_text
+
+    try:
+        yield
+    except Exception as err:                  # SQLAlchemy's and Optuna's errors have no common base
+        if not disk_full(err):
+            raise
+        path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+        free = free_bytes(path) if path else None
+        told = f" ({size_text(free)} free)" if free is not None else ""
+        raise DiskFullError(f"no space left on device for the Optuna store {path or url}{told}: it could not "
+                            f"{failed}; free some space on its disk or pass another --optuna-storage") from None
 
 
 def scheduler(preset: TunePreset, max_t: int) -> Any:

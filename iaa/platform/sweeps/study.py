@@ -172,10 +172,7 @@ def _save(plt: Any, path: Path) -> None:
 def fail_unfinished(storage_url: str, study_name: str, attrs: Mapping[str, str]) -> int:
     """End FAIL every RUNNING or WAITING trial of study ``study_name``, with ``attrs`` as its user
     attributes (why it ended); returns how many. A study that does not exist has none."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
-    from iaa.platform.sweeps.search_algorithm import study_storage
+    from iaa.platform.sweeps.search_algorithm import study_storage, study_writes
 
     if storage_url.startswith("sqlite:///") and not Path(storage_url.removeprefix("sqlite:///")).is_file():
         return 0
@@ -184,6 +181,14 @@ def fail_unfinished(storage_url: str, study_name: str, attrs: Mapping[str, str])
         study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
         return 0
+    with study_writes(storage_url, f"mark the unfinished trials of study {study_name} FAIL"):
+        return _fail_trials(storage, study_id, attrs)
+
+
+def _fail_trials(storage: Any, study_id: int, attrs: Mapping[str, str]) -> int:
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
     failed = 0
     for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
         try:

@@ -33,6 +33,7 @@ import requests
 from mlflow.tracking import MlflowClient
 
 from iaa.errors import IaaError, brief
+from iaa.files import DiskFullError, disk_full, free_bytes, size_text
 from iaa.jobs.workdir.paths import sqlite_file
 from iaa.platform.cluster.owner import owner_alive
 from iaa.platform.tracking import relocate
@@ -71,9 +72,20 @@ def open_store(uri: str) -> str:
         if uri.startswith(("http://", "https://")):
             raise IaaError(f"MLflow tracking server {uri} answers /health but its API fails ({brief(err)}); see the "
                            "server's log, or fix --tracking-uri / MLFLOW_TRACKING_URI") from err
+        if disk_full(err):
+            raise store_full(uri, "be opened") from None
         raise IaaError(f"the MLflow store {uri} cannot be used ({brief(err)}); fix it or pass another "
                        "--tracking-uri") from err
     return uri
+
+
+def store_full(uri: str, failed: str) -> DiskFullError:
+    """The one error of a store whose disk is full: ``failed`` says what it could not do."""
+    db = sqlite_file(uri)
+    free = free_bytes(db) if db is not None else None
+    told = f" ({size_text(free)} free)" if free is not None else ""
+    return DiskFullError(f"no space left on device for the MLflow store {db or uri}{told}: it could not {failed}; "
+                         "free some space on its disk or pass another --tracking-uri")
 
 
 def check(uri: str, timeout_s: float | None = None) -> None:

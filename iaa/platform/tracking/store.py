@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -30,7 +31,9 @@ from mlflow.entities import Metric, Param
 from iaa.errors import IaaError, brief
 from iaa.data.manifest import MANIFEST
 from iaa.platform.cluster.owner import owner
-from iaa.platform.tracking.connection import OWNER_TAG, PARENT_TAG, TRANSIENT, experiment_id, store_client
+from iaa.files import disk_full
+from iaa.platform.tracking.connection import (OWNER_TAG, PARENT_TAG, TRANSIENT, experiment_id, store_client,
+                                             store_full)
 
 RETRY_EVERY_S = 30.0
 
@@ -211,11 +214,24 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
     database) ends the run FAILED and raises :class:`TrackingIncomplete` naming what was not
     logged: the work itself is done, but the record of it is not whole.
     """
-    run = Run.reopen(uri, resume_id) if resume_id else Run.start(uri, experiment, name, **kwargs)
+    try:
+        run = Run.reopen(uri, resume_id) if resume_id else Run.start(uri, experiment, name, **kwargs)
+    except TRANSIENT as err:
+        if disk_full(err):
+            raise store_full(uri, f"{'reopen' if resume_id else 'start'} the run; nothing was done") from None
+        raise
     try:
         yield run
     except KeyboardInterrupt:
         run.end("KILLED")
+        raise
+    except IaaError as err:
+        run.end("FAILED")
+        unmarked = [w for w in run.lost if w.startswith("mark FAILED")]
+        if unmarked:
+            # "mark FAILED ((sqlite3.OperationalError) database or disk is full)" -> the last part
+            reason = re.sub(r"^\(\([\w.]+\) ", "(", unmarked[0].removeprefix("mark FAILED "))
+            raise IaaError(f"{err}; and the MLflow run {run.run_id} could not be marked FAILED {reason}") from err
         raise
     except BaseException:
         run.end("FAILED")
