@@ -174,7 +174,7 @@ class SweepConsole:
 
     def _say(self, text: str) -> None:
         now = self.clock()
-        print(f"[{duration(now - self.started)}] {printable(text)}", file=self.out, flush=True)
+        print(f"[{duration(now - self.started)}] {printable(text, keep_lines=True)}", file=self.out, flush=True)
         self._said = now
 
 
