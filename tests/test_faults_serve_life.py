@@ -110,7 +110,7 @@ def test_a_second_serve_on_a_running_ones_port_fails_in_one_line(tiny, running, 
     log = tmp_path / "second.log"
     code, took, out = _finish(_serve(tiny, port, log), log, 60)
     assert code not in (None, 0), out[-3000:]
-    _one_error_line(out, f"port {port} ", "ray::ProxyActor")
+    _one_error_line(out, f"port {port} ", f"(ray::ProxyActor) of pid {first.pid} (", " -m iaa.cli serve)")
     assert took < 10, took
     assert first.poll() is None                  # the running one is untouched
 
@@ -148,3 +148,33 @@ def test_replicas_the_cluster_cannot_place_are_one_line_naming_the_cpus(tiny, tm
     _one_error_line(out, f"{cpus + 1} replicas x 1 CPU need {cpus + 1} CPUs", f"the cluster has {cpus}")
     time.sleep(1)
     assert _live(proc.pid) == []
+
+
+def test_replicas_left_unplaced_fail_in_one_line_instead_of_waiting(tiny):
+    """The CPUs exist but something else holds them: the wait for the replicas is bounded."""
+    pytest.importorskip("ray.serve", reason="needs ray[serve]")
+    import ray
+
+    from iaa.errors import IaaError
+    from iaa.jobs.inference import serve as job
+    from iaa.platform import ray_serve
+    from tests._platform import start_local_ray
+
+    root, prepared, ckpt = tiny
+    cfg = job.config(model_uri=None, checkpoint=ckpt, ensemble_dir=None, data_dir=prepared, workdir=root,
+                     tracking_uri=None, cpus_per_replica=0.5, port=_free_port())
+    if ray.is_initialized():
+        ray.shutdown()
+    start_local_ray(num_cpus=2)
+    try:
+        holder = ray.remote(num_cpus=1.8)(type("Holder", (), {"ping": lambda self: 1})).remote()
+        ray.get(holder.ping.remote())
+        started = time.monotonic()
+        with pytest.raises(IaaError) as caught:
+            ray_serve.start(cfg, job.CODE)
+        assert time.monotonic() - started < 90
+        assert "1 replica x 0.5 CPU need 0.5 CPUs (+0.1 for the ingress); the cluster has 2 (" in str(caught.value)
+        assert "\n" not in str(caught.value)
+    finally:
+        ray_serve.stop(cfg.app_name)
+        ray.shutdown()

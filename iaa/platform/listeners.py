@@ -71,13 +71,39 @@ def _bind(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _command(pid: int, words: int = 4) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "?"
+    return " ".join(os.path.basename(word) if word.startswith("/") else word for word in argv[:words]).strip()
+
+
+def describe(pid: int, name: str) -> str:
+    """``pid 12 (name)``; for a process of Ray (Serve's proxy), also the command that started its Ray."""
+    text = f"pid {pid} ({name})"
+    if not name.startswith("ray::"):
+        return text
+    owner = _parent(pid)
+    while owner > 1 and (_name(owner).startswith("ray::") or _name(owner) in ("raylet", "gcs_server")):
+        owner = _parent(owner)
+    return f"{text} of pid {owner} ({_command(owner)})" if owner > 1 else text
+
+
 def check_free(host: str, port: int, flag: str = "--port") -> None:
     """Raise :class:`IaaError` naming ``port`` (and the process holding it, where this user can
     see it) when a server could not listen on ``host:port`` alone."""
     try:
         _bind(host, port)
     except OSError as err:
-        who = ", ".join(f"pid {pid} ({name})" for pid, name in holders(port))
+        who = ", ".join(describe(pid, name) for pid, name in holders(port))
         reason = f"is taken by {who}" if who else f"cannot be listened on ({err.strerror or err})"
         raise IaaError(f"port {port} on {host} {reason}; stop it or give another {flag}") from None
 
@@ -87,10 +113,7 @@ def descendants(root: int) -> list[int]:
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
+            parents[int(entry)] = _parent(int(entry))
     found, todo = [], [root]
     while todo:
         here = todo.pop(0)

@@ -61,7 +61,7 @@ def _check_alone(cfg: ServeConfig) -> None:
     ours = set(listeners.descendants(os.getpid()))
     others = [(pid, name) for pid, name in listeners.holders(cfg.port) if pid not in ours]
     if others:
-        who = ", ".join(f"pid {pid} ({name})" for pid, name in others)
+        who = ", ".join(listeners.describe(pid, name) for pid, name in others)
         raise IaaError(f"port {cfg.port} on {cfg.host} was taken by {who} while Ray started; "
                        "stop it or give another --port")
 
@@ -72,7 +72,8 @@ def run_forever(cfg: ServeConfig, connect: Callable[[], bool], start: Callable[[
     starts Ray (True: a local one, this command's), ``start()`` deploys and returns the URL,
     ``stop(local)`` deletes the application and shuts down what this command started."""
     check_port(cfg)
-    if _local(cfg):
+    own = _local(cfg)                               # a local Ray, started (or half started) by this command
+    if own:
         listeners.adopt_orphans()                   # what Ray leaves when its raylet dies stays ours to end
     _arm(_interrupt)                                # also when started with SIGINT ignored (`cmd &`)
     local, error = False, None
@@ -85,21 +86,24 @@ def run_forever(cfg: ServeConfig, connect: Callable[[], bool], start: Callable[[
         print(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):        # SystemExit: Ray's own SIGTERM handler, set while it starts
         pass
     except BaseException as err:
         error = err                                 # on its way to the command's error line
         raise
     finally:
-        _stop(stop, local, error)
+        _stop(stop, local, own, error)
 
 
-def _stop(stop: Callable[[bool], None], local: bool, pending: BaseException | None) -> None:
-    """``stop(local)`` within :data:`STOP_S` (see the module); ``pending``: the error the command
-    is failing with, said before an early exit."""
+def _stop(stop: Callable[[bool], None], local: bool, own: bool, pending: BaseException | None) -> None:
+    """``stop(local)`` within :data:`STOP_S` (see the module); ``own``: this command started a
+    local Ray, maybe only half (stopped while Ray started); ``pending``: the error the command is
+    failing with, said before an early exit."""
     ray = sys.modules.get("ray")
-    _arm(lambda signum, frame: _end_now(local, 128 + signum))
+    _arm(lambda signum, frame: _end_now(own, 128 + signum))
     if ray is None or not ray.is_initialized():
+        if own:
+            _kill_ours()                            # what a half-started Ray had started
         return
     done = threading.Event()
     code = 1 if pending is not None else 0
@@ -144,14 +148,19 @@ def _reachable(address: str) -> bool:
 def _end_now(local: bool, code: int, pending: BaseException | None = None) -> None:
     """Kill what is left of this command's local Ray, print ``pending``'s line, and exit ``code``."""
     if local:
-        for pid in listeners.descendants(os.getpid()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        _kill_ours()
     if pending is not None:
         print(f"Error: {pending}" if isinstance(pending, IaaError) else f"Error: {type(pending).__name__}: {pending}",
               file=sys.stderr)
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(code)
+
+
+def _kill_ours() -> None:
+    """SIGKILL every process below this one (all of them this command's local Ray's)."""
+    for pid in listeners.descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
