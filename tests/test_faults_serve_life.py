@@ -1,7 +1,8 @@
 """Fault suite, ``iaa-cli serve`` from start to stop, in its own process: a taken port is one
 line naming the port and its holder, before Ray starts (another serve's included: Serve's proxy
 would share the port); replicas the cluster cannot place are one line naming the CPUs; SIGTERM
-to every process of a running serve (a service manager's stop) ends it cleanly and leaves none."""
+to every process of a running serve (a service manager's stop) ends it cleanly and leaves none.
+The port and CPU checks themselves are also tested without Ray, at the end."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ import pytest
 
 from tests._explain import tiny_setup
 from tests.test_serve import _free_port
-
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[1]
 START_WAIT_S = 600                 # a busy 2-core machine takes minutes to start Ray Serve
@@ -105,6 +104,8 @@ def running(tiny, tmp_path_factory):
         proc.wait()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_second_serve_on_a_running_ones_port_fails_in_one_line(tiny, running, tmp_path):
     first, port, _ = running
     log = tmp_path / "second.log"
@@ -115,6 +116,8 @@ def test_a_second_serve_on_a_running_ones_port_fails_in_one_line(tiny, running, 
     assert first.poll() is None                  # the running one is untouched
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_sigterm_to_every_process_of_a_serve_ends_it_cleanly(running):
     """What ``systemctl stop`` does (and ``docker stop`` to a container's processes): Ray's
     processes get the signal too, so the command must not wait for them to answer."""
@@ -127,6 +130,8 @@ def test_sigterm_to_every_process_of_a_serve_ends_it_cleanly(running):
     assert _live(proc.pid) == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_port_held_by_any_program_is_one_line_naming_it(tiny, tmp_path):
     log = tmp_path / "serve.log"
     with socket.socket() as holder:
@@ -139,6 +144,8 @@ def test_a_port_held_by_any_program_is_one_line_naming_it(tiny, tmp_path):
     assert took < 10, took
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_replicas_the_cluster_cannot_place_are_one_line_naming_the_cpus(tiny, tmp_path):
     cpus = os.cpu_count() or 1
     log = tmp_path / "serve.log"
@@ -150,6 +157,8 @@ def test_replicas_the_cluster_cannot_place_are_one_line_naming_the_cpus(tiny, tm
     assert _live(proc.pid) == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_replicas_left_unplaced_fail_in_one_line_instead_of_waiting(tiny):
     """The CPUs exist but something else holds them: the wait for the replicas is bounded."""
     pytest.importorskip("ray.serve", reason="needs ray[serve]")
@@ -178,3 +187,40 @@ def test_replicas_left_unplaced_fail_in_one_line_instead_of_waiting(tiny):
     finally:
         ray_serve.stop(cfg.app_name)
         ray.shutdown()
+
+
+# --- without Ray ----------------------------------------------------------------------------------
+
+
+def test_a_port_that_reuseport_listeners_would_share_is_not_free():
+    from iaa.errors import IaaError
+    from iaa.platform import listeners
+
+    with socket.socket() as proxy, socket.socket() as second:
+        for sock in (proxy, second):                # how Serve's proxy binds
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen()
+        port = proxy.getsockname()[1]
+        second.bind(("127.0.0.1", port))             # a second proxy would share it, silently
+        for host in ("127.0.0.1", "0.0.0.0"):
+            with pytest.raises(IaaError) as caught:
+                listeners.check_free(host, port)
+            assert f"port {port} on {host} is taken by pid {os.getpid()} (" in str(caught.value)
+
+
+def test_the_first_replicas_and_the_ingress_must_fit_the_cpus(tmp_path):
+    from iaa.errors import IaaError
+    from iaa.jobs.inference import serve as job
+    from iaa.platform.serve_capacity import check_fits
+
+    def cfg(**deploy):
+        return job.config(model_uri=None, checkpoint=tmp_path / "m.pt", ensemble_dir=None, data_dir=None,
+                          workdir=tmp_path, tracking_uri=None, **deploy)
+
+    with pytest.raises(IaaError, match=r"^8 replicas x 1 CPU need 8 CPUs \(\+0.1 for the ingress\); the cluster has 2 "):
+        check_fits(cfg(replicas=8, cpus_per_replica=1), {"CPU": 2.0})
+    with pytest.raises(IaaError, match="3 replicas x 1 CPU need 3 CPUs"):
+        check_fits(cfg(autoscale=(3, 6), cpus_per_replica=1), {"CPU": 2.0})
+    check_fits(cfg(replicas=3, cpus_per_replica=0.6), {"CPU": 2.0})     # 1.8 + 0.1
+    check_fits(cfg(autoscale=(0, 8), cpus_per_replica=1.5), {"CPU": 2.0})   # starts with one

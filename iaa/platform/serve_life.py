@@ -6,7 +6,8 @@
 - SIGINT and SIGTERM (Ctrl-C, ``docker stop``, ``systemctl stop``) raise ``KeyboardInterrupt`` in
   the main thread, also after Ray set its own handlers. The stop then deletes the application
   (Serve lets its replicas finish the requests they hold) and shuts down the Ray this command
-  started; the command exits 0.
+  started; the command exits 0. A signal while Ray starts (when Ray's own SIGTERM handler, which
+  raises ``SystemExit``, may be the one set) ends what the half-started Ray had started.
 - A stop has :data:`STOP_S` seconds. A service manager may signal every process of the service
   at once, Ray's included: then Ray is gone, and a driver that still talks to it blocks until
   Ray's client gives up and aborts the process. So when this command's local Ray is no longer
@@ -22,8 +23,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 from iaa.errors import IaaError
 from iaa.jobs.ports import ServeConfig
