@@ -298,6 +298,7 @@ def start(cfg: ServeConfig, code: ServeCode) -> str:
     with driver_lines_to_log():
         serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"},
                     controller_options={"runtime_env": {"env_vars": proxy_env(cfg.limits.max_request_bytes)}})
+        # serve.run without its own wait, which has no bound: wait_running waits, bounded
         serve._run(build(to_dict(cfg), code), name=cfg.app_name, route_prefix=ROUTE, _blocking=False)
         wait_running(cfg, local, functools.partial(_failure, cfg.app_name))
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
