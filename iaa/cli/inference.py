@@ -170,6 +170,9 @@ def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | N
                      max_batch=max_batch, batch_wait_ms=batch_wait_ms, cpus_per_replica=cpus_per_replica,
                      threads=threads, max_document_words=max_document_words, max_query_words=max_query_words,
                      max_candidates=max_candidates, host=host, port=port, address=address)
+    from iaa.platform import serve_life
+
+    serve_life.check_port(cfg)                  # before Ray is imported: a taken port fails in a second
     from iaa.platform import ray_serve as platform_serve
 
     platform_serve.run_forever(cfg, job.CODE)

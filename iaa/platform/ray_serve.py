@@ -33,8 +33,7 @@ import asyncio
 import functools
 import json
 import logging
-import sys
-import time
+import os
 from dataclasses import asdict
 from typing import Any
 
@@ -46,6 +45,8 @@ from starlette.responses import Response
 from iaa import __version__
 from iaa.errors import IaaError
 from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeCode, ServeConfig
+from iaa.platform import serve_life
+from iaa.platform.serve_capacity import INGRESS_CPUS, check_fits, wait_running
 from iaa.platform.serve_docs import add_docs
 from iaa.platform.serve_logs import driver_lines_to_log
 from iaa.platform.serve_proxy import over_limit, proxy_env
@@ -254,9 +255,6 @@ def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
     return options
 
 
-INGRESS_CPUS = 0.1                   # it only reads HTTP and forwards bytes
-
-
 def build(args: dict[str, Any], code: ServeCode) -> Any:
     """The Serve application of ``args`` (a :class:`~iaa.jobs.ports.ServeConfig` as a dict, or
     the flat ``model``/``checkpoint``/``ensemble`` keys of a Serve config file): an ingress (one
@@ -289,16 +287,22 @@ def config_args(args: dict[str, Any]) -> dict[str, Any]:
 
 def start(cfg: ServeConfig, code: ServeCode) -> str:
     """Deploy ``cfg`` (readers loading with ``code.load``) on the Ray cluster (``cfg.address`` or a local one); returns the base URL
-    once every replica has loaded the model (``serve.run`` waits for that, and raises when a
-    replica cannot start). Serve's own progress lines go to Ray's log folder (:mod:`iaa.platform.serve_logs`)."""
+    once every replica has loaded the model. Raises :class:`IaaError` when a replica cannot start,
+    or when the cluster cannot place the replicas (:mod:`iaa.platform.serve_capacity`: a local one
+    is checked before anything is deployed). Serve's own progress lines go to Ray's log folder
+    (:mod:`iaa.platform.serve_logs`)."""
+    import ray
+
     _connect(cfg)
+    local = not (cfg.address or os.environ.get("RAY_ADDRESS"))
+    if local:
+        check_fits(cfg, ray.cluster_resources())
     with driver_lines_to_log():
         serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"},
                     controller_options={"runtime_env": {"env_vars": proxy_env(cfg.limits.max_request_bytes)}})
-        try:
-            serve.run(build(to_dict(cfg), code), name=cfg.app_name, route_prefix=ROUTE, blocking=False)
-        except RuntimeError as err:          # DEPLOY_FAILED: a replica's constructor raised
-            raise IaaError(f"the model could not be served: {_failure(cfg.app_name) or err}") from err
+        # serve.run without its own wait, which has no bound: wait_running waits, bounded
+        serve._run(build(to_dict(cfg), code), name=cfg.app_name, route_prefix=ROUTE, _blocking=False)
+        wait_running(cfg, local, functools.partial(_failure, cfg.app_name))
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
     return f"http://{host}:{cfg.port}"
 
@@ -373,21 +377,7 @@ def stop(app: str = "iaa", *, local: bool = False) -> None:
 
 
 def run_forever(cfg: ServeConfig, code: ServeCode) -> None:
-    """``iaa-cli serve``: deploy, say where, and serve until Ctrl-C."""
-    import signal
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)        # a service manager's stop: shut Serve down too
-    signal.signal(signal.SIGINT, interrupt)         # also when started with SIGINT ignored (`cmd &`)
-    local = _connect(cfg)
-    url = start(cfg, code)
-    print(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)", file=sys.stderr)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stop(cfg.app_name, local=local)
+    """``iaa-cli serve``: deploy, say where, and serve until Ctrl-C or SIGTERM (:mod:`iaa.platform.serve_life`:
+    one server per port, a bounded stop)."""
+    serve_life.run_forever(cfg, functools.partial(_connect, cfg), functools.partial(start, cfg, code),
+                           lambda local: stop(cfg.app_name, local=local))
