@@ -139,3 +139,20 @@ def test_a_paragraph_longer_than_the_tagger_reads_names_the_file_and_line(tmp_pa
     with pytest.raises(IaaError, match=f"{text}, line 3: .*1,249,999 characters"):
         _make_cloze(text, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_make_cloze_refuses_split_sizes_its_documents_cannot_fill_before_tagging_or_ray(tmp_path, monkeypatch):
+    from iaa.jobs.own_data import make_cloze
+    from iaa.platform import cloze_ray
+
+    def started(*args, **kwargs):
+        raise AssertionError("the tagger (or Ray) started before the split sizes were checked")
+
+    monkeypatch.setattr(cloze_ray, "tag", started)
+    monkeypatch.setattr(make_cloze, "check_pipeline", started)
+    text = tmp_path / "one.txt"
+    text.write_text("Anna walked to the river . Ben sat down .\n", encoding="utf-8")
+    code, output = invoke("make-cloze", "--style", "cbt-ne", "--source", text, "--out", tmp_path / "out",
+                          "--valid", "5", "--test", "5", "--workdir", tmp_path / "w")
+    assert_one_message(code, output, "--valid 5 --test 5", "the sources without a split have 1")
+    assert not (tmp_path / "out").exists()
