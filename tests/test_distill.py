@@ -198,3 +198,18 @@ def test_a_teacher_file_that_is_not_parquet_is_refused(setup):
             distill.run(req, train=plain_train)
     finally:
         path.unlink()
+
+
+def test_a_run_folder_that_holds_a_run_is_refused_before_the_teacher_is_scored(setup, tmp_path):
+    from iaa.jobs.workdir.rundir import RunDirError
+
+    run_dir = tmp_path / "student"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.pt").write_bytes(b"a run's checkpoint")
+
+    def scored(*args, **kwargs):
+        raise AssertionError("the teacher was scored before the run folder was checked")
+
+    req = replace(request(setup), run_dir=run_dir, refresh_teacher=True)
+    with pytest.raises(RunDirError, match="already holds a run"):
+        distill.run(req, train=plain_train, score=scored)

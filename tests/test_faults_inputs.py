@@ -8,6 +8,7 @@ written, and every file left as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -146,3 +147,51 @@ def test_a_paragraph_longer_than_the_tagger_reads_names_the_file_and_line(tmp_pa
     with pytest.raises(IaaError, match=f"{text}, line 3: .*1,249,999 characters"):
         _make_cloze(text, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_make_cloze_refuses_split_sizes_its_documents_cannot_fill_before_tagging_or_ray(tmp_path, monkeypatch):
+    from iaa.jobs.own_data import make_cloze
+    from iaa.platform import cloze_ray
+
+    def started(*args, **kwargs):
+        raise AssertionError("the tagger (or Ray) started before the split sizes were checked")
+
+    monkeypatch.setattr(cloze_ray, "tag", started)
+    monkeypatch.setattr(make_cloze, "check_pipeline", started)
+    text = tmp_path / "one.txt"
+    text.write_text("Anna walked to the river . Ben sat down .\n", encoding="utf-8")
+    code, output = invoke("make-cloze", "--style", "cbt-ne", "--source", text, "--out", tmp_path / "out",
+                          "--valid", "5", "--test", "5", "--workdir", tmp_path / "w")
+    assert_one_message(code, output, "--valid 5 --test 5", "the sources without a split have 1")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_make_cloze_refuses_its_split_sizes_in_seconds_in_its_own_process_without_ray(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from _processes import process_tree
+
+    text = tmp_path / "one.txt"
+    text.write_text("Anna walked to the river . Ben sat down .\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "IAA_WORKDIR")}
+    argv = [sys.executable, "-m", "iaa.cli", "make-cloze", "--style", "cbt-ne", "--source", str(text),
+            "--out", str(tmp_path / "out"), "--valid", "5", "--test", "5", "--workdir", str(tmp_path / "w")]
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    commands: set[str] = set()
+    while proc.poll() is None and time.monotonic() - started < 60:
+        for pid in process_tree(proc.pid) - {proc.pid}:
+            with contextlib.suppress(OSError):
+                commands.add(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace"))
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=120)
+    took = time.monotonic() - started
+
+    assert took < 5.0, (took, err[-2000:])
+    assert not [c for c in commands if "raylet" in c or "gcs_server" in c], commands
+    assert "Started a local Ray" not in err
+    assert_one_message(proc.returncode, out + err, "--valid 5 --test 5", "the sources without a split have 1")

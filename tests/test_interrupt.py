@@ -100,6 +100,76 @@ def test_a_second_signal_exits_at_once_after_the_marks(tmp_path: Path) -> None:
     assert "not reached" not in proc.stdout and "Traceback" not in proc.stderr
 
 
+def _second_signal(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run ``script`` (with ``MARKS`` and ``CHILD`` files under ``tmp_path``); a hang fails the test."""
+    marks, child = tmp_path / "marks.txt", tmp_path / "child.pid"
+    code = f"MARKS, CHILD = {str(marks)!r}, {str(child)!r}\n" + textwrap.dedent(script)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_a_second_signal_marks_even_while_the_main_thread_holds_what_the_marks_need(tmp_path: Path) -> None:
+    proc = _second_signal("""
+        import os, signal, threading, time
+        from iaa.jobs import interrupt
+
+        store = threading.Lock()          # as a tracking store's write transaction
+
+        def mark(name):
+            with store:
+                with open(MARKS, "a") as f:
+                    f.write(name + "\\n")
+
+        with interrupt.stoppable("iaa-cli train --resume") as stop:
+            stop.on_stop(mark)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(30)
+            finally:
+                with store:                   # the second Ctrl-C comes in the middle of a write
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.5)
+        print("not reached")
+    """, tmp_path)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    assert "SIGINT" in (tmp_path / "marks.txt").read_text().splitlines()
+    assert [line for line in proc.stderr.splitlines() if line.startswith("interrupted by")] == [
+        "interrupted by SIGINT: resume with: iaa-cli train --resume"]
+    assert "Traceback" not in proc.stderr and "not reached" not in proc.stdout
+
+
+def test_a_second_signal_ends_the_processes_this_one_started(tmp_path: Path) -> None:
+    proc = _second_signal("""
+        import os, signal, subprocess, sys, time
+        from iaa.jobs import interrupt
+
+        with interrupt.stoppable("iaa-cli ensemble") as stop:
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            with open(CHILD, "w") as f:
+                f.write(str(child.pid))
+            stop.on_stop(lambda name: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+    """, tmp_path)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not _alive(int((tmp_path / "child.pid").read_text()))
+
+
+def _alive(pid: int, within_s: float = 2.0) -> bool:
+    """Whether ``pid`` still runs (a zombie does not) after ``within_s`` seconds at most."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return False
+        except OSError:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 class _Killed(BaseException):
     """Stands for a kill -9 of the sweep's process in the middle of its trials."""
 

@@ -1,9 +1,11 @@
 """``iaa-cli tune`` and ``iaa-cli train`` stopped by a signal in their own processes: they exit
 within seconds, leave no MLflow run and no Optuna trial RUNNING, say one line (no Ray advice, no
-traceback), and ``tune --resume NAME`` alone continues the sweep with the console of a fresh one."""
+traceback), and ``tune --resume NAME`` alone continues the sweep with the console of a fresh one.
+A second signal ends a command at once, its runs KILLED and no process it started left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,17 +34,27 @@ def _env() -> dict[str, str]:
     return {**env, "PYTHONPATH": str(REPO)}
 
 
-def _stop_when(argv: list[str], log: Path, ready, signum: int) -> tuple[int, float, str]:
-    """Start ``argv``, send ``signum`` once ``ready(output)`` holds; (exit status, seconds to exit, output)."""
+def _stop_when(argv: list[str], log: Path, ready, signum: int, *, group: bool = False,
+               again: bool = False, started: list[int] | None = None) -> tuple[int, float, str]:
+    """Start ``argv``, send ``signum`` once ``ready(output)`` holds; (exit status, seconds to exit, output).
+
+    ``group``: the command runs in a process group of its own (its id: the command's pid), and the
+    signal goes to the whole group, as a terminal's Ctrl-C does; ``again``: a second one follows."""
     with log.open("w") as out:
-        proc = subprocess.Popen(argv, cwd=log.parent, env=_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(argv, cwd=log.parent, env=_env(), stdout=out, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=group)
+        if started is not None:
+            started.append(proc.pid)
         try:
             deadline = time.monotonic() + 900
             while not ready(log.read_text()):
                 assert proc.poll() is None, f"ended before the signal:\n{log.read_text()[-3000:]}"
                 assert time.monotonic() < deadline, "never got ready"
                 time.sleep(0.2)
-            proc.send_signal(signum)
+            send = (lambda: os.killpg(proc.pid, signum)) if group else (lambda: proc.send_signal(signum))
+            send()
+            if again:
+                send()
             sent = time.monotonic()
             try:
                 code = proc.wait(timeout=60)
@@ -109,3 +121,96 @@ def test_train_stopped_by_sigterm_ends_its_run_killed_at_once(tmp_path: Path) ->
     assert line.endswith("--resume") and f"--run-dir {run_dir}" in line
     assert "Traceback" not in out
     assert _running_runs(work) == []
+
+
+# The first Ctrl-C's stop ends the run KILLED; the second comes in the middle of that very write
+# to the store (its SQLite lock held), as a Ctrl-C pressed twice can.
+SECOND_CTRL_C_IN_A_WRITE = """
+import os, signal, sys
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from iaa.cli import main
+from iaa.jobs import interrupt
+
+sent = []
+
+@event.listens_for(Engine, "after_cursor_execute")
+def second_ctrl_c(conn, cursor, statement, *args):
+    stopped = interrupt._ACTIVE and interrupt._ACTIVE[-1].signal_name
+    if stopped and not sent and statement.lstrip().upper().startswith("UPDATE RUNS"):
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+sys.argv[0] = "iaa-cli"
+main()
+"""
+
+
+def test_train_stopped_twice_exits_at_once_with_its_run_killed(tmp_path: Path) -> None:
+    tiny, work, run_dir = make_tiny_prepared(tmp_path / "tiny"), tmp_path / "work", tmp_path / "run"
+    argv = [sys.executable, "-c", SECOND_CTRL_C_IN_A_WRITE, "train", "--data", str(tiny), *SETS,
+            "--set", "train.max_epochs=200", "--run-dir", str(run_dir), "--workdir", str(work)]
+    last = run_dir / "checkpoints" / "last.pt"
+    code, took, out = _stop_when(argv, tmp_path / "train.log", lambda text: last.is_file(), signal.SIGINT)
+
+    assert code == 130 and took < 2.0, (code, took, out[-3000:])
+    assert len([line for line in out.splitlines() if line.startswith("interrupted by SIGINT")]) == 1
+    assert "Traceback" not in out and "database is locked" not in out
+    assert _running_runs(work) == []
+
+
+def _group(pgid: int) -> list[str]:
+    """The command lines of the live processes (zombies aside) of process group ``pgid``."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            found.append(f"{entry} {command}")
+    return found
+
+
+def _sweep_of_one_trial(tiny: Path, work: Path, name: str) -> None:
+    """A finished sweep's record with one trial and no checkpoint: its ensemble trains the members on Ray."""
+    from iaa.jobs.datasets import resolve
+    from iaa.jobs.ports import TrialRecord
+    from iaa.jobs.sweeps import record
+
+    cfg = resolve.job_config("cbt-ne", tiny, sets=[*TINY_SETS, "train.threads=1", "train.max_epochs=200",
+                                                   "train.patience=100000"])
+    record.write(record.sweep_file(work, name), {"name": name, "dataset": "cbt-ne", "data_dir": str(tiny),
+                                                 "trials": [TrialRecord("t0", cfg, best_valid_acc=0.5)]})
+
+
+def test_ensemble_stopped_twice_leaves_no_process_of_its_group(tmp_path: Path) -> None:
+    tiny, work = make_tiny_prepared(tmp_path / "tiny"), tmp_path / "work"
+    _sweep_of_one_trial(tiny, work, "s")
+    argv = _cli("ensemble", "--sweep", "s", "--seeds", "1", "--workdir", str(work))
+    started: list[int] = []
+    try:
+        code, took, out = _stop_when(argv, tmp_path / "ensemble.log", lambda text: " check 1 " in text, signal.SIGINT,
+                                     group=True, again=True, started=started)
+        left = _left_in_group(started[0])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(started[0], signal.SIGKILL)
+
+    assert code == 130 and took < 2.0, (code, took, out[-3000:])
+    assert left == [], left                        # Ray's raylet, workers and agents ended with it
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    assert len([line for line in out.splitlines() if line.startswith("interrupted by SIGINT")]) == 1
+    assert _running_runs(work) == []
+
+
+def _left_in_group(pgid: int, within_s: float = 1.5) -> list[str]:
+    """The processes of group ``pgid`` still alive ``within_s`` seconds after its leader ended (killed
+    ones are gone at once; Ray's own would linger for longer)."""
+    deadline = time.monotonic() + within_s
+    while _group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _group(pgid)

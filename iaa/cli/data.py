@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -70,10 +71,15 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
 
     cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
                           split_by=split_by, seed=seed, stride=stride, context=context, pipeline=pipeline)
-    from iaa.platform import cloze_ray
-
-    tag_map = functools.partial(cloze_ray.tag, address=address) if workers != 0 else None
+    tag_map = functools.partial(_tag_on_ray, address=address) if workers != 0 else None
     result = job.run(cfg, out, workers=workers, tag_map=tag_map, progress=not as_json, overwrite=overwrite,
                      workdir=workdir)
     _emit(result, as_json)
     _close(as_json, "iaa.jobs.own_data.cloze_summary", result)
+
+
+def _tag_on_ray(units: Any, factory: Any, **kwargs: Any) -> list[str]:
+    """``iaa.platform.cloze_ray.tag``, imported only once the job has checked its inputs and tags."""
+    from iaa.platform import cloze_ray
+
+    return cloze_ray.tag(units, factory, **kwargs)

@@ -85,19 +85,18 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _interrupted(err: KeyboardInterrupt) -> None:
     """SIGINT or SIGTERM: the job's one line (what is kept, how to resume), no traceback; exit
     status 128 + the signal's number (130 for Ctrl-C)."""
-    from iaa.jobs.interrupt import Interrupted
+    from iaa.jobs import interrupt
 
-    if not isinstance(err, Interrupted):
-        err = Interrupted("SIGINT")
-    click.echo(printable(err.message or str(err)), err=True)
+    if EXIT_AT_ONCE:                     # another signal from here on ends the process, without a traceback
+        interrupt.arm(lambda signum, frame: interrupt.end_process(128 + signum))
+    if not isinstance(err, interrupt.Interrupted):
+        err = interrupt.Interrupted("SIGINT")
     if EXIT_AT_ONCE:
-        # everything is marked and said: a local Ray's orderly shutdown would take seconds more,
-        # and its processes end with this one (they share its fate)
-        import sys
-
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(err.exit_code)
+        # everything is marked: a local Ray's orderly shutdown would take seconds more, so the
+        # processes this one started end with it (interrupt.end_process)
+        interrupt.say(printable(err.message or str(err)))
+        interrupt.end_process(err.exit_code)
+    click.echo(printable(err.message or str(err)), err=True)
     raise SystemExit(err.exit_code)
 
 

@@ -5,9 +5,13 @@ A job wraps its long work in :func:`stoppable` and registers what must be marked
 trials FAIL). The first
 SIGINT or SIGTERM raises :class:`Interrupted` in the main thread; leaving the block runs the
 marks, newest first, and raises :class:`Interrupted` again carrying the one line the command
-prints (what was kept and the exact command that resumes). A second signal while the marks run
-finishes them and ends the process at once (exit status 128 + the signal's number). Plain Python
-signals: nothing here knows a cluster or a store.
+prints (what was kept and the exact command that resumes).
+
+A second signal ends the process within :data:`MARKS_WITHIN_S` (exit status 128 + the signal's
+number): the marks run once more in a thread of their own while the handler returns at once, since
+the main thread, paused where the signal found it, may hold what they need (a tracking store's
+write transaction), and the processes this one started (a local Ray's) end with it
+(:func:`end_process`). Plain Python signals and /proc: nothing here knows a cluster or a store.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Callable, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+MARKS_WITHIN_S = 1.5          # after a second signal the process ends by then, marked or not
 
 
 class Interrupted(KeyboardInterrupt):
@@ -48,6 +54,7 @@ class Stop:
     resume: str
     kept: Callable[[], str] = lambda: ""
     signal_name: str | None = None       # the signal that stopped the command, once one did
+    ending: bool = False                 # a second signal came: the process is ending
     _marks: list[Callable[[str], None]] = field(default_factory=list)
 
     def on_stop(self, mark: Callable[[str], None]) -> None:
@@ -106,8 +113,11 @@ def stoppable(resume: str, kept: Callable[[], str] = lambda: "") -> Iterator[Sto
         yield stop
     except KeyboardInterrupt as err:
         name = stop.signal_name or getattr(err, "signal_name", "SIGINT")
-        arm(lambda signum, frame: _exit_now(stop, name, signum))
+        if not stop.ending:
+            arm(lambda signum, frame: _exit_now(stop, name, signum))
         stop.mark(name)
+        while stop.ending:               # the ending thread says the line and ends the process
+            time.sleep(0.05)
         raise Interrupted(name, err.message if isinstance(err, Interrupted) and err.message
                           else stop.line(name)) from None
     finally:
@@ -131,9 +141,66 @@ def rearm() -> None:
 
 
 def _exit_now(stop: Stop, first: str, signum: int) -> None:
-    """A second signal: finish the marks, say the line, and end the process without waiting (a
-    third ends it at once)."""
-    arm(lambda signum, frame: os._exit(128 + signum))
-    stop.mark(first)
-    print(stop.line(first), file=sys.stderr, flush=True)
-    os._exit(128 + signum)
+    """A second signal: the marks run again, the line is said and the process ends, all in a
+    thread, within :data:`MARKS_WITHIN_S`; the handler returns at once, so that the main thread
+    can let go of what the marks may need. A third signal ends the process at once."""
+    stop.ending = True
+    arm(lambda signum, frame: end_process(128 + signum))
+    threading.Thread(target=_mark_and_end, args=(stop, first, 128 + signum), name="iaa-stop", daemon=True).start()
+
+
+def _mark_and_end(stop: Stop, first: str, code: int) -> None:
+    marking = threading.Thread(target=stop.mark, args=(first,), name="iaa-marks", daemon=True)
+    marking.start()
+    marking.join(MARKS_WITHIN_S)
+    if marking.is_alive():
+        print(f"warning: on {first}: the marks did not finish within {MARKS_WITHIN_S:g} s", file=sys.stderr)
+    say(stop.line(first))
+    end_process(code)
+
+
+_SAID = threading.Lock()
+
+
+def say(line: str) -> None:
+    """Print the stop's line on stderr once per process, whichever path gets there first."""
+    if _SAID.acquire(blocking=False):
+        print(line, file=sys.stderr, flush=True)
+
+
+def end_process(code: int) -> None:
+    """End this process now with exit status ``code``, and every process it started with it (a
+    local Ray's raylet, workers and agents, which would outlive it for seconds or for good)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(code)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root``, from /proc (none where there is no /proc)."""
+    parent: dict[int, int] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    found, todo = [], [root]
+    while todo:
+        here = todo.pop()
+        kids = [pid for pid, ppid in parent.items() if ppid == here]
+        found += kids
+        todo += kids
+    return found

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
+from iaa.files import writing
 from iaa.jobs.distill import identity, teacher as teacher_mod
 from iaa.jobs.config.job_config import JobConfig, from_dict, load
 from iaa.jobs.workdir import recorded
@@ -87,9 +88,10 @@ def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teach
         print(f"distill: computing the teacher of {len(members)} members on "
               f"{req.train_examples or 'all'} training examples -> {path}", file=sys.stderr)
     work = Path(req.workdir) / "distill" / f"scoring-{path.stem}"     # scratch, outside the prepared data
-    table = teacher_mod.compute(members, prepared, "train", req.train_examples, work, score)
-    teacher_mod.write(table, path, ensemble_dir=req.ensemble, members=members, split="train",
-                      limit=req.train_examples, vocab_hash=vocab_hash)
+    with writing(path):                 # a full disk here names the teacher, not the run folder
+        table = teacher_mod.compute(members, prepared, "train", req.train_examples, work, score)
+        teacher_mod.write(table, path, ensemble_dir=req.ensemble, members=members, split="train",
+                          limit=req.train_examples, vocab_hash=vocab_hash)
     for scratch in work.glob("*.parquet"):
         scratch.unlink()
     work.rmdir()
@@ -136,19 +138,20 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
     summary, members = teacher_mod.members_of(req.ensemble)
     dataset, prepared = resolve.data_dir(None, Path(req.data or summary.get("data_dir", "")), req.workdir)
     cfg = student_config(members[0].checkpoint, prepared, req)
-    path, computed = prepare_teacher(req, prepared, members, score)
-    data = PreparedData.open(prepared)
-    rows = data.table("train") if req.train_examples is None else data.rows("train", 0, req.train_examples)
-    rows = teacher_mod.attach(rows, path)
     run_dir = req.run_dir or Workdir(req.workdir).run(
         f"distill-{Path(req.ensemble).name}-{cfg.model.kind}-seed{cfg.train.seed}").path
     teacher = identity.of(summary, req.ensemble, [m.digest for m in members])
-    tags = {"teacher": str(path), "teacher_ensemble": str(req.ensemble), "distill.members": str(len(members)),
-            "teacher_id": identity.tag(teacher)}
     from iaa.jobs.workdir import rundir
 
+    # the run folder is claimed first: one in use, or holding a run, is refused before the teacher is scored
     with (claim or rundir.claim)(Path(run_dir)) as folder:
         identity.keep(Path(folder), teacher, req.resume)
+        path, computed = prepare_teacher(req, prepared, members, score)
+        data = PreparedData.open(prepared)
+        rows = data.table("train") if req.train_examples is None else data.rows("train", 0, req.train_examples)
+        rows = teacher_mod.attach(rows, path)
+        tags = {"teacher": str(path), "teacher_ensemble": str(req.ensemble), "distill.members": str(len(members)),
+                "teacher_id": identity.tag(teacher)}
         result = train(cfg, prepared, folder, train_rows=rows, teacher=path, tags=tags,
                        experiment=experiment_name(summary, req.ensemble))
     from iaa.jobs.distill.summary import comparison

@@ -133,11 +133,13 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, tag_map: TagMap
     if workdir is not None:
         _refuse_stores(out, Workdir(workdir))
     previous = _replaceable(out, cfg, overwrite)
+    docs = read_documents(list(cfg.sources))
+    # the split sizes against the documents read, before the tagger (or a cluster) starts
+    splits.assign(docs, valid=cfg.valid, test=cfg.test, seed=cfg.seed, split_by=cfg.split_by)
     if tagger is None:
         check_pipeline(cfg.pipeline)
     factory = tagger or spacy_factory(cfg.pipeline, needs=NEEDS[cfg.style])
-    tagged = tag_documents(read_documents(list(cfg.sources)), cfg.window, factory, workers=workers,
-                           tag_map=tag_map, progress=progress)
+    tagged = tag_documents(docs, cfg.window, factory, workers=workers, tag_map=tag_map, progress=progress)
     split_of = splits.assign(tagged.docs, valid=cfg.valid, test=cfg.test, seed=cfg.seed, split_by=cfg.split_by)
     counts, documents, tally = _build(cfg, out, tagged, split_of, previous)
     return {"style": cfg.style, "out": str(out), "documents": {s: len(v) for s, v in documents.items()},
