@@ -166,9 +166,10 @@ def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Pa
 
     # serve runs until stopped: the printed flags must give a model that loads and answers; the
     # Ray Serve deployment itself is tested in test_serve.py
-    from iaa.platform import ray_serve
+    from iaa.platform import ray_serve, serve_life
 
     served = []
+    monkeypatch.setattr(serve_life, "check_port", lambda cfg: None)     # nothing listens: any port will do
     monkeypatch.setattr(ray_serve, "run_forever", lambda cfg, code: served.append(code.load(cfg.source, cfg.threads)))
     ensemble_commands: list[str] = []
     for command in commands:

@@ -75,9 +75,10 @@ def test_a_copied_work_folder_works_and_never_writes_to_the_original(tmp_path, l
                         "--workdir", copy, "--json")
         student = invoke("distill", "--ensemble", copy / "ensembles" / "first", "--train-examples", "32",
                          "--workdir", copy, "--json", *SETS)
-        from iaa.platform import ray_serve
+        from iaa.platform import ray_serve, serve_life
 
         served: list = []
+        monkeypatch.setattr(serve_life, "check_port", lambda cfg: None)     # nothing listens: any port will do
         monkeypatch.setattr(ray_serve, "run_forever",
                             lambda cfg, code: served.append(_answer_one(code.load(cfg.source, cfg.threads))))
         invoke("serve", "--ensemble", copy / "ensembles" / "first", "--workdir", copy)

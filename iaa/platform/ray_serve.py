@@ -46,6 +46,7 @@ from iaa import __version__
 from iaa.errors import IaaError
 from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeCode, ServeConfig
 from iaa.platform import serve_life
+from iaa.platform.cluster import ray_internals
 from iaa.platform.serve_capacity import INGRESS_CPUS, check_fits, wait_running
 from iaa.platform.serve_docs import add_docs
 from iaa.platform.serve_logs import driver_lines_to_log
@@ -301,7 +302,7 @@ def start(cfg: ServeConfig, code: ServeCode) -> str:
         serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"},
                     controller_options={"runtime_env": {"env_vars": proxy_env(cfg.limits.max_request_bytes)}})
         # serve.run without its own wait, which has no bound: wait_running waits, bounded
-        serve._run(build(to_dict(cfg), code), name=cfg.app_name, route_prefix=ROUTE, _blocking=False)
+        ray_internals.deploy_without_waiting(build(to_dict(cfg), code), cfg.app_name, ROUTE)
         wait_running(cfg, local, functools.partial(_failure, cfg.app_name))
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
     return f"http://{host}:{cfg.port}"

@@ -8,7 +8,9 @@
 - the loggers of its private modules whose start-up messages iaa says otherwise
   (:data:`QUIETED_LOGGERS`);
 - the log folder of the session this driver joined (:func:`logs_dir`), where Serve's driver-side
-  lines are written instead of the terminal.
+  lines are written instead of the terminal;
+- Serve's deploy call without its own wait for the application to run, which has no bound
+  (:func:`deploy_without_waiting`).
 
 ``tests/test_private_apis.py`` checks every name used here against the installed Ray, so an
 upgrade that moves one fails there, by name; at run time a missing name only loses the loopback
@@ -88,3 +90,12 @@ def bind_serve_replica_grpc(node_address: str) -> bool:
     add_port_on_node.bound_to = node_address  # type: ignore[attr-defined]
     replica.add_port_to_grpc_server = add_port_on_node
     return True
+
+
+def deploy_without_waiting(app: Any, name: str, route_prefix: str) -> None:
+    """Deploy a Serve application and return once the controller has it, not once it runs:
+    ``serve.run`` waits without a bound for replicas that may never be placed, so the caller
+    waits instead, with its own deadline."""
+    from ray import serve
+
+    serve._run(app, name=name, route_prefix=route_prefix, _blocking=False)
