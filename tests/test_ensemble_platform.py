@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-import types
 from dataclasses import replace
 from pathlib import Path
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import random
 import tarfile
-from pathlib import Path
 
 import pytest
 

@@ -19,7 +19,6 @@ experiment's Models tab list and rank it. ``register`` makes it a version of a r
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -106,9 +105,10 @@ def _stage(checkpoints: Sequence[Path], prepared: Path, folder: Path,
     for name in DATA_FILES:
         shutil.copy2(Path(prepared) / name, data / name)
     artifacts = {"data": str(data)}
+    config: dict[str, Any] = {}
     for i, path in enumerate(checkpoints):
         state = code.read(Path(path))
-        config = state["config"] if i == 0 else config
+        config = config or state["config"]           # the first member's config describes the model
         artifacts[f"member_{i:02d}"] = str(_model_only(state, folder / f"member_{i:02d}.pt", code.write))
     metadata = {"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
                 "manifest_digest": manifest_digest(prepared)}

@@ -43,7 +43,7 @@ from iaa.jobs.workdir import names
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.cost import SweepCost
-from iaa.jobs.config.job_config import ConfigError, from_dict
+from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.ensemble.members import Member
 from iaa.jobs.ports import MEMBER_KEY, ConnectRequest, Launcher, MembersRequest, Tracker, TrialRun, TrialTracking
 from iaa.jobs.evaluation.predictor import MODEL_CODE, SUMMARY
