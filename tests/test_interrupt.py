@@ -251,3 +251,19 @@ def test_a_stop_fails_the_studys_running_trials_and_a_resumed_trial_goes_on_in_a
     assert continued.params == stopped.params == {k: v for k, v in config.items() if k in space.params}
     assert continued.intermediate_values == {1: 0.4, 2: 0.6}
     assert continued.user_attrs["continues_trial"] == stopped.number and "interrupted" not in continued.user_attrs
+
+
+def test_a_first_signal_inside_a_held_block_stops_right_after_it_not_halfway() -> None:
+    from iaa import signals
+    from iaa.jobs import interrupt
+
+    steps: list[str] = []
+    with pytest.raises(interrupt.Interrupted):
+        with interrupt.stoppable("iaa-cli train --resume"):
+            with signals.held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):           # the handler has run by now, and only recorded it
+                    pass
+                steps.append("write finished")
+            steps.append("after the write")
+    assert steps == ["write finished"]

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Callable, Iterator
 
+from iaa import signals
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 MARKS_WITHIN_S = 1.5          # after a second signal the process ends by then, marked or not
 
@@ -102,6 +104,9 @@ def stoppable(resume: str, kept: Callable[[], str] = lambda: "") -> Iterator[Sto
         return
 
     def first(signum: int, frame: FrameType | None) -> None:
+        if signals.holding():               # inside a store write: stop right after it, not halfway
+            signals.hold(signum)
+            return
         name = stop.signal_name = _name(signum)
         arm(lambda signum, frame: _exit_now(stop, name, signum))    # the next one ends the process
         raise Interrupted(name)

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Mapping
 
 from mlflow.entities import Metric, Param
 
+from iaa import signals
 from iaa.errors import IaaError, brief
 from iaa.data.manifest import MANIFEST
 from iaa.platform.cluster.owner import owner
@@ -128,7 +129,8 @@ class Run:
             return
         try:
             while self._pending:
-                self._client.log_batch(self.run_id, metrics=self._pending[:1000])
+                with signals.held():            # a write cut halfway would keep the store locked
+                    self._client.log_batch(self.run_id, metrics=self._pending[:1000])
                 del self._pending[:1000]
         except TRANSIENT as err:
             if self._failure is None:
@@ -147,7 +149,8 @@ class Run:
 
     def _tolerant(self, what: str, call: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            call(*args, **kwargs)
+            with signals.held():                # a write cut halfway would keep the store locked
+                call(*args, **kwargs)
         except TRANSIENT as err:
             print(f"warning: MLflow at {self.uri}: could not {what} of run {self.run_id} ({brief(err)})",
                   file=sys.stderr)
