@@ -42,7 +42,9 @@ class DistinctSampler(BaseSampler):
     """``inner`` (TPE), proposing a configuration the study has not tried while there is one.
 
     Args:
-        inner: the sampler that proposes, one parameter at a time (``sample_independent``).
+        inner: the sampler that proposes: jointly where it models the parameters together
+            (``infer_relative_search_space`` and ``sample_relative``: multivariate TPE once its
+            start-up trials are done), one parameter at a time (``sample_independent``) for the rest.
         space: the search space's distributions by name.
         size: the number of distinct configurations (None: unbounded, ranges).
         seed: seeds the start-up design of the first trials; None: ``inner`` proposes from the first.
@@ -63,13 +65,22 @@ class DistinctSampler(BaseSampler):
             designed = stratified_config(self.space, self.seed, trial.number)
             if designed is not None and (exhausted or _key(designed) not in taken):
                 return designed
+        joint = {name: dist for name, dist in self.inner.infer_relative_search_space(study, trial).items()
+                 if name in search_space}
         config: dict[str, Any] = {}
         for _ in range(MAX_REDRAWS):
-            config = {name: self.inner.sample_independent(study, trial, name, dist)
-                      for name, dist in search_space.items()}
+            config = self._propose(study, trial, search_space, joint)
             if exhausted or _key(config) not in taken:
                 break
         return config
+
+    def _propose(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution],
+                 joint: dict[str, BaseDistribution]) -> dict[str, Any]:
+        """One configuration from ``inner``: its joint (relative) proposal over ``joint``, and each
+        parameter it left out (all of them before TPE's start-up trials end) drawn on its own."""
+        proposal = self.inner.sample_relative(study, trial, joint) if joint else {}
+        return {name: proposal[name] if name in proposal else
+                self.inner.sample_independent(study, trial, name, dist) for name, dist in search_space.items()}
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
