@@ -200,7 +200,7 @@ def test_a_failed_run_on_a_full_store_says_it_could_not_be_marked_failed(tmp_pat
 
 def test_a_full_optuna_store_is_one_error_naming_it(tmp_path):
     from iaa.files import DiskFullError
-    from iaa.platform.sweeps.search_algorithm import study_storage
+    from iaa.platform.sweeps.study_store import study_storage
 
     with small_fs(tmp_path / "small", size="64k") as folder:
         fill(folder)

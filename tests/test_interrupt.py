@@ -230,27 +230,29 @@ def test_a_stop_fails_the_studys_running_trials_and_a_resumed_trial_goes_on_in_a
     from iaa.jobs.datasets import resolve
     from iaa.platform.sweeps import search_algorithm
     from iaa.platform.sweeps.study import fail_unfinished
+    from tests._study import bound_study
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
     space = search_space.parse({"model.hidden_dim": [8, 12]}, base)
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    searcher = search_algorithm.searcher(space, 0, url, "s")
-    config = searcher.suggest("t1")
-    searcher.on_trial_result("t1", {"valid_acc": 0.4, "checks": 1})
+    with bound_study(url, "s"):
+        searcher = search_algorithm.searcher(space, 0, "s")
+        config = searcher.suggest("t1")
+        searcher.on_trial_result("t1", {"valid_acc": 0.4, "checks": 1})
 
-    assert fail_unfinished(url, "s", {"interrupted": "SIGINT"}) == 1
-    study = searcher._ot_study
-    [stopped] = study.get_trials()
-    assert stopped.state == TrialState.FAIL and stopped.user_attrs["interrupted"] == "SIGINT"
+        assert fail_unfinished(url, "s", {"interrupted": "SIGINT"}) == 1
+        study = searcher.study
+        [stopped] = study.get_trials()
+        assert stopped.state == TrialState.FAIL and stopped.user_attrs["interrupted"] == "SIGINT"
 
-    searcher.on_trial_result("t1", {"valid_acc": 0.6, "checks": 2})             # the resumed trial goes on
-    searcher.on_trial_complete("t1", {"valid_acc": 0.6, "best_valid_acc": 0.6, "checks": 2,
-                                      "stop_reason": "max-epochs"})
-    [_, continued] = study.get_trials()
-    assert continued.state == TrialState.COMPLETE and continued.value == pytest.approx(0.6)
-    assert continued.params == stopped.params == {k: v for k, v in config.items() if k in space.params}
-    assert continued.intermediate_values == {1: 0.4, 2: 0.6}
-    assert continued.user_attrs["continues_trial"] == stopped.number and "interrupted" not in continued.user_attrs
+        searcher.on_trial_result("t1", {"valid_acc": 0.6, "checks": 2})             # the resumed trial goes on
+        searcher.on_trial_complete("t1", {"valid_acc": 0.6, "best_valid_acc": 0.6, "checks": 2,
+                                          "stop_reason": "max-epochs"})
+        [_, continued] = study.get_trials()
+        assert continued.state == TrialState.COMPLETE and continued.value == pytest.approx(0.6)
+        assert continued.params == stopped.params == {k: v for k, v in config.items() if k in space.params}
+        assert continued.intermediate_values == {1: 0.4, 2: 0.6}
+        assert continued.user_attrs["continues_trial"] == stopped.number and "interrupted" not in continued.user_attrs
 
 
 def test_a_first_signal_inside_a_held_block_stops_right_after_it_not_halfway() -> None:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from tests._platform import children, read_sweep, write_space
+from tests._processes import process_tree
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -43,7 +47,21 @@ def _finished_children(workdir: Path) -> list:
         return []
 
 
-def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Killed:
+    """A sweep killed (the CLI and its Ray, SIGKILL) after its first trial finished."""
+
+    tiny: Path
+    space: Path
+    work: Path
+    env: dict[str, str]
+    done_before: dict[str, Any]
+    checks_before: dict[str, int]
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> Killed:
+    tmp_path = tmp_path_factory.mktemp("killed")
     tiny = make_tiny_prepared(tmp_path / "data", SIZES)
     space = write_space(tmp_path)
     work = tmp_path / "work"
@@ -57,13 +75,52 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path: Path) 
             assert time.time() < deadline, "no trial finished in time"
             time.sleep(0.25)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)   # the whole session: the CLI and the Ray it started
+        started = process_tree(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)   # the whole session: the CLI and the Ray it started,
+        for pid in started:                   # and the Ray processes that left it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         proc.wait()
+    while process_tree(proc.pid) - {proc.pid} or any(Path(f"/proc/{pid}").exists() for pid in started - {proc.pid}):
+        time.sleep(0.1)                       # nothing of the killed sweep writes to its folder any more
     done_before = {r.data.tags["trial_id"]: r for r in _finished_children(work)}
     assert 1 <= len(done_before) < 3, "the sweep must be killed part-way"
     client = MlflowClient(read_sweep(work, "r")["tracking_uri"])
     checks_before = {t: len(client.get_metric_history(r.info.run_id, "valid_acc")) for t, r in done_before.items()}
+    return Killed(tiny, space, work, env, done_before, checks_before)
 
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_copied_folder_resumes_into_its_own_stores_and_leaves_the_original_as_it_was(
+        killed: Killed, tmp_path: Path) -> None:
+    import optuna
+
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(killed.work), str(copy)], check=True)
+    before = _snapshot(killed.work)
+    resumed = subprocess.run(_command(killed.tiny, copy, killed.space, "--resume"), cwd=tmp_path, env=killed.env,
+                             capture_output=True, text=True, timeout=800)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    after = _snapshot(killed.work)
+    assert sorted(after) == sorted(before) and [k for k in before if before[k] != after[k]] == [], \
+        "resuming the copy changed the original"
+    sweep = read_sweep(copy, "r")
+    assert sweep["tracking_uri"] == f"sqlite:///{(copy / 'mlflow.db').resolve()}"
+    finished = [r for r in children(sweep) if r.info.status == "FINISHED"]
+    assert sorted(r.info.run_id for r in finished) == sorted(t["mlflow_run_id"] for t in sweep["trials"])
+    assert all(r.info.artifact_uri.removeprefix("file://").startswith(str(copy.resolve())) for r in finished)
+    study = optuna.load_study(study_name=sweep["optuna"]["study"], storage=f"sqlite:///{copy / 'optuna.db'}")
+    ended = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert len(ended) == 3 and not [t for t in study.trials if t.state.name == "RUNNING"]
+
+
+def test_killed_sweep_resumes_without_rerunning_finished_trials(killed: Killed, tmp_path: Path) -> None:
+    tiny, work, space, env = killed.tiny, killed.work, killed.space, killed.env
+    done_before, checks_before = killed.done_before, killed.checks_before
+    client = MlflowClient(read_sweep(work, "r")["tracking_uri"])
     resumed = subprocess.run(_command(tiny, work, space, "--resume"), cwd=tmp_path, env=env, capture_output=True,
                              text=True, timeout=800)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]

@@ -236,7 +236,7 @@ def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> 
     last = {"valid_acc": 0.3, "best_valid_acc": 0.6, "training_iteration": 2, "stop_reason": "max-epochs"}
     searcher.on_trial_result("t1", last)
     searcher.on_trial_complete("t1", last)
-    [told] = searcher._ot_study.trials
+    [told] = searcher.study.trials
     assert told.value == 0.6 and told.intermediate_values == {1: 0.6, 2: 0.3}
     asha = search.scheduler(TUNE_PRESETS["demo"], max_t=4)
     assert asha.metric == "valid_acc" and searcher.metric == "best_valid_acc"
@@ -258,7 +258,7 @@ def test_the_searcher_proposes_every_configuration_of_a_finite_space_once_before
         for i, config in enumerate(proposed):
             searcher.on_trial_complete(f"t{i}", {"best_valid_acc": 0.5 + 0.01 * i, "stop_reason": "max-epochs"})
         assert searcher.suggest("t8") is not None                  # space exhausted: a repeat is allowed now
-        states = [t.state for t in searcher._ot_study.trials]
+        states = [t.state for t in searcher.study.trials]
         # repeats are drawn again before the study records a trial: no discarded (FAILED) trials
         assert states == [TrialState.COMPLETE] * 8 + [TrialState.RUNNING]
     ranged = search_space.parse({"train.lr": {"low": 1e-4, "high": 1e-2, "log": True}}, JobConfig())
@@ -296,7 +296,7 @@ def test_the_study_notes_too_few_trials_and_a_parameter_that_never_varied() -> N
     for i in range(2):
         searcher.suggest(f"t{i}")
         searcher.on_trial_complete(f"t{i}", {"best_valid_acc": 0.5, "stop_reason": "max-epochs"})
-        notes = searcher._ot_study.user_attrs["notes"]
+        notes = searcher.study.user_attrs["notes"]
         assert notes[-1].startswith(f"{i + 1} scored trial(s) are too few")
         assert any(n.startswith("model.steps never varied") for n in notes) == (i == 0)
 
@@ -323,14 +323,16 @@ def test_a_trial_asha_stopped_is_pruned_with_its_checks_in_a_persistent_study(tm
     from optuna.trial import TrialState
 
     from iaa.platform.sweeps import search_algorithm as search
+    from tests._study import bound_study
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
-    searcher = search.searcher(space, seed=0, storage=url, study_name="demo-iaa-abc123")
-    searcher.suggest("t1")
-    searcher.on_trial_result("t1", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
-    # Tune hands the result ASHA stops on to on_trial_complete only, never to on_trial_result
-    searcher.on_trial_complete("t1", {"valid_acc": 0.35, "best_valid_acc": 0.4, "checks": 2, "stop_reason": ""})
+    with bound_study(url, "demo-iaa-abc123"):
+        searcher = search.searcher(space, seed=0, sweep="demo-iaa-abc123")
+        searcher.suggest("t1")
+        searcher.on_trial_result("t1", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
+        # Tune hands the result ASHA stops on to on_trial_complete only, never to on_trial_result
+        searcher.on_trial_complete("t1", {"valid_acc": 0.35, "best_valid_acc": 0.4, "checks": 2, "stop_reason": ""})
     [trial] = optuna.load_study(study_name="demo-iaa-abc123", storage=url).trials   # read back from the file
     assert trial.state == TrialState.PRUNED and trial.intermediate_values == {1: 0.4, 2: 0.35}
     assert trial.user_attrs["stopped_by"] == "asha"
@@ -343,14 +345,16 @@ def test_a_trial_that_ends_on_its_own_keeps_the_check_delivered_with_its_end(tmp
     from optuna.trial import TrialState
 
     from iaa.platform.sweeps import search_algorithm as search
+    from tests._study import bound_study
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
-    searcher = search.searcher(space, seed=0, storage=url, study_name="ends")
-    searcher.suggest("t1")
-    searcher.on_trial_result("t1", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
-    searcher.on_trial_complete("t1", {"valid_acc": 0.5, "best_valid_acc": 0.5, "checks": 2,
-                                      "stop_reason": "max-epochs"})
+    with bound_study(url, "ends"):
+        searcher = search.searcher(space, seed=0, sweep="ends")
+        searcher.suggest("t1")
+        searcher.on_trial_result("t1", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
+        searcher.on_trial_complete("t1", {"valid_acc": 0.5, "best_valid_acc": 0.5, "checks": 2,
+                                          "stop_reason": "max-epochs"})
     [trial] = optuna.load_study(study_name="ends", storage=url).trials
     assert trial.state == TrialState.COMPLETE and trial.intermediate_values == {1: 0.4, 2: 0.5}
 
@@ -553,15 +557,17 @@ def test_cluster_sessions_report_the_checkpoint_score_and_when_the_first_batch_w
 
 def test_a_restored_searcher_continues_the_same_persistent_study(tmp_path: Path) -> None:
     from iaa.platform.sweeps import search_algorithm as search
+    from tests._study import bound_study
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
-    first = search.searcher(space, seed=0, storage=url, study_name="s")
-    first.suggest("a")
-    first.save(str(tmp_path / "searcher.pkl"))            # what Tune keeps for --resume
-    again = search.searcher(space, seed=0, storage=url, study_name="s")
-    again.restore(str(tmp_path / "searcher.pkl"))
-    again.suggest("b")
+    with bound_study(url, "s"):
+        first = search.searcher(space, seed=0, sweep="s")
+        first.suggest("a")
+        first.save(str(tmp_path / "searcher.json"))            # what Tune keeps for --resume
+        again = search.searcher(space, seed=0, sweep="s")
+        again.restore(str(tmp_path / "searcher.json"))
+        again.suggest("b")
     import optuna
 
     trials = optuna.load_study(study_name="s", storage=url).trials

@@ -132,3 +132,37 @@ def test_the_sampler_tune_builds_proposes_jointly_once_tpe_starts(monkeypatch) -
         trial = study.ask(distributions)
         study.tell(trial, trial.params["train.lr"] * 100 + trial.params["model.steps"])
     assert sum(1 for proposal in joint if set(proposal) == set(distributions)) >= 3
+
+
+def test_a_restored_searcher_writes_to_the_study_of_the_process_that_resumes_it(tmp_path) -> None:
+    """Tune pickles the searcher and saves its state; resumed from a copied work folder, it must
+    write to the copy's study, never to the one it was built with."""
+    import pickle
+    import shutil
+
+    from tests._study import bound_study
+
+    space = parse({"model.steps": [1, 2, 3]}, JobConfig())
+    (tmp_path / "a").mkdir()
+    first = f"sqlite:///{tmp_path / 'a' / 'optuna.db'}"
+    with bound_study(first, "s"):
+        searcher = search.searcher(space, seed=0, sweep="s")
+        saved = pickle.dumps(searcher)                         # tuner.pkl, at the run's start
+        searcher.suggest("t1")
+        searcher.on_trial_result("t1", {"valid_acc": 0.4, "checks": 1})
+        searcher.save(str(tmp_path / "state.json"))            # the experiment's searcher state
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    before = (tmp_path / "a" / "optuna.db").read_bytes()
+
+    restored = pickle.loads(saved)
+    restored.restore(str(tmp_path / "state.json"))
+    with bound_study(f"sqlite:///{tmp_path / 'b' / 'optuna.db'}", "s"):
+        restored.on_trial_result("t1", {"valid_acc": 0.5, "checks": 2})
+        restored.on_trial_complete("t1", {"valid_acc": 0.5, "best_valid_acc": 0.5, "checks": 2,
+                                          "stop_reason": "max-epochs"})
+        restored.suggest("t2")
+    assert (tmp_path / "a" / "optuna.db").read_bytes() == before
+    copy = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'b' / 'optuna.db'}")
+    states = [t.state.name for t in copy.trials]
+    assert states == ["FAIL", "COMPLETE", "RUNNING"]           # asked by a gone process, continued, new
+    assert copy.trials[1].intermediate_values == {1: 0.4, 2: 0.5}

@@ -64,14 +64,13 @@ def test_the_study_names_its_objective_and_links_each_trial(tmp_path: Path) -> N
     from optuna.distributions import CategoricalDistribution
 
     from iaa.platform.sweeps.distinct_search import StudySearch
-    from iaa.platform.sweeps.search_algorithm import study_storage
+    from tests._study import bound_study
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    search = StudySearch(space={"train.lr": CategoricalDistribution([0.002, 0.004])}, metric="best_valid_acc",
-                         mode="max", storage=study_storage(url), study_name="s")
-    search.run_ids = {"abc_00000": "run-1"}
-    assert search.suggest("abc_00000") is not None
-    search.on_trial_result("abc_00000", {"valid_acc": 0.5, "checks": 1})
+    search = StudySearch({"train.lr": CategoricalDistribution([0.002, 0.004])}, optuna.samplers.RandomSampler(0), "s")
+    with bound_study(url, "s", run_ids={"abc_00000": "run-1"}):
+        assert search.suggest("abc_00000") is not None
+        search.on_trial_result("abc_00000", {"valid_acc": 0.5, "checks": 1})
     study = optuna.load_study(study_name="s", storage=url)
     assert study.metric_names == ["valid_acc"]
     (trial,) = study.trials

@@ -10,7 +10,9 @@
 - the log folder of the session this driver joined (:func:`logs_dir`), where Serve's driver-side
   lines are written instead of the terminal;
 - Serve's deploy call without its own wait for the application to run, which has no bound
-  (:func:`deploy_without_waiting`).
+  (:func:`deploy_without_waiting`);
+- the storage of the experiment that Tune's search generator restores with a resumed run, from
+  which it creates the run's new trials (:func:`relocate_experiment`).
 
 ``tests/test_private_apis.py`` checks every name used here against the installed Ray, so an
 upgrade that moves one fails there, by name; at run time a missing name only loses the loopback
@@ -26,6 +28,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 NAMES = (("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"),
+         ("ray.train._internal.storage", "StorageContext"),
          ("ray.serve._private.replica", "add_port_to_grpc_server"),
          ("ray._private.worker", "_global_node"))
 
@@ -99,3 +102,24 @@ def deploy_without_waiting(app: Any, name: str, route_prefix: str) -> None:
     from ray import serve
 
     serve._run(app, name=name, route_prefix=route_prefix, _blocking=False)
+
+
+def relocate_experiment(experiment: Any, storage: str) -> None:
+    """Point ``experiment`` (a ``ray.tune.Experiment`` that Tune's ``SearchGenerator`` saved with
+    a run's state) at ``storage``, the run's storage now, so that the trials it creates after a
+    resume write there.
+
+    ``Tuner.restore`` moves a run's restored trials to the folder it is restored from (Ray's
+    pull request 40647), but the search generator's saved experiment, from which every *new*
+    trial takes its storage, keeps the absolute path of the folder the run started in: resumed
+    from a copy, new trials would checkpoint into the original. The experiment's spec holds the
+    same ``StorageContext`` (a class of Ray's private ``ray.train._internal.storage``), so setting
+    its file system and path in place moves both.
+    """
+    import pyarrow.fs
+
+    context = getattr(experiment, "storage", None)
+    if context is None or not hasattr(context, "storage_fs_path"):
+        return
+    filesystem, path = pyarrow.fs.FileSystem.from_uri(storage)
+    context.storage_filesystem, context.storage_fs_path = filesystem, path

@@ -20,19 +20,25 @@ fills), so optuna-dashboard, Tune's folders and MLflow's runs name the same tria
 from __future__ import annotations
 
 import json
+import math
 import warnings
+from pathlib import Path
 from typing import Any, Mapping
 
+import optuna
 from optuna.distributions import BaseDistribution
 from optuna.exceptions import ExperimentalWarning
 from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
-from ray.tune.search.optuna import OptunaSearch
+from ray.tune.search import Searcher
 
+from iaa.errors import IaaError
 from iaa.jobs.config import exploration
-from iaa.jobs.config.presets import STOP_METRIC
+from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC
+from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.space_filling import stratified_config
+from iaa.platform.sweeps.study_store import study_storage, study_writes
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
@@ -96,75 +102,143 @@ class DistinctSampler(BaseSampler):
         self.inner.reseed_rng()
 
 
-class StudySearch(OptunaSearch):
-    """``OptunaSearch`` whose study records each check and ASHA's stops truthfully, with a named
-    objective and each trial's Tune trial id and MLflow run id."""
+class StudySearch(Searcher):
+    """Ray Tune's searcher over an Optuna study, driven through Optuna's ask-and-tell interface.
 
-    run_ids: Mapping[str, str] = {}      # Tune trial id -> MLflow run id, filled while trials start
+    Each Tune trial is one Optuna trial: ``suggest`` asks, every check is reported, the end is told
+    (COMPLETE with the trial's best accuracy, PRUNED where ASHA stopped it, FAIL on an error). The
+    study itself (its storage and name) and the MLflow run ids come from the process that runs the
+    sweep (:mod:`~iaa.platform.sweeps.driver_side`, under ``sweep``); what Tune saves of the
+    searcher is plain data, so a resumed sweep, in this folder or a copy, writes to the study it
+    runs with now. Without a bound study (``sweep`` None) the study lives in memory.
 
-    def _setup_study(self, mode: Any) -> None:
-        super()._setup_study(mode)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)     # stable in use since Optuna 3.2
-            self._ot_study.set_metric_names([OBJECTIVE_NAME])
+    Args:
+        space: the search space's Optuna distributions by name.
+        sampler: the study's sampler (:class:`DistinctSampler`).
+        sweep: the Tune run whose :class:`~iaa.platform.sweeps.driver_side.DriverSide` holds the study.
+    """
+
+    def __init__(self, space: Mapping[str, BaseDistribution], sampler: BaseSampler, sweep: str | None = None,
+                 metric: str = SEARCH_METRIC, mode: str = MODE) -> None:
+        super().__init__(metric=metric, mode=mode)
+        self.space, self.sampler, self.sweep = dict(space), sampler, sweep
+        self.numbers: dict[str, int] = {}       # Tune trial id -> the number of its Optuna trial
+        self.completed: set[str] = set()
+        self._study: optuna.Study | None = None
+        self._live: dict[str, optuna.Trial] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_study": None, "_live": {}}
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
+        return False                             # the space is ours; Tune's config searches nothing
+
+    def save(self, checkpoint_path: str) -> None:
+        Path(checkpoint_path).write_text(json.dumps({"numbers": self.numbers, "completed": sorted(self.completed)}),
+                                         encoding="utf-8")
+
+    def restore(self, checkpoint_path: str) -> None:
+        try:
+            state = json.loads(Path(checkpoint_path).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise IaaError(f"{checkpoint_path}: the searcher's state was saved by an earlier version of iaa and "
+                           "cannot be continued; run the sweep again under another --name") from None
+        self.numbers, self.completed = dict(state["numbers"]), set(state["completed"])
+        self._live = {}
+
+    @property
+    def study(self) -> optuna.Study:
+        """The sweep's study, opened at first use from what this process bound to the sweep."""
+        if self._study is None:
+            side = driver_side.of(self.sweep) if self.sweep is not None else None
+            url, name = (side.study_storage, side.study_name) if side is not None else (None, None)
+            with study_writes(url or "", f"keep the study {name}"):
+                self._study = optuna.create_study(storage=study_storage(url) if url else None, sampler=self.sampler,
+                                                  study_name=name, direction="maximize" if self.mode == "max"
+                                                  else "minimize", load_if_exists=True)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ExperimentalWarning)     # stable in use since Optuna 3.2
+                    self._study.set_metric_names([OBJECTIVE_NAME])
+        return self._study
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
-        config = super().suggest(trial_id)
-        if trial_id in self._ot_trials:
-            self._ot_trials[trial_id].set_user_attr("tune_trial_id", trial_id)
-        return config
+        trial = self.study.ask(fixed_distributions=self.space)
+        trial.set_user_attr("tune_trial_id", trial_id)
+        self.numbers[trial_id], self._live[trial_id] = trial.number, trial
+        return dict(trial.params)
 
-    def _live(self, trial_id: str) -> Any:
-        """The Optuna trial of Tune trial ``trial_id``; one that a stop ended FAIL while Tune kept
-        the trial to continue comes back as a new RUNNING trial with its values and checks so far."""
-        ot_trial = self._ot_trials.get(trial_id)
-        if ot_trial is None or trial_id in self._completed_trials:
-            return ot_trial
-        frozen = self._ot_study._storage.get_trial(ot_trial._trial_id)
-        if not frozen.state.is_finished():
-            return ot_trial
-        self._ot_study.enqueue_trial(frozen.params, user_attrs={
-            **{k: v for k, v in frozen.user_attrs.items() if k not in ("interrupted", "killed")},
-            "continues_trial": frozen.number})
-        revived = self._ot_study.ask(fixed_distributions=self._space)
+    def _trial(self, trial_id: str) -> optuna.Trial | None:
+        """The live Optuna trial of Tune trial ``trial_id``; None once it was told its end. One that
+        a stop ended FAIL while Tune kept the trial to continue, or that a process now gone asked
+        (a resumed sweep), comes back as a new RUNNING trial with the same configuration and its
+        checks so far."""
+        live = self._live.get(trial_id)
+        number = live.number if live is not None else self.numbers.get(trial_id)
+        frozen = self._frozen(number) if number is not None else None
+        if frozen is None:
+            return None
+        if frozen.state == TrialState.RUNNING:
+            if live is not None:
+                return live
+            self.study.tell(frozen.number, state=TrialState.FAIL)    # asked by a process that is gone
+        elif frozen.state != TrialState.FAIL:                         # COMPLETE or PRUNED: told already
+            self.completed.add(trial_id)
+            return None
+        attrs = {k: v for k, v in frozen.user_attrs.items() if k not in ("interrupted", "killed")}
+        self.study.enqueue_trial(frozen.params, user_attrs={**attrs, "continues_trial": frozen.number})
+        revived = self.study.ask(fixed_distributions=self.space)
         for step, value in sorted(frozen.intermediate_values.items()):
             revived.report(value, step)
-        self._ot_trials[trial_id] = revived
+        self.numbers[trial_id], self._live[trial_id] = revived.number, revived
         return revived
 
+    def _frozen(self, number: int) -> FrozenTrial | None:
+        found = [t for t in self.study.get_trials(deepcopy=False) if t.number == number]
+        return found[0] if found else None
+
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        ot_trial = self._live(trial_id)
-        if ot_trial is None or trial_id in self._completed_trials or STOP_METRIC not in result:
+        if trial_id in self.completed or STOP_METRIC not in result:
             return
-        if self.run_ids.get(trial_id) and "mlflow_run_id" not in ot_trial.user_attrs:
-            ot_trial.set_user_attr("mlflow_run_id", self.run_ids[trial_id])
+        trial = self._trial(trial_id)
+        if trial is None:
+            return
+        run_ids = driver_side.of(self.sweep).run_ids if self.sweep and driver_side.is_bound(self.sweep) else {}
+        frozen = self._frozen(trial.number)
+        if run_ids.get(trial_id) and frozen is not None and "mlflow_run_id" not in frozen.user_attrs:
+            trial.set_user_attr("mlflow_run_id", run_ids[trial_id])
         step = int(result.get("checks") or result.get("training_iteration") or 0)
-        if step not in self._ot_study._storage.get_trial(ot_trial._trial_id).intermediate_values:
-            ot_trial.report(float(result[STOP_METRIC]), step)
+        if frozen is None or step not in frozen.intermediate_values:
+            trial.report(float(result[STOP_METRIC]), step)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         """A trial that ended without a reason of its own was stopped by ASHA: PRUNED (Optuna
         then takes its last intermediate value); others COMPLETE with their best accuracy."""
-        self._live(trial_id)
-        if not error and result and not result.get("stop_reason") and trial_id in self._ot_trials \
-                and trial_id not in self._completed_trials:
-            self.on_trial_result(trial_id, result)    # the check ASHA stopped on reaches only this call
-            ot_trial = self._ot_trials[trial_id]
-            ot_trial.set_user_attr("stopped_by", "asha")
-            self._ot_study.tell(ot_trial, state=TrialState.PRUNED)
-            self._completed_trials.add(trial_id)
-            self._note_exploration()
+        if trial_id in self.completed:
             return
-        if not error and result and trial_id in self._ot_trials and trial_id not in self._completed_trials:
-            self.on_trial_result(trial_id, result)    # a last check that Tune delivers only with the end
-        super().on_trial_complete(trial_id, result, error)
+        if result:
+            self.on_trial_result(trial_id, result)   # a last check that Tune delivers only with the end
+        trial = self._trial(trial_id)
+        if trial is None:
+            return
+        value = (result or {}).get(self.metric)
+        if error or (value is None and not result):
+            self.study.tell(trial, state=TrialState.FAIL)
+        elif not result.get("stop_reason"):
+            trial.set_user_attr("stopped_by", "asha")
+            self.study.tell(trial, state=TrialState.PRUNED)
+        elif value is None or not math.isfinite(float(value)):
+            self.study.tell(trial, state=TrialState.FAIL)
+        else:
+            self.study.tell(trial, float(value))
+        self.completed.add(trial_id)
+        self._live.pop(trial_id, None)
         self._note_exploration()
 
     def _note_exploration(self) -> None:
         """The study's ``notes`` (shown by optuna-dashboard): a searched parameter that never varied
         in the scored trials, and too few of them to rank importances; refreshed as trials end."""
-        scored = self._ot_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        self._ot_study.set_user_attr("notes", exploration.notes([t.params for t in scored], list(self._space)))
+        scored = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        self.study.set_user_attr("notes", exploration.notes([t.params for t in scored], list(self.space)))
 
 
 def _key(config: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import ray.tune as tune
+from ray.tune.search import ConcurrencyLimiter, SearchGenerator
 
 from iaa.errors import IaaError
 from iaa.files import is_remote_uri
@@ -30,7 +31,8 @@ from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.ports import (CHECKPOINT_SCORE, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
                             SweepRequest, TrialRecord, WorkerFit, WorkersRequest)
 from iaa.platform.cluster import connect as cluster
-from iaa.platform.sweeps import search_algorithm as search
+from iaa.platform.cluster.ray_internals import relocate_experiment
+from iaa.platform.sweeps import driver_side, search_algorithm as search
 from iaa.platform.cluster.storage import check_private
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns, child_runs
@@ -121,6 +123,21 @@ def trainable(launch: Launch, spec: TrialSpec) -> tuple[Any, int]:
     return tune.with_resources(fn, dict(launch.plan.trial_resources)), train_rows
 
 
+class ResumableSearch(SearchGenerator):
+    """Tune's ``SearchGenerator`` over a sweep's searcher, whose restored run creates its new
+    trials in the storage the sweep ``sweep`` runs with now (its ``DriverSide``), not in the one
+    it was started with (:func:`iaa.platform.cluster.ray_internals.relocate_experiment`)."""
+
+    def __init__(self, searcher: Any, max_concurrent: int, sweep: str) -> None:
+        super().__init__(ConcurrencyLimiter(searcher, max_concurrent=max_concurrent))
+        self.sweep = sweep
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        super().set_state(state)
+        if driver_side.is_bound(self.sweep):
+            relocate_experiment(state.get("experiment"), driver_side.of(self.sweep).spec.storage_path)
+
+
 def _trial_dirname(trial: Any) -> str:
     return trial.trial_id
 
@@ -132,7 +149,8 @@ def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: b
     return tune.Tuner(
         fn, param_space=dict(param_space or {}),
         tune_config=tune.TuneConfig(search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
-                                    max_concurrent_trials=launch.plan.max_concurrent, reuse_actors=in_actor,
+                                    max_concurrent_trials=None if search_alg is not None else launch.plan.max_concurrent,
+                                    reuse_actors=in_actor,
                                     trial_dirname_creator=_trial_dirname),
         run_config=tune.RunConfig(
             name=launch.name, storage_path=launch.storage,
@@ -241,19 +259,20 @@ class RayLauncher:
         launch = self._launches[request.placement.name]
         spec = trial_spec(launch, run.fit, base=plan.base, fixed=plan.space.fixed)
         fn, _ = trainable(launch, spec)
-        if request.resume:
-            tuner_ = restore(launch, fn)
-            ConsoleCallback.resumed = run.console         # the restored callback's console is this process's
-        else:
-            runs = TrialRuns(tracker=trials.tracker, experiment=trials.experiment,
-                             parent_run_id=trials.parent_run_id, sweep=trials.sweep, dataset=trials.dataset,
-                             spec=spec, data_dir=trials.data_dir)
-            callbacks = [runs, *self.callbacks, ConsoleCallback(run.console)]
-            searcher = search.searcher(plan.space, plan.seed, plan.study_storage, plan.study_name)
-            searcher.run_ids = runs.run_ids          # each Optuna trial names its MLflow run
-            tuner_ = tuner(launch, fn, callbacks, show_progress=run.verbose, search_alg=searcher,
-                           scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
-        results, statuses = run_tuner(launch, tuner_, quiet=not run.verbose)
+        side = driver_side.DriverSide(tracker=trials.tracker, experiment=trials.experiment,
+                                      parent_run_id=trials.parent_run_id, dataset=trials.dataset, spec=spec,
+                                      data_dir=trials.data_dir, console=run.console,
+                                      study_storage=plan.study_storage, study_name=plan.study_name)
+        with driver_side.bound(launch.name, side):
+            if request.resume:
+                tuner_ = restore(launch, fn)
+            else:
+                callbacks = [TrialRuns(launch.name), *self.callbacks, ConsoleCallback(launch.name)]
+                tuner_ = tuner(launch, fn, callbacks, show_progress=run.verbose,
+                               search_alg=ResumableSearch(search.searcher(plan.space, plan.seed, launch.name),
+                                                          launch.plan.max_concurrent, launch.name),
+                               scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
+            results, statuses = run_tuner(launch, tuner_, quiet=not run.verbose)
         run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
         return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
                        downloads=run.downloads)
@@ -284,14 +303,16 @@ class RayLauncher:
         if run.console is not None:
             run.console.placed(launch.plan.max_concurrent)
         spec = trial_spec(launch, run.fit, members=configs)
-        runs = TrialRuns(tracker=trials.tracker, experiment=trials.experiment, parent_run_id=trials.parent_run_id,
-                         sweep=placing.name, dataset=configs[0].dataset, spec=spec,
-                         data_dir=trials.data_dir or placing.prepared, member_names=trials.member_names)
+        side = driver_side.DriverSide(tracker=trials.tracker, experiment=trials.experiment,
+                                      parent_run_id=trials.parent_run_id, dataset=configs[0].dataset, spec=spec,
+                                      data_dir=trials.data_dir or placing.prepared,
+                                      member_names=tuple(trials.member_names), console=run.console)
         fn, _ = trainable(launch, spec)
         grid = {MEMBER_KEY: tune.grid_search(list(range(len(configs))))}
-        callbacks = [runs, ConsoleCallback(run.console)]
-        results, statuses = run_tuner(launch, tuner(launch, fn, callbacks, show_progress=run.verbose,
-                                                    param_space=grid), quiet=not run.verbose)
+        callbacks = [TrialRuns(launch.name), ConsoleCallback(launch.name)]
+        with driver_side.bound(launch.name, side):
+            results, statuses = run_tuner(launch, tuner(launch, fn, callbacks, show_progress=run.verbose,
+                                                        param_space=grid), quiet=not run.verbose)
         run_ids, tagged = child_runs(trials.tracker, trials.experiment, placing.name, trials.parent_run_id)
         found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=run.downloads)
         by_member = {int(r.params[MEMBER_KEY]): r for r in found}

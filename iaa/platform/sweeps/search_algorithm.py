@@ -1,7 +1,9 @@
 """The search of a sweep on Ray Tune: Optuna's TPE sampler and ASHA early stopping.
 
-- **searcher**: ``OptunaSearch`` over a :mod:`~iaa.jobs.config.search_space` with a seeded
-  ``TPESampler`` after a seeded space-filling start that tries every searched value
+- **searcher**: a Ray Tune ``Searcher`` over an Optuna study
+  (:class:`~iaa.platform.sweeps.distinct_search.StudySearch`, ask and tell) of a
+  :mod:`~iaa.jobs.config.search_space`, with a seeded multivariate ``TPESampler`` after a seeded
+  space-filling start that tries every searched value
   (:mod:`~iaa.platform.sweeps.space_filling`), proposing each configuration of a finite space once
   (:mod:`~iaa.platform.sweeps.distinct_search`). It learns from each trial's *best* validation accuracy
   (``best_valid_acc`` of the trial's last report), so that a trial ASHA cut short feeds TPE
@@ -14,28 +16,25 @@ Each gets its own metric, so the Tune config names none (Tune refuses a metric g
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
-from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC, TIME_ATTR, TunePreset
+from iaa.jobs.config.presets import MODE, STOP_METRIC, TIME_ATTR, TunePreset
 from iaa.jobs.config.search_space import SearchSpace
 
-def searcher(space: SearchSpace, seed: int, storage: str | None = None, study_name: str | None = None) -> Any:
+def searcher(space: SearchSpace, seed: int, sweep: str | None = None) -> Any:
     """Optuna TPE over ``space``, told each trial's best validation accuracy; no configuration twice.
 
-    ``storage`` (an Optuna RDB URL, by default the SQLite file ``WORKDIR/optuna.db``) keeps the study
-    ``study_name`` after the process ends: ``optuna-dashboard URL`` opens it, and a resumed
-    sweep continues it.
+    The study is the one that the running process bound to the Tune run ``sweep``
+    (:mod:`~iaa.platform.sweeps.driver_side`: by default the SQLite file ``WORKDIR/optuna.db``,
+    kept after the process ends, so that ``optuna-dashboard URL`` opens it and a resumed sweep
+    continues it); without ``sweep``, a study in memory.
     """
     import optuna
 
     from iaa.platform.sweeps.distinct_search import StudySearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    distributions = to_optuna(space)
-    with study_writes(storage or "", f"keep the study {study_name}"):
-        return StudySearch(space=distributions, metric=SEARCH_METRIC, mode=MODE, sampler=sampler(space, seed),
-                           storage=study_storage(storage) if storage else None, study_name=study_name)
+    return StudySearch(to_optuna(space), sampler(space, seed), sweep)
 
 
 def sampler(space: SearchSpace, seed: int) -> Any:
@@ -46,34 +45,6 @@ def sampler(space: SearchSpace, seed: int) -> Any:
     from iaa.platform.sweeps.distinct_search import DistinctSampler
 
     return DistinctSampler(TPESampler(seed=seed), to_optuna(space), space.size, seed=seed)
-
-
-def study_storage(url: str) -> Any:
-    """An Optuna RDB storage at ``url``; SQLite waits for a reader (optuna-dashboard) instead of failing.
-    A full disk is one :class:`iaa.files.DiskFullError` naming the store."""
-    import optuna
-
-    kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
-    with study_writes(url, "be opened"):
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-
-
-@contextlib.contextmanager
-def study_writes(url: str, failed: str) -> Iterator[None]:
-    """Turn a full disk met by the Optuna store ``url`` (SQLAlchemy's "database or disk is full",
-    an OSError) into one DiskFullError saying what the store could not do (``failed``)."""
-    from iaa.files import DiskFullError, disk_full, free_bytes, size_text
-
-    try:
-        yield
-    except Exception as err:                  # SQLAlchemy's and Optuna's errors have no common base
-        if not disk_full(err):
-            raise
-        path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
-        free = free_bytes(path) if path else None
-        told = f" ({size_text(free)} free)" if free is not None else ""
-        raise DiskFullError(f"no space left on device for the Optuna store {path or url}{told}: it could not "
-                            f"{failed}; free some space on its disk or pass another --optuna-storage") from None
 
 
 def scheduler(preset: TunePreset, max_t: int) -> Any:

@@ -50,7 +50,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
     from optuna.trial import TrialState
     from optuna.visualization import matplotlib as vis
 
-    from iaa.platform.sweeps.search_algorithm import study_storage
+    from iaa.platform.sweeps.study_store import study_storage
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
@@ -172,7 +172,7 @@ def _save(plt: Any, path: Path) -> None:
 def fail_unfinished(storage_url: str, study_name: str, attrs: Mapping[str, str]) -> int:
     """End FAIL every RUNNING or WAITING trial of study ``study_name``, with ``attrs`` as its user
     attributes (why it ended); returns how many. A study that does not exist has none."""
-    from iaa.platform.sweeps.search_algorithm import study_storage, study_writes
+    from iaa.platform.sweeps.study_store import study_storage, study_writes
 
     if storage_url.startswith("sqlite:///") and not Path(storage_url.removeprefix("sqlite:///")).is_file():
         return 0

@@ -2,15 +2,15 @@
 
 Only the driver talks to the tracking store, so the default SQLite store works on multi-node
 clusters too. Tune pickles its callbacks into the run (``tuner.pkl``) and brings them back on
-``--resume``; so :class:`TrialRuns` holds plain data and the tracker (which pickles as its URI),
-and a resumed trial finds its child run again by its tags. Nothing reads the callback back after
+``--resume``, also in a copy of the work folder; so :class:`TrialRuns` holds only its Tune run's
+name and finds the store through :mod:`~iaa.platform.sweeps.driver_side`, and a resumed trial
+finds its child run again by its tags. Nothing reads the callback back after
 a run: records come from the results and the store.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import ray.tune as tune
@@ -18,7 +18,8 @@ import ray.tune as tune
 from iaa.errors import brief
 from iaa.jobs.config.job_config import config_label, to_dict
 from iaa.jobs.ports import CHECKPOINT_FILE, SweepEvents, TrackedRun, Tracker
-from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, job_config
+from iaa.platform.sweeps import driver_side
+from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
 
 # What a trial's child run records at every check.
 TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "best_valid_acc", "lr", "epoch", "train_examples_per_s")
@@ -72,55 +73,61 @@ def child_runs(tracker: Tracker, experiment: str, sweep: str,
 
 
 class TrialRuns(tune.Callback):
-    """Gives every trial its MLflow child run and logs its checks; tags its best checkpoint."""
+    """Gives every trial its MLflow child run and logs its checks; tags its best checkpoint.
 
-    def __init__(self, *, tracker: Tracker, experiment: str, parent_run_id: str | None, sweep: str, dataset: str,
-                 spec: TrialSpec, data_dir: Path | None = None, member_names: Sequence[str] = ()) -> None:
-        self.tracker, self.experiment, self.parent_run_id = tracker, experiment, parent_run_id
-        self.sweep, self.dataset, self.spec, self.data_dir = sweep, dataset, spec, data_dir
-        self.member_names = tuple(member_names)
-        self.run_ids: dict[str, str] = {}
+    It keeps only the name of its Tune run (``sweep``): the store, the parent run and what the
+    trials share come from what the running process bound to that name
+    (:mod:`~iaa.platform.sweeps.driver_side`), so a restored callback writes where it runs now.
+    """
+
+    def __init__(self, sweep: str) -> None:
+        self.sweep = sweep
         self.best: dict[str, str] = {}       # trial id -> best checkpoint directory
         self._runs: dict[str, TrackedRun] = {}
         self._done_before: set[str] = set()  # trials whose run had finished when a resumed sweep met them
         self._reported: set[str] = set()     # trials that reported in this process
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_runs": {}, "_done_before": set(), "_reported": set()}
+        return {"sweep": self.sweep, "best": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if "tracker" not in state:           # saved before the callback held a tracker: it held the store's URI
-            from iaa.platform.tracking.tracker import MlflowTracker
+        self.__init__(state["sweep"])        # older saves held the stores too: they are not used
 
-            state["tracker"] = MlflowTracker(state.pop("uri"))
-        state.setdefault("member_names", ())  # saved before members had names
-        self.__dict__.update(state)
+    @property
+    def side(self) -> driver_side.DriverSide:
+        return driver_side.of(self.sweep)
+
+    @property
+    def tracker(self) -> Tracker:
+        return self.side.tracker
 
     def _run(self, trial: Any) -> TrackedRun:
         """The trial's child run: open here, found by its tags, or created with the trial's config."""
         if trial.trial_id in self._runs:
             return self._runs[trial.trial_id]
-        run_id = self.run_ids.get(trial.trial_id) or self._find(trial.trial_id)
+        side = self.side
+        run_id = side.run_ids.get(trial.trial_id) or self._find(trial.trial_id)
         if run_id is None:
-            cfg = job_config(self.spec, trial.config)
-            names = self.member_names
-            run = self.tracker.start_run(self.experiment, run_name(self.sweep, trial.trial_id, trial.config, names),
-                                         tags={**trial_tags(self.sweep, trial.trial_id), "dataset": self.dataset,
+            cfg = job_config(side.spec, trial.config)
+            names = side.member_names
+            run = side.tracker.start_run(side.experiment, run_name(self.sweep, trial.trial_id, trial.config, names),
+                                         tags={**trial_tags(self.sweep, trial.trial_id), "dataset": side.dataset,
                                                "model": cfg.model.kind,
-                                               **identity_tags(cfg, trial.config, len(self.run_ids), names)},
-                                         parent_run_id=self.parent_run_id)
+                                               **identity_tags(cfg, trial.config, len(side.run_ids), names)},
+                                         parent_run_id=side.parent_run_id)
             run.log_params(to_dict(cfg))
-            if self.data_dir is not None:
-                run.log_dataset(self.data_dir)
+            if side.data_dir is not None:
+                run.log_dataset(side.data_dir)
         else:
-            run = self.tracker.attach(run_id)
-        self.run_ids[trial.trial_id] = run.run_id
+            run = side.tracker.attach(run_id)
+        side.run_ids[trial.trial_id] = run.run_id
         self._runs[trial.trial_id] = run
         return run
 
     def _find(self, trial_id: str) -> str | None:
-        runs = [r for r in self.tracker.find_runs(self.experiment, trial_tags(self.sweep, trial_id))
-                if r.parent_run_id == self.parent_run_id]
+        side = self.side
+        runs = [r for r in side.tracker.find_runs(side.experiment, trial_tags(self.sweep, trial_id))
+                if r.parent_run_id == side.parent_run_id]
         return runs[0].run_id if runs else None
 
     def _track(self, what: str, trial: Any, action: Any) -> None:
@@ -176,26 +183,18 @@ class TrialRuns(tune.Callback):
 
 
 class ConsoleCallback(tune.Callback):
-    """Forwards every trial event to the sweep's console (:class:`iaa.jobs.sweeps.console.SweepConsole`).
+    """Forwards every trial event to the console that the running process bound to the Tune run
+    ``sweep`` (:class:`iaa.jobs.sweeps.console.SweepConsole`; none: silence)."""
 
-    A restored Tune run brings the callback back without its console (which belongs to the
-    process that prints): the resuming process sets :attr:`resumed`, heard by every restored one.
-    """
-
-    resumed: SweepEvents | None = None
-
-    def __init__(self, console: SweepEvents | None) -> None:
-        self._console = console
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_console": None}
+    def __init__(self, sweep: str) -> None:
+        self.sweep = sweep
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._console = state.get("_console", state.get("console"))
+        self.sweep = state.get("sweep", "")  # older saves held no name: they stay silent
 
     @property
     def console(self) -> SweepEvents | None:
-        return self._console if self._console is not None else ConsoleCallback.resumed
+        return driver_side.of(self.sweep).console if driver_side.is_bound(self.sweep) else None
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         if self.console is not None:

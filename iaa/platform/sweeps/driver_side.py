@@ -1,0 +1,63 @@
+"""The stores and the console that a sweep's Tune objects use, bound by the process that runs it.
+
+Ray Tune pickles a run's searcher and callbacks into the run's folder and brings them back on
+``--resume``, wherever the run is resumed from: a copy of the work folder resumes objects that
+were built for the original. So those objects keep no store, path or console of their own. Each
+names its Tune run, and finds what it uses in the :class:`DriverSide` that the running process
+bound to that name (:func:`bound`): the MLflow store, the Optuna study and the console of the
+work folder it runs in now.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from iaa.errors import IaaError
+from iaa.jobs.ports import SweepEvents, Tracker
+from iaa.platform.sweeps.trial import TrialSpec
+
+
+@dataclass(frozen=True)
+class DriverSide:
+    """What one Tune run's searcher and callbacks use in this process."""
+
+    tracker: Tracker                        # the MLflow store of the trials' child runs
+    experiment: str
+    parent_run_id: str | None
+    dataset: str
+    spec: TrialSpec                         # what the trials share: storage, data folder, base config
+    data_dir: Path | None = None            # the prepared data each child run logs as its dataset
+    member_names: tuple[str, ...] = ()      # an ensemble's member run names, by member
+    console: SweepEvents | None = None
+    study_storage: str | None = None        # the Optuna storage URL (None: the study lives in memory)
+    study_name: str | None = None
+    run_ids: dict[str, str] = field(default_factory=dict)   # Tune trial id -> MLflow run id, filled as runs open
+
+
+_BOUND: dict[str, DriverSide] = {}
+
+
+@contextmanager
+def bound(name: str, side: DriverSide) -> Iterator[DriverSide]:
+    """``side`` is what the objects of the Tune run ``name`` use, until the block ends."""
+    _BOUND[name] = side
+    try:
+        yield side
+    finally:
+        _BOUND.pop(name, None)
+
+
+def of(name: str) -> DriverSide:
+    """What this process bound to the Tune run ``name``."""
+    try:
+        return _BOUND[name]
+    except KeyError:
+        raise IaaError(f"nothing runs the Tune run {name!r} in this process: its searcher and callbacks "
+                       "have no stores to use") from None
+
+
+def is_bound(name: str) -> bool:
+    return name in _BOUND

@@ -1,0 +1,34 @@
+"""The Optuna store of a sweep's study: opened with SQLite's patience, a full disk as one line."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+
+def study_storage(url: str) -> Any:
+    """An Optuna RDB storage at ``url``; SQLite waits for a reader (optuna-dashboard) instead of failing.
+    A full disk is one :class:`iaa.files.DiskFullError` naming the store."""
+    import optuna
+
+    kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
+    with study_writes(url, "be opened"):
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def study_writes(url: str, failed: str) -> Iterator[None]:
+    """Turn a full disk met by the Optuna store ``url`` (SQLAlchemy's "database or disk is full",
+    an OSError) into one DiskFullError saying what the store could not do (``failed``)."""
+    from iaa.files import DiskFullError, disk_full, free_bytes, size_text
+
+    try:
+        yield
+    except Exception as err:                  # SQLAlchemy's and Optuna's errors have no common base
+        if not disk_full(err):
+            raise
+        path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+        free = free_bytes(path) if path else None
+        told = f" ({size_text(free)} free)" if free is not None else ""
+        raise DiskFullError(f"no space left on device for the Optuna store {path or url}{told}: it could not "
+                            f"{failed}; free some space on its disk or pass another --optuna-storage") from None
