@@ -45,6 +45,66 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def test_a_captured_pass_lives_as_long_as_its_replay(monkeypatch) -> None:
+    """A graph reads and writes what it captured at fixed addresses: the gate's replay keeps the
+    captured pass, and the tensors it closes over, alive (CUDA's pieces faked on the CPU)."""
+    import contextlib
+    import gc
+    import weakref
+
+    import torch
+
+    import device_gpu
+
+    class Stream:
+        def wait_stream(self, other) -> None:
+            pass
+
+    class Graph:
+        replays = 0
+
+        def replay(self) -> None:
+            Graph.replays += 1
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+
+    def a_pass():
+        x = torch.zeros(3)
+        return (lambda: x.add_(1)), weakref.ref(x)
+
+    run, tensor = a_pass()
+    replay = device_gpu._graphed(run)
+    del run
+    gc.collect()
+    assert tensor() is not None and tensor().tolist() == [3.0] * 3          # two warm-ups and the capture
+    replay()
+    assert Graph.replays == 1
+    del replay
+    gc.collect()
+    assert tensor() is None
+
+
+def test_the_gate_keeps_what_the_overlap_measured_and_why_it_failed(monkeypatch) -> None:
+    """The overlap runs in a child process: a CUDA fault there (a sticky error, then an abort)
+    comes back as the gate's ``overlap_error``, with what was measured before it."""
+    import device_gpu
+
+    script = ("import json, sys; print(json.dumps({'streams_2': 1.7}), flush=True); "
+              "sys.stderr.write('Traceback\\ntorch.AcceleratorError: CUDA error: an illegal memory access "
+              "was encountered\\nframe #1: ...\\n'); sys.exit(134)")
+    monkeypatch.setattr(device_steps, "_self", lambda args, step, *extra: [sys.executable, "-c", script])
+    measured, failed = device_gpu._overlap_in_child(SimpleNamespace(), 60)
+    assert measured == {"streams_2": 1.7}
+    assert failed.startswith("exit 134") and "illegal memory access" in failed
+    monkeypatch.setattr(device_steps, "_self", lambda args, step, *extra: [
+        sys.executable, "-c", "import json; print(json.dumps({'streams_2': 1.7, 'streams_4': 3.1}))"])
+    assert device_gpu._overlap_in_child(SimpleNamespace(), 60) == ({"streams_2": 1.7, "streams_4": 3.1}, None)
+
+
 @pytest.mark.slow
 def test_the_readme_command_runs_every_step_and_writes_exactly_three_files(tmp_path: Path) -> None:
     words = _readme_command()

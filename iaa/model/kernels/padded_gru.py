@@ -28,9 +28,16 @@ Cost per call, beyond the two cuDNN calls:
   bidirectional module again (``.to()``, ``flatten_parameters()``) undoes that, and each call then
   copies the weights (one buffer, a few copy kernels) with cuDNN's "not part of single contiguous
   chunk" warning; results stay exact.
-- bf16: the weights are cast at every call (4 casts per direction) and flattened into a fresh
-  buffer (a few copy kernels): the cast must stay in the autograd graph, and a cache keyed by the
-  parameters' versions would save nothing in training, where each encoder runs once per step.
+- bf16 on CUDA: none either, because the GRU runs in fp32 there, in both precisions (``gru_dtype``).
+  cuDNN's bf16 GRU over padded rows does not run as the persistent kernel: on an H200 (cuDNN
+  9.19, torch 2.11) a bf16 training step at batch 32 launched ~5,300 more kernels than an fp32
+  one, about 9 per position of the document and the query (the count of a recurrence run step
+  by step), and trained ~3x slower, eager and captured alike; and its weights, cast to bf16 at
+  every call, were copied into a fresh cuDNN buffer each time (cuDNN's "not part of single
+  contiguous chunk" warning). The rest of the reader still multiplies in bf16.
+- bf16 on the CPU: the weights are cast at every call (4 casts per direction): the cast must stay
+  in the autograd graph, and a cache keyed by the parameters' versions would save nothing in
+  training, where each encoder runs once per step.
 - the layout: the reversal index (a few (B, L) kernels), two gathers ((B, L, d) in, (B, L, h)
   out), a ``cat`` and a masked fill of (B, L, 2h); the recurrence also runs over the padding
   (B x L steps instead of the real tokens: small in length-bucketed batches).
@@ -43,10 +50,10 @@ kernel), so they overlap; autograd runs each backward node on its forward's stre
 the same code runs sequentially (the exactness tests).
 
 To measure on the card (``pytest -m gpu tests/test_padded_gru.py``, then the bench with
-``fused_gru`` on and off): fp32 against bf16 (cuDNN 9.13 or later runs the GRU in bf16); that
-the persistent algorithm is chosen (an nsys trace shows one RNN kernel per direction and call,
-not one per step); that the two streams overlap; and the batch sizes at which the persistent
-kernel loses to the standard one (it was slower at some sizes for LSTMs).
+``fused_gru`` on and off): that the persistent algorithm is chosen (an nsys trace shows one RNN
+kernel per direction and call, not one per step; the bench's kernel launches per step are about
+equal in fp32 and bf16); that the two streams overlap; and the batch sizes at which the
+persistent kernel loses to the standard one (it was slower at some sizes for LSTMs).
 """
 
 from __future__ import annotations
@@ -85,20 +92,19 @@ def gather_rows(x: torch.Tensor, rev: torch.Tensor) -> torch.Tensor:
     return x.gather(1, rev.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
-def bf16_rnn(device: str) -> bool:
-    """Whether cuDNN's RNN runs in bf16 on ``device`` (a device type): cuDNN 9.13 or later; the
-    CPU always. The rule of ``iaa.model.encoder.rnn_dtype``."""
-    if device != "cuda":
-        return True
-    version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return version is not None and version >= 91300
+def gru_dtype(device: str, bf16: bool, weights: torch.dtype) -> torch.dtype:
+    """The dtype the kernel's GRU runs in on ``device`` (a device type), for a reader in bf16 or
+    not, with weights of dtype ``weights``: bf16 on the CPU in bf16, else the weights' own. On
+    CUDA never bf16: cuDNN's bf16 GRU runs step by step (see the module docstring)."""
+    return torch.bfloat16 if bf16 and device != "cuda" else weights
 
 
 class PaddedGRU:
     """The encoders' BiGRU on CUDA (h <= 128): two one-direction cuDNN GRUs over padded rows.
 
-    See the module docstring. In bf16 the GRU runs in bf16 where cuDNN has bf16 RNN kernels
-    (its states too, as the reference's), else in fp32; in fp32, in the weights' dtype.
+    See the module docstring. The GRU runs in ``gru_dtype``: on CUDA in the weights' dtype (fp32)
+    in either precision, its states fp32; on the CPU in bf16 under bf16 (its states too, as the
+    reference's).
     """
 
     slot, switch = "encoder", "fused_gru"
@@ -129,8 +135,7 @@ class PaddedGRU:
 
     def encode(self, x: torch.Tensor, lengths: torch.Tensor, gru: nn.GRU) -> torch.Tensor:
         """x: (B, L, d), lengths: (B,) int64 on x's device -> states (B, L, 2h), 0 at padding."""
-        bf16 = self.bf16 and bf16_rnn(x.device.type)
-        dtype = torch.bfloat16 if bf16 else gru.weight_ih_l0.dtype
+        dtype = gru_dtype(x.device.type, self.bf16, gru.weight_ih_l0.dtype)
         rev, real = reversal(lengths, x.shape[1])                          # (B, L), (B, L)
         forward, backward = self._modules(gru)
         with torch.autocast(x.device.type, enabled=False):
