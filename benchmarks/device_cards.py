@@ -156,4 +156,18 @@ def commit() -> str | None:
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
+def source_digest() -> str:
+    """A SHA-256 of the tracked source (``iaa/``, ``benchmarks/`` and ``tests/`` Python files, by
+    path and content): the same for the same code wherever it runs, so a summary names the code it
+    measured even where the copy's ``HEAD`` is not the commit of its files (``commit`` above).
+    ``python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import device_cards; print(device_cards.source_digest())"``
+    in a checkout gives the digest to compare."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(p for folder in ("iaa", "benchmarks", "tests") for p in (ROOT / folder).rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 STEP_FUNCTIONS = {name[len("step_"):]: fn for name, fn in globals().items() if name.startswith("step_")}

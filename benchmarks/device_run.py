@@ -23,7 +23,8 @@ then killed, so no process of a step outlives it. A failed step is recorded and 
 
 Output: exactly three files in DIR: ``summary.json`` (every figure, ``"failed"`` and
 ``"skipped"``: the steps that failed or had no time; ``"targets"``: each goal with what was
-measured and whether it is met; ``"commit"`` and ``"card"``), ``results.tar.gz`` (each step's JSON and
+measured and whether it is met; ``"commit"``, ``"source"`` (a digest of the code, as
+``device_cards.source_digest``) and ``"card"``), ``results.tar.gz`` (each step's JSON and
 log) and ``log.txt`` (what each step said as it happened). The summary is rewritten whenever a
 step reports figures, the archive after every step, so a call cut short still returns what was
 measured. ``--device cpu --tiny`` runs every step in seconds at the tiny model size (the test
@@ -219,7 +220,7 @@ def run_plan(args) -> dict:
     deadline = time.monotonic() + budget
     summary: dict = {"device": args.device, "tiny": args.tiny, "budget_s": budget, "part": args.part,
                      "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "plan": steps, "failed": [], "skipped": [],
-                     "seconds": {}, "commit": device_cards.commit()}
+                     "seconds": {}, "commit": device_cards.commit(), "source": device_cards.source_digest()}
     previous = signal.signal(signal.SIGTERM, _terminate)
     with tempfile.TemporaryDirectory(prefix="iaa-device-") as scratch:
         results = Path(scratch) / "results"
