@@ -109,3 +109,55 @@ def test_no_private_name_of_the_libraries_outside_the_shims() -> None:
     found = [hit for path in sorted(ROOT.rglob("*.py")) if str(path.relative_to(ROOT.parent)) not in shims
              for hit in private_uses(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT.parent)))]
     assert found == []
+
+
+STDLIB_PRIVATE = {"_exit"}          # os._exit: documented, public despite its name
+
+
+def _own_names(trees: list[ast.AST]) -> set[str]:
+    """Every name the package defines: functions, classes, arguments, imports, and attributes it assigns."""
+    own: set[str] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.arg):
+                own.add(node.arg)
+            elif isinstance(node, ast.alias):
+                own.add(node.asname or node.name.split(".")[-1])
+    return own
+
+
+def foreign_private_attributes(sources: dict[str, str]) -> list[str]:
+    """Each ``obj._x`` (``self._x`` included) in ``sources`` whose ``_x`` the sources never define:
+    a private attribute of some library's object, such as Optuna's ``trial._trial_id`` or, in a
+    subclass of a library class, the base's ``self._ot_study``."""
+    trees = {where: ast.parse(source) for where, source in sources.items()}
+    own = _own_names(list(trees.values())) | STDLIB_PRIVATE
+    return [f"{where}:{node.lineno} {ast.unparse(node)}" for where, tree in trees.items() for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own]
+
+
+def test_the_scan_sees_private_attributes_of_objects_the_code_did_not_make() -> None:
+    source = '''
+class Search(OptunaSearch):
+    def __init__(self):
+        self._mine = 1
+    def suggest(self):
+        return self._mine, self._ot_study, trial._trial_id, self._helper(), os._exit
+    def _helper(self):
+        return None
+'''
+    assert [hit.split(" ", 1)[1] for hit in foreign_private_attributes({"m.py": source})] == [
+        "self._ot_study", "trial._trial_id"]
+
+
+def test_no_private_attribute_of_a_library_object_outside_the_shims() -> None:
+    shims = {f"{name.replace('.', '/')}.py" for names in SHIMS.values() for name in names}
+    sources = {str(path.relative_to(ROOT.parent)): path.read_text(encoding="utf-8") for path in sorted(ROOT.rglob("*.py"))}
+    found = [hit for hit in foreign_private_attributes(sources) if hit.split(":")[0] not in shims]
+    assert found == []

@@ -180,7 +180,7 @@ def count_flops_by_dtype(fn: Callable[[], object]) -> dict[str, int]:
     (``FlopCounterMode``'s formulas; the first floating-point operand's dtype)."""
     from torch.utils.flop_counter import flop_registry
 
-    from iaa.jobs.training.torch_internals import dispatch_mode
+    from iaa.jobs.training.torch_internals import dispatch_mode, overload_packet
 
     flops: dict[str, int] = {}
 
@@ -188,7 +188,7 @@ def count_flops_by_dtype(fn: Callable[[], object]) -> dict[str, int]:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            formula = flop_registry.get(func._overloadpacket)
+            formula = flop_registry.get(overload_packet(func))
             if formula is not None:
                 dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point())
                 name = DTYPE_NAMES.get(dtype, str(dtype))

@@ -192,9 +192,10 @@ def _fail_trials(storage: Any, study_id: int, attrs: Mapping[str, str]) -> int:
     failed = 0
     for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
         try:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
             for key, value in attrs.items():
-                storage.set_trial_user_attr(trial._trial_id, key, value)
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+                storage.set_trial_user_attr(trial_id, key, value)
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
         except UpdateFinishedTrialError:
             continue                        # finished meanwhile by the sweep itself
         failed += 1
