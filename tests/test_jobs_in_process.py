@@ -103,13 +103,16 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
 def test_a_store_that_fails_during_a_sweep_costs_the_trial_its_tracking_not_its_training(tiny: Path) -> None:
     """The real Tune callback on the fake tracker: a store that is down is a warning per trial."""
     pytest.importorskip("ray.tune", reason="the callback is Ray Tune's")
+    from iaa.platform.sweeps import driver_side
     from iaa.platform.sweeps.trial_runs import TrialRuns
 
     class Trial:
         trial_id, config, last_result = "t1", {}, {"stop_reason": "patience"}
 
     tracker = FakeTracker()
-    runs = TrialRuns(tracker=tracker, experiment="x", parent_run_id=None, sweep="s", dataset="cbt-ne", spec=None)
-    tracker.down = True
-    runs.on_trial_complete(0, [], Trial())          # warns, does not raise
+    runs = TrialRuns("s")
+    side = driver_side.DriverSide(tracker=tracker, experiment="x", parent_run_id=None, dataset="cbt-ne", spec=None)
+    with driver_side.bound("s", side):
+        tracker.down = True
+        runs.on_trial_complete(0, [], Trial())          # warns, does not raise
     assert tracker.runs == {}

@@ -1,0 +1,214 @@
+"""Which search finds the best reader for the least compute: sweeps replayed against the table of
+the reader's own learning curves (``benchmarks/search/curves.parquet``), no training.
+
+    python benchmarks/bench_search.py [--seeds 20] [--trials 96] [--concurrency 2] [--out DIR]
+
+Each strategy runs ``--seeds`` sweeps (:mod:`search.replay`): the sampler ``iaa-cli tune``
+builds and the variants it is measured against, each with the demo preset's ASHA schedule
+unless named otherwise, ``--concurrency`` trials at a time. Optuna's ``GPSampler`` refits its
+Gaussian process at every proposal, so its long sweep stops at the largest preset budget (24). For each it reports regret (the
+table's best accuracy minus the best check the sweep has seen, in points) against compute (epochs
+of training) and simulated wall time, as the median and interquartile band over the seeds; the
+compute each needs to come within 0.5 and 1 point of the table's best; and the regret of a whole
+sweep of 4, 16 and 24 trials (the presets' budgets). Writes ``search-replay.json`` (every
+figure) and ``search-replay.png`` (the curves) to ``--out`` (default ``docs/``) and prints the
+tables as Markdown (``docs/search.md`` holds them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "search"))
+import replay  # noqa: E402
+import table as curves_table  # noqa: E402
+
+BUDGETS = (4, 16, 24)             # the presets' trial counts: demo, cnn, cbt
+WITHIN = (0.5, 1.0)               # points from the table's best
+
+
+def _samplers() -> dict[str, replay.Strategy]:
+    from optuna.samplers import GPSampler, RandomSampler, TPESampler
+
+    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.distinct_search import DistinctSampler
+
+    class IndependentDistinct(DistinctSampler):
+        """The wrapper as it was: each parameter drawn on its own, TPE's joint model never asked."""
+
+        def _propose(self, study, trial, search_space, joint):
+            return {n: self.inner.sample_independent(study, trial, n, d) for n, d in search_space.items()}
+
+    def plain(make):
+        return lambda space, seed: make(seed)
+
+    return {s.name: s for s in (
+        replay.Strategy("tpe + asha (tune's default)", search.sampler),
+        replay.Strategy("tpe, independent draws + asha (the wrapper before its fix)",
+                        lambda space, seed: IndependentDistinct(TPESampler(seed=seed), search.to_optuna(space),
+                                                                space.size, seed=seed)),
+        replay.Strategy("plain optuna tpe (multivariate) + asha", plain(lambda seed: TPESampler(seed=seed))),
+        replay.Strategy("gp + asha", plain(lambda seed: GPSampler(seed=seed)), max_trials=max(BUDGETS)),
+        replay.Strategy("random + asha", plain(lambda seed: RandomSampler(seed=seed))),
+        replay.Strategy("random", plain(lambda seed: RandomSampler(seed=seed)), asha=False),
+        replay.Strategy("tpe from the 5th trial + asha",
+                        lambda space, seed: DistinctSampler(TPESampler(seed=seed, n_startup_trials=5),
+                                                            search.to_optuna(space), space.size, seed=seed)),
+        replay.Strategy("tpe, no asha", search.sampler, asha=False),
+        replay.Strategy("tpe + asha (grace 1, reduction 3)", search.sampler, grace_period=1, reduction_factor=3.0),
+        replay.Strategy("tpe + asha (grace 1, reduction 2)", search.sampler, grace_period=1, reduction_factor=2.0),
+        replay.Strategy("exhaustive grid", None, asha=False),
+    )}
+
+
+def _at(points: list[tuple[float, float, float]], axis: int, xs: np.ndarray, best: float) -> np.ndarray:
+    """Regret (points) at each x of ``xs`` along ``axis`` (0 compute, 1 wall) of a trace: before
+    the first check, the regret of knowing nothing (the table's best); past its end, NaN."""
+    order = sorted(points, key=lambda p: p[axis])
+    at = np.array([p[axis] for p in order])
+    seen = np.maximum.accumulate(np.array([p[2] for p in order]))
+    idx = np.searchsorted(at, xs, side="right") - 1
+    regret = np.where(idx >= 0, (best - seen[np.clip(idx, 0, None)]) * 100, best * 100)
+    return np.where(xs <= at[-1], regret, np.nan)             # past the sweep's end: not measured
+
+
+def _to_within(points: list[tuple[float, float, float]], best: float, within: float) -> float:
+    """The compute (epochs) at which the sweep first came within ``within`` points; inf if never."""
+    for compute, _, seen in points:
+        if (best - seen) * 100 <= within + 1e-9:
+            return compute
+    return float("inf")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", type=Path, default=curves_table.DEFAULT)
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=96, help="trials of the long sweep each curve is drawn from")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--only", nargs="*", help="strategies whose name starts with one of these")
+    parser.add_argument("--out", type=Path, default=HERE.parent / "docs")
+    args = parser.parse_args()
+
+    import optuna
+
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.jobs.config.presets import TUNE_PRESETS
+    from iaa.jobs.config.search_space import parse
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    table = curves_table.load(args.table)
+    space = parse(table.grid, JobConfig())
+    preset = TUNE_PRESETS["demo"]
+    finals = {key: max(c.valid_acc for c in curve) for key, curve in table.curves.items()}
+    best = max(finals.values())
+    grid_compute = sum(curve[-1].epoch for curve in table.curves.values())
+    strategies = _samplers()
+    if args.only:
+        strategies = {k: v for k, v in strategies.items() if any(k.startswith(p) for p in args.only)}
+    xs = np.geomspace(grid_compute / 400, grid_compute, 60)
+    out: dict[str, Any] = {"table": str(args.table), "configurations": len(table.curves), "best": best,
+                           "median_config": float(np.median(list(finals.values()))), "grid_epochs": grid_compute,
+                           "seeds": args.seeds, "trials": args.trials, "concurrency": args.concurrency,
+                           "preset": {"grace_period": preset.grace_period, "reduction_factor": preset.reduction_factor},
+                           "x_epochs": xs.tolist(), "strategies": {}}
+    for name, strategy in strategies.items():
+        started = time.perf_counter()
+        trials = len(table.curves) if strategy.sampler is None else min(args.trials, strategy.max_trials or args.trials)
+        curves, wall_curves, walls, finals_seen, within = [], [], [], [], {w: [] for w in WITHIN}
+        budgets: dict[int, list[float]] = {b: [] for b in BUDGETS}
+        budget_compute: dict[int, list[float]] = {b: [] for b in BUDGETS}
+        for seed in range(args.seeds):
+            trace = replay.replay(table, space, strategy, seed, preset, trials, args.concurrency)
+            curves.append(_at(trace.points, 0, xs, best))
+            wall_curves.append(_at(trace.points, 1, xs / args.concurrency, best))
+            walls.append(trace.points[-1][1])
+            finals_seen.append(trace.best())
+            for w in WITHIN:
+                within[w].append(_to_within(trace.points, best, w))
+            for b in BUDGETS:
+                short = replay.replay(table, space, strategy, seed, preset, b, args.concurrency)
+                budgets[b].append((best - short.best()) * 100)
+                budget_compute[b].append(short.points[-1][0])
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)     # columns past every sweep's end
+            band = np.nanpercentile(np.array(curves), [25, 50, 75], axis=0)
+            wall_band = np.nanpercentile(np.array(wall_curves), [25, 50, 75], axis=0)
+        row = {"regret_q25": band[0].tolist(), "regret_median": band[1].tolist(), "regret_q75": band[2].tolist(),
+               "wall_regret_q25": wall_band[0].tolist(), "wall_regret_median": wall_band[1].tolist(),
+               "wall_regret_q75": wall_band[2].tolist(),
+               "final_regret_median": float(np.median([(best - t) * 100 for t in finals_seen])),
+               "wall_epochs_median": float(np.median(walls)),
+               **{f"epochs_to_{w}": float(np.median(within[w])) for w in WITHIN},
+               **{f"share_of_grid_to_{w}": float(np.median(within[w])) / grid_compute for w in WITHIN},
+               **{f"regret_{b}_trials": float(np.median(budgets[b])) for b in BUDGETS},
+               **{f"regret_{b}_trials_q75": float(np.percentile(budgets[b], 75)) for b in BUDGETS},
+               **{f"epochs_{b}_trials": float(np.median(budget_compute[b])) for b in BUDGETS},
+               "trials": trials, "seconds": round(time.perf_counter() - started, 1)}
+        out["strategies"][name] = row
+        print(f"{name}: {row['seconds']} s", file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "search-replay.json").write_text(json.dumps(out, indent=1), encoding="utf-8")
+    _figure(out, args.out / "search-replay.png")
+    _print_tables(out)
+    return 0
+
+
+def _figure(out: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
+    xs = np.array(out["x_epochs"])
+    panels = ((axes[0], xs, "", "compute (epochs of training; dotted: the whole grid)"),
+              (axes[1], xs / out["concurrency"], "wall_",
+               f"simulated wall time (epochs of one trial slot, {out['concurrency']} slots)"))
+    for ax, x, prefix, label in panels:
+        for name, row in out["strategies"].items():
+            line, = ax.plot(x, row[f"{prefix}regret_median"], label=name,
+                            lw=2.2 if name.startswith("tpe + asha (tune") else 1.1)
+            ax.fill_between(x, row[f"{prefix}regret_q25"], row[f"{prefix}regret_q75"], color=line.get_color(),
+                            alpha=0.1)
+        ax.axvline(out["grid_epochs"] / (out["concurrency"] if prefix else 1), color="grey", ls=":", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("regret: points below the table's best (median, IQR band)")
+    axes[0].legend(fontsize=7.5, loc="lower left")
+    fig.suptitle(f"{out['configurations']} configurations, {out['seeds']} seeds, "
+                 f"{out['concurrency']} trials at a time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _print_tables(out: dict[str, Any]) -> None:
+    print(f"\ntable: {out['configurations']} configurations, best {out['best']:.4f}, median configuration "
+          f"{out['median_config']:.4f}; the exhaustive grid trains {out['grid_epochs']:.0f} epochs\n")
+    print("| strategy | epochs to within 0.5 pt (share of grid) | to within 1 pt | regret after 4 / 16 / 24 trials "
+          "(median, pts) | epochs of 4 / 16 / 24 trials |")
+    print("|---|---|---|---|---|")
+    for name, r in out["strategies"].items():
+        def share(w: float) -> str:
+            e = r[f"epochs_to_{w}"]
+            return "never" if not np.isfinite(e) else f"{e:.0f} ({100 * r[f'share_of_grid_to_{w}']:.0f}%)"
+        print(f"| {name} | {share(0.5)} | {share(1.0)} | "
+              f"{r['regret_4_trials']:.1f} / {r['regret_16_trials']:.1f} / {r['regret_24_trials']:.1f} | "
+              f"{r['epochs_4_trials']:.1f} / {r['epochs_16_trials']:.1f} / {r['epochs_24_trials']:.1f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""A sweep of ``iaa-cli tune`` replayed against the table of learning curves, in simulated time.
+
+The replay drives the project's own search stack as Ray Tune drives it, without Ray and without
+training: the searcher ``tune`` builds (:func:`iaa.platform.sweeps.search_algorithm.searcher`, a
+Ray Tune ``Searcher`` over an Optuna study, here in memory) proposes each trial; the preset's
+ASHA (:func:`iaa.platform.sweeps.search_algorithm.scheduler`, Ray's own ``ASHAScheduler``) sees
+every check and stops trials; a trial's checks are read from the table (:mod:`table`) instead of
+trained. A trial reports exactly what the training loop reports: ``valid_acc`` (ASHA's metric),
+``best_valid_acc`` (the searcher's), ``checks`` (ASHA's clock) and, on its last check,
+``stop_reason``.
+
+Time is simulated from the table's recorded cost in training examples, not seconds (seconds are
+noisy): ``concurrency`` trials run at once, each check takes as long as the examples it trained,
+and events are handled in time order (ties by trial number). Compute is the examples trained,
+in epochs of the table's training split; wall time is the schedule's makespan in the same unit.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+import table as curves_table
+
+TRIAL_ID = "t{:05d}"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How a sweep searches: a sampler for the study (None: the exhaustive grid, every
+    configuration in a seeded order) and whether ASHA stops trials."""
+
+    name: str
+    sampler: Callable[[Any, int], Any] | None
+    asha: bool = True
+    grace_period: int | None = None           # None: the preset's
+    reduction_factor: float | None = None
+    max_trials: int | None = None             # a cap on the long sweep (a sampler whose cost grows fast)
+
+
+@dataclass
+class Trace:
+    """What one replayed sweep did."""
+
+    proposals: list[dict[str, Any]] = field(default_factory=list)     # each trial's configuration
+    stops: list[tuple[str, int]] = field(default_factory=list)         # (trial, check) that ASHA stopped
+    points: list[tuple[float, float, float]] = field(default_factory=list)   # (compute, wall, best so far)
+    seconds: float = 0.0                                               # the table's training seconds spent
+
+    def best(self) -> float:
+        return self.points[-1][2] if self.points else float("nan")
+
+
+class _Trial:
+    """What Ray's ASHA reads of a trial."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+
+
+def _grid_order(table: curves_table.CurveTable, seed: int) -> list[dict[str, Any]]:
+    keys = sorted(table.curves)
+    order = np.random.default_rng(seed).permutation(len(keys))
+    return [dict(zip(table.grid, keys[i])) for i in order]
+
+
+def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed: int, preset: Any,
+           num_trials: int, concurrency: int) -> Trace:
+    """One sweep of ``num_trials`` trials (``preset``: a ``TunePreset`` for ASHA's schedule)."""
+    from dataclasses import replace
+
+    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.distinct_search import StudySearch
+
+    checks = len(next(iter(table.curves.values())))
+    epoch_examples = next(iter(table.curves.values()))[-1].examples / next(iter(table.curves.values()))[-1].epoch
+    max_t = checks + 1                                   # as tune's max_checks: the loop ends first
+    asha = None
+    if strategy.asha:
+        tuned = replace(preset, grace_period=strategy.grace_period or preset.grace_period,
+                        reduction_factor=strategy.reduction_factor or preset.reduction_factor)
+        np.random.seed(seed)                             # ASHA draws a bracket per trial (one bracket here)
+        asha = search.scheduler(tuned, max_t)
+    if strategy.sampler is None:
+        queue = _grid_order(table, seed)[:num_trials]
+        searcher = None
+    else:
+        searcher = StudySearch(search.to_optuna(space), strategy.sampler(space, seed), None)
+
+    trace = Trace()
+    events: list[tuple[float, int, int]] = []            # (time, trial number, check)
+    configs: dict[int, dict[str, Any]] = {}
+    compute = best = 0.0
+    started = 0
+
+    def start(now: float) -> None:
+        nonlocal started
+        number = started
+        config = queue[number] if searcher is None else searcher.suggest(TRIAL_ID.format(number))
+        config = {name: config[name] for name in table.grid}
+        started += 1
+        configs[number] = config
+        trace.proposals.append(config)
+        if asha is not None:
+            asha.on_trial_add(None, _Trial(TRIAL_ID.format(number)))
+        first = table.curve(config)[0]
+        heapq.heappush(events, (now + first.examples / epoch_examples, number, 1))
+
+    while started < min(concurrency, num_trials):
+        start(0.0)
+    while events:
+        now, number, k = heapq.heappop(events)
+        trial_id = TRIAL_ID.format(number)
+        curve = table.curve(configs[number])
+        check = curve[k - 1]
+        done = (check.examples - (curve[k - 2].examples if k > 1 else 0)) / epoch_examples
+        compute += done
+        trace.seconds += check.seconds - (curve[k - 2].seconds if k > 1 else 0.0)
+        best = max(best, check.valid_acc)
+        trace.points.append((compute, now, best))
+        last = k == len(curve)
+        result = {"valid_acc": check.valid_acc, "best_valid_acc": check.best_valid_acc, "checks": k,
+                  "training_iteration": k, "stop_reason": "max-epochs" if last else ""}
+        stopped = False
+        if asha is not None:
+            stopped = asha.on_trial_result(None, _Trial(trial_id), result) == "STOP" and not last
+        if searcher is not None:
+            searcher.on_trial_result(trial_id, result)
+        if stopped or last:
+            if stopped:
+                trace.stops.append((trial_id, k))
+            if asha is not None and last:
+                asha.on_trial_complete(None, _Trial(trial_id), result)
+            if searcher is not None:
+                searcher.on_trial_complete(trial_id, result)
+            if started < num_trials:
+                start(now)
+        else:
+            nxt = curve[k]
+            heapq.heappush(events, (now + (nxt.examples - check.examples) / epoch_examples, number, k + 1))
+    return trace

@@ -1,0 +1,134 @@
+"""The table of learning curves (benchmarks/search): the writer and reader keep columns, metadata
+and order, a configuration is found by its values however they are typed, and the build trains a
+tiny grid, resumes where it stopped and refuses parts of another plan."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "search"))
+import build_table  # noqa: E402
+import figures  # noqa: E402
+import table  # noqa: E402
+
+GRID = {"train.lr": [1e-3, 4e-3], "model.steps": [1, 3]}
+
+
+def _rows() -> list[dict]:
+    """Two checks of each configuration of GRID, written out of order."""
+    rows = []
+    for config_id, params in enumerate(build_table.configurations(GRID)):
+        for check in (2, 1):
+            acc = 0.1 * config_id + 0.01 * check
+            rows.append({**params, "config_id": config_id, "check": check, "valid_acc": acc, "best_valid_acc": acc,
+                         "examples": 64 * check, "seconds": 1.5 * check, "wall_seconds": 2.0 * check,
+                         "epoch": 0.5 * check})
+    return rows
+
+
+def test_written_table_reads_back_with_its_grid_metadata_and_curves(tmp_path: Path) -> None:
+    path = tmp_path / "curves.parquet"
+    table.write_table(_rows(), GRID, path, {"command": "python build", "cpu": "some CPU"})
+    raw = pq.read_table(path)
+    assert raw.column_names == [*GRID, *table.CHECK_COLUMNS]
+    assert raw.schema.field("model.steps").type == "int32" and raw.schema.field("train.lr").type == "double"
+    assert raw.column("config_id").to_pylist() == [0, 0, 1, 1, 2, 2, 3, 3]      # sorted by config, check
+    t = table.load(path)
+    assert t.grid == GRID and t.metadata["command"] == "python build" and t.metadata["cpu"] == "some CPU"
+    assert len(t.curves) == 4
+    curve = t.curve({"train.lr": 4e-3, "model.steps": 3})
+    assert [c.check for c in curve] == [1, 2] and t.config_ids[t.key({"train.lr": 4e-3, "model.steps": 3})] == 3
+    assert curve[1] == table.Check(check=2, valid_acc=pytest.approx(0.32), best_valid_acc=pytest.approx(0.32),
+                                   examples=128, seconds=3.0, wall_seconds=4.0, epoch=1.0)
+
+
+def test_a_configuration_is_found_by_its_values_whatever_their_type(tmp_path: Path) -> None:
+    path = tmp_path / "curves.parquet"
+    table.write_table(_rows(), GRID, path, {"command": "python build"})
+    t = table.load(path)
+    same = [{"train.lr": 0.004, "model.steps": 3}, {"train.lr": np.float64(4e-3), "model.steps": np.int64(3)},
+            {"train.lr": 0.002 * 2, "model.steps": 3.0, "model.dropout": 0.5}]   # extra keys are ignored
+    assert all(t.curve(p) == t.curve(same[0]) for p in same)
+    with pytest.raises(KeyError, match="not a configuration"):
+        t.curve({"train.lr": 2e-3, "model.steps": 3})
+    with pytest.raises(KeyError, match="model.steps"):
+        t.curve({"train.lr": 4e-3})
+
+
+def test_a_file_without_the_grid_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.parquet"
+    table.write_table(_rows(), GRID, path, {"command": "python build"})
+    raw = pq.read_table(path)
+    pq.write_table(raw.replace_schema_metadata({}), path)
+    with pytest.raises(ValueError, match="not a curve table"):
+        table.load(path)
+
+
+def test_a_line_cut_short_by_a_kill_loses_only_its_own_configuration(tmp_path: Path) -> None:
+    path = tmp_path / "worker-0.jsonl"
+    build_table.append_part(path, {"config_id": 0, "rows": []})
+    with open(path, "a") as f:
+        f.write('{"config_id": 1, "ro')                                     # killed while writing
+    build_table.append_part(path, {"config_id": 2, "rows": []})
+    assert sorted(build_table.read_parts(tmp_path)) == [0, 2]
+
+
+def test_rank_correlations_of_known_rankings() -> None:
+    a, b = [1, 2, 3, 4], [0.1, 0.3, 0.2, 0.4]                               # one swapped pair
+    assert figures.spearman(a, b) == pytest.approx(0.8)                     # 1 - 6 * 2 / (4 * 15)
+    assert figures.kendall_tau_b(a, b) == pytest.approx(4 / 6)              # 5 concordant, 1 discordant
+    assert figures.spearman(a, a[::-1]) == pytest.approx(-1) and figures.kendall_tau_b(a, a) == pytest.approx(1)
+    assert list(figures.ranks([0.2, 0.1, 0.2])) == [2.5, 1.0, 2.5]            # ties share their mean rank
+
+
+def test_key_figures_of_a_table(tmp_path: Path) -> None:
+    path = tmp_path / "curves.parquet"
+    table.write_table(_rows(), GRID, path, {"command": "python build", "cpu": "some CPU"})
+    f = figures.key_figures(table.load(path))
+    assert f["configs"] == 4 and f["checks_per_config"] == [2] and f["cpu"] == "some CPU"
+    assert f["best_valid_acc"]["best"] == pytest.approx(0.32) and f["best_valid_acc"]["worst"] == pytest.approx(0.02)
+    assert f["rank_vs_last_check"]["check_1"]["spearman"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_the_build_trains_a_tiny_grid_and_resumes_where_it_stopped(tmp_path: Path) -> None:
+    import torch
+
+    from tests._tiny import TINY_SETS, make_tiny_prepared
+
+    prepared = make_tiny_prepared(tmp_path / "data")
+    sets = [s for s in TINY_SETS if not s.startswith(("model.steps", "train.max_epochs", "train.check_every"))]
+    args = ["--data", str(prepared), "--dataset", "cbt-ne", "--train-rows", "96", "--grid", json.dumps(GRID),
+            "--parts", str(tmp_path / "parts"), "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t.parquet"),
+            *[f"--set={s}" for s in sets], "--set", "train.max_epochs=1.0", "--set", "train.check_every=2"]
+    threads = torch.get_num_threads()
+    try:
+        build_table.main([*args, "--limit", "1"])
+        first = build_table.read_parts(tmp_path / "parts")
+        build_table.main([*args, "--limit", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    done = build_table.read_parts(tmp_path / "parts")
+    assert len(first) == 1 and len(done) == 2 and done[next(iter(first))] == next(iter(first.values()))
+
+    t = table.load(tmp_path / "t.parquet")
+    assert t.grid == GRID and len(t.curves) == 2
+    for key, curve in t.curves.items():
+        assert [c.check for c in curve] == [1, 2, 3]              # 6 batches of 16, a check every 2
+        assert [c.examples for c in curve] == [32, 64, 96] and curve[-1].epoch == 1.0
+        assert all(0 < a.seconds < b.seconds <= b.wall_seconds for a, b in zip(curve, curve[1:]))
+        assert [c.best_valid_acc for c in curve] == list(np.maximum.accumulate([c.valid_acc for c in curve]))
+        assert t.curve(dict(zip(t.grid, key))) is curve
+    meta = t.metadata
+    assert meta["command"].startswith("python ") and "--limit 2" in meta["command"]
+    assert json.loads(meta["dataset_size"])["train"] == 96 and meta["dataset"] == "cbt-ne"
+    assert meta["torch"] == torch.__version__ and meta["cpu"] and meta["date"] and meta["seed"] == "0"
+
+    with pytest.raises(SystemExit, match="another plan"):                   # other settings, same parts
+        build_table.main([*args, "--limit", "2", "--train-rows", "64"])
