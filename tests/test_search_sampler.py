@@ -181,7 +181,8 @@ def _proposals(sampler: Any, space: Any, trials: int) -> list[tuple]:
     out = []
     for _ in range(trials):
         trial = study.ask(distributions)
-        study.tell(trial, trial.params["train.lr"] * 100 + trial.params["model.steps"] - trial.params["model.hidden_dim"] / 64)
+        params = trial.params
+        study.tell(trial, params["train.lr"] * 100 + params["model.steps"] - params["model.hidden_dim"] / 64)
         out.append(tuple(sorted(trial.params.items())))
     return out
 

@@ -103,7 +103,9 @@ def test_the_report_names_the_sampler_of_the_sweep_and_tpe_for_an_older_record(t
     path.parent.mkdir(parents=True)
     record.write(path, {"name": "old", "optuna": {"storage": "sqlite:///x.db", "study": "old"}, "trials": [],
                         **({"sampler": recorded} if recorded else {})})
-    analyze = lambda storage, study, folder: {"study": study, "trials": [], "importances": {}, "figures": {}}  # noqa: E731
+    def analyze(storage: str, study: str, folder: Path) -> dict:
+        return {"study": study, "trials": [], "importances": {}, "figures": {}}
     result = sweep_report.run("old", workdir, analyze, open_tracker=lambda uri: None)
     assert result["sampler"] == shown
-    assert sweep_report.describe(result).splitlines()[0] == f"sweep old: 0 trials in study old, proposed by the {shown} sampler"
+    first = sweep_report.describe(result).splitlines()[0]
+    assert first == f"sweep old: 0 trials in study old, proposed by the {shown} sampler"

@@ -42,7 +42,8 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
         logged = True
     scored = [t["params"] for t in result["trials"] if t.get("state") in SCORED_STATES]
     searched = list((sweep.get("search_space") or {}).get("params") or {}) or sorted({k for t in scored for k in t})
-    return {"sweep": sweep["name"], "sampler": sweep_file.sampler(sweep), **result, "logged_to_run": sweep.get("parent_run_id") if logged else None,
+    return {"sweep": sweep["name"], "sampler": sweep_file.sampler(sweep), **result,
+            "logged_to_run": sweep.get("parent_run_id") if logged else None,
             "warnings": exploration.notes(scored, searched)}
 
 

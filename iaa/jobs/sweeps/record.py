@@ -8,10 +8,11 @@ job, which picks its members from the rows. Its keys are a contract::
      "trials": [row, ...], "wall_s"}
 
 with one :class:`TrialRecord` per row; ``sampler`` names the Optuna sampler that proposed the
-trials (:data:`~iaa.jobs.config.presets.SAMPLERS`; a record without it was searched by ``tpe``). Paths inside the work folder (``data_dir``, ``storage``,
-``tracking_uri``, ``optuna.storage`` and each trial's ``checkpoint``) are stored relative to it and
-found again under the folder the record is in now (:mod:`iaa.jobs.workdir.recorded`), so a copied
-or moved work folder reads its own files. This module needs neither Ray nor MLflow.
+trials (:data:`~iaa.jobs.config.presets.SAMPLERS`; a record without it was searched by ``tpe``).
+Paths inside the work folder (``data_dir``, ``storage``, ``tracking_uri``, ``optuna.storage`` and
+each trial's ``checkpoint``) are stored relative to it and found again under the folder the
+record is in now (:mod:`iaa.jobs.workdir.recorded`), so a copied or moved work folder reads its
+own files. This module needs neither Ray nor MLflow.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def sampler(record: Mapping[str, Any]) -> str:
 
 # The kind of each key of sweep.json and of its trials' rows (iaa.jobs.workdir.fields).
 HEADER = {"name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
-          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "sampler": "text?", "optuna": "mapping?",
+          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?",
+          "sampler": "text?", "optuna": "mapping?",
           "num_samples": "count?", "wall_s": "number?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",

@@ -27,7 +27,8 @@ def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Pl
             node = node.get(part, {})
         node.pop(leaf, None)
     return {**shared, **{f"search.{k}": p.describe() for k, p in plan.space.params.items()},
-            "tune.num_samples": plan.num_samples, "tune.sampler": plan.sampler, "tune.seed": req.seed, "tune.workers_per_trial": req.workers_per_trial,
+            "tune.num_samples": plan.num_samples, "tune.sampler": plan.sampler,
+            "tune.seed": req.seed, "tune.workers_per_trial": req.workers_per_trial,
             "tune.grace_period": plan.preset.grace_period, "tune.reduction_factor": plan.preset.reduction_factor,
             "tune.max_checks": plan.max_t, "tune.max_concurrent": launch.max_concurrent,
             "tune.study": plan.study_name, "tune.study_storage": plan.study_storage}
