@@ -95,3 +95,24 @@ def test_bench_takes_a_workdir_and_saves_its_result_there(tmp_path: Path) -> Non
     out = json.loads(result.stdout.splitlines()[-1])
     saved = tmp_path / "w" / "bench" / "iaa-cpu.json"
     assert out["saved"] == str(saved) and json.loads(saved.read_text()) == {k: v for k, v in out.items() if k != "saved"}
+
+
+def test_tune_sampler_grid_over_a_range_is_one_message_naming_the_parameter(model, tmp_path: Path) -> None:
+    from _faults import assert_one_message, invoke
+
+    prepared, _, _ = model
+    space = tmp_path / "space.yaml"
+    space.write_text("model.steps: [1, 2]\ntrain.lr: {low: 0.001, high: 0.01, log: true}\n", encoding="utf-8")
+    code, output = invoke("tune", "--data", prepared, "--sampler", "grid", "--search-space", space,
+                          "--workdir", tmp_path / "work", "--num-samples", "2")
+    assert_one_message(code, output, "grid sampler", "train.lr is a range")
+    assert not (tmp_path / "work" / "sweeps").exists()                   # refused before anything is written
+
+
+def test_tune_sampler_takes_only_the_names_it_maps() -> None:
+    from iaa.jobs.config.presets import SAMPLERS
+
+    [param] = [p for p in cli.cli.commands["tune"].params if p.name == "sampler"]
+    assert tuple(param.type.choices) == SAMPLERS and param.default is None          # None: tpe, or the record's
+    result = CliRunner().invoke(cli.cli, ["tune", "--dataset", "demo", "--sampler", "bayes"])
+    assert result.exit_code == 2 and "'bayes' is not one of" in result.output

@@ -61,7 +61,7 @@ def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny
     space.write_text(TINY_SPACE, encoding="utf-8")
     tracker, launcher = FakeTracker(), FakeLauncher()
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=3, search_space=space, sets=TINY_SETS,
-                           workdir=tmp_path / "work", name="fake", show_progress=False)
+                           workdir=tmp_path / "work", name="fake", show_progress=False, sampler="gp")
     before = set(sys.modules)
     result = tune.run(req, lambda uri: tracker, launcher)
 
@@ -71,11 +71,38 @@ def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny
     assert len(sweep["trials"]) == 3
     request = next(r for r in launcher.requests if isinstance(r, SweepRequest))
     assert request.trials.tracking.tracker is tracker and request.plan.num_samples == 3
+    assert request.plan.sampler == "gp" and sweep["sampler"] == "gp"                  # what proposed the trials
+    assert tracker.runs[sweep["parent_run_id"]].params["tune.sampler"] == "gp"
     children = tracker.children(sweep["parent_run_id"])
     assert sorted(c.run_id for c in children) == sorted(t["mlflow_run_id"] for t in sweep["trials"])
     best = max(sweep["trials"], key=lambda t: t["best_valid_acc"])
     assert result["best_valid_acc"] == pytest.approx(best["best_valid_acc"])
     assert tracker.runs[sweep["parent_run_id"]].state == "FINISHED"
+
+
+@pytest.mark.parametrize("recorded, flag, used", [(None, None, "tpe"), (None, "gp", "tpe"), ("cmaes", None, "cmaes"),
+                                                  ("gp", "random", "gp"), ("gp", "gp", "gp")])
+def test_a_resumed_sweep_keeps_the_sampler_it_recorded(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                       recorded: str | None, flag: str | None, used: str) -> None:
+    """A record written before samplers were recorded reads as tpe; a --sampler naming another
+    sampler than the record's is one warning line, and the record's wins."""
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.tune import tune
+
+    workdir = tmp_path / "work"
+    path = record.sweep_file(workdir, "old")
+    path.parent.mkdir(parents=True)
+    record.write(path, {"name": "old", "dataset": "cbt-ne", "data_dir": str(tiny), "experiment": "tune-cbt-ne",
+                        "tracking_uri": str(workdir / "mlruns"), "trials": [],
+                        **({"sampler": recorded} if recorded else {})})
+    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, sets=TINY_SETS, workdir=workdir, name="old", resume=True,
+                           sampler=flag, show_progress=False)
+    assert tune._settle(req, lambda uri: FakeTracker(), FakeLauncher()).sampler == used
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "sampler" in line]
+    if flag in (None, used):
+        assert warnings == []
+    else:
+        assert warnings == [f"warning: sweep old continues with the sampler it started with, {used}, not {flag}"]
 
 
 def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
     assert {"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"} <= set(result)
     sweep = read_sweep(tmp_path, "two")
     assert sweep["parent_run_id"] and sweep["data_dir"] == str(tiny.resolve())
+    assert sweep["sampler"] == "tpe"                                     # the default, recorded
     trials = sweep["trials"]
     assert len(trials) == 2 and {t["status"] for t in trials} == {"TERMINATED"}
     for trial in trials:
@@ -62,6 +63,7 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
     client = MlflowClient(result["tracking_uri"])
     parent = client.get_run(sweep["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.metrics["best_valid_acc"] == result["best_valid_acc"]
+    assert parent.data.params["tune.sampler"] == "tpe"
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"best_config.yaml", "sweep.json"}
     kids = children(sweep)
     assert len(kids) == 2

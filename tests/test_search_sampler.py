@@ -127,7 +127,7 @@ def test_the_sampler_tune_builds_proposes_jointly_once_tpe_starts(monkeypatch) -
     space = parse({"train.lr": [1e-3, 2e-3, 4e-3, 8e-3], "model.steps": [1, 2, 3, 4], "model.hidden_dim": [32, 64]},
                   JobConfig())
     distributions = search.to_optuna(space)
-    study = optuna.create_study(sampler=search.sampler(space, seed=3))
+    study = optuna.create_study(sampler=search.build_sampler(space, seed=3))
     for _ in range(14):
         trial = study.ask(distributions)
         study.tell(trial, trial.params["train.lr"] * 100 + trial.params["model.steps"])
@@ -166,3 +166,77 @@ def test_a_restored_searcher_writes_to_the_study_of_the_process_that_resumes_it(
     states = [t.state.name for t in copy.trials]
     assert states == ["FAIL", "COMPLETE", "RUNNING"]           # asked by a gone process, continued, new
     assert copy.trials[1].intermediate_values == {1: 0.4, 2: 0.5}
+
+
+# --- the samplers ``tune --sampler`` names -----------------------------------------------------------
+
+SMALL = {"train.lr": [1e-3, 2e-3, 4e-3], "model.steps": [1, 2], "model.hidden_dim": [32, 64]}   # 12 configurations
+INNER = {"tpe": optuna.samplers.TPESampler, "gp": optuna.samplers.GPSampler, "random": optuna.samplers.RandomSampler,
+         "cmaes": optuna.samplers.CmaEsSampler}
+
+
+def _proposals(sampler: Any, space: Any, trials: int) -> list[tuple]:
+    distributions = search.to_optuna(space)
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    out = []
+    for _ in range(trials):
+        trial = study.ask(distributions)
+        params = trial.params
+        study.tell(trial, params["train.lr"] * 100 + params["model.steps"] - params["model.hidden_dim"] / 64)
+        out.append(tuple(sorted(trial.params.items())))
+    return out
+
+
+def test_every_sampler_name_is_mapped_once() -> None:
+    from iaa.jobs.config.presets import DEFAULT_SAMPLER, SAMPLERS
+
+    assert list(search.SAMPLERS) == list(SAMPLERS) and DEFAULT_SAMPLER == "tpe"
+
+
+@pytest.mark.parametrize("name", ["tpe", "gp", "random", "cmaes"])
+def test_each_sampler_is_seeded_and_wrapped_distinct_with_the_space_filling_start(name: str) -> None:
+    if name == "cmaes":
+        pytest.importorskip("cmaes")
+    space = parse(SMALL, JobConfig())
+    built = search.build_sampler(space, 5, name)
+    assert isinstance(built, DistinctSampler) and type(built.inner) is INNER[name] and built.seed == 5
+    first = _proposals(built, space, 12)
+    assert len(set(first)) == 12                                 # every configuration once
+    assert first == _proposals(search.build_sampler(space, 5, name), space, 12)   # the seed fixes the order
+    assert first != _proposals(search.build_sampler(space, 6, name), space, 12)
+
+
+def test_grid_tries_every_configuration_once_in_a_seeded_order_unwrapped() -> None:
+    space = parse(SMALL, JobConfig())
+    built = search.build_sampler(space, 5, "grid")
+    assert isinstance(built, optuna.samplers.GridSampler) and not isinstance(built, DistinctSampler)
+    first = _proposals(built, space, 12)                         # the last tell does not raise (no study.stop)
+    assert len(set(first)) == 12
+    assert first == _proposals(search.build_sampler(space, 5, "grid"), space, 12)
+    assert first != _proposals(search.build_sampler(space, 6, "grid"), space, 12)
+
+
+def test_cmaes_without_its_package_is_one_line_naming_what_to_install(monkeypatch) -> None:
+    import importlib.util
+
+    from iaa.errors import IaaError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cmaes" else real(name, *a))
+    with pytest.raises(IaaError, match=r"pip install 'iaa\[cmaes\]'"):
+        search.build_sampler(parse(SMALL, JobConfig()), 0, "cmaes")
+
+
+def test_a_sampler_that_keeps_proposing_a_taken_configuration_is_redrawn_at_random() -> None:
+    """A deterministic proposal (a GP's acquisition optimum) would otherwise be accepted as a repeat
+    after every redraw."""
+    class Stubborn(optuna.samplers.RandomSampler):
+        def infer_relative_search_space(self, study, trial):
+            return dict(distributions)
+
+        def sample_relative(self, study, trial, search_space):
+            return {"train.lr": 1e-3, "model.steps": 1, "model.hidden_dim": 32}
+
+    space = parse(SMALL, JobConfig())
+    distributions = search.to_optuna(space)
+    assert len(set(_proposals(DistinctSampler(Stubborn(seed=0), distributions, space.size), space, 12))) == 12

@@ -91,3 +91,21 @@ def test_the_dashboard_importances_are_optuna_dashboards_own(tmp_path: Path) -> 
     shown = importance.get_param_importance_from_trials_cache(InMemoryCache(), study._storage, study._study_id, 0,
                                                              study.get_trials(deepcopy=False))
     assert dashboard_importances(study) == pytest.approx({row["name"]: row["importance"] for row in shown})
+
+
+@pytest.mark.parametrize("recorded, shown", [(None, "tpe"), ("grid", "grid")])
+def test_the_report_names_the_sampler_of_the_sweep_and_tpe_for_an_older_record(tmp_path: Path, recorded, shown) -> None:
+    from iaa.jobs.reports import sweep_report
+    from iaa.jobs.sweeps import record
+
+    workdir = tmp_path / "work"
+    path = record.sweep_file(workdir, "old")
+    path.parent.mkdir(parents=True)
+    record.write(path, {"name": "old", "optuna": {"storage": "sqlite:///x.db", "study": "old"}, "trials": [],
+                        **({"sampler": recorded} if recorded else {})})
+    def analyze(storage: str, study: str, folder: Path) -> dict:
+        return {"study": study, "trials": [], "importances": {}, "figures": {}}
+    result = sweep_report.run("old", workdir, analyze, open_tracker=lambda uri: None)
+    assert result["sampler"] == shown
+    first = sweep_report.describe(result).splitlines()[0]
+    assert first == f"sweep old: 0 trials in study old, proposed by the {shown} sampler"

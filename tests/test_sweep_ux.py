@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from iaa.jobs.config import search_space
@@ -34,6 +35,8 @@ def test_the_parent_run_logs_the_search_space_not_a_presets_value_of_a_searched_
         assert params[f"search.{key}"] == space.params[key].describe()
     assert params["train"]["seed"] == base.train.seed         # what every trial shares stays
     assert params["tune.study"] == "demo-iaa-abc123" and params["tune.num_samples"] == 4
+    assert params["tune.sampler"] == "tpe"                     # the plan's sampler, by default
+    assert tune.sweep_params(base, replace(plan, sampler="cmaes"), req, launch)["tune.sampler"] == "cmaes"
 
 
 def test_the_summary_ends_with_the_next_commands() -> None:

@@ -12,6 +12,7 @@ from iaa.cli.options import (MODELS, _Finite, _need_data,
                              cluster_options, config_options, json_option, workdir_option)
 from iaa.cli.output import _emit, _friendly
 from iaa.data.datasets import TUNE_DATASETS
+from iaa.jobs.config.presets import SAMPLERS
 
 
 @click.command()
@@ -32,7 +33,13 @@ from iaa.data.datasets import TUNE_DATASETS
 @click.option("--workers-per-trial", type=click.IntRange(1, 1024), default=1, show_default=True, help="Ray Train workers per trial.")
 @click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True)
 @click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL-<short id>, new for every sweep].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the TPE sampler and of the trials.")
+@click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
+              help="How trials are proposed, all seeded by --seed: tpe (multivariate TPE), gp (a Gaussian "
+                   "process), random, cmaes (CMA-ES; it models numeric parameters only, categorical ones are "
+                   "drawn at random; needs pip install 'iaa[cmaes]'), each after a space-filling start and never "
+                   "proposing a configuration twice; or grid (every configuration of a space of value lists, "
+                   "in a seeded order; at most that many trials). A resumed sweep keeps its own. [default: tpe]")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler and of the trials.")
 @config_options
 @workdir_option
 @cluster_options
@@ -45,7 +52,7 @@ from iaa.data.datasets import TUNE_DATASETS
 @json_option
 @_friendly
 def tune(address: str | None, sweep_name: str | None, resume: str | None, as_json: bool, **request: Any) -> None:
-    """Search hyperparameters with Optuna (TPE) on Ray Tune, with ASHA and MLflow tracking."""
+    """Search hyperparameters with Optuna (TPE by default, or --sampler) on Ray Tune, with ASHA and MLflow tracking."""
     if resume and sweep_name and resume != sweep_name:
         raise click.UsageError(f"--resume {resume} and --name {sweep_name} name different sweeps")
     if not resume:                       # --resume NAME: the sweep's record names its data

@@ -48,6 +48,13 @@ STOP_METRIC = "valid_acc"          # what ASHA compares at each rung: the curren
 MODE = "max"
 TIME_ATTR = "checks"
 
+# How a sweep proposes its trials (``iaa-cli tune --sampler``), each one of Optuna's samplers
+# (the platform maps a name to its class): multivariate TPE, a Gaussian process, independent
+# random draws, every configuration of a finite space, CMA-ES (numeric parameters only).
+SAMPLERS = ("tpe", "gp", "random", "grid", "cmaes")
+UNINFORMED_SAMPLERS = ("random", "grid")   # their proposals do not depend on the trials' scores
+DEFAULT_SAMPLER = "tpe"   # also the sampler of a sweep whose record names none (recorded before samplers were)
+
 
 @dataclass(frozen=True)
 class TunePreset:

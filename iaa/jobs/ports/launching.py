@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ContextManager, Mapping, Protocol, Sequence
 
 from iaa.jobs.config.job_config import JobConfig
-from iaa.jobs.config.presets import TunePreset
+from iaa.jobs.config.presets import DEFAULT_SAMPLER, TunePreset
 from iaa.jobs.config.search_space import SearchSpace
 from iaa.jobs.ports.records import Metrics, MetricsCallback, TrialRecord
 from iaa.jobs.workdir.paths import RunFolder
@@ -100,7 +100,7 @@ class SearchPlan:
     max_t: int               # the most checks a trial can reach
     study_storage: str | None = None  # where the searcher keeps its study (an Optuna RDB URL); None: in memory
     study_name: str | None = None
-
+    sampler: str = DEFAULT_SAMPLER   # the Optuna sampler that proposes the trials (presets.SAMPLERS)
 
 
 class SweepEvents(Protocol):

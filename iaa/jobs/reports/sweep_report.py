@@ -42,7 +42,8 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
         logged = True
     scored = [t["params"] for t in result["trials"] if t.get("state") in SCORED_STATES]
     searched = list((sweep.get("search_space") or {}).get("params") or {}) or sorted({k for t in scored for k in t})
-    return {"sweep": sweep["name"], **result, "logged_to_run": sweep.get("parent_run_id") if logged else None,
+    return {"sweep": sweep["name"], "sampler": sweep_file.sampler(sweep), **result,
+            "logged_to_run": sweep.get("parent_run_id") if logged else None,
             "warnings": exploration.notes(scored, searched)}
 
 
@@ -58,7 +59,8 @@ def dashboard_line(result: dict[str, Any]) -> list[str]:
 
 def describe(result: dict[str, Any]) -> str:
     """The importances and the figures, for the console."""
-    lines = [f"sweep {result['sweep']}: {len(result['trials'])} trials in study {result['study']}",
+    sampler = f", proposed by the {result['sampler']} sampler" if result.get("sampler") else ""
+    lines = [f"sweep {result['sweep']}: {len(result['trials'])} trials in study {result['study']}{sampler}",
              "parameter importance (fANOVA over finished and ASHA-stopped trials):"]
     lines += [f"  {name:24s} {value:.3f}" for name, value in result["importances"].items()]
     lines += dashboard_line(result)

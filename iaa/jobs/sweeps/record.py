@@ -4,13 +4,15 @@
 job, which picks its members from the rows. Its keys are a contract::
 
     {"name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id", "storage",
-     "search_space", "num_samples", "workers_per_trial", "max_concurrent", "trials": [row, ...],
-     "wall_s"}
+     "search_space", "sampler", "num_samples", "workers_per_trial", "max_concurrent",
+     "trials": [row, ...], "wall_s"}
 
-with one :class:`TrialRecord` per row. Paths inside the work folder (``data_dir``, ``storage``,
-``tracking_uri``, ``optuna.storage`` and each trial's ``checkpoint``) are stored relative to it and
-found again under the folder the record is in now (:mod:`iaa.jobs.workdir.recorded`), so a copied
-or moved work folder reads its own files. This module needs neither Ray nor MLflow.
+with one :class:`TrialRecord` per row; ``sampler`` names the Optuna sampler that proposed the
+trials (:data:`~iaa.jobs.config.presets.SAMPLERS`; a record without it was searched by ``tpe``).
+Paths inside the work folder (``data_dir``, ``storage``, ``tracking_uri``, ``optuna.storage`` and
+each trial's ``checkpoint``) are stored relative to it and found again under the folder the
+record is in now (:mod:`iaa.jobs.workdir.recorded`), so a copied or moved work folder reads its
+own files. This module needs neither Ray nor MLflow.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.config.job_config import to_dict
+from iaa.jobs.config.presets import DEFAULT_SAMPLER, SAMPLERS
 from iaa.jobs.ports import TrialRecord
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import Workdir
@@ -64,9 +67,20 @@ def read_rows(path: Path) -> dict[str, Any]:
     return _paths(data, lambda text: recorded.located(text, workdir, folder))
 
 
+def sampler(record: Mapping[str, Any]) -> str:
+    """The sampler a sweep's record names; ``tpe`` for a record written before samplers were
+    recorded; IaaError for a name this version does not know."""
+    name = record.get("sampler") or DEFAULT_SAMPLER
+    if name not in SAMPLERS:
+        raise IaaError(f"sweep {record.get('name')}: unknown sampler {name!r} in its record; "
+                       f"this version knows {', '.join(SAMPLERS)}")
+    return name
+
+
 # The kind of each key of sweep.json and of its trials' rows (iaa.jobs.workdir.fields).
 HEADER = {"name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
-          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "optuna": "mapping?",
+          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?",
+          "sampler": "text?", "optuna": "mapping?",
           "num_samples": "count?", "wall_s": "number?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",

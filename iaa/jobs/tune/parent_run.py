@@ -12,13 +12,13 @@ from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.config import search_space
 from iaa.jobs.ports import (Placement, SearchPlan, TrackedRun, Tracker)
-from iaa.jobs.config.presets import SEARCH_METRIC, STOP_METRIC
+from iaa.jobs.config.presets import SEARCH_METRIC, STOP_METRIC, UNINFORMED_SAMPLERS
 
 from iaa.jobs.tune.settle import TuneRequest
 
 def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Placement) -> dict[str, Any]:
     """The parent run's params: what every trial shares (the config less the searched keys), the
-    search space (``search.KEY``) and the sweep's settings (``tune.*``)."""
+    search space (``search.KEY``) and the sweep's settings (``tune.*``, the sampler among them)."""
     shared = to_dict(base)
     for key in plan.space.params:
         head, _, leaf = key.rpartition(".")
@@ -27,7 +27,8 @@ def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Pl
             node = node.get(part, {})
         node.pop(leaf, None)
     return {**shared, **{f"search.{k}": p.describe() for k, p in plan.space.params.items()},
-            "tune.num_samples": plan.num_samples, "tune.seed": req.seed, "tune.workers_per_trial": req.workers_per_trial,
+            "tune.num_samples": plan.num_samples, "tune.sampler": plan.sampler,
+            "tune.seed": req.seed, "tune.workers_per_trial": req.workers_per_trial,
             "tune.grace_period": plan.preset.grace_period, "tune.reduction_factor": plan.preset.reduction_factor,
             "tune.max_checks": plan.max_t, "tune.max_concurrent": launch.max_concurrent,
             "tune.study": plan.study_name, "tune.study_storage": plan.study_storage}
@@ -53,7 +54,8 @@ def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Track
         tracker.show_columns(experiment, run_columns(space))   # the runs view, while the sweep runs
         sweep = {"name": launch.name, "dataset": req.dataset, "data_dir": str(launch.prepared.resolve()),
                  "tracking_uri": uri, "experiment": experiment, "parent_run_id": parent.run_id,
-                 "storage": launch.experiment_path, "search_space": json.loads(space.to_json()), "num_samples": num_samples,
+                 "storage": launch.experiment_path, "search_space": json.loads(space.to_json()),
+                 "sampler": plan.sampler, "num_samples": num_samples,
                  "asha": {"grace_period": preset.grace_period, "reduction_factor": preset.reduction_factor},
                  "workers_per_trial": req.workers_per_trial, "max_concurrent": launch.max_concurrent,
                  "optuna": {"storage": plan.study_storage, "study": plan.study_name}, "base": to_dict(base),
@@ -63,8 +65,10 @@ def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Track
         parent.end("FAILED")
         raise
     if req.show_progress:
-        print(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; TPE learns from "
-              f"{SEARCH_METRIC}, ASHA stops on {STOP_METRIC} at every check (at most {plan.max_t}; grace "
+        search = (f"the {plan.sampler} sampler proposes them" if plan.sampler in UNINFORMED_SAMPLERS
+                  else f"the {plan.sampler} sampler learns from {SEARCH_METRIC}")
+        print(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; {search}, ASHA stops on "
+              f"{STOP_METRIC} at every check (at most {plan.max_t}; grace "
               f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
               f"MLflow {uri}, experiment {experiment}", file=sys.stderr)
     return sweep, parent

@@ -1,5 +1,5 @@
 """The sweep's request, settled before any cluster starts: data, dataset, base config, search
-space, name, the store, and the ASHA preset with its notes.
+space, sampler, name, the store, and the ASHA preset with its notes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from iaa.jobs.workdir import names
 from iaa.jobs.config import search_space
 from iaa.jobs.ports import (Launcher, Tracker)
 from iaa.jobs.tune import stops
-from iaa.jobs.config.presets import TUNE_PRESETS, TunePreset
+from iaa.jobs.config.presets import DEFAULT_SAMPLER, SAMPLERS, TUNE_PRESETS, TunePreset
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
 
@@ -54,6 +54,7 @@ class TuneRequest:
     register: str | None = None      # register the best trial's MLflow model under this name
     verbose: bool = False            # Ray Tune's own status tables and result boxes
     optuna_storage: str | None = None  # the study's RDB URL; None: the SQLite file WORKDIR/optuna.db
+    sampler: str | None = None       # one of SAMPLERS; None: tpe (a resumed sweep: the one it recorded)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -70,6 +71,8 @@ class TuneRequest:
             raise ConfigError(f"--grace-period must be at least 1 check, got {self.grace_period}")
         if self.reduction_factor is not None and not self.reduction_factor > 1:
             raise ConfigError(f"--reduction-factor must be above 1, got {self.reduction_factor}")
+        if self.sampler is not None and self.sampler not in SAMPLERS:
+            raise ConfigError(f"unknown sampler {self.sampler!r}; choose from {', '.join(SAMPLERS)}")
 
 
 def with_dataset(req: TuneRequest) -> TuneRequest:
@@ -136,7 +139,7 @@ def study_storage(req: TuneRequest) -> str:
 
 @dataclass(frozen=True)
 class _Sweep:
-    """What a sweep is, settled before Ray starts: name, folders, data, config, space, store."""
+    """What a sweep is, settled before Ray starts: name, folders, data, config, space, sampler, store."""
 
     name: str
     folder: Path                     # WORKDIR/sweeps/NAME
@@ -148,10 +151,11 @@ class _Sweep:
     num_samples: int
     tracker: Tracker                 # the store, checked
     recorded: dict[str, Any] | None  # the sweep.json of a sweep to resume
+    sampler: str = DEFAULT_SAMPLER   # one of SAMPLERS
 
 
 def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> _Sweep:
-    """Every check that needs no cluster: data, config, search space, name, the store."""
+    """Every check that needs no cluster: data, config, search space, sampler, name, the store."""
     from iaa.jobs.datasets import resolve
 
     preset, workdir = asha_preset(req), Path(req.workdir)
@@ -163,19 +167,37 @@ def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: 
         print(f"warning: {note}", file=sys.stderr)
     name = sweep_name(req)
     folder, storage = Workdir(workdir).sweep(name), Workdir(workdir).storage(req.storage_path)
-    recorded = None
+    recorded, sampler = None, req.sampler or DEFAULT_SAMPLER
     if req.resume:
         if not (folder / "sweep.json").is_file():
             raise IaaError(f"no sweep {name!r} to resume: {folder / 'sweep.json'} is missing; run it without --resume")
         recorded = sweep_file.read(folder / "sweep.json")
         base = stops.recorded_base(req, recorded, base)
         space = stops.recorded_space(req, recorded, base, space)
+        sampler = sweep_file.sampler(recorded)
+        if req.sampler not in (None, sampler):
+            print(f"warning: sweep {name} continues with the sampler it started with, {sampler}, "
+                  f"not {req.sampler}", file=sys.stderr)
+    num_samples = req.num_samples or preset.num_samples
+    if sampler == "grid":
+        num_samples = grid_samples(space, num_samples)
+    if recorded is not None:
         tracker = open_tracker(Workdir(workdir).tracking_uri(recorded["tracking_uri"]))
     else:
         tracker = open_tracker(Workdir(workdir).tracking_uri(req.tracking_uri))
         launcher.check_free(storage, name, folder)
-    return _Sweep(name, folder, storage, prepared, base, space, preset, req.num_samples or preset.num_samples,
-                  tracker, recorded)
+    return _Sweep(name, folder, storage, prepared, base, space, preset, num_samples, tracker, recorded, sampler)
+
+
+def grid_samples(space: search_space.SearchSpace, num_samples: int) -> int:
+    """The trials of a grid sweep: ``num_samples``, at most the space's configurations (each is
+    tried once). ConfigError naming the parameter when the space has a range (no finite grid)."""
+    ranges = [p for p in space.params.values() if p.choices is None]
+    if ranges:
+        raise ConfigError(f"the grid sampler needs a list of values for every searched parameter; "
+                          f"{ranges[0].name} is a range {ranges[0].describe()}: give it as a list of values "
+                          "in the search space, or choose another sampler")
+    return min(num_samples, space.size or num_samples)
 
 
 def searched_overrides(sets: Sequence[str], space: search_space.SearchSpace) -> list[str]:

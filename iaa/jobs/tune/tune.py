@@ -4,9 +4,10 @@ A sweep is one run of the :class:`~iaa.jobs.ports.Launcher` named ``NAME`` (``--
 ``DATASET-MODEL-<id>`` with a short random id, so sweeps never share a folder). With the Ray
 adapter (:class:`iaa.platform.sweeps.launch.RayLauncher`):
 
-- **search** (:data:`~iaa.jobs.config.presets.TUNE_PRESETS`, :mod:`~iaa.platform.sweeps.search_algorithm`): Optuna's TPE
-  over the paper's grid, a per-dataset preset, or ``--search-space FILE.yaml``, learning from
-  each trial's best check; ASHA stops trials;
+- **search** (:data:`~iaa.jobs.config.presets.TUNE_PRESETS`, :mod:`~iaa.platform.sweeps.search_algorithm`): an
+  Optuna sampler (:data:`~iaa.jobs.config.presets.SAMPLERS`; TPE by default) over the paper's
+  grid, a per-dataset preset, or ``--search-space FILE.yaml``, learning from each trial's best
+  check; ASHA stops trials;
 - **resources and start**: trials sized to the cluster, checkpoints under ``STORAGE/NAME``;
 - **tracking** (the :class:`~iaa.jobs.ports.Tracker`): one parent run per sweep and one child
   run per trial, all from the driver;
@@ -109,16 +110,17 @@ def _run(req: TuneRequest, s: _Sweep, launcher: Launcher, stop: interrupt.Stop) 
 
 
 def _search_plan(req: TuneRequest, s: _Sweep, launch: Placement) -> SearchPlan:
-    """What the launcher searches: the space, the checks per trial (``max_t``) and the Optuna study.
+    """What the launcher searches: the space, the checks per trial (``max_t``), the Optuna study
+    and its sampler.
 
-    A resumed sweep keeps the study storage and name it recorded; a fresh one gets the request's
-    storage and the sweep's name.
+    A resumed sweep keeps the study storage and name it recorded (and its sampler:
+    :func:`~iaa.jobs.tune.settle._settle`); a fresh one gets the request's storage and the sweep's name.
     """
     recorded_study = (s.recorded or {}).get("optuna") or {}
     return SearchPlan(base=s.base, space=s.space, preset=s.preset, seed=req.seed, num_samples=s.num_samples,
                       max_t=max_checks(s.base, s.space, launch.train_rows, req.workers_per_trial),
                       study_storage=recorded_study.get("storage") or study_storage(req),
-                      study_name=recorded_study.get("study") or s.name)
+                      study_name=recorded_study.get("study") or s.name, sampler=s.sampler)
 
 
 def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placement,
@@ -133,7 +135,7 @@ def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placeme
     if s.recorded is not None:
         if not launcher.can_resume(launch):
             raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without --resume")
-        sweep = s.recorded
+        sweep = {**s.recorded, "sampler": s.sampler}     # a record older than samplers names its own
         stops.close_leftovers(s.tracker, launcher, sweep, plan)
         parent = s.tracker.reopen_run(sweep["parent_run_id"])
         if req.show_progress:

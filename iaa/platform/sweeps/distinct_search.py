@@ -1,12 +1,14 @@
-"""Optuna's TPE through Ray Tune: each configuration of a finite space once, ASHA's stops as prunes.
+"""An Optuna sampler through Ray Tune: each configuration of a finite space once, ASHA's stops as prunes.
 
 Trials of one sweep share ``train.seed``, so two trials with the same configuration train the
 same model to the same accuracy: the second is pure waste. TPE samples its first
 ``n_startup_trials`` (10) at random, with replacement, and a small categorical space repeats
 itself quickly (8 configurations, 4 trials: a repeat in 59% of sweeps). :class:`DistinctSampler`
 draws a whole configuration at once (Optuna's relative sampling) and draws again while it
-repeats one the study already holds, so the study never records a discarded repeat. Once every
-configuration of the space is taken, repeats are allowed. Its first trials follow a seeded
+repeats one the study already holds, so the study never records a discarded repeat; a sampler
+that keeps coming back to a configuration the study holds (a Gaussian process's optimum of its
+acquisition) is redrawn at random. Once every configuration of the space is taken, repeats are
+allowed. Its first trials follow a seeded
 space-filling design (:mod:`~iaa.platform.sweeps.space_filling`), so that every searched value is
 tried before TPE takes over.
 
@@ -22,13 +24,14 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.exceptions import ExperimentalWarning
-from optuna.samplers import BaseSampler
+from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 from ray.tune.search import Searcher
@@ -42,15 +45,17 @@ from iaa.platform.sweeps.study_store import study_storage, study_writes
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
+CYCLE = 3          # inner proposing one taken configuration this often: the rest of the draws are random
 
 
 class DistinctSampler(BaseSampler):
-    """``inner`` (TPE), proposing a configuration the study has not tried while there is one.
+    """``inner`` (TPE, GP, random, CMA-ES), proposing a configuration the study has not tried while there is one.
 
     Args:
         inner: the sampler that proposes: jointly where it models the parameters together
             (``infer_relative_search_space`` and ``sample_relative``: multivariate TPE once its
-            start-up trials are done), one parameter at a time (``sample_independent``) for the rest.
+            start-up trials are done, GP, CMA-ES's numeric parameters), one parameter at a time
+            (``sample_independent``) for the rest.
         space: the search space's distributions by name.
         size: the number of distinct configurations (None: unbounded, ranges).
         seed: seeds the start-up design of the first trials; None: ``inner`` proposes from the first.
@@ -59,6 +64,7 @@ class DistinctSampler(BaseSampler):
     def __init__(self, inner: BaseSampler, space: Mapping[str, BaseDistribution], size: int | None,
                  seed: int | None = None) -> None:
         self.inner, self.space, self.size, self.seed = inner, dict(space), size, seed
+        self._random: RandomSampler | None = None
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self.space)
@@ -74,11 +80,22 @@ class DistinctSampler(BaseSampler):
         joint = {name: dist for name, dist in self.inner.infer_relative_search_space(study, trial).items()
                  if name in search_space}
         config: dict[str, Any] = {}
+        proposed: Counter[str] = Counter()     # the taken configurations inner proposed, and how often
         for _ in range(MAX_REDRAWS):
-            config = self._propose(study, trial, search_space, joint)
-            if exhausted or _key(config) not in taken:
+            stuck = max(proposed.values(), default=0) >= CYCLE   # inner cycles among taken ones
+            config = (self._at_random(study, trial, search_space) if stuck
+                      else self._propose(study, trial, search_space, joint))
+            key = _key(config)
+            if exhausted or key not in taken:
                 break
+            proposed[key] += 1
         return config
+
+    def _at_random(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        """A configuration drawn at random (seeded by ``seed``), for an ``inner`` that repeats itself."""
+        if getattr(self, "_random", None) is None:      # absent from a sampler saved by an earlier version
+            self._random = RandomSampler(seed=self.seed)
+        return {name: self._random.sample_independent(study, trial, name, dist) for name, dist in search_space.items()}
 
     def _propose(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution],
                  joint: dict[str, BaseDistribution]) -> dict[str, Any]:

@@ -269,8 +269,9 @@ class RayLauncher:
             else:
                 callbacks = [TrialRuns(launch.name), *self.callbacks, ConsoleCallback(launch.name)]
                 tuner_ = tuner(launch, fn, callbacks, show_progress=run.verbose,
-                               search_alg=ResumableSearch(search.searcher(plan.space, plan.seed, launch.name),
-                                                          launch.plan.max_concurrent, launch.name),
+                               search_alg=ResumableSearch(
+                                   search.searcher(plan.space, plan.seed, launch.name, sampler=plan.sampler),
+                                   launch.plan.max_concurrent, launch.name),
                                scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
             results, statuses = run_tuner(launch, tuner_, quiet=not run.verbose)
         run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)

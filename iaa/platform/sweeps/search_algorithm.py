@@ -1,13 +1,14 @@
-"""The search of a sweep on Ray Tune: Optuna's TPE sampler and ASHA early stopping.
+"""The search of a sweep on Ray Tune: an Optuna sampler and ASHA early stopping.
 
 - **searcher**: a Ray Tune ``Searcher`` over an Optuna study
   (:class:`~iaa.platform.sweeps.distinct_search.StudySearch`, ask and tell) of a
-  :mod:`~iaa.jobs.config.search_space`, with a seeded multivariate ``TPESampler`` after a seeded
-  space-filling start that tries every searched value
-  (:mod:`~iaa.platform.sweeps.space_filling`), proposing each configuration of a finite space once
-  (:mod:`~iaa.platform.sweeps.distinct_search`). It learns from each trial's *best* validation accuracy
-  (``best_valid_acc`` of the trial's last report), so that a trial ASHA cut short feeds TPE
-  the best score it reached, not a rung-level one;
+  :mod:`~iaa.jobs.config.search_space`, with the sampler the sweep names (:data:`SAMPLERS`,
+  seeded; multivariate ``TPESampler`` by default) after a seeded space-filling start that tries
+  every searched value (:mod:`~iaa.platform.sweeps.space_filling`), proposing each configuration
+  of a finite space once (:mod:`~iaa.platform.sweeps.distinct_search`); ``grid`` instead tries
+  every configuration of a finite space once, in a seeded order. It learns from each trial's
+  *best* validation accuracy (``best_valid_acc`` of the trial's last report), so that a trial
+  ASHA cut short feeds the sampler the best score it reached, not a rung-level one;
 - **scheduler**: ASHA stops trials on the per-check ``valid_acc``, with ``checks`` as its
   clock: every validation check of the loop (every half epoch by default) is one report.
 
@@ -16,13 +17,59 @@ Each gets its own metric, so the Tune config names none (Tune refuses a metric g
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
+from typing import Any, Callable
 
-from iaa.jobs.config.presets import MODE, STOP_METRIC, TIME_ATTR, TunePreset
+from optuna.samplers import BaseSampler, CmaEsSampler, GPSampler, GridSampler, RandomSampler, TPESampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from iaa.errors import IaaError
+from iaa.jobs.config.presets import DEFAULT_SAMPLER, MODE, STOP_METRIC, TIME_ATTR, TunePreset
 from iaa.jobs.config.search_space import SearchSpace
 
-def searcher(space: SearchSpace, seed: int, sweep: str | None = None) -> Any:
-    """Optuna TPE over ``space``, told each trial's best validation accuracy; no configuration twice.
+
+class GridOnce(GridSampler):
+    """Optuna's ``GridSampler`` as a Tune searcher asks it: Tune's ``num_samples`` ends the sweep.
+
+    ``GridSampler.after_trial`` stops the study once the grid is done, which only an
+    ``optimize`` loop allows: told through ask and tell, it raises instead. The sweep asks for
+    at most as many trials as the grid has (:func:`iaa.jobs.tune.settle.grid_samples`)."""
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
+        return None
+
+
+def _grid(space: SearchSpace, seed: int) -> BaseSampler:
+    """Every configuration of ``space`` (lists of values only), in an order ``seed`` shuffles."""
+    ranges = [name for name, p in space.params.items() if p.choices is None]
+    if ranges:
+        raise IaaError(f"the grid sampler needs a list of values for {ranges[0]}, not a range")
+    return GridOnce({name: list(dict.fromkeys(p.choices or ())) for name, p in space.params.items()}, seed=seed)
+
+
+def _cmaes(space: SearchSpace, seed: int) -> BaseSampler:
+    if importlib.util.find_spec("cmaes") is None:
+        raise IaaError("the cmaes sampler needs the cmaes package: pip install 'iaa[cmaes]' (or pip install cmaes)")
+    return CmaEsSampler(seed=seed, warn_independent_sampling=False)   # categorical parameters: drawn at random
+
+
+# The sweep's samplers by name (iaa.jobs.config.presets.SAMPLERS): how each is built for a space
+# and a seed, and whether DistinctSampler wraps it (a space-filling start, no configuration
+# twice). Independent draws are deliberate where a sampler makes them (DistinctSampler's
+# fallback, CMA-ES's categorical parameters), so they are not warned about.
+SAMPLERS: dict[str, tuple[Callable[[SearchSpace, int], BaseSampler], bool]] = {
+    "tpe": (lambda space, seed: TPESampler(seed=seed), True),
+    "gp": (lambda space, seed: GPSampler(seed=seed, warn_independent_sampling=False), True),
+    "random": (lambda space, seed: RandomSampler(seed=seed), True),
+    "grid": (_grid, False),
+    "cmaes": (_cmaes, True),
+}
+
+
+def searcher(space: SearchSpace, seed: int, sweep: str | None = None, sampler: str = DEFAULT_SAMPLER) -> Any:
+    """The Optuna sampler named ``sampler`` (:data:`SAMPLERS`) over ``space``, told each trial's best
+    validation accuracy; no configuration twice.
 
     The study is the one that the running process bound to the Tune run ``sweep``
     (:mod:`~iaa.platform.sweeps.driver_side`: by default the SQLite file ``WORKDIR/optuna.db``,
@@ -34,17 +81,21 @@ def searcher(space: SearchSpace, seed: int, sweep: str | None = None) -> Any:
     from iaa.platform.sweeps.distinct_search import StudySearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return StudySearch(to_optuna(space), sampler(space, seed), sweep)
+    return StudySearch(to_optuna(space), build_sampler(space, seed, sampler), sweep)
 
 
-def sampler(space: SearchSpace, seed: int) -> Any:
-    """The sweep's Optuna sampler: a space-filling start (every searched value at least once),
-    then TPE, both seeded; no configuration twice while the space has untried ones."""
-    from optuna.samplers import TPESampler
+def build_sampler(space: SearchSpace, seed: int, name: str = DEFAULT_SAMPLER) -> BaseSampler:
+    """The sweep's Optuna sampler ``name`` (:data:`SAMPLERS`), seeded: a space-filling start (every
+    searched value at least once), then ``name``'s proposals, no configuration twice while the
+    space has untried ones; ``grid``: every configuration once, in a seeded order.
 
+    Raises IaaError when ``name`` cannot search ``space`` (``grid`` over a range) or a package it
+    needs is missing (``cmaes``)."""
     from iaa.platform.sweeps.distinct_search import DistinctSampler
 
-    return DistinctSampler(TPESampler(seed=seed), to_optuna(space), space.size, seed=seed)
+    build, distinct = SAMPLERS[name]
+    inner = build(space, seed)
+    return DistinctSampler(inner, to_optuna(space), space.size, seed=seed) if distinct else inner
 
 
 def scheduler(preset: TunePreset, max_t: int) -> Any:
