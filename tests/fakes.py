@@ -280,6 +280,9 @@ class FakeLauncher:
         self.failed_trials.append(dict(attrs))
         return 0
 
+    def has_study(self, storage: str, name: str) -> bool:
+        return True
+
     def train_many(self, request: MembersRequest) -> list[TrialRecord]:
         self.requests.append(request)
         members = replace(request.trials, console=None)    # this fake leaves the members' console silent

@@ -142,3 +142,22 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(killed: Killed, 
         steps = [m.step for m in client.get_metric_history(after.info.run_id, "valid_acc")]
         assert len(steps) == len(set(steps)) == checks_before[trial_id]
     assert client.get_run(sweep["parent_run_id"]).info.status == "FINISHED"
+
+
+def test_a_finished_sweep_resumes_at_once_with_nothing_left_and_its_folder_as_it_was(
+        killed: Killed, tmp_path: Path) -> None:
+    """After the resume above the sweep is finished: resuming it again starts no Ray and writes nothing."""
+    tiny, work, space, env = killed.tiny, killed.work, killed.space, killed.env
+    if {t["status"] for t in read_sweep(work, "r")["trials"]} != {"TERMINATED"}:
+        first = subprocess.run(_command(tiny, work, space, "--resume"), cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=800)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    folder, ray_files = _snapshot(work / "sweeps" / "r"), _snapshot(work / "ray")
+    again = subprocess.run([sys.executable, "-m", "iaa.cli", "tune", "--resume", "r", "--workdir", str(work), "--json"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "nothing left to run" in again.stderr and "3 of 3 trials" in again.stderr
+    result = json.loads(again.stdout.strip().splitlines()[-1])
+    assert result["sweep"] == "r" and result["trials"] == 3 and result["nothing_left"] is True
+    assert _snapshot(work / "sweeps" / "r") == folder, "the sweep's folder changed"
+    assert _snapshot(work / "ray") == ray_files and "Ray" not in again.stderr.replace("local Ray cluster", "")

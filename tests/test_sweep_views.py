@@ -74,7 +74,9 @@ def test_the_study_names_its_objective_and_links_each_trial(tmp_path: Path) -> N
     study = optuna.load_study(study_name="s", storage=url)
     assert study.metric_names == ["valid_acc"]
     (trial,) = study.trials
-    assert trial.user_attrs == {"tune_trial_id": "abc_00000", "mlflow_run_id": "run-1"}
+    from iaa.platform.cluster.owner import owner
+
+    assert trial.user_attrs == {"tune_trial_id": "abc_00000", "mlflow_run_id": "run-1", "iaa.owner": owner()}
 
 
 def test_the_report_figures_use_visible_colours_and_trial_labels(tmp_path: Path) -> None:

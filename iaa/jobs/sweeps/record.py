@@ -55,6 +55,21 @@ def read(path: Path) -> dict[str, Any]:
     return {**data, "trials": [TrialRecord.from_json(t) for t in data["trials"]]}
 
 
+def read_resumable(path: Path, has_study: Callable[[str, str], bool] | None = None) -> dict[str, Any]:
+    """A ``sweep.json`` to resume (:func:`read`), refused in one line naming the file and the key
+    when it lacks what a resume needs (:func:`check_resumable`) or, given ``has_study(storage,
+    name)``, when its Optuna study is not in its recorded storage."""
+    from iaa.jobs.workdir.fields import RecordError
+
+    data = read(path)
+    check_resumable(path, data)
+    storage, study = data["optuna"]["storage"], data["optuna"]["study"]
+    if has_study is not None and not has_study(storage, study):
+        raise RecordError(f"{path}: optuna.study: no study {study!r} in {storage}; the sweep cannot be resumed "
+                          "without it: run a new sweep under another --name")
+    return data
+
+
 def read_rows(path: Path) -> dict[str, Any]:
     """A ``sweep.json`` as its JSON, with every path found where it is now (absolute)."""
     try:
@@ -79,12 +94,19 @@ def sampler(record: Mapping[str, Any]) -> str:
 
 # The kind of each key of sweep.json and of its trials' rows (iaa.jobs.workdir.fields).
 HEADER = {"name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
-          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?",
-          "sampler": "text?", "optuna": "mapping?",
-          "num_samples": "count?", "wall_s": "number?", "trials": "list"}
+          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "sampler": "text?",
+          "optuna": "mapping?", "asha": "mapping?", "base": "mapping?", "num_samples": "positive?",
+          "workers_per_trial": "positive?", "max_concurrent": "positive?", "wall_s": "number?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",
        "stop_reason": "text?", "error": "text?"}
+NESTED = {"asha": {"grace_period": "positive", "reduction_factor": "factor"},
+          "optuna": {"storage": "text", "study": "text"},
+          "search_space": {"params": "mapping", "fixed": "mapping?"}}
+# What a resume runs from: the data, the stores, the search and its budget (older records may lack
+# some keys; such a sweep is read, but not continued).
+RESUME_KEYS = ("name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id", "storage",
+               "search_space", "num_samples", "asha", "optuna", "trials")
 
 
 def check(path: Path, data: Any) -> None:
@@ -92,8 +114,34 @@ def check(path: Path, data: Any) -> None:
     from iaa.jobs.workdir import fields
 
     fields.check(path, data, HEADER)
+    for key, rules in NESTED.items():
+        if data.get(key) is not None:
+            fields.check(path, data[key], rules, where=f"{key}.")
+    for name, param in (data.get("search_space") or {}).get("params", {}).items():
+        fields.check(path, param, {"choices": "list?", "low": "number?", "high": "number?", "step": "number?"},
+                     where=f"search_space.params.{name}.")
     for i, row in enumerate(data.get("trials") or []):
         fields.check(path, row, ROW, where=f"trials[{i}].")
+
+
+def check_resumable(path: Path, data: Mapping[str, Any]) -> None:
+    """RecordError naming ``path`` and the key when ``data`` (a checked sweep.json) lacks what a
+    resume needs: the keys of :data:`RESUME_KEYS` and the ASHA settings and study they hold."""
+    from iaa.jobs.workdir import fields
+
+    why = ": the sweep cannot be resumed without it"
+    fields.require(path, data, RESUME_KEYS, why=why)
+    for key in ("asha", "optuna"):
+        fields.require(path, data[key], NESTED[key], where=f"{key}.", why=why)
+    fields.require(path, data["search_space"], ("params",), where="search_space.", why=why)
+
+
+def finished(sweep: Mapping[str, Any]) -> bool:
+    """Whether a read sweep has nothing left to run: it reached its recorded number of trials and
+    every one of them ended."""
+    trials = sweep.get("trials") or []
+    return (bool(trials) and len(trials) >= int(sweep.get("num_samples") or 0)
+            and all(t.status in FINISHED_STATUSES for t in trials))
 
 
 def write(path: Path, sweep: Mapping[str, Any]) -> None:

@@ -65,6 +65,34 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
             **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties}
 
 
+def finished_result(sweep: dict[str, Any], sweep_dir: Path, prepared: Path) -> dict[str, Any]:
+    """The result of a sweep that has nothing left to run, read from its record (``sweep.json``,
+    the best trial's files) and its data: the keys :func:`_finish` gives, with ``nothing_left``.
+
+    Nothing is written, logged or started: the sweep's folder stays as it is.
+    """
+    records: list[TrialRecord] = sweep["trials"]
+    scored = [r for r in records if r.scored]
+    if not scored:
+        raise IaaError(f"sweep {sweep['name']} has nothing left to run, but no trial of it finished a validation "
+                       f"check ({sweep_dir / 'sweep.json'}); run a new sweep under another --name")
+    best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
+    baseline_split = frequency.run(prepared, "valid")
+    base, n_valid = baseline_split["accuracy"], baseline_split["examples"]
+    outputs = {key: str(sweep_dir / f"explain-best.{ext}") for key, ext in (("explain_page", "html"),
+                                                                          ("explain_png", "png"))
+               if (sweep_dir / f"explain-best.{ext}").is_file()}
+    ties = uncertainty.tied_best({r.trial_id: r.best_valid_acc for r in scored})
+    return {"sweep": sweep["name"], "tracking_uri": sweep["tracking_uri"], "experiment": sweep["experiment"],
+            "best_config": str(sweep_dir / "best_config.yaml"), "best_valid_acc": best.best_valid_acc,
+            "baseline_valid_acc": base, "best_trial": best.trial_id, "best_checkpoint": best.checkpoint,
+            "trials": len(records), "sweep_json": str(sweep_dir / "sweep.json"),
+            "parent_run_id": sweep["parent_run_id"], **outputs,
+            "mlflow_ui": f"mlflow ui --backend-store-uri {sweep['tracking_uri']}",
+            **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties,
+            "nothing_left": True}
+
+
 def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun) -> list[TrialRecord]:
     """The trials that finished a validation check; with an unfinished trial (the sweep was
     interrupted) or none scored, the parent run is ended KILLED or FAILED and this raises."""

@@ -158,22 +158,25 @@ def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: 
     """Every check that needs no cluster: data, config, search space, sampler, name, the store."""
     from iaa.jobs.datasets import resolve
 
-    preset, workdir = asha_preset(req), Path(req.workdir)
+    workdir = Path(req.workdir)
+    name = sweep_name(req)
+    folder, recorded = Workdir(workdir).sweep(name), None
+    if req.resume:                        # the record first: a damaged one is refused before anything runs
+        if not (folder / "sweep.json").is_file():
+            raise IaaError(f"no sweep {name!r} to resume: {folder / 'sweep.json'} is missing; run it without --resume")
+        recorded = sweep_file.read_resumable(folder / "sweep.json", launcher.has_study)
+        req = stops.with_recorded_budget(req, recorded)
+    preset = asha_preset(req)
     _, prepared = resolve.data_dir(req.dataset, req.data, workdir)
     base = base_config(req, prepared, preset)
     space = (search_space.load(req.search_space, base) if req.search_space is not None
              else search_space.parse(preset.space, base))
     for note in searched_overrides(req.sets, space):
         print(f"warning: {note}", file=sys.stderr)
-    name = sweep_name(req)
-    folder, storage = Workdir(workdir).sweep(name), Workdir(workdir).storage(req.storage_path)
-    recorded, sampler = None, req.sampler or DEFAULT_SAMPLER
-    if req.resume:
-        if not (folder / "sweep.json").is_file():
-            raise IaaError(f"no sweep {name!r} to resume: {folder / 'sweep.json'} is missing; run it without --resume")
-        recorded = sweep_file.read(folder / "sweep.json")
-        base = stops.recorded_base(req, recorded, base)
-        space = stops.recorded_space(req, recorded, base, space)
+    storage, sampler = Workdir(workdir).storage(req.storage_path), req.sampler or DEFAULT_SAMPLER
+    if recorded is not None:
+        base = stops.recorded_base(req, recorded, base, folder / "sweep.json")
+        space = stops.recorded_space(req, recorded, base, space, folder / "sweep.json")
         sampler = sweep_file.sampler(recorded)
         if req.sampler not in (None, sampler):
             print(f"warning: sweep {name} continues with the sampler it started with, {sampler}, "

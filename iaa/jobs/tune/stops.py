@@ -6,7 +6,8 @@
 - **left RUNNING by a process that was killed** (``kill -9``): ``--resume`` marks them the same
   way before it continues, tagged ``killed``;
 - **resumed** with ``--resume NAME`` alone: the sweep's record (``sweep.json``) gives its data,
-  base config, search space and budget.
+  base config, search space and budget; with or without ``--dataset``, a resume counts and stops
+  trials with the number of trials and ASHA settings the sweep recorded, unless flags give them.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
 from iaa.jobs.config import search_space
-from iaa.jobs.config.job_config import JobConfig, from_dict
+from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.ports import Launcher, SearchPlan, Tracker
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.workdir.fields import RecordError
 
 # ``req`` below is a :class:`iaa.jobs.tune.tune.TuneRequest` (typed Any: that module imports this one)
 TuneRequest = Any
@@ -87,6 +89,13 @@ def resumed_line(tracker: Tracker, record: Mapping[str, Any], num_samples: int) 
             f"of which {unfinished} continue from their last checkpoint")
 
 
+def nothing_left_line(record: Mapping[str, Any], folder: Path) -> str:
+    """A resumed sweep that has nothing left to run, in one line."""
+    trials = record["trials"]
+    return (f"sweep {record['name']}: nothing left to run: {len(trials)} of {record['num_samples']} trials "
+            f"finished; its results stand as recorded ({folder})")
+
+
 def from_record(req: TuneRequest) -> TuneRequest:
     """``req`` (``--resume NAME`` without ``--dataset`` or ``--data``) with the data and budget its
     ``sweep.json`` records; flags given on the command line win."""
@@ -95,32 +104,43 @@ def from_record(req: TuneRequest) -> TuneRequest:
     path = sweep_file.sweep_file(Path(req.workdir), req.name)
     if not path.is_file():
         raise IaaError(f"no sweep {req.name!r} to resume: {path} is missing; run it without --resume")
-    record = sweep_file.read(path)
-    data = Path(str(record.get("data_dir") or ""))
+    record = sweep_file.read_resumable(path)
+    data = Path(str(record["data_dir"]))
     if not data.is_absolute():
         data = Path(req.workdir) / data
-    asha = record.get("asha") or {}
-    storage = str(record.get("storage") or "").rstrip("/")
+    storage = str(record["storage"]).rstrip("/")
     suffix = f"/{req.name}"
-    return replace(req, dataset=record.get("dataset"), data=data,
-                   num_samples=req.num_samples or record.get("num_samples"),
-                   grace_period=req.grace_period or asha.get("grace_period"),
-                   reduction_factor=req.reduction_factor or asha.get("reduction_factor"),
+    return replace(with_recorded_budget(req, record), dataset=record["dataset"], data=data,
                    workers_per_trial=int(record.get("workers_per_trial") or req.workers_per_trial),
                    storage_path=req.storage_path or (storage[: -len(suffix)] if storage.endswith(suffix) else None))
 
 
-def recorded_base(req: TuneRequest, record: Mapping[str, Any] | None, base: JobConfig) -> JobConfig:
+def with_recorded_budget(req: TuneRequest, record: Mapping[str, Any]) -> TuneRequest:
+    """``req`` with the number of trials and the ASHA settings its sweep recorded, where the
+    command line gives none: a resume counts and stops trials as the sweep did."""
+    asha = record.get("asha") or {}
+    return replace(req, num_samples=req.num_samples or record.get("num_samples"),
+                   grace_period=req.grace_period or asha.get("grace_period"),
+                   reduction_factor=req.reduction_factor or asha.get("reduction_factor"))
+
+
+def recorded_base(req: TuneRequest, record: Mapping[str, Any] | None, base: JobConfig,
+                  path: Path | None = None) -> JobConfig:
     """The base config the sweep started with (``sweep.json``'s ``base``), unless the command
-    line changes it (``--config``, ``--set``, ``--max-epochs``)."""
+    line changes it (``--config``, ``--set``, ``--max-epochs``); one that is no longer a valid
+    config is refused naming ``path`` (its ``sweep.json``) and the key."""
     if record is None or not record.get("base") or req.config_file or req.sets or req.max_epochs:
         return base
-    return from_dict(record["base"])
+    try:
+        return from_dict(record["base"])
+    except ConfigError as err:
+        raise RecordError(f"{path}: base: {err}; write the file again with the command that made it") from None
 
 
 def recorded_space(req: TuneRequest, record: Mapping[str, Any] | None, base: JobConfig,
-                   space: search_space.SearchSpace) -> search_space.SearchSpace:
-    """The search space the sweep recorded, unless ``--search-space`` gives one."""
+                   space: search_space.SearchSpace, path: Path | None = None) -> search_space.SearchSpace:
+    """The search space the sweep recorded, unless ``--search-space`` gives one; a recorded space
+    that no longer parses is refused naming ``path`` (its ``sweep.json``) and ``search_space``."""
     if record is None or req.search_space is not None or not record.get("search_space"):
         return space
     saved = record["search_space"]
@@ -128,4 +148,7 @@ def recorded_space(req: TuneRequest, record: Mapping[str, Any] | None, base: Job
     for name, p in (saved.get("params") or {}).items():
         data[name] = (list(p["choices"]) if p.get("choices") is not None
                       else {k: p[k] for k in ("low", "high", "log", "step") if p.get(k) is not None})
-    return search_space.parse(data, base)
+    try:
+        return search_space.parse(data, base)
+    except ConfigError as err:
+        raise RecordError(f"{path}: search_space: {err}; write the file again with the command that made it") from None

@@ -42,7 +42,7 @@ from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, Swe
 from iaa.jobs.tune import stops
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.console import SweepConsole
-from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, _best_outputs, _finish, write_best_config
+from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, _best_outputs, _finish, finished_result, write_best_config
 from iaa.jobs.tune.estimate import _cost
 from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import _close_lost_runs, _start, run_columns, sweep_params
@@ -60,13 +60,18 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     """Run (or with ``req.resume`` continue) a sweep, tracked in ``open_tracker(uri)``.
 
     Returns ``{"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"}`` plus the
-    best trial, its checkpoint, the number of trials and the ``sweep.json`` path. Raises
+    best trial, its checkpoint, the number of trials and the ``sweep.json`` path. A resumed sweep
+    with nothing left to run (:func:`iaa.jobs.sweeps.record.finished`) returns its recorded
+    result (``nothing_left``) at once: no cluster starts and its folder is not written. Raises
     :class:`SweepInterrupted` when the sweep stopped with unfinished trials (after recording
     them), and :class:`iaa.jobs.interrupt.Interrupted` on SIGINT or SIGTERM (its runs KILLED, its
     unfinished Optuna trials FAIL: :mod:`iaa.jobs.tune.stops`).
     """
     req = with_dataset(req)
     s = _settle(req, open_tracker, launcher)
+    if s.recorded is not None and sweep_file.finished(s.recorded):
+        print(stops.nothing_left_line(s.recorded, s.folder), file=sys.stderr)
+        return finished_result(s.recorded, s.folder, s.prepared)
     with interrupt.stoppable(stops.resume_command(req, s.name)) as stop:
         return _run(req, s, launcher, stop)
 

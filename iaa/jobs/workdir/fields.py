@@ -32,7 +32,9 @@ KINDS: dict[str, tuple[str, Any]] = {
     "text": ("a string", lambda v: isinstance(v, str)),
     "accuracy": ("an accuracy: a finite number in [0, 1]", lambda v: _number(v) and 0.0 <= v <= 1.0),
     "number": ("a finite number", _number),
+    "factor": ("a finite number above 1", lambda v: _number(v) and v > 1),
     "count": ("a whole number >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "positive": ("a whole number >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
     "list": ("a list", lambda v: isinstance(v, list)),
     "mapping": ("a mapping", lambda v: isinstance(v, Mapping)),
 }
@@ -54,6 +56,15 @@ def check(path: Path | str, data: Any, rules: Mapping[str, str], where: str = ""
             continue
         raise RecordError(f"{path}: {where}{key}: expected {what}, got {_shown(value)}; "
                           "write the file again with the command that made it")
+
+
+def require(path: Path | str, data: Mapping[str, Any], keys: Any, where: str = "", why: str = "") -> None:
+    """Raise RecordError naming ``path`` and ``where + key`` for the first of ``keys`` that ``data``
+    lacks (or holds as null); ``why`` says what needs it."""
+    for key in keys:
+        if data.get(key) is None:
+            raise RecordError(f"{path}: {where}{key}: missing{why}; write the file again with the command that "
+                              "made it")
 
 
 def _shown(value: Any) -> str:

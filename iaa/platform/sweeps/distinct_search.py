@@ -39,7 +39,9 @@ from ray.tune.search import Searcher
 from iaa.errors import IaaError
 from iaa.jobs.config import exploration
 from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC
+from iaa.platform.cluster.owner import owner
 from iaa.platform.sweeps import driver_side
+from iaa.platform.sweeps.orphans import OWNER_ATTR
 from iaa.platform.sweeps.space_filling import stratified_config
 from iaa.platform.sweeps.study_store import study_storage, study_writes
 
@@ -181,6 +183,7 @@ class StudySearch(Searcher):
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         trial = self.study.ask(fixed_distributions=self.space)
         trial.set_user_attr("tune_trial_id", trial_id)
+        trial.set_user_attr(OWNER_ATTR, owner())        # who runs it: a later command fails it once that is gone
         self.numbers[trial_id], self._live[trial_id] = trial.number, trial
         return dict(trial.params)
 
@@ -201,9 +204,10 @@ class StudySearch(Searcher):
         elif frozen.state != TrialState.FAIL:                         # COMPLETE or PRUNED: told already
             self.completed.add(trial_id)
             return None
-        attrs = {k: v for k, v in frozen.user_attrs.items() if k not in ("interrupted", "killed")}
+        attrs = {k: v for k, v in frozen.user_attrs.items() if k not in ("interrupted", "killed", OWNER_ATTR)}
         self.study.enqueue_trial(frozen.params, user_attrs={**attrs, "continues_trial": frozen.number})
         revived = self.study.ask(fixed_distributions=self.space)
+        revived.set_user_attr(OWNER_ATTR, owner())
         for step, value in sorted(frozen.intermediate_values.items()):
             revived.report(value, step)
         self.numbers[trial_id], self._live[trial_id] = revived.number, revived

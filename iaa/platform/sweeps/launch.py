@@ -286,6 +286,12 @@ class RayLauncher:
 
         return fail_unfinished(plan.study_storage, plan.study_name, attrs)
 
+    def has_study(self, storage: str, name: str) -> bool:
+        """Whether study ``name`` is in the Optuna storage ``storage``; Ray is not started."""
+        from iaa.platform.sweeps.study import study_exists
+
+        return study_exists(storage, name)
+
     def train_many(self, request: MembersRequest) -> list[TrialRecord]:
         """Train every config as a parallel Tune trial (no search, no early stopping).
 

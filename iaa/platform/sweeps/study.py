@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
 
@@ -169,6 +169,20 @@ def _save(plt: Any, path: Path) -> None:
     plt.close(fig)
 
 
+def study_exists(storage_url: str, study_name: str) -> bool:
+    """Whether study ``study_name`` is in the storage ``storage_url``; a SQLite file that does not
+    exist holds none (and is not made)."""
+    from iaa.platform.sweeps.study_store import study_storage
+
+    if storage_url.startswith("sqlite:///") and not Path(storage_url.removeprefix("sqlite:///")).is_file():
+        return False
+    try:
+        study_storage(storage_url).get_study_id_from_name(study_name)
+    except KeyError:
+        return False
+    return True
+
+
 def fail_unfinished(storage_url: str, study_name: str, attrs: Mapping[str, str]) -> int:
     """End FAIL every RUNNING or WAITING trial of study ``study_name``, with ``attrs`` as its user
     attributes (why it ended); returns how many. A study that does not exist has none."""
@@ -185,15 +199,34 @@ def fail_unfinished(storage_url: str, study_name: str, attrs: Mapping[str, str])
         return _fail_trials(storage, study_id, attrs)
 
 
-def _fail_trials(storage: Any, study_id: int, attrs: Mapping[str, str]) -> int:
+def fail_trials(storage_url: str, study_name: str, why: Callable[[Any], str | None]) -> int:
+    """End FAIL each RUNNING or WAITING trial of study ``study_name`` for which ``why(trial)`` gives
+    a reason, kept as its user attribute ``killed``; returns how many. A study (or a SQLite file)
+    that does not exist has none, and none is made."""
+    from iaa.platform.sweeps.study_store import study_storage, study_writes
+
+    if not study_exists(storage_url, study_name):
+        return 0
+    storage = study_storage(storage_url)
+    with study_writes(storage_url, f"mark the orphaned trials of study {study_name} FAIL"):
+        return _fail_trials(storage, storage.get_study_id_from_name(study_name), lambda t: (
+            {"killed": reason} if (reason := why(t)) else None))
+
+
+def _fail_trials(storage: Any, study_id: int, attrs: Mapping[str, str] | Callable[[Any], Mapping[str, str] | None]
+                 ) -> int:
+    """FAIL the study's unfinished trials, each with ``attrs`` (or ``attrs(trial)``; None: left as it is)."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     failed = 0
     for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+        marks = attrs(trial) if callable(attrs) else attrs
+        if marks is None:
+            continue
         try:
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-            for key, value in attrs.items():
+            for key, value in marks.items():
                 storage.set_trial_user_attr(trial_id, key, value)
             storage.set_trial_state_values(trial_id, TrialState.FAIL)
         except UpdateFinishedTrialError:

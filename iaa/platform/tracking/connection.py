@@ -206,7 +206,9 @@ def experiment_id(uri: str, name: str) -> str:
 
 
 def close_orphans(uri: str) -> list[str]:
-    """Mark ``KILLED`` the runs left ``RUNNING`` by a process of this host that is gone."""
+    """Mark ``KILLED`` the runs left ``RUNNING`` by a process of this host that is gone, and FAIL
+    the Optuna trials that such processes left in the studies of those runs' sweeps
+    (:mod:`iaa.platform.sweeps.orphans`)."""
     client = store_client(uri)
     ids = [e.experiment_id for e in client.search_experiments()]
     if not ids:
@@ -217,5 +219,9 @@ def close_orphans(uri: str) -> list[str]:
         if token and not owner_alive(token):
             client.set_tag(run.info.run_id, "iaa.killed", f"process {token} ended without closing this run")
             client.set_terminated(run.info.run_id, status="KILLED")
-            closed.append(run.info.run_id)
-    return closed
+            closed.append(run)
+    if any(run.data.tags.get("sweep") for run in closed):
+        from iaa.platform.sweeps.orphans import fail_orphaned_trials
+
+        fail_orphaned_trials(client, uri, closed)
+    return [run.info.run_id for run in closed]

@@ -1,0 +1,92 @@
+"""Optuna trials left RUNNING by a process that is gone (``kill -9``, a lost machine).
+
+Each trial a sweep asks carries its process as the user attribute ``iaa.owner`` (host, pid and
+process start: :mod:`iaa.platform.cluster.owner`), as each MLflow run carries the ``iaa.owner``
+tag. When a command opens the tracking store, the runs whose owner is gone end KILLED
+(:func:`iaa.platform.tracking.connection.close_orphans`); then, in the studies of those runs'
+sweeps, every RUNNING or WAITING trial whose owner is gone ends FAIL with the user attribute
+``killed``, as a resume marks them. A trial asked before trials carried an owner is failed when it
+belongs to one of the runs just closed (its ``mlflow_run_id``, or its ``tune_trial_id`` and the
+run's ``trial_id`` tag). A trial of a sweep that runs now, in any process, is left alone.
+
+The study is found in the sweep's record (``WORKDIR/sweeps/NAME/sweep.json`` beside a SQLite
+store ``WORKDIR/mlflow.db``, its paths read where the work folder is now), else in the sweep's
+parent run (``tune.study``, ``tune.study_storage``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from iaa.jobs.workdir import recorded
+from iaa.jobs.workdir.paths import sqlite_file
+from iaa.platform.cluster.owner import owner_alive
+
+OWNER_ATTR = "iaa.owner"
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def fail_orphaned_trials(client: Any, uri: str, closed: Iterable[Any]) -> int:
+    """FAIL the trials left by processes that are gone, in the studies of the sweeps of ``closed``
+    (MLflow runs of the store ``uri`` just ended KILLED, read with ``client``); returns how many."""
+    from iaa.platform.sweeps.study import fail_trials
+
+    by_study: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
+    for run in closed:
+        sweep = run.data.tags.get("sweep")
+        study = _study_of(client, uri, run, sweep) if sweep else None
+        if study is None:
+            continue
+        run_ids, trial_ids = by_study.setdefault(study, (set(), set()))
+        run_ids.add(run.info.run_id)
+        if run.data.tags.get("trial_id"):
+            trial_ids.add(run.data.tags["trial_id"])
+    failed = 0
+    for (storage, name), (run_ids, trial_ids) in by_study.items():
+        def orphaned(trial: Any, run_ids: set[str] = run_ids, trial_ids: set[str] = trial_ids) -> str | None:
+            return _orphaned(trial.user_attrs, run_ids, trial_ids)
+        failed += fail_trials(storage, name, orphaned)
+    return failed
+
+
+def _orphaned(attrs: dict[str, Any], run_ids: set[str], trial_ids: set[str]) -> str | None:
+    """Why a trial with user attributes ``attrs`` is left by a process that is gone; None when it is not."""
+    token = attrs.get(OWNER_ATTR)
+    if isinstance(token, str) and token:
+        return None if owner_alive(token) else f"process {token} ended without closing this trial"
+    if attrs.get("mlflow_run_id") in run_ids or attrs.get("tune_trial_id") in trial_ids:
+        return "its MLflow run was left RUNNING by a process that ended without closing it"
+    return None
+
+
+def _study_of(client: Any, uri: str, run: Any, sweep: str) -> tuple[str, str] | None:
+    """(storage, name) of sweep ``sweep``'s study: from its record beside the store, else its parent run."""
+    found = _recorded_study(uri, sweep)
+    if found is not None:
+        return found
+    parent_id = run.data.tags.get(PARENT_TAG)
+    try:
+        params = (client.get_run(parent_id) if parent_id else run).data.params
+    except Exception:  # noqa: BLE001 - a parent run that is gone leaves nothing to find
+        return None
+    storage, name = params.get("tune.study_storage"), params.get("tune.study")
+    return (storage, name) if storage and name else None
+
+
+def _recorded_study(uri: str, sweep: str) -> tuple[str, str] | None:
+    """The study a sweep's ``sweep.json`` names, when the store is a work folder's ``mlflow.db``."""
+    db = sqlite_file(uri)
+    if db is None or "/" in sweep or sweep in ("", ".", ".."):
+        return None
+    workdir = db.parent
+    path = workdir / "sweeps" / sweep / "sweep.json"
+    try:
+        optuna = json.loads(Path(path).read_text(encoding="utf-8")).get("optuna") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    storage, name = optuna.get("storage"), optuna.get("study")
+    if not isinstance(storage, str) or not isinstance(name, str):
+        return None
+    return recorded.located(storage, workdir, path.parent) or storage, name
