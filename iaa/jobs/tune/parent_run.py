@@ -64,8 +64,8 @@ def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Track
         raise
     if req.show_progress:
         print(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; TPE learns from "
-              f"{SEARCH_METRIC}, ASHA stops on {STOP_METRIC} at every check (at most {plan.max_t}; grace "
-              f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
+              f"{SEARCH_METRIC}, ASHA stops on {STOP_METRIC} at every check (a trial makes at most "
+              f"{plan.checks} checks; grace {preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
               f"MLflow {uri}, experiment {experiment}", file=sys.stderr)
     return sweep, parent
 
