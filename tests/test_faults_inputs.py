@@ -42,12 +42,12 @@ BAD = {
     "answer-list": ([question(1, answer=["Ben"])], 1, "answer must be a string"),
     "duplicate-id": ([question(1), question(2), question(1)], 3, "also the id of line 1"),
     "candidate-empty": ([question(1), question(2, candidates=["Anna", "Ben", ""])], 2,
-                        'candidates[2]: an empty candidate ("")'),
-    "candidate-blank": ([question(1, candidates=["Anna", "  ", "Ben"])], 1, 'candidates[1]: an empty candidate ("  ")'),
+                        'candidates[3]: an empty candidate ("")'),
+    "candidate-blank": ([question(1, candidates=["Anna", "  ", "Ben"])], 1, 'candidates[2]: an empty candidate ("  ")'),
     "candidate-empty-in-string": ([question(1, candidates="Anna||Ben")], 1,
-                                  'candidates[1] of the |-separated string: an empty candidate ("")'),
+                                  'candidates[2] of the |-separated string: an empty candidate ("")'),
     "candidate-of-two-words": ([question(1, candidates=["Anna", "the river"])], 1,       # a phrase of the document
-                               'candidates[1]: "the river" is 2 words; candidates are single words'),
+                               'candidates[2]: "the river" is 2 words; candidates are single words'),
 }
 
 

@@ -35,7 +35,7 @@ BAD = {
     "long-document": (_body({**QUESTION, "document": "the cat " * 101}), 413, "document: 202 words, over the limit of 200"),
     "many-candidates": (_body({**QUESTION, "candidates": ["cat", "dog", *(f"c{i}" for i in range(999))]}), 413,
                         "candidates: 1001 candidates, over the limit of 1000"),
-    "wrong-type": (_body([QUESTION, {**QUESTION, "query": 3}]), 400, "[1].query: expected a string, got a number"),
+    "wrong-type": (_body([QUESTION, {**QUESTION, "query": 3}]), 400, "[2].query: expected a string, got a number"),
     "deep-nesting": (b'{"document": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nested too deeply"),
     "5000-digit-id": (_body(QUESTION)[:-1] + b', "id": ' + b"9" * 5000 + b"}", 400,
                       "id: expected a string or an integer, got a number of 5,000 digits"),
@@ -155,3 +155,8 @@ def test_the_api_is_described_by_openapi(served):
     question = doc["components"]["schemas"]["QuestionIn"]
     assert set(question["required"]) == {"document", "query", "candidates"}
     assert {"400", "413", "422"} <= set(doc["paths"]["/predict"]["post"]["responses"])
+    assert "XXXXX" in question["properties"]["query"]["description"] and "@placeholder" not in json.dumps(doc)
+    examples = doc["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]["examples"]
+    for name, example in examples.items():
+        status, answer, _ = _post(url, json.dumps(example["value"]).encode())
+        assert status == 200, (name, answer)

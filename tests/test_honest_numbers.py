@@ -1,4 +1,4 @@
-"""Every accuracy a command prints carries its split size and standard error and says when a
+"""Every accuracy a command prints carries its split size and 95% interval and says when a
 comparison is noise; every command ends with a rounded summary, its stop reason in words and next
 commands that run as printed."""
 
@@ -48,8 +48,20 @@ def test_a_wide_interval_is_called_noise_and_a_narrow_one_is_not():
     assert "noise" in uncertainty.accuracy_text(0.2, 5)
     assert "noise" in uncertainty.accuracy_text(1.0, 2)       # a perfect score on 2 questions says nothing
     assert "noise" not in uncertainty.accuracy_text(0.7, 2000)
-    assert uncertainty.accuracy_text(0.2, 5).startswith("0.2000 ± 0.1789 (n=5")
+    assert uncertainty.accuracy_text(0.2, 5).startswith("0.2000 (95% interval 0.0362 to 0.6245, n=5")
     assert uncertainty.is_noise(0.5, 300) and not uncertainty.is_noise(0.5, 500)
+
+
+def test_an_error_bar_is_a_wilson_interval_never_zero_wide():
+    """A perfect (or null) score on 2,000 questions still has a 95% interval, and says its count."""
+    for p in (0.0, 1.0, 0.003, 0.6, 0.9995):
+        low, high = uncertainty.wilson_interval(p, 2000)
+        assert low <= p <= high and high - low > 0.001, (p, low, high)
+    perfect = uncertainty.accuracy_text(1.0, 2000)
+    assert "0 errors in 2,000" in perfect and "0.9981 to 1.0000" in perfect and "± 0.0000" not in perfect
+    assert "0 correct in 2,000" in uncertainty.accuracy_text(0.0, 2000)
+    assert uncertainty.accuracy_text(0.855, 2000).startswith("0.8550 ± 0.0154 (n=2000")     # 1.96 SE, about
+    assert uncertainty.half_width_points(1.0, 2000) > 0
 
 
 def test_a_tie_is_named():
@@ -78,7 +90,7 @@ def test_train_ends_with_a_rounded_summary_and_next_commands_that_run(tiny, tmp_
     res = CliRunner().invoke(cli, ["train", "--data", str(tiny), "--workdir", str(work), *_sets()])
     assert res.exit_code == 0, res.output
     out = res.output
-    assert "best valid accuracy" in out and "± " in out and "(n=64" in out and "noise" in out
+    assert "best valid accuracy" in out and "95%" in out and "n=64" in out and "noise" in out
     assert "stopped at max-epochs" in out or "stopped early" in out
     assert "lr: " not in out and "train_examples_per_s" not in out      # no raw dump of every metric
     commands = _next(out)
@@ -88,7 +100,7 @@ def test_train_ends_with_a_rounded_summary_and_next_commands_that_run(tiny, tmp_
                                                                     if "explain" in command else []))
         assert done.exit_code == 0, (command, done.output)
         if "evaluate" in command:
-            assert "± " in done.output and "(n=64" in done.output and "next:" in done.output
+            assert "95%" in done.output and "n=64" in done.output and "next:" in done.output
     again = CliRunner().invoke(cli, ["train", "--data", str(tiny), "--workdir", str(work), "--overwrite", "--json",
                                      *_sets()])
     result = json.loads(again.stdout.strip().splitlines()[-1])
@@ -118,7 +130,7 @@ def test_tune_names_a_tie_and_gives_the_error_bar(tiny, tmp_path, capsys):
     result = tune.run(req, lambda uri: FakeTracker(), TiedLauncher())
     err = capsys.readouterr().err
     assert len(result["tied_trials"]) == 3 and "3 trials tie" in err
-    assert "valid accuracy 0.2500 ± 0.0541 (n=64" in err and "noise" in err
+    assert "valid accuracy 0.2500 (95% interval 0.1601 to 0.3682, n=64" in err and "noise" in err
     assert result["best_valid_acc_n"] == 64 and result["best_valid_acc_stderr"] == pytest.approx(0.054127, abs=1e-5)
 
 
@@ -138,19 +150,37 @@ def test_ensemble_states_its_cost_first_and_its_accuracy_with_error_bars(tiny, t
     assert err.index("scoring 2 members on valid (64 questions) and test (64 questions)") < err.index("evaluate members")
     assert "256/256" in err                                          # the bar counts questions, not files
     assert summary["valid_acc_n"] == 64 and summary["valid_acc_stderr"] is not None
-    assert "(n=64" in err and "the best)" in err and "next:" in err
+    assert "n=64" in err and "the best)" in err and "next:" in err
 
 
 def test_distill_compares_the_student_with_its_ensemble_and_best_member():
     from iaa.jobs.distill import summary
 
     kept = summary.comparison(0.56, {"valid_acc": 0.60, "member_valid_acc": [0.50, 0.52]})
-    assert kept == {"teacher_valid_acc": 0.60, "best_member_valid_acc": 0.52, "gain_kept": 0.5}
-    assert summary.comparison(0.5, {"valid_acc": 0.5, "member_valid_acc": [0.55]})["gain_kept"] is None
-    result = {**kept, "best_valid_acc": 0.56, "valid_examples": 2000, "stop_reason": "early-stopped", "steps": 30,
-              "best_step": 20, "epoch": 3.0, "checkpoint": "/r/best.pt", "data_dir": "/d", "members": ["a", "b"],
-              "baseline_valid_acc": 0.3}
-    text = summary.describe(result)
-    assert "teacher:      ensemble of 2 members, valid accuracy 0.6000 ± 0.0110 (n=2000)" in text
-    assert "+4.0 points" in text and "kept 50% of the ensemble's gain" in text and "next:" in text
+    assert kept == {"teacher_valid_acc": 0.60, "best_member_valid_acc": 0.52, "gain_points": 8.0,
+                    "gain_kept_points": 4.0}
+    assert summary.comparison(0.5, {"valid_acc": 0.5, "member_valid_acc": [0.55]})["gain_kept_points"] is None
+    text = summary.describe(_distilled(kept, 0.56))
+    assert "teacher:      ensemble of 2 members, valid accuracy 0.6000 ± 0.0215 (n=2000, 95%)" in text
+    assert "4.0 points above" in text and "kept 4.0 of the ensemble's 8.0 points" in text and "next:" in text
     assert "noise" not in text
+
+
+def _distilled(comparison: dict, student: float) -> dict:
+    return {**comparison, "best_valid_acc": student, "valid_examples": 2000, "stop_reason": "early-stopped",
+            "steps": 30, "best_step": 20, "epoch": 3.0, "checkpoint": "/r/best.pt", "data_dir": "/d",
+            "members": ["a", "b"], "baseline_valid_acc": 0.3}
+
+
+def test_distill_says_in_points_when_the_student_kept_none_of_a_small_gain():
+    """A student far below the best member of an ensemble barely above it kept none of the gain:
+    no share of the gain (-2237%), no signed distance (-51.4 points from it)."""
+    from iaa.jobs.distill import summary
+
+    kept = summary.comparison(0.40, {"valid_acc": 0.937, "member_valid_acc": [0.914, 0.90]})
+    assert kept["gain_points"] == pytest.approx(2.3) and kept["gain_kept_points"] == 0
+    text = summary.describe(_distilled(kept, 0.40))
+    assert "kept none of that gain" in text and "51.4 points below" in text
+    assert "%" not in text.split("best member:")[1].split("next:")[0] and "-51" not in text
+    commands = text.split("next:\n")[1]
+    assert "iaa-cli evaluate" in commands and "iaa-cli ensemble" not in commands     # no ensemble of one

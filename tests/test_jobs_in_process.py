@@ -105,7 +105,26 @@ def test_a_resumed_sweep_keeps_the_sampler_it_recorded(tiny: Path, tmp_path: Pat
         assert warnings == [f"warning: sweep old continues with the sampler it started with, {used}, not {flag}"]
 
 
-def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp_path: Path) -> None:
+def test_the_sweep_line_says_how_many_checks_a_trial_makes(tiny: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The sweep's opening line gives the checks a trial makes, not ASHA's max_t (one more)."""
+    import re
+
+    from iaa.jobs.tune import tune
+
+    space = tmp_path / "space.yaml"
+    space.write_text("model.hidden_dim: [8]\n", encoding="utf-8")
+    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=space, sets=TINY_SETS,
+                           workdir=tmp_path / "work", name="checks", show_progress=True)
+    tracker = FakeTracker()
+    tune.run(req, lambda uri: tracker, FakeLauncher())          # the fake runs each trial to its end: no ASHA
+    said = re.search(r"a trial makes at most (\d+) checks", capsys.readouterr().err)
+    [trial] = json.loads((tmp_path / "work" / "sweeps" / "checks" / "sweep.json").read_text())["trials"]
+    assert said and int(said.group(1)) == len(tracker.runs[trial["mlflow_run_id"]].metrics["valid_acc"]), said
+
+
+def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     from iaa.jobs.ensemble import ensemble
     from iaa.jobs.tune import tune
 
@@ -120,6 +139,7 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
 
     [members] = [r for r in launcher.requests if isinstance(r, MembersRequest)]
     assert [c.train.seed for c in members.configs] == [1]            # seed 0 is the sweep's own trial
+    assert "reusing 1 checkpoint, training 1 member on" in capsys.readouterr().err
     # one trial per member, with the threads the members' configs ask for (the largest)
     assert members.connection.num_trials == 1
     assert members.connection.threads == (members.configs[0].train.threads or None)

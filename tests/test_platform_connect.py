@@ -129,6 +129,16 @@ def _ray_init_failing(times: int, message: str, calls: list[int]):
 TAKEN = "Failed to find a valid port for dashboard after 0 retries: [Errno 98] address already in use"
 
 
+def test_the_cluster_line_counts_in_words() -> None:
+    """One thread in the trial actor is "1 thread", with no "per worker" where there is no worker."""
+    info = cluster.ClusterInfo((resources.Node("127.0.0.1", 2.0),), "10.0.0.1:6379")
+    one = cluster.describe(info, resources.TrialPlan(workers=1, threads=1, gpus_per_worker=0.0, max_concurrent=1))
+    assert "in the trial actor with 1 thread;" in one and "(s)" not in one and "per worker" not in one
+    assert "1 node," in one and "up to 1 trial at once" in one
+    two = cluster.describe(info, resources.TrialPlan(workers=2, threads=1, gpus_per_worker=0.0, max_concurrent=3))
+    assert "on 2 Train workers with 1 thread each" in two and "up to 3 trials at once" in two
+
+
 def test_a_taken_dashboard_port_starts_ray_again_on_another(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 

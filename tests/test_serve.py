@@ -49,28 +49,85 @@ def _refused(answerer, body: bytes, limits: job.Limits = job.Limits()) -> job.Re
     (_body({k: v for k, v in QUESTION.items() if k != "query"}), 400, "query: missing"),
     (_body({**QUESTION, "document": 7}), 400, "document: expected a string, got a number"),
     (_body({**QUESTION, "candidates": {"a": 1}}), 400, "candidates: expected a list of strings, got an object"),
-    (_body([QUESTION, {**QUESTION, "candidates": ["cat", 3]}]), 400, "[1].candidates[1]: expected a string"),
-    (_body([QUESTION, 5]), 400, "[1]: expected a JSON object"),
+    (_body([QUESTION, {**QUESTION, "candidates": ["cat", 3]}]), 400, "[2].candidates[2]: expected a string"),
+    (_body([QUESTION, 5]), 400, "[2]: expected a JSON object"),
     (_body({**QUESTION, "id": True}), 400, "id: expected a string or an integer, got a boolean"),
     (_body({**QUESTION, "answer": ["cat"]}), 400, "answer: expected a string, got a list"),
     (_body({**QUESTION, "candidates": ["horse", "cow"]}), 422, "no candidate occurs in the document"),
-    (_body([QUESTION, {**QUESTION, "query": "the cat ran"}]), 422, "[1]: the query has no XXXXX placeholder"),
+    (_body([QUESTION, {**QUESTION, "query": "the cat ran"}]), 422, "[2]: the query has no XXXXX placeholder"),
     (_body({**QUESTION, "candidates": []}), 422, "the candidate list is empty"),
-    (_body({**QUESTION, "candidates": ["cat", "dog", ""]}), 422, 'question: candidates[2]: an empty candidate ("")'),
+    (_body({**QUESTION, "candidates": ["cat", "dog", ""]}), 422, 'question: candidates[3]: an empty candidate ("")'),
     (_body([QUESTION, {**QUESTION, "candidates": ["  ", "dog"]}]), 422,
-     '[1]: candidates[0]: an empty candidate ("  ")'),
-    (_body({**QUESTION, "candidates": "cat||dog"}), 422, 'candidates[1] of the |-separated string: an empty candidate'),
+     '[2]: candidates[1]: an empty candidate ("  ")'),
+    (_body({**QUESTION, "candidates": "cat||dog"}), 422, 'candidates[2] of the |-separated string: an empty candidate'),
     (_body({**QUESTION, "candidates": ["cat", "the dog"]}), 422,      # the phrase is in the document
-     'candidates[1]: "the dog" is 2 words; candidates are single words'),
+     'candidates[2]: "the dog" is 2 words; candidates are single words'),
     (_body({**QUESTION, "candidates": ["cat", "dog cat"]}), 422,      # it is not
-     'candidates[1]: "dog cat" is 2 words; candidates are single words'),
+     'candidates[2]: "dog cat" is 2 words; candidates are single words'),
     (_body({**QUESTION, "candidates": "cat|the mat"}), 422,
-     'candidates[1] of the |-separated string: "the mat" is 2 words'),
+     'candidates[2] of the |-separated string: "the mat" is 2 words'),
 ])
 def test_bad_requests_get_a_status_naming_the_field(answerer, body, status, field):
     error = _refused(answerer, body)
     assert error.status == status and field in str(error)
     assert error.body() == {"error": str(error), "status": status}
+
+
+def test_error_indices_count_from_one_as_the_ids_do(answerer):
+    """The second question of a request gets id "2" when it has none; an error in it says [2]."""
+    second = {k: v for k, v in QUESTION.items() if k != "id"}
+    rows = answerer.answer([answerer.parse(_body([QUESTION, second]))[0]])[0]
+    assert rows[1]["id"] == "2"
+    error = _refused(answerer, _body([QUESTION, {**second, "candidates": ["cat", ""]}]))
+    assert error.status == 422 and "[2]: candidates[2]" in str(error)
+
+
+def test_a_null_id_and_answer_count_as_none(answerer):
+    """Swagger UI fills in the schema's defaults: ``"id": null, "answer": null`` is a question without them."""
+    [row] = answerer.answer([answerer.parse(_body({**QUESTION, "id": None, "answer": None}))[0]])[0]
+    assert row["id"] == "1" and "correct" not in row
+
+
+def _openapi(placeholder: str) -> dict:
+    from iaa.platform import ray_serve
+
+    return ray_serve.openapi_document(job.CODE.api(placeholder))
+
+
+def _swagger_example(doc: dict) -> dict:
+    """The body Swagger UI fills in from the schema alone: each property's example, else its default."""
+    props = doc["components"]["schemas"]["QuestionIn"]["properties"]
+    return {name: (p["examples"][0] if "examples" in p else p.get("default")) for name, p in props.items()}
+
+
+def test_every_openapi_example_is_answered_as_shown(answerer):
+    """Each request body /docs offers, posted exactly as the document gives it, is answered (200),
+    and each answer is a documented 200 body; null id and answer count as none."""
+    pytest.importorskip("iaa.platform.ray_serve")
+    from pydantic import TypeAdapter
+
+    doc = _openapi(answerer.placeholder)
+    predict = doc["paths"]["/predict"]["post"]
+    examples = [e["value"] for e in predict["requestBody"]["content"]["application/json"]["examples"].values()]
+    examples += [_swagger_example(doc), {**QUESTION, "id": None, "answer": None}]
+    assert predict["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"][0] == {
+        "$ref": "#/components/schemas/AnswerOut"}
+    answers = TypeAdapter(job.AnswerOut | list[job.AnswerOut])
+    for body in examples:
+        questions, single = answerer.parse(json.dumps(body).encode())          # raises where the server says 4xx
+        rows = answerer.answer([questions])[0]
+        answers.validate_python(rows[0] if single else rows)
+        assert [r["id"] for r in rows] == [str(q.get("id") or i) for i, q in enumerate(
+            [body] if single else body, 1)]
+
+
+def test_the_openapi_placeholder_is_the_served_models():
+    pytest.importorskip("iaa.platform.ray_serve")
+    for placeholder, other in (("XXXXX", "@placeholder"), ("@placeholder", "XXXXX")):
+        doc = _openapi(placeholder)
+        text = json.dumps(doc)
+        assert placeholder in doc["components"]["schemas"]["QuestionIn"]["properties"]["query"]["description"]
+        assert other not in text and placeholder in _swagger_example(doc)["query"].split()
 
 
 def test_any_unicode_model_name_travels_in_the_headers():
@@ -92,7 +149,7 @@ def test_any_unicode_model_name_travels_in_the_headers():
 def test_oversized_requests_get_413(answerer):
     limits = job.Limits(max_document_words=20, max_questions=2, max_request_bytes=2000)
     error = _refused(answerer, _body([QUESTION, {**QUESTION, "document": "the cat " * 20}]), limits)
-    assert error.status == 413 and "[1].document: 40 words, over the limit of 20" in str(error)
+    assert error.status == 413 and "[2].document: 40 words, over the limit of 20" in str(error)
     assert _refused(answerer, _body([QUESTION] * 3), limits).status == 413
     assert _refused(answerer, _body({**QUESTION, "id": "x" * 3000}), limits).status == 413
     assert len(answerer.parse(_body([QUESTION, QUESTION]), job.Limits(max_document_words=14))[0]) == 2

@@ -176,7 +176,7 @@ def _candidates(cands: Any, where: str) -> list[str]:
 
     Raises:
         InputError: not strings, an empty list, or a candidate that is empty, blank or several
-            words (the reader points at one word of the document), named by its index.
+            words (the reader points at one word of the document), named by its index (from 1).
     """
     as_string = isinstance(cands, str)
     if as_string:
@@ -188,7 +188,7 @@ def _candidates(cands: Any, where: str) -> list[str]:
             raise InputError(f"{where}: candidates must be a list of strings, got one that is {_kind(c)}")
     if not cands:
         raise InputError(f"{where}: the candidate list is empty")
-    for i, c in enumerate(cands):
+    for i, c in enumerate(cands, 1):                   # counted from 1, as lines and ids are
         field = f"candidates[{i}]" + (" of the |-separated string" if as_string else "")
         if not c.strip():
             raise InputError(f"{where}: {field}: an empty candidate ({_quoted(c)}); each candidate is one word "

@@ -30,6 +30,7 @@ Two deployments. ``Reader`` replicas each hold the answerer that the job's ``cod
 # No `from __future__ import annotations`: Serve pickles the ingress class by value, and FastAPI
 # reads its routes' annotations (``request: Request``) in the replica, where a string would not resolve.
 import asyncio
+import copy
 import functools
 import json
 import logging
@@ -44,7 +45,7 @@ from starlette.responses import Response
 
 from iaa import __version__
 from iaa.errors import IaaError
-from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeCode, ServeConfig
+from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeApi, ServeCode, ServeConfig
 from iaa.platform import serve_life
 from iaa.platform.cluster import ray_internals
 from iaa.platform.serve_capacity import INGRESS_CPUS, check_fits, wait_running
@@ -54,12 +55,14 @@ from iaa.platform.serve_proxy import over_limit, proxy_env
 from iaa.platform.serve_text import log_text, model_headers
 
 ROUTE = "/"
-READY_WAIT_S = 5.0                 # GET /ready: how long to wait for a reader before 503
+READY_WAIT_S = 5.0                 # GET /ready, /openapi.json: how long to wait for a reader before 503
+OPENAPI_URL = "/openapi.json"
 
 
 Reply = tuple[int, str, dict[str, str]]          # status, JSON text, headers
 
-app = FastAPI(title="iaa reader", version=__version__, docs_url=None, redoc_url=None,
+# GET /openapi.json is the ingress's own route: the document names the served model's placeholder.
+app = FastAPI(title="iaa reader", version=__version__, docs_url=None, redoc_url=None, openapi_url=None,
               description="Cloze questions answered by an Iterative Alternating Attention reader (`iaa-cli serve`). "
                           "A refused request is a JSON {error, status}; the error names the field.")
 _REFUSALS = {400: {"description": "not JSON, a wrong type, or text that is not Unicode (the error names the field)"},
@@ -92,16 +95,19 @@ async def _read(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _openapi(request_schema: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAPI document, with ``POST /predict``'s body as the serve job's request schema."""
-    if app.openapi_schema is None:
-        doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        schemas.update(request_schema.pop("$defs", {}))
-        doc["paths"]["/predict"]["post"]["requestBody"] = {
-            "required": True, "content": {"application/json": {"schema": request_schema}}}
-        app.openapi_schema = doc
-    return app.openapi_schema
+def openapi_document(api: ServeApi) -> dict[str, Any]:
+    """The OpenAPI document of the app for one served model: ``POST /predict``'s body is the serve
+    job's request schema, with its examples (each answered by that model), and its 200 answer the
+    job's answer schema."""
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    doc.setdefault("components", {}).setdefault("schemas", {}).update(copy.deepcopy(dict(api.definitions)))
+    predict = doc["paths"]["/predict"]["post"]
+    examples = {name: {"summary": name, "value": value} for name, value in api.examples.items()}
+    predict["requestBody"] = {"required": True, "content": {"application/json": {
+        "schema": copy.deepcopy(dict(api.request)), "examples": copy.deepcopy(examples)}}}
+    predict["responses"]["200"] = {"description": "the answer: one row per question (a list for a list)",
+                                   "content": {"application/json": {"schema": copy.deepcopy(dict(api.answer))}}}
+    return doc
 
 
 def _json(content: Any, status: int) -> Response:
@@ -175,9 +181,20 @@ class Ingress:
         _grpc_on_node_address()
         self.reader = reader
         self.limits = Limits(**limits)
-        self.parse = code.parse
+        self.parse, self.api = code.parse, code.api
         self.traits: tuple[str, bool] | None = None        # the model's placeholder and lowercasing, once known
-        app.openapi = functools.partial(_openapi, dict(code.request_schema))
+        self.document: dict[str, Any] | None = None         # the OpenAPI document, once the placeholder is known
+
+    @app.get(OPENAPI_URL, include_in_schema=False)
+    async def openapi(self) -> Response:
+        """The OpenAPI document, for the served model (its placeholder word, examples it answers)."""
+        try:
+            placeholder, _ = await asyncio.wait_for(self._traits(), READY_WAIT_S)
+        except (asyncio.TimeoutError, _NoReader):
+            return _json({"error": "no reader replica has loaded the model yet", "status": 503}, 503)
+        if self.document is None:
+            self.document = openapi_document(self.api(placeholder))
+        return _json(self.document, 200)
 
     @app.get("/ready", responses={503: _REFUSALS[503]})
     async def ready(self) -> Response:
@@ -194,15 +211,19 @@ class Ingress:
         """One question, or a list of them: ``iaa-cli predict``'s rows, with the model's name and version."""
         try:
             body = await _read(request, self.limits.max_request_bytes)
-            if self.traits is None:
-                self.traits = tuple(await self._remote("traits"))
-            placeholder, lowercase = self.traits
+            placeholder, lowercase = await self._traits()
             questions, single = await asyncio.to_thread(self.parse, body, placeholder, lowercase, self.limits)
         except RequestError as error:
             return _json(error.body(), error.status)
         except _NoReader as error:
             return _json(error.body, 503)
         return await self._call("predict", questions, single)
+
+    async def _traits(self) -> tuple[str, bool]:
+        """The model's placeholder and whether it lowercases, asked of a reader once."""
+        if self.traits is None:
+            self.traits = tuple(await self._remote("traits"))
+        return self.traits
 
     async def _describe(self, limits: dict[str, int] | None) -> Response:
         try:

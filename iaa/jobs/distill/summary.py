@@ -1,5 +1,6 @@
-"""How ``iaa-cli distill`` ends: the student against the teacher ensemble and its best member (how
-much of the ensemble's gain over that member the student kept), each accuracy with its error bar,
+"""How ``iaa-cli distill`` ends: the student against the teacher ensemble and its best member, in
+points (and how many points of the ensemble's gain over that member the student kept), each
+accuracy with its error bar,
 why the student's training stopped, and the next commands."""
 
 from __future__ import annotations
@@ -11,14 +12,35 @@ from iaa.jobs.training import summary as train_summary
 
 
 def comparison(student: float | None, ensemble: Mapping[str, Any]) -> dict[str, Any]:
-    """``teacher_valid_acc``, ``best_member_valid_acc`` and ``gain_kept``: (student - best member)
-    / (ensemble - best member), None where the ensemble is not above its best member."""
+    """``teacher_valid_acc``, ``best_member_valid_acc``, ``gain_points`` (the ensemble's valid accuracy
+    over its best member's, in points; None where either is unknown) and ``gain_kept_points`` (how
+    many of those points the student kept: 0 where it is not above the best member, at most the
+    gain; None where there is no gain to keep). Points, not a share of the gain: a share of a gain
+    of a fraction of a point swings to thousands of percent."""
     teacher = ensemble.get("valid_acc")
     members = [a for a in ensemble.get("member_valid_acc") or [] if isinstance(a, (int, float))]
     best = max(members) if members else None
-    gain = (None if student is None or teacher is None or best is None or teacher <= best
-            else round((student - best) / (teacher - best), 4))
-    return {"teacher_valid_acc": teacher, "best_member_valid_acc": best, "gain_kept": gain}
+    gain = None if teacher is None or best is None else round(100 * (teacher - best), 2)
+    kept = (None if student is None or gain is None or gain <= 0
+            else round(min(max(100 * (student - best), 0.0), gain), 2))
+    return {"teacher_valid_acc": teacher, "best_member_valid_acc": best, "gain_points": gain,
+            "gain_kept_points": kept}
+
+
+def _points_from(student: float, other: float) -> str:
+    """``12.3 points below``, ``0.4 points above`` or ``level with``, of ``student`` against ``other``."""
+    points = 100 * (student - other)
+    if round(points, 1) == 0:
+        return "level with"
+    return f"{abs(points):.1f} points {'above' if points > 0 else 'below'}"
+
+
+def _gain_line(gain: float, kept: float) -> str:
+    if kept <= 0:
+        return f"  the ensemble is {gain:.1f} points above its best member; the student kept none of that gain"
+    if kept >= gain:
+        return f"  the student kept all of the ensemble's {gain:.1f} points over its best member"
+    return f"  the student kept {kept:.1f} of the ensemble's {gain:.1f} points over its best member"
 
 
 def describe(result: Mapping[str, Any], req: Any = None) -> str:
@@ -30,15 +52,15 @@ def describe(result: Mapping[str, Any], req: Any = None) -> str:
                               result.get("best_valid_acc"))
     if teacher is not None and student is not None:
         lines.append(f"  teacher:      ensemble of {len(result.get('members') or [])} members, valid accuracy "
-                     f"{uncertainty.accuracy_text(teacher, n)}")
+                     f"{uncertainty.accuracy_text(teacher, n)}; the student is {_points_from(student, teacher)} it")
     if best is not None and student is not None:
-        lines.append(f"  best member:  valid accuracy {best:.4f}; the student is {100 * (student - best):+.1f} points "
-                     "from it")
-    gain = result.get("gain_kept")
-    if gain is not None:
-        lines.append(f"  the student kept {100 * gain:.0f}% of the ensemble's gain over its best member")
-    elif teacher is not None and best is not None:
+        lines.append(f"  best member:  valid accuracy {best:.4f}; the student is {_points_from(student, best)} it")
+    gain, kept = result.get("gain_points"), result.get("gain_kept_points")
+    if gain is not None and kept is not None:
+        lines.append(_gain_line(gain, kept))
+    elif gain is not None:
         lines.append("  the ensemble is not above its best member: there was no gain to keep")
     if student is not None and n and uncertainty.is_noise(student, n):
         lines.append(f"  on {n} valid questions these differences are noise")
-    return "\n".join(lines + [closing.next_block(train_summary.next_commands(result, req))])
+    # the student came from an ensemble: an "ensemble" of this one checkpoint is no next step
+    return "\n".join(lines + [closing.next_block(train_summary.next_commands(result, req, ensemble=False))])

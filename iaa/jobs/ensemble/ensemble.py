@@ -139,8 +139,9 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
 
         if launcher is None:
             raise IaaError(f"{len(to_train)} members must be trained, and no launcher was given")
-        print(f"ensemble: reusing {len(wanted) - len(to_train)} checkpoints, training {len(to_train)} members on Ray",
-              file=sys.stderr)
+        reused = len(wanted) - len(to_train)
+        print(f"ensemble: reusing {reused} checkpoint{'' if reused == 1 else 's'}, training {len(to_train)} "
+              f"member{'' if len(to_train) == 1 else 's'} on Ray", file=sys.stderr)
         run_name = sweep_file.unique_name(f"ensemble-{name}")
         trials_to = TrialTracking(tracker=tracker, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
                                   parent_run_id=sweep.get("parent_run_id"), sweep=run_name, dataset=to_train[0].dataset,

@@ -29,7 +29,7 @@ def run(data_dir: Path, split: str) -> dict[str, Any]:
 
 def beside(accuracy: float, baseline: float, n: int | None = None) -> str:
     """``accuracy`` with the baseline beside it, saying when the reader is not above it; with the
-    split size ``n``, the accuracy carries its standard error and says when it is noise."""
+    split size ``n``, the accuracy carries its 95% interval and says when it is noise."""
     from iaa.jobs.evaluation.uncertainty import accuracy_text
 
     below = ", and not above it" if accuracy <= baseline else ""

@@ -1,10 +1,13 @@
-"""How far an accuracy measured on n questions can be trusted: its binomial standard error.
+"""How far an accuracy measured on n questions can be trusted: its 95% interval.
 
-Every command that prints an accuracy prints it through :func:`accuracy_text`: the value, its
-standard error sqrt(p(1 - p) / n) and the split size, and where the 95% interval is wider than
-:data:`NOISE_POINTS` points either side, a note that a comparison at that size is noise. The
-interval judged is Wilson's (``z = 1.96``), which, unlike p ± 1.96 SE, does not shrink to nothing
-at an accuracy of 0 or 1 on a handful of questions.
+Every command that prints an accuracy prints it through :func:`accuracy_text`: the value, the
+95% Wilson score interval (``z = 1.96``) and the split size. Wilson's interval, unlike
+p ± 1.96 SE, never shrinks to nothing: at an accuracy of 1 on 2,000 questions it still runs
+from 0.9981 to 1. Where it is nearly centred on the accuracy it is printed as ``p ± half-width``,
+else as its two ends; an accuracy of exactly 1 or 0 is said as a count (``0 errors in 2,000``).
+Where the interval is wider than :data:`NOISE_POINTS` points either side, a note says that a
+comparison at that size is noise. The JSON beside an accuracy keeps the binomial standard error
+sqrt(p(1 - p) / n) (:func:`fields`).
 """
 
 from __future__ import annotations
@@ -24,13 +27,23 @@ def standard_error(p: float, n: int) -> float:
     return math.sqrt(p * (1.0 - p) / n)
 
 
+def wilson_interval(p: float, n: int) -> tuple[float, float]:
+    """The Wilson score 95% interval of an accuracy ``p`` on ``n`` questions; (0, 1) for n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = min(max(float(p), 0.0), 1.0)
+    z2 = Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def half_width_points(p: float, n: int) -> float:
     """Half the width of the Wilson 95% interval of ``p`` on ``n`` questions, in points; inf for n = 0."""
     if n <= 0:
         return math.inf
-    p = min(max(float(p), 0.0), 1.0)
-    z2 = Z95 * Z95
-    return 100.0 * Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    low, high = wilson_interval(p, n)
+    return 100.0 * (high - low) / 2
 
 
 def is_noise(p: float, n: int) -> bool:
@@ -39,11 +52,22 @@ def is_noise(p: float, n: int) -> bool:
 
 
 def accuracy_text(p: float, n: int) -> str:
-    """``0.2000 ± 0.1789 (n=5; 95% interval ±35 points: a comparison at this size is noise)``."""
-    se = standard_error(p, n)
-    text = f"{p:.4f} ± {se:.4f} (n={n}" if n > 0 else f"{p:.4f} (n=0"
+    """``0.8550 ± 0.0154 (n=2000, 95%)``: the accuracy and its 95% Wilson interval. An interval far from
+    centred on ``p`` is given by its ends, ``0.2500 (95% interval 0.1601 to 0.3685, n=64; ...)``,
+    and a perfect or null score as a count, ``1.0000 (0 errors in 2,000; 95% interval 0.9981 to 1.0000)``."""
+    if n <= 0:
+        return f"{p:.4f} (n=0)"
+    low, high = wilson_interval(p, n)
+    half, correct = (high - low) / 2, round(p * n)
+    if correct in (0, n):
+        count = f"0 errors in {n:,}" if correct == n else f"0 correct in {n:,}"
+        text = f"{p:.4f} ({count}; 95% interval {low:.4f} to {high:.4f}"
+    elif abs((low + high) / 2 - p) <= half / 10:
+        text = f"{p:.4f} ± {half:.4f} (n={n}, 95%"
+    else:
+        text = f"{p:.4f} (95% interval {low:.4f} to {high:.4f}, n={n}"
     if is_noise(p, n):
-        text += f"; 95% interval ±{half_width_points(p, n):.0f} points: a comparison at this size is noise"
+        text += "; a comparison at this size is noise"
     return text + ")"
 
 

@@ -34,7 +34,8 @@ from typing import Annotated, Any, Sequence
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from iaa.errors import IaaError
-from iaa.jobs.ports import Limits, LoadedModel, ModelFetcher, ModelSource, RequestError, ServeCode, ServeConfig
+from iaa.jobs.ports import (Limits, LoadedModel, ModelFetcher, ModelSource, RequestError, ServeApi, ServeCode,
+                            ServeConfig)
 from iaa.jobs.workdir.paths import Workdir
 from iaa.data.raw_text import InputError, LongNumber, Question, assembled, from_record, loads, text_problem
 
@@ -71,23 +72,73 @@ Text = Annotated[str, AfterValidator(_unicode)]
 
 
 class QuestionIn(BaseModel):
-    """One question of ``POST /predict``: ``iaa-cli predict``'s JSON Lines record."""
+    """One question of ``POST /predict``: ``iaa-cli predict``'s JSON Lines record. A null ``id`` or
+    ``answer`` is the same as none."""
 
     model_config = ConfigDict(strict=True, extra="ignore", title="Question")
 
     document: Text = Field(description="the text to read; split on whitespace")
-    query: Text = Field(description="the text with one placeholder word (XXXXX or @placeholder) to fill in")
+    query: Text = Field(description="the text with one placeholder word to fill in")
     candidates: list[Text] | Text = Field(description="the words to choose from, each one word of the document: "
                                                       "a list, or one string of |- or space-separated words")
-    id: Text | int = Field(None, description="default: the question's place in the request, 1, 2, ...")
+    id: Text | int | None = Field(None, description="default: the question's place in the request, 1, 2, ...")
     answer: Text | None = Field(None, description="the gold candidate, if known: rows then say whether it was chosen")
 
 
+class ModelOut(BaseModel):
+    """The served model: its name and version."""
+
+    name: str
+    version: str
+
+
+class AnswerOut(BaseModel):
+    """One answered question: ``iaa-cli predict``'s row and the model that answered."""
+
+    model_config = ConfigDict(title="Answer")
+
+    id: str = Field(description="the question's id, or its place in the request (1, 2, ...)")
+    prediction: str = Field(description="the candidate the reader chose")
+    probs: dict[str, float] = Field(description="each candidate's probability")
+    correct: bool | None = Field(None, description="whether the prediction is the answer, when the question gave one")
+    unknown_share: float = Field(description="the share of the document outside the model's vocabulary, 0 to 1")
+    unknown_candidates: list[str] = Field(description="the candidates outside the model's vocabulary")
+    warning: str | None = Field(None, description="when most of the document is unknown to the model")
+    model: ModelOut
+
+
 QUESTIONS = TypeAdapter(list[QuestionIn])
-# The request body of POST /predict as JSON schema: one question, or a non-empty list of them.
-REQUEST_SCHEMA = TypeAdapter(QuestionIn | list[QuestionIn]).json_schema(ref_template="#/components/schemas/{model}")
+_REF = "#/components/schemas/{model}"
 _EXPECTED = {"document": "a string", "query": "a string", "candidates": "a list of strings", "answer": "a string",
              "id": "a string or an integer"}
+
+
+def example(placeholder: str) -> dict[str, Any]:
+    """A question that a model whose queries mark the missing word with ``placeholder`` answers."""
+    return {"id": "q1", "document": "Tara smiled . at dawn , Gina walked to the shop . Rosa played with Hank .",
+            "query": f"one evening , {placeholder} was seen near the shop .",
+            "candidates": ["Gina", "Rosa", "Tara", "Hank"], "answer": "Gina"}
+
+
+def api(placeholder: str) -> ServeApi:
+    """``POST /predict`` as JSON schema for a model whose placeholder is ``placeholder``: the
+    request body (one question, or a non-empty list of them) with examples that model answers,
+    and the answer (a row, or a list of rows)."""
+    one = example(placeholder)
+    request = TypeAdapter(QuestionIn | list[QuestionIn]).json_schema(ref_template=_REF)
+    answer = TypeAdapter(AnswerOut | list[AnswerOut]).json_schema(ref_template=_REF)
+    definitions = {**request.pop("$defs", {}), **answer.pop("$defs", {})}
+    question = definitions["QuestionIn"]
+    query = f"the text, with the one word to fill in written as {placeholder} (this model's placeholder)"
+    question["properties"]["query"]["description"] = query
+    for name, value in one.items():
+        question["properties"][name]["examples"] = [value]
+    question["examples"] = [one]
+    rest = {k: v for k, v in one.items() if k not in ("id", "answer")}
+    examples = {"one question": one,
+                "a list of questions, ids by place": [rest, {**rest, "query": f"{placeholder} smiled ."}],
+                "null id and answer (as none)": {**rest, "id": None, "answer": None}}
+    return ServeApi(request=request, examples=examples, answer=answer, definitions=definitions)
 
 
 def parse(body: bytes, placeholder: str, lowercase: bool, limits: Limits = Limits()) -> tuple[list[Question], bool]:
@@ -117,9 +168,9 @@ def parse(body: bytes, placeholder: str, lowercase: bool, limits: Limits = Limit
         raise RequestError(400, _field_error(err, single)) from None
     questions = []
     for i, item in enumerate(items):
-        where = "" if single else f"[{i}]."
+        where = "" if single else f"[{i + 1}]."        # counted from 1, as the ids are
         _within(item, where, limits)
-        if "id" not in item:
+        if item.get("id") is None:
             item = {**item, "id": str(i + 1)}          # predict numbers them by line
         try:
             question = from_record(item, where[:-1] or "question", placeholder)
@@ -136,12 +187,13 @@ def parse(body: bytes, placeholder: str, lowercase: bool, limits: Limits = Limit
 
 
 def _field_error(err: ValidationError, single: bool) -> str:
-    """The first field pydantic refused, as ``[1].candidates[2]: expected a string, got a number``."""
+    """The first field pydantic refused, as ``[1].candidates[2]: expected a string, got a number``:
+    the second candidate of the first question, counted from 1 as the ids are."""
     errors = err.errors()
     first = errors[0]["loc"][:2]
     error = max((e for e in errors if e["loc"][:2] == first), key=lambda e: (e["type"] == "missing", len(e["loc"])))
     index, rest = error["loc"][0], [part for part in error["loc"][1:] if part in _EXPECTED or isinstance(part, int)]
-    path = ("" if single else f"[{index}]") + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest)
+    path = ("" if single else f"[{index + 1}]") + "".join(f"[{p + 1}]" if isinstance(p, int) else f".{p}" for p in rest)
     path = path.lstrip(".") or ("request" if single else path)
     if error["type"] == "missing":
         return f"{path}: missing (a question needs document, query and candidates)"
@@ -268,4 +320,4 @@ class Answerer:
 
 
 # What the Serve adapter runs of this job: the replicas' loader, the ingress's checks, the API's schema.
-CODE = ServeCode(load=Answerer.load, parse=parse, request_schema=REQUEST_SCHEMA)
+CODE = ServeCode(load=Answerer.load, parse=parse, api=api)

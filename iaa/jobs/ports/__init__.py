@@ -24,7 +24,7 @@ from iaa.jobs.ports.launching import (ConnectRequest, Launcher, MembersRequest, 
                                       WorkerLink, WorkersRequest)
 from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
                                     Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelSource,
-                                    RequestError, RunRecord, ServeConfig, TrialRecord)
+                                    RequestError, RunRecord, ServeApi, ServeConfig, TrialRecord)
 from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
 from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
 
@@ -32,6 +32,6 @@ __all__ = [
     "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES",
     "Answerer", "ConnectRequest", "Launcher", "Limits", "LoadedModel", "MembersRequest", "MetricPoint", "Metrics",
     "MetricsCallback", "ModelCode", "ModelFetcher", "ModelSource", "Placement", "RequestError", "RunRecord", "Scorer",
-    "SearchPlan", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun", "Tracker",
-    "TrialRecord", "TrialRun", "TrialTracking", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
+    "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",
+    "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
 ]

@@ -97,10 +97,16 @@ class SearchPlan:
     preset: TunePreset       # with the request's ASHA settings
     seed: int
     num_samples: int
-    max_t: int               # the most checks a trial can reach
+    max_t: int               # ASHA's max_t: one more than the checks a trial makes (see `checks`)
     study_storage: str | None = None  # where the searcher keeps its study (an Optuna RDB URL); None: in memory
     study_name: str | None = None
     sampler: str = DEFAULT_SAMPLER   # the Optuna sampler that proposes the trials (presets.SAMPLERS)
+
+    @property
+    def checks(self) -> int:
+        """The most validation checks a trial makes: ``max_t`` is one more, so that ASHA never
+        stops a trial that ends by itself."""
+        return self.max_t - 1
 
 
 class SweepEvents(Protocol):

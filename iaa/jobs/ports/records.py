@@ -167,6 +167,18 @@ class ServeConfig:
 
 
 @dataclass(frozen=True)
+class ServeApi:
+    """The served API as JSON schema, for one model (its placeholder word is in the texts and the
+    examples): a request body's schema and named example bodies the model answers, a 200
+    answer's schema, and the definitions their ``$ref`` s point at (OpenAPI's ``components/schemas``)."""
+
+    request: Mapping[str, object]
+    examples: Mapping[str, object]       # name -> a request body (an object or a list of them)
+    answer: Mapping[str, object]
+    definitions: Mapping[str, object]
+
+
+@dataclass(frozen=True)
 class LoadedModel:
     """A model's files on this machine, and its name and version (both strings)."""
 

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from iaa.jobs.ports.records import Limits, LoadedModel
+from iaa.jobs.ports.records import Limits, LoadedModel, ServeApi
 
 if TYPE_CHECKING:
     from iaa.data.raw_text import Question
@@ -18,11 +18,12 @@ class ServeCode:
     reference): ``load(source, threads=, fetch_model=)`` builds a reader replica's warmed-up
     answerer; ``parse(body, placeholder, lowercase, limits)`` checks one request body and returns
     ``(questions, single)`` or raises :class:`RequestError` (the ingress runs it, so a batch only
-    computes); ``request_schema`` is the JSON schema of a request body, for the OpenAPI document."""
+    computes); ``api(placeholder)`` describes the API for a model whose queries mark the word to
+    fill in with ``placeholder`` (``XXXXX``, ``@placeholder``), for the OpenAPI document."""
 
     load: Callable[..., "ServedModel"]
     parse: Callable[[bytes, str, bool, Limits], "tuple[list[Question], bool]"]
-    request_schema: Mapping[str, object]
+    api: Callable[[str], ServeApi]
 
 
 class ServedModel(Protocol):

@@ -68,7 +68,7 @@ def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Track
         search = (f"the {plan.sampler} sampler proposes them" if plan.sampler in UNINFORMED_SAMPLERS
                   else f"the {plan.sampler} sampler learns from {SEARCH_METRIC}")
         print(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; {search}, ASHA stops on "
-              f"{STOP_METRIC} at every check (at most {plan.max_t}; grace "
+              f"{STOP_METRIC} at every check (a trial makes at most {plan.checks} checks; grace "
               f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
               f"MLflow {uri}, experiment {experiment}", file=sys.stderr)
     return sweep, parent

@@ -84,7 +84,7 @@ def _run(req: TuneRequest, s: _Sweep, launcher: Launcher, stop: interrupt.Stop) 
         threads=s.base.train.threads or None, max_concurrent=req.max_concurrent, show_progress=req.show_progress))
     interrupt.rearm()                       # the cluster's start may have taken SIGTERM
     plan = _search_plan(req, s, launch)
-    for note in asha_notes(plan.max_t - 1, s.preset):
+    for note in asha_notes(plan.checks, s.preset):
         print(f"warning: {note}", file=sys.stderr)
     sweep, parent, console = _open_sweep(req, s, launcher, launch, plan)
     stop.on_stop(stops.on_stop(tracker, launcher, sweep["experiment"], s.name, plan))
@@ -148,7 +148,7 @@ def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placeme
     else:
         launcher.claim(s.storage, s.name, s.folder)
         if req.show_progress:
-            console = SweepConsole(_cost(launch, s, plan.max_t - 1), list(s.space.params))
+            console = SweepConsole(_cost(launch, s, plan.checks), list(s.space.params))
         sweep, parent = _start(req, launch, plan, s.tracker)
     return sweep, parent, console
 
@@ -158,4 +158,4 @@ def _resumed_console(launch: Placement, s: _Sweep, plan: SearchPlan, sweep: dict
     print(stops.resumed_line(s.tracker, sweep, s.num_samples) + f" ({launch.experiment_path})", file=sys.stderr)
     finished, _ = stops.standing(s.tracker, sweep["experiment"], s.name, sweep.get("parent_run_id"))
     left = replace(s, num_samples=max(s.num_samples - finished, 1))
-    return SweepConsole(_cost(launch, left, plan.max_t - 1), list(s.space.params))
+    return SweepConsole(_cost(launch, left, plan.checks), list(s.space.params))

@@ -372,7 +372,14 @@ def describe(info: ClusterInfo, trial_plan: TrialPlan) -> str:
     where = "local Ray" if info.address is None else f"Ray at {info.address}"
     if info.dashboard:
         where += f" (dashboard http://{info.dashboard})"
-    mode = "in the trial actor" if trial_plan.in_actor else f"{trial_plan.workers} Train workers"
-    gpu = f", {trial_plan.gpus_per_worker:g} GPU" if trial_plan.gpus_per_worker else ""
-    return (f"{where}: {len(info.nodes)} node(s), {info.cpus:g} CPUs, {info.gpus:g} GPUs; each trial trains {mode} "
-            f"with {trial_plan.threads} thread(s){gpu} per worker; up to {trial_plan.max_concurrent} trial(s) at once")
+    holds = _count(trial_plan.threads, "thread") + (f" and {trial_plan.gpus_per_worker:g} GPU"
+                                                    if trial_plan.gpus_per_worker else "")
+    mode = (f"in the trial actor with {holds}" if trial_plan.in_actor
+            else f"on {_count(trial_plan.workers, 'Train worker')} with {holds} each")
+    return (f"{where}: {_count(len(info.nodes), 'node')}, {info.cpus:g} CPUs, {info.gpus:g} GPUs; each trial trains "
+            f"{mode}; up to {_count(trial_plan.max_concurrent, 'trial')} at once")
+
+
+def _count(n: int, thing: str) -> str:
+    """``1 thread``, ``2 threads``."""
+    return f"{n} {thing}{'' if n == 1 else 's'}"
