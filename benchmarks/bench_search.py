@@ -1,11 +1,11 @@
 """Which search finds the best reader for the least compute: sweeps replayed against the table of
 the reader's own learning curves (``benchmarks/search/curves.parquet``), no training.
 
-    python benchmarks/bench_search.py [--seeds 20] [--trials 96] [--concurrency 2] [--out DIR]
+    python benchmarks/bench_search.py [--seeds 50] [--trials 96] [--concurrency 2] [--out DIR]
 
 Each strategy runs ``--seeds`` sweeps (:mod:`search.replay`): the sampler ``iaa-cli tune``
-builds and the variants it is measured against, each with the demo preset's ASHA schedule
-unless named otherwise, ``--concurrency`` trials at a time. Optuna's ``GPSampler`` refits its
+builds and the variants it is measured against, with the demo preset's ASHA schedule (grace 2,
+keep a half) unless named otherwise, ``--concurrency`` trials at a time. Optuna's ``GPSampler`` refits its
 Gaussian process at every proposal, so its long sweep stops at the largest preset budget (24). For each it reports regret (the
 table's best accuracy minus the best check the sweep has seen, in points) against compute (epochs
 of training) and simulated wall time, as the median and interquartile band over the seeds; the
@@ -32,12 +32,17 @@ sys.path.insert(0, str(HERE / "search"))
 import replay  # noqa: E402
 import table as curves_table  # noqa: E402
 
+DEFAULT = "tpe + asha (grace 1, reduction 3: the cbt and cnn presets)"   # drawn bold
+DRAWN = (DEFAULT, "tpe + asha (grace 2, reduction 2: the demo preset)",
+         "tpe, independent draws + asha (the wrapper before its fix)", "plain optuna tpe (multivariate) + asha",
+         "random + asha (tune --sampler random)", "gp + asha (tune --sampler gp)", "exhaustive grid")
+BANDS = (DEFAULT, "exhaustive grid")           # the others' bands overlap them; search-replay.json has all
 BUDGETS = (4, 16, 24)             # the presets' trial counts: demo, cnn, cbt
 WITHIN = (0.5, 1.0)               # points from the table's best
 
 
 def _samplers() -> dict[str, replay.Strategy]:
-    from optuna.samplers import GPSampler, RandomSampler, TPESampler
+    from optuna.samplers import RandomSampler, TPESampler
 
     from iaa.platform.sweeps import search_algorithm as search
     from iaa.platform.sweeps.distinct_search import DistinctSampler
@@ -51,21 +56,29 @@ def _samplers() -> dict[str, replay.Strategy]:
     def plain(make):
         return lambda space, seed: make(seed)
 
+    def tune_builds(name: str):
+        return lambda space, seed: search.build_sampler(space, seed, name)
+
     return {s.name: s for s in (
-        replay.Strategy("tpe + asha (tune's default)", search.sampler),
+        replay.Strategy("tpe + asha (grace 2, reduction 2: the demo preset)", tune_builds("tpe")),
         replay.Strategy("tpe, independent draws + asha (the wrapper before its fix)",
                         lambda space, seed: IndependentDistinct(TPESampler(seed=seed), search.to_optuna(space),
                                                                 space.size, seed=seed)),
         replay.Strategy("plain optuna tpe (multivariate) + asha", plain(lambda seed: TPESampler(seed=seed))),
-        replay.Strategy("gp + asha", plain(lambda seed: GPSampler(seed=seed)), max_trials=max(BUDGETS)),
-        replay.Strategy("random + asha", plain(lambda seed: RandomSampler(seed=seed))),
-        replay.Strategy("random", plain(lambda seed: RandomSampler(seed=seed)), asha=False),
         replay.Strategy("tpe from the 5th trial + asha",
                         lambda space, seed: DistinctSampler(TPESampler(seed=seed, n_startup_trials=5),
                                                             search.to_optuna(space), space.size, seed=seed)),
-        replay.Strategy("tpe, no asha", search.sampler, asha=False),
-        replay.Strategy("tpe + asha (grace 1, reduction 3)", search.sampler, grace_period=1, reduction_factor=3.0),
-        replay.Strategy("tpe + asha (grace 1, reduction 2)", search.sampler, grace_period=1, reduction_factor=2.0),
+        replay.Strategy(DEFAULT, tune_builds("tpe"), grace_period=1, reduction_factor=3.0),
+        replay.Strategy("tpe + asha (grace 1, reduction 2)", tune_builds("tpe"), grace_period=1, reduction_factor=2.0),
+        replay.Strategy("tpe from the 5th trial + asha (grace 1, reduction 3)",
+                        lambda space, seed: DistinctSampler(TPESampler(seed=seed, n_startup_trials=5),
+                                                            search.to_optuna(space), space.size, seed=seed),
+                        grace_period=1, reduction_factor=3.0),
+        replay.Strategy("tpe, no asha", tune_builds("tpe"), asha=False),
+        replay.Strategy("gp + asha (tune --sampler gp)", tune_builds("gp"), max_trials=max(BUDGETS)),
+        replay.Strategy("random + asha (tune --sampler random)", tune_builds("random")),
+        replay.Strategy("plain optuna random + asha", plain(lambda seed: RandomSampler(seed=seed))),
+        replay.Strategy("plain optuna random", plain(lambda seed: RandomSampler(seed=seed)), asha=False),
         replay.Strategy("exhaustive grid", None, asha=False),
     )}
 
@@ -92,7 +105,7 @@ def _to_within(points: list[tuple[float, float, float]], best: float, within: fl
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", type=Path, default=curves_table.DEFAULT)
-    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--trials", type=int, default=96, help="trials of the long sweep each curve is drawn from")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="strategies whose name starts with one of these")
@@ -151,6 +164,8 @@ def main() -> int:
                "wall_epochs_median": float(np.median(walls)),
                **{f"epochs_to_{w}": float(np.median(within[w])) for w in WITHIN},
                **{f"share_of_grid_to_{w}": float(np.median(within[w])) / grid_compute for w in WITHIN},
+               **{f"seeds_within_{w}_by_quarter_grid": float(np.mean(np.array(within[w]) <= grid_compute / 4))
+                  for w in WITHIN},
                **{f"regret_{b}_trials": float(np.median(budgets[b])) for b in BUDGETS},
                **{f"regret_{b}_trials_q75": float(np.percentile(budgets[b], 75)) for b in BUDGETS},
                **{f"epochs_{b}_trials": float(np.median(budget_compute[b])) for b in BUDGETS},
@@ -176,18 +191,19 @@ def _figure(out: dict[str, Any], path: Path) -> None:
               (axes[1], xs / out["concurrency"], "wall_",
                f"simulated wall time (epochs of one trial slot, {out['concurrency']} slots)"))
     for ax, x, prefix, label in panels:
-        for name, row in out["strategies"].items():
-            line, = ax.plot(x, row[f"{prefix}regret_median"], label=name,
-                            lw=2.2 if name.startswith("tpe + asha (tune") else 1.1)
-            ax.fill_between(x, row[f"{prefix}regret_q25"], row[f"{prefix}regret_q75"], color=line.get_color(),
-                            alpha=0.1)
+        for name in [n for n in DRAWN if n in out["strategies"]]:
+            row = out["strategies"][name]
+            line, = ax.plot(x, row[f"{prefix}regret_median"], label=name, lw=2.6 if name == DEFAULT else 1.2)
+            if name in BANDS:
+                ax.fill_between(x, row[f"{prefix}regret_q25"], row[f"{prefix}regret_q75"], color=line.get_color(),
+                                alpha=0.15)
         ax.axvline(out["grid_epochs"] / (out["concurrency"] if prefix else 1), color="grey", ls=":", lw=1)
         ax.set_xscale("log")
         ax.set_yscale("symlog", linthresh=1.0)
         ax.set_ylim(bottom=0)
         ax.set_xlabel(label)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("regret: points below the table's best (median, IQR band)")
+    axes[0].set_ylabel("regret: points below the table's best (median; IQR band for two)")
     axes[0].legend(fontsize=7.5, loc="lower left")
     fig.suptitle(f"{out['configurations']} configurations, {out['seeds']} seeds, "
                  f"{out['concurrency']} trials at a time")
@@ -198,14 +214,15 @@ def _figure(out: dict[str, Any], path: Path) -> None:
 def _print_tables(out: dict[str, Any]) -> None:
     print(f"\ntable: {out['configurations']} configurations, best {out['best']:.4f}, median configuration "
           f"{out['median_config']:.4f}; the exhaustive grid trains {out['grid_epochs']:.0f} epochs\n")
-    print("| strategy | epochs to within 0.5 pt (share of grid) | to within 1 pt | regret after 4 / 16 / 24 trials "
-          "(median, pts) | epochs of 4 / 16 / 24 trials |")
-    print("|---|---|---|---|---|")
+    print("| strategy | epochs to within 0.5 pt (share of grid) | to within 1 pt | seeds within 0.5 / 1 pt by a "
+          "quarter of the grid | regret after 4 / 16 / 24 trials (median, pts) | epochs of 4 / 16 / 24 trials |")
+    print("|---|---|---|---|---|---|")
     for name, r in out["strategies"].items():
         def share(w: float) -> str:
             e = r[f"epochs_to_{w}"]
             return "never" if not np.isfinite(e) else f"{e:.0f} ({100 * r[f'share_of_grid_to_{w}']:.0f}%)"
-        print(f"| {name} | {share(0.5)} | {share(1.0)} | "
+        print(f"| {name} | {share(0.5)} | {share(1.0)} | {100 * r['seeds_within_0.5_by_quarter_grid']:.0f}% / "
+              f"{100 * r['seeds_within_1.0_by_quarter_grid']:.0f}% | "
               f"{r['regret_4_trials']:.1f} / {r['regret_16_trials']:.1f} / {r['regret_24_trials']:.1f} | "
               f"{r['epochs_4_trials']:.1f} / {r['epochs_16_trials']:.1f} / {r['epochs_24_trials']:.1f} |")
 

@@ -53,7 +53,7 @@ def test_a_ray_tune_sweep_and_the_replay_propose_and_stop_alike(tmp_path: Path) 
     space = parse(sliced.grid, JobConfig())
     preset = replace(TUNE_PRESETS["demo"])
     checks = len(next(iter(sliced.curves.values())))
-    expected = replay.replay(sliced, space, replay.Strategy("tune", search.sampler), SEED, preset, TRIALS, 1)
+    expected = replay.replay(sliced, space, replay.Strategy("tune", search.build_sampler), SEED, preset, TRIALS, 1)
     assert expected.stops, "the slice must make ASHA stop some trials, or the test shows nothing"
 
     def lookup(config: dict[str, Any], curves: dict[tuple, list[dict[str, Any]]], grid: list[str]) -> None:
