@@ -75,6 +75,7 @@ def test_members_are_named_by_ensemble_and_seed_with_the_seed_and_data_as_column
     from iaa.jobs.config.job_config import to_dict
     from iaa.jobs.datasets import resolve
     from iaa.jobs.evaluation.predictor import MODEL_CODE
+    from iaa.platform.sweeps import driver_side
     from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec
     from iaa.platform.sweeps.trial_runs import TrialRuns
 
@@ -82,10 +83,12 @@ def test_members_are_named_by_ensemble_and_seed_with_the_seed_and_data_as_column
     configs = [resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, f"train.seed={s}")) for s in (7, 8)]
     spec = TrialSpec(name="ensemble-ens-1", fit=None, storage_path=str(tmp_path), workers=1, threads=1,
                      members=tuple(to_dict(c) for c in configs))
-    runs = TrialRuns(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, sweep="ensemble-ens-1",
-                     dataset="cbt-ne", spec=spec, data_dir=tiny, member_names=("ens-seed-7", "ens-seed-8"))
-    for i in range(2):
-        runs.on_trial_start(0, [], _Trial(f"abc_0000{i}", {MEMBER_KEY: i}))
+    runs = TrialRuns("ensemble-ens-1")
+    side = driver_side.DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne",
+                                  spec=spec, data_dir=tiny, member_names=("ens-seed-7", "ens-seed-8"))
+    with driver_side.bound("ensemble-ens-1", side):
+        for i in range(2):
+            runs.on_trial_start(0, [], _Trial(f"abc_0000{i}", {MEMBER_KEY: i}))
     client = MlflowClient(tracker.uri)
     found = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("tune-cbt-ne").experiment_id])}
     assert sorted(found) == ["ens-seed-7", "ens-seed-8"]
@@ -103,19 +106,22 @@ def test_a_sweeps_trials_are_numbered_in_the_order_they_started(tmp_path: Path, 
     from iaa.jobs.config.job_config import to_dict
     from iaa.jobs.datasets import resolve
     from iaa.platform import mlflow_model
+    from iaa.platform.sweeps import driver_side
     from iaa.platform.sweeps.trial import TrialSpec
     from iaa.platform.sweeps.trial_runs import TrialRuns
 
     tracker = _tracker(tmp_path)
     base = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.seed=3"))
     spec = TrialSpec(name="demo-iaa-aaa", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(base))
-    runs = TrialRuns(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, sweep="demo-iaa-aaa",
-                     dataset="cbt-ne", spec=spec, data_dir=tiny)
-    for trial_id, lr in (("4f231ee7", 1e-3), ("0b7c9a12", 2e-3)):       # a searcher's ids carry no number
-        runs.on_trial_start(0, [], _Trial(trial_id, {"train.lr": lr}))
+    runs = TrialRuns("demo-iaa-aaa")
+    side = driver_side.DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne",
+                                  spec=spec, data_dir=tiny)
+    with driver_side.bound("demo-iaa-aaa", side):
+        for trial_id, lr in (("4f231ee7", 1e-3), ("0b7c9a12", 2e-3)):       # a searcher's ids carry no number
+            runs.on_trial_start(0, [], _Trial(trial_id, {"train.lr": lr}))
     client = MlflowClient(tracker.uri)
     for trial_id, number in (("4f231ee7", "0000"), ("0b7c9a12", "0001")):
-        run = client.get_run(runs.run_ids[trial_id])
+        run = client.get_run(side.run_ids[trial_id])
         assert run.data.tags["trial_number"] == number and run.data.tags["seed"] == "3"
         assert mlflow_model.logged_name(client, run) == f"demo-iaa-aaa-trial-{number}"
         assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
@@ -186,13 +192,13 @@ def test_train_many_gives_the_members_runs_their_names_and_data(monkeypatch: pyt
 
     asked: dict = {}
 
-    def runs(**kwargs: Any) -> None:
+    def side(**kwargs: Any) -> None:
         asked.update(kwargs)
         raise RuntimeError("planned")   # stop before Ray
 
     monkeypatch.setattr(launch, "connect", lambda *a: SimpleNamespace(plan=SimpleNamespace(max_concurrent=1)))
     monkeypatch.setattr(launch, "trial_spec", lambda *a, **k: None)
-    monkeypatch.setattr(launch, "TrialRuns", runs)
+    monkeypatch.setattr(launch.driver_side, "DriverSide", side)
     configs = (JobConfig(train=TrainConfig(seed=7)), JobConfig(train=TrainConfig(seed=8)))
     trials = TrialTracking(tracker=FakeTracker(), experiment="x", parent_run_id=None, sweep="e-1", dataset="demo",
                            member_names=("e-seed-7", "e-seed-8"))

@@ -21,8 +21,10 @@ fills), so optuna-dashboard, Tune's folders and MLflow's runs name the same tria
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import random
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -42,12 +44,13 @@ from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC
 from iaa.platform.cluster.owner import owner
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.orphans import OWNER_ATTR
-from iaa.platform.sweeps.space_filling import stratified_config
+from iaa.platform.sweeps.space_filling import points, stratified_config
 from iaa.platform.sweeps.study_store import study_storage, study_writes
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
 CYCLE = 3          # inner proposing one taken configuration this often: the rest of the draws are random
+MAX_ENUMERATED = 100_000   # a finite space up to this size: a random draw picks among its untried configurations
 
 
 class DistinctSampler(BaseSampler):
@@ -85,7 +88,7 @@ class DistinctSampler(BaseSampler):
         proposed: Counter[str] = Counter()     # the taken configurations inner proposed, and how often
         for _ in range(MAX_REDRAWS):
             stuck = max(proposed.values(), default=0) >= CYCLE   # inner cycles among taken ones
-            config = (self._at_random(study, trial, search_space) if stuck
+            config = (self._at_random(study, trial, search_space, taken) if stuck
                       else self._propose(study, trial, search_space, joint))
             key = _key(config)
             if exhausted or key not in taken:
@@ -93,8 +96,16 @@ class DistinctSampler(BaseSampler):
             proposed[key] += 1
         return config
 
-    def _at_random(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        """A configuration drawn at random (seeded by ``seed``), for an ``inner`` that repeats itself."""
+    def _at_random(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution],
+                   taken: set[str]) -> dict[str, Any]:
+        """A configuration drawn at random (seeded by ``seed``), for an ``inner`` that repeats itself:
+        in a finite space, one of the untried configurations; in a range, any."""
+        values = [points(dist) for dist in search_space.values()]
+        if self.size is not None and self.size <= MAX_ENUMERATED and all(v is not None for v in values):
+            untried = [config for combo in itertools.product(*values)
+                       if _key(config := dict(zip(search_space, combo))) not in taken]
+            if untried:
+                return random.Random(f"{self.seed}:{trial.number}").choice(untried)
         if getattr(self, "_random", None) is None:      # absent from a sampler saved by an earlier version
             self._random = RandomSampler(seed=self.seed)
         return {name: self._random.sample_independent(study, trial, name, dist) for name, dist in search_space.items()}

@@ -22,7 +22,7 @@ RANGE_STRATA = 4       # strata of a continuous (or large integer) range in the 
 MAX_POINTS = 8         # an integer or stepped range with at most this many points is walked point by point
 
 
-def _points(dist: BaseDistribution) -> list[Any] | None:
+def points(dist: BaseDistribution) -> list[Any] | None:
     """The values of a finite distribution in order; None for a continuous or large range."""
     if isinstance(dist, CategoricalDistribution):
         return list(dist.choices)
@@ -40,7 +40,7 @@ def _points(dist: BaseDistribution) -> list[Any] | None:
 def startup_trials(space: Mapping[str, BaseDistribution]) -> int:
     """How many trials the design spans: the most values any parameter has (a range counts
     :data:`RANGE_STRATA`); 0 for an empty space."""
-    sizes = [len(p) if (p := _points(d)) is not None else RANGE_STRATA for d in space.values()]
+    sizes = [len(p) if (p := points(d)) is not None else RANGE_STRATA for d in space.values()]
     return max(sizes, default=0)
 
 
@@ -52,12 +52,12 @@ def stratified_config(space: Mapping[str, BaseDistribution], seed: int, number: 
     config: dict[str, Any] = {}
     for name, dist in space.items():
         rng = random.Random(f"{seed}:{name}")            # str seeds are hashed deterministically
-        points = _points(dist)
-        order = list(range(len(points) if points is not None else k))
+        values = points(dist)
+        order = list(range(len(values) if values is not None else k))
         rng.shuffle(order)
         slot = order[number % len(order)]
-        if points is not None:
-            config[name] = points[slot]
+        if values is not None:
+            config[name] = values[slot]
         else:
             u = (slot + random.Random(f"{seed}:{name}:{number}").random()) / k   # within stratum ``slot``
             config[name] = _in_range(dist, u)
