@@ -3,8 +3,9 @@
 A store write stopped halfway (a ``KeyboardInterrupt`` raised inside SQLite's transaction) leaves
 its database locked by this very process, and the marks that a stop makes next (the run KILLED)
 then wait on that lock until they fail. :func:`held` lets the block finish: a handler that
-consults :func:`holding` records the signal instead of raising, and the block's end sends it again,
-so the stop happens right after the write. Plain Python signals; nothing here knows a store.
+consults :func:`holding` records the signal instead of raising, and the block's end calls the
+handler again (not the signal: a second one would count as the user's), so the stop happens right
+after the write. Plain Python signals; nothing here knows a store.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def hold(signum: int) -> None:
 
 @contextmanager
 def held() -> Iterator[None]:
-    """Run the block whole; a signal kept meanwhile (:func:`hold`) is raised again at its end."""
+    """Run the block whole; a signal kept meanwhile (:func:`hold`) is handled at its end."""
     global _depth
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -44,4 +45,6 @@ def held() -> Iterator[None]:
         if _depth == 0 and _pending:
             signum = _pending.pop(0)
             _pending.clear()
-            signal.raise_signal(signum)
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                handler(signum, None)

@@ -269,3 +269,29 @@ def test_a_first_signal_inside_a_held_block_stops_right_after_it_not_halfway() -
                 steps.append("write finished")
             steps.append("after the write")
     assert steps == ["write finished"]
+
+
+def test_a_first_signal_raised_inside_a_garbage_collection_callback_still_stops_the_block(tmp_path: Path) -> None:
+    proc = _second_signal("""
+        import os, signal, time, weakref
+        from iaa.jobs import interrupt
+
+        class Collected:
+            pass
+
+        def gced(ref):                     # as SQLAlchemy's weakref callbacks, whose exceptions are dropped
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100000):        # the handler runs here, inside the callback
+                pass
+
+        with interrupt.stoppable("iaa-cli tune --resume s") as stop:
+            stop.on_stop(lambda name: open(MARKS, "a").write(name + "\\n"))
+            collected = Collected()
+            ref = weakref.ref(collected, gced)
+            del collected
+            time.sleep(15)
+        print("not reached")
+    """, tmp_path)
+    assert proc.returncode == 1 and "interrupted by SIGINT" in proc.stderr, proc.stderr   # Interrupted, uncaught
+    assert "Exception ignored" not in proc.stderr and "not reached" not in proc.stdout
+    assert (tmp_path / "marks.txt").read_text().splitlines() == ["SIGINT"]

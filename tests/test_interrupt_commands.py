@@ -35,11 +35,13 @@ def _env() -> dict[str, str]:
 
 
 def _stop_when(argv: list[str], log: Path, ready, signum: int, *, group: bool = False,
-               again: bool = False, started: list[int] | None = None) -> tuple[int, float, str]:
+               again: bool = False, started: list[int] | None = None, gap_s: float = 0.0,
+               before=None) -> tuple[int, float, str]:
     """Start ``argv``, send ``signum`` once ``ready(output)`` holds; (exit status, seconds to exit, output).
 
     ``group``: the command runs in a process group of its own (its id: the command's pid), and the
-    signal goes to the whole group, as a terminal's Ctrl-C does; ``again``: a second one follows."""
+    signal goes to the whole group, as a terminal's Ctrl-C does; ``again``: a second one follows,
+    ``gap_s`` later; ``before()`` runs just before the first."""
     with log.open("w") as out:
         proc = subprocess.Popen(argv, cwd=log.parent, env=_env(), stdout=out, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=group)
@@ -52,8 +54,11 @@ def _stop_when(argv: list[str], log: Path, ready, signum: int, *, group: bool = 
                 assert time.monotonic() < deadline, "never got ready"
                 time.sleep(0.2)
             send = (lambda: os.killpg(proc.pid, signum)) if group else (lambda: proc.send_signal(signum))
+            if before is not None:
+                before()
             send()
             if again:
+                time.sleep(gap_s)
                 send()
             sent = time.monotonic()
             try:
@@ -214,3 +219,107 @@ def _left_in_group(pgid: int, within_s: float = 1.5) -> list[str]:
     while _group(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
     return _group(pgid)
+
+
+SECOND_SIGNAL_WITHIN_S = 10.0     # the promise is 2 s; the bound leaves room for a shared machine
+
+
+def _one_line(out: str, name: str) -> str:
+    [line] = [line[line.index("interrupted by"):] for line in out.splitlines() if "interrupted by" in line]
+    assert line.startswith(f"interrupted by {name}: "), line
+    assert "Traceback" not in out and "Exception ignored" not in out, out[-3000:]
+    return line
+
+
+def _stopped_twice(argv: list[str], log: Path, ready, signum: int, before=None,
+                   started: list[int] | None = None) -> tuple[int, float, str, list[str]]:
+    """Two ``signum`` to the command's process group 0.3 s apart once ``ready(output)``; (exit
+    status, seconds from the second to the exit, output, processes of the group left); the
+    command's pid goes to ``started``."""
+    started = [] if started is None else started
+    try:
+        code, took, out = _stop_when(argv, log, ready, signum, group=True, again=True, gap_s=0.3,
+                                     started=started, before=before)
+        return code, took, out, _left_in_group(started[0])
+    finally:
+        if started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(started[0], signal.SIGKILL)
+
+
+def test_tune_stopped_by_two_sigterms_while_trials_run_exits_within_seconds(tmp_path: Path) -> None:
+    tiny, space, work = make_tiny_prepared(tmp_path / "tiny"), write_space(tmp_path), tmp_path / "work"
+    argv = _cli("tune", "--data", str(tiny), "--num-samples", "2", "--max-epochs", "50", "--search-space", str(space),
+                *SETS, "--workdir", str(work), "--name", "two")
+    code, took, out, left = _stopped_twice(argv, tmp_path / "tune.log", lambda text: " check 1 " in text,
+                                           signal.SIGTERM)
+
+    assert code == 128 + signal.SIGTERM and took < SECOND_SIGNAL_WITHIN_S, (code, took, out[-3000:])
+    assert left == [], left
+    assert f"resume with: iaa-cli tune --resume two --workdir {work}" in _one_line(out, "SIGTERM")
+    assert "Failed to connect to GCS" not in out
+
+
+def _ray_started(root: int) -> bool:
+    """Whether the command ``root`` has started Ray's processes (its GCS server)."""
+    from _processes import process_tree
+
+    for pid in process_tree(root) - {root}:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"gcs_server" in f.read():
+                return True
+    return False
+
+
+def test_tune_stopped_twice_while_ray_starts_exits_within_seconds(tmp_path: Path) -> None:
+    tiny, space, work = make_tiny_prepared(tmp_path / "tiny"), write_space(tmp_path), tmp_path / "work"
+    argv = _cli("tune", "--data", str(tiny), "--num-samples", "1", "--max-epochs", "1", "--search-space", str(space),
+                *SETS, "--workdir", str(work), "--name", "early")
+    started: list[int] = []
+    code, took, out, left = _stopped_twice(argv, tmp_path / "tune.log", lambda text: _ray_started(started[0]),
+                                           signal.SIGINT, started=started)
+
+    assert code == 130 and took < SECOND_SIGNAL_WITHIN_S, (code, took, out[-3000:])
+    assert left == [], left
+    _one_line(out, "SIGINT")
+
+
+LOCK_THE_STORE = """
+import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_train_stopped_twice_while_another_process_locks_the_store(tmp_path: Path) -> None:
+    tiny, work, run_dir = make_tiny_prepared(tmp_path / "tiny"), tmp_path / "work", tmp_path / "run"
+    argv = _cli("train", "--data", str(tiny), *SETS, "--set", "train.max_epochs=200", "--set", "train.patience=100000",
+                "--run-dir", str(run_dir), "--workdir", str(work))
+    last = run_dir / "checkpoints" / "last.pt"
+    locker: list[subprocess.Popen] = []
+
+    def lock() -> None:          # another process holds the store's write lock from here on
+        locker.append(subprocess.Popen([sys.executable, "-c", LOCK_THE_STORE, str(work / "mlflow.db")],
+                                       stdout=subprocess.PIPE, text=True))
+        assert locker[0].stdout.readline().strip() == "locked"
+        time.sleep(1.0)          # the command's next write waits on the lock
+
+    try:
+        code, took, out, left = _stopped_twice(argv, tmp_path / "train.log", lambda text: last.is_file(),
+                                               signal.SIGINT, before=lock)
+    finally:
+        for proc in locker:
+            proc.kill()
+            proc.wait()
+
+    assert code == 130 and took < SECOND_SIGNAL_WITHIN_S, (code, took, out[-3000:])
+    assert left == [], left
+    line = _one_line(out, "SIGINT")
+    assert "the next command in this work folder marks them" in line and "resume with: " in line
+
+    from iaa.platform.tracking.connection import open_store
+
+    open_store(f"sqlite:///{work / 'mlflow.db'}")            # the next command to open the folder
+    assert _running_runs(work) == []

@@ -8,14 +8,19 @@ marks, newest first, and raises :class:`Interrupted` again carrying the one line
 prints (what was kept and the exact command that resumes).
 
 A second signal ends the process within :data:`MARKS_WITHIN_S` (exit status 128 + the signal's
-number): the marks run once more in a thread of their own while the handler returns at once, since
-the main thread, paused where the signal found it, may hold what they need (a tracking store's
-write transaction), and the processes this one started (a local Ray's) end with it
-(:func:`end_process`). Plain Python signals and /proc: nothing here knows a cluster or a store.
+number) wherever the main thread is: a thread of this module counts the signals as they arrive
+(:class:`_Watch`), so neither a main thread waiting in C (on a store another process has locked)
+nor a callback that drops exceptions (a garbage collection's) can delay it. The marks run once more
+in a thread of their own, since the main thread may hold what they need (a tracking store's write
+transaction); what they cannot mark by then, the next command that opens the work folder marks, and
+the line says so. The processes this one started (a local Ray's) end with it (:func:`end_process`).
+A first signal's exception dropped by such a callback is raised again (:func:`_unraisable`).
+Plain Python signals and /proc: nothing here knows a cluster or a store.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import sys
@@ -24,7 +29,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from iaa import signals
 
@@ -57,6 +62,10 @@ class Stop:
     kept: Callable[[], str] = lambda: ""
     signal_name: str | None = None       # the signal that stopped the command, once one did
     ending: bool = False                 # a second signal came: the process is ending
+    caught: bool = False                 # the stop's exception reached the block's end: marking
+    handler: Callable[[int, FrameType | None], None] | None = None   # the block's signal handler
+    wakeup_fd: int = -1                  # the pipe that counts the signals (:class:`_Watch`)
+    redelivered: int = 0                 # signals raised again by this process, not sent
     _marks: list[Callable[[str], None]] = field(default_factory=list)
 
     def on_stop(self, mark: Callable[[str], None]) -> None:
@@ -71,7 +80,12 @@ class Stop:
             except Exception as err:  # noqa: BLE001 - a stop must still mark the rest
                 print(f"warning: on {signal_name}: {type(err).__name__}: {err}", file=sys.stderr)
 
-    def line(self, signal_name: str) -> str:
+    def line(self, signal_name: str, marked: bool = True) -> str:
+        """The one line; ``marked=False``: the marks did not finish (another process holds the
+        store), and the next command that opens the work folder marks what they left RUNNING."""
+        if not marked:
+            return (f"interrupted by {signal_name}: ended before its runs and trials were marked (the next "
+                    f"command in this work folder marks them KILLED and FAIL); resume with: {self.resume}")
         try:
             kept = self.kept()
         except Exception:  # noqa: BLE001 - the line must be said even when the store fails
@@ -104,31 +118,125 @@ def stoppable(resume: str, kept: Callable[[], str] = lambda: "") -> Iterator[Sto
         return
 
     def first(signum: int, frame: FrameType | None) -> None:
+        if stop.caught or stop.ending:      # a second signal is the watch's: it ends the process
+            return
+        name = stop.signal_name = stop.signal_name or _name(signum)
         if signals.holding():               # inside a store write: stop right after it, not halfway
             signals.hold(signum)
             return
-        name = stop.signal_name = _name(signum)
-        arm(lambda signum, frame: _exit_now(stop, name, signum))    # the next one ends the process
         raise Interrupted(name)
 
     before = {s: signal.getsignal(s) for s in SIGNALS}
+    stop.handler = first
     arm(first)
+    watch = _Watch(stop)
     _ACTIVE.append(stop)
+    hook = sys.unraisablehook
+    sys.unraisablehook = _unraisable(hook)
     try:
         yield stop
-    except KeyboardInterrupt as err:
-        name = stop.signal_name or getattr(err, "signal_name", "SIGINT")
-        if not stop.ending:
-            arm(lambda signum, frame: _exit_now(stop, name, signum))
+    except (KeyboardInterrupt, SystemExit) as err:
+        if isinstance(err, SystemExit) and err.code != signal.SIGTERM:
+            raise                            # a plain exit, not a library's SIGTERM handler (Ray's)
+        stop.caught = True
+        name = stop.signal_name or getattr(err, "signal_name", "SIGTERM" if isinstance(err, SystemExit) else "SIGINT")
         stop.mark(name)
+        watch.drain()                    # a second signal sent by now is counted
         while stop.ending:               # the ending thread says the line and ends the process
             time.sleep(0.05)
         raise Interrupted(name, err.message if isinstance(err, Interrupted) and err.message
                           else stop.line(name)) from None
     finally:
         _ACTIVE.remove(stop)
+        sys.unraisablehook = hook
+        watch.close()
         for s, handler in before.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+_DRAIN = 255          # not a signal's number: :meth:`_Watch.drain`'s mark in the pipe
+
+
+class _Watch:
+    """Counts SIGINT and SIGTERM as they arrive, in a thread of its own, and ends the process on
+    the second (:func:`_end`).
+
+    Python runs a signal's handler in the main thread, and only between two bytecodes of it: not
+    while it waits in C (SQLite's busy wait on a store another process has locked), and from a
+    garbage-collection callback whose exceptions are printed and dropped. The signal's number is
+    written to a pipe at once, whatever the main thread does (``signal.set_wakeup_fd``)."""
+
+    def __init__(self, stop: Stop) -> None:
+        self.stop = stop
+        self.drained = threading.Event()
+        self.read, self.write = os.pipe()
+        os.set_blocking(self.write, False)
+        self.previous = signal.set_wakeup_fd(self.write, warn_on_full_buffer=False)
+        stop.wakeup_fd = self.write
+        self.thread = threading.Thread(target=self._count, name="iaa-signals", daemon=True)
+        self.thread.start()
+
+    def _count(self) -> None:
+        seen = 0
+        while True:
+            try:
+                data = os.read(self.read, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum == 0:                   # :meth:`close`
+                    return
+                if signum == _DRAIN:
+                    self.drained.set()
+                    continue
+                if signum not in SIGNALS:
+                    continue
+                if self.stop.redelivered > 0:     # an exception raised again (:func:`_unraisable`)
+                    self.stop.redelivered -= 1
+                    continue
+                seen += 1
+                if seen >= 2:
+                    _end(self.stop, signum)
+
+    def drain(self) -> None:
+        """Wait until the signals that arrived so far are counted (the pipe keeps their order)."""
+        try:
+            os.write(self.write, bytes([_DRAIN]))
+        except OSError:
+            return
+        self.drained.wait(1.0)
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self.previous, warn_on_full_buffer=False)
+        try:
+            os.write(self.write, b"\0")
+        except OSError:
+            pass
+        self.thread.join(1.0)
+        for fd in (self.read, self.write):
+            os.close(fd)
+
+
+def _unraisable(previous: Callable[..., None]) -> Callable[..., None]:
+    """A hook for exceptions that a callback could not pass on (a weakref's, a ``__del__``): a
+    signal's (:class:`Interrupted`, or the ``SystemExit`` of a library's SIGTERM handler) is raised
+    again in the main thread, where it propagates, and not printed."""
+    def hook(unraisable: Any) -> None:
+        stop = _ACTIVE[-1] if _ACTIVE else None
+        if stop is None or stop.caught or stop.ending or \
+                not isinstance(unraisable.exc_value, (KeyboardInterrupt, SystemExit)):
+            previous(unraisable)
+            return
+        name = stop.signal_name or ("SIGTERM" if isinstance(unraisable.exc_value, SystemExit) else "SIGINT")
+        stop.signal_name = name
+        if stop.handler is not None:
+            arm(stop.handler)
+        stop.redelivered += 1
+        # from another thread, a moment later: called here, the handler would raise inside this hook
+        threading.Timer(0.01, _thread.interrupt_main, args=(int(getattr(signal, name)),)).start()
+    return hook
 
 
 def arm(handler: Callable[[int, FrameType | None], None]) -> None:
@@ -139,28 +247,43 @@ def arm(handler: Callable[[int, FrameType | None], None]) -> None:
 
 def rearm() -> None:
     """Take SIGINT and SIGTERM back for the current :func:`stoppable` block after a library set
-    its own handlers (Ray's ``init`` sets one for SIGTERM)."""
+    its own handlers (Ray's ``init`` sets one for SIGTERM), and the pipe that counts them."""
+    if _ACTIVE and _ACTIVE[-1].handler is not None:
+        arm(_ACTIVE[-1].handler)
+        if _ACTIVE[-1].wakeup_fd >= 0:
+            signal.set_wakeup_fd(_ACTIVE[-1].wakeup_fd, warn_on_full_buffer=False)
+        return
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
         signal.signal(signal.SIGTERM, handler)
 
 
-def _exit_now(stop: Stop, first: str, signum: int) -> None:
+_ENDING = threading.Lock()
+
+
+def _end(stop: Stop, signum: int) -> None:
     """A second signal: the marks run again, the line is said and the process ends, all in a
-    thread, within :data:`MARKS_WITHIN_S`; the handler returns at once, so that the main thread
-    can let go of what the marks may need. A third signal ends the process at once."""
-    stop.ending = True
-    arm(lambda signum, frame: end_process(128 + signum))
-    threading.Thread(target=_mark_and_end, args=(stop, first, 128 + signum), name="iaa-stop", daemon=True).start()
+    thread, within :data:`MARKS_WITHIN_S`, wherever the main thread is. A third signal ends the
+    process at once."""
+    with _ENDING:
+        if stop.ending:
+            end_process(128 + signum)
+        stop.ending = True
+    name = stop.signal_name or _name(signum)
+    threading.Thread(target=_mark_and_end, args=(stop, name, 128 + signum), name="iaa-stop", daemon=True).start()
 
 
 def _mark_and_end(stop: Stop, first: str, code: int) -> None:
-    marking = threading.Thread(target=stop.mark, args=(first,), name="iaa-marks", daemon=True)
+    lines: list[str] = []
+
+    def mark() -> None:
+        stop.mark(first)
+        lines.append(stop.line(first))
+
+    marking = threading.Thread(target=mark, name="iaa-marks", daemon=True)
     marking.start()
     marking.join(MARKS_WITHIN_S)
-    if marking.is_alive():
-        print(f"warning: on {first}: the marks did not finish within {MARKS_WITHIN_S:g} s", file=sys.stderr)
-    say(stop.line(first))
+    say(lines[0] if lines else stop.line(first, marked=False))
     end_process(code)
 
 
