@@ -30,7 +30,8 @@ class DriverSide:
     dataset: str
     spec: TrialSpec                         # what the trials share: storage, data folder, base config
     data_dir: Path | None = None            # the prepared data each child run logs as its dataset
-    member_names: tuple[str, ...] = ()      # an ensemble's member run names, by member
+    member_names: tuple[str, ...] = ()      # an ensemble's member names (``ENSEMBLE-seed-7``), by member
+    sweep: str = ""                         # the sweep's name, as the trials' runs are tagged; "": the Tune run's
     console: SweepEvents | None = None
     study_storage: str | None = None        # the Optuna storage URL (None: the study lives in memory)
     study_name: str | None = None

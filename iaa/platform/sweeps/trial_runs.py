@@ -10,6 +10,7 @@ a run: records come from the results and the store.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any, Mapping, Sequence
 
@@ -17,7 +18,7 @@ import ray.tune as tune
 
 from iaa.errors import brief
 from iaa.jobs.config.job_config import config_label, to_dict
-from iaa.jobs.ports import CHECKPOINT_FILE, SweepEvents, TrackedRun, Tracker
+from iaa.jobs.ports import CHECKPOINT_FILE, TUNE_RUN_TAG, SweepEvents, TrackedRun, Tracker
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
 
@@ -37,9 +38,13 @@ def trial_tags(sweep: str, trial_id: str) -> dict[str, str]:
 
 def run_name(sweep: str, trial_id: str, config: Mapping[str, Any], member_names: Sequence[str] = ()) -> str:
     """A sweep trial's run is named by its searched values (``lr=4e-3 T=2 h=64``); an ensemble
-    member (``{"member": i}``) by ``member_names[i]`` (``ENSEMBLE-seed-7``), else by its group and trial."""
+    member (``{"member": i}``) by the seed part of ``member_names[i]`` (``ENSEMBLE-seed-7`` ->
+    ``seed-7``, ``ENSEMBLE-config1-seed-7`` -> ``config1-seed-7``): its run nests under the
+    ensemble's, which names it, so its own name is short and differs from its siblings' at once."""
     if config and MEMBER_KEY in config and int(config[MEMBER_KEY]) < len(member_names):
-        return member_names[int(config[MEMBER_KEY])]
+        name = member_names[int(config[MEMBER_KEY])]
+        seed = re.search(r"(config\d+-)?seed-\d+$", name)
+        return seed.group(0) if seed else name
     if not config or MEMBER_KEY in config:
         return f"{sweep}-{trial_id}"
     return config_label(config)
@@ -111,7 +116,8 @@ class TrialRuns(tune.Callback):
             cfg = job_config(side.spec, trial.config)
             names = side.member_names
             run = side.tracker.start_run(side.experiment, run_name(self.sweep, trial.trial_id, trial.config, names),
-                                         tags={**trial_tags(self.sweep, trial.trial_id), "dataset": side.dataset,
+                                         tags={**trial_tags(side.sweep or self.sweep, trial.trial_id),
+                                               TUNE_RUN_TAG: self.sweep, "dataset": side.dataset,
                                                "model": cfg.model.kind,
                                                **identity_tags(cfg, trial.config, len(side.run_ids), names)},
                                          parent_run_id=side.parent_run_id)
@@ -126,7 +132,7 @@ class TrialRuns(tune.Callback):
 
     def _find(self, trial_id: str) -> str | None:
         side = self.side
-        runs = [r for r in side.tracker.find_runs(side.experiment, trial_tags(self.sweep, trial_id))
+        runs = [r for r in side.tracker.find_runs(side.experiment, trial_tags(side.sweep or self.sweep, trial_id))
                 if r.parent_run_id == side.parent_run_id]
         return runs[0].run_id if runs else None
 
