@@ -129,6 +129,40 @@ def test_a_sweeps_trials_are_numbered_in_the_order_they_started(tmp_path: Path, 
         assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
 
 
+def test_a_trial_has_one_name_in_its_run_its_model_and_on_the_console(tmp_path: Path, tiny: Path) -> None:
+    from iaa.jobs.config.job_config import to_dict
+    from iaa.jobs.datasets import resolve
+    from iaa.platform import mlflow_model
+    from iaa.platform.sweeps.trial import TrialSpec
+    from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns
+
+    class Heard:
+        def __init__(self) -> None:
+            self.ids: list[str] = []
+
+        def trial_started(self, trial_id: str, params: Any) -> None:
+            self.ids.append(trial_id)
+
+        def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None:
+            self.ids.append(trial_id)
+
+    tracker, heard = _tracker(tmp_path), Heard()
+    base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
+    spec = TrialSpec(name="demo-iaa-aaa", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(base))
+    side = DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne", spec=spec,
+                      data_dir=tiny, console=heard)
+    side.numbers["b902c4da"] = 3                   # the searcher asked Optuna, whose trial 3 this is
+    trial = _Trial("b902c4da", {"train.lr": 4e-3}, {"stop_reason": "max_epochs"})
+    with bound("demo-iaa-aaa", side):
+        for callback in (TrialRuns("demo-iaa-aaa"), ConsoleCallback("demo-iaa-aaa")):
+            callback.on_trial_start(0, [], trial)
+        ConsoleCallback("demo-iaa-aaa").on_trial_complete(0, [], trial)
+    run = MlflowClient(tracker.uri).get_run(side.run_ids["b902c4da"])
+    assert run.info.run_name.split()[0] == "trial-0003" and run.data.tags["trial_number"] == "0003"
+    assert mlflow_model.logged_name(MlflowClient(tracker.uri), run).endswith("-trial-0003")
+    assert heard.ids == ["trial-0003", "trial-0003"]
+
+
 def test_the_sweeps_runs_view_shows_the_seed() -> None:
     from iaa.jobs.config.job_config import JobConfig
     from iaa.jobs.config.search_space import parse
