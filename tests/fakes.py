@@ -20,8 +20,8 @@ from typing import ContextManager, Iterator, Mapping, Sequence
 import torch
 
 from iaa.errors import IaaError
-from iaa.jobs.ports import (CHECKPOINT_FILE, ConnectRequest, MembersRequest, MetricPoint, Metrics, ModelCode,
-                            Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
+from iaa.jobs.ports import (CHECKPOINT_FILE, TUNE_RUN_TAG, ConnectRequest, MembersRequest, MetricPoint, Metrics,
+                            ModelCode, Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
                             WorkerData, WorkerFit, WorkersRequest)
 from iaa.jobs.config.search_space import Param, SearchSpace
 from iaa.jobs.config.job_config import JobConfig, apply
@@ -273,7 +273,8 @@ class FakeLauncher:
         out = []
         for i, values in enumerate(sample(plan.space, plan.num_samples, plan.seed)):
             cfg = apply(plan.base, {**plan.space.fixed, **values})
-            out.append(self._trial(f"trial{i:05d}", cfg, values, request.placement.prepared, request.trials))
+            out.append(self._trial(f"trial{i:05d}", cfg, values, request.placement.prepared, request.trials,
+                                   request.placement.name))
         return out
 
     def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int:
@@ -286,8 +287,8 @@ class FakeLauncher:
     def train_many(self, request: MembersRequest) -> list[TrialRecord]:
         self.requests.append(request)
         members = replace(request.trials, console=None)    # this fake leaves the members' console silent
-        return [self._trial(f"member{i:05d}", cfg, {"member": i}, request.connection.prepared, members)
-                for i, cfg in enumerate(request.configs)]
+        return [self._trial(f"member{i:05d}", cfg, {"member": i}, request.connection.prepared, members,
+                            request.connection.name) for i, cfg in enumerate(request.configs)]
 
     def train_workers(self, request: WorkersRequest) -> Metrics:
         self.requests.append(request)
@@ -297,11 +298,11 @@ class FakeLauncher:
         return {**result, "checkpoint": str(folder.best), "run_dir": str(folder.path), "workers": request.workers}
 
     def _trial(self, trial_id: str, cfg: JobConfig, params: Mapping[str, object], prepared: Path,
-               trials: TrialRun) -> TrialRecord:
+               trials: TrialRun, tune_run: str) -> TrialRecord:
         tracking, fit, downloads, console = trials.tracking, trials.fit, trials.downloads, trials.console
         tracker = tracking.tracker
         run = tracker.start_run(tracking.experiment, f"{tracking.sweep}-{trial_id}",
-                                tags={"sweep": tracking.sweep, "trial_id": trial_id},
+                                tags={"sweep": tracking.sweep, "trial_id": trial_id, TUNE_RUN_TAG: tune_run},
                                 parent_run_id=tracking.parent_run_id)
         if console is not None:
             console.trial_started(trial_id, params)

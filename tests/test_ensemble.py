@@ -240,3 +240,16 @@ def test_run_rejects_mismatch_on_test_split(tmp_path: Path) -> None:
     with pytest.raises(ensemble.MismatchError, match=r"test: member B .*lacks example 't1'"):
         ensemble.run([{"valid": valid[0], "test": test_a}, {"valid": valid[1], "test": test_b}], ["A", "B"],
                      tmp_path / "out")
+
+
+def test_the_ensemble_runs_figures_carry_no_float_noise_and_boo_once() -> None:
+    from iaa.jobs.ensemble import ensemble_run
+
+    result = {"valid_acc": 0.75, "test_acc": None, "mean_member_valid_acc": 0.9622999999999999,
+              "mean_member_test_acc": None, "mean_selected_valid_acc": 0.9622999999999999,
+              "mean_selected_test_acc": None, "boo_n": 5, "boo_valid": 0.30000000000000004, "boo_test": None}
+    metrics = ensemble_run.metrics(result)
+    assert metrics["mean_member_valid_acc"] == 0.9623 and metrics["boo_n_valid"] == 0.3
+    assert metrics["best_valid_acc"] == 0.75
+    assert sorted(k for k in metrics if k.startswith("boo")) == ["boo_n", "boo_n_valid"]
+    assert ensemble_run.params({"p": 1 / 3, "seeds": 5}) == {"p": 0.3333, "seeds": 5}

@@ -70,8 +70,12 @@ def test_ensemble_of_two_seeds_via_cli(env: Path, monkeypatch: pytest.MonkeyPatc
 
     run = MlflowClient(out["tracking_uri"]).get_run(out["mlflow_run_id"])
     assert run.data.metrics["valid_acc"] == pytest.approx(out["valid_acc"])
-    assert run.data.tags["member.1.checkpoint"] == checkpoints[1]
-    assert run.data.tags["member.0.run_id"]   # found through the training run's checkpoint tag
+    import json
+
+    client = MlflowClient(out["tracking_uri"])
+    rows = json.loads(Path(client.download_artifacts(run.info.run_id, "members.json", str(env))).read_text())
+    assert Path(rows[1]["checkpoint"]) == Path(checkpoints[1]).resolve()
+    assert rows[0]["run_id"]   # found through the training run's checkpoint tag
     import mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", out["tracking_uri"])

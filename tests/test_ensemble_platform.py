@@ -85,7 +85,8 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, lau
     fake_tune = launcher.calls
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "demo-iaa"
-    members = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "demo-iaa", launcher)
+    members = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "demo-iaa", launcher,
+                                     run_id="ensemble-run")
 
     assert [(m.config.train.lr, m.config.train.seed) for m in members] == [
         (2e-3, 0), (2e-3, 1), (2e-3, 2), (3e-3, 0), (3e-3, 1), (3e-3, 2)]
@@ -94,7 +95,9 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, lau
     assert len(fake_tune) == 1
     call = fake_tune[0]
     assert [(c.train.lr, c.train.seed) for c in call.configs] == [(2e-3, 2), (3e-3, 1), (3e-3, 2)]
-    assert call.trials.tracking.parent_run_id == "parent-123" and call.trials.tracking.experiment == "tune-demo"
+    # the members nest under the ensemble's run, tagged with the sweep's name (not the Tune run's)
+    assert call.trials.tracking.parent_run_id == "ensemble-run" and call.trials.tracking.experiment == "tune-demo"
+    assert call.trials.tracking.sweep == "demo-iaa"
     assert call.connection.name.startswith("ensemble-demo-iaa-")   # never the sweep's own name: its folder stays intact
     assert call.trials.downloads == out_dir / "checkpoints"   # the members it trains land in the ensemble's folder
     # each member's run is named by the ensemble and its seed, and logs the data

@@ -76,7 +76,9 @@ def test_the_study_names_its_objective_and_links_each_trial(tmp_path: Path) -> N
     (trial,) = study.trials
     from iaa.platform.cluster.owner import owner
 
-    assert trial.user_attrs == {"tune_trial_id": "abc_00000", "mlflow_run_id": "run-1", "iaa.owner": owner()}
+    # the trial's one name, as its run's name begins and the console says it
+    assert trial.user_attrs == {"tune_trial_id": "abc_00000", "mlflow_run_id": "run-1", "iaa.owner": owner(),
+                                "trial_name": "trial-0000"}
 
 
 def test_the_report_figures_use_visible_colours_and_trial_labels(tmp_path: Path) -> None:

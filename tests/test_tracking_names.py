@@ -4,6 +4,7 @@ a distilled student in ``distill-ENSEMBLE``, and every run's data in the Dataset
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from _tiny import TINY_SETS, make_tiny_prepared
 from fakes import FakeLauncher
+from iaa.platform.sweeps.driver_side import DriverSide, bound
 from iaa.jobs.workdir.paths import Workdir
 
 pytestmark = pytest.mark.timeout(300)
@@ -75,7 +77,6 @@ def test_members_are_named_by_ensemble_and_seed_with_the_seed_and_data_as_column
     from iaa.jobs.config.job_config import to_dict
     from iaa.jobs.datasets import resolve
     from iaa.jobs.evaluation.predictor import MODEL_CODE
-    from iaa.platform.sweeps import driver_side
     from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec
     from iaa.platform.sweeps.trial_runs import TrialRuns
 
@@ -83,22 +84,24 @@ def test_members_are_named_by_ensemble_and_seed_with_the_seed_and_data_as_column
     configs = [resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, f"train.seed={s}")) for s in (7, 8)]
     spec = TrialSpec(name="ensemble-ens-1", fit=None, storage_path=str(tmp_path), workers=1, threads=1,
                      members=tuple(to_dict(c) for c in configs))
-    runs = TrialRuns("ensemble-ens-1")
-    side = driver_side.DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne",
-                                  spec=spec, data_dir=tiny, member_names=("ens-seed-7", "ens-seed-8"))
-    with driver_side.bound("ensemble-ens-1", side):
+    side = DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne", spec=spec,
+                      data_dir=tiny, member_names=("ens-seed-7", "ens-seed-8"), sweep="demo-iaa-aaa")
+    with bound("ensemble-ens-1", side):
+        runs = TrialRuns("ensemble-ens-1")
         for i in range(2):
             runs.on_trial_start(0, [], _Trial(f"abc_0000{i}", {MEMBER_KEY: i}))
     client = MlflowClient(tracker.uri)
     found = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("tune-cbt-ne").experiment_id])}
-    assert sorted(found) == ["ens-seed-7", "ens-seed-8"]
+    assert sorted(found) == ["seed-7", "seed-8"]        # short under the ensemble's run, and distinct at once
     for seed in (7, 8):
-        run = found[f"ens-seed-{seed}"]
+        run = found[f"seed-{seed}"]
         assert run.data.params["train.seed"] == str(seed) and run.data.tags["seed"] == str(seed)
+        # filtering on the sweep's name finds them; the Tune run that trained them is a tag of its own
+        assert run.data.tags["sweep"] == "demo-iaa-aaa" and run.data.tags["tune_run"] == "ensemble-ens-1"
         assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
-    member = tracker.attach(found["ens-seed-7"].info.run_id)
+    member = tracker.attach(found["seed-7"].info.run_id)
     tracker.log_model(member, [checkpoint], tiny, code=MODEL_CODE)
-    (model,) = client.search_logged_models([found["ens-seed-7"].info.experiment_id])
+    (model,) = client.search_logged_models([found["seed-7"].info.experiment_id])
     assert model.name == "ens-seed-7" and model.tags["seed"] == "7"
 
 
@@ -106,17 +109,16 @@ def test_a_sweeps_trials_are_numbered_in_the_order_they_started(tmp_path: Path, 
     from iaa.jobs.config.job_config import to_dict
     from iaa.jobs.datasets import resolve
     from iaa.platform import mlflow_model
-    from iaa.platform.sweeps import driver_side
     from iaa.platform.sweeps.trial import TrialSpec
     from iaa.platform.sweeps.trial_runs import TrialRuns
 
     tracker = _tracker(tmp_path)
     base = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.seed=3"))
     spec = TrialSpec(name="demo-iaa-aaa", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(base))
-    runs = TrialRuns("demo-iaa-aaa")
-    side = driver_side.DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne",
-                                  spec=spec, data_dir=tiny)
-    with driver_side.bound("demo-iaa-aaa", side):
+    side = DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne", spec=spec,
+                      data_dir=tiny)
+    with bound("demo-iaa-aaa", side):
+        runs = TrialRuns("demo-iaa-aaa")
         for trial_id, lr in (("4f231ee7", 1e-3), ("0b7c9a12", 2e-3)):       # a searcher's ids carry no number
             runs.on_trial_start(0, [], _Trial(trial_id, {"train.lr": lr}))
     client = MlflowClient(tracker.uri)
@@ -125,6 +127,40 @@ def test_a_sweeps_trials_are_numbered_in_the_order_they_started(tmp_path: Path, 
         assert run.data.tags["trial_number"] == number and run.data.tags["seed"] == "3"
         assert mlflow_model.logged_name(client, run) == f"demo-iaa-aaa-trial-{number}"
         assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
+
+
+def test_a_trial_has_one_name_in_its_run_its_model_and_on_the_console(tmp_path: Path, tiny: Path) -> None:
+    from iaa.jobs.config.job_config import to_dict
+    from iaa.jobs.datasets import resolve
+    from iaa.platform import mlflow_model
+    from iaa.platform.sweeps.trial import TrialSpec
+    from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns
+
+    class Heard:
+        def __init__(self) -> None:
+            self.ids: list[str] = []
+
+        def trial_started(self, trial_id: str, params: Any) -> None:
+            self.ids.append(trial_id)
+
+        def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None:
+            self.ids.append(trial_id)
+
+    tracker, heard = _tracker(tmp_path), Heard()
+    base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
+    spec = TrialSpec(name="demo-iaa-aaa", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(base))
+    side = DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne", spec=spec,
+                      data_dir=tiny, console=heard)
+    side.numbers["b902c4da"] = 3                   # the searcher asked Optuna, whose trial 3 this is
+    trial = _Trial("b902c4da", {"train.lr": 4e-3}, {"stop_reason": "max_epochs"})
+    with bound("demo-iaa-aaa", side):
+        for callback in (TrialRuns("demo-iaa-aaa"), ConsoleCallback("demo-iaa-aaa")):
+            callback.on_trial_start(0, [], trial)
+        ConsoleCallback("demo-iaa-aaa").on_trial_complete(0, [], trial)
+    run = MlflowClient(tracker.uri).get_run(side.run_ids["b902c4da"])
+    assert run.info.run_name.split()[0] == "trial-0003" and run.data.tags["trial_number"] == "0003"
+    assert mlflow_model.logged_name(MlflowClient(tracker.uri), run).endswith("-trial-0003")
+    assert heard.ids == ["trial-0003", "trial-0003"]
 
 
 def test_the_sweeps_runs_view_shows_the_seed() -> None:
@@ -146,10 +182,33 @@ def test_the_ensemble_of_a_sweep_nests_under_the_sweeps_run_with_its_data(tmp_pa
                                       workdir=work, name="one", show_progress=False), lambda uri: tracker, launcher)
     result = ensemble.run(ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
                                                    show_progress=False), tracker, launcher)
-    run = MlflowClient(tracker.uri).get_run(result["mlflow_run_id"])
+    client = MlflowClient(tracker.uri)
+    run = client.get_run(result["mlflow_run_id"])
     assert run.data.tags["mlflow.parentRunId"] == swept["parent_run_id"]
     assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
     assert _datasets(tracker.uri, swept["parent_run_id"]) == ["cbt-ne"]
+
+    # The members it trained nest under the ensemble's run, not beside the trials, and carry the sweep's name.
+    every = client.search_runs([run.info.experiment_id])
+    children = {r.info.run_id: r for r in every if r.data.tags.get("mlflow.parentRunId") == run.info.run_id}
+    trained = [r for r in every if r.data.tags.get("trial_id", "").startswith("member")]
+    assert trained and {r.info.run_id for r in trained} <= set(children)
+    assert {r.data.tags["sweep"] for r in trained} == {"one"}
+    # The sweep's parent counts its trials and its ensembles apart; its children are exactly those.
+    parent = client.get_run(swept["parent_run_id"])
+    assert parent.data.tags["trials"] == "1" and parent.data.tags["ensembles"] == "1"
+    under_sweep = [r for r in every if r.data.tags.get("mlflow.parentRunId") == swept["parent_run_id"]]
+    assert sorted(r.data.tags.get("kind", "trial") for r in under_sweep) == ["ensemble", "trial"]
+    # The run lasts as long as the job: it started before the members it trained.
+    assert run.info.start_time <= min(r.info.start_time for r in trained)
+    # Its page: best_valid_acc (the column a sweep is sorted by), Boo(n) once, the members in one artifact.
+    assert run.data.metrics["best_valid_acc"] == pytest.approx(result["valid_acc"])
+    assert not any(k.startswith("member.") for k in run.data.tags)
+    assert not [k for k in run.data.metrics if k.startswith("boo_") and k not in ("boo_n", "boo_n_valid", "boo_n_test")]
+    rows = json.loads(Path(client.download_artifacts(run.info.run_id, "members.json", str(tmp_path))).read_text())
+    assert len({r["seed"] for r in rows}) == 2
+    assert {r["run_id"] for r in rows} >= {r.info.run_id for r in trained}
+    assert [r["selected"] for r in rows] == [True, True]
 
 
 def test_a_distilled_student_is_tracked_in_its_ensembles_experiment(tmp_path: Path, tiny: Path,
@@ -192,18 +251,19 @@ def test_train_many_gives_the_members_runs_their_names_and_data(monkeypatch: pyt
 
     asked: dict = {}
 
-    def side(**kwargs: Any) -> None:
+    def runs(**kwargs: Any) -> None:
         asked.update(kwargs)
         raise RuntimeError("planned")   # stop before Ray
 
     monkeypatch.setattr(launch, "connect", lambda *a: SimpleNamespace(plan=SimpleNamespace(max_concurrent=1)))
     monkeypatch.setattr(launch, "trial_spec", lambda *a, **k: None)
-    monkeypatch.setattr(launch.driver_side, "DriverSide", side)
+    monkeypatch.setattr(launch.driver_side, "DriverSide", runs)
     configs = (JobConfig(train=TrainConfig(seed=7)), JobConfig(train=TrainConfig(seed=8)))
-    trials = TrialTracking(tracker=FakeTracker(), experiment="x", parent_run_id=None, sweep="e-1", dataset="demo",
+    trials = TrialTracking(tracker=FakeTracker(), experiment="x", parent_run_id=None, sweep="demo", dataset="demo",
                            member_names=("e-seed-7", "e-seed-8"))
     connection = ConnectRequest(name="e-1", prepared=tmp_path / "data", storage=str(tmp_path / "ray"), num_trials=2)
     with pytest.raises(RuntimeError, match="planned"):
         launch.RayLauncher().train_many(MembersRequest(
             configs=configs, connection=connection, trials=TrialRun(fit=print, tracking=trials, downloads=tmp_path / "d")))
     assert asked["member_names"] == ("e-seed-7", "e-seed-8") and asked["data_dir"] == tmp_path / "data"
+    assert asked["sweep"] == "demo"          # the runs are tagged with the sweep's name, not the Tune run's

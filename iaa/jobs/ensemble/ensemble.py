@@ -12,7 +12,8 @@ Members come from one of two places:
 
 Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.evaluation.averaging`
 does the alignment, averaging and selection. Everything lands in ``WORKDIR/ensembles/NAME/``,
-and one MLflow run records it (tagged ``sweep_parent_run_id`` with the sweep's parent run).
+and one MLflow run, open for the whole job, records it (:mod:`iaa.jobs.ensemble.ensemble_run`; the
+members it trains nest under it, and it under the sweep's parent run).
 ``ensemble.json`` names every member with the sha256 of the file taken when the ensemble first
 read it (``member_sha256``); paths inside the work folder are stored relative to it
 (:mod:`iaa.jobs.evaluation.ensemble_record`), so the folder means the same wherever it is used or
@@ -34,7 +35,7 @@ from typing import Any, Sequence
 from iaa.data.shards import file_sha256
 from iaa.errors import IaaError
 from iaa.jobs import interrupt
-from iaa.jobs.ensemble import scoring
+from iaa.jobs.ensemble import ensemble_run, scoring
 from iaa.jobs.evaluation import averaging, ensemble_record, uncertainty
 from iaa.jobs.evaluation.closing import q, where_flags
 from iaa.jobs.ensemble import members as ledger
@@ -45,8 +46,8 @@ from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.cost import SweepCost
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.ensemble.members import Member
-from iaa.jobs.ports import MEMBER_KEY, ConnectRequest, Launcher, MembersRequest, Tracker, TrialRun, TrialTracking
-from iaa.jobs.evaluation.predictor import MODEL_CODE, SUMMARY
+from iaa.jobs.ports import MEMBER_KEY, TUNE_RUN_TAG, ConnectRequest, Launcher, MembersRequest, Tracker, TrialRun, TrialTracking
+from iaa.jobs.evaluation.predictor import SUMMARY
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
 
@@ -126,8 +127,9 @@ def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
 
 
 def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, out_dir: Path, tracker: Tracker,
-                  name: str, launcher: Launcher | None) -> list[Member]:
-    """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials."""
+                  name: str, launcher: Launcher | None, run_id: str | None = None) -> list[Member]:
+    """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials,
+    whose runs nest under the ensemble's run ``run_id`` and carry the sweep's name."""
     trials = sweep["trials"]
     workdir = Workdir(req.workdir)
     found = ledger.reusable(workdir.root, workdir.sweep(sweep["name"]), trials)
@@ -144,7 +146,7 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
               f"member{'' if len(to_train) == 1 else 's'} on Ray", file=sys.stderr)
         run_name = sweep_file.unique_name(f"ensemble-{name}")
         trials_to = TrialTracking(tracker=tracker, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
-                                  parent_run_id=sweep.get("parent_run_id"), sweep=run_name, dataset=to_train[0].dataset,
+                                  parent_run_id=run_id, sweep=sweep["name"], dataset=to_train[0].dataset,
                                   data_dir=prepared, member_names=member_names(name, to_train, req.top_configs, labels))
         console = member_console(to_train, labels, prepared, req) if req.show_progress else None
         started = time.monotonic()
@@ -166,8 +168,9 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
 
 
 def _end_members(tracker: Tracker, experiment: str, group: str, signal_name: str) -> None:
-    """A stop while members train: their runs still RUNNING end KILLED, tagged ``interrupted``."""
-    for found in tracker.find_runs(experiment, {"sweep": group}, status="RUNNING"):
+    """A stop while members train: their runs still RUNNING (tagged with their Tune run, ``group``)
+    end KILLED, tagged ``interrupted``."""
+    for found in tracker.find_runs(experiment, {TUNE_RUN_TAG: group}, status="RUNNING"):
         run = tracker.attach(found.run_id)
         run.set_tags({"interrupted": signal_name})
         run.end("KILLED")
@@ -245,42 +248,6 @@ def evaluate_members(members: Sequence[Member], prepared: Path, out_dir: Path, s
     return files
 
 
-def _track(tracker: Tracker, experiment: str, name: str, req: EnsembleRequest, sweep: dict[str, Any] | None,
-           dataset: str, members: Sequence[Member], result: dict[str, Any], out_dir: Path,
-           prepared: Path) -> tuple[str, str | None]:
-    """The ensemble's tracked run: params, metrics, artifacts, its data, and its model (the
-    selected members, averaged). Returns (run id, model URI)."""
-    tags: dict[str, Any] = {"kind": "ensemble", "dataset": dataset, "select": req.select,
-                            "ensemble_dir": str(out_dir)}
-    if sweep is not None:
-        tags.update({"sweep": sweep.get("name", ""), "sweep_parent_run_id": sweep.get("parent_run_id") or ""})
-    chosen = set(result["selected"])
-    for i, member in enumerate(members):
-        tags.update({f"member.{i}.run_id": member.mlflow_run_id or "", f"member.{i}.checkpoint": str(member.checkpoint),
-                     f"member.{i}.selected": str(i in chosen).lower(), f"member.{i}.source": member.source})
-    parent = (sweep or {}).get("parent_run_id") or None      # the ensemble nests under its sweep's run
-    with tracker.run(experiment, f"ensemble-{name}", tags=tags, parent_run_id=parent) as run:
-        run.log_params({"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
-                        "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(chosen)})
-        run.log_metrics({k: result[k] for k in ("valid_acc", "test_acc", "mean_member_valid_acc",
-                                                 "mean_member_test_acc", "mean_selected_valid_acc",
-                                                 "mean_selected_test_acc") if result[k] is not None})
-        run.log_metrics({"boo_n": result["boo_n"], f"boo_{result['boo_n']}_valid": result["boo_valid"],
-                         "boo_n_valid": result["boo_valid"],
-                         **({f"boo_{result['boo_n']}_test": result["boo_test"], "boo_n_test": result["boo_test"]}
-                            if result["boo_test"] is not None else {})})
-        for i, acc in enumerate(result["member_valid_acc"]):
-            run.log_metrics({"member_valid_acc": acc, **({"member_test_acc": result["member_test_acc"][i]}
-                                                         if result["member_test_acc"] is not None else {})}, step=i)
-        for artifact in ("predictions", "table_path"):
-            run.log_artifact(Path(result[artifact]))
-        run.log_artifact(out_dir / SUMMARY)
-        run.log_dataset(prepared, context="eval")
-        model_uri = tracker.log_model(run, [Path(m) for m in result["members"]], prepared, req.register, code=MODEL_CODE)
-        ledger.check_unchanged(members, name)           # the logged model copied the members read first
-    return run.run_id, model_uri
-
-
 def _check_free(out_dir: Path, name: str, overwrite: bool) -> None:
     """Refuse to replace a finished ensemble (one with ``ensemble.json``) unless ``overwrite``.
 
@@ -312,6 +279,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> d
     workdir, uri = req.workdir, tracker.uri
 
     sweep: dict[str, Any] | None = None
+    given: list[Member] = []
     if req.sweep is not None:
         sweep = read_sweep(workdir, req.sweep)
         if req.dataset is None and req.data is None and sweep.get("data_dir"):
@@ -321,31 +289,42 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> d
         name = req.name or sweep["name"]
         out_dir = Workdir(workdir).ensemble(name)
         _check_free(out_dir, name, req.overwrite)
-        members = sweep_members(req, sweep, prepared, out_dir, tracker, name, launcher)
         experiment = sweep.get("experiment") or f"ensemble-{dataset}"
     else:
-        members, dataset, prepared, name, out_dir = _given_ensemble(req, tracker)
+        given, dataset, prepared, name, out_dir = _given_ensemble(req, tracker)
         experiment = f"ensemble-{dataset}"
 
-    members = [ledger.first_read(m) for m in members]
-    sizes = scoring.split_sizes(prepared)
-    if req.show_progress:
-        print(scoring.cost_line(len(members), sizes, name), file=sys.stderr)
+    # The run opens now: it lasts as long as the job, and the members trained nest under it,
+    # as the ensemble nests under its sweep's run.
+    parent = (sweep or {}).get("parent_run_id") or None
+    with tracker.run(experiment, f"ensemble-{name}", tags=ensemble_run.run_tags(dataset, req.select, out_dir, sweep),
+                     parent_run_id=parent) as run:
+        members = (sweep_members(req, sweep, prepared, out_dir, tracker, name, launcher, run_id=run.run_id)
+                   if sweep is not None else given)
+        members = [ledger.first_read(m) for m in members]
+        sizes = scoring.split_sizes(prepared)
+        if req.show_progress:
+            print(scoring.cost_line(len(members), sizes, name), file=sys.stderr)
 
-    files = evaluate_members(members, prepared, out_dir, req.show_progress)
-    labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
-    result = averaging.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
-                              p=req.p, labels=labels)
-    table = result.pop("table")
-    ledger.check_unchanged(members, name)
-    summary = {**result, "name": name, "dataset": dataset, "data_dir": str(prepared), "ensemble_dir": str(out_dir),
-               "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
-               "sweep": req.sweep, "tracking_uri": uri,
-               "member_sha256": {str(m.checkpoint): m.sha256 for m in members}}
-    summary.update(scoring.accuracy_keys(summary, sizes))
-    ensemble_record.write(out_dir, summary)
-    summary["mlflow_run_id"], summary["model_uri"] = _track(tracker, experiment, name, req, sweep, dataset, members,
-                                                            result, out_dir, prepared)
+        files = evaluate_members(members, prepared, out_dir, req.show_progress)
+        labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
+        result = averaging.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
+                               p=req.p, labels=labels)
+        table = result.pop("table")
+        ledger.check_unchanged(members, name)
+        summary = {**result, "name": name, "dataset": dataset, "data_dir": str(prepared), "ensemble_dir": str(out_dir),
+                   "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
+                   "sweep": req.sweep, "tracking_uri": uri, "mlflow_run_id": run.run_id,
+                   "member_sha256": {str(m.checkpoint): m.sha256 for m in members}}
+        summary.update(scoring.accuracy_keys(summary, sizes))
+        ensemble_record.write(out_dir, summary)
+        settings = {"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
+                    "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(result["selected"])}
+        summary["model_uri"] = ensemble_run.record(run, tracker, settings, members, result, out_dir, prepared,
+                                                   req.register)
+        ledger.check_unchanged(members, name)           # the logged model copied the members read first
+    if sweep is not None:
+        ensemble_run.count_on_sweep(tracker, experiment, sweep)
     ensemble_record.write(out_dir, summary)
     print(table, file=sys.stderr)
     print(describe(summary, req), file=sys.stderr)

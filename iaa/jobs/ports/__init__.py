@@ -24,12 +24,12 @@ from iaa.jobs.ports.launching import (ConnectRequest, Launcher, MembersRequest, 
                                       WorkerLink, WorkersRequest)
 from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
                                     Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelSource,
-                                    RequestError, RunRecord, ServeApi, ServeConfig, TrialRecord)
+                                    RequestError, RunRecord, ServeApi, ServeConfig, TrialRecord, TUNE_RUN_TAG)
 from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
 from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
 
 __all__ = [
-    "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES",
+    "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES", "TUNE_RUN_TAG",
     "Answerer", "ConnectRequest", "Launcher", "Limits", "LoadedModel", "MembersRequest", "MetricPoint", "Metrics",
     "MetricsCallback", "ModelCode", "ModelFetcher", "ModelSource", "Placement", "RequestError", "RunRecord", "Scorer",
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",

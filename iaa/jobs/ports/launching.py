@@ -82,7 +82,7 @@ class TrialTracking:
     tracker: Tracker
     experiment: str
     parent_run_id: str | None
-    sweep: str
+    sweep: str                           # the sweep's name, as its runs are tagged (``sweep``)
     dataset: str
     data_dir: Path | None = None
     member_names: tuple[str, ...] = ()   # train_many: the run name of member i (``ENSEMBLE-seed-7``)

@@ -91,6 +91,7 @@ CHECKPOINT_SCORE = "checkpoint_score"
 
 
 MEMBER_KEY = "member"      # train_many: each trial's Tune config is {"member": index into its configs}
+TUNE_RUN_TAG = "tune_run"  # a trial's run: the Tune run that trained it (an ensemble's members: ensemble-NAME-<id>)
 
 
 # --- serving --------------------------------------------------------------------------------------

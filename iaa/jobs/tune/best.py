@@ -123,7 +123,8 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
     parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
     view = tracker.show_columns(sweep["experiment"], run_columns(space))
     link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
-    parent.set_tags({"best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
+    parent.set_tags({"trials": str(len(records)),    # its child runs are these and its ensembles (``ensembles``)
+                     "best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
                      "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,
                      "mlflow.note.content": f"Best trial: [{label}]{link}, best valid_acc {best.best_valid_acc:.4f} "
                                             f"(trial {best.trial_id}, run {best.mlflow_run_id}); its config is "

@@ -37,7 +37,7 @@ def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Pl
 def run_columns(space: search_space.SearchSpace) -> list[str]:
     """The runs table's columns: the accuracies, the searched params (what each trial tried;
     the parent's best config is its ``best.*`` params and its note) and the seed (an ensemble's
-    members, nested under the sweep too, differ by it)."""
+    members, nested under its run, differ by it)."""
     seed = [] if "train.seed" in space.params else ["params.train.seed"]
     return ["metrics.best_valid_acc", "metrics.valid_acc", *[f"params.{k}" for k in space.params], *seed]
 

@@ -195,7 +195,10 @@ class StudySearch(Searcher):
         trial = self.study.ask(fixed_distributions=self.space)
         trial.set_user_attr("tune_trial_id", trial_id)
         trial.set_user_attr(OWNER_ATTR, owner())        # who runs it: a later command fails it once that is gone
+        trial.set_user_attr("trial_name", driver_side.trial_name(trial.number))
         self.numbers[trial_id], self._live[trial_id] = trial.number, trial
+        if self.sweep is not None and driver_side.is_bound(self.sweep):
+            driver_side.of(self.sweep).numbers[trial_id] = trial.number   # the trial's run takes this number too
         return dict(trial.params)
 
     def _trial(self, trial_id: str) -> optuna.Trial | None:

@@ -30,11 +30,19 @@ class DriverSide:
     dataset: str
     spec: TrialSpec                         # what the trials share: storage, data folder, base config
     data_dir: Path | None = None            # the prepared data each child run logs as its dataset
-    member_names: tuple[str, ...] = ()      # an ensemble's member run names, by member
+    member_names: tuple[str, ...] = ()      # an ensemble's member names (``ENSEMBLE-seed-7``), by member
+    sweep: str = ""                         # the sweep's name, as the trials' runs are tagged; "": the Tune run's
     console: SweepEvents | None = None
     study_storage: str | None = None        # the Optuna storage URL (None: the study lives in memory)
     study_name: str | None = None
     run_ids: dict[str, str] = field(default_factory=dict)   # Tune trial id -> MLflow run id, filled as runs open
+    numbers: dict[str, int] = field(default_factory=dict)   # Tune trial id -> its number in the study, as asked
+    names: dict[str, str] = field(default_factory=dict)     # Tune trial id -> its one name (``trial-0003``, ``seed-7``)
+
+
+def trial_name(number: int) -> str:
+    """A sweep trial's one name, on the console, in Optuna, in its run's name and its model's: ``trial-0003``."""
+    return f"trial-{number:04d}"
 
 
 _BOUND: dict[str, DriverSide] = {}

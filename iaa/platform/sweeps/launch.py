@@ -313,14 +313,15 @@ class RayLauncher:
         side = driver_side.DriverSide(tracker=trials.tracker, experiment=trials.experiment,
                                       parent_run_id=trials.parent_run_id, dataset=configs[0].dataset, spec=spec,
                                       data_dir=trials.data_dir or placing.prepared,
-                                      member_names=tuple(trials.member_names), console=run.console)
+                                      member_names=tuple(trials.member_names), console=run.console,
+                                      sweep=trials.sweep)
         fn, _ = trainable(launch, spec)
         grid = {MEMBER_KEY: tune.grid_search(list(range(len(configs))))}
         callbacks = [TrialRuns(launch.name), ConsoleCallback(launch.name)]
         with driver_side.bound(launch.name, side):
             results, statuses = run_tuner(launch, tuner(launch, fn, callbacks, show_progress=run.verbose,
                                                         param_space=grid), quiet=not run.verbose)
-        run_ids, tagged = child_runs(trials.tracker, trials.experiment, placing.name, trials.parent_run_id)
+        run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
         found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=run.downloads)
         by_member = {int(r.params[MEMBER_KEY]): r for r in found}
         return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR")

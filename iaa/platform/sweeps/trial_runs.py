@@ -10,6 +10,7 @@ a run: records come from the results and the store.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any, Mapping, Sequence
 
@@ -17,7 +18,7 @@ import ray.tune as tune
 
 from iaa.errors import brief
 from iaa.jobs.config.job_config import config_label, to_dict
-from iaa.jobs.ports import CHECKPOINT_FILE, SweepEvents, TrackedRun, Tracker
+from iaa.jobs.ports import CHECKPOINT_FILE, TUNE_RUN_TAG, SweepEvents, TrackedRun, Tracker
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
 
@@ -37,17 +38,30 @@ def trial_tags(sweep: str, trial_id: str) -> dict[str, str]:
 
 def run_name(sweep: str, trial_id: str, config: Mapping[str, Any], member_names: Sequence[str] = ()) -> str:
     """A sweep trial's run is named by its searched values (``lr=4e-3 T=2 h=64``); an ensemble
-    member (``{"member": i}``) by ``member_names[i]`` (``ENSEMBLE-seed-7``), else by its group and trial."""
+    member (``{"member": i}``) by the seed part of ``member_names[i]`` (``ENSEMBLE-seed-7`` ->
+    ``seed-7``, ``ENSEMBLE-config1-seed-7`` -> ``config1-seed-7``): its run nests under the
+    ensemble's, which names it, so its own name is short and differs from its siblings' at once."""
     if config and MEMBER_KEY in config and int(config[MEMBER_KEY]) < len(member_names):
-        return member_names[int(config[MEMBER_KEY])]
+        name = member_names[int(config[MEMBER_KEY])]
+        seed = re.search(r"(config\d+-)?seed-\d+$", name)
+        return seed.group(0) if seed else name
     if not config or MEMBER_KEY in config:
         return f"{sweep}-{trial_id}"
     return config_label(config)
 
 
+def trial_run_name(name: str, sweep: str, trial_id: str, config: Mapping[str, Any],
+                   member_names: Sequence[str] = ()) -> str:
+    """A sweep trial's run name begins with its one name (``trial-0003 lr=4e-3 T=2 h=64``); a
+    member's is its seed part (see :func:`run_name`)."""
+    label = run_name(sweep, trial_id, config, member_names)
+    return label if (config and MEMBER_KEY in config) else f"{name} {label}"
+
+
 def identity_tags(cfg: Any, config: Mapping[str, Any], number: int, member_names: Sequence[str] = ()) -> dict[str, str]:
     """What names a trial's run at a glance: its ``seed`` (a runs-view column beside ``train.seed``);
-    for a sweep's trial its ``trial_number`` (``0003``: the fourth trial the sweep started), and
+    for a sweep's trial its ``trial_number`` (``0003``: its number in the sweep's Optuna study, else
+    the fourth trial the sweep started; its one name is ``trial-0003``), and
     for an ensemble member its ``member`` name; its logged model is named by these."""
     tags = {"seed": str(cfg.train.seed)}
     if config and MEMBER_KEY in config:
@@ -107,13 +121,17 @@ class TrialRuns(tune.Callback):
             return self._runs[trial.trial_id]
         side = self.side
         run_id = side.run_ids.get(trial.trial_id) or self._find(trial.trial_id)
+        number = side.numbers.get(trial.trial_id, len(side.run_ids))   # the study's number, else the start order
         if run_id is None:
             cfg = job_config(side.spec, trial.config)
             names = side.member_names
-            run = side.tracker.start_run(side.experiment, run_name(self.sweep, trial.trial_id, trial.config, names),
-                                         tags={**trial_tags(self.sweep, trial.trial_id), "dataset": side.dataset,
+            name = driver_side.trial_name(number)
+            run = side.tracker.start_run(side.experiment,
+                                         trial_run_name(name, self.sweep, trial.trial_id, trial.config, names),
+                                         tags={**trial_tags(side.sweep or self.sweep, trial.trial_id),
+                                               TUNE_RUN_TAG: self.sweep, "dataset": side.dataset,
                                                "model": cfg.model.kind,
-                                               **identity_tags(cfg, trial.config, len(side.run_ids), names)},
+                                               **identity_tags(cfg, trial.config, number, names)},
                                          parent_run_id=side.parent_run_id)
             run.log_params(to_dict(cfg))
             if side.data_dir is not None:
@@ -121,12 +139,14 @@ class TrialRuns(tune.Callback):
         else:
             run = side.tracker.attach(run_id)
         side.run_ids[trial.trial_id] = run.run_id
+        side.names[trial.trial_id] = (run_name(self.sweep, trial.trial_id, trial.config, side.member_names)
+                                      if trial.config and MEMBER_KEY in trial.config else driver_side.trial_name(number))
         self._runs[trial.trial_id] = run
         return run
 
     def _find(self, trial_id: str) -> str | None:
         side = self.side
-        runs = [r for r in side.tracker.find_runs(side.experiment, trial_tags(self.sweep, trial_id))
+        runs = [r for r in side.tracker.find_runs(side.experiment, trial_tags(side.sweep or self.sweep, trial_id))
                 if r.parent_run_id == side.parent_run_id]
         return runs[0].run_id if runs else None
 
@@ -196,22 +216,26 @@ class ConsoleCallback(tune.Callback):
     def console(self) -> SweepEvents | None:
         return driver_side.of(self.sweep).console if driver_side.is_bound(self.sweep) else None
 
+    def name(self, trial: Any) -> str:
+        """The trial's one name (``trial-0003``, ``seed-7``), which :class:`TrialRuns` gave its run."""
+        return driver_side.of(self.sweep).names.get(trial.trial_id, trial.trial_id)
+
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         if self.console is not None:
-            self.console.trial_started(trial.trial_id, trial.config)
+            self.console.trial_started(self.name(trial), trial.config)
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
                         **info: Any) -> None:
         if self.console is not None:
-            self.console.trial_checked(trial.trial_id, result)
+            self.console.trial_checked(self.name(trial), result)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         if self.console is not None:
-            self.console.trial_ended(trial.trial_id, stop_reason(trial.last_result))
+            self.console.trial_ended(self.name(trial), stop_reason(trial.last_result))
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         if self.console is not None:
-            self.console.trial_ended(trial.trial_id, "error", getattr(trial, "error_msg", None))
+            self.console.trial_ended(self.name(trial), "error", getattr(trial, "error_msg", None))
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         if self.console is not None:
