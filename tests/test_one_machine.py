@@ -75,15 +75,16 @@ def test_ensemble_of_a_sweep_speaks_in_a_few_lines(swept: tuple[Path, Path, Path
 
 
 def _members_and_models_read_at_a_glance(work: Path, summary: dict) -> None:
-    """The trained member's run is named by the ensemble and its seed, with its data; the
+    """The trained member's run is named by its seed under the ensemble's run, with its data; the
     ensemble's run nests under the sweep's; every logged model has its own name."""
     from mlflow.tracking import MlflowClient
 
     sweep = sweep_file.read(work / "sweeps" / "two" / "sweep.json")
     client = MlflowClient(sweep["tracking_uri"])
     runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name(sweep["experiment"]).experiment_id])}
-    member = runs["two-seed-1"]
+    member = runs["seed-1"]                                                # under the ensemble's run
     assert member.data.tags["seed"] == member.data.params["train.seed"] == "1"
+    assert member.data.tags["mlflow.parentRunId"] == summary["mlflow_run_id"] and member.data.tags["sweep"] == "two"
     assert [i.dataset.name for i in member.inputs.dataset_inputs] == ["cbt-ne"]
     assert client.get_run(summary["mlflow_run_id"]).data.tags["mlflow.parentRunId"] == sweep["parent_run_id"]
     names = [m.name for m in client.search_logged_models([e.experiment_id for e in client.search_experiments()])]

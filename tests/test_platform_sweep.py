@@ -39,7 +39,8 @@ def local_ray():
 def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: Path, local_ray: None,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     result = run_sweep(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
-                       sets=TINY_SETS, workdir=tmp_path, name="two", show_progress=False)
+                       sets=TINY_SETS, workdir=tmp_path, name="two", show_progress=False,
+                       grace_period=2)            # every trial makes at least two checks
     assert {"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"} <= set(result)
     sweep = read_sweep(tmp_path, "two")
     assert sweep["parent_run_id"] and sweep["data_dir"] == str(tiny.resolve())
@@ -87,8 +88,10 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
     assert parent.data.tags["best_mlflow_run_id"] == best_trial["mlflow_run_id"]
     assert best_trial["mlflow_run_id"] in parent.data.tags["mlflow.note.content"]
     assert client.get_run(best_trial["mlflow_run_id"]).data.tags["best_in_sweep"] == "true"
-    # child runs are named by the values that tell them apart
-    assert {r.info.run_name for r in kids} == {config_label(t["params"]) for t in trials}
+    # child runs are named by the trial's one name, then the values that tell them apart
+    assert {r.info.run_name for r in kids} == {f"trial-{r.data.tags['trial_number']} {config_label(t['params'])}"
+                                               for r in kids for t in trials if t["mlflow_run_id"] == r.info.run_id}
+    assert sorted(r.data.tags["trial_number"] for r in kids) == ["0000", "0001"]
     assert all(r.data.tags["stop_reason"] for r in kids)
     # the Optuna study outlives the process: every trial, with each check as an intermediate value
     import optuna

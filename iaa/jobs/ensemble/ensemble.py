@@ -46,7 +46,8 @@ from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.cost import SweepCost
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.ensemble.members import Member
-from iaa.jobs.ports import MEMBER_KEY, TUNE_RUN_TAG, ConnectRequest, Launcher, MembersRequest, Tracker, TrialRun, TrialTracking
+from iaa.jobs.ports import (MEMBER_KEY, TUNE_RUN_TAG, ConnectRequest, Launcher, MembersRequest, TrackedRun, Tracker,
+                            TrialRun, TrialTracking)
 from iaa.jobs.evaluation.predictor import SUMMARY
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
@@ -176,6 +177,13 @@ def _end_members(tracker: Tracker, experiment: str, group: str, signal_name: str
         run.end("KILLED")
 
 
+def _end_run(run: TrackedRun, signal_name: str) -> None:
+    """A stop: the ensemble's own run ends KILLED, tagged ``interrupted``, unless it has ended."""
+    if run.status() == "RUNNING":
+        run.set_tags({"interrupted": signal_name})
+        run.end("KILLED")
+
+
 def resume_command(req: EnsembleRequest) -> str:
     """The command that continues a stopped ensemble: the same one, which reuses every member
     already trained."""
@@ -299,6 +307,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> d
     parent = (sweep or {}).get("parent_run_id") or None
     with tracker.run(experiment, f"ensemble-{name}", tags=ensemble_run.run_tags(dataset, req.select, out_dir, sweep),
                      parent_run_id=parent) as run:
+        interrupt.on_stop(lambda signal_name: _end_run(run, signal_name))   # a second signal skips the block's end
         members = (sweep_members(req, sweep, prepared, out_dir, tracker, name, launcher, run_id=run.run_id)
                    if sweep is not None else given)
         members = [ledger.first_read(m) for m in members]
