@@ -36,6 +36,12 @@ def assert_one_message(code: int, output: str, *parts: object) -> None:
         assert str(part) in lines[0], (part, lines[0])
 
 
+def logged(caplog, level: str, phrase: str) -> list[str]:
+    """The messages of ``iaa``'s records at ``level`` ("INFO", "WARNING") that hold ``phrase``."""
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("iaa") and r.levelname == level and phrase in r.getMessage()]
+
+
 def snapshot(*roots: Path) -> dict[str, str]:
     """sha256 of every file under ``roots`` (or of a root that is a file)."""
     out = {}

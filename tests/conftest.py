@@ -47,3 +47,25 @@ def _keeps_the_tracking_store():
             else:
                 os.environ[key] = value
         pytest.fail(f"the test changed the process's MLflow store ({before} -> {after}); use MlflowClient(uri)")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_iaa_logging():
+    """Each test starts with ``iaa``'s loggers as a library leaves them (no handler, propagating to
+    the root, where ``caplog`` listens), whatever an earlier in-process command installed."""
+    import logging
+
+    logger = logging.getLogger("iaa")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers[:], logger.level, logger.propagate = [], logging.NOTSET, True
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+
+@pytest.fixture
+def console():
+    """``iaa``'s lines on stderr as the command line shows them, for in-process jobs whose output a test reads."""
+    from iaa import logs
+
+    logs.to_console()

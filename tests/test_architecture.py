@@ -308,6 +308,22 @@ def test_the_parameter_count_sees_methods_and_callables() -> None:
 
 
 # --- sizes (reported, not enforced) ----------------------------------------------------------------
+VOICED = ("iaa.jobs", "iaa.platform")     # they log (``iaa.logs``); the command line speaks
+
+
+def prints(source: str) -> list[int]:
+    """The lines of ``source`` that call the builtin ``print``."""
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
+
+
+def test_the_jobs_and_the_platform_never_print() -> None:
+    found = {name: prints(path.read_text(encoding="utf-8")) for name, path in MODULES.items()
+             if name.startswith(VOICED)}
+    assert {name: lines for name, lines in found.items() if lines} == {}
+    assert prints("import sys\ndef f():\n    print('x', file=sys.stderr)\n") == [3]
+
+
 MODULE_LINES = 400      # a module fits on a screen or two
 FUNCTION_LINES = 50
 

@@ -75,7 +75,7 @@ def test_two_unseen_candidates_keep_distinct_positions(tmp_path):
     assert row["doc_cand"].count(q) > 0 and row["doc_cand"].count(r) > 0
 
 
-def test_manifest_records_counts_checksums_vocab_and_reports(tmp_path, capsys):
+def test_manifest_records_counts_checksums_vocab_and_reports(tmp_path, capsys, console):
     out = tmp_path / "out"
     result = prepare.run("cbt-ne", make_cbtest(tmp_path, bad_train=True, cut_valid=True), out,
                          on_error="skip", progress=False)

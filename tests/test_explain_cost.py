@@ -47,7 +47,7 @@ def test_the_console_says_each_trial_event_once_and_corrects_the_estimate_from_r
 
     cost = SweepCost(trials=4, epochs=2, examples=1000, examples_per_s=100.0, concurrency=2, gpus=False)
     out, clock = io.StringIO(), _Clock()
-    console = SweepConsole(cost, ["train.lr", "model.steps"], out=out, clock=clock)
+    console = SweepConsole(cost, ["train.lr", "model.steps"], say=lambda line: print(line, file=out), clock=clock)
     console.trial_started("a", {"train.lr": 0.004, "model.steps": 2})
     console.trial_started("b", {"train.lr": 0.001, "model.steps": 1})
     clock.now = 50.0
@@ -77,7 +77,7 @@ def test_the_console_table_comes_only_after_a_quiet_spell_with_the_searched_valu
     from iaa.jobs.sweeps.console import SweepConsole
 
     out, clock = io.StringIO(), _Clock()
-    console = SweepConsole(None, ["train.lr", "model.steps"], out=out, clock=clock, table_every_s=30)
+    console = SweepConsole(None, ["train.lr", "model.steps"], say=lambda line: print(line, file=out), clock=clock, table_every_s=30)
     console.trial_started("a", {"train.lr": 0.004, "model.steps": 2})
     console.trial_started("b", {"train.lr": 0.002, "model.steps": 3})
     clock.now = 40.0

@@ -113,7 +113,7 @@ def test_train_ends_with_a_rounded_summary_and_next_commands_that_run(tiny, tmp_
 # --- tune: ties and error bars ------------------------------------------------------------------------
 
 
-def test_tune_names_a_tie_and_gives_the_error_bar(tiny, tmp_path, capsys):
+def test_tune_names_a_tie_and_gives_the_error_bar(tiny, tmp_path, capsys, console):
     sys.path.insert(0, str(Path(__file__).parent))
     from fakes import FakeLauncher, FakeTracker
     from _platform import TINY_SPACE
@@ -137,7 +137,7 @@ def test_tune_names_a_tie_and_gives_the_error_bar(tiny, tmp_path, capsys):
 # --- ensemble and distill -------------------------------------------------------------------------------
 
 
-def test_ensemble_states_its_cost_first_and_its_accuracy_with_error_bars(tiny, tmp_path, capsys):
+def test_ensemble_states_its_cost_first_and_its_accuracy_with_error_bars(tiny, tmp_path, capsys, console):
     sys.path.insert(0, str(Path(__file__).parent))
     from fakes import FakeTracker
     from tests._explain import tiny_checkpoint

@@ -107,7 +107,7 @@ def test_metrics_refused_by_a_lost_store_are_kept_and_sent_later(tmp_path: Path,
 
 
 def test_a_store_that_never_comes_back_ends_the_run_with_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture) -> None:
+                                                                   capsys: pytest.CaptureFixture, console: None) -> None:
     import mlflow
 
     from iaa.platform.tracking import connection

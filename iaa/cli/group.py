@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from iaa import __version__
+from iaa import __version__, logs
 from iaa.cli import data, ensembles, inference, output, reports, training, tuning
 
 
@@ -16,8 +16,12 @@ from iaa.cli import data, ensembles, inference, output, reports, training, tunin
 @click.option("--debug", is_flag=True, help="Show the traceback of every error (also: IAA_DEBUG=1).")
 @click.option("--workdir", type=click.Path(path_type=Path), default=None,
               help="The work folder of the command that follows (its own --workdir wins).")
-def cli(debug: bool, workdir: Path | None) -> None:
+@click.option("--quiet", is_flag=True, help="Warnings and errors only on stderr: no progress lines.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Progress and warnings on stderr as text lines or as JSON objects, one per line.")
+def cli(debug: bool, workdir: Path | None, quiet: bool, log_format: str) -> None:
     """Iterative Alternating Attention reader: prepare, train, evaluate, tune and ensemble."""
+    logs.to_console(json_lines=log_format == "json", quiet=quiet)
 
 
 COMMANDS = (data.prepare, training.train, inference.evaluate, inference.baseline, tuning.tune, ensembles.ensemble,

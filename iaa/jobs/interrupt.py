@@ -21,6 +21,7 @@ Plain Python signals and /proc: nothing here knows a cluster or a store.
 from __future__ import annotations
 
 import _thread
+import logging
 import os
 import signal
 import sys
@@ -32,6 +33,8 @@ from types import FrameType
 from typing import Any, Callable, Iterator
 
 from iaa import signals
+
+_log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 MARKS_WITHIN_S = 1.5          # after a second signal the process ends by then, marked or not
@@ -78,7 +81,7 @@ class Stop:
             try:
                 mark(signal_name)
             except Exception as err:  # noqa: BLE001 - a stop must still mark the rest
-                print(f"warning: on {signal_name}: {type(err).__name__}: {err}", file=sys.stderr)
+                _log.warning(f"on {signal_name}: {type(err).__name__}: {err}")
 
     def line(self, signal_name: str, marked: bool = True) -> str:
         """The one line; ``marked=False``: the marks did not finish (another process holds the
@@ -291,9 +294,13 @@ _SAID = threading.Lock()
 
 
 def say(line: str) -> None:
-    """Print the stop's line on stderr once per process, whichever path gets there first."""
+    """Write the stop's line to stderr once per process, whichever path gets there first.
+
+    Straight to the file descriptor: this runs while a signal may have cut the main thread short
+    inside a logging handler or a stream's buffer, whose locks it would wait on.
+    """
     if _SAID.acquire(blocking=False):
-        print(line, file=sys.stderr, flush=True)
+        os.write(2, (line + "\n").encode("utf-8", "backslashreplace"))
 
 
 def end_process(code: int) -> None:

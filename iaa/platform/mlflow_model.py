@@ -41,6 +41,8 @@ from iaa.jobs.ports import LoadedModel, ModelCode
 from iaa.platform.tracking.connection import TRANSIENT
 from iaa.platform.tracking.store import manifest_digest
 
+_log = logging.getLogger(__name__)
+
 ARTIFACT = "model"               # the artifact folder of every logged model
 MODEL_TAGS = ("best_in_sweep", "sweep", "trial_id", "kind", "seed", "member")   # run tags the logged model carries too
 BAD_NAME_CHARS = "/:.%\"'"      # not allowed in a logged model's name
@@ -309,13 +311,11 @@ def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, 
     With ``run`` (the ``tracking.Run`` being logged), the failure is also recorded as lost on it,
     so that the run ends FAILED and the command says what was not logged.
     """
-    import sys
-
     try:
         return log(uri, run_id, checkpoints, prepared, code, register)
     except TRANSIENT as err:
-        print(f"warning: could not log the model of run {run_id} to MLflow at {uri} ({brief(err)}); "
-              f"the checkpoint is still at {checkpoints[0]}", file=sys.stderr)
+        _log.warning(f"could not log the model of run {run_id} to MLflow at {uri} ({brief(err)}); "
+                     f"the checkpoint is still at {checkpoints[0]}")
         if run is not None:
             run.lose(f"the model{' and its registration as ' + repr(register) if register else ''} "
                      f"(the checkpoint is at {checkpoints[0]})", err)

@@ -35,6 +35,7 @@ from typing import Any, ContextManager, Iterator, NoReturn, Sequence
 import torch
 from torch import nn
 
+from iaa import logs
 from iaa.errors import IaaError
 from iaa.jobs.config.job_config import JobConfig, from_dict, to_dict
 from iaa.jobs.ports import CHECKPOINT_SCORE, WorkerData, WorkerFit
@@ -134,6 +135,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """The Ray Train worker entry point: the job's loop (``config["fit"]``) on a :class:`TrainLink`."""
     import ray.util
 
+    logs.in_worker()
     prepared = config["prepared"]
     if not Path(prepared).is_dir():
         raise IaaError(f"the prepared data folder {prepared} is not visible on node {ray.util.get_node_ip_address()}; "

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -30,6 +31,8 @@ from typing import Any
 from iaa.errors import IaaError
 from iaa.jobs.ports import ServeConfig
 from iaa.platform import listeners
+
+_log = logging.getLogger(__name__)
 
 STOP_S = 20.0                      # the most a stop takes before the process ends anyway
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -85,7 +88,7 @@ def run_forever(cfg: ServeConfig, connect: Callable[[], bool], start: Callable[[
         url = start()
         if local:
             _check_alone(cfg)
-        print(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)", file=sys.stderr, flush=True)
+        _log.info(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)")
         while True:
             time.sleep(3600)
     except (KeyboardInterrupt, SystemExit):        # SystemExit: Ray's own SIGTERM handler, set while it starts
@@ -152,8 +155,7 @@ def _end_now(local: bool, code: int, pending: BaseException | None = None) -> No
     if local:
         _kill_ours()
     if pending is not None:
-        print(f"Error: {pending}" if isinstance(pending, IaaError) else f"Error: {type(pending).__name__}: {pending}",
-              file=sys.stderr)
+        _log.error(str(pending) if isinstance(pending, IaaError) else f"{type(pending).__name__}: {pending}")
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(code)

@@ -8,14 +8,16 @@ local run (:func:`iaa.jobs.train.train.run`).
 
 from __future__ import annotations
 
+import logging
 import shutil
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkersRequest
 from iaa.jobs.workdir.paths import RunFolder
+
+_log = logging.getLogger(__name__)
 
 
 def ray_run_name(run_dir: Path, *, resume: bool) -> tuple[str, str | None]:
@@ -93,9 +95,9 @@ class _Checks:
         self.history.append(metrics)
         RunFolder(self.run_dir).append_metrics(metrics)
         if self.show_progress:
-            print(f"check {metrics.get('checks')}: step {metrics.get('step')} epoch {metrics.get('epoch', 0):.2f} "
-                  f"train_loss {metrics.get('train_loss', 0):.4f} valid_acc {metrics.get('valid_acc', 0):.4f} "
-                  f"(best {metrics.get('best_valid_acc', 0):.4f})", file=sys.stderr)
+            _log.info(f"check {metrics.get('checks')}: step {metrics.get('step')} epoch {metrics.get('epoch', 0):.2f} "
+                      f"train_loss {metrics.get('train_loss', 0):.4f} valid_acc {metrics.get('valid_acc', 0):.4f} "
+                      f"(best {metrics.get('best_valid_acc', 0):.4f})")
         if self.on_metrics is not None:
             self.on_metrics(metrics)
 
@@ -130,7 +132,7 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
     name = _start_run_folder(run_dir, storage, resume=request.resume)
     data = PreparedData.open(Path(request.prepared))
     if request.show_progress:
-        print(cluster.describe(info, trial_plan).replace("each trial trains", "the run trains"), file=sys.stderr)
+        _log.info(cluster.describe(info, trial_plan).replace("each trial trains", "the run trains"))
 
     queue = Queue(actor_options={"num_cpus": 0})
     trainer = build_trainer(cfg, Path(request.prepared), fit=request.fit, name=name, storage_path=storage,

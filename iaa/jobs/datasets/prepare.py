@@ -11,8 +11,8 @@ wrote (``files``), and a rebuild deletes only those (``iaa.jobs.workdir.outputs`
 from __future__ import annotations
 
 import functools
+import logging
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from iaa.data.errors import DataError
 from iaa.files import DiskFullError, disk_full_message, ensure_writable, writing
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 from iaa.jobs.workdir import outputs
+
+_log = logging.getLogger(__name__)
 
 ON_ERROR = ("fail", "skip")
 _SPLIT_WORDS = {"train": "training", "valid": "validation"}
@@ -157,7 +159,7 @@ def _up_to_date(out: Path, **identity: Any) -> bool:
         verify.verify(out)
         return True
     except DataError as err:
-        print(f"rebuilding: {err}", file=sys.stderr)
+        _log.info(f"rebuilding: {err}")
         return False
 
 
@@ -223,11 +225,11 @@ def _report(manifest: dict[str, Any]) -> None:
     for split, entry in manifest["splits"].items():
         if entry["skipped"]:
             reasons = ", ".join(f"{k}: {v}" for k, v in entry["skipped"].items())
-            print(f"{split}: skipped {sum(entry['skipped'].values())} bad example(s) ({reasons})", file=sys.stderr)
+            _log.info(f"{split}: skipped {sum(entry['skipped'].values())} bad example(s) ({reasons})")
             for msg in entry["skipped_examples"][:3]:
-                print(f"  {msg}", file=sys.stderr)
+                _log.info(f"  {msg}")
         for msg in entry["truncated_examples"]:
-            print(f"{split}: {msg}", file=sys.stderr)
+            _log.info(f"{split}: {msg}")
 
 
 def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float,

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import hashlib
-import sys
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,6 +28,8 @@ from iaa.jobs.distill import identity, teacher as teacher_mod
 from iaa.jobs.config.job_config import JobConfig, from_dict, load
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+
+_log = logging.getLogger(__name__)
 
 # The train workflow: (config, prepared data, run folder, training rows, teacher input, run tags,
 # experiment) -> result.
@@ -85,8 +87,8 @@ def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teach
         teacher_mod.check_fresh(path, members, vocab_hash, req.train_examples)
         return path, False
     if req.show_progress:
-        print(f"distill: computing the teacher of {len(members)} members on "
-              f"{req.train_examples or 'all'} training examples -> {path}", file=sys.stderr)
+        _log.info(f"distill: computing the teacher of {len(members)} members on "
+                  f"{req.train_examples or 'all'} training examples -> {path}")
     work = Path(req.workdir) / "distill" / f"scoring-{path.stem}"     # scratch, outside the prepared data
     with writing(path):                 # a full disk here names the teacher, not the run folder
         table = teacher_mod.compute(members, prepared, "train", req.train_examples, work, score)

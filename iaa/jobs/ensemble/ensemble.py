@@ -26,6 +26,7 @@ replaced only with ``overwrite``.
 from __future__ import annotations
 
 import hashlib
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ from iaa.jobs.ports import (MEMBER_KEY, TUNE_RUN_TAG, ConnectRequest, Launcher, 
                             TrialRun, TrialTracking)
 from iaa.jobs.evaluation.predictor import SUMMARY
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,8 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
         if launcher is None:
             raise IaaError(f"{len(to_train)} members must be trained, and no launcher was given")
         reused = len(wanted) - len(to_train)
-        print(f"ensemble: reusing {reused} checkpoint{'' if reused == 1 else 's'}, training {len(to_train)} "
-              f"member{'' if len(to_train) == 1 else 's'} on Ray", file=sys.stderr)
+        _log.info(f"ensemble: reusing {reused} checkpoint{'' if reused == 1 else 's'}, training {len(to_train)} "
+                  f"member{'' if len(to_train) == 1 else 's'} on Ray")
         run_name = sweep_file.unique_name(f"ensemble-{name}")
         trials_to = TrialTracking(tracker=tracker, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
                                   parent_run_id=run_id, sweep=sweep["name"], dataset=to_train[0].dataset,
@@ -163,7 +166,7 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
                             verbose=req.verbose),
         ))
         if console is not None:
-            print(console.summary(time.monotonic() - started), file=sys.stderr)
+            _log.info(console.summary(time.monotonic() - started))
         ledger.record_trained(name, out_dir, Path(req.workdir), to_train, trained, found)
     return ledger.members(wanted, found)
 
@@ -313,7 +316,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> d
         members = [ledger.first_read(m) for m in members]
         sizes = scoring.split_sizes(prepared)
         if req.show_progress:
-            print(scoring.cost_line(len(members), sizes, name), file=sys.stderr)
+            _log.info(scoring.cost_line(len(members), sizes, name))
 
         files = evaluate_members(members, prepared, out_dir, req.show_progress)
         labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
@@ -335,8 +338,8 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> d
     if sweep is not None:
         ensemble_run.count_on_sweep(tracker, experiment, sweep)
     ensemble_record.write(out_dir, summary)
-    print(table, file=sys.stderr)
-    print(describe(summary, req), file=sys.stderr)
+    _log.info(table)
+    _log.info(describe(summary, req))
     return summary
 
 

@@ -13,7 +13,7 @@ Pure file and config logic: training the missing members is the platform's busin
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -24,6 +24,8 @@ from iaa.jobs.config.job_config import JobConfig, from_dict, to_dict
 from iaa.jobs.ports import TrialRecord
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import Workdir
+
+_log = logging.getLogger(__name__)
 
 LEDGER = "trained.json"
 
@@ -88,8 +90,8 @@ def best_configs(name: str, trials: Sequence[TrialRecord], k: int) -> list[JobCo
     if not chosen:
         raise IaaError(f"sweep {name!r} has no finished trial with a validation accuracy")
     if len(chosen) < k:
-        print(f"ensemble: sweep {name!r} has only {len(chosen)} distinct configurations; "
-              f"using {len(chosen)} instead of {k}", file=sys.stderr)
+        _log.info(f"ensemble: sweep {name!r} has only {len(chosen)} distinct configurations; "
+                  f"using {len(chosen)} instead of {k}")
     return list(chosen.values())
 
 

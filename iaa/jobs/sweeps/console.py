@@ -10,14 +10,16 @@ training steps only, while a trial also validates, checkpoints and starts up.
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import printable
 from iaa.jobs.sweeps.cost import SweepCost, duration
 from iaa.jobs.config.job_config import config_label, short_name, short_value
+
+_log = logging.getLogger(__name__)
 
 TABLE_EVERY_S = 30.0
 
@@ -35,7 +37,8 @@ class _Trial:
 
 @dataclass
 class SweepConsole:
-    """The sweep's console; ``clock`` and ``out`` are replaceable for tests.
+    """The sweep's console; ``clock`` and ``say`` (where a line goes: the module's logger at INFO)
+    are replaceable for tests.
 
     Args:
         cost: the estimate said before the sweep (None: no estimate, e.g. a resumed sweep).
@@ -48,7 +51,7 @@ class SweepConsole:
     searched: Sequence[str]
     label: Callable[[Mapping[str, Any]], str] = config_label
     what: str = "sweep"
-    out: TextIO = field(default_factory=lambda: sys.stderr)
+    say: Callable[[str], None] = _log.info
     clock: Callable[[], float] = time.monotonic
     table_every_s: float = TABLE_EVERY_S
     trials: dict[str, _Trial] = field(default_factory=dict)
@@ -174,7 +177,7 @@ class SweepConsole:
 
     def _say(self, text: str) -> None:
         now = self.clock()
-        print(f"[{duration(now - self.started)}] {printable(text, keep_lines=True)}", file=self.out, flush=True)
+        self.say(f"[{duration(now - self.started)}] {printable(text, keep_lines=True)}")
         self._said = now
 
 

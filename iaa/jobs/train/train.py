@@ -10,7 +10,7 @@ A resumed run continues the tracked run its folder had.
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -26,6 +26,8 @@ from iaa.jobs.training.session import MetricsCallback
 from iaa.jobs.training.step import retain_freed_memory
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
 from iaa.jobs.training.loop import fit, fit_on_worker
+
+_log = logging.getLogger(__name__)
 
 
 def run(
@@ -180,7 +182,7 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     name, prepared = resolve.data_dir(dataset, data, req.workdir)
     cfg = resolve.job_config(name, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
     if "sweep" in handoff:                      # on stderr, with --json too: what this run is
-        print(best_config_notice(handoff["sweep"], cfg), file=sys.stderr)
+        _log.info(best_config_notice(handoff["sweep"], cfg))
     run_dir = resolve.run_dir(name, cfg, req.run_dir, req.workdir)
     outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
                           flag="--run-dir", folder=True)

@@ -4,7 +4,7 @@ page, the parent run's metrics and the summary on stderr.
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,6 +22,9 @@ from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import run_columns
 from iaa.jobs.tune.settle import SweepInterrupted, TuneRequest
 
+_log = logging.getLogger(__name__)
+
+
 def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, parent: TrackedRun,
             space: search_space.SearchSpace, prepared: Path, tracker: Tracker,
             register: str | None = None, req: TuneRequest | None = None,
@@ -33,9 +36,9 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
     best_config = sweep_dir / "best_config.yaml"
     write_best_config(best, best_config, name, train_epochs, req.data if req is not None else None)
-    print(sweep_file.table(records, list(space.params)), file=sys.stderr)
+    _log.info(sweep_file.table(records, list(space.params)))
     for note in exploration.notes([r.params for r in scored], list(space.params)):
-        print(f"warning: {printable(note)}", file=sys.stderr)
+        _log.warning(printable(note))
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
     outputs, unlogged = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
     if parent.lost:
@@ -47,13 +50,13 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     ties = uncertainty.tied_best({r.trial_id: r.best_valid_acc for r in scored})
     warnings += [uncertainty.tie_note(ties, best.trial_id, best.best_valid_acc, n_valid)] if len(ties) > 1 else []
     for warning in warnings:
-        print(f"warning: {printable(warning)}", file=sys.stderr)
-    print(printable(f"best trial {best.trial_id} ({label}): valid accuracy "
-                    f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
-                    f"  config:       {best_config}\n"
-                    + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
-                    + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
-                    + next_commands(name, best, outputs, req, best_config), keep_lines=True), file=sys.stderr)
+        _log.warning(printable(warning))
+    _log.info(printable(f"best trial {best.trial_id} ({label}): valid accuracy "
+                        f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
+                        f"  config:       {best_config}\n"
+                        + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
+                        + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
+                        + next_commands(name, best, outputs, req, best_config), keep_lines=True))
     if unlogged:
         raise IaaError(f"{sweep['tracking_uri']}: the sweep finished and its files are written, but the store did "
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "

@@ -4,12 +4,15 @@ console then shows progress against it).
 
 from __future__ import annotations
 
-import sys
+import logging
 
 from iaa.jobs.sweeps.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, probe
 from iaa.jobs.ports import (Placement)
 
 from iaa.jobs.tune.settle import _Sweep
+
+_log = logging.getLogger(__name__)
+
 
 def _cost(launch: Placement, s: _Sweep, checks: int) -> SweepCost:
     """The sweep's size and expected wall time (``checks``: a trial's validation checks, at most),
@@ -24,5 +27,5 @@ def _cost(launch: Placement, s: _Sweep, checks: int) -> SweepCost:
                      examples_per_s=rate, concurrency=launch.max_concurrent, gpus=gpus,
                      gpus_per_trial=launch.gpus_per_worker, checks=checks, valid_examples=valid,
                      valid_examples_per_s=valid_rate, start_s=SWEEP_START_S, trial_start_s=TRIAL_START_S)
-    print(cost.describe(), file=sys.stderr)
+    _log.info(cost.describe())
     return cost

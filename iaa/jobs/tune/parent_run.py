@@ -5,7 +5,7 @@ sweep left open.
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from typing import Any
 
 from iaa.jobs.sweeps import record as sweep_file
@@ -15,6 +15,9 @@ from iaa.jobs.ports import (Placement, SearchPlan, TrackedRun, Tracker)
 from iaa.jobs.config.presets import SEARCH_METRIC, STOP_METRIC, UNINFORMED_SAMPLERS
 
 from iaa.jobs.tune.settle import TuneRequest
+
+_log = logging.getLogger(__name__)
+
 
 def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Placement) -> dict[str, Any]:
     """The parent run's params: what every trial shares (the config less the searched keys), the
@@ -67,10 +70,10 @@ def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Track
     if req.show_progress:
         search = (f"the {plan.sampler} sampler proposes them" if plan.sampler in UNINFORMED_SAMPLERS
                   else f"the {plan.sampler} sampler learns from {SEARCH_METRIC}")
-        print(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; {search}, ASHA stops on "
-              f"{STOP_METRIC} at every check (a trial makes at most {plan.checks} checks; grace "
-              f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
-              f"MLflow {uri}, experiment {experiment}", file=sys.stderr)
+        _log.info(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; {search}, ASHA stops on "
+                  f"{STOP_METRIC} at every check (a trial makes at most {plan.checks} checks; grace "
+                  f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
+                  f"MLflow {uri}, experiment {experiment}")
     return sweep, parent
 
 

@@ -4,7 +4,7 @@ space, sampler, name, the store, and the ASHA preset with its notes.
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -18,6 +18,8 @@ from iaa.jobs.ports import (Launcher, Tracker)
 from iaa.jobs.tune import stops
 from iaa.jobs.config.presets import DEFAULT_SAMPLER, SAMPLERS, TUNE_PRESETS, TunePreset
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+
+_log = logging.getLogger(__name__)
 
 
 class SweepInterrupted(IaaError):
@@ -172,15 +174,15 @@ def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: 
     space = (search_space.load(req.search_space, base) if req.search_space is not None
              else search_space.parse(preset.space, base))
     for note in searched_overrides(req.sets, space):
-        print(f"warning: {note}", file=sys.stderr)
+        _log.warning(f"{note}")
     storage, sampler = Workdir(workdir).storage(req.storage_path), req.sampler or DEFAULT_SAMPLER
     if recorded is not None:
         base = stops.recorded_base(req, recorded, base, folder / "sweep.json")
         space = stops.recorded_space(req, recorded, base, space, folder / "sweep.json")
         sampler = sweep_file.sampler(recorded)
         if req.sampler not in (None, sampler):
-            print(f"warning: sweep {name} continues with the sampler it started with, {sampler}, "
-                  f"not {req.sampler}", file=sys.stderr)
+            _log.warning(f"sweep {name} continues with the sampler it started with, {sampler}, "
+                         f"not {req.sampler}")
     num_samples = req.num_samples or preset.num_samples
     if sampler == "grid":
         num_samples = grid_samples(space, num_samples)

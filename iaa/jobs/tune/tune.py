@@ -29,7 +29,7 @@ explain page) and :mod:`~iaa.jobs.tune.next_steps` (the commands to run next).
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from dataclasses import replace
 from typing import Any, Callable
@@ -48,6 +48,8 @@ from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import _close_lost_runs, _start, run_columns, sweep_params
 from iaa.jobs.tune.settle import (SweepInterrupted, TuneRequest, _settle, _Sweep, asha_notes, asha_preset, base_config,
                                   searched_overrides, study_storage, sweep_name, training_epochs, with_dataset)
+
+_log = logging.getLogger(__name__)
 
 # The phases live in their own modules; their names stay importable from here.
 __all__ = ["EXPLAIN_EXAMPLES", "TUNE_PRESETS", "SweepInterrupted", "TuneRequest", "asha_notes", "asha_preset",
@@ -70,7 +72,7 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     req = with_dataset(req)
     s = _settle(req, open_tracker, launcher)
     if s.recorded is not None and sweep_file.finished(s.recorded):
-        print(stops.nothing_left_line(s.recorded, s.folder), file=sys.stderr)
+        _log.info(stops.nothing_left_line(s.recorded, s.folder))
         return finished_result(s.recorded, s.folder, s.prepared)
     with interrupt.stoppable(stops.resume_command(req, s.name)) as stop:
         return _run(req, s, launcher, stop)
@@ -85,7 +87,7 @@ def _run(req: TuneRequest, s: _Sweep, launcher: Launcher, stop: interrupt.Stop) 
     interrupt.rearm()                       # the cluster's start may have taken SIGTERM
     plan = _search_plan(req, s, launch)
     for note in asha_notes(plan.checks, s.preset):
-        print(f"warning: {note}", file=sys.stderr)
+        _log.warning(f"{note}")
     sweep, parent, console = _open_sweep(req, s, launcher, launch, plan)
     stop.on_stop(stops.on_stop(tracker, launcher, sweep["experiment"], s.name, plan))
     stop.kept = lambda: stops.kept(tracker, sweep["experiment"], s.name, parent.run_id, s.folder)
@@ -106,7 +108,7 @@ def _run(req: TuneRequest, s: _Sweep, launcher: Launcher, stop: interrupt.Stop) 
         raise
     sweep["wall_s"] = round(sweep.get("wall_s", 0.0) + time.time() - started, 1)
     if console is not None:
-        print(console.summary(time.time() - started), file=sys.stderr)
+        _log.info(console.summary(time.time() - started))
     sweep_file.write(s.folder / "sweep.json", sweep)
     if s.recorded is not None:
         _close_lost_runs(tracker, parent, sweep["experiment"], {r.mlflow_run_id for r in sweep["trials"]})
@@ -155,7 +157,7 @@ def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placeme
 
 def _resumed_console(launch: Placement, s: _Sweep, plan: SearchPlan, sweep: dict[str, Any]) -> SweepConsole:
     """A resumed sweep's console, as a fresh one's: what is kept and left, the cost of what is left."""
-    print(stops.resumed_line(s.tracker, sweep, s.num_samples) + f" ({launch.experiment_path})", file=sys.stderr)
+    _log.info(stops.resumed_line(s.tracker, sweep, s.num_samples) + f" ({launch.experiment_path})")
     finished, _ = stops.standing(s.tracker, sweep["experiment"], s.name, sweep.get("parent_run_id"))
     left = replace(s, num_samples=max(s.num_samples - finished, 1))
     return SweepConsole(_cost(launch, left, plan.checks), list(s.space.params))

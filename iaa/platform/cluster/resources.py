@@ -21,9 +21,9 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -31,6 +31,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from iaa.errors import IaaError
+
+_log = logging.getLogger(__name__)
 
 TRAIN_DEVICE_ENV = "IAA_TRAIN_DEVICE"          # cpu: train on the CPU even on GPU workers
 AUTOSCALE_WAIT_ENV = "IAA_AUTOSCALE_WAIT_S"    # how long to wait for the first node that fits a trial
@@ -128,7 +130,7 @@ def wait_for(bundles: Sequence[dict[str, float]], fits: Callable[[], bool], what
     from ray.autoscaler.sdk import request_resources
 
     timeout_s = wait_seconds() if timeout_s is None else timeout_s
-    print(f"waiting up to {timeout_s:g} s for the autoscaler to add nodes for {what}", file=sys.stderr)
+    _log.info(f"waiting up to {timeout_s:g} s for the autoscaler to add nodes for {what}")
     request_resources(bundles=[dict(b) for b in bundles])
     deadline = time.monotonic() + timeout_s
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,8 @@ from iaa.platform.sweeps import driver_side, search_algorithm as search
 from iaa.platform.cluster.storage import check_private
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns, child_runs
+
+_log = logging.getLogger(__name__)
 
 MAX_TRIAL_FAILURES = 2      # a failed trial restarts from its last checkpoint this many times
 # (a multi-worker trial once more only: its Train run already restarts failed workers itself)
@@ -94,7 +95,7 @@ def connect(request: ConnectRequest, address: str | None, storage_path: str | No
                                     threads=request.threads, gpus_per_worker=request.gpus_per_worker,
                                     max_concurrent=request.max_concurrent, num_trials=request.num_trials)
     if request.show_progress:
-        print(cluster.describe(info, plan), file=sys.stderr)
+        _log.info(cluster.describe(info, plan))
     return Launch(name=request.name, storage=request.storage, prepared=Path(request.prepared), info=info, plan=plan)
 
 

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
+from iaa import logs
 from iaa.files import is_remote_uri
 from iaa.jobs.config.job_config import JobConfig, apply, from_dict
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MEMBER_KEY, TrialRecord, WorkerData, WorkerFit
@@ -68,6 +69,7 @@ def job_config(spec: TrialSpec, trial_config: Mapping[str, Any]) -> JobConfig:
 
 def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid: pa.Table) -> None:
     """The Tune function trainable (wrapped with ``tune.with_parameters(spec=, train=, valid=)``)."""
+    logs.in_worker()
     cfg = job_config(spec, config)
     if spec.workers == 1:
         spec.fit(cfg, TuneLink(train_device(spec.gpus_per_worker)),

@@ -10,8 +10,8 @@ a run: records come from the results and the store.
 
 from __future__ import annotations
 
+import logging
 import re
-import sys
 from typing import Any, Mapping, Sequence
 
 import ray.tune as tune
@@ -21,6 +21,8 @@ from iaa.jobs.config.job_config import config_label, to_dict
 from iaa.jobs.ports import CHECKPOINT_FILE, TUNE_RUN_TAG, SweepEvents, TrackedRun, Tracker
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
+
+_log = logging.getLogger(__name__)
 
 # What a trial's child run records at every check.
 TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "best_valid_acc", "lr", "epoch", "train_examples_per_s")
@@ -155,8 +157,7 @@ class TrialRuns(tune.Callback):
         try:
             action()
         except self.tracker.transient_errors as err:
-            print(f"warning: tracking at {self.tracker.uri}: could not {what} for trial {trial.trial_id} ({brief(err)})",
-                  file=sys.stderr)
+            _log.warning(f"tracking at {self.tracker.uri}: could not {what} for trial {trial.trial_id} ({brief(err)})")
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         def start() -> None:

@@ -13,9 +13,11 @@ store, MLflow's own default experiment) are left as they are.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
-import sys
 from pathlib import Path
+
+_log = logging.getLogger(__name__)
 
 ARTIFACTS = "mlartifacts"     # the folder of a SQLite store's artifacts, beside the database
 # (table, column, extra condition): every place MLflow 3 keeps an artifact location
@@ -53,8 +55,8 @@ def relocate(db: Path) -> list[str]:
                         con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
                                     f"WHERE ({column} = ? OR substr({column}, 1, ?) = ?){extra}",
                                     (root, len(old) + 1, old, len(old) + 1, old + "/"))
-    print(f"MLflow store {db}: its artifacts were at {', '.join(moved)}; the store moved with its work folder, so "
-          f"they are now found at {root}", file=sys.stderr)
+    _log.info(f"MLflow store {db}: its artifacts were at {', '.join(moved)}; the store moved with its work folder, so "
+              f"they are now found at {root}")
     return moved
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import re
 import subprocess
-import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -35,6 +35,8 @@ from iaa.platform.cluster.owner import owner
 from iaa.files import disk_full
 from iaa.platform.tracking.connection import (OWNER_TAG, PARENT_TAG, TRANSIENT, experiment_id, store_client,
                                              store_full)
+
+_log = logging.getLogger(__name__)
 
 RETRY_EVERY_S = 30.0
 
@@ -134,8 +136,8 @@ class Run:
                 del self._pending[:1000]
         except TRANSIENT as err:
             if self._failure is None:
-                print(f"warning: MLflow at {self.uri} failed ({brief(err)}); keeping metrics and retrying every "
-                      f"{RETRY_EVERY_S:g} s", file=sys.stderr)
+                _log.warning(f"MLflow at {self.uri} failed ({brief(err)}); keeping metrics and retrying every "
+                             f"{RETRY_EVERY_S:g} s")
             self._failure = brief(err)
             self._retry_at = time.monotonic() + RETRY_EVERY_S
 
@@ -152,8 +154,7 @@ class Run:
             with signals.held():                # a write cut halfway would keep the store locked
                 call(*args, **kwargs)
         except TRANSIENT as err:
-            print(f"warning: MLflow at {self.uri}: could not {what} of run {self.run_id} ({brief(err)})",
-                  file=sys.stderr)
+            _log.warning(f"MLflow at {self.uri}: could not {what} of run {self.run_id} ({brief(err)})")
             self.lose(what, err)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
@@ -200,8 +201,8 @@ class Run:
         if self._pending:
             names = sorted({m.key for m in self._pending})
             steps = sorted({m.step for m in self._pending})
-            print(f"warning: {len(self._pending)} metric values of run {self.run_id} were not logged to MLflow at "
-                  f"{self.uri}: {', '.join(names)} at steps {steps[0]}..{steps[-1]} ({self._failure})", file=sys.stderr)
+            _log.warning(f"{len(self._pending)} metric values of run {self.run_id} were not logged to MLflow at "
+                         f"{self.uri}: {', '.join(names)} at steps {steps[0]}..{steps[-1]} ({self._failure})")
             self.lose(f"{len(self._pending)} metric values ({', '.join(names)} at steps {steps[0]}..{steps[-1]})",
                       self._failure or "refused")
             self._pending.clear()

@@ -1,0 +1,84 @@
+"""How ``iaa`` speaks to a person: through the standard :mod:`logging` module, never ``print``.
+
+The jobs and the platform log under loggers named after their modules (``iaa.jobs.tune.tune``,
+``iaa.platform.sweeps.launch``...): progress and events at INFO, warnings at WARNING. An event
+that a program may want to read carries its fields in ``extra={"event": NAME, ...}``.
+
+As a library, ``iaa`` installs no handler: the application chooses (``logging.getLogger("iaa")``
+silences, redirects or filters it all). The command line installs :func:`to_console` once per
+command; a Ray worker process running a trial, a training worker or a served replica installs it
+too (:func:`in_worker`), since it inherits nothing from the driver's logging and Ray forwards its
+stderr to the driver's console.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+from iaa.errors import printable
+
+ROOT = "iaa"
+_STANDARD = frozenset(vars(logging.makeLogRecord({})))    # a record's own attributes, not an event's fields
+
+
+class _Console(logging.Formatter):
+    """One line per record: INFO as it is, WARNING as ``warning: ...``, its control characters escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = printable(record.getMessage(), keep_lines=True)
+        if record.levelno >= logging.ERROR:
+            return f"Error: {text}"
+        return f"warning: {text}" if record.levelno >= logging.WARNING else text
+
+
+class _JsonLines(logging.Formatter):
+    """One JSON object per record: level, logger, message and the event's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+        return json.dumps({"level": record.levelname.lower(), "logger": record.name,
+                           "message": record.getMessage(), **fields}, default=str)
+
+
+class _Stderr(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is when a record arrives (a test runner swaps it), flushed."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = sys.stderr
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except Exception:  # noqa: BLE001 - logging's own contract: a handler never raises
+            self.handleError(record)
+
+
+def to_console(*, json_lines: bool = False, quiet: bool = False) -> logging.Handler:
+    """Send ``iaa``'s lines to stderr, replacing a handler that this function installed before.
+
+    Args:
+        json_lines: one JSON object per line instead of text.
+        quiet: warnings only, no progress.
+    """
+    logger = logging.getLogger(ROOT)
+    for old in [h for h in logger.handlers if isinstance(h, _Stderr)]:
+        logger.removeHandler(old)
+    handler = _Stderr()
+    handler.setFormatter(_JsonLines() if json_lines else _Console())
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.propagate = False          # the one voice: not once more through the root logger's handlers
+    return handler
+
+
+def in_worker() -> None:
+    """In a Ray worker process: the console handler, unless the process already has one."""
+    if not any(isinstance(h, _Stderr) for h in logging.getLogger(ROOT).handlers):
+        to_console()
+
+
+def event(logger: logging.Logger, name: str, message: str, **fields: Any) -> None:
+    """Log ``message`` at INFO as the event ``name`` with ``fields`` (read by the JSON lines)."""
+    logger.info(message, extra={"event": name, **fields})
