@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from iaa.errors import printable
 
@@ -25,22 +25,27 @@ _STANDARD = frozenset(vars(logging.makeLogRecord({})))    # a record's own attri
 
 
 class _Console(logging.Formatter):
-    """One line per record: INFO as it is, WARNING as ``warning: ...``, its control characters escaped."""
+    """One line per record: INFO as it is, WARNING as ``warning: ...``, its control characters
+    escaped and its options spelled by ``render``."""
+
+    def __init__(self, render: Callable[[str], str]) -> None:
+        super().__init__()
+        self.render = render
 
     def format(self, record: logging.LogRecord) -> str:
-        text = printable(record.getMessage(), keep_lines=True)
+        text = printable(self.render(record.getMessage()), keep_lines=True)
         if record.levelno >= logging.ERROR:
             return f"Error: {text}"
         return f"warning: {text}" if record.levelno >= logging.WARNING else text
 
 
-class _JsonLines(logging.Formatter):
+class _JsonLines(_Console):
     """One JSON object per record: level, logger, message and the event's fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         fields = {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
         return json.dumps({"level": record.levelname.lower(), "logger": record.name,
-                           "message": record.getMessage(), **fields}, default=str)
+                           "message": self.render(record.getMessage()), **fields}, default=str)
 
 
 class _Stderr(logging.Handler):
@@ -55,18 +60,20 @@ class _Stderr(logging.Handler):
             self.handleError(record)
 
 
-def to_console(*, json_lines: bool = False, quiet: bool = False) -> logging.Handler:
+def to_console(*, json_lines: bool = False, quiet: bool = False,
+               render: Callable[[str], str] = str) -> logging.Handler:
     """Send ``iaa``'s lines to stderr, replacing a handler that this function installed before.
 
     Args:
         json_lines: one JSON object per line instead of text.
         quiet: warnings only, no progress.
+        render: what each message goes through first (the command line spells its options).
     """
     logger = logging.getLogger(ROOT)
     for old in [h for h in logger.handlers if isinstance(h, _Stderr)]:
         logger.removeHandler(old)
     handler = _Stderr()
-    handler.setFormatter(_JsonLines() if json_lines else _Console())
+    handler.setFormatter(_JsonLines(render) if json_lines else _Console(render))
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING if quiet else logging.INFO)
     logger.propagate = False          # the one voice: not once more through the root logger's handlers
@@ -77,6 +84,12 @@ def in_worker() -> None:
     """In a Ray worker process: the console handler, unless the process already has one."""
     if not any(isinstance(h, _Stderr) for h in logging.getLogger(ROOT).handlers):
         to_console()
+
+
+def rendered(text: str) -> str:
+    """``text`` as the console handler would show it (for a line written around the logging module)."""
+    formats = [h.formatter for h in logging.getLogger(ROOT).handlers if isinstance(h, _Stderr)]
+    return formats[0].render(text) if formats and isinstance(formats[0], _Console) else text
 
 
 def event(logger: logging.Logger, name: str, message: str, **fields: Any) -> None:

@@ -42,6 +42,14 @@ def logged(caplog, level: str, phrase: str) -> list[str]:
             if r.name.startswith("iaa") and r.levelname == level and phrase in r.getMessage()]
 
 
+def as_shown(text: object) -> str:
+    """A job's text as ``iaa-cli`` shows it: the options it names spelled as flags."""
+    from iaa.cli.flags import render
+    from iaa.cli.group import cli
+
+    return render(str(text), cli)
+
+
 def snapshot(*roots: Path) -> dict[str, str]:
     """sha256 of every file under ``roots`` (or of a root that is a file)."""
     out = {}

@@ -105,6 +105,7 @@ class FakeTracker:
     """:class:`iaa.jobs.ports.Tracker` in memory. Set ``down`` to make every call fail as a lost store would."""
 
     uri = "memory:"
+    ui_command = "fake-ui memory:"
     transient_errors = (StoreDown,)
 
     def __init__(self) -> None:

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -315,6 +316,46 @@ def prints(source: str) -> list[int]:
     """The lines of ``source`` that call the builtin ``print``."""
     return [node.lineno for node in ast.walk(ast.parse(source))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
+
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+NOT_FLAGS = {"iaa.jobs.evaluation.explain_html": {"--a"}}      # a CSS custom property
+
+
+def strings(source: str) -> list[str]:
+    """The string constants of ``source``, docstrings aside (they document; they are not said)."""
+    tree = ast.parse(source)
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs]
+
+
+def spelled_flags(source: str) -> list[str]:
+    """The ``--flags`` that ``source`` spells in a string."""
+    return [flag for text in strings(source) for flag in FLAG.findall(text)]
+
+
+def test_the_jobs_spell_no_flag() -> None:
+    """A job names an option by its Python name (`` `run_dir` ``); the command line spells it."""
+    found = {name: sorted(set(spelled_flags(path.read_text(encoding="utf-8"))) - NOT_FLAGS.get(name, set()))
+             for name, path in MODULES.items() if name.startswith("iaa.jobs")}
+    assert {name: flags for name, flags in found.items() if flags} == {}
+    assert spelled_flags('"""--doc"""\ndef f(x):\n    return f"give --run-dir {x}"\n') == ["--run-dir"]
+
+
+def test_the_options_that_the_jobs_name_exist() -> None:
+    """Every `` `name` `` in a job's strings is an option of some command, so the command line can spell it."""
+    from iaa.cli.flags import MARKED, spellings
+    from iaa.cli.group import cli
+
+    known = {name for options in spellings(cli).values() for name in options}
+    named = {name: {m.group(2) for text in strings(path.read_text(encoding="utf-8"))
+                    for m in MARKED.finditer(text) if m.group(2)}
+             for name, path in MODULES.items() if name.startswith("iaa.jobs")}
+    unknown = {name: sorted(names - known) for name, names in named.items() if names - known}
+    assert unknown == {}
 
 
 def test_the_jobs_and_the_platform_never_print() -> None:

@@ -214,7 +214,7 @@ def test_refuses_to_overwrite_a_folder_it_did_not_make(tmp_path):
         make("cbt-ne", [books(tmp_path)], tmp_path / "out")
     make("cbt-ne", [books(tmp_path)], tmp_path / "made")
     make("cbt-ne", [books(tmp_path)], tmp_path / "made")  # the same questions again: remade
-    with pytest.raises(IaaError, match="already holds a cloze question set .* add --overwrite"):
+    with pytest.raises(IaaError, match="already holds a cloze question set .* add `overwrite`"):
         make("cbt-ne", [books(tmp_path)], tmp_path / "made", seed=1)
     make("cbt-ne", [books(tmp_path)], tmp_path / "made", seed=1, overwrite=True)  # its own output is replaced
 

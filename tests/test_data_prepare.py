@@ -154,7 +154,7 @@ def test_refuses_to_overwrite_a_foreign_folder(tmp_path):
 
 
 def test_ensure_prepared_names_the_prepare_command(tmp_path):
-    with pytest.raises(DataError, match=r"iaa-cli prepare --dataset cbt-cn --source PATH --out"):
+    with pytest.raises(DataError, match=r"iaa-cli prepare `dataset` cbt-cn `source` PATH `out`"):
         prepare.ensure_prepared("cbt-cn", tmp_path)
     out = tmp_path / "data" / "cbt-ne"
     prepare.run("cbt-ne", make_cbtest(tmp_path), out, progress=False)
@@ -177,7 +177,7 @@ def test_bad_arguments(tmp_path):
         prepare.run("squad", None, tmp_path / "o")
     with pytest.raises(DataError, match="on_error"):
         prepare.run("demo", None, tmp_path / "o", on_error="ignore")
-    with pytest.raises(DataError, match="needs --source"):
+    with pytest.raises(DataError, match="needs `source`"):
         prepare.run("cbt-ne", None, tmp_path / "o")
     assert not os.path.exists(tmp_path / "o")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from _faults import as_shown
 from iaa.jobs.sweeps.cost import SweepCost, duration
 
 
@@ -10,7 +11,7 @@ def _cost(rate: float, gpus: bool = False) -> SweepCost:
 
 
 def test_long_cpu_sweeps_say_how_to_shrink():
-    text = _cost(rate=20.0).describe()
+    text = as_shown(_cost(rate=20.0).describe())
     assert "24 trials x 4 epochs x 120,000 examples" in text
     assert _cost(20.0).wall_s == 24 * 4 * 120_000 / 20.0
     assert "--num-samples" in text and "--max-epochs" in text and "GPU" in text

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from _faults import as_shown
 from _shared import REPO
 from iaa import cli
 from iaa.data.datasets import CLOZE_STYLES
@@ -105,7 +106,7 @@ def test_best_config_of_a_dataset_sweep_names_the_dataset_only(tiny: Path, tmp_p
 def test_the_next_commands_start_with_training_the_best_config_in_the_same_workdir(tmp_path: Path) -> None:
     best = TrialRecord(trial_id="t1", config=JobConfig(), checkpoint="/w/best.pt")
     req = tune.TuneRequest(dataset="demo", workdir=tmp_path / "my work", tracking_uri="sqlite:////s/m.db")
-    lines = tune.next_commands("demo-iaa-abc123", best, {}, req, tmp_path / "my work" / "b.yaml").splitlines()
+    lines = as_shown(tune.next_commands("demo-iaa-abc123", best, {}, req, tmp_path / "my work" / "b.yaml")).splitlines()
     work = f"'{tmp_path / 'my work'}'"
     assert lines[1] == f"  iaa-cli train --config '{tmp_path / 'my work' / 'b.yaml'}' --workdir {work} " \
                        "--tracking-uri sqlite:////s/m.db"

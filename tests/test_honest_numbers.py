@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from _faults import as_shown
 from iaa.cli import cli
 from iaa.jobs.evaluation import closing, uncertainty
 from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -74,7 +75,7 @@ def test_a_tie_is_named():
 def test_stop_reason_in_words_says_when_still_improving():
     improving = {"stop_reason": "max-epochs", "steps": 24, "best_step": 24}
     assert "while still improving" in closing.stop_words(improving, 2.0)
-    assert "--set train.max_epochs=4" in closing.stop_words(improving, 2.0)
+    assert "--set train.max_epochs=4" in as_shown(closing.stop_words(improving, 2.0))
     plateau = {"stop_reason": "max-epochs", "steps": 24, "best_step": 12}
     assert "improving" not in closing.stop_words(plateau, 2.0)
     assert "patience" in closing.stop_words({"stop_reason": "early-stopped", "steps": 9, "best_step": 3})

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from _faults import as_shown
 from iaa.cli import cli
 from iaa.data.cloze.sources import SourceSpec
 from iaa.data.cloze.tagging import tag_units
@@ -70,7 +71,7 @@ def test_few_questions_are_explained():
 def test_make_cloze_next_commands_run_as_printed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = _make(tmp_path)
-    commands = [line.strip() for line in cloze_summary.describe(result).split("next:\n")[1].splitlines()]
+    commands = [line.strip() for line in as_shown(cloze_summary.describe(result)).split("next:\n")[1].splitlines()]
     assert commands[0].startswith("iaa-cli prepare")
     res = _run(commands[0])
     assert res.exit_code == 0, res.output

@@ -371,9 +371,9 @@ def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() 
     assert asha._reduction_factor == 3.0
     # rungs at 1 and 3 checks: the milestones ASHA compares trials at
     assert sorted(m for m, _ in asha._brackets[0]._rungs) == [1, 3]
-    with pytest.raises(ConfigError, match="--grace-period"):
+    with pytest.raises(ConfigError, match="`grace_period`"):
         tune.TuneRequest(dataset="demo", grace_period=0)
-    with pytest.raises(ConfigError, match="--reduction-factor"):
+    with pytest.raises(ConfigError, match="`reduction_factor`"):
         tune.TuneRequest(dataset="demo", reduction_factor=1.0)
 
 
@@ -383,7 +383,7 @@ def test_a_set_of_a_searched_key_is_named_as_having_no_effect() -> None:
     space = search_space.parse(search_space.PAPER_GRID, JobConfig())
     notes = tune.searched_overrides(("model.embed_dim=64", "train.lr=0.002", "model.steps = 2"), space)
     assert len(notes) == 2
-    assert notes[0].startswith("--set model.embed_dim=64 has no effect") and "{256, 384}" in notes[0]
+    assert notes[0].startswith("`sets` model.embed_dim=64 has no effect") and "{256, 384}" in notes[0]
     assert "model.steps" in notes[1] and not any("train.lr" in n for n in notes)
 
 

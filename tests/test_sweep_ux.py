@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from _faults import as_shown
 from iaa.jobs.config import search_space
 from iaa.jobs.tune import tune
 from iaa.jobs.config.job_config import JobConfig
@@ -41,7 +42,8 @@ def test_the_parent_run_logs_the_search_space_not_a_presets_value_of_a_searched_
 
 def test_the_summary_ends_with_the_next_commands() -> None:
     best = TrialRecord(trial_id="t1", config=JobConfig(), checkpoint="/w/best.pt")
-    text = tune.next_commands("demo-iaa-abc123", best, {}, tune.TuneRequest(dataset="demo"), Path("/w/best.yaml"))
+    text = as_shown(tune.next_commands("demo-iaa-abc123", best, {}, tune.TuneRequest(dataset="demo"),
+                                       Path("/w/best.yaml")))
     assert text.splitlines()[1:] == ["  iaa-cli train --config /w/best.yaml",
                                      "  iaa-cli report --sweep demo-iaa-abc123",
                                      "  iaa-cli ensemble --sweep demo-iaa-abc123",

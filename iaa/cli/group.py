@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import click
 
 from iaa import __version__, logs
-from iaa.cli import data, ensembles, inference, output, reports, training, tuning
+from iaa.cli import data, ensembles, flags, inference, output, reports, training, tuning
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,7 +22,7 @@ from iaa.cli import data, ensembles, inference, output, reports, training, tunin
               help="Progress and warnings on stderr as text lines or as JSON objects, one per line.")
 def cli(debug: bool, workdir: Path | None, quiet: bool, log_format: str) -> None:
     """Iterative Alternating Attention reader: prepare, train, evaluate, tune and ensemble."""
-    logs.to_console(json_lines=log_format == "json", quiet=quiet)
+    logs.to_console(json_lines=log_format == "json", quiet=quiet, render=functools.partial(flags.render, cli=cli))
 
 
 COMMANDS = (data.prepare, training.train, inference.evaluate, inference.baseline, tuning.tune, ensembles.ensemble,

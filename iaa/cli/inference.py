@@ -11,8 +11,7 @@ import click
 from iaa.cli.options import (INPUT_FORMATS, _examples_source, _Finite, _need_data,
                              _vocabulary_data, address_option, data_options,
                              input_option, json_option, precision_option, tracking_option, workdir_option)
-from iaa.cli.output import _close, _emit, _friendly, _warn
-from iaa.errors import printable
+from iaa.cli.output import _close, _emit, _friendly, _warn, shown
 
 
 @click.command()
@@ -37,7 +36,7 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
     result = job.run(checkpoint, prepared, split, out, input_path=input_path, precision=precision, workdir=workdir)
     _close(as_json, "iaa.jobs.evaluation.evaluate", result)
     if as_json:                        # where the predictions went (without --json: a key: value line)
-        click.echo(f"predictions: {printable(result['predictions'])}", err=True)
+        click.echo(f"predictions: {shown(result['predictions'])}", err=True)
     _emit(result, as_json, keys=("accuracy", "examples", "predictions"))
 
 
@@ -87,7 +86,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
         _emit(result, True)
     else:
         _warn(result)
-        click.echo(printable(job.describe(result), keep_lines=True))
+        click.echo(shown(job.describe(result), keep_lines=True))
 
 
 @click.command()

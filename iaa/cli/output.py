@@ -10,7 +10,23 @@ from typing import Any, Callable
 
 import click
 
+from iaa.cli.flags import render
+from iaa.jobs.evaluation.closing import Command
 from iaa.errors import printable
+
+
+def shown(text: object, keep_lines: bool = False) -> str:
+    """A job's text as the console shows it: its options spelled as flags, control characters escaped."""
+    return printable(render(str(text)), keep_lines=keep_lines)
+
+
+def _spelled(value: Any) -> Any:
+    """``value`` (a result, with nested lists and dicts) with every string's options spelled as flags."""
+    if isinstance(value, (str, Command)):
+        return render(str(value))
+    if isinstance(value, dict):
+        return {key: _spelled(v) for key, v in value.items()}
+    return [_spelled(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None, err: bool = False) -> None:
@@ -19,13 +35,14 @@ def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = 
     already shown the rest). Its
     ``warnings`` go to stderr first. ``err``: all of it to stderr (stdout carries the output)."""
     _warn(result)
+    result = _spelled(result)
     if as_json:
         click.echo(json.dumps(result, default=str), err=err)
     else:
         for key, value in result.items():
             if (keys is None or key in keys) and key != "warnings":   # those went to stderr
-                shown = f"{value:.6g}" if isinstance(value, float) else printable(value)
-                click.echo(f"{printable(key)}: {shown}", err=err)
+                text = f"{value:.6g}" if isinstance(value, float) else printable(value)
+                click.echo(f"{printable(key)}: {text}", err=err)
 
 
 # What a training command prints on stdout without --json, after its summary on stderr (--json: every key).
@@ -37,12 +54,12 @@ def _close(as_json: bool, module: str, *args: Any) -> None:
     if not as_json:
         import importlib
 
-        click.echo(printable(importlib.import_module(module).describe(*args), keep_lines=True), err=True)
+        click.echo(shown(importlib.import_module(module).describe(*args), keep_lines=True), err=True)
 
 
 def _warn(result: dict[str, Any]) -> None:
     for warning in result.get("warnings", ()):
-        click.echo(f"warning: {printable(warning)}", err=True)
+        click.echo(f"warning: {shown(warning)}", err=True)
 
 
 def _debug(ctx: click.Context | None) -> bool:
@@ -73,11 +90,11 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         except IaaError as err:
             if _debug(click.get_current_context(silent=True)):
                 raise
-            raise click.ClickException(printable(err)) from err
+            raise click.ClickException(shown(err)) from err
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
                 raise
-            raise click.ClickException(printable(unwritable_message(err, err.filename or "the output"))) from err
+            raise click.ClickException(shown(unwritable_message(err, err.filename or "the output"))) from err
 
     return wrapper
 
@@ -94,9 +111,9 @@ def _interrupted(err: KeyboardInterrupt) -> None:
     if EXIT_AT_ONCE:
         # everything is marked: a local Ray's orderly shutdown would take seconds more, so the
         # processes this one started end with it (interrupt.end_process)
-        interrupt.say(printable(err.message or str(err)))
+        interrupt.say(shown(err.message or str(err)))
         interrupt.end_process(err.exit_code)
-    click.echo(printable(err.message or str(err)), err=True)
+    click.echo(shown(err.message or str(err)), err=True)
     raise SystemExit(err.exit_code)
 
 

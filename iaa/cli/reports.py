@@ -8,8 +8,7 @@ from pathlib import Path
 import click
 
 from iaa.cli.options import (_FiniteFloat, json_option, tracking_option, workdir_option)
-from iaa.cli.output import _friendly
-from iaa.errors import printable
+from iaa.cli.output import _friendly, shown
 
 
 @click.command()
@@ -47,7 +46,7 @@ def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], 
         from iaa.platform.tracking.tracker import MlflowTracker
 
         result = sweep_report.run(sweep, workdir, analyze, MlflowTracker, out=out)
-        click.echo(json.dumps(result, default=str) if as_json else printable(sweep_report.describe(result), keep_lines=True))
+        click.echo(json.dumps(result, default=str) if as_json else shown(sweep_report.describe(result), keep_lines=True))
         return
     if out is None:
         raise click.UsageError("--out PNG is required with --experiment")
@@ -59,4 +58,4 @@ def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], 
 
     result = job.run(experiment, out, MlflowTracker, run_ids=run_ids + more_run_ids, metric=metric, x=x_axis,
                      baseline=baseline, baseline_data=baseline_data, workdir=workdir, tracking_uri=tracking_uri)
-    click.echo(json.dumps(result, default=str) if as_json else printable(job.describe(result), keep_lines=True))
+    click.echo(json.dumps(result, default=str) if as_json else shown(job.describe(result), keep_lines=True))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Callable, Iterator
 
-from iaa import signals
+from iaa import logs, signals
 
 _log = logging.getLogger(__name__)
 
@@ -300,7 +300,7 @@ def say(line: str) -> None:
     inside a logging handler or a stream's buffer, whose locks it would wait on.
     """
     if _SAID.acquire(blocking=False):
-        os.write(2, (line + "\n").encode("utf-8", "backslashreplace"))
+        os.write(2, (logs.rendered(line) + "\n").encode("utf-8", "backslashreplace"))
 
 
 def end_process(code: int) -> None:

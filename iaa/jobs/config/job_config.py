@@ -151,7 +151,7 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
     for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
+            raise ConfigError(f"`sets` expects key=value, got {item!r}")
         node = nested
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -160,7 +160,7 @@ def parse_sets(sets: Sequence[str]) -> dict[str, Any]:
             node[parts[-1]] = strict_yaml.safe_load(raw)
         except yaml.YAMLError as err:
             shown = item if len(item) <= 80 else f"{item[:60]}..."
-            raise ConfigError(f"--set {shown!r}: the value is not valid YAML ({_first_line(err)})") from None
+            raise ConfigError(f"`sets` {shown!r}: the value is not valid YAML ({_first_line(err)})") from None
     return nested
 
 

@@ -68,7 +68,7 @@ def run(
     """
     _check_options(dataset, on_error, min_count, max_vocab)
     out = Path(out) if out is not None else Workdir(workdir).data(dataset)
-    ensure_writable(out.parent, "the output folder's parent", "give a writable --out or --workdir")
+    ensure_writable(out.parent, "the output folder's parent", "give a writable `out` or `workdir`")
     started = time.perf_counter()
     options = {"on_error": on_error, "lowercase": bool(lowercase), "min_count": min_count, "max_vocab": max_vocab}
     if source is not None:
@@ -94,7 +94,7 @@ def _check_options(dataset: str, on_error: str, min_count: int, max_vocab: int |
     if on_error not in ON_ERROR:
         raise DataError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if min_count < 1:
-        raise DataError(f"--min-count must be >= 1, got {min_count}")
+        raise DataError(f"`min_count` must be >= 1, got {min_count}")
     if max_vocab is not None and max_vocab < 4:
         raise DataError(f"max_vocab must be at least 4 (3 special tokens and a word), got {max_vocab}")
 
@@ -143,8 +143,8 @@ def ensure_prepared(dataset: str, workdir: Path) -> Path:
         raise DataError(f"dataset must be one of {DATASETS}, got {dataset!r}")
     if M.read(out) is None:
         what = "the CBTest folder" if dataset.startswith("cbt") else "the folder holding questions/ (or cnn.tgz)"
-        raise DataError(f"dataset {dataset!r} is not prepared; run:  iaa-cli prepare --dataset {dataset} "
-                        f"--source PATH --out {out}  (PATH: {what})", path=out, reason=E.MISSING_SOURCE)
+        raise DataError(f"dataset {dataset!r} is not prepared; run:  iaa-cli prepare `dataset` {dataset} "
+                        f"`source` PATH `out` {out}  (PATH: {what})", path=out, reason=E.MISSING_SOURCE)
     return out
 
 
@@ -167,7 +167,7 @@ def _fingerprint(dataset: str, source: Path | None) -> dict[str, Any]:
     if dataset == "demo":
         return demo.fingerprint()
     if source is None:
-        raise DataError(f"dataset {dataset!r} needs --source", reason=E.MISSING_SOURCE)
+        raise DataError(f"dataset {dataset!r} needs `source`", reason=E.MISSING_SOURCE)
     if dataset == "cnn":
         return cnn.fingerprint(Path(source))
     return M.fingerprint(cbt.find_files(Path(source), dataset.split("-")[1]).values())

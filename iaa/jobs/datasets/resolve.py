@@ -27,7 +27,7 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
     if data is not None:
         prepared = Path(data)
     elif dataset is None:
-        raise ConfigError("give --dataset NAME or --data PREPARED_DIR")
+        raise ConfigError("give `dataset` NAME or `data` PREPARED_DIR")
     else:
         from iaa.jobs.datasets.prepare import ensure_prepared
 
@@ -40,7 +40,7 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
     recorded = manifest.get("dataset")
     if data is not None and dataset is not None and recorded and recorded != dataset:
         raise ConfigError(f"{prepared / MANIFEST}: the folder holds {recorded}, not {dataset}; "
-                          f"leave out --dataset (it comes from the manifest) or give --dataset {recorded}")
+                          f"leave out `dataset` (it comes from the manifest) or give `dataset` {recorded}")
     return str(recorded or dataset), prepared
 
 

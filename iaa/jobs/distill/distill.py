@@ -26,6 +26,7 @@ from iaa.errors import IaaError
 from iaa.files import writing
 from iaa.jobs.distill import identity, teacher as teacher_mod
 from iaa.jobs.config.job_config import JobConfig, from_dict, load
+from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
@@ -116,18 +117,11 @@ def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer 
         return _run(req, train=train, score=score, claim=claim)
 
 
-def resume_command(req: DistillRequest) -> str:
-    """The exact ``iaa-cli distill ... --resume`` that continues the student's run."""
-    from iaa.jobs.evaluation.closing import q, where_flags
-
-    parts = [f"iaa-cli distill --ensemble {q(req.ensemble)}"]
-    parts += [f"--model {q(req.model_kind)}"] if req.model_kind else []
-    parts += [f"--config {q(req.config_file)}"] if req.config_file else []
-    parts += [f"--set {q(item)}" for item in req.sets]
-    parts += [f"--alpha {req.alpha:g} --temperature {req.temperature:g}"]
-    parts += [f"--train-examples {req.train_examples}"] if req.train_examples else []
-    parts += [f"--run-dir {q(req.run_dir)}"] if req.run_dir else []
-    return " ".join(parts) + where_flags(req.workdir) + " --resume"
+def resume_command(req: DistillRequest) -> Command:
+    """The exact ``distill ... resume`` that continues the student's run."""
+    return Command.of("distill", ensemble_dir=req.ensemble, model_kind=req.model_kind, config_file=req.config_file,
+                      sets=tuple(req.sets), alpha=f"{req.alpha:g}", temperature=f"{req.temperature:g}",
+                      train_examples=req.train_examples, run_dir=req.run_dir, **where(req.workdir), resume=True)
 
 
 def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer,
@@ -136,7 +130,7 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
     from iaa.jobs.datasets import resolve
 
     if req.train_examples is not None and req.train_examples < 1:
-        raise IaaError("--train-examples must be >= 1")
+        raise IaaError("`train_examples` must be >= 1")
     summary, members = teacher_mod.members_of(req.ensemble)
     dataset, prepared = resolve.data_dir(None, Path(req.data or summary.get("data_dir", "")), req.workdir)
     cfg = student_config(members[0].checkpoint, prepared, req)

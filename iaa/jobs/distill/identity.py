@@ -45,11 +45,11 @@ def keep(run_dir: Path, teacher: Mapping[str, Any], resume: bool) -> None:
         try:
             then = json.loads(path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, ValueError) as err:
-            raise IaaError(f"{path}: not valid JSON ({err}); give --overwrite to start the run afresh") from None
+            raise IaaError(f"{path}: not valid JSON ({err}); give `overwrite` to start the run afresh") from None
         fields.check(path, then, RULES)
         if [then["ensemble"], then["members"]] != [teacher["ensemble"], list(teacher["members"])]:
             raise TeacherChangedError(
                 f"{run_dir}: its run was distilled from ensemble {then['ensemble']} (teacher {tag(then)}, "
                 f"{then.get('ensemble_dir') or '?'}), not from ensemble {teacher['ensemble']} (teacher {tag(teacher)}, "
-                f"{teacher['ensemble_dir']}); resume it with its own --ensemble, or give --overwrite or another --run-dir")
+                f"{teacher['ensemble_dir']}); resume it with its own `ensemble_dir`, or give `overwrite` or another `run_dir`")
     atomic_write_text(path, json.dumps(dict(teacher), indent=1))

@@ -124,10 +124,10 @@ def read_meta(path: Path) -> dict[str, Any]:
     try:
         raw = (pq.read_schema(path).metadata or {}).get(META_KEY)
     except (OSError, pa.ArrowInvalid) as err:
-        raise TeacherError(f"{path}: not a readable Parquet file ({err}); delete it or pass --refresh-teacher") from None
+        raise TeacherError(f"{path}: not a readable Parquet file ({err}); delete it or pass `refresh_teacher`") from None
     if raw is None:
         raise TeacherError(f"{path}: no teacher metadata ({META_KEY.decode()}); it was not written by "
-                           "`iaa-cli distill`: delete it or pass --refresh-teacher")
+                           "`iaa-cli distill`: delete it or pass `refresh_teacher`")
     return json.loads(raw)
 
 
@@ -144,13 +144,13 @@ def check_fresh(path: Path, members: Sequence[Member], vocab_hash: str, limit: i
         changed = next(((p, d) for (p, d), (_, d2) in zip(now, then) if d != d2), None)
         what = (f"member {changed[0]} changed since (digest {changed[1][:12]}, the teacher has another)"
                 if changed and len(then) == len(now) else f"its members were {[p for p, _ in then]}")
-        raise TeacherError(f"{path}: stale teacher: {what}; pass --refresh-teacher to compute it again")
+        raise TeacherError(f"{path}: stale teacher: {what}; pass `refresh_teacher` to compute it again")
     if meta.get("vocab_hash") != vocab_hash:
         raise TeacherError(f"{path}: stale teacher: computed on data with another vocabulary; "
-                           "pass --refresh-teacher to compute it again")
+                           "pass `refresh_teacher` to compute it again")
     if meta.get("limit") != limit:
         raise TeacherError(f"{path}: computed for {meta.get('limit') or 'all'} training examples, not "
-                           f"{limit or 'all'}; pass --refresh-teacher to compute it again")
+                           f"{limit or 'all'}; pass `refresh_teacher` to compute it again")
 
 
 def attach(train: pa.Table, path: Path) -> pa.Table:
@@ -162,7 +162,7 @@ def attach(train: pa.Table, path: Path) -> pa.Table:
     try:
         teacher = pq.read_table(path, schema=SCHEMA)
     except (OSError, pa.ArrowInvalid, ValueError) as err:
-        raise TeacherError(f"{path}: not a teacher file ({str(err).splitlines()[0]}); pass --refresh-teacher") from None
+        raise TeacherError(f"{path}: not a teacher file ({str(err).splitlines()[0]}); pass `refresh_teacher`") from None
     row_of = {e: i for i, e in enumerate(teacher.column("example_id").to_pylist())}
     words = teacher.column("candidate_words").to_pylist()
     probs = teacher.column(TEACHER_COLUMN).to_pylist()
@@ -171,20 +171,20 @@ def attach(train: pa.Table, path: Path) -> pa.Table:
         i = row_of.get(example_id)
         if i is None:
             raise TeacherError(f"{path}: no teacher distribution for training example {example_id!r}; "
-                               "pass --refresh-teacher")
+                               "pass `refresh_teacher`")
         p = probs[i]
         if words[i] != cands or p is None or len(p) != len(cands):
             raise TeacherError(f"{path}: example {example_id!r} (row {i}): its candidates differ from the training "
-                               "data's; pass --refresh-teacher")
+                               "data's; pass `refresh_teacher`")
         if not all(math.isfinite(v) and v >= 0 for v in p) or abs(sum(p) - 1.0) > SUM_TOLERANCE:
             raise TeacherError(f"{path}: example {example_id!r} (row {i}): not a distribution "
-                               f"(sum {sum(p):.4f}); pass --refresh-teacher")
+                               f"(sum {sum(p):.4f}); pass `refresh_teacher`")
         column.append(p)
     recorded = read_meta(path).get("content_sha256")
     if recorded != content_digest(teacher):
         what = "carries no content digest (written by an older version)" if recorded is None else \
             "its contents do not match the digest written with them (edited after distill wrote it)"
-        raise TeacherError(f"{path}: {what}; pass --refresh-teacher to compute it again")
+        raise TeacherError(f"{path}: {what}; pass `refresh_teacher` to compute it again")
     return train.append_column(pa.field(TEACHER_COLUMN, pa.list_(pa.float32())), pa.array(column, pa.list_(pa.float32())))
 
 

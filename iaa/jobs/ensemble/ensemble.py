@@ -38,7 +38,7 @@ from iaa.errors import IaaError
 from iaa.jobs import interrupt
 from iaa.jobs.ensemble import ensemble_run, scoring
 from iaa.jobs.evaluation import averaging, ensemble_record, uncertainty
-from iaa.jobs.evaluation.closing import q, where_flags
+from iaa.jobs.evaluation.closing import Command, next_block, where
 from iaa.jobs.ensemble import members as ledger
 from iaa.jobs.training.loop import LOG_PROGRESS_S
 from iaa.jobs.workdir import names
@@ -81,16 +81,16 @@ class EnsembleRequest:
         object.__setattr__(self, "members", distinct_members(self.members))
         object.__setattr__(self, "workdir", Path(self.workdir))
         names.folder_name(self.name)
-        names.folder_name(self.sweep, "--sweep")
+        names.folder_name(self.sweep, "`sweep`")
         names.registered_name(self.register)
         if (self.sweep is None) == (not self.members):
-            raise ConfigError("give exactly one of --sweep NAME or --members CKPT ...")
+            raise ConfigError("give exactly one of `sweep` NAME or `members` CKPT ...")
         if self.select not in averaging.SELECT_MODES:
             raise ConfigError(f"unknown selection {self.select!r}; choose from {list(averaging.SELECT_MODES)}")
         if self.top_configs < 1 or self.seeds < 1:
-            raise ConfigError("--top-configs and --seeds must be >= 1")
+            raise ConfigError("`top_configs` and `seeds` must be >= 1")
         if not 0 < self.p <= 1:
-            raise ConfigError("--p must be in (0, 1]")
+            raise ConfigError("`p` must be in (0, 1]")
 
 
 def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
@@ -99,7 +99,7 @@ def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
     for member in members:
         key = Path(member).resolve()
         if key in seen:
-            raise ConfigError(f"{member}: listed twice in --members (also as {seen[key]}); an ensemble averages "
+            raise ConfigError(f"{member}: listed twice in `members` (also as {seen[key]}); an ensemble averages "
                               "distinct checkpoints, so list each once")
         seen[key] = Path(member)
     return tuple(Path(m) for m in members)
@@ -187,21 +187,16 @@ def _end_run(run: TrackedRun, signal_name: str) -> None:
         run.end("KILLED")
 
 
-def resume_command(req: EnsembleRequest) -> str:
+def resume_command(req: EnsembleRequest) -> Command:
     """The command that continues a stopped ensemble: the same one, which reuses every member
     already trained."""
-    parts = ["iaa-cli ensemble"]
-    parts += [f"--sweep {q(req.sweep)}"] if req.sweep else [" ".join(["--members", *map(q, req.members)])]
-    parts += [f"--dataset {q(req.dataset)}"] if req.dataset else []
-    parts += [f"--data {q(req.data)}"] if req.data else []
-    parts += [f"--top-configs {req.top_configs} --seeds {req.seeds}"] if req.sweep else []
-    parts += [f"--select {req.select}"] + ([f"--p {req.p:g}"] if req.select == "top-p" else [])
-    parts += [f"--name {q(req.name)}"] if req.name else []
-    parts += [f"--workers-per-member {req.workers_per_trial}"] if req.workers_per_trial != 1 else []
-    parts += [f"--gpus-per-worker {req.gpus_per_worker:g}"] if req.gpus_per_worker else []
-    parts += [f"--storage-path {q(req.storage_path)}"] if req.storage_path else []
-    parts += [f"--register {q(req.register)}"] if req.register else []
-    return " ".join(parts) + where_flags(req.workdir)
+    return Command.of("ensemble", sweep=req.sweep, members=() if req.sweep else tuple(req.members),
+                      dataset=req.dataset, data=req.data,
+                      top_configs=req.top_configs if req.sweep else None, seeds=req.seeds if req.sweep else None,
+                      select=req.select, p=f"{req.p:g}" if req.select == "top-p" else None, name=req.name,
+                      workers_per_trial=req.workers_per_trial if req.workers_per_trial != 1 else None,
+                      gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
+                      storage_path=req.storage_path, register=req.register, **where(req.workdir))
 
 
 def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared: Path,
@@ -266,8 +261,8 @@ def _check_free(out_dir: Path, name: str, overwrite: bool) -> None:
     members trained so far): it is continued.
     """
     if (out_dir / SUMMARY).exists() and not overwrite:
-        raise IaaError(f"{out_dir}: an ensemble named {name!r} exists already; add --overwrite to replace it, "
-                       "or choose another --name (nothing was changed)")
+        raise IaaError(f"{out_dir}: an ensemble named {name!r} exists already; add `overwrite` to replace it, "
+                       "or choose another `name` (nothing was changed)")
 
 
 def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None) -> dict[str, Any]:
@@ -352,7 +347,7 @@ def _given_ensemble(req: EnsembleRequest, tracker: Tracker) -> tuple[list[Member
     members = given_members(req.members, tracker)
     named = sorted({m.config.dataset for m in members})
     if req.dataset is None and req.data is None and len(named) > 1:
-        raise ConfigError(f"the members were trained on different datasets {named}; pass --data or --dataset")
+        raise ConfigError(f"the members were trained on different datasets {named}; pass `data` or `dataset`")
     dataset, prepared = resolve.data_dir(req.dataset or named[0], req.data, req.workdir)
     digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in req.members).encode()).hexdigest()[:8]
     name = req.name or f"{dataset}-{len(members)}members-{req.select}-{digest}"
@@ -367,15 +362,13 @@ def describe(summary: dict[str, Any], req: EnsembleRequest) -> str:
             else f", test {uncertainty.accuracy_text(summary['test_acc'], summary.get('test_acc_n') or 0)}")
     mean = summary.get("mean_member_valid_acc")
     members = f"{len(summary['members'])} of {len(summary['all_members'])} members ({summary['select']})"
-    where = where_flags(req.workdir)                  # each line runs as printed, in any shell
-    folder, data = q(summary["ensemble_dir"]), q(summary["data_dir"])
+    folder, data, at = summary["ensemble_dir"], summary["data_dir"], where(req.workdir)
     valid = uncertainty.accuracy_text(summary["valid_acc"], summary.get("valid_acc_n") or 0)
     return (f"ensemble {summary['name']}: {members}: valid accuracy {valid}{test}"
             + ("" if mean is None else f" (members alone: {mean:.4f} on average, "
                                       f"{max(summary['member_valid_acc']):.4f} the best)") + "\n"
             f"  folder:       {summary['ensemble_dir']}\n"
             + (f"  model:        {summary['model_uri']}\n" if summary.get("model_uri") else "")
-            + "next:\n"
-            f"  iaa-cli serve --ensemble {folder} --data {data}{where}\n"
-            f"  iaa-cli evaluate --checkpoint {q(summary['members'][0])} --data {data} --split valid{where}\n"
-            f"  iaa-cli distill --ensemble {folder}{where}")
+            + next_block([Command.of("serve", ensemble_dir=folder, data=data, **at),
+                          Command.of("evaluate", checkpoint=summary["members"][0], data=data, split="valid", **at),
+                          Command.of("distill", ensemble_dir=folder, **at)]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -25,16 +26,44 @@ def stop_words(result: Mapping[str, Any], epochs: float | None = None) -> str:
     reason = str(result.get("stop_reason") or "")
     words = STOP_WORDS.get(reason, f"stopped ({reason or 'unknown reason'})")
     if reason in ("max-epochs", "max-time") and still_improving(result):
-        more = (f"--set train.max_epochs={2 * epochs:g}" if reason == "max-epochs" and epochs
-                else "--set train.max_epochs=N" if reason == "max-epochs" else "--set train.max_minutes=N")
+        more = (f"`sets` train.max_epochs={2 * epochs:g}" if reason == "max-epochs" and epochs
+                else "`sets` train.max_epochs=N" if reason == "max-epochs" else "`sets` train.max_minutes=N")
         words += f" while still improving (its last check was its best): give it more with {more}"
     return words
 
 
-def where_flags(workdir: Path | str | None, tracking_uri: str | None = None) -> str:
-    """`` --workdir W`` and `` --tracking-uri U`` where they are not the defaults."""
-    flags = "" if workdir is None or Path(workdir) == Path(DEFAULT_WORKDIR) else f" --workdir {q(workdir)}"
-    return flags + (f" --tracking-uri {q(tracking_uri)}" if tracking_uri else "")
+@dataclass(frozen=True)
+class Command:
+    """A command to run next: its name and its options by their Python names, in order.
+
+    A value of True is a bare flag; a tuple repeats the option once per item. As text
+    (:meth:`__str__`) each option is written `` `name` VALUE``: the command line spells the flag.
+    """
+
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, name: str, /, **options: Any) -> Command:
+        """``name`` with ``options``, leaving out those that are None, False or empty."""
+        return cls(name, tuple((key, value) for key, value in options.items()
+                               if value is not None and value is not False and value != ()))
+
+    def plus(self, **options: Any) -> Command:
+        return Command(self.name, self.options + Command.of(self.name, **options).options)
+
+    def __str__(self) -> str:
+        parts = [f"iaa-cli {self.name}"]
+        for key, value in self.options:
+            for item in value if isinstance(value, tuple) else (value,):
+                parts.append(f"`{key}`" if item is True else f"`{key}` {q(item)}")
+        return " ".join(parts)
+
+
+def where(workdir: Path | str | None, tracking_uri: str | None = None) -> dict[str, str]:
+    """The ``workdir`` and ``tracking_uri`` options, where they are not the defaults."""
+    found = {} if workdir is None or Path(workdir) == Path(DEFAULT_WORKDIR) else {"workdir": str(workdir)}
+    return found | ({"tracking_uri": tracking_uri} if tracking_uri else {})
 
 
 def q(value: Any) -> str:
@@ -42,7 +71,7 @@ def q(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-def next_block(commands: Sequence[str]) -> str:
+def next_block(commands: Sequence[Command | str]) -> str:
     """``next:`` and one indented command a line."""
     return "next:\n" + "\n".join(f"  {c}" for c in commands)
 

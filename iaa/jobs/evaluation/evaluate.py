@@ -186,17 +186,15 @@ def describe(result: dict[str, Any]) -> str:
     the predictions file, and the next commands."""
     from iaa.jobs.evaluation import closing
 
-    q = closing.q
-    ckpt, source = q(result["checkpoint"]), (f"--data {q(result['data_dir'])}" if result.get("data_dir")
-                                            else f"--input {q(result['input'])}")
+    ckpt, data = result["checkpoint"], result.get("data_dir")
+    source = {"data": data} if data else {"input_path": result["input"]}
     steps = f"; {result['mean_steps']:.2f} inference steps on average" if "mean_steps" in result else ""
     return (f"{result['split'] or result['input']} accuracy: "
             f"{uncertainty.accuracy_text(result['accuracy'], result['examples'])} over the examples{steps}\n"
             f"  predictions:  {result['predictions']}\n"
-            + closing.next_block([f"iaa-cli explain --checkpoint {ckpt} {source}"
-                                  + (f" --split {result['split']}" if result.get("split") else "") + " --first 5",
-                                  f"iaa-cli ensemble --members {ckpt}"
-                                  + (f" --data {q(result['data_dir'])}" if result.get("data_dir") else "")]))
+            + closing.next_block([closing.Command.of("explain", checkpoint=ckpt, **source, split=result.get("split"),
+                                                     first=5),
+                                  closing.Command.of("ensemble", members=(ckpt,), data=data)]))
 
 
 def step_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:

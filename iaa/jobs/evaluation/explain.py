@@ -29,7 +29,7 @@ def select_rows(table: pa.Table, example_ids: Sequence[str], first: int | None, 
     rows = [where[e] for e in example_ids]
     rows += [r for r in range(min(first or 0, len(ids))) if r not in rows]
     if not rows:
-        raise IaaError("choose examples with --example-id ID (repeatable) or --first N")
+        raise IaaError("choose examples with `example_ids` ID (repeatable) or `first` N")
     return rows
 
 
@@ -103,20 +103,20 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
     from iaa.jobs.evaluation.explain_html import render_page
 
     if not example_ids and not first and input_path is None:
-        raise IaaError("choose examples with --example-id ID (repeatable) or --first N")
+        raise IaaError("choose examples with `example_ids` ID (repeatable) or `first` N")
     found = load_examples(checkpoint_path, data_dir=data_dir, split=split, input_path=input_path,
                           todo="explain it on the data it was trained on")
     if not example_ids and not first:                     # --input alone: every question of a small file
         if found.table.num_rows > WHOLE_INPUT:
             raise IaaError(f"{input_path} holds {found.table.num_rows} questions, more than one page shows "
-                           f"({WHOLE_INPUT}); choose with --first N or --example-id ID")
+                           f"({WHOLE_INPUT}); choose with `first` N or `example_ids` ID")
         first = found.table.num_rows
     if out is None:
         out = Workdir(workdir or Path(DEFAULT_WORKDIR)).evaluation(checkpoint_path) / f"explain-{found.name}.html"
     outputs.check_file_output(out, suffixes=(".html", ".htm"), what="an HTML page", inputs=found.inputs)
     if png is not None:
-        outputs.check_file_output(png, suffixes=(".png",), what="a PNG image", flag="--png",
-                                  inputs={**found.inputs, "the HTML page (--out)": out})
+        outputs.check_file_output(png, suffixes=(".png",), what="a PNG image", flag="`png`",
+                                  inputs={**found.inputs, "the HTML page (`out`)": out})
     rows = select_rows(found.table, example_ids, first, f"the {split} split" if input_path is None else str(input_path))
     records = example_records(found.model, found.table, found.tokens, rows, found.kind)
     atomic_write_text(out, render_page(records, f"{found.kind} on {found.title}"))

@@ -55,11 +55,11 @@ class Predictor:
             carried = checkpoint.vocabulary(state, first)
             if carried is None:
                 raise IaaError(f"{first} carries no vocabulary (it was written by an older version): pass the "
-                               "prepared folder it was trained on with --data or --dataset")
+                               "prepared folder it was trained on with `data` or `dataset`")
             (vocab, lowercase), vocab_hash, source = carried, state.get("vocab_hash", ""), str(first)
         for path, _, _, state in loaded:
             checkpoint.check_vocab(state, vocab_hash, path, source, "an ensemble's members and the data must share one "
-                                   "vocabulary; pass the prepared folder it was trained on with --data")
+                                   "vocabulary; pass the prepared folder it was trained on with `data`")
         return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase, used)
 
     def predict(self, questions: Sequence[Question]) -> list[dict[str, Any]]:

@@ -276,7 +276,7 @@ def check_resumable(state: Mapping[str, Any], cfg: JobConfig, vocab_hash: str, s
         CheckpointError: the data's vocabulary or a setting outside ``RESUMABLE_CHANGES`` differs.
     """
     check_vocab(state, vocab_hash, f"cannot resume from {source}: it", "the data given now",
-                "use the same --data or --dataset, or start a fresh run without --resume")
+                "use the same `data` or `dataset`, or start a fresh run without `resume`")
     try:
         saved = from_dict(state["config"])
     except ConfigError as err:
@@ -285,8 +285,8 @@ def check_resumable(state: Mapping[str, Any], cfg: JobConfig, vocab_hash: str, s
                for key, old, new in _differences(asdict(saved), asdict(cfg)) if key not in RESUMABLE_CHANGES]
     if changed:
         raise CheckpointError(f"cannot resume from {source}: the config differs ({'; '.join(changed[:5])}); "
-                              "resume with the same config, or start a fresh run without --resume "
-                              "(or in another --run-dir)")
+                              "resume with the same config, or start a fresh run without `resume` "
+                              "(or in another `run_dir`)")
 
 
 def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = ""):

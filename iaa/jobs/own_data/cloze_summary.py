@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from iaa.data.cloze import advice
+from iaa.jobs.evaluation.closing import Command, next_block
 
 # Why a window gave no question, in words (``{style}``: the word type or entities asked for).
 REASONS = {
@@ -53,20 +54,17 @@ def _why(style: str, dropped: Mapping[str, int]) -> str:
     worst = max(dropped, key=dropped.get) if dropped else ""
     if style == "cnn":
         return ("the text names few entities: a cbt-* style asks about common words instead"
-                if worst == "too_few_entities" else "more text, or a smaller --stride, tries more windows")
+                if worst == "too_few_entities" else "more text, or a smaller `stride`, tries more windows")
     if style in ("cbt-ne", "cbt-p") and worst:
-        return f"{KINDS[style]}s are rare in this text: --style cbt-cn or cbt-v finds more candidates"
-    return "more text, or --stride 1 (every window), gives more questions"
+        return f"{KINDS[style]}s are rare in this text: `style` cbt-cn or cbt-v finds more candidates"
+    return "more text, or `stride` 1 (every window), gives more questions"
 
 
 def _next(result: Mapping[str, Any]) -> str:
     out = Path(result["out"])
     prepared = advice.prepared_sibling(out)
-    q = advice._q
     if result["questions"].get("valid", 0) == 0:
         remake = advice.empty_valid(out, prepared)
-        return f"next: the valid split is empty; {remake}" if remake else "next: give make-cloze --valid N"
-    return ("next:\n"
-            f"  {advice.prepare_command(result['style'], out)}\n"
-            f"  iaa-cli tune --data {q(prepared)}\n"
-            f"  iaa-cli train --data {q(prepared)}")
+        return f"next: the valid split is empty; {remake}" if remake else "next: give make-cloze `valid` N"
+    return next_block([advice.prepare_command(result["style"], out),
+                       Command.of("tune", data=prepared), Command.of("train", data=prepared)])

@@ -186,7 +186,7 @@ def small_splits(counts: Mapping[str, int]) -> list[str]:
                          f"models are noise; draw more documents into it (--{split} N) for at least "
                          f"{MEASURABLE_QUESTIONS} questions (2.5 points)")
     if counts.get("valid", 0) == 0:
-        notes.append("the valid split is empty: train and tune need one to measure accuracy; give --valid N")
+        notes.append("the valid split is empty: train and tune need one to measure accuracy; give `valid` N")
     return notes
 
 
@@ -306,8 +306,8 @@ def _refuse_stores(out: Path, workdir: Workdir) -> None:
               root / Workdir.TRACKING_DB, root / "optuna.db"]
     for store in stores:
         if outputs.inside(out, store) and (store.exists() or outputs.same_path(out, store)):
-            raise outputs.OutputError(f"{out}: --out lies in the work folder's store {store}; "
-                                      "give another --out (nothing was written)")
+            raise outputs.OutputError(f"{out}: `out` lies in the work folder's store {store}; "
+                                      "give another `out` (nothing was written)")
     outputs.refuse_inputs(out, {"the work folder's store": stores}, folder=True)
 
 

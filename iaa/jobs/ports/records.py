@@ -140,7 +140,7 @@ class ModelSource:
         if self.kind not in ("model", "checkpoint", "ensemble"):
             raise IaaError(f"unknown model source kind {self.kind!r}")
         if self.kind == "model" and not self.ref.startswith(MODEL_PREFIXES):
-            raise IaaError(f"--model {self.ref}: expected an MLflow model URI, models:/NAME/VERSION")
+            raise IaaError(f"`model_kind` {self.ref}: expected an MLflow model URI, models:/NAME/VERSION")
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ class ServeConfig:
         if self.replicas < 1 or self.max_batch < 1 or self.batch_wait_ms < 0 or self.cpus_per_replica <= 0:
             raise IaaError("serve needs replicas >= 1, max batch >= 1, batch wait >= 0 ms and CPUs per replica > 0")
         if self.autoscale is not None and not 0 <= self.autoscale[0] <= self.autoscale[1] >= 1:
-            raise IaaError(f"--autoscale {self.autoscale[0]}:{self.autoscale[1]}: need 0 <= MIN <= MAX and MAX >= 1")
+            raise IaaError(f"`autoscale` {self.autoscale[0]}:{self.autoscale[1]}: need 0 <= MIN <= MAX and MAX >= 1")
 
 
 @dataclass(frozen=True)

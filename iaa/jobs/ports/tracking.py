@@ -52,6 +52,7 @@ class Tracker(Protocol):
     """
 
     uri: str
+    ui_command: str          # how a person opens the store's runs (``mlflow ui ...``)
     transient_errors: tuple[type[BaseException], ...]
 
     def start_run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,

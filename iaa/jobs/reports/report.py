@@ -57,7 +57,7 @@ def select_runs(tracker: Tracker, experiment: str, run_ids: Sequence[str] = ()) 
     for run_id in run_ids:
         if run_id not in by_id:
             raise IaaError(f"run {run_id} is not in experiment {experiment!r} of {uri}; "
-                           "list its runs with `mlflow ui` or drop --runs to draw them all")
+                           "list its runs with `mlflow ui` or drop `run_ids` to draw them all")
         children = [r for r in records if r.parent_run_id == run_id]
         for record in children or [by_id[run_id]]:
             chosen[record.run_id] = record
@@ -74,7 +74,7 @@ def x_values(record: RunRecord, points: Sequence[MetricPoint], x: str) -> list[f
         batch = int(record.params["train.batch_size"])
     except (KeyError, ValueError) as err:
         raise IaaError(f"run {record.run_id} ({record.name}) has no train.batch_size parameter, so its examples "
-                       "seen are unknown; use --x steps") from err
+                       "seen are unknown; use `x_axis` steps") from err
     workers = max(1, int(record.tags.get("workers", "0") or 0))
     return [float(p.step * batch * workers) for p in points]
 
@@ -141,7 +141,7 @@ def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, r
     from iaa.jobs.workdir import outputs
 
     if x not in X_AXES:
-        raise IaaError(f"--x must be one of {', '.join(X_AXES)}, got {x!r}")
+        raise IaaError(f"`x_axis` must be one of {', '.join(X_AXES)}, got {x!r}")
     outputs.check_file_output(out, suffixes=(".png",), what="a PNG image", inputs={
         "a file of the prepared data": outputs.data_files(baseline_data),
         "the tracking database": Workdir(workdir).tracking_db(tracking_uri)})

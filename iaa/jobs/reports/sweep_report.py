@@ -25,7 +25,7 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
         out: Path | None = None) -> dict[str, Any]:
     """Draw the figures of sweep ``name``'s study and log them to its parent run; BadNameError
     when ``name`` could leave the work folder's ``sweeps`` folder."""
-    names.folder_name(name, "--sweep")
+    names.folder_name(name, "`sweep`")
     path = sweep_file.find(Path(workdir), name)
     sweep = sweep_file.read(path)
     study = sweep.get("optuna") or {}

@@ -82,8 +82,8 @@ class SweepCost:
             text += (f"; of which {duration(overhead)} is not training: {self.checks} validation check(s) of "
                      f"{self.valid_examples:,} examples per trial and the trials' start")
         if not self.gpus and self.wall_s > MANY_HOURS * 3600:
-            text += ("\n  that is long for CPUs: shrink it with --num-samples N, --max-epochs E, a smaller "
-                     "model (--set model.embed_dim=...), or run on a GPU cluster (--address, --gpus-per-worker 1)")
+            text += ("\n  that is long for CPUs: shrink it with `num_samples` N, `max_epochs` E, a smaller "
+                     "model (`sets` model.embed_dim=...), or run on a GPU cluster (`address`, `gpus_per_worker` 1)")
         return text
 
 

@@ -66,7 +66,7 @@ def read_resumable(path: Path, has_study: Callable[[str, str], bool] | None = No
     storage, study = data["optuna"]["storage"], data["optuna"]["study"]
     if has_study is not None and not has_study(storage, study):
         raise RecordError(f"{path}: optuna.study: no study {study!r} in {storage}; the sweep cannot be resumed "
-                          "without it: run a new sweep under another --name")
+                          "without it: run a new sweep under another `sweep_name`")
     return data
 
 
@@ -175,7 +175,7 @@ def find(workdir: Path, name: str) -> Path:
     runs = [p for p in Workdir(workdir).sweeps.glob(f"{name}-*/sweep.json") if _is_id(p.parent.name, name)]
     if runs:
         return max(runs, key=lambda p: p.stat().st_mtime)
-    raise IaaError(f"no sweep {name!r}: {exact} does not exist (run `iaa-cli tune --name {name}` first)")
+    raise IaaError(f"no sweep {name!r}: {exact} does not exist (run `iaa-cli tune `sweep_name` {name}` first)")
 
 
 def _is_id(folder: str, prefix: str) -> bool:

@@ -21,6 +21,7 @@ from iaa.jobs import interrupt
 from iaa.jobs.modeling import precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.ports import Launcher, TrackedRun, Tracker, WorkersRequest
+from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.predictor import MODEL_CODE
 from iaa.jobs.training.session import MetricsCallback
 from iaa.jobs.training.step import retain_freed_memory
@@ -185,7 +186,7 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
         _log.info(best_config_notice(handoff["sweep"], cfg))
     run_dir = resolve.run_dir(name, cfg, req.run_dir, req.workdir)
     outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
-                          flag="--run-dir", folder=True)
+                          flag="`run_dir`", folder=True)
     tracker = open_tracker(uri)
     with interrupt.stoppable(resume_command(req, run_dir), kept=lambda: f"kept {run_dir} and its last checkpoint"), \
             rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
@@ -202,22 +203,13 @@ def _killed(run: Any, signal_name: str) -> None:
     run.end("KILLED")
 
 
-def resume_command(req: TrainRequest, run_dir: Path) -> str:
-    """The exact ``iaa-cli train ... --resume`` that continues the run in ``run_dir``."""
-    from iaa.jobs.evaluation.closing import q, where_flags
-
-    parts = ["iaa-cli train"]
-    parts += [f"--dataset {q(req.dataset)}"] if req.dataset else []
-    parts += [f"--data {q(req.data)}"] if req.data else []
-    parts += [f"--model {q(req.model_kind)}"] if req.model_kind else []
-    parts += [f"--config {q(req.config_file)}"] if req.config_file else []
-    parts += [f"--set {q(item)}" for item in req.sets]
-    parts += [f"--run-dir {q(run_dir)}"]
-    parts += [f"--workers {req.workers}"] if req.workers else []
-    parts += [f"--gpus-per-worker {req.gpus_per_worker:g}"] if req.gpus_per_worker else []
-    parts += [f"--storage-path {q(req.storage_path)}"] if req.storage_path else []
-    parts += [f"--register {q(req.register)}"] if req.register else []
-    return " ".join(parts) + where_flags(req.workdir, req.tracking_uri) + " --resume"
+def resume_command(req: TrainRequest, run_dir: Path) -> Command:
+    """The exact ``train ... resume`` that continues the run in ``run_dir``."""
+    return Command.of("train", dataset=req.dataset, data=req.data, model_kind=req.model_kind,
+                      config_file=req.config_file, sets=tuple(req.sets), run_dir=run_dir, workers=req.workers or None,
+                      gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
+                      storage_path=req.storage_path, register=req.register,
+                      **where(req.workdir, req.tracking_uri), resume=True)
 
 
 def with_baseline(result: dict[str, Any], prepared: Path) -> dict[str, Any]:
@@ -237,12 +229,12 @@ def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]
     if req.dataset is not None or req.data is not None:
         return req.dataset, req.data, handoff
     if req.config_file is None:
-        raise IaaError("give --dataset NAME, --data PREPARED_DIR or a --config file that names its data")
+        raise IaaError("give `dataset` NAME, `data` PREPARED_DIR or a `config_file` file that names its data")
     tree = read_yaml(req.config_file)
     dataset = tree.get("dataset") if isinstance(tree, dict) else None
     if "data" not in handoff and not dataset:
-        raise IaaError(f"{req.config_file}: names no data (no 'data' or 'dataset' key); give --dataset NAME "
-                       "or --data PREPARED_DIR")
+        raise IaaError(f"{req.config_file}: names no data (no 'data' or 'dataset' key); give `dataset` NAME "
+                       "or `data` PREPARED_DIR")
     return dataset or None, Path(handoff["data"]) if "data" in handoff else None, handoff
 
 

@@ -66,7 +66,7 @@ def refusal(model: nn.Module, device: torch.device | str, *, compile: bool = Fal
     if not getattr(encoder, "capturable", False):
         name = type(encoder).__name__ if encoder is not None else "nn.GRU over packed sequences"
         return (f"the reader's encoder ({name}) needs the sequence lengths on the host; a padded "
-                "CUDA encoder kernel that declares `capturable` is needed")
+                "CUDA encoder kernel that declares itself capturable is needed")
     return None
 
 

@@ -40,15 +40,14 @@ def describe(result: Mapping[str, Any], req: Any = None, what: str = "train") ->
     return "\n".join(lines + [closing.next_block(next_commands(result, req))])
 
 
-def next_commands(result: Mapping[str, Any], req: Any = None, *, ensemble: bool = True) -> list[str]:
+def next_commands(result: Mapping[str, Any], req: Any = None, *, ensemble: bool = True) -> list[closing.Command]:
     """Score the checkpoint on test, explain it on valid, and (``ensemble``) ensemble it."""
-    q = closing.q
     ckpt, data = result.get("checkpoint", ""), result.get("data_dir", "")
-    where = closing.where_flags(getattr(req, "workdir", None), getattr(req, "tracking_uri", None))
+    at = closing.where(getattr(req, "workdir", None), getattr(req, "tracking_uri", None))
     split = "test" if result.get("has_test") else "valid"
-    return [f"iaa-cli evaluate --checkpoint {q(ckpt)} --data {q(data)} --split {split}",
-            f"iaa-cli explain --checkpoint {q(ckpt)} --data {q(data)} --first 5",
-            *([f"iaa-cli ensemble --members {q(ckpt)} --data {q(data)}{where}"] if ensemble else [])]
+    return [closing.Command.of("evaluate", checkpoint=ckpt, data=data, split=split),
+            closing.Command.of("explain", checkpoint=ckpt, data=data, first=5),
+            *([closing.Command.of("ensemble", members=(ckpt,), data=data, **at)] if ensemble else [])]
 
 
 def _epochs(result: Mapping[str, Any]) -> float | None:

@@ -43,7 +43,7 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
     outputs, unlogged = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
     if parent.lost:
         unlogged.insert(0, f"the sweep's run {parent.run_id} (marked FAILED) lacks {', '.join(parent.lost)}")
-    ui = f"mlflow ui --backend-store-uri {sweep['tracking_uri']}"
+    ui = tracker.ui_command
     baseline_split = frequency.run(prepared, "valid")
     base, n_valid = baseline_split["accuracy"], baseline_split["examples"]
     warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.trial_id}")
@@ -68,7 +68,7 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
             **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties}
 
 
-def finished_result(sweep: dict[str, Any], sweep_dir: Path, prepared: Path) -> dict[str, Any]:
+def finished_result(sweep: dict[str, Any], sweep_dir: Path, prepared: Path, ui_command: str) -> dict[str, Any]:
     """The result of a sweep that has nothing left to run, read from its record (``sweep.json``,
     the best trial's files) and its data: the keys :func:`_finish` gives, with ``nothing_left``.
 
@@ -78,7 +78,7 @@ def finished_result(sweep: dict[str, Any], sweep_dir: Path, prepared: Path) -> d
     scored = [r for r in records if r.scored]
     if not scored:
         raise IaaError(f"sweep {sweep['name']} has nothing left to run, but no trial of it finished a validation "
-                       f"check ({sweep_dir / 'sweep.json'}); run a new sweep under another --name")
+                       f"check ({sweep_dir / 'sweep.json'}); run a new sweep under another `sweep_name`")
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
     baseline_split = frequency.run(prepared, "valid")
     base, n_valid = baseline_split["accuracy"], baseline_split["examples"]
@@ -91,7 +91,7 @@ def finished_result(sweep: dict[str, Any], sweep_dir: Path, prepared: Path) -> d
             "baseline_valid_acc": base, "best_trial": best.trial_id, "best_checkpoint": best.checkpoint,
             "trials": len(records), "sweep_json": str(sweep_dir / "sweep.json"),
             "parent_run_id": sweep["parent_run_id"], **outputs,
-            "mlflow_ui": f"mlflow ui --backend-store-uri {sweep['tracking_uri']}",
+            "mlflow_ui": ui_command,
             **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties,
             "nothing_left": True}
 
@@ -103,7 +103,7 @@ def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun) ->
     if unfinished:
         parent.end("KILLED")
         raise SweepInterrupted(f"sweep {name} interrupted with {len(unfinished)} unfinished trial(s); run "
-                               f"`iaa-cli tune ... --resume {name}` to continue it")
+                               f"`iaa-cli tune ... `resume` {name}` to continue it")
     scored = [r for r in records if r.scored]
     if not scored:
         parent.end("FAILED")
@@ -159,7 +159,7 @@ def write_best_config(best: TrialRecord, path: Path, sweep: str, train_epochs: f
                         "trial_max_epochs": trial_epochs}
     dump_yaml(cfg, path, handoff, header=(
         f"The best configuration of sweep {sweep} (trial {best.trial_id}).\n"
-        f"`iaa-cli train --config {path.name}` trains it for up to train.max_epochs, stopping early after\n"
+        f"`iaa-cli train `config_file` {path.name}` trains it for up to train.max_epochs, stopping early after\n"
         f"train.patience checks without improvement; each trial of the sweep had sweep.trial_max_epochs."))
 
 

@@ -66,13 +66,13 @@ class TuneRequest:
         if self.dataset is not None and self.dataset not in TUNE_PRESETS:
             raise ConfigError(f"no tune preset for {self.dataset!r}; choose from {sorted(TUNE_PRESETS)}")
         if self.num_samples is not None and self.num_samples < 1:
-            raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
+            raise ConfigError(f"`num_samples` must be >= 1, got {self.num_samples}")
         if self.max_epochs is not None and not self.max_epochs > 0:
-            raise ConfigError(f"--max-epochs must be > 0, got {self.max_epochs}")
+            raise ConfigError(f"`max_epochs` must be > 0, got {self.max_epochs}")
         if self.grace_period is not None and self.grace_period < 1:
-            raise ConfigError(f"--grace-period must be at least 1 check, got {self.grace_period}")
+            raise ConfigError(f"`grace_period` must be at least 1 check, got {self.grace_period}")
         if self.reduction_factor is not None and not self.reduction_factor > 1:
-            raise ConfigError(f"--reduction-factor must be above 1, got {self.reduction_factor}")
+            raise ConfigError(f"`reduction_factor` must be above 1, got {self.reduction_factor}")
         if self.sampler is not None and self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose from {', '.join(SAMPLERS)}")
 
@@ -165,7 +165,7 @@ def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: 
     folder, recorded = Workdir(workdir).sweep(name), None
     if req.resume:                        # the record first: a damaged one is refused before anything runs
         if not (folder / "sweep.json").is_file():
-            raise IaaError(f"no sweep {name!r} to resume: {folder / 'sweep.json'} is missing; run it without --resume")
+            raise IaaError(f"no sweep {name!r} to resume: {folder / 'sweep.json'} is missing; run it without `resume`")
         recorded = sweep_file.read_resumable(folder / "sweep.json", launcher.has_study)
         req = stops.with_recorded_budget(req, recorded)
     preset = asha_preset(req)
@@ -211,8 +211,8 @@ def searched_overrides(sets: Sequence[str], space: search_space.SearchSpace) -> 
     for item in sets:
         key = item.split("=", 1)[0].strip()
         if key in space.params:
-            notes.append(f"--set {item} has no effect: the search space searches {key} "
-                         f"{space.params[key].describe()}; give --search-space FILE without {key} to fix it")
+            notes.append(f"`sets` {item} has no effect: the search space searches {key} "
+                         f"{space.params[key].describe()}; give `search_space` FILE without {key} to fix it")
     return notes
 
 
@@ -222,10 +222,10 @@ def asha_notes(reachable_checks: int, preset: TunePreset) -> list[str]:
     if reachable_checks > preset.grace_period:
         return []
     return [f"ASHA can never stop a trial early: a trial makes at most {reachable_checks} validation check(s), "
-            f"and ASHA first compares trials after {preset.grace_period} (--grace-period); every trial runs its "
+            f"and ASHA first compares trials after {preset.grace_period} (`grace_period`); every trial runs its "
             "whole budget. To let it stop the weak ones, give "
-            + (f"--grace-period {reachable_checks - 1} or " if reachable_checks > 1 else "")
-            + "a larger --max-epochs (or more checks per epoch, --set train.check_every=BATCHES)"]
+            + (f"`grace_period` {reachable_checks - 1} or " if reachable_checks > 1 else "")
+            + "a larger `max_epochs` (or more checks per epoch, `sets` train.check_every=BATCHES)"]
 
 
 def asha_preset(req: TuneRequest) -> TunePreset:

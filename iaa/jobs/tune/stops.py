@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 from iaa.errors import IaaError
 from iaa.jobs.config import search_space
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
+from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ports import Launcher, SearchPlan, Tracker
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.workdir.fields import RecordError
@@ -29,11 +30,9 @@ TuneRequest = Any
 KILLED_BEFORE = "left RUNNING by a process that ended without closing it; marked when the sweep was resumed"
 
 
-def resume_command(req: TuneRequest, name: str) -> str:
+def resume_command(req: TuneRequest, name: str) -> Command:
     """The exact command that continues sweep ``name`` (the work folder named when not the default)."""
-    from iaa.jobs.evaluation.closing import q, where_flags
-
-    return f"iaa-cli tune --resume {q(name)}{where_flags(req.workdir, req.tracking_uri)}"
+    return Command.of("tune", resume=name, **where(req.workdir, req.tracking_uri))
 
 
 def end_running(tracker: Tracker, launcher: Launcher, experiment: str, sweep: str, plan: SearchPlan | None,
@@ -100,10 +99,10 @@ def from_record(req: TuneRequest) -> TuneRequest:
     """``req`` (``--resume NAME`` without ``--dataset`` or ``--data``) with the data and budget its
     ``sweep.json`` records; flags given on the command line win."""
     if not req.name:
-        raise IaaError("give --resume NAME (or --dataset / --data to resume the latest sweep of a dataset)")
+        raise IaaError("give `resume` NAME (or `dataset` / `data` to resume the latest sweep of a dataset)")
     path = sweep_file.sweep_file(Path(req.workdir), req.name)
     if not path.is_file():
-        raise IaaError(f"no sweep {req.name!r} to resume: {path} is missing; run it without --resume")
+        raise IaaError(f"no sweep {req.name!r} to resume: {path} is missing; run it without `resume`")
     record = sweep_file.read_resumable(path)
     data = Path(str(record["data_dir"]))
     if not data.is_absolute():

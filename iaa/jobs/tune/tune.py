@@ -73,7 +73,7 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     s = _settle(req, open_tracker, launcher)
     if s.recorded is not None and sweep_file.finished(s.recorded):
         _log.info(stops.nothing_left_line(s.recorded, s.folder))
-        return finished_result(s.recorded, s.folder, s.prepared)
+        return finished_result(s.recorded, s.folder, s.prepared, s.tracker.ui_command)
     with interrupt.stoppable(stops.resume_command(req, s.name)) as stop:
         return _run(req, s, launcher, stop)
 
@@ -141,7 +141,7 @@ def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placeme
     console = None
     if s.recorded is not None:
         if not launcher.can_resume(launch):
-            raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without --resume")
+            raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
         sweep = {**s.recorded, "sampler": s.sampler}     # a record older than samplers names its own
         stops.close_leftovers(s.tracker, launcher, sweep, plan)
         parent = s.tracker.reopen_run(sweep["parent_run_id"])

@@ -27,7 +27,7 @@ class BadNameError(IaaError):
     """A user-given name that could leave its folder or that MLflow would refuse."""
 
 
-def folder_name(name: str | None, flag: str = "--name") -> str | None:
+def folder_name(name: str | None, flag: str = "`name`") -> str | None:
     """``name`` (None passes) when it is a safe folder name; else BadNameError saying what is allowed."""
     if name is None:
         return None
@@ -46,7 +46,7 @@ def component(name: str, what: str) -> str:
     return name
 
 
-def registered_name(name: str | None, flag: str = "--register") -> str | None:
+def registered_name(name: str | None, flag: str = "`register`") -> str | None:
     """``name`` (None passes) when MLflow accepts it as a registered model name."""
     if name is None:
         return None

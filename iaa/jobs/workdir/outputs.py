@@ -35,7 +35,7 @@ from iaa.files import remove_dead_leftovers, writing
 __all__ = ["OutputError", "refuse_inputs", "check_suffix", "check_file", "check_file_output", "data_files",
            "check_folder", "install", "building", "files_under", "writing"]
 
-OVERWRITE = "--overwrite"
+OVERWRITE = "`overwrite`"
 
 
 class OutputError(IaaError):
@@ -59,7 +59,7 @@ def inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool
 
 
 def refuse_inputs(out: str | os.PathLike[str], inputs: Mapping[str, str | os.PathLike[str] | Iterable | None],
-                  *, flag: str = "--out", folder: bool = False) -> None:
+                  *, flag: str = "`out`", folder: bool = False) -> None:
     """Refuse ``out`` when it is one of ``inputs`` (label -> path, or several paths, or None).
 
     With ``folder=True`` (the output is a folder) an input that lies inside ``out`` is refused
@@ -76,7 +76,7 @@ def refuse_inputs(out: str | os.PathLike[str], inputs: Mapping[str, str | os.Pat
                                   f"give another {flag} (nothing was written)")
 
 
-def check_suffix(out: str | os.PathLike[str], suffixes: Iterable[str], what: str, *, flag: str = "--out") -> None:
+def check_suffix(out: str | os.PathLike[str], suffixes: Iterable[str], what: str, *, flag: str = "`out`") -> None:
     """Refuse ``out`` unless its name ends with one of ``suffixes`` (case-insensitive)."""
     suffixes = tuple(suffixes)
     if not str(Path(out).name).lower().endswith(suffixes):
@@ -84,14 +84,14 @@ def check_suffix(out: str | os.PathLike[str], suffixes: Iterable[str], what: str
                           f"{' or '.join(suffixes)} (nothing was written)")
 
 
-def check_file(out: str | os.PathLike[str], *, flag: str = "--out") -> None:
+def check_file(out: str | os.PathLike[str], *, flag: str = "`out`") -> None:
     """Refuse a file output that names an existing folder."""
     if Path(out).is_dir():
         raise OutputError(f"{out}: {flag} is a folder; give a file name (nothing was written)")
 
 
 def check_file_output(out: str | os.PathLike[str], *, suffixes: Iterable[str], what: str,
-                      inputs: Mapping[str, str | os.PathLike[str] | Iterable | None], flag: str = "--out") -> Path:
+                      inputs: Mapping[str, str | os.PathLike[str] | Iterable | None], flag: str = "`out`") -> Path:
     """All the checks of a file output, before any work: not a folder, the right suffix, no input."""
     check_file(out, flag=flag)
     check_suffix(out, suffixes, what, flag=flag)
@@ -105,7 +105,7 @@ def data_files(prepared: str | os.PathLike[str] | None) -> list[Path]:
 
 
 def check_folder(out: Path, *, manifest: str, kind: str, overwrite: bool, same: bool = False,
-                 flag: str = "--out") -> bool:
+                 flag: str = "`out`") -> bool:
     """May ``out`` receive a ``kind`` (a folder whose ``manifest`` says what it holds)?
 
     Returns True when ``out`` holds an earlier ``kind`` that will be replaced. Raises

@@ -135,7 +135,7 @@ class Workdir:
 
     def writable(self) -> Path:
         """The folder, created if needed; IaaError when it cannot be written."""
-        return ensure_writable(self.root, "the workdir", "give a writable --workdir (or IAA_WORKDIR)")
+        return ensure_writable(self.root, "the workdir", "give a writable `workdir` (or IAA_WORKDIR)")
 
     # --- datasets, runs, sweeps, ensembles -------------------------------------------------------
     # A name becomes a folder here only when it stays inside its parent (iaa.jobs.workdir.names).
@@ -206,5 +206,5 @@ class Workdir:
         problem = sqlite_problem(db) if db is not None else None
         if problem:
             raise IaaError(f"the MLflow store {db} is damaged: not a readable MLflow database ({problem}); move it "
-                           "aside to start a fresh store (the runs it held are lost), or pass --tracking-uri")
+                           "aside to start a fresh store (the runs it held are lost), or pass `tracking_uri`")
         return uri

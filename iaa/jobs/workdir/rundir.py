@@ -38,7 +38,7 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
     """
     run_dir = Path(run_dir)
     if resume and overwrite:
-        raise RunDirError("give --resume (continue the run) or --overwrite (replace it), not both")
+        raise RunDirError("give `resume` (continue the run) or `overwrite` (replace it), not both")
     created = not run_dir.exists()
     fd = _open_lock(run_dir)
     try:
@@ -64,14 +64,14 @@ def _lock(fd: int, run_dir: Path) -> None:
         if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
             raise
         raise RunDirError(f"{run_dir} is in use by another run (pid {_holder(fd)}); wait for it to end, "
-                          "or give another --run-dir") from None
+                          "or give another `run_dir`") from None
 
 
 def _check_free(run_dir: Path, reuse: bool) -> None:
     if RunFolder(run_dir).holds_run() and not reuse:
         held = ", ".join(n for n in RunFolder.RUN_FILES if (run_dir / n).exists())
         raise RunDirError(f"{run_dir} already holds a run ({held}); "
-                          "add --resume to continue it, --overwrite to replace it, or give another --run-dir")
+                          "add `resume` to continue it, `overwrite` to replace it, or give another `run_dir`")
 
 
 def _tidy(run_dir: Path, created: bool) -> None:
@@ -92,7 +92,7 @@ def _open_lock(run_dir: Path) -> int:
         return os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
         raise RunDirError(f"{run_dir}: cannot use it as a run folder ({err.strerror}); "
-                          "give a writable --run-dir or --workdir") from None
+                          "give a writable `run_dir` or `workdir`") from None
 
 
 def _holder(fd: int) -> str:

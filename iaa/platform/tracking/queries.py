@@ -88,6 +88,13 @@ def ui_url(uri: str) -> str:
     return os.environ.get("MLFLOW_UI_URL", UI_URL).rstrip("/")
 
 
+def ui_command(uri: str) -> str:
+    """The command that shows the store ``uri`` in MLflow's UI (a tracking server: its address)."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri.rstrip('/')}"
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
 def _record(run: Any) -> RunRecord:
     return RunRecord(run.info.run_id, run.info.run_name or run.info.run_id, run.info.status,
                      int(run.info.start_time or 0), dict(run.data.params), dict(run.data.tags),

@@ -22,6 +22,11 @@ class MlflowTracker:
     def __init__(self, uri: str) -> None:
         self.uri = connection.open_store(uri)
 
+    @property
+    def ui_command(self) -> str:
+        """How a person opens the store's runs: a server is its own UI; a database needs ``mlflow ui``."""
+        return queries.ui_command(self.uri)
+
     def start_run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
                   parent_run_id: str | None = None) -> Run:
         return Run.start(self.uri, experiment, name, tags=tags, parent_run_id=parent_run_id)
