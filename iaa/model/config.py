@@ -90,7 +90,7 @@ class ReaderConfig:
     ponder_cost: float = 0.001       # τ
     halt_bias_init: float = -1.0     # b_t at the start: h_t ≈ σ(-1) = 0.27, so about 4 steps at first
     # Implementation switches: each turns off a fast path of iaa/model/kernels (same mathematics;
-    # benchmarks/README.md), except sparse_embedding_grad, the embedding's gradient layout.
+    # docs/kernels.md), except sparse_embedding_grad, the embedding's gradient layout.
     fused_gru: bool = True           # the encoders' fast BiGRU instead of nn.GRU + packing: CPU, packed and
                                      # hand-differentiated; CUDA (h <= 128), two cuDNN GRUs over padded rows
     fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout

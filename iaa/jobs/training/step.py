@@ -51,7 +51,7 @@ def retain_freed_memory() -> bool:
 
     Why: a training step at the paper config allocates and frees ~200 MB of activations in blocks
     above glibc's mmap threshold, so each is a fresh mmap whose pages the kernel faults in and
-    zeroes again: ~47,000 page faults per batch, ~13% of a step's CPU time (benchmarks/README.md).
+    zeroes again: ~47,000 page faults per batch, ~13% of a step's CPU time (benchmarks/HISTORY.md).
     Cost: resident memory stays at its peak. Process-wide and idempotent; returns whether it applied.
     Nothing calls it implicitly: an entry point opts in once at process start (``iaa.jobs.train.train.run``,
     ``iaa-cli bench`` and the benchmark scripts do).

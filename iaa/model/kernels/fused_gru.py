@@ -46,7 +46,7 @@ from iaa.model.kernels.support import Support
 # slower loops measured on a loaded 2-core machine), so they run on one by default. The C++
 # kernels need no such setting: each direction's whole loop is one task of a single parallel
 # region, so with two torch threads the directions run side by side and never wait for each
-# other between steps (1.12x faster training on 2 idle cores, benchmarks/README.md).
+# other between steps (1.12x faster training on 2 idle cores, benchmarks/HISTORY.md).
 FALLBACK_THREADS = 1
 
 

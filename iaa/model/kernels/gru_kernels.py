@@ -26,7 +26,7 @@ It is built for the generic target of the machine type (x86-64, arm64), not ``-m
 native code can hold instructions that another CPU lacks, and nodes of a cluster that share a
 cache folder would load each other's builds. Native code was measured 0 to 1.4% faster on the
 BiGRU and 0.4 to 0.5% on a training step (``benchmarks/bench_changes.py --only march/``,
-benchmarks/README.md), which is not worth that risk. A build with native flags (the benchmark's)
+benchmarks/HISTORY.md), which is not worth that risk. A build with native flags (the benchmark's)
 is also keyed by the CPU's instruction-set extensions.
 
 For debugging, ``IAA_NO_COMPILED_KERNELS=1`` skips the build (the Python loops run); a failed

@@ -252,7 +252,7 @@ def _start_local(num_cpus: int | None, num_gpus: int | None, env: dict[str, str]
     Ray is started again on another port, up to :data:`LOCAL_START_TRIES` times. Any failure is a
     :class:`ClusterError` of one line; Ray's own log of it stays in its session's ``logs/``.
     Ray turns token authentication on for a new local cluster with a warning on every start;
-    docs/platform.md explains it once instead.
+    docs/network.md explains it once instead.
     """
     import ray
 

@@ -38,7 +38,7 @@ QUIETED_LOGGERS = {
     "ray._private.services": logging.CRITICAL,      # a failed dashboard start as twenty lines of its log:
                                                     # the raised error, made one line, says it instead
     "ray._private.authentication.authentication_token_setup": logging.ERROR,   # "Token authentication is
-                                                    # enabled", on every start: explained in docs/platform.md
+                                                    # enabled", on every start: explained in docs/network.md
 }
 MODULES = tuple(QUIETED_LOGGERS)                    # each must still exist
 

@@ -7,7 +7,7 @@ file system, or all nodes run on this machine (``ray.cluster_utils.Cluster`` in 
 Resuming a sweep unpickles Tune's state (``tuner.pkl``, the searcher's state) from the storage
 path, and unpickling runs code: :func:`check_private` refuses a local folder, or a pickle in it,
 that another user owns or that group or others may write. A remote URI cannot be checked this
-way: whoever can write the bucket prefix is trusted (see docs/platform.md).
+way: whoever can write the bucket prefix is trusted (see docs/network.md).
 """
 
 from __future__ import annotations
