@@ -4,12 +4,14 @@ hints (``py.typed``), and every third-party package it imports.
 Imports are read from the source (every ``import``, deferred ones too) and mapped to the
 distributions that provide them (``importlib.metadata.packages_distributions``): each must be a
 dependency of ``pyproject.toml``, or of one of its extras for an import made inside a function
-(spaCy, for make-cloze). A planted import shows that the check can fail.
+(spaCy, for make-cloze). A planted import shows that the check can fail. Ruff passes with the
+rules of ``[tool.ruff]``, and every ``# noqa`` code names one of them.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -131,3 +133,24 @@ def test_the_import_check_fails_on_a_planted_import() -> None:
     assert undeclared({"planted.py": "import spacy\n"}, CORE, EXTRAS) == {"spacy": "planted.py"}
     assert undeclared({"planted.py": "import not_a_dependency_at_all\n"}, CORE, EXTRAS) == {
         "not_a_dependency_at_all": "planted.py"}
+
+
+# --- lint ------------------------------------------------------------------------------------------
+
+LINTED = [p for folder in ("iaa", "tests", "benchmarks", "deploy") for p in (ROOT / folder).rglob("*.py")]
+
+
+def test_every_noqa_code_names_a_selected_rule() -> None:
+    selected = tuple(PYPROJECT["tool"]["ruff"]["lint"]["select"])
+    codes = {(str(p.relative_to(ROOT)), code) for p in LINTED
+             for codes in re.findall(r"#\s*noqa:\s*([A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*)", p.read_text(encoding="utf-8"))
+             for code in re.split(r"\s*,\s*", codes)}
+    assert codes and {(where, code) for where, code in codes if not code.startswith(selected)} == set()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff comes with the dev extra")
+def test_ruff_passes() -> None:
+    assert "ruff" in _names(PYPROJECT["project"]["optional-dependencies"]["dev"])
+    linted = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
