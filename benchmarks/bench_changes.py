@@ -155,7 +155,10 @@ def main(argv: list[str] | None = None) -> dict:
     pool = bench.synthetic_examples(args.batches * 32, seed=0)
     bucketed = [bench.collate(b) for b in bench.bucketed_batches(pool, 32)]
     padded = [bench.collate(b) for b in random_batches(pool, 32)]
-    wanted = (lambda name: args.only is None or any(name.startswith(p) for p in args.only))
+
+    def wanted(name: str) -> bool:
+        return args.only is None or any(name.startswith(p) for p in args.only)
+
     results: dict[str, dict] = {}
     if wanted("gru/"):
         results.update(gru_part(bucketed[0], args.rounds))

@@ -318,7 +318,7 @@ def step_bench(args) -> dict:
             key = f"{precision}_{'captured' if capture else 'eager'}"
             try:
                 out["steps"][key] = _bench_step(args, precision, capture)
-            except Exception as error:  # one variant's failure is a figure, not the end of the step
+            except Exception as error:  # noqa: BLE001 - one variant's failure is a figure, not the end of the step
                 out["steps"][key] = {"error": f"{type(error).__name__}: {error}"[:500]}
                 say(f"{key}: FAILED {out['steps'][key]['error']}")
             partial(out)

@@ -87,7 +87,7 @@ def _version(module: str) -> str | None:
         return None
     try:
         return str(getattr(__import__(module), "__version__", "installed"))
-    except Exception as error:  # a broken install is worth recording, not fatal
+    except Exception as error:  # noqa: BLE001 - a broken install is worth recording, not fatal
         return f"import failed: {error}"
 
 

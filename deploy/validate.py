@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
-IMAGE = "YOUR-REGISTRY/iaa:0.1.0"
+IMAGE = f"YOUR-REGISTRY/iaa:{version('iaa')}"         # tagged with the package's version (pyproject.toml)
 DRIVER_RESOURCE = "trial_driver"
 
 

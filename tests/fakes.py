@@ -316,7 +316,7 @@ class FakeLauncher:
 
         try:
             result = _fit(fit, cfg, FakeLink(best, on_metrics=checked), prepared)
-        except Exception as err:  # a failed trial is a record, as on the cluster
+        except Exception as err:  # noqa: BLE001 - a failed trial is a record, as on the cluster
             run.end("FAILED")
             if console is not None:
                 console.trial_ended(trial_id, "error", str(err))

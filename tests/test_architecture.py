@@ -13,7 +13,9 @@
 - inside ``iaa.jobs``: every sub-package is either the base or a use case (``JOBS_BASE``,
   ``USE_CASES``); a use case never imports another use case, the base never imports a use case,
   and the sub-packages import each other without a cycle; each port module reaches the other
-  ports only through their records. Planted imports show that each check can fail.
+  ports only through their records. Planted imports show that each check can fail;
+- no module is over 600 lines and no function over 75 (``benchmarks/sizes.py`` lists those over
+  the targets of 400 and 50: where to split next).
 """
 
 from __future__ import annotations
@@ -308,7 +310,6 @@ def test_the_parameter_count_sees_methods_and_callables() -> None:
     assert port_parameter_counts(planted) == {"Fit.__call__": 7, "Callable at line 3": 6}
 
 
-# --- sizes (reported, not enforced) ----------------------------------------------------------------
 VOICED = ("iaa.jobs", "iaa.platform")     # they log (``iaa.logs``); the command line speaks
 
 
@@ -365,34 +366,23 @@ def test_the_jobs_and_the_platform_never_print() -> None:
     assert prints("import sys\ndef f():\n    print('x', file=sys.stderr)\n") == [3]
 
 
-MODULE_LINES = 400      # a module fits on a screen or two
-FUNCTION_LINES = 50
+# --- sizes: benchmarks/sizes.py reports what is over the targets (where to split next); past the
+# hard ceilings (half again the targets) this fails ---------------------------------------------
+sys.path.insert(0, str(ROOT.parent / "benchmarks"))
+import sizes  # noqa: E402
 
 
-def long_functions(source: str, limit: int = FUNCTION_LINES) -> dict[str, int]:
-    """Each function or method of ``source`` longer than ``limit`` lines (its decorators and
-    docstring included), with its length."""
-    found = {}
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            if (length := node.end_lineno - start + 1) > limit:
-                found[f"{node.name} (line {node.lineno})"] = length
-    return found
+def test_no_module_or_function_is_past_its_ceiling() -> None:
+    modules, functions = sizes.sizes(ROOT, sizes.MODULE_CEILING, sizes.FUNCTION_CEILING)
+    assert modules == {}, f"modules over {sizes.MODULE_CEILING} lines: split them"
+    assert functions == {}, f"functions over {sizes.FUNCTION_CEILING} lines: split them"
 
 
-def test_report_long_modules_and_functions() -> None:
-    """Prints the modules over 400 lines and the functions over 50 (``pytest -s`` shows them):
-    where to split next. It fails only if the measurement itself breaks."""
-    modules = {name: n for name, path in MODULES.items()
-               if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES}
-    functions = {f"{name}.{where}": n for name, path in MODULES.items()
-                 for where, n in long_functions(path.read_text(encoding="utf-8")).items()}
-    print(f"\nmodules over {MODULE_LINES} lines: {len(modules)}")
-    for name, n in sorted(modules.items(), key=lambda kv: -kv[1]):
-        print(f"  {n:5d}  {name}")
-    print(f"functions over {FUNCTION_LINES} lines: {len(functions)}")
-    for name, n in sorted(functions.items(), key=lambda kv: -kv[1]):
-        print(f"  {n:5d}  {name}")
-    planted = "@decorated\ndef f():\n" + "    x = 1\n" * FUNCTION_LINES + "def g():\n    pass\n"
-    assert long_functions(planted) == {"f (line 2)": FUNCTION_LINES + 2}
+def test_the_size_check_fails_on_a_planted_long_function(tmp_path: Path) -> None:
+    planted = "@decorated\ndef f():\n" + "    x = 1\n" * sizes.FUNCTION_CEILING + "def g():\n    pass\n"
+    assert sizes.long_functions(planted, sizes.FUNCTION_CEILING) == {"f (line 2)": sizes.FUNCTION_CEILING + 2}
+    (tmp_path / "iaa").mkdir()
+    (tmp_path / "iaa" / "big.py").write_text(planted + "y = 0\n" * sizes.MODULE_CEILING)
+    modules, functions = sizes.sizes(tmp_path / "iaa", sizes.MODULE_CEILING, sizes.FUNCTION_CEILING)
+    assert modules == {"iaa.big": sizes.FUNCTION_CEILING + 4 + sizes.MODULE_CEILING}
+    assert functions == {"iaa.big.f (line 2)": sizes.FUNCTION_CEILING + 2}

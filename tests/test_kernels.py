@@ -19,6 +19,11 @@ Sizes: "simd" has every size a multiple of 32, so the C++ kernels take their AVX
 AMX under bf16) where the CPU has them; "generic" has sizes that no vector path takes. The
 weights are scaled up so that attention is far from uniform, and ACT's halting unit is set so
 that examples stop at different steps.
+
+Dropout: the "dropout" and "select" cases train with dropout 0.2, so ``FastDropout`` draws a
+mask at each of the reader's drops; the reference reader applies the very masks it drew (a spy
+on ``dropout_mask``) with plain autograd, so the two readers compute the same function and a
+FastDropout that is bypassed, or that masks or scales wrongly forward or backward, fails.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 
 from iaa.model import ReaderConfig, build_reader, nll_loss, preset
 from iaa.model import kernels as fast
+from iaa.model.kernels import dropout as dropout_kernel
 from iaa.model.kernels import gru_kernels, support
 from iaa.model.kernels.deferred import DeferredReads
 from iaa.model.kernels.dropout import FastDropout
@@ -54,6 +60,7 @@ SIZES = {
     "simd": dict(embed_dim=32, hidden_dim=32, state_dim=32, gate_dim=32),
     "generic": dict(embed_dim=12, hidden_dim=8, state_dim=12, gate_dim=10),
 }
+DROPOUT = 0.2                   # the dropout and select cases: FastDropout draws masks in training
 FP32 = dict(log_p=2e-5, atol=1e-5, rtol=1e-4)
 BF16 = dict(log_p=0.01, grad=0.05)
 
@@ -84,8 +91,38 @@ KERNELS = {
 }
 
 
-def _config(variant: str, size: str) -> ReaderConfig:
-    return preset("tiny", vocab_size=60, steps=3, dropout=0.0, **SIZES[size], **VARIANTS[variant])
+def _config(variant: str, size: str, dropout: float = 0.0) -> ReaderConfig:
+    return preset("tiny", vocab_size=60, steps=3, dropout=dropout, **SIZES[size], **VARIANTS[variant])
+
+
+class _SharedMasks:
+    """A spy on ``FastDropout``'s masks (``dropout_mask``) and, as the reference reader's dropout
+    slot, the same masks again in the same order, applied with plain autograd: x * keep * scale."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.drawn: list[tuple[torch.Tensor, float]] = []
+        self.replayed = 0
+        draw = dropout_kernel.dropout_mask
+
+        def spy(shape, p, device):
+            keep, scale = draw(shape, p, device)
+            self.drawn.append((keep, scale))
+            return keep, scale
+
+        monkeypatch.setattr(dropout_kernel, "dropout_mask", spy)
+
+    def __call__(self, x: torch.Tensor, p: float) -> torch.Tensor:
+        keep, scale = self.drawn[self.replayed]
+        self.replayed += 1
+        return x * keep.to(x.dtype) * scale
+
+    def check(self) -> None:
+        """FastDropout drew a mask at every drop of the training pass, the reference applied each
+        one, and the masks keep 1 - p of the elements, scaled by 1 / (the quantised keep)."""
+        assert self.drawn and self.replayed == len(self.drawn)
+        kept = sum(int(keep.sum()) for keep, _ in self.drawn) / sum(keep.numel() for keep, _ in self.drawn)
+        assert abs(kept - (1 - DROPOUT)) < 0.05
+        assert {scale for _, scale in self.drawn} == {65536 / (65536 - round(DROPOUT * 65536))}
 
 
 def _reader(cfg: ReaderConfig, precision: str, kernels: fast.Kernels):
@@ -144,10 +181,12 @@ def _hold_to_reference(model, reference, batch, precision: str) -> None:
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("name", [*sorted(KERNELS), "select"])
-def test_kernel_equals_the_reference(name: str, variant: str, precision: str, size: str) -> None:
+def test_kernel_equals_the_reference(name: str, variant: str, precision: str, size: str, monkeypatch) -> None:
     """The kernel (or all that ``select`` chooses) against the fp32 reference reader; a kernel
-    that does not declare the variant, device or precision must not be chosen for it."""
-    cfg = _config(variant, size)
+    that does not declare the variant, device or precision must not be chosen for it. With
+    ``FastDropout`` in the reader, both train with dropout and the same masks."""
+    dropping = name in ("dropout", "select")
+    cfg = _config(variant, size, DROPOUT if dropping else 0.0)
     batch = random_batch([20, 25, 9, 16], [5, 7, 3, 6], vocab=60, seed=4)
     if name == "select":
         kernels = fast.select("cpu", precision, cfg)
@@ -160,9 +199,17 @@ def test_kernel_equals_the_reference(name: str, variant: str, precision: str, si
         if not kernel:
             pytest.skip(f"{name} cannot run here (no C++ kernels, or sizes/instructions it lacks)")
         kernels = fast.Kernels("cpu", precision, **{kind.slot: kernel})
+    masks = _SharedMasks(monkeypatch) if dropping else None
+    assert isinstance(kernels.dropout, FastDropout) == dropping
     model = _reader(cfg, precision, kernels)
-    reference = _reader(cfg, "fp32", fast.Kernels("cpu", "fp32"))
-    _hold_to_reference(model, reference, batch, precision)
+    # FastDropout alone changes no arithmetic: it is held to the reference in its own precision,
+    # within fp32's bounds (under bf16, the reference with dropout is itself ~5% off fp32's gradients)
+    alone = name == "dropout"
+    reference_precision = precision if alone else "fp32"
+    reference = _reader(cfg, reference_precision, fast.Kernels("cpu", reference_precision, dropout=masks))
+    _hold_to_reference(model, reference, batch, "fp32" if alone else precision)
+    if masks is not None:
+        masks.check()
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

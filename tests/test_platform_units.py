@@ -249,7 +249,6 @@ def test_the_searcher_proposes_every_configuration_of_a_finite_space_once_before
 
     space = search_space.parse(search_space.DEMO_GRID, JobConfig())
     assert space.size == 8
-    redraws = 0
     for seed in range(3):
         searcher = search.searcher(space, seed=seed)
         proposed = [searcher.suggest(f"t{i}") for i in range(8)]

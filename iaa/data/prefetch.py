@@ -52,7 +52,7 @@ def prefetch(batches: Iterable[Batch], device: torch.device | str, depth: int = 
                 if not put(batch.pin_memory() if pin else batch):
                     return
             put(_DONE)
-        except BaseException as err:  # handed to the consumer, raised there
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
             put(err)
 
     thread = threading.Thread(target=produce, name="iaa-prefetch", daemon=True)

@@ -15,7 +15,7 @@ in a thread of their own, since the main thread may hold what they need (a track
 transaction); what they cannot mark by then, the next command that opens the work folder marks, and
 the line says so. The processes this one started (a local Ray's) end with it (:func:`end_process`).
 A first signal's exception dropped by such a callback is raised again (:func:`_unraisable`).
-Plain Python signals and /proc: nothing here knows a cluster or a store.
+Plain Python signals and psutil: nothing here knows a cluster or a store.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Callable, Iterator
+
+import psutil
 
 from iaa import logs, signals
 
@@ -320,22 +322,8 @@ def end_process(code: int) -> None:
 
 
 def descendants(root: int) -> list[int]:
-    """Every process below ``root``, from /proc (none where there is no /proc)."""
-    parent: dict[int, int] = {}
+    """Every process below ``root`` (none once ``root`` is gone)."""
     try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
+        return [child.pid for child in psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
         return []
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            pass
-    found, todo = [], [root]
-    while todo:
-        here = todo.pop()
-        kids = [pid for pid, ppid in parent.items() if ppid == here]
-        found += kids
-        todo += kids
-    return found

@@ -5,63 +5,42 @@ Ray Serve's HTTP proxy binds its port with ``SO_REUSEPORT``, so a second proxy o
 one already holds starts without a word and the kernel splits the connections between them.
 :func:`check_free` binds the port without ``SO_REUSEPORT`` first: on Linux that fails on a port
 that any socket listens on, a ``SO_REUSEPORT`` one included. :func:`holders` names the processes
-behind a port from ``/proc/net/tcp*`` and each process's open sockets (``/proc/PID/fd``); a
-process of another user cannot be looked into, and is left out.
+behind a port from the system's TCP sockets (``psutil.net_connections``); a process of another
+user cannot be looked into, and is left out (psutil gives its socket no pid).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
+
+import psutil
 
 from iaa.errors import IaaError
 
-_LISTEN = "0A"                       # TCP_LISTEN in /proc/net/tcp's "st" column
-
-
-def _listening_inodes(port: int) -> set[str]:
-    """The socket inodes of every TCP listener on ``port`` (IPv4 and IPv6, any address)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if len(fields) > 9 and fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
-
 
 def _name(pid: int) -> str:
-    """A process's command (``ray::ProxyActor``, ``python3``), from its command line, else its comm."""
+    """A process's command (``ray::ProxyActor``, ``python3``), from its command line, else its name."""
     try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        process = psutil.Process(pid)
+        argv = process.cmdline()
+        command = argv[0].strip() if argv else ""
         if command:
             return os.path.basename(command) if command.startswith("/") else command.split()[0]
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
+        return process.name()
+    except psutil.Error:
         return "?"
 
 
 def holders(port: int) -> list[tuple[int, str]]:
     """(pid, name) of each process that this user can see listening on TCP ``port``, by pid."""
-    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
-    found = []
-    if not wanted:
-        return found
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{entry}/fd")
-            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in wanted for fd in fds):
-                found.append((int(entry), _name(int(entry))))
-        except OSError:                 # gone, or another user's
-            continue
-    return sorted(found)
+    try:
+        sockets = psutil.net_connections(kind="tcp")            # IPv4 and IPv6, any address
+    except psutil.Error:                                        # macOS, without root
+        return []
+    pids = {s.pid for s in sockets if s.status == psutil.CONN_LISTEN and s.laddr and s.laddr.port == port
+            and s.pid is not None}                              # None: another user's
+    return sorted((pid, _name(pid)) for pid in pids)
 
 
 def _bind(host: str, port: int) -> None:
@@ -73,15 +52,15 @@ def _bind(host: str, port: int) -> None:
 
 def _parent(pid: int) -> int:
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
         return 0
 
 
 def _command(pid: int, words: int = 4) -> str:
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
         return "?"
     return " ".join(os.path.basename(word) if word.startswith("/") else word for word in argv[:words]).strip()
 
@@ -109,18 +88,11 @@ def check_free(host: str, port: int, flag: str = "--port") -> None:
 
 
 def descendants(root: int) -> list[int]:
-    """Every process below ``root`` (children first, then theirs), from /proc."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            parents[int(entry)] = _parent(int(entry))
-    found, todo = [], [root]
-    while todo:
-        here = todo.pop(0)
-        kids = [pid for pid, ppid in parents.items() if ppid == here and pid not in found]
-        found.extend(kids)
-        todo.extend(kids)
-    return found
+    """Every process below ``root``, each before its own children (none once ``root`` is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def adopt_orphans() -> None:

@@ -146,7 +146,7 @@ def build_with_fallback(cflags: tuple[str, ...] = CFLAGS) -> ModuleType:
         return module
     try:
         return build(cflags)
-    except Exception as error:  # e.g. GCC before 11 does not know amx-tile: build the rest
+    except Exception as error:  # noqa: BLE001 - e.g. GCC before 11 does not know amx-tile: build the rest
         warnings.warn(f"iaa: the AMX kernels do not compile here, building the others without them ({error})")
         return build(without)
 
@@ -160,7 +160,7 @@ def load() -> ModuleType | None:
     if os.environ.get(DISABLE, "0") in ("", "0"):
         try:
             module = build_with_fallback()
-        except Exception as error:  # no compiler or ninja: the Python loop computes the same
+        except Exception as error:  # noqa: BLE001 - no compiler or ninja: the Python loop computes the same
             warnings.warn(f"iaa: C++ kernels unavailable, using the Python loops ({error})")
     _STATE["module"] = module
     return module

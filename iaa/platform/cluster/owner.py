@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
+
+import psutil
 
 
 def _process_start(pid: int) -> str:
-    """The start time of process ``pid`` in clock ticks since boot ('' where /proc is missing)."""
+    """The start time of process ``pid`` in clock ticks since boot ('' where it cannot be read), as
+    Linux's ``/proc/PID/stat`` gives it (and tokens written before psutil carry). Both epoch times
+    move with the system clock, so their difference, unlike either, never changes."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        since_boot = psutil.Process(pid).create_time() - psutil.boot_time()
+        return str(round(since_boot * os.sysconf("SC_CLK_TCK")))
+    except (psutil.Error, OSError, ValueError, AttributeError):      # gone; no clock ticks (Windows)
         return ""
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def owner() -> str:
