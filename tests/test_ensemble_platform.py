@@ -19,6 +19,7 @@ from iaa.jobs.ports import ConnectRequest, MembersRequest, TrialRecord, TrialRun
 from iaa.jobs.ensemble import members as members_job
 from iaa.jobs.ensemble import ensemble
 from iaa.jobs.ports import TrialTracking
+from iaa.jobs.sweeps.record import SweepRecord
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,7 +38,7 @@ def trial(tmp_path: Path, tid: str, acc: float | None, lr: float, seed: int = 0,
 
 
 @pytest.fixture
-def sweep(tmp_path: Path) -> dict:
+def sweep(tmp_path: Path) -> SweepRecord:
     trials = [
         trial(tmp_path, "t0", 0.50, lr=1e-3),
         trial(tmp_path, "t1", 0.70, lr=2e-3),
@@ -46,9 +47,9 @@ def sweep(tmp_path: Path) -> dict:
         trial(tmp_path, "t4", 0.90, lr=4e-3, status="ERROR"),    # failed: never chosen, never reused
         trial(tmp_path, "t5", None, lr=5e-3, with_ckpt=False),
     ]
-    return {"name": "demo-iaa", "dataset": "demo", "data_dir": str(tmp_path / "data"), "tracking_uri": "",
-            "experiment": "tune-demo", "parent_run_id": "parent-123",
-            "trials": [TrialRecord.from_json(t) for t in trials]}
+    return SweepRecord(name="demo-iaa", dataset="demo", data_dir=str(tmp_path / "data"), tracking_uri="",
+                       experiment="tune-demo", parent_run_id="parent-123",
+                       trials=tuple(TrialRecord.from_json(t) for t in trials))
 
 
 class FakeLauncher:
@@ -74,13 +75,13 @@ def launcher(tmp_path: Path) -> FakeLauncher:
     return FakeLauncher(tmp_path)
 
 
-def test_best_configs_are_distinct_and_skip_failed(sweep: dict) -> None:
-    configs = members_job.best_configs(sweep["name"], sweep["trials"], 2)
+def test_best_configs_are_distinct_and_skip_failed(sweep: SweepRecord) -> None:
+    configs = members_job.best_configs(sweep.name, list(sweep.trials), 2)
     assert [c.train.lr for c in configs] == [2e-3, 3e-3]   # t1 (t2 is the same config), then t3
     assert configs[0].train.seed == 0
 
 
-def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, launcher: FakeLauncher,
+def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: SweepRecord, launcher: FakeLauncher,
                                                                  tmp_path: Path) -> None:
     fake_tune = launcher.calls
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
@@ -116,13 +117,13 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: dict, lau
     assert len(fake_tune) == 1 and [m.checkpoint for m in other] == [m.checkpoint for m in members]
 
 
-def test_all_seeds_reused_means_no_training(sweep: dict, tmp_path: Path) -> None:
+def test_all_seeds_reused_means_no_training(sweep: SweepRecord, tmp_path: Path) -> None:
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
     members = ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", None)
     assert [m.source for m in members] == ["trial t1", "trial t2"]
 
 
-def test_failed_member_is_reported_and_the_others_kept(sweep: dict, launcher: FakeLauncher, tmp_path: Path,
+def test_failed_member_is_reported_and_the_others_kept(sweep: SweepRecord, launcher: FakeLauncher, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     real = launcher.train_many
 
@@ -152,7 +153,7 @@ def test_request_is_frozen() -> None:
     assert replace(req, seeds=3).seeds == 3
 
 
-def test_members_train_on_the_requested_resources(sweep: dict, launcher: FakeLauncher, tmp_path: Path) -> None:
+def test_members_train_on_the_requested_resources(sweep: SweepRecord, launcher: FakeLauncher, tmp_path: Path) -> None:
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=3, workdir=tmp_path,
                                    workers_per_trial=2, gpus_per_worker=0.5)
     ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", launcher)
@@ -161,10 +162,10 @@ def test_members_train_on_the_requested_resources(sweep: dict, launcher: FakeLau
     assert call.connection.num_trials == len(call.configs)
 
 
-def test_members_are_placed_with_the_largest_of_their_threads(sweep: dict, launcher: FakeLauncher,
+def test_members_are_placed_with_the_largest_of_their_threads(sweep: SweepRecord, launcher: FakeLauncher,
                                                              tmp_path: Path) -> None:
-    sweep = {**sweep, "trials": [replace(t, config=replace(t.config, train=replace(t.config.train, threads=i + 1)))
-                                 for i, t in enumerate(sweep["trials"])]}
+    sweep = replace(sweep, trials=tuple(replace(t, config=replace(t.config, train=replace(t.config.train, threads=i + 1)))
+                                        for i, t in enumerate(sweep.trials)))
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
     ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", launcher)
     [call] = launcher.calls

@@ -188,8 +188,8 @@ def _sweep_of_one_trial(tiny: Path, work: Path, name: str) -> None:
 
     cfg = resolve.job_config("cbt-ne", tiny, sets=[*TINY_SETS, "train.threads=1", "train.max_epochs=200",
                                                    "train.patience=100000"])
-    record.write(record.sweep_file(work, name), {"name": name, "dataset": "cbt-ne", "data_dir": str(tiny),
-                                                 "trials": [TrialRecord("t0", cfg, best_valid_acc=0.5)]})
+    record.write(record.sweep_file(work, name), record.SweepRecord(name=name, dataset="cbt-ne", data_dir=str(tiny),
+                                                                   trials=(TrialRecord("t0", cfg, best_valid_acc=0.5),)))
 
 
 def test_ensemble_stopped_twice_leaves_no_process_of_its_group(tmp_path: Path) -> None:

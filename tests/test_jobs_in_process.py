@@ -93,13 +93,14 @@ def test_a_resumed_sweep_keeps_the_sampler_it_recorded(tiny: Path, tmp_path: Pat
     workdir = tmp_path / "work"
     path = record.sweep_file(workdir, "old")
     path.parent.mkdir(parents=True)
-    record.write(path, {"name": "old", "dataset": "cbt-ne", "data_dir": str(tiny), "experiment": "tune-cbt-ne",
-                        "tracking_uri": str(workdir / "mlruns"), "trials": [], "parent_run_id": "p1",
-                        "storage": str(workdir / "ray"), "num_samples": 2,
-                        "search_space": {"params": {"model.hidden_dim": {"choices": [8, 12]}}, "fixed": {}},
-                        "asha": {"grace_period": 1, "reduction_factor": 2.0},
-                        "optuna": {"storage": f"sqlite:///{workdir / 'optuna.db'}", "study": "old"},
-                        **({"sampler": recorded} if recorded else {})})
+    record.write(path, record.SweepRecord.from_json(
+        {"name": "old", "dataset": "cbt-ne", "data_dir": str(tiny), "experiment": "tune-cbt-ne",
+         "tracking_uri": str(workdir / "mlruns"), "trials": [], "parent_run_id": "p1",
+         "storage": str(workdir / "ray"), "num_samples": 2,
+         "search_space": {"params": {"model.hidden_dim": {"choices": [8, 12]}}, "fixed": {}},
+         "asha": {"grace_period": 1, "reduction_factor": 2.0},
+         "optuna": {"storage": f"sqlite:///{workdir / 'optuna.db'}", "study": "old"},
+         **({"sampler": recorded} if recorded else {})}))
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, sets=TINY_SETS, workdir=workdir, name="old", resume=True,
                            sampler=flag, show_progress=False)
     assert tune._settle(req, lambda uri: FakeTracker(), FakeLauncher()).sampler == used

@@ -80,13 +80,13 @@ def _members_and_models_read_at_a_glance(work: Path, summary: dict) -> None:
     from mlflow.tracking import MlflowClient
 
     sweep = sweep_file.read(work / "sweeps" / "two" / "sweep.json")
-    client = MlflowClient(sweep["tracking_uri"])
-    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name(sweep["experiment"]).experiment_id])}
+    client = MlflowClient(sweep.tracking_uri)
+    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name(sweep.experiment).experiment_id])}
     member = runs["seed-1"]                                                # under the ensemble's run
     assert member.data.tags["seed"] == member.data.params["train.seed"] == "1"
     assert member.data.tags["mlflow.parentRunId"] == summary["mlflow_run_id"] and member.data.tags["sweep"] == "two"
     assert [i.dataset.name for i in member.inputs.dataset_inputs] == ["cbt-ne"]
-    assert client.get_run(summary["mlflow_run_id"]).data.tags["mlflow.parentRunId"] == sweep["parent_run_id"]
+    assert client.get_run(summary["mlflow_run_id"]).data.tags["mlflow.parentRunId"] == sweep.parent_run_id
     names = [m.name for m in client.search_logged_models([e.experiment_id for e in client.search_experiments()])]
     assert sorted(names) == sorted({"two-trial-0000", "two-trial-0001", "ensemble-two"})
 
@@ -108,7 +108,7 @@ def _ready(url: str) -> bool:
 @pytest.mark.timeout(1500)
 def test_two_sweeps_and_a_service_at_once_on_one_machine(swept: tuple[Path, Path, Path], tmp_path: Path) -> None:
     tiny, space, work = swept
-    checkpoint = sweep_file.read(work / "sweeps" / "two" / "sweep.json")["trials"][0].checkpoint
+    checkpoint = sweep_file.read(work / "sweeps" / "two" / "sweep.json").trials[0].checkpoint
     port = _free_port()
     logs = {name: (tmp_path / f"{name}.log").open("w") for name in ("a", "b", "serve")}
     procs = {name: subprocess.Popen(_tune(tiny, space, tmp_path / name, name, samples=1), cwd=tmp_path, env=_env(),

@@ -424,12 +424,12 @@ def test_a_default_name_finds_the_latest_sweep_and_records_round_trip(tmp_path: 
     rec = TrialRecord(trial_id="t1", config=JobConfig(), params={"model.steps": 2}, best_valid_acc=0.5,
                             checkpoint="/c.pt", mlflow_run_id="r", checks=3, steps=30, stop_reason="asha")
     for i, name in enumerate(("demo-iaa-aaaaaa", "demo-iaa-bbbbbb")):
-        sweep.write(sweep.sweep_file(tmp_path, name), {"name": name, "trials": [rec]})
+        sweep.write(sweep.sweep_file(tmp_path, name), sweep.SweepRecord(name=name, trials=(rec,)))
         os.utime(sweep.sweep_file(tmp_path, name), (1000 + i, 1000 + i))
     assert sweep.find(tmp_path, "demo-iaa").parent.name == "demo-iaa-bbbbbb"
     assert sweep.find(tmp_path, "demo-iaa-aaaaaa").parent.name == "demo-iaa-aaaaaa"
     loaded = sweep.read(sweep.sweep_file(tmp_path, "demo-iaa-aaaaaa"))
-    assert loaded["trials"] == [rec]
+    assert loaded.trials == (rec,)
     with pytest.raises(Exception, match="no sweep 'cnn-iaa'"):
         sweep.find(tmp_path, "cnn-iaa")
 

@@ -101,8 +101,7 @@ def test_the_report_names_the_sampler_of_the_sweep_and_tpe_for_an_older_record(t
     workdir = tmp_path / "work"
     path = record.sweep_file(workdir, "old")
     path.parent.mkdir(parents=True)
-    record.write(path, {"name": "old", "optuna": {"storage": "sqlite:///x.db", "study": "old"}, "trials": [],
-                        **({"sampler": recorded} if recorded else {})})
+    record.write(path, record.SweepRecord(name="old", optuna=record.Study("sqlite:///x.db", "old"), sampler=recorded))
     def analyze(storage: str, study: str, folder: Path) -> dict:
         return {"study": study, "trials": [], "importances": {}, "figures": {}}
     result = sweep_report.run("old", workdir, analyze, open_tracker=lambda uri: None)

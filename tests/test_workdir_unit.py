@@ -37,15 +37,15 @@ def _work(tmp_path: Path, base: dict[str, Path]) -> Path:
     return work
 
 
-def _sweep(work: Path) -> dict:
+def _sweep(work: Path) -> sweep_file.SweepRecord:
     from iaa.jobs.datasets import resolve
 
     cfg: JobConfig = resolve.job_config("cbt-ne", work / "data" / "cbt-ne", sets=["model.embed_dim=16"])
     trial = TrialRecord("t0", cfg, best_valid_acc=0.5,
                         checkpoint=str(work / "sweeps" / "s" / "checkpoints" / "t0" / "checkpoint.pt"))
-    return {"name": "s", "dataset": "cbt-ne", "data_dir": str(work / "data" / "cbt-ne"),
-            "tracking_uri": f"sqlite:///{work / 'mlflow.db'}", "storage": str(work / "ray" / "s"),
-            "optuna": {"storage": f"sqlite:///{work / 'optuna.db'}", "study": "s"}, "trials": [trial]}
+    return sweep_file.SweepRecord(name="s", dataset="cbt-ne", data_dir=str(work / "data" / "cbt-ne"),
+                                  tracking_uri=f"sqlite:///{work / 'mlflow.db'}", storage=str(work / "ray" / "s"),
+                                  optuna=sweep_file.Study(f"sqlite:///{work / 'optuna.db'}", "s"), trials=(trial,))
 
 
 # --- records ------------------------------------------------------------------------------------
@@ -66,23 +66,22 @@ def test_a_moved_work_folder_reads_its_sweep_from_its_new_place(tmp_path, base):
     moved = tmp_path / "b" / "moved"
     shutil.move(work, moved)
     sweep = sweep_file.read(sweep_file.sweep_file(moved, "s"))
-    assert sweep["data_dir"] == str(moved / "data" / "cbt-ne") and sweep["storage"] == str(moved / "ray" / "s")
-    assert sweep["tracking_uri"] == f"sqlite:///{moved / 'mlflow.db'}"
-    assert sweep["optuna"]["storage"] == f"sqlite:///{moved / 'optuna.db'}"
-    assert sweep["trials"][0].checkpoint == str(moved / "sweeps" / "s" / "checkpoints" / "t0" / "checkpoint.pt")
+    assert sweep.data_dir == str(moved / "data" / "cbt-ne") and sweep.storage == str(moved / "ray" / "s")
+    assert sweep.tracking_uri == f"sqlite:///{moved / 'mlflow.db'}"
+    assert sweep.optuna.storage == f"sqlite:///{moved / 'optuna.db'}"
+    assert sweep.trials[0].checkpoint == str(moved / "sweeps" / "s" / "checkpoints" / "t0" / "checkpoint.pt")
 
 
 def test_an_old_sweep_json_with_absolute_paths_is_found_in_the_moved_folder(tmp_path, base):
     work = _work(tmp_path, base)
-    data = _sweep(work)
-    data = {**data, "trials": [t.to_json() for t in data["trials"]]}
+    data = {k: v for k, v in _sweep(work).to_json().items() if k != "schema"}
     sweep_file.sweep_file(work, "s").write_text(json.dumps(data))       # as written before: absolute paths
     moved = tmp_path / "b" / "moved"
     shutil.move(work, moved)
     sweep = sweep_file.read(sweep_file.sweep_file(moved, "s"))
-    assert sweep["data_dir"] == str(moved / "data" / "cbt-ne")
-    assert sweep["trials"][0].checkpoint == str(moved / "sweeps" / "s" / "checkpoints" / "t0" / "checkpoint.pt")
-    assert sweep["storage"] == str(work / "ray" / "s")     # nothing there in either place: left as recorded
+    assert sweep.data_dir == str(moved / "data" / "cbt-ne")
+    assert sweep.trials[0].checkpoint == str(moved / "sweeps" / "s" / "checkpoints" / "t0" / "checkpoint.pt")
+    assert sweep.storage == str(work / "ray" / "s")     # nothing there in either place: left as recorded
 
 
 def test_paths_outside_the_work_folder_and_uris_stay_as_they_are(tmp_path):
@@ -248,3 +247,19 @@ def test_a_copied_mlflow_store_logs_its_artifacts_into_the_copy_only(tmp_path):
     with sqlite3.connect(copy / "mlflow.db") as con:
         locations = [loc for (loc,) in con.execute("SELECT artifact_uri FROM runs")]
     assert locations and all(loc.startswith((copy / "mlartifacts").as_uri()) for loc in locations)
+
+
+def test_a_sweep_record_is_typed_versioned_and_keeps_keys_it_does_not_know(tmp_path, base):
+    work = _work(tmp_path, base)
+    path = sweep_file.sweep_file(work, "s")
+    sweep_file.write(path, _sweep(work))
+    raw = json.loads(path.read_text())
+    assert raw["schema"] == sweep_file.SCHEMA
+    raw.pop("schema")                                   # as written before records were versioned
+    path.write_text(json.dumps({**raw, "added_later": {"x": 1}}))
+    sweep = sweep_file.read(path)
+    assert isinstance(sweep.optuna, sweep_file.Study) and sweep.optuna.study == "s"
+    assert sweep.trials[0].trial_id == "t0" and sweep.unknown == {"added_later": {"x": 1}}
+    sweep_file.write(path, sweep.with_run(sweep.trials, 12.34))
+    again = json.loads(path.read_text())
+    assert again["added_later"] == {"x": 1} and again["wall_s"] == 12.3 and again["schema"] == sweep_file.SCHEMA

@@ -43,6 +43,7 @@ from iaa.jobs.ensemble import members as ledger
 from iaa.jobs.training.loop import LOG_PROGRESS_S
 from iaa.jobs.workdir import names
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.cost import SweepCost
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
@@ -130,14 +131,14 @@ def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
     return members
 
 
-def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, out_dir: Path, tracker: Tracker,
+def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_dir: Path, tracker: Tracker,
                   name: str, launcher: Launcher | None, run_id: str | None = None) -> list[Member]:
     """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials,
     whose runs nest under the ensemble's run ``run_id`` and carry the sweep's name."""
-    trials = sweep["trials"]
+    trials = list(sweep.trials)
     workdir = Workdir(req.workdir)
-    found = ledger.reusable(workdir.root, workdir.sweep(sweep["name"]), trials)
-    wanted = ledger.seeded(ledger.best_configs(sweep["name"], trials, req.top_configs), req.seeds)
+    found = ledger.reusable(workdir.root, workdir.sweep(sweep.name), trials)
+    wanted = ledger.seeded(ledger.best_configs(sweep.name, trials, req.top_configs), req.seeds)
     to_train = [cfg for cfg, _ in wanted if ledger.config_key(cfg) not in found]
     labels = [label for cfg, label in wanted if ledger.config_key(cfg) not in found]
     if to_train:
@@ -149,8 +150,8 @@ def sweep_members(req: EnsembleRequest, sweep: dict[str, Any], prepared: Path, o
         _log.info(f"ensemble: reusing {reused} checkpoint{'' if reused == 1 else 's'}, training {len(to_train)} "
                   f"member{'' if len(to_train) == 1 else 's'} on Ray")
         run_name = sweep_file.unique_name(f"ensemble-{name}")
-        trials_to = TrialTracking(tracker=tracker, experiment=sweep.get("experiment") or f"ensemble-{sweep['dataset']}",
-                                  parent_run_id=run_id, sweep=sweep["name"], dataset=to_train[0].dataset,
+        trials_to = TrialTracking(tracker=tracker, experiment=sweep.experiment or f"ensemble-{sweep.dataset}",
+                                  parent_run_id=run_id, sweep=sweep.name, dataset=to_train[0].dataset,
                                   data_dir=prepared, member_names=member_names(name, to_train, req.top_configs, labels))
         console = member_console(to_train, labels, prepared, req) if req.show_progress else None
         started = time.monotonic()
@@ -212,11 +213,11 @@ def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared
                         what="training members")
 
 
-def read_sweep(workdir: Path, name: str) -> dict[str, Any]:
+def read_sweep(workdir: Path, name: str) -> SweepRecord:
     """The sweep ``name`` (or the latest of a default-named prefix), with at least one trial."""
     path = sweep_file.find(workdir, name)
     sweep = sweep_file.read(path)
-    if not sweep["trials"]:
+    if not sweep.trials:
         raise IaaError(f"sweep {name!r} has no trials in {path}")
     return sweep
 
@@ -284,25 +285,25 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> d
 
     workdir, uri = req.workdir, tracker.uri
 
-    sweep: dict[str, Any] | None = None
+    sweep: SweepRecord | None = None
     given: list[Member] = []
     if req.sweep is not None:
         sweep = read_sweep(workdir, req.sweep)
-        if req.dataset is None and req.data is None and sweep.get("data_dir"):
-            dataset, prepared = resolve.data_dir(None, Path(sweep["data_dir"]), workdir)
+        if req.dataset is None and req.data is None and sweep.data_dir:
+            dataset, prepared = resolve.data_dir(None, Path(sweep.data_dir), workdir)
         else:
-            dataset, prepared = resolve.data_dir(req.dataset or sweep["dataset"], req.data, workdir)
-        name = req.name or sweep["name"]
+            dataset, prepared = resolve.data_dir(req.dataset or sweep.dataset, req.data, workdir)
+        name = req.name or sweep.name
         out_dir = Workdir(workdir).ensemble(name)
         _check_free(out_dir, name, req.overwrite)
-        experiment = sweep.get("experiment") or f"ensemble-{dataset}"
+        experiment = sweep.experiment or f"ensemble-{dataset}"
     else:
         given, dataset, prepared, name, out_dir = _given_ensemble(req, tracker)
         experiment = f"ensemble-{dataset}"
 
     # The run opens now: it lasts as long as the job, and the members trained nest under it,
     # as the ensemble nests under its sweep's run.
-    parent = (sweep or {}).get("parent_run_id") or None
+    parent = sweep.parent_run_id if sweep is not None else None
     with tracker.run(experiment, f"ensemble-{name}", tags=ensemble_run.run_tags(dataset, req.select, out_dir, sweep),
                      parent_run_id=parent) as run:
         interrupt.on_stop(lambda signal_name: _end_run(run, signal_name))   # a second signal skips the block's end

@@ -13,6 +13,7 @@ from iaa.files import atomic_write_text
 from iaa.jobs.ensemble.members import Member
 from iaa.jobs.evaluation.predictor import MODEL_CODE, SUMMARY
 from iaa.jobs.ports import TrackedRun, Tracker
+from iaa.jobs.sweeps.record import SweepRecord
 
 MEMBERS_FILE = "members.json"   # one row per candidate member, logged as an artifact
 METRIC_DIGITS = 10              # accuracies are counts over counts: 10 decimals keep them whole
@@ -21,11 +22,11 @@ FIGURES = ("valid_acc", "test_acc", "mean_member_valid_acc", "mean_member_test_a
            "mean_selected_test_acc")
 
 
-def run_tags(dataset: str, select: str, out_dir: Path, sweep: Mapping[str, Any] | None) -> dict[str, str]:
+def run_tags(dataset: str, select: str, out_dir: Path, sweep: SweepRecord | None) -> dict[str, str]:
     """The ensemble run's tags: its kind and, for a sweep's ensemble, the sweep's name and parent run."""
     tags = {"kind": "ensemble", "dataset": dataset, "select": select, "ensemble_dir": str(out_dir)}
     if sweep is not None:
-        tags.update({"sweep": sweep.get("name", ""), "sweep_parent_run_id": sweep.get("parent_run_id") or ""})
+        tags.update({"sweep": sweep.name, "sweep_parent_run_id": sweep.parent_run_id or ""})
     return tags
 
 
@@ -77,10 +78,10 @@ def record(run: TrackedRun, tracker: Tracker, settings: Mapping[str, Any], membe
     return tracker.log_model(run, [Path(m) for m in result["members"]], prepared, register, code=MODEL_CODE)
 
 
-def count_on_sweep(tracker: Tracker, experiment: str, sweep: Mapping[str, Any]) -> None:
+def count_on_sweep(tracker: Tracker, experiment: str, sweep: SweepRecord) -> None:
     """Tag the sweep's parent run with how many finished ensembles nest under it (``ensembles``),
     beside its ``trials``; a courtesy, so a failing store only leaves the count behind."""
-    parent = sweep.get("parent_run_id")
+    parent = sweep.parent_run_id
     if not parent:
         return
     try:

@@ -28,22 +28,21 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
     names.folder_name(name, "`sweep`")
     path = sweep_file.find(Path(workdir), name)
     sweep = sweep_file.read(path)
-    study = sweep.get("optuna") or {}
-    if not study.get("storage"):
+    if sweep.optuna is None or not sweep.optuna.storage:
         raise IaaError(f"{path}: the sweep kept no Optuna study (it ran before studies were stored); "
                        "run the sweep again to analyse it")
     folder = Path(out) if out is not None else path.parent / "report"
-    result = analyze(study["storage"], study["study"], folder)
+    result = analyze(sweep.optuna.storage, sweep.optuna.study, folder)
     logged = False
-    if sweep.get("parent_run_id"):
-        parent = open_tracker(sweep["tracking_uri"]).attach(sweep["parent_run_id"])
+    if sweep.parent_run_id and sweep.tracking_uri:
+        parent = open_tracker(sweep.tracking_uri).attach(sweep.parent_run_id)
         for figure in result["figures"].values():
             parent.log_artifact(Path(figure), "report")
         logged = True
     scored = [t["params"] for t in result["trials"] if t.get("state") in SCORED_STATES]
-    searched = list((sweep.get("search_space") or {}).get("params") or {}) or sorted({k for t in scored for k in t})
-    return {"sweep": sweep["name"], "sampler": sweep_file.sampler(sweep), **result,
-            "logged_to_run": sweep.get("parent_run_id") if logged else None,
+    searched = list((sweep.search_space or {}).get("params") or {}) or sorted({k for t in scored for k in t})
+    return {"sweep": sweep.name, "sampler": sweep_file.sampler(sweep), **result,
+            "logged_to_run": sweep.parent_run_id if logged else None,
             "warnings": exploration.notes(scored, searched)}
 
 

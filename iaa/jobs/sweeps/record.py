@@ -1,13 +1,15 @@
-"""A sweep's record on disk: ``WORKDIR/sweeps/NAME/sweep.json``, one typed row per trial.
+"""A sweep's record on disk: ``WORKDIR/sweeps/NAME/sweep.json``, read and written as a
+:class:`SweepRecord` with one :class:`TrialRecord` per trial.
 
-``sweep.json`` is written by ``iaa-cli tune`` (through the platform) and read by the ensemble
-job, which picks its members from the rows. Its keys are a contract::
+``sweep.json`` is written by ``iaa-cli tune`` and read by ``tune --resume``, the ensemble job
+(which picks its members from the rows) and ``report --sweep``. Its keys are a contract::
 
-    {"name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id", "storage",
-     "search_space", "sampler", "num_samples", "workers_per_trial", "max_concurrent",
-     "trials": [row, ...], "wall_s"}
+    {"schema", "name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id",
+     "storage", "search_space", "sampler", "num_samples", "asha", "optuna", "base",
+     "workers_per_trial", "max_concurrent", "trials": [row, ...], "wall_s"}
 
-with one :class:`TrialRecord` per row; ``sampler`` names the Optuna sampler that proposed the
+``schema`` is 1 (a record without it was written before it was versioned, and reads the same);
+keys this version does not know are kept as they are when the record is written again; ``sampler`` names the Optuna sampler that proposed the
 trials (:data:`~iaa.jobs.config.presets.SAMPLERS`; a record without it was searched by ``tpe``).
 Paths inside the work folder (``data_dir``, ``storage``, ``tracking_uri``, ``optuna.storage`` and
 each trial's ``checkpoint``) are stored relative to it and found again under the folder the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from dataclasses import dataclass, field, fields as dataclass_fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,9 +33,86 @@ from iaa.jobs.ports import TrialRecord
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import Workdir
 
+SCHEMA = 1
 FINISHED_STATUSES = frozenset({"TERMINATED", "ERROR"})
 TABLE_ROWS = 10
 PATH_KEYS = ("data_dir", "storage", "tracking_uri")   # besides optuna.storage and the trials' checkpoints
+
+
+@dataclass(frozen=True)
+class Asha:
+    """The ASHA settings a sweep stops its trials with."""
+
+    grace_period: int
+    reduction_factor: float
+
+
+@dataclass(frozen=True)
+class Study:
+    """Where a sweep's Optuna study lives."""
+
+    storage: str
+    study: str
+
+
+@dataclass(frozen=True)
+class SweepRecord:
+    """A sweep as ``sweep.json`` records it (checked by :func:`check` when read).
+
+    Older records may lack any key but ``name`` and ``trials``: such a sweep is read (an ensemble
+    or a report can use its trials), but resumed only with what :data:`RESUME_KEYS` names.
+    """
+
+    name: str
+    trials: tuple[TrialRecord, ...] = ()
+    dataset: str | None = None
+    data_dir: str | None = None
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    parent_run_id: str | None = None
+    storage: str | None = None
+    search_space: Mapping[str, Any] | None = None    # SearchSpace.to_json()'s object
+    sampler: str | None = None                       # None: written before samplers were recorded (tpe)
+    num_samples: int | None = None
+    asha: Asha | None = None
+    optuna: Study | None = None
+    base: Mapping[str, Any] | None = None            # the base JobConfig, as to_dict gives it
+    workers_per_trial: int | None = None
+    max_concurrent: int | None = None
+    wall_s: float = 0.0
+    unknown: Mapping[str, Any] = field(default_factory=dict)    # keys of a newer version, written back as read
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SweepRecord:
+        """A checked ``sweep.json`` object (its rows as JSON) as a record."""
+        known = {f.name for f in dataclass_fields(cls)} - {"unknown"}
+        values = {k: v for k, v in data.items() if k in known}
+        values["trials"] = tuple(TrialRecord.from_json(t) for t in data.get("trials") or [])
+        values["asha"] = Asha(**data["asha"]) if data.get("asha") else None
+        values["optuna"] = Study(**data["optuna"]) if data.get("optuna") else None
+        values["wall_s"] = float(data.get("wall_s") or 0.0)
+        return cls(**values, unknown={k: v for k, v in data.items() if k not in known | {"schema"}})
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``sweep.json`` object, rows as JSON, keys as :func:`check` reads them."""
+        data: dict[str, Any] = {"schema": SCHEMA, **self.unknown}
+        for f in dataclass_fields(self):
+            value = getattr(self, f.name)
+            if f.name == "unknown" or value is None:
+                continue
+            data[f.name] = ([t.to_json() for t in value] if f.name == "trials"
+                            else vars(value).copy() if isinstance(value, (Asha, Study)) else value)
+        return data
+
+    @property
+    def finished(self) -> bool:
+        """Nothing is left to run: the sweep reached its number of trials and every one ended."""
+        return (bool(self.trials) and len(self.trials) >= (self.num_samples or 0)
+                and all(t.status in FINISHED_STATUSES for t in self.trials))
+
+    def with_run(self, trials: Sequence[TrialRecord], seconds: float) -> SweepRecord:
+        """The record after a run of ``seconds`` that left ``trials``."""
+        return replace(self, trials=tuple(trials), wall_s=round(self.wall_s + seconds, 1))
 
 
 def sweep_dir(workdir: Path, name: str) -> Path:
@@ -48,26 +128,25 @@ def unique_name(base: str) -> str:
     return f"{base}-{secrets.token_hex(3)}"
 
 
-def read(path: Path) -> dict[str, Any]:
-    """A ``sweep.json``: its header with every path found where it is now (absolute), and ``trials``
-    as :class:`TrialRecord` objects."""
-    data = read_rows(path)
-    return {**data, "trials": [TrialRecord.from_json(t) for t in data["trials"]]}
+def read(path: Path) -> SweepRecord:
+    """A ``sweep.json``, checked, with every path found where it is now (absolute)."""
+    return SweepRecord.from_json(read_rows(path))
 
 
-def read_resumable(path: Path, has_study: Callable[[str, str], bool] | None = None) -> dict[str, Any]:
+def read_resumable(path: Path, has_study: Callable[[str, str], bool] | None = None) -> SweepRecord:
     """A ``sweep.json`` to resume (:func:`read`), refused in one line naming the file and the key
     when it lacks what a resume needs (:func:`check_resumable`) or, given ``has_study(storage,
     name)``, when its Optuna study is not in its recorded storage."""
     from iaa.jobs.workdir.fields import RecordError
 
-    data = read(path)
+    data = read_rows(path)
     check_resumable(path, data)
-    storage, study = data["optuna"]["storage"], data["optuna"]["study"]
-    if has_study is not None and not has_study(storage, study):
-        raise RecordError(f"{path}: optuna.study: no study {study!r} in {storage}; the sweep cannot be resumed "
-                          "without it: run a new sweep under another `sweep_name`")
-    return data
+    record = SweepRecord.from_json(data)
+    assert record.optuna is not None                     # check_resumable: required
+    if has_study is not None and not has_study(record.optuna.storage, record.optuna.study):
+        raise RecordError(f"{path}: optuna.study: no study {record.optuna.study!r} in {record.optuna.storage}; "
+                          "the sweep cannot be resumed without it: run a new sweep under another `sweep_name`")
+    return record
 
 
 def read_rows(path: Path) -> dict[str, Any]:
@@ -82,18 +161,18 @@ def read_rows(path: Path) -> dict[str, Any]:
     return _paths(data, lambda text: recorded.located(text, workdir, folder))
 
 
-def sampler(record: Mapping[str, Any]) -> str:
+def sampler(record: SweepRecord) -> str:
     """The sampler a sweep's record names; ``tpe`` for a record written before samplers were
     recorded; IaaError for a name this version does not know."""
-    name = record.get("sampler") or DEFAULT_SAMPLER
+    name = record.sampler or DEFAULT_SAMPLER
     if name not in SAMPLERS:
-        raise IaaError(f"sweep {record.get('name')}: unknown sampler {name!r} in its record; "
+        raise IaaError(f"sweep {record.name}: unknown sampler {name!r} in its record; "
                        f"this version knows {', '.join(SAMPLERS)}")
     return name
 
 
 # The kind of each key of sweep.json and of its trials' rows (iaa.jobs.workdir.fields).
-HEADER = {"name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
+HEADER = {"schema": "positive?", "name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
           "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "sampler": "text?",
           "optuna": "mapping?", "asha": "mapping?", "base": "mapping?", "num_samples": "positive?",
           "workers_per_trial": "positive?", "max_concurrent": "positive?", "wall_s": "number?", "trials": "list"}
@@ -136,20 +215,11 @@ def check_resumable(path: Path, data: Mapping[str, Any]) -> None:
     fields.require(path, data["search_space"], ("params",), where="search_space.", why=why)
 
 
-def finished(sweep: Mapping[str, Any]) -> bool:
-    """Whether a read sweep has nothing left to run: it reached its recorded number of trials and
-    every one of them ended."""
-    trials = sweep.get("trials") or []
-    return (bool(trials) and len(trials) >= int(sweep.get("num_samples") or 0)
-            and all(t.status in FINISHED_STATUSES for t in trials))
-
-
-def write(path: Path, sweep: Mapping[str, Any]) -> None:
-    """Write ``sweep`` (``trials`` as records) atomically, so a reader never sees half a file; paths
-    inside the work folder are stored relative to it."""
+def write(path: Path, sweep: SweepRecord) -> None:
+    """Write ``sweep`` atomically, so a reader never sees half a file; paths inside the work
+    folder are stored relative to it."""
     workdir = recorded.workdir_of(Path(path).parent, "sweeps")
-    data = _paths({**sweep, "trials": [t.to_json() for t in sweep.get("trials", [])]},
-                  lambda text: recorded.stored(text, workdir))
+    data = _paths(sweep.to_json(), lambda text: recorded.stored(text, workdir))
     atomic_write_text(path, json.dumps(data, indent=1, default=str))
 
 

@@ -16,7 +16,7 @@ from iaa.jobs.evaluation import frequency, uncertainty
 from iaa.jobs.config import exploration, search_space
 from iaa.jobs.ports import (TrackedRun, Tracker,
                             TrialRecord)
-from iaa.jobs.sweeps.record import FINISHED_STATUSES
+from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
 from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import run_columns
@@ -25,13 +25,12 @@ from iaa.jobs.tune.settle import SweepInterrupted, TuneRequest
 _log = logging.getLogger(__name__)
 
 
-def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, parent: TrackedRun,
-            space: search_space.SearchSpace, prepared: Path, tracker: Tracker,
-            register: str | None = None, req: TuneRequest | None = None,
+def _finish(sweep: SweepRecord, sweep_dir: Path, parent: TrackedRun, space: search_space.SearchSpace,
+            prepared: Path, tracker: Tracker, register: str | None = None, req: TuneRequest | None = None,
             train_epochs: float | None = None) -> dict[str, Any]:
     """The best trial: its config as YAML, the table, the parent run's metrics and artifacts, and
     on the best trial's run its MLflow model and explain page."""
-    name = sweep["name"]
+    name, records = sweep.name, list(sweep.trials)
     scored = _scored_trials(records, name, parent)
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
     best_config = sweep_dir / "best_config.yaml"
@@ -58,26 +57,26 @@ def _finish(records: list[TrialRecord], sweep: dict[str, Any], sweep_dir: Path, 
                         + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
                         + next_commands(name, best, outputs, req, best_config), keep_lines=True))
     if unlogged:
-        raise IaaError(f"{sweep['tracking_uri']}: the sweep finished and its files are written, but the store did "
+        raise IaaError(f"{sweep.tracking_uri}: the sweep finished and its files are written, but the store did "
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
                        "restart it) and log the models again")
-    return {"sweep": name, "tracking_uri": sweep["tracking_uri"], "experiment": sweep["experiment"],
+    return {"sweep": name, "tracking_uri": sweep.tracking_uri, "experiment": sweep.experiment,
             "best_config": str(best_config), "best_valid_acc": best.best_valid_acc, "baseline_valid_acc": base,
             "best_trial": best.trial_id, "best_checkpoint": best.checkpoint, "trials": len(records),
             "sweep_json": str(sweep_dir / "sweep.json"), "parent_run_id": parent.run_id, **outputs, "mlflow_ui": ui,
             **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties}
 
 
-def finished_result(sweep: dict[str, Any], sweep_dir: Path, prepared: Path, ui_command: str) -> dict[str, Any]:
+def finished_result(sweep: SweepRecord, sweep_dir: Path, prepared: Path, ui_command: str) -> dict[str, Any]:
     """The result of a sweep that has nothing left to run, read from its record (``sweep.json``,
     the best trial's files) and its data: the keys :func:`_finish` gives, with ``nothing_left``.
 
     Nothing is written, logged or started: the sweep's folder stays as it is.
     """
-    records: list[TrialRecord] = sweep["trials"]
+    records = sweep.trials
     scored = [r for r in records if r.scored]
     if not scored:
-        raise IaaError(f"sweep {sweep['name']} has nothing left to run, but no trial of it finished a validation "
+        raise IaaError(f"sweep {sweep.name} has nothing left to run, but no trial of it finished a validation "
                        f"check ({sweep_dir / 'sweep.json'}); run a new sweep under another `sweep_name`")
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
     baseline_split = frequency.run(prepared, "valid")
@@ -86,12 +85,11 @@ def finished_result(sweep: dict[str, Any], sweep_dir: Path, prepared: Path, ui_c
                                                                           ("explain_png", "png"))
                if (sweep_dir / f"explain-best.{ext}").is_file()}
     ties = uncertainty.tied_best({r.trial_id: r.best_valid_acc for r in scored})
-    return {"sweep": sweep["name"], "tracking_uri": sweep["tracking_uri"], "experiment": sweep["experiment"],
+    return {"sweep": sweep.name, "tracking_uri": sweep.tracking_uri, "experiment": sweep.experiment,
             "best_config": str(sweep_dir / "best_config.yaml"), "best_valid_acc": best.best_valid_acc,
             "baseline_valid_acc": base, "best_trial": best.trial_id, "best_checkpoint": best.checkpoint,
             "trials": len(records), "sweep_json": str(sweep_dir / "sweep.json"),
-            "parent_run_id": sweep["parent_run_id"], **outputs,
-            "mlflow_ui": ui_command,
+            "parent_run_id": sweep.parent_run_id, **outputs, "mlflow_ui": ui_command,
             **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties,
             "nothing_left": True}
 
@@ -113,7 +111,7 @@ def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun) ->
 
 
 def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, records: list[TrialRecord],
-                      sweep: dict[str, Any], space: search_space.SearchSpace, best_config: Path,
+                      sweep: SweepRecord, space: search_space.SearchSpace, best_config: Path,
                       sweep_dir: Path) -> tuple[str, str | None]:
     """The sweep's metrics, the best trial's params, tags and note, its config and ``sweep.json`` on
     the parent run, which is then ended; the best trial's run is tagged ``best_in_sweep``.
@@ -124,7 +122,7 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
                         "trials_failed": sum(r.status == "ERROR" for r in records)}, step=0)
     label = config_label(best.params)
     parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
-    view = tracker.show_columns(sweep["experiment"], run_columns(space))
+    view = tracker.show_columns(sweep.experiment or "", run_columns(space))
     link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
     parent.set_tags({"trials": str(len(records)),    # its child runs are these and its ensembles (``ensembles``)
                      "best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
@@ -134,7 +132,7 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
                                             "the `best.*` params and the artifact `best_config.yaml`."})
     if best.mlflow_run_id:
         tracker.attach(best.mlflow_run_id).set_tags({"best_in_sweep": "true", "mlflow.note.content":
-                                                     f"The best trial of sweep {sweep['name']}."})
+                                                     f"The best trial of sweep {sweep.name}."})
     parent.log_artifact(best_config)
     parent.log_artifact(sweep_dir / "sweep.json")
     parent.end("FAILED" if parent.lost else "FINISHED")

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.record import Asha, Study, SweepRecord
 from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.config import search_space
 from iaa.jobs.ports import (Placement, SearchPlan, TrackedRun, Tracker)
@@ -45,7 +46,7 @@ def run_columns(space: search_space.SearchSpace) -> list[str]:
     return ["metrics.best_valid_acc", "metrics.valid_acc", *[f"params.{k}" for k in space.params], *seed]
 
 
-def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Tracker) -> tuple[dict[str, Any], TrackedRun]:
+def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Tracker) -> tuple[SweepRecord, TrackedRun]:
     """A fresh sweep: its parent run and its sweep.json."""
     experiment, base, space, preset, num_samples = f"tune-{req.dataset}", plan.base, plan.space, plan.preset, plan.num_samples
     uri = tracker.uri
@@ -55,14 +56,13 @@ def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Track
         parent.log_dataset(launch.prepared)
         parent.log_params(sweep_params(base, plan, req, launch))
         tracker.show_columns(experiment, run_columns(space))   # the runs view, while the sweep runs
-        sweep = {"name": launch.name, "dataset": req.dataset, "data_dir": str(launch.prepared.resolve()),
-                 "tracking_uri": uri, "experiment": experiment, "parent_run_id": parent.run_id,
-                 "storage": launch.experiment_path, "search_space": json.loads(space.to_json()),
-                 "sampler": plan.sampler, "num_samples": num_samples,
-                 "asha": {"grace_period": preset.grace_period, "reduction_factor": preset.reduction_factor},
-                 "workers_per_trial": req.workers_per_trial, "max_concurrent": launch.max_concurrent,
-                 "optuna": {"storage": plan.study_storage, "study": plan.study_name}, "base": to_dict(base),
-                 "trials": []}
+        sweep = SweepRecord(name=launch.name, dataset=req.dataset, data_dir=str(launch.prepared.resolve()),
+                            tracking_uri=uri, experiment=experiment, parent_run_id=parent.run_id,
+                            storage=launch.experiment_path, search_space=json.loads(space.to_json()),
+                            sampler=plan.sampler, num_samples=num_samples,
+                            asha=Asha(preset.grace_period, preset.reduction_factor),
+                            workers_per_trial=req.workers_per_trial, max_concurrent=launch.max_concurrent,
+                            optuna=Study(plan.study_storage, plan.study_name), base=to_dict(base))
         sweep_file.write(sweep_file.sweep_file(req.workdir, launch.name), sweep)
     except BaseException:
         parent.end("FAILED")

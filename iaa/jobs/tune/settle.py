@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.config.job_config import ConfigError, JobConfig
 from iaa.jobs.workdir import names
 from iaa.jobs.config import search_space
@@ -152,7 +153,7 @@ class _Sweep:
     preset: TunePreset
     num_samples: int
     tracker: Tracker                 # the store, checked
-    recorded: dict[str, Any] | None  # the sweep.json of a sweep to resume
+    recorded: SweepRecord | None     # the sweep.json of a sweep to resume
     sampler: str = DEFAULT_SAMPLER   # one of SAMPLERS
 
 
@@ -174,7 +175,7 @@ def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: 
     space = (search_space.load(req.search_space, base) if req.search_space is not None
              else search_space.parse(preset.space, base))
     for note in searched_overrides(req.sets, space):
-        _log.warning(f"{note}")
+        _log.warning(note)
     storage, sampler = Workdir(workdir).storage(req.storage_path), req.sampler or DEFAULT_SAMPLER
     if recorded is not None:
         base = stops.recorded_base(req, recorded, base, folder / "sweep.json")
@@ -187,7 +188,7 @@ def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: 
     if sampler == "grid":
         num_samples = grid_samples(space, num_samples)
     if recorded is not None:
-        tracker = open_tracker(Workdir(workdir).tracking_uri(recorded["tracking_uri"]))
+        tracker = open_tracker(Workdir(workdir).tracking_uri(recorded.tracking_uri))
     else:
         tracker = open_tracker(Workdir(workdir).tracking_uri(req.tracking_uri))
         launcher.check_free(storage, name, folder)

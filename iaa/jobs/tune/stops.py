@@ -22,6 +22,7 @@ from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ports import Launcher, SearchPlan, Tracker
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.workdir.fields import RecordError
 
 # ``req`` below is a :class:`iaa.jobs.tune.tune.TuneRequest` (typed Any: that module imports this one)
@@ -57,9 +58,9 @@ def on_stop(tracker: Tracker, launcher: Launcher, experiment: str, sweep: str,
                                            {"interrupted": signal_name})
 
 
-def close_leftovers(tracker: Tracker, launcher: Launcher, record: Mapping[str, Any], plan: SearchPlan) -> int:
+def close_leftovers(tracker: Tracker, launcher: Launcher, record: SweepRecord, plan: SearchPlan) -> int:
     """Before a resume: the runs and trials a killed process left RUNNING end KILLED and FAIL."""
-    return end_running(tracker, launcher, record["experiment"], record["name"], plan, {"killed": KILLED_BEFORE})
+    return end_running(tracker, launcher, record.experiment or "", record.name, plan, {"killed": KILLED_BEFORE})
 
 
 def standing(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None) -> tuple[int, int]:
@@ -80,18 +81,17 @@ def kept(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | Non
             f"one(s) ({folder}; runs KILLED, unfinished Optuna trials FAIL)")
 
 
-def resumed_line(tracker: Tracker, record: Mapping[str, Any], num_samples: int) -> str:
+def resumed_line(tracker: Tracker, record: SweepRecord, num_samples: int) -> str:
     """What a resumed sweep keeps and what is left."""
-    finished, unfinished = standing(tracker, record["experiment"], record["name"], record.get("parent_run_id"))
+    finished, unfinished = standing(tracker, record.experiment or "", record.name, record.parent_run_id)
     left = max(num_samples - finished, 0)
-    return (f"resuming sweep {record['name']}: {finished} of {num_samples} trials finished and kept; {left} left, "
+    return (f"resuming sweep {record.name}: {finished} of {num_samples} trials finished and kept; {left} left, "
             f"of which {unfinished} continue from their last checkpoint")
 
 
-def nothing_left_line(record: Mapping[str, Any], folder: Path) -> str:
+def nothing_left_line(record: SweepRecord, folder: Path) -> str:
     """A resumed sweep that has nothing left to run, in one line."""
-    trials = record["trials"]
-    return (f"sweep {record['name']}: nothing left to run: {len(trials)} of {record['num_samples']} trials "
+    return (f"sweep {record.name}: nothing left to run: {len(record.trials)} of {record.num_samples} trials "
             f"finished; its results stand as recorded ({folder})")
 
 
@@ -104,45 +104,45 @@ def from_record(req: TuneRequest) -> TuneRequest:
     if not path.is_file():
         raise IaaError(f"no sweep {req.name!r} to resume: {path} is missing; run it without `resume`")
     record = sweep_file.read_resumable(path)
-    data = Path(str(record["data_dir"]))
+    data = Path(str(record.data_dir))
     if not data.is_absolute():
         data = Path(req.workdir) / data
-    storage = str(record["storage"]).rstrip("/")
+    storage = str(record.storage).rstrip("/")
     suffix = f"/{req.name}"
-    return replace(with_recorded_budget(req, record), dataset=record["dataset"], data=data,
-                   workers_per_trial=int(record.get("workers_per_trial") or req.workers_per_trial),
+    return replace(with_recorded_budget(req, record), dataset=record.dataset, data=data,
+                   workers_per_trial=record.workers_per_trial or req.workers_per_trial,
                    storage_path=req.storage_path or (storage[: -len(suffix)] if storage.endswith(suffix) else None))
 
 
-def with_recorded_budget(req: TuneRequest, record: Mapping[str, Any]) -> TuneRequest:
+def with_recorded_budget(req: TuneRequest, record: SweepRecord) -> TuneRequest:
     """``req`` with the number of trials and the ASHA settings its sweep recorded, where the
     command line gives none: a resume counts and stops trials as the sweep did."""
-    asha = record.get("asha") or {}
-    return replace(req, num_samples=req.num_samples or record.get("num_samples"),
-                   grace_period=req.grace_period or asha.get("grace_period"),
-                   reduction_factor=req.reduction_factor or asha.get("reduction_factor"))
+    asha = record.asha
+    return replace(req, num_samples=req.num_samples or record.num_samples,
+                   grace_period=req.grace_period or (asha.grace_period if asha else None),
+                   reduction_factor=req.reduction_factor or (asha.reduction_factor if asha else None))
 
 
-def recorded_base(req: TuneRequest, record: Mapping[str, Any] | None, base: JobConfig,
+def recorded_base(req: TuneRequest, record: SweepRecord | None, base: JobConfig,
                   path: Path | None = None) -> JobConfig:
     """The base config the sweep started with (``sweep.json``'s ``base``), unless the command
     line changes it (``--config``, ``--set``, ``--max-epochs``); one that is no longer a valid
     config is refused naming ``path`` (its ``sweep.json``) and the key."""
-    if record is None or not record.get("base") or req.config_file or req.sets or req.max_epochs:
+    if record is None or not record.base or req.config_file or req.sets or req.max_epochs:
         return base
     try:
-        return from_dict(record["base"])
+        return from_dict(dict(record.base))
     except ConfigError as err:
         raise RecordError(f"{path}: base: {err}; write the file again with the command that made it") from None
 
 
-def recorded_space(req: TuneRequest, record: Mapping[str, Any] | None, base: JobConfig,
+def recorded_space(req: TuneRequest, record: SweepRecord | None, base: JobConfig,
                    space: search_space.SearchSpace, path: Path | None = None) -> search_space.SearchSpace:
     """The search space the sweep recorded, unless ``--search-space`` gives one; a recorded space
     that no longer parses is refused naming ``path`` (its ``sweep.json``) and ``search_space``."""
-    if record is None or req.search_space is not None or not record.get("search_space"):
+    if record is None or req.search_space is not None or not record.search_space:
         return space
-    saved = record["search_space"]
+    saved = record.search_space
     data: dict[str, Any] = dict(saved.get("fixed") or {})
     for name, p in (saved.get("params") or {}).items():
         data[name] = (list(p["choices"]) if p.get("choices") is not None

@@ -41,6 +41,7 @@ from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, Swe
                             TrialRun, TrialTracking)
 from iaa.jobs.tune import stops
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, _best_outputs, _finish, finished_result, write_best_config
 from iaa.jobs.tune.estimate import _cost
@@ -71,7 +72,7 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     """
     req = with_dataset(req)
     s = _settle(req, open_tracker, launcher)
-    if s.recorded is not None and sweep_file.finished(s.recorded):
+    if s.recorded is not None and s.recorded.finished:
         _log.info(stops.nothing_left_line(s.recorded, s.folder))
         return finished_result(s.recorded, s.folder, s.prepared, s.tracker.ui_command)
     with interrupt.stoppable(stops.resume_command(req, s.name)) as stop:
@@ -87,11 +88,12 @@ def _run(req: TuneRequest, s: _Sweep, launcher: Launcher, stop: interrupt.Stop) 
     interrupt.rearm()                       # the cluster's start may have taken SIGTERM
     plan = _search_plan(req, s, launch)
     for note in asha_notes(plan.checks, s.preset):
-        _log.warning(f"{note}")
+        _log.warning(note)
     sweep, parent, console = _open_sweep(req, s, launcher, launch, plan)
-    stop.on_stop(stops.on_stop(tracker, launcher, sweep["experiment"], s.name, plan))
-    stop.kept = lambda: stops.kept(tracker, sweep["experiment"], s.name, parent.run_id, s.folder)
-    trials = TrialTracking(tracker=tracker, experiment=sweep["experiment"], parent_run_id=parent.run_id,
+    experiment = sweep.experiment or f"tune-{req.dataset}"
+    stop.on_stop(stops.on_stop(tracker, launcher, experiment, s.name, plan))
+    stop.kept = lambda: stops.kept(tracker, experiment, s.name, parent.run_id, s.folder)
+    trials = TrialTracking(tracker=tracker, experiment=experiment, parent_run_id=parent.run_id,
                            sweep=s.name, dataset=req.dataset, data_dir=s.prepared)
     started = time.time()
     from iaa.jobs.training.loop import fit_on_worker
@@ -99,20 +101,20 @@ def _run(req: TuneRequest, s: _Sweep, launcher: Launcher, stop: interrupt.Stop) 
     try:
         run_trials = TrialRun(fit=fit_on_worker, tracking=trials, downloads=s.folder / "checkpoints", console=console,
                               verbose=req.verbose)
-        sweep["trials"] = launcher.sweep(SweepRequest(placement=launch, plan=plan, trials=run_trials,
-                                                      resume=s.recorded is not None, show_progress=req.show_progress))
+        records = launcher.sweep(SweepRequest(placement=launch, plan=plan, trials=run_trials,
+                                              resume=s.recorded is not None, show_progress=req.show_progress))
     except KeyboardInterrupt:
         raise                                # the stop marks every run of the sweep (stops.on_stop)
     except BaseException:
         parent.end("FAILED")
         raise
-    sweep["wall_s"] = round(sweep.get("wall_s", 0.0) + time.time() - started, 1)
+    sweep = sweep.with_run(records, time.time() - started)
     if console is not None:
         _log.info(console.summary(time.time() - started))
     sweep_file.write(s.folder / "sweep.json", sweep)
     if s.recorded is not None:
-        _close_lost_runs(tracker, parent, sweep["experiment"], {r.mlflow_run_id for r in sweep["trials"]})
-    return _finish(sweep["trials"], sweep, s.folder, parent, s.space, s.prepared, tracker, req.register, req,
+        _close_lost_runs(tracker, parent, experiment, {r.mlflow_run_id for r in sweep.trials})
+    return _finish(sweep, s.folder, parent, s.space, s.prepared, tracker, req.register, req,
                    training_epochs(req, s.prepared))
 
 
@@ -123,15 +125,15 @@ def _search_plan(req: TuneRequest, s: _Sweep, launch: Placement) -> SearchPlan:
     A resumed sweep keeps the study storage and name it recorded (and its sampler:
     :func:`~iaa.jobs.tune.settle._settle`); a fresh one gets the request's storage and the sweep's name.
     """
-    recorded_study = (s.recorded or {}).get("optuna") or {}
+    study = s.recorded.optuna if s.recorded is not None else None
     return SearchPlan(base=s.base, space=s.space, preset=s.preset, seed=req.seed, num_samples=s.num_samples,
                       max_t=max_checks(s.base, s.space, launch.train_rows, req.workers_per_trial),
-                      study_storage=recorded_study.get("storage") or study_storage(req),
-                      study_name=recorded_study.get("study") or s.name, sampler=s.sampler)
+                      study_storage=study.storage if study else study_storage(req),
+                      study_name=study.study if study else s.name, sampler=s.sampler)
 
 
 def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placement,
-                plan: SearchPlan) -> tuple[dict[str, Any], TrackedRun, SweepConsole | None]:
+                plan: SearchPlan) -> tuple[SweepRecord, TrackedRun, SweepConsole | None]:
     """The sweep's record, its parent run and its console (None without ``req.show_progress``).
 
     A resumed sweep reopens its recorded parent run after closing what its last process left
@@ -142,9 +144,10 @@ def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placeme
     if s.recorded is not None:
         if not launcher.can_resume(launch):
             raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
-        sweep = {**s.recorded, "sampler": s.sampler}     # a record older than samplers names its own
+        sweep = replace(s.recorded, sampler=s.sampler)     # a record older than samplers names its own
         stops.close_leftovers(s.tracker, launcher, sweep, plan)
-        parent = s.tracker.reopen_run(sweep["parent_run_id"])
+        assert sweep.parent_run_id is not None            # read_resumable: required
+        parent = s.tracker.reopen_run(sweep.parent_run_id)
         if req.show_progress:
             console = _resumed_console(launch, s, plan, sweep)
     else:
@@ -155,9 +158,9 @@ def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placeme
     return sweep, parent, console
 
 
-def _resumed_console(launch: Placement, s: _Sweep, plan: SearchPlan, sweep: dict[str, Any]) -> SweepConsole:
+def _resumed_console(launch: Placement, s: _Sweep, plan: SearchPlan, sweep: SweepRecord) -> SweepConsole:
     """A resumed sweep's console, as a fresh one's: what is kept and left, the cost of what is left."""
     _log.info(stops.resumed_line(s.tracker, sweep, s.num_samples) + f" ({launch.experiment_path})")
-    finished, _ = stops.standing(s.tracker, sweep["experiment"], s.name, sweep.get("parent_run_id"))
+    finished, _ = stops.standing(s.tracker, sweep.experiment or "", s.name, sweep.parent_run_id)
     left = replace(s, num_samples=max(s.num_samples - finished, 1))
     return SweepConsole(_cost(launch, left, plan.checks), list(s.space.params))
