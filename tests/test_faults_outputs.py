@@ -469,7 +469,7 @@ def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_p
                                checkpoint=str(c), mlflow_run_id=n)
                    for n, acc, c in (("best", 0.9, checkpoints[0]), ("refused", 0.5, checkpoints[1])))
     store = Store()
-    outputs, unlogged = tune._best_outputs(best, store, tmp_path, tmp_path, None, [best, other])
+    outputs, unlogged = tune.best_outputs(best, store, tmp_path, tmp_path, None, [best, other])
     assert outputs["model_uri"] == "models:/m-best"
     assert store.runs["refused"].status == "FAILED" and store.runs["best"].status == "FINISHED"
     assert len(unlogged) == 1 and "refused" in unlogged[0] and "No space left" in unlogged[0]

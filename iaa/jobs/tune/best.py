@@ -20,12 +20,12 @@ from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
 from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import run_columns
-from iaa.jobs.tune.settle import SweepInterrupted, TuneRequest
+from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
 
 _log = logging.getLogger(__name__)
 
 
-def _finish(sweep: SweepRecord, sweep_dir: Path, parent: TrackedRun, space: search_space.SearchSpace,
+def finish(sweep: SweepRecord, sweep_dir: Path, parent: TrackedRun, space: search_space.SearchSpace,
             prepared: Path, tracker: Tracker, register: str | None = None, req: TuneRequest | None = None,
             train_epochs: float | None = None) -> dict[str, Any]:
     """The best trial: its config as YAML, the table, the parent run's metrics and artifacts, and
@@ -39,7 +39,7 @@ def _finish(sweep: SweepRecord, sweep_dir: Path, parent: TrackedRun, space: sear
     for note in exploration.notes([r.params for r in scored], list(space.params)):
         _log.warning(printable(note))
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
-    outputs, unlogged = _best_outputs(best, tracker, sweep_dir, prepared, register, records)
+    outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, register, records)
     if parent.lost:
         unlogged.insert(0, f"the sweep's run {parent.run_id} (marked FAILED) lacks {', '.join(parent.lost)}")
     ui = tracker.ui_command
@@ -69,7 +69,7 @@ def _finish(sweep: SweepRecord, sweep_dir: Path, parent: TrackedRun, space: sear
 
 def finished_result(sweep: SweepRecord, sweep_dir: Path, prepared: Path, ui_command: str) -> dict[str, Any]:
     """The result of a sweep that has nothing left to run, read from its record (``sweep.json``,
-    the best trial's files) and its data: the keys :func:`_finish` gives, with ``nothing_left``.
+    the best trial's files) and its data: the keys :func:`finish` gives, with ``nothing_left``.
 
     Nothing is written, logged or started: the sweep's folder stays as it is.
     """
@@ -164,7 +164,7 @@ def write_best_config(best: TrialRecord, path: Path, sweep: str, train_epochs: f
 EXPLAIN_EXAMPLES = 5  # validation examples on the best trial's explain page
 
 
-def _best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared: Path, register: str | None,
+def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared: Path, register: str | None,
                   records: Sequence[TrialRecord] = ()) -> tuple[dict[str, Any], list[str]]:
     """Every trial's tracked model, and the best trial's explain page (first validation examples),
     both stored on their runs; ``register`` registers the best model.

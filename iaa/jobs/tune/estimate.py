@@ -9,12 +9,12 @@ import logging
 from iaa.jobs.sweeps.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, probe
 from iaa.jobs.ports import (Placement)
 
-from iaa.jobs.tune.settle import _Sweep
+from iaa.jobs.tune.settle import Settled
 
 _log = logging.getLogger(__name__)
 
 
-def _cost(launch: Placement, s: _Sweep, checks: int) -> SweepCost:
+def estimate_cost(launch: Placement, s: Settled, checks: int) -> SweepCost:
     """The sweep's size and expected wall time (``checks``: a trial's validation checks, at most),
     printed before the first trial starts."""
     from iaa.data.manifest import read as read_manifest

@@ -8,7 +8,7 @@ from typing import Any
 
 from iaa.jobs.evaluation.closing import Command, next_block, where
 from iaa.jobs.ports import TrialRecord
-from iaa.jobs.tune.settle import TuneRequest
+from iaa.jobs.tune.request import TuneRequest
 
 
 def next_commands(name: str, best: TrialRecord, outputs: dict[str, Any], req: TuneRequest | None,

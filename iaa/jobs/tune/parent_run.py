@@ -15,7 +15,7 @@ from iaa.jobs.config import search_space
 from iaa.jobs.ports import (Placement, SearchPlan, TrackedRun, Tracker)
 from iaa.jobs.config.presets import SEARCH_METRIC, STOP_METRIC, UNINFORMED_SAMPLERS
 
-from iaa.jobs.tune.settle import TuneRequest
+from iaa.jobs.tune.request import TuneRequest
 
 _log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def run_columns(space: search_space.SearchSpace) -> list[str]:
     return ["metrics.best_valid_acc", "metrics.valid_acc", *[f"params.{k}" for k in space.params], *seed]
 
 
-def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Tracker) -> tuple[SweepRecord, TrackedRun]:
+def start_sweep(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Tracker) -> tuple[SweepRecord, TrackedRun]:
     """A fresh sweep: its parent run and its sweep.json."""
     experiment, base, space, preset, num_samples = f"tune-{req.dataset}", plan.base, plan.space, plan.preset, plan.num_samples
     uri = tracker.uri
@@ -77,7 +77,7 @@ def _start(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Track
     return sweep, parent
 
 
-def _close_lost_runs(tracker: Tracker, parent: TrackedRun, experiment: str, kept: set[str]) -> None:
+def close_lost_runs(tracker: Tracker, parent: TrackedRun, experiment: str, kept: set[str]) -> None:
     """End as KILLED the child runs of trials that a killed sweep started but never recorded.
 
     Tune saves its state every few seconds; a trial started after the last save is forgotten on

@@ -13,69 +13,14 @@ from iaa.errors import IaaError
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.config.job_config import ConfigError, JobConfig
-from iaa.jobs.workdir import names
 from iaa.jobs.config import search_space
 from iaa.jobs.ports import (Launcher, Tracker)
 from iaa.jobs.tune import stops
-from iaa.jobs.config.presets import DEFAULT_SAMPLER, SAMPLERS, TUNE_PRESETS, TunePreset
-from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+from iaa.jobs.tune.request import TuneRequest
+from iaa.jobs.config.presets import DEFAULT_SAMPLER, TUNE_PRESETS, TunePreset
+from iaa.jobs.workdir.paths import Workdir
 
 _log = logging.getLogger(__name__)
-
-
-class SweepInterrupted(IaaError):
-    """The sweep stopped with unfinished trials (Ctrl-C); ``--resume NAME`` continues it."""
-
-
-@dataclass(frozen=True)
-class TuneRequest:
-    """What ``iaa-cli tune`` asks for; ``None`` means the dataset's :data:`TUNE_PRESETS` value.
-
-    Checked here, once: a bad value is a ConfigError before anything starts.
-    """
-
-    dataset: str | None = None           # None: the one the manifest of ``data`` names (:func:`with_dataset`)
-    data: Path | None = None
-    model_kind: str = "iaa"
-    num_samples: int | None = None
-    max_concurrent: int | None = None
-    max_epochs: float | None = None
-    search_space: Path | None = None
-    grace_period: int | None = None      # ASHA: checks before a trial may be stopped
-    reduction_factor: float | None = None  # ASHA: keeps the best 1/reduction_factor at each rung
-    workers_per_trial: int = 1
-    gpus_per_worker: float = 0.0
-    name: str | None = None          # None: a new unique name (or, with resume, the latest sweep)
-    seed: int = 0
-    config_file: Path | None = None
-    sets: tuple[str, ...] = ()
-    workdir: Path = Path(DEFAULT_WORKDIR)
-    tracking_uri: str | None = None  # None: the workdir's store (a resumed sweep: the store it was tracked in)
-    storage_path: str | None = None
-    resume: bool = False
-    show_progress: bool = True
-    register: str | None = None      # register the best trial's MLflow model under this name
-    verbose: bool = False            # Ray Tune's own status tables and result boxes
-    optuna_storage: str | None = None  # the study's RDB URL; None: the SQLite file WORKDIR/optuna.db
-    sampler: str | None = None       # one of SAMPLERS; None: tpe (a resumed sweep: the one it recorded)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "workdir", Path(self.workdir))
-        object.__setattr__(self, "sets", tuple(self.sets))
-        names.folder_name(self.name)
-        names.registered_name(self.register)
-        if self.dataset is not None and self.dataset not in TUNE_PRESETS:
-            raise ConfigError(f"no tune preset for {self.dataset!r}; choose from {sorted(TUNE_PRESETS)}")
-        if self.num_samples is not None and self.num_samples < 1:
-            raise ConfigError(f"`num_samples` must be >= 1, got {self.num_samples}")
-        if self.max_epochs is not None and not self.max_epochs > 0:
-            raise ConfigError(f"`max_epochs` must be > 0, got {self.max_epochs}")
-        if self.grace_period is not None and self.grace_period < 1:
-            raise ConfigError(f"`grace_period` must be at least 1 check, got {self.grace_period}")
-        if self.reduction_factor is not None and not self.reduction_factor > 1:
-            raise ConfigError(f"`reduction_factor` must be above 1, got {self.reduction_factor}")
-        if self.sampler is not None and self.sampler not in SAMPLERS:
-            raise ConfigError(f"unknown sampler {self.sampler!r}; choose from {', '.join(SAMPLERS)}")
 
 
 def with_dataset(req: TuneRequest) -> TuneRequest:
@@ -141,7 +86,7 @@ def study_storage(req: TuneRequest) -> str:
 
 
 @dataclass(frozen=True)
-class _Sweep:
+class Settled:
     """What a sweep is, settled before Ray starts: name, folders, data, config, space, sampler, store."""
 
     name: str
@@ -157,7 +102,7 @@ class _Sweep:
     sampler: str = DEFAULT_SAMPLER   # one of SAMPLERS
 
 
-def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> _Sweep:
+def settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> Settled:
     """Every check that needs no cluster: data, config, search space, sampler, name, the store."""
     from iaa.jobs.datasets import resolve
 
@@ -192,7 +137,7 @@ def _settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: 
     else:
         tracker = open_tracker(Workdir(workdir).tracking_uri(req.tracking_uri))
         launcher.check_free(storage, name, folder)
-    return _Sweep(name, folder, storage, prepared, base, space, preset, num_samples, tracker, recorded, sampler)
+    return Settled(name, folder, storage, prepared, base, space, preset, num_samples, tracker, recorded, sampler)
 
 
 def grid_samples(space: search_space.SearchSpace, num_samples: int) -> int:

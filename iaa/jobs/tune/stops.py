@@ -23,10 +23,8 @@ from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ports import Launcher, SearchPlan, Tracker
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import SweepRecord
+from iaa.jobs.tune.request import TuneRequest
 from iaa.jobs.workdir.fields import RecordError
-
-# ``req`` below is a :class:`iaa.jobs.tune.tune.TuneRequest` (typed Any: that module imports this one)
-TuneRequest = Any
 
 KILLED_BEFORE = "left RUNNING by a process that ended without closing it; marked when the sweep was resumed"
 

@@ -43,11 +43,12 @@ from iaa.jobs.tune import stops
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.sweeps.console import SweepConsole
-from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, _best_outputs, _finish, finished_result, write_best_config
-from iaa.jobs.tune.estimate import _cost
+from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, best_outputs, finish, finished_result, write_best_config
+from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
-from iaa.jobs.tune.parent_run import _close_lost_runs, _start, run_columns, sweep_params
-from iaa.jobs.tune.settle import (SweepInterrupted, TuneRequest, _settle, _Sweep, asha_notes, asha_preset, base_config,
+from iaa.jobs.tune.parent_run import close_lost_runs, start_sweep, run_columns, sweep_params
+from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
+from iaa.jobs.tune.settle import (settle, Settled, asha_notes, asha_preset, base_config,
                                   searched_overrides, study_storage, sweep_name, training_epochs, with_dataset)
 
 _log = logging.getLogger(__name__)
@@ -55,8 +56,8 @@ _log = logging.getLogger(__name__)
 # The phases live in their own modules; their names stay importable from here.
 __all__ = ["EXPLAIN_EXAMPLES", "TUNE_PRESETS", "SweepInterrupted", "TuneRequest", "asha_notes", "asha_preset",
            "base_config", "next_commands", "run", "run_columns", "searched_overrides", "study_storage", "sweep_name",
-           "sweep_params", "training_epochs", "with_dataset", "write_best_config", "_best_outputs", "_close_lost_runs",
-           "_cost", "_finish", "_settle", "_start", "_Sweep"]
+           "sweep_params", "training_epochs", "with_dataset", "write_best_config", "best_outputs", "close_lost_runs",
+           "estimate_cost", "finish", "settle", "start_sweep", "Settled"]
 
 
 def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> dict[str, Any]:
@@ -71,7 +72,7 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     unfinished Optuna trials FAIL: :mod:`iaa.jobs.tune.stops`).
     """
     req = with_dataset(req)
-    s = _settle(req, open_tracker, launcher)
+    s = settle(req, open_tracker, launcher)
     if s.recorded is not None and s.recorded.finished:
         _log.info(stops.nothing_left_line(s.recorded, s.folder))
         return finished_result(s.recorded, s.folder, s.prepared, s.tracker.ui_command)
@@ -79,7 +80,7 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
         return _run(req, s, launcher, stop)
 
 
-def _run(req: TuneRequest, s: _Sweep, launcher: Launcher, stop: interrupt.Stop) -> dict[str, Any]:
+def _run(req: TuneRequest, s: Settled, launcher: Launcher, stop: interrupt.Stop) -> dict[str, Any]:
     tracker = s.tracker
     launch = launcher.connect(ConnectRequest(
         name=s.name, prepared=s.prepared, storage=s.storage, num_trials=s.num_samples,
@@ -113,17 +114,17 @@ def _run(req: TuneRequest, s: _Sweep, launcher: Launcher, stop: interrupt.Stop) 
         _log.info(console.summary(time.time() - started))
     sweep_file.write(s.folder / "sweep.json", sweep)
     if s.recorded is not None:
-        _close_lost_runs(tracker, parent, experiment, {r.mlflow_run_id for r in sweep.trials})
-    return _finish(sweep, s.folder, parent, s.space, s.prepared, tracker, req.register, req,
+        close_lost_runs(tracker, parent, experiment, {r.mlflow_run_id for r in sweep.trials})
+    return finish(sweep, s.folder, parent, s.space, s.prepared, tracker, req.register, req,
                    training_epochs(req, s.prepared))
 
 
-def _search_plan(req: TuneRequest, s: _Sweep, launch: Placement) -> SearchPlan:
+def _search_plan(req: TuneRequest, s: Settled, launch: Placement) -> SearchPlan:
     """What the launcher searches: the space, the checks per trial (``max_t``), the Optuna study
     and its sampler.
 
     A resumed sweep keeps the study storage and name it recorded (and its sampler:
-    :func:`~iaa.jobs.tune.settle._settle`); a fresh one gets the request's storage and the sweep's name.
+    :func:`~iaa.jobs.tune.settle.settle`); a fresh one gets the request's storage and the sweep's name.
     """
     study = s.recorded.optuna if s.recorded is not None else None
     return SearchPlan(base=s.base, space=s.space, preset=s.preset, seed=req.seed, num_samples=s.num_samples,
@@ -132,7 +133,7 @@ def _search_plan(req: TuneRequest, s: _Sweep, launch: Placement) -> SearchPlan:
                       study_name=study.study if study else s.name, sampler=s.sampler)
 
 
-def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placement,
+def _open_sweep(req: TuneRequest, s: Settled, launcher: Launcher, launch: Placement,
                 plan: SearchPlan) -> tuple[SweepRecord, TrackedRun, SweepConsole | None]:
     """The sweep's record, its parent run and its console (None without ``req.show_progress``).
 
@@ -153,14 +154,14 @@ def _open_sweep(req: TuneRequest, s: _Sweep, launcher: Launcher, launch: Placeme
     else:
         launcher.claim(s.storage, s.name, s.folder)
         if req.show_progress:
-            console = SweepConsole(_cost(launch, s, plan.checks), list(s.space.params))
-        sweep, parent = _start(req, launch, plan, s.tracker)
+            console = SweepConsole(estimate_cost(launch, s, plan.checks), list(s.space.params))
+        sweep, parent = start_sweep(req, launch, plan, s.tracker)
     return sweep, parent, console
 
 
-def _resumed_console(launch: Placement, s: _Sweep, plan: SearchPlan, sweep: SweepRecord) -> SweepConsole:
+def _resumed_console(launch: Placement, s: Settled, plan: SearchPlan, sweep: SweepRecord) -> SweepConsole:
     """A resumed sweep's console, as a fresh one's: what is kept and left, the cost of what is left."""
     _log.info(stops.resumed_line(s.tracker, sweep, s.num_samples) + f" ({launch.experiment_path})")
     finished, _ = stops.standing(s.tracker, sweep.experiment or "", s.name, sweep.parent_run_id)
     left = replace(s, num_samples=max(s.num_samples - finished, 1))
-    return SweepConsole(_cost(launch, left, plan.checks), list(s.space.params))
+    return SweepConsole(estimate_cost(launch, left, plan.checks), list(s.space.params))
