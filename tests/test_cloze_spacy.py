@@ -79,7 +79,7 @@ def test_cli_makes_cnn_questions_from_plain_text(tmp_path: Path):
                                    "--out", str(tmp_path / "out"), "--context", "10", "--stride", "3",
                                    "--workers", "0", "--json"])
     assert res.exit_code == 0, res.output
-    result = json.loads(res.output.strip().splitlines()[-1])
+    result = json.loads(res.stdout.strip().splitlines()[-1])
     examples = cnn.read(tmp_path / "out")["train"].examples()
     assert len(examples) == result["questions"]["train"] > 3
     assert all(ex.answer in ex.candidates and "@placeholder" in ex.query for ex in examples)

@@ -143,7 +143,7 @@ def test_bench_cli_on_cuda(cuda, precision) -> None:
             "--set", "bench.steps=3", "--set", "bench.warmup=1"]
     res = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output.strip().splitlines()[-1])
+    out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["device"] == "cuda" and out["precision"] == precision
     assert out["train_examples_per_s"] > 0 and out["peak_memory_bytes"] > 0
 

@@ -114,7 +114,7 @@ def test_train_with_two_workers_gives_a_checkpoint_that_evaluates(tiny: Path, tm
     out = CliRunner().invoke(cli, ["train", "--data", str(tiny), *sets, "--workers", "2", "--workdir", str(tmp_path),
                                    "--run-dir", str(tmp_path / "run"), "--json"])
     assert out.exit_code == 0, out.output
-    result = json.loads(out.output.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["workers"] == 2 and result["threads"] == 1
     best = Path(result["checkpoint"])
     assert best == tmp_path / "run" / "checkpoints" / "best.pt" and best.is_file()

@@ -34,7 +34,7 @@ def _log_run(uri: str, experiment: str, name: str, model: str, points: list[tupl
 def _report(workdir: Path, *args: str) -> dict:
     result = CliRunner().invoke(cli, ["report", "--workdir", str(workdir), "--json", *args])
     assert result.exit_code == 0, result.output
-    return json.loads(result.output.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture()

@@ -104,7 +104,7 @@ def test_evaluate_scores_a_questions_file_from_an_empty_folder_as_it_scores_the_
     split = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(best), "--data", str(prepared), "--split",
                                      "valid", "--out", str(tmp_path / "S.parquet"), "--json"])
     assert split.exit_code == 0, split.output
-    mine, theirs = json.loads(alone.output.splitlines()[-1]), json.loads(split.output.splitlines()[-1])
+    mine, theirs = json.loads(alone.stdout.splitlines()[-1]), json.loads(split.stdout.splitlines()[-1])
     assert mine["examples"] == theirs["examples"] == len(questions.read_text().splitlines())
     assert mine["accuracy"] == pytest.approx(theirs["accuracy"]) and mine["input"] == str(questions)
     by_id = {r["example_id"]: r for r in pq.read_table(tmp_path / "S.parquet").to_pylist()}
@@ -146,13 +146,13 @@ def test_explain_draws_a_questions_file_from_an_empty_folder(trained, tmp_path, 
                                       "--example-id", second, "--out", "E.html", "--json"])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in empty.iterdir()) == ["E.html"]
-    second_record, first_record = json.loads(result.output.splitlines()[-1])["examples"]   # ids first, then --first
+    second_record, first_record = json.loads(result.stdout.splitlines()[-1])["examples"]   # ids first, then --first
     assert second_record["example_id"] == second and first_record["example_id"] == unanswered["id"]
     assert first_record["gold"] is None                         # the question gave no answer
     split = CliRunner().invoke(cli, ["explain", "--checkpoint", str(best), "--data", str(prepared),
                                      "--example-id", second, "--out", str(tmp_path / "S.html"), "--json"])
     assert split.exit_code == 0, split.output
-    (from_split,) = json.loads(split.output.splitlines()[-1])["examples"]
+    (from_split,) = json.loads(split.stdout.splitlines()[-1])["examples"]
     assert second_record["gold"] == from_split["gold"] and second_record["candidates"] == from_split["candidates"]
     assert second_record["probs"] == pytest.approx(from_split["probs"], abs=1e-5)
     text = CliRunner().invoke(cli, ["explain", "--checkpoint", str(best), "--input", str(mixed), "--first", "1",
@@ -180,4 +180,4 @@ def test_predict_and_evaluate_answer_at_the_precision_asked_and_report_it(traine
         for flags, used in (([], "bf16"), (["--precision", "fp32"], "fp32")):
             result = CliRunner().invoke(cli, [*command, *flags, "--json"])
             assert result.exit_code == 0, result.output
-            assert json.loads(result.output.strip().splitlines()[-1])["precision"] == used
+            assert json.loads(result.stdout.strip().splitlines()[-1])["precision"] == used

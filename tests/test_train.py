@@ -90,7 +90,7 @@ def test_cli_train_then_evaluate_end_to_end(tiny: Path, tmp_path: Path) -> None:
             *[x for s in TINY_SETS for x in ("--set", s)]]
     res = runner.invoke(cli, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output.strip().splitlines()[-1])
+    out = json.loads(res.stdout.strip().splitlines()[-1])
     assert Path(out["checkpoint"]).is_file() and 0.0 <= out["valid_acc"] <= 1.0
     assert (tmp_path / "w" / "mlflow.db").is_file()
 
@@ -98,7 +98,7 @@ def test_cli_train_then_evaluate_end_to_end(tiny: Path, tmp_path: Path) -> None:
     res = runner.invoke(cli, ["evaluate", "--checkpoint", out["checkpoint"], "--data", str(tiny), "--split", "test",
                               "--out", str(preds), "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
-    ev = json.loads(res.output.strip().splitlines()[-1])
+    ev = json.loads(res.stdout.strip().splitlines()[-1])
     table = pq.read_table(preds).to_pylist()
     assert len(table) == 64 == ev["examples"]
     recomputed = sum(r["pred"] == r["gold"] for r in table) / len(table)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from iaa.cli.options import (address_option, json_option, workdir_option)
-from iaa.cli.output import _close, _emit, _friendly
+from iaa.cli.output import _close, _emit, _friendly, progress_shown
 from iaa.data.datasets import CLOZE_STYLES, DATASETS
 
 
@@ -37,7 +37,7 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
     _emit(job.run(dataset, source, out, workdir=workdir, on_error=on_error, lowercase=lowercase, min_count=min_count,
-                  max_vocab=max_vocab, workers=threads, progress=not as_json, overwrite=overwrite), as_json)
+                  max_vocab=max_vocab, workers=threads, progress=progress_shown(), overwrite=overwrite), as_json)
 
 
 @click.command("make-cloze")
@@ -72,7 +72,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
     cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
                           split_by=split_by, seed=seed, stride=stride, context=context, pipeline=pipeline)
     tag_map = functools.partial(_tag_on_ray, address=address) if workers != 0 else None
-    result = job.run(cfg, out, workers=workers, tag_map=tag_map, progress=not as_json, overwrite=overwrite,
+    result = job.run(cfg, out, workers=workers, tag_map=tag_map, progress=progress_shown(), overwrite=overwrite,
                      workdir=workdir)
     _emit(result, as_json)
     _close(as_json, "iaa.jobs.own_data.cloze_summary", result)

@@ -10,7 +10,7 @@ import click
 from iaa.cli.adapters import _launcher, _tracker
 from iaa.cli.options import (MODELS, _Finite, address_option, cluster_options, config_options, data_options,
                              json_option, tracking_option, workdir_option)
-from iaa.cli.output import CLOSING_KEYS, _close, _emit, _friendly
+from iaa.cli.output import CLOSING_KEYS, _close, _emit, _friendly, progress_shown
 
 
 @click.command()
@@ -40,7 +40,7 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
     from iaa.jobs.ensemble import ensemble as job
 
-    req = job.EnsembleRequest(members=members + more_members, workdir=workdir, show_progress=not as_json, **request)
+    req = job.EnsembleRequest(members=members + more_members, workdir=workdir, show_progress=progress_shown(), **request)
     _emit(job.run(req, _tracker(workdir, tracking_uri), _launcher(address, req.storage_path)), as_json,
           keys=("name", "valid_acc", "test_acc", "ensemble_dir", "model_uri"))
 
@@ -87,12 +87,12 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     tracker = _tracker(workdir, tracking_uri)
     req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
                              temperature=temperature, train_examples=train_examples, run_dir=run_dir,
-                             workdir=workdir, refresh_teacher=refresh_teacher, show_progress=not as_json,
+                             workdir=workdir, refresh_teacher=refresh_teacher, show_progress=progress_shown(),
                              resume=resume)
-    score = (teacher_ray.scorer(teacher.score_member, workers or None, address, not as_json) if (workers or address)
+    score = (teacher_ray.scorer(teacher.score_member, workers or None, address, progress_shown()) if (workers or address)
              else teacher.score_in_process)
     claim = partial(rundir.claim, resume=resume, overwrite=overwrite)
-    train = partial(train_job.run_tracked, tracker=tracker, show_progress=not as_json, register=register, resume=resume)
+    train = partial(train_job.run_tracked, tracker=tracker, show_progress=progress_shown(), register=register, resume=resume)
     result = job.run(req, train=train, score=score, claim=claim)
     _close(as_json, "iaa.jobs.distill.summary", result, req)
     _emit(result, as_json, keys=CLOSING_KEYS)

@@ -11,7 +11,7 @@ import click
 from iaa.cli.options import (INPUT_FORMATS, _examples_source, _Finite, _need_data,
                              _vocabulary_data, address_option, data_options,
                              input_option, json_option, precision_option, tracking_option, workdir_option)
-from iaa.cli.output import _close, _emit, _friendly, _warn, shown
+from iaa.cli.output import _close, _emit, _friendly, _warn, progress_bar, shown
 
 
 @click.command()
@@ -33,7 +33,9 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
     prepared = _examples_source(dataset, data, input_path, workdir)
     if (split is None) == (input_path is None):
         raise click.UsageError("give --split with --dataset or --data, and no --split with --input")
-    result = job.run(checkpoint, prepared, split, out, input_path=input_path, precision=precision, workdir=workdir)
+    with progress_bar("scoring") as progress:
+        result = job.run(checkpoint, prepared, split, out, input_path=input_path, precision=precision,
+                         progress=progress, workdir=workdir)
     _close(as_json, "iaa.jobs.evaluation.evaluate", result)
     if as_json:                        # where the predictions went (without --json: a key: value line)
         click.echo(f"predictions: {shown(result['predictions'])}", err=True)
@@ -110,8 +112,10 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
     if (checkpoint is None) == (ensemble_dir is None):
         raise click.UsageError("give exactly one of --checkpoint CKPT or --ensemble DIR")
     prepared = _vocabulary_data(dataset, data, workdir)
-    _emit(job.run(input_path, out, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
-                  precision=precision), as_json, err=str(out) == "-")
+    with progress_bar("answering") as progress:
+        result = job.run(input_path, out, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
+                         precision=precision, progress=progress)
+    _emit(result, as_json, err=str(out) == "-")
 
 
 def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:

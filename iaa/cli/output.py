@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Callable
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -60,6 +62,23 @@ def _close(as_json: bool, module: str, *args: Any) -> None:
 def _warn(result: dict[str, Any]) -> None:
     for warning in result.get("warnings", ()):
         click.echo(f"warning: {shown(warning)}", err=True)
+
+
+def progress_shown() -> bool:
+    """Progress bars and lines on stderr: on unless ``iaa-cli --quiet`` (``--json`` keeps them: it
+    changes stdout only)."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return not (root is not None and root.params.get("quiet"))
+
+
+@contextmanager
+def progress_bar(desc: str, unit: str = "q") -> Iterator[Callable[[int], Any]]:
+    """A tqdm bar on stderr (off with ``--quiet``); yields its ``update``."""
+    from tqdm import tqdm
+
+    with tqdm(desc=desc, unit=unit, disable=not progress_shown(), file=sys.stderr, leave=False) as bar:
+        yield bar.update
 
 
 def _debug(ctx: click.Context | None) -> bool:

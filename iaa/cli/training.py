@@ -10,7 +10,7 @@ import click
 from iaa.cli.adapters import _launcher, _open_tracker
 from iaa.cli.options import (MODELS, _Finite, cluster_options, config_options, data_options,
                              json_option, workdir_option)
-from iaa.cli.output import CLOSING_KEYS, _close, _emit, _friendly
+from iaa.cli.output import CLOSING_KEYS, _close, _emit, _friendly, progress_shown
 from iaa.jobs.workdir.paths import Workdir
 
 
@@ -41,7 +41,7 @@ def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **r
         raise click.UsageError("give --dataset NAME, --data PREPARED_DIR, or a --config file that names its data")
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
-    req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=not as_json)
+    req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=progress_shown())
     result = job.run_request(req, _open_tracker, _launcher(address, req.storage_path) if req.workers > 0 else None)
     _close(as_json, "iaa.jobs.training.summary", result, req)
     _emit(result, as_json, keys=CLOSING_KEYS)

@@ -10,7 +10,7 @@ import click
 from iaa.cli.adapters import _launcher, _open_tracker
 from iaa.cli.options import (MODELS, _Finite, _need_data,
                              cluster_options, config_options, json_option, workdir_option)
-from iaa.cli.output import _emit, _friendly
+from iaa.cli.output import _emit, _friendly, progress_shown
 from iaa.data.datasets import TUNE_DATASETS
 from iaa.jobs.config.presets import SAMPLERS
 
@@ -59,7 +59,7 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
         _need_data(request["dataset"], request["data"])
     from iaa.jobs.tune import tune as job
 
-    req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, show_progress=not as_json)
+    req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, show_progress=progress_shown())
     req = job.with_dataset(req)          # missing or contradicting data fails here, before Ray or MLflow loads
     _announce(req, address)
     _emit(job.run(req, _open_tracker, _launcher(address, req.storage_path)), as_json,

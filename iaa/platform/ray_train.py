@@ -141,7 +141,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         raise IaaError(f"the prepared data folder {prepared} is not visible on node {ray.util.get_node_ip_address()}; "
                        "on a cluster, put it on storage that every node mounts at the same path")
     config["fit"](from_dict(config["job"]), TrainLink(),
-                  WorkerData(vocab_hash=config.get("vocab_hash", ""), prepared=prepared), threads=config["threads"])
+                  WorkerData(vocab_hash=config.get("vocab_hash", ""), prepared=prepared,
+                             show_progress=config.get("show_progress", False)), threads=config["threads"])
 
 
 # --- building a trainer ----------------------------------------------------------------------------
@@ -161,11 +162,12 @@ def job_for_workers(cfg: JobConfig, world_size: int, use_gpu: bool) -> JobConfig
 
 def build_trainer(cfg: JobConfig, prepared: Path, *, fit: WorkerFit, name: str, storage_path: str, workers: int,
                   threads: int, worker_resources: dict[str, float], use_gpu: bool, vocab_hash: str = "",
-                  callbacks: Sequence[Any] = ()) -> Any:
+                  callbacks: Sequence[Any] = (), show_progress: bool = False) -> Any:
     """A TorchTrainer running :func:`train_loop_per_worker` (the job's ``fit``) on ``workers`` workers.
 
-    The workers read their rows of ``prepared`` themselves. Checkpoints go to
-    ``storage_path/name``; the best by ``valid_acc`` and the latest are kept.
+    The workers read their rows of ``prepared`` themselves; with ``show_progress``, rank 0 shows
+    its progress bar. Checkpoints go to ``storage_path/name``; the best by ``valid_acc`` and the
+    latest are kept.
     """
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -174,7 +176,7 @@ def build_trainer(cfg: JobConfig, prepared: Path, *, fit: WorkerFit, name: str, 
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"job": to_dict(job), "fit": fit, "threads": threads, "vocab_hash": vocab_hash, "world_size": workers,
-                           "prepared": str(Path(prepared).resolve())},
+                           "prepared": str(Path(prepared).resolve()), "show_progress": show_progress},
         torch_config=TorchConfig(backend=process_group_backend(use_gpu)),
         scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=use_gpu,
                                                resources_per_worker=dict(worker_resources)),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from torch import nn
 
@@ -62,10 +62,12 @@ class Predictor:
                                    "vocabulary; pass the prepared folder it was trained on with `data`")
         return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase, used)
 
-    def predict(self, questions: Sequence[Question]) -> list[dict[str, Any]]:
+    def predict(self, questions: Sequence[Question],
+                progress: Callable[[int], Any] | None = None) -> list[dict[str, Any]]:
         """One ``{"id", "prediction", "probs": {candidate: p}[, "correct"], "unknown_share",
         "unknown_candidates"[, "warning"]}`` per question, in order: ``warning`` when the document
-        is mostly ``<unk>`` (:mod:`iaa.jobs.evaluation.unknowns`)."""
+        is mostly ``<unk>`` (:mod:`iaa.jobs.evaluation.unknowns`). ``progress`` is called with each
+        batch's number of questions once it is answered."""
         import torch
 
         from iaa.data.loader import collate
@@ -82,6 +84,8 @@ class Predictor:
                 probs = torch.stack([candidate_probs(m.eval()(batch).log_probs) for m in self.models]).mean(0)  # (B, C)
                 for b, q in enumerate(questions[start:start + BATCH_SIZE]):
                     out.append(_answer(q, probs[b, :len(q.example.candidates)].tolist()))
+                if progress is not None:
+                    progress(probs.shape[0])
         return [unknowns.annotated(row, gap) for row, gap in zip(out, gaps)]
 
     def predict_records(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,18 +7,20 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from iaa.data.raw_text import read_input
 from iaa.jobs.evaluation.predictor import Predictor, ensemble_members
 
 
 def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble_dir: Path | None = None,
-        data_dir: Path | None = None, precision: str = "auto") -> dict[str, Any]:
+        data_dir: Path | None = None, precision: str = "auto",
+        progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
     """Predict every question of ``input_path`` with ``checkpoint`` or the members of
     ``ensemble_dir`` and write JSON Lines to ``out``; ``data_dir``: the prepared folder whose
     vocabulary to use (default: the one the checkpoints carry); ``precision``: auto | fp32 | bf16.
-    ``out`` may not replace an input, nor a file of the ensemble.
+    ``out`` may not replace an input, nor a file of the ensemble; ``progress``: called with the
+    number of questions answered after each batch.
     """
     import warnings
 
@@ -36,7 +38,7 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     predictor = Predictor.load(checkpoints, data_dir, precision)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rows = predictor.predict(read_input(Path(input_path), predictor.vocab.placeholder))
+        rows = predictor.predict(read_input(Path(input_path), predictor.vocab.placeholder), progress=progress)
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     if to_stdout:
         sys.stdout.write(lines)

@@ -44,6 +44,7 @@ class WorkerData:
     train: "pa.Table | None" = None
     valid: "pa.Table | None" = None
     vocab: Mapping[str, object] | None = None
+    show_progress: bool = False                      # rank 0's progress bar on stderr (a Train run, not a trial)
 
 
 class WorkerFit(Protocol):

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from iaa.model.config import ReaderConfig
+from iaa.model.config import MODEL_KINDS as KINDS, ReaderConfig
 
 GRU_GATES = 3                       # r, z, n: the rows of W_ih and W_hh are 3h (PyTorch's GRU, eq. 1)
-KINDS = ("iaa", "iaa-fixed-query", "as-reader")
 HALTING = ("none", "act")
 
 

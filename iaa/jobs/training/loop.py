@@ -284,4 +284,4 @@ def fit_on_worker(cfg: JobConfig, link: WorkerLink, data: WorkerData, *, threads
             raise IaaError(f"rank {link.rank} of {link.world_size} has no training rows: use fewer workers")
     session = ClusterSession(link, train, valid, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
                              threads=threads, vocab=vocab)
-    return fit(cfg, session, show_progress=False, vocab_hash=data.vocab_hash)
+    return fit(cfg, session, show_progress=data.show_progress, vocab_hash=data.vocab_hash)
