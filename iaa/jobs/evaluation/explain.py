@@ -125,8 +125,9 @@ def with_a_mistake(model: nn.Module, table: pa.Table, tokens: Sequence[str], rec
     if row is not None:
         (added,) = example_records(model, table, tokens, [row], kind)
         if is_mistake(added):
-            return [*records, added], (f"{added['example_id']} is added: the reader got the {len(records)} "
-                                       f"example(s) above it right, and this is the first one of {source} it gets wrong")
+            above = "the example" if len(records) == 1 else f"the {len(records)} examples"
+            return [*records, added], (f"{added['example_id']} is added: the reader got {above} above it right, "
+                                       f"and this is the first one of {source} it gets wrong")
     what = "every example" if searched >= table.num_rows else f"the first {searched:,} examples"
     return records, f"the reader gets {what} of {source} right: there is no mistake to show"
 
