@@ -135,3 +135,65 @@ def test_unknown_example_is_a_clear_error(setup, tmp_path):
     assert result.exit_code != 0 and "no example 'nope' in the valid split" in result.output
     result = CliRunner().invoke(cli, ["explain", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared)])
     assert result.exit_code != 0 and "--first N" in result.output
+
+
+def _questions(root: Path, n: int) -> list[dict]:
+    from iaa.data import cbt
+
+    examples = cbt.read(root / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt").examples()[:n]
+    return [{"id": ex.example_id, "document": " ".join(ex.doc), "query": " ".join(ex.query),
+             "candidates": list(ex.candidates)} for ex in examples]
+
+
+def _answered(setup, tmp_path, right: int) -> tuple[Path, Path, list[dict]]:
+    """The iaa checkpoint with its vocabulary (as training saves it), and eight questions whose
+    answers are its own predictions for the first ``right`` of them and another candidate for the rest."""
+    from iaa.data.manifest import vocab_card
+
+    prepared, ckpts = setup
+    ckpt = checkpoint.save(tmp_path / "with-vocab.pt", {**checkpoint.load(ckpts["iaa"]), "vocab": vocab_card(prepared)})
+    questions = _questions(prepared.parent, 8)
+    source = tmp_path / "q.jsonl"
+    source.write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
+    out = tmp_path / "p.jsonl"
+    result = CliRunner().invoke(cli, ["predict", "--checkpoint", str(ckpt), "--input", str(source), "--out", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    predicted = [json.loads(line)["prediction"] for line in out.read_text().splitlines()]
+    for i, (q, p) in enumerate(zip(questions, predicted)):
+        q["answer"] = p if i < right else next(c for c in q["candidates"] if c != p)
+    source.write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
+    return ckpt, source, questions
+
+
+def test_the_page_shows_a_mistake_when_the_first_ones_are_right(setup, tmp_path):
+    """The first N all right: the first example the reader gets wrong is added to the page."""
+    from iaa.jobs.evaluation.explain import is_mistake
+
+    ckpt, source, questions = _answered(setup, tmp_path, right=3)
+    out = tmp_path / "page.html"
+    result = _explain(["--checkpoint", str(ckpt), "--input", str(source), "--first", "2", "--out", str(out)])
+    assert [r["example_id"] for r in result["examples"]] == [q["id"] for q in (questions[0], questions[1], questions[3])]
+    assert [is_mistake(r) for r in result["examples"]] == [False, False, True]
+    html = out.read_text(encoding="utf-8")
+    assert f'data-example="{questions[3]["id"]}"' in html and "verdict wrong" in html
+
+
+def test_a_page_of_right_answers_says_there_is_no_mistake(setup, tmp_path):
+    ckpt, source, _ = _answered(setup, tmp_path, right=8)
+    out = tmp_path / "page.html"
+    result = _explain(["--checkpoint", str(ckpt), "--input", str(source), "--first", "2", "--out", str(out)])
+    assert len(result["examples"]) == 2
+    assert "no mistake to show" in out.read_text(encoding="utf-8")
+
+
+def test_the_page_names_its_sweep_trial_and_checkpoint(setup, tmp_path):
+    from iaa.jobs.evaluation import explain
+
+    prepared, ckpts = setup
+    out = tmp_path / "page.html"
+    explain.run(ckpts["iaa"], prepared, "valid", first=1, out=out, source="sweep demo-iaa-1, trial trial-0003")
+    title = out.read_text(encoding="utf-8").split("<title>")[1].split("</title>")[0]
+    assert "sweep demo-iaa-1, trial trial-0003" in title and str(ckpts["iaa"]) in title
+    _explain(["--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--first", "1", "--out", str(out)])
+    assert str(ckpts["iaa"]) in out.read_text(encoding="utf-8").split("<title>")[1].split("</title>")[0]

@@ -84,3 +84,26 @@ def test_train_logs_a_model_that_predicts_like_the_cli(tmp_path, monkeypatch):
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{logged.model_id}", dst_path=str(tmp_path / "dl")))
     pins = (local / "requirements.txt").read_text().split()
     assert "torch" in " ".join(pins) and not [p for p in pins if "+" in p]
+
+
+def test_a_logged_model_names_the_dataset_it_was_measured_on(tmp_path):
+    """MLflow 3 shows a logged model's datasets from its metrics: each names the run's dataset input."""
+    from mlflow import MlflowClient
+
+    from iaa.jobs.evaluation.predictor import MODEL_CODE
+    from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking import connection, store
+    from tests._explain import tiny_setup
+
+    prepared, ckpts = tiny_setup(tmp_path)
+    uri = connection.open_store(Workdir(tmp_path / "work").tracking_uri())
+    run = store.Run.start(uri, "train-tiny", "r", tags={"dataset": "tiny"})
+    run.log_dataset(prepared)
+    run.log_metrics({"valid_acc": 0.5}, step=1)
+    model_uri = mlflow_model.log(uri, run.run_id, [ckpts["iaa"]], prepared, MODEL_CODE)
+    run.end()
+    client = MlflowClient(uri)
+    logged = client.get_logged_model(model_uri.removeprefix("models:/"))
+    (entry,) = client.get_run(run.run_id).inputs.dataset_inputs
+    assert [m.key for m in logged.metrics] == ["valid_acc"]
+    assert {(m.dataset_name, m.dataset_digest) for m in logged.metrics} == {(entry.dataset.name, entry.dataset.digest)}

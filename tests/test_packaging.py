@@ -154,3 +154,13 @@ def test_ruff_passes() -> None:
     linted = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+def test_the_readme_shows_how_to_open_a_sweep_in_optuna_dashboard() -> None:
+    """Where the README shows how to look at a sweep, it names the ``dashboard`` extra (which
+    installs optuna-dashboard) and opens the work folder's study store with it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("Compare the trials in MLflow")[1].split("\n## ")[0]
+    assert 'pip install -e ".[dashboard]"' in section
+    assert "optuna-dashboard sqlite:///iaa-work/optuna.db" in section
+    assert "optuna-dashboard" in _names(PYPROJECT["project"]["optional-dependencies"]["dashboard"])

@@ -235,3 +235,18 @@ def test_training_outlives_a_tracking_server_that_dies(tmp_path: Path) -> None:
     errors = [line for line in err.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "not logged" in errors[0] and "valid_acc" in errors[0], err[-3000:]
     assert "were not logged to MLflow" in err and "Traceback" not in err
+
+
+def test_an_experiment_says_what_made_it_and_on_which_data(tmp_path: Path) -> None:
+    """The experiment's description (``mlflow.note.content``, what the UI shows above its runs)
+    names the dataset and the command, from the first run that creates it."""
+    from iaa.platform.tracking import store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run = store.Run.start(uri, "tune-demo", "demo-iaa-1", tags={"dataset": "demo"})
+    note = client.get_experiment(client.get_run(run.run_id).info.experiment_id).tags["mlflow.note.content"]
+    assert "demo dataset" in note and "iaa-cli tune" in note and "\n" not in note
+    run = store.Run.start(uri, "distill-ens-1", "student", tags={"dataset": "cbt-ne"})
+    note = client.get_experiment(client.get_run(run.run_id).info.experiment_id).tags["mlflow.note.content"]
+    assert "cbt-ne dataset" in note and "iaa-cli distill" in note and "ens-1" in note

@@ -106,3 +106,16 @@ def test_the_report_figures_use_visible_colours_and_trial_labels(tmp_path: Path)
     study_figures._trial_labels(ax, study)
     labels = [text.get_text() for text in ax.get_legend().get_texts()]
     assert labels == ["#0 t0 lr=2e-3", "#1 t1 lr=4e-3"]
+
+
+def test_the_sweeps_link_says_how_to_see_the_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's UI opens a shared view with the sweep collapsed: what the tracker gives to show
+    says to click + beside it, on the one line of its URL."""
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    monkeypatch.delenv("MLFLOW_UI_URL", raising=False)
+    uri, experiment, _ = _store(tmp_path)
+    shown = MlflowTracker(uri).show_columns("tune-demo", ["metrics.valid_acc"])
+    url, hint = shown.split(" ", 1)
+    assert url.startswith(f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?")
+    assert "click +" in hint and "\n" not in shown

@@ -14,7 +14,8 @@ has its name (:func:`logged_name`). It carries the run's ``valid_acc`` (its best
 checkpoint it holds) and ``test_acc`` where measured, the run's ``best_in_sweep`` and ``seed``
 tags, a signature (the predict columns in, the predict rows out) and an input example; its
 requirements are plain package-index pins, and ``mlflow.search_logged_models`` and the
-experiment's Models tab list and rank it. ``register`` makes it a version of a registered model.
+experiment's Models tab list and rank it. Its metrics name the dataset they were measured on (the
+run's dataset input), which is how MLflow 3 shows a logged model's dataset. ``register`` makes it a version of a registered model.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError, brief
 from iaa.jobs.ports import LoadedModel, ModelCode
 from iaa.platform.tracking.connection import TRANSIENT
-from iaa.platform.tracking.store import manifest_digest
+from iaa.platform.tracking.store import dataset_summary, manifest_digest
 
 _log = logging.getLogger(__name__)
 
@@ -205,7 +206,8 @@ def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code
         with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp, _quiet(), _store(uri):
             mlflow.pyfunc.log_model(name=ARTIFACT, model_id=model_id, **_log_kwargs(checkpoints, prepared, Path(tmp), code))
         client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])
-        client.log_batch(run_id, metrics=model_metrics(client, run_id, model_id))
+        data = dataset_summary(prepared)
+        client.log_batch(run_id, metrics=model_metrics(client, run_id, model_id, (data["name"], data["digest"])))
     model_uri = f"models:/{model_id}"
     if register:
         model_uri = register_model(uri, run_id, register, model_id)
@@ -249,11 +251,16 @@ def free_model_name(client: MlflowClient, name: str) -> str:
     return next(c for c in candidates if c not in taken)
 
 
-def model_metrics(client: MlflowClient, run_id: str, model_id: str) -> list[Any]:
+def model_metrics(client: MlflowClient, run_id: str, model_id: str,
+                  dataset: tuple[str, str] | None = None) -> list[Any]:
     """The run's accuracies as the logged model's metrics: the check of ``valid_acc`` the checkpoint
     holds (the run's best; the earliest of equal ones) and the last ``test_acc`` where the run
     measured it. Each is a point of the run's own history, logged again with the model's id (as
-    ``mlflow.log_model`` does), so the run's curves gain no point."""
+    ``mlflow.log_model`` does), so the run's curves gain no point.
+
+    ``dataset`` (name, digest: the run's dataset input, :func:`~iaa.platform.tracking.store.dataset_summary`)
+    is what they were measured on: MLflow 3 links a logged model to its datasets through its
+    metrics, so the model's page and the Models tab's Datasets column name it."""
     from mlflow.entities import Metric
 
     points = []
@@ -262,7 +269,9 @@ def model_metrics(client: MlflowClient, run_id: str, model_id: str) -> list[Any]
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
         if history:
             m = pick(history)
-            points.append(Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, run_id=run_id))
+            name, digest = dataset or (None, None)
+            points.append(Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id, run_id=run_id,
+                                 dataset_name=name, dataset_digest=digest))
     return points
 
 

@@ -89,14 +89,59 @@ def _step_record(t: int, step) -> dict[str, Any]:
 
 
 WHOLE_INPUT = 20   # an --input file of at most this many questions is explained whole without --first
+MISTAKE_SCAN = 5000   # examples searched for a mistake when the chosen ones are all right
+SCAN_CHUNK = 256      # examples scored at once while searching
+
+
+def is_mistake(record: dict[str, Any]) -> bool:
+    return record["gold"] is not None and record["pred"] != record["gold"]
+
+
+def first_mistake(model: nn.Module, table: pa.Table, after: Sequence[int]) -> tuple[int | None, int]:
+    """The row of ``table``'s first example that ``model`` gets wrong, other than the rows ``after``
+    (the examples already shown), searching its first :data:`MISTAKE_SCAN` rows; and how many it searched."""
+    from iaa.data.loader import iter_batches
+    from iaa.jobs.evaluation.evaluate import predict
+
+    end, shown = min(table.num_rows, MISTAKE_SCAN), set(after)
+    row_of = {e: r for r, e in enumerate(table.column("example_id").to_pylist())}
+    for chunk in range(0, end, SCAN_CHUNK):
+        part = table.slice(chunk, min(SCAN_CHUNK, end - chunk))
+        wrong = [row_of[p["example_id"]] for p in predict(model, iter_batches(part, 64, seed=0, epoch=0, shuffle=False))
+                 if p["gold"] >= 0 and p["pred"] != p["gold"] and row_of[p["example_id"]] not in shown]
+        if wrong:
+            return min(wrong), min(wrong) + 1
+    return None, end
+
+
+def with_a_mistake(model: nn.Module, table: pa.Table, tokens: Sequence[str], records: list[dict[str, Any]],
+                   rows: Sequence[int], kind: str, source: str) -> tuple[list[dict[str, Any]], str | None]:
+    """``records``, and where every one of them is right, the record of the first example after them
+    that the reader gets wrong (there is something to learn from a mistake): with a note saying so,
+    or that the reader made none in the examples searched. Questions without an answer are skipped."""
+    if not records or any(is_mistake(r) for r in records) or all(r["gold"] is None for r in records):
+        return records, None
+    row, searched = first_mistake(model, table, rows)
+    if row is not None:
+        (added,) = example_records(model, table, tokens, [row], kind)
+        if is_mistake(added):
+            above = "the example" if len(records) == 1 else f"the {len(records)} examples"
+            return [*records, added], (f"{added['example_id']} is added: the reader got {above} above it right, "
+                                       f"and this is the first one of {source} it gets wrong")
+    what = "every example" if searched >= table.num_rows else f"the first {searched:,} examples"
+    return records, f"the reader gets {what} of {source} right: there is no mistake to show"
 
 
 def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, example_ids: Sequence[str] = (),
         first: int | None = None, out: Path | None = None, png: Path | None = None,
-        input_path: Path | None = None, workdir: Path | None = None) -> dict[str, Any]:
+        input_path: Path | None = None, workdir: Path | None = None, source: str | None = None) -> dict[str, Any]:
     """Explain the chosen examples of a prepared split, or of the questions of ``input_path`` (all
     of them when none are chosen and there are at most :data:`WHOLE_INPUT`); write the HTML page
-    (``out``, by default ``WORKDIR/evaluations/MODEL/explain-SPLIT.html``) and PNG; return the records."""
+    (``out``, by default ``WORKDIR/evaluations/MODEL/explain-SPLIT.html``) and PNG; return the records.
+
+    The first N (``first``) are followed by the first mistake past them when they are all right
+    (:func:`with_a_mistake`). The page's title names the model's ``source`` (``sweep NAME, trial
+    T``) where given, and always its checkpoint."""
     from iaa.jobs.workdir import outputs
     from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
     from iaa.jobs.evaluation.evaluate import load_examples
@@ -117,11 +162,17 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
     if png is not None:
         outputs.check_file_output(png, suffixes=(".png",), what="a PNG image", flag="`png`",
                                   inputs={**found.inputs, "the HTML page (`out`)": out})
-    rows = select_rows(found.table, example_ids, first, f"the {split} split" if input_path is None else str(input_path))
+    where = f"the {split} split" if input_path is None else str(input_path)
+    rows = select_rows(found.table, example_ids, first, where)
     records = example_records(found.model, found.table, found.tokens, rows, found.kind)
-    atomic_write_text(out, render_page(records, f"{found.kind} on {found.title}"))
+    note = None
+    if first:
+        records, note = with_a_mistake(found.model, found.table, found.tokens, records, rows, found.kind, where)
+    title = f"{found.kind} on {found.title}" + (f", {source}" if source else "")
+    atomic_write_text(out, render_page(records, title, origin=f"checkpoint {checkpoint_path}", note=note))
     gaps = unknowns.warnings_of([r["example_id"] for r in records], records)
-    result: dict[str, Any] = {"html": str(out), "examples": records,
+    result: dict[str, Any] = {"html": str(out), "examples": records, "title": title,
+                              **({"mistake_note": note} if note else {}),
                               **({"warnings": [*found.warnings, *gaps]} if input_path is not None or gaps else {})}
     if png is not None:
         from iaa.jobs.evaluation.explain_png import draw
@@ -142,5 +193,7 @@ def describe(result: dict[str, Any]) -> str:
         if r["stopped_at"] is not None:
             halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
             lines.append(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
+    if result.get("mistake_note"):
+        lines.append(result["mistake_note"])
     lines.append(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
     return "\n".join(lines)

@@ -30,14 +30,28 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 6px;border-top
 .q .w{background:rgba(31,119,180,var(--a))}.d .w{background:rgba(214,39,40,var(--a))}
 .c{text-decoration:underline dotted #888}.ph{outline:1px solid #1f77b4}
 .legend{font-size:12px;color:#555;margin:4px 0 0}
+.origin{font-size:13px;color:#444;margin:0 0 2px;word-break:break-all}
+.note{font-size:13px;background:#fff6e0;border:1px solid #f0d890;border-radius:4px;padding:6px 10px;margin:10px 0}
+.verdict{font-size:12px;font-weight:600;border-radius:3px;padding:1px 6px;margin-left:8px;vertical-align:middle}
+.verdict.right{background:#e3f3e3;color:#2a7d2a}.verdict.wrong{background:#fbe4e2;color:#b3261e}
 """
 
 
-def render_page(records: Sequence[dict[str, Any]], title: str) -> str:
-    """The whole page for ``records`` from ``iaa.jobs.evaluation.explain.example_records``."""
+def render_page(records: Sequence[dict[str, Any]], title: str, *, origin: str = "", note: str | None = None) -> str:
+    """The whole page for ``records`` from ``iaa.jobs.evaluation.explain.example_records``: ``title``
+    (the model, its data and where it comes from: a sweep's trial), then ``origin`` (its checkpoint)
+    in the window's title and under the heading, and a ``note`` (why an example was added)."""
     body = "".join(_example(r) for r in records)
-    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
+    right = sum(r["gold"] is not None and r["pred"] == r["gold"] for r in records)
+    answered = sum(r["gold"] is not None for r in records)
+    score = f"{right} of {answered} right" if answered else "no answers given"
+    full = f"{title}: {origin}" if origin else title
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(full)}</title>"
             f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1>"
+            + (f"<div class=\"origin\">{escape(origin)}</div>" if origin else "")
+            + f"<div class=\"meta\" data-score=\"{right}/{answered}\">{len(records)} examples, {score}</div>"
+            + (f"<p class=\"note\">{escape(note)}</p>" if note else "")
+            +
             "<p class=\"legend\">Each row is an inference step t. Blue: query attention q<sub>i,t</sub>; red: "
             "document attention d<sub>i,t</sub> (colour scaled to the step's largest weight; hover a word for "
             "its value). r<sub>q</sub>, r<sub>d</sub>: mean search-gate values. Dotted underline: a candidate.</p>"
@@ -47,9 +61,18 @@ def render_page(records: Sequence[dict[str, Any]], title: str) -> str:
 def _example(r: dict[str, Any]) -> str:
     steps = "".join(_step(r, s) for s in r["trace"])
     return (f"<section class=\"example\" data-example=\"{escape(r['example_id'])}\">"
-            f"<h2>{escape(r['example_id'])}</h2>"
+            f"<h2>{escape(r['example_id'])}{_verdict(r)}</h2>"
             f"<div class=\"meta\">{escape(r['model'])} · {_steps_taken(r)} · query: "
             f"{escape(' '.join(r['query_tokens']))}</div>{_candidates(r)}{steps}</section>")
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    if r["gold"] is None:
+        return ""
+    if r["pred"] == r["gold"]:
+        return " <span class=\"verdict right\">right</span>"
+    return (f" <span class=\"verdict wrong\">wrong: predicted {escape(r['candidates'][r['pred']])}, "
+            f"gold {escape(r['candidates'][r['gold']])}</span>")
 
 
 def _steps_taken(r: dict[str, Any]) -> str:

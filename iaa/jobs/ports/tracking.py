@@ -69,5 +69,5 @@ class Tracker(Protocol):
                   code: ModelCode) -> str | None: ...      # the model URI; None (and noted on run) when the store failed
     def experiment_records(self, experiment: str) -> list[RunRecord] | None: ...  # oldest first
     def experiment_names(self) -> list[str]: ...
-    def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None: ...  # a UI URL
+    def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None: ...  # a UI URL, then what to click
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]: ...

@@ -188,14 +188,36 @@ def store_client(uri: str) -> MlflowClient:
     return MlflowClient(uri)
 
 
-def experiment_id(uri: str, name: str) -> str:
-    """The id of experiment ``name`` in the store at ``uri``, created if needed."""
+NOTE_TAG = "mlflow.note.content"     # an experiment's (and a run's) description in the UI
+# What made each experiment, by the prefix the jobs name it with (``tune-demo``, ``train-cbt-ne`` ...)
+MADE_BY = {"tune": ("iaa-cli tune", "each sweep is a parent run; click + beside it to see its trials and ensembles"),
+           "train": ("iaa-cli train", "one run per training run"),
+           "ensemble": ("iaa-cli ensemble", "one run per ensemble, its trained members nested under it"),
+           "distill": ("iaa-cli distill", "one run per student trained on the soft targets of the ensemble {rest}")}
+
+
+def experiment_note(name: str, tags: dict[str, str] | None = None) -> str:
+    """A one-line description of experiment ``name``: the dataset (the ``dataset`` tag of the run
+    that creates it) and the command that made it."""
+    prefix, _, rest = name.partition("-")
+    command, layout = MADE_BY.get(prefix, ("iaa-cli", "one run per job"))
+    dataset = (tags or {}).get("dataset") or (rest if prefix in MADE_BY and prefix != "distill" else "")
+    on = f" on the {dataset} dataset" if dataset else ""
+    return f"Runs of `{command}`{on}: {layout.format(rest=rest)}."
+
+
+def experiment_id(uri: str, name: str, note: str | None = None) -> str:
+    """The id of experiment ``name`` in the store at ``uri``, created if needed with the
+    description ``note`` (:func:`experiment_note`); an experiment without one is given it."""
     client = store_client(uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if note and not found.tags.get(NOTE_TAG):
+            client.set_experiment_tag(found.experiment_id, NOTE_TAG, note)
         return found.experiment_id
+    tags = {**EXPERIMENT_KIND, **({NOTE_TAG: note} if note else {})}
     try:
-        return client.create_experiment(name, artifact_location=artifact_location(uri), tags=EXPERIMENT_KIND)
+        return client.create_experiment(name, artifact_location=artifact_location(uri), tags=tags)
     except mlflow.exceptions.MlflowException:  # created concurrently by another process
         found = client.get_experiment_by_name(name)
         assert found is not None

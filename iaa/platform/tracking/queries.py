@@ -44,6 +44,8 @@ def find_by_tag(uri: str, key: str, values: Sequence[str]) -> str | None:
 
 
 VIEW_KEY = "iaa-sweep"   # the experiment's saved runs view (``viewStateShareKey``)
+# What to do in that view: it opens each sweep collapsed to one row, and only its "+" lists the trials
+EXPAND_HINT = "and click + beside the sweep's run to see its trials"
 
 
 def show_columns(uri: str, experiment: str, columns: Sequence[str]) -> str | None:

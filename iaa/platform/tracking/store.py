@@ -33,8 +33,8 @@ from iaa.errors import IaaError, brief
 from iaa.data.manifest import MANIFEST
 from iaa.platform.cluster.owner import owner
 from iaa.files import disk_full
-from iaa.platform.tracking.connection import (OWNER_TAG, PARENT_TAG, TRANSIENT, experiment_id, store_client,
-                                             store_full)
+from iaa.platform.tracking.connection import (OWNER_TAG, PARENT_TAG, TRANSIENT, experiment_id, experiment_note,
+                                             store_client, store_full)
 
 _log = logging.getLogger(__name__)
 
@@ -98,7 +98,8 @@ class Run:
         all_tags = {"git_commit": git_commit(), OWNER_TAG: owner(), **(tags or {})}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        run = store_client(uri).create_run(experiment_id(uri, experiment), run_name=name, tags=all_tags)
+        where = experiment_id(uri, experiment, experiment_note(experiment, all_tags))
+        run = store_client(uri).create_run(where, run_name=name, tags=all_tags)
         return cls(uri, run.info.run_id)
 
     @classmethod

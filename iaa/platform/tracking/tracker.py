@@ -64,12 +64,14 @@ class MlflowTracker:
         return queries.experiment_names(self.uri)
 
     def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None:
-        """A saved runs view with these columns, trials nested under their sweep; None when the
-        store failed (a courtesy)."""
+        """A saved runs view with these columns, trials nested under their sweep: its URL and how
+        to see the trials there (MLflow's UI opens a shared view with every parent collapsed and
+        cannot be told otherwise); None when the store failed (a courtesy)."""
         try:
-            return queries.show_columns(self.uri, experiment, columns)
+            url = queries.show_columns(self.uri, experiment, columns)
         except TRANSIENT:
             return None
+        return None if url is None else f"{url} {queries.EXPAND_HINT}"
 
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]:
         return queries.metric_history(self.uri, run_id, key)
