@@ -422,7 +422,8 @@ def test_a_default_name_finds_the_latest_sweep_and_records_round_trip(tmp_path: 
     from iaa.jobs.sweeps import record as sweep
 
     rec = TrialRecord(trial_id="t1", config=JobConfig(), params={"model.steps": 2}, best_valid_acc=0.5,
-                            checkpoint="/c.pt", mlflow_run_id="r", checks=3, steps=30, stop_reason="asha")
+                            checkpoint="/c.pt", mlflow_run_id="r", checks=3, steps=30, stop_reason="asha",
+                            name="trial-0001")
     for i, name in enumerate(("demo-iaa-aaaaaa", "demo-iaa-bbbbbb")):
         sweep.write(sweep.sweep_file(tmp_path, name), sweep.SweepRecord(name=name, trials=(rec,)))
         os.utime(sweep.sweep_file(tmp_path, name), (1000 + i, 1000 + i))
@@ -430,6 +431,7 @@ def test_a_default_name_finds_the_latest_sweep_and_records_round_trip(tmp_path: 
     assert sweep.find(tmp_path, "demo-iaa-aaaaaa").parent.name == "demo-iaa-aaaaaa"
     loaded = sweep.read(sweep.sweep_file(tmp_path, "demo-iaa-aaaaaa"))
     assert loaded.trials == (rec,)
+    assert sweep.table(loaded.trials, ["model.steps"]).splitlines()[1].split()[1] == "trial-0001"   # its one name
     with pytest.raises(Exception, match="no sweep 'cnn-iaa'"):
         sweep.find(tmp_path, "cnn-iaa")
 

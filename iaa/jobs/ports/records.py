@@ -60,6 +60,12 @@ class TrialRecord:
     steps: int = 0
     stop_reason: str = ""                  # the loop's (patience, max_epochs ...), or "asha"
     error: str | None = None
+    name: str = ""                         # its one name (``trial-0003``, ``seed-7``); "" in older records
+
+    @property
+    def label(self) -> str:
+        """What a person calls the trial: its one name, else Tune's id."""
+        return self.name or self.trial_id
 
     @property
     def failed(self) -> bool:

@@ -178,7 +178,7 @@ HEADER = {"schema": "positive?", "name": "name", "dataset": "text?", "data_dir":
           "workers_per_trial": "positive?", "max_concurrent": "positive?", "wall_s": "number?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",
-       "stop_reason": "text?", "error": "text?"}
+       "stop_reason": "text?", "error": "text?", "name": "text?"}
 NESTED = {"asha": {"grace_period": "positive", "reduction_factor": "factor"},
           "optuna": {"storage": "text", "study": "text"},
           "search_space": {"params": "mapping", "fixed": "mapping?"}}
@@ -262,7 +262,7 @@ def table(records: Sequence[TrialRecord], param_names: Sequence[str]) -> str:
         acc = f"{r.best_valid_acc:.4f}" if r.best_valid_acc is not None else "-"
         status = "stopped" if r.stop_reason == "asha" else r.status.lower()
         values = [_dotted(to_dict(r.config), n) for n in param_names]
-        rows.append([str(i), r.trial_id, status, str(r.checks), acc,
+        rows.append([str(i), r.label, status, str(r.checks), acc,
                      *[f"{v:g}" if isinstance(v, float) else str(v) for v in values]])
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)

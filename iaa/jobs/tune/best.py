@@ -40,17 +40,20 @@ def finish(sweep: SweepRecord, sweep_dir: Path, parent: TrackedRun, space: searc
         _log.warning(printable(note))
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
     outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, register, records)
+    for key in ("explain_page", "explain_png"):          # the sweep's run shows its best trial's page too
+        if outputs.get(key):
+            tracker.attach(parent.run_id).log_artifact(Path(outputs[key]), "explain")
     if parent.lost:
         unlogged.insert(0, f"the sweep's run {parent.run_id} (marked FAILED) lacks {', '.join(parent.lost)}")
     ui = tracker.ui_command
     baseline_split = frequency.run(prepared, "valid")
     base, n_valid = baseline_split["accuracy"], baseline_split["examples"]
-    warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.trial_id}")
-    ties = uncertainty.tied_best({r.trial_id: r.best_valid_acc for r in scored})
-    warnings += [uncertainty.tie_note(ties, best.trial_id, best.best_valid_acc, n_valid)] if len(ties) > 1 else []
+    warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.label}")
+    ties = uncertainty.tied_best({r.label: r.best_valid_acc for r in scored})
+    warnings += [uncertainty.tie_note(ties, best.label, best.best_valid_acc, n_valid)] if len(ties) > 1 else []
     for warning in warnings:
         _log.warning(printable(warning))
-    _log.info(printable(f"best trial {best.trial_id} ({label}): valid accuracy "
+    _log.info(printable(f"best trial {best.label} ({label}): valid accuracy "
                         f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
                         f"  config:       {best_config}\n"
                         + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
@@ -105,7 +108,7 @@ def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun) ->
     scored = [r for r in records if r.scored]
     if not scored:
         parent.end("FAILED")
-        errors = "; ".join(f"{r.trial_id}: {r.error}" for r in records if r.error)[:2000]
+        errors = "; ".join(f"{r.label}: {r.error}" for r in records if r.error)[:2000]
         raise RuntimeError(f"sweep {name}: no trial finished a validation check. {errors}")
     return scored
 
@@ -128,7 +131,7 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
                      "best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
                      "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,
                      "mlflow.note.content": f"Best trial: [{label}]{link}, best valid_acc {best.best_valid_acc:.4f} "
-                                            f"(trial {best.trial_id}, run {best.mlflow_run_id}); its config is "
+                                            f"(trial {best.label}, run {best.mlflow_run_id}); its config is "
                                             "the `best.*` params and the artifact `best_config.yaml`."})
     if best.mlflow_run_id:
         tracker.attach(best.mlflow_run_id).set_tags({"best_in_sweep": "true", "mlflow.note.content":
@@ -153,11 +156,11 @@ def write_best_config(best: TrialRecord, path: Path, sweep: str, train_epochs: f
     if train_epochs is not None and "train.max_epochs" not in best.params:
         cfg = replace(cfg, train=replace(cfg.train, max_epochs=float(train_epochs)))
     handoff: dict[str, Any] = {"data": str(Path(data).resolve())} if data is not None else {}
-    handoff["sweep"] = {"name": sweep, "trial": best.trial_id, "best_valid_acc": best.best_valid_acc,
+    handoff["sweep"] = {"name": sweep, "trial": best.label, "best_valid_acc": best.best_valid_acc,
                         "trial_max_epochs": trial_epochs}
     dump_yaml(cfg, path, handoff, header=(
-        f"The best configuration of sweep {sweep} (trial {best.trial_id}).\n"
-        f"`iaa-cli train `config_file` {path.name}` trains it for up to train.max_epochs, stopping early after\n"
+        f"The best configuration of sweep {sweep} (trial {best.label}).\n"
+        f"`iaa-cli train` with this file as its config trains it for up to train.max_epochs, stopping early after\n"
         f"train.patience checks without improvement; each trial of the sweep had sweep.trial_max_epochs."))
 
 
@@ -182,7 +185,8 @@ def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared:
             runs.append(tracker.attach(trial.mlflow_run_id))
             tracker.log_model(runs[-1], [Path(trial.checkpoint)], prepared, code=MODEL_CODE)
     page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
-                       out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png")
+                       out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png",
+                       source=f"sweep {sweep_dir.name}, trial {best.label}")
     out: dict[str, Any] = {"explain_page": page["html"], "explain_png": page["png"]}
     if best.mlflow_run_id:
         run = tracker.attach(best.mlflow_run_id)

@@ -277,7 +277,7 @@ class RayLauncher:
             results, statuses = run_tuner(launch, tuner_, quiet=not run.verbose)
         run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
         return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
-                       downloads=run.downloads)
+                       downloads=run.downloads, names=side.names)
 
     def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int:
         """The plan's study: every unfinished trial ends FAIL with ``attrs`` as user attributes."""
@@ -323,7 +323,8 @@ class RayLauncher:
             results, statuses = run_tuner(launch, tuner(launch, fn, callbacks, show_progress=run.verbose,
                                                         param_space=grid), quiet=not run.verbose)
         run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
-        found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=run.downloads)
+        found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=run.downloads,
+                        names=side.names)
         by_member = {int(r.params[MEMBER_KEY]): r for r in found}
         return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR")
                 for i, cfg in enumerate(configs)]

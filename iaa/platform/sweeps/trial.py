@@ -125,7 +125,7 @@ def local_checkpoint(ckpt_dir: str | None, storage: str, dest: Path) -> str | No
 
 
 def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_ids: Mapping[str, str],
-            tagged: Mapping[str, str], downloads: Path) -> list[TrialRecord]:
+            tagged: Mapping[str, str], downloads: Path, names: Mapping[str, str] | None = None) -> list[TrialRecord]:
     """One record per trial of a Tune ``ResultGrid``.
 
     Args:
@@ -133,6 +133,7 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
         run_ids: the trials' MLflow child runs by trial id.
         tagged: the checkpoint directories that the child runs' tags name (a fallback).
         downloads: where checkpoints kept in a bucket are copied.
+        names: each trial's one name by trial id.
     """
     out = []
     for result in results:
@@ -154,5 +155,6 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
             # the loop names why it stopped in its last report; a trial ended with none was stopped by ASHA
             stop_reason=metrics.get("stop_reason") or ("asha" if status == "TERMINATED" else ""),
             error=str(result.error)[:2000] if result.error else None,
+            name=(names or {}).get(trial_id, ""),
         ))
     return out
