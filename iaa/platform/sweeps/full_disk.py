@@ -32,6 +32,7 @@ from iaa.platform.cluster.ray_internals import SYNC_LOGGER, UNHANDLED_LOGGER
 
 TRIAL_LOGGER = "ray.tune.execution.tune_controller"   # logs "Trial task failed for trial T" with the error
 STATE_LOGGER = "ray.tune.execution.experiment_state"  # logs a failed save of the run's state with the error
+STATE = "Ray Tune could not keep the run's state there"
 
 
 def free_note(path: str) -> str:
@@ -88,9 +89,6 @@ def _named(err: BaseException) -> DiskFullError | None:
             return found
         found = found.__cause__ or found.__context__
     return None
-
-
-STATE = "Ray Tune could not keep the run's state there"
 
 
 class _FullDiskRecords(logging.Filter):
