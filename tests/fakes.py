@@ -58,6 +58,7 @@ class FakeRun:
     inputs: list[tuple[str, str]] = field(default_factory=list)      # (context, path)
     artifacts: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
+    full: Exception | None = None
 
     def status(self) -> str:
         self.tracker.check()

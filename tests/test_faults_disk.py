@@ -198,6 +198,38 @@ def test_a_failed_run_on_a_full_store_says_it_could_not_be_marked_failed(tmp_pat
     assert message.endswith("could not be marked FAILED (database or disk is full)") and status == "RUNNING", message
 
 
+def _nearly_full(folder: Path, free: int = 96 * 1024) -> None:
+    """Pad ``folder``'s file system until about ``free`` bytes are left."""
+    import shutil
+
+    (folder / "pad").write_bytes(b"\0" * max(0, shutil.disk_usage(folder).free - free))
+
+
+def _free_kib(line: str) -> int:
+    """The free space an Error line tells, in KiB (a MiB figure would be another, larger disk's)."""
+    import re
+
+    found = re.search(r"\((\d+) KiB free", line)
+    assert found, line
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("command", ["train", "tune"])
+def test_a_store_created_on_a_nearly_full_disk_is_one_error_naming_it_and_its_free_space(prepared, tmp_path, command):
+    with small_fs(tmp_path / "small", size="256k") as folder:
+        work = folder / "work"
+        work.mkdir()
+        _nearly_full(folder)
+        flags = ("--run-dir", tmp_path / "run") if command == "train" else ("--num-samples", "1")
+        code, output = invoke(command, "--data", prepared, *flags, "--workdir", work,
+                              *[a for s in TINY for a in ("--set", s)])
+        left = sorted(p.name for p in work.iterdir())
+    assert_one_message(code, output, f"no space left on device for the MLflow store {work / 'mlflow.db'} (",
+                       "could not be created")
+    assert _free_kib(output) <= 256 and "[SQL:" not in output
+    assert "mlflow.db" not in left                     # no half-built store, taken for a damaged one next time
+
+
 def test_a_full_optuna_store_is_one_error_naming_it(tmp_path):
     from iaa.files import DiskFullError
     from iaa.platform.sweeps.study_store import study_storage

@@ -113,6 +113,10 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
                 raise
+            if err.filename is None and err.errno != errno.EROFS:    # no file: no free space to tell (the
+                raise click.ClickException(                          # working folder's is another disk's)
+                    f"no space left on device ({err.strerror or err}); the write named no file: free some space "
+                    "on the disks this command writes (its outputs, the work folder) and run it again") from err
             raise click.ClickException(shown(unwritable_message(err, err.filename or "the output"))) from err
 
     return wrapper

@@ -15,6 +15,7 @@ class TrackedRun(Protocol):
 
     run_id: str
     lost: list[str]          # what the store refused for good, with why (empty while all is logged)
+    full: Exception | None   # a full disk under the store, once a write met one: an error naming the store
 
     def status(self) -> str: ...                                          # RUNNING, FINISHED, FAILED, KILLED
     def mark_running(self) -> None: ...                                   # RUNNING again, owned by this process

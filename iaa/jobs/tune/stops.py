@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
+from iaa.files import DiskFullError, UnwritableError
 from iaa.jobs.config import search_space
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.evaluation.closing import Command, where
@@ -54,6 +55,34 @@ def on_stop(tracker: Tracker, launcher: Launcher, experiment: str, sweep: str,
     """The mark a stopped sweep makes, given the signal's name."""
     return lambda signal_name: end_running(tracker, launcher, experiment, sweep, plan,
                                            {"interrupted": signal_name})
+
+
+def stopped_by_full_disk(tracker: Tracker, launcher: Launcher, experiment: str, sweep: str, plan: SearchPlan,
+                         err: DiskFullError, resume: str) -> DiskFullError:
+    """The one error of a sweep that a full disk stopped (its trials' actors are stopped already).
+
+    Its unfinished Optuna trials end FAIL, then its runs still RUNNING end KILLED, each marked
+    ``disk_full``, as far as the disk lets. Where the study cannot take it, the runs are left
+    RUNNING too: the next command that opens the work folder, its process gone, marks both
+    (KILLED and FAIL, ``killed``); the error says which."""
+    tag = {"disk_full": str(err)[:500]}
+    marked = True
+    try:
+        launcher.fail_unfinished_trials(plan, tag)
+        for found in tracker.find_runs(experiment, {"sweep": sweep}, status="RUNNING"):
+            run = tracker.attach(found.run_id)
+            run.set_tags(tag)
+            run.end("KILLED")
+            if run.lost:                      # the store is full too: the rest would fail the same way
+                marked = False
+                break
+    except UnwritableError:
+        marked = False
+    except tracker.transient_errors:
+        marked = False
+    done = ("its runs are KILLED and its unfinished Optuna trials FAIL" if marked else
+            "what the full disk kept from being marked, the next command in this work folder marks KILLED and FAIL")
+    return DiskFullError(f"{err}; sweep {sweep} stopped: {done}; free some space, then resume with: {resume}")
 
 
 def close_leftovers(tracker: Tracker, launcher: Launcher, record: SweepRecord, plan: SearchPlan) -> int:

@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from iaa.errors import IaaError
+from iaa.files import DiskFullError
 from iaa.jobs.config.presets import TUNE_PRESETS, max_checks
 from iaa.jobs import interrupt
 from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, SweepRequest, TrackedRun, Tracker,
@@ -106,6 +107,9 @@ def _run(req: TuneRequest, s: Settled, launcher: Launcher, stop: interrupt.Stop)
                                               resume=s.recorded is not None, show_progress=req.show_progress))
     except KeyboardInterrupt:
         raise                                # the stop marks every run of the sweep (stops.on_stop)
+    except DiskFullError as err:             # the trials are stopped: mark the runs and trials
+        raise stops.stopped_by_full_disk(tracker, launcher, sweep["experiment"], s.name, plan, err,
+                                         stops.resume_command(req, s.name)) from None
     except BaseException:
         parent.end("FAILED")
         raise

@@ -12,7 +12,11 @@
 - Serve's deploy call without its own wait for the application to run, which has no bound
   (:func:`deploy_without_waiting`);
 - the storage of the experiment that Tune's search generator restores with a resumed run, from
-  which it creates the run's new trials (:func:`relocate_experiment`).
+  which it creates the run's new trials (:func:`relocate_experiment`);
+- the logger of Tune's syncer, which copies a run's state into its storage and says in a warning
+  when a copy failed (:data:`SYNC_LOGGER`: a full disk there ends a sweep,
+  :mod:`iaa.platform.sweeps.full_disk`), and the driver's logger of the errors of tasks whose result
+  nobody fetched (:data:`UNHANDLED_LOGGER`: the trials Tune stopped, whose full disk is said once).
 
 ``tests/test_private_apis.py`` checks every name used here against the installed Ray, so an
 upgrade that moves one fails there, by name; at run time a missing name only loses the loopback
@@ -40,7 +44,9 @@ QUIETED_LOGGERS = {
     "ray._private.authentication.authentication_token_setup": logging.ERROR,   # "Token authentication is
                                                     # enabled", on every start: explained in docs/network.md
 }
-MODULES = tuple(QUIETED_LOGGERS)                    # each must still exist
+SYNC_LOGGER = "ray.train._internal.syncer"          # "Last sync command failed ...", with the error's text
+UNHANDLED_LOGGER = "ray._private.worker"            # "Unhandled error (suppress with ...)", with the error's text
+MODULES = (*QUIETED_LOGGERS, SYNC_LOGGER, UNHANDLED_LOGGER)   # each must still exist
 
 ANY_INTERFACE = "[::]:"            # how Serve's replica asks for its inter-deployment gRPC port
 

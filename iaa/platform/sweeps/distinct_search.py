@@ -39,13 +39,14 @@ from optuna.trial import FrozenTrial, TrialState
 from ray.tune.search import Searcher
 
 from iaa.errors import IaaError
+from iaa.files import DiskFullError, disk_full
 from iaa.jobs.config import exploration
 from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC
 from iaa.platform.cluster.owner import owner
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.orphans import OWNER_ATTR
 from iaa.platform.sweeps.space_filling import points, stratified_config
-from iaa.platform.sweeps.study_store import study_storage, study_writes
+from iaa.platform.sweeps.study_store import study_full, study_storage, study_writes
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
@@ -191,7 +192,27 @@ class StudySearch(Searcher):
                     self._study.set_metric_names([OBJECTIVE_NAME])
         return self._study
 
+    def _full(self, err: BaseException, failed: str) -> bool:
+        """Whether ``err``, met writing the study, is a full disk; if so it is noted for the sweep,
+        which stops at its next step (:mod:`~iaa.platform.sweeps.full_disk`), and the write is
+        left undone: Tune is not told an error of its searcher (a traceback, and no stop)."""
+        if not disk_full(err) and not isinstance(err, DiskFullError):
+            return False
+        if self.sweep is None or not driver_side.is_bound(self.sweep):
+            return False
+        side = driver_side.of(self.sweep)
+        side.note_full(err if isinstance(err, DiskFullError) else study_full(side.study_storage or "", failed))
+        return True
+
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        try:
+            return self._suggest(trial_id)
+        except Exception as err:
+            if self._full(err, f"ask for trial {trial_id}"):
+                return None
+            raise
+
+    def _suggest(self, trial_id: str) -> dict[str, Any] | None:
         trial = self.study.ask(fixed_distributions=self.space)
         trial.set_user_attr("tune_trial_id", trial_id)
         trial.set_user_attr(OWNER_ATTR, owner())        # who runs it: a later command fails it once that is gone
@@ -232,6 +253,13 @@ class StudySearch(Searcher):
         return found[0] if found else None
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        try:
+            self._result(trial_id, result)
+        except Exception as err:
+            if not self._full(err, f"record a check of trial {trial_id}"):
+                raise
+
+    def _result(self, trial_id: str, result: dict[str, Any]) -> None:
         if trial_id in self.completed or STOP_METRIC not in result:
             return
         trial = self._trial(trial_id)
@@ -248,10 +276,17 @@ class StudySearch(Searcher):
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         """A trial that ended without a reason of its own was stopped by ASHA: PRUNED (Optuna
         then takes its last intermediate value); others COMPLETE with their best accuracy."""
+        try:
+            self._complete(trial_id, result, error)
+        except Exception as err:                     # not told: the next command fails the trial
+            if not self._full(err, f"record the end of trial {trial_id}"):
+                raise
+
+    def _complete(self, trial_id: str, result: dict[str, Any] | None, error: bool) -> None:
         if trial_id in self.completed:
             return
         if result:
-            self.on_trial_result(trial_id, result)   # a last check that Tune delivers only with the end
+            self._result(trial_id, result)   # a last check that Tune delivers only with the end
         trial = self._trial(trial_id)
         if trial is None:
             return

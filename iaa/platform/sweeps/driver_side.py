@@ -38,6 +38,13 @@ class DriverSide:
     run_ids: dict[str, str] = field(default_factory=dict)   # Tune trial id -> MLflow run id, filled as runs open
     numbers: dict[str, int] = field(default_factory=dict)   # Tune trial id -> its number in the study, as asked
     names: dict[str, str] = field(default_factory=dict)     # Tune trial id -> its one name (``trial-0003``, ``seed-7``)
+    full: list[IaaError] = field(default_factory=list)      # the first full disk met (a DiskFullError): the run stops
+
+    def note_full(self, err: IaaError) -> None:
+        """A write of the run met a full disk: the first one is what the command reports, and the
+        Tune loop ends at its next step (:class:`~iaa.platform.sweeps.trial_runs.TrialRuns`)."""
+        if not self.full:
+            self.full.append(err)
 
 
 def trial_name(number: int) -> str:

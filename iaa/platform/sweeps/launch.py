@@ -31,7 +31,7 @@ from iaa.jobs.ports import (CHECKPOINT_SCORE, ConnectRequest, MembersRequest, Me
                             SweepRequest, TrialRecord, WorkerFit, WorkersRequest)
 from iaa.platform.cluster import connect as cluster
 from iaa.platform.cluster.ray_internals import relocate_experiment
-from iaa.platform.sweeps import driver_side, search_algorithm as search
+from iaa.platform.sweeps import driver_side, full_disk, search_algorithm as search
 from iaa.platform.cluster.storage import check_private
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns, child_runs
@@ -183,17 +183,29 @@ def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, di
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     # Tune snapshots the experiment at every kept checkpoint (what --resume needs); don't warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # a trial's error reaches the driver only in Tune's log record of it: a full disk is read there
+    # (iaa.platform.sweeps.full_disk), so that record must be made
+    os.environ["TUNE_PRINT_ALL_TRIAL_ERRORS"] = "1"
     before = os.environ.get("RAY_AIR_NEW_OUTPUT")
     if quiet:
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    side = driver_side.of(launch.name) if driver_side.is_bound(launch.name) else None
     try:
-        with _tune_log_in_file(launch, quiet):
+        with _tune_log_in_file(launch, quiet), full_disk.watching(side, launch.experiment_path):
             results = tuner_.fit()
+    except Exception as err:
+        full = full_disk.stopped_by(side, err, launch.experiment_path)
+        if full is None:
+            raise
+        raise full from None
     finally:
         if quiet and before is None:
             del os.environ["RAY_AIR_NEW_OUTPUT"]
         elif quiet:
             os.environ["RAY_AIR_NEW_OUTPUT"] = before
+    full = full_disk.stopped_by(side, None, launch.experiment_path)
+    if full is not None:                    # met as the last trials ended: the run is not whole either
+        raise full
     analysis = tune.ExperimentAnalysis(launch.experiment_path)
     return results, {t.trial_id: t.status for t in analysis.trials}
 
@@ -213,7 +225,7 @@ def _tune_log_in_file(launch: Launch, quiet: bool) -> Iterator[None]:
     else:
         folder = Path(launch.experiment_path)
         folder.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(folder / "tune.log", encoding="utf-8")
+        handler = _LogFile(folder / "tune.log", encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.handlers, logger.propagate = [handler], False
     try:
@@ -223,6 +235,14 @@ def _tune_log_in_file(launch: Launch, quiet: bool) -> Iterator[None]:
         logger.setLevel(saved[2])
         if handler is not None:
             handler.close()
+
+
+class _LogFile(logging.FileHandler):
+    """Tune's log file: a line it cannot write (a full disk) is lost, not reported on the console
+    with a traceback (logging's own ``handleError``), which the command's one line replaces."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        return None
 
 
 class RayLauncher:

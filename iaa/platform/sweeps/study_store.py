@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+from iaa.files import DiskFullError, disk_full, free_bytes, size_text
+
 
 def study_storage(url: str) -> Any:
     """An Optuna RDB storage at ``url``; SQLite waits for a reader (optuna-dashboard) instead of failing.
@@ -20,15 +22,21 @@ def study_storage(url: str) -> Any:
 def study_writes(url: str, failed: str) -> Iterator[None]:
     """Turn a full disk met by the Optuna store ``url`` (SQLAlchemy's "database or disk is full",
     an OSError) into one DiskFullError saying what the store could not do (``failed``)."""
-    from iaa.files import DiskFullError, disk_full, free_bytes, size_text
-
     try:
         yield
+    except DiskFullError:
+        raise
     except Exception as err:                  # SQLAlchemy's and Optuna's errors have no common base
         if not disk_full(err):
             raise
-        path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
-        free = free_bytes(path) if path else None
-        told = f" ({size_text(free)} free)" if free is not None else ""
-        raise DiskFullError(f"no space left on device for the Optuna store {path or url}{told}: it could not "
-                            f"{failed}; free some space on its disk or pass another --optuna-storage") from None
+        raise study_full(url, failed) from None
+
+
+def study_full(url: str, failed: str) -> DiskFullError:
+    """The one error (a DiskFullError) of the Optuna store ``url`` on a full disk: the store, the free
+    space of its own file system, and what it could not do (``failed``)."""
+    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+    free = free_bytes(path) if path else None
+    told = f" ({size_text(free)} free)" if free is not None else ""
+    return DiskFullError(f"no space left on device for the Optuna store {path or url}{told}: it could not "
+                         f"{failed}; free some space on its disk or pass another --optuna-storage")

@@ -68,8 +68,31 @@ def job_config(spec: TrialSpec, trial_config: Mapping[str, Any]) -> JobConfig:
 
 
 def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid: pa.Table) -> None:
-    """The Tune function trainable (wrapped with ``tune.with_parameters(spec=, train=, valid=)``)."""
+    """The Tune function trainable (wrapped with ``tune.with_parameters(spec=, train=, valid=)``).
+
+    A full disk ends the trial with a DiskFullError naming the file or folder it could not write
+    (:func:`iaa.platform.sweeps.full_disk.in_trial`), which ends the sweep without a traceback."""
     logs.in_worker()
+    try:
+        _run_trial(config, spec, train, valid)
+    except Exception as err:
+        import ray.tune
+
+        from iaa.platform.sweeps.full_disk import in_trial
+
+        full = in_trial(err, trial_folder(spec, ray.tune.get_context().get_trial_id()))
+        if full is err:
+            raise
+        raise full from None
+
+
+def trial_folder(spec: TrialSpec, trial_id: str) -> str:
+    """Where Ray keeps a trial's checkpoints: its folder of the Tune run, or its own Train run's."""
+    name = spec.train_run_name(trial_id) if spec.workers > 1 else f"{spec.name}/{trial_id}"
+    return f"{spec.storage_path.rstrip('/')}/{name}"
+
+
+def _run_trial(config: dict[str, Any], spec: TrialSpec, train: pa.Table, valid: pa.Table) -> None:
     cfg = job_config(spec, config)
     if spec.workers == 1:
         spec.fit(cfg, TuneLink(train_device(spec.gpus_per_worker)),

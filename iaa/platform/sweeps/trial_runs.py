@@ -17,10 +17,12 @@ from typing import Any, Mapping, Sequence
 import ray.tune as tune
 
 from iaa.errors import brief
+from iaa.files import disk_full
 from iaa.jobs.config.job_config import config_label, to_dict
 from iaa.jobs.ports import CHECKPOINT_FILE, TUNE_RUN_TAG, SweepEvents, TrackedRun, Tracker
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
+from iaa.platform.tracking.connection import store_full
 
 _log = logging.getLogger(__name__)
 
@@ -153,11 +155,24 @@ class TrialRuns(tune.Callback):
         return runs[0].run_id if runs else None
 
     def _track(self, what: str, trial: Any, action: Any) -> None:
-        """Run ``action``; a failing store costs the trial its tracking, never its training."""
+        """Run ``action``; a failing store costs the trial its tracking, never its training. A full
+        disk under the store is noted for the run instead, which then stops (:meth:`on_step_end`)."""
         try:
             action()
         except self.tracker.transient_errors as err:
+            if disk_full(err):
+                self.side.note_full(store_full(self.tracker.uri, f"{what} for trial {trial.trial_id}"))
+                return
             _log.warning(f"tracking at {self.tracker.uri}: could not {what} for trial {trial.trial_id} ({brief(err)})")
+        run = self._runs.get(trial.trial_id)
+        if run is not None and run.full is not None:      # a write the run kept to retry (its metrics)
+            self.side.note_full(run.full)
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        """A full disk was met (a trial's checkpoint, the study, a run): the Tune loop ends here, and
+        Tune stops the trials' actors on its way out (:mod:`~iaa.platform.sweeps.full_disk`)."""
+        if driver_side.is_bound(self.sweep) and self.side.full:
+            raise self.side.full[0]
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         def start() -> None:

@@ -153,8 +153,17 @@ def ensure_store(uri: str) -> None:
                 raise IaaError(f"{uri}: {db} is a SQLite database of something else (tables {', '.join(foreign[:5])}"
                                f"{', ...' if len(foreign) > 5 else ''}), not an MLflow store, and is left as it is; "
                                "give a new or MLflow file (sqlite:///PATH/mlflow.db)")
-            MlflowClient(uri).search_experiments(max_results=1)   # builds the tables
-            relocate.relocate(db)                                  # a copied or moved work folder
+            new = not db.is_file() or db.stat().st_size == 0
+            try:
+                MlflowClient(uri).search_experiments(max_results=1)   # builds the tables
+                relocate.relocate(db)                                  # a copied or moved work folder
+            except Exception as err:  # noqa: BLE001 - MLflow, SQLAlchemy and alembic errors share no base
+                if not disk_full(err):
+                    raise
+                if new:                  # a half-built store would be taken for a damaged one next time
+                    for leftover in (db, db.with_name(f"{db.name}-journal")):
+                        leftover.unlink(missing_ok=True)
+                raise store_full(uri, "be created" if new else "be opened") from None
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

@@ -91,6 +91,7 @@ class Run:
         self._retry_at = 0.0
         self._failure: str | None = None
         self.lost: list[str] = []          # what the store refused for good, with why
+        self.full: IaaError | None = None  # a full disk under the store, once a write met one (a DiskFullError)
 
     @classmethod
     def start(cls, uri: str, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
@@ -136,6 +137,7 @@ class Run:
                     self._client.log_batch(self.run_id, metrics=self._pending[:1000])
                 del self._pending[:1000]
         except TRANSIENT as err:
+            self._note_full(err, f"log metrics of run {self.run_id}")
             if self._failure is None:
                 _log.warning(f"MLflow at {self.uri} failed ({brief(err)}); keeping metrics and retrying every "
                              f"{RETRY_EVERY_S:g} s")
@@ -155,8 +157,13 @@ class Run:
             with signals.held():                # a write cut halfway would keep the store locked
                 call(*args, **kwargs)
         except TRANSIENT as err:
+            self._note_full(err, f"{what} of run {self.run_id}")
             _log.warning(f"MLflow at {self.uri}: could not {what} of run {self.run_id} ({brief(err)})")
             self.lose(what, err)
+
+    def _note_full(self, err: BaseException, failed: str) -> None:
+        if self.full is None and disk_full(err):
+            self.full = store_full(self.uri, failed)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         for key, value in tags.items():
