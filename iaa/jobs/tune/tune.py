@@ -108,7 +108,7 @@ def _run(req: TuneRequest, s: Settled, launcher: Launcher, stop: interrupt.Stop)
     except KeyboardInterrupt:
         raise                                # the stop marks every run of the sweep (stops.on_stop)
     except DiskFullError as err:             # the trials are stopped: mark the runs and trials
-        raise stops.stopped_by_full_disk(tracker, launcher, sweep["experiment"], s.name, plan, err,
+        raise stops.stopped_by_full_disk(tracker, launcher, experiment, s.name, plan, err,
                                          stops.resume_command(req, s.name)) from None
     except BaseException:
         parent.end("FAILED")
