@@ -73,7 +73,7 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
         tags, params = run.data.tags, run.data.params
         trial = by_trial[tags["trial_id"]]
         assert run.info.status == "FINISHED" and run.info.run_id == trial["mlflow_run_id"]
-        assert tags["dataset"] == "cbt-ne" and tags["git_commit"] and tags["checkpoint"] == trial["checkpoint"]
+        assert tags["dataset"] == "cbt-ne" and tags["mlflow.source.git.commit"] and tags["checkpoint"] == trial["checkpoint"]
         assert int(params["model.hidden_dim"]) == trial["config"]["model"]["hidden_dim"]
         assert float(params["train.lr"]) == trial["config"]["train"]["lr"]
         acc = client.get_metric_history(run.info.run_id, "valid_acc")

@@ -250,3 +250,20 @@ def test_an_experiment_says_what_made_it_and_on_which_data(tmp_path: Path) -> No
     run = store.Run.start(uri, "distill-ens-1", "student", tags={"dataset": "cbt-ne"})
     note = client.get_experiment(client.get_run(run.run_id).info.experiment_id).tags["mlflow.note.content"]
     assert "cbt-ne dataset" in note and "iaa-cli distill" in note and "ens-1" in note
+
+
+def test_a_run_carries_mlflows_source_tags(tmp_path: Path) -> None:
+    """The UI's source column: the command and the commit, as MLflow's own system tags."""
+    import subprocess
+
+    from mlflow.tracking import MlflowClient
+
+    from iaa.platform.tracking.store import Run
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    run = Run.start(uri, "e", "r")
+    tags = MlflowClient(uri).get_run(run.run_id).data.tags
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
+    assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"]
+    assert tags.get("mlflow.source.git.commit") == (head or None) and "git_commit" not in tags

@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import subprocess
+import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -50,6 +51,15 @@ def git_commit() -> str:
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's system tags for where a run comes from (its UI shows them as the run's source):
+    the command (``iaa-cli tune``) and the commit of the source tree, where it is a git checkout."""
+    command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:2]]) if sys.argv and sys.argv[0] else "iaa"
+    commit = git_commit()
+    return {"mlflow.source.type": "LOCAL", "mlflow.source.name": command,
+            **({"mlflow.source.git.commit": commit} if commit != "unknown" else {})}
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -96,7 +106,7 @@ class Run:
     @classmethod
     def start(cls, uri: str, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
               parent_run_id: str | None = None) -> "Run":
-        all_tags = {"git_commit": git_commit(), OWNER_TAG: owner(), **(tags or {})}
+        all_tags = {**source_tags(), OWNER_TAG: owner(), **(tags or {})}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
         where = experiment_id(uri, experiment, experiment_note(experiment, all_tags))
