@@ -359,6 +359,22 @@ def test_the_options_that_the_jobs_name_exist() -> None:
     assert unknown == {}
 
 
+def string_imports(source: str) -> list[int]:
+    """The lines of ``source`` that import a module named by a string (``importlib.import_module``,
+    ``__import__``): arrows that no import check sees."""
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                 or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))]
+
+
+def test_nothing_is_imported_by_a_string() -> None:
+    """Except ``iaa.model``'s lazy names (PEP 562), so that ``import iaa.model.config`` loads no torch."""
+    found = {name: string_imports(path.read_text(encoding="utf-8")) for name, path in MODULES.items()
+             if name != "iaa.model"}
+    assert {name: lines for name, lines in found.items() if lines} == {}
+    assert string_imports("import importlib\nm = importlib.import_module('iaa.jobs.x')\n") == [2]
+
+
 def test_the_jobs_and_the_platform_never_print() -> None:
     found = {name: prints(path.read_text(encoding="utf-8")) for name, path in MODULES.items()
              if name.startswith(VOICED)}

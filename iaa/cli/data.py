@@ -67,6 +67,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
                overwrite: bool, workdir: Path, as_json: bool) -> None:
     """Make CBT- or CNN-style cloze questions from any text, in the official file formats."""
     from iaa.data.cloze.sources import SourceSpec
+    from iaa.jobs.own_data import cloze_summary
     from iaa.jobs.own_data import make_cloze as job
 
     cfg = job.ClozeConfig(style, tuple(SourceSpec.parse(s) for s in sources), valid=valid, test=test,
@@ -75,7 +76,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
     result = job.run(cfg, out, workers=workers, tag_map=tag_map, progress=progress_shown(), overwrite=overwrite,
                      workdir=workdir)
     _emit(result, as_json)
-    _close(as_json, "iaa.jobs.own_data.cloze_summary", result)
+    _close(as_json, cloze_summary.describe, result)
 
 
 def _tag_on_ray(units: Any, factory: Any, **kwargs: Any) -> list[str]:

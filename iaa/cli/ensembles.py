@@ -75,6 +75,7 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     from functools import partial
 
     from iaa.jobs.distill import distill as job
+    from iaa.jobs.distill import summary
     from iaa.jobs.workdir import names, rundir
     from iaa.jobs.distill import teacher
     from iaa.jobs.train import train as train_job
@@ -94,5 +95,5 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     claim = partial(rundir.claim, resume=resume, overwrite=overwrite)
     train = partial(train_job.run_tracked, tracker=tracker, show_progress=progress_shown(), register=register, resume=resume)
     result = job.run(req, train=train, score=score, claim=claim)
-    _close(as_json, "iaa.jobs.distill.summary", result, req)
+    _close(as_json, summary.describe, result, req)
     _emit(result, as_json, keys=CLOSING_KEYS)

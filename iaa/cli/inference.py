@@ -36,7 +36,7 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
     with progress_bar("scoring") as progress:
         result = job.run(checkpoint, prepared, split, out, input_path=input_path, precision=precision,
                          progress=progress, workdir=workdir)
-    _close(as_json, "iaa.jobs.evaluation.evaluate", result)
+    _close(as_json, job.describe, result)
     if as_json:                        # where the predictions went (without --json: a key: value line)
         click.echo(f"predictions: {shown(result['predictions'])}", err=True)
     _emit(result, as_json, keys=("accuracy", "examples", "predictions"))

@@ -51,12 +51,10 @@ def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = 
 CLOSING_KEYS = ("checkpoint", "best_valid_acc", "model_uri", "run_dir", "mlflow_run_id")
 
 
-def _close(as_json: bool, module: str, *args: Any) -> None:
-    """Without ``--json``: the command's closing summary (``module.describe(*args)``) on stderr."""
+def _close(as_json: bool, describe: Callable[..., str], *args: Any) -> None:
+    """Without ``--json``: the command's closing summary (``describe(*args)``) on stderr."""
     if not as_json:
-        import importlib
-
-        click.echo(shown(importlib.import_module(module).describe(*args), keep_lines=True), err=True)
+        click.echo(shown(describe(*args), keep_lines=True), err=True)
 
 
 def _warn(result: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **r
     The data is --dataset or --data, or what the --config file names: `iaa-cli train --config
     WORKDIR/sweeps/NAME/best_config.yaml` trains a sweep's best configuration on the sweep's data."""
     from iaa.jobs.train import train as job
+    from iaa.jobs.training import summary
 
     if request["dataset"] is None and request["data"] is None and request["config_file"] is None:
         raise click.UsageError("give --dataset NAME, --data PREPARED_DIR, or a --config file that names its data")
@@ -43,7 +44,7 @@ def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **r
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
     req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=progress_shown())
     result = job.run_request(req, _open_tracker, _launcher(address, req.storage_path) if req.workers > 0 else None)
-    _close(as_json, "iaa.jobs.training.summary", result, req)
+    _close(as_json, summary.describe, result, req)
     _emit(result, as_json, keys=CLOSING_KEYS)
 
 
