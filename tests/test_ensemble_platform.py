@@ -197,3 +197,12 @@ def test_the_same_checkpoint_twice_is_refused(tmp_path: Path) -> None:
     ckpt.write_bytes(b"")
     with pytest.raises(IaaError, match="listed twice"):
         ensemble.EnsembleRequest(members=(ckpt, tmp_path / "." / "a.pt"), workdir=tmp_path)
+
+
+def test_training_members_states_its_cost_from_the_sweeps_own_pace(sweep: SweepRecord) -> None:
+    timed = replace(sweep, wall_s=600.0, max_concurrent=2,
+                    trials=tuple(replace(t, steps=s) for t, s in zip(sweep.trials, (100, 300, 300, 200, 50, 50))))
+    # 600 s x 2 at a time over 1,000 steps: 1.2 s a step; the longest trial made 300: 360 s a member
+    assert "about 18m00s at 2 at a time" in ensemble.members_cost(timed, 5)        # 3 waves of 6m00s
+    assert "6m00s a member" in ensemble.members_cost(timed, 1)
+    assert "no time" in ensemble.members_cost(sweep, 5)                          # a record without wall time

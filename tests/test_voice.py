@@ -77,3 +77,14 @@ def test_quiet_and_json_are_options_of_the_command_line(tmp_path) -> None:
     result = CliRunner().invoke(cli, ["--quiet", "--log-format", "json", "prepare", "--help"])
     assert result.exit_code == 0, result.output
     assert CliRunner().invoke(cli, ["--log-format", "yaml", "prepare", "--help"]).exit_code == 2
+
+
+def test_a_commands_paths_are_absolute_so_it_runs_from_any_folder(tmp_path, monkeypatch) -> None:
+    from pathlib import Path
+
+    from iaa.jobs.evaluation.closing import where
+
+    monkeypatch.chdir(tmp_path)
+    cmd = Command.of("evaluate", checkpoint=Path("runs/best.pt"), members=(Path("a.pt"),), **where(Path("work")))
+    assert dict(cmd.options) == {"checkpoint": str(tmp_path / "runs/best.pt"), "members": (str(tmp_path / "a.pt"),),
+                                 "workdir": str(tmp_path / "work")}

@@ -45,7 +45,7 @@ from iaa.jobs.workdir import names
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.sweeps.console import SweepConsole
-from iaa.jobs.sweeps.cost import SweepCost
+from iaa.jobs.sweeps.cost import SweepCost, duration
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.ensemble.members import Member
 from iaa.jobs.ports import (MEMBER_KEY, TUNE_RUN_TAG, ConnectRequest, Launcher, MembersRequest, TrackedRun, Tracker,
@@ -148,7 +148,7 @@ def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_
             raise IaaError(f"{len(to_train)} members must be trained, and no launcher was given")
         reused = len(wanted) - len(to_train)
         _log.info(f"ensemble: reusing {reused} checkpoint{'' if reused == 1 else 's'}, training {len(to_train)} "
-                  f"member{'' if len(to_train) == 1 else 's'} on Ray")
+                  f"member{'' if len(to_train) == 1 else 's'} on Ray; {members_cost(sweep, len(to_train))}")
         run_name = sweep_file.unique_name(f"ensemble-{name}")
         trials_to = TrialTracking(tracker=tracker, experiment=sweep.experiment or f"ensemble-{sweep.dataset}",
                                   parent_run_id=run_id, sweep=sweep.name, dataset=to_train[0].dataset,
@@ -198,6 +198,21 @@ def resume_command(req: EnsembleRequest) -> Command:
                       workers_per_trial=req.workers_per_trial if req.workers_per_trial != 1 else None,
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
                       storage_path=req.storage_path, register=req.register, **where(req.workdir))
+
+
+def members_cost(sweep: SweepRecord, members: int) -> str:
+    """What training ``members`` members costs, in words, from what the sweep's trials took: its
+    seconds per training step (its wall time over the steps its trials made, as many at a time
+    as it ran) times the steps of its longest trial, in as many waves as the sweep ran trials."""
+    steps = sum(t.steps for t in sweep.trials)
+    longest = max((t.steps for t in sweep.trials), default=0)
+    if not (sweep.wall_s > 0 and steps > 0):
+        return "the sweep recorded no time to estimate their cost from"
+    at_once = max(sweep.max_concurrent or 1, 1)
+    per_member = sweep.wall_s * at_once / steps * longest
+    waves = -(-members // at_once)
+    return (f"about {duration(per_member * waves)} at {at_once} at a time, as the sweep ran its trials "
+            f"({duration(per_member)} a member: its longest trial's {longest} steps at its pace)")
 
 
 def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared: Path,

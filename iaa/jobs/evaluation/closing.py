@@ -45,8 +45,9 @@ class Command:
 
     @classmethod
     def of(cls, name: str, /, **options: Any) -> Command:
-        """``name`` with ``options``, leaving out those that are None, False or empty."""
-        return cls(name, tuple((key, value) for key, value in options.items()
+        """``name`` with ``options``, leaving out those that are None, False or empty; a path is
+        made absolute, so that the command runs as printed from any folder."""
+        return cls(name, tuple((key, _absolute(value)) for key, value in options.items()
                                if value is not None and value is not False and value != ()))
 
     def plus(self, **options: Any) -> Command:
@@ -60,9 +61,15 @@ class Command:
         return " ".join(parts)
 
 
+def _absolute(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_absolute(v) for v in value)
+    return str(value.absolute()) if isinstance(value, Path) else value
+
+
 def where(workdir: Path | str | None, tracking_uri: str | None = None) -> dict[str, str]:
-    """The ``workdir`` and ``tracking_uri`` options, where they are not the defaults."""
-    found = {} if workdir is None or Path(workdir) == Path(DEFAULT_WORKDIR) else {"workdir": str(workdir)}
+    """The ``workdir`` (absolute) and ``tracking_uri`` options, where they are not the defaults."""
+    found = {} if workdir is None or Path(workdir) == Path(DEFAULT_WORKDIR) else {"workdir": str(Path(workdir).absolute())}
     return found | ({"tracking_uri": tracking_uri} if tracking_uri else {})
 
 
