@@ -12,7 +12,10 @@
 - Serve's deploy call without its own wait for the application to run, which has no bound
   (:func:`deploy_without_waiting`);
 - the storage of the experiment that Tune's search generator restores with a resumed run, from
-  which it creates the run's new trials (:func:`relocate_experiment`).
+  which it creates the run's new trials (:func:`relocate_experiment`);
+- the name of the driver's thread that prints what the cluster publishes to every driver (a dead
+  raylet's last 20 log lines, ``[state-dump] ...``) on the driver's stdout, with no option to turn
+  it off (:data:`ERROR_LISTENER_THREAD`): a sweep sends its lines to its log file instead.
 
 ``tests/test_private_apis.py`` checks every name used here against the installed Ray, so an
 upgrade that moves one fails there, by name; at run time a missing name only loses the loopback
@@ -41,6 +44,9 @@ QUIETED_LOGGERS = {
                                                     # enabled", on every start: explained in docs/platform.md
 }
 MODULES = tuple(QUIETED_LOGGERS)                    # each must still exist
+
+# ray._private.worker.connect starts it for every driver (SCRIPT_MODE), log_to_driver or not
+ERROR_LISTENER_THREAD = "ray_listen_error_messages"
 
 ANY_INTERFACE = "[::]:"            # how Serve's replica asks for its inter-deployment gRPC port
 

@@ -1,0 +1,129 @@
+"""Worker nodes die hard while a sweep runs, and nothing is lost (issue 44).
+
+One cluster for the module (:class:`tests._chaos.ChaosCluster`: a head with no CPUs, two one-CPU
+worker nodes); its nodes are killed without a graceful stop and replaced by fresh ones. Each test
+fails with restores switched off (``IAA_MAX_TRIAL_FAILURES=0`` ... see docs/platform.md, "Node
+failures"): the killed trial ends ERROR.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._chaos import ChaosCluster, chaos_launcher, held, hold_at, wait_for
+from tests._platform import children, read_sweep, write_space
+from tests._tiny import TINY_SETS, make_tiny_prepared
+
+pytestmark = [pytest.mark.slow]
+
+CHECKS = 6          # TINY_SETS: 2 epochs of 12 batches, a check every 4 batches
+
+
+@pytest.fixture(scope="module")
+def chaos():
+    cluster = ChaosCluster(workers=2)
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_prepared(tmp_path_factory.mktemp("data"))
+
+
+def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path, show: bool) -> dict[str, Any]:
+    from iaa.jobs.tune import tune
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    root.mkdir(parents=True, exist_ok=True)
+    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(root), sets=TINY_SETS,
+                           workdir=root / "work", name=name, storage_path=str(root / "shared"),
+                           grace_period=CHECKS, show_progress=show)   # no ASHA stop: the same trials every run
+    return tune.run(req, MlflowTracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
+
+
+def _history(sweep: dict[str, Any]) -> dict[str, Any]:
+    """Per configuration: the child run, its valid_acc by step, and the steps as logged (repeats kept)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(sweep["tracking_uri"])
+    out = {}
+    for run in children(sweep):
+        key = (run.data.params["model.hidden_dim"], run.data.params["model.steps"])
+        history = client.get_metric_history(run.info.run_id, "valid_acc")
+        out[key] = {"run": run, "steps": [m.step for m in history],
+                    "valid_acc": {m.step: m.value for m in sorted(history, key=lambda m: m.step)}}
+    return out
+
+
+def _study(root: Path, name: str) -> list[Any]:
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{root / 'work' / 'optuna.db'}")
+    return study.get_trials(deepcopy=False)
+
+
+@pytest.mark.timeout(420)
+def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd) -> None:
+    _sweep(chaos, tiny, tmp_path / "clean", "clean", tmp_path / "clean-marks", show=False)
+    capfd.readouterr()
+    expected = _history(read_sweep(tmp_path / "clean" / "work", "clean"))
+
+    markers = tmp_path / "chaos-marks"
+    markers.mkdir()
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def inject() -> None:
+        try:                                  # 1: a node dies while its trial writes check 2's checkpoint
+            writing = wait_for(lambda: held(markers, 2), 240)
+            chaos.kill(writing.node_id, replace=False, reason=f"{writing.trial_id} writing check {writing.check}")
+            chaos.restore_workers()           # the spot replacement
+            late = wait_for(lambda: held(markers, 4), 240)   # 2: a node dies mid-trial, after check 4
+            chaos.kill(late.node_id, replace=False, reason=f"{late.trial_id} after check {late.check}")
+            chaos.restore_workers()
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            outcome["error"] = err
+
+    hold_at(markers, 2, "writing")
+    hold_at(markers, 4, "after")
+    killer = threading.Thread(target=inject, daemon=True)
+    killer.start()
+    started = time.monotonic()
+    _sweep(chaos, tiny, tmp_path / "chaos", "chaos", markers, show=True)
+    wall = time.monotonic() - started
+    killer.join(timeout=5)
+    console = capfd.readouterr().err
+    (tmp_path / "console.txt").write_text(console, encoding="utf-8")
+    assert "error" not in outcome, outcome
+    assert len(chaos.kills) >= 2, chaos.kills
+
+    sweep = read_sweep(tmp_path / "chaos" / "work", "chaos")
+    assert sorted(t["status"] for t in sweep["trials"]) == ["TERMINATED"] * 4, [t["status"] for t in sweep["trials"]]
+    got = _history(sweep)
+    assert set(got) == set(expected) and len(children(sweep)) == 4            # one child run per trial
+    for key, run in got.items():
+        assert run["run"].info.status == "FINISHED", (key, run["run"].info.status)
+        assert len(run["steps"]) == len(set(run["steps"])) == CHECKS, (key, run["steps"])   # no step twice
+        assert run["valid_acc"] == expected[key]["valid_acc"], key       # exactly the fault-free run's checks
+    restores = {key: int(run["run"].data.tags.get("restores", -1)) for key, run in got.items()}
+    assert sum(restores.values()) >= 2 and min(restores.values()) >= 0, restores
+
+    trials = _study(tmp_path / "chaos", "chaos")
+    assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials), [t.state for t in trials]
+    for t in trials:
+        key = (str(t.params["model.hidden_dim"]), str(t.params["model.steps"]))
+        assert sorted(t.intermediate_values) == list(range(1, CHECKS + 1)), t.intermediate_values
+        assert list(t.intermediate_values.values()) == [got[key]["valid_acc"][s] for s in sorted(got[key]["valid_acc"])]
+
+    assert len(re.findall(r"node \S+ .*lost", console)) == len(chaos.kills), console
+    assert len(re.findall(r"trial-\d+ restored from check \d+", console)) == sum(restores.values()), console
+    assert "[state-dump]" not in console and "(raylet)" not in console, console
+    assert re.search(r"\d+ trials? restored", console), console
+    print(f"chaos sweep: {wall:.0f}s, kills {chaos.kills}")
