@@ -223,7 +223,10 @@ class _MarkingLink:
     def publish(self, metrics: dict[str, Any], folder: Path | None) -> None:
         import ray
 
-        trial_id = ray.tune.get_context().get_trial_id()
+        try:
+            trial_id = ray.tune.get_context().get_trial_id() or f"rank{self._link.rank}"
+        except Exception:  # noqa: BLE001 - a Ray Train worker, not a Tune trial
+            trial_id = f"rank{self._link.rank}"
         node_id = ray.get_runtime_context().get_node_id()
         check = int(metrics.get("checks", 0))
         line = f"{trial_id} {check} {node_id}"
@@ -260,7 +263,8 @@ def marking_fit(folder: Path) -> Any:
 
 
 def chaos_launcher(address: str, storage_path: str, folder: Path, callbacks: tuple = ()) -> Any:
-    """The Ray launcher of ``iaa-cli tune --address``, its trials running :func:`marking_fit`."""
+    """The Ray launcher of ``iaa-cli tune|train --address``, its trials (or Train workers) running
+    :func:`marking_fit`."""
     from dataclasses import replace
 
     from iaa.platform.sweeps.launch import RayLauncher
@@ -268,5 +272,8 @@ def chaos_launcher(address: str, storage_path: str, folder: Path, callbacks: tup
     class MarkingLauncher(RayLauncher):
         def sweep(self, request: Any) -> Any:
             return super().sweep(replace(request, trials=replace(request.trials, fit=marking_fit(folder))))
+
+        def train_workers(self, request: Any) -> Any:
+            return super().train_workers(replace(request, fit=marking_fit(folder)))
 
     return MarkingLauncher(address, storage_path, callbacks)

@@ -127,3 +127,138 @@ def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Pa
     assert "[state-dump]" not in console and "(raylet)" not in console, console
     assert re.search(r"\d+ trials? restored", console), console
     print(f"chaos sweep: {wall:.0f}s, kills {chaos.kills}")
+
+
+def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path) -> dict[str, Any]:
+    from iaa.jobs.train import train
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    req = train.TrainRequest(dataset=None, data=tiny, sets=TINY_SETS, run_dir=root / "run", workers=2,
+                             storage_path=str(root / "shared"), workdir=root / "work", show_progress=False)
+    return train.run_request(req, MlflowTracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
+
+
+@pytest.mark.timeout(300)
+def test_train_on_two_workers_survives_a_node_kill(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd) -> None:
+    import json
+    import threading
+
+    from iaa.jobs.modeling import checkpoint
+
+    chaos.restore_workers()
+    clean = _train(chaos, tiny, tmp_path / "clean", tmp_path / "clean-marks")
+    markers = tmp_path / "chaos-marks"
+    markers.mkdir()
+    hold_at(markers, 2, "after")              # a worker holds after check 2 (mid-epoch 1): its node dies there
+    kills_before = len(chaos.kills)
+    outcome: dict[str, Any] = {}
+
+    def inject() -> None:
+        try:
+            worker = wait_for(lambda: held(markers, 2), 200)
+            chaos.kill(worker.node_id, replace=False, reason=f"train {worker.trial_id} after check 2")
+            chaos.restore_workers()
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            outcome["error"] = err
+
+    killer = threading.Thread(target=inject, daemon=True)
+    killer.start()
+    started = time.monotonic()
+    result = _train(chaos, tiny, tmp_path / "chaos", markers)
+    wall = time.monotonic() - started
+    killer.join(timeout=5)
+    console = capfd.readouterr()
+    assert "error" not in outcome, outcome
+    assert len(chaos.kills) == kills_before + 1
+    assert "[state-dump]" not in console.out + console.err and "(raylet)" not in console.out + console.err, console
+    assert result["steps"] == clean["steps"] and result["best_valid_acc"] == clean["best_valid_acc"]
+    a = checkpoint.load(tmp_path / "clean" / "run" / "checkpoints" / "last.pt")["model"]
+    b = checkpoint.load(tmp_path / "chaos" / "run" / "checkpoints" / "last.pt")["model"]
+    assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)     # the uninterrupted run's weights
+    rows = [json.loads(x) for x in (tmp_path / "chaos" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["checks"] for r in rows] == list(range(1, 4)), [r["checks"] for r in rows]   # none twice
+    # 2 workers: 6 batches each per epoch, a check every 4: 3 checks, the node dies after the 2nd
+    print(f"train --workers 2 with a node kill: {wall:.0f}s")
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def _closed_loop(url: str, body: bytes, clients: int, total: int, seconds: float, stats: dict[str, Any]) -> None:
+    """``clients`` loopback clients, each sending its next request when the last is answered, until
+    ``total`` requests or ``seconds`` passed; every answer's status and latency go to ``stats``."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    deadline, lock = time.monotonic() + seconds, threading.Lock()
+
+    def client() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                if stats["sent"] >= total:
+                    return
+                stats["sent"] += 1
+            started = time.monotonic()
+            request = urllib.request.Request(f"{url}/predict", data=body, headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    status, text = reply.status, reply.read()
+            except urllib.error.HTTPError as err:
+                status, text = err.code, err.read()
+            except OSError as err:
+                status, text = 0, str(err).encode()
+            with lock:
+                stats["latency"].append(time.monotonic() - started)
+                stats["status"].append(status)
+                if b"Traceback" in text:
+                    stats["tracebacks"] += 1
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+@pytest.mark.timeout(300)
+def test_serve_two_replicas_answer_through_a_node_kill(chaos: ChaosCluster, tmp_path: Path) -> None:
+    import json
+    import threading
+    from collections import Counter
+
+    from iaa.jobs.inference import serve as job
+    from iaa.platform import ray_serve as platform_serve
+    from tests._explain import tiny_setup
+    from tests.test_serve import QUESTION, _free_port, wait_ready
+
+    chaos.restore_workers()
+    prepared, ckpts = tiny_setup(tmp_path)
+    cfg = job.config(model_uri=None, checkpoint=ckpts["iaa"], ensemble_dir=None, data_dir=prepared,
+                     workdir=tmp_path, tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
+                     address=chaos.address)
+    url = platform_serve.start(cfg, job.CODE)
+    try:
+        wait_ready(url, 120)
+        stats: dict[str, Any] = {"sent": 0, "status": [], "latency": [], "tracebacks": 0}
+        load = threading.Thread(target=_closed_loop, args=(url, json.dumps(QUESTION).encode(), 4, 600, 120, stats))
+        load.start()
+        wait_for(lambda: len(stats["status"]) >= 100, 60)
+        kill = chaos.kill(replace=False, reason="serve")
+        chaos.restore_workers()
+        back = wait_for(lambda: platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}, 120, poll_s=0.5)
+        back_s = time.monotonic() - kill.at
+        load.join(timeout=150)
+    finally:
+        platform_serve.stop(cfg.app_name)
+    answered = sum(s == 200 for s in stats["status"]) / len(stats["status"])
+    latency = sorted(stats["latency"])
+    p50, p99 = latency[len(latency) // 2], latency[int(len(latency) * 0.99) - 1]
+    errors = Counter(s for s in stats["status"] if s != 200)
+    print(f"serve through a node kill: {len(latency)} requests, {answered:.2%} answered, errors {dict(errors)}, "
+          f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, two replicas again {back_s:.1f} s after the kill")
+    assert back and stats["tracebacks"] == 0 and 500 not in errors, (errors, stats["tracebacks"])
+    assert answered >= 0.99, (answered, dict(errors))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,8 @@ from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.ports import (CHECKPOINT_SCORE, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
                             SweepRequest, TrialRecord, WorkerFit, WorkersRequest)
 from iaa.platform.cluster import connect as cluster
-from iaa.platform.cluster.ray_internals import ERROR_LISTENER_THREAD, relocate_experiment
+from iaa.platform.cluster.driver_lines import cluster_lines_to
+from iaa.platform.cluster.ray_internals import relocate_experiment
 from iaa.platform.sweeps import driver_side, search_algorithm as search
 from iaa.platform.cluster.storage import check_private
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
@@ -203,7 +203,8 @@ def _tune_log_in_file(launch: Launch, quiet: bool) -> Iterator[None]:
     """While ``quiet``, Ray Tune's log (its warnings and advice) goes to ``STORAGE/NAME/tune.log``
     (a bucket: only its errors, to the console), not to the console; so do the lines the cluster
     publishes to drivers (a dead node's raylet log tail, ``[state-dump] ...``), which Ray prints on
-    stdout from a thread of its own (:class:`_RoutedStream`; a bucket: dropped)."""
+    stdout from a thread of its own (:func:`~iaa.platform.cluster.driver_lines.cluster_lines_to`; a
+    bucket: dropped)."""
     logger = logging.getLogger("ray.tune")
     if not quiet:
         yield
@@ -218,45 +219,14 @@ def _tune_log_in_file(launch: Launch, quiet: bool) -> Iterator[None]:
         handler = logging.FileHandler(folder / "tune.log", encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.handlers, logger.propagate = [handler], False
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _RoutedStream(streams[0], handler), _RoutedStream(streams[1], handler)
     try:
-        yield
+        with cluster_lines_to(handler):
+            yield
     finally:
-        sys.stdout, sys.stderr = streams
         logger.handlers, logger.propagate = saved[0], saved[1]
         logger.setLevel(saved[2])
         if handler is not None:
             handler.close()
-
-
-class _RoutedStream:
-    """``stream``, except for what Ray's error-listener thread writes: that goes to the file of
-    ``sink`` (a ``logging.FileHandler``, under its lock; None: nowhere)."""
-
-    def __init__(self, stream: Any, sink: logging.FileHandler | None) -> None:
-        self._stream, self._sink = stream, sink
-
-    def _diverted(self) -> bool:
-        import threading
-
-        return threading.current_thread().name == ERROR_LISTENER_THREAD
-
-    def write(self, text: str) -> int:
-        if not self._diverted():
-            return self._stream.write(text)
-        if self._sink is not None:
-            with self._sink.lock or contextlib.nullcontext():
-                self._sink.stream.write(text)
-                self._sink.stream.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        if not self._diverted():
-            self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
 
 class RayLauncher:

@@ -259,7 +259,7 @@ class ConsoleCallback(tune.Callback):
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         console = self.console
         if console is not None:
-            self._nodes.tell(console)                 # the node's loss first, when Ray knows it already
+            self._nodes.tell(console, now=True)       # the node's loss first, when Ray knows it already
             console.trial_restored(self.name(trial), int((trial.last_result or {}).get("checks") or 0))
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
@@ -277,15 +277,16 @@ class NodeWatch:
         self._alive: dict[str, str] | None = None     # node id -> its address, as last seen
         self._asked = 0.0
 
-    def tell(self, console: SweepEvents) -> None:
+    def tell(self, console: SweepEvents, now: bool = False) -> None:
+        """Ask Ray (at once when ``now``, else at most every ``NODE_POLL_S``) and tell what died."""
         import time
 
         import ray
 
-        now = time.monotonic()
-        if now - self._asked < NODE_POLL_S or not ray.is_initialized():
+        at = time.monotonic()
+        if (not now and at - self._asked < NODE_POLL_S) or not ray.is_initialized():
             return
-        self._asked = now
+        self._asked = at
         try:
             nodes = ray.nodes()
         except Exception:  # noqa: BLE001 - the GCS is busy or gone: ask again at the next poll
