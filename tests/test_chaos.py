@@ -193,6 +193,7 @@ def _closed_loop(url: str, body: bytes, clients: int, total: int, seconds: float
     import threading
     import urllib.error
     import urllib.request
+    from collections import Counter
 
     deadline, lock = time.monotonic() + seconds, threading.Lock()
 
@@ -216,6 +217,8 @@ def _closed_loop(url: str, body: bytes, clients: int, total: int, seconds: float
                 stats["status"].append(status)
                 if b"Traceback" in text:
                     stats["tracebacks"] += 1
+                if status != 200:
+                    stats.setdefault("bodies", Counter())[(status, text[:200].decode(errors="replace"))] += 1
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for t in threads:
@@ -259,6 +262,9 @@ def test_serve_two_replicas_answer_through_a_node_kill(chaos: ChaosCluster, tmp_
     p50, p99 = latency[len(latency) // 2], latency[int(len(latency) * 0.99) - 1]
     errors = Counter(s for s in stats["status"] if s != 200)
     print(f"serve through a node kill: {len(latency)} requests, {answered:.2%} answered, errors {dict(errors)}, "
-          f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, two replicas again {back_s:.1f} s after the kill")
-    assert back and stats["tracebacks"] == 0 and 500 not in errors, (errors, stats["tracebacks"])
-    assert answered >= 0.99, (answered, dict(errors))
+          f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, two replicas again {back_s:.1f} s after the kill; "
+          f"refusals {dict(stats.get('bodies', {}))}")
+    assert back and stats["tracebacks"] == 0, stats.get("bodies")      # no 500 with a traceback
+    # only requests in flight on the killed node may be lost (Serve's proxy answers those a bare
+    # 500 "Internal Server Error", or they time out); with one ingress replica it was 5 to 31
+    assert sum(errors.values()) <= 4 and answered >= 0.99, (answered, stats.get("bodies"))

@@ -35,6 +35,7 @@ from iaa.platform.cluster.driver_lines import cluster_lines_to
 from iaa.platform.cluster.ray_internals import relocate_experiment
 from iaa.platform.sweeps import driver_side, search_algorithm as search
 from iaa.platform.cluster.storage import check_private
+from iaa.platform.ray_train import max_failures
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns, child_runs
 
@@ -155,7 +156,7 @@ def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: b
                                     trial_dirname_creator=_trial_dirname),
         run_config=tune.RunConfig(
             name=launch.name, storage_path=launch.storage,
-            failure_config=tune.FailureConfig(max_failures=MAX_TRIAL_FAILURES if in_actor else 1),
+            failure_config=tune.FailureConfig(max_failures=max_failures(MAX_TRIAL_FAILURES if in_actor else 1)),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
                                                     checkpoint_score_order="max"),
             callbacks=list(callbacks), verbose=1 if show_progress else 0,
