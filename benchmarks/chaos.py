@@ -5,7 +5,7 @@ The three scenarios of ``tests/test_chaos.py`` at a larger size, on the same kin
 ``ray start`` in its own process group; a kill is SIGKILL to that group, and a fresh node
 replaces it):
 
-- **sweep**: a grid of 8 configurations, 3 epochs of the tiny demo data each, run once without
+- **sweep**: a grid of 8 configurations, 8 epochs of the tiny demo data each (24 checks), run once without
   faults and once with a worker node killed every ``--every`` seconds up to ``--kills`` times;
   a trial is *inconsistent* when its run is not FINISHED, a metric step appears twice, its
   per-check ``valid_acc`` differs from the fault-free run's, or its Optuna trial is missing or
@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests._chaos import ChaosCluster, chaos_launcher, held, hold_at, wait_for  # noqa: E402
 from tests._tiny import TINY_SETS, make_tiny_prepared  # noqa: E402
 
+EPOCHS = 8          # per sweep trial: 3 checks each (a check every 4 of 12 batches)
 SPACE = "model.hidden_dim: [8, 12]\nmodel.steps: [1, 2]\ntrain.lr: [2.0e-3, 4.0e-3]\n"
 
 
@@ -62,18 +63,21 @@ def sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, every: float, 
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "space.yaml").write_text(SPACE, encoding="utf-8")
-    sets = tuple(s for s in TINY_SETS if not s.startswith("train.max_epochs")) + ("train.max_epochs=3",)
+    sets = tuple(s for s in TINY_SETS if not s.startswith("train.max_epochs")) + (f"train.max_epochs={EPOCHS}",)
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=8, search_space=root / "space.yaml", sets=sets,
-                           workdir=root / "work", name=name, storage_path=str(root / "shared"), grace_period=9)
-    before = len(chaos.kills)
-    killer = chaos.kill_every(every, kills) if kills else None
+                           workdir=root / "work", name=name, storage_path=str(root / "shared"), grace_period=3 * EPOCHS)
+    before, done = len(chaos.kills), threading.Event()
+    killer = chaos.kill_every(every, kills, stop=done) if kills else None
     tee = _Tee(sys.stderr)
     started = time.monotonic()
-    with contextlib.redirect_stderr(tee):
-        tune.run(req, MlflowTracker, chaos_launcher(chaos.address, str(root / "shared"), root / "marks"))
+    try:
+        with contextlib.redirect_stderr(tee):
+            tune.run(req, MlflowTracker, chaos_launcher(chaos.address, str(root / "shared"), root / "marks"))
+    finally:
+        done.set()                    # no kill after the sweep: only the sweep's faults count
     wall = time.monotonic() - started
     if killer is not None:
-        killer.join(timeout=every * kills + 120)
+        killer.join(timeout=120)
     chaos.restore_workers()
     from tests.test_chaos import _history, _study
     from tests._platform import read_sweep
@@ -148,7 +152,7 @@ def serve_row(chaos: ChaosCluster, root: Path, seconds: float, clients: int, kil
         started = time.monotonic()
         load.start()
         for i in range(kills):
-            time.sleep(seconds / (kills + 1) * (i + 1) - (time.monotonic() - started))
+            time.sleep(max(0.0, seconds / (kills + 1) * (i + 1) - (time.monotonic() - started)))
             kill = chaos.kill(replace=False, reason="serve")
             chaos.restore_workers()
             wait_for(lambda: platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}, 300, poll_s=0.5)
@@ -170,7 +174,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="one-CPU worker nodes")
     parser.add_argument("--kills", type=int, default=4, help="nodes killed during the sweep")
-    parser.add_argument("--every", type=float, default=12.0, help="seconds between the sweep's kills")
+    parser.add_argument("--every", type=float, default=10.0, help="seconds between the sweep's kills")
     parser.add_argument("--serve-s", type=float, default=120.0, help="seconds of serve load")
     parser.add_argument("--serve-kills", type=int, default=2)
     parser.add_argument("--clients", type=int, default=4)
@@ -192,13 +196,18 @@ def main() -> None:
             rows.append(serve_row(chaos, root / "serve", args.serve_s, args.clients, args.serve_kills))
     finally:
         chaos.shutdown()
-    head = ["scenario", "faults", "restored", "redone", "inconsistent", "answered", "p99_ms", "wall_s"]
+        _table(rows, args.json)
+
+
+def _table(rows: list[dict[str, Any]], as_json: bool) -> None:
+    head = ["scenario", "faults", "restored", "redone", "inconsistent", "answered", "p50_ms", "p99_ms", "back_s",
+            "wall_s"]
     table = [head] + [[str(r.get(h, "")) for h in head] for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     for r in table:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    if args.json:
-        print(json.dumps(rows))
+    if as_json:
+        print(json.dumps(rows, default=str))
 
 
 if __name__ == "__main__":

@@ -128,11 +128,16 @@ class ChaosCluster:
                 kill.replaced_by = self._add().node_id
             return kill
 
-    def kill_every(self, seconds: float, times: int, replace: bool = True) -> threading.Thread:
-        """A thread that kills a worker node every ``seconds`` up to ``times`` times (join it)."""
+    def kill_every(self, seconds: float, times: int, replace: bool = True,
+                   stop: threading.Event | None = None) -> threading.Thread:
+        """A thread that kills a worker node every ``seconds`` up to ``times`` times, until ``stop``
+        is set (join it)."""
+        stop = stop or threading.Event()
+
         def loop() -> None:
             for _ in range(times):
-                time.sleep(seconds)
+                if stop.wait(seconds):
+                    return
                 self.kill(replace=replace, reason=f"every {seconds:g}s")
         thread = threading.Thread(target=loop, name="chaos", daemon=True)
         thread.start()
