@@ -84,7 +84,7 @@ def sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, every: float, 
 
     record = read_sweep(root / "work", name)
     redone = re.search(r"work redone: at most (\S+)", tee.buffer_.getvalue())
-    return {"history": _history(record), "study": _study(root, name), "wall_s": wall, "faults": len(chaos.kills) - before,
+    return {"history": _history(record, ("model.hidden_dim", "model.steps", "train.lr")), "study": _study(root, name), "wall_s": wall, "faults": len(chaos.kills) - before,
             "redone": redone.group(1) if redone else "0m00s", "statuses": [t["status"] for t in record["trials"]]}
 
 
@@ -97,6 +97,11 @@ def sweep_row(clean: dict[str, Any], chaos_run: dict[str, Any]) -> dict[str, Any
     bad += abs(len(chaos_run["history"]) - len(clean["history"]))
     trials = chaos_run["study"]
     bad_study = abs(len(trials) - len(chaos_run["history"])) + sum(t.state.name != "COMPLETE" for t in trials)
+    # each Optuna trial's intermediate values: one per check, equal to its run's valid_acc
+    for t in trials:
+        run = chaos_run["history"].get(tuple(str(t.params[k]) for k in ("model.hidden_dim", "model.steps", "train.lr")))
+        if run is None or list(t.intermediate_values.values()) != [run["valid_acc"][s] for s in sorted(run["valid_acc"])]:
+            bad_study += 1
     restored = sum(int(r["run"].data.tags.get("restores", 0)) > 0 for r in chaos_run["history"].values())
     return {"scenario": f"sweep ({len(chaos_run['history'])} trials)", "faults": chaos_run["faults"],
             "restored": restored, "redone": chaos_run["redone"], "inconsistent": bad + bad_study,

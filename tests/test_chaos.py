@@ -58,14 +58,15 @@ def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path
     return tune.run(req, MlflowTracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
 
 
-def _history(sweep: dict[str, Any]) -> dict[str, Any]:
-    """Per configuration: the child run, its valid_acc by step, and the steps as logged (repeats kept)."""
+def _history(sweep: dict[str, Any], searched: tuple[str, ...] = ("model.hidden_dim", "model.steps")) -> dict[str, Any]:
+    """Per configuration (its ``searched`` values): the child run, its valid_acc by step, and the
+    steps as logged (repeats kept)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(sweep["tracking_uri"])
     out = {}
     for run in children(sweep):
-        key = (run.data.params["model.hidden_dim"], run.data.params["model.steps"])
+        key = tuple(run.data.params[k] for k in searched)
         history = client.get_metric_history(run.info.run_id, "valid_acc")
         out[key] = {"run": run, "steps": [m.step for m in history],
                     "valid_acc": {m.step: m.value for m in sorted(history, key=lambda m: m.step)}}
