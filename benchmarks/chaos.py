@@ -38,8 +38,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests._chaos import ChaosCluster, chaos_launcher, held, hold_at, wait_for  # noqa: E402
-from tests._tiny import TINY_SETS, make_tiny_prepared  # noqa: E402
+from tests._chaos import ChaosCluster, chaos_launcher, held, hold_at, wait_for
+from tests._tiny import TINY_SETS, make_tiny_prepared
 
 EPOCHS = 8          # per sweep trial: 3 checks each (a check every 4 of 12 batches)
 SPACE = "model.hidden_dim: [8, 12]\nmodel.steps: [1, 2]\ntrain.lr: [2.0e-3, 4.0e-3]\n"

@@ -93,12 +93,11 @@ class ChaosCluster:
     def _add(self) -> _Worker:
         self._started += 1
         name = f"chaos-{self._started}"
-        log = open(self.logs / f"{name}.log", "wb")
-        process = subprocess.Popen(
-            ["ray", "start", f"--address={self.address}", f"--num-cpus={self.cpus_per_worker}", "--num-gpus=0",
-             f"--node-name={name}", "--object-store-memory=100000000", "--block", "--disable-usage-stats"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(self.logs / f"{name}.log", "wb") as log:
+            process = subprocess.Popen(
+                ["ray", "start", f"--address={self.address}", f"--num-cpus={self.cpus_per_worker}", "--num-gpus=0",
+                 f"--node-name={name}", "--object-store-memory=100000000", "--block", "--disable-usage-stats"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         worker = _Worker(name, process)
         try:
             worker.node_id = wait_for(lambda: self._alive().get(name), 120, poll_s=0.5)

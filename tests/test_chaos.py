@@ -1,9 +1,9 @@
 """Worker nodes die hard while a sweep runs, and nothing is lost (issue 44).
 
 One cluster for the module (:class:`tests._chaos.ChaosCluster`: a head with no CPUs, two one-CPU
-worker nodes); its nodes are killed without a graceful stop and replaced by fresh ones. Each test
-fails with restores switched off (``IAA_MAX_TRIAL_FAILURES=0`` ... see docs/platform.md, "Node
-failures"): the killed trial ends ERROR.
+worker nodes); its nodes are killed without a graceful stop and replaced by fresh ones. The sweep
+and train tests fail with restores switched off (``IAA_MAX_FAILURES=0``: the killed trial ends
+ERROR, the Train run fails); see docs/platform.md, "Node failures".
 """
 
 from __future__ import annotations
