@@ -218,7 +218,7 @@ def test_the_first_replicas_and_the_ingress_must_fit_the_cpus(tmp_path):
         return job.config(model_uri=None, checkpoint=tmp_path / "m.pt", ensemble_dir=None, data_dir=None,
                           workdir=tmp_path, tracking_uri=None, **deploy)
 
-    with pytest.raises(IaaError, match=r"^8 replicas x 1 CPU need 8 CPUs \(\+0.1 for the ingress\); the cluster has 2 "):
+    with pytest.raises(IaaError, match=r"^8 replicas x 1 CPU need 8 CPUs \(\+0.2 for the ingress\); the cluster has 2 "):
         check_fits(cfg(replicas=8, cpus_per_replica=1), {"CPU": 2.0})
     with pytest.raises(IaaError, match="3 replicas x 1 CPU need 3 CPUs"):
         check_fits(cfg(autoscale=(3, 6), cpus_per_replica=1), {"CPU": 2.0})

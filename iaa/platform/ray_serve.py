@@ -48,7 +48,7 @@ from iaa.errors import IaaError
 from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeApi, ServeCode, ServeConfig
 from iaa.platform import serve_life
 from iaa.platform.cluster import ray_internals
-from iaa.platform.serve_capacity import INGRESS_CPUS, check_fits, wait_running
+from iaa.platform.serve_capacity import INGRESS_CPUS, check_fits, ingresses, wait_running
 from iaa.platform.serve_docs import add_docs
 from iaa.platform.serve_logs import driver_lines_to_log
 from iaa.platform.serve_proxy import over_limit, proxy_env
@@ -280,14 +280,17 @@ def deployment_options(cfg: ServeConfig) -> dict[str, Any]:
 def build(args: dict[str, Any], code: ServeCode) -> Any:
     """The Serve application of ``args`` (a :class:`~iaa.jobs.ports.ServeConfig` as a dict, or
     the flat ``model``/``checkpoint``/``ensemble`` keys of a Serve config file): an ingress (one
-    replica, autoscaled up to a quarter of the readers' maximum on large deployments) that checks
+    replica, two once there may be two readers, autoscaled up to a quarter of the readers' maximum
+    on large deployments) that checks
     each request with ``code.parse``, before the readers, which load the model with ``code.load``."""
     if "source" not in args:
         args = config_args(args)
     cfg = from_dict(args)
     readers = Reader.options(**deployment_options(cfg)).bind(to_dict(cfg), code)
     most = cfg.autoscale[1] if cfg.autoscale else cfg.replicas
-    ingress = {"num_replicas": 1} if most <= 4 else {"autoscaling_config": {"min_replicas": 1, "max_replicas": most // 4}}
+    least = ingresses(cfg)          # two once there may be two readers: a lost node leaves one
+    ingress = ({"num_replicas": least} if most <= 4 else
+               {"autoscaling_config": {"min_replicas": least, "max_replicas": max(least, most // 4)}})
     return Ingress.options(ray_actor_options={"num_cpus": INGRESS_CPUS}, max_ongoing_requests=1000,
                            **ingress).bind(readers, asdict(cfg.limits), code)
 

@@ -18,7 +18,7 @@ its :class:`~iaa.jobs.ports.WorkerLink`, and where its rows come from:
 
 The loop itself is the job's (:func:`iaa.jobs.training.loop.fit_on_worker`), handed in as ``fit``.
 
-A worker failure is retried from the last checkpoint up to ``MAX_FAILURES`` times. Train V2
+A worker failure is retried from the last checkpoint up to ``MAX_FAILURES`` times (``IAA_MAX_FAILURES``). Train V2
 restores a run whose ``RunConfig(name, storage_path)`` is unchanged, which is how ``--resume``
 and a restored Tune trial continue. The ``train --workers N`` driver is
 :func:`iaa.platform.train_workers.fit_workers`; a multi-worker Tune trial runs :func:`build_trainer`
@@ -42,6 +42,24 @@ from iaa.jobs.ports import CHECKPOINT_SCORE, WorkerData, WorkerFit
 from iaa.platform.cluster.resources import forced_device
 
 MAX_FAILURES = 2              # worker-group restarts from the last checkpoint before a run fails
+MAX_FAILURES_ENV = "IAA_MAX_FAILURES"   # overrides it, and a sweep's trial restores: 0 switches restores off
+
+
+def max_failures(default: int) -> int:
+    """Restores from the last checkpoint before a Train run or a sweep's trial fails: ``default``,
+    or ``IAA_MAX_FAILURES`` when set (0: none, the first lost node fails the trial or run)."""
+    import os
+
+    raw = os.environ.get(MAX_FAILURES_ENV, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise IaaError(f"{MAX_FAILURES_ENV}={raw!r} is not a whole number of restores") from None
+    if value < 0:
+        raise IaaError(f"{MAX_FAILURES_ENV}={raw!r}: give 0 or more restores")
+    return value
 
 
 class TrainRunError(IaaError):
@@ -182,7 +200,7 @@ def build_trainer(cfg: JobConfig, prepared: Path, *, fit: WorkerFit, name: str, 
                                                resources_per_worker=dict(worker_resources)),
         run_config=ray.train.RunConfig(
             name=name, storage_path=storage_path,
-            failure_config=ray.train.FailureConfig(max_failures=MAX_FAILURES),
+            failure_config=ray.train.FailureConfig(max_failures=max_failures(MAX_FAILURES)),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
                                                          checkpoint_score_order="max"),
             callbacks=list(callbacks),

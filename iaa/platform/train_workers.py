@@ -16,6 +16,9 @@ from typing import Any
 
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkersRequest
 from iaa.jobs.workdir.paths import RunFolder
+from iaa.platform.cluster.driver_lines import cluster_lines_to
+
+DRIVER_LOG = "ray-driver.log"   # what the cluster tells the driver (a lost node's raylet log), not the console
 
 _log = logging.getLogger(__name__)
 
@@ -117,8 +120,10 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
         ``checkpoint`` (the best checkpoint file, loadable by ``checkpoint.load_model``) and
         ``run_dir``.
     """
+    import ray
     from ray.train import TrainingFailedError
     from ray.util.queue import Queue
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from iaa.data.loader import PreparedData
     from iaa.platform.cluster import connect as cluster
@@ -134,13 +139,17 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
     if request.show_progress:
         _log.info(cluster.describe(info, trial_plan).replace("each trial trains", "the run trains"))
 
-    queue = Queue(actor_options={"num_cpus": 0})
+    # the queue lives on the driver's node, as Train's controller does: a worker node that dies
+    # takes its workers with it (Train restarts them), never the checks on their way here
+    queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)})
     trainer = build_trainer(cfg, Path(request.prepared), fit=request.fit, name=name, storage_path=storage,
                             workers=workers, threads=trial_plan.threads,
                             worker_resources=trial_plan.worker_resources, use_gpu=request.gpus_per_worker > 0,
                             vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[queue_callback(queue)],
                             show_progress=request.show_progress)
-    with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=request.show_progress) as checks:
+    with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=request.show_progress) as checks, \
+            cluster_lines_to(run_dir / DRIVER_LOG):     # a dead node's raylet dump: to the run folder's log
         try:
             result = trainer.fit()
         except TrainingFailedError as err:     # Train V2's fit raises what failed the run

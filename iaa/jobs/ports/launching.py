@@ -118,6 +118,8 @@ class SweepEvents(Protocol):
     def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None: ...
     def tick(self) -> None: ...
     def placed(self, concurrency: int) -> None: ...                       # how many trials run at once
+    def node_lost(self, node: str, detail: str = "") -> None: ...           # a node of the cluster died
+    def trial_restored(self, trial_id: str, from_check: int) -> None: ...   # restarts from that check's checkpoint
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ class _Trial:
     valid_acc: float | None = None
     best: float | None = None
     state: str = "running"        # running, stopped (ASHA), finished, failed
+    checked_at: float | None = None   # when its last check (and checkpoint) came
+    restores: int = 0
 
 
 @dataclass
@@ -56,6 +58,9 @@ class SweepConsole:
     table_every_s: float = TABLE_EVERY_S
     trials: dict[str, _Trial] = field(default_factory=dict)
     corrected_s: float | None = None       # the estimate after the first checks
+    nodes_lost: int = 0
+    redone_s: float = 0.0                  # training lost to restores: since each restored trial's last check
+    replayed: int = 0                      # checks reported again after a restore
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -73,7 +78,9 @@ class SweepConsole:
 
     def trial_checked(self, trial_id: str, metrics: Mapping[str, Any]) -> None:
         t = self.trials.setdefault(trial_id, _Trial({}, self.clock()))
-        t.checks = int(metrics.get("checks", t.checks + 1))
+        checks = int(metrics.get("checks", t.checks + 1))
+        self.replayed += checks <= t.checks
+        t.checks, t.checked_at = checks, self.clock()
         t.epoch = float(metrics.get("epoch", t.epoch))
         t.valid_acc = _float(metrics.get("valid_acc"))
         t.best = _float(metrics.get("best_valid_acc")) or t.valid_acc
@@ -103,6 +110,33 @@ class SweepConsole:
         else:
             t.state = "finished"
             self._say(f"trial {trial_id} finished ({reason or 'done'}) {after}")
+
+    def node_lost(self, node: str, detail: str = "") -> None:
+        """A node of the cluster died (its trials are restored, each on its own line)."""
+        self.nodes_lost += 1
+        self._say(f"node {node} lost" + (f": {detail}" if detail else ""))
+
+    def trial_restored(self, trial_id: str, from_check: int) -> None:
+        """A trial failed (its node died) and restarts from the checkpoint of check ``from_check``
+        (0: from the start); the training since that check is done again."""
+        t = self.trials.setdefault(trial_id, _Trial({}, self.clock()))
+        now = self.clock()
+        t.restores += 1
+        self.redone_s += max(now - (t.checked_at if t.checked_at is not None else t.started), 0.0)
+        t.state = "running"
+        where = f"check {from_check}" if from_check else "check 0 (the start)"
+        self._say(f"trial {trial_id} restored from {where}, restore {t.restores}")
+
+    def restores(self) -> str | None:
+        """How many trials were restored and what that cost; None when none was."""
+        restored = [t for t in self.trials.values() if t.restores]
+        if not restored:
+            return None
+        count = sum(t.restores for t in restored)
+        line = (f"{len(restored)} trial{'s' * (len(restored) != 1)} restored ({count} restore{'s' * (count != 1)} "
+                f"after {self.nodes_lost} lost node{'s' * (self.nodes_lost != 1)}); work redone: at most "
+                f"{duration(self.redone_s)} of training since their last checkpoints")
+        return line + (f", {self.replayed} check{'s' * (self.replayed != 1)} reported again" if self.replayed else "")
 
     def tick(self) -> None:
         """Called often by the scheduler: the standings, once nothing was said for ``table_every_s``
@@ -137,7 +171,8 @@ class SweepConsole:
             parts.append(f"estimated at most {duration(self.cost.wall_s)} before it started")
         if self.corrected_s is not None:
             parts.append(f"about {duration(self.corrected_s)} after the first check")
-        return "; ".join(parts)
+        restores = self.restores()
+        return "; ".join(parts + ([restores] if restores else []))
 
     # --- the estimate ---------------------------------------------------------------------------
 

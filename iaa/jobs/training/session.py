@@ -189,6 +189,9 @@ class LocalSession(SessionBase):
             self.on_metrics(metrics)
 
 
+RANK_RNG = "rank_rng"   # in a multi-worker checkpoint: {"rng": [rank 0's, rank 1's, ...], "cuda_rng": [...]}
+
+
 class ClusterSession(SessionBase):
     """A Tune trial or a Ray Train worker: its rows in memory, the rest through ``link``.
 
@@ -228,7 +231,36 @@ class ClusterSession(SessionBase):
     def latest_state(self) -> dict[str, Any] | None:
         with self.link.last_checkpoint() as folder:
             path = folder / CHECKPOINT_FILE if folder is not None else None
-            return checkpoint.load(path) if path is not None and path.exists() else None
+            saved = checkpoint.load(path) if path is not None and path.exists() else None
+        if saved is not None:          # this rank's own random state, when the checkpoint holds every rank's
+            for key, states in (saved.get(RANK_RNG) or {}).items():
+                if len(states) == self.world_size:
+                    saved[key] = states[self.rank]
+        return saved
+
+    def report(self, metrics: dict[str, Any], state: dict[str, Any], is_best: bool) -> None:
+        """As every session reports; with several ranks, the checkpoint (rank 0's) also holds every
+        rank's random state (dropout), so that a group restored from it draws what it would have
+        drawn: each rank's stream depends on its own batches' shapes."""
+        if self.world_size > 1:
+            state = {**state, RANK_RNG: self._rank_states(state)}
+        super().report(metrics, state, is_best)
+
+    def _rank_states(self, state: dict[str, Any]) -> dict[str, list[torch.Tensor]]:
+        """Every rank's ``rng`` (and ``cuda_rng``) of ``state``, gathered with one all-reduce of bytes
+        (each rank fills its own slot; the sum is every slot)."""
+        out: dict[str, list[torch.Tensor]] = {}
+        for key in ("rng", "cuda_rng"):
+            own = state.get(key)
+            if own is None:
+                continue
+            size = int(own.numel())
+            values = [0.0] * (size * self.world_size)
+            values[self.rank * size:(self.rank + 1) * size] = own.to(torch.float64).tolist()
+            summed = self.link.all_reduce(values, "sum")
+            out[key] = [torch.tensor(summed[r * size:(r + 1) * size], dtype=torch.uint8)
+                        for r in range(self.world_size)]
+        return out
 
     def report_metrics(self, metrics: dict[str, Any], state: dict[str, Any], is_best: bool) -> dict[str, Any]:
         return {**super().report_metrics(metrics, state, is_best),

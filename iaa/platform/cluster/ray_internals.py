@@ -17,6 +17,9 @@
   when a copy failed (:data:`SYNC_LOGGER`: a full disk there ends a sweep,
   :mod:`iaa.platform.sweeps.full_disk`), and the driver's logger of the errors of tasks whose result
   nobody fetched (:data:`UNHANDLED_LOGGER`: the trials Tune stopped, whose full disk is said once).
+- the name of the driver's thread that prints what the cluster publishes to every driver (a dead
+  raylet's last 20 log lines, ``[state-dump] ...``) on the driver's stdout, with no option to turn
+  it off (:data:`ERROR_LISTENER_THREAD`): a sweep sends its lines to its log file instead.
 
 ``tests/test_private_apis.py`` checks every name used here against the installed Ray, so an
 upgrade that moves one fails there, by name; at run time a missing name only loses the loopback
@@ -47,6 +50,9 @@ QUIETED_LOGGERS = {
 SYNC_LOGGER = "ray.train._internal.syncer"          # "Last sync command failed ...", with the error's text
 UNHANDLED_LOGGER = "ray._private.worker"            # "Unhandled error (suppress with ...)", with the error's text
 MODULES = (*QUIETED_LOGGERS, SYNC_LOGGER, UNHANDLED_LOGGER)   # each must still exist
+
+# ray._private.worker.connect starts it for every driver (SCRIPT_MODE), log_to_driver or not
+ERROR_LISTENER_THREAD = "ray_listen_error_messages"
 
 ANY_INTERFACE = "[::]:"            # how Serve's replica asks for its inter-deployment gRPC port
 

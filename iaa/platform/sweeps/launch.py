@@ -30,9 +30,11 @@ from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.ports import (CHECKPOINT_SCORE, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
                             SweepRequest, TrialRecord, WorkerFit, WorkersRequest)
 from iaa.platform.cluster import connect as cluster
+from iaa.platform.cluster.driver_lines import cluster_lines_to
 from iaa.platform.cluster.ray_internals import relocate_experiment
 from iaa.platform.sweeps import driver_side, full_disk, search_algorithm as search
 from iaa.platform.cluster.storage import check_private
+from iaa.platform.ray_train import max_failures
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns, child_runs
 
@@ -155,7 +157,7 @@ def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: b
                                     trial_dirname_creator=_trial_dirname),
         run_config=tune.RunConfig(
             name=launch.name, storage_path=launch.storage,
-            failure_config=tune.FailureConfig(max_failures=MAX_TRIAL_FAILURES if in_actor else 1),
+            failure_config=tune.FailureConfig(max_failures=max_failures(MAX_TRIAL_FAILURES if in_actor else 1)),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
                                                     checkpoint_score_order="max"),
             callbacks=list(callbacks), verbose=1 if show_progress else 0,
@@ -213,7 +215,10 @@ def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, di
 @contextmanager
 def _tune_log_in_file(launch: Launch, quiet: bool) -> Iterator[None]:
     """While ``quiet``, Ray Tune's log (its warnings and advice) goes to ``STORAGE/NAME/tune.log``
-    (a bucket: only its errors, to the console), not to the console."""
+    (a bucket: only its errors, to the console), not to the console; so do the lines the cluster
+    publishes to drivers (a dead node's raylet log tail, ``[state-dump] ...``), which Ray prints on
+    stdout from a thread of its own (:func:`~iaa.platform.cluster.driver_lines.cluster_lines_to`; a
+    bucket: dropped)."""
     logger = logging.getLogger("ray.tune")
     if not quiet:
         yield
@@ -229,7 +234,8 @@ def _tune_log_in_file(launch: Launch, quiet: bool) -> Iterator[None]:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.handlers, logger.propagate = [handler], False
     try:
-        yield
+        with cluster_lines_to(handler):
+            yield
     finally:
         logger.handlers, logger.propagate = saved[0], saved[1]
         logger.setLevel(saved[2])

@@ -26,6 +26,9 @@ from iaa.platform.tracking.connection import store_full
 
 _log = logging.getLogger(__name__)
 
+RESTORES_TAG = "restores"   # a trial's restores from its last checkpoint after a failure (a lost node)
+NODE_POLL_S = 1.0           # how often the console's callback asks Ray which nodes are alive
+
 # What a trial's child run records at every check.
 TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "best_valid_acc", "lr", "epoch", "train_examples_per_s")
 
@@ -104,6 +107,7 @@ class TrialRuns(tune.Callback):
         self._runs: dict[str, TrackedRun] = {}
         self._done_before: set[str] = set()  # trials whose run had finished when a resumed sweep met them
         self._reported: set[str] = set()     # trials that reported in this process
+        self._restores: dict[str, int] = {}  # trial id -> restores from its last checkpoint (a node died, ...)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"sweep": self.sweep, "best": {}}
@@ -194,6 +198,15 @@ class TrialRuns(tune.Callback):
         if path and result.get("is_best"):
             self.best[trial.trial_id] = str(path)
 
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """The trial failed and Tune restarts it from its last checkpoint: its run counts the restores
+        (tag ``restores``; every trial that reported in this process ends with the tag, 0 or more)."""
+        self._restores[trial.trial_id] = self._restores.get(trial.trial_id, 0) + 1
+
+        def count() -> None:
+            self._run(trial).set_tags({RESTORES_TAG: str(self._restores[trial.trial_id])})
+        self._track("count the restore", trial, count)
+
     def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any, checkpoint: Any, **info: Any) -> None:
         if (trial.last_result or {}).get("is_best") and checkpoint is not None:
             self.best[trial.trial_id] = str(checkpoint.path)
@@ -205,6 +218,8 @@ class TrialRuns(tune.Callback):
         def end() -> None:
             run = self._run(trial)
             tags = {"stop_reason": stop_reason(trial.last_result)} if status == "FINISHED" else {}
+            if trial.trial_id in self._restores or trial.trial_id in self._reported:
+                tags[RESTORES_TAG] = str(self._restores.get(trial.trial_id, 0))
             if trial.trial_id in self.best:
                 tags["checkpoint"] = checkpoint_file(self.best[trial.trial_id])
             run.set_tags(tags)
@@ -224,9 +239,13 @@ class ConsoleCallback(tune.Callback):
 
     def __init__(self, sweep: str) -> None:
         self.sweep = sweep
+        self._nodes = NodeWatch()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"sweep": self.sweep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.sweep = state.get("sweep", "")  # older saves held no name: they stay silent
+        self.__init__(state.get("sweep", ""))  # older saves held no name: they stay silent
 
     @property
     def console(self) -> SweepEvents | None:
@@ -253,9 +272,47 @@ class ConsoleCallback(tune.Callback):
         if self.console is not None:
             self.console.trial_ended(self.name(trial), "error", getattr(trial, "error_msg", None))
 
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        console = self.console
+        if console is not None:
+            self._nodes.tell(console, now=True)       # the node's loss first, when Ray knows it already
+            console.trial_restored(self.name(trial), int((trial.last_result or {}).get("checks") or 0))
+
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
-        if self.console is not None:
-            self.console.tick()
+        console = self.console
+        if console is not None:
+            self._nodes.tell(console)
+            console.tick()
+
+
+class NodeWatch:
+    """The cluster's live nodes, asked at most every ``NODE_POLL_S``: a node that was alive and is
+    no longer is told to the console once (``node_lost``)."""
+
+    def __init__(self) -> None:
+        self._alive: dict[str, str] | None = None     # node id -> its address, as last seen
+        self._asked = 0.0
+
+    def tell(self, console: SweepEvents, now: bool = False) -> None:
+        """Ask Ray (at once when ``now``, else at most every ``NODE_POLL_S``) and tell what died."""
+        import time
+
+        import ray
+
+        at = time.monotonic()
+        if (not now and at - self._asked < NODE_POLL_S) or not ray.is_initialized():
+            return
+        self._asked = at
+        try:
+            nodes = ray.nodes()
+        except Exception:  # noqa: BLE001 - the GCS is busy or gone: ask again at the next poll
+            return
+        alive = {n["NodeID"]: str(n.get("NodeManagerAddress") or "") for n in nodes if n.get("Alive")}
+        if self._alive is not None:
+            for node_id, address in self._alive.items():
+                if node_id not in alive:
+                    console.node_lost(f"{node_id[:8]} ({address})", "its trials restart from their last checkpoints")
+        self._alive = alive
 
 
 def stop_reason(last_result: Mapping[str, Any] | None) -> str:

@@ -1,0 +1,283 @@
+"""Worker nodes die hard while a sweep runs, and nothing is lost (issue 44).
+
+One cluster for the module (:class:`tests._chaos.ChaosCluster`: a head with no CPUs, two one-CPU
+worker nodes); its nodes are killed without a graceful stop and replaced by fresh ones. The sweep
+and train tests fail with restores switched off (``IAA_MAX_FAILURES=0``: the killed trial ends
+ERROR, the Train run fails); see docs/platform.md, "Node failures".
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._chaos import ChaosCluster, chaos_launcher, held, hold_at, wait_for
+from tests._platform import children, read_sweep, write_space
+from tests._tiny import TINY_SETS, make_tiny_prepared
+
+pytestmark = [pytest.mark.slow]
+
+CHECKS = 6          # TINY_SETS: 2 epochs of 12 batches, a check every 4 batches
+
+
+@pytest.fixture(scope="module")
+def chaos():
+    cluster = ChaosCluster(workers=2)
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_prepared(tmp_path_factory.mktemp("data"))
+
+
+@pytest.mark.timeout(60)
+def test_ray_prints_cluster_lines_from_the_thread_the_sweep_diverts(chaos: ChaosCluster) -> None:
+    """The driver thread whose lines (a dead raylet's dump) go to the sweep's log, not the console,
+    still has the name iaa looks for (iaa/platform/cluster/driver_lines.py)."""
+    import threading
+
+    from iaa.platform.cluster.ray_internals import ERROR_LISTENER_THREAD
+
+    assert ERROR_LISTENER_THREAD in {t.name for t in threading.enumerate()}
+
+
+def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path, show: bool) -> dict[str, Any]:
+    from iaa.jobs.tune import tune
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    root.mkdir(parents=True, exist_ok=True)
+    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(root), sets=TINY_SETS,
+                           workdir=root / "work", name=name, storage_path=str(root / "shared"),
+                           grace_period=CHECKS, show_progress=show)   # no ASHA stop: the same trials every run
+    return tune.run(req, MlflowTracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
+
+
+def _history(sweep: dict[str, Any], searched: tuple[str, ...] = ("model.hidden_dim", "model.steps")) -> dict[str, Any]:
+    """Per configuration (its ``searched`` values): the child run, its valid_acc by step, and the
+    steps as logged (repeats kept)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(sweep["tracking_uri"])
+    out = {}
+    for run in children(sweep):
+        key = tuple(run.data.params[k] for k in searched)
+        history = client.get_metric_history(run.info.run_id, "valid_acc")
+        out[key] = {"run": run, "steps": [m.step for m in history],
+                    "valid_acc": {m.step: m.value for m in sorted(history, key=lambda m: m.step)}}
+    return out
+
+
+def _study(root: Path, name: str) -> list[Any]:
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{root / 'work' / 'optuna.db'}")
+    return study.get_trials(deepcopy=False)
+
+
+@pytest.mark.timeout(420)
+def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd) -> None:
+    _sweep(chaos, tiny, tmp_path / "clean", "clean", tmp_path / "clean-marks", show=False)
+    capfd.readouterr()
+    expected = _history(read_sweep(tmp_path / "clean" / "work", "clean"))
+
+    markers = tmp_path / "chaos-marks"
+    markers.mkdir()
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def inject() -> None:
+        try:                                  # 1: a node dies while its trial writes check 2's checkpoint
+            writing = wait_for(lambda: held(markers, 2), 240)
+            chaos.kill(writing.node_id, replace=False, reason=f"{writing.trial_id} writing check {writing.check}")
+            chaos.restore_workers()           # the spot replacement
+            late = wait_for(lambda: held(markers, 4), 240)   # 2: a node dies mid-trial, after check 4
+            chaos.kill(late.node_id, replace=False, reason=f"{late.trial_id} after check {late.check}")
+            chaos.restore_workers()
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            outcome["error"] = err
+
+    hold_at(markers, 2, "writing")
+    hold_at(markers, 4, "after")
+    killer = threading.Thread(target=inject, daemon=True)
+    killer.start()
+    started = time.monotonic()
+    _sweep(chaos, tiny, tmp_path / "chaos", "chaos", markers, show=True)
+    wall = time.monotonic() - started
+    killer.join(timeout=5)
+    console = capfd.readouterr().err
+    (tmp_path / "console.txt").write_text(console, encoding="utf-8")
+    assert "error" not in outcome, outcome
+    assert len(chaos.kills) >= 2, chaos.kills
+
+    sweep = read_sweep(tmp_path / "chaos" / "work", "chaos")
+    assert sorted(t["status"] for t in sweep["trials"]) == ["TERMINATED"] * 4, [t["status"] for t in sweep["trials"]]
+    got = _history(sweep)
+    assert set(got) == set(expected) and len(children(sweep)) == 4            # one child run per trial
+    for key, run in got.items():
+        assert run["run"].info.status == "FINISHED", (key, run["run"].info.status)
+        assert len(run["steps"]) == len(set(run["steps"])) == CHECKS, (key, run["steps"])   # no step twice
+        assert run["valid_acc"] == expected[key]["valid_acc"], key       # exactly the fault-free run's checks
+    restores = {key: int(run["run"].data.tags.get("restores", -1)) for key, run in got.items()}
+    assert sum(restores.values()) >= 2 and min(restores.values()) >= 0, restores
+
+    trials = _study(tmp_path / "chaos", "chaos")
+    assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials), [t.state for t in trials]
+    for t in trials:
+        key = (str(t.params["model.hidden_dim"]), str(t.params["model.steps"]))
+        assert sorted(t.intermediate_values) == list(range(1, CHECKS + 1)), t.intermediate_values
+        assert list(t.intermediate_values.values()) == [got[key]["valid_acc"][s] for s in sorted(got[key]["valid_acc"])]
+
+    assert len(re.findall(r"node \S+ .*lost", console)) == len(chaos.kills), console
+    assert len(re.findall(r"trial-\d+ restored from check \d+", console)) == sum(restores.values()), console
+    assert "[state-dump]" not in console and "(raylet)" not in console, console
+    assert re.search(r"\d+ trials? restored", console), console
+    print(f"chaos sweep: {wall:.0f}s, kills {chaos.kills}")
+
+
+def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path) -> dict[str, Any]:
+    from iaa.jobs.train import train
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    req = train.TrainRequest(dataset=None, data=tiny, sets=TINY_SETS, run_dir=root / "run", workers=2,
+                             storage_path=str(root / "shared"), workdir=root / "work", show_progress=False)
+    return train.run_request(req, MlflowTracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
+
+
+@pytest.mark.timeout(300)
+def test_train_on_two_workers_survives_a_node_kill(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd) -> None:
+    import json
+    import threading
+
+    from iaa.jobs.modeling import checkpoint
+
+    chaos.restore_workers()
+    clean = _train(chaos, tiny, tmp_path / "clean", tmp_path / "clean-marks")
+    markers = tmp_path / "chaos-marks"
+    markers.mkdir()
+    hold_at(markers, 2, "after")              # a worker holds after check 2 (mid-epoch 1): its node dies there
+    kills_before = len(chaos.kills)
+    outcome: dict[str, Any] = {}
+
+    def inject() -> None:
+        try:
+            worker = wait_for(lambda: held(markers, 2), 200)
+            chaos.kill(worker.node_id, replace=False, reason=f"train {worker.trial_id} after check 2")
+            chaos.restore_workers()
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            outcome["error"] = err
+
+    killer = threading.Thread(target=inject, daemon=True)
+    killer.start()
+    started = time.monotonic()
+    result = _train(chaos, tiny, tmp_path / "chaos", markers)
+    wall = time.monotonic() - started
+    killer.join(timeout=5)
+    console = capfd.readouterr()
+    assert "error" not in outcome, outcome
+    assert len(chaos.kills) == kills_before + 1
+    assert "[state-dump]" not in console.out + console.err and "(raylet)" not in console.out + console.err, console
+    assert result["steps"] == clean["steps"] and result["best_valid_acc"] == clean["best_valid_acc"]
+    a = checkpoint.load(tmp_path / "clean" / "run" / "checkpoints" / "last.pt")["model"]
+    b = checkpoint.load(tmp_path / "chaos" / "run" / "checkpoints" / "last.pt")["model"]
+    assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)     # the uninterrupted run's weights
+    rows = [json.loads(x) for x in (tmp_path / "chaos" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["checks"] for r in rows] == list(range(1, 4)), [r["checks"] for r in rows]   # none twice
+    # 2 workers: 6 batches each per epoch, a check every 4: 3 checks, the node dies after the 2nd
+    print(f"train --workers 2 with a node kill: {wall:.0f}s")
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+def _closed_loop(url: str, body: bytes, clients: int, total: int, seconds: float, stats: dict[str, Any]) -> None:
+    """``clients`` loopback clients, each sending its next request when the last is answered, until
+    ``total`` requests or ``seconds`` passed; every answer's status and latency go to ``stats``."""
+    import threading
+    import urllib.error
+    import urllib.request
+    from collections import Counter
+
+    deadline, lock = time.monotonic() + seconds, threading.Lock()
+
+    def client() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                if stats["sent"] >= total:
+                    return
+                stats["sent"] += 1
+            started = time.monotonic()
+            request = urllib.request.Request(f"{url}/predict", data=body, headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    status, text = reply.status, reply.read()
+            except urllib.error.HTTPError as err:
+                status, text = err.code, err.read()
+            except OSError as err:
+                status, text = 0, str(err).encode()
+            with lock:
+                stats["latency"].append(time.monotonic() - started)
+                stats["status"].append(status)
+                if b"Traceback" in text:
+                    stats["tracebacks"] += 1
+                if status != 200:
+                    stats.setdefault("bodies", Counter())[(status, text[:200].decode(errors="replace"))] += 1
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+@pytest.mark.timeout(300)
+def test_serve_two_replicas_answer_through_a_node_kill(chaos: ChaosCluster, tmp_path: Path) -> None:
+    import json
+    import threading
+    from collections import Counter
+
+    from iaa.jobs.inference import serve as job
+    from iaa.platform import ray_serve as platform_serve
+    from tests._explain import tiny_setup
+    from tests.test_serve import QUESTION, _free_port, wait_ready
+
+    chaos.restore_workers()
+    prepared, ckpts = tiny_setup(tmp_path)
+    cfg = job.config(model_uri=None, checkpoint=ckpts["iaa"], ensemble_dir=None, data_dir=prepared,
+                     workdir=tmp_path, tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
+                     address=chaos.address)
+    url = platform_serve.start(cfg, job.CODE)
+    try:
+        wait_ready(url, 120)
+        stats: dict[str, Any] = {"sent": 0, "status": [], "latency": [], "tracebacks": 0}
+        load = threading.Thread(target=_closed_loop, args=(url, json.dumps(QUESTION).encode(), 4, 600, 120, stats))
+        load.start()
+        wait_for(lambda: len(stats["status"]) >= 100, 60)
+        kill = chaos.kill(replace=False, reason="serve")
+        chaos.restore_workers()
+        back = wait_for(lambda: platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}, 120, poll_s=0.5)
+        back_s = time.monotonic() - kill.at
+        load.join(timeout=150)
+    finally:
+        platform_serve.stop(cfg.app_name)
+    answered = sum(s == 200 for s in stats["status"]) / len(stats["status"])
+    latency = sorted(stats["latency"])
+    p50, p99 = latency[len(latency) // 2], latency[int(len(latency) * 0.99) - 1]
+    errors = Counter(s for s in stats["status"] if s != 200)
+    print(f"serve through a node kill: {len(latency)} requests, {answered:.2%} answered, errors {dict(errors)}, "
+          f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, two replicas again {back_s:.1f} s after the kill; "
+          f"refusals {dict(stats.get('bodies', {}))}")
+    assert back and stats["tracebacks"] == 0, stats.get("bodies")      # no 500 with a traceback
+    # Only requests in flight on the killed node are lost: at most one per client at the ingress it
+    # held and one at its reader (Serve's proxy answers them a bare 500 "Internal Server Error", or
+    # they time out). Seen: 2 and 8 of 600 (99.7%, 98.7%); with one ingress replica, 5 and 31.
+    assert sum(errors.values()) <= 2 * 4, (answered, stats.get("bodies"))

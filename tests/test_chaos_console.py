@@ -1,0 +1,45 @@
+"""What a sweep's console says when nodes die (no Ray): one line per lost node and per restored
+trial, and what the restores cost in the summary line. The cluster side is tests/test_chaos.py."""
+
+from __future__ import annotations
+
+import io
+
+
+class _Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_lost_nodes_and_restored_trials_are_one_line_each_and_the_summary_counts_the_work_redone() -> None:
+    from iaa.jobs.sweeps.console import SweepConsole
+
+    out, clock = io.StringIO(), _Clock()
+    console = SweepConsole(None, ["model.steps"], out=out, clock=clock)
+    console.trial_started("trial-0000", {"model.steps": 1})
+    console.trial_started("trial-0001", {"model.steps": 2})
+    clock.now = 10.0
+    console.trial_checked("trial-0000", {"checks": 1, "epoch": 0.3, "valid_acc": 0.2})
+    clock.now = 14.0
+    console.node_lost("2c3a5429 (10.0.0.7)", "its trials restart from their last checkpoints")
+    console.trial_restored("trial-0000", 1)        # 4 s after its last check
+    console.trial_restored("trial-0001", 0)        # 14 s after its start, before any check
+    console.trial_started("trial-0000", {"model.steps": 1})    # Tune starts it again: not a new trial
+    clock.now = 20.0
+    console.trial_checked("trial-0000", {"checks": 2, "epoch": 0.6, "valid_acc": 0.3})
+    lines = out.getvalue().splitlines()
+    assert lines[3:6] == ["[0m14s] node 2c3a5429 (10.0.0.7) lost: its trials restart from their last checkpoints",
+                          "[0m14s] trial trial-0000 restored from check 1, restore 1",
+                          "[0m14s] trial trial-0001 restored from check 0 (the start), restore 1"]
+    assert len(lines) == 7
+    assert console.summary(60.0) == ("sweep took 1m00s; 2 trials restored (2 restores after 1 lost node); "
+                                     "work redone: at most 0m18s of training since their last checkpoints")
+
+
+def test_a_sweep_without_restores_says_nothing_of_them() -> None:
+    from iaa.jobs.sweeps.console import SweepConsole
+
+    console = SweepConsole(None, [], out=io.StringIO(), clock=_Clock())
+    assert console.restores() is None and console.summary(5.0) == "sweep took 0m05s"
