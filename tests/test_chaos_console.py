@@ -17,7 +17,7 @@ def test_lost_nodes_and_restored_trials_are_one_line_each_and_the_summary_counts
     from iaa.jobs.sweeps.console import SweepConsole
 
     out, clock = io.StringIO(), _Clock()
-    console = SweepConsole(None, ["model.steps"], out=out, clock=clock)
+    console = SweepConsole(None, ["model.steps"], say=lambda line: print(line, file=out), clock=clock)
     console.trial_started("trial-0000", {"model.steps": 1})
     console.trial_started("trial-0001", {"model.steps": 2})
     clock.now = 10.0
@@ -41,5 +41,5 @@ def test_lost_nodes_and_restored_trials_are_one_line_each_and_the_summary_counts
 def test_a_sweep_without_restores_says_nothing_of_them() -> None:
     from iaa.jobs.sweeps.console import SweepConsole
 
-    console = SweepConsole(None, [], out=io.StringIO(), clock=_Clock())
+    console = SweepConsole(None, [], say=lambda line: None, clock=_Clock())
     assert console.restores() is None and console.summary(5.0) == "sweep took 0m05s"
