@@ -125,16 +125,19 @@ def _interrupted(err: KeyboardInterrupt) -> None:
     status 128 + the signal's number (130 for Ctrl-C)."""
     from iaa.jobs import interrupt
 
-    if EXIT_AT_ONCE:                     # another signal from here on ends the process, without a traceback
-        interrupt.arm(lambda signum, frame: interrupt.end_process(128 + signum))
+    said = ["interrupted"]               # the line, as far as it is known when a next signal comes
+    if EXIT_AT_ONCE:                     # another signal from here on ends the process, with the line
+        interrupt.arm(lambda signum, frame: (interrupt.say(said[0]), interrupt.end_process(128 + signum)))
     if not isinstance(err, interrupt.Interrupted):
         err = interrupt.Interrupted("SIGINT")
+    said[0] = err.message or str(err)
+    said[0] = shown(said[0])
     if EXIT_AT_ONCE:
         # everything is marked: a local Ray's orderly shutdown would take seconds more, so the
         # processes this one started end with it (interrupt.end_process)
-        interrupt.say(shown(err.message or str(err)))
+        interrupt.say(said[0])
         interrupt.end_process(err.exit_code)
-    click.echo(shown(err.message or str(err)), err=True)
+    click.echo(said[0], err=True)
     raise SystemExit(err.exit_code)
 
 
