@@ -48,10 +48,10 @@ def exposed_ports(rows: list[tuple[str, int, str]]) -> list[tuple[str, int, str]
     return [row for row in rows if not loopback(row[0])]
 
 
-def resident_mib(pids: set[int], title: str) -> int:
-    """The resident memory, in MiB, of the one process among ``pids`` whose title (what Ray sets
-    as its command line, ``ray::ProxyActor``) starts with ``title``."""
-    found = []
+def resident_mib(pids: set[int], title: str) -> dict[int, int]:
+    """The resident memory, in MiB, of each process among ``pids`` whose title (what Ray sets as
+    its command line, ``ray::ProxyActor``) starts with ``title``, by pid; at least one."""
+    found = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -61,6 +61,6 @@ def resident_mib(pids: set[int], title: str) -> int:
         except (OSError, StopIteration):
             continue
         if command.startswith(title):
-            found.append(rss // 1024)
-    assert len(found) == 1, f"{len(found)} processes titled {title}"
-    return found[0]
+            found[pid] = rss // 1024
+    assert found, f"no process titled {title}"
+    return found

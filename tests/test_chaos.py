@@ -81,7 +81,7 @@ def _study(root: Path, name: str) -> list[Any]:
 
 
 @pytest.mark.timeout(420)
-def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd) -> None:
+def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd, console) -> None:
     _sweep(chaos, tiny, tmp_path / "clean", "clean", tmp_path / "clean-marks", show=False)
     capfd.readouterr()
     expected = _history(read_sweep(tmp_path / "clean" / "work", "clean"))
