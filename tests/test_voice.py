@@ -85,6 +85,7 @@ def test_a_commands_paths_are_absolute_so_it_runs_from_any_folder(tmp_path, monk
     from iaa.jobs.evaluation.closing import where
 
     monkeypatch.chdir(tmp_path)
-    cmd = Command.of("evaluate", checkpoint=Path("runs/best.pt"), members=(Path("a.pt"),), **where(Path("work")))
+    cmd = Command.of("evaluate", checkpoint="runs/best.pt", members=(Path("a.pt"),), split="valid",
+                     **where(Path("work")), tracking_uri="sqlite:///m.db")
     assert dict(cmd.options) == {"checkpoint": str(tmp_path / "runs/best.pt"), "members": (str(tmp_path / "a.pt"),),
-                                 "workdir": str(tmp_path / "work")}
+                                 "split": "valid", "workdir": str(tmp_path / "work"), "tracking_uri": "sqlite:///m.db"}

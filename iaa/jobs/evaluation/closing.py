@@ -47,7 +47,8 @@ class Command:
     def of(cls, name: str, /, **options: Any) -> Command:
         """``name`` with ``options``, leaving out those that are None, False or empty; a path is
         made absolute, so that the command runs as printed from any folder."""
-        return cls(name, tuple((key, _absolute(value)) for key, value in options.items()
+        return cls(name, tuple((key, _absolute(value) if key in PATH_OPTIONS else value)
+                               for key, value in options.items()
                                if value is not None and value is not False and value != ()))
 
     def plus(self, **options: Any) -> Command:
@@ -61,10 +62,17 @@ class Command:
         return " ".join(parts)
 
 
+# The options that name a local file or folder (a URI, ``s3://...``, stays as it is).
+PATH_OPTIONS = frozenset({"checkpoint", "config_file", "data", "ensemble_dir", "input_path", "members", "out",
+                          "run_dir", "workdir"})
+
+
 def _absolute(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(_absolute(v) for v in value)
-    return str(value.absolute()) if isinstance(value, Path) else value
+    if isinstance(value, (str, Path)) and "://" not in str(value):
+        return str(Path(value).absolute())
+    return value
 
 
 def where(workdir: Path | str | None, tracking_uri: str | None = None) -> dict[str, str]:
