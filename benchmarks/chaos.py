@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests._chaos import ChaosCluster, chaos_launcher, held, hold_at, wait_for
+from tests._chaos import ChaosCluster, chaos_launcher, hold_at, kill_when_held, wait_for
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 EPOCHS = 8          # per sweep trial: 3 checks each (a check every 4 of 12 batches)
@@ -117,13 +117,7 @@ def train_row(chaos: ChaosCluster, tiny: Path, root: Path) -> dict[str, Any]:
     markers.mkdir(parents=True)
     hold_at(markers, 2, "after")
 
-    def inject() -> None:
-        worker = wait_for(lambda: held(markers, 2), 300)
-        chaos.kill(worker.node_id, replace=False, reason="train")
-        chaos.restore_workers()
-
-    killer = threading.Thread(target=inject, daemon=True)
-    killer.start()
+    killer, _ = kill_when_held(chaos, markers, 2, "train")
     started = time.monotonic()
     result = _train(chaos, tiny, root / "chaos", markers)
     wall = time.monotonic() - started

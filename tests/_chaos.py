@@ -206,6 +206,25 @@ def hold_at(folder: Path, check: int, when: str = "writing") -> None:
     (folder / f"hold-{check}-{when}").write_text("", encoding="utf-8")
 
 
+def kill_when_held(chaos: "ChaosCluster", folder: Path, check: int, reason: str,
+                   timeout_s: float = 300) -> tuple[threading.Thread, dict[str, BaseException]]:
+    """In the background: once a worker holds at ``check`` (:func:`hold_at`), kill its node hard and
+    put a fresh one in its place. Returns the thread and where a failure of it is kept (``error``)."""
+    outcome: dict[str, BaseException] = {}
+
+    def inject() -> None:
+        try:
+            worker = wait_for(lambda: held(folder, check), timeout_s)
+            chaos.kill(worker.node_id, replace=False, reason=f"{reason} {worker.trial_id} after check {check}")
+            chaos.restore_workers()
+        except BaseException as err:  # noqa: BLE001 - reported by the caller
+            outcome["error"] = err
+
+    thread = threading.Thread(target=inject, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
 def held(folder: Path, check: int) -> Mark | None:
     """The trial held at check ``check``, once one is."""
     try:

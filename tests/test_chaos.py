@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests._chaos import ChaosCluster, chaos_launcher, held, hold_at, wait_for
+from tests._chaos import ChaosCluster, chaos_launcher, held, hold_at, kill_when_held, wait_for
 from tests._platform import children, read_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
@@ -153,7 +153,6 @@ def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path) -> dict[s
 @pytest.mark.timeout(300)
 def test_train_on_two_workers_survives_a_node_kill(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd) -> None:
     import json
-    import threading
 
     from iaa.jobs.modeling import checkpoint
 
@@ -163,18 +162,7 @@ def test_train_on_two_workers_survives_a_node_kill(chaos: ChaosCluster, tiny: Pa
     markers.mkdir()
     hold_at(markers, 2, "after")              # a worker holds after check 2 (mid-epoch 1): its node dies there
     kills_before = len(chaos.kills)
-    outcome: dict[str, Any] = {}
-
-    def inject() -> None:
-        try:
-            worker = wait_for(lambda: held(markers, 2), 200)
-            chaos.kill(worker.node_id, replace=False, reason=f"train {worker.trial_id} after check 2")
-            chaos.restore_workers()
-        except BaseException as err:  # noqa: BLE001 - reported by the test
-            outcome["error"] = err
-
-    killer = threading.Thread(target=inject, daemon=True)
-    killer.start()
+    killer, outcome = kill_when_held(chaos, markers, 2, "train", timeout_s=200)
     started = time.monotonic()
     result = _train(chaos, tiny, tmp_path / "chaos", markers)
     wall = time.monotonic() - started
