@@ -342,3 +342,20 @@ def _fit(fit: WorkerFit, cfg: JobConfig, link: FakeLink, prepared: Path) -> Metr
     data = PreparedData.open(Path(prepared))
     return fit(cfg, link, WorkerData(vocab_hash=data.manifest.get("vocab_hash", ""), train=data.table("train"),
                                      valid=data.table("valid"), vocab=vocab_card(Path(prepared))), threads=1)
+
+
+def sweep_plan(workdir: Path, name: str = "demo-iaa-abc123", **changes: object):
+    """A settled sweep of the demo preset's space, made without data or stores (``changes``: any
+    of its fields)."""
+    from iaa.jobs.config import search_space
+    from iaa.jobs.config.presets import TUNE_PRESETS
+    from iaa.jobs.sweeps.record import Study
+    from iaa.jobs.tune.settle import SweepPlan
+
+    base, preset = JobConfig(), TUNE_PRESETS["demo"]
+    plan = SweepPlan(name=name, dataset="demo", prepared=workdir / "data" / "demo", data=None, workdir=workdir,
+                     folder=workdir / "sweeps" / name, storage=str(workdir / "ray"), storage_path=None, base=base,
+                     train_epochs=base.train.max_epochs, space=search_space.parse(preset.space, base), preset=preset,
+                     num_samples=preset.num_samples, sampler="tpe", study=Study(f"sqlite:///{workdir}/optuna.db", name),
+                     tracking_uri=f"sqlite:///{workdir}/mlflow.db", recorded=None)
+    return replace(plan, **changes)

@@ -92,14 +92,17 @@ def test_every_command_with_json_shares_one_option():
 def test_tune_keeps_an_explicit_max_epochs_even_when_it_equals_the_preset(prepared, tmp_path):
     from iaa.jobs.tune import tune
 
-    preset = tune.TUNE_PRESETS["demo"]
-    explicit = tune.TuneRequest(dataset="demo", sets=("train.max_epochs=4",))  # the demo preset's own value
-    assert tune.base_config(explicit, prepared, preset).train.max_epochs == 4.0
+    preset = tune.TUNE_PRESETS["cbt-ne"]
+    epochs = preset.max_epochs
+    explicit = tune.TuneRequest(data=prepared, workdir=tmp_path, sets=(f"train.max_epochs={epochs}",))
+    assert tune.settle(explicit).base.train.max_epochs == epochs           # the preset's own value, kept
+    assert tune.settle(explicit).train_epochs == epochs
     config = tmp_path / "c.yaml"
-    config.write_text("train:\n  max_epochs: 4.0\n")
-    from_file = tune.TuneRequest(dataset="demo", config_file=config)
-    assert tune.base_config(from_file, prepared, preset).train.max_epochs == 4.0
-    assert tune.base_config(tune.TuneRequest(dataset="demo"), prepared, preset).train.max_epochs == preset.max_epochs
+    config.write_text(f"train:\n  max_epochs: {epochs}\n")
+    from_file = tune.TuneRequest(data=prepared, workdir=tmp_path, config_file=config)
+    assert tune.settle(from_file).base.train.max_epochs == epochs
+    default = tune.settle(tune.TuneRequest(data=prepared, workdir=tmp_path, max_epochs=epochs / 2))
+    assert default.base.train.max_epochs == epochs / 2 and default.train_epochs != epochs / 2
 
 
 @pytest.mark.parametrize("args, flag", [

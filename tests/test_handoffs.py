@@ -14,6 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from _faults import as_shown
+from fakes import sweep_plan
 from _shared import REPO
 from iaa import cli
 from iaa.data.datasets import CLOZE_STYLES
@@ -57,8 +58,9 @@ def test_a_bad_start_of_tune_is_one_line_before_ray_mlflow_or_torch_load(args: l
 
 
 def test_tune_takes_the_dataset_from_the_manifest_of_data(tiny: Path, tmp_path: Path) -> None:
-    req = tune.with_dataset(tune.TuneRequest(data=tiny, workdir=tmp_path))
-    assert req.dataset == "cbt-ne" and req.data == tiny
+    plan = tune.settle(tune.TuneRequest(data=tiny, workdir=tmp_path))
+    assert plan.dataset == "cbt-ne" and plan.data == tiny and plan.prepared == tiny
+    assert plan.name.startswith("cbt-ne-iaa-") and plan.folder == tmp_path / "sweeps" / plan.name
 
 
 def test_tune_refuses_a_dataset_that_contradicts_the_manifest_in_one_line(tiny: Path, tmp_path: Path) -> None:
@@ -105,8 +107,9 @@ def test_best_config_of_a_dataset_sweep_names_the_dataset_only(tiny: Path, tmp_p
 
 def test_the_next_commands_start_with_training_the_best_config_in_the_same_workdir(tmp_path: Path) -> None:
     best = TrialRecord(trial_id="t1", config=JobConfig(), checkpoint="/w/best.pt")
-    req = tune.TuneRequest(dataset="demo", workdir=tmp_path / "my work", tracking_uri="sqlite:////s/m.db")
-    lines = as_shown(tune.next_commands("demo-iaa-abc123", best, {}, req, tmp_path / "my work" / "b.yaml")).splitlines()
+    plan = sweep_plan(tmp_path / "my work", options={"workdir": str(tmp_path / "my work"),
+                                                     "tracking_uri": "sqlite:////s/m.db"})
+    lines = as_shown(tune.next_commands(plan, best, tmp_path / "my work" / "b.yaml")).splitlines()
     work = f"'{tmp_path / 'my work'}'"
     assert lines[1] == f"  iaa-cli train --config '{tmp_path / 'my work' / 'b.yaml'}' --workdir {work} " \
                        "--tracking-uri sqlite:////s/m.db"

@@ -103,7 +103,7 @@ def test_a_resumed_sweep_keeps_the_sampler_it_recorded(tiny: Path, tmp_path: Pat
          **({"sampler": recorded} if recorded else {})}))
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, sets=TINY_SETS, workdir=workdir, name="old", resume=True,
                            sampler=flag, show_progress=False)
-    assert tune.settle(req, lambda uri: FakeTracker(), FakeLauncher()).sampler == used
+    assert tune.settle(req).sampler == used
     warnings = logged(caplog, "WARNING", "continues with the sampler it started with")
     assert len(warnings) == (0 if flag in (None, used) else 1)
     assert all(f"{used}, not {flag}" in w for w in warnings)

@@ -457,8 +457,9 @@ def test_an_explicit_max_epochs_is_kept_whatever_it_is(tiny: Path, tmp_path: Pat
     if config_text is not None:
         config_file = tmp_path / "c.yaml"
         config_file.write_text(config_text)
-    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, sets=sets, config_file=config_file, max_epochs=max_epochs)
-    assert tune.base_config(req, tiny, TUNE_PRESETS["cbt-ne"]).train.max_epochs == expected
+    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, sets=sets, config_file=config_file, max_epochs=max_epochs,
+                           workdir=tmp_path / "w")
+    assert tune.settle(req).base.train.max_epochs == expected
 
 
 @pytest.mark.parametrize("args, message", [

@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from _faults import as_shown
+from fakes import sweep_plan
 from iaa.jobs.config import search_space
 from iaa.jobs.tune import tune
 from iaa.jobs.config.job_config import JobConfig
@@ -26,10 +27,9 @@ def test_the_parent_run_logs_the_search_space_not_a_presets_value_of_a_searched_
     space = search_space.parse(search_space.DEMO_GRID, base)
     plan = SearchPlan(base=base, space=space, preset=TUNE_PRESETS["demo"], seed=0, num_samples=4, max_t=4,
                       study_storage="sqlite:///x.db", study_name="demo-iaa-abc123")
-    req = tune.TuneRequest(dataset="demo", workdir=tmp_path)
     launch = Placement(name="demo-iaa-abc123", storage=str(tmp_path), prepared=tmp_path, max_concurrent=2,
                        threads=1, gpus_per_worker=0.0, train_rows=100)
-    params = tune.sweep_params(base, plan, req, launch)
+    params = tune.sweep_params(plan, 1, launch)
     for key in space.params:
         head, leaf = key.split(".")
         assert leaf not in params[head]                       # no single value for what is searched
@@ -37,13 +37,12 @@ def test_the_parent_run_logs_the_search_space_not_a_presets_value_of_a_searched_
     assert params["train"]["seed"] == base.train.seed         # what every trial shares stays
     assert params["tune.study"] == "demo-iaa-abc123" and params["tune.num_samples"] == 4
     assert params["tune.sampler"] == "tpe"                     # the plan's sampler, by default
-    assert tune.sweep_params(base, replace(plan, sampler="cmaes"), req, launch)["tune.sampler"] == "cmaes"
+    assert tune.sweep_params(replace(plan, sampler="cmaes"), 1, launch)["tune.sampler"] == "cmaes"
 
 
 def test_the_summary_ends_with_the_next_commands() -> None:
     best = TrialRecord(trial_id="t1", config=JobConfig(), checkpoint="/w/best.pt")
-    text = as_shown(tune.next_commands("demo-iaa-abc123", best, {}, tune.TuneRequest(dataset="demo"),
-                                       Path("/w/best.yaml")))
+    text = as_shown(tune.next_commands(sweep_plan(Path("/w")), best, Path("/w/best.yaml")))
     assert text.splitlines()[1:] == ["  iaa-cli train --config /w/best.yaml",
                                      "  iaa-cli report --sweep demo-iaa-abc123",
                                      "  iaa-cli ensemble --sweep demo-iaa-abc123",

@@ -37,4 +37,4 @@ def test_tune_prints_its_first_line_before_any_heavy_import(tmp_path: Path) -> N
     finally:
         os.killpg(proc.pid, signal.SIGKILL)       # the command's whole session: Ray, if it got that far
         proc.wait(timeout=30)
-    assert line.startswith("tune: starting a sweep of iaa on demo"), line
+    assert line.startswith("tune: starting sweep demo-iaa-") and " of iaa on demo:" in line, line

@@ -60,17 +60,17 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
     from iaa.jobs.tune import tune as job
 
     req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, show_progress=progress_shown())
-    req = job.with_dataset(req)          # missing or contradicting data fails here, before Ray or MLflow loads
-    _announce(req, address)
-    _emit(job.run(req, _open_tracker, _launcher(address, req.storage_path)), as_json,
+    plan = job.settle(req)               # a bad request fails here, before Ray or MLflow loads
+    _announce(plan, address)
+    _emit(job.run(plan, _open_tracker, _launcher(address, plan.storage_path)), as_json,
           keys=("sweep", "best_valid_acc", "model_uri"))
 
 
-def _announce(req: Any, address: str | None) -> None:
-    """The first line, once the data is known and before the libraries load and Ray starts
+def _announce(plan: Any, address: str | None) -> None:
+    """The first line, once the sweep is settled and before the libraries load and Ray starts
     (which take seconds, in silence otherwise)."""
-    what = req.dataset if req.data is None else f"{req.dataset} ({req.data})"
-    verb = f"resuming sweep {req.name}" if req.resume and req.name else "resuming a sweep" if req.resume else "starting a sweep"
+    what = plan.dataset if plan.data is None else f"{plan.dataset} ({plan.data})"
+    verb = f"resuming sweep {plan.name}" if plan.recorded is not None else f"starting sweep {plan.name}"
     ray = f"the Ray cluster at {address}" if address else "a local Ray cluster"
-    click.echo(f"tune: {verb} of {req.model_kind} on {what}: loading PyTorch, MLflow and Optuna, "
+    click.echo(f"tune: {verb} of {plan.base.model.kind} on {what}: loading PyTorch, MLflow and Optuna, "
                f"then starting {ray}...", err=True)

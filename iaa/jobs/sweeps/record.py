@@ -133,20 +133,23 @@ def read(path: Path) -> SweepRecord:
     return SweepRecord.from_json(read_rows(path))
 
 
-def read_resumable(path: Path, has_study: Callable[[str, str], bool] | None = None) -> SweepRecord:
+def read_resumable(path: Path) -> SweepRecord:
     """A ``sweep.json`` to resume (:func:`read`), refused in one line naming the file and the key
-    when it lacks what a resume needs (:func:`check_resumable`) or, given ``has_study(storage,
-    name)``, when its Optuna study is not in its recorded storage."""
-    from iaa.jobs.workdir.fields import RecordError
-
+    when it lacks what a resume needs (:func:`check_resumable`)."""
     data = read_rows(path)
     check_resumable(path, data)
-    record = SweepRecord.from_json(data)
+    return SweepRecord.from_json(data)
+
+
+def check_study(record: SweepRecord, path: Path, has_study: Callable[[str, str], bool]) -> None:
+    """RecordError naming ``path`` (the record) when ``has_study(storage, name)`` does not find
+    the record's Optuna study in its recorded storage: a resume needs it."""
+    from iaa.jobs.workdir.fields import RecordError
+
     assert record.optuna is not None                     # check_resumable: required
-    if has_study is not None and not has_study(record.optuna.storage, record.optuna.study):
+    if not has_study(record.optuna.storage, record.optuna.study):
         raise RecordError(f"{path}: optuna.study: no study {record.optuna.study!r} in {record.optuna.storage}; "
                           "the sweep cannot be resumed without it: run a new sweep under another `sweep_name`")
-    return record
 
 
 def read_rows(path: Path) -> dict[str, Any]:

@@ -20,26 +20,25 @@ from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
 from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import run_columns
-from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
+from iaa.jobs.tune.request import SweepInterrupted
+from iaa.jobs.tune.settle import SweepPlan
 
 _log = logging.getLogger(__name__)
 
 
-def finish(sweep: SweepRecord, sweep_dir: Path, parent: TrackedRun, space: search_space.SearchSpace,
-            prepared: Path, tracker: Tracker, register: str | None = None, req: TuneRequest | None = None,
-            train_epochs: float | None = None) -> dict[str, Any]:
-    """The best trial: its config as YAML, the table, the parent run's metrics and artifacts, and
-    on the best trial's run its MLflow model and explain page."""
-    name, records = sweep.name, list(sweep.trials)
+def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tracker) -> dict[str, Any]:
+    """The best trial of ``sweep`` (what ``plan`` ran): its config as YAML, the table, the parent
+    run's metrics and artifacts, and on the best trial's run its MLflow model and explain page."""
+    name, records, space, sweep_dir, prepared = sweep.name, list(sweep.trials), plan.space, plan.folder, plan.prepared
     scored = _scored_trials(records, name, parent)
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
     best_config = sweep_dir / "best_config.yaml"
-    write_best_config(best, best_config, name, train_epochs, req.data if req is not None else None)
+    write_best_config(best, best_config, name, plan.train_epochs, plan.data)
     _log.info(sweep_file.table(records, list(space.params)))
     for note in exploration.notes([r.params for r in scored], list(space.params)):
         _log.warning(printable(note))
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
-    outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, register, records)
+    outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, plan.register, records)
     for key in ("explain_page", "explain_png"):          # the sweep's run shows its best trial's page too
         if outputs.get(key):
             tracker.attach(parent.run_id).log_artifact(Path(outputs[key]), "explain")
@@ -58,7 +57,7 @@ def finish(sweep: SweepRecord, sweep_dir: Path, parent: TrackedRun, space: searc
                         f"  config:       {best_config}\n"
                         + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
                         + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
-                        + next_commands(name, best, outputs, req, best_config), keep_lines=True))
+                        + next_commands(plan, best, best_config), keep_lines=True))
     if unlogged:
         raise IaaError(f"{sweep.tracking_uri}: the sweep finished and its files are written, but the store did "
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
@@ -70,19 +69,22 @@ def finish(sweep: SweepRecord, sweep_dir: Path, parent: TrackedRun, space: searc
             **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties}
 
 
-def finished_result(sweep: SweepRecord, sweep_dir: Path, prepared: Path, ui_command: str) -> dict[str, Any]:
-    """The result of a sweep that has nothing left to run, read from its record (``sweep.json``,
-    the best trial's files) and its data: the keys :func:`finish` gives, with ``nothing_left``.
+def finished_result(plan: SweepPlan, ui_command: str) -> dict[str, Any]:
+    """The result of a resumed sweep that has nothing left to run, read from its record
+    (``sweep.json``, the best trial's files) and its data: the keys :func:`finish` gives, with
+    ``nothing_left``.
 
     Nothing is written, logged or started: the sweep's folder stays as it is.
     """
+    assert plan.recorded is not None
+    sweep, sweep_dir = plan.recorded, plan.folder
     records = sweep.trials
     scored = [r for r in records if r.scored]
     if not scored:
         raise IaaError(f"sweep {sweep.name} has nothing left to run, but no trial of it finished a validation "
                        f"check ({sweep_dir / 'sweep.json'}); run a new sweep under another `sweep_name`")
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
-    baseline_split = frequency.run(prepared, "valid")
+    baseline_split = frequency.run(plan.prepared, "valid")
     base, n_valid = baseline_split["accuracy"], baseline_split["examples"]
     outputs = {key: str(sweep_dir / f"explain-best.{ext}") for key, ext in (("explain_page", "html"),
                                                                           ("explain_png", "png"))

@@ -9,33 +9,32 @@ import logging
 from typing import Any
 
 from iaa.jobs.sweeps import record as sweep_file
-from iaa.jobs.sweeps.record import Asha, Study, SweepRecord
-from iaa.jobs.config.job_config import JobConfig, to_dict
+from iaa.jobs.sweeps.record import Asha, SweepRecord
+from iaa.jobs.config.job_config import to_dict
 from iaa.jobs.config import search_space
 from iaa.jobs.ports import (Placement, SearchPlan, TrackedRun, Tracker)
 from iaa.jobs.config.presets import SEARCH_METRIC, STOP_METRIC, UNINFORMED_SAMPLERS
-
-from iaa.jobs.tune.request import TuneRequest
+from iaa.jobs.tune.settle import SweepPlan
 
 _log = logging.getLogger(__name__)
 
 
-def sweep_params(base: JobConfig, plan: SearchPlan, req: TuneRequest, launch: Placement) -> dict[str, Any]:
+def sweep_params(search: SearchPlan, workers_per_trial: int, launch: Placement) -> dict[str, Any]:
     """The parent run's params: what every trial shares (the config less the searched keys), the
     search space (``search.KEY``) and the sweep's settings (``tune.*``, the sampler among them)."""
-    shared = to_dict(base)
-    for key in plan.space.params:
+    shared = to_dict(search.base)
+    for key in search.space.params:
         head, _, leaf = key.rpartition(".")
         node = shared
         for part in head.split(".") if head else []:
             node = node.get(part, {})
         node.pop(leaf, None)
-    return {**shared, **{f"search.{k}": p.describe() for k, p in plan.space.params.items()},
-            "tune.num_samples": plan.num_samples, "tune.sampler": plan.sampler,
-            "tune.seed": req.seed, "tune.workers_per_trial": req.workers_per_trial,
-            "tune.grace_period": plan.preset.grace_period, "tune.reduction_factor": plan.preset.reduction_factor,
-            "tune.max_checks": plan.max_t, "tune.max_concurrent": launch.max_concurrent,
-            "tune.study": plan.study_name, "tune.study_storage": plan.study_storage}
+    return {**shared, **{f"search.{k}": p.describe() for k, p in search.space.params.items()},
+            "tune.num_samples": search.num_samples, "tune.sampler": search.sampler,
+            "tune.seed": search.seed, "tune.workers_per_trial": workers_per_trial,
+            "tune.grace_period": search.preset.grace_period, "tune.reduction_factor": search.preset.reduction_factor,
+            "tune.max_checks": search.max_t, "tune.max_concurrent": launch.max_concurrent,
+            "tune.study": search.study_name, "tune.study_storage": search.study_storage}
 
 
 def run_columns(space: search_space.SearchSpace) -> list[str]:
@@ -46,34 +45,34 @@ def run_columns(space: search_space.SearchSpace) -> list[str]:
     return ["metrics.best_valid_acc", "metrics.valid_acc", *[f"params.{k}" for k in space.params], *seed]
 
 
-def start_sweep(req: TuneRequest, launch: Placement, plan: SearchPlan, tracker: Tracker) -> tuple[SweepRecord, TrackedRun]:
+def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan,
+                tracker: Tracker) -> tuple[SweepRecord, TrackedRun]:
     """A fresh sweep: its parent run and its sweep.json."""
-    experiment, base, space, preset, num_samples = f"tune-{req.dataset}", plan.base, plan.space, plan.preset, plan.num_samples
-    uri = tracker.uri
-    parent = tracker.start_run(experiment, launch.name,
-                               tags={"dataset": req.dataset, "sweep": launch.name, "model": base.model.kind})
+    experiment, base, space, preset = plan.experiment, search.base, search.space, search.preset
+    parent = tracker.start_run(experiment, plan.name,
+                               tags={"dataset": plan.dataset, "sweep": plan.name, "model": base.model.kind})
     try:
-        parent.log_dataset(launch.prepared)
-        parent.log_params(sweep_params(base, plan, req, launch))
+        parent.log_dataset(plan.prepared)
+        parent.log_params(sweep_params(search, plan.workers_per_trial, launch))
         tracker.show_columns(experiment, run_columns(space))   # the runs view, while the sweep runs
-        sweep = SweepRecord(name=launch.name, dataset=req.dataset, data_dir=str(launch.prepared.resolve()),
-                            tracking_uri=uri, experiment=experiment, parent_run_id=parent.run_id,
+        sweep = SweepRecord(name=plan.name, dataset=plan.dataset, data_dir=str(plan.prepared.resolve()),
+                            tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent.run_id,
                             storage=launch.experiment_path, search_space=json.loads(space.to_json()),
-                            sampler=plan.sampler, num_samples=num_samples,
+                            sampler=search.sampler, num_samples=search.num_samples,
                             asha=Asha(preset.grace_period, preset.reduction_factor),
-                            workers_per_trial=req.workers_per_trial, max_concurrent=launch.max_concurrent,
-                            optuna=Study(plan.study_storage, plan.study_name), base=to_dict(base))
-        sweep_file.write(sweep_file.sweep_file(req.workdir, launch.name), sweep)
+                            workers_per_trial=plan.workers_per_trial, max_concurrent=launch.max_concurrent,
+                            optuna=plan.study, base=to_dict(base))
+        sweep_file.write(plan.record_file, sweep)
     except BaseException:
         parent.end("FAILED")
         raise
-    if req.show_progress:
-        search = (f"the {plan.sampler} sampler proposes them" if plan.sampler in UNINFORMED_SAMPLERS
-                  else f"the {plan.sampler} sampler learns from {SEARCH_METRIC}")
-        _log.info(f"sweep {launch.name}: {num_samples} trials over {space.describe()}; {search}, ASHA stops on "
-                  f"{STOP_METRIC} at every check (a trial makes at most {plan.checks} checks; grace "
+    if plan.show_progress:
+        proposes = (f"the {search.sampler} sampler proposes them" if search.sampler in UNINFORMED_SAMPLERS
+                    else f"the {search.sampler} sampler learns from {SEARCH_METRIC}")
+        _log.info(f"sweep {plan.name}: {search.num_samples} trials over {space.describe()}; {proposes}, ASHA stops "
+                  f"on {STOP_METRIC} at every check (a trial makes at most {search.checks} checks; grace "
                   f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
-                  f"MLflow {uri}, experiment {experiment}")
+                  f"MLflow {tracker.uri}, experiment {experiment}")
     return sweep, parent
 
 

@@ -23,7 +23,7 @@ class TuneRequest:
     Checked here, once: a bad value is a ConfigError before anything starts.
     """
 
-    dataset: str | None = None           # None: the one the manifest of ``data`` names (:func:`with_dataset`)
+    dataset: str | None = None           # None: the one the manifest of ``data`` names (:func:`~iaa.jobs.tune.settle.settle`)
     data: Path | None = None
     model_kind: str = "iaa"
     num_samples: int | None = None

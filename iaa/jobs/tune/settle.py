@@ -1,5 +1,10 @@
-"""The sweep's request, settled before any cluster starts: data, dataset, base config, search
-space, sampler, name, the store, and the ASHA preset with its notes.
+"""A sweep, settled once: :func:`settle` turns the request into an immutable :class:`SweepPlan`
+before any store is opened or any cluster starts, and every later phase reads only the plan.
+
+It reads the data (verified), the sweep's name and folder, the base config, the search space,
+the sampler, the budget and where the stores live. A resume reads the sweep's record here, once:
+its data, base config, search space, sampler, budget and ASHA settings stand unless the command
+line gives them. It imports no torch, Ray, MLflow or Optuna, so a bad start fails in a moment.
 """
 
 from __future__ import annotations
@@ -7,70 +12,140 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Mapping, Sequence
 
 from iaa.errors import IaaError
-from iaa.jobs.sweeps import record as sweep_file
-from iaa.jobs.sweeps.record import SweepRecord
-from iaa.jobs.config.job_config import ConfigError, JobConfig
 from iaa.jobs.config import search_space
-from iaa.jobs.ports import (Launcher, Tracker)
-from iaa.jobs.tune import stops
-from iaa.jobs.tune.request import TuneRequest
+from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.config.presets import DEFAULT_SAMPLER, TUNE_PRESETS, TunePreset
+from iaa.jobs.evaluation.closing import Command, where
+from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.record import Study, SweepRecord
+from iaa.jobs.tune.request import TuneRequest
+from iaa.jobs.workdir.fields import RecordError
 from iaa.jobs.workdir.paths import Workdir
 
 _log = logging.getLogger(__name__)
 
 
-def with_dataset(req: TuneRequest) -> TuneRequest:
-    """``req`` with its dataset settled from the data, before any cluster or store is touched.
+@dataclass(frozen=True)
+class SweepPlan:
+    """What a sweep is, settled once from its request (:func:`settle`)."""
 
-    With ``--data`` alone the dataset is the one its manifest names; with both, they must agree.
-    A missing or damaged dataset, a contradiction, or a dataset without a sweep preset is one
-    error here, so a bad start fails in a moment.
+    name: str
+    dataset: str
+    prepared: Path                   # the prepared data, verified
+    data: Path | None                # the folder the request names (``best_config.yaml`` names it too)
+    workdir: Path
+    folder: Path                     # WORKDIR/sweeps/NAME
+    storage: str                     # STORAGE (the Tune run is STORAGE/NAME)
+    storage_path: str | None         # ``storage_path`` as given (or recorded): the cluster checks it
+    base: JobConfig                  # what every trial shares, its precision as configured
+    train_epochs: float              # the training length ``iaa-cli train`` gives the best config
+    space: search_space.SearchSpace
+    preset: TunePreset               # the dataset's, with the request's (or record's) ASHA settings
+    num_samples: int
+    sampler: str                     # one of SAMPLERS
+    study: Study                     # where the Optuna study lives
+    tracking_uri: str                # the store, checked
+    recorded: SweepRecord | None     # the record of a sweep to resume
+    seed: int = 0
+    workers_per_trial: int = 1
+    gpus_per_worker: float = 0.0
+    max_concurrent: int | None = None
+    register: str | None = None
+    show_progress: bool = True
+    verbose: bool = False
+    options: Mapping[str, str] | None = None   # ``workdir`` and ``tracking_uri`` for the next commands
+
+    @property
+    def experiment(self) -> str:
+        return (self.recorded.experiment if self.recorded is not None else None) or f"tune-{self.dataset}"
+
+    @property
+    def record_file(self) -> Path:
+        return self.folder / "sweep.json"
+
+    @property
+    def resume_command(self) -> Command:
+        """The exact command that continues this sweep."""
+        return Command.of("tune", resume=self.name, **(self.options or {}))
+
+    def command(self, name: str, /, **options: Any) -> Command:
+        """A next command, in this sweep's work folder and store where they are not the defaults."""
+        return Command.of(name, **options, **(self.options or {}))
+
+
+def settle(req: TuneRequest) -> SweepPlan:
+    """The sweep ``req`` asks for, with every check that needs no store and no cluster.
+
+    Raises ConfigError, DataError or IaaError (a missing or damaged dataset or record, a
+    contradiction, a dataset without a sweep preset, a bad search space) before anything starts.
     """
     from iaa.jobs.datasets import resolve
 
-    if req.resume and req.dataset is None and req.data is None:
-        req = stops.from_record(req)      # --resume NAME alone: the sweep's record knows its data
-    name, _ = resolve.data_dir(req.dataset, req.data, Path(req.workdir))
-    if name not in TUNE_PRESETS:
-        raise ConfigError(f"no tune preset for dataset {name!r}; choose from {sorted(TUNE_PRESETS)}")
-    return replace(req, dataset=name)
+    workdir = Path(req.workdir)
+    recorded = None
+    if req.resume and req.dataset is None and req.data is None:   # ``resume`` NAME alone: its record names the data
+        if not req.name:
+            raise IaaError("give `resume` NAME (or `dataset` / `data` to resume the latest sweep of a dataset)")
+        recorded = _record(workdir, req.name)
+        req = _with_recorded_data(req, recorded)
+    dataset, prepared = resolve.data_dir(req.dataset, req.data, workdir)
+    if dataset not in TUNE_PRESETS:
+        raise ConfigError(f"no tune preset for dataset {dataset!r}; choose from {sorted(TUNE_PRESETS)}")
+    req = replace(req, dataset=dataset)
+    name = sweep_name(req)
+    if req.resume:
+        recorded = recorded or _record(workdir, name)
+        req = with_recorded_budget(req, recorded)
+    preset = asha_preset(req)
+    cfg = resolve.job_config(dataset, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
+    base = sweep_config(req, cfg, preset, resolve.chosen_keys(req.config_file, req.sets))
+    if recorded is not None:
+        base = _recorded_base(req, recorded, base, sweep_file.sweep_file(workdir, name))
+    if req.search_space is not None:
+        space = search_space.load(req.search_space, base)
+    elif recorded is not None and recorded.search_space:
+        space = _recorded_space(recorded, base, sweep_file.sweep_file(workdir, name))
+    else:
+        space = search_space.parse(preset.space, base)
+    for note in searched_overrides(req.sets, space):
+        _log.warning(note)
+    sampler = req.sampler or DEFAULT_SAMPLER
+    study = Study(Workdir(workdir).optuna_storage(req.optuna_storage), name)
+    if recorded is not None:
+        sampler, study = sweep_file.sampler(recorded), recorded.optuna or study
+        if req.sampler not in (None, sampler):
+            _log.warning(f"sweep {name} continues with the sampler it started with, {sampler}, not {req.sampler}")
+    num_samples = req.num_samples or preset.num_samples
+    if sampler == "grid":
+        num_samples = grid_samples(space, num_samples)
+    tracking = Workdir(workdir).tracking_uri(recorded.tracking_uri if recorded is not None else req.tracking_uri)
+    return SweepPlan(name=name, dataset=dataset, prepared=prepared, data=req.data, workdir=workdir,
+                     folder=Workdir(workdir).sweep(name), storage=Workdir(workdir).storage(req.storage_path),
+                     storage_path=req.storage_path, base=base, train_epochs=cfg.train.max_epochs, space=space,
+                     preset=preset, num_samples=num_samples, sampler=sampler, study=study, tracking_uri=tracking,
+                     recorded=recorded, seed=req.seed, workers_per_trial=req.workers_per_trial,
+                     gpus_per_worker=req.gpus_per_worker, max_concurrent=req.max_concurrent, register=req.register,
+                     show_progress=req.show_progress, verbose=req.verbose,
+                     options=where(workdir, req.tracking_uri))
 
 
-def training_epochs(req: TuneRequest, prepared: Path) -> float:
-    """The training length ``iaa-cli train`` gives this config (preset, config file, ``--set``):
-    what the best trial's config is trained for, not the sweep's per-trial budget."""
-    from iaa.jobs.datasets import resolve
+def sweep_config(req: TuneRequest, cfg: JobConfig, preset: TunePreset, chosen: set[str]) -> JobConfig:
+    """``cfg`` (dataset preset, config file, ``model_kind``, ``sets``) with the epochs of the sweep.
 
-    return resolve.job_config(req.dataset, prepared, model_kind=req.model_kind, config_file=req.config_file,
-                              sets=req.sets).train.max_epochs
-
-
-def base_config(req: TuneRequest, prepared: Path, preset: TunePreset) -> JobConfig:
-    """Dataset preset, config file, --model and --set; then the epochs of the sweep.
-
-    ``--max-epochs`` wins; else a ``train.max_epochs`` from the config file or ``--set`` stays;
-    else the tune preset's budget applies.
+    ``max_epochs`` wins; else a ``train.max_epochs`` from the config file or ``sets`` (``chosen``:
+    the keys they give) stays; else the tune preset's budget applies.
     """
-    from iaa.jobs.modeling import precision_policy as precision
-    from iaa.jobs.datasets import resolve
-
-    cfg = resolve.job_config(req.dataset, prepared, model_kind=req.model_kind, config_file=req.config_file,
-                             sets=req.sets)
     epochs = req.max_epochs
-    if epochs is None and "train.max_epochs" not in resolve.chosen_keys(req.config_file, req.sets):
-        epochs = preset.max_epochs  # the tune preset's budget, unless the config file or --set chose one
-    if epochs is not None:
-        cfg = replace(cfg, train=replace(cfg.train, max_epochs=float(epochs)))
-    # auto -> fp32 or bf16 once for the sweep: every trial and its MLflow params use the same
-    return precision.resolved(cfg, "cuda" if req.gpus_per_worker > 0 else "cpu")
+    if epochs is None and "train.max_epochs" not in chosen:
+        epochs = preset.max_epochs
+    return cfg if epochs is None else replace(cfg, train=replace(cfg.train, max_epochs=float(epochs)))
 
 
 def sweep_name(req: TuneRequest) -> str:
-    """``--name``; else a new unique name, or with ``--resume`` the latest sweep of dataset and model."""
+    """``name``; else a new unique name, or with ``resume`` the latest sweep of dataset and model."""
     if req.name:
         return req.name
     base = f"{req.dataset}-{req.model_kind}"
@@ -79,65 +154,60 @@ def sweep_name(req: TuneRequest) -> str:
     return sweep_file.find(Path(req.workdir), base).parent.name
 
 
-def study_storage(req: TuneRequest) -> str:
-    """Where the sweep's Optuna study lives: ``--optuna-storage``, else ``WORKDIR/optuna.db``
-    (one file for every sweep of the work folder: ``optuna-dashboard`` on it lists them)."""
-    return Workdir(req.workdir).optuna_storage(req.optuna_storage)
+def _record(workdir: Path, name: str) -> SweepRecord:
+    """The record of sweep ``name``, checked for what a resume needs; IaaError when it is missing."""
+    path = sweep_file.sweep_file(workdir, name)
+    if not path.is_file():
+        raise IaaError(f"no sweep {name!r} to resume: {path} is missing; run it without `resume`")
+    return sweep_file.read_resumable(path)
 
 
-@dataclass(frozen=True)
-class Settled:
-    """What a sweep is, settled before Ray starts: name, folders, data, config, space, sampler, store."""
-
-    name: str
-    folder: Path                     # WORKDIR/sweeps/NAME
-    storage: str                     # STORAGE (the Tune run is STORAGE/NAME)
-    prepared: Path
-    base: JobConfig
-    space: search_space.SearchSpace
-    preset: TunePreset
-    num_samples: int
-    tracker: Tracker                 # the store, checked
-    recorded: SweepRecord | None     # the sweep.json of a sweep to resume
-    sampler: str = DEFAULT_SAMPLER   # one of SAMPLERS
+def _with_recorded_data(req: TuneRequest, record: SweepRecord) -> TuneRequest:
+    """``req`` with the data, the workers per trial and the storage its sweep recorded; what the
+    command line gives wins."""
+    data = Path(str(record.data_dir))
+    if not data.is_absolute():
+        data = Path(req.workdir) / data
+    storage = str(record.storage).rstrip("/")
+    suffix = f"/{req.name}"
+    return replace(req, dataset=record.dataset, data=data,
+                   workers_per_trial=record.workers_per_trial or req.workers_per_trial,
+                   storage_path=req.storage_path or (storage[: -len(suffix)] if storage.endswith(suffix) else None))
 
 
-def settle(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> Settled:
-    """Every check that needs no cluster: data, config, search space, sampler, name, the store."""
-    from iaa.jobs.datasets import resolve
+def with_recorded_budget(req: TuneRequest, record: SweepRecord) -> TuneRequest:
+    """``req`` with the number of trials and the ASHA settings its sweep recorded, where the
+    command line gives none: a resume counts and stops trials as the sweep did."""
+    asha = record.asha
+    return replace(req, num_samples=req.num_samples or record.num_samples,
+                   grace_period=req.grace_period or (asha.grace_period if asha else None),
+                   reduction_factor=req.reduction_factor or (asha.reduction_factor if asha else None))
 
-    workdir = Path(req.workdir)
-    name = sweep_name(req)
-    folder, recorded = Workdir(workdir).sweep(name), None
-    if req.resume:                        # the record first: a damaged one is refused before anything runs
-        if not (folder / "sweep.json").is_file():
-            raise IaaError(f"no sweep {name!r} to resume: {folder / 'sweep.json'} is missing; run it without `resume`")
-        recorded = sweep_file.read_resumable(folder / "sweep.json", launcher.has_study)
-        req = stops.with_recorded_budget(req, recorded)
-    preset = asha_preset(req)
-    _, prepared = resolve.data_dir(req.dataset, req.data, workdir)
-    base = base_config(req, prepared, preset)
-    space = (search_space.load(req.search_space, base) if req.search_space is not None
-             else search_space.parse(preset.space, base))
-    for note in searched_overrides(req.sets, space):
-        _log.warning(note)
-    storage, sampler = Workdir(workdir).storage(req.storage_path), req.sampler or DEFAULT_SAMPLER
-    if recorded is not None:
-        base = stops.recorded_base(req, recorded, base, folder / "sweep.json")
-        space = stops.recorded_space(req, recorded, base, space, folder / "sweep.json")
-        sampler = sweep_file.sampler(recorded)
-        if req.sampler not in (None, sampler):
-            _log.warning(f"sweep {name} continues with the sampler it started with, {sampler}, "
-                         f"not {req.sampler}")
-    num_samples = req.num_samples or preset.num_samples
-    if sampler == "grid":
-        num_samples = grid_samples(space, num_samples)
-    if recorded is not None:
-        tracker = open_tracker(Workdir(workdir).tracking_uri(recorded.tracking_uri))
-    else:
-        tracker = open_tracker(Workdir(workdir).tracking_uri(req.tracking_uri))
-        launcher.check_free(storage, name, folder)
-    return Settled(name, folder, storage, prepared, base, space, preset, num_samples, tracker, recorded, sampler)
+
+def _recorded_base(req: TuneRequest, record: SweepRecord, base: JobConfig, path: Path) -> JobConfig:
+    """The base config the sweep started with, unless the command line changes it
+    (``config_file``, ``sets`` or ``max_epochs``); one that is no longer valid is refused naming
+    ``path`` (the record) and the key."""
+    if not record.base or req.config_file or req.sets or req.max_epochs:
+        return base
+    try:
+        return from_dict(dict(record.base))
+    except ConfigError as err:
+        raise RecordError(f"{path}: base: {err}; write the file again with the command that made it") from None
+
+
+def _recorded_space(record: SweepRecord, base: JobConfig, path: Path) -> search_space.SearchSpace:
+    """The search space the sweep recorded; one that no longer parses is refused naming ``path``
+    (the record) and ``search_space``."""
+    saved = record.search_space
+    data: dict[str, Any] = dict(saved.get("fixed") or {})
+    for name, p in (saved.get("params") or {}).items():
+        data[name] = (list(p["choices"]) if p.get("choices") is not None
+                      else {k: p[k] for k in ("low", "high", "log", "step") if p.get(k) is not None})
+    try:
+        return search_space.parse(data, base)
+    except ConfigError as err:
+        raise RecordError(f"{path}: search_space: {err}; write the file again with the command that made it") from None
 
 
 def grid_samples(space: search_space.SearchSpace, num_samples: int) -> int:
@@ -175,7 +245,7 @@ def asha_notes(reachable_checks: int, preset: TunePreset) -> list[str]:
 
 
 def asha_preset(req: TuneRequest) -> TunePreset:
-    """The dataset's tune preset with ``--grace-period`` and ``--reduction-factor`` applied."""
+    """The dataset's tune preset with ``grace_period`` and ``reduction_factor`` applied."""
     preset = TUNE_PRESETS[req.dataset]
     return replace(preset, grace_period=req.grace_period or preset.grace_period,
                    reduction_factor=req.reduction_factor or preset.reduction_factor)

@@ -20,9 +20,10 @@ adapter (:class:`iaa.platform.sweeps.launch.RayLauncher`):
 
 A name that exists already is refused, never overwritten.
 
-:func:`run` goes through the phases, one module each: :mod:`~iaa.jobs.tune.settle` (the request,
-data, config, space, name and store, before any cluster), :mod:`~iaa.jobs.tune.estimate` (the
-cost probe the console shows), :mod:`~iaa.jobs.tune.parent_run` (the sweep's parent run and
+:func:`run` goes through the phases, one module each: :mod:`~iaa.jobs.tune.settle` (the request
+settled once into a :class:`~iaa.jobs.tune.settle.SweepPlan`: data, config, space, name and
+stores, before any store or cluster; every later phase reads only the plan),
+:mod:`~iaa.jobs.tune.estimate` (the cost probe the console shows), :mod:`~iaa.jobs.tune.parent_run` (the sweep's parent run and
 ``sweep.json``), :mod:`~iaa.jobs.tune.best` (every trial's model, the best one's config and
 explain page) and :mod:`~iaa.jobs.tune.next_steps` (the commands to run next).
 """
@@ -36,33 +37,34 @@ from typing import Any, Callable
 
 from iaa.errors import IaaError
 from iaa.files import DiskFullError
-from iaa.jobs.config.presets import TUNE_PRESETS, max_checks
 from iaa.jobs import interrupt
+from iaa.jobs.config.presets import TUNE_PRESETS, max_checks
 from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, SweepRequest, TrackedRun, Tracker,
                             TrialRun, TrialTracking)
-from iaa.jobs.tune import stops
 from iaa.jobs.sweeps import record as sweep_file
-from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.sweeps.console import SweepConsole
+from iaa.jobs.sweeps.record import SweepRecord
+from iaa.jobs.tune import stops
 from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, best_outputs, finish, finished_result, write_best_config
 from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
-from iaa.jobs.tune.parent_run import close_lost_runs, start_sweep, run_columns, sweep_params
+from iaa.jobs.tune.parent_run import close_lost_runs, run_columns, start_sweep, sweep_params
 from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
-from iaa.jobs.tune.settle import (settle, Settled, asha_notes, asha_preset, base_config,
-                                  searched_overrides, study_storage, sweep_name, training_epochs, with_dataset)
+from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, searched_overrides, settle, sweep_config,
+                                  sweep_name)
 
 _log = logging.getLogger(__name__)
 
 # The phases live in their own modules; their names stay importable from here.
-__all__ = ["EXPLAIN_EXAMPLES", "TUNE_PRESETS", "SweepInterrupted", "TuneRequest", "asha_notes", "asha_preset",
-           "base_config", "next_commands", "run", "run_columns", "searched_overrides", "study_storage", "sweep_name",
-           "sweep_params", "training_epochs", "with_dataset", "write_best_config", "best_outputs", "close_lost_runs",
-           "estimate_cost", "finish", "settle", "start_sweep", "Settled"]
+__all__ = ["EXPLAIN_EXAMPLES", "TUNE_PRESETS", "SweepInterrupted", "SweepPlan", "TuneRequest", "asha_notes",
+           "asha_preset", "best_outputs", "close_lost_runs", "estimate_cost", "finish", "next_commands", "run",
+           "run_columns", "searched_overrides", "settle", "start_sweep", "sweep_config", "sweep_name",
+           "sweep_params", "write_best_config"]
 
 
-def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> dict[str, Any]:
-    """Run (or with ``req.resume`` continue) a sweep, tracked in ``open_tracker(uri)``.
+def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> dict[str, Any]:
+    """Run (or with a resume continue) the sweep ``plan`` (a request is settled first), tracked in
+    ``open_tracker(uri)``.
 
     Returns ``{"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"}`` plus the
     best trial, its checkpoint, the number of trials and the ``sweep.json`` path. A resumed sweep
@@ -72,100 +74,101 @@ def run(req: TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Laun
     them), and :class:`iaa.jobs.interrupt.Interrupted` on SIGINT or SIGTERM (its runs KILLED, its
     unfinished Optuna trials FAIL: :mod:`iaa.jobs.tune.stops`).
     """
-    req = with_dataset(req)
-    s = settle(req, open_tracker, launcher)
-    if s.recorded is not None and s.recorded.finished:
-        _log.info(stops.nothing_left_line(s.recorded, s.folder))
-        return finished_result(s.recorded, s.folder, s.prepared, s.tracker.ui_command)
-    with interrupt.stoppable(stops.resume_command(req, s.name)) as stop:
-        return _run(req, s, launcher, stop)
+    if isinstance(plan, TuneRequest):
+        plan = settle(plan)
+    if plan.recorded is not None:               # the record first: a resume needs its study
+        sweep_file.check_study(plan.recorded, plan.record_file, launcher.has_study)
+    tracker = open_tracker(plan.tracking_uri)
+    if plan.recorded is not None and plan.recorded.finished:
+        _log.info(stops.nothing_left_line(plan.recorded, plan.folder))
+        return finished_result(plan, tracker.ui_command)
+    if plan.recorded is None:
+        launcher.check_free(plan.storage, plan.name, plan.folder)
+    with interrupt.stoppable(plan.resume_command) as stop:
+        return _run(plan, tracker, launcher, stop)
 
 
-def _run(req: TuneRequest, s: Settled, launcher: Launcher, stop: interrupt.Stop) -> dict[str, Any]:
-    tracker = s.tracker
+def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.Stop) -> dict[str, Any]:
     launch = launcher.connect(ConnectRequest(
-        name=s.name, prepared=s.prepared, storage=s.storage, num_trials=s.num_samples,
-        workers_per_trial=req.workers_per_trial, gpus_per_worker=req.gpus_per_worker,
-        threads=s.base.train.threads or None, max_concurrent=req.max_concurrent, show_progress=req.show_progress))
+        name=plan.name, prepared=plan.prepared, storage=plan.storage, num_trials=plan.num_samples,
+        workers_per_trial=plan.workers_per_trial, gpus_per_worker=plan.gpus_per_worker,
+        threads=plan.base.train.threads or None, max_concurrent=plan.max_concurrent, show_progress=plan.show_progress))
     interrupt.rearm()                       # the cluster's start may have taken SIGTERM
-    plan = _search_plan(req, s, launch)
-    for note in asha_notes(plan.checks, s.preset):
+    search = _search_plan(plan, launch)
+    for note in asha_notes(search.checks, plan.preset):
         _log.warning(note)
-    sweep, parent, console = _open_sweep(req, s, launcher, launch, plan)
-    experiment = sweep.experiment or f"tune-{req.dataset}"
-    stop.on_stop(stops.on_stop(tracker, launcher, experiment, s.name, plan))
-    stop.kept = lambda: stops.kept(tracker, experiment, s.name, parent.run_id, s.folder)
-    trials = TrialTracking(tracker=tracker, experiment=experiment, parent_run_id=parent.run_id,
-                           sweep=s.name, dataset=req.dataset, data_dir=s.prepared)
+    sweep, parent, console = _open_sweep(plan, tracker, launcher, launch, search)
+    stop.on_stop(stops.on_stop(tracker, launcher, plan.experiment, plan.name, search))
+    stop.kept = lambda: stops.kept(tracker, plan.experiment, plan.name, parent.run_id, plan.folder)
+    trials = TrialTracking(tracker=tracker, experiment=plan.experiment, parent_run_id=parent.run_id,
+                           sweep=plan.name, dataset=plan.dataset, data_dir=plan.prepared)
     started = time.time()
     from iaa.jobs.training.loop import fit_on_worker
 
     try:
-        run_trials = TrialRun(fit=fit_on_worker, tracking=trials, downloads=s.folder / "checkpoints", console=console,
-                              verbose=req.verbose)
-        records = launcher.sweep(SweepRequest(placement=launch, plan=plan, trials=run_trials,
-                                              resume=s.recorded is not None, show_progress=req.show_progress))
+        run_trials = TrialRun(fit=fit_on_worker, tracking=trials, downloads=plan.folder / "checkpoints",
+                              console=console, verbose=plan.verbose)
+        records = launcher.sweep(SweepRequest(placement=launch, plan=search, trials=run_trials,
+                                              resume=plan.recorded is not None, show_progress=plan.show_progress))
     except KeyboardInterrupt:
         raise                                # the stop marks every run of the sweep (stops.on_stop)
     except DiskFullError as err:             # the trials are stopped: mark the runs and trials
-        raise stops.stopped_by_full_disk(tracker, launcher, experiment, s.name, plan, err,
-                                         stops.resume_command(req, s.name)) from None
+        raise stops.stopped_by_full_disk(tracker, launcher, plan.experiment, plan.name, search, err,
+                                         plan.resume_command) from None
     except BaseException:
         parent.end("FAILED")
         raise
     sweep = sweep.with_run(records, time.time() - started)
     if console is not None:
         _log.info(console.summary(time.time() - started))
-    sweep_file.write(s.folder / "sweep.json", sweep)
-    if s.recorded is not None:
-        close_lost_runs(tracker, parent, experiment, {r.mlflow_run_id for r in sweep.trials})
-    return finish(sweep, s.folder, parent, s.space, s.prepared, tracker, req.register, req,
-                   training_epochs(req, s.prepared))
+    sweep_file.write(plan.record_file, sweep)
+    if plan.recorded is not None:
+        close_lost_runs(tracker, parent, plan.experiment, {r.mlflow_run_id for r in sweep.trials})
+    return finish(plan, sweep, parent, tracker)
 
 
-def _search_plan(req: TuneRequest, s: Settled, launch: Placement) -> SearchPlan:
+def _search_plan(plan: SweepPlan, launch: Placement) -> SearchPlan:
     """What the launcher searches: the space, the checks per trial (``max_t``), the Optuna study
-    and its sampler.
+    and its sampler. The base config's ``auto`` precision is decided here, once for the sweep, for
+    the device its trials run on: every trial and its MLflow params use the same."""
+    from iaa.jobs.modeling import precision_policy as precision
 
-    A resumed sweep keeps the study storage and name it recorded (and its sampler:
-    :func:`~iaa.jobs.tune.settle.settle`); a fresh one gets the request's storage and the sweep's name.
-    """
-    study = s.recorded.optuna if s.recorded is not None else None
-    return SearchPlan(base=s.base, space=s.space, preset=s.preset, seed=req.seed, num_samples=s.num_samples,
-                      max_t=max_checks(s.base, s.space, launch.train_rows, req.workers_per_trial),
-                      study_storage=study.storage if study else study_storage(req),
-                      study_name=study.study if study else s.name, sampler=s.sampler)
+    base = precision.resolved(plan.base, "cuda" if plan.gpus_per_worker > 0 else "cpu")
+    return SearchPlan(base=base, space=plan.space, preset=plan.preset, seed=plan.seed, num_samples=plan.num_samples,
+                      max_t=max_checks(base, plan.space, launch.train_rows, plan.workers_per_trial),
+                      study_storage=plan.study.storage, study_name=plan.study.study, sampler=plan.sampler)
 
 
-def _open_sweep(req: TuneRequest, s: Settled, launcher: Launcher, launch: Placement,
-                plan: SearchPlan) -> tuple[SweepRecord, TrackedRun, SweepConsole | None]:
-    """The sweep's record, its parent run and its console (None without ``req.show_progress``).
+def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: Placement,
+                search: SearchPlan) -> tuple[SweepRecord, TrackedRun, SweepConsole | None]:
+    """The sweep's record, its parent run and its console (None without ``plan.show_progress``).
 
     A resumed sweep reopens its recorded parent run after closing what its last process left
     (:class:`IaaError` when the launcher has no Tune run to resume); a fresh one claims its
     storage and folder and starts a parent run.
     """
     console = None
-    if s.recorded is not None:
+    if plan.recorded is not None:
         if not launcher.can_resume(launch):
             raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
-        sweep = replace(s.recorded, sampler=s.sampler)     # a record older than samplers names its own
-        stops.close_leftovers(s.tracker, launcher, sweep, plan)
-        assert sweep.parent_run_id is not None            # read_resumable: required
-        parent = s.tracker.reopen_run(sweep.parent_run_id)
-        if req.show_progress:
-            console = _resumed_console(launch, s, plan, sweep)
+        sweep = replace(plan.recorded, sampler=plan.sampler)   # a record older than samplers names its own
+        stops.close_leftovers(tracker, launcher, sweep, search)
+        assert sweep.parent_run_id is not None               # read_resumable: required
+        parent = tracker.reopen_run(sweep.parent_run_id)
+        if plan.show_progress:
+            console = _resumed_console(plan, tracker, launch, search, sweep)
     else:
-        launcher.claim(s.storage, s.name, s.folder)
-        if req.show_progress:
-            console = SweepConsole(estimate_cost(launch, s, plan.checks), list(s.space.params))
-        sweep, parent = start_sweep(req, launch, plan, s.tracker)
+        launcher.claim(plan.storage, plan.name, plan.folder)
+        if plan.show_progress:
+            console = SweepConsole(estimate_cost(launch, search, plan.prepared), list(plan.space.params))
+        sweep, parent = start_sweep(plan, launch, search, tracker)
     return sweep, parent, console
 
 
-def _resumed_console(launch: Placement, s: Settled, plan: SearchPlan, sweep: SweepRecord) -> SweepConsole:
+def _resumed_console(plan: SweepPlan, tracker: Tracker, launch: Placement, search: SearchPlan,
+                     sweep: SweepRecord) -> SweepConsole:
     """A resumed sweep's console, as a fresh one's: what is kept and left, the cost of what is left."""
-    _log.info(stops.resumed_line(s.tracker, sweep, s.num_samples) + f" ({launch.experiment_path})")
-    finished, _ = stops.standing(s.tracker, sweep.experiment or "", s.name, sweep.parent_run_id)
-    left = replace(s, num_samples=max(s.num_samples - finished, 1))
-    return SweepConsole(estimate_cost(launch, left, plan.checks), list(s.space.params))
+    _log.info(stops.resumed_line(tracker, sweep, plan.num_samples) + f" ({launch.experiment_path})")
+    finished, _ = stops.standing(tracker, plan.experiment, plan.name, sweep.parent_run_id)
+    left = replace(search, num_samples=max(plan.num_samples - finished, 1))
+    return SweepConsole(estimate_cost(launch, left, plan.prepared), list(plan.space.params))
