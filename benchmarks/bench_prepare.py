@@ -90,7 +90,7 @@ def main() -> None:
             wall, cpu = time.perf_counter(), cpu_seconds()
             result = prepare.run(args.dataset, args.source, out, workers=args.workers, progress=False)
             wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
-            n = sum(result["counts"].values())
+            n = sum(result.counts.values())
             runs.append({"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "examples": n,
                          "examples_per_s": round(n / wall), "load_before": round(load, 2)})
             shutil.rmtree(out)

@@ -49,7 +49,7 @@ def main() -> None:
     if rate is None:
         from iaa.jobs.train import bench
 
-        rate = bench.run(steps=args.bench_steps, warmup=1)["train_examples_per_s"]
+        rate = bench.run(steps=args.bench_steps, warmup=1).train_examples_per_s
         result["train_ex_per_s_measured"] = round(rate, 2)
     epoch_s = manifest["counts"]["train"] / rate
     result.update(train_examples=manifest["counts"]["train"], train_ex_per_s=round(rate, 2),

@@ -157,7 +157,7 @@ def _bench(args, **kwargs) -> dict:
         size = dict(batch_size=32, steps=30, warmup=3)        # the roofline's matmul: bench.MATMUL_SIZES
     if args.tiny and kwargs.get("compile"):
         kwargs["compile_backend"] = "eager"    # graph capture only: inductor takes minutes on a small CPU
-    result = bench.run(device=args.device, **{**size, **kwargs})
+    result = bench.run(device=args.device, **{**size, **kwargs}).fields()
     result.pop("config")
     say(f"{result['precision']} batch {result['batch_size']}{' compiled' if result['compile'] else ''}: "
         f"train {result['train_examples_per_s']:,.0f} ex/s, infer {result['infer_examples_per_s']:,.0f} ex/s, "
@@ -356,7 +356,7 @@ def step_prepare_cn(args) -> dict:
     result = prepare.run("cbt-cn", source, Path(args.work) / "cbt-cn", on_error="skip", progress=False)
     manifest = json.loads((Path(args.work) / "cbt-cn" / "manifest.json").read_text())
     say(f"cbt-recon CN prepared: {manifest['counts']} examples, vocabulary {manifest['vocab_size']:,}")
-    return {"counts": manifest["counts"], **{k: v for k, v in result.items() if isinstance(v, (int, float, str, bool))}}
+    return {"counts": manifest["counts"], **{k: v for k, v in result.fields().items() if isinstance(v, (int, float, str, bool))}}
 
 
 def _tiny_cn(work: Path) -> Path:

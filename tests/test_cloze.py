@@ -38,7 +38,7 @@ def books(tmp_path: Path, n: int = 4, sentences: int = 60) -> Path:
     return write(tmp_path / "src" / "books.txt.gz", "".join(book(f"Book {i}", sentences, seed=i) for i in range(n)))
 
 
-def make(style: str, sources: list[Path | str], out: Path, overwrite: bool = False, **kw) -> dict:
+def make(style: str, sources: list[Path | str], out: Path, overwrite: bool = False, **kw) -> make_cloze.ClozeResult:
     cfg = make_cloze.ClozeConfig(style, tuple(SourceSpec.parse(str(s)) for s in sources),
                                  **{**CFG, **kw})
     return make_cloze.run(cfg, out, workers=0, tagger=make_fake, progress=False, overwrite=overwrite)
@@ -138,33 +138,33 @@ def test_splits_are_by_document_and_follow_the_seed(tmp_path):
 
 def test_cbt_output_round_trips_through_prepare(tmp_path):
     result = make("cbt-ne", [books(tmp_path)], tmp_path / "out")
-    assert result["documents"] == {"train": 2, "valid": 1, "test": 1} and result["tokens"] > 0
+    assert result.documents == {"train": 2, "valid": 1, "test": 1} and result.tokens > 0
     files = sorted(p.name for p in (tmp_path / "out").glob("cbtest_*"))
     assert files == ["cbtest_NE_test_2500ex.txt", "cbtest_NE_train.txt", "cbtest_NE_valid_2000ex.txt"]
     for split, path in cbt.find_files(tmp_path / "out", "NE").items():
         examples = cbt.read(path).examples()
-        assert len(examples) == result["questions"][split] > 0
+        assert len(examples) == result.questions[split] > 0
         ex = examples[0]
         assert len(ex.candidates) == 10 and ex.answer in ex.candidates and "XXXXX" in ex.query
     prepared = prepare.run("cbt-ne", tmp_path / "out", tmp_path / "prepared", progress=False)
-    assert prepared["counts"] == result["questions"]
+    assert prepared.counts == result.questions
 
 
 def test_cnn_output_round_trips_through_prepare(tmp_path):
     result = make("cnn", [books(tmp_path, sentences=120)], tmp_path / "out", context=10)
-    assert set(result["questions"]) == {"train", "valid", "test"}
+    assert set(result.questions) == {"train", "valid", "test"}
     read = cnn.read(tmp_path / "out")
-    assert {s: len(c.examples()) for s, c in read.items()} == result["questions"]
+    assert {s: len(c.examples()) for s, c in read.items()} == result.questions
     for ex in read["train"].examples():
         assert ex.answer in ex.candidates and "@placeholder" in ex.query
     prepared = prepare.run("cnn", tmp_path / "out", tmp_path / "prepared", progress=False)
-    assert prepared["counts"] == result["questions"]
+    assert prepared.counts == result.questions
 
 
 def test_plain_text_articles_make_cnn_questions(tmp_path):
     src = [write(tmp_path / "news" / f"{i}.txt", article(25, seed=i)) for i in range(3)]
     result = make("cnn", [src[0].parent], tmp_path / "out", context=8, valid=0, test=0)
-    assert result["documents"] == {"train": 3} and result["questions"]["train"] >= 3
+    assert result.documents == {"train": 3} and result.questions["train"] >= 3
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
@@ -235,7 +235,7 @@ def test_document_too_short_for_one_window(tmp_path):
     # Among long ones a short document is skipped and counted.
     long = write(tmp_path / "long.txt", book("Long", 40, seed=2))
     result = make("cbt-ne", [short, long], tmp_path / "out", valid=0, test=0)
-    assert result["skipped_documents"] == 1 and result["documents"] == {"train": 1}
+    assert result.skipped_documents == 1 and result.documents == {"train": 1}
 
 
 def test_undecodable_bytes_name_the_line(tmp_path):

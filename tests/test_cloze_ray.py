@@ -25,5 +25,5 @@ def test_ray_and_local_tagging_give_identical_files(tmp_path, style):
     local = make_cloze.run(cfg, tmp_path / "local", workers=0, tagger=fake.make_fake, progress=False)
     on_ray = make_cloze.run(cfg, tmp_path / "ray", workers=2, tag_map=cloze_ray.tag, tagger=fake.make_fake,
                             progress=False)
-    assert local["questions"] == on_ray["questions"] and sum(local["questions"].values()) > 0
+    assert local.questions == on_ray.questions and sum(local.questions.values()) > 0
     assert files_of(tmp_path / "local") == files_of(tmp_path / "ray")

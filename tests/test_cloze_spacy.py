@@ -58,7 +58,7 @@ def test_cbt_ne_from_a_real_book_round_trips(tmp_path: Path):
     cfg = make_cloze.ClozeConfig("cbt-ne", (SourceSpec(src),))
     result = make_cloze.run(cfg, tmp_path / "out", workers=0, progress=False)
     examples = cbt.read(tmp_path / "out" / "cbtest_NE_train.txt").examples()
-    assert len(examples) == result["questions"]["train"] > 5
+    assert len(examples) == result.questions["train"] > 5
     assert all(ex.answer in ex.doc and len(ex.candidates) == 10 for ex in examples)
 
 

@@ -193,8 +193,8 @@ def test_lowercase_drops_no_cbt_recon_ne_question(tmp_path):
 
     source = require_shared("cbt-recon/CBTest")
     result = prepare.run("cbt-ne", source, tmp_path / "ne", on_error="skip", lowercase=True, progress=False)
-    assert result["counts"] == {"train": 108719, "valid": 2000}
-    assert result["skipped"] == {"train": 0, "valid": 0}
+    assert result.counts == {"train": 108719, "valid": 2000}
+    assert result.skipped == {"train": 0, "valid": 0}
 
 
 def test_case_variants_not_spelled_like_any_candidate_go_to_the_first_one(tmp_path):

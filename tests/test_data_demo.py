@@ -51,4 +51,4 @@ def test_ensure_prepared_generates_the_demo_once(tmp_path):
     assert out == tmp_path / "data" / "demo"
     assert m["counts"] == demo.SIZES and m["skipped"] == {s: 0 for s in demo.SIZES}
     assert m["source"] == demo.fingerprint()
-    assert not prepare.run("demo", None, out, progress=False)["rebuilt"]
+    assert not prepare.run("demo", None, out, progress=False).rebuilt

@@ -45,7 +45,7 @@ def test_round_trip_tokens_answers_and_candidate_positions(tmp_path):
     source = make_cbtest(tmp_path)
     out = tmp_path / "out"
     result = prepare.run("cbt-ne", source, out, min_count=2, progress=False)
-    assert result["counts"] == {"train": 6, "valid": 2} and result["created"] and not result["rebuilt"]
+    assert result.counts == {"train": 6, "valid": 2} and result.created and not result.rebuilt
     data = PreparedData.open(out)
     assert data.vocab.tokens[:3] == ("<pad>", "<unk>", "XXXXX")
     for split in ("train", "valid"):
@@ -79,7 +79,7 @@ def test_manifest_records_counts_checksums_vocab_and_reports(tmp_path, capsys, c
     out = tmp_path / "out"
     result = prepare.run("cbt-ne", make_cbtest(tmp_path, bad_train=True, cut_valid=True), out,
                          on_error="skip", progress=False)
-    assert result["skipped"] == {"train": 1, "valid": 0} and result["truncated"] == {"train": 0, "valid": 1}
+    assert result.skipped == {"train": 1, "valid": 0} and result.truncated == {"train": 0, "valid": 1}
     err = capsys.readouterr().err
     assert "skipped 1 bad example" in err and "answer_not_candidate" in err and "cut off" in err
     m = json.loads((out / "manifest.json").read_text())
@@ -110,19 +110,19 @@ def test_fail_mode_raises_and_leaves_no_output(tmp_path):
 
 def test_idempotent_until_source_or_options_change(tmp_path):
     source, out = make_cbtest(tmp_path), tmp_path / "out"
-    assert prepare.run("cbt-ne", source, out, progress=False)["created"]
+    assert prepare.run("cbt-ne", source, out, progress=False).created
     stamp = (out / "manifest.json").stat().st_mtime_ns
     again = prepare.run("cbt-ne", source, out, progress=False)
-    assert not again["rebuilt"] and not again["created"] and again["counts"] == {"train": 6, "valid": 2}
+    assert not again.rebuilt and not again.created and again.counts == {"train": 6, "valid": 2}
     assert (out / "manifest.json").stat().st_mtime_ns == stamp
-    assert prepare.run("cbt-ne", source, out, min_count=2, progress=False)["rebuilt"]
-    assert not prepare.run("cbt-ne", source, out, min_count=2, progress=False)["rebuilt"]
+    assert prepare.run("cbt-ne", source, out, min_count=2, progress=False).rebuilt
+    assert not prepare.run("cbt-ne", source, out, min_count=2, progress=False).rebuilt
     train = source / "data" / "cbtest_NE_train.txt"
     train.write_text(train.read_text() + example(answer="Ben"))
     changed = prepare.run("cbt-ne", source, out, min_count=2, progress=False)
-    assert changed["rebuilt"] and not changed["created"] and changed["counts"]["train"] == 7
+    assert changed.rebuilt and not changed.created and changed.counts["train"] == 7
     (out / "train" / "part-00000.parquet").unlink()
-    assert prepare.run("cbt-ne", source, out, min_count=2, progress=False)["rebuilt"]
+    assert prepare.run("cbt-ne", source, out, min_count=2, progress=False).rebuilt
 
 
 def test_output_does_not_depend_on_workers(tmp_path):
@@ -166,7 +166,7 @@ def test_cnn_prepare_keeps_entities_and_placeholder(tmp_path):
 
     out = tmp_path / "out"
     result = prepare.run("cnn", write_tgz(tmp_path / "cnn.tgz", GOOD), out, min_count=5, progress=False)
-    assert result["counts"] == {"train": 2, "valid": 1, "test": 1}
+    assert result.counts == {"train": 2, "valid": 1, "test": 1}
     vocab = PreparedData.open(out).vocab
     assert vocab.tokens[:3] == ("<pad>", "<unk>", "@placeholder")
     assert {"@entity0", "@entity3", "@entity7"} <= set(vocab.tokens) and "met" not in vocab.tokens

@@ -41,7 +41,7 @@ def setup(tmp_path_factory):
     members = [Path(train_job.run(tiny_cfg(prepared, seed), prepared, root / f"member{seed}", show_progress=False)
                     ["checkpoint"]) for seed in range(3)]
     ens = root / "ensembles" / "three"
-    files = [{"valid": Path(evaluate.run(m, prepared, "valid", ens / "members" / f"{i:02d}-valid.parquet")["predictions"]),
+    files = [{"valid": Path(evaluate.run(m, prepared, "valid", ens / "members" / f"{i:02d}-valid.parquet").predictions),
               "test": None} for i, m in enumerate(members)]
     result = ensemble_job.run(files, [str(m) for m in members], ens)
     (ens / "ensemble.json").write_text(json.dumps({**{k: v for k, v in result.items() if k != "table"},

@@ -178,7 +178,7 @@ def test_make_cloze_into_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(here)
     cfg = make_cloze.ClozeConfig("cbt-ne", (SourceSpec(texts),))
     result = make_cloze.run(cfg, Path("."), workers=0, tagger=make_fake, progress=False)
-    assert result["questions"]["train"] > 0 and (here / "cloze.json").is_file()
+    assert result.questions["train"] > 0 and (here / "cloze.json").is_file()
     assert (texts / "b.txt").is_file()
 
 

@@ -127,7 +127,7 @@ def test_train_with_only_best_config_trains_it_on_the_sweeps_data_to_its_early_s
     assert ("training the best configuration of sweep s1 (trial t_00001: valid accuracy 0.3125 in at most 0.5 "
             "epochs) to its early stop: up to 3 epochs") in result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["baseline_valid_acc"] == frequency.run(tiny, "valid")["accuracy"]
+    assert out["baseline_valid_acc"] == frequency.run(tiny, "valid").accuracy
     assert out["stop_reason"] in ("early-stopped", "max-epochs")
     assert out["steps"] > 0.5 * 192 / 16                       # beyond the trial's budget
     assert Path(out["run_dir"]).parent == tmp_path / "w" / "runs"
@@ -163,7 +163,7 @@ def test_every_next_command_tune_prints_runs_as_printed(tiny: Path, tmp_path: Pa
                                          "--search-space", str(write_space(tmp_path)), "--name", "hand",
                                          "--workdir", str(work), *sets])
     assert tuned.exit_code == 0, tuned.output
-    base = frequency.run(tiny, "valid")["accuracy"]
+    base = frequency.run(tiny, "valid").accuracy
     assert f"(most-frequent-candidate baseline {base:.4f}" in tuned.stderr
     commands = _printed_next_commands(tuned.stderr)
     assert [shlex.split(c)[1] for c in commands] == ["train", "report", "ensemble", "serve"]

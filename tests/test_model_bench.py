@@ -54,19 +54,19 @@ def test_time_steps_counts_examples_and_reads_the_clock_around_the_work():
 def test_bench_run_reports_consistent_figures():
     model = "iaa"
     result = bench.run(model=model, overrides=TINY, steps=1, warmup=1, batch_size=4)
-    assert result["config"]["kind"] == model and result["config"]["embed_dim"] == TINY["embed_dim"]
-    assert result["device"] == "cpu" and result["batch_size"] == 4 and result["threads"] >= 1
-    assert result["achieved_gflops"] == pytest.approx(
-        result["flops_per_train_example"] * result["train_examples_per_s"] / 1e9, rel=1e-2, abs=2e-3)
-    assert result["precision"] == "fp32" and set(result["flops_by_dtype"]) == {"fp32"}
-    assert result["matmul_gflops"] == result["matmul_gflops_fp32"]
+    assert result.config["kind"] == model and result.config["embed_dim"] == TINY["embed_dim"]
+    assert result.device == "cpu" and result.batch_size == 4 and result.threads >= 1
+    assert result.achieved_gflops == pytest.approx(
+        result.flops_per_train_example * result.train_examples_per_s / 1e9, rel=1e-2, abs=2e-3)
+    assert result.precision == "fp32" and set(result.flops_by_dtype) == {"fp32"}
+    assert result.matmul_gflops == result.matmul_gflops_fp32
     if bench.bf16_units():
-        assert result["matmul_gflops_bf16"] > 0
+        assert result.matmul_gflops_bf16 > 0
     else:                                   # emulated bf16 has no roofline worth the name: null, and said
-        assert result["matmul_gflops_bf16"] is None and result["warnings"] == [bench.NO_BF16_UNITS]
-    assert result["roofline_fraction"] == pytest.approx(result["achieved_gflops"] / result["matmul_gflops"],
+        assert result.matmul_gflops_bf16 is None and result.warnings == (bench.NO_BF16_UNITS,)
+    assert result.roofline_fraction == pytest.approx(result.achieved_gflops / result.matmul_gflops,
                                                         rel=2e-2, abs=2e-3)
-    assert result["peak_memory_bytes"] > 10 * 2**20                    # at least the interpreter and torch
+    assert result.peak_memory_bytes > 10 * 2**20                    # at least the interpreter and torch
 
 
 def test_iaa_does_more_work_per_example_than_the_as_reader():
@@ -87,17 +87,17 @@ def test_bf16_bench_counts_each_gemm_against_its_own_dtypes_roofline(monkeypatch
     fp32 (AMX needs sizes that are multiples of 32). The roofline
     fraction holds each dtype's FLOPs to that dtype's rate."""
     result = bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4, precision="bf16")
-    flops = result["flops_by_dtype"]
-    assert result["precision"] == "bf16" and flops["bf16"] > 0 and flops["fp32"] > 0
-    assert sum(flops.values()) == result["flops_per_train_example"]
+    flops = result.flops_by_dtype
+    assert result.precision == "bf16" and flops["bf16"] > 0 and flops["fp32"] > 0
+    assert sum(flops.values()) == result.flops_per_train_example
     if bench.bf16_units():                  # without bf16 units there is no bf16 roofline to hold them to
-        ideal_s = (flops["fp32"] / (result["matmul_gflops_fp32"] * 1e9)
-                   + flops["bf16"] / (result["matmul_gflops_bf16"] * 1e9))
-        assert result["roofline_fraction"] == pytest.approx(ideal_s * result["train_examples_per_s"],
+        ideal_s = (flops["fp32"] / (result.matmul_gflops_fp32 * 1e9)
+                   + flops["bf16"] / (result.matmul_gflops_bf16 * 1e9))
+        assert result.roofline_fraction == pytest.approx(ideal_s * result.train_examples_per_s,
                                                             rel=2e-2, abs=2e-3)
-        assert result["matmul_gflops"] == result["matmul_gflops_bf16"]
+        assert result.matmul_gflops == result.matmul_gflops_bf16
     monkeypatch.setattr(precision, "probed_rates", lambda: {"fp32": 100.0, "bf16": 400.0})
-    assert bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4)["precision"] == "bf16"   # auto
+    assert bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4).precision == "bf16"   # auto
     with pytest.raises(ValueError, match="precision"):
         bench.run(overrides=TINY, precision="fp16")
 
@@ -122,8 +122,8 @@ def test_a_cpu_without_bf16_units_gets_no_bf16_roofline_and_is_told(monkeypatch)
     assert bench.matmul_rooflines("cpu", size=64) == {"fp32": 50.0, "bf16": None}
     assert set(timed) == {torch.float32}                                  # bf16 never timed
     result = bench.run(overrides=TINY, steps=1, warmup=1, batch_size=4, precision="fp32", matmul_size=64)
-    assert result["matmul_gflops_bf16"] is None and "no bf16 units" in result["warnings"][0]
-    assert result["roofline_fraction"] > 0
+    assert result.matmul_gflops_bf16 is None and "no bf16 units" in result.warnings[0]
+    assert result.roofline_fraction > 0
 
 
 def test_the_roofline_matmul_is_large_enough_to_be_compute_bound_on_a_gpu(monkeypatch):

@@ -25,7 +25,7 @@ def _books(tmp_path: Path, n: int = 6) -> Path:
     return path
 
 
-def _make(tmp_path: Path, style: str = "cbt-ne", valid: int = 1) -> dict:
+def _make(tmp_path: Path, style: str = "cbt-ne", valid: int = 1) -> make_cloze.ClozeResult:
     cfg = make_cloze.ClozeConfig(style, (SourceSpec.parse(str(_books(tmp_path))),), valid=valid, test=1, seed=3)
     return make_cloze.run(cfg, tmp_path / "own-cloze", workers=0, tagger=make_fake, progress=False)
 
@@ -52,17 +52,19 @@ def _advice(output: str) -> list[str]:
 
 def test_the_funnel_counts_what_each_filter_dropped(tmp_path):
     result = _make(tmp_path)
-    total = sum(result["questions"].values())
-    assert result["sentences"] > 0 and result["windows"] >= total
-    assert sum(v for k, v in result["dropped"].items() if k != "short_documents") == result["windows"] - total
+    total = sum(result.questions.values())
+    assert result.sentences > 0 and result.windows >= total
+    assert sum(v for k, v in result.dropped.items() if k != "short_documents") == result.windows - total
     text = cloze_summary.describe(result)
-    assert f"{result['windows']} windows tried" in text and "next:" in text
+    assert f"{result.windows} windows tried" in text and "next:" in text
 
 
 def test_few_questions_are_explained():
-    result = {"style": "cbt-ne", "out": "/x/own", "questions": {"train": 40, "valid": 6, "test": 6},
-              "documents": {"train": 8, "valid": 1, "test": 1}, "sentences": 2000, "windows": 1800,
-              "dropped": {"too_few_candidates": 1500, "no_answer_in_context": 248, "short_documents": 2}}
+    result = make_cloze.ClozeResult(
+        style="cbt-ne", out="/x/own", questions={"train": 40, "valid": 6, "test": 6},
+        documents={"train": 8, "valid": 1, "test": 1}, sentences=2000, windows=1800,
+        dropped={"too_few_candidates": 1500, "no_answer_in_context": 248, "short_documents": 2},
+        skipped_documents=2, tokens=0, tagging_seconds=0.0, tokens_per_s=0, seconds=0.0)
     text = cloze_summary.describe(result)
     assert "1500 windows dropped: its context holds fewer than 9 other named-entity nouns" in text
     assert "2 documents dropped" in text and "few questions: 3% of the windows" in text and "cbt-cn" in text
@@ -95,7 +97,7 @@ def test_tune_on_the_question_folder_advises_a_prepare_that_runs(tmp_path):
 
 def test_an_empty_valid_split_advises_commands_that_run(tmp_path, local_tagging):
     result = _make(tmp_path, valid=0)
-    assert result["questions"].get("valid", 0) == 0
+    assert result.questions.get("valid", 0) == 0
     prepared = tmp_path / "own-cloze-prepared"
     assert _run(f"iaa-cli prepare --dataset cbt-ne --source {tmp_path / 'own-cloze'} --out {prepared}").exit_code == 0
     res = CliRunner().invoke(cli, ["train", "--data", str(prepared), "--workdir", str(tmp_path / "w")])

@@ -120,10 +120,10 @@ def test_train_with_two_workers_gives_a_checkpoint_that_evaluates(tiny: Path, tm
     assert best == tmp_path / "run" / "checkpoints" / "best.pt" and best.is_file()
 
     scored = evaluate.run(best, tiny, "valid", tmp_path / "pred.parquet")
-    assert scored["examples"] == 64
+    assert scored.examples == 64
     # Validation was all-reduced over disjoint shares of the split: the reported best accuracy is
     # the accuracy of the best checkpoint on the whole split (up to float ties in the argmax).
-    assert abs(scored["accuracy"] - result["best_valid_acc"]) <= 1 / 64 + 1e-9
+    assert abs(scored.accuracy - result["best_valid_acc"]) <= 1 / 64 + 1e-9
 
     checks = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [c["checks"] for c in checks] == list(range(1, len(checks) + 1)) and len(checks) >= 2

@@ -47,7 +47,7 @@ def test_predict_counts_every_question_it_answers(trained, tmp_path) -> None:
     questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
     counted: list[int] = []
     result = predict.run(questions, tmp_path / "a.jsonl", checkpoint=ckpt, data_dir=tiny, progress=counted.append)
-    assert sum(counted) == result["examples"] == 70 and len(counted) >= 2      # more than one batch
+    assert sum(counted) == result.examples == 70 and len(counted) >= 2      # more than one batch
 
 
 def test_a_train_run_on_workers_gives_rank_0_its_bar(monkeypatch, tmp_path) -> None:

@@ -62,7 +62,7 @@ def _pedanova(study) -> dict[str, float]:
 
 
 def test_the_report_gives_the_dashboards_importances_beside_its_own(tmp_path: Path) -> None:
-    from iaa.jobs.reports.sweep_report import describe
+    from iaa.jobs.reports.sweep_report import describe, from_analysis
     from iaa.platform.sweeps.study import analyze
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -72,7 +72,7 @@ def test_the_report_gives_the_dashboards_importances_beside_its_own(tmp_path: Pa
     assert result["dashboard_importances"] == pytest.approx(expected)
     assert list(result["dashboard_importances"]) == list(expected)           # the same order
     assert (result["complete_trials"], result["scored_trials"]) == (4, 8)
-    text = describe({**result, "sweep": "demo-x", "warnings": []})
+    text = describe(from_analysis(result, sweep="demo-x"))
     line = next(line for line in text.splitlines() if line.startswith("optuna-dashboard shows PED-ANOVA"))
     assert all(f"{k} {v:.3f}" in line for k, v in expected.items())
     assert "4 COMPLETE" in line and "all 8 scored" in line
@@ -105,6 +105,6 @@ def test_the_report_names_the_sampler_of_the_sweep_and_tpe_for_an_older_record(t
     def analyze(storage: str, study: str, folder: Path) -> dict:
         return {"study": study, "trials": [], "importances": {}, "figures": {}}
     result = sweep_report.run("old", workdir, analyze, open_tracker=lambda uri: None)
-    assert result["sampler"] == shown
+    assert result.sampler == shown
     first = sweep_report.describe(result).splitlines()[0]
     assert first == f"sweep old: 0 trials in study old, proposed by the {shown} sampler"

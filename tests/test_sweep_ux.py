@@ -64,6 +64,7 @@ def test_a_parameter_that_never_varied_and_too_few_trials_are_said() -> None:
 def test_report_describe_shows_the_warnings_after_the_importances() -> None:
     from iaa.jobs.reports import sweep_report
 
-    text = sweep_report.describe({"sweep": "s", "trials": [{}] * 4, "study": "s", "importances": {"train.lr": 0.0},
-                                  "figures": {}, "warnings": ["train.lr never varied"]})
+    text = sweep_report.describe(sweep_report.from_analysis(
+        {"trials": [{}] * 4, "study": "s", "importances": {"train.lr": 0.0}, "figures": {}}, sweep="s",
+        warnings=("train.lr never varied",)))
     assert text.splitlines()[-1] == "warning: train.lr never varied"

@@ -152,11 +152,11 @@ def test_evaluate_writes_its_predictions_into_the_work_folder_not_beside_the_che
     before = listing(tmp_path / "theirs")
     work = tmp_path / "work"
     result = evaluate.run(ckpt, base["prepared"], "valid", workdir=work)
-    out = Path(result["predictions"])
+    out = Path(result.predictions)
     assert out.is_file() and out.name == "predictions-valid.parquet"
     assert out.parent.parent == work / "evaluations" and out.parent.name.startswith("run-best-")
     assert listing(tmp_path / "theirs") == before
-    assert set(result) >= {"accuracy", "predictions", "split", "examples", "checkpoint"}
+    assert set(result.fields()) >= {"accuracy", "predictions", "split", "examples", "checkpoint"}
 
 
 def test_evaluate_cli_says_where_the_predictions_went_and_honours_out(tmp_path, base):

@@ -38,7 +38,7 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
                          progress=progress, workdir=workdir)
     _close(as_json, job.describe, result)
     if as_json:                        # where the predictions went (without --json: a key: value line)
-        click.echo(f"predictions: {shown(result['predictions'])}", err=True)
+        click.echo(f"predictions: {shown(result.predictions)}", err=True)
     _emit(result, as_json, keys=("accuracy", "examples", "predictions"))
 
 

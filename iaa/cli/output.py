@@ -14,6 +14,7 @@ import click
 
 from iaa.cli.flags import render
 from iaa.jobs.evaluation.closing import Command
+from iaa.jobs.evaluation.result import Result
 from iaa.errors import printable
 
 
@@ -31,17 +32,19 @@ def _spelled(value: Any) -> Any:
     return [_spelled(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
-def _emit(result: dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None, err: bool = False) -> None:
-    """Print a result: a JSON object as the last stdout line with ``--json``, else key: value lines,
-    floats to 6 significant digits (only ``keys``, where the command's own summary on stderr has
-    already shown the rest). Its
-    ``warnings`` go to stderr first. ``err``: all of it to stderr (stdout carries the output)."""
+def _emit(result: Result | dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None,
+          err: bool = False) -> None:
+    """Print a result (a job's :class:`Result`, or a plain dict): a JSON object (its
+    :meth:`~Result.fields`) as the last stdout line with ``--json``, else key: value lines, floats
+    to 6 significant digits (only ``keys``, where the command's own summary on stderr has already
+    shown the rest). Its ``warnings`` go to stderr first. ``err``: all of it to stderr (stdout
+    carries the output)."""
     _warn(result)
-    result = _spelled(result)
+    fields = _spelled(result.fields() if isinstance(result, Result) else result)
     if as_json:
-        click.echo(json.dumps(result, default=str), err=err)
+        click.echo(json.dumps(fields, default=str), err=err)
     else:
-        for key, value in result.items():
+        for key, value in fields.items():
             if (keys is None or key in keys) and key != "warnings":   # those went to stderr
                 text = f"{value:.6g}" if isinstance(value, float) else printable(value)
                 click.echo(f"{printable(key)}: {text}", err=err)
@@ -57,8 +60,8 @@ def _close(as_json: bool, describe: Callable[..., str], *args: Any) -> None:
         click.echo(shown(describe(*args), keep_lines=True), err=True)
 
 
-def _warn(result: dict[str, Any]) -> None:
-    for warning in result.get("warnings", ()):
+def _warn(result: Result | dict[str, Any]) -> None:
+    for warning in result.warnings if isinstance(result, Result) else result.get("warnings", ()):
         click.echo(f"warning: {shown(warning)}", err=True)
 
 

@@ -46,7 +46,8 @@ def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], 
         from iaa.platform.tracking.tracker import MlflowTracker
 
         result = sweep_report.run(sweep, workdir, analyze, MlflowTracker, out=out)
-        click.echo(json.dumps(result, default=str) if as_json else shown(sweep_report.describe(result), keep_lines=True))
+        click.echo(json.dumps(result.fields(), default=str) if as_json
+                   else shown(sweep_report.describe(result), keep_lines=True))
         return
     if out is None:
         raise click.UsageError("--out PNG is required with --experiment")
@@ -58,4 +59,4 @@ def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], 
 
     result = job.run(experiment, out, MlflowTracker, run_ids=run_ids + more_run_ids, metric=metric, x=x_axis,
                      baseline=baseline, baseline_data=baseline_data, workdir=workdir, tracking_uri=tracking_uri)
-    click.echo(json.dumps(result, default=str) if as_json else shown(job.describe(result), keep_lines=True))
+    click.echo(json.dumps(result.fields(), default=str) if as_json else shown(job.describe(result), keep_lines=True))

@@ -67,5 +67,5 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, workdir: Path, as
     if unknown:
         raise click.UsageError(f"--set keys must start with model. or bench., got {sorted(unknown)}")
     result = job.run(model=model_kind, overrides=overrides.get("model", {}), device=device, **overrides.get("bench", {}))
-    result["saved"] = str(job.save(result, Workdir(workdir).writable() / "bench" / f"{model_kind}-{device}.json"))
+    result = job.save(result, Workdir(workdir).writable() / "bench" / f"{model_kind}-{device}.json")
     _emit(result, as_json)

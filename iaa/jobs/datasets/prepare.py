@@ -14,6 +14,7 @@ import functools
 import logging
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,30 @@ from iaa.data import verify
 from iaa.data.datasets import DATASETS
 from iaa.data.errors import DataError
 from iaa.files import DiskFullError, disk_full_message, ensure_writable, writing
+from iaa.jobs.evaluation.result import Result
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 from iaa.jobs.workdir import outputs
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareResult(Result):
+    """``iaa-cli prepare``: the prepared folder and what it holds, per split.
+
+    ``created``: ``out`` held no prepared dataset and now does; ``rebuilt``: the dataset ``out``
+    held (stale, damaged or replaced) was built again. Both are false when it was up to date.
+    """
+
+    dataset: str
+    out: str
+    rebuilt: bool
+    created: bool
+    counts: dict[str, int]              # examples per split
+    skipped: dict[str, Any]             # bad examples skipped (``on_error`` skip), per split
+    truncated: dict[str, Any]           # examples cut to fit, per split
+    vocab_size: int
+    seconds: float
 
 ON_ERROR = ("fail", "skip")
 _SPLIT_WORDS = {"train": "training", "valid": "validation"}
@@ -48,7 +69,7 @@ def run(
     workers: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
-) -> dict[str, Any]:
+) -> PrepareResult:
     """Prepare ``dataset`` from ``source`` into ``out`` (default: ``WORKDIR/data/DATASET``).
 
     Args:
@@ -61,10 +82,7 @@ def run(
         overwrite: replace a dataset that ``out`` holds of another dataset or source path.
 
     Returns:
-        ``{"dataset", "out", "rebuilt", "created", "counts", "skipped", "truncated", "vocab_size",
-        "seconds"}``, counts per split. ``created``: ``out`` held no prepared dataset and now does;
-        ``rebuilt``: the dataset ``out`` held (stale, damaged or replaced) was built again. Both
-        are false when it was up to date. Skipped and cut-off examples are also printed to stderr.
+        The :class:`PrepareResult`. Skipped and cut-off examples are also logged.
     """
     _check_options(dataset, on_error, min_count, max_vocab)
     out = Path(out) if out is not None else Workdir(workdir).data(dataset)
@@ -233,15 +251,7 @@ def _report(manifest: dict[str, Any]) -> None:
 
 
 def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float,
-            created: bool = False) -> dict[str, Any]:
-    return {
-        "dataset": manifest["dataset"],
-        "out": str(out),
-        "rebuilt": rebuilt,
-        "created": created,
-        "counts": manifest["counts"],
-        "skipped": manifest["skipped"],
-        "truncated": manifest["truncated"],
-        "vocab_size": manifest["vocab_size"],
-        "seconds": round(seconds, 3),
-    }
+            created: bool = False) -> PrepareResult:
+    return PrepareResult(dataset=manifest["dataset"], out=str(out), rebuilt=rebuilt, created=created,
+                         counts=manifest["counts"], skipped=manifest["skipped"], truncated=manifest["truncated"],
+                         vocab_size=manifest["vocab_size"], seconds=round(seconds, 3))

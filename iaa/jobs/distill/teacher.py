@@ -192,7 +192,7 @@ def score_member(checkpoint: Path, prepared: Path, split: str, limit: int | None
     """One member's predictions on ``split`` (its first ``limit`` rows) with the evaluate job."""
     from iaa.jobs.evaluation import evaluate
 
-    return Path(evaluate.run(Path(checkpoint), Path(prepared), split, Path(out), limit=limit)["predictions"])
+    return Path(evaluate.run(Path(checkpoint), Path(prepared), split, Path(out), limit=limit).predictions)
 
 
 def score_in_process(checkpoints: Sequence[Path], prepared: Path, split: str, limit: int | None,

@@ -264,7 +264,7 @@ def evaluate_members(members: Sequence[Member], prepared: Path, out_dir: Path, s
         for split in splits:
             out = out_dir / "members" / f"{i:02d}-{split}.parquet"
             bar.set_postfix_str(f"member {i + 1}/{len(members)} {split}", refresh=terminal)
-            entry[split] = Path(evaluate.run(member.checkpoint, prepared, split, out, progress=bar.update)["predictions"])
+            entry[split] = Path(evaluate.run(member.checkpoint, prepared, split, out, progress=bar.update).predictions)
         files.append(entry)
     bar.close()
     return files

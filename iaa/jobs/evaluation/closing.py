@@ -64,7 +64,7 @@ class Command:
 
 # The options that name a local file or folder (a URI, ``s3://...``, stays as it is).
 PATH_OPTIONS = frozenset({"checkpoint", "config_file", "data", "ensemble_dir", "input_path", "members", "out",
-                          "run_dir", "workdir"})
+                          "run_dir", "source", "workdir"})
 
 
 def _absolute(value: Any) -> Any:

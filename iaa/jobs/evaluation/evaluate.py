@@ -22,6 +22,8 @@ from torch import nn
 from iaa.data.batch import Batch
 from iaa.files import atomic_write
 from iaa.jobs.evaluation import uncertainty
+from iaa.jobs.evaluation.closing import Command
+from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 from iaa.model.pointer import candidate_probs, nll_loss
@@ -136,10 +138,30 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
                     {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)})
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvaluateResult(Result):
+    """``iaa-cli evaluate``: a checkpoint's accuracy on a split (or a questions file) and where its
+    per-example predictions went; the halting steps where the reader is an ACT one."""
+
+    accuracy: float
+    accuracy_stderr: float | None
+    data_dir: str | None                # None: the questions of ``input``
+    predictions: str                    # the Parquet file written
+    split: str | None
+    input: str | None = absent_when_none()
+    examples: int
+    model: str                          # the reader variant
+    checkpoint: str
+    examples_per_s: float
+    precision: str
+    mean_steps: float | None = absent_when_none()
+    steps_histogram: dict[int, int] | None = absent_when_none()     # {steps: examples}
+
+
 def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Path | None = None,
         batch_size: int = 64, limit: int | None = None, input_path: Path | None = None,
         precision: str = "auto", progress: Callable[[int], Any] | None = None,
-        workdir: Path = Path(DEFAULT_WORKDIR)) -> dict[str, Any]:
+        workdir: Path = Path(DEFAULT_WORKDIR)) -> EvaluateResult:
     """Evaluate a checkpoint on one split of a prepared dataset, or on the questions of
     ``input_path`` (each must give its answer), and write its predictions to ``out``, by default
     ``WORKDIR/evaluations/MODEL/predictions-SPLIT.parquet`` (never beside the checkpoint, whose
@@ -165,42 +187,31 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
     words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
     write_predictions(rows, words, out)
     correct = sum(r["pred"] == r["gold"] for r in rows)
-    return {
-        "accuracy": correct / max(len(rows), 1),
-        "accuracy_stderr": uncertainty.fields("accuracy", correct / max(len(rows), 1), len(rows))["accuracy_stderr"],
-        "data_dir": None if data_dir is None else str(data_dir),
-        "predictions": str(out),
-        "split": split,
-        **({"input": str(input_path), "warnings": list(found.warnings)} if input_path is not None else {}),
-        "examples": len(rows),
-        "model": found.kind,
-        "checkpoint": str(checkpoint_path),
-        "examples_per_s": len(rows) / max(seconds, 1e-9),
-        "precision": used,
-        **step_counts(rows),
-    }
+    accuracy = correct / max(len(rows), 1)
+    data = None if data_dir is None else str(data_dir)
+    source = {"data": data} if data else {"input_path": str(input_path)}
+    steps = [r["steps"] for r in rows if r.get("steps") is not None]
+    return EvaluateResult(
+        accuracy=accuracy,
+        accuracy_stderr=uncertainty.fields("accuracy", accuracy, len(rows))["accuracy_stderr"],
+        data_dir=data, predictions=str(out), split=split,
+        input=None if input_path is None else str(input_path),
+        warnings=found.warnings,
+        examples=len(rows), model=found.kind, checkpoint=str(checkpoint_path),
+        examples_per_s=len(rows) / max(seconds, 1e-9), precision=used,
+        mean_steps=sum(steps) / len(steps) if steps else None,
+        steps_histogram={n: steps.count(n) for n in sorted(set(steps))} if steps else None,
+        next=(Command.of("explain", checkpoint=str(checkpoint_path), **source, split=split, first=5),
+              Command.of("ensemble", members=(str(checkpoint_path),), data=data)))
 
 
-def describe(result: dict[str, Any]) -> str:
+def describe(result: EvaluateResult) -> str:
     """What ``iaa-cli evaluate`` prints: the accuracy with its standard error over the examples,
     the predictions file, and the next commands."""
     from iaa.jobs.evaluation import closing
 
-    ckpt, data = result["checkpoint"], result.get("data_dir")
-    source = {"data": data} if data else {"input_path": result["input"]}
-    steps = f"; {result['mean_steps']:.2f} inference steps on average" if "mean_steps" in result else ""
-    return (f"{result['split'] or result['input']} accuracy: "
-            f"{uncertainty.accuracy_text(result['accuracy'], result['examples'])} over the examples{steps}\n"
-            f"  predictions:  {result['predictions']}\n"
-            + closing.next_block([closing.Command.of("explain", checkpoint=ckpt, **source, split=result.get("split"),
-                                                     first=5),
-                                  closing.Command.of("ensemble", members=(ckpt,), data=data)]))
-
-
-def step_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``mean_steps`` and ``steps_histogram`` ({steps: examples}) of an ACT reader's predictions."""
-    steps = [r["steps"] for r in rows if r.get("steps") is not None]
-    if not steps:
-        return {}
-    return {"mean_steps": sum(steps) / len(steps),
-            "steps_histogram": {n: steps.count(n) for n in sorted(set(steps))}}
+    steps = f"; {result.mean_steps:.2f} inference steps on average" if result.mean_steps is not None else ""
+    return (f"{result.split or result.input} accuracy: "
+            f"{uncertainty.accuracy_text(result.accuracy, result.examples)} over the examples{steps}\n"
+            f"  predictions:  {result.predictions}\n"
+            + closing.next_block(result.next))

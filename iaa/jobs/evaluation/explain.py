@@ -4,6 +4,7 @@ and plain records (``--json``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,6 +15,7 @@ from iaa.data.vocab import PLACEHOLDER_ID
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.evaluation import unknowns
+from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 
 ROUND = 6  # decimals kept in records and pages: enough to compare against the model
 
@@ -132,9 +134,21 @@ def with_a_mistake(model: nn.Module, table: pa.Table, tokens: Sequence[str], rec
     return records, f"the reader gets {what} of {source} right: there is no mistake to show"
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExplainResult(Keyed, Result):
+    """``iaa-cli explain``: the page written, one record per example explained (its words, the
+    reader's trace of its steps and its distribution), and the PNG where one was drawn."""
+
+    html: str
+    examples: tuple[dict[str, Any], ...]
+    title: str
+    mistake_note: str | None = absent_when_none()   # why a mistake was added, or that none was found
+    png: str | None = absent_when_none()
+
+
 def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, example_ids: Sequence[str] = (),
         first: int | None = None, out: Path | None = None, png: Path | None = None,
-        input_path: Path | None = None, workdir: Path | None = None, source: str | None = None) -> dict[str, Any]:
+        input_path: Path | None = None, workdir: Path | None = None, source: str | None = None) -> ExplainResult:
     """Explain the chosen examples of a prepared split, or of the questions of ``input_path`` (all
     of them when none are chosen and there are at most :data:`WHOLE_INPUT`); write the HTML page
     (``out``, by default ``WORKDIR/evaluations/MODEL/explain-SPLIT.html``) and PNG; return the records.
@@ -171,20 +185,19 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
     title = f"{found.kind} on {found.title}" + (f", {source}" if source else "")
     atomic_write_text(out, render_page(records, title, origin=f"checkpoint {checkpoint_path}", note=note))
     gaps = unknowns.warnings_of([r["example_id"] for r in records], records)
-    result: dict[str, Any] = {"html": str(out), "examples": records, "title": title,
-                              **({"mistake_note": note} if note else {}),
-                              **({"warnings": [*found.warnings, *gaps]} if input_path is not None or gaps else {})}
+    drawn = None
     if png is not None:
         from iaa.jobs.evaluation.explain_png import draw
 
-        result["png"] = str(draw(records[0], Path(png)))
-    return result
+        drawn = str(draw(records[0], Path(png)))
+    return ExplainResult(html=str(out), examples=tuple(records), title=title, mistake_note=note or None,
+                         warnings=(*found.warnings, *gaps), png=drawn)
 
 
-def describe(result: dict[str, Any]) -> str:
+def describe(result: ExplainResult) -> str:
     """What ``iaa-cli explain`` prints: each example's prediction (and halting steps), then the files."""
     lines = []
-    for r in result["examples"]:
+    for r in result.examples:
         cands = r["candidates"]
         mark = ("no answer given" if r["gold"] is None else "correct" if r["pred"] == r["gold"]
                 else f"wrong (gold {cands[r['gold']]})")
@@ -193,7 +206,7 @@ def describe(result: dict[str, Any]) -> str:
         if r["stopped_at"] is not None:
             halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
             lines.append(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
-    if result.get("mistake_note"):
-        lines.append(result["mistake_note"])
-    lines.append(f"html: {result['html']}" + (f"\npng: {result['png']}" if "png" in result else ""))
+    if result.mistake_note:
+        lines.append(result.mistake_note)
+    lines.append(f"html: {result.html}" + (f"\npng: {result.png}" if result.png is not None else ""))
     return "\n".join(lines)

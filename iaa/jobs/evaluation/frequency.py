@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from iaa.jobs.evaluation.result import Keyed, Result
 
 
 def accuracy(doc_cand: list[list[int]], n_cands: list[int], answers: list[int]) -> float:
@@ -17,14 +19,25 @@ def accuracy(doc_cand: list[list[int]], n_cands: list[int], answers: list[int]) 
     return correct / max(len(answers), 1)
 
 
-def run(data_dir: Path, split: str) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class BaselineResult(Keyed, Result):
+    """``iaa-cli baseline``: the most-frequent-candidate accuracy on one split of prepared data."""
+
+    baseline: str = "most-frequent-candidate"
+    split: str
+    accuracy: float
+    examples: int
+
+
+def run(data_dir: Path, split: str) -> BaselineResult:
+    """The baseline's accuracy on ``split`` of the prepared ``data_dir``."""
     from iaa.data.loader import PreparedData
 
     table = PreparedData.open(Path(data_dir)).table(split)
     acc = accuracy(table.column("doc_cand").to_pylist(),
                    [len(c) for c in table.column("candidates").to_pylist()],
                    table.column("answer").to_pylist())
-    return {"baseline": "most-frequent-candidate", "split": split, "accuracy": acc, "examples": table.num_rows}
+    return BaselineResult(split=split, accuracy=acc, examples=table.num_rows)
 
 
 def beside(accuracy: float, baseline: float, n: int | None = None) -> str:

@@ -6,16 +6,35 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from iaa.data.raw_text import read_input
+from iaa.jobs.evaluation import uncertainty
 from iaa.jobs.evaluation.predictor import Predictor, ensemble_members
+from iaa.jobs.evaluation.result import Result
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictResult(Result):
+    """``iaa-cli predict``: where the answers went, how many, and the accuracy over the questions
+    that give an answer (None where none does)."""
+
+    predictions: str                    # the JSON Lines file, or "stdout"
+    examples: int
+    members: int                        # checkpoints averaged (1: a single reader)
+    accuracy: float | None
+    precision: str
+    questions_with_answers: int
+    accuracy_stderr: float | None
+    accuracy_over: str                  # the accuracy in words, with what it was scored on
+    unknown_questions: int              # questions with a warning (a candidate absent from the document)
 
 
 def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble_dir: Path | None = None,
         data_dir: Path | None = None, precision: str = "auto",
-        progress: Callable[[int], Any] | None = None) -> dict[str, Any]:
+        progress: Callable[[int], Any] | None = None) -> PredictResult:
     """Predict every question of ``input_path`` with ``checkpoint`` or the members of
     ``ensemble_dir`` and write JSON Lines to ``out``; ``data_dir``: the prepared folder whose
     vocabulary to use (default: the one the checkpoints carry); ``precision``: auto | fp32 | bf16.
@@ -47,22 +66,19 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
         atomic_write_text(out, lines)
     scored = [r["correct"] for r in rows if "correct" in r]
     accuracy = sum(scored) / len(scored) if scored else None
-    return {"predictions": "stdout" if to_stdout else str(out), "examples": len(rows), "members": len(checkpoints),
-            "accuracy": accuracy,
-            "warnings": [str(w.message) for w in caught] + [r["warning"] for r in rows if "warning" in r],
-            "precision": predictor.precision, **answered(accuracy, len(scored), len(rows)),
-            "unknown_questions": sum("warning" in r for r in rows)}
+    return PredictResult(
+        predictions="stdout" if to_stdout else str(out), examples=len(rows), members=len(checkpoints),
+        accuracy=accuracy,
+        warnings=tuple([str(w.message) for w in caught] + [r["warning"] for r in rows if "warning" in r]),
+        precision=predictor.precision, questions_with_answers=len(scored),
+        accuracy_stderr=uncertainty.fields("accuracy", accuracy, len(scored))["accuracy_stderr"],
+        accuracy_over=accuracy_over(accuracy, len(scored), len(rows)),
+        unknown_questions=sum("warning" in r for r in rows))
 
 
-def answered(accuracy: float | None, scored: int, questions: int) -> dict[str, Any]:
-    """``questions_with_answers``, the accuracy's standard error, and ``accuracy_over``: the
-    accuracy in words with how many of the questions gave an answer to score it on."""
-    from iaa.jobs.evaluation import uncertainty
-
+def accuracy_over(accuracy: float | None, scored: int, questions: int) -> str:
+    """The accuracy in words with how many of the questions gave an answer to score it on."""
     if accuracy is None:
-        over = f"no accuracy: none of the {questions} questions gives an answer"
-    else:
-        over = (f"accuracy {uncertainty.accuracy_text(accuracy, scored)} over the {scored} of {questions} "
-                f"questions that give an answer")
-    return {"questions_with_answers": scored, "accuracy_stderr": uncertainty.fields("accuracy", accuracy, scored)[
-        "accuracy_stderr"], "accuracy_over": over}
+        return f"no accuracy: none of the {questions} questions gives an answer"
+    return (f"accuracy {uncertainty.accuracy_text(accuracy, scored)} over the {scored} of {questions} "
+            f"questions that give an answer")

@@ -4,11 +4,13 @@ and the next commands, each runnable as printed."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from iaa.data.cloze import advice
 from iaa.jobs.evaluation.closing import Command, next_block
+from iaa.jobs.evaluation.result import Result
 
 # Why a window gave no question, in words (``{style}``: the word type or entities asked for).
 REASONS = {
@@ -21,6 +23,28 @@ KINDS = {"cbt-ne": "named-entity noun", "cbt-cn": "common noun", "cbt-v": "verb"
 FEW = 0.2          # under this share of windows giving a question, the summary says why
 
 
+@dataclass(frozen=True, kw_only=True)
+class ClozeResult(Result):
+    """``iaa-cli make-cloze``: the questions made, per split, and the funnel from sentences to
+    windows to questions (``dropped``: {reason: windows}, with ``short_documents``: documents
+    shorter than one window). Its ``warnings`` name each evaluation split too small to measure
+    an accuracy on (``make_cloze.small_splits``); ``next``: prepare the folder, then tune or train (none
+    when the valid split is empty)."""
+
+    style: str
+    out: str
+    documents: dict[str, int]           # documents per split
+    questions: dict[str, int]           # questions per split
+    skipped_documents: int
+    tokens: int
+    sentences: int
+    windows: int
+    dropped: dict[str, int]
+    tagging_seconds: float
+    tokens_per_s: int
+    seconds: float
+
+
 def funnel(tally: Mapping[str, int], skipped: Sequence[str]) -> dict[str, Any]:
     """The JSON keys of the funnel: ``sentences`` (of the documents kept), ``windows`` tried and
     ``dropped`` ({reason: windows}, with ``short_documents``: documents shorter than one window)."""
@@ -29,22 +53,22 @@ def funnel(tally: Mapping[str, int], skipped: Sequence[str]) -> dict[str, Any]:
             "dropped": {**dropped, "short_documents": len(skipped)}}
 
 
-def describe(result: Mapping[str, Any]) -> str:
+def describe(result: ClozeResult) -> str:
     """The funnel in a few lines, why few questions came out when few did, and what to run next."""
-    style, questions = result["style"], result["questions"]
+    style, questions = result.style, result.questions
     total = sum(questions.values())
     per_split = ", ".join(f"{s} {n}" for s, n in questions.items())
-    docs = sum(result["documents"].values())
-    lines = [f"make-cloze: {total} {style} questions ({per_split}) from {result.get('sentences', 0)} sentences "
-             f"of {docs} documents; {result.get('windows', 0)} windows tried"]
-    dropped = dict(result.get("dropped") or {})
+    docs = sum(result.documents.values())
+    lines = [f"make-cloze: {total} {style} questions ({per_split}) from {result.sentences} sentences "
+             f"of {docs} documents; {result.windows} windows tried"]
+    dropped = dict(result.dropped)
     short = dropped.pop("short_documents", 0)
     kind = KINDS.get(style, "word")
     for reason, n in sorted(dropped.items(), key=lambda kv: -kv[1]):
         lines.append(f"  {n} windows dropped: {REASONS[reason].format(kind=kind)}")
     if short:
         lines.append(f"  {short} documents dropped: shorter than one window")
-    windows = result.get("windows", 0)
+    windows = result.windows
     if windows and total / windows < FEW:
         lines.append(f"  few questions: {100 * total / windows:.0f}% of the windows gave one; " + _why(style, dropped))
     return "\n".join(lines + [_next(result)])
@@ -60,11 +84,19 @@ def _why(style: str, dropped: Mapping[str, int]) -> str:
     return "more text, or `stride` 1 (every window), gives more questions"
 
 
-def _next(result: Mapping[str, Any]) -> str:
-    out = Path(result["out"])
-    prepared = advice.prepared_sibling(out)
-    if result["questions"].get("valid", 0) == 0:
-        remake = advice.empty_valid(out, prepared)
-        return f"next: the valid split is empty; {remake}" if remake else "next: give make-cloze `valid` N"
-    return next_block([advice.prepare_command(result["style"], out),
-                       Command.of("tune", data=prepared), Command.of("train", data=prepared)])
+def next_commands(style: str, out: Path, questions: Mapping[str, int]) -> tuple[Command, ...]:
+    """Prepare the question folder ``out``, then tune or train on it; none while its valid split is
+    empty (:func:`describe` then says how to draw one)."""
+    if questions.get("valid", 0) == 0:
+        return ()
+    prepared = advice.prepared_sibling(Path(out))
+    return (Command.of("prepare", dataset=style, source=Path(out), out=prepared),
+            Command.of("tune", data=prepared), Command.of("train", data=prepared))
+
+
+def _next(result: ClozeResult) -> str:
+    if result.next:
+        return next_block(result.next)
+    out = Path(result.out)
+    remake = advice.empty_valid(out, advice.prepared_sibling(out))
+    return f"next: the valid split is empty; {remake}" if remake else "next: give make-cloze `valid` N"

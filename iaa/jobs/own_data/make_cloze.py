@@ -33,6 +33,7 @@ from iaa.errors import IaaError
 from iaa.jobs.config.job_config import ConfigError
 from iaa.files import atomic_write_text, writing
 from iaa.jobs.own_data import cloze_summary
+from iaa.jobs.own_data.cloze_summary import ClozeResult
 from iaa.jobs.workdir import outputs
 from iaa.jobs.workdir.paths import Workdir
 
@@ -105,7 +106,7 @@ class Tagged:
 
 def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, tag_map: TagMap | None = None,
         tagger: Callable[[], Tagger] | None = None, progress: bool = True, overwrite: bool = False,
-        workdir: Path | None = None) -> dict[str, Any]:
+        workdir: Path | None = None) -> ClozeResult:
     """Make the questions of ``cfg`` into ``out``.
 
     Args:
@@ -119,9 +120,7 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, tag_map: TagMap
             the MLflow and Optuna files) ``out`` must neither be, lie in, nor hold.
 
     Returns:
-        ``{"style", "out", "documents", "questions", "warnings", "skipped_documents", "tokens",
-        "tagging_seconds", "tokens_per_s", "seconds"}``, counts per split; ``warnings`` names each
-        evaluation split too small to measure an accuracy on (:func:`small_splits`).
+        The :class:`ClozeResult`.
 
     Raises:
         DataError: an empty or undecodable file, or no document long enough for one question.
@@ -142,11 +141,13 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, tag_map: TagMap
     tagged = tag_documents(docs, cfg.window, factory, workers=workers, tag_map=tag_map, progress=progress)
     split_of = splits.assign(tagged.docs, valid=cfg.valid, test=cfg.test, seed=cfg.seed, split_by=cfg.split_by)
     counts, documents, tally = _build(cfg, out, tagged, split_of, previous)
-    return {"style": cfg.style, "out": str(out), "documents": {s: len(v) for s, v in documents.items()},
-            "questions": counts, "warnings": small_splits(counts), "skipped_documents": len(tagged.skipped), "tokens": tagged.tokens,
-            **cloze_summary.funnel(tally, tagged.skipped), "tagging_seconds": round(tagged.seconds, 2),
-            "tokens_per_s": round(tagged.tokens / max(tagged.seconds, 1e-9)),
-            "seconds": round(time.perf_counter() - started, 2)}
+    return ClozeResult(style=cfg.style, out=str(out), documents={s: len(v) for s, v in documents.items()},
+                       questions=counts, warnings=tuple(small_splits(counts)), skipped_documents=len(tagged.skipped),
+                       tokens=tagged.tokens, **cloze_summary.funnel(tally, tagged.skipped),
+                       tagging_seconds=round(tagged.seconds, 2),
+                       tokens_per_s=round(tagged.tokens / max(tagged.seconds, 1e-9)),
+                       seconds=round(time.perf_counter() - started, 2),
+                       next=cloze_summary.next_commands(cfg.style, out, counts))
 
 
 def _build(cfg: ClozeConfig, out: Path, tagged: Tagged, split_of: list[str],

@@ -17,12 +17,13 @@ has none, is left out) or by ``--runs PARENT_ID``, which stands for the parent's
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from iaa.errors import IaaError
 from iaa.files import atomic_path
+from iaa.jobs.evaluation.result import Result
 from iaa.jobs.ports import MetricPoint, RunRecord, Tracker
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
@@ -127,10 +128,25 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
     return Path(out)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReportResult(Result):
+    """``iaa-cli report``: the figure drawn and its data, run by run (``skipped``: the runs that
+    logged no value of the metric)."""
+
+    experiment: str
+    tracking_uri: str
+    metric: str
+    x: str                              # the x axis: one of X_AXES
+    out: str                            # the PNG
+    baseline: float | None
+    runs: tuple[Curve, ...]
+    skipped: tuple[str, ...]
+
+
 def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, run_ids: Sequence[str] = (),
         metric: str = "valid_acc", x: str = "examples", baseline: float | None = None,
         baseline_data: Path | None = None, workdir: Path = Path(DEFAULT_WORKDIR),
-        tracking_uri: str | None = None) -> dict[str, Any]:
+        tracking_uri: str | None = None) -> ReportResult:
     """Draw ``metric`` against ``x`` for the selected runs of the store ``open_tracker(uri)``;
     returns the plotted data, run by run.
 
@@ -148,7 +164,7 @@ def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, r
     if baseline_data is not None:
         from iaa.jobs.evaluation import frequency
 
-        baseline = frequency.run(baseline_data, "valid")["accuracy"]
+        baseline = frequency.run(baseline_data, "valid").accuracy
     tracker = open_tracker(Workdir(workdir).tracking_uri(tracking_uri))
     uri = tracker.uri
     curves, skipped = [], []
@@ -162,16 +178,16 @@ def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, r
         raise IaaError(f"no run of experiment {experiment!r} in {uri} logged the metric {metric!r}; "
                        "train runs log valid_acc at every check")
     draw(curves, out, metric=metric, x=x, title=experiment, baseline=baseline)
-    return {"experiment": experiment, "tracking_uri": uri, "metric": metric, "x": x, "out": str(out),
-            "baseline": baseline, "runs": [asdict(c) for c in curves], "skipped": skipped}
+    return ReportResult(experiment=experiment, tracking_uri=uri, metric=metric, x=x, out=str(out), baseline=baseline,
+                        runs=tuple(curves), skipped=tuple(skipped))
 
 
-def describe(result: dict[str, Any]) -> str:
+def describe(result: ReportResult) -> str:
     """What ``iaa-cli report`` prints: each run's points, last and best values, then the figure."""
-    metric, x = result["metric"], result["x"]
+    metric, x = result.metric, result.x
     lines = []
-    for c in result["runs"]:
-        best = max(range(len(c["y"])), key=lambda i: c["y"][i])
-        lines.append(f"{c['name']}: {len(c['y'])} points; last {metric} {c['y'][-1]:.4f} at {x} {c['x'][-1]:g}; "
-                     f"best {c['y'][best]:.4f} at {x} {c['x'][best]:g}")
-    return "\n".join([*lines, f"figure: {result['out']}"])
+    for c in result.runs:
+        best = max(range(len(c.y)), key=lambda i: c.y[i])
+        lines.append(f"{c.name}: {len(c.y)} points; last {metric} {c.y[-1]:.4f} at {x} {c.x[-1]:g}; "
+                     f"best {c.y[best]:.4f} at {x} {c.x[best]:g}")
+    return "\n".join([*lines, f"figure: {result.out}"])

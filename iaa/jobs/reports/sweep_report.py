@@ -2,17 +2,19 @@
 
 Three figures (parameter importances, parallel coordinates, and each trial's checks with
 ASHA's stops marked) go to ``--out`` (default ``WORKDIR/sweeps/NAME/report``) and to the
-sweep's parent run under ``report/``; the numbers behind them are the returned dict
-(``--json``). The study is read by an adapter (:func:`iaa.platform.sweeps.study.analyze`).
+sweep's parent run under ``report/``; the numbers behind them are the returned
+:class:`SweepReportResult` (``--json``). The study is read by an adapter (:func:`iaa.platform.sweeps.study.analyze`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
 from iaa.jobs.config import exploration
+from iaa.jobs.evaluation.result import Result, absent_when_none, spread
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.ports import Tracker
 from iaa.jobs.workdir import names
@@ -21,8 +23,39 @@ SCORED_STATES = ("COMPLETE", "PRUNED")    # finished, or stopped by ASHA with th
 StudyAnalyzer = Callable[[str, str, Path], dict[str, Any]]   # (storage URL, study name, out folder) -> numbers
 
 
+@dataclass(frozen=True, kw_only=True)
+class SweepReportResult(Result):
+    """``iaa-cli report --sweep``: the sweep's study, its trials and parameter importances, the
+    figures drawn and the parent run they were logged to (None: none was). ``analysis``: the rest
+    of what the study's analyzer reported (its storage, evaluator, best trial ...)."""
+
+    sweep: str
+    sampler: str | None
+    study: str
+    trials: tuple[dict[str, Any], ...]
+    importances: dict[str, float]                                  # fANOVA's, by parameter
+    figures: dict[str, str]                                        # name -> PNG
+    dashboard_importances: dict[str, float] | None = absent_when_none()   # optuna-dashboard's PED-ANOVA
+    complete_trials: int | None = absent_when_none()
+    scored_trials: int | None = absent_when_none()
+    analysis: Mapping[str, Any] = spread()
+    logged_to_run: str | None = None
+
+
+def from_analysis(analysis: Mapping[str, Any], *, sweep: str, sampler: str | None = None,
+                  logged_to_run: str | None = None, warnings: tuple[str, ...] = ()) -> SweepReportResult:
+    """The result of the analyzer's numbers (``analysis``: :data:`StudyAnalyzer`'s dict) for ``sweep``."""
+    named = {"study", "trials", "importances", "figures", "dashboard_importances", "complete_trials", "scored_trials"}
+    return SweepReportResult(
+        sweep=sweep, sampler=sampler, study=analysis["study"], trials=tuple(analysis["trials"]),
+        importances=dict(analysis["importances"]), figures=dict(analysis["figures"]),
+        dashboard_importances=analysis.get("dashboard_importances"), complete_trials=analysis.get("complete_trials"),
+        scored_trials=analysis.get("scored_trials"), analysis={k: v for k, v in analysis.items() if k not in named},
+        logged_to_run=logged_to_run, warnings=warnings)
+
+
 def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable[[str], Tracker],
-        out: Path | None = None) -> dict[str, Any]:
+        out: Path | None = None) -> SweepReportResult:
     """Draw the figures of sweep ``name``'s study and log them to its parent run; BadNameError
     when ``name`` could leave the work folder's ``sweeps`` folder."""
     names.folder_name(name, "`sweep`")
@@ -41,30 +74,31 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
         logged = True
     scored = [t["params"] for t in result["trials"] if t.get("state") in SCORED_STATES]
     searched = list((sweep.search_space or {}).get("params") or {}) or sorted({k for t in scored for k in t})
-    return {"sweep": sweep.name, "sampler": sweep_file.sampler(sweep), **result,
-            "logged_to_run": sweep.parent_run_id if logged else None,
-            "warnings": exploration.notes(scored, searched)}
+    return from_analysis(result, sweep=sweep.name, sampler=sweep_file.sampler(sweep),
+                         logged_to_run=sweep.parent_run_id if logged else None,
+                         warnings=tuple(exploration.notes(scored, searched)))
 
 
-def dashboard_line(result: dict[str, Any]) -> list[str]:
+def dashboard_line(result: SweepReportResult) -> list[str]:
     """optuna-dashboard's importances of the same study, and in one line why they differ from fANOVA's."""
-    if "dashboard_importances" not in result:
+    if result.dashboard_importances is None:
         return []
-    shown = ", ".join(f"{k} {v:.3f}" for k, v in result["dashboard_importances"].items()) or "none (under 2 COMPLETE trials)"
-    complete, scored = result.get("complete_trials", "?"), result.get("scored_trials", "?")
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in result.dashboard_importances.items()) or "none (under 2 COMPLETE trials)"
+    complete = "?" if result.complete_trials is None else result.complete_trials
+    scored = "?" if result.scored_trials is None else result.scored_trials
     return [f"optuna-dashboard shows PED-ANOVA instead: {shown}; it compares the best 10% of the {complete} COMPLETE "
             f"trials with all of them (fANOVA above fits all {scored} scored ones), so a small sweep ties there"]
 
 
-def describe(result: dict[str, Any]) -> str:
+def describe(result: SweepReportResult) -> str:
     """The importances and the figures, for the console."""
-    sampler = f", proposed by the {result['sampler']} sampler" if result.get("sampler") else ""
-    lines = [f"sweep {result['sweep']}: {len(result['trials'])} trials in study {result['study']}{sampler}",
+    sampler = f", proposed by the {result.sampler} sampler" if result.sampler else ""
+    lines = [f"sweep {result.sweep}: {len(result.trials)} trials in study {result.study}{sampler}",
              "parameter importance (fANOVA over finished and ASHA-stopped trials):"]
-    lines += [f"  {name:24s} {value:.3f}" for name, value in result["importances"].items()]
+    lines += [f"  {name:24s} {value:.3f}" for name, value in result.importances.items()]
     lines += dashboard_line(result)
-    lines += [f"warning: {note}" for note in result.get("warnings", ())]
-    lines += [f"{name}: {path}" for name, path in result["figures"].items()]
-    if result.get("logged_to_run"):
-        lines.append(f"figures logged to the parent run {result['logged_to_run']} under report/")
+    lines += [f"warning: {note}" for note in result.warnings]
+    lines += [f"{name}: {path}" for name, path in result.figures.items()]
+    if result.logged_to_run:
+        lines.append(f"figures logged to the parent run {result.logged_to_run} under report/")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from iaa.model import kernels as fast
 from iaa.model.config import PRESETS, ReaderConfig
 from iaa.jobs.train.flops import batch_flops, batch_recurrent_flops, step_layer_flops
 from iaa.model.reader import build_reader
+from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
 from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step
 
@@ -234,10 +235,42 @@ def roofline_size(device: str) -> int:
     return MATMUL_SIZES.get(torch.device(device).type, MATMUL_SIZES["cpu"])
 
 
+@dataclass(frozen=True, kw_only=True)
+class BenchResult(Result):
+    """``iaa-cli bench``: the workload's training and inference rates, the FLOPs of a training
+    example (per example of the median-length batch) and the machine's rooflines.
+
+    ``flops_by_dtype``: by the dtype each matmul multiplied in; ``matmul_gflops``: the roofline of
+    the precision used (``matmul_gflops_bf16`` is None on a machine without bf16 units, with a
+    warning); ``roofline_fraction``: the time the matmuls would take at their own dtype's roofline
+    over the measured step time; ``kernels``: the fast path of each slot, or why a slot runs the
+    reference (:func:`kernels_report`); ``saved``: the JSON file it was saved to, once saved.
+    """
+
+    train_examples_per_s: float
+    infer_examples_per_s: float
+    flops_per_train_example: int
+    flops_by_dtype: dict[str, int]
+    achieved_gflops: float
+    matmul_gflops: float | None
+    matmul_gflops_fp32: float
+    matmul_gflops_bf16: float | None
+    roofline_fraction: float
+    peak_memory_bytes: int | None
+    config: dict[str, Any]              # the ReaderConfig timed
+    batch_size: int
+    threads: int
+    device: str
+    precision: str                      # the one used
+    compile: bool
+    kernels: dict[str, str]
+    saved: str | None = absent_when_none()
+
+
 def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: str = "cpu",
         batch_size: int = 32, steps: int = 10, warmup: int = 2, seed: int = 0,
         precision: str = "auto", threads: int = 0, compile: bool = False,
-        compile_backend: str = "inductor", matmul_size: int | None = None) -> dict:
+        compile_backend: str = "inductor", matmul_size: int | None = None) -> BenchResult:
     """Time training steps and inference after a warm-up, on the synthetic workload.
 
     Args:
@@ -259,14 +292,7 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
             default :data:`MATMUL_SIZES` of the device.
 
     Returns:
-        A dict with train_examples_per_s, infer_examples_per_s, flops_per_train_example,
-        flops_by_dtype (per training example, by the dtype each matmul multiplied in),
-        achieved_gflops, matmul_gflops_fp32 and matmul_gflops_bf16 (the machine's two
-        rooflines), matmul_gflops (the roofline of the precision used), roofline_fraction (the
-        time the matmuls would take at their own dtype's roofline over the measured step time),
-        peak_memory_bytes, config, batch_size, threads, device, precision (the one used),
-        compile, and kernels (``kernels_report``: the fast path of each slot, or why a slot
-        runs the reference).
+        The :class:`BenchResult`.
     """
     retain_freed_memory()                     # an entry point: opts the process in
     if threads > 0:
@@ -282,8 +308,8 @@ def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: 
     by_dtype = _train_flops_by_dtype(cfg, used, device, train, train_batches, reader.kernels.describe())
     infer_s, infer_n = _time_inference(reader, device, batch_size, steps, warmup, seed)
     rooflines = matmul_rooflines(device, size=matmul_size or roofline_size(device))
-    return {**_report(cfg, device, used, batch_size, by_dtype, train_n / train_s, infer_n / infer_s, rooflines),
-            "compile": compile, "kernels": kernels_report(reader.kernels, cfg)}
+    return BenchResult(**_report(cfg, device, used, batch_size, by_dtype, train_n / train_s, infer_n / infer_s,
+                                 rooflines), compile=compile, kernels=kernels_report(reader.kernels, cfg))
 
 
 def _train_batches(device: str, batch_size: int, batches: int, seed: int) -> list[Batch]:
@@ -358,13 +384,14 @@ def _flops_by_dtype(flops: float, used: str, device: str, step: Callable[[], obj
 
 
 def _report(cfg: ReaderConfig, device: str, used: str, batch_size: int, by_dtype: dict[str, float],
-            train_rate: float, infer_rate: float, rooflines: dict[str, float]) -> dict:
+            train_rate: float, infer_rate: float, rooflines: dict[str, float]) -> dict[str, Any]:
+    """The figures of :class:`BenchResult` but ``compile`` and ``kernels``."""
     flops = sum(by_dtype.values())                                     # per example, median-length batch
     achieved = flops * train_rate / 1e9
     # seconds per example the matmuls would take, each at its own dtype's roofline
     ideal_s = sum(f / ((rooflines.get(name) or rooflines["fp32"]) * 1e9) for name, f in by_dtype.items())
     return {
-        **({"warnings": [NO_BF16_UNITS]} if rooflines.get("bf16") is None else {}),
+        "warnings": (NO_BF16_UNITS,) if rooflines.get("bf16") is None else (),
         "train_examples_per_s": round(train_rate, 2),
         "infer_examples_per_s": round(infer_rate, 2),
         "flops_per_train_example": int(flops),
@@ -383,13 +410,14 @@ def _report(cfg: ReaderConfig, device: str, used: str, batch_size: int, by_dtype
     }
 
 
-def save(result: dict, path: Path) -> Path:
-    """Write ``result`` (what :func:`run` returned) as JSON to ``path``, replacing an earlier one."""
+def save(result: BenchResult, path: Path) -> BenchResult:
+    """Write ``result`` (what :func:`run` returned) as JSON to ``path``, replacing an earlier one;
+    returns it with ``saved``."""
     import json
 
     from iaa.files import atomic_write_text
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
-    return path
+    atomic_write_text(path, json.dumps(result.fields(), indent=1, default=str) + "\n")
+    return replace(result, saved=str(path))
