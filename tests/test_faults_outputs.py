@@ -434,7 +434,8 @@ def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_p
     from iaa.jobs.tune import tune
     from iaa.jobs.ports import TrialRecord
 
-    monkeypatch.setattr(explain, "run", lambda *a, **k: {"html": str(tmp_path / "e.html"), "png": str(tmp_path / "e.png")})
+    monkeypatch.setattr(explain, "run", lambda *a, **k: explain.ExplainResult(
+        html=str(tmp_path / "e.html"), png=str(tmp_path / "e.png"), examples=(), title="t"))
 
     class Run:
         def __init__(self, run_id: str) -> None:

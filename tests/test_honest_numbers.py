@@ -130,9 +130,9 @@ def test_tune_names_a_tie_and_gives_the_error_bar(tiny, tmp_path, capsys, consol
                            workdir=tmp_path / "work", name="tied", show_progress=False)
     result = tune.run(req, lambda uri: FakeTracker(), TiedLauncher())
     err = capsys.readouterr().err
-    assert len(result["tied_trials"]) == 3 and "3 trials tie" in err
+    assert len(result.tied_trials) == 3 and "3 trials tie" in err
     assert "valid accuracy 0.2500 (95% interval 0.1601 to 0.3682, n=64" in err and "noise" in err
-    assert result["best_valid_acc_n"] == 64 and result["best_valid_acc_stderr"] == pytest.approx(0.054127, abs=1e-5)
+    assert result.best_valid_acc_n == 64 and result.best_valid_acc_stderr == pytest.approx(0.054127, abs=1e-5)
 
 
 # --- ensemble and distill -------------------------------------------------------------------------------

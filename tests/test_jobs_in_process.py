@@ -77,7 +77,10 @@ def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny
     children = tracker.children(sweep["parent_run_id"])
     assert sorted(c.run_id for c in children) == sorted(t["mlflow_run_id"] for t in sweep["trials"])
     best = max(sweep["trials"], key=lambda t: t["best_valid_acc"])
-    assert result["best_valid_acc"] == pytest.approx(best["best_valid_acc"])
+    assert isinstance(result, tune.TuneResult) and result.best_trial == best["trial_id"]
+    assert result.best_valid_acc == pytest.approx(best["best_valid_acc"]) and result.trials == 3
+    assert result.best_config.is_file() and result.sweep_json.is_file() and result.parent_run_id == sweep["parent_run_id"]
+    assert [c.name for c in result.next] == ["train", "report", "ensemble", "serve"]
     assert tracker.runs[sweep["parent_run_id"]].state == "FINISHED"
 
 

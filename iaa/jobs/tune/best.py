@@ -5,20 +5,23 @@ page, the parent run's metrics and the summary on stderr.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from iaa.errors import IaaError, printable
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.config.job_config import config_label, dump_yaml
 from iaa.jobs.evaluation import frequency, uncertainty
+from iaa.jobs.evaluation.closing import next_block
+from iaa.jobs.evaluation.frequency import BaselineResult
+from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 from iaa.jobs.config import exploration, search_space
 from iaa.jobs.ports import (TrackedRun, Tracker,
                             TrialRecord)
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
-from iaa.jobs.tune.next_steps import next_commands
+from iaa.jobs.tune.next_steps import next_steps
 from iaa.jobs.tune.parent_run import run_columns
 from iaa.jobs.tune.request import SweepInterrupted
 from iaa.jobs.tune.settle import SweepPlan
@@ -26,7 +29,51 @@ from iaa.jobs.tune.settle import SweepPlan
 _log = logging.getLogger(__name__)
 
 
-def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tracker) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class TuneResult(Keyed, Result):
+    """``iaa-cli tune``: the sweep, its best trial and where its outputs are.
+
+    ``model_uri`` is the best trial's logged model (None when it has no run, or the store refused
+    it); ``explain_page`` and ``explain_png`` are absent when no page was made;
+    ``nothing_left`` is True for a resumed sweep that had nothing left to run.
+    """
+
+    sweep: str
+    tracking_uri: str | None
+    experiment: str | None
+    best_config: Path
+    best_valid_acc: float | None
+    baseline_valid_acc: float
+    best_trial: str
+    best_checkpoint: str | None
+    trials: int
+    sweep_json: Path
+    parent_run_id: str | None
+    explain_page: str | None = absent_when_none()
+    explain_png: str | None = absent_when_none()
+    model_uri: str | None = None
+    mlflow_ui: str
+    best_valid_acc_n: int
+    best_valid_acc_stderr: float | None
+    tied_trials: tuple[str, ...] = ()
+    nothing_left: bool | None = absent_when_none()
+
+
+def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ties: Sequence[str], baseline: BaselineResult,
+            ui: str, outputs: Mapping[str, str | None], **more: Any) -> TuneResult:
+    accuracy = uncertainty.fields("best_valid_acc", best.best_valid_acc, baseline.examples)
+    return TuneResult(sweep=sweep.name, tracking_uri=sweep.tracking_uri, experiment=sweep.experiment,
+                      best_config=plan.folder / "best_config.yaml", best_valid_acc=best.best_valid_acc,
+                      baseline_valid_acc=baseline.accuracy, best_trial=best.trial_id,
+                      best_checkpoint=best.checkpoint, trials=len(sweep.trials), sweep_json=plan.record_file,
+                      parent_run_id=sweep.parent_run_id, explain_page=outputs.get("explain_page"),
+                      explain_png=outputs.get("explain_png"), model_uri=outputs.get("model_uri"), mlflow_ui=ui,
+                      best_valid_acc_n=int(accuracy["best_valid_acc_n"] or 0),
+                      best_valid_acc_stderr=accuracy["best_valid_acc_stderr"], tied_trials=tuple(ties),
+                      next=next_steps(plan, best, plan.folder / "best_config.yaml"), **more)
+
+
+def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tracker) -> TuneResult:
     """The best trial of ``sweep`` (what ``plan`` ran): its config as YAML, the table, the parent
     run's metrics and artifacts, and on the best trial's run its MLflow model and explain page."""
     name, records, space, sweep_dir, prepared = sweep.name, list(sweep.trials), plan.space, plan.folder, plan.prepared
@@ -45,8 +92,8 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     if parent.lost:
         unlogged.insert(0, f"the sweep's run {parent.run_id} (marked FAILED) lacks {', '.join(parent.lost)}")
     ui = tracker.ui_command
-    baseline_split = frequency.run(prepared, "valid")
-    base, n_valid = baseline_split["accuracy"], baseline_split["examples"]
+    baseline = frequency.run(prepared, "valid")
+    base, n_valid = baseline.accuracy, baseline.examples
     warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.label}")
     ties = uncertainty.tied_best({r.label: r.best_valid_acc for r in scored})
     warnings += [uncertainty.tie_note(ties, best.label, best.best_valid_acc, n_valid)] if len(ties) > 1 else []
@@ -57,46 +104,33 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
                         f"  config:       {best_config}\n"
                         + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
                         + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
-                        + next_commands(plan, best, best_config), keep_lines=True))
+                        + next_block(next_steps(plan, best, best_config)), keep_lines=True))
     if unlogged:
         raise IaaError(f"{sweep.tracking_uri}: the sweep finished and its files are written, but the store did "
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
                        "restart it) and log the models again")
-    return {"sweep": name, "tracking_uri": sweep.tracking_uri, "experiment": sweep.experiment,
-            "best_config": str(best_config), "best_valid_acc": best.best_valid_acc, "baseline_valid_acc": base,
-            "best_trial": best.trial_id, "best_checkpoint": best.checkpoint, "trials": len(records),
-            "sweep_json": str(sweep_dir / "sweep.json"), "parent_run_id": parent.run_id, **outputs, "mlflow_ui": ui,
-            **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties}
+    return _result(plan, sweep, best, ties, baseline, ui, outputs)
 
 
-def finished_result(plan: SweepPlan, ui_command: str) -> dict[str, Any]:
+def finished_result(plan: SweepPlan, ui_command: str) -> TuneResult:
     """The result of a resumed sweep that has nothing left to run, read from its record
-    (``sweep.json``, the best trial's files) and its data: the keys :func:`finish` gives, with
-    ``nothing_left``.
+    (``sweep.json``, the best trial's files) and its data, with ``nothing_left``.
 
     Nothing is written, logged or started: the sweep's folder stays as it is.
     """
     assert plan.recorded is not None
     sweep, sweep_dir = plan.recorded, plan.folder
-    records = sweep.trials
-    scored = [r for r in records if r.scored]
+    scored = [r for r in sweep.trials if r.scored]
     if not scored:
         raise IaaError(f"sweep {sweep.name} has nothing left to run, but no trial of it finished a validation "
-                       f"check ({sweep_dir / 'sweep.json'}); run a new sweep under another `sweep_name`")
+                       f"check ({plan.record_file}); run a new sweep under another `sweep_name`")
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
-    baseline_split = frequency.run(plan.prepared, "valid")
-    base, n_valid = baseline_split["accuracy"], baseline_split["examples"]
     outputs = {key: str(sweep_dir / f"explain-best.{ext}") for key, ext in (("explain_page", "html"),
                                                                           ("explain_png", "png"))
                if (sweep_dir / f"explain-best.{ext}").is_file()}
     ties = uncertainty.tied_best({r.trial_id: r.best_valid_acc for r in scored})
-    return {"sweep": sweep.name, "tracking_uri": sweep.tracking_uri, "experiment": sweep.experiment,
-            "best_config": str(sweep_dir / "best_config.yaml"), "best_valid_acc": best.best_valid_acc,
-            "baseline_valid_acc": base, "best_trial": best.trial_id, "best_checkpoint": best.checkpoint,
-            "trials": len(records), "sweep_json": str(sweep_dir / "sweep.json"),
-            "parent_run_id": sweep.parent_run_id, **outputs, "mlflow_ui": ui_command,
-            **uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid), "tied_trials": ties,
-            "nothing_left": True}
+    return _result(plan, sweep, best, ties, frequency.run(plan.prepared, "valid"), ui_command, outputs,
+                   nothing_left=True)
 
 
 def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun) -> list[TrialRecord]:
@@ -189,11 +223,11 @@ def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared:
     page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
                        out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png",
                        source=f"sweep {sweep_dir.name}, trial {best.label}")
-    out: dict[str, Any] = {"explain_page": page["html"], "explain_png": page["png"]}
+    out: dict[str, Any] = {"explain_page": page.html, "explain_png": page.png}
     if best.mlflow_run_id:
         run = tracker.attach(best.mlflow_run_id)
         runs.append(run)
-        for artifact in (page["html"], page["png"]):
+        for artifact in (page.html, page.png):
             run.log_artifact(Path(artifact), "explain")
         out["model_uri"] = tracker.log_model(run, [Path(best.checkpoint)], prepared, register, code=MODEL_CODE)
     unlogged = []

@@ -1,4 +1,4 @@
-"""What to run after a sweep, printed line by line as it runs.
+"""What to run after a sweep: the commands its result carries and its summary prints.
 """
 
 from __future__ import annotations
@@ -10,14 +10,19 @@ from iaa.jobs.ports import TrialRecord
 from iaa.jobs.tune.settle import SweepPlan
 
 
-def next_commands(plan: SweepPlan, best: TrialRecord, best_config: Path | None = None) -> str:
+def next_steps(plan: SweepPlan, best: TrialRecord, best_config: Path | None = None) -> tuple[Command, ...]:
     """What to run after the sweep: train its best config, its analytics, an ensemble of its best
     configs, a service. Each line runs as printed (the work folder and store are named when not
     the defaults)."""
     folder = {k: v for k, v in (plan.options or {}).items() if k == "workdir"}
     serve = (plan.command("serve", model_uri=f"models:/{plan.register}/latest") if plan.register
              else Command.of("serve", checkpoint=str(best.checkpoint)))
-    return next_block([*([plan.command("train", config_file=str(best_config))] if best_config is not None else []),
-                       Command.of("report", sweep=plan.name, **folder),
-                       plan.command("ensemble", sweep=plan.name),
-                       serve])
+    return (*([plan.command("train", config_file=str(best_config))] if best_config is not None else []),
+            Command.of("report", sweep=plan.name, **folder),
+            plan.command("ensemble", sweep=plan.name),
+            serve)
+
+
+def next_commands(plan: SweepPlan, best: TrialRecord, best_config: Path | None = None) -> str:
+    """:func:`next_steps` as the summary's block: ``next:`` and a command a line."""
+    return next_block(next_steps(plan, best, best_config))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Callable
 
 from iaa.errors import IaaError
 from iaa.files import DiskFullError
@@ -45,7 +45,7 @@ from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.tune import stops
-from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, best_outputs, finish, finished_result, write_best_config
+from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, TuneResult, best_outputs, finish, finished_result, write_best_config
 from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import close_lost_runs, run_columns, start_sweep, sweep_params
@@ -56,20 +56,20 @@ from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, searched_o
 _log = logging.getLogger(__name__)
 
 # The phases live in their own modules; their names stay importable from here.
-__all__ = ["EXPLAIN_EXAMPLES", "TUNE_PRESETS", "SweepInterrupted", "SweepPlan", "TuneRequest", "asha_notes",
+__all__ = ["EXPLAIN_EXAMPLES", "TUNE_PRESETS", "SweepInterrupted", "SweepPlan", "TuneRequest", "TuneResult", "asha_notes",
            "asha_preset", "best_outputs", "close_lost_runs", "estimate_cost", "finish", "next_commands", "run",
            "run_columns", "searched_overrides", "settle", "start_sweep", "sweep_config", "sweep_name",
            "sweep_params", "write_best_config"]
 
 
-def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> dict[str, Any]:
+def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> TuneResult:
     """Run (or with a resume continue) the sweep ``plan`` (a request is settled first), tracked in
     ``open_tracker(uri)``.
 
-    Returns ``{"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"}`` plus the
-    best trial, its checkpoint, the number of trials and the ``sweep.json`` path. A resumed sweep
-    with nothing left to run (:func:`iaa.jobs.sweeps.record.finished`) returns its recorded
-    result (``nothing_left``) at once: no cluster starts and its folder is not written. Raises
+    Returns a :class:`~iaa.jobs.tune.best.TuneResult`: the sweep, its best trial, config,
+    checkpoint and model, the number of trials and the ``sweep.json`` path. A resumed sweep with
+    nothing left to run (:func:`iaa.jobs.sweeps.record.finished`) returns its recorded result
+    (``nothing_left``) at once: no cluster starts and its folder is not written. Raises
     :class:`SweepInterrupted` when the sweep stopped with unfinished trials (after recording
     them), and :class:`iaa.jobs.interrupt.Interrupted` on SIGINT or SIGTERM (its runs KILLED, its
     unfinished Optuna trials FAIL: :mod:`iaa.jobs.tune.stops`).
@@ -88,7 +88,7 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
         return _run(plan, tracker, launcher, stop)
 
 
-def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.Stop) -> dict[str, Any]:
+def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.Stop) -> TuneResult:
     launch = launcher.connect(ConnectRequest(
         name=plan.name, prepared=plan.prepared, storage=plan.storage, num_trials=plan.num_samples,
         workers_per_trial=plan.workers_per_trial, gpus_per_worker=plan.gpus_per_worker,
