@@ -244,13 +244,14 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
 
     from iaa.jobs.train import train
     from iaa.jobs.workdir.paths import Workdir
+    from iaa.cli.adapters import MODEL_FILE
     from iaa.platform.tracking.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
 
     tiny = make_tiny_prepared(tmp_path / "tiny")
     cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
     assert cfg.train.precision == "auto"                                  # the default
-    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri())
+    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri(), MODEL_FILE)
     for rates, chosen in (({"fp32": 100.0, "bf16": 400.0}, "bf16"), ({"fp32": 100.0, "bf16": 20.0}, "fp32")):
         monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
         result = train.run_tracked(cfg, tiny, tmp_path / f"run-{chosen}", tracker, show_progress=False)
