@@ -157,10 +157,10 @@ def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_p
 def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None:
     from dataclasses import replace
 
+    from iaa.cli.adapters import MODEL_FILE
     from iaa.jobs.datasets import resolve
 
     from iaa.jobs.train import train
-    from iaa.cli.adapters import MODEL_FILE
     from iaa.platform.tracking.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
 

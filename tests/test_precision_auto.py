@@ -240,11 +240,11 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
+    from iaa.cli.adapters import MODEL_FILE
     from iaa.jobs.datasets import resolve
 
     from iaa.jobs.train import train
     from iaa.jobs.workdir.paths import Workdir
-    from iaa.cli.adapters import MODEL_FILE
     from iaa.platform.tracking.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
 
