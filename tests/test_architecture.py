@@ -3,7 +3,8 @@
 - ``ray``, ``mlflow`` and ``optuna`` are imported only in ``iaa/platform``, the adapters;
 - ``iaa.jobs`` never imports ``iaa.platform`` (jobs are written against ``iaa.jobs.ports``);
 - ``iaa.platform`` imports from ``iaa.jobs`` only the ports, configs and paths: the job code an
-  adapter runs reaches it as a callable the job passes in;
+  adapter runs reaches it as a callable the job passes in, or through a composition root (the
+  command line, or an entry module that an outside runner starts: ``ENTRY_MODULES``, which nothing imports);
 - ``iaa.model`` imports no other ``iaa`` layer, ``iaa.data`` neither jobs nor platform;
 - ``iaa.model.kernels`` (the fast paths) imports only torch, the standard library and its own
   modules, and the rest of ``iaa.model`` reaches the kernels only through the package
@@ -70,6 +71,32 @@ def test_layers_import_only_downward(layer: str, forbidden: tuple[str, ...]) -> 
     upward = {name: sorted(m for m in deps if m.startswith(forbidden))
               for name, deps in GRAPH.items() if name.startswith(layer)}
     assert {name: deps for name, deps in upward.items() if deps} == {}
+
+
+# Composition roots besides the command line's commands: modules that an outside runner starts,
+# which wire the platform to the jobs. Each is placed here with why; nothing in ``iaa`` imports one.
+ENTRY_MODULES = {
+    "iaa.cli.logged_model": "MLflow runs it as a logged model's code (models-from-code): it hands the job's "
+                            "loader to the platform's pyfunc model, and running it sets MLflow's model",
+}
+
+
+def importers(graph: dict[str, set[str]], module: str) -> list[str]:
+    """The modules of ``graph`` that import ``module``."""
+    return sorted(name for name, deps in graph.items() if module in deps and name != module)
+
+
+def test_nothing_imports_an_entry_module() -> None:
+    assert {module: importers(GRAPH, module) for module in ENTRY_MODULES} == {module: [] for module in ENTRY_MODULES}
+    planted = _planted(GRAPH, "iaa.cli.inference", "iaa.cli.logged_model")
+    assert importers(planted, "iaa.cli.logged_model") == ["iaa.cli.inference"]
+
+
+def test_the_tracker_is_handed_the_logged_models_code_file() -> None:
+    """The composition step names the model's code file by its path (importing it would run it)."""
+    from iaa.cli.adapters import MODEL_FILE
+
+    assert MODEL_FILE.resolve() == MODULES["iaa.cli.logged_model"]
 
 
 KERNELS = "iaa.model.kernels"

@@ -90,6 +90,7 @@ def test_a_logged_model_names_the_dataset_it_was_measured_on(tmp_path):
     """MLflow 3 shows a logged model's datasets from its metrics: each names the run's dataset input."""
     from mlflow import MlflowClient
 
+    from iaa.cli.adapters import MODEL_FILE
     from iaa.jobs.evaluation.predictor import MODEL_CODE
     from iaa.jobs.workdir.paths import Workdir
     from iaa.platform.tracking import connection, store
@@ -100,10 +101,109 @@ def test_a_logged_model_names_the_dataset_it_was_measured_on(tmp_path):
     run = store.Run.start(uri, "train-tiny", "r", tags={"dataset": "tiny"})
     run.log_dataset(prepared)
     run.log_metrics({"valid_acc": 0.5}, step=1)
-    model_uri = mlflow_model.log(uri, run.run_id, [ckpts["iaa"]], prepared, MODEL_CODE)
+    model_uri = mlflow_model.log(uri, run.run_id, [ckpts["iaa"]], prepared, MODEL_CODE, model_file=MODEL_FILE)
     run.end()
     client = MlflowClient(uri)
     logged = client.get_logged_model(model_uri.removeprefix("models:/"))
     (entry,) = client.get_run(run.run_id).inputs.dataset_inputs
     assert [m.key for m in logged.metrics] == ["valid_acc"]
     assert {(m.dataset_name, m.dataset_digest) for m in logged.metrics} == {(entry.dataset.name, entry.dataset.digest)}
+
+
+LOAD_AND_REPORT = """
+import json, sys
+import mlflow, pandas as pd
+mlflow.set_tracking_uri(sys.argv[1]); mlflow.set_registry_uri(sys.argv[1])
+model = mlflow.pyfunc.load_model(sys.argv[2])
+df = pd.read_json(sys.argv[3], lines=True, dtype=False)
+print(json.dumps({"rows": model.predict(df), "iaa": sys.modules["iaa"].__file__}))
+"""
+
+
+def _questions(root: Path, out: Path, count: int = 8) -> list[dict]:
+    """The first ``count`` validation questions of the tiny CBT files under ``root``, written to ``out``."""
+    examples = cbt.read(root / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt").examples()[:count]
+    records = [{"id": ex.example_id, "document": " ".join(ex.doc), "query": " ".join(ex.query),
+                "candidates": list(ex.candidates), "answer": ex.answer} for ex in examples]
+    out.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return records
+
+
+def test_an_ensemble_is_logged_as_code_and_loads_without_unpickling(tmp_path, monkeypatch):
+    """The model's code is a file that MLflow runs (models-from-code), not a pickle: with MLflow
+    told to refuse pickles, a fresh process outside the repository loads the two members with the
+    ``iaa`` of the model's ``code_paths`` and answers as the predictor does."""
+    import mlflow
+    from mlflow.models import Model
+
+    from iaa.cli.adapters import MODEL_FILE
+    from iaa.jobs.evaluation.predictor import MODEL_CODE, Predictor
+    from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking import connection, store
+    from tests._explain import tiny_checkpoint
+
+    prepared = make_tiny_prepared(tmp_path)
+    members = [tiny_checkpoint(prepared, tmp_path / f"seed-{seed}.pt", seed=seed) for seed in (0, 1)]
+    uri = connection.open_store(Workdir(tmp_path / "work").tracking_uri())
+    run = store.Run.start(uri, "ensemble-tiny", "r")
+    assert mlflow_model.log(uri, run.run_id, members, prepared, MODEL_CODE, "tiny-ensemble",
+                            model_file=MODEL_FILE) == "models:/tiny-ensemble/1"
+    run.end()
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    local = Path(mlflow.artifacts.download_artifacts("models:/tiny-ensemble/1", dst_path=str(tmp_path / "dl")))
+    flavor = Model.load(str(local)).flavors["python_function"]
+    assert flavor["loader_module"] == "mlflow.pyfunc.loaders.code_model"
+    assert Path(flavor["model_code_path"]).name == MODEL_FILE.name
+    assert (local / MODEL_FILE.name).read_text() == MODEL_FILE.read_text()
+    assert "python_model" not in flavor and not [p for p in local.rglob("*") if p.suffix in (".pkl", ".pickle")]
+    assert sorted(k for k in flavor["artifacts"] if k.startswith("member_")) == ["member_00", "member_01"]
+    fetched = mlflow_model.fetch("models:/tiny-ensemble/1", uri)          # what `iaa-cli serve --model` reads
+    assert [p.name for p in fetched.checkpoints] == ["member_00.pt", "member_01.pt"] and fetched.version == "1"
+
+    records = _questions(tmp_path, tmp_path / "q.jsonl")
+    expected = Predictor.load(members, prepared).predict_records(records)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    command = [sys.executable, "-c", LOAD_AND_REPORT, uri, "models:/tiny-ensemble/1", str(tmp_path / "q.jsonl")]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**env, "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false", "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(got["iaa"]).parent.parent.name == "code"          # the model's copy of the package
+    assert [g["prediction"] for g in got["rows"]] == [e["prediction"] for e in expected]
+    for g, e in zip(got["rows"], expected):
+        assert g["probs"] == pytest.approx(e["probs"], abs=1e-6)
+
+
+def test_a_model_pickled_by_an_older_iaa_still_loads(tmp_path):
+    """Models logged before models-from-code hold a pickled ``ReaderModel`` carrying the loader;
+    the class stays importable, so MLflow (which still allows pickles by default) loads them."""
+    import mlflow
+    import pandas as pd
+
+    from iaa.jobs.evaluation.predictor import Predictor
+    from tests._explain import tiny_checkpoint
+
+    prepared = make_tiny_prepared(tmp_path)
+    member = tiny_checkpoint(prepared, tmp_path / "m.pt")
+    mlflow.pyfunc.save_model(str(tmp_path / "old"), python_model=mlflow_model.ReaderModel(Predictor.load),
+                             artifacts={"member_00": str(member), "data": str(prepared)},
+                             pip_requirements=mlflow_model.requirements())
+    assert (tmp_path / "old" / "python_model.pkl").exists()
+    records = _questions(tmp_path, tmp_path / "q.jsonl", count=3)
+    got = mlflow.pyfunc.load_model(str(tmp_path / "old")).predict(pd.DataFrame(records))
+    expected = Predictor.load([member], prepared).predict_records(records)
+    assert [g["prediction"] for g in got] == [e["prediction"] for e in expected]
+
+
+def test_a_tracker_without_a_model_code_file_refuses_to_log_a_model(tmp_path):
+    from iaa.errors import IaaError
+    from iaa.jobs.evaluation.predictor import MODEL_CODE
+    from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri())
+    run = tracker.start_run("e", "r")
+    with pytest.raises(IaaError, match="without a model code file"):
+        tracker.log_model(run, [tmp_path / "m.pt"], tmp_path, code=MODEL_CODE)
+    run.end()

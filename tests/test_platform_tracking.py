@@ -157,6 +157,7 @@ def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_p
 def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None:
     from dataclasses import replace
 
+    from iaa.cli.adapters import MODEL_FILE
     from iaa.jobs.datasets import resolve
 
     from iaa.jobs.train import train
@@ -165,7 +166,7 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
 
     tiny = make_tiny_prepared(tmp_path / "tiny")
     cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
-    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri())
+    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri(), MODEL_FILE)
     first = train.run_tracked(cfg, tiny, tmp_path / "run", tracker, show_progress=False)
     longer = replace(cfg, train=replace(cfg.train, max_epochs=2.0))
     again = train.run_tracked(longer, tiny, tmp_path / "run", tracker, resume=True, show_progress=False)

@@ -240,6 +240,7 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
+    from iaa.cli.adapters import MODEL_FILE
     from iaa.jobs.datasets import resolve
 
     from iaa.jobs.train import train
@@ -250,7 +251,7 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
     tiny = make_tiny_prepared(tmp_path / "tiny")
     cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
     assert cfg.train.precision == "auto"                                  # the default
-    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri())
+    tracker = MlflowTracker(Workdir(tmp_path).tracking_uri(), MODEL_FILE)
     for rates, chosen in (({"fp32": 100.0, "bf16": 400.0}, "bf16"), ({"fp32": 100.0, "bf16": 20.0}, "fp32")):
         monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
         result = train.run_tracked(cfg, tiny, tmp_path / f"run-{chosen}", tracker, show_progress=False)

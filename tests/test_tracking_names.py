@@ -36,9 +36,10 @@ def checkpoint(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tracker(tmp_path: Path) -> Any:
+    from iaa.cli.adapters import MODEL_FILE
     from iaa.platform.tracking.tracker import MlflowTracker
 
-    return MlflowTracker(Workdir(tmp_path).tracking_uri())
+    return MlflowTracker(Workdir(tmp_path).tracking_uri(), MODEL_FILE)
 
 
 def _datasets(uri: str, run_id: str) -> list[str]:

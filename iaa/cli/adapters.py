@@ -8,6 +8,10 @@ from typing import Any
 
 from iaa.jobs.workdir.paths import Workdir
 
+# The code file of the models the tracker logs, which MLflow runs to load one (never imported here:
+# running it sets MLflow's model).
+MODEL_FILE = Path(__file__).with_name("logged_model.py")
+
 
 def _tracker(workdir: Path, tracking_uri: str | None) -> Any:
     """The jobs' Tracker: the MLflow store of ``--tracking-uri`` (or the workdir's, in a writable
@@ -15,7 +19,7 @@ def _tracker(workdir: Path, tracking_uri: str | None) -> Any:
     from iaa.platform.tracking.tracker import MlflowTracker
 
     Workdir(workdir).writable()
-    return MlflowTracker(Workdir(workdir).tracking_uri(tracking_uri))
+    return MlflowTracker(Workdir(workdir).tracking_uri(tracking_uri), MODEL_FILE)
 
 
 def _launcher(address: str | None, storage_path: str | None) -> Any:
@@ -29,4 +33,4 @@ def _open_tracker(uri: str) -> Any:
     """The MLflow Tracker at ``uri``, imported only when a job opens it (after its inputs are checked)."""
     from iaa.platform.tracking.tracker import MlflowTracker
 
-    return MlflowTracker(uri)
+    return MlflowTracker(uri, MODEL_FILE)

@@ -7,6 +7,13 @@ same rows: ``{"id", "prediction", "probs"[, "correct"], "unknown_share", "unknow
 probabilities are averaged). The ``iaa`` package travels in ``code_paths``, so the model loads
 and serves without this repository (``mlflow models serve -m models:/NAME/1 --env-manager local``).
 
+The model is logged as code (MLflow's models-from-code): ``python_model`` is the path of a code
+file that the composition root names (:mod:`iaa.cli.logged_model`). MLflow copies the file into
+the model and runs it when it loads the model, with ``code_paths`` on ``sys.path``; the file
+calls :func:`set_reader` with the job's loader, so loading unpickles nothing (the weights are
+read with ``weights_only=True``). Models logged by older versions hold a pickled :class:`ReaderModel`, which
+MLflow still unpickles (unless ``MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false``).
+
 Each model is an MLflow 3 logged model created for its run through the client, so no global
 MLflow run state is touched: it is named by its sweep and trial (``SWEEP-trial-0003``), by its
 ensemble and seed (``ENSEMBLE-seed-7``), or else after its run, and no other model of the store
@@ -25,20 +32,20 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import mlflow
 import mlflow.pyfunc
-from mlflow.models import ModelSignature
+import pandas as pd
+from mlflow.models import ModelSignature, set_model
 from mlflow.tracking import MlflowClient
 
 import iaa
 from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError, brief
-from iaa.jobs.ports import LoadedModel, ModelCode
+from iaa.jobs.ports import Answerer, LoadedModel, ModelCode
 from iaa.platform.tracking.connection import TRANSIENT
 from iaa.platform.tracking.store import dataset_summary, manifest_digest
 
@@ -52,36 +59,38 @@ PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 URI_ENVS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
 
-def _drop_warning(*args: Any, **kwargs: Any) -> None:
-    """Stands in for ``warnings.showwarning`` (MLflow resets filters to "once" inside its calls)."""
+class ReaderModel(mlflow.pyfunc.PythonModel):
+    """pyfunc wrapper around the predictor that ``load`` rebuilds from the model's members and data.
+
+    A logged model's code file (models-from-code, :func:`set_reader`) builds it when MLflow loads
+    the model. Models logged by older versions of iaa hold a pickled instance instead, with
+    ``load`` pickled by reference; they still load through this class."""
+
+    load: Callable[[Sequence[Path], Path], Answerer] | None = None   # None in pickled models logged before it was carried
+
+    def __init__(self, load: Callable[[Sequence[Path], Path], Answerer]) -> None:
+        self.load = load
+
+    def load_context(self, context: Any) -> None:
+        if self.load is None:
+            raise IaaError("this model was logged by an older iaa that did not store how to load its reader; "
+                           "log it again (iaa-cli train, tune or ensemble with --register), or serve its "
+                           "files with `iaa-cli serve --model URI`")
+        members = sorted(k for k in context.artifacts if k.startswith("member_"))
+        self.predictor = self.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]))
+
+    # A DataFrame hint is one MLflow derives no schema from (the signature describes the columns),
+    # so it neither validates against it nor advises adding hints.
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> Any:
+        """Rows of ``iaa-cli predict`` for the questions of ``model_input`` (a DataFrame, or records)."""
+        records = model_input.to_dict(orient="records") if hasattr(model_input, "to_dict") else list(model_input)
+        return self.predictor.predict_records([_plain(r) for r in records])
 
 
-# MLflow advises type hints on ``predict`` when the class is defined; ours takes a DataFrame of
-# the predict columns, which its hint-based validation cannot describe.
-with warnings.catch_warnings():
-    warnings.showwarning = _drop_warning
-
-    class ReaderModel(mlflow.pyfunc.PythonModel):
-        """pyfunc wrapper around the predictor that ``load`` (:attr:`iaa.jobs.ports.ModelCode.load`,
-        pickled with the model by reference) rebuilds from the model's members and data."""
-
-        load: Callable[[Sequence[Path], Path], Any] | None = None   # None in models logged before it was carried
-
-        def __init__(self, load: Callable[[Sequence[Path], Path], Any]) -> None:
-            self.load = load
-
-        def load_context(self, context: Any) -> None:
-            if self.load is None:
-                raise IaaError("this model was logged by an older iaa that did not store how to load its reader; "
-                               "log it again (iaa-cli train, tune or ensemble with --register), or serve its "
-                               "files with `iaa-cli serve --model URI`")
-            members = sorted(k for k in context.artifacts if k.startswith("member_"))
-            self.predictor = self.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]))
-
-        def predict(self, context, model_input, params=None):  # untyped: MLflow reads hints as a schema
-            """Rows of ``iaa-cli predict`` for the questions of ``model_input`` (a DataFrame)."""
-            records = model_input.to_dict(orient="records") if hasattr(model_input, "to_dict") else list(model_input)
-            return self.predictor.predict_records([_plain(r) for r in records])
+def set_reader(load: Callable[[Sequence[Path], Path], Answerer]) -> None:
+    """Make a :class:`ReaderModel` running ``load`` the model of the code file MLflow is running
+    (``mlflow.models.set_model``): the one call of a logged model's code file."""
+    set_model(ReaderModel(load))
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:
@@ -145,28 +154,24 @@ def _placeholder(prepared: Path) -> str:
     return Vocab.load(Path(prepared) / VOCAB).placeholder
 
 
-def _log_kwargs(checkpoints: Sequence[Path], prepared: Path, folder: Path, code: ModelCode) -> dict[str, Any]:
+def _log_kwargs(checkpoints: Sequence[Path], prepared: Path, folder: Path, code: ModelCode,
+                model_file: Path) -> dict[str, Any]:
+    """``model_file`` is the model's code (models-from-code): MLflow copies it into the model and
+    runs it, with the ``iaa`` package of ``code_paths`` importable, to rebuild the model."""
     artifacts, metadata = _stage(checkpoints, prepared, folder, code)
-    return dict(python_model=ReaderModel(code.load), artifacts=artifacts, code_paths=[str(Path(iaa.__file__).resolve().parent)],
+    return dict(python_model=str(model_file), artifacts=artifacts, code_paths=[str(Path(iaa.__file__).resolve().parent)],
                 pip_requirements=requirements(), metadata=metadata, signature=signature(),
                 input_example=input_example(_placeholder(prepared)))
 
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """No progress bars (they would glue to a ``--json`` line) and no advice about type hints or
-    CloudPickle while saving: the model's predict takes a DataFrame and the model is our code."""
+    """No progress bars while saving: they would glue to a ``--json`` line."""
     bar = os.environ.get(PROGRESS_ENV)
     os.environ[PROGRESS_ENV] = "false"
-    logger = logging.getLogger("mlflow.pyfunc")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
-            warnings.showwarning = _drop_warning
-            yield
+        yield
     finally:
-        logger.setLevel(level)
         if bar is None:
             os.environ.pop(PROGRESS_ENV, None)
         else:
@@ -185,9 +190,10 @@ def requirements() -> list[str]:
 
 
 def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code: ModelCode,
-        register: str | None = None) -> str:
+        register: str | None = None, *, model_file: Path) -> str:
     """Log the model as a logged model of run ``run_id`` (once: a run that already has one keeps
-    it); register it as ``register``.
+    it); register it as ``register``. ``model_file`` is the model's code file, which MLflow runs to
+    load it (:func:`_log_kwargs`).
 
     Returns the model URI: ``models:/<model id>``, or ``models:/NAME/VERSION`` when registered.
     """
@@ -204,7 +210,8 @@ def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code
                                            model_type=f"iaa-{kind}", tags=tags)
         model_id = model.model_id
         with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp, _quiet(), _store(uri):
-            mlflow.pyfunc.log_model(name=ARTIFACT, model_id=model_id, **_log_kwargs(checkpoints, prepared, Path(tmp), code))
+            mlflow.pyfunc.log_model(name=ARTIFACT, model_id=model_id,
+                                    **_log_kwargs(checkpoints, prepared, Path(tmp), code, model_file))
         client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])
         data = dataset_summary(prepared)
         client.log_batch(run_id, metrics=model_metrics(client, run_id, model_id, (data["name"], data["digest"])))
@@ -314,14 +321,14 @@ def _store(uri: str | None) -> Iterator[None]:
 
 
 def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code: ModelCode,
-            register: str | None = None, run: Any = None) -> str | None:
+            register: str | None = None, run: Any = None, *, model_file: Path) -> str | None:
     """:func:`log`, where a failing store is a warning on stderr (the trained model stands).
 
     With ``run`` (the ``tracking.Run`` being logged), the failure is also recorded as lost on it,
     so that the run ends FAILED and the command says what was not logged.
     """
     try:
-        return log(uri, run_id, checkpoints, prepared, code, register)
+        return log(uri, run_id, checkpoints, prepared, code, register, model_file=model_file)
     except TRANSIENT as err:
         _log.warning(f"could not log the model of run {run_id} to MLflow at {uri} ({brief(err)}); "
                      f"the checkpoint is still at {checkpoints[0]}")

@@ -94,8 +94,9 @@ class Predictor:
         return self.predict([from_record(r, f"row {i}", placeholder) for i, r in enumerate(records, 1)])
 
 
-# What a logged model runs of this job: how it reads checkpoints and rebuilds the predictor.
-MODEL_CODE = ModelCode(read=checkpoint.load, load=Predictor.load, write=checkpoint.save)
+# How logging a model reads its checkpoints and writes their inference-only members; the model
+# rebuilds its predictor with Predictor.load (iaa.cli.logged_model names it).
+MODEL_CODE = ModelCode(read=checkpoint.load, write=checkpoint.save)
 
 
 def _answer(q: Question, probs: list[float]) -> dict[str, Any]:

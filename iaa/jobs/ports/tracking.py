@@ -30,13 +30,14 @@ class TrackedRun(Protocol):
 
 @dataclass(frozen=True)
 class ModelCode:
-    """The job's code that a logged model needs: ``read`` loads a verified checkpoint's state, and
-    ``load`` rebuilds the predictor from member checkpoints and a data folder (its
-    ``predict_records`` answers predict's rows). The model pickles ``load`` by reference, so both
-    are module-level callables of :mod:`iaa`, which travels with the model."""
+    """The job's checkpoint code that logging a model needs: ``read`` loads a verified
+    checkpoint's state, ``write`` saves the inference-only part of it as a member of the model.
+
+    How the model rebuilds its predictor when it is loaded is not carried here: the model's code
+    file (:mod:`iaa.cli.logged_model`, which MLflow runs) hands the predictor's loader to the
+    platform's pyfunc model."""
 
     read: Callable[[Path], dict[str, object]]
-    load: Callable[[Sequence[Path], "Path | None"], "Answerer"]
     write: Callable[[Path, dict[str, object]], Path]   # saves a state with its digest
 
 

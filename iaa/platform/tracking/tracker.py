@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from iaa.errors import IaaError
 from iaa.jobs.ports import MetricPoint, ModelCode, RunRecord
 from iaa.platform import mlflow_model
 from iaa.platform.tracking import connection, queries
@@ -15,12 +16,18 @@ from iaa.platform.tracking.store import Run, run_context
 
 
 class MlflowTracker:
-    """:class:`iaa.jobs.ports.Tracker` on an MLflow store (checked when it is opened)."""
+    """:class:`iaa.jobs.ports.Tracker` on an MLflow store (checked when it is opened).
+
+    ``model_file`` is the code file of the models it logs (models-from-code: MLflow runs it to
+    load one), which the composition root names (:data:`iaa.cli.adapters.MODEL_FILE`); without
+    it, the tracker logs runs but refuses to log a model.
+    """
 
     transient_errors = TRANSIENT
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, model_file: Path | None = None) -> None:
         self.uri = connection.open_store(uri)
+        self.model_file = model_file
 
     @property
     def ui_command(self) -> str:
@@ -55,7 +62,10 @@ class MlflowTracker:
 
     def log_model(self, run: Run, checkpoints: Sequence[Path], prepared: Path, register: str | None = None, *,
                   code: ModelCode) -> str | None:
-        return mlflow_model.try_log(self.uri, run.run_id, checkpoints, prepared, code, register, run=run)
+        if self.model_file is None:
+            raise IaaError("this tracker was opened without a model code file, so it cannot log a model")
+        return mlflow_model.try_log(self.uri, run.run_id, checkpoints, prepared, code, register, run=run,
+                                    model_file=self.model_file)
 
     def experiment_records(self, experiment: str) -> list[RunRecord] | None:
         return queries.experiment_records(self.uri, experiment)
