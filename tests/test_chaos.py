@@ -48,14 +48,14 @@ def test_ray_prints_cluster_lines_from_the_thread_the_sweep_diverts(chaos: Chaos
 
 
 def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path, show: bool) -> dict[str, Any]:
+    from iaa.cli.adapters import _open_tracker
     from iaa.jobs.tune import tune
-    from iaa.platform.tracking.tracker import MlflowTracker
 
     root.mkdir(parents=True, exist_ok=True)
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(root), sets=TINY_SETS,
                            workdir=root / "work", name=name, storage_path=str(root / "shared"),
                            grace_period=CHECKS, show_progress=show)   # no ASHA stop: the same trials every run
-    return tune.run(req, MlflowTracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
+    return tune.run(req, _open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
 
 
 def _history(sweep: dict[str, Any], searched: tuple[str, ...] = ("model.hidden_dim", "model.steps")) -> dict[str, Any]:
@@ -142,12 +142,12 @@ def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Pa
 
 
 def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path) -> dict[str, Any]:
+    from iaa.cli.adapters import _open_tracker
     from iaa.jobs.train import train
-    from iaa.platform.tracking.tracker import MlflowTracker
 
     req = train.TrainRequest(dataset=None, data=tiny, sets=TINY_SETS, run_dir=root / "run", workers=2,
                              storage_path=str(root / "shared"), workdir=root / "work", show_progress=False)
-    return train.run_request(req, MlflowTracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
+    return train.run_request(req, _open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
 
 
 @pytest.mark.timeout(300)
