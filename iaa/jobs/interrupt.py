@@ -73,9 +73,12 @@ class Stop:
     redelivered: int = 0                 # signals raised again by this process, not sent
     _marks: list[Callable[[str], None]] = field(default_factory=list)
 
-    def on_stop(self, mark: Callable[[str], None]) -> None:
-        """``mark(signal_name)`` runs on a stop; a mark must be quick and may run twice."""
+    def on_stop(self, mark: Callable[[str], None], kept: Callable[[], str] | None = None) -> None:
+        """``mark(signal_name)`` runs on a stop; a mark must be quick and may run twice. ``kept``,
+        when given, says from now on what the stop leaves behind."""
         self._marks.append(mark)
+        if kept is not None:
+            self.kept = kept
 
     def mark(self, signal_name: str) -> None:
         """Every mark, newest first; one that fails does not keep the others from running."""

@@ -98,8 +98,8 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
     for note in asha_notes(search.checks, plan.preset):
         _log.warning(note)
     sweep, parent, console = _open_sweep(plan, tracker, launcher, launch, search)
-    stop.on_stop(stops.on_stop(tracker, launcher, plan.experiment, plan.name, search))
-    stop.kept = lambda: stops.kept(tracker, plan.experiment, plan.name, parent.run_id, plan.folder)
+    stop.on_stop(stops.on_stop(tracker, launcher, plan.experiment, plan.name, search),
+                 kept=lambda: stops.kept(tracker, plan.experiment, plan.name, parent.run_id, plan.folder))
     trials = TrialTracking(tracker=tracker, experiment=plan.experiment, parent_run_id=parent.run_id,
                            sweep=plan.name, dataset=plan.dataset, data_dir=plan.prepared)
     started = time.time()

@@ -251,6 +251,20 @@ class _LogFile(logging.FileHandler):
         return None
 
 
+@dataclass(frozen=True)
+class RayPlacement(Placement):
+    """A placement as :meth:`RayLauncher.connect` makes it: the job reads the placement and hands
+    it back untouched; the launcher reads the cluster and trial plan it carries."""
+
+    launch: Launch | None = None
+
+
+def _launch_of(placement: Placement) -> Launch:
+    if not isinstance(placement, RayPlacement) or placement.launch is None:
+        raise TypeError(f"a placement made by RayLauncher.connect is needed, got {type(placement).__name__}")
+    return placement.launch
+
+
 class RayLauncher:
     """:class:`iaa.jobs.ports.Launcher` on the Ray cluster at ``address`` (default: a local one).
 
@@ -261,7 +275,6 @@ class RayLauncher:
     def __init__(self, address: str | None = None, storage_path: str | None = None,
                  callbacks: Sequence[Any] = ()) -> None:
         self.address, self.storage_path, self.callbacks = address, storage_path, list(callbacks)
-        self._launches: dict[str, Launch] = {}
 
     check_free = staticmethod(check_free)
     claim = staticmethod(claim)
@@ -270,11 +283,10 @@ class RayLauncher:
         from iaa.data.manifest import read
 
         launch = connect(request, self.address, self.storage_path)
-        self._launches[request.name] = launch
         rows = int(((read(launch.prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
-        return Placement(name=request.name, storage=request.storage, prepared=launch.prepared,
-                         max_concurrent=launch.plan.max_concurrent, threads=launch.plan.threads,
-                         gpus_per_worker=launch.plan.gpus_per_worker, train_rows=rows)
+        return RayPlacement(name=request.name, storage=request.storage, prepared=launch.prepared,
+                            max_concurrent=launch.plan.max_concurrent, threads=launch.plan.threads,
+                            gpus_per_worker=launch.plan.gpus_per_worker, train_rows=rows, launch=launch)
 
     def can_resume(self, placement: Placement) -> bool:
         return bool(tune.Tuner.can_restore(placement.experiment_path))
@@ -283,7 +295,7 @@ class RayLauncher:
         """Search ``request.plan`` (or continue the saved run); one record per trial, checkpoints
         fetched to ``request.trials.downloads``."""
         plan, run, trials = request.plan, request.trials, request.trials.tracking
-        launch = self._launches[request.placement.name]
+        launch = _launch_of(request.placement)
         spec = trial_spec(launch, run.fit, base=plan.base, fixed=plan.space.fixed)
         fn, _ = trainable(launch, spec)
         side = driver_side.DriverSide(tracker=trials.tracker, experiment=trials.experiment,
