@@ -41,7 +41,7 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
     result = run_sweep(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
                        sets=TINY_SETS, workdir=tmp_path, name="two", show_progress=False,
                        grace_period=2)            # every trial makes at least two checks
-    assert {"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"} <= set(result)
+    assert {"sweep", "tracking_uri", "experiment", "best_config", "best_valid_acc"} <= set(result.fields())
     sweep = read_sweep(tmp_path, "two")
     assert sweep["parent_run_id"] and sweep["data_dir"] == str(tiny.resolve())
     assert sweep["sampler"] == "tpe"                                     # the default, recorded
@@ -52,12 +52,12 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
         assert cfg == from_dict(trial["config"])
         assert state["progress"]["best_valid_acc"] == pytest.approx(trial["best_valid_acc"])
         assert cfg.model.hidden_dim in (8, 12) and cfg.model.steps in (1, 2) and cfg.model.embed_dim == 16
-    assert result["best_valid_acc"] == max(t["best_valid_acc"] for t in trials)
+    assert result.best_valid_acc == max(t["best_valid_acc"] for t in trials)
     best_run = max(trials, key=lambda t: t["best_valid_acc"])["mlflow_run_id"]
 
     # best_config.yaml is a job config that `iaa-cli train --config` takes as it is: the best
     # trial's, with the training length in place of the trial's budget (here both are --set's 2)
-    best = load(JobConfig(), Path(result["best_config"]))
+    best = load(JobConfig(), result.best_config)
     assert best == from_dict(max(trials, key=lambda t: t["best_valid_acc"])["config"])
     assert read_handoff(Path(result["best_config"]))["data"] == str(tiny.resolve())
 
