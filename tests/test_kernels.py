@@ -33,6 +33,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
 from iaa.model import ReaderConfig, build_reader, nll_loss, preset
 from iaa.model import kernels as fast
@@ -329,3 +330,31 @@ def test_forward_runs_whatever_function_a_slot_holds_at_its_one_call_site() -> N
         calls.clear()
         model(batch, trace=True)
         assert calls == ["encoder", "table"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_slot_receives_tensors_and_weights_never_the_reader(precision: str) -> None:
+    """Every slot's arguments are tensors, numbers or the weights it needs (``nn.Linear``,
+    ``nn.GRU``, ``nn.GRUCell``, alone or in a list): never the reader, its encoders or a function
+    to call back; every slot with a kernel runs in a training pass or an inference pass."""
+    torch.manual_seed(0)
+    model = build_reader(_config("iaa", "simd", DROPOUT), "cpu", precision)
+    batch = random_batch([20, 25, 9, 16], [5, 7, 3, 6], vocab=60, seed=4)
+    ran = set()
+
+    def checked(name, slot):
+        def run(*args):
+            for arg in args:
+                for item in arg if isinstance(arg, list) else [arg]:
+                    assert isinstance(item, (torch.Tensor, int, float, nn.Linear, nn.GRU, nn.GRUCell)), (name, item)
+            ran.add(name)
+            return slot(*args)
+        return run
+
+    chosen = {f.name: slot for f in dataclasses.fields(model.slots) if (slot := getattr(model.slots, f.name))}
+    assert {"encoder", "table", "reads", "dropout"} <= set(chosen)
+    model.slots = fast.Slots(**{name: checked(name, slot) for name, slot in chosen.items()})
+    nll_loss(model.train()(batch).log_probs, batch.answer).backward()
+    with torch.no_grad():
+        model.eval()(batch)
+    assert ran == set(chosen)
