@@ -43,7 +43,6 @@ from iaa.model import PRESETS, build_reader  # noqa: E402
 from iaa.model.encoder import BiGRUEncoder  # noqa: E402
 from iaa.model.kernels import gru_kernels  # noqa: E402
 from iaa.model.kernels.fused_gru import FusedEncoder  # noqa: E402
-from iaa.model.kernels.slots import EncoderSlot  # noqa: E402
 
 LEAVE_ONE_OUT = {  # change -> the config (or, for the C++ recurrence, the kernel's argument) that turns it off
     "bucketing": {},
@@ -84,7 +83,7 @@ def gru_part(batch: bench.Batch, rounds: int) -> dict[str, dict]:
         kernel = FusedEncoder("fp32", gru_kernels.load() if cpp else None)
 
         def run() -> int:
-            enc(x, mask, encode=EncoderSlot(kernel))[0].sum().backward()
+            enc(x, mask, encode=kernel.encode)[0].sum().backward()
             return len(lengths)
         return run
 
@@ -132,7 +131,7 @@ def march_part(batch: bench.Batch, batches: list, rounds: int) -> dict[str, dict
         kernel = FusedEncoder("fp32", cpp)
 
         def run() -> int:
-            enc(x, batch.doc_mask, encode=EncoderSlot(kernel))[0].sum().backward()
+            enc(x, batch.doc_mask, encode=kernel.encode)[0].sum().backward()
             return len(batch)
         return run
 

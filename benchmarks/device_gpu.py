@@ -106,10 +106,8 @@ def _encoder_pass(batch: int, length: int, dim: int, hidden: int, device: str, k
 
     from iaa.model.encoder import BiGRUEncoder
 
-    from iaa.model.kernels.slots import EncoderSlot
-
     encoder = BiGRUEncoder(dim, hidden).to(device)
-    encode = None if kernel is None else EncoderSlot(kernel)              # the reader's encoder slot
+    encode = None if kernel is None else kernel.encode                    # the reader's encoder slot
     x = torch.randn(batch, length, dim, device=device)
     lengths = torch.randint(length // 2, length + 1, (batch,))
     lengths[0] = length

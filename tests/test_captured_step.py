@@ -149,17 +149,17 @@ def test_on_cuda_the_reader_drops_out_with_torchs_generator() -> None:
     default generator of the tensor's device (no host draw, no generator of its own), whose
     draws graph capture registers (each replay advances the generator's offset)."""
     assert build_reader(_cfg(), "cpu").kernels.dropout is not None
-    cuda_reader = build_reader(_cfg(), "cuda")
-    assert cuda_reader.kernels.dropout is None
-    drop = cuda_reader.slots.dropout
+    cuda_reader = build_reader(_cfg(dropout=0.3), "cuda").train()
+    assert cuda_reader.kernels.dropout is None and cuda_reader.slots.dropout is None
+    drop = cuda_reader._drop                                               # the reader's dropout
     x = torch.ones(64, 32)
     torch.manual_seed(3)
-    first = drop(x, 0.3)
+    first = drop(x)
     torch.manual_seed(3)
     assert torch.equal(first, torch.nn.functional.dropout(x, 0.3, training=True))   # the default generator's draw
     torch.manual_seed(3)
-    drop(x, 0.3)
-    assert not torch.equal(drop(x, 0.3), first)                            # ... and it advances it
+    drop(x)
+    assert not torch.equal(drop(x), first)                                 # ... and it advances it
 
 
 # --- on a CUDA device --------------------------------------------------------------------------
@@ -204,17 +204,17 @@ def test_replays_equal_eager_steps(cuda: str) -> None:
 
 @pytest.mark.gpu
 def test_the_cuda_dropout_slot_draws_a_new_mask_at_every_replay(cuda: str) -> None:
-    """The reader's dropout slot on CUDA, captured alone: two replays give two masks."""
-    drop = build_reader(_cfg(), cuda).slots.dropout
+    """The reader's dropout on CUDA, captured alone: two replays give two masks."""
+    drop = build_reader(_cfg(dropout=0.3), cuda).train()._drop
     x = torch.ones(256, 64, device=cuda)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        drop(x, 0.3)                                                       # warm-up
+        drop(x)                                                            # warm-up
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = drop(x, 0.3)
+        out = drop(x)
     masks = []
     for _ in range(2):
         graph.replay()

@@ -177,7 +177,7 @@ def test_step_layer_flops_are_the_attention_steps_weight_matmuls() -> None:
     counter = FlopCounterMode(display=False)
     with counter:
         masks = Masks(batch.query_mask, batch.doc_mask, batch.doc_mask)
-        log_att, _, _ = model._read(q_enc, q_enc[:, 0], d_enc, masks, slots=model.slots, trace=False)
+        log_att, _, _ = model._read(q_enc, q_enc[:, 0], d_enc, masks, trace=False)
         log_att[torch.isfinite(log_att)].sum().backward()
     counts = counter.get_flop_counts()["Global"]
     layers = sum(f for op, f in counts.items() if str(op) in ("aten.addmm", "aten.mm"))
@@ -209,6 +209,26 @@ def test_compiled_reads_equal_eager_reads(kind: str) -> None:
     for name in g_e:
         torch.testing.assert_close(g_c[name], g_e[name], atol=1e-5, rtol=1e-3, msg=name)
     assert isinstance(compiled._reads, CompiledReads)
+
+
+def test_no_slot_runs_inside_the_compiled_reads(monkeypatch) -> None:
+    """``compile_reads`` compiles the reference reads: no slot runs inside the traced graph. With
+    dropout on, the fast dropout draws for the embeddings (the eager encoders) and no longer for
+    the attention inputs and the gates' inputs (the compiled reads)."""
+    from iaa.model.kernels.dropout import FastDropout
+
+    drawn = []
+    call = FastDropout.__call__
+    monkeypatch.setattr(FastDropout, "__call__", lambda self, x, p: drawn.append(x.shape) or call(self, x, p))
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40, steps=3, dropout=0.2)).train()
+    batch = pad_to_buckets(random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=3))
+    model(batch)
+    assert len(drawn) == 2 + 2 + 2                       # embeddings, attention inputs, T - 1 gates' inputs
+    drawn.clear()
+    model.compile_reads(backend="eager")                 # dynamo's tracing alone: seconds
+    model(batch)
+    assert len(drawn) == 2 and isinstance(model._reads, CompiledReads)
 
 
 def test_bucketed_padding_keeps_the_output_and_few_shapes() -> None:

@@ -30,7 +30,6 @@ from iaa.jobs.evaluation.evaluate import score_batches
 from iaa.model.encoder import BiGRUEncoder
 from iaa.model.kernels import gru_kernels
 from iaa.model.kernels.fused_gru import FusedEncoder
-from iaa.model.kernels.slots import EncoderSlot
 from tests._tiny import TINY_SETS, kill_after_checks, make_tiny_prepared
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
@@ -127,7 +126,7 @@ def test_cudnn_gru_equals_the_cpu_fused_gru(cuda, no_tf32) -> None:
     for device in ("cpu", cuda):
         enc = encoder.to(device)
         xd = x.to(device).requires_grad_()
-        fused = EncoderSlot(FusedEncoder("fp32", gru_kernels.load())) if device == "cpu" else None
+        fused = FusedEncoder("fp32", gru_kernels.load()).encode if device == "cpu" else None
         states, final = enc(xd, mask.to(device), encode=fused)
         grads = torch.autograd.grad((states * weight.to(device)).sum() + final.sum(), [xd, *enc.parameters()])
         outputs[device] = [t.detach().cpu() for t in (states, final, *grads)]

@@ -39,8 +39,8 @@ def spread_halting(model, bias: float = -1.0, scale: float = 100.0) -> None:
 
 def paper_forward(model, batch):
     """The IAA reader's forward as it was before ``model.halting`` existed, line for line."""
-    q_enc, _, d_enc = model.encoders(batch, model.slots)
-    q_enc, d_enc = model._attention_inputs(q_enc, d_enc, model.slots)
+    q_enc, _, d_enc = model._encode(batch)
+    q_enc, d_enc = model._attention_inputs(q_enc, d_enc)
     s = q_enc.new_zeros(q_enc.shape[0], model.cfg.state_dim)
     for step in range(model.cfg.steps):
         q_t, _ = model.query_read(s, q_enc, batch.query_mask)
@@ -48,7 +48,7 @@ def paper_forward(model, batch):
             logits = model.doc_read.logits(s, q_t, d_enc)
             break
         d_t, _, _ = model.doc_read(s, q_t, d_enc, batch.doc_mask)
-        features = model._drop(gate_features(s, q_t, d_t), model.slots)
+        features = model._drop(gate_features(s, q_t, d_t))
         r_q, r_d = model.gate_q(features), model.gate_d(features)
         s = model.search(torch.cat([r_q * q_t, r_d * d_t], -1), s)
     log_att = masked_log_softmax(logits, Masks.of(model.cfg, batch).answer)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from iaa.model import build_reader, preset
+from iaa.model import kernels as fast
 from iaa.model.kernels import gru_kernels
 from iaa.model.kernels.inference_steps import FusedSteps
 from iaa.model.kernels.precision import Layers
@@ -79,12 +80,12 @@ def test_the_fused_steps_equal_the_reference_steps(build: str, precision: str, s
     steps = FusedSteps(cpp, precision, bf16_products=False, generic=generic)
     layers = [model.query_read.proj, model.doc_read.proj, model.gate_q.hidden, model.gate_q.out,
               model.gate_d.hidden, model.gate_d.out]
+    model.kernels = fast.Kernels("cpu", "fp32")                                # the reference steps
     with torch.no_grad():
         fused = steps.last_logits(layers, model.search, q_enc, d_enc, masks.query, masks.doc, cfg.steps)
-        reference, _ = model._steps(q_enc, d_enc, masks, model.reference_slots(), trace=False)
+        reference, _ = model._steps(q_enc, d_enc, masks, trace=False)
         if precision == "bf16":                                                # the reads take bf16 encodings
-            reference_bf16, _ = model._steps(q_enc, d_enc.bfloat16().float(), masks, model.reference_slots(),
-                                             trace=False)
+            reference_bf16, _ = model._steps(q_enc, d_enc.bfloat16().float(), masks, trace=False)
     real = masks.doc
     tol = 1e-4 if precision == "fp32" else 1e-3
     want = reference if precision == "fp32" else reference_bf16

@@ -33,6 +33,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
 from iaa.model import ReaderConfig, build_reader, nll_loss, preset
 from iaa.model import kernels as fast
@@ -44,7 +45,6 @@ from iaa.model.kernels.encoder_table import EncoderTable
 from iaa.model.kernels.fused_gru import FusedEncoder
 from iaa.model.kernels.inference_steps import FusedSteps
 from iaa.model.kernels.precision import SmallMatmuls
-from iaa.model.kernels.slots import EncoderSlot
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(300)
@@ -278,7 +278,7 @@ def test_a_reader_moved_to_another_device_chooses_its_kernels_again() -> None:
     assert model.kernels.device == "cpu" and model.kernels.encoder is not None
     model.to("meta")
     assert model.kernels.device == "meta" and model.kernels.chosen() == {}
-    assert not isinstance(model.slots.encoder, EncoderSlot)                    # bound again: the reference
+    assert model.slots == fast.Slots()                                          # bound again: the reference
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -296,25 +296,65 @@ def test_the_chosen_kernels_are_described_through_one_public_dict(precision: str
     assert fast.cpu_features() == gru_kernels.cpu_features()
 
 
-def test_forward_runs_whatever_callable_a_slot_holds_at_its_one_call_site() -> None:
-    """Each slot is one callable with the reference's signature: a wrapper placed in the encoder
-    and steps slots runs for the query and the document, and for the T steps, and changes
-    nothing."""
+def test_forward_runs_whatever_function_a_slot_holds_at_its_one_call_site() -> None:
+    """Each slot is one function of tensors and weights, called at one site: a wrapper placed in
+    the encoder, table and steps slots runs for the query and the document in training, for the
+    query, the document table and the T steps in inference (not the steps with a trace), and
+    changes nothing."""
+    cpp = _cpp()
+    if cpp is None:
+        pytest.skip("C++ kernels unavailable (no compiler/ninja, or IAA_NO_COMPILED_KERNELS=1)")
     torch.manual_seed(0)
     model = build_reader(_config("iaa", "generic")).eval()
+    model.kernels = dataclasses.replace(model.kernels, steps=FusedSteps(cpp, "fp32", generic=True))
     batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=3)
     with torch.no_grad():
         before = model(batch).log_probs
     calls = []
 
     def recorded(name, slot):
-        return lambda *args, **kwargs: calls.append(name) or slot(*args, **kwargs)
+        return lambda *args: calls.append(name) or slot(*args)
 
-    model.slots = dataclasses.replace(model.slots, encoder=recorded("encoder", model.slots.encoder),
-                                      steps=recorded("steps", model.slots.steps))
+    slots = model.slots
+    assert slots.encoder is not None and slots.table is not None and slots.steps is not None
+    model.slots = dataclasses.replace(slots, encoder=recorded("encoder", slots.encoder),
+                                      table=recorded("table", slots.table), steps=recorded("steps", slots.steps))
     model.train()
     out = model(batch)
-    assert calls == ["encoder", "encoder", "steps"] and out.trace is None and out.halting is None
+    assert calls == ["encoder", "encoder"] and out.trace is None and out.halting is None
     model.eval()
+    calls.clear()
     with torch.no_grad():
         torch.testing.assert_close(model(batch).log_probs, before, atol=0, rtol=0)
+        assert calls == ["encoder", "table", "steps"]
+        calls.clear()
+        model(batch, trace=True)
+        assert calls == ["encoder", "table"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_slot_receives_tensors_and_weights_never_the_reader(precision: str) -> None:
+    """Every slot's arguments are tensors, numbers or the weights it needs (``nn.Linear``,
+    ``nn.GRU``, ``nn.GRUCell``, alone or in a list): never the reader, its encoders or a function
+    to call back; every slot with a kernel runs in a training pass or an inference pass."""
+    torch.manual_seed(0)
+    model = build_reader(_config("iaa", "simd", DROPOUT), "cpu", precision)
+    batch = random_batch([20, 25, 9, 16], [5, 7, 3, 6], vocab=60, seed=4)
+    ran = set()
+
+    def checked(name, slot):
+        def run(*args):
+            for arg in args:
+                for item in arg if isinstance(arg, list) else [arg]:
+                    assert isinstance(item, (torch.Tensor, int, float, nn.Linear, nn.GRU, nn.GRUCell)), (name, item)
+            ran.add(name)
+            return slot(*args)
+        return run
+
+    chosen = {f.name: slot for f in dataclasses.fields(model.slots) if (slot := getattr(model.slots, f.name))}
+    assert {"encoder", "table", "reads", "dropout"} <= set(chosen)
+    model.slots = fast.Slots(**{name: checked(name, slot) for name, slot in chosen.items()})
+    nll_loss(model.train()(batch).log_probs, batch.answer).backward()
+    with torch.no_grad():
+        model.eval()(batch)
+    assert ran == set(chosen)

@@ -107,7 +107,7 @@ def test_fast_dropout_keeps_the_rate_and_the_expectation():
     assert odd.dtype == torch.float64 and set(odd.unique().tolist()) <= {0.0, 65536 / (65536 - 13107)}
     torch.manual_seed(0)
     model = build_reader(preset("tiny", vocab_size=40)).eval()          # eval: no dropout at all
-    assert model.kernels.dropout is not None and model._drop(x, model.slots) is x
+    assert model.kernels.dropout is not None and model._drop(x) is x
 
 
 def _reference_step(model, optimizer, batch, embed_l2, clip):

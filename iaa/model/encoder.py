@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from functools import partial
 from typing import Callable
 
 import torch
@@ -39,14 +38,14 @@ def arithmetic(device: str, precision: str):
     return torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-Encode = Callable[[torch.Tensor, torch.Tensor, nn.GRU, "torch.Tensor | None"], torch.Tensor]
-"""The encoder slot: (x (B, L, d), lengths (B,) beside x, gru, lengths (B,) on the host or None)
--> states (B, L, 2h), 0 at padding."""
+Encode = Callable[[torch.Tensor, torch.Tensor, nn.GRU], torch.Tensor]
+"""A fast BiGRU over ``gru``'s parameters (the reader's encoder slot, ``iaa.model.kernels``):
+(x (B, L, d), lengths (B,) beside x, gru) -> states (B, L, 2h), 0 at padding."""
 
 
 def packed_gru(x: torch.Tensor, lengths: torch.Tensor, gru: nn.GRU, host_lengths: torch.Tensor | None = None,
                precision: str = "fp32") -> torch.Tensor:
-    """The reference encoder slot: ``gru`` over the packed real tokens, in ``rnn_dtype`` with
+    """The reference BiGRU: ``gru`` over the packed real tokens, in ``rnn_dtype`` with
     autocast off: (B, L, 2h).
 
     ``host_lengths`` (``lengths`` on the host) spares reading them back from the device (a sync
@@ -95,15 +94,17 @@ class BiGRUEncoder(nn.Module):
         """x: (B, L, d), mask: (B, L) bool, lengths: (B,) int64 on the CPU, ``mask.sum(1)``
         (optional: without them the ``nn.GRU`` path reads the mask's sums back from the device,
         a host sync on CUDA). ``encode``: the reader's encoder slot (``iaa.model.kernels``), a
-        fast BiGRU over the same parameters; by default ``packed_gru`` in ``precision``.
+        fast BiGRU over the same parameters; None: ``packed_gru`` in ``precision``.
 
         Returns:
             states: (B, L, 2h), exactly 0 at padded positions.
             final: (B, 2h), [forward state at the last real token, backward state at position 0].
         """
         on_device = mask.sum(1)                                            # (B,) beside x
-        encode = encode or partial(packed_gru, precision=precision)
-        states = encode(x, on_device, self.gru, lengths)                   # (B, L, 2h)
+        if encode is not None:
+            states = encode(x, on_device, self.gru)                        # (B, L, 2h)
+        else:
+            states = packed_gru(x, on_device, self.gru, lengths, precision)
         return states, self.final(states, on_device)
 
     def final(self, states: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

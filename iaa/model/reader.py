@@ -3,10 +3,13 @@
 All three share the embedding, the encoders, the masking and the pointer-sum, and map a batch
 (``ReaderInputs``, e.g. the loader's ``Batch``) to log P(a | Q, D) for each candidate: (B, C).
 This is the reference: plain PyTorch, each equation once. The fast paths of its parts
-(``iaa.model.kernels``) are chosen when a reader is built, for its device and precision, as one
-callable per slot (``slots``) with the reference's signature, the reference's own function where
-no kernel serves; ``forward`` calls each slot at one site, makes no other choice and returns one
-``ReaderOutput``.
+(``iaa.model.kernels``) are chosen when a reader is built, for its device and precision, and
+handed to it as one plain function per slot (``slots``: tensors and weights in, tensors out),
+None where no kernel serves. The reader runs its own equations and switches to a slot at one
+site each: the encoder's BiGRU, the document encoder in inference (``table``), the dropout, the
+document reads, the steps' layers and the T steps in inference (``steps``). Inside a graph that
+``torch.compile`` traces (``compile_reads``) no slot runs: the compiler fuses the reference
+itself. ``forward`` returns one ``ReaderOutput``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, NamedTuple
+from typing import Callable, ContextManager, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +26,7 @@ from torch import nn
 from iaa.model import kernels as fast
 from iaa.model.attention import DocRead, Encodings, FixedQueryRead, Layers, QueryRead, bilinear_logits
 from iaa.model.config import ReaderConfig
-from iaa.model.encoder import BiGRUEncoder, arithmetic, packed_gru
+from iaa.model.encoder import BiGRUEncoder, arithmetic
 from iaa.model.gates import SearchGate, gate_features
 from iaa.model.halting import Halting, HaltingRecord, HaltingUnit, Running, halting_weights
 from iaa.model.initialization import init_reader_
@@ -95,19 +98,6 @@ class _Encoders(nn.Module):
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.embed_dim, sparse=cfg.sparse_embedding_grad)
         self.query_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim)
         self.doc_encoder = BiGRUEncoder(cfg.embed_dim, cfg.hidden_dim)
-        self.dropout = cfg.dropout
-
-    def forward(self, batch: ReaderInputs, slots: fast.Slots):
-        """Returns q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h) (eq. 1),
-        before the attention-input dropout (each reader drops what its attention reads)."""
-        return slots.table(self, batch, slots)
-
-    def drop(self, x: torch.Tensor, slots: fast.Slots) -> torch.Tensor:
-        """Dropout (paper, "Training Details") on the input embeddings, the attention inputs and
-        the search gates' inputs; one mask per tensor, reused by all T steps."""
-        if not self.training or self.dropout == 0.0:
-            return x
-        return slots.dropout(x, self.dropout)
 
     def embed(self, *tokens: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The word vectors of each of ``tokens``: (B, L) -> (B, L, d); several token tensors are
@@ -127,26 +117,7 @@ class _Encoders(nn.Module):
         return tuple(v.view(*t.shape, -1) for v, t in zip(vectors.split([t.numel() for t in tokens]), tokens))
 
 
-def encode_batch(encoders: _Encoders, batch: ReaderInputs, slots: fast.Slots):
-    """The reference table slot: both encoders over the batch's embeddings after input dropout:
-    q̃ (B, Lq, 2h), the query's final states (B, 2h), d̃ (B, Ld, 2h)."""
-    drop = encoders.drop
-    q_emb, d_emb = encoders.embed(batch.query, batch.doc)                  # (B, Lq, d), (B, Ld, d)
-    q_enc, q_final = encoders.query_encoder(drop(q_emb, slots), batch.query_mask,
-                                            getattr(batch, "query_lengths", None), encode=slots.encoder)
-    d_enc, _ = encoders.doc_encoder(drop(d_emb, slots), batch.doc_mask, getattr(batch, "doc_lengths", None),
-                                    encode=slots.encoder)
-    return q_enc, q_final, d_enc
-
-
-def reference_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    """The reference dropout slot: ``F.dropout`` in training."""
-    return F.dropout(x, p, training=True)
-
-
-def reference_layers():
-    """The reference layers slot: each layer itself."""
-    return nullcontext(Layers)
+_NO_SLOTS = fast.Slots()                 # every slot runs the reference
 
 
 class _Reader(nn.Module):
@@ -181,23 +152,56 @@ class _Reader(nn.Module):
     @kernels.setter
     def kernels(self, kernels: fast.Kernels) -> None:
         self._kernels = kernels
-        self.slots = kernels.slots(self.reference_slots())
-
-    def reference_slots(self) -> fast.Slots:
-        """The reference's own function for each slot (``iaa.model.kernels.Slots``)."""
-        return fast.Slots(encoder=partial(packed_gru, precision=self.precision), table=encode_batch,
-                          reads=Encodings, layers=reference_layers, steps=type(self)._steps,
-                          dropout=reference_dropout)
+        self.slots = kernels.slots()
 
     def forward(self, batch: ReaderInputs, trace: bool = False) -> ReaderOutput:
         """log P(a | Q, D) (B, C), -inf for candidates absent from the document; with ``trace``,
         the ``Trace`` of its steps (attentions, gates, ACT's halting); ACT's ``Halting``."""
+        if self.training:
+            self.kernels.forget()            # an optimiser may have changed the weights in place
         with arithmetic(self.kernels.device, self.precision):
-            q_enc, q_final, d_enc = self.encoders(batch, self.slots)    # (B, Lq, 2h), (B, 2h), (B, Ld, 2h)
+            q_enc, q_final, d_enc = self._encode(batch)                 # (B, Lq, 2h), (B, 2h), (B, Ld, 2h)
             masks = Masks.of(self.cfg, batch)
-            log_att, steps, halting = self._reads(self, q_enc, q_final, d_enc, masks, self.slots, trace)  # (B, Ld)
+            log_att, steps, halting = self._reads(self, q_enc, q_final, d_enc, masks, trace)  # (B, Ld)
             log_p = pointer_sum(log_att, batch.doc_cand, batch.cand_mask.shape[1])  # (B, C) eq. 2
         return ReaderOutput(log_p, Trace(steps, halting) if trace else None, halting)
+
+    def _encode(self, batch: ReaderInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q̃ (B, Lq, 2h), the query's final states (B, 2h) and d̃ (B, Ld, 2h) (eq. 1), after the
+        input dropout and before the attention-input dropout (each reader drops what its
+        attention reads). In inference the table slot encodes the document."""
+        enc, slots = self.encoders, self._active_slots
+        q_lengths, d_lengths = getattr(batch, "query_lengths", None), getattr(batch, "doc_lengths", None)
+        if slots.table is not None and self._inference():                 # the document from its table
+            q_enc, q_final = enc.query_encoder(enc.embed(batch.query), batch.query_mask, q_lengths,
+                                               self.precision, slots.encoder)      # (B, Lq, 2h), (B, 2h)
+            d_enc = slots.table(batch.doc, batch.doc_mask.sum(1), enc.embedding.weight,
+                                enc.doc_encoder.gru)                               # (B, Ld, 2h)
+            return q_enc, q_final, d_enc
+        q_emb, d_emb = enc.embed(batch.query, batch.doc)                          # (B, Lq, d), (B, Ld, d)
+        q_enc, q_final = enc.query_encoder(self._drop(q_emb), batch.query_mask, q_lengths, self.precision,
+                                           slots.encoder)                          # (B, Lq, 2h), (B, 2h)
+        d_enc, _ = enc.doc_encoder(self._drop(d_emb), batch.doc_mask, d_lengths, self.precision,
+                                   slots.encoder)                                  # (B, Ld, 2h)
+        return q_enc, q_final, d_enc
+
+    @property
+    def _active_slots(self) -> fast.Slots:
+        """The slots that run: none inside a graph that ``torch.compile`` traces
+        (``compile_reads``), where the compiler fuses the reference itself."""
+        return _NO_SLOTS if torch.compiler.is_compiling() else self.slots
+
+    def _inference(self) -> bool:
+        """Eval mode without gradients: where the inference-only slots (``table``, ``steps``) may run."""
+        return not (self.training or torch.is_grad_enabled())
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        """Dropout (paper, "Training Details") on the input embeddings, the attention inputs and
+        the search gates' inputs; one mask per tensor, reused by all T steps."""
+        if not self.training or self.cfg.dropout == 0.0:
+            return x
+        drop = self._active_slots.dropout
+        return drop(x, self.cfg.dropout) if drop is not None else F.dropout(x, self.cfg.dropout, training=True)
 
     def _apply(self, fn, recurse: bool = True):
         """``nn.Module``'s, then the kernels chosen again where the reader moved to another device
@@ -208,10 +212,6 @@ class _Reader(nn.Module):
             self.kernels = fast.select(device, self.precision, self.cfg)
         return self
 
-    def _drop(self, x: torch.Tensor, slots: fast.Slots) -> torch.Tensor:
-        """Dropout on the attention inputs and the search gates' inputs (``_Encoders.drop``)."""
-        return self.encoders.drop(x, slots)
-
     def compile_reads(self, mode: str | None = None, backend: str = "inductor") -> None:
         """Compile ``_read`` for training steps (``mode``, ``backend``: ``torch.compile``'s;
         ``reduce-overhead`` means CUDA graphs on CUDA).
@@ -219,24 +219,19 @@ class _Reader(nn.Module):
         The first shape compiles a static graph and the next one a graph with dynamic sizes
         (torch's automatic dynamic shapes), which serves every later shape. CUDA graphs are
         recorded per shape, so callers pad Lq and Ld to a few widths
-        (``iaa.data.batch.pad_to_buckets``). The compiled reads are the reference ones (the
-        compiler fuses them itself); ACT's steps stay eager.
+        (``iaa.data.batch.pad_to_buckets``). The compiled reads are the reference ones (no slot
+        runs inside the graph: the compiler fuses them itself); ACT's steps stay eager.
         """
         if self.cfg.halting != "none":
             return
         mode = mode if backend == "inductor" else None                   # modes are inductor's
-        reference = fast.Kernels(self.kernels.device, self.precision).slots(self.reference_slots())
-        compiled = torch.compile(partial(self._read, slots=reference, trace=False), mode=mode, backend=backend)
+        compiled = torch.compile(partial(self._read, trace=False), mode=mode, backend=backend)
         self._reads = CompiledReads(compiled, type(self)._read)
 
     def _read(self, q_enc: torch.Tensor, q_final: torch.Tensor, d_enc: torch.Tensor, masks: Masks,
-              slots: fast.Slots, trace: bool) -> tuple[torch.Tensor, list[StepTrace] | None, Halting | None]:
+              trace: bool) -> tuple[torch.Tensor, list[StepTrace] | None, Halting | None]:
         """log d_{i,T} (B, Ld) over the answer positions, the steps' trace (with ``trace``) and
         ACT's ``Halting`` (None without ACT)."""
-        raise NotImplementedError
-
-    def _steps(self, q_enc, d_enc, masks, slots, trace):
-        """The reference steps slot (``iaa.model.kernels.Slots``); the IAA reader's only."""
         raise NotImplementedError
 
 
@@ -248,10 +243,10 @@ class CompiledReads:
     compiled: Callable
     eager: Callable
 
-    def __call__(self, reader: _Reader, q_enc, q_final, d_enc, masks: Masks, slots: fast.Slots, trace: bool):
+    def __call__(self, reader: _Reader, q_enc, q_final, d_enc, masks: Masks, trace: bool):
         if reader.training and torch.is_grad_enabled() and not trace:
             return self.compiled(q_enc, q_final, d_enc, masks)
-        return self.eager(reader, q_enc, q_final, d_enc, masks, slots, trace)
+        return self.eager(reader, q_enc, q_final, d_enc, masks, trace)
 
 
 class IAAReader(_Reader):
@@ -285,51 +280,70 @@ class IAAReader(_Reader):
             nn.init.constant_(self.halting_unit.bias, cfg.halt_bias_init)
 
     def _step(self, s: torch.Tensor, q: torch.Tensor, d: Encodings, q_mask: torch.Tensor, d_mask: torch.Tensor,
-              layers: Layers, slots: fast.Slots, last: bool) -> _Step:
+              layers: Layers, last: bool) -> _Step:
         """One alternating step from s_{t-1} (B, s): the query read, the document read and,
         except at the last step, the gated search results into the inference GRU."""
         q_t, q_att = self.query_read(s, q, q_mask, layers)                       # (B, 2h), (B, Lq)
         if last:
             return _Step(q_att, self.doc_read.logits(s, q_t, d, layers))         # logits (B, Ld)
         d_t, d_att, logits = self.doc_read(s, q_t, d, d_mask, layers)           # (B, 2h), (B, Ld), (B, Ld)
-        features = self._drop(gate_features(s, q_t, d_t), slots)                    # (B, s + 6h)
+        features = self._drop(gate_features(s, q_t, d_t))                        # (B, s + 6h)
         r_q, r_d = self.gate_q(features, layers), self.gate_d(features, layers)  # (B, 2h) each
         s = layers.gru_cell(torch.cat([r_q * q_t, r_d * d_t], -1), s, self.search)  # s_t: (B, s)
         return _Step(q_att, logits, d_att, r_q, r_d, s)
 
-    def _attention_inputs(self, q_enc: torch.Tensor, d_enc: torch.Tensor, slots: fast.Slots):
+    def _attention_inputs(self, q_enc: torch.Tensor, d_enc: torch.Tensor) -> tuple[torch.Tensor, Encodings]:
         """q̃ (B, Lq, 2h) and the reads of d̃ (B, Ld, 2h) as the steps see them: after dropout,
-        fp32 (the document reads multiply in bf16 under bf16)."""
-        q = full_precision(self._drop(q_enc, slots))
-        d = full_precision(self._drop(d_enc, slots))
-        return q, slots.reads(d)
+        fp32 (the reads slot's document reads multiply in bf16 under bf16)."""
+        q = full_precision(self._drop(q_enc))
+        d = full_precision(self._drop(d_enc))
+        reads = self._active_slots.reads
+        return q, (reads(d) if reads is not None else Encodings(d))
 
-    def _read(self, q_enc, q_final, d_enc, masks, slots, trace):
-        """The T alternating steps (the steps slot); ACT's in ``_act_read``."""
+    def _layers(self) -> ContextManager[Layers]:
+        """How the steps apply their layers in one forward pass: each layer itself, or the layers
+        slot's (gradients flowing or not)."""
+        layers = self._active_slots.layers
+        return layers(torch.is_grad_enabled()) if layers is not None else nullcontext(Layers)
+
+    def _read(self, q_enc, q_final, d_enc, masks, trace):
+        """The T alternating steps; in inference without a trace, the steps slot's; ACT's in
+        ``_act_read``."""
         if self.halting_unit is not None:
-            return self._act_read(q_enc, d_enc, masks, slots, trace)
-        logits, steps = slots.steps(self, q_enc, d_enc, masks, slots, trace)  # (B, Ld)
+            return self._act_read(q_enc, d_enc, masks, trace)
+        fused = self._active_slots.steps
+        if fused is not None and self._inference() and not trace:         # the T steps in one call
+            logits, steps = fused(self._step_layers(), self.search, q_enc, d_enc, masks.query, masks.doc,
+                                  self.cfg.steps), None                   # (B, Ld)
+        else:
+            logits, steps = self._steps(q_enc, d_enc, masks, trace)        # (B, Ld)
         log_att = masked_log_softmax(logits, masks.answer)                 # log d_{i,T}: (B, Ld), fp32
         if not trace:
             return log_att, None, None
         traced = [StepTrace(st.q_att, st.d_att, st.r_q, st.r_d) for st in steps[:-1]]
         return log_att, traced + [StepTrace(steps[-1].q_att, log_att.exp(), None, None)], None
 
-    def _steps(self, q_enc, d_enc, masks, slots, trace):
-        """The reference steps slot: the last step's document logits (B, Ld) and, with
-        ``trace``, every step's ``_Step``."""
-        q, d = self._attention_inputs(q_enc, d_enc, slots)
+    def _steps(self, q_enc, d_enc, masks, trace):
+        """The T steps: the last step's document logits (B, Ld) and, with ``trace``, every
+        step's ``_Step``."""
+        q, d = self._attention_inputs(q_enc, d_enc)
         s = q.new_zeros(q.shape[0], self.cfg.state_dim)                    # s_0: (B, s)
         steps = []
-        with slots.layers() as layers:
+        with self._layers() as layers:
             for t in range(self.cfg.steps):
-                step = self._step(s, q, d, masks.query, masks.doc, layers, slots, last=t == self.cfg.steps - 1)
+                step = self._step(s, q, d, masks.query, masks.doc, layers, last=t == self.cfg.steps - 1)
                 s = step.s
                 if trace:
                     steps.append(step)
         return step.logits, (steps if trace else None)
 
-    def _act_read(self, q_enc, d_enc, masks, slots, trace):
+    def _step_layers(self) -> list[nn.Linear]:
+        """The steps' linear layers as the steps slot takes them: A_q, A_d, then the two layers
+        of g_q and of g_d."""
+        return [self.query_read.proj, self.doc_read.proj, self.gate_q.hidden, self.gate_q.out,
+                self.gate_d.hidden, self.gate_d.out]
+
+    def _act_read(self, q_enc, d_enc, masks, trace):
         """ACT over the steps (``iaa.model.halting``): log Σ_t p_t d_{i,t} (B, Ld), and the
         ``Halting``.
 
@@ -338,13 +352,13 @@ class IAAReader(_Reader):
         loop ends when the last example has halted.
         """
         cfg = self.cfg
-        q, d = self._attention_inputs(q_enc, d_enc, slots)
+        q, d = self._attention_inputs(q_enc, d_enc)
         run = Running.start(q, d, masks.query, masks.doc, masks.answer, cfg.state_dim)
         record = HaltingRecord(q.shape[0], keep=trace)
-        with slots.layers() as layers:
+        with self._layers() as layers:
             for t in range(cfg.steps):
                 last = t == cfg.steps - 1
-                step = self._step(run.s, run.q_enc, run.d_enc, run.q_mask, run.d_mask, layers, slots, last)
+                step = self._step(run.s, run.q_enc, run.d_enc, run.q_mask, run.d_mask, layers, last)
                 log_d = masked_log_softmax(step.logits, run.a_mask)              # log d_{i,t}: (A, Ld)
                 h = run.spent.new_zeros(run.spent.shape) if last else self.halting_unit(step.s, t)  # h_t: (A,)
                 p, halts = halting_weights(h, run.spent, last)                   # (A,), (A,)
@@ -374,9 +388,9 @@ class ASReader(_Reader):
         super().__init__(cfg, device, precision)
         init_reader_(self)
 
-    def _read(self, q_enc, q_final, d_enc, masks, slots, trace):
+    def _read(self, q_enc, q_final, d_enc, masks, trace):
         """One dot-product read with the query's final states."""
-        query, d_enc = self._drop(q_final, slots), self._drop(d_enc, slots)                   # (B, 2h), (B, Ld, 2h)
+        query, d_enc = self._drop(q_final), self._drop(d_enc)                  # (B, 2h), (B, Ld, 2h)
         log_att = masked_log_softmax(bilinear_logits(d_enc, query), masks.answer)  # (B, Ld), fp32
         return log_att, [StepTrace(None, log_att.exp(), None, None)] if trace else None, None
 

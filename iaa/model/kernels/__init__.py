@@ -19,11 +19,13 @@ steps       ``inference_steps.FusedSteps``                   the T steps in infe
 dropout     ``dropout.FastDropout``                          ``F.dropout``
 ==========  ==============================================  =========================
 
-``Kernels.slots`` turns the choice into one callable per slot with the reference's signature
-(``slots.Slots``), the reference's own function where no kernel serves; a kernel that computes
-only inference (``table``, ``steps``) runs the reference itself for training, gradients and
-traces. ``Kernels.describe`` says what runs, and ``cpu_features`` what the CPU offers, for
-reports and benchmarks.
+``Kernels.slots`` hands the reader the choice as one plain function per slot (``slots.Slots``):
+it takes tensors and weights and returns tensors, never calls back into the reader, and is None
+where no kernel serves. The reader keeps its own equations and switches to a slot at one site
+each; a kernel that computes only inference (``table``, ``steps``) is used only in eval mode
+without gradients (and, for ``steps``, without a trace). ``Kernels.forget`` drops the kernels'
+caches of weights. ``Kernels.describe`` says what runs, and ``cpu_features`` what the CPU offers,
+for reports and benchmarks.
 
 Precision is an argument ("fp32" or "bf16"), chosen once with the kernels when the reader is
 built. Nothing else switches the arithmetic: no global, no thread-local, no environment
@@ -46,7 +48,7 @@ from iaa.model.kernels.gru_kernels import cpu_features
 from iaa.model.kernels.inference_steps import FusedSteps
 from iaa.model.kernels.padded_gru import PaddedGRU
 from iaa.model.kernels.precision import SmallMatmuls
-from iaa.model.kernels.slots import EncoderSlot, Forgetting, LayersSlot, Slots, StepsSlot, TableSlot
+from iaa.model.kernels.slots import Slots, method
 from iaa.model.kernels.support import EQUATIONS, PRECISIONS, Kernel, Support
 
 KERNELS: tuple[type[Kernel], ...] = (FusedEncoder, PaddedGRU, EncoderTable, DeferredReads, SmallMatmuls,
@@ -90,17 +92,21 @@ class Kernels:
                                        and recurrence(self.hidden_dim)),
                 "amx_step_layers": bool(on_amx is not None and on_amx(grad=True))}
 
-    def slots(self, reference: Slots) -> Slots:
-        """One callable per slot: the chosen kernel's, else ``reference``'s own."""
-        table = TableSlot(self.table, reference.table) if self.table is not None else reference.table
-        caches = [k for k in (self.table, self.steps) if k is not None]
-        return Slots(
-            encoder=EncoderSlot(self.encoder) if self.encoder is not None else reference.encoder,
-            table=Forgetting(table, caches) if caches else table,
-            reads=self.reads.memory if self.reads is not None else reference.reads,
-            layers=LayersSlot(self.layers) if self.layers is not None else reference.layers,
-            steps=StepsSlot(self.steps, reference.steps) if self.steps is not None else reference.steps,
-            dropout=self.dropout if self.dropout is not None else reference.dropout)
+    def slots(self) -> Slots:
+        """The chosen kernels as one function per slot (``slots.Slots``), None where the
+        reference runs."""
+        return Slots(encoder=method(self.encoder, "encode"), table=method(self.table, "encode"),
+                     reads=method(self.reads, "memory"), layers=method(self.layers, "block"),
+                     steps=method(self.steps, "last_logits"), dropout=self.dropout)
+
+    def forget(self) -> None:
+        """Drop the kernels' caches of weights (the table's projections, the steps' packed
+        weights). The reader calls this at each training pass: an optimiser may change the
+        weights in place without bumping their version (fused Adam does not), so a cache keyed
+        by version alone could serve stale ones."""
+        for kernel in (self.table, self.steps):
+            if kernel is not None:
+                kernel.forget()
 
 
 def select(device: str | torch.device, precision: str, cfg: Any) -> Kernels:
@@ -109,7 +115,7 @@ def select(device: str | torch.device, precision: str, cfg: Any) -> Kernels:
     A kernel is chosen where its config switch (``Kernel.switch``) is on, it declares the
     reader's equations, the device and the precision (``Support.covers``), and it can run here
     (``Kernel.make``); each other slot runs the reference. ``Kernels.slots`` turns the choice
-    into one callable per slot.
+    into one function per slot.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
