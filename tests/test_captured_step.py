@@ -268,9 +268,9 @@ def test_the_loop_on_cuda_trains_from_graphs_or_names_its_refusal(cuda: str, tmp
                           device=cuda, show_progress=False)
     packed = replace(cfg, model=replace(cfg.model, fused_gru=False))
     refused = train_job.run(packed, prepared, tmp_path / "refused", device=cuda, show_progress=False)
-    assert graphed["cuda_graphs"] is True and graphed["cuda_graphs_refused"] is None
-    assert eager["cuda_graphs"] is False and eager["cuda_graphs_refused"] is None
-    assert refused["cuda_graphs"] is False and "lengths on the host" in refused["cuda_graphs_refused"]
-    assert graphed["steps"] == eager["steps"] == refused["steps"] > 0
-    assert graphed["train_loss"] == pytest.approx(eager["train_loss"], rel=1e-3)
-    assert graphed["valid_loss"] == pytest.approx(eager["valid_loss"], rel=1e-3)
+    assert graphed.metrics["cuda_graphs"] is True and graphed.metrics["cuda_graphs_refused"] is None
+    assert eager.metrics["cuda_graphs"] is False and eager.metrics["cuda_graphs_refused"] is None
+    assert refused.metrics["cuda_graphs"] is False and "lengths on the host" in refused.metrics["cuda_graphs_refused"]
+    assert graphed.steps == eager.steps == refused.steps > 0
+    assert graphed.metrics["train_loss"] == pytest.approx(eager.metrics["train_loss"], rel=1e-3)
+    assert graphed.metrics["valid_loss"] == pytest.approx(eager.metrics["valid_loss"], rel=1e-3)

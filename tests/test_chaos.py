@@ -141,7 +141,7 @@ def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Pa
     print(f"chaos sweep: {wall:.0f}s, kills {chaos.kills}")
 
 
-def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path) -> dict[str, Any]:
+def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path) -> Any:
     from iaa.cli.adapters import _open_tracker
     from iaa.jobs.train import train
 
@@ -171,7 +171,7 @@ def test_train_on_two_workers_survives_a_node_kill(chaos: ChaosCluster, tiny: Pa
     assert "error" not in outcome, outcome
     assert len(chaos.kills) == kills_before + 1
     assert "[state-dump]" not in console.out + console.err and "(raylet)" not in console.out + console.err, console
-    assert result["steps"] == clean["steps"] and result["best_valid_acc"] == clean["best_valid_acc"]
+    assert result.steps == clean.steps and result.best_valid_acc == clean.best_valid_acc
     a = checkpoint.load(tmp_path / "clean" / "run" / "checkpoints" / "last.pt")["model"]
     b = checkpoint.load(tmp_path / "chaos" / "run" / "checkpoints" / "last.pt")["model"]
     assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)     # the uninterrupted run's weights

@@ -161,8 +161,8 @@ def test_resume_falls_back_to_best_when_last_is_damaged(tiny, run_dir, how) -> N
     _damage(last, how)
     with pytest.warns(UserWarning, match=f"Resuming from .*{checkpoint.BEST}"):
         result = _resume(tiny, run_dir)
-    assert result["steps"] > best_step and result["stop_reason"] == "max-epochs"
-    assert checkpoint.load(last)["progress"]["step"] == result["steps"]   # a good last.pt again
+    assert result.steps > best_step and result.stop_reason == "max-epochs"
+    assert checkpoint.load(last)["progress"]["step"] == result.steps   # a good last.pt again
 
 
 def test_resume_with_both_checkpoints_damaged_changes_nothing(tiny, run_dir) -> None:
@@ -198,7 +198,7 @@ def test_resume_may_extend_the_budget(tiny, run_dir) -> None:
     done = checkpoint.load(run_dir / "checkpoints" / checkpoint.LAST)["progress"]
     assert done["stop_reason"] == "max-epochs"
     result = _resume(tiny, run_dir, "train.max_minutes=60")          # 2 epochs instead of 1
-    assert result["stop_reason"] == "max-epochs" and result["steps"] == 2 * done["step"]
+    assert result.stop_reason == "max-epochs" and result.steps == 2 * done["step"]
 
 
 # --- the session base's report -------------------------------------------------------------------
@@ -244,7 +244,7 @@ def test_a_loaded_reader_answers_as_one_built_and_given_the_weights(tiny, tmp_pa
 
     result = train_job.run(_cfg(tiny, "train.max_epochs=1", *variant), tiny, tmp_path / "run",
                            show_progress=False)
-    loaded, cfg, state = checkpoint.load_model(Path(result["checkpoint"]), precision=precision)
+    loaded, cfg, state = checkpoint.load_model(Path(result.checkpoint), precision=precision)
     built = build_reader(cfg.model, "cpu", precision)
     built.load_state_dict(state["model"])
     built.eval()

@@ -39,7 +39,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("distill")
     prepared = make_tiny_prepared(root)
     members = [Path(train_job.run(tiny_cfg(prepared, seed), prepared, root / f"member{seed}", show_progress=False)
-                    ["checkpoint"]) for seed in range(3)]
+                    .checkpoint) for seed in range(3)]
     ens = root / "ensembles" / "three"
     files = [{"valid": Path(evaluate.run(m, prepared, "valid", ens / "members" / f"{i:02d}-valid.parquet").predictions),
               "test": None} for i, m in enumerate(members)]
@@ -75,14 +75,14 @@ def test_soft_targets_equal_the_ensembles_own_average(setup, tmp_path):
 def test_the_teacher_is_computed_once_and_reused(setup):
     req = request(setup, train_examples=64, run_dir=setup[0] / "runs" / "once")
     result = distill.run(req, train=plain_train)
-    assert result["teacher_computed"]
-    path = Path(result["teacher"])
+    assert result.teacher_computed
+    path = Path(result.teacher)
     assert path.parent == req.workdir / "distill" / "teachers" and pq.read_table(path).num_rows == 64
     assert not (setup[1] / "teachers").exists()                 # nothing beside the prepared data
     calls = []
     again = distill.run(replace(req, run_dir=setup[0] / "runs" / "twice"), train=plain_train,
                         score=lambda *a: calls.append(a) or [])
-    assert not again["teacher_computed"] and calls == []
+    assert not again.teacher_computed and calls == []
 
 
 def test_alpha_one_reproduces_ordinary_training(setup, tmp_path):
@@ -95,9 +95,9 @@ def test_alpha_one_reproduces_ordinary_training(setup, tmp_path):
                            tmp_path / "alpha1", show_progress=False, train_rows=rows)
     soft = train_job.run(replace(cfg, distill=replace(cfg.distill, alpha=0.0)), prepared,
                          tmp_path / "alpha0", show_progress=False, train_rows=rows)
-    a, b, c = (checkpoint.load(Path(r["checkpoint"]))["model"] for r in (plain, taught, soft))
+    a, b, c = (checkpoint.load(Path(r.checkpoint))["model"] for r in (plain, taught, soft))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert plain["best_valid_acc"] == taught["best_valid_acc"]
+    assert plain.best_valid_acc == taught.best_valid_acc
     assert not all(torch.equal(a[k], c[k]) for k in a)          # the teacher does move training when α < 1
 
 
@@ -160,7 +160,7 @@ def test_a_stale_teacher_is_refused_until_refreshed(setup, tmp_path):
     with pytest.raises(TeacherError, match=r"stale teacher: member .*m1\.pt changed since"):
         distill.run(replace(req, run_dir=tmp_path / "run2"), train=plain_train)
     fresh = distill.run(replace(req, run_dir=tmp_path / "run3", refresh_teacher=True), train=plain_train)
-    assert fresh["teacher_computed"]
+    assert fresh.teacher_computed
 
 
 def _damage(path: Path, change) -> None:

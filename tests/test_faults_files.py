@@ -310,6 +310,8 @@ def test_distill_resume_refuses_a_run_of_another_teacher_naming_both(prepared, t
     from functools import partial
 
     from iaa.jobs.distill import distill, identity
+    from iaa.jobs.distill.summary import DistillResult
+    from iaa.jobs.training.summary import TrainResult
     from iaa.jobs.workdir import rundir
 
     work = tmp_path / "w"
@@ -324,9 +326,9 @@ def test_distill_resume_refuses_a_run_of_another_teacher_naming_both(prepared, t
 
     def train(cfg, prepared, run_dir, **kwargs):
         trained.append(kwargs["tags"]["teacher_id"])
-        return {"best_valid_acc": 0.25}
+        return TrainResult(best_valid_acc=0.25, checkpoint=str(run_dir / "best.pt"), run_dir=str(run_dir))
 
-    def distil(name: str, resume: bool) -> dict:
+    def distil(name: str, resume: bool) -> DistillResult:
         req = distill.DistillRequest(ensembles[name], workdir=work, run_dir=tmp_path / "student", train_examples=8,
                                      show_progress=False, resume=resume)
         return distill.run(req, train=train, claim=partial(rundir.claim, resume=resume))

@@ -71,9 +71,9 @@ def _params(path: Path) -> dict[str, torch.Tensor]:
 def test_a_few_training_steps_on_cuda(tiny, cuda, tmp_path, precision) -> None:
     cfg = _cfg(tiny, f"train.precision={precision}", "train.max_epochs=1")
     result = train_job.run(cfg, tiny, tmp_path / "run", device=cuda, show_progress=False)
-    assert result["steps"] == 12 and result["stop_reason"] == "max-epochs"
-    assert 0.0 <= result["valid_acc"] <= 1.0 and math.isfinite(result["train_loss"])
-    state = checkpoint.load(Path(result["checkpoint"]))
+    assert result.steps == 12 and result.stop_reason == "max-epochs"
+    assert 0.0 <= result.valid_acc <= 1.0 and math.isfinite(result.metrics["train_loss"])
+    state = checkpoint.load(Path(result.checkpoint))
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
@@ -83,7 +83,7 @@ def test_kill_and_resume_on_cuda_equals_an_uninterrupted_run(tiny, cuda, tmp_pat
     run_dir = tmp_path / "killed"
     kill_after_checks(cfg, tiny, run_dir, checks=2, device=cuda)
     resumed = train_job.run(cfg, tiny, run_dir, resume=True, device=cuda, show_progress=False)
-    assert resumed["steps"] == full["steps"]
+    assert resumed.steps == full.steps
     a, b = _params(tmp_path / "full/checkpoints/last.pt"), _params(run_dir / "checkpoints/last.pt")
     for name in a:
         torch.testing.assert_close(b[name], a[name], **PARAM_TOL, msg=name)
@@ -94,14 +94,14 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu(tiny, cuda, tmp_path) -> None:
     train_job.run(cfg, tiny, tmp_path / "run", device=cuda, show_progress=False)
     longer = _cfg(tiny, "train.max_epochs=2")
     result = train_job.run(longer, tiny, tmp_path / "run", resume=True, device="cpu", show_progress=False)
-    assert result["steps"] == 24 and result["stop_reason"] == "max-epochs"
+    assert result.steps == 24 and result.stop_reason == "max-epochs"
 
 
 def test_a_gpu_trained_checkpoint_evaluates_on_the_cpu(tiny, cuda, tmp_path, no_tf32) -> None:
     from iaa.data.loader import PreparedData, iter_batches
 
     result = train_job.run(_cfg(tiny, "train.max_epochs=1"), tiny, tmp_path / "run", device=cuda, show_progress=False)
-    path = Path(result["checkpoint"])
+    path = Path(result.checkpoint)
     raw = torch.load(path, weights_only=True)                                # no map_location
     assert all(t.device.type == "cpu" for t in raw["model"].values())
     valid = PreparedData.open(tiny).table("valid")

@@ -73,12 +73,12 @@ def test_a_tie_is_named():
 
 
 def test_stop_reason_in_words_says_when_still_improving():
-    improving = {"stop_reason": "max-epochs", "steps": 24, "best_step": 24}
-    assert "while still improving" in closing.stop_words(improving, 2.0)
-    assert "--set train.max_epochs=4" in as_shown(closing.stop_words(improving, 2.0))
-    plateau = {"stop_reason": "max-epochs", "steps": 24, "best_step": 12}
-    assert "improving" not in closing.stop_words(plateau, 2.0)
-    assert "patience" in closing.stop_words({"stop_reason": "early-stopped", "steps": 9, "best_step": 3})
+    improving = {"reason": "max-epochs", "steps": 24, "best_step": 24}
+    assert "while still improving" in closing.stop_words(**improving, epochs=2.0)
+    assert "--set train.max_epochs=4" in as_shown(closing.stop_words(**improving, epochs=2.0))
+    plateau = {"reason": "max-epochs", "steps": 24, "best_step": 12}
+    assert "improving" not in closing.stop_words(**plateau, epochs=2.0)
+    assert "patience" in closing.stop_words("early-stopped", steps=9, best_step=3)
 
 
 # --- train and evaluate through the CLI ---------------------------------------------------------------
@@ -150,7 +150,7 @@ def test_ensemble_states_its_cost_first_and_its_accuracy_with_error_bars(tiny, t
     err = capsys.readouterr().err
     assert err.index("scoring 2 members on valid (64 questions) and test (64 questions)") < err.index("evaluate members")
     assert "256/256" in err                                          # the bar counts questions, not files
-    assert summary["valid_acc_n"] == 64 and summary["valid_acc_stderr"] is not None
+    assert summary.valid_acc_n == 64 and summary.valid_acc_stderr is not None
     assert "n=64" in err and "the best)" in err and "next:" in err
 
 
@@ -167,10 +167,16 @@ def test_distill_compares_the_student_with_its_ensemble_and_best_member():
     assert "noise" not in text
 
 
-def _distilled(comparison: dict, student: float) -> dict:
-    return {**comparison, "best_valid_acc": student, "valid_examples": 2000, "stop_reason": "early-stopped",
-            "steps": 30, "best_step": 20, "epoch": 3.0, "checkpoint": "/r/best.pt", "data_dir": "/d",
-            "members": ["a", "b"], "baseline_valid_acc": 0.3}
+def _distilled(comparison: dict, student: float):
+    from dataclasses import replace
+
+    from iaa.jobs.distill import summary
+
+    result = summary.DistillResult(
+        **comparison, best_valid_acc=student, valid_examples=2000, stop_reason="early-stopped", steps=30,
+        best_step=20, epoch=3.0, checkpoint="/r/best.pt", run_dir="/r", data_dir="/d", members=("a", "b"),
+        baseline_valid_acc=0.3, teacher="/t.parquet", teacher_computed=True, dataset="cbt-ne")
+    return replace(result, next=summary.next_commands(result))
 
 
 def test_distill_says_in_points_when_the_student_kept_none_of_a_small_gain():

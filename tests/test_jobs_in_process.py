@@ -35,11 +35,11 @@ def test_train_tracks_its_run_params_checks_and_model(tiny: Path, tmp_path: Path
     tracker = FakeTracker()
     result = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, show_progress=False)
 
-    run = tracker.runs[result["mlflow_run_id"]]
+    run = tracker.runs[result.mlflow_run_id]
     assert run.state == "FINISHED" and run.params["model.hidden_dim"] == "8"
     assert run.last("valid_acc") == pytest.approx(max(p.value for p in run.metrics["valid_acc"]))
     assert [m["run_id"] for m in tracker.models] == [run.run_id]
-    assert Path(result["checkpoint"]).is_file()
+    assert Path(result.checkpoint).is_file()
 
 
 def test_train_on_workers_goes_through_the_launcher(tiny: Path, tmp_path: Path) -> None:
@@ -51,8 +51,8 @@ def test_train_on_workers_goes_through_the_launcher(tiny: Path, tmp_path: Path) 
 
     [request] = launcher.requests
     assert isinstance(request, WorkersRequest) and request.workers == 2 and request.folder.path == tmp_path / "run"
-    assert Path(result["checkpoint"]).is_file()
-    assert tracker.runs[result["mlflow_run_id"]].metrics["valid_acc"], "the launcher's checks reach the run"
+    assert Path(result.checkpoint).is_file()
+    assert tracker.runs[result.mlflow_run_id].metrics["valid_acc"], "the launcher's checks reach the run"
 
 
 def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny: Path, tmp_path: Path) -> None:
@@ -150,8 +150,8 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
     # one trial per member, with the threads the members' configs ask for (the largest)
     assert members.connection.num_trials == 1
     assert members.connection.threads == (members.configs[0].train.threads or None)
-    assert len(result["members"]) == 2 and 0 <= result["valid_acc"] <= 1
-    assert tracker.runs[result["mlflow_run_id"]].state == "FINISHED"
+    assert len(result.members) == 2 and 0 <= result.valid_acc <= 1
+    assert tracker.runs[result.mlflow_run_id].state == "FINISHED"
 
 
 def test_a_store_that_fails_during_a_sweep_costs_the_trial_its_tracking_not_its_training(tiny: Path) -> None:

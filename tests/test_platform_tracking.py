@@ -170,10 +170,10 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
     first = train.run_tracked(cfg, tiny, tmp_path / "run", tracker, show_progress=False)
     longer = replace(cfg, train=replace(cfg.train, max_epochs=2.0))
     again = train.run_tracked(longer, tiny, tmp_path / "run", tracker, resume=True, show_progress=False)
-    assert again["mlflow_run_id"] == first["mlflow_run_id"]
-    run = MlflowClient(first["tracking_uri"]).get_run(first["mlflow_run_id"])
+    assert again.mlflow_run_id == first.mlflow_run_id
+    run = MlflowClient(first.tracking_uri).get_run(first.mlflow_run_id)
     assert run.info.status == "FINISHED"
-    steps = [s for s, _ in _history(first["tracking_uri"], run.info.run_id, "valid_acc")]
+    steps = [s for s, _ in _history(first.tracking_uri, run.info.run_id, "valid_acc")]
     assert steps == sorted(steps) and len(steps) > 2               # the resumed checks follow the first ones
 
 

@@ -255,8 +255,8 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
     for rates, chosen in (({"fp32": 100.0, "bf16": 400.0}, "bf16"), ({"fp32": 100.0, "bf16": 20.0}, "fp32")):
         monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
         result = train.run_tracked(cfg, tiny, tmp_path / f"run-{chosen}", tracker, show_progress=False)
-        params = MlflowClient(result["tracking_uri"]).get_run(result["mlflow_run_id"]).data.params
-        assert params["train.precision"] == chosen and result["precision"] == chosen
+        params = MlflowClient(result.tracking_uri).get_run(result.mlflow_run_id).data.params
+        assert params["train.precision"] == chosen and result.precision == chosen
 
 
 def test_a_checkpoint_config_with_the_former_bf16_switch_still_loads() -> None:

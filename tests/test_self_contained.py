@@ -24,7 +24,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("self-contained")
     prepared = make_tiny_prepared(root / "data")
     cfg = resolve.job_config("cbt-ne", prepared, sets=(*TINY_SETS, "train.max_epochs=1"))
-    best = Path(train_job.run(cfg, prepared, root / "run", show_progress=False)["checkpoint"])
+    best = Path(train_job.run(cfg, prepared, root / "run", show_progress=False).checkpoint)
     examples = cbt.read(root / "data" / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt").examples()
     questions = root / "questions.jsonl"
     questions.write_text("".join(json.dumps({"id": ex.example_id, "document": " ".join(ex.doc),

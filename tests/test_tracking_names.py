@@ -32,7 +32,7 @@ def checkpoint(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from iaa.jobs.train import train
 
     cfg = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
-    return Path(train.run(cfg, tiny, tmp_path_factory.mktemp("run"), show_progress=False)["checkpoint"])
+    return Path(train.run(cfg, tiny, tmp_path_factory.mktemp("run"), show_progress=False).checkpoint)
 
 
 def _tracker(tmp_path: Path) -> Any:
@@ -184,7 +184,7 @@ def test_the_ensemble_of_a_sweep_nests_under_the_sweeps_run_with_its_data(tmp_pa
     result = ensemble.run(ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
                                                    show_progress=False), tracker, launcher)
     client = MlflowClient(tracker.uri)
-    run = client.get_run(result["mlflow_run_id"])
+    run = client.get_run(result.mlflow_run_id)
     assert run.data.tags["mlflow.parentRunId"] == swept["parent_run_id"]
     assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
     assert _datasets(tracker.uri, swept["parent_run_id"]) == ["cbt-ne"]
@@ -203,7 +203,7 @@ def test_the_ensemble_of_a_sweep_nests_under_the_sweeps_run_with_its_data(tmp_pa
     # The run lasts as long as the job: it started before the members it trained.
     assert run.info.start_time <= min(r.info.start_time for r in trained)
     # Its page: best_valid_acc (the column a sweep is sorted by), Boo(n) once, the members in one artifact.
-    assert run.data.metrics["best_valid_acc"] == pytest.approx(result["valid_acc"])
+    assert run.data.metrics["best_valid_acc"] == pytest.approx(result.valid_acc)
     assert not any(k.startswith("member.") for k in run.data.tags)
     assert not [k for k in run.data.metrics if k.startswith("boo_") and k not in ("boo_n", "boo_n_valid", "boo_n_test")]
     rows = json.loads(Path(client.download_artifacts(run.info.run_id, "members.json", str(tmp_path))).read_text())
@@ -222,14 +222,14 @@ def test_a_distilled_student_is_tracked_in_its_ensembles_experiment(tmp_path: Pa
     tracker, work = _tracker(tmp_path), tmp_path / "work"
     ens = ensemble_of(checkpoint, tiny, work, tracker)
     train = partial(train_job.run_tracked, tracker=tracker, show_progress=False)
-    result = distill.run(distill.DistillRequest(Path(ens["ensemble_dir"]), workdir=work, sets=TINY_SETS,
+    result = distill.run(distill.DistillRequest(Path(ens.ensemble_dir), workdir=work, sets=TINY_SETS,
                                                 show_progress=False), train=train)
-    run = MlflowClient(tracker.uri).get_run(result["mlflow_run_id"])
+    run = MlflowClient(tracker.uri).get_run(result.mlflow_run_id)
     assert MlflowClient(tracker.uri).get_experiment(run.info.experiment_id).name == "distill-pair"
     assert "cbt-ne" in _datasets(tracker.uri, run.info.run_id)
 
 
-def ensemble_of(checkpoint: Path, prepared: Path, work: Path, tracker: Any) -> dict[str, Any]:
+def ensemble_of(checkpoint: Path, prepared: Path, work: Path, tracker: Any) -> Any:
     """An ensemble named ``pair`` of one checkpoint and a copy of it."""
     import shutil
 

@@ -34,15 +34,15 @@ def test_same_seed_gives_identical_weights(tiny: Path, tmp_path: Path) -> None:
     cfg = _cfg(tiny)
     a = train_job.run(cfg, tiny, tmp_path / "a", show_progress=False)
     b = train_job.run(cfg, tiny, tmp_path / "b", show_progress=False)
-    pa_, pb = _params(Path(a["checkpoint"])), _params(Path(b["checkpoint"]))
+    pa_, pb = _params(Path(a.checkpoint)), _params(Path(b.checkpoint))
     assert all(torch.equal(pa_[k], pb[k]) for k in pa_)
-    assert a["best_valid_acc"] == b["best_valid_acc"]
+    assert a.best_valid_acc == b.best_valid_acc
 
 
 def test_checkpoint_round_trip_rebuilds_the_model(tiny: Path, tmp_path: Path) -> None:
     cfg = _cfg(tiny)
     result = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
-    model, loaded_cfg, state = checkpoint.load_model(Path(result["checkpoint"]))
+    model, loaded_cfg, state = checkpoint.load_model(Path(result.checkpoint))
     assert loaded_cfg == cfg
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, state["model"][name])
@@ -56,13 +56,13 @@ def test_kill_and_resume_equals_uninterrupted(tiny: Path, tmp_path: Path) -> Non
     kill_after_checks(cfg, tiny, run_dir, checks=2)
     resumed = train_job.run(cfg, tiny, run_dir, resume=True, show_progress=False)
 
-    assert resumed["steps"] == full["steps"]
-    assert resumed["best_valid_acc"] == full["best_valid_acc"]
-    a, b = _params(Path(full["run_dir"]) / "checkpoints/last.pt"), _params(run_dir / "checkpoints/last.pt")
+    assert resumed.steps == full.steps
+    assert resumed.best_valid_acc == full.best_valid_acc
+    a, b = _params(Path(full.run_dir) / "checkpoints/last.pt"), _params(run_dir / "checkpoints/last.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [
-        json.loads(x)["step"] for x in (Path(full["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+        json.loads(x)["step"] for x in (Path(full.run_dir) / "metrics.jsonl").read_text().splitlines()
     ]
 
 
@@ -74,14 +74,14 @@ def test_lr_decays_when_valid_accuracy_stalls(tiny: Path, tmp_path: Path) -> Non
     assert stalled, "expected stalled checks"
     assert rows[-1]["lr"] == pytest.approx(1e-9 * 0.8 ** (len(rows) - 1 - sum(
         r["valid_acc"] > p["best_valid_acc"] for p, r in zip(rows, rows[1:]))))
-    assert result["stop_reason"] == "max-epochs"
+    assert result.stop_reason == "max-epochs"
 
 
 def test_early_stopping_after_patience(tiny: Path, tmp_path: Path) -> None:
     cfg = _cfg(tiny, "train.lr=1e-9", "train.patience=2", "train.max_epochs=50")
     result = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
-    assert result["stop_reason"] == "early-stopped"
-    assert result["steps"] < 50 * 12
+    assert result.stop_reason == "early-stopped"
+    assert result.steps < 50 * 12
 
 
 def test_cli_train_then_evaluate_end_to_end(tiny: Path, tmp_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_a_fractional_budget_ends_on_its_check_without_a_one_batch_report(tiny: 
     cfg = _cfg(tiny, "train.batch_size=64", "train.check_every=0", "train.max_epochs=1.5")
     result = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 3, 4] and result["stop_reason"] == "max-epochs"
+    assert [r["step"] for r in rows] == [1, 3, 4] and result.stop_reason == "max-epochs"
 
 
 def test_the_progress_bar_writes_a_log_file_sparingly(tiny: Path, tmp_path: Path, capsys) -> None:
@@ -143,5 +143,5 @@ def test_the_progress_bar_writes_a_log_file_sparingly(tiny: Path, tmp_path: Path
     result = train_job.run(_cfg(tiny, "train.max_epochs=10", "train.check_every=10"), tiny, tmp_path / "run",
                            show_progress=True)
     writes = capsys.readouterr().err.count("\r")
-    checks = result["steps"] // 10 + 1                      # one every 10 steps, and the last
-    assert 0 < writes <= checks + 3, (writes, checks, result["train_seconds"])
+    checks = result.steps // 10 + 1                      # one every 10 steps, and the last
+    assert 0 < writes <= checks + 3, (writes, checks, result.train_seconds)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass, replace
@@ -26,7 +27,9 @@ from iaa.errors import IaaError
 from iaa.files import writing
 from iaa.jobs.distill import identity, teacher as teacher_mod
 from iaa.jobs.config.job_config import JobConfig, from_dict, load
+from iaa.jobs.distill.summary import DistillResult
 from iaa.jobs.evaluation.closing import Command, where
+from iaa.jobs.training.summary import TrainResult
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
@@ -34,7 +37,7 @@ _log = logging.getLogger(__name__)
 
 # The train workflow: (config, prepared data, run folder, training rows, teacher input, run tags,
 # experiment) -> result.
-TrainWorkflow = Callable[..., dict[str, Any]]
+TrainWorkflow = Callable[..., TrainResult]
 
 
 @dataclass(frozen=True)
@@ -102,13 +105,14 @@ def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teach
 
 
 def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer = teacher_mod.score_in_process,
-        claim: Callable[[Path], Any] | None = None) -> dict[str, Any]:
+        claim: Callable[[Path], Any] | None = None) -> DistillResult:
     """Distil the ensemble ``req.ensemble`` into one reader; see the module docstring.
 
     ``claim`` holds the run folder for the run (default: :func:`iaa.jobs.workdir.rundir.claim`, which
     refuses a folder that holds a run; with ``req.resume``, a run learnt from another teacher is
-    refused, :mod:`iaa.jobs.distill.identity`). Returns the train workflow's result (``checkpoint``, ``best_valid_acc``, ``model_uri``, ...)
-    with ``teacher`` (the Parquet file), ``teacher_computed`` and ``members``. SIGINT or SIGTERM
+    refused, :mod:`iaa.jobs.distill.identity`). Returns the train workflow's result (``checkpoint``,
+    ``best_valid_acc``, ``model_uri``, ...) with the teacher, the members, the comparison with
+    them and the next commands (:class:`~iaa.jobs.distill.summary.DistillResult`). SIGINT or SIGTERM
     raises :class:`iaa.jobs.interrupt.Interrupted` (the student's run KILLED).
     """
     from iaa.jobs import interrupt
@@ -125,7 +129,7 @@ def resume_command(req: DistillRequest) -> Command:
 
 
 def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer,
-         claim: Callable[[Path], Any] | None) -> dict[str, Any]:
+         claim: Callable[[Path], Any] | None) -> DistillResult:
     from iaa.data.loader import PreparedData
     from iaa.jobs.datasets import resolve
 
@@ -150,12 +154,15 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
                 "teacher_id": identity.tag(teacher)}
         result = train(cfg, prepared, folder, train_rows=rows, teacher=path, tags=tags,
                        experiment=experiment_name(summary, req.ensemble))
-    from iaa.jobs.distill.summary import comparison
+    from iaa.jobs.distill.summary import comparison, next_commands
     from iaa.jobs.training.summary import with_baseline
 
-    return {**with_baseline(result, prepared), "teacher": str(path), "teacher_computed": computed,
-            "dataset": dataset, "members": [str(m.checkpoint) for m in members],
-            **comparison(result.get("best_valid_acc"), summary)}
+    result = with_baseline(result, prepared)
+    fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    return DistillResult(**fields | {"next": next_commands(result, req)},
+                         teacher=str(path), teacher_computed=computed, dataset=dataset,
+                         members=tuple(str(m.checkpoint) for m in members),
+                         **comparison(result.best_valid_acc, summary))
 
 
 def experiment_name(summary: dict[str, Any], ensemble_dir: Path) -> str:

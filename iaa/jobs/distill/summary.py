@@ -5,10 +5,28 @@ why the student's training stopped, and the next commands."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from iaa.jobs.evaluation import closing, uncertainty
 from iaa.jobs.training import summary as train_summary
+from iaa.jobs.training.summary import TrainResult
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistillResult(TrainResult):
+    """The student: its training run's result, with its teacher (the Parquet file of the ensemble's
+    averaged distributions, and whether this run computed it), the ensemble's members and how the
+    student compares with them (:func:`comparison`)."""
+
+    teacher: str
+    teacher_computed: bool
+    dataset: str
+    members: tuple[str, ...]                    # the teacher's member checkpoints
+    teacher_valid_acc: float | None
+    best_member_valid_acc: float | None
+    gain_points: float | None                   # the ensemble over its best member, in points
+    gain_kept_points: float | None              # how many of those the student kept
 
 
 def comparison(student: float | None, ensemble: Mapping[str, Any]) -> dict[str, Any]:
@@ -27,6 +45,12 @@ def comparison(student: float | None, ensemble: Mapping[str, Any]) -> dict[str, 
             "gain_kept_points": kept}
 
 
+def next_commands(result: TrainResult, req: Any = None) -> tuple[closing.Command, ...]:
+    """Score the student on test and explain it; it came from an ensemble, so an "ensemble" of
+    this one checkpoint is no next step."""
+    return train_summary.next_commands(result, req, ensemble=False)
+
+
 def _points_from(student: float, other: float) -> str:
     """``12.3 points below``, ``0.4 points above`` or ``level with``, of ``student`` against ``other``."""
     points = 100 * (student - other)
@@ -43,24 +67,21 @@ def _gain_line(gain: float, kept: float) -> str:
     return f"  the student kept {kept:.1f} of the ensemble's {gain:.1f} points over its best member"
 
 
-def describe(result: Mapping[str, Any], req: Any = None) -> str:
+def describe(result: DistillResult) -> str:
     """The student's training summary, then how it compares with what it learned from."""
-    n = int(result.get("valid_examples") or 0)
-    head = train_summary.describe(result, req, what="distill").split("\nnext:\n")[0]
-    lines = [head]
-    teacher, best, student = (result.get("teacher_valid_acc"), result.get("best_member_valid_acc"),
-                              result.get("best_valid_acc"))
+    n = int(result.valid_examples or 0)
+    lines = train_summary.head_lines(result, what="distill")
+    teacher, best, student = result.teacher_valid_acc, result.best_member_valid_acc, result.best_valid_acc
     if teacher is not None and student is not None:
-        lines.append(f"  teacher:      ensemble of {len(result.get('members') or [])} members, valid accuracy "
+        lines.append(f"  teacher:      ensemble of {len(result.members)} members, valid accuracy "
                      f"{uncertainty.accuracy_text(teacher, n)}; the student is {_points_from(student, teacher)} it")
     if best is not None and student is not None:
         lines.append(f"  best member:  valid accuracy {best:.4f}; the student is {_points_from(student, best)} it")
-    gain, kept = result.get("gain_points"), result.get("gain_kept_points")
+    gain, kept = result.gain_points, result.gain_kept_points
     if gain is not None and kept is not None:
         lines.append(_gain_line(gain, kept))
     elif gain is not None:
         lines.append("  the ensemble is not above its best member: there was no gain to keep")
     if student is not None and n and uncertainty.is_noise(student, n):
         lines.append(f"  on {n} valid questions these differences are noise")
-    # the student came from an ensemble: an "ensemble" of this one checkpoint is no next step
-    return "\n".join(lines + [closing.next_block(train_summary.next_commands(result, req, ensemble=False))])
+    return "\n".join(lines + [closing.next_block(result.next)])

@@ -31,14 +31,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from iaa.data.shards import file_sha256
 from iaa.errors import IaaError
 from iaa.jobs import interrupt
 from iaa.jobs.ensemble import ensemble_run, scoring
-from iaa.jobs.evaluation import averaging, ensemble_record, uncertainty
-from iaa.jobs.evaluation.closing import Command, next_block, where
+from iaa.jobs.ensemble.ensemble_result import EnsembleResult, describe, of_record
+from iaa.jobs.evaluation import averaging, ensemble_record
+from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ensemble import members as ledger
 from iaa.jobs.training.loop import LOG_PROGRESS_S
 from iaa.jobs.workdir import names
@@ -281,21 +282,19 @@ def _check_free(out_dir: Path, name: str, overwrite: bool) -> None:
                        "or choose another `name` (nothing was changed)")
 
 
-def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None) -> dict[str, Any]:
+def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None) -> EnsembleResult:
     """Build, evaluate and score the ensemble that ``req`` describes; see the module docstring.
 
     Returns:
-        ``valid_acc``, ``test_acc`` (None without a test split), ``members`` (checkpoint paths
-        of the selected members, in the order of ``member_probs``), ``predictions`` (the Parquet
-        path), ``all_members``, per-member and mean accuracies, ``boo_n``, ``boo_valid``,
-        ``boo_test``, ``select``, ``mlflow_run_id`` and the output folder. SIGINT or SIGTERM
-        raises :class:`iaa.jobs.interrupt.Interrupted` (its runs KILLED; the members trained are kept).
+        The :class:`~iaa.jobs.ensemble.ensemble_result.EnsembleResult`: what ``ensemble.json``
+        records, with the logged model and the next commands. SIGINT or SIGTERM raises
+        :class:`iaa.jobs.interrupt.Interrupted` (its runs KILLED; the members trained are kept).
     """
     with interrupt.stoppable(resume_command(req), kept=lambda: "kept every member trained so far (reused on a rerun)"):
         return _run(req, tracker, launcher)
 
 
-def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> dict[str, Any]:
+def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> EnsembleResult:
     from iaa.jobs.datasets import resolve
 
     workdir, uri = req.workdir, tracker.uri
@@ -349,9 +348,10 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> d
     if sweep is not None:
         ensemble_run.count_on_sweep(tracker, experiment, sweep)
     ensemble_record.write(out_dir, summary)
+    result = of_record(summary, req)
     _log.info(table)
-    _log.info(describe(summary, req))
-    return summary
+    _log.info(describe(result))
+    return result
 
 
 def _given_ensemble(req: EnsembleRequest, tracker: Tracker) -> tuple[list[Member], str, Path, str, Path]:
@@ -370,21 +370,3 @@ def _given_ensemble(req: EnsembleRequest, tracker: Tracker) -> tuple[list[Member
     out_dir = Workdir(req.workdir).ensemble(name)
     _check_free(out_dir, name, req.overwrite)
     return members, dataset, prepared, name, out_dir
-
-
-def describe(summary: dict[str, Any], req: EnsembleRequest) -> str:
-    """The ensemble in a few lines, and what to run with it."""
-    test = ("" if summary.get("test_acc") is None
-            else f", test {uncertainty.accuracy_text(summary['test_acc'], summary.get('test_acc_n') or 0)}")
-    mean = summary.get("mean_member_valid_acc")
-    members = f"{len(summary['members'])} of {len(summary['all_members'])} members ({summary['select']})"
-    folder, data, at = summary["ensemble_dir"], summary["data_dir"], where(req.workdir)
-    valid = uncertainty.accuracy_text(summary["valid_acc"], summary.get("valid_acc_n") or 0)
-    return (f"ensemble {summary['name']}: {members}: valid accuracy {valid}{test}"
-            + ("" if mean is None else f" (members alone: {mean:.4f} on average, "
-                                      f"{max(summary['member_valid_acc']):.4f} the best)") + "\n"
-            f"  folder:       {summary['ensemble_dir']}\n"
-            + (f"  model:        {summary['model_uri']}\n" if summary.get("model_uri") else "")
-            + next_block([Command.of("serve", ensemble_dir=folder, data=data, **at),
-                          Command.of("evaluate", checkpoint=summary["members"][0], data=data, split="valid", **at),
-                          Command.of("distill", ensemble_dir=folder, **at)]))

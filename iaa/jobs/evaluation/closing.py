@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR
 
@@ -14,18 +14,18 @@ STOP_WORDS = {"max-epochs": "stopped at max-epochs (train.max_epochs)",
               "early-stopped": "stopped early: train.patience checks without improvement"}
 
 
-def still_improving(result: Mapping[str, Any]) -> bool:
+def still_improving(steps: int | None, best_step: int | None) -> bool:
     """The run's last check was its best (the budget ended it, not a plateau)."""
-    steps, best = result.get("steps"), result.get("best_step")
-    return isinstance(steps, int) and isinstance(best, int) and steps > 0 and best == steps
+    return isinstance(steps, int) and isinstance(best_step, int) and steps > 0 and best_step == steps
 
 
-def stop_words(result: Mapping[str, Any], epochs: float | None = None) -> str:
-    """Why the run stopped, in words; when a budget ended it while it was still improving, it says
-    so and names the setting that gives it more."""
-    reason = str(result.get("stop_reason") or "")
+def stop_words(reason: str | None, *, steps: int | None, best_step: int | None, epochs: float | None = None) -> str:
+    """Why the run stopped (``reason``: its stop reason), in words; when a budget ended it while it
+    was still improving (its last check, at ``steps``, was its best), it says so and names the
+    setting that gives it more (``epochs``: the epochs it ran)."""
+    reason = str(reason or "")
     words = STOP_WORDS.get(reason, f"stopped ({reason or 'unknown reason'})")
-    if reason in ("max-epochs", "max-time") and still_improving(result):
+    if reason in ("max-epochs", "max-time") and still_improving(steps, best_step):
         more = (f"`sets` train.max_epochs={2 * epochs:g}" if reason == "max-epochs" and epochs
                 else "`sets` train.max_epochs=N" if reason == "max-epochs" else "`sets` train.max_minutes=N")
         words += f" while still improving (its last check was its best): give it more with {more}"

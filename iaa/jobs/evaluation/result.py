@@ -2,8 +2,9 @@
 
 A result holds its figures as typed fields, the files it wrote, its stop reason where it has one,
 its warnings and its next steps (:class:`~iaa.jobs.evaluation.closing.Command` records). The command
-line renders it (``iaa/cli/output.py``): :meth:`Result.fields` is the object ``--json`` prints,
-the same keys and values for every version of a command, so programs that parse it keep working.
+line renders it (``iaa/cli/output.py``): :meth:`Result.fields` is the object ``--json`` prints.
+Programs parse that object, so a later version of a command may add keys to it, never remove or
+rename one.
 
 A use case subclasses :class:`Result` with its own fields, in the order the JSON object lists them.
 Three kinds of field shape that object (:func:`spread`, :func:`absent_when_none`, :func:`hidden`).
@@ -35,7 +36,7 @@ def absent_when_none() -> Any:
 
 
 def hidden(default: Any = None) -> Any:
-    """A field the caller reads but the JSON object leaves out (the rendered results table)."""
+    """A field the caller reads but the JSON object leaves out (the next commands)."""
     return field(default=default, metadata={_HIDDEN: True})
 
 
@@ -50,7 +51,7 @@ class Result:
     """
 
     warnings: tuple[str, ...] = ()
-    next: tuple[Command, ...] = field(default=(), metadata={_HIDDEN: True})
+    next: tuple[Command, ...] = hidden(())
 
     def fields(self) -> dict[str, Any]:
         """The result as the command's JSON object: its fields in order, paths as strings, tuples

@@ -11,7 +11,7 @@ A resumed run continues the tracked run its folder had.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -24,6 +24,7 @@ from iaa.jobs.ports import Launcher, TrackedRun, Tracker, WorkersRequest
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.predictor import MODEL_CODE
 from iaa.jobs.training.session import MetricsCallback
+from iaa.jobs.training.summary import TrainResult, trained
 from iaa.jobs.training.step import retain_freed_memory
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
 from iaa.jobs.training.loop import fit, fit_on_worker
@@ -41,7 +42,7 @@ def run(
     show_progress: bool = True,
     device: str = "cpu",
     train_rows: Any = None,
-) -> dict[str, Any]:
+) -> TrainResult:
     """Train in this process; returns the metrics with the best checkpoint's path.
 
     ``train_rows`` (a pyarrow Table in the shards' schema, e.g. with a teacher column) replaces
@@ -54,7 +55,7 @@ def run(
     session = LocalSession(data_dir, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
                            resume=resume, on_metrics=on_metrics, device=device, train_rows=train_rows)
     result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.get("vocab_hash", ""))
-    return {**result, "checkpoint": str(session.best_checkpoint), "run_dir": str(run_dir)}
+    return trained(result, checkpoint=str(session.best_checkpoint), run_dir=str(run_dir))
 
 
 def run_tracked(
@@ -74,7 +75,7 @@ def run_tracked(
     teacher: Path | None = None,
     tags: dict[str, str] | None = None,
     experiment: str | None = None,
-) -> dict[str, Any]:
+) -> TrainResult:
     """``iaa-cli train``: one run, in this process (``workers == 0``) or on the launcher's workers,
     tracked in ``tracker``, with its model logged at the end.
 
@@ -104,9 +105,9 @@ def run_tracked(
         result = _fit(cfg, prepared, folder, launcher, log, resume=resume, workers=workers,
                       gpus_per_worker=gpus_per_worker, storage=storage, show_progress=show_progress,
                       train_rows=train_rows)
-        _log_result(tracker, tracked, result, prepared, register)
-    return {**result, "valid_acc": result.get("best_valid_acc"), "tracking_uri": tracker.uri,
-            "mlflow_run_id": tracked.run_id}
+        model_uri = _log_result(tracker, tracked, result, prepared, register)
+    return replace(result, model_uri=model_uri, valid_acc=result.best_valid_acc, tracking_uri=tracker.uri,
+                   mlflow_run_id=tracked.run_id)
 
 
 def _log_inputs(tracked: TrackedRun, cfg: JobConfig, prepared: Path, teacher: Path | None) -> None:
@@ -117,20 +118,22 @@ def _log_inputs(tracked: TrackedRun, cfg: JobConfig, prepared: Path, teacher: Pa
         tracked.log_file_input(Path(teacher), context="teacher")
 
 
-def _log_result(tracker: Tracker, tracked: TrackedRun, result: dict[str, Any], prepared: Path,
-                register: str | None) -> None:
-    """The finished run's checkpoint tag, its logged model (``result["model_uri"]``, registered as
-    ``register``) and its final best validation accuracy."""
-    tracked.set_tags({"checkpoint": result.get("checkpoint", "")})
-    if result.get("checkpoint"):
-        result["model_uri"] = tracker.log_model(tracked, [Path(result["checkpoint"])], prepared, register,
-                                                code=MODEL_CODE)
-    tracked.log_metrics({"final_best_valid_acc": result.get("best_valid_acc", 0.0)}, step=int(result.get("steps", 0)))
+def _log_result(tracker: Tracker, tracked: TrackedRun, result: TrainResult, prepared: Path,
+                register: str | None) -> str | None:
+    """The finished run's checkpoint tag, its logged model (registered as ``register``; its URI
+    is returned) and its final best validation accuracy."""
+    tracked.set_tags({"checkpoint": result.checkpoint})
+    model_uri = None
+    if result.checkpoint:
+        model_uri = tracker.log_model(tracked, [Path(result.checkpoint)], prepared, register, code=MODEL_CODE)
+    best = result.best_valid_acc if result.best_valid_acc is not None else 0.0
+    tracked.log_metrics({"final_best_valid_acc": best}, step=int(result.steps))
+    return model_uri
 
 
 def _fit(cfg: JobConfig, prepared: Path, folder: RunFolder, launcher: Launcher | None, log: MetricsCallback, *,
          resume: bool, workers: int, gpus_per_worker: float, storage: str, show_progress: bool,
-         train_rows: Any) -> dict[str, Any]:
+         train_rows: Any) -> TrainResult:
     """Train in this process (``workers <= 0``) or on the launcher's Ray Train workers; returns the
     metrics with the best checkpoint's path."""
     if workers <= 0:
@@ -138,9 +141,9 @@ def _fit(cfg: JobConfig, prepared: Path, folder: RunFolder, launcher: Launcher |
         return run(cfg, prepared, folder.path, resume=resume, on_metrics=log, show_progress=show_progress,
                    device=device, train_rows=train_rows)
     assert launcher is not None
-    return launcher.train_workers(WorkersRequest(
+    return trained(launcher.train_workers(WorkersRequest(
         cfg=cfg, prepared=prepared, folder=folder, fit=fit_on_worker, workers=workers, storage=storage,
-        gpus_per_worker=gpus_per_worker, resume=resume, on_metrics=log, show_progress=show_progress))
+        gpus_per_worker=gpus_per_worker, resume=resume, on_metrics=log, show_progress=show_progress)))
 
 
 @dataclass(frozen=True)
@@ -170,9 +173,10 @@ class TrainRequest:
         names.registered_name(self.register)
 
 
-def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher | None) -> dict[str, Any]:
+def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher | None) -> TrainResult:
     """``iaa-cli train``: resolve the data, config and run folder (never over an input), claim the
-    folder and train tracked in the store ``open_tracker(uri)``."""
+    folder and train tracked in the store ``open_tracker(uri)``; the result carries the baseline
+    and the next commands."""
     from iaa.jobs.workdir import outputs, rundir
     from iaa.jobs.datasets import resolve
 
@@ -194,7 +198,10 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
                              workers=req.workers, gpus_per_worker=req.gpus_per_worker,
                              storage=work.storage(req.storage_path), show_progress=req.show_progress,
                              register=req.register)
-    return with_baseline(result, prepared)
+    from iaa.jobs.training import summary
+
+    result = summary.with_baseline(result, prepared)
+    return replace(result, next=summary.next_commands(result, req))
 
 
 def _killed(run: Any, signal_name: str) -> None:
@@ -210,14 +217,6 @@ def resume_command(req: TrainRequest, run_dir: Path) -> Command:
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
                       storage_path=req.storage_path, register=req.register,
                       **where(req.workdir, req.tracking_uri), resume=True)
-
-
-def with_baseline(result: dict[str, Any], prepared: Path) -> dict[str, Any]:
-    """``result`` with the baseline, the valid split's size and the accuracy's standard error
-    beside its best accuracy (:func:`iaa.jobs.training.summary.with_baseline`)."""
-    from iaa.jobs.training import summary
-
-    return summary.with_baseline(result, prepared)
 
 
 def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]:

@@ -1,55 +1,105 @@
-"""How ``iaa-cli train`` ends: the best accuracy with its error bar and the baseline, why the run
-stopped (in words, with the setting that gives it more when it was still improving), where its
-files are, and the next commands, each runnable as printed."""
+"""How ``iaa-cli train`` ends: its result (:class:`TrainResult`), and in words the best accuracy
+with its error bar and the baseline, why the run stopped (with the setting that gives it more when
+it was still improving), where its files are, and the next commands, each runnable as printed."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from iaa.jobs.evaluation import closing, frequency, uncertainty
+from iaa.jobs.evaluation.result import Result, absent_when_none, spread
 
 
-def with_baseline(result: Mapping[str, Any], prepared: Path) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class TrainResult(Result):
+    """A trained reader: its best checkpoint, how far it trained and why it stopped.
+
+    ``metrics`` holds the figures of its last validation check (``step``, ``train_loss``,
+    ``valid_loss``, ``lr``, ``train_examples_per_s`` ...) and those its runner adds (in process:
+    ``cuda_graphs``; on Ray Train workers: ``ray_storage``, ``workers``, ``threads``), each a key of
+    the JSON object. A tracked run (:func:`iaa.jobs.train.train.run_tracked`) adds its store, run
+    and logged model; the train job then adds the baseline beside it (:func:`with_baseline`).
+    """
+
+    metrics: Mapping[str, Any] = spread()
+    best_valid_acc: float | None = None
+    best_step: int | None = None
+    steps: int = 0
+    epoch: float | None = None                  # of the last check
+    stop_reason: str = ""                       # max-epochs | max-time | early-stopped
+    train_seconds: float | None = None
+    precision: str | None = None                # fp32 | bf16: what the reader multiplied in
+    checkpoint: str                             # the best checkpoint
+    run_dir: str
+    model_uri: str | None = absent_when_none()
+    valid_acc: float | None = absent_when_none()        # the last check's; a tracked run's best, as tune names it
+    tracking_uri: str | None = absent_when_none()
+    mlflow_run_id: str | None = absent_when_none()
+    baseline_valid_acc: float | None = absent_when_none()   # the most-frequent-candidate accuracy on valid
+    valid_examples: int | None = absent_when_none()
+    best_valid_acc_n: int | None = absent_when_none()
+    best_valid_acc_stderr: float | None = absent_when_none()
+    data_dir: str | None = absent_when_none()
+    has_test: bool | None = absent_when_none()
+
+
+NAMED = frozenset(f.name for f in dataclasses.fields(TrainResult)) - {"metrics", "warnings", "next"}
+
+
+def trained(figures: Mapping[str, Any], **given: Any) -> TrainResult:
+    """The result of the training loop's ``figures`` (a plain mapping, as a worker reports it), with
+    ``given`` fields (``checkpoint``, ``run_dir`` ...) over them."""
+    named = {key: value for key, value in figures.items() if key in NAMED}
+    return TrainResult(**{**named, **given}, metrics={k: v for k, v in figures.items() if k not in NAMED})
+
+
+def with_baseline(result: TrainResult, prepared: Path) -> TrainResult:
     """``result`` with the most-frequent-candidate accuracy on the valid split beside its best
     accuracy (a warning when the reader is not above it), the split's size, the accuracy's
     standard error, the data folder and whether it has a test split."""
     from iaa.data.loader import PreparedData
 
     baseline = frequency.run(prepared, "valid")
-    base, acc, n = baseline["accuracy"], result.get("best_valid_acc"), baseline["examples"]
-    warnings = frequency.below_warning(acc, base, "the run") if acc is not None else []
-    return {**result, "baseline_valid_acc": base, "warnings": [*result.get("warnings", []), *warnings],
-            "valid_examples": n, **uncertainty.fields("best_valid_acc", acc, n), "data_dir": str(prepared),
-            "has_test": "test" in PreparedData.open(Path(prepared)).splits}
+    acc, n = result.best_valid_acc, baseline.examples
+    warnings = frequency.below_warning(acc, baseline.accuracy, "the run") if acc is not None else []
+    error = uncertainty.fields("best_valid_acc", acc, n)
+    return replace(result, baseline_valid_acc=baseline.accuracy, warnings=(*result.warnings, *warnings),
+                   valid_examples=n, best_valid_acc_n=error["best_valid_acc_n"],
+                   best_valid_acc_stderr=error["best_valid_acc_stderr"], data_dir=str(prepared),
+                   has_test="test" in PreparedData.open(Path(prepared)).splits)
 
 
-def describe(result: Mapping[str, Any], req: Any = None, what: str = "train") -> str:
-    """The closing lines of a training run (``result``: the train job's), with the next commands."""
-    acc, n = result.get("best_valid_acc"), int(result.get("valid_examples") or 0)
-    base = result.get("baseline_valid_acc")
+def describe(result: TrainResult, what: str = "train") -> str:
+    """The closing lines of a training run, with its next commands."""
+    return "\n".join([*head_lines(result, what), closing.next_block(result.next)])
+
+
+def head_lines(result: TrainResult, what: str = "train") -> list[str]:
+    """The best accuracy (beside the baseline), where and why the run stopped, and its files."""
+    acc, n, base = result.best_valid_acc, int(result.valid_examples or 0), result.baseline_valid_acc
     shown = ("-" if acc is None else frequency.beside(acc, base, n) if base is not None
              else uncertainty.accuracy_text(acc, n))
+    epoch = result.epoch or 0.0
+    epochs = round(float(epoch) + 0.5) if epoch > 0 else None
     lines = [f"{what}: best valid accuracy {shown}",
-             f"  at step {result.get('best_step', '?')} of {result.get('steps', '?')}, epoch "
-             f"{closing.rounded(float(result.get('epoch', 0.0)))}; "
-             + closing.stop_words(result, _epochs(result)),
-             f"  checkpoint:   {result.get('checkpoint', '')}"]
-    if result.get("model_uri"):
-        lines.append(f"  model:        {result['model_uri']}")
-    return "\n".join(lines + [closing.next_block(next_commands(result, req))])
+             f"  at step {'?' if result.best_step is None else result.best_step} of {result.steps}, epoch "
+             f"{closing.rounded(float(epoch))}; "
+             + closing.stop_words(result.stop_reason, steps=result.steps, best_step=result.best_step, epochs=epochs),
+             f"  checkpoint:   {result.checkpoint}"]
+    if result.model_uri:
+        lines.append(f"  model:        {result.model_uri}")
+    return lines
 
 
-def next_commands(result: Mapping[str, Any], req: Any = None, *, ensemble: bool = True) -> list[closing.Command]:
-    """Score the checkpoint on test, explain it on valid, and (``ensemble``) ensemble it."""
-    ckpt, data = result.get("checkpoint", ""), result.get("data_dir", "")
+def next_commands(result: TrainResult, req: Any = None, *, ensemble: bool = True) -> tuple[closing.Command, ...]:
+    """Score the checkpoint on test, explain it on valid, and (``ensemble``) ensemble it; ``req``
+    (with ``workdir`` and ``tracking_uri``) names where the ensemble goes."""
+    ckpt, data = result.checkpoint, result.data_dir or ""
     at = closing.where(getattr(req, "workdir", None), getattr(req, "tracking_uri", None))
-    split = "test" if result.get("has_test") else "valid"
-    return [closing.Command.of("evaluate", checkpoint=ckpt, data=data, split=split),
+    split = "test" if result.has_test else "valid"
+    return (closing.Command.of("evaluate", checkpoint=ckpt, data=data, split=split),
             closing.Command.of("explain", checkpoint=ckpt, data=data, first=5),
-            *([closing.Command.of("ensemble", members=(ckpt,), data=data, **at)] if ensemble else [])]
-
-
-def _epochs(result: Mapping[str, Any]) -> float | None:
-    epoch = result.get("epoch")
-    return round(float(epoch) + 0.5) if isinstance(epoch, (int, float)) and epoch > 0 else None
+            *([closing.Command.of("ensemble", members=(ckpt,), data=data, **at)] if ensemble else []))

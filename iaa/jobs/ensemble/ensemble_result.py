@@ -1,0 +1,85 @@
+"""What ``iaa-cli ensemble`` hands back (:class:`EnsembleResult`: the fields of its
+``ensemble.json``, with its logged model) and says at the end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from iaa.jobs.evaluation import uncertainty
+from iaa.jobs.evaluation.closing import Command, next_block, where
+from iaa.jobs.evaluation.result import Result
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnsembleResult(Result):
+    """An ensemble: its accuracies (test: None without a test split; ``*_n`` and ``*_stderr``
+    beside each), its members (``members``: the selected ones' checkpoints, in the order of the
+    predictions; ``all_members``: every one), each member's accuracy and their means, Boo(n), the
+    files it wrote and the MLflow run and model that record it."""
+
+    valid_acc: float
+    test_acc: float | None
+    member_valid_acc: tuple[float, ...]
+    member_test_acc: tuple[float, ...] | None
+    mean_member_valid_acc: float | None
+    mean_member_test_acc: float | None
+    mean_selected_valid_acc: float | None
+    mean_selected_test_acc: float | None
+    boo_n: int                                  # the members selected: Boo(n) is over as many
+    boo_valid: float | None
+    boo_test: float | None
+    members: tuple[str, ...]
+    selected: tuple[int, ...]                   # the selected members' indices in ``all_members``
+    select: str                                 # all | top-p | greedy
+    p: float | None                             # top-p's fraction
+    all_members: tuple[str, ...]
+    selection_trace: tuple[dict[str, Any], ...]  # greedy's: each member added, with the valid accuracy
+    examples: dict[str, int]                    # questions per split
+    predictions: str                            # the averaged predictions (Parquet)
+    table_path: str                             # the results table (text)
+    name: str
+    dataset: str
+    data_dir: str
+    ensemble_dir: str
+    member_labels: tuple[str, ...]
+    member_run_ids: tuple[str | None, ...]
+    sweep: str | None
+    tracking_uri: str
+    mlflow_run_id: str
+    member_sha256: dict[str, str]               # checkpoint -> its digest when first read
+    valid_acc_n: int
+    valid_acc_stderr: float | None
+    test_acc_n: int
+    test_acc_stderr: float | None
+    model_uri: str | None = None
+
+
+def of_record(record: Mapping[str, Any], req: Any) -> EnsembleResult:
+    """The result of the ensemble's ``record`` (what ``ensemble.json`` holds), with its next
+    commands (``req``'s ``workdir`` names where they run)."""
+    at = where(req.workdir)
+    folder, data = record["ensemble_dir"], record["data_dir"]
+    tuples = {key: tuple(record[key]) for key in ("member_valid_acc", "members", "selected", "all_members",
+                                                   "selection_trace", "member_labels", "member_run_ids")}
+    test = record.get("member_test_acc")
+    return EnsembleResult(**{**record, **tuples, "member_test_acc": None if test is None else tuple(test)},
+                          next=(Command.of("serve", ensemble_dir=folder, data=data, **at),
+                                Command.of("evaluate", checkpoint=record["members"][0], data=data, split="valid",
+                                           **at),
+                                Command.of("distill", ensemble_dir=folder, **at)))
+
+
+def describe(result: EnsembleResult) -> str:
+    """The ensemble in a few lines, and what to run with it."""
+    test = ("" if result.test_acc is None
+            else f", test {uncertainty.accuracy_text(result.test_acc, result.test_acc_n or 0)}")
+    mean = result.mean_member_valid_acc
+    members = f"{len(result.members)} of {len(result.all_members)} members ({result.select})"
+    valid = uncertainty.accuracy_text(result.valid_acc, result.valid_acc_n or 0)
+    return (f"ensemble {result.name}: {members}: valid accuracy {valid}{test}"
+            + ("" if mean is None else f" (members alone: {mean:.4f} on average, "
+                                      f"{max(result.member_valid_acc):.4f} the best)") + "\n"
+            f"  folder:       {result.ensemble_dir}\n"
+            + (f"  model:        {result.model_uri}\n" if result.model_uri else "")
+            + next_block(result.next))
