@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from _faults import as_shown
 from iaa.cli import cli
 from iaa.jobs.evaluation import closing, uncertainty
+from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = pytest.mark.timeout(300)
@@ -157,10 +158,11 @@ def test_ensemble_states_its_cost_first_and_its_accuracy_with_error_bars(tiny, t
 def test_distill_compares_the_student_with_its_ensemble_and_best_member():
     from iaa.jobs.distill import summary
 
-    kept = summary.comparison(0.56, {"valid_acc": 0.60, "member_valid_acc": [0.50, 0.52]})
+    kept = summary.comparison(0.56, EnsembleRecord(members=(), valid_acc=0.60, member_valid_acc=(0.50, 0.52)))
     assert kept == {"teacher_valid_acc": 0.60, "best_member_valid_acc": 0.52, "gain_points": 8.0,
                     "gain_kept_points": 4.0}
-    assert summary.comparison(0.5, {"valid_acc": 0.5, "member_valid_acc": [0.55]})["gain_kept_points"] is None
+    no_gain = EnsembleRecord(members=(), valid_acc=0.5, member_valid_acc=(0.55,))
+    assert summary.comparison(0.5, no_gain)["gain_kept_points"] is None
     text = summary.describe(_distilled(kept, 0.56))
     assert "teacher:      ensemble of 2 members, valid accuracy 0.6000 ± 0.0215 (n=2000, 95%)" in text
     assert "4.0 points above" in text and "kept 4.0 of the ensemble's 8.0 points" in text and "next:" in text
@@ -184,7 +186,7 @@ def test_distill_says_in_points_when_the_student_kept_none_of_a_small_gain():
     no share of the gain (-2237%), no signed distance (-51.4 points from it)."""
     from iaa.jobs.distill import summary
 
-    kept = summary.comparison(0.40, {"valid_acc": 0.937, "member_valid_acc": [0.914, 0.90]})
+    kept = summary.comparison(0.40, EnsembleRecord(members=(), valid_acc=0.937, member_valid_acc=(0.914, 0.90)))
     assert kept["gain_points"] == pytest.approx(2.3) and kept["gain_kept_points"] == 0
     text = summary.describe(_distilled(kept, 0.40))
     assert "kept none of that gain" in text and "51.4 points below" in text

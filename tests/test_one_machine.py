@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,14 +68,14 @@ def test_ensemble_of_a_sweep_speaks_in_a_few_lines(swept: tuple[Path, Path, Path
     assert "estimate from the first check" in proc.stderr                  # an ETA
     assert "training members took" in proc.stderr
     summary = ensemble_record.read(work / "ensembles" / "two")             # paths where the folder is
-    assert f"iaa-cli serve --ensemble {summary['ensemble_dir']}" in proc.stderr
+    assert f"iaa-cli serve --ensemble {summary.ensemble_dir}" in proc.stderr
     assert "iaa-cli evaluate --checkpoint" in proc.stderr
     assert "member_sha256" not in proc.stdout                              # key: value lines, no dict repr
-    assert f"valid_acc: {summary['valid_acc']}" in proc.stdout
+    assert f"valid_acc: {summary.valid_acc}" in proc.stdout
     _members_and_models_read_at_a_glance(work, summary)
 
 
-def _members_and_models_read_at_a_glance(work: Path, summary: dict) -> None:
+def _members_and_models_read_at_a_glance(work: Path, summary: Any) -> None:
     """The trained member's run is named by its seed under the ensemble's run, with its data; the
     ensemble's run nests under the sweep's; every logged model has its own name."""
     from mlflow.tracking import MlflowClient
@@ -84,9 +85,9 @@ def _members_and_models_read_at_a_glance(work: Path, summary: dict) -> None:
     runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name(sweep.experiment).experiment_id])}
     member = runs["seed-1"]                                                # under the ensemble's run
     assert member.data.tags["seed"] == member.data.params["train.seed"] == "1"
-    assert member.data.tags["mlflow.parentRunId"] == summary["mlflow_run_id"] and member.data.tags["sweep"] == "two"
+    assert member.data.tags["mlflow.parentRunId"] == summary.mlflow_run_id and member.data.tags["sweep"] == "two"
     assert [i.dataset.name for i in member.inputs.dataset_inputs] == ["cbt-ne"]
-    assert client.get_run(summary["mlflow_run_id"]).data.tags["mlflow.parentRunId"] == sweep.parent_run_id
+    assert client.get_run(summary.mlflow_run_id).data.tags["mlflow.parentRunId"] == sweep.parent_run_id
     names = [m.name for m in client.search_logged_models([e.experiment_id for e in client.search_experiments()])]
     assert sorted(names) == sorted({"two-trial-0000", "two-trial-0001", "ensemble-two"})
 

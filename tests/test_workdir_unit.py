@@ -100,8 +100,9 @@ def _ensemble(work: Path, members: list[str], digests: dict[str, str]) -> Path:
     from iaa.jobs.evaluation import ensemble_record
 
     folder = work / "ensembles" / "e"
-    ensemble_record.write(folder, {"members": members, "all_members": members, "member_sha256": digests,
-                                   "data_dir": str(work / "data" / "cbt-ne"), "ensemble_dir": str(folder)})
+    ensemble_record.write(folder, ensemble_record.EnsembleRecord(
+        members=tuple(members), all_members=tuple(members), member_sha256=digests,
+        data_dir=str(work / "data" / "cbt-ne"), ensemble_dir=str(folder)))
     return folder
 
 
@@ -263,3 +264,22 @@ def test_a_sweep_record_is_typed_versioned_and_keeps_keys_it_does_not_know(tmp_p
     sweep_file.write(path, sweep.with_run(sweep.trials, 12.34))
     again = json.loads(path.read_text())
     assert again["added_later"] == {"x": 1} and again["wall_s"] == 12.3 and again["schema"] == sweep_file.SCHEMA
+
+
+def test_an_ensemble_record_is_typed_versioned_and_keeps_what_it_does_not_know(tmp_path):
+    from iaa.jobs.evaluation import ensemble_record
+
+    folder = tmp_path / "w" / "ensembles" / "e"
+    folder.mkdir(parents=True)
+    old = {"name": "e", "members": ["m.pt"], "valid_acc": 0.5, "member_valid_acc": [0.4, 0.45],
+           "boo_n": 1, "from_a_newer_version": {"k": 1}}            # written before records were versioned
+    (folder / "ensemble.json").write_text(json.dumps(old), encoding="utf-8")
+    record = ensemble_record.read(folder)
+    assert isinstance(record, ensemble_record.EnsembleRecord)
+    assert record.name == "e" and record.valid_acc == 0.5 and record.best_member_valid_acc == 0.45
+    assert record.members == (str(tmp_path / "w" / "m.pt"),)         # found where the work folder is now
+    assert record.rest == {"boo_n": 1, "from_a_newer_version": {"k": 1}}
+    ensemble_record.write(folder, record)
+    written = json.loads((folder / "ensemble.json").read_text())
+    assert written["schema"] == ensemble_record.SCHEMA and written["from_a_newer_version"] == {"k": 1}
+    assert ensemble_record.read(folder) == record

@@ -29,6 +29,7 @@ from iaa.jobs.distill import identity, teacher as teacher_mod
 from iaa.jobs.config.job_config import JobConfig, from_dict, load
 from iaa.jobs.distill.summary import DistillResult
 from iaa.jobs.evaluation.closing import Command, where
+from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
 from iaa.jobs.training.summary import TrainResult
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
@@ -135,12 +136,12 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
 
     if req.train_examples is not None and req.train_examples < 1:
         raise IaaError("`train_examples` must be >= 1")
-    summary, members = teacher_mod.members_of(req.ensemble)
-    dataset, prepared = resolve.data_dir(None, Path(req.data or summary.get("data_dir", "")), req.workdir)
+    ensemble, members = teacher_mod.members_of(req.ensemble)
+    dataset, prepared = resolve.data_dir(None, Path(req.data or ensemble.data_dir or ""), req.workdir)
     cfg = student_config(members[0].checkpoint, prepared, req)
     run_dir = req.run_dir or Workdir(req.workdir).run(
         f"distill-{Path(req.ensemble).name}-{cfg.model.kind}-seed{cfg.train.seed}").path
-    teacher = identity.of(summary, req.ensemble, [m.digest for m in members])
+    teacher = identity.of(ensemble.name, req.ensemble, [m.digest for m in members])
     from iaa.jobs.workdir import rundir
 
     # the run folder is claimed first: one in use, or holding a run, is refused before the teacher is scored
@@ -153,7 +154,7 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
         tags = {"teacher": str(path), "teacher_ensemble": str(req.ensemble), "distill.members": str(len(members)),
                 "teacher_id": identity.tag(teacher)}
         result = train(cfg, prepared, folder, train_rows=rows, teacher=path, tags=tags,
-                       experiment=experiment_name(summary, req.ensemble))
+                       experiment=experiment_name(ensemble, req.ensemble))
     from iaa.jobs.distill.summary import comparison, next_commands
     from iaa.jobs.training.summary import with_baseline
 
@@ -162,9 +163,9 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
     return DistillResult(**fields | {"next": next_commands(result, req)},
                          teacher=str(path), teacher_computed=computed, dataset=dataset,
                          members=tuple(str(m.checkpoint) for m in members),
-                         **comparison(result.best_valid_acc, summary))
+                         **comparison(result.best_valid_acc, ensemble))
 
 
-def experiment_name(summary: dict[str, Any], ensemble_dir: Path) -> str:
+def experiment_name(ensemble: EnsembleRecord, ensemble_dir: Path) -> str:
     """The student's MLflow experiment, named for its ensemble: ``distill-ENSEMBLE``."""
-    return f"distill-{summary.get('name') or Path(ensemble_dir).name}"
+    return f"distill-{ensemble.name or Path(ensemble_dir).name}"

@@ -25,9 +25,10 @@ class TeacherChangedError(IaaError):
     """A run is resumed with a teacher other than the one it started with."""
 
 
-def of(summary: Mapping[str, Any], ensemble_dir: Path, digests: Sequence[str]) -> dict[str, Any]:
-    """The teacher's identity: the ensemble's name and folder, and its members' digests in order."""
-    return {"ensemble": str(summary.get("name") or Path(ensemble_dir).name),
+def of(name: str | None, ensemble_dir: Path, digests: Sequence[str]) -> dict[str, Any]:
+    """The teacher's identity: the ensemble's name (else its folder's) and folder, and its members'
+    digests in order."""
+    return {"ensemble": str(name or Path(ensemble_dir).name),
             "ensemble_dir": str(Path(ensemble_dir).absolute()), "members": list(digests)}
 
 

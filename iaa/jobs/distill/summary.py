@@ -6,9 +6,10 @@ why the student's training stopped, and the next commands."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from iaa.jobs.evaluation import closing, uncertainty
+from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
 from iaa.jobs.training import summary as train_summary
 from iaa.jobs.training.summary import TrainResult
 
@@ -29,15 +30,13 @@ class DistillResult(TrainResult):
     gain_kept_points: float | None              # how many of those the student kept
 
 
-def comparison(student: float | None, ensemble: Mapping[str, Any]) -> dict[str, Any]:
+def comparison(student: float | None, ensemble: EnsembleRecord) -> dict[str, Any]:
     """``teacher_valid_acc``, ``best_member_valid_acc``, ``gain_points`` (the ensemble's valid accuracy
     over its best member's, in points; None where either is unknown) and ``gain_kept_points`` (how
     many of those points the student kept: 0 where it is not above the best member, at most the
     gain; None where there is no gain to keep). Points, not a share of the gain: a share of a gain
     of a fraction of a point swings to thousands of percent."""
-    teacher = ensemble.get("valid_acc")
-    members = [a for a in ensemble.get("member_valid_acc") or [] if isinstance(a, (int, float))]
-    best = max(members) if members else None
+    teacher, best = ensemble.valid_acc, ensemble.best_member_valid_acc
     gain = None if teacher is None or best is None else round(100 * (teacher - best), 2)
     kept = (None if student is None or gain is None or gain <= 0
             else round(min(max(100 * (student - best), 0.0), gain), 2))

@@ -35,6 +35,8 @@ import pyarrow.parquet as pq
 from iaa.data.loader import TEACHER_COLUMN
 from iaa.errors import IaaError
 from iaa.files import atomic_write
+from iaa.jobs.evaluation import ensemble_record
+from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
 from iaa.jobs.ports import Scorer
 
 META_KEY = b"iaa.teacher"
@@ -57,16 +59,14 @@ class Member:
         return {"checkpoint": str(self.checkpoint), "digest": self.digest}
 
 
-def members_of(ensemble_dir: Path) -> tuple[dict[str, Any], list[Member]]:
-    """The ensemble's summary (``ensemble.json``) and its selected members with their digests."""
+def members_of(ensemble_dir: Path) -> tuple[EnsembleRecord, list[Member]]:
+    """The ensemble's record (``ensemble.json``) and its selected members with their digests."""
     from iaa.jobs.modeling import checkpoint
 
     summary_path = Path(ensemble_dir) / "ensemble.json"
     if not summary_path.is_file():
         raise TeacherError(f"{ensemble_dir} is not an ensemble folder (no ensemble.json): make one with "
                            "`iaa-cli ensemble`, then pass its folder (WORKDIR/ensembles/NAME)")
-    from iaa.jobs.evaluation import ensemble_record
-
     try:
         paths = ensemble_record.members(ensemble_dir)     # each the file the ensemble was made of
         summary = ensemble_record.read(ensemble_dir)      # its paths where the work folder is now

@@ -339,7 +339,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> E
                    "sweep": req.sweep, "tracking_uri": uri, "mlflow_run_id": run.run_id,
                    "member_sha256": {str(m.checkpoint): m.sha256 for m in members}}
         summary.update(scoring.accuracy_keys(summary, sizes))
-        ensemble_record.write(out_dir, summary)
+        ensemble_record.write(out_dir, ensemble_record.EnsembleRecord.from_json(summary))
         settings = {"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
                     "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(result["selected"])}
         summary["model_uri"] = ensemble_run.record(run, tracker, settings, members, result, out_dir, prepared,
@@ -347,7 +347,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> E
         ledger.check_unchanged(members, name)           # the logged model copied the members read first
     if sweep is not None:
         ensemble_run.count_on_sweep(tracker, experiment, sweep)
-    ensemble_record.write(out_dir, summary)
+    ensemble_record.write(out_dir, ensemble_record.EnsembleRecord.from_json(summary))
     result = of_record(summary, req)
     _log.info(table)
     _log.info(describe(result))

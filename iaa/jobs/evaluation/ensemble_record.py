@@ -6,11 +6,17 @@ Every path it names inside the work folder (the members, ``all_members``, the ke
 ``tracking_uri``) is stored relative to the work folder and read back where the folder is now
 (:mod:`iaa.jobs.workdir.recorded`); a path outside it stays absolute. A member is checked against
 the sha256 recorded for it when it is read.
+
+It is read and written as an :class:`EnsembleRecord` (``schema`` 1); a record without ``schema``,
+written before it was versioned, reads the same, and keys this version does not know are kept and
+written back.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -29,16 +35,68 @@ RULES = {"name": "name", "dataset": "text?", "sweep": "name?", "data_dir": "text
          "member_valid_acc": "list?", "member_test_acc": "list?", "member_sha256": "mapping?", "all_members": "list?"}
 
 
-def write(out_dir: Path, summary: Mapping[str, Any]) -> Path:
-    """Write ``summary`` (absolute paths) as ``OUT_DIR/ensemble.json``, atomically."""
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class EnsembleRecord:
+    """An ensemble as ``ensemble.json`` records it: what its readers (``serve``, ``predict``,
+    ``distill``) read as fields; its other figures (each member's accuracy, the selection, Boo(n),
+    the files written: what ``iaa-cli ensemble`` returned, see
+    :class:`iaa.jobs.ensemble.ensemble_result.EnsembleResult`) and the keys of a newer version in
+    ``rest``, written back as read."""
+
+    members: tuple[str, ...]                      # the selected members' checkpoints
+    name: str | None = None
+    dataset: str | None = None
+    sweep: str | None = None
+    data_dir: str | None = None
+    ensemble_dir: str | None = None
+    tracking_uri: str | None = None
+    mlflow_run_id: str | None = None
+    model_uri: str | None = None
+    valid_acc: float | None = None
+    test_acc: float | None = None
+    member_valid_acc: tuple[float, ...] = ()
+    all_members: tuple[str, ...] = ()
+    member_sha256: Mapping[str, str] = field(default_factory=dict)   # checkpoint -> its sha256 when first read
+    rest: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EnsembleRecord:
+        """An ``ensemble.json`` object (checked) as a record."""
+        known = {f.name for f in dataclass_fields(cls)} - {"rest"}
+        values = {k: v for k, v in data.items() if k in known and v is not None}
+        for key in ("members", "all_members", "member_valid_acc"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return cls(**values, rest={k: v for k, v in data.items() if k not in known | {"schema"}})
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``ensemble.json`` object, in the order its keys were written."""
+        data: dict[str, Any] = {"schema": SCHEMA}
+        for f in dataclass_fields(self):
+            value = getattr(self, f.name)
+            if f.name != "rest" and value is not None:
+                data[f.name] = list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
+        return {**data, **self.rest}
+
+    @property
+    def best_member_valid_acc(self) -> float | None:
+        scores = [a for a in self.member_valid_acc if isinstance(a, (int, float))]
+        return max(scores) if scores else None
+
+
+def write(out_dir: Path, record: EnsembleRecord) -> Path:
+    """Write ``record`` (absolute paths) as ``OUT_DIR/ensemble.json``, atomically."""
     workdir = recorded.workdir_of(Path(out_dir), "ensembles")
-    data = _paths(summary, lambda text: recorded.stored(text, workdir))
+    data = _paths(record.to_json(), lambda text: recorded.stored(text, workdir))
     path = Path(out_dir) / SUMMARY
     atomic_write_text(path, json.dumps(data, indent=1, default=str))
     return path
 
 
-def read(ensemble_dir: Path) -> dict[str, Any]:
+def read(ensemble_dir: Path) -> EnsembleRecord:
     """``ensemble.json`` of ``ensemble_dir`` with its paths found where they are now (absolute).
 
     Raises:
@@ -57,7 +115,7 @@ def read(ensemble_dir: Path) -> dict[str, Any]:
         raise IaaError(f"{summary}: 'members' must be a list of checkpoint paths; re-run `iaa-cli ensemble`")
     folder = Path(ensemble_dir)
     workdir = recorded.workdir_of(folder.absolute(), "ensembles")
-    return _paths(data, lambda text: recorded.located(text, workdir, folder.absolute()))
+    return EnsembleRecord.from_json(_paths(data, lambda text: recorded.located(text, workdir, folder.absolute())))
 
 
 def _paths(data: Mapping[str, Any], convert: Callable[[str], str | None]) -> dict[str, Any]:
@@ -82,10 +140,10 @@ def members(ensemble_dir: Path) -> list[Path]:
 
     summary = Path(ensemble_dir) / SUMMARY
     record = read(ensemble_dir)
-    found = record["members"]
+    found = record.members
     if not found:
         raise IaaError(f"{summary} lists no members")
-    digests = record.get("member_sha256") or {}
+    digests = record.member_sha256
     for member in found:
         if not isinstance(digests, dict) or (digests and member not in digests):
             raise IaaError(f"{summary}: no sha256 recorded for member {member}; re-run `iaa-cli ensemble`")
