@@ -341,9 +341,15 @@ VOICED = ("iaa.jobs", "iaa.platform")     # they log (``iaa.logs``); the command
 
 
 def prints(source: str) -> list[int]:
-    """The lines of ``source`` that call the builtin ``print``."""
-    return [node.lineno for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
+    """The lines of ``source`` that call the builtin ``print``, or write to ``sys.stdout`` or
+    ``sys.stderr`` (``sys.stdout.write(...)``)."""
+    def writes(func: ast.expr) -> bool:
+        return (isinstance(func, ast.Attribute) and func.attr in ("write", "writelines")
+                and isinstance(func.value, ast.Attribute) and func.value.attr in ("stdout", "stderr")
+                and isinstance(func.value.value, ast.Name) and func.value.value.id == "sys")
+
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and ((isinstance(node.func, ast.Name) and node.func.id == "print") or writes(node.func))]
 
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
@@ -407,6 +413,7 @@ def test_the_jobs_and_the_platform_never_print() -> None:
              if name.startswith(VOICED)}
     assert {name: lines for name, lines in found.items() if lines} == {}
     assert prints("import sys\ndef f():\n    print('x', file=sys.stderr)\n") == [3]
+    assert prints("import sys\ndef f(rows):\n    sys.stdout.write(rows)\n    sys.stderr.flush()\n") == [3]
 
 
 # --- sizes: benchmarks/sizes.py reports what is over the targets (where to split next); past the

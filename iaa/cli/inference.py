@@ -115,6 +115,8 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
     with progress_bar("answering") as progress:
         result = job.run(input_path, out, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
                          precision=precision, progress=progress)
+    if str(out) == "-":                  # the answers on stdout, the result on stderr
+        click.echo(job.json_lines(result.answers), nl=False)
     _emit(result, as_json, err=str(out) == "-")
 
 

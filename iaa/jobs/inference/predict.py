@@ -5,15 +5,14 @@ checkpoint or a seed ensemble; the same ``probs`` as ``iaa-cli evaluate`` writes
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from iaa.data.raw_text import read_input
 from iaa.jobs.evaluation import uncertainty
 from iaa.jobs.evaluation.predictor import Predictor, ensemble_members
-from iaa.jobs.evaluation.result import Result
+from iaa.jobs.evaluation.result import Result, hidden
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,13 +29,15 @@ class PredictResult(Result):
     accuracy_stderr: float | None
     accuracy_over: str                  # the accuracy in words, with what it was scored on
     unknown_questions: int              # questions with a warning (a candidate absent from the document)
+    answers: tuple[dict[str, Any], ...] = hidden(())   # the rows, for the caller to write where ``out`` is -
 
 
 def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble_dir: Path | None = None,
         data_dir: Path | None = None, precision: str = "auto",
         progress: Callable[[int], Any] | None = None) -> PredictResult:
     """Predict every question of ``input_path`` with ``checkpoint`` or the members of
-    ``ensemble_dir`` and write JSON Lines to ``out``; ``data_dir``: the prepared folder whose
+    ``ensemble_dir`` and write JSON Lines to ``out`` (``-``: nothing is written, and the caller
+    writes the result's ``answers``, :func:`json_lines`); ``data_dir``: the prepared folder whose
     vocabulary to use (default: the one the checkpoints carry); ``precision``: auto | fp32 | bf16.
     ``out`` may not replace an input, nor a file of the ensemble; ``progress``: called with the
     number of questions answered after each batch.
@@ -58,12 +59,8 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rows = predictor.predict(read_input(Path(input_path), predictor.vocab.placeholder), progress=progress)
-    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    if to_stdout:
-        sys.stdout.write(lines)
-        sys.stdout.flush()
-    else:
-        atomic_write_text(out, lines)
+    if not to_stdout:
+        atomic_write_text(out, json_lines(rows))
     scored = [r["correct"] for r in rows if "correct" in r]
     accuracy = sum(scored) / len(scored) if scored else None
     return PredictResult(
@@ -73,7 +70,12 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
         precision=predictor.precision, questions_with_answers=len(scored),
         accuracy_stderr=uncertainty.fields("accuracy", accuracy, len(scored))["accuracy_stderr"],
         accuracy_over=accuracy_over(accuracy, len(scored), len(rows)),
-        unknown_questions=sum("warning" in r for r in rows))
+        unknown_questions=sum("warning" in r for r in rows), answers=tuple(rows) if to_stdout else ())
+
+
+def json_lines(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The answer rows as JSON Lines."""
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
 def accuracy_over(accuracy: float | None, scored: int, questions: int) -> str:
