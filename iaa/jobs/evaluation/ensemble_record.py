@@ -65,12 +65,10 @@ class EnsembleRecord:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EnsembleRecord:
         """An ``ensemble.json`` object (checked) as a record."""
-        known = {f.name for f in dataclass_fields(cls)} - {"rest"}
-        values = {k: v for k, v in data.items() if k in known and v is not None}
-        for key in ("members", "all_members", "member_valid_acc"):
-            if key in values:
-                values[key] = tuple(values[key])
-        return cls(**values, rest={k: v for k, v in data.items() if k not in known | {"schema"}})
+        known, rest = fields.split_known(cls, data, "rest")
+        values = {k: tuple(v) if k in ("members", "all_members", "member_valid_acc") else v
+                  for k, v in known.items() if v is not None}
+        return cls(**values, rest=rest)
 
     def to_json(self) -> dict[str, Any]:
         """The ``ensemble.json`` object, in the order its keys were written."""

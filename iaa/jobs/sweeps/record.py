@@ -85,13 +85,14 @@ class SweepRecord:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SweepRecord:
         """A checked ``sweep.json`` object (its rows as JSON) as a record."""
-        known = {f.name for f in dataclass_fields(cls)} - {"unknown"}
-        values = {k: v for k, v in data.items() if k in known}
+        from iaa.jobs.workdir import fields
+
+        values, unknown = fields.split_known(cls, data, "unknown")
         values["trials"] = tuple(TrialRecord.from_json(t) for t in data.get("trials") or [])
         values["asha"] = Asha(**data["asha"]) if data.get("asha") else None
         values["optuna"] = Study(**data["optuna"]) if data.get("optuna") else None
         values["wall_s"] = float(data.get("wall_s") or 0.0)
-        return cls(**values, unknown={k: v for k, v in data.items() if k not in known | {"schema"}})
+        return cls(**values, unknown=unknown)
 
     def to_json(self) -> dict[str, Any]:
         """The ``sweep.json`` object, rows as JSON, keys as :func:`check` reads them."""

@@ -71,3 +71,14 @@ def _shown(value: Any) -> str:
     """``value`` short, as repr writes it (so a control character is escaped)."""
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:60]}... ({type(value).__name__})"
+
+
+def split_known(record_type: Any, data: Mapping[str, Any], rest: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``data`` (a record's JSON object) as the keys that are fields of the dataclass
+    ``record_type`` and the others, less ``schema``: a newer version's keys, kept in its field
+    ``rest`` and written back as read."""
+    from dataclasses import fields as dataclass_fields
+
+    known = {f.name for f in dataclass_fields(record_type)} - {rest}
+    return ({k: v for k, v in data.items() if k in known},
+            {k: v for k, v in data.items() if k not in known and k != "schema"})
