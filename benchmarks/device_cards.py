@@ -17,7 +17,8 @@ from device_steps import COMPARE_BATCH, RUN_START_S, ROOT, partial, say
 ENSEMBLE_SEEDS = 5
 SCORE_S = 15                    # ensemble: the members score valid after their runs
 TARGETS = {"train_ex_s_b32": 3000, "infer_ex_s_b32": 20000, "card_train_ex_s": 15000, "cn_epoch_s": 40,
-           "compare_early_stop": "all three runs early-stopped, iaa ahead", "ensemble_gain": 2.0}
+           "compare_early_stop": "all three runs early-stopped, iaa ahead", "ensemble_gain": 2.0,
+           "ray_tune_trials_per_card": 4, "ray_train_cuda": "a Ray Train run on CUDA with NCCL finishes and logs its checks"}
 
 
 def step_ensemble(args) -> dict:
@@ -136,6 +137,11 @@ def targets(summary: dict) -> dict:
     ranking = compare.get("ranking") or []
     early = {"early_stopped": stopped, "ranking": ranking} if runs else None
     gain = (summary.get("ensemble") or {}).get("gain_points")
+    ray_card = summary.get("ray_card") or {}
+    sweep, ray_run = ray_card.get("tune") or {}, ray_card.get("train") or {}
+    at_once = sweep.get("trials_at_once") if sweep.get("worked") and sweep.get("gpus_per_trial") else None
+    ray_train = {k: ray_run.get(k) for k in ("worked", "backend", "state", "checks_logged", "card_processes_seen")} \
+        if ray_run else None
     return {
         "train_ex_s_b32": _target(train, TARGETS["train_ex_s_b32"], train is not None and train >= TARGETS["train_ex_s_b32"]),
         "infer_ex_s_b32": _target(infer, TARGETS["infer_ex_s_b32"], infer is not None and infer >= TARGETS["infer_ex_s_b32"]),
@@ -144,6 +150,10 @@ def targets(summary: dict) -> dict:
         "compare_early_stop": _target(early, TARGETS["compare_early_stop"],
                                       len(stopped) == 3 and ranking[:1] == ["iaa"]),
         "ensemble_gain": _target(gain, TARGETS["ensemble_gain"], gain is not None and gain >= TARGETS["ensemble_gain"]),
+        "ray_tune_trials_per_card": _target(at_once, TARGETS["ray_tune_trials_per_card"],
+                                            at_once is not None and at_once >= TARGETS["ray_tune_trials_per_card"]),
+        "ray_train_cuda": _target(ray_train, TARGETS["ray_train_cuda"],
+                                  bool(ray_run.get("worked")) and ray_run.get("backend") == "nccl"),
     }
 
 

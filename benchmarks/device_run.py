@@ -10,10 +10,13 @@ the overlap of 1, 2 and 4 streams: whether our own Triton GRU is worth writing);
 per step); ``prepare_cn`` and ``compare`` (cbt-recon CN from ``--data``, default
 ``device-data/``, prepared, then iaa, iaa-fixed-query and as-reader at batch 32 side by side on
 the card to their early stop or the time left); ``ensemble`` (5 IAA seeds side by side, then
-the ensemble against the mean member on valid); then, with the time that remains,
-``shared_card`` (1, 2, 4 and 8 trials as processes and as trainers in one process),
-``batch_sweep``, ``sync_check``, ``prefetch`` and ``bench_compiled`` (bf16). The steps are in
-``device_steps.py``, ``device_gpu.py`` and ``device_cards.py``.
+the ensemble against the mean member on valid); then, with the time that remains, ``ray_card``
+(the project's Ray Tune sweep with four trials sharing the card, then a Ray Train run with NCCL;
+it needs Ray, which the GPU machine lacks, so it reports ``"skipped"`` there unless the slimmed
+bundle of ``benchmarks/ray_bundle.py`` came along), ``shared_card`` (1, 2, 4 and 8 trials as
+processes and as trainers in one process), ``batch_sweep``, ``sync_check``, ``prefetch`` and
+``bench_compiled`` (bf16). The steps are in ``device_steps.py``, ``device_gpu.py``,
+``device_cards.py`` and ``device_ray.py``.
 
 Time: the planned limits add up to the budget (default 540 s). A step may use its own limit plus
 whatever the steps before it left unused, so ``compare`` gets the time the tests and benchmarks
@@ -22,16 +25,18 @@ Each step runs in its own process group (session); at its limit the whole group 
 then killed, so no process of a step outlives it. A failed step is recorded and the next runs.
 
 Output: exactly three files in DIR: ``summary.json`` (every figure, ``"failed"`` and
-``"skipped"``: the steps that failed or had no time; ``"targets"``: each goal with what was
+``"skipped"``: the steps that failed, or had no time or nothing to run on; ``"targets"``: each goal with what was
 measured and whether it is met; ``"commit"``, ``"source"`` (a digest of the code, as
 ``device_cards.source_digest``) and ``"card"``), ``results.tar.gz`` (each step's JSON and
 log) and ``log.txt`` (what each step said as it happened). The summary is rewritten whenever a
 step reports figures, the archive after every step, so a call cut short still returns what was
 measured. ``--device cpu --tiny`` runs every step in seconds at the tiny model size (the test
 suite does, in tests/test_device_run.py). Needs torch, numpy, pyarrow, click, pyyaml and tqdm;
-pytest for the tests; no Ray, MLflow or Optuna. The interpreter of the steps is ``$PYTHON``, else
-``python3``. ``--part 1`` (no data: tests and benchmarks) and ``--part 2`` (prepare and compare)
-run subsets, writing ``summary-N.json``, ``results-N.tar.gz`` and ``log-N.txt``.
+pytest for the tests; no Ray, MLflow or Optuna (``ray_card`` brings its own Ray and Optuna). The
+interpreter of the steps is ``$PYTHON``, else ``python3``. ``--part 1`` (no data: tests and
+benchmarks), ``--part 2`` (prepare and compare) and ``--part 3`` (``env`` and ``ray_card``, with
+``device-ray/`` beside the checkout instead of ``device-data/``: the two do not fit one call) run
+subsets, writing ``summary-N.json``, ``results-N.tar.gz`` and ``log-N.txt``.
 """
 
 from __future__ import annotations
@@ -52,18 +57,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import device_cards  # noqa: E402
 import device_gpu  # noqa: E402
+import device_ray  # noqa: E402
 import device_steps  # noqa: E402
 
 ROOT = device_steps.ROOT
 BUDGET_S = 540               # of a call of at most 10 minutes: start-up and the copy back need the rest
 # (step, planned seconds at the default budget); they add up to BUDGET_S. 0: only time left unused.
 PLAN = (("env", 15), ("gate", 60), ("pytest_gpu", 90), ("bench", 60), ("prepare_cn", 25), ("compare", 200),
-        ("ensemble", 90), ("shared_card", 0), ("batch_sweep", 0), ("sync_check", 0), ("prefetch", 0),
+        ("ensemble", 90), ("ray_card", 0), ("shared_card", 0), ("batch_sweep", 0), ("sync_check", 0), ("prefetch", 0),
         ("bench_compiled", 0))
 PARTS = {1: ("env", "gate", "pytest_gpu", "bench", "shared_card", "batch_sweep", "sync_check", "prefetch",
              "bench_compiled"),
-         2: ("prepare_cn", "compare", "ensemble")}
-STEP_FUNCTIONS = {**device_steps.STEP_FUNCTIONS, **device_gpu.STEP_FUNCTIONS, **device_cards.STEP_FUNCTIONS}
+         2: ("prepare_cn", "compare", "ensemble"),
+         3: ("env", "ray_card")}
+STEP_FUNCTIONS = {**device_steps.STEP_FUNCTIONS, **device_gpu.STEP_FUNCTIONS, **device_cards.STEP_FUNCTIONS,
+                  **device_ray.STEP_FUNCTIONS}
 MIN_STEP_S = 10              # a step with less time than this is skipped
 KILL_GRACE_S = 3             # between SIGTERM and SIGKILL of a step's process group
 TINY_TIME_SCALE = 3          # --tiny on a small shared CPU: imports and start-up dominate
@@ -265,6 +273,8 @@ def _run_one(args, name: str, limit: float, env: dict, summary: dict, files: Out
         result = run_step(cmd, limit, env=env, log_path=files.results / f"{name}.log", on_json=on_json,
                           on_say=lambda text: files.say(f"  [{name}] {text}"))
         summary[name] = result.last_json or {}
+        if result.code == 0 and "skipped" in summary[name]:     # the step found nothing to run on
+            summary["skipped"].append(name)
         if result.code != 0:
             summary["failed"].append(name)
             error = "timed out" if result.code == "timeout" else f"exit {result.code}"
@@ -293,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=0.0, help=f"seconds for the whole plan (default {BUDGET_S})")
     parser.add_argument("--data", default=str(ROOT / "device-data"), help="the raw cbt-recon CN folder")
     parser.add_argument("--plan", action="store_true", help="print the plan as JSON and exit")
-    parser.add_argument("--part", type=int, choices=sorted(PARTS), help="only part 1 (no data) or 2 (compare)")
+    parser.add_argument("--part", type=int, choices=sorted(PARTS), help="only part 1 (no data), 2 (compare) or 3 (Ray)")
     parser.add_argument("--step", choices=sorted(STEP_FUNCTIONS), help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=60.0, help=argparse.SUPPRESS)

@@ -349,7 +349,7 @@ def cn_source(data: Path) -> Path | None:
 def step_prepare_cn(args) -> dict:
     from iaa.jobs.datasets import prepare
 
-    source = _tiny_cn(Path(args.work)) if args.tiny else cn_source(Path(args.data))
+    source = demo_cn(Path(args.work)) if args.tiny else cn_source(Path(args.data))
     if source is None:
         raise FileNotFoundError(f"no cbtest_CN_train.txt.gz in {args.data}: run `bash benchmarks/device_data.sh` "
                                 "on the machine with the shared data and bring device-data/ with the checkout")
@@ -359,11 +359,12 @@ def step_prepare_cn(args) -> dict:
     return {"counts": manifest["counts"], **{k: v for k, v in result.fields().items() if isinstance(v, (int, float, str, bool))}}
 
 
-def _tiny_cn(work: Path) -> Path:
+def demo_cn(work: Path, sizes: dict[str, int] | None = None) -> Path:
+    """Demo-grammar examples (``sizes``: the tiny run's by default) in cbt-recon CN's file layout."""
     from iaa.data import demo
 
-    data = work / "tiny-CBTest" / "data"
-    paths = demo.write_files(data, sizes={"train": 192, "valid": 64, "test": 64})
+    data = work / "demo-CBTest" / "data"
+    paths = demo.write_files(data, sizes=sizes or {"train": 192, "valid": 64, "test": 64})
     names = {"train": "cbtest_CN_train.txt", "valid": "cbtest_CN_valid_2000ex.txt", "test": "cbtest_CN_test_2500ex.txt"}
     for split, path in paths.items():
         path.rename(data / names[split])

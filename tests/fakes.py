@@ -20,6 +20,7 @@ from typing import ContextManager, Iterator, Mapping, Sequence
 import torch
 
 from iaa.errors import IaaError
+from iaa.files import DiskFullError
 from iaa.jobs.ports import (CHECKPOINT_FILE, TUNE_RUN_TAG, ConnectRequest, MembersRequest, MetricPoint, Metrics,
                             ModelCode, Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
                             WorkerData, WorkerFit, WorkersRequest)
@@ -118,6 +119,9 @@ class FakeTracker:
     def check(self) -> None:
         if self.down:
             raise StoreDown("the fake store is down")
+
+    def full(self, failed: str) -> DiskFullError:
+        return DiskFullError(f"no space left on device for the fake store {self.uri}: it could not {failed}")
 
     def start_run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
                   parent_run_id: str | None = None) -> FakeRun:

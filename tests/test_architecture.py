@@ -436,3 +436,21 @@ def test_the_size_check_fails_on_a_planted_long_function(tmp_path: Path) -> None
     modules, functions = sizes.sizes(tmp_path / "iaa", sizes.MODULE_CEILING, sizes.FUNCTION_CEILING)
     assert modules == {"iaa.big": sizes.FUNCTION_CEILING + 4 + sizes.MODULE_CEILING}
     assert functions == {"iaa.big.f (line 2)": sizes.FUNCTION_CEILING + 2}
+
+
+def _reached(start: str) -> set[str]:
+    """``start`` and every module of iaa it imports, at any depth of a file, transitively."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name not in seen and name in MODULES:
+            seen.add(name)
+            todo.extend(GRAPH[name])
+    return seen
+
+
+def test_the_ray_launcher_reaches_no_mlflow() -> None:
+    """Ray Tune and Train run where MLflow is not installed (the GPU machine carries a slimmed Ray and
+    tracks into the port's fake): the launcher and every module it reaches import no ``mlflow``."""
+    reached = _reached("iaa.platform.sweeps.launch") | _reached("iaa.platform.train_workers")
+    assert sorted(n for n in reached if any(m.split(".")[0] == "mlflow" for m in GRAPH[n])) == []

@@ -22,7 +22,8 @@ import device_cards  # noqa: E402
 import device_run  # noqa: E402
 import device_steps  # noqa: E402
 
-TARGET_KEYS = {"train_ex_s_b32", "infer_ex_s_b32", "card_train_ex_s", "cn_epoch_s", "compare_early_stop", "ensemble_gain"}
+TARGET_KEYS = {"train_ex_s_b32", "infer_ex_s_b32", "card_train_ex_s", "cn_epoch_s", "compare_early_stop", "ensemble_gain",
+               "ray_tune_trials_per_card", "ray_train_cuda"}
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -144,12 +145,19 @@ def test_the_readme_command_runs_every_step_and_writes_exactly_three_files(tmp_p
         assert run["status"] == "max-epochs" and 0 <= run["best_valid_acc"] <= 1 and len(run["checks"]) == 3
         assert run["checks_to_early_stop_at_least"] >= 1
     assert summary["compare"]["at_equal_steps"]["step"] == 12
+    ray_card = summary["ray_card"]                       # Ray is installed here: the project's jobs on it
+    assert ray_card["ray_from"] == "installed" and "prepare_cn" in ray_card["data"]
+    assert ray_card["tune"]["worked"] and ray_card["tune"]["trials"] == 4 and ray_card["tune"]["tracked_runs"] == 4
+    assert ray_card["tune"]["trials_at_once"] >= 1 and ray_card["tune"]["examples"] > 0
+    assert ray_card["train"]["worked"] and ray_card["train"]["backend"] == "gloo" and ray_card["train"]["checks_logged"] >= 1
+    assert summary["targets"]["ray_tune_trials_per_card"]["measured"] is None      # no fraction of a card here
+    assert summary["targets"]["ray_train_cuda"]["met"] is False
     log = (tmp_path / "log.txt").read_text()
     assert "[compare] iaa check 1:" in log and "[compare] as-reader: max-epochs" in log
 
 
 def test_the_plan_fits_its_budget_most_valuable_first() -> None:
-    for extra in ([], ["--budget-s", "300"], ["--part", "1"], ["--part", "2"]):
+    for extra in ([], ["--budget-s", "300"], ["--part", "1"], ["--part", "2"], ["--part", "3"]):
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_run.py"), "--plan", *extra],
                               capture_output=True, text=True, check=True)
         plan = json.loads(proc.stdout)
@@ -158,7 +166,7 @@ def test_the_plan_fits_its_budget_most_valuable_first() -> None:
         names = [step["name"] for step in plan["steps"]]
         if not extra or extra[0] == "--budget-s":
             assert names[:4] == ["env", "gate", "pytest_gpu", "bench"] and "compare" in names[:6]
-            assert names.index("ensemble") < names.index("shared_card")
+            assert names.index("ensemble") < names.index("ray_card") < names.index("shared_card")
             assert names[-1] == "bench_compiled" and len(names) == len(device_run.PLAN)
         else:
             assert names == list(device_run.PARTS[int(extra[1])])
@@ -220,16 +228,23 @@ def test_targets_take_the_best_figure_of_each_goal_and_say_whether_it_is_met() -
                     "runs": {"iaa": {**run("early-stopped", 0.7), "seconds_per_epoch_training_only": 41.0},
                              "as-reader": run("early-stopped", 0.6), "iaa-fixed-query": run("max-time", 0.65)}},
         "ensemble": {"gain_points": 2.5},
+        "ray_card": {"tune": {"worked": True, "gpus_per_trial": 0.25, "trials_at_once": 4},
+                     "train": {"worked": True, "backend": "nccl", "state": "FINISHED", "checks_logged": 3}},
     }
     targets = device_cards.targets(summary)
     assert {k: (t["measured"], t["met"]) for k, t in targets.items() if k != "compare_early_stop"} == {
         "train_ex_s_b32": (3100.0, True), "infer_ex_s_b32": (21000.0, True), "card_train_ex_s": (16000.0, True),
-        "cn_epoch_s": (41.0, False), "ensemble_gain": (2.5, True)}
+        "cn_epoch_s": (41.0, False), "ensemble_gain": (2.5, True), "ray_tune_trials_per_card": (4, True),
+        "ray_train_cuda": ({"worked": True, "backend": "nccl", "state": "FINISHED", "checks_logged": 3,
+                            "card_processes_seen": None}, True)}
     assert targets["compare_early_stop"]["met"] is False                   # one run stopped on time
     summary["compare"]["runs"]["iaa-fixed-query"]["status"] = "early-stopped"
     assert device_cards.targets(summary)["compare_early_stop"]["met"] is True
     summary["compare"]["ranking"] = ["as-reader", "iaa", "iaa-fixed-query"]
     assert device_cards.targets(summary)["compare_early_stop"]["met"] is False
+    summary["ray_card"]["tune"]["trials_at_once"] = 3                     # fewer than four trials shared the card
+    summary["ray_card"]["train"]["backend"] = "gloo"                      # a Train run that missed NCCL
+    assert [device_cards.targets(summary)[k]["met"] for k in ("ray_tune_trials_per_card", "ray_train_cuda")] == [False, False]
 
 
 def test_a_failing_run_of_compare_leaves_the_others_figures(tmp_path: Path, capsys: pytest.CaptureFixture,
@@ -265,3 +280,59 @@ def test_device_data_reads_the_shared_data_of_iaa_shared_data_from_a_clone(tmp_p
     assert done.returncode == 0, done.stderr
     assert (clone / "device-data" / "cbtest_CN_train.txt.gz").read_text() == "cbtest_CN_train.txt.gz"
     assert device_steps.cn_source(clone / "device-data") == clone / "device-data"
+
+
+def test_ray_card_says_why_it_skips_where_there_is_no_ray_and_no_bundle(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    import device_ray
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    monkeypatch.setattr(device_ray, "bundle_path", lambda: ROOT / "device-ray" / "site-cp00.tar.xz")
+    out = device_ray.step_ray_card(SimpleNamespace(work=str(tmp_path), device="cuda", tiny=False, data=str(tmp_path)))
+    assert "ray_bundle.py" in out["skipped"] and "--part 3" in out["skipped"]
+    assert device_cards.targets({"ray_card": out})["ray_train_cuda"] == {"measured": None, "goal": device_cards.TARGETS[
+        "ray_train_cuda"], "met": False}
+
+
+def test_a_bundle_is_unpacked_first_on_the_path_of_this_process_and_of_those_it_starts(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+    import lzma
+
+    import device_ray
+
+    bundle = tmp_path / "site.tar.xz"
+    (tmp_path / "src" / "probe_pkg").mkdir(parents=True)
+    (tmp_path / "src" / "probe_pkg" / "__init__.py").write_text("WHERE = 'bundle'\n")
+    with lzma.open(bundle, "wb") as xz, tarfile.open(fileobj=xz, mode="w") as tar:
+        tar.add(tmp_path / "src" / "probe_pkg", arcname="probe_pkg")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    monkeypatch.setattr(device_ray, "bundle_path", lambda: bundle)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    work = tmp_path / "work"
+    assert device_ray.ensure_ray(work) == "bundle"
+    assert os.environ["PYTHONPATH"] == f"{work / 'ray-site'}{os.pathsep}/elsewhere"
+    probe = subprocess.run([sys.executable, "-c", "import probe_pkg; print(probe_pkg.WHERE)"], capture_output=True,
+                           text=True, check=True)
+    assert probe.stdout.strip() == "bundle"
+
+
+def test_the_ray_bundle_takes_the_projects_pins_and_drops_what_tune_and_train_never_load(tmp_path: Path) -> None:
+    import importlib.metadata
+
+    import ray_bundle
+
+    assert ray_bundle.pins() == {"ray": importlib.metadata.version("ray"), "optuna": importlib.metadata.version("optuna")}
+    site = tmp_path / "site"
+    for rel in ("ray/jars/a.jar", "ray/dashboard/client/build/static/x.js", "ray/dashboard/client/build/index.html",
+                "ray/tune/x.py", "ray/tune/x.js.map", "bin/tune"):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text("x" * 10)
+    freed = ray_bundle.slim(site)
+    left = sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file())
+    assert left == ["ray/dashboard/client/build/index.html", "ray/tune/x.py"]
+    assert freed["ray/jars"] == 10 and freed["ray/**/*.map"] == 10
+    assert (site / "ray/dashboard/client/build/static").is_dir()          # the dashboard serves it: it must exist

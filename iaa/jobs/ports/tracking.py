@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Protocol, Sequence
 
+from iaa.files import DiskFullError
 from iaa.jobs.ports.records import MetricPoint, RunRecord
 
 
@@ -73,3 +74,4 @@ class Tracker(Protocol):
     def experiment_names(self) -> list[str]: ...
     def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None: ...  # a UI URL, then what to click
     def metric_history(self, run_id: str, key: str) -> list[MetricPoint]: ...
+    def full(self, failed: str) -> DiskFullError: ...   # the one error of a full disk under the store: it could not ``failed``

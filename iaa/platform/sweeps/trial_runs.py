@@ -22,7 +22,6 @@ from iaa.jobs.config.job_config import config_label, to_dict
 from iaa.jobs.ports import CHECKPOINT_FILE, TUNE_RUN_TAG, SweepEvents, TrackedRun, Tracker
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
-from iaa.platform.tracking.connection import store_full
 
 _log = logging.getLogger(__name__)
 
@@ -165,7 +164,7 @@ class TrialRuns(tune.Callback):
             action()
         except self.tracker.transient_errors as err:
             if disk_full(err):
-                self.side.note_full(store_full(self.tracker.uri, f"{what} for trial {trial.trial_id}"))
+                self.side.note_full(self.tracker.full(f"{what} for trial {trial.trial_id}"))
                 return
             _log.warning(f"tracking at {self.tracker.uri}: could not {what} for trial {trial.trial_id} ({brief(err)})")
         run = self._runs.get(trial.trial_id)

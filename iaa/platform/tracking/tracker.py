@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from iaa.errors import IaaError
+from iaa.files import DiskFullError
 from iaa.jobs.ports import MetricPoint, ModelCode, RunRecord
 from iaa.platform import mlflow_model
 from iaa.platform.tracking import connection, queries
@@ -33,6 +34,9 @@ class MlflowTracker:
     def ui_command(self) -> str:
         """How a person opens the store's runs: a server is its own UI; a database needs ``mlflow ui``."""
         return queries.ui_command(self.uri)
+
+    def full(self, failed: str) -> DiskFullError:
+        return connection.store_full(self.uri, failed)
 
     def start_run(self, experiment: str, name: str, *, tags: Mapping[str, str] | None = None,
                   parent_run_id: str | None = None) -> Run:
