@@ -264,21 +264,22 @@ def captured_step(args, model):
 
 def _bench_batches(args, cfg, shapes: int | None = None):
     from iaa.data.batch import pad_to_buckets
+    from iaa.jobs.modeling import graphs
     from iaa.jobs.train import bench
-    from iaa.jobs.training import captured
 
     size, count = (4, 4) if args.tiny else (COMPARE_BATCH, 24)
     pool = bench.synthetic_examples(size * count, vocab_size=cfg.vocab_size)
     batches = [pad_to_buckets(bench.collate(g, args.device)) for g in bench.bucketed_batches(pool, size)]
     if shapes:
-        common = sorted({captured.shape_of(b) for b in batches},
-                        key=lambda s: -sum(captured.shape_of(b) == s for b in batches))[:shapes]
-        batches = [b for b in batches if captured.shape_of(b) in common]
+        common = sorted({graphs.shape_of(b) for b in batches},
+                        key=lambda s: -sum(graphs.shape_of(b) == s for b in batches))[:shapes]
+        batches = [b for b in batches if graphs.shape_of(b) in common]
     return batches
 
 
 def _bench_step(args, precision: str, capture: bool) -> dict:
-    """Training ex/s at batch 32 of today's eager step or the captured one, with launches per step."""
+    """Training ex/s at batch 32 of today's eager step or the captured one, with launches per
+    step; then inference ex/s of the trained reader, eager or captured alike."""
     from iaa.jobs.training.step import train_step
 
     cfg, model, optimizer = steps._reader(args, precision)
@@ -301,9 +302,31 @@ def _bench_step(args, precision: str, capture: bool) -> dict:
     out["batch_size"] = len(batches[0])
     out["train_examples_per_s"] = round(len(batches) * len(batches[0]) / (time.perf_counter() - start), 1)
     out.update(_launches(step, batches, args.device) or {"launches_per_step": None})
+    out["infer_examples_per_s"] = _infer_rate(args, model, batches, capture)
     say(f"{precision} {'captured' if capture else 'eager'} batch {len(batches[0])}: {out['train_examples_per_s']:,.0f} ex/s, "
-        f"{out['launches_per_step']} launches per step")
+        f"{out['launches_per_step']} launches per step; inference {out['infer_examples_per_s']:,.0f} ex/s")
     return out
+
+
+def _infer_rate(args, model, batches, capture: bool) -> float:
+    """Inference ex/s over ``batches`` (eval mode, no gradients), eager or replayed from CUDA
+    graphs (:class:`iaa.jobs.modeling.graphs.CapturedForward`, as validation runs on the card)."""
+    import torch
+
+    from iaa.jobs.modeling.graphs import CapturedForward
+
+    model.eval()
+    forward = CapturedForward(model) if capture else (lambda batch: model(batch).log_probs)
+    with torch.no_grad():
+        for batch in batches:                                              # warm-up: every shape captured
+            forward(batch)
+        steps._sync(args.device)
+        start = time.perf_counter()
+        for batch in batches:
+            forward(batch)
+        steps._sync(args.device)
+    model.train()
+    return round(len(batches) * len(batches[0]) / (time.perf_counter() - start), 1)
 
 
 def step_bench(args) -> dict:

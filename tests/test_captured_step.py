@@ -19,6 +19,7 @@ from iaa.data.batch import pad_to_buckets
 from iaa.jobs.config.job_config import JobConfig, TrainConfig, from_dict
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.train import bench
+from iaa.jobs.modeling import graphs
 from iaa.jobs.training import captured
 from iaa.jobs.training.step import build_optimizer, clip_coefficient, train_step
 from iaa.model.config import PRESETS
@@ -53,16 +54,16 @@ def _batches(n: int, size: int = 3, seed: int = 0, device: str = "cpu"):
 
 def test_bucketed_batches_have_few_shapes_and_buffers_take_each_batch_of_theirs() -> None:
     batches = [pad_to_buckets(b) for b in _batches(12)]
-    shapes = {captured.shape_of(b) for b in batches}
+    shapes = {graphs.shape_of(b) for b in batches}
     assert len(shapes) < len(batches)                                      # shapes repeat: graphs are reused
     for b in batches:
-        b_, ld, _, c, teacher = captured.shape_of(b)
+        b_, ld, _, c, teacher = graphs.shape_of(b)
         assert (b_, c, teacher) == (3, bench.NUM_CANDS, False)
         assert ld in (128, 192, 256, 384, 512, 768, 1024) and ld >= b.doc_mask.sum(1).max()
-    buffers = captured.static_copy(batches[0])
+    buffers = graphs.static_copy(batches[0])
     assert buffers.doc_lengths is None and buffers.query_lengths is None
-    same = next(b for b in batches[1:] if captured.shape_of(b) == captured.shape_of(batches[0]))
-    captured.fill(buffers, same)
+    same = next(b for b in batches[1:] if graphs.shape_of(b) == graphs.shape_of(batches[0]))
+    graphs.fill(buffers, same)
     for name in ("doc", "doc_mask", "query", "query_mask", "doc_cand", "cand_mask", "answer"):
         assert torch.equal(getattr(buffers, name), getattr(same, name)), name
     assert buffers.doc.data_ptr() != same.doc.data_ptr()
@@ -160,6 +161,82 @@ def test_on_cuda_the_reader_drops_out_with_torchs_generator() -> None:
     torch.manual_seed(3)
     drop(x)
     assert not torch.equal(drop(x), first)                                 # ... and it advances it
+
+
+class _Replayed:
+    """A stand-in for a captured graph on the CPU: a replay recomputes the pass into its output buffer."""
+
+    def __init__(self, fn, output: torch.Tensor) -> None:
+        self.fn, self.output, self.replays = fn, output, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.output.copy_(self.fn())
+
+
+def _stand_in_capture(monkeypatch) -> None:
+    """CapturedForward's two CUDA pieces on the CPU: the warm-up runs eagerly, capture records ``fn``."""
+    def capture(self, fn):
+        output = fn()
+        return _Replayed(fn, output), output
+
+    monkeypatch.setattr(graphs.CapturedForward, "_warm_up", lambda self, batch: self.model(batch).log_probs)
+    monkeypatch.setattr(graphs.CapturedForward, "_capture", capture)
+
+
+def test_the_captured_forward_pads_captures_each_shape_once_and_refills_its_buffers(monkeypatch) -> None:
+    _stand_in_capture(monkeypatch)
+    torch.manual_seed(0)
+    reader = build_reader(_cfg(dropout=0.0)).eval()
+    batches = _batches(8, size=3)
+    forward = graphs.CapturedForward(reader)
+    with torch.no_grad():
+        for batch in batches * 2:
+            torch.testing.assert_close(forward(batch), reader(batch).log_probs)      # padded: the same answers
+    shapes = {graphs.shape_of(pad_to_buckets(b)) for b in batches}
+    assert set(forward.graphs) == shapes and forward.eager_passes == len(shapes)
+    assert sum(g.graph.replays for g in forward.graphs.values()) == 2 * len(batches) - len(shapes)
+
+
+def test_the_captured_forward_runs_shapes_past_its_limit_and_after_a_failed_capture_eagerly(monkeypatch) -> None:
+    _stand_in_capture(monkeypatch)
+    reader = build_reader(_cfg(dropout=0.0)).eval()
+    batches = _batches(8, size=3)
+    limited = graphs.CapturedForward(reader, max_graphs=1)
+    with torch.no_grad():
+        for batch in batches:
+            torch.testing.assert_close(limited(batch), reader(batch).log_probs)
+    assert len(limited.graphs) == 1
+
+    def refuse(self, fn):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(graphs.CapturedForward, "_capture", refuse)
+    failed = graphs.CapturedForward(reader)
+    with torch.no_grad():
+        for batch in batches:
+            torch.testing.assert_close(failed(batch), reader(batch).log_probs)
+    assert failed.graphs == {} and "operation not permitted" in failed.failed and failed.eager_passes == len(batches)
+
+
+def test_validation_scores_the_same_through_a_forward_and_reads_back_once(monkeypatch) -> None:
+    from iaa.jobs.evaluation.evaluate import score_batches
+
+    _stand_in_capture(monkeypatch)
+    torch.manual_seed(0)
+    reader = build_reader(_cfg(dropout=0.0))
+    batches = _batches(8, size=3)
+    correct, total, nll = score_batches(reader, batches)
+    assert total == 24 and 0 <= correct <= 24 and nll > 0
+    with torch.no_grad():
+        expected = sum(torch.nn.functional.nll_loss(reader(b).log_probs, b.answer, reduction="sum").item() for b in batches)
+    assert nll == pytest.approx(expected, rel=1e-5)
+    reads = []
+    tolist, item = torch.Tensor.tolist, torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append((t.dtype, tuple(t.shape))) or tolist(t))
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append((t.dtype, "item")) or item(t))
+    assert score_batches(reader, batches, forward=graphs.CapturedForward(reader)) == pytest.approx([correct, total, nll])
+    assert [r for r in reads if r[0] != torch.int64] == [(torch.float64, (2,))]   # the sums, once (lengths aside)
 
 
 # --- on a CUDA device --------------------------------------------------------------------------
@@ -274,3 +351,20 @@ def test_the_loop_on_cuda_trains_from_graphs_or_names_its_refusal(cuda: str, tmp
     assert graphed.steps == eager.steps == refused.steps > 0
     assert graphed.metrics["train_loss"] == pytest.approx(eager.metrics["train_loss"], rel=1e-3)
     assert graphed.metrics["valid_loss"] == pytest.approx(eager.metrics["valid_loss"], rel=1e-3)
+
+
+@pytest.mark.gpu
+def test_forward_replays_equal_eager_passes_and_follow_the_weights(cuda: str) -> None:
+    torch.manual_seed(0)
+    reader = _capturable_reader(_cfg(dropout=0.0), cuda)
+    forward = graphs.CapturedForward(reader)
+    batches = _batches(6, device=cuda)
+    optimizer = build_optimizer(reader, lr=0.05, embed_l2=1e-3, capturable=True)
+    for round_ in range(3):
+        reader.eval()
+        with torch.no_grad():
+            for batch in batches:
+                torch.testing.assert_close(forward(batch).clone(), reader(batch).log_probs, rtol=1e-4, atol=1e-5)
+        reader.train()
+        train_step(reader, optimizer, pad_to_buckets(batches[round_]))     # the weights change in place
+    assert forward.failed is None and 0 < len(forward.graphs) == forward.eager_passes < 3 * len(batches)

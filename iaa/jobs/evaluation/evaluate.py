@@ -41,17 +41,26 @@ PREDICTION_SCHEMA = pa.schema(
 
 
 @torch.no_grad()
-def score_batches(model: nn.Module, batches: Iterable[Batch], device: torch.device | str = "cpu") -> list[float]:
-    """``[correct, total, summed nll]`` of ``model`` over ``batches`` (eval mode)."""
+def score_batches(model: nn.Module, batches: Iterable[Batch], device: torch.device | str = "cpu",
+                  forward: Callable[[Batch], torch.Tensor] | None = None) -> list[float]:
+    """``[correct, total, summed nll]`` of ``model`` over ``batches`` (eval mode).
+
+    ``forward`` gives a batch's (B, C) log-probabilities (default: ``model(batch).log_probs``;
+    :class:`iaa.jobs.modeling.graphs.CapturedForward` replays it from CUDA graphs). The sums
+    stay on the device until the last batch: one read back, not two per batch.
+    """
     model.eval()
-    correct = total = nll = 0.0
+    forward = forward or (lambda batch: model(batch).log_probs)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)            # correct, summed nll
+    total = 0
     for batch in batches:
         batch = batch.to(device)
-        log_p = model(batch).log_probs                         # (B, C)
-        correct += (log_p.argmax(dim=1) == batch.answer).sum().item()
+        log_p = forward(batch)                                 # (B, C)
+        sums[0] += (log_p.argmax(dim=1) == batch.answer).sum()
+        sums[1] += nll_loss(log_p, batch.answer).double() * len(batch)
         total += len(batch)
-        nll += nll_loss(log_p, batch.answer).item() * len(batch)
-    return [correct, total, nll]
+    correct, nll = sums.tolist()
+    return [correct, float(total), nll]
 
 
 @torch.no_grad()

@@ -4,7 +4,8 @@ Why: at batch 32 an eager step launches thousands of small kernels, and the host
 them, not the GPU, sets the pace. A CUDA graph records a whole step (forward, backward, the
 clipping and Adam) once and replays it with one launch.
 
-How (the recipe of torch's "CUDA Graphs" notes, whole-network capture):
+How (the recipe of torch's "CUDA Graphs" notes, whole-network capture; the buffers and the
+refusals are :mod:`iaa.jobs.modeling.graphs`, which the forward pass's graphs share):
 
 - Lengths are padded to a few widths (``iaa.data.batch.pad_to_buckets``), so a run sees few
   shapes. The first batch of a shape is trained eagerly on a side stream (the warm-up: it
@@ -27,77 +28,24 @@ captured; batches of further shapes run eagerly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
 
 from iaa.data.batch import Batch, pad_to_buckets
-from iaa.jobs.modeling.checkpoint import unwrap
+from iaa.jobs.modeling import graphs
+from iaa.jobs.modeling.graphs import MAX_GRAPHS, autocast_cache_off, fill, shape_of, static_copy
 from iaa.jobs.modeling.objective import Objective
 from iaa.jobs.training.step import Optimizer, train_step
 
-MAX_GRAPHS = 24     # shapes captured per run; the buckets give a handful, the last batch of an epoch one more
-_HOST_FIELDS = ("example_ids", "doc_lengths", "query_lengths")
-
-
 def refusal(model: nn.Module, device: torch.device | str, *, compile: bool = False) -> str | None:
-    """Why a training step of ``model`` on ``device`` cannot be captured in a CUDA graph, or None.
-
-    A step can be captured when the reader's forward pass needs no value from the host: its
-    encoder must be a kernel that declares ``capturable`` (``nn.GRU`` over packed sequences
-    needs the lengths on the host), it must not halt adaptively (ACT ends its loop on a host
-    check), and it must not be wrapped for distributed training (DDP's all-reduce hooks).
-    """
-    if torch.device(device).type != "cuda":
-        return "CUDA graphs need a CUDA device"
-    if compile:
+    """Why a training step of ``model`` on ``device`` cannot be captured in a CUDA graph, or None:
+    :func:`iaa.jobs.modeling.graphs.refusal`, and ``train.compile``, which captures on its own."""
+    if compile and torch.device(device).type == "cuda":
         return "train.compile already runs the attention steps under torch.compile"
-    if hasattr(model, "module"):
-        return "the model is wrapped for distributed training (its gradients are all-reduced by hooks)"
-    reader = unwrap(model)
-    if getattr(reader.cfg, "halting", "none") != "none":
-        return f"halting={reader.cfg.halting!r} ends its steps on a value read back from the device"
-    kernels = getattr(reader, "kernels", None)
-    encoder = getattr(kernels, "encoder", None)
-    if not getattr(encoder, "capturable", False):
-        name = type(encoder).__name__ if encoder is not None else "nn.GRU over packed sequences"
-        return (f"the reader's encoder ({name}) needs the sequence lengths on the host; a padded "
-                "CUDA encoder kernel that declares itself capturable is needed")
-    return None
-
-
-def shape_of(batch: Batch) -> tuple:
-    """What a graph is captured for: (B, Ld, Lq, C, with a teacher)."""
-    return (*batch.doc.shape, batch.query.shape[1], batch.cand_mask.shape[1], batch.teacher is not None)
-
-
-def static_copy(batch: Batch) -> Batch:
-    """Input buffers of ``batch``'s shape on its device, holding a copy of it; no host lengths."""
-    return replace(batch.map_tensors(torch.clone), doc_lengths=None, query_lengths=None, example_ids=[])
-
-
-def fill(buffers: Batch, batch: Batch) -> None:
-    """Copy ``batch`` (same shape, on the device) into the graph's input ``buffers``."""
-    for f in fields(Batch):
-        target = getattr(buffers, f.name)
-        if f.name not in _HOST_FIELDS and target is not None:
-            target.copy_(getattr(batch, f.name), non_blocking=True)
-
-
-@contextmanager
-def _autocast_cache_off() -> Iterator[None]:
-    """Autocast's cache of cast weights off during capture (torch's advice for graphs): a cast
-    cached outside the graph would be replayed stale after the weights change."""
-    before = torch.is_autocast_cache_enabled()
-    torch.set_autocast_cache_enabled(False)
-    try:
-        yield
-    finally:
-        torch.set_autocast_cache_enabled(before)
+    return graphs.refusal(model, device)
 
 
 @dataclass
@@ -158,7 +106,7 @@ class CapturedStep:
         # thread_local: the prefetching thread may pin host memory meanwhile, which a global
         # capture would forbid to every thread.
         try:
-            with _autocast_cache_off(), torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
+            with autocast_cache_off(), torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
                                                          capture_error_mode="thread_local"):
                 static_loss = self.eager(inputs)
         except RuntimeError as err:     # an operation capture forbids: train on, eagerly

@@ -39,6 +39,7 @@ from iaa.jobs.config.job_config import JobConfig
 from iaa.jobs.ports import WorkerData, WorkerLink
 from iaa.jobs.evaluation.evaluate import score_batches
 from iaa.jobs.modeling.objective import Objective
+from iaa.jobs.modeling import graphs
 from iaa.jobs.training import captured
 from iaa.jobs.training.progress import Progress
 from iaa.jobs.training.session import Session
@@ -85,6 +86,8 @@ class Trainer:
         self.capture_refused: str | None = None                            # why steps run eagerly on CUDA
         self.model, self.optimizer, self.progress = self._load()
         self.captured = self._captured_step()
+        # validation replays the forward pass from graphs where the steps are
+        self.forward = graphs.CapturedForward(checkpoint.unwrap(self.model)) if self.captured is not None else None
         self.n_batches = session.num_train_batches()
         if self.n_batches == 0:
             raise IaaError("the training split is empty: prepare the dataset with training examples")
@@ -226,7 +229,8 @@ class Trainer:
             torch.cuda.synchronize(self.session.device)                    # the window's steps are done
         train_seconds = time.perf_counter() - self.window.start
         self._stop_if_diverged(self.window.total)                          # before a checkpoint is written
-        sums = score_batches(checkpoint.unwrap(self.model), self.session.valid_batches(), self.session.device)
+        sums = score_batches(checkpoint.unwrap(self.model), self.session.valid_batches(), self.session.device,
+                             forward=self.forward)
         correct, total, nll = self.session.all_reduce_sum(sums)
         valid_seconds = time.perf_counter() - self.window.start - train_seconds
         acc = correct / max(total, 1)
