@@ -292,15 +292,8 @@ def _bench_step(args, precision: str, capture: bool) -> dict:
     else:
         step = lambda batch: train_step(model, optimizer, batch)           # noqa: E731
     batches = _bench_batches(args, cfg, CAPTURED_SHAPES if capture else None)
-    for batch in batches:                                                  # warm-up: every shape captured
-        step(batch)
-    steps._sync(args.device)
-    start = time.perf_counter()
-    for batch in batches:
-        step(batch)
-    steps._sync(args.device)
     out["batch_size"] = len(batches[0])
-    out["train_examples_per_s"] = round(len(batches) * len(batches[0]) / (time.perf_counter() - start), 1)
+    out["train_examples_per_s"] = _rate(args, step, batches)
     out.update(_launches(step, batches, args.device) or {"launches_per_step": None})
     out["infer_examples_per_s"] = _infer_rate(args, model, batches, capture)
     say(f"{precision} {'captured' if capture else 'eager'} batch {len(batches[0])}: {out['train_examples_per_s']:,.0f} ex/s, "
@@ -318,14 +311,20 @@ def _infer_rate(args, model, batches, capture: bool) -> float:
     model.eval()
     forward = CapturedForward(model) if capture else (lambda batch: model(batch).log_probs)
     with torch.no_grad():
-        for batch in batches:                                              # warm-up: every shape captured
-            forward(batch)
-        steps._sync(args.device)
-        start = time.perf_counter()
-        for batch in batches:
-            forward(batch)
-        steps._sync(args.device)
+        rate = _rate(args, forward, batches)
     model.train()
+    return rate
+
+
+def _rate(args, fn, batches) -> float:
+    """Examples per second of ``fn`` over ``batches``, after one untimed pass (every shape captured)."""
+    for batch in batches:
+        fn(batch)
+    steps._sync(args.device)
+    start = time.perf_counter()
+    for batch in batches:
+        fn(batch)
+    steps._sync(args.device)
     return round(len(batches) * len(batches[0]) / (time.perf_counter() - start), 1)
 
 

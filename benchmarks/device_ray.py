@@ -3,7 +3,8 @@
 - **Ray.** Where Ray is not installed (the GPU machine's image), the step unpacks the slimmed bundle
   that ``python benchmarks/ray_bundle.py`` builds (``device-ray/site-cpXY.tar.xz`` for this Python)
   into its work folder and puts it first on ``PYTHONPATH``, which the Ray processes it starts
-  inherit. Without Ray and without a bundle it reports ``"skipped"`` and why.
+  inherit. Without Ray and without a bundle it does nothing and says why (``"not_run"``; the
+  runner lists it among the ``"skipped"`` steps).
 - **Tracking.** MLflow does not travel, so both jobs track into the tracking port's in-memory fake
   (``tests/fakes.py``); the sweep's Optuna study is real (SQLite in the work folder).
 - **Data.** The cbt-recon CN folder that ``prepare_cn`` left in the work folder, else demo data
@@ -218,7 +219,7 @@ def step_ray_card(args) -> dict:
         reason = (f"no Ray here and no {bundle_path().relative_to(ROOT)}: run `python benchmarks/ray_bundle.py` "
                   "on a machine with pip, bring device-ray/ with the checkout and run --part 3")
         say(f"skipped: {reason}")
-        return {"skipped": reason}
+        return {"not_run": reason}
     sys.path.insert(0, str(ROOT / "tests"))
     from fakes import FakeTracker
 

@@ -12,8 +12,8 @@ per step); ``prepare_cn`` and ``compare`` (cbt-recon CN from ``--data``, default
 the card to their early stop or the time left); ``ensemble`` (5 IAA seeds side by side, then
 the ensemble against the mean member on valid); then, with the time that remains, ``ray_card``
 (the project's Ray Tune sweep with four trials sharing the card, then a Ray Train run with NCCL;
-it needs Ray, which the GPU machine lacks, so it reports ``"skipped"`` there unless the slimmed
-bundle of ``benchmarks/ray_bundle.py`` came along), ``shared_card`` (1, 2, 4 and 8 trials as
+it needs Ray, which the GPU machine lacks, so it is skipped there, saying why in ``"not_run"``,
+unless the slimmed bundle of ``benchmarks/ray_bundle.py`` came along), ``shared_card`` (1, 2, 4 and 8 trials as
 processes and as trainers in one process), ``batch_sweep``, ``sync_check``, ``prefetch`` and
 ``bench_compiled`` (bf16). The steps are in ``device_steps.py``, ``device_gpu.py``,
 ``device_cards.py`` and ``device_ray.py``.
@@ -273,7 +273,7 @@ def _run_one(args, name: str, limit: float, env: dict, summary: dict, files: Out
         result = run_step(cmd, limit, env=env, log_path=files.results / f"{name}.log", on_json=on_json,
                           on_say=lambda text: files.say(f"  [{name}] {text}"))
         summary[name] = result.last_json or {}
-        if result.code == 0 and "skipped" in summary[name]:     # the step found nothing to run on
+        if result.code == 0 and "not_run" in summary[name]:     # the step found nothing to run on
             summary["skipped"].append(name)
         if result.code != 0:
             summary["failed"].append(name)

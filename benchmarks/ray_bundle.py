@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
+import os
 import re
 import shutil
 import subprocess
@@ -122,7 +123,7 @@ def _size(path: Path) -> int:
 
 def pack(site: Path, archive: Path) -> None:
     """``site``'s contents as one xz tarball (written aside, then renamed)."""
-    partial = archive.with_suffix(".partial")
+    partial = archive.with_name(f".{archive.name}.{os.getpid()}.partial")   # another build's is its own
     with lzma.open(partial, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
         for path in sorted(site.iterdir()):
             tar.add(path, arcname=path.name)

@@ -175,13 +175,13 @@ class _Replayed:
 
 
 def _stand_in_capture(monkeypatch) -> None:
-    """CapturedForward's two CUDA pieces on the CPU: the warm-up runs eagerly, capture records ``fn``."""
+    """The side stream's two CUDA pieces on the CPU: the warm-up runs eagerly, capture records ``fn``."""
     def capture(self, fn):
         output = fn()
         return _Replayed(fn, output), output
 
-    monkeypatch.setattr(graphs.CapturedForward, "_warm_up", lambda self, batch: self.model(batch).log_probs)
-    monkeypatch.setattr(graphs.CapturedForward, "_capture", capture)
+    monkeypatch.setattr(graphs.GraphStream, "warm_up", lambda self, fn: fn())
+    monkeypatch.setattr(graphs.GraphStream, "capture", capture)
 
 
 def test_the_captured_forward_pads_captures_each_shape_once_and_refills_its_buffers(monkeypatch) -> None:
@@ -194,7 +194,7 @@ def test_the_captured_forward_pads_captures_each_shape_once_and_refills_its_buff
         for batch in batches * 2:
             torch.testing.assert_close(forward(batch), reader(batch).log_probs)      # padded: the same answers
     shapes = {graphs.shape_of(pad_to_buckets(b)) for b in batches}
-    assert set(forward.graphs) == shapes and forward.eager_passes == len(shapes)
+    assert set(forward.graphs) == shapes and forward.eager_calls == len(shapes)
     assert sum(g.graph.replays for g in forward.graphs.values()) == 2 * len(batches) - len(shapes)
 
 
@@ -211,12 +211,12 @@ def test_the_captured_forward_runs_shapes_past_its_limit_and_after_a_failed_capt
     def refuse(self, fn):
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
-    monkeypatch.setattr(graphs.CapturedForward, "_capture", refuse)
+    monkeypatch.setattr(graphs.GraphStream, "capture", refuse)
     failed = graphs.CapturedForward(reader)
     with torch.no_grad():
         for batch in batches:
             torch.testing.assert_close(failed(batch), reader(batch).log_probs)
-    assert failed.graphs == {} and "operation not permitted" in failed.failed and failed.eager_passes == len(batches)
+    assert failed.graphs == {} and "operation not permitted" in failed.failed and failed.eager_calls == len(batches)
 
 
 def test_validation_scores_the_same_through_a_forward_and_reads_back_once(monkeypatch) -> None:
@@ -274,7 +274,7 @@ def test_replays_equal_eager_steps(cuda: str) -> None:
         a = train_step(eager, opt_eager, batch, clip=0.5)
         b = step(batch)
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    assert 0 < len(step.graphs) == step.eager_steps < len(batches) * 2
+    assert 0 < len(step.graphs) == step.eager_calls < len(batches) * 2
     for (name, p), q in zip(eager.named_parameters(), graphed.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5, msg=name)
 
@@ -367,4 +367,4 @@ def test_forward_replays_equal_eager_passes_and_follow_the_weights(cuda: str) ->
                 torch.testing.assert_close(forward(batch).clone(), reader(batch).log_probs, rtol=1e-4, atol=1e-5)
         reader.train()
         train_step(reader, optimizer, pad_to_buckets(batches[round_]))     # the weights change in place
-    assert forward.failed is None and 0 < len(forward.graphs) == forward.eager_passes < 3 * len(batches)
+    assert forward.failed is None and 0 < len(forward.graphs) == forward.eager_calls < 3 * len(batches)

@@ -291,7 +291,7 @@ def test_ray_card_says_why_it_skips_where_there_is_no_ray_and_no_bundle(tmp_path
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
     monkeypatch.setattr(device_ray, "bundle_path", lambda: ROOT / "device-ray" / "site-cp00.tar.xz")
     out = device_ray.step_ray_card(SimpleNamespace(work=str(tmp_path), device="cuda", tiny=False, data=str(tmp_path)))
-    assert "ray_bundle.py" in out["skipped"] and "--part 3" in out["skipped"]
+    assert "ray_bundle.py" in out["not_run"] and "--part 3" in out["not_run"]
     assert device_cards.targets({"ray_card": out})["ray_train_cuda"] == {"measured": None, "goal": device_cards.TARGETS[
         "ray_train_cuda"], "met": False}
 
@@ -336,3 +336,13 @@ def test_the_ray_bundle_takes_the_projects_pins_and_drops_what_tune_and_train_ne
     assert left == ["ray/dashboard/client/build/index.html", "ray/tune/x.py"]
     assert freed["ray/jars"] == 10 and freed["ray/**/*.map"] == 10
     assert (site / "ray/dashboard/client/build/static").is_dir()          # the dashboard serves it: it must exist
+
+
+def test_a_step_with_nothing_to_run_on_is_listed_as_skipped_with_its_reason(tmp_path: Path, monkeypatch) -> None:
+    said = json.dumps({"not_run": "no Ray here"})
+    monkeypatch.setattr(device_run, "_step_command", lambda args, name, limit: [sys.executable, "-c", f"print({said!r})"])
+    monkeypatch.setattr(device_run, "PLAN", (("ray_card", 30), ("env", 30)))
+    device_run.main(["--out", str(tmp_path), "--device", "cpu", "--tiny"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["skipped"] == ["ray_card", "env"] and summary["failed"] == []
+    assert summary["ray_card"] == {"not_run": "no Ray here"}

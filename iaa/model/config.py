@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal, Mapping
+from typing import Any, ClassVar, Literal, Mapping, get_args
 
 ModelKind = Literal["iaa", "iaa-fixed-query", "as-reader"]
-MODEL_KINDS: tuple[str, ...] = ("iaa", "iaa-fixed-query", "as-reader")
+MODEL_KINDS: tuple[str, ...] = get_args(ModelKind)
 Halting = Literal["none", "act"]
-HALTING_MODES: tuple[str, ...] = ("none", "act")
+HALTING_MODES: tuple[str, ...] = get_args(Halting)
 
 
 @dataclass(frozen=True)

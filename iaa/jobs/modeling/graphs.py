@@ -10,7 +10,7 @@ pass, which at batch 32 the host, not the GPU, sets the pace of.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 
@@ -77,6 +77,42 @@ def autocast_cache_off() -> Iterator[None]:
         torch.set_autocast_cache_enabled(before)
 
 
+class GraphStream:
+    """The side stream and memory pool that a set of graphs is warmed up and captured on.
+
+    The graphs share the pool: they never run at once (one stream, in order) and each keeps
+    alive only its inputs and output, so their intermediates may share memory.
+    """
+
+    def __init__(self) -> None:
+        self.pool = None
+        self.stream: torch.cuda.Stream | None = None
+
+    def warm_up(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``fn()`` eagerly on the side stream (it allocates what capture then reuses); its result,
+        safe to read on the current stream."""
+        if self.stream is None:
+            self.pool, self.stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+        current = torch.cuda.current_stream()
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            out = fn()
+        current.wait_stream(self.stream)
+        out.record_stream(current)                                         # made on the side stream, read here
+        return out
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """``fn()`` captured in a graph of the pool on the side stream (after :meth:`warm_up`); the
+        graph and the output buffer it writes. Raises RuntimeError for an operation capture forbids."""
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the prefetching thread may pin host memory meanwhile, which a global
+        # capture would forbid to every thread.
+        with autocast_cache_off(), torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
+                                                    capture_error_mode="thread_local"):
+            out = fn()
+        return graph, out
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -84,72 +120,67 @@ class _Graph:
     output: torch.Tensor   # the buffer the graph writes
 
 
-class CapturedForward:
-    """``model(batch).log_probs`` under ``torch.no_grad``, replayed from CUDA graphs.
+class ShapeGraphs:
+    """``fn(batch)`` replayed from CUDA graphs, one per batch shape, all on one :class:`GraphStream`.
 
-    Args:
-        model: a reader that :func:`refusal` accepts, on a CUDA device, in eval mode when called
-            (a graph replays the mode it was captured in).
-        max_graphs: shapes captured; batches of further shapes run eagerly.
-
-    Calling it with a batch on the device returns the batch's (B, C) log-probabilities, padded
-    to bucketed widths first (the reader masks padding, so they are the unpadded batch's). The
-    tensor is the graph's output buffer, rewritten by the next call of the same shape: reduce or
-    copy it before then. The graph reads the model's parameters where they are, so it follows
-    the training that updates them in place. A capture that fails leaves every later batch eager
-    (``failed`` says why).
+    A batch is padded to bucketed widths first (:func:`iaa.data.batch.pad_to_buckets`). The first
+    batch of a shape runs ``fn`` eagerly on the side stream (the warm-up), then ``fn`` is captured
+    for that shape; capture runs nothing, so ``fn`` runs once per batch. Later batches of the
+    shape are copied into the graph's input buffers and the graph replays. What a call returns is
+    then the graph's output buffer, rewritten by the next replay of its shape. Shapes beyond
+    ``max_graphs``, and every batch after a capture failed (``failed`` says why), run eagerly.
     """
 
-    def __init__(self, model: nn.Module, max_graphs: int = MAX_GRAPHS) -> None:
-        self.model, self.max_graphs = model, max_graphs
-        self.graphs: dict[tuple, _Graph] = {}
-        self.eager_passes = 0           # warm-ups and shapes beyond max_graphs
-        self.failed: str | None = None
-        self._pool = None
-        self._stream: torch.cuda.Stream | None = None
+    what = "pass"          # what ``fn`` is, in ``failed``
 
-    @torch.no_grad()
+    def __init__(self, fn: Callable[[Batch], torch.Tensor], max_graphs: int = MAX_GRAPHS) -> None:
+        self.fn, self.max_graphs = fn, max_graphs
+        self.graphs: dict[tuple, _Graph] = {}
+        self.eager_calls = 0            # warm-ups and shapes beyond max_graphs
+        self.failed: str | None = None
+        self.side = GraphStream()
+
     def __call__(self, batch: Batch) -> torch.Tensor:
         batch = pad_to_buckets(batch)
         captured = self.graphs.get(shape_of(batch))
         if captured is None:
-            self.eager_passes += 1
+            self.eager_calls += 1
             if len(self.graphs) >= self.max_graphs:
-                return self.model(batch).log_probs
+                return self.fn(batch)
             return self._warm_up_and_capture(batch)
         fill(captured.inputs, batch)
         captured.graph.replay()
         return captured.output
 
     def _warm_up_and_capture(self, batch: Batch) -> torch.Tensor:
-        """This batch's pass, eagerly (the warm-up), then the pass captured for its shape."""
-        log_probs = self._warm_up(batch)
+        out = self.side.warm_up(lambda: self.fn(batch))
         inputs = static_copy(batch)
         try:
-            graph, output = self._capture(lambda: self.model(inputs).log_probs)
+            graph, output = self.side.capture(lambda: self.fn(inputs))
         except RuntimeError as err:     # an operation capture forbids: go on eagerly
-            self.failed = f"capturing the forward pass failed ({str(err).splitlines()[0]}); passes run eagerly"
+            self.failed = f"capturing the {self.what} failed ({str(err).splitlines()[0]}); {self.what}s run eagerly"
             self.max_graphs = 0
-            return log_probs
+            return out
         self.graphs[shape_of(batch)] = _Graph(graph, inputs, output)
-        return log_probs
+        return out
 
-    def _warm_up(self, batch: Batch) -> torch.Tensor:
-        """The pass on the side stream, which allocates what capture then reuses."""
-        if self._stream is None:
-            self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
-        current = torch.cuda.current_stream()
-        self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
-            log_probs = self.model(batch).log_probs
-        current.wait_stream(self._stream)
-        log_probs.record_stream(current)                                   # made on the side stream, read here
-        return log_probs
 
-    def _capture(self, fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """``fn()`` captured in a graph of the shared pool on the side stream; the graph and its output."""
-        graph = torch.cuda.CUDAGraph()
-        with autocast_cache_off(), torch.cuda.graph(graph, pool=self._pool, stream=self._stream,
-                                                    capture_error_mode="thread_local"):
-            output = fn()
-        return graph, output
+class CapturedForward(ShapeGraphs):
+    """``model(batch).log_probs`` under ``torch.no_grad``, replayed from CUDA graphs (:class:`ShapeGraphs`).
+
+    ``model`` is a reader that :func:`refusal` accepts, on a CUDA device, in eval mode when called
+    (a graph replays the mode it was captured in). A call returns the batch's (B, C)
+    log-probabilities, those of the unpadded batch (the reader masks padding); reduce or copy
+    them before the next call. The graphs read the parameters where they are, so they follow the
+    training that updates them in place.
+    """
+
+    what = "forward pass"
+
+    def __init__(self, model: nn.Module, max_graphs: int = MAX_GRAPHS) -> None:
+        super().__init__(lambda batch: model(batch).log_probs, max_graphs)
+        self.model = model
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        return super().__call__(batch)
