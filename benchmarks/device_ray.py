@@ -51,7 +51,7 @@ def bundle_path(python: tuple[int, int] = sys.version_info[:2]) -> Path:
 
 def ensure_ray(work: Path) -> str | None:
     """Make Ray importable here and in the processes Ray starts: ``"installed"``, ``"bundle"``
-    (unpacked from :func:`bundle_path`), or None where neither is there."""
+    (unpacked from :func:`bundle_path` into ``work/ray-site``), or None where neither is there."""
     if importlib.util.find_spec("ray") is not None:
         return "installed"
     bundle = bundle_path()
@@ -66,6 +66,28 @@ def ensure_ray(work: Path) -> str | None:
     importlib.invalidate_caches()
     say(f"Ray bundle {bundle.name} unpacked in {time.monotonic() - started:.1f} s")
     return "bundle"
+
+
+def unmet_requirements(site: Path) -> list[str]:
+    """Each requirement of the packages in ``site`` (extras aside) that this interpreter's path
+    does not meet, as ``"dist: requirement (found version)"``; where the bundle met the image."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    unmet = []
+    for dist in metadata.distributions(path=[str(site)]):
+        for text in dist.requires or ():
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                found = metadata.version(req.name)
+            except metadata.PackageNotFoundError:
+                found = None
+            if found is None or not req.specifier.contains(found, prereleases=True):
+                unmet.append(f"{dist.metadata['Name']}: {req} (found {found or 'none'})")
+    return sorted(set(unmet))
 
 
 def _prepared(args, work: Path) -> tuple[Path, str]:
@@ -127,42 +149,12 @@ def _overlap_callback():
     return Overlap()
 
 
-def _tune(args, prepared: Path, work: Path, tracker) -> dict:
-    from iaa.jobs.tune import tune
-    from iaa.platform.sweeps.launch import RayLauncher
-
-    cuda = args.device == "cuda"
-    space = work / "ray-space.yaml"
-    space.write_text(TINY_SPACE if args.tiny else SPACE, encoding="utf-8")
-    overlap = _overlap_callback()
-    request = tune.TuneRequest(dataset="cbt-cn", data=prepared, num_samples=4 if args.tiny else TUNE_TRIALS,
-                               max_epochs=2 if args.tiny else 50, search_space=space, sampler="random",
-                               gpus_per_worker=GPU_SHARE if cuda else 0.0,
-                               sets=_sets(args, TRIAL_MINUTES, searched=("model.hidden_dim", "model.steps")),
-                               workdir=work / "ray-tune", name="ray-card", show_progress=False)
-    started = time.monotonic()
-    result = tune.run(request, lambda uri: tracker, RayLauncher(callbacks=[overlap]))
-    seconds = time.monotonic() - started
-    examples = sum(int(last.get("steps") or 0) * BATCH for last in overlap.last.values())
-    busy = (overlap.ended - overlap.started) if overlap.started and overlap.ended else None
-    out = {"worked": result.trials >= request.num_samples and result.best_valid_acc is not None,
-           "trials": result.trials, "gpus_per_trial": request.gpus_per_worker,
-           "trials_at_once": overlap.peak_running,
-           "peak_train_examples_per_s_together": round(overlap.peak_examples_per_s, 1),
-           "train_examples_per_s_over_the_sweep": round(examples / busy, 1) if busy else None,
-           "examples": examples, "seconds": round(seconds, 1), "trial_seconds": round(busy, 1) if busy else None,
-           "best_valid_acc": result.best_valid_acc,
-           "tracked_runs": len(tracker.children(result.parent_run_id)) if result.parent_run_id else 0}
-    say(f"tune: {out['trials']} trials, {out['trials_at_once']} at once at {request.gpus_per_worker} GPU each, "
-        f"{out['peak_train_examples_per_s_together']:,.0f} ex/s together at the peak, {seconds:.0f} s")
-    return out
-
-
 class _CardWatch:
-    """Polls ``nvidia-smi`` for the processes on the card (other than this one) while a run goes."""
+    """Polls ``nvidia-smi`` for the processes on the card (other than this one) while a run goes:
+    every one seen, the most seen in one poll, and their peak memory together."""
 
     def __init__(self, every_s: float = 2.0) -> None:
-        self.every_s, self.seen, self.peak_bytes = every_s, set(), 0
+        self.every_s, self.seen, self.peak_at_once, self.peak_bytes = every_s, set(), 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -177,11 +169,46 @@ class _CardWatch:
     def _poll(self) -> None:
         while not self._stop.wait(self.every_s):
             text = _command(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
+            now = {}
             for line in (text or "").splitlines():
                 pid, _, mib = line.partition(",")
                 if pid.strip().isdigit() and int(pid) != os.getpid():
-                    self.seen.add(int(pid))
-                    self.peak_bytes = max(self.peak_bytes, int(float(mib or 0) * 2**20))
+                    now[int(pid)] = int(float(mib or 0) * 2**20)
+            self.seen |= set(now)
+            self.peak_at_once = max(self.peak_at_once, len(now))
+            self.peak_bytes = max(self.peak_bytes, sum(now.values()))
+
+
+def _tune(args, prepared: Path, work: Path, tracker) -> dict:
+    from iaa.jobs.tune import tune
+    from iaa.platform.sweeps.launch import RayLauncher
+
+    cuda = args.device == "cuda"
+    space = work / "ray-space.yaml"
+    space.write_text(TINY_SPACE if args.tiny else SPACE, encoding="utf-8")
+    overlap = _overlap_callback()
+    request = tune.TuneRequest(dataset="cbt-cn", data=prepared, num_samples=4 if args.tiny else TUNE_TRIALS,
+                               max_epochs=2 if args.tiny else 50, search_space=space, sampler="random",
+                               gpus_per_worker=GPU_SHARE if cuda else 0.0,
+                               sets=_sets(args, TRIAL_MINUTES, searched=("model.hidden_dim", "model.steps")),
+                               workdir=work / "ray-tune", name="ray-card", show_progress=False)
+    started = time.monotonic()
+    with _CardWatch() as watch:
+        result = tune.run(request, lambda uri: tracker, RayLauncher(callbacks=[overlap]))
+    seconds = time.monotonic() - started
+    examples = sum(int(last.get("steps") or 0) * BATCH for last in overlap.last.values())
+    busy = (overlap.ended - overlap.started) if overlap.started and overlap.ended else None
+    out = {"worked": result.trials >= request.num_samples and result.best_valid_acc is not None,
+           "trials": result.trials, "gpus_per_trial": request.gpus_per_worker,
+           "trials_at_once": overlap.peak_running, "card_processes_at_once": watch.peak_at_once,
+           "peak_train_examples_per_s_together": round(overlap.peak_examples_per_s, 1),
+           "train_examples_per_s_over_the_sweep": round(examples / busy, 1) if busy else None,
+           "examples": examples, "seconds": round(seconds, 1), "trial_seconds": round(busy, 1) if busy else None,
+           "best_valid_acc": result.best_valid_acc,
+           "tracked_runs": len(tracker.children(result.parent_run_id)) if result.parent_run_id else 0}
+    say(f"tune: {out['trials']} trials, {out['trials_at_once']} at once at {request.gpus_per_worker} GPU each, "
+        f"{out['peak_train_examples_per_s_together']:,.0f} ex/s together at the peak, {seconds:.0f} s")
+    return out
 
 
 def _train(args, prepared: Path, work: Path, tracker) -> dict:
@@ -226,8 +253,12 @@ def step_ray_card(args) -> dict:
     import ray
 
     prepared, data = _prepared(args, work)
-    out = partial({"ray": ray.__version__, "ray_from": how, "tracker": "in-memory fake (tests/fakes.py): no MLflow",
-                   "data": data})
+    out = {"ray": ray.__version__, "ray_from": how, "tracker": "in-memory fake (tests/fakes.py): no MLflow", "data": data}
+    if how == "bundle":
+        out["unmet_requirements"] = unmet_requirements(work / "ray-site")
+        for line in out["unmet_requirements"]:
+            say(f"unmet: {line}")
+    partial(out)
     tracker = FakeTracker()
     for name, job in (("tune", _tune), ("train", _train)):
         try:

@@ -4,12 +4,14 @@
     python benchmarks/ray_bundle.py --python-version 3.11 # the same for this machine's Python (to try it here)
 
 pip resolves the project's pinned Ray (with the extras the project installs, less Serve and Data)
-and Optuna as manylinux wheels for that Python; the packages of that closure that the GPU
-machine's image lacks (all but ``THERE``) are installed into a staging folder with pip's
-``--target``; then the script drops what Ray Tune and Ray Train never load (``DROPPED``:
-the Java workers, the dashboard's built client (its page stays), RLlib, Serve, the LLM libraries, source maps and
-console scripts) and packs the rest as one xz tarball. ``benchmarks/device_run.py --part 3`` (the
-``ray_card`` step) unpacks it into a temporary folder and puts that first on ``PYTHONPATH``.
+and Optuna as manylinux wheels for that Python; every package of that closure but those taken
+from the GPU machine's image (``THERE``) is installed into a staging folder with pip's
+``--target``; then the script drops what Ray Tune and Ray Train never load (``DROPPED``: the
+Java workers, the dashboard's built client (its page stays), RLlib, Serve, the LLM libraries,
+source maps and console scripts) and packs the rest as one xz tarball.
+``benchmarks/device_run.py --part 3`` (the ``ray_card`` step) unpacks it into a temporary folder,
+puts that first on ``PYTHONPATH`` and reports any requirement of the unpacked packages that the
+machine does not meet.
 
 MLflow does not travel (with its server, UI and SQL store it would not fit one call): on the card,
 the step tracks into the tracking port's in-memory fake, and its summary says so.
@@ -38,12 +40,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PINNED = ("ray", "optuna")   # taken at the project's pins (pyproject.toml)
 EXTRAS = {"ray": "default,tune,train"}   # as the project installs Ray, less serve and data
-# The packages of that closure that the GPU machine's image already holds (its package list); all
-# the others travel.
-THERE = ("aiohappyeyeballs", "aiohttp", "aiosignal", "attrs", "certifi", "charset-normalizer", "click", "filelock",
-         "frozenlist", "fsspec", "grpcio", "idna", "markupsafe", "msgpack", "multidict", "numpy", "packaging", "pandas",
-         "prometheus-client", "propcache", "protobuf", "pyarrow", "python-dateutil", "pyyaml", "requests", "six",
-         "tqdm", "typing-extensions", "urllib3", "wrapt", "yarl")
+# The packages of that closure taken from the GPU machine's image (its package list has them): the
+# large ones the project itself needs there, and the few that Ray's closure bounds loosely. The
+# rest of the closure travels, also where the image has a copy: its versions are not known here,
+# and Ray's closure asks recent ones of several (typing-extensions >= 4.16, protobuf >= 6.33,
+# packaging >= 26.3, aiohttp >= 3.14), which the step's processes then find first.
+THERE = ("numpy", "pandas", "pyarrow", "python-dateutil", "pyyaml", "click", "tqdm", "fsspec", "msgpack", "six",
+         "certifi", "idna", "charset-normalizer", "urllib3")
 DROPPED = ("bin", "ray/jars", "ray/dashboard/client/build/static", "ray/dashboard/client/build/speedscope-1.5.3",
            "ray/rllib", "ray/serve", "ray/llm", "ray/tests")
 KEPT_EMPTY = ("ray/dashboard/client/build/static",)   # the dashboard's head serves this folder: it must exist

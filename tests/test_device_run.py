@@ -346,3 +346,16 @@ def test_a_step_with_nothing_to_run_on_is_listed_as_skipped_with_its_reason(tmp_
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["skipped"] == ["ray_card", "env"] and summary["failed"] == []
     assert summary["ray_card"] == {"not_run": "no Ray here"}
+
+
+def test_the_requirements_an_unpacked_bundle_finds_unmet_are_named(tmp_path: Path) -> None:
+    import device_ray
+
+    info = tmp_path / "carried-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: carried\nVersion: 1.0\n"
+                                   "Requires-Dist: numpy>=999\nRequires-Dist: no-such-package-here\n"
+                                   "Requires-Dist: numpy>=1\nRequires-Dist: other; extra == \"docs\"\n")
+    unmet = device_ray.unmet_requirements(tmp_path)
+    assert len(unmet) == 2 and unmet[0].startswith("carried: no-such-package-here (found none)")
+    assert unmet[1].startswith("carried: numpy>=999 (found ")

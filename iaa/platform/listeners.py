@@ -25,8 +25,8 @@ def _name(pid: int) -> str:
         process = psutil.Process(pid)
         argv = process.cmdline()
         command = argv[0].strip() if argv else ""
-        if command:
-            return os.path.basename(command) if command.startswith("/") else command.split()[0]
+        if command:          # a path (absolute, or relative as ".venv/bin/python") or a title with words
+            return os.path.basename(command if command.startswith("/") else command.split()[0])
         return process.name()
     except psutil.Error:
         return "?"
