@@ -41,12 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PINNED = ("ray", "optuna")   # taken at the project's pins (pyproject.toml)
 EXTRAS = {"ray": "default,tune,train"}   # as the project installs Ray, less serve and data
 # The packages of that closure taken from the GPU machine's image (its package list has them): the
-# large ones the project itself needs there, and the few that Ray's closure bounds loosely. The
-# rest of the closure travels, also where the image has a copy: its versions are not known here,
-# and Ray's closure asks recent ones of several (typing-extensions >= 4.16, protobuf >= 6.33,
-# packaging >= 26.3, aiohttp >= 3.14), which the step's processes then find first.
+# large ones the project itself needs there, and those that Ray's closure bounds loosely. The rest
+# of the closure travels, also where the image has a copy: its versions are not known here, and
+# Ray's closure asks recent ones of several (typing-extensions >= 4.16, protobuf >= 6.33,
+# packaging >= 26.3, aiohttp >= 3.14, requests >= 2.33), which the step's processes then find first.
 THERE = ("numpy", "pandas", "pyarrow", "python-dateutil", "pyyaml", "click", "tqdm", "fsspec", "msgpack", "six",
-         "certifi", "idna", "charset-normalizer", "urllib3")
+         "certifi", "idna", "charset-normalizer", "urllib3", "grpcio", "attrs", "markupsafe", "wrapt",
+         "prometheus-client")
 DROPPED = ("bin", "ray/jars", "ray/dashboard/client/build/static", "ray/dashboard/client/build/speedscope-1.5.3",
            "ray/rllib", "ray/serve", "ray/llm", "ray/tests")
 KEPT_EMPTY = ("ray/dashboard/client/build/static",)   # the dashboard's head serves this folder: it must exist
