@@ -44,8 +44,7 @@ def setup(tmp_path_factory):
     files = [{"valid": Path(evaluate.run(m, prepared, "valid", ens / "members" / f"{i:02d}-valid.parquet").predictions),
               "test": None} for i, m in enumerate(members)]
     result = ensemble_job.run(files, [str(m) for m in members], ens)
-    (ens / "ensemble.json").write_text(json.dumps({**{k: v for k, v in result.items() if k != "table"},
-                                                   "data_dir": str(prepared)}, default=str))
+    (ens / "ensemble.json").write_text(json.dumps({**result.fields(), "data_dir": str(prepared)}, default=str))
     return root, prepared, members, ens
 
 

@@ -151,8 +151,8 @@ def test_averaging_is_exact_from_members_files(tmp_path: Path) -> None:
     members = [{"valid": v, "test": t} for v, t in zip(valid, test)]
     result = ensemble.run(members, [f"m{i}" for i in range(3)], tmp_path / "out", select_mode="all")
 
-    out = pq.read_table(result["predictions"]).to_pylist()
-    assert pq.read_schema(result["predictions"]).equals(ensemble.ENSEMBLE_SCHEMA)
+    out = pq.read_table(result.predictions).to_pylist()
+    assert pq.read_schema(result.predictions).equals(ensemble.ENSEMBLE_SCHEMA)
     assert len(out) == 60 and {r["split"] for r in out} == {"valid", "test"}
     by_member = []
     for v, t in zip(valid, test):
@@ -167,12 +167,12 @@ def test_averaging_is_exact_from_members_files(tmp_path: Path) -> None:
         assert np.array_equal(np.array(row["probs"]), mean)
         assert row["pred"] == int(np.argmax(mean)) and row["gold"] == own[0]["gold"]
         correct[row["split"]] += row["pred"] == row["gold"]
-    assert result["valid_acc"] == correct["valid"] / 30
-    assert result["test_acc"] == correct["test"] / 30
-    assert result["members"] == ["m0", "m1", "m2"]
-    assert result["mean_member_valid_acc"] == pytest.approx(np.mean(result["member_valid_acc"]))
-    assert result["boo_valid"] == pytest.approx(ensemble.boo_n(result["member_valid_acc"], 3))
-    assert "ensemble (all, 3 of 3)" in Path(result["table_path"]).read_text()
+    assert result.valid_acc == correct["valid"] / 30
+    assert result.test_acc == correct["test"] / 30
+    assert result.members == ["m0", "m1", "m2"]
+    assert result.mean_member_valid_acc == pytest.approx(np.mean(result.member_valid_acc))
+    assert result.boo_valid == pytest.approx(ensemble.boo_n(result.member_valid_acc, 3))
+    assert "ensemble (all, 3 of 3)" in Path(result.table_path).read_text()
 
 
 def test_run_selects_on_valid_and_scores_test_once(tmp_path: Path) -> None:
@@ -180,19 +180,19 @@ def test_run_selects_on_valid_and_scores_test_once(tmp_path: Path) -> None:
     test = binary_members(tmp_path, {k: list(reversed(v)) for k, v in HAND.items()}, "test")
     result = ensemble.run([{"valid": v, "test": t} for v, t in zip(valid, test)], list(HAND), tmp_path / "out",
                           select_mode="greedy")
-    assert result["members"] == ["B", "A"] and result["selected"] == [2, 3]
-    assert result["valid_acc"] == 1.0 and result["test_acc"] == 1.0
-    assert result["member_test_acc"] == [0.5, 0.0, 0.75, 0.75]
-    assert result["boo_n"] == 2
-    rows = pq.read_table(result["predictions"]).to_pylist()
+    assert result.members == ["B", "A"] and result.selected == [2, 3]
+    assert result.valid_acc == 1.0 and result.test_acc == 1.0
+    assert result.member_test_acc == [0.5, 0.0, 0.75, 0.75]
+    assert result.boo_n == 2
+    rows = pq.read_table(result.predictions).to_pylist()
     assert all(len(r["member_probs"]) == 2 for r in rows)
 
 
 def test_missing_test_split_reports_none(tmp_path: Path) -> None:
     valid = binary_members(tmp_path, HAND)
     result = ensemble.run([{"valid": v, "test": None} for v in valid], list(HAND), tmp_path / "out")
-    assert result["test_acc"] is None and result["member_test_acc"] is None and result["boo_test"] is None
-    assert {r["split"] for r in pq.read_table(result["predictions"]).to_pylist()} == {"valid"}
+    assert result.test_acc is None and result.member_test_acc is None and result.boo_test is None
+    assert {r["split"] for r in pq.read_table(result.predictions).to_pylist()} == {"valid"}
 
 
 def test_alignment_ignores_row_order(tmp_path: Path) -> None:
@@ -245,9 +245,12 @@ def test_run_rejects_mismatch_on_test_split(tmp_path: Path) -> None:
 def test_the_ensemble_runs_figures_carry_no_float_noise_and_boo_once() -> None:
     from iaa.jobs.ensemble import ensemble_run
 
-    result = {"valid_acc": 0.75, "test_acc": None, "mean_member_valid_acc": 0.9622999999999999,
-              "mean_member_test_acc": None, "mean_selected_valid_acc": 0.9622999999999999,
-              "mean_selected_test_acc": None, "boo_n": 5, "boo_valid": 0.30000000000000004, "boo_test": None}
+    result = ensemble.Averaged(valid_acc=0.75, test_acc=None, member_valid_acc=[0.9623] * 5, member_test_acc=None,
+                               mean_member_valid_acc=0.9622999999999999, mean_member_test_acc=None,
+                               mean_selected_valid_acc=0.9622999999999999, mean_selected_test_acc=None, boo_n=5,
+                               boo_valid=0.30000000000000004, boo_test=None, members=[], selected=[], select="all",
+                               p=None, all_members=[], selection_trace=[], examples={}, predictions="", table="",
+                               table_path="")
     metrics = ensemble_run.metrics(result)
     assert metrics["mean_member_valid_acc"] == 0.9623 and metrics["boo_n_valid"] == 0.3
     assert metrics["best_valid_acc"] == 0.75

@@ -332,22 +332,22 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> E
         labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
         result = averaging.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
                                p=req.p, labels=labels)
-        table = result.pop("table")
         ledger.check_unchanged(members, name)
-        summary = {**result, "name": name, "dataset": dataset, "data_dir": str(prepared), "ensemble_dir": str(out_dir),
+        summary = {**result.fields(), "name": name, "dataset": dataset, "data_dir": str(prepared), "ensemble_dir": str(out_dir),
                    "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
                    "sweep": req.sweep, "tracking_uri": uri, "mlflow_run_id": run.run_id,
                    "member_sha256": {str(m.checkpoint): m.sha256 for m in members}}
         summary.update(scoring.accuracy_keys(summary, sizes))
         ensemble_record.write(out_dir, ensemble_record.EnsembleRecord.from_json(summary))
         settings = {"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
-                    "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(result["selected"])}
+                    "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(result.selected)}
         summary["model_uri"] = ensemble_run.record(run, tracker, settings, members, result, out_dir, prepared,
                                                    req.register)
         ledger.check_unchanged(members, name)           # the logged model copied the members read first
     if sweep is not None:
         ensemble_run.count_on_sweep(tracker, experiment, sweep)
     ensemble_record.write(out_dir, ensemble_record.EnsembleRecord.from_json(summary))
+    table = result.table
     result = of_record(summary, req)
     _log.info(table)
     _log.info(describe(result))

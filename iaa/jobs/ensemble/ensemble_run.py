@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from iaa.files import atomic_write_text
 from iaa.jobs.ensemble.members import Member
+from iaa.jobs.evaluation.averaging import Averaged
 from iaa.jobs.evaluation.predictor import MODEL_CODE, SUMMARY
 from iaa.jobs.ports import TrackedRun, Tracker
 from iaa.jobs.sweeps.record import SweepRecord
@@ -30,15 +31,15 @@ def run_tags(dataset: str, select: str, out_dir: Path, sweep: SweepRecord | None
     return tags
 
 
-def metrics(result: Mapping[str, Any]) -> dict[str, float]:
+def metrics(result: Averaged) -> dict[str, float]:
     """The ensemble's figures as metrics: rounded to :data:`METRIC_DIGITS` (a mean of accuracies
     logs 0.9623, not 0.9622999999999999), ``best_valid_acc`` (the ensemble's valid accuracy, the
     column a sweep's runs are sorted by) and Boo(n) once, under ``boo_n_*``."""
-    figures = {k: result[k] for k in FIGURES if result.get(k) is not None}
-    figures["best_valid_acc"] = result["valid_acc"]
-    figures.update({"boo_n": result["boo_n"], "boo_n_valid": result["boo_valid"]})
-    if result.get("boo_test") is not None:
-        figures["boo_n_test"] = result["boo_test"]
+    figures = {k: getattr(result, k) for k in FIGURES if getattr(result, k) is not None}
+    figures["best_valid_acc"] = result.valid_acc
+    figures.update({"boo_n": result.boo_n, "boo_n_valid": result.boo_valid})
+    if result.boo_test is not None:
+        figures["boo_n_test"] = result.boo_test
     return {k: round(float(v), METRIC_DIGITS) for k, v in figures.items()}
 
 
@@ -47,35 +48,35 @@ def params(settings: Mapping[str, Any]) -> dict[str, Any]:
     return {k: round(v, SHOWN_DIGITS) if isinstance(v, float) else v for k, v in settings.items()}
 
 
-def member_rows(members: Sequence[Member], result: Mapping[str, Any]) -> list[dict[str, Any]]:
+def member_rows(members: Sequence[Member], result: Averaged) -> list[dict[str, Any]]:
     """One row per candidate member: its label, seed, run, checkpoint, source, accuracies and
     whether the selection kept it."""
-    chosen = set(result["selected"])
-    tests = result.get("member_test_acc") or [None] * len(members)
+    chosen = set(result.selected)
+    tests = result.member_test_acc or [None] * len(members)
     return [{"member": i, "label": m.label, "seed": m.config.train.seed, "run_id": m.mlflow_run_id,
              "checkpoint": str(m.checkpoint), "source": m.source, "selected": i in chosen,
              "valid_acc": round(float(valid), METRIC_DIGITS),
              "test_acc": None if test is None else round(float(test), METRIC_DIGITS)}
-            for i, (m, valid, test) in enumerate(zip(members, result["member_valid_acc"], tests))]
+            for i, (m, valid, test) in enumerate(zip(members, result.member_valid_acc, tests))]
 
 
 def record(run: TrackedRun, tracker: Tracker, settings: Mapping[str, Any], members: Sequence[Member],
-           result: Mapping[str, Any], out_dir: Path, prepared: Path, register: str | None) -> str | None:
+           result: Averaged, out_dir: Path, prepared: Path, register: str | None) -> str | None:
     """Log the finished ensemble on its run: params, metrics, ``members.json``, the per-member
     accuracies (one step per member), its files, its data and its model (the selected members,
     averaged). Returns the model's URI."""
     run.log_params(params(settings))
     run.log_metrics(metrics(result))
-    for i, acc in enumerate(result["member_valid_acc"]):
-        test = result["member_test_acc"][i] if result.get("member_test_acc") is not None else None
+    for i, acc in enumerate(result.member_valid_acc):
+        test = result.member_test_acc[i] if result.member_test_acc is not None else None
         run.log_metrics({"member_valid_acc": round(float(acc), METRIC_DIGITS),
                          **({} if test is None else {"member_test_acc": round(float(test), METRIC_DIGITS)})}, step=i)
     table = Path(out_dir) / MEMBERS_FILE
     atomic_write_text(table, json.dumps(member_rows(members, result), indent=1))
-    for path in (Path(result["predictions"]), Path(result["table_path"]), table, Path(out_dir) / SUMMARY):
+    for path in (Path(result.predictions), Path(result.table_path), table, Path(out_dir) / SUMMARY):
         run.log_artifact(path)
     run.log_dataset(prepared, context="eval")
-    return tracker.log_model(run, [Path(m) for m in result["members"]], prepared, register, code=MODEL_CODE)
+    return tracker.log_model(run, [Path(m) for m in result.members], prepared, register, code=MODEL_CODE)
 
 
 def count_on_sweep(tracker: Tracker, experiment: str, sweep: SweepRecord) -> None:

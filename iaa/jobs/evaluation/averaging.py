@@ -23,6 +23,7 @@ module is pure numpy/pyarrow; training and evaluating the members is the platfor
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -34,7 +35,7 @@ from iaa.errors import IaaError
 from iaa.files import atomic_write, atomic_write_text
 from iaa.jobs.evaluation.alignment import REQUIRED_COLUMNS, AlignedSplit, MismatchError, align, read_predictions
 
-__all__ = ["ENSEMBLE_SCHEMA", "REQUIRED_COLUMNS", "SELECT_MODES", "SPLITS", "AlignedSplit", "MismatchError", "align",
+__all__ = ["ENSEMBLE_SCHEMA", "REQUIRED_COLUMNS", "SELECT_MODES", "SPLITS", "AlignedSplit", "Averaged", "MismatchError", "align",
            "boo_n", "read_predictions", "results_table", "run", "select", "select_all", "select_greedy",
            "select_top_p", "write_predictions"]
 
@@ -52,6 +53,38 @@ ENSEMBLE_SCHEMA = pa.schema(
         ("gold", pa.int32()),
     ]
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Averaged:
+    """What :func:`run` found: the ensemble's and its members' accuracies, what was selected, and
+    where the outputs are. ``test`` figures are None without a test split."""
+
+    valid_acc: float
+    test_acc: float | None             # the one test evaluation
+    member_valid_acc: list[float]      # every member's, in the members' order
+    member_test_acc: list[float] | None
+    mean_member_valid_acc: float
+    mean_member_test_acc: float | None
+    mean_selected_valid_acc: float
+    mean_selected_test_acc: float | None
+    boo_n: int                         # the selected count, n of Boo(n)
+    boo_valid: float
+    boo_test: float | None
+    members: list[str]                 # the selected members' names
+    selected: list[int]                # their indices
+    select: str
+    p: float | None                    # top-p's fraction; None for the other selections
+    all_members: list[str]
+    selection_trace: list[dict[str, Any]]
+    examples: dict[str, int]           # examples per split
+    predictions: str                   # the ensemble's predictions.parquet
+    table: str                         # results_table's text
+    table_path: str                    # where it was written (results.txt)
+
+    def fields(self) -> dict[str, Any]:
+        """Every field but the table's text, as the ensemble's record keeps them."""
+        return {k: v for k, v in asdict(self).items() if k != "table"}
 
 
 
@@ -205,7 +238,7 @@ def run(
     select_mode: str = "all",
     p: float = 0.5,
     labels: Sequence[str] | None = None,
-) -> dict[str, Any]:
+) -> Averaged:
     """Ensemble members from their predictions files and write the results under ``out_dir``.
 
     Args:
@@ -219,9 +252,7 @@ def run(
         labels: short names for the table (default: ``names``).
 
     Returns:
-        ``valid_acc``, ``test_acc`` (None without a test split), ``members`` (the chosen
-        names), ``selected`` (their indices), per-member and mean accuracies, ``boo_n``,
-        ``boo_valid``, ``boo_test``, ``predictions`` and ``table`` paths, the ``table`` text.
+        The :class:`Averaged` figures, selection and output paths.
 
     Raises:
         MismatchError: members disagree on examples or candidates.
@@ -231,17 +262,15 @@ def run(
     aligned = _aligned_splits(member_predictions, names)
     valid = aligned["valid"]
     chosen, trace = select(valid, select_mode, p)
-    result = {**_scores(aligned, chosen, names), "members": [names[i] for i in chosen], "selected": chosen,
-              "select": select_mode, "p": p if select_mode == "top-p" else None, "all_members": list(names),
-              "selection_trace": trace, "examples": {split: len(a.example_ids) for split, a in aligned.items()}}
+    found = {**_scores(aligned, chosen, names), "members": [names[i] for i in chosen], "selected": chosen,
+             "select": select_mode, "p": p if select_mode == "top-p" else None, "all_members": list(names),
+             "selection_trace": trace, "examples": {split: len(a.example_ids) for split, a in aligned.items()}}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result["predictions"] = str(write_predictions(list(aligned.values()), chosen, out_dir / "predictions.parquet"))
-    table = results_table(result, labels)
+    predictions = write_predictions(list(aligned.values()), chosen, out_dir / "predictions.parquet")
+    table = results_table(found, labels)
     atomic_write_text(out_dir / "results.txt", table + "\n")
-    result["table"] = table
-    result["table_path"] = str(out_dir / "results.txt")
-    return result
+    return Averaged(**found, predictions=str(predictions), table=table, table_path=str(out_dir / "results.txt"))
 
 
 def _aligned_splits(member_predictions: Sequence[Mapping[str, Path | None]],
