@@ -253,7 +253,8 @@ def step_ray_card(args) -> dict:
     import ray
 
     prepared, data = _prepared(args, work)
-    out = {"ray": ray.__version__, "ray_from": how, "tracker": "in-memory fake (tests/fakes.py): no MLflow", "data": data}
+    out = {"ray": ray.__version__, "ray_from": how, "tracker": "in-memory fake (tests/fakes.py): no MLflow",
+           "data": data}
     if how == "bundle":
         out["unmet_requirements"] = unmet_requirements(work / "ray-site")
         for line in out["unmet_requirements"]:
@@ -271,7 +272,8 @@ def step_ray_card(args) -> dict:
         ray.shutdown()
     failed = [name for name in ("tune", "train") if not out[name].get("worked")]
     if failed:
-        raise SystemExit(f"ray_card: {' and '.join(failed)} did not work: {json.dumps({k: out[k] for k in failed})[:800]}")
+        what = json.dumps({k: out[k] for k in failed})[:800]
+        raise SystemExit(f"ray_card: {' and '.join(failed)} did not work: {what}")
     return out
 
 

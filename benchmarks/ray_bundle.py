@@ -137,7 +137,8 @@ def pack(site: Path, archive: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python (default 3.12)")
-    parser.add_argument("--out", type=Path, default=ROOT / "device-ray", help="where the bundle goes (default device-ray/)")
+    parser.add_argument("--out", type=Path, default=ROOT / "device-ray",
+                        help="where the bundle goes (default device-ray/)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"python_version": args.python_version, "archive": archive.name, "requirements": wanted,
               "installed_bytes": installed, "dropped_bytes": freed, "unpacked_bytes": kept,
               "archive_bytes": archive.stat().st_size, "seconds": round(time.monotonic() - started, 1)}
-    (args.out / archive.name.replace(".tar.xz", ".json")).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    summary = args.out / archive.name.replace(".tar.xz", ".json")
+    summary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(f"{archive}: {record['archive_bytes'] / 2**20:.1f} MiB packed, {kept / 2**20:.0f} MiB unpacked "
           f"(installed {installed / 2**20:.0f} MiB, dropped {sum(freed.values()) / 2**20:.0f} MiB)")
     return 0

@@ -35,8 +35,8 @@ from iaa.errors import IaaError
 from iaa.files import atomic_write, atomic_write_text
 from iaa.jobs.evaluation.alignment import REQUIRED_COLUMNS, AlignedSplit, MismatchError, align, read_predictions
 
-__all__ = ["ENSEMBLE_SCHEMA", "REQUIRED_COLUMNS", "SELECT_MODES", "SPLITS", "AlignedSplit", "Averaged", "MismatchError", "align",
-           "boo_n", "read_predictions", "results_table", "run", "select", "select_all", "select_greedy",
+__all__ = ["ENSEMBLE_SCHEMA", "REQUIRED_COLUMNS", "SELECT_MODES", "SPLITS", "AlignedSplit", "Averaged", "MismatchError",
+           "align", "boo_n", "read_predictions", "results_table", "run", "select", "select_all", "select_greedy",
            "select_top_p", "write_predictions"]
 
 SELECT_MODES: tuple[str, ...] = ("all", "top-p", "greedy")
@@ -85,7 +85,6 @@ class Averaged:
     def fields(self) -> dict[str, Any]:
         """Every field but the table's text, as the ensemble's record keeps them."""
         return {k: v for k, v in asdict(self).items() if k != "table"}
-
 
 
 def _ranked(accs: np.ndarray) -> list[int]:

@@ -179,7 +179,6 @@ class CapturedForward(ShapeGraphs):
 
     def __init__(self, model: nn.Module, max_graphs: int = MAX_GRAPHS) -> None:
         super().__init__(lambda batch: model(batch).log_probs, max_graphs)
-        self.model = model
 
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:

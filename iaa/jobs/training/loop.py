@@ -38,8 +38,8 @@ from iaa.jobs.modeling import checkpoint, precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig
 from iaa.jobs.ports import WorkerData, WorkerLink
 from iaa.jobs.evaluation.evaluate import score_batches
-from iaa.jobs.modeling.objective import Objective
 from iaa.jobs.modeling import graphs
+from iaa.jobs.modeling.objective import Objective
 from iaa.jobs.training import captured
 from iaa.jobs.training.progress import Progress
 from iaa.jobs.training.session import Session
