@@ -99,6 +99,7 @@ child = tracking.Run.start(uri, "tune-cbt-ne", "s-t2", tags={"sweep": "s", "tria
 study = optuna.load_study(study_name="s", storage=study_url)
 study.ask().set_user_attr("iaa.owner", owner())           # asked by this process
 study.ask().set_user_attr("tune_trial_id", "t2")           # asked before trials carried an owner
+study.ask()                                                # asked, then no write could tag it (a full disk)
 print(parent.run_id, child.run_id, flush=True)
 os.kill(os.getpid(), 9)
 """
@@ -130,7 +131,7 @@ def test_the_next_command_fails_the_optuna_trials_a_killed_sweep_left_and_keeps_
     trials = {t.number: t for t in optuna.load_study(study_name="s", storage=study_url).trials}
     assert trials[live.number].state.name == "RUNNING"
     dead = [t for n, t in trials.items() if n != live.number]
-    assert len(dead) == 2 and all(t.state.name == "FAIL" and t.user_attrs.get("killed") for t in dead)
+    assert len(dead) == 3 and all(t.state.name == "FAIL" and t.user_attrs.get("killed") for t in dead)
 
 
 def test_each_trial_a_sweep_asks_carries_the_process_that_runs_it():

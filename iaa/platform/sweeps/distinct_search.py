@@ -214,8 +214,8 @@ class StudySearch(Searcher):
 
     def _suggest(self, trial_id: str) -> dict[str, Any] | None:
         trial = self.study.ask(fixed_distributions=self.space)
-        trial.set_user_attr("tune_trial_id", trial_id)
         trial.set_user_attr(OWNER_ATTR, owner())        # who runs it: a later command fails it once that is gone
+        trial.set_user_attr("tune_trial_id", trial_id)
         trial.set_user_attr("trial_name", driver_side.trial_name(trial.number))
         self.numbers[trial_id], self._live[trial_id] = trial.number, trial
         if self.sweep is not None and driver_side.is_bound(self.sweep):

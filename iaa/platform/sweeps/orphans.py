@@ -7,7 +7,10 @@ tag. When a command opens the tracking store, the runs whose owner is gone end K
 sweeps, every RUNNING or WAITING trial whose owner is gone ends FAIL with the user attribute
 ``killed``, as a resume marks them. A trial asked before trials carried an owner is failed when it
 belongs to one of the runs just closed (its ``mlflow_run_id``, or its ``tune_trial_id`` and the
-run's ``trial_id`` tag). A trial of a sweep that runs now, in any process, is left alone.
+run's ``trial_id`` tag). A trial that carries nothing (its process asked it, then could not tag
+it: a full disk, a kill between the two writes) is failed when the sweep's parent run is among the
+runs just closed: the process that drives the sweep is gone. A trial of a sweep that runs now, in
+any process, is left alone.
 
 The study is found in the sweep's record (``WORKDIR/sweeps/NAME/sweep.json`` beside a SQLite
 store ``WORKDIR/mlflow.db``, its paths read where the work folder is now), else in the sweep's
@@ -17,6 +20,7 @@ parent run (``tune.study``, ``tune.study_storage``).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -33,32 +37,43 @@ def fail_orphaned_trials(client: Any, uri: str, closed: Iterable[Any]) -> int:
     (MLflow runs of the store ``uri`` just ended KILLED, read with ``client``); returns how many."""
     from iaa.platform.sweeps.study import fail_trials
 
-    by_study: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
+    by_study: dict[tuple[str, str], _Closed] = {}
     for run in closed:
         sweep = run.data.tags.get("sweep")
         study = _study_of(client, uri, run, sweep) if sweep else None
         if study is None:
             continue
-        run_ids, trial_ids = by_study.setdefault(study, (set(), set()))
-        run_ids.add(run.info.run_id)
+        found = by_study.setdefault(study, _Closed())
+        found.run_ids.add(run.info.run_id)
         if run.data.tags.get("trial_id"):
-            trial_ids.add(run.data.tags["trial_id"])
+            found.trial_ids.add(run.data.tags["trial_id"])
+        elif not run.data.tags.get(PARENT_TAG):
+            found.driver_gone = True
     failed = 0
-    for (storage, name), (run_ids, trial_ids) in by_study.items():
-        def orphaned(trial: Any, run_ids: set[str] = run_ids, trial_ids: set[str] = trial_ids) -> str | None:
-            return _orphaned(trial.user_attrs, run_ids, trial_ids)
-        failed += fail_trials(storage, name, orphaned)
+    for (storage, name), found in by_study.items():
+        failed += fail_trials(storage, name, lambda trial, found=found: found.why(trial.user_attrs))
     return failed
 
 
-def _orphaned(attrs: dict[str, Any], run_ids: set[str], trial_ids: set[str]) -> str | None:
-    """Why a trial with user attributes ``attrs`` is left by a process that is gone; None when it is not."""
-    token = attrs.get(OWNER_ATTR)
-    if isinstance(token, str) and token:
-        return None if owner_alive(token) else f"process {token} ended without closing this trial"
-    if attrs.get("mlflow_run_id") in run_ids or attrs.get("tune_trial_id") in trial_ids:
-        return "its MLflow run was left RUNNING by a process that ended without closing it"
-    return None
+@dataclass
+class _Closed:
+    """What the runs just closed tell of one study: their ids, their trials' Tune ids, and whether
+    the sweep's parent run (its driving process) is among them."""
+
+    run_ids: set[str] = field(default_factory=set)
+    trial_ids: set[str] = field(default_factory=set)
+    driver_gone: bool = False
+
+    def why(self, attrs: dict[str, Any]) -> str | None:
+        """Why a trial with user attributes ``attrs`` is left by a process that is gone; None when it is not."""
+        token = attrs.get(OWNER_ATTR)
+        if isinstance(token, str) and token:
+            return None if owner_alive(token) else f"process {token} ended without closing this trial"
+        if attrs.get("mlflow_run_id") in self.run_ids or attrs.get("tune_trial_id") in self.trial_ids:
+            return "its MLflow run was left RUNNING by a process that ended without closing it"
+        if self.driver_gone and not attrs.get("tune_trial_id"):
+            return "asked by the sweep's process, which ended before it could tag the trial"
+        return None
 
 
 def _study_of(client: Any, uri: str, run: Any, sweep: str) -> tuple[str, str] | None:
