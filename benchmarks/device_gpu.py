@@ -54,6 +54,16 @@ def _padded_encoder(device: str):
     return "PaddedLoop (stand-in)", PaddedLoop()
 
 
+def _triton_encoder(device: str):
+    """(``TritonGRU``, None) where it can run on ``device``, else (None, why not)."""
+    from iaa.model.kernels.triton_gru import TritonGRU, triton_missing
+
+    if device != "cuda":
+        return None, "runs on CUDA only"
+    why = triton_missing()
+    return (None, why) if why else (TritonGRU(), None)
+
+
 def _seconds_per_call(fn, device: str, budget_s: float = 0.3, most: int = 20) -> float:
     """Mean seconds of ``fn()`` after one warm-up call, over up to ``most`` calls or ``budget_s``."""
     fn()
@@ -185,12 +195,15 @@ def _last_json(stdout: str) -> dict:
 
 def step_gate(args) -> dict:
     """Microseconds per time step of the document BiGRU's forward+backward at B = 8, 16, 32:
-    packed (cuDNN) and padded, eager and captured; and the overlap of 1, 2, 4 streams at B=16.
-    ``gate_passed``: our own Triton GRU is worth writing (see ``GATE_*``)."""
+    packed (cuDNN), padded, and our own Triton GRU where Triton is installed, eager and captured;
+    and the overlap of 1, 2, 4 streams at B=16. ``gate_passed``: cuDNN's best is not enough (see
+    ``GATE_*``); ``triton_speedup_b16``: cuDNN's best over the Triton GRU's at B=16."""
     length, dim, hidden = (32, 16, 8) if args.tiny else (512, 384, 128)
     started, cuda = time.perf_counter(), args.device == "cuda"
     name, kernel = _padded_encoder(args.device)
-    out: dict = {"padded_encoder": name, "length": length, "embed_dim": dim, "hidden_dim": hidden, "us_per_time_step": {}}
+    triton, triton_missing = _triton_encoder(args.device)
+    out: dict = {"padded_encoder": name, "length": length, "embed_dim": dim, "hidden_dim": hidden, "us_per_time_step": {},
+                 "triton_encoder": "TritonGRU" if triton else f"not run: {triton_missing}"}
     per_step = lambda seconds: round(seconds * 1e6 / length, 3)            # noqa: E731
     for b in GATE_BATCHES:
         row = out["us_per_time_step"][f"b{b}"] = {}
@@ -198,10 +211,16 @@ def step_gate(args) -> dict:
         padded = _encoder_pass(b, length, dim, hidden, args.device, kernel)
         row["padded_eager"] = per_step(_seconds_per_call(padded, args.device))
         row["padded_captured"] = per_step(_seconds_per_call(_graphed(padded), args.device)) if cuda else None
+        if triton is not None:
+            own = _encoder_pass(b, length, dim, hidden, args.device, triton)
+            row["triton_eager"] = per_step(_seconds_per_call(own, args.device))
+            row["triton_captured"] = per_step(_seconds_per_call(_graphed(own), args.device))
         say(f"gate B={b}: µs per time step {row}")
         partial(out)
     b16 = out["us_per_time_step"]["b16"]
     best = min(v for v in (b16["packed_eager"], b16["padded_eager"], b16["padded_captured"]) if v is not None)
+    if triton is not None:                 # above 1: our own Triton GRU beats cuDNN's best at B=16
+        out["triton_speedup_b16"] = round(best / min(b16["triton_eager"], b16["triton_captured"]), 3)
     out["gate_rule"] = f"forward+backward > {GATE_US_PER_TIME_STEP} µs per time step at B=16, or 4 streams overlap < {GATE_OVERLAP_4}x"
     _gate(out, best, None)
     partial(out)                                                       # the figures, whatever follows

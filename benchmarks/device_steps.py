@@ -127,7 +127,7 @@ def step_env(args) -> dict:
 
 def step_pytest_gpu(args) -> dict:
     """``pytest -m gpu`` on the GPU test files; each file skips, saying why, where it cannot run."""
-    files = ["tests/test_gpu.py", "tests/test_captured_step.py", "tests/test_platform_gpu.py"]
+    files = ["tests/test_gpu.py", "tests/test_captured_step.py", "tests/test_platform_gpu.py", "tests/test_triton_gru.py"]
     proc = subprocess.Popen([PYTHON, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider", *files],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []

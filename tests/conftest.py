@@ -1,6 +1,7 @@
 """Test modules that need a package the GPU machines lack (MLflow, Ray, Optuna, and pydantic,
 which comes with Ray Serve) skip, naming it, instead of failing to collect: ``pytest -m gpu``
-there collects the whole suite without errors."""
+there collects the whole suite without errors. Without CUDA, Triton's kernels run through its
+interpreter (``TRITON_INTERPRET=1``, read as Triton is imported, so set before any test runs)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ class OptionalDepsModule(pytest.Module):
                 raise
             pytest.skip(f"needs {missing}, which is not installed", allow_module_level=True)
         return super().collect()
+
+
+def pytest_configure(config):
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_pycollect_makemodule(module_path, parent):

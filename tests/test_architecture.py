@@ -102,12 +102,22 @@ def test_the_tracker_is_handed_the_logged_models_code_file() -> None:
 KERNELS = "iaa.model.kernels"
 
 
+# The one kernel on an optional package: Triton, imported where that kernel runs.
+TRITON_KERNEL = {KERNELS + ".triton_gru", KERNELS + ".triton_recurrence"}
+
+
+def _kernel_may_import(name: str, module: str) -> bool:
+    root = module.split(".")[0]
+    return (root in ("torch", "__future__") or root in sys.stdlib_module_names
+            or module == KERNELS or module.startswith(KERNELS + ".") or (root == "triton" and name in TRITON_KERNEL))
+
+
 def test_kernels_import_only_torch_the_standard_library_and_each_other() -> None:
-    outside = {name: sorted(m for m in deps if not (m.split(".")[0] in ("torch", "__future__")
-                                                    or m.split(".")[0] in sys.stdlib_module_names
-                                                    or m == KERNELS or m.startswith(KERNELS + ".")))
+    """And Triton, in its own kernel only."""
+    outside = {name: sorted(m for m in deps if not _kernel_may_import(name, m))
                for name, deps in GRAPH.items() if name == KERNELS or name.startswith(KERNELS + ".")}
     assert {name: deps for name, deps in outside.items() if deps} == {}
+    assert any(m.startswith("triton") for m in GRAPH[KERNELS + ".triton_recurrence"])   # the graph sees it
 
 
 def test_the_model_reaches_the_kernels_only_through_select() -> None:

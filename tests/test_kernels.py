@@ -245,7 +245,7 @@ def test_a_new_equation_field_runs_the_reference(monkeypatch) -> None:
 # the loss, and the implementation switches. A new field must be added here or to
 # ``support.EQUATIONS``.
 NOT_EQUATIONS = {"vocab_size", "embed_dim", "hidden_dim", "state_dim", "steps", "gate_dim", "dropout",
-                 "ponder_cost", "halt_bias_init", "fused_gru", "fast_dropout", "sparse_embedding_grad",
+                 "ponder_cost", "halt_bias_init", "fused_gru", "triton_gru", "fast_dropout", "sparse_embedding_grad",
                  "batched_read_grad", "inference_table"}
 
 

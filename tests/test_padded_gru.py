@@ -10,44 +10,28 @@ marker), whole readers with and without the kernel, forward and backward, in fp3
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import pytest
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from iaa.model import build_reader, nll_loss, preset
 from iaa.model import kernels as fast
-from iaa.model.encoder import BiGRUEncoder
 from iaa.model.kernels import padded_gru
 from iaa.model.kernels.padded_gru import PaddedGRU
 from iaa.jobs.train.bench import kernels_report
+from tests import _bigru as bigru
+from tests._bigru import TOL
 from tests._model_inputs import one_thread, random_batch  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
-TOL = dict(atol=1e-10, rtol=1e-10)
 # (lengths, L): unsorted, ties, length 1, full length, B from 1 to 7
 RAGGED = [
     ([1], 1), ([4], 6), ([5, 5], 5), ([1, 9, 3], 9), ([13, 1, 7, 13], 13),
     ([2, 6, 6, 1, 4], 8), ([3, 11, 1, 8, 11, 5], 12), ([7, 1, 2, 7, 5, 3, 6], 7),
 ]
-
-
-def _encoder(d: int = 5, h: int = 4, seed: int = 0) -> BiGRUEncoder:
-    torch.manual_seed(seed)
-    encoder = BiGRUEncoder(d, h).double()
-    with torch.no_grad():                                        # non-zero biases, larger weights
-        for param in encoder.parameters():
-            param.normal_(0.0, 0.5)
-    return encoder
-
-
-def _packed(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-    return pad_packed_sequence(gru(packed)[0], batch_first=True, total_length=x.shape[1])[0]
 
 
 def _whole_row_reversal(x: torch.Tensor, lengths: torch.Tensor, gru: nn.GRU) -> torch.Tensor:
@@ -60,63 +44,37 @@ def _whole_row_reversal(x: torch.Tensor, lengths: torch.Tensor, gru: nn.GRU) -> 
     return torch.cat([fw, bw], -1).masked_fill(~real.unsqueeze(-1), 0.0)
 
 
-def _states_final_grads(encoder: BiGRUEncoder, x: torch.Tensor, lengths: torch.Tensor, bigru, seed: int):
-    """(B, L, 2h) states, (B, 2h) final states, and the gradients of x and every parameter under
-    random upstream gradients of both."""
-    x = x.detach().requires_grad_()
-    states = bigru(encoder.gru, x, lengths)
-    final = encoder.final(states, lengths)
-    g = torch.Generator().manual_seed(seed)
-    loss = (states * torch.randn(states.shape, generator=g, dtype=states.dtype)).sum() \
-        + (final * torch.randn(final.shape, generator=g, dtype=final.dtype)).sum()
-    grads = torch.autograd.grad(loss, [x, *encoder.parameters()])
-    return states.detach(), final.detach(), grads
-
-
 def _padded(gru, x, lengths):
     return PaddedGRU().encode(x, lengths, gru)
 
 
 @pytest.mark.parametrize("lengths, max_len", RAGGED)
 def test_padded_gru_equals_the_packed_bidirectional_gru(lengths: list[int], max_len: int) -> None:
-    encoder = _encoder()
-    lengths_t = torch.tensor(lengths)
-    x = torch.randn(len(lengths), max_len, 5, dtype=torch.float64)
-    want = _states_final_grads(encoder, x, lengths_t, _packed, seed=1)
-    got = _states_final_grads(encoder, x, lengths_t, _padded, seed=1)
-    torch.testing.assert_close(got[0], want[0], **TOL)
-    torch.testing.assert_close(got[1], want[1], **TOL)
-    names = ["x", *(name for name, _ in encoder.named_parameters())]
-    assert len(got[2]) == len(names) == 9
-    for name, a, b in zip(names, got[2], want[2]):
-        torch.testing.assert_close(a, b, **TOL, msg=name)
-        assert b.abs().sum() > 0 or (max(lengths) == 1 and "weight_hh" in name), name  # exercised (W_hh: h_0 = 0)
-    padding = torch.arange(max_len) >= lengths_t.unsqueeze(1)
-    assert torch.all(got[0][padding] == 0)                       # exactly 0, as pad_packed_sequence's
+    bigru.assert_equals_packed(_padded, lengths, max_len)
 
 
 def test_reversing_the_whole_padded_row_fails_the_check() -> None:
     """The check above can fail: reversing each row as a whole lets padding into the backward
     states, beyond the tolerance on a ragged batch (and not on a batch without padding)."""
-    encoder = _encoder()
+    encoder = bigru.encoder()
     x = torch.randn(4, 9, 5, dtype=torch.float64)
     ragged, full = torch.tensor([9, 2, 5, 1]), torch.tensor([9, 9, 9, 9])
     for lengths, differs in ((ragged, True), (full, False)):
-        want = _states_final_grads(encoder, x, lengths, _packed, seed=1)
-        got = _states_final_grads(encoder, x, lengths, lambda g, x_, n: _whole_row_reversal(x_, n, g), seed=1)
+        want = bigru.states_final_grads(encoder, x, lengths, bigru.packed, seed=1)
+        got = bigru.states_final_grads(encoder, x, lengths, lambda g, x_, n: _whole_row_reversal(x_, n, g), seed=1)
         gap = max((got[0] - want[0]).abs().max().item(), *((a - b).abs().max().item() for a, b in zip(got[2], want[2])))
         assert (gap > 1e-3) == differs, (lengths, gap)
 
 
 def test_the_kernel_runs_the_modules_own_parameters() -> None:
     """Its parameters are the bidirectional module's: names and shapes, checkpoints load."""
-    encoder, reference = _encoder(seed=0), nn.GRU(5, 4, batch_first=True, bidirectional=True).double()
+    encoder, reference = bigru.encoder(seed=0), nn.GRU(5, 4, batch_first=True, bidirectional=True).double()
     state = encoder.gru.state_dict()
     assert {k: v.shape for k, v in state.items()} == {k: v.shape for k, v in reference.state_dict().items()}
-    other = _encoder(seed=3)
+    other = bigru.encoder(seed=3)
     other.load_state_dict(encoder.state_dict())                   # a checkpoint of the reference
     x, lengths = torch.randn(3, 6, 5, dtype=torch.float64), torch.tensor([6, 2, 4])
-    torch.testing.assert_close(_padded(other.gru, x, lengths), _packed(encoder.gru, x, lengths), **TOL)
+    torch.testing.assert_close(_padded(other.gru, x, lengths), bigru.packed(encoder.gru, x, lengths), **TOL)
     before = [p for p in other.gru.parameters()]
     x.requires_grad_()
     _padded(other.gru, x, lengths).sum().backward()
@@ -197,30 +155,7 @@ def test_a_cuda_reader_with_the_kernel_equals_the_packed_reference() -> None:
     PaddedGRU against the same reader with ``nn.GRU`` over packed sequences."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device here (torch.cuda.is_available() is False); run `pytest -m gpu` on a GPU machine")
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        cfg = preset("tiny", vocab_size=60, steps=3, dropout=0.0, hidden_dim=32, embed_dim=32)
-        batch = random_batch([40, 25, 9, 33, 1, 40], [5, 7, 3, 6, 1, 9], vocab=60, seed=4).to("cuda")
-        torch.manual_seed(0)
-        model = build_reader(cfg, "cuda", "fp32").to("cuda")
-        assert isinstance(model.kernels.encoder, PaddedGRU)
-        reference = copy.deepcopy(model)
-        reference.kernels = fast.select("cuda", "fp32", dataclasses.replace(cfg, fused_gru=False))
-        assert reference.kernels.encoder is None
-        results = []
-        for reader in (model, reference, model):                 # the kernel's second call too
-            reader.zero_grad(set_to_none=True)
-            log_p = reader(batch).log_probs
-            nll_loss(log_p, batch.answer).backward()
-            torch.cuda.synchronize()
-            results.append((log_p.detach().cpu(), {n: p.grad.to_dense().cpu() for n, p in reader.named_parameters()}))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-    for (lp, grads) in (results[0], results[2]):
-        torch.testing.assert_close(lp, results[1][0], atol=1e-5, rtol=1e-4)
-        for name, grad in results[1][1].items():
-            torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    bigru.assert_cuda_reader_equals_packed(PaddedGRU)
 
 
 class _FakeStream:
@@ -254,12 +189,12 @@ def test_the_two_stream_path_orders_its_streams_and_records_its_tensors(monkeypa
 
     monkeypatch.setattr(torch.cuda, "stream", _On)
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: recorded.append((t, s.name)))
-    encoder, kernel = _encoder(), PaddedGRU()
+    encoder, kernel = bigru.encoder(), PaddedGRU()
     x, lengths = torch.randn(3, 7, 5, dtype=torch.float64), torch.tensor([7, 1, 4])
     rev, _ = padded_gru.reversal(lengths, 7)
     weights = [padded_gru._direction(encoder.gru, suffix, torch.float64) for suffix in ("", "_reverse")]
     fw, bw = kernel._two_streams(x, rev, kernel._modules(encoder.gru), weights)
-    want = _packed(encoder.gru, x, lengths)
+    want = bigru.packed(encoder.gru, x, lengths)
     real = (torch.arange(7) < lengths.unsqueeze(1)).unsqueeze(-1)
     torch.testing.assert_close(torch.cat([fw, bw], -1).masked_fill(~real, 0.0), want, **TOL)
     assert log == ["side waits for main", "work on side", "back from side", "main waits for side"]

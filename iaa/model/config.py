@@ -93,6 +93,8 @@ class ReaderConfig:
     # docs/kernels.md), except sparse_embedding_grad, the embedding's gradient layout.
     fused_gru: bool = True           # the encoders' fast BiGRU instead of nn.GRU + packing: CPU, packed and
                                      # hand-differentiated; CUDA (h <= 128), two cuDNN GRUs over padded rows
+    triton_gru: bool = False         # CUDA with Triton (pip install -e '.[triton]'): the encoders' BiGRU as
+                                     # one persistent Triton kernel per pass instead (h <= 256)
     fast_dropout: bool = True        # 16-bit-lane dropout masks instead of F.dropout
     sparse_embedding_grad: bool = True  # sparse embedding gradient; iaa.jobs.training.step keeps Adam + L2 exact
     batched_read_grad: bool = True   # one GEMM for the gradient of all T document reads

@@ -43,7 +43,7 @@ FORMAT = 3
 RESUMABLE_CHANGES = (
     "train.max_epochs", "train.max_minutes", "train.threads", "train.precision", "train.compile",
     "train.cuda_graphs",
-    "model.fused_gru", "model.fast_dropout", "model.sparse_embedding_grad", "model.batched_read_grad",
+    "model.fused_gru", "model.triton_gru", "model.fast_dropout", "model.sparse_embedding_grad", "model.batched_read_grad",
     "model.inference_table",
 )
 

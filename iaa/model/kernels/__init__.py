@@ -11,6 +11,9 @@ encoder     ``fused_gru.FusedEncoder`` (C++ recurrence:      ``nn.GRU`` over pac
             generic, AVX-512, AMX; else Python loops)        sequences
 encoder     ``padded_gru.PaddedGRU`` (CUDA, h <= 128: two    ``nn.GRU`` over packed
             one-direction cuDNN GRUs over padded rows)       sequences
+encoder     ``triton_gru.TritonGRU`` (CUDA with Triton,      ``nn.GRU`` over packed
+            h <= 256, ``model.triton_gru``: one              sequences
+            persistent kernel per pass, both directions)
 table       ``encoder_table.EncoderTable``                   the document encoder in
                                                              inference
 reads       ``deferred.DeferredReads``                       the document reads' autograd
@@ -30,7 +33,8 @@ for reports and benchmarks.
 Precision is an argument ("fp32" or "bf16"), chosen once with the kernels when the reader is
 built. Nothing else switches the arithmetic: no global, no thread-local, no environment
 variable (``IAA_NO_COMPILED_KERNELS=1`` only skips building the C++ kernels, for debugging).
-Kernels import only torch and the standard library.
+Kernels import only torch and the standard library, and ``triton_gru`` Triton (an optional
+extra) when it runs. Where two kernels cover a slot, the later one in ``KERNELS`` is chosen.
 """
 
 from __future__ import annotations
@@ -50,9 +54,10 @@ from iaa.model.kernels.padded_gru import PaddedGRU
 from iaa.model.kernels.precision import SmallMatmuls
 from iaa.model.kernels.slots import Slots, method
 from iaa.model.kernels.support import EQUATIONS, PRECISIONS, Kernel, Support
+from iaa.model.kernels.triton_gru import TritonGRU
 
-KERNELS: tuple[type[Kernel], ...] = (FusedEncoder, PaddedGRU, EncoderTable, DeferredReads, SmallMatmuls,
-                                     FusedSteps, FastDropout)
+KERNELS: tuple[type[Kernel], ...] = (FusedEncoder, PaddedGRU, TritonGRU, EncoderTable, DeferredReads,
+                                     SmallMatmuls, FusedSteps, FastDropout)
 
 __all__ = ["EQUATIONS", "KERNELS", "Kernel", "Kernels", "Slots", "Support", "cpu_features", "select"]
 
@@ -68,7 +73,7 @@ class Kernels:
 
     device: str = "cpu"
     precision: str = "fp32"
-    encoder: Any = None          # FusedEncoder or PaddedGRU: any kernel with encode(x, lengths, gru)
+    encoder: Any = None          # FusedEncoder, PaddedGRU, TritonGRU: any kernel with encode(x, lengths, gru)
     table: EncoderTable | None = None
     reads: DeferredReads | None = None
     layers: SmallMatmuls | None = None
