@@ -103,6 +103,30 @@ def third_party_imports(source: str) -> dict[str, bool]:
     return found
 
 
+def lazily_imported(sources: dict[str, str]) -> set[str]:
+    """The files (of ``sources``, by path) of the ``iaa`` modules that some module imports and
+    every one imports inside a function."""
+    imports: dict[str, bool] = {}                        # iaa module -> every import of it deferred
+
+    def visit(node: ast.AST, deferred: bool) -> None:
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        for name in names:
+            if name.split(".")[0] == "iaa":
+                imports[name] = imports.get(name, True) and deferred
+        inside = deferred or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+
+    for source in sources.values():
+        visit(ast.parse(source), False)
+    return {where for where in sources
+            if imports.get(where.removesuffix(".py").removesuffix("/__init__").replace("/", ".")) is True}
+
+
 def undeclared(sources: dict[str, str], core: set[str], extras: set[str]) -> dict[str, str]:
     """Each imported module that no declared distribution provides (an import at module level
     needs a core dependency; a deferred one may come from an extra), with the file that imports it."""
@@ -117,9 +141,18 @@ def undeclared(sources: dict[str, str], core: set[str], extras: set[str]) -> dic
     return missing
 
 
+# An extra's own module: it imports the extra at module level, and is imported only inside the
+# functions that run it.
+EXTRA_MODULES = {"iaa/model/kernels/triton_recurrence.py": "triton"}
+
+
 def test_every_third_party_import_is_a_declared_dependency() -> None:
     sources = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
-    assert undeclared(sources, CORE, EXTRAS) == {}
+    assert undeclared({k: v for k, v in sources.items() if k not in EXTRA_MODULES}, CORE, EXTRAS) == {}
+    assert set(EXTRA_MODULES) <= lazily_imported(sources)
+    for where, extra in EXTRA_MODULES.items():
+        own = _names(PYPROJECT["project"]["optional-dependencies"][extra])
+        assert undeclared({where: sources[where]}, CORE | own, set()) == {}, where
 
 
 def test_the_import_check_fails_on_a_planted_import() -> None:
@@ -133,6 +166,11 @@ def test_the_import_check_fails_on_a_planted_import() -> None:
     assert undeclared({"planted.py": "import spacy\n"}, CORE, EXTRAS) == {"spacy": "planted.py"}
     assert undeclared({"planted.py": "import not_a_dependency_at_all\n"}, CORE, EXTRAS) == {
         "not_a_dependency_at_all": "planted.py"}
+    # a module that every importer imports inside a function (an extra's own module may be one)
+    lazy = {"iaa/k.py": "import spacy\n", "iaa/a.py": "def f():\n    from iaa import k\n"}
+    assert lazily_imported(lazy) == {"iaa/k.py"}
+    assert lazily_imported({**lazy, "iaa/b.py": "import iaa.k\n"}) == set()
+    assert lazily_imported({"iaa/k.py": "import spacy\n"}) == set()             # imported by none
 
 
 # --- lint ------------------------------------------------------------------------------------------
