@@ -296,13 +296,14 @@ def _bench_batches(args, cfg, shapes: int | None = None):
     return batches
 
 
-def _bench_step(args, precision: str, capture: bool) -> dict:
+def _bench_step(args, precision: str, capture: bool, triton: bool = False) -> dict:
     """Training ex/s at batch 32 of today's eager step or the captured one, with launches per
-    step; then inference ex/s of the trained reader, eager or captured alike."""
+    step; then inference ex/s of the trained reader, eager or captured alike. ``triton``: the
+    reader's encoder is our own Triton GRU (``model.triton_gru``)."""
     from iaa.jobs.training.step import train_step
 
-    cfg, model, optimizer = steps._reader(args, precision)
-    out: dict = {"precision": precision, "captured": capture}
+    cfg, model, optimizer = steps._reader(args, precision, **({"triton_gru": True} if triton else {}))
+    out: dict = {"precision": precision, "captured": capture, "encoder_kernel": type(model.kernels.encoder).__name__}
     if capture:
         step, note = captured_step(args, model)
         if step is None:
@@ -349,18 +350,21 @@ def _rate(args, fn, batches) -> float:
 
 def step_bench(args) -> dict:
     """``device_steps.step_bench``'s figures (fp32 and bf16, eager), then each precision's step
-    eager and captured with its launches per step (``steps``)."""
+    eager and captured with its launches per step (``steps``); where Triton runs, each
+    precision's captured step again with our own Triton GRU as the encoder (``*_captured_triton``)."""
     out = steps.step_bench(args)
     out["steps"] = {}
-    for precision in ("fp32", "bf16"):
-        for capture in (False, True):
-            key = f"{precision}_{'captured' if capture else 'eager'}"
-            try:
-                out["steps"][key] = _bench_step(args, precision, capture)
-            except Exception as error:  # noqa: BLE001 - one variant's failure is a figure, not the end of the step
-                out["steps"][key] = {"error": f"{type(error).__name__}: {error}"[:500]}
-                say(f"{key}: FAILED {out['steps'][key]['error']}")
-            partial(out)
+    variants = [(precision, capture, False) for precision in ("fp32", "bf16") for capture in (False, True)]
+    if _triton_encoder(args.device)[0] is not None:
+        variants += [("fp32", True, True), ("bf16", True, True)]
+    for precision, capture, triton in variants:
+        key = f"{precision}_{'captured' if capture else 'eager'}{'_triton' if triton else ''}"
+        try:
+            out["steps"][key] = _bench_step(args, precision, capture, triton)
+        except Exception as error:  # noqa: BLE001 - one variant's failure is a figure, not the end of the step
+            out["steps"][key] = {"error": f"{type(error).__name__}: {error}"[:500]}
+            say(f"{key}: FAILED {out['steps'][key]['error']}")
+        partial(out)
     return out
 
 

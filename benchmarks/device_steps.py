@@ -187,9 +187,10 @@ def step_batch_sweep(args) -> dict:
     return out
 
 
-def _reader(args, precision: str = "fp32"):
+def _reader(args, precision: str = "fp32", **switches: bool):
     """The paper's reader (the tiny one with ``--tiny``, on one thread) on the device at ``precision``
-    (fp32 | bf16), with its optimiser."""
+    (fp32 | bf16), with the config's implementation ``switches`` (``triton_gru=True``), and its
+    optimiser."""
     import torch
 
     from iaa.jobs.train import bench
@@ -199,7 +200,8 @@ def _reader(args, precision: str = "fp32"):
 
     if args.tiny:
         torch.set_num_threads(1)
-    cfg = replace(PRESETS["tiny" if args.tiny else "paper"], vocab_size=TINY_VOCAB if args.tiny else bench.VOCAB_SIZE)
+    cfg = replace(PRESETS["tiny" if args.tiny else "paper"], vocab_size=TINY_VOCAB if args.tiny else bench.VOCAB_SIZE,
+                  **switches)
     model = build_reader(cfg, args.device, precision).to(args.device)
     return cfg, model, build_optimizer(model, bench.LR, bench.EMBED_L2)
 
