@@ -106,6 +106,35 @@ def test_the_gate_keeps_what_the_overlap_measured_and_why_it_failed(monkeypatch)
     assert device_gpu._overlap_in_child(SimpleNamespace(), 60) == ({"streams_2": 1.7, "streams_4": 3.1}, None)
 
 
+def test_the_gate_times_the_triton_gru_beside_cudnn_and_a_failure_of_it_leaves_the_rest(monkeypatch) -> None:
+    """With Triton (on the CPU through its interpreter, tiny sizes): each batch's row gains the
+    Triton GRU's figures and the gate ``triton_speedup_b16``; a Triton GRU that fails is the
+    gate's ``triton_error``, and cuDNN's figures and the verdict stand."""
+    pytest.importorskip("triton", reason="Triton is not installed: pip install -e '.[triton]'")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton does not interpret here (tests/conftest.py sets TRITON_INTERPRET=1 without CUDA)")
+    import device_gpu
+
+    from iaa.model.kernels.triton_gru import TritonGRU
+
+    args = SimpleNamespace(tiny=True, device="cpu", seconds=60)
+    monkeypatch.setattr(device_gpu, "_triton_encoder", lambda device: (TritonGRU(), None))
+    out = device_gpu.step_gate(args)
+    assert out["triton_encoder"] == "TritonGRU" and "triton_error" not in out
+    assert all(row["triton_eager"] > 0 and row["triton_captured"] is None for row in out["us_per_time_step"].values())
+    assert out["triton_speedup_b16"] > 0 and isinstance(out["gate_passed"], bool)
+
+    class Broken:
+        def encode(self, x, lengths, gru):
+            raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(device_gpu, "_triton_encoder", lambda device: (Broken(), None))
+    out = device_gpu.step_gate(args)
+    assert out["triton_error"].startswith("RuntimeError: no kernel image") and "triton_speedup_b16" not in out
+    assert all(row["packed_eager"] > 0 and "triton_eager" not in row for row in out["us_per_time_step"].values())
+    assert isinstance(out["gate_passed"], bool)
+
+
 @pytest.mark.slow
 def test_the_readme_command_runs_every_step_and_writes_exactly_three_files(tmp_path: Path) -> None:
     words = _readme_command()
