@@ -24,16 +24,19 @@ KILLED_BEFORE = "left RUNNING by a process that ended without closing it; marked
 
 def end_running(tracker: Tracker, launcher: Launcher, experiment: str, sweep: str, plan: SearchPlan | None,
                 tag: Mapping[str, str]) -> int:
-    """End KILLED every RUNNING run of ``sweep`` (tagged ``tag``) and FAIL the study's unfinished
-    trials (user attributes ``tag``); returns the runs ended."""
+    """FAIL the study's unfinished trials (user attributes ``tag``), then end KILLED every RUNNING
+    run of ``sweep`` (tagged ``tag``); returns the runs ended. In that order: a process cut off
+    between the two (Ray's core worker ends the command at once when a signal to the whole group
+    has ended Ray's raylet) leaves runs RUNNING, which the next command closes, failing the trials
+    of their sweep with them; trials left RUNNING beside closed runs no command would find."""
+    if plan is not None:
+        launcher.fail_unfinished_trials(plan, tag)
     ended = 0
     for found in tracker.find_runs(experiment, {"sweep": sweep}, status="RUNNING"):
         run = tracker.attach(found.run_id)
         run.set_tags(tag)
         run.end("KILLED")
         ended += 1
-    if plan is not None:
-        launcher.fail_unfinished_trials(plan, tag)
     return ended
 
 
