@@ -69,8 +69,7 @@ def _kernels() -> tuple[Any, Any]:
 def _sizes(h: int) -> dict[str, int]:
     """The launch's compile-time sizes for hidden size h: the tiles' width ``hp`` (a power of 2,
     at least 16), the columns of W read per product (``chunk``), the rows per program, and the
-    warps (8 from hp = 128 on: on sm_90 the kernels then keep their tiles in registers at
-    h = 128, with 24 bytes of stack per thread at most)."""
+    warps (8 from hp = 128 on: see the module docstring for what that keeps in registers)."""
     hp = max(16, 1 << (h - 1).bit_length())
     return {"h": h, "hp": hp, "chunk": min(32, hp), "rows_per": BLOCK_ROWS, "num_warps": 8 if hp >= 128 else 4}
 
@@ -124,13 +123,11 @@ class TritonGRU:
     capturable = True     # no host sync: a CUDA graph may capture it (after one eager call)
     support = Support(devices=frozenset({"cuda"}))
 
-    def __init__(self, precision: str = "fp32") -> None:
-        self.precision = precision
-
     @classmethod
     def make(cls, cfg, precision: str) -> "TritonGRU | None":
-        """The kernel for ``cfg`` (touches no device), or None where it cannot run here."""
-        return cls(precision) if cls.why_not(cfg) is None else None
+        """The kernel for ``cfg`` (touches no device; the same in either precision), or None where
+        it cannot run here."""
+        return cls() if cls.why_not(cfg) is None else None
 
     @staticmethod
     def why_not(cfg) -> str | None:
