@@ -36,6 +36,16 @@ def assert_one_message(code: int, output: str, *parts: object) -> None:
         assert str(part) in lines[0], (part, lines[0])
 
 
+def assert_says(err: BaseException, *parts: object) -> None:
+    """An expected error (what the CLI shows as its one ``Error:`` line): one line holding every part."""
+    from iaa.errors import IaaError
+
+    message = str(err)
+    assert isinstance(err, IaaError) and "\n" not in message, message
+    for part in parts:
+        assert str(part) in message, (part, message)
+
+
 def logged(caplog, level: str, phrase: str) -> list[str]:
     """The messages of ``iaa``'s records at ``level`` ("INFO", "WARNING") that hold ``phrase``."""
     return [r.getMessage() for r in caplog.records

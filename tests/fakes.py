@@ -70,8 +70,14 @@ class FakeRun:
         self.state = "RUNNING"
 
     def log_params(self, params: Mapping[str, object]) -> None:
+        """As MLflow: a param keeps its first value (a change is refused, kept in ``lost``)."""
         self.tracker.check()
-        self.params.update(_flatten(params))
+        flat = _flatten(params)
+        changed = sorted(k for k, v in flat.items() if k in self.params and self.params[k] != v)
+        if changed:
+            self.lost.append(f"log {len(flat)} params (changing param values is not allowed: {', '.join(changed)})")
+            return
+        self.params.update(flat)
 
     def log_metrics(self, metrics: Mapping[str, object], step: int | None = None) -> None:
         self.tracker.check()

@@ -8,6 +8,7 @@ ERROR, the Train run fails); see docs/platform.md, "Node failures".
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from _faults import assert_says
 from tests._chaos import ChaosCluster, chaos_launcher, held, hold_at, kill_when_held, wait_for
 from tests._platform import children, read_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -47,13 +49,15 @@ def test_ray_prints_cluster_lines_from_the_thread_the_sweep_diverts(chaos: Chaos
     assert ERROR_LISTENER_THREAD in {t.name for t in threading.enumerate()}
 
 
-def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path, show: bool) -> dict[str, Any]:
+def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path, show: bool,
+           resume: bool = False) -> Any:
     from iaa.cli.adapters import _open_tracker
     from iaa.jobs.tune import tune
 
     root.mkdir(parents=True, exist_ok=True)
+    markers.mkdir(exist_ok=True)
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(root), sets=TINY_SETS,
-                           workdir=root / "work", name=name, storage_path=str(root / "shared"),
+                           workdir=root / "work", name=name, resume=resume, storage_path=str(root / "shared"),
                            grace_period=CHECKS, show_progress=show)   # no ASHA stop: the same trials every run
     return tune.run(req, _open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
 
@@ -71,6 +75,12 @@ def _history(sweep: dict[str, Any], searched: tuple[str, ...] = ("model.hidden_d
         out[key] = {"run": run, "steps": [m.step for m in history],
                     "valid_acc": {m.step: m.value for m in sorted(history, key=lambda m: m.step)}}
     return out
+
+
+def _parent(sweep: dict[str, Any]) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(sweep["tracking_uri"]).get_run(sweep["parent_run_id"])
 
 
 def _study(root: Path, name: str) -> list[Any]:
@@ -141,44 +151,141 @@ def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Pa
     print(f"chaos sweep: {wall:.0f}s, kills {chaos.kills}")
 
 
-def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path) -> Any:
+def _kill_after_check_2(chaos: ChaosCluster, tmp_path: Path, what: str) -> tuple[Path, Any, dict[str, Any]]:
+    """Fresh worker nodes, and in the background a kill of the node whose worker holds after
+    check 2; returns the markers' folder, the killing thread and where its failure is kept."""
+    chaos.restore_workers()
+    markers = tmp_path / "chaos-marks"
+    markers.mkdir()
+    hold_at(markers, 2, "after")
+    killer, outcome = kill_when_held(chaos, markers, 2, what, timeout_s=240)
+    return markers, killer, outcome
+
+
+@pytest.mark.timeout(420)
+def test_a_trial_out_of_restores_fails_alone_and_the_resume_runs_it_again_under_its_name(
+        chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd, console, monkeypatch) -> None:
+    """With no restores left, a trial whose node dies ends ERROR (``worker-lost``) and the sweep
+    finishes with the others, saying so and naming the resume; the resume runs that trial again
+    from its last check under its own name and run, and leaves nothing else to run."""
+    markers, killer, outcome = _kill_after_check_2(chaos, tmp_path, "sweep")
+    monkeypatch.setenv("IAA_MAX_FAILURES", "0")
+    _sweep(chaos, tiny, tmp_path / "s", "s", markers, show=True)
+    killer.join(timeout=5)
+    shown = capfd.readouterr().err
+    assert "error" not in outcome, outcome
+    first = read_sweep(tmp_path / "s" / "work", "s")
+    lost = [t for t in first["trials"] if t["status"] == "ERROR"]
+    assert len(lost) == 1 and lost[0]["stop_reason"] == "worker-lost" and lost[0]["checks"] == 2, first["trials"]
+    assert sorted(t["status"] for t in first["trials"]) == ["ERROR"] + ["TERMINATED"] * 3
+    name = lost[0]["name"]
+    [run] = [r for r in children(first) if r.data.tags["trial_id"] == lost[0]["trial_id"]]
+    assert run.info.status == "FAILED" and run.data.tags["stop_reason"] == "worker-lost", run
+    assert not [k for k in _parent(first).data.params if k.startswith("best.")]   # params wait: they never change
+    assert re.search(rf"trial {name} failed after 2 checks, .*no restores left", shown), shown
+    assert re.search(rf"1 trial\(s\) lost a worker with no restores left .*\({name}\); .*`resume` s", shown), shown
+    assert "Traceback" not in shown and "interrupted" not in shown, shown
+
+    monkeypatch.setenv("IAA_MAX_FAILURES", "2")
+    chaos.restore_workers()
+    _sweep(chaos, tiny, tmp_path / "s", "s", tmp_path / "resume-marks", show=True, resume=True)
+    shown = capfd.readouterr().err
+    assert "3 of 4 trials finished and kept; 1 left, of which 1 continue" in shown, shown
+    assert re.search(rf"trial {name} check 3 ", shown) and not re.search(r"trial \S+ check [12] ", shown), shown
+    sweep = read_sweep(tmp_path / "s" / "work", "s")
+    assert sorted(t["status"] for t in sweep["trials"]) == ["TERMINATED"] * 4, sweep["trials"]
+    assert {t["trial_id"]: t["name"] for t in sweep["trials"]} == {t["trial_id"]: t["name"] for t in first["trials"]}
+    history = _history(sweep)
+    assert len(children(sweep)) == 4 and all(r["run"].info.status == "FINISHED" for r in history.values())
+    assert all(len(r["steps"]) == len(set(r["steps"])) == CHECKS for r in history.values()), history
+    trials = _study(tmp_path / "s", "s")
+    assert sorted(t.state.name for t in trials if t.state.name != "FAIL") == ["COMPLETE"] * 4, trials
+    parent = _parent(sweep)
+    best = parent.data.tags["best_mlflow_run_id"]
+    assert [r.info.run_id for r in children(sweep) if r.data.tags.get("best_in_sweep") == "true"] == [best]
+    assert parent.data.params["best.trial_id"] == parent.data.tags["best_trial_id"]
+    _sweep(chaos, tiny, tmp_path / "s", "s", tmp_path / "resume-marks", show=True, resume=True)
+    assert "nothing left to run" in capfd.readouterr().err
+
+
+def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path, show: bool = False,
+           resume: bool = False) -> Any:
     from iaa.cli.adapters import _open_tracker
     from iaa.jobs.train import train
 
-    req = train.TrainRequest(dataset=None, data=tiny, sets=TINY_SETS, run_dir=root / "run", workers=2,
-                             storage_path=str(root / "shared"), workdir=root / "work", show_progress=False)
+    markers.mkdir(exist_ok=True)
+    req = train.TrainRequest(dataset=None, data=tiny, sets=TINY_SETS, run_dir=root / "run", workers=2, resume=resume,
+                             storage_path=str(root / "shared"), workdir=root / "work", show_progress=show)
     return train.run_request(req, _open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
 
 
-@pytest.mark.timeout(300)
-def test_train_on_two_workers_survives_a_node_kill(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd) -> None:
-    import json
+@pytest.fixture(scope="module")
+def clean_train(chaos: ChaosCluster, tiny: Path, tmp_path_factory) -> tuple[Any, Path]:
+    """A ``train --workers 2`` run that no kill touched, and its run folder."""
+    chaos.restore_workers()
+    root = tmp_path_factory.mktemp("clean-train")
+    return _train(chaos, tiny, root, root / "marks"), root / "run"
 
+
+def _assert_same_run(result: Any, run_dir: Path, clean_train: tuple[Any, Path]) -> None:
+    """The run ended as the clean run did, with its weights, each of its 3 checks logged once."""
     from iaa.jobs.modeling import checkpoint
 
-    chaos.restore_workers()
-    clean = _train(chaos, tiny, tmp_path / "clean", tmp_path / "clean-marks")
-    markers = tmp_path / "chaos-marks"
-    markers.mkdir()
-    hold_at(markers, 2, "after")              # a worker holds after check 2 (mid-epoch 1): its node dies there
-    kills_before = len(chaos.kills)
-    killer, outcome = kill_when_held(chaos, markers, 2, "train", timeout_s=200)
-    started = time.monotonic()
-    result = _train(chaos, tiny, tmp_path / "chaos", markers)
-    wall = time.monotonic() - started
-    killer.join(timeout=5)
-    console = capfd.readouterr()
-    assert "error" not in outcome, outcome
-    assert len(chaos.kills) == kills_before + 1
-    assert "[state-dump]" not in console.out + console.err and "(raylet)" not in console.out + console.err, console
+    clean, clean_dir = clean_train
     assert result.steps == clean.steps and result.best_valid_acc == clean.best_valid_acc
-    a = checkpoint.load(tmp_path / "clean" / "run" / "checkpoints" / "last.pt")["model"]
-    b = checkpoint.load(tmp_path / "chaos" / "run" / "checkpoints" / "last.pt")["model"]
+    a = checkpoint.load(clean_dir / "checkpoints" / "last.pt")["model"]
+    b = checkpoint.load(run_dir / "checkpoints" / "last.pt")["model"]
     assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)     # the uninterrupted run's weights
-    rows = [json.loads(x) for x in (tmp_path / "chaos" / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["checks"] for r in rows] == list(range(1, 4)), [r["checks"] for r in rows]   # none twice
     # 2 workers: 6 batches each per epoch, a check every 4: 3 checks, the node dies after the 2nd
+
+
+@pytest.mark.timeout(300)
+def test_train_on_two_workers_survives_a_node_kill(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd, console,
+                                                   clean_train: tuple[Any, Path]) -> None:
+    kills_before = len(chaos.kills)
+    markers, killer, outcome = _kill_after_check_2(chaos, tmp_path, "train")   # mid-epoch 1 of 2
+    started = time.monotonic()
+    result = _train(chaos, tiny, tmp_path / "chaos", markers, show=True)
+    wall = time.monotonic() - started
+    killer.join(timeout=5)
+    shown = capfd.readouterr()
+    assert "error" not in outcome, outcome
+    assert len(chaos.kills) == kills_before + 1
+    assert "[state-dump]" not in shown.out + shown.err and "(raylet)" not in shown.out + shown.err, shown
+    _assert_same_run(result, tmp_path / "chaos" / "run", clean_train)
+    restores = re.findall(r"the run lost a worker .*; restore 1 of 2: it continues from check [12]\n", shown.err)
+    assert len(restores) == 1, shown.err
     print(f"train --workers 2 with a node kill: {wall:.0f}s")
+
+
+@pytest.mark.timeout(300)
+def test_train_out_of_restores_is_one_error_naming_the_resume_that_continues_it(
+        chaos: ChaosCluster, tiny: Path, tmp_path: Path, monkeypatch, clean_train: tuple[Any, Path]) -> None:
+    """With no restores left a lost node fails the run with one expected error (no Ray traceback on
+    the console), the run folder keeps what resuming needs, and the command it names continues
+    from the last check to the clean run's weights."""
+    from iaa.jobs.ports import RestoresSpent
+
+    markers, killer, outcome = _kill_after_check_2(chaos, tmp_path, "train")
+    monkeypatch.setenv("IAA_MAX_FAILURES", "0")
+    with pytest.raises(RestoresSpent) as caught:
+        _train(chaos, tiny, tmp_path / "chaos", markers)
+    killer.join(timeout=5)
+    assert "error" not in outcome, outcome
+    assert_says(caught.value, "lost a worker", "after 0 restore(s)", "`resume`", tmp_path / "chaos" / "run")
+
+    run_dir = tmp_path / "chaos" / "run"
+    ray_run = (run_dir / "ray_run_name").read_text()
+    monkeypatch.setenv("IAA_MAX_FAILURES", "2")
+    chaos.restore_workers()
+    resumed_at = time.time()
+    result = _train(chaos, tiny, tmp_path / "chaos", tmp_path / "resume-marks", resume=True)
+    _assert_same_run(result, run_dir, clean_train)
+    assert (run_dir / "ray_run_name").read_text() == ray_run           # the same Ray Train run continued ...
+    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["time"] < resumed_at                                   # ... from a check it made before
 
 
 def torch_equal(a: Any, b: Any) -> bool:
@@ -229,7 +336,6 @@ def _closed_loop(url: str, body: bytes, clients: int, total: int, seconds: float
 
 @pytest.mark.timeout(300)
 def test_serve_two_replicas_answer_through_a_node_kill(chaos: ChaosCluster, tmp_path: Path) -> None:
-    import json
     import threading
     from collections import Counter
 

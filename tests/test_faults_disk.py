@@ -87,6 +87,22 @@ def test_a_failed_run_keeps_a_folder_that_holds_a_checkpoint_but_not_its_lock(di
     assert _files(disk) == ["run", "run/checkpoints", "run/checkpoints/last.pt", "run/metrics.jsonl"]
 
 
+@pytest.mark.parametrize("checked", [True, False], ids=["after-a-check", "before-any-check"])
+def test_a_failed_train_on_workers_keeps_the_folder_naming_its_ray_run_once_it_made_a_check(tmp_path, checked):
+    """``train --workers`` keeps its checkpoints in the Ray Train run's storage: the folder that
+    names that run (and its checks) is what ``--resume`` continues from, so a failure keeps it."""
+    from iaa.jobs.workdir import rundir
+    from iaa.jobs.workdir.paths import RunFolder
+
+    with pytest.raises(RuntimeError), rundir.claim(tmp_path / "run") as run_dir:
+        RunFolder(run_dir).ray_run_file.write_text("run-0123abcd")
+        if checked:
+            RunFolder(run_dir).append_metrics({"checks": 1})
+        raise RuntimeError("the Ray Train run lost its workers")
+    kept = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert kept == (["run", "run/metrics.jsonl", "run/ray_run_name"] if checked else [])
+
+
 def test_a_metrics_line_cut_by_a_full_disk_is_not_left_half_written(tmp_path, monkeypatch):
     from iaa.jobs.workdir.paths import RunFolder
 

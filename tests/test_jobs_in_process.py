@@ -84,6 +84,62 @@ def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny
     assert tracker.runs[sweep["parent_run_id"]].state == "FINISHED"
 
 
+class _LosingLauncher(FakeLauncher):
+    """A sweep whose last trial loses its worker with no restores left; resumed, that trial runs
+    again to the end, better than every other."""
+
+    def can_resume(self, placement):
+        return True
+
+    def sweep(self, request):
+        from dataclasses import replace
+
+        from iaa.jobs.ports import WORKER_LOST
+
+        if not request.resume:
+            *done, last = super().sweep(request)
+            self.kept = [*done, replace(last, status="ERROR", stop_reason=WORKER_LOST, checks=1)]
+            return self.kept
+        self.requests.append(request)
+        *done, lost = self.kept
+        request.trials.tracking.tracker.reopen_run(lost.mlflow_run_id).end("FINISHED")
+        return [*done, replace(lost, status="TERMINATED", stop_reason="max-epochs", best_valid_acc=0.99)]
+
+
+def test_a_sweep_with_a_lost_trial_finishes_without_it_and_its_resume_makes_it_the_best(
+        tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The sweep's run takes the best as params only once no trial is left to run again (params
+    never change), and a resume that finds a better trial moves ``best_in_sweep`` to it."""
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.tune import tune
+
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE, encoding="utf-8")
+    tracker, launcher = FakeTracker(), _LosingLauncher()
+
+    def sweep(**more: object) -> tune.TuneResult:
+        req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=3, search_space=space, sets=TINY_SETS,
+                               workdir=tmp_path / "work", name="lossy", show_progress=False, **more)
+        return tune.run(req, lambda uri: tracker, launcher)
+
+    first = sweep()
+    recorded = record.read(record.sweep_file(tmp_path / "work", "lossy"))
+    assert not recorded.finished and [t.lost for t in recorded.trials] == [False, False, True]
+    assert len(logged(caplog, "WARNING", "lost a worker with no restores left")) == 1
+    parent = tracker.runs[first.parent_run_id]
+    assert parent.state == "FINISHED" and not [k for k in parent.params if k.startswith("best.")]
+    earlier = parent.tags["best_mlflow_run_id"]
+    assert tracker.runs[earlier].tags["best_in_sweep"] == "true"
+
+    again = sweep(resume=True)
+    lost = recorded.trials[-1]
+    assert again.best_trial == lost.trial_id and not parent.lost and parent.state == "FINISHED"
+    assert parent.params["best.trial_id"] == lost.trial_id == parent.tags["best_trial_id"]
+    flags = {r.run_id: r.tags.get("best_in_sweep") for r in tracker.children(first.parent_run_id)}
+    assert [run for run, flag in flags.items() if flag == "true"] == [lost.mlflow_run_id]
+    assert flags[earlier] == "false" and record.read(record.sweep_file(tmp_path / "work", "lossy")).finished
+
+
 @pytest.mark.parametrize("recorded, flag, used", [(None, None, "tpe"), (None, "gp", "tpe"), ("cmaes", None, "cmaes"),
                                                   ("gp", "random", "gp"), ("gp", "gp", "gp")])
 def test_a_resumed_sweep_keeps_the_sampler_it_recorded(tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,

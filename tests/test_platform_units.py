@@ -358,6 +358,31 @@ def test_a_trial_that_ends_on_its_own_keeps_the_check_delivered_with_its_end(tmp
     assert trial.state == TrialState.COMPLETE and trial.intermediate_values == {1: 0.4, 2: 0.5}
 
 
+def test_a_trial_that_failed_and_runs_again_from_its_checkpoint_comes_back_with_its_checks(tmp_path: Path) -> None:
+    """A trial that lost its worker ends FAIL; when a resumed sweep runs it again (from its last
+    checkpoint, under the same Tune id) the study gets a new trial with its configuration and checks."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from iaa.platform.sweeps import search_algorithm as search
+    from tests._study import bound_study
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    with bound_study(url, "again"):
+        searcher = search.searcher(space, seed=0, sweep="again")
+        params = searcher.suggest("t1")
+        searcher.on_trial_result("t1", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
+        searcher.on_trial_complete("t1", None, error=True)
+        searcher.on_trial_result("t1", {"valid_acc": 0.5, "best_valid_acc": 0.5, "checks": 2})
+        searcher.on_trial_complete("t1", {"valid_acc": 0.5, "best_valid_acc": 0.5, "checks": 2,
+                                          "stop_reason": "max-epochs"})
+    failed, again = optuna.load_study(study_name="again", storage=url).trials
+    assert failed.state == TrialState.FAIL and failed.intermediate_values == {1: 0.4}
+    assert again.state == TrialState.COMPLETE and again.intermediate_values == {1: 0.4, 2: 0.5}
+    assert again.params == failed.params == params and again.user_attrs["continues_trial"] == failed.number
+
+
 def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
     from iaa.jobs.tune import tune
     from iaa.platform.sweeps import search_algorithm as search
@@ -510,6 +535,119 @@ def test_a_train_run_failed_by_expected_worker_errors_is_one_line_and_a_bug_keep
     with pytest.raises(RuntimeError, match="run r-2 failed") as caught:
         raise_failure("r-2", bug)
     assert not isinstance(caught.value, IaaError) and caught.value.__cause__ is bug
+
+
+class _HealthCheckFailed(Exception):
+    """As Ray Train's own health-check error: the actor's death held in an attribute."""
+
+    def __init__(self, failure: BaseException) -> None:
+        super().__init__("A worker health check failed.")
+        self.health_check_failure = failure
+
+
+def test_a_lost_worker_is_found_however_ray_wraps_it_and_an_error_of_the_code_is_not() -> None:
+    from ray.exceptions import ActorDiedError, NodeDiedError, WorkerCrashedError
+    from ray.train import WorkerGroupError
+
+    from iaa.platform.cluster.lost import worker_lost
+
+    died = ActorDiedError()
+    assert worker_lost(died) and worker_lost(WorkerCrashedError()) and worker_lost(NodeDiedError("gone"))
+    assert worker_lost(WorkerGroupError("rank 0", {0: _HealthCheckFailed(died), 1: RuntimeError("peer closed")}))
+    try:
+        try:
+            raise died
+        except ActorDiedError as err:
+            raise RuntimeError("the trial failed") from err
+    except RuntimeError as chained:
+        assert worker_lost(chained)
+    assert not worker_lost(WorkerGroupError("rank 0", {0: KeyError("model"), 1: RuntimeError("peer closed")}))
+    assert not worker_lost(None) and not worker_lost(ValueError("bad"))
+
+
+def test_a_train_run_that_lost_its_workers_with_no_restores_left_is_restores_spent(monkeypatch) -> None:
+    from ray.exceptions import ActorDiedError
+    from ray.train import WorkerGroupError
+
+    from iaa.jobs.ports import RestoresSpent
+    from iaa.platform.ray_train import raise_failure
+
+    monkeypatch.setenv("IAA_MAX_FAILURES", "3")
+    lost = WorkerGroupError("rank 1", {1: _HealthCheckFailed(ActorDiedError()), 0: RuntimeError("peer closed")})
+    with pytest.raises(RestoresSpent) as caught:
+        raise_failure("r-3", lost)
+    assert "\n" not in str(caught.value) and "run r-3 lost a worker" in str(caught.value)
+    assert "after 3 restore(s)" in str(caught.value) and caught.value.__cause__ is lost
+
+
+def _result(trial_id: str, error: BaseException | None, **metrics: object) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(metrics={"trial_id": trial_id, **metrics}, path=f"/runs/{trial_id}", error=error,
+                           config={"model.steps": 1}, best_checkpoints=[])
+
+
+def test_trial_records_take_the_end_from_the_results_and_mark_a_lost_worker(tmp_path: Path) -> None:
+    """Tune's saved state can still say RUNNING (read back as PENDING) for a trial that failed as
+    the run ended: a trial with an error is ERROR, and one whose worker died is ``worker-lost``."""
+    from ray.exceptions import ActorDiedError
+
+    from iaa.jobs.ports import WORKER_LOST
+    from iaa.platform.sweeps.trial import TrialSpec, records
+
+    spec = TrialSpec(name="s", fit=lambda *a, **k: None, storage_path=str(tmp_path), workers=1, threads=1,
+                     base={"dataset": "cbt-ne"})
+    results = [_result("a", ActorDiedError(), checks=2, best_valid_acc=0.5), _result("b", ValueError("bad data")),
+               _result("c", None, checks=6, best_valid_acc=0.6, stop_reason="max-epochs"), _result("d", None)]
+    statuses = {"a": "PENDING", "b": "PENDING", "c": "TERMINATED", "d": "PENDING"}
+    got = {r.trial_id: r for r in records(results, spec, statuses=statuses, run_ids={}, tagged={}, downloads=tmp_path,
+                                          names={"a": "trial-0000"})}
+    assert [(t, r.status, r.stop_reason) for t, r in got.items()] == [
+        ("a", "ERROR", WORKER_LOST), ("b", "ERROR", ""), ("c", "TERMINATED", "max-epochs"), ("d", "PENDING", "")]
+    assert got["a"].lost and not got["b"].lost and got["a"].label == "trial-0000" and got["a"].best_valid_acc == 0.5
+
+
+def test_a_sweep_with_a_trial_that_lost_its_worker_is_not_finished_and_resuming_runs_it_again() -> None:
+    from dataclasses import replace
+
+    from iaa.jobs.sweeps.record import SweepRecord
+    from iaa.jobs.tune.stops import lost_trials, standing
+
+    cfg = JobConfig()
+    done = [TrialRecord(trial_id=t, config=cfg, best_valid_acc=0.5, status="TERMINATED") for t in ("a", "b")]
+    lost = TrialRecord(trial_id="c", config=cfg, status="ERROR", stop_reason="worker-lost", checks=2)
+    failed = replace(lost, trial_id="d", stop_reason="")
+    assert SweepRecord(name="s", num_samples=3, trials=(*done, failed)).finished
+    record = SweepRecord(name="s", num_samples=3, trials=(*done, lost))
+    assert not record.finished and lost_trials(record) == {"c"}
+
+    class Runs:
+        def find_runs(self, experiment, tags):
+            from types import SimpleNamespace
+
+            return [SimpleNamespace(parent_run_id="p", tags={"trial_id": t}, status=status)
+                    for t, status in (("a", "FINISHED"), ("b", "FINISHED"), ("c", "FAILED"))]
+
+    assert standing(Runs(), "e", "s", "p") == (3, 0)
+    assert standing(Runs(), "e", "s", "p", lost_trials(record)) == (2, 1)
+
+
+def test_the_runs_of_a_resumed_sweep_name_their_trials_by_the_numbers_they_started_with() -> None:
+    from types import SimpleNamespace
+
+    from iaa.platform.sweeps.trial_runs import child_runs
+
+    class Runs:
+        def find_runs(self, experiment, tags):         # newest first, as the store lists them
+            return [SimpleNamespace(parent_run_id="p", run_id="r2", tags={"trial_id": "a", "trial_number": "0004"}),
+                    SimpleNamespace(parent_run_id="p", run_id="r1", tags={"trial_id": "a", "trial_number": "0001",
+                                                                         "checkpoint": "/c/a/checkpoint.pt"}),
+                    SimpleNamespace(parent_run_id="p", run_id="r3", tags={"trial_id": "b", "member": "seed-1"}),
+                    SimpleNamespace(parent_run_id="q", run_id="r4", tags={"trial_id": "c", "trial_number": "0002"})]
+
+    found = child_runs(Runs(), "e", "s", "p")
+    assert found.run_ids == {"a": "r2", "b": "r3"} and found.checkpoints == {"a": "/c/a"}
+    assert found.names == {"a": "trial-0004"}
 
 
 def test_cluster_sessions_report_the_checkpoint_score_and_when_the_first_batch_went_out(tiny: Path) -> None:

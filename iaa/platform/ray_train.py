@@ -36,9 +36,10 @@ import torch
 from torch import nn
 
 from iaa import logs
-from iaa.errors import IaaError
+from iaa.errors import IaaError, brief
 from iaa.jobs.config.job_config import JobConfig, from_dict, to_dict
-from iaa.jobs.ports import CHECKPOINT_SCORE, WorkerData, WorkerFit
+from iaa.jobs.ports import CHECKPOINT_SCORE, RestoresSpent, WorkerData, WorkerFit
+from iaa.platform.cluster.lost import worker_lost
 from iaa.platform.cluster.resources import forced_device
 
 MAX_FAILURES = 2              # worker-group restarts from the last checkpoint before a run fails
@@ -208,14 +209,24 @@ def build_trainer(cfg: JobConfig, prepared: Path, *, fit: WorkerFit, name: str, 
     )
 
 
+FAILURE_KEY = "worker_failure"   # a queued failure of the worker group, beside rank 0's checks
+
+
 def queue_callback(queue: Any) -> Any:
-    """A Train callback that forwards rank 0's metrics from the controller to the driver's queue."""
+    """A Train callback that forwards rank 0's metrics from the controller to the driver's queue,
+    and each failure of the worker group (``{FAILURE_KEY: {"lost": ..., "error": ...}}``): Train
+    then restores the group from the last checkpoint, or fails the run once its restores are spent."""
     from ray.train import UserCallback
 
     class QueueCallback(UserCallback):
         def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
             if metrics:
                 queue.put({**metrics[0], "checkpoint_path": checkpoint.path if checkpoint else None})
+
+        def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
+            errors = list(worker_exceptions.values())
+            queue.put({FAILURE_KEY: {"lost": any(worker_lost(e) for e in errors),
+                                     "error": brief(errors[0]) if errors else ""}})
 
     return QueueCallback()
 
@@ -225,11 +236,17 @@ def raise_failure(name: str, error: BaseException) -> NoReturn:
 
     When every failed worker raised an expected error (an :class:`~iaa.errors.IaaError`, such as
     a prepared folder that a node cannot see, which Ray reports in ``worker_failures`` by rank),
-    a :class:`TrainRunError` carries the lowest rank's message. Anything else is a bug: a
-    RuntimeError chained to Ray's error, with the workers' tracebacks.
+    a :class:`TrainRunError` carries the lowest rank's message. A worker lost with no restores left
+    (its process or node died) is :class:`~iaa.jobs.ports.RestoresSpent`: the last checkpoint
+    stands. Anything else is a bug: a RuntimeError chained to Ray's error, with the workers'
+    tracebacks.
     """
     failures: dict[int, BaseException] = dict(getattr(error, "worker_failures", None) or {})
     if failures and all(isinstance(err, IaaError) for err in failures.values()):
         rank = min(failures)
         raise TrainRunError(f"Ray Train run {name} failed on rank {rank} of its workers: {failures[rank]}") from error
+    if worker_lost(error):
+        restores = max_failures(MAX_FAILURES)
+        raise RestoresSpent(f"Ray Train run {name} lost a worker (its process or node died) after {restores} "
+                            f"restore(s), the most it may take ({MAX_FAILURES_ENV})") from error
     raise RuntimeError(f"Ray Train run {name} failed: {error}") from error

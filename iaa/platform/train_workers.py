@@ -14,9 +14,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from iaa.errors import printable
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkersRequest
 from iaa.jobs.workdir.paths import RunFolder
 from iaa.platform.cluster.driver_lines import cluster_lines_to
+from iaa.platform.ray_train import (FAILURE_KEY, MAX_FAILURES, build_trainer, max_failures, queue_callback,
+                                    raise_failure)
 
 DRIVER_LOG = "ray-driver.log"   # what the cluster tells the driver (a lost node's raylet log), not the console
 
@@ -68,11 +71,14 @@ def _fetch(ckpt: Any, dest: Path) -> Path:
 class _Checks:
     """While a Train run trains: each check that rank 0 reports, taken from the driver's queue
     (:func:`iaa.platform.ray_train.queue_callback`), goes to ``metrics.jsonl``, the progress line
-    and ``on_metrics``, as the local trainer's checks do."""
+    and ``on_metrics``, as the local trainer's checks do; each failure of the worker group that
+    Train restores from the last checkpoint is one line (``restores``: how many it may take)."""
 
-    def __init__(self, queue: Any, run_dir: Path, *, on_metrics: MetricsCallback | None, show_progress: bool) -> None:
+    def __init__(self, queue: Any, run_dir: Path, *, on_metrics: MetricsCallback | None, show_progress: bool,
+                 restores: int = 0) -> None:
         self.queue, self.run_dir = queue, run_dir
         self.on_metrics, self.show_progress = on_metrics, show_progress
+        self.restores, self.failures = restores, 0
         self.history: list[dict[str, Any]] = []
         self._done = threading.Event()
         self._drainer = threading.Thread(target=self._drain, name="iaa-metrics", daemon=True)
@@ -95,6 +101,9 @@ class _Checks:
             self._record(metrics)
 
     def _record(self, metrics: dict[str, Any]) -> None:
+        if FAILURE_KEY in metrics:
+            self._failed(metrics[FAILURE_KEY])
+            return
         self.history.append(metrics)
         RunFolder(self.run_dir).append_metrics(metrics)
         if self.show_progress:
@@ -103,6 +112,18 @@ class _Checks:
                       f"(best {metrics.get('best_valid_acc', 0):.4f})")
         if self.on_metrics is not None:
             self.on_metrics(metrics)
+
+    def _failed(self, failure: dict[str, Any]) -> None:
+        """A failure of the worker group: Train restores it from the last checkpoint while restores
+        are left (said here), else the run fails (said by the command's error)."""
+        self.failures += 1
+        if not self.show_progress or self.failures > self.restores:
+            return
+        what = "lost a worker (its process or node died)" if failure.get("lost") else \
+            f"failed: {printable(failure.get('error') or 'a worker raised')}"
+        checks = self.history[-1].get("checks") if self.history else None
+        since = f"check {checks}" if checks else "the start (no check yet)"
+        _log.warning(f"the run {what}; restore {self.failures} of {self.restores}: it continues from {since}")
 
 
 def fit_workers(request: WorkersRequest, *, address: str | None = None,
@@ -127,7 +148,6 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
 
     from iaa.data.loader import PreparedData
     from iaa.platform.cluster import connect as cluster
-    from iaa.platform.ray_train import build_trainer, queue_callback, raise_failure
 
     cfg, workers, storage = request.cfg, request.workers, request.storage
     run_dir = request.folder.path.resolve()
@@ -148,7 +168,8 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
                             worker_resources=trial_plan.worker_resources, use_gpu=request.gpus_per_worker > 0,
                             vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[queue_callback(queue)],
                             show_progress=request.show_progress)
-    with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=request.show_progress) as checks, \
+    with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=request.show_progress,
+                 restores=max_failures(MAX_FAILURES)) as checks, \
             cluster_lines_to(run_dir / DRIVER_LOG):     # a dead node's raylet dump: to the run folder's log
         try:
             result = trainer.fit()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ContextManager, Mapping, Protocol, Sequence
 
+from iaa.errors import IaaError
 from iaa.jobs.config.job_config import JobConfig
 from iaa.jobs.config.presets import DEFAULT_SAMPLER, TunePreset
 from iaa.jobs.config.search_space import SearchSpace
@@ -184,6 +185,11 @@ class WorkersRequest:
     resume: bool = False
     on_metrics: MetricsCallback | None = None
     show_progress: bool = True
+
+
+class RestoresSpent(IaaError):
+    """A run lost its workers (their processes or nodes died) more often than it may be restored
+    from its last checkpoint; that checkpoint is kept, so resuming the run continues from it."""
 
 
 class Launcher(Protocol):

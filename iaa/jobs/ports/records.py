@@ -17,6 +17,7 @@ from iaa.jobs.workdir.paths import DEFAULT_WORKDIR
 Metrics = dict[str, object]
 MetricsCallback = Callable[[Metrics], None]
 FAILED_STATUSES = frozenset({"ERROR", "FAILED"})
+WORKER_LOST = "worker-lost"    # the stop reason of a trial that lost its worker with no restores left
 
 
 # --- runs ----------------------------------------------------------------------------------------
@@ -58,7 +59,7 @@ class TrialRecord:
     status: str = "TERMINATED"             # Tune's: TERMINATED, ERROR, or unfinished (RUNNING, PENDING ...)
     checks: int = 0
     steps: int = 0
-    stop_reason: str = ""                  # the loop's (patience, max_epochs ...), or "asha"
+    stop_reason: str = ""                  # the loop's (patience, max_epochs ...), "asha", or WORKER_LOST
     error: str | None = None
     name: str = ""                         # its one name (``trial-0003``, ``seed-7``); "" in older records
 
@@ -70,6 +71,12 @@ class TrialRecord:
     @property
     def failed(self) -> bool:
         return self.status in FAILED_STATUSES
+
+    @property
+    def lost(self) -> bool:
+        """Failed because its worker was lost (its process or node died) with no restores left:
+        continuing the sweep runs it again from its last checkpoint."""
+        return self.failed and self.stop_reason == WORKER_LOST
 
     @property
     def scored(self) -> bool:

@@ -107,9 +107,10 @@ class SweepRecord:
 
     @property
     def finished(self) -> bool:
-        """Nothing is left to run: the sweep reached its number of trials and every one ended."""
+        """Nothing is left to run: the sweep reached its number of trials and every one ended, none
+        of them by losing its worker with no restores left (continuing runs that one again)."""
         return (bool(self.trials) and len(self.trials) >= (self.num_samples or 0)
-                and all(t.status in FINISHED_STATUSES for t in self.trials))
+                and all(t.status in FINISHED_STATUSES and not t.lost for t in self.trials))
 
     def with_run(self, trials: Sequence[TrialRecord], seconds: float) -> SweepRecord:
         """The record after a run of ``seconds`` that left ``trials``."""

@@ -20,7 +20,7 @@ from iaa.errors import IaaError
 from iaa.jobs import interrupt
 from iaa.jobs.modeling import precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig, to_dict
-from iaa.jobs.ports import Launcher, TrackedRun, Tracker, WorkersRequest
+from iaa.jobs.ports import Launcher, RestoresSpent, TrackedRun, Tracker, WorkersRequest
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.predictor import MODEL_CODE
 from iaa.jobs.training.session import MetricsCallback
@@ -194,10 +194,14 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     tracker = open_tracker(uri)
     with interrupt.stoppable(resume_command(req, run_dir), kept=lambda: f"kept {run_dir} and its last checkpoint"), \
             rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
-        result = run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume,
-                             workers=req.workers, gpus_per_worker=req.gpus_per_worker,
-                             storage=work.storage(req.storage_path), show_progress=req.show_progress,
-                             register=req.register)
+        try:
+            result = run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume,
+                                 workers=req.workers, gpus_per_worker=req.gpus_per_worker,
+                                 storage=work.storage(req.storage_path), show_progress=req.show_progress,
+                                 register=req.register)
+        except RestoresSpent as err:
+            raise RestoresSpent(f"{err}; its last checkpoint is kept: continue with "
+                                f"{resume_command(req, run_dir)}") from err
     from iaa.jobs.training import summary
 
     result = summary.with_baseline(result, prepared)

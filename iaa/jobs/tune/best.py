@@ -13,7 +13,7 @@ from iaa.errors import IaaError, printable
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.config.job_config import config_label, dump_yaml
 from iaa.jobs.evaluation import frequency, uncertainty
-from iaa.jobs.evaluation.closing import next_block
+from iaa.jobs.evaluation.closing import Command, next_block
 from iaa.jobs.evaluation.frequency import BaselineResult
 from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 from iaa.jobs.config import exploration, search_space
@@ -77,13 +77,17 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     """The best trial of ``sweep`` (what ``plan`` ran): its config as YAML, the table, the parent
     run's metrics and artifacts, and on the best trial's run its MLflow model and explain page."""
     name, records, space, sweep_dir, prepared = sweep.name, list(sweep.trials), plan.space, plan.folder, plan.prepared
-    scored = _scored_trials(records, name, parent)
+    scored = _scored_trials(records, name, parent, plan.resume_command)
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
     best_config = sweep_dir / "best_config.yaml"
     write_best_config(best, best_config, name, plan.train_epochs, plan.data)
     _log.info(sweep_file.table(records, list(space.params)))
     for note in exploration.notes([r.params for r in scored], list(space.params)):
         _log.warning(printable(note))
+    lost = [r.label for r in records if r.lost]
+    if lost:
+        _log.warning(printable(f"{len(lost)} trial(s) lost a worker with no restores left and ended at their last "
+                               f"check ({', '.join(lost)}); {plan.resume_command} runs them again from there"))
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
     outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, plan.register, records)
     for key in ("explain_page", "explain_png"):          # the sweep's run shows its best trial's page too
@@ -133,14 +137,14 @@ def finished_result(plan: SweepPlan, ui_command: str) -> TuneResult:
                    nothing_left=True)
 
 
-def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun) -> list[TrialRecord]:
+def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun, resume: Command) -> list[TrialRecord]:
     """The trials that finished a validation check; with an unfinished trial (the sweep was
     interrupted) or none scored, the parent run is ended KILLED or FAILED and this raises."""
     unfinished = [r for r in records if r.status not in FINISHED_STATUSES]
     if unfinished:
         parent.end("KILLED")
-        raise SweepInterrupted(f"sweep {name} interrupted with {len(unfinished)} unfinished trial(s); run "
-                               f"`iaa-cli tune ... `resume` {name}` to continue it")
+        raise SweepInterrupted(f"sweep {name} interrupted with {len(unfinished)} unfinished trial(s); "
+                               f"continue it with: {resume}")
     scored = [r for r in records if r.scored]
     if not scored:
         parent.end("FAILED")
@@ -153,14 +157,17 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
                       sweep: SweepRecord, space: search_space.SearchSpace, best_config: Path,
                       sweep_dir: Path) -> tuple[str, str | None]:
     """The sweep's metrics, the best trial's params, tags and note, its config and ``sweep.json`` on
-    the parent run, which is then ended; the best trial's run is tagged ``best_in_sweep``.
+    the parent run, which is then ended; the best trial's run is tagged ``best_in_sweep``. While a
+    trial lost its worker (a resume runs it again and may find a better one) the best is in the
+    tags only: the params wait for the sweep's last run.
 
     Returns the best config's label and the store's view of the runs with the search's columns."""
     parent.log_metrics({"best_valid_acc": best.best_valid_acc, "trials": len(records),
                         "trials_stopped_early": sum(r.stop_reason == "asha" for r in records),
                         "trials_failed": sum(r.status == "ERROR" for r in records)}, step=0)
     label = config_label(best.params)
-    parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
+    if not any(r.lost for r in records):    # a run's params never change: not while a resume may find a better trial
+        parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
     view = tracker.show_columns(sweep.experiment or "", run_columns(space))
     link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
     parent.set_tags({"trials": str(len(records)),    # its child runs are these and its ensembles (``ensembles``)
@@ -170,6 +177,10 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
                                             f"(trial {best.label}, run {best.mlflow_run_id}); its config is "
                                             "the `best.*` params and the artifact `best_config.yaml`."})
     if best.mlflow_run_id:
+        for earlier in tracker.find_runs(sweep.experiment or "", {"sweep": sweep.name, "best_in_sweep": "true"}):
+            if earlier.run_id != best.mlflow_run_id and earlier.parent_run_id == parent.run_id:
+                tracker.attach(earlier.run_id).set_tags({"best_in_sweep": "false", "mlflow.note.content":  # before a resume
+                                                         f"A trial of sweep {sweep.name}; its best is {best.label}."})
         tracker.attach(best.mlflow_run_id).set_tags({"best_in_sweep": "true", "mlflow.note.content":
                                                      f"The best trial of sweep {sweep.name}."})
     parent.log_artifact(best_config)

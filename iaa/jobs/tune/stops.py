@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 from iaa.files import DiskFullError, UnwritableError
 from iaa.jobs.evaluation.closing import Command
@@ -80,14 +80,16 @@ def close_leftovers(tracker: Tracker, launcher: Launcher, record: SweepRecord, p
     return end_running(tracker, launcher, record.experiment or "", record.name, plan, {"killed": KILLED_BEFORE})
 
 
-def standing(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None) -> tuple[int, int]:
-    """(finished, unfinished) trials of ``sweep`` by their child runs' status."""
+def standing(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None,
+             again: Collection[str] = ()) -> tuple[int, int]:
+    """(finished, unfinished) trials of ``sweep`` by their child runs' status; the trials ``again``
+    (by Tune trial id: those that lost their worker with no restores left) run again, unfinished."""
     runs = [r for r in tracker.find_runs(experiment, {"sweep": sweep})
             if r.parent_run_id == parent_run_id and r.tags.get("trial_id")]
     latest: dict[str, str] = {}
     for run in reversed(runs):                              # oldest first: a trial's newest run wins
         latest[run.tags["trial_id"]] = run.status
-    finished = sum(s in ("FINISHED", "FAILED") for s in latest.values())
+    finished = sum(s in ("FINISHED", "FAILED") and t not in again for t, s in latest.items())
     return finished, len(latest) - finished
 
 
@@ -100,10 +102,16 @@ def kept(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | Non
 
 def resumed_line(tracker: Tracker, record: SweepRecord, num_samples: int) -> str:
     """What a resumed sweep keeps and what is left."""
-    finished, unfinished = standing(tracker, record.experiment or "", record.name, record.parent_run_id)
+    finished, unfinished = standing(tracker, record.experiment or "", record.name, record.parent_run_id,
+                                    lost_trials(record))
     left = max(num_samples - finished, 0)
     return (f"resuming sweep {record.name}: {finished} of {num_samples} trials finished and kept; {left} left, "
             f"of which {unfinished} continue from their last checkpoint")
+
+
+def lost_trials(record: SweepRecord) -> set[str]:
+    """The Tune ids of the trials of ``record`` that lost their worker with no restores left."""
+    return {t.trial_id for t in record.trials if t.lost}
 
 
 def nothing_left_line(record: SweepRecord, folder: Path) -> str:

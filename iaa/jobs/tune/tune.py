@@ -169,6 +169,6 @@ def _resumed_console(plan: SweepPlan, tracker: Tracker, launch: Placement, searc
                      sweep: SweepRecord) -> SweepConsole:
     """A resumed sweep's console, as a fresh one's: what is kept and left, the cost of what is left."""
     _log.info(stops.resumed_line(tracker, sweep, plan.num_samples) + f" ({launch.experiment_path})")
-    finished, _ = stops.standing(tracker, plan.experiment, plan.name, sweep.parent_run_id)
+    finished, _ = stops.standing(tracker, plan.experiment, plan.name, sweep.parent_run_id, stops.lost_trials(sweep))
     left = replace(search, num_samples=max(plan.num_samples - finished, 1))
     return SweepConsole(estimate_cost(launch, left, plan.prepared), list(plan.space.params))

@@ -93,6 +93,12 @@ class RunFolder:
         """True when the folder holds a started or finished run."""
         return any((self.path / name).exists() for name in self.RUN_FILES)
 
+    def resumable(self) -> bool:
+        """True when a checkpoint of the run is kept: in the folder, or (``train --workers``) in the
+        storage of the Ray Train run that the folder names, once it made a check."""
+        return (self.last.is_file() or self.best.is_file()
+                or (self.ray_run_file.is_file() and self.metrics.is_file()))
+
     def append_metrics(self, metrics: dict[str, Any]) -> None:
         """One JSON line per validation check, stamped with the wall-clock time; a write that fails
         (a full disk) leaves the file as it was, never half a line."""

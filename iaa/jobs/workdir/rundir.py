@@ -76,9 +76,9 @@ def _check_free(run_dir: Path, reuse: bool) -> None:
 
 def _tidy(run_dir: Path, created: bool) -> None:
     """After a failed run: remove the lock file, a ``checkpoints/`` without a checkpoint, and the
-    folder itself when this run created it and nothing complete is in it."""
+    folder itself when this run created it and kept no checkpoint to resume from."""
     folder = RunFolder(run_dir)
-    complete = folder.last.is_file() or folder.best.is_file()
+    complete = folder.resumable()
     if not complete and folder.checkpoints.is_dir() and not folder.metrics.exists():
         shutil.rmtree(folder.checkpoints, ignore_errors=True)
     (run_dir / LOCK).unlink(missing_ok=True)

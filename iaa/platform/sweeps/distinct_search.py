@@ -300,7 +300,8 @@ class StudySearch(Searcher):
             self.study.tell(trial, state=TrialState.FAIL)
         else:
             self.study.tell(trial, float(value))
-        self.completed.add(trial_id)
+        if not error:                # an errored trial that a resumed sweep runs again comes back
+            self.completed.add(trial_id)
         self._live.pop(trial_id, None)
         self._note_exploration()
 

@@ -140,6 +140,15 @@ class ResumableSearch(SearchGenerator):
         if driver_side.is_bound(self.sweep):
             relocate_experiment(state.get("experiment"), driver_side.of(self.sweep).spec.storage_path)
 
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
+        """The end of a trial reaches the sweep's searcher also when the concurrency limiter no
+        longer counts it: a trial that failed (its worker lost) and that the resumed run ran again."""
+        limiter = self.searcher
+        if trial_id in limiter.live_trials:
+            super().on_trial_complete(trial_id, result=result, error=error)
+        else:
+            limiter.searcher.on_trial_complete(trial_id, result=result, error=error)
+
 
 def _trial_dirname(trial: Any) -> str:
     return trial.trial_id
@@ -313,9 +322,9 @@ class RayLauncher:
                                    launch.plan.max_concurrent, launch.name),
                                scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
             results, statuses = run_tuner(launch, tuner_, quiet=not run.verbose)
-        run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
-        return records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged,
-                       downloads=run.downloads, names=side.names)
+        children = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
+        return records(results, spec, statuses=statuses, run_ids=children.run_ids, tagged=children.checkpoints,
+                       downloads=run.downloads, names={**children.names, **side.names})
 
     def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int:
         """The plan's study: every unfinished trial ends FAIL with ``attrs`` as user attributes."""
@@ -360,9 +369,9 @@ class RayLauncher:
         with driver_side.bound(launch.name, side):
             results, statuses = run_tuner(launch, tuner(launch, fn, callbacks, show_progress=run.verbose,
                                                         param_space=grid), quiet=not run.verbose)
-        run_ids, tagged = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
-        found = records(results, spec, statuses=statuses, run_ids=run_ids, tagged=tagged, downloads=run.downloads,
-                        names=side.names)
+        children = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
+        found = records(results, spec, statuses=statuses, run_ids=children.run_ids, tagged=children.checkpoints,
+                        downloads=run.downloads, names=side.names)
         by_member = {int(r.params[MEMBER_KEY]): r for r in found}
         return [by_member.get(i) or TrialRecord(trial_id="", config=cfg, status="ERROR")
                 for i, cfg in enumerate(configs)]

@@ -25,8 +25,10 @@ import pyarrow as pa
 from iaa import logs
 from iaa.files import is_remote_uri
 from iaa.jobs.config.job_config import JobConfig, apply, from_dict
-from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MEMBER_KEY, TrialRecord, WorkerData, WorkerFit
+from iaa.jobs.ports import (CHECKPOINT_FILE, CHECKPOINT_SCORE, MEMBER_KEY, WORKER_LOST, TrialRecord, WorkerData,
+                            WorkerFit)
 from iaa.platform.ray_train import TuneLink, build_trainer
+from iaa.platform.cluster.lost import worker_lost
 from iaa.platform.cluster.resources import train_device
 
 
@@ -152,7 +154,9 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
     """One record per trial of a Tune ``ResultGrid``.
 
     Args:
-        statuses: Tune's status by trial id (unfinished trials of an interrupted run are not TERMINATED).
+        statuses: Tune's last saved status by trial id, for trials without an error (one a run left
+            unfinished is not TERMINATED); a trial with an error is ERROR, and one that lost its
+            worker with no restores left has the stop reason ``WORKER_LOST``.
         run_ids: the trials' MLflow child runs by trial id.
         tagged: the checkpoint directories that the child runs' tags name (a fallback).
         downloads: where checkpoints kept in a bucket are copied.
@@ -162,7 +166,8 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
     for result in results:
         metrics = result.metrics or {}
         trial_id = metrics.get("trial_id") or Path(result.path).name
-        status = statuses.get(trial_id) or ("ERROR" if result.error else "TERMINATED")
+        # fit returned, so a trial with an error ended ERROR, whatever Tune's last saved state says
+        status = "ERROR" if result.error else statuses.get(trial_id) or "TERMINATED"
         best_acc = metrics.get("best_valid_acc")
         ckpt = _best_checkpoint(result, spec, trial_id) or tagged.get(trial_id)
         out.append(TrialRecord(
@@ -176,7 +181,8 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
             checks=int(metrics.get("checks", 0) or 0),
             steps=int(metrics.get("steps", 0) or 0),
             # the loop names why it stopped in its last report; a trial ended with none was stopped by ASHA
-            stop_reason=metrics.get("stop_reason") or ("asha" if status == "TERMINATED" else ""),
+            stop_reason=metrics.get("stop_reason") or ("asha" if status == "TERMINATED" else
+                                                        WORKER_LOST if worker_lost(result.error) else ""),
             error=str(result.error)[:2000] if result.error else None,
             name=(names or {}).get(trial_id, ""),
         ))

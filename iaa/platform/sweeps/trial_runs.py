@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import ray.tune as tune
@@ -19,14 +21,18 @@ import ray.tune as tune
 from iaa.errors import brief
 from iaa.files import disk_full
 from iaa.jobs.config.job_config import config_label, to_dict
-from iaa.jobs.ports import CHECKPOINT_FILE, TUNE_RUN_TAG, SweepEvents, TrackedRun, Tracker
+from iaa.jobs.ports import CHECKPOINT_FILE, TUNE_RUN_TAG, WORKER_LOST, RunRecord, SweepEvents, TrackedRun, Tracker
 from iaa.platform.sweeps import driver_side
+from iaa.platform.cluster.lost import worker_lost
+from iaa.platform.ray_train import MAX_FAILURES_ENV
 from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
 
 _log = logging.getLogger(__name__)
 
+NUMBER_TAG = "trial_number"  # a sweep trial's run: its number in the study when it started (its one name)
 RESTORES_TAG = "restores"   # a trial's restores from its last checkpoint after a failure (a lost node)
 NODE_POLL_S = 1.0           # how often the console's callback asks Ray which nodes are alive
+LOST_WORKER_TEXT = f"its worker was lost (its process or node died) with no restores left ({MAX_FAILURES_ENV})"
 
 # What a trial's child run records at every check.
 TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "best_valid_acc", "lr", "epoch", "train_examples_per_s")
@@ -74,22 +80,32 @@ def identity_tags(cfg: Any, config: Mapping[str, Any], number: int, member_names
         if int(config[MEMBER_KEY]) < len(member_names):
             tags["member"] = member_names[int(config[MEMBER_KEY])]
     else:
-        tags["trial_number"] = f"{number:04d}"
+        tags[NUMBER_TAG] = f"{number:04d}"
     return tags
 
 
-def child_runs(tracker: Tracker, experiment: str, sweep: str,
-               parent_run_id: str | None) -> tuple[dict[str, str], dict[str, str]]:
-    """The child run of every trial of ``sweep``, and the checkpoint directory its tag names, by trial id."""
-    run_ids: dict[str, str] = {}
-    tagged: dict[str, str] = {}
+@dataclass(frozen=True)
+class ChildRuns:
+    """What the child runs of a sweep's trials say, by Tune trial id."""
+
+    run_ids: dict[str, str] = field(default_factory=dict)
+    checkpoints: dict[str, str] = field(default_factory=dict)   # the checkpoint directory a run's tag names
+    names: dict[str, str] = field(default_factory=dict)         # a sweep trial's one name (``trial-0003``)
+
+
+def child_runs(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None) -> ChildRuns:
+    """The child run of every trial of ``sweep`` (the newest, where a trial has several), with the
+    checkpoint directory and the trial number that its tags name."""
+    found = ChildRuns()
     for run in reversed(tracker.find_runs(experiment, {"sweep": sweep})):   # oldest first: the newest wins
         trial_id = run.tags.get("trial_id")
         if trial_id and run.parent_run_id == parent_run_id:
-            run_ids[trial_id] = run.run_id
+            found.run_ids[trial_id] = run.run_id
             if run.tags.get("checkpoint"):
-                tagged[trial_id] = run.tags["checkpoint"].removesuffix(f"/{CHECKPOINT_FILE}")
-    return run_ids, tagged
+                found.checkpoints[trial_id] = run.tags["checkpoint"].removesuffix(f"/{CHECKPOINT_FILE}")
+            if run.tags.get(NUMBER_TAG, "").isdigit():
+                found.names[trial_id] = driver_side.trial_name(int(run.tags[NUMBER_TAG]))
+    return found
 
 
 class TrialRuns(tune.Callback):
@@ -127,8 +143,12 @@ class TrialRuns(tune.Callback):
         if trial.trial_id in self._runs:
             return self._runs[trial.trial_id]
         side = self.side
-        run_id = side.run_ids.get(trial.trial_id) or self._find(trial.trial_id)
-        number = side.numbers.get(trial.trial_id, len(side.run_ids))   # the study's number, else the start order
+        found = None if trial.trial_id in side.run_ids else self._find(trial.trial_id)
+        run_id = side.run_ids.get(trial.trial_id) or (found.run_id if found else None)
+        if found is not None and found.tags.get(NUMBER_TAG, "").isdigit():   # a resumed trial keeps its number
+            number = int(found.tags[NUMBER_TAG])
+        else:                                       # the study's number, else the start order
+            number = side.numbers.get(trial.trial_id, len(side.run_ids))
         if run_id is None:
             cfg = job_config(side.spec, trial.config)
             names = side.member_names
@@ -151,11 +171,12 @@ class TrialRuns(tune.Callback):
         self._runs[trial.trial_id] = run
         return run
 
-    def _find(self, trial_id: str) -> str | None:
+    def _find(self, trial_id: str) -> RunRecord | None:
+        """The trial's run that an earlier process of the sweep started (a resumed sweep), if any."""
         side = self.side
         runs = [r for r in side.tracker.find_runs(side.experiment, trial_tags(side.sweep or self.sweep, trial_id))
                 if r.parent_run_id == side.parent_run_id]
-        return runs[0].run_id if runs else None
+        return runs[0] if runs else None
 
     def _track(self, what: str, trial: Any, action: Any) -> None:
         """Run ``action``; a failing store costs the trial its tracking, never its training. A full
@@ -210,13 +231,13 @@ class TrialRuns(tune.Callback):
         if (trial.last_result or {}).get("is_best") and checkpoint is not None:
             self.best[trial.trial_id] = str(checkpoint.path)
 
-    def _end(self, trial: Any, status: str) -> None:
+    def _end(self, trial: Any, status: str, reason: str = "") -> None:
         if trial.trial_id in self._done_before and trial.trial_id not in self._reported:
             return
 
         def end() -> None:
             run = self._run(trial)
-            tags = {"stop_reason": stop_reason(trial.last_result)} if status == "FINISHED" else {}
+            tags = {"stop_reason": reason or stop_reason(trial.last_result)} if status == "FINISHED" or reason else {}
             if trial.trial_id in self._restores or trial.trial_id in self._reported:
                 tags[RESTORES_TAG] = str(self._restores.get(trial.trial_id, 0))
             if trial.trial_id in self.best:
@@ -229,7 +250,7 @@ class TrialRuns(tune.Callback):
         self._end(trial, "FINISHED")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._end(trial, "FAILED")
+        self._end(trial, "FAILED", WORKER_LOST if worker_lost(_last_error(trial)) else "")
 
 
 class ConsoleCallback(tune.Callback):
@@ -268,8 +289,15 @@ class ConsoleCallback(tune.Callback):
             self.console.trial_ended(self.name(trial), stop_reason(trial.last_result))
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        if self.console is not None:
-            self.console.trial_ended(self.name(trial), "error", getattr(trial, "error_msg", None))
+        console = self.console
+        if console is None:
+            return
+        error = _last_error(trial)
+        if worker_lost(error):
+            self._nodes.tell(console, now=True)
+            console.trial_ended(self.name(trial), "error", LOST_WORKER_TEXT)
+        else:
+            console.trial_ended(self.name(trial), "error", str(error) if error is not None else None)
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         console = self.console
@@ -282,6 +310,21 @@ class ConsoleCallback(tune.Callback):
         if console is not None:
             self._nodes.tell(console)
             console.tick()
+
+
+def _last_error(trial: Any) -> BaseException | str | None:
+    """The trial's last error as Tune keeps it: the exception, else its text. Tune writes both
+    beside the trial at once, and copies them to the storage (where its getters read) later."""
+    import pickle
+
+    try:
+        if trial.pickled_error_file:
+            return pickle.loads(Path(trial.pickled_error_file).read_bytes())
+        if trial.error_file:
+            return Path(trial.error_file).read_text(encoding="utf-8", errors="replace")
+    except (OSError, pickle.UnpicklingError, AttributeError, ImportError, EOFError):
+        pass
+    return trial.get_pickled_error() or trial.get_error()
 
 
 class NodeWatch:
