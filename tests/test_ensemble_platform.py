@@ -14,8 +14,9 @@ import pytest
 
 from iaa.errors import IaaError
 from iaa.jobs.config.job_config import JobConfig, TrainConfig, to_dict
+from _faults import assert_says
 from fakes import FakeTracker
-from iaa.jobs.ports import ConnectRequest, MembersRequest, TrialRecord, TrialRun
+from iaa.jobs.ports import WORKER_LOST, ConnectRequest, MembersRequest, TrialRecord, TrialRun
 from iaa.jobs.ensemble import members as members_job
 from iaa.jobs.ensemble import ensemble
 from iaa.jobs.ports import TrialTracking
@@ -123,20 +124,27 @@ def test_all_seeds_reused_means_no_training(sweep: SweepRecord, tmp_path: Path) 
     assert [m.source for m in members] == ["trial t1", "trial t2"]
 
 
+@pytest.mark.parametrize("failure, why", [
+    ({"checkpoint": None, "status": "ERROR"}, "status ERROR"),
+    ({"status": "ERROR", "stop_reason": WORKER_LOST}, "lost its worker with no restores left"),
+], ids=["no-checkpoint", "lost-worker"])
 def test_failed_member_is_reported_and_the_others_kept(sweep: SweepRecord, launcher: FakeLauncher, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                      monkeypatch: pytest.MonkeyPatch, failure: dict, why: str) -> None:
+    """A member that failed is never averaged, even where its trial kept a checkpoint of an
+    unfinished training (a worker lost with no restores left)."""
     real = launcher.train_many
 
     def half_fails(request):
         out = real(request)
-        out[0] = replace(out[0], checkpoint=None, status="ERROR", trial_id="bad")
+        out[0] = replace(out[0], trial_id="bad", **failure)
         return out
 
     monkeypatch.setattr(launcher, "train_many", half_fails)
     req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=4, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "e"
-    with pytest.raises(IaaError, match=r"1 member\(s\) gave no checkpoint: seed 2 \(trial bad"):
+    with pytest.raises(IaaError) as caught:
         ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
+    assert_says(caught.value, "1 member(s) did not finish: seed 2 (trial bad", why)
     ledger = json.loads((out_dir / "trained.json").read_text())
     assert [e["config"]["train"]["seed"] for e in ledger] == [3]
 

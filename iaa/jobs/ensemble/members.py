@@ -154,20 +154,24 @@ def record_trained(name: str, out_dir: Path, workdir: Path, configs: Sequence[Jo
                    records: Sequence[TrialRecord], found: dict[str, Found]) -> None:
     """Add the members trained now to ``found`` and to the ledger.
 
-    Raises :class:`IaaError` naming the members that gave no checkpoint, after recording the
-    others: running the same command again retrains only those.
+    Raises :class:`IaaError` naming the members that did not finish (no checkpoint, or a trial
+    that failed: one that lost its worker with no restores left keeps the checkpoint of a check
+    short of its training), after recording the others: running the same command again retrains
+    only those.
     """
     trained, failed = [], []
     for cfg, rec in zip(configs, records):
         path = existing(rec.checkpoint, [Path(workdir)])
-        if path is None:
-            failed.append(f"seed {cfg.train.seed} (trial {rec.trial_id}, status {rec.status})")
+        if path is None or rec.failed:
+            why = ("lost its worker with no restores left" if rec.lost else
+                   f"status {rec.status}" + ("" if path is None else ", its checkpoint of an unfinished training"))
+            failed.append(f"seed {cfg.train.seed} (trial {rec.trial_id}, {why})")
             continue
         found[config_key(cfg)] = (path, rec.mlflow_run_id, "trained")
         trained.append((cfg, path, rec))
     add_to_ledger(out_dir, trained)
     if failed:
-        raise IaaError(f"ensemble {name}: {len(failed)} member(s) gave no checkpoint: {'; '.join(failed)}. "
+        raise IaaError(f"ensemble {name}: {len(failed)} member(s) did not finish: {'; '.join(failed)}. "
                        "Run the same command again to retry them; the others are kept for reuse.")
 
 
