@@ -281,6 +281,28 @@ def test_a_reader_moved_to_another_device_chooses_its_kernels_again() -> None:
     assert model.slots == fast.Slots()                                          # bound again: the reference
 
 
+def test_a_deep_copy_of_a_reader_has_its_own_weights_and_kernels_sharing_the_compiled_code() -> None:
+    """``copy.deepcopy`` (what ``AveragedModel`` and EMA make) of a reader whose kernels hold the
+    compiled C++ module: the copy computes the same, its weights are its own, and the compiled
+    module is shared, not copied (a module cannot be)."""
+    import copy
+
+    from torch.optim.swa_utils import AveragedModel
+
+    model = build_reader(_config("iaa", "simd")).eval()
+    assert model.kernels.encoder is not None and model.kernels.encoder.cpp is not None
+    twin = copy.deepcopy(model)
+    assert twin.kernels is not model.kernels and twin.kernels.chosen() == model.kernels.chosen()
+    assert twin.kernels.encoder.cpp is model.kernels.encoder.cpp
+    batch = random_batch([9, 5, 7], [4, 3, 4], vocab=60)
+    with torch.no_grad():
+        assert torch.equal(twin(batch).log_probs, model(batch).log_probs)
+        twin.encoders.embedding.weight.add_(1.0)
+        assert not torch.equal(twin(batch).log_probs, model(batch).log_probs)
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(model.parameters(), twin.parameters()))
+    assert isinstance(AveragedModel(model).module, type(model))
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_chosen_kernels_are_described_through_one_public_dict(precision: str) -> None:
     """What benchmarks and reports learn of the kernels: ``describe()``; ``Kernels`` itself has

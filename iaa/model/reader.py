@@ -14,6 +14,7 @@ itself. ``forward`` returns one ``ReaderOutput``.
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -211,6 +212,18 @@ class _Reader(nn.Module):
         if device != self.kernels.device:
             self.kernels = fast.select(device, self.precision, self.cfg)
         return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _Reader:
+        """A copy with weights of its own (``copy.deepcopy``, as ``AveragedModel`` makes one) and
+        kernels chosen afresh for it: kernels hold compiled code, shared and never copied, and
+        caches of this reader's weights. A copy's reads are eager: ``compile_reads`` it again."""
+        fresh = fast.select(self.kernels.device, self.precision, self.cfg)
+        memo[id(self._kernels)], memo[id(self.slots)] = fresh, fresh.slots()
+        memo[id(self._reads)] = type(self)._read
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        twin.__setstate__(copy.deepcopy(self.__dict__, memo))
+        return twin
 
     def compile_reads(self, mode: str | None = None, backend: str = "inductor") -> None:
         """Compile ``_read`` for training steps (``mode``, ``backend``: ``torch.compile``'s;
