@@ -259,6 +259,15 @@ def test_train_on_two_workers_survives_a_node_kill(chaos: ChaosCluster, tiny: Pa
     assert len(restores) == 1, shown.err
     print(f"train --workers 2 with a node kill: {wall:.0f}s")
 
+    # a node lost after the run (as a command ends): Ray's notice of it still reaches no stream
+    import ray
+
+    lost = chaos.kill(replace=False, reason="after the run").node_id
+    wait_for(lambda: not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == lost), 30)
+    time.sleep(2)                                         # the notice follows the GCS's verdict
+    after = capfd.readouterr()
+    assert "marked dead" not in after.out + after.err and "(raylet)" not in after.out + after.err, after
+
 
 @pytest.mark.timeout(300)
 def test_train_out_of_restores_is_one_error_naming_the_resume_that_continues_it(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -741,3 +742,29 @@ def test_a_trial_hands_the_jobs_loop_its_config_with_the_base_settings_and_its_s
     assert (cfg.model.steps, cfg.train.batch_size, cfg.train.lr) == (2, 8, 2e-3) and (rank, world) == (0, 1)
     assert kwargs == {"threads": 1}
     assert data == WorkerData(vocab_hash="h", train="TRAIN", valid="VALID", vocab={"json": "{}"})
+
+
+def test_the_clusters_lines_go_to_a_blocks_file_and_nowhere_else_once_ray_is_joined(tmp_path: Path, capsys) -> None:
+    """What Ray's listener thread prints goes to the file of a ``cluster_lines_to`` block, and
+    outside any block (a node lost as the command ends) to no stream; other threads print as ever."""
+    import threading
+
+    from iaa.platform.cluster import driver_lines
+    from iaa.platform.cluster.ray_internals import ERROR_LISTENER_THREAD
+
+    def listener(text: str) -> None:
+        thread = threading.Thread(target=lambda: print(text), name=ERROR_LISTENER_THREAD)
+        thread.start()
+        thread.join()
+
+    driver_lines.off_the_console()
+    driver_lines.off_the_console()                       # once is enough: no second wrapper
+    assert not isinstance(getattr(sys.stdout, "_stream", None), driver_lines.RoutedStream)
+    with driver_lines.cluster_lines_to(tmp_path / "driver.log"):
+        listener("(raylet) in the block")
+        print("the command's line")
+    listener("(raylet) marked dead, after the block")
+    print("the command's output")
+    shown = capsys.readouterr()
+    assert shown.out == "the command's line\nthe command's output\n" and shown.err == ""
+    assert (tmp_path / "driver.log").read_text() == "(raylet) in the block\n"

@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Any, Collection, Iterator
 
-from iaa.platform.cluster import ray_internals, resources
+from iaa.platform.cluster import driver_lines, ray_internals, resources
 from iaa.platform.cluster.resources import ClusterError, Node, TrialPlan, node_summary, plan
 from iaa.platform.cluster.storage import check_storage
 
@@ -238,6 +238,7 @@ def _connect(ray: Any, address: str | None, storage_path: str | None, *, num_cpu
         else:
             dashboard_url = _start_local(num_cpus, num_gpus, env, kwargs, dashboard)
         _quiet_ray_data()
+    driver_lines.off_the_console()       # at every connect: sys.stdout may have been replaced since
     info = ClusterInfo(_alive_nodes(), address, dashboard_url)
     check_storage(storage_path, info.nodes)
     return info

@@ -49,6 +49,17 @@ class RoutedStream:
         return getattr(self._stream, name)
 
 
+def off_the_console() -> None:
+    """From now on in this process, what Ray's listener thread prints reaches neither stdout nor
+    stderr, also outside the blocks that send it to a file (:func:`cluster_lines_to`): a node lost
+    while a command ends (logging its models, printing its ``--json``) leaves the command's
+    output as it is. Ray's session logs keep the lines."""
+    if not isinstance(sys.stdout, RoutedStream):
+        sys.stdout = RoutedStream(sys.stdout, None)
+    if not isinstance(sys.stderr, RoutedStream):
+        sys.stderr = RoutedStream(sys.stderr, None)
+
+
 @contextlib.contextmanager
 def cluster_lines_to(sink: logging.FileHandler | Path | None) -> Iterator[None]:
     """While the block runs, the lines Ray prints for the cluster go to ``sink`` (a handler, or a
