@@ -124,6 +124,8 @@ def test_a_sweep_with_a_lost_trial_finishes_without_it_and_its_resume_makes_it_t
 
     first = sweep()
     recorded = record.read(record.sweep_file(tmp_path / "work", "lossy"))
+    assert first.lost_trials == (recorded.trials[-1].label,) and first.fields()["lost_trials"] == list(first.lost_trials)
+    assert tracker.runs[first.parent_run_id].metrics["trials_lost"][-1].value == 1
     assert not recorded.finished and [t.lost for t in recorded.trials] == [False, False, True]
     assert len(logged(caplog, "WARNING", "lost a worker with no restores left")) == 1
     parent = tracker.runs[first.parent_run_id]
@@ -138,6 +140,7 @@ def test_a_sweep_with_a_lost_trial_finishes_without_it_and_its_resume_makes_it_t
     flags = {r.run_id: r.tags.get("best_in_sweep") for r in tracker.children(first.parent_run_id)}
     assert [run for run, flag in flags.items() if flag == "true"] == [lost.mlflow_run_id]
     assert flags[earlier] == "false" and record.read(record.sweep_file(tmp_path / "work", "lossy")).finished
+    assert again.lost_trials == () and parent.metrics["trials_lost"][-1].value == 0
 
 
 @pytest.mark.parametrize("recorded, flag, used", [(None, None, "tpe"), (None, "gp", "tpe"), ("cmaes", None, "cmaes"),

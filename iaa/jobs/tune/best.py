@@ -35,7 +35,8 @@ class TuneResult(Keyed, Result):
 
     ``model_uri`` is the best trial's logged model (None when it has no run, or the store refused
     it); ``explain_page`` and ``explain_png`` are absent when no page was made;
-    ``nothing_left`` is True for a resumed sweep that had nothing left to run.
+    ``nothing_left`` is True for a resumed sweep that had nothing left to run; ``lost_trials``
+    names the trials that lost their worker with no restores left, which resuming runs again.
     """
 
     sweep: str
@@ -56,6 +57,7 @@ class TuneResult(Keyed, Result):
     best_valid_acc_n: int
     best_valid_acc_stderr: float | None
     tied_trials: tuple[str, ...] = ()
+    lost_trials: tuple[str, ...] = ()
     nothing_left: bool | None = absent_when_none()
 
 
@@ -70,6 +72,7 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ties: Sequen
                       explain_png=outputs.get("explain_png"), model_uri=outputs.get("model_uri"), mlflow_ui=ui,
                       best_valid_acc_n=int(accuracy["best_valid_acc_n"] or 0),
                       best_valid_acc_stderr=accuracy["best_valid_acc_stderr"], tied_trials=tuple(ties),
+                      lost_trials=tuple(r.label for r in sweep.trials if r.lost),
                       next=next_steps(plan, best, plan.folder / "best_config.yaml"), **more)
 
 
@@ -164,7 +167,8 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
     Returns the best config's label and the store's view of the runs with the search's columns."""
     parent.log_metrics({"best_valid_acc": best.best_valid_acc, "trials": len(records),
                         "trials_stopped_early": sum(r.stop_reason == "asha" for r in records),
-                        "trials_failed": sum(r.status == "ERROR" for r in records)}, step=0)
+                        "trials_failed": sum(r.status == "ERROR" for r in records),
+                        "trials_lost": sum(r.lost for r in records)}, step=0)
     label = config_label(best.params)
     if not any(r.lost for r in records):    # a run's params never change: not while a resume may find a better trial
         parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
