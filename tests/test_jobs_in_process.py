@@ -11,7 +11,7 @@ import pytest
 
 from fakes import FakeLauncher, FakeTracker
 from iaa.jobs.ports import MembersRequest, SweepRequest, WorkersRequest
-from _faults import logged
+from _faults import assert_says, logged
 from _platform import TINY_SPACE
 from _tiny import TINY_SETS, make_tiny_prepared
 
@@ -141,6 +141,28 @@ def test_a_sweep_with_a_lost_trial_finishes_without_it_and_its_resume_makes_it_t
     assert [run for run, flag in flags.items() if flag == "true"] == [lost.mlflow_run_id]
     assert flags[earlier] == "false" and record.read(record.sweep_file(tmp_path / "work", "lossy")).finished
     assert again.lost_trials == () and parent.metrics["trials_lost"][-1].value == 0
+
+
+def test_a_sweep_whose_every_trial_lost_its_worker_is_one_error_naming_its_resume(tiny: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from iaa.jobs.ports import WORKER_LOST
+    from iaa.jobs.tune import tune
+
+    class AllLost(FakeLauncher):
+        def sweep(self, request):
+            return [replace(t, status="ERROR", stop_reason=WORKER_LOST) for t in super().sweep(request)]
+
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE, encoding="utf-8")
+    tracker = FakeTracker()
+    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=2, search_space=space, sets=TINY_SETS,
+                           workdir=tmp_path / "work", name="gone", show_progress=False)
+    with pytest.raises(tune.SweepInterrupted) as caught:
+        tune.run(req, lambda uri: tracker, AllLost())
+    assert_says(caught.value, "no trial finished; 2 trial(s) lost a worker", "`resume` gone")
+    [parent] = [r for r in tracker.runs.values() if r.parent_run_id is None]
+    assert parent.state == "KILLED"
 
 
 @pytest.mark.parametrize("recorded, flag, used", [(None, None, "tpe"), (None, "gp", "tpe"), ("cmaes", None, "cmaes"),

@@ -142,13 +142,19 @@ def finished_result(plan: SweepPlan, ui_command: str) -> TuneResult:
 
 def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun, resume: Command) -> list[TrialRecord]:
     """The trials that finished a validation check; with an unfinished trial (the sweep was
-    interrupted) or none scored, the parent run is ended KILLED or FAILED and this raises."""
+    interrupted) or none scored, the parent run is ended KILLED or FAILED and this raises (an
+    expected error, naming the resume, where trials lost their workers)."""
     unfinished = [r for r in records if r.status not in FINISHED_STATUSES]
     if unfinished:
         parent.end("KILLED")
         raise SweepInterrupted(f"sweep {name} interrupted with {len(unfinished)} unfinished trial(s); "
                                f"continue it with: {resume}")
     scored = [r for r in records if r.scored]
+    lost = [r.label for r in records if r.lost]
+    if not scored and lost:
+        parent.end("KILLED")
+        raise SweepInterrupted(f"sweep {name}: no trial finished; {len(lost)} trial(s) lost a worker with no restores "
+                               f"left ({', '.join(lost)}); continue it with: {resume}")
     if not scored:
         parent.end("FAILED")
         errors = "; ".join(f"{r.label}: {r.error}" for r in records if r.error)[:2000]
