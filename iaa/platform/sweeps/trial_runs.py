@@ -103,9 +103,15 @@ def child_runs(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str
             found.run_ids[trial_id] = run.run_id
             if run.tags.get("checkpoint"):
                 found.checkpoints[trial_id] = run.tags["checkpoint"].removesuffix(f"/{CHECKPOINT_FILE}")
-            if run.tags.get(NUMBER_TAG, "").isdigit():
-                found.names[trial_id] = driver_side.trial_name(int(run.tags[NUMBER_TAG]))
+            if (number := tagged_number(run.tags)) is not None:
+                found.names[trial_id] = driver_side.trial_name(number)
     return found
+
+
+def tagged_number(tags: Mapping[str, str]) -> int | None:
+    """A sweep trial's number in its study, as its run's tag names it (None: no such tag)."""
+    value = tags.get(NUMBER_TAG, "")
+    return int(value) if value.isdigit() else None
 
 
 class TrialRuns(tune.Callback):
@@ -145,9 +151,8 @@ class TrialRuns(tune.Callback):
         side = self.side
         found = None if trial.trial_id in side.run_ids else self._find(trial.trial_id)
         run_id = side.run_ids.get(trial.trial_id) or (found.run_id if found else None)
-        if found is not None and found.tags.get(NUMBER_TAG, "").isdigit():   # a resumed trial keeps its number
-            number = int(found.tags[NUMBER_TAG])
-        else:                                       # the study's number, else the start order
+        number = tagged_number(found.tags) if found is not None else None      # a resumed trial keeps its number
+        if number is None:                                                     # the study's, else the start order
             number = side.numbers.get(trial.trial_id, len(side.run_ids))
         if run_id is None:
             cfg = job_config(side.spec, trial.config)
