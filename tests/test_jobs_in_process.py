@@ -84,6 +84,22 @@ def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny
     assert tracker.runs[sweep["parent_run_id"]].state == "FINISHED"
 
 
+def _sweeper(tiny: Path, tmp_path: Path, tracker: FakeTracker, launcher: FakeLauncher, *, name: str,
+             num_samples: int):
+    """``sweep(**more)``: the sweep ``name`` of the tiny data in ``tmp_path/work`` on the fakes,
+    with ``more`` of the request (``resume``, ``time_budget_s``)."""
+    from iaa.jobs.tune import tune
+
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE, encoding="utf-8")
+
+    def sweep(**more: object) -> tune.TuneResult:
+        req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=num_samples, search_space=space,
+                               sets=TINY_SETS, workdir=tmp_path / "work", name=name, show_progress=False, **more)
+        return tune.run(req, lambda uri: tracker, launcher)
+    return sweep
+
+
 class _LosingLauncher(FakeLauncher):
     """A sweep whose last trial loses its worker with no restores left; resumed, that trial runs
     again to the end, better than every other."""
@@ -111,16 +127,9 @@ def test_a_sweep_with_a_lost_trial_finishes_without_it_and_its_resume_makes_it_t
     """The sweep's run takes the best as params only once no trial is left to run again (params
     never change), and a resume that finds a better trial moves ``best_in_sweep`` to it."""
     from iaa.jobs.sweeps import record
-    from iaa.jobs.tune import tune
 
-    space = tmp_path / "space.yaml"
-    space.write_text(TINY_SPACE, encoding="utf-8")
     tracker, launcher = FakeTracker(), _LosingLauncher()
-
-    def sweep(**more: object) -> tune.TuneResult:
-        req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=3, search_space=space, sets=TINY_SETS,
-                               workdir=tmp_path / "work", name="lossy", show_progress=False, **more)
-        return tune.run(req, lambda uri: tracker, launcher)
+    sweep = _sweeper(tiny, tmp_path, tracker, launcher, name="lossy", num_samples=3)
 
     first = sweep()
     recorded = record.read(record.sweep_file(tmp_path / "work", "lossy"))
@@ -141,6 +150,83 @@ def test_a_sweep_with_a_lost_trial_finishes_without_it_and_its_resume_makes_it_t
     assert [run for run, flag in flags.items() if flag == "true"] == [lost.mlflow_run_id]
     assert flags[earlier] == "false" and record.read(record.sweep_file(tmp_path / "work", "lossy")).finished
     assert again.lost_trials == () and parent.metrics["trials_lost"][-1].value == 0
+
+
+def _sweeps(launcher: FakeLauncher) -> list[SweepRequest]:
+    return [r for r in launcher.requests if isinstance(r, SweepRequest)]
+
+
+class _BudgetLauncher(FakeLauncher):
+    """A sweep whose time budget ends it with its last two trials stopped where they stood, one of
+    them before its first check."""
+
+    def sweep(self, request):
+        from dataclasses import replace
+
+        from iaa.jobs.ports import TIME_BUDGET
+
+        *done, stood, unchecked = super().sweep(request)
+        return [*done, replace(stood, stop_reason=TIME_BUDGET, checks=2),
+                replace(unchecked, stop_reason=TIME_BUDGET, checks=0, best_valid_acc=None)]
+
+
+def test_a_sweep_that_spends_its_budget_finishes_with_what_ran_and_its_resume_runs_nothing(
+        tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from iaa.jobs.sweeps import record
+
+    tracker, launcher = FakeTracker(), _BudgetLauncher()
+    sweep = _sweeper(tiny, tmp_path, tracker, launcher, name="timed", num_samples=4)
+
+    with caplog.at_level("INFO"):
+        first = sweep(time_budget_s=600)
+    [request] = _sweeps(launcher)
+    assert request.plan.time_budget_s == 600
+    recorded = record.read(record.sweep_file(tmp_path / "work", "timed"))
+    assert recorded.time_budget_s == 600 and recorded.finished
+    assert first.cut_trials == tuple(t.label for t in recorded.trials[-2:]) and first.best_valid_acc is not None
+    assert first.fields()["cut_trials"] == list(first.cut_trials)
+    parent = tracker.runs[recorded.parent_run_id]
+    assert parent.state == "FINISHED" and parent.tags["time_budget_s"] == "600"
+    assert parent.last("trials_cut") == 2 and "best.trial_id" in parent.params
+    assert_says(caplog.text, "time budget of 10m00s ended it with 4 of 4 trials begun", "2 stopped where they stood",
+                "1 of them had made no check")
+
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        again = sweep(resume=True, time_budget_s=7200)
+    assert again.nothing_left and len(_sweeps(launcher)) == 1
+    assert_says(caplog.text, "nothing left to run", "time budget of 10m00s was spent", "start a new sweep")
+
+
+class _InterruptedLauncher(FakeLauncher):
+    """A sweep interrupted with its last trial unfinished twice (a first run and a resume);
+    the next resume finishes it."""
+
+    def can_resume(self, placement):
+        return True
+
+    def sweep(self, request):
+        from dataclasses import replace
+
+        *done, last = super().sweep(request)
+        unfinished = len(_sweeps(self)) <= 2
+        return [*done, replace(last, status="RUNNING", stop_reason="") if unfinished else last]
+
+
+def test_an_interrupted_sweep_resumes_with_its_recorded_budget_unless_given_another(
+        tiny: Path, tmp_path: Path) -> None:
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.tune.request import SweepInterrupted
+
+    tracker, launcher = FakeTracker(), _InterruptedLauncher()
+    sweep = _sweeper(tiny, tmp_path, tracker, launcher, name="halted", num_samples=2)
+    for more in ({"time_budget_s": 600}, {"resume": True}):
+        with pytest.raises(SweepInterrupted):
+            sweep(**more)
+    sweep(resume=True, time_budget_s=900)
+    assert [r.plan.time_budget_s for r in _sweeps(launcher)] == [600, 600, 900]
+    recorded = record.read(record.sweep_file(tmp_path / "work", "halted"))
+    assert recorded.time_budget_s == 900 and tracker.runs[recorded.parent_run_id].tags["time_budget_s"] == "900"
 
 
 def test_a_sweep_whose_every_trial_lost_its_worker_is_one_error_naming_its_resume(tiny: Path, tmp_path: Path) -> None:

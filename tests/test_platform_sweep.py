@@ -186,3 +186,42 @@ def test_two_sweeps_with_default_names_on_one_storage_path_both_survive(tiny: Pa
         run_sweep(**request, name=first["sweep"])
     assert read_sweep(tmp_path / "work", first["sweep"])["trials"] == first_trials
     assert all(Path(t["checkpoint"]).is_file() for t in first_trials)
+
+
+def test_a_sweep_ends_at_its_time_budget_with_nothing_left_running(tiny: Path, tmp_path: Path,
+                                                                   local_ray: None) -> None:
+    """Tune stops every trial where it stands once the trials have run for the budget, and tells
+    neither the searcher nor the callbacks: the sweep still ends each stopped trial's run and
+    Optuna trial, ranks what ran, and a resume has nothing left to run."""
+    import optuna
+
+    from iaa.jobs.ports import TIME_BUDGET
+
+    request = dict(dataset="cbt-ne", data=tiny, num_samples=100, search_space=write_space(tmp_path),
+                   sets=(*TINY_SETS, "train.max_epochs=4"), workdir=tmp_path, name="timed", show_progress=False,
+                   time_budget_s=15.0)
+    result = run_sweep(**request)
+    sweep = read_sweep(tmp_path, "timed")
+    trials = sweep["trials"]
+    cut = [t for t in trials if t["stop_reason"] == TIME_BUDGET]
+    assert sweep["time_budget_s"] == 15.0 and cut and len(trials) < 100
+    assert all(t["status"] == "TERMINATED" for t in trials)
+    assert result["cut_trials"] == [t["name"] or t["trial_id"] for t in cut]
+    assert result["best_valid_acc"] == max(t["best_valid_acc"] for t in trials if t["best_valid_acc"] is not None)
+
+    client = MlflowClient(result["tracking_uri"])
+    parent = client.get_run(sweep["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials_cut"] == len(cut)
+    assert parent.data.tags["time_budget_s"] == "15"
+    runs = {r.data.tags["trial_id"]: r for r in children(sweep)}
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}
+    assert all(runs[t["trial_id"]].data.tags["stop_reason"] == TIME_BUDGET for t in cut if t["trial_id"] in runs)
+
+    study = optuna.load_study(study_name="timed", storage=sweep["optuna"]["storage"])
+    assert {t.state.name for t in study.trials} <= {"COMPLETE", "PRUNED", "FAIL"}
+    stopped = [t for t in study.trials if t.user_attrs.get("stopped_by") == TIME_BUDGET]
+    assert len(stopped) == len(cut)
+    assert all(t.state.name == "PRUNED" or not t.intermediate_values for t in stopped)
+
+    again = run_sweep(**{**request, "resume": True})
+    assert again["nothing_left"] and read_sweep(tmp_path, "timed")["trials"] == trials

@@ -4,6 +4,7 @@ which data a command reads."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,6 +43,31 @@ class _FiniteFloat(click.types.FloatParamType):
 class _Finite(click.FloatRange, _FiniteFloat):
     """``click.FloatRange`` that also refuses nan and inf (unbounded: ``_FiniteFloat``, whose help
     shows no empty range)."""
+
+
+class _Duration(click.ParamType):
+    """A length of time as seconds: ``90m``, ``2h``, ``1h30m``, ``1.5d``, ``45s``; a bare number is seconds."""
+
+    name = "duration"
+    UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([dhms])")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, (int, float)):
+            seconds = float(value)
+        else:
+            text = str(value).strip().lower()
+            try:
+                seconds = float(text)
+            except ValueError:
+                parts = self.PART.findall(text)
+                if not parts or "".join(n + u for n, u in parts) != text.replace(" ", ""):
+                    self.fail(f"{value!r} is not a length of time; give for example 90m, 2h, 1h30m or 45s "
+                              "(a bare number is seconds)", param, ctx)
+                seconds = sum(float(n) * self.UNITS[u] for n, u in parts)
+        if not (math.isfinite(seconds) and seconds > 0):
+            self.fail(f"{value!r} is not a length of time above 0", param, ctx)
+        return seconds
 
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from iaa.cli.adapters import _launcher, _open_tracker
-from iaa.cli.options import (MODELS, _Finite, _need_data,
+from iaa.cli.options import (MODELS, _Duration, _Finite, _need_data,
                              cluster_options, config_options, json_option, workdir_option)
 from iaa.cli.output import _emit, _friendly, progress_shown
 from iaa.data.datasets import TUNE_DATASETS
@@ -24,6 +24,10 @@ from iaa.jobs.config.presets import SAMPLERS
 @click.option("--num-samples", type=click.IntRange(1, 100_000), default=None, help="Trials [default: per dataset preset].")
 @click.option("--max-concurrent", type=click.IntRange(1, 1024), default=None, help="Trials at once [default: what the cluster fits].")
 @click.option("--max-epochs", type=_Finite(min=0, min_open=True), default=None, help="Epochs per trial [default: per dataset preset].")
+@click.option("--time-budget", "time_budget_s", type=_Duration(), default=None, metavar="DURATION",
+              help="Stop the sweep when its trials have run this long in all (90m, 2h, 1h30m), over every "
+                   "--resume; the running trials stop where they stand and their checks count. A resume keeps "
+                   "the sweep's budget unless given another. [default: none]")
 @click.option("--search-space", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML search space overriding the paper's grid.")
 @click.option("--grace-period", type=click.IntRange(1, 10**6), default=None,

@@ -24,13 +24,13 @@ from iaa.jobs.ports.launching import (ConnectRequest, Launcher, MembersRequest, 
                                       WorkerFit, WorkerLink, WorkersRequest)
 from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
                                     Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelSource,
-                                    RequestError, RunRecord, ServeApi, ServeConfig, TrialRecord, TUNE_RUN_TAG,
-                                    WORKER_LOST)
+                                    RequestError, RunRecord, ServeApi, ServeConfig, TIME_BUDGET, TrialRecord,
+                                    TUNE_RUN_TAG, WORKER_LOST)
 from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
 from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
 
 __all__ = [
-    "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES", "TUNE_RUN_TAG", "WORKER_LOST",
+    "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES", "TIME_BUDGET", "TUNE_RUN_TAG", "WORKER_LOST",
     "Answerer", "ConnectRequest", "Launcher", "Limits", "LoadedModel", "MembersRequest", "MetricPoint", "Metrics",
     "MetricsCallback", "ModelCode", "ModelFetcher", "ModelSource", "Placement", "RequestError", "RestoresSpent", "RunRecord", "Scorer",
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",

@@ -103,6 +103,7 @@ class SearchPlan:
     study_storage: str | None = None  # where the searcher keeps its study (an Optuna RDB URL); None: in memory
     study_name: str | None = None
     sampler: str = DEFAULT_SAMPLER   # the Optuna sampler that proposes the trials (presets.SAMPLERS)
+    time_budget_s: float | None = None   # the trials' time in all, over every run of the sweep; None: no limit
 
     @property
     def checks(self) -> int:

@@ -18,6 +18,7 @@ Metrics = dict[str, object]
 MetricsCallback = Callable[[Metrics], None]
 FAILED_STATUSES = frozenset({"ERROR", "FAILED"})
 WORKER_LOST = "worker-lost"    # the stop reason of a trial that lost its worker with no restores left
+TIME_BUDGET = "time-budget"    # the stop reason of a trial that the sweep's time budget ended
 
 
 # --- runs ----------------------------------------------------------------------------------------
@@ -59,7 +60,7 @@ class TrialRecord:
     status: str = "TERMINATED"             # Tune's: TERMINATED, ERROR, or unfinished (RUNNING, PENDING ...)
     checks: int = 0
     steps: int = 0
-    stop_reason: str = ""                  # the loop's (patience, max_epochs ...), "asha", or WORKER_LOST
+    stop_reason: str = ""                  # the loop's (patience, max_epochs ...), "asha", WORKER_LOST or TIME_BUDGET
     error: str | None = None
     name: str = ""                         # its one name (``trial-0003``, ``seed-7``); "" in older records
 
@@ -77,6 +78,11 @@ class TrialRecord:
         """Failed because its worker was lost (its process or node died) with no restores left:
         continuing the sweep runs it again from its last checkpoint."""
         return self.failed and self.stop_reason == WORKER_LOST
+
+    @property
+    def cut(self) -> bool:
+        """Stopped where it stood when the sweep's time budget was spent (its checks count)."""
+        return self.stop_reason == TIME_BUDGET
 
     @property
     def scored(self) -> bool:

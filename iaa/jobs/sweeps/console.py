@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import printable
+from iaa.jobs.ports import TIME_BUDGET
 from iaa.jobs.sweeps.cost import SweepCost, duration
 from iaa.jobs.config.job_config import config_label, short_name, short_value
 
@@ -91,10 +92,14 @@ class SweepConsole:
                   f"best {_acc(t.best)}")
         if first and self.corrected_s is not None and self.cost is not None:
             probe = f" (the probe said at most {duration(self.cost.wall_s)})" if self.cost.wall_s else ""
-            self._say(f"estimate from the first check: about {duration(self.corrected_s)} in all{probe}")
+            ends = self._budget_end_s()
+            budget = (f"; its time budget ends it at about {duration(ends)}"
+                      if ends is not None and ends < self.corrected_s else "")
+            self._say(f"estimate from the first check: about {duration(self.corrected_s)} in all{probe}{budget}")
 
     def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None:
-        """``reason``: ``asha`` (stopped by the scheduler), the loop's stop reason, or ``error``."""
+        """``reason``: ``asha`` (stopped by the scheduler), ``time-budget`` (the sweep's budget was
+        spent), the loop's stop reason, or ``error``."""
         t = self.trials.setdefault(trial_id, _Trial({}, self.clock()))
         if t.state != "running":
             return
@@ -103,6 +108,9 @@ class SweepConsole:
         if reason == "asha":
             t.state = "stopped"
             self._say(f"trial {trial_id} stopped by ASHA {after}")
+        elif reason == TIME_BUDGET:
+            t.state = "stopped"
+            self._say(f"trial {trial_id} stopped by the time budget {after}")
         elif reason == "error":
             t.state = "failed"
             last = (error or "").strip().splitlines()[-1:]
@@ -200,6 +208,13 @@ class SweepConsole:
     def trials_started_at(self) -> float:
         return min((t.started for t in self.trials.values()), default=self.started)
 
+    def _budget_end_s(self) -> float | None:
+        """When the time budget ends the sweep, in seconds from its start (the budget counts from
+        the first trial's start); None without a budget."""
+        if self.cost is None or self.cost.budget_s is None:
+            return None
+        return self.trials_started_at() - self.started + self.cost.budget_s
+
     def left_s(self) -> float | None:
         """Seconds left if ASHA stops no more trials: epochs still to train over the sweep's speed."""
         rate = self._epochs_per_s()
@@ -208,7 +223,9 @@ class SweepConsole:
         running = [t for t in self.trials.values() if t.state == "running"]
         epochs = sum(max(self.cost.epochs - t.epoch, 0.0) for t in running)
         epochs += max(self.cost.trials - len(self.trials), 0) * self.cost.epochs
-        return epochs / (rate * max(min(self.cost.concurrency, max(len(running), 1)), 1))
+        left = epochs / (rate * max(min(self.cost.concurrency, max(len(running), 1)), 1))
+        ends = self._budget_end_s()
+        return left if ends is None else max(min(left, ends - (self.clock() - self.started)), 0.0)
 
     def _say(self, text: str) -> None:
         now = self.clock()

@@ -42,6 +42,7 @@ class SweepCost:
     valid_examples_per_s: float = 0.0   # scoring speed of one trial (probe); 0: not counted
     start_s: float = 0.0           # the sweep's start, before the first trial trains
     trial_start_s: float = 0.0     # each wave of trials' start
+    budget_s: float | None = None  # the sweep's time budget (what is left of it when resumed); None: none
 
     @property
     def total_examples(self) -> float:
@@ -74,17 +75,28 @@ class SweepCost:
         head = (f"cost: {self.trials} trials x {self.epochs:g} epochs x {self.examples:,} examples, "
                 f"{self.concurrency} at a time")
         if self.wall_s is None:
-            return f"{head}; throughput on GPU workers not probed from here" + self.sharing()
+            return f"{head}; throughput on GPU workers not probed from here" + self.budget() + self.sharing()
         text = (f"{head}; ~{self.examples_per_s:,.0f} examples/s per trial (probe) -> at most "
                 f"{duration(self.wall_s)} (less where ASHA stops trials)")
         overhead = self.wall_s - self.waves * self.train_s
         if overhead >= 1:
             text += (f"; of which {duration(overhead)} is not training: {self.checks} validation check(s) of "
                      f"{self.valid_examples:,} examples per trial and the trials' start")
-        if not self.gpus and self.wall_s > MANY_HOURS * 3600:
+        text += self.budget()
+        if not self.gpus and min(self.wall_s, self.budget_s or self.wall_s) > MANY_HOURS * 3600:
             text += ("\n  that is long for CPUs: shrink it with `num_samples` N, `max_epochs` E, a smaller "
-                     "model (`sets` model.embed_dim=...), or run on a GPU cluster (`address`, `gpus_per_worker` 1)")
+                     "model (`sets` model.embed_dim=...), `time_budget_s` T, or run on a GPU cluster (`address`, "
+                     "`gpus_per_worker` 1)")
         return text
+
+    def budget(self) -> str:
+        """The time budget, in words: when it ends the sweep, if it may."""
+        if self.budget_s is None:
+            return ""
+        if self.wall_s is not None and self.wall_s <= self.budget_s:
+            return f"; within its time budget of {duration(self.budget_s)}"
+        return (f"; its time budget stops the trials after {duration(self.budget_s)} of running, "
+                "where they stand (the later trials may not start)")
 
 
     def sharing(self) -> str:

@@ -5,7 +5,7 @@
 (which picks its members from the rows) and ``report --sweep``. Its keys are a contract::
 
     {"schema", "name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id",
-     "storage", "search_space", "sampler", "num_samples", "asha", "optuna", "base",
+     "storage", "search_space", "sampler", "num_samples", "time_budget_s", "asha", "optuna", "base",
      "workers_per_trial", "max_concurrent", "trials": [row, ...], "wall_s"}
 
 ``schema`` is 1 (a record without it was written before it was versioned, and reads the same);
@@ -74,6 +74,7 @@ class SweepRecord:
     search_space: Mapping[str, Any] | None = None    # SearchSpace.to_json()'s object
     sampler: str | None = None                       # None: written before samplers were recorded (tpe)
     num_samples: int | None = None
+    time_budget_s: float | None = None               # the trials' time in all, over every run; None: no limit
     asha: Asha | None = None
     optuna: Study | None = None
     base: Mapping[str, Any] | None = None            # the base JobConfig, as to_dict gives it
@@ -107,10 +108,16 @@ class SweepRecord:
 
     @property
     def finished(self) -> bool:
-        """Nothing is left to run: the sweep reached its number of trials and every one ended, none
-        of them by losing its worker with no restores left (continuing runs that one again)."""
-        return (bool(self.trials) and len(self.trials) >= (self.num_samples or 0)
-                and all(t.status in FINISHED_STATUSES and not t.lost for t in self.trials))
+        """Nothing is left to run: the sweep spent its time budget, or it reached its number of
+        trials and every one ended, none of them by losing its worker with no restores left
+        (continuing runs that one again)."""
+        return self.budget_spent or (bool(self.trials) and len(self.trials) >= (self.num_samples or 0)
+                                     and all(t.status in FINISHED_STATUSES and not t.lost for t in self.trials))
+
+    @property
+    def budget_spent(self) -> bool:
+        """The sweep's time budget ended it: the trials it stopped are cut (their checks count)."""
+        return any(t.cut for t in self.trials)
 
     def with_run(self, trials: Sequence[TrialRecord], seconds: float) -> SweepRecord:
         """The record after a run of ``seconds`` that left ``trials``."""
@@ -180,6 +187,7 @@ def sampler(record: SweepRecord) -> str:
 HEADER = {"schema": "positive?", "name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
           "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "sampler": "text?",
           "optuna": "mapping?", "asha": "mapping?", "base": "mapping?", "num_samples": "positive?",
+          "time_budget_s": "seconds?",
           "workers_per_trial": "positive?", "max_concurrent": "positive?", "wall_s": "number?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",
@@ -265,7 +273,7 @@ def table(records: Sequence[TrialRecord], param_names: Sequence[str]) -> str:
     rows = [head]
     for i, r in enumerate(ranked[:TABLE_ROWS], 1):
         acc = f"{r.best_valid_acc:.4f}" if r.best_valid_acc is not None else "-"
-        status = "stopped" if r.stop_reason == "asha" else r.status.lower()
+        status = "stopped" if r.stop_reason == "asha" else "cut" if r.cut else r.status.lower()
         values = [_dotted(to_dict(r.config), n) for n in param_names]
         rows.append([str(i), r.label, status, str(r.checks), acc,
                      *[f"{v:g}" if isinstance(v, float) else str(v) for v in values]])

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from iaa.errors import IaaError, printable
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.config.job_config import config_label, dump_yaml
 from iaa.jobs.evaluation import frequency, uncertainty
 from iaa.jobs.evaluation.closing import Command, next_block
@@ -36,7 +37,8 @@ class TuneResult(Keyed, Result):
     ``model_uri`` is the best trial's logged model (None when it has no run, or the store refused
     it); ``explain_page`` and ``explain_png`` are absent when no page was made;
     ``nothing_left`` is True for a resumed sweep that had nothing left to run; ``lost_trials``
-    names the trials that lost their worker with no restores left, which resuming runs again.
+    names the trials that lost their worker with no restores left, which resuming runs again;
+    ``cut_trials`` those that the sweep's time budget stopped where they stood.
     """
 
     sweep: str
@@ -58,6 +60,7 @@ class TuneResult(Keyed, Result):
     best_valid_acc_stderr: float | None
     tied_trials: tuple[str, ...] = ()
     lost_trials: tuple[str, ...] = ()
+    cut_trials: tuple[str, ...] = ()
     nothing_left: bool | None = absent_when_none()
 
 
@@ -73,6 +76,7 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ties: Sequen
                       best_valid_acc_n=int(accuracy["best_valid_acc_n"] or 0),
                       best_valid_acc_stderr=accuracy["best_valid_acc_stderr"], tied_trials=tuple(ties),
                       lost_trials=tuple(r.label for r in sweep.trials if r.lost),
+                      cut_trials=tuple(r.label for r in sweep.trials if r.cut),
                       next=next_steps(plan, best, plan.folder / "best_config.yaml"), **more)
 
 
@@ -91,6 +95,8 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     if lost:
         _log.warning(printable(f"{len(lost)} trial(s) lost a worker with no restores left and ended at their last "
                                f"check ({', '.join(lost)}); {plan.resume_command} runs them again from there"))
+    if sweep.budget_spent:
+        _log.info(printable(budget_line(sweep)))
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
     outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, plan.register, records)
     for key in ("explain_page", "explain_png"):          # the sweep's run shows its best trial's page too
@@ -117,6 +123,16 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
                        "restart it) and log the models again")
     return _result(plan, sweep, best, ties, baseline, ui, outputs)
+
+
+def budget_line(sweep: SweepRecord) -> str:
+    """How the time budget ended ``sweep``: the trials it had begun, and those it stopped."""
+    cut = [r for r in sweep.trials if r.cut]
+    unchecked = sum(1 for r in cut if not r.checks)
+    return (f"sweep {sweep.name}: its time budget of {duration(sweep.time_budget_s or 0)} ended it with "
+            f"{len(sweep.trials)} of {sweep.num_samples} trials begun; {len(cut)} stopped where they stood "
+            f"({', '.join(r.label for r in cut)}) and their checks count"
+            + (f"; {unchecked} of them had made no check" if unchecked else ""))
 
 
 def finished_result(plan: SweepPlan, ui_command: str) -> TuneResult:
@@ -174,7 +190,8 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
     parent.log_metrics({"best_valid_acc": best.best_valid_acc, "trials": len(records),
                         "trials_stopped_early": sum(r.stop_reason == "asha" for r in records),
                         "trials_failed": sum(r.status == "ERROR" for r in records),
-                        "trials_lost": sum(r.lost for r in records)}, step=0)
+                        "trials_lost": sum(r.lost for r in records),
+                        "trials_cut": sum(r.cut for r in records)}, step=0)
     label = config_label(best.params)
     if not any(r.lost for r in records):    # a run's params never change: not while a resume may find a better trial
         parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})

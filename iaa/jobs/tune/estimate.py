@@ -25,6 +25,7 @@ def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path) -> Swee
     cost = SweepCost(trials=search.num_samples, epochs=search.base.train.max_epochs, examples=launch.train_rows,
                      examples_per_s=rate, concurrency=launch.max_concurrent, gpus=gpus,
                      gpus_per_trial=launch.gpus_per_worker, checks=search.checks, valid_examples=valid,
-                     valid_examples_per_s=valid_rate, start_s=SWEEP_START_S, trial_start_s=TRIAL_START_S)
+                     valid_examples_per_s=valid_rate, start_s=SWEEP_START_S, trial_start_s=TRIAL_START_S,
+                     budget_s=search.time_budget_s)
     _log.info(cost.describe())
     return cost

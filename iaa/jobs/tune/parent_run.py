@@ -37,6 +37,11 @@ def sweep_params(search: SearchPlan, workers_per_trial: int, launch: Placement) 
             "tune.study": search.study_name, "tune.study_storage": search.study_storage}
 
 
+def budget_tag(time_budget_s: float | None) -> dict[str, str]:
+    """The sweep run's tag of its time budget in seconds (a tag, not a param: a resume may change it)."""
+    return {"time_budget_s": f"{time_budget_s:g}"} if time_budget_s is not None else {}
+
+
 def run_columns(space: search_space.SearchSpace) -> list[str]:
     """The runs table's columns: the accuracies, the searched params (what each trial tried;
     the parent's best config is its ``best.*`` params and its note) and the seed (an ensemble's
@@ -50,7 +55,8 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan,
     """A fresh sweep: its parent run and its sweep.json."""
     experiment, base, space, preset = plan.experiment, search.base, search.space, search.preset
     parent = tracker.start_run(experiment, plan.name,
-                               tags={"dataset": plan.dataset, "sweep": plan.name, "model": base.model.kind})
+                               tags={"dataset": plan.dataset, "sweep": plan.name, "model": base.model.kind,
+                                     **budget_tag(search.time_budget_s)})
     try:
         parent.log_dataset(plan.prepared)
         parent.log_params(sweep_params(search, plan.workers_per_trial, launch))
@@ -59,6 +65,7 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan,
                             tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent.run_id,
                             storage=launch.experiment_path, search_space=json.loads(space.to_json()),
                             sampler=search.sampler, num_samples=search.num_samples,
+                            time_budget_s=search.time_budget_s,
                             asha=Asha(preset.grace_period, preset.reduction_factor),
                             workers_per_trial=plan.workers_per_trial, max_concurrent=launch.max_concurrent,
                             optuna=plan.study, base=to_dict(base))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class TuneRequest:
     verbose: bool = False            # Ray Tune's own status tables and result boxes
     optuna_storage: str | None = None  # the study's RDB URL; None: the SQLite file WORKDIR/optuna.db
     sampler: str | None = None       # one of SAMPLERS; None: tpe (a resumed sweep: the one it recorded)
+    time_budget_s: float | None = None   # the trials' time in all, over every run; None: none (a resume: the recorded)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -63,5 +65,7 @@ class TuneRequest:
             raise ConfigError(f"`grace_period` must be at least 1 check, got {self.grace_period}")
         if self.reduction_factor is not None and not self.reduction_factor > 1:
             raise ConfigError(f"`reduction_factor` must be above 1, got {self.reduction_factor}")
+        if self.time_budget_s is not None and not (math.isfinite(self.time_budget_s) and self.time_budget_s > 0):
+            raise ConfigError(f"`time_budget_s` must be a time above 0, got {self.time_budget_s!r} s")
         if self.sampler is not None and self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose from {', '.join(SAMPLERS)}")

@@ -45,6 +45,7 @@ class SweepPlan:
     space: search_space.SearchSpace
     preset: TunePreset               # the dataset's, with the request's (or record's) ASHA settings
     num_samples: int
+    time_budget_s: float | None      # the trials' time in all, over every run of the sweep; None: no limit
     sampler: str                     # one of SAMPLERS
     study: Study                     # where the Optuna study lives
     tracking_uri: str                # the store, checked
@@ -125,7 +126,8 @@ def settle(req: TuneRequest) -> SweepPlan:
     return SweepPlan(name=name, dataset=dataset, prepared=prepared, data=req.data, workdir=workdir,
                      folder=Workdir(workdir).sweep(name), storage=Workdir(workdir).storage(req.storage_path),
                      storage_path=req.storage_path, base=base, train_epochs=cfg.train.max_epochs, space=space,
-                     preset=preset, num_samples=num_samples, sampler=sampler, study=study, tracking_uri=tracking,
+                     preset=preset, num_samples=num_samples, time_budget_s=req.time_budget_s, sampler=sampler,
+                     study=study, tracking_uri=tracking,
                      recorded=recorded, seed=req.seed, workers_per_trial=req.workers_per_trial,
                      gpus_per_worker=req.gpus_per_worker, max_concurrent=req.max_concurrent, register=req.register,
                      show_progress=req.show_progress, verbose=req.verbose,
@@ -176,10 +178,11 @@ def _with_recorded_data(req: TuneRequest, record: SweepRecord) -> TuneRequest:
 
 
 def with_recorded_budget(req: TuneRequest, record: SweepRecord) -> TuneRequest:
-    """``req`` with the number of trials and the ASHA settings its sweep recorded, where the
-    command line gives none: a resume counts and stops trials as the sweep did."""
+    """``req`` with the number of trials, the time budget and the ASHA settings its sweep recorded,
+    where the command line gives none: a resume counts and stops trials as the sweep did."""
     asha = record.asha
     return replace(req, num_samples=req.num_samples or record.num_samples,
+                   time_budget_s=req.time_budget_s or record.time_budget_s,
                    grace_period=req.grace_period or (asha.grace_period if asha else None),
                    reduction_factor=req.reduction_factor or (asha.reduction_factor if asha else None))
 

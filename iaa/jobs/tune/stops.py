@@ -17,6 +17,7 @@ from typing import Callable, Collection, Mapping
 from iaa.files import DiskFullError, UnwritableError
 from iaa.jobs.evaluation.closing import Command
 from iaa.jobs.ports import Launcher, SearchPlan, Tracker
+from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.record import SweepRecord
 
 KILLED_BEFORE = "left RUNNING by a process that ended without closing it; marked when the sweep was resumed"
@@ -100,13 +101,15 @@ def kept(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | Non
             f"one(s) ({folder}; runs KILLED, unfinished Optuna trials FAIL)")
 
 
-def resumed_line(tracker: Tracker, record: SweepRecord, num_samples: int) -> str:
+def resumed_line(tracker: Tracker, record: SweepRecord, num_samples: int, time_budget_s: float | None = None) -> str:
     """What a resumed sweep keeps and what is left."""
     finished, unfinished = standing(tracker, record.experiment or "", record.name, record.parent_run_id,
                                     lost_trials(record))
     left = max(num_samples - finished, 0)
+    budget = (f"; its time budget of {duration(time_budget_s)} counts the time its trials ran before"
+              if time_budget_s is not None else "")
     return (f"resuming sweep {record.name}: {finished} of {num_samples} trials finished and kept; {left} left, "
-            f"of which {unfinished} continue from their last checkpoint")
+            f"of which {unfinished} continue from their last checkpoint{budget}")
 
 
 def lost_trials(record: SweepRecord) -> set[str]:
@@ -116,5 +119,10 @@ def lost_trials(record: SweepRecord) -> set[str]:
 
 def nothing_left_line(record: SweepRecord, folder: Path) -> str:
     """A resumed sweep that has nothing left to run, in one line."""
+    if record.budget_spent:
+        return (f"sweep {record.name}: nothing left to run: its time budget of {duration(record.time_budget_s or 0)} "
+                f"was spent after {len(record.trials)} of {record.num_samples} trials, and a sweep's stopped "
+                f"trials do not start again; its results stand as recorded ({folder}); to search on, start a "
+                "new sweep")
     return (f"sweep {record.name}: nothing left to run: {len(record.trials)} of {record.num_samples} trials "
             f"finished; its results stand as recorded ({folder})")

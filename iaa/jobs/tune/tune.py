@@ -48,7 +48,7 @@ from iaa.jobs.tune import stops
 from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, TuneResult, best_outputs, finish, finished_result, write_best_config
 from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
-from iaa.jobs.tune.parent_run import close_lost_runs, run_columns, start_sweep, sweep_params
+from iaa.jobs.tune.parent_run import budget_tag, close_lost_runs, run_columns, start_sweep, sweep_params
 from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
 from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, searched_overrides, settle, sweep_config,
                                   sweep_name)
@@ -136,7 +136,8 @@ def _search_plan(plan: SweepPlan, launch: Placement) -> SearchPlan:
     base = precision.resolved(plan.base, "cuda" if plan.gpus_per_worker > 0 else "cpu")
     return SearchPlan(base=base, space=plan.space, preset=plan.preset, seed=plan.seed, num_samples=plan.num_samples,
                       max_t=max_checks(base, plan.space, launch.train_rows, plan.workers_per_trial),
-                      study_storage=plan.study.storage, study_name=plan.study.study, sampler=plan.sampler)
+                      study_storage=plan.study.storage, study_name=plan.study.study, sampler=plan.sampler,
+                      time_budget_s=plan.time_budget_s)
 
 
 def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: Placement,
@@ -151,10 +152,13 @@ def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: P
     if plan.recorded is not None:
         if not launcher.can_resume(launch):
             raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
-        sweep = replace(plan.recorded, sampler=plan.sampler)   # a record older than samplers names its own
+        sweep = replace(plan.recorded, sampler=plan.sampler,   # a record older than samplers names its own
+                        time_budget_s=plan.time_budget_s)
         stops.close_leftovers(tracker, launcher, sweep, search)
         assert sweep.parent_run_id is not None               # read_resumable: required
         parent = tracker.reopen_run(sweep.parent_run_id)
+        if plan.time_budget_s is not None:
+            parent.set_tags(budget_tag(plan.time_budget_s))
         if plan.show_progress:
             console = _resumed_console(plan, tracker, launch, search, sweep)
     else:
@@ -168,7 +172,9 @@ def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: P
 def _resumed_console(plan: SweepPlan, tracker: Tracker, launch: Placement, search: SearchPlan,
                      sweep: SweepRecord) -> SweepConsole:
     """A resumed sweep's console, as a fresh one's: what is kept and left, the cost of what is left."""
-    _log.info(stops.resumed_line(tracker, sweep, plan.num_samples) + f" ({launch.experiment_path})")
+    _log.info(stops.resumed_line(tracker, sweep, plan.num_samples, plan.time_budget_s) + f" ({launch.experiment_path})")
     finished, _ = stops.standing(tracker, plan.experiment, plan.name, sweep.parent_run_id, stops.lost_trials(sweep))
-    left = replace(search, num_samples=max(plan.num_samples - finished, 1))
+    # what the earlier runs spent of the time budget is known once the launcher restores the sweep's
+    # clock: the cost says nothing of the budget (the line above does)
+    left = replace(search, num_samples=max(plan.num_samples - finished, 1), time_budget_s=None)
     return SweepConsole(estimate_cost(launch, left, plan.prepared), list(plan.space.params))

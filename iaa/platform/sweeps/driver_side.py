@@ -13,11 +13,30 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from iaa.errors import IaaError
 from iaa.jobs.ports import SweepEvents, Tracker
 from iaa.platform.sweeps.trial import TrialSpec
+
+
+@dataclass
+class TimeBudget:
+    """A sweep's time budget in this process: the total it may run (``total_s``; None: no limit),
+    what its trials have run so far over every process (``spent_s``, as the sweep's clock last
+    said: :class:`~iaa.platform.sweeps.budget.SweepClock`), and once it is spent (``ended``) the
+    trials that Tune then stopped without telling anyone (``untold``: Tune trial id -> its last
+    result). Of those, the ``cut`` ones were stopped where they stood; the others had just
+    reported their own end (their last result names its ``stop_reason``)."""
+
+    total_s: float | None = None
+    spent_s: float = 0.0
+    ended: bool = False
+    untold: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def cut(self) -> set[str]:
+        return {t for t, last in self.untold.items() if not last.get("stop_reason")}
 
 
 @dataclass(frozen=True)
@@ -39,6 +58,7 @@ class DriverSide:
     numbers: dict[str, int] = field(default_factory=dict)   # Tune trial id -> its number in the study, as asked
     names: dict[str, str] = field(default_factory=dict)     # Tune trial id -> its one name (``trial-0003``, ``seed-7``)
     full: list[IaaError] = field(default_factory=list)      # the first full disk met (a DiskFullError): the run stops
+    budget: TimeBudget = field(default_factory=TimeBudget)
 
     def note_full(self, err: IaaError) -> None:
         """A write of the run met a full disk: the first one is what the command reports, and the

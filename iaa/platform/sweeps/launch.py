@@ -27,14 +27,16 @@ from iaa.errors import IaaError
 from iaa.files import is_remote_uri
 from iaa.data.manifest import vocab_card
 from iaa.jobs.config.job_config import JobConfig, to_dict
+from iaa.jobs.config.presets import SEARCH_METRIC
 from iaa.jobs.ports import (CHECKPOINT_SCORE, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
-                            SweepRequest, TrialRecord, WorkerFit, WorkersRequest)
+                            SweepRequest, TIME_BUDGET, TrialRecord, WorkerFit, WorkersRequest)
 from iaa.platform.cluster import connect as cluster
 from iaa.platform.cluster.driver_lines import cluster_lines_to
 from iaa.platform.cluster.ray_internals import relocate_experiment
 from iaa.platform.sweeps import driver_side, full_disk, search_algorithm as search
 from iaa.platform.cluster.storage import check_private
 from iaa.platform.ray_train import max_failures
+from iaa.platform.sweeps.budget import SweepClock
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns, child_runs
 
@@ -155,8 +157,9 @@ def _trial_dirname(trial: Any) -> str:
 
 
 def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: bool, search_alg: Any = None,
-          scheduler: Any = None, num_samples: int = 1, param_space: Mapping[str, Any] | None = None) -> Any:
-    """A new ``Tuner``; the searcher and scheduler carry their own metrics."""
+          scheduler: Any = None, num_samples: int = 1, param_space: Mapping[str, Any] | None = None,
+          stop: Any = None) -> Any:
+    """A new ``Tuner``; the searcher and scheduler carry their own metrics; ``stop``: its stopper."""
     in_actor = launch.plan.in_actor
     return tune.Tuner(
         fn, param_space=dict(param_space or {}),
@@ -169,7 +172,7 @@ def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: b
             failure_config=tune.FailureConfig(max_failures=max_failures(MAX_TRIAL_FAILURES if in_actor else 1)),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
                                                     checkpoint_score_order="max"),
-            callbacks=list(callbacks), verbose=1 if show_progress else 0,
+            callbacks=list(callbacks), verbose=1 if show_progress else 0, stop=stop,
         ),
     )
 
@@ -260,6 +263,20 @@ class _LogFile(logging.FileHandler):
         return None
 
 
+def _end_untold_trials(plan: SearchPlan, side: driver_side.DriverSide) -> None:
+    """The Optuna trials of the trials that Tune stopped at the time budget without telling its
+    searcher: one stopped where it stood is PRUNED at its last check, as ASHA's stops are (FAIL
+    without one); one that had just reported its own end is COMPLETE with its best check, as the
+    searcher would have told it."""
+    if not plan.study_storage or not plan.study_name:
+        return
+    from iaa.platform.sweeps.study import end_untold
+
+    ends = {side.numbers[t]: (last.get(SEARCH_METRIC) if last.get("stop_reason") else None)
+            for t, last in side.budget.untold.items() if t in side.numbers}
+    end_untold(plan.study_storage, plan.study_name, ends, {"stopped_by": TIME_BUDGET})
+
+
 @dataclass(frozen=True)
 class RayPlacement(Placement):
     """A placement as :meth:`RayLauncher.connect` makes it: the job reads the placement and hands
@@ -310,7 +327,8 @@ class RayLauncher:
         side = driver_side.DriverSide(tracker=trials.tracker, experiment=trials.experiment,
                                       parent_run_id=trials.parent_run_id, dataset=trials.dataset, spec=spec,
                                       data_dir=trials.data_dir, console=run.console,
-                                      study_storage=plan.study_storage, study_name=plan.study_name)
+                                      study_storage=plan.study_storage, study_name=plan.study_name,
+                                      budget=driver_side.TimeBudget(total_s=plan.time_budget_s))
         with driver_side.bound(launch.name, side):
             if request.resume:
                 tuner_ = restore(launch, fn)
@@ -320,11 +338,14 @@ class RayLauncher:
                                search_alg=ResumableSearch(
                                    search.searcher(plan.space, plan.seed, launch.name, sampler=plan.sampler),
                                    launch.plan.max_concurrent, launch.name),
-                               scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples)
+                               scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples,
+                               stop=SweepClock(launch.name))
             results, statuses = run_tuner(launch, tuner_, quiet=not run.verbose)
+        if side.budget.ended:
+            _end_untold_trials(plan, side)
         children = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
         return records(results, spec, statuses=statuses, run_ids=children.run_ids, tagged=children.checkpoints,
-                       downloads=run.downloads, names={**children.names, **side.names})
+                       downloads=run.downloads, names={**children.names, **side.names}, cut=side.budget.cut)
 
     def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int:
         """The plan's study: every unfinished trial ends FAIL with ``attrs`` as user attributes."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
+from iaa.jobs.ports import TIME_BUDGET
 
 FIGURES = ("importances", "parallel_coordinates", "intermediate_values")
 OBJECTIVE = "best valid_acc"       # what each trial is valued by (its best check)
@@ -76,7 +77,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         _save(plt, paths["intermediate_values"])
     trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
-               "stopped_by_asha": t.state == TrialState.PRUNED}
+               "stopped_by_asha": t.state == TrialState.PRUNED and not _cut(t), "stopped_by_time_budget": _cut(t)}
               for t in study.get_trials(deepcopy=False)]
     return {"study": study_name, "storage": storage_url, "importances": importances,
             "importance_evaluator": "fANOVA", "dashboard_importances": dashboard_importances(study),
@@ -86,18 +87,34 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
             "trials": trials, "figures": {k: str(v) for k, v in paths.items()}}
 
 
+def _cut(trial: Any) -> bool:
+    """The trial was stopped where it stood by the sweep's time budget (not by ASHA)."""
+    return trial.user_attrs.get("stopped_by") == TIME_BUDGET
+
+
+def _last_check(trial: Any) -> tuple[int, float]:
+    step = max(trial.intermediate_values)
+    return step, trial.intermediate_values[step]
+
+
 def _plot_checks(study: Any) -> None:
     """Each trial's validation checks (Optuna's intermediate values), labelled by trial, with the
-    last check of each ASHA-stopped (PRUNED) trial marked by a cross."""
+    last check of each ASHA-stopped (PRUNED) trial marked by a cross, and of each trial the time
+    budget stopped by a square."""
     from optuna.trial import TrialState
     from optuna.visualization import matplotlib as vis
 
     ax = vis.plot_intermediate_values(study)
     _trial_labels(ax, study)
-    stops = [(max(t.intermediate_values), t.intermediate_values[max(t.intermediate_values)])
-             for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if t.intermediate_values]
-    if stops:
-        ax.scatter(*zip(*stops), marker="x", s=80, color="crimson", zorder=5, label="stopped by ASHA")
+    pruned = [t for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if t.intermediate_values]
+    asha = [_last_check(t) for t in pruned if not _cut(t)]
+    cut = [_last_check(t) for t in pruned if _cut(t)]
+    if asha:
+        ax.scatter(*zip(*asha), marker="x", s=80, color="crimson", zorder=5, label="stopped by ASHA")
+    if cut:
+        ax.scatter(*zip(*cut), marker="s", s=90, facecolors="none", edgecolors="black", linewidths=1.5, zorder=5,
+                   label="stopped by the time budget")
+    if pruned:
         ax.legend(loc="lower right", fontsize="small")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("validation check")
@@ -199,6 +216,37 @@ def fail_unfinished(storage_url: str, study_name: str, attrs: Mapping[str, str])
         return _fail_trials(storage, study_id, attrs)
 
 
+# how a trial ends: its state, its values (None: none) and the user attributes that say why
+_Ending = tuple[Any, "list[float] | None", Mapping[str, str]]
+
+
+def end_untold(storage_url: str, study_name: str, ends: Mapping[int, float | None], attrs: Mapping[str, str]) -> int:
+    """End each RUNNING trial of study ``study_name`` numbered in ``ends``, trials that the sweep's
+    time budget stopped: with a value (its best check: it had reported its own end) COMPLETE;
+    else, with ``attrs``, PRUNED at its last intermediate value as Optuna ends a pruned trial, or
+    FAIL when it has none. Returns how many."""
+    from optuna.trial import TrialState
+
+    from iaa.platform.sweeps.study_store import study_storage, study_writes
+
+    if not ends or not study_exists(storage_url, study_name):
+        return 0
+    storage = study_storage(storage_url)
+
+    def ending(trial: Any) -> _Ending | None:
+        if trial.number not in ends:
+            return None
+        value = ends[trial.number]
+        if value is not None:
+            return TrialState.COMPLETE, [float(value)], {}
+        if not trial.intermediate_values:
+            return TrialState.FAIL, None, attrs
+        return TrialState.PRUNED, [trial.intermediate_values[max(trial.intermediate_values)]], attrs
+
+    with study_writes(storage_url, f"end the trials of study {study_name} that the time budget stopped"):
+        return _end_trials(storage, storage.get_study_id_from_name(study_name), ending)
+
+
 def fail_trials(storage_url: str, study_name: str, why: Callable[[Any], str | None]) -> int:
     """End FAIL each RUNNING or WAITING trial of study ``study_name`` for which ``why(trial)`` gives
     a reason, kept as its user attribute ``killed``; returns how many. A study (or a SQLite file)
@@ -216,20 +264,33 @@ def fail_trials(storage_url: str, study_name: str, why: Callable[[Any], str | No
 def _fail_trials(storage: Any, study_id: int, attrs: Mapping[str, str] | Callable[[Any], Mapping[str, str] | None]
                  ) -> int:
     """FAIL the study's unfinished trials, each with ``attrs`` (or ``attrs(trial)``; None: left as it is)."""
+    from optuna.trial import TrialState
+
+    def ending(trial: Any) -> _Ending | None:
+        marks = attrs(trial) if callable(attrs) else attrs
+        return None if marks is None else (TrialState.FAIL, None, marks)
+
+    return _end_trials(storage, study_id, ending)
+
+
+def _end_trials(storage: Any, study_id: int, ending: Callable[[Any], _Ending | None]) -> int:
+    """End each unfinished trial of the study as ``ending(trial)`` says (None: left as it is);
+    returns how many."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    failed = 0
+    ended = 0
     for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-        marks = attrs(trial) if callable(attrs) else attrs
-        if marks is None:
+        how = ending(trial)
+        if how is None:
             continue
+        state, values, marks = how
         try:
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
             for key, value in marks.items():
                 storage.set_trial_user_attr(trial_id, key, value)
-            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            storage.set_trial_state_values(trial_id, state, values=values)
         except UpdateFinishedTrialError:
             continue                        # finished meanwhile by the sweep itself
-        failed += 1
-    return failed
+        ended += 1
+    return ended

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import pyarrow as pa
 
 from iaa import logs
 from iaa.files import is_remote_uri
 from iaa.jobs.config.job_config import JobConfig, apply, from_dict
-from iaa.jobs.ports import (CHECKPOINT_FILE, CHECKPOINT_SCORE, MEMBER_KEY, WORKER_LOST, TrialRecord, WorkerData,
-                            WorkerFit)
+from iaa.jobs.ports import (CHECKPOINT_FILE, CHECKPOINT_SCORE, MEMBER_KEY, TIME_BUDGET, WORKER_LOST, TrialRecord,
+                            WorkerData, WorkerFit)
 from iaa.platform.ray_train import TuneLink, build_trainer
 from iaa.platform.cluster.lost import worker_lost
 from iaa.platform.cluster.resources import train_device
@@ -150,7 +150,8 @@ def local_checkpoint(ckpt_dir: str | None, storage: str, dest: Path) -> str | No
 
 
 def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_ids: Mapping[str, str],
-            tagged: Mapping[str, str], downloads: Path, names: Mapping[str, str] | None = None) -> list[TrialRecord]:
+            tagged: Mapping[str, str], downloads: Path, names: Mapping[str, str] | None = None,
+            cut: Collection[str] = ()) -> list[TrialRecord]:
     """One record per trial of a Tune ``ResultGrid``.
 
     Args:
@@ -161,6 +162,7 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
         tagged: the checkpoint directories that the child runs' tags name (a fallback).
         downloads: where checkpoints kept in a bucket are copied.
         names: each trial's one name by trial id.
+        cut: the trials that the sweep's time budget stopped (stop reason ``TIME_BUDGET``).
     """
     out = []
     for result in results:
@@ -180,10 +182,18 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
             status=status,
             checks=int(metrics.get("checks", 0) or 0),
             steps=int(metrics.get("steps", 0) or 0),
-            # the loop names why it stopped in its last report; a trial ended with none was stopped by ASHA
-            stop_reason=metrics.get("stop_reason") or ("asha" if status == "TERMINATED" else
-                                                        WORKER_LOST if worker_lost(result.error) else ""),
+            stop_reason=_stop_reason(metrics, status, result.error, trial_id in cut),
             error=str(result.error)[:2000] if result.error else None,
             name=(names or {}).get(trial_id, ""),
         ))
     return out
+
+
+def _stop_reason(metrics: Mapping[str, Any], status: str, error: Any, cut: bool) -> str:
+    """Why a trial ended: the loop names its own reason in its last report; a trial that ended
+    with none was stopped by the time budget (``cut``) or else by ASHA."""
+    if metrics.get("stop_reason"):
+        return str(metrics["stop_reason"])
+    if status == "TERMINATED":
+        return TIME_BUDGET if cut else "asha"
+    return WORKER_LOST if worker_lost(error) else ""

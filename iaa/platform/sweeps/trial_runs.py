@@ -21,7 +21,8 @@ import ray.tune as tune
 from iaa.errors import brief
 from iaa.files import disk_full
 from iaa.jobs.config.job_config import config_label, to_dict
-from iaa.jobs.ports import CHECKPOINT_FILE, TUNE_RUN_TAG, WORKER_LOST, RunRecord, SweepEvents, TrackedRun, Tracker
+from iaa.jobs.ports import (CHECKPOINT_FILE, TIME_BUDGET, TUNE_RUN_TAG, WORKER_LOST, RunRecord, SweepEvents, TrackedRun,
+                            Tracker)
 from iaa.platform.sweeps import driver_side
 from iaa.platform.cluster.lost import worker_lost
 from iaa.platform.ray_train import MAX_FAILURES_ENV
@@ -129,6 +130,8 @@ class TrialRuns(tune.Callback):
         self._done_before: set[str] = set()  # trials whose run had finished when a resumed sweep met them
         self._reported: set[str] = set()     # trials that reported in this process
         self._restores: dict[str, int] = {}  # trial id -> restores from its last checkpoint (a node died, ...)
+        self._ended: set[str] = set()        # trials whose end this process heard of
+        self._live: set[str] = set()         # trials this process saw unfinished, up to the last step
 
     def __getstate__(self) -> dict[str, Any]:
         return {"sweep": self.sweep, "best": {}}
@@ -199,9 +202,32 @@ class TrialRuns(tune.Callback):
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         """A full disk was met (a trial's checkpoint, the study, a run): the Tune loop ends here, and
-        Tune stops the trials' actors on its way out (:mod:`~iaa.platform.sweeps.full_disk`)."""
-        if driver_side.is_bound(self.sweep) and self.side.full:
+        Tune stops the trials' actors on its way out (:mod:`~iaa.platform.sweeps.full_disk`). Once
+        the sweep's time budget is spent, the trials it stopped end their runs here."""
+        if not driver_side.is_bound(self.sweep):
+            return
+        if self.side.full:
             raise self.side.full[0]
+        if self.side.budget.ended:
+            self._end_cut(trials)
+        self._live.update(t.trial_id for t in trials if t.status not in ("TERMINATED", "ERROR"))
+
+    def _end_cut(self, trials: list[Any]) -> None:
+        """The trials Tune stopped once the budget was spent, telling no callback: TERMINATED now,
+        unheard, and unfinished at the last step, started in this process, or without a check
+        (made and stopped within the step). Each is noted with its last result, and its run, if
+        it has one, ends FINISHED: with the stop reason ``TIME_BUDGET``, or its own when its last
+        result had just named one."""
+        for trial in trials:
+            if trial.status != "TERMINATED" or trial.trial_id in self._ended:
+                continue
+            last = dict(trial.last_result or {})
+            if trial.trial_id not in self._live and trial.trial_id not in self._runs and "checks" in last:
+                continue                       # it ended before this process: Tune told an earlier one
+            self.side.budget.untold[trial.trial_id] = last
+            if trial.trial_id in self._runs:
+                self._end(trial, "FINISHED", last.get("stop_reason") or TIME_BUDGET)
+            self._ended.add(trial.trial_id)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         def start() -> None:
@@ -237,6 +263,7 @@ class TrialRuns(tune.Callback):
             self.best[trial.trial_id] = str(checkpoint.path)
 
     def _end(self, trial: Any, status: str, reason: str = "") -> None:
+        self._ended.add(trial.trial_id)
         if trial.trial_id in self._done_before and trial.trial_id not in self._reported:
             return
 
@@ -265,6 +292,7 @@ class ConsoleCallback(tune.Callback):
     def __init__(self, sweep: str) -> None:
         self.sweep = sweep
         self._nodes = NodeWatch()
+        self._cut_told: set[str] = set()     # the trials the time budget stopped, told to the console
 
     def __getstate__(self) -> dict[str, Any]:
         return {"sweep": self.sweep}
@@ -312,9 +340,15 @@ class ConsoleCallback(tune.Callback):
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         console = self.console
-        if console is not None:
-            self._nodes.tell(console)
-            console.tick()
+        if console is None:
+            return
+        self._nodes.tell(console)
+        side = driver_side.of(self.sweep)
+        for trial_id in sorted(side.budget.cut - self._cut_told):
+            self._cut_told.add(trial_id)
+            if trial_id in side.names:         # it started: the console knows it
+                console.trial_ended(side.names[trial_id], TIME_BUDGET)
+        console.tick()
 
 
 def _last_error(trial: Any) -> BaseException | str | None:
