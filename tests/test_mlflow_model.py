@@ -110,6 +110,30 @@ def test_a_logged_model_names_the_dataset_it_was_measured_on(tmp_path):
     assert {(m.dataset_name, m.dataset_digest) for m in logged.metrics} == {(entry.dataset.name, entry.dataset.digest)}
 
 
+@pytest.mark.slow
+def test_a_model_logged_again_takes_its_runs_tags_and_stays_one_model(tmp_path):
+    """A resumed sweep whose new best trial moves ``best_in_sweep`` logs every trial's model again:
+    the earlier best's model says ``false`` as its run does."""
+    from mlflow import MlflowClient
+
+    from iaa.cli.adapters import MODEL_FILE
+    from iaa.jobs.evaluation.predictor import MODEL_CODE
+    from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking import connection, store
+    from tests._explain import tiny_setup
+
+    prepared, ckpts = tiny_setup(tmp_path)
+    uri = connection.open_store(Workdir(tmp_path / "work").tracking_uri())
+    run = store.Run.start(uri, "tune-tiny", "r", tags={"sweep": "s", "best_in_sweep": "true"})
+    first = mlflow_model.log(uri, run.run_id, [ckpts["iaa"]], prepared, MODEL_CODE, model_file=MODEL_FILE)
+    client = MlflowClient(uri)
+    client.set_tag(run.run_id, "best_in_sweep", "false")
+    again = mlflow_model.log(uri, run.run_id, [ckpts["iaa"]], prepared, MODEL_CODE, model_file=MODEL_FILE)
+    run.end()
+    assert again == first
+    assert client.get_logged_model(first.removeprefix("models:/")).tags["best_in_sweep"] == "false"
+
+
 LOAD_AND_REPORT = """
 import json, sys
 import mlflow, pandas as pd

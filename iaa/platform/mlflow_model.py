@@ -192,7 +192,8 @@ def requirements() -> list[str]:
 def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code: ModelCode,
         register: str | None = None, *, model_file: Path) -> str:
     """Log the model as a logged model of run ``run_id`` (once: a run that already has one keeps
-    it); register it as ``register``. ``model_file`` is the model's code file, which MLflow runs to
+    it, and its tags are the run's again, as a resumed sweep's new best changes ``best_in_sweep``);
+    register it as ``register``. ``model_file`` is the model's code file, which MLflow runs to
     load it (:func:`_log_kwargs`).
 
     Returns the model URI: ``models:/<model id>``, or ``models:/NAME/VERSION`` when registered.
@@ -201,10 +202,13 @@ def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code
 
     client = MlflowClient(uri)
     model_id = logged_model_id(uri, run_id)
+    run = client.get_run(run_id)
+    run_tags = {k: run.data.tags[k] for k in MODEL_TAGS if k in run.data.tags}
+    if model_id is not None and run_tags:
+        client.set_logged_model_tags(model_id, run_tags)
     if model_id is None:
-        run = client.get_run(run_id)
         kind = "ensemble" if len(checkpoints) > 1 else "reader"
-        tags = {"iaa.members": str(len(checkpoints)), **{k: run.data.tags[k] for k in MODEL_TAGS if k in run.data.tags}}
+        tags = {"iaa.members": str(len(checkpoints)), **run_tags}
         model = client.create_logged_model(run.info.experiment_id, name=logged_name(client, run),
                                            source_run_id=run_id, params=dict(run.data.params),
                                            model_type=f"iaa-{kind}", tags=tags)
