@@ -108,3 +108,40 @@ def test_the_report_names_the_sampler_of_the_sweep_and_tpe_for_an_older_record(t
     assert result.sampler == shown
     first = sweep_report.describe(result).splitlines()[0]
     assert first == f"sweep old: 0 trials in study old, proposed by the {shown} sampler"
+
+
+def test_the_history_gives_the_best_so_far_as_the_trials_ended(tmp_path: Path) -> None:
+    """Trials end out of their order (three ran at once): the best so far follows their ends, a
+    stopped trial counting with its best check; a trial still running is not in it."""
+    from datetime import datetime, timedelta
+
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import FrozenTrial, TrialState
+
+    from iaa.platform.sweeps.study import analyze
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="h", storage=url, direction="maximize")
+    t0 = datetime(2026, 1, 1, 12, 0, 0)
+    dists = {"model.steps": CategoricalDistribution([1, 2, 3])}
+    # (steps, state, value, checks, start and end in minutes)
+    for steps, state, value, checks, start, end in (
+            (1, TrialState.COMPLETE, 0.5, {1: 0.4, 2: 0.5}, 0, 60),
+            (2, TrialState.PRUNED, None, {1: 0.7, 2: 0.6}, 0, 30),
+            (3, TrialState.COMPLETE, 0.8, {1: 0.7, 2: 0.8}, 0, 90),
+            (1, TrialState.COMPLETE, 0.65, {1: 0.65}, 30, 45),
+            (2, TrialState.RUNNING, None, {1: 0.99}, 60, None)):
+        study.add_trial(FrozenTrial(number=0, trial_id=0, state=state, value=value, params={"model.steps": steps},
+                                    distributions=dists, user_attrs={}, system_attrs={}, intermediate_values=checks,
+                                    datetime_start=t0 + timedelta(minutes=start),
+                                    datetime_complete=None if end is None else t0 + timedelta(minutes=end)))
+    result = analyze(url, "h", tmp_path / "report")
+    assert [(p["number"], p["hours"], p["value"], p["best"]) for p in result["history"]] == [
+        (1, 0.5, 0.7, 0.7), (3, 0.75, 0.65, 0.7), (0, 1.0, 0.5, 0.7), (2, 1.5, 0.8, 0.8)]
+    assert Path(result["figures"]["history"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    from _faults import assert_says
+    from iaa.jobs.reports.sweep_report import describe, from_analysis
+
+    assert_says(describe(from_analysis(result, sweep="s")), "best trial (#2, valid_acc 0.8000) ended 1h30m",
+                "the last one at 1h30m")

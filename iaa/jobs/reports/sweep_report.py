@@ -1,7 +1,7 @@
 """``iaa-cli report --sweep NAME``: what a sweep learnt, from its Optuna study.
 
-Three figures (parameter importances, parallel coordinates, and each trial's checks with
-ASHA's stops marked) go to ``--out`` (default ``WORKDIR/sweeps/NAME/report``) and to the
+Four figures (parameter importances, parallel coordinates, each trial's checks with ASHA's
+stops marked, and the best valid_acc found over the sweep's time) go to ``--out`` (default ``WORKDIR/sweeps/NAME/report``) and to the
 sweep's parent run under ``report/``; the numbers behind them are the returned
 :class:`SweepReportResult` (``--json``). The study is read by an adapter (:func:`iaa.platform.sweeps.study.analyze`).
 """
@@ -16,6 +16,7 @@ from iaa.errors import IaaError
 from iaa.jobs.config import exploration
 from iaa.jobs.evaluation.result import Result, absent_when_none, spread
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.ports import Tracker
 from iaa.jobs.workdir import names
 
@@ -90,6 +91,17 @@ def dashboard_line(result: SweepReportResult) -> list[str]:
             f"trials with all of them (fANOVA above fits all {scored} scored ones), so a small sweep ties there"]
 
 
+def history_line(result: SweepReportResult) -> list[str]:
+    """When the sweep found its best, against how long its trials ran (wall clock)."""
+    history = result.analysis.get("history") or []
+    if not history:
+        return []
+    best, last = history[-1]["best"], history[-1]["hours"]
+    found = next(p for p in history if p["best"] == best)
+    return [f"the best trial (#{found['number']}, valid_acc {best:.4f}) ended {duration(found['hours'] * 3600)} after "
+            f"the first trial started, the last one at {duration(last * 3600)} (figure: history)"]
+
+
 def describe(result: SweepReportResult) -> str:
     """The importances and the figures, for the console."""
     sampler = f", proposed by the {result.sampler} sampler" if result.sampler else ""
@@ -97,6 +109,7 @@ def describe(result: SweepReportResult) -> str:
              "parameter importance (fANOVA over finished and ASHA-stopped trials):"]
     lines += [f"  {name:24s} {value:.3f}" for name, value in result.importances.items()]
     lines += dashboard_line(result)
+    lines += history_line(result)
     lines += [f"warning: {note}" for note in result.warnings]
     lines += [f"{name}: {path}" for name, path in result.figures.items()]
     if result.logged_to_run:

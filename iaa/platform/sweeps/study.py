@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from iaa.errors import IaaError
 from iaa.jobs.ports import TIME_BUDGET
 
-FIGURES = ("importances", "parallel_coordinates", "intermediate_values")
+FIGURES = ("importances", "parallel_coordinates", "intermediate_values", "history")
 OBJECTIVE = "best valid_acc"       # what each trial is valued by (its best check)
 
 
@@ -75,6 +75,9 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         _save(plt, paths["parallel_coordinates"])
         _plot_checks(study)
         _save(plt, paths["intermediate_values"])
+        history = best_so_far(study)
+        _plot_history(plt, history)
+        _save(plt, paths["history"])
     trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
                "stopped_by_asha": t.state == TrialState.PRUNED and not _cut(t), "stopped_by_time_budget": _cut(t)}
@@ -83,7 +86,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
             "importance_evaluator": "fANOVA", "dashboard_importances": dashboard_importances(study),
             "scored_trials": len(scored.trials),
             "complete_trials": len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
-            "best": {"params": scored.best_trial.params, "value": scored.best_value},
+            "best": {"params": scored.best_trial.params, "value": scored.best_value}, "history": history,
             "trials": trials, "figures": {k: str(v) for k, v in paths.items()}}
 
 
@@ -119,6 +122,45 @@ def _plot_checks(study: Any) -> None:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("validation check")
     ax.set_ylabel("valid_acc")
+
+
+def best_so_far(study: Any) -> list[dict[str, Any]]:
+    """The sweep's best valid_acc as its trials ended: each finished or stopped trial (by its end,
+    hours after the first trial started, wall clock: a resumed sweep's pause counts) with its value
+    (its best check) and the best of all the trials ended by then."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    if not starts:
+        return []
+    first, points, best = min(starts), [], None
+    ended = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.datetime_complete]
+    for t in sorted(ended, key=lambda t: t.datetime_complete):
+        value = t.value if t.state == TrialState.COMPLETE else max(t.intermediate_values.values(), default=None)
+        if value is None:
+            continue
+        best = value if best is None else max(best, value)
+        points.append({"number": t.number, "hours": (t.datetime_complete - first).total_seconds() / 3600,
+                       "value": value, "best": best})
+    return points
+
+
+def _plot_history(plt: Any, history: list[dict[str, Any]]) -> None:
+    """The best valid_acc so far against the sweep's wall-clock hours, each trial's end a dot: how
+    long the search took to find its best, and whether more time would likely pay."""
+    _, ax = plt.subplots()
+    unit, per_hour = ("hours", 1) if history and history[-1]["hours"] >= 2 else ("minutes", 60)
+    if history:
+        at = [p["hours"] * per_hour for p in history]
+        ax.step(at, [p["best"] for p in history], where="post", color="crimson", linewidth=2, label="best so far")
+        ax.scatter(at, [p["value"] for p in history], s=25, color="dimgray", zorder=3,
+                   label="a trial's best check, at its end")
+        ax.legend(loc="lower right", fontsize="small")
+    ax.set_xlim(left=0)
+    ax.set_xlabel(f"{unit} since the first trial started (wall clock)")
+    ax.set_ylabel("valid_acc")
+    ax.set_title("Best valid_acc found over time")
 
 
 def _lower_is_better(study: Any) -> Any:
