@@ -1,9 +1,10 @@
 """``iaa-cli report --sweep NAME``: what a sweep learnt, from its Optuna study.
 
 Four figures (parameter importances, parallel coordinates, each trial's checks with ASHA's
-stops marked, and the best valid_acc found over the sweep's time) go to ``--out`` (default ``WORKDIR/sweeps/NAME/report``) and to the
-sweep's parent run under ``report/``; the numbers behind them are the returned
-:class:`SweepReportResult` (``--json``). The study is read by an adapter (:func:`iaa.platform.sweeps.study.analyze`).
+stops marked, and the best valid_acc found over the sweep's time) go to ``--out`` (default
+``WORKDIR/sweeps/NAME/report``) and to the sweep's parent run under ``report/``; the numbers
+behind them are the returned :class:`SweepReportResult` (``--json``). The study is read by an
+adapter (:func:`iaa.platform.sweeps.study.analyze`).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class SweepCost:
     valid_examples_per_s: float = 0.0   # scoring speed of one trial (probe); 0: not counted
     start_s: float = 0.0           # the sweep's start, before the first trial trains
     trial_start_s: float = 0.0     # each wave of trials' start
-    budget_s: float | None = None  # the sweep's time budget (what is left of it when resumed); None: none
+    budget_s: float | None = None  # the sweep's time budget; None: none, or unknown (what a resume has left)
 
     @property
     def total_examples(self) -> float:
@@ -97,7 +97,6 @@ class SweepCost:
             return f"; within its time budget of {duration(self.budget_s)}"
         return (f"; its time budget stops the trials after {duration(self.budget_s)} of running, "
                 "where they stand (the later trials may not start)")
-
 
     def sharing(self) -> str:
         """When trials share a GPU, when that pays (nothing when each has its own)."""
