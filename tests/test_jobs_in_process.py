@@ -158,15 +158,21 @@ def _sweeps(launcher: FakeLauncher) -> list[SweepRequest]:
 
 class _BudgetLauncher(FakeLauncher):
     """A sweep whose time budget ends it with its last two trials stopped where they stood, one of
-    them before its first check."""
+    them before its first check; ``lost``: its first trial lost its worker before."""
+
+    def __init__(self, lost: bool = False) -> None:
+        super().__init__()
+        self.lost = lost
 
     def sweep(self, request):
         from dataclasses import replace
 
-        from iaa.jobs.ports import TIME_BUDGET
+        from iaa.jobs.ports import TIME_BUDGET, WORKER_LOST
 
-        *done, stood, unchecked = super().sweep(request)
-        return [*done, replace(stood, stop_reason=TIME_BUDGET, checks=2),
+        first, *done, stood, unchecked = super().sweep(request)
+        if self.lost:
+            first = replace(first, status="ERROR", stop_reason=WORKER_LOST, checks=1)
+        return [first, *done, replace(stood, stop_reason=TIME_BUDGET, checks=2),
                 replace(unchecked, stop_reason=TIME_BUDGET, checks=0, best_valid_acc=None)]
 
 
@@ -196,6 +202,19 @@ def test_a_sweep_that_spends_its_budget_finishes_with_what_ran_and_its_resume_ru
         again = sweep(resume=True, time_budget_s=7200)
     assert again.nothing_left and len(_sweeps(launcher)) == 1
     assert_says(caplog.text, "nothing left to run", "time budget of 10m00s was spent", "start a new sweep")
+
+
+def test_a_trial_lost_before_the_budget_was_spent_stays_lost_and_the_best_is_final(
+        tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A resume of a sweep that spent its budget runs nothing, so its lost trial is not run again:
+    the warning says so, and the best config is the sweep run's params at once."""
+    tracker, launcher = FakeTracker(), _BudgetLauncher(lost=True)
+    with caplog.at_level("WARNING"):
+        result = _sweeper(tiny, tmp_path, tracker, launcher, name="spent", num_samples=4)(time_budget_s=60)
+    assert len(result.lost_trials) == 1 and len(result.cut_trials) == 2
+    [warning] = logged(caplog, "WARNING", "lost a worker")
+    assert_says(warning, "the time budget is spent, so they stay so")
+    assert "best.trial_id" in tracker.runs[result.parent_run_id].params
 
 
 class _InterruptedLauncher(FakeLauncher):

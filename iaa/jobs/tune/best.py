@@ -93,8 +93,10 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
         _log.warning(printable(note))
     lost = [r.label for r in records if r.lost]
     if lost:
+        again = ("the time budget is spent, so they stay so" if sweep.budget_spent
+                 else f"{plan.resume_command} runs them again from there")
         _log.warning(printable(f"{len(lost)} trial(s) lost a worker with no restores left and ended at their last "
-                               f"check ({', '.join(lost)}); {plan.resume_command} runs them again from there"))
+                               f"check ({', '.join(lost)}); {again}"))
     if sweep.budget_spent:
         _log.info(printable(budget_line(sweep)))
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
@@ -193,7 +195,8 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
                         "trials_lost": sum(r.lost for r in records),
                         "trials_cut": sum(r.cut for r in records)}, step=0)
     label = config_label(best.params)
-    if not any(r.lost for r in records):    # a run's params never change: not while a resume may find a better trial
+    if sweep.budget_spent or not any(r.lost for r in records):   # params never change: not while a resume may
+                                                                    # find a better trial
         parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
     view = tracker.show_columns(sweep.experiment or "", run_columns(space))
     link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
