@@ -132,8 +132,9 @@ def budget_line(sweep: SweepRecord) -> str:
     cut = [r for r in sweep.trials if r.cut]
     unchecked = sum(1 for r in cut if not r.checks)
     return (f"sweep {sweep.name}: its time budget of {duration(sweep.time_budget_s or 0)} ended it with "
-            f"{len(sweep.trials)} of {sweep.num_samples} trials begun; {len(cut)} stopped where they stood "
-            f"({', '.join(r.label for r in cut)}) and their checks count"
+            f"{len(sweep.trials)} of {sweep.num_samples} trials begun; {len(cut)} stopped where "
+            f"{'it' if len(cut) == 1 else 'they'} stood ({', '.join(r.label for r in cut)}) and "
+            f"{'its' if len(cut) == 1 else 'their'} checks count"
             + (f"; {unchecked} of them had made no check" if unchecked else ""))
 
 
