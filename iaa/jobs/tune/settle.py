@@ -45,12 +45,12 @@ class SweepPlan:
     space: search_space.SearchSpace
     preset: TunePreset               # the dataset's, with the request's (or record's) ASHA settings
     num_samples: int
-    time_budget_s: float | None      # the trials' time in all, over every run of the sweep; None: no limit
     sampler: str                     # one of SAMPLERS
     study: Study                     # where the Optuna study lives
     tracking_uri: str                # the store, checked
     recorded: SweepRecord | None     # the record of a sweep to resume
     seed: int = 0
+    time_budget_s: float | None = None   # the trials' time in all, over every run of the sweep; None: no limit
     workers_per_trial: int = 1
     gpus_per_worker: float = 0.0
     max_concurrent: int | None = None
