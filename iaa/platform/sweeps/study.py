@@ -156,7 +156,7 @@ def _plot_history(plt: Any, history: list[dict[str, Any]]) -> None:
         ax.step(at, [p["best"] for p in history], where="post", color="crimson", linewidth=2, label="best so far")
         ax.scatter(at, [p["value"] for p in history], s=25, color="dimgray", zorder=3,
                    label="a trial's best check, at its end")
-        ax.legend(loc="lower right", fontsize="small")
+        ax.legend(loc="best", fontsize="small")
     ax.set_xlim(left=0)
     ax.set_xlabel(f"{unit} since the first trial started (wall clock)")
     ax.set_ylabel("valid_acc")
