@@ -117,7 +117,7 @@ def test_the_sweep_clock_ends_the_run_at_the_budget_and_comes_back_with_what_was
     with driver_side.bound("s", side):
         assert not stopper.stop_all()                  # the first step starts the clock
         clock.now += 20
-        assert not stopper.stop_all() and side.budget.spent_s == 20 and not side.budget.ended
+        assert not stopper.stop_all() and stopper.spent_s == 20 and not side.budget.ended
         saved = pickle.dumps(stopper)                  # as Tune saves its experiment state
         clock.now += 10
         assert stopper.stop_all() and side.budget.ended and stopper("t", {}) is False
@@ -129,7 +129,7 @@ def test_the_sweep_clock_ends_the_run_at_the_budget_and_comes_back_with_what_was
     with driver_side.bound("s", again):
         assert not restored.stop_all(), "the time between the processes does not count"
         clock.now += 4
-        assert not restored.stop_all() and again.budget.spent_s == 24
+        assert not restored.stop_all() and restored.spent_s == 24 and not again.budget.ended
         clock.now += 1
         assert restored.stop_all() and again.budget.ended
 
@@ -146,7 +146,7 @@ def test_the_sweep_clock_never_stops_a_sweep_without_a_budget_or_a_process_that_
         assert not stopper.stop_all()
     with driver_side.bound("s", _side(None)) as side:
         clock.now += 1e6
-        assert not stopper.stop_all() and side.budget.spent_s == stopper.spent_s == 3e6
+        assert not stopper.stop_all() and stopper.spent_s == 3e6 and not side.budget.ended
 
 
 # --- the trials it stops ------------------------------------------------------------------------

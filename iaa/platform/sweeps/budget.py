@@ -49,7 +49,6 @@ class SweepClock(tune.Stopper):
         if not driver_side.is_bound(self.sweep):
             return False
         budget = driver_side.of(self.sweep).budget
-        budget.spent_s = self.spent_s
         if budget.total_s is None or self.spent_s < budget.total_s:
             return False
         budget.ended = True

@@ -22,15 +22,14 @@ from iaa.platform.sweeps.trial import TrialSpec
 
 @dataclass
 class TimeBudget:
-    """A sweep's time budget in this process: the total it may run (``total_s``; None: no limit),
-    what its trials have run so far over every process (``spent_s``, as the sweep's clock last
-    said: :class:`~iaa.platform.sweeps.budget.SweepClock`), and once it is spent (``ended``) the
-    trials that Tune then stopped without telling anyone (``untold``: Tune trial id -> its last
-    result). Of those, the ``cut`` ones were stopped where they stood; the others had just
-    reported their own end (their last result names its ``stop_reason``)."""
+    """A sweep's time budget in this process: the total its trials may run over every process
+    (``total_s``; None: no limit), whether the sweep's clock found it spent (``ended``:
+    :class:`~iaa.platform.sweeps.budget.SweepClock`), and then the trials that Tune stopped without
+    telling anyone (``untold``: Tune trial id -> its last result). Of those, the ``cut`` ones were
+    stopped where they stood; the others had just reported their own end (their last result
+    names its ``stop_reason``)."""
 
     total_s: float | None = None
-    spent_s: float = 0.0
     ended: bool = False
     untold: dict[str, dict[str, Any]] = field(default_factory=dict)
 
