@@ -205,6 +205,7 @@ def test_a_sweep_ends_at_its_time_budget_with_nothing_left_running(tiny: Path, t
     trials = sweep["trials"]
     cut = [t for t in trials if t["stop_reason"] == TIME_BUDGET]
     assert sweep["time_budget_s"] == 15.0 and cut and len(trials) < 100
+    assert len({t["trial_id"] for t in trials}) == len(trials), "each trial once, a trial that never ran too"
     assert all(t["status"] == "TERMINATED" for t in trials)
     assert result["cut_trials"] == [t["name"] or t["trial_id"] for t in cut]
     assert result["best_valid_acc"] == max(t["best_valid_acc"] for t in trials if t["best_valid_acc"] is not None)

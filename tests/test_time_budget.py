@@ -218,11 +218,14 @@ def test_records_give_the_trials_the_budget_stopped_its_stop_reason(tmp_path: Pa
 
     spec = TrialSpec(name="s", fit=lambda *a, **k: None, storage_path=str(tmp_path), workers=1, threads=1,
                      base={"dataset": "cbt-ne"})
-    found = records([result("a", checks=3), result("b", checks=3), result("c"),
-                     result("d", checks=5, stop_reason="max-epochs")], spec,
-                    statuses={}, run_ids={}, tagged={}, downloads=tmp_path, cut={"b", "c", "d"})
-    assert [r.stop_reason for r in found] == ["asha", TIME_BUDGET, TIME_BUDGET, "max-epochs"]
-    assert [r.cut for r in found] == [False, True, True, False], "a trial that ended by itself keeps its reason"
+    never = SimpleNamespace(metrics={"trial_id": "a", "pid": 7}, path="/runs/e", error=None,   # a reused actor's
+                            config={"model.steps": 1}, best_checkpoints=[])                    # default result
+    found = records([result("a", checks=3), result("b", checks=3), result("c", checks=0),
+                     result("d", checks=5, stop_reason="max-epochs"), never], spec,
+                    statuses={}, run_ids={}, tagged={}, downloads=tmp_path, cut={"b", "c", "d", "e"})
+    assert [r.trial_id for r in found] == ["a", "b", "c", "d", "e"], "a trial that never ran is named by its folder"
+    assert [r.stop_reason for r in found] == ["asha", TIME_BUDGET, TIME_BUDGET, "max-epochs", TIME_BUDGET]
+    assert [r.cut for r in found] == [False, True, True, False, True], "a trial that ended by itself keeps its reason"
 
 
 def test_the_optuna_trials_the_budget_stopped_end_pruned_at_their_last_check(tmp_path: Path) -> None:

@@ -167,7 +167,9 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
     out = []
     for result in results:
         metrics = result.metrics or {}
-        trial_id = metrics.get("trial_id") or Path(result.path).name
+        # a trial that never reported holds the default result of the actor Tune gave it, which a
+        # reused actor fills with the trial it ran before: its folder (named by its id) names it
+        trial_id = (metrics.get("trial_id") if "checks" in metrics else None) or Path(result.path).name
         # fit returned, so a trial with an error ended ERROR, whatever Tune's last saved state says
         status = "ERROR" if result.error else statuses.get(trial_id) or "TERMINATED"
         best_acc = metrics.get("best_valid_acc")
