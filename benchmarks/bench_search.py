@@ -112,16 +112,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=HERE.parent / "docs")
     args = parser.parse_args()
 
-    import optuna
-
-    from iaa.jobs.config.job_config import JobConfig
     from iaa.jobs.config.presets import TUNE_PRESETS
-    from iaa.jobs.config.search_space import parse
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    table = curves_table.load(args.table)
-    space = parse(table.grid, JobConfig())
+    table, space = replay.load(args.table)
     preset = TUNE_PRESETS["demo"]
     finals = {key: max(c.valid_acc for c in curve) for key, curve in table.curves.items()}
     best = max(finals.values())

@@ -21,7 +21,7 @@ import torch
 
 from iaa.errors import IaaError
 from iaa.files import DiskFullError
-from iaa.jobs.ports import (CHECKPOINT_FILE, TUNE_RUN_TAG, ConnectRequest, MembersRequest, MetricPoint, Metrics,
+from iaa.jobs.ports import (CHECKPOINT_FILE, TUNE_RUN_TAG, Carried, ConnectRequest, MembersRequest, MetricPoint, Metrics,
                             ModelCode, Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
                             WorkerData, WorkerFit, WorkersRequest)
 from iaa.jobs.config.search_space import Param, SearchSpace
@@ -259,6 +259,7 @@ class FakeLauncher:
     def __init__(self) -> None:
         self.requests: list[object] = []
         self.failed_trials: list[dict[str, str]] = []   # the attrs of each fail_unfinished_trials call
+        self.carried = Carried(sweep="", trials=0)       # what carry_trials returns
 
     def check_free(self, storage: str, name: str, folder: Path | None = None) -> None:
         if (Path(storage) / name).exists() or (folder is not None and folder.exists()):
@@ -295,6 +296,12 @@ class FakeLauncher:
 
     def has_study(self, storage: str, name: str) -> bool:
         return True
+
+    def carry_trials(self, plan: SearchPlan) -> Carried:
+        """What :attr:`carried` says (default: nothing carried), the plan kept in ``requests``."""
+        self.requests.append(plan)
+        assert plan.warm_start is not None
+        return replace(self.carried, sweep=plan.warm_start.sweep)
 
     def train_many(self, request: MembersRequest) -> list[TrialRecord]:
         self.requests.append(request)

@@ -226,3 +226,33 @@ def test_a_sweep_ends_at_its_time_budget_with_nothing_left_running(tiny: Path, t
 
     again = run_sweep(**{**request, "resume": True})
     assert again["nothing_left"] and read_sweep(tmp_path, "timed")["trials"] == trials
+
+
+def test_a_warm_started_sweep_begins_with_the_earlier_trials_and_proposes_none_again(tiny: Path, tmp_path: Path,
+                                                                                      local_ray: None) -> None:
+    """The second sweep's study holds the first sweep's trials before its own, which try the
+    configurations the first did not and take the numbers after them, as do their runs."""
+    import optuna
+
+    request = dict(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path), sets=TINY_SETS,
+                   workdir=tmp_path, show_progress=False)
+    run_sweep(**request, name="first")
+    result = run_sweep(**request, name="second", warm_start="first")
+
+    first, second = read_sweep(tmp_path, "first"), read_sweep(tmp_path, "second")
+    assert second["warm_start"]["sweep"] == "first" and second["warm_start"]["trials"] == 2
+    assert result["carried_trials"] == 2 and result["warm_start"] == "first"
+    study = optuna.load_study(study_name="second", storage=second["optuna"]["storage"])
+    carried, own = study.trials[:2], study.trials[2:]
+    assert [t.user_attrs["carried_from"] for t in carried] == ["first", "first"]
+    assert [t.params for t in carried] == [t.params for t in optuna.load_study(
+        study_name="first", storage=first["optuna"]["storage"]).trials]
+    assert len(own) == 2 and not any("carried_from" in t.user_attrs for t in own)
+    tried = [t.params for t in carried]
+    assert all(t.params not in tried for t in own) and own[0].params != own[1].params   # the 4 of the space, once
+    assert {t.state.name for t in study.trials} <= {"COMPLETE", "PRUNED"}
+
+    parent = MlflowClient(result["tracking_uri"]).get_run(second["parent_run_id"])
+    assert parent.data.tags["warm_start"] == "first" and parent.data.metrics["trials_carried"] == 2
+    assert sorted(r.data.tags["trial_number"] for r in children(second)) == ["0002", "0003"]
+    assert {r.info.status for r in children(second)} == {"FINISHED"}

@@ -49,6 +49,7 @@ class Trace:
     stops: list[tuple[str, int]] = field(default_factory=list)         # (trial, check) that ASHA stopped
     points: list[tuple[float, float, float]] = field(default_factory=list)   # (compute, wall, best so far)
     seconds: float = 0.0                                               # the table's training seconds spent
+    study: Any = None                                                  # the searcher's Optuna study (in memory)
 
     def best(self) -> float:
         return self.points[-1][2] if self.points else float("nan")
@@ -61,6 +62,21 @@ class _Trial:
         self.trial_id = trial_id
 
 
+def load(path: Any) -> tuple[curves_table.CurveTable, Any]:
+    """The table at ``path`` and its grid as the search space ``tune`` searches, Optuna quiet."""
+    import warnings
+
+    import optuna
+
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.jobs.config.search_space import parse
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    table = curves_table.load(path)
+    return table, parse(table.grid, JobConfig())
+
+
 def _grid_order(table: curves_table.CurveTable, seed: int) -> list[dict[str, Any]]:
     keys = sorted(table.curves)
     order = np.random.default_rng(seed).permutation(len(keys))
@@ -68,8 +84,10 @@ def _grid_order(table: curves_table.CurveTable, seed: int) -> list[dict[str, Any
 
 
 def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed: int, preset: Any,
-           num_trials: int, concurrency: int) -> Trace:
-    """One sweep of ``num_trials`` trials (``preset``: a ``TunePreset`` for ASHA's schedule)."""
+           num_trials: int, concurrency: int, warm_start: Any = None) -> Trace:
+    """One sweep of ``num_trials`` trials (``preset``: a ``TunePreset`` for ASHA's schedule);
+    ``warm_start``: an earlier replay's study, whose trials begin this one's as ``tune
+    --warm-start`` carries them."""
     from dataclasses import replace
 
     from iaa.platform.sweeps import search_algorithm as search
@@ -89,8 +107,14 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
         searcher = None
     else:
         searcher = StudySearch(search.to_optuna(space), strategy.sampler(space, seed), None)
+        if warm_start is not None:
+            from iaa.jobs.ports import WarmStart
+            from iaa.platform.sweeps.warm_start import carry
 
-    trace = Trace()
+            carry(warm_start, searcher.study, search.to_optuna(space),
+                  WarmStart(sweep="earlier", study_storage="", study_name="", filled={}, fixed={}))
+
+    trace = Trace(study=searcher.study if searcher is not None else None)
     events: list[tuple[float, int, int]] = []            # (time, trial number, check)
     configs: dict[int, dict[str, Any]] = {}
     compute = best = 0.0

@@ -44,6 +44,11 @@ from iaa.jobs.config.presets import SAMPLERS
                    "proposing a configuration twice; or grid (every configuration of a space of value lists, "
                    "in a seeded order; at most that many trials). A resumed sweep keeps its own. [default: tpe]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler and of the trials.")
+@click.option("--warm-start", metavar="SWEEP",
+              help="Begin with the scored trials of the earlier sweep SWEEP (of this dataset and model; a "
+                   "default-named prefix such as demo-iaa means its latest): the sampler proposes from them at once "
+                   "and never repeats their configurations. Trials outside this search space are left out, and "
+                   "counted. A new sweep only.")
 @config_options
 @workdir_option
 @cluster_options

@@ -6,7 +6,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Literal, Mapping, Sequence
 
 import yaml
 
@@ -75,6 +75,15 @@ class JobConfig:
     model: ReaderConfig = field(default_factory=ReaderConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+
+
+# Settings that change how a run computes, not what it learns: the same function by other code,
+# and the threads it runs on.
+IMPLEMENTATION_KEYS = (
+    "train.threads", "train.precision", "train.compile", "train.cuda_graphs",
+    "model.fused_gru", "model.triton_gru", "model.fast_dropout", "model.sparse_embedding_grad", "model.batched_read_grad",
+    "model.inference_table",
+)
 
 
 class ConfigError(IaaError, ValueError):
@@ -256,6 +265,18 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
     return nested
+
+
+def flat(cfg: JobConfig) -> dict[str, Any]:
+    """``cfg`` as dotted keys, ``{"model.steps": 5, ...}``: :func:`unflatten`'s inverse."""
+    def walk(node: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+        for key, value in node.items():
+            if isinstance(value, Mapping):
+                yield from walk(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    return dict(walk(to_dict(cfg), ""))
 
 
 def apply(base: JobConfig, values: Mapping[str, Any]) -> JobConfig:

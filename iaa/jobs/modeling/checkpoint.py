@@ -32,7 +32,7 @@ from torch import nn
 from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
 from iaa.files import atomic_path
-from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict, to_dict
+from iaa.jobs.config.job_config import IMPLEMENTATION_KEYS, ConfigError, JobConfig, from_dict, to_dict
 from iaa.jobs.workdir.paths import BEST, LAST
 from iaa.model.reader import build_reader
 
@@ -40,12 +40,7 @@ FORMAT = 3
 # Settings a resumed run may change: its budget, threads and precision, and the model's
 # implementation switches (same function, other code). Anything else (the model, the data, the
 # optimiser's settings) would silently continue a different run.
-RESUMABLE_CHANGES = (
-    "train.max_epochs", "train.max_minutes", "train.threads", "train.precision", "train.compile",
-    "train.cuda_graphs",
-    "model.fused_gru", "model.triton_gru", "model.fast_dropout", "model.sparse_embedding_grad", "model.batched_read_grad",
-    "model.inference_table",
-)
+RESUMABLE_CHANGES = ("train.max_epochs", "train.max_minutes", *IMPLEMENTATION_KEYS)
 
 
 class CheckpointError(IaaError):

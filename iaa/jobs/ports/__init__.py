@@ -19,9 +19,9 @@ Every name is importable from this package as well.
 
 from __future__ import annotations
 
-from iaa.jobs.ports.launching import (ConnectRequest, Launcher, MembersRequest, Placement, RestoresSpent, Scorer,
-                                      SearchPlan, SweepEvents, SweepRequest, TrialRun, TrialTracking, WorkerData,
-                                      WorkerFit, WorkerLink, WorkersRequest)
+from iaa.jobs.ports.launching import (Carried, ConnectRequest, Launcher, MembersRequest, Placement, RestoresSpent,
+                                      Scorer, SearchPlan, SweepEvents, SweepRequest, TrialRun, TrialTracking,
+                                      WarmStart, WorkerData, WorkerFit, WorkerLink, WorkersRequest)
 from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
                                     Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelSource,
                                     RequestError, RunRecord, ServeApi, ServeConfig, TIME_BUDGET, TrialRecord,
@@ -32,8 +32,8 @@ from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
 __all__ = [
     "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES", "TIME_BUDGET",
     "TUNE_RUN_TAG", "WORKER_LOST",
-    "Answerer", "ConnectRequest", "Launcher", "Limits", "LoadedModel", "MembersRequest", "MetricPoint", "Metrics",
+    "Answerer", "Carried", "ConnectRequest", "Launcher", "Limits", "LoadedModel", "MembersRequest", "MetricPoint", "Metrics",
     "MetricsCallback", "ModelCode", "ModelFetcher", "ModelSource", "Placement", "RequestError", "RestoresSpent", "RunRecord", "Scorer",
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",
-    "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
+    "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WarmStart", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
 ]

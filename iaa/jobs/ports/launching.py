@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ContextManager, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs.config.job_config import JobConfig
@@ -91,6 +91,42 @@ class TrialTracking:
 
 
 @dataclass(frozen=True)
+class WarmStart:
+    """An earlier sweep whose scored trials a new sweep's study begins with (``tune --warm-start``).
+
+    A trial carries where it lies in the new search space: ``filled`` holds the earlier sweep's
+    value of each parameter the new sweep searches and the earlier one did not (its trials ran
+    with it), ``fixed`` the new sweep's value of each parameter the earlier one searched and the
+    new one does not (a trial carries only where its value equals it)."""
+
+    sweep: str
+    study_storage: str
+    study_name: str
+    filled: Mapping[str, Any]
+    fixed: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What a warm start carried into a new sweep's study: how many trials of sweep ``sweep``,
+    the best value among them, and the others by why they were left out."""
+
+    sweep: str
+    trials: int
+    best: float | None = None
+    left_out: Mapping[str, int] = field(default_factory=dict)     # reason -> trials
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Carried:
+        return cls(sweep=str(data["sweep"]), trials=int(data["trials"]),
+                   best=None if data.get("best") is None else float(data["best"]),
+                   left_out={str(k): int(v) for k, v in (data.get("left_out") or {}).items()})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sweep": self.sweep, "trials": self.trials, "best": self.best, "left_out": dict(self.left_out)}
+
+
+@dataclass(frozen=True)
 class SearchPlan:
     """What a sweep searches and how it stops trials (the adapter builds the searcher and scheduler)."""
 
@@ -104,6 +140,7 @@ class SearchPlan:
     study_name: str | None = None
     sampler: str = DEFAULT_SAMPLER   # the Optuna sampler that proposes the trials (presets.SAMPLERS)
     time_budget_s: float | None = None   # the trials' time in all, over every run of the sweep; None: no limit
+    warm_start: WarmStart | None = None  # an earlier sweep whose trials the study begins with
 
     @property
     def checks(self) -> int:
@@ -203,5 +240,6 @@ class Launcher(Protocol):
     def sweep(self, request: SweepRequest) -> list[TrialRecord]: ...
     def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int: ...  # the study's: FAIL
     def has_study(self, storage: str, name: str) -> bool: ...   # the study is in the storage (none is made)
+    def carry_trials(self, plan: SearchPlan) -> Carried: ...     # plan.warm_start's trials, into a new study
     def train_many(self, request: MembersRequest) -> list[TrialRecord]: ...   # one record per config, in order
     def train_workers(self, request: WorkersRequest) -> Metrics: ...

@@ -103,6 +103,17 @@ def history_line(result: SweepReportResult) -> list[str]:
             f"the first trial started, the last one at {duration(last * 3600)} (figure: history)"]
 
 
+def carried_line(result: SweepReportResult) -> list[str]:
+    """How many of the study's trials a warm start carried from earlier sweeps, and which figures count them."""
+    origins = sorted({t["carried_from"] for t in result.trials if t.get("carried_from")})
+    if not origins:
+        return []
+    carried = sum(1 for t in result.trials if t.get("carried_from"))
+    return [f"{carried} of the {len(result.trials)} trials began the study from sweep {', '.join(origins)} "
+            f"(a warm start; best valid_acc {result.analysis.get('carried_best') or 0:.4f}): the importances and "
+            "parallel coordinates count them, the checks and history figures show this sweep's own trials"]
+
+
 def describe(result: SweepReportResult) -> str:
     """The importances and the figures, for the console."""
     sampler = f", proposed by the {result.sampler} sampler" if result.sampler else ""
@@ -110,6 +121,7 @@ def describe(result: SweepReportResult) -> str:
              "parameter importance (fANOVA over finished and ASHA-stopped trials):"]
     lines += [f"  {name:24s} {value:.3f}" for name, value in result.importances.items()]
     lines += dashboard_line(result)
+    lines += carried_line(result)
     lines += history_line(result)
     lines += [f"warning: {note}" for note in result.warnings]
     lines += [f"{name}: {path}" for name, path in result.figures.items()]

@@ -5,12 +5,13 @@
 (which picks its members from the rows) and ``report --sweep``. Its keys are a contract::
 
     {"schema", "name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id",
-     "storage", "search_space", "sampler", "num_samples", "time_budget_s", "asha", "optuna", "base",
-     "workers_per_trial", "max_concurrent", "trials": [row, ...], "wall_s"}
+     "storage", "search_space", "sampler", "seed", "num_samples", "time_budget_s", "asha", "optuna", "base",
+     "warm_start", "workers_per_trial", "max_concurrent", "trials": [row, ...], "wall_s"}
 
 ``schema`` is 1 (a record without it was written before it was versioned, and reads the same);
 keys this version does not know are kept as they are when the record is written again; ``sampler`` names the Optuna sampler that proposed the
-trials (:data:`~iaa.jobs.config.presets.SAMPLERS`; a record without it was searched by ``tpe``).
+trials (:data:`~iaa.jobs.config.presets.SAMPLERS`; a record without it was searched by ``tpe``),
+``seed`` the seed it proposed them with.
 Paths inside the work folder (``data_dir``, ``storage``, ``tracking_uri``, ``optuna.storage`` and
 each trial's ``checkpoint``) are stored relative to it and found again under the folder the
 record is in now (:mod:`iaa.jobs.workdir.recorded`), so a copied or moved work folder reads its
@@ -29,7 +30,7 @@ from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.config.job_config import to_dict
 from iaa.jobs.config.presets import DEFAULT_SAMPLER, SAMPLERS
-from iaa.jobs.ports import TrialRecord
+from iaa.jobs.ports import Carried, TrialRecord
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import Workdir
 
@@ -73,11 +74,13 @@ class SweepRecord:
     storage: str | None = None
     search_space: Mapping[str, Any] | None = None    # SearchSpace.to_json()'s object
     sampler: str | None = None                       # None: written before samplers were recorded (tpe)
+    seed: int | None = None                          # the sampler's seed; None: written before it was recorded
     num_samples: int | None = None
     time_budget_s: float | None = None               # the trials' time in all, over every run; None: no limit
     asha: Asha | None = None
     optuna: Study | None = None
     base: Mapping[str, Any] | None = None            # the base JobConfig, as to_dict gives it
+    warm_start: Carried | None = None                # the earlier sweep's trials its study began with
     workers_per_trial: int | None = None
     max_concurrent: int | None = None
     wall_s: float = 0.0
@@ -92,6 +95,7 @@ class SweepRecord:
         values["trials"] = tuple(TrialRecord.from_json(t) for t in data.get("trials") or [])
         values["asha"] = Asha(**data["asha"]) if data.get("asha") else None
         values["optuna"] = Study(**data["optuna"]) if data.get("optuna") else None
+        values["warm_start"] = Carried.from_json(data["warm_start"]) if data.get("warm_start") else None
         values["wall_s"] = float(data.get("wall_s") or 0.0)
         return cls(**values, unknown=unknown)
 
@@ -103,7 +107,8 @@ class SweepRecord:
             if f.name == "unknown" or value is None:
                 continue
             data[f.name] = ([t.to_json() for t in value] if f.name == "trials"
-                            else vars(value).copy() if isinstance(value, (Asha, Study)) else value)
+                            else vars(value).copy() if isinstance(value, (Asha, Study))
+                            else value.to_json() if isinstance(value, Carried) else value)
         return data
 
     @property
@@ -185,16 +190,17 @@ def sampler(record: SweepRecord) -> str:
 
 # The kind of each key of sweep.json and of its trials' rows (iaa.jobs.workdir.fields).
 HEADER = {"schema": "positive?", "name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
-          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "sampler": "text?",
+          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "sampler": "text?", "seed": "integer?",
           "optuna": "mapping?", "asha": "mapping?", "base": "mapping?", "num_samples": "positive?",
-          "time_budget_s": "seconds?",
+          "time_budget_s": "seconds?", "warm_start": "mapping?",
           "workers_per_trial": "positive?", "max_concurrent": "positive?", "wall_s": "number?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",
        "stop_reason": "text?", "error": "text?", "name": "text?"}
 NESTED = {"asha": {"grace_period": "positive", "reduction_factor": "factor"},
           "optuna": {"storage": "text", "study": "text"},
-          "search_space": {"params": "mapping", "fixed": "mapping?"}}
+          "search_space": {"params": "mapping", "fixed": "mapping?"},
+          "warm_start": {"sweep": "name", "trials": "count", "best": "accuracy?", "left_out": "mapping?"}}
 # What a resume runs from: the data, the stores, the search and its budget (older records may lack
 # some keys; such a sweep is read, but not continued).
 RESUME_KEYS = ("name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id", "storage",
@@ -212,6 +218,8 @@ def check(path: Path, data: Any) -> None:
     for name, param in (data.get("search_space") or {}).get("params", {}).items():
         fields.check(path, param, {"choices": "list?", "low": "number?", "high": "number?", "step": "number?"},
                      where=f"search_space.params.{name}.")
+    for reason, trials in ((data.get("warm_start") or {}).get("left_out") or {}).items():
+        fields.check(path, {reason: trials}, {reason: "count"}, where="warm_start.left_out.")
     for i, row in enumerate(data.get("trials") or []):
         fields.check(path, row, ROW, where=f"trials[{i}].")
 

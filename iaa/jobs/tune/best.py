@@ -22,6 +22,7 @@ from iaa.jobs.ports import (TrackedRun, Tracker,
                             TrialRecord)
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
+from iaa.jobs.tune import warm_start
 from iaa.jobs.tune.next_steps import next_steps
 from iaa.jobs.tune.parent_run import run_columns
 from iaa.jobs.tune.request import SweepInterrupted
@@ -38,7 +39,9 @@ class TuneResult(Keyed, Result):
     it); ``explain_page`` and ``explain_png`` are absent when no page was made;
     ``nothing_left`` is True for a resumed sweep that had nothing left to run; ``lost_trials``
     names the trials that lost their worker with no restores left, which resuming runs again;
-    ``cut_trials`` those that the sweep's time budget stopped where they stood.
+    ``cut_trials`` those that the sweep's time budget stopped where they stood; ``warm_start``,
+    ``carried_trials`` and ``carried_best_valid_acc`` are absent unless the sweep began with an
+    earlier sweep's trials (their best is not this sweep's: ``best_*`` are its own trials').
     """
 
     sweep: str
@@ -62,11 +65,18 @@ class TuneResult(Keyed, Result):
     lost_trials: tuple[str, ...] = ()
     cut_trials: tuple[str, ...] = ()
     nothing_left: bool | None = absent_when_none()
+    warm_start: str | None = absent_when_none()
+    carried_trials: int | None = absent_when_none()
+    carried_best_valid_acc: float | None = absent_when_none()
 
 
 def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ties: Sequence[str], baseline: BaselineResult,
             ui: str, outputs: Mapping[str, str | None], **more: Any) -> TuneResult:
     accuracy = uncertainty.fields("best_valid_acc", best.best_valid_acc, baseline.examples)
+    carried = sweep.warm_start
+    if carried is not None:
+        more = {"warm_start": carried.sweep, "carried_trials": carried.trials,
+                "carried_best_valid_acc": carried.best, **more}
     return TuneResult(sweep=sweep.name, tracking_uri=sweep.tracking_uri, experiment=sweep.experiment,
                       best_config=plan.folder / "best_config.yaml", best_valid_acc=best.best_valid_acc,
                       baseline_valid_acc=baseline.accuracy, best_trial=best.trial_id,
@@ -99,6 +109,8 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
                                f"check ({', '.join(lost)}); {again}"))
     if sweep.budget_spent:
         _log.info(printable(budget_line(sweep)))
+    if sweep.warm_start is not None and (sweep.warm_start.best or 0.0) > (best.best_valid_acc or 0.0):
+        _log.warning(printable(warm_start.ahead_line(sweep.warm_start, best)))
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
     outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, plan.register, records)
     for key in ("explain_page", "explain_png"):          # the sweep's run shows its best trial's page too

@@ -12,9 +12,10 @@ from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import Asha, SweepRecord
 from iaa.jobs.config.job_config import to_dict
 from iaa.jobs.config import search_space
-from iaa.jobs.ports import (Placement, SearchPlan, TrackedRun, Tracker)
+from iaa.jobs.ports import Carried, Placement, SearchPlan, TrackedRun, Tracker
 from iaa.jobs.config.presets import SEARCH_METRIC, STOP_METRIC, UNINFORMED_SAMPLERS
 from iaa.jobs.tune.settle import SweepPlan
+from iaa.jobs.tune.warm_start import carried_line
 
 _log = logging.getLogger(__name__)
 
@@ -34,7 +35,8 @@ def sweep_params(search: SearchPlan, workers_per_trial: int, launch: Placement) 
             "tune.seed": search.seed, "tune.workers_per_trial": workers_per_trial,
             "tune.grace_period": search.preset.grace_period, "tune.reduction_factor": search.preset.reduction_factor,
             "tune.max_checks": search.max_t, "tune.max_concurrent": launch.max_concurrent,
-            "tune.study": search.study_name, "tune.study_storage": search.study_storage}
+            "tune.study": search.study_name, "tune.study_storage": search.study_storage,
+            **({"tune.warm_start": search.warm_start.sweep} if search.warm_start is not None else {})}
 
 
 def budget_tag(time_budget_s: float | None) -> dict[str, str]:
@@ -50,25 +52,28 @@ def run_columns(space: search_space.SearchSpace) -> list[str]:
     return ["metrics.best_valid_acc", "metrics.valid_acc", *[f"params.{k}" for k in space.params], *seed]
 
 
-def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan,
-                tracker: Tracker) -> tuple[SweepRecord, TrackedRun]:
-    """A fresh sweep: its parent run and its sweep.json."""
+def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan, tracker: Tracker,
+                carried: Carried | None = None) -> tuple[SweepRecord, TrackedRun]:
+    """A fresh sweep: its parent run and its sweep.json (with what its warm start ``carried``)."""
     experiment, base, space, preset = plan.experiment, search.base, search.space, search.preset
+    warm = {"warm_start": carried.sweep} if carried is not None else {}
     parent = tracker.start_run(experiment, plan.name,
                                tags={"dataset": plan.dataset, "sweep": plan.name, "model": base.model.kind,
-                                     **budget_tag(search.time_budget_s)})
+                                     **budget_tag(search.time_budget_s), **warm})
     try:
         parent.log_dataset(plan.prepared)
         parent.log_params(sweep_params(search, plan.workers_per_trial, launch))
+        if carried is not None:
+            parent.log_metrics({"trials_carried": carried.trials})
         tracker.show_columns(experiment, run_columns(space))   # the runs view, while the sweep runs
         sweep = SweepRecord(name=plan.name, dataset=plan.dataset, data_dir=str(plan.prepared.resolve()),
                             tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent.run_id,
                             storage=launch.experiment_path, search_space=json.loads(space.to_json()),
-                            sampler=search.sampler, num_samples=search.num_samples,
+                            sampler=search.sampler, seed=search.seed, num_samples=search.num_samples,
                             time_budget_s=search.time_budget_s,
                             asha=Asha(preset.grace_period, preset.reduction_factor),
                             workers_per_trial=plan.workers_per_trial, max_concurrent=launch.max_concurrent,
-                            optuna=plan.study, base=to_dict(base))
+                            optuna=plan.study, base=to_dict(base), warm_start=carried)
         sweep_file.write(plan.record_file, sweep)
     except BaseException:
         parent.end("FAILED")
@@ -80,6 +85,8 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan,
                   f"on {STOP_METRIC} at every check (a trial makes at most {search.checks} checks; grace "
                   f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
                   f"MLflow {tracker.uri}, experiment {experiment}")
+    if carried is not None:
+        (_log.info if carried.trials else _log.warning)(carried_line(carried))
     return sweep, parent
 
 

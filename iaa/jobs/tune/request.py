@@ -49,11 +49,13 @@ class TuneRequest:
     optuna_storage: str | None = None  # the study's RDB URL; None: the SQLite file WORKDIR/optuna.db
     sampler: str | None = None       # one of SAMPLERS; None: tpe (a resumed sweep: the one it recorded)
     time_budget_s: float | None = None   # the trials' time in all, over every run; None: none (a resume: the recorded)
+    warm_start: str | None = None    # an earlier sweep (or a default-named prefix: its latest) to begin the study with
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
         object.__setattr__(self, "sets", tuple(self.sets))
         names.folder_name(self.name)
+        names.folder_name(self.warm_start, "`warm_start`")
         names.registered_name(self.register)
         if self.dataset is not None and self.dataset not in TUNE_PRESETS:
             raise ConfigError(f"no tune preset for {self.dataset!r}; choose from {sorted(TUNE_PRESETS)}")

@@ -2,7 +2,8 @@
 before any store is opened or any cluster starts, and every later phase reads only the plan.
 
 It reads the data (verified), the sweep's name and folder, the base config, the search space,
-the sampler, the budget and where the stores live. A resume reads the sweep's record here, once:
+the sampler, the budget, the earlier sweep a new one begins with (``warm_start``) and where the
+stores live. A resume reads the sweep's record here, once:
 its data, base config, search space, sampler, budget and ASHA settings stand unless the command
 line gives them. It imports no torch, Ray, MLflow or Optuna, so a bad start fails in a moment.
 """
@@ -19,8 +20,10 @@ from iaa.jobs.config import search_space
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.config.presets import DEFAULT_SAMPLER, TUNE_PRESETS, TunePreset
 from iaa.jobs.evaluation.closing import Command, where
+from iaa.jobs.ports import WarmStart
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import Study, SweepRecord
+from iaa.jobs.tune import warm_start
 from iaa.jobs.tune.request import TuneRequest
 from iaa.jobs.workdir.fields import RecordError
 from iaa.jobs.workdir.paths import Workdir
@@ -51,6 +54,7 @@ class SweepPlan:
     recorded: SweepRecord | None     # the record of a sweep to resume
     seed: int = 0
     time_budget_s: float | None = None   # the trials' time in all, over every run of the sweep; None: no limit
+    warm_start: WarmStart | None = None  # an earlier sweep whose scored trials the study begins with
     workers_per_trial: int = 1
     gpus_per_worker: float = 0.0
     max_concurrent: int | None = None
@@ -119,6 +123,16 @@ def settle(req: TuneRequest) -> SweepPlan:
         sampler, study = sweep_file.sampler(recorded), recorded.optuna or study
         if req.sampler not in (None, sampler):
             _log.warning(f"sweep {name} continues with the sampler it started with, {sampler}, not {req.sampler}")
+    warm = None
+    if req.warm_start is not None:
+        if recorded is not None:
+            raise IaaError(f"sweep {name} resumes with the study it began with; `warm_start` begins a new sweep: "
+                           "give it without `resume`")
+        warm, notes = warm_start.source(req.warm_start, workdir, dataset, base, space, sampler)
+    else:
+        notes = [] if recorded is not None else warm_start.repeated(workdir, dataset, base, space, sampler, req.seed)
+    for note in notes:
+        _log.warning(note)
     num_samples = req.num_samples or preset.num_samples
     if sampler == "grid":
         num_samples = grid_samples(space, num_samples)
@@ -126,8 +140,8 @@ def settle(req: TuneRequest) -> SweepPlan:
     return SweepPlan(name=name, dataset=dataset, prepared=prepared, data=req.data, workdir=workdir,
                      folder=Workdir(workdir).sweep(name), storage=Workdir(workdir).storage(req.storage_path),
                      storage_path=req.storage_path, base=base, train_epochs=cfg.train.max_epochs, space=space,
-                     preset=preset, num_samples=num_samples, time_budget_s=req.time_budget_s, sampler=sampler,
-                     study=study, tracking_uri=tracking,
+                     preset=preset, num_samples=num_samples, time_budget_s=req.time_budget_s, warm_start=warm,
+                     sampler=sampler, study=study, tracking_uri=tracking,
                      recorded=recorded, seed=req.seed, workers_per_trial=req.workers_per_trial,
                      gpus_per_worker=req.gpus_per_worker, max_concurrent=req.max_concurrent, register=req.register,
                      show_progress=req.show_progress, verbose=req.verbose,

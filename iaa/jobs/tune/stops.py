@@ -117,12 +117,13 @@ def lost_trials(record: SweepRecord) -> set[str]:
     return {t.trial_id for t in record.trials if t.lost}
 
 
-def nothing_left_line(record: SweepRecord, folder: Path) -> str:
-    """A resumed sweep that has nothing left to run, in one line."""
+def nothing_left_line(record: SweepRecord, folder: Path, search_on: Command) -> str:
+    """A resumed sweep that has nothing left to run, in one line; one whose budget was spent names
+    ``search_on``, the command that begins a new sweep with its trials."""
     if record.budget_spent:
         return (f"sweep {record.name}: nothing left to run: its time budget of {duration(record.time_budget_s or 0)} "
                 f"was spent after {len(record.trials)} of {record.num_samples} trials, and a sweep's stopped "
-                f"trials do not start again; its results stand as recorded ({folder}); to search on, start a "
-                "new sweep")
+                f"trials do not start again; its results stand as recorded ({folder}); to search on from its "
+                f"trials: {search_on}")
     return (f"sweep {record.name}: nothing left to run: {len(record.trials)} of {record.num_samples} trials "
             f"finished; its results stand as recorded ({folder})")

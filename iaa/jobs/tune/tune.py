@@ -44,7 +44,7 @@ from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, Swe
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.record import SweepRecord
-from iaa.jobs.tune import stops
+from iaa.jobs.tune import stops, warm_start
 from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, TuneResult, best_outputs, finish, finished_result, write_best_config
 from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
@@ -80,10 +80,14 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
         sweep_file.check_study(plan.recorded, plan.record_file, launcher.has_study)
     tracker = open_tracker(plan.tracking_uri)
     if plan.recorded is not None and plan.recorded.finished:
-        _log.info(stops.nothing_left_line(plan.recorded, plan.folder))
+        search_on = plan.command("tune", dataset=plan.dataset, warm_start=plan.name)
+        _log.info(stops.nothing_left_line(plan.recorded, plan.folder, search_on))
         return finished_result(plan, tracker.ui_command)
     if plan.recorded is None:
         launcher.check_free(plan.storage, plan.name, plan.folder)
+    if plan.warm_start is not None and not launcher.has_study(plan.warm_start.study_storage,
+                                                              plan.warm_start.study_name):
+        raise warm_start.no_study(plan.warm_start)
     with interrupt.stoppable(plan.resume_command) as stop:
         return _run(plan, tracker, launcher, stop)
 
@@ -137,7 +141,7 @@ def _search_plan(plan: SweepPlan, launch: Placement) -> SearchPlan:
     return SearchPlan(base=base, space=plan.space, preset=plan.preset, seed=plan.seed, num_samples=plan.num_samples,
                       max_t=max_checks(base, plan.space, launch.train_rows, plan.workers_per_trial),
                       study_storage=plan.study.storage, study_name=plan.study.study, sampler=plan.sampler,
-                      time_budget_s=plan.time_budget_s)
+                      time_budget_s=plan.time_budget_s, warm_start=plan.warm_start)
 
 
 def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: Placement,
@@ -146,7 +150,8 @@ def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: P
 
     A resumed sweep reopens its recorded parent run after closing what its last process left
     (:class:`IaaError` when the launcher has no Tune run to resume); a fresh one claims its
-    storage and folder and starts a parent run.
+    storage and folder, begins its study with the trials of ``plan.warm_start``, if any, and
+    starts a parent run.
     """
     console = None
     if plan.recorded is not None:
@@ -163,9 +168,10 @@ def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: P
             console = _resumed_console(plan, tracker, launch, search, sweep)
     else:
         launcher.claim(plan.storage, plan.name, plan.folder)
+        carried = launcher.carry_trials(search) if search.warm_start is not None else None
         if plan.show_progress:
             console = SweepConsole(estimate_cost(launch, search, plan.prepared), list(plan.space.params))
-        sweep, parent = start_sweep(plan, launch, search, tracker)
+        sweep, parent = start_sweep(plan, launch, search, tracker, carried)
     return sweep, parent, console
 
 

@@ -27,8 +27,8 @@ from iaa.errors import IaaError
 from iaa.files import is_remote_uri
 from iaa.data.manifest import vocab_card
 from iaa.jobs.config.job_config import JobConfig, to_dict
-from iaa.jobs.config.presets import SEARCH_METRIC
-from iaa.jobs.ports import (CHECKPOINT_SCORE, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
+from iaa.jobs.config.presets import MODE, SEARCH_METRIC
+from iaa.jobs.ports import (CHECKPOINT_SCORE, Carried, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
                             SweepRequest, TIME_BUDGET, TrialRecord, WorkerFit, WorkersRequest)
 from iaa.platform.cluster import connect as cluster
 from iaa.platform.cluster.driver_lines import cluster_lines_to
@@ -360,6 +360,17 @@ class RayLauncher:
         from iaa.platform.sweeps.study import study_exists
 
         return study_exists(storage, name)
+
+    def carry_trials(self, plan: SearchPlan) -> Carried:
+        """The scored trials of ``plan.warm_start`` that lie in the plan's space, carried into the
+        plan's study, made here; Ray is not started."""
+        if plan.warm_start is None or not plan.study_storage or not plan.study_name:
+            raise IaaError("a warm start needs an earlier sweep and the new sweep's study in a storage")
+        from iaa.platform.sweeps.distinct_search import OBJECTIVE_NAME
+        from iaa.platform.sweeps.warm_start import carry_into
+
+        return carry_into(plan.warm_start, plan.study_storage, plan.study_name, search.to_optuna(plan.space),
+                          "maximize" if MODE == "max" else "minimize", OBJECTIVE_NAME)
 
     def train_many(self, request: MembersRequest) -> list[TrialRecord]:
         """Train every config as a parallel Tune trial (no search, no early stopping).

@@ -12,6 +12,10 @@ ASHA stops most trials of a sweep, and Optuna's importances and parallel coordin
 COMPLETE trials only. So both are drawn from a copy of the study in which an ASHA-stopped
 (PRUNED) trial counts with the best check it reached, the value TPE would have learnt had it
 finished then; the intermediate values come from the study as it is.
+
+A sweep that began with an earlier sweep's trials (a warm start) holds them in its study too:
+the importances and parallel coordinates count them (the sampler learnt from them), the checks
+and the history show the sweep's own trials, the history with the best value carried.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
 from iaa.jobs.ports import TIME_BUDGET
+from iaa.platform.sweeps.warm_start import CARRIED_FROM, scored_value
 
 FIGURES = ("importances", "parallel_coordinates", "intermediate_values", "history")
 OBJECTIVE = "best valid_acc"       # what each trial is valued by (its best check)
@@ -76,18 +81,27 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         _plot_checks(study)
         _save(plt, paths["intermediate_values"])
         history = best_so_far(study)
-        _plot_history(plt, history)
+        carried = [t for t in scored.trials if _carried(t)]
+        carried_best = max(map(scored_value, carried), default=None)
+        _plot_history(plt, history, carried_best)
         _save(plt, paths["history"])
     trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
-               "stopped_by_asha": t.state == TrialState.PRUNED and not _cut(t), "stopped_by_time_budget": _cut(t)}
+               "stopped_by_asha": t.state == TrialState.PRUNED and not _cut(t), "stopped_by_time_budget": _cut(t),
+               **({"carried_from": t.user_attrs[CARRIED_FROM]} if _carried(t) else {})}
               for t in study.get_trials(deepcopy=False)]
     return {"study": study_name, "storage": storage_url, "importances": importances,
             "importance_evaluator": "fANOVA", "dashboard_importances": dashboard_importances(study),
             "scored_trials": len(scored.trials),
             "complete_trials": len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
             "best": {"params": scored.best_trial.params, "value": scored.best_value}, "history": history,
+            "carried_trials": len(carried), "carried_best": carried_best,
             "trials": trials, "figures": {k: str(v) for k, v in paths.items()}}
+
+
+def _carried(trial: Any) -> bool:
+    """The trial ran in an earlier sweep and began this one's study (a warm start)."""
+    return CARRIED_FROM in trial.user_attrs
 
 
 def _cut(trial: Any) -> bool:
@@ -108,8 +122,12 @@ def _plot_checks(study: Any) -> None:
     from optuna.visualization import matplotlib as vis
 
     ax = vis.plot_intermediate_values(study)
+    carried = {f"Trial{t.number}" for t in study.get_trials(deepcopy=False) if _carried(t)}
+    for line in [line for line in ax.get_lines() if line.get_label() in carried]:
+        line.remove()
     _trial_labels(ax, study)
-    pruned = [t for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if t.intermediate_values]
+    pruned = [t for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+              if t.intermediate_values and not _carried(t)]
     asha = [_last_check(t) for t in pruned if not _cut(t)]
     cut = [_last_check(t) for t in pruned if _cut(t)]
     if asha:
@@ -125,12 +143,13 @@ def _plot_checks(study: Any) -> None:
 
 
 def best_so_far(study: Any) -> list[dict[str, Any]]:
-    """The sweep's best valid_acc as its trials ended: each finished or stopped trial (by its end,
-    hours after the first trial started, wall clock: a resumed sweep's pause counts) with its value
-    (its best check) and the best of all the trials ended by then."""
+    """The sweep's best valid_acc as its own trials ended (not those carried from an earlier
+    sweep): each finished or stopped trial (by its end, hours after the first trial started, wall
+    clock: a resumed sweep's pause counts) with its value (its best check) and the best of all the
+    trials ended by then."""
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
+    trials = [t for t in study.get_trials(deepcopy=False) if not _carried(t)]
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
     if not starts:
         return []
@@ -146,16 +165,21 @@ def best_so_far(study: Any) -> list[dict[str, Any]]:
     return points
 
 
-def _plot_history(plt: Any, history: list[dict[str, Any]]) -> None:
+def _plot_history(plt: Any, history: list[dict[str, Any]], carried_best: float | None = None) -> None:
     """The best valid_acc so far against the sweep's wall-clock hours, each trial's end a dot: how
-    long the search took to find its best, and whether more time would likely pay."""
+    long the search took to find its best, and whether more time would likely pay; a warm-started
+    sweep's carried best is a dashed line."""
     _, ax = plt.subplots()
+    if carried_best is not None:
+        ax.axhline(carried_best, color="steelblue", linestyle="--", linewidth=1.5,
+                   label="best of the trials carried from an earlier sweep")
     unit, per_hour = ("hours", 1) if history and history[-1]["hours"] >= 2 else ("minutes", 60)
     if history:
         at = [p["hours"] * per_hour for p in history]
         ax.step(at, [p["best"] for p in history], where="post", color="crimson", linewidth=2, label="best so far")
         ax.scatter(at, [p["value"] for p in history], s=25, color="dimgray", zorder=3,
                    label="a trial's best check, at its end")
+    if history or carried_best is not None:
         ax.legend(loc="best", fontsize="small")
     ax.set_xlim(left=0)
     ax.set_xlabel(f"{unit} since the first trial started (wall clock)")
