@@ -183,6 +183,9 @@ class FakeTracker:
                             "prepared": str(prepared), "register": register, "code": code})
         return f"models:/{register}/{len(self.models)}" if register else f"runs:/{run.run_id}/model"
 
+    def model_uri(self, run_id: str) -> str | None:
+        return f"runs:/{run_id}/model" if any(m["run_id"] == run_id for m in self.models) else None
+
     def experiment_records(self, experiment: str) -> list[RunRecord] | None:
         found = self.find_runs(experiment)
         return list(reversed(found)) if found else None

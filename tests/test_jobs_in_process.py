@@ -201,6 +201,7 @@ def test_a_sweep_that_spends_its_budget_finishes_with_what_ran_and_its_resume_ru
     with caplog.at_level("INFO"):
         again = sweep(resume=True, time_budget_s=7200)
     assert again.nothing_left and len(_sweeps(launcher)) == 1
+    assert again.model_uri == first.model_uri is not None                     # the best trial's model, looked up
     assert_says(caplog.text, "nothing left to run", "time budget of 10m00s was spent", "search on from its trials", "`warm_start` timed")
 
 

@@ -226,6 +226,7 @@ def test_a_sweep_ends_at_its_time_budget_with_nothing_left_running(tiny: Path, t
 
     again = run_sweep(**{**request, "resume": True})
     assert again["nothing_left"] and read_sweep(tmp_path, "timed")["trials"] == trials
+    assert again["model_uri"] == result["model_uri"] is not None                # the best trial's, looked up
 
 
 def test_a_warm_started_sweep_begins_with_the_earlier_trials_and_proposes_none_again(tiny: Path, tmp_path: Path,

@@ -96,6 +96,27 @@ def test_the_scored_trials_that_lie_in_the_space_are_carried_with_their_checks_a
     assert first.datetime_start == datetime(2026, 1, 2, 3, 4, 5)            # when it ran, not when carried
 
 
+def test_a_trial_carried_twice_keeps_the_sweep_it_ran_in_and_its_number_there() -> None:
+    import optuna
+    from optuna.trial import TrialState
+
+    from iaa.platform.sweeps.warm_start import carry
+
+    first = _source([(TrialState.COMPLETE, {"train.lr": 0.002, "model.steps": 2}, 0.5, {1: 0.5}),
+                     (TrialState.COMPLETE, {"train.lr": 0.004, "model.steps": 3}, 0.9, {1: 0.9})])
+    second, third = optuna.create_study(direction="maximize"), optuna.create_study(direction="maximize")
+    carry(first, second, _dists(SPACE), _warm(sweep="first"))
+    second.enqueue_trial({"train.lr": 0.004, "model.steps": 2})
+    trial = second.ask(fixed_distributions=_dists(SPACE))
+    second.tell(trial, 0.7)
+
+    carried = carry(second, third, _dists(SPACE), _warm(sweep="second"))
+
+    assert carried.trials == 3 and carried.best == pytest.approx(0.9)
+    assert [(t.user_attrs["carried_from"], t.user_attrs["carried_number"]) for t in third.trials] == [
+        ("first", 0), ("first", 1), ("second", 2)]
+
+
 def test_a_parameter_one_sweep_searched_and_the_other_fixed_carries_only_where_it_agrees() -> None:
     import optuna
     from optuna.trial import TrialState

@@ -70,6 +70,7 @@ class Tracker(Protocol):
     def find_by_tag(self, key: str, values: Sequence[str]) -> str | None: ...
     def log_model(self, run: TrackedRun, checkpoints: Sequence[Path], prepared: Path, register: str | None = None, *,
                   code: ModelCode) -> str | None: ...      # the model URI; None (and noted on run) when the store failed
+    def model_uri(self, run_id: str) -> str | None: ...  # the run's logged model, read only; None: none, or the store failed
     def experiment_records(self, experiment: str) -> list[RunRecord] | None: ...  # oldest first
     def experiment_names(self) -> list[str]: ...
     def show_columns(self, experiment: str, columns: Sequence[str]) -> str | None: ...  # a UI URL, then what to click

@@ -150,9 +150,10 @@ def budget_line(sweep: SweepRecord) -> str:
             + (f"; {unchecked} of them had made no check" if unchecked else ""))
 
 
-def finished_result(plan: SweepPlan, ui_command: str) -> TuneResult:
+def finished_result(plan: SweepPlan, tracker: Tracker) -> TuneResult:
     """The result of a resumed sweep that has nothing left to run, read from its record
-    (``sweep.json``, the best trial's files) and its data, with ``nothing_left``.
+    (``sweep.json``, the best trial's files), its data and the best trial's logged model, with
+    ``nothing_left``.
 
     Nothing is written, logged or started: the sweep's folder stays as it is.
     """
@@ -166,8 +167,10 @@ def finished_result(plan: SweepPlan, ui_command: str) -> TuneResult:
     outputs = {key: str(sweep_dir / f"explain-best.{ext}") for key, ext in (("explain_page", "html"),
                                                                           ("explain_png", "png"))
                if (sweep_dir / f"explain-best.{ext}").is_file()}
+    if best.mlflow_run_id:
+        outputs["model_uri"] = tracker.model_uri(best.mlflow_run_id)
     ties = uncertainty.tied_best({r.trial_id: r.best_valid_acc for r in scored})
-    return _result(plan, sweep, best, ties, frequency.run(plan.prepared, "valid"), ui_command, outputs,
+    return _result(plan, sweep, best, ties, frequency.run(plan.prepared, "valid"), tracker.ui_command, outputs,
                    nothing_left=True)
 
 

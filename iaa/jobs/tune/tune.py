@@ -82,7 +82,7 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
     if plan.recorded is not None and plan.recorded.finished:
         search_on = plan.command("tune", dataset=plan.dataset, warm_start=plan.name)
         _log.info(stops.nothing_left_line(plan.recorded, plan.folder, search_on))
-        return finished_result(plan, tracker.ui_command)
+        return finished_result(plan, tracker)
     if plan.recorded is None:
         launcher.check_free(plan.storage, plan.name, plan.folder)
     if plan.warm_start is not None and not launcher.has_study(plan.warm_start.study_storage,

@@ -71,6 +71,14 @@ class MlflowTracker:
         return mlflow_model.try_log(self.uri, run.run_id, checkpoints, prepared, code, register, run=run,
                                     model_file=self.model_file)
 
+    def model_uri(self, run_id: str) -> str | None:
+        """The URI of run ``run_id``'s logged model; None when it has none or the store fails."""
+        try:
+            model_id = mlflow_model.logged_model_id(self.uri, run_id)
+        except TRANSIENT:
+            return None
+        return f"models:/{model_id}" if model_id else None
+
     def experiment_records(self, experiment: str) -> list[RunRecord] | None:
         return queries.experiment_records(self.uri, experiment)
 
