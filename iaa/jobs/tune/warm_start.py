@@ -21,11 +21,13 @@ from typing import Any
 
 from iaa.errors import IaaError
 from iaa.jobs.config.job_config import IMPLEMENTATION_KEYS, ConfigError, JobConfig, apply, flat, from_dict
+from iaa.jobs.config.presets import DEFAULT_SAMPLER
 from iaa.jobs.config.search_space import SearchSpace
 from iaa.jobs.ports import Carried, TrialRecord, WarmStart
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.workdir.fields import RecordError
 
+RECENT = 20                   # the newest sweeps of a work folder that a new sweep is compared with
 SHOWN_DIFFERENCES = 3         # settings named in the note on what the two sweeps do not share
 _UNSHARED = ("dataset", "train.seed", *IMPLEMENTATION_KEYS)   # never compared: checked, seeded or speed only
 
@@ -67,26 +69,30 @@ def source(name: str, workdir: Path, dataset: str, base: JobConfig, space: Searc
 
 def repeated(workdir: Path, dataset: str, base: JobConfig, space: SearchSpace, sampler: str,
              seed: int) -> list[str]:
-    """A note when an earlier sweep in ``workdir`` searched ``space`` of ``dataset`` with the same
-    config, sampler and seed: a new sweep proposes what it proposed and trains it alike, so its
-    trials repeat that sweep's; the note names the warm start that searches on instead."""
+    """A note when one of the :data:`RECENT` newest sweeps in ``workdir`` searched ``space`` of
+    ``dataset`` with the same config, sampler and seed: a new sweep proposes what it proposed and
+    trains it alike, so its trials repeat that sweep's; the note names the warm start that
+    searches on instead. Records are compared as JSON (a damaged one is skipped: it is its own
+    sweep's problem), the config only where the rest matches."""
     from iaa.jobs.workdir.paths import Workdir
 
     ours, searched = _compared(flat(base)), json.loads(space.to_json())
-    for path in sorted(Workdir(workdir).sweeps.glob("*/sweep.json"), key=_modified, reverse=True):
+    newest = sorted(Workdir(workdir).sweeps.glob("*/sweep.json"), key=_modified, reverse=True)[:RECENT]
+    for path in newest:
         try:
-            earlier = sweep_file.read(path)
-            same = (earlier.dataset == dataset and earlier.seed == seed and sweep_file.sampler(earlier) == sampler
-                    and earlier.search_space == searched and bool(earlier.base)
-                    and _compared(flat(from_dict(dict(earlier.base or {})))) == ours)
-        except (IaaError, OSError):
-            continue                       # a damaged or unreadable record is its own sweep's problem
+            data = json.loads(path.read_text(encoding="utf-8"))
+            same = (isinstance(data, dict) and data.get("dataset") == dataset and data.get("seed") == seed
+                    and (data.get("sampler") or DEFAULT_SAMPLER) == sampler and data.get("search_space") == searched
+                    and isinstance(data.get("base"), dict) and _compared(flat(from_dict(data["base"]))) == ours)
+        except (IaaError, OSError, ValueError):
+            continue
         if same:
+            name = data.get("name") or path.parent.name
             instead = ("give another `seed`" if sampler == "grid"
-                       else f"to search on from its trials give `warm_start` {earlier.name}, or another `seed`")
-            return [f"sweep {earlier.name} in this work folder searched the same space of {dataset} with the same "
-                    f"config, sampler and `seed`: this sweep would propose its configurations again and train them "
-                    f"alike; {instead}"]
+                       else f"to search on from its trials give `warm_start` {name}, or another `seed`")
+            return [f"sweep {name} in this work folder searched the same space of {dataset} with the same config, "
+                    f"sampler and `seed`: this sweep would propose its configurations again and train them alike; "
+                    f"{instead}"]
     return []
 
 
