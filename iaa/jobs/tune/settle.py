@@ -123,14 +123,8 @@ def settle(req: TuneRequest) -> SweepPlan:
         sampler, study = sweep_file.sampler(recorded), recorded.optuna or study
         if req.sampler not in (None, sampler):
             _log.warning(f"sweep {name} continues with the sampler it started with, {sampler}, not {req.sampler}")
-    warm = None
-    if req.warm_start is not None:
-        if recorded is not None:
-            raise IaaError(f"sweep {name} resumes with the study it began with; `warm_start` begins a new sweep: "
-                           "give it without `resume`")
-        warm, notes = warm_start.source(req.warm_start, workdir, dataset, base, space, sampler)
-    else:
-        notes = [] if recorded is not None else warm_start.repeated(workdir, dataset, base, space, sampler, req.seed)
+    warm, notes = warm_start.settled(req.warm_start, name if recorded is not None else None, workdir, dataset, base,
+                                     space, sampler, req.seed)
     for note in notes:
         _log.warning(note)
     num_samples = req.num_samples or preset.num_samples

@@ -32,6 +32,20 @@ SHOWN_DIFFERENCES = 3         # settings named in the note on what the two sweep
 _UNSHARED = ("dataset", "train.seed", *IMPLEMENTATION_KEYS)   # never compared: checked, seeded or speed only
 
 
+def settled(name: str | None, resumed: str | None, workdir: Path, dataset: str, base: JobConfig, space: SearchSpace,
+            sampler: str, seed: int) -> tuple[WarmStart | None, list[str]]:
+    """The warm start from sweep ``name`` (None: none) of a sweep of ``dataset`` with ``base``,
+    ``space``, ``sampler`` and ``seed``, and the notes to show; ``resumed``: the sweep a resume
+    continues (None: a new sweep), which keeps its study. A new sweep without a warm start is
+    checked against the sweeps it would repeat (:func:`repeated`)."""
+    if name is None:
+        return None, [] if resumed is not None else repeated(workdir, dataset, base, space, sampler, seed)
+    if resumed is not None:
+        raise IaaError(f"sweep {resumed} resumes with the study it began with; `warm_start` begins a new sweep: "
+                       "give it without `resume`")
+    return source(name, workdir, dataset, base, space, sampler)
+
+
 def source(name: str, workdir: Path, dataset: str, base: JobConfig, space: SearchSpace,
            sampler: str) -> tuple[WarmStart, list[str]]:
     """The earlier sweep ``name`` as a warm start of a sweep of ``dataset`` with ``base`` and

@@ -80,10 +80,8 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         _save(plt, paths["parallel_coordinates"])
         _plot_checks(study)
         _save(plt, paths["intermediate_values"])
-        history = best_so_far(study)
-        carried = [t for t in scored.trials if _carried(t)]
-        carried_best = max(map(scored_value, carried), default=None)
-        _plot_history(plt, history, carried_best)
+        history, carried = best_so_far(study), [t for t in scored.trials if _carried(t)]
+        _plot_history(plt, history, carried_best := max(map(scored_value, carried), default=None))
         _save(plt, paths["history"])
     trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
