@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -127,8 +128,15 @@ def _coerce(value: Any, declared: Any, where: str) -> Any:
 
 def field_types(cfg: Any) -> dict[str, Any]:
     """Field name -> declared type of a config dataclass (annotations resolved; class constants left out)."""
-    hints = typing.get_type_hints(type(cfg))
-    return {f.name: hints[f.name] for f in fields(cfg)}
+    return dict(_declared(type(cfg)))
+
+
+@functools.cache
+def _declared(cls: type) -> dict[str, Any]:
+    """A config class's field types, resolved once: resolving them is most of what reading a
+    config costs (a sweep's record holds one config per trial)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
 
 
 def merge(cfg: Any, updates: Mapping[str, Any], prefix: str = "") -> Any:
