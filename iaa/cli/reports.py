@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from iaa.cli.options import (_FiniteFloat, json_option, tracking_option, workdir_option)
-from iaa.cli.output import _friendly, shown
+from iaa.cli.output import _friendly, _warn, shown
 
 
 @click.command()
@@ -16,6 +16,9 @@ from iaa.cli.output import _friendly, shown
 @click.option("--sweep", "sweep", metavar="NAME",
               help="Instead: the sweep's parameter importances, parallel coordinates and checks per trial "
                    "(from its Optuna study; --out is then a folder [default: WORKDIR/sweeps/NAME/report]).")
+@click.option("--sweeps", "list_sweeps", is_flag=True,
+              help="Instead: the work folder's sweeps, newest first: where each stands, its trials, best trial, "
+                   "time and the sweep it began from.")
 @click.option("--runs", "run_ids", multiple=True, metavar="ID",
               help="Draw only these runs (repeat the flag, or list them after one flag); a sweep's parent run "
                    "stands for its trials [default: all].")
@@ -31,15 +34,25 @@ from iaa.cli.output import _friendly, shown
 @workdir_option
 @json_option
 @_friendly
-def report(experiment: str | None, sweep: str | None, run_ids: tuple[str, ...], more_run_ids: tuple[str, ...],
-           metric: str, x_axis: str, baseline: float | None, baseline_data: Path | None, out: Path | None,
-           tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
+def report(experiment: str | None, sweep: str | None, list_sweeps: bool, run_ids: tuple[str, ...],
+           more_run_ids: tuple[str, ...], metric: str, x_axis: str, baseline: float | None, baseline_data: Path | None,
+           out: Path | None, tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
     """Draw learning curves (a metric against examples seen) of tracked runs from the MLflow store,
-    or with --sweep what a sweep learnt (importances, parallel coordinates, checks per trial)."""
+    with --sweep what a sweep learnt (importances, parallel coordinates, checks per trial), or with
+    --sweeps the work folder's sweeps."""
     from iaa.jobs.reports import report as job
 
-    if (experiment is None) == (sweep is None):
-        raise click.UsageError("give one of --experiment (learning curves) and --sweep (a sweep's analytics)")
+    if [experiment is not None, sweep is not None, list_sweeps].count(True) != 1:
+        raise click.UsageError("give one of --experiment (learning curves), --sweep (a sweep's analytics) and "
+                               "--sweeps (the work folder's sweeps)")
+    if list_sweeps:
+        from iaa.jobs.reports import sweep_list
+
+        listed = sweep_list.run(workdir)
+        _warn(listed)
+        click.echo(json.dumps(listed.fields(), default=str) if as_json
+                   else shown(sweep_list.describe(listed), keep_lines=True))
+        return
     if sweep is not None:
         from iaa.jobs.reports import sweep_report
         from iaa.platform.sweeps.study import analyze

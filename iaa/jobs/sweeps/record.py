@@ -269,6 +269,17 @@ def find(workdir: Path, name: str) -> Path:
     raise IaaError(f"no sweep {name!r}: {exact} does not exist (run `iaa-cli tune `sweep_name` {name}` first)")
 
 
+def newest(workdir: Path) -> list[Path]:
+    """The ``sweep.json`` of every sweep of ``workdir``, the most recently written first."""
+    def written(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:                   # removed meanwhile: last
+            return 0.0
+
+    return sorted(Workdir(workdir).sweeps.glob("*/sweep.json"), key=written, reverse=True)
+
+
 def _is_id(folder: str, prefix: str) -> bool:
     tail = folder[len(prefix) + 1:]
     return len(tail) == 6 and all(c in "0123456789abcdef" for c in tail)

@@ -88,11 +88,8 @@ def repeated(workdir: Path, dataset: str, base: JobConfig, space: SearchSpace, s
     trains it alike, so its trials repeat that sweep's; the note names the warm start that
     searches on instead. Records are compared as JSON (a damaged one is skipped: it is its own
     sweep's problem), the config only where the rest matches."""
-    from iaa.jobs.workdir.paths import Workdir
-
     ours, searched = _compared(flat(base)), json.loads(space.to_json())
-    newest = sorted(Workdir(workdir).sweeps.glob("*/sweep.json"), key=_modified, reverse=True)[:RECENT]
-    for path in newest:
+    for path in sweep_file.newest(workdir)[:RECENT]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             same = (isinstance(data, dict) and data.get("dataset") == dataset and data.get("seed") == seed
@@ -112,13 +109,6 @@ def repeated(workdir: Path, dataset: str, base: JobConfig, space: SearchSpace, s
 
 def _compared(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k not in IMPLEMENTATION_KEYS}
-
-
-def _modified(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def differences(sweep: str, theirs: dict[str, Any], ours: dict[str, Any], searched: set[str]) -> list[str]:

@@ -1,0 +1,108 @@
+"""``iaa-cli report --sweeps``: the work folder's sweeps, newest first, one row each.
+
+Each row is read from the sweep's record (``sweep.json``; no store is opened): its dataset and
+model, where it stands (:func:`state`), its trials against the number it asked for, its best
+trial, its time and time budget, and the sweep it began from (``--warm-start``). A damaged
+record is a warning naming the file and what is wrong, and the others are listed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from iaa.errors import IaaError
+from iaa.jobs.evaluation.closing import Command, where
+from iaa.jobs.evaluation.result import Result
+from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.cost import duration
+from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
+
+FINISHED, BUDGET_SPENT, INTERRUPTED, LOST, EMPTY = ("finished", "budget spent", "interrupted", "lost trials",
+                                                     "running or killed")
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """One sweep, as its record has it."""
+
+    name: str
+    dataset: str | None
+    model: str | None
+    state: str                        # one of FINISHED, BUDGET_SPENT, INTERRUPTED, LOST, EMPTY
+    trials: int                       # recorded
+    num_samples: int | None           # asked for
+    best_valid_acc: float | None
+    best_trial: str | None
+    wall_s: float
+    time_budget_s: float | None
+    warm_start: str | None            # the sweep its study began from
+    folder: Path
+    resume: Command | None            # the command that continues it (unless it is running); None: finished
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepListResult(Result):
+    """``iaa-cli report --sweeps``: every sweep of ``workdir`` that could be read, newest first."""
+
+    workdir: Path
+    sweeps: tuple[SweepSummary, ...]
+
+
+def state(sweep: SweepRecord) -> str:
+    """Where ``sweep`` stands: finished, its time budget spent, trials lost with no restores left
+    (a resume runs them again), interrupted (a resume continues it), or running or killed (it
+    records no trials yet: a sweep records them when it stops, and a killed one never did). The
+    record cannot tell a running sweep from one that stopped: a resumed sweep that runs now reads
+    as it stood."""
+    if sweep.budget_spent:
+        return BUDGET_SPENT
+    if sweep.finished:
+        return FINISHED
+    if not sweep.trials:
+        return EMPTY
+    if any(t.lost for t in sweep.trials) and all(t.status in FINISHED_STATUSES for t in sweep.trials):
+        return LOST
+    return INTERRUPTED
+
+
+def summary(sweep: SweepRecord, folder: Path, options: dict[str, str]) -> SweepSummary:
+    scored = [t for t in sweep.trials if t.scored]
+    best = max(scored, key=lambda t: t.best_valid_acc or 0.0, default=None)
+    now = state(sweep)
+    return SweepSummary(name=sweep.name, dataset=sweep.dataset, model=(sweep.base or {}).get("model", {}).get("kind"),
+                        state=now, trials=len(sweep.trials), num_samples=sweep.num_samples,
+                        best_valid_acc=best.best_valid_acc if best else None, best_trial=best.label if best else None,
+                        wall_s=sweep.wall_s, time_budget_s=sweep.time_budget_s,
+                        warm_start=sweep.warm_start.sweep if sweep.warm_start else None, folder=folder,
+                        resume=Command.of("tune", resume=sweep.name, **options) if now in (INTERRUPTED, LOST, EMPTY)
+                        else None)
+
+
+def run(workdir: Path) -> SweepListResult:
+    """The sweeps of ``workdir``, newest record first; each damaged record a warning."""
+    rows, damaged = [], []
+    for path in sweep_file.newest(workdir):
+        try:
+            rows.append(summary(sweep_file.read(path), path.parent, where(workdir)))
+        except (IaaError, OSError) as err:
+            damaged.append(f"{path}: not listed: {err}" if str(path) not in str(err) else f"not listed: {err}")
+    return SweepListResult(workdir=Path(workdir), sweeps=tuple(rows), warnings=tuple(damaged))
+
+
+def describe(result: SweepListResult) -> str:
+    """The sweeps as a table, then the command that continues each interrupted one."""
+    if not result.sweeps:
+        return f"no sweeps in {result.workdir}: iaa-cli tune starts one"
+    head = ["sweep", "dataset", "model", "state", "trials", "best", "best trial", "time", "from"]
+    rows = [head] + [[s.name, s.dataset or "?", s.model or "?", s.state,
+                      f"{s.trials}/{s.num_samples}" if s.num_samples else str(s.trials),
+                      f"{s.best_valid_acc:.4f}" if s.best_valid_acc is not None else "-", s.best_trial or "-",
+                      duration(s.wall_s) + (f" (budget {duration(s.time_budget_s)})" if s.time_budget_s else ""),
+                      s.warm_start or "-"] for s in result.sweeps]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += [f"continue {s.name} (unless it is running now): {s.resume}" for s in result.sweeps if s.resume]
+    return "\n".join(lines)
+
+
