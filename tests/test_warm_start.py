@@ -322,6 +322,7 @@ def test_a_warm_started_sweep_records_what_it_carried_and_says_it(tiny: Path, tm
     parent = tracker.runs[data["parent_run_id"]]
     assert parent.tags["warm_start"] == "earlier" and parent.params["tune.warm_start"] == "earlier"
     assert parent.last("trials_carried") == 3
+    assert_says(parent.tags["mlflow.note.content"], "began with 3 trial(s) of sweep earlier", "0.9990")
     [line] = logged(caplog, "INFO", "warm start:")
     assert_says(line, "3 scored trial(s) of sweep earlier", "0.9990", "1 left out", "model.steps")
     # the carried best is ahead of the sweep's own: said, and the result keeps them apart

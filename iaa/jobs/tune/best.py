@@ -216,12 +216,16 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
         parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
     view = tracker.show_columns(sweep.experiment or "", run_columns(space))
     link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
+    carried = sweep.warm_start
+    began = (f" The study began with {carried.trials} trial(s) of sweep {carried.sweep} (best valid_acc "
+             f"{carried.best:.4f}); they are that sweep's runs." if carried is not None and carried.best is not None
+             else "")
     parent.set_tags({"trials": str(len(records)),    # its child runs are these and its ensembles (``ensembles``)
                      "best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
                      "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,
                      "mlflow.note.content": f"Best trial: [{label}]{link}, best valid_acc {best.best_valid_acc:.4f} "
                                             f"(trial {best.label}, run {best.mlflow_run_id}); its config is "
-                                            "the `best.*` params and the artifact `best_config.yaml`."})
+                                            f"the `best.*` params and the artifact `best_config.yaml`.{began}"})
     if best.mlflow_run_id:
         for earlier in tracker.find_runs(sweep.experiment or "", {"sweep": sweep.name, "best_in_sweep": "true"}):
             if earlier.run_id != best.mlflow_run_id and earlier.parent_run_id == parent.run_id:
