@@ -78,6 +78,7 @@ def test_a_finished_sweep_resumes_with_nothing_left_to_run_and_its_folder_as_it_
     code, output = invoke("tune", "--resume", "s", "--workdir", work, "--json")
     assert code == 0, output
     assert "nothing left to run" in output and "2 of 2 trials" in output
+    assert f"iaa-cli tune --dataset cbt-ne --warm-start s --workdir {work.absolute()}" in output   # how to search on
     result = json.loads([line for line in output.splitlines() if line.startswith("{")][-1])
     assert result["sweep"] == "s" and result["best_trial"] == "t1" and result["best_valid_acc"] == 0.5
     assert result["trials"] == 2 and result["nothing_left"] is True

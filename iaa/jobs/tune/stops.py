@@ -118,12 +118,12 @@ def lost_trials(record: SweepRecord) -> set[str]:
 
 
 def nothing_left_line(record: SweepRecord, folder: Path, search_on: Command) -> str:
-    """A resumed sweep that has nothing left to run, in one line; one whose budget was spent names
-    ``search_on``, the command that begins a new sweep with its trials."""
+    """A resumed sweep that has nothing left to run, in one line, naming ``search_on``: the command
+    that begins a new sweep with its trials (a finished sweep takes no more trials, nor time)."""
     if record.budget_spent:
-        return (f"sweep {record.name}: nothing left to run: its time budget of {duration(record.time_budget_s or 0)} "
-                f"was spent after {len(record.trials)} of {record.num_samples} trials, and a sweep's stopped "
-                f"trials do not start again; its results stand as recorded ({folder}); to search on from its "
-                f"trials: {search_on}")
-    return (f"sweep {record.name}: nothing left to run: {len(record.trials)} of {record.num_samples} trials "
-            f"finished; its results stand as recorded ({folder})")
+        why = (f"its time budget of {duration(record.time_budget_s or 0)} was spent after {len(record.trials)} of "
+               f"{record.num_samples} trials, and a sweep's stopped trials do not start again")
+    else:
+        why = f"{len(record.trials)} of {record.num_samples} trials finished, and a finished sweep takes no more"
+    return (f"sweep {record.name}: nothing left to run: {why}; its results stand as recorded ({folder}); to search "
+            f"on from its trials: {search_on}")
