@@ -61,15 +61,32 @@ def test_each_sweep_is_listed_newest_first_with_where_it_stands(tmp_path: Path) 
     by = {s.name: s for s in result.sweeps}
     assert {name: s.state for name, s in by.items()} == {
         "done": "finished", "spent": "budget spent", "stopped": "interrupted", "lost": "lost trials",
-        "fresh": "running or killed"}
+        "fresh": "no trials recorded"}
     assert (by["done"].best_trial, by["done"].best_valid_acc, by["done"].model) == ("trial-0001", 0.95, "iaa")
     assert by["fresh"].warm_start == "done" and by["fresh"].best_valid_acc is None
     assert by["done"].resume is None and by["spent"].resume is None
     assert str(by["stopped"].resume).startswith("iaa-cli tune `resume` stopped")
     text = sweep_list.describe(result)
-    assert_says(text, "spent    demo", "2/9", "0m00s (budget 1m00s)", "continue stopped (unless it is running now)")
+    assert_says(text, "spent    demo", "2/9", "0m00s (budget 1m00s)", "continue stopped: iaa-cli tune `resume` stopped")
     assert "continue done" not in text and "continue spent" not in text
     assert result.fields()["sweeps"][0]["name"] == "fresh" and not result.warnings
+
+
+def test_a_sweep_whose_lock_a_process_holds_is_running(tmp_path: Path) -> None:
+    from iaa.errors import IaaError
+    from iaa.jobs.reports import sweep_list
+    from iaa.jobs.workdir import lock
+    from iaa.jobs.workdir.paths import Workdir
+
+    _sweeps(tmp_path)
+    path = Workdir(tmp_path).sweep_lock("stopped")
+    assert lock.holder(path) is None                                          # no lock file yet
+    with lock.held(path, busy=IaaError):
+        running = {s.name: s for s in sweep_list.run(tmp_path).sweeps}["stopped"]
+        assert (running.state, running.pid, running.resume) == ("running", str(os.getpid()), None)
+        assert "running (pid" in sweep_list.describe(sweep_list.run(tmp_path))
+    assert lock.holder(path) is None                                          # let go at the block's end
+    assert {s.name: s for s in sweep_list.run(tmp_path).sweeps}["stopped"].state == "interrupted"
 
 
 def test_a_damaged_record_is_named_and_the_others_are_listed(tmp_path: Path) -> None:

@@ -333,20 +333,25 @@ def test_a_warm_started_sweep_records_what_it_carried_and_says_it(tiny: Path, tm
     assert "warm_start" not in sweep("plain").fields()
 
 
+class _Interrupted(FakeLauncher):
+    """A warm-started sweep (or any, with ``every``) stops with its last trial unfinished; its resume runs them all."""
+
+    every = False
+
+    def can_resume(self, placement):
+        return True
+
+    def sweep(self, request):
+        records = super().sweep(request)
+        interrupted = (self.every or request.plan.warm_start is not None) and not request.resume
+        return [replace(records[-1], status="RUNNING")] if interrupted else records
+
+
 def test_a_warm_started_sweep_resumes_with_its_record_and_nothing_carried_again(tiny: Path, tmp_path: Path) -> None:
     from iaa.jobs.ports import Carried, SearchPlan, SweepRequest
     from iaa.jobs.tune.request import SweepInterrupted
 
-    class Interrupted(FakeLauncher):
-        def can_resume(self, placement):
-            return True
-
-        def sweep(self, request):
-            records = super().sweep(request)
-            interrupted = request.plan.warm_start is not None and not request.resume
-            return [replace(records[-1], status="RUNNING")] if interrupted else records
-
-    tracker, launcher = FakeTracker(), Interrupted()
+    tracker, launcher = FakeTracker(), _Interrupted()
     sweep = _sweeper(tiny, tmp_path, tracker, launcher)
     sweep("earlier")
     launcher.carried = Carried(sweep="", trials=2, best=0.5)
@@ -425,3 +430,33 @@ def test_the_report_counts_carried_trials_in_the_importances_only(tmp_path: Path
     assert [p["number"] for p in analysis["history"]] == [2, 3] and analysis["history"][-1]["best"] == 0.8
     [line] = carried_line(from_analysis(analysis, sweep="later"))
     assert_says(line, "2 of the 4 trials", "sweep earlier", "0.9700", "importances")
+
+
+def test_one_process_at_a_time_runs_a_sweep(tiny: Path, tmp_path: Path) -> None:
+    """A second process that starts or resumes a sweep another runs now is refused, naming it."""
+    import os
+
+    from iaa.errors import IaaError
+    from iaa.jobs.tune.request import SweepInterrupted
+    from iaa.jobs.workdir import lock
+    from iaa.jobs.workdir.paths import Workdir
+
+    sweep = _sweeper(tiny, tmp_path, FakeTracker(), FakeLauncher())
+    held = Workdir(tmp_path / "work").sweep_lock("busy")
+    with lock.held(held, busy=IaaError):
+        with pytest.raises(IaaError) as err:
+            sweep("busy")
+        assert_says(err.value, "a sweep named busy is running in another process", f"pid {os.getpid()}",
+                    "`sweep_name`")
+        assert not (tmp_path / "work" / "sweeps" / "busy").exists()             # nothing claimed
+    launcher = _Interrupted()
+    launcher.every = True
+    sweep = _sweeper(tiny, tmp_path, FakeTracker(), launcher)
+    with pytest.raises(SweepInterrupted):
+        sweep("busy")
+    assert lock.holder(held) is None                                            # let go when it stopped
+    with lock.held(held, busy=IaaError):
+        with pytest.raises(IaaError) as err:
+            sweep("busy", resume=True)
+        assert_says(err.value, "sweep busy is running in another process", "continue it with", "`resume` busy")
+    assert sweep("busy", resume=True).trials == 2

@@ -1,7 +1,7 @@
 """``iaa-cli report --sweeps``: the work folder's sweeps, newest first, one row each.
 
 Each row is read from the sweep's record (``sweep.json``; no store is opened): its dataset and
-model, where it stands (:func:`state`), its trials against the number it asked for, its best
+model, where it stands (:func:`state`; a process that runs it holds its lock), its trials against the number it asked for, its best
 trial, its time and time budget, and the sweep it began from (``--warm-start``). A damaged
 record is a warning naming the file and what is wrong, and the others are listed.
 """
@@ -17,9 +17,11 @@ from iaa.jobs.evaluation.result import Result
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
+from iaa.jobs.workdir import lock
+from iaa.jobs.workdir.paths import Workdir
 
-FINISHED, BUDGET_SPENT, INTERRUPTED, LOST, EMPTY = ("finished", "budget spent", "interrupted", "lost trials",
-                                                     "running or killed")
+FINISHED, BUDGET_SPENT, RUNNING, INTERRUPTED, LOST, EMPTY = ("finished", "budget spent", "running", "interrupted",
+                                                              "lost trials", "no trials recorded")
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class SweepSummary:
     name: str
     dataset: str | None
     model: str | None
-    state: str                        # one of FINISHED, BUDGET_SPENT, INTERRUPTED, LOST, EMPTY
+    state: str                        # one of FINISHED, BUDGET_SPENT, RUNNING, INTERRUPTED, LOST, EMPTY
     trials: int                       # recorded
     num_samples: int | None           # asked for
     best_valid_acc: float | None
@@ -38,7 +40,8 @@ class SweepSummary:
     time_budget_s: float | None
     warm_start: str | None            # the sweep its study began from
     folder: Path
-    resume: Command | None            # the command that continues it (unless it is running); None: finished
+    resume: Command | None            # the command that continues it; None: finished, or running
+    pid: str | None = None            # the process that runs it now
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,12 +52,13 @@ class SweepListResult(Result):
     sweeps: tuple[SweepSummary, ...]
 
 
-def state(sweep: SweepRecord) -> str:
-    """Where ``sweep`` stands: finished, its time budget spent, trials lost with no restores left
-    (a resume runs them again), interrupted (a resume continues it), or running or killed (it
-    records no trials yet: a sweep records them when it stops, and a killed one never did). The
-    record cannot tell a running sweep from one that stopped: a resumed sweep that runs now reads
-    as it stood."""
+def state(sweep: SweepRecord, running: bool = False) -> str:
+    """Where ``sweep`` stands: running (a process holds its lock), finished, its time budget spent,
+    trials lost with no restores left (a resume runs them again), interrupted (a resume continues
+    it), or no trials recorded (a sweep records them when it stops: it was killed, or its process
+    died)."""
+    if running:
+        return RUNNING
     if sweep.budget_spent:
         return BUDGET_SPENT
     if sweep.finished:
@@ -66,17 +70,18 @@ def state(sweep: SweepRecord) -> str:
     return INTERRUPTED
 
 
-def summary(sweep: SweepRecord, folder: Path, options: dict[str, str]) -> SweepSummary:
+def summary(sweep: SweepRecord, folder: Path, options: dict[str, str], pid: str | None = None) -> SweepSummary:
+    """``sweep`` (its record in ``folder``) in one row; ``pid``: the process that runs it now."""
     scored = [t for t in sweep.trials if t.scored]
     best = max(scored, key=lambda t: t.best_valid_acc or 0.0, default=None)
-    now = state(sweep)
+    now = state(sweep, running=pid is not None)
     return SweepSummary(name=sweep.name, dataset=sweep.dataset, model=(sweep.base or {}).get("model", {}).get("kind"),
                         state=now, trials=len(sweep.trials), num_samples=sweep.num_samples,
                         best_valid_acc=best.best_valid_acc if best else None, best_trial=best.label if best else None,
                         wall_s=sweep.wall_s, time_budget_s=sweep.time_budget_s,
                         warm_start=sweep.warm_start.sweep if sweep.warm_start else None, folder=folder,
                         resume=Command.of("tune", resume=sweep.name, **options) if now in (INTERRUPTED, LOST, EMPTY)
-                        else None)
+                        else None, pid=pid)
 
 
 def run(workdir: Path) -> SweepListResult:
@@ -84,7 +89,8 @@ def run(workdir: Path) -> SweepListResult:
     rows, damaged = [], []
     for path in sweep_file.newest(workdir):
         try:
-            rows.append(summary(sweep_file.read(path), path.parent, where(workdir)))
+            pid = lock.holder(Workdir(workdir).sweep_lock(path.parent.name))
+            rows.append(summary(sweep_file.read(path), path.parent, where(workdir), pid))
         except (IaaError, OSError) as err:
             damaged.append(f"{path}: not listed: {err}" if str(path) not in str(err) else f"not listed: {err}")
     return SweepListResult(workdir=Path(workdir), sweeps=tuple(rows), warnings=tuple(damaged))
@@ -95,14 +101,14 @@ def describe(result: SweepListResult) -> str:
     if not result.sweeps:
         return f"no sweeps in {result.workdir}: iaa-cli tune starts one"
     head = ["sweep", "dataset", "model", "state", "trials", "best", "best trial", "time", "from"]
-    rows = [head] + [[s.name, s.dataset or "?", s.model or "?", s.state,
+    rows = [head] + [[s.name, s.dataset or "?", s.model or "?", f"{s.state} (pid {s.pid})" if s.pid else s.state,
                       f"{s.trials}/{s.num_samples}" if s.num_samples else str(s.trials),
                       f"{s.best_valid_acc:.4f}" if s.best_valid_acc is not None else "-", s.best_trial or "-",
                       duration(s.wall_s) + (f" (budget {duration(s.time_budget_s)})" if s.time_budget_s else ""),
                       s.warm_start or "-"] for s in result.sweeps]
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines += [f"continue {s.name} (unless it is running now): {s.resume}" for s in result.sweeps if s.resume]
+    lines += [f"continue {s.name}: {s.resume}" for s in result.sweeps if s.resume]
     return "\n".join(lines)
 
 

@@ -50,6 +50,8 @@ from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import budget_tag, close_lost_runs, run_columns, start_sweep, sweep_params
 from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
+from iaa.jobs.workdir import lock
+from iaa.jobs.workdir.paths import Workdir
 from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, searched_overrides, settle, sweep_config,
                                   sweep_name)
 
@@ -69,7 +71,9 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
     Returns a :class:`~iaa.jobs.tune.best.TuneResult`: the sweep, its best trial, config,
     checkpoint and model, the number of trials and the ``sweep.json`` path. A resumed sweep with
     nothing left to run (:func:`iaa.jobs.sweeps.record.finished`) returns its recorded result
-    (``nothing_left``) at once: no cluster starts and its folder is not written. Raises
+    (``nothing_left``) at once: no cluster starts and its folder is not written. One process at a
+    time runs a sweep: it holds the sweep's lock (``WORKDIR/sweeps/.NAME.lock``) throughout, and
+    another is refused in one line naming its pid. Raises
     :class:`SweepInterrupted` when the sweep stopped with unfinished trials (after recording
     them), and :class:`iaa.jobs.interrupt.Interrupted` on SIGINT or SIGTERM (its runs KILLED, its
     unfinished Optuna trials FAIL: :mod:`iaa.jobs.tune.stops`).
@@ -83,13 +87,23 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
         search_on = plan.command("tune", dataset=plan.dataset, warm_start=plan.name)
         _log.info(stops.nothing_left_line(plan.recorded, plan.folder, search_on))
         return finished_result(plan, tracker)
+    with lock.held(Workdir(plan.workdir).sweep_lock(plan.name), busy=lambda pid: _running(plan, pid)):
+        if plan.recorded is None:
+            launcher.check_free(plan.storage, plan.name, plan.folder)
+        if plan.warm_start is not None and not launcher.has_study(plan.warm_start.study_storage,
+                                                                  plan.warm_start.study_name):
+            raise warm_start.no_study(plan.warm_start)
+        with interrupt.stoppable(plan.resume_command) as stop:
+            return _run(plan, tracker, launcher, stop)
+
+
+def _running(plan: SweepPlan, pid: str) -> IaaError:
+    """The error of a sweep that another process runs now (it holds the sweep's lock)."""
     if plan.recorded is None:
-        launcher.check_free(plan.storage, plan.name, plan.folder)
-    if plan.warm_start is not None and not launcher.has_study(plan.warm_start.study_storage,
-                                                              plan.warm_start.study_name):
-        raise warm_start.no_study(plan.warm_start)
-    with interrupt.stoppable(plan.resume_command) as stop:
-        return _run(plan, tracker, launcher, stop)
+        return IaaError(f"a sweep named {plan.name} is running in another process (pid {pid}); give another "
+                        "`sweep_name`")
+    return IaaError(f"sweep {plan.name} is running in another process (pid {pid}); let it end, or stop it there, "
+                    f"then continue it with: {plan.resume_command}")
 
 
 def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.Stop) -> TuneResult:

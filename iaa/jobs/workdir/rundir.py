@@ -1,8 +1,6 @@
 """A run folder belongs to one run at a time, and a finished run is never replaced by accident.
 
-``claim`` takes an exclusive ``fcntl`` lock on ``RUN_DIR/.lock`` for as long as the run lasts
-(the kernel drops it when the process dies, so a killed run leaves no stale lock) and writes the
-holder's pid into the file for the message a second run gets. A folder that already holds a run
+``claim`` holds ``RUN_DIR/.lock`` (:mod:`~iaa.jobs.workdir.lock`) for as long as the run lasts. A folder that already holds a run
 (checkpoints or metrics) is only reused with ``resume`` (continue it) or ``overwrite`` (start
 afresh, replacing it).
 """
@@ -10,8 +8,6 @@ afresh, replacing it).
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +15,7 @@ from typing import Iterator
 
 from iaa.errors import IaaError
 from iaa.files import writing
+from iaa.jobs.workdir import lock
 from iaa.jobs.workdir.paths import RunFolder
 
 LOCK = ".lock"
@@ -42,12 +39,12 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
     created = not run_dir.exists()
     fd = _open_lock(run_dir)
     try:
-        _lock(fd, run_dir)
+        if not lock.take(fd):
+            raise RunDirError(f"{run_dir} is in use by another run (pid {lock.pid_in(fd)}); wait for it to end, "
+                              "or give another `run_dir`")
         _check_free(run_dir, resume or overwrite)
         try:
-            with writing(run_dir):
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()}\n".encode())
+            lock.write_pid(fd, run_dir)
             with writing(run_dir):      # a full or read-only disk met by the run: one message naming its folder
                 yield run_dir
         except Exception:
@@ -55,16 +52,6 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
             raise
     finally:
         os.close(fd)  # releases the lock
-
-
-def _lock(fd: int, run_dir: Path) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            raise
-        raise RunDirError(f"{run_dir} is in use by another run (pid {_holder(fd)}); wait for it to end, "
-                          "or give another `run_dir`") from None
 
 
 def _check_free(run_dir: Path, reuse: bool) -> None:
@@ -88,15 +75,7 @@ def _tidy(run_dir: Path, created: bool) -> None:
 
 def _open_lock(run_dir: Path) -> int:
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        return lock.open_lock(run_dir / LOCK)
     except OSError as err:
         raise RunDirError(f"{run_dir}: cannot use it as a run folder ({err.strerror}); "
                           "give a writable `run_dir` or `workdir`") from None
-
-
-def _holder(fd: int) -> str:
-    try:
-        return os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-    except OSError:
-        return "unknown"
