@@ -256,6 +256,7 @@ def test_a_new_sweep_that_would_repeat_an_earlier_one_says_so(tiny: Path, tmp_pa
         settle(_request(tiny, tmp_path, warm_start=None, seed=4))                    # another seed
         settle(_request(tiny, tmp_path, warm_start=None, seed=3, sets=(*TINY_SETS, "train.clip=1.0")))
         settle(_request(tiny, tmp_path, seed=3))                                     # a warm start
+        settle(_request(tiny, tmp_path, warm_start=None, seed=3, name="earlier"))    # its own name
         assert not logged(caplog, "WARNING", "in this work folder")
 
 

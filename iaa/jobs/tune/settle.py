@@ -123,8 +123,8 @@ def settle(req: TuneRequest) -> SweepPlan:
         sampler, study = sweep_file.sampler(recorded), recorded.optuna or study
         if req.sampler not in (None, sampler):
             _log.warning(f"sweep {name} continues with the sampler it started with, {sampler}, not {req.sampler}")
-    warm, notes = warm_start.settled(req.warm_start, name if recorded is not None else None, workdir, dataset, base,
-                                     space, sampler, req.seed)
+    warm, notes = warm_start.settled(req.warm_start, name, recorded is not None, workdir, dataset, base, space,
+                                     sampler, req.seed)
     for note in notes:
         _log.warning(note)
     num_samples = req.num_samples or preset.num_samples

@@ -32,16 +32,16 @@ SHOWN_DIFFERENCES = 3         # settings named in the note on what the two sweep
 _UNSHARED = ("dataset", "train.seed", *IMPLEMENTATION_KEYS)   # never compared: checked, seeded or speed only
 
 
-def settled(name: str | None, resumed: str | None, workdir: Path, dataset: str, base: JobConfig, space: SearchSpace,
-            sampler: str, seed: int) -> tuple[WarmStart | None, list[str]]:
-    """The warm start from sweep ``name`` (None: none) of a sweep of ``dataset`` with ``base``,
-    ``space``, ``sampler`` and ``seed``, and the notes to show; ``resumed``: the sweep a resume
-    continues (None: a new sweep), which keeps its study. A new sweep without a warm start is
-    checked against the sweeps it would repeat (:func:`repeated`)."""
+def settled(name: str | None, sweep: str, resumed: bool, workdir: Path, dataset: str, base: JobConfig,
+            space: SearchSpace, sampler: str, seed: int) -> tuple[WarmStart | None, list[str]]:
+    """The warm start from sweep ``name`` (None: none) of the sweep ``sweep`` of ``dataset`` with
+    ``base``, ``space``, ``sampler`` and ``seed``, and the notes to show; a ``resumed`` sweep keeps
+    its study. A new sweep without a warm start is checked against the other sweeps it would
+    repeat (:func:`repeated`)."""
     if name is None:
-        return None, [] if resumed is not None else repeated(workdir, dataset, base, space, sampler, seed)
-    if resumed is not None:
-        raise IaaError(f"sweep {resumed} resumes with the study it began with; `warm_start` begins a new sweep: "
+        return None, [] if resumed else repeated(workdir, dataset, base, space, sampler, seed, besides=sweep)
+    if resumed:
+        raise IaaError(f"sweep {sweep} resumes with the study it began with; `warm_start` begins a new sweep: "
                        "give it without `resume`")
     return source(name, workdir, dataset, base, space, sampler)
 
@@ -81,15 +81,15 @@ def source(name: str, workdir: Path, dataset: str, base: JobConfig, space: Searc
     return warm, differences(earlier.name, theirs, ours, searched | set(space.params))
 
 
-def repeated(workdir: Path, dataset: str, base: JobConfig, space: SearchSpace, sampler: str,
-             seed: int) -> list[str]:
-    """A note when one of the :data:`RECENT` newest sweeps in ``workdir`` searched ``space`` of
-    ``dataset`` with the same config, sampler and seed: a new sweep proposes what it proposed and
+def repeated(workdir: Path, dataset: str, base: JobConfig, space: SearchSpace, sampler: str, seed: int,
+             besides: str | None = None) -> list[str]:
+    """A note when one of the :data:`RECENT` newest sweeps in ``workdir`` other than ``besides``
+    (the new sweep's own name) searched ``space`` of ``dataset`` with the same config, sampler and seed: a new sweep proposes what it proposed and
     trains it alike, so its trials repeat that sweep's; the note names the warm start that
     searches on instead. Records are compared as JSON (a damaged one is skipped: it is its own
     sweep's problem), the config only where the rest matches."""
     ours, searched = _compared(flat(base)), json.loads(space.to_json())
-    for path in sweep_file.newest(workdir)[:RECENT]:
+    for path in [p for p in sweep_file.newest(workdir) if p.parent.name != besides][:RECENT]:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             same = (isinstance(data, dict) and data.get("dataset") == dataset and data.get("seed") == seed
