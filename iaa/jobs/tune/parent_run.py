@@ -86,7 +86,7 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan, tracker:
                   f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
                   f"MLflow {tracker.uri}, experiment {experiment}")
     if carried is not None:
-        (_log.info if carried.trials else _log.warning)(carried_line(carried))
+        _log.log(logging.INFO if carried.trials else logging.WARNING, carried_line(carried))
     return sweep, parent
 
 
