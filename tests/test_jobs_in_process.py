@@ -319,8 +319,11 @@ def test_the_sweep_line_says_how_many_checks_a_trial_makes(tiny: Path, tmp_path:
 
 def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str], console: None) -> None:
+    from iaa.errors import IaaError
     from iaa.jobs.ensemble import ensemble
     from iaa.jobs.tune import tune
+    from iaa.jobs.workdir import lock
+    from iaa.jobs.workdir.paths import Workdir
 
     space = tmp_path / "space.yaml"
     space.write_text("model.hidden_dim: [8]\n", encoding="utf-8")
@@ -328,8 +331,14 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
     work = tmp_path / "work"
     tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=space, sets=TINY_SETS,
                               workdir=work, name="one", show_progress=False), lambda uri: tracker, launcher)
-    result = ensemble.run(ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
-                                                   show_progress=False), tracker, launcher)
+    request = ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
+                                       show_progress=False)
+    with lock.held(lock.beside(Workdir(work).ensemble("one")), busy=IaaError):   # another process builds it
+        with pytest.raises(IaaError) as err:
+            ensemble.run(request, tracker, launcher)
+        assert_says(err.value, "the ensemble one is being built by another process", "pid", "run the same command")
+    assert not [r for r in launcher.requests if isinstance(r, MembersRequest)]
+    result = ensemble.run(request, tracker, launcher)
 
     [members] = [r for r in launcher.requests if isinstance(r, MembersRequest)]
     assert [c.train.seed for c in members.configs] == [1]            # seed 0 is the sweep's own trial

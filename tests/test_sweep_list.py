@@ -79,7 +79,7 @@ def test_a_sweep_whose_lock_a_process_holds_is_running(tmp_path: Path) -> None:
     from iaa.jobs.workdir.paths import Workdir
 
     _sweeps(tmp_path)
-    path = Workdir(tmp_path).sweep_lock("stopped")
+    path = lock.beside(Workdir(tmp_path).sweep("stopped"))
     assert lock.holder(path) is None                                          # no lock file yet
     with lock.held(path, busy=IaaError):
         running = {s.name: s for s in sweep_list.run(tmp_path).sweeps}["stopped"]

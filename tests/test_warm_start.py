@@ -443,7 +443,7 @@ def test_one_process_at_a_time_runs_a_sweep(tiny: Path, tmp_path: Path) -> None:
     from iaa.jobs.workdir.paths import Workdir
 
     sweep = _sweeper(tiny, tmp_path, FakeTracker(), FakeLauncher())
-    held = Workdir(tmp_path / "work").sweep_lock("busy")
+    held = lock.beside(Workdir(tmp_path / "work").sweep("busy"))
     with lock.held(held, busy=IaaError):
         with pytest.raises(IaaError) as err:
             sweep("busy")

@@ -25,6 +25,7 @@ replaced only with ``overwrite``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import sys
@@ -42,7 +43,7 @@ from iaa.jobs.evaluation import averaging, ensemble_record
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ensemble import members as ledger
 from iaa.jobs.training.loop import LOG_PROGRESS_S
-from iaa.jobs.workdir import names
+from iaa.jobs.workdir import lock, names
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.sweeps.console import SweepConsole
@@ -290,11 +291,13 @@ def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None
         records, with the logged model and the next commands. SIGINT or SIGTERM raises
         :class:`iaa.jobs.interrupt.Interrupted` (its runs KILLED; the members trained are kept).
     """
-    with interrupt.stoppable(resume_command(req), kept=lambda: "kept every member trained so far (reused on a rerun)"):
-        return _run(req, tracker, launcher)
+    with (interrupt.stoppable(resume_command(req), kept=lambda: "kept every member trained so far (reused on a rerun)"),
+          contextlib.ExitStack() as held):
+        return _run(req, tracker, launcher, held)
 
 
-def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> EnsembleResult:
+def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
+         held: contextlib.ExitStack) -> EnsembleResult:
     from iaa.jobs.datasets import resolve
 
     workdir, uri = req.workdir, tracker.uri
@@ -314,6 +317,9 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> E
     else:
         given, dataset, prepared, name, out_dir = _given_ensemble(req, tracker)
         experiment = f"ensemble-{dataset}"
+    held.enter_context(lock.held(lock.beside(out_dir), busy=lambda pid: IaaError(
+        f"the ensemble {name} is being built by another process (pid {pid}); let it end, or stop it there, then "
+        f"run the same command again: it reuses every member trained")))
 
     # The run opens now: it lasts as long as the job, and the members trained nest under it,
     # as the ensemble nests under its sweep's run.

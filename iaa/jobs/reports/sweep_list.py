@@ -18,7 +18,6 @@ from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 from iaa.jobs.workdir import lock
-from iaa.jobs.workdir.paths import Workdir
 
 FINISHED, BUDGET_SPENT, RUNNING, INTERRUPTED, LOST, EMPTY = ("finished", "budget spent", "running", "interrupted",
                                                               "lost trials", "no trials recorded")
@@ -89,7 +88,7 @@ def run(workdir: Path) -> SweepListResult:
     rows, damaged = [], []
     for path in sweep_file.newest(workdir):
         try:
-            pid = lock.holder(Workdir(workdir).sweep_lock(path.parent.name))
+            pid = lock.holder(lock.beside(path.parent))
             rows.append(summary(sweep_file.read(path), path.parent, where(workdir), pid))
         except (IaaError, OSError) as err:
             damaged.append(f"{path}: not listed: {err}" if str(path) not in str(err) else f"not listed: {err}")

@@ -51,7 +51,6 @@ from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import budget_tag, close_lost_runs, run_columns, start_sweep, sweep_params
 from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
 from iaa.jobs.workdir import lock
-from iaa.jobs.workdir.paths import Workdir
 from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, searched_overrides, settle, sweep_config,
                                   sweep_name)
 
@@ -87,7 +86,7 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
         search_on = plan.command("tune", dataset=plan.dataset, warm_start=plan.name)
         _log.info(stops.nothing_left_line(plan.recorded, plan.folder, search_on))
         return finished_result(plan, tracker)
-    with lock.held(Workdir(plan.workdir).sweep_lock(plan.name), busy=lambda pid: _running(plan, pid)):
+    with lock.held(lock.beside(plan.folder), busy=lambda pid: _running(plan, pid)):
         if plan.recorded is None:
             launcher.check_free(plan.storage, plan.name, plan.folder)
         if plan.warm_start is not None and not launcher.has_study(plan.warm_start.study_storage,

@@ -2,9 +2,9 @@
 runs (the kernel drops it when the process dies, so a killed holder leaves no stale lock), with
 the holder's pid written into the file for the message another process gets.
 
-:func:`held` holds one for a block (a run folder's, :mod:`~iaa.jobs.workdir.rundir`; a sweep's,
-:meth:`~iaa.jobs.workdir.paths.Workdir.sweep_lock`); :func:`holder` tells who holds one now
-without waiting.
+:func:`held` holds one for a block: a run folder's (:mod:`~iaa.jobs.workdir.rundir`), or
+:func:`beside` a sweep's or an ensemble's folder, held before the folder is made; :func:`holder`
+tells who holds one now without waiting.
 """
 
 from __future__ import annotations
@@ -18,6 +18,12 @@ from typing import Callable, Iterator
 
 from iaa.errors import IaaError
 from iaa.files import writing
+
+
+def beside(folder: Path) -> Path:
+    """The lock file of the job whose folder is ``folder``: ``.NAME.lock`` next to it, so that a
+    start holds it before the folder exists, and a resume holds the same one."""
+    return folder.parent / f".{folder.name}.lock"
 
 
 def open_lock(path: Path) -> int:

@@ -162,11 +162,6 @@ class Workdir:
     def sweep(self, name: str) -> Path:
         return self.sweeps / str(names.folder_name(name, "sweep name"))
 
-    def sweep_lock(self, name: str) -> Path:
-        """The lock a process running sweep ``name`` holds (:mod:`~iaa.jobs.workdir.lock`): beside
-        its folder, so that it is held before the folder is made."""
-        return self.sweeps / f".{names.folder_name(name, 'sweep name')}.lock"
-
     @property
     def ensembles(self) -> Path:
         return self.root / "ensembles"
