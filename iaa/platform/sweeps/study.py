@@ -81,7 +81,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         _plot_checks(study)
         _save(plt, paths["intermediate_values"])
         history, carried = best_so_far(study), [t for t in scored.trials if _carried(t)]
-        _plot_history(plt, history, carried_best := max(map(scored_value, carried), default=None))
+        _plot_history(plt, history, carried)
         _save(plt, paths["history"])
     trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
@@ -93,7 +93,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
             "scored_trials": len(scored.trials),
             "complete_trials": len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
             "best": {"params": scored.best_trial.params, "value": scored.best_value}, "history": history,
-            "carried_trials": len(carried), "carried_best": carried_best,
+            "carried_trials": len(carried), "carried_best": max(map(scored_value, carried), default=None),
             "trials": trials, "figures": {k: str(v) for k, v in paths.items()}}
 
 
@@ -163,21 +163,22 @@ def best_so_far(study: Any) -> list[dict[str, Any]]:
     return points
 
 
-def _plot_history(plt: Any, history: list[dict[str, Any]], carried_best: float | None = None) -> None:
+def _plot_history(plt: Any, history: list[dict[str, Any]], carried: list[Any]) -> None:
     """The best valid_acc so far against the sweep's wall-clock hours, each trial's end a dot: how
-    long the search took to find its best, and whether more time would likely pay; a warm-started
-    sweep's carried best is a dashed line."""
+    long the search took to find its best, and whether more time would likely pay; the best of
+    the trials a warm start ``carried`` is a dashed line."""
     _, ax = plt.subplots()
-    if carried_best is not None:
-        ax.axhline(carried_best, color="steelblue", linestyle="--", linewidth=1.5,
-                   label="best of the trials carried from an earlier sweep")
+    if carried:
+        origins = ", ".join(sorted({t.user_attrs[CARRIED_FROM] for t in carried}))
+        ax.axhline(max(map(scored_value, carried)), color="steelblue", linestyle="--", linewidth=1.5,
+                   label=f"best of the {len(carried)} trials carried from sweep {origins}")
     unit, per_hour = ("hours", 1) if history and history[-1]["hours"] >= 2 else ("minutes", 60)
     if history:
         at = [p["hours"] * per_hour for p in history]
         ax.step(at, [p["best"] for p in history], where="post", color="crimson", linewidth=2, label="best so far")
         ax.scatter(at, [p["value"] for p in history], s=25, color="dimgray", zorder=3,
                    label="a trial's best check, at its end")
-    if history or carried_best is not None:
+    if history or carried:
         ax.legend(loc="best", fontsize="small")
     ax.set_xlim(left=0)
     ax.set_xlabel(f"{unit} since the first trial started (wall clock)")
