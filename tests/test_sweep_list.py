@@ -65,7 +65,7 @@ def test_each_sweep_is_listed_newest_first_with_where_it_stands(tmp_path: Path) 
     assert (by["done"].best_trial, by["done"].best_valid_acc, by["done"].model) == ("trial-0001", 0.95, "iaa")
     assert by["fresh"].warm_start == "done" and by["fresh"].best_valid_acc is None
     assert by["done"].resume is None and by["spent"].resume is None
-    assert str(by["stopped"].resume).startswith("iaa-cli tune `resume` stopped")
+    assert by["stopped"].resume.startswith("iaa-cli tune `resume` stopped")
     text = sweep_list.describe(result)
     assert_says(text, "spent    demo", "2/9", "0m00s (budget 1m00s)", "continue stopped: iaa-cli tune `resume` stopped")
     assert "continue done" not in text and "continue spent" not in text
@@ -114,7 +114,9 @@ def test_report_sweeps_prints_the_table_or_the_json(tmp_path: Path) -> None:
     assert f"iaa-cli tune --resume stopped --workdir {tmp_path}" in shown.output        # flags spelled
     listed = runner.invoke(cli, ["report", "--sweeps", "--workdir", str(tmp_path), "--json"])
     assert listed.exit_code == 0
-    assert [s["state"] for s in json.loads(listed.output.strip().splitlines()[-1])["sweeps"]][-1] == "finished"
+    rows = json.loads(listed.output.strip().splitlines()[-1])["sweeps"]
+    assert rows[-1]["state"] == "finished"
+    assert next(r for r in rows if r["name"] == "stopped")["resume"] == f"iaa-cli tune --resume stopped --workdir {tmp_path}"
     both = runner.invoke(cli, ["report", "--sweeps", "--sweep", "done", "--workdir", str(tmp_path)])
     assert both.exit_code == 2 and "give one of" in both.output
     empty = runner.invoke(cli, ["report", "--sweeps", "--workdir", str(tmp_path / "nothing")])

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from iaa.cli.options import (_FiniteFloat, json_option, tracking_option, workdir_option)
-from iaa.cli.output import _friendly, _warn, shown
+from iaa.cli.output import _emit, _friendly, _warn, shown
 
 
 @click.command()
@@ -49,9 +49,11 @@ def report(experiment: str | None, sweep: str | None, list_sweeps: bool, run_ids
         from iaa.jobs.reports import sweep_list
 
         listed = sweep_list.run(workdir)
-        _warn(listed)
-        click.echo(json.dumps(listed.fields(), default=str) if as_json
-                   else shown(sweep_list.describe(listed), keep_lines=True))
+        if as_json:
+            _emit(listed, as_json=True)             # the commands in it spelled with flags
+        else:
+            _warn(listed)
+            click.echo(shown(sweep_list.describe(listed), keep_lines=True))
         return
     if sweep is not None:
         from iaa.jobs.reports import sweep_report

@@ -39,7 +39,7 @@ class SweepSummary:
     time_budget_s: float | None
     warm_start: str | None            # the sweep its study began from
     folder: Path
-    resume: Command | None            # the command that continues it; None: finished, or running
+    resume: str | None                # the command that continues it (options as `name`); None: finished, or running
     pid: str | None = None            # the process that runs it now
 
 
@@ -79,8 +79,8 @@ def summary(sweep: SweepRecord, folder: Path, options: dict[str, str], pid: str 
                         best_valid_acc=best.best_valid_acc if best else None, best_trial=best.label if best else None,
                         wall_s=sweep.wall_s, time_budget_s=sweep.time_budget_s,
                         warm_start=sweep.warm_start.sweep if sweep.warm_start else None, folder=folder,
-                        resume=Command.of("tune", resume=sweep.name, **options) if now in (INTERRUPTED, LOST, EMPTY)
-                        else None, pid=pid)
+                        resume=str(Command.of("tune", resume=sweep.name, **options))
+                        if now in (INTERRUPTED, LOST, EMPTY) else None, pid=pid)
 
 
 def run(workdir: Path) -> SweepListResult:
