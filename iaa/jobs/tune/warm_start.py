@@ -5,12 +5,14 @@ trials of an earlier sweep of the same dataset and model proposes from what they
 and never proposes their configurations again. It is how a sweep whose budget is spent searches
 on, and how a search space is widened or narrowed without starting blind.
 
-:func:`source` settles it with the rest of the sweep, opening no store: the earlier sweep is found
-by name (a default-named prefix, ``demo-iaa``, means its latest run) and refused in one line
-where its trials cannot inform this sweep (another dataset or model, no Optuna study kept, a
-resume, the grid sampler). It also names the settings the two sweeps' trials do not share,
-whose accuracies are then compared as they stand. The launcher carries the trials
-(:meth:`~iaa.jobs.ports.Launcher.carry_trials`) and :func:`carried_line` says what it carried.
+:func:`settled` settles it with the rest of the sweep, opening no store (:func:`source`): the
+earlier sweep is found by name (a default-named prefix, ``demo-iaa``, means its latest run) and
+refused in one line where its trials cannot inform this sweep (another dataset or model, no
+Optuna study kept, a resume, the grid sampler), and the settings the two sweeps' trials do not
+share are named (their accuracies are compared as they stand). A new sweep without a warm start
+that would repeat a recent one of its work folder is told so (:func:`repeated`). The launcher
+carries the trials (:meth:`~iaa.jobs.ports.Launcher.carry_trials`) and :func:`carried_line` says
+what it carried.
 """
 
 from __future__ import annotations
@@ -84,10 +86,11 @@ def source(name: str, workdir: Path, dataset: str, base: JobConfig, space: Searc
 def repeated(workdir: Path, dataset: str, base: JobConfig, space: SearchSpace, sampler: str, seed: int,
              besides: str | None = None) -> list[str]:
     """A note when one of the :data:`RECENT` newest sweeps in ``workdir`` other than ``besides``
-    (the new sweep's own name) searched ``space`` of ``dataset`` with the same config, sampler and seed: a new sweep proposes what it proposed and
-    trains it alike, so its trials repeat that sweep's; the note names the warm start that
-    searches on instead. Records are compared as JSON (a damaged one is skipped: it is its own
-    sweep's problem), the config only where the rest matches."""
+    (the new sweep's own name) searched ``space`` of ``dataset`` with the same config, sampler and
+    seed: a new sweep proposes what it proposed and trains it alike, so its trials would repeat
+    that sweep's; the note names the warm start that searches on instead. Records are compared as
+    JSON (a damaged one is skipped: it is its own sweep's problem), the config only where the rest
+    matches."""
     ours, searched = _compared(flat(base)), json.loads(space.to_json())
     for path in [p for p in sweep_file.newest(workdir) if p.parent.name != besides][:RECENT]:
         try:
@@ -148,8 +151,8 @@ def carried_line(carried: Carried) -> str:
 def ahead_line(carried: Carried, best: TrialRecord) -> str:
     """A warm-started sweep whose own best trial is behind the best trial it carried."""
     return (f"the best trial carried from sweep {carried.sweep} (valid_acc {carried.best:.4f}) stays ahead of this "
-            f"sweep's own best, {best.label} ({best.best_valid_acc or 0.0:.4f}); best_config.yaml and the models here "
-            f"are this sweep's own trials'; the carried one's are sweep {carried.sweep}'s")
+            f"sweep's own best, {best.label} ({best.best_valid_acc or 0.0:.4f}); best_config.yaml and the logged "
+            f"models here are this sweep's own, the carried trial's are in sweep {carried.sweep}")
 
 
 def _value(value: Any) -> str:
