@@ -43,7 +43,9 @@ from iaa.jobs.config.presets import SAMPLERS
                    "drawn at random; needs pip install 'iaa[cmaes]'), each after a space-filling start and never "
                    "proposing a configuration twice; or grid (every configuration of a space of value lists, "
                    "in a seeded order; at most that many trials). A resumed sweep keeps its own. [default: tpe]")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampler and of the trials.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the sampler (its space-filling start and its proposals); the trials train with the "
+                   "config's train.seed (--set train.seed=N).")
 @click.option("--warm-start", metavar="SWEEP",
               help="Begin with the scored trials of the earlier sweep SWEEP (of this dataset and model; a "
                    "default-named prefix such as demo-iaa means its latest): the sampler proposes from them at once "
