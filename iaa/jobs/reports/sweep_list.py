@@ -1,9 +1,10 @@
 """``iaa-cli report --sweeps``: the work folder's sweeps, newest first, one row each.
 
 Each row is read from the sweep's record (``sweep.json``; no store is opened): its dataset and
-model, where it stands (:func:`state`; a process that runs it holds its lock), its trials against the number it asked for, its best
-trial, its time and time budget, and the sweep it began from (``--warm-start``). A damaged
-record is a warning naming the file and what is wrong, and the others are listed.
+model, where it stands (:func:`state`; a process that runs it holds its lock), its trials against
+the number it asked for, its best trial, its time and time budget, and the sweep it began from
+(``--warm-start``). A damaged record is a warning naming the file and what is wrong, and the
+others are listed.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def run(workdir: Path) -> SweepListResult:
         try:
             pid = lock.holder(lock.beside(path.parent))
             rows.append(summary(sweep_file.read(path), path.parent, where(workdir), pid))
-        except (IaaError, OSError) as err:
-            damaged.append(f"{path}: not listed: {err}" if str(path) not in str(err) else f"not listed: {err}")
+        except (IaaError, OSError) as err:            # a record's error names its file; say it once
+            damaged.append(f"not listed: {err}" if str(path) in str(err) else f"{path}: not listed: {err}")
     return SweepListResult(workdir=Path(workdir), sweeps=tuple(rows), warnings=tuple(damaged))
 
 
@@ -109,5 +110,3 @@ def describe(result: SweepListResult) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines += [f"continue {s.name}: {s.resume}" for s in result.sweeps if s.resume]
     return "\n".join(lines)
-
-

@@ -50,9 +50,9 @@ from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import budget_tag, close_lost_runs, run_columns, start_sweep, sweep_params
 from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
-from iaa.jobs.workdir import lock
 from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, searched_overrides, settle, sweep_config,
                                   sweep_name)
+from iaa.jobs.workdir import lock
 
 _log = logging.getLogger(__name__)
 

@@ -88,4 +88,3 @@ def holder(path: Path) -> str | None:
         return pid_in(fd)
     finally:
         os.close(fd)
-

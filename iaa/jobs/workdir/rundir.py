@@ -1,8 +1,8 @@
 """A run folder belongs to one run at a time, and a finished run is never replaced by accident.
 
-``claim`` holds ``RUN_DIR/.lock`` (:mod:`~iaa.jobs.workdir.lock`) for as long as the run lasts. A folder that already holds a run
-(checkpoints or metrics) is only reused with ``resume`` (continue it) or ``overwrite`` (start
-afresh, replacing it).
+``claim`` holds ``RUN_DIR/.lock`` (:mod:`~iaa.jobs.workdir.lock`) for as long as the run lasts. A
+folder that already holds a run (checkpoints or metrics) is only reused with ``resume`` (continue
+it) or ``overwrite`` (start afresh, replacing it).
 """
 
 from __future__ import annotations
