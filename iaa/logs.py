@@ -21,6 +21,7 @@ from typing import Any, Callable
 from iaa.errors import printable
 
 ROOT = "iaa"
+_ROOT_LOGGER = logging.getLogger(ROOT)
 _STANDARD = frozenset(vars(logging.makeLogRecord({})))    # a record's own attributes, not an event's fields
 
 
@@ -69,7 +70,7 @@ def to_console(*, json_lines: bool = False, quiet: bool = False,
         quiet: warnings only, no progress.
         render: what each message goes through first (the command line spells its options).
     """
-    logger = logging.getLogger(ROOT)
+    logger = _ROOT_LOGGER
     for old in [h for h in logger.handlers if isinstance(h, _Stderr)]:
         logger.removeHandler(old)
     handler = _Stderr()
@@ -82,13 +83,16 @@ def to_console(*, json_lines: bool = False, quiet: bool = False,
 
 def in_worker() -> None:
     """In a Ray worker process: the console handler, unless the process already has one."""
-    if not any(isinstance(h, _Stderr) for h in logging.getLogger(ROOT).handlers):
+    if not any(isinstance(h, _Stderr) for h in _ROOT_LOGGER.handlers):
         to_console()
 
 
 def rendered(text: str) -> str:
-    """``text`` as the console handler would show it (for a line written around the logging module)."""
-    formats = [h.formatter for h in logging.getLogger(ROOT).handlers if isinstance(h, _Stderr)]
+    """``text`` as the console handler would show it (for a line written around the logging module).
+
+    Takes no lock (not the one :func:`logging.getLogger` takes): it runs after a signal, which may
+    have cut a thread short with that lock held."""
+    formats = [h.formatter for h in _ROOT_LOGGER.handlers if isinstance(h, _Stderr)]
     return formats[0].render(text) if formats and isinstance(formats[0], _Console) else text
 
 

@@ -295,3 +295,84 @@ def test_a_first_signal_raised_inside_a_garbage_collection_callback_still_stops_
     assert proc.returncode == 1 and "interrupted by SIGINT" in proc.stderr, proc.stderr   # Interrupted, uncaught
     assert "Exception ignored" not in proc.stderr and "not reached" not in proc.stdout
     assert (tmp_path / "marks.txt").read_text().splitlines() == ["SIGINT"]
+
+
+def test_a_third_signal_ends_the_process_at_once_and_still_says_the_line(tmp_path: Path) -> None:
+    proc = _second_signal("""
+        import os, signal, threading, time
+        from iaa.jobs import interrupt
+
+        def mark(name):                       # a mark that hangs (a store another process holds)
+            if threading.current_thread() is threading.main_thread():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+                os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(10)
+
+        with interrupt.stoppable("iaa-cli tune --resume s") as stop:
+            stop.on_stop(mark)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+    """, tmp_path)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("interrupted by")]
+    assert line.startswith("interrupted by SIGINT: ended before its runs and trials were marked"), line
+    assert line.endswith("resume with: iaa-cli tune --resume s") and "Traceback" not in proc.stderr
+
+
+def test_the_signals_of_a_forked_child_do_not_count_as_the_commands_own(tmp_path: Path) -> None:
+    proc = _second_signal("""
+        import os, signal, time
+        from iaa.jobs import interrupt
+
+        with interrupt.stoppable("iaa-cli tune --resume s") as stop:
+            stop.on_stop(lambda name: open(MARKS, "a").write(name + "\\n"))
+            child = os.fork()
+            if child == 0:                    # a group's Ctrl-C reaching a child before it starts its program
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(1)
+                finally:
+                    os._exit(0)
+            os.waitpid(child, 0)
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGINT)     # the command's first
+            time.sleep(30)
+    """, tmp_path)
+    assert proc.returncode == 1 and "interrupted by SIGINT: resume with" in proc.stderr, proc.stderr  # not ended
+    assert (tmp_path / "marks.txt").read_text().splitlines() == ["SIGINT"]                   # by a second
+
+
+def test_a_signal_during_a_fork_is_handled_after_the_fork_leaving_logging_unlocked() -> None:
+    # The signal arrives while logging's fork hook holds its lock (a hook registered before logging's
+    # runs inside it); a handler raising there would keep that lock taken.
+    script = textwrap.dedent("""
+        import os, signal, sys, threading
+        os.register_at_fork(before=lambda: (os.kill(os.getpid(), signal.SIGINT), sum(range(10000))))
+        import logging
+        from iaa import signals
+
+        seen, dropped = [], []
+        def handler(signum, frame):
+            if signals.holding():
+                seen.append("held")
+                signals.hold(signum)
+                return
+            seen.append("raised")
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, handler)
+        sys.unraisablehook = lambda unraisable: dropped.append(type(unraisable.exc_value).__name__)
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        os.waitpid(child, 0)
+        other = threading.Thread(target=logging.getLogger, args=("another",), daemon=True)
+        other.start()
+        other.join(2)
+        print(seen, dropped, "logging locked" if other.is_alive() else "logging free")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["['held',", "'raised']", "['KeyboardInterrupt']", "logging", "free"], proc.stdout

@@ -216,6 +216,16 @@ class _Watch:
             return
         self.drained.wait(1.0)
 
+    @staticmethod
+    def forget_in_child() -> None:
+        """In a child forked by this process (before it starts another program, or for good): the
+        signals it receives are not this process's to count, so it writes none to the pipe."""
+        if _ACTIVE:
+            try:
+                signal.set_wakeup_fd(-1)
+            except ValueError:               # not the child's main thread
+                pass
+
     def close(self) -> None:
         signal.set_wakeup_fd(self.previous, warn_on_full_buffer=False)
         try:
@@ -225,6 +235,9 @@ class _Watch:
         self.thread.join(1.0)
         for fd in (self.read, self.write):
             os.close(fd)
+
+
+os.register_at_fork(after_in_child=_Watch.forget_in_child)
 
 
 def _unraisable(previous: Callable[..., None]) -> Callable[..., None]:
@@ -275,6 +288,7 @@ def _end(stop: Stop, signum: int) -> None:
     process at once."""
     with _ENDING:
         if stop.ending:
+            say(stop.line(stop.signal_name or _name(signum), marked=False))   # unless the line is out
             end_process(128 + signum)
         stop.ending = True
     name = stop.signal_name or _name(signum)
