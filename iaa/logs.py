@@ -50,10 +50,17 @@ class _JsonLines(_Console):
 
 
 class _Stderr(logging.Handler):
-    """Writes to whatever ``sys.stderr`` is when a record arrives (a test runner swaps it), flushed."""
+    """Writes to whatever ``sys.stderr`` is when a record arrives (a test runner swaps it), flushed;
+    keeps the warnings it wrote (:func:`warned`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.warned: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if record.levelno >= logging.WARNING and isinstance(self.formatter, _Console):
+                self.warned.append(printable(self.formatter.render(record.getMessage())))
             stream = sys.stderr
             stream.write(self.format(record) + "\n")
             stream.flush()
@@ -85,6 +92,12 @@ def in_worker() -> None:
     """In a Ray worker process: the console handler, unless the process already has one."""
     if not any(isinstance(h, _Stderr) for h in _ROOT_LOGGER.handlers):
         to_console()
+
+
+def warned() -> tuple[str, ...]:
+    """The warnings that the console handler (:func:`to_console`) has written since it was
+    installed, each as its message (a command's ``--json`` object lists them)."""
+    return next((tuple(h.warned) for h in _ROOT_LOGGER.handlers if isinstance(h, _Stderr)), ())
 
 
 def rendered(text: str) -> str:

@@ -116,3 +116,24 @@ def test_tune_sampler_takes_only_the_names_it_maps() -> None:
     assert tuple(param.type.choices) == SAMPLERS and param.default is None          # None: tpe, or the record's
     result = CliRunner().invoke(cli.cli, ["tune", "--dataset", "demo", "--sampler", "bayes"])
     assert result.exit_code == 2 and "'bayes' is not one of" in result.output
+
+
+def test_the_json_object_lists_the_warnings_the_command_logged(model, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakes import FakeLauncher, FakeTracker
+    from tests._platform import TINY_SPACE
+    from tests._tiny import TINY_SETS
+
+    prepared, _, _ = model
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE, encoding="utf-8")
+    monkeypatch.setattr(cli.tuning, "_open_tracker", lambda uri: FakeTracker())
+    monkeypatch.setattr(cli.tuning, "_launcher", lambda address, storage_path: FakeLauncher())
+    sets = [arg for s in TINY_SETS for arg in ("--set", s)]          # model.steps=2, which the space searches
+    result = CliRunner().invoke(cli.cli, ["tune", "--data", str(prepared), "--num-samples", "1", "--search-space",
+                                          str(space), *sets, "--workdir", str(tmp_path / "work"), "--json"])
+
+    assert result.exit_code == 0, result.output
+    [logged] = [line for line in result.stderr.splitlines() if "model.steps=2 has no effect" in line]
+    warnings = json.loads(result.stdout.splitlines()[-1])["warnings"]
+    assert [w for w in warnings if "model.steps=2 has no effect" in w] == [logged.removeprefix("warning: ")]

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 import click
 
+from iaa import logs
 from iaa.cli.flags import render
 from iaa.jobs.evaluation.closing import Command
 from iaa.jobs.evaluation.result import Result
@@ -37,11 +38,13 @@ def _emit(result: Result | dict[str, Any], as_json: bool, keys: tuple[str, ...] 
     """Print a result (a job's :class:`Result`, or a plain dict): a JSON object (its
     :meth:`~Result.fields`) as the last stdout line with ``--json``, else key: value lines, floats
     to 6 significant digits (only ``keys``, where the command's own summary on stderr has already
-    shown the rest). Its ``warnings`` go to stderr first. ``err``: all of it to stderr (stdout
-    carries the output)."""
+    shown the rest). Its ``warnings`` go to stderr first; the JSON object's list those the command
+    logged too. ``err``: all of it to stderr (stdout carries the output)."""
     _warn(result)
     fields = _spelled(result.fields() if isinstance(result, Result) else result)
     if as_json:
+        if "warnings" in fields:          # and those the command logged on its way
+            fields["warnings"] = list(dict.fromkeys([*logs.warned(), *fields["warnings"]]))
         click.echo(json.dumps(fields, default=str), err=err)
     else:
         for key, value in fields.items():
