@@ -288,6 +288,8 @@ class FakeLauncher:
         plan = request.plan
         out = []
         for i, values in enumerate(sample(plan.space, plan.num_samples, plan.seed)):
+            if i < len(plan.try_first):                 # the configurations given to try first, in order
+                values = {**values, **plan.try_first[i]}
             cfg = apply(plan.base, {**plan.space.fixed, **values})
             out.append(self._trial(f"trial{i:05d}", cfg, values, request.placement.prepared, request.trials,
                                    request.placement.name))
@@ -379,3 +381,21 @@ def sweep_plan(workdir: Path, name: str = "demo-iaa-abc123", **changes: object):
                      num_samples=preset.num_samples, sampler="tpe", study=Study(f"sqlite:///{workdir}/optuna.db", name),
                      tracking_uri=f"sqlite:///{workdir}/mlflow.db", recorded=None)
     return replace(plan, **changes)
+
+
+def fake_sweeper(tiny: Path, tmp_path: Path, tracker: FakeTracker, launcher: FakeLauncher, **defaults: object):
+    """``sweep(name, **more)``: the sweep job on ``tracker`` and ``launcher`` over the tiny data
+    and space (a TuneRequest of ``defaults`` and ``more``), in ``tmp_path / "work"``."""
+    from _platform import TINY_SPACE
+    from _tiny import TINY_SETS
+    from iaa.jobs.tune import tune
+
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE, encoding="utf-8")
+
+    def sweep(name: str, **more: object) -> tune.TuneResult:
+        req = tune.TuneRequest(**{"dataset": "cbt-ne", "data": tiny, "num_samples": 2, "search_space": space,
+                                  "sets": TINY_SETS, "workdir": tmp_path / "work", "name": name,
+                                  "show_progress": False, **defaults, **more})
+        return tune.run(req, lambda uri: tracker, launcher)
+    return sweep

@@ -91,6 +91,7 @@ def test_a_deep_set_value_is_one_line(prepared, tmp_path):
     ("train.lr: {low: 1.0e-4, high: .inf, log: true}", "train.lr.high: expected a finite number, got inf"),
     ("train.lr: [1.0e-3, .nan]", "train.lr choice: expected a finite number, got nan"),
     ("model.dropout: {low: 0.0, high: 0.5}\nmodel.dropout: [0.1]", "duplicate key 'model.dropout'"),
+    ("{model.steps: [1, 2], model.steps: [3]}", "duplicate key 'model.steps' (first on line 1)"),   # one line
 ])
 def test_a_search_space_out_of_range_or_not_finite_is_refused_before_any_trial(tmp_path, spec, message):
     path = tmp_path / "space.yaml"

@@ -232,15 +232,23 @@ def test_a_sweep_ends_at_its_time_budget_with_nothing_left_running(tiny: Path, t
 def test_a_warm_started_sweep_begins_with_the_earlier_trials_and_proposes_none_again(tiny: Path, tmp_path: Path,
                                                                                       local_ray: None) -> None:
     """The second sweep's study holds the first sweep's trials before its own, which try the
-    configurations the first did not and take the numbers after them, as do their runs."""
+    configurations the first did not and take the numbers after them, as do their runs. The first
+    sweep's first trial runs the configuration it was given to try first."""
     import optuna
 
     request = dict(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path), sets=TINY_SETS,
                    workdir=tmp_path, show_progress=False)
-    run_sweep(**request, name="first")
+    given = tmp_path / "try.yaml"
+    given.write_text("- {model.hidden_dim: 12, model.steps: 1}\n", encoding="utf-8")
+    run_sweep(**request, name="first", try_first=given)
     result = run_sweep(**request, name="second", warm_start="first")
 
     first, second = read_sweep(tmp_path, "first"), read_sweep(tmp_path, "second")
+    [tried] = [t for t in optuna.load_study(study_name="first", storage=first["optuna"]["storage"]).trials
+               if "tried_first" in t.user_attrs]
+    assert tried.number == 0 and tried.params == {"model.hidden_dim": 12, "model.steps": 1}
+    [run] = [r for r in children(first) if r.data.tags["trial_number"] == "0000"]
+    assert run.data.params["model.hidden_dim"] == "12" and run.data.params["model.steps"] == "1"
     assert second["warm_start"]["sweep"] == "first" and second["warm_start"]["trials"] == 2
     assert result["carried_trials"] == 2 and result["warm_start"] == "first"
     study = optuna.load_study(study_name="second", storage=second["optuna"]["storage"])

@@ -17,7 +17,7 @@ import pytest
 from _faults import assert_says, logged
 from _platform import TINY_SPACE
 from _tiny import TINY_SETS, make_tiny_prepared
-from fakes import FakeLauncher, FakeTracker
+from fakes import FakeLauncher, FakeTracker, fake_sweeper
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -198,17 +198,7 @@ def test_the_new_study_is_made_in_its_storage_and_an_existing_one_is_refused(tmp
 
 
 def _sweeper(tiny: Path, tmp_path: Path, tracker: FakeTracker, launcher: FakeLauncher):
-    from iaa.jobs.tune import tune
-
-    space = tmp_path / "space.yaml"
-    space.write_text(TINY_SPACE, encoding="utf-8")
-
-    def sweep(name: str, **more: object) -> tune.TuneResult:
-        req = tune.TuneRequest(**{"dataset": "cbt-ne", "data": tiny, "num_samples": 2, "search_space": space,
-                                  "sets": TINY_SETS, "workdir": tmp_path / "work", "name": name,
-                                  "show_progress": False, **more})
-        return tune.run(req, lambda uri: tracker, launcher)
-    return sweep
+    return fake_sweeper(tiny, tmp_path, tracker, launcher)
 
 
 def _request(tiny: Path, tmp_path: Path, **more):

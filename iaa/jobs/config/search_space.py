@@ -59,6 +59,26 @@ class Param:
     step: float | None = None
     integer: bool = False
 
+    def value_of(self, value: Any) -> Any:
+        """``value`` as a trial of this parameter holds it (a number where the parameter is
+        numeric); ConfigError saying why when no trial can (not a choice, outside the range, off
+        its step)."""
+        numeric = self.choices is None or all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                                              for c in self.choices)
+        if numeric:
+            value = _as_number(value, self.integer, self.name)
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ConfigError(f"{self.name}: {shown_number(value)} is not one of its choices {self.describe()}")
+            return value
+        assert self.low is not None and self.high is not None
+        if not self.low <= value <= self.high:
+            raise ConfigError(f"{self.name}: {shown_number(value)} lies outside its range {self.describe()}")
+        if self.step and not math.isclose((value - self.low) / self.step, round((value - self.low) / self.step),
+                                          abs_tol=1e-8):
+            raise ConfigError(f"{self.name}: {shown_number(value)} is off its step {self.describe()}")
+        return value
+
     def describe(self) -> str:
         if self.choices is not None:
             return "{" + ", ".join(f"{c:g}" if isinstance(c, float) else str(c) for c in self.choices) + "}"
@@ -125,31 +145,38 @@ def _field_value(cfg: JobConfig, dotted: str) -> Any:
     return node
 
 
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested sections to dotted keys; a mapping of spec keys (choices/low/...) is a leaf."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) and not (set(value) & SPEC_KEYS):
-            flat.update(_flatten(value, f"{name}."))
+            flat.update(flatten(value, f"{name}."))
         else:
             flat[name] = value
     return flat
 
 
 def _number(value: Any, integer: bool, where: str) -> float | int:
+    try:
+        return _as_number(value, integer, where)
+    except ConfigError as err:
+        raise ConfigError(f"search space: {err}") from None
+
+
+def _as_number(value: Any, integer: bool, where: str) -> float | int:
     if isinstance(value, str):
         try:
             value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"search space: {where}: expected a number, got {value!r}")
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
     if not math.isfinite(value if isinstance(value, float) else 0.0) or abs(value) > 1e300:
-        raise ConfigError(f"search space: {where}: expected a finite number, got {str(value)[:40]}")
+        raise ConfigError(f"{where}: expected a finite number, got {str(value)[:40]}")
     if integer:
         if float(value) != int(value):
-            raise ConfigError(f"search space: {where}: this field is an integer, got {value!r}")
+            raise ConfigError(f"{where}: this field is an integer, got {value!r}")
         return int(value)
     return float(value)
 
@@ -202,7 +229,7 @@ def parse(data: Mapping[str, Any] | None, base: JobConfig) -> SearchSpace:
         raise ConfigError("search space: expected a mapping of config keys to choices or ranges")
     params: dict[str, Param] = {}
     fixed: dict[str, Any] = {}
-    for name, spec in _flatten(data).items():
+    for name, spec in flatten(data).items():
         if name in NOT_SEARCHABLE:
             raise ConfigError(f"search space: {name!r} comes from the data and cannot be searched")
         current = _field_value(base, name)

@@ -34,18 +34,18 @@ class StrictLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: Node, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
         if isinstance(node, MappingNode):
-            first_line: dict[Any, int] = {}
+            first: dict[Any, Node] = {}
             for key_node, _ in node.value:
                 if key_node.tag == MERGE_TAG:         # `<<: *base` may repeat keys on purpose
                     continue
                 key = self.construct_object(key_node, deep=True)
                 try:
-                    line = first_line.setdefault(key, key_node.start_mark.line + 1)
+                    earlier = first.setdefault(key, key_node)
                 except TypeError:                     # an unhashable key: SafeLoader reports it
                     continue
-                if line != key_node.start_mark.line + 1:
-                    raise ConstructorError(None, None, f"duplicate key {key!r} (first on line {line})",
-                                           key_node.start_mark)
+                if earlier is not key_node:
+                    raise ConstructorError(None, None, f"duplicate key {key!r} (first on line "
+                                           f"{earlier.start_mark.line + 1})", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
 

@@ -141,6 +141,7 @@ class SearchPlan:
     sampler: str = DEFAULT_SAMPLER   # the Optuna sampler that proposes the trials (presets.SAMPLERS)
     time_budget_s: float | None = None   # the trials' time in all, over every run of the sweep; None: no limit
     warm_start: WarmStart | None = None  # an earlier sweep whose trials the study begins with
+    try_first: tuple[Mapping[str, Any], ...] = ()   # configurations the first trials run, in order
 
     @property
     def checks(self) -> int:

@@ -6,12 +6,13 @@
 
     {"schema", "name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id",
      "storage", "search_space", "sampler", "seed", "num_samples", "time_budget_s", "asha", "optuna", "base",
-     "warm_start", "workers_per_trial", "max_concurrent", "trials": [row, ...], "wall_s"}
+     "warm_start", "try_first", "workers_per_trial", "max_concurrent", "trials": [row, ...], "wall_s"}
 
 ``schema`` is 1 (a record without it was written before it was versioned, and reads the same);
 keys this version does not know are kept as they are when the record is written again; ``sampler`` names the Optuna sampler that proposed the
 trials (:data:`~iaa.jobs.config.presets.SAMPLERS`; a record without it was searched by ``tpe``),
-``seed`` the seed it proposed them with.
+``seed`` the seed it proposed them with, ``try_first`` the configurations its first trials ran
+(``tune --try-first``).
 Paths inside the work folder (``data_dir``, ``storage``, ``tracking_uri``, ``optuna.storage`` and
 each trial's ``checkpoint``) are stored relative to it and found again under the folder the
 record is in now (:mod:`iaa.jobs.workdir.recorded`), so a copied or moved work folder reads its
@@ -81,6 +82,7 @@ class SweepRecord:
     optuna: Study | None = None
     base: Mapping[str, Any] | None = None            # the base JobConfig, as to_dict gives it
     warm_start: Carried | None = None                # the earlier sweep's trials its study began with
+    try_first: tuple[Mapping[str, Any], ...] | None = None   # the configurations its first trials ran
     workers_per_trial: int | None = None
     max_concurrent: int | None = None
     wall_s: float = 0.0
@@ -96,6 +98,7 @@ class SweepRecord:
         values["asha"] = Asha(**data["asha"]) if data.get("asha") else None
         values["optuna"] = Study(**data["optuna"]) if data.get("optuna") else None
         values["warm_start"] = Carried.from_json(data["warm_start"]) if data.get("warm_start") else None
+        values["try_first"] = tuple(dict(c) for c in data["try_first"]) if data.get("try_first") else None
         values["wall_s"] = float(data.get("wall_s") or 0.0)
         return cls(**values, unknown=unknown)
 
@@ -107,6 +110,7 @@ class SweepRecord:
             if f.name == "unknown" or value is None:
                 continue
             data[f.name] = ([t.to_json() for t in value] if f.name == "trials"
+                            else [dict(c) for c in value] if f.name == "try_first"
                             else vars(value).copy() if isinstance(value, (Asha, Study))
                             else value.to_json() if isinstance(value, Carried) else value)
         return data
@@ -192,7 +196,7 @@ def sampler(record: SweepRecord) -> str:
 HEADER = {"schema": "positive?", "name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
           "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "sampler": "text?", "seed": "integer?",
           "optuna": "mapping?", "asha": "mapping?", "base": "mapping?", "num_samples": "positive?",
-          "time_budget_s": "seconds?", "warm_start": "mapping?",
+          "time_budget_s": "seconds?", "warm_start": "mapping?", "try_first": "list?",
           "workers_per_trial": "positive?", "max_concurrent": "positive?", "wall_s": "number?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",
@@ -220,6 +224,8 @@ def check(path: Path, data: Any) -> None:
                      where=f"search_space.params.{name}.")
     for reason, trials in ((data.get("warm_start") or {}).get("left_out") or {}).items():
         fields.check(path, {reason: trials}, {reason: "count"}, where="warm_start.left_out.")
+    for i, config in enumerate(data.get("try_first") or []):
+        fields.check(path, config, {}, where=f"try_first[{i}]")
     for i, row in enumerate(data.get("trials") or []):
         fields.check(path, row, ROW, where=f"trials[{i}].")
 

@@ -22,7 +22,7 @@ from iaa.jobs.ports import (TrackedRun, Tracker,
                             TrialRecord)
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
-from iaa.jobs.tune import warm_start
+from iaa.jobs.tune import try_first, warm_start
 from iaa.jobs.tune.next_steps import next_steps
 from iaa.jobs.tune.parent_run import run_columns
 from iaa.jobs.tune.request import SweepInterrupted
@@ -41,7 +41,9 @@ class TuneResult(Keyed, Result):
     names the trials that lost their worker with no restores left, which resuming runs again;
     ``cut_trials`` those that the sweep's time budget stopped where they stood; ``warm_start``,
     ``carried_trials`` and ``carried_best_valid_acc`` are absent unless the sweep began with an
-    earlier sweep's trials (their best is not this sweep's: ``best_*`` are its own trials').
+    earlier sweep's trials (their best is not this sweep's: ``best_*`` are its own trials');
+    ``tried_first`` (how many configurations the sweep was given to try first) and
+    ``best_tried_first`` (which of them, from 1, the best trial holds) are absent unless given.
     """
 
     sweep: str
@@ -68,6 +70,8 @@ class TuneResult(Keyed, Result):
     warm_start: str | None = absent_when_none()
     carried_trials: int | None = absent_when_none()
     carried_best_valid_acc: float | None = absent_when_none()
+    tried_first: int | None = absent_when_none()
+    best_tried_first: int | None = absent_when_none()
 
 
 def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ties: Sequence[str], baseline: BaselineResult,
@@ -77,6 +81,9 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ties: Sequen
     if carried is not None:
         more = {"warm_start": carried.sweep, "carried_trials": carried.trials,
                 "carried_best_valid_acc": carried.best, **more}
+    if plan.try_first:
+        more = {"tried_first": len(plan.try_first), "best_tried_first": try_first.held_by(plan.try_first, best.params),
+                **more}
     return TuneResult(sweep=sweep.name, tracking_uri=sweep.tracking_uri, experiment=sweep.experiment,
                       best_config=plan.folder / "best_config.yaml", best_valid_acc=best.best_valid_acc,
                       baseline_valid_acc=baseline.accuracy, best_trial=best.trial_id,
@@ -111,6 +118,10 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
         _log.info(printable(budget_line(sweep)))
     if sweep.warm_start is not None and (sweep.warm_start.best or 0.0) > (best.best_valid_acc or 0.0):
         _log.warning(printable(warm_start.ahead_line(sweep.warm_start, best)))
+    given = try_first.held_by(plan.try_first, best.params)
+    if given is not None:
+        _log.info(printable(f"the best trial {best.label} holds configuration {given} of the "
+                            f"{len(plan.try_first)} given to try first"))
     label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
     outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, plan.register, records)
     for key in ("explain_page", "explain_png"):          # the sweep's run shows its best trial's page too

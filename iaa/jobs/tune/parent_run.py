@@ -15,6 +15,7 @@ from iaa.jobs.config import search_space
 from iaa.jobs.ports import Carried, Placement, SearchPlan, TrackedRun, Tracker
 from iaa.jobs.config.presets import SEARCH_METRIC, STOP_METRIC, UNINFORMED_SAMPLERS
 from iaa.jobs.tune.settle import SweepPlan
+from iaa.jobs.tune import try_first
 from iaa.jobs.tune.warm_start import carried_line
 
 _log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ def sweep_params(search: SearchPlan, workers_per_trial: int, launch: Placement) 
             "tune.grace_period": search.preset.grace_period, "tune.reduction_factor": search.preset.reduction_factor,
             "tune.max_checks": search.max_t, "tune.max_concurrent": launch.max_concurrent,
             "tune.study": search.study_name, "tune.study_storage": search.study_storage,
-            **({"tune.warm_start": search.warm_start.sweep} if search.warm_start is not None else {})}
+            **({"tune.warm_start": search.warm_start.sweep} if search.warm_start is not None else {}),
+            **({"tune.try_first": len(search.try_first)} if search.try_first else {})}
 
 
 def budget_tag(time_budget_s: float | None) -> dict[str, str]:
@@ -73,7 +75,8 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan, tracker:
                             time_budget_s=search.time_budget_s,
                             asha=Asha(preset.grace_period, preset.reduction_factor),
                             workers_per_trial=plan.workers_per_trial, max_concurrent=launch.max_concurrent,
-                            optuna=plan.study, base=to_dict(base), warm_start=carried)
+                            optuna=plan.study, base=to_dict(base), warm_start=carried,
+                            try_first=search.try_first or None)
         sweep_file.write(plan.record_file, sweep)
     except BaseException:
         parent.end("FAILED")
@@ -87,6 +90,9 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan, tracker:
                   f"MLflow {tracker.uri}, experiment {experiment}")
     if carried is not None:
         _log.log(logging.INFO if carried.trials else logging.WARNING, carried_line(carried))
+    if search.try_first:
+        _log.info(f"the first {len(search.try_first)} trial(s) try the configurations given: "
+                  f"{try_first.described(search.try_first)}")
     return sweep, parent
 
 

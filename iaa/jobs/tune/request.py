@@ -50,6 +50,7 @@ class TuneRequest:
     sampler: str | None = None       # one of SAMPLERS; None: tpe (a resumed sweep: the one it recorded)
     time_budget_s: float | None = None   # the trials' time in all, over every run; None: none (a resume: the recorded)
     warm_start: str | None = None    # an earlier sweep (or a default-named prefix: its latest) to begin the study with
+    try_first: Path | None = None    # a YAML file of configurations the first trials run (:mod:`~iaa.jobs.tune.try_first`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -69,5 +70,7 @@ class TuneRequest:
             raise ConfigError(f"`reduction_factor` must be above 1, got {self.reduction_factor}")
         if self.time_budget_s is not None and not (math.isfinite(self.time_budget_s) and self.time_budget_s > 0):
             raise ConfigError(f"`time_budget_s` must be a time above 0, got {self.time_budget_s!r} s")
+        if self.try_first is not None and self.resume:
+            raise ConfigError("`try_first` begins a new sweep; a resumed one runs what its record holds")
         if self.sampler is not None and self.sampler not in SAMPLERS:
             raise ConfigError(f"unknown sampler {self.sampler!r}; choose from {', '.join(SAMPLERS)}")

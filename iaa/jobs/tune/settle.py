@@ -2,10 +2,10 @@
 before any store is opened or any cluster starts, and every later phase reads only the plan.
 
 It reads the data (verified), the sweep's name and folder, the base config, the search space,
-the sampler, the budget, the earlier sweep a new one begins with (``warm_start``) and where the
-stores live. A resume reads the sweep's record here, once:
-its data, base config, search space, sampler, budget and ASHA settings stand unless the command
-line gives them. It imports no torch, Ray, MLflow or Optuna, so a bad start fails in a moment.
+the sampler, the budget, the earlier sweep a new one begins with (``warm_start``), the
+configurations it tries first (``try_first``) and where the stores live. A resume reads the
+sweep's record here, once: its data, base config, search space, sampler, budget, ASHA settings
+and configurations to try first stand unless the command line gives them. It imports no torch, Ray, MLflow or Optuna, so a bad start fails in a moment.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ports import WarmStart
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import Study, SweepRecord
-from iaa.jobs.tune import warm_start
+from iaa.jobs.tune import try_first, warm_start
 from iaa.jobs.tune.request import TuneRequest
 from iaa.jobs.workdir.fields import RecordError
 from iaa.jobs.workdir.paths import Workdir
@@ -55,6 +55,7 @@ class SweepPlan:
     seed: int = 0
     time_budget_s: float | None = None   # the trials' time in all, over every run of the sweep; None: no limit
     warm_start: WarmStart | None = None  # an earlier sweep whose scored trials the study begins with
+    try_first: tuple[Mapping[str, Any], ...] = ()   # configurations the first trials run, in order
     workers_per_trial: int = 1
     gpus_per_worker: float = 0.0
     max_concurrent: int | None = None
@@ -130,16 +131,32 @@ def settle(req: TuneRequest) -> SweepPlan:
     num_samples = req.num_samples or preset.num_samples
     if sampler == "grid":
         num_samples = grid_samples(space, num_samples)
+    given = _try_first(req, recorded, space, sampler, num_samples)
     tracking = Workdir(workdir).tracking_uri(recorded.tracking_uri if recorded is not None else req.tracking_uri)
     return SweepPlan(name=name, dataset=dataset, prepared=prepared, data=req.data, workdir=workdir,
                      folder=Workdir(workdir).sweep(name), storage=Workdir(workdir).storage(req.storage_path),
                      storage_path=req.storage_path, base=base, train_epochs=cfg.train.max_epochs, space=space,
                      preset=preset, num_samples=num_samples, time_budget_s=req.time_budget_s, warm_start=warm,
-                     sampler=sampler, study=study, tracking_uri=tracking,
+                     try_first=given, sampler=sampler, study=study, tracking_uri=tracking,
                      recorded=recorded, seed=req.seed, workers_per_trial=req.workers_per_trial,
                      gpus_per_worker=req.gpus_per_worker, max_concurrent=req.max_concurrent, register=req.register,
                      show_progress=req.show_progress, verbose=req.verbose,
                      options=where(workdir, req.tracking_uri))
+
+
+def _try_first(req: TuneRequest, recorded: SweepRecord | None, space: search_space.SearchSpace, sampler: str,
+               num_samples: int) -> tuple[dict[str, Any], ...]:
+    """The configurations the sweep's first trials run: the request's file, or a resumed sweep's record."""
+    if req.try_first is None:
+        return tuple(dict(c) for c in recorded.try_first or ()) if recorded is not None else ()
+    if sampler == "grid":
+        raise ConfigError("the grid sampler tries every configuration of the space once anyway; give `try_first` "
+                          "with another sampler")
+    given = try_first.load(req.try_first, space)
+    if len(given) > num_samples:
+        raise ConfigError(f"{req.try_first}: {len(given)} configurations to try first, but the sweep runs "
+                          f"{num_samples} trials; raise `num_samples` or give fewer")
+    return given
 
 
 def sweep_config(req: TuneRequest, cfg: JobConfig, preset: TunePreset, chosen: set[str]) -> JobConfig:

@@ -154,7 +154,7 @@ def _search_plan(plan: SweepPlan, launch: Placement) -> SearchPlan:
     return SearchPlan(base=base, space=plan.space, preset=plan.preset, seed=plan.seed, num_samples=plan.num_samples,
                       max_t=max_checks(base, plan.space, launch.train_rows, plan.workers_per_trial),
                       study_storage=plan.study.storage, study_name=plan.study.study, sampler=plan.sampler,
-                      time_budget_s=plan.time_budget_s, warm_start=plan.warm_start)
+                      time_budget_s=plan.time_budget_s, warm_start=plan.warm_start, try_first=plan.try_first)
 
 
 def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: Placement,

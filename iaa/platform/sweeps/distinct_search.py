@@ -28,7 +28,7 @@ import random
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -47,8 +47,10 @@ from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.orphans import OWNER_ATTR
 from iaa.platform.sweeps.space_filling import points, stratified_config
 from iaa.platform.sweeps.study_store import study_full, study_storage, study_writes
+from iaa.platform.sweeps.warm_start import CARRIED_FROM
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
+TRIED_FIRST = "tried_first"    # user attribute: the index of the given configuration a trial runs
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
 CYCLE = 3          # inner proposing one taken configuration this often: the rest of the draws are random
 MAX_ENUMERATED = 100_000   # a finite space up to this size: a random draw picks among its untried configurations
@@ -77,10 +79,14 @@ class DistinctSampler(BaseSampler):
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        taken = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.number != trial.number and t.params}
+        trials = study.get_trials(deepcopy=False)
+        taken = {_key(t.params) for t in trials if t.number != trial.number and t.params}
         exhausted = self.size is not None and len(taken) >= self.size
-        if self.seed is not None and search_space == self.space:
-            designed = stratified_config(self.space, self.seed, trial.number)
+        if self.seed is not None and search_space == self.space and not is_given(trial):
+            # the design's points follow the given configurations (whose keys left out ``inner``
+            # proposes): they do not replace its first ones
+            given = sum(1 for t in trials if t.number < trial.number and is_given(t))
+            designed = stratified_config(self.space, self.seed, trial.number - given)
             if designed is not None and (exhausted or _key(designed) not in taken):
                 return designed
         joint = {name: dist for name, dist in self.inner.infer_relative_search_space(study, trial).items()
@@ -147,12 +153,17 @@ class StudySearch(Searcher):
         space: the search space's Optuna distributions by name.
         sampler: the study's sampler (:class:`DistinctSampler`).
         sweep: the Tune run whose :class:`~iaa.platform.sweeps.driver_side.DriverSide` holds the study.
+        given: configurations (some or all of the searched parameters) that the first trials run,
+            in order, each enqueued just before it is asked (a stop never leaves one waiting) and
+            marked with the user attribute ``tried_first`` (its index), which a resumed sweep
+            reads to go on with the next.
     """
 
     def __init__(self, space: Mapping[str, BaseDistribution], sampler: BaseSampler, sweep: str | None = None,
-                 metric: str = SEARCH_METRIC, mode: str = MODE) -> None:
+                 metric: str = SEARCH_METRIC, mode: str = MODE, given: Sequence[Mapping[str, Any]] = ()) -> None:
         super().__init__(metric=metric, mode=mode)
         self.space, self.sampler, self.sweep = dict(space), sampler, sweep
+        self.given = tuple(dict(c) for c in given)
         self.numbers: dict[str, int] = {}       # Tune trial id -> the number of its Optuna trial
         self.completed: set[str] = set()
         self._study: optuna.Study | None = None
@@ -213,6 +224,9 @@ class StudySearch(Searcher):
             raise
 
     def _suggest(self, trial_id: str) -> dict[str, Any] | None:
+        given = self._next_given()
+        if given is not None:
+            self.study.enqueue_trial(self.given[given], user_attrs={TRIED_FIRST: given})
         trial = self.study.ask(fixed_distributions=self.space)
         trial.set_user_attr(OWNER_ATTR, owner())        # who runs it: a later command fails it once that is gone
         trial.set_user_attr("tune_trial_id", trial_id)
@@ -221,6 +235,13 @@ class StudySearch(Searcher):
         if self.sweep is not None and driver_side.is_bound(self.sweep):
             driver_side.of(self.sweep).numbers[trial_id] = trial.number   # the trial's run takes this number too
         return dict(trial.params)
+
+    def _next_given(self) -> int | None:
+        """The index of the first given configuration that no trial of this sweep has run."""
+        if not getattr(self, "given", ()):         # absent from a searcher saved by an earlier version
+            return None
+        run = {t.user_attrs[TRIED_FIRST] for t in self.study.get_trials(deepcopy=False) if is_given(t)}
+        return next((i for i in range(len(self.given)) if i not in run), None)
 
     def _trial(self, trial_id: str) -> optuna.Trial | None:
         """The live Optuna trial of Tune trial ``trial_id``; None once it was told its end. One that
@@ -310,6 +331,12 @@ class StudySearch(Searcher):
         in the scored trials, and too few of them to rank importances; refreshed as trials end."""
         scored = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         self.study.set_user_attr("notes", exploration.notes([t.params for t in scored], list(self.space)))
+
+
+def is_given(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` ran a configuration this sweep was given to try first (a trial carried
+    from an earlier sweep keeps that sweep's attributes, and is not)."""
+    return TRIED_FIRST in trial.user_attrs and CARRIED_FROM not in trial.user_attrs
 
 
 def _key(config: Mapping[str, Any]) -> str:

@@ -336,7 +336,8 @@ class RayLauncher:
                 callbacks = [TrialRuns(launch.name), *self.callbacks, ConsoleCallback(launch.name)]
                 tuner_ = tuner(launch, fn, callbacks, show_progress=run.verbose,
                                search_alg=ResumableSearch(
-                                   search.searcher(plan.space, plan.seed, launch.name, sampler=plan.sampler),
+                                   search.searcher(plan.space, plan.seed, launch.name, sampler=plan.sampler,
+                                                   try_first=plan.try_first),
                                    launch.plan.max_concurrent, launch.name),
                                scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples,
                                stop=SweepClock(launch.name))

@@ -18,7 +18,7 @@ Each gets its own metric, so the Tune config names none (Tune refuses a metric g
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from optuna.samplers import BaseSampler, CmaEsSampler, GPSampler, GridSampler, RandomSampler, TPESampler
 from optuna.study import Study
@@ -67,9 +67,10 @@ SAMPLERS: dict[str, tuple[Callable[[SearchSpace, int], BaseSampler], bool]] = {
 }
 
 
-def searcher(space: SearchSpace, seed: int, sweep: str | None = None, sampler: str = DEFAULT_SAMPLER) -> Any:
+def searcher(space: SearchSpace, seed: int, sweep: str | None = None, sampler: str = DEFAULT_SAMPLER,
+             try_first: Sequence[Mapping[str, Any]] = ()) -> Any:
     """The Optuna sampler named ``sampler`` (:data:`SAMPLERS`) over ``space``, told each trial's best
-    validation accuracy; no configuration twice.
+    validation accuracy; no configuration twice. The first trials run ``try_first``, in order.
 
     The study is the one that the running process bound to the Tune run ``sweep``
     (:mod:`~iaa.platform.sweeps.driver_side`: by default the SQLite file ``WORKDIR/optuna.db``,
@@ -81,7 +82,7 @@ def searcher(space: SearchSpace, seed: int, sweep: str | None = None, sampler: s
     from iaa.platform.sweeps.distinct_search import StudySearch
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return StudySearch(to_optuna(space), build_sampler(space, seed, sampler), sweep)
+    return StudySearch(to_optuna(space), build_sampler(space, seed, sampler), sweep, given=try_first)
 
 
 def build_sampler(space: SearchSpace, seed: int, name: str = DEFAULT_SAMPLER) -> BaseSampler:
