@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -84,10 +84,11 @@ def _grid_order(table: curves_table.CurveTable, seed: int) -> list[dict[str, Any
 
 
 def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed: int, preset: Any,
-           num_trials: int, concurrency: int, warm_start: Any = None) -> Trace:
+           num_trials: int, concurrency: int, warm_start: Any = None, given: Sequence[Mapping[str, Any]] = ()) -> Trace:
     """One sweep of ``num_trials`` trials (``preset``: a ``TunePreset`` for ASHA's schedule);
     ``warm_start``: an earlier replay's study, whose trials begin this one's as ``tune
-    --warm-start`` carries them."""
+    --warm-start`` carries them; ``given``: configurations its first trials run, as ``tune
+    --try-first`` gives them."""
     from dataclasses import replace
 
     from iaa.platform.sweeps import search_algorithm as search
@@ -106,7 +107,7 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
         queue = _grid_order(table, seed)[:num_trials]
         searcher = None
     else:
-        searcher = StudySearch(search.to_optuna(space), strategy.sampler(space, seed), None)
+        searcher = StudySearch(search.to_optuna(space), strategy.sampler(space, seed), None, given=given)
         if warm_start is not None:
             from iaa.jobs.ports import WarmStart
             from iaa.platform.sweeps.warm_start import carry
