@@ -249,6 +249,7 @@ def test_a_warm_started_sweep_begins_with_the_earlier_trials_and_proposes_none_a
     assert tried.number == 0 and tried.params == {"model.hidden_dim": 12, "model.steps": 1}
     [run] = [r for r in children(first) if r.data.tags["trial_number"] == "0000"]
     assert run.data.params["model.hidden_dim"] == "12" and run.data.params["model.steps"] == "1"
+    assert run.data.tags["stop_reason"] != "asha"                       # set aside from ASHA: it ran to its end
     assert second["warm_start"]["sweep"] == "first" and second["warm_start"]["trials"] == 2
     assert result["carried_trials"] == 2 and result["warm_start"] == "first"
     study = optuna.load_study(study_name="second", storage=second["optuna"]["storage"])

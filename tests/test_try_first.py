@@ -153,6 +153,46 @@ def test_a_carried_trials_given_mark_is_not_this_sweeps() -> None:
     assert searcher.suggest("t0") == {"train.lr": 0.001, "model.steps": 1}
 
 
+class _TuneTrial:
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+
+
+def _check(asha, trial_id: str, value: float) -> str:
+    return asha.on_trial_result(None, _TuneTrial(trial_id), {"valid_acc": value, "checks": 1})
+
+
+def test_asha_sets_the_given_trials_aside(tmp_path: Path) -> None:
+    from iaa.jobs.config.presets import TUNE_PRESETS
+    from iaa.platform.sweeps import driver_side
+    from iaa.platform.sweeps import search_algorithm as search
+    from tests._study import bound_study
+
+    preset = TUNE_PRESETS["cnn"]                                 # grace 1, keep a third
+    plain = search.scheduler(preset, max_t=4)
+    for trial_id in ("guess", "t1"):
+        plain.on_trial_add(None, _TuneTrial(trial_id))
+    assert _check(plain, "guess", 0.99) == "CONTINUE" and _check(plain, "t1", 0.5) == "STOP"   # the guess's bar
+
+    with bound_study(f"sqlite:///{tmp_path / 'optuna.db'}", "s"):
+        searcher = _searcher(({"train.lr": 0.001, "model.steps": 1},), sweep="s")
+        searcher.suggest("guess")
+        searcher.suggest("t1")
+        assert driver_side.of("s").given == {"guess"} and searcher.given_ids == {"guess"}
+        asha = search.scheduler(preset, max_t=4, sweep="s")
+        for trial_id in ("guess", "t1"):
+            asha.on_trial_add(None, _TuneTrial(trial_id))
+        assert _check(asha, "guess", 0.99) == "CONTINUE" and _check(asha, "t1", 0.5) == "CONTINUE"
+        assert _check(asha, "guess", 0.01) == "CONTINUE"           # never stopped: it runs to its end
+        asha.on_trial_complete(None, _TuneTrial("guess"), {"valid_acc": 0.99, "checks": 3})
+        searcher.save(str(tmp_path / "state.json"))
+
+    with bound_study(f"sqlite:///{tmp_path / 'optuna.db'}", "s"):      # a resumed sweep's process
+        restored = _searcher(({"train.lr": 0.001, "model.steps": 1},), sweep="s")
+        restored.restore(str(tmp_path / "state.json"))
+        assert driver_side.of("s").given == {"guess"}
+
+
 # --- the sweep job on fakes ---------------------------------------------------------------------
 
 

@@ -150,14 +150,17 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
         result = {"valid_acc": check.valid_acc, "best_valid_acc": check.best_valid_acc, "checks": k,
                   "training_iteration": k, "stop_reason": "max-epochs" if last else ""}
         stopped = False
-        if asha is not None:
+        # as the sweep's scheduler does (iaa.platform.sweeps.asha): a given configuration's trial
+        # runs to its end, its checks left out of ASHA
+        scheduled = asha is not None and (searcher is None or trial_id not in searcher.given_ids)
+        if scheduled:
             stopped = asha.on_trial_result(None, _Trial(trial_id), result) == "STOP" and not last
         if searcher is not None:
             searcher.on_trial_result(trial_id, result)
         if stopped or last:
             if stopped:
                 trace.stops.append((trial_id, k))
-            if asha is not None and last:
+            if scheduled and last:
                 asha.on_trial_complete(None, _Trial(trial_id), result)
             if searcher is not None:
                 searcher.on_trial_complete(trial_id, result)

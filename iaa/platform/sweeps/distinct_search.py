@@ -156,7 +156,8 @@ class StudySearch(Searcher):
         given: configurations (some or all of the searched parameters) that the first trials run,
             in order, each enqueued just before it is asked (a stop never leaves one waiting) and
             marked with the user attribute ``tried_first`` (its index), which a resumed sweep
-            reads to go on with the next.
+            reads to go on with the next. Their Tune trial ids (``given_ids``) go to the sweep's
+            ``DriverSide.given``, where its scheduler leaves them out of ASHA.
     """
 
     def __init__(self, space: Mapping[str, BaseDistribution], sampler: BaseSampler, sweep: str | None = None,
@@ -166,6 +167,7 @@ class StudySearch(Searcher):
         self.given = tuple(dict(c) for c in given)
         self.numbers: dict[str, int] = {}       # Tune trial id -> the number of its Optuna trial
         self.completed: set[str] = set()
+        self.given_ids: set[str] = set()         # Tune trial ids that run a given configuration
         self._study: optuna.Study | None = None
         self._live: dict[str, optuna.Trial] = {}
 
@@ -176,7 +178,8 @@ class StudySearch(Searcher):
         return False                             # the space is ours; Tune's config searches nothing
 
     def save(self, checkpoint_path: str) -> None:
-        Path(checkpoint_path).write_text(json.dumps({"numbers": self.numbers, "completed": sorted(self.completed)}),
+        Path(checkpoint_path).write_text(json.dumps({"numbers": self.numbers, "completed": sorted(self.completed),
+                                                     "given": sorted(getattr(self, "given_ids", ()))}),
                                          encoding="utf-8")
 
     def restore(self, checkpoint_path: str) -> None:
@@ -186,7 +189,10 @@ class StudySearch(Searcher):
             raise IaaError(f"{checkpoint_path}: the searcher's state was saved by an earlier version of iaa and "
                            "cannot be continued; run the sweep again under another --name") from None
         self.numbers, self.completed = dict(state["numbers"]), set(state["completed"])
+        self.given_ids = set(state.get("given", ()))
         self._live = {}
+        if self.sweep is not None and driver_side.is_bound(self.sweep):
+            driver_side.of(self.sweep).given.update(self.given_ids)     # the scheduler sets them aside
 
     @property
     def study(self) -> optuna.Study:
@@ -227,6 +233,9 @@ class StudySearch(Searcher):
         given = self._next_given()
         if given is not None:
             self.study.enqueue_trial(self.given[given], user_attrs={TRIED_FIRST: given})
+            self.given_ids.add(trial_id)
+            if self.sweep is not None and driver_side.is_bound(self.sweep):
+                driver_side.of(self.sweep).given.add(trial_id)    # the scheduler sets it aside
         trial = self.study.ask(fixed_distributions=self.space)
         trial.set_user_attr(OWNER_ATTR, owner())        # who runs it: a later command fails it once that is gone
         trial.set_user_attr("tune_trial_id", trial_id)

@@ -56,6 +56,7 @@ class DriverSide:
     run_ids: dict[str, str] = field(default_factory=dict)   # Tune trial id -> MLflow run id, filled as runs open
     numbers: dict[str, int] = field(default_factory=dict)   # Tune trial id -> its number in the study, as asked
     names: dict[str, str] = field(default_factory=dict)     # Tune trial id -> its one name (``trial-0003``, ``seed-7``)
+    given: set[str] = field(default_factory=set)            # Tune trial ids of configurations given to try first
     full: list[IaaError] = field(default_factory=list)      # the first full disk met (a DiskFullError): the run stops
     budget: TimeBudget = field(default_factory=TimeBudget)
 

@@ -339,7 +339,7 @@ class RayLauncher:
                                    search.searcher(plan.space, plan.seed, launch.name, sampler=plan.sampler,
                                                    try_first=plan.try_first),
                                    launch.plan.max_concurrent, launch.name),
-                               scheduler=search.scheduler(plan.preset, plan.max_t), num_samples=plan.num_samples,
+                               scheduler=search.scheduler(plan.preset, plan.max_t, launch.name), num_samples=plan.num_samples,
                                stop=SweepClock(launch.name))
             results, statuses = run_tuner(launch, tuner_, quiet=not run.verbose)
         if side.budget.ended:

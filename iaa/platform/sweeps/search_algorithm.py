@@ -99,12 +99,15 @@ def build_sampler(space: SearchSpace, seed: int, name: str = DEFAULT_SAMPLER) ->
     return DistinctSampler(inner, to_optuna(space), space.size, seed=seed) if distinct else inner
 
 
-def scheduler(preset: TunePreset, max_t: int) -> Any:
-    """ASHA on the current check's ``valid_acc``; a trial reaching ``max_t`` checks is stopped."""
-    from ray.tune.schedulers import ASHAScheduler
+def scheduler(preset: TunePreset, max_t: int, sweep: str | None = None) -> Any:
+    """ASHA on the current check's ``valid_acc``; a trial reaching ``max_t`` checks is stopped. The
+    trials of the Tune run ``sweep`` that run a configuration given to try first are left out of
+    it (:class:`~iaa.platform.sweeps.asha.GivenAside`)."""
+    from iaa.platform.sweeps.asha import GivenAside
 
-    return ASHAScheduler(time_attr=TIME_ATTR, metric=STOP_METRIC, mode=MODE, max_t=max_t,
-                         grace_period=min(preset.grace_period, max_t), reduction_factor=preset.reduction_factor)
+    return GivenAside(time_attr=TIME_ATTR, metric=STOP_METRIC, mode=MODE, max_t=max_t,
+                      grace_period=min(preset.grace_period, max_t), reduction_factor=preset.reduction_factor,
+                      sweep=sweep)
 
 
 def to_optuna(space: SearchSpace) -> dict[str, Any]:
