@@ -53,9 +53,9 @@ from iaa.jobs.config.presets import SAMPLERS
                    "counted. A new sweep only.")
 @click.option("--try-first", type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="FILE",
               help="YAML: a configuration, or a list of them (searched keys and values in the search space, "
-                   "e.g. '- {train.lr: 4.0e-3, model.steps: 3}'), that the first trials run in order; a searched "
-                   "key left out is proposed by the sampler, which then learns from their scores and never "
-                   "proposes them again. A new sweep only.")
+                   "e.g. '- {train.lr: 4.0e-3, model.steps: 3}'), that the first trials run in order, each to its "
+                   "end (ASHA leaves them alone); a searched key left out is proposed by the sampler, which then "
+                   "learns from their scores and never proposes them again. A new sweep only.")
 @config_options
 @workdir_option
 @cluster_options
