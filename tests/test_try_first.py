@@ -193,6 +193,28 @@ def test_asha_sets_the_given_trials_aside(tmp_path: Path) -> None:
         assert driver_side.of("s").given == {"guess"}
 
 
+def test_the_report_names_the_trials_that_ran_a_given_configuration(tmp_path: Path) -> None:
+    from tests._study import bound_study
+
+    from iaa.jobs.reports.sweep_report import from_analysis, given_line
+    from iaa.platform.sweeps.study import analyze
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    given = ({"train.lr": 0.001, "model.steps": 1}, {"train.lr": 0.002, "model.steps": 1})
+    with bound_study(url, "s"):
+        searcher = _searcher(given, sweep="s")
+        for i, value in enumerate((0.4, 0.7, 0.9)):
+            searcher.suggest(f"t{i}")
+            _tell(searcher, f"t{i}", value)
+
+    analysis = analyze(url, "s", tmp_path / "report")
+
+    assert [t.get("tried_first") for t in analysis["trials"]] == [0, 1, None]
+    [line] = given_line(from_analysis(analysis, sweep="s"))
+    assert_says(line, "2 of the 3 trials", "#0, #1", "0.7000, trial #1", "ASHA left them")
+    assert not given_line(from_analysis({**analysis, "trials": analysis["trials"][2:]}, sweep="s"))
+
+
 # --- the sweep job on fakes ---------------------------------------------------------------------
 
 

@@ -114,6 +114,18 @@ def carried_line(result: SweepReportResult) -> list[str]:
             "parallel coordinates count them, the checks and history figures show this sweep's own trials"]
 
 
+def given_line(result: SweepReportResult) -> list[str]:
+    """Which trials ran the configurations given to try first, and how the best of them did."""
+    given = [t for t in result.trials if t.get("tried_first") is not None]
+    if not given:
+        return []
+    scored = [t for t in given if t.get("state") in SCORED_STATES and t.get("value") is not None]
+    best = max(scored, key=lambda t: t["value"], default=None)
+    beat = "" if best is None else f" (best valid_acc {best['value']:.4f}, trial #{best['number']})"
+    return [f"{len(given)} of the {len(result.trials)} trials ran configurations given to try first, "
+            f"#{', #'.join(str(t['number']) for t in given)}{beat}; ASHA left them to run to their end"]
+
+
 def describe(result: SweepReportResult) -> str:
     """The importances and the figures, for the console."""
     sampler = f", proposed by the {result.sampler} sampler" if result.sampler else ""
@@ -122,6 +134,7 @@ def describe(result: SweepReportResult) -> str:
     lines += [f"  {name:24s} {value:.3f}" for name, value in result.importances.items()]
     lines += dashboard_line(result)
     lines += carried_line(result)
+    lines += given_line(result)
     lines += history_line(result)
     lines += [f"warning: {note}" for note in result.warnings]
     lines += [f"{name}: {path}" for name, path in result.figures.items()]

@@ -47,10 +47,9 @@ from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.orphans import OWNER_ATTR
 from iaa.platform.sweeps.space_filling import points, stratified_config
 from iaa.platform.sweeps.study_store import study_full, study_storage, study_writes
-from iaa.platform.sweeps.warm_start import CARRIED_FROM
+from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
-TRIED_FIRST = "tried_first"    # user attribute: the index of the given configuration a trial runs
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
 CYCLE = 3          # inner proposing one taken configuration this often: the rest of the draws are random
 MAX_ENUMERATED = 100_000   # a finite space up to this size: a random draw picks among its untried configurations
@@ -340,12 +339,6 @@ class StudySearch(Searcher):
         in the scored trials, and too few of them to rank importances; refreshed as trials end."""
         scored = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         self.study.set_user_attr("notes", exploration.notes([t.params for t in scored], list(self.space)))
-
-
-def is_given(trial: FrozenTrial) -> bool:
-    """Whether ``trial`` ran a configuration this sweep was given to try first (a trial carried
-    from an earlier sweep keeps that sweep's attributes, and is not)."""
-    return TRIED_FIRST in trial.user_attrs and CARRIED_FROM not in trial.user_attrs
 
 
 def _key(config: Mapping[str, Any]) -> str:

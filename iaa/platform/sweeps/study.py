@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
 from iaa.jobs.ports import TIME_BUDGET
+from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 from iaa.platform.sweeps.warm_start import CARRIED_FROM, scored_value
 
 FIGURES = ("importances", "parallel_coordinates", "intermediate_values", "history")
@@ -86,7 +87,8 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
     trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
                "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
                "stopped_by_asha": t.state == TrialState.PRUNED and not _cut(t), "stopped_by_time_budget": _cut(t),
-               **({"carried_from": t.user_attrs[CARRIED_FROM]} if _carried(t) else {})}
+               **({"carried_from": t.user_attrs[CARRIED_FROM]} if _carried(t) else {}),
+               **({"tried_first": t.user_attrs[TRIED_FIRST]} if is_given(t) else {})}
               for t in study.get_trials(deepcopy=False)]
     return {"study": study_name, "storage": storage_url, "importances": importances,
             "importance_evaluator": "fANOVA", "dashboard_importances": dashboard_importances(study),
