@@ -284,3 +284,18 @@ def test_a_resume_keeps_the_configurations_its_record_holds(tiny: Path, tmp_path
     assert_says(err.value, "`try_first` begins a new sweep")
     code, output = invoke("tune", "--resume", "s", "--try-first", given, "--workdir", tmp_path / "work")
     assert code == 1 and "--try-first begins a new sweep" in output, output
+
+
+def test_a_record_whose_configurations_are_not_mappings_is_one_line_naming_the_key(tiny: Path, tmp_path: Path) -> None:
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.workdir.fields import RecordError
+
+    given = tmp_path / "try.yaml"
+    given.write_text("- {model.steps: 1}\n", encoding="utf-8")
+    _sweeper(tiny, tmp_path, FakeTracker(), FakeLauncher())("s", try_first=given)
+    path = tmp_path / "work" / "sweeps" / "s" / "sweep.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "try_first": [{"model.steps": 1}, 3]}))
+
+    with pytest.raises(RecordError) as err:
+        record.read(path)
+    assert_says(err.value, str(path), "try_first[1]", "expected a mapping")

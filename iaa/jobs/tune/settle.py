@@ -5,7 +5,8 @@ It reads the data (verified), the sweep's name and folder, the base config, the 
 the sampler, the budget, the earlier sweep a new one begins with (``warm_start``), the
 configurations it tries first (``try_first``) and where the stores live. A resume reads the
 sweep's record here, once: its data, base config, search space, sampler, budget, ASHA settings
-and configurations to try first stand unless the command line gives them. It imports no torch, Ray, MLflow or Optuna, so a bad start fails in a moment.
+and configurations to try first stand unless the command line gives them. It imports no torch,
+Ray, MLflow or Optuna, so a bad start fails in a moment.
 """
 
 from __future__ import annotations

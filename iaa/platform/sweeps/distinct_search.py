@@ -44,10 +44,10 @@ from iaa.jobs.config import exploration
 from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC
 from iaa.platform.cluster.owner import owner
 from iaa.platform.sweeps import driver_side
+from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 from iaa.platform.sweeps.orphans import OWNER_ATTR
 from iaa.platform.sweeps.space_filling import points, stratified_config
 from iaa.platform.sweeps.study_store import study_full, study_storage, study_writes
-from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
