@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections import deque
 from typing import Any, Callable
 
 from iaa.errors import printable
 
 ROOT = "iaa"
 _ROOT_LOGGER = logging.getLogger(ROOT)
+KEPT_WARNINGS = 1000
 _STANDARD = frozenset(vars(logging.makeLogRecord({})))    # a record's own attributes, not an event's fields
 
 
@@ -51,11 +53,11 @@ class _JsonLines(_Console):
 
 class _Stderr(logging.Handler):
     """Writes to whatever ``sys.stderr`` is when a record arrives (a test runner swaps it), flushed;
-    keeps the warnings it wrote (:func:`warned`)."""
+    keeps the last :data:`KEPT_WARNINGS` warnings it wrote (:func:`warned`)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.warned: list[str] = []
+        self.warned: deque[str] = deque(maxlen=KEPT_WARNINGS)    # a server logs for days
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -96,7 +98,8 @@ def in_worker() -> None:
 
 def warned() -> tuple[str, ...]:
     """The warnings that the console handler (:func:`to_console`) has written since it was
-    installed, each as its message (a command's ``--json`` object lists them)."""
+    installed (the last :data:`KEPT_WARNINGS`), each as its message (a command's ``--json``
+    object lists them)."""
     return next((tuple(h.warned) for h in _ROOT_LOGGER.handlers if isinstance(h, _Stderr)), ())
 
 
