@@ -91,8 +91,10 @@ def _trials(workdir: Path, study: str) -> list[tuple[str, dict]]:
 
 def test_tune_stopped_by_ctrl_c_leaves_nothing_running_and_resumes_by_name(tmp_path: Path) -> None:
     tiny, space, work = make_tiny_prepared(tmp_path / "tiny"), write_space(tmp_path), tmp_path / "work"
+    given = tmp_path / "try.yaml"
+    given.write_text("- {model.hidden_dim: 12, model.steps: 1}\n", encoding="utf-8")
     argv = _cli("tune", "--data", str(tiny), "--num-samples", "2", "--max-epochs", "4", "--search-space", str(space),
-                *SETS, "--workdir", str(work), "--name", "cut")
+                *SETS, "--workdir", str(work), "--name", "cut", "--try-first", str(given))
     code, took, out = _stop_when(argv, tmp_path / "tune.log", lambda text: " check 1 " in text, signal.SIGINT)
 
     assert code == 130 and took < EXIT_WITHIN_S, (code, took, out[-3000:])
@@ -110,7 +112,10 @@ def test_tune_stopped_by_ctrl_c_leaves_nothing_running_and_resumes_by_name(tmp_p
     err = resumed.stderr
     assert "resuming sweep cut: " in err and "cost: " in err and " check " in err and "rank  trial" in err
     assert _running_runs(work) == []
-    assert all(state != "RUNNING" for state, _ in _trials(work, "cut"))
+    trials = _trials(work, "cut")
+    assert all(state != "RUNNING" for state, _ in trials)
+    # the configuration given to try first was asked once, then continued: never asked again
+    assert [a["tried_first"] for _, a in trials if "tried_first" in a and "continues_trial" not in a] == [0]
 
 
 def test_train_stopped_by_sigterm_ends_its_run_killed_at_once(tmp_path: Path) -> None:
