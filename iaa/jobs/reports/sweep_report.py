@@ -122,8 +122,10 @@ def given_line(result: SweepReportResult) -> list[str]:
     scored = [t for t in given if t.get("state") in SCORED_STATES and t.get("value") is not None]
     best = max(scored, key=lambda t: t["value"], default=None)
     beat = "" if best is None else f" (best valid_acc {best['value']:.4f}, trial #{best['number']})"
-    return [f"{len(given)} of the {len(result.trials)} trials ran configurations given to try first, "
-            f"#{', #'.join(str(t['number']) for t in given)}{beat}; ASHA left them to run to their end"]
+    configs = len({t["tried_first"] for t in given})
+    return [f"{configs} configuration(s) given to try first ran in trial(s) #{', #'.join(str(t['number']) for t in given)} "
+            f"of the {len(result.trials)}{beat} (a stopped trial goes on in a new one); ASHA left them to run to "
+            "their end"]
 
 
 def describe(result: SweepReportResult) -> str:

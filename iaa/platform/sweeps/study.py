@@ -227,11 +227,12 @@ def _readable_lines(ax: Any) -> None:
 
 
 def _trial_labels(ax: Any, study: Any) -> None:
-    """Each trial's curve labelled by its number, Tune trial id and searched values, not "Trial0"."""
+    """Each trial's curve labelled by its number, Tune trial id and searched values, not "Trial0";
+    one that ran a configuration given to try first says so."""
     from iaa.jobs.config.job_config import config_label
 
     names = {f"Trial{t.number}": " ".join(filter(None, (f"#{t.number}", t.user_attrs.get("tune_trial_id"),
-                                                          config_label(t.params))))
+                                                          config_label(t.params), "(given)" if is_given(t) else "")))
              for t in study.get_trials(deepcopy=False)}
     import matplotlib
 
