@@ -73,11 +73,8 @@ def main() -> int:
         for n in args.trials:
             traces = [replay.replay(table, space, strategy, seed, preset, n, args.concurrency, given=given)
                       for seed in range(args.seeds)]
-            regret = (best - np.array([t.best() for t in traces])) * 100
-            rows[n] = {"regret_median": float(np.median(regret)), "regret_q75": float(np.percentile(regret, 75)),
-                       "seeds_within_0.5": float(np.mean(regret <= 0.5 + 1e-9)),
-                       "seeds_within_1.0": float(np.mean(regret <= 1.0 + 1e-9)),
-                       "epochs_median": float(np.median([t.points[-1][0] for t in traces]))}
+            rows[n] = replay.summary((best - np.array([t.best() for t in traces])) * 100,
+                                     [t.points[-1][0] for t in traces])
         guessed = max(c.valid_acc for c in table.curve(given[0])) if given else None
         out["guesses"][name] = {"config": given[0] if given else None, "its_best": guessed, "by_trials": rows,
                                 "seconds": round(time.perf_counter() - started, 1)}
@@ -97,14 +94,8 @@ def _print_table(out: dict[str, Any], trials: list[int]) -> None:
           f"| seeds within 0.5 pt | seeds within 1 pt | epochs |")
     print("|---|---|---|---|---|---|---|")
     for name, row in out["guesses"].items():
-        by = row["by_trials"]
-
-        def cells(key: str, fmt: str) -> str:
-            return " / ".join(format(by[n][key] * (100 if key.startswith("seeds") else 1), fmt) for n in trials)
         own = f"{(out['best'] - row['its_best']) * 100:.2f}" if row["its_best"] is not None else "-"
-        print(f"| {name} | {own} | {cells('regret_median', '.2f')} | {cells('regret_q75', '.2f')} | "
-              f"{cells('seeds_within_0.5', '.0f')}% | {cells('seeds_within_1.0', '.0f')}% | "
-              f"{cells('epochs_median', '.1f')} |")
+        print(f"| {name} | {own} | {replay.cells(row['by_trials'], trials)} |")
 
 
 if __name__ == "__main__":

@@ -88,11 +88,7 @@ def main() -> int:
         for n in args.second:
             seen, epochs = zip(*(_second(way, table, space, strategy, seed, preset, args.first, n, args.concurrency)
                                  for seed in range(args.seeds)))
-            regret = (best - np.array(seen)) * 100
-            rows[n] = {"regret_median": float(np.median(regret)), "regret_q75": float(np.percentile(regret, 75)),
-                       "seeds_within_0.5": float(np.mean(regret <= 0.5 + 1e-9)),
-                       "seeds_within_1.0": float(np.mean(regret <= 1.0 + 1e-9)),
-                       "epochs_median": float(np.median(epochs))}
+            rows[n] = replay.summary((best - np.array(seen)) * 100, epochs)
         out["ways"][way] = {"by_second_trials": rows, "seconds": round(time.perf_counter() - started, 1)}
         print(f"{way}: {out['ways'][way]['seconds']} s", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -109,13 +105,7 @@ def _print_table(out: dict[str, Any], seconds: list[int]) -> None:
           f"| seeds within 1 pt | epochs of the more trials |")
     print("|---|---|---|---|---|---|")
     for way, row in out["ways"].items():
-        by = row["by_second_trials"]
-
-        def cells(key: str, fmt: str) -> str:
-            return " / ".join(format(by[n][key] * (100 if key.startswith("seeds") else 1), fmt) for n in seconds)
-        print(f"| {way} | {cells('regret_median', '.2f')} | {cells('regret_q75', '.2f')} | "
-              f"{cells('seeds_within_0.5', '.0f')}% | {cells('seeds_within_1.0', '.0f')}% | "
-              f"{cells('epochs_median', '.1f')} |")
+        print(f"| {way} | {replay.cells(row['by_second_trials'], seconds)} |")
 
 
 if __name__ == "__main__":

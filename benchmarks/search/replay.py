@@ -170,3 +170,19 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
             nxt = curve[k]
             heapq.heappush(events, (now + (nxt.examples - check.examples) / epoch_examples, number, k + 1))
     return trace
+
+
+def summary(regret: Sequence[float], epochs: Sequence[float]) -> dict[str, float]:
+    """The figures of replayed sweeps: ``regret`` (points below the table's best) and ``epochs``, one per seed."""
+    points = np.asarray(regret, dtype=float)
+    return {"regret_median": float(np.median(points)), "regret_q75": float(np.percentile(points, 75)),
+            "seeds_within_0.5": float(np.mean(points <= 0.5 + 1e-9)),
+            "seeds_within_1.0": float(np.mean(points <= 1.0 + 1e-9)), "epochs_median": float(np.median(epochs))}
+
+
+def cells(by: Mapping[int, Mapping[str, float]], sizes: Sequence[int]) -> str:
+    """A Markdown row's cells of :func:`summary` figures, each as ``a / b / c`` over ``sizes``."""
+    def cell(key: str, fmt: str) -> str:
+        return " / ".join(format(by[n][key] * (100 if key.startswith("seeds") else 1), fmt) for n in sizes)
+    return (f"{cell('regret_median', '.2f')} | {cell('regret_q75', '.2f')} | {cell('seeds_within_0.5', '.0f')}% | "
+            f"{cell('seeds_within_1.0', '.0f')}% | {cell('epochs_median', '.1f')}")
