@@ -19,7 +19,6 @@ prints the table as Markdown (``docs/search.md`` holds it).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -79,23 +78,15 @@ def main() -> int:
         out["guesses"][name] = {"config": given[0] if given else None, "its_best": guessed, "by_trials": rows,
                                 "seconds": round(time.perf_counter() - started, 1)}
         print(f"{name}: {out['guesses'][name]['seconds']} s", file=sys.stderr, flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     suffix = f"-grace{args.grace_period}" if args.grace_period else ""
-    (args.out / f"search-try-first{suffix}.json").write_text(json.dumps(out, indent=1), encoding="utf-8")
-    _print_table(out, args.trials)
+    each = " / ".join(str(n) for n in args.trials)
+    rows = [[name, f"{(best - row['its_best']) * 100:.2f}" if row["its_best"] is not None else "-",
+             replay.cells(row["by_trials"], args.trials)] for name, row in out["guesses"].items()]
+    replay.report(out, args.out / f"search-try-first{suffix}.json",
+                  f"table best {best:.4f}; {args.seeds} seeds, {args.concurrency} trials at a time, ASHA grace "
+                  f"{out['preset']['grace_period']}",
+                  [f"sweep of {each} trials, given", "its regret (pts)", "regret (median, pts)", "upper quartile", "seeds within 0.5 pt", "seeds within 1 pt", "epochs"], rows)
     return 0
-
-
-def _print_table(out: dict[str, Any], trials: list[int]) -> None:
-    print(f"\ntable best {out['best']:.4f}; {out['seeds']} seeds, {out['concurrency']} trials at a time, ASHA grace "
-          f"{out['preset']['grace_period']}\n")
-    each = " / ".join(str(n) for n in trials)
-    print(f"| sweep of {each} trials, given | its regret (pts) | regret (median, pts) | upper quartile "
-          f"| seeds within 0.5 pt | seeds within 1 pt | epochs |")
-    print("|---|---|---|---|---|---|---|")
-    for name, row in out["guesses"].items():
-        own = f"{(out['best'] - row['its_best']) * 100:.2f}" if row["its_best"] is not None else "-"
-        print(f"| {name} | {own} | {replay.cells(row['by_trials'], trials)} |")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ minus it, in points; median and upper quartile over the seeds), the share of see
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -91,21 +90,14 @@ def main() -> int:
             rows[n] = replay.summary((best - np.array(seen)) * 100, epochs)
         out["ways"][way] = {"by_second_trials": rows, "seconds": round(time.perf_counter() - started, 1)}
         print(f"{way}: {out['ways'][way]['seconds']} s", file=sys.stderr, flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "search-warm-start.json").write_text(json.dumps(out, indent=1), encoding="utf-8")
-    _print_table(out, args.second)
+    each = " / ".join(str(n) for n in args.second)
+    rows = [[way, replay.cells(row["by_second_trials"], args.second)] for way, row in out["ways"].items()]
+    replay.report(out, args.out / "search-warm-start.json",
+                  f"first sweep: {args.first} trials, median regret {out['first_regret_median']:.1f} points; "
+                  f"{args.seeds} seeds, {args.concurrency} trials at a time",
+                  [f"then {each} more trials", "regret over both (median, pts)", "upper quartile",
+                   "seeds within 0.5 pt", "seeds within 1 pt", "epochs of the more trials"], rows)
     return 0
-
-
-def _print_table(out: dict[str, Any], seconds: list[int]) -> None:
-    print(f"\nfirst sweep: {out['first']} trials, median regret {out['first_regret_median']:.1f} points; "
-          f"{out['seeds']} seeds, {out['concurrency']} trials at a time\n")
-    each = " / ".join(str(n) for n in seconds)
-    print(f"| then {each} more trials | regret over both (median, pts) | upper quartile | seeds within 0.5 pt "
-          f"| seeds within 1 pt | epochs of the more trials |")
-    print("|---|---|---|---|---|---|")
-    for way, row in out["ways"].items():
-        print(f"| {way} | {replay.cells(row['by_second_trials'], seconds)} |")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ in epochs of the table's training split; wall time is the schedule's makespan in
 from __future__ import annotations
 
 import heapq
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -186,3 +188,16 @@ def cells(by: Mapping[int, Mapping[str, float]], sizes: Sequence[int]) -> str:
         return " / ".join(format(by[n][key] * (100 if key.startswith("seeds") else 1), fmt) for n in sizes)
     return (f"{cell('regret_median', '.2f')} | {cell('regret_q75', '.2f')} | {cell('seeds_within_0.5', '.0f')}% | "
             f"{cell('seeds_within_1.0', '.0f')}% | {cell('epochs_median', '.1f')}")
+
+
+def report(out: Mapping[str, Any], path: Path, title: str, columns: Sequence[str],
+           rows: Sequence[Sequence[str]]) -> None:
+    """Write ``out`` as JSON to ``path``, then print ``title`` and a Markdown table of ``columns``
+    (its header) and ``rows`` (each a row's cells; :func:`cells` gives several at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1), encoding="utf-8")
+    print(f"\n{title}\n")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")

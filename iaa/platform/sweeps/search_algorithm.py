@@ -10,7 +10,9 @@
   *best* validation accuracy (``best_valid_acc`` of the trial's last report), so that a trial
   ASHA cut short feeds the sampler the best score it reached, not a rung-level one;
 - **scheduler**: ASHA stops trials on the per-check ``valid_acc``, with ``checks`` as its
-  clock: every validation check of the loop (every half epoch by default) is one report.
+  clock: every validation check of the loop (every half epoch by default) is one report; the
+  trials of configurations given to try first are left out of it
+  (:class:`~iaa.platform.sweeps.asha.GivenAside`).
 
 Each gets its own metric, so the Tune config names none (Tune refuses a metric given twice).
 """
