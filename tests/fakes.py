@@ -287,9 +287,11 @@ class FakeLauncher:
         self.requests.append(request)
         plan = request.plan
         out = []
+        ran = [params for params, _ in self.carried.ran] if plan.warm_start is not None else []
+        given = [c for c in plan.try_first if c not in ran]     # the configurations given to try first, in order
         for i, values in enumerate(sample(plan.space, plan.num_samples, plan.seed)):
-            if i < len(plan.try_first):                 # the configurations given to try first, in order
-                values = {**values, **plan.try_first[i]}
+            if i < len(given):
+                values = {**values, **given[i]}
             cfg = apply(plan.base, {**plan.space.fixed, **values})
             out.append(self._trial(f"trial{i:05d}", cfg, values, request.placement.prepared, request.trials,
                                    request.placement.name))

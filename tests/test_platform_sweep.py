@@ -233,7 +233,8 @@ def test_a_warm_started_sweep_begins_with_the_earlier_trials_and_proposes_none_a
                                                                                       local_ray: None) -> None:
     """The second sweep's study holds the first sweep's trials before its own, which try the
     configurations the first did not and take the numbers after them, as do their runs. The first
-    sweep's first trial runs the configuration it was given to try first."""
+    sweep's first trial runs the configuration it was given to try first; the second, given it
+    too, knows its score from the carried trial and does not run it again."""
     import optuna
 
     request = dict(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path), sets=TINY_SETS,
@@ -241,7 +242,7 @@ def test_a_warm_started_sweep_begins_with_the_earlier_trials_and_proposes_none_a
     given = tmp_path / "try.yaml"
     given.write_text("- {model.hidden_dim: 12, model.steps: 1}\n", encoding="utf-8")
     run_sweep(**request, name="first", try_first=given)
-    result = run_sweep(**request, name="second", warm_start="first")
+    result = run_sweep(**request, name="second", warm_start="first", try_first=given)
 
     first, second = read_sweep(tmp_path, "first"), read_sweep(tmp_path, "second")
     [tried] = [t for t in optuna.load_study(study_name="first", storage=first["optuna"]["storage"]).trials
@@ -257,7 +258,8 @@ def test_a_warm_started_sweep_begins_with_the_earlier_trials_and_proposes_none_a
     assert [t.user_attrs["carried_from"] for t in carried] == ["first", "first"]
     assert [t.params for t in carried] == [t.params for t in optuna.load_study(
         study_name="first", storage=first["optuna"]["storage"]).trials]
-    assert len(own) == 2 and not any("carried_from" in t.user_attrs for t in own)
+    assert len(own) == 2 and not any("carried_from" in t.user_attrs or "tried_first" in t.user_attrs for t in own)
+    assert result.tried_first == 1 and result.best_tried_first is None     # the best is no given one
     tried = [t.params for t in carried]
     assert all(t.params not in tried for t in own) and own[0].params != own[1].params   # the 4 of the space, once
     assert {t.state.name for t in study.trials} <= {"COMPLETE", "PRUNED"}

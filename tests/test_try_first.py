@@ -138,19 +138,39 @@ def test_a_resumed_searcher_goes_on_with_the_next_given_configuration(tmp_path: 
     assert asked == [0, 1, 2]                                   # each asked once (the stopped one continued)
 
 
-def test_a_carried_trials_given_mark_is_not_this_sweeps() -> None:
-    import optuna
+def _carry(searcher, params: dict, **attrs) -> None:
+    """A trial that a warm start carried into ``searcher``'s study, as ``warm_start.carry`` adds it."""
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    searcher = _searcher(({"train.lr": 0.001, "model.steps": 1},))
     searcher.study.add_trial(create_trial(
-        state=TrialState.COMPLETE, value=0.9, params={"train.lr": 0.001, "model.steps": 1},
+        state=TrialState.COMPLETE, value=0.9, params=params,
         distributions={"train.lr": CategoricalDistribution([0.001, 0.002, 0.004]),
                        "model.steps": CategoricalDistribution([1, 2, 3])},
-        user_attrs={"tried_first": 0, "carried_from": "earlier", "carried_number": 0}))
-    assert isinstance(searcher.study, optuna.Study)
+        user_attrs={**attrs, "carried_from": "earlier", "carried_number": 0}))
+
+
+def test_a_carried_trials_given_mark_is_not_this_sweeps() -> None:
+    searcher = _searcher(({"train.lr": 0.001, "model.steps": 1},))
+    _carry(searcher, {"train.lr": 0.002, "model.steps": 1}, tried_first=0)    # given 0 of the earlier sweep
     assert searcher.suggest("t0") == {"train.lr": 0.001, "model.steps": 1}
+
+
+def test_a_given_configuration_that_a_carried_trial_ran_whole_does_not_run_again() -> None:
+    given = ({"train.lr": 0.001, "model.steps": 1}, {"train.lr": 0.002, "model.steps": 1}, {"model.steps": 2})
+    searcher = _searcher(given)
+    _carry(searcher, dict(given[0]))
+    _carry(searcher, {"train.lr": 0.004, "model.steps": 2})     # holds given 2's key, but it is only partly given
+    proposed = []
+    for i in range(3):
+        proposed.append(searcher.suggest(f"t{i}"))
+        _tell(searcher, f"t{i}", 0.5)
+
+    assert proposed[0] == given[1] and proposed[1]["model.steps"] == 2
+    assert proposed[1] != {"train.lr": 0.004, "model.steps": 2}       # the sampler never proposes a carried one
+    assert given[0] not in proposed
+    asked = [t.user_attrs.get("tried_first") for t in searcher.study.get_trials() if "carried_from" not in t.user_attrs]
+    assert asked == [1, 2, None]
 
 
 class _TuneTrial:
@@ -251,6 +271,30 @@ def test_a_sweep_plans_records_and_says_its_configurations_to_try_first(tiny: Pa
     [held] = logged(caplog, "INFO", "given to try first")
     assert_says(held, f"holds configuration {best} of the 2")
     assert "tried_first" not in _sweeper(tiny, tmp_path, tracker, FakeLauncher())("plain").fields()
+
+
+def test_a_warm_started_sweep_says_which_given_configurations_a_carried_trial_ran(
+        tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from iaa.jobs.ports import Carried
+
+    tracker, launcher = FakeTracker(), FakeLauncher()
+    sweep = _sweeper(tiny, tmp_path, tracker, launcher)
+    sweep("earlier")
+    ran = {"model.hidden_dim": 12, "model.steps": 1}
+    launcher.carried = Carried(sweep="", trials=2, best=0.8, ran=((ran, 0.75), ({"model.hidden_dim": 8, "model.steps": 1}, 0.8)))
+    given = tmp_path / "try.yaml"
+    given.write_text("- {model.hidden_dim: 8, model.steps: 2}\n- {model.hidden_dim: 12, model.steps: 1}\n"
+                     "- {model.hidden_dim: 8}\n", encoding="utf-8")
+
+    with caplog.at_level(logging.INFO):
+        result = sweep("later", warm_start="earlier", try_first=given, num_samples=3)
+
+    [repeat] = logged(caplog, "WARNING", "given to try first")
+    assert_says(repeat, "configuration 2", "sweep earlier", "0.7500", "does not run again")
+    [line] = logged(caplog, "INFO", "try the configurations given")
+    assert_says(line, "the first 2 trial(s)", "{model.hidden_dim: 8, model.steps: 2}; {model.hidden_dim: 8}")
+    assert result.tried_first == 3 and result.best_tried_first != 2      # the file's numbering stands
+    assert json.loads((tmp_path / "work" / "sweeps" / "later" / "sweep.json").read_text())["try_first"][1] == ran
 
 
 @pytest.mark.parametrize("more, phrases", [

@@ -109,12 +109,15 @@ class WarmStart:
 @dataclass(frozen=True)
 class Carried:
     """What a warm start carried into a new sweep's study: how many trials of sweep ``sweep``,
-    the best value among them, and the others by why they were left out."""
+    the best value among them, and the others by why they were left out. ``ran`` holds each
+    carried trial's configuration (in the new sweep's space) with its value, for the sweep's
+    start alone: its record (``to_json``) keeps the counts."""
 
     sweep: str
     trials: int
     best: float | None = None
     left_out: Mapping[str, int] = field(default_factory=dict)     # reason -> trials
+    ran: tuple[tuple[Mapping[str, Any], float], ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Carried:

@@ -9,8 +9,9 @@ searches to a value that it holds (one of its choices, or a point of its range):
     - train.lr: 2.0e-3          # a searched key left out is proposed by the sampler
 
 The sweep's first trials run them, in order; the sampler then learns from their scores as from
-any trial's, and never proposes one of them again. Nested sections work as in a search space
-file. A bad entry is one error naming the file, the line and the key.
+any trial's, and never proposes one of them again. One that a trial carried by a warm start ran
+whole is not run again: the sampler knows its score (:func:`ran_before`). Nested sections work
+as in a search space file. A bad entry is one error naming the file, the line and the key.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 from iaa.jobs.config import strict_yaml
 from iaa.jobs.config.job_config import ConfigError, read_yaml
 from iaa.jobs.config.search_space import SearchSpace, flatten
+from iaa.jobs.ports import Carried
 from iaa.model.config import shown_number
 
 Config = Mapping[str, Any]
@@ -101,3 +103,14 @@ def held_by(configs: tuple[Config, ...], params: Mapping[str, Any] | None) -> in
     found = [i for i, config in enumerate(configs, 1)
              if params and all(k in params and params[k] == v for k, v in config.items())]
     return found[0] if found else None
+
+
+def ran_before(configs: tuple[Config, ...], carried: Carried | None) -> dict[int, float]:
+    """Which of ``configs`` (from 1) a trial that a warm start ``carried`` ran whole (every searched
+    key at its value), with that trial's value: the sweep does not run them again."""
+    found: dict[int, float] = {}
+    for i, config in enumerate(configs, 1):
+        value = next((v for params, v in carried.ran if params == config), None) if carried is not None else None
+        if value is not None:
+            found[i] = value
+    return found

@@ -48,6 +48,7 @@ from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 from iaa.platform.sweeps.orphans import OWNER_ATTR
 from iaa.platform.sweeps.space_filling import points, stratified_config
 from iaa.platform.sweeps.study_store import study_full, study_storage, study_writes
+from iaa.platform.sweeps.warm_start import CARRIED_FROM
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
@@ -245,11 +246,14 @@ class StudySearch(Searcher):
         return dict(trial.params)
 
     def _next_given(self) -> int | None:
-        """The index of the first given configuration that no trial of this sweep has run."""
+        """The index of the first given configuration that no trial of this sweep has run and that
+        no trial carried from an earlier sweep ran whole (the sampler knows its score)."""
         if not getattr(self, "given", ()):         # absent from a searcher saved by an earlier version
             return None
-        run = {t.user_attrs[TRIED_FIRST] for t in self.study.get_trials(deepcopy=False) if is_given(t)}
-        return next((i for i in range(len(self.given)) if i not in run), None)
+        trials = self.study.get_trials(deepcopy=False)
+        run = {t.user_attrs[TRIED_FIRST] for t in trials if is_given(t)}
+        carried = [t.params for t in trials if CARRIED_FROM in t.user_attrs]
+        return next((i for i, config in enumerate(self.given) if i not in run and config not in carried), None)
 
     def _trial(self, trial_id: str) -> optuna.Trial | None:
         """The live Optuna trial of Tune trial ``trial_id``; None once it was told its end. One that

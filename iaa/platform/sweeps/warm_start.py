@@ -57,7 +57,7 @@ def carry(source: optuna.Study, target: optuna.Study, space: Mapping[str, BaseDi
         carried.append(copy)
     target.add_trials(carried)
     return Carried(sweep=warm.sweep, trials=len(carried), best=max(map(scored_value, carried), default=None),
-                   left_out=dict(left_out))
+                   left_out=dict(left_out), ran=tuple((t.params, scored_value(t)) for t in carried))
 
 
 def carry_into(warm: WarmStart, storage: str, name: str, space: Mapping[str, BaseDistribution],
