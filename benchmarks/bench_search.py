@@ -1,7 +1,8 @@
 """Which search finds the best reader for the least compute: sweeps replayed against the table of
 the reader's own learning curves (``benchmarks/search/curves.parquet``), no training.
 
-    python benchmarks/bench_search.py [--seeds 50] [--trials 96] [--concurrency 2] [--out DIR]
+    python benchmarks/bench_search.py [--table FILE] [--seeds 50] [--trials 96] [--concurrency 2] [--out DIR]
+                                      [--name STEM]
 
 Each strategy runs ``--seeds`` sweeps (:mod:`search.replay`): the sampler ``iaa-cli tune``
 builds and the variants it is measured against, with the demo preset's ASHA schedule (grace 2,
@@ -10,9 +11,10 @@ Gaussian process at every proposal, so its long sweep stops at the largest prese
 table's best accuracy minus the best check the sweep has seen, in points) against compute (epochs
 of training) and simulated wall time, as the median and interquartile band over the seeds; the
 compute each needs to come within 0.5 and 1 point of the table's best; and the regret of a whole
-sweep of 4, 16 and 24 trials (the presets' budgets). Writes ``search-replay.json`` (every
-figure) and ``search-replay.png`` (the curves) to ``--out`` (default ``docs/``) and prints the
-tables as Markdown (``docs/search.md`` holds them).
+sweep of 4, 16 and 24 trials (the presets' budgets). Writes ``STEM.json`` (every figure) and
+``STEM.png`` (the curves) to ``--out`` (default ``docs/``; ``--name`` STEM, default
+``search-replay``) and prints the tables as Markdown (``docs/search.md`` holds them). A sweep
+longer than the table's grid is cut to the grid's size.
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="strategies whose name starts with one of these")
     parser.add_argument("--out", type=Path, default=HERE.parent / "docs")
+    parser.add_argument("--name", default="search-replay", help="the stem of the JSON and PNG written to --out")
     args = parser.parse_args()
 
     from iaa.jobs.config.presets import TUNE_PRESETS
@@ -130,7 +133,8 @@ def main() -> int:
                            "x_epochs": xs.tolist(), "strategies": {}}
     for name, strategy in strategies.items():
         started = time.perf_counter()
-        trials = len(table.curves) if strategy.sampler is None else min(args.trials, strategy.max_trials or args.trials)
+        trials = len(table.curves) if strategy.sampler is None else min(
+            args.trials, strategy.max_trials or args.trials, len(table.curves))
         curves, wall_curves, walls, finals_seen, within = [], [], [], [], {w: [] for w in WITHIN}
         budgets: dict[int, list[float]] = {b: [] for b in BUDGETS}
         budget_compute: dict[int, list[float]] = {b: [] for b in BUDGETS}
@@ -143,7 +147,7 @@ def main() -> int:
             for w in WITHIN:
                 within[w].append(_to_within(trace.points, best, w))
             for b in BUDGETS:
-                short = replay.replay(table, space, strategy, seed, preset, b, args.concurrency)
+                short = replay.replay(table, space, strategy, seed, preset, min(b, trials), args.concurrency)
                 budgets[b].append((best - short.best()) * 100)
                 budget_compute[b].append(short.points[-1][0])
         with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -166,8 +170,8 @@ def main() -> int:
         out["strategies"][name] = row
         print(f"{name}: {row['seconds']} s", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "search-replay.json").write_text(json.dumps(out, indent=1), encoding="utf-8")
-    _figure(out, args.out / "search-replay.png")
+    (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1), encoding="utf-8")
+    _figure(out, args.out / f"{args.name}.png")
     _print_tables(out)
     return 0
 

@@ -76,7 +76,16 @@ def test_a_line_cut_short_by_a_kill_loses_only_its_own_configuration(tmp_path: P
     with open(path, "a") as f:
         f.write('{"config_id": 1, "ro')                                     # killed while writing
     build_table.append_part(path, {"config_id": 2, "rows": []})
-    assert sorted(build_table.read_parts(tmp_path)) == [0, 2]
+    assert sorted(build_table.read_parts(tmp_path, "ours")) == [0, 2]
+
+
+def test_a_line_of_another_plan_is_never_read(tmp_path: Path) -> None:
+    path = tmp_path / "worker-1.jsonl"
+    build_table.append_part(path, {"config_id": 0, "rows": [1], "plan": "ours"})
+    build_table.append_part(path, {"config_id": 0, "rows": [2], "plan": "theirs"})  # a stray worker of another build
+    build_table.append_part(path, {"config_id": 3, "rows": [3], "plan": "theirs"})
+    done = build_table.read_parts(tmp_path, "ours")
+    assert sorted(done) == [0] and done[0]["rows"] == [1]
 
 
 def test_rank_correlations_of_known_rankings() -> None:
@@ -110,12 +119,14 @@ def test_the_build_trains_a_tiny_grid_and_resumes_where_it_stopped(tmp_path: Pat
     threads = torch.get_num_threads()
     try:
         build_table.main([*args, "--limit", "1"])
-        first = build_table.read_parts(tmp_path / "parts")
+        plan = json.loads((tmp_path / "parts" / "plan.json").read_text())["fingerprint"]
+        first = build_table.read_parts(tmp_path / "parts", plan)
         build_table.main([*args, "--limit", "2"])
     finally:
         torch.set_num_threads(threads)
-    done = build_table.read_parts(tmp_path / "parts")
+    done = build_table.read_parts(tmp_path / "parts", plan)
     assert len(first) == 1 and len(done) == 2 and done[next(iter(first))] == next(iter(first.values()))
+    assert not build_table.read_parts(tmp_path / "parts", "another plan")
 
     t = table.load(tmp_path / "t.parquet")
     assert t.grid == GRID and len(t.curves) == 2

@@ -14,7 +14,9 @@ The full table (about an hour with two workers on a 2-core machine)::
 
 The build is resumable: each finished configuration is appended as one JSON line to
 ``--parts`` (default ``/tmp/iaa-table/parts``), and a rerun trains only the configurations not
-there yet; the table is written once every configuration is done. ``--limit K`` builds the first
+there yet; the table is written once every configuration is done. Each line carries its plan's
+fingerprint, and a line of another plan is never read. A stopped build stops its workers (a
+worker whose build is gone ends after the configuration it trains). ``--limit K`` builds the first
 K configurations of a fixed shuffled order (a random slice of the grid), for a quick check.
 """
 
@@ -31,6 +33,7 @@ import platform
 import random
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -102,8 +105,9 @@ def build_order(n: int, limit: int | None = None) -> list[int]:
 # --- parts: the finished configurations ---------------------------------------------------------
 
 
-def read_parts(parts: Path) -> dict[int, dict[str, Any]]:
-    """Finished configurations by id; a line cut short by a killed worker is ignored."""
+def read_parts(parts: Path, fingerprint: str) -> dict[int, dict[str, Any]]:
+    """Finished configurations of the plan ``fingerprint`` by id; a line cut short by a killed
+    worker, or written for another plan, is ignored."""
     done: dict[int, dict[str, Any]] = {}
     for path in sorted(parts.glob("worker-*.jsonl")):
         for line in path.read_text().splitlines():
@@ -111,7 +115,8 @@ def read_parts(parts: Path) -> dict[int, dict[str, Any]]:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            done[int(record["config_id"])] = record
+            if record.get("plan", fingerprint) == fingerprint:
+                done[int(record["config_id"])] = record
     return done
 
 
@@ -187,16 +192,19 @@ def work(worker: int, config_ids: Sequence[int], plan: Plan) -> None:
     from iaa.data.loader import PreparedData
 
     torch.set_num_threads(1)
+    build = os.getppid()
     rows = PreparedData.open(Path(plan.data)).rows("train", 0, plan.train_rows)
     grid = configurations(plan.grid)
     out = Path(plan.parts) / f"worker-{worker}.jsonl"
     for i, config_id in enumerate(config_ids, 1):
         record = train_configuration(config_id, grid[config_id], plan, rows)
-        append_part(out, record)
+        append_part(out, {**record, "plan": plan.fingerprint()})
         best = max(r["valid_acc"] for r in record["rows"])
         took = record["finished_at"] - record["started_at"]
         print(f"worker {worker}: {i}/{len(config_ids)} config {config_id} best {best:.3f} in {took:.0f} s",
               flush=True)
+        if os.getppid() != build:           # the build was killed: what is kept serves its rerun
+            return
 
 
 def run_workers(todo: list[int], plan: Plan, workers: int) -> None:
@@ -206,10 +214,17 @@ def run_workers(todo: list[int], plan: Plan, workers: int) -> None:
         return
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=work, args=(w, todo[w::workers], plan)) for w in range(workers)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))   # the workers end too
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
     failed = [w for w, p in enumerate(procs) if p.exitcode != 0]
     if failed:
         raise SystemExit(f"workers {failed} failed; rerun the same command to train what is left")
@@ -311,13 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 grid=args.grid or GRID, fixed=fixed, parts=str(args.parts), runs=str(args.runs))
     claim_parts(plan)
     wanted = build_order(len(configurations(plan.grid)), args.limit)
-    done = read_parts(Path(plan.parts))
+    done = read_parts(Path(plan.parts), plan.fingerprint())
     todo = [c for c in wanted if c not in done]
     print(f"{len(wanted)} configurations: {len(wanted) - len(todo)} done, {len(todo)} to train "
           f"on {args.workers} worker(s)", flush=True)
     if todo:
         run_workers(todo, plan, args.workers)
-        done = read_parts(Path(plan.parts))
+        done = read_parts(Path(plan.parts), plan.fingerprint())
     missing = [c for c in wanted if c not in done]
     if missing:
         raise SystemExit(f"configurations {missing} did not finish; rerun the same command to train them")
