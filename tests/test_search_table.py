@@ -103,6 +103,8 @@ def test_key_figures_of_a_table(tmp_path: Path) -> None:
     assert f["configs"] == 4 and f["checks_per_config"] == [2] and f["cpu"] == "some CPU"
     assert f["best_valid_acc"]["best"] == pytest.approx(0.32) and f["best_valid_acc"]["worst"] == pytest.approx(0.02)
     assert f["rank_vs_last_check"]["check_1"]["spearman"] == pytest.approx(1.0)
+    assert f["main_effects"] == {"train.lr": {"0.001": pytest.approx(0.07), "0.004": pytest.approx(0.27)},
+                                 "model.steps": {"1": pytest.approx(0.12), "3": pytest.approx(0.22)}}
 
 
 @pytest.mark.slow

@@ -3,10 +3,11 @@
     python benchmarks/search/figures.py [benchmarks/search/curves.parquet]
 
 prints one JSON object: configurations and checks, the best, median and worst configuration by
-its best validation accuracy (the gap best - median says how much a search can gain), the rank
-correlations (Spearman, Kendall tau-b) between each check's valid accuracy and the last check's
-(how far an early check predicts the end), and the seconds per configuration on the CPU named in
-the table's metadata.
+its best validation accuracy (the gap best - median says how much a search can gain), each
+knob's main effect (the mean best accuracy of the configurations at each of its values), the
+rank correlations (Spearman, Kendall tau-b) between each check's valid accuracy and the last
+check's (how far an early check predicts the end), and the seconds per configuration on the CPU
+named in the table's metadata.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def key_figures(t: table.CurveTable) -> dict[str, Any]:
         "best_valid_acc": {"best": round(best[-1], 4), "median": round(statistics.median(best), 4),
                            "worst": round(best[0], 4),
                            "best_minus_median": round(best[-1] - statistics.median(best), 4)},
+        "main_effects": {name: {f"{value:g}": _mean([c[-1].best_valid_acc for key, c in t.curves.items()
+                                                     if key[i] == table.normalise(value)])
+                                for value in values} for i, (name, values) in enumerate(t.grid.items())},
         "rank_vs_last_check": {
             f"check_{k + 1}": {"spearman": round(spearman([c[k].valid_acc for c in curves], last), 3),
                                "kendall_tau_b": round(kendall_tau_b([c[k].valid_acc for c in curves], last), 3)}
@@ -82,6 +86,11 @@ def key_figures(t: table.CurveTable) -> dict[str, Any]:
         "cpu": meta.get("cpu", ""),
         "workers": meta.get("workers", ""),
     }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    """The mean, rounded to 4 places; None for no values (a table built with ``--limit``)."""
+    return round(statistics.fmean(values), 4) if values else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
