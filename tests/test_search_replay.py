@@ -1,7 +1,8 @@
 """The search benchmark's replay makes the decisions a real sweep makes: a Ray Tune run of the
 project's searcher and ASHA over a lookup trainable (each trial reads its checks from the table of
 learning curves instead of training) proposes the same configurations and stops the same trials
-at the same checks as ``benchmarks/search/replay.py`` for the same seed."""
+at the same checks as ``benchmarks/search/replay.py`` for the same seed, on the committed table of
+real-text curves."""
 
 from __future__ import annotations
 
@@ -18,21 +19,8 @@ import replay  # noqa: E402
 import table as curves_table  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-FIXED = {"model.embed_dim": 64, "model.state_dim": 128, "model.dropout": 0.0}   # the slice: 24 configurations
+TABLE = ROOT / "benchmarks" / "search" / "curves-cbt-cn.parquet"   # committed: 32 configurations of real text
 TRIALS, SEED = 10, 3
-
-
-def _slice() -> curves_table.CurveTable:
-    if not curves_table.DEFAULT.is_file():
-        pytest.skip(f"{curves_table.DEFAULT} is not there: build it with benchmarks/search/build_table.py")
-    whole = curves_table.load()
-    grid = {k: v for k, v in whole.grid.items() if k not in FIXED}
-    keep = {key: curve for key, curve in whole.curves.items()
-            if all(curves_table.normalise(FIXED[name]) == value for name, value in zip(whole.grid, key) if name in FIXED)}
-    names = list(whole.grid)
-    reindex = {key: tuple(key[names.index(n)] for n in grid) for key in keep}
-    return curves_table.CurveTable(grid, {reindex[k]: c for k, c in keep.items()},
-                                   {reindex[k]: whole.config_ids[k] for k in keep}, whole.metadata)
 
 
 def test_a_ray_tune_sweep_and_the_replay_propose_and_stop_alike(tmp_path: Path) -> None:
@@ -49,11 +37,11 @@ def test_a_ray_tune_sweep_and_the_replay_propose_and_stop_alike(tmp_path: Path) 
     from tests._platform import start_local_ray
     from tests._study import bound_study
 
-    sliced = _slice()
-    space = parse(sliced.grid, JobConfig())
+    recorded = curves_table.load(TABLE)
+    space = parse(recorded.grid, JobConfig())
     preset = replace(TUNE_PRESETS["demo"])
-    checks = len(next(iter(sliced.curves.values())))
-    expected = replay.replay(sliced, space, replay.Strategy("tune", search.build_sampler), SEED, preset, TRIALS, 1)
+    checks = len(next(iter(recorded.curves.values())))
+    expected = replay.replay(recorded, space, replay.Strategy("tune", search.build_sampler), SEED, preset, TRIALS, 1)
     assert expected.stops, "the slice must make ASHA stop some trials, or the test shows nothing"
 
     def lookup(config: dict[str, Any], curves: dict[tuple, list[dict[str, Any]]], grid: list[str]) -> None:
@@ -66,14 +54,14 @@ def test_a_ray_tune_sweep_and_the_replay_propose_and_stop_alike(tmp_path: Path) 
 
     results = {key: [{"valid_acc": c.valid_acc, "best_valid_acc": c.best_valid_acc, "checks": c.check,
                       "stop_reason": "max-epochs" if c.check == len(curve) else ""} for c in curve]
-               for key, curve in sliced.curves.items()}
+               for key, curve in recorded.curves.items()}
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     start_local_ray(num_cpus=2)
     try:
         with bound_study(url, "replayed"):
             np.random.seed(SEED)
             tuner = tune.Tuner(
-                tune.with_parameters(lookup, curves=results, grid=list(sliced.grid)),
+                tune.with_parameters(lookup, curves=results, grid=list(recorded.grid)),
                 tune_config=tune.TuneConfig(
                     search_alg=ResumableSearch(search.searcher(space, SEED, "replayed"), 1, "replayed"),
                     scheduler=search.scheduler(preset, checks + 1), num_samples=TRIALS),
@@ -84,7 +72,7 @@ def test_a_ray_tune_sweep_and_the_replay_propose_and_stop_alike(tmp_path: Path) 
 
     study = optuna.load_study(study_name="replayed", storage=url)
     trials = sorted(study.trials, key=lambda t: t.number)
-    assert [{k: t.params[k] for k in sliced.grid} for t in trials] == expected.proposals
+    assert [{k: t.params[k] for k in recorded.grid} for t in trials] == expected.proposals
     last_check = {f"t{t.number:05d}": max(t.intermediate_values) for t in trials}
     stopped = sorted((trial, check) for trial, check in last_check.items() if check < checks)
     assert stopped == sorted(expected.stops)

@@ -91,10 +91,8 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan, tracker:
     if carried is not None:
         _log.log(logging.INFO if carried.trials else logging.WARNING, carried_line(carried))
     ran = try_first.ran_before(search.try_first, carried)
-    for i, value in ran.items():
-        assert carried is not None
-        _log.warning(f"configuration {i} given to try first ran in sweep {carried.sweep} (valid_acc {value:.4f}), "
-                     "whose trials this sweep begins with: it does not run again")
+    for line in ran.values():
+        _log.warning(line)
     left = tuple(config for i, config in enumerate(search.try_first, 1) if i not in ran)
     if left:
         _log.info(f"the first {len(left)} trial(s) try the configurations given: {try_first.described(left)}")

@@ -105,12 +105,15 @@ def held_by(configs: tuple[Config, ...], params: Mapping[str, Any] | None) -> in
     return found[0] if found else None
 
 
-def ran_before(configs: tuple[Config, ...], carried: Carried | None) -> dict[int, float]:
+def ran_before(configs: tuple[Config, ...], carried: Carried | None) -> dict[int, str]:
     """Which of ``configs`` (from 1) a trial that a warm start ``carried`` ran whole (every searched
-    key at its value), with that trial's value: the sweep does not run them again."""
-    found: dict[int, float] = {}
+    key at its value), each with the line that says so: the sweep does not run them again."""
+    if carried is None:
+        return {}
+    found: dict[int, str] = {}
     for i, config in enumerate(configs, 1):
-        value = next((v for params, v in carried.ran if params == config), None) if carried is not None else None
+        value = next((v for params, v in carried.ran if params == config), None)
         if value is not None:
-            found[i] = value
+            found[i] = (f"configuration {i} given to try first ran in sweep {carried.sweep} (valid_acc {value:.4f}), "
+                        "whose trials this sweep begins with: it does not run again")
     return found
