@@ -12,6 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from _faults import assert_says
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "search"))
 import build_table  # noqa: E402
 import figures  # noqa: E402
@@ -68,6 +70,12 @@ def test_a_file_without_the_grid_is_refused(tmp_path: Path) -> None:
     pq.write_table(raw.replace_schema_metadata({}), path)
     with pytest.raises(ValueError, match="not a curve table"):
         table.load(path)
+
+
+def test_a_missing_table_is_one_line_naming_how_to_build_it(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as err:
+        table.load(tmp_path / "curves.parquet")
+    assert_says(str(err.value), str(tmp_path / "curves.parquet"), "no curve table", "build_table.py")
 
 
 def test_a_line_cut_short_by_a_kill_loses_only_its_own_configuration(tmp_path: Path) -> None:
