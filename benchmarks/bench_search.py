@@ -2,7 +2,7 @@
 the reader's own learning curves (``benchmarks/search/curves.parquet``), no training.
 
     python benchmarks/bench_search.py [--table FILE] [--seeds 50] [--trials 96] [--concurrency 2] [--out DIR]
-                                      [--name STEM]
+                                      [--name STEM] [--every K]
 
 Each strategy runs ``--seeds`` sweeps (:mod:`search.replay`): the sampler ``iaa-cli tune``
 builds and the variants it is measured against, with the demo preset's ASHA schedule (grace 2,
@@ -113,11 +113,15 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="strategies whose name starts with one of these")
     parser.add_argument("--out", type=Path, default=HERE.parent / "docs")
     parser.add_argument("--name", default="search-replay", help="the stem of the JSON and PNG written to --out")
+    parser.add_argument("--every", type=int, default=1,
+                        help="keep every K-th check of the table: validation K times less often [1]")
     args = parser.parse_args()
 
     from iaa.jobs.config.presets import TUNE_PRESETS
 
     table, space = replay.load(args.table)
+    if args.every > 1:
+        table = replay.every(table, args.every)
     preset = TUNE_PRESETS["demo"]
     finals = {key: max(c.valid_acc for c in curve) for key, curve in table.curves.items()}
     best = max(finals.values())
@@ -126,7 +130,9 @@ def main() -> int:
     if args.only:
         strategies = {k: v for k, v in strategies.items() if any(k.startswith(p) for p in args.only)}
     xs = np.geomspace(grid_compute / 400, grid_compute, 60)
-    out: dict[str, Any] = {"table": str(args.table), "configurations": len(table.curves), "best": best,
+    out: dict[str, Any] = {"table": str(args.table), "dataset": table.metadata.get("dataset", ""), "every": args.every,
+                           "configurations": len(table.curves),
+                           "best": best,
                            "median_config": float(np.median(list(finals.values()))), "grid_epochs": grid_compute,
                            "seeds": args.seeds, "trials": args.trials, "concurrency": args.concurrency,
                            "preset": {"grace_period": preset.grace_period, "reduction_factor": preset.reduction_factor},
@@ -202,7 +208,7 @@ def _figure(out: dict[str, Any], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("regret: points below the table's best (median; IQR band for two)")
     axes[0].legend(fontsize=7.5, loc="lower left")
-    fig.suptitle(f"{out['configurations']} configurations, {out['seeds']} seeds, "
+    fig.suptitle(f"{out.get('dataset') or 'the table'}: {out['configurations']} configurations, {out['seeds']} seeds, "
                  f"{out['concurrency']} trials at a time")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -72,6 +72,19 @@ def test_a_file_without_the_grid_is_refused(tmp_path: Path) -> None:
         table.load(path)
 
 
+def test_a_table_thinned_to_every_second_check_keeps_those_checks_renumbered(tmp_path: Path) -> None:
+    import replay
+
+    path = tmp_path / "curves.parquet"
+    rows = [{**r, "valid_acc": 0.5 - r["valid_acc"], "best_valid_acc": 0.5} for r in _rows()]   # falling curves
+    table.write_table(rows, GRID, path, {"command": "python build"})
+    thinned = replay.every(table.load(path), 2)
+    curve = thinned.curve({"train.lr": 4e-3, "model.steps": 3})                 # config 3: 0.19, then 0.18
+    assert [(c.check, c.examples) for c in curve] == [(1, 128)]
+    assert curve[0].valid_acc == pytest.approx(0.18) == curve[0].best_valid_acc   # the best of the checks kept
+    assert thinned.config_ids == table.load(path).config_ids
+
+
 def test_a_missing_table_is_one_line_naming_how_to_build_it(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as err:
         table.load(tmp_path / "curves.parquet")

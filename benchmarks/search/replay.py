@@ -64,6 +64,20 @@ class _Trial:
         self.trial_id = trial_id
 
 
+def every(table: curves_table.CurveTable, k: int) -> curves_table.CurveTable:
+    """``table`` as if validation ran ``k`` times less often: each curve keeps every ``k``-th
+    check (its last included where ``k`` divides the checks), numbered anew, its best so far
+    over the checks kept."""
+    from dataclasses import replace
+
+    def thinned(curve: list[curves_table.Check]) -> list[curves_table.Check]:
+        kept = [c for c in curve if c.check % k == 0]
+        best = np.maximum.accumulate([c.valid_acc for c in kept])
+        return [replace(c, check=i, best_valid_acc=float(b)) for i, (c, b) in enumerate(zip(kept, best), 1)]
+
+    return replace(table, curves={key: thinned(curve) for key, curve in table.curves.items()})
+
+
 def load(path: Any) -> tuple[curves_table.CurveTable, Any]:
     """The table at ``path`` and its grid as the search space ``tune`` searches, Optuna quiet."""
     import warnings
