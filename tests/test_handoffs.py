@@ -13,7 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from _faults import as_shown
+from _faults import as_shown, assert_says
 from fakes import sweep_plan
 from _shared import REPO
 from iaa import cli
@@ -23,7 +23,7 @@ from iaa.jobs.ports import TrialRecord
 from iaa.jobs.evaluation import frequency
 from iaa.jobs.tune import tune
 from iaa.jobs.config.job_config import JobConfig, load, read_handoff
-from iaa.jobs.config.presets import TUNE_PRESETS
+from iaa.jobs.config.presets import TUNE_PRESETS, for_dataset
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 HEAVY = ("ray", "mlflow", "optuna", "torch")
@@ -222,6 +222,28 @@ def test_asha_settings_that_can_never_stop_a_trial_are_a_warning() -> None:
     assert tune.asha_notes(reachable(1.0), preset) != []        # two checks: the grace rung is the last
     assert tune.asha_notes(reachable(1.5), preset) == []        # the quick start: three checks
     assert tune.asha_notes(reachable(1.0), replace(preset, grace_period=1)) == []
+
+
+def test_asha_that_first_compares_trials_of_real_text_too_early_is_a_warning() -> None:
+    from iaa.jobs.config import search_space as spaces
+    from iaa.jobs.config.presets import examples_per_check
+    from iaa.jobs.tune.settle import early_comparison_notes
+
+    cbt = replace(JobConfig(), train=replace(JobConfig().train, check_every=250, batch_size=32))
+    space = spaces.parse({"model.steps": [1, 4], "train.batch_size": [16, 32]}, cbt)
+    per_check = examples_per_check(cbt, space, 64_000, 1)
+    assert per_check == 250 * 16                              # the smallest batch the space holds
+    assert examples_per_check(cbt, space, 64_000, 2) == 2 * per_check   # a check's batch on each worker
+
+    [note] = early_comparison_notes("cbt-cn", 1, per_check, 64_000)
+    assert_says(as_shown(note), "after 4,000 training examples", "worse than chance", "--grace-period 4",
+                "after 16,000")
+    assert early_comparison_notes("cbt-cn", 4, per_check, 64_000) == []          # 16,000: late enough
+    assert early_comparison_notes("demo", 1, per_check, 64_000) == []            # generated text learns at once
+    assert early_comparison_notes("cbt-cn", 1, per_check, 12_000) == []          # no later comparison to wait for
+    preset = TUNE_PRESETS["cbt-cn"]                      # the preset's own checks: every 2,000 batches of 32
+    assert early_comparison_notes("cbt-cn", preset.grace_period, examples_per_check(
+        for_dataset("cbt-cn"), spaces.parse(preset.space, for_dataset("cbt-cn")), 120_769, 1), 4 * 120_769) == []
 
 
 def test_make_cloze_warns_of_an_evaluation_split_too_small_to_measure() -> None:

@@ -85,19 +85,40 @@ TUNE_PRESETS: dict[str, TunePreset] = {
 }
 
 
-def max_checks(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> int:
-    """An upper bound on a trial's checks: ASHA's ``max_t``."""
+# On real text, ASHA's first comparison of trials should come after this many training examples:
+# on cbt-recon CN the ranking at 8,000 examples was worse than chance against the ranking at
+# 64,000, and from 16,000 a sweep found the best configuration (docs/search.md, "On real text").
+FIRST_COMPARISON_EXAMPLES = 16_000
+
+
+def _smallest_batch(cfg: JobConfig, space: SearchSpace) -> int:
     batch_sizes = [cfg.train.batch_size]
     if "train.batch_size" in space.params:
         p = space.params["train.batch_size"]
         batch_sizes += list(p.choices or (p.low,))
     if "train.batch_size" in space.fixed:
         batch_sizes = [space.fixed["train.batch_size"]]
+    return max(1, int(min(batch_sizes)))
+
+
+def _check_every(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> tuple[int, int]:
+    """A trial's batches per epoch (per worker) and batches between checks, at the smallest batch."""
+    n_batches = math.ceil(train_rows / max(workers, 1) / _smallest_batch(cfg, space))
+    return n_batches, cfg.train.check_every or max(1, n_batches // 2)
+
+
+def max_checks(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> int:
+    """An upper bound on a trial's checks: ASHA's ``max_t``."""
     epochs = [cfg.train.max_epochs]
     if "train.max_epochs" in space.params:
         p = space.params["train.max_epochs"]
         epochs += list(p.choices or (p.high,))
-    n_batches = math.ceil(train_rows / max(workers, 1) / max(1, int(min(batch_sizes))))
-    check_every = cfg.train.check_every or max(1, n_batches // 2)
+    n_batches, check_every = _check_every(cfg, space, train_rows, workers)
     # One more than the trial can reach: a trial that ends by itself is never stopped (killed) by ASHA.
     return max(1, math.ceil(math.ceil(max(epochs) * n_batches) / check_every)) + 1
+
+
+def examples_per_check(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> int:
+    """The training examples a trial sees between two checks (at the smallest batch it may run)."""
+    _, check_every = _check_every(cfg, space, train_rows, workers)
+    return check_every * _smallest_batch(cfg, space) * max(workers, 1)

@@ -12,6 +12,7 @@ Ray, MLflow or Optuna, so a bad start fails in a moment.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -19,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from iaa.errors import IaaError
 from iaa.jobs.config import search_space
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
-from iaa.jobs.config.presets import DEFAULT_SAMPLER, TUNE_PRESETS, TunePreset
+from iaa.jobs.config.presets import DEFAULT_SAMPLER, FIRST_COMPARISON_EXAMPLES, TUNE_PRESETS, TunePreset
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ports import WarmStart
 from iaa.jobs.sweeps import record as sweep_file
@@ -271,6 +272,20 @@ def asha_notes(reachable_checks: int, preset: TunePreset) -> list[str]:
             "whole budget. To let it stop the weak ones, give "
             + (f"`grace_period` {reachable_checks - 1} or " if reachable_checks > 1 else "")
             + "a larger `max_epochs` (or more checks per epoch, `sets` train.check_every=BATCHES)"]
+
+
+def early_comparison_notes(dataset: str, grace_period: int, per_check: int, per_trial: float) -> list[str]:
+    """A note when ASHA first compares the trials of a sweep of real text (any dataset but the
+    generated demo) after fewer than :data:`FIRST_COMPARISON_EXAMPLES` training examples
+    (``per_check`` a check) though a trial trains more (``per_trial`` examples in all)."""
+    first = grace_period * per_check
+    if dataset == "demo" or first >= FIRST_COMPARISON_EXAMPLES or per_trial <= FIRST_COMPARISON_EXAMPLES:
+        return []
+    grace = math.ceil(FIRST_COMPARISON_EXAMPLES / per_check)
+    return [f"ASHA first compares trials after {first:,} training examples ({grace_period} check(s) of {per_check:,}, "
+            "`grace_period`); on real text a ranking that early can be worse than chance (docs/search.md, "
+            f"\"On real text\"), so ASHA may stop the trials that would end best: give `grace_period` {grace} to "
+            f"compare them after {grace * per_check:,}"]
 
 
 def asha_preset(req: TuneRequest) -> TunePreset:

@@ -38,7 +38,7 @@ from typing import Callable
 from iaa.errors import IaaError
 from iaa.files import DiskFullError
 from iaa.jobs import interrupt
-from iaa.jobs.config.presets import TUNE_PRESETS, max_checks
+from iaa.jobs.config.presets import TUNE_PRESETS, examples_per_check, max_checks
 from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, SweepRequest, TrackedRun, Tracker,
                             TrialRun, TrialTracking)
 from iaa.jobs.sweeps import record as sweep_file
@@ -50,8 +50,8 @@ from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
 from iaa.jobs.tune.parent_run import budget_tag, close_lost_runs, run_columns, start_sweep, sweep_params
 from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
-from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, searched_overrides, settle, sweep_config,
-                                  sweep_name)
+from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, early_comparison_notes, searched_overrides, settle,
+                                  sweep_config, sweep_name)
 from iaa.jobs.workdir import lock
 
 _log = logging.getLogger(__name__)
@@ -112,7 +112,9 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
         threads=plan.base.train.threads or None, max_concurrent=plan.max_concurrent, show_progress=plan.show_progress))
     interrupt.rearm()                       # the cluster's start may have taken SIGTERM
     search = _search_plan(plan, launch)
-    for note in asha_notes(search.checks, plan.preset):
+    per_check = examples_per_check(search.base, plan.space, launch.train_rows, plan.workers_per_trial)
+    for note in asha_notes(search.checks, plan.preset) or early_comparison_notes(
+            plan.dataset, plan.preset.grace_period, per_check, search.base.train.max_epochs * launch.train_rows):
         _log.warning(note)
     sweep, parent, console = _open_sweep(plan, tracker, launcher, launch, search)
     stop.on_stop(stops.on_stop(tracker, launcher, plan.experiment, plan.name, search),
