@@ -131,8 +131,7 @@ def main() -> int:
         strategies = {k: v for k, v in strategies.items() if any(k.startswith(p) for p in args.only)}
     xs = np.geomspace(grid_compute / 400, grid_compute, 60)
     out: dict[str, Any] = {"table": str(args.table), "dataset": table.metadata.get("dataset", ""), "every": args.every,
-                           "configurations": len(table.curves),
-                           "best": best,
+                           "configurations": len(table.curves), "best": best,
                            "median_config": float(np.median(list(finals.values()))), "grid_epochs": grid_compute,
                            "seeds": args.seeds, "trials": args.trials, "concurrency": args.concurrency,
                            "preset": {"grace_period": preset.grace_period, "reduction_factor": preset.reduction_factor},
