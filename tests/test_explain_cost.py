@@ -111,3 +111,53 @@ def test_probe_trains_the_sweeps_model_and_measures_a_rate(tmp_path):
     cfg = resolve.job_config("cbt-ne", prepared, model_kind="iaa", config_file=None, sets=TINY_SETS)
     assert probe(cfg, prepared, threads=1) > 0
     assert probe(cfg, prepared, threads=1, split="valid") > 0
+
+
+def test_the_costliest_trial_takes_every_searched_size_and_epoch_count_at_its_largest():
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.jobs.config.search_space import parse
+    from iaa.jobs.sweeps.cost import costliest
+
+    base = JobConfig()                                          # T 8, h 128, d 384, 10 epochs
+    space = parse({"model.steps": [3, 12, 5], "model.hidden_dim": {"low": 64, "high": 256, "step": 64},
+                   "model.dropout": {"low": 0.0, "high": 0.5}, "train.lr": [1e-3, 4e-3],
+                   "train.max_epochs": [2.0, 10.0], "model.embed_dim": 512}, base)
+    largest, raised = costliest(base, space)
+    assert (largest.model.steps, largest.model.hidden_dim, largest.train.max_epochs) == (12, 256, 10.0)
+    assert largest.model.embed_dim == 512                       # the space's fixed value, which every trial gets
+    assert (largest.model.dropout, largest.train.lr) == (base.model.dropout, base.train.lr)   # no cost of theirs
+    assert raised == {"model.steps": 12, "model.hidden_dim": 256}   # 10 epochs is the base's own
+    same, none = costliest(base, parse({"model.steps": [1, base.model.steps], "train.lr": [1e-3, 2e-3]}, base))
+    assert same == base and none == {}                           # the base is already the costliest
+
+
+def test_the_estimate_names_the_costliest_trial_it_probed_and_the_base_rate():
+    cost = SweepCost(trials=24, epochs=4, examples=1000, examples_per_s=50.0, concurrency=1, gpus=False,
+                     costliest="T=8 h=256", base_examples_per_s=80.0)
+    text = as_shown(cost.describe())
+    assert "probe of the costliest trial the space allows, T=8 h=256; the base config ~80" in text
+    assert "(probe)" in as_shown(_cost(20.0).describe())
+
+
+def test_the_sweep_estimate_probes_the_costliest_trial_and_the_base(monkeypatch, tmp_path):
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.jobs.config.presets import TUNE_PRESETS
+    from iaa.jobs.config.search_space import parse
+    from iaa.jobs.ports import Placement, SearchPlan
+    from iaa.jobs.tune import estimate
+
+    probed: list[tuple[int, int, str]] = []
+
+    def fake_probe(cfg, prepared, threads, split="train"):
+        probed.append((cfg.model.steps, cfg.model.hidden_dim, split))
+        return 10.0 if cfg.model.hidden_dim == 256 else 40.0
+
+    monkeypatch.setattr(estimate, "probe", fake_probe)
+    base = JobConfig()
+    space = parse({"model.hidden_dim": [base.model.hidden_dim, 256], "model.steps": 2}, base)
+    plan = SearchPlan(base=base, space=space, preset=TUNE_PRESETS["demo"], seed=0, num_samples=4, max_t=5)
+    launch = Placement(name="s", storage=str(tmp_path), prepared=tmp_path, max_concurrent=2, threads=1,
+                       gpus_per_worker=0, train_rows=1000)
+    cost = estimate.estimate_cost(launch, plan, tmp_path)
+    assert probed == [(2, 256, "train"), (2, 256, "valid"), (2, base.model.hidden_dim, "train")]
+    assert cost.examples_per_s == 10.0 and cost.base_examples_per_s == 40.0 and cost.costliest == "h=256"

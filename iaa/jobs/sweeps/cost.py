@@ -1,8 +1,9 @@
 """What a sweep will cost, said before it starts (:mod:`iaa.jobs.sweeps.console` corrects it as it runs).
 
 The estimate multiplies out trials x epochs x training examples and divides by a throughput
-probe: a few training steps of the sweep's base config on this machine's CPU, with the torch
-threads one trial gets. To that it adds what a sweep does besides training, which decides the
+probe: a few training steps on this machine's CPU, with the torch threads one trial gets, of the
+costliest trial the search space allows (:func:`costliest`: its size knobs and epochs at their
+largest; the base config when the space searches none). To that it adds what a sweep does besides training, which decides the
 time of a sweep on a small dataset: each trial's validation checks (timed by a second probe of a
 few scoring batches), the start of each wave of trials, and the sweep's own start (the Tune
 controller, the trials' actors, the first runs in the store). It is an upper bound: ASHA
@@ -16,7 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from iaa.jobs.config.job_config import JobConfig
+from typing import Any
+
+from iaa.jobs.config.job_config import JobConfig, apply
+from iaa.jobs.config.search_space import SearchSpace
 
 PROBE_BATCHES = 4          # timed training steps (after one warm-up step)
 MANY_HOURS = 3.0           # above this, on CPUs, say which flags shrink the sweep
@@ -43,6 +47,8 @@ class SweepCost:
     start_s: float = 0.0           # the sweep's start, before the first trial trains
     trial_start_s: float = 0.0     # each wave of trials' start
     budget_s: float | None = None  # the sweep's time budget; None: none, or unknown (what a resume has left)
+    costliest: str = ""            # the probed trial's searched values where it is not the base config
+    base_examples_per_s: float = 0.0   # the base config's probe, where the costliest trial was probed
 
     @property
     def total_examples(self) -> float:
@@ -76,7 +82,10 @@ class SweepCost:
                 f"{self.concurrency} at a time")
         if self.wall_s is None:
             return f"{head}; throughput on GPU workers not probed from here" + self.budget() + self.sharing()
-        text = (f"{head}; ~{self.examples_per_s:,.0f} examples/s per trial (probe) -> at most "
+        probed = "probe" if not self.costliest else (
+            f"probe of the costliest trial the space allows, {self.costliest}; "
+            f"the base config ~{self.base_examples_per_s:,.0f}")
+        text = (f"{head}; ~{self.examples_per_s:,.0f} examples/s per trial ({probed}) -> at most "
                 f"{duration(self.wall_s)} (less where ASHA stops trials)")
         overhead = self.wall_s - self.waves * self.train_s
         if overhead >= 1:
@@ -114,6 +123,19 @@ def duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def costliest(base: JobConfig, space: SearchSpace) -> tuple[JobConfig, dict[str, Any]]:
+    """The costliest trial ``space`` allows: ``base`` with the space's fixed values, then each
+    searched integer ``model`` knob (T, d, h, s, the gate) and ``train.max_epochs`` at its largest.
+    No trial trains more per example, or for more epochs. Returns it and those of its searched
+    values that differ from the trials' base (empty: the base is as costly)."""
+    start = apply(base, space.fixed)
+    top = {name: max(p.choices) if p.choices is not None else p.high for name, p in space.params.items()
+           if name == "train.max_epochs" or (name.startswith("model.") and p.integer)}
+    top = {k: v for k, v in top.items() if v is not None}
+    largest = apply(start, top)
+    return largest, {k: v for k, v in top.items() if apply(start, {k: v}) != start}
 
 
 def probe(cfg: JobConfig, prepared: Path, threads: int, split: str = "train") -> float:

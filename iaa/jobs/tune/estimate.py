@@ -8,24 +8,31 @@ import logging
 from pathlib import Path
 
 from iaa.jobs.ports import Placement, SearchPlan
-from iaa.jobs.sweeps.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, probe
+from iaa.jobs.config.job_config import apply, config_label
+from iaa.jobs.sweeps.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, costliest, probe
 
 _log = logging.getLogger(__name__)
 
 
 def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path) -> SweepCost:
-    """The size and expected wall time of ``search`` on the data ``prepared``, printed before the
-    first trial starts."""
+    """The size and longest wall time of ``search`` on the data ``prepared``, printed before the
+    first trial starts: the throughput of the costliest trial the space allows, and of the base
+    config where that differs."""
     from iaa.data.manifest import read as read_manifest
 
     gpus = launch.gpus_per_worker > 0
-    rate = 0.0 if gpus else probe(search.base, prepared, launch.threads)
-    valid_rate = 0.0 if gpus else probe(search.base, prepared, launch.threads, split="valid")
+    largest, raised = costliest(search.base, search.space)
+    rate = 0.0 if gpus else probe(largest, prepared, launch.threads)
+    valid_rate = 0.0 if gpus else probe(largest, prepared, launch.threads, split="valid")
+    base_rate = 0.0
+    if not gpus and raised:
+        base_rate = probe(apply(search.base, search.space.fixed), prepared, launch.threads)
     valid = int(((read_manifest(prepared) or {}).get("counts") or {}).get("valid", 0))
-    cost = SweepCost(trials=search.num_samples, epochs=search.base.train.max_epochs, examples=launch.train_rows,
+    cost = SweepCost(trials=search.num_samples, epochs=largest.train.max_epochs, examples=launch.train_rows,
                      examples_per_s=rate, concurrency=launch.max_concurrent, gpus=gpus,
                      gpus_per_trial=launch.gpus_per_worker, checks=search.checks, valid_examples=valid,
                      valid_examples_per_s=valid_rate, start_s=SWEEP_START_S, trial_start_s=TRIAL_START_S,
-                     budget_s=search.time_budget_s)
+                     budget_s=search.time_budget_s, costliest=config_label(raised) if raised else "",
+                     base_examples_per_s=base_rate)
     _log.info(cost.describe())
     return cost
