@@ -2,7 +2,7 @@
 the reader's own learning curves (``benchmarks/search/curves.parquet``), no training.
 
     python benchmarks/bench_search.py [--table FILE] [--seeds 50] [--trials 96] [--concurrency 2] [--out DIR]
-                                      [--name STEM] [--every K]
+                                      [--name STEM] [--every K] [--cost examples|cpu]
 
 Each strategy runs ``--seeds`` sweeps (:mod:`search.replay`): the sampler ``iaa-cli tune``
 builds and the variants it is measured against, with the demo preset's ASHA schedule (grace 2,
@@ -15,6 +15,12 @@ sweep of 4, 16 and 24 trials (the presets' budgets). Writes ``STEM.json`` (every
 ``STEM.png`` (the curves) to ``--out`` (default ``docs/``; ``--name`` STEM, default
 ``search-replay``) and prints the tables as Markdown (``docs/search.md`` holds them). A sweep
 longer than the table's grid is cut to the grid's size.
+
+Compute counts a trial's training examples (``--cost examples``: every configuration's example
+costs the same) or, with ``--cost cpu``, each example at its configuration's price in CPU time
+relative to the grid's mean (``search/price.py`` measures it into ``STEM.price.json`` beside the
+table; ``--price`` another file): a sweep drawn to large configurations then pays for them, and
+the whole grid costs the same in both.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "search"))
+import price as prices  # noqa: E402
 import replay  # noqa: E402
 import table as curves_table  # noqa: E402
 
@@ -115,6 +122,10 @@ def main() -> int:
     parser.add_argument("--name", default="search-replay", help="the stem of the JSON and PNG written to --out")
     parser.add_argument("--every", type=int, default=1,
                         help="keep every K-th check of the table: validation K times less often [1]")
+    parser.add_argument("--cost", choices=("examples", "cpu"), default="examples",
+                        help="what an example costs: the same for every configuration, or its price in CPU time "
+                             "(search/price.py) [examples]")
+    parser.add_argument("--price", type=Path, default=None, help="the price file [STEM.price.json beside --table]")
     args = parser.parse_args()
 
     from iaa.jobs.config.presets import TUNE_PRESETS
@@ -125,12 +136,15 @@ def main() -> int:
     preset = TUNE_PRESETS["demo"]
     finals = {key: max(c.valid_acc for c in curve) for key, curve in table.curves.items()}
     best = max(finals.values())
-    grid_compute = sum(curve[-1].epoch for curve in table.curves.values())
+    price = prices.load(args.price or prices.path_for(args.table), table) if args.cost == "cpu" else None
+    grid_compute = sum(curve[-1].epoch * (price[key] if price else 1.0) for key, curve in table.curves.items())
     strategies = _samplers()
     if args.only:
         strategies = {k: v for k, v in strategies.items() if any(k.startswith(p) for p in args.only)}
     xs = np.geomspace(grid_compute / 400, grid_compute, 60)
-    out: dict[str, Any] = {"table": str(args.table), "dataset": table.metadata.get("dataset", ""), "every": args.every,
+    out: dict[str, Any] = {"table": replay.shown(args.table), "dataset": table.metadata.get("dataset", ""), "every": args.every,
+                           "cost": args.cost,
+                           "price_file": replay.shown(args.price or prices.path_for(args.table)) if price else None,
                            "configurations": len(table.curves), "best": best,
                            "median_config": float(np.median(list(finals.values()))), "grid_epochs": grid_compute,
                            "seeds": args.seeds, "trials": args.trials, "concurrency": args.concurrency,
@@ -144,7 +158,7 @@ def main() -> int:
         budgets: dict[int, list[float]] = {b: [] for b in BUDGETS}
         budget_compute: dict[int, list[float]] = {b: [] for b in BUDGETS}
         for seed in range(args.seeds):
-            trace = replay.replay(table, space, strategy, seed, preset, trials, args.concurrency)
+            trace = replay.replay(table, space, strategy, seed, preset, trials, args.concurrency, price=price)
             curves.append(_at(trace.points, 0, xs, best))
             wall_curves.append(_at(trace.points, 1, xs / args.concurrency, best))
             walls.append(trace.points[-1][1])
@@ -152,7 +166,8 @@ def main() -> int:
             for w in WITHIN:
                 within[w].append(_to_within(trace.points, best, w))
             for b in BUDGETS:
-                short = replay.replay(table, space, strategy, seed, preset, min(b, trials), args.concurrency)
+                short = replay.replay(table, space, strategy, seed, preset, min(b, trials), args.concurrency,
+                                      price=price)
                 budgets[b].append((best - short.best()) * 100)
                 budget_compute[b].append(short.points[-1][0])
         with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -181,6 +196,11 @@ def main() -> int:
     return 0
 
 
+def _priced(out: dict[str, Any]) -> bool:
+    """Whether ``out`` counts compute in CPU time (``--cost cpu``) rather than examples."""
+    return out.get("cost", "examples") == "cpu"
+
+
 def _figure(out: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -189,7 +209,8 @@ def _figure(out: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), sharey=True)
     xs = np.array(out["x_epochs"])
-    panels = ((axes[0], xs, "", "compute (epochs of training; dotted: the whole grid)"),
+    unit = "epochs of the grid's average configuration, priced by CPU time" if _priced(out) else "epochs of training"
+    panels = ((axes[0], xs, "", f"compute ({unit}; dotted: the whole grid)"),
               (axes[1], xs / out["concurrency"], "wall_",
                f"simulated wall time (epochs of one trial slot, {out['concurrency']} slots)"))
     for ax, x, prefix, label in panels:
@@ -207,15 +228,18 @@ def _figure(out: dict[str, Any], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("regret: points below the table's best (median; IQR band for two)")
     axes[0].legend(fontsize=7.5, loc="lower left")
+    priced = "; compute priced by CPU time per example" if _priced(out) else ""
     fig.suptitle(f"{out.get('dataset') or 'the table'}: {out['configurations']} configurations, {out['seeds']} seeds, "
-                 f"{out['concurrency']} trials at a time")
+                 f"{out['concurrency']} trials at a time{priced}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def _print_tables(out: dict[str, Any]) -> None:
     print(f"\ntable: {out['configurations']} configurations, best {out['best']:.4f}, median configuration "
-          f"{out['median_config']:.4f}; the exhaustive grid trains {out['grid_epochs']:.0f} epochs\n")
+          f"{out['median_config']:.4f}; the exhaustive grid trains {out['grid_epochs']:.0f} epochs"
+          + (" (compute priced by CPU time per example: epochs of the grid's average configuration)"
+             if _priced(out) else "") + "\n")
     print("| strategy | epochs to within 0.5 pt (share of grid) | to within 1 pt | seeds within 0.5 / 1 pt by a "
           "quarter of the grid | regret after 4 / 16 / 24 trials (median, pts) | epochs of 4 / 16 / 24 trials |")
     print("|---|---|---|---|---|---|")

@@ -61,7 +61,7 @@ def main() -> int:
                                lambda space, seed: search.build_sampler(space, seed, "tpe"),
                                grace_period=args.grace_period)
     best = max(max(c.valid_acc for c in curve) for curve in table.curves.values())
-    out: dict[str, Any] = {"table": str(args.table), "configurations": len(table.curves), "best": best,
+    out: dict[str, Any] = {"table": replay.shown(args.table), "configurations": len(table.curves), "best": best,
                            "seeds": args.seeds, "concurrency": args.concurrency,
                            "preset": {"grace_period": args.grace_period or preset.grace_period,
                                       "reduction_factor": preset.reduction_factor}, "guesses": {}}

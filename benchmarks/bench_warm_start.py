@@ -73,7 +73,7 @@ def main() -> int:
     strategy = replay.Strategy("tpe + asha (the cbt and cnn presets)",
                                lambda space, seed: search.build_sampler(space, seed, "tpe"))
     best = max(max(c.valid_acc for c in curve) for curve in table.curves.values())
-    out: dict[str, Any] = {"table": str(args.table), "configurations": len(table.curves), "best": best,
+    out: dict[str, Any] = {"table": replay.shown(args.table), "configurations": len(table.curves), "best": best,
                            "seeds": args.seeds, "first": args.first, "concurrency": args.concurrency,
                            "preset": {"grace_period": preset.grace_period,
                                       "reduction_factor": preset.reduction_factor},

@@ -8,7 +8,7 @@ without early stopping. Each check becomes a row of the table (columns in ``tabl
 search (Optuna's TPE with ASHA, as ``iaa-cli tune`` builds them) can then be replayed against the
 table with simulated time and no training.
 
-The full table (about an hour with two workers on a 2-core machine)::
+The full table (22 to 36 minutes with two workers on a 2-core machine; kept in git)::
 
     nice -n 15 .venv/bin/python benchmarks/search/build_table.py --workers 2
 

@@ -13,6 +13,9 @@ Time is simulated from the table's recorded cost in training examples, not secon
 noisy): ``concurrency`` trials run at once, each check takes as long as the examples it trained,
 and events are handled in time order (ties by trial number). Compute is the examples trained,
 in epochs of the table's training split; wall time is the schedule's makespan in the same unit.
+Given each configuration's ``price`` (its cost per example relative to the grid's mean, as
+``price.py`` measures it), an example of a configuration costs its price instead: compute is
+then in epochs of the grid's average configuration, and the whole grid costs what it did.
 """
 
 from __future__ import annotations
@@ -78,6 +81,15 @@ def every(table: curves_table.CurveTable, k: int) -> curves_table.CurveTable:
     return replace(table, curves={key: thinned(curve) for key, curve in table.curves.items()})
 
 
+def shown(path: Path) -> str:
+    """``path`` as the figures name it: relative to the repository where it lies inside it."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
 def load(path: Any) -> tuple[curves_table.CurveTable, Any]:
     """The table at ``path`` and its grid as the search space ``tune`` searches, Optuna quiet."""
     import warnings
@@ -100,11 +112,12 @@ def _grid_order(table: curves_table.CurveTable, seed: int) -> list[dict[str, Any
 
 
 def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed: int, preset: Any,
-           num_trials: int, concurrency: int, warm_start: Any = None, given: Sequence[Mapping[str, Any]] = ()) -> Trace:
+           num_trials: int, concurrency: int, warm_start: Any = None, given: Sequence[Mapping[str, Any]] = (),
+           price: Mapping[curves_table.Key, float] | None = None) -> Trace:
     """One sweep of ``num_trials`` trials (``preset``: a ``TunePreset`` for ASHA's schedule);
     ``warm_start``: an earlier replay's study, whose trials begin this one's as ``tune
     --warm-start`` carries them; ``given``: configurations its first trials run, as ``tune
-    --try-first`` gives them."""
+    --try-first`` gives them; ``price``: each configuration's cost per example (None: 1 each)."""
     from dataclasses import replace
 
     from iaa.platform.sweeps import search_algorithm as search
@@ -137,6 +150,10 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
     compute = best = 0.0
     started = 0
 
+    def cost(config: Mapping[str, Any], examples: int) -> float:
+        """Epochs (of the grid's average configuration, given prices) that ``examples`` of ``config`` cost."""
+        return examples / epoch_examples * (price[table.key(config)] if price is not None else 1.0)
+
     def start(now: float) -> None:
         nonlocal started
         number = started
@@ -148,7 +165,7 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
         if asha is not None:
             asha.on_trial_add(None, _Trial(TRIAL_ID.format(number)))
         first = table.curve(config)[0]
-        heapq.heappush(events, (now + first.examples / epoch_examples, number, 1))
+        heapq.heappush(events, (now + cost(config, first.examples), number, 1))
 
     while started < min(concurrency, num_trials):
         start(0.0)
@@ -157,7 +174,7 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
         trial_id = TRIAL_ID.format(number)
         curve = table.curve(configs[number])
         check = curve[k - 1]
-        done = (check.examples - (curve[k - 2].examples if k > 1 else 0)) / epoch_examples
+        done = cost(configs[number], check.examples - (curve[k - 2].examples if k > 1 else 0))
         compute += done
         trace.seconds += check.seconds - (curve[k - 2].seconds if k > 1 else 0.0)
         best = max(best, check.valid_acc)
@@ -184,7 +201,7 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
                 start(now)
         else:
             nxt = curve[k]
-            heapq.heappush(events, (now + (nxt.examples - check.examples) / epoch_examples, number, k + 1))
+            heapq.heappush(events, (now + cost(configs[number], nxt.examples - check.examples), number, k + 1))
     return trace
 
 

@@ -106,10 +106,10 @@ def write_table(rows: Sequence[Mapping[str, Any]], grid: Mapping[str, Sequence[A
 
 def load(path: Path = DEFAULT) -> CurveTable:
     """Read the table at ``path``: the grid, each configuration's curve in check order, the metadata.
-    SystemExit, one line, where there is no file: the default table is built, not kept."""
+    SystemExit, one line, where there is no file."""
     if not Path(path).is_file():
         raise SystemExit(f"{path}: no curve table there; build it with python benchmarks/search/build_table.py "
-                         "(about 36 minutes with --workers 2 on 2 cores; benchmarks/search/README.md)")
+                         "(20 to 40 minutes with --workers 2 on 2 cores; benchmarks/search/README.md)")
     table = pq.read_table(path)
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     missing = [k for k in REQUIRED_METADATA if k not in metadata]
