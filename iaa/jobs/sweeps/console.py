@@ -5,7 +5,10 @@ by ASHA, finished, failed) and on the scheduler's idle ticks; the console writes
 event and, after a trial ended and once nothing else was said for ``TABLE_EVERY_S`` seconds,
 a compact table of the trials with the searched parameters as columns. It also corrects the
 sweep's cost estimate from the first real checks: the probe before the sweep times a few
-training steps only, while a trial also validates, checkpoints and starts up.
+training steps only, while a trial also validates, checkpoints and starts up. The first check
+comes from the quickest trial of the first wave, which in a sweep over model sizes is the
+smallest; once every trial of that wave has checked, the estimate is said again where it moved
+by more than ``REVISE_BY``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from iaa.jobs.config.job_config import config_label, short_name, short_value
 _log = logging.getLogger(__name__)
 
 TABLE_EVERY_S = 30.0
+REVISE_BY = 0.2            # a share of the first estimate: less is not worth a line
 
 
 @dataclass
@@ -58,7 +62,8 @@ class SweepConsole:
     clock: Callable[[], float] = time.monotonic
     table_every_s: float = TABLE_EVERY_S
     trials: dict[str, _Trial] = field(default_factory=dict)
-    corrected_s: float | None = None       # the estimate after the first checks
+    corrected_s: float | None = None       # the estimate after the first check
+    revised_s: float | None = None         # ... after every trial of the first wave checked, where it moved
     nodes_lost: int = 0
     redone_s: float = 0.0                  # training lost to restores: since each restored trial's last check
     replayed: int = 0                      # checks reported again after a restore
@@ -96,6 +101,28 @@ class SweepConsole:
             budget = (f"; its time budget ends it at about {duration(ends)}"
                       if ends is not None and ends < self.corrected_s else "")
             self._say(f"estimate from the first check: about {duration(self.corrected_s)} in all{probe}{budget}")
+        elif self.revised_s is None and self.corrected_s is not None and self._first_wave_checked():
+            self._revise()
+
+    def _first_wave_checked(self) -> bool:
+        """Whether every trial of the first wave (the first trials to start, as many as run at
+        once) has made a check."""
+        if self.cost is None:
+            return False
+        wave = sorted(self.trials.values(), key=lambda t: t.started)[:max(self.cost.concurrency, 1)]
+        return len(wave) == min(max(self.cost.concurrency, 1), self.cost.trials) and all(t.checks for t in wave)
+
+    def _revise(self) -> None:
+        """Say the estimate from the first wave's checks, where it moved from the first check's."""
+        estimate = self._estimate_total()
+        assert self.corrected_s is not None
+        if estimate is None or abs(estimate - self.corrected_s) <= REVISE_BY * self.corrected_s:
+            self.revised_s = self.corrected_s
+            return
+        self.revised_s = estimate
+        n = min(max(self.cost.concurrency, 1), self.cost.trials) if self.cost else 0
+        self._say(f"estimate from the first {n} trials' checks: about {duration(estimate)} in all (the first check "
+                  "came from the quickest of them)")
 
     def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None:
         """``reason``: ``asha`` (stopped by the scheduler), ``time-budget`` (the sweep's budget was
@@ -179,6 +206,8 @@ class SweepConsole:
             parts.append(f"estimated at most {duration(self.cost.wall_s)} before it started")
         if self.corrected_s is not None:
             parts.append(f"about {duration(self.corrected_s)} after the first check")
+        if self.revised_s is not None and self.revised_s != self.corrected_s:
+            parts.append(f"about {duration(self.revised_s)} after the first wave's")
         restores = self.restores()
         return "; ".join(parts + ([restores] if restores else []))
 
@@ -190,11 +219,10 @@ class SweepConsole:
             self.cost = replace(self.cost, concurrency=concurrency)
 
     def _epochs_per_s(self) -> float | None:
-        """A trial's speed in epochs per second, start-up and validation included (the mean over
-        trials that made a check)."""
-        now = self.clock()
-        rates = [t.epoch / (now - t.started) for t in self.trials.values()
-                 if t.checks and t.epoch > 0 and now > t.started]
+        """A trial's speed in epochs per second, start-up and validation included: the mean over
+        trials that made a check of the epochs to its last check over the time it took."""
+        rates = [t.epoch / (t.checked_at - t.started) for t in self.trials.values()
+                 if t.checks and t.epoch > 0 and t.checked_at is not None and t.checked_at > t.started]
         return sum(rates) / len(rates) if rates else None
 
     def _estimate_total(self) -> float | None:
