@@ -163,42 +163,40 @@ def test_the_sweep_estimate_probes_the_costliest_trial_and_the_base(monkeypatch,
     assert cost.examples_per_s == 10.0 and cost.base_examples_per_s == 40.0 and cost.costliest == "h=256"
 
 
-def test_the_estimate_is_said_again_once_the_first_wave_checked_where_a_larger_trial_moved_it():
+def _two_at_a_time(first: dict, second: dict):
+    """A console of 4 trials of 2 epochs, 2 at a time, and the first two started: (console, out, clock)."""
     import io
 
     from iaa.jobs.sweeps.console import SweepConsole
 
     cost = SweepCost(trials=4, epochs=2, examples=1000, examples_per_s=100.0, concurrency=2, gpus=False)
     out, clock = io.StringIO(), _Clock()
-    console = SweepConsole(cost, ["model.hidden_dim"], say=lambda line: print(line, file=out), clock=clock)
-    console.trial_started("small", {"model.hidden_dim": 32})
-    console.trial_started("large", {"model.hidden_dim": 256})
+    console = SweepConsole(cost, list(first), say=lambda line: print(line, file=out), clock=clock)
+    console.trial_started("a", first)
+    console.trial_started("b", second)
+    return console, out, clock
+
+
+def test_the_estimate_is_said_again_once_the_first_wave_checked_where_a_larger_trial_moved_it():
+    console, out, clock = _two_at_a_time({"model.hidden_dim": 32}, {"model.hidden_dim": 256})
     clock.now = 10.0
-    console.trial_checked("small", {"checks": 1, "epoch": 0.5, "valid_acc": 0.3})
+    console.trial_checked("a", {"checks": 1, "epoch": 0.5, "valid_acc": 0.3})
     assert console.corrected_s == 80.0                    # 0.05 epoch/s: two waves of 40 s
     clock.now = 30.0
-    console.trial_checked("small", {"checks": 2, "epoch": 1.5, "valid_acc": 0.4})
+    console.trial_checked("a", {"checks": 2, "epoch": 1.5, "valid_acc": 0.4})
     assert console.revised_s is None                      # the large trial has not checked yet
-    console.trial_checked("large", {"checks": 1, "epoch": 0.5, "valid_acc": 0.2})
+    console.trial_checked("b", {"checks": 1, "epoch": 0.5, "valid_acc": 0.2})
     # the small trial's 0.05 epoch/s to its last check, the large one's 1/60: two waves at their mean
     assert console.revised_s == 2 * 2 / ((0.05 + 0.5 / 30) / 2)
     lines = out.getvalue().splitlines()
     assert "estimate from the first 2 trials' checks: about 2m00s in all" in lines[-1]
     assert console.summary(130.0).endswith("about 1m20s after the first check; about 2m00s after the first wave's")
-    console.trial_checked("large", {"checks": 2, "epoch": 1.0, "valid_acc": 0.3})
+    console.trial_checked("b", {"checks": 2, "epoch": 1.0, "valid_acc": 0.3})
     assert len(out.getvalue().splitlines()) == len(lines) + 1          # said once
 
 
 def test_an_estimate_the_first_wave_confirms_is_not_said_again():
-    import io
-
-    from iaa.jobs.sweeps.console import SweepConsole
-
-    cost = SweepCost(trials=4, epochs=2, examples=1000, examples_per_s=100.0, concurrency=2, gpus=False)
-    out, clock = io.StringIO(), _Clock()
-    console = SweepConsole(cost, ["train.lr"], say=lambda line: print(line, file=out), clock=clock)
-    console.trial_started("a", {"train.lr": 0.004})
-    console.trial_started("b", {"train.lr": 0.002})
+    console, out, clock = _two_at_a_time({"train.lr": 0.004}, {"train.lr": 0.002})
     clock.now = 10.0
     console.trial_checked("a", {"checks": 1, "epoch": 0.5, "valid_acc": 0.3})
     clock.now = 11.0
