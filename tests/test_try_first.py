@@ -331,6 +331,27 @@ def test_a_resume_keeps_the_configurations_its_record_holds(tiny: Path, tmp_path
     assert code == 1 and "--try-first begins a new sweep" in output, output
 
 
+@pytest.mark.parametrize("space, phrases", [
+    ("model.hidden_dim: [8, 12]\n", ("model.steps is not searched by the search space the sweep resumes with",)),
+    ("model.steps: [2, 3]\n", ("model.steps: 1 is not one of its choices {2, 3}",)),
+])
+def test_a_resume_with_a_space_that_does_not_hold_its_given_configurations_is_one_line(
+        tiny: Path, tmp_path: Path, space: str, phrases: tuple) -> None:
+    from iaa.jobs.tune.request import TuneRequest
+    from iaa.jobs.tune.settle import settle
+
+    given = tmp_path / "try.yaml"
+    given.write_text("- {model.steps: 1}\n", encoding="utf-8")
+    _sweeper(tiny, tmp_path, FakeTracker(), FakeLauncher())("s", try_first=given)
+    (tmp_path / "space.yaml").write_text(space, encoding="utf-8")
+
+    with pytest.raises(ConfigError) as err:
+        settle(TuneRequest(name="s", resume=True, workdir=tmp_path / "work", search_space=tmp_path / "space.yaml"))
+    path = tmp_path / "work" / "sweeps" / "s" / "sweep.json"
+    assert_says(err.value, f"{path}: try_first: configuration 1 given to try first", *phrases,
+                "resume with the search space the sweep started with")
+
+
 def test_a_record_whose_configurations_are_not_mappings_is_one_line_naming_the_key(tiny: Path, tmp_path: Path) -> None:
     from iaa.jobs.sweeps import record
     from iaa.jobs.workdir.fields import RecordError

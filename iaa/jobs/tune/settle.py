@@ -133,7 +133,7 @@ def settle(req: TuneRequest) -> SweepPlan:
     num_samples = req.num_samples or preset.num_samples
     if sampler == "grid":
         num_samples = grid_samples(space, num_samples)
-    given = _try_first(req, recorded, space, sampler, num_samples)
+    given = _try_first(req, recorded, space, sampler, num_samples, sweep_file.sweep_file(workdir, name))
     tracking = Workdir(workdir).tracking_uri(recorded.tracking_uri if recorded is not None else req.tracking_uri)
     return SweepPlan(name=name, dataset=dataset, prepared=prepared, data=req.data, workdir=workdir,
                      folder=Workdir(workdir).sweep(name), storage=Workdir(workdir).storage(req.storage_path),
@@ -147,10 +147,13 @@ def settle(req: TuneRequest) -> SweepPlan:
 
 
 def _try_first(req: TuneRequest, recorded: SweepRecord | None, space: search_space.SearchSpace, sampler: str,
-               num_samples: int) -> tuple[dict[str, Any], ...]:
-    """The configurations the sweep's first trials run: the request's file, or a resumed sweep's record."""
+               num_samples: int, record_path: Path) -> tuple[dict[str, Any], ...]:
+    """The configurations the sweep's first trials run: the request's file, or a resumed sweep's
+    record (checked against the space it resumes with, which ``search_space`` may have changed)."""
     if req.try_first is None:
-        return tuple(dict(c) for c in recorded.try_first or ()) if recorded is not None else ()
+        if recorded is None:
+            return ()
+        return try_first.held(tuple(dict(c) for c in recorded.try_first or ()), space, f"{record_path}: try_first")
     if sampler == "grid":
         raise ConfigError("the grid sampler tries every configuration of the space once anyway; give `try_first` "
                           "with another sampler")

@@ -58,6 +58,24 @@ def load(path: Path, space: SearchSpace) -> tuple[dict[str, Any], ...]:
     return tuple(configs)
 
 
+def held(configs: tuple[dict[str, Any], ...], space: SearchSpace, where: str) -> tuple[dict[str, Any], ...]:
+    """``configs`` (a resumed sweep's, from its record at ``where``) where ``space`` holds each of
+    them; ConfigError naming the configuration and the key where it does not (the sweep resumes
+    with another search space than the one it was given them for)."""
+    advice = "resume with the search space the sweep started with, or begin a new sweep"
+    for i, config in enumerate(configs, 1):
+        for key, value in config.items():
+            at = f"{where}: configuration {i} given to try first"
+            param = space.params.get(key)
+            if param is None:
+                raise ConfigError(f"{at}: {key} is not searched by the search space the sweep resumes with; {advice}")
+            try:
+                param.value_of(value)
+            except ConfigError as err:
+                raise ConfigError(f"{at}: {err}; {advice}") from None
+    return configs
+
+
 def _value(space: SearchSpace, key: str, value: Any, where: str) -> Any:
     param = space.params.get(key)
     if param is None:
