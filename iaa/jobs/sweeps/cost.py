@@ -127,12 +127,17 @@ def duration(seconds: float) -> str:
 
 def costliest(base: JobConfig, space: SearchSpace) -> tuple[JobConfig, dict[str, Any]]:
     """The costliest trial ``space`` allows: ``base`` with the space's fixed values, then each
-    searched integer ``model`` knob (T, d, h, s, the gate) and ``train.max_epochs`` at its largest.
-    No trial trains more per example, or for more epochs. Returns it and those of its searched
-    values that differ from the trials' base (empty: the base is as costly)."""
+    searched integer ``model`` knob (T, d, h, s, the gate) and ``train.max_epochs`` at its largest
+    and ``train.batch_size`` at its smallest (a smaller batch costs more per example). No trial
+    trains more slowly per example, or for more epochs. Returns it and those of its searched values
+    that differ from the trials' base (empty: the base is as costly)."""
     start = apply(base, space.fixed)
-    top = {name: max(p.choices) if p.choices is not None else p.high for name, p in space.params.items()
-           if name == "train.max_epochs" or (name.startswith("model.") and p.integer)}
+    top: dict[str, Any] = {}
+    for name, p in space.params.items():
+        if name == "train.batch_size":
+            top[name] = min(p.choices) if p.choices is not None else p.low
+        elif name == "train.max_epochs" or (name.startswith("model.") and p.integer):
+            top[name] = max(p.choices) if p.choices is not None else p.high
     top = {k: v for k, v in top.items() if v is not None}
     largest = apply(start, top)
     return largest, {k: v for k, v in top.items() if apply(start, {k: v}) != start}
