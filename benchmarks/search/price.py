@@ -57,6 +57,9 @@ def measure(table: curves_table.CurveTable, data: Path, rounds: int, batches: in
     from iaa.jobs.training.step import build_optimizer, train_step
     from iaa.model.reader import build_reader
 
+    if "train.batch_size" in table.grid:
+        raise SystemExit("price.py times every configuration on the same batches; this grid searches "
+                         "train.batch_size")
     torch.set_num_threads(1)
     fixed = json.loads(table.metadata.get("fixed", "{}"))
     base = job_config(table.metadata.get("dataset", "demo"), data)
