@@ -339,6 +339,7 @@ class FakeLauncher:
             if console is not None:
                 console.trial_checked(trial_id, metrics)
 
+        started = time.monotonic()
         try:
             result = _fit(fit, cfg, FakeLink(best, on_metrics=checked), prepared)
         except Exception as err:  # noqa: BLE001 - a failed trial is a record, as on the cluster
@@ -355,7 +356,8 @@ class FakeLauncher:
                            best_valid_acc=float(result["best_valid_acc"]),
                            checkpoint=str(best) if best.exists() else None, mlflow_run_id=run.run_id,
                            checks=int(result.get("checks", 0)), steps=int(result.get("steps", 0)),
-                           stop_reason=str(result.get("stop_reason", "")))
+                           stop_reason=str(result.get("stop_reason", "")),
+                           seconds=round(time.monotonic() - started, 1))
 
 
 def _fit(fit: WorkerFit, cfg: JobConfig, link: FakeLink, prepared: Path) -> Metrics:

@@ -47,6 +47,7 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
     assert sweep["sampler"] == "tpe"                                     # the default, recorded
     trials = sweep["trials"]
     assert len(trials) == 2 and {t["status"] for t in trials} == {"TERMINATED"}
+    assert all(0 < t["seconds"] < 600 for t in trials)                   # each trial's time, from Tune
     for trial in trials:
         model, cfg, state = checkpoint.load_model(Path(trial["checkpoint"]))
         assert cfg == from_dict(trial["config"])

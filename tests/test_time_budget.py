@@ -76,6 +76,24 @@ def test_a_sweep_whose_budget_stopped_a_trial_is_finished_and_its_record_keeps_t
     assert "cut" in record.table(spent.trials, []).splitlines()[2]
 
 
+def test_the_sweep_table_gives_each_trials_time_and_the_record_keeps_it(tmp_path: Path) -> None:
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.workdir.fields import RecordError
+
+    timed = replace(_trial("a"), seconds=125.4)
+    sweep = record.SweepRecord(name="s", num_samples=2, trials=(timed, _trial("b", checks=0)))
+    path = tmp_path / "sweep.json"
+    record.write(path, sweep)
+    assert json.loads(path.read_text())["trials"][0]["seconds"] == 125.4
+    assert record.read(path).trials == sweep.trials
+    head, first, second = record.table(record.read(path).trials, []).splitlines()
+    assert head.split()[5] == "time" and first.split()[5] == "2m05s" and second.split()[5] == "-"
+    path.write_text(path.read_text().replace("125.4", '"2 min"'))
+    with pytest.raises(RecordError) as err:
+        record.read(path)
+    assert_says(err.value, str(path), "trials[0].seconds")
+
+
 @pytest.mark.parametrize("value", [0, -5, "1h", True])
 def test_a_record_with_a_bad_budget_is_refused_naming_the_key(tmp_path: Path, value: object) -> None:
     from iaa.jobs.sweeps import record

@@ -63,6 +63,7 @@ class TrialRecord:
     stop_reason: str = ""                  # the loop's (patience, max_epochs ...), "asha", WORKER_LOST or TIME_BUDGET
     error: str | None = None
     name: str = ""                         # its one name (``trial-0003``, ``seed-7``); "" in older records
+    seconds: float | None = None           # its time in its trainable, restores included (Tune's time_total_s)
 
     @property
     def label(self) -> str:

@@ -32,6 +32,7 @@ from iaa.files import atomic_write_text
 from iaa.jobs.config.job_config import to_dict
 from iaa.jobs.config.presets import DEFAULT_SAMPLER, SAMPLERS
 from iaa.jobs.ports import Carried, TrialRecord
+from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import Workdir
 
@@ -200,7 +201,7 @@ HEADER = {"schema": "positive?", "name": "name", "dataset": "text?", "data_dir":
           "workers_per_trial": "positive?", "max_concurrent": "positive?", "wall_s": "number?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",
-       "stop_reason": "text?", "error": "text?", "name": "text?"}
+       "stop_reason": "text?", "error": "text?", "name": "text?", "seconds": "seconds?"}
 NESTED = {"asha": {"grace_period": "positive", "reduction_factor": "factor"},
           "optuna": {"storage": "text", "study": "text"},
           "search_space": {"params": "mapping", "fixed": "mapping?"},
@@ -292,15 +293,16 @@ def _is_id(folder: str, prefix: str) -> bool:
 
 
 def table(records: Sequence[TrialRecord], param_names: Sequence[str]) -> str:
-    """The best trials first: rank, trial, status, checks, best valid accuracy and searched values."""
+    """The best trials first: rank, trial, status, checks, best valid accuracy, the trial's time and
+    searched values."""
     ranked = sorted(records, key=lambda r: -(r.best_valid_acc if r.best_valid_acc is not None else -1))
-    head = ["rank", "trial", "status", "checks", "valid_acc", *[n.split(".")[-1] for n in param_names]]
+    head = ["rank", "trial", "status", "checks", "valid_acc", "time", *[n.split(".")[-1] for n in param_names]]
     rows = [head]
     for i, r in enumerate(ranked[:TABLE_ROWS], 1):
         acc = f"{r.best_valid_acc:.4f}" if r.best_valid_acc is not None else "-"
         status = "stopped" if r.stop_reason == "asha" else "cut" if r.cut else r.status.lower()
         values = [_dotted(to_dict(r.config), n) for n in param_names]
-        rows.append([str(i), r.label, status, str(r.checks), acc,
+        rows.append([str(i), r.label, status, str(r.checks), acc, duration(r.seconds) if r.seconds is not None else "-",
                      *[f"{v:g}" if isinstance(v, float) else str(v) for v in values]])
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)

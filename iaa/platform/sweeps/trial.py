@@ -187,6 +187,7 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
             stop_reason=_stop_reason(metrics, status, result.error, trial_id in cut),
             error=str(result.error)[:2000] if result.error else None,
             name=(names or {}).get(trial_id, ""),
+            seconds=round(float(metrics["time_total_s"]), 1) if metrics.get("time_total_s") is not None else None,
         ))
     return out
 
