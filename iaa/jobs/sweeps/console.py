@@ -104,13 +104,14 @@ class SweepConsole:
         elif self.revised_s is None and self.corrected_s is not None and self._first_wave_checked():
             self._revise()
 
+    def _first_wave(self) -> int:
+        """The trials of the first wave: as many as run at once, at most the sweep's (0 without an estimate)."""
+        return min(max(self.cost.concurrency, 1), self.cost.trials) if self.cost is not None else 0
+
     def _first_wave_checked(self) -> bool:
-        """Whether every trial of the first wave (the first trials to start, as many as run at
-        once) has made a check."""
-        if self.cost is None:
-            return False
-        wave = sorted(self.trials.values(), key=lambda t: t.started)[:max(self.cost.concurrency, 1)]
-        return len(wave) == min(max(self.cost.concurrency, 1), self.cost.trials) and all(t.checks for t in wave)
+        """Whether every trial of the first wave (the first trials to start) has made a check."""
+        wave = sorted(self.trials.values(), key=lambda t: t.started)[:self._first_wave()]
+        return 0 < len(wave) == self._first_wave() and all(t.checks for t in wave)
 
     def _revise(self) -> None:
         """Say the estimate from the first wave's checks, where it moved from the first check's."""
@@ -120,9 +121,8 @@ class SweepConsole:
             self.revised_s = self.corrected_s
             return
         self.revised_s = estimate
-        n = min(max(self.cost.concurrency, 1), self.cost.trials) if self.cost else 0
-        self._say(f"estimate from the first {n} trials' checks: about {duration(estimate)} in all (the first check "
-                  "came from the quickest of them)")
+        self._say(f"estimate from the first {self._first_wave()} trials' checks: about {duration(estimate)} in all "
+                  "(the first check came from the quickest of them)")
 
     def trial_ended(self, trial_id: str, reason: str, error: str | None = None) -> None:
         """``reason``: ``asha`` (stopped by the scheduler), ``time-budget`` (the sweep's budget was

@@ -2,9 +2,9 @@
 
 The estimate multiplies out trials x epochs x training examples and divides by a throughput
 probe: a few training steps on this machine's CPU, with the torch threads one trial gets, of the
-costliest trial the search space allows (:func:`costliest`: its size knobs and epochs at their
-largest; the base config when the space searches none). To that it adds what a sweep does besides training, which decides the
-time of a sweep on a small dataset: each trial's validation checks (timed by a second probe of a
+costliest trial the search space allows (:func:`costliest`: its model sizes and epochs at their
+largest, its batch size at its smallest; the base config when the space searches none). To that
+it adds what a sweep does besides training, which decides the time of a sweep on a small dataset: each trial's validation checks (timed by a second probe of a
 few scoring batches), the start of each wave of trials, and the sweep's own start (the Tune
 controller, the trials' actors, the first runs in the store). It is an upper bound: ASHA
 usually stops part of the trials early.
@@ -16,7 +16,6 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Any
 
 from iaa.jobs.config.job_config import JobConfig, apply

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from iaa.jobs.ports import Placement, SearchPlan
 from iaa.jobs.config.job_config import apply, config_label
+from iaa.jobs.ports import Placement, SearchPlan
 from iaa.jobs.sweeps.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, costliest, probe
 
 _log = logging.getLogger(__name__)
