@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import platform
 import random
 import shlex
 import sys
@@ -124,11 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=4, help="timed training batches per configuration and round [4]")
     ap.add_argument("--out", type=Path, default=None, help="the price file [STEM.price.json beside the table]")
     args = ap.parse_args(argv)
-    import platform
-
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from build_table import cpu_model, git_commit
 
     from iaa.data.loader import PreparedData
