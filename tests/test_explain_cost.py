@@ -116,20 +116,19 @@ def test_probe_trains_the_sweeps_model_and_measures_a_rate(tmp_path):
 def test_the_costliest_trial_takes_every_searched_size_and_epoch_count_at_its_largest():
     from iaa.jobs.config.job_config import JobConfig
     from iaa.jobs.config.search_space import parse
-    from iaa.jobs.sweeps.cost import costliest
 
     base = JobConfig()                                          # T 8, h 128, d 384, 10 epochs
     space = parse({"model.steps": [3, 12, 5], "model.hidden_dim": {"low": 64, "high": 256, "step": 64},
                    "model.dropout": {"low": 0.0, "high": 0.5}, "train.lr": [1e-3, 4e-3],
                    "train.max_epochs": [2.0, 10.0], "model.embed_dim": 512, "train.batch_size": [64, 16, 32]},
                   base)
-    largest, raised = costliest(base, space)
+    largest, raised = space.costliest(base)
     assert (largest.model.steps, largest.model.hidden_dim, largest.train.max_epochs) == (12, 256, 10.0)
     assert largest.train.batch_size == 16                       # the most steps per example
     assert largest.model.embed_dim == 512                       # the space's fixed value, which every trial gets
     assert (largest.model.dropout, largest.train.lr) == (base.model.dropout, base.train.lr)   # no cost of theirs
     assert raised == {"model.steps": 12, "model.hidden_dim": 256, "train.batch_size": 16}   # 10 epochs: the base's
-    same, none = costliest(base, parse({"model.steps": [1, base.model.steps], "train.lr": [1e-3, 2e-3]}, base))
+    same, none = parse({"model.steps": [1, base.model.steps], "train.lr": [1e-3, 2e-3]}, base).costliest(base)
     assert same == base and none == {}                           # the base is already the costliest
 
 

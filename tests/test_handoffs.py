@@ -224,6 +224,20 @@ def test_asha_settings_that_can_never_stop_a_trial_are_a_warning() -> None:
     assert tune.asha_notes(reachable(1.0), replace(preset, grace_period=1)) == []
 
 
+def test_asha_is_told_the_checks_a_trial_makes_where_an_epoch_splits_unevenly() -> None:
+    from iaa.jobs.config import search_space as spaces
+    from iaa.jobs.config.presets import max_checks
+
+    preset = TUNE_PRESETS["demo"]
+    demo = replace(JobConfig(), train=replace(JobConfig().train, check_every=0, max_epochs=preset.max_epochs))
+    space = spaces.parse(preset.space, demo)
+    # 20,000 rows: 625 batches an epoch, checks at batches 312 and 625, and 1.5 epochs end on the
+    # third at step 937. Counted by steps between checks (312), 937 steps looked like four.
+    assert max_checks(demo, space, 20_000, 1) == 3 + 1
+    assert max_checks(demo, spaces.parse({**preset.space, "train.max_epochs": [1.5, 3.0]}, demo), 20_000, 1) == 6 + 1
+    assert max_checks(demo, spaces.parse({**preset.space, "train.batch_size": 64}, demo), 20_000, 1) == 3 + 1
+
+
 def test_asha_that_first_compares_trials_of_real_text_too_early_is_a_warning() -> None:
     from iaa.jobs.config import search_space as spaces
     from iaa.jobs.config.presets import examples_per_check

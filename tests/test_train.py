@@ -137,6 +137,21 @@ def test_a_fractional_budget_ends_on_its_check_without_a_one_batch_report(tiny: 
     assert [r["step"] for r in rows] == [1, 3, 4] and result.stop_reason == "max-epochs"
 
 
+@pytest.mark.parametrize("sets", [("train.check_every=0", "train.max_epochs=1.5"),
+                                  ("train.check_every=0", "train.max_epochs=2"),
+                                  ("train.check_every=0", "train.max_epochs=0.7"),
+                                  ("train.check_every=2", "train.max_epochs=1.7"),
+                                  ("train.check_every=2", "train.max_epochs=2")])
+def test_a_run_makes_the_checks_its_config_counts(tiny: Path, tmp_path: Path, sets: tuple[str, ...]) -> None:
+    """``TrainConfig.checks`` is what a sweep tells ASHA (``max_t``) and the cost line: a run that
+    trains its whole budget makes exactly that many checks."""
+    cfg = _cfg(tiny, "train.batch_size=64", "train.patience=100", *sets)   # 3 batches an epoch
+    result = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert result.stop_reason == "max-epochs" and result.steps == cfg.train.max_steps(3)
+    assert len(rows) == cfg.train.checks(3)
+
+
 def test_the_progress_bar_writes_a_log_file_sparingly(tiny: Path, tmp_path: Path, capsys) -> None:
     """With stderr a file or a pipe, the bar is written at its start, at each check and at the
     end (and every ``LOG_PROGRESS_S``), not ten times a second."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
@@ -53,6 +54,30 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self, self.RANGES, "train")
+
+    def max_steps(self, n_batches: int) -> int:
+        """The training steps of ``max_epochs`` epochs of ``n_batches``. Rounded down, so that a
+        budget like 1.5 epochs ends on the mid-epoch check instead of one step later, in an extra
+        check of a single batch."""
+        return max(1, math.floor(self.max_epochs * n_batches + 1e-9))
+
+    def check_due(self, step: int, batch: int, n_batches: int) -> bool:
+        """Whether a validation check follows the run's ``step``-th step, its epoch's ``batch``-th:
+        every ``check_every`` steps, else at mid-epoch and at the end of the epoch."""
+        if self.check_every:
+            return step % self.check_every == 0
+        return batch in (max(1, n_batches // 2), n_batches)
+
+    def checks(self, n_batches: int) -> int:
+        """The validation checks of a run that trains all its ``max_steps``: each one due, and one
+        more after the last step where none is due there."""
+        steps = self.max_steps(n_batches)
+        if self.check_every:
+            return math.ceil(steps / self.check_every)
+        half = max(1, n_batches // 2)
+        epochs, batch = divmod(steps, n_batches)
+        per_epoch = 1 if half == n_batches else 2
+        return epochs * per_epoch + (batch >= half) + (batch not in (0, half))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ tunable dataset's sweep (trials, epochs, search space, ASHA schedule)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
@@ -91,34 +90,23 @@ TUNE_PRESETS: dict[str, TunePreset] = {
 FIRST_COMPARISON_EXAMPLES = 16_000
 
 
-def _smallest_batch(cfg: JobConfig, space: SearchSpace) -> int:
-    batch_sizes = [cfg.train.batch_size]
-    if "train.batch_size" in space.params:
-        p = space.params["train.batch_size"]
-        batch_sizes += list(p.choices or (p.low,))
-    if "train.batch_size" in space.fixed:
-        batch_sizes = [space.fixed["train.batch_size"]]
-    return max(1, int(min(batch_sizes)))
+def _longest_trial(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> tuple[TrainConfig, int]:
+    """The training settings of the trial with the most steps and checks ``space`` allows (its most
+    epochs, at its smallest batch), and its batches per epoch on each worker."""
+    from iaa.data.loader import num_batches
 
-
-def _check_every(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> tuple[int, int]:
-    """A trial's batches per epoch (per worker) and batches between checks, at the smallest batch."""
-    n_batches = math.ceil(train_rows / max(workers, 1) / _smallest_batch(cfg, space))
-    return n_batches, cfg.train.check_every or max(1, n_batches // 2)
+    train = space.costliest(cfg)[0].train
+    return train, num_batches(train_rows, train.batch_size, max(workers, 1))
 
 
 def max_checks(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> int:
-    """An upper bound on a trial's checks: ASHA's ``max_t``."""
-    epochs = [cfg.train.max_epochs]
-    if "train.max_epochs" in space.params:
-        p = space.params["train.max_epochs"]
-        epochs += list(p.choices or (p.high,))
-    n_batches, check_every = _check_every(cfg, space, train_rows, workers)
-    # One more than the trial can reach: a trial that ends by itself is never stopped (killed) by ASHA.
-    return max(1, math.ceil(math.ceil(max(epochs) * n_batches) / check_every)) + 1
+    """ASHA's ``max_t``: one more than the most checks a trial makes, so that a trial that ends by
+    itself is never stopped (killed) by ASHA."""
+    train, n_batches = _longest_trial(cfg, space, train_rows, workers)
+    return train.checks(n_batches) + 1
 
 
 def examples_per_check(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> int:
     """The training examples a trial sees between two checks (at the smallest batch it may run)."""
-    _, check_every = _check_every(cfg, space, train_rows, workers)
-    return check_every * _smallest_batch(cfg, space) * max(workers, 1)
+    train, n_batches = _longest_trial(cfg, space, train_rows, workers)
+    return (train.check_every or max(1, n_batches // 2)) * train.batch_size * max(workers, 1)

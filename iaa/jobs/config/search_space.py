@@ -105,6 +105,24 @@ class SearchSpace:
             total *= len(set(p.choices))
         return total
 
+    def costliest(self, base: JobConfig) -> tuple[JobConfig, dict[str, Any]]:
+        """The costliest trial the space allows: ``base`` with the fixed values, then each searched
+        integer ``model`` knob (T, d, h, s, the gate) and ``train.max_epochs`` at its largest and
+        ``train.batch_size`` at its smallest (a smaller batch costs more per example, and makes
+        more steps and checks). No trial trains more slowly per example, or for more epochs.
+        Returns it and those of its searched values that differ from the trials' base (empty: the
+        base is as costly)."""
+        start = apply(base, self.fixed)
+        top: dict[str, Any] = {}
+        for name, p in self.params.items():
+            if name == "train.batch_size":
+                top[name] = min(p.choices) if p.choices is not None else p.low
+            elif name == "train.max_epochs" or (name.startswith("model.") and p.integer):
+                top[name] = max(p.choices) if p.choices is not None else p.high
+        top = {k: v for k, v in top.items() if v is not None}
+        largest = apply(start, top)
+        return largest, {k: v for k, v in top.items() if apply(start, {k: v}) != start}
+
     def to_json(self) -> str:
         return json.dumps({"params": {k: {f: getattr(p, f) for f in ("choices", "low", "high", "log", "step")}
                                       for k, p in self.params.items()}, "fixed": self.fixed}, default=str)

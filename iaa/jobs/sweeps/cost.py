@@ -2,7 +2,7 @@
 
 The estimate multiplies out trials x epochs x training examples and divides by a throughput
 probe: a few training steps on this machine's CPU, with the torch threads one trial gets, of the
-costliest trial the search space allows (:func:`costliest`: its model sizes and epochs at their
+costliest trial the search space allows (:meth:`SearchSpace.costliest`: its model sizes and epochs at their
 largest, its batch size at its smallest; the base config when the space searches none). To that
 it adds what a sweep does besides training, which decides the time of a sweep on a small dataset: each trial's validation checks (timed by a second probe of a
 few scoring batches), the start of each wave of trials, and the sweep's own start (the Tune
@@ -16,10 +16,8 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from iaa.jobs.config.job_config import JobConfig, apply
-from iaa.jobs.config.search_space import SearchSpace
+from iaa.jobs.config.job_config import JobConfig
 
 PROBE_BATCHES = 4          # timed training steps (after one warm-up step)
 MANY_HOURS = 3.0           # above this, on CPUs, say which flags shrink the sweep
@@ -122,24 +120,6 @@ def duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-def costliest(base: JobConfig, space: SearchSpace) -> tuple[JobConfig, dict[str, Any]]:
-    """The costliest trial ``space`` allows: ``base`` with the space's fixed values, then each
-    searched integer ``model`` knob (T, d, h, s, the gate) and ``train.max_epochs`` at its largest
-    and ``train.batch_size`` at its smallest (a smaller batch costs more per example). No trial
-    trains more slowly per example, or for more epochs. Returns it and those of its searched values
-    that differ from the trials' base (empty: the base is as costly)."""
-    start = apply(base, space.fixed)
-    top: dict[str, Any] = {}
-    for name, p in space.params.items():
-        if name == "train.batch_size":
-            top[name] = min(p.choices) if p.choices is not None else p.low
-        elif name == "train.max_epochs" or (name.startswith("model.") and p.integer):
-            top[name] = max(p.choices) if p.choices is not None else p.high
-    top = {k: v for k, v in top.items() if v is not None}
-    largest = apply(start, top)
-    return largest, {k: v for k, v in top.items() if apply(start, {k: v}) != start}
 
 
 def probe(cfg: JobConfig, prepared: Path, threads: int, split: str = "train") -> float:

@@ -91,9 +91,7 @@ class Trainer:
         self.n_batches = session.num_train_batches()
         if self.n_batches == 0:
             raise IaaError("the training split is empty: prepare the dataset with training examples")
-        # Rounded down, so that a budget like 1.5 epochs ends on the mid-epoch check (batch n // 2)
-        # instead of one step later, in an extra check of a single batch.
-        self.max_steps = max(1, math.floor(self.tc.max_epochs * self.n_batches + 1e-9))
+        self.max_steps = self.tc.max_steps(self.n_batches)
         self.progress.resume(max_steps=self.max_steps, max_seconds=self.tc.max_minutes * 60)
         examples = self.tc.batch_size * session.world_size
         self.bar = tqdm(total=self.max_steps * examples, initial=self.progress.step * examples, unit="ex",
@@ -217,10 +215,7 @@ class Trainer:
                 f"lower train.lr (now {self.tc.lr:g}) or train.clip (now {self.tc.clip:g}), or check the data")
 
     def _check_due(self) -> bool:
-        """Every ``check_every`` steps, else at mid-epoch and at the end of the epoch."""
-        if self.tc.check_every:
-            return self.progress.step % self.tc.check_every == 0
-        return self.progress.batch in (max(1, self.n_batches // 2), self.n_batches)
+        return self.tc.check_due(self.progress.step, self.progress.batch, self.n_batches)
 
     def _check(self) -> None:
         """Validate; let the progress decide lr decay and early stopping; report a checkpoint."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from iaa.jobs.config.job_config import apply, config_label
 from iaa.jobs.ports import Placement, SearchPlan
-from iaa.jobs.sweeps.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, costliest, probe
+from iaa.jobs.sweeps.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, probe
 
 _log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path) -> Swee
     from iaa.data.manifest import read as read_manifest
 
     gpus = launch.gpus_per_worker > 0
-    largest, raised = costliest(search.base, search.space)
+    largest, raised = search.space.costliest(search.base)
     rate = 0.0 if gpus else probe(largest, prepared, launch.threads)
     valid_rate = 0.0 if gpus else probe(largest, prepared, launch.threads, split="valid")
     base_rate = 0.0
