@@ -17,6 +17,7 @@ from _faults import assert_says
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "search"))
 import build_table  # noqa: E402
 import figures  # noqa: E402
+import late  # noqa: E402
 import table  # noqa: E402
 
 GRID = {"train.lr": [1e-3, 4e-3], "model.steps": [1, 3]}
@@ -126,6 +127,37 @@ def test_key_figures_of_a_table(tmp_path: Path) -> None:
     assert f["rank_vs_last_check"]["check_1"]["spearman"] == pytest.approx(1.0)
     assert f["main_effects"] == {"train.lr": {"0.001": pytest.approx(0.07), "0.004": pytest.approx(0.27)},
                                  "model.steps": {"1": pytest.approx(0.12), "3": pytest.approx(0.22)}}
+
+
+def _crossing(path: Path, first: dict[int, float], last: dict[int, float]) -> table.CurveTable:
+    """GRID's four configurations, checked at 100 and 300 examples with these accuracies by config id."""
+    rows = [{**params, "config_id": i, "check": check, "valid_acc": acc, "best_valid_acc": acc,
+             "examples": examples, "seconds": 1.0, "wall_seconds": 1.0, "epoch": 1.0}
+            for i, params in enumerate(build_table.configurations(GRID))
+            for check, examples, acc in ((1, 100, first[i]), (2, 300, last[i]))]
+    table.write_table(rows, GRID, path, {"command": "python build"})
+    return table.load(path)
+
+
+def test_a_late_rung_names_the_best_that_an_early_one_stops(tmp_path: Path) -> None:
+    # config 3 leads at 100 examples; config 0, last there, ends best: keeping a half at 100 stops it
+    t = _crossing(tmp_path / "long.parquet", {0: 0.20, 1: 0.30, 2: 0.35, 3: 0.40}, {0: 0.60, 1: 0.45, 2: 0.50, 3: 0.55})
+    f = late.late_figures(t, [100, 300], keep=2)
+    early, end = f["rungs_vs_last"]["100"], f["rungs_vs_last"]["300"]
+    assert early["best"] == "lr=0.004 T=3" and early["best_regret_at_last_rung_pts"] == pytest.approx(5.0)
+    assert early["kept"] == ["lr=0.004 T=3", "lr=0.004 T=1"] and early["kept_holds_last_best"] is False
+    assert early["spearman"] == pytest.approx(-0.2)
+    assert end["best"] == "lr=0.001 T=1" and end["kept_holds_last_best"] is True and end["spearman"] == 1.0
+    assert f["per_config"][0]["valid_acc_100"] == 0.2 and f["per_config"][0]["examples_300"] == 300
+
+    # the same configurations on other data, one point apart at the first rung
+    short = _crossing(tmp_path / "short.parquet", {0: 0.21, 1: 0.31, 2: 0.34, 3: 0.41}, {0: 0, 1: 0, 2: 0, 3: 0})
+    against = late.late_figures(t, [100, 300], keep=2, short=short)["short_table"]
+    assert against["configurations"] == 4 and against["mean_abs_diff_pts"] == pytest.approx(1.0)
+    assert against["spearman_between_tables"] == 1.0
+    with pytest.raises(SystemExit) as stopped:
+        late.late_figures(t, [100, 400], keep=2)
+    assert_says(str(stopped.value), "ends at 300 examples, before the rung at 400")
 
 
 @pytest.mark.slow
