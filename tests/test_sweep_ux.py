@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from _faults import as_shown
+from _faults import as_shown, assert_says
 from fakes import sweep_plan
 from iaa.jobs.config import search_space
 from iaa.jobs.tune import tune
@@ -68,3 +68,33 @@ def test_report_describe_shows_the_warnings_after_the_importances() -> None:
         {"trials": [{}] * 4, "study": "s", "importances": {"train.lr": 0.0}, "figures": {}}, sweep="s",
         warnings=("train.lr never varied",)))
     assert text.splitlines()[-1] == "warning: train.lr never varied"
+
+
+def _trial(number: int, checks: list[float], state: str = "COMPLETE", **extra) -> dict:
+    return {"number": number, "state": state, "params": {}, "value": max(checks),
+            "intermediate_values": dict(enumerate(checks, start=1)), "stopped_by_asha": state == "PRUNED", **extra}
+
+
+def test_report_says_how_the_trials_asha_let_go_on_ended_against_its_first_comparison() -> None:
+    from iaa.jobs.reports import sweep_report
+
+    def report(trials: list[dict], grace: int | None = 1) -> sweep_report.SweepReportResult:
+        return sweep_report.from_analysis({"trials": trials, "study": "s", "importances": {}, "figures": {}},
+                                          sweep="s", grace_period=grace)
+
+    stopped = [_trial(0, [0.30], "PRUNED"), _trial(1, [0.28], "PRUNED")]
+    in_order = [_trial(2, [0.40, 0.50, 0.60]), _trial(3, [0.38, 0.45, 0.55]), _trial(4, [0.35, 0.41, 0.52])]
+    result = report(stopped + in_order + [_trial(5, [0.9, 0.95], carried_from="earlier")])
+    assert result.first_comparison == {"check": 1, "compared": 5, "stopped": 2, "went_on": 3, "spearman": 1.0}
+    assert_says(sweep_report.describe(result), "ASHA first compared 5 trials at check 1 and stopped 2 there",
+                "correlates 1.00")
+    assert result.warnings == ()
+
+    # the leaders at check 1 ended last: the check ranked them by chance or worse
+    upside_down = [_trial(2, [0.40, 0.42, 0.45]), _trial(3, [0.38, 0.45, 0.55]), _trial(4, [0.35, 0.50, 0.60])]
+    [warning] = report(stopped + upside_down).warnings
+    assert_says(warning, "ranked the 3 trials that went on past it poorly", "Spearman -1.00", "--grace-period 2")
+
+    assert report(stopped + in_order[:2]).first_comparison["spearman"] is None      # too few went on to rank
+    assert report(stopped + in_order, grace=None).first_comparison is None           # a sweep that kept no ASHA
+    assert sweep_report.comparison_line(report(in_order, grace=5)) == []             # no trial reached check 5

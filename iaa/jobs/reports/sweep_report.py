@@ -9,9 +9,10 @@ adapter (:func:`iaa.platform.sweeps.study.analyze`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs.config import exploration
@@ -22,6 +23,10 @@ from iaa.jobs.ports import Tracker
 from iaa.jobs.workdir import names
 
 SCORED_STATES = ("COMPLETE", "PRUNED")    # finished, or stopped by ASHA with the checks it made
+# Below this rank correlation between ASHA's first comparison and how the trials that went on past
+# it ended, the comparison came too early to rank them (on cbt-recon CN, the first check of 8,000
+# examples ranked 32 configurations at -0.16, that of 16,000 at 0.56: docs/search.md).
+RANKED_POORLY = 0.3
 StudyAnalyzer = Callable[[str, str, Path], dict[str, Any]]   # (storage URL, study name, out folder) -> numbers
 
 
@@ -40,20 +45,57 @@ class SweepReportResult(Result):
     dashboard_importances: dict[str, float] | None = absent_when_none()   # optuna-dashboard's PED-ANOVA
     complete_trials: int | None = absent_when_none()
     scored_trials: int | None = absent_when_none()
+    first_comparison: dict[str, Any] | None = absent_when_none()   # see :func:`first_comparison`
     analysis: Mapping[str, Any] = spread()
     logged_to_run: str | None = None
 
 
 def from_analysis(analysis: Mapping[str, Any], *, sweep: str, sampler: str | None = None,
-                  logged_to_run: str | None = None, warnings: tuple[str, ...] = ()) -> SweepReportResult:
-    """The result of the analyzer's numbers (``analysis``: :data:`StudyAnalyzer`'s dict) for ``sweep``."""
+                  grace_period: int | None = None, logged_to_run: str | None = None,
+                  warnings: tuple[str, ...] = ()) -> SweepReportResult:
+    """The result of the analyzer's numbers (``analysis``: :data:`StudyAnalyzer`'s dict) for
+    ``sweep``, whose ASHA first compared trials at check ``grace_period`` (None: unknown)."""
     named = {"study", "trials", "importances", "figures", "dashboard_importances", "complete_trials", "scored_trials"}
+    trials = tuple(analysis["trials"])
+    compared = first_comparison(trials, grace_period) if grace_period else None
     return SweepReportResult(
-        sweep=sweep, sampler=sampler, study=analysis["study"], trials=tuple(analysis["trials"]),
+        sweep=sweep, sampler=sampler, study=analysis["study"], trials=trials,
         importances=dict(analysis["importances"]), figures=dict(analysis["figures"]),
         dashboard_importances=analysis.get("dashboard_importances"), complete_trials=analysis.get("complete_trials"),
-        scored_trials=analysis.get("scored_trials"), analysis={k: v for k, v in analysis.items() if k not in named},
-        logged_to_run=logged_to_run, warnings=warnings)
+        scored_trials=analysis.get("scored_trials"), first_comparison=compared,
+        analysis={k: v for k, v in analysis.items() if k not in named}, logged_to_run=logged_to_run,
+        warnings=warnings + tuple(_ranked_poorly(compared)))
+
+
+def first_comparison(trials: Sequence[Mapping[str, Any]], grace_period: int) -> dict[str, Any]:
+    """ASHA's first comparison of the sweep's own trials, at check ``grace_period``: how many it
+    compared and stopped there, and how the trials that went on past it ended against the order it
+    put them in (``spearman``: the rank correlation of their accuracy at that check with their best;
+    None under 3 such trials, or where every value ties). Those trials are the ones it ranked high,
+    so a low correlation among them says the check ranked even its leaders by chance."""
+    own = [t for t in trials if t.get("state") in SCORED_STATES and not t.get("carried_from")]
+    compared = [t for t in own if grace_period in t.get("intermediate_values", {})]
+    went_on = [t for t in compared if max(t["intermediate_values"]) > grace_period]
+    stopped = sum(1 for t in compared if t.get("stopped_by_asha") and max(t["intermediate_values"]) == grace_period)
+    rho = None
+    if len(went_on) >= 3:
+        from scipy.stats import spearmanr
+
+        at_check = [t["intermediate_values"][grace_period] for t in went_on]
+        ended = [max(t["intermediate_values"].values()) for t in went_on]
+        value = float(spearmanr(at_check, ended).statistic)
+        rho = None if math.isnan(value) else round(value, 3)
+    return {"check": grace_period, "compared": len(compared), "stopped": stopped, "went_on": len(went_on),
+            "spearman": rho}
+
+
+def _ranked_poorly(compared: Mapping[str, Any] | None) -> list[str]:
+    if compared is None or compared["spearman"] is None or compared["spearman"] >= RANKED_POORLY:
+        return []
+    return [f"ASHA's first comparison (check {compared['check']}) ranked the {compared['went_on']} trials that went on "
+            f"past it poorly against how they ended (Spearman {compared['spearman']:.2f}): it may have stopped trials "
+            f"that would have ended best; a later first comparison (--grace-period {compared['check'] + 1} or more) "
+            "ranks on more training"]
 
 
 def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable[[str], Tracker],
@@ -77,6 +119,7 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
     scored = [t["params"] for t in result["trials"] if t.get("state") in SCORED_STATES]
     searched = list((sweep.search_space or {}).get("params") or {}) or sorted({k for t in scored for k in t})
     return from_analysis(result, sweep=sweep.name, sampler=sweep_file.sampler(sweep),
+                         grace_period=sweep.asha.grace_period if sweep.asha else None,
                          logged_to_run=sweep.parent_run_id if logged else None,
                          warnings=tuple(exploration.notes(scored, searched)))
 
@@ -101,6 +144,17 @@ def history_line(result: SweepReportResult) -> list[str]:
     found = next(p for p in history if p["best"] == best)
     return [f"the best trial (#{found['number']}, valid_acc {best:.4f}) ended {duration(found['hours'] * 3600)} after "
             f"the first trial started, the last one at {duration(last * 3600)} (figure: history)"]
+
+
+def comparison_line(result: SweepReportResult) -> list[str]:
+    """What ASHA's first comparison did, and how the trials it let go on ended against its order."""
+    c = result.first_comparison
+    if not c or not c["compared"]:
+        return []
+    ended = ("" if c["spearman"] is None else
+             f"; the {c['went_on']} that went on past it ended in an order that correlates {c['spearman']:.2f} "
+             "(Spearman) with the order it put them in")
+    return [f"ASHA first compared {c['compared']} trials at check {c['check']} and stopped {c['stopped']} there{ended}"]
 
 
 def carried_line(result: SweepReportResult) -> list[str]:
@@ -138,6 +192,7 @@ def describe(result: SweepReportResult) -> str:
     lines += carried_line(result)
     lines += given_line(result)
     lines += history_line(result)
+    lines += comparison_line(result)
     lines += [f"warning: {note}" for note in result.warnings]
     lines += [f"{name}: {path}" for name, path in result.figures.items()]
     if result.logged_to_run:
