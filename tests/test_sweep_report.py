@@ -110,6 +110,22 @@ def test_the_report_names_the_sampler_of_the_sweep_and_tpe_for_an_older_record(t
     assert first == f"sweep old: 0 trials in study old, proposed by the {shown} sampler"
 
 
+def test_the_report_reads_asha_s_first_comparison_at_the_grace_period_the_sweep_recorded(tmp_path: Path) -> None:
+    from iaa.jobs.reports import sweep_report
+    from iaa.jobs.sweeps import record
+
+    workdir = tmp_path / "work"
+    path = record.sweep_file(workdir, "s")
+    path.parent.mkdir(parents=True)
+    record.write(path, record.SweepRecord(name="s", optuna=record.Study("sqlite:///x.db", "s"),
+                                          asha=record.Asha(grace_period=2, reduction_factor=2.0)))
+    trials = [{"number": n, "state": "COMPLETE", "params": {}, "value": 0.5,
+               "intermediate_values": {1: 0.1 * n, 2: 0.2 * n, 3: 0.3 * n}} for n in (1, 2, 3)]
+    result = sweep_report.run("s", workdir, lambda storage, study, folder: {
+        "study": study, "trials": trials, "importances": {}, "figures": {}}, open_tracker=lambda uri: None)
+    assert result.first_comparison == {"check": 2, "compared": 3, "stopped": 0, "went_on": 3, "spearman": 1.0}
+
+
 def test_the_history_gives_the_best_so_far_as_the_trials_ended(tmp_path: Path) -> None:
     """Trials end out of their order (three ran at once): the best so far follows their ends, a
     stopped trial counting with its best check; a trial still running is not in it."""
