@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from _faults import as_shown
+from _faults import as_shown, assert_says
 from iaa.jobs.sweeps.cost import SweepCost, duration
 
 
@@ -31,6 +31,17 @@ def test_a_small_sweep_counts_its_validation_and_start_up_not_only_its_training(
     assert cost.wall_s == 20.0 + 2 * (5.0 + 15.0 + 3.0)
     assert "of which 0m36s is not training: 3 validation check(s) of 500 examples per trial" in cost.describe()
     assert "not training" not in _cost(20.0).describe()
+
+
+def test_a_time_budget_that_ends_the_trials_before_their_first_check_is_a_warning():
+    from dataclasses import replace
+
+    cost = replace(_cost(rate=16.0), base_examples_per_s=36.0, first_check_examples=64_000, budget_s=29 * 60)
+    [note] = cost.budget_notes()                         # 64,000 examples at the quicker 36/s: 29m37s
+    assert_says(as_shown(note), "the sweep's time budget of 29m00s ends the trials before their first check",
+                "after 64,000 training examples, about 29m37s", "--time-budget", "--set train.check_every=BATCHES")
+    assert replace(cost, budget_s=30 * 60).budget_notes() == []      # the base config checks in time
+    assert replace(cost, budget_s=None).budget_notes() == [] and replace(cost, first_check_examples=0).budget_notes() == []
 
 
 class _Clock:

@@ -218,6 +218,38 @@ def test_a_trial_lost_before_the_budget_was_spent_stays_lost_and_the_best_is_fin
     assert "best.trial_id" in tracker.runs[result.parent_run_id].params
 
 
+class _UncheckedLauncher(FakeLauncher):
+    """A sweep whose time budget ended every trial before its first check."""
+
+    def sweep(self, request):
+        from dataclasses import replace
+
+        from iaa.jobs.ports import TIME_BUDGET
+
+        return [replace(r, stop_reason=TIME_BUDGET, checks=0, best_valid_acc=None) for r in super().sweep(request)]
+
+
+def test_a_budget_that_ends_every_trial_before_its_first_check_is_one_line_and_a_failed_run(
+        tiny: Path, tmp_path: Path) -> None:
+    from iaa.errors import IaaError
+    from iaa.jobs.sweeps import record
+
+    tracker, launcher = FakeTracker(), _UncheckedLauncher()
+    sweep = _sweeper(tiny, tmp_path, tracker, launcher, name="short", num_samples=2)
+    with pytest.raises(IaaError) as failed:
+        sweep(time_budget_s=60)
+    assert_says(failed.value, "time budget of 1m00s ended it with 2 of 2 trials begun", "2 of them had made no check",
+                "the sweep has no result", "a trial's first check comes after", "`time_budget_s`")
+    recorded = record.read(record.sweep_file(tmp_path / "work", "short"))
+    assert recorded.finished and tracker.runs[recorded.parent_run_id].state == "FAILED"
+    assert all(run.state != "RUNNING" for run in tracker.runs.values())
+
+    with pytest.raises(IaaError) as again:                    # a resume has nothing to run, and no result either
+        sweep(resume=True, time_budget_s=3600)
+    assert_says(again.value, "nothing left to run", "no trial of it finished a validation check")
+    assert len(_sweeps(launcher)) == 1
+
+
 class _InterruptedLauncher(FakeLauncher):
     """A sweep interrupted with its last trial unfinished twice (a first run and a resume);
     the next resume finishes it."""

@@ -93,7 +93,7 @@ def test_report_says_how_the_trials_asha_let_go_on_ended_against_its_first_compa
     # the leaders at check 1 ended last: the check ranked them by chance or worse
     upside_down = [_trial(2, [0.40, 0.42, 0.45]), _trial(3, [0.38, 0.45, 0.55]), _trial(4, [0.35, 0.50, 0.60])]
     [warning] = report(stopped + upside_down).warnings
-    assert_says(warning, "ranked the 3 trials that went on past it poorly", "Spearman -1.00", "--grace-period 2")
+    assert_says(warning, "ranked the 3 trials that went on past it poorly", "Spearman -1.00", "iaa-cli tune `grace_period` 2")
 
     assert report(stopped + in_order[:2]).first_comparison["spearman"] is None      # too few went on to rank
     assert report(stopped + in_order, grace=None).first_comparison is None           # a sweep that kept no ASHA

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs.config import exploration
+from iaa.jobs.evaluation.closing import Command
 from iaa.jobs.evaluation.result import Result, absent_when_none, spread
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
@@ -94,8 +95,8 @@ def _ranked_poorly(compared: Mapping[str, Any] | None) -> list[str]:
         return []
     return [f"ASHA's first comparison (check {compared['check']}) ranked the {compared['went_on']} trials that went on "
             f"past it poorly against how they ended (Spearman {compared['spearman']:.2f}): it may have stopped trials "
-            f"that would have ended best; a later first comparison (--grace-period {compared['check'] + 1} or more) "
-            "ranks on more training"]
+            f"that would have ended best; a sweep that compares later ranks on more training "
+            f"({Command.of('tune', grace_period=compared['check'] + 1)} or more, with its other options)"]
 
 
 def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable[[str], Tracker],

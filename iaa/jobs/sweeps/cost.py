@@ -46,6 +46,7 @@ class SweepCost:
     budget_s: float | None = None  # the sweep's time budget; None: none, or unknown (what a resume has left)
     costliest: str = ""            # the probed trial's searched values where it is not the base config
     base_examples_per_s: float = 0.0   # the base config's probe, where the costliest trial was probed
+    first_check_examples: int = 0      # training examples before a trial's first check; 0: not known
 
     @property
     def total_examples(self) -> float:
@@ -103,6 +104,20 @@ class SweepCost:
             return f"; within its time budget of {duration(self.budget_s)}"
         return (f"; its time budget stops the trials after {duration(self.budget_s)} of running, "
                 "where they stand (the later trials may not start)")
+
+    def budget_notes(self) -> list[str]:
+        """A warning where the time budget ends the trials before their first check, even at the
+        quicker of the two probes: with no check, a sweep has no result."""
+        quickest = max(self.examples_per_s, self.base_examples_per_s)
+        if self.budget_s is None or not self.first_check_examples or quickest <= 0:
+            return []
+        first_s = self.first_check_examples / quickest
+        if first_s <= self.budget_s:
+            return []
+        return [f"the sweep's time budget of {duration(self.budget_s)} ends the trials before their first check: a trial "
+                f"checks first after {self.first_check_examples:,} training examples, about {duration(first_s)} at "
+                f"the probe's ~{quickest:,.0f} examples/s, and a sweep with no check has no result; give a longer "
+                "`time_budget_s`, or check more often (`sets` train.check_every=BATCHES)"]
 
     def sharing(self) -> str:
         """When trials share a GPU, when that pays (nothing when each has its own)."""

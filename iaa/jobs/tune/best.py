@@ -12,9 +12,9 @@ from typing import Any, Mapping, Sequence
 from iaa.errors import IaaError, printable
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
-from iaa.jobs.config.job_config import config_label, dump_yaml
+from iaa.jobs.config.job_config import TrainConfig, config_label, dump_yaml
 from iaa.jobs.evaluation import frequency, uncertainty
-from iaa.jobs.evaluation.closing import Command, next_block
+from iaa.jobs.evaluation.closing import next_block
 from iaa.jobs.evaluation.frequency import BaselineResult
 from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 from iaa.jobs.config import exploration, search_space
@@ -101,7 +101,7 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     """The best trial of ``sweep`` (what ``plan`` ran): its config as YAML, the table, the parent
     run's metrics and artifacts, and on the best trial's run its MLflow model and explain page."""
     name, records, space, sweep_dir, prepared = sweep.name, list(sweep.trials), plan.space, plan.folder, plan.prepared
-    scored = _scored_trials(records, name, parent, plan.resume_command)
+    scored = _scored_trials(plan, sweep, parent)
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
     best_config = sweep_dir / "best_config.yaml"
     write_best_config(best, best_config, name, plan.train_epochs, plan.data)
@@ -185,26 +185,39 @@ def finished_result(plan: SweepPlan, tracker: Tracker) -> TuneResult:
                    nothing_left=True)
 
 
-def _scored_trials(records: list[TrialRecord], name: str, parent: TrackedRun, resume: Command) -> list[TrialRecord]:
-    """The trials that finished a validation check; with an unfinished trial (the sweep was
-    interrupted) or none scored, the parent run is ended KILLED or FAILED and this raises (an
-    expected error, naming the resume, where trials lost their workers)."""
+def _scored_trials(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun) -> list[TrialRecord]:
+    """The trials of ``sweep`` that finished a validation check; with an unfinished trial (the
+    sweep was interrupted) or none scored, the parent run is ended KILLED or FAILED and this raises
+    (an expected error, naming the resume, where trials lost their workers or the time budget
+    stopped every trial before its first check)."""
+    records, name, resume = sweep.trials, sweep.name, plan.resume_command
     unfinished = [r for r in records if r.status not in FINISHED_STATUSES]
     if unfinished:
         parent.end("KILLED")
         raise SweepInterrupted(f"sweep {name} interrupted with {len(unfinished)} unfinished trial(s); "
                                f"continue it with: {resume}")
     scored = [r for r in records if r.scored]
+    if scored:
+        return scored
     lost = [r.label for r in records if r.lost]
-    if not scored and lost:
+    if lost:
         parent.end("KILLED")
         raise SweepInterrupted(f"sweep {name}: no trial finished; {len(lost)} trial(s) lost a worker with no restores "
                                f"left ({', '.join(lost)}); continue it with: {resume}")
-    if not scored:
-        parent.end("FAILED")
-        errors = "; ".join(f"{r.label}: {r.error}" for r in records if r.error)[:2000]
-        raise RuntimeError(f"sweep {name}: no trial finished a validation check. {errors}")
-    return scored
+    parent.end("FAILED")
+    if sweep.budget_spent:
+        raise IaaError(f"{budget_line(sweep)}: the sweep has no result; a trial's first check comes after "
+                       f"{_check_interval(plan.base.train)}: give a `time_budget_s` that lets a trial reach it, or check "
+                       "more often (`sets` train.check_every=BATCHES)")
+    errors = "; ".join(f"{r.label}: {r.error}" for r in records if r.error)[:2000]
+    raise RuntimeError(f"sweep {name}: no trial finished a validation check. {errors}")
+
+
+def _check_interval(train: TrainConfig) -> str:
+    """How often a trial of ``train`` checks, in words."""
+    if not train.check_every:
+        return "half an epoch of training"
+    return f"{train.check_every:,} batches of {train.batch_size} ({train.check_every * train.batch_size:,} examples)"
 
 
 def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, records: list[TrialRecord],

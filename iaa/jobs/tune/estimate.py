@@ -14,10 +14,11 @@ from iaa.jobs.sweeps.cost import SWEEP_START_S, TRIAL_START_S, SweepCost, probe
 _log = logging.getLogger(__name__)
 
 
-def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path) -> SweepCost:
+def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path, per_check: int = 0) -> SweepCost:
     """The size and longest wall time of ``search`` on the data ``prepared``, printed before the
     first trial starts: the throughput of the costliest trial the space allows, and of the base
-    config where that differs."""
+    config where that differs; a warning where the time budget ends the trials before their first
+    check (``per_check`` training examples; 0: not known)."""
     from iaa.data.manifest import read as read_manifest
 
     gpus = launch.gpus_per_worker > 0
@@ -33,6 +34,8 @@ def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path) -> Swee
                      gpus_per_trial=launch.gpus_per_worker, checks=search.checks, valid_examples=valid,
                      valid_examples_per_s=valid_rate, start_s=SWEEP_START_S, trial_start_s=TRIAL_START_S,
                      budget_s=search.time_budget_s, costliest=config_label(raised) if raised else "",
-                     base_examples_per_s=base_rate)
+                     base_examples_per_s=base_rate, first_check_examples=per_check)
     _log.info(cost.describe())
+    for note in cost.budget_notes():
+        _log.warning(note)
     return cost

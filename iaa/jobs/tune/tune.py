@@ -116,7 +116,7 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
     for note in asha_notes(search.checks, plan.preset) or early_comparison_notes(
             plan.dataset, plan.preset.grace_period, per_check, search.base.train.max_epochs * launch.train_rows):
         _log.warning(note)
-    sweep, parent, console = _open_sweep(plan, tracker, launcher, launch, search)
+    sweep, parent, console = _open_sweep(plan, tracker, launcher, launch, search, per_check)
     stop.on_stop(stops.on_stop(tracker, launcher, plan.experiment, plan.name, search),
                  kept=lambda: stops.kept(tracker, plan.experiment, plan.name, parent.run_id, plan.folder))
     trials = TrialTracking(tracker=tracker, experiment=plan.experiment, parent_run_id=parent.run_id,
@@ -159,8 +159,8 @@ def _search_plan(plan: SweepPlan, launch: Placement) -> SearchPlan:
                       time_budget_s=plan.time_budget_s, warm_start=plan.warm_start, try_first=plan.try_first)
 
 
-def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: Placement,
-                search: SearchPlan) -> tuple[SweepRecord, TrackedRun, SweepConsole | None]:
+def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: Placement, search: SearchPlan,
+                per_check: int) -> tuple[SweepRecord, TrackedRun, SweepConsole | None]:
     """The sweep's record, its parent run and its console (None without ``plan.show_progress``).
 
     A resumed sweep reopens its recorded parent run after closing what its last process left
@@ -185,7 +185,7 @@ def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: P
         launcher.claim(plan.storage, plan.name, plan.folder)
         carried = launcher.carry_trials(search) if search.warm_start is not None else None
         if plan.show_progress:
-            console = SweepConsole(estimate_cost(launch, search, plan.prepared), list(plan.space.params))
+            console = SweepConsole(estimate_cost(launch, search, plan.prepared, per_check), list(plan.space.params))
         sweep, parent = start_sweep(plan, launch, search, tracker, carried)
     return sweep, parent, console
 
