@@ -130,3 +130,32 @@ def test_the_search_benchmark_priced_by_cpu_time_charges_the_whole_grid_what_exa
     assert runs["cpu"]["grid_epochs"] == pytest.approx(runs["examples"]["grid_epochs"])   # 32 epochs either way
     sweep = "random + asha (tune --sampler random)"
     assert runs["cpu"]["strategies"][sweep]["epochs_4_trials"] != runs["examples"]["strategies"][sweep]["epochs_4_trials"]
+
+
+def test_the_first_comparison_warning_fires_on_sweeps_that_compare_too_early_on_real_text(tmp_path: Path) -> None:
+    """``report --sweep``'s own check, on replayed sweeps of the real-text table: ASHA's first
+    comparison at 8,000 examples ranks worse than chance there, at 16,000 it ranks."""
+    sys.path.insert(0, str(SEARCH.parent))
+    import bench_first_comparison
+
+    argv = ["bench_first_comparison.py", "--seeds", "6", "--out", str(tmp_path)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", argv)
+        assert bench_first_comparison.main() == 0
+    early, later, _ = json.loads((tmp_path / "first-comparison.json").read_text())["schedules"].values()
+    assert early["first_comparison_examples"] == 8_000 and later["first_comparison_examples"] == 16_000
+    assert early["warned_share"] > 0.5 > later["warned_share"]
+    assert early["spearman_median"] < 0 < later["spearman_median"]
+
+
+def test_a_replayed_sweep_hands_the_report_each_trial_s_checks_up_to_where_asha_stopped_it() -> None:
+    sys.path.insert(0, str(SEARCH.parent))
+    import bench_first_comparison
+
+    t = table.load(SEARCH / "curves-cbt-cn.parquet")
+    configs = [dict(zip(t.grid, key)) for key in list(t.curves)[:2]]
+    trace = replay.Trace(proposals=configs, stops=[(replay.TRIAL_ID.format(0), 3)])
+    stopped, finished = bench_first_comparison.trials_of(trace, t)
+    assert stopped["state"] == "PRUNED" and stopped["stopped_by_asha"] and list(stopped["intermediate_values"]) == [1, 2, 3]
+    assert finished["state"] == "COMPLETE" and len(finished["intermediate_values"]) == len(t.curve(configs[1]))
+    assert stopped["intermediate_values"][2] == t.curve(configs[0])[1].valid_acc
