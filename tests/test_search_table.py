@@ -149,6 +149,8 @@ def test_a_late_rung_names_the_best_that_an_early_one_stops(tmp_path: Path) -> N
     assert early["spearman"] == pytest.approx(-0.2)
     assert end["best"] == "lr=0.001 T=1" and end["kept_holds_last_best"] is True and end["spearman"] == 1.0
     assert f["per_config"][0]["valid_acc_100"] == 0.2 and f["per_config"][0]["examples_300"] == 300
+    assert f["per_config"][3]["params"] == {"train.lr": 4e-3, "model.steps": 3}
+    assert isinstance(f["per_config"][3]["params"]["model.steps"], int)
     curve = next(iter(t.curves.values()))
     assert late.at_examples(curve, 101).examples == 100 and late.at_examples(curve, 102).examples == 300  # within 1%
 

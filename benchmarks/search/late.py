@@ -56,6 +56,12 @@ def label(t: table.CurveTable, key: table.Key) -> str:
                     if len(choices) > 1)
 
 
+def params(t: table.CurveTable, key: table.Key) -> dict[str, Any]:
+    """The configuration ``key`` with each knob's value as the grid spells it (3, not 3.0)."""
+    return {name: next(c for c in choices if table.normalise(c) == value)
+            for (name, choices), value in zip(t.grid.items(), key)}
+
+
 def late_figures(t: table.CurveTable, rungs: Sequence[int], keep: float,
                  short: table.CurveTable | None = None) -> dict[str, Any]:
     """The ranking at each rung against the last (module docstring). SystemExit, one line, where a
@@ -76,7 +82,7 @@ def late_figures(t: table.CurveTable, rungs: Sequence[int], keep: float,
         "rungs": list(rungs),
         "keep": keep,
         "per_config": [
-            {"config": label(t, k), "params": dict(zip(t.grid, k)),
+            {"config": label(t, k), "params": params(t, k),
              **{f"valid_acc_{r}": round(checks[r][i].valid_acc, 4) for r in rungs},
              **{f"examples_{r}": checks[r][i].examples for r in rungs}}
             for i, k in enumerate(keys)],
@@ -105,9 +111,8 @@ def _against_short(t: table.CurveTable, short: table.CurveTable, keys: Sequence[
     """The same configurations' accuracy at ``rung`` in both tables (a run on other data)."""
     pairs = []
     for k in keys:
-        params = dict(zip(t.grid, k))
         try:
-            other = at_examples(short.curve(params), rung)
+            other = at_examples(short.curve(params(t, k)), rung)
         except KeyError:
             continue
         mine = at_examples(t.curves[k], rung)
