@@ -202,3 +202,14 @@ def test_the_build_trains_a_tiny_grid_and_resumes_where_it_stopped(tmp_path: Pat
 
     with pytest.raises(SystemExit, match="another plan"):                   # other settings, same parts
         build_table.main([*args, "--limit", "2", "--train-rows", "64"])
+
+
+def test_the_committed_late_ranking_figures_are_those_of_the_committed_tables() -> None:
+    """docs/search-late-cbt-cn.json, which docs/search.md quotes, says what late.py reads from the
+    committed tables now."""
+    search = Path(__file__).resolve().parents[1] / "benchmarks" / "search"
+    said = json.loads((Path(__file__).resolve().parents[1] / "docs" / "search-late-cbt-cn.json").read_text())
+    again = late.late_figures(table.load(search / "curves-cbt-cn-long.parquet"), said["rungs"], said["keep"],
+                              table.load(search / "curves-cbt-cn.parquet"))
+    assert again["rungs_vs_last"] == said["rungs_vs_last"] and again["short_table"] == said["short_table"]
+    assert said["rungs_vs_last"]["64000"]["kept_holds_last_best"] is True
