@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from _faults import assert_says
 from tests._explain import tiny_setup
 from tests.test_serve import _free_port
 
@@ -126,6 +127,7 @@ def test_sigterm_to_every_process_of_a_serve_ends_it_cleanly(running):
     code, took, out = _finish(proc, log, 60)
     assert code in (0, 143) and took < 30, (code, took, out[-3000:])
     assert "Traceback" not in out and "Aborted" not in out and "terminate" not in out, out[-3000:]
+    assert_says(out, "stopping: the replicas finish the requests they hold")
     time.sleep(1)
     assert _live(proc.pid) == []
 

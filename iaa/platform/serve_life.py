@@ -92,7 +92,8 @@ def run_forever(cfg: ServeConfig, connect: Callable[[], bool], start: Callable[[
         while True:
             time.sleep(3600)
     except (KeyboardInterrupt, SystemExit):        # SystemExit: Ray's own SIGTERM handler, set while it starts
-        pass
+        _log.info(f"stopping: the replicas finish the requests they hold (at most {STOP_S:.0f} s; a second "
+                  "Ctrl-C ends it at once)")
     except BaseException as err:
         error = err                                 # on its way to the command's error line
         raise
