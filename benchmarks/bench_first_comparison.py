@@ -5,7 +5,7 @@
 
 ``report --sweep`` (:func:`iaa.jobs.reports.sweep_report.first_comparison`) ranks the trials
 that ASHA let go on past its first comparison by their accuracy there and by how they ended, and
-warns where the two orders correlate below ``RANKED_POORLY``: the comparison came too early. This
+warns where the two orders correlate below ``comparison.RANKED_POORLY``: the comparison came too early. This
 replays sweeps against a table of the reader's learning curves (:mod:`search.replay`: TPE and
 ASHA as ``tune`` runs them, no training), hands each sweep's trials to that same function, and
 counts, for each ASHA schedule, how often the warning fired and how the sweeps it fired on ended
@@ -74,6 +74,7 @@ def main() -> int:
 
     from iaa.jobs.config.presets import TUNE_PRESETS
     from iaa.jobs.reports import sweep_report
+    from iaa.jobs.sweeps import comparison
     from iaa.platform.sweeps import search_algorithm as search
 
     full, space = replay.load(args.table)
@@ -81,7 +82,7 @@ def main() -> int:
     strategy = replay.Strategy("tpe", lambda space, seed: search.build_sampler(space, seed, "tpe"))
     out: dict[str, Any] = {"table": replay.shown(args.table), "configurations": len(full.curves), "best": best,
                            "seeds": args.seeds, "trials": args.trials, "concurrency": args.concurrency,
-                           "ranked_poorly_below": sweep_report.RANKED_POORLY, "schedules": {}}
+                           "ranked_poorly_below": comparison.RANKED_POORLY, "schedules": {}}
     for name, (k, grace, factor) in SCHEDULES.items():
         started = time.perf_counter()
         t = replay.every(full, k) if k > 1 else full
@@ -94,8 +95,7 @@ def main() -> int:
             regret = (best - trace.best()) * 100
             if compared["spearman"] is not None:
                 rhos.append(compared["spearman"])
-            (warned if compared["spearman"] is not None and compared["spearman"] < sweep_report.RANKED_POORLY
-             else quiet).append(regret)
+            (warned if comparison.ranked_poorly(compared) else quiet).append(regret)
         out["schedules"][name] = {
             "grace_period": grace, "reduction_factor": factor, "first_comparison_examples": first_examples,
             "spearman_median": round(float(np.median(rhos)), 3) if rhos else None,

@@ -216,3 +216,24 @@ def test_an_estimate_the_first_wave_confirms_is_not_said_again():
     assert console.revised_s == console.corrected_s
     assert not any("first 2 trials" in line for line in out.getvalue().splitlines())
     assert "first wave" not in console.summary(90.0)
+
+
+def test_the_console_reads_asha_s_first_comparison_from_the_checks_it_was_told():
+    from iaa.jobs.sweeps import comparison
+    from iaa.jobs.sweeps.console import SweepConsole
+
+    console = SweepConsole(None, [], say=lambda line: None, clock=_Clock())
+    checks = {"a": [0.40, 0.42, 0.45], "b": [0.38, 0.45, 0.55], "c": [0.35, 0.50, 0.60], "d": [0.30], "e": [0.2, 0.3]}
+    for trial, values in checks.items():
+        console.trial_started(trial, {})
+        for n, value in enumerate(values, start=1):
+            console.trial_checked(trial, {"checks": n, "valid_acc": value})
+    for trial in "abc":
+        console.trial_ended(trial, "max-epochs")
+    console.trial_ended("d", "asha")
+    console.trial_ended("e", "error", "boom")                       # a failed trial is left out
+    compared = console.first_comparison(1)
+    assert compared == {"check": 1, "compared": 4, "stopped": 1, "went_on": 3, "spearman": -1.0}
+    [warning] = comparison.ranked_poorly(compared)                  # the leaders at check 1 ended last
+    assert_says(as_shown(warning), "ranked the 3 trials that went on past it poorly", "--grace-period 2")
+    assert console.first_comparison(2)["spearman"] == 1.0 and comparison.ranked_poorly(console.first_comparison(2)) == []

@@ -9,25 +9,20 @@ adapter (:func:`iaa.platform.sweeps.study.analyze`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs.config import exploration
-from iaa.jobs.evaluation.closing import Command
 from iaa.jobs.evaluation.result import Result, absent_when_none, spread
+from iaa.jobs.sweeps import comparison
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.ports import Tracker
 from iaa.jobs.workdir import names
 
 SCORED_STATES = ("COMPLETE", "PRUNED")    # finished, or stopped by ASHA with the checks it made
-# Below this rank correlation between ASHA's first comparison and how the trials that went on past
-# it ended, the comparison came too early to rank them (on cbt-recon CN, the first check of 8,000
-# examples ranked 32 configurations at -0.16, that of 16,000 at 0.56: docs/search.md).
-RANKED_POORLY = 0.3
 StudyAnalyzer = Callable[[str, str, Path], dict[str, Any]]   # (storage URL, study name, out folder) -> numbers
 
 
@@ -46,7 +41,7 @@ class SweepReportResult(Result):
     dashboard_importances: dict[str, float] | None = absent_when_none()   # optuna-dashboard's PED-ANOVA
     complete_trials: int | None = absent_when_none()
     scored_trials: int | None = absent_when_none()
-    first_comparison: dict[str, Any] | None = absent_when_none()   # see :func:`first_comparison`
+    first_comparison: dict[str, Any] | None = absent_when_none()   # :func:`first_comparison`
     analysis: Mapping[str, Any] = spread()
     logged_to_run: str | None = None
 
@@ -65,38 +60,15 @@ def from_analysis(analysis: Mapping[str, Any], *, sweep: str, sampler: str | Non
         dashboard_importances=analysis.get("dashboard_importances"), complete_trials=analysis.get("complete_trials"),
         scored_trials=analysis.get("scored_trials"), first_comparison=compared,
         analysis={k: v for k, v in analysis.items() if k not in named}, logged_to_run=logged_to_run,
-        warnings=warnings + tuple(_ranked_poorly(compared)))
+        warnings=warnings + tuple(comparison.ranked_poorly(compared)))
 
 
 def first_comparison(trials: Sequence[Mapping[str, Any]], grace_period: int) -> dict[str, Any]:
-    """ASHA's first comparison of the sweep's own trials, at check ``grace_period``: how many it
-    compared and stopped there, and how the trials that went on past it ended against the order it
-    put them in (``spearman``: the rank correlation of their accuracy at that check with their best;
-    None under 3 such trials, or where every value ties). Those trials are the ones it ranked high,
-    so a low correlation among them says the check ranked even its leaders by chance."""
-    own = [t for t in trials if t.get("state") in SCORED_STATES and not t.get("carried_from")]
-    compared = [t for t in own if grace_period in t.get("intermediate_values", {})]
-    went_on = [t for t in compared if max(t["intermediate_values"]) > grace_period]
-    stopped = sum(1 for t in compared if t.get("stopped_by_asha") and max(t["intermediate_values"]) == grace_period)
-    rho = None
-    if len(went_on) >= 3:
-        from scipy.stats import spearmanr
-
-        at_check = [t["intermediate_values"][grace_period] for t in went_on]
-        ended = [max(t["intermediate_values"].values()) for t in went_on]
-        value = float(spearmanr(at_check, ended).statistic)
-        rho = None if math.isnan(value) else round(value, 3)
-    return {"check": grace_period, "compared": len(compared), "stopped": stopped, "went_on": len(went_on),
-            "spearman": rho}
-
-
-def _ranked_poorly(compared: Mapping[str, Any] | None) -> list[str]:
-    if compared is None or compared["spearman"] is None or compared["spearman"] >= RANKED_POORLY:
-        return []
-    return [f"ASHA's first comparison (check {compared['check']}) ranked the {compared['went_on']} trials that went on "
-            f"past it poorly against how they ended (Spearman {compared['spearman']:.2f}): it may have stopped trials "
-            f"that would have ended best; a sweep that compares later ranks on more training "
-            f"({Command.of('tune', grace_period=compared['check'] + 1)} or more, with its other options)"]
+    """:func:`iaa.jobs.sweeps.comparison.first_comparison` of the study's own scored trials (not
+    those a warm start carried)."""
+    return comparison.first_comparison(
+        [comparison.Checked(t.get("intermediate_values", {}), bool(t.get("stopped_by_asha")))
+         for t in trials if t.get("state") in SCORED_STATES and not t.get("carried_from")], grace_period)
 
 
 def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable[[str], Tracker],

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import printable
 from iaa.jobs.ports import TIME_BUDGET
+from iaa.jobs.sweeps import comparison
 from iaa.jobs.sweeps.cost import SweepCost, duration
 from iaa.jobs.config.job_config import config_label, short_name, short_value
 
@@ -40,6 +41,8 @@ class _Trial:
     state: str = "running"        # running, stopped (ASHA), finished, failed
     checked_at: float | None = None   # when its last check (and checkpoint) came
     restores: int = 0
+    values: dict[int, float] = field(default_factory=dict)   # valid_acc by check number
+    stopped_by_asha: bool = False
 
 
 @dataclass
@@ -90,6 +93,8 @@ class SweepConsole:
         t.epoch = float(metrics.get("epoch", t.epoch))
         t.valid_acc = _float(metrics.get("valid_acc"))
         t.best = _float(metrics.get("best_valid_acc")) or t.valid_acc
+        if t.valid_acc is not None:
+            t.values[checks] = t.valid_acc
         first = self.corrected_s is None
         if first:
             self.corrected_s = self._estimate_total()
@@ -133,7 +138,7 @@ class SweepConsole:
         self._changed = True
         after = f"after {t.checks} check{'s' * (t.checks != 1)}, best valid_acc {_acc(t.best)}"
         if reason == "asha":
-            t.state = "stopped"
+            t.state, t.stopped_by_asha = "stopped", True
             self._say(f"trial {trial_id} stopped by ASHA {after}")
         elif reason == TIME_BUDGET:
             t.state = "stopped"
@@ -145,6 +150,13 @@ class SweepConsole:
         else:
             t.state = "finished"
             self._say(f"trial {trial_id} finished ({reason or 'done'}) {after}")
+
+    def first_comparison(self, grace_period: int) -> dict[str, Any]:
+        """:func:`iaa.jobs.sweeps.comparison.first_comparison` of the trials that ended here, by
+        their checks as they were reported (a failed trial's are left out)."""
+        return comparison.first_comparison(
+            [comparison.Checked(dict(t.values), t.stopped_by_asha)
+             for t in self.trials.values() if t.state in ("finished", "stopped")], grace_period)
 
     def node_lost(self, node: str, detail: str = "") -> None:
         """A node of the cluster died (its trials are restored, each on its own line)."""

@@ -41,6 +41,7 @@ from iaa.jobs import interrupt
 from iaa.jobs.config.presets import TUNE_PRESETS, examples_per_check, max_checks
 from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, SweepRequest, TrackedRun, Tracker,
                             TrialRun, TrialTracking)
+from iaa.jobs.sweeps import comparison
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.record import SweepRecord
@@ -140,6 +141,8 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
     sweep = sweep.with_run(records, time.time() - started)
     if console is not None:
         _log.info(console.summary(time.time() - started))
+        for note in comparison.ranked_poorly(console.first_comparison(search.preset.grace_period)):
+            _log.warning(note)
     sweep_file.write(plan.record_file, sweep)
     if plan.recorded is not None:
         close_lost_runs(tracker, parent, plan.experiment, {r.mlflow_run_id for r in sweep.trials})
