@@ -74,8 +74,9 @@ TUNE_PRESETS: dict[str, TunePreset] = {
     # CBT's four word types share the paper's CBT sweep (the paper tuned on NE and CN; make-cloze
     # writes V and P questions in the same format). ASHA compares trials from their first check
     # and keeps a third at each rung: replayed against the reader's own learning curves (192
-    # configurations, docs/search.md), that came within 0.5 points of the best with a median 9%
-    # of the grid's compute, against 22% for grace 2 keeping a half.
+    # configurations, docs/search.md), that came within 0.5 points of the best with a median 6%
+    # of the grid's compute, against 8% for grace 2 keeping a half (9% and 22% on a table built
+    # on another CPU).
     **{name: TunePreset(num_samples=24, max_epochs=4.0, space=search_space.PAPER_GRID, grace_period=1,
                         reduction_factor=3.0)
        for name in ("cbt-ne", "cbt-cn", "cbt-v", "cbt-p")},
