@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from _faults import assert_says
 from iaa.data.batch import bucket_width, pad_to_buckets
 from iaa.data.prefetch import prefetch
 from iaa.jobs.training.step import build_optimizer, train_step
@@ -305,5 +306,5 @@ def test_the_cost_estimate_says_when_sharing_a_gpu_pays() -> None:
         return SweepCost(trials=8, epochs=2, examples=1000, examples_per_s=0.0, concurrency=8, gpus=True,
                          gpus_per_trial=share).describe()
 
-    assert "4 one-worker trials share each GPU" in text(0.25) and "idle" in text(0.25)
+    assert_says(text(0.25), "4 one-worker trials", "share each GPU", "idle")
     assert "share each GPU" not in text(1.0)

@@ -29,7 +29,7 @@ def test_a_small_sweep_counts_its_validation_and_start_up_not_only_its_training(
                      checks=3, valid_examples=500, valid_examples_per_s=500.0, start_s=20.0, trial_start_s=5.0)
     # 20 s to start, then two waves of (5 s start + 15 s training + 3 checks of 1 s)
     assert cost.wall_s == 20.0 + 2 * (5.0 + 15.0 + 3.0)
-    assert "of which 0m36s is not training: 3 validation check(s) of 500 examples per trial" in cost.describe()
+    assert_says(cost.describe(), "0m36s is not training", "3 validation check(s)", "500 examples per trial")
     assert "not training" not in _cost(20.0).describe()
 
 
@@ -74,12 +74,12 @@ def test_the_console_says_each_trial_event_once_and_corrects_the_estimate_from_r
     console.trial_ended("a", "max-epochs")
     lines = out.getvalue().splitlines()
     assert lines[0] == "[0m00s] trial a started: lr=4e-3 T=2"
-    assert "estimate from the first check: about 6m40s in all (the probe said at most 0m40s)" in lines[3]
+    assert_says(lines[3], "estimate from the first check", "about 6m40s in all", "at most 0m40s")
     assert lines[-2] == "[0m50s] trial b stopped by ASHA after 1 check, best valid_acc 0.5000"
     assert lines[-1] == "[0m50s] trial a finished (max-epochs) after 1 check, best valid_acc 0.6000"
     assert len(lines) == 7
-    assert "sweep took 7m00s; estimated at most 0m40s before it started; about 6m40s after the first check" \
-        == console.summary(420.0)
+    assert_says(console.summary(420.0), "sweep took 7m00s", "at most 0m40s before it started",
+                "about 6m40s after the first check")
     assert duration(3725) == "1h02m" and duration(65) == "1m05s"
 
 
@@ -147,7 +147,7 @@ def test_the_estimate_names_the_costliest_trial_it_probed_and_the_base_rate():
     cost = SweepCost(trials=24, epochs=4, examples=1000, examples_per_s=50.0, concurrency=1, gpus=False,
                      costliest="T=8 h=256", base_examples_per_s=80.0)
     text = as_shown(cost.describe())
-    assert "probe of the costliest trial the space allows, T=8 h=256; the base config ~80" in text
+    assert_says(text, "probe of the costliest trial", "T=8 h=256", "the base config ~80")
     assert "(probe)" in as_shown(_cost(20.0).describe())
 
 
@@ -201,7 +201,7 @@ def test_the_estimate_is_said_again_once_the_first_wave_checked_where_a_larger_t
     # the small trial's 0.05 epoch/s to its last check, the large one's 1/60: two waves at their mean
     assert console.revised_s == 2 * 2 / ((0.05 + 0.5 / 30) / 2)
     lines = out.getvalue().splitlines()
-    assert "estimate from the first 2 trials' checks: about 2m00s in all" in lines[-1]
+    assert_says(lines[-1], "first 2 trials' checks", "about 2m00s in all")
     assert console.summary(130.0).endswith("about 1m20s after the first check; about 2m00s after the first wave's")
     console.trial_checked("b", {"checks": 2, "epoch": 1.0, "valid_acc": 0.3})
     assert len(out.getvalue().splitlines()) == len(lines) + 1          # said once

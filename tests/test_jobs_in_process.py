@@ -374,7 +374,7 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
 
     [members] = [r for r in launcher.requests if isinstance(r, MembersRequest)]
     assert [c.train.seed for c in members.configs] == [1]            # seed 0 is the sweep's own trial
-    assert "reusing 1 checkpoint, training 1 member on" in capsys.readouterr().err
+    assert_says(capsys.readouterr().err, "reusing 1 checkpoint,", "training 1 member on")
     # one trial per member, with the threads the members' configs ask for (the largest)
     assert members.connection.num_trials == 1
     assert members.connection.threads == (members.configs[0].train.threads or None)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from _faults import as_shown
+from _faults import as_shown, assert_says
 from iaa.cli import cli
 from iaa.data.cloze.sources import SourceSpec
 from iaa.data.cloze.tagging import tag_units
@@ -66,7 +66,7 @@ def test_few_questions_are_explained():
         dropped={"too_few_candidates": 1500, "no_answer_in_context": 248, "short_documents": 2},
         skipped_documents=2, tokens=0, tagging_seconds=0.0, tokens_per_s=0, seconds=0.0)
     text = cloze_summary.describe(result)
-    assert "1500 windows dropped: its context holds fewer than 9 other named-entity nouns" in text
+    assert_says(text, "1500 windows dropped", "fewer than 9 other named-entity nouns")
     assert "2 documents dropped" in text and "few questions: 3% of the windows" in text and "cbt-cn" in text
 
 
