@@ -148,3 +148,13 @@ def test_anytime_curves_come_from_the_tracked_runs(evidence, tmp_path: Path) -> 
     assert grid["trial_seconds"] == result["grid_trial_seconds"] > 0
     assert tune["seconds_to_within_1_point"] is not None and tune["fraction_of_grid"] is not None
     assert (tmp_path / "any.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_converge_trains_iaa_and_the_as_reader_at_the_preset_and_resumes_both(evidence) -> None:
+    prepare, train, report = _plan(evidence, "converge", "--workdir", "w")
+    assert "prepare" in prepare[0]
+    assert sorted(cmd[cmd.index("--model") + 1] for cmd in train) == ["as-reader", "iaa"]
+    assert all(_set_args(cmd) == ["train.seed=0", "train.threads=1"] for cmd in train)   # the preset's schedule
+    assert "--resume" not in train[0] and report[0][-3:] == ["--out", "docs/curves-cbt-cn-converge.png", "--json"]
+    train, _ = _plan(evidence, "converge", "--workdir", "w", "--resume", "--minutes", "90")
+    assert all(cmd[-1] == "--resume" and "train.max_minutes=90.0" in _set_args(cmd) for cmd in train)

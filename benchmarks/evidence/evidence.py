@@ -3,6 +3,7 @@
     python benchmarks/evidence/evidence.py curves   [--workdir W] [--minutes 20] [--dry-run]
     python benchmarks/evidence/evidence.py ensemble [--workdir W] [--minutes 15] [--seeds 5] [--dry-run]
     python benchmarks/evidence/evidence.py search   [--workdir W] [--tune-samples 12] [--dry-run]
+    python benchmarks/evidence/evidence.py converge [--workdir W] [--minutes 0] [--resume] [--dry-run]
 
 - ``curves``: prepares cbt-recon CN, trains the three ``--model`` kinds side by side at the same
   config and wall-clock budget (one thread each), and draws validation accuracy against
@@ -12,6 +13,13 @@
 - ``search``: trains every configuration of the demo search space for the same epochs (the
   grid), then ``iaa-cli tune`` with a fraction of the trials for each sweep seed, and draws the
   best validation accuracy found against the trial-seconds spent (anytime curves).
+
+- ``converge``: trains the IAA reader and the AS Reader side by side at the ``cbt-cn`` preset (the
+  paper's config and schedule: a check every 2,000 batches, lr x 0.8 after a check without gain,
+  early stop after 6), one thread each, until their early stop or ``--minutes`` of training in
+  all; ``--resume`` continues both from their last checkpoints (a stop with Ctrl-C keeps them),
+  with a larger ``--minutes`` where that budget ended them. Then draws both curves with
+  ``iaa-cli report``.
 
 ``--dry-run`` prints the commands and runs nothing. Each study uses its own workdir, so its
 MLflow experiments hold only its runs.
@@ -67,6 +75,19 @@ def ensemble_plan(a: argparse.Namespace) -> list[Step]:
         *[[[*CLI, "ensemble", "--data", data, "--members", *members, "--select", select, "--name", f"cn-{select}",
             "--workdir", a.workdir, "--json"]] for select in ("all", "greedy")],
     ]
+
+
+def converge_plan(a: argparse.Namespace) -> list[Step]:
+    data = f"{a.workdir}/data/cbt-cn"
+    budget = {"train.max_minutes": a.minutes} if a.minutes else {}
+    train = [[*CLI, "train", "--data", data, "--model", m, "--workdir", a.workdir,
+              *sets({"train.seed": 0, "train.threads": 1, **budget}), *(["--resume"] if a.resume else [])]
+             for m in ("iaa", "as-reader")]
+    prepare = [] if a.resume else [[[*CLI, "prepare", "--dataset", "cbt-cn", "--source", str(a.source), "--out", data,
+                                     "--workdir", a.workdir]]]
+    return [*prepare, train,
+            [[*CLI, "report", "--experiment", "train-cbt-cn", "--workdir", a.workdir, "--baseline-data", data,
+              "--out", a.out, "--json"]]]
 
 
 def grid(space: dict[str, Sequence[object]]) -> list[dict[str, object]]:
@@ -192,7 +213,7 @@ def run_plan(plan: list[Step], dry_run: bool) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="study", required=True)
-    for name in ("curves", "ensemble", "search"):
+    for name in ("curves", "ensemble", "search", "converge"):
         s = sub.add_parser(name)
         s.add_argument("--workdir", default=f"iaa-work-{name}")
         s.add_argument("--dry-run", action="store_true", help="Print the commands; run nothing.")
@@ -208,6 +229,11 @@ def parser() -> argparse.ArgumentParser:
     ens.add_argument("--parallel", type=int, default=2, help="Members trained at once.")
     ens.add_argument("--check-every", type=int, default=300,
                      help="Batches between checks (the preset's 2,000 is more than 15 minutes on one CPU thread).")
+    converge = sub.choices["converge"]
+    converge.add_argument("--minutes", type=float, default=0.0,
+                          help="Training time of each model, summed over resumptions; 0 runs to the early stop.")
+    converge.add_argument("--resume", action="store_true", help="Continue both runs from their last checkpoints.")
+    converge.add_argument("--out", default="docs/curves-cbt-cn-converge.png")
     search = sub.choices["search"]
     search.add_argument("--epochs", type=float, default=2.0, help="Epochs of every grid run and trial.")
     search.add_argument("--space", type=Path, help="YAML search space of choices [default: the demo preset's].")
@@ -223,7 +249,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-PLANS = {"curves": curves_plan, "ensemble": ensemble_plan, "search": search_plan}
+PLANS = {"curves": curves_plan, "ensemble": ensemble_plan, "search": search_plan, "converge": converge_plan}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
