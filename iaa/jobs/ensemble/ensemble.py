@@ -37,7 +37,7 @@ from typing import Sequence
 from iaa.data.shards import file_sha256
 from iaa.errors import IaaError
 from iaa.jobs import interrupt
-from iaa.jobs.ensemble import ensemble_run, scoring
+from iaa.jobs.ensemble import configurations, ensemble_run, scoring
 from iaa.jobs.ensemble.ensemble_result import EnsembleResult, describe, of_record
 from iaa.jobs.evaluation import averaging, ensemble_record
 from iaa.jobs.evaluation.closing import Command, where
@@ -344,6 +344,12 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
                    "sweep": req.sweep, "tracking_uri": uri, "mlflow_run_id": run.run_id,
                    "member_sha256": {str(m.checkpoint): m.sha256 for m in members}}
         summary.update(scoring.accuracy_keys(summary, sizes))
+        ranked = (configurations.scores([m.config for m in members], result.member_valid_acc, sweep.trials)
+                  if sweep is not None and req.top_configs > 1 else [])
+        lead = configurations.lead(ranked)
+        if len(ranked) > 1:
+            summary.update(configurations=[c.fields() for c in ranked],
+                           configuration_lead=None if lead is None else lead.fields())
         ensemble_record.write(out_dir, ensemble_record.EnsembleRecord.from_json(summary))
         settings = {"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
                     "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(result.selected)}
@@ -356,6 +362,8 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
     table = result.table
     result = of_record(summary, req)
     _log.info(table)
+    if len(ranked) > 1:
+        _log.info(configurations.lines(ranked, lead))
     _log.info(describe(result))
     return result
 

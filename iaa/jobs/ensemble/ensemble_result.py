@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from iaa.jobs.evaluation import uncertainty
 from iaa.jobs.evaluation.closing import Command, next_block, where
-from iaa.jobs.evaluation.result import Result
+from iaa.jobs.evaluation.result import Result, absent_when_none
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,7 +16,10 @@ class EnsembleResult(Result):
     """An ensemble: its accuracies (test: None without a test split; ``*_n`` and ``*_stderr``
     beside each), its members (``members``: the selected ones' checkpoints, in the order of the
     predictions; ``all_members``: every one), each member's accuracy and their means, Boo(n), the
-    files it wrote and the MLflow run and model that record it."""
+    files it wrote and the MLflow run and model that record it. With a sweep's ``--top-configs K``
+    of 2 or more, ``configurations`` holds each configuration's seeds and their mean, and
+    ``configuration_lead`` the leader's gap over the runner-up, its standard error and whether the
+    seeds rank them (None with one seed each): :mod:`iaa.jobs.ensemble.configurations`."""
 
     valid_acc: float
     test_acc: float | None
@@ -53,6 +56,8 @@ class EnsembleResult(Result):
     test_acc_n: int
     test_acc_stderr: float | None
     model_uri: str | None = None
+    configurations: tuple[dict[str, Any], ...] | None = absent_when_none()
+    configuration_lead: dict[str, Any] | None = absent_when_none()
 
 
 def of_record(record: Mapping[str, Any], req: Any) -> EnsembleResult:
@@ -61,7 +66,8 @@ def of_record(record: Mapping[str, Any], req: Any) -> EnsembleResult:
     at = where(req.workdir)
     folder, data = record["ensemble_dir"], record["data_dir"]
     tuples = {key: tuple(record[key]) for key in ("member_valid_acc", "members", "selected", "all_members",
-                                                   "selection_trace", "member_labels", "member_run_ids")}
+                                                   "selection_trace", "member_labels", "member_run_ids",
+                                                   "configurations") if record.get(key) is not None}
     test = record.get("member_test_acc")
     return EnsembleResult(**{**record, **tuples, "member_test_acc": None if test is None else tuple(test)},
                           next=(Command.of("serve", ensemble_dir=folder, data=data, **at),

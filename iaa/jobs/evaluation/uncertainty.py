@@ -91,3 +91,38 @@ def tie_note(names: Sequence[str], kept: str, score: float, n: int) -> str:
     others = ", ".join(name for name in names if name != kept)
     return (f"{len(names)} trials tie at valid accuracy {accuracy_text(score, n)}: {kept} was kept "
             f"(the first in the sweep's order) and {others} did as well; the pick between them is arbitrary")
+
+
+def difference_half_width(p: float, q: float, n: int) -> float:
+    """Half the 95% interval, in points, of the difference of two accuracies ``p`` and ``q`` each
+    measured on ``n`` questions, taken as independent: how far apart chance alone puts two
+    readers' scores (two readers scored on the same questions agree more often than that, so a
+    gap inside it is not evidence of one being better); inf for n = 0."""
+    if n <= 0:
+        return math.inf
+    p, q = (min(max(float(x), 0.0), 1.0) for x in (p, q))
+    return 100.0 * Z95 * math.sqrt((p * (1 - p) + q * (1 - q)) / n)
+
+
+def close_to_best(scores: Mapping[str, float | None], n: int) -> list[str]:
+    """The names whose score is below the best one (not tied with it: :func:`tied_best`) by less than
+    :func:`difference_half_width`, closest first; [] for none."""
+    ties = tied_best(scores)
+    if not ties:
+        return []
+    best = max(v for v in scores.values() if v is not None)
+    close = [(best - v, k) for k, v in scores.items()
+             if v is not None and k not in ties and 100.0 * (best - v) < difference_half_width(best, v, n)]
+    return [k for _, k in sorted(close)]
+
+
+def close_note(close: Sequence[str], scores: Mapping[str, float | None], best: str, n: int,
+               more: str = "") -> str:
+    """What :func:`close_to_best` found, in one line: the trials that chance alone could have put
+    behind ``best`` on ``n`` questions, the widest such gap, and ``more`` (what tells them apart)."""
+    top = scores[best] or 0.0
+    shown = [f"{k} ({scores[k]:.4f})" for k in close[:3]] + ([f"{len(close) - 3} more"] if len(close) > 3 else [])
+    widest = max(difference_half_width(top, scores[k] or 0.0, n) for k in close)
+    return (f"the best trial {best} ({top:.4f}) leads {', '.join(shown)} by less than chance moves two readers' "
+            f"scores on {n:,} questions ({'' if len(close) == 1 else 'up to '}{widest:.2f} points at 95%), and "
+            f"a seed moves one further: the sweep cannot tell which is better" + (f"; {more}" if more else ""))

@@ -44,6 +44,8 @@ class TuneResult(Keyed, Result):
     earlier sweep's trials (their best is not this sweep's: ``best_*`` are its own trials');
     ``tried_first`` (how many configurations the sweep was given to try first) and
     ``best_tried_first`` (which of them, from 1, the best trial holds) are absent unless given.
+    ``close_trials`` are the trials below the best by less than chance moves two scores on the
+    validation set (closest first; ties are in ``tied_trials``): the sweep cannot rank them.
     """
 
     sweep: str
@@ -64,6 +66,7 @@ class TuneResult(Keyed, Result):
     best_valid_acc_n: int
     best_valid_acc_stderr: float | None
     tied_trials: tuple[str, ...] = ()
+    close_trials: tuple[str, ...] = ()
     lost_trials: tuple[str, ...] = ()
     cut_trials: tuple[str, ...] = ()
     nothing_left: bool | None = absent_when_none()
@@ -74,7 +77,7 @@ class TuneResult(Keyed, Result):
     best_tried_first: int | None = absent_when_none()
 
 
-def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ties: Sequence[str], baseline: BaselineResult,
+def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ranking: Ranking, baseline: BaselineResult,
             ui: str, outputs: Mapping[str, str | None], **more: Any) -> TuneResult:
     accuracy = uncertainty.fields("best_valid_acc", best.best_valid_acc, baseline.examples)
     carried = sweep.warm_start
@@ -91,10 +94,34 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ties: Sequen
                       parent_run_id=sweep.parent_run_id, explain_page=outputs.get("explain_page"),
                       explain_png=outputs.get("explain_png"), model_uri=outputs.get("model_uri"), mlflow_ui=ui,
                       best_valid_acc_n=int(accuracy["best_valid_acc_n"] or 0),
-                      best_valid_acc_stderr=accuracy["best_valid_acc_stderr"], tied_trials=tuple(ties),
+                      best_valid_acc_stderr=accuracy["best_valid_acc_stderr"], tied_trials=ranking.ties,
+                      close_trials=ranking.close,
                       lost_trials=tuple(r.label for r in sweep.trials if r.lost),
                       cut_trials=tuple(r.label for r in sweep.trials if r.cut),
-                      next=next_steps(plan, best, plan.folder / "best_config.yaml"), **more)
+                      next=next_steps(plan, best, plan.folder / "best_config.yaml", ranking.top_configs), **more)
+
+
+# The configurations that the next ensemble trains on several seeds where the sweep cannot rank its best.
+MAX_CLOSE_CONFIGS = 3
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How far the sweep's ranking of its best trials can be trusted on ``n`` validation questions:
+    the trials tied with the best, and those below it by less than chance (closest first)."""
+
+    ties: tuple[str, ...]
+    close: tuple[str, ...]
+
+    @classmethod
+    def of(cls, scores: Mapping[str, float | None], n: int) -> Ranking:
+        return cls(tuple(uncertainty.tied_best(scores)), tuple(uncertainty.close_to_best(scores, n)))
+
+    @property
+    def top_configs(self) -> int:
+        """The configurations an ensemble should train on several seeds to rank them: the best, its
+        ties and the close ones, at most :data:`MAX_CLOSE_CONFIGS`."""
+        return min(max(len(self.ties), 1) + len(self.close), MAX_CLOSE_CONFIGS)
 
 
 def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tracker) -> TuneResult:
@@ -133,21 +160,28 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     baseline = frequency.run(prepared, "valid")
     base, n_valid = baseline.accuracy, baseline.examples
     warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.label}")
-    ties = uncertainty.tied_best({r.label: r.best_valid_acc for r in scored})
-    warnings += [uncertainty.tie_note(ties, best.label, best.best_valid_acc, n_valid)] if len(ties) > 1 else []
+    scores = {r.label: r.best_valid_acc for r in scored}
+    ranking = Ranking.of(scores, n_valid)
+    if len(ranking.ties) > 1:
+        warnings.append(uncertainty.tie_note(ranking.ties, best.label, best.best_valid_acc, n_valid))
     for warning in warnings:
         _log.warning(printable(warning))
+    if ranking.close:
+        ensemble = plan.command("ensemble", sweep=plan.name, top_configs=ranking.top_configs)
+        _log.info(printable(uncertainty.close_note(ranking.close, scores, best.label, n_valid, (
+            f"to rank the {ranking.top_configs} best configurations, train each on several seeds and see which is "
+            f"ahead: {ensemble}"))))
     _log.info(printable(f"best trial {best.label} ({label}): valid accuracy "
                         f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
                         f"  config:       {best_config}\n"
                         + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
                         + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
-                        + next_block(next_steps(plan, best, best_config)), keep_lines=True))
+                        + next_block(next_steps(plan, best, best_config, ranking.top_configs)), keep_lines=True))
     if unlogged:
         raise IaaError(f"{sweep.tracking_uri}: the sweep finished and its files are written, but the store did "
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
                        "restart it) and log the models again")
-    return _result(plan, sweep, best, ties, baseline, ui, outputs)
+    return _result(plan, sweep, best, ranking, baseline, ui, outputs)
 
 
 def budget_line(sweep: SweepRecord) -> str:
@@ -180,9 +214,9 @@ def finished_result(plan: SweepPlan, tracker: Tracker) -> TuneResult:
                if (sweep_dir / f"explain-best.{ext}").is_file()}
     if best.mlflow_run_id:
         outputs["model_uri"] = tracker.model_uri(best.mlflow_run_id)
-    ties = uncertainty.tied_best({r.trial_id: r.best_valid_acc for r in scored})
-    return _result(plan, sweep, best, ties, frequency.run(plan.prepared, "valid"), tracker.ui_command, outputs,
-                   nothing_left=True)
+    baseline = frequency.run(plan.prepared, "valid")
+    ranking = Ranking.of({r.label: r.best_valid_acc for r in scored}, baseline.examples)
+    return _result(plan, sweep, best, ranking, baseline, tracker.ui_command, outputs, nothing_left=True)
 
 
 def _scored_trials(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun) -> list[TrialRecord]:

@@ -10,16 +10,17 @@ from iaa.jobs.ports import TrialRecord
 from iaa.jobs.tune.settle import SweepPlan
 
 
-def next_steps(plan: SweepPlan, best: TrialRecord, best_config: Path | None = None) -> tuple[Command, ...]:
-    """What to run after the sweep: train its best config, its analytics, an ensemble of its best
-    configs, a service. Each line runs as printed (the work folder and store are named when not
-    the defaults)."""
+def next_steps(plan: SweepPlan, best: TrialRecord, best_config: Path | None = None,
+               top_configs: int = 1) -> tuple[Command, ...]:
+    """What to run after the sweep: train its best config, its analytics, an ensemble of its
+    ``top_configs`` best configs, a service. Each line runs as printed (the work folder and store
+    are named when not the defaults)."""
     folder = {k: v for k, v in (plan.options or {}).items() if k == "workdir"}
     serve = (plan.command("serve", model_uri=f"models:/{plan.register}/latest") if plan.register
              else Command.of("serve", checkpoint=str(best.checkpoint)))
     return (*([plan.command("train", config_file=str(best_config))] if best_config is not None else []),
             Command.of("report", sweep=plan.name, **folder),
-            plan.command("ensemble", sweep=plan.name),
+            plan.command("ensemble", sweep=plan.name, top_configs=top_configs if top_configs > 1 else None),
             serve)
 
 
