@@ -159,18 +159,7 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     ui = tracker.ui_command
     baseline = frequency.run(prepared, "valid")
     base, n_valid = baseline.accuracy, baseline.examples
-    warnings = frequency.below_warning(best.best_valid_acc, base, f"the best trial {best.label}")
-    scores = {r.label: r.best_valid_acc for r in scored}
-    ranking = Ranking.of(scores, n_valid)
-    if len(ranking.ties) > 1:
-        warnings.append(uncertainty.tie_note(ranking.ties, best.label, best.best_valid_acc, n_valid))
-    for warning in warnings:
-        _log.warning(printable(warning))
-    if ranking.close:
-        ensemble = plan.command("ensemble", sweep=plan.name, top_configs=ranking.top_configs)
-        _log.info(printable(uncertainty.close_note(ranking.close, scores, best.label, n_valid, (
-            f"to rank the {ranking.top_configs} best configurations, train each on several seeds and see which is "
-            f"ahead: {ensemble}"))))
+    ranking = _say_ranking(plan, best, scored, baseline)
     _log.info(printable(f"best trial {best.label} ({label}): valid accuracy "
                         f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
                         f"  config:       {best_config}\n"
@@ -182,6 +171,25 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
                        "restart it) and log the models again")
     return _result(plan, sweep, best, ranking, baseline, ui, outputs)
+
+
+def _say_ranking(plan: SweepPlan, best: TrialRecord, scored: Sequence[TrialRecord], baseline: BaselineResult) -> Ranking:
+    """How far the validation set ranks the sweep's best trial, said: a warning where it is below
+    the baseline or tied, a note naming the trials it cannot tell from it and the ensemble that can."""
+    n_valid = baseline.examples
+    warnings = frequency.below_warning(best.best_valid_acc, baseline.accuracy, f"the best trial {best.label}")
+    scores = {r.label: r.best_valid_acc for r in scored}
+    ranking = Ranking.of(scores, n_valid)
+    if len(ranking.ties) > 1:
+        warnings.append(uncertainty.tie_note(ranking.ties, best.label, best.best_valid_acc, n_valid))
+    for warning in warnings:
+        _log.warning(printable(warning))
+    if ranking.close:
+        ensemble = plan.command("ensemble", sweep=plan.name, top_configs=ranking.top_configs)
+        _log.info(printable(uncertainty.close_note(ranking.close, scores, best.label, n_valid, (
+            f"to rank the {ranking.top_configs} best configurations, train each on several seeds and see which is "
+            f"ahead: {ensemble}"))))
+    return ranking
 
 
 def budget_line(sweep: SweepRecord) -> str:
