@@ -38,7 +38,7 @@ class _Trial:
     epoch: float = 0.0
     valid_acc: float | None = None
     best: float | None = None
-    state: str = "running"        # running, stopped (ASHA), finished, failed
+    state: str = "running"        # running, stopped (by ASHA or the time budget), finished, failed
     checked_at: float | None = None   # when its last check (and checkpoint) came
     restores: int = 0
     values: dict[int, float] = field(default_factory=dict)   # valid_acc by check number
