@@ -52,7 +52,8 @@ def _tune(tiny: Path, tmp_path: Path, accuracies: list[float]):
     space.write_text(TINY_SPACE, encoding="utf-8")
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=len(accuracies), search_space=space,
                            sets=TINY_SETS, workdir=tmp_path / "work", name="close", show_progress=False)
-    return tune.run(req, lambda uri: FakeTracker(), Scored())
+    tracker = FakeTracker()
+    return tune.run(req, lambda uri: tracker, Scored()), tracker
 
 
 def _ensemble_step(result) -> str:
@@ -60,7 +61,7 @@ def _ensemble_step(result) -> str:
 
 
 def test_tune_names_the_trials_it_cannot_rank_and_ensembles_them_next(tiny, tmp_path, capsys, console):
-    result = _tune(tiny, tmp_path, [0.25, 0.5, 0.1, 0.45])      # 64 valid questions: 5 points is chance
+    result, tracker = _tune(tiny, tmp_path, [0.25, 0.5, 0.1, 0.45])      # 64 valid questions: 5 points is chance
     err = as_shown(capsys.readouterr().err)
     best, close = result.best_trial, result.close_trials
     assert result.best_valid_acc == 0.5 and len(close) == 1 and close[0] != best
@@ -68,16 +69,20 @@ def test_tune_names_the_trials_it_cannot_rank_and_ensembles_them_next(tiny, tmp_
     assert_says(err, f"the best trial {best} (0.5000) leads {close[0]} (0.4500)", "64 questions",
                 "--top-configs 2")
     assert "--top-configs 2" in _ensemble_step(result)
+    parent = tracker.runs[result.parent_run_id]
+    assert parent.tags["close_trials"] == close[0]
+    assert_says(parent.tags["mlflow.note.content"], f"cannot tell it from {close[0]}")
 
 
 def test_a_clear_lead_keeps_the_plain_next_ensemble(tiny, tmp_path, capsys, console):
-    result = _tune(tiny, tmp_path, [0.1, 0.9, 0.2])
+    result, tracker = _tune(tiny, tmp_path, [0.1, 0.9, 0.2])
     assert result.close_trials == () and "cannot tell" not in capsys.readouterr().err
+    assert tracker.runs[result.parent_run_id].tags["close_trials"] == ""
     assert "--top-configs" not in _ensemble_step(result)
 
 
 def test_many_close_trials_ensemble_at_most_three_configurations(tiny, tmp_path, capsys, console):
-    result = _tune(tiny, tmp_path, [0.5, 0.49, 0.48, 0.47, 0.46])
+    result, _ = _tune(tiny, tmp_path, [0.5, 0.49, 0.48, 0.47, 0.46])
     assert len(result.close_trials) == 4
     assert "--top-configs 3" in _ensemble_step(result)
     assert_says(capsys.readouterr().err, "1 more")

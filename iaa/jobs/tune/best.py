@@ -149,7 +149,10 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     if given is not None:
         _log.info(printable(f"the best trial {best.label} holds configuration {given} of the "
                             f"{len(plan.try_first)} given to try first"))
-    label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir)
+    baseline = frequency.run(prepared, "valid")
+    scores = {r.label: r.best_valid_acc for r in scored}
+    ranking = Ranking.of(scores, baseline.examples)
+    label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir, ranking)
     outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, plan.register, records)
     for key in ("explain_page", "explain_png"):          # the sweep's run shows its best trial's page too
         if outputs.get(key):
@@ -157,9 +160,8 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     if parent.lost:
         unlogged.insert(0, f"the sweep's run {parent.run_id} (marked FAILED) lacks {', '.join(parent.lost)}")
     ui = tracker.ui_command
-    baseline = frequency.run(prepared, "valid")
     base, n_valid = baseline.accuracy, baseline.examples
-    ranking = _say_ranking(plan, best, scored, baseline)
+    _say_ranking(plan, best, ranking, scores, baseline)
     _log.info(printable(f"best trial {best.label} ({label}): valid accuracy "
                         f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
                         f"  config:       {best_config}\n"
@@ -173,13 +175,12 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     return _result(plan, sweep, best, ranking, baseline, ui, outputs)
 
 
-def _say_ranking(plan: SweepPlan, best: TrialRecord, scored: Sequence[TrialRecord], baseline: BaselineResult) -> Ranking:
+def _say_ranking(plan: SweepPlan, best: TrialRecord, ranking: Ranking, scores: Mapping[str, float | None],
+                 baseline: BaselineResult) -> None:
     """How far the validation set ranks the sweep's best trial, said: a warning where it is below
     the baseline or tied, a note naming the trials it cannot tell from it and the ensemble that can."""
     n_valid = baseline.examples
     warnings = frequency.below_warning(best.best_valid_acc, baseline.accuracy, f"the best trial {best.label}")
-    scores = {r.label: r.best_valid_acc for r in scored}
-    ranking = Ranking.of(scores, n_valid)
     if len(ranking.ties) > 1:
         warnings.append(uncertainty.tie_note(ranking.ties, best.label, best.best_valid_acc, n_valid))
     for warning in warnings:
@@ -189,7 +190,6 @@ def _say_ranking(plan: SweepPlan, best: TrialRecord, scored: Sequence[TrialRecor
         _log.info(printable(uncertainty.close_note(ranking.close, scores, best.label, n_valid, (
             f"to rank the {ranking.top_configs} best configurations, train each on several seeds and see which is "
             f"ahead: {ensemble}"))))
-    return ranking
 
 
 def budget_line(sweep: SweepRecord) -> str:
@@ -264,9 +264,10 @@ def _check_interval(train: TrainConfig) -> str:
 
 def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, records: list[TrialRecord],
                       sweep: SweepRecord, space: search_space.SearchSpace, best_config: Path,
-                      sweep_dir: Path) -> tuple[str, str | None]:
+                      sweep_dir: Path, ranking: Ranking) -> tuple[str, str | None]:
     """The sweep's metrics, the best trial's params, tags and note, its config and ``sweep.json`` on
-    the parent run, which is then ended; the best trial's run is tagged ``best_in_sweep``. While a
+    the parent run, which is then ended; the best trial's run is tagged ``best_in_sweep``, and the
+    parent ``close_trials`` with those the validation set cannot tell from it. While a
     trial lost its worker (a resume runs it again and may find a better one) the best is in the
     tags only: the params wait for the sweep's last run.
 
@@ -286,12 +287,15 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
     began = (f" The study began with {carried.trials} trial(s) of sweep {carried.sweep} (best valid_acc "
              f"{carried.best:.4f}); they are that sweep's runs." if carried is not None and carried.best is not None
              else "")
+    close = (f" The validation set cannot tell it from {', '.join(ranking.close)}: their gaps to it are within "
+             "chance." if ranking.close else "")
     parent.set_tags({"trials": str(len(records)),    # its child runs are these and its ensembles (``ensembles``)
+                     "close_trials": ",".join(ranking.close),
                      "best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
                      "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,
                      "mlflow.note.content": f"Best trial: [{label}]{link}, best valid_acc {best.best_valid_acc:.4f} "
                                             f"(trial {best.label}, run {best.mlflow_run_id}); its config is "
-                                            f"the `best.*` params and the artifact `best_config.yaml`.{began}"})
+                                            f"the `best.*` params and the artifact `best_config.yaml`.{close}{began}"})
     if best.mlflow_run_id:
         for earlier in tracker.find_runs(sweep.experiment or "", {"sweep": sweep.name, "best_in_sweep": "true"}):
             if earlier.run_id != best.mlflow_run_id and earlier.parent_run_id == parent.run_id:
