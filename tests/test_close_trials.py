@@ -11,6 +11,7 @@ import pytest
 
 from _faults import as_shown, assert_says
 from iaa.jobs.evaluation import uncertainty
+from iaa.jobs.reports import sweep_report
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -56,6 +57,12 @@ def _tune(tiny: Path, tmp_path: Path, accuracies: list[float]):
     return tune.run(req, lambda uri: tracker, Scored()), tracker
 
 
+def _record(tmp_path: Path):
+    from iaa.jobs.sweeps import record
+
+    return record.read(record.find(tmp_path / "work", "close"))
+
+
 def _ensemble_step(result) -> str:
     return next(as_shown(c) for c in result.next if c.name == "ensemble")
 
@@ -72,12 +79,17 @@ def test_tune_names_the_trials_it_cannot_rank_and_ensembles_them_next(tiny, tmp_
     parent = tracker.runs[result.parent_run_id]
     assert parent.tags["close_trials"] == close[0]
     assert_says(parent.tags["mlflow.note.content"], f"cannot tell it from {close[0]}")
+    reported, note = sweep_report.close_trials(_record(tmp_path), tmp_path / "work")   # as `report --sweep` says it
+    assert reported == close and "--top-configs 2" in as_shown(note) and note.startswith(f"the best trial {best}")
+    gone = replace(_record(tmp_path), data_dir=str(tmp_path / "gone"))     # the split's size is unknown: no claim
+    assert sweep_report.close_trials(gone, tmp_path / "work") is None
 
 
 def test_a_clear_lead_keeps_the_plain_next_ensemble(tiny, tmp_path, capsys, console):
     result, tracker = _tune(tiny, tmp_path, [0.1, 0.9, 0.2])
     assert result.close_trials == () and "cannot tell" not in capsys.readouterr().err
     assert tracker.runs[result.parent_run_id].tags["close_trials"] == ""
+    assert sweep_report.close_trials(_record(tmp_path), tmp_path / "work") == ((), None)
     assert "--top-configs" not in _ensemble_step(result)
 
 

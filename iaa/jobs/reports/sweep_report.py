@@ -15,10 +15,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs.config import exploration
-from iaa.jobs.evaluation.result import Result, absent_when_none, spread
+from iaa.jobs.evaluation.closing import Command, where
+from iaa.jobs.evaluation.result import Result, absent_when_none, hidden, spread
 from iaa.jobs.sweeps import comparison
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
+from iaa.jobs.sweeps.ranking import Ranking
+from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.ports import Tracker
 from iaa.jobs.workdir import names
 
@@ -42,15 +45,19 @@ class SweepReportResult(Result):
     complete_trials: int | None = absent_when_none()
     scored_trials: int | None = absent_when_none()
     first_comparison: dict[str, Any] | None = absent_when_none()   # :func:`first_comparison`
+    close_trials: tuple[str, ...] | None = absent_when_none()      # within chance of the best (None: unknown)
+    close_note: str | None = hidden()                              # the line that names them
     analysis: Mapping[str, Any] = spread()
     logged_to_run: str | None = None
 
 
 def from_analysis(analysis: Mapping[str, Any], *, sweep: str, sampler: str | None = None,
                   grace_period: int | None = None, logged_to_run: str | None = None,
-                  warnings: tuple[str, ...] = ()) -> SweepReportResult:
+                  warnings: tuple[str, ...] = (), close: tuple[tuple[str, ...], str | None] | None = None
+                  ) -> SweepReportResult:
     """The result of the analyzer's numbers (``analysis``: :data:`StudyAnalyzer`'s dict) for
-    ``sweep``, whose ASHA first compared trials at check ``grace_period`` (None: unknown)."""
+    ``sweep``, whose ASHA first compared trials at check ``grace_period`` (None: unknown), and
+    ``close``: the trials within chance of its best and the line that says so (None: unknown)."""
     named = {"study", "trials", "importances", "figures", "dashboard_importances", "complete_trials", "scored_trials"}
     trials = tuple(analysis["trials"])
     compared = first_comparison(trials, grace_period) if grace_period else None
@@ -60,6 +67,7 @@ def from_analysis(analysis: Mapping[str, Any], *, sweep: str, sampler: str | Non
         dashboard_importances=analysis.get("dashboard_importances"), complete_trials=analysis.get("complete_trials"),
         scored_trials=analysis.get("scored_trials"), first_comparison=compared,
         analysis={k: v for k, v in analysis.items() if k not in named}, logged_to_run=logged_to_run,
+        close_trials=None if close is None else close[0], close_note=None if close is None else close[1],
         warnings=warnings + tuple(comparison.ranked_poorly(compared)))
 
 
@@ -94,7 +102,28 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
     return from_analysis(result, sweep=sweep.name, sampler=sweep_file.sampler(sweep),
                          grace_period=sweep.asha.grace_period if sweep.asha else None,
                          logged_to_run=sweep.parent_run_id if logged else None,
-                         warnings=tuple(exploration.notes(scored, searched)))
+                         warnings=tuple(exploration.notes(scored, searched)), close=close_trials(sweep, workdir))
+
+
+def close_trials(sweep: SweepRecord, workdir: Path) -> tuple[tuple[str, ...], str | None] | None:
+    """The trials of ``sweep`` within chance of its best on its validation split, and the line that
+    names them with the ensemble that ranks them (None when there are none); None when the
+    split's size is not known (its prepared folder is gone)."""
+    from iaa.data.manifest import read as read_manifest
+
+    try:
+        n = int(((read_manifest(Path(sweep.data_dir)) or {}).get("counts") or {}).get("valid", 0)) if sweep.data_dir else 0
+    except (OSError, ValueError, IaaError):
+        n = 0
+    scores = {r.label: r.best_valid_acc for r in sweep.trials if r.scored}
+    if not n or not scores:
+        return None
+    ranking = Ranking.of(scores, n)
+    best = ranking.ties[0]
+    if not ranking.close:
+        return (), None
+    ensemble = Command.of("ensemble", sweep=sweep.name, top_configs=ranking.top_configs, **where(workdir))
+    return ranking.close, ranking.note(scores, best, n, ensemble)
 
 
 def dashboard_line(result: SweepReportResult) -> list[str]:
@@ -166,6 +195,7 @@ def describe(result: SweepReportResult) -> str:
     lines += given_line(result)
     lines += history_line(result)
     lines += comparison_line(result)
+    lines += [result.close_note] if result.close_note else []
     lines += [f"warning: {note}" for note in result.warnings]
     lines += [f"{name}: {path}" for name, path in result.figures.items()]
     if result.logged_to_run:

@@ -20,6 +20,7 @@ from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 from iaa.jobs.config import exploration, search_space
 from iaa.jobs.ports import (TrackedRun, Tracker,
                             TrialRecord)
+from iaa.jobs.sweeps.ranking import Ranking
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
 from iaa.jobs.tune import try_first, warm_start
@@ -101,29 +102,6 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ranking: Ran
                       next=next_steps(plan, best, plan.folder / "best_config.yaml", ranking.top_configs), **more)
 
 
-# The configurations that the next ensemble trains on several seeds where the sweep cannot rank its best.
-MAX_CLOSE_CONFIGS = 3
-
-
-@dataclass(frozen=True)
-class Ranking:
-    """How far the sweep's ranking of its best trials can be trusted on ``n`` validation questions:
-    the trials tied with the best, and those below it by less than chance (closest first)."""
-
-    ties: tuple[str, ...]
-    close: tuple[str, ...]
-
-    @classmethod
-    def of(cls, scores: Mapping[str, float | None], n: int) -> Ranking:
-        return cls(tuple(uncertainty.tied_best(scores)), tuple(uncertainty.close_to_best(scores, n)))
-
-    @property
-    def top_configs(self) -> int:
-        """The configurations an ensemble should train on several seeds to rank them: the best, its
-        ties and the close ones, at most :data:`MAX_CLOSE_CONFIGS`."""
-        return min(max(len(self.ties), 1) + len(self.close), MAX_CLOSE_CONFIGS)
-
-
 def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tracker) -> TuneResult:
     """The best trial of ``sweep`` (what ``plan`` ran): its config as YAML, the table, the parent
     run's metrics and artifacts, and on the best trial's run its MLflow model and explain page."""
@@ -187,9 +165,7 @@ def _say_ranking(plan: SweepPlan, best: TrialRecord, ranking: Ranking, scores: M
         _log.warning(printable(warning))
     if ranking.close:
         ensemble = plan.command("ensemble", sweep=plan.name, top_configs=ranking.top_configs)
-        _log.info(printable(uncertainty.close_note(ranking.close, scores, best.label, n_valid, (
-            f"to rank the {ranking.top_configs} best configurations, train each on several seeds and see which is "
-            f"ahead: {ensemble}"))))
+        _log.info(printable(ranking.note(scores, best.label, n_valid, ensemble)))
 
 
 def budget_line(sweep: SweepRecord) -> str:
