@@ -159,7 +159,10 @@ def test_ensemble_of_two_configurations_records_each_over_its_seeds(tiny, tmp_pa
     assert set(result.configuration_lead) == {"first", "second", "gap_points", "stderr_points", "apart"}
     on_disk = json.loads((Path(result.ensemble_dir) / "ensemble.json").read_text())
     assert on_disk["configurations"] == list(configs) and on_disk["configuration_lead"] == result.configuration_lead
-    assert_says(capsys.readouterr().err, "configurations over their seeds:", "over 2 seed(s)")
+    assert_says(capsys.readouterr().err, "configurations over their seeds:", "over 2 seed(s)",
+                f"valid log-loss {result.calibration['valid_log_loss']:.3f} (members "
+                f"{result.calibration['mean_member_valid_log_loss']:.3f} on average)")
+    assert on_disk["calibration"] == result.calibration
     assert "configurations" not in ensemble.run(ensemble.EnsembleRequest(
         sweep="two", data=tiny, top_configs=1, seeds=2, workdir=work, name="one-config", show_progress=False),
         tracker, launcher).fields()

@@ -56,6 +56,7 @@ class EnsembleResult(Result):
     test_acc_n: int
     test_acc_stderr: float | None
     model_uri: str | None = None
+    calibration: dict[str, float] | None = absent_when_none()   # iaa.jobs.evaluation.averaging.calibrations
     configurations: tuple[dict[str, Any], ...] | None = absent_when_none()
     configuration_lead: dict[str, Any] | None = absent_when_none()
 
@@ -76,6 +77,18 @@ def of_record(record: Mapping[str, Any], req: Any) -> EnsembleResult:
                                 Command.of("distill", ensemble_dir=folder, **at)))
 
 
+def calibration_line(found: Mapping[str, float] | None) -> str:
+    """The ensemble's log-loss and calibration error on valid beside its members' on average; ""
+    for a record written before they were kept."""
+    keys = ("valid_log_loss", "mean_member_valid_log_loss", "valid_calibration_error",
+            "mean_member_valid_calibration_error")
+    if not found or any(found.get(key) is None for key in keys):
+        return ""
+    loss, member_loss, error, member_error = (found[key] for key in keys)
+    return (f"  calibration:  valid log-loss {loss:.3f} (members {member_loss:.3f} on average), calibration error "
+            f"{100 * error:.1f} points (members {100 * member_error:.1f})\n")
+
+
 def describe(result: EnsembleResult) -> str:
     """The ensemble in a few lines, and what to run with it."""
     test = ("" if result.test_acc is None
@@ -86,6 +99,7 @@ def describe(result: EnsembleResult) -> str:
     return (f"ensemble {result.name}: {members}: valid accuracy {valid}{test}"
             + ("" if mean is None else f" (members alone: {mean:.4f} on average, "
                                       f"{max(result.member_valid_acc):.4f} the best)") + "\n"
-            f"  folder:       {result.ensemble_dir}\n"
+            + calibration_line(result.calibration)
+            + f"  folder:       {result.ensemble_dir}\n"
             + (f"  model:        {result.model_uri}\n" if result.model_uri else "")
             + next_block(result.next))

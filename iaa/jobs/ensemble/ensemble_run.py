@@ -34,10 +34,12 @@ def run_tags(dataset: str, select: str, out_dir: Path, sweep: SweepRecord | None
 def metrics(result: Averaged) -> dict[str, float]:
     """The ensemble's figures as metrics: rounded to :data:`METRIC_DIGITS` (a mean of accuracies
     logs 0.9623, not 0.9622999999999999), ``best_valid_acc`` (the ensemble's valid accuracy, the
-    column a sweep's runs are sorted by) and Boo(n) once, under ``boo_n_*``."""
+    column a sweep's runs are sorted by), Boo(n) once, under ``boo_n_*``, and the log-loss and
+    calibration error of the ensemble and of its members on average (``valid_log_loss``, ...)."""
     figures = {k: getattr(result, k) for k in FIGURES if getattr(result, k) is not None}
     figures["best_valid_acc"] = result.valid_acc
     figures.update({"boo_n": result.boo_n, "boo_n_valid": result.boo_valid})
+    figures.update({k: v for k, v in result.calibration.items() if not k.endswith("mean_confidence")})
     if result.boo_test is not None:
         figures["boo_n_test"] = result.boo_test
     return {k: round(float(v), METRIC_DIGITS) for k, v in figures.items()}

@@ -23,7 +23,7 @@ module is pure numpy/pyarrow; training and evaluating the members is the platfor
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from iaa.errors import IaaError
 from iaa.files import atomic_write, atomic_write_text
+from iaa.jobs.evaluation import calibration
 from iaa.jobs.evaluation.alignment import REQUIRED_COLUMNS, AlignedSplit, MismatchError, align, read_predictions
 
 __all__ = ["ENSEMBLE_SCHEMA", "REQUIRED_COLUMNS", "SELECT_MODES", "SPLITS", "AlignedSplit", "Averaged", "MismatchError",
@@ -78,6 +79,7 @@ class Averaged:
     all_members: list[str]
     selection_trace: list[dict[str, Any]]
     examples: dict[str, int]           # examples per split
+    calibration: dict[str, float]      # :func:`calibrations`: the ensemble's and its members' on average
     predictions: str                   # the ensemble's predictions.parquet
     table: str                         # results_table's text
     table_path: str                    # where it was written (results.txt)
@@ -307,4 +309,15 @@ def _scores(aligned: Mapping[str, AlignedSplit], chosen: list[int], names: Seque
         "boo_n": n,
         "boo_valid": boo_n(member_valid, n),
         "boo_test": None if member_test is None else boo_n(member_valid, n, member_test),
+        "calibration": {key: value for split in aligned.values() for key, value in calibrations(split, chosen).items()},
     }
+
+
+def calibrations(split: AlignedSplit, chosen: Sequence[int]) -> dict[str, float]:
+    """The log-loss, calibration error and mean confidence of the ensemble of ``chosen`` on
+    ``split`` (``SPLIT_log_loss``, ...) and of its members on average (``mean_member_SPLIT_log_loss``,
+    ...): :mod:`iaa.jobs.evaluation.calibration`."""
+    members = [calibration.of(split.probs[m], split.gold) for m in range(split.num_members)]
+    mean = calibration.Calibration(*(float(np.mean(values)) for values in zip(*(astuple(c) for c in members))))
+    return {**calibration.of(split.mean_probs(chosen), split.gold).fields(f"{split.split}_"),
+            **mean.fields(f"mean_member_{split.split}_")}

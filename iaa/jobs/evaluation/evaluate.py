@@ -21,7 +21,7 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.files import atomic_write
-from iaa.jobs.evaluation import uncertainty
+from iaa.jobs.evaluation import calibration, uncertainty
 from iaa.jobs.evaluation.closing import Command
 from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
@@ -149,11 +149,16 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
 
 @dataclass(frozen=True, kw_only=True)
 class EvaluateResult(Result):
-    """``iaa-cli evaluate``: a checkpoint's accuracy on a split (or a questions file) and where its
-    per-example predictions went; the halting steps where the reader is an ACT one."""
+    """``iaa-cli evaluate``: a checkpoint's accuracy on a split (or a questions file), how far its
+    probabilities can be taken at their word (``log_loss``, ``calibration_error``:
+    :mod:`iaa.jobs.evaluation.calibration`) and where its per-example predictions went; the
+    halting steps where the reader is an ACT one."""
 
     accuracy: float
     accuracy_stderr: float | None
+    log_loss: float
+    calibration_error: float
+    mean_confidence: float
     data_dir: str | None                # None: the questions of ``input``
     predictions: str                    # the Parquet file written
     split: str | None
@@ -197,12 +202,14 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
     write_predictions(rows, words, out)
     correct = sum(r["pred"] == r["gold"] for r in rows)
     accuracy = correct / max(len(rows), 1)
+    calibrated = calibration.of_rows([r["probs"] for r in rows], [r["gold"] for r in rows])
     data = None if data_dir is None else str(data_dir)
     source = {"data": data} if data else {"input_path": str(input_path)}
     steps = [r["steps"] for r in rows if r.get("steps") is not None]
     return EvaluateResult(
         accuracy=accuracy,
         accuracy_stderr=uncertainty.fields("accuracy", accuracy, len(rows))["accuracy_stderr"],
+        **calibrated.fields(),
         data_dir=data, predictions=str(out), split=split,
         input=None if input_path is None else str(input_path),
         warnings=found.warnings,
@@ -220,7 +227,9 @@ def describe(result: EvaluateResult) -> str:
     from iaa.jobs.evaluation import closing
 
     steps = f"; {result.mean_steps:.2f} inference steps on average" if result.mean_steps is not None else ""
+    calibrated = calibration.Calibration(result.log_loss, result.calibration_error, result.mean_confidence)
     return (f"{result.split or result.input} accuracy: "
             f"{uncertainty.accuracy_text(result.accuracy, result.examples)} over the examples{steps}\n"
+            f"  calibration:  {calibration.text(calibrated)}\n"
             f"  predictions:  {result.predictions}\n"
             + closing.next_block(result.next))

@@ -1,0 +1,82 @@
+"""How far a reader's probabilities can be taken at their word: the log-loss of the gold answer
+and the expected calibration error, for `evaluate` and for an ensemble and its members."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _faults import assert_says
+from iaa.jobs.evaluation import averaging, calibration
+from test_ensemble import write_member
+
+
+def test_a_reader_right_as_often_as_it_says_has_no_calibration_error():
+    # 10 questions answered with 0.8 (8 right) and 10 with 0.6 (6 right): calibrated
+    probs = np.array([[0.8, 0.2]] * 10 + [[0.6, 0.4]] * 10)
+    gold = np.array([0] * 8 + [1] * 2 + [0] * 6 + [1] * 4)
+    found = calibration.of(probs, gold)
+    assert found.calibration_error == pytest.approx(0.0, abs=1e-12)
+    assert found.mean_confidence == pytest.approx(0.7)
+    assert found.log_loss == pytest.approx(-(8 * math.log(0.8) + 2 * math.log(0.2) + 6 * math.log(0.6)
+                                             + 4 * math.log(0.4)) / 20)
+
+
+def test_overconfidence_is_the_gap_weighted_by_each_bins_share():
+    # 0.95 said, right half the time (10 questions); 0.55 said, always right (10 questions)
+    probs = np.array([[0.95, 0.05]] * 10 + [[0.55, 0.45]] * 10)
+    gold = np.array([0] * 5 + [1] * 5 + [0] * 10)
+    assert calibration.of(probs, gold).calibration_error == pytest.approx(0.5 * 0.45 + 0.5 * 0.45)
+
+
+def test_a_gold_answer_given_nothing_costs_the_floor_not_infinity_and_ragged_rows_pad():
+    found = calibration.of_rows([[1.0, 0.0], [0.5, 0.25, 0.25]], [1, 0])
+    assert found.log_loss == pytest.approx((-math.log(calibration.FLOOR) - math.log(0.5)) / 2)
+    assert math.isnan(calibration.of(np.zeros((0, 2)), np.zeros(0)).log_loss)
+    assert set(found.fields("valid_")) == {"valid_log_loss", "valid_calibration_error", "valid_mean_confidence"}
+    assert_says(calibration.text(found), "log-loss 14.16", "calibration error", "points", "0.750 on average")
+
+
+def test_an_ensemble_records_its_calibration_beside_its_members(tmp_path: Path):
+    ids, cands = ["q0", "q1", "q2", "q3"], [["a", "b"]] * 4
+    a = write_member(tmp_path / "a.parquet", ids, cands, [[0.9, 0.1], [0.9, 0.1], [0.2, 0.8], [0.6, 0.4]], [0, 0, 1, 1])
+    b = write_member(tmp_path / "b.parquet", ids, cands, [[0.7, 0.3], [0.4, 0.6], [0.1, 0.9], [0.3, 0.7]], [0, 0, 1, 1])
+    result = averaging.run([{"valid": a}, {"valid": b}], ["a", "b"], tmp_path / "out")
+    gold = np.array([0, 0, 1, 1])
+    members = [calibration.of(np.array(p), gold) for p in ([[0.9, 0.1], [0.9, 0.1], [0.2, 0.8], [0.6, 0.4]],
+                                                           [[0.7, 0.3], [0.4, 0.6], [0.1, 0.9], [0.3, 0.7]])]
+    mean = np.array([[0.8, 0.2], [0.65, 0.35], [0.15, 0.85], [0.45, 0.55]])
+    found = result.calibration
+    assert found["valid_log_loss"] == pytest.approx(calibration.of(mean, gold).log_loss, abs=1e-6)
+    assert found["mean_member_valid_log_loss"] == pytest.approx(np.mean([m.log_loss for m in members]), abs=1e-6)
+    assert found["mean_member_valid_calibration_error"] == pytest.approx(
+        np.mean([m.calibration_error for m in members]), abs=1e-6)
+    assert not any(k.startswith("test_") for k in found)           # no test split: no test figures
+    assert json.loads(json.dumps(found)) == found
+
+
+def test_evaluate_reports_the_calibration_its_predictions_give(tmp_path: Path):
+    import pyarrow.parquet as pq
+
+    from _faults import invoke, make_checkpoint, make_prepared
+
+    _, prepared = make_prepared(tmp_path)
+    ckpt = make_checkpoint(prepared, tmp_path / "r.pt")
+    out = tmp_path / "preds.parquet"
+    code, output = invoke("evaluate", "--checkpoint", ckpt, "--data", prepared, "--split", "valid", "--out", out,
+                          "--workdir", tmp_path / "work", "--json")
+    assert code == 0, output
+    result = json.loads(output.strip().splitlines()[-1])
+    rows = pq.read_table(out).to_pylist()
+    expected = calibration.of_rows([r["probs"] for r in rows], [r["gold"] for r in rows])
+    assert result["log_loss"] == pytest.approx(expected.log_loss, abs=1e-5)
+    assert result["calibration_error"] == pytest.approx(expected.calibration_error, abs=1e-5)
+    assert result["mean_confidence"] == pytest.approx(expected.mean_confidence, abs=1e-5)
+    code, shown = invoke("evaluate", "--checkpoint", ckpt, "--data", prepared, "--split", "valid", "--out",
+                         tmp_path / "again.parquet", "--workdir", tmp_path / "work")
+    assert code == 0 and f"log-loss {expected.log_loss:.3f}" in shown, shown
+    assert_says(shown, "calibration:", f"calibration error {100 * expected.calibration_error:.1f} points")
