@@ -80,3 +80,35 @@ def test_evaluate_reports_the_calibration_its_predictions_give(tmp_path: Path):
                          tmp_path / "again.parquet", "--workdir", tmp_path / "work")
     assert code == 0 and f"log-loss {expected.log_loss:.3f}" in shown, shown
     assert_says(shown, "calibration:", f"calibration error {100 * expected.calibration_error:.1f} points")
+
+
+def test_evaluate_records_its_figures_on_the_run_that_names_the_checkpoint(tmp_path: Path):
+    import mlflow
+
+    from _faults import invoke, make_checkpoint, make_prepared, make_store
+
+    _, prepared = make_prepared(tmp_path)
+    ckpt = make_checkpoint(prepared, tmp_path / "r.pt")
+    work = tmp_path / "work"
+
+    def evaluate(split: str = "valid") -> dict:
+        code, output = invoke("evaluate", "--checkpoint", ckpt, "--data", prepared, "--split", split, "--workdir",
+                              work, "--json")
+        assert code == 0, output
+        return json.loads(output.strip().splitlines()[-1])
+
+    assert "no MLflow store" in evaluate()["not_recorded"] and not (work / "mlflow.db").exists()   # none made
+    db = make_store(work)
+    assert "names this checkpoint" in evaluate()["not_recorded"]
+    client = mlflow.MlflowClient(f"sqlite:///{db}")
+    [run] = client.search_runs(client.search_experiments()[0].experiment_id)
+    client.set_tag(run.info.run_id, "checkpoint", str(ckpt))
+    found = evaluate()
+    assert found["recorded_on_run"] == run.info.run_id and "not_recorded" not in found
+    metrics = client.get_run(run.info.run_id).data.metrics
+    assert metrics["evaluate/valid_acc"] == pytest.approx(found["accuracy"])
+    assert metrics["evaluate/valid_log_loss"] == pytest.approx(found["log_loss"])
+    assert metrics["evaluate/valid_calibration_error"] == pytest.approx(found["calibration_error"])
+    assert metrics["valid_acc"] == 0.4                                   # the training's own series is untouched
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "evaluate")] == ["evaluate/predictions-valid.parquet"]
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"

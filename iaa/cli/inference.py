@@ -8,10 +8,12 @@ from typing import Any
 
 import click
 
+from iaa.cli.adapters import _open_tracker
 from iaa.cli.options import (INPUT_FORMATS, _examples_source, _Finite, _need_data,
                              _vocabulary_data, address_option, data_options,
                              input_option, json_option, precision_option, tracking_option, workdir_option)
 from iaa.cli.output import _close, _emit, _friendly, _warn, progress_bar, shown
+from iaa.jobs.workdir.paths import Workdir
 
 
 @click.command()
@@ -22,12 +24,14 @@ from iaa.cli.output import _close, _emit, _friendly, _warn, progress_bar, shown
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Predictions Parquet file [default: WORKDIR/evaluations/MODEL/predictions-SPLIT.parquet].")
 @precision_option
+@tracking_option
 @workdir_option
 @json_option
 @_friendly
 def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_path: Path | None, split: str | None,
-             out: Path | None, precision: str, workdir: Path, as_json: bool) -> None:
-    """Score a checkpoint on a split (or a questions file) and write per-example predictions."""
+             out: Path | None, precision: str, tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
+    """Score a checkpoint on a split (or a questions file) and write per-example predictions; the
+    figures also go to the MLflow run that trained it."""
     from iaa.jobs.evaluation import evaluate as job
 
     prepared = _examples_source(dataset, data, input_path, workdir)
@@ -36,6 +40,10 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
     with progress_bar("scoring") as progress:
         result = job.run(checkpoint, prepared, split, out, input_path=input_path, precision=precision,
                          progress=progress, workdir=workdir)
+    store = tracking_uri or str(Workdir(workdir).root / Workdir.TRACKING_DB)
+    found = tracking_uri is not None or Path(store).is_file()
+    tracker = _open_tracker(Workdir(workdir).tracking_uri(tracking_uri)) if found and split is not None else None
+    result = job.record(result, tracker, store)
     _close(as_json, job.describe, result)
     if as_json:                        # where the predictions went (without --json: a key: value line)
         click.echo(f"predictions: {shown(result.predictions)}", err=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -25,6 +25,7 @@ from iaa.jobs.evaluation import calibration, uncertainty
 from iaa.jobs.evaluation.closing import Command
 from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
+from iaa.jobs.ports import Tracker
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 from iaa.model.pointer import candidate_probs, nll_loss
 
@@ -170,6 +171,8 @@ class EvaluateResult(Result):
     precision: str
     mean_steps: float | None = absent_when_none()
     steps_histogram: dict[int, int] | None = absent_when_none()     # {steps: examples}
+    recorded_on_run: str | None = absent_when_none()    # the MLflow run of the checkpoint that got the figures
+    not_recorded: str | None = absent_when_none()       # why they went to no run
 
 
 def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Path | None = None,
@@ -221,6 +224,33 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
               Command.of("ensemble", members=(str(checkpoint_path),), data=data)))
 
 
+RECORDED_PREFIX = "evaluate/"     # the recorded metrics' names: evaluate/test_acc, ...; the predictions' folder
+
+
+def record(result: EvaluateResult, tracker: Tracker | None, store: str) -> EvaluateResult:
+    """The result, its figures recorded on the MLflow run whose ``checkpoint`` tag names the
+    checkpoint (``train`` and every sweep trial tag theirs): ``evaluate/SPLIT_acc``,
+    ``evaluate/SPLIT_log_loss`` and ``evaluate/SPLIT_calibration_error``, and the predictions
+    under ``evaluate/``. Questions of an input file, a ``store`` that does not exist (``tracker``
+    None), no run naming the checkpoint or a store that refuses them (read-only, full) are said in
+    ``not_recorded``: the evaluation stands."""
+    if result.split is None:
+        return replace(result, not_recorded=f"the questions of {result.input} are no split of the run's data")
+    if tracker is None:
+        return replace(result, not_recorded=f"there is no MLflow store at {store}")
+    path = Path(result.checkpoint)
+    run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.absolute()), str(path.resolve())])
+    if run_id is None:
+        return replace(result, not_recorded=f"no run of {store} names this checkpoint (its `checkpoint` tag)")
+    run = tracker.attach(run_id)
+    run.log_metrics({f"{RECORDED_PREFIX}{result.split}_{key}": value for key, value in (
+        ("acc", result.accuracy), ("log_loss", result.log_loss), ("calibration_error", result.calibration_error))})
+    run.log_artifact(Path(result.predictions), RECORDED_PREFIX.rstrip("/"))
+    if run.lost:
+        return replace(result, not_recorded=f"run {run_id} of {store} did not keep {', '.join(run.lost)}")
+    return replace(result, recorded_on_run=run_id)
+
+
 def describe(result: EvaluateResult) -> str:
     """What ``iaa-cli evaluate`` prints: the accuracy with its standard error over the examples,
     the predictions file, and the next commands."""
@@ -228,8 +258,12 @@ def describe(result: EvaluateResult) -> str:
 
     steps = f"; {result.mean_steps:.2f} inference steps on average" if result.mean_steps is not None else ""
     calibrated = calibration.Calibration(result.log_loss, result.calibration_error, result.mean_confidence)
+    recorded = (f"  recorded:     on MLflow run {result.recorded_on_run} as {RECORDED_PREFIX}{result.split}_acc, "
+                f"_log_loss and _calibration_error\n" if result.recorded_on_run else
+                f"  not recorded: {result.not_recorded}\n" if result.not_recorded else "")
     return (f"{result.split or result.input} accuracy: "
             f"{uncertainty.accuracy_text(result.accuracy, result.examples)} over the examples{steps}\n"
             f"  calibration:  {calibration.text(calibrated)}\n"
-            f"  predictions:  {result.predictions}\n"
+            + recorded
+            + f"  predictions:  {result.predictions}\n"
             + closing.next_block(result.next))
