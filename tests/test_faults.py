@@ -105,7 +105,7 @@ def test_flipped_byte_is_caught_and_prepare_rebuilds_it(data, source):
     shard.write_bytes(bytes(raw))
     code, out = invoke("baseline", "--data", str(data))
     assert_one_message(code, out, str(shard), "sha256",
-                       f"re-run `iaa-cli prepare --dataset cbt-ne --source {source.resolve()} --out {data}`")
+                       f"rebuild it with: iaa-cli prepare --dataset cbt-ne --source {source.resolve()} --out {data}")
     assert rebuilt(data, source) is True
     assert invoke("baseline", "--data", str(data))[0] == 0
     assert rebuilt(data, source) is False
@@ -122,7 +122,7 @@ def test_zstd_corrupted_shard_of_the_same_size_is_caught(data):
 def test_deleted_shard_is_named(data):
     shard = first_shard(data, "valid")
     shard.unlink()
-    assert_one_message(*invoke("baseline", "--data", str(data)), str(shard), "is missing", "re-run `iaa-cli prepare")
+    assert_one_message(*invoke("baseline", "--data", str(data)), str(shard), "is missing", "rebuild it with: iaa-cli prepare")
 
 
 def test_shifted_answers_in_valid_parquet_are_caught_by_the_value_check(data):
@@ -156,7 +156,7 @@ def test_vocabulary_edited_after_prepare_is_caught(data):
 @pytest.mark.parametrize("text, what", [("[]", "is not a manifest"), ("{bad", "is not valid JSON")])
 def test_broken_manifest_is_one_message_and_prepare_replaces_it(data, source, text, what):
     (data / "manifest.json").write_text(text)
-    assert_one_message(*invoke("baseline", "--data", str(data)), "manifest.json", what, "re-run `iaa-cli prepare")
+    assert_one_message(*invoke("baseline", "--data", str(data)), "manifest.json", what, "rebuild it with: iaa-cli prepare")
     assert rebuilt(data, source) is True
 
 

@@ -47,7 +47,9 @@ def _run(command: str):
 
 
 def _advice(output: str) -> list[str]:
-    return re.findall(r"`(iaa-cli [^`]+)`", output)
+    """The commands the error line advises, each up to the ", " or "; " that ends it."""
+    line = next((line for line in output.splitlines() if line.startswith("Error:")), "")
+    return [f"iaa-cli {re.split(r'[,;] ', part, maxsplit=1)[0].strip()}" for part in line.split("iaa-cli ")[1:]]
 
 
 def test_the_funnel_counts_what_each_filter_dropped(tmp_path):

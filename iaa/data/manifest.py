@@ -61,18 +61,19 @@ def read(out: Path) -> dict[str, Any] | None:
 
 
 def rebuild_hint(out: Path, manifest: dict[str, Any] | None) -> str:
-    """What to do about a damaged prepared folder: the ``iaa-cli prepare`` command that rebuilds it."""
+    """What to do about a damaged prepared folder: the ``iaa-cli prepare`` command that rebuilds it
+    (its options named as the jobs name them, which the command line spells as flags)."""
     manifest = manifest or {}
     dataset = manifest.get("dataset", "DATASET")
-    source = "" if dataset == "demo" else f" --source {manifest.get('source_path', 'SOURCE')}"
+    source = "" if dataset == "demo" else f" `source` {manifest.get('source_path', 'SOURCE')}"
     options = manifest.get("options") or {}
-    flags = "".join([
-        " --lowercase" if options.get("lowercase") else "",
-        " --on-error skip" if options.get("on_error") == "skip" else "",
-        f" --min-count {options['min_count']}" if options.get("min_count", 1) != 1 else "",
-        f" --max-vocab {options['max_vocab']}" if options.get("max_vocab") else "",
+    more = "".join([
+        " `lowercase`" if options.get("lowercase") else "",
+        " `on_error` skip" if options.get("on_error") == "skip" else "",
+        f" `min_count` {options['min_count']}" if options.get("min_count", 1) != 1 else "",
+        f" `max_vocab` {options['max_vocab']}" if options.get("max_vocab") else "",
     ])
-    return f"re-run `iaa-cli prepare --dataset {dataset}{source} --out {out}{flags}` to rebuild it"
+    return f"rebuild it with: iaa-cli prepare `dataset` {dataset}{source} `out` {out}{more}"
 
 
 def write(out: Path, manifest: dict[str, Any]) -> None:

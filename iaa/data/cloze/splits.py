@@ -26,7 +26,7 @@ def assign(docs: Sequence[Document], *, valid: int, test: int, seed: int, split_
     key = (lambda d: d.doc_id) if split_by == "document" else (lambda d: d.file_id or d.path)
     units = sorted({key(d) for d in docs if d.split is None})
     if valid < 0 or test < 0 or valid + test > len(units):
-        raise IaaError(f"--valid {valid} --test {test} asks for {valid + test} {split_by}s, but the sources "
+        raise IaaError(f"`valid` {valid} `test` {test} asks for {valid + test} {split_by}s, but the sources "
                        f"without a split have {len(units)}; ask for fewer, or give SPLIT=PATH sources")
     random.Random(seed).shuffle(units)
     drawn = {u: "valid" for u in units[:valid]} | {u: "test" for u in units[valid:valid + test]}

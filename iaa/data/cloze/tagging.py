@@ -118,7 +118,7 @@ class SpacyTagger:
             nlp = spacy.load(pipeline, exclude=exclude)
         except OSError as e:
             raise IaaError(f"the spaCy pipeline {pipeline!r} is not installed ({str(e).splitlines()[0]}); "
-                           f"install the default one with {INSTALL_HINT}, or give --pipeline NAME "
+                           f"install the default one with {INSTALL_HINT}, or give `pipeline` NAME "
                            "of an installed English pipeline") from None
         if "senter" in nlp.disabled:
             nlp.enable_pipe("senter")
@@ -172,7 +172,7 @@ def check_pipeline(pipeline: str) -> None:
     spacy = require_spacy()
     if not (spacy.util.is_package(pipeline) or Path(pipeline).is_dir()):
         raise IaaError(f"the spaCy pipeline {pipeline!r} is not installed; install the default one with "
-                       f"{INSTALL_HINT}, or give --pipeline NAME of an installed English pipeline")
+                       f"{INSTALL_HINT}, or give `pipeline` NAME of an installed English pipeline")
 
 
 def spacy_factory(pipeline: str = DEFAULT_PIPELINE, batch_size: int = 256,

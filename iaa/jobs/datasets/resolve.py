@@ -58,7 +58,7 @@ def _empty_valid_hint(prepared: Path, manifest: dict) -> str:
 
     source = manifest.get("source_path")
     return ((advice.empty_valid(Path(source), prepared) if source else None)
-            or f"{rebuild_hint(prepared, manifest)} from a source with validation examples")
+            or f"give it a source with validation examples and {rebuild_hint(prepared, manifest)}")
 
 
 def vocab_size(prepared: Path) -> int:
