@@ -3,7 +3,6 @@ the ensemble that trains them on several seeds, as its next command."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from iaa.jobs.evaluation import uncertainty
 from iaa.jobs.reports import sweep_report
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 pytestmark = pytest.mark.timeout(300)
 
