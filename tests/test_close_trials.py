@@ -164,3 +164,12 @@ def test_ensemble_of_two_configurations_records_each_over_its_seeds(tiny, tmp_pa
     assert "configurations" not in ensemble.run(ensemble.EnsembleRequest(
         sweep="two", data=tiny, top_configs=1, seeds=2, workdir=work, name="one-config", show_progress=False),
         tracker, launcher).fields()
+
+
+def test_tied_and_close_trials_all_go_to_the_ensemble_up_to_three():
+    from iaa.jobs.sweeps.ranking import Ranking
+
+    ranking = Ranking.of({"a": 0.5, "b": 0.5, "c": 0.49, "d": 0.1}, 64)
+    assert ranking.ties == ("a", "b") and ranking.close == ("c",) and ranking.top_configs == 3
+    assert Ranking.of({"a": 0.9, "b": 0.1}, 2000).top_configs == 1
+    assert Ranking.of({"a": 0.5, "b": 0.49, "c": 0.48, "d": 0.47}, 64).top_configs == 3
