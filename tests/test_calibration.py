@@ -112,3 +112,18 @@ def test_evaluate_records_its_figures_on_the_run_that_names_the_checkpoint(tmp_p
     assert metrics["valid_acc"] == 0.4                                   # the training's own series is untouched
     assert [a.path for a in client.list_artifacts(run.info.run_id, "evaluate")] == ["evaluate/predictions-valid.parquet"]
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
+def test_a_tracking_server_that_does_not_answer_leaves_the_evaluation_standing(tmp_path: Path, monkeypatch):
+    from _faults import invoke, make_checkpoint, make_prepared
+
+    monkeypatch.setenv("IAA_SERVICE_TIMEOUT_S", "1")
+    _, prepared = make_prepared(tmp_path)
+    ckpt = make_checkpoint(prepared, tmp_path / "r.pt")
+    out = tmp_path / "preds.parquet"
+    code, output = invoke("evaluate", "--checkpoint", ckpt, "--data", prepared, "--split", "valid", "--out", out,
+                          "--tracking-uri", "http://127.0.0.1:9", "--workdir", tmp_path / "work", "--json")
+    assert code == 0 and out.is_file(), output
+    result = json.loads(output.strip().splitlines()[-1])
+    assert_says(result["not_recorded"], "http://127.0.0.1:9", "could not be opened or searched")
+    assert "recorded_on_run" not in result

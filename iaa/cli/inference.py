@@ -42,8 +42,8 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
                          progress=progress, workdir=workdir)
     store = tracking_uri or str(Workdir(workdir).root / Workdir.TRACKING_DB)
     found = tracking_uri is not None or Path(store).is_file()
-    tracker = _open_tracker(Workdir(workdir).tracking_uri(tracking_uri)) if found and split is not None else None
-    result = job.record(result, tracker, store)
+    result = job.record(result, (lambda: _open_tracker(Workdir(workdir).tracking_uri(tracking_uri)))
+                        if found and split is not None else None, store)
     _close(as_json, job.describe, result)
     if as_json:                        # where the predictions went (without --json: a key: value line)
         click.echo(f"predictions: {shown(result.predictions)}", err=True)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from iaa.data.batch import Batch
+from iaa.errors import IaaError, printable
 from iaa.files import atomic_write
 from iaa.jobs.evaluation import calibration, uncertainty
 from iaa.jobs.evaluation.closing import Command
@@ -227,19 +228,24 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
 RECORDED_PREFIX = "evaluate/"     # the recorded metrics' names: evaluate/test_acc, ...; the predictions' folder
 
 
-def record(result: EvaluateResult, tracker: Tracker | None, store: str) -> EvaluateResult:
+def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, store: str) -> EvaluateResult:
     """The result, its figures recorded on the MLflow run whose ``checkpoint`` tag names the
     checkpoint (``train`` and every sweep trial tag theirs): ``evaluate/SPLIT_acc``,
     ``evaluate/SPLIT_log_loss`` and ``evaluate/SPLIT_calibration_error``, and the predictions
-    under ``evaluate/``. Questions of an input file, a ``store`` that does not exist (``tracker``
-    None), no run naming the checkpoint or a store that refuses them (read-only, full) are said in
+    under ``evaluate/``. ``open_store`` opens the store (None: there is none). Questions of an input
+    file, no store, one that cannot be opened or searched (a server that does not answer), no run
+    naming the checkpoint or a store that refuses the figures (read-only, full) are said in
     ``not_recorded``: the evaluation stands."""
     if result.split is None:
         return replace(result, not_recorded=f"the questions of {result.input} are no split of the run's data")
-    if tracker is None:
+    if open_store is None:
         return replace(result, not_recorded=f"there is no MLflow store at {store}")
     path = Path(result.checkpoint)
-    run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.absolute()), str(path.resolve())])
+    try:
+        tracker = open_store()
+        run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.absolute()), str(path.resolve())])
+    except (IaaError, OSError) as err:          # a server that does not answer, a store that cannot be read
+        return replace(result, not_recorded=f"{store} could not be opened or searched ({printable(str(err))})")
     if run_id is None:
         return replace(result, not_recorded=f"no run of {store} names this checkpoint (its `checkpoint` tag)")
     run = tracker.attach(run_id)
