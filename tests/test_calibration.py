@@ -99,7 +99,7 @@ def test_evaluate_records_its_figures_on_the_run_that_names_the_checkpoint(tmp_p
 
     assert "no MLflow store" in evaluate()["not_recorded"] and not (work / "mlflow.db").exists()   # none made
     db = make_store(work)
-    assert "names this checkpoint" in evaluate()["not_recorded"]
+    assert_says(evaluate()["not_recorded"], "names this checkpoint or its run folder", "checkpoint and run_dir tags")
     client = mlflow.MlflowClient(f"sqlite:///{db}")
     [run] = client.search_runs(client.search_experiments()[0].experiment_id)
     client.set_tag(run.info.run_id, "checkpoint", str(ckpt))
@@ -112,6 +112,15 @@ def test_evaluate_records_its_figures_on_the_run_that_names_the_checkpoint(tmp_p
     assert metrics["valid_acc"] == 0.4                                   # the training's own series is untouched
     assert [a.path for a in client.list_artifacts(run.info.run_id, "evaluate")] == ["evaluate/predictions-valid.parquet"]
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+    # a run stopped before its end has no checkpoint tag: its run folder names it
+    stopped = make_checkpoint(prepared, tmp_path / "stopped" / "checkpoints" / "best.pt")
+    client.set_tag(run.info.run_id, "run_dir", str(tmp_path / "stopped"))
+    client.set_tag(run.info.run_id, "checkpoint", "elsewhere.pt")
+    code, output = invoke("evaluate", "--checkpoint", stopped, "--data", prepared, "--split", "valid", "--workdir", work,
+                          "--json")
+    assert code == 0 and json.loads(output.strip().splitlines()[-1])["recorded_on_run"] == run.info.run_id, output
+    assert len(client.get_metric_history(run.info.run_id, "evaluate/valid_acc")) == 2
 
 
 def test_a_tracking_server_that_does_not_answer_leaves_the_evaluation_standing(tmp_path: Path, monkeypatch):

@@ -229,8 +229,8 @@ RECORDED_PREFIX = "evaluate/"     # the recorded metrics' names: evaluate/test_a
 
 
 def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, store: str) -> EvaluateResult:
-    """The result, its figures recorded on the MLflow run whose ``checkpoint`` tag names the
-    checkpoint (``train`` and every sweep trial tag theirs): ``evaluate/SPLIT_acc``,
+    """The result, its figures recorded on the MLflow run that trained the checkpoint
+    (:func:`_training_run`): ``evaluate/SPLIT_acc``,
     ``evaluate/SPLIT_log_loss`` and ``evaluate/SPLIT_calibration_error``, and the predictions
     under ``evaluate/``. ``open_store`` opens the store (None: there is none). Questions of an input
     file, no store, one that cannot be opened or searched (a server that does not answer), no run
@@ -240,14 +240,14 @@ def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, sto
         return replace(result, not_recorded=f"the questions of {result.input} are no split of the run's data")
     if open_store is None:
         return replace(result, not_recorded=f"there is no MLflow store at {store}")
-    path = Path(result.checkpoint)
     try:
         tracker = open_store()
-        run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.absolute()), str(path.resolve())])
+        run_id = _training_run(tracker, Path(result.checkpoint))
     except (IaaError, OSError) as err:          # a server that does not answer, a store that cannot be read
         return replace(result, not_recorded=f"{store} could not be opened or searched ({printable(str(err))})")
     if run_id is None:
-        return replace(result, not_recorded=f"no run of {store} names this checkpoint (its `checkpoint` tag)")
+        return replace(result, not_recorded=f"no run of {store} names this checkpoint or its run folder "
+                                            "(their checkpoint and run_dir tags)")
     run = tracker.attach(run_id)
     run.log_metrics({f"{RECORDED_PREFIX}{result.split}_{key}": value for key, value in (
         ("acc", result.accuracy), ("log_loss", result.log_loss), ("calibration_error", result.calibration_error))})
@@ -255,6 +255,19 @@ def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, sto
     if run.lost:
         return replace(result, not_recorded=f"run {run_id} of {store} did not keep {', '.join(run.lost)}")
     return replace(result, recorded_on_run=run_id)
+
+
+def _training_run(tracker: Tracker, path: Path) -> str | None:
+    """The run whose ``checkpoint`` tag names ``path`` (a finished ``train`` run, a sweep trial),
+    else, for a run folder's ``checkpoints/best.pt`` or ``last.pt``, the run whose ``run_dir`` tag
+    names that folder (a run stopped before its end)."""
+    def forms(p: Path) -> list[str]:
+        return list(dict.fromkeys([str(p), str(p.absolute()), str(p.resolve())]))
+
+    found = tracker.find_by_tag("checkpoint", forms(path))
+    if found is None and path.parent.name == "checkpoints":
+        found = tracker.find_by_tag("run_dir", forms(path.parent.parent))
+    return found
 
 
 def describe(result: EvaluateResult) -> str:
