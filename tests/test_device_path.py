@@ -17,7 +17,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from _faults import assert_says
-from iaa.data.batch import bucket_width, pad_to_buckets
+from iaa.data.batch import DOC_MULTIPLE, QUERY_MULTIPLE, bucket_width, pad_to_buckets, pad_to_multiple
 from iaa.data.prefetch import prefetch
 from iaa.jobs.training.step import build_optimizer, train_step
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
@@ -242,6 +242,30 @@ def test_bucketed_padding_keeps_the_output_and_few_shapes() -> None:
     assert padded.doc.shape[1] == 16 and padded.query.shape[1] == 16
     with torch.no_grad():
         torch.testing.assert_close(model(padded).log_probs, model(batch).log_probs, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_padding_to_multiples_keeps_the_output_and_the_gradients(kind: str) -> None:
+    """The CPU training loop pads widths to multiples (few sizes for the heap to reuse): the
+    reader's log-probabilities and gradients are those of the batch as loaded."""
+    torch.manual_seed(0)
+    model = build_reader(preset("tiny", vocab_size=40, kind=kind, dropout=0.0)).train()
+    batch = random_batch([9, 14, 5, 11], [4, 6, 3, 5], seed=3)
+    padded = pad_to_multiple(batch)
+    assert (padded.doc.shape[1], padded.query.shape[1]) == (DOC_MULTIPLE, QUERY_MULTIPLE)
+    assert pad_to_multiple(padded) is padded                                   # already at a multiple
+    results = []
+    for b in (batch, padded):
+        model.zero_grad()
+        log_p = model(b).log_probs
+        nll_loss(log_p, b.answer).backward()
+        results.append((log_p.detach(), {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone()
+                                         for n, p in model.named_parameters() if p.grad is not None}))
+    (lp, grads), (lp_padded, grads_padded) = results
+    torch.testing.assert_close(lp_padded, lp, atol=1e-6, rtol=1e-5)
+    assert grads.keys() == grads_padded.keys()
+    for name in grads:
+        torch.testing.assert_close(grads_padded[name], grads[name], atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_prefetch_prepares_the_next_batch_while_the_current_one_is_used() -> None:

@@ -16,6 +16,8 @@ parameters, gradients and Adam's state stay fp32. ``auto`` (the default) is bf16
 On one CUDA device with ``train.cuda_graphs`` (the default) each step is replayed from a CUDA
 graph (:mod:`iaa.jobs.training.captured`) where the reader allows it; otherwise, and always on
 the CPU, the eager ``train_step`` runs. The result names the reason a reader was refused.
+On the CPU the batches' widths are padded to multiples (``iaa.data.batch.pad_to_multiple``):
+with a new width at every batch, a long run's heap grows with its steps.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any, Iterator
 import torch
 from tqdm import tqdm
 
-from iaa.data.batch import Batch, pad_to_buckets
+from iaa.data.batch import Batch, pad_to_buckets, pad_to_multiple
 from iaa.data.prefetch import prefetch
 from iaa.errors import IaaError
 from iaa.jobs.modeling import checkpoint, precision_policy as precision
@@ -168,9 +170,11 @@ class Trainer:
         """The rest of the current epoch, with the checks that fall in it (one item per batch)."""
         p = self.progress
         batches = self.session.train_batches(p.epoch, skip=p.batch)
+        device = self.session.device
         if self.tc.compile or self.captured is not None:
             batches = map(pad_to_buckets, batches)                         # few shapes to compile or capture
-        device = self.session.device
+        elif device.type == "cpu":
+            batches = map(pad_to_multiple, batches)                        # few sizes, so the heap stops growing
         with closing(prefetch(batches, device, depth=PREFETCH_DEPTH if device.type == "cuda" else 0)) as ready:
             for batch in ready:
                 self._run_batch(batch)

@@ -52,7 +52,9 @@ def retain_freed_memory() -> bool:
     Why: a training step at the paper config allocates and frees ~200 MB of activations in blocks
     above glibc's mmap threshold, so each is a fresh mmap whose pages the kernel faults in and
     zeroes again: ~47,000 page faults per batch, ~13% of a step's CPU time (benchmarks/HISTORY.md).
-    Cost: resident memory stays at its peak. Process-wide and idempotent; returns whether it applied.
+    Cost: resident memory stays at its peak, and the heap grows where block sizes never recur
+    (the CPU loop pads the batches' widths for that: ``iaa.data.batch.pad_to_multiple``).
+    Process-wide and idempotent; returns whether it applied.
     Nothing calls it implicitly: an entry point opts in once at process start (``iaa.jobs.train.train.run``,
     ``iaa-cli bench`` and the benchmark scripts do).
     """
