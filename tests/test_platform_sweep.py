@@ -80,6 +80,8 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
         acc = client.get_metric_history(run.info.run_id, "valid_acc")
         loss = client.get_metric_history(run.info.run_id, "train_loss")
         assert len(acc) == trial["checks"] == len(loss) >= 2
+        memory = client.get_metric_history(run.info.run_id, "resident_mb")
+        assert len(memory) == len(acc) and all(50 < m.value < 64_000 for m in memory)   # MB of the trial's process
         assert [m.step for m in acc] == sorted({m.step for m in acc}) and acc[0].step > 0
 
     # the parent holds the search space and the best config, not a preset's value of a searched key

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -160,3 +161,10 @@ def test_the_progress_bar_writes_a_log_file_sparingly(tiny: Path, tmp_path: Path
     writes = capsys.readouterr().err.count("\r")
     checks = result.steps // 10 + 1                      # one every 10 steps, and the last
     assert 0 < writes <= checks + 3, (writes, checks, result.train_seconds)
+
+
+def test_every_check_records_the_resident_memory_of_the_training_process(tiny: Path, tmp_path: Path) -> None:
+    train_job.run(_cfg(tiny, "train.check_every=3"), tiny, tmp_path / "run", show_progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    now = psutil.Process().memory_info().rss / 2**20                # this process trained: the same order
+    assert len(rows) >= 2 and all(0.5 * now < row["resident_mb"] < 2 * now for row in rows), (now, rows)
