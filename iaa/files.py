@@ -30,6 +30,16 @@ def is_remote_uri(path: object) -> bool:
     return str(path).startswith(REMOTE_SCHEMES) if path else False
 
 
+def spellings(path: str | os.PathLike[str]) -> list[str]:
+    """The ways a tag may have recorded ``path``: as given, absolute, resolved, and relative to the
+    working folder (a run started as ``iaa-work/runs/x`` and resumed by its absolute path)."""
+    given = Path(path)
+    forms = [str(given), str(given.absolute()), str(given.resolve())]
+    with contextlib.suppress(ValueError, OSError):     # another drive; a working folder removed
+        forms.append(os.path.relpath(given.resolve()))
+    return list(dict.fromkeys(forms))
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], needs: int | None = None,
                 shown_as: str | os.PathLike[str] | None = None) -> Iterator[Path]:

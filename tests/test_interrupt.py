@@ -36,8 +36,11 @@ def _sets() -> list[str]:
     return [arg for s in TINY_SETS for arg in ("--set", s)]
 
 
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute-run-dir", "relative-run-dir"])
 def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
-        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool) -> None:
+    """The resume line continues the run's tracked run, also where the run was started with a
+    relative ``--run-dir`` (tagged so) and the line names it by its absolute path."""
     from iaa import cli
 
     tracker = FakeTracker()
@@ -53,7 +56,9 @@ def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
 
     monkeypatch.setattr(FakeRun, "log_metrics", log_then_ctrl_c)
     run_dir = tmp_path / "my run"
-    args = ["train", "--data", str(tiny), *_sets(), "--run-dir", str(run_dir), "--workdir", str(tmp_path / "work")]
+    monkeypatch.chdir(tmp_path)
+    given = "my run" if relative else str(run_dir)
+    args = ["train", "--data", str(tiny), *_sets(), "--run-dir", given, "--workdir", str(tmp_path / "work")]
     before = signal.getsignal(signal.SIGINT)     # Python's handler, or SIG_IGN under a background shell job
     stopped = CliRunner().invoke(cli.cli, args)
 
@@ -61,7 +66,7 @@ def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
     [line] = [text for text in stopped.output.splitlines() if text.startswith("interrupted by SIGINT")]
     assert "Traceback" not in stopped.output and "Aborted" not in stopped.output
     [run] = tracker.runs.values()
-    assert run.state == "KILLED" and run.tags["interrupted"] == "SIGINT"
+    assert run.state == "KILLED" and run.tags["interrupted"] == "SIGINT" and run.tags["run_dir"] == given
     assert signal.getsignal(signal.SIGINT) is before                            # the handlers are given back
 
     command = line.split("resume with: ", 1)[1]

@@ -21,7 +21,7 @@ from torch import nn
 
 from iaa.data.batch import Batch
 from iaa.errors import IaaError, printable
-from iaa.files import atomic_write
+from iaa.files import atomic_write, spellings
 from iaa.jobs.evaluation import calibration, uncertainty
 from iaa.jobs.evaluation.closing import Command
 from iaa.jobs.evaluation.result import Result, absent_when_none
@@ -261,12 +261,9 @@ def _training_run(tracker: Tracker, path: Path) -> str | None:
     """The run whose ``checkpoint`` tag names ``path`` (a finished ``train`` run, a sweep trial),
     else, for a run folder's ``checkpoints/best.pt`` or ``last.pt``, the run whose ``run_dir`` tag
     names that folder (a run stopped before its end)."""
-    def forms(p: Path) -> list[str]:
-        return list(dict.fromkeys([str(p), str(p.absolute()), str(p.resolve())]))
-
-    found = tracker.find_by_tag("checkpoint", forms(path))
+    found = tracker.find_by_tag("checkpoint", spellings(path))
     if found is None and path.parent.name == "checkpoints":
-        found = tracker.find_by_tag("run_dir", forms(path.parent.parent))
+        found = tracker.find_by_tag("run_dir", spellings(path.parent.parent))
     return found
 
 

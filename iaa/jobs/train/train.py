@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 
 from iaa.errors import IaaError
+from iaa.files import spellings
 from iaa.jobs import interrupt
 from iaa.jobs.modeling import precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig, to_dict
@@ -252,8 +253,8 @@ def best_config_notice(sweep: Mapping[str, Any], cfg: JobConfig) -> str:
 
 
 def previous_run(tracker: Tracker, experiment: str, run_dir: Path) -> str | None:
-    """The newest tracked run of ``run_dir`` (tagged with it as given or as an absolute path)."""
-    for spelling in dict.fromkeys([str(run_dir), str(run_dir.resolve())]):
+    """The newest tracked run of ``run_dir``, tagged with it in any of its :func:`~iaa.files.spellings`."""
+    for spelling in spellings(run_dir):
         runs = tracker.find_runs(experiment, {"run_dir": spelling})
         if runs:
             return runs[0].run_id
