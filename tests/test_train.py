@@ -168,3 +168,29 @@ def test_every_check_records_the_resident_memory_of_the_training_process(tiny: P
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     now = psutil.Process().memory_info().rss / 2**20                # this process trained: the same order
     assert len(rows) >= 2 and all(0.5 * now < row["resident_mb"] < 2 * now for row in rows), (now, rows)
+
+
+def test_the_resident_memory_of_a_data_parallel_run_sums_its_workers(tiny: Path, tmp_path: Path) -> None:
+    from fakes import FakeLink
+
+    from iaa.data.loader import PreparedData
+    from iaa.data.manifest import vocab_card
+    from iaa.jobs.ports import WorkerData
+    from iaa.jobs.training.loop import fit_on_worker
+
+    class TwinLink(FakeLink):
+        """Rank 0 of two workers whose twin holds as much memory and sums the same figures (the
+        loop's sums of a few numbers; the random states gathered at a checkpoint stay rank 0's)."""
+
+        world_size = 2
+
+        def all_reduce(self, values, op):
+            return [2 * v for v in values] if op == "sum" and len(values) <= 3 else list(values)
+
+    link = TwinLink(tmp_path / "best.pt")
+    data = PreparedData.open(tiny)
+    fit_on_worker(_cfg(tiny, "train.check_every=3"), link,
+                  WorkerData(vocab_hash="", train=data.table("train"), valid=data.table("valid"), vocab=vocab_card(tiny)),
+                  threads=1)
+    now = psutil.Process().memory_info().rss / 2**20
+    assert len(link.history) >= 2 and all(1.2 * now < m["resident_mb"] < 4 * now for m in link.history), now

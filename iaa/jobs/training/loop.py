@@ -250,10 +250,12 @@ class Trainer:
 
         ``train_examples_per_s`` counts the training steps' time only (from the end of the last
         check to the start of this one); the validation's own time is ``valid_seconds``.
-        ``resident_mb`` is this process's resident memory after the validation (rank 0's on
-        workers): its curve over a run shows a heap that grows with the steps.
+        ``resident_mb`` is the training processes' resident memory after the validation, summed
+        over the workers: its curve over a run shows a heap that grows with the steps.
         """
-        loss_sum, batches = self.session.all_reduce_sum([float(self.window.total), self.window.batches])
+        resident = psutil.Process().memory_info().rss / 2**20
+        loss_sum, batches, resident = self.session.all_reduce_sum([float(self.window.total), self.window.batches,
+                                                                   resident])
         seconds = max(train_seconds, 1e-9)
         return {
             "step": self.progress.step,
@@ -265,7 +267,7 @@ class Trainer:
             "lr": self.optimizer.lr,
             "train_examples_per_s": self.window.batches * self.tc.batch_size * self.session.world_size / seconds,
             "valid_seconds": valid_seconds,
-            "resident_mb": psutil.Process().memory_info().rss / 2**20,
+            "resident_mb": resident,
         }
 
 
