@@ -22,7 +22,7 @@ import torch
 from iaa.errors import IaaError
 from iaa.files import DiskFullError
 from iaa.jobs.ports import (CHECKPOINT_FILE, TUNE_RUN_TAG, Carried, ConnectRequest, MembersRequest, MetricPoint, Metrics,
-                            ModelCode, Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
+                            ModelCode, ModelFiles, Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
                             WorkerData, WorkerFit, WorkersRequest)
 from iaa.jobs.config.search_space import Param, SearchSpace
 from iaa.jobs.config.job_config import JobConfig, apply
@@ -176,11 +176,12 @@ class FakeTracker:
         found = [r for r in self.runs.values() if r.tags.get(key) in values]
         return max(found, key=lambda r: r.start_ms).run_id if found else None
 
-    def log_model(self, run: TrackedRun, checkpoints: Sequence[Path], prepared: Path, register: str | None = None, *,
+    def log_model(self, run: TrackedRun, files: ModelFiles, register: str | None = None, *,
                   code: ModelCode) -> str | None:
         self.check()
-        self.models.append({"run_id": run.run_id, "checkpoints": [str(c) for c in checkpoints],
-                            "prepared": str(prepared), "register": register, "code": code})
+        self.models.append({"run_id": run.run_id, "checkpoints": [str(c) for c in files.checkpoints],
+                            "prepared": str(files.prepared), "register": register, "code": code,
+                            "temperature": files.temperature})
         return f"models:/{register}/{len(self.models)}" if register else f"runs:/{run.run_id}/model"
 
     def model_uri(self, run_id: str) -> str | None:

@@ -59,6 +59,108 @@ def test_an_ensemble_records_its_calibration_beside_its_members(tmp_path: Path):
     assert json.loads(json.dumps(found)) == found
 
 
+def _drawn(rng: np.random.Generator, questions: int, candidates: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distributions and gold answers drawn from them: calibrated by construction."""
+    logits = rng.normal(size=(questions, candidates)) * 2.0
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    return probs, np.array([rng.choice(candidates, p=row) for row in probs])
+
+
+def test_the_fitted_temperature_undoes_a_known_softening_and_keeps_every_answer():
+    probs, gold = _drawn(np.random.default_rng(0), 4000, 10)
+    softened = calibration.scaled(probs, 2.0)                  # underconfident, as an average of disagreeing members
+    temperature = calibration.fit_temperature(softened, gold)
+    assert temperature == pytest.approx(0.5, abs=0.03)
+    fixed = calibration.scaled(softened, temperature)
+    assert np.array_equal(fixed.argmax(axis=1), softened.argmax(axis=1))
+    before, after = calibration.of(softened, gold), calibration.of(fixed, gold)
+    assert after.calibration_error < before.calibration_error / 3 and after.log_loss < before.log_loss
+    assert calibration.fit_temperature(probs, gold) == pytest.approx(1.0, abs=0.08)   # calibrated already
+
+
+def test_scaling_keeps_zeros_rows_of_zeros_and_sums_to_one():
+    probs = np.array([[0.5, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0], [0.9, 0.1, 0.0, 0.0]])
+    scaled = calibration.scaled(probs, 0.5)
+    assert scaled[0, 3] == 0 and scaled[2, 2:].tolist() == [0, 0] and scaled[1].tolist() == [0, 0, 0, 0]
+    assert scaled[0, :3] == pytest.approx(np.array([0.25, 0.09, 0.04]) / 0.38)
+    assert scaled[[0, 2]].sum(axis=1) == pytest.approx([1.0, 1.0])
+    assert calibration.scaled(probs, 1.0) is not None and np.array_equal(calibration.scaled(probs, 1.0), probs)
+
+
+def test_the_temperature_stays_in_its_range_and_is_1_where_nothing_tells():
+    right = np.array([[0.6, 0.4]] * 10)
+    low, high = calibration.TEMPERATURES
+    # said 0.6 where 9 of 10 are right: 0.6^b / (0.6^b + 0.4^b) = 0.9 at b = log 9 / log 1.5
+    assert calibration.fit_temperature(right, np.array([0] * 9 + [1])) == pytest.approx(math.log(1.5) / math.log(9),
+                                                                                          rel=1e-4)
+    assert calibration.fit_temperature(right, np.array([0, 1] * 5)) > 10 * low     # 50% right: soften, not sharpen
+    # one candidate left, or a gold answer given nothing: no temperature changes the log-loss; every
+    # answer right: the log-loss falls as T does, without a minimum
+    assert calibration.fit_temperature(right, np.zeros(10, dtype=int)) == 1.0
+    assert calibration.fit_temperature(np.array([[1.0, 0.0]]), np.array([0])) == 1.0
+    assert calibration.fit_temperature(np.array([[0.7, 0.3, 0.0]]), np.array([2])) == 1.0
+    assert calibration.fit_temperature(np.zeros((0, 2)), np.zeros(0, dtype=int)) == 1.0
+    assert low < calibration.fit_temperature(right, np.array([1, 1] * 5)) <= high
+
+
+def test_an_ensemble_fits_its_temperature_on_valid_and_reports_it_on_test(tmp_path: Path):
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(1)
+    files: list[dict[str, Path]] = [{}, {}]
+    for split in ("valid", "test"):
+        probs, gold = _drawn(rng, 600, 4)
+        ids, words = [f"{split}{i}" for i in range(600)], [["a", "b", "c", "d"]] * 600
+        for member, entry in enumerate(files):     # each member too unsure, and unsure of other questions
+            noisy = probs * np.exp(rng.normal(scale=0.5, size=probs.shape))
+            soft = calibration.scaled(noisy / noisy.sum(axis=1, keepdims=True), 1.5)
+            entry[split] = write_member(tmp_path / f"{member}-{split}.parquet", ids, words, soft.tolist(), gold.tolist())
+    result = averaging.run(files, ["a", "b"], tmp_path / "out")
+    table = pq.read_table(result.predictions)
+    valid = table.filter(pc.equal(table.column("split"), "valid"))
+    mean, gold = np.array(valid.column("probs").to_pylist()), np.array(valid.column("gold").to_pylist())
+    assert result.temperature == pytest.approx(calibration.fit_temperature(mean, gold))   # fitted on valid only
+    assert result.temperature < 0.8                                                      # the average is unsure
+    calibrated = np.array(table.column("calibrated_probs").to_pylist())
+    assert calibrated == pytest.approx(calibration.scaled(np.array(table.column("probs").to_pylist()),
+                                                          result.temperature))
+    found = result.calibration
+    assert found["calibrated_test_calibration_error"] < found["test_calibration_error"] / 2
+    assert found["calibrated_test_log_loss"] < found["test_log_loss"]
+    assert found["calibrated_valid_log_loss"] <= found["valid_log_loss"]
+
+    plain = averaging.run(files, ["a", "b"], tmp_path / "plain", calibrate=False)
+    assert plain.temperature == 1.0 and not any(k.startswith("calibrated_") for k in plain.calibration)
+    again = pq.read_table(plain.predictions)
+    assert again.column("calibrated_probs").to_pylist() == again.column("probs").to_pylist()
+
+
+def test_the_calibration_benchmark_measures_the_temperature_on_held_out_questions(tmp_path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_calibration", Path(__file__).parents[1] / "benchmarks" /
+                                                  "bench_calibration.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rng = np.random.default_rng(2)
+    probs, gold = _drawn(rng, 800, 4)
+    files = []
+    for member in range(3):
+        noisy = probs * np.exp(rng.normal(scale=0.7, size=probs.shape))
+        soft = calibration.scaled(noisy / noisy.sum(axis=1, keepdims=True), 1.5)
+        files.append({"valid": write_member(tmp_path / f"{member}.parquet", [f"q{i}" for i in range(800)],
+                                            [["a", "b", "c", "d"]] * 800, soft.tolist(), gold.tolist())})
+    averaging.run(files, ["a", "b", "c"], tmp_path / "ens")
+    bench.main([str(tmp_path / "ens"), "--repeats", "3", "--out", str(tmp_path / "found.json")])
+    [found] = json.loads((tmp_path / "found.json").read_text())
+    cross = found["valid_cross_fitted"]
+    assert found["members"] == 3 and cross["questions"] == 800 and "test" not in found
+    assert cross["scaled"]["calibration_error"] < 0.7 * cross["plain"]["calibration_error"]
+    assert cross["scaled"]["log_loss"] < cross["plain"]["log_loss"]
+    assert cross["scaled"]["accuracy"] == cross["plain"]["accuracy"]
+
+
 def test_evaluate_reports_the_calibration_its_predictions_give(tmp_path: Path):
     import pyarrow.parquet as pq
 
@@ -136,3 +238,17 @@ def test_a_tracking_server_that_does_not_answer_leaves_the_evaluation_standing(t
     result = json.loads(output.strip().splitlines()[-1])
     assert_says(result["not_recorded"], "http://127.0.0.1:9", "could not be opened or searched")
     assert "recorded_on_run" not in result
+
+
+def test_the_temperature_line_says_where_it_was_measured():
+    from iaa.jobs.ensemble.ensemble_result import temperature_line
+
+    valid = {"valid_calibration_error": 0.077, "calibrated_valid_calibration_error": 0.021, "valid_log_loss": 0.5,
+             "calibrated_valid_log_loss": 0.4}
+    test = {**valid, "test_calibration_error": 0.08, "calibrated_test_calibration_error": 0.03, "test_log_loss": 0.6,
+            "calibrated_test_log_loss": 0.55}
+    assert_says(temperature_line(0.62, test), "temperature:  0.62", "test calibration error 8.0 -> 3.0 points")
+    assert "fitted to" not in temperature_line(0.62, test)
+    assert_says(temperature_line(0.62, valid), "valid calibration error 7.7 -> 2.1", "the questions it was fitted to")
+    assert_says(temperature_line(calibration.TEMPERATURES[0], valid), "the edge of the range searched")
+    assert temperature_line(1.0, test) == "" and temperature_line(0.62, None) == ""

@@ -250,8 +250,10 @@ def test_the_ensemble_runs_figures_carry_no_float_noise_and_boo_once() -> None:
                                mean_selected_valid_acc=0.9622999999999999, mean_selected_test_acc=None, boo_n=5,
                                boo_valid=0.30000000000000004, boo_test=None, members=[], selected=[], select="all",
                                p=None, all_members=[], selection_trace=[], examples={}, predictions="", table="",
-                               table_path="", calibration={"valid_log_loss": 0.1, "valid_mean_confidence": 0.9})
+                               table_path="", calibration={"valid_log_loss": 0.1, "valid_mean_confidence": 0.9},
+                               temperature=0.7000000000000001)
     metrics = ensemble_run.metrics(result)
+    assert metrics["temperature"] == 0.7
     assert metrics["mean_member_valid_acc"] == 0.9623 and metrics["boo_n_valid"] == 0.3
     assert metrics["best_valid_acc"] == 0.75
     assert sorted(k for k in metrics if k.startswith("boo")) == ["boo_n", "boo_n_valid"]

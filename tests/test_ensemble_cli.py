@@ -11,6 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
+from iaa.jobs.evaluation import calibration
+from iaa.platform import mlflow_model
+from tests._faults import assert_says
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -66,12 +69,30 @@ def test_ensemble_of_two_seeds_via_cli(env: Path, monkeypatch: pytest.MonkeyPatc
         assert out[f"mean_member_{split}_acc"] == pytest.approx(np.mean(out[f"member_{split}_acc"]))
     assert (Path(out["ensemble_dir"]) / "results.txt").is_file()
 
+    # the temperature fitted on valid: what the predictions file, predict and the logged model answer with
+    temperature = out["temperature"]
+    valid = [r for r in rows if r["split"] == "valid"]
+    mean, gold = [np.array(r["probs"]) for r in valid], [r["gold"] for r in valid]
+    assert temperature == pytest.approx(calibration.fit_temperature(_padded(mean), np.array(gold)))
+    for r in rows:
+        assert r["calibrated_probs"] == pytest.approx(calibration.scaled(np.array([r["probs"]]), temperature)[0].tolist())
+    if temperature != 1.0:
+        assert_says(res.stderr, "temperature:", "fitted on valid", "calibration error")
+    answers = workdir.parent / "answers.jsonl"
+    res = runner.invoke(cli, ["predict", "--ensemble", out["ensemble_dir"], "--input",
+                              str(workdir.parent / "tiny" / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt"),
+                              "--out", str(answers), "--workdir", str(workdir)])
+    assert res.exit_code == 0, res.output
+    by_id = {r["example_id"]: dict(zip(r["candidate_words"], r["calibrated_probs"])) for r in valid}
+    answered = [json.loads(line) for line in answers.read_text(encoding="utf-8").splitlines()]
+    assert len(answered) == len(valid)
+    for row in answered:
+        assert row["probs"] == pytest.approx(by_id[row["id"]], abs=1e-5)
+
     from mlflow.tracking import MlflowClient
 
     run = MlflowClient(out["tracking_uri"]).get_run(out["mlflow_run_id"])
     assert run.data.metrics["valid_acc"] == pytest.approx(out["valid_acc"])
-    import json
-
     client = MlflowClient(out["tracking_uri"])
     rows = json.loads(Path(client.download_artifacts(run.info.run_id, "members.json", str(env))).read_text())
     assert Path(rows[1]["checkpoint"]) == Path(checkpoints[1]).resolve()
@@ -82,3 +103,18 @@ def test_ensemble_of_two_seeds_via_cli(env: Path, monkeypatch: pytest.MonkeyPatc
     (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
     assert logged.source_run_id == run.info.run_id and logged.tags["iaa.members"] == "2"
     assert out["model_uri"] == f"models:/{logged.model_id}"
+    assert mlflow_model.fetch(out["model_uri"], out["tracking_uri"]).temperature == pytest.approx(temperature)
+    assert run.data.metrics["temperature"] == pytest.approx(temperature)
+
+    res = runner.invoke(cli, ["ensemble", *checkpoints, "--data", str(prepared), "--workdir", str(workdir),
+                              "--name", "as-averaged", "--no-calibrate", "--json"])
+    assert res.exit_code == 0, res.output
+    plain = last_json(res.stdout)
+    assert plain["temperature"] == 1.0 and not any(k.startswith("calibrated_") for k in plain["calibration"])
+
+
+def _padded(rows: list[np.ndarray]) -> np.ndarray:
+    out = np.zeros((len(rows), max(len(r) for r in rows)))
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.data import cbt
+from iaa.jobs.ports import ModelFiles
 from iaa.platform import mlflow_model
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
@@ -101,7 +102,7 @@ def test_a_logged_model_names_the_dataset_it_was_measured_on(tmp_path):
     run = store.Run.start(uri, "train-tiny", "r", tags={"dataset": "tiny"})
     run.log_dataset(prepared)
     run.log_metrics({"valid_acc": 0.5}, step=1)
-    model_uri = mlflow_model.log(uri, run.run_id, [ckpts["iaa"]], prepared, MODEL_CODE, model_file=MODEL_FILE)
+    model_uri = mlflow_model.log(uri, run.run_id, ModelFiles.of(ckpts["iaa"], prepared), MODEL_CODE, model_file=MODEL_FILE)
     run.end()
     client = MlflowClient(uri)
     logged = client.get_logged_model(model_uri.removeprefix("models:/"))
@@ -125,10 +126,10 @@ def test_a_model_logged_again_takes_its_runs_tags_and_stays_one_model(tmp_path):
     prepared, ckpts = tiny_setup(tmp_path)
     uri = connection.open_store(Workdir(tmp_path / "work").tracking_uri())
     run = store.Run.start(uri, "tune-tiny", "r", tags={"sweep": "s", "best_in_sweep": "true"})
-    first = mlflow_model.log(uri, run.run_id, [ckpts["iaa"]], prepared, MODEL_CODE, model_file=MODEL_FILE)
+    first = mlflow_model.log(uri, run.run_id, ModelFiles.of(ckpts["iaa"], prepared), MODEL_CODE, model_file=MODEL_FILE)
     client = MlflowClient(uri)
     client.set_tag(run.run_id, "best_in_sweep", "false")
-    again = mlflow_model.log(uri, run.run_id, [ckpts["iaa"]], prepared, MODEL_CODE, model_file=MODEL_FILE)
+    again = mlflow_model.log(uri, run.run_id, ModelFiles.of(ckpts["iaa"], prepared), MODEL_CODE, model_file=MODEL_FILE)
     run.end()
     assert again == first
     assert client.get_logged_model(first.removeprefix("models:/")).tags["best_in_sweep"] == "false"
@@ -156,7 +157,8 @@ def _questions(root: Path, out: Path, count: int = 8) -> list[dict]:
 def test_an_ensemble_is_logged_as_code_and_loads_without_unpickling(tmp_path, monkeypatch):
     """The model's code is a file that MLflow runs (models-from-code), not a pickle: with MLflow
     told to refuse pickles, a fresh process outside the repository loads the two members with the
-    ``iaa`` of the model's ``code_paths`` and answers as the predictor does."""
+    ``iaa`` of the model's ``code_paths`` and answers as the predictor does, at the ensemble's
+    temperature."""
     import mlflow
     from mlflow.models import Model
 
@@ -170,7 +172,8 @@ def test_an_ensemble_is_logged_as_code_and_loads_without_unpickling(tmp_path, mo
     members = [tiny_checkpoint(prepared, tmp_path / f"seed-{seed}.pt", seed=seed) for seed in (0, 1)]
     uri = connection.open_store(Workdir(tmp_path / "work").tracking_uri())
     run = store.Run.start(uri, "ensemble-tiny", "r")
-    assert mlflow_model.log(uri, run.run_id, members, prepared, MODEL_CODE, "tiny-ensemble",
+    files = ModelFiles(tuple(members), prepared, temperature=0.25)
+    assert mlflow_model.log(uri, run.run_id, files, MODEL_CODE, "tiny-ensemble",
                             model_file=MODEL_FILE) == "models:/tiny-ensemble/1"
     run.end()
 
@@ -184,9 +187,12 @@ def test_an_ensemble_is_logged_as_code_and_loads_without_unpickling(tmp_path, mo
     assert sorted(k for k in flavor["artifacts"] if k.startswith("member_")) == ["member_00", "member_01"]
     fetched = mlflow_model.fetch("models:/tiny-ensemble/1", uri)          # what `iaa-cli serve --model` reads
     assert [p.name for p in fetched.checkpoints] == ["member_00.pt", "member_01.pt"] and fetched.version == "1"
+    assert fetched.temperature == 0.25
 
     records = _questions(tmp_path, tmp_path / "q.jsonl")
-    expected = Predictor.load(members, prepared).predict_records(records)
+    expected = Predictor.load(members, prepared, temperature=0.25).predict_records(records)
+    averaged = Predictor.load(members, prepared).predict_records(records)
+    assert any(abs(e["probs"][w] - a["probs"][w]) > 1e-3 for e, a in zip(expected, averaged) for w in e["probs"])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     command = [sys.executable, "-c", LOAD_AND_REPORT, uri, "models:/tiny-ensemble/1", str(tmp_path / "q.jsonl")]
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
@@ -229,5 +235,5 @@ def test_a_tracker_without_a_model_code_file_refuses_to_log_a_model(tmp_path):
     tracker = MlflowTracker(Workdir(tmp_path).tracking_uri())
     run = tracker.start_run("e", "r")
     with pytest.raises(IaaError, match="without a model code file"):
-        tracker.log_model(run, [tmp_path / "m.pt"], tmp_path, code=MODEL_CODE)
+        tracker.log_model(run, ModelFiles.of(tmp_path / "m.pt", tmp_path), code=MODEL_CODE)
     run.end()

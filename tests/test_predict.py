@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 from iaa.cli import cli
 from iaa.data import cbt
 from tests._explain import tiny_checkpoint, tiny_setup
+from tests._faults import assert_says
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,38 @@ def test_ensemble_averages_its_members(setup, tmp_path):
     two = _predict(["--checkpoint", str(other)], prepared, source, tmp_path / "b.jsonl")
     for e, a, b in zip(both, one, two):
         assert e["probs"] == pytest.approx({c: (a["probs"][c] + b["probs"][c]) / 2 for c in a["probs"]}, abs=1e-6)
+
+
+def test_an_ensemble_answers_at_the_temperature_its_record_holds(setup, tmp_path):
+    from iaa.jobs.evaluation import calibration
+    from iaa.jobs.inference import serve
+    from iaa.jobs.ports import ModelSource
+
+    root, prepared, ckpts = setup
+    other = tiny_checkpoint(prepared, tmp_path / "seed1.pt", "iaa", steps=3, seed=1)
+    source = _valid_file(root)
+    found = {}
+    for temperature in (1.0, 0.5):
+        ens = tmp_path / f"ens-{temperature}"
+        ens.mkdir()
+        (ens / "ensemble.json").write_text(json.dumps({"members": [str(ckpts["iaa"]), str(other)],
+                                                       "temperature": temperature}), encoding="utf-8")
+        found[temperature] = _predict(["--ensemble", str(ens)], prepared, source, tmp_path / f"{temperature}.jsonl")
+        replica = serve.Answerer.load(ModelSource("ensemble", str(ens), str(prepared)))       # what serve loads
+        assert replica.predictor.temperature == temperature
+    for plain, sharp in zip(found[1.0], found[0.5]):
+        words = list(plain["probs"])
+        expected = calibration.scaled(np.array([[plain["probs"][w] for w in words]]), 0.5)[0]
+        assert [sharp["probs"][w] for w in words] == pytest.approx(expected.tolist(), abs=1e-6)
+        assert sharp["prediction"] == plain["prediction"]
+    assert any(max(s["probs"].values()) > max(p["probs"].values()) + 1e-3 for s, p in zip(found[0.5], found[1.0]))
+
+    (tmp_path / "ens-0.5" / "ensemble.json").write_text(json.dumps({"members": [str(other)], "temperature": -1}),
+                                                        encoding="utf-8")
+    result = _invoke(["predict", "--ensemble", str(tmp_path / "ens-0.5"), "--data", str(prepared), "--input",
+                      str(source), "--out", str(tmp_path / "bad.jsonl")])
+    assert result.exit_code != 0
+    assert_says(result.output, "ensemble.json", "temperature", "above 0")
 
 
 def test_unseen_candidates_stay_apart_and_absent_ones_get_zero(setup, tmp_path):

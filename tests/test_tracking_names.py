@@ -49,6 +49,7 @@ def _datasets(uri: str, run_id: str) -> list[str]:
 def test_logged_models_are_named_by_sweep_and_trial_and_unique_in_the_store(tmp_path: Path, tiny: Path,
                                                                             checkpoint: Path) -> None:
     from iaa.jobs.evaluation.predictor import MODEL_CODE
+    from iaa.jobs.ports import ModelFiles
 
     tracker = _tracker(tmp_path)
     names = []
@@ -56,7 +57,7 @@ def test_logged_models_are_named_by_sweep_and_trial_and_unique_in_the_store(tmp_
     # and a sweep of the first one's name again (its folder was replaced)
     for sweep in ("demo-iaa-aaa", "demo-iaa-bbb", "demo-iaa-aaa"):
         run = tracker.start_run("tune-cbt-ne", "lr=4e-3 T=2", tags={"sweep": sweep, "trial_id": "84b55c_00003"})
-        tracker.log_model(run, [checkpoint], tiny, code=MODEL_CODE)
+        tracker.log_model(run, ModelFiles.of(checkpoint, tiny), code=MODEL_CODE)
         (model,) = MlflowClient(tracker.uri).search_logged_models(
             [MlflowClient(tracker.uri).get_experiment_by_name("tune-cbt-ne").experiment_id],
             filter_string=f"source_run_id = '{run.run_id}'")
@@ -78,6 +79,7 @@ def test_members_are_named_by_ensemble_and_seed_with_the_seed_and_data_as_column
     from iaa.jobs.config.job_config import to_dict
     from iaa.jobs.datasets import resolve
     from iaa.jobs.evaluation.predictor import MODEL_CODE
+    from iaa.jobs.ports import ModelFiles
     from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec
     from iaa.platform.sweeps.trial_runs import TrialRuns
 
@@ -101,7 +103,7 @@ def test_members_are_named_by_ensemble_and_seed_with_the_seed_and_data_as_column
         assert run.data.tags["sweep"] == "demo-iaa-aaa" and run.data.tags["tune_run"] == "ensemble-ens-1"
         assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
     member = tracker.attach(found["seed-7"].info.run_id)
-    tracker.log_model(member, [checkpoint], tiny, code=MODEL_CODE)
+    tracker.log_model(member, ModelFiles.of(checkpoint, tiny), code=MODEL_CODE)
     (model,) = client.search_logged_models([found["seed-7"].info.experiment_id])
     assert model.name == "ens-seed-7" and model.tags["seed"] == "7"
 

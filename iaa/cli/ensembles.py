@@ -23,6 +23,9 @@ from iaa.cli.output import CLOSING_KEYS, _close, _emit, _friendly, progress_show
 @click.option("--seeds", type=click.IntRange(1, 1000), default=5, show_default=True, help="N seeds of each configuration.")
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
 @click.option("--p", "p", type=_Finite(0, 1, min_open=True), default=0.5, show_default=True, help="Fraction kept by --select top-p.")
+@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
+              help="Scale the averaged distributions by the temperature that fits them best on valid "
+                   "(answers unchanged); predict, serve and the logged model answer with it.")
 @click.option("--name", "name", help="Ensemble name [default: from the sweep or members].")
 @click.option("--workers-per-member", "--workers", "workers_per_trial", type=click.IntRange(1, 1024), default=1,
               show_default=True, help="Ray Train workers for each member that must be trained (as tune's --workers-per-trial).")

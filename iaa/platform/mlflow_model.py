@@ -4,7 +4,7 @@
 Lines (``id``, ``document``, ``query``, ``candidates``, optionally ``answer``) and returns the
 same rows: ``{"id", "prediction", "probs"[, "correct"], "unknown_share", "unknown_candidates"[,
 "warning"]}``. A model holds one checkpoint, or the members of a seed ensemble (their
-probabilities are averaged). The ``iaa`` package travels in ``code_paths``, so the model loads
+probabilities are averaged, then scaled by the temperature its ``calibration`` artifact holds). The ``iaa`` package travels in ``code_paths``, so the model loads
 and serves without this repository (``mlflow models serve -m models:/NAME/1 --env-manager local``).
 
 The model is logged as code (MLflow's models-from-code): ``python_model`` is the path of a code
@@ -27,6 +27,7 @@ run's dataset input), which is how MLflow 3 shows a logged model's dataset. ``re
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -34,7 +35,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import mlflow
 import mlflow.pyfunc
@@ -45,7 +46,7 @@ from mlflow.tracking import MlflowClient
 import iaa
 from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError, brief
-from iaa.jobs.ports import Answerer, LoadedModel, ModelCode
+from iaa.jobs.ports import Answerer, LoadedModel, ModelCode, ModelFiles
 from iaa.platform.tracking.connection import TRANSIENT
 from iaa.platform.tracking.store import dataset_summary, manifest_digest
 
@@ -55,6 +56,7 @@ ARTIFACT = "model"               # the artifact folder of every logged model
 MODEL_TAGS = ("best_in_sweep", "sweep", "trial_id", "kind", "seed", "member")   # run tags the logged model carries too
 BAD_NAME_CHARS = "/:.%\"'"      # not allowed in a logged model's name
 DATA_FILES = (MANIFEST, VOCAB)
+CALIBRATION = "calibration.json"   # an ensemble's temperature: {"temperature": T}, its artifact ``calibration``
 PROGRESS_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 URI_ENVS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 
@@ -77,7 +79,9 @@ class ReaderModel(mlflow.pyfunc.PythonModel):
                            "log it again (iaa-cli train, tune or ensemble with --register), or serve its "
                            "files with `iaa-cli serve --model URI`")
         members = sorted(k for k in context.artifacts if k.startswith("member_"))
-        self.predictor = self.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]))
+        scale = temperature(context.artifacts)
+        self.predictor = self.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]),
+                                   **({} if scale == 1.0 else {"temperature": scale}))
 
     # A DataFrame hint is one MLflow derives no schema from (the signature describes the columns),
     # so it neither validates against it nor advises adding hints.
@@ -106,10 +110,11 @@ def _model_only(state: dict[str, Any], out: Path, write: Callable[[Path, dict[st
     return write(out, {k: state[k] for k in ("format", "config", "model", "vocab_hash", "vocab") if k in state})
 
 
-def _stage(checkpoints: Sequence[Path], prepared: Path, folder: Path,
-           code: ModelCode) -> tuple[dict[str, str], dict[str, Any]]:
-    """The model's artifacts (vocabulary, manifest, inference-only members) in ``folder``, and its
-    metadata; ``code`` reads and writes checkpoints."""
+def _stage(files: ModelFiles, folder: Path, code: ModelCode) -> tuple[dict[str, str], dict[str, Any]]:
+    """The model's artifacts (vocabulary, manifest, inference-only members and, at a temperature
+    other than 1, :data:`CALIBRATION`) in ``folder``, and its metadata; ``code`` reads and writes
+    checkpoints."""
+    checkpoints, prepared, temperature = files.checkpoints, files.prepared, files.temperature
     if not checkpoints:
         raise IaaError("a model needs at least one checkpoint")
     data = folder / "data"
@@ -123,8 +128,17 @@ def _stage(checkpoints: Sequence[Path], prepared: Path, folder: Path,
         config = config or state["config"]           # the first member's config describes the model
         artifacts[f"member_{i:02d}"] = str(_model_only(state, folder / f"member_{i:02d}.pt", code.write))
     metadata = {"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
-                "manifest_digest": manifest_digest(prepared)}
+                "manifest_digest": manifest_digest(prepared), "temperature": temperature}
+    if temperature != 1.0:
+        (folder / CALIBRATION).write_text(json.dumps({"temperature": temperature}), encoding="utf-8")
+        artifacts["calibration"] = str(folder / CALIBRATION)
     return artifacts, metadata
+
+
+def temperature(artifacts: Mapping[str, Any]) -> float:
+    """The temperature a model's ``calibration`` artifact holds; 1.0 for a model without one."""
+    path = artifacts.get("calibration")
+    return 1.0 if path is None else float(json.loads(Path(path).read_text(encoding="utf-8"))["temperature"])
 
 
 def signature() -> ModelSignature:
@@ -154,11 +168,11 @@ def _placeholder(prepared: Path) -> str:
     return Vocab.load(Path(prepared) / VOCAB).placeholder
 
 
-def _log_kwargs(checkpoints: Sequence[Path], prepared: Path, folder: Path, code: ModelCode,
-                model_file: Path) -> dict[str, Any]:
+def _log_kwargs(files: ModelFiles, folder: Path, code: ModelCode, model_file: Path) -> dict[str, Any]:
     """``model_file`` is the model's code (models-from-code): MLflow copies it into the model and
     runs it, with the ``iaa`` package of ``code_paths`` importable, to rebuild the model."""
-    artifacts, metadata = _stage(checkpoints, prepared, folder, code)
+    artifacts, metadata = _stage(files, folder, code)
+    prepared = files.prepared
     return dict(python_model=str(model_file), artifacts=artifacts, code_paths=[str(Path(iaa.__file__).resolve().parent)],
                 pip_requirements=requirements(), metadata=metadata, signature=signature(),
                 input_example=input_example(_placeholder(prepared)))
@@ -189,12 +203,13 @@ def requirements() -> list[str]:
     return [f"{name}=={version(name).split('+')[0]}" for name in ("mlflow", "torch", "pyarrow", "numpy", "pandas", "pyyaml")]
 
 
-def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code: ModelCode,
-        register: str | None = None, *, model_file: Path) -> str:
-    """Log the model as a logged model of run ``run_id`` (once: a run that already has one keeps
-    it, and its tags are the run's again, as a resumed sweep's new best changes ``best_in_sweep``);
-    register it as ``register``. ``model_file`` is the model's code file, which MLflow runs to
-    load it (:func:`_log_kwargs`).
+def log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register: str | None = None, *,
+        model_file: Path) -> str:
+    """Log the model made of ``files`` as a logged model of run ``run_id`` (once: a run that
+    already has one keeps it, and its tags are the run's again, as a resumed sweep's new best
+    changes ``best_in_sweep``); register it as ``register``. ``model_file`` is the model's code
+    file, which MLflow runs to load it (:func:`_log_kwargs`); an ensemble's temperature travels
+    as its :data:`CALIBRATION` artifact.
 
     Returns the model URI: ``models:/<model id>``, or ``models:/NAME/VERSION`` when registered.
     """
@@ -207,17 +222,17 @@ def log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code
     if model_id is not None and run_tags:
         client.set_logged_model_tags(model_id, run_tags)
     if model_id is None:
-        kind = "ensemble" if len(checkpoints) > 1 else "reader"
-        tags = {"iaa.members": str(len(checkpoints)), **run_tags}
+        kind = "ensemble" if len(files.checkpoints) > 1 else "reader"
+        tags = {"iaa.members": str(len(files.checkpoints)), **run_tags}
         model = client.create_logged_model(run.info.experiment_id, name=logged_name(client, run),
                                            source_run_id=run_id, params=dict(run.data.params),
                                            model_type=f"iaa-{kind}", tags=tags)
         model_id = model.model_id
         with tempfile.TemporaryDirectory(prefix="iaa-model-") as tmp, _quiet(), _store(uri):
             mlflow.pyfunc.log_model(name=ARTIFACT, model_id=model_id,
-                                    **_log_kwargs(checkpoints, prepared, Path(tmp), code, model_file))
+                                    **_log_kwargs(files, Path(tmp), code, model_file))
         client.log_outputs(run_id, [LoggedModelOutput(model_id, step=0)])
-        data = dataset_summary(prepared)
+        data = dataset_summary(files.prepared)
         client.log_batch(run_id, metrics=model_metrics(client, run_id, model_id, (data["name"], data["digest"])))
     model_uri = f"models:/{model_id}"
     if register:
@@ -324,21 +339,21 @@ def _store(uri: str | None) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def try_log(uri: str, run_id: str, checkpoints: Sequence[Path], prepared: Path, code: ModelCode,
-            register: str | None = None, run: Any = None, *, model_file: Path) -> str | None:
+def try_log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register: str | None = None,
+            run: Any = None, *, model_file: Path) -> str | None:
     """:func:`log`, where a failing store is a warning on stderr (the trained model stands).
 
     With ``run`` (the ``tracking.Run`` being logged), the failure is also recorded as lost on it,
     so that the run ends FAILED and the command says what was not logged.
     """
     try:
-        return log(uri, run_id, checkpoints, prepared, code, register, model_file=model_file)
+        return log(uri, run_id, files, code, register, model_file=model_file)
     except TRANSIENT as err:
         _log.warning(f"could not log the model of run {run_id} to MLflow at {uri} ({brief(err)}); "
-                     f"the checkpoint is still at {checkpoints[0]}")
+                     f"the checkpoint is still at {files.checkpoints[0]}")
         if run is not None:
             run.lose(f"the model{' and its registration as ' + repr(register) if register else ''} "
-                     f"(the checkpoint is at {checkpoints[0]})", err)
+                     f"(the checkpoint is at {files.checkpoints[0]})", err)
         return None
 
 
@@ -381,7 +396,7 @@ def fetch(model_uri: str, tracking_uri: str | None = None) -> LoadedModel:
     members = tuple(artifacts[k] for k in sorted(artifacts) if k.startswith("member_"))
     if not members or "data" not in artifacts:
         raise IaaError(f"{model_uri} is not an iaa reader model (its MLmodel lists no member_* and data artifacts)")
-    return LoadedModel(members, artifacts["data"], name, version)
+    return LoadedModel(members, artifacts["data"], name, version, temperature(artifacts))
 
 
 def _name_version(client: MlflowClient, model_uri: str) -> tuple[str, str]:

@@ -11,7 +11,8 @@ Members come from one of two places:
   configs' ``train.threads``.
 
 Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.evaluation.averaging`
-does the alignment, averaging and selection. Everything lands in ``WORKDIR/ensembles/NAME/``,
+does the alignment, averaging and selection, and fits the temperature that calibrates the
+ensemble's probabilities on valid (``calibrate``), which its model answers with. Everything lands in ``WORKDIR/ensembles/NAME/``,
 and one MLflow run, open for the whole job, records it (:mod:`iaa.jobs.ensemble.ensemble_run`; the
 members it trains nest under it, and it under the sweep's parent run).
 ``ensemble.json`` names every member with the sha256 of the file taken when the ensemble first
@@ -79,6 +80,7 @@ class EnsembleRequest:
     verbose: bool = False         # Ray Tune's own status tables while members train
     register: str | None = None   # register the ensemble's MLflow model under this name
     overwrite: bool = False       # replace a finished ensemble of the same name
+    calibrate: bool = True        # fit the ensemble's temperature on valid (answers unchanged)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "members", distinct_members(self.members))
@@ -199,7 +201,8 @@ def resume_command(req: EnsembleRequest) -> Command:
                       select=req.select, p=f"{req.p:g}" if req.select == "top-p" else None, name=req.name,
                       workers_per_trial=req.workers_per_trial if req.workers_per_trial != 1 else None,
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
-                      storage_path=req.storage_path, register=req.register, **where(req.workdir))
+                      storage_path=req.storage_path, register=req.register,
+                      no_calibrate=True if not req.calibrate else None, **where(req.workdir))
 
 
 def members_cost(sweep: SweepRecord, members: int) -> str:
@@ -337,7 +340,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
         files = evaluate_members(members, prepared, out_dir, req.show_progress)
         labels = [f"{m.label} ({m.source})" if m.source != "given" else m.label for m in members]
         result = averaging.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
-                               p=req.p, labels=labels)
+                               p=req.p, labels=labels, calibrate=req.calibrate)
         ledger.check_unchanged(members, name)
         summary = {**result.fields(), "name": name, "dataset": dataset, "data_dir": str(prepared),
                    "ensemble_dir": str(out_dir), "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
@@ -352,6 +355,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
                            configuration_lead=None if lead is None else lead.fields())
         ensemble_record.write(out_dir, ensemble_record.EnsembleRecord.from_json(summary))
         settings = {"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
+                    "calibrate": req.calibrate,
                     "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(result.selected)}
         summary["model_uri"] = ensemble_run.record(run, tracker, settings, members, result, out_dir, prepared,
                                                    req.register)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from iaa.jobs.evaluation import uncertainty
+from iaa.jobs.evaluation.calibration import TEMPERATURES
 from iaa.jobs.evaluation.closing import Command, next_block, where
 from iaa.jobs.evaluation.result import Result, absent_when_none
 
@@ -57,6 +58,7 @@ class EnsembleResult(Result):
     test_acc_stderr: float | None
     model_uri: str | None = None
     calibration: dict[str, float] | None = absent_when_none()   # iaa.jobs.evaluation.averaging.calibrations
+    temperature: float = 1.0                    # the ensemble's distributions are scaled by it (fitted on valid)
     configurations: tuple[dict[str, Any], ...] | None = absent_when_none()
     configuration_lead: dict[str, Any] | None = absent_when_none()
 
@@ -89,6 +91,23 @@ def calibration_line(found: Mapping[str, float] | None) -> str:
             f"{100 * error:.1f} points (members {100 * member_error:.1f})\n")
 
 
+def temperature_line(temperature: float, found: Mapping[str, float] | None) -> str:
+    """What the temperature fitted on valid did: to the test split's figures where there is one
+    (questions it was not fitted to), else to valid's; "" at 1.0."""
+    if temperature == 1.0 or not found:
+        return ""
+    split = "test" if "calibrated_test_log_loss" in found else "valid"
+    keys = (f"{split}_calibration_error", f"calibrated_{split}_calibration_error", f"{split}_log_loss",
+            f"calibrated_{split}_log_loss")
+    if any(found.get(key) is None for key in keys):
+        return ""
+    error, scaled_error, loss, scaled_loss = (found[key] for key in keys)
+    edge = " (the edge of the range searched)" if not TEMPERATURES[0] * 1.01 < temperature < TEMPERATURES[1] / 1.01 else ""
+    fitted = "" if split == "test" else " (the questions it was fitted to)"
+    return (f"  temperature:  {temperature:.3g}, fitted on valid{edge}: {split} calibration error "
+            f"{100 * error:.1f} -> {100 * scaled_error:.1f} points, log-loss {loss:.3f} -> {scaled_loss:.3f}{fitted}\n")
+
+
 def describe(result: EnsembleResult) -> str:
     """The ensemble in a few lines, and what to run with it."""
     test = ("" if result.test_acc is None
@@ -100,6 +119,7 @@ def describe(result: EnsembleResult) -> str:
             + ("" if mean is None else f" (members alone: {mean:.4f} on average, "
                                       f"{max(result.member_valid_acc):.4f} the best)") + "\n"
             + calibration_line(result.calibration)
+            + temperature_line(result.temperature, result.calibration)
             + f"  folder:       {result.ensemble_dir}\n"
             + (f"  model:        {result.model_uri}\n" if result.model_uri else "")
             + next_block(result.next))

@@ -13,7 +13,7 @@ from iaa.files import atomic_write_text
 from iaa.jobs.ensemble.members import Member
 from iaa.jobs.evaluation.averaging import Averaged
 from iaa.jobs.evaluation.predictor import MODEL_CODE, SUMMARY
-from iaa.jobs.ports import TrackedRun, Tracker
+from iaa.jobs.ports import ModelFiles, TrackedRun, Tracker
 from iaa.jobs.sweeps.record import SweepRecord
 
 MEMBERS_FILE = "members.json"   # one row per candidate member, logged as an artifact
@@ -34,11 +34,12 @@ def run_tags(dataset: str, select: str, out_dir: Path, sweep: SweepRecord | None
 def metrics(result: Averaged) -> dict[str, float]:
     """The ensemble's figures as metrics: rounded to :data:`METRIC_DIGITS` (a mean of accuracies
     logs 0.9623, not 0.9622999999999999), ``best_valid_acc`` (the ensemble's valid accuracy, the
-    column a sweep's runs are sorted by), Boo(n) once, under ``boo_n_*``, and the log-loss and
-    calibration error of the ensemble and of its members on average (``valid_log_loss``, ...)."""
+    column a sweep's runs are sorted by), Boo(n) once, under ``boo_n_*``, the log-loss and
+    calibration error of the ensemble, of its members on average and of the ensemble at its
+    ``temperature`` (``valid_log_loss``, ``calibrated_test_log_loss``, ...)."""
     figures = {k: getattr(result, k) for k in FIGURES if getattr(result, k) is not None}
     figures["best_valid_acc"] = result.valid_acc
-    figures.update({"boo_n": result.boo_n, "boo_n_valid": result.boo_valid})
+    figures.update({"boo_n": result.boo_n, "boo_n_valid": result.boo_valid, "temperature": result.temperature})
     figures.update({k: v for k, v in result.calibration.items() if not k.endswith("mean_confidence")})
     if result.boo_test is not None:
         figures["boo_n_test"] = result.boo_test
@@ -78,7 +79,8 @@ def record(run: TrackedRun, tracker: Tracker, settings: Mapping[str, Any], membe
     for path in (Path(result.predictions), Path(result.table_path), table, Path(out_dir) / SUMMARY):
         run.log_artifact(path)
     run.log_dataset(prepared, context="eval")
-    return tracker.log_model(run, [Path(m) for m in result.members], prepared, register, code=MODEL_CODE)
+    files = ModelFiles(tuple(Path(m) for m in result.members), prepared, result.temperature)
+    return tracker.log_model(run, files, register, code=MODEL_CODE)
 
 
 def count_on_sweep(tracker: Tracker, experiment: str, sweep: SweepRecord) -> None:

@@ -16,6 +16,9 @@ module is pure numpy/pyarrow; training and evaluating the members is the platfor
 - **Selection** (valid split only): ``all``; ``top-p``, the best ``max(1, floor(p * M))`` members
   by valid accuracy (ties: the member listed first); ``greedy`` forward selection, see
   :func:`select_greedy`. The test split is scored once, for the chosen ensemble.
+- **Temperature** (:func:`iaa.jobs.evaluation.calibration.fit_temperature`): fitted to the
+  chosen ensemble's valid distributions, it makes their probabilities as sure as they are right
+  without changing an answer; the test split shows what it does on questions it was not fitted to.
 - **Seed luck.** :func:`boo_n` is Bajgar, Kadlec and Kleindienst's (2018) expected best-of-n
   single-model accuracy, to set beside the ensemble's gain.
 """
@@ -50,6 +53,7 @@ ENSEMBLE_SCHEMA = pa.schema(
         ("candidate_words", pa.list_(pa.string())),
         ("member_probs", pa.list_(pa.list_(pa.float32()))),  # (M_selected, C_e), members' own values
         ("probs", pa.list_(pa.float64())),                   # (C_e,) mean over member_probs
+        ("calibrated_probs", pa.list_(pa.float64())),        # (C_e,) probs at the ensemble's temperature
         ("pred", pa.int32()),
         ("gold", pa.int32()),
     ]
@@ -80,6 +84,7 @@ class Averaged:
     selection_trace: list[dict[str, Any]]
     examples: dict[str, int]           # examples per split
     calibration: dict[str, float]      # :func:`calibrations`: the ensemble's and its members' on average
+    temperature: float                 # what the ensemble's distributions are scaled by (1.0: as averaged)
     predictions: str                   # the ensemble's predictions.parquet
     table: str                         # results_table's text
     table_path: str                    # where it was written (results.txt)
@@ -177,15 +182,18 @@ def boo_n(select_by: Sequence[float], n: int, report: Sequence[float] | None = N
     return float(total)
 
 
-def write_predictions(splits: Sequence[AlignedSplit], members: Sequence[int], out: Path) -> Path:
+def write_predictions(splits: Sequence[AlignedSplit], members: Sequence[int], out: Path,
+                      temperature: float = 1.0) -> Path:
     """Write the ensemble's per-example predictions (:data:`ENSEMBLE_SCHEMA`) as zstd Parquet.
 
     ``member_probs`` holds one list per chosen member, in ``members`` order, with the members'
-    own float32 values; ``probs`` is their float64 mean.
+    own float32 values; ``probs`` is their float64 mean, and ``calibrated_probs`` that mean at
+    ``temperature`` (what ``predict`` and ``serve`` answer with).
     """
     rows = []
     for aligned in splits:
         mean = aligned.mean_probs(members)                        # (E, C)
+        calibrated = calibration.scaled(mean, temperature)
         pred = aligned.predict(mean)                              # (E,)
         for e, example_id in enumerate(aligned.example_ids):
             c = len(aligned.candidate_words[e])
@@ -195,6 +203,7 @@ def write_predictions(splits: Sequence[AlignedSplit], members: Sequence[int], ou
                 "candidate_words": aligned.candidate_words[e],
                 "member_probs": [aligned.probs[m, e, :c].tolist() for m in members],
                 "probs": mean[e, :c].tolist(),
+                "calibrated_probs": calibrated[e, :c].tolist(),
                 "pred": int(pred[e]),
                 "gold": int(aligned.gold[e]),
             })
@@ -239,6 +248,7 @@ def run(
     select_mode: str = "all",
     p: float = 0.5,
     labels: Sequence[str] | None = None,
+    calibrate: bool = True,
 ) -> Averaged:
     """Ensemble members from their predictions files and write the results under ``out_dir``.
 
@@ -251,6 +261,7 @@ def run(
         select_mode: ``all``, ``top-p`` or ``greedy``; decided on valid only.
         p: the fraction kept by ``top-p``.
         labels: short names for the table (default: ``names``).
+        calibrate: fit the chosen ensemble's temperature on valid; else it stays 1.0.
 
     Returns:
         The :class:`Averaged` figures, selection and output paths.
@@ -263,12 +274,14 @@ def run(
     aligned = _aligned_splits(member_predictions, names)
     valid = aligned["valid"]
     chosen, trace = select(valid, select_mode, p)
-    found = {**_scores(aligned, chosen, names), "members": [names[i] for i in chosen], "selected": chosen,
+    temperature = calibration.fit_temperature(valid.mean_probs(chosen), valid.gold) if calibrate else 1.0
+    found = {**_scores(aligned, chosen, names, temperature), "temperature": temperature,
+             "members": [names[i] for i in chosen], "selected": chosen,
              "select": select_mode, "p": p if select_mode == "top-p" else None, "all_members": list(names),
              "selection_trace": trace, "examples": {split: len(a.example_ids) for split, a in aligned.items()}}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    predictions = write_predictions(list(aligned.values()), chosen, out_dir / "predictions.parquet")
+    predictions = write_predictions(list(aligned.values()), chosen, out_dir / "predictions.parquet", temperature)
     table = results_table(found, labels)
     atomic_write_text(out_dir / "results.txt", table + "\n")
     return Averaged(**found, predictions=str(predictions), table=table, table_path=str(out_dir / "results.txt"))
@@ -290,8 +303,10 @@ def _aligned_splits(member_predictions: Sequence[Mapping[str, Path | None]],
     }
 
 
-def _scores(aligned: Mapping[str, AlignedSplit], chosen: list[int], names: Sequence[str]) -> dict[str, Any]:
-    """The ensemble's accuracies, every member's, their means and Boo(n), on valid and test."""
+def _scores(aligned: Mapping[str, AlignedSplit], chosen: list[int], names: Sequence[str],
+            temperature: float = 1.0) -> dict[str, Any]:
+    """The ensemble's accuracies, every member's, their means and Boo(n), on valid and test, and
+    how far its probabilities can be trusted (at ``temperature`` too)."""
     valid, test = aligned["valid"], aligned.get("test")
     member_valid = valid.member_accuracies().tolist()
     member_test = None if test is None else test.member_accuracies().tolist()
@@ -309,15 +324,20 @@ def _scores(aligned: Mapping[str, AlignedSplit], chosen: list[int], names: Seque
         "boo_n": n,
         "boo_valid": boo_n(member_valid, n),
         "boo_test": None if member_test is None else boo_n(member_valid, n, member_test),
-        "calibration": {key: value for split in aligned.values() for key, value in calibrations(split, chosen).items()},
+        "calibration": {key: value for split in aligned.values()
+                        for key, value in calibrations(split, chosen, temperature).items()},
     }
 
 
-def calibrations(split: AlignedSplit, chosen: Sequence[int]) -> dict[str, float]:
+def calibrations(split: AlignedSplit, chosen: Sequence[int], temperature: float = 1.0) -> dict[str, float]:
     """The log-loss, calibration error and mean confidence of the ensemble of ``chosen`` on
-    ``split`` (``SPLIT_log_loss``, ...) and of its members on average (``mean_member_SPLIT_log_loss``,
-    ...): :mod:`iaa.jobs.evaluation.calibration`."""
+    ``split`` (``SPLIT_log_loss``, ...), of its members on average (``mean_member_SPLIT_log_loss``,
+    ...) and, at a ``temperature`` other than 1, of the ensemble scaled by it
+    (``calibrated_SPLIT_log_loss``, ...): :mod:`iaa.jobs.evaluation.calibration`."""
     members = [calibration.of(split.probs[m], split.gold) for m in range(split.num_members)]
     mean = calibration.Calibration(*(float(np.mean(values)) for values in zip(*(astuple(c) for c in members))))
-    return {**calibration.of(split.mean_probs(chosen), split.gold).fields(f"{split.split}_"),
-            **mean.fields(f"mean_member_{split.split}_")}
+    averaged = split.mean_probs(chosen)
+    scaled = ({} if temperature == 1.0 else
+              calibration.of(calibration.scaled(averaged, temperature), split.gold).fields(f"calibrated_{split.split}_"))
+    return {**calibration.of(averaged, split.gold).fields(f"{split.split}_"),
+            **mean.fields(f"mean_member_{split.split}_"), **scaled}

@@ -10,6 +10,14 @@ Two figures over a split's questions, from the candidate distributions that ``ev
   each, the gap between that mean probability and the share answered right; the gaps averaged,
   weighted by each bin's share of the questions. 0 when a reader that says 0.8 is right 80% of
   the time; in accuracy units, like the accuracies beside it.
+
+An average of readers that disagree is less sure than each of them: averaging takes off much
+of a reader's overconfidence, and can overshoot into underconfidence. **Temperature scaling**
+(Guo et al. 2017) corrects what is left, either way, without changing an answer: each
+distribution is raised to the power 1/T and renormalised over its candidates,
+``p_c^(1/T) / sum_j p_j^(1/T)`` (a softmax of the log-probabilities divided by T), with the one
+T that minimises the log-loss on the validation split (:func:`fit_temperature`). T < 1 sharpens,
+T > 1 softens; the order of the candidates, hence every answer, stays.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import numpy as np
 
 BINS = 15
 FLOOR = 1e-12          # the probability a gold answer is counted at, at least: -log(FLOOR) is 27.6
+TEMPERATURES = (0.1, 10.0)   # the range fit_temperature searches
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,65 @@ def of_rows(probs: list[list[float]], gold: list[int]) -> Calibration:
     for i, row in enumerate(probs):
         padded[i, : len(row)] = row
     return of(padded, np.asarray(gold))
+
+
+def scaled(probs: np.ndarray, temperature: float) -> np.ndarray:
+    """``probs`` (E, C) raised to ``1 / temperature`` and renormalised over each row's candidates;
+    a probability of 0 (a candidate absent from the document, a column past the real ones) stays
+    0, and so does a row of zeros."""
+    probs = np.asarray(probs, dtype=np.float64)
+    if temperature == 1.0:
+        return probs
+    logs = _logs(probs) / temperature
+    top = logs.max(axis=1, keepdims=True)
+    weights = np.exp(logs - np.where(np.isfinite(top), top, 0.0))
+    total = weights.sum(axis=1, keepdims=True)
+    return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+
+
+def fit_temperature(probs: np.ndarray, gold: np.ndarray) -> float:
+    """The temperature in :data:`TEMPERATURES` under which ``probs`` (E, C) give their gold
+    answers ``gold`` (E,) the least log-loss; 1.0 when no question can tell: none gives its gold
+    answer a probability above 0 beside another candidate, or every one is answered right (the
+    log-loss then falls without end as T falls to 0, and nothing says how sure to be).
+
+    The log-loss is convex in 1/T (a log-sum-exp of lines in it, less a line), so a golden-section
+    search over 1/T finds the minimum; 1/T to within 1e-6 of the range's width.
+    """
+    logs = _logs(np.asarray(probs, dtype=np.float64))
+    gold = np.asarray(gold, dtype=np.int64)
+    rows = np.arange(len(gold))
+    gold_logs = logs[rows, gold] if len(gold) else np.zeros(0)
+    telling = np.isfinite(gold_logs) & (np.isfinite(logs).sum(axis=1) > 1)
+    if not telling.any() or (logs[telling].argmax(axis=1) == gold[telling]).all():
+        return 1.0
+    logs, gold_logs = logs[telling], gold_logs[telling]
+
+    def loss(inverse: float) -> float:
+        z = logs * inverse
+        top = z.max(axis=1)
+        return float(np.mean(top + np.log(np.exp(z - top[:, None]).sum(axis=1)) - gold_logs * inverse))
+
+    low, high = 1.0 / TEMPERATURES[1], 1.0 / TEMPERATURES[0]
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = high - ratio * (high - low), low + ratio * (high - low)
+    fa, fb = loss(a), loss(b)
+    while high - low > 1e-6 * (1.0 / TEMPERATURES[0] - 1.0 / TEMPERATURES[1]):
+        if fa <= fb:
+            high, b, fb = b, a, fa
+            a = high - ratio * (high - low)
+            fa = loss(a)
+        else:
+            low, a, fa = a, b, fb
+            b = low + ratio * (high - low)
+            fb = loss(b)
+    return 1.0 / ((low + high) / 2.0)
+
+
+def _logs(probs: np.ndarray) -> np.ndarray:
+    """log p, with -inf where p is 0."""
+    with np.errstate(divide="ignore"):
+        return np.log(probs)
 
 
 def text(found: Calibration) -> str:

@@ -32,7 +32,7 @@ RULES = {"name": "name", "dataset": "text?", "sweep": "name?", "data_dir": "text
          "tracking_uri": "text?", "valid_acc": "accuracy?", "test_acc": "accuracy?",
          "mean_member_valid_acc": "accuracy?", "mean_member_test_acc": "accuracy?",
          "mean_selected_valid_acc": "accuracy?", "mean_selected_test_acc": "accuracy?",
-         "member_valid_acc": "list?", "member_test_acc": "list?", "member_sha256": "mapping?", "all_members": "list?"}
+         "member_valid_acc": "list?", "temperature": "temperature?", "member_test_acc": "list?", "member_sha256": "mapping?", "all_members": "list?"}
 
 
 SCHEMA = 1
@@ -57,6 +57,7 @@ class EnsembleRecord:
     model_uri: str | None = None
     valid_acc: float | None = None
     test_acc: float | None = None
+    temperature: float | None = None              # its distributions' scale, fitted on valid; None: 1.0
     member_valid_acc: tuple[float, ...] = ()
     all_members: tuple[str, ...] = ()
     member_sha256: Mapping[str, str] = field(default_factory=dict)   # checkpoint -> its sha256 when first read
@@ -152,3 +153,9 @@ def members(ensemble_dir: Path) -> list[Path]:
             raise IaaError(f"{member}: changed since the ensemble {ensemble_dir} was made (its sha256 differs "
                            f"from the one in {SUMMARY}); re-run `iaa-cli ensemble` with the members you mean")
     return [Path(m) for m in found]
+
+
+def temperature(ensemble_dir: Path) -> float:
+    """What the ensemble's averaged distributions are scaled by when it answers: the temperature
+    ``iaa-cli ensemble`` fitted on valid, or 1.0 for an ensemble made without one."""
+    return read(ensemble_dir).temperature or 1.0

@@ -5,7 +5,8 @@ A checkpoint carries its vocabulary (:func:`iaa.jobs.modeling.checkpoint.vocabul
 any folder; an older one without it needs the prepared folder it was trained on.
 
 An ensemble's distribution is the mean of its members' candidate probabilities, as in
-``iaa.jobs.evaluation.averaging``.
+``iaa.jobs.evaluation.averaging``, at the temperature the ensemble was calibrated to
+(:func:`iaa.jobs.evaluation.calibration.scaled`; 1.0 leaves it as averaged).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from torch import nn
 
 from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
-from iaa.jobs.evaluation import unknowns
+from iaa.jobs.evaluation import calibration, unknowns
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.modeling import precision_policy as precision_lib
 from iaa.jobs.ports import ModelCode
 from iaa.data.raw_text import Question, from_record, to_rows
 from iaa.jobs.evaluation.ensemble_record import SUMMARY, members as ensemble_members  # noqa: F401 - the readers' names
+from iaa.jobs.evaluation.ensemble_record import temperature as ensemble_temperature  # noqa: F401
 
 BATCH_SIZE = 32
 
@@ -36,12 +38,15 @@ class Predictor:
     vocab: Vocab
     lowercase: bool
     precision: str = "fp32"    # what the readers multiply in: fp32 | bf16
+    temperature: float = 1.0   # the averaged distributions are scaled by it (an ensemble's, fitted on valid)
 
     @classmethod
-    def load(cls, checkpoints: Sequence[Path], data_dir: Path | None = None, precision: str = "auto") -> "Predictor":
+    def load(cls, checkpoints: Sequence[Path], data_dir: Path | None = None, precision: str = "auto",
+             temperature: float = 1.0) -> "Predictor":
         """Rebuild each checkpoint, computing in ``precision`` (auto | fp32 | bf16, resolved here:
         ``iaa.jobs.modeling.precision_policy``), with the vocabulary of ``data_dir`` or else the
-        one the first checkpoint carries; refuse a member trained on another vocabulary."""
+        one the first checkpoint carries; refuse a member trained on another vocabulary.
+        ``temperature``: what the averaged distributions are scaled by."""
         from iaa.data.loader import PreparedData
 
         used = precision_lib.resolve(precision)
@@ -60,7 +65,7 @@ class Predictor:
         for path, _, _, state in loaded:
             checkpoint.check_vocab(state, vocab_hash, path, source, "an ensemble's members and the data must share one "
                                    "vocabulary; pass the prepared folder it was trained on with `data`")
-        return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase, used)
+        return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase, used, temperature)
 
     def predict(self, questions: Sequence[Question],
                 progress: Callable[[int], Any] | None = None) -> list[dict[str, Any]]:
@@ -82,6 +87,7 @@ class Predictor:
             for start in range(0, len(questions), BATCH_SIZE):
                 batch = collate(table.slice(start, BATCH_SIZE))
                 probs = torch.stack([candidate_probs(m.eval()(batch).log_probs) for m in self.models]).mean(0)  # (B, C)
+                probs = calibration.scaled(probs.double().numpy(), self.temperature)
                 for b, q in enumerate(questions[start:start + BATCH_SIZE]):
                     out.append(_answer(q, probs[b, :len(q.example.candidates)].tolist()))
                 if progress is not None:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from iaa.data.raw_text import read_input
 from iaa.jobs.evaluation import uncertainty
-from iaa.jobs.evaluation.predictor import Predictor, ensemble_members
+from iaa.jobs.evaluation.predictor import Predictor, ensemble_members, ensemble_temperature
 from iaa.jobs.evaluation.result import Result, hidden
 
 
@@ -55,7 +55,8 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
             "the input": input_path, "a checkpoint": checkpoints,
             "a file of the prepared data": outputs.data_files(data_dir),
             "a file of the ensemble": outputs.data_files(ensemble_dir)})
-    predictor = Predictor.load(checkpoints, data_dir, precision)
+    temperature = 1.0 if ensemble_dir is None else ensemble_temperature(Path(ensemble_dir))
+    predictor = Predictor.load(checkpoints, data_dir, precision, temperature)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rows = predictor.predict(read_input(Path(input_path), predictor.vocab.placeholder), progress=progress)

@@ -237,14 +237,14 @@ def locate(source: ModelSource, fetch_model: ModelFetcher | None = None) -> Load
         return fetch_model(source.ref, source.tracking_uri)
     ref = Path(source.ref)
     if source.kind == "checkpoint":
-        checkpoints = [ref]
+        checkpoints, temperature = [ref], 1.0
         name = ref.parent.parent.name if ref.parent.name == "checkpoints" else ref.stem
         digest = _digest(ref)
     else:
-        checkpoints = predictor.ensemble_members(ref)
+        checkpoints, temperature = predictor.ensemble_members(ref), predictor.ensemble_temperature(ref)
         name, digest = ref.resolve().name, _digest(ref / "ensemble.json")
     data_dir = Path(source.data_dir) if source.data_dir else None
-    return LoadedModel(tuple(checkpoints), data_dir, name, digest)
+    return LoadedModel(tuple(checkpoints), data_dir, name, digest, temperature)
 
 
 def _digest(path: Path) -> str:
@@ -270,7 +270,8 @@ class Answerer:
         started = time.perf_counter()
         torch.set_num_threads(max(1, threads))
         found = locate(source, fetch_model)
-        answerer = cls(Predictor.load(found.checkpoints, found.data_dir), found.name, found.version)
+        answerer = cls(Predictor.load(found.checkpoints, found.data_dir, temperature=found.temperature), found.name,
+                       found.version)
         answerer.warm_up()
         answerer.load_seconds = time.perf_counter() - started
         return answerer

@@ -200,6 +200,22 @@ class ServeApi:
 
 
 @dataclass(frozen=True)
+class ModelFiles:
+    """What a logged model is made of: its checkpoints (one reader, or an ensemble's members),
+    the prepared folder whose vocabulary they read, and the temperature an ensemble's averaged
+    distributions are scaled by."""
+
+    checkpoints: tuple[Path, ...]
+    prepared: Path
+    temperature: float = 1.0
+
+    @classmethod
+    def of(cls, checkpoint: str | Path, prepared: Path) -> ModelFiles:
+        """One reader's model."""
+        return cls((Path(checkpoint),), Path(prepared))
+
+
+@dataclass(frozen=True)
 class LoadedModel:
     """A model's files on this machine, and its name and version (both strings)."""
 
@@ -207,3 +223,4 @@ class LoadedModel:
     data_dir: Path | None                # None: the vocabulary the checkpoints carry
     name: str
     version: str
+    temperature: float = 1.0             # what an ensemble's averaged distributions are scaled by

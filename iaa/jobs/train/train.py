@@ -21,7 +21,7 @@ from iaa.files import spellings
 from iaa.jobs import interrupt
 from iaa.jobs.modeling import precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig, to_dict
-from iaa.jobs.ports import Launcher, RestoresSpent, TrackedRun, Tracker, WorkersRequest
+from iaa.jobs.ports import Launcher, ModelFiles, RestoresSpent, TrackedRun, Tracker, WorkersRequest
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.predictor import MODEL_CODE
 from iaa.jobs.training.session import MetricsCallback
@@ -126,7 +126,7 @@ def _log_result(tracker: Tracker, tracked: TrackedRun, result: TrainResult, prep
     tracked.set_tags({"checkpoint": result.checkpoint})
     model_uri = None
     if result.checkpoint:
-        model_uri = tracker.log_model(tracked, [Path(result.checkpoint)], prepared, register, code=MODEL_CODE)
+        model_uri = tracker.log_model(tracked, ModelFiles.of(result.checkpoint, prepared), register, code=MODEL_CODE)
     best = result.best_valid_acc if result.best_valid_acc is not None else 0.0
     tracked.log_metrics({"final_best_valid_acc": best}, step=int(result.steps))
     return model_uri

@@ -18,8 +18,7 @@ from iaa.jobs.evaluation.closing import next_block
 from iaa.jobs.evaluation.frequency import BaselineResult
 from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 from iaa.jobs.config import exploration, search_space
-from iaa.jobs.ports import (TrackedRun, Tracker,
-                            TrialRecord)
+from iaa.jobs.ports import ModelFiles, TrackedRun, Tracker, TrialRecord
 from iaa.jobs.sweeps.ranking import Ranking
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
@@ -326,7 +325,7 @@ def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared:
     for trial in records:             # every trained reader is a logged model; the best one comes last
         if trial is not best and trial.mlflow_run_id and trial.checkpoint and Path(trial.checkpoint).is_file():
             runs.append(tracker.attach(trial.mlflow_run_id))
-            tracker.log_model(runs[-1], [Path(trial.checkpoint)], prepared, code=MODEL_CODE)
+            tracker.log_model(runs[-1], ModelFiles.of(trial.checkpoint, prepared), code=MODEL_CODE)
     page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
                        out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png",
                        source=f"sweep {sweep_dir.name}, trial {best.label}")
@@ -336,7 +335,7 @@ def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared:
         runs.append(run)
         for artifact in (page.html, page.png):
             run.log_artifact(Path(artifact), "explain")
-        out["model_uri"] = tracker.log_model(run, [Path(best.checkpoint)], prepared, register, code=MODEL_CODE)
+        out["model_uri"] = tracker.log_model(run, ModelFiles.of(best.checkpoint, prepared), register, code=MODEL_CODE)
     unlogged = []
     for run in runs:
         if run.lost:

@@ -34,6 +34,7 @@ KINDS: dict[str, tuple[str, Any]] = {
     "number": ("a finite number", _number),
     "factor": ("a finite number above 1", lambda v: _number(v) and v > 1),
     "seconds": ("a finite number of seconds above 0", lambda v: _number(v) and v > 0),
+    "temperature": ("a temperature: a finite number above 0", lambda v: _number(v) and v > 0),
     "integer": ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "count": ("a whole number >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
     "positive": ("a whole number >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
