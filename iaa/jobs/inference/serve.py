@@ -99,7 +99,8 @@ class AnswerOut(BaseModel):
 
     id: str = Field(description="the question's id, or its place in the request (1, 2, ...)")
     prediction: str = Field(description="the candidate the reader chose")
-    probs: dict[str, float] = Field(description="each candidate's probability")
+    probs: dict[str, float] = Field(description="each candidate's probability (an ensemble's average, at the "
+                                                "temperature fitted to its valid split)")
     correct: bool | None = Field(None, description="whether the prediction is the answer, when the question gave one")
     unknown_share: float = Field(description="the share of the document outside the model's vocabulary, 0 to 1")
     unknown_candidates: list[str] = Field(description="the candidates outside the model's vocabulary")
