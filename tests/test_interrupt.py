@@ -383,3 +383,27 @@ def test_a_signal_during_a_fork_is_handled_after_the_fork_leaving_logging_unlock
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["['held',", "'raised']", "['KeyboardInterrupt']", "logging", "free"], proc.stdout
+
+
+@pytest.mark.parametrize("stopped", ["the job's", "a bare KeyboardInterrupt"])
+def test_a_signal_right_after_the_command_arms_its_last_handler_says_the_whole_line(monkeypatch, stopped) -> None:
+    """The console's handler of a next signal is armed before the line is made; a signal in
+    between still says the job's line (what is kept, the resume command), never a bare word."""
+    from iaa.cli import output
+    from iaa.jobs import interrupt
+
+    class Ended(Exception):
+        pass
+
+    said: list[str] = []
+    monkeypatch.setattr(output, "EXIT_AT_ONCE", True)
+    monkeypatch.setattr(interrupt, "arm", lambda handler: handler(signal.SIGINT, None))   # the signal comes now
+    monkeypatch.setattr(interrupt, "say", said.append)
+    monkeypatch.setattr(interrupt, "end_process", lambda code: (_ for _ in ()).throw(Ended(code)))
+    err = (interrupt.Interrupted("SIGTERM", "kept the run; resume with: iaa-cli train --resume")
+           if stopped == "the job's" else KeyboardInterrupt())
+    with pytest.raises(Ended) as ended:
+        output._interrupted(err)
+    assert ended.value.args == (130,)                          # the second signal's status
+    expected = "resume with: iaa-cli train --resume" if stopped == "the job's" else "interrupted by SIGINT"
+    assert_says(said[0], expected)

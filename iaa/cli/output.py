@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -131,20 +132,23 @@ def _interrupted(err: KeyboardInterrupt) -> None:
     status 128 + the signal's number (130 for Ctrl-C)."""
     from iaa.jobs import interrupt
 
-    said = ["interrupted"]               # the line, as far as it is known when a next signal comes
     if EXIT_AT_ONCE:                     # another signal from here on ends the process, with the line
-        interrupt.arm(lambda signum, frame: (interrupt.say(said[0]), interrupt.end_process(128 + signum)))
-    if not isinstance(err, interrupt.Interrupted):
-        err = interrupt.Interrupted("SIGINT")
-    said[0] = err.message or str(err)
-    said[0] = shown(said[0])
+        interrupt.arm(lambda signum, frame: (interrupt.say(_stop_line(err)), interrupt.end_process(128 + signum)))
+    line, code = _stop_line(err), err.exit_code if isinstance(err, interrupt.Interrupted) else 128 + signal.SIGINT
     if EXIT_AT_ONCE:
         # everything is marked: a local Ray's orderly shutdown would take seconds more, so the
         # processes this one started end with it (interrupt.end_process)
-        interrupt.say(said[0])
-        interrupt.end_process(err.exit_code)
-    click.echo(said[0], err=True)
-    raise SystemExit(err.exit_code)
+        interrupt.say(line)
+        interrupt.end_process(code)
+    click.echo(line, err=True)
+    raise SystemExit(code)
+
+
+def _stop_line(err: KeyboardInterrupt) -> str:
+    """The stop's one line: the job's (what is kept, how to resume), else ``interrupted by SIGINT``."""
+    from iaa.jobs import interrupt
+
+    return shown(err.message or str(err) if isinstance(err, interrupt.Interrupted) else str(interrupt.Interrupted()))
 
 
 EXIT_AT_ONCE = False     # set by main(): the process is the command's own, not a test runner's
