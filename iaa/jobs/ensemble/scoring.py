@@ -19,8 +19,8 @@ def cost_line(members: int, sizes: Mapping[str, int], name: str) -> str:
     """What the pass costs, in reader passes over questions, before it starts."""
     per_member = sum(sizes.values())
     splits = " and ".join(f"{split} ({n} questions)" for split, n in sizes.items() if n)
-    return (f"ensemble {name}: scoring {members} members on {splits}: {members} x {per_member} = "
-            f"{members * per_member} questions read, one reader pass each")
+    return (f"ensemble {name}: scoring {members} member{'' if members == 1 else 's'} on {splits}: {members} x "
+            f"{per_member} = {members * per_member} questions read, one reader pass each")
 
 
 def accuracy_keys(summary: Mapping[str, Any], sizes: Mapping[str, int]) -> dict[str, Any]:
