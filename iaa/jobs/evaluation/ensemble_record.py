@@ -32,7 +32,8 @@ RULES = {"name": "name", "dataset": "text?", "sweep": "name?", "data_dir": "text
          "tracking_uri": "text?", "valid_acc": "accuracy?", "test_acc": "accuracy?",
          "mean_member_valid_acc": "accuracy?", "mean_member_test_acc": "accuracy?",
          "mean_selected_valid_acc": "accuracy?", "mean_selected_test_acc": "accuracy?",
-         "member_valid_acc": "list?", "temperature": "temperature?", "member_test_acc": "list?", "member_sha256": "mapping?", "all_members": "list?"}
+         "member_valid_acc": "list?", "member_test_acc": "list?", "member_sha256": "mapping?", "all_members": "list?",
+         "temperature": "temperature?"}
 
 
 SCHEMA = 1
