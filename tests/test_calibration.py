@@ -252,3 +252,4 @@ def test_the_temperature_line_says_where_it_was_measured():
     assert_says(temperature_line(0.62, valid), "valid calibration error 7.7 -> 2.1", "the questions it was fitted to")
     assert_says(temperature_line(calibration.TEMPERATURES[0], valid), "the edge of the range searched")
     assert temperature_line(1.0, test) == "" and temperature_line(0.62, None) == ""
+    assert_says(temperature_line(1.0, test, all_right=True), "not fitted", "every valid answer is right")

@@ -345,7 +345,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
         summary = {**result.fields(), "name": name, "dataset": dataset, "data_dir": str(prepared),
                    "ensemble_dir": str(out_dir), "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
                    "sweep": req.sweep, "tracking_uri": uri, "mlflow_run_id": run.run_id,
-                   "member_sha256": {str(m.checkpoint): m.sha256 for m in members}}
+                   "member_sha256": {str(m.checkpoint): m.sha256 for m in members}, "calibrate": req.calibrate}
         summary.update(scoring.accuracy_keys(summary, sizes))
         ranked = (configurations.scores([m.config for m in members], result.member_valid_acc, sweep.trials)
                   if sweep is not None and req.top_configs > 1 else [])

@@ -59,6 +59,7 @@ class EnsembleResult(Result):
     model_uri: str | None = None
     calibration: dict[str, float] | None = absent_when_none()   # iaa.jobs.evaluation.averaging.calibrations
     temperature: float = 1.0                    # the ensemble's distributions are scaled by it (fitted on valid)
+    calibrate: bool = True                      # whether it was fitted (False: --no-calibrate)
     configurations: tuple[dict[str, Any], ...] | None = absent_when_none()
     configuration_lead: dict[str, Any] | None = absent_when_none()
 
@@ -91,9 +92,13 @@ def calibration_line(found: Mapping[str, float] | None) -> str:
             f"{100 * error:.1f} points (members {100 * member_error:.1f})\n")
 
 
-def temperature_line(temperature: float, found: Mapping[str, float] | None) -> str:
+def temperature_line(temperature: float, found: Mapping[str, float] | None, all_right: bool = False) -> str:
     """What the temperature fitted on valid did: to the test split's figures where there is one
-    (questions it was not fitted to), else to valid's; "" at 1.0."""
+    (questions it was not fitted to), else to valid's; at 1.0, why where valid was answered
+    ``all_right`` (it cannot say how sure to be), else ""."""
+    if temperature == 1.0 and all_right:
+        return ("  temperature:  not fitted: every valid answer is right, so valid cannot say how sure the "
+                "ensemble should be\n")
     if temperature == 1.0 or not found:
         return ""
     split = "test" if "calibrated_test_log_loss" in found else "valid"
@@ -119,7 +124,8 @@ def describe(result: EnsembleResult) -> str:
             + ("" if mean is None else f" (members alone: {mean:.4f} on average, "
                                       f"{max(result.member_valid_acc):.4f} the best)") + "\n"
             + calibration_line(result.calibration)
-            + temperature_line(result.temperature, result.calibration)
+            + (temperature_line(result.temperature, result.calibration, result.valid_acc == 1.0)
+               if result.calibrate else "")
             + f"  folder:       {result.ensemble_dir}\n"
             + (f"  model:        {result.model_uri}\n" if result.model_uri else "")
             + next_block(result.next))
