@@ -134,7 +134,8 @@ def _interrupted(err: KeyboardInterrupt) -> None:
 
     if EXIT_AT_ONCE:                     # another signal from here on ends the process, with the line
         interrupt.arm(lambda signum, frame: (interrupt.say(_stop_line(err)), interrupt.end_process(128 + signum)))
-    line, code = _stop_line(err), err.exit_code if isinstance(err, interrupt.Interrupted) else 128 + signal.SIGINT
+    line = _stop_line(err)
+    code = err.exit_code if isinstance(err, interrupt.Interrupted) else 128 + signal.SIGINT
     if EXIT_AT_ONCE:
         # everything is marked: a local Ray's orderly shutdown would take seconds more, so the
         # processes this one started end with it (interrupt.end_process)

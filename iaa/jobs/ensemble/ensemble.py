@@ -12,9 +12,10 @@ Members come from one of two places:
 
 Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.evaluation.averaging`
 does the alignment, averaging and selection, and fits the temperature that calibrates the
-ensemble's probabilities on valid (``calibrate``), which its model answers with. Everything lands in ``WORKDIR/ensembles/NAME/``,
-and one MLflow run, open for the whole job, records it (:mod:`iaa.jobs.ensemble.ensemble_run`; the
-members it trains nest under it, and it under the sweep's parent run).
+ensemble's probabilities on valid (``calibrate``), which its model answers with. Everything
+lands in ``WORKDIR/ensembles/NAME/``, and one MLflow run, open for the whole job, records it
+(:mod:`iaa.jobs.ensemble.ensemble_run`; the members it trains nest under it, and it under the
+sweep's parent run).
 ``ensemble.json`` names every member with the sha256 of the file taken when the ensemble first
 read it (``member_sha256``); paths inside the work folder are stored relative to it
 (:mod:`iaa.jobs.evaluation.ensemble_record`), so the folder means the same wherever it is used or
