@@ -4,8 +4,9 @@
 Lines (``id``, ``document``, ``query``, ``candidates``, optionally ``answer``) and returns the
 same rows: ``{"id", "prediction", "probs"[, "correct"], "unknown_share", "unknown_candidates"[,
 "warning"]}``. A model holds one checkpoint, or the members of a seed ensemble (their
-probabilities are averaged, then scaled by the temperature its ``calibration`` artifact holds). The ``iaa`` package travels in ``code_paths``, so the model loads
-and serves without this repository (``mlflow models serve -m models:/NAME/1 --env-manager local``).
+probabilities are averaged, then scaled by the temperature its ``calibration`` artifact holds).
+The ``iaa`` package travels in ``code_paths``, so the model loads and serves without this
+repository (``mlflow models serve -m models:/NAME/1 --env-manager local``).
 
 The model is logged as code (MLflow's models-from-code): ``python_model`` is the path of a code
 file that the composition root names (:mod:`iaa.cli.logged_model`). MLflow copies the file into
@@ -128,7 +129,7 @@ def _stage(files: ModelFiles, folder: Path, code: ModelCode) -> tuple[dict[str, 
         config = config or state["config"]           # the first member's config describes the model
         artifacts[f"member_{i:02d}"] = str(_model_only(state, folder / f"member_{i:02d}.pt", code.write))
     metadata = {"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
-                "manifest_digest": manifest_digest(prepared), "temperature": temperature}
+                "manifest_digest": manifest_digest(prepared)}
     if temperature != 1.0:
         (folder / CALIBRATION).write_text(json.dumps({"temperature": temperature}), encoding="utf-8")
         artifacts["calibration"] = str(folder / CALIBRATION)
@@ -172,10 +173,9 @@ def _log_kwargs(files: ModelFiles, folder: Path, code: ModelCode, model_file: Pa
     """``model_file`` is the model's code (models-from-code): MLflow copies it into the model and
     runs it, with the ``iaa`` package of ``code_paths`` importable, to rebuild the model."""
     artifacts, metadata = _stage(files, folder, code)
-    prepared = files.prepared
     return dict(python_model=str(model_file), artifacts=artifacts, code_paths=[str(Path(iaa.__file__).resolve().parent)],
                 pip_requirements=requirements(), metadata=metadata, signature=signature(),
-                input_example=input_example(_placeholder(prepared)))
+                input_example=input_example(_placeholder(files.prepared)))
 
 
 @contextmanager

@@ -107,7 +107,8 @@ def temperature_line(temperature: float, found: Mapping[str, float] | None, all_
     if any(found.get(key) is None for key in keys):
         return ""
     error, scaled_error, loss, scaled_loss = (found[key] for key in keys)
-    edge = " (the edge of the range searched)" if not TEMPERATURES[0] * 1.01 < temperature < TEMPERATURES[1] / 1.01 else ""
+    inside = TEMPERATURES[0] * 1.01 < temperature < TEMPERATURES[1] / 1.01
+    edge = "" if inside else " (the edge of the range searched)"
     fitted = "" if split == "test" else " (the questions it was fitted to)"
     return (f"  temperature:  {temperature:.3g}, fitted on valid{edge}: {split} calibration error "
             f"{100 * error:.1f} -> {100 * scaled_error:.1f} points, log-loss {loss:.3f} -> {scaled_loss:.3f}{fitted}\n")
