@@ -31,20 +31,13 @@ import pyarrow.parquet as pq
 from iaa.jobs.evaluation import calibration
 
 
-def padded(rows: list[list[float]]) -> np.ndarray:
-    out = np.zeros((len(rows), max(len(r) for r in rows)))
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out
-
-
 def split_of(table: Any, split: str) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]] | None:
     """The plain average, the gold answers and each member's distributions of ``split``."""
     rows = [r for r in table.to_pylist() if r["split"] == split]
     if not rows:
         return None
-    members = [padded([r["member_probs"][m] for r in rows]) for m in range(len(rows[0]["member_probs"]))]
-    return padded([r["probs"] for r in rows]), np.array([r["gold"] for r in rows]), members
+    members = [calibration.padded([r["member_probs"][m] for r in rows]) for m in range(len(rows[0]["member_probs"]))]
+    return calibration.padded([r["probs"] for r in rows]), np.array([r["gold"] for r in rows]), members
 
 
 def figures(probs: np.ndarray, gold: np.ndarray) -> dict[str, float]:

@@ -73,7 +73,7 @@ def test_ensemble_of_two_seeds_via_cli(env: Path, monkeypatch: pytest.MonkeyPatc
     temperature = out["temperature"]
     valid = [r for r in rows if r["split"] == "valid"]
     mean, gold = [np.array(r["probs"]) for r in valid], [r["gold"] for r in valid]
-    assert temperature == pytest.approx(calibration.fit_temperature(_padded(mean), np.array(gold)))
+    assert temperature == pytest.approx(calibration.fit_temperature(calibration.padded(mean), np.array(gold)))
     for r in rows:
         assert r["calibrated_probs"] == pytest.approx(calibration.scaled(np.array([r["probs"]]), temperature)[0].tolist())
     if temperature != 1.0:
@@ -111,10 +111,3 @@ def test_ensemble_of_two_seeds_via_cli(env: Path, monkeypatch: pytest.MonkeyPatc
     assert res.exit_code == 0, res.output
     plain = last_json(res.stdout)
     assert plain["temperature"] == 1.0 and not any(k.startswith("calibrated_") for k in plain["calibration"])
-
-
-def _padded(rows: list[np.ndarray]) -> np.ndarray:
-    out = np.zeros((len(rows), max(len(r) for r in rows)))
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out

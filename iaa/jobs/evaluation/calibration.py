@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -65,13 +66,17 @@ def of(probs: np.ndarray, gold: np.ndarray) -> Calibration:
     return Calibration(loss, float(gap), float(confidence.mean()))
 
 
-def of_rows(probs: list[list[float]], gold: list[int]) -> Calibration:
+def of_rows(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> Calibration:
     """:func:`of` for ragged rows of candidate probabilities (CNN's counts vary per question)."""
-    width = max((len(p) for p in probs), default=0)
-    padded = np.zeros((len(probs), width))
-    for i, row in enumerate(probs):
-        padded[i, : len(row)] = row
-    return of(padded, np.asarray(gold))
+    return of(padded(probs), np.asarray(gold))
+
+
+def padded(rows: Sequence[Sequence[float]]) -> np.ndarray:
+    """Ragged rows of candidate probabilities as one (E, C) array, 0 past each row's candidates."""
+    out = np.zeros((len(rows), max((len(r) for r in rows), default=0)))
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
 
 
 def scaled(probs: np.ndarray, temperature: float) -> np.ndarray:
