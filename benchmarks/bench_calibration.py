@@ -14,7 +14,8 @@ the plain average of its members (``probs``):
   does), measured on test.
 
 Beside them, the members' own figures on average (``member_probs``), plain and each at a
-temperature of its own, cross-fitted the same way: what calibrating a single reader would do.
+temperature of its own, cross-fitted the same way: what the temperature that training fits
+(and the checkpoint keeps) does to a single reader's answers on questions it was not fitted to.
 Nothing here is timed.
 """
 
@@ -96,7 +97,8 @@ def measure(folder: Path, folds: int, repeats: int, seed: int) -> dict[str, Any]
 def line(found: dict[str, Any]) -> str:
     cross, members = found["valid_cross_fitted"], found["valid_members_cross_fitted"]
     plain, scaled = cross["plain"], cross["scaled"]
-    return (f"{found['ensemble']}: {found['members']} members, valid {plain['accuracy']:.4f} "
+    count = f"{found['members']} member{'s' if found['members'] != 1 else ''}"
+    return (f"{found['ensemble']}: {count}, valid {plain['accuracy']:.4f} "
             f"(members {found['valid_members_mean']['accuracy']:.4f}); T {found['temperature_on_all_valid']:.3f} "
             f"on all of valid ({cross['temperature_range'][0]:.3f}-{cross['temperature_range'][1]:.3f} on its parts); "
             f"held out: calibration error {100 * plain['calibration_error']:.2f} -> "

@@ -14,14 +14,16 @@ from iaa.model.reader import build_reader
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 
-def tiny_checkpoint(prepared: Path, out: Path, kind: str = "iaa", steps: int = 3, seed: int = 0) -> Path:
-    """A randomly initialised reader of ``kind`` saved as a checkpoint that matches ``prepared``."""
+def tiny_checkpoint(prepared: Path, out: Path, kind: str = "iaa", steps: int = 3, seed: int = 0,
+                    temperature: float = 1.0) -> Path:
+    """A randomly initialised reader of ``kind`` saved as a checkpoint that matches ``prepared``,
+    answering at ``temperature``."""
     cfg = resolve.job_config("cbt-ne", prepared, model_kind=kind, sets=TINY_SETS)
     cfg = replace(cfg, model=replace(cfg.model, steps=steps))
     torch.manual_seed(seed)
     model = build_reader(cfg.model)
     vocab_hash = PreparedData.open(prepared).manifest["vocab_hash"]
-    return checkpoint.save(out, checkpoint.make_state(cfg, model, vocab_hash=vocab_hash))
+    return checkpoint.save(out, checkpoint.make_state(cfg, model, vocab_hash=vocab_hash, temperature=temperature))
 
 
 def tiny_setup(root: Path) -> tuple[Path, dict[str, Path]]:

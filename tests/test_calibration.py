@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,51 @@ def test_the_temperature_stays_in_its_range_and_is_1_where_nothing_tells():
     assert calibration.fit_temperature(np.array([[0.7, 0.3, 0.0]]), np.array([2])) == 1.0
     assert calibration.fit_temperature(np.zeros((0, 2)), np.zeros(0, dtype=int)) == 1.0
     assert low < calibration.fit_temperature(right, np.array([1, 1] * 5)) <= high
+
+
+class _Summed:
+    """Sums figures over ``n`` threads, as a data-parallel run's all-reduce does over its workers:
+    each call waits for the others' (a thread that calls once more or less times out)."""
+
+    def __init__(self, n: int) -> None:
+        self.barrier = threading.Barrier(n, timeout=20)
+        self.lock = threading.Lock()
+        self.figures: list[float] | None = None
+        self.done: list[float] = []
+
+    def __call__(self, figures):
+        with self.lock:
+            self.figures = list(figures) if self.figures is None else [a + b for a, b in zip(self.figures, figures)]
+        if self.barrier.wait() == 0:
+            self.done, self.figures = self.figures, None
+        self.barrier.wait()
+        return list(self.done)
+
+
+def test_shares_of_the_questions_find_the_temperature_of_all_of_them():
+    """Each worker of a data-parallel run holds a share of the validation questions: one answers
+    all of its own right, one holds none that tells; all find the temperature of the whole."""
+    probs, gold = _drawn(np.random.default_rng(3), 600, 5)
+    probs = calibration.scaled(probs, 2.0)
+    right = probs.argmax(axis=1) == gold
+    shares = [(probs[right][:100], gold[right][:100]),                     # every answer right
+              (probs[100:], gold[100:]),
+              (np.array([[1.0, 0.0, 0.0, 0.0, 0.0]] * 3), np.zeros(3, dtype=int))]   # nothing to tell
+    whole = calibration.fit_temperature(np.concatenate([p for p, _ in shares]),
+                                        np.concatenate([g for _, g in shares]))
+    summed, found = _Summed(len(shares)), {}
+
+    def fit(i: int) -> None:
+        found[i] = calibration.fit_temperature(*shares[i], total=summed)
+
+    threads = [threading.Thread(target=fit, args=(i,)) for i in range(len(shares))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert 0.3 < whole < 0.7                                     # softened: sharpen it again
+    assert [found.get(i) for i in range(len(shares))] == pytest.approx([whole] * len(shares), rel=1e-9)
+    assert calibration.fit_temperature(*shares[0]) == 1.0          # alone, the first share cannot tell
 
 
 def test_an_ensemble_fits_its_temperature_on_valid_and_reports_it_on_test(tmp_path: Path):

@@ -205,6 +205,39 @@ def test_an_ensemble_is_logged_as_code_and_loads_without_unpickling(tmp_path, mo
         assert g["probs"] == pytest.approx(e["probs"], abs=1e-6)
 
 
+def test_a_reader_answers_at_its_checkpoints_temperature_and_an_ensemble_at_its_own(tmp_path, monkeypatch):
+    """A lone reader's model answers at the temperature its checkpoint holds (the inference-only
+    copy keeps it); an ensemble of that reader at temperature 1 answers with the plain average."""
+    import mlflow
+    import pandas as pd
+
+    from iaa.cli.adapters import MODEL_FILE
+    from iaa.jobs.evaluation.predictor import MODEL_CODE, Predictor
+    from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking import connection, store
+    from tests._explain import tiny_checkpoint
+
+    prepared = make_tiny_prepared(tmp_path)
+    sharp = tiny_checkpoint(prepared, tmp_path / "sharp.pt", temperature=0.2)
+    uri = connection.open_store(Workdir(tmp_path / "work").tracking_uri())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    records = _questions(tmp_path, tmp_path / "q.jsonl", count=4)
+    answers = {}
+    for name, files in (("alone", ModelFiles.of(sharp, prepared)),
+                        ("ensemble", ModelFiles((sharp,), prepared, temperature=1.0))):
+        run = store.Run.start(uri, "tiny", name)
+        model_uri = mlflow_model.log(uri, run.run_id, files, MODEL_CODE, name, model_file=MODEL_FILE)
+        run.end()
+        assert mlflow_model.fetch(model_uri, uri).temperature == files.temperature
+        answers[name] = mlflow.pyfunc.load_model(model_uri).predict(pd.DataFrame(records))
+    for temperature, name in ((0.2, "alone"), (1.0, "ensemble")):
+        expected = Predictor.load([sharp], prepared, temperature=temperature).predict_records(records)
+        for got, want in zip(answers[name], expected):
+            assert got["probs"] == pytest.approx(want["probs"], abs=1e-6)
+    assert any(abs(a["probs"][w] - e["probs"][w]) > 1e-3
+               for a, e in zip(answers["alone"], answers["ensemble"]) for w in a["probs"])
+
+
 def test_a_model_pickled_by_an_older_iaa_still_loads(tmp_path):
     """Models logged before models-from-code hold a pickled ``ReaderModel`` carrying the loader;
     the class stays importable, so MLflow (which still allows pickles by default) loads them."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
@@ -12,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from iaa.cli import cli
 from iaa.jobs.config.job_config import config_label
 from iaa.jobs.modeling import checkpoint
-from iaa.jobs.evaluation import evaluate
+from iaa.jobs.evaluation import calibration, evaluate
 from iaa.jobs.config.job_config import JobConfig, from_dict, load, read_handoff
 from iaa.jobs.workdir.paths import Workdir
 from tests._platform import children, read_sweep, run_sweep, start_local_ray, write_space
@@ -82,6 +84,8 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
         assert len(acc) == trial["checks"] == len(loss) >= 2
         memory = client.get_metric_history(run.info.run_id, "resident_mb")
         assert len(memory) == len(acc) and all(50 < m.value < 64_000 for m in memory)   # MB of the trial's process
+        temperature = client.get_metric_history(run.info.run_id, "temperature")
+        assert len(temperature) == len(acc) and all(0.1 <= t.value <= 10 for t in temperature)
         assert [m.step for m in acc] == sorted({m.step for m in acc}) and acc[0].step > 0
 
     # the parent holds the search space and the best config, not a preset's value of a searched key
@@ -127,6 +131,10 @@ def test_train_with_two_workers_gives_a_checkpoint_that_evaluates(tiny: Path, tm
     # Validation was all-reduced over disjoint shares of the split: the reported best accuracy is
     # the accuracy of the best checkpoint on the whole split (up to float ties in the argmax).
     assert abs(scored.accuracy - result["best_valid_acc"]) <= 1 / 64 + 1e-9
+    # So was the temperature's fit: the checkpoint holds the one of the whole split.
+    rows = pq.read_table(tmp_path / "pred.parquet").to_pylist()
+    whole = calibration.fit_temperature(calibration.padded([r["probs"] for r in rows]), np.array([r["gold"] for r in rows]))
+    assert scored.temperature == pytest.approx(whole, rel=1e-3) and scored.temperature != 1.0
 
     checks = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [c["checks"] for c in checks] == list(range(1, len(checks) + 1)) and len(checks) >= 2

@@ -50,7 +50,7 @@ def _evaluated(setup, tmp_path) -> dict[str, dict[str, float]]:
                       "--out", str(out)])
     assert result.exit_code == 0, result.output
     rows = pq.read_table(out).to_pylist()
-    return {r["example_id"]: dict(zip(r["candidate_words"], r["probs"])) for r in rows}
+    return {r["example_id"]: dict(zip(r["candidate_words"], r["calibrated_probs"])) for r in rows}
 
 
 def test_raw_text_and_cbt_file_match_evaluate(setup, tmp_path):
@@ -113,6 +113,48 @@ def test_an_ensemble_answers_at_the_temperature_its_record_holds(setup, tmp_path
                       str(source), "--out", str(tmp_path / "bad.jsonl")])
     assert result.exit_code != 0
     assert_says(result.output, "ensemble.json", "temperature", "above 0")
+
+
+def test_a_reader_alone_answers_at_the_temperature_its_checkpoint_holds(setup, tmp_path):
+    """predict, evaluate, explain and what serve loads scale a lone reader's distributions by its
+    checkpoint's temperature, keeping every answer; an ensemble of it averages the plain ones."""
+    from iaa.jobs.evaluation import calibration, explain
+    from iaa.jobs.inference import serve
+    from iaa.jobs.ports import ModelSource
+
+    root, prepared, _ = setup
+    plain = tiny_checkpoint(prepared, tmp_path / "plain.pt")
+    sharp = tiny_checkpoint(prepared, tmp_path / "sharp.pt", temperature=0.2)       # the same weights
+    source = _valid_file(root)
+    found = {p.stem: _predict(["--checkpoint", str(p)], prepared, source, tmp_path / f"{p.stem}.jsonl")
+             for p in (plain, sharp)}
+    words = [list(r["probs"]) for r in found["plain"]]
+    flat = calibration.padded([[r["probs"][w] for w in ws] for r, ws in zip(found["plain"], words)])
+    scaled = calibration.padded([[r["probs"][w] for w in ws] for r, ws in zip(found["sharp"], words)])
+    assert np.allclose(scaled, calibration.scaled(flat, 0.2), atol=1e-6) and not np.allclose(scaled, flat, atol=1e-3)
+    assert [r["prediction"] for r in found["sharp"]] == [r["prediction"] for r in found["plain"]]
+
+    out = tmp_path / "eval.parquet"
+    result = _invoke(["evaluate", "--checkpoint", str(sharp), "--data", str(prepared), "--split", "valid",
+                      "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["temperature"] == 0.2
+    by_id = {r["example_id"]: r for r in pq.read_table(out).to_pylist()}
+    for row, answered in zip(found["sharp"], found["plain"]):
+        written = by_id[row["id"]]
+        assert written["calibrated_probs"] == pytest.approx([row["probs"][w] for w in written["candidate_words"]],
+                                                            abs=1e-5)
+        assert written["probs"] == pytest.approx([answered["probs"][w] for w in written["candidate_words"]], abs=1e-5)
+    shown = explain.run(sharp, prepared, "valid", first=2, out=tmp_path / "x.html").examples
+    for record in shown:
+        assert record["probs"] == pytest.approx(by_id[record["example_id"]]["calibrated_probs"], abs=1e-5)
+    assert serve.Answerer.load(ModelSource("checkpoint", str(sharp), str(prepared))).predictor.temperature == 0.2
+
+    ens = tmp_path / "ens"
+    ens.mkdir()
+    (ens / "ensemble.json").write_text(json.dumps({"members": [str(sharp)], "temperature": 1.0}), encoding="utf-8")
+    alone = _predict(["--ensemble", str(ens)], prepared, source, tmp_path / "ens.jsonl")
+    assert [r["probs"] for r in alone] == [pytest.approx(r["probs"], abs=1e-6) for r in found["plain"]]
 
 
 def test_unseen_candidates_stay_apart_and_absent_ones_get_zero(setup, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pyarrow.parquet as pq
 import pytest
@@ -15,6 +16,7 @@ from iaa.cli import cli
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.datasets import resolve
 from iaa.jobs.train import train as train_job
+from tests._faults import assert_says
 from tests._tiny import TINY_SETS, kill_after_checks, make_tiny_prepared
 
 
@@ -65,6 +67,30 @@ def test_kill_and_resume_equals_uninterrupted(tiny: Path, tmp_path: Path) -> Non
     assert [json.loads(x)["step"] for x in lines] == [
         json.loads(x)["step"] for x in (Path(full.run_dir) / "metrics.jsonl").read_text().splitlines()
     ]
+
+
+def test_each_check_fits_a_temperature_on_valid_and_the_checkpoint_keeps_it(tiny: Path, tmp_path: Path) -> None:
+    """The loop fits the temperature of its validation pass (no second pass); the best checkpoint
+    keeps the best check's, the one ``evaluate`` finds again from the checkpoint's answers."""
+    from iaa.jobs.evaluation import calibration, evaluate
+
+    result = train_job.run(_cfg(tiny), tiny, tmp_path / "run", show_progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    best = [r for r in rows if r["is_best"]][-1]
+    assert best["step"] == result.best_step and all(0.1 <= r["temperature"] <= 10 for r in rows)
+    temperature = checkpoint.temperature(checkpoint.load(Path(result.checkpoint)))
+    assert temperature == best["temperature"] != 1.0
+
+    found = evaluate.run(Path(result.checkpoint), tiny, "valid", out=tmp_path / "valid.parquet")
+    table = pq.read_table(tmp_path / "valid.parquet").to_pylist()
+    probs, gold = calibration.padded([r["probs"] for r in table]), np.array([r["gold"] for r in table])
+    assert found.temperature == temperature
+    assert calibration.fit_temperature(probs, gold) == pytest.approx(temperature, rel=1e-3)
+    assert found.calibrated_log_loss < found.log_loss          # the temperature that fits valid best
+    assert_says(evaluate.describe(found), f"temperature:  {temperature:.3g}, fitted on valid",
+                "the questions it was fitted to")
+    written = calibration.padded([r["calibrated_probs"] for r in table])
+    assert np.allclose(written, calibration.scaled(probs, temperature), atol=1e-6)
 
 
 def test_lr_decays_when_valid_accuracy_stalls(tiny: Path, tmp_path: Path) -> None:

@@ -3,8 +3,9 @@
 ``mlflow.pyfunc.load_model(uri).predict(df)`` takes the columns of ``iaa-cli predict``'s JSON
 Lines (``id``, ``document``, ``query``, ``candidates``, optionally ``answer``) and returns the
 same rows: ``{"id", "prediction", "probs"[, "correct"], "unknown_share", "unknown_candidates"[,
-"warning"]}``. A model holds one checkpoint, or the members of a seed ensemble (their
-probabilities are averaged, then scaled by the temperature its ``calibration`` artifact holds).
+"warning"]}``. A model holds one checkpoint (its probabilities scaled by the temperature the
+checkpoint holds), or the members of a seed ensemble (their probabilities are averaged, then
+scaled by the temperature its ``calibration`` artifact holds).
 The ``iaa`` package travels in ``code_paths``, so the model loads and serves without this
 repository (``mlflow models serve -m models:/NAME/1 --env-manager local``).
 
@@ -80,9 +81,8 @@ class ReaderModel(mlflow.pyfunc.PythonModel):
                            "log it again (iaa-cli train, tune or ensemble with --register), or serve its "
                            "files with `iaa-cli serve --model URI`")
         members = sorted(k for k in context.artifacts if k.startswith("member_"))
-        scale = temperature(context.artifacts)
         self.predictor = self.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]),
-                                   **({} if scale == 1.0 else {"temperature": scale}))
+                                   temperature=temperature(context.artifacts))
 
     # A DataFrame hint is one MLflow derives no schema from (the signature describes the columns),
     # so it neither validates against it nor advises adding hints.
@@ -108,12 +108,12 @@ def _plain(record: dict[str, Any]) -> dict[str, Any]:
 
 def _model_only(state: dict[str, Any], out: Path, write: Callable[[Path, dict[str, Any]], Path]) -> Path:
     """A checkpoint's state without optimizer and loop state (what inference needs), with its digest."""
-    return write(out, {k: state[k] for k in ("format", "config", "model", "vocab_hash", "vocab") if k in state})
+    return write(out, {k: state[k] for k in ("format", "config", "model", "vocab_hash", "vocab", "temperature") if k in state})
 
 
 def _stage(files: ModelFiles, folder: Path, code: ModelCode) -> tuple[dict[str, str], dict[str, Any]]:
-    """The model's artifacts (vocabulary, manifest, inference-only members and, at a temperature
-    other than 1, :data:`CALIBRATION`) in ``folder``, and its metadata; ``code`` reads and writes
+    """The model's artifacts (vocabulary, manifest, inference-only members and, for an ensemble,
+    :data:`CALIBRATION`) in ``folder``, and its metadata; ``code`` reads and writes
     checkpoints."""
     checkpoints, prepared, temperature = files.checkpoints, files.prepared, files.temperature
     if not checkpoints:
@@ -130,16 +130,17 @@ def _stage(files: ModelFiles, folder: Path, code: ModelCode) -> tuple[dict[str, 
         artifacts[f"member_{i:02d}"] = str(_model_only(state, folder / f"member_{i:02d}.pt", code.write))
     metadata = {"iaa_config": config, "members": len(checkpoints), "dataset": config.get("dataset"),
                 "manifest_digest": manifest_digest(prepared)}
-    if temperature != 1.0:
+    if temperature is not None:
         (folder / CALIBRATION).write_text(json.dumps({"temperature": temperature}), encoding="utf-8")
         artifacts["calibration"] = str(folder / CALIBRATION)
     return artifacts, metadata
 
 
-def temperature(artifacts: Mapping[str, Any]) -> float:
-    """The temperature a model's ``calibration`` artifact holds; 1.0 for a model without one."""
+def temperature(artifacts: Mapping[str, Any]) -> float | None:
+    """The temperature a model's ``calibration`` artifact holds (an ensemble's); None for a model
+    without one: a single reader answers at its checkpoint's own."""
     path = artifacts.get("calibration")
-    return 1.0 if path is None else float(json.loads(Path(path).read_text(encoding="utf-8"))["temperature"])
+    return None if path is None else float(json.loads(Path(path).read_text(encoding="utf-8"))["temperature"])
 
 
 def signature() -> ModelSignature:

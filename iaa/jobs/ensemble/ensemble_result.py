@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from iaa.jobs.evaluation import uncertainty
-from iaa.jobs.evaluation.calibration import TEMPERATURES
+from iaa.jobs.evaluation import calibration, uncertainty
 from iaa.jobs.evaluation.closing import Command, next_block, where
 from iaa.jobs.evaluation.result import Result, absent_when_none
 
@@ -107,11 +106,7 @@ def temperature_line(temperature: float, found: Mapping[str, float] | None, all_
     if any(found.get(key) is None for key in keys):
         return ""
     error, scaled_error, loss, scaled_loss = (found[key] for key in keys)
-    inside = TEMPERATURES[0] * 1.01 < temperature < TEMPERATURES[1] / 1.01
-    edge = "" if inside else " (the edge of the range searched)"
-    fitted = "" if split == "test" else " (the questions it was fitted to)"
-    return (f"  temperature:  {temperature:.3g}, fitted on valid{edge}: {split} calibration error "
-            f"{100 * error:.1f} -> {100 * scaled_error:.1f} points, log-loss {loss:.3f} -> {scaled_loss:.3f}{fitted}\n")
+    return f"  temperature:  {calibration.scaling_text(temperature, split, error, scaled_error, loss, scaled_loss)}\n"
 
 
 def describe(result: EnsembleResult) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -35,6 +36,7 @@ PREDICTION_SCHEMA = pa.schema(
         ("example_id", pa.string()),
         ("candidate_words", pa.list_(pa.string())),
         ("probs", pa.list_(pa.float32())),
+        ("calibrated_probs", pa.list_(pa.float32())),   # probs at the reader's temperature: what it answers with
         ("pred", pa.int32()),
         ("gold", pa.int32()),
         ("steps", pa.int32()),   # inference steps the example took (ACT readers); null otherwise
@@ -44,12 +46,15 @@ PREDICTION_SCHEMA = pa.schema(
 
 @torch.no_grad()
 def score_batches(model: nn.Module, batches: Iterable[Batch], device: torch.device | str = "cpu",
-                  forward: Callable[[Batch], torch.Tensor] | None = None) -> list[float]:
+                  forward: Callable[[Batch], torch.Tensor] | None = None,
+                  kept: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[float]:
     """``[correct, total, summed nll]`` of ``model`` over ``batches`` (eval mode).
 
     ``forward`` gives a batch's (B, C) log-probabilities (default: ``model(batch).log_probs``;
     :class:`iaa.jobs.modeling.graphs.CapturedForward` replays it from CUDA graphs). The sums
-    stay on the device until the last batch: one read back, not two per batch.
+    stay on the device until the last batch: one read back, not two per batch. ``kept``: a list
+    that each batch's candidate probabilities (B, C) and gold answers (B,) are appended to, on
+    the device (:func:`iaa.jobs.evaluation.calibration.stacked` reads them back).
     """
     model.eval()
     forward = forward or (lambda batch: model(batch).log_probs)
@@ -60,6 +65,8 @@ def score_batches(model: nn.Module, batches: Iterable[Batch], device: torch.devi
         log_p = forward(batch)                                 # (B, C)
         sums[0] += (log_p.argmax(dim=1) == batch.answer).sum()
         sums[1] += nll_loss(log_p, batch.answer).double() * len(batch)
+        if kept is not None:
+            kept.append((candidate_probs(log_p.detach()), batch.answer))
         total += len(batch)
     correct, nll = sums.tolist()
     return [correct, float(total), nll]
@@ -108,6 +115,7 @@ class Examples:
     title: str                 # "DATASET (SPLIT)", or the input file
     inputs: dict[str, Any]     # what the output policy keeps outputs off
     warnings: tuple[str, ...] = ()   # about the input's questions (a candidate absent from its document)
+    temperature: float = 1.0         # the one the reader answers at (iaa.jobs.modeling.checkpoint.temperature)
 
 
 def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split: str | None = None,
@@ -136,7 +144,7 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
         model = predictor.models[0]
         return Examples(model, model.cfg.kind, table.slice(0, limit), predictor.vocab.tokens, Path(input_path).stem,
                         str(input_path), {"the checkpoint": checkpoint_path, "the input": input_path},
-                        tuple(str(w.message) for w in caught))
+                        tuple(str(w.message) for w in caught), predictor.temperature)
     from iaa.data.loader import PreparedData
 
     assert data_dir is not None and split is not None
@@ -146,21 +154,27 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
     table = data.table(split) if limit is None else data.rows(split, 0, limit)
     return Examples(model, cfg.model.kind, table, data.vocab.tokens, split,
                     f"{data.manifest.get('dataset', data_dir)} ({split})",
-                    {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)})
+                    {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)},
+                    temperature=checkpoint.temperature(state))
 
 
 @dataclass(frozen=True, kw_only=True)
 class EvaluateResult(Result):
     """``iaa-cli evaluate``: a checkpoint's accuracy on a split (or a questions file), how far its
     probabilities can be taken at their word (``log_loss``, ``calibration_error``:
-    :mod:`iaa.jobs.evaluation.calibration`) and where its per-example predictions went; the
-    halting steps where the reader is an ACT one."""
+    :mod:`iaa.jobs.evaluation.calibration`), plain and at the temperature it answers at
+    (``calibrated_*``), and where its per-example predictions went; the halting steps where the
+    reader is an ACT one."""
 
     accuracy: float
     accuracy_stderr: float | None
     log_loss: float
     calibration_error: float
     mean_confidence: float
+    temperature: float                  # fitted on valid while the reader trained; 1.0 for an older checkpoint
+    calibrated_log_loss: float
+    calibrated_calibration_error: float
+    calibrated_mean_confidence: float
     data_dir: str | None                # None: the questions of ``input``
     predictions: str                    # the Parquet file written
     split: str | None
@@ -202,18 +216,21 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
         if progress is not None:
             progress(1)
     seconds = time.perf_counter() - start
+    probs, gold = calibration.padded([r["probs"] for r in rows]), np.array([r["gold"] for r in rows])
+    scaled = calibration.scaled(probs, found.temperature)
+    rows = [{**r, "calibrated_probs": scaled[i, :len(r["probs"])].tolist()} for i, r in enumerate(rows)]
     words = dict(zip(table.column("example_id").to_pylist(), table.column("candidate_words").to_pylist()))
     write_predictions(rows, words, out)
     correct = sum(r["pred"] == r["gold"] for r in rows)
     accuracy = correct / max(len(rows), 1)
-    calibrated = calibration.of_rows([r["probs"] for r in rows], [r["gold"] for r in rows])
     data = None if data_dir is None else str(data_dir)
     source = {"data": data} if data else {"input_path": str(input_path)}
     steps = [r["steps"] for r in rows if r.get("steps") is not None]
     return EvaluateResult(
         accuracy=accuracy,
         accuracy_stderr=uncertainty.fields("accuracy", accuracy, len(rows))["accuracy_stderr"],
-        **calibrated.fields(),
+        **calibration.of(probs, gold).fields(), temperature=found.temperature,
+        **calibration.of(scaled, gold).fields("calibrated_"),
         data_dir=data, predictions=str(out), split=split,
         input=None if input_path is None else str(input_path),
         warnings=found.warnings,
@@ -230,8 +247,8 @@ RECORDED_PREFIX = "evaluate/"     # the recorded metrics' names: evaluate/test_a
 
 def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, store: str) -> EvaluateResult:
     """The result, its figures recorded on the MLflow run that trained the checkpoint
-    (:func:`_training_run`): ``evaluate/SPLIT_acc``,
-    ``evaluate/SPLIT_log_loss`` and ``evaluate/SPLIT_calibration_error``, and the predictions
+    (:func:`_training_run`): ``evaluate/SPLIT_acc``, ``evaluate/SPLIT_log_loss`` and
+    ``evaluate/SPLIT_calibration_error`` (and their ``calibrated_`` forms), and the predictions
     under ``evaluate/``. ``open_store`` opens the store (None: there is none). Questions of an input
     file, no store, one that cannot be opened or searched (a server that does not answer), no run
     naming the checkpoint or a store that refuses the figures (read-only, full) are said in
@@ -250,7 +267,9 @@ def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, sto
                                             "(their checkpoint and run_dir tags)")
     run = tracker.attach(run_id)
     run.log_metrics({f"{RECORDED_PREFIX}{result.split}_{key}": value for key, value in (
-        ("acc", result.accuracy), ("log_loss", result.log_loss), ("calibration_error", result.calibration_error))})
+        ("acc", result.accuracy), ("log_loss", result.log_loss), ("calibration_error", result.calibration_error),
+        ("calibrated_log_loss", result.calibrated_log_loss),
+        ("calibrated_calibration_error", result.calibrated_calibration_error))})
     run.log_artifact(Path(result.predictions), RECORDED_PREFIX.rstrip("/"))
     if run.lost:
         return replace(result, not_recorded=f"run {run_id} of {store} did not keep {', '.join(run.lost)}")
@@ -273,13 +292,16 @@ def describe(result: EvaluateResult) -> str:
     from iaa.jobs.evaluation import closing
 
     steps = f"; {result.mean_steps:.2f} inference steps on average" if result.mean_steps is not None else ""
-    calibrated = calibration.Calibration(result.log_loss, result.calibration_error, result.mean_confidence)
+    plain = calibration.Calibration(result.log_loss, result.calibration_error, result.mean_confidence)
+    scaled = calibration.scaling_text(result.temperature, result.split or "input", result.calibration_error,
+                                      result.calibrated_calibration_error, result.log_loss, result.calibrated_log_loss)
+    at_temperature = "" if result.temperature == 1.0 else f"  temperature:  {scaled}\n"
     recorded = (f"  recorded:     on MLflow run {result.recorded_on_run} as {RECORDED_PREFIX}{result.split}_acc, "
-                f"_log_loss and _calibration_error\n" if result.recorded_on_run else
+                f"_log_loss and _calibration_error (and their calibrated_ forms)\n" if result.recorded_on_run else
                 f"  not recorded: {result.not_recorded}\n" if result.not_recorded else "")
     return (f"{result.split or result.input} accuracy: "
             f"{uncertainty.accuracy_text(result.accuracy, result.examples)} over the examples{steps}\n"
-            f"  calibration:  {calibration.text(calibrated)}\n"
-            + recorded
+            f"  calibration:  {calibration.text(plain)}\n"
+            + at_temperature + recorded
             + f"  predictions:  {result.predictions}\n"
             + closing.next_block(result.next))

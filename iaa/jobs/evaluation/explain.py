@@ -14,7 +14,8 @@ from torch import nn
 from iaa.data.vocab import PLACEHOLDER_ID
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
-from iaa.jobs.evaluation import unknowns
+from iaa.jobs.evaluation import calibration, unknowns
+from iaa.jobs.evaluation.evaluate import Examples
 from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 
 ROUND = 6  # decimals kept in records and pages: enough to compare against the model
@@ -35,15 +36,16 @@ def select_rows(table: pa.Table, example_ids: Sequence[str], first: int | None, 
     return rows
 
 
-def example_records(model: nn.Module, table: pa.Table, tokens: Sequence[str], rows: Sequence[int],
-                    kind: str) -> list[dict[str, Any]]:
-    """One record per row: the words, the reader's trace of its steps (``forward(batch,
-    trace=True)``: attentions, gates, ACT's halting) and the final distribution."""
+def example_records(found: Examples, rows: Sequence[int]) -> list[dict[str, Any]]:
+    """One record per row of ``found``'s table: the words, the reader's trace of its steps
+    (``forward(batch, trace=True)``: attentions, gates, ACT's halting) and the final
+    distribution, at the temperature the reader answers at."""
     import torch
 
     from iaa.data.loader import collate
     from iaa.model.pointer import candidate_probs
 
+    model, table, tokens, kind = found.model, found.table, found.tokens, found.kind
     records = []
     model.eval()
     for row in rows:
@@ -54,7 +56,8 @@ def example_records(model: nn.Module, table: pa.Table, tokens: Sequence[str], ro
         record = one.to_pylist()[0]
         words = record["candidate_words"]
         doc = [words[c] if c >= 0 else tokens[i] for i, c in zip(record["doc"], record["doc_cand"])]
-        probs = [round(p, ROUND) for p in candidate_probs(log_p)[0].tolist()]
+        scaled = calibration.scaled(candidate_probs(log_p).double().numpy(), found.temperature)
+        probs = [round(p, ROUND) for p in scaled[0].tolist()]
         records.append({
             "example_id": record["example_id"],
             "model": kind,
@@ -116,21 +119,21 @@ def first_mistake(model: nn.Module, table: pa.Table, after: Sequence[int]) -> tu
     return None, end
 
 
-def with_a_mistake(model: nn.Module, table: pa.Table, tokens: Sequence[str], records: list[dict[str, Any]],
-                   rows: Sequence[int], kind: str, source: str) -> tuple[list[dict[str, Any]], str | None]:
+def with_a_mistake(found: Examples, records: list[dict[str, Any]], rows: Sequence[int],
+                   source: str) -> tuple[list[dict[str, Any]], str | None]:
     """``records``, and where every one of them is right, the record of the first example after them
     that the reader gets wrong (there is something to learn from a mistake): with a note saying so,
     or that the reader made none in the examples searched. Questions without an answer are skipped."""
     if not records or any(is_mistake(r) for r in records) or all(r["gold"] is None for r in records):
         return records, None
-    row, searched = first_mistake(model, table, rows)
+    row, searched = first_mistake(found.model, found.table, rows)
     if row is not None:
-        (added,) = example_records(model, table, tokens, [row], kind)
+        (added,) = example_records(found, [row])
         if is_mistake(added):
             above = "the example" if len(records) == 1 else f"the {len(records)} examples"
             return [*records, added], (f"{added['example_id']} is added: the reader got {above} above it right, "
                                        f"and this is the first one of {source} it gets wrong")
-    what = "every example" if searched >= table.num_rows else f"the first {searched:,} examples"
+    what = "every example" if searched >= found.table.num_rows else f"the first {searched:,} examples"
     return records, f"the reader gets {what} of {source} right: there is no mistake to show"
 
 
@@ -178,10 +181,10 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
                                   inputs={**found.inputs, "the HTML page (`out`)": out})
     where = f"the {split} split" if input_path is None else str(input_path)
     rows = select_rows(found.table, example_ids, first, where)
-    records = example_records(found.model, found.table, found.tokens, rows, found.kind)
+    records = example_records(found, rows)
     note = None
     if first:
-        records, note = with_a_mistake(found.model, found.table, found.tokens, records, rows, found.kind, where)
+        records, note = with_a_mistake(found, records, rows, where)
     title = f"{found.kind} on {found.title}" + (f", {source}" if source else "")
     atomic_write_text(out, render_page(records, title, origin=f"checkpoint {checkpoint_path}", note=note))
     gaps = unknowns.warnings_of([r["example_id"] for r in records], records)

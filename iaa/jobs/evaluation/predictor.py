@@ -4,9 +4,11 @@ cloze questions given as raw text (or CBT / CNN files); the same ``probs`` as ``
 A checkpoint carries its vocabulary (:func:`iaa.jobs.modeling.checkpoint.vocabulary`), so it answers from
 any folder; an older one without it needs the prepared folder it was trained on.
 
-An ensemble's distribution is the mean of its members' candidate probabilities, as in
-``iaa.jobs.evaluation.averaging``, at the temperature the ensemble was calibrated to
-(:func:`iaa.jobs.evaluation.calibration.scaled`; 1.0 leaves it as averaged).
+A reader alone answers at the temperature its checkpoint holds (fitted on valid while it
+trained: :func:`iaa.jobs.modeling.checkpoint.temperature`). An ensemble's distribution is the
+mean of its members' plain candidate probabilities, as in ``iaa.jobs.evaluation.averaging``, at
+the temperature the ensemble was calibrated to (:func:`iaa.jobs.evaluation.calibration.scaled`;
+1.0 leaves it as averaged).
 """
 
 from __future__ import annotations
@@ -38,15 +40,16 @@ class Predictor:
     vocab: Vocab
     lowercase: bool
     precision: str = "fp32"    # what the readers multiply in: fp32 | bf16
-    temperature: float = 1.0   # the averaged distributions are scaled by it (an ensemble's, fitted on valid)
+    temperature: float = 1.0   # the averaged distributions are scaled by it (fitted on valid)
 
     @classmethod
     def load(cls, checkpoints: Sequence[Path], data_dir: Path | None = None, precision: str = "auto",
-             temperature: float = 1.0) -> "Predictor":
+             temperature: float | None = None) -> "Predictor":
         """Rebuild each checkpoint, computing in ``precision`` (auto | fp32 | bf16, resolved here:
         ``iaa.jobs.modeling.precision_policy``), with the vocabulary of ``data_dir`` or else the
         one the first checkpoint carries; refuse a member trained on another vocabulary.
-        ``temperature``: what the averaged distributions are scaled by."""
+        ``temperature``: what the averaged distributions are scaled by (an ensemble's); None:
+        the one checkpoint's own, 1.0 for several."""
         from iaa.data.loader import PreparedData
 
         used = precision_lib.resolve(precision)
@@ -65,6 +68,8 @@ class Predictor:
         for path, _, _, state in loaded:
             checkpoint.check_vocab(state, vocab_hash, path, source, "an ensemble's members and the data must share one "
                                    "vocabulary; pass the prepared folder it was trained on with `data`")
+        if temperature is None:
+            temperature = checkpoint.temperature(loaded[0][3]) if len(loaded) == 1 else 1.0
         return cls(tuple(model for _, model, _, _ in loaded), vocab, lowercase, used, temperature)
 
     def predict(self, questions: Sequence[Question],

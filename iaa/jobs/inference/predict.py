@@ -55,7 +55,7 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
             "the input": input_path, "a checkpoint": checkpoints,
             "a file of the prepared data": outputs.data_files(data_dir),
             "a file of the ensemble": outputs.data_files(ensemble_dir)})
-    temperature = 1.0 if ensemble_dir is None else ensemble_temperature(Path(ensemble_dir))
+    temperature = None if ensemble_dir is None else ensemble_temperature(Path(ensemble_dir))
     predictor = Predictor.load(checkpoints, data_dir, precision, temperature)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

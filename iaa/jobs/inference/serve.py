@@ -99,8 +99,8 @@ class AnswerOut(BaseModel):
 
     id: str = Field(description="the question's id, or its place in the request (1, 2, ...)")
     prediction: str = Field(description="the candidate the reader chose")
-    probs: dict[str, float] = Field(description="each candidate's probability (an ensemble's average, at the "
-                                                "temperature fitted to its valid split)")
+    probs: dict[str, float] = Field(description="each candidate's probability (a reader's, or an ensemble's "
+                                                "average, at the temperature fitted to the valid split)")
     correct: bool | None = Field(None, description="whether the prediction is the answer, when the question gave one")
     unknown_share: float = Field(description="the share of the document outside the model's vocabulary, 0 to 1")
     unknown_candidates: list[str] = Field(description="the candidates outside the model's vocabulary")
@@ -238,7 +238,7 @@ def locate(source: ModelSource, fetch_model: ModelFetcher | None = None) -> Load
         return fetch_model(source.ref, source.tracking_uri)
     ref = Path(source.ref)
     if source.kind == "checkpoint":
-        checkpoints, temperature = [ref], 1.0
+        checkpoints, temperature = [ref], None
         name = ref.parent.parent.name if ref.parent.name == "checkpoints" else ref.stem
         digest = _digest(ref)
     else:

@@ -4,7 +4,7 @@ A checkpoint is a plain dict of CPU tensors and primitives, so it loads with
 ``torch.load(weights_only=True)`` on any machine, with or without a GPU. It holds the whole job
 config, so the model can be rebuilt from the file alone, its vocabulary (``vocab``: the prepared
 ``vocab.json`` text and the dataset's lowercasing, :func:`iaa.data.manifest.vocab_card`), so it
-answers raw questions alone, and the RNG and loop state, so ``--resume`` continues exactly. Checkpoints written before
+answers raw questions alone, the temperature that calibrates its answers (:func:`temperature`), and the RNG and loop state, so ``--resume`` continues exactly. Checkpoints written before
 the vocabulary was embedded still load; they need the prepared folder they were trained on. Since format 2 it also holds a sha256 digest of everything else,
 so a flipped bit in a tensor (which ``torch.load`` does not notice) is caught on load; since
 format 3 every file has one (format 2's model-only copies in logged MLflow models did not), and a
@@ -119,9 +119,11 @@ def make_state(
     optimizer: Any = None,
     progress: Mapping[str, Any] | None = None,
     vocab_hash: str = "",
+    temperature: float = 1.0,
 ) -> dict[str, Any]:
     """A checkpoint of ``model`` (on any device), optionally with the training state.
 
+    ``temperature``: the one that calibrates the reader's answers on valid (:func:`temperature`).
     ``optimizer`` is anything with ``state_dict()`` (``iaa.jobs.training.step.Optimizer``). Tensors are
     copied to the CPU, so the file loads anywhere; the RNG states of the CPU and, when in use, of
     the current CUDA device are kept for an exact resume.
@@ -131,6 +133,7 @@ def make_state(
         "config": to_dict(cfg),
         "model": to_cpu(unwrap(model).state_dict()),
         "vocab_hash": vocab_hash,
+        "temperature": float(temperature),
     }
     if optimizer is not None:
         state["optimizer"] = to_cpu(optimizer.state_dict())
@@ -141,6 +144,13 @@ def make_state(
     if progress is not None:
         state["progress"] = dict(progress)
     return state
+
+
+def temperature(state: Mapping[str, Any]) -> float:
+    """The temperature the reader's candidate distributions are scaled by when it answers alone
+    (:func:`iaa.jobs.evaluation.calibration.scaled`): fitted on valid at the check that wrote the
+    checkpoint; 1.0 for a checkpoint written before readers were calibrated."""
+    return float(state.get("temperature", 1.0))
 
 
 def vocabulary(state: Mapping[str, Any], source: Path | str) -> tuple[Vocab, bool] | None:

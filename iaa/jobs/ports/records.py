@@ -203,11 +203,11 @@ class ServeApi:
 class ModelFiles:
     """What a logged model is made of: its checkpoints (one reader, or an ensemble's members),
     the prepared folder whose vocabulary they read, and the temperature an ensemble's averaged
-    distributions are scaled by."""
+    distributions are scaled by (None: a single reader, which answers at its checkpoint's own)."""
 
     checkpoints: tuple[Path, ...]
     prepared: Path
-    temperature: float = 1.0
+    temperature: float | None = None
 
     @classmethod
     def of(cls, checkpoint: str | Path, prepared: Path) -> ModelFiles:
@@ -223,4 +223,4 @@ class LoadedModel:
     data_dir: Path | None                # None: the vocabulary the checkpoints carry
     name: str
     version: str
-    temperature: float = 1.0             # what an ensemble's averaged distributions are scaled by
+    temperature: float | None = None     # what an ensemble's averaged distributions are scaled by; None: the checkpoint's own

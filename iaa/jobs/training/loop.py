@@ -40,6 +40,7 @@ from iaa.errors import IaaError
 from iaa.jobs.modeling import checkpoint, precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig
 from iaa.jobs.ports import WorkerData, WorkerLink
+from iaa.jobs.evaluation import calibration
 from iaa.jobs.evaluation.evaluate import score_batches
 from iaa.jobs.modeling import graphs
 from iaa.jobs.modeling.objective import Objective
@@ -229,24 +230,30 @@ class Trainer:
             torch.cuda.synchronize(self.session.device)                    # the window's steps are done
         train_seconds = time.perf_counter() - self.window.start
         self._stop_if_diverged(self.window.total)                          # before a checkpoint is written
+        kept: list = []
         sums = score_batches(checkpoint.unwrap(self.model), self.session.valid_batches(), self.session.device,
-                             forward=self.forward)
+                             forward=self.forward, kept=kept)
         correct, total, nll = self.session.all_reduce_sum(sums)
+        temperature = calibration.fit_temperature(*calibration.stacked(kept), total=self.session.all_reduce_sum)
         valid_seconds = time.perf_counter() - self.window.start - train_seconds
         acc = correct / max(total, 1)
         improved = p.record_check(acc, lr_decay=tc.lr_decay, patience=tc.patience)
         self.optimizer.set_lr(tc.lr * p.lr_scale)
-        self.last = self._metrics(acc, nll / max(total, 1), train_seconds, valid_seconds)
-        state = checkpoint.make_state(self.cfg, self.model, self.optimizer, p.to_dict(), self.vocab_hash)
+        self.last = self._metrics(acc, nll / max(total, 1), temperature, train_seconds, valid_seconds)
+        state = checkpoint.make_state(self.cfg, self.model, self.optimizer, p.to_dict(), self.vocab_hash,
+                                      temperature=temperature)
         self.session.report(self.last, state, improved)
         self.bar.set_postfix(loss=f"{self.last['train_loss']:.3f}", valid_acc=f"{acc:.3f}",
                              best=f"{p.best_valid_acc:.3f}")
         self.window = _LossWindow()
         self.model.train()
 
-    def _metrics(self, valid_acc: float, valid_loss: float, train_seconds: float,
+    def _metrics(self, valid_acc: float, valid_loss: float, temperature: float, train_seconds: float,
                  valid_seconds: float) -> dict[str, Any]:
         """The metrics of a check: validation, the training loss and speed since the last one.
+
+        ``temperature``: the one that calibrates the reader's answers on valid at this check
+        (:func:`iaa.jobs.evaluation.calibration.fit_temperature`), saved in its checkpoint.
 
         ``train_examples_per_s`` counts the training steps' time only (from the end of the last
         check to the start of this one); the validation's own time is ``valid_seconds``.
@@ -263,6 +270,7 @@ class Trainer:
             "train_loss": loss_sum / max(batches, 1),
             "valid_acc": valid_acc,
             "valid_loss": valid_loss,
+            "temperature": temperature,
             "best_valid_acc": self.progress.best_valid_acc,
             "lr": self.optimizer.lr,
             "train_examples_per_s": self.window.batches * self.tc.batch_size * self.session.world_size / seconds,

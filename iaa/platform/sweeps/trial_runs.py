@@ -36,8 +36,8 @@ NODE_POLL_S = 1.0           # how often the console's callback asks Ray which no
 LOST_WORKER_TEXT = f"its worker was lost (its process or node died) with no restores left ({MAX_FAILURES_ENV})"
 
 # What a trial's child run records at every check.
-TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "best_valid_acc", "lr", "epoch", "train_examples_per_s",
-                 "resident_mb")
+TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "temperature", "best_valid_acc", "lr", "epoch",
+                 "train_examples_per_s", "resident_mb")
 
 
 def checkpoint_file(checkpoint_dir: str) -> str:
