@@ -136,7 +136,7 @@ def _damage(path: Path, how: str) -> None:
         path.write_bytes(bytes(flipped))
 
 
-DAMAGE = {"empty": "empty", "text": "not a readable checkpoint", "truncated": "not a readable checkpoint",
+DAMAGE = {"empty": "empty", "text": "not a file that torch.save writes: it begins b'101", "truncated": "not a readable checkpoint",
           "bit-flipped": "damaged"}
 
 

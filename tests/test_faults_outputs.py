@@ -435,7 +435,8 @@ def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_p
     from iaa.jobs.ports import TrialRecord
 
     monkeypatch.setattr(explain, "run", lambda *a, **k: explain.ExplainResult(
-        html=str(tmp_path / "e.html"), png=str(tmp_path / "e.png"), examples=(), title="t"))
+        html=str(tmp_path / "e.html"), png=str(tmp_path / "e.png"), examples=(), title="t", precision="fp32",
+        temperature=1.0))
 
     class Run:
         def __init__(self, run_id: str) -> None:

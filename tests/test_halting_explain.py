@@ -39,7 +39,7 @@ def act_setup(tmp_path_factory):
 def test_explain_shows_each_steps_halting_probability_and_the_stop(act_setup, tmp_path):
     prepared, ckpt = act_setup
     args = ["explain", "--checkpoint", str(ckpt), "--data", str(prepared), "--split", "valid", "--first", "6",
-            "--out", str(tmp_path / "page.html")]
+            "--out", str(tmp_path / "page.html"), "--precision", "fp32"]          # as the model below computes
     result = CliRunner().invoke(cli, [*args, "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     records = json.loads(result.stdout.strip().splitlines()[-1])["examples"]

@@ -88,6 +88,7 @@ def test_stop_reason_in_words_says_when_still_improving():
 def test_train_ends_with_a_rounded_summary_and_next_commands_that_run(tiny, tmp_path, monkeypatch):
     for var in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "IAA_WORKDIR", "MLFLOW_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)                         # a next command without --workdir would write here
     work = tmp_path / "work"
     res = CliRunner().invoke(cli, ["train", "--data", str(tiny), "--workdir", str(work), *_sets()])
     assert res.exit_code == 0, res.output
@@ -103,6 +104,10 @@ def test_train_ends_with_a_rounded_summary_and_next_commands_that_run(tiny, tmp_
         assert done.exit_code == 0, (command, done.output)
         if "evaluate" in command:
             assert "95%" in done.output and "n=64" in done.output and "next:" in done.output
+            assert "recorded:     on MLflow run" in done.output    # on the run, in the work folder's store
+            for line in _next(done.output):                 # and its own next commands keep the folder
+                assert f"--workdir {work}" in line, line
+    assert list((work / "evaluations").glob("*/predictions-*.parquet")) and not (tmp_path / "iaa-work").exists()
     again = CliRunner().invoke(cli, ["train", "--data", str(tiny), "--workdir", str(work), "--overwrite", "--json",
                                      *_sets()])
     result = json.loads(again.stdout.strip().splitlines()[-1])
@@ -153,6 +158,14 @@ def test_ensemble_states_its_cost_first_and_its_accuracy_with_error_bars(tiny, t
     assert "256/256" in err                                          # the bar counts questions, not files
     assert summary.valid_acc_n == 64 and summary.valid_acc_stderr is not None
     assert "n=64" in err and "the best)" in err and "next:" in err
+
+
+def test_the_summary_gives_the_best_checks_step_and_epoch_and_the_runs_end():
+    from iaa.jobs.training import summary
+
+    early = summary.TrainResult(best_valid_acc=0.4, best_step=120, steps=360, epoch=0.576, stop_reason="early-stopped",
+                                checkpoint="c.pt", run_dir="r", metrics={"step": 360})
+    assert_says(summary.describe(early), "at step 120 (epoch 0.192) of 360 (epoch 0.576); stopped early")
 
 
 def test_distill_compares_the_student_with_its_ensemble_and_best_member():

@@ -128,6 +128,9 @@ def test_a_reader_alone_answers_at_the_temperature_its_checkpoint_holds(setup, t
     source = _valid_file(root)
     found = {p.stem: _predict(["--checkpoint", str(p)], prepared, source, tmp_path / f"{p.stem}.jsonl")
              for p in (plain, sharp)}
+    said = _invoke(["predict", "--checkpoint", str(sharp), "--data", str(prepared), "--input", str(source), "--out", "-",
+                    "--json"])
+    assert said.exit_code == 0 and json.loads(said.stderr.strip().splitlines()[-1])["temperature"] == 0.2
     words = [list(r["probs"]) for r in found["plain"]]
     flat = calibration.padded([[r["probs"][w] for w in ws] for r, ws in zip(found["plain"], words)])
     scaled = calibration.padded([[r["probs"][w] for w in ws] for r, ws in zip(found["sharp"], words)])
@@ -138,14 +141,17 @@ def test_a_reader_alone_answers_at_the_temperature_its_checkpoint_holds(setup, t
     result = _invoke(["evaluate", "--checkpoint", str(sharp), "--data", str(prepared), "--split", "valid",
                       "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout.strip().splitlines()[-1])["temperature"] == 0.2
+    evaluated = json.loads(result.stdout.strip().splitlines()[-1])
+    assert evaluated["temperature"] == 0.2
     by_id = {r["example_id"]: r for r in pq.read_table(out).to_pylist()}
     for row, answered in zip(found["sharp"], found["plain"]):
         written = by_id[row["id"]]
         assert written["calibrated_probs"] == pytest.approx([row["probs"][w] for w in written["candidate_words"]],
                                                             abs=1e-5)
         assert written["probs"] == pytest.approx([answered["probs"][w] for w in written["candidate_words"]], abs=1e-5)
-    shown = explain.run(sharp, prepared, "valid", first=2, out=tmp_path / "x.html").examples
+    page = explain.run(sharp, prepared, "valid", first=2, out=tmp_path / "x.html")
+    assert (page.temperature, page.precision) == (0.2, evaluated["precision"])      # computed as evaluate does
+    shown = page.examples
     for record in shown:
         assert record["probs"] == pytest.approx(by_id[record["example_id"]]["calibrated_probs"], abs=1e-5)
     assert serve.Answerer.load(ModelSource("checkpoint", str(sharp), str(prepared))).predictor.temperature == 0.2

@@ -78,12 +78,13 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
               help="HTML page [default: explain-SPLIT.html, or explain-STEM.html of --input, in "
                    "WORKDIR/evaluations/MODEL].")
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Also draw the first example as a PNG figure.")
+@precision_option
 @workdir_option
 @json_option
 @_friendly
 def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path: Path | None, split: str,
-            example_ids: tuple[str, ...], first: int | None, out: Path | None, png: Path | None, workdir: Path,
-            as_json: bool) -> None:
+            example_ids: tuple[str, ...], first: int | None, out: Path | None, png: Path | None, precision: str,
+            workdir: Path, as_json: bool) -> None:
     """Show what the reader attends to at each inference step, as an HTML page (and a PNG)."""
     from iaa.jobs.evaluation import explain as job
 
@@ -91,7 +92,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
     if not example_ids and not first and input_path is None:
         raise click.UsageError("choose examples with --example-id ID (repeatable) or --first N")
     result = job.run(checkpoint, prepared, None if input_path else split, example_ids=example_ids, first=first,
-                     out=out, png=png, input_path=input_path, workdir=workdir)
+                     out=out, png=png, input_path=input_path, workdir=workdir, precision=precision)
     if as_json:
         _emit(result, True)
     else:

@@ -266,8 +266,10 @@ def labelled_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool, 
     """
     missing = [q for q in questions if q.gold is None]
     if need_answers and missing:
-        raise InputError(f"{missing[0].where}: no answer: evaluation needs the answer of every question "
-                         f"(an \"answer\" that is one of its candidates); {len(missing)} of {len(questions)} have none")
+        gives = "gives" if len(missing) == 1 else "give"
+        raise InputError(f"{missing[0].where}: no answer: evaluation needs the answer of every question (an "
+                         f"\"answer\" that is one of its candidates); {len(missing)} of the {len(questions)} "
+                         f"questions {gives} none")
     table = to_rows(questions, vocab, lowercase)
     gold = [-1 if q.gold is None else q.example.candidates.index(q.gold) for q in questions]
     return table.set_column(table.schema.get_field_index("answer"), table.schema.field("answer"),

@@ -24,7 +24,7 @@ from iaa.data.batch import Batch
 from iaa.errors import IaaError, printable
 from iaa.files import atomic_write, spellings
 from iaa.jobs.evaluation import calibration, uncertainty
-from iaa.jobs.evaluation.closing import Command
+from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
 from iaa.jobs.ports import Tracker
@@ -238,8 +238,8 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
         examples_per_s=len(rows) / max(seconds, 1e-9), precision=used,
         mean_steps=sum(steps) / len(steps) if steps else None,
         steps_histogram={n: steps.count(n) for n in sorted(set(steps))} if steps else None,
-        next=(Command.of("explain", checkpoint=str(checkpoint_path), **source, split=split, first=5),
-              Command.of("ensemble", members=(str(checkpoint_path),), data=data)))
+        next=(Command.of("explain", checkpoint=str(checkpoint_path), **source, split=split, first=5, **where(workdir)),
+              Command.of("ensemble", members=(str(checkpoint_path),), data=data, **where(workdir))))
 
 
 RECORDED_PREFIX = "evaluate/"     # the recorded metrics' names: evaluate/test_acc, ...; the predictions' folder
@@ -254,7 +254,7 @@ def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, sto
     naming the checkpoint or a store that refuses the figures (read-only, full) are said in
     ``not_recorded``: the evaluation stands."""
     if result.split is None:
-        return replace(result, not_recorded=f"the questions of {result.input} are no split of the run's data")
+        return replace(result, not_recorded=f"the questions of {result.input} are not a split of the run's data")
     if open_store is None:
         return replace(result, not_recorded=f"there is no MLflow store at {store}")
     try:

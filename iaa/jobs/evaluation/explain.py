@@ -17,6 +17,7 @@ from iaa.files import atomic_write_text
 from iaa.jobs.evaluation import calibration, unknowns
 from iaa.jobs.evaluation.evaluate import Examples
 from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
+from iaa.jobs.modeling import precision_policy as precision_lib
 
 ROUND = 6  # decimals kept in records and pages: enough to compare against the model
 
@@ -70,6 +71,7 @@ def example_records(found: Examples, rows: Sequence[int]) -> list[dict[str, Any]
             "gold": record["answer"] if record["answer"] >= 0 else None,     # -1: the question gave none
             "pred": max(range(len(probs)), key=probs.__getitem__),
             "probs": probs,
+            "temperature": found.temperature,
             "stopped_at": None if trace.halting is None else int(trace.halting.steps[0]),
             "max_steps": getattr(model.cfg, "steps", 1),
             "trace": [_step_record(t, step) for t, step in enumerate(trace.steps, 1)],
@@ -145,16 +147,21 @@ class ExplainResult(Keyed, Result):
     html: str
     examples: tuple[dict[str, Any], ...]
     title: str
+    precision: str                                   # what the reader multiplied in: fp32 | bf16
+    temperature: float                               # the one its probabilities are at (its checkpoint's)
     mistake_note: str | None = absent_when_none()   # why a mistake was added, or that none was found
     png: str | None = absent_when_none()
 
 
 def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, example_ids: Sequence[str] = (),
         first: int | None = None, out: Path | None = None, png: Path | None = None,
-        input_path: Path | None = None, workdir: Path | None = None, source: str | None = None) -> ExplainResult:
+        input_path: Path | None = None, workdir: Path | None = None, source: str | None = None,
+        precision: str = "auto") -> ExplainResult:
     """Explain the chosen examples of a prepared split, or of the questions of ``input_path`` (all
     of them when none are chosen and there are at most :data:`WHOLE_INPUT`); write the HTML page
     (``out``, by default ``WORKDIR/evaluations/MODEL/explain-SPLIT.html``) and PNG; return the records.
+    The reader computes in ``precision`` (auto | fp32 | bf16), as ``predict`` and ``evaluate`` do,
+    so its probabilities are theirs.
 
     The first N (``first``) are followed by the first mistake past them when they are all right
     (:func:`with_a_mistake`). The page's title names the model's ``source`` (``sweep NAME, trial
@@ -166,8 +173,9 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
 
     if not example_ids and not first and input_path is None:
         raise IaaError("choose examples with `example_ids` ID (repeatable) or `first` N")
+    used = precision_lib.resolve(precision)
     found = load_examples(checkpoint_path, data_dir=data_dir, split=split, input_path=input_path,
-                          todo="explain it on the data it was trained on")
+                          todo="explain it on the data it was trained on", precision=used)
     if not example_ids and not first:                     # --input alone: every question of a small file
         if found.table.num_rows > WHOLE_INPUT:
             raise IaaError(f"{input_path} holds {found.table.num_rows} questions, more than one page shows "
@@ -186,14 +194,16 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
     if first:
         records, note = with_a_mistake(found, records, rows, where)
     title = f"{found.kind} on {found.title}" + (f", {source}" if source else "")
-    atomic_write_text(out, render_page(records, title, origin=f"checkpoint {checkpoint_path}", note=note))
+    at = "" if found.temperature == 1.0 else f", probabilities at its temperature {found.temperature:.3g}"
+    atomic_write_text(out, render_page(records, title, origin=f"checkpoint {checkpoint_path} ({used}{at})", note=note))
     gaps = unknowns.warnings_of([r["example_id"] for r in records], records)
     drawn = None
     if png is not None:
         from iaa.jobs.evaluation.explain_png import draw
 
         drawn = str(draw(records[0], Path(png)))
-    return ExplainResult(html=str(out), examples=tuple(records), title=title, mistake_note=note or None,
+    return ExplainResult(html=str(out), examples=tuple(records), title=title, precision=used,
+                         temperature=found.temperature, mistake_note=note or None,
                          warnings=(*found.warnings, *gaps), png=drawn)
 
 

@@ -67,4 +67,6 @@ def _candidates(ax, record: dict[str, Any]) -> None:
                   rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("P(a | Q, D)", fontsize=8)
-    ax.set_title(f"{record['model']}, T = {record['steps']}: final pointer-sum over the candidates", fontsize=9)
+    scaled = record.get("temperature", 1.0)
+    at = "" if scaled == 1.0 else f" (at temperature {scaled:.3g})"
+    ax.set_title(f"{record['model']}, T = {record['steps']}: final pointer-sum over the candidates{at}", fontsize=9)

@@ -25,6 +25,7 @@ class PredictResult(Result):
     members: int                        # checkpoints averaged (1: a single reader)
     accuracy: float | None
     precision: str
+    temperature: float                  # the probabilities' (a reader's own, or the ensemble's; 1: plain)
     questions_with_answers: int
     accuracy_stderr: float | None
     accuracy_over: str                  # the accuracy in words, with what it was scored on
@@ -68,7 +69,7 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
         predictions="stdout" if to_stdout else str(out), examples=len(rows), members=len(checkpoints),
         accuracy=accuracy,
         warnings=tuple([str(w.message) for w in caught] + [r["warning"] for r in rows if "warning" in r]),
-        precision=predictor.precision, questions_with_answers=len(scored),
+        precision=predictor.precision, temperature=predictor.temperature, questions_with_answers=len(scored),
         accuracy_stderr=uncertainty.fields("accuracy", accuracy, len(scored))["accuracy_stderr"],
         accuracy_over=accuracy_over(accuracy, len(scored), len(rows)),
         unknown_questions=sum("warning" in r for r in rows), answers=tuple(rows) if to_stdout else ())

@@ -37,6 +37,7 @@ from iaa.jobs.workdir.paths import BEST, LAST
 from iaa.model.reader import build_reader
 
 FORMAT = 3
+ZIP_MAGIC = b"PK\x03\x04"    # how every file that torch.save writes begins (a zip archive)
 # Settings a resumed run may change: its budget, threads and precision, and the model's
 # implementation switches (same function, other code). Anything else (the model, the data, the
 # optimiser's settings) would silently continue a different run.
@@ -200,6 +201,11 @@ def load(path: Path) -> dict[str, Any]:
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes): the run that wrote it was "
                               "probably killed; use another checkpoint or train again")
+    with path.open("rb") as f:
+        head = f.read(len(ZIP_MAGIC))
+    if head != ZIP_MAGIC:
+        raise CheckpointError(f"{path} is not a readable checkpoint (not a file that torch.save writes: it begins "
+                              f"{head!r}); use another checkpoint or train again")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (EOFError, OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,

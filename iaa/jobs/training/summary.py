@@ -82,16 +82,25 @@ def head_lines(result: TrainResult, what: str = "train") -> list[str]:
     acc, n, base = result.best_valid_acc, int(result.valid_examples or 0), result.baseline_valid_acc
     shown = ("-" if acc is None else frequency.beside(acc, base, n) if base is not None
              else uncertainty.accuracy_text(acc, n))
-    epoch = result.epoch or 0.0
-    epochs = round(float(epoch) + 0.5) if epoch > 0 else None
+    epoch = float(result.epoch or 0.0)
+    epochs = round(epoch + 0.5) if epoch > 0 else None
     lines = [f"{what}: best valid accuracy {shown}",
-             f"  at step {'?' if result.best_step is None else result.best_step} of {result.steps}, epoch "
-             f"{closing.rounded(float(epoch))}; "
+             f"  at step {_with_epoch(result.best_step, result)} of {_with_epoch(result.steps, result)}; "
              + closing.stop_words(result.stop_reason, steps=result.steps, best_step=result.best_step, epochs=epochs),
              f"  checkpoint:   {result.checkpoint}"]
     if result.model_uri:
         lines.append(f"  model:        {result.model_uri}")
     return lines
+
+
+def _with_epoch(step: int | None, result: TrainResult) -> str:
+    """``120 (epoch 0.58)``: ``step`` with its epoch, from the last check's step and epoch."""
+    if step is None:
+        return "?"
+    checked, epoch = result.metrics.get("step"), result.epoch
+    if not checked or not epoch:
+        return str(step)
+    return f"{step} (epoch {closing.rounded(step * float(epoch) / float(checked))})"
 
 
 def next_commands(result: TrainResult, req: Any = None, *, ensemble: bool = True) -> tuple[closing.Command, ...]:
@@ -100,6 +109,7 @@ def next_commands(result: TrainResult, req: Any = None, *, ensemble: bool = True
     ckpt, data = result.checkpoint, result.data_dir or ""
     at = closing.where(getattr(req, "workdir", None), getattr(req, "tracking_uri", None))
     split = "test" if result.has_test else "valid"
-    return (closing.Command.of("evaluate", checkpoint=ckpt, data=data, split=split),
-            closing.Command.of("explain", checkpoint=ckpt, data=data, first=5),
+    return (closing.Command.of("evaluate", checkpoint=ckpt, data=data, split=split, **at),
+            closing.Command.of("explain", checkpoint=ckpt, data=data, first=5,
+                               **closing.where(getattr(req, "workdir", None))),
             *([closing.Command.of("ensemble", members=(ckpt,), data=data, **at)] if ensemble else []))
