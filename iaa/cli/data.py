@@ -76,7 +76,7 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
     result = job.run(cfg, out, workers=workers, tag_map=tag_map, progress=progress_shown(), overwrite=overwrite,
                      workdir=workdir)
     _emit(result, as_json)
-    _close(as_json, cloze_summary.describe, result)
+    _close(cloze_summary.describe, result)
 
 
 def _tag_on_ray(units: Any, factory: Any, **kwargs: Any) -> list[str]:

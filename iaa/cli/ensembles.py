@@ -98,5 +98,5 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     claim = partial(rundir.claim, resume=resume, overwrite=overwrite)
     train = partial(train_job.run_tracked, tracker=tracker, show_progress=progress_shown(), register=register, resume=resume)
     result = job.run(req, train=train, score=score, claim=claim)
-    _close(as_json, summary.describe, result)
+    _close(summary.describe, result)
     _emit(result, as_json, keys=CLOSING_KEYS)

@@ -44,9 +44,7 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
     found = tracking_uri is not None or Path(store).is_file()
     result = job.record(result, (lambda: _open_tracker(Workdir(workdir).tracking_uri(tracking_uri)))
                         if found and split is not None else None, store)
-    _close(as_json, job.describe, result)
-    if as_json:                        # where the predictions went (without --json: a key: value line)
-        click.echo(f"predictions: {shown(result.predictions)}", err=True)
+    _close(job.describe, result)
     _emit(result, as_json, keys=("accuracy", "examples", "predictions"))
 
 

@@ -58,10 +58,10 @@ def _emit(result: Result | dict[str, Any], as_json: bool, keys: tuple[str, ...] 
 CLOSING_KEYS = ("checkpoint", "best_valid_acc", "model_uri", "run_dir", "mlflow_run_id")
 
 
-def _close(as_json: bool, describe: Callable[..., str], *args: Any) -> None:
-    """Without ``--json``: the command's closing summary (``describe(*args)``) on stderr."""
-    if not as_json:
-        click.echo(shown(describe(*args), keep_lines=True), err=True)
+def _close(describe: Callable[..., str], *args: Any) -> None:
+    """The command's closing summary (``describe(*args)``) on stderr, with or without ``--json``
+    (which changes stdout only), as ``tune`` and ``ensemble`` log theirs."""
+    click.echo(shown(describe(*args), keep_lines=True), err=True)
 
 
 def _warn(result: Result | dict[str, Any]) -> None:

@@ -44,7 +44,7 @@ def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **r
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
     req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=progress_shown())
     result = job.run_request(req, _open_tracker, _launcher(address, req.storage_path) if req.workers > 0 else None)
-    _close(as_json, summary.describe, result)
+    _close(summary.describe, result)
     _emit(result, as_json, keys=CLOSING_KEYS)
 
 
