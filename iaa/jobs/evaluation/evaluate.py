@@ -300,7 +300,7 @@ def describe(result: EvaluateResult) -> str:
                 f"_log_loss and _calibration_error (and their calibrated_ forms)\n" if result.recorded_on_run else
                 f"  not recorded: {result.not_recorded}\n" if result.not_recorded else "")
     return (f"{result.split or result.input} accuracy: "
-            f"{uncertainty.accuracy_text(result.accuracy, result.examples)} over the examples{steps}\n"
+            f"{uncertainty.accuracy_text(result.accuracy, result.examples)}{steps}\n"
             f"  calibration:  {calibration.text(plain)}\n"
             + at_temperature + recorded
             + f"  predictions:  {result.predictions}\n"
