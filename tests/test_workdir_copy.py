@@ -39,6 +39,7 @@ def invoke(*args: object) -> dict:
 def local_ray():
     import ray
 
+    ray.shutdown()           # a Ray an earlier in-process command of this test session left running
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     yield
     ray.shutdown()
