@@ -2,14 +2,16 @@
 
 A checkpoint is a plain dict of CPU tensors and primitives, so it loads with
 ``torch.load(weights_only=True)`` on any machine, with or without a GPU. It holds the whole job
-config, so the model can be rebuilt from the file alone, its vocabulary (``vocab``: the prepared
+config, so the model can be rebuilt from the file alone; its vocabulary (``vocab``: the prepared
 ``vocab.json`` text and the dataset's lowercasing, :func:`iaa.data.manifest.vocab_card`), so it
-answers raw questions alone, the temperature that calibrates its answers (:func:`temperature`), and the RNG and loop state, so ``--resume`` continues exactly. Checkpoints written before
-the vocabulary was embedded still load; they need the prepared folder they were trained on. Since format 2 it also holds a sha256 digest of everything else,
-so a flipped bit in a tensor (which ``torch.load`` does not notice) is caught on load; since
-format 3 every file has one (format 2's model-only copies in logged MLflow models did not), and a
-file without it, of a format this version does not know, with a vocabulary other than its
-``vocab_hash`` or with a config that does not describe its weights is refused.
+answers raw questions alone; the temperature that calibrates its answers (:func:`temperature`);
+and the RNG and loop state, so ``--resume`` continues exactly. Checkpoints written before the
+vocabulary was embedded still load; they need the prepared folder they were trained on. Since
+format 2 it also holds a sha256 digest of everything else, so a flipped bit in a tensor (which
+``torch.load`` does not notice) is caught on load; since format 3 every file has one (format 2's
+model-only copies in logged MLflow models did not), and a file without it, of a format this
+version does not know, with a vocabulary other than its ``vocab_hash`` or with a config that
+does not describe its weights is refused.
 
 Every expected failure (a missing, empty, truncated or damaged file, a file that is no
 checkpoint, a resume with another config or other data) raises :class:`CheckpointError` with

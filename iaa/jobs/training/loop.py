@@ -230,7 +230,7 @@ class Trainer:
             torch.cuda.synchronize(self.session.device)                    # the window's steps are done
         train_seconds = time.perf_counter() - self.window.start
         self._stop_if_diverged(self.window.total)                          # before a checkpoint is written
-        kept: list = []
+        kept: list[tuple[torch.Tensor, torch.Tensor]] = []       # each batch's probabilities and answers
         sums = score_batches(checkpoint.unwrap(self.model), self.session.valid_batches(), self.session.device,
                              forward=self.forward, kept=kept)
         correct, total, nll = self.session.all_reduce_sum(sums)
