@@ -35,7 +35,7 @@ def test_overconfidence_is_the_gap_weighted_by_each_bins_share():
 
 
 def test_a_gold_answer_given_nothing_costs_the_floor_not_infinity_and_ragged_rows_pad():
-    found = calibration.of_rows([[1.0, 0.0], [0.5, 0.25, 0.25]], [1, 0])
+    found = calibration.of(calibration.padded([[1.0, 0.0], [0.5, 0.25, 0.25]]), np.array([1, 0]))
     assert found.log_loss == pytest.approx((-math.log(calibration.FLOOR) - math.log(0.5)) / 2)
     assert math.isnan(calibration.of(np.zeros((0, 2)), np.zeros(0)).log_loss)
     assert set(found.fields("valid_")) == {"valid_log_loss", "valid_calibration_error", "valid_mean_confidence"}
@@ -220,7 +220,7 @@ def test_evaluate_reports_the_calibration_its_predictions_give(tmp_path: Path):
     assert code == 0, output
     result = json.loads(output.strip().splitlines()[-1])
     rows = pq.read_table(out).to_pylist()
-    expected = calibration.of_rows([r["probs"] for r in rows], [r["gold"] for r in rows])
+    expected = calibration.of(calibration.padded([r["probs"] for r in rows]), np.array([r["gold"] for r in rows]))
     assert result["log_loss"] == pytest.approx(expected.log_loss, abs=1e-5)
     assert result["calibration_error"] == pytest.approx(expected.calibration_error, abs=1e-5)
     assert result["mean_confidence"] == pytest.approx(expected.mean_confidence, abs=1e-5)

@@ -71,11 +71,6 @@ def of(probs: np.ndarray, gold: np.ndarray) -> Calibration:
     return Calibration(loss, float(gap), float(confidence.mean()))
 
 
-def of_rows(probs: Sequence[Sequence[float]], gold: Sequence[int]) -> Calibration:
-    """:func:`of` for ragged rows of candidate probabilities (CNN's counts vary per question)."""
-    return of(padded(probs), np.asarray(gold))
-
-
 def padded(rows: Sequence[Sequence[float]]) -> np.ndarray:
     """Ragged rows of candidate probabilities as one (E, C) array, 0 past each row's candidates."""
     out = np.zeros((len(rows), max((len(r) for r in rows), default=0)))
