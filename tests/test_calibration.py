@@ -245,6 +245,12 @@ def test_evaluate_records_its_figures_on_the_run_that_names_the_checkpoint(tmp_p
         assert code == 0, output
         return json.loads(output.strip().splitlines()[-1])
 
+    def evaluate_at(run_dir: Path) -> dict:
+        code, output = invoke("evaluate", "--checkpoint", run_dir / "checkpoints" / "best.pt", "--data", prepared,
+                              "--split", "valid", "--workdir", work, "--json")
+        assert code == 0, output
+        return json.loads(output.strip().splitlines()[-1])
+
     assert "no MLflow store" in evaluate()["not_recorded"] and not (work / "mlflow.db").exists()   # none made
     db = make_store(work)
     assert_says(evaluate()["not_recorded"], "names this checkpoint or its run folder", "checkpoint and run_dir tags")
@@ -269,6 +275,19 @@ def test_evaluate_records_its_figures_on_the_run_that_names_the_checkpoint(tmp_p
                           "--json")
     assert code == 0 and json.loads(output.strip().splitlines()[-1])["recorded_on_run"] == run.info.run_id, output
     assert len(client.get_metric_history(run.info.run_id, "evaluate/valid_acc")) == 2
+
+    # the folder moved: its tracking.json names where it began; a copy beside its original is not its run
+    import shutil
+
+    from iaa.jobs.workdir.paths import RunFolder
+
+    RunFolder(tmp_path / "stopped").track(f"sqlite:///{db}", run.info.run_id)
+    (tmp_path / "stopped").rename(tmp_path / "moved")
+    assert evaluate_at(tmp_path / "moved")["recorded_on_run"] == run.info.run_id
+    (tmp_path / "moved").rename(tmp_path / "stopped")
+    shutil.copytree(tmp_path / "stopped", tmp_path / "copy")
+    assert "recorded_on_run" not in evaluate_at(tmp_path / "copy")
+    assert len(client.get_metric_history(run.info.run_id, "evaluate/valid_acc")) == 3
 
 
 def test_a_tracking_server_that_does_not_answer_leaves_the_evaluation_standing(tmp_path: Path, monkeypatch):

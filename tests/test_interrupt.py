@@ -40,7 +40,7 @@ def _sets() -> list[str]:
 def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
         tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool) -> None:
     """The resume line continues the run's tracked run, also where the run was started with a
-    relative ``--run-dir`` (tagged so) and the line names it by its absolute path."""
+    relative ``--run-dir`` and the line names it by its absolute path (the tag names its resolved place)."""
     from iaa import cli
 
     tracker = FakeTracker()
@@ -66,7 +66,7 @@ def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
     [line] = [text for text in stopped.output.splitlines() if text.startswith("interrupted by SIGINT")]
     assert "Traceback" not in stopped.output and "Aborted" not in stopped.output
     [run] = tracker.runs.values()
-    assert run.state == "KILLED" and run.tags["interrupted"] == "SIGINT" and run.tags["run_dir"] == given
+    assert run.state == "KILLED" and run.tags["interrupted"] == "SIGINT" and run.tags["run_dir"] == str(run_dir.resolve())
     assert signal.getsignal(signal.SIGINT) is before                            # the handlers are given back
 
     command = line.split("resume with: ", 1)[1]

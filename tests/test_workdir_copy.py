@@ -1,8 +1,8 @@
 """A copied work folder works from its new place and leaves its original as it was.
 
-A tiny sweep and an ensemble are made in one work folder; the folder is copied, the original made
-read-only, and report, ensemble, evaluate, distill and serve run from the copy: each succeeds, and
-no entry of the original changes (size and modification time).
+A tiny sweep, an ensemble and a training run are made in one work folder; the folder is copied, the
+original made read-only, and train --resume, report, ensemble, evaluate, distill and serve run from
+the copy: each succeeds, and no entry of the original changes (size and modification time).
 """
 
 from __future__ import annotations
@@ -63,10 +63,14 @@ def test_a_copied_work_folder_works_and_never_writes_to_the_original(tmp_path, l
     invoke("tune", "--dataset", "cbt-ne", "--num-samples", "2", "--search-space", write_space(tmp_path),
            "--name", "unit", "--workdir", original, *SETS)
     invoke("ensemble", "--sweep", "unit", "--seeds", "1", "--name", "first", "--workdir", original)
+    trained = invoke("train", "--dataset", "cbt-ne", "--run-dir", original / "runs" / "x", "--workdir", original,
+                     "--json", *SETS)
     shutil.copytree(original, copy, symlinks=True)
     before = listing(original)
     subprocess.run(["chmod", "-R", "a-w", str(original)], check=True)
     try:
+        resumed = invoke("train", "--dataset", "cbt-ne", "--run-dir", copy / "runs" / "x", "--resume", "--workdir",
+                         copy, "--json", *SETS, "--set", "train.max_epochs=2")
         invoke("report", "--sweep", "unit", "--workdir", copy)
         invoke("report", "--experiment", "tune-cbt-ne", "--out", copy / "curves.png", "--x", "steps",
                "--workdir", copy)
@@ -91,6 +95,10 @@ def test_a_copied_work_folder_works_and_never_writes_to_the_original(tmp_path, l
     assert [m.is_relative_to(copy) for m in map(Path, student["members"])] == [True]
     [rows] = served
     assert [r["id"] for r in rows] == ["q1"] and set(rows[0]["probs"]) == {"cat", "mat"}
+    assert resumed["mlflow_run_id"] == trained["mlflow_run_id"]          # the same run, in the copy's store
     with sqlite3.connect(copy / "mlflow.db") as con:
         locations = [loc for (loc,) in con.execute("SELECT artifact_uri FROM runs")]
+        [(checks,)] = con.execute("SELECT count(*) FROM metrics WHERE run_uuid = ? AND key = 'valid_acc'",
+                                  (trained["mlflow_run_id"],))
+    assert checks > len((original / "runs" / "x" / "metrics.jsonl").read_text().splitlines())
     assert locations and all(loc.startswith((copy / "mlartifacts").as_uri()) for loc in locations)

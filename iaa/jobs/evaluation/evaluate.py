@@ -28,7 +28,7 @@ from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
 from iaa.jobs.ports import Tracker
-from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
 from iaa.model.pointer import candidate_probs, nll_loss
 
 PREDICTION_SCHEMA = pa.schema(
@@ -279,10 +279,14 @@ def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, sto
 def _training_run(tracker: Tracker, path: Path) -> str | None:
     """The run whose ``checkpoint`` tag names ``path`` (a finished ``train`` run, a sweep trial),
     else, for a run folder's ``checkpoints/best.pt`` or ``last.pt``, the run whose ``run_dir`` tag
-    names that folder (a run stopped before its end)."""
+    names that folder: where its ``tracking.json`` says it began (a folder moved since), or the
+    folder itself. A copy of a run folder that shares its original's store is not the original's run."""
     found = tracker.find_by_tag("checkpoint", spellings(path))
     if found is None and path.parent.name == "checkpoints":
-        found = tracker.find_by_tag("run_dir", spellings(path.parent.parent))
+        folder = RunFolder(path.parent.parent)
+        tracking = folder.tracking()
+        began = [tracking.folder] if tracking is not None and folder.copied_from(tracker.uri) is None else []
+        found = tracker.find_by_tag("run_dir", [*began, *spellings(folder.path)])
     return found
 
 

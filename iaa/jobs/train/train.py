@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
-from iaa.errors import IaaError
+from iaa.errors import IaaError, printable
 from iaa.files import spellings
 from iaa.jobs import interrupt
 from iaa.jobs.modeling import precision_policy as precision
@@ -93,15 +93,19 @@ def run_tracked(
         raise ValueError("training on given rows (distillation) runs in process, not on Ray Train workers")
     folder = RunFolder(Path(run_dir))
     experiment = experiment or f"train-{cfg.dataset}"
-    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": str(run_dir), "workers": str(workers),
+    place = str(folder.path.resolve())
+    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": place, "workers": str(workers),
             **(tags or {})}
-    resume_id = previous_run(tracker, experiment, folder.path) if resume else None
+    resume_id = previous_run(tracker, experiment, folder) if resume else None
     # auto -> fp32 or bf16 here, once: the tracked params record it, and every worker uses it
     cfg = precision.resolved(cfg, "cuda" if gpus_per_worker > 0 else "cpu")
     with tracker.run(experiment, folder.path.name, tags=tags, resume_id=resume_id) as tracked:
         interrupt.on_stop(lambda signal_name: _killed(tracked, signal_name))
+        folder.track(tracker.uri, tracked.run_id)
         if resume_id is None:
             _log_inputs(tracked, cfg, prepared, teacher)
+        else:
+            tracked.set_tags({"run_dir": place})       # where the folder is now, if it moved
         log = lambda metrics: tracked.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
         result = _fit(cfg, prepared, folder, launcher, log, resume=resume, workers=workers,
                       gpus_per_worker=gpus_per_worker, storage=storage, show_progress=show_progress,
@@ -252,10 +256,27 @@ def best_config_notice(sweep: Mapping[str, Any], cfg: JobConfig) -> str:
             f"improving), ending after {cfg.train.patience} checks without improvement")
 
 
-def previous_run(tracker: Tracker, experiment: str, run_dir: Path) -> str | None:
-    """The newest tracked run of ``run_dir``, tagged with it in any of its :func:`~iaa.files.spellings`."""
-    for spelling in spellings(run_dir):
-        runs = tracker.find_runs(experiment, {"run_dir": spelling})
-        if runs:
-            return runs[0].run_id
-    return None
+def previous_run(tracker: Tracker, experiment: str, folder: RunFolder) -> str | None:
+    """The tracked run that a resumed run in ``folder`` continues: the one its ``tracking.json``
+    names, from whatever working folder, after the folder moved, and in a copied work folder's
+    own copy of the store. None (a new tracked run) where ``tracker`` never held that run, and
+    for a copy of a run folder that shares the original's store while the original is still
+    there, so the original's run never gets the copy's checks. A folder whose runs began before
+    the file is found by its ``run_dir`` tag, in any of its :func:`~iaa.files.spellings`."""
+    tracking = folder.tracking()
+    if tracking is None:
+        for spelling in spellings(folder.path):
+            runs = tracker.find_runs(experiment, {"run_dir": spelling})
+            if runs:
+                return runs[0].run_id
+        return None
+    if not any(r.run_id == tracking.run_id for r in tracker.find_runs(experiment, {"run_dir": tracking.folder})):
+        _log.warning(printable(f"{folder.path}: its tracked run {tracking.run_id} (in {tracking.uri}) is not in "
+                               f"{tracker.uri}; the resumed run goes on under a new tracked run there"))
+        return None
+    original = folder.copied_from(tracker.uri)
+    if original is not None:
+        _log.warning(printable(f"{folder.path} is a copy of {original}, whose tracked run {tracking.run_id} "
+                               f"stays its own; the copy goes on under a tracked run of its own"))
+        return None
+    return tracking.run_id

@@ -13,9 +13,10 @@ A :class:`Workdir` (``--workdir``, ``IAA_WORKDIR``, default :data:`DEFAULT_WORKD
     mlartifacts/         that store's artifacts
 
 Records in it store these paths relative to it (:mod:`iaa.jobs.workdir.recorded`), so a copied or
-moved work folder works from its new place. A :class:`RunFolder` is the one reader and writer of a run's files (``metrics.jsonl``,
-``checkpoints/{best,last}.pt``). What a command may replace or delete in these folders is
-decided by the output policy (:mod:`iaa.jobs.workdir.outputs`), never here.
+moved work folder works from its new place. A :class:`RunFolder` is the one reader and writer of
+a run's files (``metrics.jsonl``, ``tracking.json``, ``checkpoints/{best,last}.pt``). What a
+command may replace or delete in these folders is decided by the output policy
+(:mod:`iaa.jobs.workdir.outputs`), never here.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 from iaa.data.manifest import MANIFEST
 from iaa.errors import IaaError
-from iaa.files import ensure_writable
+from iaa.files import atomic_write_text, ensure_writable
 from iaa.jobs.workdir import names
 from iaa.jobs.workdir.recorded import stored
 
@@ -58,6 +59,16 @@ def sqlite_problem(db: Path, timeout_s: float = 5.0) -> str | None:
     except sqlite3.Error as err:
         return str(err)
     return None if verdict == "ok" else verdict
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Where a run folder's run is tracked: the store's URI, the run's id in it, and the folder's
+    resolved place when it last wrote this (a moved or copied folder is then told from its original)."""
+
+    uri: str
+    run_id: str
+    folder: str
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,46 @@ class RunFolder:
     def ray_run_file(self) -> Path:
         """Holds the name of the run's Ray Train run under the storage path (``train --workers``)."""
         return self.path / "ray_run_name"
+
+    @property
+    def tracking_file(self) -> Path:
+        """Names the tracked run that the folder's run writes to (:class:`Tracking`)."""
+        return self.path / "tracking.json"
+
+    def tracking(self) -> Tracking | None:
+        """The tracked run as the folder's last run wrote it; None where no run wrote it (runs
+        from before the file are found by their ``run_dir`` tag). A damaged file is an error that
+        names it: removing it makes the next resume start a new tracked run."""
+        file = self.tracking_file
+        if not file.is_file():
+            return None
+        fix = "; remove it to resume under a new tracked run"
+        try:
+            record = json.loads(file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise IaaError(f"{file}: line {err.lineno}: not JSON ({err.msg}){fix}") from None
+        fields = ("tracking_uri", "run_id", "run_dir")
+        missing = [k for k in fields if not isinstance(record, dict) or not isinstance(record.get(k), str)]
+        if missing:
+            raise IaaError(f"{file}: no {', '.join(missing)} (a string) in it{fix}")
+        return Tracking(*(record[k] for k in fields))
+
+    def track(self, uri: str, run_id: str) -> Tracking:
+        """Write that the folder's run is tracked as ``run_id`` in the store ``uri``, from here."""
+        tracking = Tracking(uri, run_id, str(self.path.resolve()))
+        atomic_write_text(self.tracking_file, json.dumps(
+            {"tracking_uri": tracking.uri, "run_id": tracking.run_id, "run_dir": tracking.folder}, indent=2) + "\n")
+        return tracking
+
+    def copied_from(self, uri: str) -> Path | None:
+        """The run folder that this one is a copy of, where the two share the store ``uri`` and the
+        original still tracks its run there: the tracked run its file names is then the original's.
+        None for the folder that began the run, one that moved, and a copy with a store of its own."""
+        tracking = self.tracking()
+        if tracking is None or tracking.uri != uri or tracking.folder == str(self.path.resolve()):
+            return None
+        original = RunFolder(Path(tracking.folder))
+        return original.path if original.path.is_dir() and original.tracking() == tracking else None
 
     def holds_run(self) -> bool:
         """True when the folder holds a started or finished run."""
