@@ -112,3 +112,14 @@ def test_report_names_what_is_missing(store: tuple[Path, str]) -> None:
                                   "--runs", "abc", "--out", str(out)])
     assert bad_run.exit_code != 0 and "abc" in bad_run.output
     assert not out.exists()
+
+
+def test_legend_entries_that_would_read_the_same_carry_their_run_ids() -> None:
+    from iaa.jobs.reports.report import Curve, labels
+
+    def curve(run_id: str, name: str, model: str) -> Curve:
+        return Curve(run_id, name, model, (1,), (1.0,), (0.5,))
+
+    twice = [curve("aaaaaaaa11", "demo-iaa-seed0", "iaa"), curve("bbbbbbbb22", "demo-iaa-seed0", "iaa"),
+             curve("cccccccc33", "run", "as-reader")]
+    assert labels(twice) == ["demo-iaa-seed0 [aaaaaaaa]", "demo-iaa-seed0 [bbbbbbbb]", "run (as-reader)"]

@@ -94,6 +94,14 @@ def curve(tracker: Tracker, record: RunRecord, metric: str, x: str) -> Curve | N
                  tuple(x_values(record, points, x)), tuple(p.value for p in points))
 
 
+def labels(curves: Sequence[Curve]) -> list[str]:
+    """Each curve's legend entry: its run's name (and model, where the name does not say it), with
+    the run's id where two curves would read the same (a folder trained twice, or runs of two work
+    folders that share a store)."""
+    named = [c.name if not c.model or c.model in c.name else f"{c.name} ({c.model})" for c in curves]
+    return [f"{label} [{c.run_id[:8]}]" if named.count(label) > 1 else label for c, label in zip(curves, named)]
+
+
 def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
          baseline: float | None = None, xlabel: str | None = None, steps: bool = False,
          marks: Sequence[tuple[float, str]] = ()) -> Path:
@@ -108,8 +116,7 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
-    for c in curves:
-        label = c.name if not c.model or c.model in c.name else f"{c.name} ({c.model})"
+    for c, label in zip(curves, labels(curves)):
         ax.plot(c.x, c.y, marker="o", markersize=3, linewidth=1.5, label=label,
                 drawstyle="steps-post" if steps else "default")
     if baseline is not None:
