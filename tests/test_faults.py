@@ -339,6 +339,21 @@ def test_a_finished_run_is_not_replaced_without_overwrite_or_resume(data, tmp_pa
     assert {k: v for k, v in snapshot(run_dir).items() if k != ".lock"} == before
 
 
+def test_resume_of_a_folder_without_a_checkpoint_is_refused_and_trains_nothing(data, tmp_path):
+    missing, empty, metrics_only = tmp_path / "nope", tmp_path / "empty", tmp_path / "metrics-only"
+    empty.mkdir()
+    metrics_only.mkdir()
+    (metrics_only / "metrics.jsonl").write_text('{"step": 312}\n')
+    for run_dir, why in ((missing, "does not exist"), (empty, "holds no checkpoint"),
+                         (metrics_only, "but no checkpoint")):
+        before = snapshot(run_dir) if run_dir.exists() else None
+        code, out = invoke("train", "--data", str(data), "--run-dir", str(run_dir), "--resume",
+                           "--workdir", str(tmp_path / "w"))
+        assert_one_message(code, out, str(run_dir), "nothing to resume", why, "leave out --resume")
+        assert (snapshot(run_dir) if run_dir.exists() else None) == before
+    assert "--overwrite" in out                                    # the folder with metrics can be started afresh
+
+
 @pytest.mark.slow
 def test_overwrite_replaces_a_finished_run_and_the_lock_is_released(data, tmp_path):
     run_dir = tmp_path / "run"

@@ -27,7 +27,8 @@ class RunDirError(IaaError):
 
 @contextlib.contextmanager
 def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> Iterator[Path]:
-    """Hold ``run_dir`` for one run; raises RunDirError when another run holds it or it would be replaced.
+    """Hold ``run_dir`` for one run; raises RunDirError when another run holds it or it would be
+    replaced, and with ``resume`` when it holds no run to continue (no checkpoint).
 
     A run that fails leaves no ``.lock`` and no empty ``checkpoints/`` (which would make the
     folder look like a started run); a folder this call created is removed when it holds no
@@ -36,6 +37,9 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
     run_dir = Path(run_dir)
     if resume and overwrite:
         raise RunDirError("give `resume` (continue the run) or `overwrite` (replace it), not both")
+    if resume and not RunFolder(run_dir).resumable():
+        raise RunDirError(f"{run_dir}: nothing to resume: {_not_resumable(run_dir)}; "
+                          "give the folder of the run to continue, or leave out `resume` to start a run")
     created = not run_dir.exists()
     fd = _open_lock(run_dir)
     try:
@@ -52,6 +56,19 @@ def claim(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> It
             raise
     finally:
         os.close(fd)  # releases the lock
+
+
+def _not_resumable(run_dir: Path) -> str:
+    """Why ``run_dir`` holds no run to resume."""
+    if not run_dir.exists():
+        return "the folder does not exist"
+    if not run_dir.is_dir():
+        return "it is not a folder"
+    folder = RunFolder(run_dir)
+    if folder.metrics.is_file():
+        return (f"it holds {folder.metrics.name} but no checkpoint ({folder.checkpoints.name}/ has neither "
+                f"{folder.last.name} nor {folder.best.name}); `overwrite` starts it afresh")
+    return f"it holds no checkpoint ({folder.checkpoints.name}/{folder.last.name} or {folder.best.name})"
 
 
 def _check_free(run_dir: Path, reuse: bool) -> None:
