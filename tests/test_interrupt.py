@@ -36,11 +36,12 @@ def _sets() -> list[str]:
     return [arg for s in TINY_SETS for arg in ("--set", s)]
 
 
-@pytest.mark.parametrize("relative", [False, True], ids=["absolute-run-dir", "relative-run-dir"])
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute-run-dir", "relative-run-dir-default-workdir"])
 def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
         tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool) -> None:
     """The resume line continues the run's tracked run, also where the run was started with a
-    relative ``--run-dir`` and the line names it by its absolute path (the tag names its resolved place)."""
+    relative ``--run-dir`` in the default work folder, and the line is run from another folder:
+    it names both by their absolute paths (the tag names the folder's resolved place)."""
     from iaa import cli
 
     tracker = FakeTracker()
@@ -58,7 +59,8 @@ def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
     run_dir = tmp_path / "my run"
     monkeypatch.chdir(tmp_path)
     given = "my run" if relative else str(run_dir)
-    args = ["train", "--data", str(tiny), *_sets(), "--run-dir", given, "--workdir", str(tmp_path / "work")]
+    workdir = ["iaa-work"] if relative else [str(tmp_path / "work")]
+    args = ["train", "--data", str(tiny), *_sets(), "--run-dir", given, "--workdir", *workdir]
     before = signal.getsignal(signal.SIGINT)     # Python's handler, or SIG_IGN under a background shell job
     stopped = CliRunner().invoke(cli.cli, args)
 
@@ -72,6 +74,9 @@ def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
     command = line.split("resume with: ", 1)[1]
     argv = shlex.split(command)
     assert argv[:2] == ["iaa-cli", "train"] and argv[-1] == "--resume" and str(run_dir) in argv
+    assert argv[argv.index("--workdir") + 1] == str(tmp_path / ("iaa-work" if relative else "work"))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
     resumed = CliRunner().invoke(cli.cli, argv[1:])
     assert resumed.exit_code == 0, resumed.output
     assert list(tracker.runs) == [run.run_id] and run.state == "FINISHED"   # the same run, continued

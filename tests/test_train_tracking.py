@@ -97,16 +97,18 @@ def test_a_copied_work_folder_continues_the_run_in_its_own_copy_of_the_store(tin
     assert RunFolder(tmp_path / "copy" / "runs" / "x").tracking().uri == "memory:copy"
 
 
-def test_a_store_that_never_held_the_run_gets_a_new_one_and_says_so(
-        tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_store_that_does_not_hold_the_run_is_refused_before_it_trains(tiny: Path, tmp_path: Path) -> None:
     first = _train(tiny, tmp_path / "run", FakeTracker())
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
     other = FakeTracker()
     other.uri = "memory:other"
-    with caplog.at_level(logging.WARNING, logger="iaa"):
-        again = _train(tiny, tmp_path / "run", other, epochs=2, resume=True)
+    with pytest.raises(IaaError) as refused:
+        _train(tiny, tmp_path / "run", other, epochs=2, resume=True)
+    assert_says(refused.value, first.mlflow_run_id, "is not in memory:other", "`workdir`", "tracking.json")
+    assert not other.runs and (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+    RunFolder(tmp_path / "run").tracking_file.unlink()           # what the error offers: a new tracked run there
+    again = _train(tiny, tmp_path / "run", other, epochs=2, resume=True)
     assert list(other.runs) == [again.mlflow_run_id]
-    [line] = [r.getMessage() for r in caplog.records if "memory:other" in r.getMessage()]
-    assert_says(line, first.mlflow_run_id, "memory:", "a new tracked run")
 
 
 def test_a_damaged_tracking_file_is_one_error_naming_it(tiny: Path, tmp_path: Path) -> None:

@@ -91,7 +91,8 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     tracker = _tracker(workdir, tracking_uri)
     req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
                              temperature=temperature, train_examples=train_examples, run_dir=run_dir,
-                             workdir=workdir, refresh_teacher=refresh_teacher, show_progress=progress_shown(),
+                             workdir=workdir, tracking_uri=tracking_uri, refresh_teacher=refresh_teacher,
+                             show_progress=progress_shown(),
                              resume=resume)
     score = (teacher_ray.scorer(teacher.score_member, workers or None, address, progress_shown()) if (workers or address)
              else teacher.score_in_process)

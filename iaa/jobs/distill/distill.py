@@ -53,6 +53,7 @@ class DistillRequest:
     train_examples: int | None = None   # distil on the first N training examples only
     run_dir: Path | None = None
     workdir: Path = Path(DEFAULT_WORKDIR)
+    tracking_uri: str | None = None     # named in the resume line; the store itself is the caller's tracker
     refresh_teacher: bool = False
     show_progress: bool = True
     resume: bool = False                # continue the run in run_dir: refused when its teacher differs
@@ -124,9 +125,10 @@ def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer 
 
 def resume_command(req: DistillRequest) -> Command:
     """The exact ``distill ... resume`` that continues the student's run."""
-    return Command.of("distill", ensemble_dir=req.ensemble, model_kind=req.model_kind, config_file=req.config_file,
-                      sets=tuple(req.sets), alpha=f"{req.alpha:g}", temperature=f"{req.temperature:g}",
-                      train_examples=req.train_examples, run_dir=req.run_dir, **where(req.workdir), resume=True)
+    return Command.of("distill", ensemble_dir=req.ensemble, model_kind=req.model_kind,
+                      config_file=req.config_file, sets=tuple(req.sets), alpha=f"{req.alpha:g}",
+                      temperature=f"{req.temperature:g}", train_examples=req.train_examples, run_dir=req.run_dir,
+                      **where(req.workdir, req.tracking_uri, always=True), resume=True)
 
 
 def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer,

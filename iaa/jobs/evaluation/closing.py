@@ -75,9 +75,12 @@ def _absolute(value: Any) -> Any:
     return value
 
 
-def where(workdir: Path | str | None, tracking_uri: str | None = None) -> dict[str, str]:
-    """The ``workdir`` (absolute) and ``tracking_uri`` options, where they are not the defaults."""
-    found = {} if workdir is None or Path(workdir) == Path(DEFAULT_WORKDIR) else {"workdir": str(Path(workdir).absolute())}
+def where(workdir: Path | str | None, tracking_uri: str | None = None, *, always: bool = False) -> dict[str, str]:
+    """The ``workdir`` (absolute) and ``tracking_uri`` options, where they are not the defaults;
+    ``always`` names the work folder also where it is the default, for a line that may be run later
+    from another folder (a resume: it must reach the same work folder and store)."""
+    named = workdir is not None and (always or Path(workdir) != Path(DEFAULT_WORKDIR))
+    found = {"workdir": str(Path(workdir).absolute())} if named else {}
     return found | ({"tracking_uri": tracking_uri} if tracking_uri else {})
 
 

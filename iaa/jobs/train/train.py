@@ -225,7 +225,7 @@ def resume_command(req: TrainRequest, run_dir: Path) -> Command:
                       config_file=req.config_file, sets=tuple(req.sets), run_dir=run_dir, workers=req.workers or None,
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
                       storage_path=req.storage_path, register=req.register,
-                      **where(req.workdir, req.tracking_uri), resume=True)
+                      **where(req.workdir, req.tracking_uri, always=True), resume=True)
 
 
 def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]:
@@ -259,9 +259,10 @@ def best_config_notice(sweep: Mapping[str, Any], cfg: JobConfig) -> str:
 def previous_run(tracker: Tracker, experiment: str, folder: RunFolder) -> str | None:
     """The tracked run that a resumed run in ``folder`` continues: the one its ``tracking.json``
     names, from whatever working folder, after the folder moved, and in a copied work folder's
-    own copy of the store. None (a new tracked run) where ``tracker`` never held that run, and
-    for a copy of a run folder that shares the original's store while the original is still
-    there, so the original's run never gets the copy's checks. A folder whose runs began before
+    own copy of the store; an error where ``tracker`` does not hold that run (another work folder's
+    store: the resume would split the run's history). None (a new tracked run) for a copy of a
+    run folder that shares the original's store while the original is still there, so the
+    original's run never gets the copy's checks. A folder whose runs began before
     the file is found by its ``run_dir`` tag, in any of its :func:`~iaa.files.spellings`."""
     tracking = folder.tracking()
     if tracking is None:
@@ -271,9 +272,9 @@ def previous_run(tracker: Tracker, experiment: str, folder: RunFolder) -> str | 
                 return runs[0].run_id
         return None
     if not any(r.run_id == tracking.run_id for r in tracker.find_runs(experiment, {"run_dir": tracking.folder})):
-        _log.warning(printable(f"{folder.path}: its tracked run {tracking.run_id} (in {tracking.uri}) is not in "
-                               f"{tracker.uri}; the resumed run goes on under a new tracked run there"))
-        return None
+        raise IaaError(f"{folder.path}: its tracked run {tracking.run_id} (in {tracking.uri}) is not in {tracker.uri}; "
+                       f"give the `workdir` or `tracking_uri` of the store that holds it, or remove "
+                       f"{folder.tracking_file} to resume under a new tracked run in {tracker.uri}")
     original = folder.copied_from(tracker.uri)
     if original is not None:
         _log.warning(printable(f"{folder.path} is a copy of {original}, whose tracked run {tracking.run_id} "
