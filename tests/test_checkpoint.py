@@ -6,13 +6,14 @@ CLI) naming the file and what to do, and leaves the run folder as it was.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from _faults import as_shown
+from _faults import as_shown, assert_says
 from iaa.errors import IaaError
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.datasets import resolve
@@ -151,16 +152,23 @@ def test_a_damaged_checkpoint_is_a_clear_error(finished, tmp_path, how) -> None:
     message = str(err.value)
     assert str(path) in message and DAMAGE[how] in message
     assert "use another checkpoint or train again" in message and "\n" not in message
+    assert "If you are seeing" not in message                  # torch's advice after its first sentence
     assert path.read_bytes() == before
 
 
-@pytest.mark.parametrize("how", ["empty", "truncated", "bit-flipped"])
-def test_resume_falls_back_to_best_when_last_is_damaged(tiny, run_dir, how) -> None:
+@pytest.mark.parametrize("how", ["empty", "truncated", "bit-flipped", "missing"])
+def test_resume_falls_back_to_best_when_last_is_damaged(tiny, run_dir, how, caplog) -> None:
     last = run_dir / "checkpoints" / checkpoint.LAST
     best_step = checkpoint.load(run_dir / "checkpoints" / checkpoint.BEST)["progress"]["step"]
-    _damage(last, how)
-    with pytest.warns(UserWarning, match=f"Resuming from .*{checkpoint.BEST}"):
+    if how == "missing":
+        last.unlink()
+    else:
+        _damage(last, how)
+    with caplog.at_level(logging.WARNING, logger="iaa"):
         result = _resume(tiny, run_dir)
+    [said] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert_says(said, last, f"resuming from {run_dir / 'checkpoints' / checkpoint.BEST} instead", "an earlier step")
+    assert "use another checkpoint" not in said and "\n" not in said
     assert result.steps > best_step and result.stop_reason == "max-epochs"
     assert checkpoint.load(last)["progress"]["step"] == result.steps   # a good last.pt again
 

@@ -69,6 +69,17 @@ def test_kill_and_resume_equals_uninterrupted(tiny: Path, tmp_path: Path) -> Non
     ]
 
 
+def test_a_resume_with_nothing_left_to_train_still_says_where_the_run_stands(tiny: Path, tmp_path: Path) -> None:
+    from iaa.jobs.training.summary import head_lines
+
+    cfg = _cfg(tiny)
+    done = train_job.run(cfg, tiny, tmp_path / "run", show_progress=False)
+    again = train_job.run(cfg, tiny, tmp_path / "run", resume=True, show_progress=False)
+    assert (again.steps, again.best_step, again.stop_reason) == (done.steps, done.best_step, done.stop_reason)
+    assert again.epoch == pytest.approx(cfg.train.max_epochs) and again.epoch == done.epoch
+    assert head_lines(again)[1] == head_lines(done)[1]             # "at step B (epoch b) of S (epoch e); ..."
+
+
 def test_each_check_fits_a_temperature_on_valid_and_the_checkpoint_keeps_it(tiny: Path, tmp_path: Path) -> None:
     """The loop fits the temperature of its validation pass (no second pass); the best checkpoint
     keeps the best check's, the one ``evaluate`` finds again from the checkpoint's answers."""

@@ -128,7 +128,7 @@ def resume_command(req: DistillRequest) -> Command:
     return Command.of("distill", ensemble_dir=req.ensemble, model_kind=req.model_kind,
                       config_file=req.config_file, sets=tuple(req.sets), alpha=f"{req.alpha:g}",
                       temperature=f"{req.temperature:g}", train_examples=req.train_examples, run_dir=req.run_dir,
-                      **where(req.workdir, req.tracking_uri, always=True), resume=True)
+                      **where(req.workdir, req.tracking_uri), resume=True)
 
 
 def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer,

@@ -203,7 +203,7 @@ def resume_command(req: EnsembleRequest) -> Command:
                       workers_per_trial=req.workers_per_trial if req.workers_per_trial != 1 else None,
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
                       storage_path=req.storage_path, register=req.register,
-                      no_calibrate=True if not req.calibrate else None, **where(req.workdir, always=True))
+                      no_calibrate=True if not req.calibrate else None, **where(req.workdir))
 
 
 def members_cost(sweep: SweepRecord, members: int) -> str:

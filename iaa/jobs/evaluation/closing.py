@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from iaa.jobs.workdir.paths import DEFAULT_WORKDIR
 
 STOP_WORDS = {"max-epochs": "stopped at max-epochs (train.max_epochs)",
               "max-time": "stopped at max-time (train.max_minutes)",
@@ -75,12 +74,10 @@ def _absolute(value: Any) -> Any:
     return value
 
 
-def where(workdir: Path | str | None, tracking_uri: str | None = None, *, always: bool = False) -> dict[str, str]:
-    """The ``workdir`` (absolute) and ``tracking_uri`` options, where they are not the defaults;
-    ``always`` names the work folder also where it is the default, for a line that may be run later
-    from another folder (a resume: it must reach the same work folder and store)."""
-    named = workdir is not None and (always or Path(workdir) != Path(DEFAULT_WORKDIR))
-    found = {"workdir": str(Path(workdir).absolute())} if named else {}
+def where(workdir: Path | str | None, tracking_uri: str | None = None) -> dict[str, str]:
+    """The ``workdir`` option (absolute, the default one too, so that a command run as printed from
+    another folder reaches the same work folder and store) and ``tracking_uri`` where given."""
+    found = {} if workdir is None else {"workdir": str(Path(workdir).absolute())}
     return found | ({"tracking_uri": tracking_uri} if tracking_uri else {})
 
 

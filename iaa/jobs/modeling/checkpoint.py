@@ -21,8 +21,8 @@ the file's path and what to do.
 from __future__ import annotations
 
 import hashlib
+import logging
 import pickle
-import warnings
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
@@ -32,11 +32,13 @@ import torch
 from torch import nn
 
 from iaa.data.vocab import Vocab
-from iaa.errors import IaaError
+from iaa.errors import IaaError, printable
 from iaa.files import atomic_path
 from iaa.jobs.config.job_config import IMPLEMENTATION_KEYS, ConfigError, JobConfig, from_dict, to_dict
 from iaa.jobs.workdir.paths import BEST, LAST
 from iaa.model.reader import build_reader
+
+_log = logging.getLogger(__name__)
 
 FORMAT = 3
 ZIP_MAGIC = b"PK\x03\x04"    # how every file that torch.save writes begins (a zip archive)
@@ -212,11 +214,17 @@ def load(path: Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (EOFError, OSError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
             KeyError, IndexError, TypeError, AttributeError) as err:
-        reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        reason = _first_sentence(str(err)) or type(err).__name__
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated, damaged or another "
                               f"kind of file: {reason}); use another checkpoint or train again") from err
     _verify(path, state)
     return state
+
+
+def _first_sentence(text: str, most: int = 160) -> str:
+    """The first sentence of an error's text (torch's go on with advice), at most ``most`` characters."""
+    first = text.strip().split("\n")[0].split(". ")[0].rstrip(".")
+    return first if len(first) <= most else first[:most - 3] + "..."
 
 
 def _verify(path: Path, state: Any) -> None:
@@ -278,7 +286,9 @@ def load_latest(folder: Path) -> tuple[dict[str, Any], Path] | None:
             state = load(best)
         except CheckpointError as best_err:
             raise CheckpointError(f"cannot resume: {err}; and {best_err}") from best_err
-        warnings.warn(f"{err}. Resuming from {best} instead (an earlier step).", stacklevel=2)
+        said = str(err).split("; use another checkpoint")[0]
+        _log.warning(printable(f"{said}; resuming from {best} instead, an earlier step: the steps after it "
+                               "are trained again"))
         return state, best
 
 

@@ -225,7 +225,7 @@ def resume_command(req: TrainRequest, run_dir: Path) -> Command:
                       config_file=req.config_file, sets=tuple(req.sets), run_dir=run_dir, workers=req.workers or None,
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
                       storage_path=req.storage_path, register=req.register,
-                      **where(req.workdir, req.tracking_uri, always=True), resume=True)
+                      **where(req.workdir, req.tracking_uri), resume=True)
 
 
 def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]:

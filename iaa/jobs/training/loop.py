@@ -160,10 +160,11 @@ class Trainer:
             yield from self._run_epoch()
 
     def finish(self) -> dict[str, Any]:
-        """The run's final metrics and progress (after ``steps`` has ended)."""
+        """The run's final metrics and progress (after ``steps`` has ended): its last check's
+        metrics, or where it stands when it made none (a resume with nothing left to train)."""
         self.bar.close()
         p = self.progress
-        return {**self.last, "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
+        return {"step": p.step, "epoch": p.step / self.n_batches, **self.last, "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
                 "stop_reason": p.stop_reason, "train_seconds": p.elapsed_s, "precision": self.precision,
                 "cuda_graphs": self.captured is not None and self.captured.failed is None,
                 "cuda_graphs_refused": self.capture_refused or (self.captured.failed if self.captured else None)}
