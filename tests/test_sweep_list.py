@@ -121,3 +121,43 @@ def test_report_sweeps_prints_the_table_or_the_json(tmp_path: Path) -> None:
     assert both.exit_code == 2 and "give one of" in both.output
     empty = runner.invoke(cli, ["report", "--sweeps", "--workdir", str(tmp_path / "nothing")])
     assert empty.exit_code == 0 and "no sweeps in" in empty.output
+
+
+def test_a_folder_whose_only_record_is_damaged_says_so_not_that_it_has_no_sweeps(tmp_path: Path) -> None:
+    from iaa.cli import cli
+    from iaa.jobs.reports import sweep_list
+
+    bad = tmp_path / "sweeps" / "bad" / "sweep.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"name": "bad", "trials": [')                  # cut short: not JSON
+
+    result = sweep_list.run(tmp_path)
+
+    assert (result.sweeps, result.unlisted) == ((), 1)
+    [warning] = result.warnings
+    assert_says(warning, str(bad), "not valid JSON")
+    closing = sweep_list.describe(result)
+    assert_says(closing, "no readable sweeps", str(tmp_path), "1 not listed (above)")
+    assert "no sweeps in" not in closing
+    shown = CliRunner().invoke(cli, ["report", "--sweeps", "--workdir", str(tmp_path)])
+    assert shown.exit_code == 0
+    assert shown.output.index("not valid JSON") < shown.output.index("1 not listed (above)")
+    assert "no sweeps in" not in shown.output
+
+
+def test_the_table_counts_the_records_it_could_not_list(tmp_path: Path) -> None:
+    from iaa.jobs.reports import sweep_list
+
+    _sweeps(tmp_path)
+    for name in ("bad", "worse"):
+        bad = tmp_path / "sweeps" / name / "sweep.json"
+        bad.parent.mkdir()
+        bad.write_text("{")
+
+    result = sweep_list.run(tmp_path)
+
+    assert (len(result.sweeps), result.unlisted, len(result.warnings)) == (5, 2, 2)
+    assert "unlisted" not in result.fields()                      # the warnings name them in --json
+    assert_says(sweep_list.describe(result).splitlines()[-1], "2 more", "not listed (above)")
+    clean = sweep_list.run(tmp_path / "nothing")
+    assert_says(sweep_list.describe(clean), "no sweeps in", "iaa-cli tune starts one")

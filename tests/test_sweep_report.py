@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+
+from _faults import assert_says
 
 optuna = pytest.importorskip("optuna")
 
@@ -161,3 +164,118 @@ def test_the_history_gives_the_best_so_far_as_the_trials_ended(tmp_path: Path) -
 
     assert_says(describe(from_analysis(result, sweep="s")), "best trial (#2, valid_acc 0.8000) ended 1h30m",
                 "the last one at 1h30m")
+
+
+def _recorded_sweep(workdir: Path, name: str, trials: int, failed: int = 0):
+    """A sweep record of ``trials`` trials (the last ``failed`` of them ERROR), searching lr and steps."""
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.jobs.ports import TrialRecord
+    from iaa.jobs.sweeps import record
+
+    rows = tuple(TrialRecord(trial_id=f"id{i}", config=JobConfig(dataset="demo"), name=f"trial-{i:04d}",
+                             best_valid_acc=None if i >= trials - failed else 0.5 + 0.1 * i,
+                             status="ERROR" if i >= trials - failed else "TERMINATED", checks=2)
+                 for i in range(trials))
+    space = {"params": {"train.lr": {"choices": [0.002, 0.004]}, "model.steps": {"choices": [2, 3]}}}
+    path = record.sweep_file(workdir, name)
+    path.parent.mkdir(parents=True)
+    record.write(path, record.SweepRecord(name=name, optuna=record.Study("sqlite:///x.db", name), trials=rows,
+                                          num_samples=trials, search_space=space, sampler="tpe"))
+
+
+def _analysis(states: list[str]):
+    """An analyzer of a study whose trials ended in ``states``: it draws only what it can."""
+    trials = [{"number": n, "state": state, "params": {"train.lr": 0.002 * (1 + n % 2), "model.steps": 2 + n % 2},
+               "value": 0.5 if state == "COMPLETE" else None,
+               "intermediate_values": {1: 0.4, 2: 0.5} if state == "COMPLETE" else {1: 0.3}}
+              for n, state in enumerate(states)]
+    scored = sum(state in ("COMPLETE", "PRUNED") for state in states)
+
+    def analyze(storage: str, study: str, folder: Path) -> dict:
+        drawn = ("intermediate_values", "history") + (("importances", "parallel_coordinates") if scored >= 2 else ())
+        return {"study": study, "trials": trials, "scored_trials": scored, "complete_trials": scored,
+                "dashboard_importances": {"train.lr": 0.5, "model.steps": 0.5} if scored >= 2 else {}, "figures": {
+            name: str(folder / f"{name}.png") for name in drawn},
+            "importances": {"train.lr": 0.7, "model.steps": 0.3} if scored >= 2 else {}}
+    return analyze
+
+
+def test_a_resumed_sweep_counts_its_own_trials_and_the_attempts_its_stop_ended(tmp_path: Path) -> None:
+    """Stopped with two trials unfinished (FAIL in the study), then resumed: the study holds 6
+    trials, the sweep 4."""
+    from iaa.jobs.reports import sweep_report
+
+    workdir = tmp_path / "work"
+    _recorded_sweep(workdir, "s1", trials=4)
+    states = ["COMPLETE", "FAIL", "FAIL", "COMPLETE", "COMPLETE", "COMPLETE"]
+    result = sweep_report.run("s1", workdir, _analysis(states), open_tracker=lambda uri: None)
+
+    assert (result.sweep_trials, result.stopped_attempts, len(result.trials)) == (4, 2, 6)
+    assert (result.fields()["sweep_trials"], result.fields()["stopped_attempts"]) == (4, 2)
+    first = sweep_report.describe(result).splitlines()[0]
+    assert_says(first, "sweep s1: 4 trials", "tpe sampler", "study s1 holds 6", "2 of them", "FAIL", "stopped",
+                "resume")
+
+
+def test_a_failed_trial_of_the_sweep_is_no_stopped_attempt(tmp_path: Path) -> None:
+    """A trial that ended ERROR is FAIL in the study and one of the sweep's trials: the counts agree."""
+    from iaa.jobs.reports import sweep_report
+
+    workdir = tmp_path / "work"
+    _recorded_sweep(workdir, "s2", trials=3, failed=1)
+    result = sweep_report.run("s2", workdir, _analysis(["COMPLETE", "COMPLETE", "FAIL"]), open_tracker=lambda uri: None)
+
+    assert (result.sweep_trials, result.stopped_attempts) == (3, 0)
+    assert sweep_report.describe(result).splitlines()[0] == "sweep s2: 3 trials in study s2, proposed by the tpe sampler"
+
+
+def test_one_scored_trial_draws_what_it_can_and_warns_of_the_importances_only(tmp_path: Path) -> None:
+    from iaa.jobs.reports import sweep_report
+
+    workdir = tmp_path / "work"
+    _recorded_sweep(workdir, "one", trials=1)
+    result = sweep_report.run("one", workdir, _analysis(["COMPLETE"]), open_tracker=lambda uri: None)
+
+    assert result.importances == {} and set(result.figures) == {"intermediate_values", "history"}
+    [warning] = result.warnings                          # not a "never varied" line per parameter
+    assert_says(warning, "1 scored trial(s)", "importances", "2 or more", "checks per trial")
+    text = sweep_report.describe(result)
+    assert "parameter importance (fANOVA" not in text and "optuna-dashboard shows" not in text
+    assert_says(text, "warning: 1 scored trial(s)", "intermediate_values:", "history:")
+
+
+@pytest.mark.parametrize("states", [("COMPLETE", "FAIL"), ("FAIL",), ()], ids=["one-scored", "none-scored", "empty"])
+def test_a_study_of_under_two_scored_trials_draws_the_checks_and_history_without_importances(tmp_path: Path,
+                                                                                              states) -> None:
+    """A sweep stopped after its first trial: no importances, and the rest of the report is written."""
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from _faults import invoke
+    from iaa.jobs.sweeps import record
+    from iaa.platform.sweeps.study import analyze
+
+    workdir = tmp_path / "work"
+    url = f"sqlite:///{workdir / 'optuna.db'}"
+    _recorded_sweep(workdir, "s1", trials=1)
+    study = optuna.create_study(study_name="s1", storage=url, direction="maximize")
+    dists = {"train.lr": CategoricalDistribution([0.002, 0.004])}
+    for state in states:
+        done = state == "COMPLETE"
+        study.add_trial(create_trial(params={"train.lr": 0.002}, distributions=dists, state=TrialState[state],
+                                     intermediate_values={1: 0.4, 2: 0.55} if done else {1: 0.3},
+                                     value=0.55 if done else None))
+    path = record.sweep_file(workdir, "s1")
+    record.write(path, dataclasses.replace(record.read(path), optuna=record.Study(url, "s1")))
+
+    result = analyze(url, "s1", tmp_path / "report")
+    assert result["importances"] == {} and set(result["figures"]) == {"intermediate_values", "history"}
+    assert result["scored_trials"] == states.count("COMPLETE")
+    for figure in result["figures"].values():
+        assert Path(figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "report" / "importances.png").exists()
+
+    code, output = invoke("report", "--sweep", "s1", "--workdir", workdir)
+    assert code == 0, output
+    assert_says(output, f"{states.count('COMPLETE')} scored trial(s)", "2 or more", "intermediate_values:")
+    assert (workdir / "sweeps" / "s1" / "report" / "intermediate_values.png").is_file()

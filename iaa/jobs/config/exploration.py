@@ -12,6 +12,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 MIN_TRIALS_TO_RANK = 10   # scored trials below which importances are not a ranking (TPE's own start-up)
+RANKED_FROM = 2           # scored trials that importances and parallel coordinates need at all (they compare trials)
 
 
 def notes(trials: Sequence[Mapping[str, Any]], params: Sequence[str]) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from iaa.errors import IaaError
 from iaa.jobs.evaluation.closing import Command, where
-from iaa.jobs.evaluation.result import Result
+from iaa.jobs.evaluation.result import Result, hidden
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
@@ -46,10 +46,12 @@ class SweepSummary:
 
 @dataclass(frozen=True, kw_only=True)
 class SweepListResult(Result):
-    """``iaa-cli report --sweeps``: every sweep of ``workdir`` that could be read, newest first."""
+    """``iaa-cli report --sweeps``: every sweep of ``workdir`` that could be read, newest first;
+    ``unlisted``: the records that could not (each named by a warning)."""
 
     workdir: Path
     sweeps: tuple[SweepSummary, ...]
+    unlisted: int = hidden(0)
 
 
 def state(sweep: SweepRecord, running: bool = False) -> str:
@@ -93,12 +95,15 @@ def run(workdir: Path) -> SweepListResult:
             rows.append(summary(sweep_file.read(path), path.parent, where(workdir), pid))
         except (IaaError, OSError) as err:            # a record's error names its file; say it once
             damaged.append(f"not listed: {err}" if str(path) in str(err) else f"{path}: not listed: {err}")
-    return SweepListResult(workdir=Path(workdir), sweeps=tuple(rows), warnings=tuple(damaged))
+    return SweepListResult(workdir=Path(workdir), sweeps=tuple(rows), warnings=tuple(damaged), unlisted=len(damaged))
 
 
 def describe(result: SweepListResult) -> str:
-    """The sweeps as a table, then the command that continues each interrupted one."""
+    """The sweeps as a table, then the command that continues each interrupted one, and how many
+    records were not listed (each a warning, shown above the table)."""
     if not result.sweeps:
+        if result.unlisted:
+            return f"no readable sweeps in {result.workdir}: {result.unlisted} not listed (above)"
         return f"no sweeps in {result.workdir}: iaa-cli tune starts one"
     head = ["sweep", "dataset", "model", "state", "trials", "best", "best trial", "time", "from"]
     rows = [head] + [[s.name, s.dataset or "?", s.model or "?", f"{s.state} (pid {s.pid})" if s.pid else s.state,
@@ -109,4 +114,5 @@ def describe(result: SweepListResult) -> str:
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines += [f"continue {s.name}: {s.resume}" for s in result.sweeps if s.resume]
+    lines += [f"{result.unlisted} more sweep(s) not listed (above)"] if result.unlisted else []
     return "\n".join(lines)

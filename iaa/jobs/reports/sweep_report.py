@@ -5,6 +5,11 @@ stops marked, and the best valid_acc found over the sweep's time) go to ``--out`
 ``WORKDIR/sweeps/NAME/report``) and to the sweep's parent run under ``report/``; the numbers
 behind them are the returned :class:`SweepReportResult` (``--json``). The study is read by an
 adapter (:func:`iaa.platform.sweeps.study.analyze`).
+
+Importances and parallel coordinates compare trials: a study of fewer than two scored trials has
+none, and the report says so in a warning and draws the rest. The study may hold more trials
+than the sweep (its record's): a sweep that was stopped ends its unfinished trials FAIL in the
+study, and its resume continues each of them as a new trial; the first line counts both.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class SweepReportResult(Result):
     importances: dict[str, float]                                  # fANOVA's, by parameter
     figures: dict[str, str]                                        # name -> PNG
     dashboard_importances: dict[str, float] | None = absent_when_none()   # optuna-dashboard's PED-ANOVA
+    sweep_trials: int | None = absent_when_none()                  # the sweep's, as its record counts them
+    stopped_attempts: int | None = absent_when_none()              # study trials beyond them: :func:`stopped_attempts`
     complete_trials: int | None = absent_when_none()
     scored_trials: int | None = absent_when_none()
     first_comparison: dict[str, Any] | None = absent_when_none()   # :func:`first_comparison`
@@ -53,22 +60,42 @@ class SweepReportResult(Result):
 
 def from_analysis(analysis: Mapping[str, Any], *, sweep: str, sampler: str | None = None,
                   grace_period: int | None = None, logged_to_run: str | None = None,
-                  warnings: tuple[str, ...] = (), close: tuple[tuple[str, ...], str | None] | None = None
-                  ) -> SweepReportResult:
+                  warnings: tuple[str, ...] = (), close: tuple[tuple[str, ...], str | None] | None = None,
+                  recorded: int | None = None) -> SweepReportResult:
     """The result of the analyzer's numbers (``analysis``: :data:`StudyAnalyzer`'s dict) for
-    ``sweep``, whose ASHA first compared trials at check ``grace_period`` (None: unknown), and
-    ``close``: the trials within chance of its best and the line that says so (None: unknown)."""
+    ``sweep``, whose ASHA first compared trials at check ``grace_period`` (None: unknown),
+    ``close``: the trials within chance of its best and the line that says so (None: unknown), and
+    ``recorded``: the trials its record holds (None: unknown)."""
     named = {"study", "trials", "importances", "figures", "dashboard_importances", "complete_trials", "scored_trials"}
     trials = tuple(analysis["trials"])
     compared = first_comparison(trials, grace_period) if grace_period else None
     return SweepReportResult(
         sweep=sweep, sampler=sampler, study=analysis["study"], trials=trials,
         importances=dict(analysis["importances"]), figures=dict(analysis["figures"]),
-        dashboard_importances=analysis.get("dashboard_importances"), complete_trials=analysis.get("complete_trials"),
+        dashboard_importances=analysis.get("dashboard_importances"), sweep_trials=recorded,
+        stopped_attempts=None if recorded is None else stopped_attempts(trials, recorded),
+        complete_trials=analysis.get("complete_trials"),
         scored_trials=analysis.get("scored_trials"), first_comparison=compared,
         analysis={k: v for k, v in analysis.items() if k not in named}, logged_to_run=logged_to_run,
         close_trials=None if close is None else close[0], close_note=None if close is None else close[1],
         warnings=warnings + tuple(comparison.ranked_poorly(compared)))
+
+
+def stopped_attempts(trials: Sequence[Mapping[str, Any]], recorded: int) -> int:
+    """How many of the study's own ``trials`` (not those a warm start carried) are not among the
+    ``recorded`` trials of the sweep (its record's), and ended FAIL: the attempts that a stop ended
+    (or a process that died, marked by the resume) and that the resume continued as new trials. 0
+    when the record holds none (a sweep that recorded no trials yet)."""
+    own = [t for t in trials if not t.get("carried_from")]
+    if not recorded or len(own) <= recorded:
+        return 0
+    return min(len(own) - recorded, sum(t.get("state") == "FAIL" for t in own))
+
+
+def unranked_note(scored: int) -> str:
+    """Why a study of fewer than :data:`exploration.RANKED_FROM` scored trials has no importances."""
+    return (f"{scored} scored trial(s): parameter importances and parallel coordinates compare trials and need "
+            f"{exploration.RANKED_FROM} or more; drawn: the checks per trial and the best valid_acc over time")
 
 
 def first_comparison(trials: Sequence[Mapping[str, Any]], grace_period: int) -> dict[str, Any]:
@@ -99,10 +126,11 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
         logged = True
     scored = [t["params"] for t in result["trials"] if t.get("state") in SCORED_STATES]
     searched = list((sweep.search_space or {}).get("params") or {}) or sorted({k for t in scored for k in t})
+    notes = exploration.notes(scored, searched) if len(scored) >= exploration.RANKED_FROM else [unranked_note(len(scored))]
     return from_analysis(result, sweep=sweep.name, sampler=sweep_file.sampler(sweep),
                          grace_period=sweep.asha.grace_period if sweep.asha else None,
                          logged_to_run=sweep.parent_run_id if logged else None,
-                         warnings=tuple(exploration.notes(scored, searched)), close=close_trials(sweep, workdir))
+                         warnings=tuple(notes), close=close_trials(sweep, workdir), recorded=len(sweep.trials))
 
 
 def close_trials(sweep: SweepRecord, workdir: Path) -> tuple[tuple[str, ...], str | None] | None:
@@ -127,8 +155,9 @@ def close_trials(sweep: SweepRecord, workdir: Path) -> tuple[tuple[str, ...], st
 
 
 def dashboard_line(result: SweepReportResult) -> list[str]:
-    """optuna-dashboard's importances of the same study, and in one line why they differ from fANOVA's."""
-    if result.dashboard_importances is None:
+    """optuna-dashboard's importances of the same study, and in one line why they differ from fANOVA's
+    (none where there are no fANOVA importances: too few trials for either)."""
+    if result.dashboard_importances is None or not result.importances:
         return []
     shown = ", ".join(f"{k} {v:.3f}" for k, v in result.dashboard_importances.items()) or "none (under 2 COMPLETE trials)"
     complete = "?" if result.complete_trials is None else result.complete_trials
@@ -184,12 +213,22 @@ def given_line(result: SweepReportResult) -> list[str]:
             "their end"]
 
 
+def trials_line(result: SweepReportResult) -> str:
+    """The sweep's trials and its study's; where the study holds attempts a stop ended, both counts."""
+    sampler = f", proposed by the {result.sampler} sampler" if result.sampler else ""
+    if not result.stopped_attempts:
+        return f"sweep {result.sweep}: {len(result.trials)} trials in study {result.study}{sampler}"
+    return (f"sweep {result.sweep}: {result.sweep_trials} trials{sampler}; its study {result.study} holds "
+            f"{len(result.trials)}, {result.stopped_attempts} of them attempt(s) that ended FAIL when the sweep was "
+            "stopped, which its resume continued as new trials")
+
+
 def describe(result: SweepReportResult) -> str:
     """The importances and the figures, for the console."""
-    sampler = f", proposed by the {result.sampler} sampler" if result.sampler else ""
-    lines = [f"sweep {result.sweep}: {len(result.trials)} trials in study {result.study}{sampler}",
-             "parameter importance (fANOVA over finished and ASHA-stopped trials):"]
-    lines += [f"  {name:24s} {value:.3f}" for name, value in result.importances.items()]
+    lines = [trials_line(result)]
+    if result.importances:
+        lines.append("parameter importance (fANOVA over finished and ASHA-stopped trials):")
+        lines += [f"  {name:24s} {value:.3f}" for name, value in result.importances.items()]
     lines += dashboard_line(result)
     lines += carried_line(result)
     lines += given_line(result)

@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
+from iaa.jobs.config.exploration import RANKED_FROM
 from iaa.jobs.ports import TIME_BUDGET
 from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 from iaa.platform.sweeps.warm_start import CARRIED_FROM, scored_value
 
 FIGURES = ("importances", "parallel_coordinates", "intermediate_values", "history")
+RANKING_FIGURES = ("importances", "parallel_coordinates")   # drawn from RANKED_FROM scored trials on
 OBJECTIVE = "best valid_acc"       # what each trial is valued by (its best check)
 
 
@@ -48,7 +50,12 @@ def _scored_copy(study: Any) -> Any:
 
 
 def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
-    """Draw the three figures of study ``study_name`` into ``out_dir``; return their paths and numbers."""
+    """Draw the figures of study ``study_name`` into ``out_dir``; return their paths and numbers.
+
+    Importances and parallel coordinates compare trials: with fewer than
+    :data:`~iaa.jobs.config.exploration.RANKED_FROM` scored trials there are none (``importances``
+    is empty and those two figures are not drawn), and the checks per trial and the history are
+    drawn all the same."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,19 +73,20 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         raise IaaError(f"no Optuna study {study_name!r} in {storage_url}: the sweep ran before studies were kept, "
                        "or --optuna-storage pointed elsewhere") from err
     scored = _scored_copy(study)
-    if len(scored.trials) < 2:
-        raise IaaError(f"study {study_name!r} has {len(scored.trials)} scored trial(s); importances need 2 or more")
+    ranked = len(scored.trials) >= RANKED_FROM       # importances and parallel coordinates compare trials
     # fANOVA, seeded: Optuna 5's default (PED-ANOVA) needs many more trials than a sweep has
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
-    importances = {k: float(v) for k, v in optuna.importance.get_param_importances(scored, evaluator=evaluator).items()}
+    importances = ({k: float(v) for k, v in optuna.importance.get_param_importances(scored, evaluator=evaluator).items()}
+                   if ranked else {})
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {name: out_dir / f"{name}.png" for name in FIGURES}
+    paths = {name: out_dir / f"{name}.png" for name in FIGURES if ranked or name not in RANKING_FIGURES}
     with warnings.catch_warnings():                # the matplotlib figures are "experimental"
         warnings.simplefilter("ignore")
-        vis.plot_param_importances(scored, evaluator=evaluator, target_name=OBJECTIVE)
-        _save(plt, paths["importances"])
-        _readable_lines(vis.plot_parallel_coordinate(scored, target_name=OBJECTIVE))
-        _save(plt, paths["parallel_coordinates"])
+        if ranked:
+            vis.plot_param_importances(scored, evaluator=evaluator, target_name=OBJECTIVE)
+            _save(plt, paths["importances"])
+            _readable_lines(vis.plot_parallel_coordinate(scored, target_name=OBJECTIVE))
+            _save(plt, paths["parallel_coordinates"])
         _plot_checks(study)
         _save(plt, paths["intermediate_values"])
         history, carried = best_so_far(study), [t for t in scored.trials if _carried(t)]
@@ -94,7 +102,8 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
             "importance_evaluator": "fANOVA", "dashboard_importances": dashboard_importances(study),
             "scored_trials": len(scored.trials),
             "complete_trials": len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
-            "best": {"params": scored.best_trial.params, "value": scored.best_value}, "history": history,
+            "best": {"params": scored.best_trial.params, "value": scored.best_value} if scored.trials else None,
+            "history": history,
             "carried_trials": len(carried), "carried_best": max(map(scored_value, carried), default=None),
             "trials": trials, "figures": {k: str(v) for k, v in paths.items()}}
 
