@@ -55,8 +55,8 @@ def relocate(db: Path) -> list[str]:
                         con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
                                     f"WHERE ({column} = ? OR substr({column}, 1, ?) = ?){extra}",
                                     (root, len(old) + 1, old, len(old) + 1, old + "/"))
-    _log.info(f"MLflow store {db}: its artifacts were at {', '.join(moved)}; the store moved with its work folder, so "
-              f"they are now found at {root}")
+    _log.info(f"MLflow store {db}: its artifacts were at {', '.join(moved)}; the store was moved or copied with its "
+              f"work folder, so they are now found at {root}")
     return moved
 
 
