@@ -259,3 +259,17 @@ def test_the_ensemble_runs_figures_carry_no_float_noise_and_boo_once() -> None:
     assert sorted(k for k in metrics if k.startswith("boo")) == ["boo_n", "boo_n_valid"]
     assert metrics["valid_log_loss"] == 0.1 and "valid_mean_confidence" not in metrics
     assert ensemble_run.params({"p": 1 / 3, "seeds": 5}) == {"p": 0.3333, "seeds": 5}
+
+
+def test_given_members_are_labelled_by_run_folder_or_sweep_trial_and_never_twice_alike(tmp_path: Path) -> None:
+    from _faults import make_checkpoint, make_prepared
+    from fakes import FakeTracker
+    from iaa.jobs.ensemble.ensemble import given_members
+
+    _, prepared = make_prepared(tmp_path)
+    paths = [make_checkpoint(prepared, tmp_path / "runs" / "demo-iaa-seed0" / "checkpoints" / "best.pt"),
+             *(make_checkpoint(prepared, tmp_path / "ray" / "sweep1" / trial / "checkpoint_000001" / "checkpoint.pt")
+               for trial in ("1c6955d7", "5a2cc778")),
+             *(make_checkpoint(prepared, tmp_path / folder / "model.pt") for folder in ("a", "b"))]
+    labels = [m.label for m in given_members(paths, FakeTracker())]
+    assert labels == ["demo-iaa-seed0", "sweep1/1c6955d7", "sweep1/5a2cc778", "model (4)", "model (5)"]

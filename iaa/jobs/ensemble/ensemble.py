@@ -32,7 +32,7 @@ import hashlib
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -112,7 +112,14 @@ def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
 
 
 def _run_dir_label(checkpoint: Path) -> str:
-    return checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else checkpoint.stem
+    """A given member's label: its run folder (``RUN/checkpoints/best.pt``), its sweep and trial (a
+    Ray Tune checkpoint, ``ray/SWEEP/TRIAL/checkpoint_000001/checkpoint.pt``), else the file's name."""
+    folder = checkpoint.parent
+    if folder.name == "checkpoints":
+        return folder.parent.name
+    if folder.name.startswith("checkpoint_"):
+        return f"{folder.parent.parent.name}/{folder.parent.name}"
+    return checkpoint.stem
 
 
 def member_names(ensemble: str, configs: Sequence[JobConfig], top_configs: int, labels: Sequence[str]) -> tuple[str, ...]:
@@ -133,7 +140,8 @@ def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
         cfg = from_dict(checkpoint.load(path)["config"])
         run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.resolve())])
         members.append(Member(path, cfg, run_id, _run_dir_label(path), "given", sha256))
-    return members
+    labels = [m.label for m in members]
+    return [replace(m, label=f"{m.label} ({i + 1})") if labels.count(m.label) > 1 else m for i, m in enumerate(members)]
 
 
 def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_dir: Path, tracker: Tracker,
