@@ -89,6 +89,8 @@ def test_report_says_how_the_trials_asha_let_go_on_ended_against_its_first_compa
     assert_says(sweep_report.describe(result), "ASHA first compared 5 trials at check 1 and stopped 2 there",
                 "correlates 1.00")
     assert result.warnings == ()
+    alone = report([_trial(2, [0.40, 0.50])])                   # one trial reached the check: no comparison
+    assert alone.first_comparison["compared"] == 1 and "ASHA first compared" not in sweep_report.describe(alone)
 
     # the leaders at check 1 ended last: the check ranked them by chance or worse
     upside_down = [_trial(2, [0.40, 0.42, 0.45]), _trial(3, [0.38, 0.45, 0.55]), _trial(4, [0.35, 0.50, 0.60])]

@@ -178,9 +178,10 @@ def history_line(result: SweepReportResult) -> list[str]:
 
 
 def comparison_line(result: SweepReportResult) -> list[str]:
-    """What ASHA's first comparison did, and how the trials it let go on ended against its order."""
+    """What ASHA's first comparison did, and how the trials it let go on ended against its order
+    (nothing where fewer than two trials reached it: there was nothing to compare)."""
     c = result.first_comparison
-    if not c or not c["compared"]:
+    if not c or c["compared"] < 2:
         return []
     ended = ("" if c["spearman"] is None else
              f"; the {c['went_on']} that went on past it ended in an order that correlates {c['spearman']:.2f} "
