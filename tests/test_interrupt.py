@@ -227,7 +227,8 @@ def test_tune_resume_by_name_alone_marks_leftovers_and_prints_the_console(
     assert request.plan.base.model.embed_dim == 16 and request.plan.num_samples == 2   # the record's, not presets
     assert sorted(request.plan.space.params) == ["model.hidden_dim", "model.steps"]
     err = resumed.stderr
-    assert_says(err, "resuming sweep k:", "0 of 2 trials finished", "2 left", "1 continue")
+    # the lost trial's run made no check, so it has no checkpoint: it starts again from the beginning
+    assert_says(err, "resuming sweep k:", "0 of 2 trials finished", "2 left", "0 continue", "2 start from the beginning")
     assert "cost: " in err and "trial trial00000 started" in err and "sweep took" in err
     assert "rank  trial" in err                                                  # the final table
 

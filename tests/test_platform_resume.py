@@ -94,6 +94,28 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def test_a_stopped_sweep_resumed_with_more_trials_runs_them_all_and_optuna_stays_quiet(
+        killed: Killed, tmp_path: Path) -> None:
+    """``--num-samples 4`` on the resume of a 3-trial sweep (in a copy of its work folder): Tune
+    restores its run saved with 3 trials to make and makes the 4th too; the finished trials are
+    kept, and Optuna says nothing in its own format on the way."""
+    copy = tmp_path / "more"
+    subprocess.run(["cp", "-a", str(killed.work), str(copy)], check=True)
+    assert len(read_sweep(copy, "r")["trials"]) < 3, "the copy must be the stopped sweep's (this test runs first)"
+    command = _command(killed.tiny, copy, killed.space, "--resume")
+    command[command.index("--num-samples") + 1] = "4"
+    more = subprocess.run(command, cwd=tmp_path, env=killed.env, capture_output=True, text=True, timeout=800)
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    assert json.loads(more.stdout.strip().splitlines()[-1])["trials"] == 4
+    sweep = read_sweep(copy, "r")
+    assert sweep["num_samples"] == 4 and len(sweep["trials"]) == 4
+    assert {t["status"] for t in sweep["trials"]} == {"TERMINATED"}
+    runs = {r.data.tags["trial_id"]: r for r in children(sweep) if r.info.status == "FINISHED"}
+    assert {t: runs[t].info.end_time for t in killed.done_before} == {
+        t: r.info.end_time for t, r in killed.done_before.items()}, "a finished trial ran again"
+    assert "Using an existing study" not in more.stderr and "[I 20" not in more.stderr
+
+
 def test_a_copied_folder_resumes_into_its_own_stores_and_leaves_the_original_as_it_was(
         killed: Killed, tmp_path: Path) -> None:
     import optuna
@@ -161,3 +183,4 @@ def test_a_finished_sweep_resumes_at_once_with_nothing_left_and_its_folder_as_it
     assert result["sweep"] == "r" and result["trials"] == 3 and result["nothing_left"] is True
     assert _snapshot(work / "sweeps" / "r") == folder, "the sweep's folder changed"
     assert _snapshot(work / "ray") == ray_files and "Ray" not in again.stderr.replace("local Ray cluster", "")
+

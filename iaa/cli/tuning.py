@@ -87,6 +87,6 @@ def _announce(plan: Any, address: str | None) -> None:
     (which take seconds, in silence otherwise)."""
     what = plan.dataset if plan.data is None else f"{plan.dataset} ({plan.data})"
     verb = f"resuming sweep {plan.name}" if plan.recorded is not None else f"starting sweep {plan.name}"
-    ray = f"the Ray cluster at {address}" if address else "a local Ray cluster"
-    click.echo(f"tune: {verb} of {plan.base.model.kind} on {what}: loading PyTorch, MLflow and Optuna, "
-               f"then starting {ray}...", err=True)
+    ray = "" if plan.nothing_left else f", then starting {f'the Ray cluster at {address}' if address else 'a local Ray cluster'}"
+    click.echo(f"tune: {verb} of {plan.base.model.kind} on {what}: loading PyTorch, MLflow and Optuna{ray}...",
+               err=True)

@@ -46,6 +46,9 @@ class TuneResult(Keyed, Result):
     ``best_tried_first`` (which of them, from 1, the best trial holds) are absent unless given.
     ``close_trials`` are the trials below the best by less than chance moves two scores on the
     validation set (closest first; ties are in ``tied_trials``): the sweep cannot rank them.
+    ``best_trial`` is the best trial's Tune id (its folder under the sweep's storage, the sweep
+    run's tag ``best_trial_id``); ``best_trial_label`` is its one name (``trial-0003``), as the
+    console, ``tied_trials``, ``close_trials`` and ``report --sweeps`` name it.
     """
 
     sweep: str
@@ -55,6 +58,7 @@ class TuneResult(Keyed, Result):
     best_valid_acc: float | None
     baseline_valid_acc: float
     best_trial: str
+    best_trial_label: str
     best_checkpoint: str | None
     trials: int
     sweep_json: Path
@@ -89,7 +93,7 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ranking: Ran
                 **more}
     return TuneResult(sweep=sweep.name, tracking_uri=sweep.tracking_uri, experiment=sweep.experiment,
                       best_config=plan.folder / "best_config.yaml", best_valid_acc=best.best_valid_acc,
-                      baseline_valid_acc=baseline.accuracy, best_trial=best.trial_id,
+                      baseline_valid_acc=baseline.accuracy, best_trial=best.trial_id, best_trial_label=best.label,
                       best_checkpoint=best.checkpoint, trials=len(sweep.trials), sweep_json=plan.record_file,
                       parent_run_id=sweep.parent_run_id, explain_page=outputs.get("explain_page"),
                       explain_png=outputs.get("explain_png"), model_uri=outputs.get("model_uri"), mlflow_ui=ui,

@@ -13,8 +13,8 @@ from iaa.jobs.tune.settle import SweepPlan
 def next_steps(plan: SweepPlan, best: TrialRecord, best_config: Path | None = None,
                top_configs: int = 1) -> tuple[Command, ...]:
     """What to run after the sweep: train its best config, its analytics, an ensemble of its
-    ``top_configs`` best configs, a service. Each line runs as printed (the work folder and store
-    are named when not the defaults)."""
+    ``top_configs`` best configs, a service. Each line runs as printed from any folder (it names
+    the work folder, and the store where one was given)."""
     folder = {k: v for k, v in (plan.options or {}).items() if k == "workdir"}
     serve = (plan.command("serve", model_uri=f"models:/{plan.register}/latest") if plan.register
              else Command.of("serve", checkpoint=str(best.checkpoint)))

@@ -71,6 +71,12 @@ class SweepPlan:
         return (self.recorded.experiment if self.recorded is not None else None) or f"tune-{self.dataset}"
 
     @property
+    def nothing_left(self) -> bool:
+        """A resume of a sweep that has nothing left to run (its record's ``finished``): it starts
+        no cluster and runs no trial, whatever ``num_samples`` says."""
+        return self.recorded is not None and self.recorded.finished
+
+    @property
     def record_file(self) -> Path:
         return self.folder / "sweep.json"
 

@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Mapping
 
 from iaa.files import DiskFullError, UnwritableError
+from iaa.jobs.config.presets import STOP_METRIC
 from iaa.jobs.evaluation.closing import Command
-from iaa.jobs.ports import Launcher, SearchPlan, Tracker
+from iaa.jobs.ports import Launcher, RunRecord, SearchPlan, Tracker
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.record import SweepRecord
 
@@ -81,35 +83,77 @@ def close_leftovers(tracker: Tracker, launcher: Launcher, record: SweepRecord, p
     return end_running(tracker, launcher, record.experiment or "", record.name, plan, {"killed": KILLED_BEFORE})
 
 
+@dataclass(frozen=True)
+class Standing:
+    """The trials of a sweep by their child runs: ``finished`` (their runs ended FINISHED or FAILED,
+    but for those run again), ``unfinished``, and of these the ``checkpointed`` ones, which continue
+    from their last checkpoint; the others made no check and start again from the beginning."""
+
+    finished: int
+    unfinished: int
+    checkpointed: int
+
+
 def standing(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None,
              again: Collection[str] = ()) -> tuple[int, int]:
     """(finished, unfinished) trials of ``sweep`` by their child runs' status; the trials ``again``
     (by Tune trial id: those that lost their worker with no restores left) run again, unfinished."""
+    latest = _latest_runs(tracker, experiment, sweep, parent_run_id)
+    unfinished = _unfinished(latest, again)
+    return len(latest) - len(unfinished), len(unfinished)
+
+
+def standing_of(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None,
+                again: Collection[str] = ()) -> Standing:
+    """The :class:`Standing` of ``sweep``'s trials (``again`` as :func:`standing` reads it).
+
+    An unfinished trial counts as checkpointed once its run logged a check (its ``valid_acc``):
+    every check a trial reports carries its checkpoint, and the driver logs the check only once
+    the report, checkpoint and all, has reached it. A trial stopped before its first check has
+    nothing to continue from."""
+    latest = _latest_runs(tracker, experiment, sweep, parent_run_id)
+    unfinished = _unfinished(latest, again)
+    checkpointed = sum(1 for run in unfinished if tracker.metric_history(run.run_id, STOP_METRIC))
+    return Standing(len(latest) - len(unfinished), len(unfinished), checkpointed)
+
+
+def _latest_runs(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None) -> dict[str, RunRecord]:
+    """The newest child run of each trial of ``sweep``, by Tune trial id."""
     runs = [r for r in tracker.find_runs(experiment, {"sweep": sweep})
             if r.parent_run_id == parent_run_id and r.tags.get("trial_id")]
-    latest: dict[str, str] = {}
+    latest: dict[str, RunRecord] = {}
     for run in reversed(runs):                              # oldest first: a trial's newest run wins
-        latest[run.tags["trial_id"]] = run.status
-    finished = sum(s in ("FINISHED", "FAILED") and t not in again for t, s in latest.items())
-    return finished, len(latest) - finished
+        latest[run.tags["trial_id"]] = run
+    return latest
+
+
+def _unfinished(latest: Mapping[str, RunRecord], again: Collection[str]) -> list[RunRecord]:
+    return [run for trial_id, run in latest.items() if run.status not in ("FINISHED", "FAILED") or trial_id in again]
 
 
 def kept(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None, folder: Path) -> str:
-    """What a stopped sweep keeps, in words."""
-    finished, unfinished = standing(tracker, experiment, sweep, parent_run_id)
-    return (f"sweep {sweep} kept {finished} finished trial(s) and the last checkpoints of {unfinished} unfinished "
-            f"one(s) ({folder}; runs KILLED, unfinished Optuna trials FAIL)")
+    """What a stopped sweep keeps, in words: the unfinished trials that made no check have no
+    checkpoint, and a resume starts them again."""
+    tally = standing_of(tracker, experiment, sweep, parent_run_id)
+    fresh = tally.unfinished - tally.checkpointed
+    unchecked = (f"; {fresh} unfinished one(s) had made no check, so no checkpoint: a resume starts "
+                 f"{'it' if fresh == 1 else 'them'} again from the beginning" if fresh else "")
+    return (f"sweep {sweep} kept {tally.finished} finished trial(s) and the last checkpoints of {tally.checkpointed} "
+            f"unfinished one(s){unchecked} ({folder}; runs KILLED, unfinished Optuna trials FAIL)")
 
 
 def resumed_line(tracker: Tracker, record: SweepRecord, num_samples: int, time_budget_s: float | None = None) -> str:
-    """What a resumed sweep keeps and what is left."""
-    finished, unfinished = standing(tracker, record.experiment or "", record.name, record.parent_run_id,
-                                    lost_trials(record))
-    left = max(num_samples - finished, 0)
+    """What a resumed sweep keeps and what is left: of what is left, the trials that continue from
+    a checkpoint, and those that start from the beginning (new ones, and unfinished ones that made
+    no check)."""
+    tally = standing_of(tracker, record.experiment or "", record.name, record.parent_run_id, lost_trials(record))
+    left = max(num_samples - tally.finished, 0)
+    continuing = min(tally.checkpointed, left)
     budget = (f"; its time budget of {duration(time_budget_s)} counts the time its trials ran before"
               if time_budget_s is not None else "")
-    return (f"resuming sweep {record.name}: {finished} of {num_samples} trials finished and kept; {left} left, "
-            f"of which {unfinished} continue from their last checkpoint{budget}")
+    fresh = f" and {left - continuing} start from the beginning" if left > continuing else ""
+    return (f"resuming sweep {record.name}: {tally.finished} of {num_samples} trials finished and kept; {left} left, "
+            f"of which {continuing} continue from their last checkpoint{fresh}{budget}")
 
 
 def lost_trials(record: SweepRecord) -> set[str]:
@@ -127,3 +171,28 @@ def nothing_left_line(record: SweepRecord, folder: Path, search_on: Command) -> 
         why = f"{len(record.trials)} of {record.num_samples} trials finished, and a finished sweep takes no more"
     return (f"sweep {record.name}: nothing left to run: {why}; its results stand as recorded ({folder}); to search "
             f"on from its trials: {search_on}")
+
+
+def more_trials_refused(record: SweepRecord, num_samples: int, search_on: Command) -> str:
+    """The one line of a ``num_samples`` given to the resume of a finished sweep, which takes no
+    more trials: the number is not used, and ``search_on`` begins a new sweep with its trials."""
+    return (f"`num_samples` {num_samples} is not used: sweep {record.name} is finished ({len(record.trials)} of "
+            f"{record.num_samples} trials) and a finished sweep takes no more; a new sweep that begins with its "
+            f"trials can: {search_on}")
+
+
+def refuse_more_after_the_end(tracker: Tracker, record: SweepRecord, path: Path, search_on: Command) -> None:
+    """RecordError naming ``path`` (the record) when a sweep that ran to its end is asked, by a
+    ``num_samples`` raised in its record since, for more trials: its run holds its best config
+    as params (``best.trial_id``), which a later trial could not change, so a finished sweep takes
+    no more trials. ``search_on`` begins a new sweep with its trials instead."""
+    parent = next((r for r in tracker.find_runs(record.experiment or "", {"sweep": record.name})
+                   if r.run_id == record.parent_run_id), None)
+    if parent is None or "best.trial_id" not in parent.params:
+        return
+    from iaa.jobs.workdir.fields import RecordError
+
+    raise RecordError(f"{path}: num_samples: sweep {record.name} finished with {len(record.trials)} trials and its run "
+                      f"keeps its best config for good, but its record now asks for {record.num_samples}; a finished "
+                      f"sweep takes no more trials: set num_samples back to {len(record.trials)}, or search on from "
+                      f"its trials: {search_on}")

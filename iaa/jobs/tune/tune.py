@@ -70,8 +70,12 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
 
     Returns a :class:`~iaa.jobs.tune.best.TuneResult`: the sweep, its best trial, config,
     checkpoint and model, the number of trials and the ``sweep.json`` path. A resumed sweep with
-    nothing left to run (:func:`iaa.jobs.sweeps.record.finished`) returns its recorded result
-    (``nothing_left``) at once: no cluster starts and its folder is not written. One process at a
+    nothing left to run (:attr:`SweepPlan.nothing_left`) returns its recorded result
+    (``nothing_left``) at once: no cluster starts and its folder is not written, and a
+    ``num_samples`` other than its record's is not used (a warning says so); one whose record was
+    given more trials after it ran to its end is refused (:func:`stops.refuse_more_after_the_end`).
+    Any other resume runs ``num_samples`` trials in all (its record's, unless the request gives
+    another), which its record keeps. One process at a
     time runs a sweep: it holds the sweep's lock (``WORKDIR/sweeps/.NAME.lock``) throughout, and
     another is refused in one line naming its pid. Raises
     :class:`SweepInterrupted` when the sweep stopped with unfinished trials (after recording
@@ -83,10 +87,14 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
     if plan.recorded is not None:               # the record first: a resume needs its study
         sweep_file.check_study(plan.recorded, plan.record_file, launcher.has_study)
     tracker = open_tracker(plan.tracking_uri)
-    if plan.recorded is not None and plan.recorded.finished:
-        search_on = plan.command("tune", dataset=plan.dataset, warm_start=plan.name)
+    search_on = plan.command("tune", dataset=plan.dataset, warm_start=plan.name)   # a finished sweep's next
+    if plan.recorded is not None and plan.nothing_left:
+        if plan.num_samples != plan.recorded.num_samples:
+            _log.warning(stops.more_trials_refused(plan.recorded, plan.num_samples, search_on))
         _log.info(stops.nothing_left_line(plan.recorded, plan.folder, search_on))
         return finished_result(plan, tracker)
+    if plan.recorded is not None:
+        stops.refuse_more_after_the_end(tracker, plan.recorded, plan.record_file, search_on)
     with lock.held(lock.beside(plan.folder), busy=lambda pid: _running(plan, pid)):
         if plan.recorded is None:
             launcher.check_free(plan.storage, plan.name, plan.folder)
@@ -176,7 +184,7 @@ def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: P
         if not launcher.can_resume(launch):
             raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
         sweep = replace(plan.recorded, sampler=plan.sampler,   # a record older than samplers names its own
-                        time_budget_s=plan.time_budget_s)
+                        time_budget_s=plan.time_budget_s, num_samples=plan.num_samples)
         stops.close_leftovers(tracker, launcher, sweep, search)
         assert sweep.parent_run_id is not None               # read_resumable: required
         parent = tracker.reopen_run(sweep.parent_run_id)

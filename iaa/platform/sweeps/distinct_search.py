@@ -47,7 +47,7 @@ from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 from iaa.platform.sweeps.orphans import OWNER_ATTR
 from iaa.platform.sweeps.space_filling import points, stratified_config
-from iaa.platform.sweeps.study_store import study_full, study_storage, study_writes
+from iaa.platform.sweeps.study_store import quiet_optuna, study_full, study_storage, study_writes
 from iaa.platform.sweeps.warm_start import CARRIED_FROM
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
@@ -198,6 +198,7 @@ class StudySearch(Searcher):
     def study(self) -> optuna.Study:
         """The sweep's study, opened at first use from what this process bound to the sweep."""
         if self._study is None:
+            quiet_optuna()                       # a restored searcher was not built by searcher(), which does it too
             side = driver_side.of(self.sweep) if self.sweep is not None else None
             url, name = (side.study_storage, side.study_name) if side is not None else (None, None)
             with study_writes(url or "", f"keep the study {name}"):

@@ -53,10 +53,14 @@ class DriverSide:
     console: SweepEvents | None = None
     study_storage: str | None = None        # the Optuna storage URL (None: the study lives in memory)
     study_name: str | None = None
+    num_samples: int | None = None          # the sweep's trials in all (a resume may ask for more than it began
+                                            # with); None: what Tune saved
     run_ids: dict[str, str] = field(default_factory=dict)   # Tune trial id -> MLflow run id, filled as runs open
     numbers: dict[str, int] = field(default_factory=dict)   # Tune trial id -> its number in the study, as asked
     names: dict[str, str] = field(default_factory=dict)     # Tune trial id -> its one name (``trial-0003``, ``seed-7``)
     given: set[str] = field(default_factory=set)            # Tune trial ids of configurations given to try first
+    finished_before: set[str] = field(default_factory=set)  # Tune trial ids whose runs had ended FINISHED when
+                                                            # this process met them (a resumed sweep's)
     full: list[IaaError] = field(default_factory=list)      # the first full disk met (a DiskFullError): the run stops
     budget: TimeBudget = field(default_factory=TimeBudget)
 

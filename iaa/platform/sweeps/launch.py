@@ -131,16 +131,21 @@ def trainable(launch: Launch, spec: TrialSpec) -> tuple[Any, int]:
 class ResumableSearch(SearchGenerator):
     """Tune's ``SearchGenerator`` over a sweep's searcher, whose restored run creates its new
     trials in the storage the sweep ``sweep`` runs with now (its ``DriverSide``), not in the one
-    it was started with (:func:`iaa.platform.cluster.ray_internals.relocate_experiment`)."""
+    it was started with (:func:`iaa.platform.cluster.ray_internals.relocate_experiment`), up to
+    the number of trials the resume asks for (``DriverSide.num_samples``: its record's, or a new
+    ``num_samples``), not the number the run was saved with."""
 
     def __init__(self, searcher: Any, max_concurrent: int, sweep: str) -> None:
         super().__init__(ConcurrencyLimiter(searcher, max_concurrent=max_concurrent))
         self.sweep = sweep
 
     def set_state(self, state: dict[str, Any]) -> None:
+        side = driver_side.of(self.sweep) if driver_side.is_bound(self.sweep) else None
+        if side is not None and side.num_samples is not None:
+            state = {**state, "total_samples": side.num_samples}   # get_state's count of the trials to create
         super().set_state(state)
-        if driver_side.is_bound(self.sweep):
-            relocate_experiment(state.get("experiment"), driver_side.of(self.sweep).spec.storage_path)
+        if side is not None:
+            relocate_experiment(state.get("experiment"), side.spec.storage_path)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         """The end of a trial reaches the sweep's searcher also when the concurrency limiter no
@@ -328,6 +333,7 @@ class RayLauncher:
                                       parent_run_id=trials.parent_run_id, dataset=trials.dataset, spec=spec,
                                       data_dir=trials.data_dir, console=run.console,
                                       study_storage=plan.study_storage, study_name=plan.study_name,
+                                      num_samples=plan.num_samples,
                                       budget=driver_side.TimeBudget(total_s=plan.time_budget_s))
         with driver_side.bound(launch.name, side):
             if request.resume:

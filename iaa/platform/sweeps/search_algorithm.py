@@ -79,11 +79,10 @@ def searcher(space: SearchSpace, seed: int, sweep: str | None = None, sampler: s
     kept after the process ends, so that ``optuna-dashboard URL`` opens it and a resumed sweep
     continues it); without ``sweep``, a study in memory.
     """
-    import optuna
-
     from iaa.platform.sweeps.distinct_search import StudySearch
+    from iaa.platform.sweeps.study_store import quiet_optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    quiet_optuna()
     return StudySearch(to_optuna(space), build_sampler(space, seed, sampler), sweep, given=try_first)
 
 

@@ -8,11 +8,25 @@ from typing import Any, Iterator
 from iaa.files import DiskFullError, disk_full, free_bytes, size_text
 
 
-def study_storage(url: str) -> Any:
-    """An Optuna RDB storage at ``url``; SQLite waits for a reader (optuna-dashboard) instead of failing.
-    A full disk is one :class:`iaa.files.DiskFullError` naming the store."""
+def quiet_optuna() -> None:
+    """Optuna's own INFO lines (``A new study created ...``, ``Using an existing study ...``, on
+    stderr in its own format) held back: the sweep says what it does in its own lines. Its
+    warnings still come, and a stricter level set before (``ERROR``) stays. Called wherever the
+    adapter opens a study, since a resumed sweep's searcher comes back from Tune's pickle without
+    being built again."""
     import optuna
 
+    if optuna.logging.get_verbosity() < optuna.logging.WARNING:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def study_storage(url: str) -> Any:
+    """An Optuna RDB storage at ``url``; SQLite waits for a reader (optuna-dashboard) instead of failing.
+    A full disk is one :class:`iaa.files.DiskFullError` naming the store. Optuna's INFO lines are
+    held back (:func:`quiet_optuna`)."""
+    import optuna
+
+    quiet_optuna()
     kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
     with study_writes(url, "be opened"):
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)

@@ -128,7 +128,6 @@ class TrialRuns(tune.Callback):
         self.sweep = sweep
         self.best: dict[str, str] = {}       # trial id -> best checkpoint directory
         self._runs: dict[str, TrackedRun] = {}
-        self._done_before: set[str] = set()  # trials whose run had finished when a resumed sweep met them
         self._reported: set[str] = set()     # trials that reported in this process
         self._restores: dict[str, int] = {}  # trial id -> restores from its last checkpoint (a node died, ...)
         self._ended: set[str] = set()        # trials whose end this process heard of
@@ -235,8 +234,9 @@ class TrialRuns(tune.Callback):
             run = self._run(trial)
             if run.status() == "FINISHED":
                 # A sweep killed between a trial's last report and Tune's next saved state resumes
-                # that trial from its final checkpoint: it stops at once. Leave its run be.
-                self._done_before.add(trial.trial_id)
+                # that trial from its final checkpoint: it stops at once. Leave its run be, and
+                # the console silent (``DriverSide.finished_before``).
+                self.side.finished_before.add(trial.trial_id)
             else:
                 run.mark_running()
         self._track("open the child run", trial, start)
@@ -265,7 +265,7 @@ class TrialRuns(tune.Callback):
 
     def _end(self, trial: Any, status: str, reason: str = "") -> None:
         self._ended.add(trial.trial_id)
-        if trial.trial_id in self._done_before and trial.trial_id not in self._reported:
+        if trial.trial_id in self.side.finished_before and trial.trial_id not in self._reported:
             return
 
         def end() -> None:
@@ -288,12 +288,20 @@ class TrialRuns(tune.Callback):
 
 class ConsoleCallback(tune.Callback):
     """Forwards every trial event to the console that the running process bound to the Tune run
-    ``sweep`` (:class:`iaa.jobs.sweeps.console.SweepConsole`; none: silence)."""
+    ``sweep`` (:class:`iaa.jobs.sweeps.console.SweepConsole`; none: silence).
+
+    A trial whose run had finished before this process met it (``DriverSide.finished_before``,
+    which :class:`TrialRuns`, called before this callback, fills as the trial starts) was kept by
+    the sweep's earlier run: Tune restored it from its final checkpoint and ends it at once. It
+    is neither started nor finished again on the console, where it would have no checks; only
+    checks it reports in this process are told, and then its end, with them.
+    """
 
     def __init__(self, sweep: str) -> None:
         self.sweep = sweep
         self._nodes = NodeWatch()
         self._cut_told: set[str] = set()     # the trials the time budget stopped, told to the console
+        self._checked: set[str] = set()      # the trials that reported a check in this process
 
     def __getstate__(self) -> dict[str, Any]:
         return {"sweep": self.sweep}
@@ -309,17 +317,23 @@ class ConsoleCallback(tune.Callback):
         """The trial's one name (``trial-0003``, ``seed-7``), which :class:`TrialRuns` gave its run."""
         return driver_side.of(self.sweep).names.get(trial.trial_id, trial.trial_id)
 
+    def _kept_before(self, trial: Any) -> bool:
+        """The trial was finished and kept before this process, and reported nothing here."""
+        return (trial.trial_id in driver_side.of(self.sweep).finished_before
+                and trial.trial_id not in self._checked)
+
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        if self.console is not None:
+        if self.console is not None and not self._kept_before(trial):
             self.console.trial_started(self.name(trial), trial.config)
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
                         **info: Any) -> None:
+        self._checked.add(trial.trial_id)
         if self.console is not None:
             self.console.trial_checked(self.name(trial), result)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        if self.console is not None:
+        if self.console is not None and not self._kept_before(trial):
             self.console.trial_ended(self.name(trial), stop_reason(trial.last_result))
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

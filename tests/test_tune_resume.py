@@ -1,0 +1,298 @@
+"""A sweep stopped and resumed, on the fakes of the ports (and the platform's searcher and
+callbacks without a cluster): what the stop and the resume say they keep, what a resumed sweep
+shows of the trials its earlier run finished, how many trials it runs, how ``--json`` names its
+best trial, and that Optuna's own lines stay off the console. Seconds each; the real commands
+are in ``test_platform_resume.py``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from _faults import assert_says, logged
+from _platform import TINY_SPACE
+from _tiny import TINY_SETS, make_tiny_prepared
+from fakes import FakeLauncher, FakeTracker, fake_sweeper
+from iaa.jobs.ports import SweepRequest
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_prepared(tmp_path_factory.mktemp("tiny"))
+
+
+def _sweeps(launcher: FakeLauncher) -> list[SweepRequest]:
+    return [r for r in launcher.requests if isinstance(r, SweepRequest)]
+
+
+class _StoppedLauncher(FakeLauncher):
+    """A sweep stopped by Ctrl-C with trial ``a`` finished, ``b`` after a check (so with a
+    checkpoint) and ``c`` before its first; resumed, it runs every trial."""
+
+    def can_resume(self, placement) -> bool:
+        return True
+
+    def sweep(self, request: SweepRequest):
+        if request.resume:
+            return super().sweep(request)
+        t = request.trials.tracking
+        for trial_id, checks, ended in (("a", 2, "FINISHED"), ("b", 1, None), ("c", 0, None)):
+            run = t.tracker.start_run(t.experiment, trial_id, tags={"sweep": t.sweep, "trial_id": trial_id},
+                                      parent_run_id=t.parent_run_id)
+            for check in range(1, checks + 1):
+                run.log_metrics({"valid_acc": 0.5, "best_valid_acc": 0.5}, step=check)
+            if ended:
+                run.end(ended)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(10)                            # the signal stops the sweep here
+        raise AssertionError("the sweep was not stopped")
+
+
+def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with_a_checkpoint(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from iaa import cli
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.tune import stops
+
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE, encoding="utf-8")
+    tracker, launcher = FakeTracker(), _StoppedLauncher()
+    monkeypatch.setattr(cli.tuning, "_open_tracker", lambda uri: tracker)
+    monkeypatch.setattr(cli.tuning, "_launcher", lambda address, storage_path: launcher)
+    work = tmp_path / "work"
+    sets = [arg for s in TINY_SETS for arg in ("--set", s)]
+    stopped = CliRunner().invoke(cli.cli, ["tune", "--data", str(tiny), "--num-samples", "3", "--search-space",
+                                           str(space), *sets, "--name", "k", "--workdir", str(work)])
+
+    assert stopped.exit_code == 130, stopped.output
+    [line] = [text for text in stopped.output.splitlines() if text.startswith("interrupted by SIGINT")]
+    assert_says(line, "kept 1 finished trial(s) and the last checkpoints of 1 unfinished one(s)",
+                "1 unfinished one(s) had made no check")
+    sweep = record.read(record.sweep_file(work, "k"))
+    tally = stops.standing_of(tracker, sweep.experiment, "k", sweep.parent_run_id)
+    assert (tally.finished, tally.unfinished, tally.checkpointed) == (1, 2, 1)
+
+    resumed = CliRunner().invoke(cli.cli, ["tune", "--resume", "k", "--workdir", str(work)])
+    assert resumed.exit_code == 0, resumed.output
+    [said] = [text for text in resumed.stderr.splitlines() if text.startswith("resuming sweep k:")]
+    assert_says(said, "1 of 3 trials finished and kept", "2 left", "of which 1 continue from their last checkpoint",
+                "1 start from the beginning")
+    assert "starting a local Ray cluster" in resumed.stderr.splitlines()[0]
+
+    done = CliRunner().invoke(cli.cli, ["tune", "--resume", "k", "--workdir", str(work)])
+    assert done.exit_code == 0 and "nothing left to run" in done.stderr, done.output
+    assert_says(done.stderr.splitlines()[0], "tune: resuming sweep k", "loading PyTorch, MLflow and Optuna...")
+    assert "Ray" not in done.stderr.splitlines()[0]                 # a finished sweep starts no cluster
+
+
+def _trial(trial_id: str, **last: object) -> SimpleNamespace:
+    return SimpleNamespace(trial_id=trial_id, config={"model.hidden_dim": 8}, status="TERMINATED",
+                           last_result=dict(last), pickled_error_file=None, error_file=None)
+
+
+def test_a_resumed_sweep_does_not_start_or_finish_again_on_the_console_a_trial_its_earlier_run_finished(
+        tmp_path: Path) -> None:
+    """Tune restores a trial that finished after its last saved state from its final checkpoint
+    and ends it at once: the console says nothing of it (it was kept, with its checks), and its
+    run stays as it ended. One that does report here is told with what it reports."""
+    from iaa.jobs.config.job_config import JobConfig, to_dict
+    from iaa.jobs.sweeps.console import SweepConsole
+    from iaa.platform.sweeps import driver_side
+    from iaa.platform.sweeps.trial import TrialSpec
+    from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns
+
+    tracker, said = FakeTracker(), []
+    parent = tracker.start_run("e", "s")
+    kept = {}
+    for trial_id, number in (("a", "0002"), ("c", "0003")):
+        kept[trial_id] = tracker.start_run("e", f"trial-{number}", parent_run_id=parent.run_id,
+                                           tags={"sweep": "s", "trial_id": trial_id, "trial_number": number})
+        kept[trial_id].log_metrics({"valid_acc": 0.8295}, step=2)
+        kept[trial_id].end("FINISHED")
+    console = SweepConsole(None, ["model.hidden_dim"], say=said.append)
+    spec = TrialSpec(name="s", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(JobConfig()))
+    side = driver_side.DriverSide(tracker=tracker, experiment="e", parent_run_id=parent.run_id, dataset="demo",
+                                  spec=spec, console=console, numbers={"b": 4})
+    runs, shown = TrialRuns("s"), ConsoleCallback("s")
+    finished = {"checks": 2, "best_valid_acc": 0.8295, "valid_acc": 0.8295, "stop_reason": "max-epochs"}
+    a, b, c = _trial("a", **finished), _trial("b"), _trial("c", **finished)
+    with driver_side.bound("s", side):
+        for trial in (a, b, c):                        # as Tune calls them: the runs' callback first
+            runs.on_trial_start(0, [], trial)
+            shown.on_trial_start(0, [], trial)
+        b.last_result = {"checks": 1, "valid_acc": 0.5, "best_valid_acc": 0.5, "epoch": 1.0, "stop_reason": "max-epochs"}
+        for trial in (b, c):
+            runs.on_trial_result(0, [], trial, trial.last_result)
+            shown.on_trial_result(0, [], trial, trial.last_result)
+        for trial in (a, b, c):
+            runs.on_trial_complete(0, [], trial)
+            shown.on_trial_complete(0, [], trial)
+
+    assert "trial-0002" not in console.trials and not [line for line in said if "trial-0002" in line]
+    assert kept["a"].state == "FINISHED" and "stop_reason" not in kept["a"].tags     # left as it ended
+    assert console.trials["trial-0004"].state == "finished" and console.trials["trial-0004"].checks == 1
+    assert (console.trials["trial-0003"].checks, console.trials["trial-0003"].best) == (2, 0.8295)
+    [ended] = [line for line in said if "trial trial-0003 finished" in line]
+    assert_says(ended, "after 2 checks", "0.8295")
+    assert side.finished_before == {"a", "c"}
+
+
+def test_a_resumed_searcher_opens_its_study_without_optunas_own_lines(tmp_path: Path) -> None:
+    """Tune brings the searcher back from its pickle, not through ``searcher()``: opening the
+    study there must hold Optuna's INFO lines back all the same."""
+    import pickle
+
+    import optuna
+
+    from iaa.jobs.config import search_space
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.platform.sweeps import search_algorithm as search
+    from tests._study import bound_study
+
+    class Kept(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    kept, level = Kept(), optuna.logging.get_verbosity()
+    logging.getLogger("optuna").addHandler(kept)
+    try:
+        with bound_study(url, "s"):
+            search.searcher(space, seed=0, sweep="s").suggest("a")
+            saved = pickle.dumps(search.searcher(space, seed=0, sweep="s"))
+            optuna.logging.set_verbosity(optuna.logging.INFO)          # a new process's Optuna
+            pickle.loads(saved).suggest("b")                          # the resumed sweep's searcher
+    finally:
+        logging.getLogger("optuna").removeHandler(kept)
+        optuna.logging.set_verbosity(level)
+    assert len(optuna.load_study(study_name="s", storage=url).trials) == 2
+    assert kept.lines == []
+
+
+class _NamedLauncher(FakeLauncher):
+    """Trials named as the Ray launcher names them (``trial-0000`` ...), their Tune ids apart."""
+
+    def sweep(self, request: SweepRequest):
+        return [replace(r, name=f"trial-{i:04d}") for i, r in enumerate(super().sweep(request))]
+
+
+def test_tune_json_names_its_best_trial_by_tune_id_and_by_the_name_the_rest_use(tiny: Path, tmp_path: Path) -> None:
+    from iaa.jobs.sweeps import record
+
+    result = fake_sweeper(tiny, tmp_path, FakeTracker(), _NamedLauncher())("named")
+    shown = json.loads(json.dumps(result.fields()))
+    rows = record.read(record.sweep_file(tmp_path / "work", "named")).trials
+    [best] = [r for r in rows if r.trial_id == shown["best_trial"]]         # the key keeps its meaning
+    assert shown["best_trial_label"] == best.name == best.label and best.name.startswith("trial-")
+    assert shown["best_trial_label"] in shown["tied_trials"]
+
+
+def test_a_finished_sweeps_resume_says_a_new_num_samples_is_not_used(
+        tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from iaa.jobs.sweeps import record
+
+    launcher = FakeLauncher()
+    sweep = fake_sweeper(tiny, tmp_path, FakeTracker(), launcher)
+    sweep("done")
+    path = record.sweep_file(tmp_path / "work", "done")
+    before = path.read_bytes()
+    with caplog.at_level(logging.INFO):
+        again = sweep("done", resume=True, num_samples=4)
+    assert again.nothing_left and len(_sweeps(launcher)) == 1 and path.read_bytes() == before
+    [warning] = logged(caplog, "WARNING", "num_samples")
+    assert_says(warning, "`num_samples` 4 is not used", "sweep done is finished", "`warm_start` done")
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert sweep("done", resume=True).nothing_left                              # its own number: no warning
+    assert not logged(caplog, "WARNING", "num_samples")
+
+
+class _ResumableLauncher(FakeLauncher):
+    def can_resume(self, placement) -> bool:
+        return True
+
+
+def test_a_finished_sweep_whose_record_was_given_more_trials_is_refused_in_one_line_naming_the_key(
+        tiny: Path, tmp_path: Path) -> None:
+    """Its run holds its best config as params, which more trials could not change: the resume
+    runs nothing and says how to search on, never that trials are left."""
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.workdir.fields import RecordError
+
+    tracker, launcher = FakeTracker(), _ResumableLauncher()
+    sweep = fake_sweeper(tiny, tmp_path, tracker, launcher)
+    sweep("raised")
+    path = record.sweep_file(tmp_path / "work", "raised")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_samples": 4}), encoding="utf-8")
+    before, runs = path.read_bytes(), {r.run_id: (r.state, dict(r.params)) for r in tracker.runs.values()}
+
+    with pytest.raises(RecordError) as refused:
+        sweep("raised", resume=True)
+    assert_says(refused.value, str(path), "num_samples", "finished with 2 trials", "asks for 4",
+                "takes no more trials", "`warm_start` raised")
+    assert len(_sweeps(launcher)) == 1 and path.read_bytes() == before
+    assert {r.run_id: (r.state, dict(r.params)) for r in tracker.runs.values()} == runs
+
+
+class _InterruptedLauncher(FakeLauncher):
+    """A sweep whose first run leaves its last trial unfinished; a resume finishes it."""
+
+    def can_resume(self, placement) -> bool:
+        return True
+
+    def sweep(self, request: SweepRequest):
+        *done, last = super().sweep(request)
+        return [*done, last if request.resume else replace(last, status="RUNNING", stop_reason="")]
+
+
+def test_a_resume_runs_the_number_of_trials_it_is_given_and_its_record_keeps_it(tiny: Path, tmp_path: Path) -> None:
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.tune.request import SweepInterrupted
+
+    launcher = _InterruptedLauncher()
+    sweep = fake_sweeper(tiny, tmp_path, FakeTracker(), launcher)
+    with pytest.raises(SweepInterrupted):
+        sweep("more")
+    result = sweep("more", resume=True, num_samples=3)
+    assert [r.plan.num_samples for r in _sweeps(launcher)] == [2, 3] and result.trials == 3
+    recorded = record.read(record.sweep_file(tmp_path / "work", "more"))
+    assert recorded.num_samples == 3 and recorded.finished
+
+
+def test_a_restored_search_creates_trials_up_to_the_number_the_resume_asks_for(tmp_path: Path) -> None:
+    """Tune restores its search generator with the number of trials the run was saved with; a
+    resume that asks for more (a raised ``num_samples``, given or in the record) must get them,
+    or the sweep would say trials are left and run none."""
+    from iaa.jobs.config import search_space
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.platform.sweeps import driver_side, search_algorithm as search
+    from iaa.platform.sweeps.launch import ResumableSearch
+    from iaa.platform.sweeps.trial import TrialSpec
+
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    spec = TrialSpec(name="s", fit=None, storage_path=str(tmp_path), workers=1, threads=1)
+    saved = {"counter": 4, "total_samples": 4, "finished": False, "experiment": None}   # a run that made its 4
+    for asked, left in ((6, True), (None, False)):
+        side = driver_side.DriverSide(tracker=None, experiment="s", parent_run_id=None, dataset="", spec=spec,
+                                      num_samples=asked)
+        with driver_side.bound("s", side):
+            restored = ResumableSearch(search.searcher(space, seed=0), max_concurrent=1, sweep="s")
+            restored.set_state(dict(saved))
+        assert restored.total_samples == (asked or 4) and restored.is_finished() is not left
