@@ -262,6 +262,7 @@ class FakeLauncher:
 
     def __init__(self) -> None:
         self.requests: list[object] = []
+        self.saved: list[TrialRecord] = []          # the trials a stopped sweep's run saved (saved_trials)
         self.failed_trials: list[dict[str, str]] = []   # the attrs of each fail_unfinished_trials call
         self.carried = Carried(sweep="", trials=0)       # what carry_trials returns
 
@@ -297,6 +298,10 @@ class FakeLauncher:
             out.append(self._trial(f"trial{i:05d}", cfg, values, request.placement.prepared, request.trials,
                                    request.placement.name))
         return out
+
+    def saved_trials(self, request: SweepRequest) -> list[TrialRecord]:
+        """What :attr:`saved` holds (default: nothing saved)."""
+        return list(self.saved)
 
     def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int:
         self.failed_trials.append(dict(attrs))

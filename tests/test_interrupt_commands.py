@@ -105,6 +105,11 @@ def test_tune_stopped_by_ctrl_c_leaves_nothing_running_and_resumes_by_name(tmp_p
     trials = _trials(work, "cut")
     assert trials and all(state != "RUNNING" for state, _ in trials)
     assert any(state == "FAIL" and attrs.get("interrupted") == "SIGINT" for state, attrs in trials)
+    from iaa.jobs.sweeps import record
+
+    stopped = record.read(record.sweep_file(work, "cut"))         # its trials as Tune last saved them
+    assert stopped.trials and any(t.checks >= 1 for t in stopped.trials) and stopped.wall_s > 0
+    assert not stopped.finished and {t.status for t in stopped.trials} - {"TERMINATED"}
 
     resumed = subprocess.run(_cli("tune", "--resume", "cut", "--workdir", str(work)), cwd=tmp_path, env=_env(),
                              capture_output=True, text=True, timeout=900)
@@ -114,6 +119,7 @@ def test_tune_stopped_by_ctrl_c_leaves_nothing_running_and_resumes_by_name(tmp_p
     assert _running_runs(work) == []
     trials = _trials(work, "cut")
     assert all(state != "RUNNING" for state, _ in trials)
+    assert record.read(record.sweep_file(work, "cut")).wall_s > stopped.wall_s     # both parts counted
     # the configuration given to try first was asked once, then continued: never asked again
     assert [a["tried_first"] for _, a in trials if "tried_first" in a and "continues_trial" not in a] == [0]
 

@@ -22,7 +22,7 @@ from _faults import assert_says, logged
 from _platform import TINY_SPACE
 from _tiny import TINY_SETS, make_tiny_prepared
 from fakes import FakeLauncher, FakeTracker, fake_sweeper
-from iaa.jobs.ports import SweepRequest
+from iaa.jobs.ports import SweepRequest, TrialRecord
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,6 +54,10 @@ class _StoppedLauncher(FakeLauncher):
                 run.log_metrics({"valid_acc": 0.5, "best_valid_acc": 0.5}, step=check)
             if ended:
                 run.end(ended)
+            self.saved.append(TrialRecord(trial_id=trial_id, config=request.plan.base, checks=checks,
+                                          best_valid_acc=0.5 if checks else None, mlflow_run_id=run.run_id,
+                                          status="TERMINATED" if ended else "RUNNING", name=f"trial-{trial_id}"))
+        time.sleep(0.3)                           # the sweep ran a while: its record counts it
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(10)                            # the signal stops the sweep here
         raise AssertionError("the sweep was not stopped")
@@ -62,6 +66,7 @@ class _StoppedLauncher(FakeLauncher):
 def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with_a_checkpoint(
         tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from iaa import cli
+    from iaa.jobs.reports import sweep_list
     from iaa.jobs.sweeps import record
     from iaa.jobs.tune import stops
 
@@ -82,6 +87,12 @@ def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with
     sweep = record.read(record.sweep_file(work, "k"))
     tally = stops.standing_of(tracker, sweep.experiment, "k", sweep.parent_run_id)
     assert (tally.finished, tally.unfinished, tally.checkpointed) == (1, 2, 1)
+    # the record holds the trials as the run saved them, and the time it ran: listed as interrupted
+    assert [(t.label, t.status) for t in sweep.trials] == [("trial-a", "TERMINATED"), ("trial-b", "RUNNING"),
+                                                          ("trial-c", "RUNNING")]
+    assert sweep.wall_s >= 0.3
+    [row] = sweep_list.run(work).sweeps
+    assert (row.state, row.trials, row.best_trial) == ("interrupted", 3, "trial-a")
 
     resumed = CliRunner().invoke(cli.cli, ["tune", "--resume", "k", "--workdir", str(work)])
     assert resumed.exit_code == 0, resumed.output
@@ -89,6 +100,7 @@ def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with
     assert_says(said, "1 of 3 trials finished and kept", "2 left", "of which 1 continue from their last checkpoint",
                 "1 start from the beginning")
     assert "starting a local Ray cluster" in resumed.stderr.splitlines()[0]
+    assert record.read(record.sweep_file(work, "k")).wall_s > sweep.wall_s      # both parts counted
 
     done = CliRunner().invoke(cli.cli, ["tune", "--resume", "k", "--workdir", str(work)])
     assert done.exit_code == 0 and "nothing left to run" in done.stderr, done.output

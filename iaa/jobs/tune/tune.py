@@ -35,7 +35,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from iaa.errors import IaaError
+from iaa.errors import IaaError, printable
 from iaa.files import DiskFullError
 from iaa.jobs import interrupt
 from iaa.jobs.config.presets import TUNE_PRESETS, examples_per_check, max_checks
@@ -133,13 +133,15 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
     started = time.time()
     from iaa.jobs.training.loop import fit_on_worker
 
+    run_trials = TrialRun(fit=fit_on_worker, tracking=trials, downloads=plan.folder / "checkpoints",
+                          console=console, verbose=plan.verbose)
+    request = SweepRequest(placement=launch, plan=search, trials=run_trials, resume=plan.recorded is not None,
+                           show_progress=plan.show_progress)
     try:
-        run_trials = TrialRun(fit=fit_on_worker, tracking=trials, downloads=plan.folder / "checkpoints",
-                              console=console, verbose=plan.verbose)
-        records = launcher.sweep(SweepRequest(placement=launch, plan=search, trials=run_trials,
-                                              resume=plan.recorded is not None, show_progress=plan.show_progress))
-    except KeyboardInterrupt:
-        raise                                # the stop marks every run of the sweep (stops.on_stop)
+        records = launcher.sweep(request)
+    except KeyboardInterrupt:                # the stop marks every run of the sweep (stops.on_stop)
+        _record_stop(plan, sweep, launcher, request, time.time() - started)
+        raise
     except DiskFullError as err:             # the trials are stopped: mark the runs and trials
         raise stops.stopped_by_full_disk(tracker, launcher, plan.experiment, plan.name, search, err,
                                          plan.resume_command) from None
@@ -155,6 +157,20 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
     if plan.recorded is not None:
         close_lost_runs(tracker, parent, plan.experiment, {r.mlflow_run_id for r in sweep.trials})
     return finish(plan, sweep, parent, tracker)
+
+
+def _record_stop(plan: SweepPlan, sweep: SweepRecord, launcher: Launcher, request: SweepRequest,
+                 seconds: float) -> None:
+    """The record of a sweep that a signal stopped: its trials as its run last saved them and the
+    ``seconds`` it ran, so that it is listed as interrupted with its trials and its time adds up
+    over its resumes. A record that cannot be made is a warning: the resume needs only the one
+    the sweep began with."""
+    try:
+        trials = launcher.saved_trials(request) or sweep.trials
+        sweep_file.write(plan.record_file, sweep.with_run(trials, seconds))
+    except Exception as err:  # noqa: BLE001 - the stop goes on: its line and the marks matter more
+        _log.warning(printable(f"sweep {plan.name}: its trials were not recorded at the stop ({err}); "
+                               f"its resume continues it all the same"))
 
 
 def _search_plan(plan: SweepPlan, launch: Placement) -> SearchPlan:

@@ -354,6 +354,21 @@ class RayLauncher:
         return records(results, spec, statuses=statuses, run_ids=children.run_ids, tagged=children.checkpoints,
                        downloads=run.downloads, names={**children.names, **side.names}, cut=side.budget.cut)
 
+    def saved_trials(self, request: SweepRequest) -> list[TrialRecord]:
+        """The trials of ``request``'s Tune run as it last saved its state (every few seconds), one
+        record each: what a sweep stopped by a signal records. An unfinished trial keeps Tune's
+        status (RUNNING, PENDING) and its best check so far; none for a run that saved nothing."""
+        plan, run, trials = request.plan, request.trials, request.trials.tracking
+        launch = _launch_of(request.placement)
+        if not tune.Tuner.can_restore(launch.experiment_path):
+            return []
+        analysis = tune.ExperimentAnalysis(launch.experiment_path)
+        spec = trial_spec(launch, run.fit, base=plan.base, fixed=plan.space.fixed)
+        children = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
+        return records(tune.ResultGrid(analysis), spec, statuses={t.trial_id: t.status for t in analysis.trials},
+                       run_ids=children.run_ids, tagged=children.checkpoints, downloads=run.downloads,
+                       names=children.names)
+
     def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int:
         """The plan's study: every unfinished trial ends FAIL with ``attrs`` as user attributes."""
         if not plan.study_storage or not plan.study_name:
