@@ -489,8 +489,8 @@ def test_an_explicit_max_epochs_is_kept_whatever_it_is(tiny: Path, tmp_path: Pat
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--resume", "gone"], "no sweep 'gone' to resume"),
-    (["--name", "gone", "--resume"], "no sweep 'gone' to resume"),
+    (["--resume", "gone"], "no sweep 'gone' to resume in the work folder"),
+    (["--name", "gone", "--resume"], "give the --workdir it ran in"),
     (["--resume"], "no sweep 'cbt-ne-iaa'"),
     (["--resume", "a", "--name", "b"], "name different sweeps"),
 ])

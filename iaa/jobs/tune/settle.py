@@ -196,7 +196,8 @@ def _record(workdir: Path, name: str) -> SweepRecord:
     """The record of sweep ``name``, checked for what a resume needs; IaaError when it is missing."""
     path = sweep_file.sweep_file(workdir, name)
     if not path.is_file():
-        raise IaaError(f"no sweep {name!r} to resume: {path} is missing; run it without `resume`")
+        raise IaaError(f"no sweep {name!r} to resume in the work folder {Path(workdir).absolute()}: {path} is "
+                       f"missing; give the `workdir` it ran in, or start it without `resume`")
     return sweep_file.read_resumable(path)
 
 
