@@ -235,6 +235,12 @@ def test_a_finished_sweeps_resume_says_a_new_num_samples_is_not_used(
         assert sweep("done", resume=True).nothing_left                              # its own number: no warning
     assert not logged(caplog, "WARNING", "num_samples")
 
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert sweep("done", resume=True, time_budget_s=7200.0).nothing_left     # more time: not used either
+    [warning] = logged(caplog, "WARNING", "time_budget_s")
+    assert_says(warning, "`time_budget_s` 2h00m is not used", "no more trials nor time")
+
 
 class _ResumableLauncher(FakeLauncher):
     def can_resume(self, placement) -> bool:

@@ -173,11 +173,13 @@ def nothing_left_line(record: SweepRecord, folder: Path, search_on: Command) -> 
             f"on from its trials: {search_on}")
 
 
-def more_trials_refused(record: SweepRecord, num_samples: int, search_on: Command) -> str:
-    """The one line of a ``num_samples`` given to the resume of a finished sweep, which takes no
-    more trials: the number is not used, and ``search_on`` begins a new sweep with its trials."""
-    return (f"`num_samples` {num_samples} is not used: sweep {record.name} is finished ({len(record.trials)} of "
-            f"{record.num_samples} trials) and a finished sweep takes no more; a new sweep that begins with its "
+def more_refused(record: SweepRecord, given: str, search_on: Command) -> str:
+    """The one line of a ``given`` setting (```num_samples` 6``, ```time_budget_s` 3h``) that the
+    resume of a finished sweep does not use, since it takes no more trials nor time: ``search_on``
+    begins a new sweep with its trials."""
+    spent = ", its time budget spent" if record.budget_spent else ""
+    return (f"{given} is not used: sweep {record.name} is finished ({len(record.trials)} of {record.num_samples} "
+            f"trials{spent}) and a finished sweep takes no more trials nor time; a new sweep that begins with its "
             f"trials can: {search_on}")
 
 

@@ -43,6 +43,7 @@ from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, Swe
                             TrialRun, TrialTracking)
 from iaa.jobs.sweeps import comparison
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.tune import stops, warm_start
@@ -72,7 +73,7 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
     checkpoint and model, the number of trials and the ``sweep.json`` path. A resumed sweep with
     nothing left to run (:attr:`SweepPlan.nothing_left`) returns its recorded result
     (``nothing_left``) at once: no cluster starts and its folder is not written, and a
-    ``num_samples`` other than its record's is not used (a warning says so); one whose record was
+    ``num_samples`` or ``time_budget_s`` other than its record's is not used (a warning says so); one whose record was
     given more trials after it ran to its end is refused (:func:`stops.refuse_more_after_the_end`).
     Any other resume runs ``num_samples`` trials in all (its record's, unless the request gives
     another), which its record keeps. One process at a
@@ -90,7 +91,10 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
     search_on = plan.command("tune", dataset=plan.dataset, warm_start=plan.name)   # a finished sweep's next
     if plan.recorded is not None and plan.nothing_left:
         if plan.num_samples != plan.recorded.num_samples:
-            _log.warning(stops.more_trials_refused(plan.recorded, plan.num_samples, search_on))
+            _log.warning(stops.more_refused(plan.recorded, f"`num_samples` {plan.num_samples}", search_on))
+        if plan.time_budget_s is not None and plan.time_budget_s != plan.recorded.time_budget_s:
+            _log.warning(stops.more_refused(plan.recorded, f"`time_budget_s` {duration(plan.time_budget_s)}",
+                                            search_on))
         _log.info(stops.nothing_left_line(plan.recorded, plan.folder, search_on))
         return finished_result(plan, tracker)
     if plan.recorded is not None:
