@@ -612,7 +612,7 @@ def test_a_sweep_with_a_trial_that_lost_its_worker_is_not_finished_and_resuming_
     from dataclasses import replace
 
     from iaa.jobs.sweeps.record import SweepRecord
-    from iaa.jobs.tune.stops import lost_trials, standing
+    from iaa.jobs.tune.stops import Standing, lost_trials, standing
 
     cfg = JobConfig()
     done = [TrialRecord(trial_id=t, config=cfg, best_valid_acc=0.5, status="TERMINATED") for t in ("a", "b")]
@@ -626,11 +626,14 @@ def test_a_sweep_with_a_trial_that_lost_its_worker_is_not_finished_and_resuming_
         def find_runs(self, experiment, tags):
             from types import SimpleNamespace
 
-            return [SimpleNamespace(parent_run_id="p", tags={"trial_id": t}, status=status)
+            return [SimpleNamespace(run_id=t, parent_run_id="p", tags={"trial_id": t}, status=status)
                     for t, status in (("a", "FINISHED"), ("b", "FINISHED"), ("c", "FAILED"))]
 
-    assert standing(Runs(), "e", "s", "p") == (3, 0)
-    assert standing(Runs(), "e", "s", "p", lost_trials(record)) == (2, 1)
+        def metric_history(self, run_id, key):
+            return [object()] * 2 if run_id == "c" else []
+
+    assert standing(Runs(), "e", "s", "p") == Standing(finished=3, unfinished=0, checkpointed=0)
+    assert standing(Runs(), "e", "s", "p", lost_trials(record)) == Standing(finished=2, unfinished=1, checkpointed=1)
 
 
 def test_the_runs_of_a_resumed_sweep_name_their_trials_by_the_numbers_they_started_with() -> None:

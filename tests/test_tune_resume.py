@@ -85,7 +85,7 @@ def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with
     assert_says(line, "kept 1 finished trial(s) and the last checkpoints of 1 unfinished one(s)",
                 "1 unfinished one(s) had made no check")
     sweep = record.read(record.sweep_file(work, "k"))
-    tally = stops.standing_of(tracker, sweep.experiment, "k", sweep.parent_run_id)
+    tally = stops.standing(tracker, sweep.experiment, "k", sweep.parent_run_id)
     assert (tally.finished, tally.unfinished, tally.checkpointed) == (1, 2, 1)
     # the record holds the trials as the run saved them, and the time it ran: listed as interrupted
     assert [(t.label, t.status) for t in sweep.trials] == [("trial-a", "TERMINATED"), ("trial-b", "RUNNING"),

@@ -95,17 +95,9 @@ class Standing:
 
 
 def standing(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None,
-             again: Collection[str] = ()) -> tuple[int, int]:
-    """(finished, unfinished) trials of ``sweep`` by their child runs' status; the trials ``again``
-    (by Tune trial id: those that lost their worker with no restores left) run again, unfinished."""
-    latest = _latest_runs(tracker, experiment, sweep, parent_run_id)
-    unfinished = _unfinished(latest, again)
-    return len(latest) - len(unfinished), len(unfinished)
-
-
-def standing_of(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None,
-                again: Collection[str] = ()) -> Standing:
-    """The :class:`Standing` of ``sweep``'s trials (``again`` as :func:`standing` reads it).
+             again: Collection[str] = ()) -> Standing:
+    """The :class:`Standing` of ``sweep``'s trials by their child runs' status; the trials ``again``
+    (by Tune trial id: those that lost their worker with no restores left) run again, unfinished.
 
     An unfinished trial counts as checkpointed once its run logged a check (its ``valid_acc``):
     every check a trial reports carries its checkpoint, and the driver logs the check only once
@@ -134,7 +126,7 @@ def _unfinished(latest: Mapping[str, RunRecord], again: Collection[str]) -> list
 def kept(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None, folder: Path) -> str:
     """What a stopped sweep keeps, in words: the unfinished trials that made no check have no
     checkpoint, and a resume starts them again."""
-    tally = standing_of(tracker, experiment, sweep, parent_run_id)
+    tally = standing(tracker, experiment, sweep, parent_run_id)
     fresh = tally.unfinished - tally.checkpointed
     unchecked = (f"; {fresh} unfinished one(s) had made no check, so no checkpoint: a resume starts "
                  f"{'it' if fresh == 1 else 'them'} again from the beginning" if fresh else "")
@@ -146,7 +138,7 @@ def resumed_line(tracker: Tracker, record: SweepRecord, num_samples: int, time_b
     """What a resumed sweep keeps and what is left: of what is left, the trials that continue from
     a checkpoint, and those that start from the beginning (new ones, and unfinished ones that made
     no check)."""
-    tally = standing_of(tracker, record.experiment or "", record.name, record.parent_run_id, lost_trials(record))
+    tally = standing(tracker, record.experiment or "", record.name, record.parent_run_id, lost_trials(record))
     left = max(num_samples - tally.finished, 0)
     continuing = min(tally.checkpointed, left)
     budget = (f"; its time budget of {duration(time_budget_s)} counts the time its trials ran before"

@@ -225,7 +225,7 @@ def _resumed_console(plan: SweepPlan, tracker: Tracker, launch: Placement, searc
                      sweep: SweepRecord) -> SweepConsole:
     """A resumed sweep's console, as a fresh one's: what is kept and left, the cost of what is left."""
     _log.info(stops.resumed_line(tracker, sweep, plan.num_samples, plan.time_budget_s) + f" ({launch.experiment_path})")
-    finished, _ = stops.standing(tracker, plan.experiment, plan.name, sweep.parent_run_id, stops.lost_trials(sweep))
+    finished = stops.standing(tracker, plan.experiment, plan.name, sweep.parent_run_id, stops.lost_trials(sweep)).finished
     # what the earlier runs spent of the time budget is known once the launcher restores the sweep's
     # clock: the cost says nothing of the budget (the line above does)
     left = replace(search, num_samples=max(plan.num_samples - finished, 1), time_budget_s=None)
