@@ -114,7 +114,8 @@ def test_a_logged_model_names_the_dataset_it_was_measured_on(tmp_path):
 @pytest.mark.slow
 def test_a_model_logged_again_takes_its_runs_tags_and_stays_one_model(tmp_path):
     """A resumed sweep whose new best trial moves ``best_in_sweep`` logs every trial's model again:
-    the earlier best's model says ``false`` as its run does."""
+    the earlier best's model says ``false`` as its run does. A run that trained on since (other
+    weights in its checkpoint) gets a new model: its printed URI is never the old weights'."""
     from mlflow import MlflowClient
 
     from iaa.cli.adapters import MODEL_FILE
@@ -133,6 +134,19 @@ def test_a_model_logged_again_takes_its_runs_tags_and_stays_one_model(tmp_path):
     run.end()
     assert again == first
     assert client.get_logged_model(first.removeprefix("models:/")).tags["best_in_sweep"] == "false"
+
+    # the run trained on (a resume): its checkpoint has other weights, so its model is a new one
+    import shutil
+
+    from iaa.data.shards import file_sha256
+
+    shutil.copyfile(ckpts["iaa-fixed-query"], ckpts["iaa"])
+    resumed = mlflow_model.log(uri, run.run_id, ModelFiles.of(ckpts["iaa"], prepared), MODEL_CODE, model_file=MODEL_FILE)
+    assert resumed != first
+    newest = client.get_logged_model(resumed.removeprefix("models:/"))
+    assert newest.tags[mlflow_model.FILES_TAG] == file_sha256(ckpts["iaa"])
+    assert mlflow_model.log(uri, run.run_id, ModelFiles.of(ckpts["iaa"], prepared), MODEL_CODE,
+                            model_file=MODEL_FILE) == resumed                # the newest one, kept
 
 
 LOAD_AND_REPORT = """

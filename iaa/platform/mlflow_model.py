@@ -56,6 +56,7 @@ _log = logging.getLogger(__name__)
 
 ARTIFACT = "model"               # the artifact folder of every logged model
 MODEL_TAGS = ("best_in_sweep", "sweep", "trial_id", "kind", "seed", "member")   # run tags the logged model carries too
+FILES_TAG = "iaa.checkpoints_sha256"   # a logged model's tag: the digest of the checkpoints it was made of
 BAD_NAME_CHARS = "/:.%\"'"      # not allowed in a logged model's name
 DATA_FILES = (MANIFEST, VOCAB)
 CALIBRATION = "calibration.json"   # an ensemble's temperature: {"temperature": T}, its artifact ``calibration``
@@ -206,25 +207,29 @@ def requirements() -> list[str]:
 
 def log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register: str | None = None, *,
         model_file: Path) -> str:
-    """Log the model made of ``files`` as a logged model of run ``run_id`` (once: a run that
-    already has one keeps it, and its tags are the run's again, as a resumed sweep's new best
-    changes ``best_in_sweep``); register it as ``register``. ``model_file`` is the model's code
-    file, which MLflow runs to load it (:func:`_log_kwargs`); an ensemble's temperature travels
-    as its :data:`CALIBRATION` artifact.
+    """Log the model made of ``files`` as a logged model of run ``run_id``, once for the same
+    checkpoints: a run whose newest model was made of them (their digest, :data:`FILES_TAG`) keeps
+    it, and its tags are the run's again, as a resumed sweep's new best changes ``best_in_sweep``;
+    a run resumed since (other weights) gets a new model. Register it as ``register``.
+    ``model_file`` is the model's code file, which MLflow runs to load it (:func:`_log_kwargs`); an
+    ensemble's temperature travels as its :data:`CALIBRATION` artifact.
 
     Returns the model URI: ``models:/<model id>``, or ``models:/NAME/VERSION`` when registered.
     """
     from mlflow.entities import LoggedModelOutput
 
+    from iaa.data.shards import file_sha256
+
     client = MlflowClient(uri)
-    model_id = logged_model_id(uri, run_id)
+    digest = ",".join(file_sha256(Path(c)) for c in files.checkpoints)
+    model_id = logged_model_id(uri, run_id, digest)
     run = client.get_run(run_id)
     run_tags = {k: run.data.tags[k] for k in MODEL_TAGS if k in run.data.tags}
     if model_id is not None and run_tags:
         client.set_logged_model_tags(model_id, run_tags)
     if model_id is None:
         kind = "ensemble" if len(files.checkpoints) > 1 else "reader"
-        tags = {"iaa.members": str(len(files.checkpoints)), **run_tags}
+        tags = {"iaa.members": str(len(files.checkpoints)), FILES_TAG: digest, **run_tags}
         model = client.create_logged_model(run.info.experiment_id, name=logged_name(client, run),
                                            source_run_id=run_id, params=dict(run.data.params),
                                            model_type=f"iaa-{kind}", tags=tags)
@@ -302,13 +307,18 @@ def model_metrics(client: MlflowClient, run_id: str, model_id: str,
     return points
 
 
-def logged_model_id(uri: str, run_id: str) -> str | None:
-    """The id of run ``run_id``'s finished logged model (one this module logged), or None."""
+def logged_model_id(uri: str, run_id: str, digest: str | None = None) -> str | None:
+    """The id of run ``run_id``'s newest finished logged model (one this module logged), or None;
+    with ``digest``, None also where that model was made of other checkpoints (:data:`FILES_TAG`;
+    a model logged before the tag counts as other)."""
     client = MlflowClient(uri)
     experiment = client.get_run(run_id).info.experiment_id
-    found = client.search_logged_models([experiment], filter_string=f"source_run_id = '{run_id}'", max_results=50)
+    found = client.search_logged_models([experiment], filter_string=f"source_run_id = '{run_id}'", max_results=50,
+                                        order_by=[{"field_name": "creation_time", "ascending": False}])
     ready = [m for m in found if str(m.status).endswith("READY") and "iaa.members" in (m.tags or {})]
-    return ready[0].model_id if ready else None
+    if not ready or (digest is not None and ready[0].tags.get(FILES_TAG) != digest):
+        return None
+    return ready[0].model_id
 
 
 @contextmanager
