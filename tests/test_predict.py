@@ -69,6 +69,29 @@ def test_raw_text_and_cbt_file_match_evaluate(setup, tmp_path):
             assert row["correct"] == (row["prediction"] == ex.answer)
 
 
+def test_a_cbt_file_cut_inside_its_last_question_says_so(setup, tmp_path):
+    """As ``prepare`` does: the cut-off question is named in a warning (in --json too), the others
+    are answered; a file of nothing but a cut-off question is one error."""
+    root, prepared, ckpts = setup
+    lines = _valid_file(root).read_text(encoding="utf-8").splitlines(keepends=True)
+    cut = tmp_path / "cut.txt"
+    cut.write_text("".join(lines[:30]), encoding="utf-8")                 # question 1, then 8 lines of question 2
+    result = _invoke(["predict", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--input", str(cut),
+                      "--out", str(tmp_path / "out.jsonl"), "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout.strip().splitlines()[-1])
+    assert shown["examples"] == 1
+    [said] = [w for w in shown["warnings"] if "cut off" in w]
+    assert_says(said, f"{cut}, line 23", "the last example is cut off", "not used")
+    assert "cut off" in result.stderr
+    only = tmp_path / "only.txt"
+    only.write_text("".join(lines[:20]), encoding="utf-8")
+    refused = _invoke(["predict", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--input", str(only),
+                       "--out", str(tmp_path / "none.jsonl")])
+    assert refused.exit_code == 1 and not (tmp_path / "none.jsonl").exists()
+    assert_says(refused.output.strip().splitlines()[-1], "no complete question", str(only), "cut off")
+
+
 def test_ensemble_averages_its_members(setup, tmp_path):
     root, prepared, ckpts = setup
     other = tiny_checkpoint(prepared, tmp_path / "seed1.pt", "iaa", steps=3, seed=1)

@@ -65,7 +65,12 @@ def read_input(path: Path, placeholder: str) -> list[Question]:
     from iaa.data import cbt
 
     chunk = cbt.read(path, on_error="fail")
-    return [Question(ex, ex.answer, f"{path}:{ex.example_id.rsplit(':', 1)[-1]}") for ex in chunk.examples()]
+    questions = [Question(ex, ex.answer, f"{path}:{ex.example_id.rsplit(':', 1)[-1]}") for ex in chunk.examples()]
+    if not questions and chunk.truncated:
+        raise InputError(f"no complete question: {chunk.truncated[0]}")
+    for message in chunk.truncated:                 # the file stops inside its last example
+        warnings.warn(message, stacklevel=2)
+    return questions
 
 
 def _read_jsonl(path: Path, placeholder: str) -> list[Question]:
