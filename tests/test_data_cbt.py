@@ -215,3 +215,27 @@ def test_query_with_two_placeholders_and_duplicate_candidates_are_errors(tmp_pat
             cbt.read(path)
         assert (info.value.reason, info.value.line) == (reason, 43)
         assert dict(cbt.read(path, on_error="skip").skipped) == {reason: 1}
+
+
+def test_prepare_warns_of_what_it_did_not_use_also_under_quiet_and_in_json(tmp_path):
+    """Skipped examples (by reason) and a cut-off last example are warnings: shown with ``--quiet``,
+    listed in ``--json``, and the counts by reason are in ``--json`` as in the manifest."""
+    import json
+
+    from click.testing import CliRunner
+
+    from _cbt_fixtures import write_source
+    from iaa.cli import cli
+
+    source = write_source(tmp_path)
+    train = source / "data" / "cbtest_NE_train.txt"
+    train.write_text(example(answer="Nobody") + train.read_text(encoding="utf-8") + "1 a cut", encoding="utf-8")
+    result = CliRunner().invoke(cli, ["--quiet", "prepare", "--dataset", "cbt-ne", "--source", str(source), "--out",
+                                      str(tmp_path / "prepared"), "--on-error", "skip", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout.strip().splitlines()[-1])
+    assert shown["skipped_reasons"] == {"train": {E.ANSWER_NOT_CANDIDATE: 1}} and shown["counts"]["train"] == 40
+    skipped = [w for w in shown["warnings"] if "skipped 1 bad example" in w]
+    cut = [w for w in shown["warnings"] if "cut off" in w]
+    assert len(skipped) == len(cut) == 1 and E.ANSWER_NOT_CANDIDATE in skipped[0] and str(train) in cut[0]
+    assert "skipped 1 bad example" in result.stderr and "cut off" in result.stderr

@@ -14,7 +14,7 @@ import functools
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ class PrepareResult(Result):
     truncated: dict[str, Any]           # examples cut to fit, per split
     vocab_size: int
     seconds: float
+    skipped_reasons: dict[str, dict[str, int]] = field(default_factory=dict)   # per split: count by reason
 
 ON_ERROR = ("fail", "skip")
 _SPLIT_WORDS = {"train": "training", "valid": "validation"}
@@ -239,19 +240,22 @@ def _recorded_files(manifest: dict[str, Any]) -> list[str]:
 
 
 def _report(manifest: dict[str, Any]) -> None:
-    """Print what was not used: skipped examples by reason, and cut-off trailing examples."""
+    """Say what was not used, as warnings (shown under ``--quiet`` too, and in ``--json``): skipped
+    examples by reason (the first few named) and cut-off trailing examples."""
     for split, entry in manifest["splits"].items():
         if entry["skipped"]:
             reasons = ", ".join(f"{k}: {v}" for k, v in entry["skipped"].items())
-            _log.info(f"{split}: skipped {sum(entry['skipped'].values())} bad example(s) ({reasons})")
+            _log.warning(f"{split}: skipped {sum(entry['skipped'].values())} bad example(s) ({reasons})")
             for msg in entry["skipped_examples"][:3]:
                 _log.info(f"  {msg}")
         for msg in entry["truncated_examples"]:
-            _log.info(f"{split}: {msg}")
+            _log.warning(f"{split}: {msg}")
 
 
 def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float,
             created: bool = False) -> PrepareResult:
     return PrepareResult(dataset=manifest["dataset"], out=str(out), rebuilt=rebuilt, created=created,
                          counts=manifest["counts"], skipped=manifest["skipped"], truncated=manifest["truncated"],
+                         skipped_reasons={split: dict(entry["skipped"]) for split, entry in manifest["splits"].items()
+                                          if entry.get("skipped")},
                          vocab_size=manifest["vocab_size"], seconds=round(seconds, 3))
