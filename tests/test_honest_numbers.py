@@ -76,9 +76,10 @@ def test_a_tie_is_named():
 def test_stop_reason_in_words_says_when_still_improving():
     improving = {"reason": "max-epochs", "steps": 24, "best_step": 24}
     assert "while still improving" in closing.stop_words(**improving, epochs=2.0)
-    assert "--set train.max_epochs=4" in as_shown(closing.stop_words(**improving, epochs=2.0))
+    assert "--resume and --set train.max_epochs=4" in as_shown(closing.stop_words(**improving, epochs=2.0, checks=6))
     plateau = {"reason": "max-epochs", "steps": 24, "best_step": 12}
     assert "improving" not in closing.stop_words(**plateau, epochs=2.0)
+    assert "improving" not in closing.stop_words(**improving, epochs=2.0, checks=1)   # one check improved on nothing
     assert "patience" in closing.stop_words("early-stopped", steps=9, best_step=3)
 
 

@@ -13,21 +13,24 @@ STOP_WORDS = {"max-epochs": "stopped at max-epochs (train.max_epochs)",
               "early-stopped": "stopped early: train.patience checks without improvement"}
 
 
-def still_improving(steps: int | None, best_step: int | None) -> bool:
-    """The run's last check was its best (the budget ended it, not a plateau)."""
-    return isinstance(steps, int) and isinstance(best_step, int) and steps > 0 and best_step == steps
+def still_improving(steps: int | None, best_step: int | None, checks: int | None = None) -> bool:
+    """The run's last check was its best (the budget ended it, not a plateau), and it made more
+    than one (``checks``, where known: a single check improved on nothing)."""
+    return (isinstance(steps, int) and isinstance(best_step, int) and steps > 0 and best_step == steps
+            and (checks is None or checks >= 2))
 
 
-def stop_words(reason: str | None, *, steps: int | None, best_step: int | None, epochs: float | None = None) -> str:
+def stop_words(reason: str | None, *, steps: int | None, best_step: int | None, epochs: float | None = None,
+               checks: int | None = None) -> str:
     """Why the run stopped (``reason``: its stop reason), in words; when a budget ended it while it
-    was still improving (its last check, at ``steps``, was its best), it says so and names the
-    setting that gives it more (``epochs``: the epochs it ran)."""
+    was still improving (its last check, at ``steps``, was its best of ``checks``), it says so and
+    names how to give it more: its resume with a larger budget (``epochs``: the epochs it ran)."""
     reason = str(reason or "")
     words = STOP_WORDS.get(reason, f"stopped ({reason or 'unknown reason'})")
-    if reason in ("max-epochs", "max-time") and still_improving(steps, best_step):
-        more = (f"`sets` train.max_epochs={2 * epochs:g}" if reason == "max-epochs" and epochs
-                else "`sets` train.max_epochs=N" if reason == "max-epochs" else "`sets` train.max_minutes=N")
-        words += f" while still improving (its last check was its best): give it more with {more}"
+    if reason in ("max-epochs", "max-time") and still_improving(steps, best_step, checks):
+        more = (f"train.max_epochs={2 * epochs:g}" if reason == "max-epochs" and epochs
+                else "train.max_epochs=N" if reason == "max-epochs" else "train.max_minutes=N")
+        words += f" while still improving (its last check was its best): give it more with `resume` and `sets` {more}"
     return words
 
 

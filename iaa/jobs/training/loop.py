@@ -164,7 +164,7 @@ class Trainer:
         metrics, or where it stands when it made none (a resume with nothing left to train)."""
         self.bar.close()
         p = self.progress
-        return {"step": p.step, "epoch": p.step / self.n_batches, **self.last, "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
+        return {"step": p.step, "epoch": p.step / self.n_batches, **self.last, "checks": p.checks, "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
                 "stop_reason": p.stop_reason, "train_seconds": p.elapsed_s, "precision": self.precision,
                 "cuda_graphs": self.captured is not None and self.captured.failed is None,
                 "cuda_graphs_refused": self.capture_refused or (self.captured.failed if self.captured else None)}

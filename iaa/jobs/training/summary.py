@@ -86,7 +86,8 @@ def head_lines(result: TrainResult, what: str = "train") -> list[str]:
     epochs = round(epoch + 0.5) if epoch > 0 else None
     lines = [f"{what}: best valid accuracy {shown}",
              f"  at step {_with_epoch(result.best_step, result)} of {_with_epoch(result.steps, result)}; "
-             + closing.stop_words(result.stop_reason, steps=result.steps, best_step=result.best_step, epochs=epochs),
+             + closing.stop_words(result.stop_reason, steps=result.steps, best_step=result.best_step, epochs=epochs,
+                                  checks=result.metrics.get("checks")),
              f"  checkpoint:   {result.checkpoint}"]
     if result.model_uri:
         lines.append(f"  model:        {result.model_uri}")
