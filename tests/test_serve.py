@@ -66,6 +66,8 @@ def _refused(answerer, body: bytes, limits: job.Limits = job.Limits()) -> job.Re
      'candidates[2]: "dog cat" is 2 words; candidates are single words'),
     (_body({**QUESTION, "candidates": "cat|the mat"}), 422,
      'candidates[2] of the |-separated string: "the mat" is 2 words'),
+    (_body([{**QUESTION, "id": "a"}, QUESTION, {**QUESTION, "id": "a"}]), 422,   # as predict refuses them
+     "[3].id: 'a' is also the id of [1]; give every question its own id"),
 ])
 def test_bad_requests_get_a_status_naming_the_field(answerer, body, status, field):
     error = _refused(answerer, body)
@@ -152,7 +154,7 @@ def test_oversized_requests_get_413(answerer):
     assert error.status == 413 and "[2].document: 40 words, over the limit of 20" in str(error)
     assert _refused(answerer, _body([QUESTION] * 3), limits).status == 413
     assert _refused(answerer, _body({**QUESTION, "id": "x" * 3000}), limits).status == 413
-    assert len(answerer.parse(_body([QUESTION, QUESTION]), job.Limits(max_document_words=14))[0]) == 2
+    assert len(answerer.parse(_body([QUESTION, {**QUESTION, "id": "q2"}]), job.Limits(max_document_words=14))[0]) == 2
 
 
 def test_a_batch_of_requests_answers_each_like_predict(setup, answerer, tmp_path):

@@ -167,7 +167,8 @@ def parse(body: bytes, placeholder: str, lowercase: bool, limits: Limits = Limit
         QUESTIONS.validate_python(items)
     except ValidationError as err:
         raise RequestError(400, _field_error(err, single)) from None
-    questions = []
+    questions: list[Question] = []
+    first: dict[str, int] = {}
     for i, item in enumerate(items):
         where = "" if single else f"[{i + 1}]."        # counted from 1, as the ids are
         _within(item, where, limits)
@@ -177,6 +178,11 @@ def parse(body: bytes, placeholder: str, lowercase: bool, limits: Limits = Limit
             question = from_record(item, where[:-1] or "question", placeholder)
         except InputError as err:
             raise RequestError(422, str(err)) from None
+        key = question.example.example_id
+        if key in first:                               # as predict refuses them: answers are told apart by id
+            raise RequestError(422, f"{where}id: {key!r} is also the id of [{first[key]}]; give every question "
+                                    "its own id")
+        first[key] = i + 1
         questions.append(question)
     try:
         with warnings.catch_warnings():
