@@ -49,7 +49,10 @@ class _Page(HTMLParser):
 def _explain(args: list[str]) -> dict:
     result = CliRunner().invoke(cli, ["explain", *args, "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    shown = json.loads(result.stdout.strip().splitlines()[-1])
+    for example in shown["examples"]:             # the summary stays on stderr with --json
+        assert f"{example['example_id']}: predicted " in result.stderr
+    return shown
 
 
 @pytest.mark.parametrize("kind,steps", [("iaa", 3), ("iaa-fixed-query", 2), ("as-reader", 1)])

@@ -91,7 +91,8 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
         raise click.UsageError("choose examples with --example-id ID (repeatable) or --first N")
     result = job.run(checkpoint, prepared, None if input_path else split, example_ids=example_ids, first=first,
                      out=out, png=png, input_path=input_path, workdir=workdir, precision=precision)
-    if as_json:
+    if as_json:                 # the summary on stderr, as every command keeps it with --json
+        _close(job.describe, result)
         _emit(result, True)
     else:
         _warn(result)
