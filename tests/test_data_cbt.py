@@ -239,3 +239,13 @@ def test_prepare_warns_of_what_it_did_not_use_also_under_quiet_and_in_json(tmp_p
     cut = [w for w in shown["warnings"] if "cut off" in w]
     assert len(skipped) == len(cut) == 1 and E.ANSWER_NOT_CANDIDATE in skipped[0] and str(train) in cut[0]
     assert "skipped 1 bad example" in result.stderr and "cut off" in result.stderr
+
+
+def test_a_cbt_file_given_as_the_source_names_the_folder_to_give(tmp_path):
+    from _cbt_fixtures import write_source
+
+    train = write_source(tmp_path) / "data" / "cbtest_NE_train.txt"
+    with pytest.raises(DataError) as info:
+        cbt.find_files(train, "NE")
+    assert info.value.reason == E.MISSING_SOURCE
+    assert str(train) in str(info.value) and f"the folder that holds it ({train.parent})" in str(info.value)

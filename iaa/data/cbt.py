@@ -54,6 +54,9 @@ def find_files(source: Path, word_type: str) -> dict[str, Path]:
     if wt not in WORD_TYPES:
         raise ValueError(f"CBT word type must be one of {WORD_TYPES}, got {word_type!r}")
     source = Path(source)
+    if source.is_file():
+        raise DataError(f"a file, not a folder; give the folder that holds it ({source.parent}), the CBTest folder "
+                        "of CBTest.tgz or its data/ folder", path=source, reason=E.MISSING_SOURCE)
     folders = [source / "data", source] if (source / "data").is_dir() else [source]
     found: dict[str, Path] = {}
     for split, suffix in SPLIT_FILES.items():
