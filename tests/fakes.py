@@ -409,3 +409,11 @@ def fake_sweeper(tiny: Path, tmp_path: Path, tracker: FakeTracker, launcher: Fak
                                   "show_progress": False, **defaults, **more})
         return tune.run(req, lambda uri: tracker, launcher)
     return sweep
+
+
+def tune_on(monkeypatch, tracker: FakeTracker, launcher: FakeLauncher) -> None:
+    """``iaa-cli tune`` in this process runs on ``tracker`` and ``launcher`` (``monkeypatch`` undoes it)."""
+    from iaa import cli
+
+    monkeypatch.setattr(cli.tuning, "_open_tracker", lambda uri: tracker)
+    monkeypatch.setattr(cli.tuning, "_launcher", lambda address, storage_path: launcher)

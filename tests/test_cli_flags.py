@@ -120,15 +120,13 @@ def test_tune_sampler_takes_only_the_names_it_maps() -> None:
 
 def test_the_json_object_lists_the_warnings_the_command_logged(model, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from fakes import FakeLauncher, FakeTracker
-    from tests._platform import TINY_SPACE
+    from fakes import FakeLauncher, FakeTracker, tune_on
+    from tests._platform import write_space
     from tests._tiny import TINY_SETS
 
     prepared, _, _ = model
-    space = tmp_path / "space.yaml"
-    space.write_text(TINY_SPACE, encoding="utf-8")
-    monkeypatch.setattr(cli.tuning, "_open_tracker", lambda uri: FakeTracker())
-    monkeypatch.setattr(cli.tuning, "_launcher", lambda address, storage_path: FakeLauncher())
+    space = write_space(tmp_path)
+    tune_on(monkeypatch, FakeTracker(), FakeLauncher())
     sets = [arg for s in TINY_SETS for arg in ("--set", s)]          # model.steps=2, which the space searches
     result = CliRunner().invoke(cli.cli, ["tune", "--data", str(prepared), "--num-samples", "1", "--search-space",
                                           str(space), *sets, "--workdir", str(tmp_path / "work"), "--json"])

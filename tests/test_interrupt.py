@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from _faults import assert_says
-from fakes import FakeLauncher, FakeRun, FakeTracker
+from fakes import FakeLauncher, FakeRun, FakeTracker, tune_on
 from iaa.jobs.ports import SweepRequest
-from _platform import TINY_SPACE
+from _platform import write_space
 from _tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = pytest.mark.timeout(300)
@@ -205,11 +205,8 @@ def test_tune_resume_by_name_alone_marks_leftovers_and_prints_the_console(
         tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from iaa import cli
 
-    space = tmp_path / "space.yaml"
-    space.write_text(TINY_SPACE, encoding="utf-8")
-    tracker, launcher = FakeTracker(), _DyingLauncher()
-    monkeypatch.setattr(cli.tuning, "_open_tracker", lambda uri: tracker)
-    monkeypatch.setattr(cli.tuning, "_launcher", lambda address, storage_path: launcher)
+    space, tracker, launcher = write_space(tmp_path), FakeTracker(), _DyingLauncher()
+    tune_on(monkeypatch, tracker, launcher)
     work = tmp_path / "work"
     with pytest.raises(_Killed):
         CliRunner().invoke(cli.cli, ["tune", "--data", str(tiny), "--num-samples", "2", "--search-space", str(space),

@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 from _faults import assert_says, logged
-from _platform import TINY_SPACE
+from _platform import write_space
 from _tiny import TINY_SETS, make_tiny_prepared
-from fakes import FakeLauncher, FakeTracker, fake_sweeper
+from fakes import FakeLauncher, FakeTracker, fake_sweeper, tune_on
 from iaa.jobs.ports import SweepRequest, TrialRecord
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,11 +70,8 @@ def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with
     from iaa.jobs.sweeps import record
     from iaa.jobs.tune import stops
 
-    space = tmp_path / "space.yaml"
-    space.write_text(TINY_SPACE, encoding="utf-8")
-    tracker, launcher = FakeTracker(), _StoppedLauncher()
-    monkeypatch.setattr(cli.tuning, "_open_tracker", lambda uri: tracker)
-    monkeypatch.setattr(cli.tuning, "_launcher", lambda address, storage_path: launcher)
+    space, tracker, launcher = write_space(tmp_path), FakeTracker(), _StoppedLauncher()
+    tune_on(monkeypatch, tracker, launcher)
     work = tmp_path / "work"
     sets = [arg for s in TINY_SETS for arg in ("--set", s)]
     stopped = CliRunner().invoke(cli.cli, ["tune", "--data", str(tiny), "--num-samples", "3", "--search-space",
