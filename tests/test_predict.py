@@ -196,7 +196,7 @@ def test_unseen_candidates_stay_apart_and_absent_ones_get_zero(setup, tmp_path):
     assert result.exit_code == 0, result.output
     assert "qqq do not occur in the document" in result.stderr
     row = json.loads((tmp_path / "o.jsonl").read_text())
-    assert row["probs"]["qqq"] == 0.0
+    assert row["probs"]["qqq"] == 0.0 and row["absent_candidates"] == ["qqq"]
     assert row["probs"]["zork"] > 0 and row["probs"]["blip"] > 0
     assert row["probs"]["zork"] != pytest.approx(row["probs"]["blip"], abs=1e-7)
     assert sum(row["probs"].values()) == pytest.approx(1.0, abs=1e-5)

@@ -159,7 +159,8 @@ def test_oversized_requests_get_413(answerer):
 
 def test_a_batch_of_requests_answers_each_like_predict(setup, answerer, tmp_path):
     root, prepared, ckpt = setup
-    first = [QUESTION, {**QUESTION, "id": "q2", "query": "the XXXXX sat on the mat", "answer": "cat"}]
+    first = [QUESTION, {**QUESTION, "id": "q2", "query": "the XXXXX sat on the mat", "answer": "cat",
+                        "candidates": ["cat", "bird", "dog", "fish"]}]
     second = {k: v for k, v in QUESTION.items() if k != "id"}
     requests = [answerer.parse(_body(first)), answerer.parse(_body(second))]
     assert [single for _, single in requests] == [False, True]
@@ -179,6 +180,8 @@ def test_a_batch_of_requests_answers_each_like_predict(setup, answerer, tmp_path
         assert g.keys() == e.keys() and g["prediction"] == e["prediction"] and g.get("correct") == e.get("correct")
         assert g["probs"] == pytest.approx(e["probs"], abs=1e-6)
     assert [g["id"] for g in got] == ["q1", "q2", "1"]     # no id: its place in the request (predict: its line)
+    assert [g["absent_candidates"] for g in got] == [[], ["bird", "fish"], []]
+    assert got[1]["probs"]["bird"] == got[1]["probs"]["fish"] == 0.0
 
 
 def test_the_version_of_a_checkpoint_is_its_content(setup, tmp_path):

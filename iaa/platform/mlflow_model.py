@@ -2,8 +2,8 @@
 
 ``mlflow.pyfunc.load_model(uri).predict(df)`` takes the columns of ``iaa-cli predict``'s JSON
 Lines (``id``, ``document``, ``query``, ``candidates``, optionally ``answer``) and returns the
-same rows: ``{"id", "prediction", "probs"[, "correct"], "unknown_share", "unknown_candidates"[,
-"warning"]}``. A model holds one checkpoint (its probabilities scaled by the temperature the
+same rows: ``{"id", "prediction", "probs"[, "correct"], "absent_candidates", "unknown_share",
+"unknown_candidates"[, "warning"]}``. A model holds one checkpoint (its probabilities scaled by the temperature the
 checkpoint holds), or the members of a seed ensemble (their probabilities are averaged, then
 scaled by the temperature its ``calibration`` artifact holds).
 The ``iaa`` package travels in ``code_paths``, so the model loads and serves without this
@@ -151,7 +151,9 @@ def signature() -> ModelSignature:
     inputs = Schema([ColSpec("string", "id"), ColSpec("string", "document"), ColSpec("string", "query"),
                      ColSpec(Array("string"), "candidates"), ColSpec("string", "answer", required=False)])
     outputs = Schema([ColSpec("string", "id"), ColSpec("string", "prediction"), ColSpec(Map("double"), "probs"),
-                      ColSpec("boolean", "correct", required=False), ColSpec("double", "unknown_share", required=False),
+                      ColSpec("boolean", "correct", required=False),
+                      ColSpec(Array("string"), "absent_candidates", required=False),
+                      ColSpec("double", "unknown_share", required=False),
                       ColSpec(Array("string"), "unknown_candidates", required=False),
                       ColSpec("string", "warning", required=False)])
     return ModelSignature(inputs=inputs, outputs=outputs)

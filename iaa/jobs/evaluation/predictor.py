@@ -74,10 +74,12 @@ class Predictor:
 
     def predict(self, questions: Sequence[Question],
                 progress: Callable[[int], Any] | None = None) -> list[dict[str, Any]]:
-        """One ``{"id", "prediction", "probs": {candidate: p}[, "correct"], "unknown_share",
-        "unknown_candidates"[, "warning"]}`` per question, in order: ``warning`` when the document
-        is mostly ``<unk>`` (:mod:`iaa.jobs.evaluation.unknowns`). ``progress`` is called with each
-        batch's number of questions once it is answered."""
+        """One ``{"id", "prediction", "probs": {candidate: p}[, "correct"], "absent_candidates",
+        "unknown_share", "unknown_candidates"[, "warning"]}`` per question, in order:
+        ``absent_candidates`` those that never occur in the document (probability 0: the reader
+        points at document words), ``warning`` when the document is mostly ``<unk>``
+        (:mod:`iaa.jobs.evaluation.unknowns`). ``progress`` is called with each batch's number of
+        questions once it is answered."""
         import torch
 
         from iaa.data.loader import collate
@@ -87,6 +89,7 @@ class Predictor:
             return []
         table = to_rows(questions, self.vocab, self.lowercase)
         gaps = unknowns.of_table(table)
+        absent = _absent_candidates(table)
         out = []
         with torch.no_grad():
             for start in range(0, len(questions), BATCH_SIZE):
@@ -94,7 +97,8 @@ class Predictor:
                 probs = torch.stack([candidate_probs(m.eval()(batch).log_probs) for m in self.models]).mean(0)  # (B, C)
                 probs = calibration.scaled(probs.double().numpy(), self.temperature)
                 for b, q in enumerate(questions[start:start + BATCH_SIZE]):
-                    out.append(_answer(q, probs[b, :len(q.example.candidates)].tolist()))
+                    row = _answer(q, probs[b, :len(q.example.candidates)].tolist())
+                    out.append({**row, "absent_candidates": [q.example.candidates[i] for i in absent[start + b]]})
                 if progress is not None:
                     progress(probs.shape[0])
         return [unknowns.annotated(row, gap) for row, gap in zip(out, gaps)]
@@ -108,6 +112,13 @@ class Predictor:
 # How logging a model reads its checkpoints and writes their inference-only members; the model
 # rebuilds its predictor with Predictor.load (iaa.cli.logged_model names it).
 MODEL_CODE = ModelCode(read=checkpoint.load, write=checkpoint.save)
+
+
+def _absent_candidates(table: Any) -> list[list[int]]:
+    """Each row's candidates (their indices) that no document word matches: ``doc_cand`` never names them."""
+    pointed = (set(doc_cand) for doc_cand in table.column("doc_cand").to_pylist())
+    return [[i for i in range(len(cands)) if i not in seen]
+            for seen, cands in zip(pointed, table.column("candidates").to_pylist())]
 
 
 def _answer(q: Question, probs: list[float]) -> dict[str, Any]:

@@ -15,10 +15,11 @@ The workflow, without the server:
   so a batch never holds a bad question.
 - :class:`Answerer` holds the loaded :class:`~iaa.jobs.evaluation.predictor.Predictor` and answers a batch of
   requests with one pass of the same code as ``iaa-cli predict``; each row is ``predict``'s
-  ``{"id", "prediction", "probs"[, "correct"], "unknown_share", "unknown_candidates"[, "warning"]}``
-  (the share of the document outside the vocabulary, the unknown candidates, and a warning above
-  :data:`~iaa.jobs.evaluation.unknowns.UNKNOWN_WARN_SHARE`) plus the model's ``{"name", "version"}``. Should
-  the model still fail on one request of a batch, only that request fails.
+  ``{"id", "prediction", "probs"[, "correct"], "absent_candidates", "unknown_share", "unknown_candidates"[,
+  "warning"]}`` (the candidates not in the document, the share of the document outside the
+  vocabulary, the unknown candidates, and a warning above
+  :data:`~iaa.jobs.evaluation.unknowns.UNKNOWN_WARN_SHARE`) plus the model's ``{"name", "version"}``.
+  Should the model still fail on one request of a batch, only that request fails.
 
 ``iaa.platform.ray_serve`` runs it on Ray Serve: replicas, ``serve.batch``, HTTP.
 """
@@ -102,6 +103,8 @@ class AnswerOut(BaseModel):
     probs: dict[str, float] = Field(description="each candidate's probability (a reader's, or an ensemble's "
                                                 "average, at the temperature fitted to the valid split)")
     correct: bool | None = Field(None, description="whether the prediction is the answer, when the question gave one")
+    absent_candidates: list[str] = Field(description="the candidates that never occur in the document: the reader "
+                                                     "points at document words, so they get probability 0")
     unknown_share: float = Field(description="the share of the document outside the model's vocabulary, 0 to 1")
     unknown_candidates: list[str] = Field(description="the candidates outside the model's vocabulary")
     warning: str | None = Field(None, description="when most of the document is unknown to the model")
