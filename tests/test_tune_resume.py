@@ -281,14 +281,16 @@ def test_a_resume_runs_the_number_of_trials_it_is_given_and_its_record_keeps_it(
     from iaa.jobs.sweeps import record
     from iaa.jobs.tune.request import SweepInterrupted
 
-    launcher = _InterruptedLauncher()
-    sweep = fake_sweeper(tiny, tmp_path, FakeTracker(), launcher)
+    launcher, tracker = _InterruptedLauncher(), FakeTracker()
+    sweep = fake_sweeper(tiny, tmp_path, tracker, launcher)
     with pytest.raises(SweepInterrupted):
         sweep("more")
     result = sweep("more", resume=True, num_samples=3)
     assert [r.plan.num_samples for r in _sweeps(launcher)] == [2, 3] and result.trials == 3
     recorded = record.read(record.sweep_file(tmp_path / "work", "more"))
     assert recorded.num_samples == 3 and recorded.finished
+    parent = tracker.runs[recorded.parent_run_id]
+    assert parent.params["tune.num_samples"] == "2" and parent.tags["num_samples"] == "3"   # began with 2, asks 3
 
 
 def test_a_restored_search_creates_trials_up_to_the_number_the_resume_asks_for(tmp_path: Path) -> None:

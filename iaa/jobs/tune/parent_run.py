@@ -46,6 +46,12 @@ def budget_tag(time_budget_s: float | None) -> dict[str, str]:
     return {"time_budget_s": f"{time_budget_s:g}"} if time_budget_s is not None else {}
 
 
+def resumed_tags(num_samples: int, time_budget_s: float | None) -> dict[str, str]:
+    """A resumed sweep's run's tags of what a resume may change: its time budget, and the trials
+    it asks for (``num_samples``; the param ``tune.num_samples`` keeps the count it began with)."""
+    return {"num_samples": str(num_samples), **budget_tag(time_budget_s)}
+
+
 def run_columns(space: search_space.SearchSpace) -> list[str]:
     """The runs table's columns: the accuracies, the searched params (what each trial tried;
     the parent's best config is its ``best.*`` params and its note) and the seed (an ensemble's

@@ -50,7 +50,7 @@ from iaa.jobs.tune import stops, warm_start
 from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, TuneResult, best_outputs, finish, finished_result, write_best_config
 from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
-from iaa.jobs.tune.parent_run import budget_tag, close_lost_runs, run_columns, start_sweep, sweep_params
+from iaa.jobs.tune.parent_run import close_lost_runs, resumed_tags, run_columns, start_sweep, sweep_params
 from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
 from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, early_comparison_notes, searched_overrides, settle,
                                   sweep_config, sweep_name)
@@ -208,8 +208,7 @@ def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: P
         stops.close_leftovers(tracker, launcher, sweep, search)
         assert sweep.parent_run_id is not None               # read_resumable: required
         parent = tracker.reopen_run(sweep.parent_run_id)
-        if plan.time_budget_s is not None:
-            parent.set_tags(budget_tag(plan.time_budget_s))
+        parent.set_tags(resumed_tags(plan.num_samples, plan.time_budget_s))
         if plan.show_progress:
             console = _resumed_console(plan, tracker, launch, search, sweep)
     else:
