@@ -6,6 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -71,6 +72,26 @@ def test_an_old_checkpoint_without_a_vocabulary_needs_its_data(trained, tmp_path
     rows = _predict(["--checkpoint", str(old), "--data", str(prepared), "--input", str(questions),
                      "--out", str(tmp_path / "B.jsonl")])
     assert len(rows) == len(questions.read_text().splitlines())
+
+
+def test_evaluate_and_explain_of_questions_take_an_old_checkpoints_vocabulary_from_its_data(trained, tmp_path) -> None:
+    prepared, best, questions = trained
+    state = checkpoint.load(best)
+    del state["vocab"]
+    old = checkpoint.save(tmp_path / "old.pt", state)
+    work = ["--workdir", str(tmp_path / "w")]
+    for command in (["evaluate", "--out", str(tmp_path / "p.parquet")], ["explain", "--first", "2"]):
+        alone = CliRunner().invoke(cli, [*command, "--checkpoint", str(old), "--input", str(questions), *work])
+        assert alone.exit_code == 1 and "carries no vocabulary" in alone.output, alone.output
+        lent = CliRunner().invoke(cli, [*command, "--checkpoint", str(old), "--input", str(questions),
+                                        "--data", str(prepared), *work, "--json"])
+        assert lent.exit_code == 0, lent.output
+        got, new = json.loads(lent.stdout.splitlines()[-1]), CliRunner().invoke(
+            cli, [*command, "--checkpoint", str(best), "--input", str(questions), *work, "--json"])
+        assert new.exit_code == 0, new.output
+        key = "accuracy" if command[0] == "evaluate" else "examples"
+        assert got[key] == json.loads(new.stdout.splitlines()[-1])[key]      # the same vocabulary, the same answers
+    assert pq.read_table(tmp_path / "p.parquet").num_rows == len(questions.read_text().splitlines())
 
 
 def _without_answer(questions: Path, line: int, dest: Path) -> dict:

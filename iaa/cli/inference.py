@@ -19,7 +19,8 @@ from iaa.jobs.workdir.paths import Workdir
 @click.command()
 @click.option("--checkpoint", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @data_options
-@input_option("Score these questions instead (each with its answer), with the vocabulary the checkpoint carries: ")
+@input_option("Score these questions instead (each with its answer), with the vocabulary the checkpoint carries "
+              "(with --data or --dataset: theirs, as an older checkpoint without one needs): ")
 @click.option("--split", type=click.Choice(["train", "valid", "test"]), help="The split of --data/--dataset to score.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Predictions Parquet file [default: WORKDIR/evaluations/MODEL/predictions-SPLIT.parquet].")
@@ -36,7 +37,8 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
 
     prepared = _examples_source(dataset, data, input_path, workdir)
     if (split is None) == (input_path is None):
-        raise click.UsageError("give --split with --dataset or --data, and no --split with --input")
+        raise click.UsageError("give --split with --dataset or --data, and no --split with --input (whose "
+                               "--data or --dataset only lends the vocabulary)")
     with progress_bar("scoring") as progress:
         result = job.run(checkpoint, prepared, split, out, input_path=input_path, precision=precision,
                          progress=progress, workdir=workdir)
@@ -67,7 +69,8 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @click.command()
 @click.option("--checkpoint", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @data_options
-@input_option("Explain these questions instead, with the vocabulary the checkpoint carries: ")
+@input_option("Explain these questions instead, with the vocabulary the checkpoint carries (with --data or "
+              "--dataset: theirs, as an older checkpoint without one needs): ")
 @click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
 @click.option("--example-id", "example_ids", multiple=True, metavar="ID", help="An example to explain (repeatable).")
 @click.option("--first", type=click.IntRange(min=1), default=None,

@@ -155,9 +155,12 @@ def _vocabulary_data(dataset: str | None, data: Path | None, workdir: Path) -> P
 
 
 def _examples_source(dataset: str | None, data: Path | None, input_path: Path | None, workdir: Path) -> Path | None:
-    """The prepared folder of ``--dataset``/``--data``, or None with ``--input``; exactly one is given."""
+    """The prepared folder of ``--dataset``/``--data``: the examples, or with ``--input`` the vocabulary
+    of a checkpoint too old to carry its own (None with ``--input`` alone: the checkpoint's)."""
     from iaa.jobs.datasets import resolve
 
-    if sum(x is not None for x in (dataset, data, input_path)) != 1:
+    if input_path is not None:
+        return _vocabulary_data(dataset, data, workdir)
+    if (dataset is None) == (data is None):
         raise click.UsageError("give exactly one of --dataset NAME, --data PREPARED_DIR or --input FILE")
-    return None if input_path is not None else resolve.data_dir(dataset, data, workdir)[1]
+    return resolve.data_dir(dataset, data, workdir)[1]

@@ -122,8 +122,8 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
                   input_path: Path | None = None, limit: int | None = None, need_answers: bool = False,
                   todo: str = "", precision: str = "fp32") -> Examples:
     """The reader of ``checkpoint_path`` with the examples of ``input_path`` (the formats ``predict
-    --input`` reads, with the vocabulary the checkpoint carries), else of ``split`` of the prepared
-    ``data_dir`` (its first ``limit`` rows); ``todo`` ends the message of a vocabulary mismatch.
+    --input`` reads, with the vocabulary of ``data_dir`` where given, else the one the checkpoint
+    carries), else of ``split`` of the prepared ``data_dir`` (its first ``limit`` rows); ``todo`` ends the message of a vocabulary mismatch.
     The reader computes in ``precision`` (fp32 | bf16).
 
     Raises:
@@ -136,7 +136,7 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
         from iaa.jobs.evaluation.predictor import Predictor
         from iaa.data.raw_text import labelled_rows, read_input
 
-        predictor = Predictor.load([Path(checkpoint_path)], precision=precision)
+        predictor = Predictor.load([Path(checkpoint_path)], data_dir, precision=precision)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             table = labelled_rows(read_input(Path(input_path), predictor.vocab.placeholder), predictor.vocab,
@@ -224,7 +224,7 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
     correct = sum(r["pred"] == r["gold"] for r in rows)
     accuracy = correct / max(len(rows), 1)
     data = None if data_dir is None else str(data_dir)
-    source = {"data": data} if data else {"input_path": str(input_path)}
+    source = {"data": data} if input_path is None else {"input_path": str(input_path), **({"data": data} if data else {})}
     steps = [r["steps"] for r in rows if r.get("steps") is not None]
     return EvaluateResult(
         accuracy=accuracy,
