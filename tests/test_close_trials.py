@@ -86,7 +86,7 @@ def test_tune_names_the_trials_it_cannot_rank_and_ensembles_them_next(tiny, tmp_
 def test_a_clear_lead_keeps_the_plain_next_ensemble(tiny, tmp_path, capsys, console):
     result, tracker = _tune(tiny, tmp_path, [0.1, 0.9, 0.2])
     assert result.close_trials == () and "cannot tell" not in capsys.readouterr().err
-    assert tracker.runs[result.parent_run_id].tags["close_trials"] == ""
+    assert tracker.runs[result.parent_run_id].tags["close_trials"] == "none"
     assert sweep_report.close_trials(_record(tmp_path), tmp_path / "work") == ((), None)
     assert "--top-configs" not in _ensemble_step(result)
 

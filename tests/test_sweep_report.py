@@ -162,7 +162,7 @@ def test_the_history_gives_the_best_so_far_as_the_trials_ended(tmp_path: Path) -
     from _faults import assert_says
     from iaa.jobs.reports.sweep_report import describe, from_analysis
 
-    assert_says(describe(from_analysis(result, sweep="s")), "best trial (#2, valid_acc 0.8000) ended 1h30m",
+    assert_says(describe(from_analysis(result, sweep="s")), "best trial (trial-0002, valid_acc 0.8000) ended 1h30m",
                 "the last one at 1h30m")
 
 

@@ -37,6 +37,7 @@ def test_the_parent_run_logs_the_search_space_not_a_presets_value_of_a_searched_
     assert params["train"]["seed"] == base.train.seed         # what every trial shares stays
     assert params["tune.study"] == "demo-iaa-abc123" and params["tune.num_samples"] == 4
     assert params["tune.sampler"] == "tpe"                     # the plan's sampler, by default
+    assert (params["tune.max_checks"], params["tune.asha_max_t"]) == (3, 4)   # the checks a trial makes, as said
     assert tune.sweep_params(replace(plan, sampler="cmaes"), 1, launch)["tune.sampler"] == "cmaes"
 
 

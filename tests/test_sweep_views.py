@@ -102,10 +102,14 @@ def test_the_report_figures_use_visible_colours_and_trial_labels(tmp_path: Path)
     (lines,) = [c for c in ax.collections if isinstance(c, LineCollection)]
     worst = lines.cmap(lines.norm(0.4))
     assert sum(worst[:3]) < 1.5                    # dark, not near-white as Optuna's "Blues" draws it
+    widths = dict(zip(lines.get_array(), lines.get_linewidths()))
+    assert widths[0.9] > widths[0.4]               # the best trial stands out ...
+    low, high = ax.get_ylim()
+    assert low < 0.4 and 0.9 < high                # ... and runs inside the frame, not along its edge
     ax = vis.plot_intermediate_values(study)
     study_figures._trial_labels(ax, study)
     labels = [text.get_text() for text in ax.get_legend().get_texts()]
-    assert labels == ["#0 t0 lr=2e-3", "#1 t1 lr=4e-3"]
+    assert labels == ["trial-0000 lr=2e-3", "trial-0001 lr=4e-3"]   # as the console names them
 
 
 def test_the_sweeps_link_says_how_to_see_the_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

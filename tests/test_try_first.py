@@ -231,7 +231,7 @@ def test_the_report_names_the_trials_that_ran_a_given_configuration(tmp_path: Pa
 
     assert [t.get("tried_first") for t in analysis["trials"]] == [0, 1, None]
     [line] = given_line(from_analysis(analysis, sweep="s"))
-    assert_says(line, "2 configuration(s) given to try first ran in trial(s) #0, #1 of the 3", "0.7000, trial #1",
+    assert_says(line, "2 configuration(s) given to try first ran in trial-0000, trial-0001 of the 3", "0.7000, trial-0001",
                 "ASHA left them")
     assert not given_line(from_analysis({**analysis, "trials": analysis["trials"][2:]}, sweep="s"))
 

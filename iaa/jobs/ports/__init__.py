@@ -25,7 +25,7 @@ from iaa.jobs.ports.launching import (Carried, ConnectRequest, Launcher, Members
 from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
                                     Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelFiles, ModelSource,
                                     RequestError, RunRecord, ServeApi, ServeConfig, TIME_BUDGET, TrialRecord,
-                                    TUNE_RUN_TAG, WORKER_LOST)
+                                    TUNE_RUN_TAG, WORKER_LOST, trial_name)
 from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
 from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
 
@@ -36,4 +36,5 @@ __all__ = [
     "MetricsCallback", "ModelCode", "ModelFetcher", "ModelFiles", "ModelSource", "Placement", "RequestError", "RestoresSpent", "RunRecord", "Scorer",
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",
     "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WarmStart", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
+    "trial_name",
 ]

@@ -47,6 +47,12 @@ class MetricPoint:
 # --- trials ---------------------------------------------------------------------------------------
 
 
+def trial_name(number: int) -> str:
+    """A sweep trial's one name, from its number in the Optuna study: ``trial-0003``, as the
+    console, Optuna (user attribute ``trial_name``), its MLflow run and its model call it."""
+    return f"trial-{number:04d}"
+
+
 @dataclass(frozen=True)
 class TrialRecord:
     """One trial of a sweep (or one member trained for an ensemble), as ``sweep.json`` stores it."""

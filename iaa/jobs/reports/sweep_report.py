@@ -27,7 +27,7 @@ from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.ranking import Ranking
 from iaa.jobs.sweeps.record import SweepRecord
-from iaa.jobs.ports import Tracker
+from iaa.jobs.ports import Tracker, trial_name
 from iaa.jobs.workdir import names
 
 SCORED_STATES = ("COMPLETE", "PRUNED")    # finished, or stopped by ASHA with the checks it made
@@ -166,6 +166,11 @@ def dashboard_line(result: SweepReportResult) -> list[str]:
             f"trials with all of them (fANOVA above fits all {scored} scored ones), so a small sweep ties there"]
 
 
+def _name(trial: dict[str, Any]) -> str:
+    """A trial of the study as the console named it (``trial-0003``)."""
+    return trial.get("name") or trial_name(trial["number"])
+
+
 def history_line(result: SweepReportResult) -> list[str]:
     """When the sweep found its best, against how long its trials ran (wall clock)."""
     history = result.analysis.get("history") or []
@@ -173,7 +178,7 @@ def history_line(result: SweepReportResult) -> list[str]:
         return []
     best, last = history[-1]["best"], history[-1]["hours"]
     found = next(p for p in history if p["best"] == best)
-    return [f"the best trial (#{found['number']}, valid_acc {best:.4f}) ended {duration(found['hours'] * 3600)} after "
+    return [f"the best trial ({_name(found)}, valid_acc {best:.4f}) ended {duration(found['hours'] * 3600)} after "
             f"the first trial started, the last one at {duration(last * 3600)} (figure: history)"]
 
 
@@ -207,9 +212,9 @@ def given_line(result: SweepReportResult) -> list[str]:
         return []
     scored = [t for t in given if t.get("state") in SCORED_STATES and t.get("value") is not None]
     best = max(scored, key=lambda t: t["value"], default=None)
-    beat = "" if best is None else f" (best valid_acc {best['value']:.4f}, trial #{best['number']})"
+    beat = "" if best is None else f" (best valid_acc {best['value']:.4f}, {_name(best)})"
     configs = len({t["tried_first"] for t in given})
-    return [f"{configs} configuration(s) given to try first ran in trial(s) #{', #'.join(str(t['number']) for t in given)} "
+    return [f"{configs} configuration(s) given to try first ran in {', '.join(map(_name, given))} "
             f"of the {len(result.trials)}{beat} (a stopped trial goes on in a new one); ASHA left them to run to "
             "their end"]
 

@@ -261,7 +261,9 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
                                                                     # find a better trial
         parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
     view = tracker.show_columns(sweep.experiment or "", run_columns(space))
-    link = f"({view.split('/runs?')[0]}/runs/{best.mlflow_run_id})" if view and best.mlflow_run_id else ""
+    # relative to the page showing the note, so it holds for any host and port the UI is served on
+    link = f"(#{view.split('#', 1)[1].split('/runs?')[0]}/runs/{best.mlflow_run_id})" \
+        if view and "#" in view and best.mlflow_run_id else ""
     carried = sweep.warm_start
     began = (f" The study began with {carried.trials} trial(s) of sweep {carried.sweep} (best valid_acc "
              f"{carried.best:.4f}); they are that sweep's runs." if carried is not None and carried.best is not None
@@ -269,7 +271,7 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
     close = (f" The validation set cannot tell it from {', '.join(ranking.close)}: their gaps to it are within "
              "chance." if ranking.close else "")
     parent.set_tags({"trials": str(len(records)),    # its child runs are these and its ensembles (``ensembles``)
-                     "close_trials": ",".join(ranking.close),
+                     "close_trials": ",".join(ranking.close) or "none",
                      "best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
                      "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,
                      "mlflow.note.content": f"Best trial: [{label}]{link}, best valid_acc {best.best_valid_acc:.4f} "

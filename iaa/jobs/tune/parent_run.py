@@ -35,7 +35,8 @@ def sweep_params(search: SearchPlan, workers_per_trial: int, launch: Placement) 
             "tune.num_samples": search.num_samples, "tune.sampler": search.sampler,
             "tune.seed": search.seed, "tune.workers_per_trial": workers_per_trial,
             "tune.grace_period": search.preset.grace_period, "tune.reduction_factor": search.preset.reduction_factor,
-            "tune.max_checks": search.max_t, "tune.max_concurrent": launch.max_concurrent,
+            "tune.max_checks": search.checks, "tune.asha_max_t": search.max_t,
+            "tune.max_concurrent": launch.max_concurrent,
             "tune.study": search.study_name, "tune.study_storage": search.study_storage,
             **({"tune.warm_start": search.warm_start.sweep} if search.warm_start is not None else {}),
             **({"tune.try_first": len(search.try_first)} if search.try_first else {})}

@@ -42,6 +42,7 @@ from iaa.errors import IaaError
 from iaa.files import DiskFullError, disk_full
 from iaa.jobs.config import exploration
 from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC
+from iaa.jobs.ports import trial_name
 from iaa.platform.cluster.owner import owner
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.given import TRIED_FIRST, is_given
@@ -240,7 +241,7 @@ class StudySearch(Searcher):
         trial = self.study.ask(fixed_distributions=self.space)
         trial.set_user_attr(OWNER_ATTR, owner())        # who runs it: a later command fails it once that is gone
         trial.set_user_attr("tune_trial_id", trial_id)
-        trial.set_user_attr("trial_name", driver_side.trial_name(trial.number))
+        trial.set_user_attr("trial_name", trial_name(trial.number))
         self.numbers[trial_id], self._live[trial_id] = trial.number, trial
         if self.sweep is not None and driver_side.is_bound(self.sweep):
             driver_side.of(self.sweep).numbers[trial_id] = trial.number   # the trial's run takes this number too

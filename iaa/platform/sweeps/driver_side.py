@@ -71,11 +71,6 @@ class DriverSide:
             self.full.append(err)
 
 
-def trial_name(number: int) -> str:
-    """A sweep trial's one name, on the console, in Optuna, in its run's name and its model's: ``trial-0003``."""
-    return f"trial-{number:04d}"
-
-
 _BOUND: dict[str, DriverSide] = {}
 
 

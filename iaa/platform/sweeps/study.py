@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
 from iaa.jobs.config.exploration import RANKED_FROM
-from iaa.jobs.ports import TIME_BUDGET
+from iaa.jobs.ports import TIME_BUDGET, trial_name
 from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 from iaa.platform.sweeps.warm_start import CARRIED_FROM, scored_value
 
@@ -92,7 +92,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         history, carried = best_so_far(study), [t for t in scored.trials if _carried(t)]
         _plot_history(plt, history, carried)
         _save(plt, paths["history"])
-    trials = [{"number": t.number, "state": t.state.name, "params": t.params, "value": t.value,
+    trials = [{"number": t.number, "name": trial_name(t.number), "state": t.state.name, "params": t.params, "value": t.value,
                "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
                "stopped_by_asha": t.state == TrialState.PRUNED and not _cut(t), "stopped_by_time_budget": _cut(t),
                **({"carried_from": t.user_attrs[CARRIED_FROM]} if _carried(t) else {}),
@@ -169,7 +169,7 @@ def best_so_far(study: Any) -> list[dict[str, Any]]:
         if value is None:
             continue
         best = value if best is None else max(best, value)
-        points.append({"number": t.number, "hours": (t.datetime_complete - first).total_seconds() / 3600,
+        points.append({"number": t.number, "name": trial_name(t.number), "hours": (t.datetime_complete - first).total_seconds() / 3600,
                        "value": value, "best": best})
     return points
 
@@ -225,23 +225,41 @@ def dashboard_importances(study: Any) -> dict[str, float]:
 
 
 def _readable_lines(ax: Any) -> None:
-    """Parallel coordinates: Optuna colours the trials with "Blues", whose worst trials are
-    near-white on the grey ggplot background; viridis keeps every line visible, worst dark."""
+    """Parallel coordinates that show every trial, the best above all: Optuna colours the trials
+    with "Blues", whose worst are near-white on a white background (viridis keeps each visible,
+    worst dark), and puts every axis's ends on the frame, where the best trial, often at the end
+    of each axis, ran along the top edge unseen. Each axis gets a margin, the best trial's line
+    is drawn thicker, and the axes' tick labels sit on white over the lines."""
     from matplotlib.collections import LineCollection
 
     for collection in ax.collections:
         if isinstance(collection, LineCollection):
             collection.set_cmap("viridis")
-            collection.set_linewidth(2.0)
+            values = collection.get_array()
+            widths = [2.0] * len(collection.get_segments())
+            if values is not None and len(values) == len(widths):
+                widths[int(values.argmax())] = 4.0
+            collection.set_linewidths(widths)
+    for axis in [ax, *(other for other in ax.figure.axes if other is not ax and ax.get_shared_x_axes().joined(ax, other))]:
+        low, high = axis.get_ylim()
+        if axis.get_yscale() == "log":
+            ratio = (high / low) ** 0.05
+            axis.set_ylim(low / ratio, high * ratio)
+        else:
+            margin = 0.05 * (high - low)
+            axis.set_ylim(low - margin, high + margin)
+        for label in axis.get_yticklabels():
+            label.set_bbox({"facecolor": "white", "edgecolor": "none", "pad": 1.0, "alpha": 0.85})
 
 
 def _trial_labels(ax: Any, study: Any) -> None:
-    """Each trial's curve labelled by its number, Tune trial id and searched values, not "Trial0";
+    """Each trial's curve labelled by its one name and searched values (``trial-0003 lr=4e-3 T=2
+    h=64``, as the console and its MLflow run name it), not "Trial3";
     one that ran a configuration given to try first says so."""
     from iaa.jobs.config.job_config import config_label
 
-    names = {f"Trial{t.number}": " ".join(filter(None, (f"#{t.number}", t.user_attrs.get("tune_trial_id"),
-                                                          config_label(t.params), "(given)" if is_given(t) else "")))
+    names = {f"Trial{t.number}": " ".join(filter(None, (trial_name(t.number), config_label(t.params),
+                                                          "(given)" if is_given(t) else "")))
              for t in study.get_trials(deepcopy=False)}
     import matplotlib
 

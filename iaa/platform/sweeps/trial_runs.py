@@ -22,7 +22,7 @@ from iaa.errors import brief
 from iaa.files import disk_full
 from iaa.jobs.config.job_config import config_label, to_dict
 from iaa.jobs.ports import (CHECKPOINT_FILE, TIME_BUDGET, TUNE_RUN_TAG, WORKER_LOST, RunRecord, SweepEvents, TrackedRun,
-                            Tracker)
+                            Tracker, trial_name)
 from iaa.platform.sweeps import driver_side
 from iaa.platform.cluster.lost import worker_lost
 from iaa.platform.ray_train import MAX_FAILURES_ENV
@@ -106,7 +106,7 @@ def child_runs(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str
             if run.tags.get("checkpoint"):
                 found.checkpoints[trial_id] = run.tags["checkpoint"].removesuffix(f"/{CHECKPOINT_FILE}")
             if (number := tagged_number(run.tags)) is not None:
-                found.names[trial_id] = driver_side.trial_name(number)
+                found.names[trial_id] = trial_name(number)
     return found
 
 
@@ -160,7 +160,7 @@ class TrialRuns(tune.Callback):
         if run_id is None:
             cfg = job_config(side.spec, trial.config)
             names = side.member_names
-            name = driver_side.trial_name(number)
+            name = trial_name(number)
             run = side.tracker.start_run(side.experiment,
                                          trial_run_name(name, self.sweep, trial.trial_id, trial.config, names),
                                          tags={**trial_tags(side.sweep or self.sweep, trial.trial_id),
@@ -175,7 +175,7 @@ class TrialRuns(tune.Callback):
             run = side.tracker.attach(run_id)
         side.run_ids[trial.trial_id] = run.run_id
         side.names[trial.trial_id] = (run_name(self.sweep, trial.trial_id, trial.config, side.member_names)
-                                      if trial.config and MEMBER_KEY in trial.config else driver_side.trial_name(number))
+                                      if trial.config and MEMBER_KEY in trial.config else trial_name(number))
         self._runs[trial.trial_id] = run
         return run
 
