@@ -200,3 +200,11 @@ def test_the_page_names_its_sweep_trial_and_checkpoint(setup, tmp_path):
     assert "sweep demo-iaa-1, trial trial-0003" in title and str(ckpts["iaa"]) in title
     _explain(["--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--first", "1", "--out", str(out)])
     assert str(ckpts["iaa"]) in out.read_text(encoding="utf-8").split("<title>")[1].split("</title>")[0]
+
+
+def test_the_figures_document_labels_keep_apart_most_attended_first():
+    from iaa.jobs.evaluation.explain_png import MAX_DOC_LABELS, _spaced
+
+    assert _spaced([10, 11, 3, 12, 40], gap=2) == [3, 10, 12, 40]     # 11 would sit on 10's label
+    assert _spaced([5, 6, 7], gap=1) == [5, 6, 7]                     # room for every one
+    assert len(_spaced(list(range(0, 1000, 3)), gap=3)) == MAX_DOC_LABELS

@@ -11,6 +11,19 @@ from iaa.files import atomic_path
 
 MAX_DOC_LABELS = 40   # document positions labelled on the x axis: the most attended ones ...
 LABEL_SHARE = 0.02    # ... that reach this share of the figure's largest document weight
+LABEL_FONT = 6        # points; a label is as wide as its font is high, so labels this close would overlap
+
+
+def _spaced(ranked: list[int], gap: int) -> list[int]:
+    """The positions of ``ranked`` (most attended first) that keep ``gap`` positions from every
+    more attended one kept before them, at most :data:`MAX_DOC_LABELS`, in document order."""
+    kept: list[int] = []
+    for i in ranked:
+        if len(kept) == MAX_DOC_LABELS:
+            break
+        if all(abs(i - j) >= gap for j in kept):
+            kept.append(i)
+    return sorted(kept)
 
 
 def draw(record: dict[str, Any], out: Path) -> Path:
@@ -38,8 +51,10 @@ def draw(record: dict[str, Any], out: Path) -> Path:
     ax_d = fig.add_subplot(grid[0, 1])
     ax_d.imshow(doc, aspect="auto", cmap="Reds", vmin=0, interpolation="nearest")
     peak = doc.max(0)                                                      # (Ld,)
-    labelled = sorted(i for i in np.argsort(peak)[::-1][:MAX_DOC_LABELS] if peak[i] >= LABEL_SHARE * peak.max())
-    ax_d.set_xticks(labelled, [record["doc_tokens"][i] for i in labelled], rotation=90, fontsize=6)
+    width = ax_d.get_window_extent().width                                 # pixels, at the figure's dpi
+    gap = max(1, int(np.ceil(LABEL_FONT * fig.dpi / 72 * 1.2 * len(peak) / width)))  # positions a label spans
+    labelled = _spaced([i for i in np.argsort(peak)[::-1] if peak[i] >= LABEL_SHARE * peak.max()], gap)
+    ax_d.set_xticks(labelled, [record["doc_tokens"][i] for i in labelled], rotation=90, fontsize=LABEL_FONT)
     ax_d.set_yticks(range(len(steps)), [_step_label(s) for s in steps], fontsize=7)
     ax_d.yaxis.tick_right()
     ax_d.set_title("document attention (the most attended positions are labelled)", fontsize=9)
