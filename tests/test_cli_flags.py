@@ -135,3 +135,6 @@ def test_the_json_object_lists_the_warnings_the_command_logged(model, tmp_path: 
     [logged] = [line for line in result.stderr.splitlines() if "model.steps=2 has no effect" in line]
     warnings = json.loads(result.stdout.splitlines()[-1])["warnings"]
     assert [w for w in warnings if "model.steps=2 has no effect" in w] == [logged.removeprefix("warning: ")]
+    summary = json.loads(result.stdout.splitlines()[-1])           # the summary names the best trial's page and figure
+    assert f"explain page: {summary['explain_page']}" in result.stderr and Path(summary["explain_png"]).is_file()
+    assert f"its figure:   {summary['explain_png']}" in result.stderr

@@ -130,6 +130,9 @@ def test_the_search_benchmark_priced_by_cpu_time_charges_the_whole_grid_what_exa
     assert runs["cpu"]["grid_epochs"] == pytest.approx(runs["examples"]["grid_epochs"])   # 32 epochs either way
     sweep = "random + asha (tune --sampler random)"
     assert runs["cpu"]["strategies"][sweep]["epochs_4_trials"] != runs["examples"]["strategies"][sweep]["epochs_4_trials"]
+    for row in runs["examples"]["strategies"].values():     # every seed counts at every x: the median never rises
+        median = row["regret_median"]
+        assert all(later <= earlier + 1e-9 for earlier, later in zip(median, median[1:]))
 
 
 def test_the_first_comparison_warning_fires_on_sweeps_that_compare_too_early_on_real_text(tmp_path: Path) -> None:

@@ -147,6 +147,7 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
                         f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
                         f"  config:       {best_config}\n"
                         + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
+                        + (f"  its figure:   {outputs['explain_png']}\n" if outputs.get("explain_png") else "")
                         + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
                         + next_block(next_steps(plan, best, best_config, ranking.top_configs)), keep_lines=True))
     if unlogged:
