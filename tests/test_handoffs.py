@@ -99,6 +99,15 @@ def test_best_config_keeps_the_data_and_the_trial_budget_apart_from_the_training
     assert raw["train"]["max_epochs"] == 2.0 and raw["dataset"] == "cbt-ne"
 
 
+def test_best_config_keeps_the_precision_as_the_sweep_was_given_it(tiny: Path, tmp_path: Path) -> None:
+    best = _best_record(tiny, trial_epochs=0.5)
+    best = replace(best, config=replace(best.config, train=replace(best.config.train, precision="bf16")))
+    for configured in ("auto", "fp32"):                       # auto: decided again where the file trains
+        path = tmp_path / f"{configured}.yaml"
+        tune.write_best_config(best, path, "s1", train_epochs=2.0, data=tiny, precision=configured)
+        assert load(JobConfig(), path).train.precision == configured
+
+
 def test_best_config_of_a_dataset_sweep_names_the_dataset_only(tiny: Path, tmp_path: Path) -> None:
     path = tmp_path / "best_config.yaml"
     tune.write_best_config(_best_record(tiny, 0.5), path, "s1", train_epochs=2.0, data=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,9 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
     # best_config.yaml is a job config that `iaa-cli train --config` takes as it is: the best
     # trial's, with the training length in place of the trial's budget (here both are --set's 2)
     best = load(JobConfig(), result.best_config)
-    assert best == from_dict(max(trials, key=lambda t: t["best_valid_acc"])["config"])
+    trained = from_dict(max(trials, key=lambda t: t["best_valid_acc"])["config"])
+    assert trained.train.precision in ("fp32", "bf16") and best.train.precision == "auto"   # decided where it trains
+    assert best == replace(trained, train=replace(trained.train, precision="auto"))
     assert read_handoff(Path(result["best_config"]))["data"] == str(tiny.resolve())
 
     client = MlflowClient(result["tracking_uri"])

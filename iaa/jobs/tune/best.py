@@ -112,7 +112,7 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     scored = _scored_trials(plan, sweep, parent)
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
     best_config = sweep_dir / "best_config.yaml"
-    write_best_config(best, best_config, name, plan.train_epochs, plan.data)
+    write_best_config(best, best_config, name, plan.train_epochs, plan.data, plan.base.train.precision)
     _log.info(sweep_file.table(records, list(space.params)))
     for note in exploration.notes([r.params for r in scored], list(space.params)):
         _log.warning(printable(note))
@@ -292,16 +292,18 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
 
 
 def write_best_config(best: TrialRecord, path: Path, sweep: str, train_epochs: float | None,
-                      data: Path | None) -> None:
+                      data: Path | None, precision: str = "auto") -> None:
     """The best trial's config, for ``iaa-cli train --config PATH`` with no other flag.
 
     Its ``train.max_epochs`` is a training length (``train_epochs``, unless the sweep searched
     it): early stopping ends the run sooner. The sweep's per-trial budget is kept apart as
     ``sweep.trial_max_epochs``, and ``data`` names the prepared folder the sweep read (absent: the
-    config's ``dataset`` under the work folder).
+    config's ``dataset`` under the work folder). Its ``train.precision`` is the sweep's as
+    configured (``precision``): ``auto``, which the sweep decided for its own machine, is decided
+    again where the file trains (bf16 pays on some CPUs and costs several times on others).
     """
     trial_epochs = best.config.train.max_epochs
-    cfg = best.config
+    cfg = replace(best.config, train=replace(best.config.train, precision=precision))
     if train_epochs is not None and "train.max_epochs" not in best.params:
         cfg = replace(cfg, train=replace(cfg.train, max_epochs=float(train_epochs)))
     handoff: dict[str, Any] = {"data": str(Path(data).resolve())} if data is not None else {}
