@@ -213,4 +213,5 @@ def test_training_members_states_its_cost_from_the_sweeps_own_pace(sweep: SweepR
     # 600 s x 2 at a time over 1,000 steps: 1.2 s a step; the longest trial made 300: 360 s a member
     assert "about 18m00s at 2 at a time" in ensemble.members_cost(timed, 5)        # 3 waves of 6m00s
     assert "6m00s a member" in ensemble.members_cost(timed, 1)
+    assert "about 6m00s one at a time (" in ensemble.members_cost(timed, 1)        # not "2 at a time" for one
     assert "no time" in ensemble.members_cost(sweep, 5)                          # a record without wall time

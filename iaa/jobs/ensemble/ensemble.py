@@ -222,10 +222,12 @@ def members_cost(sweep: SweepRecord, members: int) -> str:
     longest = max((t.steps for t in sweep.trials), default=0)
     if not (sweep.wall_s > 0 and steps > 0):
         return "the sweep recorded no time to estimate their cost from"
-    at_once = max(sweep.max_concurrent or 1, 1)
-    per_member = sweep.wall_s * at_once / steps * longest
-    waves = -(-members // at_once)
-    return (f"about {duration(per_member * waves)} at {at_once} at a time, as the sweep ran its trials "
+    ran = max(sweep.max_concurrent or 1, 1)
+    per_member = sweep.wall_s * ran / steps * longest
+    at_once = min(ran, max(members, 1))
+    waves = -(-members // ran)
+    pace = f"at {at_once} at a time, as the sweep ran its trials" if at_once > 1 else "one at a time"
+    return (f"about {duration(per_member * waves)} {pace} "
             f"({duration(per_member)} a member: its longest trial's {longest} steps at its pace)")
 
 

@@ -146,7 +146,7 @@ def reusable(workdir: Path, sweep_folder: Path, trials: Sequence[TrialRecord]) -
     for trial in trials:  # trials win over the ledger: they are the sweep's own runs
         path = existing(trial.checkpoint, [sweep_folder, Path(workdir)])
         if path is not None and not trial.failed:
-            found[config_key(trial.config)] = (path, trial.mlflow_run_id, f"trial {trial.trial_id}")
+            found[config_key(trial.config)] = (path, trial.mlflow_run_id, trial.name or f"trial {trial.trial_id}")
     return found
 
 
@@ -165,7 +165,7 @@ def record_trained(name: str, out_dir: Path, workdir: Path, configs: Sequence[Jo
         if path is None or rec.failed:
             why = ("lost its worker with no restores left" if rec.lost else
                    f"status {rec.status}" + ("" if path is None else ", its checkpoint of an unfinished training"))
-            failed.append(f"seed {cfg.train.seed} (trial {rec.trial_id}, {why})")
+            failed.append(f"seed {cfg.train.seed} ({rec.name or f'trial {rec.trial_id}'}, {why})")
             continue
         found[config_key(cfg)] = (path, rec.mlflow_run_id, "trained")
         trained.append((cfg, path, rec))
