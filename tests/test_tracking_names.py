@@ -166,6 +166,37 @@ def test_a_trial_has_one_name_in_its_run_its_model_and_on_the_console(tmp_path: 
     assert heard.ids == ["trial-0003", "trial-0003"]
 
 
+def test_a_resumed_trial_that_never_started_keeps_the_number_its_study_gave_it(tmp_path: Path, tiny: Path) -> None:
+    """A stopped sweep's trial that its process asked Optuna for but never started has no run,
+    and the resuming process never asked for it: its name comes from the study, not from the
+    order runs open here (which gave it another trial's name)."""
+    import optuna
+
+    from iaa.jobs.config.job_config import to_dict
+    from iaa.jobs.datasets import resolve
+    from iaa.platform.sweeps.trial import TrialSpec
+    from iaa.platform.sweeps.trial_runs import TrialRuns
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="demo-iaa-aaa", storage=url, direction="maximize")
+    for i, trial_id in enumerate(("a0", "a1", "a2", "a3")):      # asked by the stopped process, in this order
+        asked = study.ask()
+        asked.set_user_attr("tune_trial_id", trial_id)
+        if i < 2:
+            study.tell(asked, 0.5)
+    tracker = _tracker(tmp_path)
+    base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
+    spec = TrialSpec(name="demo-iaa-aaa", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(base))
+    side = DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne", spec=spec,
+                      data_dir=tiny, study_storage=url, study_name="demo-iaa-aaa")
+    with bound("demo-iaa-aaa", side):
+        runs = TrialRuns("demo-iaa-aaa")
+        for trial_id in ("a3", "a2"):                          # Tune starts the restored trials, the later first
+            runs.on_trial_start(0, [], _Trial(trial_id, {"train.lr": 4e-3}))
+    assert side.names == {"a3": "trial-0003", "a2": "trial-0002"}
+    assert MlflowClient(tracker.uri).get_run(side.run_ids["a3"]).data.tags["trial_number"] == "0003"
+
+
 def test_the_sweeps_runs_view_shows_the_seed() -> None:
     from iaa.jobs.config.job_config import JobConfig
     from iaa.jobs.config.search_space import parse

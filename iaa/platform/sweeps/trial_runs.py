@@ -110,6 +110,25 @@ def child_runs(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str
     return found
 
 
+def asked_number(side: driver_side.DriverSide, trial_id: str) -> int | None:
+    """The number of the Optuna trial first asked for Tune trial ``trial_id`` (its user attribute
+    ``tune_trial_id``; a trial revived on a resume carries it too), None without a stored study.
+    A resumed sweep's trial that the stopped process asked for but never started has no run and
+    was not asked in this process: the study still holds its number."""
+    import optuna
+
+    from iaa.platform.sweeps.study_store import study_storage
+
+    if not side.study_storage or not side.study_name:
+        return None
+    try:
+        study = optuna.load_study(study_name=side.study_name, storage=study_storage(side.study_storage))
+    except KeyError:                                                           # no such study
+        return None
+    asked = [t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get("tune_trial_id") == trial_id]
+    return min(asked, default=None)
+
+
 def tagged_number(tags: Mapping[str, str]) -> int | None:
     """A sweep trial's number in its study, as its run's tag names it (None: no such tag)."""
     value = tags.get(NUMBER_TAG, "")
@@ -155,8 +174,12 @@ class TrialRuns(tune.Callback):
         found = None if trial.trial_id in side.run_ids else self._find(trial.trial_id)
         run_id = side.run_ids.get(trial.trial_id) or (found.run_id if found else None)
         number = tagged_number(found.tags) if found is not None else None      # a resumed trial keeps its number
-        if number is None:                                                     # the study's, else the start order
-            number = side.numbers.get(trial.trial_id, len(side.run_ids))
+        if number is None:                        # the study's: asked here, or by the process a resume continues
+            number = side.numbers.get(trial.trial_id)
+        if number is None:
+            number = asked_number(side, trial.trial_id)
+        if number is None:                                                     # no study: the start order
+            number = len(side.run_ids)
         if run_id is None:
             cfg = job_config(side.spec, trial.config)
             names = side.member_names
