@@ -215,3 +215,31 @@ def test_training_members_states_its_cost_from_the_sweeps_own_pace(sweep: SweepR
     assert "6m00s a member" in ensemble.members_cost(timed, 1)
     assert "about 6m00s one at a time (" in ensemble.members_cost(timed, 1)        # not "2 at a time" for one
     assert "no time" in ensemble.members_cost(sweep, 5)                          # a record without wall time
+
+
+def test_an_ensemble_of_a_sweep_tracks_in_the_store_the_sweep_recorded(sweep: SweepRecord, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from iaa.cli import cli
+    from iaa.jobs.sweeps import record as sweep_file
+    from iaa.jobs.workdir.paths import Workdir
+
+    work, elsewhere = tmp_path / "work", f"sqlite:///{tmp_path / 'server' / 'mlflow.db'}"
+    (tmp_path / "server").mkdir()
+    sweep_file.write(sweep_file.sweep_file(work, "demo-iaa"), replace(sweep, tracking_uri=elsewhere))
+    assert ensemble.sweep_store(work, "demo-iaa") == elsewhere
+    assert ensemble.sweep_store(work, "absent") is None and ensemble.sweep_store(work, None) is None
+    opened: list[str] = []
+
+    def stop_here(req, tracker, launcher):
+        opened.append(tracker.uri)
+        raise IaaError("stopped where the store is chosen")
+
+    monkeypatch.setattr(ensemble, "run", stop_here)
+    result = CliRunner().invoke(cli, ["ensemble", "--sweep", "demo-iaa", "--workdir", str(work)])
+    assert result.exit_code == 1 and opened == [elsewhere]            # not a new store in the work folder
+    # the next commands name a store only where it is not the work folder's own
+    assert Workdir(work).named_store(elsewhere) == elsewhere
+    assert Workdir(work).named_store(f"sqlite:///{work.resolve() / 'mlflow.db'}") is None
+    assert Workdir(work).named_store(None) is None

@@ -293,6 +293,24 @@ def test_a_resume_runs_the_number_of_trials_it_is_given_and_its_record_keeps_it(
     assert parent.params["tune.num_samples"] == "2" and parent.tags["num_samples"] == "3"   # began with 2, asks 3
 
 
+def test_a_resumed_sweeps_resume_line_names_the_store_it_recorded(tiny: Path, tmp_path: Path) -> None:
+    """A sweep tracked on a server, resumed without `--tracking-uri` (its record names the store),
+    prints lines that reach that server again, not a new store in the work folder."""
+    from iaa.jobs.tune.request import SweepInterrupted
+
+    class Served(FakeTracker):
+        uri = "http://mlflow.example:5000"
+
+    launcher = _InterruptedLauncher()
+    sweep = fake_sweeper(tiny, tmp_path, Served(), launcher)
+    with pytest.raises(SweepInterrupted) as first:
+        sweep("served", tracking_uri=Served.uri)
+    assert_says(first.value, f"`tracking_uri` {Served.uri}")
+    resumed = sweep("served", resume=True)
+    recording = [c for c in resumed.next if c.name in ("train", "ensemble")]
+    assert recording and all(dict(c.options).get("tracking_uri") == Served.uri for c in recording)
+
+
 def test_a_restored_search_creates_trials_up_to_the_number_the_resume_asks_for(tmp_path: Path) -> None:
     """Tune restores its search generator with the number of trials the run was saved with; a
     resume that asks for more (a raised ``num_samples``, given or in the record) must get them,

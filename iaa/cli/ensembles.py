@@ -44,7 +44,8 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
     from iaa.jobs.ensemble import ensemble as job
 
     req = job.EnsembleRequest(members=members + more_members, workdir=workdir, show_progress=progress_shown(), **request)
-    _emit(job.run(req, _tracker(workdir, tracking_uri), _launcher(address, req.storage_path)), as_json,
+    store = tracking_uri or job.sweep_store(workdir, req.sweep)          # a sweep's ensemble joins its runs
+    _emit(job.run(req, _tracker(workdir, store), _launcher(address, req.storage_path)), as_json,
           keys=("name", "valid_acc", "test_acc", "ensemble_dir", "model_uri"))
 
 

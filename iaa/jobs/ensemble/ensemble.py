@@ -244,6 +244,17 @@ def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared
                         what="training members")
 
 
+def sweep_store(workdir: Path, name: str | None) -> str | None:
+    """The MLflow store that sweep ``name`` recorded (None: no sweep, or no record to read, which
+    :func:`read_sweep` reports): an ensemble of it is tracked there, beside the sweep's runs."""
+    if not name:
+        return None
+    try:
+        return sweep_file.read(sweep_file.find(workdir, name)).tracking_uri
+    except IaaError:
+        return None
+
+
 def read_sweep(workdir: Path, name: str) -> SweepRecord:
     """The sweep ``name`` (or the latest of a default-named prefix), with at least one trial."""
     path = sweep_file.find(workdir, name)

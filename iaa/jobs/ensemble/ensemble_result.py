@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from iaa.jobs.evaluation import calibration, uncertainty
 from iaa.jobs.evaluation.closing import Command, next_block, where
 from iaa.jobs.evaluation.result import Result, absent_when_none
+from iaa.jobs.workdir.paths import Workdir
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,8 +66,9 @@ class EnsembleResult(Result):
 
 def of_record(record: Mapping[str, Any], req: Any) -> EnsembleResult:
     """The result of the ensemble's ``record`` (what ``ensemble.json`` holds), with its next
-    commands (``req``'s ``workdir`` names where they run)."""
-    at = where(req.workdir)
+    commands (``req``'s ``workdir`` names where they run; the record's store, where it is not the
+    work folder's own, the store they record in)."""
+    at = where(req.workdir, Workdir(req.workdir).named_store(record.get("tracking_uri")))
     folder, data = record["ensemble_dir"], record["data_dir"]
     tuples = {key: tuple(record[key]) for key in ("member_valid_acc", "members", "selected", "all_members",
                                                    "selection_trace", "member_labels", "member_run_ids",

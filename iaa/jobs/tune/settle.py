@@ -149,7 +149,8 @@ def settle(req: TuneRequest) -> SweepPlan:
                      recorded=recorded, seed=req.seed, workers_per_trial=req.workers_per_trial,
                      gpus_per_worker=req.gpus_per_worker, max_concurrent=req.max_concurrent, register=req.register,
                      show_progress=req.show_progress, verbose=req.verbose,
-                     options=where(workdir, req.tracking_uri))
+                     options=where(workdir, req.tracking_uri or Workdir(workdir).named_store(
+                         recorded.tracking_uri if recorded is not None else None)))
 
 
 def _try_first(req: TuneRequest, recorded: SweepRecord | None, space: search_space.SearchSpace, sampler: str,

@@ -249,6 +249,15 @@ class Workdir:
         uri = tracking_uri or os.environ.get(TRACKING_ENV)
         return sqlite_file(uri) if uri else self.root / self.TRACKING_DB
 
+    def named_store(self, uri: str | None) -> str | None:
+        """``uri`` as a next command must name it (``--tracking-uri``): None for this work folder's
+        own store, which the command finds without the flag."""
+        if not uri:
+            return None
+        db = sqlite_file(uri)
+        own = (self.root / self.TRACKING_DB).resolve()
+        return None if db is not None and db.resolve() == own else uri
+
     def tracking_uri(self, tracking_uri: str | None = None) -> str:
         """``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else the SQLite store ``WORKDIR/mlflow.db``.
 
