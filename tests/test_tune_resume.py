@@ -311,6 +311,29 @@ def test_a_resumed_sweeps_resume_line_names_the_store_it_recorded(tiny: Path, tm
     assert recording and all(dict(c.options).get("tracking_uri") == Served.uri for c in recording)
 
 
+def test_a_sweep_on_a_cluster_prints_lines_that_go_back_to_it(tiny: Path, tmp_path: Path) -> None:
+    """Run as printed, a resume line reaches the cluster the sweep ran on, not a local Ray; its
+    training next lines name the cluster's storage too, and its record the address."""
+    from iaa.jobs.reports import sweep_list
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.tune.request import SweepInterrupted
+
+    head, shared = "10.0.0.7:6379", str(tmp_path / "shared")
+    sweep = fake_sweeper(tiny, tmp_path, FakeTracker(), _InterruptedLauncher())
+    with pytest.raises(SweepInterrupted) as stopped:
+        sweep("far", address=head, storage_path=shared)
+    assert_says(stopped.value, f"`resume` far `workdir` {tmp_path / 'work'} `address` {head}")
+    path = record.sweep_file(tmp_path / "work", "far")
+    assert record.read(path).address == head
+    listed = sweep_list.summary(record.read(path), path.parent, {"workdir": str(tmp_path / "work")})
+    assert f"`address` {head}" in listed.resume
+    resumed = sweep("far", resume=True, address=head)
+    trains = {c.name: dict(c.options) for c in resumed.next if c.name in ("train", "ensemble")}
+    assert trains and all(o["address"] == head and o["storage_path"] == shared for o in trains.values())
+    report = next(c for c in resumed.next if c.name == "report")
+    assert "address" not in dict(report.options)                     # report takes no cluster
+
+
 def test_a_restored_search_creates_trials_up_to_the_number_the_resume_asks_for(tmp_path: Path) -> None:
     """Tune restores its search generator with the number of trials the run was saved with; a
     resume that asks for more (a raised ``num_samples``, given or in the record) must get them,

@@ -75,7 +75,8 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
         _need_data(request["dataset"], request["data"])
     from iaa.jobs.tune import tune as job
 
-    req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, show_progress=progress_shown())
+    req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, address=address,
+                          show_progress=progress_shown())
     plan = job.settle(req)               # a bad request fails here, before Ray or MLflow loads
     _announce(plan, address)
     _emit(job.run(plan, _open_tracker, _launcher(address, plan.storage_path)), as_json,

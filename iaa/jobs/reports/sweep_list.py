@@ -82,7 +82,8 @@ def summary(sweep: SweepRecord, folder: Path, options: dict[str, str], pid: str 
                         best_valid_acc=best.best_valid_acc if best else None, best_trial=best.label if best else None,
                         wall_s=sweep.wall_s, time_budget_s=sweep.time_budget_s,
                         warm_start=sweep.warm_start.sweep if sweep.warm_start else None, folder=folder,
-                        resume=str(Command.of("tune", resume=sweep.name, **options))
+                        resume=str(Command.of("tune", resume=sweep.name, **options,
+                                              **({"address": sweep.address} if sweep.address else {})))
                         if now in (INTERRUPTED, LOST, EMPTY) else None, pid=pid)
 
 

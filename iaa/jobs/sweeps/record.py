@@ -74,6 +74,7 @@ class SweepRecord:
     experiment: str | None = None
     parent_run_id: str | None = None
     storage: str | None = None
+    address: str | None = None                       # the Ray cluster it last ran on; None: a local Ray
     search_space: Mapping[str, Any] | None = None    # SearchSpace.to_json()'s object
     sampler: str | None = None                       # None: written before samplers were recorded (tpe)
     seed: int | None = None                          # the sampler's seed; None: written before it was recorded
@@ -195,7 +196,7 @@ def sampler(record: SweepRecord) -> str:
 
 # The kind of each key of sweep.json and of its trials' rows (iaa.jobs.workdir.fields).
 HEADER = {"schema": "positive?", "name": "name", "dataset": "text?", "data_dir": "text?", "tracking_uri": "text?", "experiment": "text?",
-          "parent_run_id": "text?", "storage": "text?", "search_space": "mapping?", "sampler": "text?", "seed": "integer?",
+          "parent_run_id": "text?", "storage": "text?", "address": "text?", "search_space": "mapping?", "sampler": "text?", "seed": "integer?",
           "optuna": "mapping?", "asha": "mapping?", "base": "mapping?", "num_samples": "positive?",
           "time_budget_s": "seconds?", "warm_start": "mapping?", "try_first": "list?",
           "workers_per_trial": "positive?", "max_concurrent": "positive?", "wall_s": "number?", "trials": "list"}

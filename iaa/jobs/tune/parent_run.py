@@ -77,7 +77,8 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan, tracker:
         tracker.show_columns(experiment, run_columns(space))   # the runs view, while the sweep runs
         sweep = SweepRecord(name=plan.name, dataset=plan.dataset, data_dir=str(plan.prepared.resolve()),
                             tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent.run_id,
-                            storage=launch.experiment_path, search_space=json.loads(space.to_json()),
+                            storage=launch.experiment_path, address=plan.address,
+                            search_space=json.loads(space.to_json()),
                             sampler=search.sampler, seed=search.seed, num_samples=search.num_samples,
                             time_budget_s=search.time_budget_s,
                             asha=Asha(preset.grace_period, preset.reduction_factor),

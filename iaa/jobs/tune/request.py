@@ -42,6 +42,7 @@ class TuneRequest:
     workdir: Path = Path(DEFAULT_WORKDIR)
     tracking_uri: str | None = None  # None: the workdir's store (a resumed sweep: the store it was tracked in)
     storage_path: str | None = None
+    address: str | None = None       # the Ray cluster given; None: a local Ray (the lines that continue it name it)
     resume: bool = False
     show_progress: bool = True
     register: str | None = None      # register the best trial's MLflow model under this name

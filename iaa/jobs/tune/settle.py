@@ -32,6 +32,8 @@ from iaa.jobs.workdir.paths import Workdir
 
 _log = logging.getLogger(__name__)
 
+CLUSTER_COMMANDS = ("tune", "train", "ensemble")   # the next commands that train, given --address and --storage-path
+
 
 @dataclass(frozen=True)
 class SweepPlan:
@@ -65,6 +67,7 @@ class SweepPlan:
     show_progress: bool = True
     verbose: bool = False
     options: Mapping[str, str] | None = None   # ``workdir`` and ``tracking_uri`` for the next commands
+    address: str | None = None                 # the Ray cluster it runs on; None: a local Ray
 
     @property
     def experiment(self) -> str:
@@ -82,12 +85,17 @@ class SweepPlan:
 
     @property
     def resume_command(self) -> Command:
-        """The exact command that continues this sweep."""
-        return Command.of("tune", resume=self.name, **(self.options or {}))
+        """The exact command that continues this sweep, on the cluster it ran on (its record names
+        the storage)."""
+        return Command.of("tune", resume=self.name, **(self.options or {}),
+                          **({"address": self.address} if self.address else {}))
 
     def command(self, name: str, /, **options: Any) -> Command:
-        """A next command, in this sweep's work folder and store where they are not the defaults."""
-        return Command.of(name, **options, **(self.options or {}))
+        """A next command, in this sweep's work folder and store where they are not the defaults,
+        and for those that train (:data:`CLUSTER_COMMANDS`) on its cluster and storage."""
+        cluster = ({"address": self.address, "storage_path": self.storage_path}
+                   if self.address and name in CLUSTER_COMMANDS else {})
+        return Command.of(name, **options, **(self.options or {}), **cluster)
 
 
 def settle(req: TuneRequest) -> SweepPlan:
@@ -112,7 +120,7 @@ def settle(req: TuneRequest) -> SweepPlan:
     name = sweep_name(req)
     if req.resume:
         recorded = recorded or _record(workdir, name)
-        req = with_recorded_budget(req, recorded)
+        req = _with_recorded_storage(with_recorded_budget(req, recorded), recorded, name)
     preset = asha_preset(req)
     cfg = resolve.job_config(dataset, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
     base = sweep_config(req, cfg, preset, resolve.chosen_keys(req.config_file, req.sets))
@@ -149,7 +157,7 @@ def settle(req: TuneRequest) -> SweepPlan:
                      recorded=recorded, seed=req.seed, workers_per_trial=req.workers_per_trial,
                      gpus_per_worker=req.gpus_per_worker, max_concurrent=req.max_concurrent, register=req.register,
                      show_progress=req.show_progress, verbose=req.verbose,
-                     options=where(workdir, req.tracking_uri or Workdir(workdir).named_store(
+                     address=req.address, options=where(workdir, req.tracking_uri or Workdir(workdir).named_store(
                          recorded.tracking_uri if recorded is not None else None)))
 
 
@@ -203,16 +211,20 @@ def _record(workdir: Path, name: str) -> SweepRecord:
 
 
 def _with_recorded_data(req: TuneRequest, record: SweepRecord) -> TuneRequest:
-    """``req`` with the data, the workers per trial and the storage its sweep recorded; what the
-    command line gives wins."""
+    """``req`` with the data and the workers per trial its sweep recorded; what the command line
+    gives wins."""
     data = Path(str(record.data_dir))
     if not data.is_absolute():
         data = Path(req.workdir) / data
-    storage = str(record.storage).rstrip("/")
-    suffix = f"/{req.name}"
     return replace(req, dataset=record.dataset, data=data,
-                   workers_per_trial=record.workers_per_trial or req.workers_per_trial,
-                   storage_path=req.storage_path or (storage[: -len(suffix)] if storage.endswith(suffix) else None))
+                   workers_per_trial=record.workers_per_trial or req.workers_per_trial)
+
+
+def _with_recorded_storage(req: TuneRequest, record: SweepRecord, name: str) -> TuneRequest:
+    """``req`` with the storage its sweep's Tune run is in (``STORAGE/NAME``), unless the command
+    line gives one: a resume finds the run where it ran, also on a cluster's shared storage."""
+    storage, suffix = str(record.storage or "").rstrip("/"), f"/{name}"
+    return replace(req, storage_path=req.storage_path or (storage[: -len(suffix)] if storage.endswith(suffix) else None))
 
 
 def with_recorded_budget(req: TuneRequest, record: SweepRecord) -> TuneRequest:
