@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -193,16 +196,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_training_outlives_a_tracking_server_that_dies(tmp_path: Path) -> None:
-    """A real MLflow server killed after the first check: training ends, then exits 1 naming what was lost."""
+@contextlib.contextmanager
+def _mlflow_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real MLflow tracking server on a free port, once it answers /health: its URI and process
+    (killed at the end, if still alive)."""
     import os
     import urllib.request
 
-    from tests._tiny import TINY_SETS, make_tiny_prepared
-
-    tiny = make_tiny_prepared(tmp_path / "tiny", {"train": 1200, "valid": 64, "test": 64})
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
@@ -217,25 +217,63 @@ def test_training_outlives_a_tracking_server_that_dies(tmp_path: Path) -> None:
             except OSError:
                 assert time.time() < deadline and server.poll() is None, "the MLflow server did not start"
                 time.sleep(0.5)
-        sets = [a for s in (*TINY_SETS, "train.check_every=10", "train.max_epochs=3") for a in ("--set", s)]
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        train = subprocess.Popen([sys.executable, "-m", "iaa.cli", "train", "--data", str(tiny), *sets, "--workdir",
-                                  str(tmp_path / "w"), "--tracking-uri", uri, "--json"], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        yield uri, server
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, 9)
+        server.wait()
+
+
+def _train(tiny: Path, workdir: Path, uri: str, *sets: str, **popen: Any) -> subprocess.Popen:
+    """``iaa-cli train --json`` of the tiny data in a process of its own, tracked at ``uri``."""
+    import os
+
+    from tests._tiny import TINY_SETS
+
+    args = [a for s in (*TINY_SETS, *sets) for a in ("--set", s)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen([sys.executable, "-m", "iaa.cli", "train", "--data", str(tiny), *args, "--workdir",
+                             str(workdir), "--tracking-uri", uri, "--json"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_training_outlives_a_tracking_server_that_dies(tmp_path: Path) -> None:
+    """A real MLflow server killed after the first check: training ends, then exits 1 naming what was lost."""
+    import os
+
+    from tests._tiny import make_tiny_prepared
+
+    tiny = make_tiny_prepared(tmp_path / "tiny", {"train": 1200, "valid": 64, "test": 64})
+    with _mlflow_server(tmp_path) as (uri, server):
+        train = _train(tiny, tmp_path / "w", uri, "train.check_every=10", "train.max_epochs=3")
         client = MlflowClient(uri)
         while not any(client.get_metric_history(r.info.run_id, "valid_acc")
                       for e in client.search_experiments() for r in client.search_runs([e.experiment_id])):
             assert train.poll() is None, train.communicate()
             time.sleep(0.2)
-    finally:
         os.killpg(server.pid, 9)
-        server.wait()
     out, err = train.communicate(timeout=500)
     assert train.returncode == 1, err[-3000:]   # finished, but its record is not whole
     assert [p.is_file() for p in (tmp_path / "w" / "runs").glob("*/checkpoints/best.pt")] == [True]
     errors = [line for line in err.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "not logged" in errors[0] and "valid_acc" in errors[0], err[-3000:]
     assert "were not logged to MLflow" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_run_tracked_on_a_server_keeps_stdout_to_its_json_line(tmp_path: Path) -> None:
+    """MLflow's client writes links to a server's run and model pages to stdout; stdout is the
+    command's, whose last line a script reads as JSON."""
+    from tests._tiny import make_tiny_prepared
+
+    tiny = make_tiny_prepared(tmp_path / "tiny")
+    with _mlflow_server(tmp_path) as (uri, _):
+        out, err = _train(tiny, tmp_path / "w", uri, "train.max_epochs=1").communicate(timeout=500)
+    lines = out.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["mlflow_run_id"], (out, err[-2000:])
 
 
 def test_an_experiment_says_what_made_it_and_on_which_data(tmp_path: Path) -> None:

@@ -44,7 +44,11 @@ OWNER_TAG = "iaa.owner"
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}   # MLflow 3's training-runs view
 TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "IAA_SERVICE_TIMEOUT_S", 5.0
 MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                        # a tracking server's client writes a link to stdout at each run's end and each
+                        # model's creation; stdout is the commands' (their answers, their JSON line)
+                        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+                        "MLFLOW_PRINT_MODEL_URLS_ON_CREATION": "false"}
 TRANSIENT = (mlflow.exceptions.MlflowException, requests.exceptions.RequestException, OSError)
 
 FILE_STORE_SCHEMES = ("", "file")
