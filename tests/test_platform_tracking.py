@@ -207,7 +207,8 @@ def _mlflow_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     uri = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                                "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              cwd=tmp_path)                      # its artifacts: tmp_path/mlartifacts
     try:
         deadline = time.time() + 180
         while True:
