@@ -31,8 +31,10 @@ def test_lost_nodes_and_restored_trials_are_one_line_each_and_the_summary_counts
     console.trial_checked("trial-0000", {"checks": 2, "epoch": 0.6, "valid_acc": 0.3})
     lines = out.getvalue().splitlines()
     assert lines[3:6] == ["[0m14s] node 2c3a5429 (10.0.0.7) lost: its trials restart from their last checkpoints",
-                          "[0m14s] trial trial-0000 restored from check 1, restore 1",
-                          "[0m14s] trial trial-0001 restored from check 0 (the start), restore 1"]
+                          "[0m14s] trial trial-0000 restored from check 1, restore 1; it goes on once the cluster "
+                          "has room for it",
+                          "[0m14s] trial trial-0001 restored from check 0 (the start), restore 1; it goes on once the "
+                          "cluster has room for it"]
     assert len(lines) == 7
     assert console.summary(60.0) == ("sweep took 1m00s; 2 trials restored (2 restores after 1 lost node); "
                                      "work redone: at most 0m18s of training since their last checkpoints")
@@ -43,3 +45,31 @@ def test_a_sweep_without_restores_says_nothing_of_them() -> None:
 
     console = SweepConsole(None, [], say=lambda line: None, clock=_Clock())
     assert console.restores() is None and console.summary(5.0) == "sweep took 0m05s"
+
+
+def test_a_lost_node_is_said_once_with_what_becomes_of_its_trials(monkeypatch) -> None:
+    import ray
+
+    from iaa.platform.sweeps.trial_runs import NodeWatch
+
+    class Heard:
+        def __init__(self) -> None:
+            self.lost: list[tuple[str, str]] = []
+
+        def node_lost(self, node: str, detail: str = "") -> None:
+            self.lost.append((node, detail))
+
+    nodes = [{"NodeID": "aaaaaaaa11", "NodeManagerAddress": "10.0.0.1", "Alive": True},
+             {"NodeID": "bbbbbbbb22", "NodeManagerAddress": "10.0.0.2", "Alive": True}]
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    for restores, then in (("", "its trials restart from their last checkpoints"),
+                           ("0", "restores are off (IAA_MAX_FAILURES=0): its trials end")):
+        monkeypatch.setenv("IAA_MAX_FAILURES", restores)
+        watch, heard = NodeWatch(), Heard()
+        nodes[1]["Alive"] = True
+        watch.tell(heard, now=True)
+        nodes[1]["Alive"] = False
+        watch.tell(heard, now=True)
+        watch.tell(heard, now=True)                                  # said once
+        assert heard.lost == [("bbbbbbbb (10.0.0.2)", then)]

@@ -123,7 +123,8 @@ class _Checks:
             f"failed: {printable(failure.get('error') or 'a worker raised')}"
         checks = self.history[-1].get("checks") if self.history else None
         since = f"check {checks}" if checks else "the start (no check yet)"
-        _log.warning(f"the run {what}; restore {self.failures} of {self.restores}: it continues from {since}")
+        _log.warning(f"the run {what}; restore {self.failures} of {self.restores}: it continues from {since} once "
+                     "the cluster has room for all its workers again (a lost node's share: until one joins)")
 
 
 def fit_workers(request: WorkersRequest, *, address: str | None = None,

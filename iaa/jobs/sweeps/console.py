@@ -172,7 +172,8 @@ class SweepConsole:
         self.redone_s += max(now - (t.checked_at if t.checked_at is not None else t.started), 0.0)
         t.state = "running"
         where = f"check {from_check}" if from_check else "check 0 (the start)"
-        self._say(f"trial {trial_id} restored from {where}, restore {t.restores}")
+        self._say(f"trial {trial_id} restored from {where}, restore {t.restores}; it goes on once the cluster "
+                  "has room for it")
 
     def restores(self) -> str | None:
         """How many trials were restored and what that cost; None when none was."""

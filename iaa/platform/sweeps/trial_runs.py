@@ -25,7 +25,7 @@ from iaa.jobs.ports import (CHECKPOINT_FILE, TIME_BUDGET, TUNE_RUN_TAG, WORKER_L
                             Tracker, trial_name)
 from iaa.platform.sweeps import driver_side
 from iaa.platform.cluster.lost import worker_lost
-from iaa.platform.ray_train import MAX_FAILURES_ENV
+from iaa.platform.ray_train import MAX_FAILURES_ENV, max_failures
 from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
 
 _log = logging.getLogger(__name__)
@@ -427,10 +427,12 @@ class NodeWatch:
         except Exception:  # noqa: BLE001 - the GCS is busy or gone: ask again at the next poll
             return
         alive = {n["NodeID"]: str(n.get("NodeManagerAddress") or "") for n in nodes if n.get("Alive")}
+        then = (f"restores are off ({MAX_FAILURES_ENV}=0): its trials end" if max_failures(1) == 0
+                else "its trials restart from their last checkpoints")
         if self._alive is not None:
             for node_id, address in self._alive.items():
                 if node_id not in alive:
-                    console.node_lost(f"{node_id[:8]} ({address})", "its trials restart from their last checkpoints")
+                    console.node_lost(f"{node_id[:8]} ({address})", then)
         self._alive = alive
 
 
