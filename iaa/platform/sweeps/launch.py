@@ -225,8 +225,21 @@ def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, di
     full = full_disk.stopped_by(side, None, launch.experiment_path)
     if full is not None:                    # met as the last trials ended: the run is not whole either
         raise full
-    analysis = tune.ExperimentAnalysis(launch.experiment_path)
+    analysis = _analysis(launch.experiment_path)
     return results, {t.trial_id: t.status for t in analysis.trials}
+
+
+def _analysis(experiment_path: str) -> Any:
+    """Tune's ``ExperimentAnalysis`` of the run at ``experiment_path``. A trial that had not
+    reported yet (one a stop left pending) has no results file, which Tune logs as a warning
+    naming its internal ``run_trial_ID``; the trial's record says it had no check."""
+    logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return tune.ExperimentAnalysis(experiment_path)
+    finally:
+        logger.setLevel(level)
 
 
 @contextmanager
@@ -362,7 +375,7 @@ class RayLauncher:
         launch = _launch_of(request.placement)
         if not tune.Tuner.can_restore(launch.experiment_path):
             return []
-        analysis = tune.ExperimentAnalysis(launch.experiment_path)
+        analysis = _analysis(launch.experiment_path)
         spec = trial_spec(launch, run.fit, base=plan.base, fixed=plan.space.fixed)
         children = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
         return records(tune.ResultGrid(analysis), spec, statuses={t.trial_id: t.status for t in analysis.trials},
