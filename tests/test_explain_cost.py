@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from _faults import as_shown, assert_says
 from iaa.jobs.sweeps.cost import SweepCost, duration
 
@@ -173,6 +175,10 @@ def test_the_sweep_estimate_probes_the_costliest_trial_and_the_base(monkeypatch,
     cost = estimate.estimate_cost(launch, plan, tmp_path)
     assert probed == [(2, 256, "train"), (2, 256, "valid"), (2, base.model.hidden_dim, "train")]
     assert cost.examples_per_s == 10.0 and cost.base_examples_per_s == 40.0 and cost.costliest == "h=256"
+    assert cost.concurrency == 2
+    # a cluster that may grow admits every trial, but today's nodes run one at a time: the time is theirs
+    growing = replace(launch, max_concurrent=4, fits_now=1)
+    assert estimate.estimate_cost(growing, plan, tmp_path).concurrency == 1
 
 
 def _two_at_a_time(first: dict, second: dict):

@@ -137,6 +137,9 @@ def test_the_cluster_line_counts_in_words() -> None:
     assert "1 node," in one and "up to 1 trial at once" in one
     two = cluster.describe(info, resources.TrialPlan(workers=2, threads=1, gpus_per_worker=0.0, max_concurrent=3))
     assert "on 2 Train workers with 1 thread each" in two and "up to 3 trials at once" in two
+    growing = cluster.describe(info, resources.TrialPlan(workers=1, threads=1, gpus_per_worker=0.0, max_concurrent=3,
+                                                         fits_now=1))
+    assert "1 trial at once on today's nodes, up to 3 as nodes join" in growing
 
 
 def test_a_taken_dashboard_port_starts_ray_again_on_another(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -71,6 +71,7 @@ class Placement:
     threads: int             # torch threads per worker
     gpus_per_worker: float
     train_rows: int
+    fits_now: int | None = None   # trials today's nodes run at once (a growing cluster admits more); None: all
 
     @property
     def experiment_path(self) -> str:

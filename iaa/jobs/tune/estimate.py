@@ -30,7 +30,7 @@ def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path, per_che
         base_rate = probe(apply(search.base, search.space.fixed), prepared, launch.threads)
     valid = int(((read_manifest(prepared) or {}).get("counts") or {}).get("valid", 0))
     cost = SweepCost(trials=search.num_samples, epochs=largest.train.max_epochs, examples=launch.train_rows,
-                     examples_per_s=rate, concurrency=launch.max_concurrent, gpus=gpus,
+                     examples_per_s=rate, concurrency=launch.fits_now or launch.max_concurrent, gpus=gpus,
                      gpus_per_trial=launch.gpus_per_worker, checks=search.checks, valid_examples=valid,
                      valid_examples_per_s=valid_rate, start_s=SWEEP_START_S, trial_start_s=TRIAL_START_S,
                      budget_s=search.time_budget_s, costliest=config_label(raised) if raised else "",

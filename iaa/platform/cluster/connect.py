@@ -377,8 +377,11 @@ def describe(info: ClusterInfo, trial_plan: TrialPlan) -> str:
                                                     if trial_plan.gpus_per_worker else "")
     mode = (f"in the trial actor with {holds}" if trial_plan.in_actor
             else f"on {_count(trial_plan.workers, 'Train worker')} with {holds} each")
+    now = trial_plan.fits_now or trial_plan.max_concurrent
+    at_once = (f"{_count(now, 'trial')} at once on today's nodes, up to {trial_plan.max_concurrent} as nodes join"
+               if now < trial_plan.max_concurrent else f"up to {_count(now, 'trial')} at once")
     return (f"{where}: {_count(len(info.nodes), 'node')}, {info.cpus:g} CPUs, {info.gpus:g} GPUs; each trial trains "
-            f"{mode}; up to {_count(trial_plan.max_concurrent, 'trial')} at once")
+            f"{mode}; {at_once}")
 
 
 def _count(n: int, thing: str) -> str:

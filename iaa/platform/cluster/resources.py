@@ -70,6 +70,8 @@ class TrialPlan:
     max_concurrent: int
     trial_resources: dict[str, float] = field(default_factory=dict)
     worker_resources: dict[str, float] = field(default_factory=dict)
+    fits_now: int | None = None             # trials today's nodes run at once (a cluster that may grow
+                                            # admits more: they wait); None: ``max_concurrent``
 
     @property
     def in_actor(self) -> bool:
@@ -199,9 +201,10 @@ def plan(nodes: Sequence[Node], workers: int, *, threads: int | None = None, gpu
         raise _too_few_slots(nodes, workers, threads, gpus_per_worker, slots)
     fits = _concurrent_trials(nodes, workers, threads, slots // workers, max_concurrent=max_concurrent,
                               num_trials=num_trials, queue=queue)
+    now = min(slots // workers, fits)
     trial, worker = _trial_and_worker_resources(nodes, workers, threads, gpus_per_worker, sweep=sweep)
     return TrialPlan(workers=workers, threads=threads, gpus_per_worker=gpus_per_worker, max_concurrent=max(fits, 1),
-                     trial_resources=trial, worker_resources=worker)
+                     trial_resources=trial, worker_resources=worker, fits_now=max(now, 1))
 
 
 def _totals(nodes: Sequence[Node]) -> tuple[float, float]:

@@ -330,7 +330,8 @@ class RayLauncher:
         rows = int(((read(launch.prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
         return RayPlacement(name=request.name, storage=request.storage, prepared=launch.prepared,
                             max_concurrent=launch.plan.max_concurrent, threads=launch.plan.threads,
-                            gpus_per_worker=launch.plan.gpus_per_worker, train_rows=rows, launch=launch)
+                            gpus_per_worker=launch.plan.gpus_per_worker, train_rows=rows,
+                            fits_now=launch.plan.fits_now, launch=launch)
 
     def can_resume(self, placement: Placement) -> bool:
         return bool(tune.Tuner.can_restore(placement.experiment_path))
