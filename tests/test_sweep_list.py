@@ -68,6 +68,9 @@ def test_each_sweep_is_listed_newest_first_with_where_it_stands(tmp_path: Path) 
     assert by["stopped"].resume.startswith("iaa-cli tune `resume` stopped")
     text = sweep_list.describe(result)
     assert_says(text, "spent    demo", "2/9", "0m00s (budget 1m00s)", "continue stopped: iaa-cli tune `resume` stopped")
+    assert (by["stopped"].trials, by["stopped"].ended) == (2, 1)   # one ended, one still running when it stopped
+    [row] = [line for line in text.splitlines() if line.startswith("stopped ")]
+    assert row.split()[4] == "1/4"                                  # trials ended, of those asked
     assert "continue done" not in text and "continue spent" not in text
     assert result.fields()["sweeps"][0]["name"] == "fresh" and not result.warnings
 

@@ -33,6 +33,7 @@ class SweepSummary:
     model: str | None
     state: str                        # one of FINISHED, BUDGET_SPENT, RUNNING, INTERRUPTED, LOST, EMPTY
     trials: int                       # recorded
+    ended: int                        # of those, the ones that ended (finished, stopped or failed)
     num_samples: int | None           # asked for
     best_valid_acc: float | None
     best_trial: str | None
@@ -79,6 +80,7 @@ def summary(sweep: SweepRecord, folder: Path, options: dict[str, str], pid: str 
     now = state(sweep, running=pid is not None)
     return SweepSummary(name=sweep.name, dataset=sweep.dataset, model=(sweep.base or {}).get("model", {}).get("kind"),
                         state=now, trials=len(sweep.trials), num_samples=sweep.num_samples,
+                        ended=sum(t.status in FINISHED_STATUSES for t in sweep.trials),
                         best_valid_acc=best.best_valid_acc if best else None, best_trial=best.label if best else None,
                         wall_s=sweep.wall_s, time_budget_s=sweep.time_budget_s,
                         warm_start=sweep.warm_start.sweep if sweep.warm_start else None, folder=folder,
@@ -106,9 +108,9 @@ def describe(result: SweepListResult) -> str:
         if result.unlisted:
             return f"no readable sweeps in {result.workdir}: {result.unlisted} not listed (above)"
         return f"no sweeps in {result.workdir}: iaa-cli tune starts one"
-    head = ["sweep", "dataset", "model", "state", "trials", "best", "best trial", "time", "from"]
+    head = ["sweep", "dataset", "model", "state", "trials ended", "best", "best trial", "time", "from"]
     rows = [head] + [[s.name, s.dataset or "?", s.model or "?", f"{s.state} (pid {s.pid})" if s.pid else s.state,
-                      f"{s.trials}/{s.num_samples}" if s.num_samples else str(s.trials),
+                      f"{s.ended}/{s.num_samples}" if s.num_samples else str(s.ended),
                       f"{s.best_valid_acc:.4f}" if s.best_valid_acc is not None else "-", s.best_trial or "-",
                       duration(s.wall_s) + (f" (budget {duration(s.time_budget_s)})" if s.time_budget_s else ""),
                       s.warm_start or "-"] for s in result.sweeps]
