@@ -148,15 +148,17 @@ def test_the_history_gives_the_best_so_far_as_the_trials_ended(tmp_path: Path) -
             (1, TrialState.COMPLETE, 0.5, {1: 0.4, 2: 0.5}, 0, 60),
             (2, TrialState.PRUNED, None, {1: 0.7, 2: 0.6}, 0, 30),
             (3, TrialState.COMPLETE, 0.8, {1: 0.7, 2: 0.8}, 0, 90),
-            (1, TrialState.COMPLETE, 0.65, {1: 0.65}, 30, 45),
+            (1, TrialState.PRUNED, None, {1: 0.65}, 30, 45),               # stopped by the time budget
             (2, TrialState.RUNNING, None, {1: 0.99}, 60, None)):
+        cut = {"stopped_by": "time-budget"} if (state, start) == (TrialState.PRUNED, 30) else {}
         study.add_trial(FrozenTrial(number=0, trial_id=0, state=state, value=value, params={"model.steps": steps},
-                                    distributions=dists, user_attrs={}, system_attrs={}, intermediate_values=checks,
+                                    distributions=dists, user_attrs=cut, system_attrs={}, intermediate_values=checks,
                                     datetime_start=t0 + timedelta(minutes=start),
                                     datetime_complete=None if end is None else t0 + timedelta(minutes=end)))
     result = analyze(url, "h", tmp_path / "report")
     assert [(p["number"], p["hours"], p["value"], p["best"]) for p in result["history"]] == [
         (1, 0.5, 0.7, 0.7), (3, 0.75, 0.65, 0.7), (0, 1.0, 0.5, 0.7), (2, 1.5, 0.8, 0.8)]
+    assert [p["cut"] for p in result["history"]] == [False, True, False, False]     # drawn as a square
     assert Path(result["figures"]["history"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     from _faults import assert_says

@@ -154,8 +154,8 @@ def _plot_checks(study: Any) -> None:
 def best_so_far(study: Any) -> list[dict[str, Any]]:
     """The sweep's best valid_acc as its own trials ended (not those carried from an earlier
     sweep): each finished or stopped trial (by its end, hours after the first trial started, wall
-    clock: a resumed sweep's pause counts) with its value (its best check) and the best of all the
-    trials ended by then."""
+    clock: a resumed sweep's pause counts) with its value (its best check), the best of all the
+    trials ended by then, and whether the time budget stopped it (``cut``)."""
     from optuna.trial import TrialState
 
     trials = [t for t in study.get_trials(deepcopy=False) if not _carried(t)]
@@ -170,12 +170,13 @@ def best_so_far(study: Any) -> list[dict[str, Any]]:
             continue
         best = value if best is None else max(best, value)
         points.append({"number": t.number, "name": trial_name(t.number), "hours": (t.datetime_complete - first).total_seconds() / 3600,
-                       "value": value, "best": best})
+                       "value": value, "best": best, "cut": _cut(t)})
     return points
 
 
 def _plot_history(plt: Any, history: list[dict[str, Any]], carried: list[Any]) -> None:
-    """The best valid_acc so far against the sweep's wall-clock hours, each trial's end a dot: how
+    """The best valid_acc so far against the sweep's wall-clock hours, each trial's end a dot (a
+    square where the time budget stopped it): how
     long the search took to find its best, and whether more time would likely pay; the best of
     the trials a warm start ``carried`` is a dashed line."""
     _, ax = plt.subplots()
@@ -187,8 +188,13 @@ def _plot_history(plt: Any, history: list[dict[str, Any]], carried: list[Any]) -
     if history:
         at = [p["hours"] * per_hour for p in history]
         ax.step(at, [p["best"] for p in history], where="post", color="crimson", linewidth=2, label="best so far")
-        ax.scatter(at, [p["value"] for p in history], s=25, color="dimgray", zorder=3,
-                   label="a trial's best check, at its end")
+        ended = [(x, p["value"]) for x, p in zip(at, history) if not p.get("cut")]
+        cut = [(x, p["value"]) for x, p in zip(at, history) if p.get("cut")]
+        if ended:
+            ax.scatter(*zip(*ended), s=25, color="dimgray", zorder=3, label="a trial's best check, at its end")
+        if cut:
+            ax.scatter(*zip(*cut), marker="s", s=60, facecolors="none", edgecolors="black", linewidths=1.5, zorder=4,
+                       label="... of a trial the time budget stopped")
     if history or carried:
         ax.legend(loc="best", fontsize="small")
     ax.set_xlim(left=0)
@@ -228,8 +234,8 @@ def _readable_lines(ax: Any) -> None:
     """Parallel coordinates that show every trial, the best above all: Optuna colours the trials
     with "Blues", whose worst are near-white on a white background (viridis keeps each visible,
     worst dark), and puts every axis's ends on the frame, where the best trial, often at the end
-    of each axis, ran along the top edge unseen. Each axis gets a margin, the best trial's line
-    is drawn thicker, and the axes' tick labels sit on white over the lines."""
+    of each axis, ran along the top edge unseen. Each axis gets a margin and no grid, the best
+    trial's line is drawn thicker, and the axes' tick labels sit on white over the lines."""
     from matplotlib.collections import LineCollection
 
     for collection in ax.collections:
@@ -248,6 +254,7 @@ def _readable_lines(ax: Any) -> None:
         else:
             margin = 0.05 * (high - low)
             axis.set_ylim(low - margin, high + margin)
+        axis.grid(False)                  # a twin axis's white grid would run through the trials' lines
         for label in axis.get_yticklabels():
             label.set_bbox({"facecolor": "white", "edgecolor": "none", "pad": 1.0, "alpha": 0.85})
 
