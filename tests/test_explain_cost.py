@@ -15,6 +15,8 @@ def _cost(rate: float, gpus: bool = False) -> SweepCost:
 def test_long_cpu_sweeps_say_how_to_shrink():
     text = as_shown(_cost(rate=20.0).describe())
     assert "24 trials x 4 epochs x 120,000 examples" in text
+    one = as_shown(SweepCost(trials=1, epochs=4, examples=1000, examples_per_s=20.0, concurrency=2, gpus=False).describe())
+    assert "cost: 1 trial x 4 epochs x 1,000 examples, one at a time" in one
     assert _cost(20.0).wall_s == 24 * 4 * 120_000 / 20.0
     assert "--num-samples" in text and "--max-epochs" in text and "GPU" in text
     assert "--num-samples" not in as_shown(_cost(rate=1e6).describe())

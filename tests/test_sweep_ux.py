@@ -55,7 +55,7 @@ def test_a_parameter_that_never_varied_and_too_few_trials_are_said() -> None:
 
     trials = [{"train.lr": 4e-3, "model.steps": s} for s in (2, 3, 2, 3)]
     notes = exploration.notes(trials, ["train.lr", "model.steps"])
-    assert notes[0].startswith("train.lr never varied (every trial tried 0.004)")
+    assert notes[0].startswith("train.lr never varied (every scored trial tried 0.004)")
     assert not any(n.startswith("model.steps") for n in notes)
     assert notes[-1].startswith("4 scored trial(s) are too few to rank parameter importances")
     many = [{"train.lr": lr, "model.steps": 2 + i % 2} for i, lr in enumerate([1e-3, 2e-3] * 6)]
@@ -101,3 +101,13 @@ def test_report_says_how_the_trials_asha_let_go_on_ended_against_its_first_compa
     assert report(stopped + in_order[:2]).first_comparison["spearman"] is None      # too few went on to rank
     assert report(stopped + in_order, grace=None).first_comparison is None           # a sweep that kept no ASHA
     assert sweep_report.comparison_line(report(in_order, grace=5)) == []             # no trial reached check 5
+
+
+def test_the_runs_line_opens_a_servers_view_once() -> None:
+    from iaa.jobs.tune.best import runs_line
+
+    view = "http://mlflow:5000/#/experiments/1/runs?viewStateShareKey=iaa-sweep"
+    assert runs_line("open http://mlflow:5000", view) == f"open {view}"
+    local = "mlflow ui --backend-store-uri sqlite:////w/mlflow.db"
+    assert runs_line(local, view) == f"{local}  (then open {view})"
+    assert runs_line(local, None) == local

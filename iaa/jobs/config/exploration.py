@@ -22,7 +22,7 @@ def notes(trials: Sequence[Mapping[str, Any]], params: Sequence[str]) -> list[st
     for name in params:
         values = {json.dumps(t[name], default=str) for t in trials if name in t}
         if trials and len(values) == 1:
-            out.append(f"{name} never varied (every trial tried {json.loads(values.pop())}): the sweep did not "
+            out.append(f"{name} never varied (every scored trial tried {json.loads(values.pop())}): the sweep did not "
                        "measure its effect, whatever its importance reads")
     if len(trials) < MIN_TRIALS_TO_RANK:
         out.append(f"{len(trials)} scored trial(s) are too few to rank parameter importances (about "

@@ -76,8 +76,9 @@ class SweepCost:
         return self.checks * self.valid_examples / self.valid_examples_per_s
 
     def describe(self) -> str:
-        head = (f"cost: {self.trials} trials x {self.epochs:g} epochs x {self.examples:,} examples, "
-                f"{self.concurrency} at a time")
+        head = (f"cost: {self.trials} trial{'' if self.trials == 1 else 's'} x {self.epochs:g} epochs x "
+                f"{self.examples:,} examples, " + (f"{self.concurrency} at a time" if self.concurrency > 1 and self.trials > 1
+                                                    else "one at a time"))
         if self.wall_s is None:
             return f"{head}; throughput on GPU workers not probed from here" + self.budget() + self.sharing()
         probed = "probe" if not self.costliest else (

@@ -148,13 +148,21 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
                         f"  config:       {best_config}\n"
                         + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
                         + (f"  its figure:   {outputs['explain_png']}\n" if outputs.get("explain_png") else "")
-                        + f"  runs:         {ui}" + (f"  (then open {view})" if view else "") + "\n"
+                        + f"  runs:         {runs_line(ui, view)}\n"
                         + next_block(next_steps(plan, best, best_config, ranking.top_configs)), keep_lines=True))
     if unlogged:
         raise IaaError(f"{sweep.tracking_uri}: the sweep finished and its files are written, but the store did "
                        f"not record everything; {'; '.join(unlogged)}. Free the store's disk (or unlock it, or "
                        "restart it) and log the models again")
     return _result(plan, sweep, best, ranking, baseline, ui, outputs)
+
+
+def runs_line(ui: str, view: str | None) -> str:
+    """Where to see the sweep's runs: the UI's command and then its view of the sweep; a tracking
+    server, which is its own UI, by the view alone."""
+    if not view:
+        return ui
+    return f"open {view}" if ui.startswith("open ") else f"{ui}  (then open {view})"
 
 
 def _say_ranking(plan: SweepPlan, best: TrialRecord, ranking: Ranking, scores: Mapping[str, float | None],

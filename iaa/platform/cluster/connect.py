@@ -380,7 +380,8 @@ def describe(info: ClusterInfo, trial_plan: TrialPlan) -> str:
     now = trial_plan.fits_now or trial_plan.max_concurrent
     at_once = (f"{_count(now, 'trial')} at once on today's nodes, up to {trial_plan.max_concurrent} as nodes join"
                if now < trial_plan.max_concurrent else f"up to {_count(now, 'trial')} at once")
-    return (f"{where}: {_count(len(info.nodes), 'node')}, {info.cpus:g} CPUs, {info.gpus:g} GPUs; each trial trains "
+    return (f"{where}: {_count(len(info.nodes), 'node')}, {info.cpus:g} CPU{'' if info.cpus == 1 else 's'}, "
+            f"{info.gpus:g} GPU{'' if info.gpus == 1 else 's'}; each trial trains "
             f"{mode}; {at_once}")
 
 
