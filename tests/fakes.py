@@ -66,8 +66,11 @@ class FakeRun:
         return self.state
 
     def mark_running(self) -> None:
+        """As the store: RUNNING again, without the tags of how it stopped."""
         self.tracker.check()
         self.state = "RUNNING"
+        for key in ("interrupted", "iaa.killed"):
+            self.tags.pop(key, None)
 
     def log_params(self, params: Mapping[str, object]) -> None:
         """As MLflow: a param keeps its first value (a change is refused, kept in ``lost``)."""

@@ -154,6 +154,10 @@ def test_a_run_whose_process_was_killed_is_marked_killed_at_the_next_start(tmp_p
     killed = MlflowClient(uri).get_run(run_id)
     assert killed.info.status == "KILLED" and "ended without closing" in killed.data.tags["iaa.killed"]
     assert MlflowClient(uri).get_run(alive.run_id).info.status == "RUNNING"
+    MlflowClient(uri).set_tag(run_id, "interrupted", "SIGINT")        # and a signal stopped it before
+    tracking.Run.reopen(uri, run_id).end("FINISHED")                   # a resume finishes it
+    finished = MlflowClient(uri).get_run(run_id)
+    assert finished.info.status == "FINISHED" and not {"iaa.killed", "interrupted"} & set(finished.data.tags)
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.cost import SweepCost, duration
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
 from iaa.jobs.ensemble.members import Member
-from iaa.jobs.ports import (MEMBER_KEY, TUNE_RUN_TAG, ConnectRequest, Launcher, MembersRequest, TrackedRun, Tracker,
+from iaa.jobs.ports import (INTERRUPTED_TAG, MEMBER_KEY, TUNE_RUN_TAG, ConnectRequest, Launcher, MembersRequest, TrackedRun, Tracker,
                             TrialRun, TrialTracking)
 from iaa.jobs.evaluation.predictor import SUMMARY
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
@@ -190,14 +190,14 @@ def _end_members(tracker: Tracker, experiment: str, group: str, signal_name: str
     end KILLED, tagged ``interrupted``."""
     for found in tracker.find_runs(experiment, {TUNE_RUN_TAG: group}, status="RUNNING"):
         run = tracker.attach(found.run_id)
-        run.set_tags({"interrupted": signal_name})
+        run.set_tags({INTERRUPTED_TAG: signal_name})
         run.end("KILLED")
 
 
 def _end_run(run: TrackedRun, signal_name: str) -> None:
     """A stop: the ensemble's own run ends KILLED, tagged ``interrupted``, unless it has ended."""
     if run.status() == "RUNNING":
-        run.set_tags({"interrupted": signal_name})
+        run.set_tags({INTERRUPTED_TAG: signal_name})
         run.end("KILLED")
 
 

@@ -25,13 +25,13 @@ from iaa.jobs.ports.launching import (Carried, ConnectRequest, Launcher, Members
 from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
                                     Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelFiles, ModelSource,
                                     RequestError, RunRecord, ServeApi, ServeConfig, TIME_BUDGET, TrialRecord,
-                                    TUNE_RUN_TAG, WORKER_LOST, trial_name)
+                                    INTERRUPTED_TAG, TUNE_RUN_TAG, WORKER_LOST, trial_name)
 from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
 from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
 
 __all__ = [
     "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES", "TIME_BUDGET",
-    "TUNE_RUN_TAG", "WORKER_LOST",
+    "INTERRUPTED_TAG", "TUNE_RUN_TAG", "WORKER_LOST",
     "Answerer", "Carried", "ConnectRequest", "Launcher", "Limits", "LoadedModel", "MembersRequest", "MetricPoint", "Metrics",
     "MetricsCallback", "ModelCode", "ModelFetcher", "ModelFiles", "ModelSource", "Placement", "RequestError", "RestoresSpent", "RunRecord", "Scorer",
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",

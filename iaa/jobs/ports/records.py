@@ -117,6 +117,7 @@ CHECKPOINT_SCORE = "checkpoint_score"
 
 
 MEMBER_KEY = "member"      # train_many: each trial's Tune config is {"member": index into its configs}
+INTERRUPTED_TAG = "interrupted"   # a run a signal stopped: the signal's name (removed when a resume runs it again)
 TUNE_RUN_TAG = "tune_run"  # a trial's run: the Tune run that trained it (an ensemble's members: ensemble-NAME-<id>)
 
 

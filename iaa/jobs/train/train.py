@@ -21,7 +21,7 @@ from iaa.files import spellings
 from iaa.jobs import interrupt
 from iaa.jobs.modeling import precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig, to_dict
-from iaa.jobs.ports import Launcher, ModelFiles, RestoresSpent, TrackedRun, Tracker, WorkersRequest
+from iaa.jobs.ports import INTERRUPTED_TAG, Launcher, ModelFiles, RestoresSpent, TrackedRun, Tracker, WorkersRequest
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.predictor import MODEL_CODE
 from iaa.jobs.training.session import MetricsCallback
@@ -215,7 +215,7 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
 
 def _killed(run: Any, signal_name: str) -> None:
     """A stopped run: tagged with the signal, and KILLED (again, where its context ended it)."""
-    run.set_tags({"interrupted": signal_name})
+    run.set_tags({INTERRUPTED_TAG: signal_name})
     run.end("KILLED")
 
 

@@ -18,7 +18,7 @@ from typing import Callable, Collection, Mapping
 from iaa.files import DiskFullError, UnwritableError
 from iaa.jobs.config.presets import STOP_METRIC
 from iaa.jobs.evaluation.closing import Command
-from iaa.jobs.ports import Launcher, RunRecord, SearchPlan, Tracker
+from iaa.jobs.ports import INTERRUPTED_TAG, Launcher, RunRecord, SearchPlan, Tracker
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.record import SweepRecord
 
@@ -47,7 +47,7 @@ def on_stop(tracker: Tracker, launcher: Launcher, experiment: str, sweep: str,
             plan: SearchPlan) -> Callable[[str], None]:
     """The mark a stopped sweep makes, given the signal's name."""
     return lambda signal_name: end_running(tracker, launcher, experiment, sweep, plan,
-                                           {"interrupted": signal_name})
+                                           {INTERRUPTED_TAG: signal_name})
 
 
 def stopped_by_full_disk(tracker: Tracker, launcher: Launcher, experiment: str, sweep: str, plan: SearchPlan,

@@ -34,6 +34,7 @@ from mlflow.tracking import MlflowClient
 
 from iaa.errors import IaaError, brief
 from iaa.files import DiskFullError, disk_full, free_bytes, size_text
+from iaa.jobs.ports import INTERRUPTED_TAG
 from iaa.jobs.workdir.paths import sqlite_file
 from iaa.platform.cluster.owner import owner_alive
 from iaa.platform.tracking import relocate
@@ -41,6 +42,8 @@ from iaa.platform.tracking.mlflow_internals import forget_artifact_repositories
 
 PARENT_TAG = "mlflow.parentRunId"
 OWNER_TAG = "iaa.owner"
+KILLED_TAG = "iaa.killed"               # set when a later command closes a run whose process died
+STOP_TAGS = (KILLED_TAG, INTERRUPTED_TAG)   # how a run stopped: removed when a resume runs it again
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}   # MLflow 3's training-runs view
 TIMEOUT_ENV, DEFAULT_TIMEOUT_S = "IAA_SERVICE_TIMEOUT_S", 5.0
 MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
@@ -252,7 +255,7 @@ def close_orphans(uri: str) -> list[str]:
     for run in client.search_runs(ids, filter_string="attributes.status = 'RUNNING'", max_results=1000):
         token = run.data.tags.get(OWNER_TAG)
         if token and not owner_alive(token):
-            client.set_tag(run.info.run_id, "iaa.killed", f"process {token} ended without closing this run")
+            client.set_tag(run.info.run_id, KILLED_TAG, f"process {token} ended without closing this run")
             client.set_terminated(run.info.run_id, status="KILLED")
             closed.append(run)
     if any(run.data.tags.get("sweep") for run in closed):

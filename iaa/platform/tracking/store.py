@@ -34,8 +34,8 @@ from iaa.errors import IaaError, brief
 from iaa.data.manifest import MANIFEST
 from iaa.platform.cluster.owner import owner
 from iaa.files import disk_full
-from iaa.platform.tracking.connection import (OWNER_TAG, PARENT_TAG, TRANSIENT, experiment_id, experiment_note,
-                                             store_client, store_full)
+from iaa.platform.tracking.connection import (OWNER_TAG, PARENT_TAG, STOP_TAGS, TRANSIENT, experiment_id,
+                                             experiment_note, store_client, store_full)
 
 _log = logging.getLogger(__name__)
 
@@ -121,6 +121,12 @@ class Run:
         return run
 
     def mark_running(self) -> None:
+        """RUNNING again, owned by this process; the tags that said how it stopped (a signal, a
+        process that died) no longer hold and are removed: a run the resume finishes reads as one."""
+        tags = self._client.get_run(self.run_id).data.tags
+        for key in STOP_TAGS:
+            if key in tags:
+                self._client.delete_tag(self.run_id, key)
         self._client.set_tag(self.run_id, OWNER_TAG, owner())
         self._client.update_run(self.run_id, status="RUNNING")
 
