@@ -424,7 +424,7 @@ class RayLauncher:
         check_free(placing.storage, placing.name)
         launch = connect(placing, self.address, self.storage_path)
         if run.console is not None:
-            run.console.placed(launch.plan.max_concurrent)
+            run.console.placed(launch.plan.fits_now or launch.plan.max_concurrent)   # what runs at once today
         spec = trial_spec(launch, run.fit, members=configs)
         side = driver_side.DriverSide(tracker=trials.tracker, experiment=trials.experiment,
                                       parent_run_id=trials.parent_run_id, dataset=configs[0].dataset, spec=spec,
