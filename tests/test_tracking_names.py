@@ -245,6 +245,30 @@ def test_the_ensemble_of_a_sweep_nests_under_the_sweeps_run_with_its_data(tmp_pa
     assert [r["selected"] for r in rows] == [True, True]
 
 
+def test_an_ensemble_that_cannot_reach_its_cluster_opens_no_run(tmp_path: Path, tiny: Path) -> None:
+    """An unreachable cluster, or storage its nodes cannot share, fails before the ensemble's run
+    opens: nothing is left FAILED under the sweep."""
+    from fakes import FakeTracker
+    from iaa.errors import IaaError
+    from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.tune import tune
+
+    class Unreachable(FakeLauncher):
+        def connect(self, request):
+            raise IaaError("the cluster has 3 nodes (3 hosts): --storage-path is required")
+
+    space = tmp_path / "space.yaml"
+    space.write_text("model.hidden_dim: [8]\n", encoding="utf-8")
+    tracker, work = FakeTracker(), tmp_path / "work"
+    tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=space, sets=TINY_SETS,
+                              workdir=work, name="one", show_progress=False), lambda uri: tracker, FakeLauncher())
+    before = set(tracker.runs)
+    with pytest.raises(IaaError, match="--storage-path is required"):
+        ensemble.run(ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
+                                              show_progress=False), tracker, Unreachable())
+    assert set(tracker.runs) == before
+
+
 def test_a_distilled_student_is_tracked_in_its_ensembles_experiment(tmp_path: Path, tiny: Path,
                                                                      checkpoint: Path) -> None:
     from functools import partial

@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from iaa.data.shards import file_sha256
 from iaa.errors import IaaError
@@ -144,16 +144,41 @@ def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
     return [replace(m, label=f"{m.label} ({i + 1})") if labels.count(m.label) > 1 else m for i, m in enumerate(members)]
 
 
-def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_dir: Path, tracker: Tracker,
-                  name: str, launcher: Launcher | None, run_id: str | None = None) -> list[Member]:
-    """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials,
-    whose runs nest under the ensemble's run ``run_id`` and carry the sweep's name."""
+def _wanted(req: EnsembleRequest, sweep: SweepRecord) -> tuple[list[tuple[JobConfig, str]], dict[str, Any],
+                                                                 list[JobConfig], list[str]]:
+    """The members the ensemble wants (K best configurations x N seeds, labelled), the checkpoints
+    it finds for some, and the configurations (and labels) left to train."""
     trials = list(sweep.trials)
     workdir = Workdir(req.workdir)
     found = ledger.reusable(workdir.root, workdir.sweep(sweep.name), trials)
     wanted = ledger.seeded(ledger.best_configs(sweep.name, trials, req.top_configs), req.seeds)
     to_train = [cfg for cfg, _ in wanted if ledger.config_key(cfg) not in found]
     labels = [label for cfg, label in wanted if ledger.config_key(cfg) not in found]
+    return wanted, found, to_train, labels
+
+
+def _connection(req: EnsembleRequest, name: str, prepared: Path, to_train: Sequence[JobConfig],
+                show_progress: bool) -> ConnectRequest:
+    """How the members to train are placed on the cluster (one Tune run named ``name``)."""
+    return ConnectRequest(name=name, prepared=prepared, storage=Workdir(req.workdir).storage(req.storage_path),
+                          num_trials=len(to_train), workers_per_trial=req.workers_per_trial,
+                          gpus_per_worker=req.gpus_per_worker, threads=max(c.train.threads for c in to_train) or None,
+                          show_progress=show_progress)
+
+
+def check_cluster(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, launcher: Launcher | None) -> None:
+    """Join the cluster the members left to train will run on, before the ensemble's run opens: an
+    unreachable address or storage the nodes cannot share fails here, leaving no FAILED run."""
+    _, _, to_train, _ = _wanted(req, sweep)
+    if to_train and launcher is not None:
+        launcher.connect(_connection(req, f"ensemble-{sweep.name}", prepared, to_train, show_progress=False))
+
+
+def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_dir: Path, tracker: Tracker,
+                  name: str, launcher: Launcher | None, run_id: str | None = None) -> list[Member]:
+    """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials,
+    whose runs nest under the ensemble's run ``run_id`` and carry the sweep's name."""
+    wanted, found, to_train, labels = _wanted(req, sweep)
     if to_train:
         from iaa.jobs.training.loop import fit_on_worker
 
@@ -168,11 +193,7 @@ def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_
                                   data_dir=prepared, member_names=member_names(name, to_train, req.top_configs, labels))
         console = member_console(to_train, labels, prepared, req) if req.show_progress else None
         started = time.monotonic()
-        connection = ConnectRequest(name=run_name, prepared=prepared, storage=workdir.storage(req.storage_path),
-                                    num_trials=len(to_train), workers_per_trial=req.workers_per_trial,
-                                    gpus_per_worker=req.gpus_per_worker,
-                                    threads=max(c.train.threads for c in to_train) or None,
-                                    show_progress=req.show_progress)
+        connection = _connection(req, run_name, prepared, to_train, req.show_progress)
         interrupt.on_stop(lambda signal_name: _end_members(tracker, trials_to.experiment, run_name, signal_name))
         trained = launcher.train_many(MembersRequest(
             configs=tuple(to_train), connection=connection,
@@ -342,6 +363,8 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
     else:
         given, dataset, prepared, name, out_dir = _given_ensemble(req, tracker)
         experiment = f"ensemble-{dataset}"
+    if sweep is not None:
+        check_cluster(req, sweep, prepared, launcher)
     held.enter_context(lock.held(lock.beside(out_dir), busy=lambda pid: IaaError(
         f"the ensemble {name} is being built by another process (pid {pid}); let it end, or stop it there, then "
         f"run the same command again: it reuses every member trained")))
