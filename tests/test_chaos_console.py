@@ -73,3 +73,32 @@ def test_a_lost_node_is_said_once_with_what_becomes_of_its_trials(monkeypatch) -
         watch.tell(heard, now=True)
         watch.tell(heard, now=True)                                  # said once
         assert heard.lost == [("bbbbbbbb (10.0.0.2)", then)]
+
+
+def test_a_resumed_trial_restored_from_a_checkpoint_continues_on_the_console() -> None:
+    from dataclasses import dataclass, field
+
+    from iaa.jobs.sweeps.console import SweepConsole
+    from iaa.platform.sweeps.driver_side import DriverSide, bound
+    from iaa.platform.sweeps.trial_runs import ConsoleCallback
+
+    @dataclass
+    class Trial:
+        trial_id: str
+        config: dict
+        last_result: dict = field(default_factory=dict)
+        checkpoint: object = None
+
+    out, clock = io.StringIO(), _Clock()
+    console = SweepConsole(None, ["model.steps"], say=lambda line: print(line, file=out), clock=clock)
+    side = DriverSide(tracker=None, experiment="e", parent_run_id=None, dataset="d", spec=None,  # type: ignore[arg-type]
+                      console=console, names={"a": "trial-0001", "b": "trial-0002"})
+    with bound("s", side):
+        callback = ConsoleCallback("s")
+        callback.on_trial_start(0, [], Trial("a", {"model.steps": 2}, {"checks": 2}, checkpoint="ckpt"))
+        callback.on_trial_start(0, [], Trial("b", {"model.steps": 1}))          # never started before
+        callback.on_trial_result(0, [], Trial("a", {"model.steps": 2}), {"checks": 3, "epoch": 1.5, "valid_acc": 0.5})
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("trial trial-0001 continues from check 2: T=2")
+    assert lines[1].endswith("trial trial-0002 started: T=1")
+    assert console.replayed == 0 and console.trials["trial-0001"].checks == 3

@@ -85,6 +85,14 @@ class SweepConsole:
         self.trials[trial_id] = _Trial(dict(params), self.clock())
         self._say(f"trial {trial_id} started: {self.label(params)}")
 
+    def trial_continued(self, trial_id: str, params: Mapping[str, Any], from_check: int) -> None:
+        """A resumed sweep's unfinished trial, restored from the checkpoint of check ``from_check``."""
+        if trial_id in self.trials and self.trials[trial_id].state == "running":
+            return                                  # restarted in this process: its restore was told
+        t = self.trials.setdefault(trial_id, _Trial(dict(params), self.clock()))
+        t.checks = max(t.checks, from_check)
+        self._say(f"trial {trial_id} continues from check {from_check}: {self.label(params)}")
+
     def trial_checked(self, trial_id: str, metrics: Mapping[str, Any]) -> None:
         t = self.trials.setdefault(trial_id, _Trial({}, self.clock()))
         checks = int(metrics.get("checks", t.checks + 1))

@@ -21,6 +21,7 @@ import ray.tune as tune
 from iaa.errors import brief
 from iaa.files import disk_full
 from iaa.jobs.config.job_config import config_label, to_dict
+from iaa.jobs.config.presets import TIME_ATTR
 from iaa.jobs.ports import (CHECKPOINT_FILE, TIME_BUDGET, TUNE_RUN_TAG, WORKER_LOST, RunRecord, SweepEvents, TrackedRun,
                             Tracker, trial_name)
 from iaa.platform.sweeps import driver_side
@@ -346,7 +347,12 @@ class ConsoleCallback(tune.Callback):
                 and trial.trial_id not in self._checked)
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        if self.console is not None and not self._kept_before(trial):
+        if self.console is None or self._kept_before(trial):
+            return
+        done = int((getattr(trial, "last_result", None) or {}).get(TIME_ATTR) or 0)
+        if done and getattr(trial, "checkpoint", None) is not None:      # a resumed sweep's, restored
+            self.console.trial_continued(self.name(trial), trial.config, done)
+        else:
             self.console.trial_started(self.name(trial), trial.config)
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
