@@ -213,9 +213,11 @@ def _figure(out: dict[str, Any], path: Path) -> None:
               (axes[1], xs / out["concurrency"], "wall_",
                f"simulated wall time (epochs of one trial slot, {out['concurrency']} slots)"))
     for ax, x, prefix, label in panels:
-        for name in [n for n in DRAWN if n in out["strategies"]]:
+        for i, name in enumerate(n for n in DRAWN if n in out["strategies"]):
             row = out["strategies"][name]
-            line, = ax.plot(x, row[f"{prefix}regret_median"], label=name, lw=2.6 if name == DEFAULT else 1.2)
+            # dashes of their own, so that a strategy whose median runs on another's still shows
+            line, = ax.plot(x, row[f"{prefix}regret_median"], label=name, lw=2.6 if name == DEFAULT else 1.4,
+                            ls="-" if name == DEFAULT else ("--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))[i % 4])
             if name in BANDS:
                 ax.fill_between(x, row[f"{prefix}regret_q25"], row[f"{prefix}regret_q75"], color=line.get_color(),
                                 alpha=0.15)
