@@ -139,6 +139,21 @@ def test_train_stopped_by_sigterm_ends_its_run_killed_at_once(tmp_path: Path) ->
     assert _running_runs(work) == []
 
 
+def test_train_on_ray_train_workers_stopped_by_ctrl_c_says_how_to_resume(tmp_path: Path) -> None:
+    """Ray Train's fit takes SIGINT for itself when it runs in the main thread (it aborts the run
+    and exits 1, silently); the command's own stop must still say how to resume and end its run."""
+    tiny, work, run_dir = make_tiny_prepared(tmp_path / "tiny"), tmp_path / "work", tmp_path / "run"
+    argv = _cli("train", "--data", str(tiny), *SETS, "--set", "train.max_epochs=200", "--set", "train.patience=100000",
+                "--workers", "2", "--run-dir", str(run_dir), "--workdir", str(work))
+    code, took, out = _stop_when(argv, tmp_path / "train.log", lambda text: "check 2:" in text, signal.SIGINT,
+                                 group=True)
+
+    assert code == 128 + signal.SIGINT and took < 30, (code, took, out[-3000:])
+    line = _one_line(out, "SIGINT")
+    assert line.endswith("--resume") and "--workers 2" in line and f"--run-dir {run_dir}" in line
+    assert _running_runs(work) == [] and "Traceback" not in out
+
+
 # The first Ctrl-C's stop ends the run KILLED; the second comes in the middle of that very write
 # to the store (its SQLite lock held), as a Ctrl-C pressed twice can.
 SECOND_CTRL_C_IN_A_WRITE = """

@@ -127,6 +127,31 @@ class _Checks:
                      "the cluster has room for all its workers again (a lost node's share: until one joins)")
 
 
+def fit_hearing_signals(trainer: Any) -> Any:
+    """``trainer.fit()`` in a thread of its own, the main thread waiting on it.
+
+    Train V2's ``fit``, called in the main thread, takes SIGINT for itself: it aborts the run and
+    ends the process (status 1, not a word said), so the command's own stop never ran: no line
+    that says how to resume, its MLflow run FAILED. Off the main thread ``fit`` leaves the handler
+    alone (as under Tune), and Ctrl-C stops the command as SIGTERM does; the worker group ends
+    with the process, as it does then."""
+    done: dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            done["result"] = trainer.fit()
+        except BaseException as error:  # noqa: BLE001 - raised again in the main thread
+            done["error"] = error
+
+    thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)                       # short waits: a signal's handler runs between them
+    if "error" in done:
+        raise done["error"]
+    return done["result"]
+
+
 def fit_workers(request: WorkersRequest, *, address: str | None = None,
                 storage_path: str | None = None) -> dict[str, Any]:
     """Train ``request.cfg`` with the job's loop ``request.fit`` on ``request.workers`` Ray Train
@@ -173,7 +198,7 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
                  restores=max_failures(MAX_FAILURES)) as checks, \
             cluster_lines_to(run_dir / DRIVER_LOG):     # a dead node's raylet dump: to the run folder's log
         try:
-            result = trainer.fit()
+            result = fit_hearing_signals(trainer)
         except TrainingFailedError as err:     # Train V2's fit raises what failed the run
             raise_failure(name, err)
     if result.error is not None:
