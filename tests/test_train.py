@@ -69,6 +69,20 @@ def test_kill_and_resume_equals_uninterrupted(tiny: Path, tmp_path: Path) -> Non
     ]
 
 
+def test_extending_a_finished_run_trains_as_the_longer_run_would(tiny: Path, tmp_path: Path) -> None:
+    """The check that closes a budget between two scheduled ones decides nothing (no lr decay, no
+    patience), so `--resume` with a larger train.max_epochs goes on as the longer run from the start."""
+    short = train_job.run(_cfg(tiny, "train.check_every=5", "train.max_epochs=0.5"), tiny, tmp_path / "x",
+                          show_progress=False)
+    assert short.steps % 5 != 0                                     # its last check was off the schedule
+    longer = _cfg(tiny, "train.check_every=5", "train.max_epochs=1.5")
+    extended = train_job.run(longer, tiny, tmp_path / "x", resume=True, show_progress=False)
+    full = train_job.run(longer, tiny, tmp_path / "full", show_progress=False)
+    assert extended.steps == full.steps
+    a, b = _params(tmp_path / "x" / "checkpoints/last.pt"), _params(tmp_path / "full" / "checkpoints/last.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_resume_with_nothing_left_to_train_still_says_where_the_run_stands(tiny: Path, tmp_path: Path) -> None:
     from iaa.jobs.training.summary import head_lines
 

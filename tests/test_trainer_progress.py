@@ -35,6 +35,15 @@ def test_early_stopping_after_patience_checks_in_a_row() -> None:
     assert p.stop_reason == "early-stopped" and p.bad_checks == 3
 
 
+def test_a_check_that_only_closes_a_budget_keeps_a_better_score_and_decides_nothing() -> None:
+    p, _ = _checks([0.5, 0.4], lr_decay=0.5, patience=2)
+    assert (p.lr_scale, p.bad_checks) == (0.5, 1)
+    assert p.record_check(0.3, lr_decay=0.5, patience=2, decides=False) is False
+    assert (p.lr_scale, p.bad_checks, p.stop_reason, p.checks) == (0.5, 1, "", 3)   # counted, nothing decided
+    assert p.record_check(0.7, lr_decay=0.5, patience=2, decides=False) is True
+    assert (p.best_valid_acc, p.bad_checks) == (0.7, 0)
+
+
 def test_the_first_stop_reason_is_kept() -> None:
     p = Progress()
     p.stop("max-time")

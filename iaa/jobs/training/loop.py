@@ -238,7 +238,9 @@ class Trainer:
         temperature = calibration.fit_temperature(*calibration.stacked(kept), total=self.session.all_reduce_sum)
         valid_seconds = time.perf_counter() - self.window.start - train_seconds
         acc = correct / max(total, 1)
-        improved = p.record_check(acc, lr_decay=tc.lr_decay, patience=tc.patience)
+        # a check due only because the budget ended (between two scheduled ones) decides nothing
+        improved = p.record_check(acc, lr_decay=tc.lr_decay, patience=tc.patience,
+                                  decides=not p.stop_reason or self._check_due())
         self.optimizer.set_lr(tc.lr * p.lr_scale)
         self.last = self._metrics(acc, nll / max(total, 1), temperature, train_seconds, valid_seconds)
         state = checkpoint.make_state(self.cfg, self.model, self.optimizer, p.to_dict(), self.vocab_hash,

@@ -59,17 +59,22 @@ class Progress:
         elif self.stop_reason == "max-time" and (max_seconds <= 0 or self.elapsed_s < max_seconds):
             self.stop_reason = ""
 
-    def record_check(self, valid_acc: float, *, lr_decay: float, patience: int) -> bool:
+    def record_check(self, valid_acc: float, *, lr_decay: float, patience: int, decides: bool = True) -> bool:
         """Count a validation check; returns whether it improved on the best score.
 
         A check that does not improve multiplies ``lr_scale`` by ``lr_decay`` and, the
         ``patience``-th time in a row, stops the run ("early-stopped"). A tie is no improvement:
-        the best checkpoint stays the first one that reached the score.
+        the best checkpoint stays the first one that reached the score. A check that only closes a
+        budget between two scheduled checks (``decides`` False) keeps a better score but decides
+        nothing: no step follows it, and a resume that extends the budget goes on as a run given
+        the longer budget from the start would.
         """
         self.checks += 1
         improved = valid_acc > self.best_valid_acc
         if improved:
             self.best_valid_acc, self.best_step, self.bad_checks = valid_acc, self.step, 0
+        elif not decides:
+            return False
         else:
             self.bad_checks += 1
             self.lr_scale *= lr_decay
