@@ -145,6 +145,8 @@ def test_cli_train_then_evaluate_end_to_end(tiny: Path, tmp_path: Path) -> None:
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert Path(out["checkpoint"]).is_file() and 0.0 <= out["valid_acc"] <= 1.0
     assert (tmp_path / "w" / "mlflow.db").is_file()
+    # the temperature the checkpoint answers at, which the last check's ("temperature") need not be
+    assert out["checkpoint_temperature"] == checkpoint.temperature(checkpoint.load(Path(out["checkpoint"])))
 
     preds = tmp_path / "preds.parquet"
     res = runner.invoke(cli, ["evaluate", "--checkpoint", out["checkpoint"], "--data", str(tiny), "--split", "test",

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 from iaa.errors import IaaError, printable
 from iaa.files import spellings
 from iaa.jobs import interrupt
+from iaa.jobs.modeling import checkpoint
 from iaa.jobs.modeling import precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.ports import INTERRUPTED_TAG, Launcher, ModelFiles, RestoresSpent, TrackedRun, Tracker, WorkersRequest
@@ -210,7 +211,8 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     from iaa.jobs.training import summary
 
     result = summary.with_baseline(result, prepared)
-    return replace(result, next=summary.next_commands(result, req))
+    best = checkpoint.temperature(checkpoint.load(Path(result.checkpoint)))   # not the last check's, where they differ
+    return replace(result, checkpoint_temperature=best, next=summary.next_commands(result, req))
 
 
 def _killed(run: Any, signal_name: str) -> None:

@@ -18,7 +18,8 @@ class TrainResult(Result):
     """A trained reader: its best checkpoint, how far it trained and why it stopped.
 
     ``metrics`` holds the figures of its last validation check (``step``, ``train_loss``,
-    ``valid_loss``, ``lr``, ``train_examples_per_s`` ...) and those its runner adds (in process:
+    ``valid_loss``, ``temperature``, ``lr``, ``train_examples_per_s`` ...: those of the last check,
+    which need not be the best one) and those its runner adds (in process:
     ``cuda_graphs``; on Ray Train workers: ``ray_storage``, ``workers``, ``threads``), each a key of
     the JSON object. A tracked run (:func:`iaa.jobs.train.train.run_tracked`) adds its store, run
     and logged model; the train job then adds the baseline beside it (:func:`with_baseline`).
@@ -33,9 +34,10 @@ class TrainResult(Result):
     train_seconds: float | None = None
     precision: str | None = None                # fp32 | bf16: what the reader multiplied in
     checkpoint: str                             # the best checkpoint
+    checkpoint_temperature: float | None = absent_when_none()   # the one it answers at (fitted at its check)
     run_dir: str
     model_uri: str | None = absent_when_none()
-    valid_acc: float | None = absent_when_none()        # the last check's; a tracked run's best, as tune names it
+    valid_acc: float | None = absent_when_none()        # a tracked run's best check's, as tune names it
     tracking_uri: str | None = absent_when_none()
     mlflow_run_id: str | None = absent_when_none()
     baseline_valid_acc: float | None = absent_when_none()   # the most-frequent-candidate accuracy on valid
