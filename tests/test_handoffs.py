@@ -114,6 +114,16 @@ def test_best_config_of_a_dataset_sweep_names_the_dataset_only(tiny: Path, tmp_p
     assert "data" not in read_handoff(path) and yaml.safe_load(path.read_text())["dataset"] == "cbt-ne"
 
 
+def test_a_sweeps_best_config_trains_in_a_run_folder_of_its_own(tmp_path: Path) -> None:
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.jobs.datasets import resolve
+
+    cfg = JobConfig(dataset="demo")
+    assert resolve.run_dir("demo", cfg, None, tmp_path).name == "demo-iaa-seed0"
+    assert resolve.run_dir("demo", cfg, None, tmp_path, sweep="demo-iaa-77332e").name == "demo-iaa-77332e-best-seed0"
+    assert resolve.run_dir("demo", cfg, tmp_path / "mine", tmp_path, sweep="s") == tmp_path / "mine"
+
+
 def test_the_next_commands_start_with_training_the_best_config_in_the_same_workdir(tmp_path: Path) -> None:
     best = TrialRecord(trial_id="t1", config=JobConfig(), checkpoint="/w/best.pt")
     plan = sweep_plan(tmp_path / "my work", options={"workdir": str(tmp_path / "my work"),
@@ -139,7 +149,7 @@ def test_train_with_only_best_config_trains_it_on_the_sweeps_data_to_its_early_s
     assert out["baseline_valid_acc"] == frequency.run(tiny, "valid").accuracy
     assert out["stop_reason"] in ("early-stopped", "max-epochs")
     assert out["steps"] > 0.5 * 192 / 16                       # beyond the trial's budget
-    assert Path(out["run_dir"]).parent == tmp_path / "w" / "runs"
+    assert Path(out["run_dir"]) == tmp_path / "w" / "runs" / "s1-best-seed0"      # apart from a plain run
 
 
 @pytest.fixture(scope="module")

@@ -81,9 +81,14 @@ def job_config(
     return replace(cfg, dataset=dataset, model=replace(cfg.model, vocab_size=vocab_size(prepared)))
 
 
-def run_dir(dataset: str, cfg: JobConfig, given: Path | None, workdir: Path) -> Path:
-    """The run folder of ``train``: ``given``, else ``WORKDIR/runs/DATASET-MODEL-seedN``."""
-    return Path(given) if given is not None else Workdir(workdir).run(f"{dataset}-{cfg.model.kind}-seed{cfg.train.seed}").path
+def run_dir(dataset: str, cfg: JobConfig, given: Path | None, workdir: Path, sweep: str | None = None) -> Path:
+    """The run folder of ``train``: ``given``, else ``WORKDIR/runs/DATASET-MODEL-seedN``, or for a
+    sweep's best configuration (``best_config.yaml``) ``WORKDIR/runs/SWEEP-best-seedN``, apart from
+    a plain run of the same dataset."""
+    if given is not None:
+        return Path(given)
+    stem = f"{sweep}-best" if sweep else f"{dataset}-{cfg.model.kind}"
+    return Workdir(workdir).run(f"{stem}-seed{cfg.train.seed}").path
 
 
 def chosen_keys(config_file: Path | None, sets: Sequence[str] = ()) -> set[str]:

@@ -194,7 +194,7 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     cfg = resolve.job_config(name, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
     if "sweep" in handoff:                      # on stderr, with --json too: what this run is
         _log.info(best_config_notice(handoff["sweep"], cfg))
-    run_dir = resolve.run_dir(name, cfg, req.run_dir, req.workdir)
+    run_dir = resolve.run_dir(name, cfg, req.run_dir, req.workdir, (handoff.get("sweep") or {}).get("name"))
     outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
                           flag="`run_dir`", folder=True)
     tracker = open_tracker(uri)
