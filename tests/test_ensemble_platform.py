@@ -243,3 +243,9 @@ def test_an_ensemble_of_a_sweep_tracks_in_the_store_the_sweep_recorded(sweep: Sw
     assert Workdir(work).named_store(elsewhere) == elsewhere
     assert Workdir(work).named_store(f"sqlite:///{work.resolve() / 'mlflow.db'}") is None
     assert Workdir(work).named_store(None) is None
+
+
+def test_ensembles_of_one_sweep_built_otherwise_get_names_of_their_own() -> None:
+    assert ensemble.sweep_ensemble_name("demo-iaa-77332e", 1, "all") == "demo-iaa-77332e"
+    assert ensemble.sweep_ensemble_name("demo-iaa-77332e", 2, "all") == "demo-iaa-77332e-top2"
+    assert ensemble.sweep_ensemble_name("demo-iaa-77332e", 3, "greedy") == "demo-iaa-77332e-top3-greedy"

@@ -276,6 +276,12 @@ def sweep_store(workdir: Path, name: str | None) -> str | None:
         return None
 
 
+def sweep_ensemble_name(sweep: str, top_configs: int, select: str) -> str:
+    """An ensemble of a sweep's default name: the sweep's, and ``-topK`` and ``-SELECT`` where they
+    are not the defaults (1, all), so that ensembles of one sweep built otherwise do not collide."""
+    return sweep + (f"-top{top_configs}" if top_configs > 1 else "") + (f"-{select}" if select != "all" else "")
+
+
 def read_sweep(workdir: Path, name: str) -> SweepRecord:
     """The sweep ``name`` (or the latest of a default-named prefix), with at least one trial."""
     path = sweep_file.find(workdir, name)
@@ -356,7 +362,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
             dataset, prepared = resolve.data_dir(None, Path(sweep.data_dir), workdir)
         else:
             dataset, prepared = resolve.data_dir(req.dataset or sweep.dataset, req.data, workdir)
-        name = req.name or sweep.name
+        name = req.name or sweep_ensemble_name(sweep.name, req.top_configs, req.select)
         out_dir = Workdir(workdir).ensemble(name)
         _check_free(out_dir, name, req.overwrite)
         experiment = sweep.experiment or f"ensemble-{dataset}"
