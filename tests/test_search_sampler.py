@@ -227,6 +227,24 @@ def test_cmaes_without_its_package_is_one_line_naming_what_to_install(monkeypatc
         search.build_sampler(parse(SMALL, JobConfig()), 0, "cmaes")
 
 
+def test_tune_with_cmaes_missing_fails_before_any_record_or_cluster(monkeypatch, tmp_path) -> None:
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from _faults import assert_one_message
+    from iaa.cli import cli
+    from tests._tiny import make_tiny_prepared
+
+    tiny = make_tiny_prepared(tmp_path / "tiny")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cmaes" else real(name, *a))
+    result = CliRunner().invoke(cli, ["tune", "--data", str(tiny), "--sampler", "cmaes", "--workdir", str(tmp_path / "w")])
+    assert_one_message(result.exit_code, result.output, "cmaes sampler needs the cmaes package",
+                       "pip install -e '.[cmaes]'")
+    assert not (tmp_path / "w" / "sweeps").exists() and not (tmp_path / "w" / "mlflow.db").exists()
+
+
 def test_a_sampler_that_keeps_proposing_a_taken_configuration_is_redrawn_at_random() -> None:
     """A deterministic proposal (a GP's acquisition optimum) would otherwise be accepted as a repeat
     after every redraw."""

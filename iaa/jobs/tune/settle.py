@@ -11,6 +11,7 @@ Ray, MLflow or Optuna, so a bad start fails in a moment.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -32,7 +33,9 @@ from iaa.jobs.workdir.paths import Workdir
 
 _log = logging.getLogger(__name__)
 
-CLUSTER_COMMANDS = ("tune", "train", "ensemble")   # the next commands that train, given --address and --storage-path
+CLUSTER_COMMANDS = ("tune", "train", "ensemble")
+CMAES_MISSING = ("the cmaes sampler needs the cmaes package: pip install 'iaa[cmaes]' (in a checkout: "
+                 "pip install -e '.[cmaes]'), or choose another `sampler`")   # the next commands that train, given --address and --storage-path
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,8 @@ def settle(req: TuneRequest) -> SweepPlan:
                                      sampler, req.seed)
     for note in notes:
         _log.warning(note)
+    if sampler == "cmaes" and importlib.util.find_spec("cmaes") is None:   # before any store, record or Ray
+        raise ConfigError(CMAES_MISSING)
     num_samples = req.num_samples or preset.num_samples
     if sampler == "grid":
         num_samples = grid_samples(space, num_samples)
