@@ -303,7 +303,7 @@ def test_a_sweep_whose_every_trial_lost_its_worker_is_one_error_naming_its_resum
     assert parent.state == "KILLED"
 
 
-@pytest.mark.parametrize("recorded, flag, used", [(None, None, "tpe"), (None, "gp", "tpe"), ("cmaes", None, "cmaes"),
+@pytest.mark.parametrize("recorded, flag, used", [(None, None, "tpe"), (None, "gp", "tpe"), ("random", None, "random"),
                                                   ("gp", "random", "gp"), ("gp", "gp", "gp")])
 def test_a_resumed_sweep_keeps_the_sampler_it_recorded(tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                        recorded: str | None, flag: str | None, used: str) -> None:
