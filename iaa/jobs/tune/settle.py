@@ -33,9 +33,9 @@ from iaa.jobs.workdir.paths import Workdir
 
 _log = logging.getLogger(__name__)
 
-CLUSTER_COMMANDS = ("tune", "train", "ensemble")
+CLUSTER_COMMANDS = ("tune", "train", "ensemble")   # the next commands that train, given --address and --storage-path
 CMAES_MISSING = ("the cmaes sampler needs the cmaes package: pip install 'iaa[cmaes]' (in a checkout: "
-                 "pip install -e '.[cmaes]'), or choose another `sampler`")   # the next commands that train, given --address and --storage-path
+                 "pip install -e '.[cmaes]'), or choose another `sampler`")
 
 
 @dataclass(frozen=True)
