@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import sys
 import time
@@ -267,18 +266,19 @@ def test_training_outlives_a_tracking_server_that_dies(tmp_path: Path) -> None:
     assert "were not logged to MLflow" in err and "Traceback" not in err
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_run_tracked_on_a_server_keeps_stdout_to_its_json_line(tmp_path: Path) -> None:
+def test_a_server_store_keeps_mlflows_links_off_stdout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow's client writes links to a server's run and model pages to stdout; stdout is the
-    command's, whose last line a script reads as JSON."""
-    from tests._tiny import make_tiny_prepared
+    command's, whose last line a script reads as JSON. Opening a store switches them off."""
+    from mlflow.environment_variables import MLFLOW_PRINT_MODEL_URLS_ON_CREATION, MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT
 
-    tiny = make_tiny_prepared(tmp_path / "tiny")
-    with _mlflow_server(tmp_path) as (uri, _):
-        out, err = _train(tiny, tmp_path / "w", uri, "train.max_epochs=1").communicate(timeout=500)
-    lines = out.splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["mlflow_run_id"], (out, err[-2000:])
+    from iaa.errors import IaaError
+    from iaa.platform.tracking import connection
+
+    for name in ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "MLFLOW_PRINT_MODEL_URLS_ON_CREATION"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(IaaError):
+        connection.open_store("http://127.0.0.1:9")                  # set before the server is asked
+    assert MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.get() is True and MLFLOW_PRINT_MODEL_URLS_ON_CREATION.get() is False
 
 
 def test_an_experiment_says_what_made_it_and_on_which_data(tmp_path: Path) -> None:
