@@ -81,6 +81,7 @@ def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with
     [line] = [text for text in stopped.output.splitlines() if text.startswith("interrupted by SIGINT")]
     assert_says(line, "kept 1 finished trial(s) and the last checkpoints of 1 unfinished one(s)",
                 "1 unfinished one(s) had made no check")
+    assert "had not started" not in line                  # all 3 trials had started
     sweep = record.read(record.sweep_file(work, "k"))
     tally = stops.standing(tracker, sweep.experiment, "k", sweep.parent_run_id)
     assert (tally.finished, tally.unfinished, tally.checkpointed) == (1, 2, 1)
@@ -354,3 +355,18 @@ def test_a_restored_search_creates_trials_up_to_the_number_the_resume_asks_for(t
             restored = ResumableSearch(search.searcher(space, seed=0), max_concurrent=1, sweep="s")
             restored.set_state(dict(saved))
         assert restored.total_samples == (asked or 4) and restored.is_finished() is not left
+
+
+def test_a_stopped_sweep_counts_the_trials_that_had_not_started(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from iaa import cli
+
+    tune_on(monkeypatch, FakeTracker(), _StoppedLauncher())
+    sets = [arg for s in TINY_SETS for arg in ("--set", s)]
+    stopped = CliRunner().invoke(cli.cli, ["tune", "--data", str(tiny), "--num-samples", "5", "--search-space",
+                                           str(write_space(tmp_path)), *sets, "--name", "k",
+                                           "--workdir", str(tmp_path / "work")])
+
+    assert stopped.exit_code == 130, stopped.output
+    [line] = [text for text in stopped.output.splitlines() if text.startswith("interrupted by SIGINT")]
+    assert_says(line, "kept 1 finished trial(s)", "2 of its 5 trials had not started")

@@ -123,15 +123,19 @@ def _unfinished(latest: Mapping[str, RunRecord], again: Collection[str]) -> list
     return [run for trial_id, run in latest.items() if run.status not in ("FINISHED", "FAILED") or trial_id in again]
 
 
-def kept(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None, folder: Path) -> str:
-    """What a stopped sweep keeps, in words: the unfinished trials that made no check have no
-    checkpoint, and a resume starts them again."""
+def kept(tracker: Tracker, experiment: str, sweep: str, parent_run_id: str | None, folder: Path,
+         num_samples: int) -> str:
+    """What a stopped sweep of ``num_samples`` trials keeps, in words: the unfinished trials that
+    made no check have no checkpoint, and a resume starts them again, as it starts those that had
+    not started."""
     tally = standing(tracker, experiment, sweep, parent_run_id)
     fresh = tally.unfinished - tally.checkpointed
     unchecked = (f"; {fresh} unfinished one(s) had made no check, so no checkpoint: a resume starts "
                  f"{'it' if fresh == 1 else 'them'} again from the beginning" if fresh else "")
+    waiting = num_samples - tally.finished - tally.unfinished
+    unstarted = f"; {waiting} of its {num_samples} trials had not started: a resume starts them" if waiting > 0 else ""
     return (f"sweep {sweep} kept {tally.finished} finished trial(s) and the last checkpoints of {tally.checkpointed} "
-            f"unfinished one(s){unchecked} ({folder}; runs KILLED, unfinished Optuna trials FAIL)")
+            f"unfinished one(s){unchecked}{unstarted} ({folder}; runs KILLED, unfinished Optuna trials FAIL)")
 
 
 def resumed_line(tracker: Tracker, record: SweepRecord, num_samples: int, time_budget_s: float | None = None) -> str:

@@ -131,7 +131,8 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
         _log.warning(note)
     sweep, parent, console = _open_sweep(plan, tracker, launcher, launch, search, per_check)
     stop.on_stop(stops.on_stop(tracker, launcher, plan.experiment, plan.name, search),
-                 kept=lambda: stops.kept(tracker, plan.experiment, plan.name, parent.run_id, plan.folder))
+                 kept=lambda: stops.kept(tracker, plan.experiment, plan.name, parent.run_id, plan.folder,
+                                         plan.num_samples))
     trials = TrialTracking(tracker=tracker, experiment=plan.experiment, parent_run_id=parent.run_id,
                            sweep=plan.name, dataset=plan.dataset, data_dir=plan.prepared)
     started = time.time()
