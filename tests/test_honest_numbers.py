@@ -98,7 +98,7 @@ def test_train_ends_with_a_rounded_summary_and_next_commands_that_run(tiny, tmp_
     assert "stopped at max-epochs" in out or "stopped early" in out
     assert "lr: " not in out and "train_examples_per_s" not in out      # no raw dump of every metric
     commands = _next(out)
-    assert [c.split()[1] for c in commands] == ["evaluate", "explain", "ensemble"]
+    assert [c.split()[1] for c in commands] == ["evaluate", "explain", "serve"]
     for command in commands[:2]:
         done = CliRunner().invoke(cli, shlex.split(command)[1:] + (["--out", str(tmp_path / "e.html")]
                                                                     if "explain" in command else []))
@@ -187,12 +187,13 @@ def _distilled(comparison: dict, student: float):
     from dataclasses import replace
 
     from iaa.jobs.distill import summary
+    from iaa.jobs.training.summary import next_commands
 
     result = summary.DistillResult(
         **comparison, best_valid_acc=student, valid_examples=2000, stop_reason="early-stopped", steps=30,
         best_step=20, epoch=3.0, checkpoint="/r/best.pt", run_dir="/r", data_dir="/d", members=("a", "b"),
         baseline_valid_acc=0.3, teacher="/t.parquet", teacher_computed=True, dataset="cbt-ne")
-    return replace(result, next=summary.next_commands(result))
+    return replace(result, next=next_commands(result))
 
 
 def test_distill_says_in_points_when_the_student_kept_none_of_a_small_gain():
@@ -206,4 +207,4 @@ def test_distill_says_in_points_when_the_student_kept_none_of_a_small_gain():
     assert "kept none of that gain" in text and "51.4 points below" in text
     assert "%" not in text.split("best member:")[1].split("next:")[0] and "-51" not in text
     commands = text.split("next:\n")[1]
-    assert "iaa-cli evaluate" in commands and "iaa-cli ensemble" not in commands     # no ensemble of one
+    assert "iaa-cli evaluate" in commands and "iaa-cli serve" in commands and "iaa-cli ensemble" not in commands

@@ -94,7 +94,7 @@ def test_baseline_json_keeps_its_keys(prepared) -> None:
 def test_evaluate_returns_its_next_steps_as_commands_and_prints_todays_keys(prepared, tmp_path) -> None:
     data, ckpt = prepared
     result = evaluate.run(ckpt, data, "valid", tmp_path / "p.parquet")
-    assert [c.name for c in result.next] == ["explain", "ensemble"] and all(isinstance(c, Command) for c in result.next)
+    assert [c.name for c in result.next] == ["explain", "serve"] and all(isinstance(c, Command) for c in result.next)
     assert "input" not in result.fields() and "next" not in result.fields()
     code, output = invoke("evaluate", "--checkpoint", ckpt, "--data", data, "--split", "valid",
                           "--out", tmp_path / "q.parquet", "--json")

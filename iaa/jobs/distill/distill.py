@@ -157,8 +157,8 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
                 "teacher_id": identity.tag(teacher)}
         result = train(cfg, prepared, folder, train_rows=rows, teacher=path, tags=tags,
                        experiment=experiment_name(ensemble, req.ensemble))
-    from iaa.jobs.distill.summary import comparison, next_commands
-    from iaa.jobs.training.summary import with_baseline
+    from iaa.jobs.distill.summary import comparison
+    from iaa.jobs.training.summary import next_commands, with_baseline
 
     result = with_baseline(result, prepared)
     fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}

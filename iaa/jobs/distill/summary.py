@@ -44,10 +44,6 @@ def comparison(student: float | None, ensemble: EnsembleRecord) -> dict[str, Any
             "gain_kept_points": kept}
 
 
-def next_commands(result: TrainResult, req: Any = None) -> tuple[closing.Command, ...]:
-    """Score the student on test and explain it; it came from an ensemble, so an "ensemble" of
-    this one checkpoint is no next step."""
-    return train_summary.next_commands(result, req, ensemble=False)
 
 
 def _points_from(student: float, other: float) -> str:

@@ -239,7 +239,7 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
         mean_steps=sum(steps) / len(steps) if steps else None,
         steps_histogram={n: steps.count(n) for n in sorted(set(steps))} if steps else None,
         next=(Command.of("explain", checkpoint=str(checkpoint_path), **source, split=split, first=5, **where(workdir)),
-              Command.of("ensemble", members=(str(checkpoint_path),), data=data, **where(workdir))))
+              Command.of("serve", checkpoint=str(checkpoint_path), **where(workdir))))
 
 
 RECORDED_PREFIX = "evaluate/"     # the recorded metrics' names: evaluate/test_acc, ...; the predictions' folder

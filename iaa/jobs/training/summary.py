@@ -106,13 +106,13 @@ def _with_epoch(step: int | None, result: TrainResult) -> str:
     return f"{step} (epoch {closing.rounded(step * float(epoch) / float(checked))})"
 
 
-def next_commands(result: TrainResult, req: Any = None, *, ensemble: bool = True) -> tuple[closing.Command, ...]:
-    """Score the checkpoint on test, explain it on valid, and (``ensemble``) ensemble it; ``req``
-    (with ``workdir`` and ``tracking_uri``) names where the ensemble goes."""
+def next_commands(result: TrainResult, req: Any = None) -> tuple[closing.Command, ...]:
+    """Score the checkpoint on test, explain it on valid, serve it; ``req`` (with ``workdir`` and
+    ``tracking_uri``) names the work folder and store the lines name."""
     ckpt, data = result.checkpoint, result.data_dir or ""
     at = closing.where(getattr(req, "workdir", None), getattr(req, "tracking_uri", None))
     split = "test" if result.has_test else "valid"
     return (closing.Command.of("evaluate", checkpoint=ckpt, data=data, split=split, **at),
             closing.Command.of("explain", checkpoint=ckpt, data=data, first=5,
                                **closing.where(getattr(req, "workdir", None))),
-            *([closing.Command.of("ensemble", members=(ckpt,), data=data, **at)] if ensemble else []))
+            closing.Command.of("serve", checkpoint=ckpt, **closing.where(getattr(req, "workdir", None))))
