@@ -14,6 +14,7 @@ from _faults import make_checkpoint, make_prepared
 from iaa.jobs.config.job_config import JobConfig
 from iaa.jobs.ports import TrialRecord
 from iaa.jobs.sweeps import record as sweep_file
+from iaa.jobs.workdir.paths import Workdir
 
 
 def listing(root: Path) -> dict[str, tuple[int, int]]:
@@ -160,6 +161,12 @@ def test_evaluate_writes_its_predictions_into_the_work_folder_not_beside_the_che
     assert set(result.fields()) >= {"accuracy", "predictions", "split", "examples", "checkpoint"}
 
 
+def test_a_trials_checkpoint_is_evaluated_into_a_folder_named_by_its_sweep_and_trial(tmp_path):
+    work = Workdir(tmp_path / "work")
+    ckpt = work.root / "ray" / "demo-iaa-a067c3" / "04c5595f" / "checkpoint_000002" / "checkpoint.pt"
+    assert work.evaluation(ckpt).name.startswith("demo-iaa-a067c3-04c5595f-checkpoint_000002-")
+    assert work.evaluation(work.root / "runs" / "r" / "checkpoints" / "best.pt").name.startswith("r-best-")
+
 def test_evaluate_cli_says_where_the_predictions_went_and_honours_out(tmp_path, base):
     from click.testing import CliRunner
 
@@ -227,7 +234,6 @@ def test_a_stored_teacher_of_the_same_members_at_another_place_is_fresh(tmp_path
 
 
 def test_a_copied_mlflow_store_logs_its_artifacts_into_the_copy_only(tmp_path):
-    from iaa.jobs.workdir.paths import Workdir
     from iaa.platform.tracking.tracker import MlflowTracker
 
     original, copy = tmp_path / "a w" / "work", tmp_path / "b" / "work"

@@ -226,11 +226,19 @@ class Workdir:
 
     def evaluation(self, checkpoint: Path) -> Path:
         """The folder of a checkpoint's predictions: ``evaluations/RUN-STEM-HASH``, the hash of its
-        path within the work folder (so a moved folder keeps its names), or of its absolute path."""
+        path within the work folder (so a moved folder keeps its names), or of its absolute path.
+        A trial's checkpoint (``ray/SWEEP/TRIAL/checkpoint_000002/checkpoint.pt``) is named
+        ``SWEEP-TRIAL-checkpoint_000002-HASH``."""
         checkpoint = Path(checkpoint)
-        run = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else checkpoint.parent.name
+        parent = checkpoint.parent
+        if parent.name == "checkpoints":
+            name = f"{parent.parent.name}-{checkpoint.stem}"
+        elif parent.name.startswith("checkpoint_"):                      # Ray's folder of one checkpoint
+            name = f"{parent.parent.parent.name}-{parent.parent.name}-{parent.name}"
+        else:
+            name = f"{parent.name}-{checkpoint.stem}"
         tag = hashlib.sha1(str(stored(checkpoint, self.root)).encode()).hexdigest()[:8]
-        return self.root / "evaluations" / f"{run}-{checkpoint.stem}-{tag}".lstrip("-")
+        return self.root / "evaluations" / f"{name}-{tag}".lstrip("-")
 
     # --- Ray storage and the MLflow store ----------------------------------------------------------
 
