@@ -14,6 +14,7 @@ from iaa.platform.cluster import resources, storage
 from iaa.jobs.ports import TrialRecord, WorkerData
 from iaa.jobs.config.presets import TUNE_PRESETS
 from iaa.platform.cluster.resources import DRIVER_CPU, Node
+from _faults import assert_says
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -771,3 +772,37 @@ def test_the_clusters_lines_go_to_a_blocks_file_and_nowhere_else_once_ray_is_joi
     shown = capsys.readouterr()
     assert shown.out == "the command's line\nthe command's output\n" and shown.err == ""
     assert (tmp_path / "driver.log").read_text() == "(raylet) in the block\n"
+
+
+class _Queue:
+    """A driver's queue of checks: ``items`` come out in turn, an exception is raised."""
+
+    def __init__(self, *items: object) -> None:
+        self.items = list(items)
+
+    def get(self, timeout: float) -> object:
+        item = self.items.pop(0) if self.items else RuntimeError("the queue's actor died")
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def empty(self) -> bool:
+        return not self.items
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(60)                                   # a drain that never ends fails, not hangs
+def test_a_train_runs_checks_wait_out_an_empty_queue_and_a_lost_one_is_one_line(tmp_path, capsys, console) -> None:
+    from ray.util.queue import Empty
+
+    from iaa.platform.train_workers import _Checks
+
+    seen: list[dict] = []
+    checks = _Checks(_Queue(Empty(), {"checks": 1, "step": 4}, Empty(), {"checks": 2, "step": 8}), tmp_path,
+                     on_metrics=seen.append, show_progress=False)
+    checks._drain()                                        # the queue's actor dies after the two checks
+    assert [m["checks"] for m in checks.history] == [1, 2] and len(seen) == 2
+    [line] = [text for text in capsys.readouterr().err.splitlines() if text.strip()]
+    assert_says(line, "checks no longer reach this process", "the queue's actor died")

@@ -93,11 +93,19 @@ class _Checks:
         self.queue.shutdown()
 
     def _drain(self) -> None:
-        while not (self._done.is_set() and self.queue.empty()):
+        from ray.util.queue import Empty
+
+        while True:
             try:
+                if self._done.is_set() and self.queue.empty():
+                    return
                 metrics = self.queue.get(timeout=0.5)
-            except Exception:  # noqa: BLE001 - ray.util.queue.Empty on timeout
+            except Empty:
                 continue
+            except Exception as err:  # noqa: BLE001 - the queue's actor lost: said once, not a thread's traceback
+                _log.warning(f"checks no longer reach this process ({printable(err)}): metrics.jsonl and the run's "
+                             "tracked metrics miss those after this")
+                return
             self._record(metrics)
 
     def _record(self, metrics: dict[str, Any]) -> None:
