@@ -37,7 +37,8 @@ from typing import Any, Callable
 NAMES = (("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"),
          ("ray.train._internal.storage", "StorageContext"),
          ("ray.serve._private.replica", "add_port_to_grpc_server"),
-         ("ray._private.worker", "_global_node"))
+         ("ray._private.worker", "_global_node"),
+         ("ray.serve", "_run"))
 
 # Loggers of Ray's private modules, and the level below which their messages are held back
 # while a cluster starts (``iaa.platform.cluster.connect``).
