@@ -139,3 +139,26 @@ def test_a_store_deleted_mid_run_prints_one_line_warnings_and_no_tracebacks(tmp_
     assert "Traceback" not in done.stderr and "[SQL:" not in done.stderr, done.stderr
     assert len(lines) == 5, done.stderr          # retrying, params, metrics not logged, not marked, refused
     assert all("attempt to write a readonly database" in line for line in lines), done.stderr
+
+
+QUIETED = textwrap.dedent("""
+    import logging, sys
+    from iaa.platform import mlflow_model
+    from iaa.platform.tracking import connection, tracker
+
+    levels = lambda: [logging.getLogger(n).level for n in ("mlflow", *connection.STORE_LOGGERS)]
+    print(levels())
+    connection.open_store("sqlite:///" + sys.argv[1])
+    print(levels())
+""")
+
+
+def test_importing_the_package_leaves_logging_alone_and_opening_a_store_quiets_it(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("IAA_DEBUG", None)
+    done = subprocess.run([sys.executable, "-c", QUIETED, str(tmp_path / "mlflow.db")], capture_output=True,
+                          text=True, env=env, timeout=100)
+    assert done.returncode == 0, done.stderr
+    imported, opened = done.stdout.splitlines()[-2:]
+    assert "50" not in imported, imported                 # SQLAlchemy and alembic as a program set them
+    assert opened == "[30, 50, 50, 50]", opened           # MLflow at WARNING, the store's loggers CRITICAL

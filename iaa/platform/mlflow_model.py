@@ -49,7 +49,7 @@ import iaa
 from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError, brief
 from iaa.jobs.ports import Answerer, LoadedModel, ModelCode, ModelFiles
-from iaa.platform.tracking.connection import TRANSIENT
+from iaa.platform.tracking.connection import TRANSIENT, quiet_store_logs
 from iaa.platform.tracking.store import dataset_summary, manifest_digest
 
 _log = logging.getLogger(__name__)
@@ -396,6 +396,7 @@ def fetch(model_uri: str, tracking_uri: str | None = None) -> LoadedModel:
     a logged model (``models:/<id>``) or a run's model its name and id."""
     from mlflow.models import Model
 
+    quiet_store_logs()
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     name, version = _name_version(client, model_uri)
     try:

@@ -59,17 +59,25 @@ DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")   # with an option
 OTHER_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc")
 MLFLOW_TABLES = {"alembic_version", "experiments"}              # what marks a SQLite file as MLflow's
 
-logging.getLogger("mlflow").setLevel(logging.WARNING)  # keep table-creation chatter off stderr
-if os.environ.get("IAA_DEBUG", "") in ("", "0"):
-    # A failing store logs each error with its traceback (MLflow's session helper, SQLAlchemy's
-    # pool, alembic) and then raises it; the raised error is what a command reports, in one line.
-    for _name in ("mlflow.store", "sqlalchemy", "alembic"):
-        logging.getLogger(_name).setLevel(logging.CRITICAL)
+STORE_LOGGERS = ("mlflow.store", "sqlalchemy", "alembic")
+
+
+def quiet_store_logs() -> None:
+    """Keep MLflow's table-creation chatter off stderr and, unless ``IAA_DEBUG`` is set, the
+    tracebacks that a failing store logs (MLflow's session helper, SQLAlchemy's pool, alembic)
+    before it raises: the raised error is what a command reports, in one line. Called where a
+    store is opened, not on import, so that a program that imports the package keeps its own
+    logging as it set it."""
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    if os.environ.get("IAA_DEBUG", "") in ("", "0"):
+        for name in STORE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def open_store(uri: str) -> str:
     """The store at ``uri`` (from :meth:`iaa.jobs.workdir.paths.Workdir.tracking_uri`), once checked; runs
     left ``RUNNING`` by dead processes are marked ``KILLED``."""
+    quiet_store_logs()
     for key, value in MLFLOW_HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
     check(uri)
