@@ -49,10 +49,6 @@ class SweepCost:
     first_check_examples: int = 0      # training examples before a trial's first check; 0: not known
 
     @property
-    def total_examples(self) -> float:
-        return self.trials * self.epochs * self.examples
-
-    @property
     def wall_s(self) -> float | None:
         """Expected wall time if ASHA stops no trial; None when the throughput is unknown."""
         if self.examples_per_s <= 0:

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from iaa.data.manifest import MANIFEST
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text, ensure_writable
 from iaa.jobs.workdir import names
@@ -199,9 +198,6 @@ class Workdir:
 
     def data(self, dataset: str) -> Path:
         return self.root / "data" / names.component(dataset, "dataset")
-
-    def is_prepared(self, dataset: str) -> bool:
-        return (self.data(dataset) / MANIFEST).is_file()
 
     def run(self, name: str) -> RunFolder:
         return RunFolder(self.root / "runs" / names.component(name, "run name"))
