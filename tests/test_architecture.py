@@ -135,7 +135,6 @@ def test_the_model_reaches_the_kernels_only_through_select() -> None:
 PLATFORM_MAY_IMPORT = {"iaa.jobs", "iaa.jobs.ports", "iaa.jobs.ports.records", "iaa.jobs.ports.tracking",
                        "iaa.jobs.ports.launching", "iaa.jobs.ports.serving", "iaa.jobs.config.job_config", "iaa.jobs.config.presets",
                        "iaa.jobs.workdir", "iaa.jobs.workdir.paths", "iaa.jobs.workdir.recorded", "iaa.jobs.config", "iaa.jobs.config.search_space",
-                       "iaa.jobs.training",
                        "iaa.jobs.config.exploration"}   # pure: what a sweep's trials cannot tell (the study's notes)
 
 

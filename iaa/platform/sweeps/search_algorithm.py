@@ -112,7 +112,7 @@ def scheduler(preset: TunePreset, max_t: int, sweep: str | None = None) -> Any:
 
 
 def to_optuna(space: SearchSpace) -> dict[str, Any]:
-    """Optuna distributions by parameter name, for ``OptunaSearch(space=...)``."""
+    """Optuna distributions by parameter name: what the study samples and what a warm start carries."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     out: dict[str, Any] = {}
