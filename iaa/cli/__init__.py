@@ -20,15 +20,12 @@ importable from this package.
 
 from __future__ import annotations
 
-from iaa.cli.adapters import _launcher, _open_tracker, _tracker
 from iaa.cli.data import make_cloze, prepare
 from iaa.cli.ensembles import distill, ensemble
-from iaa.cli.inference import _autoscale, baseline, evaluate, explain, predict, serve, serve_app
+from iaa.cli.inference import baseline, evaluate, explain, predict, serve, serve_app
 from iaa.cli.group import cli, main
-from iaa.cli.options import (INPUT_FORMATS, MODELS, _examples_source, _Finite, _FiniteFloat, _ModelKinds, _need_data,
-                             _vocabulary_data, address_option, cluster_options, config_options, data_options,
+from iaa.cli.options import (INPUT_FORMATS, MODELS, address_option, cluster_options, config_options, data_options,
                              input_option, json_option, precision_option, tracking_option, workdir_option)
-from iaa.cli.output import _debug, _emit, _friendly, _warn
 from iaa.cli.reports import report
 from iaa.cli.training import bench, train
 from iaa.cli.tuning import tune
@@ -36,6 +33,4 @@ from iaa.cli.tuning import tune
 __all__ = ["INPUT_FORMATS", "MODELS", "address_option", "baseline", "bench", "cli", "cluster_options", "config_options",
            "data_options", "distill", "ensemble", "evaluate", "explain", "input_option", "json_option", "main",
            "make_cloze", "precision_option", "predict", "prepare", "report", "serve", "serve_app", "tracking_option",
-           "train", "tune", "workdir_option", "_autoscale", "_debug", "_emit", "_examples_source", "_Finite",
-           "_FiniteFloat", "_friendly", "_launcher", "_ModelKinds", "_need_data", "_open_tracker", "_tracker",
-           "_vocabulary_data", "_warn"]
+           "train", "tune", "workdir_option"]
