@@ -30,7 +30,7 @@ from iaa.jobs.workdir.paths import Workdir
 @workdir_option
 @json_option
 @_friendly
-def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **request: Any) -> None:
+def train(resume: bool, overwrite: bool, as_json: bool, **request: Any) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run.
 
     The data is --dataset or --data, or what the --config file names: `iaa-cli train --config
@@ -43,7 +43,7 @@ def train(resume: bool, overwrite: bool, address: str | None, as_json: bool, **r
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
     req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=progress_shown())
-    result = job.run_request(req, _open_tracker, _launcher(address, req.storage_path) if req.workers > 0 else None)
+    result = job.run_request(req, _open_tracker, _launcher(req.address, req.storage_path) if req.workers > 0 else None)
     _close(summary.describe, result)
     _emit(result, as_json, keys=CLOSING_KEYS)
 

@@ -170,6 +170,7 @@ class TrainRequest:
     gpus_per_worker: float = 0.0
     tracking_uri: str | None = None
     storage_path: str | None = None
+    address: str | None = None               # the Ray cluster of the workers; None: a local one
     workdir: Path = Path(DEFAULT_WORKDIR)
     show_progress: bool = True
 
@@ -226,8 +227,8 @@ def resume_command(req: TrainRequest, run_dir: Path) -> Command:
     return Command.of("train", dataset=req.dataset, data=req.data, model_kind=req.model_kind,
                       config_file=req.config_file, sets=tuple(req.sets), run_dir=run_dir, workers=req.workers or None,
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
-                      storage_path=req.storage_path, register=req.register,
-                      **where(req.workdir, req.tracking_uri), resume=True)
+                      storage_path=req.storage_path, address=req.address if req.workers else None,
+                      register=req.register, **where(req.workdir, req.tracking_uri), resume=True)
 
 
 def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]:
