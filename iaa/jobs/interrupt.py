@@ -20,7 +20,6 @@ Plain Python signals and psutil: nothing here knows a cluster or a store.
 
 from __future__ import annotations
 
-import _thread
 import logging
 import os
 import signal
@@ -255,8 +254,9 @@ def _unraisable(previous: Callable[..., None]) -> Callable[..., None]:
         if stop.handler is not None:
             arm(stop.handler)
         stop.redelivered += 1
-        # from another thread, a moment later: called here, the handler would raise inside this hook
-        threading.Timer(0.01, _thread.interrupt_main, args=(int(getattr(signal, name)),)).start()
+        # from another thread, a moment later: called here, the handler would raise inside this hook;
+        # a real signal to the main thread, so that a call it blocks in (a sleep, a wait) ends at once
+        threading.Timer(0.01, signal.pthread_kill, args=(threading.main_thread().ident, getattr(signal, name))).start()
     return hook
 
 
