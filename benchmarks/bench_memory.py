@@ -1,14 +1,14 @@
 """Resident memory of a long CPU training run, with the batches' widths padded to multiples and as loaded.
 
     python benchmarks/bench_memory.py --data PREPARED [--dataset cbt-cn] [--model as-reader]
-                                      [--steps 2500] [--json OUT]
+                                      [--steps 2500] [--report-every 100] [--json OUT]
 
 Two processes train the same reader on the same prepared data at once, one thread each, with
 freed memory retained in the heap as ``iaa-cli train`` sets it (``step.retain_freed_memory``):
 ``padded`` pads each batch's widths to multiples, as the loop does on the CPU
 (``iaa.data.batch.pad_to_multiple``); ``as-loaded`` trains the batches as the loader cuts them.
-Every 10 steps each reads its resident memory; every 100 it reports it, its peak so far and its
-seconds. The two run side by side, so the seconds' ratio is the padding's cost on this machine
+Every 10 steps each reads its resident memory; every ``--report-every`` steps (100) it reports
+it, its peak so far and its seconds. The two run side by side, so the seconds' ratio is the padding's cost on this machine
 (the sides share the memory bus).
 Checks are switched off (``train.check_every`` past the run), so both run the same steps. The
 last line is JSON.
@@ -39,7 +39,7 @@ def resident_mb() -> int:
 
 
 def side(args: argparse.Namespace) -> None:
-    """One side: train ``--steps`` steps, one JSON line every 100."""
+    """One side: train ``--steps`` steps, one JSON line every ``--report-every``."""
     from iaa.jobs.config import presets
     from iaa.jobs.config.job_config import merge
     from iaa.jobs.datasets import resolve
@@ -60,7 +60,7 @@ def side(args: argparse.Namespace) -> None:
         for step, _ in enumerate(itertools.islice(trainer.steps(), args.steps), 1):
             if step % 10 == 0:
                 peak = max(peak, resident_mb())
-            if step % 100 == 0:
+            if step % args.report_every == 0:
                 print(json.dumps({"side": args.side, "step": step, "rss_mb": resident_mb(), "peak_mb": peak,
                                   "seconds": round(time.perf_counter() - start, 1)}), flush=True)
 
@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="cbt-cn", help="the preset whose reader and batch size train")
     parser.add_argument("--model", default="as-reader")
     parser.add_argument("--steps", type=int, default=2500)
+    parser.add_argument("--report-every", type=int, default=100, help="steps between two reports of a side")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -78,7 +79,7 @@ def main() -> None:
         return side(args)
 
     base = [sys.executable, __file__, "--data", str(args.data), "--dataset", args.dataset, "--model", args.model,
-            "--steps", str(args.steps)]
+            "--steps", str(args.steps), "--report-every", str(args.report_every)]
     procs = {name: subprocess.Popen([*base, "--side", name], stdout=subprocess.PIPE, text=True) for name in SIDES}
     rows = {name: [json.loads(line) for line in proc.stdout] for name, proc in procs.items()}
     for name, proc in procs.items():

@@ -141,16 +141,17 @@ def test_the_roofline_matmul_is_large_enough_to_be_compute_bound_on_a_gpu(monkey
 @pytest.mark.slow
 def test_the_memory_script_trains_both_sides_and_reports_them(tmp_path):
     """``benchmarks/bench_memory.py``: two processes train the preset's reader side by side; each
-    reports every 100 steps, and the summary holds both sides' peaks and the seconds' ratio."""
+    reports every ``--report-every`` steps, and the summary holds both sides' peaks and the seconds' ratio."""
     from tests._tiny import make_tiny_prepared
 
     prepared = make_tiny_prepared(tmp_path / "tiny")
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_memory.py"
     out = tmp_path / "memory.json"
     subprocess.run([sys.executable, str(script), "--data", str(prepared), "--dataset", "cbt-ne", "--model", "iaa",
-                    "--steps", "200", "--json", str(out)], check=True, capture_output=True, text=True)
+                    "--steps", "40", "--report-every", "20", "--json", str(out)], check=True, capture_output=True,
+                   text=True)
     result = json.loads(out.read_text())
-    assert [row["step"] for row in result["rows"]["padded"]] == [100, 200] == [
+    assert [row["step"] for row in result["rows"]["padded"]] == [20, 40] == [
         row["step"] for row in result["rows"]["as-loaded"]]
     assert all(result["peak_mb"][side] > 50 for side in ("padded", "as-loaded"))
     assert result["seconds_ratio_padded_over_loaded"] > 0
