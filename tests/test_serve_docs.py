@@ -77,8 +77,12 @@ NOISE = ("Connecting to existing Serve app", "will not be applied", "graceful_sh
 @pytest.mark.timeout(600)
 def test_iaa_cli_serve_prints_only_its_own_lines_and_serves_docs_offline(tmp_path):
     """``iaa-cli serve`` from start to Ctrl-C: Serve's progress lines and Ray's failed-shutdown
-    line stay out of the terminal, and ``/docs`` with its script comes from the server."""
+    line stay out of the terminal, and ``/docs`` with its script comes from the server. Every port
+    of it listens on loopback: Ray Serve asks for each replica's gRPC server (calls between
+    deployments) on every interface, and on a local cluster it listens on loopback like the rest."""
+    import json
     import os
+    import shutil
     import signal
     import socket
     import subprocess
@@ -87,6 +91,8 @@ def test_iaa_cli_serve_prints_only_its_own_lines_and_serves_docs_offline(tmp_pat
     import urllib.request
 
     from tests._explain import tiny_setup
+    from tests._processes import exposed_ports, listening, process_tree
+    from tests.test_serve import QUESTION, _post
 
     prepared, ckpts = tiny_setup(tmp_path)
     with socket.socket() as s:
@@ -109,6 +115,11 @@ def test_iaa_cli_serve_prints_only_its_own_lines_and_serves_docs_offline(tmp_pat
         assert "/docs/assets/swagger-ui-bundle.js" in page and "cdn" not in page
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/docs/assets/swagger-ui-bundle.js", timeout=60) as js:
             assert js.status == 200 and b"SwaggerUIBundle" in js.read()
+        if shutil.which("ss") is not None and os.path.isdir("/proc"):     # ss (iproute2) lists the sockets
+            assert _post(f"http://127.0.0.1:{port}", json.dumps(QUESTION).encode())[0] == 200
+            ports = listening(process_tree(proc.pid))
+            assert len([row for row in ports if row[2].startswith("ray::ServeRepl")]) >= 2, ports   # ingress, reader
+            assert not exposed_ports(ports), ports
     finally:
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=180)
