@@ -321,7 +321,7 @@ def start(cfg: ServeConfig, code: ServeCode) -> str:
     _connect(cfg)
     local = not (cfg.address or os.environ.get("RAY_ADDRESS"))
     if local:
-        check_fits(cfg, ray.cluster_resources())
+        check_fits(cfg, ray.cluster_resources(), ray.available_resources())
     with driver_lines_to_log():
         serve.start(http_options={"host": cfg.host, "port": cfg.port}, logging_config={"log_level": "WARNING"},
                     controller_options={"runtime_env": {"env_vars": proxy_env(cfg.limits.max_request_bytes)}})
@@ -392,9 +392,13 @@ def stop(app: str = "iaa", *, local: bool = False) -> None:
     and is shut down with Serve in it (``serve.shutdown`` makes Ray print a failed, retried
     ``ServeController.graceful_shutdown`` on every stop)."""
     import ray
+    from ray.serve.exceptions import RayServeException
 
     with driver_lines_to_log():
-        serve.delete(app)
+        try:
+            serve.delete(app)
+        except RayServeException:               # Serve never started (refused first): nothing to delete
+            pass
         if local:
             ray.shutdown()
         else:

@@ -2,7 +2,8 @@
 
 Serve waits without end for replicas the cluster cannot place. :func:`check_fits` refuses at
 once, from ``ray.cluster_resources()``, the replicas a local cluster can never hold (it cannot
-grow); :func:`wait_running` waits for the application and fails, naming what is short, when
+grow), and from ``ray.available_resources()`` those it cannot hold now (a caller's own actors
+hold its CPUs); :func:`wait_running` waits for the application and fails, naming what is short, when
 replicas are still unplaced after Serve's slow-start notice (a local cluster) or after
 ``IAA_AUTOSCALE_WAIT_S`` (a cluster reached by ``--address``, which may be adding nodes).
 Neither touches any other application.
@@ -41,12 +42,15 @@ def _need(cfg: ServeConfig) -> str:
             f"(+{INGRESS_CPUS * ingresses(cfg):g} for the ingress)")
 
 
-def check_fits(cfg: ServeConfig, total: dict[str, float]) -> None:
+def check_fits(cfg: ServeConfig, total: dict[str, float], free: dict[str, float] | None = None) -> None:
     """Raise :class:`IaaError` when ``total`` (a local cluster's ``ray.cluster_resources()``)
-    cannot hold the first replicas and the ingress."""
-    cpus = float(total.get("CPU", 0.0))
-    if first_replicas(cfg) * cfg.cpus_per_replica + INGRESS_CPUS * ingresses(cfg) > cpus + 1e-9:
+    cannot hold the first replicas and the ingress, or when ``free`` (its
+    ``ray.available_resources()``: what a caller's own actors leave) cannot hold them now."""
+    cpus, need = float(total.get("CPU", 0.0)), first_replicas(cfg) * cfg.cpus_per_replica + INGRESS_CPUS * ingresses(cfg)
+    if need > cpus + 1e-9:
         raise IaaError(f"{_need(cfg)}; the cluster has {cpus:g} (lower --replicas or --cpus-per-replica)")
+    if free is not None and need > float(free.get("CPU", 0.0)) + 1e-9:
+        raise _unplaced(cfg, total, free)
 
 
 def _status(app: str) -> tuple[str, list[str]]:
@@ -58,12 +62,9 @@ def _status(app: str) -> tuple[str, list[str]]:
     return str(getattr(status.status, "value", status.status)), [d.message for d in status.deployments.values() if d.message]
 
 
-def _unplaced(cfg: ServeConfig) -> IaaError:
-    import ray
-
-    total, free = ray.cluster_resources().get("CPU", 0.0), ray.available_resources().get("CPU", 0.0)
-    return IaaError(f"{_need(cfg)}; the cluster has {total:g} ({free:g} free) and could not place them "
-                    "(lower --replicas or --cpus-per-replica, or free the cluster)")
+def _unplaced(cfg: ServeConfig, total: dict[str, float], free: dict[str, float]) -> IaaError:
+    return IaaError(f"{_need(cfg)}; the cluster has {total.get('CPU', 0.0):g} ({free.get('CPU', 0.0):g} free) and "
+                    "could not place them (lower --replicas or --cpus-per-replica, or free the cluster)")
 
 
 def wait_running(cfg: ServeConfig, local: bool, failure: Any) -> None:
@@ -77,5 +78,7 @@ def wait_running(cfg: ServeConfig, local: bool, failure: Any) -> None:
         if state == "DEPLOY_FAILED":
             raise IaaError(f"the model could not be served: {failure() or 'a replica failed to start'}")
         if any(_UNPLACED in m for m in messages) and (deadline is None or time.monotonic() > deadline):
-            raise _unplaced(cfg)
+            import ray
+
+            raise _unplaced(cfg, ray.cluster_resources(), ray.available_resources())
         time.sleep(POLL_S)
