@@ -181,6 +181,19 @@ def test_a_manifest_edited_after_verification_is_checked_again(data):
         verify.verify(data)
 
 
+@pytest.mark.parametrize("where", ["counts", "splits"])
+def test_a_count_edited_in_the_manifest_is_named_with_both_numbers(data, where):
+    manifest = json.loads((data / "manifest.json").read_text())
+    rows = manifest["counts"]["train"]
+    if where == "counts":
+        manifest["counts"]["train"] = rows + 1
+    else:
+        manifest["splits"]["train"]["count"] = rows + 1
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    named = "counts.train" if where == "counts" else "splits.train.count"
+    assert_one_message(*invoke("baseline", "--data", str(data)), "manifest.json",
+                       f"the train split holds {rows} rows", f"{named} says {rows + 1}")
+
 def test_empty_valid_split_is_an_error_not_accuracy_zero(data):
     manifest = json.loads((data / "manifest.json").read_text())
     manifest["splits"]["valid"].update(shards=[], count=0)

@@ -44,9 +44,11 @@ def verify(root: Path) -> dict[str, Any]:
         vocab_size = _check_vocab(root, manifest)
         for split, entry in manifest["splits"].items():
             rows = sum(_check_shard(root, shard, vocab_size) for shard in entry["shards"])
-            if rows != entry.get("count", rows) or rows != manifest.get("counts", {}).get(split, rows):
-                raise _Damage(root / M.MANIFEST, f"the {split} split holds {rows} rows, the manifest counts "
-                                                 f"{entry.get('count')}")
+            for where, counted in ((f"splits.{split}.count", entry.get("count", rows)),
+                                   (f"counts.{split}", manifest.get("counts", {}).get(split, rows))):
+                if rows != counted:
+                    raise _Damage(root / M.MANIFEST, f"the {split} split holds {rows} rows, the manifest's "
+                                                     f"{where} says {counted}")
     except _Damage as damage:
         raise DataError(f"{damage.what}; {M.rebuild_hint(root, manifest)}", path=damage.path,
                         reason=E.MISSING_SOURCE) from None
