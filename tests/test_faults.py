@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from _cbt_fixtures import example, write_source
+from _faults import assert_says
 from iaa import cli
 from iaa.data import verify
 from iaa.data.shards import SCHEMA, file_sha256
@@ -227,6 +228,16 @@ def test_empty_validation_split_is_refused_by_prepare(tmp_path):
     source = cbt_source(tmp_path, example(), "1 a b .\n2 c d .\n")
     assert_one_message(*prepare("cbt-ne", source, tmp_path / "out"), "no usable validation example")
 
+
+def test_data_without_a_valid_split_is_refused_by_training_before_any_run_opens(tmp_path):
+    code, output = prepare("cbt-ne", cbt_source(tmp_path, example() * 3), tmp_path / "out")
+    assert code == 0, output
+    assert_says(output, "no valid split in the source", "need train and valid")          # said at once, too
+    work = tmp_path / "work"
+    for command in (["train"], ["tune", "--num-samples", "1"]):
+        assert_one_message(*invoke(*command, "--data", str(tmp_path / "out"), "--workdir", str(work)),
+                           "no valid split here (it has train)", "reads train and valid", "iaa-cli prepare")
+    assert not (work / "mlflow.db").exists() and not (work / "runs").exists()     # no run opened, none FAILED
 
 def question(entity: int = 1) -> str:
     return (f"http://x\n\n@entity{entity} met @entity2 at home .\n\n@placeholder met @entity2\n\n"

@@ -250,6 +250,10 @@ def _report(manifest: dict[str, Any]) -> None:
                 _log.info(f"  {msg}")
         for msg in entry["truncated_examples"]:
             _log.warning(f"{split}: {msg}")
+    missing = [split for split in ("train", "valid") if split not in manifest["counts"]]
+    if missing:
+        _log.warning(f"no {' and no '.join(missing)} split in the source: train, tune, ensemble and distill need "
+                     f"train and valid (evaluate, predict and explain take what there is)")
 
 
 def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float,

@@ -15,12 +15,15 @@ from iaa.jobs.config.presets import for_dataset
 from iaa.jobs.workdir.paths import Workdir
 
 
-def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str, Path]:
+def data_dir(dataset: str | None, data: Path | None, workdir: Path,
+             splits: Sequence[str] = ()) -> tuple[str, Path]:
     """The dataset name and prepared folder: ``data`` as given, or ``dataset`` under ``workdir``.
 
     ``demo`` is generated and prepared on first use; other datasets must have been prepared.
     Every job opens its data here, so every shard is verified here (see ``iaa.data.verify``).
     With both, ``dataset`` must be the one the folder's manifest names (a ConfigError otherwise).
+    ``splits``: those the job reads (training: train and valid), refused at once where missing,
+    before the job opens a run.
     """
     from iaa.data import verify
 
@@ -36,6 +39,12 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path) -> tuple[str
     valid = manifest.get("counts", {}).get("valid")
     if valid == 0 or (valid is None and _remade_with_valid(manifest)):
         raise DataError(f"the valid split is empty, so no accuracy can be measured; {_empty_valid_hint(prepared, manifest)}",
+                        path=prepared / MANIFEST)
+    have = manifest.get("counts", {})
+    missing = [split for split in splits if split not in have]
+    if missing:
+        raise DataError(f"no {' and no '.join(missing)} split here (it has {', '.join(have) or 'none'}), and this "
+                        f"command reads {' and '.join(splits)}; {_empty_valid_hint(prepared, manifest)}",
                         path=prepared / MANIFEST)
     recorded = manifest.get("dataset")
     if data is not None and dataset is not None and recorded and recorded != dataset:

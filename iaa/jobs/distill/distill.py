@@ -139,7 +139,8 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
     if req.train_examples is not None and req.train_examples < 1:
         raise IaaError("`train_examples` must be >= 1")
     ensemble, members = teacher_mod.members_of(req.ensemble)
-    dataset, prepared = resolve.data_dir(None, Path(req.data or ensemble.data_dir or ""), req.workdir)
+    dataset, prepared = resolve.data_dir(None, Path(req.data or ensemble.data_dir or ""), req.workdir,
+                                         splits=("train", "valid"))
     cfg = student_config(members[0].checkpoint, prepared, req)
     run_dir = req.run_dir or Workdir(req.workdir).run(
         f"distill-{Path(req.ensemble).name}-{cfg.model.kind}-seed{cfg.train.seed}").path

@@ -359,9 +359,10 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
     if req.sweep is not None:
         sweep = read_sweep(workdir, req.sweep)
         if req.dataset is None and req.data is None and sweep.data_dir:
-            dataset, prepared = resolve.data_dir(None, Path(sweep.data_dir), workdir)
+            dataset, prepared = resolve.data_dir(None, Path(sweep.data_dir), workdir, splits=("train", "valid"))
         else:
-            dataset, prepared = resolve.data_dir(req.dataset or sweep.dataset, req.data, workdir)
+            dataset, prepared = resolve.data_dir(req.dataset or sweep.dataset, req.data, workdir,
+                                                 splits=("train", "valid"))
         name = req.name or sweep_ensemble_name(sweep.name, req.top_configs, req.select)
         out_dir = Workdir(workdir).ensemble(name)
         _check_free(out_dir, name, req.overwrite)
@@ -433,7 +434,7 @@ def _given_ensemble(req: EnsembleRequest, tracker: Tracker) -> tuple[list[Member
     named = sorted({m.config.dataset for m in members})
     if req.dataset is None and req.data is None and len(named) > 1:
         raise ConfigError(f"the members were trained on different datasets {named}; pass `data` or `dataset`")
-    dataset, prepared = resolve.data_dir(req.dataset or named[0], req.data, req.workdir)
+    dataset, prepared = resolve.data_dir(req.dataset or named[0], req.data, req.workdir, splits=("valid",))
     digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in req.members).encode()).hexdigest()[:8]
     name = req.name or f"{dataset}-{len(members)}members-{req.select}-{digest}"
     out_dir = Workdir(req.workdir).ensemble(name)

@@ -191,7 +191,7 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     work.writable()
     uri = work.tracking_uri(req.tracking_uri)
     dataset, data, handoff = data_of(req)
-    name, prepared = resolve.data_dir(dataset, data, req.workdir)
+    name, prepared = resolve.data_dir(dataset, data, req.workdir, splits=("train", "valid"))
     cfg = resolve.job_config(name, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
     if "sweep" in handoff:                      # on stderr, with --json too: what this run is
         _log.info(best_config_notice(handoff["sweep"], cfg))

@@ -116,7 +116,7 @@ def settle(req: TuneRequest) -> SweepPlan:
             raise IaaError("give `resume` NAME (or `dataset` / `data` to resume the latest sweep of a dataset)")
         recorded = _record(workdir, req.name)
         req = _with_recorded_data(req, recorded)
-    dataset, prepared = resolve.data_dir(req.dataset, req.data, workdir)
+    dataset, prepared = resolve.data_dir(req.dataset, req.data, workdir, splits=("train", "valid"))
     if dataset not in TUNE_PRESETS:
         raise ConfigError(f"no tune preset for dataset {dataset!r}; choose from {sorted(TUNE_PRESETS)}")
     req = replace(req, dataset=dataset)
