@@ -202,3 +202,21 @@ def test_predict_and_evaluate_answer_at_the_precision_asked_and_report_it(traine
             result = CliRunner().invoke(cli, [*command, *flags, "--json"])
             assert result.exit_code == 0, result.output
             assert json.loads(result.stdout.strip().splitlines()[-1])["precision"] == used
+
+
+def test_two_question_files_of_one_name_keep_their_own_predictions(trained, tmp_path) -> None:
+    """``a/valid.jsonl`` and ``b/valid.jsonl``, evaluated into the work folder: neither writes over the other."""
+    _, best, questions = trained
+    files = []
+    for folder, lines in (("a", 3), ("b", 5)):
+        path = tmp_path / folder / "valid.jsonl"
+        path.parent.mkdir()
+        path.write_text("\n".join(questions.read_text().splitlines()[:lines]) + "\n", encoding="utf-8")
+        done = CliRunner().invoke(cli, ["evaluate", "--checkpoint", str(best), "--input", str(path), "--workdir",
+                                        str(tmp_path / "work"), "--json"])
+        assert done.exit_code == 0, done.output
+        files.append(Path(json.loads(done.stdout.splitlines()[-1])["predictions"]))
+    import pyarrow.parquet as pq
+
+    assert files[0] != files[1] and files[0].name.startswith("predictions-valid-")
+    assert [pq.read_table(f).num_rows for f in files] == [3, 5]

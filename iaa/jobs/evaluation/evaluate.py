@@ -111,11 +111,19 @@ class Examples:
     kind: str                  # the reader variant
     table: pa.Table            # rows in iaa.data.shards.SCHEMA; ``answer`` is -1 where a question gives none
     tokens: Sequence[str]      # the vocabulary's words, by id
-    name: str                  # the split, or the input file's stem: in default output names
+    name: str                  # the split, or the input's :func:`input_name`: in default output names
     title: str                 # "DATASET (SPLIT)", or the input file
     inputs: dict[str, Any]     # what the output policy keeps outputs off
     warnings: tuple[str, ...] = ()   # about the input's questions (a candidate absent from its document)
     temperature: float = 1.0         # the one the reader answers at (iaa.jobs.modeling.checkpoint.temperature)
+
+
+def input_name(input_path: Path) -> str:
+    """An input file's name in default output names: its stem and a digest of its absolute path,
+    so that two files of one name (``valid.txt`` of two folders) never write over each other's."""
+    import hashlib
+
+    return f"{Path(input_path).stem}-{hashlib.sha1(str(Path(input_path).resolve()).encode()).hexdigest()[:8]}"
 
 
 def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split: str | None = None,
@@ -142,7 +150,7 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
             table = labelled_rows(read_input(Path(input_path), predictor.vocab.placeholder), predictor.vocab,
                                   predictor.lowercase, need_answers=need_answers)
         model = predictor.models[0]
-        return Examples(model, model.cfg.kind, table.slice(0, limit), predictor.vocab.tokens, Path(input_path).stem,
+        return Examples(model, model.cfg.kind, table.slice(0, limit), predictor.vocab.tokens, input_name(input_path),
                         str(input_path), {"the checkpoint": checkpoint_path, "the input": input_path},
                         tuple(str(w.message) for w in caught), predictor.temperature)
     from iaa.data.loader import PreparedData
