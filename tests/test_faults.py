@@ -239,6 +239,20 @@ def test_data_without_a_valid_split_is_refused_by_training_before_any_run_opens(
                            "no valid split here (it has train)", "reads train and valid", "iaa-cli prepare")
     assert not (work / "mlflow.db").exists() and not (work / "runs").exists()     # no run opened, none FAILED
 
+def test_a_utf8_byte_order_mark_is_dropped_and_utf16_is_named(tmp_path):
+    plain = cbt_source(tmp_path / "plain", example() * 2, example())
+    marked = cbt_source(tmp_path / "marked", example() * 2, example())
+    train = marked / "data" / "cbtest_NE_train.txt"
+    train.write_bytes(b"\xef\xbb\xbf" + train.read_bytes())
+    for source, out in ((plain, "a"), (marked, "b")):
+        assert prepare("cbt-ne", source, tmp_path / out)[0] == 0
+    assert [pq.read_table(first_shard(tmp_path / out)).to_pylist() for out in "ab"][0] == \
+        pq.read_table(first_shard(tmp_path / "b")).to_pylist()                       # the same rows
+    wide = cbt_source(tmp_path / "wide", "", example())
+    (wide / "data" / "cbtest_NE_train.txt").write_bytes((example() * 2).encode("utf-16"))
+    assert_one_message(*prepare("cbt-ne", wide, tmp_path / "c"), "cbtest_NE_train.txt", "line 1", "is UTF-16",
+                       "convert it to UTF-8")
+
 def question(entity: int = 1) -> str:
     return (f"http://x\n\n@entity{entity} met @entity2 at home .\n\n@placeholder met @entity2\n\n"
             f"@entity{entity}\n\n@entity{entity}:A\n@entity2:B\n")

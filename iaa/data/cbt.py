@@ -113,17 +113,36 @@ def _count_lines(data: bytes | memoryview) -> int:
     return int(np.count_nonzero(np.frombuffer(data, np.uint8) == 10))  # numpy: without the GIL
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
 def _read_blocks(path: Path, size: int = 32 << 20) -> Iterator[bytes]:
-    """The file's bytes in large blocks, gunzipped when it ends in .gz (Arrow's zlib runs without the GIL)."""
+    """The file's bytes in large blocks, gunzipped when it ends in .gz (Arrow's zlib runs without the GIL).
+
+    A UTF-8 byte order mark is dropped (editors on Windows write one); a UTF-16 file, with its
+    mark or with the NUL bytes that betray one without, is a DataError at line 1."""
     gz = path.name.endswith(".gz")
     try:
         with pa.input_stream(str(path), compression="gzip" if gz else None) as f:
+            first = True
             while block := f.read(size):
+                if first:
+                    block, first = _without_mark(block, path), False
                 yield block
     except (pa.ArrowInvalid, OSError) as e:
         if not gz or isinstance(e, FileNotFoundError):
             raise
         raise DataError(f"cannot gunzip: {e}", path=path, reason=E.MISSING_LINE) from None
+
+
+def _without_mark(block: bytes, path: Path) -> bytes:
+    if block.startswith(UTF8_BOM):
+        return block[len(UTF8_BOM):]
+    if block.startswith(UTF16_BOMS) or b"\x00" in block[:4096]:
+        raise DataError("is UTF-16 text (or binary), not UTF-8: convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8)",
+                        path=path, line=1, reason=E.NOT_UTF8)
+    return block
 
 
 def read(path: Path, *, on_error: str = "fail", lowercase: bool = False) -> ParsedChunk:
