@@ -86,6 +86,8 @@ def broken_cases() -> dict[str, tuple[str | bytes, str, int]]:
         "answer_not_in_document": (good + example(answer="Kim", cands=CANDS[:9] + ("Kim",)),
                                    E.ANSWER_NOT_IN_DOCUMENT, 22 + 21),
         "no_placeholder": (good + example(query="then Anna sat down ."), E.NO_PLACEHOLDER, 22 + 21),
+        "eleven_candidates": (good + example(cands=CANDS + ("Kim",)), E.CANDIDATE_COUNT, 22 + 21),
+        "nine_candidates": (good + example(cands=CANDS[:9]), E.CANDIDATE_COUNT, 22 + 21),
         "not_utf8": (good.encode() + example().replace("river number 4", "river \udcff 4").encode("utf-8", "surrogateescape"),
                      E.NOT_UTF8, 22 + 5),
     }

@@ -30,6 +30,7 @@ from iaa.data.parsed import ParsedChunk, assemble, note_errors, offsets_of
 
 PLACEHOLDER = "XXXXX"
 LINES = 21          # numbered lines per example
+CANDIDATES = 10     # candidates of each question: the answer and 9 distractors
 WORD_TYPES = ("NE", "CN", "V", "P")
 SPLIT_FILES = {"train": "train", "valid": "valid_2000ex", "test": "test_2500ex"}
 CHUNK_BYTES = 4 << 20
@@ -314,16 +315,22 @@ def _query_lines(lines: _Lines, idx: np.ndarray, raw: RawChunk, errs: list[DataE
     empty_cand = np.bincount(np.repeat(np.arange(len(idx)), cand_lens)[pc.binary_length(cand_flat).to_numpy() == 0],
                              minlength=len(idx)) > 0
     no_answer = pc.binary_length(answer).to_numpy() == 0
-    for e in np.flatnonzero(~ok | empty_cand | no_answer).tolist():
+    counted = ok & ~empty_cand & (cand_lens != CANDIDATES)
+    for e in np.flatnonzero(~ok | empty_cand | no_answer | counted).tolist():
+        reason = E.MISSING_FIELD
         if not ok[e]:
             what = (f"line {LINES} must read query<TAB>answer<TAB><TAB>candidates, "
                     f"found {n_parts[e]} tab-separated field(s)")
         elif no_answer[e]:
             what = f"line {LINES} has an empty answer field"
-        else:
+        elif empty_cand[e]:
             what = f"line {LINES} has an empty candidate in {text[e].as_py().split(chr(9))[3].strip()!r}"
-        errs.append(DataError(what, path=raw.path, line=raw.first_line + int(idx[e]), reason=E.MISSING_FIELD))
-    return {"ok": ok & ~empty_cand & ~no_answer, "query": q_flat.filter(pa.array(q_keep)), "query_lens": q_lens,
+        else:
+            what, reason = (f"line {LINES} lists {cand_lens[e]} candidates; a CBT question lists {CANDIDATES} "
+                            f"(the answer and {CANDIDATES - 1} others)"), E.CANDIDATE_COUNT
+        errs.append(DataError(what, path=raw.path, line=raw.first_line + int(idx[e]), reason=reason))
+    return {"ok": ok & ~empty_cand & ~no_answer & ~counted, "query": q_flat.filter(pa.array(q_keep)),
+            "query_lens": q_lens,
             "answer": answer, "cands": cand_flat, "cand_lens": cand_lens}
 
 
