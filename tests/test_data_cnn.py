@@ -67,25 +67,27 @@ def test_tgz_gives_the_same_records_as_the_folder(tmp_path):
     assert {k: v.examples() for k, v in archive.items()} == {k: v.examples() for k, v in folder.items()}
 
 
-BAD = {
-    "missing_url_blank": (question(url="http://x\nstray"), E.MISSING_FIELD),
-    "missing_answer": (question(answer=""), E.MISSING_FIELD),
-    "truncated_file": ("http://x\n\n" + CONTEXT + "\n", E.MISSING_FIELD),
-    "bad_entity_line": (question(entities="@entity0 Ann"), E.MISSING_FIELD),
-    "no_placeholder": (question(query="Ann left @entity3 behind"), E.NO_PLACEHOLDER),
-    "answer_not_candidate": (question(answer="ann"), E.ANSWER_NOT_CANDIDATE),
-    "answer_not_in_document": (question(answer="@entity9"), E.ANSWER_NOT_IN_DOCUMENT),
-    "not_utf8": (question().encode().replace(b"met", b"m\xe9t"), E.NOT_UTF8),
+BAD = {   # case -> (file, reason, the line its message names; None: a line of its own choosing)
+    "missing_url_blank": (question(url="http://x\nstray"), E.MISSING_FIELD, None),
+    "missing_answer": (question(answer=""), E.MISSING_FIELD, 7),
+    "answer_line_left_out": ("http://x\n\n" + CONTEXT + "\n\n@placeholder left @entity3 behind\n\n@entity0:Ann Lee\n",
+                             E.MISSING_FIELD, 7),
+    "truncated_file": ("http://x\n\n" + CONTEXT + "\n", E.MISSING_FIELD, None),
+    "bad_entity_line": (question(entities="@entity0 Ann"), E.MISSING_FIELD, 9),
+    "no_placeholder": (question(query="Ann left @entity3 behind"), E.NO_PLACEHOLDER, 5),
+    "answer_not_candidate": (question(answer="ann"), E.ANSWER_NOT_CANDIDATE, 7),
+    "answer_not_in_document": (question(answer="@entity9"), E.ANSWER_NOT_IN_DOCUMENT, 7),
+    "not_utf8": (question().encode().replace(b"met", b"m\xe9t"), E.NOT_UTF8, 3),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_each_error_names_the_file_and_reason(tmp_path, case):
-    text, reason = BAD[case]
+    text, reason, line = BAD[case]
     write_tree(tmp_path, {"training/good.question": question(), "training/zbad.question": text})
     with pytest.raises(DataError) as info:
         cnn.read(tmp_path)
-    assert info.value.reason == reason
+    assert info.value.reason == reason and (line is None or info.value.line == line), str(info.value)
     assert "questions/training/zbad.question" in str(info.value)
     skipped = cnn.read(tmp_path, on_error="skip")["train"]
     assert len(skipped) == 1 and dict(skipped.skipped) == {reason: 1}

@@ -182,7 +182,7 @@ def parse_chunk(raw: RawChunk, *, on_error: str = "fail", lowercase: bool = Fals
         cand_words=fields["cands"].filter(cand_keep), cand_offsets=offsets_of(fields["cand_lens"][good]),
         answers=fields["answer"].filter(pa.array(good)),
         placeholder=PLACEHOLDER, lowercase=lowercase,
-        where=lambda i: (raw.path, raw.first_line + int(first[i]) + LINES - 1),
+        where=lambda i, field: (raw.path, raw.first_line + int(first[i]) + LINES - 1),
     )
     chunk.truncated.extend(truncated)
     note_errors(chunk, errs + content_errs, on_error)

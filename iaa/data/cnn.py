@@ -46,6 +46,7 @@ FILES_PER_TASK = 2_000
 MAX_QUESTION_BYTES = 16 << 20     # one .question file; rc-data's are at most about 100 KB
 _ENTITY = re.compile(ENTITY_PATTERN)
 _ENTITY_LINE = re.compile(r"^@entity\d+:")
+LINE_OF = {"query": 5, "answer": 7}    # the lines of a .question file that its checks name
 
 
 def parse_question(name: str, data: bytes) -> ClozeExample:
@@ -67,6 +68,9 @@ def parse_question(name: str, data: bytes) -> ClozeExample:
         if line.strip() and not _ENTITY_LINE.match(line):
             raise DataError(f"expected an '@entityN:Name' line, found {line[:40]!r}", path=name, line=k,
                             reason=E.MISSING_FIELD)
+    if _ENTITY_LINE.match(lines[6]):
+        raise DataError(f"expected the answer (an @entityN), found the entity line {lines[6][:40]!r}: the answer "
+                        "line is missing", path=name, line=7, reason=E.MISSING_FIELD)
     doc, query, answer = lines[2].split(), lines[4].split(), lines[6].strip()
     candidates = tuple(dict.fromkeys(t for t in doc if t.startswith("@entity") and _ENTITY.match(t)))
     return ClozeExample(PurePosixPath(name).stem, tuple(doc), tuple(query), candidates, answer)
@@ -97,7 +101,8 @@ def parse_files(items: list[tuple[str, bytes]], *, on_error: str = "fail", lower
         cand_words=pa.array([c for ex in examples for c in ex.candidates], pa.string()),
         cand_offsets=offsets_of(np.array([len(ex.candidates) for ex in examples], np.int64)),
         answers=pa.array([ex.answer for ex in examples], pa.string()),
-        placeholder=PLACEHOLDER, lowercase=lowercase, where=lambda i: (names[i], None), answer_kind=answer_kind,
+        placeholder=PLACEHOLDER, lowercase=lowercase, where=lambda i, field: (names[i], LINE_OF[field]),
+        answer_kind=answer_kind,
     )
     note_errors(chunk, errs + content_errs, on_error)
     return chunk

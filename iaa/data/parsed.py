@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 from iaa.data import errors as E
 from iaa.data.errors import DataError
 
-Where = Callable[[int], tuple[str, "int | None"]]  # example index -> (file, line) for messages
+# (example index, the field at fault: "query" or "answer") -> (file, line) for messages
+Where = Callable[[int, str], tuple[str, "int | None"]]
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def assemble(
         answers: (E,) the gold word of each example.
         placeholder: the query token that marks the gap (``XXXXX`` or ``@placeholder``).
         lowercase: match and count words case-folded (the placeholder keeps its case).
-        where: example index -> (file, line) named by its error.
+        where: (example index, field at fault: ``query`` or ``answer``) -> (file, line) named by its error.
         answer_kind: optional example index -> (reason, message) used when the answer is not
             among the candidates (CNN words this differently from CBT).
     """
@@ -208,7 +209,7 @@ class _Checks:
 def _error_of(i: int, checks: _Checks, where: Where, placeholder: str, answers: pa.Array, cand_words: pa.Array,
               cand_offsets: np.ndarray, answer_kind: Callable[[int], tuple[str, str]] | None) -> DataError:
     """The error for rejected example ``i``, naming its file and line and the first check it fails."""
-    path, line = where(i)
+    path, line = where(i, "query" if checks.placeholders[i] != 1 else "answer")
     if checks.placeholders[i] == 0:
         return DataError(f"the query has no {placeholder} placeholder", path=path, line=line, reason=E.NO_PLACEHOLDER)
     if checks.placeholders[i] > 1:

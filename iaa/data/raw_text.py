@@ -256,7 +256,7 @@ def assembled(questions: Sequence[Question], placeholder: str, lowercase: bool) 
         cand_words=pa.array([c for q in questions for c in q.example.candidates], pa.string()),
         cand_offsets=_offsets(len(q.example.candidates) for q in questions),
         answers=pa.array(stand_ins, pa.string()),
-        placeholder=placeholder, lowercase=lowercase, where=lambda i: (questions[i].where, None),
+        placeholder=placeholder, lowercase=lowercase, where=lambda i, field: (questions[i].where, None),
     )
     if errs:
         raise InputError(str(errs[0]))
