@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from _faults import (assert_one_message, assert_unchanged, invoke, make_checkpoint, make_prepared, question, questions,
-                     snapshot)
+from _faults import (assert_one_message, assert_says, assert_unchanged, invoke, make_checkpoint, make_prepared,
+                     question, questions, snapshot)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,11 @@ BAD = {
     "id-object": ([question(1, id={"a": 1})], 1, "id must be"),
     "answer-not-a-candidate": ([question(1, answer="Clara")], 1, "is not one of the candidates"),
     "answer-list": ([question(1, answer=["Ben"])], 1, "answer must be a string"),
-    "duplicate-id": ([question(1), question(2), question(1)], 3, "also the id of line 1"),
+    "duplicate-id": ([question(1), question(2), question(1)], 3, "also the id of line 1;"),
+    "id-of-a-line-without-one": ([question(1), {k: v for k, v in question(2).items() if k != "id"}, question(3, id="2")],
+                                 3, "also the id of line 2 (it has no id: its line number stands for one)"),
+    "missing-candidates": ([{k: v for k, v in question(1).items() if k != "candidates"}], 1,
+                           "missing candidates (a question needs document, query and candidates; id and answer"),
     "candidate-empty": ([question(1), question(2, candidates=["Anna", "Ben", ""])], 2,
                         'candidates[3]: an empty candidate ("")'),
     "candidate-blank": ([question(1, candidates=["Anna", "  ", "Ben"])], 1, 'candidates[2]: an empty candidate ("  ")'),
@@ -115,6 +119,14 @@ def test_integer_ids_and_a_candidate_string_are_still_accepted(model, tmp_path):
     code, out = predict(model, tmp_path, path)
     assert code == 0, out
     assert json.loads((tmp_path / "answers.jsonl").read_text())["id"] == "7"
+
+
+def test_keys_a_question_does_not_have_are_named_once_not_dropped_in_silence(model, tmp_path):
+    path = questions(tmp_path / "q.jsonl", [question(1, answr="Ben"), question(2, answr="Ben", note="x")])
+    code, out = predict(model, tmp_path, path)
+    assert code == 0, out
+    [line] = [text for text in out.splitlines() if "are not read" in text]
+    assert_says(line, str(path), "'answr' (line 1), 'note' (line 2)", "keys are id, document, query, candidates, answer")
 
 
 # ---- make-cloze texts ---------------------------------------------------------------------------------

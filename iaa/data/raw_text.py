@@ -32,6 +32,7 @@ from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+RECORD_KEYS = ("id", "document", "query", "candidates", "answer")   # what a JSON Lines question holds
 MAX_NUMBER_DIGITS = 40        # an integer id of more is refused (Python itself stops at 4,300)
 SHOWN = 5                     # candidates named in a message, then "and N more"
 CNN_QUERY_LINE = 5  # url, blank, context, blank, query: what a CNN question's messages point at
@@ -78,6 +79,8 @@ def _read_jsonl(path: Path, placeholder: str) -> list[Question]:
     that starts the file (as some Windows editors write) is not part of the first record."""
     questions: list[Question] = []
     first_line: dict[str, int] = {}
+    numbered: set[int] = set()                     # lines without an id: their number stands for one
+    unread: dict[str, int] = {}                    # keys no question has, by the first line that gives one
     for n, raw in enumerate(path.read_bytes().removeprefix(codecs.BOM_UTF8).split(b"\n"), 1):
         try:
             line = raw.decode("utf-8")
@@ -85,14 +88,25 @@ def _read_jsonl(path: Path, placeholder: str) -> list[Question]:
             raise InputError(f"{path}:{n}: not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1})") from None
         if not line.strip():
             continue
-        q = from_record(_json(line, f"{path}:{n}"), f"{path}:{n}", placeholder)
+        record = _json(line, f"{path}:{n}")
+        q = from_record(record, f"{path}:{n}", placeholder)
+        for key in record.keys() - set(RECORD_KEYS):
+            unread.setdefault(key, n)
         if q.example.example_id in first_line:
-            raise InputError(f"{path}:{n}: id {q.example.example_id!r} is also the id of line "
-                             f"{first_line[q.example.example_id]}; give every question its own id")
+            earlier = first_line[q.example.example_id]
+            taken = " (it has no id: its line number stands for one)" if earlier in numbered else ""
+            raise InputError(f"{path}:{n}: id {q.example.example_id!r} is also the id of line {earlier}{taken}; "
+                             "give every question its own id")
+        if "id" not in record:
+            numbered.add(n)
         first_line[q.example.example_id] = n
         questions.append(q)
     if not questions:
         raise InputError(f"{path}: no question in the file (it is empty or holds only blank lines)")
+    if unread:
+        keys = ", ".join(f"{key!r} (line {n})" for key, n in sorted(unread.items(), key=lambda kv: kv[1]))
+        warnings.warn(f"{path}: key(s) {keys} are not read; a question's keys are {', '.join(RECORD_KEYS)}",
+                      stacklevel=2)
     return questions
 
 
@@ -147,7 +161,8 @@ def from_record(record: dict[str, Any], where: str, placeholder: str) -> Questio
     """One ``{"id", "document", "query", "candidates"[, "answer"]}`` record, checked."""
     missing = [k for k in ("document", "query", "candidates") if k not in record]
     if missing:
-        raise InputError(f"{where}: missing {', '.join(missing)} (need id, document, query, candidates)")
+        raise InputError(f"{where}: missing {', '.join(missing)} (a question needs document, query and candidates; "
+                         "id and answer are optional)")
     for key in ("document", "query"):
         if not isinstance(record[key], str):
             raise InputError(f"{where}: {key} must be a string of text, got {_kind(record[key])}")
