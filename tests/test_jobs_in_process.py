@@ -81,6 +81,7 @@ def test_tune_runs_every_trial_as_a_child_of_the_sweep_and_records_the_best(tiny
     assert result.best_valid_acc == pytest.approx(best["best_valid_acc"]) and result.trials == 3
     assert result.best_config.is_file() and result.sweep_json.is_file() and result.parent_run_id == sweep["parent_run_id"]
     assert [c.name for c in result.next] == ["train", "report", "ensemble", "serve"]
+    assert all(dict(c.options).get("workdir") for c in result.next)       # each runs as printed from any folder
     assert tracker.runs[sweep["parent_run_id"]].state == "FINISHED"
 
 

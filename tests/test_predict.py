@@ -209,6 +209,7 @@ def test_unseen_candidates_stay_apart_and_absent_ones_get_zero(setup, tmp_path):
     ({"id": "b", "document": "a b c", "query": "XXXXX b", "candidates": ["z"]}, "in.jsonl:2: no candidate occurs"),
     ({"id": "b", "document": "a b c", "query": "XXXXX b"}, "in.jsonl:2: missing candidates"),
     ("{not json", "in.jsonl:2: not valid JSON"),
+    ('{"id": "b', "in.jsonl:2: not valid JSON (Unterminated string starting at column 8)"),
 ])
 def test_bad_input_names_the_line(setup, tmp_path, bad, message):
     _, prepared, ckpts = setup

@@ -132,7 +132,7 @@ def loads(text: str | bytes, where: str) -> Any:
     try:
         return json.loads(text, parse_int=_integer)
     except json.JSONDecodeError as err:
-        raise InputError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+        raise InputError(f"{where}: not valid JSON ({err.msg.removesuffix(' at')} at column {err.colno})") from None
     except UnicodeDecodeError as err:
         raise InputError(f"{where}: not valid JSON (not UTF-8 text at byte {err.start})") from None
     except RecursionError:

@@ -17,7 +17,7 @@ def next_steps(plan: SweepPlan, best: TrialRecord, best_config: Path | None = No
     the work folder, and the store where one was given)."""
     folder = {k: v for k, v in (plan.options or {}).items() if k == "workdir"}
     serve = (plan.command("serve", model_uri=f"models:/{plan.register}/latest") if plan.register
-             else Command.of("serve", checkpoint=str(best.checkpoint)))
+             else Command.of("serve", checkpoint=str(best.checkpoint), **folder))
     return (*([plan.command("train", config_file=str(best_config))] if best_config is not None else []),
             Command.of("report", sweep=plan.name, **folder),
             plan.command("ensemble", sweep=plan.name, top_configs=top_configs if top_configs > 1 else None),
