@@ -63,8 +63,10 @@ class _Stderr(logging.Handler):
         try:
             if record.levelno >= logging.WARNING and isinstance(self.formatter, _Console):
                 self.warned.append(printable(self.formatter.render(record.getMessage())))
+            from tqdm import tqdm
+
             stream = sys.stderr
-            stream.write(self.format(record) + "\n")
+            tqdm.write(self.format(record), file=stream)     # below a progress bar on the line, not after it
             stream.flush()
         except Exception:  # noqa: BLE001 - logging's own contract: a handler never raises
             self.handleError(record)

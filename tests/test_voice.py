@@ -89,3 +89,23 @@ def test_a_commands_paths_are_absolute_so_it_runs_from_any_folder(tmp_path, monk
                      **where(Path("work")), tracking_uri="sqlite:///m.db")
     assert dict(cmd.options) == {"checkpoint": str(tmp_path / "runs/best.pt"), "members": (str(tmp_path / "a.pt"),),
                                  "split": "valid", "workdir": str(tmp_path / "work"), "tracking_uri": "sqlite:///m.db"}
+
+
+def test_a_line_said_while_a_progress_bar_runs_starts_a_line_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bar is cleared for the line and drawn again under it, never continued by it."""
+    import io
+
+    from tqdm import tqdm
+
+    from iaa import logs
+
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    logs.to_console()
+    with tqdm(total=10, desc="parsing", file=err) as bar:
+        bar.update(3)
+        logging.getLogger("iaa.jobs.datasets.prepare").warning("no valid split in the source")
+        drawn = err.getvalue()
+    before = drawn[:drawn.index("warning: no valid split")]
+    assert before.endswith("\r") and "parsing" in before            # the bar's line cleared first
+    assert "parsing" in drawn[drawn.index("no valid split"):]         # and the bar drawn again after it

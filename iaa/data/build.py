@@ -178,4 +178,4 @@ def _progress(enabled: bool):
         return None
     from tqdm import tqdm
 
-    return tqdm(unit=" ex", unit_scale=True, desc="parsing", leave=False)
+    return tqdm(unit=" ex", desc="parsing", leave=False)
