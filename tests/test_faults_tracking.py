@@ -129,12 +129,18 @@ LOST_STORE = textwrap.dedent("""
 """)
 
 
-def test_a_store_deleted_mid_run_prints_one_line_warnings_and_no_tracebacks(tmp_path):
+def _script(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``script`` in a process of its own (``IAA_DEBUG`` unset), given a store's path; it must succeed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("IAA_DEBUG", None)
-    done = subprocess.run([sys.executable, "-c", LOST_STORE, str(tmp_path / "mlflow.db")], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "mlflow.db")], capture_output=True,
                           text=True, env=env, timeout=100)
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_store_deleted_mid_run_prints_one_line_warnings_and_no_tracebacks(tmp_path):
+    done = _script(LOST_STORE, tmp_path)
     lines = done.stderr.splitlines()
     assert "Traceback" not in done.stderr and "[SQL:" not in done.stderr, done.stderr
     assert len(lines) == 5, done.stderr          # retrying, params, metrics not logged, not marked, refused
@@ -154,11 +160,6 @@ QUIETED = textwrap.dedent("""
 
 
 def test_importing_the_package_leaves_logging_alone_and_opening_a_store_quiets_it(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("IAA_DEBUG", None)
-    done = subprocess.run([sys.executable, "-c", QUIETED, str(tmp_path / "mlflow.db")], capture_output=True,
-                          text=True, env=env, timeout=100)
-    assert done.returncode == 0, done.stderr
-    imported, opened = done.stdout.splitlines()[-2:]
+    imported, opened = _script(QUIETED, tmp_path).stdout.splitlines()[-2:]
     assert "50" not in imported, imported                 # SQLAlchemy and alembic as a program set them
     assert opened == "[30, 50, 50, 50]", opened           # MLflow at WARNING, the store's loggers CRITICAL
