@@ -253,6 +253,17 @@ def test_a_utf8_byte_order_mark_is_dropped_and_utf16_is_named(tmp_path):
     assert_one_message(*prepare("cbt-ne", wide, tmp_path / "c"), "cbtest_NE_train.txt", "line 1", "is UTF-16",
                        "convert it to UTF-8")
 
+def test_valid_questions_that_train_holds_too_are_named_as_a_leak(tmp_path):
+    from _cbt_fixtures import CANDS
+
+    train = "".join(example(answer=CANDS[i % len(CANDS)]) for i in range(20))
+    code, output = prepare("cbt-ne", cbt_source(tmp_path, train, train[: len(train) // 4]), tmp_path / "out")
+    assert code == 0, output
+    assert_says(output, "5 of the 5 valid questions are in train too", "a valid score counts what the reader trained on")
+    apart = cbt_source(tmp_path / "apart", example(), example(query="later XXXXX ran off ."))
+    code, output = prepare("cbt-ne", apart, tmp_path / "apart-out")
+    assert code == 0 and "in train too" not in output, output
+
 def question(entity: int = 1) -> str:
     return (f"http://x\n\n@entity{entity} met @entity2 at home .\n\n@placeholder met @entity2\n\n"
             f"@entity{entity}\n\n@entity{entity}:A\n@entity2:B\n")

@@ -103,6 +103,7 @@ def run(
               "source_path": source_path}
     manifest = _build(dataset, source, out, header, previous, workers=workers, progress=progress)
     _report(manifest)
+    _report_shared(out, manifest)
     return _result(manifest, out, rebuilt=existed, created=not existed, seconds=time.perf_counter() - started)
 
 
@@ -254,6 +255,16 @@ def _report(manifest: dict[str, Any]) -> None:
     if missing:
         _log.warning(f"no {' and no '.join(missing)} split in the source: train, tune, ensemble and distill need "
                      f"train and valid (evaluate, predict and explain take what there is)")
+
+
+def _report_shared(out: Path, manifest: dict[str, Any]) -> None:
+    """Warn of valid or test questions that train holds too: a score on them is not held out."""
+    from iaa.data.overlap import shared_with_train
+
+    for split, n in shared_with_train(out, manifest).items():
+        _log.warning(f"{n} of the {manifest['counts'][split]} {split} questions are in train too (the same query, "
+                     f"candidates, answer and document length): a {split} score counts what the reader trained on; "
+                     "is a file in the source twice?")
 
 
 def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float,
