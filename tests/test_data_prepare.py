@@ -193,3 +193,22 @@ def test_a_corpus_without_usable_training_examples_is_an_error(tmp_path):
     with pytest.raises(DataError, match="no usable training example"):
         prepare.run("cbt-ne", tmp_path / "CBTest", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_prepare_ends_with_what_it_holds_and_the_commands_that_train_on_it(tmp_path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from iaa.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    source = make_cbtest(tmp_path)
+    done = CliRunner().invoke(cli, ["prepare", "--dataset", "cbt-ne", "--source", str(source), "--out", "out",
+                                    "--workdir", "w"])
+    assert done.exit_code == 0, done.output
+    lines = done.stderr.splitlines()
+    head = next(line for line in lines if line.startswith("prepare: "))
+    assert "cbt-ne prepared in out" in head and "questions, a vocabulary of" in head
+    commands = lines[lines.index("next:") + 1:]
+    assert commands == [f"  iaa-cli {name} --data {tmp_path / 'out'} --workdir {tmp_path / 'w'}" for name in ("train", "tune")]
+    again = CliRunner().invoke(cli, ["prepare", "--dataset", "cbt-ne", "--source", str(source), "--out", "out"])
+    assert "cbt-ne up to date in out" in again.stderr

@@ -36,8 +36,11 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
-    _emit(job.run(dataset, source, out, workdir=workdir, on_error=on_error, lowercase=lowercase, min_count=min_count,
-                  max_vocab=max_vocab, workers=threads, progress=progress_shown(), overwrite=overwrite), as_json)
+    result = job.run(dataset, source, out, workdir=workdir, on_error=on_error, lowercase=lowercase,
+                     min_count=min_count, max_vocab=max_vocab, workers=threads, progress=progress_shown(),
+                     overwrite=overwrite)
+    _close(job.describe, result)
+    _emit(result, as_json)
 
 
 @click.command("make-cloze")

@@ -27,6 +27,7 @@ from iaa.data import verify
 from iaa.data.datasets import DATASETS
 from iaa.data.errors import DataError
 from iaa.files import DiskFullError, disk_full_message, ensure_writable, writing
+from iaa.jobs.evaluation.closing import Command, next_block, where
 from iaa.jobs.evaluation.result import Result
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 from iaa.jobs.workdir import outputs
@@ -94,7 +95,7 @@ def run(
         outputs.refuse_inputs(out, {"the source": source}, folder=True)
     fingerprint = _fingerprint(dataset, source)
     if _up_to_date(out, dataset=dataset, source=fingerprint, options=options):
-        return _result(M.read(out), out, rebuilt=False, seconds=time.perf_counter() - started)
+        return _result(M.read(out), out, rebuilt=False, seconds=time.perf_counter() - started, workdir=workdir)
     existed = (out / M.MANIFEST).exists()          # a manifest, even a damaged one: a dataset was there
 
     source_path = None if source is None else str(Path(source).resolve())
@@ -104,7 +105,8 @@ def run(
     manifest = _build(dataset, source, out, header, previous, workers=workers, progress=progress)
     _report(manifest)
     _report_shared(out, manifest)
-    return _result(manifest, out, rebuilt=existed, created=not existed, seconds=time.perf_counter() - started)
+    return _result(manifest, out, rebuilt=existed, created=not existed, seconds=time.perf_counter() - started,
+                   workdir=workdir)
 
 
 def _check_options(dataset: str, on_error: str, min_count: int, max_vocab: int | None) -> None:
@@ -267,10 +269,23 @@ def _report_shared(out: Path, manifest: dict[str, Any]) -> None:
                      "is a file in the source twice?")
 
 
-def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float,
+def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float, workdir: Path,
             created: bool = False) -> PrepareResult:
+    trainable = {"train", "valid"} <= set(manifest["counts"])
+    at = where(workdir)
     return PrepareResult(dataset=manifest["dataset"], out=str(out), rebuilt=rebuilt, created=created,
                          counts=manifest["counts"], skipped=manifest["skipped"], truncated=manifest["truncated"],
                          skipped_reasons={split: dict(entry["skipped"]) for split, entry in manifest["splits"].items()
                                           if entry.get("skipped")},
-                         vocab_size=manifest["vocab_size"], seconds=round(seconds, 3))
+                         vocab_size=manifest["vocab_size"], seconds=round(seconds, 3),
+                         next=(Command.of("train", data=str(out), **at), Command.of("tune", data=str(out), **at))
+                         if trainable else ())
+
+
+def describe(result: PrepareResult) -> str:
+    """``prepare``'s closing lines: what the folder holds, and what to run on it."""
+    held = ", ".join(f"{n:,} {split}" for split, n in result.counts.items())
+    state = "rebuilt" if result.rebuilt else "prepared" if result.created else "up to date"
+    lines = [f"prepare: {result.dataset} {state} in {result.out}: {held} questions, a vocabulary of "
+             f"{result.vocab_size:,} words"]
+    return "\n".join(lines + ([next_block(result.next)] if result.next else []))
