@@ -282,7 +282,7 @@ def test_a_copy_of_the_source_in_another_folder_reuses_the_build(tmp_path, monke
     assert module.__file__ == gru_kernels.build().__file__
 
 
-@pytest.mark.slow                                # two builds of the C++ kernels: minutes on 2 cores
+@pytest.mark.slow                                # a build of the C++ kernels (unoptimised: seconds, not a minute)
 @pytest.mark.timeout(1200)
 def test_a_compiler_that_cannot_build_the_amx_code_still_builds_the_rest(tmp_path, monkeypatch):
     """``gru_amx.cpp`` is its own translation unit: where it does not compile (GCC before 11 knows
@@ -296,8 +296,9 @@ def test_a_compiler_that_cannot_build_the_amx_code_still_builds_the_rest(tmp_pat
     (tmp_path / "src").mkdir()
     copy = _copy_of_the_kernels(tmp_path / "src")
     copy.AMX_SOURCE.write_text('#error "this compiler does not know AMX"\n')
+    quick = ("-O0", "-fopenmp")                          # what is built does not matter here, only that it is
     with pytest.warns(UserWarning, match="AMX kernels do not compile"):
-        built = copy.build_with_fallback()
+        built = copy.build_with_fallback(quick)
     assert not built.amx_paths(32)
     torch.manual_seed(0)
     gru = nn.GRU(6, 16, batch_first=True, bidirectional=True)
@@ -309,4 +310,4 @@ def test_a_compiler_that_cannot_build_the_amx_code_still_builds_the_rest(tmp_pat
         raise AssertionError("tried the AMX build again")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", compile_again)
-    assert copy.build_with_fallback().__file__ == built.__file__
+    assert copy.build_with_fallback(quick).__file__ == built.__file__
