@@ -94,49 +94,39 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_a_stopped_sweep_resumed_with_more_trials_runs_them_all_and_optuna_stays_quiet(
-        killed: Killed, tmp_path: Path) -> None:
-    """``--num-samples 4`` on the resume of a 3-trial sweep (in a copy of its work folder): Tune
+def test_a_copied_folder_resumed_with_more_trials_runs_them_all_in_its_own_stores(killed: Killed,
+                                                                                 tmp_path: Path) -> None:
+    """``--num-samples 4`` on the resume of a 3-trial sweep, in a copy of its work folder: Tune
     restores its run saved with 3 trials to make and makes the 4th too; the finished trials are
-    kept, and Optuna says nothing in its own format on the way."""
+    kept; Optuna says nothing in its own format on the way; every run, artifact and trial goes to
+    the copy's stores, and the original stays as it was."""
+    import optuna
+
     copy = tmp_path / "more"
     subprocess.run(["cp", "-a", str(killed.work), str(copy)], check=True)
     assert len(read_sweep(copy, "r")["trials"]) < 3, "the copy must be the stopped sweep's (this test runs first)"
+    before = _snapshot(killed.work)
     command = _command(killed.tiny, copy, killed.space, "--resume")
     command[command.index("--num-samples") + 1] = "4"
     more = subprocess.run(command, cwd=tmp_path, env=killed.env, capture_output=True, text=True, timeout=800)
     assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
     assert json.loads(more.stdout.strip().splitlines()[-1])["trials"] == 4
-    sweep = read_sweep(copy, "r")
-    assert sweep["num_samples"] == 4 and len(sweep["trials"]) == 4
-    assert {t["status"] for t in sweep["trials"]} == {"TERMINATED"}
-    runs = {r.data.tags["trial_id"]: r for r in children(sweep) if r.info.status == "FINISHED"}
-    assert {t: runs[t].info.end_time for t in killed.done_before} == {
-        t: r.info.end_time for t, r in killed.done_before.items()}, "a finished trial ran again"
-    assert "Using an existing study" not in more.stderr and "[I 20" not in more.stderr
-
-
-def test_a_copied_folder_resumes_into_its_own_stores_and_leaves_the_original_as_it_was(
-        killed: Killed, tmp_path: Path) -> None:
-    import optuna
-
-    copy = tmp_path / "copy"
-    subprocess.run(["cp", "-a", str(killed.work), str(copy)], check=True)
-    before = _snapshot(killed.work)
-    resumed = subprocess.run(_command(killed.tiny, copy, killed.space, "--resume"), cwd=tmp_path, env=killed.env,
-                             capture_output=True, text=True, timeout=800)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     after = _snapshot(killed.work)
     assert sorted(after) == sorted(before) and [k for k in before if before[k] != after[k]] == [], \
         "resuming the copy changed the original"
     sweep = read_sweep(copy, "r")
+    assert sweep["num_samples"] == 4 and len(sweep["trials"]) == 4
+    assert {t["status"] for t in sweep["trials"]} == {"TERMINATED"}
     assert sweep["tracking_uri"] == f"sqlite:///{(copy / 'mlflow.db').resolve()}"
-    finished = [r for r in children(sweep) if r.info.status == "FINISHED"]
-    assert sorted(r.info.run_id for r in finished) == sorted(t["mlflow_run_id"] for t in sweep["trials"])
-    assert all(r.info.artifact_uri.removeprefix("file://").startswith(str(copy.resolve())) for r in finished)
+    runs = {r.data.tags["trial_id"]: r for r in children(sweep) if r.info.status == "FINISHED"}
+    assert sorted(r.info.run_id for r in runs.values()) == sorted(t["mlflow_run_id"] for t in sweep["trials"])
+    assert all(r.info.artifact_uri.removeprefix("file://").startswith(str(copy.resolve())) for r in runs.values())
+    assert {t: runs[t].info.end_time for t in killed.done_before} == {
+        t: r.info.end_time for t, r in killed.done_before.items()}, "a finished trial ran again"
+    assert "Using an existing study" not in more.stderr and "[I 20" not in more.stderr
     study = optuna.load_study(study_name=sweep["optuna"]["study"], storage=f"sqlite:///{copy / 'optuna.db'}")
     ended = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
-    assert len(ended) == 3 and not [t for t in study.trials if t.state.name == "RUNNING"]
+    assert len(ended) == 4 and not [t for t in study.trials if t.state.name == "RUNNING"]
 
 
 def test_killed_sweep_resumes_without_rerunning_finished_trials(killed: Killed, tmp_path: Path) -> None:
