@@ -226,7 +226,7 @@ def test_a_timed_out_step_leaves_no_process_behind() -> None:
         "grandchild = int(child.stdout.readline())\n"
         "print(json.dumps({'pids': [child.pid, grandchild]}), flush=True)\n"
         "time.sleep(600)\n")
-    result = device_run.run_step([sys.executable, "-c", script], 15.0)
+    result = device_run.run_step([sys.executable, "-c", script], 6.0)       # two Python starts fit well within
     assert result.code == "timeout"
     assert result.last_json is not None, result.stderr_tail
     pids = result.last_json["pids"]
