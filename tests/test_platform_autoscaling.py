@@ -90,7 +90,7 @@ def _cluster(worker_types: dict):
     ray.shutdown()
     os.killpg(head.pid, signal.SIGTERM)      # the process group: ray start, its head and the fake nodes
     try:
-        head.wait(timeout=10)
+        head.wait(timeout=3)                 # `ray start --block` outlasts it as a rule: then SIGKILL
     except subprocess.TimeoutExpired:
         os.killpg(head.pid, signal.SIGKILL)
     shutil.rmtree(temp, ignore_errors=True)

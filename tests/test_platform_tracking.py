@@ -17,12 +17,13 @@ from iaa.jobs.workdir.paths import Workdir
 pytestmark = pytest.mark.timeout(120)
 
 _CHILD = """
-import sys, time
+import pathlib, sys, time
 from iaa.platform.tracking import store as tracking
-start = float(sys.argv[2])
-while time.time() < start:          # all children reach the store at the same moment
-    time.sleep(0.001)
 from mlflow.tracking import MlflowClient
+ready = pathlib.Path(sys.argv[2])
+(ready / str(time.monotonic_ns())).touch()
+while len(list(ready.iterdir())) < int(sys.argv[3]):   # all children reach the store at the same moment
+    time.sleep(0.001)
 run = tracking.Run.start(sys.argv[1], "race", "r")   # what `iaa-cli train` does first
 print(MlflowClient(sys.argv[1]).get_run(run.run_id).info.experiment_id)
 """
@@ -30,9 +31,9 @@ print(MlflowClient(sys.argv[1]).get_run(run.run_id).info.experiment_id)
 
 @pytest.mark.slow
 def test_processes_creating_a_fresh_sqlite_store_at_once_all_succeed(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    start = time.time() + 8.0                       # after every child has imported mlflow
-    children = [subprocess.Popen([sys.executable, "-c", _CHILD, uri, str(start)],
+    uri, ready = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ready"
+    ready.mkdir()                                   # each child marks itself there once it has imported mlflow
+    children = [subprocess.Popen([sys.executable, "-c", _CHILD, uri, str(ready), "4"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 for _ in range(4)]
     results = [child.communicate(timeout=100) for child in children]
