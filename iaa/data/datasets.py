@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 DATASETS: tuple[str, ...] = ("demo", "cbt-ne", "cbt-cn", "cbt-v", "cbt-p", "cnn")
+TRAINING_SPLITS = ("train", "valid")    # what a command that trains reads: it checks on valid
 # Those with a hyperparameter-search preset: all of them (the paper tuned on CBT NE and CN, and
 # on CNN; CBT's V and P share the CBT sweep).
 TUNE_DATASETS: tuple[str, ...] = DATASETS

@@ -24,7 +24,7 @@ from iaa.data import cbt, cnn, demo
 from iaa.data import errors as E
 from iaa.data import manifest as M
 from iaa.data import verify
-from iaa.data.datasets import DATASETS
+from iaa.data.datasets import DATASETS, TRAINING_SPLITS
 from iaa.data.errors import DataError
 from iaa.files import DiskFullError, disk_full_message, ensure_writable, writing
 from iaa.jobs.evaluation.closing import Command, next_block, where
@@ -253,7 +253,7 @@ def _report(manifest: dict[str, Any]) -> None:
                 _log.info(f"  {msg}")
         for msg in entry["truncated_examples"]:
             _log.warning(f"{split}: {msg}")
-    missing = [split for split in ("train", "valid") if split not in manifest["counts"]]
+    missing = [split for split in TRAINING_SPLITS if split not in manifest["counts"]]
     if missing:
         _log.warning(f"no {' and no '.join(missing)} split in the source: train, tune, ensemble and distill need "
                      f"train and valid (evaluate, predict and explain take what there is)")
@@ -271,7 +271,7 @@ def _report_shared(out: Path, manifest: dict[str, Any]) -> None:
 
 def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float, workdir: Path,
             created: bool = False) -> PrepareResult:
-    trainable = {"train", "valid"} <= set(manifest["counts"])
+    trainable = set(TRAINING_SPLITS) <= set(manifest["counts"])
     at = where(workdir)
     return PrepareResult(dataset=manifest["dataset"], out=str(out), rebuilt=rebuilt, created=created,
                          counts=manifest["counts"], skipped=manifest["skipped"], truncated=manifest["truncated"],

@@ -43,9 +43,10 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path,
     have = manifest.get("counts", {})
     missing = [split for split in splits if split not in have]
     if missing:
+        hint = (_empty_valid_hint(prepared, manifest) if "valid" in missing
+                else f"give it a source with training examples and {rebuild_hint(prepared, manifest)}")
         raise DataError(f"no {' and no '.join(missing)} split here (it has {', '.join(have) or 'none'}), and this "
-                        f"command reads {' and '.join(splits)}; {_empty_valid_hint(prepared, manifest)}",
-                        path=prepared / MANIFEST)
+                        f"command reads {' and '.join(splits)}; {hint}", path=prepared / MANIFEST)
     recorded = manifest.get("dataset")
     if data is not None and dataset is not None and recorded and recorded != dataset:
         raise ConfigError(f"{prepared / MANIFEST}: the folder holds {recorded}, not {dataset}; "

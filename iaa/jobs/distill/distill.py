@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from iaa.data.datasets import TRAINING_SPLITS
 from iaa.errors import IaaError
 from iaa.files import writing
 from iaa.jobs.distill import identity, teacher as teacher_mod
@@ -140,7 +141,7 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
         raise IaaError("`train_examples` must be >= 1")
     ensemble, members = teacher_mod.members_of(req.ensemble)
     dataset, prepared = resolve.data_dir(None, Path(req.data or ensemble.data_dir or ""), req.workdir,
-                                         splits=("train", "valid"))
+                                         splits=TRAINING_SPLITS)
     cfg = student_config(members[0].checkpoint, prepared, req)
     run_dir = req.run_dir or Workdir(req.workdir).run(
         f"distill-{Path(req.ensemble).name}-{cfg.model.kind}-seed{cfg.train.seed}").path

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from iaa.data.datasets import TRAINING_SPLITS
 from iaa.data.shards import file_sha256
 from iaa.errors import IaaError
 from iaa.jobs import interrupt
@@ -359,10 +360,10 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
     if req.sweep is not None:
         sweep = read_sweep(workdir, req.sweep)
         if req.dataset is None and req.data is None and sweep.data_dir:
-            dataset, prepared = resolve.data_dir(None, Path(sweep.data_dir), workdir, splits=("train", "valid"))
+            dataset, prepared = resolve.data_dir(None, Path(sweep.data_dir), workdir, splits=TRAINING_SPLITS)
         else:
             dataset, prepared = resolve.data_dir(req.dataset or sweep.dataset, req.data, workdir,
-                                                 splits=("train", "valid"))
+                                                 splits=TRAINING_SPLITS)
         name = req.name or sweep_ensemble_name(sweep.name, req.top_configs, req.select)
         out_dir = Workdir(workdir).ensemble(name)
         _check_free(out_dir, name, req.overwrite)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
+from iaa.data.datasets import TRAINING_SPLITS
 from iaa.errors import IaaError, printable
 from iaa.files import spellings
 from iaa.jobs import interrupt
@@ -191,7 +192,7 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     work.writable()
     uri = work.tracking_uri(req.tracking_uri)
     dataset, data, handoff = data_of(req)
-    name, prepared = resolve.data_dir(dataset, data, req.workdir, splits=("train", "valid"))
+    name, prepared = resolve.data_dir(dataset, data, req.workdir, splits=TRAINING_SPLITS)
     cfg = resolve.job_config(name, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
     if "sweep" in handoff:                      # on stderr, with --json too: what this run is
         _log.info(best_config_notice(handoff["sweep"], cfg))

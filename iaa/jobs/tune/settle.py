@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from iaa.data.datasets import TRAINING_SPLITS
 from iaa.errors import IaaError
 from iaa.jobs.config import search_space
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
@@ -116,7 +117,7 @@ def settle(req: TuneRequest) -> SweepPlan:
             raise IaaError("give `resume` NAME (or `dataset` / `data` to resume the latest sweep of a dataset)")
         recorded = _record(workdir, req.name)
         req = _with_recorded_data(req, recorded)
-    dataset, prepared = resolve.data_dir(req.dataset, req.data, workdir, splits=("train", "valid"))
+    dataset, prepared = resolve.data_dir(req.dataset, req.data, workdir, splits=TRAINING_SPLITS)
     if dataset not in TUNE_PRESETS:
         raise ConfigError(f"no tune preset for dataset {dataset!r}; choose from {sorted(TUNE_PRESETS)}")
     req = replace(req, dataset=dataset)
