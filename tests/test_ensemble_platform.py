@@ -105,6 +105,9 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: SweepReco
     # each member's run is named by the ensemble and its seed, and logs the data
     assert call.trials.tracking.member_names == ("demo-iaa-config0-seed-2", "demo-iaa-config1-seed-1",
                                                  "demo-iaa-config1-seed-2")
+    # the table's labels read as the members' run names do
+    assert [m.label for m in members] == ["config0-seed-0", "config0-seed-1", "config0-seed-2",
+                                          "config1-seed-0", "config1-seed-1", "config1-seed-2"]
     assert call.trials.tracking.data_dir == tmp_path / "data"
 
     # A second run finds the members it trained in trained.json and trains nothing.

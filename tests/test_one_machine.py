@@ -64,7 +64,7 @@ def test_ensemble_of_a_sweep_speaks_in_a_few_lines(swept: tuple[Path, Path, Path
     assert len(lines) <= MAX_ENSEMBLE_LINES, "\n".join(lines)
     text = "\n".join(lines)
     assert "Trial status" not in text and "run_trial_" not in text and "╭" not in text   # no Ray Tune table
-    assert "started: member config0-seed1" in proc.stderr                  # one line per member event
+    assert "started: member config0-seed-1" in proc.stderr                  # one line per member event
     assert "estimate from the first check" in proc.stderr                  # an ETA
     assert "training members took" in proc.stderr
     summary = ensemble_record.read(work / "ensembles" / "two")             # paths where the folder is

@@ -125,10 +125,10 @@ def _run_dir_label(checkpoint: Path) -> str:
 
 def member_names(ensemble: str, configs: Sequence[JobConfig], top_configs: int, labels: Sequence[str]) -> tuple[str, ...]:
     """Each member's run name, with its seed: ``ENSEMBLE-seed-7``, or ``ENSEMBLE-config1-seed-7``
-    when several configurations are kept (``labels``: ``config1-seed7``)."""
+    when several configurations are kept (``labels``: ``config1-seed-7``)."""
     if top_configs == 1:
         return tuple(f"{ensemble}-seed-{cfg.train.seed}" for cfg in configs)
-    return tuple(f"{ensemble}-{label.split('-seed')[0]}-seed-{cfg.train.seed}" for cfg, label in zip(configs, labels))
+    return tuple(f"{ensemble}-{label}" for label in labels)
 
 
 def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
@@ -255,7 +255,7 @@ def members_cost(sweep: SweepRecord, members: int) -> str:
 
 def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared: Path,
                    req: EnsembleRequest) -> SweepConsole:
-    """The console of the members being trained (``labels``: ``config0-seed1``, ...): one line per
+    """The console of the members being trained (``labels``: ``config0-seed-1``, ...): one line per
     member event and an ETA, as a sweep's."""
     from iaa.data.manifest import read
 

@@ -97,7 +97,7 @@ def best_configs(name: str, trials: Sequence[TrialRecord], k: int) -> list[JobCo
 
 def seeded(configs: Sequence[JobConfig], seeds: int) -> list[tuple[JobConfig, str]]:
     """Each config with ``seeds`` consecutive seeds from its own, and a label for the table."""
-    return [(replace(cfg, train=replace(cfg.train, seed=cfg.train.seed + i)), f"config{c}-seed{cfg.train.seed + i}")
+    return [(replace(cfg, train=replace(cfg.train, seed=cfg.train.seed + i)), f"config{c}-seed-{cfg.train.seed + i}")
             for c, cfg in enumerate(configs) for i in range(seeds)]
 
 
