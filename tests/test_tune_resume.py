@@ -294,6 +294,30 @@ def test_a_resume_runs_the_number_of_trials_it_is_given_and_its_record_keeps_it(
     assert parent.params["tune.num_samples"] == "2" and parent.tags["num_samples"] == "3"   # began with 2, asks 3
 
 
+def test_a_resume_runs_its_trials_on_what_the_sweep_began_with_unless_told_otherwise(
+        tiny: Path, tmp_path: Path) -> None:
+    """``--resume NAME`` alone (the line a stop prints) places the trials left as the first ones
+    were (workers per trial, GPUs per worker) and registers the best under the name the sweep
+    began with; a value the resume's command line gives wins, and the record keeps it."""
+    from iaa.jobs.ports import ConnectRequest
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.tune.request import SweepInterrupted
+
+    launcher, tracker = _InterruptedLauncher(), FakeTracker()
+    sweep = fake_sweeper(tiny, tmp_path, tracker, launcher)
+    with pytest.raises(SweepInterrupted):
+        sweep("placed", workers_per_trial=2, gpus_per_worker=0.5, register="reader")
+    path = record.sweep_file(tmp_path / "work", "placed")
+    began = record.read(path)
+    assert (began.workers_per_trial, began.gpus_per_worker, began.register) == (2, 0.5, "reader")
+
+    result = sweep("placed", resume=True, gpus_per_worker=0.0)
+    connects = [r for r in launcher.requests if isinstance(r, ConnectRequest)]
+    assert [(c.workers_per_trial, c.gpus_per_worker) for c in connects] == [(2, 0.5), (2, 0.0)]
+    assert tracker.models[-1]["register"] == "reader" and result.model_uri.startswith("models:/reader/")
+    assert record.read(path).gpus_per_worker == 0.0          # what the resume ran on, for the next one
+
+
 def test_a_resumed_sweeps_resume_line_names_the_store_it_recorded(tiny: Path, tmp_path: Path) -> None:
     """A sweep tracked on a server, resumed without `--tracking-uri` (its record names the store),
     prints lines that reach that server again, not a new store in the work folder."""

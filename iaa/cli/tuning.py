@@ -34,8 +34,10 @@ from iaa.jobs.config.presets import SAMPLERS
               help="ASHA: validation checks before a trial may be stopped [default: per dataset preset].")
 @click.option("--reduction-factor", type=_Finite(min=1, min_open=True), default=None,
               help="ASHA: keep the best 1/F of the trials at each rung [default: per dataset preset].")
-@click.option("--workers-per-trial", type=click.IntRange(1, 1024), default=1, show_default=True, help="Ray Train workers per trial.")
-@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True)
+@click.option("--workers-per-trial", type=click.IntRange(1, 1024), default=None,
+              help="Ray Train workers per trial [default: 1; a resumed sweep: its own].")
+@click.option("--gpus-per-worker", type=_Finite(min=0), default=None,
+              help="GPUs (or a share of one) per worker [default: 0; a resumed sweep: its own].")
 @click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL-<short id>, new for every sweep].")
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
               help="How trials are proposed, all seeded by --seed: tpe (multivariate TPE), gp (a Gaussian "
@@ -59,7 +61,8 @@ from iaa.jobs.config.presets import SAMPLERS
 @config_options
 @workdir_option
 @cluster_options
-@click.option("--register", metavar="NAME", help="Register the best trial's MLflow model under NAME.")
+@click.option("--register", metavar="NAME",
+              help="Register the best trial's MLflow model under NAME [a resumed sweep: the name it began with].")
 @click.option("--optuna-storage", metavar="URL",
               help="Optuna RDB storage of the sweep's study [default: a SQLite file, WORKDIR/optuna.db].")
 @click.option("--verbose", is_flag=True, help="Also print Ray Tune's own status tables and result boxes.")

@@ -6,13 +6,15 @@
 
     {"schema", "name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id",
      "storage", "search_space", "sampler", "seed", "num_samples", "time_budget_s", "asha", "optuna", "base",
-     "warm_start", "try_first", "workers_per_trial", "max_concurrent", "trials": [row, ...], "wall_s"}
+     "warm_start", "try_first", "workers_per_trial", "gpus_per_worker", "max_concurrent", "register",
+     "trials": [row, ...], "wall_s"}
 
 ``schema`` is 1 (a record without it was written before it was versioned, and reads the same);
 keys this version does not know are kept as they are when the record is written again; ``sampler`` names the Optuna sampler that proposed the
 trials (:data:`~iaa.jobs.config.presets.SAMPLERS`; a record without it was searched by ``tpe``),
 ``seed`` the seed it proposed them with, ``try_first`` the configurations its first trials ran
-(``tune --try-first``).
+(``tune --try-first``), ``workers_per_trial``, ``gpus_per_worker`` and ``register`` what a
+resume runs its trials on and registers the best under, unless its command line says otherwise.
 Paths inside the work folder (``data_dir``, ``storage``, ``tracking_uri``, ``optuna.storage`` and
 each trial's ``checkpoint``) are stored relative to it and found again under the folder the
 record is in now (:mod:`iaa.jobs.workdir.recorded`), so a copied or moved work folder reads its
@@ -86,7 +88,9 @@ class SweepRecord:
     warm_start: Carried | None = None                # the earlier sweep's trials its study began with
     try_first: tuple[Mapping[str, Any], ...] | None = None   # the configurations its first trials ran
     workers_per_trial: int | None = None
+    gpus_per_worker: float | None = None             # None: written before it was recorded (no GPU)
     max_concurrent: int | None = None
+    register: str | None = None                      # the registered model name the best trial goes to
     wall_s: float = 0.0
     unknown: Mapping[str, Any] = field(default_factory=dict)    # keys of a newer version, written back as read
 
@@ -199,7 +203,8 @@ HEADER = {"schema": "positive?", "name": "name", "dataset": "text?", "data_dir":
           "parent_run_id": "text?", "storage": "text?", "address": "text?", "search_space": "mapping?", "sampler": "text?", "seed": "integer?",
           "optuna": "mapping?", "asha": "mapping?", "base": "mapping?", "num_samples": "positive?",
           "time_budget_s": "seconds?", "warm_start": "mapping?", "try_first": "list?",
-          "workers_per_trial": "positive?", "max_concurrent": "positive?", "wall_s": "number?", "trials": "list"}
+          "workers_per_trial": "positive?", "gpus_per_worker": "share?", "max_concurrent": "positive?",
+          "register": "text?", "wall_s": "number?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",
        "stop_reason": "text?", "error": "text?", "name": "text?", "seconds": "seconds?"}

@@ -34,6 +34,7 @@ def sweep_params(search: SearchPlan, workers_per_trial: int, launch: Placement) 
     return {**shared, **{f"search.{k}": p.describe() for k, p in search.space.params.items()},
             "tune.num_samples": search.num_samples, "tune.sampler": search.sampler,
             "tune.seed": search.seed, "tune.workers_per_trial": workers_per_trial,
+            "tune.gpus_per_worker": launch.gpus_per_worker,
             "tune.grace_period": search.preset.grace_period, "tune.reduction_factor": search.preset.reduction_factor,
             "tune.max_checks": search.checks, "tune.asha_max_t": search.max_t,
             "tune.max_concurrent": launch.max_concurrent,
@@ -82,7 +83,8 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan, tracker:
                             sampler=search.sampler, seed=search.seed, num_samples=search.num_samples,
                             time_budget_s=search.time_budget_s,
                             asha=Asha(preset.grace_period, preset.reduction_factor),
-                            workers_per_trial=plan.workers_per_trial, max_concurrent=launch.max_concurrent,
+                            workers_per_trial=plan.workers_per_trial, gpus_per_worker=plan.gpus_per_worker,
+                            max_concurrent=launch.max_concurrent, register=plan.register,
                             optuna=plan.study, base=to_dict(base), warm_start=carried,
                             try_first=search.try_first or None)
         sweep_file.write(plan.record_file, sweep)

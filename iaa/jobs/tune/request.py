@@ -33,8 +33,8 @@ class TuneRequest:
     search_space: Path | None = None
     grace_period: int | None = None      # ASHA: checks before a trial may be stopped
     reduction_factor: float | None = None  # ASHA: keeps the best 1/reduction_factor at each rung
-    workers_per_trial: int = 1
-    gpus_per_worker: float = 0.0
+    workers_per_trial: int | None = None   # None: 1 (a resumed sweep: the recorded)
+    gpus_per_worker: float | None = None   # None: 0 (a resumed sweep: the recorded)
     name: str | None = None          # None: a new unique name (or, with resume, the latest sweep)
     seed: int = 0
     config_file: Path | None = None
@@ -45,7 +45,7 @@ class TuneRequest:
     address: str | None = None       # the Ray cluster given; None: a local Ray (the lines that continue it name it)
     resume: bool = False
     show_progress: bool = True
-    register: str | None = None      # register the best trial's MLflow model under this name
+    register: str | None = None      # register the best trial's MLflow model under this name (a resume: the recorded)
     verbose: bool = False            # Ray Tune's own status tables and result boxes
     optuna_storage: str | None = None  # the study's RDB URL; None: the SQLite file WORKDIR/optuna.db
     sampler: str | None = None       # one of SAMPLERS; None: tpe (a resumed sweep: the one it recorded)

@@ -29,6 +29,7 @@ from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import Study, SweepRecord
 from iaa.jobs.tune import try_first, warm_start
 from iaa.jobs.tune.request import TuneRequest
+from iaa.jobs.workdir import names
 from iaa.jobs.workdir.fields import RecordError
 from iaa.jobs.workdir.paths import Workdir
 
@@ -125,6 +126,7 @@ def settle(req: TuneRequest) -> SweepPlan:
     if req.resume:
         recorded = recorded or _record(workdir, name)
         req = _with_recorded_storage(with_recorded_budget(req, recorded), recorded, name)
+        req = _with_recorded_placement(req, recorded)
     preset = asha_preset(req)
     cfg = resolve.job_config(dataset, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
     base = sweep_config(req, cfg, preset, resolve.chosen_keys(req.config_file, req.sets))
@@ -160,8 +162,9 @@ def settle(req: TuneRequest) -> SweepPlan:
                      storage_path=req.storage_path, base=base, train_epochs=cfg.train.max_epochs, space=space,
                      preset=preset, num_samples=num_samples, time_budget_s=req.time_budget_s, warm_start=warm,
                      try_first=given, sampler=sampler, study=study, tracking_uri=tracking,
-                     recorded=recorded, seed=req.seed, workers_per_trial=req.workers_per_trial,
-                     gpus_per_worker=req.gpus_per_worker, max_concurrent=req.max_concurrent, register=req.register,
+                     recorded=recorded, seed=req.seed, workers_per_trial=req.workers_per_trial or 1,
+                     gpus_per_worker=req.gpus_per_worker or 0.0, max_concurrent=req.max_concurrent,
+                     register=req.register,
                      show_progress=req.show_progress, verbose=req.verbose,
                      address=req.address, options=where(workdir, req.tracking_uri or Workdir(workdir).named_store(
                          recorded.tracking_uri if recorded is not None else None)))
@@ -217,13 +220,22 @@ def _record(workdir: Path, name: str) -> SweepRecord:
 
 
 def _with_recorded_data(req: TuneRequest, record: SweepRecord) -> TuneRequest:
-    """``req`` with the data and the workers per trial its sweep recorded; what the command line
-    gives wins."""
+    """``req`` with the data its sweep recorded (``req`` names none)."""
     data = Path(str(record.data_dir))
     if not data.is_absolute():
         data = Path(req.workdir) / data
-    return replace(req, dataset=record.dataset, data=data,
-                   workers_per_trial=record.workers_per_trial or req.workers_per_trial)
+    return replace(req, dataset=record.dataset, data=data)
+
+
+def _with_recorded_placement(req: TuneRequest, record: SweepRecord) -> TuneRequest:
+    """``req`` with the workers per trial, GPUs per worker and registered model name its sweep
+    recorded, where the command line gives none: the trials left run as the first ones did, and
+    the best is registered as asked when the sweep began."""
+    path = sweep_file.sweep_file(req.workdir, record.name)
+    register = req.register or names.registered_name(record.register, f"{path}: register")
+    return replace(req, workers_per_trial=req.workers_per_trial or record.workers_per_trial,
+                   gpus_per_worker=record.gpus_per_worker if req.gpus_per_worker is None else req.gpus_per_worker,
+                   register=register)
 
 
 def _with_recorded_storage(req: TuneRequest, record: SweepRecord, name: str) -> TuneRequest:

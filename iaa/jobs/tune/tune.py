@@ -205,7 +205,9 @@ def _open_sweep(plan: SweepPlan, tracker: Tracker, launcher: Launcher, launch: P
         if not launcher.can_resume(launch):
             raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
         sweep = replace(plan.recorded, sampler=plan.sampler,   # a record older than samplers names its own
-                        time_budget_s=plan.time_budget_s, num_samples=plan.num_samples, address=plan.address)
+                        time_budget_s=plan.time_budget_s, num_samples=plan.num_samples, address=plan.address,
+                        workers_per_trial=plan.workers_per_trial, gpus_per_worker=plan.gpus_per_worker,
+                        register=plan.register)
         stops.close_leftovers(tracker, launcher, sweep, search)
         assert sweep.parent_run_id is not None               # read_resumable: required
         parent = tracker.reopen_run(sweep.parent_run_id)

@@ -32,6 +32,7 @@ KINDS: dict[str, tuple[str, Any]] = {
     "text": ("a string", lambda v: isinstance(v, str)),
     "accuracy": ("an accuracy: a finite number in [0, 1]", lambda v: _number(v) and 0.0 <= v <= 1.0),
     "number": ("a finite number", _number),
+    "share": ("a finite number >= 0", lambda v: _number(v) and v >= 0),
     "factor": ("a finite number above 1", lambda v: _number(v) and v > 1),
     "seconds": ("a finite number of seconds above 0", lambda v: _number(v) and v > 0),
     "temperature": ("a temperature: a finite number above 0", lambda v: _number(v) and v > 0),
