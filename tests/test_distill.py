@@ -59,6 +59,24 @@ def plain_train(cfg, prepared, run_dir, train_rows=None, teacher=None, tags=None
     return train_job.run(cfg, prepared, run_dir, show_progress=False, train_rows=train_rows)
 
 
+def test_the_weights_come_from_the_flags_else_the_config_else_the_defaults(setup, tmp_path):
+    """``alpha`` and ``temperature`` given win; left out, ``--set distill.*`` (or the config
+    file) sets them; neither: 0.5 and 1 (not the member's own alpha 1, which means no teacher)."""
+    _, prepared, members, _ = setup
+    file = tmp_path / "distill.yaml"
+    file.write_text("distill:\n  temperature: 4.0\n", encoding="utf-8")
+
+    def weights(sets=(), **kw):
+        req = request(setup, **kw)
+        found = distill.student_config(members[0], prepared, replace(req, sets=(*req.sets, *sets))).distill
+        return found.alpha, found.temperature
+
+    assert weights() == (0.5, 1.0)
+    assert weights(sets=("distill.alpha=0.2", "distill.temperature=3")) == (0.2, 3.0)
+    assert weights(sets=("distill.alpha=0.2",), alpha=0.7, temperature=2.0) == (0.7, 2.0)
+    assert weights(config_file=file) == (0.5, 4.0)
+
+
 def test_soft_targets_equal_the_ensembles_own_average(setup, tmp_path):
     _, prepared, members, ens = setup
     _, found = teacher.members_of(ens)

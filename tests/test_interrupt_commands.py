@@ -150,7 +150,7 @@ def test_train_on_ray_train_workers_stopped_by_ctrl_c_says_how_to_resume(tmp_pat
 
     assert code == 128 + signal.SIGINT and took < 30, (code, took, out[-3000:])
     line = _one_line(out, "SIGINT")
-    assert line.endswith("--resume") and "--workers 2" in line and f"--run-dir {run_dir}" in line
+    assert line.endswith("--resume") and "--data-parallel-workers 2" in line and f"--run-dir {run_dir}" in line
     assert _running_runs(work) == [] and "Traceback" not in out
 
 

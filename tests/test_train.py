@@ -247,28 +247,3 @@ def test_the_resident_memory_of_a_data_parallel_run_sums_its_workers(tiny: Path,
                   threads=1)
     now = psutil.Process().memory_info().rss / 2**20
     assert len(link.history) >= 2 and all(1.2 * now < m["resident_mb"] < 4 * now for m in link.history), now
-
-
-# The request's fields that say how this one command runs, not what the run is: a resume line leaves them out.
-NOT_RESUMED = {"resume", "overwrite", "show_progress"}
-
-
-def test_a_resume_line_carries_every_field_of_the_request_that_shapes_the_run(tmp_path: Path) -> None:
-    """A train stopped on a cluster resumes there, as printed: every field that makes the run
-    (its data, config, folder, workers, cluster, storage and stores) is in its resume line."""
-    import dataclasses
-
-    from tests._faults import as_shown
-
-    values = {"dataset": "demo", "data": tmp_path / "prepared", "model_kind": "as-reader", "config_file": tmp_path / "c.yaml",
-              "sets": ("train.lr=0.01",), "run_dir": tmp_path / "run", "register": "reader", "workers": 2,
-              "gpus_per_worker": 0.5, "tracking_uri": "http://mlflow:5000", "storage_path": "s3://bucket/ray",
-              "address": "ray://head:10001", "workdir": tmp_path / "work"}
-    fields = {f.name for f in dataclasses.fields(train_job.TrainRequest)}
-    assert fields - NOT_RESUMED == set(values)            # a new field is either resumed here or declared not
-    line = as_shown(train_job.resume_command(train_job.TrainRequest(**values), tmp_path / "run"))
-    for flag in ("--dataset demo", "--model as-reader", "--set train.lr=0.01", "--register reader", "--workers 2",
-                 "--gpus-per-worker 0.5", "--tracking-uri http://mlflow:5000", "--storage-path s3://bucket/ray",
-                 "--address ray://head:10001", "--resume", f"--run-dir {tmp_path / 'run'}",
-                 f"--workdir {tmp_path / 'work'}", f"--config {tmp_path / 'c.yaml'}", f"--data {tmp_path / 'prepared'}"):
-        assert flag in line, (flag, line)

@@ -19,7 +19,8 @@ def test_a_command_renders_with_the_flags_of_its_own_command() -> None:
     assert str(cmd) == "iaa-cli train `data` '/d ir' `sets` a=1 `sets` b=2 `resume`"
     assert render(str(cmd), cli) == "iaa-cli train --data '/d ir' --set a=1 --set b=2 --resume"
     # the same Python name is another flag in another command
-    assert render("iaa-cli ensemble `workers_per_trial` 2", cli) == "iaa-cli ensemble --workers 2"
+    assert render("iaa-cli ensemble `workers_per_trial` 2", cli) == "iaa-cli ensemble --workers-per-member 2"
+    assert render("iaa-cli ensemble `no_calibrate`", cli) == "iaa-cli ensemble --no-calibrate"   # an on/off flag off
     assert render("iaa-cli distill `ensemble_dir` E", cli) == "iaa-cli distill --ensemble E"
     assert render("iaa-cli serve `model_uri` models:/m/1", cli) == "iaa-cli serve --model models:/m/1"
 

@@ -43,9 +43,10 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
     from iaa.jobs.ensemble import ensemble as job
 
-    req = job.EnsembleRequest(members=members + more_members, workdir=workdir, show_progress=progress_shown(), **request)
+    req = job.EnsembleRequest(members=members + more_members, workdir=workdir, address=address,
+                              tracking_uri=tracking_uri, show_progress=progress_shown(), **request)
     store = tracking_uri or job.sweep_store(workdir, req.sweep)          # a sweep's ensemble joins its runs
-    _emit(job.run(req, _tracker(workdir, store), _launcher(address, req.storage_path)), as_json,
+    _emit(job.run(req, _tracker(workdir, store), _launcher(req.address, req.storage_path)), as_json,
           keys=("name", "valid_acc", "test_acc", "ensemble_dir", "model_uri"))
 
 
@@ -54,9 +55,12 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
               help="An ensemble folder from `iaa-cli ensemble` (WORKDIR/ensembles/NAME): the teacher.")
 @click.option("--model", "model_kind", type=MODELS, help="Student variant [default: the members'].")
 @config_options
-@click.option("--alpha", type=_Finite(0, 1), default=0.5, show_default=True,
-              help="Weight of the gold NLL; 1 - alpha goes to the KL to the teacher (1: ordinary training).")
-@click.option("--temperature", type=_Finite(0, 1000, min_open=True), default=1.0, show_default=True)
+@click.option("--alpha", type=_Finite(0, 1), default=None,
+              help="Weight of the gold NLL; 1 - alpha goes to the KL to the teacher (1: ordinary training) "
+                   "[default: the config's distill.alpha where --config or --set gives it, else 0.5].")
+@click.option("--temperature", type=_Finite(0, 1000, min_open=True), default=None,
+              help="Softens teacher and student alike [default: the config's distill.temperature where --config "
+                   "or --set gives it, else 1].")
 @click.option("--train-examples", type=click.IntRange(min=1), default=None,
               help="Distil on the first N training examples only [default: all].")
 @click.option("--refresh-teacher", is_flag=True, help="Compute the teacher again even where a stored one exists.")
@@ -71,8 +75,9 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
 @workdir_option
 @json_option
 @_friendly
-def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None, sets: tuple[str, ...], alpha: float,
-            temperature: float, train_examples: int | None, refresh_teacher: bool, run_dir: Path | None,
+def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None, sets: tuple[str, ...],
+            alpha: float | None, temperature: float | None, train_examples: int | None, refresh_teacher: bool,
+            run_dir: Path | None,
             resume: bool, overwrite: bool, register: str | None, workers: int, address: str | None, tracking_uri: str | None,
             workdir: Path, as_json: bool) -> None:
     """Train one reader against an ensemble's averaged distributions (knowledge distillation)."""
@@ -93,12 +98,13 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
                              temperature=temperature, train_examples=train_examples, run_dir=run_dir,
                              workdir=workdir, tracking_uri=tracking_uri, refresh_teacher=refresh_teacher,
-                             show_progress=progress_shown(),
-                             resume=resume)
-    score = (teacher_ray.scorer(teacher.score_member, workers or None, address, progress_shown()) if (workers or address)
-             else teacher.score_in_process)
+                             register=register, teacher_workers=workers, address=address,
+                             show_progress=progress_shown(), resume=resume)
+    score = (teacher_ray.scorer(teacher.score_member, req.teacher_workers or None, req.address, progress_shown())
+             if (req.teacher_workers or req.address) else teacher.score_in_process)
     claim = partial(rundir.claim, resume=resume, overwrite=overwrite)
-    train = partial(train_job.run_tracked, tracker=tracker, show_progress=progress_shown(), register=register, resume=resume)
+    train = partial(train_job.run_tracked, tracker=tracker, show_progress=progress_shown(), register=req.register,
+                    resume=resume)
     result = job.run(req, train=train, score=score, claim=claim)
     _close(summary.describe, result)
     _emit(result, as_json, keys=CLOSING_KEYS)

@@ -19,14 +19,19 @@ Spellings = dict[str, dict[str, str]]        # command -> Python name -> flag
 
 @functools.cache
 def spellings(cli: click.Group) -> Spellings:
-    """Each command's options, and the group's under ``""``: Python name -> its shortest long flag."""
+    """Each command's options, and the group's under ``""``: Python name -> its first long flag (the
+    name its help shows; ``--workers`` is a kept alias of three). An on/off flag's off side is
+    ``no_NAME`` (``` `no_calibrate` ``` -> ``--no-calibrate``)."""
 
     def of(params: list[click.Parameter]) -> dict[str, str]:
         found = {}
         for param in params:
-            flags = [o for o in param.opts if o.startswith("--")] if isinstance(param, click.Option) else []
-            if flags and param.name:
-                found[param.name] = min(flags, key=len)
+            if not isinstance(param, click.Option) or not param.name:
+                continue
+            for name, opts in ((param.name, param.opts), (f"no_{param.name}", param.secondary_opts)):
+                flags = [o for o in opts if o.startswith("--")]
+                if flags:
+                    found[name] = flags[0]
         return found
 
     return {"": of(cli.params), **{name: of(command.params) for name, command in cli.commands.items()}}

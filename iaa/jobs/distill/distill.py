@@ -7,7 +7,8 @@
    shared or read-only); a later distillation from the same ensemble reuses
    it after checking that no member's checkpoint (and not the data) changed since.
 2. The student: the first member's config (so, by default, a member's size), then ``--config``,
-   ``--model`` and ``--set`` as for ``train``, then ``distill.alpha`` / ``distill.temperature``.
+   ``--model`` and ``--set`` as for ``train``; ``alpha`` and ``temperature`` where given, else
+   the ``distill.alpha`` / ``distill.temperature`` the file or ``--set`` give, else 0.5 and 1.
    It trains with the train workflow on the training rows that carry a teacher distribution,
    with the loss α · NLL + (1 - α) · T² · KL(teacher ‖ student) (:mod:`iaa.jobs.modeling.objective`),
    validates on the gold answers, and ends as a checkpoint and an MLflow model like any reader.
@@ -40,6 +41,7 @@ _log = logging.getLogger(__name__)
 # The train workflow: (config, prepared data, run folder, training rows, teacher input, run tags,
 # experiment) -> result.
 TrainWorkflow = Callable[..., TrainResult]
+ALPHA = 0.5          # the gold NLL's weight where neither the command nor the config gives one
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,15 @@ class DistillRequest:
     model_kind: str | None = None
     config_file: Path | None = None
     sets: tuple[str, ...] = ()
-    alpha: float = 0.5                  # weight of the gold NLL
-    temperature: float = 1.0
+    alpha: float | None = None          # weight of the gold NLL; None: the config's distill.alpha, else ALPHA
+    temperature: float | None = None    # None: the config's distill.temperature, else 1
     train_examples: int | None = None   # distil on the first N training examples only
     run_dir: Path | None = None
     workdir: Path = Path(DEFAULT_WORKDIR)
     tracking_uri: str | None = None     # named in the resume line; the store itself is the caller's tracker
+    register: str | None = None         # also register the student's MLflow model under this name
+    teacher_workers: int = 0            # Ray tasks that score the teacher's members; 0: the caller's scorer decides
+    address: str | None = None          # the Ray cluster the teacher is scored on; None: a local one
     refresh_teacher: bool = False
     show_progress: bool = True
     resume: bool = False                # continue the run in run_dir: refused when its teacher differs
@@ -69,7 +74,11 @@ def student_config(member_checkpoint: Path, prepared: Path, req: DistillRequest)
     if req.model_kind is not None:
         cfg = replace(cfg, model=replace(cfg.model, kind=req.model_kind))
     cfg = load(cfg, None, req.sets)
-    cfg = replace(cfg, distill=replace(cfg.distill, alpha=req.alpha, temperature=req.temperature))
+    chosen = resolve.chosen_keys(req.config_file, req.sets)
+    alpha = req.alpha if req.alpha is not None else cfg.distill.alpha if "distill.alpha" in chosen else ALPHA
+    temperature = (req.temperature if req.temperature is not None
+                   else cfg.distill.temperature if "distill.temperature" in chosen else 1.0)
+    cfg = replace(cfg, distill=replace(cfg.distill, alpha=alpha, temperature=temperature))
     return replace(cfg, model=replace(cfg.model, vocab_size=resolve.vocab_size(prepared)))
 
 
@@ -127,8 +136,11 @@ def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer 
 def resume_command(req: DistillRequest) -> Command:
     """The exact ``distill ... resume`` that continues the student's run."""
     return Command.of("distill", ensemble_dir=req.ensemble, model_kind=req.model_kind,
-                      config_file=req.config_file, sets=tuple(req.sets), alpha=f"{req.alpha:g}",
-                      temperature=f"{req.temperature:g}", train_examples=req.train_examples, run_dir=req.run_dir,
+                      config_file=req.config_file, sets=tuple(req.sets),
+                      alpha=None if req.alpha is None else f"{req.alpha:g}",
+                      temperature=None if req.temperature is None else f"{req.temperature:g}",
+                      train_examples=req.train_examples, run_dir=req.run_dir, register=req.register,
+                      workers=req.teacher_workers or None, address=req.address,
                       **where(req.workdir, req.tracking_uri), resume=True)
 
 

@@ -83,6 +83,8 @@ class EnsembleRequest:
     register: str | None = None   # register the ensemble's MLflow model under this name
     overwrite: bool = False       # replace a finished ensemble of the same name
     calibrate: bool = True        # fit the ensemble's temperature on valid (answers unchanged)
+    address: str | None = None    # the Ray cluster members train on; None: a local Ray (the resume line names it)
+    tracking_uri: str | None = None   # the store given; named in the resume line (the tracker is the caller's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "members", distinct_members(self.members))
@@ -232,8 +234,8 @@ def resume_command(req: EnsembleRequest) -> Command:
                       select=req.select, p=f"{req.p:g}" if req.select == "top-p" else None, name=req.name,
                       workers_per_trial=req.workers_per_trial if req.workers_per_trial != 1 else None,
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
-                      storage_path=req.storage_path, register=req.register,
-                      no_calibrate=True if not req.calibrate else None, **where(req.workdir))
+                      storage_path=req.storage_path, address=req.address, register=req.register,
+                      no_calibrate=not req.calibrate, **where(req.workdir, req.tracking_uri))
 
 
 def members_cost(sweep: SweepRecord, members: int) -> str:
