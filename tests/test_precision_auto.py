@@ -255,8 +255,25 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
     for rates, chosen in (({"fp32": 100.0, "bf16": 400.0}, "bf16"), ({"fp32": 100.0, "bf16": 20.0}, "fp32")):
         monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
         result = train.run_tracked(cfg, tiny, tmp_path / f"run-{chosen}", tracker, show_progress=False)
-        params = MlflowClient(result.tracking_uri).get_run(result.mlflow_run_id).data.params
-        assert params["train.precision"] == chosen and result.precision == chosen
+        data = MlflowClient(result.tracking_uri).get_run(result.mlflow_run_id).data
+        assert data.params["train.precision"] == chosen and result.precision == chosen == data.tags["precision"]
+
+
+def test_auto_is_decided_once_here_for_cpus_and_for_gpus_this_process_sees(monkeypatch) -> None:
+    """A driver without a GPU (a CPU head node) cannot tell whether the GPU workers run bf16: it
+    leaves ``auto`` to each worker; for CPUs, or where it sees a GPU, it decides for them all."""
+    from iaa.jobs.config.job_config import JobConfig, TrainConfig
+
+    cfg = JobConfig(model=preset("tiny", vocab_size=40), train=TrainConfig(precision="auto"))
+    monkeypatch.setattr(precision, "probed_rates", lambda: {"fp32": 100.0, "bf16": 400.0})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert precision.resolved_once(cfg, gpus=False).train.precision == "bf16"        # this CPU's probe
+    assert precision.resolved_once(cfg, gpus=True).train.precision == "auto"         # the workers' cards decide
+    fixed = JobConfig(model=cfg.model, train=TrainConfig(precision="fp32"))
+    assert precision.resolved_once(fixed, gpus=True).train.precision == "fp32"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert precision.resolved_once(cfg, gpus=True).train.precision == "bf16"         # this process's card
 
 
 def test_a_checkpoint_config_with_the_former_bf16_switch_still_loads() -> None:

@@ -124,7 +124,12 @@ def test_a_sweeps_trials_are_numbered_in_the_order_they_started(tmp_path: Path, 
         runs = TrialRuns("demo-iaa-aaa")
         for trial_id, lr in (("4f231ee7", 1e-3), ("0b7c9a12", 2e-3)):       # a searcher's ids carry no number
             runs.on_trial_start(0, [], _Trial(trial_id, {"train.lr": lr}))
+        first = _Trial("4f231ee7", {"train.lr": 1e-3})
+        for step in (1, 2):           # the worker decided ``auto``: its first check's word is the run's tag
+            runs.on_trial_result(0, [], first, {"valid_acc": 0.5, "step": step, "precision": "bf16"})
     client = MlflowClient(tracker.uri)
+    tagged = client.get_run(side.run_ids["4f231ee7"]).data
+    assert tagged.tags["precision"] == "bf16" and "precision" not in tagged.metrics and tagged.metrics["valid_acc"] == 0.5
     for trial_id, number in (("4f231ee7", "0000"), ("0b7c9a12", "0001")):
         run = client.get_run(side.run_ids[trial_id])
         assert run.data.tags["trial_number"] == number and run.data.tags["seed"] == "3"

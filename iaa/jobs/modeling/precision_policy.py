@@ -135,3 +135,15 @@ def resolved(cfg: JobConfig, device: str | torch.device = "cpu") -> JobConfig:
     """``cfg`` with ``train.precision`` resolved for ``device``: what a run records and uses."""
     return replace(cfg, train=replace(cfg.train, precision=resolve(cfg.train.precision, device)))
 
+
+def resolved_once(cfg: JobConfig, gpus: bool) -> JobConfig:
+    """``cfg`` with ``auto`` decided in this process, once for all the workers or trials of a job
+    (so that they compare at one precision), where this process can decide it: for CPUs by this
+    machine's probe (a cluster's CPU nodes are taken to be of its kind), for GPUs where this
+    process sees one. A driver without a GPU (a CPU head node of a GPU cluster) leaves ``auto``
+    to the workers: each decides on its own card, which gives one answer for one kind of card,
+    and the run's ``precision`` tag says what it used."""
+    if gpus and cfg.train.precision == "auto" and not torch.cuda.is_available():
+        return cfg
+    return resolved(cfg, "cuda" if gpus else "cpu")
+

@@ -99,8 +99,9 @@ def run_tracked(
     tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": place, "workers": str(workers),
             **(tags or {})}
     resume_id = previous_run(tracker, experiment, folder) if resume else None
-    # auto -> fp32 or bf16 here, once: the tracked params record it, and every worker uses it
-    cfg = precision.resolved(cfg, "cuda" if gpus_per_worker > 0 else "cpu")
+    # auto -> fp32 or bf16 here, once, where this process can decide it for the workers' device:
+    # the tracked params record it and every worker uses it; the run's precision tag says what ran
+    cfg = precision.resolved_once(cfg, gpus=gpus_per_worker > 0)
     with tracker.run(experiment, folder.path.name, tags=tags, resume_id=resume_id) as tracked:
         interrupt.on_stop(lambda signal_name: _killed(tracked, signal_name))
         folder.track(tracker.uri, tracked.run_id)
@@ -129,7 +130,7 @@ def _log_result(tracker: Tracker, tracked: TrackedRun, result: TrainResult, prep
                 register: str | None) -> str | None:
     """The finished run's checkpoint tag, its logged model (registered as ``register``; its URI
     is returned) and its final best validation accuracy."""
-    tracked.set_tags({"checkpoint": result.checkpoint})
+    tracked.set_tags({"checkpoint": result.checkpoint, **({"precision": result.precision} if result.precision else {})})
     model_uri = None
     if result.checkpoint:
         model_uri = tracker.log_model(tracked, ModelFiles.of(result.checkpoint, prepared), register, code=MODEL_CODE)

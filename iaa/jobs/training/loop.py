@@ -262,6 +262,8 @@ class Trainer:
         check to the start of this one); the validation's own time is ``valid_seconds``.
         ``resident_mb`` is the training processes' resident memory after the validation, summed
         over the workers: its curve over a run shows a heap that grows with the steps.
+        ``precision`` (fp32 | bf16, not a number: trackers keep it as the run's tag) is what the
+        reader multiplies in, decided on this worker where the config left ``auto``.
         """
         resident = psutil.Process().memory_info().rss / 2**20
         loss_sum, batches, resident = self.session.all_reduce_sum([float(self.window.total), self.window.batches,
@@ -279,6 +281,7 @@ class Trainer:
             "train_examples_per_s": self.window.batches * self.tc.batch_size * self.session.world_size / seconds,
             "valid_seconds": valid_seconds,
             "resident_mb": resident,
+            "precision": self.precision,
         }
 
 

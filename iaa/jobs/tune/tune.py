@@ -180,11 +180,12 @@ def _record_stop(plan: SweepPlan, sweep: SweepRecord, launcher: Launcher, reques
 
 def _search_plan(plan: SweepPlan, launch: Placement) -> SearchPlan:
     """What the launcher searches: the space, the checks per trial (``max_t``), the Optuna study
-    and its sampler. The base config's ``auto`` precision is decided here, once for the sweep, for
-    the device its trials run on: every trial and its MLflow params use the same."""
+    and its sampler. The base config's ``auto`` precision is decided here, once for the sweep,
+    where this process can decide it for the trials' device
+    (:func:`~iaa.jobs.modeling.precision_policy.resolved_once`)."""
     from iaa.jobs.modeling import precision_policy as precision
 
-    base = precision.resolved(plan.base, "cuda" if plan.gpus_per_worker > 0 else "cpu")
+    base = precision.resolved_once(plan.base, gpus=plan.gpus_per_worker > 0)
     return SearchPlan(base=base, space=plan.space, preset=plan.preset, seed=plan.seed, num_samples=plan.num_samples,
                       max_t=max_checks(base, plan.space, launch.train_rows, plan.workers_per_trial),
                       study_storage=plan.study.storage, study_name=plan.study.study, sampler=plan.sampler,

@@ -267,9 +267,13 @@ class TrialRuns(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
                         **info: Any) -> None:
+        first = trial.trial_id not in self._reported
         self._reported.add(trial.trial_id)
         metrics = {k: result[k] for k in TRIAL_METRICS if k in result}
         self._track("log metrics", trial, lambda: self._run(trial).log_metrics(metrics, step=int(result.get("step", 0))))
+        if first and result.get("precision"):          # what the trial multiplied in, decided where it ran
+            self._track("tag its precision", trial,
+                        lambda: self._run(trial).set_tags({"precision": str(result["precision"])}))
         path = result.get("checkpoint_path")      # multi-worker trials: the Train run's checkpoint
         if path and result.get("is_best"):
             self.best[trial.trial_id] = str(path)
