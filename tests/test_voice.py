@@ -74,6 +74,32 @@ def test_the_console_handler_speaks_text_json_or_only_warnings(capsys: pytest.Ca
     assert len([h for h in logging.getLogger("iaa").handlers]) == 1     # each call replaced the last
 
 
+def test_a_sweeps_trial_events_are_json_lines_with_their_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--log-format json``: a program following a sweep reads each trial event's fields, not its words."""
+    from iaa import logs
+    from iaa.jobs.sweeps.console import SweepConsole
+
+    logs.to_console(json_lines=True)
+    try:
+        console = SweepConsole(None, ["train.lr"])
+        console.trial_started("trial-0000", {"train.lr": 0.002})
+        console.trial_checked("trial-0000", {"checks": 1, "epoch": 0.5, "valid_acc": 0.25, "best_valid_acc": 0.25})
+        console.trial_restored("trial-0000", 1)
+        console.trial_ended("trial-0000", "asha")
+        lines = [json.loads(line) for line in _stderr_lines(capsys)]
+    finally:
+        logs.to_console()
+    events = [{k: v for k, v in line.items() if k not in ("level", "logger", "message")} for line in lines]
+    assert events == [
+        {"event": "trial_started", "trial": "trial-0000", "params": {"train.lr": 0.002}},
+        {"event": "trial_checked", "trial": "trial-0000", "check": 1, "epoch": 0.5, "valid_acc": 0.25,
+         "best_valid_acc": 0.25},
+        {"event": "trial_restored", "trial": "trial-0000", "check": 1, "restores": 1},
+        {"event": "trial_ended", "trial": "trial-0000", "state": "stopped", "reason": "asha", "checks": 1,
+         "best_valid_acc": 0.25}]
+    assert "stopped by ASHA" in lines[-1]["message"]
+
+
 def test_quiet_and_json_are_options_of_the_command_line(tmp_path) -> None:
     result = CliRunner().invoke(cli, ["--quiet", "--log-format", "json", "prepare", "--help"])
     assert result.exit_code == 0, result.output

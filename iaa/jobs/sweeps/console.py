@@ -9,6 +9,10 @@ training steps only, while a trial also validates, checkpoints and starts up. Th
 comes from the quickest trial of the first wave, which in a sweep over model sizes is the
 smallest; once every trial of that wave has checked, the estimate is said again where it moved
 by more than ``REVISE_BY``.
+
+Each event's line is also an event for programs (:func:`iaa.logs.event`; ``--log-format json``
+writes its fields): ``trial_started``, ``trial_continued``, ``trial_checked``, ``trial_ended``,
+``trial_restored`` and ``node_lost``, each with the trial's name as ``trial``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from iaa import logs
 from iaa.errors import printable
 from iaa.jobs.ports import TIME_BUDGET
 from iaa.jobs.sweeps import comparison
@@ -47,8 +52,8 @@ class _Trial:
 
 @dataclass
 class SweepConsole:
-    """The sweep's console; ``clock`` and ``say`` (where a line goes: the module's logger at INFO)
-    are replaceable for tests.
+    """The sweep's console; ``clock`` and ``say`` (where a line goes; None: the module's logger at
+    INFO, an event's line with its fields) are replaceable for tests.
 
     Args:
         cost: the estimate said before the sweep (None: no estimate, e.g. a resumed sweep).
@@ -61,7 +66,7 @@ class SweepConsole:
     searched: Sequence[str]
     label: Callable[[Mapping[str, Any]], str] = config_label
     what: str = "sweep"
-    say: Callable[[str], None] = _log.info
+    say: Callable[[str], None] | None = None
     clock: Callable[[], float] = time.monotonic
     table_every_s: float = TABLE_EVERY_S
     trials: dict[str, _Trial] = field(default_factory=dict)
@@ -83,7 +88,8 @@ class SweepConsole:
         if trial_id in self.trials and self.trials[trial_id].state == "running":
             return                                  # a restarted or resumed trial
         self.trials[trial_id] = _Trial(dict(params), self.clock())
-        self._say(f"trial {trial_id} started: {self.label(params)}")
+        self._say(f"trial {trial_id} started: {self.label(params)}", "trial_started", trial=trial_id,
+                  params=dict(params))
 
     def trial_continued(self, trial_id: str, params: Mapping[str, Any], from_check: int) -> None:
         """A resumed sweep's unfinished trial, restored from the checkpoint of check ``from_check``."""
@@ -91,7 +97,8 @@ class SweepConsole:
             return                                  # restarted in this process: its restore was told
         t = self.trials.setdefault(trial_id, _Trial(dict(params), self.clock()))
         t.checks = max(t.checks, from_check)
-        self._say(f"trial {trial_id} continues from check {from_check}: {self.label(params)}")
+        self._say(f"trial {trial_id} continues from check {from_check}: {self.label(params)}", "trial_continued",
+                  trial=trial_id, check=from_check, params=dict(params))
 
     def trial_checked(self, trial_id: str, metrics: Mapping[str, Any]) -> None:
         t = self.trials.setdefault(trial_id, _Trial({}, self.clock()))
@@ -107,7 +114,8 @@ class SweepConsole:
         if first:
             self.corrected_s = self._estimate_total()
         self._say(f"trial {trial_id} check {t.checks} (epoch {t.epoch:.2f}): valid_acc {_acc(t.valid_acc)}, "
-                  f"best {_acc(t.best)}")
+                  f"best {_acc(t.best)}", "trial_checked", trial=trial_id, check=t.checks, epoch=t.epoch,
+                  valid_acc=t.valid_acc, best_valid_acc=t.best)
         if first and self.corrected_s is not None and self.cost is not None:
             probe = f" (the probe said at most {duration(self.cost.wall_s)})" if self.cost.wall_s else ""
             ends = self._budget_end_s()
@@ -147,17 +155,19 @@ class SweepConsole:
         after = f"after {t.checks} check{'s' * (t.checks != 1)}, best valid_acc {_acc(t.best)}"
         if reason == "asha":
             t.state, t.stopped_by_asha = "stopped", True
-            self._say(f"trial {trial_id} stopped by ASHA {after}")
+            line = f"trial {trial_id} stopped by ASHA {after}"
         elif reason == TIME_BUDGET:
             t.state = "stopped"
-            self._say(f"trial {trial_id} stopped by the time budget {after}")
+            line = f"trial {trial_id} stopped by the time budget {after}"
         elif reason == "error":
             t.state = "failed"
             last = (error or "").strip().splitlines()[-1:]
-            self._say(f"trial {trial_id} failed {after}" + (f": {last[0][:200]}" if last else ""))
+            line = f"trial {trial_id} failed {after}" + (f": {last[0][:200]}" if last else "")
         else:
             t.state = "finished"
-            self._say(f"trial {trial_id} finished ({reason or 'done'}) {after}")
+            line = f"trial {trial_id} finished ({reason or 'done'}) {after}"
+        self._say(line, "trial_ended", trial=trial_id, state=t.state, reason=reason or "done", checks=t.checks,
+                  best_valid_acc=t.best)
 
     def first_comparison(self, grace_period: int) -> dict[str, Any]:
         """:func:`iaa.jobs.sweeps.comparison.first_comparison` of the trials that ended here, by
@@ -169,7 +179,7 @@ class SweepConsole:
     def node_lost(self, node: str, detail: str = "") -> None:
         """A node of the cluster died (its trials are restored, each on its own line)."""
         self.nodes_lost += 1
-        self._say(f"node {node} lost" + (f": {detail}" if detail else ""))
+        self._say(f"node {node} lost" + (f": {detail}" if detail else ""), "node_lost", node=node)
 
     def trial_restored(self, trial_id: str, from_check: int) -> None:
         """A trial failed (its node died) and restarts from the checkpoint of check ``from_check``
@@ -181,7 +191,7 @@ class SweepConsole:
         t.state = "running"
         where = f"check {from_check}" if from_check else "check 0 (the start)"
         self._say(f"trial {trial_id} restored from {where}, restore {t.restores}; it goes on once the cluster "
-                  "has room for it")
+                  "has room for it", "trial_restored", trial=trial_id, check=from_check, restores=t.restores)
 
     def restores(self) -> str | None:
         """How many trials were restored and what that cost; None when none was."""
@@ -276,9 +286,16 @@ class SweepConsole:
         ends = self._budget_end_s()
         return left if ends is None else max(min(left, ends - (self.clock() - self.started)), 0.0)
 
-    def _say(self, text: str) -> None:
+    def _say(self, text: str, event: str | None = None, **fields: Any) -> None:
+        """Say ``text`` after the time since the start; ``event``: its name for programs, with ``fields``."""
         now = self.clock()
-        self.say(f"[{duration(now - self.started)}] {printable(text, keep_lines=True)}")
+        line = f"[{duration(now - self.started)}] {printable(text, keep_lines=True)}"
+        if self.say is not None:
+            self.say(line)
+        elif event is not None:
+            logs.event(_log, event, line, **fields)
+        else:
+            _log.info(line)
         self._said = now
 
 
