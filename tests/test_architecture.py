@@ -362,7 +362,9 @@ def prints(source: str) -> list[int]:
 
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
-NOT_FLAGS = {"iaa.jobs.evaluation.explain_html": {"--a"}}      # a CSS custom property
+NOT_FLAGS = {"iaa.jobs.evaluation.explain_html": {"--a"},       # a CSS custom property
+             "iaa.platform.tracking.queries": {"--backend-store-uri"},   # mlflow ui's
+             "iaa.platform.cluster.connect": {"--address"}}              # ray status's
 
 
 def strings(source: str) -> list[str]:
@@ -380,23 +382,25 @@ def spelled_flags(source: str) -> list[str]:
     return [flag for text in strings(source) for flag in FLAG.findall(text)]
 
 
-def test_the_jobs_spell_no_flag() -> None:
-    """A job names an option by its Python name (`` `run_dir` ``); the command line spells it."""
+def test_the_jobs_and_the_platform_spell_no_flag() -> None:
+    """A job or an adapter names an option by its Python name (`` `run_dir` ``), as a library
+    caller passes it; the command line spells it."""
     found = {name: sorted(set(spelled_flags(path.read_text(encoding="utf-8"))) - NOT_FLAGS.get(name, set()))
-             for name, path in MODULES.items() if name.startswith("iaa.jobs")}
+             for name, path in MODULES.items() if name.startswith(("iaa.jobs", "iaa.platform"))}
     assert {name: flags for name, flags in found.items() if flags} == {}
     assert spelled_flags('"""--doc"""\ndef f(x):\n    return f"give --run-dir {x}"\n') == ["--run-dir"]
 
 
-def test_the_options_that_the_jobs_name_exist() -> None:
-    """Every `` `name` `` in a job's strings is an option of some command, so the command line can spell it."""
+def test_the_options_that_the_jobs_and_the_platform_name_exist() -> None:
+    """Every `` `name` `` in a job's or an adapter's strings is an option of some command, so the
+    command line can spell it."""
     from iaa.cli.flags import MARKED, spellings
     from iaa.cli.group import cli
 
     known = {name for options in spellings(cli).values() for name in options}
     named = {name: {m.group(2) for text in strings(path.read_text(encoding="utf-8"))
                     for m in MARKED.finditer(text) if m.group(2)}
-             for name, path in MODULES.items() if name.startswith("iaa.jobs")}
+             for name, path in MODULES.items() if name.startswith(("iaa.jobs", "iaa.platform"))}
     unknown = {name: sorted(names - known) for name, names in named.items() if names - known}
     assert unknown == {}
 

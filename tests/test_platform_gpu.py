@@ -40,7 +40,7 @@ def test_trial_drivers_ask_for_the_driver_resource_when_a_node_offers_it() -> No
 
 def test_a_growing_cluster_queues_trials_beyond_what_fits_today() -> None:
     nodes = (Node("head", cpus=8), Node("g1", cpus=8, gpus=1))
-    with pytest.raises(IaaError, match="--max-concurrent 4"):
+    with pytest.raises(IaaError, match="`max_concurrent` 4"):
         resources.plan(nodes, 1, gpus_per_worker=1, max_concurrent=4)
     assert resources.plan(nodes, 1, gpus_per_worker=1, max_concurrent=4, queue=True).max_concurrent == 4
     queued = resources.plan(nodes, 1, gpus_per_worker=1, num_trials=6, queue=True)

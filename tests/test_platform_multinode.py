@@ -32,7 +32,7 @@ def test_sweep_on_two_nodes_needs_and_uses_shared_storage(two_nodes, tmp_path: P
     request = dict(dataset="cbt-ne", data=tiny, num_samples=2, search_space=write_space(tmp_path),
                    sets=TINY_SETS, workdir=tmp_path / "work", name="multi", address=two_nodes.address,
                    show_progress=False)
-    with pytest.raises(ValueError, match="--storage-path is required"):
+    with pytest.raises(ValueError, match="`storage_path` is required"):
         run_sweep(**request)
 
     shared = tmp_path / "shared"

@@ -135,7 +135,7 @@ def test_single_node_needs_no_shared_storage() -> None:
 
 
 def test_multi_node_requires_a_storage_path() -> None:
-    with pytest.raises(ValueError, match="--storage-path is required"):
+    with pytest.raises(ValueError, match="`storage_path` is required"):
         storage.check_storage(None, TWO_HOSTS, mounts=MOUNTS)
 
 

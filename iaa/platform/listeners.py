@@ -76,7 +76,7 @@ def describe(pid: int, name: str) -> str:
     return f"{text} of pid {owner} ({_command(owner)})" if owner > 1 else text
 
 
-def check_free(host: str, port: int, flag: str = "--port") -> None:
+def check_free(host: str, port: int, flag: str = "`port`") -> None:
     """Raise :class:`IaaError` naming ``port`` (and the process holding it, where this user can
     see it) when a server could not listen on ``host:port`` alone."""
     try:

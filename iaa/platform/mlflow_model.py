@@ -79,8 +79,8 @@ class ReaderModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         if self.load is None:
             raise IaaError("this model was logged by an older iaa that did not store how to load its reader; "
-                           "log it again (iaa-cli train, tune or ensemble with --register), or serve its "
-                           "files with `iaa-cli serve --model URI`")
+                           "log it again (iaa-cli train, tune or ensemble with `register`), or serve its "
+                           "files with iaa-cli serve `model_uri` URI")
         members = sorted(k for k in context.artifacts if k.startswith("member_"))
         self.predictor = self.load([Path(context.artifacts[k]) for k in members], Path(context.artifacts["data"]),
                                    temperature=temperature(context.artifacts))

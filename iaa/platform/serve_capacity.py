@@ -48,7 +48,7 @@ def check_fits(cfg: ServeConfig, total: dict[str, float], free: dict[str, float]
     ``ray.available_resources()``: what a caller's own actors leave) cannot hold them now."""
     cpus, need = float(total.get("CPU", 0.0)), first_replicas(cfg) * cfg.cpus_per_replica + INGRESS_CPUS * ingresses(cfg)
     if need > cpus + 1e-9:
-        raise IaaError(f"{_need(cfg)}; the cluster has {cpus:g} (lower --replicas or --cpus-per-replica)")
+        raise IaaError(f"{_need(cfg)}; the cluster has {cpus:g} (lower `replicas` or `cpus_per_replica`)")
     if free is not None and need > float(free.get("CPU", 0.0)) + 1e-9:
         raise _unplaced(cfg, total, free)
 
@@ -64,7 +64,7 @@ def _status(app: str) -> tuple[str, list[str]]:
 
 def _unplaced(cfg: ServeConfig, total: dict[str, float], free: dict[str, float]) -> IaaError:
     return IaaError(f"{_need(cfg)}; the cluster has {total.get('CPU', 0.0):g} ({free.get('CPU', 0.0):g} free) and "
-                    "could not place them (lower --replicas or --cpus-per-replica, or free the cluster)")
+                    "could not place them (lower `replicas` or `cpus_per_replica`, or free the cluster)")
 
 
 def wait_running(cfg: ServeConfig, local: bool, failure: Any) -> None:

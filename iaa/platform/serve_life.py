@@ -68,7 +68,7 @@ def _check_alone(cfg: ServeConfig) -> None:
     if others:
         who = ", ".join(listeners.describe(pid, name) for pid, name in others)
         raise IaaError(f"port {cfg.port} on {cfg.host} was taken by {who} while Ray started; "
-                       "stop it or give another --port")
+                       "stop it or give another `port`")
 
 
 def run_forever(cfg: ServeConfig, connect: Callable[[], bool], start: Callable[[], str],

@@ -167,7 +167,7 @@ def check_reachable(address: str, timeout_s: float | None = None) -> None:
     except OSError as err:
         raise ClusterError(
             f"Ray cluster at {address} is not reachable within {timeout_s:g} s ({err.strerror or err}); "
-            f"check --address / RAY_ADDRESS and that the head node runs (`ray status --address {address}`), "
+            f"check `address` / RAY_ADDRESS and that the head node runs (`ray status --address {address}`), "
             f"or raise {CONNECT_TIMEOUT_ENV}"
         ) from None
 

@@ -217,7 +217,7 @@ def _check_request(nodes: Sequence[Node], workers: int, gpus_per_worker: float) 
     if workers < 1:
         raise ClusterError(f"workers per trial must be >= 1, got {workers}: ask for at least one worker")
     if gpus_per_worker < 0:
-        raise ClusterError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}: use 0 to train on CPUs")
+        raise ClusterError(f"`gpus_per_worker` must be >= 0, got {gpus_per_worker}: use 0 to train on CPUs")
     if not nodes:
         raise ClusterError("the Ray cluster has no alive nodes; check that its head node runs (`ray status`)")
 
@@ -225,15 +225,15 @@ def _check_request(nodes: Sequence[Node], workers: int, gpus_per_worker: float) 
 def _check_gpus(nodes: Sequence[Node], workers: int, gpus_per_worker: float) -> None:
     """:class:`ClusterError` for GPUs the cluster lacks, or GPU shares a worker or NCCL cannot use."""
     if gpus_per_worker > 0 and _totals(nodes)[1] == 0:
-        raise ClusterError(f"--gpus-per-worker {gpus_per_worker} asks for GPUs, but the cluster has none; use "
-                           "--gpus-per-worker 0 to train on CPUs, or --address a cluster with GPU nodes")
+        raise ClusterError(f"`gpus_per_worker` {gpus_per_worker} asks for GPUs, but the cluster has none; use "
+                           "`gpus_per_worker` 0 to train on CPUs, or `address` a cluster with GPU nodes")
     if gpus_per_worker > 1 and gpus_per_worker != int(gpus_per_worker):
-        raise ClusterError(f"--gpus-per-worker above 1 must be a whole number, got {gpus_per_worker}: a worker "
+        raise ClusterError(f"`gpus_per_worker` above 1 must be a whole number, got {gpus_per_worker}: a worker "
                            "shares one GPU (below 1) or holds whole GPUs")
     if workers > 1 and 0 < gpus_per_worker < 1:
-        raise ClusterError(f"--gpus-per-worker {gpus_per_worker:g} with {workers} workers per trial: NCCL cannot "
-                           "put two ranks of one run on a GPU; use --gpus-per-worker 1, or one worker per trial "
-                           "(--workers-per-trial 1) to share GPUs between trials")
+        raise ClusterError(f"`gpus_per_worker` {gpus_per_worker:g} with {workers} workers per trial: NCCL cannot "
+                           "put two ranks of one run on a GPU; use `gpus_per_worker` 1, or one worker per trial "
+                           "(`workers_per_trial` 1) to share GPUs between trials")
 
 
 def _too_few_slots(nodes: Sequence[Node], workers: int, threads: int, gpus_per_worker: float,
@@ -259,7 +259,7 @@ def _concurrent_trials(nodes: Sequence[Node], workers: int, threads: int, fits: 
     if max_concurrent is not None and max_concurrent > 0:
         if max_concurrent > fits and not queue:
             total_cpus, total_gpus = _totals(nodes)
-            raise ClusterError(f"--max-concurrent {max_concurrent}: only {fits} trial(s) of {workers} worker(s) x "
+            raise ClusterError(f"`max_concurrent` {max_concurrent}: only {fits} trial(s) of {workers} worker(s) x "
                                f"{threads} CPU fit this cluster ({total_cpus:g} CPUs, {total_gpus:g} GPUs); "
                                f"more would wait for each other's CPUs and stall")
         fits = max_concurrent

@@ -59,19 +59,19 @@ def check_storage(storage_path: str | None, nodes: Sequence[Node], *, mounts: st
     where = f"the cluster has {len(nodes)} nodes ({len(hosts)} hosts)"
     if not storage_path:
         raise ClusterError(
-            f"{where}: --storage-path is required so that every node can write and read checkpoints; "
+            f"{where}: `storage_path` is required so that every node can write and read checkpoints; "
             "give a shared NFS path mounted at the same place on all nodes, or a bucket such as s3://bucket/iaa"
         )
     if "://" in str(storage_path) and not str(storage_path).startswith("file://"):
         if not is_remote_uri(storage_path):
-            raise ClusterError(f"--storage-path {storage_path}: unsupported scheme; use one of {', '.join(REMOTE_SCHEMES)}")
+            raise ClusterError(f"`storage_path` {storage_path}: unsupported scheme; use one of {', '.join(REMOTE_SCHEMES)}")
         return
     if len(hosts) == 1 or os.environ.get(ASSUME_SHARED_ENV) == "1":
         return
     fs_type = filesystem_type(Path(str(storage_path).removeprefix("file://")), mounts)
     if fs_type not in NETWORK_FS and not fs_type.startswith("fuse."):
         raise ClusterError(
-            f"{where}, but --storage-path {storage_path} is on a local {fs_type} file system that the other "
+            f"{where}, but `storage_path` {storage_path} is on a local {fs_type} file system that the other "
             "nodes cannot see; use an NFS mount shared by all nodes or s3://bucket/path "
             f"(set {ASSUME_SHARED_ENV}=1 if this file system is shared after all)"
         )
@@ -100,5 +100,5 @@ def check_private(folder: str | os.PathLike[str], what: str = "the sweep's stora
             problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
         if problem:
             raise ClusterError(f"{path} {problem}; resuming would unpickle {what} from it, which runs code that "
-                               f"whoever can write it chose. Check it, then `chmod go-w {path}` (and `chown` it) "
+                               f"whoever can write it chose. Check it, then `chmod go-w {path}` (and chown it) "
                                "to resume, or start a new sweep")

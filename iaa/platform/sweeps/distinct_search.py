@@ -188,7 +188,7 @@ class StudySearch(Searcher):
             state = json.loads(Path(checkpoint_path).read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise IaaError(f"{checkpoint_path}: the searcher's state was saved by an earlier version of iaa and "
-                           "cannot be continued; run the sweep again under another --name") from None
+                           "cannot be continued; run the sweep again under another `name`") from None
         self.numbers, self.completed = dict(state["numbers"]), set(state["completed"])
         self.given_ids = set(state.get("given", ()))
         self._live = {}

@@ -75,8 +75,8 @@ def check_free(storage: str, name: str, folder: Path | None = None) -> None:
     """Refuse ``name`` when a run of that name exists under ``storage`` or ``folder`` exists."""
     if taken(storage, name) or (folder is not None and folder.exists()):
         where = storage if taken(storage, name) else folder
-        raise IaaError(f"a run named {name!r} already exists ({where}): continue it with --resume {name}, "
-                       "or choose another --name (nothing was deleted)")
+        raise IaaError(f"a run named {name!r} already exists ({where}): continue it with `resume` {name}, "
+                       "or choose another `name` (nothing was deleted)")
 
 
 def claim(storage: str, name: str, folder: Path) -> None:
@@ -85,8 +85,8 @@ def claim(storage: str, name: str, folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=False)
     except FileExistsError as err:   # another process claimed it a moment ago
-        raise IaaError(f"{folder} already exists: continue that run with --resume {name}, or choose another "
-                       "--name (nothing was deleted)") from err
+        raise IaaError(f"{folder} already exists: continue that run with `resume` {name}, or choose another "
+                       "`name` (nothing was deleted)") from err
 
 
 def connect(request: ConnectRequest, address: str | None, storage_path: str | None) -> Launch:
@@ -186,7 +186,7 @@ def restore(launch: Launch, fn: Any) -> Any:
     """The interrupted Tune run of ``launch``: searcher, scheduler and callbacks as they were saved."""
     check_private(launch.experiment_path)
     if not tune.Tuner.can_restore(launch.experiment_path):
-        raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without --resume")
+        raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
     return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
 
 

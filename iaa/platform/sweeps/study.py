@@ -71,7 +71,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         study = optuna.load_study(study_name=study_name, storage=study_storage(storage_url))
     except KeyError as err:
         raise IaaError(f"no Optuna study {study_name!r} in {storage_url}: the sweep ran before studies were kept, "
-                       "or --optuna-storage pointed elsewhere") from err
+                       "or `optuna_storage` pointed elsewhere") from err
     scored = _scored_copy(study)
     ranked = len(scored.trials) >= RANKED_FROM       # importances and parallel coordinates compare trials
     # fANOVA, seeded: Optuna 5's default (PED-ANOVA) needs many more trials than a sweep has

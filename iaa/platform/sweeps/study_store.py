@@ -53,4 +53,4 @@ def study_full(url: str, failed: str) -> DiskFullError:
     free = free_bytes(path) if path else None
     told = f" ({size_text(free)} free)" if free is not None else ""
     return DiskFullError(f"no space left on device for the Optuna store {path or url}{told}: it could not "
-                         f"{failed}; free some space on its disk or pass another --optuna-storage")
+                         f"{failed}; free some space on its disk or pass another `optuna_storage`")

@@ -1,7 +1,7 @@
 """Opening and checking an MLflow tracking store: the checks at start, the SQLite file's creation
 under a lock, the client of a store, experiments, and the runs left running by killed processes.
 
-The default store is embedded: a SQLite file under the work directory. ``--tracking-uri`` or
+The default store is embedded: a SQLite file under the work directory. ```tracking_uri``` or
 ``MLFLOW_TRACKING_URI`` selects a server instead (required on multi-node clusters, whose
 workers cannot reach a SQLite file on the head node's disk).
 
@@ -86,11 +86,11 @@ def open_store(uri: str) -> str:
     except TRANSIENT as err:
         if uri.startswith(("http://", "https://")):
             raise IaaError(f"MLflow tracking server {uri} answers /health but its API fails ({brief(err)}); see the "
-                           "server's log, or fix --tracking-uri / MLFLOW_TRACKING_URI") from err
+                           "server's log, or fix `tracking_uri` / MLFLOW_TRACKING_URI") from err
         if disk_full(err):
             raise store_full(uri, "be opened") from None
         raise IaaError(f"the MLflow store {uri} cannot be used ({brief(err)}); fix it or pass another "
-                       "--tracking-uri") from err
+                       "`tracking_uri`") from err
     return uri
 
 
@@ -100,7 +100,7 @@ def store_full(uri: str, failed: str) -> DiskFullError:
     free = free_bytes(db) if db is not None else None
     told = f" ({size_text(free)} free)" if free is not None else ""
     return DiskFullError(f"no space left on device for the MLflow store {db or uri}{told}: it could not {failed}; "
-                         "free some space on its disk or pass another --tracking-uri")
+                         "free some space on its disk or pass another `tracking_uri`")
 
 
 def check(uri: str, timeout_s: float | None = None) -> None:
@@ -109,8 +109,8 @@ def check(uri: str, timeout_s: float | None = None) -> None:
     scheme = urllib.parse.urlsplit(uri).scheme.lower()
     if scheme in FILE_STORE_SCHEMES or (len(scheme) == 1 and uri[1:2] == ":"):     # a path (C:\ too)
         raise IaaError(f"{uri}: MLflow's file store (a folder such as ./mlruns) is in maintenance mode in MLflow 3 "
-                       "and refused; use a SQLite store: --tracking-uri sqlite:///PATH/mlflow.db, or leave "
-                       "--tracking-uri and MLFLOW_TRACKING_URI unset for WORKDIR/mlflow.db (`mlflow "
+                       "and refused; use a SQLite store: `tracking_uri` sqlite:///PATH/mlflow.db, or leave "
+                       "`tracking_uri` and MLFLOW_TRACKING_URI unset for WORKDIR/mlflow.db (`mlflow "
                        "migrate-filestore` moves existing runs into one)")
     if scheme.split("+")[0] not in DATABASE_SCHEMES and scheme not in OTHER_SCHEMES:
         raise IaaError(f"{uri}: unknown tracking URI scheme {scheme + ':'!r}; give http(s)://HOST:PORT of an MLflow "
@@ -123,7 +123,7 @@ def check(uri: str, timeout_s: float | None = None) -> None:
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
             raise IaaError(f"MLflow tracking server {uri} is not reachable within {timeout_s:g} s ({reason}); "
-                           "start it, fix --tracking-uri / MLFLOW_TRACKING_URI, or leave both unset to use a "
+                           "start it, fix `tracking_uri` / MLFLOW_TRACKING_URI, or leave both unset to use a "
                            f"SQLite store under the workdir ({TIMEOUT_ENV} sets the wait)") from err
 
 
