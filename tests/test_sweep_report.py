@@ -246,6 +246,32 @@ def test_one_scored_trial_draws_what_it_can_and_warns_of_the_importances_only(tm
     assert_says(text, "warning: 1 scored trial(s)", "intermediate_values:", "history:")
 
 
+def test_a_trial_a_resume_continued_keeps_its_name_in_the_report(tmp_path: Path) -> None:
+    """A stop ends trial 0 FAIL; its resume asks it again as trial 1 of the study, with the name
+    the console, its MLflow run and sweep.json give it (``trial-0000``): the report uses that name."""
+    from datetime import datetime, timedelta
+
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import FrozenTrial, TrialState
+
+    from _faults import assert_says
+    from iaa.jobs.reports.sweep_report import describe, from_analysis
+    from iaa.platform.sweeps.study import analyze
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="r", storage=url, direction="maximize")
+    t0, dists = datetime(2026, 1, 1, 12, 0, 0), {"model.steps": CategoricalDistribution([1, 2])}
+    for state, value, attrs, end in ((TrialState.FAIL, None, {"trial_name": "trial-0000"}, 10),
+                                     (TrialState.COMPLETE, 0.6, {"trial_name": "trial-0000", "continues_trial": 0}, 40)):
+        study.add_trial(FrozenTrial(number=0, trial_id=0, state=state, value=value, params={"model.steps": 2},
+                                    distributions=dists, user_attrs=attrs, system_attrs={}, intermediate_values={1: 0.6},
+                                    datetime_start=t0, datetime_complete=t0 + timedelta(minutes=end)))
+    result = analyze(url, "r", tmp_path / "report")
+    assert [p["name"] for p in result["history"]] == ["trial-0000"]
+    assert [t["name"] for t in result["trials"]] == ["trial-0000", "trial-0000"]
+    assert_says(describe(from_analysis(result, sweep="r")), "best trial (trial-0000, valid_acc 0.6000)")
+
+
 @pytest.mark.parametrize("states", [("COMPLETE", "FAIL"), ("FAIL",), ()], ids=["one-scored", "none-scored", "empty"])
 def test_a_study_of_under_two_scored_trials_draws_the_checks_and_history_without_importances(tmp_path: Path,
                                                                                               states) -> None:

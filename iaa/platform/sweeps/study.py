@@ -35,6 +35,13 @@ RANKING_FIGURES = ("importances", "parallel_coordinates")   # drawn from RANKED_
 OBJECTIVE = "best valid_acc"       # what each trial is valued by (its best check)
 
 
+def named(trial: Any) -> str:
+    """The trial's one name, as the console, its MLflow run and ``sweep.json`` call it: the
+    ``trial_name`` it was asked with (a trial a resume continues keeps the name of the one it
+    continues, under a new number in the study), else the name of its number."""
+    return str(trial.user_attrs.get("trial_name") or trial_name(trial.number))
+
+
 def _scored_copy(study: Any) -> Any:
     """An in-memory study of the finished and ASHA-stopped trials, each valued by its best check."""
     import optuna
@@ -92,7 +99,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
         history, carried = best_so_far(study), [t for t in scored.trials if _carried(t)]
         _plot_history(plt, history, carried)
         _save(plt, paths["history"])
-    trials = [{"number": t.number, "name": trial_name(t.number), "state": t.state.name, "params": t.params, "value": t.value,
+    trials = [{"number": t.number, "name": named(t), "state": t.state.name, "params": t.params, "value": t.value,
                "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
                "stopped_by_asha": t.state == TrialState.PRUNED and not _cut(t), "stopped_by_time_budget": _cut(t),
                **({"carried_from": t.user_attrs[CARRIED_FROM]} if _carried(t) else {}),
@@ -169,7 +176,7 @@ def best_so_far(study: Any) -> list[dict[str, Any]]:
         if value is None:
             continue
         best = value if best is None else max(best, value)
-        points.append({"number": t.number, "name": trial_name(t.number), "hours": (t.datetime_complete - first).total_seconds() / 3600,
+        points.append({"number": t.number, "name": named(t), "hours": (t.datetime_complete - first).total_seconds() / 3600,
                        "value": value, "best": best, "cut": _cut(t)})
     return points
 
@@ -265,7 +272,7 @@ def _trial_labels(ax: Any, study: Any) -> None:
     one that ran a configuration given to try first says so."""
     from iaa.jobs.config.job_config import config_label
 
-    names = {f"Trial{t.number}": " ".join(filter(None, (trial_name(t.number), config_label(t.params),
+    names = {f"Trial{t.number}": " ".join(filter(None, (named(t), config_label(t.params),
                                                           "(given)" if is_given(t) else "")))
              for t in study.get_trials(deepcopy=False)}
     import matplotlib
