@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -135,6 +135,45 @@ def test_a_sweeps_trials_are_numbered_in_the_order_they_started(tmp_path: Path, 
         assert run.data.tags["trial_number"] == number and run.data.tags["seed"] == "3"
         assert mlflow_model.logged_name(client, run) == f"demo-iaa-aaa-trial-{number}"
         assert _datasets(tracker.uri, run.info.run_id) == ["cbt-ne"]
+
+
+def test_a_resumed_trial_counts_its_restores_on_from_the_ones_its_run_holds(tmp_path: Path, tiny: Path) -> None:
+    """A trial restored once (a node died), then stopped and resumed: the process that resumes it
+    finds its run and counts on (``restores`` 1, then 2 after a restore of its own), never back to 0."""
+    from iaa.jobs.config.job_config import to_dict
+    from iaa.jobs.datasets import resolve
+    from iaa.platform.sweeps.trial import TrialSpec
+    from iaa.platform.sweeps.trial_runs import TrialRuns
+
+    tracker = _tracker(tmp_path)
+    base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
+    spec = TrialSpec(name="s", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(base))
+    trial = _Trial("4f231ee7", {"train.lr": 1e-3})
+    client = MlflowClient(tracker.uri)
+
+    def tags(process: Callable[[TrialRuns], None]) -> dict[str, str]:
+        side = DriverSide(tracker=tracker, experiment="tune-cbt-ne", parent_run_id=None, dataset="cbt-ne", spec=spec,
+                          data_dir=tiny)
+        with bound("s", side):
+            process(TrialRuns("s"))
+        return client.get_run(side.run_ids[trial.trial_id]).data.tags
+
+    def first(runs: TrialRuns) -> None:                   # restored once, then stopped
+        runs.on_trial_start(0, [], trial)
+        runs.on_trial_recover(0, [], trial)
+    assert tags(first)["restores"] == "1"
+
+    def second(runs: TrialRuns) -> None:                  # resumed: it checks and finishes
+        runs.on_trial_start(0, [], trial)
+        runs.on_trial_result(0, [], trial, {"valid_acc": 0.5, "step": 1})
+        runs.on_trial_complete(0, [], trial)
+    assert tags(second)["restores"] == "1"
+
+    def third(runs: TrialRuns) -> None:                   # restored again by its next resume
+        runs.on_trial_start(0, [], trial)
+        runs.on_trial_recover(0, [], trial)
+        runs.on_trial_complete(0, [], trial)
+    assert tags(third)["restores"] == "2"
 
 
 def test_a_trial_has_one_name_in_its_run_its_model_and_on_the_console(tmp_path: Path, tiny: Path) -> None:

@@ -175,6 +175,9 @@ class TrialRuns(tune.Callback):
         found = None if trial.trial_id in side.run_ids else self._find(trial.trial_id)
         run_id = side.run_ids.get(trial.trial_id) or (found.run_id if found else None)
         number = tagged_number(found.tags) if found is not None else None      # a resumed trial keeps its number
+        earlier = found.tags.get(RESTORES_TAG, "") if found is not None else ""
+        if earlier.isdigit() and int(earlier):                                 # ... and counts on from its restores
+            self._restores[trial.trial_id] = self._restores.get(trial.trial_id, 0) + int(earlier)
         if number is None:                        # the study's: asked here, or by the process a resume continues
             number = side.numbers.get(trial.trial_id)
         if number is None:
