@@ -765,14 +765,20 @@ def test_the_clusters_lines_go_to_a_blocks_file_and_nowhere_else_once_ray_is_joi
     driver_lines.off_the_console()
     driver_lines.off_the_console()                       # once is enough: no second wrapper
     assert not isinstance(getattr(sys.stdout, "_stream", None), driver_lines.RoutedStream)
+    from ray._private import worker                      # two agents of a dead node publish one dump:
+    dump = {"ip": "10.0.0.2", "job": "01", "is_err": False, "lines": ["Raylet is terminated: unexpected"]}
     with driver_lines.cluster_lines_to(tmp_path / "driver.log"):
         listener("(raylet) in the block")
         print("the command's line")
+        for pid in ("raylet", "autoscaler"):             # Ray prints the first, holds the second back
+            worker.stdout_deduplicator.deduplicate({**dump, "pid": pid})
     listener("(raylet) marked dead, after the block")
     print("the command's output")
+    assert worker.stdout_deduplicator.flush() == []      # nothing left for ray.shutdown to print on stdout
     shown = capsys.readouterr()
     assert shown.out == "the command's line\nthe command's output\n" and shown.err == ""
-    assert (tmp_path / "driver.log").read_text() == "(raylet) in the block\n"
+    assert (tmp_path / "driver.log").read_text() == ("(raylet) in the block\n"
+                                                     "(autoscaler, ip=10.0.0.2) Raylet is terminated: unexpected\n")
 
 
 class _Queue:

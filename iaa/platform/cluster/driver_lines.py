@@ -5,12 +5,14 @@ terminated ... [state-dump] ...``) and the GCS a "marked dead" notice to every d
 prints them on the driver's stdout from a thread of its own, whether ``log_to_driver`` is on or
 not (Ray has no option to turn it off). :func:`cluster_lines_to` sends what that thread writes to
 a log file instead (a sweep's ``tune.log``, a ``train --workers`` run's ``ray-driver.log``);
-everything else written to stdout and stderr passes as before. The console says the node's loss
-in a line of its own (:meth:`iaa.jobs.sweeps.console.SweepConsole.node_lost`).
+everything else written to stdout and stderr passes as before, and what Ray held back as repeats
+of those lines goes there too, not to stdout when Ray shuts down. The console says the node's
+loss in a line of its own (:meth:`iaa.jobs.sweeps.console.SweepConsole.node_lost`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import sys
@@ -18,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from iaa.platform.cluster.ray_internals import ERROR_LISTENER_THREAD
+from iaa.platform.cluster.ray_internals import ERROR_LISTENER_THREAD, drain_held_lines
 
 
 class RoutedStream:
@@ -53,7 +55,10 @@ def off_the_console() -> None:
     """From now on in this process, what Ray's listener thread prints reaches neither stdout nor
     stderr, also outside the blocks that send it to a file (:func:`cluster_lines_to`): a node lost
     while a command ends (logging its models, printing its ``--json``) leaves the command's
-    output as it is. Ray's session logs keep the lines."""
+    output as it is. Ray's session logs keep the lines. What Ray held back as repeats of them is
+    dropped at exit, before Ray's own exit hook (run after this one) would print it on stdout."""
+    if not isinstance(sys.stdout, RoutedStream) and not isinstance(sys.stderr, RoutedStream):
+        atexit.register(drain_held_lines, None)
     if not isinstance(sys.stdout, RoutedStream):
         sys.stdout = RoutedStream(sys.stdout, None)
     if not isinstance(sys.stderr, RoutedStream):
@@ -70,6 +75,9 @@ def cluster_lines_to(sink: logging.FileHandler | Path | None) -> Iterator[None]:
     try:
         yield
     finally:
+        if handler is not None:
+            with handler.lock or contextlib.nullcontext():
+                drain_held_lines(handler.stream)
         sys.stdout, sys.stderr = streams
         if isinstance(sink, Path) and handler is not None:
             handler.close()

@@ -19,7 +19,9 @@
   nobody fetched (:data:`UNHANDLED_LOGGER`: the trials Tune stopped, whose full disk is said once).
 - the name of the driver's thread that prints what the cluster publishes to every driver (a dead
   raylet's last 20 log lines, ``[state-dump] ...``) on the driver's stdout, with no option to turn
-  it off (:data:`ERROR_LISTENER_THREAD`): a sweep sends its lines to its log file instead.
+  it off (:data:`ERROR_LISTENER_THREAD`): a sweep sends its lines to its log file instead;
+- the lines that thread held back as repeats of one it printed (Ray's log deduplication), which
+  ``ray.shutdown`` prints on stdout from the main thread (:func:`drain_held_lines`).
 
 ``tests/test_private_apis.py`` checks every name used here against the installed Ray, so an
 upgrade that moves one fails there, by name; at run time a missing name only loses the loopback
@@ -38,6 +40,8 @@ NAMES = (("ray._private.ray_constants", "ENABLE_RAY_CLUSTER"),
          ("ray.train._internal.storage", "StorageContext"),
          ("ray.serve._private.replica", "add_port_to_grpc_server"),
          ("ray._private.worker", "_global_node"),
+         ("ray._private.worker", "stdout_deduplicator"),
+         ("ray._private.worker", "stderr_deduplicator"),
          ("ray.serve", "_run"))
 
 # Loggers of Ray's private modules, and the level below which their messages are held back
@@ -77,6 +81,21 @@ def logs_dir() -> Path | None:
     node = getattr(worker, "_global_node", None)
     get = getattr(node, "get_logs_dir_path", None)
     return Path(get()) if get is not None else None
+
+
+def drain_held_lines(stream: Any | None) -> None:
+    """Write to ``stream`` (None: nowhere) the lines this driver holds back as repeats of a line it
+    printed; ``ray.shutdown`` would otherwise print them on stdout, after the command's own output
+    (two agents of a dead node publish the same ``Raylet is terminated`` dump)."""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    for name in ("stdout_deduplicator", "stderr_deduplicator"):
+        held = getattr(worker, name, None)
+        for batch in held.flush() if held is not None else ():
+            if stream is not None:                  # as Ray prints them, less its colours
+                stream.writelines(f"({batch.get('pid')}, ip={batch.get('ip')}) {line}\n" for line in batch["lines"])
 
 
 def bind_serve_replica_grpc(node_address: str) -> bool:
