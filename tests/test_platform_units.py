@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -813,3 +815,32 @@ def test_a_train_runs_checks_wait_out_an_empty_queue_and_a_lost_one_is_one_line(
     assert [m["checks"] for m in checks.history] == [1, 2] and len(seen) == 2
     [line] = [text for text in capsys.readouterr().err.splitlines() if text.strip()]
     assert_says(line, "checks no longer reach this process", "the queue's actor died")
+
+
+def test_a_resume_leaves_tunes_word_on_trials_that_never_reported_off_the_console(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """``Tuner.restore`` reads the run's results, and a trial a stop left pending has none: Tune's
+    "Failed to fetch metrics" warning names its internal id, before the sweep's log file is open."""
+    from ray import tune
+
+    from iaa.platform.sweeps import launch
+
+    def restore(path, trainable, resume_errored):
+        logging.getLogger("ray.tune.analysis.experiment_analysis").warning(
+            "Failed to fetch metrics for 1 trial(s): run_trial_86346ba9")
+        logging.getLogger("ray.tune.analysis.experiment_analysis").error("a real failure")
+        return "restored"
+
+    monkeypatch.setattr(tune.Tuner, "restore", restore)
+    monkeypatch.setattr(tune.Tuner, "can_restore", lambda path: True)
+    monkeypatch.setattr(launch, "check_private", lambda path: None)
+    logger, heard = logging.getLogger("ray.tune.analysis.experiment_analysis"), []
+    handler = logging.Handler()
+    handler.emit = heard.append                           # Ray's loggers do not propagate to the root
+    logger.addHandler(handler)
+    try:
+        assert launch.restore(SimpleNamespace(experiment_path=str(tmp_path)), fn=None) == "restored"
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in heard] == ["a real failure"]
+    assert logger.level == logging.NOTSET                 # as it was

@@ -187,7 +187,8 @@ def restore(launch: Launch, fn: Any) -> Any:
     check_private(launch.experiment_path)
     if not tune.Tuner.can_restore(launch.experiment_path):
         raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
-    return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
+    with _pending_trials_unsaid():                   # the restore reads the run's results too
+        return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
 
 
 def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, dict[str, str]]:
@@ -230,14 +231,21 @@ def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, di
 
 
 def _analysis(experiment_path: str) -> Any:
-    """Tune's ``ExperimentAnalysis`` of the run at ``experiment_path``. A trial that had not
-    reported yet (one a stop left pending) has no results file, which Tune logs as a warning
-    naming its internal ``run_trial_ID``; the trial's record says it had no check."""
+    """Tune's ``ExperimentAnalysis`` of the run at ``experiment_path``."""
+    with _pending_trials_unsaid():
+        return tune.ExperimentAnalysis(experiment_path)
+
+
+@contextmanager
+def _pending_trials_unsaid() -> Iterator[None]:
+    """While Tune reads a run's results: a trial that had not reported yet (one a stop left
+    pending) has no results file, which Tune logs as a warning naming its internal
+    ``run_trial_ID``; the trial's record says it had no check, and a resume starts it."""
     logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        return tune.ExperimentAnalysis(experiment_path)
+        yield
     finally:
         logger.setLevel(level)
 
