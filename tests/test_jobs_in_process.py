@@ -137,7 +137,9 @@ def test_a_sweep_with_a_lost_trial_finishes_without_it_and_its_resume_makes_it_t
     assert first.lost_trials == (recorded.trials[-1].label,) and first.fields()["lost_trials"] == list(first.lost_trials)
     assert tracker.runs[first.parent_run_id].metrics["trials_lost"][-1].value == 1
     assert not recorded.finished and [t.lost for t in recorded.trials] == [False, False, True]
-    assert len(logged(caplog, "WARNING", "lost a worker with no restores left")) == 1
+    [warned] = logged(caplog, "WARNING", "lost a worker with no restores left")
+    assert f"({recorded.trials[-1].label});" in warned and "runs them again from their last check" in warned
+    assert "from the start" not in warned                 # it had made a check
     parent = tracker.runs[first.parent_run_id]
     assert parent.state == "FINISHED" and not [k for k in parent.params if k.startswith("best.")]
     earlier = parent.tags["best_mlflow_run_id"]

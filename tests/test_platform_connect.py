@@ -140,6 +140,9 @@ def test_the_cluster_line_counts_in_words() -> None:
     growing = cluster.describe(info, resources.TrialPlan(workers=1, threads=1, gpus_per_worker=0.0, max_concurrent=3,
                                                          fits_now=1))
     assert "1 trial at once on today's nodes, up to 3 as nodes join" in growing
+    run = cluster.describe(info, resources.TrialPlan(workers=2, threads=1, gpus_per_worker=0.0, max_concurrent=1),
+                           one_run=True)                  # train on workers: one run, no trials
+    assert run.endswith("; the run trains on 2 Train workers with 1 thread each") and "trial" not in run
 
 
 def test_a_taken_dashboard_port_starts_ray_again_on_another(monkeypatch: pytest.MonkeyPatch) -> None:

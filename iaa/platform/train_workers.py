@@ -191,7 +191,7 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
     name = _start_run_folder(run_dir, storage, resume=request.resume)
     data = PreparedData.open(Path(request.prepared))
     if request.show_progress:
-        _log.info(cluster.describe(info, trial_plan).replace("each trial trains", "the run trains"))
+        _log.info(cluster.describe(info, trial_plan, one_run=True))
 
     # the queue lives on the driver's node, as Train's controller does: a worker node that dies
     # takes its workers with it (Train restarts them), never the checks on their way here

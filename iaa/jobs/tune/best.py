@@ -116,12 +116,14 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     _log.info(sweep_file.table(records, list(space.params)))
     for note in exploration.notes([r.params for r in scored], list(space.params)):
         _log.warning(printable(note))
-    lost = [r.label for r in records if r.lost]
+    lost = [r for r in records if r.lost]
     if lost:
+        unchecked = " (from the start where they made none)" if any(not r.checks for r in lost) else ""
         again = ("the time budget is spent, so they stay so" if sweep.budget_spent
-                 else f"{plan.resume_command} runs them again from there")
-        _log.warning(printable(f"{len(lost)} trial(s) lost a worker with no restores left and ended at their last "
-                               f"check ({', '.join(lost)}); {again}"))
+                 else f"{plan.resume_command} runs them again from their last check{unchecked}")
+        names = ", ".join(r.label + ("" if r.checks else ": no check") for r in lost)
+        _log.warning(printable(f"{len(lost)} trial(s) lost a worker with no restores left and ended where they "
+                               f"stood ({names}); {again}"))
     if sweep.budget_spent:
         _log.info(printable(budget_line(sweep)))
     if sweep.warm_start is not None and (sweep.warm_start.best or 0.0) > (best.best_valid_acc or 0.0):

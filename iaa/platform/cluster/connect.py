@@ -368,8 +368,9 @@ def fit_trials(info: ClusterInfo, workers: int, *, threads: int | None = None, g
     return info, plan(info.nodes, workers, max_concurrent=max_concurrent, num_trials=num_trials, queue=True, **args)
 
 
-def describe(info: ClusterInfo, trial_plan: TrialPlan) -> str:
-    """One line for the log: the cluster and what each trial holds."""
+def describe(info: ClusterInfo, trial_plan: TrialPlan, one_run: bool = False) -> str:
+    """One line for the log: the cluster and what each trial holds (``one_run``: what the one run
+    of ``train`` on workers holds; it runs no trials)."""
     where = "local Ray" if info.address is None else f"Ray at {info.address}"
     if info.dashboard:
         where += f" (dashboard http://{info.dashboard})"
@@ -380,9 +381,11 @@ def describe(info: ClusterInfo, trial_plan: TrialPlan) -> str:
     now = trial_plan.fits_now or trial_plan.max_concurrent
     at_once = (f"{_count(now, 'trial')} at once on today's nodes, up to {trial_plan.max_concurrent} as nodes join"
                if now < trial_plan.max_concurrent else f"up to {_count(now, 'trial')} at once")
-    return (f"{where}: {_count(len(info.nodes), 'node')}, {info.cpus:g} CPU{'' if info.cpus == 1 else 's'}, "
-            f"{info.gpus:g} GPU{'' if info.gpus == 1 else 's'}; each trial trains "
-            f"{mode}; {at_once}")
+    cluster = (f"{where}: {_count(len(info.nodes), 'node')}, {info.cpus:g} CPU{'' if info.cpus == 1 else 's'}, "
+               f"{info.gpus:g} GPU{'' if info.gpus == 1 else 's'}")
+    if one_run:
+        return f"{cluster}; the run trains {mode}"
+    return f"{cluster}; each trial trains {mode}; {at_once}"
 
 
 def _count(n: int, thing: str) -> str:
