@@ -33,6 +33,9 @@ for _command in COMMANDS:
 
 
 def main() -> None:
+    from iaa.platform.cluster import head_watch
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     output.EXIT_AT_ONCE = True
+    head_watch.stop_on_loss()          # a command on a cluster whose head dies stops as a SIGTERM stops it
     cli()

@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Any, Collection, Iterator
 
-from iaa.platform.cluster import driver_lines, ray_internals, resources
+from iaa.platform.cluster import driver_lines, head_watch, ray_internals, resources
 from iaa.platform.cluster.resources import ClusterError, Node, TrialPlan, node_summary, plan
 from iaa.platform.cluster.storage import check_storage
 
@@ -218,6 +218,7 @@ def _connect(ray: Any, address: str | None, storage_path: str | None, *, num_cpu
     dashboard_url = None
     if ray.is_initialized() and address and "://" not in address and _host_port(address) and \
             ray.get_runtime_context().gcs_address != address:
+        head_watch.unwatch()
         ray.shutdown()              # joined to another cluster earlier in this process
     if not ray.is_initialized():
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
@@ -235,6 +236,8 @@ def _connect(ray: Any, address: str | None, storage_path: str | None, *, num_cpu
                 raise ClusterError(f"cannot join the Ray cluster at {address}: {str(err).splitlines()[-1]} (a cluster "
                                    "with token authentication needs RAY_AUTH_MODE=token and its token here, see "
                                    "`ray get-auth-token`)") from err
+            if "://" not in address:        # a driver of the cluster (not a Ray Client): its head may die
+                head_watch.watch(ray.get_runtime_context().gcs_address)
         else:
             dashboard_url = _start_local(num_cpus, num_gpus, env, kwargs, dashboard)
         _quiet_ray_data()
