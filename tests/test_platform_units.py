@@ -814,7 +814,7 @@ def test_a_train_runs_checks_wait_out_an_empty_queue_and_a_lost_one_is_one_line(
     checks._drain()                                        # the queue's actor dies after the two checks
     assert [m["checks"] for m in checks.history] == [1, 2] and len(seen) == 2
     [line] = [text for text in capsys.readouterr().err.splitlines() if text.strip()]
-    assert_says(line, "checks no longer reach this process", "the queue's actor died")
+    assert_says(line, "the queue that brings the workers' checks here was lost", "the queue's actor died")
 
 
 def test_a_resume_leaves_tunes_word_on_trials_that_never_reported_off_the_console(tmp_path: Path,

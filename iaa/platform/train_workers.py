@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from iaa.errors import printable
+from iaa.errors import brief, printable
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkersRequest
 from iaa.jobs.workdir.paths import RunFolder
 from iaa.platform.cluster.driver_lines import cluster_lines_to
@@ -103,8 +103,9 @@ class _Checks:
             except Empty:
                 continue
             except Exception as err:  # noqa: BLE001 - the queue's actor lost: said once, not a thread's traceback
-                _log.warning(f"checks no longer reach this process ({printable(err)}): metrics.jsonl and the run's "
-                             "tracked metrics miss those after this")
+                _log.warning(f"the queue that brings the workers' checks here was lost with its node "
+                             f"({printable(brief(err))}): checks made after this are not in metrics.jsonl or the "
+                             "run's tracked metrics")
                 return
             self._record(metrics)
 
