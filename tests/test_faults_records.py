@@ -144,3 +144,18 @@ def test_each_trial_a_sweep_asks_carries_the_process_that_runs_it():
     search = StudySearch({"x": optuna.distributions.CategoricalDistribution([1, 2])}, optuna.samplers.RandomSampler())
     search.suggest("t1")
     assert search.study.trials[0].user_attrs["iaa.owner"] == owner()
+
+
+def test_the_records_keys_are_checked_and_documented_as_its_fields() -> None:
+    """A key of ``SweepRecord`` has a kind its check reads it by (``HEADER``) and a place in the
+    module's list of the keys that are a contract, so that a new field cannot be left out of
+    either."""
+    import dataclasses
+    import re
+
+    from iaa.jobs.sweeps import record
+
+    keys = {f.name for f in dataclasses.fields(record.SweepRecord)} - {"unknown"} | {"schema"}
+    assert set(record.HEADER) == keys
+    listed = record.__doc__.split("::", 1)[1].split("``schema``", 1)[0]
+    assert set(re.findall(r'"(\w+)"', listed)) == keys

@@ -5,7 +5,7 @@
 (which picks its members from the rows) and ``report --sweep``. Its keys are a contract::
 
     {"schema", "name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id",
-     "storage", "search_space", "sampler", "seed", "num_samples", "time_budget_s", "asha", "optuna", "base",
+     "storage", "address", "search_space", "sampler", "seed", "num_samples", "time_budget_s", "asha", "optuna", "base",
      "warm_start", "try_first", "workers_per_trial", "gpus_per_worker", "max_concurrent", "register",
      "trials": [row, ...], "wall_s"}
 
