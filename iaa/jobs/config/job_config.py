@@ -8,7 +8,7 @@ import math
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 
 import yaml
 
@@ -288,6 +288,19 @@ def read_handoff(path: Path) -> dict[str, Any]:
 HANDOFF_SWEEP = {"name": "name", "trial": "text", "best_valid_acc": "accuracy?", "trial_max_epochs": "number?"}
 
 
+def flatten(data: Mapping[str, Any], leaf: Callable[[Mapping[str, Any]], bool] = lambda node: False,
+            prefix: str = "") -> dict[str, Any]:
+    """Nested sections as dotted keys, ``{"model": {"steps": 8}}`` -> ``{"model.steps": 8}``; a
+    mapping that ``leaf`` accepts is a value (a search space's ``{choices: [...]}``)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and not leaf(value):
+            flat.update(flatten(value, leaf, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
     """``{"model.steps": 5}`` -> ``{"model": {"steps": 5}}``."""
     nested: dict[str, Any] = {}
@@ -302,14 +315,7 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 def flat(cfg: JobConfig) -> dict[str, Any]:
     """``cfg`` as dotted keys, ``{"model.steps": 5, ...}``: :func:`unflatten`'s inverse."""
-    def walk(node: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
-        for key, value in node.items():
-            if isinstance(value, Mapping):
-                yield from walk(value, f"{prefix}{key}.")
-            else:
-                yield f"{prefix}{key}", value
-
-    return dict(walk(to_dict(cfg), ""))
+    return flatten(to_dict(cfg))
 
 
 def apply(base: JobConfig, values: Mapping[str, Any]) -> JobConfig:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from iaa.jobs.config import job_config
 from iaa.jobs.config.job_config import ConfigError, JobConfig, apply, read_yaml
 from iaa.model.config import shown_number
 
@@ -163,16 +164,9 @@ def _field_value(cfg: JobConfig, dotted: str) -> Any:
     return node
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(data: Mapping[str, Any]) -> dict[str, Any]:
     """Nested sections to dotted keys; a mapping of spec keys (choices/low/...) is a leaf."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and not (set(value) & SPEC_KEYS):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
+    return job_config.flatten(data, leaf=lambda node: bool(set(node) & SPEC_KEYS))
 
 
 def _number(value: Any, integer: bool, where: str) -> float | int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from iaa.data.errors import DataError
 from iaa.data.manifest import MANIFEST, VOCAB, rebuild_hint
@@ -104,10 +104,5 @@ def run_dir(dataset: str, cfg: JobConfig, given: Path | None, workdir: Path, swe
 def chosen_keys(config_file: Path | None, sets: Sequence[str] = ()) -> set[str]:
     """Dotted keys (``train.max_epochs``) that the YAML file or ``--set`` give, whatever their values."""
     given = [config_mod.read_yaml(Path(config_file))] if config_file is not None else []
-    return {key for tree in [*given, config_mod.parse_sets(sets)] for key in _dotted(tree)}
-
-
-def _dotted(tree: object, prefix: str = "") -> list[str]:
-    if not isinstance(tree, dict):
-        return [prefix.rstrip(".")] if prefix else []
-    return [key for name, sub in tree.items() for key in _dotted(sub, f"{prefix}{name}.")]
+    return {key for tree in [*given, config_mod.parse_sets(sets)] if isinstance(tree, Mapping)
+            for key in config_mod.flatten(tree)}

@@ -32,6 +32,7 @@ from mlflow.entities import Metric, Param
 from iaa import signals
 from iaa.errors import IaaError, brief
 from iaa.data.manifest import MANIFEST
+from iaa.jobs.config.job_config import flatten
 from iaa.platform.cluster.owner import owner
 from iaa.files import disk_full
 from iaa.platform.tracking.connection import (OWNER_TAG, PARENT_TAG, STOP_TAGS, TRANSIENT, experiment_id,
@@ -60,18 +61,6 @@ def source_tags() -> dict[str, str]:
     commit = git_commit()
     return {"mlflow.source.type": "LOCAL", "mlflow.source.name": command,
             **({"mlflow.source.git.commit": commit} if commit != "unknown" else {})}
-
-
-def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"model": {"steps": 8}}`` -> ``{"model.steps": 8}``."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
