@@ -47,22 +47,21 @@ from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.console import SweepConsole
 from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.tune import stops, warm_start
-from iaa.jobs.tune.best import EXPLAIN_EXAMPLES, TuneResult, best_outputs, finish, finished_result, write_best_config
+from iaa.jobs.tune.best import TuneResult, best_outputs, finish, finished_result, write_best_config
 from iaa.jobs.tune.estimate import estimate_cost
 from iaa.jobs.tune.next_steps import next_commands
-from iaa.jobs.tune.parent_run import close_lost_runs, resumed_tags, run_columns, start_sweep, sweep_params
+from iaa.jobs.tune.parent_run import close_lost_runs, resumed_tags, start_sweep, sweep_params
 from iaa.jobs.tune.request import SweepInterrupted, TuneRequest
 from iaa.jobs.tune.settle import (SweepPlan, asha_notes, asha_preset, early_comparison_notes, searched_overrides, settle,
-                                  sweep_config, sweep_name)
+                                  sweep_name)
 from iaa.jobs.workdir import lock
 
 _log = logging.getLogger(__name__)
 
 # The phases live in their own modules; their names stay importable from here.
-__all__ = ["EXPLAIN_EXAMPLES", "TUNE_PRESETS", "SweepInterrupted", "SweepPlan", "TuneRequest", "TuneResult", "asha_notes",
-           "asha_preset", "best_outputs", "close_lost_runs", "estimate_cost", "finish", "next_commands", "run",
-           "run_columns", "searched_overrides", "settle", "start_sweep", "sweep_config", "sweep_name",
-           "sweep_params", "write_best_config"]
+__all__ = ["TUNE_PRESETS", "SweepInterrupted", "SweepPlan", "TuneRequest", "TuneResult", "asha_notes", "asha_preset",
+           "best_outputs", "next_commands", "run", "searched_overrides", "settle", "sweep_name", "sweep_params",
+           "write_best_config"]
 
 
 def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher) -> TuneResult:
