@@ -814,7 +814,7 @@ def test_a_train_runs_checks_wait_out_an_empty_queue_and_a_lost_one_is_one_line(
     checks._drain()                                        # the queue's actor dies after the two checks
     assert [m["checks"] for m in checks.history] == [1, 2] and len(seen) == 2
     [line] = [text for text in capsys.readouterr().err.splitlines() if text.strip()]
-    assert_says(line, "the queue that brings the workers' checks here was lost", "the queue's actor died")
+    assert_says(line, "the queue that brings the workers' checks here was lost", "(RuntimeError)")
 
 
 def test_a_resume_leaves_tunes_word_on_trials_that_never_reported_off_the_console(tmp_path: Path,
@@ -844,3 +844,22 @@ def test_a_resume_leaves_tunes_word_on_trials_that_never_reported_off_the_consol
         logger.removeHandler(handler)
     assert [r.getMessage() for r in heard] == ["a real failure"]
     assert logger.level == logging.NOTSET                 # as it was
+
+
+def test_a_train_run_whose_driving_actor_is_lost_is_restores_spent_with_its_checkpoint_kept() -> None:
+    """The cluster's head (or the controller's node) dies: Train V2's ``fit`` raises Ray's actor
+    error, not a failed run; it ends the command in one line that keeps the last checkpoint and
+    says how to continue (``iaa.jobs.train.train`` adds the resume line), not a traceback."""
+    import ray.exceptions
+
+    from iaa.jobs.ports import RestoresSpent
+    from iaa.platform.train_workers import fit_or_fail
+
+    class Trainer:
+        def fit(self):
+            raise ray.exceptions.ActorUnavailableError("The actor is temporarily unavailable: RpcError", b"\0" * 16)
+
+    with pytest.raises(RestoresSpent) as lost:
+        fit_or_fail(Trainer(), "run-1")
+    assert_says(lost.value, "Ray Train run run-1 lost the actor that drives it", "ActorUnavailableError",
+                "the cluster's head node")

@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from iaa.errors import brief, printable
-from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkersRequest
+from iaa.errors import printable
+from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, RestoresSpent, WorkersRequest
 from iaa.jobs.workdir.paths import RunFolder
 from iaa.platform.cluster.driver_lines import cluster_lines_to
 from iaa.platform.ray_train import (FAILURE_KEY, MAX_FAILURES, build_trainer, max_failures, queue_callback,
@@ -104,7 +104,7 @@ class _Checks:
                 continue
             except Exception as err:  # noqa: BLE001 - the queue's actor lost: said once, not a thread's traceback
                 _log.warning(f"the queue that brings the workers' checks here was lost with its node "
-                             f"({printable(brief(err))}): checks made after this are not in metrics.jsonl or the "
+                             f"({type(err).__name__}): checks made after this are not in metrics.jsonl or the "
                              "run's tracked metrics")
                 return
             self._record(metrics)
@@ -161,6 +161,24 @@ def fit_hearing_signals(trainer: Any) -> Any:
     return done["result"]
 
 
+def fit_or_fail(trainer: Any, name: str) -> Any:
+    """:func:`fit_hearing_signals`, its failures raised as the run's error (:func:`raise_failure`),
+    and the loss of the actor that drives the run (its controller, gone with its node or with the
+    cluster's head) as :class:`~iaa.jobs.ports.RestoresSpent`: the last checkpoint stands, and
+    the command says how to continue, where Ray would print a traceback (or hang, reporting it
+    to a dead head)."""
+    import ray
+    from ray.train import TrainingFailedError
+
+    try:
+        return fit_hearing_signals(trainer)
+    except TrainingFailedError as err:         # Train V2's fit raises what failed the run
+        raise_failure(name, err)
+    except ray.exceptions.RayActorError as err:
+        raise RestoresSpent(f"Ray Train run {name} lost the actor that drives it ({type(err).__name__}: the node it "
+                            "ran on, or the cluster's head node, died)") from err
+
+
 def fit_workers(request: WorkersRequest, *, address: str | None = None,
                 storage_path: str | None = None) -> dict[str, Any]:
     """Train ``request.cfg`` with the job's loop ``request.fit`` on ``request.workers`` Ray Train
@@ -177,7 +195,6 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
         ``run_dir``.
     """
     import ray
-    from ray.train import TrainingFailedError
     from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -206,10 +223,7 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
     with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=request.show_progress,
                  restores=max_failures(MAX_FAILURES)) as checks, \
             cluster_lines_to(run_dir / DRIVER_LOG):     # a dead node's raylet dump: to the run folder's log
-        try:
-            result = fit_hearing_signals(trainer)
-        except TrainingFailedError as err:     # Train V2's fit raises what failed the run
-            raise_failure(name, err)
+        result = fit_or_fail(trainer, name)
     if result.error is not None:
         raise_failure(name, result.error)
     best_file = _copy_checkpoints(result, name, RunFolder(run_dir))

@@ -8,8 +8,9 @@ checks every :data:`CHECK_EVERY_S` that the head's GCS port still takes a connec
 :data:`LOST_AFTER_S` without one it says so in one line and stops the command as a SIGTERM does
 (:mod:`iaa.jobs.interrupt`: its runs end KILLED, its trials FAIL, and it says what was kept and
 the exact command that resumes), with a second SIGTERM :data:`FORCE_AFTER_S` later where the
-first did not end it (a main thread waiting on the dead head). A library that did not ask is
-never sent a signal: a lost head is only said.
+first did not end it (a main thread waiting on the dead head). A library that did not ask, or a
+command whose stop is not armed (one already on its way out with an error of its own), is sent no
+signal: the lost head is only said.
 
 Standard library only: the command line turns it on before Ray is imported.
 """
@@ -82,7 +83,8 @@ class _HeadWatch(threading.Thread):
             if time.monotonic() - answered < LOST_AFTER_S or self.done.is_set():
                 continue
             where = f"{self.host}:{self.port}"
-            if not self.stop:
+            if not (self.stop and callable(signal.getsignal(signal.SIGTERM))):   # no stop armed: a SIGTERM
+                # would end the process unsaid (a command already on its way out with an error)
                 _log.warning(f"the Ray cluster's head node ({where}) has not answered for {LOST_AFTER_S:g} s: "
                              "it is lost, and Ray ends this process within a minute")
                 return
