@@ -6,7 +6,9 @@ A second signal ends a command at once, its runs KILLED and no process it starte
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,13 +91,27 @@ def _trials(workdir: Path, study: str) -> list[tuple[str, dict]]:
     return [(t.state.name, t.user_attrs) for t in loaded.trials]
 
 
+def _saved_a_check(workdir: Path) -> bool:
+    """Whether Tune's saved experiment state (written every 2 s) holds a trial with a check: what a
+    stop then records of the sweep's trials."""
+    for path in workdir.rglob("experiment_state-*.json"):
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):                # being written
+            continue
+        if any(re.search(r'"checks": [1-9]', str(trial)) for trial in saved.get("trial_data", [])):
+            return True
+    return False
+
+
 def test_tune_stopped_by_ctrl_c_leaves_nothing_running_and_resumes_by_name(tmp_path: Path) -> None:
     tiny, space, work = make_tiny_prepared(tmp_path / "tiny"), write_space(tmp_path), tmp_path / "work"
     given = tmp_path / "try.yaml"
     given.write_text("- {model.hidden_dim: 12, model.steps: 1}\n", encoding="utf-8")
     argv = _cli("tune", "--data", str(tiny), "--num-samples", "2", "--max-epochs", "4", "--search-space", str(space),
                 *SETS, "--workdir", str(work), "--name", "cut", "--try-first", str(given))
-    code, took, out = _stop_when(argv, tmp_path / "tune.log", lambda text: " check 1 " in text, signal.SIGINT)
+    code, took, out = _stop_when(argv, tmp_path / "tune.log",
+                                 lambda text: " check 1 " in text and _saved_a_check(work), signal.SIGINT)
 
     assert code == 130 and took < EXIT_WITHIN_S, (code, took, out[-3000:])
     assert f"resume with: iaa-cli tune --resume cut --workdir {work}" in out
