@@ -77,9 +77,8 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
 @_friendly
 def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None, sets: tuple[str, ...],
             alpha: float | None, temperature: float | None, train_examples: int | None, refresh_teacher: bool,
-            run_dir: Path | None,
-            resume: bool, overwrite: bool, register: str | None, workers: int, address: str | None, tracking_uri: str | None,
-            workdir: Path, as_json: bool) -> None:
+            run_dir: Path | None, resume: bool, overwrite: bool, register: str | None, workers: int,
+            address: str | None, tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
     """Train one reader against an ensemble's averaged distributions (knowledge distillation)."""
     from functools import partial
 

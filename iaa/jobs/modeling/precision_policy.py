@@ -146,4 +146,3 @@ def resolved_once(cfg: JobConfig, gpus: bool) -> JobConfig:
     if gpus and cfg.train.precision == "auto" and not torch.cuda.is_available():
         return cfg
     return resolved(cfg, "cuda" if gpus else "cpu")
-

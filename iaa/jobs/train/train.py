@@ -128,7 +128,7 @@ def _log_inputs(tracked: TrackedRun, cfg: JobConfig, prepared: Path, teacher: Pa
 
 def _log_result(tracker: Tracker, tracked: TrackedRun, result: TrainResult, prepared: Path,
                 register: str | None) -> str | None:
-    """The finished run's checkpoint tag, its logged model (registered as ``register``; its URI
+    """The finished run's checkpoint and precision tags, its logged model (registered as ``register``; its URI
     is returned) and its final best validation accuracy."""
     tracked.set_tags({"checkpoint": result.checkpoint, **({"precision": result.precision} if result.precision else {})})
     model_uri = None

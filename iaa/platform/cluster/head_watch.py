@@ -82,14 +82,13 @@ class _HeadWatch(threading.Thread):
                 continue
             if time.monotonic() - answered < LOST_AFTER_S or self.done.is_set():
                 continue
-            where = f"{self.host}:{self.port}"
+            lost = (f"the Ray cluster's head node ({self.host}:{self.port}) has not answered for "
+                    f"{LOST_AFTER_S:g} s: it is lost")
             if not (self.stop and callable(signal.getsignal(signal.SIGTERM))):   # no stop armed: a SIGTERM
                 # would end the process unsaid (a command already on its way out with an error)
-                _log.warning(f"the Ray cluster's head node ({where}) has not answered for {LOST_AFTER_S:g} s: "
-                             "it is lost, and Ray ends this process within a minute")
+                _log.warning(f"{lost}, and Ray ends this process within a minute")
                 return
-            _log.warning(f"the Ray cluster's head node ({where}) has not answered for {LOST_AFTER_S:g} s: it is "
-                         "lost; stopping, so that the work can be resumed once the cluster runs again")
+            _log.warning(f"{lost}; stopping, so that the work can be resumed once the cluster runs again")
             os.kill(os.getpid(), signal.SIGTERM)
             if not self.done.wait(FORCE_AFTER_S):
                 os.kill(os.getpid(), signal.SIGTERM)
