@@ -68,7 +68,7 @@ def _shard(rng: np.random.Generator, start: int, n: int, mean_len: int) -> pa.Ta
 def make_dataset(root: Path, docs: int, mean_len: int, valid: int = 4000) -> Path:
     """A prepared folder (manifest, vocabulary, shards) that ``PreparedData.open`` reads."""
     rng = np.random.default_rng(0)
-    splits: dict[str, Any] = {}
+    splits: dict[str, M.Split] = {}
     for split, total in (("train", docs), ("valid", valid)):
         shards = []
         for i, start in enumerate(range(0, total, ROWS_PER_SHARD)):
@@ -76,13 +76,13 @@ def make_dataset(root: Path, docs: int, mean_len: int, valid: int = 4000) -> Pat
             (root / split).mkdir(parents=True, exist_ok=True)
             pq.write_table(_shard(rng, start, min(ROWS_PER_SHARD, total - start), mean_len), root / name,
                            compression="zstd")
-            shards.append({"file": name, "rows": min(ROWS_PER_SHARD, total - start),
-                           "bytes": (root / name).stat().st_size, "sha256": file_sha256(root / name)})
-        splits[split] = {"count": total, "shards": shards}
+            shards.append(M.Shard(file=name, rows=min(ROWS_PER_SHARD, total - start),
+                                  bytes=(root / name).stat().st_size, sha256=file_sha256(root / name)))
+        splits[split] = M.Split(count=total, shards=tuple(shards))
     tokens = ["<pad>", "<unk>", "@placeholder", *(f"w{i}" for i in range(VOCAB_SIZE - 3))]
     (root / M.VOCAB).write_text(json.dumps(tokens), encoding="utf-8")
-    (root / M.MANIFEST).write_text(json.dumps({"schema_version": M.SCHEMA_VERSION, "dataset": "synthetic",
-                                               "splits": splits}), encoding="utf-8")
+    M.write(root, M.Manifest.of({"dataset": "synthetic"}, vocab_size=len(tokens),
+                                vocab_hash=file_sha256(root / M.VOCAB), splits=splits))
     return root
 
 

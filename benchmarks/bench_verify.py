@@ -41,8 +41,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    manifest = json.loads((args.data / "manifest.json").read_text(encoding="utf-8"))
-    shard_bytes = sum(s["bytes"] for e in manifest["splits"].values() for s in e["shards"])
+    from iaa.data import manifest as M
+
+    manifest = M.read(args.data)
+    shard_bytes = sum(s.bytes for e in manifest.splits.values() for s in e.shards)
     result: dict[str, object] = {"data": str(args.data), "shard_mb": round(shard_bytes / 2**20, 1),
                                  **time_verify(args.data, args.repeats)}
     rate = args.train_ex_per_s
@@ -51,8 +53,8 @@ def main() -> None:
 
         rate = bench.run(steps=args.bench_steps, warmup=1).train_examples_per_s
         result["train_ex_per_s_measured"] = round(rate, 2)
-    epoch_s = manifest["counts"]["train"] / rate
-    result.update(train_examples=manifest["counts"]["train"], train_ex_per_s=round(rate, 2),
+    epoch_s = manifest.count("train") / rate
+    result.update(train_examples=manifest.count("train"), train_ex_per_s=round(rate, 2),
                   epoch_s=round(epoch_s, 1), verify_fraction_of_epoch=result["verify_cold_s"] / epoch_s)
     print(json.dumps(result))
 

@@ -356,9 +356,8 @@ def step_prepare_cn(args) -> dict:
         raise FileNotFoundError(f"no cbtest_CN_train.txt.gz in {args.data}: run `bash benchmarks/device_data.sh` "
                                 "on the machine with the shared data and bring device-data/ with the checkout")
     result = prepare.run("cbt-cn", source, Path(args.work) / "cbt-cn", on_error="skip", progress=False)
-    manifest = json.loads((Path(args.work) / "cbt-cn" / "manifest.json").read_text())
-    say(f"cbt-recon CN prepared: {manifest['counts']} examples, vocabulary {manifest['vocab_size']:,}")
-    return {"counts": manifest["counts"], **{k: v for k, v in result.fields().items() if isinstance(v, (int, float, str, bool))}}
+    say(f"cbt-recon CN prepared: {result.counts} examples, vocabulary {result.vocab_size:,}")
+    return {"counts": result.counts, **{k: v for k, v in result.fields().items() if isinstance(v, (int, float, str, bool))}}
 
 
 def demo_cn(work: Path, sizes: dict[str, int] | None = None) -> Path:
@@ -531,7 +530,7 @@ def step_train_one(args) -> dict:
     run_dir = Path(args.work) / (f"run-{args.model}" + (f"-seed{seed}" if seed is not None else ""))
     session = ChecksOnly(prepared, run_dir, batch_size=cfg.train.batch_size,
                          seed=cfg.train.seed, device=args.device)
-    result = train.fit(cfg, session, show_progress=False, vocab_hash=session.data.manifest.get("vocab_hash", ""))
+    result = train.fit(cfg, session, show_progress=False, vocab_hash=session.data.manifest.vocab_hash)
     if getattr(args, "save_valid", None) and session.best is not None:
         _save_valid_log_p(cfg, session, session.best, Path(args.save_valid), args.device)
     return {"event": "end", **{k: result[k] for k in ("best_valid_acc", "best_step", "steps", "stop_reason",

@@ -22,7 +22,7 @@ def tiny_checkpoint(prepared: Path, out: Path, kind: str = "iaa", steps: int = 3
     cfg = replace(cfg, model=replace(cfg.model, steps=steps))
     torch.manual_seed(seed)
     model = build_reader(cfg.model)
-    vocab_hash = PreparedData.open(prepared).manifest["vocab_hash"]
+    vocab_hash = PreparedData.open(prepared).manifest.vocab_hash
     return checkpoint.save(out, checkpoint.make_state(cfg, model, vocab_hash=vocab_hash, temperature=temperature))
 
 

@@ -278,10 +278,10 @@ class FakeLauncher:
         folder.mkdir(parents=True)
 
     def connect(self, request: ConnectRequest) -> Placement:
-        from iaa.data.manifest import read
+        from iaa.data.manifest import counted
 
         self.requests.append(request)
-        rows = int(((read(request.prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
+        rows = counted(Path(request.prepared), "train")
         return Placement(name=request.name, storage=request.storage, prepared=Path(request.prepared),
                          max_concurrent=1, threads=1, gpus_per_worker=0.0, train_rows=rows)
 
@@ -375,7 +375,7 @@ def _fit(fit: WorkerFit, cfg: JobConfig, link: FakeLink, prepared: Path) -> Metr
     from iaa.data.manifest import vocab_card
 
     data = PreparedData.open(Path(prepared))
-    return fit(cfg, link, WorkerData(vocab_hash=data.manifest.get("vocab_hash", ""), train=data.table("train"),
+    return fit(cfg, link, WorkerData(vocab_hash=data.manifest.vocab_hash, train=data.table("train"),
                                      valid=data.table("valid"), vocab=vocab_card(Path(prepared))), threads=1)
 
 

@@ -49,6 +49,6 @@ def test_ensure_prepared_generates_the_demo_once(tmp_path):
     out = prepare.ensure_prepared("demo", tmp_path)
     m = M.read(out)
     assert out == tmp_path / "data" / "demo"
-    assert m["counts"] == demo.SIZES and m["skipped"] == {s: 0 for s in demo.SIZES}
-    assert m["source"] == demo.fingerprint()
+    assert m.counts == demo.SIZES and m.skipped == {s: 0 for s in demo.SIZES}
+    assert m.source == demo.fingerprint()
     assert not prepare.run("demo", None, out, progress=False).rebuilt

@@ -129,7 +129,7 @@ def test_output_does_not_depend_on_workers(tmp_path):
     source = make_cbtest(tmp_path)
     prepare.run("cbt-ne", source, tmp_path / "one", workers=1, progress=False)
     prepare.run("cbt-ne", source, tmp_path / "two", workers=2, progress=False)
-    strip = lambda m: {s: [x["sha256"] for x in e["shards"]] for s, e in m["splits"].items()}  # noqa: E731
+    strip = lambda m: {s: [x.sha256 for x in e.shards] for s, e in m.splits.items()}  # noqa: E731
     assert strip(M.read(tmp_path / "one")) == strip(M.read(tmp_path / "two"))
 
 

@@ -161,6 +161,31 @@ def test_broken_manifest_is_one_message_and_prepare_replaces_it(data, source, te
     assert rebuilt(data, source) is True
 
 
+def test_the_typed_manifest_reads_and_writes_the_file_key_for_key(data):
+    from iaa.data import manifest as M
+
+    written = json.loads((data / "manifest.json").read_text())
+    manifest = M.read(data)
+    assert manifest.to_json() == written
+    assert list(manifest.to_json()) == list(written)          # in the same order, as prepare wrote it
+    assert manifest.count("train") == written["splits"]["train"]["count"] and manifest.count("absent") == 0
+
+
+@pytest.mark.parametrize("change, what", [
+    (lambda m: m.update(schema_version=99), "schema version 99"),
+    (lambda m: m["splits"]["train"]["shards"][0].update(rows="12"), "of the wrong kind"),
+    (lambda m: m.pop("vocab_size"), "lacks its splits"),
+    (lambda m: m.update(splits=[]), "lacks its splits"),
+])
+def test_a_manifest_field_of_the_wrong_kind_is_one_message_and_prepare_replaces_it(data, source, change, what):
+    manifest = json.loads((data / "manifest.json").read_text())
+    change(manifest)
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    assert_one_message(*invoke("baseline", "--data", str(data)), "manifest.json", what,
+                       "rebuild it with: iaa-cli prepare --dataset cbt-ne")
+    assert rebuilt(data, source) is True
+
+
 def test_an_unchanged_file_is_verified_once_per_process_but_a_change_is_caught(data):
     verify.verify(data)
     shard = first_shard(data)
@@ -303,9 +328,11 @@ def test_folder_named_like_a_question_file(tmp_path):
     {"questions/training/a.question": question(), "questions/validation/a.question": question()},
     {"questions/training/a.question": question(), "x/questions/training/a.question": question()},
 ])
-def test_duplicate_example_ids_across_members_or_splits(tmp_path, members):
+def test_duplicate_example_ids_across_members_or_splits_name_both_files(tmp_path, members):
     path = cnn_tgz(tmp_path / "cnn.tgz", members)
-    assert_one_message(*prepare("cnn", path, tmp_path / "out"), "example id 'a' occurs 2 times")
+    first, second = members
+    assert_one_message(*prepare("cnn", path, tmp_path / "out"), "example id 'a' occurs 2 times",
+                       f"cnn.tgz:{first} in train", f"cnn.tgz:{second} in ")
 
 
 def test_a_failed_prepare_keeps_the_previous_dataset(data, tmp_path):

@@ -56,7 +56,7 @@ def test_a_document_with_40000_candidates_keeps_every_candidate_index(tmp_path):
     row = data.table("train").to_pylist()[0]
     assert row["doc_cand"] == list(range(ENTITIES))          # int16 wrapped these past 32,767
     assert row["answer"] == ENTITIES - 7
-    assert data.manifest["schema_version"] == M.SCHEMA_VERSION == 2
+    assert data.manifest.schema_version == M.SCHEMA_VERSION == 2
     verify(out)
 
 
@@ -82,12 +82,12 @@ def test_a_version_1_folder_with_int16_doc_cand_still_loads_and_prepare_rewrites
     _as_version_1(prepared)
     old = PreparedData.open(prepared)
     verify(prepared)
-    assert old.manifest["schema_version"] == 1
+    assert old.manifest.schema_version == 1
     assert old.table("valid").column("doc_cand").to_pylist() == expected
     assert old.table("valid").schema.field("doc_cand").type == pa.list_(pa.int32())
     code, output = invoke("prepare", "--dataset", "cbt-ne", "--source", source, "--out", prepared)
     assert code == 0, output
-    assert PreparedData.open(prepared).manifest["schema_version"] == 2
+    assert PreparedData.open(prepared).manifest.schema_version == 2
 
 
 def _bomb(path: Path, member: str, size: int) -> Path:

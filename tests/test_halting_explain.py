@@ -31,7 +31,7 @@ def act_setup(tmp_path_factory):
     with torch.no_grad():                       # halting that differs from example to example
         model.halting_unit.proj.weight.normal_(0.0, 100.0)
         model.halting_unit.bias.fill_(-1.0)
-    vocab_hash = PreparedData.open(prepared).manifest["vocab_hash"]
+    vocab_hash = PreparedData.open(prepared).manifest.vocab_hash
     ckpt = checkpoint.save(root / "act.pt", checkpoint.make_state(cfg, model, vocab_hash=vocab_hash))
     return prepared, ckpt
 

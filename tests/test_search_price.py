@@ -83,7 +83,7 @@ def test_every_configuration_of_a_table_is_priced_on_the_same_batches(tmp_path: 
     from tests._tiny import make_tiny_prepared
 
     prepared = make_tiny_prepared(tmp_path / "data")
-    vocab_hash = str(PreparedData.open(prepared).manifest["vocab_hash"])
+    vocab_hash = str(PreparedData.open(prepared).manifest.vocab_hash)
     _write_table(tmp_path / "curves.parquet", vocab_hash=vocab_hash)
     threads = torch.get_num_threads()
     try:

@@ -44,7 +44,7 @@ def _predict(args: list[str]) -> list[dict]:
 def test_a_checkpoint_carries_the_vocabulary_it_was_trained_on(trained) -> None:
     prepared, best, _ = trained
     card = checkpoint.load(best)["vocab"]
-    assert hashlib.sha256(card["json"].encode("utf-8")).hexdigest() == read(prepared)["vocab_hash"]
+    assert hashlib.sha256(card["json"].encode("utf-8")).hexdigest() == read(prepared).vocab_hash
 
 
 def test_predict_works_from_an_empty_folder_with_only_the_checkpoint(trained, tmp_path, monkeypatch) -> None:

@@ -259,14 +259,13 @@ def table_metadata(plan: Plan, records: Iterable[Mapping[str, Any]], command: st
 
     records = list(records)
     prepared = PreparedData.open(Path(plan.data))
-    splits = {name: int(sum(int(s["rows"]) for s in split["shards"]))
-              for name, split in prepared.manifest["splits"].items()}
+    splits = {name: sum(s.rows for s in split.shards) for name, split in prepared.manifest.splits.items()}
     return {
         "command": command,
         "dataset": plan.dataset,
         "dataset_size": json.dumps({"train": plan.train_rows, "train_prepared": splits.get("train", 0),
                                     "valid": splits.get("valid", 0)}),
-        "vocab_hash": str(prepared.manifest.get("vocab_hash", "")),
+        "vocab_hash": prepared.manifest.vocab_hash,
         "seed": str(plan.fixed.get("train.seed", SEED)),
         "fixed": json.dumps(plan.fixed),
         "cpu": cpu_model(),

@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from iaa.data.loader import PreparedData
 
     table = curves_table.load(args.table)
-    vocab_hash = str(PreparedData.open(args.data).manifest.get("vocab_hash", ""))
+    vocab_hash = PreparedData.open(args.data).manifest.vocab_hash
     if vocab_hash != table.metadata.get("vocab_hash", vocab_hash):
         raise SystemExit(f"{args.data}: not the data of {args.table} (vocabulary {vocab_hash[:12]}, the table's "
                          f"{table.metadata['vocab_hash'][:12]})")

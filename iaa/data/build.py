@@ -13,7 +13,7 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -54,7 +54,7 @@ def default_workers() -> int:
 
 
 def build(out: Path, sources: list[SplitSource], vocab_opts: VocabOptions, *,
-          workers: int | None = None, progress: bool = False, header: dict[str, Any] | None = None) -> dict[str, Any]:
+          header: Mapping[str, Any], workers: int | None = None, progress: bool = False) -> M.Manifest:
     """Write ``out/{vocab.json, manifest.json, <split>/part-*.parquet}``; return the manifest.
 
     ``out`` must be a new or empty directory; ``header`` (dataset, options, source) leads the manifest.
@@ -77,7 +77,7 @@ def build(out: Path, sources: list[SplitSource], vocab_opts: VocabOptions, *,
             writes = {split: [(part, pool.submit(_write, group, vocab, [ids[id(c)] for c in group], out / split / part))
                               for part, group in _parts(chunks)]
                       for split, chunks in parsed.items()}
-            shards = {split: [{"file": f"{split}/{part}", **f.result()} for part, f in fs] for split, fs in writes.items()}
+            shards = {split: [M.Shard(file=f"{split}/{part}", **f.result()) for part, f in fs] for split, fs in writes.items()}
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
@@ -85,16 +85,8 @@ def build(out: Path, sources: list[SplitSource], vocab_opts: VocabOptions, *,
             if bar is not None:
                 bar.close()
     vocab.save(out / M.VOCAB)
-    manifest = {
-        "schema_version": M.SCHEMA_VERSION,
-        **(header or {}),
-        "vocab_size": len(vocab),
-        "vocab_hash": vocab.sha256,
-        "counts": {s: sum(len(c) for c in cs) for s, cs in parsed.items()},
-        "skipped": {s: sum(sum(c.skipped.values()) for c in cs) for s, cs in parsed.items()},
-        "truncated": {s: sum(len(c.truncated) for c in cs) for s, cs in parsed.items()},
-        "splits": {s: _split_entry(cs, shards[s]) for s, cs in parsed.items()},
-    }
+    manifest = M.Manifest.of(header, vocab_size=len(vocab), vocab_hash=vocab.sha256,
+                             splits={s: _split_entry(cs, shards[s]) for s, cs in parsed.items()})
     M.write(out, manifest)
     return manifest
 
@@ -129,9 +121,10 @@ def _check_unique_ids(parsed: dict[str, list[ParsedChunk]]) -> None:
     repeated = counts.filter(pc.greater(counts.field("counts"), 1))
     if len(repeated):
         first = repeated.field("values")[0].as_py()
-        where = [split for split, cs in parsed.items() for c in cs
-                 for _ in range(pc.sum(pc.equal(c.example_ids, first)).as_py() or 0)]
-        raise DataError(f"example id {first!r} occurs {len(where)} times (in {', '.join(where)}); "
+        where = [f"{c.sources[i].as_py()} in {split}" if c.sources is not None else f"in {split}"
+                 for split, cs in parsed.items() for c in cs
+                 for i in np.flatnonzero(pc.equal(c.example_ids, first).to_numpy(zero_copy_only=False)).tolist()]
+        raise DataError(f"example id {first!r} occurs {len(where)} times ({', '.join(where)}); "
                         f"{len(repeated)} id(s) repeat: is a question file in the source twice?",
                         reason=E.DUPLICATE_ID)
 
@@ -154,7 +147,7 @@ def _write(chunks: list[ParsedChunk], vocab: Vocab, ids: list, path: Path) -> di
     return write_part([to_table(c, vocab, i) for c, i in zip(chunks, ids)], path)
 
 
-def _split_entry(chunks: list[ParsedChunk], shards: list[dict]) -> dict[str, Any]:
+def _split_entry(chunks: list[ParsedChunk], shards: list[M.Shard]) -> M.Split:
     skipped: Counter = Counter()
     messages, truncated = [], []
     for c in chunks:
@@ -162,15 +155,9 @@ def _split_entry(chunks: list[ParsedChunk], shards: list[dict]) -> dict[str, Any
         messages.extend(c.skip_messages)
         truncated.extend(c.truncated)
     doc_lens = np.concatenate([np.diff(c.doc_offsets) for c in chunks]) if chunks else np.zeros(0, np.int64)
-    return {
-        "count": int(sum(len(c) for c in chunks)),
-        "skipped": dict(sorted(skipped.items())),
-        "skipped_examples": messages[:MAX_MESSAGES],
-        "truncated": len(truncated),
-        "truncated_examples": truncated[:MAX_MESSAGES],
-        "shards": shards,
-        "doc_len_histogram": length_histogram(doc_lens),
-    }
+    return M.Split(count=int(sum(len(c) for c in chunks)), shards=tuple(shards), skipped=dict(sorted(skipped.items())),
+                   skipped_examples=tuple(messages[:MAX_MESSAGES]), truncated=len(truncated),
+                   truncated_examples=tuple(truncated[:MAX_MESSAGES]), doc_len_histogram=length_histogram(doc_lens))
 
 
 def _progress(enabled: bool):

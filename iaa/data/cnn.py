@@ -102,7 +102,7 @@ def parse_files(items: list[tuple[str, bytes]], *, on_error: str = "fail", lower
         cand_offsets=offsets_of(np.array([len(ex.candidates) for ex in examples], np.int64)),
         answers=pa.array([ex.answer for ex in examples], pa.string()),
         placeholder=PLACEHOLDER, lowercase=lowercase, where=lambda i, field: (names[i], LINE_OF[field]),
-        answer_kind=answer_kind,
+        answer_kind=answer_kind, sources=pa.array(names, pa.string()),
     )
     note_errors(chunk, errs + content_errs, on_error)
     return chunk

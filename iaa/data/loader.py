@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +39,7 @@ class PreparedData:
     """A directory written by ``iaa-cli prepare``: its manifest, vocabulary and shards."""
 
     root: Path
-    manifest: dict[str, Any]
+    manifest: M.Manifest
     vocab: Vocab
 
     @classmethod
@@ -49,19 +49,16 @@ class PreparedData:
         if manifest is None:
             raise DataError("no manifest.json: not a prepared dataset (run iaa-cli prepare)", path=root,
                             reason=E.MISSING_SOURCE)
-        if manifest.get("schema_version") not in M.READABLE_VERSIONS:
-            raise DataError(f"prepared with schema version {manifest.get('schema_version')}, this code reads "
-                            f"{', '.join(map(str, M.READABLE_VERSIONS))}: run iaa-cli prepare again", path=root, reason=E.MISSING_SOURCE)
         return cls(root, manifest, Vocab.load(root / M.VOCAB))
 
     @property
     def splits(self) -> tuple[str, ...]:
-        return tuple(self.manifest["splits"])
+        return tuple(self.manifest.splits)
 
     def table(self, split: str) -> pa.Table:
         """All rows of one split, in file order (columns as ``iaa.data.shards.SCHEMA``)."""
         self._need_split(split)
-        files = [self.root / s["file"] for s in self.manifest["splits"][split]["shards"]]
+        files = [self.root / s.file for s in self.manifest.splits[split].shards]
         if not files:
             return SCHEMA.empty_table()
         return pa.concat_tables(pq.read_table(f, schema=SCHEMA) for f in files)
@@ -70,22 +67,22 @@ class PreparedData:
         """Rows ``[start, stop)`` of one split, reading only the shards that hold them."""
         self._need_split(split)
         parts, offset = [], 0
-        for shard in self.manifest["splits"][split]["shards"]:
-            n = int(shard["rows"])
+        for shard in self.manifest.splits[split].shards:
+            n = shard.rows
             lo, hi = max(start, offset), min(stop, offset + n)
             if lo < hi:
-                parts += _read_range(self.root / shard["file"], lo - offset, hi - offset)
+                parts += _read_range(self.root / shard.file, lo - offset, hi - offset)
             offset += n
         return pa.Table.from_batches(parts).cast(SCHEMA) if parts else SCHEMA.empty_table()
 
     def rank_rows(self, split: str, rank: int, world_size: int) -> pa.Table:
         """This rank's contiguous share of a split (see :func:`rank_range`), read from its shards only."""
         self._need_split(split)
-        total = sum(int(s["rows"]) for s in self.manifest["splits"][split]["shards"])
+        total = sum(s.rows for s in self.manifest.splits[split].shards)
         return self.rows(split, *rank_range(total, rank, world_size))
 
     def _need_split(self, split: str) -> None:
-        if split not in self.manifest["splits"]:
+        if split not in self.manifest.splits:
             raise DataError(f"no {split!r} split here (have {', '.join(self.splits)})", path=self.root,
                             reason=E.MISSING_SOURCE)
 

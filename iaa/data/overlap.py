@@ -8,18 +8,18 @@ score on valid or test count what the reader saw in training.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from iaa.data.manifest import Manifest
+
 KEY_COLUMNS = ["query", "candidate_words", "answer", "doc_len"]
 
 
-def _keys(root: Path, manifest: dict[str, Any], split: str) -> pa.ChunkedArray:
+def _keys(root: Path, manifest: Manifest, split: str) -> pa.ChunkedArray:
     """One string per question of ``split``: its query ids, candidates, answer and document length."""
-    tables = [pq.read_table(root / shard["file"], columns=KEY_COLUMNS) for shard in manifest["splits"][split]["shards"]]
+    tables = [pq.read_table(root / shard.file, columns=KEY_COLUMNS) for shard in manifest.splits[split].shards]
     table = pa.concat_tables(tables)
     query = pc.binary_join(pc.cast(table["query"], pa.list_(pa.string())), " ")
     candidates = pc.binary_join(table["candidate_words"], "|")
@@ -27,9 +27,9 @@ def _keys(root: Path, manifest: dict[str, Any], split: str) -> pa.ChunkedArray:
                                        pc.cast(table["doc_len"], pa.string()), "\t")
 
 
-def shared_with_train(root: Path, manifest: dict[str, Any]) -> dict[str, int]:
+def shared_with_train(root: Path, manifest: Manifest) -> dict[str, int]:
     """Split -> how many of its questions the train split holds too (valid and test, where present)."""
-    splits = manifest.get("splits", {})
+    splits = manifest.splits
     others = [split for split in ("valid", "test") if split in splits]
     if "train" not in splits or not others:
         return {}

@@ -59,6 +59,7 @@ class ParsedChunk:
     skipped: Counter = field(default_factory=Counter)     # reason -> count of dropped examples
     skip_messages: list[str] = field(default_factory=list)  # the first few, for the manifest
     truncated: list[str] = field(default_factory=list)      # one message per cut-off trailing example
+    sources: pa.Array | None = None  # (E,) string: each example's file, where its id does not name it
 
     def __len__(self) -> int:
         return len(self.answer)
@@ -134,6 +135,7 @@ def assemble(
     lowercase: bool,
     where: Where,
     answer_kind: Callable[[int], tuple[str, str]] | None = None,
+    sources: pa.Array | None = None,
 ) -> tuple[ParsedChunk, list[DataError]]:
     """Check E encoded examples; return the valid ones and one error per bad one.
 
@@ -147,6 +149,7 @@ def assemble(
         where: (example index, field at fault: ``query`` or ``answer``) -> (file, line) named by its error.
         answer_kind: optional example index -> (reason, message) used when the answer is not
             among the candidates (CNN words this differently from CBT).
+        sources: optional (E,) file of each example, kept with it to name where an id repeats.
     """
     n = len(answers)
     exact_words, exact_doc = words, doc
@@ -169,7 +172,7 @@ def assemble(
     chunk = _chunk_of(
         _keep_mask(n, bad_rows), example_ids=example_ids, words=words, doc=doc, doc_offsets=doc_offsets,
         doc_cand=doc_cand, query=query, query_offsets=query_offsets, cand_words=cand_words, cand_keys=cand_keys,
-        cand_offsets=cand_offsets, answer=answer,
+        cand_offsets=cand_offsets, answer=answer, sources=sources,
     )
     return chunk, errs
 
@@ -244,7 +247,7 @@ def _chunk_of(keep: np.ndarray | None, *, example_ids: pa.Array, words: pa.Array
               doc: np.ndarray, doc_offsets: np.ndarray, doc_cand: np.ndarray,
               query: np.ndarray, query_offsets: np.ndarray,
               cand_words: pa.Array, cand_keys: pa.Array, cand_offsets: np.ndarray,
-              answer: np.ndarray) -> ParsedChunk:
+              answer: np.ndarray, sources: pa.Array | None = None) -> ParsedChunk:
     """The chunk of the examples ``keep`` (E,) bool marks (all when None), its words counted over what is kept."""
     if keep is not None:
         doc_cand, _ = select_ragged(doc_cand, doc_offsets, keep)
@@ -253,11 +256,12 @@ def _chunk_of(keep: np.ndarray | None, *, example_ids: pa.Array, words: pa.Array
         cand_words, _ = select_ragged(cand_words, cand_offsets, keep)
         cand_keys, cand_offsets = select_ragged(cand_keys, cand_offsets, keep)
         example_ids, answer = example_ids.filter(pa.array(keep)), answer[keep]
+        sources = sources.filter(pa.array(keep)) if sources is not None else None
     counts = np.bincount(doc, minlength=len(words)) + np.bincount(query, minlength=len(words))
     return ParsedChunk(
         example_ids=example_ids, words=words, word_counts=counts.astype(np.int64),
         doc=doc, doc_offsets=doc_offsets, doc_cand=doc_cand, query=query, query_offsets=query_offsets,
-        cand_words=cand_words, cand_keys=cand_keys, cand_offsets=cand_offsets, answer=answer,
+        cand_words=cand_words, cand_keys=cand_keys, cand_offsets=cand_offsets, answer=answer, sources=sources,
     )
 
 

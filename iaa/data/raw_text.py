@@ -272,6 +272,7 @@ def assembled(questions: Sequence[Question], placeholder: str, lowercase: bool) 
         cand_offsets=_offsets(len(q.example.candidates) for q in questions),
         answers=pa.array(stand_ins, pa.string()),
         placeholder=placeholder, lowercase=lowercase, where=lambda i, field: (questions[i].where, None),
+        sources=pa.array([q.where for q in questions], pa.string()),
     )
     if errs:
         raise InputError(str(errs[0]))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +31,7 @@ from iaa.data.shards import SCHEMA, file_sha256
 _VERIFIED: dict[str, tuple] = {}  # resolved path -> (stat identity, what it was checked against)
 
 
-def verify(root: Path) -> dict[str, Any]:
+def verify(root: Path) -> M.Manifest:
     """Verify the prepared folder ``root``; return its manifest. Raises DataError on any damage."""
     root = Path(root)
     manifest = M.read(root)
@@ -40,12 +39,11 @@ def verify(root: Path) -> dict[str, Any]:
         raise DataError(f"no {M.MANIFEST}: not a prepared dataset; {advice.not_prepared(root)}", path=root,
                         reason=E.MISSING_SOURCE)
     try:
-        _check_header(root, manifest)
-        vocab_size = _check_vocab(root, manifest)
-        for split, entry in manifest["splits"].items():
-            rows = sum(_check_shard(root, shard, vocab_size) for shard in entry["shards"])
-            for where, counted in ((f"splits.{split}.count", entry.get("count", rows)),
-                                   (f"counts.{split}", manifest.get("counts", {}).get(split, rows))):
+        _check_vocab(root, manifest)
+        for split, entry in manifest.splits.items():
+            rows = sum(_check_shard(root, shard, manifest.vocab_size) for shard in entry.shards)
+            for where, counted in ((f"splits.{split}.count", entry.count),
+                                   (f"counts.{split}", manifest.counts.get(split, rows))):
                 if rows != counted:
                     raise _Damage(root / M.MANIFEST, f"the {split} split holds {rows} rows, the manifest's "
                                                      f"{where} says {counted}")
@@ -61,48 +59,37 @@ class _Damage(Exception):
         self.path, self.what = path, what
 
 
-def _check_header(root: Path, manifest: dict[str, Any]) -> None:
-    if manifest.get("schema_version") not in M.READABLE_VERSIONS:
-        raise _Damage(root / M.MANIFEST, f"written with schema version {manifest.get('schema_version')!r}, "
-                                         f"this code reads versions {', '.join(map(str, M.READABLE_VERSIONS))}")
-    splits = manifest.get("splits")
-    if not isinstance(splits, dict) or not isinstance(manifest.get("vocab_size"), int) or not all(
-            isinstance(e, dict) and isinstance(e.get("shards"), list) for e in splits.values()):
-        raise _Damage(root / M.MANIFEST, "lacks its splits, shards or vocab_size")
-
-
-def _check_vocab(root: Path, manifest: dict[str, Any]) -> int:
-    """The vocabulary size, after checking ``vocab.json``'s bytes against the manifest's hash."""
+def _check_vocab(root: Path, manifest: M.Manifest) -> None:
+    """Check ``vocab.json``'s bytes against the manifest's hash."""
     path = root / M.VOCAB
     if not path.is_file():
         raise _Damage(path, "is missing")
-    expected = (manifest.get("vocab_hash"),)
+    expected = (manifest.vocab_hash,)
     if not _unchanged(path, expected):
-        if hashlib.sha256(path.read_bytes()).hexdigest() != manifest.get("vocab_hash"):
+        if hashlib.sha256(path.read_bytes()).hexdigest() != manifest.vocab_hash:
             raise _Damage(path, "does not match the manifest's vocab_hash: it changed after prepare")
         _remember(path, expected)
-    return int(manifest["vocab_size"])
 
 
-def _check_shard(root: Path, shard: dict[str, Any], vocab_size: int) -> int:
+def _check_shard(root: Path, shard: M.Shard, vocab_size: int) -> int:
     """Rows of one shard, after checking its size, checksum, row count and value ranges."""
-    path = root / str(shard.get("file", ""))
+    path = root / shard.file
     if not path.is_file():
         raise _Damage(path, "is missing (deleted after prepare?)")
-    expected = (shard.get("sha256"), shard.get("rows"), vocab_size)
+    expected = (shard.sha256, shard.rows, vocab_size)
     if _unchanged(path, expected):
-        return int(shard["rows"])
-    if path.stat().st_size != shard.get("bytes"):
-        raise _Damage(path, f"has {path.stat().st_size} bytes, the manifest records {shard.get('bytes')}: "
+        return shard.rows
+    if path.stat().st_size != shard.bytes:
+        raise _Damage(path, f"has {path.stat().st_size} bytes, the manifest records {shard.bytes}: "
                             "it changed after prepare")
-    if file_sha256(path) != shard.get("sha256"):
+    if file_sha256(path) != shard.sha256:
         raise _Damage(path, "its sha256 differs from the manifest's: it changed after prepare")
     try:
         table = pq.read_table(path, schema=SCHEMA)
     except (OSError, pa.ArrowException) as err:
         raise _Damage(path, f"is not a readable shard ({err})") from None
-    if table.num_rows != shard.get("rows"):
-        raise _Damage(path, f"holds {table.num_rows} rows, the manifest records {shard.get('rows')}")
+    if table.num_rows != shard.rows:
+        raise _Damage(path, f"holds {table.num_rows} rows, the manifest records {shard.rows}")
     problem = value_problem(table, vocab_size)
     if problem:
         raise _Damage(path, problem)

@@ -218,7 +218,7 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
     trainer = build_trainer(cfg, Path(request.prepared), fit=request.fit, name=name, storage_path=storage,
                             workers=workers, threads=trial_plan.threads,
                             worker_resources=trial_plan.worker_resources, use_gpu=request.gpus_per_worker > 0,
-                            vocab_hash=data.manifest.get("vocab_hash", ""), callbacks=[queue_callback(queue)],
+                            vocab_hash=data.manifest.vocab_hash, callbacks=[queue_callback(queue)],
                             show_progress=request.show_progress)
     with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=request.show_progress,
                  restores=max_failures(MAX_FAILURES)) as checks, \

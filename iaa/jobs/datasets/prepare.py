@@ -94,8 +94,9 @@ def run(
     if source is not None:
         outputs.refuse_inputs(out, {"the source": source}, folder=True)
     fingerprint = _fingerprint(dataset, source)
-    if _up_to_date(out, dataset=dataset, source=fingerprint, options=options):
-        return _result(M.read(out), out, rebuilt=False, seconds=time.perf_counter() - started, workdir=workdir)
+    current = _up_to_date(out, dataset=dataset, source=fingerprint, options=options)
+    if current is not None:
+        return _result(current, out, rebuilt=False, seconds=time.perf_counter() - started, workdir=workdir)
     existed = (out / M.MANIFEST).exists()          # a manifest, even a damaged one: a dataset was there
 
     source_path = None if source is None else str(Path(source).resolve())
@@ -122,7 +123,7 @@ def _check_options(dataset: str, on_error: str, min_count: int, max_vocab: int |
 
 
 def _build(dataset: str, source: Path | None, out: Path, header: dict[str, Any], previous: list[str], *,
-           workers: int | None, progress: bool) -> dict[str, Any]:
+           workers: int | None, progress: bool) -> M.Manifest:
     """Build the shards, vocabulary and manifest in a temporary folder beside ``out``, then install
     them over ``previous`` (the files of the dataset ``out`` held); returns the manifest. A split
     left without a usable example is a DataError, and nothing is written."""
@@ -134,16 +135,16 @@ def _build(dataset: str, source: Path | None, out: Path, header: dict[str, Any],
                                        max_vocab=options["max_vocab"])
         with writing(out):
             manifest = B.build(tmp, sources, vocab_opts, workers=workers, progress=progress, header=header)
-        for split, count in manifest["counts"].items():
-            if not count:
+        for split, entry in manifest.splits.items():
+            if not entry.count:
                 _report(manifest)
-                raise DataError(f"no usable {_SPLIT_WORDS.get(split, split)} example (skipped: {manifest['skipped'].get(split, 0)}, cut off: "
-                                f"{manifest['truncated'].get(split, 0)}); nothing was written to {out}",
+                raise DataError(f"no usable {_SPLIT_WORDS.get(split, split)} example (skipped: {sum(entry.skipped.values())}, "
+                                f"cut off: {entry.truncated}); nothing was written to {out}",
                                 path=source, reason=E.MISSING_SOURCE)
         with writing(out):
-            manifest["files"] = outputs.files_under(tmp) + ([] if (tmp / M.MANIFEST).exists() else [M.MANIFEST])
+            manifest = manifest.with_files(outputs.files_under(tmp) + ([] if (tmp / M.MANIFEST).exists() else [M.MANIFEST]))
             M.write(tmp, manifest)
-        outputs.install(tmp, out, written=manifest["files"], previous=previous, manifest=M.MANIFEST)
+        outputs.install(tmp, out, written=manifest.files, previous=previous, manifest=M.MANIFEST)
     except DiskFullError:          # a shard met it: the message names the output, with the free space once tmp is gone
         shutil.rmtree(tmp, ignore_errors=True)
         raise DiskFullError(disk_full_message(out)) from None
@@ -170,19 +171,17 @@ def ensure_prepared(dataset: str, workdir: Path) -> Path:
     return out
 
 
-def _up_to_date(out: Path, **identity: Any) -> bool:
-    """True when ``out`` was built from this source with these options and its files are intact.
+def _up_to_date(out: Path, **identity: Any) -> M.Manifest | None:
+    """The manifest of ``out`` when it was built from this source with these options and its files
+    are intact; None where it must be built.
 
     A damaged folder (bad manifest, changed or missing shard) is not up to date: it is rebuilt.
     """
     try:
-        if M.is_current(out, **identity) is None:
-            return False
-        verify.verify(out)
-        return True
+        return verify.verify(out) if M.is_current(out, **identity) is not None else None
     except DataError as err:
         _log.info(f"rebuilding: {err}")
-        return False
+        return None
 
 
 def _fingerprint(dataset: str, source: Path | None) -> dict[str, Any]:
@@ -214,7 +213,7 @@ def _cbt_tasks(path: Path, parse):
         yield functools.partial(parse, raw)
 
 
-def _replaceable(out: Path, *, overwrite: bool, **identity: Any) -> list[str]:
+def _replaceable(out: Path, *, overwrite: bool, dataset: str, source_path: str | None) -> list[str]:
     """The files of the dataset that ``out`` holds, to replace; [] for a new or empty folder.
 
     The same dataset from the same source path (changed files or options: an update), or one
@@ -223,61 +222,60 @@ def _replaceable(out: Path, *, overwrite: bool, **identity: Any) -> list[str]:
     """
     try:
         recorded = M.read(out) if out.is_dir() else None
+        damaged = False
     except DataError:
-        recorded = {}   # a damaged manifest of ours: rebuild it, deleting nothing else
-    same = recorded is not None and all(recorded.get(k) == v for k, v in identity.items())
+        recorded, damaged = None, True   # a damaged manifest of ours: rebuild it, deleting nothing else
+    same = recorded is not None and (recorded.dataset, recorded.source_path) == (dataset, source_path)
     if not outputs.check_folder(out, manifest=M.MANIFEST, kind="prepared dataset", overwrite=overwrite,
-                                same=same or recorded == {}):
+                                same=same or damaged):
         return []
-    return _recorded_files(recorded or {})
+    return _recorded_files(recorded) if recorded is not None else [M.MANIFEST, M.VOCAB]
 
 
-def _recorded_files(manifest: dict[str, Any]) -> list[str]:
+def _recorded_files(manifest: M.Manifest) -> list[str]:
     """What a prepared dataset's manifest says it wrote (older manifests: vocabulary and shards)."""
-    files = manifest.get("files")
-    if isinstance(files, list):
-        return [f for f in files if isinstance(f, str)]
-    shards = [s.get("file") for split in (manifest.get("splits") or {}).values() if isinstance(split, dict)
-              for s in split.get("shards", []) if isinstance(s, dict)]
-    return [M.MANIFEST, M.VOCAB] + [f for f in shards if isinstance(f, str)]
+    if manifest.files:
+        return list(manifest.files)
+    return [M.MANIFEST, M.VOCAB] + [s.file for split in manifest.splits.values() for s in split.shards]
 
 
-def _report(manifest: dict[str, Any]) -> None:
+def _report(manifest: M.Manifest) -> None:
     """Say what was not used, as warnings (shown under ``--quiet`` too, and in ``--json``): skipped
     examples by reason (the first few named) and cut-off trailing examples."""
-    for split, entry in manifest["splits"].items():
-        if entry["skipped"]:
-            reasons = ", ".join(f"{k}: {v}" for k, v in entry["skipped"].items())
-            _log.warning(f"{split}: skipped {sum(entry['skipped'].values())} bad example(s) ({reasons})")
-            for msg in entry["skipped_examples"][:3]:
+    for split, entry in manifest.splits.items():
+        if entry.skipped:
+            reasons = ", ".join(f"{k}: {v}" for k, v in entry.skipped.items())
+            _log.warning(f"{split}: skipped {sum(entry.skipped.values())} bad example(s) ({reasons})")
+            for msg in entry.skipped_examples[:3]:
                 _log.info(f"  {msg}")
-        for msg in entry["truncated_examples"]:
+        for msg in entry.truncated_examples:
             _log.warning(f"{split}: {msg}")
-    missing = [split for split in TRAINING_SPLITS if split not in manifest["counts"]]
+    missing = [split for split in TRAINING_SPLITS if split not in manifest.splits]
     if missing:
         _log.warning(f"no {' and no '.join(missing)} split in the source: train, tune, ensemble and distill need "
                      f"train and valid (evaluate, predict and explain take what there is)")
 
 
-def _report_shared(out: Path, manifest: dict[str, Any]) -> None:
+def _report_shared(out: Path, manifest: M.Manifest) -> None:
     """Warn of valid or test questions that train holds too: a score on them is not held out."""
     from iaa.data.overlap import shared_with_train
 
     for split, n in shared_with_train(out, manifest).items():
-        _log.warning(f"{n} of the {manifest['counts'][split]} {split} questions are in train too (the same query, "
+        _log.warning(f"{n} of the {manifest.count(split)} {split} questions are in train too (the same query, "
                      f"candidates, answer and document length): a {split} score counts what the reader trained on; "
                      "is a file in the source twice?")
 
 
-def _result(manifest: dict[str, Any], out: Path, *, rebuilt: bool, seconds: float, workdir: Path,
+def _result(manifest: M.Manifest, out: Path, *, rebuilt: bool, seconds: float, workdir: Path,
             created: bool = False) -> PrepareResult:
-    trainable = set(TRAINING_SPLITS) <= set(manifest["counts"])
+    trainable = set(TRAINING_SPLITS) <= set(manifest.splits)
     at = where(workdir)
-    return PrepareResult(dataset=manifest["dataset"], out=str(out), rebuilt=rebuilt, created=created,
-                         counts=manifest["counts"], skipped=manifest["skipped"], truncated=manifest["truncated"],
-                         skipped_reasons={split: dict(entry["skipped"]) for split, entry in manifest["splits"].items()
-                                          if entry.get("skipped")},
-                         vocab_size=manifest["vocab_size"], seconds=round(seconds, 3),
+    return PrepareResult(dataset=manifest.dataset, out=str(out), rebuilt=rebuilt, created=created,
+                         counts={split: manifest.count(split) for split in manifest.splits},
+                         skipped=manifest.skipped, truncated=manifest.truncated,
+                         skipped_reasons={split: dict(entry.skipped) for split, entry in manifest.splits.items()
+                                          if entry.skipped},
+                         vocab_size=manifest.vocab_size, seconds=round(seconds, 3),
                          next=(Command.of("train", data=str(out), **at), Command.of("tune", data=str(out), **at))
                          if trainable else ())
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from iaa.data.errors import DataError
-from iaa.data.manifest import MANIFEST, VOCAB, rebuild_hint
+from iaa.data.manifest import MANIFEST, VOCAB, Manifest, rebuild_hint
 from iaa.jobs.config import job_config as config_mod
 from iaa.jobs.config.job_config import ConfigError, JobConfig
 from iaa.jobs.config.presets import for_dataset
@@ -36,37 +36,36 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path,
 
         prepared = ensure_prepared(dataset, Workdir(workdir).writable())
     manifest = verify.verify(prepared)
-    valid = manifest.get("counts", {}).get("valid")
-    if valid == 0 or (valid is None and _remade_with_valid(manifest)):
+    if manifest.count("valid") == 0 and ("valid" in manifest.splits or _remade_with_valid(manifest)):
         raise DataError(f"the valid split is empty, so no accuracy can be measured; {_empty_valid_hint(prepared, manifest)}",
                         path=prepared / MANIFEST)
-    have = manifest.get("counts", {})
+    have = manifest.splits
     missing = [split for split in splits if split not in have]
     if missing:
         hint = (_empty_valid_hint(prepared, manifest) if "valid" in missing
                 else f"give it a source with training examples and {rebuild_hint(prepared, manifest)}")
         raise DataError(f"no {' and no '.join(missing)} split here (it has {', '.join(have) or 'none'}), and this "
                         f"command reads {' and '.join(splits)}; {hint}", path=prepared / MANIFEST)
-    recorded = manifest.get("dataset")
+    recorded = manifest.dataset
     if data is not None and dataset is not None and recorded and recorded != dataset:
         raise ConfigError(f"{prepared / MANIFEST}: the folder holds {recorded}, not {dataset}; "
                           f"leave out `dataset` (it comes from the manifest) or give `dataset` {recorded}")
     return str(recorded or dataset), prepared
 
 
-def _remade_with_valid(manifest: dict) -> bool:
+def _remade_with_valid(manifest: Manifest) -> bool:
     """The folder was prepared from make-cloze questions (which can be remade with a valid split)."""
     from iaa.data.cloze import advice
 
-    source = manifest.get("source_path")
+    source = manifest.source_path
     return bool(source) and advice.cloze_record(Path(source)) is not None
 
 
-def _empty_valid_hint(prepared: Path, manifest: dict) -> str:
+def _empty_valid_hint(prepared: Path, manifest: Manifest) -> str:
     """How to get a valid split: remake make-cloze questions with one, else prepare another source."""
     from iaa.data.cloze import advice
 
-    source = manifest.get("source_path")
+    source = manifest.source_path
     return ((advice.empty_valid(Path(source), prepared) if source else None)
             or f"give it a source with validation examples and {rebuild_hint(prepared, manifest)}")
 

@@ -97,7 +97,7 @@ def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teach
     """The teacher file for ``req``: reused when fresh, else computed. Returns (path, computed)."""
     from iaa.data.loader import PreparedData
 
-    vocab_hash = PreparedData.open(prepared).manifest.get("vocab_hash", "")
+    vocab_hash = PreparedData.open(prepared).manifest.vocab_hash
     path = teacher_path(req.workdir, req.ensemble, req.train_examples)
     if path.exists() and not req.refresh_teacher:
         teacher_mod.check_fresh(path, members, vocab_hash, req.train_examples)

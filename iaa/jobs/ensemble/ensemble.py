@@ -259,9 +259,9 @@ def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared
                    req: EnsembleRequest) -> SweepConsole:
     """The console of the members being trained (``labels``: ``config0-seed-1``, ...): one line per
     member event and an ETA, as a sweep's."""
-    from iaa.data.manifest import read
+    from iaa.data.manifest import counted
 
-    rows = int(((read(prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
+    rows = counted(prepared, "train")
     cost = SweepCost(trials=len(configs), epochs=max(c.train.max_epochs for c in configs), examples=rows,
                      examples_per_s=0.0, concurrency=len(configs), gpus=req.gpus_per_worker > 0)
     return SweepConsole(cost, (), label=lambda params: f"member {labels[int(params[MEMBER_KEY])]}",

@@ -9,10 +9,9 @@ from typing import Any, Mapping
 
 def split_sizes(prepared: Path) -> dict[str, int]:
     """Questions in the valid and test splits of the prepared folder (0 where a split is absent)."""
-    from iaa.data.loader import PreparedData
+    from iaa.data.manifest import counted
 
-    counts = PreparedData.open(Path(prepared)).manifest.get("counts") or {}
-    return {split: int(counts.get(split) or 0) for split in ("valid", "test")}
+    return {split: counted(Path(prepared), split) for split in ("valid", "test")}
 
 
 def cost_line(members: int, sizes: Mapping[str, int], name: str) -> str:

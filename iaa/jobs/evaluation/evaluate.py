@@ -158,10 +158,10 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
     assert data_dir is not None and split is not None
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path), precision=precision)
     data = PreparedData.open(Path(data_dir))
-    checkpoint.check_vocab(state, data.manifest.get("vocab_hash", ""), checkpoint_path, data_dir, todo)
+    checkpoint.check_vocab(state, data.manifest.vocab_hash, checkpoint_path, data_dir, todo)
     table = data.table(split) if limit is None else data.rows(split, 0, limit)
     return Examples(model, cfg.model.kind, table, data.vocab.tokens, split,
-                    f"{data.manifest.get('dataset', data_dir)} ({split})",
+                    f"{data.manifest.dataset} ({split})",
                     {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)},
                     temperature=checkpoint.temperature(state))
 

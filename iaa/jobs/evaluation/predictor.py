@@ -56,8 +56,8 @@ class Predictor:
         loaded = [(Path(path), *checkpoint.load_model(Path(path), precision=used)) for path in checkpoints]
         if data_dir is not None:
             data = PreparedData.open(Path(data_dir))
-            vocab, lowercase = data.vocab, bool(data.manifest.get("options", {}).get("lowercase", False))
-            vocab_hash, source = data.manifest.get("vocab_hash", ""), str(data_dir)
+            vocab, lowercase = data.vocab, data.manifest.lowercase
+            vocab_hash, source = data.manifest.vocab_hash, str(data_dir)
         else:
             first, _, _, state = loaded[0]
             carried = checkpoint.vocabulary(state, first)

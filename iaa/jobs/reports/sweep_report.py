@@ -137,10 +137,10 @@ def close_trials(sweep: SweepRecord, workdir: Path) -> tuple[tuple[str, ...], st
     """The trials of ``sweep`` within chance of its best on its validation split, and the line that
     names them with the ensemble that ranks them (None when there are none); None when the
     split's size is not known (its prepared folder is gone)."""
-    from iaa.data.manifest import read as read_manifest
+    from iaa.data.manifest import counted
 
     try:
-        n = int(((read_manifest(Path(sweep.data_dir)) or {}).get("counts") or {}).get("valid", 0)) if sweep.data_dir else 0
+        n = counted(Path(sweep.data_dir), "valid") if sweep.data_dir else 0
     except (OSError, ValueError, IaaError):
         n = 0
     scores = {r.label: r.best_valid_acc for r in sweep.trials if r.scored}

@@ -57,7 +57,7 @@ def run(
     retain_freed_memory()
     session = LocalSession(data_dir, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
                            resume=resume, on_metrics=on_metrics, device=device, train_rows=train_rows)
-    result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.get("vocab_hash", ""))
+    result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.vocab_hash)
     return trained(result, checkpoint=str(session.best_checkpoint), run_dir=str(run_dir))
 
 

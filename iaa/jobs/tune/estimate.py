@@ -19,7 +19,7 @@ def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path, per_che
     first trial starts: the throughput of the costliest trial the space allows, and of the base
     config where that differs; a warning where the time budget ends the trials before their first
     check (``per_check`` training examples; 0: not known)."""
-    from iaa.data.manifest import read as read_manifest
+    from iaa.data.manifest import counted
 
     gpus = launch.gpus_per_worker > 0
     largest, raised = search.space.costliest(search.base)
@@ -28,7 +28,7 @@ def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path, per_che
     base_rate = 0.0
     if not gpus and raised:
         base_rate = probe(apply(search.base, search.space.fixed), prepared, launch.threads)
-    valid = int(((read_manifest(prepared) or {}).get("counts") or {}).get("valid", 0))
+    valid = counted(prepared, "valid")
     cost = SweepCost(trials=search.num_samples, epochs=largest.train.max_epochs, examples=launch.train_rows,
                      examples_per_s=rate, concurrency=launch.fits_now or launch.max_concurrent, gpus=gpus,
                      gpus_per_trial=launch.gpus_per_worker, checks=search.checks, valid_examples=valid,

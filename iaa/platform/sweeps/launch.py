@@ -107,12 +107,12 @@ def trial_spec(launch: Launch, fit: WorkerFit, *, base: JobConfig | None = None,
                members: Sequence[JobConfig] = ()) -> TrialSpec:
     from iaa.data.manifest import read
 
-    manifest = read(launch.prepared) or {}
+    manifest = read(launch.prepared)
     return TrialSpec(name=launch.name, fit=fit, storage_path=launch.storage, workers=launch.plan.workers,
                      threads=launch.plan.threads, gpus_per_worker=launch.plan.gpus_per_worker,
                      worker_resources=dict(launch.plan.worker_resources),
                      base=to_dict(base) if base is not None else None, fixed=dict(fixed or {}),
-                     members=tuple(to_dict(m) for m in members), vocab_hash=manifest.get("vocab_hash", ""),
+                     members=tuple(to_dict(m) for m in members), vocab_hash=manifest.vocab_hash if manifest is not None else "",
                      vocab=vocab_card(launch.prepared), prepared=str(launch.prepared.resolve()))
 
 
@@ -121,7 +121,7 @@ def trainable(launch: Launch, spec: TrialSpec) -> tuple[Any, int]:
     from iaa.data.loader import PreparedData
 
     data = PreparedData.open(launch.prepared)
-    train_rows = int(data.manifest["splits"]["train"]["count"])
+    train_rows = data.manifest.count("train")
     # one-worker trials share tables put once into the object store; Train workers read their own rows
     train, valid = (data.table("train"), data.table("valid")) if launch.plan.in_actor else (None, None)
     fn = tune.with_parameters(run_trial, spec=spec, train=train, valid=valid)
@@ -332,10 +332,10 @@ class RayLauncher:
     claim = staticmethod(claim)
 
     def connect(self, request: ConnectRequest) -> Placement:
-        from iaa.data.manifest import read
+        from iaa.data.manifest import counted
 
         launch = connect(request, self.address, self.storage_path)
-        rows = int(((read(launch.prepared) or {}).get("splits") or {}).get("train", {}).get("count", 0))
+        rows = counted(launch.prepared, "train")
         return RayPlacement(name=request.name, storage=request.storage, prepared=launch.prepared,
                             max_concurrent=launch.plan.max_concurrent, threads=launch.plan.threads,
                             gpus_per_worker=launch.plan.gpus_per_worker, train_rows=rows,

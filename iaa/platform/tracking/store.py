@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import re
 import subprocess
@@ -31,7 +30,7 @@ from mlflow.entities import Metric, Param
 
 from iaa import signals
 from iaa.errors import IaaError, brief
-from iaa.data.manifest import MANIFEST
+from iaa.data.manifest import MANIFEST, read
 from iaa.jobs.config.job_config import flatten
 from iaa.platform.cluster.owner import owner
 from iaa.files import disk_full
@@ -282,6 +281,6 @@ def _input(dataset: Any, context: str) -> Any:
 
 def dataset_summary(prepared: Path) -> dict[str, Any]:
     """The prepared data as MLflow records it: name, source folder and manifest digest."""
-    manifest = json.loads((Path(prepared) / MANIFEST).read_text(encoding="utf-8"))
-    return {"name": manifest.get("dataset", Path(prepared).name), "source": str(Path(prepared).resolve()),
+    manifest = read(Path(prepared))
+    return {"name": manifest.dataset if manifest is not None else Path(prepared).name, "source": str(Path(prepared).resolve()),
             "digest": manifest_digest(prepared)}
