@@ -38,6 +38,7 @@ from iaa.files import atomic_write
 from iaa.jobs.evaluation import ensemble_record
 from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
 from iaa.jobs.ports import Scorer
+from iaa.jobs.workdir.paths import ENSEMBLE_RECORD
 
 META_KEY = b"iaa.teacher"
 SCHEMA = pa.schema([("example_id", pa.string()), ("candidate_words", pa.list_(pa.string())),
@@ -60,12 +61,12 @@ class Member:
 
 
 def members_of(ensemble_dir: Path) -> tuple[EnsembleRecord, list[Member]]:
-    """The ensemble's record (``ensemble.json``) and its selected members with their digests."""
+    """The ensemble's record (:data:`~iaa.jobs.workdir.paths.ENSEMBLE_RECORD`) and its selected members with their digests."""
     from iaa.jobs.modeling import checkpoint
 
-    summary_path = Path(ensemble_dir) / "ensemble.json"
+    summary_path = Path(ensemble_dir) / ENSEMBLE_RECORD
     if not summary_path.is_file():
-        raise TeacherError(f"{ensemble_dir} is not an ensemble folder (no ensemble.json): make one with "
+        raise TeacherError(f"{ensemble_dir} is not an ensemble folder (no {ENSEMBLE_RECORD}): make one with "
                            "`iaa-cli ensemble`, then pass its folder (WORKDIR/ensembles/NAME)")
     try:
         paths = ensemble_record.members(ensemble_dir)     # each the file the ensemble was made of

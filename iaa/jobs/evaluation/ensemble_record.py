@@ -23,8 +23,9 @@ from typing import Any, Callable, Mapping
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.workdir import fields, recorded
+from iaa.jobs.workdir.paths import ENSEMBLE_RECORD
 
-SUMMARY = "ensemble.json"   # what `iaa-cli ensemble` writes into its folder
+SUMMARY = ENSEMBLE_RECORD   # what `iaa-cli ensemble` writes into its folder
 PATH_KEYS = ("data_dir", "ensemble_dir", "predictions", "table_path", "tracking_uri")
 PATH_LISTS = ("members", "all_members")
 # The kind of each key that is read back (iaa.jobs.workdir.fields): names become folders, numbers are shown.

@@ -37,7 +37,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, 
 from iaa.errors import IaaError
 from iaa.jobs.ports import (Limits, LoadedModel, ModelFetcher, ModelSource, RequestError, ServeApi, ServeCode,
                             ServeConfig)
-from iaa.jobs.workdir.paths import Workdir
+from iaa.jobs.workdir.paths import ENSEMBLE_RECORD, Workdir
 from iaa.data.raw_text import InputError, LongNumber, Question, assembled, from_record, loads, text_problem
 
 
@@ -252,7 +252,7 @@ def locate(source: ModelSource, fetch_model: ModelFetcher | None = None) -> Load
         digest = _digest(ref)
     else:
         checkpoints, temperature = predictor.ensemble_members(ref), predictor.ensemble_temperature(ref)
-        name, digest = ref.resolve().name, _digest(ref / "ensemble.json")
+        name, digest = ref.resolve().name, _digest(ref / ENSEMBLE_RECORD)
     data_dir = Path(source.data_dir) if source.data_dir else None
     return LoadedModel(tuple(checkpoints), data_dir, name, digest, temperature)
 

@@ -36,7 +36,7 @@ from iaa.jobs.config.presets import DEFAULT_SAMPLER, SAMPLERS
 from iaa.jobs.ports import Carried, TrialRecord
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.workdir import recorded
-from iaa.jobs.workdir.paths import Workdir
+from iaa.jobs.workdir.paths import SWEEP_RECORD, Workdir
 
 SCHEMA = 1
 FINISHED_STATUSES = frozenset({"TERMINATED", "ERROR"})
@@ -144,7 +144,7 @@ def sweep_dir(workdir: Path, name: str) -> Path:
 
 
 def sweep_file(workdir: Path, name: str) -> Path:
-    return sweep_dir(workdir, name) / "sweep.json"
+    return Workdir(workdir).sweep_record(name)
 
 
 def unique_name(base: str) -> str:
@@ -276,7 +276,7 @@ def find(workdir: Path, name: str) -> Path:
     exact = sweep_file(workdir, name)
     if exact.is_file():
         return exact
-    runs = [p for p in Workdir(workdir).sweeps.glob(f"{name}-*/sweep.json") if _is_id(p.parent.name, name)]
+    runs = [p for p in Workdir(workdir).sweeps.glob(f"{name}-*/{SWEEP_RECORD}") if _is_id(p.parent.name, name)]
     if runs:
         return max(runs, key=lambda p: p.stat().st_mtime)
     raise IaaError(f"no sweep {name!r}: {exact} does not exist (run `iaa-cli tune `sweep_name` {name}` first)")
@@ -290,7 +290,7 @@ def newest(workdir: Path) -> list[Path]:
         except OSError:                   # removed meanwhile: last
             return 0.0
 
-    return sorted(Workdir(workdir).sweeps.glob("*/sweep.json"), key=written, reverse=True)
+    return sorted(Workdir(workdir).sweeps.glob(f"*/{SWEEP_RECORD}"), key=written, reverse=True)
 
 
 def _is_id(folder: str, prefix: str) -> bool:

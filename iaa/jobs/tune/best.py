@@ -27,6 +27,7 @@ from iaa.jobs.tune.next_steps import next_steps
 from iaa.jobs.tune.parent_run import run_columns
 from iaa.jobs.tune.request import SweepInterrupted
 from iaa.jobs.tune.settle import SweepPlan
+from iaa.jobs.workdir.paths import BEST_CONFIG, SWEEP_RECORD
 
 _log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ranking: Ran
         more = {"tried_first": len(plan.try_first), "best_tried_first": try_first.held_by(plan.try_first, best.params),
                 **more}
     return TuneResult(sweep=sweep.name, tracking_uri=sweep.tracking_uri, experiment=sweep.experiment,
-                      best_config=plan.folder / "best_config.yaml", best_valid_acc=best.best_valid_acc,
+                      best_config=plan.folder / BEST_CONFIG, best_valid_acc=best.best_valid_acc,
                       baseline_valid_acc=baseline.accuracy, best_trial=best.trial_id, best_trial_label=best.label,
                       best_checkpoint=best.checkpoint, trials=len(sweep.trials), sweep_json=plan.record_file,
                       parent_run_id=sweep.parent_run_id, explain_page=outputs.get("explain_page"),
@@ -102,7 +103,7 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ranking: Ran
                       close_trials=ranking.close,
                       lost_trials=tuple(r.label for r in sweep.trials if r.lost),
                       cut_trials=tuple(r.label for r in sweep.trials if r.cut),
-                      next=next_steps(plan, best, plan.folder / "best_config.yaml", ranking.top_configs), **more)
+                      next=next_steps(plan, best, plan.folder / BEST_CONFIG, ranking.top_configs), **more)
 
 
 def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tracker) -> TuneResult:
@@ -111,7 +112,7 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     name, records, space, sweep_dir, prepared = sweep.name, list(sweep.trials), plan.space, plan.folder, plan.prepared
     scored = _scored_trials(plan, sweep, parent)
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
-    best_config = sweep_dir / "best_config.yaml"
+    best_config = sweep_dir / BEST_CONFIG
     write_best_config(best, best_config, name, plan.train_epochs, plan.data, plan.base.train.precision)
     _log.info(sweep_file.table(records, list(space.params)))
     for note in exploration.notes([r.params for r in scored], list(space.params)):
@@ -296,7 +297,7 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
         tracker.attach(best.mlflow_run_id).set_tags({"best_in_sweep": "true", "mlflow.note.content":
                                                      f"The best trial of sweep {sweep.name}."})
     parent.log_artifact(best_config)
-    parent.log_artifact(sweep_dir / "sweep.json")
+    parent.log_artifact(sweep_dir / SWEEP_RECORD)
     parent.end("FAILED" if parent.lost else "FINISHED")
     return label, view
 

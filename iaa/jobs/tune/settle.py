@@ -31,7 +31,7 @@ from iaa.jobs.tune import try_first, warm_start
 from iaa.jobs.tune.request import TuneRequest
 from iaa.jobs.workdir import names
 from iaa.jobs.workdir.fields import RecordError
-from iaa.jobs.workdir.paths import Workdir
+from iaa.jobs.workdir.paths import SWEEP_RECORD, Workdir
 
 _log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class SweepPlan:
 
     @property
     def record_file(self) -> Path:
-        return self.folder / "sweep.json"
+        return self.folder / SWEEP_RECORD
 
     @property
     def resume_command(self) -> Command:

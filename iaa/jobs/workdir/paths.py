@@ -40,6 +40,9 @@ SQLITE = "sqlite:///"
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
 LAST = "last.pt"    # a run's latest checkpoint, in its checkpoints/ folder
 BEST = "best.pt"    # its best checkpoint by validation accuracy
+SWEEP_RECORD = "sweep.json"         # a sweep folder's record (iaa.jobs.sweeps.record)
+BEST_CONFIG = "best_config.yaml"    # the config of a sweep's best trial, for ``train --config``
+ENSEMBLE_RECORD = "ensemble.json"   # an ensemble folder's record (iaa.jobs.evaluation.ensemble_record)
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -208,6 +211,9 @@ class Workdir:
 
     def sweep(self, name: str) -> Path:
         return self.sweeps / str(names.folder_name(name, "sweep name"))
+
+    def sweep_record(self, name: str) -> Path:
+        return self.sweep(name) / SWEEP_RECORD
 
     @property
     def ensembles(self) -> Path:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
+from iaa.errors import IaaError
 from iaa.jobs.workdir import recorded
-from iaa.jobs.workdir.paths import sqlite_file
+from iaa.jobs.workdir.paths import Workdir, sqlite_file
 from iaa.platform.cluster.owner import owner_alive
 
 OWNER_ATTR = "iaa.owner"
@@ -93,13 +93,13 @@ def _study_of(client: Any, uri: str, run: Any, sweep: str) -> tuple[str, str] | 
 def _recorded_study(uri: str, sweep: str) -> tuple[str, str] | None:
     """The study a sweep's ``sweep.json`` names, when the store is a work folder's ``mlflow.db``."""
     db = sqlite_file(uri)
-    if db is None or "/" in sweep or sweep in ("", ".", ".."):
+    if db is None:
         return None
     workdir = db.parent
-    path = workdir / "sweeps" / sweep / "sweep.json"
     try:
-        optuna = json.loads(Path(path).read_text(encoding="utf-8")).get("optuna") or {}
-    except (OSError, ValueError, AttributeError):
+        path = Workdir(workdir).sweep_record(sweep)      # IaaError: a name that would leave sweeps/
+        optuna = json.loads(path.read_text(encoding="utf-8")).get("optuna") or {}
+    except (OSError, ValueError, AttributeError, IaaError):
         return None
     storage, name = optuna.get("storage"), optuna.get("study")
     if not isinstance(storage, str) or not isinstance(name, str):
