@@ -15,6 +15,7 @@
   ``USE_CASES``); a use case never imports another use case, the base never imports a use case,
   and the sub-packages import each other without a cycle; each port module reaches the other
   ports only through their records. Planted imports show that each check can fail;
+- no two modules share a file name (``__init__`` and ``__main__`` aside), so a name says which module;
 - no module is over 600 lines and no function over 75 (``benchmarks/sizes.py`` lists those over
   the targets of 400 and 50: where to split next).
 """
@@ -433,6 +434,23 @@ def test_the_jobs_and_the_platform_never_print() -> None:
 # hard ceilings (half again the targets) this fails ---------------------------------------------
 sys.path.insert(0, str(ROOT.parent / "benchmarks"))
 import sizes  # noqa: E402
+
+
+def shared_names(root: Path) -> dict[str, list[str]]:
+    """File name -> the modules under ``root`` that share it (package markers aside)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.stem not in ("__init__", "__main__"):
+            found.setdefault(path.name, []).append(str(path.relative_to(root)))
+    return {name: paths for name, paths in found.items() if len(paths) > 1}
+
+
+def test_no_two_modules_share_a_name(tmp_path: Path) -> None:
+    assert shared_names(ROOT) == {}
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "errors.py").write_text("")
+    assert shared_names(tmp_path) == {"errors.py": ["a/errors.py", "b/errors.py"]}
 
 
 def test_no_module_or_function_is_past_its_ceiling() -> None:

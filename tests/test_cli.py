@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from _cbt_fixtures import write_source
 from _shared import REPO
 from iaa import cli
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 
 from iaa.cli import cli
 from iaa.data import cbt, cnn
-from iaa.data import errors as E
+from iaa.data import bad_input as E
 from iaa.data.cloze import cbt_recipe, cnn_recipe, splits
 from iaa.data.cloze.sources import TEXT, TOKENS, SourceSpec, read_documents
 from iaa.data.cloze.tagging import DEFAULT_PIPELINE, SpacyTagger, decode, encode, make_units
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 from iaa.errors import IaaError
 from iaa.jobs.own_data import make_cloze
 from iaa.jobs.datasets import prepare

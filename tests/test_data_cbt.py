@@ -12,8 +12,8 @@ import pytest
 from _cbt_fixtures import CANDS, doc_tokens, example, sentences
 from _shared import require_shared
 from iaa.data import cbt
-from iaa.data import errors as E
-from iaa.data.errors import DataError
+from iaa.data import bad_input as E
+from iaa.data.bad_input import DataError
 
 SAMPLES = "cbt/official-samples/data"
 

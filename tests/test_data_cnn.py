@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from iaa.data import cnn
-from iaa.data import errors as E
-from iaa.data.errors import DataError
+from iaa.data import bad_input as E
+from iaa.data.bad_input import DataError
 
 CONTEXT = "@entity3 met @entity0 in @entity7 ; later @entity0 left @entity3 behind ."
 

@@ -11,7 +11,7 @@ import pytest
 
 from _cbt_fixtures import doc_tokens, example, sentences
 from iaa.data import cbt, manifest as M, verify
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 from iaa.data.loader import PreparedData
 from iaa.data.shards import SCHEMA, file_sha256
 from iaa.errors import IaaError
@@ -183,7 +183,7 @@ def test_bad_arguments(tmp_path):
 
 
 def test_a_corpus_without_usable_training_examples_is_an_error(tmp_path):
-    from iaa.data.errors import DataError
+    from iaa.data.bad_input import DataError
     from iaa.jobs.datasets import prepare
 
     data = tmp_path / "CBTest" / "data"

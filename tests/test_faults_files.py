@@ -310,7 +310,7 @@ def test_distill_resume_refuses_a_run_of_another_teacher_naming_both(prepared, t
     from functools import partial
 
     from iaa.jobs.distill import distill, identity
-    from iaa.jobs.distill.summary import DistillResult
+    from iaa.jobs.distill.outcome import DistillResult
     from iaa.jobs.training.summary import TrainResult
     from iaa.jobs.workdir import rundir
 

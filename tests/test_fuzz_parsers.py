@@ -15,7 +15,7 @@ import pytest
 
 from _shared import require_shared
 from iaa.data import cbt, cnn
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 
 SEED = 20260101
 CASES = 150

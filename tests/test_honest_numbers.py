@@ -170,14 +170,14 @@ def test_the_summary_gives_the_best_checks_step_and_epoch_and_the_runs_end():
 
 
 def test_distill_compares_the_student_with_its_ensemble_and_best_member():
-    from iaa.jobs.distill import summary
+    from iaa.jobs.distill import outcome
 
-    kept = summary.comparison(0.56, EnsembleRecord(members=(), valid_acc=0.60, member_valid_acc=(0.50, 0.52)))
+    kept = outcome.comparison(0.56, EnsembleRecord(members=(), valid_acc=0.60, member_valid_acc=(0.50, 0.52)))
     assert kept == {"teacher_valid_acc": 0.60, "best_member_valid_acc": 0.52, "gain_points": 8.0,
                     "gain_kept_points": 4.0}
     no_gain = EnsembleRecord(members=(), valid_acc=0.5, member_valid_acc=(0.55,))
-    assert summary.comparison(0.5, no_gain)["gain_kept_points"] is None
-    text = summary.describe(_distilled(kept, 0.56))
+    assert outcome.comparison(0.5, no_gain)["gain_kept_points"] is None
+    text = outcome.describe(_distilled(kept, 0.56))
     assert_says(text, "teacher:", "ensemble of 2 members", "valid accuracy 0.6000 ± 0.0215", "(n=2000, 95%)")
     assert "4.0 points above" in text and "kept 4.0 of the ensemble's 8.0 points" in text and "next:" in text
     assert "noise" not in text
@@ -186,10 +186,10 @@ def test_distill_compares_the_student_with_its_ensemble_and_best_member():
 def _distilled(comparison: dict, student: float):
     from dataclasses import replace
 
-    from iaa.jobs.distill import summary
+    from iaa.jobs.distill import outcome
     from iaa.jobs.training.summary import next_commands
 
-    result = summary.DistillResult(
+    result = outcome.DistillResult(
         **comparison, best_valid_acc=student, valid_examples=2000, stop_reason="early-stopped", steps=30,
         best_step=20, epoch=3.0, checkpoint="/r/best.pt", run_dir="/r", data_dir="/d", members=("a", "b"),
         baseline_valid_acc=0.3, teacher="/t.parquet", teacher_computed=True, dataset="cbt-ne")
@@ -199,11 +199,11 @@ def _distilled(comparison: dict, student: float):
 def test_distill_says_in_points_when_the_student_kept_none_of_a_small_gain():
     """A student far below the best member of an ensemble barely above it kept none of the gain:
     no share of the gain (-2237%), no signed distance (-51.4 points from it)."""
-    from iaa.jobs.distill import summary
+    from iaa.jobs.distill import outcome
 
-    kept = summary.comparison(0.40, EnsembleRecord(members=(), valid_acc=0.937, member_valid_acc=(0.914, 0.90)))
+    kept = outcome.comparison(0.40, EnsembleRecord(members=(), valid_acc=0.937, member_valid_acc=(0.914, 0.90)))
     assert kept["gain_points"] == pytest.approx(2.3) and kept["gain_kept_points"] == 0
-    text = summary.describe(_distilled(kept, 0.40))
+    text = outcome.describe(_distilled(kept, 0.40))
     assert "kept none of that gain" in text and "51.4 points below" in text
     assert "%" not in text.split("best member:")[1].split("next:")[0] and "-51" not in text
     commands = text.split("next:\n")[1]

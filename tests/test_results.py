@@ -11,7 +11,7 @@ import pytest
 
 from _faults import invoke, make_checkpoint, make_prepared
 from iaa.jobs.datasets.prepare import PrepareResult
-from iaa.jobs.distill.summary import DistillResult
+from iaa.jobs.distill.outcome import DistillResult
 from iaa.jobs.ensemble.ensemble_result import EnsembleResult
 from iaa.jobs.evaluation import evaluate, explain, frequency
 from iaa.jobs.evaluation.closing import Command

@@ -139,7 +139,7 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
         searcher = StudySearch(search.to_optuna(space), strategy.sampler(space, seed), None, given=given)
         if warm_start is not None:
             from iaa.jobs.ports import WarmStart
-            from iaa.platform.sweeps.warm_start import carry
+            from iaa.platform.sweeps.carried_trials import carry
 
             carry(warm_start, searcher.study, search.to_optuna(space),
                   WarmStart(sweep="earlier", study_storage="", study_name="", filled={}, fixed={}))

@@ -83,7 +83,7 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     from functools import partial
 
     from iaa.jobs.distill import distill as job
-    from iaa.jobs.distill import summary
+    from iaa.jobs.distill import outcome
     from iaa.jobs.workdir import names, rundir
     from iaa.jobs.distill import teacher
     from iaa.jobs.train import train as train_job
@@ -105,5 +105,5 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     train = partial(train_job.run_tracked, tracker=tracker, show_progress=progress_shown(), register=req.register,
                     resume=resume)
     result = job.run(req, train=train, score=score, claim=claim)
-    _close(summary.describe, result)
+    _close(outcome.describe, result)
     _emit(result, as_json, keys=CLOSING_KEYS)

@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from iaa.data import errors as E
+from iaa.data import bad_input as E
 from iaa.data import manifest as M
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 from iaa.data.parsed import MAX_MESSAGES, ParsedChunk
 from iaa.data.shards import chunk_ids, length_histogram, to_table, write_part
 from iaa.data.vocab import Vocab

@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from iaa.data import errors as E
-from iaa.data.errors import DataError
+from iaa.data import bad_input as E
+from iaa.data.bad_input import DataError
 from iaa.data.parsed import ParsedChunk, assemble, note_errors, offsets_of
 
 PLACEHOLDER = "XXXXX"

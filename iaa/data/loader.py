@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from iaa.data import errors as E
+from iaa.data import bad_input as E
 from iaa.data import manifest as M
 from iaa.data.batch import Batch
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 from iaa.data.shards import SCHEMA
 from iaa.data.vocab import Vocab
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from iaa.data import errors as E
-from iaa.data.errors import DataError
+from iaa.data import bad_input as E
+from iaa.data.bad_input import DataError
 from iaa.files import atomic_write_text
 
 SCHEMA_VERSION = 2         # 2: doc_cand is int32 (1: int16, which wraps past 32,767 candidates)

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from iaa.data import errors as E
-from iaa.data.errors import DataError
+from iaa.data import bad_input as E
+from iaa.data.bad_input import DataError
 
 # (example index, the field at fault: "query" or "answer") -> (file, line) for messages
 Where = Callable[[int, str], tuple[str, "int | None"]]

@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from iaa.data import errors as E
+from iaa.data import bad_input as E
 from iaa.data import manifest as M
 from iaa.data.cloze import advice
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 from iaa.data.shards import SCHEMA, file_sha256
 
 _VERIFIED: dict[str, tuple] = {}  # resolved path -> (stat identity, what it was checked against)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 
 PAD, UNK, PLACEHOLDER_ID = 0, 1, 2
 PAD_TOKEN, UNK_TOKEN = "<pad>", "<unk>"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from iaa.data import errors as E
-from iaa.data.errors import DataError
+from iaa.data import bad_input as E
+from iaa.data.bad_input import DataError
 
 BOOK_MARK = "_BOOK_TITLE_"
 MAX_SOURCE_BYTES = 512 << 20     # one source file's text, gunzipped: it is read whole (a book is ~1 MB)

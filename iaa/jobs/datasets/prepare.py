@@ -21,11 +21,11 @@ from typing import Any
 from iaa import __version__
 from iaa.data import build as B
 from iaa.data import cbt, cnn, demo
-from iaa.data import errors as E
+from iaa.data import bad_input as E
 from iaa.data import manifest as M
 from iaa.data import verify
 from iaa.data.datasets import DATASETS, TRAINING_SPLITS
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 from iaa.files import DiskFullError, disk_full_message, ensure_writable, writing
 from iaa.jobs.evaluation.closing import Command, next_block, where
 from iaa.jobs.evaluation.result import Result

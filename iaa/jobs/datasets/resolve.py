@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 from iaa.data.manifest import MANIFEST, VOCAB, Manifest, rebuild_hint
 from iaa.jobs.config import job_config as config_mod
 from iaa.jobs.config.job_config import ConfigError, JobConfig

@@ -29,7 +29,7 @@ from iaa.errors import IaaError
 from iaa.files import writing
 from iaa.jobs.distill import identity, teacher as teacher_mod
 from iaa.jobs.config.job_config import JobConfig, from_dict, load
-from iaa.jobs.distill.summary import DistillResult
+from iaa.jobs.distill.outcome import DistillResult
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
 from iaa.jobs.training.summary import TrainResult
@@ -124,7 +124,7 @@ def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer 
     refuses a folder that holds a run; with ``req.resume``, a run learnt from another teacher is
     refused, :mod:`iaa.jobs.distill.identity`). Returns the train workflow's result (``checkpoint``,
     ``best_valid_acc``, ``model_uri``, ...) with the teacher, the members, the comparison with
-    them and the next commands (:class:`~iaa.jobs.distill.summary.DistillResult`). SIGINT or SIGTERM
+    them and the next commands (:class:`~iaa.jobs.distill.outcome.DistillResult`). SIGINT or SIGTERM
     raises :class:`iaa.jobs.interrupt.Interrupted` (the student's run KILLED).
     """
     from iaa.jobs import interrupt
@@ -171,7 +171,7 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
                 "teacher_id": identity.tag(teacher)}
         result = train(cfg, prepared, folder, train_rows=rows, teacher=path, tags=tags,
                        experiment=experiment_name(ensemble, req.ensemble))
-    from iaa.jobs.distill.summary import comparison
+    from iaa.jobs.distill.outcome import comparison
     from iaa.jobs.training.summary import next_commands, with_baseline
 
     result = with_baseline(result, prepared)

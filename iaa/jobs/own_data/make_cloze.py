@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from iaa.data import errors as E
+from iaa.data import bad_input as E
 from iaa.data.cloze import cbt_recipe, cnn_recipe, splits, writers
 from iaa.data.cloze.sources import TOKENS, Document, SourceSpec, read_documents
 from iaa.data.cloze.tagging import DEFAULT_PIPELINE, TaggedSentence, Tagger, Unit, check_pipeline, decode, \
     make_units, spacy_factory, tag_units
-from iaa.data.errors import DataError
+from iaa.data.bad_input import DataError
 from iaa.data.datasets import CLOZE_STYLES
 from iaa.errors import IaaError
 from iaa.jobs.config.job_config import ConfigError

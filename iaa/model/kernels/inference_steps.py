@@ -30,7 +30,7 @@ from torch import nn
 
 from iaa.model.kernels import gru_kernels
 from iaa.model.kernels.support import Support
-from iaa.model.kernels.torch_internals import version
+from iaa.model.kernels.version_counter import version
 
 
 class FusedSteps:

@@ -16,7 +16,7 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from iaa.jobs.config.presets import STOP_METRIC, TIME_ATTR
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.given import TRIED_FIRST
-from iaa.platform.sweeps.warm_start import CARRIED_FROM
+from iaa.platform.sweeps.carried_trials import CARRIED_FROM
 
 
 class GivenAside(ASHAScheduler):

@@ -49,7 +49,7 @@ from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 from iaa.platform.sweeps.orphans import OWNER_ATTR
 from iaa.platform.sweeps.space_filling import points, stratified_config
 from iaa.platform.sweeps.study_store import quiet_optuna, study_full, study_storage, study_writes
-from iaa.platform.sweeps.warm_start import CARRIED_FROM
+from iaa.platform.sweeps.carried_trials import CARRIED_FROM
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)

@@ -411,7 +411,7 @@ class RayLauncher:
         if plan.warm_start is None or not plan.study_storage or not plan.study_name:
             raise IaaError("a warm start needs an earlier sweep and the new sweep's study in a storage")
         from iaa.platform.sweeps.distinct_search import OBJECTIVE_NAME
-        from iaa.platform.sweeps.warm_start import carry_into
+        from iaa.platform.sweeps.carried_trials import carry_into
 
         return carry_into(plan.warm_start, plan.study_storage, plan.study_name, search.to_optuna(plan.space),
                           "maximize" if MODE == "max" else "minimize", OBJECTIVE_NAME)

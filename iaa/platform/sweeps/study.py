@@ -28,7 +28,7 @@ from iaa.errors import IaaError
 from iaa.jobs.config.exploration import RANKED_FROM
 from iaa.jobs.ports import TIME_BUDGET, trial_name
 from iaa.platform.sweeps.given import TRIED_FIRST, is_given
-from iaa.platform.sweeps.warm_start import CARRIED_FROM, scored_value
+from iaa.platform.sweeps.carried_trials import CARRIED_FROM, scored_value
 
 FIGURES = ("importances", "parallel_coordinates", "intermediate_values", "history")
 RANKING_FIGURES = ("importances", "parallel_coordinates")   # drawn from RANKED_FROM scored trials on
