@@ -9,6 +9,7 @@ ERROR, the Train run fails); see docs/platform.md, "Node failures".
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ def test_ray_prints_cluster_lines_from_the_thread_the_sweep_diverts(chaos: Chaos
 
 
 def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path, show: bool,
-           resume: bool = False) -> Any:
+           resume: bool = False, verbose: bool = False) -> Any:
     from iaa.cli.adapters import _open_tracker
     from iaa.jobs.tune import tune
 
@@ -58,7 +59,7 @@ def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path
     markers.mkdir(exist_ok=True)
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(root), sets=TINY_SETS,
                            workdir=root / "work", name=name, resume=resume, storage_path=str(root / "shared"),
-                           grace_period=CHECKS, show_progress=show)   # no ASHA stop: the same trials every run
+                           grace_period=CHECKS, show_progress=show, verbose=verbose)   # no ASHA stop: the same trials every run
     return tune.run(req, _open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
 
 
@@ -167,12 +168,22 @@ def test_a_trial_out_of_restores_fails_alone_and_the_resume_runs_it_again_under_
         chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd, console, monkeypatch) -> None:
     """With no restores left, a trial whose node dies ends ERROR (``worker-lost``) and the sweep
     finishes with the others, saying so and naming the resume; the resume runs that trial again
-    from its last check under its own name and run, and leaves nothing else to run."""
+    from its last check under its own name and run, and leaves nothing else to run. The loss is
+    said twice in all: one line naming the node as the trial ends (none for the node alone, and
+    none of Tune's, whose log reaches the console here), and the closing note."""
     markers, killer, outcome = _kill_after_check_2(chaos, tmp_path, "sweep")
     monkeypatch.setenv("IAA_MAX_FAILURES", "0")
-    _sweep(chaos, tiny, tmp_path / "s", "s", markers, show=True)
+    tune_log, heard = logging.getLogger("ray.tune"), []
+    handler = logging.Handler()
+    handler.emit = heard.append             # Tune's log, which Ray's own handler shows on the console when `verbose`
+    tune_log.addHandler(handler)
+    try:
+        _sweep(chaos, tiny, tmp_path / "s", "s", markers, show=True, verbose=True)
+    finally:
+        tune_log.removeHandler(handler)
     killer.join(timeout=5)
     shown = capfd.readouterr().err
+    (tmp_path / "console.txt").write_text(shown, encoding="utf-8")
     assert "error" not in outcome, outcome
     first = read_sweep(tmp_path / "s" / "work", "s")
     lost = [t for t in first["trials"] if t["status"] == "ERROR"]
@@ -184,6 +195,10 @@ def test_a_trial_out_of_restores_fails_alone_and_the_resume_runs_it_again_under_
     assert not [k for k in _parent(first).data.params if k.startswith("best.")]   # params wait: they never change
     assert re.search(rf"trial {name} failed after 2 checks, .*no restores left", shown), shown
     assert re.search(rf"1 trial\(s\) lost a worker with no restores left .*\({name}\); .*`resume` s", shown), shown
+    said = [line for line in shown.splitlines() if re.search(r"\blost\b|\bdied\b|\bfailed\b|did not complete", line)]
+    said += [r.getMessage() for r in heard if lost[0]["trial_id"] in r.getMessage()]   # by Tune's own id
+    assert len(said) == 2, said
+    assert_says(said[0], f"trial {name} failed", f"node {chaos.kills[-1].node_id[:8]} ", "no restores left")
     assert "Traceback" not in shown and "interrupted" not in shown, shown
 
     monkeypatch.setenv("IAA_MAX_FAILURES", "2")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import ray.tune as tune
@@ -27,6 +26,7 @@ from iaa.jobs.ports import (CHECKPOINT_FILE, TIME_BUDGET, TUNE_RUN_TAG, WORKER_L
 from iaa.platform.sweeps import driver_side
 from iaa.platform.cluster.lost import worker_lost
 from iaa.platform.ray_train import MAX_FAILURES_ENV, max_failures
+from iaa.platform.sweeps.lost_trials import keep_tune_records_off_the_console, last_error
 from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
 
 _log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ _log = logging.getLogger(__name__)
 NUMBER_TAG = "trial_number"  # a sweep trial's run: its number in the study when it started (its one name)
 RESTORES_TAG = "restores"   # a trial's restores from its last checkpoint after a failure (a lost node)
 NODE_POLL_S = 1.0           # how often the console's callback asks Ray which nodes are alive
-LOST_WORKER_TEXT = f"its worker was lost (its process or node died) with no restores left ({MAX_FAILURES_ENV})"
+NODE_CLAIM_S = 5.0          # how long a dead node waits for its trials' failures to name it, before its own line
 
 # What a trial's child run records at every check.
 TRIAL_METRICS = ("train_loss", "valid_acc", "valid_loss", "temperature", "best_valid_acc", "lr", "epoch",
@@ -314,7 +314,7 @@ class TrialRuns(tune.Callback):
         self._end(trial, "FINISHED")
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        self._end(trial, "FAILED", WORKER_LOST if worker_lost(_last_error(trial)) else "")
+        self._end(trial, "FAILED", WORKER_LOST if worker_lost(last_error(trial)) else "")
 
 
 class ConsoleCallback(tune.Callback):
@@ -326,6 +326,10 @@ class ConsoleCallback(tune.Callback):
     the sweep's earlier run: Tune restored it from its final checkpoint and ends it at once. It
     is neither started nor finished again on the console, where it would have no checks; only
     checks it reports in this process are told, and then its end, with them.
+
+    A trial that lost its worker with no restores left is one line, naming the node that died with
+    it (which then has no line of its own); Tune's own records of it stay off the console
+    (:mod:`~iaa.platform.sweeps.lost_trials`).
     """
 
     def __init__(self, sweep: str) -> None:
@@ -353,6 +357,10 @@ class ConsoleCallback(tune.Callback):
         return (trial.trial_id in driver_side.of(self.sweep).finished_before
                 and trial.trial_id not in self._checked)
 
+    def setup(self, **info: Any) -> None:
+        if self.console is not None:
+            keep_tune_records_off_the_console()
+
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         if self.console is None or self._kept_before(trial):
             return
@@ -376,10 +384,9 @@ class ConsoleCallback(tune.Callback):
         console = self.console
         if console is None:
             return
-        error = _last_error(trial)
+        error = last_error(trial)
         if worker_lost(error):
-            self._nodes.tell(console, now=True)
-            console.trial_ended(self.name(trial), "error", LOST_WORKER_TEXT)
+            console.trial_ended(self.name(trial), "error", lost_worker_text(self._nodes.claim(str(error))))
         else:
             console.trial_ended(self.name(trial), "error", str(error) if error is not None else None)
 
@@ -401,32 +408,34 @@ class ConsoleCallback(tune.Callback):
                 console.trial_ended(side.names[trial_id], TIME_BUDGET)
         console.tick()
 
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        console = self.console
+        if console is not None:
+            self._nodes.tell(console, now=True)       # a node lost as the last trials ended
 
-def _last_error(trial: Any) -> BaseException | str | None:
-    """The trial's last error as Tune keeps it: the exception, else its text. Tune writes both
-    beside the trial at once, and copies them to the storage (where its getters read) later."""
-    import pickle
 
-    try:
-        if trial.pickled_error_file:
-            return pickle.loads(Path(trial.pickled_error_file).read_bytes())
-        if trial.error_file:
-            return Path(trial.error_file).read_text(encoding="utf-8", errors="replace")
-    except (OSError, pickle.UnpicklingError, AttributeError, ImportError, EOFError):
-        pass
-    return trial.get_pickled_error() or trial.get_error()
+def lost_worker_text(nodes: Sequence[str] = ()) -> str:
+    """How a trial that lost its worker with no restores left ended: with ``nodes`` (``id
+    (address)``) when Ray saw them die as it failed, else its process or its node."""
+    lost = f"node{'s' * (len(nodes) > 1)} {', '.join(nodes)} died" if nodes else "its process or node died"
+    return f"its worker was lost ({lost}) with no restores left ({MAX_FAILURES_ENV})"
 
 
 class NodeWatch:
     """The cluster's live nodes, asked at most every ``NODE_POLL_S``: a node that was alive and is
-    no longer is told to the console once (``node_lost``)."""
+    no longer is told to the console once (``node_lost``), unless the failure of a trial that lost
+    its worker with no restores left names it (:meth:`claim`): that trial's line is then the
+    node's. Ray may show a node dead a moment before its trials' failures reach Tune, so a dead
+    node waits up to ``NODE_CLAIM_S`` for them; a restored trial has it told at once."""
 
     def __init__(self) -> None:
-        self._alive: dict[str, str] | None = None     # node id -> its address, as last seen
+        self._alive: dict[str, str] | None = None          # node id -> its address, as last seen
         self._asked = 0.0
+        self._dead: dict[str, tuple[str, float]] = {}      # seen dead, not yet told: id -> (address, when seen)
+        self._claimed: dict[str, tuple[str, float]] = {}   # named by a failed trial's line: the same
 
-    def tell(self, console: SweepEvents, now: bool = False) -> None:
-        """Ask Ray (at once when ``now``, else at most every ``NODE_POLL_S``) and tell what died."""
+    def _poll(self, now: bool) -> None:
+        """Ask Ray (at once when ``now``, else at most every ``NODE_POLL_S``) which nodes died."""
         import time
 
         import ray
@@ -440,13 +449,49 @@ class NodeWatch:
         except Exception:  # noqa: BLE001 - the GCS is busy or gone: ask again at the next poll
             return
         alive = {n["NodeID"]: str(n.get("NodeManagerAddress") or "") for n in nodes if n.get("Alive")}
-        then = (f"restores are off ({MAX_FAILURES_ENV}=0): its trials end" if max_failures(1) == 0
-                else "its trials restart from their last checkpoints")
         if self._alive is not None:
             for node_id, address in self._alive.items():
                 if node_id not in alive:
-                    console.node_lost(f"{node_id[:8]} ({address})", then)
+                    self._dead[node_id] = (address, at)
         self._alive = alive
+
+    def tell(self, console: SweepEvents, now: bool = False) -> None:
+        """Ask Ray and tell the nodes that died: all of them when ``now`` (Ray is asked at once),
+        else those that no trial's failure named within ``NODE_CLAIM_S``."""
+        import time
+
+        self._poll(now)
+        at = time.monotonic()
+        due = [(node_id, address) for node_id, (address, seen) in self._dead.items()
+               if now or at - seen >= NODE_CLAIM_S]
+        then = (f"restores are off ({MAX_FAILURES_ENV}=0): its trials end" if max_failures(1) == 0
+                else "its trials restart from their last checkpoints")
+        for node_id, address in due:
+            del self._dead[node_id]
+            console.node_lost(_node(node_id, address), then)
+
+    def claim(self, error: str) -> list[str]:
+        """The nodes (``id (address)``) that died with a trial whose worker was lost, for its line;
+        none of them is told on a line of its own. Ray is asked at once. ``error``: the trial's
+        error, which names its node's id where Ray knows it (only that node is claimed then); else
+        every node seen dead and not yet told, or claimed within ``NODE_CLAIM_S`` (by another
+        trial of the same node)."""
+        import time
+
+        self._poll(now=True)
+        at = time.monotonic()
+        recent = {node_id: seen for node_id, seen in self._claimed.items() if at - seen[1] < NODE_CLAIM_S}
+        recent.update(self._dead)
+        named = {node_id: seen for node_id, seen in recent.items() if node_id in error} or recent
+        for node_id, seen in named.items():
+            self._dead.pop(node_id, None)
+            self._claimed[node_id] = seen
+        return [_node(node_id, address) for node_id, (address, _) in named.items()]
+
+
+def _node(node_id: str, address: str) -> str:
+    """A node as its lines name it: the start of its id and its address."""
+    return f"{node_id[:8]} ({address})"
 
 
 def stop_reason(last_result: Mapping[str, Any] | None) -> str:
