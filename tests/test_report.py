@@ -123,3 +123,16 @@ def test_legend_entries_that_would_read_the_same_carry_their_run_ids() -> None:
     twice = [curve("aaaaaaaa11", "demo-iaa-seed0", "iaa"), curve("bbbbbbbb22", "demo-iaa-seed0", "iaa"),
              curve("cccccccc33", "run", "as-reader")]
     assert labels(twice) == ["demo-iaa-seed0 [aaaaaaaa]", "demo-iaa-seed0 [bbbbbbbb]", "run (as-reader)"]
+
+
+def test_the_best_of_a_loss_is_its_lowest_and_numbers_are_grouped(store: tuple[Path, str]) -> None:
+    from _faults import assert_says
+
+    workdir, _ = store
+    out = workdir / "loss.png"
+    for metric, best in (("train_loss", "best 1.5900 at examples 19,200"), ("valid_acc", "best 0.4100 at examples 19,200")):
+        result = CliRunner().invoke(cli, ["report", "--workdir", str(workdir), "--experiment", "train-demo",
+                                          "--out", str(out), "--metric", metric])
+        assert result.exit_code == 0, result.output
+        line = next(line for line in result.output.splitlines() if line.startswith("demo-iaa-seed0:"))
+        assert_says(line, best)

@@ -46,6 +46,38 @@ def test_the_study_gives_importances_and_three_figures_with_asha_stops(tmp_path:
         assert Path(figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_two_trials_that_differ_in_every_parameter_get_no_importances_and_whole_check_ticks(tmp_path: Path,
+                                                                                           monkeypatch) -> None:
+    """Two trials that differ in both parameters cannot say which one made the difference: the
+    parallel coordinates show them, and no importance is given. One check each: the checks
+    axis is ticked at whole checks."""
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from iaa.platform.sweeps import study as study_module
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="two", storage=url, direction="maximize")
+    dists = {"train.lr": CategoricalDistribution([0.002, 0.004]), "model.steps": CategoricalDistribution([2, 3])}
+    for (lr, steps), value in (((0.002, 3), 0.4), ((0.004, 2), 0.6)):
+        study.add_trial(create_trial(params={"train.lr": lr, "model.steps": steps}, distributions=dists,
+                                     state=TrialState.COMPLETE, intermediate_values={1: value}, value=value))
+    ticks = []
+    save = study_module._save
+
+    def keep_ticks(plt, path):
+        if path.name == "intermediate_values.png":
+            low, high = plt.gca().get_xlim()
+            ticks.extend(t for t in plt.gca().get_xticks() if low <= t <= high)
+        save(plt, path)
+
+    monkeypatch.setattr(study_module, "_save", keep_ticks)
+    result = study_module.analyze(url, "two", tmp_path / "report")
+    assert result["importances"] == {}
+    assert set(result["figures"]) == {"parallel_coordinates", "intermediate_values", "history"}
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
 def test_a_missing_study_is_one_clear_error(tmp_path: Path) -> None:
     from iaa.errors import IaaError
     from iaa.platform.sweeps.study import analyze

@@ -62,6 +62,21 @@ def test_a_parameter_that_never_varied_and_too_few_trials_are_said() -> None:
     assert exploration.notes(many, ["train.lr", "model.steps"]) == []
 
 
+def test_trials_that_cannot_separate_the_parameters_that_varied_are_said_once() -> None:
+    from iaa.jobs.config import exploration
+
+    params = ["train.lr", "model.steps", "model.hidden_dim"]
+    two = [{"train.lr": 2e-3, "model.steps": 3, "model.hidden_dim": 32}, {"train.lr": 4e-3, "model.steps": 2, "model.hidden_dim": 64}]
+    assert not exploration.separable(two, params)
+    (note,) = exploration.notes(two, params)
+    assert_says(note, "2 scored trials cannot separate the effects of the 3 parameters", "need 4 or more")
+    four = two + [{"train.lr": 2e-3, "model.steps": 2, "model.hidden_dim": 64}, {"train.lr": 4e-3, "model.steps": 3, "model.hidden_dim": 32}]
+    assert exploration.separable(four, params)
+    assert_says(exploration.notes(four, params)[-1], "read them as a sketch")
+    (alone,) = exploration.notes(two[:1], params)        # not one line per parameter that a lone trial held
+    assert_says(alone, "1 scored trial(s): no two trials were compared")
+
+
 def test_report_describe_shows_the_warnings_after_the_importances() -> None:
     from iaa.jobs.reports import sweep_report
 

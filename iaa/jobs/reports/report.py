@@ -189,12 +189,27 @@ def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, r
                         runs=tuple(curves), skipped=tuple(skipped))
 
 
+# Logged metrics where less is better (train_loss, valid_loss, calibration_error, train_seconds, resident_mb ...)
+LOWER_IS_BETTER = ("loss", "error", "seconds", "_mb")
+
+
+def lower_is_better(metric: str) -> bool:
+    return any(word in metric for word in LOWER_IS_BETTER)
+
+
 def describe(result: ReportResult) -> str:
-    """What ``iaa-cli report`` prints: each run's points, last and best values, then the figure."""
+    """What ``iaa-cli report`` prints: each run's points, last and best values (the lowest of a
+    loss, an error or a cost), then the figure."""
     metric, x = result.metric, result.x
+    pick = min if lower_is_better(metric) else max
     lines = []
     for c in result.runs:
-        best = max(range(len(c.y)), key=lambda i: c.y[i])
-        lines.append(f"{c.name}: {len(c.y)} points; last {metric} {c.y[-1]:.4f} at {x} {c.x[-1]:g}; "
-                     f"best {c.y[best]:.4f} at {x} {c.x[best]:g}")
+        best = pick(range(len(c.y)), key=lambda i: c.y[i])
+        lines.append(f"{c.name}: {len(c.y)} points; last {metric} {c.y[-1]:.4f} at {x} {_at(c.x[-1])}; "
+                     f"best {c.y[best]:.4f} at {x} {_at(c.x[best])}")
     return "\n".join([*lines, f"figure: {result.out}"])
+
+
+def _at(value: float) -> str:
+    """An x value as the console writes numbers: ``29,984`` examples, ``12.5`` seconds."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.4g}"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
-from iaa.jobs.config.exploration import RANKED_FROM
+from iaa.jobs.config.exploration import RANKED_FROM, separable
 from iaa.jobs.ports import TIME_BUDGET, trial_name
 from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 from iaa.platform.sweeps.carried_trials import CARRIED_FROM, scored_value
@@ -62,7 +62,9 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
     Importances and parallel coordinates compare trials: with fewer than
     :data:`~iaa.jobs.config.exploration.RANKED_FROM` scored trials there are none (``importances``
     is empty and those two figures are not drawn), and the checks per trial and the history are
-    drawn all the same."""
+    drawn all the same. Importances need one scored trial more than the parameters that varied
+    (:func:`~iaa.jobs.config.exploration.separable`); with fewer, the parallel coordinates show
+    the trials and no importances are given."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,17 +83,21 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
                        "or `optuna_storage` pointed elsewhere") from err
     scored = _scored_copy(study)
     ranked = len(scored.trials) >= RANKED_FROM       # importances and parallel coordinates compare trials
+    params = [t.params for t in scored.trials]
+    apart = separable(params, sorted({name for p in params for name in p}))
     # fANOVA, seeded: Optuna 5's default (PED-ANOVA) needs many more trials than a sweep has
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
     importances = ({k: float(v) for k, v in optuna.importance.get_param_importances(scored, evaluator=evaluator).items()}
-                   if ranked else {})
+                   if apart else {})
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {name: out_dir / f"{name}.png" for name in FIGURES if ranked or name not in RANKING_FIGURES}
+    drawn = [name for name in FIGURES if (apart if name == "importances" else ranked or name not in RANKING_FIGURES)]
+    paths = {name: out_dir / f"{name}.png" for name in drawn}
     with warnings.catch_warnings():                # the matplotlib figures are "experimental"
         warnings.simplefilter("ignore")
-        if ranked:
+        if apart:
             vis.plot_param_importances(scored, evaluator=evaluator, target_name=OBJECTIVE)
             _save(plt, paths["importances"])
+        if ranked:
             _readable_lines(vis.plot_parallel_coordinate(scored, target_name=OBJECTIVE))
             _save(plt, paths["parallel_coordinates"])
         _plot_checks(study)
@@ -134,6 +140,7 @@ def _plot_checks(study: Any) -> None:
     """Each trial's validation checks (Optuna's intermediate values), labelled by trial, with the
     last check of each ASHA-stopped (PRUNED) trial marked by a cross, and of each trial the time
     budget stopped by a square."""
+    from matplotlib.ticker import MaxNLocator
     from optuna.trial import TrialState
     from optuna.visualization import matplotlib as vis
 
@@ -153,7 +160,7 @@ def _plot_checks(study: Any) -> None:
                    label="stopped by the time budget")
     if pruned:
         ax.legend(loc="lower right", fontsize="small")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel("validation check")
     ax.set_ylabel("valid_acc")
 
