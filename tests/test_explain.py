@@ -190,6 +190,38 @@ def test_a_page_of_right_answers_says_there_is_no_mistake(setup, tmp_path):
     assert "no mistake to show" in out.read_text(encoding="utf-8")
 
 
+def test_a_question_without_an_answer_is_not_judged_and_what_the_reader_cannot_see_is_marked(setup, tmp_path):
+    """An --input of an answered question the reader gets right and one that gives no answer, with
+    an unknown candidate and one absent from its document: the page does not call the reader
+    right on every example, marks the unanswered one as such, and names both candidates."""
+    from _faults import assert_says
+
+    ckpt, source, questions = _answered(setup, tmp_path, right=1)
+    open_question = {key: value for key, value in questions[1].items() if key != "answer"}
+    open_question["candidates"] = [*open_question["candidates"], "Zorblax", open_question["candidates"][0] + "x"]
+    open_question["document"] += " Zorblax"
+    source.write_text(json.dumps(questions[0]) + "\n" + json.dumps(open_question) + "\n", encoding="utf-8")
+    out = tmp_path / "page.html"
+    result = _explain(["--checkpoint", str(ckpt), "--input", str(source), "--out", str(out)])
+    assert_says(result["mistake_note"], "that give an answer right", "1 question(s) give none to judge")
+    html = out.read_text(encoding="utf-8")
+    assert html.count("verdict right") == 1 and html.count("verdict none") == 1 and "verdict wrong" not in html
+    assert "mp open" in html                                  # its prediction is not marked as a mistake
+    (unanswered,) = [r for r in result["examples"] if r["gold"] is None]
+    assert "Zorblax" in unanswered["unknown_candidates"]
+    assert unanswered["absent_candidates"] == [open_question["candidates"][-1]]
+    section = html.split(f'data-example="{open_question["id"]}"')[1]
+    assert "unknown candidates: Zorblax" in section and "not in the document, so probability 0" in section
+    assert 'class="mark absent"' in section and 'class="mark unk"' in section
+
+
+def test_probabilities_are_shown_without_hiding_small_ones():
+    from iaa.jobs.evaluation.explain_html import probability
+
+    assert [probability(p) for p in (0.97312, 0.00012, 3.2e-06)] == ["0.9731", "0.0001", "3.2e-06"]
+    assert probability(0.0, absent=True) == "0" and probability(0.0) == "&lt;1e-06"
+
+
 def test_the_page_names_its_sweep_trial_and_checkpoint(setup, tmp_path):
     from iaa.jobs.evaluation import explain
 

@@ -76,6 +76,7 @@ def example_records(found: Examples, rows: Sequence[int]) -> list[dict[str, Any]
             "max_steps": getattr(model.cfg, "steps", 1),
             "trace": [_step_record(t, step) for t, step in enumerate(trace.steps, 1)],
             **unknowns.of_row(record["doc"], record["candidates"], words),
+            "absent_candidates": [w for i, w in enumerate(words) if i not in set(record["doc_cand"])],
         })
     return records
 
@@ -124,8 +125,9 @@ def first_mistake(model: nn.Module, table: pa.Table, after: Sequence[int]) -> tu
 def with_a_mistake(found: Examples, records: list[dict[str, Any]], rows: Sequence[int],
                    source: str) -> tuple[list[dict[str, Any]], str | None]:
     """``records``, and where every one of them is right, the record of the first example after them
-    that the reader gets wrong (there is something to learn from a mistake): with a note saying so,
-    or that the reader made none in the examples searched. Questions without an answer are skipped."""
+    that the reader gets wrong (there is something to learn from a mistake): with a note saying so
+    (and where it stands in ``source``, whose ids need not be positions), or that the reader made
+    none in the examples searched. Questions without an answer are not judged, and the note says so."""
     if not records or any(is_mistake(r) for r in records) or all(r["gold"] is None for r in records):
         return records, None
     row, searched = first_mistake(found.model, found.table, rows)
@@ -134,8 +136,13 @@ def with_a_mistake(found: Examples, records: list[dict[str, Any]], rows: Sequenc
         if is_mistake(added):
             above = "the example" if len(records) == 1 else f"the {len(records)} examples"
             return [*records, added], (f"{added['example_id']} is added: the reader got {above} above it right, "
-                                       f"and this is the first one of {source} it gets wrong")
+                                       f"and this is the first one of {source} it gets wrong "
+                                       f"(question {row + 1:,} of {found.table.num_rows:,} in its order)")
     what = "every example" if searched >= found.table.num_rows else f"the first {searched:,} examples"
+    unjudged = sum(r["gold"] is None for r in records)
+    if unjudged:
+        return records, (f"the reader gets {what} of {source} that give an answer right, and {unjudged} "
+                         f"question(s) give none to judge: there is no mistake to show")
     return records, f"the reader gets {what} of {source} right: there is no mistake to show"
 
 

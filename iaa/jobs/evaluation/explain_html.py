@@ -34,6 +34,8 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 6px;border-top
 .note{font-size:13px;background:#fff6e0;border:1px solid #f0d890;border-radius:4px;padding:6px 10px;margin:10px 0}
 .verdict{font-size:12px;font-weight:600;border-radius:3px;padding:1px 6px;margin-left:8px;vertical-align:middle}
 .verdict.right{background:#e3f3e3;color:#2a7d2a}.verdict.wrong{background:#fbe4e2;color:#b3261e}
+.verdict.none{background:#eee;color:#555}.mp.open{background:#555}.mark.unk,.mark.absent{background:#8a6d00}
+.gaps{font-size:12px;color:#8a6d00;margin:2px 0}
 """
 
 
@@ -63,12 +65,22 @@ def _example(r: dict[str, Any]) -> str:
     return (f"<section class=\"example\" data-example=\"{escape(r['example_id'])}\">"
             f"<h2>{escape(r['example_id'])}{_verdict(r)}</h2>"
             f"<div class=\"meta\">{escape(r['model'])} · {_steps_taken(r)} · query: "
-            f"{escape(' '.join(r['query_tokens']))}</div>{_candidates(r)}{steps}</section>")
+            f"{escape(' '.join(r['query_tokens']))}</div>{_gaps(r)}{_candidates(r)}{steps}</section>")
+
+
+def _gaps(r: dict[str, Any]) -> str:
+    """What the reader could not see of the question: its document's unknown words, its unknown
+    candidates (``<unk>`` to the reader), and the candidates absent from its document (probability 0)."""
+    share, unknown, absent = r.get("unknown_share", 0.0), r.get("unknown_candidates") or [], r.get("absent_candidates") or []
+    parts = ([f"{100 * share:.0f}% of the document is unknown to the vocabulary (&lt;unk&gt;)"] if share else []) + \
+            ([f"unknown candidates: {escape(', '.join(unknown))}"] if unknown else []) + \
+            ([f"not in the document, so probability 0: {escape(', '.join(absent))}"] if absent else [])
+    return f"<div class=\"gaps\" data-gaps=\"{len(unknown)}/{len(absent)}\">{'; '.join(parts)}</div>" if parts else ""
 
 
 def _verdict(r: dict[str, Any]) -> str:
     if r["gold"] is None:
-        return ""
+        return " <span class=\"verdict none\">no answer given</span>"
     if r["pred"] == r["gold"]:
         return " <span class=\"verdict right\">right</span>"
     return (f" <span class=\"verdict wrong\">wrong: predicted {escape(r['candidates'][r['pred']])}, "
@@ -91,12 +103,26 @@ def _candidates(r: dict[str, Any]) -> str:
         if i == r["gold"]:
             marks += "<span class=\"mark mg\">gold</span>"
         if i == r["pred"]:
-            ok = " ok" if i == r["gold"] else ""
+            ok = " ok" if i == r["gold"] else " open" if r["gold"] is None else ""
             marks += f"<span class=\"mark mp{ok}\">predicted</span>"
+        if r["candidates"][i] in (r.get("unknown_candidates") or ()):
+            marks += "<span class=\"mark unk\">unknown</span>"
+        absent = r["candidates"][i] in (r.get("absent_candidates") or ())
+        if absent:
+            marks += "<span class=\"mark absent\">not in the document</span>"
         cls = " class=\"gold\"" if i == r["gold"] else ""
         rows.append(f"<tr{cls} data-cand=\"{escape(r['candidates'][i])}\" data-p=\"{p}\"><td>{escape(r['candidates'][i])}"
-                    f"{marks}</td><td>{p:.4f}</td><td><span class=\"bar\" style=\"width:{300 * p:.1f}px\"></span></td></tr>")
+                    f"{marks}</td><td>{probability(p, absent)}</td><td><span class=\"bar\" style=\"width:{300 * p:.1f}px\"></span></td></tr>")
     return f"<table class=\"cands\">{''.join(rows)}</table>"
+
+
+def probability(p: float, absent: bool = False) -> str:
+    """``0.9731``; below 0.0001, two significant digits (``3.2e-06``) rather than ``0.0000``. A
+    record keeps 6 decimals: a 0 there is exactly 0 only for a candidate ``absent`` from the
+    document, and below 0.000001 for any other."""
+    if p == 0:
+        return "0" if absent else "&lt;1e-06"
+    return f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
 
 
 def _step(r: dict[str, Any], s: dict[str, Any]) -> str:
