@@ -347,7 +347,7 @@ def test_the_sweep_line_says_how_many_checks_a_trial_makes(tiny: Path, tmp_path:
                            workdir=tmp_path / "work", name="checks", show_progress=True)
     tracker = FakeTracker()
     tune.run(req, lambda uri: tracker, FakeLauncher())          # the fake runs each trial to its end: no ASHA
-    said = re.search(r"a trial makes at most (\d+) checks", capsys.readouterr().err)
+    said = re.search(r"a trial makes at most (\d+) checks?;", capsys.readouterr().err)
     [trial] = json.loads((tmp_path / "work" / "sweeps" / "checks" / "sweep.json").read_text())["trials"]
     assert said and int(said.group(1)) == len(tracker.runs[trial["mlflow_run_id"]].metrics["valid_acc"]), said
 

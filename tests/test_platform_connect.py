@@ -145,6 +145,18 @@ def test_the_cluster_line_counts_in_words() -> None:
     assert run.endswith("; the run trains on 2 Train workers with 1 thread each") and "trial" not in run
 
 
+def test_a_dashboard_behind_a_token_says_where_the_token_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    from _faults import assert_says
+
+    info = cluster.ClusterInfo((resources.Node("127.0.0.1", 2.0),), None, "127.0.0.1:8265")
+    plan = resources.TrialPlan(workers=1, threads=1, gpus_per_worker=0.0, max_concurrent=1)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")             # as Ray sets it when it starts with tokens on
+    assert_says(cluster.describe(info, plan), "(dashboard http://127.0.0.1:8265; it asks for the token",
+                "`ray get-auth-token`")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert "token" not in cluster.describe(info, plan)
+
+
 def test_a_taken_dashboard_port_starts_ray_again_on_another(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 

@@ -95,7 +95,7 @@ def start_sweep(plan: SweepPlan, launch: Placement, search: SearchPlan, tracker:
         proposes = (f"the {search.sampler} sampler proposes them" if search.sampler in UNINFORMED_SAMPLERS
                     else f"the {search.sampler} sampler learns from {SEARCH_METRIC}")
         _log.info(f"sweep {plan.name}: {search.num_samples} trials over {space.describe()}; {proposes}, ASHA stops "
-                  f"on {STOP_METRIC} at every check (a trial makes at most {search.checks} checks; grace "
+                  f"on {STOP_METRIC} at every check (a trial makes at most {search.checks} check{'' if search.checks == 1 else 's'}; grace "
                   f"{preset.grace_period}, keeps 1/{preset.reduction_factor:g} at each rung); "
                   f"MLflow {tracker.uri}, experiment {experiment}")
     if carried is not None:

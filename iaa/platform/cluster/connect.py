@@ -376,7 +376,8 @@ def describe(info: ClusterInfo, trial_plan: TrialPlan, one_run: bool = False) ->
     of ``train`` on workers holds; it runs no trials)."""
     where = "local Ray" if info.address is None else f"Ray at {info.address}"
     if info.dashboard:
-        where += f" (dashboard http://{info.dashboard})"
+        token = "; it asks for the token `ray get-auth-token` prints" if os.environ.get("RAY_AUTH_MODE") == "token" else ""
+        where += f" (dashboard http://{info.dashboard}{token})"
     holds = _count(trial_plan.threads, "thread") + (f" and {trial_plan.gpus_per_worker:g} GPU"
                                                     if trial_plan.gpus_per_worker else "")
     mode = (f"in the trial actor with {holds}" if trial_plan.in_actor
