@@ -229,3 +229,27 @@ def test_the_first_replicas_and_the_ingress_must_fit_the_cpus(tmp_path):
     with pytest.raises(IaaError, match=r"the cluster has 2 \(0.5 free\) and could not place them"):
         check_fits(cfg(replicas=1, cpus_per_replica=1), {"CPU": 2.0}, {"CPU": 0.5})    # the rest held by others
     check_fits(cfg(replicas=1, cpus_per_replica=1), {"CPU": 2.0}, {"CPU": 1.1})
+
+
+def test_the_serving_line_points_to_the_api_docs(tmp_path, monkeypatch, caplog):
+    """The one line a started serve prints names the browser's page, ``/docs``, beside the routes."""
+    from iaa.jobs.inference import serve as job
+    from iaa.platform import serve_life
+
+    cfg = job.config(model_uri=None, checkpoint=tmp_path / "m.pt", ensemble_dir=None, data_dir=None,
+                     workdir=tmp_path, tracking_uri=None, address="ray://cluster:10001")   # joins: no local Ray here
+    url = "http://127.0.0.1:8011"
+
+    def stopped(seconds: float) -> None:
+        raise KeyboardInterrupt                          # Ctrl-C as soon as it serves
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(serve_life.time, "sleep", stopped)
+    caplog.set_level("INFO", logger="iaa.platform.serve_life")
+    try:
+        serve_life.run_forever(cfg, lambda: False, lambda: url, lambda local: None)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("serving on")]
+    assert_says(line, f"POST {url}/predict", f"API docs at {url}/docs")

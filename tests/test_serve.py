@@ -91,9 +91,9 @@ def test_a_null_id_and_answer_count_as_none(answerer):
 
 
 def _openapi(placeholder: str) -> dict:
-    from iaa.platform import ray_serve
+    from iaa.platform import ray_serve, serve_docs
 
-    return ray_serve.openapi_document(job.CODE.api(placeholder))
+    return serve_docs.openapi_document(ray_serve.app, job.CODE.api(placeholder))
 
 
 def _swagger_example(doc: dict) -> dict:

@@ -14,14 +14,16 @@ Two deployments. ``Reader`` replicas each hold the answerer that the job's ``cod
   answering it in a batch: ``serve.batch`` gathers up to ``max_batch`` requests (waiting at most
   ``batch_wait_ms``) into one model call.
 - ``GET /ready`` answers 200 once a reader has loaded the model and answered a warm-up question
-  (a reader takes requests only after its constructor), else 503. ``GET /`` adds the limits.
-  ``GET /docs`` and ``GET /openapi.json`` describe the API, the request body included; the
+  (a reader takes requests only after its constructor), else 503. ``GET /`` adds the limits and
+  the URLs of ``GET /docs`` and ``GET /openapi.json``, which describe the API for the served
+  model (named in the title; the request body's examples, and the model's answers to them); the
   page's script and styles are served here too (:mod:`iaa.platform.serve_docs`), not from a CDN.
 - On a local cluster, the gRPC server Serve starts in each replica listens on loopback, like
   the rest of the cluster (:func:`iaa.platform.cluster.ray_internals.bind_serve_replica_grpc`).
-- A refused request is a 400/413/422 JSON ``{"error", "status"}``; should the model fail inside
-  a batch, only the failing request gets a 500, and never the replica. A request whose reader
-  dies under it is sent to another reader.
+- A refused request is a 400/413/422 JSON ``{"error", "status"}``, and so is every other error
+  of the app (an unknown path, 404; a method its path does not take, 405; a failure of the
+  ingress itself, 500); should the model fail inside a batch, only the failing request gets a
+  500, and never the replica. A request whose reader dies under it is sent to another reader.
 
 :func:`build` makes the application; a Serve config (``deploy/serve.yaml``) names
 :func:`iaa.cli.serve_app`, which hands it the job's code (:data:`iaa.jobs.inference.serve.CODE`).
@@ -30,7 +32,6 @@ Two deployments. ``Reader`` replicas each hold the answerer that the job's ``cod
 # No `from __future__ import annotations`: Serve pickles the ingress class by value, and FastAPI
 # reads its routes' annotations (``request: Request``) in the replica, where a string would not resolve.
 import asyncio
-import copy
 import functools
 import json
 import logging
@@ -39,17 +40,17 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.openapi.utils import get_openapi
 from ray import serve
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from iaa import __version__
 from iaa.errors import IaaError
-from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeApi, ServeCode, ServeConfig
+from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeCode, ServeConfig
 from iaa.platform import serve_life
 from iaa.platform.cluster import ray_internals
 from iaa.platform.serve_capacity import INGRESS_CPUS, check_fits, ingresses, wait_running
-from iaa.platform.serve_docs import add_docs
+from iaa.platform.serve_docs import DOCS_URL, Index, Ready, add_docs, openapi_document, served_name
 from iaa.platform.serve_logs import driver_lines_to_log
 from iaa.platform.serve_proxy import over_limit, proxy_env
 from iaa.platform.serve_text import log_text, model_headers
@@ -61,17 +62,49 @@ OPENAPI_URL = "/openapi.json"
 
 Reply = tuple[int, str, dict[str, str]]          # status, JSON text, headers
 
-# GET /openapi.json is the ingress's own route: the document names the served model's placeholder.
+# GET /openapi.json is the ingress's own route: the document names the served model and its placeholder.
 app = FastAPI(title="iaa reader", version=__version__, docs_url=None, redoc_url=None, openapi_url=None,
               description="Cloze questions answered by an Iterative Alternating Attention reader (`iaa-cli serve`). "
-                          "A refused request is a JSON {error, status}; the error names the field.")
+                          "Every error is a JSON {error, status}, an unknown path (404) or a method its path does "
+                          "not take (405) included; a refused request's error names the field.")
 _REFUSALS = {400: {"description": "not JSON, a wrong type, or text that is not Unicode (the error names the field)"},
+             405: {"description": "a method other than POST"},
              413: {"description": "a body, document, query, candidate list or question count over the limits"},
              422: {"description": "a question the reader cannot answer: no placeholder or two, a candidate listed "
                                   "twice, an empty candidate or one of several words, no candidate in the document"},
-             500: {"description": "the model failed on this request"},
+             500: {"description": "the model (or the server itself) failed on this request"},
              503: {"description": "no reader replica could answer"}}
 add_docs(app)                      # GET /docs from the package's own copy of Swagger UI: works offline
+
+
+def _json(content: Any, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(content), status_code=status, media_type="application/json", headers=headers)
+
+
+def _refusal(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """An error in the API's one form, ``{"error", "status"}``."""
+    return _json(RequestError(status, message).body(), status, headers)
+
+
+@app.exception_handler(HTTPException)
+async def _routing_error(request: Request, error: HTTPException) -> Response:
+    """Starlette's own refusals (an unknown path: 404; a method the path does not take: 405, with
+    its ``Allow`` header) in the API's form."""
+    where = f"{request.method} {request.url.path}"
+    if error.status_code == 404:
+        message = f"{where}: no such path; the API is POST /predict, GET /ready, GET / and GET {DOCS_URL}"
+    elif error.status_code == 405:
+        message = f"{where}: method not allowed; {request.url.path} takes {(error.headers or {}).get('Allow', '')}"
+    else:
+        message = f"{where}: {error.detail}"
+    return _refusal(error.status_code, message, error.headers)
+
+
+@app.exception_handler(Exception)
+async def _server_error(request: Request, error: Exception) -> Response:
+    """Anything else the ingress raises: a 500 in the API's form (Starlette raises the error again
+    once it is sent, so the replica logs it)."""
+    return _refusal(500, f"the server failed on this request ({type(error).__name__})")
 
 
 class _NoReader(Exception):
@@ -93,25 +126,6 @@ async def _read(request: Request, limit: int) -> bytes:
             raise RequestError(413, over_limit(limit))
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def openapi_document(api: ServeApi) -> dict[str, Any]:
-    """The OpenAPI document of the app for one served model: ``POST /predict``'s body is the serve
-    job's request schema, with its examples (each answered by that model), and its 200 answer the
-    job's answer schema."""
-    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    doc.setdefault("components", {}).setdefault("schemas", {}).update(copy.deepcopy(dict(api.definitions)))
-    predict = doc["paths"]["/predict"]["post"]
-    examples = {name: {"summary": name, "value": value} for name, value in api.examples.items()}
-    predict["requestBody"] = {"required": True, "content": {"application/json": {
-        "schema": copy.deepcopy(dict(api.request)), "examples": copy.deepcopy(examples)}}}
-    predict["responses"]["200"] = {"description": "the answer: one row per question (a list for a list)",
-                                   "content": {"application/json": {"schema": copy.deepcopy(dict(api.answer))}}}
-    return doc
-
-
-def _json(content: Any, status: int) -> Response:
-    return Response(json.dumps(content), status_code=status, media_type="application/json")
 
 
 def _grpc_on_node_address() -> None:
@@ -138,9 +152,10 @@ class Reader:
         self.answer.set_max_batch_size(cfg.max_batch)
         self.answer.set_batch_wait_timeout_s(cfg.batch_wait_ms / 1000)
 
-    def describe(self, limits: dict[str, int] | None = None) -> Reply:
+    def describe(self, extra: dict[str, Any] | None = None) -> Reply:
+        """``GET /ready``'s answer, with the keys of ``extra`` added (``GET /``'s)."""
         info = {"ready": True, "model": self.answerer.model, "load_seconds": round(self.answerer.load_seconds or 0.0, 3)}
-        return 200, json.dumps({**info, **({"limits": limits} if limits else {})}), self.headers
+        return 200, json.dumps({**info, **(extra or {})}), self.headers
 
     def traits(self) -> tuple[str, bool]:
         """What checking a request needs of the model: its placeholder and whether it lowercases."""
@@ -177,34 +192,40 @@ class Ingress:
 
     RETRIES = 2
 
-    def __init__(self, reader: Any, limits: dict[str, Any], code: ServeCode) -> None:
+    def __init__(self, reader: Any, limits: dict[str, Any], code: ServeCode, source: dict[str, Any]) -> None:
         _grpc_on_node_address()
         self.reader = reader
         self.limits = Limits(**limits)
+        self.source = (source["kind"], source["ref"])       # what the document's title names
         self.parse, self.api = code.parse, code.api
         self.traits: tuple[str, bool] | None = None        # the model's placeholder and lowercasing, once known
         self.document: dict[str, Any] | None = None         # the OpenAPI document, once the placeholder is known
 
     @app.get(OPENAPI_URL, include_in_schema=False)
-    async def openapi(self) -> Response:
-        """The OpenAPI document, for the served model (its placeholder word, examples it answers)."""
+    async def openapi(self, request: Request) -> Response:
+        """The OpenAPI document, for the served model (its name, its placeholder word, examples it
+        answers and its answers to them)."""
         try:
-            placeholder, _ = await asyncio.wait_for(self._traits(), READY_WAIT_S)
+            placeholder, lowercase = await asyncio.wait_for(self._traits(), READY_WAIT_S)
         except (asyncio.TimeoutError, _NoReader):
-            return _json({"error": "no reader replica has loaded the model yet", "status": 503}, 503)
+            return _refusal(503, "no reader replica has loaded the model yet")
         if self.document is None:
-            self.document = openapi_document(self.api(placeholder))
+            try:
+                self.document = await self._document(placeholder, lowercase, self._index(request))
+            except _NoReader as error:
+                return _json(error.body, 503)
         return _json(self.document, 200)
 
-    @app.get("/ready", responses={503: _REFUSALS[503]})
+    @app.get("/ready", response_model=Ready, responses={200: {"description": "ready"}, 503: _REFUSALS[503]})
     async def ready(self) -> Response:
         """200 once a reader replica has loaded the model and answered a warm-up question."""
         return await self._describe(None)
 
-    @app.get("/", responses={503: _REFUSALS[503]})
-    async def info(self) -> Response:
-        """``/ready`` with the limits of a request."""
-        return await self._describe(asdict(self.limits))
+    @app.get("/", response_model=Index, responses={200: {"description": "ready, the limits and the API's URLs"},
+                                                   503: _REFUSALS[503]})
+    async def info(self, request: Request) -> Response:
+        """``/ready`` with the limits of a request, and where the API is described."""
+        return await self._describe(self._index(request))
 
     @app.post("/predict", responses=_REFUSALS)
     async def predict(self, request: Request) -> Response:
@@ -218,6 +239,25 @@ class Ingress:
         except _NoReader as error:
             return _json(error.body, 503)
         return await self._call("predict", questions, single)
+
+    def _index(self, request: Request) -> dict[str, Any]:
+        """What ``GET /`` adds to ``/ready``'s answer: the limits, and the URLs of the API's description."""
+        base = str(request.base_url).rstrip("/")
+        return {"limits": asdict(self.limits), "docs": base + DOCS_URL, "openapi": base + OPENAPI_URL}
+
+    async def _document(self, placeholder: str, lowercase: bool, index: dict[str, Any]) -> dict[str, Any]:
+        """The OpenAPI document of the served model: the 200 examples are its own answers."""
+        api = self.api(placeholder)
+        info = json.loads((await self._remote("describe", index))[1])
+        answers = {}
+        for name, body in api.examples.items():
+            questions, single = await asyncio.to_thread(self.parse, json.dumps(body).encode(), placeholder, lowercase,
+                                                        self.limits)
+            status, text, _ = await self._remote("predict", questions, single)
+            if status == 200:
+                answers[name] = json.loads(text)
+        ready = {key: info[key] for key in Ready.model_fields}
+        return openapi_document(app, api, served_name(*self.source, info["model"]), answers, ready, info)
 
     async def _traits(self) -> tuple[str, bool]:
         """The model's placeholder and whether it lowercases, asked of a reader once."""
@@ -292,7 +332,7 @@ def build(args: dict[str, Any], code: ServeCode) -> Any:
     ingress = ({"num_replicas": least} if most <= 4 else
                {"autoscaling_config": {"min_replicas": least, "max_replicas": max(least, most // 4)}})
     return Ingress.options(ray_actor_options={"num_cpus": INGRESS_CPUS}, max_ongoing_requests=1000,
-                           **ingress).bind(readers, asdict(cfg.limits), code)
+                           **ingress).bind(readers, asdict(cfg.limits), code, asdict(cfg.source))
 
 
 def config_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def run_forever(cfg: ServeConfig, connect: Callable[[], bool], start: Callable[[
         url = start()
         if local:
             _check_alone(cfg)
-        _log.info(f"serving on {url}: POST {url}/predict, GET {url}/ready (Ctrl-C stops)")
+        _log.info(f"serving on {url}: POST {url}/predict, GET {url}/ready; API docs at {url}/docs (Ctrl-C stops)")
         while True:
             time.sleep(3600)
     except (KeyboardInterrupt, SystemExit):        # SystemExit: Ray's own SIGTERM handler, set while it starts
