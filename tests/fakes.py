@@ -22,7 +22,7 @@ import torch
 from iaa.errors import IaaError
 from iaa.files import DiskFullError
 from iaa.jobs.ports import (CHECKPOINT_FILE, TUNE_RUN_TAG, Carried, ConnectRequest, MembersRequest, MetricPoint, Metrics,
-                            ModelCode, ModelFiles, Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
+                            ModelCard, ModelCode, ModelFiles, Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
                             WorkerData, WorkerFit, WorkersRequest)
 from iaa.jobs.config.search_space import Param, SearchSpace
 from iaa.jobs.config.job_config import JobConfig, apply
@@ -180,11 +180,11 @@ class FakeTracker:
         return max(found, key=lambda r: r.start_ms).run_id if found else None
 
     def log_model(self, run: TrackedRun, files: ModelFiles, register: str | None = None, *,
-                  code: ModelCode) -> str | None:
+                  code: ModelCode, card: ModelCard | None = None) -> str | None:
         self.check()
         self.models.append({"run_id": run.run_id, "checkpoints": [str(c) for c in files.checkpoints],
                             "prepared": str(files.prepared), "register": register, "code": code,
-                            "temperature": files.temperature})
+                            "temperature": files.temperature, "card": card})
         return f"models:/{register}/{len(self.models)}" if register else f"runs:/{run.run_id}/model"
 
     def model_uri(self, run_id: str) -> str | None:

@@ -457,7 +457,7 @@ def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_p
         def attach(self, run_id: str) -> Run:
             return self.runs.setdefault(run_id, Run(run_id))
 
-        def log_model(self, run: Run, files, register=None, *, code) -> str | None:
+        def log_model(self, run: Run, files, register=None, *, code, card=None) -> str | None:
             if run.run_id == "refused":
                 run.lost.append("the model (No space left on device)")
                 return None

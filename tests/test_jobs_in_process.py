@@ -42,6 +42,36 @@ def test_train_tracks_its_run_params_checks_and_model(tiny: Path, tmp_path: Path
     assert Path(result.checkpoint).is_file()
 
 
+def test_a_train_run_holds_its_accuracy_beside_its_interval_and_baseline_and_its_model_says_what_it_is(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the store shows of a train run: the valid split's size, the accuracy's standard error
+    and the baseline beside it, a description in the console's words, its checkpoint as an absolute
+    path (the folder was given relative), and a registered model's description and tags."""
+    from iaa.jobs.evaluation import uncertainty
+    from iaa.jobs.train import train
+
+    monkeypatch.chdir(tmp_path)
+    tracker = FakeTracker()
+    result = train.run_tracked(_cfg(tiny), tiny, Path("run"), tracker, show_progress=False, register="tiny-reader")
+
+    run = tracker.runs[result.mlflow_run_id]
+    n, acc, base = result.best_valid_acc_n, result.best_valid_acc, result.baseline_valid_acc
+    assert n == result.valid_examples and n > 0 and acc is not None and base is not None
+    assert run.params["best_valid_acc_n"] == str(n)
+    assert run.last("best_valid_acc_stderr") == pytest.approx(result.best_valid_acc_stderr)
+    assert run.last("baseline_valid_acc") == pytest.approx(base)
+    checkpoint = str((tmp_path / "run" / "checkpoints" / "best.pt").resolve())
+    assert not Path(result.checkpoint).is_absolute() and run.tags["checkpoint"] == checkpoint
+    assert_says(run.tags["mlflow.note.content"], f"Best valid_acc {uncertainty.accuracy_text(acc, n)}",
+                f"baseline {base:.4f}", f"of {result.steps}", "stopped at max-epochs", checkpoint)
+    [model] = tracker.models
+    card = model["card"]
+    assert card.tags == {"kind": "reader", "model": "iaa", "dataset": "cbt-ne", "valid_acc": f"{acc:.4f}",
+                         "valid_acc_n": str(n), "baseline_valid_acc": f"{base:.4f}"}
+    assert_says(card.description, "A reader of model `iaa` on cbt-ne", uncertainty.accuracy_text(acc, n),
+                f"baseline {base:.4f}", f"run run ({run.run_id}) of experiment train-cbt-ne", checkpoint)
+
+
 def test_train_on_workers_goes_through_the_launcher(tiny: Path, tmp_path: Path) -> None:
     from iaa.jobs.train import train
 
@@ -148,11 +178,54 @@ def test_a_sweep_with_a_lost_trial_finishes_without_it_and_its_resume_makes_it_t
     again = sweep(resume=True)
     lost = recorded.trials[-1]
     assert again.best_trial == lost.trial_id and not parent.lost and parent.state == "FINISHED"
-    assert parent.params["best.trial_id"] == lost.trial_id == parent.tags["best_trial_id"]
+    assert parent.params["best.ray_trial_id"] == lost.trial_id == parent.tags["best_ray_trial_id"]
+    assert parent.params["best.trial_id"] == lost.label == parent.tags["best_trial_id"]
     flags = {r.run_id: r.tags.get("best_in_sweep") for r in tracker.children(first.parent_run_id)}
     assert [run for run, flag in flags.items() if flag == "true"] == [lost.mlflow_run_id]
     assert flags[earlier] == "false" and record.read(record.sweep_file(tmp_path / "work", "lossy")).finished
     assert again.lost_trials == () and parent.metrics["trials_lost"][-1].value == 0
+
+
+class _NamingLauncher(FakeLauncher):
+    """A sweep whose trials have their one names (``trial-0000`` ...) beside Tune's ids, as the
+    cluster's have."""
+
+    def sweep(self, request):
+        from dataclasses import replace
+
+        from iaa.jobs.ports import trial_name
+
+        return [replace(t, name=trial_name(i)) for i, t in enumerate(super().sweep(request))]
+
+
+def test_the_sweep_run_names_its_best_trial_as_the_console_does_with_its_interval_and_baseline(
+        tiny: Path, tmp_path: Path) -> None:
+    """The sweep's run names its best trial by its one name (``best.trial_id``, ``best_trial_id``)
+    and keeps Tune's id apart (``best.ray_trial_id``, ``best_ray_trial_id``); it holds the valid
+    split's size, the best accuracy's standard error and the baseline, its description says the
+    accuracy with its interval beside the baseline, and the registered best model says what it is."""
+    from iaa.jobs.evaluation import uncertainty
+
+    tracker, launcher = FakeTracker(), _NamingLauncher()
+    result = _sweeper(tiny, tmp_path, tracker, launcher, name="named", num_samples=2)(register="tiny-best")
+
+    label, ray_id = result.best_trial_label, result.best_trial
+    assert label.startswith("trial-") and label != ray_id
+    parent = tracker.runs[result.parent_run_id]
+    assert (parent.params["best.trial_id"], parent.tags["best_trial_id"]) == (label, label)
+    assert (parent.params["best.ray_trial_id"], parent.tags["best_ray_trial_id"]) == (ray_id, ray_id)
+    n, acc, base = result.best_valid_acc_n, result.best_valid_acc, result.baseline_valid_acc
+    assert parent.params["best_valid_acc_n"] == str(n) and n > 0 and acc is not None
+    assert parent.last("best_valid_acc_stderr") == pytest.approx(result.best_valid_acc_stderr)
+    assert parent.last("baseline_valid_acc") == pytest.approx(base)
+    assert_says(parent.tags["mlflow.note.content"], f"(trial {label}, run ",
+                f"best valid_acc {uncertainty.accuracy_text(acc, n)}", f"baseline {base:.4f}")
+    card = tracker.models[-1]["card"]
+    assert tracker.models[-1]["register"] == "tiny-best"
+    assert card.tags == {"kind": "reader", "model": "iaa", "dataset": "cbt-ne", "valid_acc": f"{acc:.4f}",
+                         "valid_acc_n": str(n), "baseline_valid_acc": f"{base:.4f}"}
+    assert_says(card.description, uncertainty.accuracy_text(acc, n), f"The best trial {label}", "of sweep named",
+                parent.tags["best_mlflow_run_id"], result.best_checkpoint)
 
 
 def _sweeps(launcher: FakeLauncher) -> list[SweepRequest]:
@@ -382,7 +455,16 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
     assert members.connection.num_trials == 1
     assert members.connection.threads == (members.configs[0].train.threads or None)
     assert len(result.members) == 2 and 0 <= result.valid_acc <= 1
-    assert tracker.runs[result.mlflow_run_id].state == "FINISHED"
+    run = tracker.runs[result.mlflow_run_id]
+    assert run.state == "FINISHED"
+    # the split sizes and standard errors beside its accuracies, as its result names them
+    assert run.params["valid_acc_n"] == str(result.valid_acc_n) and result.valid_acc_n > 0
+    assert run.last("valid_acc_stderr") == pytest.approx(result.valid_acc_stderr)
+    card = tracker.models[-1]["card"]
+    assert card.tags == {"kind": "ensemble", "model": "iaa", "dataset": "cbt-ne",
+                         "valid_acc": f"{result.valid_acc:.4f}", "valid_acc_n": str(result.valid_acc_n)}
+    assert_says(card.description, "An ensemble of model `iaa` on cbt-ne", "2 of 2 members",
+                f"run {run.run_id}", str((work / "ensembles" / "one").resolve()))
 
 
 def test_a_store_that_fails_during_a_sweep_costs_the_trial_its_tracking_not_its_training(tiny: Path) -> None:

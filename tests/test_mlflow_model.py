@@ -111,6 +111,32 @@ def test_a_logged_model_names_the_dataset_it_was_measured_on(tmp_path):
     assert {(m.dataset_name, m.dataset_digest) for m in logged.metrics} == {(entry.dataset.name, entry.dataset.digest)}
 
 
+def test_a_registered_version_carries_its_cards_description_and_tags(tmp_path):
+    """The registry's page of a version says what it is: the job's card, as MLflow's client reads it back."""
+    from mlflow import MlflowClient
+
+    from iaa.cli.adapters import MODEL_FILE
+    from iaa.jobs.evaluation.predictor import MODEL_CODE
+    from iaa.jobs.ports import ModelCard
+    from iaa.jobs.workdir.paths import Workdir
+    from iaa.platform.tracking import connection, store
+    from iaa.platform.tracking.tracker import MlflowTracker
+    from tests._explain import tiny_setup
+
+    prepared, ckpts = tiny_setup(tmp_path)
+    uri = connection.open_store(Workdir(tmp_path / "work").tracking_uri())
+    run = store.Run.start(uri, "train-tiny", "r", tags={"dataset": "tiny"})
+    card = ModelCard("A reader of model `iaa` on tiny: valid accuracy 0.5000.",
+                     {"kind": "reader", "dataset": "tiny", "valid_acc": "0.5000"})
+    tracker = MlflowTracker(uri, MODEL_FILE)
+    assert tracker.log_model(run, ModelFiles.of(ckpts["iaa"], prepared), "tiny-card", code=MODEL_CODE,
+                             card=card) == "models:/tiny-card/1"
+    run.end()
+    (version,) = MlflowClient(uri).search_model_versions("name = 'tiny-card'")
+    assert version.run_id == run.run_id and version.description == card.description
+    assert version.tags == dict(card.tags)
+
+
 @pytest.mark.slow
 def test_a_model_logged_again_takes_its_runs_tags_and_stays_one_model(tmp_path):
     """A resumed sweep whose new best trial moves ``best_in_sweep`` logs every trial's model again:

@@ -96,6 +96,11 @@ def test_two_trial_sweep_tracks_a_parent_and_two_children(tiny: Path, tmp_path: 
     assert parent.data.params["search.model.steps"] == "{1, 2}" and "model.steps" not in parent.data.params
     assert int(parent.data.params["best.model.steps"]) == best_trial["config"]["model"]["steps"]
     assert parent.data.tags["best_mlflow_run_id"] == best_trial["mlflow_run_id"]
+    # the best trial by its one name, as the console says it, and by Tune's id; its accuracy's n and baseline
+    assert parent.data.params["best.trial_id"] == parent.data.tags["best_trial_id"] == result["best_trial_label"]
+    assert parent.data.params["best.ray_trial_id"] == parent.data.tags["best_ray_trial_id"] == result["best_trial"]
+    assert parent.data.params["best_valid_acc_n"] == str(result["best_valid_acc_n"])
+    assert parent.data.metrics["baseline_valid_acc"] == pytest.approx(result["baseline_valid_acc"])
     # the note links the best trial's run relative to the page, so it holds on any host and port
     link = f"](#/experiments/{parent.info.experiment_id}/runs/{best_trial['mlflow_run_id']})"
     assert link in parent.data.tags["mlflow.note.content"]

@@ -24,7 +24,8 @@ checkpoint it holds) and ``test_acc`` where measured, the run's ``best_in_sweep`
 tags, a signature (the predict columns in, the predict rows out) and an input example; its
 requirements are plain package-index pins, and ``mlflow.search_logged_models`` and the
 experiment's Models tab list and rank it. Its metrics name the dataset they were measured on (the
-run's dataset input), which is how MLflow 3 shows a logged model's dataset. ``register`` makes it a version of a registered model.
+run's dataset input), which is how MLflow 3 shows a logged model's dataset. ``register`` makes it a version of a registered model,
+with the description and tags of the job's :class:`~iaa.jobs.ports.ModelCard` (what it is, how good, where it came from).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from mlflow.tracking import MlflowClient
 import iaa
 from iaa.data.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError, brief
-from iaa.jobs.ports import Answerer, LoadedModel, ModelCode, ModelFiles
+from iaa.jobs.ports import Answerer, LoadedModel, ModelCard, ModelCode, ModelFiles
 from iaa.platform.tracking.connection import TRANSIENT, quiet_store_logs
 from iaa.platform.tracking.store import dataset_summary, manifest_digest
 
@@ -208,11 +209,12 @@ def requirements() -> list[str]:
 
 
 def log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register: str | None = None, *,
-        model_file: Path) -> str:
+        model_file: Path, card: ModelCard | None = None) -> str:
     """Log the model made of ``files`` as a logged model of run ``run_id``, once for the same
     checkpoints: a run whose newest model was made of them (their digest, :data:`FILES_TAG`) keeps
     it, and its tags are the run's again, as a resumed sweep's new best changes ``best_in_sweep``;
-    a run resumed since (other weights) gets a new model. Register it as ``register``.
+    a run resumed since (other weights) gets a new model. Register it as ``register``, the
+    version described and tagged by ``card``.
     ``model_file`` is the model's code file, which MLflow runs to load it (:func:`_log_kwargs`); an
     ensemble's temperature travels as its :data:`CALIBRATION` artifact.
 
@@ -244,7 +246,7 @@ def log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register: str
         client.log_batch(run_id, metrics=model_metrics(client, run_id, model_id, (data["name"], data["digest"])))
     model_uri = f"models:/{model_id}"
     if register:
-        model_uri = register_model(uri, run_id, register, model_id)
+        model_uri = register_model(uri, run_id, register, model_id, card)
     client.set_tag(run_id, "iaa.model_uri", model_uri)
     return model_uri
 
@@ -353,14 +355,14 @@ def _store(uri: str | None) -> Iterator[None]:
 
 
 def try_log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register: str | None = None,
-            run: Any = None, *, model_file: Path) -> str | None:
+            run: Any = None, *, model_file: Path, card: ModelCard | None = None) -> str | None:
     """:func:`log`, where a failing store is a warning on stderr (the trained model stands).
 
     With ``run`` (the ``tracking.Run`` being logged), the failure is also recorded as lost on it,
     so that the run ends FAILED and the command says what was not logged.
     """
     try:
-        return log(uri, run_id, files, code, register, model_file=model_file)
+        return log(uri, run_id, files, code, register, model_file=model_file, card=card)
     except TRANSIENT as err:
         _log.warning(f"could not log the model of run {run_id} to MLflow at {uri} ({brief(err)}); "
                      f"the checkpoint is still at {files.checkpoints[0]}")
@@ -370,15 +372,17 @@ def try_log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register:
         return None
 
 
-def register_model(uri: str, run_id: str, name: str, model_id: str) -> str:
-    """A new version of registered model ``name`` from logged model ``model_id``: ``models:/NAME/V``."""
+def register_model(uri: str, run_id: str, name: str, model_id: str, card: ModelCard | None = None) -> str:
+    """A new version of registered model ``name`` from logged model ``model_id``: ``models:/NAME/V``,
+    with ``card``'s description and tags (what the registry's page of the version shows)."""
     client = MlflowClient(uri)
     try:
         client.get_registered_model(name)
     except mlflow.exceptions.MlflowException:
         client.create_registered_model(name)
     source = client.get_logged_model(model_id).artifact_location
-    version = client.create_model_version(name, source=source, run_id=run_id, model_id=model_id)
+    about = {"description": card.description, "tags": dict(card.tags)} if card is not None else {}
+    version = client.create_model_version(name, source=source, run_id=run_id, model_id=model_id, **about)
     return f"models:/{name}/{version.version}"
 
 

@@ -412,8 +412,9 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
         settings = {"select": req.select, "p": req.p, "top_configs": req.top_configs, "seeds": req.seeds,
                     "calibrate": req.calibrate,
                     "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(result.selected)}
+        about = ensemble_run.card(summary, members, result, experiment)
         summary["model_uri"] = ensemble_run.record(run, tracker, settings, members, result, out_dir, prepared,
-                                                   req.register)
+                                                   req.register, about)
         ledger.check_unchanged(members, name)           # the logged model copied the members read first
     if sweep is not None:
         ensemble_run.count_on_sweep(tracker, experiment, sweep)

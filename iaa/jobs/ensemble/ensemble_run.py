@@ -11,9 +11,10 @@ from typing import Any, Mapping, Sequence
 
 from iaa.files import atomic_write_text
 from iaa.jobs.ensemble.members import Member
+from iaa.jobs.evaluation import model_card, uncertainty
 from iaa.jobs.evaluation.averaging import Averaged
 from iaa.jobs.evaluation.predictor import MODEL_CODE, SUMMARY
-from iaa.jobs.ports import ModelFiles, TrackedRun, Tracker
+from iaa.jobs.ports import ModelCard, ModelFiles, TrackedRun, Tracker
 from iaa.jobs.sweeps.record import SweepRecord
 
 MEMBERS_FILE = "members.json"   # one row per candidate member, logged as an artifact
@@ -31,13 +32,24 @@ def run_tags(dataset: str, select: str, out_dir: Path, sweep: SweepRecord | None
     return tags
 
 
+def accuracy_sizes(result: Averaged) -> dict[str, float | int | None]:
+    """``valid_acc_n`` and ``valid_acc_stderr`` (the valid split's size and the standard error of
+    the ensemble's accuracy there), and the test's where it has one, as its result names them."""
+    sizes = uncertainty.fields("valid_acc", result.valid_acc, result.examples.get("valid", 0))
+    if result.test_acc is not None:
+        sizes.update(uncertainty.fields("test_acc", result.test_acc, result.examples.get("test", 0)))
+    return sizes
+
+
 def metrics(result: Averaged) -> dict[str, float]:
     """The ensemble's figures as metrics: rounded to :data:`METRIC_DIGITS` (a mean of accuracies
     logs 0.9623, not 0.9622999999999999), ``best_valid_acc`` (the ensemble's valid accuracy, the
-    column a sweep's runs are sorted by), Boo(n) once, under ``boo_n_*``, the log-loss and
+    column a sweep's runs are sorted by), the standard errors of its accuracies
+    (``valid_acc_stderr``, ``test_acc_stderr``), Boo(n) once, under ``boo_n_*``, the log-loss and
     calibration error of the ensemble, of its members on average and of the ensemble at its
     ``temperature`` (``valid_log_loss``, ``calibrated_test_log_loss``, ...)."""
     figures = {k: getattr(result, k) for k in FIGURES if getattr(result, k) is not None}
+    figures.update({k: v for k, v in accuracy_sizes(result).items() if k.endswith("_stderr") and v is not None})
     figures["best_valid_acc"] = result.valid_acc
     figures.update({"boo_n": result.boo_n, "boo_n_valid": result.boo_valid, "temperature": result.temperature})
     figures.update({k: v for k, v in result.calibration.items() if not k.endswith("mean_confidence")})
@@ -63,12 +75,28 @@ def member_rows(members: Sequence[Member], result: Averaged) -> list[dict[str, A
             for i, (m, valid, test) in enumerate(zip(members, result.member_valid_acc, tests))]
 
 
+def card(summary: Mapping[str, Any], members: Sequence[Member], result: Averaged, experiment: str) -> ModelCard:
+    """What the ensemble's registered model says of itself: an ensemble of its selected members'
+    model kind on its dataset, its valid accuracy with its interval, its members, and its run (in
+    ``experiment``) and folder. ``summary`` is its record (``name``, ``dataset``, ``ensemble_dir``,
+    ``mlflow_run_id``)."""
+    kinds = sorted({members[i].config.model.kind for i in result.selected}) or ["?"]
+    calibrated = f", scaled by temperature {result.temperature:.4g}" if result.temperature != 1.0 else ""
+    return model_card.card(kind="ensemble", model=",".join(kinds), dataset=summary["dataset"],
+                           valid_acc=result.valid_acc, n=result.examples.get("valid", 0), baseline=None,
+                           origin=f"The ensemble {summary['name']}: {len(result.selected)} of {len(members)} members "
+                                  f"(selection {result.select}) averaged{calibrated}; run {summary['mlflow_run_id']} "
+                                  f"of experiment {experiment}; its folder is `{Path(summary['ensemble_dir']).resolve()}`.")
+
+
 def record(run: TrackedRun, tracker: Tracker, settings: Mapping[str, Any], members: Sequence[Member],
-           result: Averaged, out_dir: Path, prepared: Path, register: str | None) -> str | None:
-    """Log the finished ensemble on its run: params, metrics, ``members.json``, the per-member
-    accuracies (one step per member), its files, its data and its model (the selected members,
-    averaged). Returns the model's URI."""
-    run.log_params(params(settings))
+           result: Averaged, out_dir: Path, prepared: Path, register: str | None,
+           about: ModelCard | None = None) -> str | None:
+    """Log the finished ensemble on its run: params (with the splits' sizes, ``valid_acc_n`` and
+    ``test_acc_n``), metrics, ``members.json``, the per-member accuracies (one step per member), its
+    files, its data and its model (the selected members, averaged; ``about`` describes its
+    registered version). Returns the model's URI."""
+    run.log_params({**params(settings), **{k: v for k, v in accuracy_sizes(result).items() if k.endswith("_n")}})
     run.log_metrics(metrics(result))
     for i, acc in enumerate(result.member_valid_acc):
         test = result.member_test_acc[i] if result.member_test_acc is not None else None
@@ -80,7 +108,7 @@ def record(run: TrackedRun, tracker: Tracker, settings: Mapping[str, Any], membe
         run.log_artifact(path)
     run.log_dataset(prepared, context="eval")
     files = ModelFiles(tuple(Path(m) for m in result.members), prepared, result.temperature)
-    return tracker.log_model(run, files, register, code=MODEL_CODE)
+    return tracker.log_model(run, files, register, code=MODEL_CODE, card=about)
 
 
 def count_on_sweep(tracker: Tracker, experiment: str, sweep: SweepRecord) -> None:

@@ -21,16 +21,19 @@ def still_improving(steps: int | None, best_step: int | None, checks: int | None
 
 
 def stop_words(reason: str | None, *, steps: int | None, best_step: int | None, epochs: float | None = None,
-               checks: int | None = None) -> str:
+               checks: int | None = None, advice: bool = True) -> str:
     """Why the run stopped (``reason``: its stop reason), in words; when a budget ended it while it
-    was still improving (its last check, at ``steps``, was its best of ``checks``), it says so and
-    names how to give it more: its resume with a larger budget (``epochs``: the epochs it ran)."""
+    was still improving (its last check, at ``steps``, was its best of ``checks``), it says so and,
+    with ``advice``, names how to give it more: its resume with a larger budget (``epochs``: the
+    epochs it ran)."""
     reason = str(reason or "")
     words = STOP_WORDS.get(reason, f"stopped ({reason or 'unknown reason'})")
     if reason in ("max-epochs", "max-time") and still_improving(steps, best_step, checks):
         more = (f"train.max_epochs={2 * epochs:g}" if reason == "max-epochs" and epochs
                 else "train.max_epochs=N" if reason == "max-epochs" else "train.max_minutes=N")
-        words += f" while still improving (its last check was its best): give it more with `resume` and `sets` {more}"
+        words += " while still improving (its last check was its best)"
+        if advice:
+            words += f": give it more with `resume` and `sets` {more}"
     return words
 
 

@@ -23,7 +23,7 @@ from iaa.jobs.ports.launching import (Carried, ConnectRequest, Launcher, Members
                                       Scorer, SearchPlan, SweepEvents, SweepRequest, TrialRun, TrialTracking,
                                       WarmStart, WorkerData, WorkerFit, WorkerLink, WorkersRequest)
 from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
-                                    Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelFiles, ModelSource,
+                                    Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelCard, ModelFiles, ModelSource,
                                     RequestError, RunRecord, ServeApi, ServeConfig, TIME_BUDGET, TrialRecord,
                                     INTERRUPTED_TAG, TUNE_RUN_TAG, WORKER_LOST, trial_name)
 from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
@@ -33,7 +33,7 @@ __all__ = [
     "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES", "TIME_BUDGET",
     "INTERRUPTED_TAG", "TUNE_RUN_TAG", "WORKER_LOST",
     "Answerer", "Carried", "ConnectRequest", "Launcher", "Limits", "LoadedModel", "MembersRequest", "MetricPoint", "Metrics",
-    "MetricsCallback", "ModelCode", "ModelFetcher", "ModelFiles", "ModelSource", "Placement", "RequestError", "RestoresSpent", "RunRecord", "Scorer",
+    "MetricsCallback", "ModelCard", "ModelCode", "ModelFetcher", "ModelFiles", "ModelSource", "Placement", "RequestError", "RestoresSpent", "RunRecord", "Scorer",
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",
     "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WarmStart", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
     "trial_name",

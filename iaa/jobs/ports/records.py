@@ -223,6 +223,20 @@ class ModelFiles:
 
 
 @dataclass(frozen=True)
+class ModelCard:
+    """What a registered model version says of itself: a Markdown ``description`` (what it is, how
+    good, the run it came from) and ``tags`` (plain strings: its dataset, valid accuracy, kind)."""
+
+    description: str
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        odd = {k: v for k, v in self.tags.items() if not isinstance(k, str) or not isinstance(v, str)}
+        if odd:
+            raise IaaError(f"a model card's tags are strings, got {odd!r}")
+
+
+@dataclass(frozen=True)
 class LoadedModel:
     """A model's files on this machine, and its name and version (both strings)."""
 

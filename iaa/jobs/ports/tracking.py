@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Protocol, Sequence
 
 from iaa.files import DiskFullError
-from iaa.jobs.ports.records import MetricPoint, ModelFiles, RunRecord
+from iaa.jobs.ports.records import MetricPoint, ModelCard, ModelFiles, RunRecord
 
 
 class TrackedRun(Protocol):
@@ -68,8 +68,10 @@ class Tracker(Protocol):
     def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
                   status: str | None = None) -> list[RunRecord]: ...     # newest first
     def find_by_tag(self, key: str, values: Sequence[str]) -> str | None: ...
+    # the model URI; None (and noted on run) when the store failed; ``card`` describes and tags the
+    # version that ``register`` makes (a model logged without ``register`` has no use for it)
     def log_model(self, run: TrackedRun, files: ModelFiles, register: str | None = None, *,
-                  code: ModelCode) -> str | None: ...      # the model URI; None (and noted on run) when the store failed
+                  code: ModelCode, card: ModelCard | None = None) -> str | None: ...
     def model_uri(self, run_id: str) -> str | None: ...  # the run's logged model, read only; None: none, or the store failed
     def experiment_records(self, experiment: str) -> list[RunRecord] | None: ...  # oldest first
     def experiment_names(self) -> list[str]: ...

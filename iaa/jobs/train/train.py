@@ -24,9 +24,11 @@ from iaa.jobs.modeling import checkpoint
 from iaa.jobs.modeling import precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.ports import INTERRUPTED_TAG, Launcher, ModelFiles, RestoresSpent, TrackedRun, Tracker, WorkersRequest
+from iaa.jobs.evaluation import model_card
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.predictor import MODEL_CODE
 from iaa.jobs.training.session import MetricsCallback
+from iaa.jobs.training import summary
 from iaa.jobs.training.summary import TrainResult, trained
 from iaa.jobs.training.step import retain_freed_memory
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
@@ -88,6 +90,8 @@ def run_tracked(
     distillation job passes the rows with their teacher distributions, and ``teacher`` (the
     teacher's Parquet file) is then logged as an input of the run. ``experiment`` is the MLflow
     experiment of the run (default ``train-DATASET``; distillation's is ``distill-ENSEMBLE``).
+    The result carries the most-frequent-candidate baseline beside its best accuracy
+    (:func:`~iaa.jobs.training.summary.with_baseline`), which the run records too.
     """
     if workers > 0 and launcher is None:
         raise IaaError("training on workers needs a launcher")
@@ -113,7 +117,9 @@ def run_tracked(
         result = _fit(cfg, prepared, folder, launcher, log, resume=resume, workers=workers,
                       gpus_per_worker=gpus_per_worker, storage=storage, show_progress=show_progress,
                       train_rows=train_rows)
-        model_uri = _log_result(tracker, tracked, result, prepared, register)
+        result = summary.with_baseline(result, prepared)
+        model_uri = _log_result(tracker, tracked, result, register, prepared=prepared, cfg=cfg,
+                                experiment=experiment)
     return replace(result, model_uri=model_uri, valid_acc=result.best_valid_acc, tracking_uri=tracker.uri,
                    mlflow_run_id=tracked.run_id)
 
@@ -126,16 +132,30 @@ def _log_inputs(tracked: TrackedRun, cfg: JobConfig, prepared: Path, teacher: Pa
         tracked.log_file_input(Path(teacher), context="teacher")
 
 
-def _log_result(tracker: Tracker, tracked: TrackedRun, result: TrainResult, prepared: Path,
-                register: str | None) -> str | None:
-    """The finished run's checkpoint and precision tags, its logged model (registered as ``register``; its URI
-    is returned) and its final best validation accuracy."""
-    tracked.set_tags({"checkpoint": result.checkpoint, **({"precision": result.precision} if result.precision else {})})
+def _log_result(tracker: Tracker, tracked: TrackedRun, result: TrainResult, register: str | None, *,
+                prepared: Path, cfg: JobConfig, experiment: str) -> str | None:
+    """The finished run's checkpoint (absolute) and precision tags, its description, the size of the
+    valid split its accuracy was measured on (``best_valid_acc_n``), that accuracy's standard error
+    and the baseline beside it, its logged model (registered as ``register``, with a card saying
+    what it is; its URI is returned) and its final best validation accuracy."""
+    checkpoint = str(Path(result.checkpoint).resolve()) if result.checkpoint else ""
+    tracked.set_tags({"checkpoint": checkpoint, **({"precision": result.precision} if result.precision else {}),
+                      "mlflow.note.content": summary.run_note(result, checkpoint)})
+    if result.best_valid_acc_n is not None:
+        tracked.log_params({"best_valid_acc_n": result.best_valid_acc_n})
+    best = result.best_valid_acc if result.best_valid_acc is not None else 0.0
+    figures = {"final_best_valid_acc": best, "best_valid_acc_stderr": result.best_valid_acc_stderr,
+               "baseline_valid_acc": result.baseline_valid_acc}
     model_uri = None
     if result.checkpoint:
-        model_uri = tracker.log_model(tracked, ModelFiles.of(result.checkpoint, prepared), register, code=MODEL_CODE)
-    best = result.best_valid_acc if result.best_valid_acc is not None else 0.0
-    tracked.log_metrics({"final_best_valid_acc": best}, step=int(result.steps))
+        card = model_card.card(kind="reader", model=cfg.model.kind, dataset=cfg.dataset,
+                               valid_acc=result.best_valid_acc, n=int(result.best_valid_acc_n or 0),
+                               baseline=result.baseline_valid_acc,
+                               origin=f"Trained by run {Path(result.run_dir).name} ({tracked.run_id}) of experiment "
+                                      f"{experiment}; its checkpoint is `{checkpoint}`.")
+        model_uri = tracker.log_model(tracked, ModelFiles.of(result.checkpoint, prepared), register,
+                                      code=MODEL_CODE, card=card)
+    tracked.log_metrics({k: v for k, v in figures.items() if v is not None}, step=int(result.steps))
     return model_uri
 
 
@@ -211,9 +231,6 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
         except RestoresSpent as err:
             raise RestoresSpent(f"{err}; its last checkpoint is kept: continue with "
                                 f"{resume_command(req, run_dir)}") from err
-    from iaa.jobs.training import summary
-
-    result = summary.with_baseline(result, prepared)
     best = checkpoint.temperature(checkpoint.load(Path(result.checkpoint)))   # not the last check's, where they differ
     return replace(result, checkpoint_temperature=best, next=summary.next_commands(result, req))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from iaa.jobs.evaluation import closing, frequency, uncertainty
+from iaa.jobs.evaluation.model_card import accuracy_words
 from iaa.jobs.evaluation.result import Result, absent_when_none, spread
 
 
@@ -21,8 +22,8 @@ class TrainResult(Result):
     ``valid_loss``, ``temperature``, ``lr``, ``train_examples_per_s`` ...: those of the last check,
     which need not be the best one) and those its runner adds (in process:
     ``cuda_graphs``; on Ray Train workers: ``ray_storage``, ``workers``, ``threads``), each a key of
-    the JSON object. A tracked run (:func:`iaa.jobs.train.train.run_tracked`) adds its store, run
-    and logged model; the train job then adds the baseline beside it (:func:`with_baseline`).
+    the JSON object. A tracked run (:func:`iaa.jobs.train.train.run_tracked`) adds the baseline
+    beside it (:func:`with_baseline`), and its store, run and logged model.
     """
 
     metrics: Mapping[str, Any] = spread()
@@ -61,9 +62,12 @@ def trained(figures: Mapping[str, Any], **given: Any) -> TrainResult:
 def with_baseline(result: TrainResult, prepared: Path) -> TrainResult:
     """``result`` with the most-frequent-candidate accuracy on the valid split beside its best
     accuracy (a warning when the reader is not above it), the split's size, the accuracy's
-    standard error, the data folder and whether it has a test split."""
+    standard error, the data folder and whether it has a test split; a result that has them
+    already (a tracked run's) as it is."""
     from iaa.data.loader import PreparedData
 
+    if result.baseline_valid_acc is not None:
+        return result
     baseline = frequency.run(prepared, "valid")
     acc, n = result.best_valid_acc, baseline.examples
     warnings = frequency.below_warning(acc, baseline.accuracy, "the run") if acc is not None else []
@@ -81,19 +85,32 @@ def describe(result: TrainResult, what: str = "train") -> str:
 
 def head_lines(result: TrainResult, what: str = "train") -> list[str]:
     """The best accuracy (beside the baseline), where and why the run stopped, and its files."""
-    acc, n, base = result.best_valid_acc, int(result.valid_examples or 0), result.baseline_valid_acc
-    shown = ("-" if acc is None else frequency.beside(acc, base, n) if base is not None
-             else uncertainty.accuracy_text(acc, n))
-    epoch = float(result.epoch or 0.0)
-    epochs = round(epoch + 0.5) if epoch > 0 else None
+    shown = accuracy_words(result.best_valid_acc, int(result.valid_examples or 0), result.baseline_valid_acc)
     lines = [f"{what}: best valid accuracy {shown}",
              f"  at step {_with_epoch(result.best_step, result)} of {_with_epoch(result.steps, result)}; "
-             + closing.stop_words(result.stop_reason, steps=result.steps, best_step=result.best_step, epochs=epochs,
-                                  checks=result.metrics.get("checks")),
+             + _stop(result),
              f"  checkpoint:   {result.checkpoint}"]
     if result.model_uri:
         lines.append(f"  model:        {result.model_uri}")
     return lines
+
+
+def run_note(result: TrainResult, checkpoint: str) -> str:
+    """The tracked run's description (MLflow's runs page shows it): its best accuracy with its
+    interval and the baseline, where and why it stopped, and its best ``checkpoint``."""
+    shown = accuracy_words(result.best_valid_acc, int(result.valid_examples or 0), result.baseline_valid_acc)
+    return (f"Best valid_acc {shown}, at step {_with_epoch(result.best_step, result)} of "
+            f"{_with_epoch(result.steps, result)}; {_stop(result, advice=False)}. Its best checkpoint is "
+            f"`{checkpoint}`.")
+
+
+def _stop(result: TrainResult, advice: bool = True) -> str:
+    """Why ``result``'s run stopped, in words (with ``advice``: how to give it more, where it was
+    still improving)."""
+    epoch = float(result.epoch or 0.0)
+    epochs = round(epoch + 0.5) if epoch > 0 else None
+    return closing.stop_words(result.stop_reason, steps=result.steps, best_step=result.best_step, epochs=epochs,
+                              checks=result.metrics.get("checks"), advice=advice)
 
 
 def _with_epoch(step: int | None, result: TrainResult) -> str:

@@ -13,12 +13,12 @@ from iaa.errors import IaaError, printable
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.config.job_config import TrainConfig, config_label, dump_yaml
-from iaa.jobs.evaluation import frequency, uncertainty
+from iaa.jobs.evaluation import frequency, model_card, uncertainty
 from iaa.jobs.evaluation.closing import next_block
 from iaa.jobs.evaluation.frequency import BaselineResult
 from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 from iaa.jobs.config import exploration, search_space
-from iaa.jobs.ports import ModelFiles, TrackedRun, Tracker, TrialRecord
+from iaa.jobs.ports import ModelCard, ModelFiles, TrackedRun, Tracker, TrialRecord
 from iaa.jobs.sweeps.ranking import Ranking
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
@@ -48,8 +48,9 @@ class TuneResult(Keyed, Result):
     ``close_trials`` are the trials below the best by less than chance moves two scores on the
     validation set (closest first; ties are in ``tied_trials``): the sweep cannot rank them.
     ``best_trial`` is the best trial's Tune id (its folder under the sweep's storage, the sweep
-    run's tag ``best_trial_id``); ``best_trial_label`` is its one name (``trial-0003``), as the
-    console, ``tied_trials``, ``close_trials`` and ``report --sweeps`` name it.
+    run's param ``best.ray_trial_id`` and tag ``best_ray_trial_id``); ``best_trial_label`` is its
+    one name (``trial-0003``), as the console, ``tied_trials``, ``close_trials``, ``report
+    --sweeps`` and the sweep run's param ``best.trial_id`` and tag ``best_trial_id`` name it.
     """
 
     sweep: str
@@ -136,8 +137,10 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     baseline = frequency.run(prepared, "valid")
     scores = {r.label: r.best_valid_acc for r in scored}
     ranking = Ranking.of(scores, baseline.examples)
-    label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir, ranking)
-    outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, plan.register, records)
+    label, view = _record_on_parent(parent, tracker, best, records, sweep, space, best_config, sweep_dir, ranking,
+                                    baseline)
+    card = _card(sweep, best, label, baseline)
+    outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, plan.register, records, card)
     for key in ("explain_page", "explain_png"):          # the sweep's run shows its best trial's page too
         if outputs.get(key):
             tracker.attach(parent.run_id).log_artifact(Path(outputs[key]), "explain")
@@ -255,23 +258,34 @@ def _check_interval(train: TrainConfig) -> str:
 
 def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, records: list[TrialRecord],
                       sweep: SweepRecord, space: search_space.SearchSpace, best_config: Path,
-                      sweep_dir: Path, ranking: Ranking) -> tuple[str, str | None]:
-    """The sweep's metrics, the best trial's params, tags and note, its config and ``sweep.json`` on
-    the parent run, which is then ended; the best trial's run is tagged ``best_in_sweep``, and the
-    parent ``close_trials`` with those the validation set cannot tell from it. While a
-    trial lost its worker (a resume runs it again and may find a better one) the best is in the
-    tags only: the params wait for the sweep's last run.
+                      sweep_dir: Path, ranking: Ranking, baseline: BaselineResult) -> tuple[str, str | None]:
+    """The sweep's metrics (``best_valid_acc`` with its standard error and the baseline beside it,
+    ``baseline_valid_acc``), the best trial's params, tags and note, its config and ``sweep.json``
+    on the parent run, which is then ended; the best trial's run is tagged ``best_in_sweep``, and
+    the parent ``close_trials`` with those the validation set cannot tell from it. While a trial
+    lost its worker (a resume runs it again and may find a better one) the best is in the tags
+    only: the params wait for the sweep's last run. The best trial is named by its one name
+    (``best.trial_id``, ``best_trial_id``: ``trial-0003``) and by Tune's id of it
+    (``best.ray_trial_id``, ``best_ray_trial_id``); the size of the valid split is the param
+    ``best_valid_acc_n``.
 
     Returns the best config's label and the store's view of the runs with the search's columns."""
+    n_valid = baseline.examples
+    accuracy = uncertainty.fields("best_valid_acc", best.best_valid_acc, n_valid)
     parent.log_metrics({"best_valid_acc": best.best_valid_acc, "trials": len(records),
                         "trials_stopped_early": sum(r.stop_reason == "asha" for r in records),
                         "trials_failed": sum(r.status == "ERROR" for r in records),
                         "trials_lost": sum(r.lost for r in records),
-                        "trials_cut": sum(r.cut for r in records)}, step=0)
+                        "trials_cut": sum(r.cut for r in records),
+                        "baseline_valid_acc": baseline.accuracy,
+                        **({"best_valid_acc_stderr": accuracy["best_valid_acc_stderr"]}
+                           if accuracy["best_valid_acc_stderr"] is not None else {})}, step=0)
+    parent.log_params({"best_valid_acc_n": n_valid})        # the data of every resume is the same
     label = config_label(best.params)
     if sweep.budget_spent or not any(r.lost for r in records):   # params never change: not while a resume may
                                                                     # find a better trial
-        parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.trial_id})
+        parent.log_params({**{f"best.{k}": v for k, v in best.params.items()}, "best.trial_id": best.label,
+                           "best.ray_trial_id": best.trial_id})
     view = tracker.show_columns(sweep.experiment or "", run_columns(space))
     # relative to the page showing the note, so it holds for any host and port the UI is served on
     link = f"(#{view.split('#', 1)[1].split('/runs?')[0]}/runs/{best.mlflow_run_id})" \
@@ -282,12 +296,14 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
              else "")
     close = (f" The validation set cannot tell it from {', '.join(ranking.close)}: their gaps to it are within "
              "chance." if ranking.close else "")
+    shown = model_card.accuracy_words(best.best_valid_acc, n_valid, baseline.accuracy)
     parent.set_tags({"trials": str(len(records)),    # its child runs are these and its ensembles (``ensembles``)
                      "close_trials": ",".join(ranking.close) or "none",
-                     "best_trial_id": best.trial_id, "best_checkpoint": best.checkpoint or "",
+                     "best_trial_id": best.label, "best_ray_trial_id": best.trial_id,
+                     "best_checkpoint": best.checkpoint or "",
                      "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,
-                     "mlflow.note.content": f"Best trial: [{label}]{link}, best valid_acc {best.best_valid_acc:.4f} "
-                                            f"(trial {best.label}, run {best.mlflow_run_id}); its config is "
+                     "mlflow.note.content": f"Best trial: [{label}]{link} (trial {best.label}, run "
+                                            f"{best.mlflow_run_id}), best valid_acc {shown}; its config is "
                                             f"the `best.*` params and the artifact `best_config.yaml`.{close}{began}"})
     if best.mlflow_run_id:
         for earlier in tracker.find_runs(sweep.experiment or "", {"sweep": sweep.name, "best_in_sweep": "true"}):
@@ -300,6 +316,16 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
     parent.log_artifact(sweep_dir / SWEEP_RECORD)
     parent.end("FAILED" if parent.lost else "FINISHED")
     return label, view
+
+
+def _card(sweep: SweepRecord, best: TrialRecord, label: str, baseline: BaselineResult) -> ModelCard:
+    """What the best trial's registered model says of itself: a reader of the sweep's model kind
+    and dataset, its valid accuracy beside the baseline, and the trial and run it came from."""
+    return model_card.card(kind="reader", model=best.config.model.kind, dataset=best.config.dataset,
+                           valid_acc=best.best_valid_acc, n=baseline.examples, baseline=baseline.accuracy,
+                           origin=f"The best trial {best.label} ({label}) of sweep {sweep.name}: run "
+                                  f"{best.mlflow_run_id} of experiment {sweep.experiment}; its checkpoint is "
+                                  f"`{best.checkpoint}`.")
 
 
 def write_best_config(best: TrialRecord, path: Path, sweep: str, train_epochs: float | None,
@@ -330,9 +356,9 @@ EXPLAIN_EXAMPLES = 5  # validation examples on the best trial's explain page
 
 
 def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared: Path, register: str | None,
-                  records: Sequence[TrialRecord] = ()) -> tuple[dict[str, Any], list[str]]:
+                  records: Sequence[TrialRecord] = (), card: ModelCard | None = None) -> tuple[dict[str, Any], list[str]]:
     """Every trial's tracked model, and the best trial's explain page (first validation examples),
-    both stored on their runs; ``register`` registers the best model.
+    both stored on their runs; ``register`` registers the best model, described by ``card``.
 
     Returns the outputs and what the store refused for good, run by run: those runs are marked
     FAILED, and the sweep's result stands (every output is written before the command fails)."""
@@ -355,7 +381,8 @@ def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared:
         runs.append(run)
         for artifact in (page.html, page.png):
             run.log_artifact(Path(artifact), "explain")
-        out["model_uri"] = tracker.log_model(run, ModelFiles.of(best.checkpoint, prepared), register, code=MODEL_CODE)
+        out["model_uri"] = tracker.log_model(run, ModelFiles.of(best.checkpoint, prepared), register, code=MODEL_CODE,
+                                             card=card)
     unlogged = []
     for run in runs:
         if run.lost:

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.files import DiskFullError
-from iaa.jobs.ports import MetricPoint, ModelCode, ModelFiles, RunRecord
+from iaa.jobs.ports import MetricPoint, ModelCard, ModelCode, ModelFiles, RunRecord
 from iaa.platform import mlflow_model
 from iaa.platform.tracking import connection, queries
 from iaa.platform.tracking.connection import TRANSIENT
@@ -65,10 +65,11 @@ class MlflowTracker:
             return None
 
     def log_model(self, run: Run, files: ModelFiles, register: str | None = None, *,
-                  code: ModelCode) -> str | None:
+                  code: ModelCode, card: ModelCard | None = None) -> str | None:
         if self.model_file is None:
             raise IaaError("this tracker was opened without a model code file, so it cannot log a model")
-        return mlflow_model.try_log(self.uri, run.run_id, files, code, register, run=run, model_file=self.model_file)
+        return mlflow_model.try_log(self.uri, run.run_id, files, code, register, run=run, model_file=self.model_file,
+                                    card=card)
 
     def model_uri(self, run_id: str) -> str | None:
         """The URI of run ``run_id``'s logged model; None when it has none or the store fails."""
