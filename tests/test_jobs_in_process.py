@@ -46,7 +46,8 @@ def test_a_train_run_holds_its_accuracy_beside_its_interval_and_baseline_and_its
         tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the store shows of a train run: the valid split's size, the accuracy's standard error
     and the baseline beside it, a description in the console's words, its checkpoint as an absolute
-    path (the folder was given relative), and a registered model's description and tags."""
+    path (the folder was given relative; the result says it so too), and a registered model's
+    description and tags."""
     from iaa.jobs.evaluation import uncertainty
     from iaa.jobs.train import train
 
@@ -61,7 +62,7 @@ def test_a_train_run_holds_its_accuracy_beside_its_interval_and_baseline_and_its
     assert run.last("best_valid_acc_stderr") == pytest.approx(result.best_valid_acc_stderr)
     assert run.last("baseline_valid_acc") == pytest.approx(base)
     checkpoint = str((tmp_path / "run" / "checkpoints" / "best.pt").resolve())
-    assert not Path(result.checkpoint).is_absolute() and run.tags["checkpoint"] == checkpoint
+    assert result.checkpoint == run.tags["checkpoint"] == checkpoint     # said as the next commands say it
     assert_says(run.tags["mlflow.note.content"], f"Best valid_acc {uncertainty.accuracy_text(acc, n)}",
                 f"baseline {base:.4f}", f"of {result.steps}", "stopped at max-epochs", checkpoint)
     [model] = tracker.models
@@ -226,6 +227,21 @@ def test_the_sweep_run_names_its_best_trial_as_the_console_does_with_its_interva
                          "valid_acc_n": str(n), "baseline_valid_acc": f"{base:.4f}"}
     assert_says(card.description, uncertainty.accuracy_text(acc, n), f"The best trial {label}", "of sweep named",
                 parent.tags["best_mlflow_run_id"], result.best_checkpoint)
+
+
+def test_a_sweep_in_a_relative_work_folder_names_its_files_as_its_next_commands_do(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--workdir iaa-work`` (relative): the config, the record and the explain page are given
+    as absolute paths, as the next commands beside them are."""
+    from iaa.jobs.tune import tune
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "space.yaml").write_text(TINY_SPACE, encoding="utf-8")
+    req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=Path("space.yaml"),
+                           sets=TINY_SETS, workdir=Path("work"), name="relative", show_progress=False)
+    result = tune.run(req, lambda uri: FakeTracker(), FakeLauncher())
+    for path in (result.best_config, result.sweep_json, result.explain_page):
+        assert path is not None and Path(path).is_absolute() and Path(path).is_file(), path
 
 
 def _sweeps(launcher: FakeLauncher) -> list[SweepRequest]:

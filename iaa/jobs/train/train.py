@@ -60,7 +60,7 @@ def run(
     session = LocalSession(data_dir, run_dir, batch_size=cfg.train.batch_size, seed=cfg.train.seed,
                            resume=resume, on_metrics=on_metrics, device=device, train_rows=train_rows)
     result = fit(cfg, session, show_progress=show_progress, vocab_hash=session.data.manifest.vocab_hash)
-    return trained(result, checkpoint=str(session.best_checkpoint), run_dir=str(run_dir))
+    return trained(result, checkpoint=str(Path(session.best_checkpoint).resolve()), run_dir=str(Path(run_dir).resolve()))
 
 
 def run_tracked(

@@ -94,9 +94,9 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ranking: Ran
         more = {"tried_first": len(plan.try_first), "best_tried_first": try_first.held_by(plan.try_first, best.params),
                 **more}
     return TuneResult(sweep=sweep.name, tracking_uri=sweep.tracking_uri, experiment=sweep.experiment,
-                      best_config=plan.folder / BEST_CONFIG, best_valid_acc=best.best_valid_acc,
+                      best_config=(plan.folder / BEST_CONFIG).resolve(), best_valid_acc=best.best_valid_acc,
                       baseline_valid_acc=baseline.accuracy, best_trial=best.trial_id, best_trial_label=best.label,
-                      best_checkpoint=best.checkpoint, trials=len(sweep.trials), sweep_json=plan.record_file,
+                      best_checkpoint=best.checkpoint, trials=len(sweep.trials), sweep_json=plan.record_file.resolve(),
                       parent_run_id=sweep.parent_run_id, explain_page=outputs.get("explain_page"),
                       explain_png=outputs.get("explain_png"), model_uri=outputs.get("model_uri"), mlflow_ui=ui,
                       best_valid_acc_n=int(accuracy["best_valid_acc_n"] or 0),
@@ -141,6 +141,8 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
                                     baseline)
     card = _card(sweep, best, label, baseline)
     outputs, unlogged = best_outputs(best, tracker, sweep_dir, prepared, plan.register, records, card)
+    outputs = {key: str(Path(value).resolve()) if key in ("explain_page", "explain_png") and value else value
+               for key, value in outputs.items()}              # said as the next commands are: absolute
     for key in ("explain_page", "explain_png"):          # the sweep's run shows its best trial's page too
         if outputs.get(key):
             tracker.attach(parent.run_id).log_artifact(Path(outputs[key]), "explain")
@@ -151,7 +153,7 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     _say_ranking(plan, best, ranking, scores, baseline)
     _log.info(printable(f"best trial {best.label} ({label}): valid accuracy "
                         f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
-                        f"  config:       {best_config}\n"
+                        f"  config:       {best_config.resolve()}\n"
                         + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
                         + (f"  its figure:   {outputs['explain_png']}\n" if outputs.get("explain_png") else "")
                         + f"  runs:         {runs_line(ui, view)}\n"
@@ -211,7 +213,7 @@ def finished_result(plan: SweepPlan, tracker: Tracker) -> TuneResult:
         raise IaaError(f"sweep {sweep.name} has nothing left to run, but no trial of it finished a validation "
                        f"check ({plan.record_file}); run a new sweep under another `sweep_name`")
     best = max(scored, key=lambda r: r.best_valid_acc or 0.0)
-    outputs = {key: str(sweep_dir / f"explain-best.{ext}") for key, ext in (("explain_page", "html"),
+    outputs = {key: str((sweep_dir / f"explain-best.{ext}").resolve()) for key, ext in (("explain_page", "html"),
                                                                           ("explain_png", "png"))
                if (sweep_dir / f"explain-best.{ext}").is_file()}
     if best.mlflow_run_id:
