@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from _faults import assert_says
+
 from iaa.cli import cli
 from iaa.data import cbt
 from iaa.jobs.ports import ModelFiles
@@ -135,6 +137,8 @@ def test_a_registered_version_carries_its_cards_description_and_tags(tmp_path):
     (version,) = MlflowClient(uri).search_model_versions("name = 'tiny-card'")
     assert version.run_id == run.run_id and version.description == card.description
     assert version.tags == dict(card.tags)
+    assert_says(MlflowClient(uri).get_registered_model("tiny-card").description, "registered by `iaa-cli`",
+                "Each version's description and tags say what it is")
 
 
 @pytest.mark.slow

@@ -372,6 +372,12 @@ def try_log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register:
         return None
 
 
+# What the registry's page of a registered model says, above its versions (each says what it is)
+REGISTERED_DESCRIPTION = ("Cloze readers (Iterative Alternating Attention, or an ensemble of them) registered by "
+                          "`iaa-cli` with `--register`. Each version's description and tags say what it is, the data "
+                          "it was trained on, its valid accuracy with its 95% interval, and the run it came from.")
+
+
 def register_model(uri: str, run_id: str, name: str, model_id: str, card: ModelCard | None = None) -> str:
     """A new version of registered model ``name`` from logged model ``model_id``: ``models:/NAME/V``,
     with ``card``'s description and tags (what the registry's page of the version shows)."""
@@ -379,7 +385,7 @@ def register_model(uri: str, run_id: str, name: str, model_id: str, card: ModelC
     try:
         client.get_registered_model(name)
     except mlflow.exceptions.MlflowException:
-        client.create_registered_model(name)
+        client.create_registered_model(name, description=REGISTERED_DESCRIPTION)
     source = client.get_logged_model(model_id).artifact_location
     about = {"description": card.description, "tags": dict(card.tags)} if card is not None else {}
     version = client.create_model_version(name, source=source, run_id=run_id, model_id=model_id, **about)
