@@ -13,7 +13,6 @@ import pytest
 from click.testing import CliRunner
 
 from _faults import assert_says
-
 from iaa.cli import cli
 from iaa.data import cbt
 from iaa.jobs.ports import ModelFiles
