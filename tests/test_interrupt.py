@@ -82,6 +82,35 @@ def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
     assert list(tracker.runs) == [run.run_id] and run.state == "FINISHED"   # the same run, continued
 
 
+def test_train_stopped_before_its_first_checkpoint_says_to_run_it_again_not_to_resume(
+        tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C before the first check leaves no checkpoint: the line says there is nothing to
+    resume and gives the command that starts the run again, which runs as printed."""
+    from iaa import cli
+
+    tracker = FakeTracker()
+    monkeypatch.setattr(cli.training, "_open_tracker", lambda uri: tracker)
+    logged = FakeRun.log_params
+
+    def log_then_ctrl_c(self: FakeRun, params) -> None:                   # as the run starts
+        logged(self, params)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(FakeRun, "log_params", log_then_ctrl_c)
+    run_dir = tmp_path / "run"
+    args = ["train", "--data", str(tiny), *_sets(), "--run-dir", str(run_dir), "--workdir", str(tmp_path / "work")]
+    stopped = CliRunner().invoke(cli.cli, args)
+
+    assert stopped.exit_code == 130, stopped.output
+    [line] = [text for text in stopped.output.splitlines() if text.startswith("interrupted by SIGINT")]
+    assert_says(line, "before its first checkpoint, so there is nothing to resume", "run it again with: iaa-cli train")
+    argv = shlex.split(line.split("run it again with: ", 1)[1])
+    assert "--resume" not in argv and str(run_dir) in argv
+    monkeypatch.setattr(FakeRun, "log_params", logged)
+    again = CliRunner().invoke(cli.cli, argv[1:])
+    assert again.exit_code == 0, again.output
+
+
 def test_a_second_signal_exits_at_once_after_the_marks(tmp_path: Path) -> None:
     marks = tmp_path / "marks.txt"
     script = textwrap.dedent(f"""

@@ -60,10 +60,15 @@ class Stop:
     Args:
         resume: the exact command that continues the work.
         kept: what the stop leaves behind (called once, after the marks).
+        restart: where the work left nothing to continue from (``resumable`` says so), the exact
+            command that starts it again; the line gives it instead of ``resume``.
+        resumable: whether ``resume`` has something to continue from now (a run's checkpoint).
     """
 
     resume: str
     kept: Callable[[], str] = lambda: ""
+    restart: str | None = None
+    resumable: Callable[[], bool] = lambda: True
     signal_name: str | None = None       # the signal that stopped the command, once one did
     ending: bool = False                 # a second signal came: the process is ending
     caught: bool = False                 # the stop's exception reached the block's end: marking
@@ -79,6 +84,11 @@ class Stop:
         if kept is not None:
             self.kept = kept
 
+    def resumes_when(self, resumable: Callable[[], bool], restart: str) -> None:
+        """From now on, ``resume`` is said only where ``resumable()``; else ``restart``, with the
+        words that nothing was kept to continue from."""
+        self.resumable, self.restart = resumable, restart
+
     def mark(self, signal_name: str) -> None:
         """Every mark, newest first; one that fails does not keep the others from running."""
         for mark in reversed(self._marks):
@@ -90,14 +100,21 @@ class Stop:
     def line(self, signal_name: str, marked: bool = True) -> str:
         """The one line; ``marked=False``: the marks did not finish (another process holds the
         store), and the next command that opens the work folder marks what they left RUNNING."""
+        try:
+            again = self.restart is not None and not self.resumable()
+        except Exception:  # noqa: BLE001 - as below: the line is said; resume is what it says then
+            again = False
+        next_line = f"run it again with: {self.restart}" if again else f"resume with: {self.resume}"
         if not marked:
             return (f"interrupted by {signal_name}: ended before its runs and trials were marked (the next "
-                    f"command in this work folder marks them KILLED and FAIL); resume with: {self.resume}")
+                    f"command in this work folder marks them KILLED and FAIL); {next_line}")
+        if again:
+            return f"interrupted by {signal_name}: it stopped before its first checkpoint, so there is nothing to resume; {next_line}"
         try:
             kept = self.kept()
         except Exception:  # noqa: BLE001 - the line must be said even when the store fails
             kept = ""
-        return f"interrupted by {signal_name}: {kept + '; ' if kept else ''}resume with: {self.resume}"
+        return f"interrupted by {signal_name}: {kept + '; ' if kept else ''}{next_line}"
 
 
 _ACTIVE: list[Stop] = []      # the stoppable blocks now running, innermost last
@@ -113,13 +130,21 @@ def _name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
+def resumes_when(resumable: Callable[[], bool], restart: str) -> None:
+    """:meth:`Stop.resumes_when` of the innermost running :func:`stoppable` block (none: nothing)."""
+    if _ACTIVE:
+        _ACTIVE[-1].resumes_when(resumable, restart)
+
+
 @contextmanager
-def stoppable(resume: str, kept: Callable[[], str] = lambda: "") -> Iterator[Stop]:
+def stoppable(resume: str, kept: Callable[[], str] = lambda: "", *, restart: str | None = None,
+              resumable: Callable[[], bool] = lambda: True) -> Iterator[Stop]:
     """Run the block so that SIGINT and SIGTERM stop it as :class:`Interrupted` (see the module).
+    ``restart`` and ``resumable``: as :class:`Stop`'s.
 
     Outside the main thread (where Python cannot handle signals) the block runs as it is.
     """
-    stop = Stop(resume, kept)
+    stop = Stop(resume, kept, restart, resumable)
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return

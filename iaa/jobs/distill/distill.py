@@ -34,7 +34,7 @@ from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
 from iaa.jobs.training.summary import TrainResult
 from iaa.jobs.workdir import recorded
-from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
 
 _log = logging.getLogger(__name__)
 
@@ -133,15 +133,16 @@ def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer 
         return _run(req, train=train, score=score, claim=claim)
 
 
-def resume_command(req: DistillRequest) -> Command:
-    """The exact ``distill ... resume`` that continues the student's run."""
+def resume_command(req: DistillRequest, resume: bool = True) -> Command:
+    """The exact ``distill ... resume`` that continues the student's run (``resume=False``: that
+    starts it again, for a student stopped before its first checkpoint)."""
     return Command.of("distill", ensemble_dir=req.ensemble, model_kind=req.model_kind,
                       config_file=req.config_file, sets=tuple(req.sets),
                       alpha=None if req.alpha is None else f"{req.alpha:g}",
                       temperature=None if req.temperature is None else f"{req.temperature:g}",
                       train_examples=req.train_examples, run_dir=req.run_dir, register=req.register,
                       workers=req.teacher_workers or None, address=req.address,
-                      **where(req.workdir, req.tracking_uri), resume=True)
+                      **where(req.workdir, req.tracking_uri), resume=resume)
 
 
 def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer,
@@ -158,7 +159,10 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
     run_dir = req.run_dir or Workdir(req.workdir).run(
         f"distill-{Path(req.ensemble).name}-{cfg.model.kind}-seed{cfg.train.seed}").path
     teacher = identity.of(ensemble.name, req.ensemble, [m.digest for m in members])
+    from iaa.jobs import interrupt
     from iaa.jobs.workdir import rundir
+
+    interrupt.resumes_when(lambda: RunFolder(Path(run_dir)).resumable(), resume_command(req, resume=False))
 
     # the run folder is claimed first: one in use, or holding a run, is refused before the teacher is scored
     with (claim or rundir.claim)(Path(run_dir)) as folder:

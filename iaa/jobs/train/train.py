@@ -221,7 +221,9 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
                           flag="`run_dir`", folder=True)
     tracker = open_tracker(uri)
-    with interrupt.stoppable(resume_command(req, run_dir), kept=lambda: f"kept {run_dir} and its last checkpoint"), \
+    with interrupt.stoppable(resume_command(req, run_dir), kept=lambda: f"kept {run_dir} and its last checkpoint",
+                             restart=resume_command(req, run_dir, resume=False),
+                             resumable=lambda: RunFolder(run_dir).resumable()), \
             rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
         try:
             result = run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume,
@@ -241,13 +243,14 @@ def _killed(run: Any, signal_name: str) -> None:
     run.end("KILLED")
 
 
-def resume_command(req: TrainRequest, run_dir: Path) -> Command:
-    """The exact ``train ... resume`` that continues the run in ``run_dir``."""
+def resume_command(req: TrainRequest, run_dir: Path, resume: bool = True) -> Command:
+    """The exact ``train ... resume`` that continues the run in ``run_dir`` (``resume=False``: that
+    starts it again, for a run stopped before its first checkpoint)."""
     return Command.of("train", dataset=req.dataset, data=req.data, model_kind=req.model_kind,
                       config_file=req.config_file, sets=tuple(req.sets), run_dir=run_dir, workers=req.workers or None,
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
                       storage_path=req.storage_path, address=req.address if req.workers else None,
-                      register=req.register, **where(req.workdir, req.tracking_uri), resume=True)
+                      register=req.register, **where(req.workdir, req.tracking_uri), resume=resume)
 
 
 def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]:
