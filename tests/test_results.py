@@ -100,11 +100,12 @@ def test_evaluate_returns_its_next_steps_as_commands_and_prints_todays_keys(prep
                           "--out", tmp_path / "q.parquet", "--json")
     assert code == 0, output
     shown = json.loads(output.strip().splitlines()[-1])
-    assert {"accuracy", "accuracy_stderr", "data_dir", "predictions", "split", "examples", "model", "checkpoint",
-            "examples_per_s", "precision"} <= set(shown)
+    assert {"accuracy", "accuracy_stderr", "baseline_accuracy", "data_dir", "predictions", "split", "examples", "model",
+            "checkpoint", "examples_per_s", "precision"} <= set(shown)
     code, output = invoke("evaluate", "--checkpoint", ckpt, "--data", data, "--split", "valid",
                           "--out", tmp_path / "r.parquet")
-    assert code == 0 and {"accuracy", "examples", "predictions"} <= {line.split(": ")[0] for line in output.splitlines()}
+    assert code == 0 and {"accuracy", "baseline_accuracy", "examples", "predictions"} <= {
+        line.split(": ")[0] for line in output.splitlines()}
 
 
 def test_explain_result_reads_as_attributes_and_json(prepared, tmp_path) -> None:

@@ -47,7 +47,7 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
     result = job.record(result, (lambda: _open_tracker(Workdir(workdir).tracking_uri(tracking_uri)))
                         if found and split is not None else None, store)
     _close(job.describe, result)
-    _emit(result, as_json, keys=("accuracy", "examples", "predictions"))
+    _emit(result, as_json, keys=("accuracy", "baseline_accuracy", "examples", "predictions"))
 
 
 @click.command()

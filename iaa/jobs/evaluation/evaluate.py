@@ -23,7 +23,7 @@ from torch import nn
 from iaa.data.batch import Batch
 from iaa.errors import IaaError, printable
 from iaa.files import atomic_write, spellings
-from iaa.jobs.evaluation import calibration, uncertainty
+from iaa.jobs.evaluation import calibration, frequency, uncertainty
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
@@ -172,10 +172,12 @@ class EvaluateResult(Result):
     probabilities can be taken at their word (``log_loss``, ``calibration_error``:
     :mod:`iaa.jobs.evaluation.calibration`), plain and at the temperature it answers at
     (``calibrated_*``), and where its per-example predictions went; the halting steps where the
-    reader is an ACT one."""
+    reader is an ACT one. ``baseline_accuracy``: the most-frequent-candidate accuracy on the same
+    questions (:mod:`iaa.jobs.evaluation.frequency`; None where there are none)."""
 
     accuracy: float
     accuracy_stderr: float | None
+    baseline_accuracy: float | None
     log_loss: float
     calibration_error: float
     mean_confidence: float
@@ -231,17 +233,21 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
     write_predictions(rows, words, out)
     correct = sum(r["pred"] == r["gold"] for r in rows)
     accuracy = correct / max(len(rows), 1)
+    baseline = frequency.of_table(table)          # on the rows scored: the split's, or the input's questions
+    below = [] if baseline is None else frequency.below_warning(accuracy, baseline, "the checkpoint",
+                                                                on=split or str(input_path))
     data = None if data_dir is None else str(data_dir)
     source = {"data": data} if input_path is None else {"input_path": str(input_path), **({"data": data} if data else {})}
     steps = [r["steps"] for r in rows if r.get("steps") is not None]
     return EvaluateResult(
         accuracy=accuracy,
         accuracy_stderr=uncertainty.fields("accuracy", accuracy, len(rows))["accuracy_stderr"],
+        baseline_accuracy=baseline,
         **calibration.of(probs, gold).fields(), temperature=found.temperature,
         **calibration.of(scaled, gold).fields("calibrated_"),
         data_dir=data, predictions=str(out), split=split,
         input=None if input_path is None else str(input_path),
-        warnings=found.warnings,
+        warnings=(*found.warnings, *below),
         examples=len(rows), model=found.kind, checkpoint=str(checkpoint_path),
         examples_per_s=len(rows) / max(seconds, 1e-9), precision=used,
         mean_steps=sum(steps) / len(steps) if steps else None,
@@ -255,7 +261,8 @@ RECORDED_PREFIX = "evaluate/"     # the recorded metrics' names: evaluate/test_a
 
 def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, store: str) -> EvaluateResult:
     """The result, its figures recorded on the MLflow run that trained the checkpoint
-    (:func:`_training_run`): ``evaluate/SPLIT_acc``, ``evaluate/SPLIT_log_loss`` and
+    (:func:`_training_run`): ``evaluate/SPLIT_acc``, ``evaluate/SPLIT_baseline_acc`` (the
+    most-frequent-candidate accuracy), ``evaluate/SPLIT_log_loss`` and
     ``evaluate/SPLIT_calibration_error`` (and their ``calibrated_`` forms), and the predictions
     under ``evaluate/``. ``open_store`` opens the store (None: there is none). Questions of an input
     file, no store, one that cannot be opened or searched (a server that does not answer), no run
@@ -275,9 +282,9 @@ def record(result: EvaluateResult, open_store: Callable[[], Tracker] | None, sto
                                             "(their checkpoint and run_dir tags)")
     run = tracker.attach(run_id)
     run.log_metrics({f"{RECORDED_PREFIX}{result.split}_{key}": value for key, value in (
-        ("acc", result.accuracy), ("log_loss", result.log_loss), ("calibration_error", result.calibration_error),
-        ("calibrated_log_loss", result.calibrated_log_loss),
-        ("calibrated_calibration_error", result.calibrated_calibration_error))})
+        ("acc", result.accuracy), ("baseline_acc", result.baseline_accuracy), ("log_loss", result.log_loss),
+        ("calibration_error", result.calibration_error), ("calibrated_log_loss", result.calibrated_log_loss),
+        ("calibrated_calibration_error", result.calibrated_calibration_error)) if value is not None})
     run.log_artifact(Path(result.predictions), RECORDED_PREFIX.rstrip("/"))
     if run.lost:
         return replace(result, not_recorded=f"run {run_id} of {store} did not keep {', '.join(run.lost)}")
@@ -299,9 +306,10 @@ def _training_run(tracker: Tracker, path: Path) -> str | None:
 
 
 def describe(result: EvaluateResult) -> str:
-    """What ``iaa-cli evaluate`` prints: the accuracy with its standard error over the examples,
-    the predictions file, and the next commands."""
+    """What ``iaa-cli evaluate`` prints: the accuracy with its standard error over the examples
+    beside the most-frequent-candidate baseline, the predictions file, and the next commands."""
     from iaa.jobs.evaluation import closing
+    from iaa.jobs.evaluation.model_card import accuracy_words
 
     steps = f"; {result.mean_steps:.2f} inference steps on average" if result.mean_steps is not None else ""
     plain = calibration.Calibration(result.log_loss, result.calibration_error, result.mean_confidence)
@@ -309,10 +317,11 @@ def describe(result: EvaluateResult) -> str:
                                       result.calibrated_calibration_error, result.log_loss, result.calibrated_log_loss)
     at_temperature = "" if result.temperature == 1.0 else f"  temperature:  {scaled}\n"
     recorded = (f"  recorded:     on MLflow run {result.recorded_on_run} as {RECORDED_PREFIX}{result.split}_acc, "
-                f"_log_loss and _calibration_error (and their calibrated_ forms)\n" if result.recorded_on_run else
+                f"_baseline_acc, _log_loss and _calibration_error (and their calibrated_ forms)\n"
+                if result.recorded_on_run else
                 f"  not recorded: {result.not_recorded}\n" if result.not_recorded else "")
     return (f"{result.split or result.input} accuracy: "
-            f"{uncertainty.accuracy_text(result.accuracy, result.examples)}{steps}\n"
+            f"{accuracy_words(result.accuracy, result.examples, result.baseline_accuracy)}{steps}\n"
             f"  calibration:  {calibration.text(plain)}\n"
             + at_temperature + recorded
             + f"  predictions:  {result.predictions}\n"

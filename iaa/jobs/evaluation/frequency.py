@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,15 +30,26 @@ class BaselineResult(Keyed, Result):
     examples: int
 
 
+def of_table(table: Any) -> float | None:
+    """The baseline's accuracy over the rows of ``table`` (a pyarrow table with the columns of
+    ``iaa.data.shards.SCHEMA``) that give an answer: a prepared split, or questions read from a
+    file, where ``answer`` is -1 for a question that gives none; None where no row gives one."""
+    rows = [(positions, len(cands), gold) for positions, cands, gold in zip(
+        table.column("doc_cand").to_pylist(), table.column("candidates").to_pylist(),
+        table.column("answer").to_pylist()) if gold >= 0]
+    if not rows:
+        return None
+    doc_cand, n_cands, answers = zip(*rows)
+    return accuracy(list(doc_cand), list(n_cands), list(answers))
+
+
 def run(data_dir: Path, split: str) -> BaselineResult:
     """The baseline's accuracy on ``split`` of the prepared ``data_dir``."""
     from iaa.data.loader import PreparedData
 
     table = PreparedData.open(Path(data_dir)).table(split)
-    acc = accuracy(table.column("doc_cand").to_pylist(),
-                   [len(c) for c in table.column("candidates").to_pylist()],
-                   table.column("answer").to_pylist())
-    return BaselineResult(split=split, accuracy=acc, examples=table.num_rows)
+    acc = of_table(table)
+    return BaselineResult(split=split, accuracy=0.0 if acc is None else acc, examples=table.num_rows)
 
 
 def beside(accuracy: float, baseline: float, n: int | None = None) -> str:
@@ -45,14 +57,20 @@ def beside(accuracy: float, baseline: float, n: int | None = None) -> str:
     split size ``n``, the accuracy carries its 95% interval and says when it is noise."""
     from iaa.jobs.evaluation.uncertainty import accuracy_text
 
-    below = ", and not above it" if accuracy <= baseline else ""
     shown = f"{accuracy:.4f}" if n is None else accuracy_text(accuracy, n)
-    return f"{shown} (most-frequent-candidate baseline {baseline:.4f}{below})"
+    return f"{shown} {note(accuracy, baseline)}"
 
 
-def below_warning(accuracy: float, baseline: float, what: str) -> list[str]:
-    """A warning when ``what``'s valid accuracy is not above the baseline; [] otherwise."""
+def note(accuracy: float, baseline: float) -> str:
+    """``(most-frequent-candidate baseline 0.3640)``, saying ``, and not above it`` where ``accuracy`` is not."""
+    below = ", and not above it" if accuracy <= baseline else ""
+    return f"(most-frequent-candidate baseline {baseline:.4f}{below})"
+
+
+def below_warning(accuracy: float, baseline: float, what: str, on: str = "valid") -> list[str]:
+    """A warning when ``what``'s accuracy on ``on`` (a split, or a questions file) is not above
+    the baseline; [] otherwise."""
     if accuracy > baseline:
         return []
-    return [f"{what}'s valid accuracy {accuracy:.4f} is not above the most-frequent-candidate baseline "
+    return [f"{what}'s {on} accuracy {accuracy:.4f} is not above the most-frequent-candidate baseline "
             f"{baseline:.4f}: train longer, on more data, or check the questions"]

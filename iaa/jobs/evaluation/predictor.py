@@ -103,6 +103,23 @@ class Predictor:
                     progress(probs.shape[0])
         return [unknowns.annotated(row, gap) for row, gap in zip(out, gaps)]
 
+    def baseline(self, questions: Sequence[Question]) -> float | None:
+        """The most-frequent-candidate accuracy (:mod:`iaa.jobs.evaluation.frequency`) over the
+        questions that give an answer, their documents read as :meth:`predict` reads them; None
+        where none gives one."""
+        import warnings
+
+        from iaa.data.raw_text import labelled_rows
+        from iaa.jobs.evaluation import frequency
+
+        answered = [q for q in questions if q.gold is not None]
+        if not answered:
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # what reading them warns about, predict has said
+            table = labelled_rows(answered, self.vocab, self.lowercase, need_answers=True)
+        return frequency.of_table(table)
+
     def predict_records(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """:meth:`predict` on question records (predict's JSON objects), named ``row N`` in errors."""
         placeholder = self.vocab.placeholder

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from iaa.data.raw_text import read_input
-from iaa.jobs.evaluation import uncertainty
+from iaa.jobs.evaluation import frequency, uncertainty
 from iaa.jobs.evaluation.predictor import Predictor, ensemble_members, ensemble_temperature
 from iaa.jobs.evaluation.result import Result, hidden
 
@@ -18,7 +18,8 @@ from iaa.jobs.evaluation.result import Result, hidden
 @dataclass(frozen=True, kw_only=True)
 class PredictResult(Result):
     """``iaa-cli predict``: where the answers went, how many, and the accuracy over the questions
-    that give an answer (None where none does)."""
+    that give an answer, beside the most-frequent-candidate accuracy over them
+    (``baseline_accuracy``; both None where none does)."""
 
     predictions: str                    # the JSON Lines file, or "stdout"
     examples: int
@@ -28,6 +29,7 @@ class PredictResult(Result):
     temperature: float                  # the probabilities' (a reader's own, or the ensemble's; 1: plain)
     questions_with_answers: int
     accuracy_stderr: float | None
+    baseline_accuracy: float | None
     accuracy_over: str                  # the accuracy in words, with what it was scored on
     unknown_questions: int              # questions with a warning (a candidate absent from the document)
     answers: tuple[dict[str, Any], ...] = hidden(())   # the rows, for the caller to write where ``out`` is -
@@ -60,18 +62,22 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     predictor = Predictor.load(checkpoints, data_dir, precision, temperature)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rows = predictor.predict(read_input(Path(input_path), predictor.vocab.placeholder), progress=progress)
+        questions = read_input(Path(input_path), predictor.vocab.placeholder)
+        rows = predictor.predict(questions, progress=progress)
     if not to_stdout:
         atomic_write_text(out, json_lines(rows))
     scored = [r["correct"] for r in rows if "correct" in r]
     accuracy = sum(scored) / len(scored) if scored else None
+    baseline = predictor.baseline(questions)
+    below = [] if accuracy is None or baseline is None else frequency.below_warning(
+        accuracy, baseline, "the checkpoint" if checkpoint is not None else "the ensemble", on=str(input_path))
     return PredictResult(
         predictions="stdout" if to_stdout else str(out), examples=len(rows), members=len(checkpoints),
         accuracy=accuracy,
-        warnings=tuple([str(w.message) for w in caught] + [r["warning"] for r in rows if "warning" in r]),
+        warnings=tuple([str(w.message) for w in caught] + [r["warning"] for r in rows if "warning" in r] + below),
         precision=predictor.precision, temperature=predictor.temperature, questions_with_answers=len(scored),
         accuracy_stderr=uncertainty.fields("accuracy", accuracy, len(scored))["accuracy_stderr"],
-        accuracy_over=accuracy_over(accuracy, len(scored), len(rows)),
+        baseline_accuracy=baseline, accuracy_over=accuracy_over(accuracy, len(scored), len(rows), baseline),
         unknown_questions=sum("warning" in r for r in rows), answers=tuple(rows) if to_stdout else ())
 
 
@@ -80,9 +86,11 @@ def json_lines(rows: Sequence[Mapping[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
-def accuracy_over(accuracy: float | None, scored: int, questions: int) -> str:
-    """The accuracy in words with how many of the questions gave an answer to score it on."""
+def accuracy_over(accuracy: float | None, scored: int, questions: int, baseline: float | None = None) -> str:
+    """The accuracy in words with how many of the questions gave an answer to score it on, and
+    where given, the most-frequent-candidate ``baseline`` over them."""
     if accuracy is None:
         return f"no accuracy: none of the {questions} questions gives an answer"
+    beside = "" if baseline is None else f" {frequency.note(accuracy, baseline)}"
     return (f"accuracy {uncertainty.accuracy_text(accuracy, scored)} over the {scored} of {questions} "
-            f"questions that give an answer")
+            f"questions that give an answer{beside}")
