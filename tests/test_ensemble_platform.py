@@ -127,6 +127,31 @@ def test_all_seeds_reused_means_no_training(sweep: SweepRecord, tmp_path: Path) 
     assert [m.source for m in members] == ["trial t1", "trial t2"]
 
 
+@pytest.mark.parametrize("stop, said", [
+    ({"stop_reason": "asha", "checks": 1}, "t1 stopped by ASHA after 1 check"),
+    ({"stop_reason": "time-budget", "checks": 3}, "t1 cut by the sweep's time budget after 3 checks"),
+], ids=["asha", "time-budget"])
+def test_a_trial_stopped_short_of_its_budget_is_trained_in_full_not_reused(
+        sweep: SweepRecord, launcher: FakeLauncher, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        stop: dict, said: str) -> None:
+    """Seed 0 of the best configuration is a trial that ASHA (or the time budget) stopped early:
+    its seed is trained with the configuration's whole budget, as the other seeds were, and the
+    line that says what is reused and trained names it; a rerun reuses that member, not the trial."""
+    short = tuple(replace(t, **stop) if t.trial_id == "t1" else t for t in sweep.trials)
+    sweep = replace(sweep, trials=short)
+    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
+    out_dir = tmp_path / "ensembles" / "e"
+    with caplog.at_level("INFO", logger="iaa.jobs.ensemble.ensemble"):
+        members = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
+    assert [(m.config.train.seed, m.source) for m in members] == [(0, "trained"), (1, "trial t2")]
+    [call] = launcher.calls
+    assert [c.train.seed for c in call.configs] == [0]
+    assert_says(caplog.text, "reusing 1 checkpoint, training 1 member on Ray, 1 of them in full",
+                f"config0-seed-0 ({said})")
+    again = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
+    assert len(launcher.calls) == 1 and [m.source for m in again] == ["trained earlier", "trial t2"]
+
+
 @pytest.mark.parametrize("failure, why", [
     ({"checkpoint": None, "status": "ERROR"}, "status ERROR"),
     ({"status": "ERROR", "stop_reason": WORKER_LOST}, "lost its worker with no restores left"),

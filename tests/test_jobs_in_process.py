@@ -478,9 +478,64 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
     assert run.last("valid_acc_stderr") == pytest.approx(result.valid_acc_stderr)
     card = tracker.models[-1]["card"]
     assert card.tags == {"kind": "ensemble", "model": "iaa", "dataset": "cbt-ne",
-                         "valid_acc": f"{result.valid_acc:.4f}", "valid_acc_n": str(result.valid_acc_n)}
+                         "valid_acc": f"{result.valid_acc:.4f}", "valid_acc_n": str(result.valid_acc_n),
+                         "baseline_valid_acc": f"{result.baseline_valid_acc:.4f}"}
     assert_says(card.description, "An ensemble of model `iaa` on cbt-ne", "2 of 2 members",
                 f"run {run.run_id}", str((work / "ensembles" / "one").resolve()))
+
+
+@pytest.fixture(scope="module")
+def reader(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint trained on ``tiny``."""
+    from iaa.jobs.train import train
+
+    folder = tmp_path_factory.mktemp("reader")
+    return Path(train.run_tracked(_cfg(tiny), tiny, folder / "run", FakeTracker(), show_progress=False).checkpoint)
+
+
+def test_an_ensemble_shows_its_accuracies_beside_the_baseline_and_warns_when_not_above_it(
+        tiny: Path, reader: Path, tmp_path: Path) -> None:
+    """As train, tune and distill do: the most-frequent-candidate accuracies in the result, its
+    JSON and its run's metrics, beside its own in the closing lines, and a warning where the
+    ensemble is not above the one on valid."""
+    from iaa.jobs.ensemble import ensemble, ensemble_result
+    from iaa.jobs.evaluation import frequency
+
+    tracker = FakeTracker()
+    request = ensemble.EnsembleRequest(members=(reader,), data=tiny, workdir=tmp_path / "work", show_progress=False)
+    result = ensemble.run(request, tracker)
+    valid, test = frequency.run(tiny, "valid").accuracy, frequency.run(tiny, "test").accuracy
+    assert (result.baseline_valid_acc, result.baseline_test_acc) == (valid, test)
+    assert {"baseline_valid_acc": valid, "baseline_test_acc": test}.items() <= result.fields().items()
+    run = tracker.runs[result.mlflow_run_id]
+    assert run.last("baseline_valid_acc") == pytest.approx(valid) and run.last("baseline_test_acc") == pytest.approx(test)
+    assert json.loads((Path(result.ensemble_dir) / "ensemble.json").read_text())["baseline_test_acc"] == test
+    assert_says(ensemble_result.describe(result), f"(most-frequent-candidate baseline {valid:.4f}",
+                f"(most-frequent-candidate baseline {test:.4f}")
+    assert result.warnings == () or result.valid_acc <= valid
+
+    record = {k: v for k, v in result.fields().items() if k != "warnings"}
+    below = ensemble_result.of_record({**record, "valid_acc": valid, "test_acc": test}, request)
+    assert_says(ensemble_result.describe(below), f"{valid:.4f}", f"baseline {valid:.4f}, and not above it",
+                f"baseline {test:.4f}, and not above it")
+    [warning] = below.warnings
+    assert_says(warning, f"the ensemble {result.name}'s valid accuracy {valid:.4f} is not above the "
+                         f"most-frequent-candidate baseline {valid:.4f}")
+
+
+def test_members_of_another_vocabulary_are_refused_before_the_ensemble_opens_its_run(
+        reader: Path, tmp_path: Path) -> None:
+    """A `data` folder whose vocabulary is not the members': one clear error, and no FAILED run left."""
+    from iaa.errors import IaaError
+    from iaa.jobs.ensemble import ensemble
+
+    other = make_tiny_prepared(tmp_path / "other", {"train": 60, "valid": 64, "test": 64})   # another vocabulary
+    tracker = FakeTracker()
+    with pytest.raises(IaaError) as err:
+        ensemble.run(ensemble.EnsembleRequest(members=(reader,), data=other, workdir=tmp_path / "work",
+                                              show_progress=False), tracker)
+    assert {run.name: run.state for run in tracker.runs.values()} == {}
+    assert_says(err.value, str(reader), "was trained on other data than", str(other), "share one vocabulary")
 
 
 def test_a_store_that_fails_during_a_sweep_costs_the_trial_its_tracking_not_its_training(tiny: Path) -> None:

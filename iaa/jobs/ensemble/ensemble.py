@@ -59,6 +59,8 @@ from iaa.jobs.evaluation.predictor import SUMMARY
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 
 _log = logging.getLogger(__name__)
+VOCABULARY_TODO = ("an ensemble's members and the data must share one vocabulary; pass the prepared folder they "
+                   "were trained on with `data`")
 
 
 @dataclass(frozen=True)
@@ -140,9 +142,10 @@ def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
     members = []
     for path in map(Path, paths):
         sha256 = file_sha256(path)                       # before its first read
-        cfg = from_dict(checkpoint.load(path)["config"])
+        state = checkpoint.load(path)
         run_id = tracker.find_by_tag("checkpoint", [str(path), str(path.resolve())])
-        members.append(Member(path, cfg, run_id, _run_dir_label(path), "given", sha256))
+        members.append(Member(path, from_dict(state["config"]), run_id, _run_dir_label(path), "given", sha256,
+                              str(state.get("vocab_hash", ""))))
     labels = [m.label for m in members]
     return [replace(m, label=f"{m.label} ({i + 1})") if labels.count(m.label) > 1 else m for i, m in enumerate(members)]
 
@@ -187,9 +190,9 @@ def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_
 
         if launcher is None:
             raise IaaError(f"{len(to_train)} members must be trained, and no launcher was given")
-        reused = len(wanted) - len(to_train)
-        _log.info(f"ensemble: reusing {reused} checkpoint{'' if reused == 1 else 's'}, training {len(to_train)} "
-                  f"member{'' if len(to_train) == 1 else 's'} on Ray; {members_cost(sweep, len(to_train))}")
+        _log.info(training_line(len(wanted) - len(to_train), ledger.stopped_short(list(zip(to_train, labels)),
+                                                                                  sweep.trials), len(to_train))
+                  + f"; {members_cost(sweep, len(to_train))}")
         run_name = sweep_file.unique_name(f"ensemble-{name}")
         trials_to = TrialTracking(tracker=tracker, experiment=sweep.experiment or f"ensemble-{sweep.dataset}",
                                   parent_run_id=run_id, sweep=sweep.name, dataset=to_train[0].dataset,
@@ -207,6 +210,17 @@ def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_
             _log.info(console.summary(time.monotonic() - started))
         ledger.record_trained(name, out_dir, Path(req.workdir), to_train, trained, found)
     return ledger.members(wanted, found)
+
+
+def training_line(reused: int, short: Sequence[str], to_train: int) -> str:
+    """What the ensemble reuses and trains, naming the members trained in place of sweep trials that
+    stopped short of their budget (``short``: :func:`iaa.jobs.ensemble.members.stopped_short`)."""
+    line = (f"ensemble: reusing {reused} checkpoint{'' if reused == 1 else 's'}, training {to_train} "
+            f"member{'' if to_train == 1 else 's'} on Ray")
+    if short:
+        line += (f", {len(short)} of them in full in place of the sweep's trial of their config, which stopped "
+                 f"short of its budget: {'; '.join(short)}")
+    return line
 
 
 def _end_members(tracker: Tracker, experiment: str, group: str, signal_name: str) -> None:
@@ -351,30 +365,74 @@ def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None
         return _run(req, tracker, launcher, held)
 
 
-def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
-         held: contextlib.ExitStack) -> EnsembleResult:
+@dataclass(frozen=True)
+class Settled:
+    """What an ensemble's inputs settle to before its run opens: the sweep (None for given
+    members) or the given members, the data, the ensemble's name, folder and experiment, and the
+    most-frequent-candidate accuracies beside which its own are shown (``baseline_valid_acc``
+    and, where the data has a test split, ``baseline_test_acc``)."""
+
+    sweep: SweepRecord | None
+    given: tuple[Member, ...]
+    dataset: str
+    prepared: Path
+    name: str
+    out_dir: Path
+    experiment: str
+    baselines: dict[str, float]
+
+
+def settle(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) -> Settled:
+    """Read and check every input before the ensemble's run opens, so that a refused command
+    leaves no run behind: the sweep or the given checkpoints, the data (every member given or
+    reused was trained on its vocabulary), the folder (free, unless ``overwrite``), the cluster
+    the members left to train join, and the baseline's accuracies."""
     from iaa.jobs.datasets import resolve
 
-    workdir, uri = req.workdir, tracker.uri
-
-    sweep: SweepRecord | None = None
-    given: list[Member] = []
-    if req.sweep is not None:
-        sweep = read_sweep(workdir, req.sweep)
-        if req.dataset is None and req.data is None and sweep.data_dir:
-            dataset, prepared = resolve.data_dir(None, Path(sweep.data_dir), workdir, splits=TRAINING_SPLITS)
-        else:
-            dataset, prepared = resolve.data_dir(req.dataset or sweep.dataset, req.data, workdir,
-                                                 splits=TRAINING_SPLITS)
-        name = req.name or sweep_ensemble_name(sweep.name, req.top_configs, req.select)
-        out_dir = Workdir(workdir).ensemble(name)
-        _check_free(out_dir, name, req.overwrite)
-        experiment = sweep.experiment or f"ensemble-{dataset}"
-    else:
+    if req.sweep is None:
         given, dataset, prepared, name, out_dir = _given_ensemble(req, tracker)
-        experiment = f"ensemble-{dataset}"
-    if sweep is not None:
-        check_cluster(req, sweep, prepared, launcher)
+        return Settled(None, tuple(given), dataset, prepared, name, out_dir, f"ensemble-{dataset}",
+                       scoring.baselines(prepared))
+    sweep = read_sweep(req.workdir, req.sweep)
+    if req.dataset is None and req.data is None and sweep.data_dir:
+        dataset, prepared = resolve.data_dir(None, Path(sweep.data_dir), req.workdir, splits=TRAINING_SPLITS)
+    else:
+        dataset, prepared = resolve.data_dir(req.dataset or sweep.dataset, req.data, req.workdir,
+                                             splits=TRAINING_SPLITS)
+    name = req.name or sweep_ensemble_name(sweep.name, req.top_configs, req.select)
+    out_dir = Workdir(req.workdir).ensemble(name)
+    _check_free(out_dir, name, req.overwrite)
+    wanted, found, _, _ = _wanted(req, sweep)
+    reused = {found[key][0] for key in (ledger.config_key(cfg) for cfg, _ in wanted) if key in found}
+    check_vocabulary([(path, _vocab_hash(path)) for path in sorted(reused)], prepared)
+    check_cluster(req, sweep, prepared, launcher)
+    return Settled(sweep, (), dataset, prepared, name, out_dir, sweep.experiment or f"ensemble-{dataset}",
+                   scoring.baselines(prepared))
+
+
+def _vocab_hash(path: Path) -> str:
+    """The vocabulary a checkpoint was trained on (its hash; "" for an older checkpoint)."""
+    from iaa.jobs.modeling import checkpoint
+
+    return str(checkpoint.load(path).get("vocab_hash", ""))
+
+
+def check_vocabulary(members: Sequence[tuple[Path, str]], prepared: Path) -> None:
+    """Refuse a member (a checkpoint and its vocabulary's hash) trained on another vocabulary
+    than the prepared data's: its word ids would mean other words there."""
+    from iaa.data.loader import PreparedData
+    from iaa.jobs.modeling import checkpoint
+
+    data_hash = PreparedData.open(Path(prepared)).manifest.vocab_hash
+    for path, vocab_hash in members:
+        checkpoint.check_vocab({"vocab_hash": vocab_hash}, data_hash, path, prepared, VOCABULARY_TODO)
+
+
+def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
+         held: contextlib.ExitStack) -> EnsembleResult:
+    settled = settle(req, tracker, launcher)
+    sweep, dataset, prepared, name = settled.sweep, settled.dataset, settled.prepared, settled.name
+    out_dir, experiment, uri = settled.out_dir, settled.experiment, tracker.uri
     held.enter_context(lock.held(lock.beside(out_dir), busy=lambda pid: IaaError(
         f"the ensemble {name} is being built by another process (pid {pid}); let it end, or stop it there, then "
         f"run the same command again: it reuses every member trained")))
@@ -386,7 +444,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
                      parent_run_id=parent) as run:
         interrupt.on_stop(lambda signal_name: _end_run(run, signal_name))   # a second signal skips the block's end
         members = (sweep_members(req, sweep, prepared, out_dir, tracker, name, launcher, run_id=run.run_id)
-                   if sweep is not None else given)
+                   if sweep is not None else list(settled.given))
         members = [ledger.first_read(m) for m in members]
         sizes = scoring.split_sizes(prepared)
         if req.show_progress:
@@ -401,7 +459,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
                    "ensemble_dir": str(out_dir), "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
                    "sweep": req.sweep, "tracking_uri": uri, "mlflow_run_id": run.run_id,
                    "member_sha256": {str(m.checkpoint): m.sha256 for m in members}, "calibrate": req.calibrate}
-        summary.update(scoring.accuracy_keys(summary, sizes))
+        summary.update({**scoring.accuracy_keys(summary, sizes), **settled.baselines})
         ranked = (configurations.scores([m.config for m in members], result.member_valid_acc, sweep.trials)
                   if sweep is not None and req.top_configs > 1 else [])
         lead = configurations.lead(ranked)
@@ -414,7 +472,7 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
                     "sweep": req.sweep or "", "n_members": len(members), "n_selected": len(result.selected)}
         about = ensemble_run.card(summary, members, result, experiment)
         summary["model_uri"] = ensemble_run.record(run, tracker, settings, members, result, out_dir, prepared,
-                                                   req.register, about)
+                                                   req.register, about, baselines=settled.baselines)
         ledger.check_unchanged(members, name)           # the logged model copied the members read first
     if sweep is not None:
         ensemble_run.count_on_sweep(tracker, experiment, sweep)
@@ -439,6 +497,7 @@ def _given_ensemble(req: EnsembleRequest, tracker: Tracker) -> tuple[list[Member
     if req.dataset is None and req.data is None and len(named) > 1:
         raise ConfigError(f"the members were trained on different datasets {named}; pass `data` or `dataset`")
     dataset, prepared = resolve.data_dir(req.dataset or named[0], req.data, req.workdir, splits=("valid",))
+    check_vocabulary([(m.checkpoint, m.vocab_hash) for m in members], prepared)
     digest = hashlib.sha1("\n".join(str(Path(p).resolve()) for p in req.members).encode()).hexdigest()[:8]
     name = req.name or f"{dataset}-{len(members)}members-{req.select}-{digest}"
     out_dir = Workdir(req.workdir).ensemble(name)

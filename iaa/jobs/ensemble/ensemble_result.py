@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from iaa.jobs.evaluation import calibration, uncertainty
+from iaa.jobs.evaluation import calibration, frequency
 from iaa.jobs.evaluation.closing import Command, next_block, where
+from iaa.jobs.evaluation.model_card import accuracy_words
 from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.workdir.paths import Workdir
 
@@ -20,7 +21,10 @@ class EnsembleResult(Result):
     files it wrote and the MLflow run and model that record it. With a sweep's ``--top-configs K``
     of 2 or more, ``configurations`` holds each configuration's seeds and their mean, and
     ``configuration_lead`` the leader's gap over the runner-up, its standard error and whether the
-    seeds rank them (None with one seed each): :mod:`iaa.jobs.ensemble.configurations`."""
+    seeds rank them (None with one seed each): :mod:`iaa.jobs.ensemble.configurations`.
+    ``baseline_valid_acc`` and ``baseline_test_acc`` (no key without a test split) are the
+    most-frequent-candidate accuracies its own are shown beside; ``warnings`` says when it is not
+    above the one on valid."""
 
     valid_acc: float
     test_acc: float | None
@@ -57,6 +61,8 @@ class EnsembleResult(Result):
     test_acc_n: int
     test_acc_stderr: float | None
     model_uri: str | None = None
+    baseline_valid_acc: float | None = None     # the most-frequent-candidate accuracy on valid
+    baseline_test_acc: float | None = absent_when_none()    # and on test, where the data has it
     calibration: dict[str, float] | None = absent_when_none()   # iaa.jobs.evaluation.averaging.calibrations
     temperature: float = 1.0                    # the ensemble's distributions are scaled by it (fitted on valid)
     calibrate: bool = True                      # whether it was fitted (False: --no-calibrate)
@@ -73,8 +79,11 @@ def of_record(record: Mapping[str, Any], req: Any) -> EnsembleResult:
     tuples = {key: tuple(record[key]) for key in ("member_valid_acc", "members", "selected", "all_members",
                                                    "selection_trace", "member_labels", "member_run_ids",
                                                    "configurations") if record.get(key) is not None}
-    test = record.get("member_test_acc")
+    test, baseline = record.get("member_test_acc"), record.get("baseline_valid_acc")
+    below = ([] if baseline is None
+             else frequency.below_warning(record["valid_acc"], baseline, f"the ensemble {record['name']}"))
     return EnsembleResult(**{**record, **tuples, "member_test_acc": None if test is None else tuple(test)},
+                          warnings=tuple(below),
                           next=(Command.of("serve", ensemble_dir=folder, data=data, **at),
                                 Command.of("evaluate", checkpoint=record["members"][0], data=data, split="valid",
                                            **at),
@@ -112,12 +121,13 @@ def temperature_line(temperature: float, found: Mapping[str, float] | None, all_
 
 
 def describe(result: EnsembleResult) -> str:
-    """The ensemble in a few lines, and what to run with it."""
+    """The ensemble in a few lines (its accuracies beside the most-frequent-candidate baseline), and
+    what to run with it."""
     test = ("" if result.test_acc is None
-            else f", test {uncertainty.accuracy_text(result.test_acc, result.test_acc_n or 0)}")
+            else f", test {accuracy_words(result.test_acc, result.test_acc_n or 0, result.baseline_test_acc)}")
     mean = result.mean_member_valid_acc
     members = f"{len(result.members)} of {len(result.all_members)} members ({result.select})"
-    valid = uncertainty.accuracy_text(result.valid_acc, result.valid_acc_n or 0)
+    valid = accuracy_words(result.valid_acc, result.valid_acc_n or 0, result.baseline_valid_acc)
     return (f"ensemble {result.name}: {members}: valid accuracy {valid}{test}"
             + ("" if mean is None else f" (members alone: {mean:.4f} on average, "
                                       f"{max(result.member_valid_acc):.4f} the best)") + "\n"

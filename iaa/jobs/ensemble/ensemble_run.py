@@ -79,11 +79,12 @@ def card(summary: Mapping[str, Any], members: Sequence[Member], result: Averaged
     """What the ensemble's registered model says of itself: an ensemble of its selected members'
     model kind on its dataset, its valid accuracy with its interval, its members, and its run (in
     ``experiment``) and folder. ``summary`` is its record (``name``, ``dataset``, ``ensemble_dir``,
-    ``mlflow_run_id``)."""
+    ``mlflow_run_id``, and ``baseline_valid_acc`` shown beside its accuracy)."""
     kinds = sorted({members[i].config.model.kind for i in result.selected}) or ["?"]
     calibrated = f", scaled by temperature {result.temperature:.4g}" if result.temperature != 1.0 else ""
     return model_card.card(kind="ensemble", model=",".join(kinds), dataset=summary["dataset"],
-                           valid_acc=result.valid_acc, n=result.examples.get("valid", 0), baseline=None,
+                           valid_acc=result.valid_acc, n=result.examples.get("valid", 0),
+                           baseline=summary.get("baseline_valid_acc"),
                            origin=f"The ensemble {summary['name']}: {len(result.selected)} of {len(members)} members "
                                   f"(selection {result.select}) averaged{calibrated}; run {summary['mlflow_run_id']} "
                                   f"of experiment {experiment}; its folder is `{Path(summary['ensemble_dir']).resolve()}`.")
@@ -91,13 +92,14 @@ def card(summary: Mapping[str, Any], members: Sequence[Member], result: Averaged
 
 def record(run: TrackedRun, tracker: Tracker, settings: Mapping[str, Any], members: Sequence[Member],
            result: Averaged, out_dir: Path, prepared: Path, register: str | None,
-           about: ModelCard | None = None) -> str | None:
+           about: ModelCard | None = None, *, baselines: Mapping[str, float] | None = None) -> str | None:
     """Log the finished ensemble on its run: params (with the splits' sizes, ``valid_acc_n`` and
-    ``test_acc_n``), metrics, ``members.json``, the per-member accuracies (one step per member), its
+    ``test_acc_n``), metrics (with the most-frequent-candidate ``baselines``: ``baseline_valid_acc``,
+    ``baseline_test_acc``), ``members.json``, the per-member accuracies (one step per member), its
     files, its data and its model (the selected members, averaged; ``about`` describes its
     registered version). Returns the model's URI."""
     run.log_params({**params(settings), **{k: v for k, v in accuracy_sizes(result).items() if k.endswith("_n")}})
-    run.log_metrics(metrics(result))
+    run.log_metrics({**metrics(result), **{k: round(float(v), METRIC_DIGITS) for k, v in (baselines or {}).items()}})
     for i, acc in enumerate(result.member_valid_acc):
         test = result.member_test_acc[i] if result.member_test_acc is not None else None
         run.log_metrics({"member_valid_acc": round(float(acc), METRIC_DIGITS),

@@ -3,8 +3,10 @@
 A sweep's K best configurations (by the trials' ``best_valid_acc``; configurations that differ
 only in ``train.seed`` count as one) each get N seeds: the trial's own ``train.seed + i`` for
 ``i = 0 .. N-1``, so seed ``i = 0`` is the trial itself. A member whose config equals, field for
-field (seed included), a trial with a checkpoint on disk, or a member trained by an earlier
-ensemble in the same workdir, reuses that checkpoint. Every ensemble records the members it
+field (seed included), a trial with a checkpoint on disk that trained its configuration's whole
+budget (:func:`short_of_budget`: not stopped by ASHA or the sweep's time budget), or a member
+trained by an earlier ensemble in the same workdir, reuses that checkpoint; a trial stopped short
+is trained again in full, like the configuration's other seeds. Every ensemble records the members it
 trained in its own ``trained.json`` (the ledger), which later ensembles read.
 
 Pure file and config logic: training the missing members is the platform's business.
@@ -21,7 +23,7 @@ from typing import Any, Mapping, Sequence
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.config.job_config import JobConfig, from_dict, to_dict
-from iaa.jobs.ports import TrialRecord
+from iaa.jobs.ports import TIME_BUDGET, TrialRecord
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import Workdir
 
@@ -40,6 +42,7 @@ class Member:
     label: str                    # short name for the table
     source: str                   # given | trial <id> | trained | trained earlier
     sha256: str | None = None     # of the file's bytes when the ensemble first read it
+    vocab_hash: str = ""          # the vocabulary it was trained on, where read before the run ("": not read)
 
 
 def first_read(member: Member) -> Member:
@@ -134,10 +137,35 @@ def add_to_ledger(out_dir: Path, trained: Sequence[tuple[JobConfig, Path, TrialR
 # --- reuse -----------------------------------------------------------------------------------------
 
 Found = tuple[Path, str | None, str]      # checkpoint, MLflow run, source
+ASHA = "asha"                              # the stop reason of a trial that ASHA stopped
+
+
+def short_of_budget(trial: TrialRecord) -> str:
+    """Why ``trial`` did not train its configuration's whole budget, in words (``stopped by ASHA
+    after 1 check``); "" where it did: it finished, and its own loop ended it (its epochs, its
+    time or its patience), as it ends the members trained beside it."""
+    checks = f"after {trial.checks} check{'' if trial.checks == 1 else 's'}"
+    if trial.stop_reason == ASHA:
+        return f"stopped by ASHA {checks}"
+    if trial.stop_reason == TIME_BUDGET:
+        return f"cut by the sweep's time budget {checks}"
+    if trial.status != "TERMINATED":
+        return f"ended {trial.status} {checks}"
+    return ""
+
+
+def stopped_short(to_train: Sequence[tuple[JobConfig, str]], trials: Sequence[TrialRecord]) -> list[str]:
+    """The members to train whose config is a trial's that stopped short of its budget (so it was
+    not reused), each as ``config2-seed-0 (trial-0001 stopped by ASHA after 1 check)``."""
+    short = {config_key(t.config): f"{t.label} {short_of_budget(t)}" for t in trials
+             if t.checkpoint and short_of_budget(t)}
+    return [f"{label} ({short[config_key(cfg)]})" for cfg, label in to_train if config_key(cfg) in short]
 
 
 def reusable(workdir: Path, sweep_folder: Path, trials: Sequence[TrialRecord]) -> dict[str, Found]:
-    """Checkpoints on disk by exact config: earlier ensembles' members, then the sweep's own trials."""
+    """Checkpoints on disk by exact config: earlier ensembles' members, then the sweep's own trials
+    that trained their whole budget (one stopped short would be averaged and ranked beside seeds
+    that trained in full)."""
     found: dict[str, Found] = {}
     for entry in all_ledgers(workdir):
         path = existing(entry.get("checkpoint"), [Path(workdir)])
@@ -145,7 +173,7 @@ def reusable(workdir: Path, sweep_folder: Path, trials: Sequence[TrialRecord]) -
             found[config_key(entry["config"])] = (path, entry.get("mlflow_run_id"), "trained earlier")
     for trial in trials:  # trials win over the ledger: they are the sweep's own runs
         path = existing(trial.checkpoint, [sweep_folder, Path(workdir)])
-        if path is not None and not trial.failed:
+        if path is not None and not short_of_budget(trial):
             found[config_key(trial.config)] = (path, trial.mlflow_run_id, trial.name or f"trial {trial.trial_id}")
     return found
 

@@ -1,5 +1,5 @@
 """The ensemble's scoring pass, said before it starts and shown while it runs: every member reads
-every valid (and test) question once."""
+every valid (and test) question once; and the baseline its accuracies are shown beside."""
 
 from __future__ import annotations
 
@@ -28,3 +28,13 @@ def accuracy_keys(summary: Mapping[str, Any], sizes: Mapping[str, int]) -> dict[
 
     return {**uncertainty.fields("valid_acc", summary.get("valid_acc"), sizes["valid"]),
             **uncertainty.fields("test_acc", summary.get("test_acc"), sizes["test"])}
+
+
+def baselines(prepared: Path) -> dict[str, float]:
+    """The most-frequent-candidate accuracy on valid and, where the data has a test split, on test:
+    ``baseline_valid_acc`` and ``baseline_test_acc``, beside which the ensemble's are shown."""
+    from iaa.jobs.evaluation import frequency
+
+    sizes = split_sizes(prepared)
+    return {f"baseline_{split}_acc": frequency.run(Path(prepared), split).accuracy
+            for split in ("valid", "test") if sizes[split]}

@@ -34,7 +34,7 @@ RULES = {"name": "name", "dataset": "text?", "sweep": "name?", "data_dir": "text
          "mean_member_valid_acc": "accuracy?", "mean_member_test_acc": "accuracy?",
          "mean_selected_valid_acc": "accuracy?", "mean_selected_test_acc": "accuracy?",
          "member_valid_acc": "list?", "member_test_acc": "list?", "member_sha256": "mapping?", "all_members": "list?",
-         "temperature": "temperature?"}
+         "temperature": "temperature?", "baseline_valid_acc": "accuracy?", "baseline_test_acc": "accuracy?"}
 
 
 SCHEMA = 1
