@@ -73,6 +73,23 @@ def test_a_train_run_holds_its_accuracy_beside_its_interval_and_baseline_and_its
                 f"baseline {base:.4f}", f"run run ({run.run_id}) of experiment train-cbt-ne", checkpoint)
 
 
+def test_a_resume_of_a_run_that_had_stopped_trains_nothing_and_logs_nothing_new(
+        tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``--resume`` of a finished run: no second logged model, no second final point; it says so."""
+    from iaa.jobs.train import train
+
+    caplog.set_level("INFO", logger="iaa")
+    tracker = FakeTracker()
+    first = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, show_progress=False)
+    again = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, resume=True, show_progress=False)
+    [run] = tracker.runs.values()
+    assert again.mlflow_run_id == first.mlflow_run_id and again.steps == first.steps
+    assert len(tracker.models) == 1 and len(run.metrics["final_best_valid_acc"]) == 1
+    assert again.model_uri == first.model_uri is not None
+    [said] = logged(caplog, "INFO", "nothing left to train")
+    assert_says(said, "had already stopped (max-epochs)", "nothing new is logged")
+
+
 def test_train_on_workers_goes_through_the_launcher(tiny: Path, tmp_path: Path) -> None:
     from iaa.jobs.train import train
 

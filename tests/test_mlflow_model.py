@@ -136,7 +136,7 @@ def test_a_registered_version_carries_its_cards_description_and_tags(tmp_path):
     (version,) = MlflowClient(uri).search_model_versions("name = 'tiny-card'")
     assert version.run_id == run.run_id and version.description == card.description
     assert version.tags == dict(card.tags)
-    assert_says(MlflowClient(uri).get_registered_model("tiny-card").description, "registered by `iaa-cli`",
+    assert_says(MlflowClient(uri).get_registered_model("tiny-card").description, "registered by iaa-cli",
                 "Each version's description and tags say what it is")
 
 

@@ -374,8 +374,8 @@ def try_log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register:
 
 # What the registry's page of a registered model says, above its versions (each says what it is)
 REGISTERED_DESCRIPTION = ("Cloze readers (Iterative Alternating Attention, or an ensemble of them) registered by "
-                          "`iaa-cli` with `--register`. Each version's description and tags say what it is, the data "
-                          "it was trained on, its valid accuracy with its 95% interval, and the run it came from.")
+                          "iaa-cli. Each version's description and tags say what it is, the data it was trained on, "
+                          "its valid accuracy with its 95% interval, and the run it came from.")
 
 
 def register_model(uri: str, run_id: str, name: str, model_id: str, card: ModelCard | None = None) -> str:

@@ -118,8 +118,14 @@ def run_tracked(
                       gpus_per_worker=gpus_per_worker, storage=storage, show_progress=show_progress,
                       train_rows=train_rows)
         result = summary.with_baseline(result, prepared)
-        model_uri = _log_result(tracker, tracked, result, register, prepared=prepared, cfg=cfg,
-                                experiment=experiment)
+        if resume_id is not None and result.metrics.get("trained_steps") == 0 and not register:
+            # a resume of a run that had already stopped: its model and final figures are logged
+            _log.info(f"nothing left to train: {folder.path} had already stopped ({result.stop_reason}); "
+                      "nothing new is logged")
+            model_uri = tracker.model_uri(tracked.run_id)
+        else:
+            model_uri = _log_result(tracker, tracked, result, register, prepared=prepared, cfg=cfg,
+                                    experiment=experiment)
     return replace(result, model_uri=model_uri, valid_acc=result.best_valid_acc, tracking_uri=tracker.uri,
                    mlflow_run_id=tracked.run_id)
 

@@ -97,6 +97,7 @@ class Trainer:
             raise IaaError("the training split is empty: prepare the dataset with training examples")
         self.max_steps = self.tc.max_steps(self.n_batches)
         self.progress.resume(max_steps=self.max_steps, max_seconds=self.tc.max_minutes * 60)
+        self.start_step = self.progress.step                               # where this process began
         examples = self.tc.batch_size * session.world_size
         self.bar = tqdm(total=self.max_steps * examples, initial=self.progress.step * examples, unit="ex",
                         unit_scale=True, dynamic_ncols=True, desc=f"train {cfg.model.kind}",
@@ -166,6 +167,7 @@ class Trainer:
         p = self.progress
         return {"step": p.step, "epoch": p.step / self.n_batches, **self.last, "checks": p.checks, "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
                 "stop_reason": p.stop_reason, "train_seconds": p.elapsed_s, "precision": self.precision,
+                "trained_steps": p.step - self.start_step,
                 "cuda_graphs": self.captured is not None and self.captured.failed is None,
                 "cuda_graphs_refused": self.capture_refused or (self.captured.failed if self.captured else None)}
 
