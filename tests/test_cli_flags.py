@@ -138,3 +138,10 @@ def test_the_json_object_lists_the_warnings_the_command_logged(model, tmp_path: 
     summary = json.loads(result.stdout.splitlines()[-1])           # the summary names the best trial's page and figure
     assert f"explain page: {summary['explain_page']}" in result.stderr and Path(summary["explain_png"]).is_file()
     assert f"its figure:   {summary['explain_png']}" in result.stderr
+
+
+def test_key_value_lines_write_lists_mappings_and_truth_as_json_does() -> None:
+    from iaa.cli.output import _text
+
+    assert [_text(v) for v in (True, None, {"train": 3}, ["a", "b"], 0.1234567, "x")] == \
+        ["true", "null", '{"train": 3}', '["a", "b"]', "0.123457", "x"]

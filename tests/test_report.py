@@ -136,3 +136,16 @@ def test_the_best_of_a_loss_is_its_lowest_and_numbers_are_grouped(store: tuple[P
         assert result.exit_code == 0, result.output
         line = next(line for line in result.output.splitlines() if line.startswith("demo-iaa-seed0:"))
         assert_says(line, best)
+
+
+def test_with_json_the_summary_goes_to_stderr_and_stdout_holds_the_json_line_alone(store: tuple[Path, str]) -> None:
+    workdir, _ = store
+    for args in (["--experiment", "train-demo", "--out", str(workdir / "j.png")], ["--sweeps"]):
+        result = CliRunner().invoke(cli, ["report", "--workdir", str(workdir), "--json", *args])
+        assert result.exit_code == 0, result.output
+        [line] = result.stdout.splitlines()
+        assert isinstance(json.loads(line), dict)
+        assert result.stderr.strip(), args                     # the summary, not dropped
+    plain = CliRunner().invoke(cli, ["report", "--workdir", str(workdir), "--experiment", "train-demo",
+                                     "--out", str(workdir / "p.png")])
+    assert "demo-iaa-seed0:" in plain.stdout and "figure:" in plain.stdout

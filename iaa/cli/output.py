@@ -50,8 +50,17 @@ def _emit(result: Result | dict[str, Any], as_json: bool, keys: tuple[str, ...] 
     else:
         for key, value in fields.items():
             if (keys is None or key in keys) and key != "warnings":   # those went to stderr
-                text = f"{value:.6g}" if isinstance(value, float) else printable(value)
-                click.echo(f"{printable(key)}: {text}", err=err)
+                click.echo(f"{printable(key)}: {_text(value)}", err=err)
+
+
+def _text(value: Any) -> str:
+    """A result's value on a ``key: value`` line: floats to 6 significant digits, true/false/null
+    and lists and mappings as in JSON (as ``--json`` gives them), anything else as it reads."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if value is None or isinstance(value, (bool, dict, list, tuple)):
+        return printable(json.dumps(value, default=str))
+    return printable(value)
 
 
 # What a training command prints on stdout without --json, after its summary on stderr (--json: every key).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -49,7 +50,8 @@ def report(experiment: str | None, sweep: str | None, list_sweeps: bool, run_ids
         from iaa.jobs.reports import sweep_list
 
         listed = sweep_list.run(workdir)
-        if as_json:
+        if as_json:                                 # the table on stderr, the JSON line on stdout
+            click.echo(shown(sweep_list.describe(listed), keep_lines=True), err=True)
             _emit(listed, as_json=True)             # the commands in it spelled with flags
         else:
             _warn(listed)
@@ -61,8 +63,7 @@ def report(experiment: str | None, sweep: str | None, list_sweeps: bool, run_ids
         from iaa.platform.tracking.tracker import MlflowTracker
 
         result = sweep_report.run(sweep, workdir, analyze, MlflowTracker, out=out)
-        click.echo(json.dumps(result.fields(), default=str) if as_json
-                   else shown(sweep_report.describe(result), keep_lines=True))
+        _summary_and_json(shown(sweep_report.describe(result), keep_lines=True), result, as_json)
         return
     if out is None:
         raise click.UsageError("--out PNG is required with --experiment")
@@ -74,4 +75,11 @@ def report(experiment: str | None, sweep: str | None, list_sweeps: bool, run_ids
 
     result = job.run(experiment, out, MlflowTracker, run_ids=run_ids + more_run_ids, metric=metric, x=x_axis,
                      baseline=baseline, baseline_data=baseline_data, workdir=workdir, tracking_uri=tracking_uri)
-    click.echo(json.dumps(result.fields(), default=str) if as_json else shown(job.describe(result), keep_lines=True))
+    _summary_and_json(shown(job.describe(result), keep_lines=True), result, as_json)
+
+
+def _summary_and_json(summary: str, result: Any, as_json: bool) -> None:
+    """The report's summary: on stdout, or with ``--json`` on stderr before the JSON line on stdout."""
+    click.echo(summary, err=as_json)
+    if as_json:
+        click.echo(json.dumps(result.fields(), default=str))
