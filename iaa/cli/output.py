@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -18,6 +19,8 @@ from iaa.cli.flags import render
 from iaa.jobs.evaluation.closing import Command
 from iaa.jobs.evaluation.result import Result
 from iaa.errors import printable
+
+_log = logging.getLogger(__name__)
 
 
 def shown(text: object, keep_lines: bool = False) -> str:
@@ -74,8 +77,10 @@ def _close(describe: Callable[..., str], *args: Any) -> None:
 
 
 def _warn(result: Result | dict[str, Any]) -> None:
+    """A result's warnings, through the console's handler: ``warning: ...`` lines, or JSON objects
+    with ``--log-format json``, as the jobs' own warnings."""
     for warning in result.warnings if isinstance(result, Result) else result.get("warnings", ()):
-        click.echo(f"warning: {shown(warning)}", err=True)
+        _log.warning(str(warning))
 
 
 def progress_shown() -> bool:
