@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from iaa.cli.options import (MODELS, _Duration, _Finite, _need_data,
 from iaa.cli.output import _emit, _friendly, progress_shown
 from iaa.data.datasets import TUNE_DATASETS
 from iaa.jobs.config.presets import SAMPLERS
+
+_log = logging.getLogger(__name__)
 
 
 @click.command()
@@ -92,5 +95,4 @@ def _announce(plan: Any, address: str | None) -> None:
     what = plan.dataset if plan.data is None else f"{plan.dataset} ({plan.data})"
     verb = f"resuming sweep {plan.name}" if plan.recorded is not None else f"starting sweep {plan.name}"
     ray = "" if plan.nothing_left else f", then starting {f'the Ray cluster at {address}' if address else 'a local Ray cluster'}"
-    click.echo(f"tune: {verb} of {plan.base.model.kind} on {what}: loading PyTorch, MLflow and Optuna{ray}...",
-               err=True)
+    _log.info(f"tune: {verb} of {plan.base.model.kind} on {what}: loading PyTorch, MLflow and Optuna{ray}...")
