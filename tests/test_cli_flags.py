@@ -162,3 +162,11 @@ def test_a_results_warnings_follow_the_log_format(capsys: pytest.CaptureFixture[
         assert capsys.readouterr().err.splitlines() == ["warning: plain"]
     finally:
         logs.to_console()
+
+
+def test_an_unknown_bench_setting_is_a_usage_error_naming_the_known_ones(tmp_path: Path) -> None:
+    from _faults import assert_says
+
+    result = CliRunner().invoke(cli.cli, ["bench", "--set", "bench.foo=1", "--workdir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert_says(result.output, "unknown --set key(s) bench.foo", "bench.threads")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,8 @@ def train(resume: bool, overwrite: bool, as_json: bool, **request: Any) -> None:
 @click.command()
 @click.option("--model", "model_kind", type=MODELS, default="iaa", show_default=True)
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a model field (d, h, s, T ... as model.embed_dim=256) or bench.batch_size=64.")
+              help="Override a model field (d, h, s, T ... as model.embed_dim=256) or a bench setting "
+                   "(bench.batch_size=64, bench.threads, bench.steps, bench.precision ...).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @workdir_option
 @json_option
@@ -66,6 +68,11 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, workdir: Path, as
     unknown = set(overrides) - {"model", "bench"}
     if unknown:
         raise click.UsageError(f"--set keys must start with model. or bench., got {sorted(unknown)}")
+    settings = [name for name in inspect.signature(job.run).parameters if name not in ("model", "overrides", "device")]
+    odd = sorted(set(overrides.get("bench", {})) - set(settings))
+    if odd:
+        raise click.UsageError(f"unknown --set key(s) {', '.join('bench.' + k for k in odd)}: bench takes "
+                               f"{', '.join('bench.' + k for k in settings)}")
     result = job.run(model=model_kind, overrides=overrides.get("model", {}), device=device, **overrides.get("bench", {}))
     result = job.save(result, Workdir(workdir).writable() / "bench" / f"{model_kind}-{device}.json")
     _emit(result, as_json)
