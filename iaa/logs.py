@@ -94,8 +94,13 @@ def to_console(*, json_lines: bool = False, quiet: bool = False,
 
 def in_worker() -> None:
     """In a Ray worker process: the console handler, unless the process already has one."""
-    if not any(isinstance(h, _Stderr) for h in _ROOT_LOGGER.handlers):
+    if not on_console():
         to_console()
+
+
+def on_console() -> bool:
+    """Whether :func:`to_console` has installed its handler in this process."""
+    return any(isinstance(h, _Stderr) for h in _ROOT_LOGGER.handlers)
 
 
 def warned() -> tuple[str, ...]:

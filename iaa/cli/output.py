@@ -78,9 +78,13 @@ def _close(describe: Callable[..., str], *args: Any) -> None:
 
 def _warn(result: Result | dict[str, Any]) -> None:
     """A result's warnings, through the console's handler: ``warning: ...`` lines, or JSON objects
-    with ``--log-format json``, as the jobs' own warnings."""
+    with ``--log-format json``, as the jobs' own warnings (as lines where no handler is installed:
+    a command run outside the ``iaa-cli`` group)."""
     for warning in result.warnings if isinstance(result, Result) else result.get("warnings", ()):
-        _log.warning(str(warning))
+        if logs.on_console():
+            _log.warning(str(warning))
+        else:
+            click.echo(f"warning: {shown(warning)}", err=True)
 
 
 def progress_shown() -> bool:
