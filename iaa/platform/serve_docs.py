@@ -99,7 +99,7 @@ def openapi_document(app: FastAPI, api: ServeApi, served: str | None = None, ans
 
 def served_name(kind: str, ref: str, model: dict[str, str]) -> str:
     """The served model as a reader of the API knows it: its ``models:/`` URI, or the checkpoint's
-    or ensemble's name (a path would be this machine's), with the version its answers carry."""
+    or ensemble's name (a path would show the server's file system), with the version its answers carry."""
     if kind == "model":
         return f"{ref} (version {model['version']})" if ref.rstrip("/").rsplit("/", 1)[-1] != model["version"] else ref
     return f"{kind} {model['name']} (version {model['version']})"
