@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "iaa"
 LIBRARIES = ("ray", "mlflow", "torch", "optuna")
 SHIMS = {"ray": ("iaa.platform.cluster.ray_internals",), "mlflow": ("iaa.platform.tracking.mlflow_internals",),
-         "torch": ("iaa.jobs.training.torch_internals", "iaa.model.kernels.version_counter")}
+         "torch": ("iaa.jobs.training.torch_internals", "iaa.model.kernels.kernel_internals")}
 PRIVATE_MODULE = re.compile(rf"^(?:{'|'.join(LIBRARIES)})(?:\.\w+)*\._\w+")
 
 

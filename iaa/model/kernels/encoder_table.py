@@ -17,7 +17,7 @@ from iaa.model.kernels import gru_kernels
 from iaa.model.kernels.fused_gru import (FALLBACK_THREADS, _amx, _recurrence, _stack_weights, _unpack, gru_weights,
                                          make_packing)
 from iaa.model.kernels.support import Support
-from iaa.model.kernels.version_counter import version
+from iaa.model.kernels.kernel_internals import version
 
 
 def input_table(embedding: torch.Tensor, weights: list[torch.Tensor],

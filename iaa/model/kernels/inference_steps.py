@@ -30,7 +30,7 @@ from torch import nn
 
 from iaa.model.kernels import gru_kernels
 from iaa.model.kernels.support import Support
-from iaa.model.kernels.version_counter import version
+from iaa.model.kernels.kernel_internals import version
 
 
 class FusedSteps:
