@@ -1,4 +1,4 @@
-"""The ``ray_card`` step of benchmarks/device_run.py: the project's Ray Tune sweep and Ray Train run on the card.
+"""The ``ray_card`` step of benchmarks/device_run.py: the project's Ray Train run and Ray Tune sweep on the card.
 
 - **Ray.** Where Ray is not installed (the GPU machine's image), the step unpacks the slimmed bundle
   that ``python benchmarks/ray_bundle.py`` builds (``device-ray/site-cpXY.tar.xz`` for this Python)
@@ -9,13 +9,13 @@
   (``tests/fakes.py``); the sweep's Optuna study is real (SQLite in the work folder).
 - **Data.** The cbt-recon CN folder that ``prepare_cn`` left in the work folder, else demo data
   generated here (the question is Ray on the card, not accuracy).
+- **train**, first, as the shorter job: ``iaa.jobs.train.train.run_tracked`` on one Ray Train
+  worker with one GPU, whose process group is NCCL (:func:`iaa.platform.ray_train.process_group_backend`); the step watches
+  ``nvidia-smi`` for the worker's process on the card while it runs.
 - **tune.** ``iaa.jobs.tune.tune.run`` on :class:`~iaa.platform.sweeps.launch.RayLauncher` with
   ``gpus_per_worker=GPU_SHARE``: Ray Tune places ``1 / GPU_SHARE`` trials on one card at once. A
   Tune callback counts the trials running at each result and sums their ``train_examples_per_s``;
   every trial trains for ``TRIAL_MINUTES``.
-- **train.** ``iaa.jobs.train.train.run_tracked`` on one Ray Train worker with one GPU, whose
-  process group is NCCL (:func:`iaa.platform.ray_train.process_group_backend`); the step watches
-  ``nvidia-smi`` for the worker's process on the card while it runs.
 
 ``--device cpu --tiny`` runs the same path with the tiny model on CPU trials (no fraction of a GPU,
 gloo), where Ray is installed: the test suite does.
@@ -35,7 +35,7 @@ from pathlib import Path
 from device_steps import ROOT, TINY_MODEL, _command, cn_source, demo_cn, partial, say
 
 GPU_SHARE = 0.25              # of the card per trial: four trials at once
-TUNE_TRIALS = 8               # two rounds of four
+TUNE_TRIALS = 4               # one round: four at once on the card
 TRIAL_MINUTES = 0.75          # each trial's training, cut by train.max_minutes
 TRAIN_MINUTES = 0.5           # the Ray Train run's
 BATCH = 32
@@ -239,7 +239,7 @@ def _train(args, prepared: Path, work: Path, tracker) -> dict:
 
 
 def step_ray_card(args) -> dict:
-    """Ray Tune trials sharing the card, then a Ray Train run with NCCL, both the project's jobs."""
+    """A Ray Train run with NCCL, then Ray Tune trials sharing the card, both the project's jobs."""
     work = Path(args.work)
     how = ensure_ray(work)
     if how is None:
@@ -261,7 +261,7 @@ def step_ray_card(args) -> dict:
             say(f"unmet: {line}")
     partial(out)
     tracker = FakeTracker()
-    for name, job in (("tune", _tune), ("train", _train)):
+    for name, job in (("train", _train), ("tune", _tune)):
         try:
             out[name] = job(args, prepared, work, tracker)
         except Exception as error:  # noqa: BLE001 - the other job still runs; the summary says what failed
@@ -270,7 +270,7 @@ def step_ray_card(args) -> dict:
         partial(out)
     if ray.is_initialized():
         ray.shutdown()
-    failed = [name for name in ("tune", "train") if not out[name].get("worked")]
+    failed = [name for name in ("train", "tune") if not out[name].get("worked")]
     if failed:
         what = json.dumps({k: out[k] for k in failed})[:800]
         raise SystemExit(f"ray_card: {' and '.join(failed)} did not work: {what}")

@@ -63,8 +63,8 @@ import device_steps  # noqa: E402
 ROOT = device_steps.ROOT
 BUDGET_S = 540               # of a call of at most 10 minutes: start-up and the copy back need the rest
 # (step, planned seconds at the default budget); they add up to BUDGET_S. 0: only time left unused.
-PLAN = (("env", 15), ("gate", 60), ("pytest_gpu", 90), ("bench", 60), ("prepare_cn", 25), ("compare", 200),
-        ("ensemble", 90), ("ray_card", 0), ("shared_card", 0), ("batch_sweep", 0), ("sync_check", 0), ("prefetch", 0),
+PLAN = (("env", 15), ("gate", 60), ("pytest_gpu", 90), ("bench", 60), ("prepare_cn", 25), ("compare", 170),
+        ("ensemble", 90), ("ray_card", 0), ("shared_card", 30), ("batch_sweep", 0), ("sync_check", 0), ("prefetch", 0),
         ("bench_compiled", 0))
 PARTS = {1: ("env", "gate", "pytest_gpu", "bench", "shared_card", "batch_sweep", "sync_check", "prefetch",
              "bench_compiled"),

@@ -197,6 +197,8 @@ def test_the_plan_fits_its_budget_most_valuable_first() -> None:
             assert names[:4] == ["env", "gate", "pytest_gpu", "bench"] and "compare" in names[:6]
             assert names.index("ensemble") < names.index("ray_card") < names.index("shared_card")
             assert names[-1] == "bench_compiled" and len(names) == len(device_run.PLAN)
+            limits = {step["name"]: step["limit_s"] for step in plan["steps"]}
+            assert limits["shared_card"] > 0       # time of its own: the steps before it may use up their slack
         else:
             assert names == list(device_run.PARTS[int(extra[1])])
 
@@ -323,6 +325,29 @@ def test_ray_card_says_why_it_skips_where_there_is_no_ray_and_no_bundle(tmp_path
     assert "ray_bundle.py" in out["not_run"] and "--part 3" in out["not_run"]
     assert device_cards.targets({"ray_card": out})["ray_train_cuda"] == {"measured": None, "goal": device_cards.TARGETS[
         "ray_train_cuda"], "met": False}
+
+
+def test_ray_card_runs_the_train_run_before_the_sweep_and_the_sweep_after_a_failed_one(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    import device_ray
+
+    ran: list[str] = []
+
+    def job(name: str, worked: bool):
+        def run(args, prepared, work, tracker) -> dict:
+            ran.append(name)
+            if not worked:
+                raise RuntimeError(f"{name} broke")
+            return {"worked": True}
+        return run
+
+    monkeypatch.setattr(device_ray, "ensure_ray", lambda work: "installed")
+    monkeypatch.setattr(device_ray, "_prepared", lambda args, work: (tmp_path, "demo"))
+    monkeypatch.setattr(device_ray, "_train", job("train", worked=False))
+    monkeypatch.setattr(device_ray, "_tune", job("tune", worked=True))
+    with pytest.raises(SystemExit, match="ray_card: train did not work"):
+        device_ray.step_ray_card(SimpleNamespace(work=str(tmp_path), device="cpu", tiny=True, data=str(tmp_path)))
+    assert ran == ["train", "tune"]
 
 
 def test_a_bundle_is_unpacked_first_on_the_path_of_this_process_and_of_those_it_starts(tmp_path: Path, monkeypatch) -> None:
