@@ -33,9 +33,9 @@ def test_lost_nodes_and_restored_trials_are_one_line_each_and_the_summary_counts
     console.trial_checked("trial-0000", {"checks": 2, "epoch": 0.6, "valid_acc": 0.3})
     lines = out.getvalue().splitlines()
     assert lines[3:6] == ["[0m14s] node 2c3a5429 (10.0.0.7) lost: its trials restart from their last checkpoints",
-                          "[0m14s] trial trial-0000 restored from check 1, restore 1; it goes on once the cluster "
+                          "[0m14s] trial-0000 restored from check 1, restore 1; it goes on once the cluster "
                           "has room for it",
-                          "[0m14s] trial trial-0001 restored from check 0 (the start), restore 1; it goes on once the "
+                          "[0m14s] trial-0001 restored from check 0 (the start), restore 1; it goes on once the "
                           "cluster has room for it"]
     assert len(lines) == 7
     assert console.summary(60.0) == ("sweep took 1m00s; 2 trials restored (2 restores after 1 lost node); "
@@ -188,6 +188,6 @@ def test_a_resumed_trial_restored_from_a_checkpoint_continues_on_the_console() -
         callback.on_trial_start(0, [], Trial("b", {"model.steps": 1}))          # never started before
         callback.on_trial_result(0, [], Trial("a", {"model.steps": 2}), {"checks": 3, "epoch": 1.5, "valid_acc": 0.5})
     lines = out.getvalue().splitlines()
-    assert lines[0].endswith("trial trial-0001 continues from check 2: T=2")
-    assert lines[1].endswith("trial trial-0002 started: T=1")
+    assert lines[0].endswith("trial-0001 continues from check 2: T=2")
+    assert lines[1].endswith("trial-0002 started: T=1")
     assert console.replayed == 0 and console.trials["trial-0001"].checks == 3

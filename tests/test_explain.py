@@ -227,9 +227,9 @@ def test_the_page_names_its_sweep_trial_and_checkpoint(setup, tmp_path):
 
     prepared, ckpts = setup
     out = tmp_path / "page.html"
-    explain.run(ckpts["iaa"], prepared, "valid", first=1, out=out, source="sweep demo-iaa-1, trial trial-0003")
+    explain.run(ckpts["iaa"], prepared, "valid", first=1, out=out, source="sweep demo-iaa-1, trial-0003")
     title = out.read_text(encoding="utf-8").split("<title>")[1].split("</title>")[0]
-    assert "sweep demo-iaa-1, trial trial-0003" in title and str(ckpts["iaa"]) in title
+    assert "sweep demo-iaa-1, trial-0003" in title and str(ckpts["iaa"]) in title
     _explain(["--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--first", "1", "--out", str(out)])
     assert str(ckpts["iaa"]) in out.read_text(encoding="utf-8").split("<title>")[1].split("</title>")[0]
 

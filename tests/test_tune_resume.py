@@ -153,7 +153,7 @@ def test_a_resumed_sweep_does_not_start_or_finish_again_on_the_console_a_trial_i
     assert kept["a"].state == "FINISHED" and "stop_reason" not in kept["a"].tags     # left as it ended
     assert console.trials["trial-0004"].state == "finished" and console.trials["trial-0004"].checks == 1
     assert (console.trials["trial-0003"].checks, console.trials["trial-0003"].best) == (2, 0.8295)
-    [ended] = [line for line in said if "trial trial-0003 finished" in line]
+    [ended] = [line for line in said if "trial-0003 finished" in line]
     assert_says(ended, "after 2 checks", "0.8295")
     assert side.finished_before == {"a", "c"}
 

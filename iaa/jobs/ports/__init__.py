@@ -25,7 +25,7 @@ from iaa.jobs.ports.launching import (Carried, ConnectRequest, Launcher, Members
 from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
                                     Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelCard, ModelFiles, ModelSource,
                                     RequestError, RunRecord, ServeApi, ServeConfig, TIME_BUDGET, TrialRecord,
-                                    INTERRUPTED_TAG, TUNE_RUN_TAG, WORKER_LOST, trial_name)
+                                    INTERRUPTED_TAG, TUNE_RUN_TAG, WORKER_LOST, trial_name, trial_said)
 from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
 from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
 
@@ -37,4 +37,5 @@ __all__ = [
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",
     "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WarmStart", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
     "trial_name",
+    "trial_said",
 ]

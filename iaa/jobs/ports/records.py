@@ -53,6 +53,12 @@ def trial_name(number: int) -> str:
     return f"trial-{number:04d}"
 
 
+def trial_said(name: str) -> str:
+    """How a line names a trial: its one name reads alone (``trial-0003``); any other id (a member's
+    ``seed-7``, Ray's ``1f2e3_00003``) is said as ``trial seed-7``."""
+    return name if name.startswith("trial-") else f"trial {name}"
+
+
 @dataclass(frozen=True)
 class TrialRecord:
     """One trial of a sweep (or one member trained for an ensemble), as ``sweep.json`` stores it."""

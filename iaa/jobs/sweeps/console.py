@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from iaa import logs
 from iaa.errors import printable
-from iaa.jobs.ports import TIME_BUDGET
+from iaa.jobs.ports import TIME_BUDGET, trial_said
 from iaa.jobs.sweeps import comparison
 from iaa.jobs.sweeps.cost import SweepCost, duration
 from iaa.jobs.config.job_config import config_label, short_name, short_value
@@ -88,7 +88,7 @@ class SweepConsole:
         if trial_id in self.trials and self.trials[trial_id].state == "running":
             return                                  # a restarted or resumed trial
         self.trials[trial_id] = _Trial(dict(params), self.clock())
-        self._say(f"trial {trial_id} started: {self.label(params)}", "trial_started", trial=trial_id,
+        self._say(f"{trial_said(trial_id)} started: {self.label(params)}", "trial_started", trial=trial_id,
                   params=dict(params))
 
     def trial_continued(self, trial_id: str, params: Mapping[str, Any], from_check: int) -> None:
@@ -97,7 +97,7 @@ class SweepConsole:
             return                                  # restarted in this process: its restore was told
         t = self.trials.setdefault(trial_id, _Trial(dict(params), self.clock()))
         t.checks = max(t.checks, from_check)
-        self._say(f"trial {trial_id} continues from check {from_check}: {self.label(params)}", "trial_continued",
+        self._say(f"{trial_said(trial_id)} continues from check {from_check}: {self.label(params)}", "trial_continued",
                   trial=trial_id, check=from_check, params=dict(params))
 
     def trial_checked(self, trial_id: str, metrics: Mapping[str, Any]) -> None:
@@ -113,7 +113,7 @@ class SweepConsole:
         first = self.corrected_s is None
         if first:
             self.corrected_s = self._estimate_total()
-        self._say(f"trial {trial_id} check {t.checks} (epoch {t.epoch:.2f}): valid_acc {_acc(t.valid_acc)}, "
+        self._say(f"{trial_said(trial_id)} check {t.checks} (epoch {t.epoch:.2f}): valid_acc {_acc(t.valid_acc)}, "
                   f"best {_acc(t.best)}", "trial_checked", trial=trial_id, check=t.checks, epoch=t.epoch,
                   valid_acc=t.valid_acc, best_valid_acc=t.best)
         if first and self.corrected_s is not None and self.cost is not None:
@@ -155,17 +155,17 @@ class SweepConsole:
         after = f"after {t.checks} check{'s' * (t.checks != 1)}, best valid_acc {_acc(t.best)}"
         if reason == "asha":
             t.state, t.stopped_by_asha = "stopped", True
-            line = f"trial {trial_id} stopped by ASHA {after}"
+            line = f"{trial_said(trial_id)} stopped by ASHA {after}"
         elif reason == TIME_BUDGET:
             t.state = "stopped"
-            line = f"trial {trial_id} stopped by the time budget {after}"
+            line = f"{trial_said(trial_id)} stopped by the time budget {after}"
         elif reason == "error":
             t.state = "failed"
             last = (error or "").strip().splitlines()[-1:]
-            line = f"trial {trial_id} failed {after}" + (f": {last[0][:200]}" if last else "")
+            line = f"{trial_said(trial_id)} failed {after}" + (f": {last[0][:200]}" if last else "")
         else:
             t.state = "finished"
-            line = f"trial {trial_id} finished ({reason or 'done'}) {after}"
+            line = f"{trial_said(trial_id)} finished ({reason or 'done'}) {after}"
         self._say(line, "trial_ended", trial=trial_id, state=t.state, reason=reason or "done", checks=t.checks,
                   best_valid_acc=t.best)
 
@@ -190,7 +190,7 @@ class SweepConsole:
         self.redone_s += max(now - (t.checked_at if t.checked_at is not None else t.started), 0.0)
         t.state = "running"
         where = f"check {from_check}" if from_check else "check 0 (the start)"
-        self._say(f"trial {trial_id} restored from {where}, restore {t.restores}; it goes on once the cluster "
+        self._say(f"{trial_said(trial_id)} restored from {where}, restore {t.restores}; it goes on once the cluster "
                   "has room for it", "trial_restored", trial=trial_id, check=from_check, restores=t.restores)
 
     def restores(self) -> str | None:

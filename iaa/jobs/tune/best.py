@@ -18,7 +18,7 @@ from iaa.jobs.evaluation.closing import next_block
 from iaa.jobs.evaluation.frequency import BaselineResult
 from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 from iaa.jobs.config import exploration, search_space
-from iaa.jobs.ports import ModelCard, ModelFiles, TrackedRun, Tracker, TrialRecord
+from iaa.jobs.ports import ModelCard, ModelFiles, TrackedRun, Tracker, TrialRecord, trial_said
 from iaa.jobs.sweeps.ranking import Ranking
 from iaa.jobs.sweeps.record import FINISHED_STATUSES, SweepRecord
 
@@ -304,7 +304,7 @@ def _record_on_parent(parent: TrackedRun, tracker: Tracker, best: TrialRecord, r
                      "best_trial_id": best.label, "best_ray_trial_id": best.trial_id,
                      "best_checkpoint": best.checkpoint or "",
                      "best_mlflow_run_id": best.mlflow_run_id or "", "best_config": label,
-                     "mlflow.note.content": f"Best trial: [{label}]{link} (trial {best.label}, run "
+                     "mlflow.note.content": f"Best trial: [{label}]{link} ({trial_said(best.label)}, run "
                                             f"{best.mlflow_run_id}), best valid_acc {shown}; its config is "
                                             f"the `best.*` params and the artifact `best_config.yaml`.{close}{began}"})
     if best.mlflow_run_id:
@@ -349,7 +349,7 @@ def write_best_config(best: TrialRecord, path: Path, sweep: str, train_epochs: f
     handoff["sweep"] = {"name": sweep, "trial": best.label, "best_valid_acc": best.best_valid_acc,
                         "trial_max_epochs": trial_epochs}
     dump_yaml(cfg, path, handoff, header=(
-        f"The best configuration of sweep {sweep} (trial {best.label}).\n"
+        f"The best configuration of sweep {sweep} ({trial_said(best.label)}).\n"
         f"`iaa-cli train` with this file as its config trains it for up to train.max_epochs, stopping early after\n"
         f"train.patience checks without improvement; each trial of the sweep had sweep.trial_max_epochs."))
 
@@ -376,7 +376,7 @@ def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared:
             tracker.log_model(runs[-1], ModelFiles.of(trial.checkpoint, prepared), code=MODEL_CODE)
     page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
                        out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png",
-                       source=f"sweep {sweep_dir.name}, trial {best.label}")
+                       source=f"sweep {sweep_dir.name}, {trial_said(best.label)}")
     out: dict[str, Any] = {"explain_page": page.html, "explain_png": page.png}
     if best.mlflow_run_id:
         run = tracker.attach(best.mlflow_run_id)
