@@ -130,9 +130,10 @@ class Run:
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         now = int(time.time() * 1000)
         self._pending += [Metric(k, v, now, step or 0) for k, v in numeric(metrics).items()]
-        self._flush()
+        self.flush()
 
-    def _flush(self, force: bool = False) -> None:
+    def flush(self, force: bool = False) -> None:
+        """Write the metrics held back; before the retry time only where ``force``."""
         if not self._pending or (not force and time.monotonic() < self._retry_at):
             return
         try:
@@ -209,7 +210,7 @@ class Run:
 
     def end(self, status: str = "FINISHED") -> None:
         """Send what is kept, then close the run; what could not be sent is named on stderr."""
-        self._flush(force=True)
+        self.flush(force=True)
         if self._pending:
             names = sorted({m.key for m in self._pending})
             steps = sorted({m.step for m in self._pending})
@@ -252,7 +253,7 @@ def run_context(uri: str, experiment: str, name: str, *, resume_id: str | None =
     except BaseException:
         run.end("FAILED")
         raise
-    run._flush(force=True)
+    run.flush(force=True)
     run.end("FAILED" if run.lost or run.unlogged() else "FINISHED")
     if run.lost:
         marked = "could not be marked FAILED either" if any(w.startswith("mark ") for w in run.lost) else "is marked FAILED"
