@@ -140,6 +140,7 @@ def test_ensemble_of_two_configurations_records_each_over_its_seeds(tiny, tmp_pa
 
     from fakes import FakeLauncher, FakeTracker
     from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
     from iaa.jobs.tune import tune
 
     space = tmp_path / "space.yaml"
@@ -148,8 +149,8 @@ def test_ensemble_of_two_configurations_records_each_over_its_seeds(tiny, tmp_pa
     tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=2, search_space=space, sets=TINY_SETS,
                               workdir=work, name="two", show_progress=False), lambda uri: tracker, launcher)
     capsys.readouterr()
-    result = ensemble.run(ensemble.EnsembleRequest(sweep="two", data=tiny, top_configs=2, seeds=2, workdir=work,
-                                                   show_progress=False), tracker, launcher)
+    result = ensemble.run(EnsembleRequest(sweep="two", data=tiny, top_configs=2, seeds=2, workdir=work,
+                                          show_progress=False), tracker, launcher)
     configs = result.configurations
     assert [len(c["seeds"]) for c in configs] == [2, 2] and {c["label"] for c in configs} == {"h=8", "h=12"}
     assert sorted(a for c in configs for a in c["valid_acc"]) == pytest.approx(sorted(result.member_valid_acc))
@@ -161,7 +162,7 @@ def test_ensemble_of_two_configurations_records_each_over_its_seeds(tiny, tmp_pa
                 f"valid log-loss {result.calibration['valid_log_loss']:.3f} (members "
                 f"{result.calibration['mean_member_valid_log_loss']:.3f} on average)")
     assert on_disk["calibration"] == result.calibration
-    assert "configurations" not in ensemble.run(ensemble.EnsembleRequest(
+    assert "configurations" not in ensemble.run(EnsembleRequest(
         sweep="two", data=tiny, top_configs=1, seeds=2, workdir=work, name="one-config", show_progress=False),
         tracker, launcher).fields()
 

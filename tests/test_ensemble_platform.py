@@ -18,7 +18,8 @@ from _faults import assert_says
 from fakes import FakeTracker
 from iaa.jobs.ports import WORKER_LOST, ConnectRequest, MembersRequest, TrialRecord, TrialRun
 from iaa.jobs.ensemble import members as members_job
-from iaa.jobs.ensemble import ensemble
+from iaa.jobs.ensemble import ensemble, sweep_training
+from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
 from iaa.jobs.ports import TrialTracking
 from iaa.jobs.sweeps.record import SweepRecord
 
@@ -85,10 +86,10 @@ def test_best_configs_are_distinct_and_skip_failed(sweep: SweepRecord) -> None:
 def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: SweepRecord, launcher: FakeLauncher,
                                                                  tmp_path: Path) -> None:
     fake_tune = launcher.calls
-    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
+    req = EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "demo-iaa"
-    members = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "demo-iaa", launcher,
-                                     run_id="ensemble-run")
+    members = sweep_training.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "demo-iaa",
+                                           launcher, run_id="ensemble-run")
 
     assert [(m.config.train.lr, m.config.train.seed) for m in members] == [
         (2e-3, 0), (2e-3, 1), (2e-3, 2), (3e-3, 0), (3e-3, 1), (3e-3, 2)]
@@ -111,19 +112,19 @@ def test_sweep_members_reuse_matching_trials_and_train_the_rest(sweep: SweepReco
     assert call.trials.tracking.data_dir == tmp_path / "data"
 
     # A second run finds the members it trained in trained.json and trains nothing.
-    again = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "demo-iaa", launcher)
+    again = sweep_training.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "demo-iaa", launcher)
     assert len(fake_tune) == 1
     assert [m.checkpoint for m in again] == [m.checkpoint for m in members]
     assert [m.source for m in again][2] == "trained earlier"
     # So does another ensemble of the same sweep under another name.
-    other = ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "ensembles" / "other",
-                                   FakeTracker(), "other", launcher)
+    other = sweep_training.sweep_members(req, sweep, tmp_path / "data", tmp_path / "ensembles" / "other",
+                                         FakeTracker(), "other", launcher)
     assert len(fake_tune) == 1 and [m.checkpoint for m in other] == [m.checkpoint for m in members]
 
 
 def test_all_seeds_reused_means_no_training(sweep: SweepRecord, tmp_path: Path) -> None:
-    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
-    members = ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", None)
+    req = EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
+    members = sweep_training.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", None)
     assert [m.source for m in members] == ["trial t1", "trial t2"]
 
 
@@ -139,16 +140,16 @@ def test_a_trial_stopped_short_of_its_budget_is_trained_in_full_not_reused(
     line that says what is reused and trained names it; a rerun reuses that member, not the trial."""
     short = tuple(replace(t, **stop) if t.trial_id == "t1" else t for t in sweep.trials)
     sweep = replace(sweep, trials=short)
-    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
+    req = EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=2, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "e"
-    with caplog.at_level("INFO", logger="iaa.jobs.ensemble.ensemble"):
-        members = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
+    with caplog.at_level("INFO", logger="iaa.jobs.ensemble.sweep_training"):
+        members = sweep_training.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
     assert [(m.config.train.seed, m.source) for m in members] == [(0, "trained"), (1, "trial t2")]
     [call] = launcher.calls
     assert [c.train.seed for c in call.configs] == [0]
     assert_says(caplog.text, "reusing 1 checkpoint, training 1 member on Ray, 1 of them in full",
                 f"config0-seed-0 ({said})")
-    again = ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
+    again = sweep_training.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
     assert len(launcher.calls) == 1 and [m.source for m in again] == ["trained earlier", "trial t2"]
 
 
@@ -168,10 +169,10 @@ def test_failed_member_is_reported_and_the_others_kept(sweep: SweepRecord, launc
         return out
 
     monkeypatch.setattr(launcher, "train_many", half_fails)
-    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=4, workdir=tmp_path)
+    req = EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=4, workdir=tmp_path)
     out_dir = tmp_path / "ensembles" / "e"
     with pytest.raises(IaaError) as caught:
-        ensemble.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
+        sweep_training.sweep_members(req, sweep, tmp_path / "data", out_dir, FakeTracker(), "e", launcher)
     assert_says(caught.value, "1 member(s) did not finish: seed 2 (trial bad", why)
     ledger = json.loads((out_dir / "trained.json").read_text())
     assert [e["config"]["train"]["seed"] for e in ledger] == [3]
@@ -183,16 +184,16 @@ def test_missing_sweep_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_request_is_frozen() -> None:
-    req = ensemble.EnsembleRequest(members=(Path("a.pt"),))
+    req = EnsembleRequest(members=(Path("a.pt"),))
     with pytest.raises(dataclasses.FrozenInstanceError):
         req.seeds = 3  # type: ignore[misc]
     assert replace(req, seeds=3).seeds == 3
 
 
 def test_members_train_on_the_requested_resources(sweep: SweepRecord, launcher: FakeLauncher, tmp_path: Path) -> None:
-    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=3, workdir=tmp_path,
-                                   workers_per_trial=2, gpus_per_worker=0.5)
-    ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", launcher)
+    req = EnsembleRequest(sweep="demo-iaa", top_configs=1, seeds=3, workdir=tmp_path,
+                          workers_per_trial=2, gpus_per_worker=0.5)
+    sweep_training.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", launcher)
     [call] = launcher.calls
     assert call.connection.workers_per_trial == 2 and call.connection.gpus_per_worker == 0.5
     assert call.connection.num_trials == len(call.configs)
@@ -202,8 +203,8 @@ def test_members_are_placed_with_the_largest_of_their_threads(sweep: SweepRecord
                                                              tmp_path: Path) -> None:
     sweep = replace(sweep, trials=tuple(replace(t, config=replace(t.config, train=replace(t.config.train, threads=i + 1)))
                                         for i, t in enumerate(sweep.trials)))
-    req = ensemble.EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
-    ensemble.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", launcher)
+    req = EnsembleRequest(sweep="demo-iaa", top_configs=2, seeds=3, workdir=tmp_path)
+    sweep_training.sweep_members(req, sweep, tmp_path / "data", tmp_path / "out", FakeTracker(), "e", launcher)
     [call] = launcher.calls
     assert call.connection.threads == max(c.train.threads for c in call.configs) > 0
 
@@ -232,17 +233,17 @@ def test_the_same_checkpoint_twice_is_refused(tmp_path: Path) -> None:
     ckpt = tmp_path / "a.pt"
     ckpt.write_bytes(b"")
     with pytest.raises(IaaError, match="listed twice"):
-        ensemble.EnsembleRequest(members=(ckpt, tmp_path / "." / "a.pt"), workdir=tmp_path)
+        EnsembleRequest(members=(ckpt, tmp_path / "." / "a.pt"), workdir=tmp_path)
 
 
 def test_training_members_states_its_cost_from_the_sweeps_own_pace(sweep: SweepRecord) -> None:
     timed = replace(sweep, wall_s=600.0, max_concurrent=2,
                     trials=tuple(replace(t, steps=s) for t, s in zip(sweep.trials, (100, 300, 300, 200, 50, 50))))
     # 600 s x 2 at a time over 1,000 steps: 1.2 s a step; the longest trial made 300: 360 s a member
-    assert "about 18m00s at 2 at a time" in ensemble.members_cost(timed, 5)        # 3 waves of 6m00s
-    assert "6m00s a member" in ensemble.members_cost(timed, 1)
-    assert "about 6m00s one at a time (" in ensemble.members_cost(timed, 1)        # not "2 at a time" for one
-    assert "no time" in ensemble.members_cost(sweep, 5)                          # a record without wall time
+    assert "about 18m00s at 2 at a time" in sweep_training.members_cost(timed, 5)        # 3 waves of 6m00s
+    assert "6m00s a member" in sweep_training.members_cost(timed, 1)
+    assert "about 6m00s one at a time (" in sweep_training.members_cost(timed, 1)        # not "2 at a time" for one
+    assert "no time" in sweep_training.members_cost(sweep, 5)                          # a record without wall time
 
 
 def test_an_ensemble_of_a_sweep_tracks_in_the_store_the_sweep_recorded(sweep: SweepRecord, tmp_path: Path,

@@ -150,9 +150,10 @@ def test_ensemble_states_its_cost_first_and_its_accuracy_with_error_bars(tiny, t
     from fakes import FakeTracker
     from tests._explain import tiny_checkpoint
     from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
 
     members = tuple(tiny_checkpoint(tiny, tmp_path / f"m{s}.pt", seed=s) for s in range(2))
-    req = ensemble.EnsembleRequest(members=members, data=tiny, workdir=tmp_path / "work", show_progress=True)
+    req = EnsembleRequest(members=members, data=tiny, workdir=tmp_path / "work", show_progress=True)
     summary = ensemble.run(req, FakeTracker())
     err = capsys.readouterr().err
     assert err.index("scoring 2 members on valid (64 questions) and test (64 questions)") < err.index("evaluate members")

@@ -236,7 +236,7 @@ def test_the_sweep_run_names_its_best_trial_as_the_console_does_with_its_interva
     assert parent.params["best_valid_acc_n"] == str(n) and n > 0 and acc is not None
     assert parent.last("best_valid_acc_stderr") == pytest.approx(result.best_valid_acc_stderr)
     assert parent.last("baseline_valid_acc") == pytest.approx(base)
-    assert_says(parent.tags["mlflow.note.content"], f"(trial {label}, run ",
+    assert_says(parent.tags["mlflow.note.content"], f"({label}, run ",
                 f"best valid_acc {uncertainty.accuracy_text(acc, n)}", f"baseline {base:.4f}")
     card = tracker.models[-1]["card"]
     assert tracker.models[-1]["register"] == "tiny-best"
@@ -462,6 +462,7 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
                                                                 capsys: pytest.CaptureFixture[str], console: None) -> None:
     from iaa.errors import IaaError
     from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
     from iaa.jobs.tune import tune
     from iaa.jobs.workdir import lock
     from iaa.jobs.workdir.paths import Workdir
@@ -472,8 +473,8 @@ def test_ensemble_trains_the_missing_seeds_of_a_sweep_as_members(tiny: Path, tmp
     work = tmp_path / "work"
     tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=space, sets=TINY_SETS,
                               workdir=work, name="one", show_progress=False), lambda uri: tracker, launcher)
-    request = ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
-                                       show_progress=False)
+    request = EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
+                              show_progress=False)
     with lock.held(lock.beside(Workdir(work).ensemble("one")), busy=IaaError):   # another process builds it
         with pytest.raises(IaaError) as err:
             ensemble.run(request, tracker, launcher)
@@ -516,10 +517,11 @@ def test_an_ensemble_shows_its_accuracies_beside_the_baseline_and_warns_when_not
     JSON and its run's metrics, beside its own in the closing lines, and a warning where the
     ensemble is not above the one on valid."""
     from iaa.jobs.ensemble import ensemble, ensemble_result
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
     from iaa.jobs.evaluation import frequency
 
     tracker = FakeTracker()
-    request = ensemble.EnsembleRequest(members=(reader,), data=tiny, workdir=tmp_path / "work", show_progress=False)
+    request = EnsembleRequest(members=(reader,), data=tiny, workdir=tmp_path / "work", show_progress=False)
     result = ensemble.run(request, tracker)
     valid, test = frequency.run(tiny, "valid").accuracy, frequency.run(tiny, "test").accuracy
     assert (result.baseline_valid_acc, result.baseline_test_acc) == (valid, test)
@@ -545,12 +547,13 @@ def test_members_of_another_vocabulary_are_refused_before_the_ensemble_opens_its
     """A `data` folder whose vocabulary is not the members': one clear error, and no FAILED run left."""
     from iaa.errors import IaaError
     from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
 
     other = make_tiny_prepared(tmp_path / "other", {"train": 60, "valid": 64, "test": 64})   # another vocabulary
     tracker = FakeTracker()
     with pytest.raises(IaaError) as err:
-        ensemble.run(ensemble.EnsembleRequest(members=(reader,), data=other, workdir=tmp_path / "work",
-                                              show_progress=False), tracker)
+        ensemble.run(EnsembleRequest(members=(reader,), data=other, workdir=tmp_path / "work",
+                                     show_progress=False), tracker)
     assert {run.name: run.state for run in tracker.runs.values()} == {}
     assert_says(err.value, str(reader), "was trained on other data than", str(other), "share one vocabulary")
 

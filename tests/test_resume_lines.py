@@ -40,19 +40,20 @@ def test_a_stopped_train_resumes_with_every_field_that_shapes_the_run(tmp_path: 
 
 def test_a_stopped_ensemble_resumes_with_every_field_that_shapes_it(tmp_path: Path) -> None:
     from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
 
     values = {"sweep": "s1", "dataset": "cbt-cn", "data": tmp_path / "prepared", "top_configs": 2, "seeds": 3,
               "select": "top-p", "p": 0.4, "name": "five", "workdir": tmp_path / "work", "storage_path": "s3://b/ray",
               "workers_per_trial": 2, "gpus_per_worker": 0.25, "register": "ens", "calibrate": False,
               "address": "ray://head:10001", "tracking_uri": "http://mlflow:5000"}
     # ``members`` goes with ``sweep`` unset (one or the other); the rest say how this command shows and ends.
-    _lines_up(ensemble.EnsembleRequest, values, {"members", "show_progress", "verbose", "overwrite"})
-    _holds(as_shown(ensemble.resume_command(ensemble.EnsembleRequest(**values))), (
+    _lines_up(EnsembleRequest, values, {"members", "show_progress", "verbose", "overwrite"})
+    _holds(as_shown(ensemble.resume_command(EnsembleRequest(**values))), (
         "--sweep s1", "--dataset cbt-cn", f"--data {tmp_path / 'prepared'}", "--top-configs 2", "--seeds 3",
         "--select top-p", "--p 0.4", "--name five", "--workers-per-member 2", "--gpus-per-worker 0.25",
         "--storage-path s3://b/ray", "--address ray://head:10001", "--register ens", "--no-calibrate",
         "--tracking-uri http://mlflow:5000", f"--workdir {tmp_path / 'work'}"))
-    given = ensemble.EnsembleRequest(members=(tmp_path / "a.pt", tmp_path / "b.pt"), workdir=tmp_path / "work")
+    given = EnsembleRequest(members=(tmp_path / "a.pt", tmp_path / "b.pt"), workdir=tmp_path / "work")
     line = as_shown(ensemble.resume_command(given))
     assert f"--members {tmp_path / 'a.pt'} --members {tmp_path / 'b.pt'}" in line and "calibrate" not in line
 

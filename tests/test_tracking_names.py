@@ -251,6 +251,7 @@ def test_the_sweeps_runs_view_shows_the_seed() -> None:
 
 def test_the_ensemble_of_a_sweep_nests_under_the_sweeps_run_with_its_data(tmp_path: Path, tiny: Path) -> None:
     from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
     from iaa.jobs.tune import tune
 
     space = tmp_path / "space.yaml"
@@ -258,8 +259,8 @@ def test_the_ensemble_of_a_sweep_nests_under_the_sweeps_run_with_its_data(tmp_pa
     tracker, launcher, work = _tracker(tmp_path), FakeLauncher(), tmp_path / "work"
     swept = tune.run(tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=1, search_space=space, sets=TINY_SETS,
                                       workdir=work, name="one", show_progress=False), lambda uri: tracker, launcher)
-    result = ensemble.run(ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
-                                                   show_progress=False), tracker, launcher)
+    result = ensemble.run(EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
+                                          show_progress=False), tracker, launcher)
     client = MlflowClient(tracker.uri)
     run = client.get_run(result.mlflow_run_id)
     assert run.data.tags["mlflow.parentRunId"] == swept["parent_run_id"]
@@ -295,6 +296,7 @@ def test_an_ensemble_that_cannot_reach_its_cluster_opens_no_run(tmp_path: Path, 
     from fakes import FakeTracker
     from iaa.errors import IaaError
     from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
     from iaa.jobs.tune import tune
 
     class Unreachable(FakeLauncher):
@@ -308,8 +310,8 @@ def test_an_ensemble_that_cannot_reach_its_cluster_opens_no_run(tmp_path: Path, 
                               workdir=work, name="one", show_progress=False), lambda uri: tracker, FakeLauncher())
     before = set(tracker.runs)
     with pytest.raises(IaaError, match="--storage-path is required"):
-        ensemble.run(ensemble.EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
-                                              show_progress=False), tracker, Unreachable())
+        ensemble.run(EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
+                                     show_progress=False), tracker, Unreachable())
     assert set(tracker.runs) == before
 
 
@@ -335,12 +337,13 @@ def ensemble_of(checkpoint: Path, prepared: Path, work: Path, tracker: Any) -> A
     import shutil
 
     from iaa.jobs.ensemble import ensemble
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
 
     copy = work / "copy" / "best.pt"
     copy.parent.mkdir(parents=True)
     shutil.copy2(checkpoint, copy)
-    return ensemble.run(ensemble.EnsembleRequest(members=(checkpoint, copy), data=prepared, name="pair", workdir=work,
-                                                 show_progress=False), tracker)
+    return ensemble.run(EnsembleRequest(members=(checkpoint, copy), data=prepared, name="pair", workdir=work,
+                                        show_progress=False), tracker)
 
 
 def test_train_many_gives_the_members_runs_their_names_and_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

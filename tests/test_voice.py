@@ -32,7 +32,7 @@ def test_only_known_options_are_spelled_and_nothing_outside_a_command_line() -> 
 
 
 def test_a_job_error_names_the_flag_on_the_command_line(tmp_path) -> None:
-    from iaa.jobs.ensemble.ensemble import EnsembleRequest
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
 
     with pytest.raises(Exception) as caught:             # the job's own words, for a library caller
         EnsembleRequest(workdir=tmp_path)

@@ -42,9 +42,10 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
              address: str | None, as_json: bool, **request: Any) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
     from iaa.jobs.ensemble import ensemble as job
+    from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
 
-    req = job.EnsembleRequest(members=members + more_members, workdir=workdir, address=address,
-                              tracking_uri=tracking_uri, show_progress=progress_shown(), **request)
+    req = EnsembleRequest(members=members + more_members, workdir=workdir, address=address,
+                          tracking_uri=tracking_uri, show_progress=progress_shown(), **request)
     store = tracking_uri or job.sweep_store(workdir, req.sweep)          # a sweep's ensemble joins its runs
     _emit(job.run(req, _tracker(workdir, store), _launcher(req.address, req.storage_path)), as_json,
           keys=("name", "valid_acc", "test_acc", "ensemble_dir", "model_uri"))

@@ -6,9 +6,8 @@ Members come from one of two places:
   else the dataset named in the checkpoints' configs (prepared under the workdir).
 - ``--sweep NAME``: ``WORKDIR/sweeps/NAME/sweep.json`` (a default name such as ``demo-iaa``
   means the latest ``demo-iaa-<id>``). :mod:`iaa.jobs.ensemble.members` picks its K best configurations
-  x N seeds and the checkpoints to reuse; the rest train in parallel as trials of the
-  :class:`~iaa.jobs.ports.Launcher` (``train_many``), with the request's workers, GPUs and the
-  configs' ``train.threads``.
+  x N seeds and the checkpoints to reuse; :mod:`iaa.jobs.ensemble.sweep_training` trains the rest in
+  parallel as trials of the :class:`~iaa.jobs.ports.Launcher` (``train_many``).
 
 Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.evaluation.averaging`
 does the alignment, averaging and selection, and fits the temperature that calibrates the
@@ -31,89 +30,33 @@ import contextlib
 import hashlib
 import logging
 import sys
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from iaa.data.datasets import TRAINING_SPLITS
 from iaa.data.shards import file_sha256
 from iaa.errors import IaaError
 from iaa.jobs import interrupt
-from iaa.jobs.ensemble import configurations, ensemble_run, scoring
+from iaa.jobs.ensemble import configurations, ensemble_run, scoring, sweep_training
+from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
 from iaa.jobs.ensemble.ensemble_result import EnsembleResult, describe, of_record
 from iaa.jobs.evaluation import averaging, ensemble_record
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ensemble import members as ledger
 from iaa.jobs.training.loop import LOG_PROGRESS_S
-from iaa.jobs.workdir import lock, names
+from iaa.jobs.workdir import lock
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import SweepRecord
-from iaa.jobs.sweeps.console import SweepConsole
-from iaa.jobs.sweeps.cost import SweepCost, duration
-from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict
+from iaa.jobs.config.job_config import ConfigError, from_dict
 from iaa.jobs.ensemble.members import Member
-from iaa.jobs.ports import (INTERRUPTED_TAG, MEMBER_KEY, TUNE_RUN_TAG, ConnectRequest, Launcher, MembersRequest, TrackedRun, Tracker,
-                            TrialRun, TrialTracking)
+from iaa.jobs.ports import INTERRUPTED_TAG, Launcher, TrackedRun, Tracker
 from iaa.jobs.evaluation.predictor import SUMMARY
-from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
+from iaa.jobs.workdir.paths import Workdir
 
 _log = logging.getLogger(__name__)
 VOCABULARY_TODO = ("an ensemble's members and the data must share one vocabulary; pass the prepared folder they "
                    "were trained on with `data`")
-
-
-@dataclass(frozen=True)
-class EnsembleRequest:
-    """What ``iaa-cli ensemble`` asks for; exactly one of ``sweep`` and ``members``, checked here."""
-
-    sweep: str | None = None
-    members: tuple[Path, ...] = ()
-    dataset: str | None = None
-    data: Path | None = None
-    top_configs: int = 1          # K best configurations of the sweep
-    seeds: int = 5                # N seeds of each
-    select: str = "all"           # all | top-p | greedy, decided on valid
-    p: float = 0.5                # fraction kept by top-p
-    name: str | None = None
-    workdir: Path = Path(DEFAULT_WORKDIR)
-    storage_path: str | None = None
-    workers_per_trial: int = 1    # Ray Train workers per member trained
-    gpus_per_worker: float = 0.0
-    show_progress: bool = True
-    verbose: bool = False         # Ray Tune's own status tables while members train
-    register: str | None = None   # register the ensemble's MLflow model under this name
-    overwrite: bool = False       # replace a finished ensemble of the same name
-    calibrate: bool = True        # fit the ensemble's temperature on valid (answers unchanged)
-    address: str | None = None    # the Ray cluster members train on; None: a local Ray (the resume line names it)
-    tracking_uri: str | None = None   # the store given; named in the resume line (the tracker is the caller's)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "members", distinct_members(self.members))
-        object.__setattr__(self, "workdir", Path(self.workdir))
-        names.folder_name(self.name)
-        names.folder_name(self.sweep, "`sweep`")
-        names.registered_name(self.register)
-        if (self.sweep is None) == (not self.members):
-            raise ConfigError("give exactly one of `sweep` NAME or `members` CKPT ...")
-        if self.select not in averaging.SELECT_MODES:
-            raise ConfigError(f"unknown selection {self.select!r}; choose from {list(averaging.SELECT_MODES)}")
-        if self.top_configs < 1 or self.seeds < 1:
-            raise ConfigError("`top_configs` and `seeds` must be >= 1")
-        if not 0 < self.p <= 1:
-            raise ConfigError("`p` must be in (0, 1]")
-
-
-def distinct_members(members: Sequence[Path]) -> tuple[Path, ...]:
-    """The ensemble's checkpoints; ConfigError when one is listed twice (it would count as two members)."""
-    seen: dict[Path, Path] = {}
-    for member in members:
-        key = Path(member).resolve()
-        if key in seen:
-            raise ConfigError(f"{member}: listed twice in `members` (also as {seen[key]}); an ensemble averages "
-                              "distinct checkpoints, so list each once")
-        seen[key] = Path(member)
-    return tuple(Path(m) for m in members)
 
 
 def _run_dir_label(checkpoint: Path) -> str:
@@ -125,14 +68,6 @@ def _run_dir_label(checkpoint: Path) -> str:
     if folder.name.startswith("checkpoint_"):
         return f"{folder.parent.parent.name}/{folder.parent.name}"
     return checkpoint.stem
-
-
-def member_names(ensemble: str, configs: Sequence[JobConfig], top_configs: int, labels: Sequence[str]) -> tuple[str, ...]:
-    """Each member's run name, with its seed: ``ENSEMBLE-seed-7``, or ``ENSEMBLE-config1-seed-7``
-    when several configurations are kept (``labels``: ``config1-seed-7``)."""
-    if top_configs == 1:
-        return tuple(f"{ensemble}-seed-{cfg.train.seed}" for cfg in configs)
-    return tuple(f"{ensemble}-{label}" for label in labels)
 
 
 def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
@@ -148,88 +83,6 @@ def given_members(paths: Sequence[Path], tracker: Tracker) -> list[Member]:
                               str(state.get("vocab_hash", ""))))
     labels = [m.label for m in members]
     return [replace(m, label=f"{m.label} ({i + 1})") if labels.count(m.label) > 1 else m for i, m in enumerate(members)]
-
-
-def _wanted(req: EnsembleRequest, sweep: SweepRecord) -> tuple[list[tuple[JobConfig, str]], dict[str, Any],
-                                                                 list[JobConfig], list[str]]:
-    """The members the ensemble wants (K best configurations x N seeds, labelled), the checkpoints
-    it finds for some, and the configurations (and labels) left to train."""
-    trials = list(sweep.trials)
-    workdir = Workdir(req.workdir)
-    found = ledger.reusable(workdir.root, workdir.sweep(sweep.name), trials)
-    wanted = ledger.seeded(ledger.best_configs(sweep.name, trials, req.top_configs), req.seeds)
-    to_train = [cfg for cfg, _ in wanted if ledger.config_key(cfg) not in found]
-    labels = [label for cfg, label in wanted if ledger.config_key(cfg) not in found]
-    return wanted, found, to_train, labels
-
-
-def _connection(req: EnsembleRequest, name: str, prepared: Path, to_train: Sequence[JobConfig],
-                show_progress: bool) -> ConnectRequest:
-    """How the members to train are placed on the cluster (one Tune run named ``name``)."""
-    return ConnectRequest(name=name, prepared=prepared, storage=Workdir(req.workdir).storage(req.storage_path),
-                          num_trials=len(to_train), workers_per_trial=req.workers_per_trial,
-                          gpus_per_worker=req.gpus_per_worker, threads=max(c.train.threads for c in to_train) or None,
-                          show_progress=show_progress)
-
-
-def check_cluster(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, launcher: Launcher | None) -> None:
-    """Join the cluster the members left to train will run on, before the ensemble's run opens: an
-    unreachable address or storage the nodes cannot share fails here, leaving no FAILED run."""
-    _, _, to_train, _ = _wanted(req, sweep)
-    if to_train and launcher is not None:
-        launcher.connect(_connection(req, f"ensemble-{sweep.name}", prepared, to_train, show_progress=False))
-
-
-def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_dir: Path, tracker: Tracker,
-                  name: str, launcher: Launcher | None, run_id: str | None = None) -> list[Member]:
-    """K best configurations x N seeds, reusing matching checkpoints and training the rest as trials,
-    whose runs nest under the ensemble's run ``run_id`` and carry the sweep's name."""
-    wanted, found, to_train, labels = _wanted(req, sweep)
-    if to_train:
-        from iaa.jobs.training.loop import fit_on_worker
-
-        if launcher is None:
-            raise IaaError(f"{len(to_train)} members must be trained, and no launcher was given")
-        _log.info(training_line(len(wanted) - len(to_train), ledger.stopped_short(list(zip(to_train, labels)),
-                                                                                  sweep.trials), len(to_train))
-                  + f"; {members_cost(sweep, len(to_train))}")
-        run_name = sweep_file.unique_name(f"ensemble-{name}")
-        trials_to = TrialTracking(tracker=tracker, experiment=sweep.experiment or f"ensemble-{sweep.dataset}",
-                                  parent_run_id=run_id, sweep=sweep.name, dataset=to_train[0].dataset,
-                                  data_dir=prepared, member_names=member_names(name, to_train, req.top_configs, labels))
-        console = member_console(to_train, labels, prepared, req) if req.show_progress else None
-        started = time.monotonic()
-        connection = _connection(req, run_name, prepared, to_train, req.show_progress)
-        interrupt.on_stop(lambda signal_name: _end_members(tracker, trials_to.experiment, run_name, signal_name))
-        trained = launcher.train_many(MembersRequest(
-            configs=tuple(to_train), connection=connection,
-            trials=TrialRun(fit=fit_on_worker, tracking=trials_to, downloads=out_dir / "checkpoints", console=console,
-                            verbose=req.verbose),
-        ))
-        if console is not None:
-            _log.info(console.summary(time.monotonic() - started))
-        ledger.record_trained(name, out_dir, Path(req.workdir), to_train, trained, found)
-    return ledger.members(wanted, found)
-
-
-def training_line(reused: int, short: Sequence[str], to_train: int) -> str:
-    """What the ensemble reuses and trains, naming the members trained in place of sweep trials that
-    stopped short of their budget (``short``: :func:`iaa.jobs.ensemble.members.stopped_short`)."""
-    line = (f"ensemble: reusing {reused} checkpoint{'' if reused == 1 else 's'}, training {to_train} "
-            f"member{'' if to_train == 1 else 's'} on Ray")
-    if short:
-        line += (f", {len(short)} of them in full in place of the sweep's trial of their config, which stopped "
-                 f"short of its budget: {'; '.join(short)}")
-    return line
-
-
-def _end_members(tracker: Tracker, experiment: str, group: str, signal_name: str) -> None:
-    """A stop while members train: their runs still RUNNING (tagged with their Tune run, ``group``)
-    end KILLED, tagged ``interrupted``."""
-    for found in tracker.find_runs(experiment, {TUNE_RUN_TAG: group}, status="RUNNING"):
-        run = tracker.attach(found.run_id)
-        run.set_tags({INTERRUPTED_TAG: signal_name})
-        run.end("KILLED")
 
 
 def _end_run(run: TrackedRun, signal_name: str) -> None:
@@ -250,36 +103,6 @@ def resume_command(req: EnsembleRequest) -> Command:
                       gpus_per_worker=f"{req.gpus_per_worker:g}" if req.gpus_per_worker else None,
                       storage_path=req.storage_path, address=req.address, register=req.register,
                       no_calibrate=not req.calibrate, **where(req.workdir, req.tracking_uri))
-
-
-def members_cost(sweep: SweepRecord, members: int) -> str:
-    """What training ``members`` members costs, in words, from what the sweep's trials took: its
-    seconds per training step (its wall time over the steps its trials made, as many at a time
-    as it ran) times the steps of its longest trial, in as many waves as the sweep ran trials."""
-    steps = sum(t.steps for t in sweep.trials)
-    longest = max((t.steps for t in sweep.trials), default=0)
-    if not (sweep.wall_s > 0 and steps > 0):
-        return "the sweep recorded no time to estimate their cost from"
-    ran = max(sweep.max_concurrent or 1, 1)
-    per_member = sweep.wall_s * ran / steps * longest
-    at_once = min(ran, max(members, 1))
-    waves = -(-members // ran)
-    pace = f"at {at_once} at a time, as the sweep ran its trials" if at_once > 1 else "one at a time"
-    return (f"about {duration(per_member * waves)} {pace} "
-            f"({duration(per_member)} a member: its longest trial's {longest} steps at its pace)")
-
-
-def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared: Path,
-                   req: EnsembleRequest) -> SweepConsole:
-    """The console of the members being trained (``labels``: ``config0-seed-1``, ...): one line per
-    member event and an ETA, as a sweep's."""
-    from iaa.data.manifest import counted
-
-    rows = counted(prepared, "train")
-    cost = SweepCost(trials=len(configs), epochs=max(c.train.max_epochs for c in configs), examples=rows,
-                     examples_per_s=0.0, concurrency=len(configs), gpus=req.gpus_per_worker > 0)
-    return SweepConsole(cost, (), label=lambda params: f"member {labels[int(params[MEMBER_KEY])]}",
-                        what="training members")
 
 
 def sweep_store(workdir: Path, name: str | None) -> str | None:
@@ -358,10 +181,11 @@ def run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None = None
     Returns:
         The :class:`~iaa.jobs.ensemble.ensemble_result.EnsembleResult`: what ``ensemble.json``
         records, with the logged model and the next commands. SIGINT or SIGTERM raises
-        :class:`iaa.jobs.interrupt.Interrupted` (its runs KILLED; the members trained are kept).
+        :class:`iaa.jobs.interrupt.Interrupted` (its runs KILLED; of a sweep's ensemble, the
+        members trained so far are kept, and its line says so; given members train nothing to keep).
     """
-    with (interrupt.stoppable(resume_command(req), kept=lambda: "kept every member trained so far (reused on a rerun)"),
-          contextlib.ExitStack() as held):
+    kept = (lambda: sweep_training.KEPT) if req.sweep is not None else (lambda: "")
+    with interrupt.stoppable(resume_command(req), kept=kept), contextlib.ExitStack() as held:
         return _run(req, tracker, launcher, held)
 
 
@@ -402,10 +226,8 @@ def settle(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None) ->
     name = req.name or sweep_ensemble_name(sweep.name, req.top_configs, req.select)
     out_dir = Workdir(req.workdir).ensemble(name)
     _check_free(out_dir, name, req.overwrite)
-    wanted, found, _, _ = _wanted(req, sweep)
-    reused = {found[key][0] for key in (ledger.config_key(cfg) for cfg, _ in wanted) if key in found}
-    check_vocabulary([(path, _vocab_hash(path)) for path in sorted(reused)], prepared)
-    check_cluster(req, sweep, prepared, launcher)
+    check_vocabulary([(path, _vocab_hash(path)) for path in sweep_training.reused_checkpoints(req, sweep)], prepared)
+    sweep_training.check_cluster(req, sweep, prepared, launcher)
     return Settled(sweep, (), dataset, prepared, name, out_dir, sweep.experiment or f"ensemble-{dataset}",
                    scoring.baselines(prepared))
 
@@ -443,7 +265,8 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
     with tracker.run(experiment, f"ensemble-{name}", tags=ensemble_run.run_tags(dataset, req.select, out_dir, sweep),
                      parent_run_id=parent) as run:
         interrupt.on_stop(lambda signal_name: _end_run(run, signal_name))   # a second signal skips the block's end
-        members = (sweep_members(req, sweep, prepared, out_dir, tracker, name, launcher, run_id=run.run_id)
+        members = (sweep_training.sweep_members(req, sweep, prepared, out_dir, tracker, name, launcher,
+                                                run_id=run.run_id)
                    if sweep is not None else list(settled.given))
         members = [ledger.first_read(m) for m in members]
         sizes = scoring.split_sizes(prepared)
