@@ -336,8 +336,10 @@ class FakeLauncher:
                trials: TrialRun, tune_run: str) -> TrialRecord:
         tracking, fit, downloads, console = trials.tracking, trials.fit, trials.downloads, trials.console
         tracker = tracking.tracker
-        run = tracker.start_run(tracking.experiment, f"{tracking.sweep}-{trial_id}",
-                                tags={"sweep": tracking.sweep, "trial_id": trial_id, TUNE_RUN_TAG: tune_run},
+        tags = {"sweep": tracking.sweep, "trial_id": trial_id, TUNE_RUN_TAG: tune_run}
+        if "member" in params and int(params["member"]) < len(tracking.member_names):   # as the platform tags it
+            tags["member"] = tracking.member_names[int(params["member"])]
+        run = tracker.start_run(tracking.experiment, f"{tracking.sweep}-{trial_id}", tags=tags,
                                 parent_run_id=tracking.parent_run_id)
         if console is not None:
             console.trial_started(trial_id, params)

@@ -122,13 +122,16 @@ def all_ledgers(workdir: Path) -> list[dict[str, Any]]:
             for entry in read_ledger(path.parent)]
 
 
-def add_to_ledger(out_dir: Path, trained: Sequence[tuple[JobConfig, Path, TrialRecord]]) -> None:
+Trained = tuple[JobConfig, Path, float | None, str | None]   # config, checkpoint, best valid accuracy, MLflow run
+
+
+def add_to_ledger(out_dir: Path, trained: Sequence[Trained]) -> None:
     """Append members trained now: config, checkpoint (relative to the work folder when inside it),
     best valid accuracy, MLflow run."""
     workdir = recorded.workdir_of(Path(out_dir), "ensembles")
     ledger = read_ledger(out_dir) + [
-        {"config": to_dict(cfg), "checkpoint": str(path), "best_valid_acc": rec.best_valid_acc,
-         "mlflow_run_id": rec.mlflow_run_id} for cfg, path, rec in trained]
+        {"config": to_dict(cfg), "checkpoint": str(path), "best_valid_acc": acc, "mlflow_run_id": run_id}
+        for cfg, path, acc, run_id in trained]
     ledger = [{**e, "checkpoint": recorded.stored(e["checkpoint"], workdir)} if isinstance(e.get("checkpoint"), str)
               else e for e in ledger]
     atomic_write_text(Path(out_dir) / LEDGER, json.dumps(ledger, indent=1))
@@ -196,7 +199,7 @@ def record_trained(name: str, out_dir: Path, workdir: Path, configs: Sequence[Jo
             failed.append(f"seed {cfg.train.seed} ({rec.name or f'trial {rec.trial_id}'}, {why})")
             continue
         found[config_key(cfg)] = (path, rec.mlflow_run_id, "trained")
-        trained.append((cfg, path, rec))
+        trained.append((cfg, path, rec.best_valid_acc, rec.mlflow_run_id))
     add_to_ledger(out_dir, trained)
     if failed:
         raise IaaError(f"ensemble {name}: {len(failed)} member(s) did not finish: {'; '.join(failed)}. "

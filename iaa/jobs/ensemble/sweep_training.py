@@ -96,7 +96,12 @@ def sweep_members(req: EnsembleRequest, sweep: SweepRecord, prepared: Path, out_
         console = member_console(to_train, labels, prepared, req) if req.show_progress else None
         started = time.monotonic()
         connection = _connection(req, run_name, prepared, to_train, req.show_progress)
-        interrupt.on_stop(lambda signal_name: _end_members(tracker, trials_to.experiment, run_name, signal_name))
+
+        def stopped(signal_name: str) -> None:
+            _keep_finished(tracker, trials_to, run_name, to_train, out_dir, Path(req.workdir))
+            _end_members(tracker, trials_to.experiment, run_name, signal_name)
+
+        interrupt.on_stop(stopped)
         trained = launcher.train_many(MembersRequest(
             configs=tuple(to_train), connection=connection,
             trials=TrialRun(fit=fit_on_worker, tracking=trials_to, downloads=out_dir / "checkpoints", console=console,
@@ -117,6 +122,23 @@ def training_line(reused: int, short: Sequence[str], to_train: int) -> str:
         line += (f", {len(short)} of them in full in place of the sweep's trial of their config, which stopped "
                  f"short of its budget: {'; '.join(short)}")
     return line
+
+
+def _keep_finished(tracker: Tracker, trials_to: TrialTracking, group: str, to_train: Sequence[JobConfig],
+                   out_dir: Path, workdir: Path) -> None:
+    """A stop while members train: the members whose runs (tagged with their Tune run, ``group``)
+    finished with a checkpoint on disk go to the ledger, so that running the command again reuses
+    them (the ledger is otherwise written once every member has ended)."""
+    by_name = dict(zip(trials_to.member_names, to_train))
+    kept: list[ledger.Trained] = []
+    for found in tracker.find_runs(trials_to.experiment, {TUNE_RUN_TAG: group}, status="FINISHED"):
+        cfg = by_name.get(found.tags.get("member", ""))
+        path = ledger.existing(found.tags.get("checkpoint"), [Path(workdir)])
+        if cfg is not None and path is not None:
+            best = tracker.metric_history(found.run_id, "best_valid_acc")
+            kept.append((cfg, path, best[-1].value if best else None, found.run_id))
+    if kept:
+        ledger.add_to_ledger(out_dir, kept)
 
 
 def _end_members(tracker: Tracker, experiment: str, group: str, signal_name: str) -> None:
