@@ -15,7 +15,7 @@ import torch
 
 from iaa.data.loader import PreparedData, TEACHER_COLUMN, iter_batches
 from iaa.jobs.modeling import checkpoint
-from iaa.jobs.distill import distill, teacher
+from iaa.jobs.distill import distill, outcome, teacher
 from iaa.jobs.datasets import resolve
 from iaa.jobs.evaluation import averaging as ensemble_job
 from iaa.jobs.evaluation import evaluate
@@ -230,3 +230,41 @@ def test_a_run_folder_that_holds_a_run_is_refused_before_the_teacher_is_scored(s
     req = replace(request(setup), run_dir=run_dir, refresh_teacher=True)
     with pytest.raises(RunDirError, match="already holds a run"):
         distill.run(req, train=plain_train, score=scored)
+
+
+def test_the_students_run_records_the_comparison_with_its_teacher(setup, tmp_path):
+    """The tracked student's run holds the ensemble's and its best member's valid accuracies and the
+    points of the gain the student kept, as metrics beside its own and in its description, as the
+    result gives them; a store that fails leaves a warning, and the student stands."""
+    from functools import partial
+
+    from fakes import FakeTracker
+    from tests._faults import assert_says
+
+    _, _, _, ens = setup
+    summary = json.loads((ens / "ensemble.json").read_text())
+    best = max(summary["member_valid_acc"])
+    gained = tmp_path / "gained"                             # an ensemble 5 points above its best member
+    gained.mkdir()
+    (gained / "ensemble.json").write_text(json.dumps({**summary, "valid_acc": best + 0.05}))
+    tracker = FakeTracker()
+    train = partial(train_job.run_tracked, tracker=tracker, show_progress=False)
+    req = replace(request(setup, train_examples=32, run_dir=tmp_path / "student"), ensemble=gained)
+    result = distill.run(req, train=train, tracker=tracker)
+
+    run = tracker.runs[result.mlflow_run_id]
+    assert run.last("teacher_valid_acc") == pytest.approx(best + 0.05) and result.teacher_valid_acc == best + 0.05
+    assert run.last("best_member_valid_acc") == pytest.approx(best) == result.best_member_valid_acc
+    assert run.last("gain_points") == result.gain_points == 5.0
+    assert run.last("gain_kept_points") == result.gain_kept_points is not None
+    assert run.last("final_best_valid_acc") == pytest.approx(result.best_valid_acc)      # the student's, beside them
+    assert {p.step for key in outcome.COMPARED for p in run.metrics[key]} == {result.steps}
+    note = run.tags["mlflow.note.content"]
+    assert_says(note, "Best valid_acc", f"teacher_valid_acc {best + 0.05:.4f}", f"best_member_valid_acc {best:.4f}",
+                "an ensemble of 3 members", f"gain_kept_points {result.gain_kept_points:g} of gain_points 5")
+
+    tracker.down = True
+    kept = distill.record(tracker, result)
+    [warning] = kept.warnings[len(result.warnings):]
+    assert_says(warning, result.mlflow_run_id, "did not keep the comparison with the teacher", "the fake store is down")
+    assert kept.checkpoint == result.checkpoint

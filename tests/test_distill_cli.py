@@ -53,6 +53,7 @@ def test_distill_makes_a_student_every_command_accepts(tmp_path: Path, monkeypat
     run = MlflowClient(student["tracking_uri"]).get_run(student["mlflow_run_id"])
     assert run.data.params["distill.alpha"] == "0.5" and run.data.params["model.hidden_dim"] == "4"
     assert run.data.tags["teacher"] == student["teacher"]
+    assert run.data.metrics["teacher_valid_acc"] == pytest.approx(student["teacher_valid_acc"])
     contexts = {i.tags[0].value: i.dataset.name for i in run.inputs.dataset_inputs}
     assert contexts["teacher"] == Path(student["teacher"]).stem and "train" in contexts
 

@@ -352,6 +352,17 @@ def test_a_read_only_output_folder_is_one_message_naming_the_output(w, command):
         assert_unchanged(before, w["root"])
 
 
+@pytest.mark.parametrize("command", [c for c in DISK_CASES if c != "prepare"])
+def test_an_output_under_a_file_is_one_message_before_any_work(w, command):
+    blocker = w["root"] / "not-a-folder"
+    blocker.write_text("a file where a folder would be")
+    if command == "report":
+        make_store(w["root"] / "work")
+    args = _file_outputs(w, blocker)[command]
+    code, out = invoke(*args)
+    assert_one_message(code, out, args[-1])
+
+
 @pytest.mark.slow
 def test_training_into_a_full_run_folder_is_one_message(w):
     with small_fs(w["root"] / "full", size="64k") as folder:

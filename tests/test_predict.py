@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from iaa.cli import cli
 from iaa.data import cbt
 from tests._explain import tiny_checkpoint, tiny_setup
-from tests._faults import assert_says
+from tests._faults import assert_one_message, assert_says, small_fs
 
 
 @pytest.fixture(scope="module")
@@ -231,3 +232,32 @@ def test_a_cnn_question_for_a_cbt_model_names_its_query_line(setup, tmp_path):
     result = _invoke(["predict", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--input", str(question),
                       "--out", str(tmp_path / "o.jsonl")])
     assert result.exit_code != 0 and "q1.question:5: the query has no XXXXX placeholder" in result.output
+
+
+@pytest.mark.parametrize("name, said", [
+    ("/dev/null", "its name must end with .jsonl"),                        # no JSON Lines name
+    ("a-file/answers.jsonl", "cannot write it (Not a directory)"),          # a parent that is a file
+    ("read-only/new/answers.jsonl", "cannot write it (Read-only file system)"),
+])
+def test_an_output_it_refuses_is_refused_before_any_work(setup, tmp_path, monkeypatch, name, said):
+    """One line and exit 1 before the reader is loaded: nothing answered, nothing on stdout, no
+    folder made."""
+    from iaa.jobs.inference import predict
+
+    root, prepared, ckpts = setup
+    (tmp_path / "a-file").write_text("a file, not a folder", encoding="utf-8")
+
+    def load(*args, **kwargs):
+        raise AssertionError("the reader was loaded before `--out` was checked")
+
+    monkeypatch.setattr(predict.Predictor, "load", load)
+    out = tmp_path / name if not name.startswith("/") else Path(name)
+    with contextlib.ExitStack() as stack:
+        if name.startswith("read-only"):
+            stack.enter_context(small_fs(tmp_path / "read-only", read_only=True))
+        result = _invoke(["predict", "--checkpoint", str(ckpts["iaa"]), "--data", str(prepared), "--input",
+                          str(_valid_file(root)), "--out", str(out)])
+        assert not (tmp_path / "read-only" / "new").exists()
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    assert_one_message(result.exit_code, result.output, out, said)
+    assert result.stdout == ""

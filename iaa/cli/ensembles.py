@@ -105,6 +105,6 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     claim = partial(rundir.claim, resume=resume, overwrite=overwrite)
     train = partial(train_job.run_tracked, tracker=tracker, show_progress=progress_shown(), register=req.register,
                     resume=resume)
-    result = job.run(req, train=train, score=score, claim=claim)
+    result = job.run(req, train=train, score=score, claim=claim, tracker=tracker)
     _close(outcome.describe, result)
     _emit(result, as_json, keys=CLOSING_KEYS)

@@ -13,6 +13,9 @@
    with the loss α · NLL + (1 - α) · T² · KL(teacher ‖ student) (:mod:`iaa.jobs.modeling.objective`),
    validates on the gold answers, and ends as a checkpoint and an MLflow model like any reader.
    The teacher file is logged as an input of the run (context ``teacher``).
+3. The comparison: the student against the ensemble and its best member
+   (:func:`iaa.jobs.distill.outcome.comparison`), in the result and, given the tracker, as metrics
+   of the student's run and in its description (:func:`record`).
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from iaa.data.datasets import TRAINING_SPLITS
-from iaa.errors import IaaError
+from iaa.errors import IaaError, printable
 from iaa.files import writing
 from iaa.jobs.distill import identity, teacher as teacher_mod
 from iaa.jobs.config.job_config import JobConfig, from_dict, load
-from iaa.jobs.distill.outcome import DistillResult
+from iaa.jobs.distill.outcome import COMPARED, DistillResult, run_note
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
+from iaa.jobs.ports import Tracker
 from iaa.jobs.training.summary import TrainResult
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
@@ -117,20 +121,48 @@ def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teach
 
 
 def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer = teacher_mod.score_in_process,
-        claim: Callable[[Path], Any] | None = None) -> DistillResult:
+        claim: Callable[[Path], Any] | None = None, tracker: Tracker | None = None) -> DistillResult:
     """Distil the ensemble ``req.ensemble`` into one reader; see the module docstring.
 
     ``claim`` holds the run folder for the run (default: :func:`iaa.jobs.workdir.rundir.claim`, which
     refuses a folder that holds a run; with ``req.resume``, a run learnt from another teacher is
-    refused, :mod:`iaa.jobs.distill.identity`). Returns the train workflow's result (``checkpoint``,
-    ``best_valid_acc``, ``model_uri``, ...) with the teacher, the members, the comparison with
-    them and the next commands (:class:`~iaa.jobs.distill.outcome.DistillResult`). SIGINT or SIGTERM
-    raises :class:`iaa.jobs.interrupt.Interrupted` (the student's run KILLED).
+    refused, :mod:`iaa.jobs.distill.identity`). ``tracker``: the store ``train`` tracks the student's
+    run in, where the comparison is recorded on that run (:func:`record`). Returns the train
+    workflow's result (``checkpoint``, ``best_valid_acc``, ``model_uri``, ...) with the teacher, the
+    members, the comparison with them and the next commands
+    (:class:`~iaa.jobs.distill.outcome.DistillResult`). SIGINT or SIGTERM raises
+    :class:`iaa.jobs.interrupt.Interrupted` (the student's run KILLED).
     """
     from iaa.jobs import interrupt
 
     with interrupt.stoppable(resume_command(req), kept=lambda: "kept the teacher file and the student's last checkpoint"):
-        return _run(req, train=train, score=score, claim=claim)
+        result = _run(req, train=train, score=score, claim=claim)
+    return result if tracker is None else record(tracker, result)
+
+
+def record(tracker: Tracker, result: DistillResult) -> DistillResult:
+    """Record the student's comparison with its teacher on its tracked run (``result.mlflow_run_id``):
+    the figures of :func:`~iaa.jobs.distill.outcome.comparison` (``teacher_valid_acc``,
+    ``best_member_valid_acc``, ``gain_points``, ``gain_kept_points``; those that are known) as
+    metrics at the run's last step, beside the student's ``final_best_valid_acc``, and the run's
+    description with them (:func:`~iaa.jobs.distill.outcome.run_note`). A result without a run is
+    returned as it is; what the store does not keep is a warning of the result: the student stands.
+    """
+    if not result.mlflow_run_id:
+        return result
+    figures = {key: getattr(result, key) for key in COMPARED if getattr(result, key) is not None}
+    try:
+        tracked = tracker.attach(result.mlflow_run_id)
+        before = len(tracked.lost)
+        tracked.log_metrics(figures, step=int(result.steps))
+        tracked.set_tags({"mlflow.note.content": run_note(result)})
+        lost = tracked.lost[before:]
+    except (IaaError, *tracker.transient_errors) as err:
+        lost = [printable(str(err))]
+    if not lost:
+        return result
+    return replace(result, warnings=(*result.warnings, f"run {result.mlflow_run_id} of {tracker.uri} did not keep "
+                                                      f"the comparison with the teacher: {'; '.join(lost)}"))
 
 
 def resume_command(req: DistillRequest, resume: bool = True) -> Command:

@@ -30,6 +30,9 @@ class DistillResult(TrainResult):
     gain_kept_points: float | None              # how many of those the student kept
 
 
+COMPARED = ("teacher_valid_acc", "best_member_valid_acc", "gain_points", "gain_kept_points")   # comparison's keys
+
+
 def comparison(student: float | None, ensemble: EnsembleRecord) -> dict[str, Any]:
     """``teacher_valid_acc``, ``best_member_valid_acc``, ``gain_points`` (the ensemble's valid accuracy
     over its best member's, in points; None where either is unknown) and ``gain_kept_points`` (how
@@ -40,10 +43,27 @@ def comparison(student: float | None, ensemble: EnsembleRecord) -> dict[str, Any
     gain = None if teacher is None or best is None else round(100 * (teacher - best), 2)
     kept = (None if student is None or gain is None or gain <= 0
             else round(min(max(100 * (student - best), 0.0), gain), 2))
-    return {"teacher_valid_acc": teacher, "best_member_valid_acc": best, "gain_points": gain,
-            "gain_kept_points": kept}
+    return dict(zip(COMPARED, (teacher, best, gain, kept)))
 
 
+def run_note(result: DistillResult) -> str:
+    """The student's run description (MLflow's runs page shows it): the train run's
+    (:func:`~iaa.jobs.training.summary.run_note`), then the teacher's and its best member's valid
+    accuracies and how many points of the ensemble's gain over that member the student kept."""
+    note = train_summary.run_note(result, result.checkpoint)
+    teacher, best, gain, kept = (result.teacher_valid_acc, result.best_member_valid_acc, result.gain_points,
+                                 result.gain_kept_points)
+    figures = [f"teacher_valid_acc {teacher:.4f}" if teacher is not None else "",
+               f"best_member_valid_acc {best:.4f}" if best is not None else ""]
+    shown = ", ".join(f for f in figures if f)
+    if shown:
+        note += f" Its teacher is an ensemble of {len(result.members)} members ({shown})."
+    if gain is not None and kept is not None:
+        said = _gain_line(gain, kept).strip()
+        note += f" {said[0].upper()}{said[1:]} (gain_kept_points {kept:g} of gain_points {gain:g})."
+    elif gain is not None:
+        note += f" The ensemble is not above its best member (gain_points {gain:g}): there was no gain to keep."
+    return note
 
 
 def _points_from(student: float, other: float) -> str:

@@ -42,22 +42,17 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     ``ensemble_dir`` and write JSON Lines to ``out`` (``-``: nothing is written, and the caller
     writes the result's ``answers``, :func:`json_lines`); ``data_dir``: the prepared folder whose
     vocabulary to use (default: the one the checkpoints carry); ``precision``: auto | fp32 | bf16.
-    ``out`` may not replace an input, nor a file of the ensemble; ``progress``: called with the
-    number of questions answered after each batch.
+    ``out`` is refused before any work (:func:`check_out`); ``progress``: called with the number of
+    questions answered after each batch.
     """
     import warnings
 
     from iaa.files import atomic_write_text
-    from iaa.jobs.workdir import outputs
-    from iaa.data.raw_text import JSONL_SUFFIXES
 
     checkpoints = [Path(checkpoint)] if checkpoint is not None else ensemble_members(Path(ensemble_dir))
     to_stdout = str(out) == "-"
     if not to_stdout:
-        outputs.check_file_output(out, suffixes=JSONL_SUFFIXES, what="JSON Lines", inputs={
-            "the input": input_path, "a checkpoint": checkpoints,
-            "a file of the prepared data": outputs.data_files(data_dir),
-            "a file of the ensemble": outputs.data_files(ensemble_dir)})
+        check_out(out, input_path=input_path, checkpoints=checkpoints, data_dir=data_dir, ensemble_dir=ensemble_dir)
     temperature = None if ensemble_dir is None else ensemble_temperature(Path(ensemble_dir))
     predictor = Predictor.load(checkpoints, data_dir, precision, temperature)
     with warnings.catch_warnings(record=True) as caught:
@@ -79,6 +74,21 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
         accuracy_stderr=uncertainty.fields("accuracy", accuracy, len(scored))["accuracy_stderr"],
         baseline_accuracy=baseline, accuracy_over=accuracy_over(accuracy, len(scored), len(rows), baseline),
         unknown_questions=sum("warning" in r for r in rows), answers=tuple(rows) if to_stdout else ())
+
+
+def check_out(out: Path, *, input_path: Path, checkpoints: Sequence[Path], data_dir: Path | None,
+              ensemble_dir: Path | None) -> None:
+    """Refuse the answers' file ``out`` before any work, each in one line
+    (:func:`iaa.jobs.workdir.outputs.check_file_output`): a folder, a name without a JSON Lines
+    suffix, an input (the questions, a checkpoint, a file of the prepared data or of the ensemble),
+    or a place where no file can be created."""
+    from iaa.data.raw_text import JSONL_SUFFIXES
+    from iaa.jobs.workdir import outputs
+
+    outputs.check_file_output(out, suffixes=JSONL_SUFFIXES, what="JSON Lines", inputs={
+        "the input": input_path, "a checkpoint": checkpoints,
+        "a file of the prepared data": outputs.data_files(data_dir),
+        "a file of the ensemble": outputs.data_files(ensemble_dir)})
 
 
 def json_lines(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -26,11 +26,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping
 
 from iaa.errors import IaaError
-from iaa.files import remove_dead_leftovers, writing
+from iaa.files import UnwritableError, remove_dead_leftovers, unwritable_message, writing
 
 __all__ = ["OutputError", "refuse_inputs", "check_suffix", "check_file", "check_file_output", "data_files",
            "check_folder", "install", "building", "files_under", "writing"]
@@ -92,11 +93,26 @@ def check_file(out: str | os.PathLike[str], *, flag: str = "`out`") -> None:
 
 def check_file_output(out: str | os.PathLike[str], *, suffixes: Iterable[str], what: str,
                       inputs: Mapping[str, str | os.PathLike[str] | Iterable | None], flag: str = "`out`") -> Path:
-    """All the checks of a file output, before any work: not a folder, the right suffix, no input."""
+    """All the checks of a file output, before any work: not a folder, the right suffix, no input,
+    and a place where a file can be created (:func:`check_creatable`)."""
     check_file(out, flag=flag)
     check_suffix(out, suffixes, what, flag=flag)
     refuse_inputs(out, inputs, flag=flag)
+    check_creatable(out)
     return Path(out)
+
+
+def check_creatable(out: str | os.PathLike[str]) -> None:
+    """Refuse ``out`` where no file can be created, with the error that writing it would meet (a
+    read-only or forbidden folder, a parent that is a file, a file system that takes no files),
+    before any work. Probed with a temporary file in the nearest existing folder on the way to
+    ``out``, deleted at once; no folder is made."""
+    folder = next(p for p in Path(out).absolute().parents if p.exists())
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise UnwritableError(unwritable_message(err, out)) from None
 
 
 def data_files(prepared: str | os.PathLike[str] | None) -> list[Path]:
