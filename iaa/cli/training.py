@@ -20,7 +20,9 @@ from iaa.jobs.workdir.paths import Workdir
 @click.option("--model", "model_kind", type=MODELS, help="Reader variant [default: from config, iaa].")
 @config_options
 @click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/DATASET-MODEL-seedN]")
-@click.option("--resume", is_flag=True, help="Continue from the run directory's last checkpoint.")
+@click.option("--resume", is_flag=True,
+              help="Continue from the run directory's last checkpoint, on the data its run recorded "
+                   "(--data and --dataset may be left out; given, they must hold the same data).")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
 @click.option("--register", metavar="NAME", help="Also register the logged MLflow model under NAME.")
 @click.option("--data-parallel-workers", "--workers", "workers", type=click.IntRange(0, 1024), default=0, show_default=True,
@@ -35,12 +37,18 @@ def train(resume: bool, overwrite: bool, as_json: bool, **request: Any) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run.
 
     The data is --dataset or --data, or what the --config file names: `iaa-cli train --config
-    WORKDIR/sweeps/NAME/best_config.yaml` trains a sweep's best configuration on the sweep's data."""
+    WORKDIR/sweeps/NAME/best_config.yaml` trains a sweep's best configuration on the sweep's data.
+    With none of them, `iaa-cli train --resume --run-dir DIR` continues the run on the data that DIR
+    recorded (DIR/data.json)."""
     from iaa.jobs.train import train as job
     from iaa.jobs.training import summary
 
     if request["dataset"] is None and request["data"] is None and request["config_file"] is None:
-        raise click.UsageError("give --dataset NAME, --data PREPARED_DIR, or a --config file that names its data")
+        if not resume:
+            raise click.UsageError("give --dataset NAME, --data PREPARED_DIR, or a --config file that names its data")
+        if request["run_dir"] is None:
+            raise click.UsageError("--resume without --dataset or --data needs the --run-dir DIR of the run "
+                                   "(it names its data)")
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
     req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=progress_shown())

@@ -33,6 +33,7 @@ from iaa.jobs.training.summary import TrainResult, trained
 from iaa.jobs.training.step import retain_freed_memory
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
 from iaa.jobs.training.loop import fit, fit_on_worker
+from iaa.jobs.train import trained_on
 
 _log = logging.getLogger(__name__)
 
@@ -220,10 +221,14 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     uri = work.tracking_uri(req.tracking_uri)
     dataset, data, handoff = data_of(req)
     name, prepared = resolve.data_dir(dataset, data, req.workdir, splits=TRAINING_SPLITS)
+    if req.resume and req.data is None and req.dataset is None:
+        req = replace(req, data=prepared)       # a stop's lines name the data the resume found
     cfg = resolve.job_config(name, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
     if "sweep" in handoff:                      # on stderr, with --json too: what this run is
         _log.info(best_config_notice(handoff["sweep"], cfg))
     run_dir = resolve.run_dir(name, cfg, req.run_dir, req.workdir, (handoff.get("sweep") or {}).get("name"))
+    if req.resume:
+        trained_on.check(run_dir, prepared, req.workdir)
     outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
                           flag="`run_dir`", folder=True)
     tracker = open_tracker(uri)
@@ -231,6 +236,7 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
                              restart=resume_command(req, run_dir, resume=False),
                              resumable=lambda: RunFolder(run_dir).resumable()), \
             rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
+        trained_on.keep(folder, prepared, req.workdir)
         try:
             result = run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume,
                                  workers=req.workers, gpus_per_worker=req.gpus_per_worker,
@@ -261,20 +267,24 @@ def resume_command(req: TrainRequest, run_dir: Path, resume: bool = True) -> Com
 
 def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]:
     """``--dataset``/``--data``; with neither, what the ``--config`` file names (a sweep's
-    best_config.yaml names its ``data`` folder, or only its ``dataset``), and the file's handoff keys."""
+    best_config.yaml names its ``data`` folder, or only its ``dataset``), else for a resume the data
+    its run folder recorded (:mod:`~iaa.jobs.train.trained_on`); and the file's handoff keys."""
     from iaa.jobs.config.job_config import read_handoff, read_yaml
 
     handoff = read_handoff(req.config_file) if req.config_file is not None else {}
     if req.dataset is not None or req.data is not None:
         return req.dataset, req.data, handoff
-    if req.config_file is None:
-        raise IaaError("give `dataset` NAME, `data` PREPARED_DIR or a `config_file` file that names its data")
-    tree = read_yaml(req.config_file)
+    tree = read_yaml(req.config_file) if req.config_file is not None else None
     dataset = tree.get("dataset") if isinstance(tree, dict) else None
-    if "data" not in handoff and not dataset:
-        raise IaaError(f"{req.config_file}: names no data (no 'data' or 'dataset' key); give `dataset` NAME "
-                       "or `data` PREPARED_DIR")
-    return dataset or None, Path(handoff["data"]) if "data" in handoff else None, handoff
+    if "data" in handoff or dataset:
+        return dataset or None, Path(handoff["data"]) if "data" in handoff else None, handoff
+    if req.resume and req.run_dir is not None:
+        return None, trained_on.data_to_resume(req.run_dir, req.workdir), handoff
+    if req.config_file is None:
+        raise IaaError("give `dataset` NAME, `data` PREPARED_DIR or a `config_file` file that names its data"
+                       + (", or the `run_dir` of the run to resume (it names its data)" if req.resume else ""))
+    raise IaaError(f"{req.config_file}: names no data (no 'data' or 'dataset' key); give `dataset` NAME "
+                   "or `data` PREPARED_DIR")
 
 
 def best_config_notice(sweep: Mapping[str, Any], cfg: JobConfig) -> str:

@@ -98,11 +98,11 @@ class Trainer:
         self.max_steps = self.tc.max_steps(self.n_batches)
         self.progress.resume(max_steps=self.max_steps, max_seconds=self.tc.max_minutes * 60)
         self.start_step = self.progress.step                               # where this process began
-        examples = self.tc.batch_size * session.world_size
-        self.bar = tqdm(total=self.max_steps * examples, initial=self.progress.step * examples, unit="ex",
+        shown = show_progress and session.rank == 0
+        self.bar = tqdm(total=self.examples(self.max_steps) if shown else 0,
+                        initial=self.examples(self.progress.step) if shown else 0, unit="ex",
                         unit_scale=True, dynamic_ncols=True, desc=f"train {cfg.model.kind}",
-                        mininterval=0.1 if sys.stderr.isatty() else LOG_PROGRESS_S,
-                        disable=not (show_progress and session.rank == 0))
+                        mininterval=0.1 if sys.stderr.isatty() else LOG_PROGRESS_S, disable=not shown)
         self.window = _LossWindow()
         self.last: dict[str, Any] = {}
         self._clock_base = self.progress.elapsed_s - time.perf_counter()
@@ -127,6 +127,14 @@ class Trainer:
         if self.tc.compile:
             model.compile_reads(mode="reduce-overhead" if self.session.device.type == "cuda" else None)
         return self.session.prepare_model(model), optimizer, progress
+
+    def examples(self, steps: int) -> int:
+        """The examples that the run's first ``steps`` steps train, as the bar counts them: this
+        rank's, epoch after epoch (a batch that holds fewer than ``batch_size`` counts what it
+        holds), times the ranks."""
+        epochs, batches = divmod(steps, self.n_batches)
+        whole = sum(self.session.train_examples(epoch, self.n_batches) for epoch in range(epochs))
+        return (whole + self.session.train_examples(epochs, batches)) * self.session.world_size
 
     def _wants_graphs(self) -> bool:
         """``train.cuda_graphs`` on one CUDA device (DDP's gradient all-reduce is not captured)."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch import nn
 
@@ -41,6 +42,7 @@ class Session(Protocol):
 
     def num_train_batches(self) -> int: ...
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Batch]: ...
+    def train_examples(self, epoch: int, batches: int) -> int: ...
     def valid_batches(self) -> Iterator[Batch]: ...
     def all_reduce_sum(self, values: Sequence[float]) -> list[float]: ...
     def prepare_model(self, model: nn.Module) -> nn.Module: ...
@@ -78,6 +80,18 @@ class SessionBase:
 
         batches = iter_batches(self.train, self.batch_size, seed=self.seed, epoch=epoch, shuffle=True)
         return islice(batches, skip, self.num_train_batches())
+
+    def train_examples(self, epoch: int, batches: int) -> int:
+        """The examples in the first ``batches`` of ``train_batches(epoch)``: every row for a whole
+        epoch, else the sizes of those batches (an epoch spreads its rows over its batches, so
+        some hold fewer than ``batch_size``)."""
+        from iaa.data.loader import batch_plan, num_batches
+
+        if batches >= num_batches(self.train.num_rows, self.batch_size):
+            return self.train.num_rows
+        lengths = pc.list_value_length(self.train.column("doc")).to_numpy(zero_copy_only=False)
+        plan = batch_plan(lengths, self.batch_size, seed=self.seed, epoch=epoch, shuffle=True)
+        return sum(len(rows) for rows in plan[:max(batches, 0)])
 
     def valid_batches(self) -> Iterator[Batch]:
         from iaa.data.loader import iter_batches
