@@ -34,12 +34,12 @@ def children(sweep: dict[str, Any]) -> list[Any]:
 
 def run_sweep(address: str | None = None, callbacks: tuple = (), **request: Any) -> dict[str, Any]:
     """``iaa-cli tune`` as the CLI composes it: a TuneRequest, the MLflow tracker, the Ray launcher."""
-    from iaa.cli.adapters import _open_tracker
+    from iaa.cli.adapters import open_tracker
     from iaa.jobs.tune import tune
     from iaa.platform.sweeps.launch import RayLauncher
 
     req = tune.TuneRequest(**request)
-    return tune.run(req, _open_tracker, RayLauncher(address, req.storage_path, callbacks))
+    return tune.run(req, open_tracker, RayLauncher(address, req.storage_path, callbacks))
 
 
 def start_local_ray(num_cpus: int = 2) -> None:

@@ -420,5 +420,5 @@ def tune_on(monkeypatch, tracker: FakeTracker, launcher: FakeLauncher) -> None:
     """``iaa-cli tune`` in this process runs on ``tracker`` and ``launcher`` (``monkeypatch`` undoes it)."""
     from iaa import cli
 
-    monkeypatch.setattr(cli.tuning, "_open_tracker", lambda uri: tracker)
-    monkeypatch.setattr(cli.tuning, "_launcher", lambda address, storage_path: launcher)
+    monkeypatch.setattr(cli.tuning, "open_tracker", lambda uri: tracker)
+    monkeypatch.setattr(cli.tuning, "ray_launcher", lambda address, storage_path: launcher)

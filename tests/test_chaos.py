@@ -52,7 +52,7 @@ def test_ray_prints_cluster_lines_from_the_thread_the_sweep_diverts(chaos: Chaos
 
 def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path, show: bool,
            resume: bool = False, verbose: bool = False) -> Any:
-    from iaa.cli.adapters import _open_tracker
+    from iaa.cli.adapters import open_tracker
     from iaa.jobs.tune import tune
 
     root.mkdir(parents=True, exist_ok=True)
@@ -60,7 +60,7 @@ def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path
     req = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=write_space(root), sets=TINY_SETS,
                            workdir=root / "work", name=name, resume=resume, storage_path=str(root / "shared"),
                            grace_period=CHECKS, show_progress=show, verbose=verbose)   # no ASHA stop: the same trials every run
-    return tune.run(req, _open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
+    return tune.run(req, open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
 
 
 def _history(sweep: dict[str, Any], searched: tuple[str, ...] = ("model.hidden_dim", "model.steps")) -> dict[str, Any]:
@@ -225,13 +225,13 @@ def test_a_trial_out_of_restores_fails_alone_and_the_resume_runs_it_again_under_
 
 def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path, show: bool = False,
            resume: bool = False) -> Any:
-    from iaa.cli.adapters import _open_tracker
+    from iaa.cli.adapters import open_tracker
     from iaa.jobs.train import train
 
     markers.mkdir(exist_ok=True)
     req = train.TrainRequest(dataset=None, data=tiny, sets=TINY_SETS, run_dir=root / "run", workers=2, resume=resume,
                              storage_path=str(root / "shared"), workdir=root / "work", show_progress=show)
-    return train.run_request(req, _open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
+    return train.run_request(req, open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
 
 
 @pytest.fixture(scope="module")

@@ -150,15 +150,15 @@ def test_key_value_lines_write_lists_mappings_and_truth_as_json_does() -> None:
 def test_a_results_warnings_follow_the_log_format(capsys: pytest.CaptureFixture[str]) -> None:
     """A result's warnings go through the console's handler: JSON objects with --log-format json."""
     from iaa import logs
-    from iaa.cli.output import _warn
+    from iaa.cli.output import show_warnings
 
     try:
         logs.to_console(json_lines=True)
-        _warn({"warnings": ["q.jsonl:2: candidate(s) Zork do not occur in the document"]})
+        show_warnings({"warnings": ["q.jsonl:2: candidate(s) Zork do not occur in the document"]})
         [line] = capsys.readouterr().err.splitlines()
         assert json.loads(line)["level"] == "warning" and "Zork" in json.loads(line)["message"]
         logs.to_console()
-        _warn({"warnings": ["plain"]})
+        show_warnings({"warnings": ["plain"]})
         assert capsys.readouterr().err.splitlines() == ["warning: plain"]
     finally:
         logs.to_console()

@@ -190,10 +190,10 @@ def test_an_enospc_that_names_no_file_tells_no_free_space_of_another_disk():
     import click
     from click.testing import CliRunner
 
-    from iaa.cli.output import _friendly
+    from iaa.cli.output import friendly
 
     @click.command()
-    @_friendly
+    @friendly
     def command() -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 

@@ -283,7 +283,7 @@ def test_no_name_becomes_a_folder_outside_its_parent(tmp_path, kind, name):
 def test_text_from_files_reaches_the_terminal_with_its_control_characters_escaped():
     import click
 
-    from iaa.cli.output import _emit, _friendly
+    from iaa.cli.output import emit, friendly
     from iaa.errors import IaaError, printable
 
     assert printable("a\x1b[2J\x7f\x85\u2028 é 模型\tb") == "a\\x1b[2J\\x7f\\x85\\u2028 é 模型\\tb"
@@ -291,11 +291,11 @@ def test_text_from_files_reaches_the_terminal_with_its_control_characters_escape
 
     @click.command()
     @click.option("--fail", is_flag=True)
-    @_friendly
+    @friendly
     def show(fail: bool) -> None:
         if fail:
             raise IaaError("sweep.json: trial \x1b[2J\x1b[31mt1 failed:\nsecond line")
-        _emit({"sweep": "s\x1b]0;title\x07", "warnings": ["name \x1b[31mred"]}, as_json=False)
+        emit({"sweep": "s\x1b]0;title\x07", "warnings": ["name \x1b[31mred"]}, as_json=False)
 
     from click.testing import CliRunner
 

@@ -45,7 +45,7 @@ def test_train_stopped_by_sigint_ends_its_run_killed_and_its_resume_line_runs(
     from iaa import cli
 
     tracker = FakeTracker()
-    monkeypatch.setattr(cli.training, "_open_tracker", lambda uri: tracker)
+    monkeypatch.setattr(cli.training, "open_tracker", lambda uri: tracker)
     logged = FakeRun.log_metrics
     sent: list[int] = []
 
@@ -89,7 +89,7 @@ def test_train_stopped_before_its_first_checkpoint_says_to_run_it_again_not_to_r
     from iaa import cli
 
     tracker = FakeTracker()
-    monkeypatch.setattr(cli.training, "_open_tracker", lambda uri: tracker)
+    monkeypatch.setattr(cli.training, "open_tracker", lambda uri: tracker)
     logged = FakeRun.log_params
 
     def log_then_ctrl_c(self: FakeRun, params) -> None:                   # as the run starts

@@ -31,7 +31,7 @@ def tracker(monkeypatch: pytest.MonkeyPatch) -> FakeTracker:
     from iaa import cli
 
     fake = FakeTracker()
-    monkeypatch.setattr(cli.training, "_open_tracker", lambda uri: fake)
+    monkeypatch.setattr(cli.training, "open_tracker", lambda uri: fake)
     return fake
 
 

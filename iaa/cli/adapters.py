@@ -13,7 +13,7 @@ from iaa.jobs.workdir.paths import Workdir
 MODEL_FILE = Path(__file__).with_name("logged_model.py")
 
 
-def _tracker(workdir: Path, tracking_uri: str | None) -> Any:
+def workdir_tracker(workdir: Path, tracking_uri: str | None) -> Any:
     """The jobs' Tracker: the MLflow store of ``--tracking-uri`` (or the workdir's, in a writable
     workdir), checked."""
     from iaa.platform.tracking.tracker import MlflowTracker
@@ -22,14 +22,14 @@ def _tracker(workdir: Path, tracking_uri: str | None) -> Any:
     return MlflowTracker(Workdir(workdir).tracking_uri(tracking_uri), MODEL_FILE)
 
 
-def _launcher(address: str | None, storage_path: str | None) -> Any:
+def ray_launcher(address: str | None, storage_path: str | None) -> Any:
     """The jobs' Launcher: the Ray cluster at ``--address`` (default: a local one)."""
     from iaa.platform.sweeps.launch import RayLauncher
 
     return RayLauncher(address, storage_path)
 
 
-def _open_tracker(uri: str) -> Any:
+def open_tracker(uri: str) -> Any:
     """The MLflow Tracker at ``uri``, imported only when a job opens it (after its inputs are checked)."""
     from iaa.platform.tracking.tracker import MlflowTracker
 

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from iaa.cli.options import (address_option, json_option, workdir_option)
-from iaa.cli.output import _close, _emit, _friendly, progress_shown
+from iaa.cli.output import print_summary, emit, friendly, progress_shown
 from iaa.data.datasets import CLOZE_STYLES, DATASETS
 
 
@@ -27,7 +27,7 @@ from iaa.data.datasets import CLOZE_STYLES, DATASETS
 @click.option("--overwrite", is_flag=True, help="Replace another dataset (or one from another source path) that --out holds.")
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, lowercase: bool | None,
             min_count: int, max_vocab: int | None, threads: int | None, overwrite: bool, workdir: Path,
             as_json: bool) -> None:
@@ -39,8 +39,8 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
     result = job.run(dataset, source, out, workdir=workdir, on_error=on_error, lowercase=lowercase,
                      min_count=min_count, max_vocab=max_vocab, workers=threads, progress=progress_shown(),
                      overwrite=overwrite)
-    _close(job.describe, result)
-    _emit(result, as_json)
+    print_summary(job.describe, result)
+    emit(result, as_json)
 
 
 @click.command("make-cloze")
@@ -64,7 +64,7 @@ def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, 
 @click.option("--overwrite", is_flag=True, help="Replace questions of other options that --out holds.")
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, valid: int, test: int, seed: int,
                stride: int | None, context: int, pipeline: str, workers: int | None, address: str | None,
                overwrite: bool, workdir: Path, as_json: bool) -> None:
@@ -78,8 +78,8 @@ def make_cloze(style: str, sources: tuple[str, ...], out: Path, split_by: str, v
     tag_map = functools.partial(_tag_on_ray, address=address) if workers != 0 else None
     result = job.run(cfg, out, workers=workers, tag_map=tag_map, progress=progress_shown(), overwrite=overwrite,
                      workdir=workdir)
-    _emit(result, as_json)
-    _close(cloze_summary.describe, result)
+    emit(result, as_json)
+    print_summary(cloze_summary.describe, result)
 
 
 def _tag_on_ray(units: Any, factory: Any, **kwargs: Any) -> list[str]:

@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from iaa.cli.adapters import _launcher, _tracker
+from iaa.cli.adapters import ray_launcher, workdir_tracker
 from iaa.cli.options import (MODELS, _Finite, address_option, cluster_options, config_options, data_options,
                              json_option, tracking_option, workdir_option)
-from iaa.cli.output import CLOSING_KEYS, _close, _emit, _friendly, progress_shown
+from iaa.cli.output import CLOSING_KEYS, print_summary, emit, friendly, progress_shown
 
 
 @click.command()
@@ -37,7 +37,7 @@ from iaa.cli.output import CLOSING_KEYS, _close, _emit, _friendly, progress_show
 @workdir_option
 @cluster_options
 @json_option
-@_friendly
+@friendly
 def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir: Path, tracking_uri: str | None,
              address: str | None, as_json: bool, **request: Any) -> None:
     """Average the pointer-sum distributions of several seeds (paper: 5-seed ensembles)."""
@@ -47,7 +47,7 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
     req = EnsembleRequest(members=members + more_members, workdir=workdir, address=address,
                           tracking_uri=tracking_uri, show_progress=progress_shown(), **request)
     store = tracking_uri or job.sweep_store(workdir, req.sweep)          # a sweep's ensemble joins its runs
-    _emit(job.run(req, _tracker(workdir, store), _launcher(req.address, req.storage_path)), as_json,
+    emit(job.run(req, workdir_tracker(workdir, store), ray_launcher(req.address, req.storage_path)), as_json,
           keys=("name", "valid_acc", "test_acc", "ensemble_dir", "model_uri"))
 
 
@@ -75,7 +75,7 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
 @tracking_option
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None, sets: tuple[str, ...],
             alpha: float | None, temperature: float | None, train_examples: int | None, refresh_teacher: bool,
             run_dir: Path | None, resume: bool, overwrite: bool, register: str | None, workers: int,
@@ -94,7 +94,7 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
     from iaa.platform import teacher_ray
 
-    tracker = _tracker(workdir, tracking_uri)
+    tracker = workdir_tracker(workdir, tracking_uri)
     req = job.DistillRequest(ensemble_dir, model_kind=model_kind, config_file=config_file, sets=sets, alpha=alpha,
                              temperature=temperature, train_examples=train_examples, run_dir=run_dir,
                              workdir=workdir, tracking_uri=tracking_uri, refresh_teacher=refresh_teacher,
@@ -106,5 +106,5 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     train = partial(train_job.run_tracked, tracker=tracker, show_progress=progress_shown(), register=req.register,
                     resume=resume)
     result = job.run(req, train=train, score=score, claim=claim, tracker=tracker)
-    _close(outcome.describe, result)
-    _emit(result, as_json, keys=CLOSING_KEYS)
+    print_summary(outcome.describe, result)
+    emit(result, as_json, keys=CLOSING_KEYS)

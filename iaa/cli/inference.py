@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
-from iaa.cli.adapters import _open_tracker
+from iaa.cli.adapters import open_tracker
 from iaa.cli.options import (INPUT_FORMATS, _examples_source, _Finite, _need_data,
                              _vocabulary_data, address_option, data_options,
                              input_option, json_option, precision_option, tracking_option, workdir_option)
-from iaa.cli.output import _close, _emit, _friendly, _warn, progress_bar, shown
+from iaa.cli.output import print_summary, emit, friendly, show_warnings, progress_bar, shown
 from iaa.jobs.workdir.paths import Workdir
 
 
@@ -28,7 +28,7 @@ from iaa.jobs.workdir.paths import Workdir
 @tracking_option
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_path: Path | None, split: str | None,
              out: Path | None, precision: str, tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
     """Score a checkpoint on a split (or a questions file) and write per-example predictions; the
@@ -44,10 +44,10 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
                          progress=progress, workdir=workdir)
     store = tracking_uri or str(Workdir(workdir).root / Workdir.TRACKING_DB)
     found = tracking_uri is not None or Path(store).is_file()
-    result = job.record(result, (lambda: _open_tracker(Workdir(workdir).tracking_uri(tracking_uri)))
+    result = job.record(result, (lambda: open_tracker(Workdir(workdir).tracking_uri(tracking_uri)))
                         if found and split is not None else None, store)
-    _close(job.describe, result)
-    _emit(result, as_json, keys=("accuracy", "baseline_accuracy", "examples", "predictions"))
+    print_summary(job.describe, result)
+    emit(result, as_json, keys=("accuracy", "baseline_accuracy", "examples", "predictions"))
 
 
 @click.command()
@@ -55,7 +55,7 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
 @click.option("--split", default="valid", show_default=True, type=click.Choice(["train", "valid", "test"]))
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, as_json: bool) -> None:
     """Accuracy of the most-frequent-candidate baseline on a split."""
     from iaa.jobs.evaluation import frequency
@@ -63,7 +63,7 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 
     _need_data(dataset, data)
     _, prepared = resolve.data_dir(dataset, data, workdir)
-    _emit(frequency.run(prepared, split), as_json)
+    emit(frequency.run(prepared, split), as_json)
 
 
 @click.command()
@@ -82,7 +82,7 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
 @precision_option
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path: Path | None, split: str,
             example_ids: tuple[str, ...], first: int | None, out: Path | None, png: Path | None, precision: str,
             workdir: Path, as_json: bool) -> None:
@@ -95,10 +95,10 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
     result = job.run(checkpoint, prepared, None if input_path else split, example_ids=example_ids, first=first,
                      out=out, png=png, input_path=input_path, workdir=workdir, precision=precision)
     if as_json:                 # the summary on stderr, as every command keeps it with --json
-        _close(job.describe, result)
-        _emit(result, True)
+        print_summary(job.describe, result)
+        emit(result, True)
     else:
-        _warn(result)
+        show_warnings(result)
         click.echo(shown(job.describe(result), keep_lines=True))
 
 
@@ -114,7 +114,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
 @precision_option
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path, out: Path, dataset: str | None,
             data: Path | None, precision: str, workdir: Path, as_json: bool) -> None:
     """Answer cloze questions given as raw text (or a CBT / CNN file)."""
@@ -128,7 +128,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
                          precision=precision, progress=progress)
     if str(out) == "-":                  # the answers on stdout, the result on stderr
         click.echo(job.json_lines(result.answers), nl=False)
-    _emit(result, as_json, err=str(out) == "-")
+    emit(result, as_json, err=str(out) == "-")
 
 
 def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, int] | None:
@@ -167,7 +167,7 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @address_option
 @tracking_option
 @workdir_option
-@_friendly
+@friendly
 def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, dataset: str | None,
           data: Path | None, replicas: int | None, autoscale: tuple[int, int] | None, max_batch: int,
           batch_wait_ms: float, cpus_per_replica: float, threads: int, max_document_words: int, max_query_words: int,

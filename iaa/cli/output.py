@@ -37,14 +37,14 @@ def _spelled(value: Any) -> Any:
     return [_spelled(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
-def _emit(result: Result | dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None,
+def emit(result: Result | dict[str, Any], as_json: bool, keys: tuple[str, ...] | None = None,
           err: bool = False) -> None:
     """Print a result (a job's :class:`Result`, or a plain dict): a JSON object (its
     :meth:`~Result.fields`) as the last stdout line with ``--json``, else key: value lines, floats
     to 6 significant digits (only ``keys``, where the command's own summary on stderr has already
     shown the rest). Its ``warnings`` go to stderr first; the JSON object's list those the command
     logged too. ``err``: all of it to stderr (stdout carries the output)."""
-    _warn(result)
+    show_warnings(result)
     fields = _spelled(result.fields() if isinstance(result, Result) else result)
     if as_json:
         if "warnings" in fields:          # and those the command logged on its way
@@ -70,13 +70,13 @@ def _text(value: Any) -> str:
 CLOSING_KEYS = ("checkpoint", "best_valid_acc", "model_uri", "run_dir", "mlflow_run_id")
 
 
-def _close(describe: Callable[..., str], *args: Any) -> None:
+def print_summary(describe: Callable[..., str], *args: Any) -> None:
     """The command's closing summary (``describe(*args)``) on stderr, with or without ``--json``
     (which changes stdout only), as ``tune`` and ``ensemble`` log theirs."""
     click.echo(shown(describe(*args), keep_lines=True), err=True)
 
 
-def _warn(result: Result | dict[str, Any]) -> None:
+def show_warnings(result: Result | dict[str, Any]) -> None:
     """A result's warnings, through the console's handler: ``warning: ...`` lines, or JSON objects
     with ``--log-format json``, as the jobs' own warnings (as lines where no handler is installed:
     a command run outside the ``iaa-cli`` group)."""
@@ -110,7 +110,7 @@ def _debug(ctx: click.Context | None) -> bool:
     return flag or os.environ.get("IAA_DEBUG", "") not in ("", "0")
 
 
-def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file; or a full or
     read-only disk met anywhere) as one line, its control characters escaped (:func:`printable`:
     the message may quote a file).

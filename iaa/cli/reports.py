@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from iaa.cli.options import (_FiniteFloat, json_option, tracking_option, workdir_option)
-from iaa.cli.output import _emit, _friendly, _warn, shown
+from iaa.cli.output import emit, friendly, show_warnings, shown
 
 
 @click.command()
@@ -34,7 +34,7 @@ from iaa.cli.output import _emit, _friendly, _warn, shown
 @tracking_option
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def report(experiment: str | None, sweep: str | None, list_sweeps: bool, run_ids: tuple[str, ...],
            more_run_ids: tuple[str, ...], metric: str, x_axis: str, baseline: float | None, baseline_data: Path | None,
            out: Path | None, tracking_uri: str | None, workdir: Path, as_json: bool) -> None:
@@ -52,9 +52,9 @@ def report(experiment: str | None, sweep: str | None, list_sweeps: bool, run_ids
         listed = sweep_list.run(workdir)
         if as_json:                                 # the table on stderr, the JSON line on stdout
             click.echo(shown(sweep_list.describe(listed), keep_lines=True), err=True)
-            _emit(listed, as_json=True)             # the commands in it spelled with flags
+            emit(listed, as_json=True)             # the commands in it spelled with flags
         else:
-            _warn(listed)
+            show_warnings(listed)
             click.echo(shown(sweep_list.describe(listed), keep_lines=True))
         return
     if sweep is not None:

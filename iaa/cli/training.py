@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from iaa.cli.adapters import _launcher, _open_tracker
+from iaa.cli.adapters import ray_launcher, open_tracker
 from iaa.cli.options import (MODELS, _Finite, cluster_options, config_options, data_options,
                              json_option, workdir_option)
-from iaa.cli.output import CLOSING_KEYS, _close, _emit, _friendly, progress_shown
+from iaa.cli.output import CLOSING_KEYS, print_summary, emit, friendly, progress_shown
 from iaa.jobs.workdir.paths import Workdir
 
 
@@ -32,7 +32,7 @@ from iaa.jobs.workdir.paths import Workdir
 @cluster_options
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def train(resume: bool, overwrite: bool, as_json: bool, **request: Any) -> None:
     """Train one reader, with validation checks, checkpoints and an MLflow run.
 
@@ -52,9 +52,9 @@ def train(resume: bool, overwrite: bool, as_json: bool, **request: Any) -> None:
     if resume and overwrite:
         raise click.UsageError("give --resume (continue the run) or --overwrite (replace it), not both")
     req = job.TrainRequest(**request, resume=resume, overwrite=overwrite, show_progress=progress_shown())
-    result = job.run_request(req, _open_tracker, _launcher(req.address, req.storage_path) if req.workers > 0 else None)
-    _close(summary.describe, result)
-    _emit(result, as_json, keys=CLOSING_KEYS)
+    result = job.run_request(req, open_tracker, ray_launcher(req.address, req.storage_path) if req.workers > 0 else None)
+    print_summary(summary.describe, result)
+    emit(result, as_json, keys=CLOSING_KEYS)
 
 
 @click.command()
@@ -65,7 +65,7 @@ def train(resume: bool, overwrite: bool, as_json: bool, **request: Any) -> None:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @workdir_option
 @json_option
-@_friendly
+@friendly
 def bench(model_kind: str, sets: tuple[str, ...], device: str, workdir: Path, as_json: bool) -> None:
     """Time training steps and inference on the CBT-NE-shaped workload at the paper config;
     the result is also saved as WORKDIR/bench/MODEL-DEVICE.json."""
@@ -83,4 +83,4 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, workdir: Path, as
                                f"{', '.join('bench.' + k for k in settings)}")
     result = job.run(model=model_kind, overrides=overrides.get("model", {}), device=device, **overrides.get("bench", {}))
     result = job.save(result, Workdir(workdir).writable() / "bench" / f"{model_kind}-{device}.json")
-    _emit(result, as_json)
+    emit(result, as_json)

@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from iaa.cli.adapters import _launcher, _open_tracker
+from iaa.cli.adapters import ray_launcher, open_tracker
 from iaa.cli.options import (MODELS, _Duration, _Finite, _need_data,
                              cluster_options, config_options, json_option, workdir_option)
-from iaa.cli.output import _emit, _friendly, progress_shown
+from iaa.cli.output import emit, friendly, progress_shown
 from iaa.data.datasets import TUNE_DATASETS
 from iaa.jobs.config.presets import SAMPLERS
 
@@ -72,7 +72,7 @@ _log = logging.getLogger(__name__)
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[NAME]",
               help="Continue the interrupted sweep NAME (or --name; alone: the latest of this dataset and model).")
 @json_option
-@_friendly
+@friendly
 def tune(address: str | None, sweep_name: str | None, resume: str | None, as_json: bool, **request: Any) -> None:
     """Search hyperparameters with Optuna (TPE by default, or --sampler) on Ray Tune, with ASHA and MLflow tracking."""
     if resume and sweep_name and resume != sweep_name:
@@ -85,7 +85,7 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
                           show_progress=progress_shown())
     plan = job.settle(req)               # a bad request fails here, before Ray or MLflow loads
     _announce(plan, address)
-    _emit(job.run(plan, _open_tracker, _launcher(address, plan.storage_path)), as_json,
+    emit(job.run(plan, open_tracker, ray_launcher(address, plan.storage_path)), as_json,
           keys=("sweep", "best_valid_acc", "model_uri"))
 
 
