@@ -26,19 +26,19 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.mark.parametrize("text, seconds", [("90m", 5400), ("2h", 7200), ("1h30m", 5400), ("1.5d", 129600),
                                            ("45s", 45), ("45", 45), (" 2H ", 7200), ("0.5h", 1800)])
 def test_a_time_budget_is_read_in_days_hours_minutes_and_seconds(text: str, seconds: float) -> None:
-    from iaa.cli.options import _Duration
+    from iaa.cli.options import Duration
 
-    assert _Duration().convert(text, None, None) == seconds
+    assert Duration().convert(text, None, None) == seconds
 
 
 @pytest.mark.parametrize("text, phrase", [("2 hours", "not a length of time"), ("1h30", "not a length of time"),
                                           ("-5m", "not a length of time"), ("0", "above 0"), ("0m", "above 0"),
                                           ("nan", "above 0"), ("inf", "above 0")])
 def test_a_bad_time_budget_is_refused_saying_what_a_duration_looks_like(text: str, phrase: str) -> None:
-    from iaa.cli.options import _Duration
+    from iaa.cli.options import Duration
 
     with pytest.raises(click.BadParameter) as err:
-        _Duration().convert(text, None, None)
+        Duration().convert(text, None, None)
     assert_says(err.value.message, phrase, repr(text))
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from iaa.cli.adapters import ray_launcher, workdir_tracker
-from iaa.cli.options import (MODELS, _Finite, address_option, cluster_options, config_options, data_options,
+from iaa.cli.options import (MODELS, Finite, address_option, cluster_options, config_options, data_options,
                              json_option, tracking_option, workdir_option)
 from iaa.cli.output import CLOSING_KEYS, print_summary, emit, friendly, progress_shown
 
@@ -22,14 +22,14 @@ from iaa.cli.output import CLOSING_KEYS, print_summary, emit, friendly, progress
 @click.option("--top-configs", type=click.IntRange(1, 1000), default=1, show_default=True, help="K best configurations of the sweep.")
 @click.option("--seeds", type=click.IntRange(1, 1000), default=5, show_default=True, help="N seeds of each configuration.")
 @click.option("--select", type=click.Choice(["all", "top-p", "greedy"]), default="all", show_default=True)
-@click.option("--p", "p", type=_Finite(0, 1, min_open=True), default=0.5, show_default=True, help="Fraction kept by --select top-p.")
+@click.option("--p", "p", type=Finite(0, 1, min_open=True), default=0.5, show_default=True, help="Fraction kept by --select top-p.")
 @click.option("--calibrate/--no-calibrate", default=True, show_default=True,
               help="Scale the averaged distributions by the temperature that fits them best on valid "
                    "(answers unchanged); predict, serve and the logged model answer with it.")
 @click.option("--name", "name", help="Ensemble name [default: from the sweep or members].")
 @click.option("--workers-per-member", "--workers", "workers_per_trial", type=click.IntRange(1, 1024), default=1,
               show_default=True, help="Ray Train workers for each member that must be trained (as tune's --workers-per-trial).")
-@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
+@click.option("--gpus-per-worker", type=Finite(min=0), default=0.0, show_default=True,
               help="GPUs per worker for the members that must be trained.")
 @click.option("--register", metavar="NAME", help="Register the ensemble's MLflow model under NAME.")
 @click.option("--overwrite", is_flag=True, help="Replace a finished ensemble of the same name.")
@@ -56,10 +56,10 @@ def ensemble(members: tuple[Path, ...], more_members: tuple[Path, ...], workdir:
               help="An ensemble folder from `iaa-cli ensemble` (WORKDIR/ensembles/NAME): the teacher.")
 @click.option("--model", "model_kind", type=MODELS, help="Student variant [default: the members'].")
 @config_options
-@click.option("--alpha", type=_Finite(0, 1), default=None,
+@click.option("--alpha", type=Finite(0, 1), default=None,
               help="Weight of the gold NLL; 1 - alpha goes to the KL to the teacher (1: ordinary training) "
                    "[default: the config's distill.alpha where --config or --set gives it, else 0.5].")
-@click.option("--temperature", type=_Finite(0, 1000, min_open=True), default=None,
+@click.option("--temperature", type=Finite(0, 1000, min_open=True), default=None,
               help="Softens teacher and student alike [default: the config's distill.temperature where --config "
                    "or --set gives it, else 1].")
 @click.option("--train-examples", type=click.IntRange(min=1), default=None,

@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from iaa.cli.adapters import open_tracker
-from iaa.cli.options import (INPUT_FORMATS, _examples_source, _Finite, _need_data,
-                             _vocabulary_data, address_option, data_options,
+from iaa.cli.options import (INPUT_FORMATS, examples_source, Finite, need_data,
+                             vocabulary_data, address_option, data_options,
                              input_option, json_option, precision_option, tracking_option, workdir_option)
 from iaa.cli.output import print_summary, emit, friendly, show_warnings, progress_bar, shown
 from iaa.jobs.workdir.paths import Workdir
@@ -35,7 +35,7 @@ def evaluate(checkpoint: Path, dataset: str | None, data: Path | None, input_pat
     figures also go to the MLflow run that trained it."""
     from iaa.jobs.evaluation import evaluate as job
 
-    prepared = _examples_source(dataset, data, input_path, workdir)
+    prepared = examples_source(dataset, data, input_path, workdir)
     if (split is None) == (input_path is None):
         raise click.UsageError("give --split with --dataset or --data, and no --split with --input (whose "
                                "--data or --dataset only lends the vocabulary)")
@@ -61,7 +61,7 @@ def baseline(dataset: str | None, data: Path | None, split: str, workdir: Path, 
     from iaa.jobs.evaluation import frequency
     from iaa.jobs.datasets import resolve
 
-    _need_data(dataset, data)
+    need_data(dataset, data)
     _, prepared = resolve.data_dir(dataset, data, workdir)
     emit(frequency.run(prepared, split), as_json)
 
@@ -89,7 +89,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
     """Show what the reader attends to at each inference step, as an HTML page (and a PNG)."""
     from iaa.jobs.evaluation import explain as job
 
-    prepared = _examples_source(dataset, data, input_path, workdir)
+    prepared = examples_source(dataset, data, input_path, workdir)
     if not example_ids and not first and input_path is None:
         raise click.UsageError("choose examples with --example-id ID (repeatable) or --first N")
     result = job.run(checkpoint, prepared, None if input_path else split, example_ids=example_ids, first=first,
@@ -122,7 +122,7 @@ def predict(checkpoint: Path | None, ensemble_dir: Path | None, input_path: Path
 
     if (checkpoint is None) == (ensemble_dir is None):
         raise click.UsageError("give exactly one of --checkpoint CKPT or --ensemble DIR")
-    prepared = _vocabulary_data(dataset, data, workdir)
+    prepared = vocabulary_data(dataset, data, workdir)
     with progress_bar("answering") as progress:
         result = job.run(input_path, out, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
                          precision=precision, progress=progress)
@@ -151,9 +151,9 @@ def _autoscale(ctx: click.Context, param: click.Parameter, value: str | None) ->
 @click.option("--autoscale", metavar="MIN:MAX", callback=_autoscale, help="Autoscale between MIN and MAX replicas.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True,
               help="Requests answered by one model call (serve.batch).")
-@click.option("--batch-wait-ms", type=_Finite(min=0), default=5.0, show_default=True,
+@click.option("--batch-wait-ms", type=Finite(min=0), default=5.0, show_default=True,
               help="How long a batch waits for more requests.")
-@click.option("--cpus-per-replica", type=_Finite(min=0.01), default=0.5, show_default=True,
+@click.option("--cpus-per-replica", type=Finite(min=0.01), default=0.5, show_default=True,
               help="Ray CPUs each replica holds (fractions let replicas share a small node).")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads per replica.")
 @click.option("--max-document-words", type=click.IntRange(min=1), default=5000, show_default=True,
@@ -180,7 +180,7 @@ def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | N
         raise click.UsageError("give exactly one of --model URI, --checkpoint CKPT or --ensemble DIR")
     if replicas is not None and autoscale is not None:
         raise click.UsageError("give --replicas N or --autoscale MIN:MAX, not both")
-    prepared = _vocabulary_data(dataset, data, workdir)
+    prepared = vocabulary_data(dataset, data, workdir)
     cfg = job.config(model_uri=model_uri, checkpoint=checkpoint, ensemble_dir=ensemble_dir, data_dir=prepared,
                      workdir=workdir, tracking_uri=tracking_uri, replicas=replicas or 1, autoscale=autoscale,
                      max_batch=max_batch, batch_wait_ms=batch_wait_ms, cpus_per_replica=cpus_per_replica,

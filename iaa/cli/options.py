@@ -30,7 +30,7 @@ class _ModelKinds(click.Choice):
 MODELS = _ModelKinds()
 
 
-class _FiniteFloat(click.types.FloatParamType):
+class FiniteFloat(click.types.FloatParamType):
     """Any finite number: nan and inf are refused."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
@@ -40,12 +40,12 @@ class _FiniteFloat(click.types.FloatParamType):
         return number
 
 
-class _Finite(click.FloatRange, _FiniteFloat):
-    """``click.FloatRange`` that also refuses nan and inf (unbounded: ``_FiniteFloat``, whose help
+class Finite(click.FloatRange, FiniteFloat):
+    """``click.FloatRange`` that also refuses nan and inf (unbounded: ``FiniteFloat``, whose help
     shows no empty range)."""
 
 
-class _Duration(click.ParamType):
+class Duration(click.ParamType):
     """A length of time as seconds: ``90m``, ``2h``, ``1h30m``, ``1.5d``, ``45s``; a bare number is seconds."""
 
     name = "duration"
@@ -130,7 +130,7 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _need_data(dataset: str | None, data: Path | None) -> None:
+def need_data(dataset: str | None, data: Path | None) -> None:
     """``--dataset`` or ``--data`` (both: they must agree, which the job checks against the manifest)."""
     if dataset is None and data is None:
         raise click.UsageError("give --dataset NAME or --data PREPARED_DIR")
@@ -145,7 +145,7 @@ def input_option(purpose: str = "") -> Callable[[Callable[..., Any]], Callable[.
                         help=purpose + INPUT_FORMATS)
 
 
-def _vocabulary_data(dataset: str | None, data: Path | None, workdir: Path) -> Path | None:
+def vocabulary_data(dataset: str | None, data: Path | None, workdir: Path) -> Path | None:
     """The prepared folder of ``--dataset``/``--data`` whose vocabulary to use; None: the checkpoints' own."""
     from iaa.jobs.datasets import resolve
 
@@ -154,13 +154,13 @@ def _vocabulary_data(dataset: str | None, data: Path | None, workdir: Path) -> P
     return resolve.data_dir(dataset, data, workdir)[1] if dataset or data else None
 
 
-def _examples_source(dataset: str | None, data: Path | None, input_path: Path | None, workdir: Path) -> Path | None:
+def examples_source(dataset: str | None, data: Path | None, input_path: Path | None, workdir: Path) -> Path | None:
     """The prepared folder of ``--dataset``/``--data``: the examples, or with ``--input`` the vocabulary
     of a checkpoint too old to carry its own (None with ``--input`` alone: the checkpoint's)."""
     from iaa.jobs.datasets import resolve
 
     if input_path is not None:
-        return _vocabulary_data(dataset, data, workdir)
+        return vocabulary_data(dataset, data, workdir)
     if (dataset is None) == (data is None):
         raise click.UsageError("give exactly one of --dataset NAME, --data PREPARED_DIR or --input FILE")
     return resolve.data_dir(dataset, data, workdir)[1]

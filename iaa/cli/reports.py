@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from iaa.cli.options import (_FiniteFloat, json_option, tracking_option, workdir_option)
+from iaa.cli.options import (FiniteFloat, json_option, tracking_option, workdir_option)
 from iaa.cli.output import emit, friendly, show_warnings, shown
 
 
@@ -27,7 +27,7 @@ from iaa.cli.output import emit, friendly, show_warnings, shown
 @click.option("--metric", default="valid_acc", show_default=True, help="The logged metric on the y axis.")
 @click.option("--x", "x_axis", type=click.Choice(["examples", "steps", "seconds"]), default="examples", show_default=True,
               help="examples: training examples seen (step x batch size x workers); seconds: since the run started.")
-@click.option("--baseline", type=_FiniteFloat(), default=None, help="Draw this accuracy as a dashed line.")
+@click.option("--baseline", type=FiniteFloat(), default=None, help="Draw this accuracy as a dashed line.")
 @click.option("--baseline-data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Draw the most-frequent-candidate accuracy on this prepared folder's valid split.")
 @click.option("--out", type=click.Path(path_type=Path), help="The PNG to write (with --sweep: the folder).")

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from iaa.cli.adapters import ray_launcher, open_tracker
-from iaa.cli.options import (MODELS, _Finite, cluster_options, config_options, data_options,
+from iaa.cli.options import (MODELS, Finite, cluster_options, config_options, data_options,
                              json_option, workdir_option)
 from iaa.cli.output import CLOSING_KEYS, print_summary, emit, friendly, progress_shown
 from iaa.jobs.workdir.paths import Workdir
@@ -27,7 +27,7 @@ from iaa.jobs.workdir.paths import Workdir
 @click.option("--register", metavar="NAME", help="Also register the logged MLflow model under NAME.")
 @click.option("--data-parallel-workers", "--workers", "workers", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Ray Train workers that train this one reader data-parallel; 0 trains in this process without Ray.")
-@click.option("--gpus-per-worker", type=_Finite(min=0), default=0.0, show_default=True,
+@click.option("--gpus-per-worker", type=Finite(min=0), default=0.0, show_default=True,
               help="GPUs per Ray worker (NCCL); with --workers 0, any value > 0 trains on this machine's GPU.")
 @cluster_options
 @workdir_option

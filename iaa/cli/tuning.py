@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from iaa.cli.adapters import ray_launcher, open_tracker
-from iaa.cli.options import (MODELS, _Duration, _Finite, _need_data,
+from iaa.cli.options import (MODELS, Duration, Finite, need_data,
                              cluster_options, config_options, json_option, workdir_option)
 from iaa.cli.output import emit, friendly, progress_shown
 from iaa.data.datasets import TUNE_DATASETS
@@ -26,8 +26,8 @@ _log = logging.getLogger(__name__)
 @click.option("--model", "model_kind", type=MODELS, default="iaa", show_default=True)
 @click.option("--num-samples", type=click.IntRange(1, 100_000), default=None, help="Trials [default: per dataset preset].")
 @click.option("--max-concurrent", type=click.IntRange(1, 1024), default=None, help="Trials at once [default: what the cluster fits].")
-@click.option("--max-epochs", type=_Finite(min=0, min_open=True), default=None, help="Epochs per trial [default: per dataset preset].")
-@click.option("--time-budget", "time_budget_s", type=_Duration(), default=None, metavar="DURATION",
+@click.option("--max-epochs", type=Finite(min=0, min_open=True), default=None, help="Epochs per trial [default: per dataset preset].")
+@click.option("--time-budget", "time_budget_s", type=Duration(), default=None, metavar="DURATION",
               help="Stop the sweep when its trials have run this long in all (90m, 2h, 1h30m), over every "
                    "--resume; the running trials stop where they stand and their checks count. A resume keeps "
                    "the sweep's budget unless given another. [default: none]")
@@ -35,11 +35,11 @@ _log = logging.getLogger(__name__)
               help="YAML search space overriding the paper's grid.")
 @click.option("--grace-period", type=click.IntRange(1, 10**6), default=None,
               help="ASHA: validation checks before a trial may be stopped [default: per dataset preset].")
-@click.option("--reduction-factor", type=_Finite(min=1, min_open=True), default=None,
+@click.option("--reduction-factor", type=Finite(min=1, min_open=True), default=None,
               help="ASHA: keep the best 1/F of the trials at each rung [default: per dataset preset].")
 @click.option("--workers-per-trial", type=click.IntRange(1, 1024), default=None,
               help="Ray Train workers per trial [default: 1; a resumed sweep: its own].")
-@click.option("--gpus-per-worker", type=_Finite(min=0), default=None,
+@click.option("--gpus-per-worker", type=Finite(min=0), default=None,
               help="GPUs (or a share of one) per worker [default: 0; a resumed sweep: its own].")
 @click.option("--name", "sweep_name", help="Sweep name [default: DATASET-MODEL-<short id>, new for every sweep].")
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
@@ -78,7 +78,7 @@ def tune(address: str | None, sweep_name: str | None, resume: str | None, as_jso
     if resume and sweep_name and resume != sweep_name:
         raise click.UsageError(f"--resume {resume} and --name {sweep_name} name different sweeps")
     if not resume:                       # --resume NAME: the sweep's record names its data
-        _need_data(request["dataset"], request["data"])
+        need_data(request["dataset"], request["data"])
     from iaa.jobs.tune import tune as job
 
     req = job.TuneRequest(**request, name=resume or sweep_name, resume=resume is not None, address=address,

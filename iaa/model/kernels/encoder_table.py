@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from iaa.model.kernels import gru_kernels
-from iaa.model.kernels.fused_gru import (FALLBACK_THREADS, _amx, _recurrence, _stack_weights, _unpack, gru_weights,
+from iaa.model.kernels.fused_gru import (FALLBACK_THREADS, use_amx, recurrence, stack_weights, unpack, gru_weights,
                                          make_packing)
 from iaa.model.kernels.support import Support
 from iaa.model.kernels.kernel_internals import version
@@ -31,7 +31,7 @@ def input_table(embedding: torch.Tensor, weights: list[torch.Tensor],
     embedding's dtype.
     """
     with torch.autocast(embedding.device.type, enabled=False):
-        w_ih, _, _, b_in = _stack_weights(*weights)
+        w_ih, _, _, b_in = stack_weights(*weights)
         dtype = dtype or embedding.dtype
         x = embedding.to(dtype)
         return torch.stack([torch.addmm(b_in[k].to(dtype), x, w_ih[k].to(dtype).t()) for k in range(2)])
@@ -60,18 +60,18 @@ def _bigru_from_table(tokens, lengths, table, weights, cpp, threads):
     batch, max_len = tokens.shape
     pk = make_packing(lengths, max_len)
     pos = pk.pos.to(tokens.device)
-    _, w_hh, b_hh, _ = _stack_weights(*weights)
+    _, w_hh, b_hh, _ = stack_weights(*weights)
     h = w_hh.shape[2]
     words = tokens.reshape(-1)[pos]                                     # (2, N)
     bf16 = table.dtype == torch.bfloat16
     kernels = cpp if tokens.is_cpu else None
     if kernels is not None and w_hh.dtype == torch.float32 and kernels.fast_paths(h):  # reads the table in place
-        y = kernels.gru_infer(table, words, pos, w_hh.transpose(1, 2), _amx(kernels, bf16, h), b_hh[:, 0, 2 * h:],
+        y = kernels.gru_infer(table, words, pos, w_hh.transpose(1, 2), use_amx(kernels, bf16, h), b_hh[:, 0, 2 * h:],
                               pk.batch_sizes, pk.offsets, batch * max_len)
         return y.view(batch, max_len, 2 * h)
     gi = torch.stack([table[k].index_select(0, words[k]) for k in range(2)])  # (2, N, 3h)
-    out = _recurrence(gi, None, w_hh, b_hh, pk, bf16, False, kernels, threads)[0]   # (2, N, h)
-    return _unpack(out, pos, batch, max_len)
+    out = recurrence(gi, None, w_hh, b_hh, pk, bf16, False, kernels, threads)[0]   # (2, N, h)
+    return unpack(out, pos, batch, max_len)
 
 
 

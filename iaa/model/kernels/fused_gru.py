@@ -157,7 +157,7 @@ def _backward_steps(d_out, out, rz, cand, gh_steps, w_hh, pk: Packing):
     return d_gh, d_gi
 
 
-def _stack_weights(w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_b):
+def stack_weights(w_ih_f, w_hh_f, b_ih_f, b_hh_f, w_ih_b, w_hh_b, b_ih_b, b_hh_b):
     """Both directions stacked: W_ih (2, 3h, d), W_hh (2, 3h, h), b_hh (2, 1, 3h), and the input
     bias b_in = b_ih + [b_hr, b_hz, 0] (2, 1, 3h): r and z add both biases, so they fold."""
     w_ih, w_hh = torch.stack([w_ih_f, w_ih_b]), torch.stack([w_hh_f, w_hh_b])
@@ -188,12 +188,12 @@ def _padded_rows(n: int) -> int:
     return -(-n // GEMM_ROWS) * GEMM_ROWS
 
 
-def _amx(kernels, bf16: bool, h: int) -> bool:
+def use_amx(kernels, bf16: bool, h: int) -> bool:
     """Whether the recurrent matmuls run on AMX: in bf16 only, where the CPU has AMX."""
     return kernels is not None and bf16 and kernels.amx_paths(h)
 
 
-def _recurrence(gi: torch.Tensor, b_in: torch.Tensor | None, w_hh: torch.Tensor, b_hh: torch.Tensor,
+def recurrence(gi: torch.Tensor, b_in: torch.Tensor | None, w_hh: torch.Tensor, b_hh: torch.Tensor,
                 pk: Packing, bf16: bool, keep: bool, cpp: ModuleType | None, threads: int | None):
     """Forward recurrence from the input projections gi (2, N, 3h), in C++ (``cpp``, the built
     ``gru_kernels``) or, with ``cpp=None``, in the Python loop on ``threads`` threads.
@@ -208,7 +208,7 @@ def _recurrence(gi: torch.Tensor, b_in: torch.Tensor | None, w_hh: torch.Tensor,
     b_hn = b_hh[..., 2 * h:]                                            # (2, 1, h)
     if kernels is not None:
         bias = b_in.squeeze(1) if b_in is not None else gi.new_empty(0)
-        out, rz, cand, hn = kernels.gru_forward(gi, bias, w_hh.transpose(1, 2), _amx(kernels, bf16, h), b_hn.squeeze(1),
+        out, rz, cand, hn = kernels.gru_forward(gi, bias, w_hh.transpose(1, 2), use_amx(kernels, bf16, h), b_hn.squeeze(1),
                                                 pk.batch_sizes, pk.offsets, keep)
     else:
         gi = gi.to(w_hh.dtype)
@@ -219,7 +219,7 @@ def _recurrence(gi: torch.Tensor, b_in: torch.Tensor | None, w_hh: torch.Tensor,
     return out, rz, cand, hn, kernels
 
 
-def _unpack(out: torch.Tensor, pos: torch.Tensor, batch: int, max_len: int) -> torch.Tensor:
+def unpack(out: torch.Tensor, pos: torch.Tensor, batch: int, max_len: int) -> torch.Tensor:
     """Packed outputs (2, N, h) to (B, L, 2h), zero at padding."""
     h = out.shape[-1]
     y = out.new_zeros(batch * max_len, 2, h)
@@ -241,7 +241,7 @@ class FusedBiGRU(torch.autograd.Function):
         batch, max_len, dim = x.shape
         pk = make_packing(lengths, max_len)
         pos = pk.pos.to(x.device)
-        w_ih, w_hh, b_hh, b_in = _stack_weights(*weights)
+        w_ih, w_hh, b_hh, b_in = stack_weights(*weights)
         if bf16:                                                        # bf16 operands, kept for backward
             x, w_ih = x.to(torch.bfloat16), w_ih.to(torch.bfloat16)
         n = pos.shape[1]
@@ -254,11 +254,11 @@ class FusedBiGRU(torch.autograd.Function):
         if not bf16:
             gi, b_in = gi.add_(b_in), None
         keep = any(ctx.needs_input_grad)
-        out, rz, cand, hn, kernels = _recurrence(gi, b_in, w_hh, b_hh, pk, bf16, keep, cpp, threads)
+        out, rz, cand, hn, kernels = recurrence(gi, b_in, w_hh, b_hh, pk, bf16, keep, cpp, threads)
         ctx.pk, ctx.shape, ctx.hn, ctx.kernels, ctx.threads = pk, x.shape, hn, kernels, threads
-        ctx.amx = _amx(kernels, bf16, w_hh.shape[2])
+        ctx.amx = use_amx(kernels, bf16, w_hh.shape[2])
         ctx.save_for_backward(xp, pos, w_ih, w_hh, out, rz, cand)
-        return _unpack(out[:, :n], pos, batch, max_len)                 # (B, L, 2h)
+        return unpack(out[:, :n], pos, batch, max_len)                 # (B, L, 2h)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
@@ -359,4 +359,4 @@ class FusedEncoder:
 
     def amx_recurrence(self, h: int) -> bool:
         """Whether the recurrent matmuls of hidden size ``h`` multiply on AMX."""
-        return _amx(self.cpp, self.bf16, h)
+        return use_amx(self.cpp, self.bf16, h)
