@@ -79,12 +79,12 @@ def sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, every: float, 
     if killer is not None:
         killer.join(timeout=120)
     chaos.restore_workers()
-    from tests.test_chaos import _history, _study
+    from tests.test_chaos import sweep_history, study_trials
     from tests._platform import read_sweep
 
     record = read_sweep(root / "work", name)
     redone = re.search(r"work redone: at most (\S+)", tee.buffer_.getvalue())
-    return {"history": _history(record, ("model.hidden_dim", "model.steps", "train.lr")), "study": _study(root, name), "wall_s": wall, "faults": len(chaos.kills) - before,
+    return {"history": sweep_history(record, ("model.hidden_dim", "model.steps", "train.lr")), "study": study_trials(root, name), "wall_s": wall, "faults": len(chaos.kills) - before,
             "redone": redone.group(1) if redone else "0m00s", "statuses": [t["status"] for t in record["trials"]]}
 
 
@@ -110,16 +110,16 @@ def sweep_row(clean: dict[str, Any], chaos_run: dict[str, Any]) -> dict[str, Any
 
 def train_row(chaos: ChaosCluster, tiny: Path, root: Path) -> dict[str, Any]:
     from iaa.jobs.modeling import checkpoint
-    from tests.test_chaos import _train
+    from tests.test_chaos import train_on_chaos
 
-    clean = _train(chaos, tiny, root / "clean", root / "clean-marks")
+    clean = train_on_chaos(chaos, tiny, root / "clean", root / "clean-marks")
     markers = root / "marks"
     markers.mkdir(parents=True)
     hold_at(markers, 2, "after")
 
     killer, _ = kill_when_held(chaos, markers, 2, "train")
     started = time.monotonic()
-    result = _train(chaos, tiny, root / "chaos", markers)
+    result = train_on_chaos(chaos, tiny, root / "chaos", markers)
     wall = time.monotonic() - started
     killer.join(timeout=60)
     a = checkpoint.load(Path(clean["run_dir"]) / "checkpoints" / "last.pt")["model"]
@@ -135,18 +135,18 @@ def serve_row(chaos: ChaosCluster, root: Path, seconds: float, clients: int, kil
     from iaa.jobs.inference import serve as job
     from iaa.platform import ray_serve as platform_serve
     from tests._explain import tiny_setup
-    from tests.test_chaos import _closed_loop
-    from tests.test_serve import QUESTION, _free_port, wait_ready
+    from tests.test_chaos import closed_loop
+    from tests.test_serve import QUESTION, free_port, wait_ready
 
     prepared, ckpts = tiny_setup(root)
     cfg = job.config(model_uri=None, checkpoint=ckpts["iaa"], ensemble_dir=None, data_dir=prepared, workdir=root,
-                     tracking_uri=None, replicas=2, max_batch=4, port=_free_port(), address=chaos.address)
+                     tracking_uri=None, replicas=2, max_batch=4, port=free_port(), address=chaos.address)
     url = platform_serve.start(cfg, job.CODE)
     backs = []
     try:
         wait_ready(url, 300)
         stats: dict[str, Any] = {"sent": 0, "status": [], "latency": [], "tracebacks": 0}
-        load = threading.Thread(target=_closed_loop, args=(url, json.dumps(QUESTION).encode(), clients, 10 ** 9,
+        load = threading.Thread(target=closed_loop, args=(url, json.dumps(QUESTION).encode(), clients, 10 ** 9,
                                                              seconds, stats))
         started = time.monotonic()
         load.start()

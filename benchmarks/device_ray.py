@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from device_steps import ROOT, TINY_MODEL, _command, cn_source, demo_cn, partial, say
+from device_steps import ROOT, TINY_MODEL, output_of, cn_source, demo_cn, partial, say
 
 GPU_SHARE = 0.25              # of the card per trial: four trials at once
 TUNE_TRIALS = 4               # one round: four at once on the card
@@ -168,7 +168,7 @@ class _CardWatch:
 
     def _poll(self) -> None:
         while not self._stop.wait(self.every_s):
-            text = _command(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
+            text = output_of(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
             now = {}
             for line in (text or "").splitlines():
                 pid, _, mib = line.partition(",")

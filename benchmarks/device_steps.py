@@ -71,7 +71,7 @@ def _sync(device: str) -> None:
 # --- env --------------------------------------------------------------------------------------
 
 
-def _command(cmd: list[str]) -> str | None:
+def output_of(cmd: list[str]) -> str | None:
     """The command's output (stripped), or None where it is missing or fails."""
     if shutil.which(cmd[0]) is None:
         return None
@@ -97,10 +97,10 @@ def step_env(args) -> dict:
 
     cuda = torch.cuda.is_available()
     name = torch.cuda.get_device_name(0) if cuda else None
-    smi = _command(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu,"
+    smi = output_of(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used,utilization.gpu,"
                     "compute_mode", "--format=csv,noheader"])
     driver = smi.splitlines()[0].split(", ")[1] if smi and ", " in smi else None
-    gcc = _command(["gcc", "--version"])
+    gcc = output_of(["gcc", "--version"])
     out = {
         "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
         "cuda_available": cuda, "cudnn": torch.backends.cudnn.version() if cuda else None, "card": name,
@@ -108,7 +108,7 @@ def step_env(args) -> dict:
         "memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
         "datasheet_bf16_tflops": next((v for k, v in BF16_PEAKS if name and k in name), None),
         "driver": driver, "nvidia_smi": smi,
-        "gpu_processes": _command(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"]),
+        "gpu_processes": output_of(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"]),
         "gcc": gcc.splitlines()[0] if gcc else None,
         "ninja": shutil.which("ninja") is not None or importlib.util.find_spec("ninja") is not None,
         "python_h": (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file(),

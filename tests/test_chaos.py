@@ -63,7 +63,7 @@ def _sweep(chaos: ChaosCluster, tiny: Path, root: Path, name: str, markers: Path
     return tune.run(req, open_tracker, chaos_launcher(chaos.address, str(root / "shared"), markers))
 
 
-def _history(sweep: dict[str, Any], searched: tuple[str, ...] = ("model.hidden_dim", "model.steps")) -> dict[str, Any]:
+def sweep_history(sweep: dict[str, Any], searched: tuple[str, ...] = ("model.hidden_dim", "model.steps")) -> dict[str, Any]:
     """Per configuration (its ``searched`` values): the child run, its valid_acc by step, and the
     steps as logged (repeats kept)."""
     from mlflow.tracking import MlflowClient
@@ -84,7 +84,7 @@ def _parent(sweep: dict[str, Any]) -> Any:
     return MlflowClient(sweep["tracking_uri"]).get_run(sweep["parent_run_id"])
 
 
-def _study(root: Path, name: str) -> list[Any]:
+def study_trials(root: Path, name: str) -> list[Any]:
     import optuna
 
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{root / 'work' / 'optuna.db'}")
@@ -95,7 +95,7 @@ def _study(root: Path, name: str) -> list[Any]:
 def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Path, capfd, console) -> None:
     _sweep(chaos, tiny, tmp_path / "clean", "clean", tmp_path / "clean-marks", show=False)
     capfd.readouterr()
-    expected = _history(read_sweep(tmp_path / "clean" / "work", "clean"))
+    expected = sweep_history(read_sweep(tmp_path / "clean" / "work", "clean"))
 
     markers = tmp_path / "chaos-marks"
     markers.mkdir()
@@ -129,7 +129,7 @@ def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Pa
 
     sweep = read_sweep(tmp_path / "chaos" / "work", "chaos")
     assert sorted(t["status"] for t in sweep["trials"]) == ["TERMINATED"] * 4, [t["status"] for t in sweep["trials"]]
-    got = _history(sweep)
+    got = sweep_history(sweep)
     assert set(got) == set(expected) and len(children(sweep)) == 4            # one child run per trial
     for key, run in got.items():
         assert run["run"].info.status == "FINISHED", (key, run["run"].info.status)
@@ -138,7 +138,7 @@ def test_sweep_survives_node_kills(chaos: ChaosCluster, tiny: Path, tmp_path: Pa
     restores = {key: int(run["run"].data.tags.get("restores", -1)) for key, run in got.items()}
     assert sum(restores.values()) >= 2 and min(restores.values()) >= 0, restores
 
-    trials = _study(tmp_path / "chaos", "chaos")
+    trials = study_trials(tmp_path / "chaos", "chaos")
     assert len(trials) == 4 and all(t.state.name == "COMPLETE" for t in trials), [t.state for t in trials]
     for t in trials:
         key = (str(t.params["model.hidden_dim"]), str(t.params["model.steps"]))
@@ -210,10 +210,10 @@ def test_a_trial_out_of_restores_fails_alone_and_the_resume_runs_it_again_under_
     sweep = read_sweep(tmp_path / "s" / "work", "s")
     assert sorted(t["status"] for t in sweep["trials"]) == ["TERMINATED"] * 4, sweep["trials"]
     assert {t["trial_id"]: t["name"] for t in sweep["trials"]} == {t["trial_id"]: t["name"] for t in first["trials"]}
-    history = _history(sweep)
+    history = sweep_history(sweep)
     assert len(children(sweep)) == 4 and all(r["run"].info.status == "FINISHED" for r in history.values())
     assert all(len(r["steps"]) == len(set(r["steps"])) == CHECKS for r in history.values()), history
-    trials = _study(tmp_path / "s", "s")
+    trials = study_trials(tmp_path / "s", "s")
     assert sorted(t.state.name for t in trials if t.state.name != "FAIL") == ["COMPLETE"] * 4, trials
     parent = _parent(sweep)
     best = parent.data.tags["best_mlflow_run_id"]
@@ -223,7 +223,7 @@ def test_a_trial_out_of_restores_fails_alone_and_the_resume_runs_it_again_under_
     assert "nothing left to run" in capfd.readouterr().err
 
 
-def _train(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path, show: bool = False,
+def train_on_chaos(chaos: ChaosCluster, tiny: Path, root: Path, markers: Path, show: bool = False,
            resume: bool = False) -> Any:
     from iaa.cli.adapters import open_tracker
     from iaa.jobs.train import train
@@ -239,7 +239,7 @@ def clean_train(chaos: ChaosCluster, tiny: Path, tmp_path_factory) -> tuple[Any,
     """A ``train --workers 2`` run that no kill touched, and its run folder."""
     chaos.restore_workers()
     root = tmp_path_factory.mktemp("clean-train")
-    return _train(chaos, tiny, root, root / "marks"), root / "run"
+    return train_on_chaos(chaos, tiny, root, root / "marks"), root / "run"
 
 
 def _assert_same_run(result: Any, run_dir: Path, clean_train: tuple[Any, Path]) -> None:
@@ -262,7 +262,7 @@ def test_train_on_two_workers_survives_a_node_kill(chaos: ChaosCluster, tiny: Pa
     kills_before = len(chaos.kills)
     markers, killer, outcome = _kill_after_check_2(chaos, tmp_path, "train")   # mid-epoch 1 of 2
     started = time.monotonic()
-    result = _train(chaos, tiny, tmp_path / "chaos", markers, show=True)
+    result = train_on_chaos(chaos, tiny, tmp_path / "chaos", markers, show=True)
     wall = time.monotonic() - started
     killer.join(timeout=5)
     shown = capfd.readouterr()
@@ -295,7 +295,7 @@ def test_train_out_of_restores_is_one_error_naming_the_resume_that_continues_it(
     markers, killer, outcome = _kill_after_check_2(chaos, tmp_path, "train")
     monkeypatch.setenv("IAA_MAX_FAILURES", "0")
     with pytest.raises(RestoresSpent) as caught:
-        _train(chaos, tiny, tmp_path / "chaos", markers)
+        train_on_chaos(chaos, tiny, tmp_path / "chaos", markers)
     killer.join(timeout=5)
     assert "error" not in outcome, outcome
     assert_says(caught.value, "lost a worker", "after 0 restore(s)", "`resume`", tmp_path / "chaos" / "run")
@@ -305,7 +305,7 @@ def test_train_out_of_restores_is_one_error_naming_the_resume_that_continues_it(
     monkeypatch.setenv("IAA_MAX_FAILURES", "2")
     chaos.restore_workers()
     resumed_at = time.time()
-    result = _train(chaos, tiny, tmp_path / "chaos", tmp_path / "resume-marks", resume=True)
+    result = train_on_chaos(chaos, tiny, tmp_path / "chaos", tmp_path / "resume-marks", resume=True)
     _assert_same_run(result, run_dir, clean_train)
     assert (run_dir / "ray_run_name").read_text() == ray_run           # the same Ray Train run continued ...
     first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
@@ -318,7 +318,7 @@ def torch_equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(a, b))
 
 
-def _closed_loop(url: str, body: bytes, clients: int, total: int, seconds: float, stats: dict[str, Any]) -> None:
+def closed_loop(url: str, body: bytes, clients: int, total: int, seconds: float, stats: dict[str, Any]) -> None:
     """``clients`` loopback clients, each sending its next request when the last is answered, until
     ``total`` requests or ``seconds`` passed; every answer's status and latency go to ``stats``."""
     import threading
@@ -366,18 +366,18 @@ def test_serve_two_replicas_answer_through_a_node_kill(chaos: ChaosCluster, tmp_
     from iaa.jobs.inference import serve as job
     from iaa.platform import ray_serve as platform_serve
     from tests._explain import tiny_setup
-    from tests.test_serve import QUESTION, _free_port, wait_ready
+    from tests.test_serve import QUESTION, free_port, wait_ready
 
     chaos.restore_workers()
     prepared, ckpts = tiny_setup(tmp_path)
     cfg = job.config(model_uri=None, checkpoint=ckpts["iaa"], ensemble_dir=None, data_dir=prepared,
-                     workdir=tmp_path, tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
+                     workdir=tmp_path, tracking_uri=None, replicas=2, max_batch=4, port=free_port(),
                      address=chaos.address)
     url = platform_serve.start(cfg, job.CODE)
     try:
         wait_ready(url, 120)
         stats: dict[str, Any] = {"sent": 0, "status": [], "latency": [], "tracebacks": 0}
-        load = threading.Thread(target=_closed_loop, args=(url, json.dumps(QUESTION).encode(), 4, 600, 120, stats))
+        load = threading.Thread(target=closed_loop, args=(url, json.dumps(QUESTION).encode(), 4, 600, 120, stats))
         load.start()
         wait_for(lambda: len(stats["status"]) >= 100, 60)
         kill = chaos.kill(replace=False, reason="serve")

@@ -15,7 +15,7 @@ import pytest
 
 from iaa.jobs.inference import serve as job
 from tests._processes import process_tree, resident_mib
-from tests.test_serve import QUESTION, _post, answerer, served, setup  # noqa: F401 - fixtures
+from tests.test_serve import QUESTION, post_question, answerer, served, setup  # noqa: F401 - fixtures
 
 LIMITS = job.Limits(max_document_words=200)        # the served fixture's limits (other limits: defaults)
 
@@ -110,8 +110,8 @@ def test_a_bad_request_in_good_traffic_fails_alone(served):
     good = _body(QUESTION)
     for _ in range(5):
         with ThreadPoolExecutor(8) as pool:
-            goods = [pool.submit(_post, url, good) for _ in range(12)]
-            bads = {name: pool.submit(_chunked, url, 9 << 20) if body is None else pool.submit(_post, url, body)
+            goods = [pool.submit(post_question, url, good) for _ in range(12)]
+            bads = {name: pool.submit(_chunked, url, 9 << 20) if body is None else pool.submit(post_question, url, body)
                     for name, (body, _, _) in bad.items()}
             assert [f.result()[0] for f in goods] == [200] * 12
             for name, future in bads.items():
@@ -140,7 +140,7 @@ def test_chunked_bodies_far_over_the_limit_leave_no_memory_behind(served):
     grown = {key: after[key] - before[key] for key in before.keys() & after.keys()}
     assert {title for title, _ in grown} == set(titles), (before, after)
     assert max(grown.values()) < 40, grown
-    assert _post(url, _body(QUESTION))[0] == 200
+    assert post_question(url, _body(QUESTION))[0] == 200
 
 
 @pytest.mark.slow
@@ -159,5 +159,5 @@ def test_the_api_is_described_by_openapi(served):
     assert "XXXXX" in question["properties"]["query"]["description"] and "@placeholder" not in json.dumps(doc)
     examples = doc["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]["examples"]
     for name, example in examples.items():
-        status, answer, _ = _post(url, json.dumps(example["value"]).encode())
+        status, answer, _ = post_question(url, json.dumps(example["value"]).encode())
         assert status == 200, (name, answer)

@@ -18,7 +18,7 @@ import pytest
 
 from _faults import assert_says
 from tests._explain import tiny_setup
-from tests.test_serve import _free_port
+from tests.test_serve import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 START_WAIT_S = 600                 # a busy 2-core machine takes minutes to start Ray Serve
@@ -91,7 +91,7 @@ def _one_error_line(out: str, *names: str) -> str:
 @pytest.fixture(scope="module")
 def running(tiny, tmp_path_factory):
     """A serve of one replica, running; stopped (and its session killed) at the end at the latest."""
-    port, log = _free_port(), tmp_path_factory.mktemp("running") / "serve.log"
+    port, log = free_port(), tmp_path_factory.mktemp("running") / "serve.log"
     proc = _serve(tiny, port, log)
     deadline = time.monotonic() + START_WAIT_S
     while "serving on" not in log.read_text():
@@ -151,7 +151,7 @@ def test_a_port_held_by_any_program_is_one_line_naming_it(tiny, tmp_path):
 def test_replicas_the_cluster_cannot_place_are_one_line_naming_the_cpus(tiny, tmp_path):
     cpus = os.cpu_count() or 1
     log = tmp_path / "serve.log"
-    proc = _serve(tiny, _free_port(), log, "--replicas", str(cpus + 1), "--cpus-per-replica", "1")
+    proc = _serve(tiny, free_port(), log, "--replicas", str(cpus + 1), "--cpus-per-replica", "1")
     code, took, out = _finish(proc, log, 120)
     assert code not in (None, 0) and took < 60, (code, took, out[-3000:])
     _one_error_line(out, f"{cpus + 1} replicas x 1 CPU need {cpus + 1} CPUs", f"the cluster has {cpus}")
@@ -173,7 +173,7 @@ def test_replicas_left_unplaced_fail_in_one_line_instead_of_waiting(tiny):
 
     root, prepared, ckpt = tiny
     cfg = job.config(model_uri=None, checkpoint=ckpt, ensemble_dir=None, data_dir=prepared, workdir=root,
-                     tracking_uri=None, cpus_per_replica=0.5, port=_free_port())
+                     tracking_uri=None, cpus_per_replica=0.5, port=free_port())
     if ray.is_initialized():
         ray.shutdown()
     start_local_ray(num_cpus=2)

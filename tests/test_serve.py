@@ -198,7 +198,7 @@ def test_the_version_of_a_checkpoint_is_its_content(setup, tmp_path):
 # --- on Ray Serve (one local Ray and one deployment of two replicas for all of these) -----------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -206,7 +206,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _post(url: str, body: bytes) -> tuple[int, dict, dict]:
+def post_question(url: str, body: bytes) -> tuple[int, dict, dict]:
     import urllib.error
     import urllib.request
 
@@ -260,7 +260,7 @@ def served(setup):
     if started:                                 # with Serve's patience with a slow proxy, as the CLI's Ray
         start_local_ray(num_cpus=2)
     cfg = job.config(model_uri=None, checkpoint=copy, ensemble_dir=None, data_dir=prepared, workdir=root,
-                     tracking_uri=None, replicas=2, max_batch=4, port=_free_port(),
+                     tracking_uri=None, replicas=2, max_batch=4, port=free_port(),
                      max_document_words=200)
     try:
         try:
@@ -301,8 +301,8 @@ def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(set
     assert result.exit_code == 0, result.output
     expected = [json.loads(line) for line in out.read_text().splitlines()]
 
-    status, rows, headers = _post(url, json.dumps(records[:8]).encode())           # a list
-    singles = [_post(url, json.dumps(r).encode()) for r in records[8:]]            # one object each
+    status, rows, headers = post_question(url, json.dumps(records[:8]).encode())           # a list
+    singles = [post_question(url, json.dumps(r).encode()) for r in records[8:]]            # one object each
     assert status == 200 and all(s == 200 for s, _, _ in singles)
     version = headers["x-iaa-model-version"]
     assert headers["x-iaa-model"].isascii() and unquote(headers["x-iaa-model"]) == SERVED_NAME
@@ -320,9 +320,9 @@ def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(set
            (json.dumps({**records[0], "candidates": [*records[0]["candidates"], " "]}).encode(), 422,
             "an empty candidate")]
     for body, code, message in bad:
-        status, reply, _ = _post(url, body)
+        status, reply, _ = post_question(url, body)
         assert status == code and message in reply["error"], reply
-    assert _post(url, json.dumps(records[0]).encode())[0] == 200
+    assert post_question(url, json.dumps(records[0]).encode())[0] == 200
     assert platform_serve.replicas(cfg.app_name) == {"RUNNING": 2}
 
 
@@ -338,7 +338,7 @@ def test_a_killed_replica_loses_at_most_its_requests_in_flight_and_comes_back(se
     body = json.dumps(QUESTION).encode()
     concurrency, total = 4, 80
     with ThreadPoolExecutor(concurrency) as pool:
-        futures = [pool.submit(_post, url, body) for _ in range(total)]
+        futures = [pool.submit(post_question, url, body) for _ in range(total)]
         while sum(f.done() for f in futures) < total // 4:
             time.sleep(0.05)
         killed = platform_serve.kill_replica(cfg.app_name)
@@ -350,7 +350,7 @@ def test_a_killed_replica_loses_at_most_its_requests_in_flight_and_comes_back(se
         time.sleep(1)
     assert platform_serve.replaced(cfg.app_name, killed, 2), \
         f"no new reader replica in place of {killed} within {SERVICE_WAIT_S} s: {platform_serve.replicas(cfg.app_name)}"
-    assert _post(url, body)[0] == 200
+    assert post_question(url, body)[0] == 200
 
 
 def test_the_cluster_serve_config_builds_a_deployment():

@@ -146,7 +146,7 @@ def test_iaa_cli_serve_prints_only_its_own_lines_and_serves_docs_offline(tmp_pat
 
     from tests._explain import tiny_setup
     from tests._processes import exposed_ports, listening, process_tree
-    from tests.test_serve import QUESTION, _post
+    from tests.test_serve import QUESTION, post_question
 
     prepared, ckpts = tiny_setup(tmp_path)
     with socket.socket() as s:
@@ -170,7 +170,7 @@ def test_iaa_cli_serve_prints_only_its_own_lines_and_serves_docs_offline(tmp_pat
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/docs/assets/swagger-ui-bundle.js", timeout=60) as js:
             assert js.status == 200 and b"SwaggerUIBundle" in js.read()
         if shutil.which("ss") is not None and os.path.isdir("/proc"):     # ss (iproute2) lists the sockets
-            assert _post(f"http://127.0.0.1:{port}", json.dumps(QUESTION).encode())[0] == 200
+            assert post_question(f"http://127.0.0.1:{port}", json.dumps(QUESTION).encode())[0] == 200
             ports = listening(process_tree(proc.pid))
             assert len([row for row in ports if row[2].startswith("ray::ServeRepl")]) >= 2, ports   # ingress, reader
             assert not exposed_ports(ports), ports

@@ -52,7 +52,7 @@ def test_the_request_refuses_a_budget_of_no_time() -> None:
         assert_says(err.value, "time_budget_s", "above 0")
 
 
-def _trial(trial_id: str, stop_reason: str = "asha", checks: int = 2, status: str = "TERMINATED"):
+def fake_tune_trial(trial_id: str, stop_reason: str = "asha", checks: int = 2, status: str = "TERMINATED"):
     from iaa.jobs.config.job_config import JobConfig
     from iaa.jobs.ports import TrialRecord
 
@@ -65,9 +65,9 @@ def test_a_sweep_whose_budget_stopped_a_trial_is_finished_and_its_record_keeps_t
     from iaa.jobs.sweeps import record
 
     running = record.SweepRecord(name="s", num_samples=10, time_budget_s=90.0,
-                                 trials=(_trial("a"), _trial("b", "", status="RUNNING")))
+                                 trials=(fake_tune_trial("a"), fake_tune_trial("b", "", status="RUNNING")))
     assert not running.finished and not running.budget_spent
-    spent = replace(running, trials=(_trial("a"), _trial("b", TIME_BUDGET), _trial("c", TIME_BUDGET, checks=0)))
+    spent = replace(running, trials=(fake_tune_trial("a"), fake_tune_trial("b", TIME_BUDGET), fake_tune_trial("c", TIME_BUDGET, checks=0)))
     assert spent.finished and spent.budget_spent, "2 of 10 trials begun, but the budget ended the sweep"
     assert [t.cut for t in spent.trials] == [False, True, True]
     path = tmp_path / "sweep.json"
@@ -80,8 +80,8 @@ def test_the_sweep_table_gives_each_trials_time_and_the_record_keeps_it(tmp_path
     from iaa.jobs.sweeps import record
     from iaa.jobs.workdir.fields import RecordError
 
-    timed = replace(_trial("a"), seconds=125.4)
-    sweep = record.SweepRecord(name="s", num_samples=2, trials=(timed, _trial("b", checks=0)))
+    timed = replace(fake_tune_trial("a"), seconds=125.4)
+    sweep = record.SweepRecord(name="s", num_samples=2, trials=(timed, fake_tune_trial("b", checks=0)))
     path = tmp_path / "sweep.json"
     record.write(path, sweep)
     assert json.loads(path.read_text())["trials"][0]["seconds"] == 125.4

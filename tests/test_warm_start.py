@@ -364,9 +364,9 @@ def test_a_spent_budget_names_the_warm_start_that_searches_on() -> None:
     from iaa.jobs.sweeps.record import SweepRecord
     from iaa.jobs.tune import stops
 
-    from test_time_budget import _trial
+    from test_time_budget import fake_tune_trial
 
-    record = SweepRecord(name="spent", num_samples=9, time_budget_s=60.0, trials=(_trial("a", "time-budget"),))
+    record = SweepRecord(name="spent", num_samples=9, time_budget_s=60.0, trials=(fake_tune_trial("a", "time-budget"),))
     line = stops.nothing_left_line(record, Path("/w/sweeps/spent"), Command.of("tune", dataset="demo",
                                                                                 warm_start="spent"))
     assert_says(line, "budget", "`warm_start` spent")
