@@ -141,9 +141,9 @@ def test_the_json_object_lists_the_warnings_the_command_logged(model, tmp_path: 
 
 
 def test_key_value_lines_write_lists_mappings_and_truth_as_json_does() -> None:
-    from iaa.cli.output import _text
+    from iaa.cli.output import value_text
 
-    assert [_text(v) for v in (True, None, {"train": 3}, ["a", "b"], 0.1234567, "x")] == \
+    assert [value_text(v) for v in (True, None, {"train": 3}, ["a", "b"], 0.1234567, "x")] == \
         ["true", "null", '{"train": 3}', '["a", "b"]', "0.123457", "x"]
 
 

@@ -235,8 +235,8 @@ def test_the_page_names_its_sweep_trial_and_checkpoint(setup, tmp_path):
 
 
 def test_the_figures_document_labels_keep_apart_most_attended_first():
-    from iaa.jobs.evaluation.explain_png import MAX_DOC_LABELS, _spaced
+    from iaa.jobs.evaluation.explain_png import MAX_DOC_LABELS, spaced_labels
 
-    assert _spaced([10, 11, 3, 12, 40], gap=2) == [3, 10, 12, 40]     # 11 would sit on 10's label
-    assert _spaced([5, 6, 7], gap=1) == [5, 6, 7]                     # room for every one
-    assert len(_spaced(list(range(0, 1000, 3)), gap=3)) == MAX_DOC_LABELS
+    assert spaced_labels([10, 11, 3, 12, 40], gap=2) == [3, 10, 12, 40]     # 11 would sit on 10's label
+    assert spaced_labels([5, 6, 7], gap=1) == [5, 6, 7]                     # room for every one
+    assert len(spaced_labels(list(range(0, 1000, 3)), gap=3)) == MAX_DOC_LABELS

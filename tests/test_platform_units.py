@@ -809,10 +809,10 @@ class _Queue:
 def test_a_train_runs_checks_wait_out_an_empty_queue_and_a_lost_one_is_one_line(tmp_path, capsys, console) -> None:
     from ray.util.queue import Empty
 
-    from iaa.platform.train_workers import _Checks
+    from iaa.platform.train_workers import WorkerChecks
 
     seen: list[dict] = []
-    checks = _Checks(_Queue(Empty(), {"checks": 1, "step": 4}, Empty(), {"checks": 2, "step": 8}), tmp_path,
+    checks = WorkerChecks(_Queue(Empty(), {"checks": 1, "step": 4}, Empty(), {"checks": 2, "step": 8}), tmp_path,
                      on_metrics=seen.append, show_progress=False)
     checks._drain()                                        # the queue's actor dies after the two checks
     assert [m["checks"] for m in checks.history] == [1, 2] and len(seen) == 2

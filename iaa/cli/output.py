@@ -53,10 +53,10 @@ def emit(result: Result | dict[str, Any], as_json: bool, keys: tuple[str, ...] |
     else:
         for key, value in fields.items():
             if (keys is None or key in keys) and key != "warnings":   # those went to stderr
-                click.echo(f"{printable(key)}: {_text(value)}", err=err)
+                click.echo(f"{printable(key)}: {value_text(value)}", err=err)
 
 
-def _text(value: Any) -> str:
+def value_text(value: Any) -> str:
     """A result's value on a ``key: value`` line: floats to 6 significant digits, true/false/null
     and lists and mappings as in JSON (as ``--json`` gives them), anything else as it reads."""
     if isinstance(value, float):

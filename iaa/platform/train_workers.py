@@ -68,7 +68,7 @@ def _fetch(ckpt: Any, dest: Path) -> Path:
     return dest
 
 
-class _Checks:
+class WorkerChecks:
     """While a Train run trains: each check that rank 0 reports, taken from the driver's queue
     (:func:`iaa.platform.ray_train.queue_callback`), goes to ``metrics.jsonl``, the progress line
     and ``on_metrics``, as the local trainer's checks do; each failure of the worker group that
@@ -83,7 +83,7 @@ class _Checks:
         self._done = threading.Event()
         self._drainer = threading.Thread(target=self._drain, name="iaa-metrics", daemon=True)
 
-    def __enter__(self) -> _Checks:
+    def __enter__(self) -> WorkerChecks:
         self._drainer.start()
         return self
 
@@ -220,7 +220,7 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
                             worker_resources=trial_plan.worker_resources, use_gpu=request.gpus_per_worker > 0,
                             vocab_hash=data.manifest.vocab_hash, callbacks=[queue_callback(queue)],
                             show_progress=request.show_progress)
-    with _Checks(queue, run_dir, on_metrics=request.on_metrics, show_progress=request.show_progress,
+    with WorkerChecks(queue, run_dir, on_metrics=request.on_metrics, show_progress=request.show_progress,
                  restores=max_failures(MAX_FAILURES)) as checks, \
             cluster_lines_to(run_dir / DRIVER_LOG):     # a dead node's raylet dump: to the run folder's log
         result = fit_or_fail(trainer, name)

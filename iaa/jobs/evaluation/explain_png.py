@@ -14,7 +14,7 @@ LABEL_SHARE = 0.02    # ... that reach this share of the figure's largest docume
 LABEL_FONT = 6        # points; a label is as wide as its font is high, so labels this close would overlap
 
 
-def _spaced(ranked: list[int], gap: int) -> list[int]:
+def spaced_labels(ranked: list[int], gap: int) -> list[int]:
     """The positions of ``ranked`` (most attended first) that keep ``gap`` positions from every
     more attended one kept before them, at most :data:`MAX_DOC_LABELS`, in document order."""
     kept: list[int] = []
@@ -53,7 +53,7 @@ def draw(record: dict[str, Any], out: Path) -> Path:
     peak = doc.max(0)                                                      # (Ld,)
     width = ax_d.get_window_extent().width                                 # pixels, at the figure's dpi
     gap = max(1, int(np.ceil(LABEL_FONT * fig.dpi / 72 * 1.2 * len(peak) / width)))  # positions a label spans
-    labelled = _spaced([i for i in np.argsort(peak)[::-1] if peak[i] >= LABEL_SHARE * peak.max()], gap)
+    labelled = spaced_labels([i for i in np.argsort(peak)[::-1] if peak[i] >= LABEL_SHARE * peak.max()], gap)
     ax_d.set_xticks(labelled, [record["doc_tokens"][i] for i in labelled], rotation=90, fontsize=LABEL_FONT)
     ax_d.set_yticks(range(len(steps)), [_step_label(s) for s in steps], fontsize=7)
     ax_d.yaxis.tick_right()
