@@ -172,8 +172,7 @@ def unwritable_message(err: OSError, path: str | os.PathLike[str]) -> str:
     if disk_full(err):
         return disk_full_message(path)
     reason = err.strerror or str(err).strip().splitlines()[0]
-    return (f"{path}: cannot write it ({reason}); free some space or choose a writable output "
-            "(nothing was replaced)")
+    return f"{path}: cannot write it ({reason}); choose a writable output (nothing was replaced)"
 
 
 def _looks_unwritable(err: OSError) -> bool:

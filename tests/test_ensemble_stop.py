@@ -78,7 +78,7 @@ def test_a_stopped_ensemble_of_a_sweep_says_it_kept_the_members_trained(
     with pytest.raises(interrupt.Interrupted) as stopped:
         ensemble.run(EnsembleRequest(sweep="one", data=tiny, top_configs=1, seeds=2, workdir=work,
                                      show_progress=False), tracker, launcher)
-    assert_says(as_shown(stopped.value.message), "interrupted by SIGINT", "kept every member trained so far",
+    assert_says(as_shown(stopped.value.message), "interrupted by SIGINT", "kept the members whose training finished",
                 "reused on a rerun", "resume with:", "--sweep one")
 
 

@@ -360,7 +360,8 @@ def test_an_output_under_a_file_is_one_message_before_any_work(w, command):
         make_store(w["root"] / "work")
     args = _file_outputs(w, blocker)[command]
     code, out = invoke(*args)
-    assert_one_message(code, out, args[-1])
+    assert_one_message(code, out, args[-1], "Not a directory")
+    assert out.strip().splitlines() == [out.strip()] and "\r" not in out, out   # no progress bar beside it
 
 
 @pytest.mark.slow

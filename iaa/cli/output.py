@@ -97,11 +97,22 @@ def progress_shown() -> bool:
 
 @contextmanager
 def progress_bar(desc: str, unit: str = "q") -> Iterator[Callable[[int], Any]]:
-    """A tqdm bar on stderr (off with ``--quiet``); yields its ``update``."""
+    """A tqdm bar on stderr (off with ``--quiet``); yields its ``update``. The bar opens at the
+    first update, so a command refused before any work shows its one error line alone."""
     from tqdm import tqdm
 
-    with tqdm(desc=desc, unit=unit, disable=not progress_shown(), file=sys.stderr, leave=False) as bar:
-        yield bar.update
+    bars: list[Any] = []
+
+    def update(n: int) -> Any:
+        if not bars:
+            bars.append(tqdm(desc=desc, unit=unit, disable=not progress_shown(), file=sys.stderr, leave=False))
+        return bars[0].update(n)
+
+    try:
+        yield update
+    finally:
+        for bar in bars:
+            bar.close()
 
 
 def _debug(ctx: click.Context | None) -> bool:

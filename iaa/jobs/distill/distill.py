@@ -107,7 +107,7 @@ def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teach
         teacher_mod.check_fresh(path, members, vocab_hash, req.train_examples)
         return path, False
     if req.show_progress:
-        _log.info(f"distill: computing the teacher of {len(members)} members on "
+        _log.info(f"distill: computing the teacher of {len(members)} member{'' if len(members) == 1 else 's'} on "
                   f"{req.train_examples or 'all'} training examples -> {path}")
     work = Path(req.workdir) / "distill" / f"scoring-{path.stem}"     # scratch, outside the prepared data
     with writing(path):                 # a full disk here names the teacher, not the run folder
@@ -203,7 +203,7 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
         data = PreparedData.open(prepared)
         rows = data.table("train") if req.train_examples is None else data.rows("train", 0, req.train_examples)
         rows = teacher_mod.attach(rows, path)
-        tags = {"teacher": str(path), "teacher_ensemble": str(req.ensemble), "distill.members": str(len(members)),
+        tags = {"teacher": str(Path(path).resolve()), "teacher_ensemble": str(Path(req.ensemble).resolve()), "distill.members": str(len(members)),
                 "teacher_id": identity.tag(teacher)}
         result = train(cfg, prepared, folder, train_rows=rows, teacher=path, tags=tags,
                        experiment=experiment_name(ensemble, req.ensemble))
@@ -213,7 +213,7 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
     result = with_baseline(result, prepared)
     fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
     return DistillResult(**fields | {"next": next_commands(result, req)},
-                         teacher=str(path), teacher_computed=computed, dataset=dataset,
+                         teacher=str(Path(path).resolve()), teacher_computed=computed, dataset=dataset,
                          members=tuple(str(m.checkpoint) for m in members),
                          **comparison(result.best_valid_acc, ensemble))
 

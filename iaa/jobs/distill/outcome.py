@@ -57,7 +57,7 @@ def run_note(result: DistillResult) -> str:
                f"best_member_valid_acc {best:.4f}" if best is not None else ""]
     shown = ", ".join(f for f in figures if f)
     if shown:
-        note += f" Its teacher is an ensemble of {len(result.members)} members ({shown})."
+        note += f" Its teacher is an ensemble of {_members(len(result.members))} ({shown})."
     if gain is not None and kept is not None:
         said = _gain_line(gain, kept).strip()
         note += f" {said[0].upper()}{said[1:]} (gain_kept_points {kept:g} of gain_points {gain:g})."
@@ -88,7 +88,7 @@ def describe(result: DistillResult) -> str:
     lines = train_summary.head_lines(result, what="distill")
     teacher, best, student = result.teacher_valid_acc, result.best_member_valid_acc, result.best_valid_acc
     if teacher is not None and student is not None:
-        lines.append(f"  teacher:      ensemble of {len(result.members)} members, valid accuracy "
+        lines.append(f"  teacher:      ensemble of {_members(len(result.members))}, valid accuracy "
                      f"{uncertainty.accuracy_text(teacher, n)}; the student is {_points_from(student, teacher)} it")
     if best is not None and student is not None:
         lines.append(f"  best member:  valid accuracy {best:.4f}; the student is {_points_from(student, best)} it")
@@ -100,3 +100,7 @@ def describe(result: DistillResult) -> str:
     if student is not None and n and uncertainty.is_noise(student, n):
         lines.append(f"  on {n} valid questions these differences are noise")
     return "\n".join(lines + [closing.next_block(result.next)])
+
+
+def _members(n: int) -> str:
+    return f"{n} member{'' if n == 1 else 's'}"

@@ -278,8 +278,8 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
         result = averaging.run(files, [str(m.checkpoint) for m in members], out_dir, select_mode=req.select,
                                p=req.p, labels=labels, calibrate=req.calibrate)
         ledger.check_unchanged(members, name)
-        summary = {**result.fields(), "name": name, "dataset": dataset, "data_dir": str(prepared),
-                   "ensemble_dir": str(out_dir), "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
+        summary = {**result.fields(), "name": name, "dataset": dataset, "data_dir": str(Path(prepared).resolve()),
+                   "ensemble_dir": str(out_dir.resolve()), "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
                    "sweep": req.sweep, "tracking_uri": uri, "mlflow_run_id": run.run_id,
                    "member_sha256": {str(m.checkpoint): m.sha256 for m in members}, "calibrate": req.calibrate}
         summary.update({**scoring.accuracy_keys(summary, sizes), **settled.baselines})

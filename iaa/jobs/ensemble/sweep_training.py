@@ -28,7 +28,7 @@ from iaa.jobs.sweeps.record import SweepRecord
 from iaa.jobs.workdir.paths import Workdir
 
 _log = logging.getLogger(__name__)
-KEPT = "kept every member trained so far (reused on a rerun)"    # what a stopped sweep ensemble leaves
+KEPT = "kept the members whose training finished (reused on a rerun)"    # what a stopped sweep ensemble leaves
 
 
 def _wanted(req: EnsembleRequest, sweep: SweepRecord) -> tuple[list[tuple[JobConfig, str]], dict[str, Any],

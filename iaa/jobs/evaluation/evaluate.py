@@ -126,6 +126,15 @@ def input_name(input_path: Path) -> str:
     return f"{Path(input_path).stem}-{hashlib.sha1(str(Path(input_path).resolve()).encode()).hexdigest()[:8]}"
 
 
+def example_inputs(checkpoint_path: Path, data_dir: Path | None, input_path: Path | None) -> dict[str, Any]:
+    """The files :func:`load_examples` reads, by what they are: outputs may not replace them."""
+    from iaa.jobs.workdir import outputs
+
+    if input_path is not None:
+        return {"the checkpoint": checkpoint_path, "the input": input_path}
+    return {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)}
+
+
 def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split: str | None = None,
                   input_path: Path | None = None, limit: int | None = None, need_answers: bool = False,
                   todo: str = "", precision: str = "fp32") -> Examples:
@@ -138,7 +147,6 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
         InputError: ``need_answers`` and a question of ``input_path`` gives no answer.
     """
     from iaa.jobs.modeling import checkpoint
-    from iaa.jobs.workdir import outputs
 
     if input_path is not None:
         from iaa.jobs.evaluation.predictor import Predictor
@@ -151,7 +159,7 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
                                   predictor.lowercase, need_answers=need_answers)
         model = predictor.models[0]
         return Examples(model, model.cfg.kind, table.slice(0, limit), predictor.vocab.tokens, input_name(input_path),
-                        str(input_path), {"the checkpoint": checkpoint_path, "the input": input_path},
+                        str(input_path), example_inputs(checkpoint_path, data_dir, input_path),
                         tuple(str(w.message) for w in caught), predictor.temperature)
     from iaa.data.loader import PreparedData
 
@@ -161,8 +169,7 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
     checkpoint.check_vocab(state, data.manifest.vocab_hash, checkpoint_path, data_dir, todo)
     table = data.table(split) if limit is None else data.rows(split, 0, limit)
     return Examples(model, cfg.model.kind, table, data.vocab.tokens, split,
-                    f"{data.manifest.dataset} ({split})",
-                    {"the checkpoint": checkpoint_path, "a file of the prepared data": outputs.data_files(data_dir)},
+                    f"{data.manifest.dataset} ({split})", example_inputs(checkpoint_path, data_dir, None),
                     temperature=checkpoint.temperature(state))
 
 
@@ -214,10 +221,14 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
     from iaa.jobs.workdir import outputs
 
     used = precision_lib.resolve(precision)
+    if out is not None:                           # refused before the reader and the data load
+        outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet",
+                                  inputs=example_inputs(checkpoint_path, data_dir, input_path))
     found = load_examples(checkpoint_path, data_dir=data_dir, split=split, input_path=input_path, limit=limit,
                           need_answers=True, todo="evaluate it on the data it was trained on", precision=used)
-    out = Path(out) if out is not None else Workdir(workdir).evaluation(checkpoint_path) / f"predictions-{found.name}.parquet"
-    outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet", inputs=found.inputs)
+    if out is None:
+        out = Workdir(workdir).evaluation(checkpoint_path) / f"predictions-{found.name}.parquet"
+        outputs.check_file_output(out, suffixes=(".parquet",), what="Parquet", inputs=found.inputs)
     table = found.table
     start = time.perf_counter()
     rows = []
