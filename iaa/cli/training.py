@@ -21,8 +21,9 @@ from iaa.jobs.workdir.paths import Workdir
 @config_options
 @click.option("--run-dir", type=click.Path(path_type=Path), help="[default: WORKDIR/runs/DATASET-MODEL-seedN]")
 @click.option("--resume", is_flag=True,
-              help="Continue from the run directory's last checkpoint, on the data its run recorded "
-                   "(--data and --dataset may be left out; given, they must hold the same data).")
+              help="Continue from the run directory's last checkpoint, with the configuration it holds "
+                   "(--set on top) and on the data its run recorded (--data and --dataset may be left out; "
+                   "given, they must hold the same data).")
 @click.option("--overwrite", is_flag=True, help="Replace the run the run directory holds and start afresh.")
 @click.option("--register", metavar="NAME", help="Also register the logged MLflow model under NAME.")
 @click.option("--data-parallel-workers", "--workers", "workers", type=click.IntRange(0, 1024), default=0, show_default=True,

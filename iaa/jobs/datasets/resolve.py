@@ -81,9 +81,11 @@ def job_config(
     model_kind: str | None = None,
     config_file: Path | None = None,
     sets: Sequence[str] = (),
+    base: JobConfig | None = None,
 ) -> JobConfig:
-    """Dataset preset, then the YAML file, then ``--model``, then ``--set`` overrides."""
-    cfg = config_mod.load(for_dataset(dataset), config_file)
+    """Dataset preset (or ``base``: a resumed run's own config), then the YAML file, then
+    ``--model``, then ``--set`` overrides."""
+    cfg = config_mod.load(base or for_dataset(dataset), config_file)
     if model_kind is not None:
         cfg = replace(cfg, model=replace(cfg.model, kind=model_kind))
     cfg = config_mod.load(cfg, None, sets)

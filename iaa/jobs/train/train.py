@@ -1,11 +1,13 @@
 """``iaa-cli train``: one reader trained in this process or on Ray Train workers, tracked as one
 run with its model logged at the end.
 
-The request is settled first (the data, the config from the preset, a config file and ``--set``,
-the run folder, never over an input), then the loop of :mod:`iaa.jobs.training.loop` runs in a
-:class:`~iaa.jobs.training.session.LocalSession` (``run``) or on the launcher's workers
-(``fit_on_worker``), and the result is logged with the most-frequent-candidate baseline beside it.
-A resumed run continues the tracked run its folder had.
+The request is settled first (the data, the config from the preset, a config file and ``--set``
+or, for a resume, from its checkpoint, the run folder, never over an input), then the loop of
+:mod:`iaa.jobs.training.loop` runs in a :class:`~iaa.jobs.training.session.LocalSession` (``run``)
+or on the launcher's workers (``fit_on_worker``), and the result is logged with the
+most-frequent-candidate baseline beside it.
+A resumed run continues the tracked run its folder had; a resume that its checkpoint refuses is
+refused before that run is reopened.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from iaa.files import spellings
 from iaa.jobs import interrupt
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.modeling import precision_policy as precision
-from iaa.jobs.config.job_config import JobConfig, to_dict
-from iaa.jobs.ports import INTERRUPTED_TAG, Launcher, ModelFiles, RestoresSpent, TrackedRun, Tracker, WorkersRequest
+from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict, to_dict
+from iaa.jobs.ports import (INTERRUPTED_TAG, Launcher, ModelFiles, RestoresSpent, TrackedRun, Tracker, WorkersRequest,
+                            trial_said)
 from iaa.jobs.evaluation import model_card
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.predictor import MODEL_CODE
@@ -210,9 +213,9 @@ class TrainRequest:
 
 
 def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher | None) -> TrainResult:
-    """``iaa-cli train``: resolve the data, config and run folder (never over an input), claim the
-    folder and train tracked in the store ``open_tracker(uri)``; the result carries the baseline
-    and the next commands."""
+    """``iaa-cli train``: resolve the data, config and run folder (never over an input; a resume
+    is held to its checkpoint, :func:`resumed_config`), claim the folder and train tracked in the
+    store ``open_tracker(uri)``; the result carries the baseline and the next commands."""
     from iaa.jobs.workdir import outputs, rundir
     from iaa.jobs.datasets import resolve
 
@@ -231,11 +234,13 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
         trained_on.check(run_dir, prepared, req.workdir)
     outputs.refuse_inputs(run_dir, {"the prepared data": prepared, "the tracking database": work.tracking_db(uri)},
                           flag="`run_dir`", folder=True)
-    tracker = open_tracker(uri)
     with interrupt.stoppable(resume_command(req, run_dir), kept=lambda: f"kept {run_dir} and its last checkpoint",
                              restart=resume_command(req, run_dir, resume=False),
                              resumable=lambda: RunFolder(run_dir).resumable()), \
             rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
+        if req.resume:                          # before the store opens: a refused resume leaves its run as it was
+            cfg = resumed_config(req, name, prepared, folder, cfg)
+        tracker = open_tracker(uri)
         trained_on.keep(folder, prepared, req.workdir)
         try:
             result = run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume,
@@ -247,6 +252,48 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
                                 f"{resume_command(req, run_dir)}") from err
     best = checkpoint.temperature(checkpoint.load(Path(result.checkpoint)))   # not the last check's, where they differ
     return replace(result, checkpoint_temperature=best, next=summary.next_commands(result, req))
+
+
+def resumed_config(req: TrainRequest, name: str, prepared: Path, run_dir: Path, cfg: JobConfig) -> JobConfig:
+    """The config that a resume of ``run_dir`` (a claimed folder) trains with, held to the run's
+    checkpoint before a store is opened, so that a refused resume leaves the folder and its
+    tracked run as they were.
+
+    Without ``model_kind`` and ``config_file`` it is the config the checkpoint holds (the run's
+    model, optimiser settings and budget) with ``sets`` on top; with either, ``cfg``, built from
+    them. A folder without a checkpoint keeps ``cfg`` (claiming it says there is nothing to resume).
+
+    Raises:
+        CheckpointError: no checkpoint loads, or the config differs from the checkpoint's in a
+            setting outside :data:`~iaa.jobs.modeling.checkpoint.RESUMABLE_CHANGES` (a resume may
+            change the budget and how the run computes, not what it learns).
+    """
+    from iaa.jobs.datasets import resolve
+
+    found = _latest_checkpoint(RunFolder(run_dir))
+    if found is None:
+        return cfg
+    state, source = found
+    if req.model_kind is None and req.config_file is None:
+        try:
+            saved = from_dict(state["config"])
+        except ConfigError as err:
+            raise checkpoint.CheckpointError(f"cannot resume from {source}: its config is not readable ({err})") from err
+        cfg = resolve.job_config(name, prepared, sets=req.sets, base=saved)
+    checkpoint.check_resumable(state, cfg, trained_on.TrainedOn.of(prepared).vocab_hash, str(source))
+    return cfg
+
+
+def _latest_checkpoint(folder: RunFolder) -> tuple[dict[str, Any], Path] | None:
+    """The state that :func:`~iaa.jobs.modeling.checkpoint.load_latest` resumes from (``last.pt``,
+    else ``best.pt``), without its warning, which the session that resumes gives."""
+    for path in (folder.last, folder.best):
+        if path.exists():
+            try:
+                return checkpoint.load(path), path
+            except checkpoint.CheckpointError:
+                continue
+    return checkpoint.load_latest(folder.checkpoints)      # None where there is neither; else the error naming both
 
 
 def _killed(run: Any, signal_name: str) -> None:
@@ -290,7 +337,7 @@ def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]
 def best_config_notice(sweep: Mapping[str, Any], cfg: JobConfig) -> str:
     """What ``train --config best_config.yaml`` is about to do, against what the sweep's trial did."""
     acc = sweep.get("best_valid_acc")
-    trial = (f" (trial {sweep.get('trial', '?')}: valid accuracy {acc:.4f} in at most "
+    trial = (f" ({trial_said(str(sweep.get('trial', '?')))}: valid accuracy {acc:.4f} in at most "
              f"{sweep.get('trial_max_epochs', '?')} epochs)" if isinstance(acc, (int, float)) else "")
     return (f"training the best configuration of sweep {sweep.get('name', '?')}{trial} to its early stop: "
             f"up to {cfg.train.max_epochs:g} epochs (train.max_epochs, which ends it first if it is still "
