@@ -110,6 +110,8 @@ def run_tracked(
     # auto -> fp32 or bf16 here, once, where this process can decide it for the workers' device:
     # the tracked params record it and every worker uses it; the run's precision tag says what ran
     cfg = precision.resolved_once(cfg, gpus=gpus_per_worker > 0)
+    if resume:                                  # before its run reopens: a refused resume leaves it as it was
+        check_resumable(folder, cfg, prepared)
     with tracker.run(experiment, folder.path.name, tags=tags, resume_id=resume_id) as tracked:
         interrupt.on_stop(lambda signal_name: _killed(tracked, signal_name))
         folder.track(tracker.uri, tracked.run_id)
@@ -238,7 +240,7 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
                              restart=resume_command(req, run_dir, resume=False),
                              resumable=lambda: RunFolder(run_dir).resumable()), \
             rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
-        if req.resume:                          # before the store opens: a refused resume leaves its run as it was
+        if req.resume:
             cfg = resumed_config(req, name, prepared, folder, cfg)
         tracker = open_tracker(uri)
         trained_on.keep(folder, prepared, req.workdir)
@@ -255,33 +257,37 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
 
 
 def resumed_config(req: TrainRequest, name: str, prepared: Path, run_dir: Path, cfg: JobConfig) -> JobConfig:
-    """The config that a resume of ``run_dir`` (a claimed folder) trains with, held to the run's
-    checkpoint before a store is opened, so that a refused resume leaves the folder and its
-    tracked run as they were.
-
-    Without ``model_kind`` and ``config_file`` it is the config the checkpoint holds (the run's
-    model, optimiser settings and budget) with ``sets`` on top; with either, ``cfg``, built from
-    them. A folder without a checkpoint keeps ``cfg`` (claiming it says there is nothing to resume).
+    """The config that a resume of ``run_dir`` (a claimed folder) trains with: without
+    ``model_kind`` and ``config_file``, the config its checkpoint holds (the run's model, optimiser
+    settings and budget) with ``sets`` on top; with either, ``cfg``, built from them. A folder
+    without a checkpoint keeps ``cfg`` (claiming it says there is nothing to resume).
+    :func:`run_tracked` then holds it to the checkpoint (:func:`check_resumable`).
 
     Raises:
-        CheckpointError: no checkpoint loads, or the config differs from the checkpoint's in a
-            setting outside :data:`~iaa.jobs.modeling.checkpoint.RESUMABLE_CHANGES` (a resume may
-            change the budget and how the run computes, not what it learns).
+        CheckpointError: no checkpoint loads, or its config is not readable.
     """
     from iaa.jobs.datasets import resolve
 
     found = _latest_checkpoint(RunFolder(run_dir))
-    if found is None:
+    if found is None or req.model_kind is not None or req.config_file is not None:
         return cfg
     state, source = found
-    if req.model_kind is None and req.config_file is None:
-        try:
-            saved = from_dict(state["config"])
-        except ConfigError as err:
-            raise checkpoint.CheckpointError(f"cannot resume from {source}: its config is not readable ({err})") from err
-        cfg = resolve.job_config(name, prepared, sets=req.sets, base=saved)
-    checkpoint.check_resumable(state, cfg, trained_on.TrainedOn.of(prepared).vocab_hash, str(source))
-    return cfg
+    try:
+        saved = from_dict(state["config"])
+    except ConfigError as err:
+        raise checkpoint.CheckpointError(f"cannot resume from {source}: its config is not readable ({err})") from err
+    return resolve.job_config(name, prepared, sets=req.sets, base=saved)
+
+
+def check_resumable(folder: RunFolder, cfg: JobConfig, prepared: Path) -> None:
+    """Refuse to resume ``folder``'s run with ``cfg`` on ``prepared`` where its checkpoint differs
+    in a setting outside :data:`~iaa.jobs.modeling.checkpoint.RESUMABLE_CHANGES` (a resume may
+    change the budget and how the run computes, not what it learns), or in its vocabulary;
+    nothing where there is no checkpoint."""
+    found = _latest_checkpoint(folder)
+    if found is not None:
+        state, source = found
+        checkpoint.check_resumable(state, cfg, trained_on.TrainedOn.of(prepared).vocab_hash, str(source))
 
 
 def _latest_checkpoint(folder: RunFolder) -> tuple[dict[str, Any], Path] | None:
