@@ -242,7 +242,7 @@ def test_the_sweep_run_names_its_best_trial_as_the_console_does_with_its_interva
     assert tracker.models[-1]["register"] == "tiny-best"
     assert card.tags == {"kind": "reader", "model": "iaa", "dataset": "cbt-ne", "valid_acc": f"{acc:.4f}",
                          "valid_acc_n": str(n), "baseline_valid_acc": f"{base:.4f}"}
-    assert_says(card.description, uncertainty.accuracy_text(acc, n), f"The best trial {label}", "of sweep named",
+    assert_says(card.description, uncertainty.accuracy_text(acc, n), f"The best {label}", "of sweep named",
                 parent.tags["best_mlflow_run_id"], result.best_checkpoint)
 
 

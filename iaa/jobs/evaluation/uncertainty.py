@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from iaa.jobs.ports import trial_said
+
 Z95 = 1.96
 NOISE_POINTS = 5.0          # a 95% interval wider than this many points either side: noise
 
@@ -123,6 +125,6 @@ def close_note(close: Sequence[str], scores: Mapping[str, float | None], best: s
     top = scores[best] or 0.0
     shown = [f"{k} ({scores[k]:.4f})" for k in close[:3]] + ([f"{len(close) - 3} more"] if len(close) > 3 else [])
     widest = max(difference_half_width(top, scores[k] or 0.0, n) for k in close)
-    return (f"the best trial {best} ({top:.4f}) leads {', '.join(shown)} by less than chance moves two readers' "
+    return (f"the best {trial_said(best)} ({top:.4f}) leads {', '.join(shown)} by less than chance moves two readers' "
             f"scores on {n:,} questions ({'' if len(close) == 1 else 'up to '}{widest:.2f} points at 95%), and "
             f"a seed moves one further: the sweep cannot tell which is better" + (f"; {more}" if more else ""))

@@ -132,7 +132,7 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
         _log.warning(printable(warm_start.ahead_line(sweep.warm_start, best)))
     given = try_first.held_by(plan.try_first, best.params)
     if given is not None:
-        _log.info(printable(f"the best trial {best.label} holds configuration {given} of the "
+        _log.info(printable(f"the best {trial_said(best.label)} holds configuration {given} of the "
                             f"{len(plan.try_first)} given to try first"))
     baseline = frequency.run(prepared, "valid")
     scores = {r.label: r.best_valid_acc for r in scored}
@@ -151,7 +151,7 @@ def finish(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun, tracker: Tra
     ui = tracker.ui_command
     base, n_valid = baseline.accuracy, baseline.examples
     _say_ranking(plan, best, ranking, scores, baseline)
-    _log.info(printable(f"best trial {best.label} ({label}): valid accuracy "
+    _log.info(printable(f"best {trial_said(best.label)} ({label}): valid accuracy "
                         f"{frequency.beside(best.best_valid_acc, base, n_valid)}\n"
                         f"  config:       {best_config.resolve()}\n"
                         + (f"  explain page: {outputs['explain_page']}\n" if outputs.get("explain_page") else "")
@@ -178,7 +178,7 @@ def _say_ranking(plan: SweepPlan, best: TrialRecord, ranking: Ranking, scores: M
     """How far the validation set ranks the sweep's best trial, said: a warning where it is below
     the baseline or tied, a note naming the trials it cannot tell from it and the ensemble that can."""
     n_valid = baseline.examples
-    warnings = frequency.below_warning(best.best_valid_acc, baseline.accuracy, f"the best trial {best.label}")
+    warnings = frequency.below_warning(best.best_valid_acc, baseline.accuracy, f"the best {trial_said(best.label)}")
     if len(ranking.ties) > 1:
         warnings.append(uncertainty.tie_note(ranking.ties, best.label, best.best_valid_acc, n_valid))
     for warning in warnings:
@@ -325,7 +325,7 @@ def _card(sweep: SweepRecord, best: TrialRecord, label: str, baseline: BaselineR
     and dataset, its valid accuracy beside the baseline, and the trial and run it came from."""
     return model_card.card(kind="reader", model=best.config.model.kind, dataset=best.config.dataset,
                            valid_acc=best.best_valid_acc, n=baseline.examples, baseline=baseline.accuracy,
-                           origin=f"The best trial {best.label} ({label}) of sweep {sweep.name}: run "
+                           origin=f"The best {trial_said(best.label)} ({label}) of sweep {sweep.name}: run "
                                   f"{best.mlflow_run_id} of experiment {sweep.experiment}; its checkpoint is "
                                   f"`{best.checkpoint}`.")
 
