@@ -422,3 +422,11 @@ def tune_on(monkeypatch, tracker: FakeTracker, launcher: FakeLauncher) -> None:
 
     monkeypatch.setattr(cli.tuning, "open_tracker", lambda uri: tracker)
     monkeypatch.setattr(cli.tuning, "ray_launcher", lambda address, storage_path: launcher)
+
+
+def train_on(monkeypatch, tracker: FakeTracker) -> FakeTracker:
+    """``iaa-cli train`` in this process tracks in ``tracker`` (``monkeypatch`` undoes it)."""
+    from iaa import cli
+
+    monkeypatch.setattr(cli.training, "open_tracker", lambda uri: tracker)
+    return tracker
