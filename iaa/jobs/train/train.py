@@ -216,7 +216,7 @@ class TrainRequest:
 
 def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launcher: Launcher | None) -> TrainResult:
     """``iaa-cli train``: resolve the data, config and run folder (never over an input; a resume
-    is held to its checkpoint, :func:`resumed_config`), claim the folder and train tracked in the
+    goes on with its checkpoint's config, :func:`resumed_config`), claim the folder and train tracked in the
     store ``open_tracker(uri)``; the result carries the baseline and the next commands."""
     from iaa.jobs.workdir import outputs, rundir
     from iaa.jobs.datasets import resolve
