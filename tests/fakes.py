@@ -121,6 +121,7 @@ class FakeTracker:
 
     def __init__(self) -> None:
         self.runs: dict[str, FakeRun] = {}
+        self.deleted: dict[str, FakeRun] = {}
         self.models: list[dict[str, object]] = []
         self.down = False
         self._ids = itertools.count(1)
@@ -178,6 +179,11 @@ class FakeTracker:
     def find_by_tag(self, key: str, values: Sequence[str]) -> str | None:
         found = [r for r in self.runs.values() if r.tags.get(key) in values]
         return max(found, key=lambda r: r.start_ms).run_id if found else None
+
+    def delete_run(self, run_id: str) -> None:
+        """As MLflow: the run leaves the store's lists, and is kept in ``deleted``."""
+        self.check()
+        self.deleted[run_id] = self.runs.pop(run_id)
 
     def log_model(self, run: TrackedRun, files: ModelFiles, register: str | None = None, *,
                   code: ModelCode, card: ModelCard | None = None) -> str | None:

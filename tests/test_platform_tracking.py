@@ -184,6 +184,19 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
     assert steps == sorted(steps) and len(steps) > 2               # the resumed checks follow the first ones
 
 
+def test_a_deleted_run_leaves_its_experiments_lists_and_can_be_restored(tmp_path: Path) -> None:
+    from iaa.platform.tracking.store import Run
+    from iaa.platform.tracking.tracker import MlflowTracker
+
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'm.db'}")
+    kept, dropped = (Run.start(tracker.uri, "train-demo", name, tags={"run_dir": "/r"}) for name in ("a", "b"))
+    tracker.delete_run(dropped.run_id)
+    assert [r.run_id for r in tracker.find_runs("train-demo", {"run_dir": "/r"})] == [kept.run_id]
+    assert [r.run_id for r in tracker.experiment_records("train-demo")] == [kept.run_id]
+    MlflowClient(tracker.uri).restore_run(dropped.run_id)
+    assert len(tracker.find_runs("train-demo")) == 2
+
+
 def test_experiments_open_in_the_training_runs_view(tmp_path: Path) -> None:
     from iaa.platform.tracking import connection
 

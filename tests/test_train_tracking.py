@@ -79,6 +79,12 @@ def test_a_copied_run_folder_sharing_the_store_starts_its_own_run_and_leaves_the
     assert RunFolder(tmp_path / "run").tracking().run_id == first.mlflow_run_id
     [line] = [r.getMessage() for r in caplog.records if "copy of" in r.getMessage()]
     assert_says(line, tmp_path / "run", first.mlflow_run_id, "a tracked run of its own")
+    copied = tracker.runs[again.mlflow_run_id]
+    assert copied.tags["copy_of_run"] == first.mlflow_run_id
+    assert copied.tags["copy_of"] == str((tmp_path / "run").resolve())
+    checks = _checks(tracker, again.mlflow_run_id)                          # its curve is whole
+    assert checks[:len(before)] == before and len(checks) > len(before) and checks == sorted(set(checks))
+    assert "time" not in copied.metrics
     original = _train(tiny, tmp_path / "run", tracker, epochs=2, resume=True)
     assert original.mlflow_run_id == first.mlflow_run_id                    # the original still continues its own
 
@@ -95,6 +101,48 @@ def test_a_copied_work_folder_continues_the_run_in_its_own_copy_of_the_store(tin
     assert len(_checks(theirs, first.mlflow_run_id)) > len(before)
     assert _checks(tracker, first.mlflow_run_id) == before
     assert RunFolder(tmp_path / "copy" / "runs" / "x").tracking().uri == "memory:copy"
+
+
+def test_a_resume_that_extends_the_budget_says_so_in_tags_beside_the_first_params(tiny: Path, tmp_path: Path) -> None:
+    tracker = FakeTracker()
+    first = _train(tiny, tmp_path / "run", tracker)
+    _train(tiny, tmp_path / "run", tracker, epochs=2, resume=True)
+    run = tracker.runs[first.mlflow_run_id]
+    assert run.params["train.max_epochs"] == "1.0" and not run.lost       # MLflow keeps a param's first value
+    assert run.tags["resumed.train.max_epochs"] == "2.0"
+    assert not [k for k in run.tags if k.startswith("resumed.") and k != "resumed.train.max_epochs"]
+    _train(tiny, tmp_path / "run", tracker, epochs=2, resume=True)         # the same budget again: as it was
+    assert run.tags["resumed.train.max_epochs"] == "2.0"
+
+
+def _stopped_attempt(tracker: FakeTracker, run_dir: Path, *, checks: int = 0) -> str:
+    """A run of ``run_dir`` that a signal stopped after ``checks`` checks."""
+    run = tracker.start_run("train-cbt-ne", run_dir.name, tags={"run_dir": str(run_dir.resolve())})
+    for step in range(checks):
+        run.log_metrics({"valid_acc": 0.5}, step=step)
+    run.set_tags({"interrupted": "SIGINT"})
+    run.end("KILLED")
+    return run.run_id
+
+
+def test_a_run_started_again_replaces_the_run_of_its_attempt_stopped_before_a_check(
+        tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tracker = FakeTracker()
+    elsewhere = _stopped_attempt(tracker, tmp_path / "other")
+    stopped = _stopped_attempt(tracker, tmp_path / "run")
+    with caplog.at_level(logging.INFO, logger="iaa"):
+        again = _train(tiny, tmp_path / "run", tracker)
+    assert list(tracker.deleted) == [stopped]
+    assert sorted(tracker.runs) == sorted([elsewhere, again.mlflow_run_id])
+    [line] = [r.getMessage() for r in caplog.records if stopped in r.getMessage()]
+    assert_says(line, tmp_path / "run", "before its first check", "restored")
+
+
+def test_a_run_started_again_keeps_a_stopped_attempt_that_made_checks(tiny: Path, tmp_path: Path) -> None:
+    tracker = FakeTracker()
+    stopped = _stopped_attempt(tracker, tmp_path / "run", checks=1)
+    again = _train(tiny, tmp_path / "run", tracker)
+    assert not tracker.deleted and sorted(tracker.runs) == sorted([stopped, again.mlflow_run_id])
 
 
 def test_a_store_that_does_not_hold_the_run_is_refused_before_it_trains(tiny: Path, tmp_path: Path) -> None:

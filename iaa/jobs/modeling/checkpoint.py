@@ -292,8 +292,9 @@ def load_latest(folder: Path) -> tuple[dict[str, Any], Path] | None:
         return state, best
 
 
-def check_resumable(state: Mapping[str, Any], cfg: JobConfig, vocab_hash: str, source: str) -> None:
-    """Refuse to resume ``cfg`` on data ``vocab_hash`` from a checkpoint of another run.
+def check_resumable(state: Mapping[str, Any], cfg: JobConfig, vocab_hash: str, source: str) -> dict[str, Any]:
+    """Refuse to resume ``cfg`` on data ``vocab_hash`` from a checkpoint of another run; returns the
+    settings of ``RESUMABLE_CHANGES`` that ``cfg`` changes (dotted key -> its value now).
 
     Raises:
         CheckpointError: the data's vocabulary or a setting outside ``RESUMABLE_CHANGES`` differs.
@@ -304,12 +305,14 @@ def check_resumable(state: Mapping[str, Any], cfg: JobConfig, vocab_hash: str, s
         saved = from_dict(state["config"])
     except ConfigError as err:
         raise CheckpointError(f"cannot resume from {source}: its config is not readable ({err})") from err
+    differences = list(_differences(asdict(saved), asdict(cfg)))
     changed = [f"{key}: {old!r} in the checkpoint, {new!r} now"
-               for key, old, new in _differences(asdict(saved), asdict(cfg)) if key not in RESUMABLE_CHANGES]
+               for key, old, new in differences if key not in RESUMABLE_CHANGES]
     if changed:
         raise CheckpointError(f"cannot resume from {source}: the config differs ({'; '.join(changed[:5])}); "
                               "resume with the same config, or start a fresh run without `resume` "
                               "(or in another `run_dir`)")
+    return {key: new for key, _, new in differences}
 
 
 def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = ""):

@@ -68,6 +68,7 @@ class Tracker(Protocol):
     def find_runs(self, experiment: str, tags: Mapping[str, str] | None = None,
                   status: str | None = None) -> list[RunRecord]: ...     # newest first
     def find_by_tag(self, key: str, values: Sequence[str]) -> str | None: ...
+    def delete_run(self, run_id: str) -> None: ...      # out of its experiment's runs; the store can restore it
     # the model URI; None (and noted on run) when the store failed; ``card`` describes and tags the
     # version that ``register`` makes (a model logged without ``register`` has no use for it)
     def log_model(self, run: TrackedRun, files: ModelFiles, register: str | None = None, *,

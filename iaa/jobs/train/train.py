@@ -19,8 +19,7 @@ from typing import Any, Callable, Mapping
 
 
 from iaa.data.datasets import TRAINING_SPLITS
-from iaa.errors import IaaError, printable
-from iaa.files import spellings
+from iaa.errors import IaaError
 from iaa.jobs import interrupt
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.modeling import precision_policy as precision
@@ -36,7 +35,7 @@ from iaa.jobs.training.summary import TrainResult, trained
 from iaa.jobs.training.step import retain_freed_memory
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
 from iaa.jobs.training.loop import fit, fit_on_worker
-from iaa.jobs.train import trained_on
+from iaa.jobs.train import continuity, trained_on
 
 _log = logging.getLogger(__name__)
 
@@ -106,20 +105,25 @@ def run_tracked(
     place = str(folder.path.resolve())
     tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": place, "workers": str(workers),
             **(tags or {})}
-    resume_id = previous_run(tracker, experiment, folder) if resume else None
+    follows = continuity.continued(tracker, experiment, folder) if resume else continuity.Continuation()
+    resume_id = follows.run_id
     # auto -> fp32 or bf16 here, once, where this process can decide it for the workers' device:
     # the tracked params record it and every worker uses it; the run's precision tag says what ran
     cfg = precision.resolved_once(cfg, gpus=gpus_per_worker > 0)
-    if resume:                                  # before its run reopens: a refused resume leaves it as it was
-        check_resumable(folder, cfg, prepared)
-    with tracker.run(experiment, folder.path.name, tags=tags, resume_id=resume_id) as tracked:
+    # before its run reopens: a refused resume leaves it as it was
+    changes = check_resumable(folder, cfg, prepared) if resume else {}
+    if not resume:
+        continuity.drop_stopped_attempts(tracker, experiment, folder)
+    with tracker.run(experiment, folder.path.name, tags={**tags, **follows.tags()}, resume_id=resume_id) as tracked:
         interrupt.on_stop(lambda signal_name: _killed(tracked, signal_name))
         folder.track(tracker.uri, tracked.run_id)
+        log = lambda metrics: tracked.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
         if resume_id is None:
             _log_inputs(tracked, cfg, prepared, teacher)
+            if follows.copy_of is not None:
+                continuity.replay_checks(folder, log)
         else:
-            tracked.set_tags({"run_dir": place})       # where the folder is now, if it moved
-        log = lambda metrics: tracked.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
+            tracked.set_tags({"run_dir": place, **continuity.resumed_tags(changes)})  # where the folder is now
         result = _fit(cfg, prepared, folder, launcher, log, resume=resume, workers=workers,
                       gpus_per_worker=gpus_per_worker, storage=storage, show_progress=show_progress,
                       train_rows=train_rows)
@@ -279,15 +283,16 @@ def resumed_config(req: TrainRequest, name: str, prepared: Path, run_dir: Path, 
     return resolve.job_config(name, prepared, sets=req.sets, base=saved)
 
 
-def check_resumable(folder: RunFolder, cfg: JobConfig, prepared: Path) -> None:
+def check_resumable(folder: RunFolder, cfg: JobConfig, prepared: Path) -> dict[str, Any]:
     """Refuse to resume ``folder``'s run with ``cfg`` on ``prepared`` where its checkpoint differs
     in a setting outside :data:`~iaa.jobs.modeling.checkpoint.RESUMABLE_CHANGES` (a resume may
     change the budget and how the run computes, not what it learns), or in its vocabulary;
-    nothing where there is no checkpoint."""
+    nothing where there is no checkpoint. Returns the settings ``cfg`` changes (dotted key -> now)."""
     found = _latest_checkpoint(folder)
-    if found is not None:
-        state, source = found
-        checkpoint.check_resumable(state, cfg, trained_on.TrainedOn.of(prepared).vocab_hash, str(source))
+    if found is None:
+        return {}
+    state, source = found
+    return checkpoint.check_resumable(state, cfg, trained_on.TrainedOn.of(prepared).vocab_hash, str(source))
 
 
 def _latest_checkpoint(folder: RunFolder) -> tuple[dict[str, Any], Path] | None:
@@ -348,30 +353,3 @@ def best_config_notice(sweep: Mapping[str, Any], cfg: JobConfig) -> str:
     return (f"training the best configuration of sweep {sweep.get('name', '?')}{trial} to its early stop: "
             f"up to {cfg.train.max_epochs:g} epochs (train.max_epochs, which ends it first if it is still "
             f"improving), ending after {cfg.train.patience} checks without improvement")
-
-
-def previous_run(tracker: Tracker, experiment: str, folder: RunFolder) -> str | None:
-    """The tracked run that a resumed run in ``folder`` continues: the one its ``tracking.json``
-    names, from whatever working folder, after the folder moved, and in a copied work folder's
-    own copy of the store; an error where ``tracker`` does not hold that run (another work folder's
-    store: the resume would split the run's history). None (a new tracked run) for a copy of a
-    run folder that shares the original's store while the original is still there, so the
-    original's run never gets the copy's checks. A folder whose runs began before
-    the file is found by its ``run_dir`` tag, in any of its :func:`~iaa.files.spellings`."""
-    tracking = folder.tracking()
-    if tracking is None:
-        for spelling in spellings(folder.path):
-            runs = tracker.find_runs(experiment, {"run_dir": spelling})
-            if runs:
-                return runs[0].run_id
-        return None
-    if not any(r.run_id == tracking.run_id for r in tracker.find_runs(experiment, {"run_dir": tracking.folder})):
-        raise IaaError(f"{folder.path}: its tracked run {tracking.run_id} (in {tracking.uri}) is not in {tracker.uri}; "
-                       f"give the `workdir` or `tracking_uri` of the store that holds it, or remove "
-                       f"{folder.tracking_file} to resume under a new tracked run in {tracker.uri}")
-    original = folder.copied_from(tracker.uri)
-    if original is not None:
-        _log.warning(printable(f"{folder.path} is a copy of {original}, whose tracked run {tracking.run_id} "
-                               f"stays its own; the copy goes on under a tracked run of its own"))
-        return None
-    return tracking.run_id

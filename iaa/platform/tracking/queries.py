@@ -48,6 +48,11 @@ VIEW_KEY = "iaa-sweep"   # the experiment's saved runs view (``viewStateShareKey
 EXPAND_HINT = "and click + beside the sweep's run to see its trials"
 
 
+def delete_run(uri: str, run_id: str) -> None:
+    """Mark run ``run_id`` deleted (MLflow keeps it, and can restore it)."""
+    store_client(uri).delete_run(run_id)
+
+
 def show_columns(uri: str, experiment: str, columns: Sequence[str]) -> str | None:
     """Save a runs view of ``experiment`` showing ``columns`` (``metrics.valid_acc``,
     ``params.train.lr``), and mark the experiment a training-runs one; returns the view's URL in the UI

@@ -64,6 +64,10 @@ class MlflowTracker:
         except TRANSIENT:
             return None
 
+    def delete_run(self, run_id: str) -> None:
+        """MLflow's soft delete: the run leaves the experiment's list; ``mlflow runs restore`` brings it back."""
+        queries.delete_run(self.uri, run_id)
+
     def log_model(self, run: Run, files: ModelFiles, register: str | None = None, *,
                   code: ModelCode, card: ModelCard | None = None) -> str | None:
         if self.model_file is None:
