@@ -112,6 +112,10 @@ def test_members_that_finished_before_a_stop_are_kept_and_not_trained_again(
 
     monkeypatch.setattr(launcher, "train_many", train_many)
     launcher.requests.clear()
-    ensemble.run(req, tracker, launcher)
+    done = ensemble.run(req, tracker, launcher)
     [again] = [r for r in launcher.requests if isinstance(r, MembersRequest)]
     assert [c.train.seed for c in again.configs] == [c.train.seed for c in stopped.configs[1:]]
+    # the rerun continues the stopped ensemble's run: one run, FINISHED, with the members it trained under it
+    [run] = [r for r in tracker.runs.values() if r.tags.get("kind") == "ensemble"]
+    assert run.run_id == done.mlflow_run_id and run.state == "FINISHED" and "interrupted" not in run.tags
+    assert len(tracker.children(run.run_id)) == len(stopped.configs)       # the members it trained

@@ -260,10 +260,11 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
         f"run the same command again: it reuses every member trained")))
 
     # The run opens now: it lasts as long as the job, and the members trained nest under it,
-    # as the ensemble nests under its sweep's run.
+    # as the ensemble nests under its sweep's run; a stopped one is continued.
     parent = sweep.parent_run_id if sweep is not None else None
-    with tracker.run(experiment, f"ensemble-{name}", tags=ensemble_run.run_tags(dataset, req.select, out_dir, sweep),
-                     parent_run_id=parent) as run:
+    tags = ensemble_run.run_tags(dataset, req.select, out_dir, sweep)
+    with tracker.run(experiment, f"ensemble-{name}", tags=tags, parent_run_id=parent,
+                     resume_id=ensemble_run.stopped_run(tracker, experiment, tags)) as run:
         interrupt.on_stop(lambda signal_name: _end_run(run, signal_name))   # a second signal skips the block's end
         members = (sweep_training.sweep_members(req, sweep, prepared, out_dir, tracker, name, launcher,
                                                 run_id=run.run_id)

@@ -32,6 +32,16 @@ def run_tags(dataset: str, select: str, out_dir: Path, sweep: SweepRecord | None
     return tags
 
 
+def stopped_run(tracker: Tracker, experiment: str, tags: Mapping[str, str]) -> str | None:
+    """The run of this ensemble (its ``tags``, which name its folder) that a stop left KILLED
+    before it logged its settings; None where there is none. Running the command again continues
+    it, so the members it trained before the stop stay nested under the ensemble's one run."""
+    for record in tracker.find_runs(experiment, tags, status="KILLED"):
+        if not record.params:
+            return record.run_id
+    return None
+
+
 def accuracy_sizes(result: Averaged) -> dict[str, float | int | None]:
     """``valid_acc_n`` and ``valid_acc_stderr`` (the valid split's size and the standard error of
     the ensemble's accuracy there), and the test's where it has one, as its result names them."""
