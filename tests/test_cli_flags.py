@@ -140,6 +140,33 @@ def test_the_json_object_lists_the_warnings_the_command_logged(model, tmp_path: 
     assert f"its figure:   {summary['explain_png']}" in result.stderr
 
 
+def test_with_json_a_failure_is_a_json_object_on_stdout_beside_its_error_line(tmp_path: Path) -> None:
+    from _faults import assert_says
+
+    result = CliRunner().invoke(cli.cli, ["baseline", "--dataset", "cbt-ne", "--workdir", str(tmp_path), "--json"])
+    assert result.exit_code == 1
+    failure = json.loads(result.stdout.splitlines()[-1])
+    assert failure["exit_code"] == 1 and result.stderr.strip() == f"Error: {failure['error']}"
+    assert_says(failure["error"], "cbt-ne")
+    plain = CliRunner().invoke(cli.cli, ["baseline", "--dataset", "cbt-ne", "--workdir", str(tmp_path)])
+    assert plain.exit_code == 1 and plain.stdout == ""                   # without --json, stdout stays empty
+
+
+def test_with_json_a_stop_is_a_json_object_naming_its_signal(model, monkeypatch: pytest.MonkeyPatch) -> None:
+    from iaa.jobs import interrupt
+    from iaa.jobs.evaluation import frequency
+
+    def stopped(*args: object) -> None:
+        raise interrupt.Interrupted("SIGTERM", "interrupted by SIGTERM: nothing is kept")
+
+    monkeypatch.setattr(frequency, "run", stopped)
+    prepared, _, _ = model
+    result = CliRunner().invoke(cli.cli, ["baseline", "--data", str(prepared), "--json"])
+    assert result.exit_code == 143
+    assert json.loads(result.stdout.splitlines()[-1]) == {
+        "error": "interrupted by SIGTERM: nothing is kept", "interrupted": "SIGTERM", "exit_code": 143}
+
+
 def test_key_value_lines_write_lists_mappings_and_truth_as_json_does() -> None:
     from iaa.cli.output import value_text
 

@@ -124,7 +124,9 @@ def _debug(ctx: click.Context | None) -> bool:
 def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Show an expected failure (an ``IaaError``: bad data, bad setting, damaged file; or a full or
     read-only disk met anywhere) as one line, its control characters escaped (:func:`printable`:
-    the message may quote a file).
+    the message may quote a file). With ``--json`` (the command's ``as_json``), stdout's last line
+    is then ``{"error": LINE, "exit_code": 1}``, and a stop's ``{"error": LINE, "interrupted":
+    SIGNAL, "exit_code": 130}``: a script reads every outcome from the same line.
 
     Anything else is a bug and keeps its traceback; ``--debug`` or ``IAA_DEBUG=1`` keeps it for all.
     """
@@ -136,35 +138,50 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         from iaa.errors import IaaError
         from iaa.files import unwritable_message
 
+        as_json = bool(kwargs.get("as_json"))
         try:
             return fn(*args, **kwargs)
         except KeyboardInterrupt as err:
-            _interrupted(err)
+            _interrupted(err, as_json)
         except IaaError as err:
             if _debug(click.get_current_context(silent=True)):
                 raise
-            raise click.ClickException(shown(err)) from err
+            raise _failure(shown(err), as_json) from err
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
                 raise
             if err.filename is None and err.errno != errno.EROFS:    # no file: no free space to tell (the
-                raise click.ClickException(                          # working folder's is another disk's)
+                raise _failure(                                      # working folder's is another disk's)
                     f"no space left on device ({err.strerror or err}); the write named no file: free some space "
-                    "on the disks this command writes (its outputs, the work folder) and run it again") from err
-            raise click.ClickException(shown(unwritable_message(err, err.filename or "the output"))) from err
+                    "on the disks this command writes (its outputs, the work folder) and run it again",
+                    as_json) from err
+            raise _failure(shown(unwritable_message(err, err.filename or "the output")), as_json) from err
 
     return wrapper
 
 
-def _interrupted(err: KeyboardInterrupt) -> None:
+def _failure(line: str, as_json: bool) -> click.ClickException:
+    """The one ``Error:`` line of an expected failure (exit status 1), said first on stdout as a
+    JSON object with ``--json``."""
+    failure = click.ClickException(line)
+    if as_json:
+        click.echo(json.dumps({"error": line, "exit_code": failure.exit_code}))
+    return failure
+
+
+def _interrupted(err: KeyboardInterrupt, as_json: bool = False) -> None:
     """SIGINT or SIGTERM: the job's one line (what is kept, how to resume), no traceback; exit
-    status 128 + the signal's number (130 for Ctrl-C)."""
+    status 128 + the signal's number (130 for Ctrl-C); with ``as_json`` also a JSON object on stdout."""
     from iaa.jobs import interrupt
 
     if EXIT_AT_ONCE:                     # another signal from here on ends the process, with the line
         interrupt.arm(lambda signum, frame: (interrupt.say(_stop_line(err)), interrupt.end_process(128 + signum)))
     line = _stop_line(err)
     code = err.exit_code if isinstance(err, interrupt.Interrupted) else 128 + signal.SIGINT
+    if as_json:
+        name = err.signal_name if isinstance(err, interrupt.Interrupted) else "SIGINT"
+        click.echo(json.dumps({"error": line, "interrupted": name, "exit_code": code}))
+        sys.stdout.flush()
     if EXIT_AT_ONCE:
         # everything is marked: a local Ray's orderly shutdown would take seconds more, so the
         # processes this one started end with it (interrupt.end_process)
