@@ -240,6 +240,30 @@ def test_a_finished_sweeps_resume_says_a_new_num_samples_is_not_used(
     assert_says(warning, "`time_budget_s` 2h00m is not used", "no more trials nor time")
 
 
+def test_a_finished_sweeps_resume_makes_the_best_outputs_a_failure_left_unmade(
+        tiny: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The sweep failed after its trials (a full store, a crash) before its best trial's explain
+    page and logged model were made: its resume makes them, and makes nothing twice."""
+    tracker = FakeTracker()
+    sweep = fake_sweeper(tiny, tmp_path, tracker, FakeLauncher())
+    first = sweep("done")
+    page, figure = Path(first.explain_page), Path(first.explain_png)
+    page.unlink()
+    figure.unlink()
+    tracker.models = [m for m in tracker.models if m["run_id"] != first.best_mlflow_run_id]
+    with caplog.at_level(logging.INFO):
+        again = sweep("done", resume=True)
+    assert again.nothing_left and page.is_file() and figure.is_file() and again.explain_page == str(page)
+    assert again.model_uri == f"runs:/{first.best_mlflow_run_id}/model" and again.best_mlflow_run_id
+    [line] = logged(caplog, "INFO", "made now")
+    assert_says(line, "explain page", "logged model", first.best_trial_label)
+    models = len(tracker.models)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert sweep("done", resume=True).model_uri == again.model_uri
+    assert len(tracker.models) == models and not logged(caplog, "INFO", "made now")
+
+
 class _ResumableLauncher(FakeLauncher):
     def can_resume(self, placement) -> bool:
         return True

@@ -65,6 +65,7 @@ class TuneResult(Keyed, Result):
     trials: int
     sweep_json: Path
     parent_run_id: str | None
+    best_mlflow_run_id: str | None = None
     explain_page: str | None = absent_when_none()
     explain_png: str | None = absent_when_none()
     model_uri: str | None = None
@@ -97,7 +98,8 @@ def _result(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, ranking: Ran
                       best_config=(plan.folder / BEST_CONFIG).resolve(), best_valid_acc=best.best_valid_acc,
                       baseline_valid_acc=baseline.accuracy, best_trial=best.trial_id, best_trial_label=best.label,
                       best_checkpoint=best.checkpoint, trials=len(sweep.trials), sweep_json=plan.record_file.resolve(),
-                      parent_run_id=sweep.parent_run_id, explain_page=outputs.get("explain_page"),
+                      parent_run_id=sweep.parent_run_id, best_mlflow_run_id=best.mlflow_run_id,
+                      explain_page=outputs.get("explain_page"),
                       explain_png=outputs.get("explain_png"), model_uri=outputs.get("model_uri"), mlflow_ui=ui,
                       best_valid_acc_n=int(accuracy["best_valid_acc_n"] or 0),
                       best_valid_acc_stderr=accuracy["best_valid_acc_stderr"], tied_trials=ranking.ties,
@@ -204,7 +206,9 @@ def finished_result(plan: SweepPlan, tracker: Tracker) -> TuneResult:
     (``sweep.json``, the best trial's files), its data and the best trial's logged model, with
     ``nothing_left``.
 
-    Nothing is written, logged or started: the sweep's folder stays as it is.
+    Nothing is written, logged or started (the sweep's folder stays as it is), unless the best
+    trial's explain page or logged model is missing, which a failure after the trials leaves
+    (a full store, a crash): those are made now (:func:`remade_outputs`).
     """
     assert plan.recorded is not None
     sweep, sweep_dir = plan.recorded, plan.folder
@@ -219,8 +223,58 @@ def finished_result(plan: SweepPlan, tracker: Tracker) -> TuneResult:
     if best.mlflow_run_id:
         outputs["model_uri"] = tracker.model_uri(best.mlflow_run_id)
     baseline = frequency.run(plan.prepared, "valid")
+    outputs.update(remade_outputs(plan, sweep, best, tracker, outputs, baseline))
     ranking = Ranking.of({r.label: r.best_valid_acc for r in scored}, baseline.examples)
     return _result(plan, sweep, best, ranking, baseline, tracker.ui_command, outputs, nothing_left=True)
+
+
+def remade_outputs(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, tracker: Tracker,
+                   outputs: Mapping[str, Any], baseline: BaselineResult) -> dict[str, Any]:
+    """The best trial's explain page (``explain_page``, ``explain_png``) and logged model
+    (``model_uri``) that ``outputs`` lacks, made now where its checkpoint is kept, and said;
+    nothing where none is missing. The sweep's first end makes them; a failure after its trials
+    (a full store, a crash) can leave them unmade.
+
+    Raises:
+        IaaError: the store did not take the model; the best trial's run is marked FAILED.
+    """
+    from iaa.jobs.evaluation.predictor import MODEL_CODE
+
+    if not best.checkpoint or not Path(best.checkpoint).is_file():
+        return {}
+    made: dict[str, Any] = {}
+    run = tracker.attach(best.mlflow_run_id) if best.mlflow_run_id else None
+    if not outputs.get("explain_page"):
+        page = _explain_best(best, plan.folder, plan.prepared)
+        made.update(explain_page=str(Path(page.html).resolve()), explain_png=str(Path(page.png).resolve()))
+        for artifact in (page.html, page.png):
+            if run is not None:
+                run.log_artifact(Path(artifact), "explain")
+    if run is not None and outputs.get("model_uri") is None:
+        made["model_uri"] = tracker.log_model(run, ModelFiles.of(best.checkpoint, plan.prepared), plan.register,
+                                              code=MODEL_CODE, card=_card(sweep, best, config_label(best.params),
+                                                                          baseline))
+    if made:
+        what = " and ".join(w for key, w in (("explain_page", "explain page"), ("model_uri", "logged model"))
+                            if key in made)
+        _log.info(printable(f"sweep {sweep.name}: the {what} of its best {trial_said(best.label)} had not been made "
+                            f"when it ended; made now"))
+    if run is not None and run.lost:
+        run.end("FAILED")
+        raise IaaError(f"{sweep.tracking_uri}: the store did not record everything of run {run.run_id} (marked "
+                       f"FAILED): it lacks {', '.join(run.lost)}. Free the store's disk (or unlock it, or restart it) "
+                       f"and run {plan.resume_command} again")
+    return made
+
+
+def _explain_best(best: TrialRecord, sweep_dir: Path, prepared: Path) -> Any:
+    """The best trial's explain page and figure in the sweep's folder (its first validation examples)."""
+    from iaa.jobs.evaluation import explain
+
+    assert best.checkpoint is not None
+    return explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
+                       out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png",
+                       source=f"sweep {sweep_dir.name}, {trial_said(best.label)}")
 
 
 def _scored_trials(plan: SweepPlan, sweep: SweepRecord, parent: TrackedRun) -> list[TrialRecord]:
@@ -364,7 +418,6 @@ def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared:
 
     Returns the outputs and what the store refused for good, run by run: those runs are marked
     FAILED, and the sweep's result stands (every output is written before the command fails)."""
-    from iaa.jobs.evaluation import explain
     from iaa.jobs.evaluation.predictor import MODEL_CODE
 
     if not best.checkpoint or not Path(best.checkpoint).is_file():
@@ -374,9 +427,7 @@ def best_outputs(best: TrialRecord, tracker: Tracker, sweep_dir: Path, prepared:
         if trial is not best and trial.mlflow_run_id and trial.checkpoint and Path(trial.checkpoint).is_file():
             runs.append(tracker.attach(trial.mlflow_run_id))
             tracker.log_model(runs[-1], ModelFiles.of(trial.checkpoint, prepared), code=MODEL_CODE)
-    page = explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,
-                       out=sweep_dir / "explain-best.html", png=sweep_dir / "explain-best.png",
-                       source=f"sweep {sweep_dir.name}, {trial_said(best.label)}")
+    page = _explain_best(best, sweep_dir, prepared)
     out: dict[str, Any] = {"explain_page": page.html, "explain_png": page.png}
     if best.mlflow_run_id:
         run = tracker.attach(best.mlflow_run_id)

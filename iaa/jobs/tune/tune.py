@@ -95,7 +95,8 @@ def run(plan: SweepPlan | TuneRequest, open_tracker: Callable[[str], Tracker], l
             _log.warning(stops.more_refused(plan.recorded, f"`time_budget_s` {duration(plan.time_budget_s)}",
                                             search_on))
         _log.info(stops.nothing_left_line(plan.recorded, plan.folder, search_on))
-        return finished_result(plan, tracker)
+        with lock.held(lock.beside(plan.folder), busy=lambda pid: _running(plan, pid)):   # it may make what is missing
+            return finished_result(plan, tracker)
     if plan.recorded is not None:
         stops.refuse_more_after_the_end(tracker, plan.recorded, plan.record_file, search_on)
     with lock.held(lock.beside(plan.folder), busy=lambda pid: _running(plan, pid)):
