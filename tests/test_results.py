@@ -113,4 +113,4 @@ def test_explain_result_reads_as_attributes_and_json(prepared, tmp_path) -> None
     result = explain.run(ckpt, data, "valid", first=1, out=tmp_path / "e.html")
     assert isinstance(result, ExplainResult) and Path(result.html).is_file() and result.png is None
     assert result["html"] == result.html and "png" not in result.fields()
-    assert result.examples and result.examples[0]["example_id"]
+    assert result.examples and result.examples[0].example_id

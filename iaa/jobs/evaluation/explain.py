@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pyarrow as pa
 from torch import nn
@@ -16,8 +16,12 @@ from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.evaluation import calibration, unknowns
 from iaa.jobs.evaluation.evaluate import Examples
+from iaa.jobs.evaluation.explained import ExplainedExample, ExplainedStep
 from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
+
+if TYPE_CHECKING:
+    from iaa.model.reader import StepTrace
 
 ROUND = 6  # decimals kept in records and pages: enough to compare against the model
 
@@ -37,7 +41,7 @@ def select_rows(table: pa.Table, example_ids: Sequence[str], first: int | None, 
     return rows
 
 
-def example_records(found: Examples, rows: Sequence[int]) -> list[dict[str, Any]]:
+def example_records(found: Examples, rows: Sequence[int]) -> list[ExplainedExample]:
     """One record per row of ``found``'s table: the words, the reader's trace of its steps
     (``forward(batch, trace=True)``: attentions, gates, ACT's halting) and the final
     distribution, at the temperature the reader answers at."""
@@ -54,36 +58,40 @@ def example_records(found: Examples, rows: Sequence[int]) -> list[dict[str, Any]
         with torch.no_grad():
             out = model(collate(one), trace=True)                          # ReaderOutput
             log_p, trace = out.log_probs, out.trace                        # (1, C), Trace
-        record = one.to_pylist()[0]
-        words = record["candidate_words"]
-        doc = [words[c] if c >= 0 else tokens[i] for i, c in zip(record["doc"], record["doc_cand"])]
+        shard = one.to_pylist()[0]                                         # the row, in the shards' schema
+        words = shard["candidate_words"]
+        doc = [words[c] if c >= 0 else tokens[i] for i, c in zip(shard["doc"], shard["doc_cand"])]
         scaled = calibration.scaled(candidate_probs(log_p).double().numpy(), found.temperature)
         probs = [round(p, ROUND) for p in scaled[0].tolist()]
-        records.append({
-            "example_id": record["example_id"],
-            "model": kind,
-            "steps": len(trace.steps),
-            "placeholder": tokens[PLACEHOLDER_ID],
-            "query_tokens": [tokens[i] for i in record["query"]],
-            "doc_tokens": doc,
-            "doc_cand": record["doc_cand"],
-            "candidates": words,
-            "gold": record["answer"] if record["answer"] >= 0 else None,     # -1: the question gave none
-            "pred": max(range(len(probs)), key=probs.__getitem__),
-            "probs": probs,
-            "temperature": found.temperature,
-            "stopped_at": None if trace.halting is None else int(trace.halting.steps[0]),
-            "max_steps": getattr(model.cfg, "steps", 1),
-            "trace": [_step_record(t, step) for t, step in enumerate(trace.steps, 1)],
-            **unknowns.of_row(record["doc"], record["candidates"], words),
-            "absent_candidates": [w for i, w in enumerate(words) if i not in set(record["doc_cand"])],
-        })
+        pointed = set(shard["doc_cand"])                                   # the candidates a document word names
+        gaps = unknowns.of_row(shard["doc"], shard["candidates"], words)
+        records.append(ExplainedExample(
+            example_id=shard["example_id"],
+            model=kind,
+            steps=len(trace.steps),
+            placeholder=tokens[PLACEHOLDER_ID],
+            query_tokens=tuple(tokens[i] for i in shard["query"]),
+            doc_tokens=tuple(doc),
+            doc_cand=tuple(shard["doc_cand"]),
+            candidates=tuple(words),
+            gold=shard["answer"] if shard["answer"] >= 0 else None,        # -1: the question gave none
+            pred=max(range(len(probs)), key=probs.__getitem__),
+            probs=tuple(probs),
+            temperature=found.temperature,
+            stopped_at=None if trace.halting is None else int(trace.halting.steps[0]),
+            max_steps=getattr(model.cfg, "steps", 1),
+            trace=tuple(_step_record(t, step) for t, step in enumerate(trace.steps, 1)),
+            unknown_share=gaps["unknown_share"],
+            unknown_candidates=tuple(gaps["unknown_candidates"]),
+            absent_candidates=tuple(w for i, w in enumerate(words) if i not in pointed),
+        ))
     return records
 
 
-def _step_record(t: int, step) -> dict[str, Any]:
+def _step_record(t: int, step: StepTrace) -> ExplainedStep:
+    """Step ``t`` of the trace of one example, its values rounded to :data:`ROUND` places."""
     def values(x):
-        return None if x is None else [round(v, ROUND) for v in x[0].tolist()]
+        return None if x is None else tuple(round(v, ROUND) for v in x[0].tolist())
 
     def scalar(x):
         return None if x is None else round(float(x[0]), ROUND)
@@ -91,18 +99,14 @@ def _step_record(t: int, step) -> dict[str, Any]:
     def mean(gate):                                               # over the 2h gate units
         return None if gate is None else gate.mean(1)
 
-    return {"step": t, "query_attention": values(step.query), "doc_attention": values(step.doc),
-            "r_q": scalar(mean(step.r_q)), "r_d": scalar(mean(step.r_d)),
-            "halt_prob": scalar(step.halt), "weight": scalar(step.weight)}
+    return ExplainedStep(step=t, query_attention=values(step.query), doc_attention=values(step.doc),
+                         r_q=scalar(mean(step.r_q)), r_d=scalar(mean(step.r_d)),
+                         halt_prob=scalar(step.halt), weight=scalar(step.weight))
 
 
 WHOLE_INPUT = 20   # an --input file of at most this many questions is explained whole without --first
 MISTAKE_SCAN = 5000   # examples searched for a mistake when the chosen ones are all right
 SCAN_CHUNK = 256      # examples scored at once while searching
-
-
-def is_mistake(record: dict[str, Any]) -> bool:
-    return record["gold"] is not None and record["pred"] != record["gold"]
 
 
 def first_mistake(model: nn.Module, table: pa.Table, after: Sequence[int]) -> tuple[int | None, int]:
@@ -122,24 +126,24 @@ def first_mistake(model: nn.Module, table: pa.Table, after: Sequence[int]) -> tu
     return None, end
 
 
-def with_a_mistake(found: Examples, records: list[dict[str, Any]], rows: Sequence[int],
-                   source: str) -> tuple[list[dict[str, Any]], str | None]:
+def with_a_mistake(found: Examples, records: list[ExplainedExample], rows: Sequence[int],
+                   source: str) -> tuple[list[ExplainedExample], str | None]:
     """``records``, and where every one of them is right, the record of the first example after them
     that the reader gets wrong (there is something to learn from a mistake): with a note saying so
     (and where it stands in ``source``, whose ids need not be positions), or that the reader made
     none in the examples searched. Questions without an answer are not judged, and the note says so."""
-    if not records or any(is_mistake(r) for r in records) or all(r["gold"] is None for r in records):
+    if not records or any(r.is_mistake for r in records) or all(r.gold is None for r in records):
         return records, None
     row, searched = first_mistake(found.model, found.table, rows)
     if row is not None:
         (added,) = example_records(found, [row])
-        if is_mistake(added):
+        if added.is_mistake:
             above = "the example" if len(records) == 1 else f"the {len(records)} examples"
-            return [*records, added], (f"{added['example_id']} is added: the reader got {above} above it right, "
+            return [*records, added], (f"{added.example_id} is added: the reader got {above} above it right, "
                                        f"and this is the first one of {source} it gets wrong "
                                        f"(question {row + 1:,} of {found.table.num_rows:,} in its order)")
     what = "every example" if searched >= found.table.num_rows else f"the first {searched:,} examples"
-    unjudged = sum(r["gold"] is None for r in records)
+    unjudged = sum(r.gold is None for r in records)
     if unjudged:
         return records, (f"the reader gets {what} of {source} that give an answer right, and {unjudged} "
                          f"question(s) give none to judge: there is no mistake to show")
@@ -152,7 +156,7 @@ class ExplainResult(Keyed, Result):
     reader's trace of its steps and its distribution), and the PNG where one was drawn."""
 
     html: str
-    examples: tuple[dict[str, Any], ...]
+    examples: tuple[ExplainedExample, ...]
     title: str
     precision: str                                   # what the reader multiplied in: fp32 | bf16
     temperature: float                               # the one its probabilities are at (its checkpoint's)
@@ -203,7 +207,7 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
     title = f"{found.kind} on {found.title}" + (f", {source}" if source else "")
     at = "" if found.temperature == 1.0 else f", probabilities at its temperature {found.temperature:.3g}"
     atomic_write_text(out, render_page(records, title, origin=f"checkpoint {checkpoint_path} ({used}{at})", note=note))
-    gaps = unknowns.warnings_of([r["example_id"] for r in records], records)
+    gaps = unknowns.warnings_of([r.example_id for r in records], [r.unknowns() for r in records])
     drawn = None
     if png is not None:
         from iaa.jobs.evaluation.explain_png import draw
@@ -218,14 +222,14 @@ def describe(result: ExplainResult) -> str:
     """What ``iaa-cli explain`` prints: each example's prediction (and halting steps), then the files."""
     lines = []
     for r in result.examples:
-        cands = r["candidates"]
-        mark = ("no answer given" if r["gold"] is None else "correct" if r["pred"] == r["gold"]
-                else f"wrong (gold {cands[r['gold']]})")
-        lines.append(f"{r['example_id']}: predicted {cands[r['pred']]} p={r['probs'][r['pred']]:.3f}, {mark}; "
-                     + unknowns.describe(r))
-        if r["stopped_at"] is not None:
-            halts = " ".join(f"{s['halt_prob']:.3f}" for s in r["trace"][:-1] if s["halt_prob"] is not None)
-            lines.append(f"  stopped at step {r['stopped_at']} of {r['max_steps']}; halting h_t per step: {halts}")
+        cands = r.candidates
+        mark = ("no answer given" if r.gold is None else "correct" if r.pred == r.gold
+                else f"wrong (gold {cands[r.gold]})")
+        lines.append(f"{r.example_id}: predicted {cands[r.pred]} p={r.probs[r.pred]:.3f}, {mark}; "
+                     + unknowns.describe(r.unknowns()))
+        if r.stopped_at is not None:
+            halts = " ".join(f"{s.halt_prob:.3f}" for s in r.trace[:-1] if s.halt_prob is not None)
+            lines.append(f"  stopped at step {r.stopped_at} of {r.max_steps}; halting h_t per step: {halts}")
     if result.mistake_note:
         lines.append(result.mistake_note)
     lines.append(f"html: {result.html}" + (f"\npng: {result.png}" if result.png is not None else ""))

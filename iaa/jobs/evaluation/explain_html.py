@@ -8,7 +8,9 @@ and its tooltip. Query attention is blue, document attention red, as in the pape
 from __future__ import annotations
 
 from html import escape
-from typing import Any, Sequence
+from typing import Sequence
+
+from iaa.jobs.evaluation.explained import ExplainedExample, ExplainedStep
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
@@ -39,13 +41,13 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 6px;border-top
 """
 
 
-def render_page(records: Sequence[dict[str, Any]], title: str, *, origin: str = "", note: str | None = None) -> str:
+def render_page(records: Sequence[ExplainedExample], title: str, *, origin: str = "", note: str | None = None) -> str:
     """The whole page for ``records`` from ``iaa.jobs.evaluation.explain.example_records``: ``title``
     (the model, its data and where it comes from: a sweep's trial), then ``origin`` (its checkpoint)
     in the window's title and under the heading, and a ``note`` (why an example was added)."""
     body = "".join(_example(r) for r in records)
-    right = sum(r["gold"] is not None and r["pred"] == r["gold"] for r in records)
-    answered = sum(r["gold"] is not None for r in records)
+    right = sum(r.gold is not None and r.pred == r.gold for r in records)
+    answered = sum(r.gold is not None for r in records)
     score = f"{right} of {answered} right" if answered else "no answers given"
     full = f"{title}: {origin}" if origin else title
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(full)}</title>"
@@ -60,58 +62,59 @@ def render_page(records: Sequence[dict[str, Any]], title: str, *, origin: str = 
             f"{body}</body></html>\n")
 
 
-def _example(r: dict[str, Any]) -> str:
-    steps = "".join(_step(r, s) for s in r["trace"])
-    return (f"<section class=\"example\" data-example=\"{escape(r['example_id'])}\">"
-            f"<h2>{escape(r['example_id'])}{_verdict(r)}</h2>"
-            f"<div class=\"meta\">{escape(r['model'])} · {_steps_taken(r)} · query: "
-            f"{escape(' '.join(r['query_tokens']))}</div>{_gaps(r)}{_candidates(r)}{steps}</section>")
+def _example(r: ExplainedExample) -> str:
+    steps = "".join(_step(r, s) for s in r.trace)
+    return (f"<section class=\"example\" data-example=\"{escape(r.example_id)}\">"
+            f"<h2>{escape(r.example_id)}{_verdict(r)}</h2>"
+            f"<div class=\"meta\">{escape(r.model)} · {_steps_taken(r)} · query: "
+            f"{escape(' '.join(r.query_tokens))}</div>{_gaps(r)}{_candidates(r)}{steps}</section>")
 
 
-def _gaps(r: dict[str, Any]) -> str:
+def _gaps(r: ExplainedExample) -> str:
     """What the reader could not see of the question: its document's unknown words, its unknown
     candidates (``<unk>`` to the reader), and the candidates absent from its document (probability 0)."""
-    share, unknown, absent = r.get("unknown_share", 0.0), r.get("unknown_candidates") or [], r.get("absent_candidates") or []
+    share, unknown, absent = r.unknown_share, r.unknown_candidates, r.absent_candidates
     parts = ([f"{100 * share:.0f}% of the document is unknown to the vocabulary (&lt;unk&gt;)"] if share else []) + \
             ([f"unknown candidates: {escape(', '.join(unknown))}"] if unknown else []) + \
             ([f"not in the document, so probability 0: {escape(', '.join(absent))}"] if absent else [])
     return f"<div class=\"gaps\" data-gaps=\"{len(unknown)}/{len(absent)}\">{'; '.join(parts)}</div>" if parts else ""
 
 
-def _verdict(r: dict[str, Any]) -> str:
-    if r["gold"] is None:
+def _verdict(r: ExplainedExample) -> str:
+    if r.gold is None:
         return " <span class=\"verdict none\">no answer given</span>"
-    if r["pred"] == r["gold"]:
+    if r.pred == r.gold:
         return " <span class=\"verdict right\">right</span>"
-    return (f" <span class=\"verdict wrong\">wrong: predicted {escape(r['candidates'][r['pred']])}, "
-            f"gold {escape(r['candidates'][r['gold']])}</span>")
+    return (f" <span class=\"verdict wrong\">wrong: predicted {escape(r.candidates[r.pred])}, "
+            f"gold {escape(r.candidates[r.gold])}</span>")
 
 
-def _steps_taken(r: dict[str, Any]) -> str:
-    if r.get("stopped_at") is None:
-        return f"T = {r['steps']}"
-    return f"halted at step {r['stopped_at']} (adaptive, ACT)"
+def _steps_taken(r: ExplainedExample) -> str:
+    if r.stopped_at is None:
+        return f"T = {r.steps}"
+    return f"halted at step {r.stopped_at} (adaptive, ACT)"
 
 
-def _candidates(r: dict[str, Any]) -> str:
+def _candidates(r: ExplainedExample) -> str:
     """The final pointer-sum distribution, best first, gold and predicted marked."""
-    order = sorted(range(len(r["probs"])), key=lambda i: -r["probs"][i])
+    order = sorted(range(len(r.probs)), key=lambda i: -r.probs[i])
+    unknown, absent_ones = set(r.unknown_candidates), set(r.absent_candidates)
     rows = []
     for i in order:
-        p = r["probs"][i]
+        p, word = r.probs[i], r.candidates[i]
         marks = ""
-        if i == r["gold"]:
+        if i == r.gold:
             marks += "<span class=\"mark mg\">gold</span>"
-        if i == r["pred"]:
-            ok = " ok" if i == r["gold"] else " open" if r["gold"] is None else ""
+        if i == r.pred:
+            ok = " ok" if i == r.gold else " open" if r.gold is None else ""
             marks += f"<span class=\"mark mp{ok}\">predicted</span>"
-        if r["candidates"][i] in (r.get("unknown_candidates") or ()):
+        if word in unknown:
             marks += "<span class=\"mark unk\">unknown</span>"
-        absent = r["candidates"][i] in (r.get("absent_candidates") or ())
+        absent = word in absent_ones
         if absent:
             marks += "<span class=\"mark absent\">not in the document</span>"
-        cls = " class=\"gold\"" if i == r["gold"] else ""
-        rows.append(f"<tr{cls} data-cand=\"{escape(r['candidates'][i])}\" data-p=\"{p}\"><td>{escape(r['candidates'][i])}"
+        cls = " class=\"gold\"" if i == r.gold else ""
+        rows.append(f"<tr{cls} data-cand=\"{escape(word)}\" data-p=\"{p}\"><td>{escape(word)}"
                     f"{marks}</td><td>{probability(p, absent)}</td><td><span class=\"bar\" style=\"width:{300 * p:.1f}px\"></span></td></tr>")
     return f"<table class=\"cands\">{''.join(rows)}</table>"
 
@@ -125,17 +128,17 @@ def probability(p: float, absent: bool = False) -> str:
     return f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
 
 
-def _step(r: dict[str, Any], s: dict[str, Any]) -> str:
-    gates = "no gates (last step)" if s["r_q"] is None else f"r<sub>q</sub> {s['r_q']:.3f}<br>r<sub>d</sub> {s['r_d']:.3f}"
-    if r["model"] == "as-reader":
+def _step(r: ExplainedExample, s: ExplainedStep) -> str:
+    gates = "no gates (last step)" if s.r_q is None else f"r<sub>q</sub> {s.r_q:.3f}<br>r<sub>d</sub> {s.r_d:.3f}"
+    if r.model == "as-reader":
         gates = "one step"
-    if s.get("halt_prob") is not None:
-        halt = "no halting unit (last step)" if s["r_q"] is None else f"halt h<sub>t</sub> {s['halt_prob']:.3f}"
-        gates += f"<br><span data-halt=\"{s['halt_prob']}\">{halt}</span><br>weight p<sub>t</sub> {s['weight']:.3f}"
-    query = (_tokens(r["query_tokens"], s["query_attention"], "q", placeholder=r["placeholder"])
-             if s["query_attention"] is not None else "<div class=\"q\">(final encoder states, no query attention)</div>")
-    doc = _tokens(r["doc_tokens"], s["doc_attention"], "d", cand=r["doc_cand"])
-    return (f"<div class=\"step\" data-step=\"{s['step']}\"><div><div class=\"t\">t = {s['step']}</div>"
+    if s.halt_prob is not None:
+        halt = "no halting unit (last step)" if s.r_q is None else f"halt h<sub>t</sub> {s.halt_prob:.3f}"
+        gates += f"<br><span data-halt=\"{s.halt_prob}\">{halt}</span><br>weight p<sub>t</sub> {s.weight:.3f}"
+    query = (_tokens(r.query_tokens, s.query_attention, "q", placeholder=r.placeholder)
+             if s.query_attention is not None else "<div class=\"q\">(final encoder states, no query attention)</div>")
+    doc = _tokens(r.doc_tokens, s.doc_attention, "d", cand=r.doc_cand)
+    return (f"<div class=\"step\" data-step=\"{s.step}\"><div><div class=\"t\">t = {s.step}</div>"
             f"<div class=\"gates\">{gates}</div></div><div>{query}{doc}</div></div>")
 
 
