@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from _faults import assert_says
 from iaa.cli import cli
 from iaa.jobs.workdir.paths import Workdir
 from iaa.platform.tracking import queries
@@ -86,6 +87,21 @@ def test_report_draws_a_sweeps_children(tmp_path: Path) -> None:
     by_experiment = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out))
     assert {r["run_id"] for r in by_experiment["runs"]} == kids
     assert by_experiment["skipped"] == [parent.run_id]            # the parent has no valid_acc history
+    ensemble = tracking.Run.start(uri, "tune-demo", "ensemble-sweep", tags={"kind": "ensemble"},
+                                  parent_run_id=parent.run_id)
+    ensemble.log_metrics({"valid_acc": 0.95})                      # one figure, and no batches of its own
+    ensemble.end()
+    with_ensemble = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out))
+    assert {r["run_id"] for r in with_ensemble["runs"]} == kids
+    assert set(with_ensemble["skipped"]) == {parent.run_id, ensemble.run_id}
+    under_parent = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out), "--runs", parent.run_id)
+    assert {r["run_id"] for r in under_parent["runs"]} == kids and under_parent["skipped"] == [ensemble.run_id]
+    named = CliRunner().invoke(cli, ["report", "--workdir", str(tmp_path), "--experiment", "tune-demo",
+                                     "--out", str(out), "--runs", ensemble.run_id])
+    assert named.exit_code == 1                                     # asked for by name: said, not skipped
+    assert_says(named.stderr, ensemble.run_id, "no train.batch_size", "--x steps")
+    ensemble_steps = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out), "--x", "steps")
+    assert ensemble.run_id in {r["run_id"] for r in ensemble_steps["runs"]}
     by_parent = _report(tmp_path, "--experiment", "tune-demo", "--out", str(out), "--runs", parent.run_id)
     assert {r["run_id"] for r in by_parent["runs"]} == kids
     one, two, _ = sorted(kids)

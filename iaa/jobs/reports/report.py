@@ -138,7 +138,8 @@ def draw(curves: Sequence[Curve], out: Path, *, metric: str, x: str, title: str,
 @dataclass(frozen=True, kw_only=True)
 class ReportResult(Result):
     """``iaa-cli report``: the figure drawn and its data, run by run (``skipped``: the runs that
-    logged no value of the metric)."""
+    logged no value of the metric, and against examples those that trained nothing of their own,
+    as an ensemble's run)."""
 
     experiment: str
     tracking_uri: str
@@ -176,6 +177,9 @@ def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, r
     uri = tracker.uri
     curves, skipped = [], []
     for record in select_runs(tracker, experiment, tuple(dict.fromkeys(run_ids))):
+        if x == "examples" and record.run_id not in run_ids and "train.batch_size" not in record.params:
+            skipped.append(record.run_id)           # no batches of its own: an ensemble's, a sweep's parent
+            continue
         c = curve(tracker, record, metric, x)
         if c is None:
             skipped.append(record.run_id)
