@@ -1,4 +1,4 @@
-"""Worker nodes die hard while a sweep runs, and nothing is lost (issue 44).
+"""Worker nodes die hard under a sweep, a training run and a served model, and nothing is lost.
 
 One cluster for the module (:class:`tests._chaos.ChaosCluster`: a head with no CPUs, two one-CPU
 worker nodes); its nodes are killed without a graceful stop and replaced by fresh ones. The sweep

@@ -52,7 +52,7 @@ def test_a_sweep_without_restores_says_nothing_of_them() -> None:
 def test_a_lost_node_is_said_once_with_what_becomes_of_its_trials(monkeypatch) -> None:
     import ray
 
-    from iaa.platform.sweeps.trial_runs import NodeWatch
+    from iaa.platform.sweeps.trial_events import NodeWatch
 
     class Heard:
         def __init__(self) -> None:
@@ -83,8 +83,8 @@ def test_a_node_whose_trial_lost_its_worker_is_named_in_that_trials_line_alone(m
     names is told once ``NODE_CLAIM_S`` has passed."""
     import ray
 
-    from iaa.platform.sweeps import trial_runs
-    from iaa.platform.sweeps.trial_runs import NodeWatch, lost_worker_text
+    from iaa.platform.sweeps import trial_events
+    from iaa.platform.sweeps.trial_events import NodeWatch, lost_worker_text
 
     class Heard:
         def __init__(self) -> None:
@@ -98,7 +98,7 @@ def test_a_node_whose_trial_lost_its_worker_is_named_in_that_trials_line_alone(m
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "nodes", lambda: nodes)
     monkeypatch.setenv("IAA_MAX_FAILURES", "0")
-    monkeypatch.setattr(trial_runs, "NODE_POLL_S", 0.0)
+    monkeypatch.setattr(trial_events, "NODE_POLL_S", 0.0)
     watch, heard = NodeWatch(), Heard()
     watch.tell(heard)
     nodes[1]["Alive"] = nodes[2]["Alive"] = False
@@ -109,7 +109,7 @@ def test_a_node_whose_trial_lost_its_worker_is_named_in_that_trials_line_alone(m
     assert first == ["bbbbbbbb (10.0.0.2)"] and second == ["bbbbbbbb (10.0.0.2)", "cccccccc (10.0.0.3)"]
     assert_says(lost_worker_text(first), "(node bbbbbbbb (10.0.0.2) died)", "no restores left")
     assert_says(lost_worker_text(()), "(its process or node died)", "no restores left")
-    monkeypatch.setattr(trial_runs, "NODE_CLAIM_S", 0.0)
+    monkeypatch.setattr(trial_events, "NODE_CLAIM_S", 0.0)
     nodes[0]["Alive"] = False
     watch.tell(heard)
     watch.tell(heard, now=True)
@@ -169,7 +169,7 @@ def test_a_resumed_trial_restored_from_a_checkpoint_continues_on_the_console() -
 
     from iaa.jobs.sweeps.console import SweepConsole
     from iaa.platform.sweeps.driver_side import DriverSide, bound
-    from iaa.platform.sweeps.trial_runs import ConsoleCallback
+    from iaa.platform.sweeps.trial_events import ConsoleCallback
 
     @dataclass
     class Trial:

@@ -29,11 +29,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import psutil
 
 from iaa import logs, signals
+
+if TYPE_CHECKING:
+    from iaa.jobs.evaluation.closing import Command
 
 _log = logging.getLogger(__name__)
 
@@ -58,16 +61,17 @@ class Stop:
     """The marks to make when the command is stopped, and the line that says what is kept.
 
     Args:
-        resume: the exact command that continues the work.
+        resume: the exact command that continues the work (a job's :class:`Command`; plain text is
+            said as it is).
         kept: what the stop leaves behind (called once, after the marks).
         restart: where the work left nothing to continue from (``resumable`` says so), the exact
             command that starts it again; the line gives it instead of ``resume``.
         resumable: whether ``resume`` has something to continue from now (a run's checkpoint).
     """
 
-    resume: str
+    resume: Command | str
     kept: Callable[[], str] = lambda: ""
-    restart: str | None = None
+    restart: Command | str | None = None
     resumable: Callable[[], bool] = lambda: True
     signal_name: str | None = None       # the signal that stopped the command, once one did
     ending: bool = False                 # a second signal came: the process is ending
@@ -84,7 +88,7 @@ class Stop:
         if kept is not None:
             self.kept = kept
 
-    def resumes_when(self, resumable: Callable[[], bool], restart: str) -> None:
+    def resumes_when(self, resumable: Callable[[], bool], restart: Command | str) -> None:
         """From now on, ``resume`` is said only where ``resumable()``; else ``restart``, with the
         words that nothing was kept to continue from."""
         self.resumable, self.restart = resumable, restart
@@ -130,14 +134,14 @@ def _name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
-def resumes_when(resumable: Callable[[], bool], restart: str) -> None:
+def resumes_when(resumable: Callable[[], bool], restart: Command | str) -> None:
     """:meth:`Stop.resumes_when` of the innermost running :func:`stoppable` block (none: nothing)."""
     if _ACTIVE:
         _ACTIVE[-1].resumes_when(resumable, restart)
 
 
 @contextmanager
-def stoppable(resume: str, kept: Callable[[], str] = lambda: "", *, restart: str | None = None,
+def stoppable(resume: Command | str, kept: Callable[[], str] = lambda: "", *, restart: Command | str | None = None,
               resumable: Callable[[], bool] = lambda: True) -> Iterator[Stop]:
     """Run the block so that SIGINT and SIGTERM stop it as :class:`Interrupted` (see the module).
     ``restart`` and ``resumable``: as :class:`Stop`'s.

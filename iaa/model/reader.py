@@ -198,7 +198,9 @@ class _Reader(nn.Module):
 
     def _drop(self, x: torch.Tensor) -> torch.Tensor:
         """Dropout (paper, "Training Details") on the input embeddings, the attention inputs and
-        the search gates' inputs; one mask per tensor, reused by all T steps."""
+        the search gates' inputs, with a fresh mask at every call: the attention inputs (q̃, d̃) are
+        dropped once per forward pass, so all T steps read them through one mask; the gates'
+        inputs are dropped afresh at each step."""
         if not self.training or self.cfg.dropout == 0.0:
             return x
         drop = self._active_slots.dropout
@@ -206,7 +208,8 @@ class _Reader(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):
         """``nn.Module``'s, then the kernels chosen again where the reader moved to another device
-        type."""
+        type. A private torch method (``.to()``, ``.cuda()`` and ``.cpu()`` all run it): listed in
+        ``kernels/kernel_internals.py``'s ``NAMES``, which a test checks against the installed torch."""
         super()._apply(fn, recurse)
         device = self.embedding.weight.device.type
         if device != self.kernels.device:

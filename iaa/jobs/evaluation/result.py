@@ -69,8 +69,8 @@ class Result:
 
 
 class Keyed:
-    """A result that callers written against its former dict may still index: ``result["html"]``
-    is ``result.fields()["html"]``. New code reads the attributes."""
+    """A result that may also be indexed by the keys of its JSON object: ``result["html"]`` is
+    ``result.fields()["html"]``. New code reads the attributes."""
 
     def __getitem__(self, key: str) -> Any:
         return self.fields()[key]  # type: ignore[attr-defined]

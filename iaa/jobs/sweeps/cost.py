@@ -21,10 +21,11 @@ from iaa.jobs.config.job_config import JobConfig
 
 PROBE_BATCHES = 4          # timed training steps (after one warm-up step)
 MANY_HOURS = 3.0           # above this, on CPUs, say which flags shrink the sweep
-# The demo sweep on a 2-core machine shared with other jobs: 5 s (load 6) to 20 s (load 20) from
-# the estimate to the first trial's start, and a trial's first check 1-2 s after its training
-# and validation time. The lower figures fit both: a long sweep is ruled by its training, a
-# short one by these (see docs/sweeps.md for the measured runs).
+# What a sweep spends besides training: its own start (the Tune controller, the trials' actors, the
+# first runs in the store) and the start of each wave of trials. Both grow with the machine's load;
+# the constants take the lowest figures measured, which fit both kinds of sweep: a long sweep is
+# ruled by its training, a short one by these (benchmarks/HISTORY.md, "Measurements cited from the
+# code"; the estimate against whole sweeps: docs/sweeps.md).
 SWEEP_START_S = 5.0
 TRIAL_START_S = 2.0
 

@@ -1,12 +1,12 @@
 """Dropout with a cheap random mask, in place of ``F.dropout`` (CPU).
 
-Why: on a 2-core Xeon ``F.dropout`` spent ~8 ns per element, mostly drawing a Bernoulli sample
-per element (23% of the straightforward reader's step, profiled). The fast path draws
-one 64-bit random integer per four elements and compares each 16-bit lane with a threshold:
-mask, multiply and backward together cost ~5.5 ns per element (benchmarks/HISTORY.md). The keep
-probability is quantised to 1/65536 (p = 0.2 becomes 13107/65536 = 0.199997); the scale is
-1/keep of that exact keep probability, so E[output] = input holds exactly. The mask is kept as
-uint8 (1 byte per element) for backward.
+Why: ``F.dropout`` spends most of its time drawing a Bernoulli sample per element, a sizeable
+part of the straightforward reader's training step on a CPU (profiled). The fast path draws one
+64-bit random integer per four elements and compares each 16-bit lane with a threshold, which
+makes mask, multiply and backward together cheaper (measured: benchmarks/HISTORY.md,
+"Measurements cited from the code"). The keep probability is quantised to 1/65536 (p = 0.2
+becomes 13107/65536 = 0.199997); the scale is 1/keep of that exact keep probability, so
+E[output] = input holds exactly. The mask is kept as uint8 (1 byte per element) for backward.
 """
 
 from __future__ import annotations

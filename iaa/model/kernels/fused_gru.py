@@ -42,11 +42,11 @@ from iaa.model.kernels import gru_kernels
 from iaa.model.kernels.support import Support
 
 # Threads for the Python fallback loops. They would open a parallel region for every step's tiny
-# matmul, which stalls for milliseconds whenever another process holds the other core (5-80x
-# slower loops measured on a loaded 2-core machine), so they run on one by default. The C++
-# kernels need no such setting: each direction's whole loop is one task of a single parallel
-# region, so with two torch threads the directions run side by side and never wait for each
-# other between steps (1.12x faster training on 2 idle cores, benchmarks/HISTORY.md).
+# matmul, which stalls for milliseconds whenever another process holds the other core, so they run
+# on one by default. The C++ kernels need no such setting: each direction's whole loop is one task
+# of a single parallel region, so with two torch threads the directions run side by side and never
+# wait for each other between steps. Measured: benchmarks/HISTORY.md, "Measurements cited from the
+# code".
 FALLBACK_THREADS = 1
 
 

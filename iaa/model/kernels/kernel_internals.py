@@ -1,9 +1,14 @@
-"""The one place where the kernels read a private torch name: a tensor's version counter
-(``Tensor._version``), which every in-place change bumps. The caches of packed or tabulated
-weights (``encoder_table.EncoderTable``, ``inference_steps.FusedSteps``) are keyed by it; no public
-API says whether a tensor changed in place.
+"""The private torch names of ``iaa.model``:
 
-``tests/test_private_apis.py`` checks every name used here against the installed torch, so an
+- a tensor's version counter (``Tensor._version``), which every in-place change bumps, read here
+  for the kernels: the caches of packed or tabulated weights (``encoder_table.EncoderTable``,
+  ``inference_steps.FusedSteps``) are keyed by it; no public API says whether a tensor changed in
+  place;
+- ``nn.Module._apply``, which the reader overrides (``iaa.model.reader``): ``.to()``, ``.cuda()``
+  and ``.cpu()`` all move a module's tensors through it, so that is where the reader chooses its
+  kernels again for the device it moved to; no public hook runs after a move.
+
+``tests/test_private_apis.py`` checks every name listed here against the installed torch, so an
 upgrade that moves one fails there, by name.
 """
 
@@ -11,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-NAMES = (("torch", "Tensor._version"),)
+NAMES = (("torch", "Tensor._version"), ("torch.nn", "Module._apply"))
 
 
 def version(tensor: torch.Tensor) -> int:

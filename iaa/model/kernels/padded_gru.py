@@ -29,12 +29,12 @@ Cost per call, beyond the two cuDNN calls:
   copies the weights (one buffer, a few copy kernels) with cuDNN's "not part of single contiguous
   chunk" warning; results stay exact.
 - bf16 on CUDA: none either, because the GRU runs in fp32 there, in both precisions (``gru_dtype``).
-  cuDNN's bf16 GRU over padded rows does not run as the persistent kernel: on an H200 (cuDNN
-  9.19, torch 2.11) a bf16 training step at batch 32 launched ~5,300 more kernels than an fp32
-  one, about 9 per position of the document and the query (the count of a recurrence run step
-  by step), and trained ~3x slower, eager and captured alike; and its weights, cast to bf16 at
-  every call, were copied into a fresh cuDNN buffer each time (cuDNN's "not part of single
-  contiguous chunk" warning). The rest of the reader still multiplies in bf16.
+  cuDNN's bf16 GRU over padded rows does not run as the persistent kernel: it runs the recurrence
+  step by step, several kernels per position of the document and the query, and trains a few
+  times slower than the fp32 GRU, eager and captured alike (measured: benchmarks/HISTORY.md,
+  "Measurements cited from the code"); and its weights, cast to bf16 at every call, were copied
+  into a fresh cuDNN buffer each time (cuDNN's "not part of single contiguous chunk" warning).
+  The rest of the reader still multiplies in bf16.
 - bf16 on the CPU: the weights are cast at every call (4 casts per direction): the cast must stay
   in the autograd graph, and a cache keyed by the parameters' versions would save nothing in
   training, where each encoder runs once per step.

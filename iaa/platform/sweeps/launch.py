@@ -38,7 +38,8 @@ from iaa.platform.cluster.storage import check_private
 from iaa.platform.ray_train import max_failures
 from iaa.platform.sweeps.budget import SweepClock
 from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
-from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns, child_runs
+from iaa.platform.sweeps.trial_events import ConsoleCallback
+from iaa.platform.sweeps.trial_runs import TrialRuns, child_runs
 
 _log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 Tune's own records of it kept off the console.
 
 The sweep's console says such a trial in one line as it ends
-(:class:`~iaa.platform.sweeps.trial_runs.ConsoleCallback`), and the closing summary names it once
+(:class:`~iaa.platform.sweeps.trial_events.ConsoleCallback`), and the closing summary names it once
 more with the resume that runs it again. Tune says it twice on its own, by its internal id: the
 failure with Ray's whole traceback ("Trial task failed for trial run_trial_ID", which the launcher
 has Tune make for every failure), and, once the run ends, the trials that did not finish ("Trials
