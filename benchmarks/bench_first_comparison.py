@@ -24,13 +24,16 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "search"))
 import replay  # noqa: E402
+
+if TYPE_CHECKING:
+    from iaa.jobs.ports import StudyTrial
 
 TABLE = HERE / "search" / "curves-cbt-cn.parquet"
 SCHEDULES = {   # name -> (checks thinned to every k-th, grace period, reduction factor)
@@ -40,17 +43,22 @@ SCHEDULES = {   # name -> (checks thinned to every k-th, grace period, reduction
 }
 
 
-def trials_of(trace: replay.Trace, table: Any) -> list[dict[str, Any]]:
+def trials_of(trace: replay.Trace, table: Any) -> list[StudyTrial]:
     """The replayed sweep's trials as the report's analyzer lists an Optuna study's: each one's
-    checks (``intermediate_values``, by check number) up to where ASHA stopped it."""
+    checks (``intermediate_values``, by check number) up to where ASHA stopped it, and the best of
+    them as the value of a trial that ran to its end."""
+    from iaa.jobs.ports import StudyTrial, trial_name
+
     stopped = dict(trace.stops)
     trials = []
     for i, config in enumerate(trace.proposals):
         curve = table.curve(config)
         last = stopped.get(replay.TRIAL_ID.format(i), len(curve))
-        trials.append({"number": i, "state": "PRUNED" if last < len(curve) else "COMPLETE",
-                       "stopped_by_asha": last < len(curve),
-                       "intermediate_values": {c.check: c.valid_acc for c in curve[:last]}})
+        checks = {c.check: c.valid_acc for c in curve[:last]}
+        cut = last < len(curve)
+        trials.append(StudyTrial(number=i, name=trial_name(i), state="PRUNED" if cut else "COMPLETE", params=config,
+                                 value=None if cut else max(checks.values(), default=None),
+                                 intermediate_values=checks, stopped_by_asha=cut))
     return trials
 
 

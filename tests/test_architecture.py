@@ -134,7 +134,8 @@ def test_the_model_reaches_the_kernels_only_through_select() -> None:
 # What an adapter may import from the jobs: the ports, the configs (and presets and search spaces,
 # plain data) and the work folder's paths.
 PLATFORM_MAY_IMPORT = {"iaa.jobs", "iaa.jobs.ports", "iaa.jobs.ports.records", "iaa.jobs.ports.tracking",
-                       "iaa.jobs.ports.launching", "iaa.jobs.ports.serving", "iaa.jobs.config.job_config", "iaa.jobs.config.presets",
+                       "iaa.jobs.ports.launching", "iaa.jobs.ports.serving", "iaa.jobs.ports.analysis",
+                       "iaa.jobs.config.job_config", "iaa.jobs.config.presets",
                        "iaa.jobs.workdir", "iaa.jobs.workdir.paths", "iaa.jobs.workdir.recorded", "iaa.jobs.config", "iaa.jobs.config.search_space",
                        "iaa.jobs.config.exploration"}   # pure: what a sweep's trials cannot tell (the study's notes)
 

@@ -159,6 +159,6 @@ def test_a_replayed_sweep_hands_the_report_each_trial_s_checks_up_to_where_asha_
     configs = [dict(zip(t.grid, key)) for key in list(t.curves)[:2]]
     trace = replay.Trace(proposals=configs, stops=[(replay.TRIAL_ID.format(0), 3)])
     stopped, finished = bench_first_comparison.trials_of(trace, t)
-    assert stopped["state"] == "PRUNED" and stopped["stopped_by_asha"] and list(stopped["intermediate_values"]) == [1, 2, 3]
-    assert finished["state"] == "COMPLETE" and len(finished["intermediate_values"]) == len(t.curve(configs[1]))
-    assert stopped["intermediate_values"][2] == t.curve(configs[0])[1].valid_acc
+    assert stopped.state == "PRUNED" and stopped.stopped_by_asha and list(stopped.intermediate_values) == [1, 2, 3]
+    assert finished.state == "COMPLETE" and len(finished.intermediate_values) == len(t.curve(configs[1]))
+    assert stopped.intermediate_values[2] == t.curve(configs[0])[1].valid_acc

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from _faults import assert_says
+from iaa.jobs.ports import StudyAnalysis, StudyTrial
 
 optuna = pytest.importorskip("optuna")
 
@@ -38,11 +39,11 @@ def test_the_study_gives_importances_and_three_figures_with_asha_stops(tmp_path:
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     _study(url)
     result = analyze(url, "demo-x", tmp_path / "report")
-    assert set(result["importances"]) == {"train.lr", "model.steps"}
-    assert result["importances"]["train.lr"] > result["importances"]["model.steps"]   # lr splits 0.9 from 0.5
-    assert sum(t["stopped_by_asha"] for t in result["trials"]) == 4
-    assert result["trials"][1]["intermediate_values"] == {1: 0.5, 2: 0.55}
-    for figure in result["figures"].values():
+    assert set(result.importances) == {"train.lr", "model.steps"}
+    assert result.importances["train.lr"] > result.importances["model.steps"]   # lr splits 0.9 from 0.5
+    assert sum(t.stopped_by_asha for t in result.trials) == 4
+    assert result.trials[1].intermediate_values == {1: 0.5, 2: 0.55}
+    for figure in result.figures.values():
         assert Path(figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -73,9 +74,43 @@ def test_two_trials_that_differ_in_every_parameter_get_no_importances_and_whole_
 
     monkeypatch.setattr(study_module, "_save", keep_ticks)
     result = study_module.analyze(url, "two", tmp_path / "report")
-    assert result["importances"] == {}
-    assert set(result["figures"]) == {"parallel_coordinates", "intermediate_values", "history"}
+    assert result.importances == {}
+    assert set(result.figures) == {"parallel_coordinates", "intermediate_values", "history"}
     assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_the_analyzer_returns_a_record_and_the_json_object_keeps_its_keys(tmp_path: Path) -> None:
+    """The study comes back as typed records; ``--json`` lists the same keys, in the same order, as
+    when the analyzer returned a dict: a trial's ``carried_from`` and ``tried_first`` only where it
+    has them, the best trial and the history as objects."""
+    import json
+
+    from iaa.jobs.ports import BestTrial, HistoryPoint
+    from iaa.jobs.reports.sweep_report import from_analysis
+    from iaa.platform.sweeps.study import analyze
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    _study(url)
+    analysis = analyze(url, "demo-x", tmp_path / "report")
+    assert isinstance(analysis, StudyAnalysis) and {type(t) for t in analysis.trials} == {StudyTrial}
+    assert analysis.best == BestTrial({"train.lr": 0.004, "model.steps": 2}, 0.93)
+    assert {type(p) for p in analysis.history} <= {HistoryPoint} and analysis.storage == url
+    carried = dataclasses.replace(analysis.trials[0], carried_from="earlier", tried_first=1)
+    found = from_analysis(dataclasses.replace(analysis, trials=(carried, *analysis.trials[1:])), sweep="demo-x",
+                          recorded=8).fields()
+    assert list(found) == ["warnings", "sweep", "sampler", "study", "trials", "importances", "figures",
+                           "dashboard_importances", "sweep_trials", "stopped_attempts", "complete_trials",
+                           "scored_trials", "storage", "importance_evaluator", "best", "history", "carried_trials",
+                           "carried_best", "logged_to_run"]
+    plain_trial = ["number", "name", "state", "params", "value", "intermediate_values", "stopped_by_asha",
+                   "stopped_by_time_budget"]
+    assert [list(t) for t in found["trials"][:2]] == [plain_trial + ["carried_from", "tried_first"], plain_trial]
+    assert found["trials"][1]["intermediate_values"] == {1: 0.5, 2: 0.55}
+    assert found["best"] == {"params": {"train.lr": 0.004, "model.steps": 2}, "value": 0.93}
+    assert found["figures"] == {name: str(tmp_path / "report" / f"{name}.png") for name in analysis.figures}
+    assert [list(p) for p in found["history"]] == [["number", "name", "hours", "value", "best", "cut"]] * 8
+    assert (found["importance_evaluator"], found["carried_trials"], found["carried_best"]) == ("fANOVA", 0, None)
+    json.dumps(found)
 
 
 def test_a_missing_study_is_one_clear_error(tmp_path: Path) -> None:
@@ -104,9 +139,9 @@ def test_the_report_gives_the_dashboards_importances_beside_its_own(tmp_path: Pa
     _study(url)
     result = analyze(url, "demo-x", tmp_path / "report")
     expected = _pedanova(optuna.load_study(study_name="demo-x", storage=url))
-    assert result["dashboard_importances"] == pytest.approx(expected)
-    assert list(result["dashboard_importances"]) == list(expected)           # the same order
-    assert (result["complete_trials"], result["scored_trials"]) == (4, 8)
+    assert result.dashboard_importances == pytest.approx(expected)
+    assert list(result.dashboard_importances) == list(expected)           # the same order
+    assert (result.complete_trials, result.scored_trials) == (4, 8)
     text = describe(from_analysis(result, sweep="demo-x"))
     line = next(line for line in text.splitlines() if line.startswith("optuna-dashboard shows PED-ANOVA"))
     assert all(f"{k} {v:.3f}" in line for k, v in expected.items())
@@ -137,8 +172,8 @@ def test_the_report_names_the_sampler_of_the_sweep_and_tpe_for_an_older_record(t
     path = record.sweep_file(workdir, "old")
     path.parent.mkdir(parents=True)
     record.write(path, record.SweepRecord(name="old", optuna=record.Study("sqlite:///x.db", "old"), sampler=recorded))
-    def analyze(storage: str, study: str, folder: Path) -> dict:
-        return {"study": study, "trials": [], "importances": {}, "figures": {}}
+    def analyze(storage: str, study: str, folder: Path) -> StudyAnalysis:
+        return _analysis_of(study, ())
     result = sweep_report.run("old", workdir, analyze, open_tracker=lambda uri: None)
     assert result.sampler == shown
     first = sweep_report.describe(result).splitlines()[0]
@@ -154,10 +189,10 @@ def test_the_report_reads_asha_s_first_comparison_at_the_grace_period_the_sweep_
     path.parent.mkdir(parents=True)
     record.write(path, record.SweepRecord(name="s", optuna=record.Study("sqlite:///x.db", "s"),
                                           asha=record.Asha(grace_period=2, reduction_factor=2.0)))
-    trials = [{"number": n, "state": "COMPLETE", "params": {}, "value": 0.5,
-               "intermediate_values": {1: 0.1 * n, 2: 0.2 * n, 3: 0.3 * n}} for n in (1, 2, 3)]
-    result = sweep_report.run("s", workdir, lambda storage, study, folder: {
-        "study": study, "trials": trials, "importances": {}, "figures": {}}, open_tracker=lambda uri: None)
+    trials = tuple(StudyTrial(number=n, name=f"trial-{n:04d}", state="COMPLETE", params={}, value=0.5,
+                              intermediate_values={1: 0.1 * n, 2: 0.2 * n, 3: 0.3 * n}) for n in (1, 2, 3))
+    result = sweep_report.run("s", workdir, lambda storage, study, folder: _analysis_of(study, trials),
+                              open_tracker=lambda uri: None)
     assert result.first_comparison == {"check": 2, "compared": 3, "stopped": 0, "went_on": 3, "spearman": 1.0}
 
 
@@ -188,10 +223,10 @@ def test_the_history_gives_the_best_so_far_as_the_trials_ended(tmp_path: Path) -
                                     datetime_start=t0 + timedelta(minutes=start),
                                     datetime_complete=None if end is None else t0 + timedelta(minutes=end)))
     result = analyze(url, "h", tmp_path / "report")
-    assert [(p["number"], p["hours"], p["value"], p["best"]) for p in result["history"]] == [
+    assert [(p.number, p.hours, p.value, p.best) for p in result.history] == [
         (1, 0.5, 0.7, 0.7), (3, 0.75, 0.65, 0.7), (0, 1.0, 0.5, 0.7), (2, 1.5, 0.8, 0.8)]
-    assert [p["cut"] for p in result["history"]] == [False, True, False, False]     # drawn as a square
-    assert Path(result["figures"]["history"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.cut for p in result.history] == [False, True, False, False]     # drawn as a square
+    assert Path(result.figures["history"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     from _faults import assert_says
     from iaa.jobs.reports.sweep_report import describe, from_analysis
@@ -217,20 +252,28 @@ def _recorded_sweep(workdir: Path, name: str, trials: int, failed: int = 0):
                                           num_samples=trials, search_space=space, sampler="tpe"))
 
 
+def _analysis_of(study: str, trials: tuple[StudyTrial, ...], **fields) -> StudyAnalysis:
+    """The analysis of a study of ``trials`` that drew nothing, but for ``fields``."""
+    return StudyAnalysis(**{"study": study, "storage": "sqlite:///x.db", "importances": {},
+                            "importance_evaluator": "fANOVA", "dashboard_importances": {}, "scored_trials": 0,
+                            "complete_trials": 0, "best": None, "history": (), "carried_trials": 0,
+                            "carried_best": None, "trials": trials, "figures": {}, **fields})
+
+
 def _analysis(states: list[str]):
     """An analyzer of a study whose trials ended in ``states``: it draws only what it can."""
-    trials = [{"number": n, "state": state, "params": {"train.lr": 0.002 * (1 + n % 2), "model.steps": 2 + n % 2},
-               "value": 0.5 if state == "COMPLETE" else None,
-               "intermediate_values": {1: 0.4, 2: 0.5} if state == "COMPLETE" else {1: 0.3}}
-              for n, state in enumerate(states)]
+    trials = tuple(StudyTrial(number=n, name=f"trial-{n:04d}", state=state, value=0.5 if state == "COMPLETE" else None,
+                              params={"train.lr": 0.002 * (1 + n % 2), "model.steps": 2 + n % 2},
+                              intermediate_values={1: 0.4, 2: 0.5} if state == "COMPLETE" else {1: 0.3})
+                   for n, state in enumerate(states))
     scored = sum(state in ("COMPLETE", "PRUNED") for state in states)
 
-    def analyze(storage: str, study: str, folder: Path) -> dict:
+    def analyze(storage: str, study: str, folder: Path) -> StudyAnalysis:
         drawn = ("intermediate_values", "history") + (("importances", "parallel_coordinates") if scored >= 2 else ())
-        return {"study": study, "trials": trials, "scored_trials": scored, "complete_trials": scored,
-                "dashboard_importances": {"train.lr": 0.5, "model.steps": 0.5} if scored >= 2 else {}, "figures": {
-            name: str(folder / f"{name}.png") for name in drawn},
-            "importances": {"train.lr": 0.7, "model.steps": 0.3} if scored >= 2 else {}}
+        return _analysis_of(study, trials, scored_trials=scored, complete_trials=scored,
+                            dashboard_importances={"train.lr": 0.5, "model.steps": 0.5} if scored >= 2 else {},
+                            figures={name: folder / f"{name}.png" for name in drawn},
+                            importances={"train.lr": 0.7, "model.steps": 0.3} if scored >= 2 else {})
     return analyze
 
 
@@ -299,8 +342,8 @@ def test_a_trial_a_resume_continued_keeps_its_name_in_the_report(tmp_path: Path)
                                     distributions=dists, user_attrs=attrs, system_attrs={}, intermediate_values={1: 0.6},
                                     datetime_start=t0, datetime_complete=t0 + timedelta(minutes=end)))
     result = analyze(url, "r", tmp_path / "report")
-    assert [p["name"] for p in result["history"]] == ["trial-0000"]
-    assert [t["name"] for t in result["trials"]] == ["trial-0000", "trial-0000"]
+    assert [p.name for p in result.history] == ["trial-0000"]
+    assert [t.name for t in result.trials] == ["trial-0000", "trial-0000"]
     assert_says(describe(from_analysis(result, sweep="r")), "best trial (trial-0000, valid_acc 0.6000)")
 
 
@@ -329,9 +372,9 @@ def test_a_study_of_under_two_scored_trials_draws_the_checks_and_history_without
     record.write(path, dataclasses.replace(record.read(path), optuna=record.Study(url, "s1")))
 
     result = analyze(url, "s1", tmp_path / "report")
-    assert result["importances"] == {} and set(result["figures"]) == {"intermediate_values", "history"}
-    assert result["scored_trials"] == states.count("COMPLETE")
-    for figure in result["figures"].values():
+    assert result.importances == {} and set(result.figures) == {"intermediate_values", "history"}
+    assert result.scored_trials == states.count("COMPLETE")
+    for figure in result.figures.values():
         assert Path(figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "report" / "importances.png").exists()
 

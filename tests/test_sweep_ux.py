@@ -10,7 +10,7 @@ from fakes import sweep_plan
 from iaa.jobs.config import search_space
 from iaa.jobs.tune import tune
 from iaa.jobs.config.job_config import JobConfig
-from iaa.jobs.ports import Placement, SearchPlan
+from iaa.jobs.ports import Placement, SearchPlan, StudyAnalysis, StudyTrial, trial_name
 from iaa.jobs.config.presets import TUNE_PRESETS
 from iaa.jobs.config.job_config import config_label
 from iaa.jobs.ports import TrialRecord
@@ -77,26 +77,34 @@ def test_trials_that_cannot_separate_the_parameters_that_varied_are_said_once() 
     assert_says(alone, "1 scored trial(s): no two trials were compared")
 
 
+def _analysis(trials: list[StudyTrial], **fields) -> StudyAnalysis:
+    """The analysis of study ``s`` of ``trials`` that drew nothing, but for ``fields``."""
+    return StudyAnalysis(**{"study": "s", "storage": "sqlite:///x.db", "importances": {},
+                            "importance_evaluator": "fANOVA", "dashboard_importances": {}, "scored_trials": 0,
+                            "complete_trials": 0, "best": None, "history": (), "carried_trials": 0,
+                            "carried_best": None, "trials": tuple(trials), "figures": {}, **fields})
+
+
 def test_report_describe_shows_the_warnings_after_the_importances() -> None:
     from iaa.jobs.reports import sweep_report
 
+    trials = [StudyTrial(number=n, name=trial_name(n), state="", params={}, value=None, intermediate_values={})
+              for n in range(4)]
     text = sweep_report.describe(sweep_report.from_analysis(
-        {"trials": [{}] * 4, "study": "s", "importances": {"train.lr": 0.0}, "figures": {}}, sweep="s",
-        warnings=("train.lr never varied",)))
+        _analysis(trials, importances={"train.lr": 0.0}), sweep="s", warnings=("train.lr never varied",)))
     assert text.splitlines()[-1] == "warning: train.lr never varied"
 
 
-def _trial(number: int, checks: list[float], state: str = "COMPLETE", **extra) -> dict:
-    return {"number": number, "state": state, "params": {}, "value": max(checks),
-            "intermediate_values": dict(enumerate(checks, start=1)), "stopped_by_asha": state == "PRUNED", **extra}
+def _trial(number: int, checks: list[float], state: str = "COMPLETE", **extra) -> StudyTrial:
+    return StudyTrial(number=number, name=trial_name(number), state=state, params={}, value=max(checks),
+                      intermediate_values=dict(enumerate(checks, start=1)), stopped_by_asha=state == "PRUNED", **extra)
 
 
 def test_report_says_how_the_trials_asha_let_go_on_ended_against_its_first_comparison() -> None:
     from iaa.jobs.reports import sweep_report
 
-    def report(trials: list[dict], grace: int | None = 1) -> sweep_report.SweepReportResult:
-        return sweep_report.from_analysis({"trials": trials, "study": "s", "importances": {}, "figures": {}},
-                                          sweep="s", grace_period=grace)
+    def report(trials: list[StudyTrial], grace: int | None = 1) -> sweep_report.SweepReportResult:
+        return sweep_report.from_analysis(_analysis(trials), sweep="s", grace_period=grace)
 
     stopped = [_trial(0, [0.30], "PRUNED"), _trial(1, [0.28], "PRUNED")]
     in_order = [_trial(2, [0.40, 0.50, 0.60]), _trial(3, [0.38, 0.45, 0.55]), _trial(4, [0.35, 0.41, 0.52])]

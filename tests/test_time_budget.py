@@ -311,6 +311,6 @@ def test_the_report_tells_the_trials_the_budget_stopped_from_those_asha_stopped(
         study.add_trial(create_trial(params={"h": h}, distributions=space, state=state, user_attrs=attrs,
                                      value=0.5 if state == TrialState.COMPLETE else None,
                                      intermediate_values={1: 0.2, 2: 0.3}))
-    trials = analyze(storage, "s", tmp_path / "figures")["trials"]
-    assert [(t["stopped_by_asha"], t["stopped_by_time_budget"]) for t in trials] == [
+    trials = analyze(storage, "s", tmp_path / "figures").trials
+    assert [(t.stopped_by_asha, t.stopped_by_time_budget) for t in trials] == [
         (False, False), (True, False), (False, True)]

@@ -5,6 +5,7 @@ test_platform_sweep.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pickle
@@ -229,11 +230,11 @@ def test_the_report_names_the_trials_that_ran_a_given_configuration(tmp_path: Pa
 
     analysis = analyze(url, "s", tmp_path / "report")
 
-    assert [t.get("tried_first") for t in analysis["trials"]] == [0, 1, None]
+    assert [t.tried_first for t in analysis.trials] == [0, 1, None]
     [line] = given_line(from_analysis(analysis, sweep="s"))
     assert_says(line, "2 configuration(s) given to try first ran in trial-0000, trial-0001 of the 3", "0.7000, trial-0001",
                 "ASHA left them")
-    assert not given_line(from_analysis({**analysis, "trials": analysis["trials"][2:]}, sweep="s"))
+    assert not given_line(from_analysis(dataclasses.replace(analysis, trials=analysis.trials[2:]), sweep="s"))
 
 
 # --- the sweep job on fakes ---------------------------------------------------------------------

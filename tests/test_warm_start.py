@@ -415,10 +415,10 @@ def test_the_report_counts_carried_trials_in_the_importances_only(tmp_path: Path
 
     analysis = analyze(url, "later", tmp_path / "report")
 
-    assert analysis["scored_trials"] == 4 and analysis["carried_trials"] == 2
-    assert analysis["carried_best"] == pytest.approx(0.97)
-    assert [t.get("carried_from") for t in analysis["trials"]] == ["earlier", "earlier", None, None]
-    assert [p["number"] for p in analysis["history"]] == [2, 3] and analysis["history"][-1]["best"] == 0.8
+    assert analysis.scored_trials == 4 and analysis.carried_trials == 2
+    assert analysis.carried_best == pytest.approx(0.97)
+    assert [t.carried_from for t in analysis.trials] == ["earlier", "earlier", None, None]
+    assert [p.number for p in analysis.history] == [2, 3] and analysis.history[-1].best == 0.8
     [line] = carried_line(from_analysis(analysis, sweep="later"))
     assert_says(line, "2 of the 4 trials", "sweep earlier", "0.9700", "importances")
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
 from iaa.cli.options import (FiniteFloat, json_option, tracking_option, workdir_option)
-from iaa.cli.output import emit, friendly, show_warnings, shown
+from iaa.cli.output import emit, friendly, print_summary, show_warnings, shown
 
 
 @click.command()
@@ -49,21 +48,15 @@ def report(experiment: str | None, sweep: str | None, list_sweeps: bool, run_ids
     if list_sweeps:
         from iaa.jobs.reports import sweep_list
 
-        listed = sweep_list.run(workdir)
-        if as_json:                                 # the table on stderr, the JSON line on stdout
-            click.echo(shown(sweep_list.describe(listed), keep_lines=True), err=True)
-            emit(listed, as_json=True)             # the commands in it spelled with flags
-        else:
-            show_warnings(listed)
-            click.echo(shown(sweep_list.describe(listed), keep_lines=True))
+        _report_or_json(sweep_list.describe, sweep_list.run(workdir), as_json)
         return
     if sweep is not None:
+        from iaa.cli.adapters import study_analyzer
         from iaa.jobs.reports import sweep_report
-        from iaa.platform.sweeps.study import analyze
         from iaa.platform.tracking.tracker import MlflowTracker
 
-        result = sweep_report.run(sweep, workdir, analyze, MlflowTracker, out=out)
-        _summary_and_json(shown(sweep_report.describe(result), keep_lines=True), result, as_json)
+        result = sweep_report.run(sweep, workdir, study_analyzer(), MlflowTracker, out=out)
+        _report_or_json(sweep_report.describe, result, as_json)
         return
     if out is None:
         raise click.UsageError("--out PNG is required with --experiment")
@@ -75,11 +68,15 @@ def report(experiment: str | None, sweep: str | None, list_sweeps: bool, run_ids
 
     result = job.run(experiment, out, MlflowTracker, run_ids=run_ids + more_run_ids, metric=metric, x=x_axis,
                      baseline=baseline, baseline_data=baseline_data, workdir=workdir, tracking_uri=tracking_uri)
-    _summary_and_json(shown(job.describe(result), keep_lines=True), result, as_json)
+    _report_or_json(job.describe, result, as_json)
 
 
-def _summary_and_json(summary: str, result: Any, as_json: bool) -> None:
-    """The report's summary: on stdout, or with ``--json`` on stderr before the JSON line on stdout."""
-    click.echo(summary, err=as_json)
+def _report_or_json(describe: Callable[[Any], str], result: Any, as_json: bool) -> None:
+    """The report (``describe(result)``) is the output, on stdout; with ``--json`` it is the
+    summary on stderr, as every command's is, and the JSON object is stdout's line."""
     if as_json:
-        click.echo(json.dumps(result.fields(), default=str))
+        print_summary(describe, result)
+        emit(result, as_json=True)             # the commands in it spelled with flags
+    else:
+        show_warnings(result)
+        click.echo(shown(describe(result), keep_lines=True))

@@ -19,6 +19,7 @@ Every name is importable from this package as well.
 
 from __future__ import annotations
 
+from iaa.jobs.ports.analysis import BestTrial, HistoryPoint, StudyAnalysis, StudyAnalyzer, StudyTrial
 from iaa.jobs.ports.launching import (Carried, ConnectRequest, Launcher, MembersRequest, Placement, RestoresSpent,
                                       Scorer, SearchPlan, SweepEvents, SweepRequest, TrialRun, TrialTracking,
                                       WarmStart, WorkerData, WorkerFit, WorkerLink, WorkersRequest)
@@ -36,6 +37,7 @@ __all__ = [
     "MetricsCallback", "ModelCard", "ModelCode", "ModelFetcher", "ModelFiles", "ModelSource", "Placement", "RequestError", "RestoresSpent", "RunRecord", "Scorer",
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",
     "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WarmStart", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
+    "BestTrial", "HistoryPoint", "StudyAnalysis", "StudyAnalyzer", "StudyTrial",
     "trial_name",
     "trial_said",
 ]

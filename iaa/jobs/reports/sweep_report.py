@@ -3,8 +3,9 @@
 Four figures (parameter importances, parallel coordinates, each trial's checks with ASHA's
 stops marked, and the best valid_acc found over the sweep's time) go to ``--out`` (default
 ``WORKDIR/sweeps/NAME/report``) and to the sweep's parent run under ``report/``; the numbers
-behind them are the returned :class:`SweepReportResult` (``--json``). The study is read by an
-adapter (:func:`iaa.platform.sweeps.study.analyze`).
+behind them are the returned :class:`SweepReportResult` (``--json``). The study is read by a
+:class:`~iaa.jobs.ports.StudyAnalyzer` (the adapter: :func:`iaa.platform.sweeps.study.analyze`),
+which returns a :class:`~iaa.jobs.ports.StudyAnalysis`.
 
 Importances and parallel coordinates compare trials: a study of fewer than two scored trials has
 none, and the report says so in a warning and draws the rest. The study may hold more trials
@@ -16,80 +17,87 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs.config import exploration
 from iaa.jobs.evaluation.closing import Command, where
-from iaa.jobs.evaluation.result import Result, absent_when_none, hidden, spread
+from iaa.jobs.evaluation.result import Result, absent_when_none, hidden, plain
 from iaa.jobs.sweeps import comparison
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
 from iaa.jobs.sweeps.ranking import Ranking
 from iaa.jobs.sweeps.record import SweepRecord
-from iaa.jobs.ports import Tracker, trial_name
+from iaa.jobs.ports import BestTrial, HistoryPoint, StudyAnalysis, StudyAnalyzer, StudyTrial, Tracker
 from iaa.jobs.workdir import names
-
-SCORED_STATES = ("COMPLETE", "PRUNED")    # finished, or stopped by ASHA with the checks it made
-StudyAnalyzer = Callable[[str, str, Path], dict[str, Any]]   # (storage URL, study name, out folder) -> numbers
 
 
 @dataclass(frozen=True, kw_only=True)
 class SweepReportResult(Result):
     """``iaa-cli report --sweep``: the sweep's study, its trials and parameter importances, the
-    figures drawn and the parent run they were logged to (None: none was). ``analysis``: the rest
-    of what the study's analyzer reported (its storage, evaluator, best trial ...)."""
+    figures drawn and the parent run they were logged to (None: none was). The study's fields
+    are its :class:`~iaa.jobs.ports.StudyAnalysis`'s; a trial in the JSON object is
+    :meth:`StudyTrial.fields <iaa.jobs.ports.StudyTrial.fields>`."""
 
     sweep: str
     sampler: str | None
     study: str
-    trials: tuple[dict[str, Any], ...]
+    trials: tuple[StudyTrial, ...]
     importances: dict[str, float]                                  # fANOVA's, by parameter
-    figures: dict[str, str]                                        # name -> PNG
-    dashboard_importances: dict[str, float] | None = absent_when_none()   # optuna-dashboard's PED-ANOVA
+    figures: dict[str, Path]                                       # name -> PNG
+    dashboard_importances: dict[str, float]                        # optuna-dashboard's PED-ANOVA
     sweep_trials: int | None = absent_when_none()                  # the sweep's, as its record counts them
     stopped_attempts: int | None = absent_when_none()              # study trials beyond them: :func:`stopped_attempts`
-    complete_trials: int | None = absent_when_none()
-    scored_trials: int | None = absent_when_none()
+    complete_trials: int
+    scored_trials: int
     first_comparison: dict[str, Any] | None = absent_when_none()   # :func:`first_comparison`
     close_trials: tuple[str, ...] | None = absent_when_none()      # within chance of the best (None: unknown)
     close_note: str | None = hidden()                              # the line that names them
-    analysis: Mapping[str, Any] = spread()
+    storage: str                                                   # the study's storage URL
+    importance_evaluator: str
+    best: BestTrial | None
+    history: tuple[HistoryPoint, ...]                              # the best valid_acc as the trials ended
+    carried_trials: int                                            # scored trials a warm start carried
+    carried_best: float | None
     logged_to_run: str | None = None
 
+    def fields(self) -> dict[str, Any]:
+        """:meth:`Result.fields`, each trial as
+        :meth:`StudyTrial.fields <iaa.jobs.ports.StudyTrial.fields>` lists it."""
+        found = super().fields()
+        found["trials"] = [plain(t.fields()) for t in self.trials]
+        return found
 
-def from_analysis(analysis: Mapping[str, Any], *, sweep: str, sampler: str | None = None,
+
+def from_analysis(analysis: StudyAnalysis, *, sweep: str, sampler: str | None = None,
                   grace_period: int | None = None, logged_to_run: str | None = None,
                   warnings: tuple[str, ...] = (), close: tuple[tuple[str, ...], str | None] | None = None,
                   recorded: int | None = None) -> SweepReportResult:
-    """The result of the analyzer's numbers (``analysis``: :data:`StudyAnalyzer`'s dict) for
-    ``sweep``, whose ASHA first compared trials at check ``grace_period`` (None: unknown),
+    """The result of the study's ``analysis`` for ``sweep``, whose ASHA first compared trials at check ``grace_period`` (None: unknown),
     ``close``: the trials within chance of its best and the line that says so (None: unknown), and
     ``recorded``: the trials its record holds (None: unknown)."""
-    named = {"study", "trials", "importances", "figures", "dashboard_importances", "complete_trials", "scored_trials"}
-    trials = tuple(analysis["trials"])
-    compared = first_comparison(trials, grace_period) if grace_period else None
+    compared = first_comparison(analysis.trials, grace_period) if grace_period else None
     return SweepReportResult(
-        sweep=sweep, sampler=sampler, study=analysis["study"], trials=trials,
-        importances=dict(analysis["importances"]), figures=dict(analysis["figures"]),
-        dashboard_importances=analysis.get("dashboard_importances"), sweep_trials=recorded,
-        stopped_attempts=None if recorded is None else stopped_attempts(trials, recorded),
-        complete_trials=analysis.get("complete_trials"),
-        scored_trials=analysis.get("scored_trials"), first_comparison=compared,
-        analysis={k: v for k, v in analysis.items() if k not in named}, logged_to_run=logged_to_run,
+        sweep=sweep, sampler=sampler, study=analysis.study, trials=analysis.trials,
+        importances=dict(analysis.importances), figures=dict(analysis.figures),
+        dashboard_importances=dict(analysis.dashboard_importances), sweep_trials=recorded,
+        stopped_attempts=None if recorded is None else stopped_attempts(analysis.trials, recorded),
+        complete_trials=analysis.complete_trials, scored_trials=analysis.scored_trials, first_comparison=compared,
         close_trials=None if close is None else close[0], close_note=None if close is None else close[1],
-        warnings=warnings + tuple(comparison.ranked_poorly(compared)))
+        storage=analysis.storage, importance_evaluator=analysis.importance_evaluator, best=analysis.best,
+        history=analysis.history, carried_trials=analysis.carried_trials, carried_best=analysis.carried_best,
+        logged_to_run=logged_to_run, warnings=warnings + tuple(comparison.ranked_poorly(compared)))
 
 
-def stopped_attempts(trials: Sequence[Mapping[str, Any]], recorded: int) -> int:
+def stopped_attempts(trials: Sequence[StudyTrial], recorded: int) -> int:
     """How many of the study's own ``trials`` (not those a warm start carried) are not among the
     ``recorded`` trials of the sweep (its record's), and ended FAIL: the attempts that a stop ended
     (or a process that died, marked by the resume) and that the resume continued as new trials. 0
     when the record holds none (a sweep that recorded no trials yet)."""
-    own = [t for t in trials if not t.get("carried_from")]
+    own = [t for t in trials if not t.carried_from]
     if not recorded or len(own) <= recorded:
         return 0
-    return min(len(own) - recorded, sum(t.get("state") == "FAIL" for t in own))
+    return min(len(own) - recorded, sum(t.state == "FAIL" for t in own))
 
 
 def unranked_note(scored: int) -> str:
@@ -98,12 +106,12 @@ def unranked_note(scored: int) -> str:
             f"{exploration.RANKED_FROM} or more; drawn: the checks per trial and the best valid_acc over time")
 
 
-def first_comparison(trials: Sequence[Mapping[str, Any]], grace_period: int) -> dict[str, Any]:
+def first_comparison(trials: Sequence[StudyTrial], grace_period: int) -> dict[str, Any]:
     """:func:`iaa.jobs.sweeps.comparison.first_comparison` of the study's own scored trials (not
     those a warm start carried)."""
     return comparison.first_comparison(
-        [comparison.Checked(t.get("intermediate_values", {}), bool(t.get("stopped_by_asha")))
-         for t in trials if t.get("state") in SCORED_STATES and not t.get("carried_from")], grace_period)
+        [comparison.Checked(t.intermediate_values, t.stopped_by_asha)
+         for t in trials if t.scored and not t.carried_from], grace_period)
 
 
 def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable[[str], Tracker],
@@ -117,17 +125,17 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
         raise IaaError(f"{path}: the sweep kept no Optuna study (it ran before studies were stored); "
                        "run the sweep again to analyse it")
     folder = Path(out) if out is not None else path.parent / "report"
-    result = analyze(sweep.optuna.storage, sweep.optuna.study, folder)
+    analysis = analyze(sweep.optuna.storage, sweep.optuna.study, folder)
     logged = False
     if sweep.parent_run_id and sweep.tracking_uri:
         parent = open_tracker(sweep.tracking_uri).attach(sweep.parent_run_id)
-        for figure in result["figures"].values():
+        for figure in analysis.figures.values():
             parent.log_artifact(Path(figure), "report")
         logged = True
-    scored = [t["params"] for t in result["trials"] if t.get("state") in SCORED_STATES]
+    scored = [t.params for t in analysis.trials if t.scored]
     searched = list((sweep.search_space or {}).get("params") or {}) or sorted({k for t in scored for k in t})
     notes = exploration.notes(scored, searched) if len(scored) >= exploration.RANKED_FROM else [unranked_note(len(scored))]
-    return from_analysis(result, sweep=sweep.name, sampler=sweep_file.sampler(sweep),
+    return from_analysis(analysis, sweep=sweep.name, sampler=sweep_file.sampler(sweep),
                          grace_period=sweep.asha.grace_period if sweep.asha else None,
                          logged_to_run=sweep.parent_run_id if logged else None,
                          warnings=tuple(notes), close=close_trials(sweep, workdir), recorded=len(sweep.trials))
@@ -157,28 +165,21 @@ def close_trials(sweep: SweepRecord, workdir: Path) -> tuple[tuple[str, ...], st
 def dashboard_line(result: SweepReportResult) -> list[str]:
     """optuna-dashboard's importances of the same study, and in one line why they differ from fANOVA's
     (none where there are no fANOVA importances: too few trials for either)."""
-    if result.dashboard_importances is None or not result.importances:
+    if not result.importances:
         return []
     shown = ", ".join(f"{k} {v:.3f}" for k, v in result.dashboard_importances.items()) or "none (under 2 COMPLETE trials)"
-    complete = "?" if result.complete_trials is None else result.complete_trials
-    scored = "?" if result.scored_trials is None else result.scored_trials
-    return [f"optuna-dashboard shows PED-ANOVA instead: {shown}; it compares the best 10% of the {complete} COMPLETE "
-            f"trials with all of them (fANOVA above fits all {scored} scored ones), so a small sweep ties there"]
-
-
-def _name(trial: dict[str, Any]) -> str:
-    """A trial of the study as the console named it (``trial-0003``)."""
-    return trial.get("name") or trial_name(trial["number"])
+    return [f"optuna-dashboard shows PED-ANOVA instead: {shown}; it compares the best 10% of the "
+            f"{result.complete_trials} COMPLETE trials with all of them (fANOVA above fits all {result.scored_trials} "
+            "scored ones), so a small sweep ties there"]
 
 
 def history_line(result: SweepReportResult) -> list[str]:
     """When the sweep found its best, against how long its trials ran (wall clock)."""
-    history = result.analysis.get("history") or []
-    if not history:
+    if not result.history:
         return []
-    best, last = history[-1]["best"], history[-1]["hours"]
-    found = next(p for p in history if p["best"] == best)
-    return [f"the best trial ({_name(found)}, valid_acc {best:.4f}) ended {duration(found['hours'] * 3600)} after "
+    best, last = result.history[-1].best, result.history[-1].hours
+    found = next(p for p in result.history if p.best == best)
+    return [f"the best trial ({found.name}, valid_acc {best:.4f}) ended {duration(found.hours * 3600)} after "
             f"the first trial started, the last one at {duration(last * 3600)} (figure: history)"]
 
 
@@ -196,25 +197,25 @@ def comparison_line(result: SweepReportResult) -> list[str]:
 
 def carried_line(result: SweepReportResult) -> list[str]:
     """How many of the study's trials a warm start carried from earlier sweeps, and which figures count them."""
-    origins = sorted({t["carried_from"] for t in result.trials if t.get("carried_from")})
+    origins = sorted({t.carried_from for t in result.trials if t.carried_from})
     if not origins:
         return []
-    carried = sum(1 for t in result.trials if t.get("carried_from"))
+    carried = sum(1 for t in result.trials if t.carried_from)
     return [f"{carried} of the {len(result.trials)} trials began the study from sweep {', '.join(origins)} "
-            f"(a warm start; best valid_acc {result.analysis.get('carried_best') or 0:.4f}): the importances and "
+            f"(a warm start; best valid_acc {result.carried_best or 0:.4f}): the importances and "
             "parallel coordinates count them, the checks and history figures show this sweep's own trials"]
 
 
 def given_line(result: SweepReportResult) -> list[str]:
     """Which trials ran the configurations given to try first, and how the best of them did."""
-    given = [t for t in result.trials if t.get("tried_first") is not None]
+    given = [t for t in result.trials if t.tried_first is not None]
     if not given:
         return []
-    scored = [t for t in given if t.get("state") in SCORED_STATES and t.get("value") is not None]
-    best = max(scored, key=lambda t: t["value"], default=None)
-    beat = "" if best is None else f" (best valid_acc {best['value']:.4f}, {_name(best)})"
-    configs = len({t["tried_first"] for t in given})
-    return [f"{configs} configuration(s) given to try first ran in {', '.join(map(_name, given))} "
+    scored = [(t.value, t.name) for t in given if t.scored and t.value is not None]
+    best = max(scored, key=lambda valued: valued[0], default=None)
+    beat = "" if best is None else f" (best valid_acc {best[0]:.4f}, {best[1]})"
+    configs = len({t.tried_first for t in given})
+    return [f"{configs} configuration(s) given to try first ran in {', '.join(t.name for t in given)} "
             f"of the {len(result.trials)}{beat} (a stopped trial goes on in a new one); ASHA left them to run to "
             "their end"]
 
@@ -246,3 +247,4 @@ def describe(result: SweepReportResult) -> str:
     if result.logged_to_run:
         lines.append(f"figures logged to the parent run {result.logged_to_run} under report/")
     return "\n".join(lines)
+

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 from iaa.errors import IaaError
 from iaa.jobs.config.exploration import RANKED_FROM, separable
-from iaa.jobs.ports import TIME_BUDGET, trial_name
+from iaa.jobs.ports import TIME_BUDGET, BestTrial, HistoryPoint, StudyAnalysis, StudyTrial, trial_name
 from iaa.platform.sweeps.given import TRIED_FIRST, is_given
 from iaa.platform.sweeps.carried_trials import CARRIED_FROM, scored_value
 
@@ -56,7 +56,7 @@ def _scored_copy(study: Any) -> Any:
     return copy
 
 
-def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
+def analyze(storage_url: str, study_name: str, out_dir: Path) -> StudyAnalysis:
     """Draw the figures of study ``study_name`` into ``out_dir``; return their paths and numbers.
 
     Importances and parallel coordinates compare trials: with fewer than
@@ -65,36 +65,69 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
     drawn all the same. Importances need one scored trial more than the parameters that varied
     (:func:`~iaa.jobs.config.exploration.separable`); with fewer, the parallel coordinates show
     the trials and no importances are given."""
-    import matplotlib
+    study = _load(storage_url, study_name)
+    scored = _scored_copy(study)
+    evaluator = _fanova() if _apart(scored) else None      # None: no importances
+    importances = _importances(scored, evaluator) if evaluator is not None else {}
+    history = best_so_far(study)
+    figures = _draw(study, scored, history, out_dir, evaluator=evaluator)
+    return _analysis(study, scored, storage_url, importances, history, figures)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _load(storage_url: str, study_name: str) -> Any:
+    """The study ``study_name`` of the storage ``storage_url``; IaaError where it holds none."""
     import optuna
-    from optuna.trial import TrialState
-    from optuna.visualization import matplotlib as vis
 
     from iaa.platform.sweeps.study_store import study_storage
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        study = optuna.load_study(study_name=study_name, storage=study_storage(storage_url))
+        return optuna.load_study(study_name=study_name, storage=study_storage(storage_url))
     except KeyError as err:
         raise IaaError(f"no Optuna study {study_name!r} in {storage_url}: the sweep ran before studies were kept, "
                        "or `optuna_storage` pointed elsewhere") from err
-    scored = _scored_copy(study)
-    ranked = len(scored.trials) >= RANKED_FROM       # importances and parallel coordinates compare trials
+
+
+def _fanova() -> Any:
+    """fANOVA, seeded: Optuna 5's default (PED-ANOVA) needs many more trials than a sweep has."""
+    import optuna
+
+    return optuna.importance.FanovaImportanceEvaluator(seed=0)
+
+
+def _apart(scored: Any) -> bool:
+    """Whether the ``scored`` study's trials can tell the effects of the parameters that varied apart."""
     params = [t.params for t in scored.trials]
-    apart = separable(params, sorted({name for p in params for name in p}))
-    # fANOVA, seeded: Optuna 5's default (PED-ANOVA) needs many more trials than a sweep has
-    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
-    importances = ({k: float(v) for k, v in optuna.importance.get_param_importances(scored, evaluator=evaluator).items()}
-                   if apart else {})
+    return separable(params, sorted({name for p in params for name in p}))
+
+
+def _importances(scored: Any, evaluator: Any) -> dict[str, float]:
+    """Each parameter's importance over the ``scored`` study, highest first."""
+    import optuna
+
+    return {k: float(v) for k, v in optuna.importance.get_param_importances(scored, evaluator=evaluator).items()}
+
+
+def _draw(study: Any, scored: Any, history: tuple[HistoryPoint, ...], out_dir: Path, *,
+          evaluator: Any) -> dict[str, Path]:
+    """Draw the figures of ``study`` into ``out_dir``: the importances by ``evaluator`` (None:
+    none, the trials cannot tell the parameters apart) and the parallel coordinates from
+    :data:`~iaa.jobs.config.exploration.RANKED_FROM` trials of ``scored`` (its copy of scored
+    trials), the checks per trial and the ``history``. Returns their paths, by name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as vis
+
+    ranked = len(scored.trials) >= RANKED_FROM       # importances and parallel coordinates compare trials
     out_dir.mkdir(parents=True, exist_ok=True)
-    drawn = [name for name in FIGURES if (apart if name == "importances" else ranked or name not in RANKING_FIGURES)]
+    drawn = [name for name in FIGURES
+             if (evaluator is not None if name == "importances" else ranked or name not in RANKING_FIGURES)]
     paths = {name: out_dir / f"{name}.png" for name in drawn}
     with warnings.catch_warnings():                # the matplotlib figures are "experimental"
         warnings.simplefilter("ignore")
-        if apart:
+        if evaluator is not None:
             vis.plot_param_importances(scored, evaluator=evaluator, target_name=OBJECTIVE)
             _save(plt, paths["importances"])
         if ranked:
@@ -102,23 +135,37 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> dict[str, Any]:
             _save(plt, paths["parallel_coordinates"])
         _plot_checks(study)
         _save(plt, paths["intermediate_values"])
-        history, carried = best_so_far(study), [t for t in scored.trials if _carried(t)]
-        _plot_history(plt, history, carried)
+        _plot_history(plt, history, [t for t in scored.trials if _carried(t)])
         _save(plt, paths["history"])
-    trials = [{"number": t.number, "name": named(t), "state": t.state.name, "params": t.params, "value": t.value,
-               "intermediate_values": {int(k): v for k, v in sorted(t.intermediate_values.items())},
-               "stopped_by_asha": t.state == TrialState.PRUNED and not _cut(t), "stopped_by_time_budget": _cut(t),
-               **({"carried_from": t.user_attrs[CARRIED_FROM]} if _carried(t) else {}),
-               **({"tried_first": t.user_attrs[TRIED_FIRST]} if is_given(t) else {})}
-              for t in study.get_trials(deepcopy=False)]
-    return {"study": study_name, "storage": storage_url, "importances": importances,
-            "importance_evaluator": "fANOVA", "dashboard_importances": dashboard_importances(study),
-            "scored_trials": len(scored.trials),
-            "complete_trials": len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
-            "best": {"params": scored.best_trial.params, "value": scored.best_value} if scored.trials else None,
-            "history": history,
-            "carried_trials": len(carried), "carried_best": max(map(scored_value, carried), default=None),
-            "trials": trials, "figures": {k: str(v) for k, v in paths.items()}}
+    return paths
+
+
+def _trial(trial: Any) -> StudyTrial:
+    """A trial of the study as the report reads it."""
+    from optuna.trial import TrialState
+
+    return StudyTrial(number=trial.number, name=named(trial), state=trial.state.name, params=trial.params,
+                      value=trial.value,
+                      intermediate_values={int(k): v for k, v in sorted(trial.intermediate_values.items())},
+                      stopped_by_asha=trial.state == TrialState.PRUNED and not _cut(trial),
+                      stopped_by_time_budget=_cut(trial),
+                      carried_from=trial.user_attrs[CARRIED_FROM] if _carried(trial) else None,
+                      tried_first=trial.user_attrs[TRIED_FIRST] if is_given(trial) else None)
+
+
+def _analysis(study: Any, scored: Any, storage_url: str, importances: dict[str, float],
+              history: tuple[HistoryPoint, ...], figures: dict[str, Path]) -> StudyAnalysis:
+    """The record of ``study``, ``scored`` its copy of scored trials (:func:`_scored_copy`)."""
+    from optuna.trial import TrialState
+
+    carried = [t for t in scored.trials if _carried(t)]
+    return StudyAnalysis(
+        study=study.study_name, storage=storage_url, importances=importances, importance_evaluator="fANOVA",
+        dashboard_importances=dashboard_importances(study), scored_trials=len(scored.trials),
+        complete_trials=len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))),
+        best=BestTrial(scored.best_trial.params, scored.best_value) if scored.trials else None,
+        history=history, carried_trials=len(carried), carried_best=max(map(scored_value, carried), default=None),
+        trials=tuple(_trial(t) for t in study.get_trials(deepcopy=False)), figures=figures)
 
 
 def _carried(trial: Any) -> bool:
@@ -165,7 +212,7 @@ def _plot_checks(study: Any) -> None:
     ax.set_ylabel("valid_acc")
 
 
-def best_so_far(study: Any) -> list[dict[str, Any]]:
+def best_so_far(study: Any) -> tuple[HistoryPoint, ...]:
     """The sweep's best valid_acc as its own trials ended (not those carried from an earlier
     sweep): each finished or stopped trial (by its end, hours after the first trial started, wall
     clock: a resumed sweep's pause counts) with its value (its best check), the best of all the
@@ -175,7 +222,7 @@ def best_so_far(study: Any) -> list[dict[str, Any]]:
     trials = [t for t in study.get_trials(deepcopy=False) if not _carried(t)]
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
     if not starts:
-        return []
+        return ()
     first, points, best = min(starts), [], None
     ended = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.datetime_complete]
     for t in sorted(ended, key=lambda t: t.datetime_complete):
@@ -183,12 +230,12 @@ def best_so_far(study: Any) -> list[dict[str, Any]]:
         if value is None:
             continue
         best = value if best is None else max(best, value)
-        points.append({"number": t.number, "name": named(t), "hours": (t.datetime_complete - first).total_seconds() / 3600,
-                       "value": value, "best": best, "cut": _cut(t)})
-    return points
+        points.append(HistoryPoint(number=t.number, name=named(t), value=value, best=best, cut=_cut(t),
+                                   hours=(t.datetime_complete - first).total_seconds() / 3600))
+    return tuple(points)
 
 
-def _plot_history(plt: Any, history: list[dict[str, Any]], carried: list[Any]) -> None:
+def _plot_history(plt: Any, history: tuple[HistoryPoint, ...], carried: list[Any]) -> None:
     """The best valid_acc so far against the sweep's wall-clock hours, each trial's end a dot (a
     square where the time budget stopped it): how
     long the search took to find its best, and whether more time would likely pay; the best of
@@ -198,12 +245,12 @@ def _plot_history(plt: Any, history: list[dict[str, Any]], carried: list[Any]) -
         origins = ", ".join(sorted({t.user_attrs[CARRIED_FROM] for t in carried}))
         ax.axhline(max(map(scored_value, carried)), color="steelblue", linestyle="--", linewidth=1.5,
                    label=f"best of the {len(carried)} trials carried from sweep {origins}")
-    unit, per_hour = ("hours", 1) if history and history[-1]["hours"] >= 2 else ("minutes", 60)
+    unit, per_hour = ("hours", 1) if history and history[-1].hours >= 2 else ("minutes", 60)
     if history:
-        at = [p["hours"] * per_hour for p in history]
-        ax.step(at, [p["best"] for p in history], where="post", color="crimson", linewidth=2, label="best so far")
-        ended = [(x, p["value"]) for x, p in zip(at, history) if not p.get("cut")]
-        cut = [(x, p["value"]) for x, p in zip(at, history) if p.get("cut")]
+        at = [p.hours * per_hour for p in history]
+        ax.step(at, [p.best for p in history], where="post", color="crimson", linewidth=2, label="best so far")
+        ended = [(x, p.value) for x, p in zip(at, history) if not p.cut]
+        cut = [(x, p.value) for x, p in zip(at, history) if p.cut]
         if ended:
             ax.scatter(*zip(*ended), s=25, color="dimgray", zorder=3, label="a trial's best check, at its end")
         if cut:
