@@ -119,6 +119,24 @@ def rendered(text: str) -> str:
     return formats[0].render(text) if formats and isinstance(formats[0], _Console) else text
 
 
+def say(text: str, *, level: int = logging.INFO, event: str | None = None) -> bool:
+    """Write ``text`` through the console handler whatever its level (``--quiet`` keeps it): a
+    command's closing summary or its error, as one JSON object with ``--log-format json`` (with
+    ``event``), else as text; False where :func:`to_console` installed no handler."""
+    handlers = [h for h in _ROOT_LOGGER.handlers if isinstance(h, _Stderr)]
+    if not handlers:
+        return False
+    record = _ROOT_LOGGER.makeRecord(ROOT, level, "", 0, text, None, None,
+                                     extra={"event": event} if event else None)
+    handlers[0].handle(record)
+    return True
+
+
+def json_lines() -> bool:
+    """Whether the console handler writes JSON objects (``--log-format json``)."""
+    return any(isinstance(h, _Stderr) and isinstance(h.formatter, _JsonLines) for h in _ROOT_LOGGER.handlers)
+
+
 def event(logger: logging.Logger, name: str, message: str, **fields: Any) -> None:
     """Log ``message`` at INFO as the event ``name`` with ``fields`` (read by the JSON lines)."""
     logger.info(message, extra={"event": name, **fields})

@@ -167,6 +167,25 @@ def test_with_json_a_stop_is_a_json_object_naming_its_signal(model, monkeypatch:
         "error": "interrupted by SIGTERM: nothing is kept", "interrupted": "SIGTERM", "exit_code": 143}
 
 
+def test_with_log_format_json_the_summary_and_an_error_are_json_objects(model, tmp_path: Path) -> None:
+    from _faults import assert_says
+
+    prepared, ckpt, _ = model
+    ok = CliRunner().invoke(cli.cli, ["--quiet", "--log-format", "json", "evaluate", "--checkpoint", str(ckpt),
+                                      "--data", str(prepared), "--split", "valid", "--out", str(tmp_path / "p.parquet"),
+                                      "--json"])
+    assert ok.exit_code == 0, ok.output
+    lines = [json.loads(line) for line in ok.stderr.splitlines()]          # every line is an object
+    [summary] = [line for line in lines if line.get("event") == "summary"]  # --quiet keeps the summary
+    assert summary["level"] == "info" and "accuracy" in summary["message"]
+    failed = CliRunner().invoke(cli.cli, ["--log-format", "json", "baseline", "--dataset", "cbt-ne",
+                                          "--workdir", str(tmp_path)])
+    assert failed.exit_code == 1 and failed.stdout == ""
+    [error] = [json.loads(line) for line in failed.stderr.splitlines()]
+    assert (error["level"], error["event"]) == ("error", "failed")
+    assert_says(error["message"], "cbt-ne")
+
+
 def test_key_value_lines_write_lists_mappings_and_truth_as_json_does() -> None:
     from iaa.cli.output import value_text
 

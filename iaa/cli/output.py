@@ -72,8 +72,11 @@ CLOSING_KEYS = ("checkpoint", "best_valid_acc", "model_uri", "run_dir", "mlflow_
 
 def print_summary(describe: Callable[..., str], *args: Any) -> None:
     """The command's closing summary (``describe(*args)``) on stderr, with or without ``--json``
-    (which changes stdout only), as ``tune`` and ``ensemble`` log theirs."""
-    click.echo(shown(describe(*args), keep_lines=True), err=True)
+    (which changes stdout only), as ``tune`` and ``ensemble`` log theirs: with ``--log-format
+    json``, one JSON object (event ``summary``)."""
+    text = describe(*args)
+    if not (logs.json_lines() and logs.say(text, event="summary")):
+        click.echo(shown(text, keep_lines=True), err=True)
 
 
 def show_warnings(result: Result | dict[str, Any]) -> None:
@@ -162,11 +165,21 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _failure(line: str, as_json: bool) -> click.ClickException:
     """The one ``Error:`` line of an expected failure (exit status 1), said first on stdout as a
-    JSON object with ``--json``."""
-    failure = click.ClickException(line)
+    JSON object with ``--json``; with ``--log-format json`` the line is a JSON object too (level
+    ``error``, event ``failed``)."""
+    failure: click.ClickException = click.ClickException(line)
     if as_json:
         click.echo(json.dumps({"error": line, "exit_code": failure.exit_code}))
+    if logs.json_lines() and logs.say(line, level=logging.ERROR, event="failed"):
+        failure = _Said(line)
     return failure
+
+
+class _Said(click.ClickException):
+    """An expected failure whose line the console handler has already written."""
+
+    def show(self, file: Any = None) -> None:
+        pass
 
 
 def _interrupted(err: KeyboardInterrupt, as_json: bool = False) -> None:
