@@ -186,6 +186,24 @@ def test_with_log_format_json_the_summary_and_an_error_are_json_objects(model, t
     assert_says(error["message"], "cbt-ne")
 
 
+def test_json_paths_are_absolute_whatever_was_typed(model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    prepared, ckpt, _ = model
+    monkeypatch.chdir(tmp_path)
+    typed = [os.path.relpath(p, tmp_path) for p in (ckpt, prepared)]
+    scored = CliRunner().invoke(cli.cli, ["evaluate", "--checkpoint", typed[0], "--data", typed[1], "--split", "valid",
+                                          "--out", "p.parquet", "--workdir", "w", "--json"])
+    assert scored.exit_code == 0, scored.output
+    fields = json.loads(scored.stdout.splitlines()[-1])
+    explained = CliRunner().invoke(cli.cli, ["explain", "--checkpoint", typed[0], "--data", typed[1], "--first", "1",
+                                             "--out", "e.html", "--png", "e.png", "--workdir", "w", "--json"])
+    assert explained.exit_code == 0, explained.output
+    fields.update(json.loads(explained.stdout.splitlines()[-1]))
+    for key in ("checkpoint", "data_dir", "predictions", "html", "png"):
+        assert Path(fields[key]).is_absolute() and Path(fields[key]).exists(), key
+
+
 def test_key_value_lines_write_lists_mappings_and_truth_as_json_does() -> None:
     from iaa.cli.output import value_text
 

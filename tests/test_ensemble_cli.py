@@ -111,3 +111,10 @@ def test_ensemble_of_two_seeds_via_cli(env: Path, monkeypatch: pytest.MonkeyPatc
     assert res.exit_code == 0, res.output
     plain = last_json(res.stdout)
     assert plain["temperature"] == 1.0 and not any(k.startswith("calibrated_") for k in plain["calibration"])
+    monkeypatch.chdir(workdir.parent)                 # a work folder typed relative: its paths said absolute
+    again = runner.invoke(cli, ["ensemble", "--members", checkpoints[0], "--members", checkpoints[1], "--data",
+                                str(prepared), "--workdir", workdir.name, "--name", "typed-relative", "--json"])
+    assert again.exit_code == 0, again.output
+    for key in ("predictions", "table_path", "ensemble_dir"):
+        found = Path(last_json(again.stdout)[key])
+        assert found.is_absolute() and found.exists(), key

@@ -283,7 +283,8 @@ def _run(req: EnsembleRequest, tracker: Tracker, launcher: Launcher | None,
                    "ensemble_dir": str(out_dir.resolve()), "member_labels": labels, "member_run_ids": [m.mlflow_run_id for m in members],
                    "sweep": req.sweep, "tracking_uri": uri, "mlflow_run_id": run.run_id,
                    "member_sha256": {str(m.checkpoint): m.sha256 for m in members}, "calibrate": req.calibrate}
-        summary.update({**scoring.accuracy_keys(summary, sizes), **settled.baselines})
+        summary.update({**scoring.accuracy_keys(summary, sizes), **settled.baselines,
+                        **{key: str(Path(summary[key]).resolve()) for key in ("predictions", "table_path")}})
         ranked = (configurations.scores([m.config for m in members], result.member_valid_acc, sweep.trials)
                   if sweep is not None and req.top_configs > 1 else [])
         lead = configurations.lead(ranked)

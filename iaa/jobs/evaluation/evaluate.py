@@ -247,7 +247,8 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
     baseline = frequency.of_table(table)          # on the rows scored: the split's, or the input's questions
     below = [] if baseline is None else frequency.below_warning(accuracy, baseline, "the checkpoint",
                                                                 on=split or str(input_path))
-    data = None if data_dir is None else str(data_dir)
+    data = None if data_dir is None else str(Path(data_dir).resolve())      # paths said absolute: a script runs anywhere
+    checkpoint_path, input_path = Path(checkpoint_path).resolve(), None if input_path is None else Path(input_path).resolve()
     source = {"data": data} if input_path is None else {"input_path": str(input_path), **({"data": data} if data else {})}
     steps = [r["steps"] for r in rows if r.get("steps") is not None]
     return EvaluateResult(
@@ -256,7 +257,7 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
         baseline_accuracy=baseline,
         **calibration.of(probs, gold).fields(), temperature=found.temperature,
         **calibration.of(scaled, gold).fields("calibrated_"),
-        data_dir=data, predictions=str(out), split=split,
+        data_dir=data, predictions=str(Path(out).resolve()), split=split,
         input=None if input_path is None else str(input_path),
         warnings=(*found.warnings, *below),
         examples=len(rows), model=found.kind, checkpoint=str(checkpoint_path),

@@ -212,8 +212,8 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
     if png is not None:
         from iaa.jobs.evaluation.explain_png import draw
 
-        drawn = str(draw(records[0], Path(png)))
-    return ExplainResult(html=str(out), examples=tuple(records), title=title, precision=used,
+        drawn = str(draw(records[0], Path(png)).resolve())
+    return ExplainResult(html=str(Path(out).resolve()), examples=tuple(records), title=title, precision=used,
                          temperature=found.temperature, mistake_note=note or None,
                          warnings=(*found.warnings, *gaps), png=drawn)
 
