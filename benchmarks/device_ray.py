@@ -213,6 +213,7 @@ def _tune(args, prepared: Path, work: Path, tracker) -> dict:
 
 def _train(args, prepared: Path, work: Path, tracker) -> dict:
     from iaa.jobs.datasets import resolve
+    from iaa.jobs.ports import TrainRun
     from iaa.jobs.train import train
     from iaa.platform.ray_train import process_group_backend
     from iaa.platform.sweeps.launch import RayLauncher
@@ -221,9 +222,9 @@ def _train(args, prepared: Path, work: Path, tracker) -> dict:
     cfg = resolve.job_config("cbt-cn", prepared, sets=_sets(args, TRAIN_MINUTES))
     started = time.monotonic()
     with _CardWatch() as watch:
-        result = train.run_tracked(cfg, prepared, work / "ray-train-run", tracker, launcher=RayLauncher(), workers=1,
-                                   gpus_per_worker=1.0 if cuda else 0.0, storage=str(work / "ray-train-storage"),
-                                   show_progress=False)
+        result = train.run_tracked(TrainRun(cfg, prepared, work / "ray-train-run", workers=1,
+                                            gpus_per_worker=1.0 if cuda else 0.0, storage=str(work / "ray-train-storage"),
+                                            show_progress=False), tracker, RayLauncher())
     run = tracker.runs[result.mlflow_run_id]
     checks = len(run.metrics.get("valid_acc", []))
     rates = [p.value for p in run.metrics.get("train_examples_per_s", [])]

@@ -24,6 +24,7 @@ from iaa.files import DiskFullError
 from iaa.jobs.ports import (CHECKPOINT_FILE, TUNE_RUN_TAG, Carried, ConnectRequest, MembersRequest, MetricPoint, Metrics,
                             ModelCard, ModelCode, ModelFiles, Placement, RunRecord, SearchPlan, SweepRequest, TrackedRun, TrialRecord, TrialRun,
                             WorkerData, WorkerFit, WorkersRequest)
+from iaa.jobs.ports import TrainRun
 from iaa.jobs.config.search_space import Param, SearchSpace
 from iaa.jobs.config.job_config import JobConfig, apply
 
@@ -436,3 +437,18 @@ def train_on(monkeypatch, tracker: FakeTracker) -> FakeTracker:
 
     monkeypatch.setattr(cli.training, "open_tracker", lambda uri: tracker)
     return tracker
+
+
+class FakeTrainWorkflow:
+    """A :class:`~iaa.jobs.ports.TrainWorkflow` that trains each run it is given in this process,
+    untracked (:func:`iaa.jobs.train.train.run`), and keeps the runs in ``runs``."""
+
+    def __init__(self) -> None:
+        self.runs: list[TrainRun] = []
+
+    def __call__(self, run: TrainRun):
+        from iaa.jobs.train import train
+
+        self.runs.append(run)
+        return train.run(run.cfg, run.prepared, run.run_dir, resume=run.resume, show_progress=False,
+                         train_rows=run.train_rows)

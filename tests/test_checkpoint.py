@@ -173,6 +173,34 @@ def test_resume_falls_back_to_best_when_last_is_damaged(tiny, run_dir, how, capl
     assert checkpoint.load(last)["progress"]["step"] == result.steps   # a good last.pt again
 
 
+def test_load_latest_can_leave_its_warning_to_the_load_that_resumes(run_dir, caplog) -> None:
+    folder = run_dir / "checkpoints"
+    _damage(folder / checkpoint.LAST, "truncated")
+    with caplog.at_level(logging.WARNING, logger="iaa"):
+        state, source = checkpoint.load_latest(folder, warn=False)
+    assert source == folder / checkpoint.BEST and caplog.records == []
+    assert checkpoint.digest(state) == checkpoint.digest(checkpoint.load(source))
+    with caplog.at_level(logging.WARNING, logger="iaa"):
+        assert checkpoint.load_latest(folder)[1] == source
+    [said] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert_says(said, f"resuming from {source} instead", "an earlier step")
+
+
+def test_a_tracked_resume_says_once_that_it_resumes_from_best(tiny, run_dir, caplog) -> None:
+    """The check before the tracked run reopens reads the same fallback silently; the session
+    that resumes says it."""
+    from fakes import FakeTracker
+    from iaa.jobs.ports import TrainRun
+
+    _damage(run_dir / "checkpoints" / checkpoint.LAST, "truncated")
+    with caplog.at_level(logging.WARNING, logger="iaa"):
+        result = train_job.run_tracked(TrainRun(_cfg(tiny, "train.max_epochs=2"), tiny, run_dir, resume=True,
+                                                show_progress=False), FakeTracker())
+    [said] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert_says(said, f"resuming from {run_dir / 'checkpoints' / checkpoint.BEST} instead", "an earlier step")
+    assert result.stop_reason == "max-epochs"
+
+
 def test_resume_with_both_checkpoints_damaged_changes_nothing(tiny, run_dir) -> None:
     for name in (checkpoint.LAST, checkpoint.BEST):
         _damage(run_dir / "checkpoints" / name, "text")

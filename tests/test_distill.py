@@ -21,6 +21,8 @@ from iaa.jobs.evaluation import averaging as ensemble_job
 from iaa.jobs.evaluation import evaluate
 from iaa.jobs.train import train as train_job
 from iaa.jobs.config.job_config import JobConfig
+from iaa.jobs.ports import TrainRun
+from iaa.jobs.training.summary import TrainResult
 from iaa.jobs.modeling.objective import Objective
 from iaa.jobs.distill.teacher import TeacherError
 from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -54,9 +56,9 @@ def request(setup, **kw) -> distill.DistillRequest:
                                   sets=(*TINY_SETS, "train.max_epochs=1", "train.threads=1"), **kw)
 
 
-def plain_train(cfg, prepared, run_dir, train_rows=None, teacher=None, tags=None, experiment=None):
+def plain_train(run: TrainRun) -> TrainResult:
     """The in-process train job (the CLI passes the MLflow-tracked one)."""
-    return train_job.run(cfg, prepared, run_dir, show_progress=False, train_rows=train_rows)
+    return train_job.run(run.cfg, run.prepared, run.run_dir, show_progress=False, train_rows=run.train_rows)
 
 
 def test_the_weights_come_from_the_flags_else_the_config_else_the_defaults(setup, tmp_path):
@@ -100,6 +102,23 @@ def test_the_teacher_is_computed_once_and_reused(setup):
     again = distill.run(replace(req, run_dir=setup[0] / "runs" / "twice"), train=plain_train,
                         score=lambda *a: calls.append(a) or [])
     assert not again.teacher_computed and calls == []
+
+
+def test_the_student_is_trained_from_one_request_that_carries_the_distill_request(setup, tmp_path):
+    """The train workflow gets one ``TrainRun``: the run folder, the rows with their teacher, the
+    teacher's file and tags, the ensemble's experiment, and the request's resume, register and
+    progress settings (the command line binds only the store)."""
+    from fakes import FakeTrainWorkflow
+
+    train = FakeTrainWorkflow()
+    req = request(setup, train_examples=32, run_dir=tmp_path / "student", register="a-student")
+    result = distill.run(req, train=train)
+    [run] = train.runs
+    assert (Path(run.run_dir), run.resume, run.register, run.show_progress) == (tmp_path / "student", False,
+                                                                               "a-student", False)
+    assert run.train_rows is not None and run.train_rows.num_rows == 32 and TEACHER_COLUMN in run.train_rows.column_names
+    assert Path(run.teacher).resolve() == Path(result.teacher) and run.tags["teacher"] == result.teacher
+    assert run.experiment == "distill-three" and run.workers == 0 and run.cfg.distill.alpha == 0.5
 
 
 def test_alpha_one_reproduces_ordinary_training(setup, tmp_path):
@@ -236,8 +255,6 @@ def test_the_students_run_records_the_comparison_with_its_teacher(setup, tmp_pat
     """The tracked student's run holds the ensemble's and its best member's valid accuracies and the
     points of the gain the student kept, as metrics beside its own and in its description, as the
     result gives them; a store that fails leaves a warning, and the student stands."""
-    from functools import partial
-
     from fakes import FakeTracker
     from tests._faults import assert_says
 
@@ -248,7 +265,7 @@ def test_the_students_run_records_the_comparison_with_its_teacher(setup, tmp_pat
     gained.mkdir()
     (gained / "ensemble.json").write_text(json.dumps({**summary, "valid_acc": best + 0.05}))
     tracker = FakeTracker()
-    train = partial(train_job.run_tracked, tracker=tracker, show_progress=False)
+    train = train_job.tracked_in(tracker)
     req = replace(request(setup, train_examples=32, run_dir=tmp_path / "student"), ensemble=gained)
     result = distill.run(req, train=train, tracker=tracker)
 

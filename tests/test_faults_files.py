@@ -324,8 +324,9 @@ def test_distill_resume_refuses_a_run_of_another_teacher_naming_both(prepared, t
             {"name": name, "members": [str(m) for m in chosen], "data_dir": str(prepared)}))
     trained = []
 
-    def train(cfg, prepared, run_dir, **kwargs):
-        trained.append(kwargs["tags"]["teacher_id"])
+    def train(run):
+        run_dir = run.run_dir
+        trained.append(run.tags["teacher_id"])
         (run_dir / "checkpoints").mkdir(exist_ok=True)
         (run_dir / "checkpoints" / "last.pt").write_bytes(b"a checkpoint to resume from")
         return TrainResult(best_valid_acc=0.25, checkpoint=str(run_dir / "best.pt"), run_dir=str(run_dir))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeLauncher, FakeTracker
-from iaa.jobs.ports import MembersRequest, SweepRequest, WorkersRequest
+from iaa.jobs.ports import MembersRequest, SweepRequest, TrainRun, WorkersRequest
 from _faults import assert_says, logged
 from _platform import TINY_SPACE
 from _tiny import TINY_SETS, make_tiny_prepared
@@ -33,7 +33,7 @@ def test_train_tracks_its_run_params_checks_and_model(tiny: Path, tmp_path: Path
     from iaa.jobs.train import train
 
     tracker = FakeTracker()
-    result = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, show_progress=False)
+    result = train.run_tracked(TrainRun(_cfg(tiny), tiny, tmp_path / "run", show_progress=False), tracker)
 
     run = tracker.runs[result.mlflow_run_id]
     assert run.state == "FINISHED" and run.params["model.hidden_dim"] == "8"
@@ -53,7 +53,8 @@ def test_a_train_run_holds_its_accuracy_beside_its_interval_and_baseline_and_its
 
     monkeypatch.chdir(tmp_path)
     tracker = FakeTracker()
-    result = train.run_tracked(_cfg(tiny), tiny, Path("run"), tracker, show_progress=False, register="tiny-reader")
+    result = train.run_tracked(TrainRun(_cfg(tiny), tiny, Path("run"), show_progress=False, register="tiny-reader"),
+                               tracker)
 
     run = tracker.runs[result.mlflow_run_id]
     n, acc, base = result.best_valid_acc_n, result.best_valid_acc, result.baseline_valid_acc
@@ -80,8 +81,8 @@ def test_a_resume_of_a_run_that_had_stopped_trains_nothing_and_logs_nothing_new(
 
     caplog.set_level("INFO", logger="iaa")
     tracker = FakeTracker()
-    first = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, show_progress=False)
-    again = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, resume=True, show_progress=False)
+    first = train.run_tracked(TrainRun(_cfg(tiny), tiny, tmp_path / "run", show_progress=False), tracker)
+    again = train.run_tracked(TrainRun(_cfg(tiny), tiny, tmp_path / "run", resume=True, show_progress=False), tracker)
     [run] = tracker.runs.values()
     assert again.mlflow_run_id == first.mlflow_run_id and again.steps == first.steps
     assert len(tracker.models) == 1 and len(run.metrics["final_best_valid_acc"]) == 1
@@ -94,8 +95,8 @@ def test_train_on_workers_goes_through_the_launcher(tiny: Path, tmp_path: Path) 
     from iaa.jobs.train import train
 
     tracker, launcher = FakeTracker(), FakeLauncher()
-    result = train.run_tracked(_cfg(tiny), tiny, tmp_path / "run", tracker, launcher=launcher, workers=2,
-                               storage=str(tmp_path / "storage"), show_progress=False)
+    result = train.run_tracked(TrainRun(_cfg(tiny), tiny, tmp_path / "run", workers=2, storage=str(tmp_path / "storage"),
+                                        show_progress=False), tracker, launcher)
 
     [request] = launcher.requests
     assert isinstance(request, WorkersRequest) and request.workers == 2 and request.folder.path == tmp_path / "run"
@@ -508,7 +509,7 @@ def reader(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from iaa.jobs.train import train
 
     folder = tmp_path_factory.mktemp("reader")
-    return Path(train.run_tracked(_cfg(tiny), tiny, folder / "run", FakeTracker(), show_progress=False).checkpoint)
+    return Path(train.run_tracked(TrainRun(_cfg(tiny), tiny, folder / "run", show_progress=False), FakeTracker()).checkpoint)
 
 
 def test_an_ensemble_shows_its_accuracies_beside_the_baseline_and_warns_when_not_above_it(

@@ -167,6 +167,7 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
     from iaa.cli.adapters import MODEL_FILE
     from iaa.jobs.datasets import resolve
 
+    from iaa.jobs.ports import TrainRun
     from iaa.jobs.train import train
     from iaa.platform.tracking.tracker import MlflowTracker
     from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -174,9 +175,9 @@ def test_a_resumed_training_run_continues_its_mlflow_run(tmp_path: Path) -> None
     tiny = make_tiny_prepared(tmp_path / "tiny")
     cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.max_epochs=1"))
     tracker = MlflowTracker(Workdir(tmp_path).tracking_uri(), MODEL_FILE)
-    first = train.run_tracked(cfg, tiny, tmp_path / "run", tracker, show_progress=False)
+    first = train.run_tracked(TrainRun(cfg, tiny, tmp_path / "run", show_progress=False), tracker)
     longer = replace(cfg, train=replace(cfg.train, max_epochs=2.0))
-    again = train.run_tracked(longer, tiny, tmp_path / "run", tracker, resume=True, show_progress=False)
+    again = train.run_tracked(TrainRun(longer, tiny, tmp_path / "run", resume=True, show_progress=False), tracker)
     assert again.mlflow_run_id == first.mlflow_run_id
     run = MlflowClient(first.tracking_uri).get_run(first.mlflow_run_id)
     assert run.info.status == "FINISHED"

@@ -242,7 +242,7 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
 
     from iaa.cli.adapters import MODEL_FILE
     from iaa.jobs.datasets import resolve
-
+    from iaa.jobs.ports import TrainRun
     from iaa.jobs.train import train
     from iaa.jobs.workdir.paths import Workdir
     from iaa.platform.tracking.tracker import MlflowTracker
@@ -254,7 +254,7 @@ def test_the_mlflow_run_records_the_precision_auto_chose(tmp_path, monkeypatch) 
     tracker = MlflowTracker(Workdir(tmp_path).tracking_uri(), MODEL_FILE)
     for rates, chosen in (({"fp32": 100.0, "bf16": 400.0}, "bf16"), ({"fp32": 100.0, "bf16": 20.0}, "fp32")):
         monkeypatch.setattr(precision, "probed_rates", lambda rates=rates: rates)
-        result = train.run_tracked(cfg, tiny, tmp_path / f"run-{chosen}", tracker, show_progress=False)
+        result = train.run_tracked(TrainRun(cfg, tiny, tmp_path / f"run-{chosen}", show_progress=False), tracker)
         data = MlflowClient(result.tracking_uri).get_run(result.mlflow_run_id).data
         assert data.params["train.precision"] == chosen and result.precision == chosen == data.tags["precision"]
 

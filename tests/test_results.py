@@ -72,10 +72,11 @@ def test_a_training_runs_figures_keep_their_keys_and_named_ones_are_attributes()
                "cuda_graphs": False, "cuda_graphs_refused": None, "workers": 2}
     result = trained(figures, checkpoint="/r/best.pt", run_dir="/r")
     assert (result.best_valid_acc, result.steps, result.stop_reason, result.epoch) == (0.3, 12, "max-epochs", 2.0)
-    assert result.valid_acc == 0.25                     # the last check's
+    assert result.valid_acc == 0.3                      # the best check's, as best_valid_acc
     assert result.metrics == {"step": 12, "train_loss": 1.5, "cuda_graphs": False, "cuda_graphs_refused": None,
                               "workers": 2}
-    assert result.fields() == {**figures, "checkpoint": "/r/best.pt", "run_dir": "/r", "warnings": []}
+    assert result.fields() == {**figures, "valid_acc": 0.3, "checkpoint": "/r/best.pt", "run_dir": "/r",
+                               "warnings": []}
     tracked = dataclasses.replace(result, valid_acc=0.3, mlflow_run_id="abc")
     assert tracked.fields()["valid_acc"] == 0.3 and tracked.fields()["mlflow_run_id"] == "abc"
 

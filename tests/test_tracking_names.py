@@ -317,14 +317,12 @@ def test_an_ensemble_that_cannot_reach_its_cluster_opens_no_run(tmp_path: Path, 
 
 def test_a_distilled_student_is_tracked_in_its_ensembles_experiment(tmp_path: Path, tiny: Path,
                                                                      checkpoint: Path) -> None:
-    from functools import partial
-
     from iaa.jobs.distill import distill
     from iaa.jobs.train import train as train_job
 
     tracker, work = _tracker(tmp_path), tmp_path / "work"
     ens = ensemble_of(checkpoint, tiny, work, tracker)
-    train = partial(train_job.run_tracked, tracker=tracker, show_progress=False)
+    train = train_job.tracked_in(tracker)
     result = distill.run(distill.DistillRequest(Path(ens.ensemble_dir), workdir=work, sets=TINY_SETS,
                                                 show_progress=False), train=train)
     run = MlflowClient(tracker.uri).get_run(result.mlflow_run_id)

@@ -92,6 +92,21 @@ def test_a_resume_with_nothing_left_to_train_still_says_where_the_run_stands(tin
     assert (again.steps, again.best_step, again.stop_reason) == (done.steps, done.best_step, done.stop_reason)
     assert again.epoch == pytest.approx(cfg.train.max_epochs) and again.epoch == done.epoch
     assert head_lines(again)[1] == head_lines(done)[1]             # "at step B (epoch b) of S (epoch e); ..."
+    assert again.valid_acc == again.best_valid_acc == done.valid_acc == done.best_valid_acc   # made no check: its best
+    assert again.metrics["step"] == again.steps == done.metrics["step"] == done.steps
+
+
+def test_a_training_results_valid_acc_is_its_best_checks_accuracy() -> None:
+    """``valid_acc`` is ``best_valid_acc`` under its short name (``train --json`` gives both), never
+    the last check's accuracy, which the loop's figures also call ``valid_acc``."""
+    from iaa.jobs.training.summary import trained
+
+    figures = {"step": 12, "epoch": 2.0, "train_loss": 1.5, "valid_acc": 0.25, "best_valid_acc": 0.3,
+               "best_step": 8, "steps": 12, "stop_reason": "early-stopped"}
+    result = trained(figures, checkpoint="/r/best.pt", run_dir="/r")
+    assert result.valid_acc == result.best_valid_acc == 0.3
+    assert result.fields()["valid_acc"] == 0.3 and "valid_acc" not in result.metrics
+    assert trained({"step": 0, "steps": 0}, checkpoint="", run_dir="/r").valid_acc is None
 
 
 def test_each_check_fits_a_temperature_on_valid_and_the_checkpoint_keeps_it(tiny: Path, tmp_path: Path) -> None:

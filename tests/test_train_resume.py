@@ -226,6 +226,24 @@ def test_a_resume_without_model_or_config_goes_on_with_the_runs_own_config(
     assert run.state == "FINISHED" and run.params["train.max_epochs"] == "1.0"
 
 
+def test_a_resume_reads_its_checkpoint_once_before_the_session_loads_it(
+        tiny: Path, tmp_path: Path, tracker: FakeTracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config a resume goes on with and the check that holds that config to the checkpoint
+    read one load of ``last.pt``; the session that resumes loads it once more, for its weights."""
+    from iaa.jobs.modeling import checkpoint
+
+    run_dir, work = tmp_path / "run", tmp_path / "work"
+    _start(tiny, run_dir, work, monkeypatch)
+    loaded, load = [], checkpoint.load
+    monkeypatch.setattr(checkpoint, "load", lambda path: loaded.append(Path(path).name) or load(path))
+
+    code, out = _cli("--resume", "--run-dir", run_dir, "--workdir", work)
+
+    assert code == 0, out
+    assert _last_point(run_dir) == BATCHES
+    assert loaded.count("last.pt") == 2
+
+
 def test_a_resume_without_model_or_config_takes_sets_on_top_of_the_runs_config(
         tiny: Path, tmp_path: Path, tracker: FakeTracker, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--set train.max_epochs`` extends the budget; the data given is no reason to leave the

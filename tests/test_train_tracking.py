@@ -19,6 +19,7 @@ from fakes import FakeTracker
 from _tiny import TINY_SETS, make_tiny_prepared
 from iaa.errors import IaaError
 from iaa.jobs.datasets import resolve
+from iaa.jobs.ports import TrainRun
 from iaa.jobs.train import train
 from iaa.jobs.workdir.paths import RunFolder
 
@@ -32,7 +33,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _train(tiny: Path, run_dir: Path, tracker: FakeTracker, *, epochs: float = 1.0, resume: bool = False):
     cfg = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, f"train.max_epochs={epochs:g}"))
-    return train.run_tracked(cfg, tiny, run_dir, tracker, resume=resume, show_progress=False)
+    return train.run_tracked(TrainRun(cfg, tiny, run_dir, resume=resume, show_progress=False), tracker)
 
 
 def _checks(tracker: FakeTracker, run_id: str) -> list[int]:

@@ -103,8 +103,6 @@ def distill(ensemble_dir: Path, model_kind: str | None, config_file: Path | None
     score = (teacher_ray.scorer(teacher.score_member, req.teacher_workers or None, req.address, progress_shown())
              if (req.teacher_workers or req.address) else teacher.score_in_process)
     claim = partial(rundir.claim, resume=resume, overwrite=overwrite)
-    train = partial(train_job.run_tracked, tracker=tracker, show_progress=progress_shown(), register=req.register,
-                    resume=resume)
-    result = job.run(req, train=train, score=score, claim=claim, tracker=tracker)
+    result = job.run(req, train=train_job.tracked_in(tracker), score=score, claim=claim, tracker=tracker)
     print_summary(outcome.describe, result)
     emit(result, as_json, keys=CLOSING_KEYS)

@@ -35,16 +35,13 @@ from iaa.jobs.config.job_config import JobConfig, from_dict, load
 from iaa.jobs.distill.outcome import COMPARED, DistillResult, run_note
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
-from iaa.jobs.ports import Tracker
+from iaa.jobs.ports import Tracker, TrainRun, TrainWorkflow
 from iaa.jobs.training.summary import TrainResult
 from iaa.jobs.workdir import recorded
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, RunFolder, Workdir
 
 _log = logging.getLogger(__name__)
 
-# The train workflow: (config, prepared data, run folder, training rows, teacher input, run tags,
-# experiment) -> result.
-TrainWorkflow = Callable[..., TrainResult]
 ALPHA = 0.5          # the gold NLL's weight where neither the command nor the config gives one
 
 
@@ -120,13 +117,17 @@ def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teach
     return path, True
 
 
-def run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer = teacher_mod.score_in_process,
-        claim: Callable[[Path], Any] | None = None, tracker: Tracker | None = None) -> DistillResult:
+def run(req: DistillRequest, *, train: TrainWorkflow[TrainResult],
+        score: teacher_mod.Scorer = teacher_mod.score_in_process, claim: Callable[[Path], Any] | None = None,
+        tracker: Tracker | None = None) -> DistillResult:
     """Distil the ensemble ``req.ensemble`` into one reader; see the module docstring.
 
-    ``claim`` holds the run folder for the run (default: :func:`iaa.jobs.workdir.rundir.claim`, which
-    refuses a folder that holds a run; with ``req.resume``, a run learnt from another teacher is
-    refused, :mod:`iaa.jobs.distill.identity`). ``tracker``: the store ``train`` tracks the student's
+    ``train`` trains the student: it is handed one :class:`~iaa.jobs.ports.TrainRun` (the run
+    folder, the rows with their teacher distributions, ``req.resume``, ``req.register`` ...; the
+    command line's is ``iaa-cli train``'s tracked workflow). ``claim`` holds the run folder for
+    the run (default: :func:`iaa.jobs.workdir.rundir.claim`, which refuses a folder that holds a
+    run; with ``req.resume``, a run learnt from another teacher is refused,
+    :mod:`iaa.jobs.distill.identity`). ``tracker``: the store ``train`` tracks the student's
     run in, where the comparison is recorded on that run (:func:`record`). Returns the train
     workflow's result (``checkpoint``, ``best_valid_acc``, ``model_uri``, ...) with the teacher, the
     members, the comparison with them and the next commands
@@ -177,7 +178,7 @@ def resume_command(req: DistillRequest, resume: bool = True) -> Command:
                       **where(req.workdir, req.tracking_uri), resume=resume)
 
 
-def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer,
+def _run(req: DistillRequest, *, train: TrainWorkflow[TrainResult], score: teacher_mod.Scorer,
          claim: Callable[[Path], Any] | None) -> DistillResult:
     from iaa.data.loader import PreparedData
     from iaa.jobs.datasets import resolve
@@ -205,8 +206,9 @@ def _run(req: DistillRequest, *, train: TrainWorkflow, score: teacher_mod.Scorer
         rows = teacher_mod.attach(rows, path)
         tags = {"teacher": str(Path(path).resolve()), "teacher_ensemble": str(Path(req.ensemble).resolve()), "distill.members": str(len(members)),
                 "teacher_id": identity.tag(teacher)}
-        result = train(cfg, prepared, folder, train_rows=rows, teacher=path, tags=tags,
-                       experiment=experiment_name(ensemble, req.ensemble))
+        result = train(TrainRun(cfg, prepared, Path(folder), resume=req.resume, show_progress=req.show_progress,
+                                register=req.register, train_rows=rows, teacher=path, tags=tags,
+                                experiment=experiment_name(ensemble, req.ensemble)))
     from iaa.jobs.distill.outcome import comparison
     from iaa.jobs.training.summary import next_commands, with_baseline
 

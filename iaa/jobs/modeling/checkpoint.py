@@ -267,9 +267,11 @@ def load_weights(model: nn.Module, state: Mapping[str, Any], path: Path | str) -
                               "use another checkpoint or train again") from None
 
 
-def load_latest(folder: Path) -> tuple[dict[str, Any], Path] | None:
+def load_latest(folder: Path, *, warn: bool = True) -> tuple[dict[str, Any], Path] | None:
     """The state to resume from in ``folder``: ``last.pt``, or ``best.pt`` with a warning when
-    ``last.pt`` is missing or damaged. None when the folder holds neither.
+    ``last.pt`` is missing or damaged. None when the folder holds neither. ``warn=False`` leaves
+    the warning to a later load that resumes (a caller that only checks what a resume would
+    continue: the session that resumes gives it).
 
     Raises:
         CheckpointError: both files exist and neither loads (the message names both).
@@ -286,9 +288,10 @@ def load_latest(folder: Path) -> tuple[dict[str, Any], Path] | None:
             state = load(best)
         except CheckpointError as best_err:
             raise CheckpointError(f"cannot resume: {err}; and {best_err}") from best_err
-        said = str(err).split("; use another checkpoint")[0]
-        _log.warning(printable(f"{said}; resuming from {best} instead, an earlier step: the steps after it "
-                               "are trained again"))
+        if warn:
+            said = str(err).split("; use another checkpoint")[0]
+            _log.warning(printable(f"{said}; resuming from {best} instead, an earlier step: the steps after it "
+                                   "are trained again"))
         return state, best
 
 

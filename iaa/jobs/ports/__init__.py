@@ -29,6 +29,7 @@ from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_ST
                                     INTERRUPTED_TAG, TUNE_RUN_TAG, WORKER_LOST, trial_name, trial_said)
 from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
 from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
+from iaa.jobs.ports.workflows import TrainRun, TrainWorkflow
 
 __all__ = [
     "CHECKPOINT_FILE", "CHECKPOINT_SCORE", "FAILED_STATUSES", "MEMBER_KEY", "MODEL_PREFIXES", "TIME_BUDGET",
@@ -37,6 +38,7 @@ __all__ = [
     "MetricsCallback", "ModelCard", "ModelCode", "ModelFetcher", "ModelFiles", "ModelSource", "Placement", "RequestError", "RestoresSpent", "RunRecord", "Scorer",
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",
     "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WarmStart", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
+    "TrainRun", "TrainWorkflow",
     "BestTrial", "HistoryPoint", "StudyAnalysis", "StudyAnalyzer", "StudyTrial",
     "trial_name",
     "trial_said",

@@ -2,18 +2,19 @@
 run with its model logged at the end.
 
 The request is settled first (the data, the config from the preset, a config file and ``--set``
-or, for a resume, from its checkpoint, the run folder, never over an input), then the loop of
-:mod:`iaa.jobs.training.loop` runs in a :class:`~iaa.jobs.training.session.LocalSession` (``run``)
-or on the launcher's workers (``fit_on_worker``), and the result is logged with the
-most-frequent-candidate baseline beside it.
-A resumed run continues the tracked run its folder had; a resume that its checkpoint refuses is
-refused before that run is reopened.
+or, for a resume, from its checkpoint, the run folder, never over an input) into one
+:class:`~iaa.jobs.ports.TrainRun`; then the loop of :mod:`iaa.jobs.training.loop` runs in a
+:class:`~iaa.jobs.training.session.LocalSession` (``run``) or on the launcher's workers
+(``fit_on_worker``), and the result is logged with the most-frequent-candidate baseline beside it
+(:func:`run_tracked`). A resumed run continues the tracked run its folder had; a resume that its
+checkpoint refuses is refused before that run is reopened.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -24,12 +25,11 @@ from iaa.jobs import interrupt
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.modeling import precision_policy as precision
 from iaa.jobs.config.job_config import ConfigError, JobConfig, from_dict, to_dict
-from iaa.jobs.ports import (INTERRUPTED_TAG, Launcher, ModelFiles, RestoresSpent, TrackedRun, Tracker, WorkersRequest,
-                            trial_said)
+from iaa.jobs.ports import (INTERRUPTED_TAG, Launcher, MetricsCallback, ModelFiles, RestoresSpent, TrackedRun, Tracker,
+                            TrainRun, TrainWorkflow, WorkersRequest, trial_said)
 from iaa.jobs.evaluation import model_card
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.evaluation.predictor import MODEL_CODE
-from iaa.jobs.training.session import MetricsCallback
 from iaa.jobs.training import summary
 from iaa.jobs.training.summary import TrainResult, trained
 from iaa.jobs.training.step import retain_freed_memory
@@ -38,6 +38,11 @@ from iaa.jobs.training.loop import fit, fit_on_worker
 from iaa.jobs.train import continuity, trained_on
 
 _log = logging.getLogger(__name__)
+
+# What a resume is held to, read from the checkpoint it goes on from (:func:`resume_point`): the
+# checkpoint's config and vocabulary digest, and its file.
+ResumePoint = tuple[Mapping[str, Any], Path]
+RESUME_KEYS = ("config", "vocab_hash")
 
 
 def run(
@@ -66,78 +71,86 @@ def run(
     return trained(result, checkpoint=str(Path(session.best_checkpoint).resolve()), run_dir=str(Path(run_dir).resolve()))
 
 
-def run_tracked(
-    cfg: JobConfig,
-    prepared: Path,
-    run_dir: Path,
-    tracker: Tracker,
-    *,
-    launcher: Launcher | None = None,
-    resume: bool = False,
-    workers: int = 0,
-    gpus_per_worker: float = 0.0,
-    storage: str = "",
-    show_progress: bool = True,
-    register: str | None = None,
-    train_rows: Any = None,
-    teacher: Path | None = None,
-    tags: dict[str, str] | None = None,
-    experiment: str | None = None,
-) -> TrainResult:
-    """``iaa-cli train``: one run, in this process (``workers == 0``) or on the launcher's workers,
-    tracked in ``tracker``, with its model logged at the end.
+def run_tracked(train_run: TrainRun, tracker: Tracker, launcher: Launcher | None = None, *,
+                point: ResumePoint | None = None) -> TrainResult:
+    """``iaa-cli train``'s workflow: one run, in this process (``workers == 0``) or on the
+    launcher's workers, tracked in ``tracker``, with its model logged at the end. With its store
+    bound (:func:`tracked_in`) it is the :class:`~iaa.jobs.ports.TrainWorkflow` that distillation
+    trains its student with.
 
-    A run resumed with ``resume`` continues the tracked run that its run folder had (found by the
-    ``run_dir`` tag), so one folder has one run whose metrics go on where they stopped.
-    ``train_rows`` (a pyarrow Table) replaces the prepared training split, in process only: the
-    distillation job passes the rows with their teacher distributions, and ``teacher`` (the
-    teacher's Parquet file) is then logged as an input of the run. ``experiment`` is the MLflow
-    experiment of the run (default ``train-DATASET``; distillation's is ``distill-ENSEMBLE``).
-    The result carries the most-frequent-candidate baseline beside its best accuracy
-    (:func:`~iaa.jobs.training.summary.with_baseline`), which the run records too.
+    1. The tracked run it goes on in: a resume continues the one its run folder had
+       (:func:`~iaa.jobs.train.continuity.continued`); a resume is held to its checkpoint before
+       that run reopens, so a refused one leaves it as it was (``point``: what the caller read of
+       that checkpoint already, :func:`resume_point`); a fresh start replaces the attempts stopped
+       in its folder before their first check.
+    2. The run opened (:func:`_opened`): a new one gets its inputs, a continued one the settings
+       the resume changed.
+    3. The loop (:func:`_fit`), then the most-frequent-candidate baseline beside its best accuracy
+       (:func:`~iaa.jobs.training.summary.with_baseline`).
+    4. The result logged (:func:`_log_result`), unless a resume found nothing left to train.
+
+    Of ``train_run``: ``train_rows`` (a pyarrow Table) replaces the prepared training split, in
+    process only: the distillation job passes the rows with their teacher distributions, and
+    ``teacher`` (the teacher's Parquet file) is then logged as an input of the run.
+    ``experiment`` is the MLflow experiment of the run (default ``train-DATASET``; distillation's
+    is ``distill-ENSEMBLE``).
     """
-    if workers > 0 and launcher is None:
+    if train_run.workers > 0 and launcher is None:
         raise IaaError("training on workers needs a launcher")
-    if train_rows is not None and workers > 0:
+    if train_run.train_rows is not None and train_run.workers > 0:
         raise ValueError("training on given rows (distillation) runs in process, not on Ray Train workers")
-    folder = RunFolder(Path(run_dir))
-    experiment = experiment or f"train-{cfg.dataset}"
-    place = str(folder.path.resolve())
-    tags = {"dataset": cfg.dataset, "model": cfg.model.kind, "run_dir": place, "workers": str(workers),
-            **(tags or {})}
-    follows = continuity.continued(tracker, experiment, folder) if resume else continuity.Continuation()
-    resume_id = follows.run_id
+    folder = RunFolder(Path(train_run.run_dir))
+    experiment = train_run.experiment or f"train-{train_run.cfg.dataset}"
+    follows = continuity.continued(tracker, experiment, folder) if train_run.resume else continuity.Continuation()
     # auto -> fp32 or bf16 here, once, where this process can decide it for the workers' device:
     # the tracked params record it and every worker uses it; the run's precision tag says what ran
-    cfg = precision.resolved_once(cfg, gpus=gpus_per_worker > 0)
-    # before its run reopens: a refused resume leaves it as it was
-    changes = check_resumable(folder, cfg, prepared) if resume else {}
-    if not resume:
+    train_run = replace(train_run, cfg=precision.resolved_once(train_run.cfg, gpus=train_run.gpus_per_worker > 0))
+    if train_run.resume:                # before its run reopens: a refused resume leaves it as it was
+        changes = check_resumable(point or resume_point(folder), train_run.cfg, train_run.prepared)
+    else:
+        changes = {}
         continuity.drop_stopped_attempts(tracker, experiment, folder)
-    with tracker.run(experiment, folder.path.name, tags={**tags, **follows.tags()}, resume_id=resume_id) as tracked:
+    with tracker.run(experiment, folder.path.name, tags={**_tags(train_run, folder), **follows.tags()},
+                     resume_id=follows.run_id) as tracked:
         interrupt.on_stop(lambda signal_name: _killed(tracked, signal_name))
         folder.track(tracker.uri, tracked.run_id)
-        log = lambda metrics: tracked.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
-        if resume_id is None:
-            _log_inputs(tracked, cfg, prepared, teacher)
-            if follows.copy_of is not None:
-                continuity.replay_checks(folder, log)
-        else:
-            tracked.set_tags({"run_dir": place, **continuity.resumed_tags(changes)})  # where the folder is now
-        result = _fit(cfg, prepared, folder, launcher, log, resume=resume, workers=workers,
-                      gpus_per_worker=gpus_per_worker, storage=storage, show_progress=show_progress,
-                      train_rows=train_rows)
-        result = summary.with_baseline(result, prepared)
-        if resume_id is not None and result.metrics.get("trained_steps") == 0 and not register:
+        log = _opened(tracked, train_run, folder, follows, changes)
+        result = summary.with_baseline(_fit(train_run, folder, launcher, log), train_run.prepared)
+        if follows.run_id is not None and result.metrics.get("trained_steps") == 0 and not train_run.register:
             # a resume of a run that had already stopped: its model and final figures are logged
             _log.info(f"nothing left to train: {folder.path} had already stopped ({result.stop_reason}); "
                       "nothing new is logged")
             model_uri = tracker.model_uri(tracked.run_id)
         else:
-            model_uri = _log_result(tracker, tracked, result, register, prepared=prepared, cfg=cfg,
-                                    experiment=experiment)
-    return replace(result, model_uri=model_uri, valid_acc=result.best_valid_acc, tracking_uri=tracker.uri,
-                   mlflow_run_id=tracked.run_id)
+            model_uri = _log_result(tracker, tracked, result, train_run, experiment)
+    return replace(result, model_uri=model_uri, tracking_uri=tracker.uri, mlflow_run_id=tracked.run_id)
+
+
+def tracked_in(tracker: Tracker) -> TrainWorkflow[TrainResult]:
+    """The training workflow that tracks its runs in ``tracker``: :func:`run_tracked` with its
+    store bound, in this process (distillation's student)."""
+    return partial(run_tracked, tracker=tracker)
+
+
+def _tags(train_run: TrainRun, folder: RunFolder) -> dict[str, str]:
+    """The run's tags: its dataset, model, run folder (absolute) and workers, and those it is given."""
+    return {"dataset": train_run.cfg.dataset, "model": train_run.cfg.model.kind,
+            "run_dir": str(folder.path.resolve()), "workers": str(train_run.workers), **train_run.tags}
+
+
+def _opened(tracked: TrackedRun, train_run: TrainRun, folder: RunFolder, follows: continuity.Continuation,
+            changes: Mapping[str, Any]) -> MetricsCallback:
+    """The opened run, before the loop: a new one gets its inputs (a copy's own run, the checks
+    the copy holds too), a continued one where its folder is now and the settings the resume
+    changed (``changes``). Returns what logs each check at its step."""
+    log = lambda metrics: tracked.log_metrics(metrics, step=int(metrics.get("step", 0)))  # noqa: E731
+    if follows.run_id is None:
+        _log_inputs(tracked, train_run.cfg, train_run.prepared, train_run.teacher)
+        if follows.copy_of is not None:
+            continuity.replay_checks(folder, log)
+    else:
+        tracked.set_tags({"run_dir": str(folder.path.resolve()), **continuity.resumed_tags(changes)})
+    return log
 
 
 def _log_inputs(tracked: TrackedRun, cfg: JobConfig, prepared: Path, teacher: Path | None) -> None:
@@ -148,8 +161,8 @@ def _log_inputs(tracked: TrackedRun, cfg: JobConfig, prepared: Path, teacher: Pa
         tracked.log_file_input(Path(teacher), context="teacher")
 
 
-def _log_result(tracker: Tracker, tracked: TrackedRun, result: TrainResult, register: str | None, *,
-                prepared: Path, cfg: JobConfig, experiment: str) -> str | None:
+def _log_result(tracker: Tracker, tracked: TrackedRun, result: TrainResult, train_run: TrainRun,
+                experiment: str) -> str | None:
     """The finished run's checkpoint (absolute) and precision tags, its description, the size of the
     valid split its accuracy was measured on (``best_valid_acc_n``), that accuracy's standard error
     and the baseline beside it, its logged model (registered as ``register``, with a card saying
@@ -164,30 +177,30 @@ def _log_result(tracker: Tracker, tracked: TrackedRun, result: TrainResult, regi
                "baseline_valid_acc": result.baseline_valid_acc}
     model_uri = None
     if result.checkpoint:
+        cfg = train_run.cfg
         card = model_card.card(kind="reader", model=cfg.model.kind, dataset=cfg.dataset,
                                valid_acc=result.best_valid_acc, n=int(result.best_valid_acc_n or 0),
                                baseline=result.baseline_valid_acc,
                                origin=f"Trained by run {Path(result.run_dir).name} ({tracked.run_id}) of experiment "
                                       f"{experiment}; its checkpoint is `{checkpoint}`.")
-        model_uri = tracker.log_model(tracked, ModelFiles.of(result.checkpoint, prepared), register,
-                                      code=MODEL_CODE, card=card)
+        model_uri = tracker.log_model(tracked, ModelFiles.of(result.checkpoint, train_run.prepared),
+                                      train_run.register, code=MODEL_CODE, card=card)
     tracked.log_metrics({k: v for k, v in figures.items() if v is not None}, step=int(result.steps))
     return model_uri
 
 
-def _fit(cfg: JobConfig, prepared: Path, folder: RunFolder, launcher: Launcher | None, log: MetricsCallback, *,
-         resume: bool, workers: int, gpus_per_worker: float, storage: str, show_progress: bool,
-         train_rows: Any) -> TrainResult:
+def _fit(train_run: TrainRun, folder: RunFolder, launcher: Launcher | None, log: MetricsCallback) -> TrainResult:
     """Train in this process (``workers <= 0``) or on the launcher's Ray Train workers; returns the
     metrics with the best checkpoint's path."""
-    if workers <= 0:
-        device = "cuda" if gpus_per_worker > 0 else "cpu"  # in process: --gpus-per-worker > 0 means this GPU
-        return run(cfg, prepared, folder.path, resume=resume, on_metrics=log, show_progress=show_progress,
-                   device=device, train_rows=train_rows)
+    if train_run.workers <= 0:
+        device = "cuda" if train_run.gpus_per_worker > 0 else "cpu"  # in process: gpus_per_worker > 0 means this GPU
+        return run(train_run.cfg, train_run.prepared, folder.path, resume=train_run.resume, on_metrics=log,
+                   show_progress=train_run.show_progress, device=device, train_rows=train_run.train_rows)
     assert launcher is not None
     return trained(launcher.train_workers(WorkersRequest(
-        cfg=cfg, prepared=prepared, folder=folder, fit=fit_on_worker, workers=workers, storage=storage,
-        gpus_per_worker=gpus_per_worker, resume=resume, on_metrics=log, show_progress=show_progress)))
+        cfg=train_run.cfg, prepared=train_run.prepared, folder=folder, fit=fit_on_worker, workers=train_run.workers,
+        storage=train_run.storage, gpus_per_worker=train_run.gpus_per_worker, resume=train_run.resume,
+        on_metrics=log, show_progress=train_run.show_progress)))
 
 
 @dataclass(frozen=True)
@@ -244,15 +257,16 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
                              restart=resume_command(req, run_dir, resume=False),
                              resumable=lambda: RunFolder(run_dir).resumable()), \
             rundir.claim(run_dir, resume=req.resume, overwrite=req.overwrite) as folder:
+        point = resume_point(RunFolder(folder)) if req.resume else None
         if req.resume:
-            cfg = resumed_config(req, name, prepared, folder, cfg)
+            cfg = resumed_config(req, name, prepared, point, cfg)
         tracker = open_tracker(uri)
         trained_on.keep(folder, prepared, req.workdir)
+        train_run = TrainRun(cfg, prepared, folder, resume=req.resume, workers=req.workers,
+                             gpus_per_worker=req.gpus_per_worker, storage=work.storage(req.storage_path),
+                             show_progress=req.show_progress, register=req.register)
         try:
-            result = run_tracked(cfg, prepared, folder, tracker, launcher=launcher, resume=req.resume,
-                                 workers=req.workers, gpus_per_worker=req.gpus_per_worker,
-                                 storage=work.storage(req.storage_path), show_progress=req.show_progress,
-                                 register=req.register)
+            result = run_tracked(train_run, tracker, launcher, point=point)
         except RestoresSpent as err:
             raise RestoresSpent(f"{err}; its last checkpoint is kept: continue with "
                                 f"{resume_command(req, run_dir)}") from err
@@ -260,22 +274,23 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     return replace(result, checkpoint_temperature=best, next=summary.next_commands(result, req))
 
 
-def resumed_config(req: TrainRequest, name: str, prepared: Path, run_dir: Path, cfg: JobConfig) -> JobConfig:
-    """The config that a resume of ``run_dir`` (a claimed folder) trains with: without
-    ``model_kind`` and ``config_file``, the config its checkpoint holds (the run's model, optimiser
-    settings and budget) with ``sets`` on top; with either, ``cfg``, built from them. A folder
-    without a checkpoint keeps ``cfg`` (claiming it says there is nothing to resume).
-    :func:`run_tracked` then holds it to the checkpoint (:func:`check_resumable`).
+def resumed_config(req: TrainRequest, name: str, prepared: Path, point: ResumePoint | None,
+                   cfg: JobConfig) -> JobConfig:
+    """The config that a resume trains with, from what its claimed folder's checkpoint holds
+    (``point``, :func:`resume_point`): without ``model_kind`` and ``config_file``, the config of
+    that checkpoint (the run's model, optimiser settings and budget) with ``sets`` on top; with
+    either, ``cfg``, built from them. A folder without a checkpoint (``point`` None) keeps ``cfg``
+    (claiming it says there is nothing to resume). :func:`run_tracked` then holds it to the
+    checkpoint (:func:`check_resumable`).
 
     Raises:
-        CheckpointError: no checkpoint loads, or its config is not readable.
+        CheckpointError: its config is not readable.
     """
     from iaa.jobs.datasets import resolve
 
-    found = _latest_checkpoint(RunFolder(run_dir))
-    if found is None or req.model_kind is not None or req.config_file is not None:
+    if point is None or req.model_kind is not None or req.config_file is not None:
         return cfg
-    state, source = found
+    state, source = point
     try:
         saved = from_dict(state["config"])
     except ConfigError as err:
@@ -283,28 +298,33 @@ def resumed_config(req: TrainRequest, name: str, prepared: Path, run_dir: Path, 
     return resolve.job_config(name, prepared, sets=req.sets, base=saved)
 
 
-def check_resumable(folder: RunFolder, cfg: JobConfig, prepared: Path) -> dict[str, Any]:
-    """Refuse to resume ``folder``'s run with ``cfg`` on ``prepared`` where its checkpoint differs
-    in a setting outside :data:`~iaa.jobs.modeling.checkpoint.RESUMABLE_CHANGES` (a resume may
-    change the budget and how the run computes, not what it learns), or in its vocabulary;
-    nothing where there is no checkpoint. Returns the settings ``cfg`` changes (dotted key -> now)."""
-    found = _latest_checkpoint(folder)
+def resume_point(folder: RunFolder) -> ResumePoint | None:
+    """What a resume of ``folder``'s run is held to, read once from the checkpoint it goes on from
+    (:func:`~iaa.jobs.modeling.checkpoint.load_latest`: ``last.pt``, else ``best.pt``): its config
+    and vocabulary digest, with that file. The weights are not kept: the session that resumes
+    loads them, and it warns where ``best.pt`` stands in for ``last.pt``. None where the folder
+    holds neither file.
+
+    Raises:
+        CheckpointError: both files exist and neither loads (the message names both).
+    """
+    found = checkpoint.load_latest(folder.checkpoints, warn=False)
     if found is None:
-        return {}
+        return None
     state, source = found
+    return {key: state[key] for key in RESUME_KEYS if key in state}, source
+
+
+def check_resumable(point: ResumePoint | None, cfg: JobConfig, prepared: Path) -> dict[str, Any]:
+    """Refuse to resume from ``point`` (:func:`resume_point`) with ``cfg`` on ``prepared`` where
+    its checkpoint differs in a setting outside
+    :data:`~iaa.jobs.modeling.checkpoint.RESUMABLE_CHANGES` (a resume may change the budget and
+    how the run computes, not what it learns), or in its vocabulary; nothing where there is no
+    checkpoint. Returns the settings ``cfg`` changes (dotted key -> now)."""
+    if point is None:
+        return {}
+    state, source = point
     return checkpoint.check_resumable(state, cfg, trained_on.TrainedOn.of(prepared).vocab_hash, str(source))
-
-
-def _latest_checkpoint(folder: RunFolder) -> tuple[dict[str, Any], Path] | None:
-    """The state that :func:`~iaa.jobs.modeling.checkpoint.load_latest` resumes from (``last.pt``,
-    else ``best.pt``), without its warning, which the session that resumes gives."""
-    for path in (folder.last, folder.best):
-        if path.exists():
-            try:
-                return checkpoint.load(path), path
-            except checkpoint.CheckpointError:
-                continue
-    return checkpoint.load_latest(folder.checkpoints)      # None where there is neither; else the error naming both
 
 
 def _killed(run: Any, signal_name: str) -> None:

@@ -169,11 +169,19 @@ class Trainer:
             yield from self._run_epoch()
 
     def finish(self) -> dict[str, Any]:
-        """The run's final metrics and progress (after ``steps`` has ended): its last check's
-        metrics, or where it stands when it made none (a resume with nothing left to train)."""
+        """The run's final figures (after ``steps`` has ended): its last check's metrics
+        (:meth:`_metrics`; none where this process made no check, as a resume with nothing left to
+        train), then the run's progress, which stands where the two share a name.
+
+        ``steps`` is how many steps the run has trained in all, across its resumes (the result's
+        field); ``step`` is the step its figures were measured at, the key that every check's
+        metrics carry (the x axis of its tracked curves). A run ends on a check, so here they are
+        one number, and ``epoch`` is it in epochs; ``trained_steps`` are those this process trained.
+        """
         self.bar.close()
         p = self.progress
-        return {"step": p.step, "epoch": p.step / self.n_batches, **self.last, "checks": p.checks, "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
+        return {**self.last, "step": p.step, "epoch": p.step / self.n_batches, "checks": p.checks,
+                "best_valid_acc": p.best_valid_acc, "best_step": p.best_step, "steps": p.step,
                 "stop_reason": p.stop_reason, "train_seconds": p.elapsed_s, "precision": self.precision,
                 "trained_steps": p.step - self.start_step,
                 "cuda_graphs": self.captured is not None and self.captured.failed is None,
@@ -263,7 +271,8 @@ class Trainer:
 
     def _metrics(self, valid_acc: float, valid_loss: float, temperature: float, train_seconds: float,
                  valid_seconds: float) -> dict[str, Any]:
-        """The metrics of a check: validation, the training loss and speed since the last one.
+        """The metrics of a check: validation, the training loss and speed since the last one,
+        at ``step`` (the run's steps so far; ``epoch`` is it in epochs).
 
         ``temperature``: the one that calibrates the reader's answers on valid at this check
         (:func:`iaa.jobs.evaluation.calibration.fit_temperature`), saved in its checkpoint.

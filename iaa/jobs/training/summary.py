@@ -22,8 +22,10 @@ class TrainResult(Result):
     ``valid_loss``, ``temperature``, ``lr``, ``train_examples_per_s`` ...: those of the last check,
     which need not be the best one) and those its runner adds (in process:
     ``cuda_graphs``; on Ray Train workers: ``ray_storage``, ``workers``, ``threads``), each a key of
-    the JSON object. A tracked run (:func:`iaa.jobs.train.train.run_tracked`) adds the baseline
-    beside it (:func:`with_baseline`), and its store, run and logged model.
+    the JSON object. ``valid_acc`` is the best check's accuracy, the same as ``best_valid_acc``
+    (not the last check's, which the loop's figures also name ``valid_acc``). A tracked run
+    (:func:`iaa.jobs.train.train.run_tracked`) adds the baseline beside it (:func:`with_baseline`),
+    and its store, run and logged model.
     """
 
     metrics: Mapping[str, Any] = spread()
@@ -38,7 +40,7 @@ class TrainResult(Result):
     checkpoint_temperature: float | None = absent_when_none()   # the one it answers at (fitted at its check)
     run_dir: str
     model_uri: str | None = absent_when_none()
-    valid_acc: float | None = absent_when_none()        # a tracked run's best check's, as tune names it
+    valid_acc: float | None = absent_when_none()        # best_valid_acc under its short name
     tracking_uri: str | None = absent_when_none()
     mlflow_run_id: str | None = absent_when_none()
     baseline_valid_acc: float | None = absent_when_none()   # the most-frequent-candidate accuracy on valid
@@ -54,9 +56,12 @@ NAMED = frozenset(f.name for f in dataclasses.fields(TrainResult)) - {"metrics",
 
 def trained(figures: Mapping[str, Any], **given: Any) -> TrainResult:
     """The result of the training loop's ``figures`` (a plain mapping, as a worker reports it), with
-    ``given`` fields (``checkpoint``, ``run_dir`` ...) over them."""
-    named = {key: value for key, value in figures.items() if key in NAMED}
-    return TrainResult(**{**named, **given}, metrics={k: v for k, v in figures.items() if k not in NAMED})
+    ``given`` fields (``checkpoint``, ``run_dir`` ...) over them. Its ``valid_acc`` is the best
+    check's (``best_valid_acc``): the figures' own ``valid_acc``, the last check's, is left out."""
+    named = {key: value for key, value in figures.items() if key in NAMED and key != "valid_acc"}
+    fields = {**named, **given}
+    return TrainResult(**{"valid_acc": fields.get("best_valid_acc"), **fields},
+                       metrics={k: v for k, v in figures.items() if k not in NAMED})
 
 
 def with_baseline(result: TrainResult, prepared: Path) -> TrainResult:
