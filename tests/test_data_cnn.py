@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from _faults import assert_says
 from iaa.data import cnn
 from iaa.data import bad_input as E
 from iaa.data.bad_input import DataError
@@ -120,3 +121,55 @@ def test_tgz_with_link_member_is_rejected(tmp_path):
 def test_missing_source_says_what_to_give(tmp_path):
     with pytest.raises(DataError, match="questions"):
         cnn.find_source(tmp_path)
+
+
+LAYOUT = {   # case -> (file, the line its message names, what the message says)
+    "context_over_two_lines": (question(context="@entity3 met @entity0 in @entity7 ;\nlater @entity0 left @entity3 behind ."),
+                               4, ["between the context and the query", "split over two lines"]),
+    "cut_off_in_the_context": ("http://x\n\n@entity3 met @en", 5, ["missing the query", "file ends at line 3", "cut off"]),
+    "second_answer": (question(answer="@entity0\n@entity3"), 8, ["blank line after the answer", "'@entity3'",
+                                                                 "one answer"]),
+    "names_without_a_blank": (question().replace("@entity0\n\n@entity0:", "@entity0\n@entity0:"), 8,
+                              ["blank line after the answer", "start at line 9"]),
+    "utf16": (question().encode("utf-16"), 1, ["UTF-16", "iconv -f UTF-16 -t UTF-8"]),
+    "empty": ("", 1, ["missing the url", "holds no text"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUT))
+def test_a_layout_error_says_what_is_wrong_at_its_line(case):
+    text, line, phrases = LAYOUT[case]
+    with pytest.raises(DataError) as info:
+        cnn.parse_question("q.question", text if isinstance(text, bytes) else text.encode())
+    assert info.value.line == line, str(info.value)
+    assert_says(info.value, "q.question", *phrases)
+
+
+def test_read_question_checks_the_answer_as_prepare_does_and_keeps_the_entity_names():
+    example, names = cnn.read_question("a.question", question().encode())
+    assert example.answer == "@entity0" and names == {"@entity0": "Ann Lee", "@entity3": "Bob", "@entity7": "Paris"}
+    for answer, says in (("@entity9", "does not occur in the document"), ("Ann", "is not an @entity token")):
+        with pytest.raises(DataError) as info:
+            cnn.read_question("a.question", question(answer=answer).encode())
+        assert info.value.line == 7
+        assert_says(info.value, "a.question", f"answer '{answer}'", says, "not among the candidates")
+    with pytest.raises(DataError) as info:
+        cnn.read_question("a.question", question(query="@placeholder met @placeholder").encode())
+    assert info.value.line == 5 and info.value.reason == E.MANY_PLACEHOLDERS
+
+
+def test_an_entity_named_twice_differently_is_refused_at_its_line():
+    with pytest.raises(DataError) as info:
+        cnn.read_question("a.question", question(entities="@entity0:Ann Lee\n@entity3:Bob\n@entity0:Bo").encode())
+    assert info.value.line == 11
+    assert_says(info.value, "a.question", "@entity0 is named twice", "'Ann Lee'", "'Bo'")
+
+
+def test_a_folder_source_names_a_bad_file_by_the_path_given(tmp_path, monkeypatch):
+    write_tree(tmp_path / "given" / "cnn", {"training/good.question": question(), "training/zbad.question": question(answer="")})
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as info:
+        cnn.read(Path("given"))
+    assert info.value.path == str(Path("given/cnn/questions/training/zbad.question"))
+    assert (tmp_path / info.value.path).is_file()
+    assert "given/cnn/questions/training/zbad.question" in cnn.read(Path("given"), on_error="skip")["train"].skip_messages[0]

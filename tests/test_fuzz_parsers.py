@@ -14,7 +14,7 @@ import tarfile
 import pytest
 
 from _shared import require_shared
-from iaa.data import cbt, cnn
+from iaa.data import cbt, cnn, raw_text
 from iaa.data.bad_input import DataError
 
 SEED = 20260101
@@ -106,11 +106,15 @@ def cnn_question(entity: int, other: int) -> bytes:
 
 
 def reference_cnn(data: bytes) -> tuple | None:
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data[:4096]:    # UTF-16 (or binary)
+        return None
     try:
         lines = data.decode("utf-8").replace("\r\n", "\n").split("\n")
     except UnicodeDecodeError:
         return None
     if len(lines) < 7 or any(not lines[i].strip() for i in (0, 2, 4, 6)) or any(lines[i].strip() for i in (1, 3, 5)):
+        return None
+    if len(lines) > 7 and lines[7].strip():          # line 8 is blank: a question has one answer
         return None
     if any(line.strip() and not cnn._ENTITY_LINE.match(line) for line in lines[8:]):
         return None
@@ -136,6 +140,30 @@ def test_cnn_reader_parses_exactly_or_raises_a_data_error():
             continue
         (ex,) = chunk.examples()
         assert (ex.doc, ex.query, ex.candidates, ex.answer) == expected, case
+
+
+def test_a_cnn_file_given_as_raw_input_reads_exactly_or_raises_one_input_error(tmp_path):
+    """What `predict`, `evaluate --input` and `explain --input` read: the reference's record, or an
+    InputError naming the file; never a question whose answer is not among its candidates."""
+    rng = random.Random(SEED + 1)
+    good = [cnn_question(0, 3), cnn_question(5, 2)]
+    for case in range(CASES):
+        data = mutate(rng.choice(good), rng)
+        path = tmp_path / f"q{case}.question"
+        path.write_bytes(data)
+        expected = reference_cnn(data)
+        if expected is not None:                     # raw input also reads the names: one name an entity
+            named = [line.strip().partition(":") for line in data.decode().replace("\r\n", "\n").split("\n")[8:]]
+            if len({(e, n.strip()) for e, _, n in named if e}) != len({e for e, _, _ in named if e}):
+                expected = None
+        try:
+            (q,) = raw_text.read_input(path, "@placeholder")
+        except raw_text.InputError as err:
+            assert str(path) in str(err) and "\n" not in str(err), (case, str(err))
+            assert expected is None, (case, str(err))
+            continue
+        assert (q.example.doc, q.example.query, q.example.candidates, q.gold) == expected, case
+        assert q.gold in q.example.candidates, case
 
 
 @pytest.mark.parametrize("cut", [0.2, 0.5, 0.9])

@@ -177,7 +177,7 @@ def test_a_reader_alone_answers_at_the_temperature_its_checkpoint_holds(setup, t
     assert (page.temperature, page.precision) == (0.2, evaluated["precision"])      # computed as evaluate does
     shown = page.examples
     for record in shown:
-        assert record["probs"] == pytest.approx(by_id[record["example_id"]]["calibrated_probs"], abs=1e-5)
+        assert record.probs == pytest.approx(by_id[record.example_id]["calibrated_probs"], abs=1e-5)
     assert serve.Answerer.load(ModelSource("checkpoint", str(sharp), str(prepared))).predictor.temperature == 0.2
 
     ens = tmp_path / "ens"

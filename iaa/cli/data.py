@@ -25,20 +25,25 @@ from iaa.data.datasets import CLOZE_STYLES, DATASETS
 @click.option("--max-vocab", type=click.IntRange(min=4), default=None, help="Keep at most this many words (by frequency).")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None, help="Parser threads [default: all cores]; the output does not depend on it.")
 @click.option("--overwrite", is_flag=True, help="Replace another dataset (or one from another source path) that --out holds.")
+@click.option("--expected-test", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="CNN: a list of the test question files the source should hold, one name a line (such as "
+                   "rc-data's expected_cnn_test.txt); warns of those missing and of test questions it does not list.")
 @workdir_option
 @json_option
 @friendly
 def prepare(dataset: str, source: Path | None, out: Path | None, on_error: str, lowercase: bool | None,
-            min_count: int, max_vocab: int | None, threads: int | None, overwrite: bool, workdir: Path,
-            as_json: bool) -> None:
+            min_count: int, max_vocab: int | None, threads: int | None, overwrite: bool, expected_test: Path | None,
+            workdir: Path, as_json: bool) -> None:
     """Parse a corpus into Parquet shards, a vocabulary and a manifest."""
     from iaa.jobs.datasets import prepare as job
 
     if dataset != "demo" and source is None:
         raise click.UsageError(f"--source is required for {dataset}")
+    if expected_test is not None and dataset != "cnn":
+        raise click.UsageError("--expected-test lists CNN test question files: it needs --dataset cnn")
     result = job.run(dataset, source, out, workdir=workdir, on_error=on_error, lowercase=lowercase,
                      min_count=min_count, max_vocab=max_vocab, workers=threads, progress=progress_shown(),
-                     overwrite=overwrite)
+                     overwrite=overwrite, expected_test=expected_test)
     print_summary(job.describe, result)
     emit(result, as_json)
 

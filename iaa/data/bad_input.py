@@ -23,6 +23,15 @@ REASONS: tuple[str, ...] = (
     MANY_PLACEHOLDERS, DUPLICATE_CANDIDATE, DUPLICATE_ID, CANDIDATE_COUNT,
 )
 
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+UTF16_TEXT = "is UTF-16 text (or binary), not UTF-8: convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8)"
+
+
+def looks_utf16(head: bytes) -> bool:
+    """``head``, a file's first bytes, starts with a UTF-16 byte order mark or holds the NUL bytes
+    that betray UTF-16 (or binary) text without one, in its first 4 KB: no UTF-8 text does."""
+    return head.startswith(UTF16_BOMS) or b"\x00" in head[:4096]
+
 
 class DataError(IaaError, ValueError):
     """Bad input data. ``str(err)`` reads ``FILE, line N: what is wrong``.

@@ -115,7 +115,6 @@ def _count_lines(data: bytes | memoryview) -> int:
 
 
 UTF8_BOM = b"\xef\xbb\xbf"
-UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
 def _read_blocks(path: Path, size: int = 32 << 20) -> Iterator[bytes]:
@@ -140,9 +139,8 @@ def _read_blocks(path: Path, size: int = 32 << 20) -> Iterator[bytes]:
 def _without_mark(block: bytes, path: Path) -> bytes:
     if block.startswith(UTF8_BOM):
         return block[len(UTF8_BOM):]
-    if block.startswith(UTF16_BOMS) or b"\x00" in block[:4096]:
-        raise DataError("is UTF-16 text (or binary), not UTF-8: convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8)",
-                        path=path, line=1, reason=E.NOT_UTF8)
+    if E.looks_utf16(block):
+        raise DataError(E.UTF16_TEXT, path=path, line=1, reason=E.NOT_UTF8)
     return block
 
 

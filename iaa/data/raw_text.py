@@ -1,11 +1,12 @@
 """Cloze questions from outside a prepared dataset, turned into rows like ``prepare`` writes.
 
-Three inputs: JSON Lines of ``{"id", "document", "query", "candidates"[, "answer"]}`` with raw
-text, a CBT file, or a CNN ``.question`` file. JSON Lines are strict: lines end at ``\n`` only
+Three inputs: JSON Lines of ``{"id", "document", "query", "candidates"[, "answer", "entities"]}``
+with raw text, a CBT file, or a CNN ``.question`` file (checked as ``prepare`` checks it). JSON Lines are strict: lines end at ``\n`` only
 (a U+2028 inside a string is text), ``document`` and ``query`` are strings, ``candidates`` a
 list of strings (or one string of ``|``- or space-separated words), each candidate one word
 (never empty, blank or several words: the reader points at single words), ``id`` a string or an
-integer and unique, ``answer`` one of the candidates; an empty file and undecodable bytes are
+integer and unique, ``answer`` one of the candidates, ``entities`` an object of names (``{"@entity0":
+"Ann Lee"}``, as a CNN file's ``@entityN:Name`` lines give them); an empty file and undecodable bytes are
 errors naming the file and line, and so are text that is not Unicode (a lone surrogate such as
 ``"\\ud800"``), a number of more than ``MAX_NUMBER_DIGITS`` digits and JSON nested deeper than
 Python reads (:func:`loads`). Raw text is split on whitespace, as both parsers
@@ -17,6 +18,7 @@ matching, optional lowercasing) and ``to_table`` (vocabulary ids, ``<unk>`` for 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import warnings
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from iaa.data.vocab import Vocab
 from iaa.errors import IaaError
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-RECORD_KEYS = ("id", "document", "query", "candidates", "answer")   # what a JSON Lines question holds
+RECORD_KEYS = ("id", "document", "query", "candidates", "answer", "entities")   # what a JSON Lines question holds
 MAX_NUMBER_DIGITS = 40        # an integer id of more is refused (Python itself stops at 4,300)
 SHOWN = 5                     # candidates named in a message, then "and N more"
 CNN_QUERY_LINE = 5  # url, blank, context, blank, query: what a CNN question's messages point at
@@ -49,6 +51,11 @@ class Question:
     example: ClozeExample
     gold: str | None
     where: str            # "FILE:LINE", for messages
+    names: tuple[tuple[str, str], ...] = ()   # (word, its real name): a CNN question's entity names
+
+    def name_of(self, word: str) -> str | None:
+        """The real name the input gives ``word`` (an ``@entityN``), or None."""
+        return dict(self.names).get(word)
 
 
 def read_input(path: Path, placeholder: str) -> list[Question]:
@@ -61,8 +68,11 @@ def read_input(path: Path, placeholder: str) -> list[Question]:
     if path.suffix == ".question":
         from iaa.data import cnn
 
-        ex = cnn.parse_question(str(path), path.read_bytes())
-        return [Question(ex, ex.answer, f"{path}:{CNN_QUERY_LINE}")]
+        try:
+            ex, names = cnn.read_question(str(path), path.read_bytes())
+        except cnn.DataError as err:               # prepare's words: the file, the line, what is wrong
+            raise InputError(str(err)) from None
+        return [Question(ex, ex.answer, f"{path}:{CNN_QUERY_LINE}", tuple(names.items()))]
     from iaa.data import cbt
 
     chunk = cbt.read(path, on_error="fail")
@@ -90,6 +100,8 @@ def _read_jsonl(path: Path, placeholder: str) -> list[Question]:
             continue
         record = _json(line, f"{path}:{n}")
         q = from_record(record, f"{path}:{n}", placeholder)
+        if "entities" in record:
+            q = dataclasses.replace(q, names=_entity_names(record["entities"], f"{path}:{n}"))
         for key in record.keys() - set(RECORD_KEYS):
             unread.setdefault(key, n)
         if q.example.example_id in first_line:
@@ -190,6 +202,24 @@ def from_record(record: dict[str, Any], where: str, placeholder: str) -> Questio
     return Question(example, None if gold is None else gold.strip(), where)
 
 
+def _entity_names(entities: Any, where: str) -> tuple[tuple[str, str], ...]:
+    """A record's ``entities``: an object from words (``@entity0``) to their real names, as strings.
+
+    Raises:
+        InputError: not an object, a name that is not a string, or text that is not Unicode.
+    """
+    if not isinstance(entities, dict):
+        raise InputError(f"{where}: entities must be an object of names ({{\"@entity0\": \"Ann Lee\"}}), got "
+                         f"{_kind(entities)}")
+    for word, name in entities.items():
+        if not isinstance(name, str):
+            raise InputError(f"{where}: entities[{_quoted(word)}] must be a string (a name), got {_kind(name)}")
+        for text in (word, name):
+            if problem := text_problem(text):
+                raise InputError(f"{where}: entities {problem}")
+    return tuple((word, name.strip()) for word, name in entities.items())
+
+
 def _candidates(cands: Any, where: str) -> list[str]:
     """The candidate words of a record's ``candidates``: a list, or one string of ``|``- or
     space-separated words; each is stripped of surrounding spaces.
@@ -283,7 +313,8 @@ def labelled_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool, 
     """:func:`to_rows` with each question's own answer in ``answer`` (-1 where none is given).
 
     Raises:
-        InputError: ``need_answers`` and a question gives no answer (named by file and line).
+        InputError: ``need_answers`` and a question gives no answer, or an answer that is not one
+            of its candidates (named by file and line).
     """
     missing = [q for q in questions if q.gold is None]
     if need_answers and missing:
@@ -291,6 +322,10 @@ def labelled_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool, 
         raise InputError(f"{missing[0].where}: no answer: evaluation needs the answer of every question (an "
                          f"\"answer\" that is one of its candidates); {len(missing)} of the {len(questions)} "
                          f"questions {gives} none")
+    for q in questions:
+        if q.gold is not None and q.gold not in q.example.candidates:
+            raise InputError(f"{q.where}: the answer {q.gold!r} is not one of the candidates "
+                             f"({named(q.example.candidates)})")
     table = to_rows(questions, vocab, lowercase)
     gold = [-1 if q.gold is None else q.example.candidates.index(q.gold) for q in questions]
     return table.set_column(table.schema.get_field_index("answer"), table.schema.field("answer"),

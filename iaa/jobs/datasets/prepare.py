@@ -23,12 +23,12 @@ from iaa.data import build as B
 from iaa.data import cbt, cnn, demo
 from iaa.data import bad_input as E
 from iaa.data import manifest as M
-from iaa.data import verify
+from iaa.data import expected_names, verify
 from iaa.data.datasets import DATASETS, TRAINING_SPLITS
 from iaa.data.bad_input import DataError
 from iaa.files import DiskFullError, disk_full_message, ensure_writable, writing
 from iaa.jobs.evaluation.closing import Command, next_block, where
-from iaa.jobs.evaluation.result import Result
+from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
 from iaa.jobs.workdir import outputs
 
@@ -53,6 +53,8 @@ class PrepareResult(Result):
     vocab_size: int
     seconds: float
     skipped_reasons: dict[str, dict[str, int]] = field(default_factory=dict)   # per split: count by reason
+    # with `expected_test`: how many test questions it lists, how many are here, missing, and not listed
+    expected_test: dict[str, int] | None = absent_when_none()
 
 ON_ERROR = ("fail", "skip")
 _SPLIT_WORDS = {"train": "training", "valid": "validation"}
@@ -71,6 +73,7 @@ def run(
     workers: int | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    expected_test: Path | None = None,
 ) -> PrepareResult:
     """Prepare ``dataset`` from ``source`` into ``out`` (default: ``WORKDIR/data/DATASET``).
 
@@ -82,11 +85,17 @@ def run(
         min_count, max_vocab: vocabulary options (train split only); ``max_vocab`` includes special tokens.
         workers: threads (None: all CPUs). Does not change the output.
         overwrite: replace a dataset that ``out`` holds of another dataset or source path.
+        expected_test: CNN only: a list of the test question files the source should hold (one name
+            a line, such as rc-data's official ``expected_cnn_test.txt``). Prepare warns of the listed
+            questions the test split lacks and of its questions the list does not name; it does not
+            change what is prepared.
 
     Returns:
-        The :class:`PrepareResult`. Skipped and cut-off examples are also logged.
+        The :class:`PrepareResult`. Skipped and cut-off examples are also logged, and so are the
+        source's files that are not read (a CNN source's, each kind in one line).
     """
     _check_options(dataset, on_error, min_count, max_vocab)
+    listed = _expected_test(dataset, expected_test)
     out = Path(out) if out is not None else Workdir(workdir).data(dataset)
     ensure_writable(out.parent, "the output folder's parent", "give a writable `out` or `workdir`")
     started = time.perf_counter()
@@ -96,7 +105,8 @@ def run(
     fingerprint = _fingerprint(dataset, source)
     current = _up_to_date(out, dataset=dataset, source=fingerprint, options=options)
     if current is not None:
-        return _result(current, out, rebuilt=False, seconds=time.perf_counter() - started, workdir=workdir)
+        return _result(current, out, rebuilt=False, seconds=time.perf_counter() - started, workdir=workdir,
+                       expected=_report_expected(out, current, listed, expected_test))
     existed = (out / M.MANIFEST).exists()          # a manifest, even a damaged one: a dataset was there
 
     source_path = None if source is None else str(Path(source).resolve())
@@ -107,7 +117,7 @@ def run(
     _report(manifest)
     _report_shared(out, manifest)
     return _result(manifest, out, rebuilt=existed, created=not existed, seconds=time.perf_counter() - started,
-                   workdir=workdir)
+                   workdir=workdir, expected=_report_expected(out, manifest, listed, expected_test))
 
 
 def _check_options(dataset: str, on_error: str, min_count: int, max_vocab: int | None) -> None:
@@ -197,7 +207,10 @@ def _fingerprint(dataset: str, source: Path | None) -> dict[str, Any]:
 def _sources(dataset: str, source: Path | None, tmp: Path, *, on_error: str, lowercase: bool,
              min_count: int, max_vocab: int | None) -> tuple[list[B.SplitSource], B.VocabOptions]:
     if dataset == "cnn":
-        sources = cnn.split_sources(Path(source), on_error=on_error, lowercase=lowercase)  # type: ignore[arg-type]
+        layout = cnn.survey(Path(source))  # type: ignore[arg-type]
+        for note in layout.notes:
+            _log.warning(note)
+        sources = cnn.split_sources(layout, on_error=on_error, lowercase=lowercase)
         return sources, B.VocabOptions(cnn.PLACEHOLDER, min_count, max_vocab, keep_pattern=cnn.ENTITY_PATTERN)
     if dataset == "demo":
         files = demo.write_files(tmp / "source")
@@ -266,8 +279,40 @@ def _report_shared(out: Path, manifest: M.Manifest) -> None:
                      "is a file in the source twice?")
 
 
+def _expected_test(dataset: str, path: Path | None) -> list[str] | None:
+    """The ids ``expected_test`` lists (None without one), read before any work: a bad list stops prepare."""
+    if path is None:
+        return None
+    if dataset != "cnn":
+        raise DataError(f"`expected_test` lists CNN test question files, and dataset is {dataset!r}", path=path)
+    return expected_names.read_list(Path(path))
+
+
+def _report_expected(out: Path, manifest: M.Manifest, listed: list[str] | None,
+                     path: Path | None) -> dict[str, int] | None:
+    """Warn of the test questions ``path`` lists that the prepared test split lacks, and of those it
+    holds that the list does not name; the counts, for the result (None without a list)."""
+    if listed is None:
+        return None
+    found = expected_names.compare(listed, expected_names.split_ids(out, manifest, "test"))
+    shown = expected_names.SUFFIX
+    if found.missing:
+        some = ", ".join(name + shown for name in found.missing[:3])
+        _log.warning(f"test: {found.present:,} of the {found.listed:,} questions that {path} lists are here, "
+                     f"{len(found.missing):,} missing (e.g. {some}): a test score here is not one on the list's "
+                     "questions")
+    if found.unlisted:
+        some = ", ".join(name + shown for name in found.unlisted[:3])
+        _log.warning(f"test: {len(found.unlisted):,} question(s) are not among those {path} lists (e.g. {some}): "
+                     "a test score here counts them")
+    if not found.missing and not found.unlisted:
+        _log.info(f"test: the {found.listed:,} questions that {path} lists are all here, and no other")
+    return {"listed": found.listed, "present": found.present, "missing": len(found.missing),
+            "unlisted": len(found.unlisted)}
+
+
 def _result(manifest: M.Manifest, out: Path, *, rebuilt: bool, seconds: float, workdir: Path,
-            created: bool = False) -> PrepareResult:
+            created: bool = False, expected: dict[str, int] | None = None) -> PrepareResult:
     trainable = set(TRAINING_SPLITS) <= set(manifest.splits)
     at = where(workdir)
     return PrepareResult(dataset=manifest.dataset, out=str(out), rebuilt=rebuilt, created=created,
@@ -275,7 +320,7 @@ def _result(manifest: M.Manifest, out: Path, *, rebuilt: bool, seconds: float, w
                          skipped=manifest.skipped, truncated=manifest.truncated,
                          skipped_reasons={split: dict(entry.skipped) for split, entry in manifest.splits.items()
                                           if entry.skipped},
-                         vocab_size=manifest.vocab_size, seconds=round(seconds, 3),
+                         vocab_size=manifest.vocab_size, seconds=round(seconds, 3), expected_test=expected,
                          next=(Command.of("train", data=str(out), **at), Command.of("tune", data=str(out), **at))
                          if trainable else ())
 

@@ -1,5 +1,6 @@
 """``iaa-cli predict``: answer cloze questions given as raw text (or CBT / CNN files) with a
-checkpoint or a seed ensemble; the same ``probs`` as ``iaa-cli evaluate`` writes.
+checkpoint or a seed ensemble; the same ``probs`` as ``iaa-cli evaluate`` writes, and the
+prediction's real name (``prediction_name``) where the input names its entities.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from iaa.data.raw_text import read_input
+from iaa.data.raw_text import Question, read_input
 from iaa.jobs.evaluation import frequency, uncertainty
 from iaa.jobs.evaluation.predictor import Predictor, ensemble_members, ensemble_temperature
 from iaa.jobs.evaluation.result import Result, hidden
@@ -58,7 +59,7 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         questions = read_input(Path(input_path), predictor.vocab.placeholder)
-        rows = predictor.predict(questions, progress=progress)
+        rows = [with_name(row, q) for row, q in zip(predictor.predict(questions, progress=progress), questions)]
     if not to_stdout:
         atomic_write_text(out, json_lines(rows))
     scored = [r["correct"] for r in rows if "correct" in r]
@@ -89,6 +90,20 @@ def check_out(out: Path, *, input_path: Path, checkpoints: Sequence[Path], data_
         "the input": input_path, "a checkpoint": checkpoints,
         "a file of the prepared data": outputs.data_files(data_dir),
         "a file of the ensemble": outputs.data_files(ensemble_dir)})
+
+
+def with_name(row: Mapping[str, Any], question: Question) -> dict[str, Any]:
+    """``row`` with ``prediction_name`` after ``prediction`` where the question gives entity names (a
+    CNN file's ``@entityN:Name`` lines, a record's ``entities``): the prediction's name, or None
+    where they do not name it."""
+    if not question.names:
+        return dict(row)
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        out[key] = value
+        if key == "prediction":
+            out["prediction_name"] = question.name_of(value)
+    return out
 
 
 def json_lines(rows: Sequence[Mapping[str, Any]]) -> str:
