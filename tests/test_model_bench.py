@@ -155,3 +155,47 @@ def test_the_memory_script_trains_both_sides_and_reports_them(tmp_path):
         row["step"] for row in result["rows"]["as-loaded"]]
     assert all(result["peak_mb"][side] > 50 for side in ("padded", "as-loaded"))
     assert result["seconds_ratio_padded_over_loaded"] > 0
+
+
+def test_the_bench_settings_are_runs_keywords() -> None:
+    import dataclasses
+    import inspect
+
+    keywords = set(inspect.signature(bench.run).parameters) - {"model", "overrides", "device"}
+    assert {f.name for f in dataclasses.fields(bench.BenchSettings)} == keywords
+
+
+@pytest.mark.parametrize("given, named", [
+    ("model.nope=1", "'model.nope'"),
+    ("model.embed_dim=-1", "model.embed_dim must be"),
+    ("bench.steps=abc", "bench.steps: expected an integer"),
+    ("bench.batch_size=0", "bench.batch_size must be at least 1"),
+    ("bench.precision=fp16", "bench.precision: expected one of"),
+    ("bench.nope=3", "'bench.nope'"),
+    ("train.lr=0.1", "['train']"),
+], ids=["model-key", "model-range", "bench-type", "bench-range", "bench-choice", "bench-key", "section"])
+def test_a_bad_setting_is_one_error_line_before_anything_is_timed(given: str, named: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from _faults import assert_says
+    from iaa.cli import cli
+
+    monkeypatch.setattr(bench, "run", lambda **kwargs: pytest.fail("timed a refused setting"))
+    result = CliRunner().invoke(cli, ["bench", "--set", given, "--workdir", str(tmp_path)])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert_says(result.stderr, "Error:", named)
+
+
+def test_an_unwritable_work_folder_is_refused_before_anything_is_timed(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from _faults import assert_says
+    from iaa.cli import cli
+
+    monkeypatch.setattr(bench, "run", lambda **kwargs: pytest.fail("timed before the work folder was checked"))
+    (tmp_path / "a-file").write_text("x")
+    result = CliRunner().invoke(cli, ["bench", "--workdir", str(tmp_path / "a-file" / "w")])
+    assert result.exit_code == 1
+    assert_says(result.stderr, "Error:", "a-file")

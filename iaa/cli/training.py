@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +72,7 @@ def bench(model_kind: str, sets: tuple[str, ...], device: str, workdir: Path, as
     from iaa.jobs.train import bench as job
     from iaa.jobs.config.job_config import parse_sets
 
-    overrides = parse_sets(sets)
-    unknown = set(overrides) - {"model", "bench"}
-    if unknown:
-        raise click.UsageError(f"--set keys must start with model. or bench., got {sorted(unknown)}")
-    settings = [name for name in inspect.signature(job.run).parameters if name not in ("model", "overrides", "device")]
-    odd = sorted(set(overrides.get("bench", {})) - set(settings))
-    if odd:
-        raise click.UsageError(f"unknown --set key(s) {', '.join('bench.' + k for k in odd)}: bench takes "
-                               f"{', '.join('bench.' + k for k in settings)}")
-    result = job.run(model=model_kind, overrides=overrides.get("model", {}), device=device, **overrides.get("bench", {}))
-    result = job.save(result, Workdir(workdir).writable() / "bench" / f"{model_kind}-{device}.json")
-    emit(result, as_json)
+    overrides, settings = job.settle(model_kind, parse_sets(sets))
+    saved = Workdir(workdir).writable() / "bench" / f"{model_kind}-{device}.json"      # before minutes of timing
+    result = job.run(model=model_kind, overrides=overrides, device=device, **settings.keywords())
+    emit(job.save(result, saved), as_json)

@@ -13,10 +13,10 @@ batch order shuffled. ``iaa-cli bench`` prints the dict that ``run`` returns.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from iaa.model import kernels as fast
 from iaa.model.config import PRESETS, ReaderConfig
 from iaa.jobs.train.flops import batch_flops, batch_recurrent_flops, step_layer_flops
 from iaa.model.reader import build_reader
+from iaa.jobs.config.job_config import ConfigError, merge
 from iaa.jobs.evaluation.result import Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
 from iaa.jobs.training.step import build_optimizer, retain_freed_memory, train_step
@@ -265,6 +266,47 @@ class BenchResult(Result):
     compile: bool
     kernels: dict[str, str]
     saved: str | None = absent_when_none()
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What ``--set bench.KEY=VALUE`` sets: :func:`run`'s keywords (see there), each checked."""
+
+    batch_size: int = 32
+    steps: int = 10
+    warmup: int = 2
+    seed: int = 0
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    threads: int = 0
+    compile: bool = False
+    compile_backend: str = "inductor"
+    matmul_size: int = 0                      # 0: the device's (MATMUL_SIZES)
+
+    def __post_init__(self) -> None:
+        for name, least in (("batch_size", 1), ("steps", 1), ("warmup", 0), ("threads", 0), ("matmul_size", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"bench.{name} must be at least {least}, got {getattr(self, name)}")
+
+    def keywords(self) -> dict[str, Any]:
+        """:func:`run`'s keywords."""
+        return {**asdict(self), "matmul_size": self.matmul_size or None}
+
+
+def settle(model: str, sets: Mapping[str, Any]) -> tuple[dict[str, Any], BenchSettings]:
+    """The reader's overrides and the settings that ``sets`` (``--set``, parsed: ``{"model":
+    {...}, "bench": {...}}``) gives a bench of ``model``, checked as ``train`` checks its config:
+    an unknown key, a value of the wrong type or out of range is one :class:`ConfigError` naming
+    it, before anything is timed."""
+    unknown = sorted(set(sets) - {"model", "bench"})
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {unknown}: bench takes `sets` model.KEY (the reader's fields) "
+                          f"and bench.KEY ({', '.join(f.name for f in fields(BenchSettings))})")
+    for section in ("model", "bench"):
+        if not isinstance(sets.get(section, {}), Mapping):
+            raise ConfigError(f"{section}: expected keys under it, as {section}.KEY=VALUE")
+    given = dict(sets.get("model", {}))
+    reader = merge(replace(PRESETS["paper"], kind=model, vocab_size=VOCAB_SIZE), given, prefix="model.")
+    return {key: getattr(reader, key) for key in given}, merge(BenchSettings(), sets.get("bench", {}), prefix="bench.")
 
 
 def run(model: str = "iaa", overrides: dict[str, object] | None = None, device: str = "cpu",
