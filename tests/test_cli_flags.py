@@ -200,7 +200,21 @@ def test_json_paths_are_absolute_whatever_was_typed(model, tmp_path: Path, monke
                                              "--out", "e.html", "--png", "e.png", "--workdir", "w", "--json"])
     assert explained.exit_code == 0, explained.output
     fields.update(json.loads(explained.stdout.splitlines()[-1]))
-    for key in ("checkpoint", "data_dir", "predictions", "html", "png"):
+    answered = CliRunner().invoke(cli.cli, ["predict", "--checkpoint", typed[0], "--input",
+                                            os.path.relpath(model[2], tmp_path), "--out", "a.jsonl", "--json"])
+    assert answered.exit_code == 0, answered.output
+    fields["answers"] = json.loads(answered.stdout.splitlines()[-1])["predictions"]
+    prepared_again = CliRunner().invoke(cli.cli, ["prepare", "--dataset", "demo", "--out", "d", "--workdir", "w",
+                                                  "--json"])
+    assert prepared_again.exit_code == 0, prepared_again.output
+    fields["out"] = json.loads(prepared_again.stdout.splitlines()[-1])["out"]
+    from tests._tiny import TINY_SETS
+
+    trained = CliRunner().invoke(cli.cli, ["train", "--data", typed[1], *[a for s in TINY_SETS for a in ("--set", s)],
+                                           "--set", "train.max_epochs=0.5", "--workdir", "w", "--json"])
+    assert trained.exit_code == 0, trained.output
+    fields["trained_on"] = json.loads(trained.stdout.splitlines()[-1])["data_dir"]
+    for key in ("checkpoint", "data_dir", "predictions", "html", "png", "answers", "out", "trained_on"):
         assert Path(fields[key]).is_absolute() and Path(fields[key]).exists(), key
 
 

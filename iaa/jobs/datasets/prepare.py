@@ -315,7 +315,7 @@ def _result(manifest: M.Manifest, out: Path, *, rebuilt: bool, seconds: float, w
             created: bool = False, expected: dict[str, int] | None = None) -> PrepareResult:
     trainable = set(TRAINING_SPLITS) <= set(manifest.splits)
     at = where(workdir)
-    return PrepareResult(dataset=manifest.dataset, out=str(out), rebuilt=rebuilt, created=created,
+    return PrepareResult(dataset=manifest.dataset, out=str(Path(out).resolve()), rebuilt=rebuilt, created=created,
                          counts={split: manifest.count(split) for split in manifest.splits},
                          skipped=manifest.skipped, truncated=manifest.truncated,
                          skipped_reasons={split: dict(entry.skipped) for split, entry in manifest.splits.items()

@@ -68,7 +68,7 @@ def run(input_path: Path, out: Path, *, checkpoint: Path | None = None, ensemble
     below = [] if accuracy is None or baseline is None else frequency.below_warning(
         accuracy, baseline, "the checkpoint" if checkpoint is not None else "the ensemble", on=str(input_path))
     return PredictResult(
-        predictions="stdout" if to_stdout else str(out), examples=len(rows), members=len(checkpoints),
+        predictions="stdout" if to_stdout else str(Path(out).resolve()), examples=len(rows), members=len(checkpoints),
         accuracy=accuracy,
         warnings=tuple([str(w.message) for w in caught] + [r["warning"] for r in rows if "warning" in r] + below),
         precision=predictor.precision, temperature=predictor.temperature, questions_with_answers=len(scored),

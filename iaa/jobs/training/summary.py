@@ -79,7 +79,7 @@ def with_baseline(result: TrainResult, prepared: Path) -> TrainResult:
     error = uncertainty.fields("best_valid_acc", acc, n)
     return replace(result, baseline_valid_acc=baseline.accuracy, warnings=(*result.warnings, *warnings),
                    valid_examples=n, best_valid_acc_n=error["best_valid_acc_n"],
-                   best_valid_acc_stderr=error["best_valid_acc_stderr"], data_dir=str(prepared),
+                   best_valid_acc_stderr=error["best_valid_acc_stderr"], data_dir=str(Path(prepared).resolve()),
                    has_test="test" in PreparedData.open(Path(prepared)).splits)
 
 
