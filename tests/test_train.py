@@ -262,3 +262,28 @@ def test_the_resident_memory_of_a_data_parallel_run_sums_its_workers(tiny: Path,
                   threads=1)
     now = psutil.Process().memory_info().rss / 2**20
     assert len(link.history) >= 2 and all(1.2 * now < m["resident_mb"] < 4 * now for m in link.history), now
+
+
+def test_a_check_interval_longer_than_the_run_is_one_warning_naming_half_an_epoch(tiny: Path) -> None:
+    """CNN's preset checks every 5,000 batches: on a small training split the run makes only its
+    last check, where the learning-rate decay and the early stop cannot act."""
+    from iaa.jobs.config.presets import DATASET_PRESETS
+    from iaa.data.loader import num_batches
+    from iaa.data import manifest
+
+    cnn_like = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, f"train.check_every={DATASET_PRESETS['cnn'].train.check_every}"))
+    warning = train_job.few_checks_warning(cnn_like, tiny, workers=0)
+    n_batches = num_batches(manifest.read(tiny).count("train"), cnn_like.train.batch_size)
+    assert_says(warning, "1 validation check", "5,000 batches", "never act",
+                f"train.check_every={n_batches // 2}")
+    assert train_job.few_checks_warning(resolve.job_config("cbt-ne", tiny, sets=TINY_SETS), tiny, workers=0) is None
+    halves = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.check_every=0", "train.max_epochs=0.5"))
+    assert train_job.few_checks_warning(halves, tiny, workers=0) is None        # the budget asked for one check
+
+
+def test_train_says_that_its_check_interval_is_longer_than_the_run(tiny: Path, tmp_path: Path) -> None:
+    sets = [a for s in (*TINY_SETS, "train.check_every=5000", "train.max_epochs=1") for a in ("--set", s)]
+    result = CliRunner().invoke(cli, ["train", "--data", str(tiny), *sets, "--workdir", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    [line] = [w for w in json.loads(result.stdout.splitlines()[-1])["warnings"] if "validation check" in w]
+    assert_says(line, "1 validation check", "--set train.check_every=")

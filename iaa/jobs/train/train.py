@@ -248,6 +248,9 @@ def run_request(req: TrainRequest, open_tracker: Callable[[str], Tracker], launc
     cfg = resolve.job_config(name, prepared, model_kind=req.model_kind, config_file=req.config_file, sets=req.sets)
     if "sweep" in handoff:                      # on stderr, with --json too: what this run is
         _log.info(best_config_notice(handoff["sweep"], cfg))
+    few = few_checks_warning(cfg, prepared, req.workers)
+    if few:
+        _log.warning(few)
     run_dir = resolve.run_dir(name, cfg, req.run_dir, req.workdir, (handoff.get("sweep") or {}).get("name"))
     if req.resume:
         trained_on.check(run_dir, prepared, req.workdir)
@@ -363,6 +366,27 @@ def data_of(req: TrainRequest) -> tuple[str | None, Path | None, dict[str, Any]]
                        + (", or the `run_dir` of the run to resume (it names its data)" if req.resume else ""))
     raise IaaError(f"{req.config_file}: names no data (no 'data' or 'dataset' key); give `dataset` NAME "
                    "or `data` PREPARED_DIR")
+
+
+def few_checks_warning(cfg: JobConfig, prepared: Path, workers: int) -> str | None:
+    """A warning where ``cfg`` on ``prepared`` makes fewer than two validation checks because its
+    ``train.check_every`` is longer than the run (a large dataset's, as CNN's, on a small training
+    split): the learning-rate decay and the early stop act on checks, so they never act. None
+    otherwise (a run checked every half epoch makes one check only where it asks for half an epoch)."""
+    from iaa.data import manifest as manifest_mod
+    from iaa.data.loader import num_batches
+
+    if not cfg.train.check_every:                # every half epoch: one check is a budget of half an epoch
+        return None
+    found = manifest_mod.read(prepared)
+    rows = found.count("train") if found is not None else 0
+    n_batches = num_batches(rows, cfg.train.batch_size, max(workers, 1))
+    if not n_batches or cfg.train.checks(n_batches) >= 2:
+        return None
+    return (f"this run makes 1 validation check, at its end: it checks every {cfg.train.check_every:,} batches "
+            f"(train.check_every), and its {rows:,} training examples make {n_batches:,} batches an epoch for "
+            f"{cfg.train.max_epochs:g} epoch(s); the learning-rate decay and the early stop act on checks, so they "
+            f"never act. Check more often with `sets` train.check_every={max(1, n_batches // 2)} (half an epoch)")
 
 
 def best_config_notice(sweep: Mapping[str, Any], cfg: JobConfig) -> str:
