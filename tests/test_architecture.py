@@ -15,6 +15,10 @@
   ``USE_CASES``); a use case never imports another use case, the base never imports a use case,
   and the sub-packages import each other without a cycle; each port module reaches the other
   ports only through their records. Planted imports show that each check can fail;
+- no port callable takes more than five parameters, and a callable one layer hands another is a
+  port: a module-level ``Callable`` alias of the jobs or the platform never hides its parameters
+  (``Callable[..., X]``), and one outside ``iaa.jobs.ports`` never crosses its layer
+  (``test_callables_across_the_seam_are_ports`` states the rule);
 - no two modules share a file name (``__init__`` and ``__main__`` aside), so a name says which module;
 - no module is over 600 lines and no function over 75 (``benchmarks/sizes.py`` lists those over
   the targets of 400 and 50: where to split next).
@@ -135,6 +139,7 @@ def test_the_model_reaches_the_kernels_only_through_select() -> None:
 # plain data) and the work folder's paths.
 PLATFORM_MAY_IMPORT = {"iaa.jobs", "iaa.jobs.ports", "iaa.jobs.ports.records", "iaa.jobs.ports.tracking",
                        "iaa.jobs.ports.launching", "iaa.jobs.ports.serving", "iaa.jobs.ports.analysis",
+                       "iaa.jobs.ports.mapping",
                        "iaa.jobs.config.job_config", "iaa.jobs.config.presets",
                        "iaa.jobs.workdir", "iaa.jobs.workdir.paths", "iaa.jobs.workdir.recorded", "iaa.jobs.config", "iaa.jobs.config.search_space",
                        "iaa.jobs.config.exploration"}   # pure: what a sweep's trials cannot tell (the study's notes)
@@ -341,11 +346,173 @@ def test_no_port_callable_takes_more_than_five_parameters() -> None:
     assert too_many == {}
 
 
+# --- callables across the seam: a module-level ``Callable`` alias is where a port hides from the
+# count above, so every one in the jobs and the platform is read (see test_callables_across_the_seam_are_ports)
+SEAM = ("iaa.jobs", "iaa.platform")
+PORTS = "iaa.jobs.ports"
+
+
+def _is_callable(node: ast.AST) -> bool:
+    return ((isinstance(node, ast.Name) and node.id == "Callable")
+            or (isinstance(node, ast.Attribute) and node.attr == "Callable"))
+
+
+def _type_nodes(node: ast.AST) -> list[ast.AST]:
+    """Every node of the type expression ``node``, the insides of quoted annotations too."""
+    found = []
+    for sub in ast.walk(node):
+        found.append(sub)
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+            try:
+                found.extend(_type_nodes(ast.parse(sub.value, mode="eval").body))
+            except SyntaxError:
+                pass
+    return found
+
+
+def _hides_parameters(value: ast.AST) -> bool:
+    """``value`` holds a ``Callable[..., X]``, or a bare ``Callable``: parameters nobody can count."""
+    nodes = _type_nodes(value)
+    subscripted = {id(n.value) for n in nodes if isinstance(n, ast.Subscript) and _is_callable(n.value)}
+    return any((_is_callable(n) and id(n) not in subscripted)
+               or (isinstance(n, ast.Subscript) and _is_callable(n.value) and isinstance(n.slice, ast.Tuple)
+                   and isinstance(n.slice.elts[0], ast.Constant) and n.slice.elts[0].value is Ellipsis)
+               for n in nodes)
+
+
+def callable_aliases(source: str) -> dict[str, tuple[int, bool]]:
+    """The module-level type aliases of ``source`` that hold a ``Callable`` (``X = Callable[...]``,
+    ``X: TypeAlias = ...``, ``type X = ...``, a union or a container of one), each with its line and
+    whether it hides its parameters (``Callable[..., X]`` or a bare ``Callable``)."""
+    found: dict[str, tuple[int, bool]] = {}
+    for node in ast.parse(source).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, (ast.Subscript, ast.BinOp, ast.Name, ast.Attribute))):
+            name, value = node.targets[0].id, node.value
+        elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None
+              and ast.unparse(node.annotation).split(".")[-1] == "TypeAlias"):
+            name, value = node.target.id, node.value
+        elif type(node).__name__ == "TypeAlias":                      # ``type X = ...`` (Python 3.12)
+            name, value = node.name.id, node.value
+        else:
+            continue
+        if any(_is_callable(n) for n in _type_nodes(value)):
+            found[name] = (node.lineno, _hides_parameters(value))
+    return found
+
+
+def public_signature_names(source: str) -> set[str]:
+    """The names in the annotations of what another module calls in ``source``: its module-level
+    functions and the methods of its classes, those whose names start with ``_`` aside (dunders
+    such as ``__init__`` and ``__call__`` count)."""
+    def public(name: str) -> bool:
+        return not name.startswith("_") or (name.startswith("__") and name.endswith("__"))
+
+    tree = ast.parse(source)
+    functions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    functions += [m for c in tree.body if isinstance(c, ast.ClassDef) and public(c.name)
+                  for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    names: set[str] = set()
+    for f in functions:
+        if public(f.name):
+            a = f.args
+            annotations = [x.annotation for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]
+                           if x is not None and x.annotation is not None] + [f.returns]
+            names.update(n.id for ann in annotations if ann is not None
+                         for n in _type_nodes(ann) if isinstance(n, ast.Name))
+    return names
+
+
+def names_in(source: str) -> set[str]:
+    """Every name ``source`` uses, imports or reads as an attribute."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def seam_breaches(sources: dict[str, str], graph: dict[str, set[str]]) -> list[str]:
+    """Every module-level ``Callable`` alias of the jobs and the platform (``sources``: module ->
+    its text) that hides its parameters, or that is declared outside ``iaa.jobs.ports`` and crosses
+    its layer (``graph``: who imports whom)."""
+    breaches = []
+    for name, source in sorted(sources.items()):
+        if not name.startswith(SEAM):
+            continue
+        layer = ".".join(name.split(".")[:2]) + "."
+        outsiders = [m for m in importers(graph, name) if not m.startswith(layer)]
+        public = public_signature_names(source)
+        for alias, (line, hides) in sorted(callable_aliases(source).items()):
+            where = f"{name}.{alias} (line {line})"
+            if hides:
+                breaches.append(f"{where}: Callable[..., X] hides its parameters")
+            if name == PORTS or name.startswith(PORTS + "."):
+                continue
+            crossed = sorted(m for m in outsiders if alias in public or alias in names_in(sources.get(m, "")))
+            if crossed:
+                breaches.append(f"{where}: crosses the seam to {', '.join(crossed)}; make it a Protocol in {PORTS}")
+    return breaches
+
+
+def test_callables_across_the_seam_are_ports() -> None:
+    """A callable one layer hands another is a port. Read over every module-level type alias that
+    holds a ``Callable`` in ``iaa.jobs`` and ``iaa.platform``:
+
+    - none takes ``...`` for its parameters (``Callable[..., X]``, or a bare ``Callable``), in
+      ``iaa.jobs.ports`` or anywhere else: the port-size check could not count them;
+    - one declared outside ``iaa.jobs.ports`` stays in its layer: it fails when a module of another
+      layer (the command line; the platform for a job's alias, the jobs for the platform's) imports
+      its module and either the alias is in the annotations of that module's public functions or
+      methods (a job that receives the callable from the command line, an adapter handed the
+      job's code), or the outsider names the alias. Such a callable is a Protocol in
+      ``iaa.jobs.ports`` with a typed ``__call__``, and so falls under the port-size check.
+
+    A plain callback that stays in one layer (a progress callback between job modules,
+    ``iaa.platform.serve_proxy``'s ASGI ``Receive`` and ``Send``) may stay a typed alias."""
+    sources = {name: path.read_text(encoding="utf-8") for name, path in MODULES.items()}
+    assert seam_breaches(sources, GRAPH) == []
+
+
 def test_the_parameter_count_sees_methods_and_callables() -> None:
     planted = ("class Fit(Protocol):\n"
                "    def __call__(self, cfg, link, *, threads, vocab_hash, prepared='', train=None, valid=None): ...\n"
                "Scorer = Callable[[int, int, int, int, int, int], None]\n")
     assert port_parameter_counts(planted) == {"Fit.__call__": 7, "Callable at line 3": 6}
+    # a Callable alias that hides its parameters, anywhere, the ports too
+    assert callable_aliases("A = Callable[[int], str]\nB: TypeAlias = 'Callable'\nC = dict[str, Callable[..., int]]\n"
+                            "D = int\nE = f(Callable[[int], int])\n") == {"A": (1, False), "B": (2, True), "C": (3, True)}
+    sources = {name: path.read_text(encoding="utf-8") for name, path in MODULES.items()}
+    for module in ("iaa.jobs.training.loop", "iaa.jobs.ports.records"):
+        hidden = dict(sources, **{module: "from typing import Callable\nFit = Callable[..., int] | None\n"})
+        assert seam_breaches(hidden, GRAPH) == [f"{module}.Fit (line 2): Callable[..., X] hides its parameters"]
+    # a job's alias in the signature of what the command line calls: make-cloze's ``run`` takes a ``TagMap``
+    job = "iaa.jobs.own_data.make_cloze"
+    received = dict(sources, **{job: sources[job] + "\nTagMap = Callable[[list, object], list[str]]\n"})
+    assert seam_breaches(received, GRAPH) == [
+        f"{job}.TagMap (line {len(received[job].splitlines())}): crosses the seam to iaa.cli.data; "
+        f"make it a Protocol in {PORTS}"]
+    # an adapter's alias for the job's code it is handed: teacher_ray's ``scorer`` takes a ``MemberScore``
+    adapter = "iaa.platform.teacher_ray"
+    handed = dict(sources, **{adapter: sources[adapter] + '\nMemberScore = Callable[[Path, "int | None"], Path]\n'})
+    assert seam_breaches(handed, GRAPH) == [
+        f"{adapter}.MemberScore (line {len(handed[adapter].splitlines())}): crosses the seam to iaa.cli.ensembles; "
+        f"make it a Protocol in {PORTS}"]
+    # an outsider that names the alias crosses too; inside one layer, or in a private signature, it does not
+    planted = {"iaa.jobs.tune.hooks": "Progress = Callable[[int], None]\ndef _run(p: Progress) -> None: ...\n",
+               "iaa.jobs.tune.tune": "from iaa.jobs.tune.hooks import Progress\ndef run(p: Progress) -> None: ...\n",
+               "iaa.cli.tuning": "from iaa.jobs.tune import hooks\n"}
+    graph = {"iaa.jobs.tune.tune": {"iaa.jobs.tune.hooks"}, "iaa.cli.tuning": {"iaa.jobs.tune.hooks"}}
+    assert seam_breaches(planted, graph) == []
+    named = dict(planted, **{"iaa.cli.tuning": "from iaa.jobs.tune.hooks import Progress\n"})
+    assert seam_breaches(named, graph) == ["iaa.jobs.tune.hooks.Progress (line 1): crosses the seam to "
+                                           f"iaa.cli.tuning; make it a Protocol in {PORTS}"]
+    ported = {"iaa.jobs.ports.hooks" if k == "iaa.jobs.tune.hooks" else k: v for k, v in named.items()}
+    assert seam_breaches(ported, {k: {"iaa.jobs.ports.hooks"} for k in graph}) == []
 
 
 VOICED = ("iaa.jobs", "iaa.platform")     # they log (``iaa.logs``); the command line speaks

@@ -6,11 +6,9 @@ writes its predictions file; on a cluster of several nodes the output folder mus
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
-from iaa.jobs.ports import Scorer
-
-MemberScore = Callable[[Path, Path, str, "int | None", Path], Any]   # (checkpoint, prepared, split, limit, out)
+from iaa.jobs.ports import MemberScore, Scorer
 
 
 def _score_one(score_member: MemberScore, checkpoint: str, prepared: str, split: str, limit: int | None,

@@ -34,12 +34,9 @@ from iaa.jobs.config.job_config import ConfigError
 from iaa.files import atomic_write_text, writing
 from iaa.jobs.own_data import cloze_summary
 from iaa.jobs.own_data.cloze_summary import ClozeResult
+from iaa.jobs.ports import TagMap
 from iaa.jobs.workdir import outputs
 from iaa.jobs.workdir.paths import Workdir
-
-# Maps a tagger over work units on a cluster; returns each unit's encoded tagging, in order:
-# tag_map(units, factory, workers=N, progress=True).
-TagMap = Callable[..., list[str]]
 
 STYLES = CLOZE_STYLES
 MANIFEST = "cloze.json"

@@ -12,7 +12,10 @@ One module per concern, each depending only on the records:
 - :mod:`~iaa.jobs.ports.records`: the records the ports carry (runs, trials, serve settings);
 - :mod:`~iaa.jobs.ports.tracking`: :class:`Tracker` and :class:`TrackedRun`;
 - :mod:`~iaa.jobs.ports.launching`: :class:`Launcher`, the worker's link and loop, the requests;
-- :mod:`~iaa.jobs.ports.serving`: the serve job's code and a replica's model.
+- :mod:`~iaa.jobs.ports.serving`: the serve job's code and a replica's model;
+- :mod:`~iaa.jobs.ports.workflows`: a use case's workflow that another runs (:class:`TrainWorkflow`);
+- :mod:`~iaa.jobs.ports.analysis`: a sweep's study read back (:class:`StudyAnalyzer` and its records);
+- :mod:`~iaa.jobs.ports.mapping`: the work a job maps over the cluster (:class:`TagMap`, :class:`MemberScore`).
 
 Every name is importable from this package as well.
 """
@@ -23,6 +26,7 @@ from iaa.jobs.ports.analysis import BestTrial, HistoryPoint, StudyAnalysis, Stud
 from iaa.jobs.ports.launching import (Carried, ConnectRequest, Launcher, MembersRequest, Placement, RestoresSpent,
                                       Scorer, SearchPlan, SweepEvents, SweepRequest, TrialRun, TrialTracking,
                                       WarmStart, WorkerData, WorkerFit, WorkerLink, WorkersRequest)
+from iaa.jobs.ports.mapping import MemberScore, TagMap
 from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_STATUSES, MEMBER_KEY, MODEL_PREFIXES,
                                     Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelCard, ModelFiles, ModelSource,
                                     RequestError, RunRecord, ServeApi, ServeConfig, TIME_BUDGET, TrialRecord,
@@ -39,6 +43,7 @@ __all__ = [
     "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",
     "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WarmStart", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
     "TrainRun", "TrainWorkflow",
+    "MemberScore", "TagMap",
     "BestTrial", "HistoryPoint", "StudyAnalysis", "StudyAnalyzer", "StudyTrial",
     "trial_name",
     "trial_said",
