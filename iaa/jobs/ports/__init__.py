@@ -31,7 +31,7 @@ from iaa.jobs.ports.records import (CHECKPOINT_FILE, CHECKPOINT_SCORE, FAILED_ST
                                     Limits, LoadedModel, MetricPoint, Metrics, MetricsCallback, ModelCard, ModelFiles, ModelSource,
                                     RequestError, RunRecord, ServeApi, ServeConfig, TIME_BUDGET, TrialRecord,
                                     INTERRUPTED_TAG, TUNE_RUN_TAG, WORKER_LOST, trial_name, trial_said)
-from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel
+from iaa.jobs.ports.serving import ModelFetcher, ServeCode, ServedModel, ServeLoader
 from iaa.jobs.ports.tracking import Answerer, ModelCode, TrackedRun, Tracker
 from iaa.jobs.ports.workflows import TrainRun, TrainWorkflow
 
@@ -40,7 +40,7 @@ __all__ = [
     "INTERRUPTED_TAG", "TUNE_RUN_TAG", "WORKER_LOST",
     "Answerer", "Carried", "ConnectRequest", "Launcher", "Limits", "LoadedModel", "MembersRequest", "MetricPoint", "Metrics",
     "MetricsCallback", "ModelCard", "ModelCode", "ModelFetcher", "ModelFiles", "ModelSource", "Placement", "RequestError", "RestoresSpent", "RunRecord", "Scorer",
-    "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "SweepEvents", "SweepRequest", "TrackedRun",
+    "SearchPlan", "ServeApi", "ServeCode", "ServeConfig", "ServedModel", "ServeLoader", "SweepEvents", "SweepRequest", "TrackedRun",
     "Tracker", "TrialRecord", "TrialRun", "TrialTracking", "WarmStart", "WorkerData", "WorkerFit", "WorkerLink", "WorkersRequest",
     "TrainRun", "TrainWorkflow",
     "MemberScore", "TagMap",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
-from iaa.jobs.ports.records import Limits, LoadedModel, ServeApi
+from iaa.jobs.ports.records import Limits, LoadedModel, ModelSource, ServeApi
 
 if TYPE_CHECKING:
     from iaa.data.raw_text import Question
@@ -21,7 +21,7 @@ class ServeCode:
     computes); ``api(placeholder)`` describes the API for a model whose queries mark the word to
     fill in with ``placeholder`` (``XXXXX``, ``@placeholder``), for the OpenAPI document."""
 
-    load: Callable[..., "ServedModel"]
+    load: "ServeLoader"
     parse: Callable[[bytes, str, bool, Limits], "tuple[list[Question], bool]"]
     api: Callable[[str], ServeApi]
 
@@ -38,6 +38,13 @@ class ServedModel(Protocol):
 
     def answer(self, requests: "Sequence[Sequence[Question]]") -> list[list[dict[str, object]] | Exception]: ...
 
+
+class ServeLoader(Protocol):
+    """Builds a reader replica's warmed-up answerer from ``source`` with ``threads`` torch threads;
+    ``fetch_model`` brings a logged model's files from MLflow."""
+
+    def __call__(self, source: ModelSource, threads: int = 1,
+                 fetch_model: "ModelFetcher | None" = None) -> ServedModel: ...
 
 
 ModelFetcher = Callable[[str, "str | None"], LoadedModel]    # (MLflow URI, tracking URI) -> files
