@@ -86,7 +86,7 @@ def test_explain_input_alone_refuses_a_large_file_in_one_line(model, tmp_path: P
 
 
 @pytest.mark.timeout(300)
-def test_bench_takes_a_workdir_and_saves_its_result_there(tmp_path: Path) -> None:
+def test_bench_takes_a_workdir_and_saves_its_result_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     small = ["--set", "model.embed_dim=16", "--set", "model.hidden_dim=8", "--set", "model.state_dim=8",
              "--set", "model.gate_dim=8", "--set", "model.steps=1", "--set", "bench.steps=1",
              "--set", "bench.warmup=0", "--set", "bench.batch_size=2", "--set", "bench.precision=fp32"]
@@ -95,6 +95,9 @@ def test_bench_takes_a_workdir_and_saves_its_result_there(tmp_path: Path) -> Non
     out = json.loads(result.stdout.splitlines()[-1])
     saved = tmp_path / "w" / "bench" / "iaa-cpu.json"
     assert out["saved"] == str(saved) and json.loads(saved.read_text()) == {k: v for k, v in out.items() if k != "saved"}
+    monkeypatch.chdir(tmp_path)
+    again = CliRunner().invoke(cli.cli, ["bench", *small, "--workdir", "w", "--json"])
+    assert again.exit_code == 0 and json.loads(again.stdout.splitlines()[-1])["saved"] == str(saved.resolve())
 
 
 def test_tune_sampler_grid_over_a_range_is_one_message_naming_the_parameter(model, tmp_path: Path) -> None:
@@ -214,7 +217,15 @@ def test_json_paths_are_absolute_whatever_was_typed(model, tmp_path: Path, monke
                                            "--set", "train.max_epochs=0.5", "--workdir", "w", "--json"])
     assert trained.exit_code == 0, trained.output
     fields["trained_on"] = json.loads(trained.stdout.splitlines()[-1])["data_dir"]
-    for key in ("checkpoint", "data_dir", "predictions", "html", "png", "answers", "out", "trained_on"):
+    drawn = CliRunner().invoke(cli.cli, ["report", "--experiment", "train-cbt-ne", "--out", "c.png", "--workdir", "w",
+                                         "--json"])
+    assert drawn.exit_code == 0, drawn.output
+    fields["figure"] = json.loads(drawn.stdout.splitlines()[-1])["out"]
+    listed = CliRunner().invoke(cli.cli, ["report", "--sweeps", "--workdir", "w", "--json"])
+    assert listed.exit_code == 0, listed.output
+    fields["workdir"] = json.loads(listed.stdout.splitlines()[-1])["workdir"]
+    for key in ("checkpoint", "data_dir", "predictions", "html", "png", "answers", "out", "trained_on", "figure",
+                "workdir"):
         assert Path(fields[key]).is_absolute() and Path(fields[key]).exists(), key
 
 

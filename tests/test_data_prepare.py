@@ -207,8 +207,8 @@ def test_prepare_ends_with_what_it_holds_and_the_commands_that_train_on_it(tmp_p
     assert done.exit_code == 0, done.output
     lines = done.stderr.splitlines()
     head = next(line for line in lines if line.startswith("prepare: "))
-    assert "cbt-ne prepared in out" in head and "questions, a vocabulary of" in head
+    assert f"cbt-ne prepared in {(tmp_path / 'out').resolve()}" in head and "questions, a vocabulary of" in head
     commands = lines[lines.index("next:") + 1:]
     assert commands == [f"  iaa-cli {name} --data {tmp_path / 'out'} --workdir {tmp_path / 'w'}" for name in ("train", "tune")]
     again = CliRunner().invoke(cli, ["prepare", "--dataset", "cbt-ne", "--source", str(source), "--out", "out"])
-    assert "cbt-ne up to date in out" in again.stderr
+    assert f"cbt-ne up to date in {(tmp_path / 'out').resolve()}" in again.stderr

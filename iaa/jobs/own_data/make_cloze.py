@@ -138,7 +138,7 @@ def run(cfg: ClozeConfig, out: Path, *, workers: int | None = 0, tag_map: TagMap
     tagged = tag_documents(docs, cfg.window, factory, workers=workers, tag_map=tag_map, progress=progress)
     split_of = splits.assign(tagged.docs, valid=cfg.valid, test=cfg.test, seed=cfg.seed, split_by=cfg.split_by)
     counts, documents, tally = _build(cfg, out, tagged, split_of, previous)
-    return ClozeResult(style=cfg.style, out=str(out), documents={s: len(v) for s, v in documents.items()},
+    return ClozeResult(style=cfg.style, out=str(Path(out).resolve()), documents={s: len(v) for s, v in documents.items()},
                        questions=counts, warnings=tuple(small_splits(counts)), skipped_documents=len(tagged.skipped),
                        tokens=tagged.tokens, **cloze_summary.funnel(tally, tagged.skipped),
                        tagging_seconds=round(tagged.seconds, 2),

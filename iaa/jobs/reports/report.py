@@ -189,7 +189,7 @@ def run(experiment: str, out: Path, open_tracker: Callable[[str], Tracker], *, r
         raise IaaError(f"no run of experiment {experiment!r} in {uri} logged the metric {metric!r}; "
                        "train runs log valid_acc at every check")
     draw(curves, out, metric=metric, x=x, title=experiment, baseline=baseline)
-    return ReportResult(experiment=experiment, tracking_uri=uri, metric=metric, x=x, out=str(out), baseline=baseline,
+    return ReportResult(experiment=experiment, tracking_uri=uri, metric=metric, x=x, out=str(Path(out).resolve()), baseline=baseline,
                         runs=tuple(curves), skipped=tuple(skipped))
 
 

@@ -83,7 +83,7 @@ def summary(sweep: SweepRecord, folder: Path, options: dict[str, str], pid: str 
                         ended=sum(t.status in FINISHED_STATUSES for t in sweep.trials),
                         best_valid_acc=best.best_valid_acc if best else None, best_trial=best.label if best else None,
                         wall_s=sweep.wall_s, time_budget_s=sweep.time_budget_s,
-                        warm_start=sweep.warm_start.sweep if sweep.warm_start else None, folder=folder,
+                        warm_start=sweep.warm_start.sweep if sweep.warm_start else None, folder=folder.resolve(),
                         resume=str(Command.of("tune", resume=sweep.name, **options,
                                               **({"address": sweep.address} if sweep.address else {})))
                         if now in (INTERRUPTED, LOST, EMPTY) else None, pid=pid)
@@ -98,7 +98,7 @@ def run(workdir: Path) -> SweepListResult:
             rows.append(summary(sweep_file.read(path), path.parent, where(workdir), pid))
         except (IaaError, OSError) as err:            # a record's error names its file; say it once
             damaged.append(f"not listed: {err}" if str(path) in str(err) else f"{path}: not listed: {err}")
-    return SweepListResult(workdir=Path(workdir), sweeps=tuple(rows), warnings=tuple(damaged), unlisted=len(damaged))
+    return SweepListResult(workdir=Path(workdir).resolve(), sweeps=tuple(rows), warnings=tuple(damaged), unlisted=len(damaged))
 
 
 def describe(result: SweepListResult) -> str:

@@ -79,7 +79,7 @@ def from_analysis(analysis: StudyAnalysis, *, sweep: str, sampler: str | None = 
     compared = first_comparison(analysis.trials, grace_period) if grace_period else None
     return SweepReportResult(
         sweep=sweep, sampler=sampler, study=analysis.study, trials=analysis.trials,
-        importances=dict(analysis.importances), figures=dict(analysis.figures),
+        importances=dict(analysis.importances), figures={name: str(Path(path).resolve()) for name, path in analysis.figures.items()},
         dashboard_importances=dict(analysis.dashboard_importances), sweep_trials=recorded,
         stopped_attempts=None if recorded is None else stopped_attempts(analysis.trials, recorded),
         complete_trials=analysis.complete_trials, scored_trials=analysis.scored_trials, first_comparison=compared,

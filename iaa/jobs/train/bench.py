@@ -462,4 +462,4 @@ def save(result: BenchResult, path: Path) -> BenchResult:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(result.fields(), indent=1, default=str) + "\n")
-    return replace(result, saved=str(path))
+    return replace(result, saved=str(path.resolve()))
