@@ -49,7 +49,7 @@ class PrepareResult(Result):
     created: bool
     counts: dict[str, int]              # examples per split
     skipped: dict[str, Any]             # bad examples skipped (``on_error`` skip), per split
-    truncated: dict[str, Any]           # examples cut to fit, per split
+    truncated: dict[str, Any]           # incomplete examples at the end of a source file, left out, per split
     vocab_size: int
     seconds: float
     skipped_reasons: dict[str, dict[str, int]] = field(default_factory=dict)   # per split: count by reason

@@ -32,7 +32,7 @@ class PredictResult(Result):
     accuracy_stderr: float | None
     baseline_accuracy: float | None
     accuracy_over: str                  # the accuracy in words, with what it was scored on
-    unknown_questions: int              # questions with a warning (a candidate absent from the document)
+    unknown_questions: int              # questions answered with a warning: a document over a third unknown words
     answers: tuple[dict[str, Any], ...] = hidden(())   # the rows, for the caller to write where ``out`` is -
 
 
