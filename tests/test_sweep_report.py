@@ -318,7 +318,8 @@ def test_one_scored_trial_draws_what_it_can_and_warns_of_the_importances_only(tm
     assert_says(warning, "1 scored trial(s)", "importances", "2 or more", "checks per trial")
     text = sweep_report.describe(result)
     assert "parameter importance (fANOVA" not in text and "optuna-dashboard shows" not in text
-    assert_says(text, "warning: 1 scored trial(s)", "intermediate_values:", "history:")
+    assert_says(text, "intermediate_values:", "history:")
+    assert "scored trial(s)" not in text                         # warnings go to the console, as every command's
 
 
 def test_a_trial_a_resume_continued_keeps_its_name_in_the_report(tmp_path: Path) -> None:
@@ -381,4 +382,7 @@ def test_a_study_of_under_two_scored_trials_draws_the_checks_and_history_without
     code, output = invoke("report", "--sweep", "s1", "--workdir", workdir)
     assert code == 0, output
     assert_says(output, f"{states.count('COMPLETE')} scored trial(s)", "2 or more", "intermediate_values:")
+    assert output.count("scored trial(s)") == 1                     # each warning once, on stderr
+    code, output = invoke("report", "--sweep", "s1", "--workdir", workdir, "--json")
+    assert code == 0 and output.count("scored trial(s)") == 2       # on stderr, and in the JSON's warnings
     assert (workdir / "sweeps" / "s1" / "report" / "intermediate_values.png").is_file()

@@ -242,7 +242,6 @@ def describe(result: SweepReportResult) -> str:
     lines += history_line(result)
     lines += comparison_line(result)
     lines += [result.close_note] if result.close_note else []
-    lines += [f"warning: {note}" for note in result.warnings]
     lines += [f"{name}: {path}" for name, path in result.figures.items()]
     if result.logged_to_run:
         lines.append(f"figures logged to the parent run {result.logged_to_run} under report/")
