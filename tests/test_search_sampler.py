@@ -258,3 +258,22 @@ def test_a_sampler_that_keeps_proposing_a_taken_configuration_is_redrawn_at_rand
     space = parse(SMALL, JobConfig())
     distributions = search.to_optuna(space)
     assert len(set(_proposals(DistinctSampler(Stubborn(seed=0), distributions, space.size), space, 12))) == 12
+
+
+def test_a_stopped_trial_and_its_continuation_take_one_point_of_the_start_up_design() -> None:
+    """A stop ends trial 0 FAIL and its resume asks it again as trial 1 with its configuration: the
+    next trial takes the design's second point, so no searched value is passed by."""
+    from optuna.trial import TrialState
+
+    from iaa.platform.sweeps.space_filling import stratified_config
+
+    space = parse(SMALL, JobConfig())
+    distributions = search.to_optuna(space)
+    study = optuna.create_study(sampler=DistinctSampler(TPESampler(seed=3), distributions, space.size, seed=3))
+    first = study.ask(distributions)
+    study.tell(first, state=TrialState.FAIL)                             # the stop
+    study.enqueue_trial(first.params, user_attrs={"continues_trial": first.number})
+    again = study.ask(distributions)
+    assert again.params == first.params == stratified_config(distributions, 3, 0)
+    study.tell(again, 0.5)
+    assert study.ask(distributions).params == stratified_config(distributions, 3, 1)

@@ -84,10 +84,11 @@ class DistinctSampler(BaseSampler):
         taken = {_key(t.params) for t in trials if t.number != trial.number and t.params}
         exhausted = self.size is not None and len(taken) >= self.size
         if self.seed is not None and search_space == self.space and not is_given(trial):
-            # the design's points follow the given configurations (whose keys left out ``inner``
-            # proposes): they do not replace its first ones
-            given = sum(1 for t in trials if t.number < trial.number and is_given(t))
-            designed = stratified_config(self.space, self.seed, trial.number - given)
+            # the design's next point: one per configuration the study's earlier trials hold, so
+            # neither the given configurations (whose keys left out ``inner`` proposes) nor a
+            # stopped trial and its continuation (two trials, one configuration) pass one by
+            earlier = {_key(t.params) for t in trials if t.number < trial.number and t.params and not is_given(t)}
+            designed = stratified_config(self.space, self.seed, len(earlier))
             if designed is not None and (exhausted or _key(designed) not in taken):
                 return designed
         joint = {name: dist for name, dist in self.inner.infer_relative_search_space(study, trial).items()
