@@ -849,6 +849,26 @@ def test_a_resume_leaves_tunes_word_on_trials_that_never_reported_off_the_consol
     assert logger.level == logging.NOTSET                 # as it was
 
 
+def test_a_saved_sweep_naming_code_this_version_lacks_is_one_error_naming_the_way_on(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """Tune pickles a sweep's searcher and callbacks by module path: a version that moved one of
+    them cannot load the state another saved, and says so in one line instead of a traceback."""
+    from ray import tune
+
+    from iaa.errors import IaaError
+    from iaa.platform.sweeps import launch
+
+    def restore(path, trainable, resume_errored):
+        raise ModuleNotFoundError("No module named 'iaa.platform.sweeps.gone'")
+
+    monkeypatch.setattr(tune.Tuner, "restore", restore)
+    monkeypatch.setattr(tune.Tuner, "can_restore", lambda path: True)
+    monkeypatch.setattr(launch, "check_private", lambda path: None)
+    with pytest.raises(IaaError) as refused:
+        launch.restore(SimpleNamespace(experiment_path=str(tmp_path), name="s1"), fn=None)
+    assert_says(refused.value, str(tmp_path), "iaa.platform.sweeps.gone", "another version", "`warm_start` s1")
+
+
 def test_a_train_run_whose_driving_actor_is_lost_is_restores_spent_with_its_checkpoint_kept() -> None:
     """The cluster's head (or the controller's node) dies: Train V2's ``fit`` raises Ray's actor
     error, not a failed run; it ends the command in one line that keeps the last checkpoint and

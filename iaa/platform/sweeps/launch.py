@@ -188,8 +188,13 @@ def restore(launch: Launch, fn: Any) -> Any:
     check_private(launch.experiment_path)
     if not tune.Tuner.can_restore(launch.experiment_path):
         raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
-    with _pending_trials_unsaid():                   # the restore reads the run's results too
-        return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
+    try:
+        with _pending_trials_unsaid():               # the restore reads the run's results too
+            return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
+    except (ImportError, AttributeError) as err:    # Tune pickled the searcher and callbacks by module path
+        raise IaaError(f"{launch.experiment_path}: the sweep's saved Tune state names code that this version of iaa "
+                       f"does not have ({err}): another version saved it. Continue it with that version, or begin a "
+                       f"new sweep from its trials with `warm_start` {launch.name}") from err
 
 
 def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, dict[str, str]]:
