@@ -330,14 +330,15 @@ def test_a_resume_runs_its_trials_on_what_the_sweep_began_with_unless_told_other
     launcher, tracker = _InterruptedLauncher(), FakeTracker()
     sweep = fake_sweeper(tiny, tmp_path, tracker, launcher)
     with pytest.raises(SweepInterrupted):
-        sweep("placed", workers_per_trial=2, gpus_per_worker=0.5, register="reader")
+        sweep("placed", workers_per_trial=2, gpus_per_worker=0.5, register="reader", max_concurrent=1)
     path = record.sweep_file(tmp_path / "work", "placed")
     began = record.read(path)
     assert (began.workers_per_trial, began.gpus_per_worker, began.register) == (2, 0.5, "reader")
 
     result = sweep("placed", resume=True, gpus_per_worker=0.0)
     connects = [r for r in launcher.requests if isinstance(r, ConnectRequest)]
-    assert [(c.workers_per_trial, c.gpus_per_worker) for c in connects] == [(2, 0.5), (2, 0.0)]
+    assert [(c.workers_per_trial, c.gpus_per_worker, c.max_concurrent) for c in connects] == [(2, 0.5, 1),
+                                                                                                (2, 0.0, 1)]
     assert tracker.models[-1]["register"] == "reader" and result.model_uri.startswith("models:/reader/")
     assert record.read(path).gpus_per_worker == 0.0          # what the resume ran on, for the next one
 

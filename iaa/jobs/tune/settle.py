@@ -228,14 +228,14 @@ def _with_recorded_data(req: TuneRequest, record: SweepRecord) -> TuneRequest:
 
 
 def _with_recorded_placement(req: TuneRequest, record: SweepRecord) -> TuneRequest:
-    """``req`` with the workers per trial, GPUs per worker and registered model name its sweep
-    recorded, where the command line gives none: the trials left run as the first ones did, and
-    the best is registered as asked when the sweep began."""
+    """``req`` with the workers per trial, GPUs per worker, trials at once and registered model
+    name its sweep recorded, where the command line gives none: the trials left run as the first
+    ones did, and the best is registered as asked when the sweep began."""
     path = sweep_file.sweep_file(req.workdir, record.name)
     register = req.register or names.registered_name(record.register, f"{path}: register")
     return replace(req, workers_per_trial=req.workers_per_trial or record.workers_per_trial,
                    gpus_per_worker=record.gpus_per_worker if req.gpus_per_worker is None else req.gpus_per_worker,
-                   register=register)
+                   max_concurrent=req.max_concurrent or record.max_concurrent, register=register)
 
 
 def _with_recorded_storage(req: TuneRequest, record: SweepRecord, name: str) -> TuneRequest:
