@@ -452,6 +452,7 @@ def test_default_sweep_names_are_unique_and_a_taken_name_is_refused(tmp_path: Pa
 def test_a_default_name_finds_the_latest_sweep_and_records_round_trip(tmp_path: Path) -> None:
     import os
 
+    from iaa.errors import IaaError
     from iaa.jobs.sweeps import record as sweep
 
     rec = TrialRecord(trial_id="t1", config=JobConfig(), params={"model.steps": 2}, best_valid_acc=0.5,
@@ -465,8 +466,12 @@ def test_a_default_name_finds_the_latest_sweep_and_records_round_trip(tmp_path: 
     loaded = sweep.read(sweep.sweep_file(tmp_path, "demo-iaa-aaaaaa"))
     assert loaded.trials == (rec,)
     assert sweep.table(loaded.trials, ["model.steps"]).splitlines()[1].split()[1] == "trial-0001"   # its one name
-    with pytest.raises(Exception, match="no sweep 'cnn-iaa'"):
+    with pytest.raises(IaaError) as missing:
         sweep.find(tmp_path, "cnn-iaa")
+    assert_says(missing.value, "no sweep 'cnn-iaa'", "newest first: demo-iaa-bbbbbb, demo-iaa-aaaaaa")
+    with pytest.raises(IaaError) as none:
+        sweep.find(tmp_path / "empty", "cnn-iaa")
+    assert_says(none.value, "holds no sweep", "`workdir`")
 
 
 @pytest.fixture(scope="module")

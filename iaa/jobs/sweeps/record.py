@@ -279,7 +279,10 @@ def find(workdir: Path, name: str) -> Path:
     runs = [p for p in Workdir(workdir).sweeps.glob(f"{name}-*/{SWEEP_RECORD}") if _is_id(p.parent.name, name)]
     if runs:
         return max(runs, key=lambda p: p.stat().st_mtime)
-    raise IaaError(f"no sweep {name!r}: {exact} does not exist (run `iaa-cli tune `sweep_name` {name}` first)")
+    held = [path.parent.name for path in newest(workdir)]
+    there = (f"this work folder's sweeps, newest first: {', '.join(held[:8])}{' ...' if len(held) > 8 else ''}"
+             if held else f"{Workdir(workdir).sweeps} holds no sweep: give the `workdir` a sweep ran in")
+    raise IaaError(f"no sweep {name!r}: {exact} does not exist; {there}")
 
 
 def newest(workdir: Path) -> list[Path]:
