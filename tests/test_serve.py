@@ -375,3 +375,33 @@ def test_the_cluster_serve_config_builds_a_deployment():
 
     ServeDeploySchema(**doc)
     assert doc["controller_options"]["runtime_env"]["env_vars"] == proxy_env(cfg.limits.max_request_bytes)
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "ensemble"])
+def test_a_model_no_replica_could_load_is_refused_before_a_cluster_starts(kind: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from _faults import assert_one_message
+    from iaa.cli import cli
+
+    if kind == "checkpoint":
+        given = tmp_path / "junk.pt"
+        given.write_bytes(b"not a checkpoint")
+    else:
+        given = tmp_path / "ensemble"
+        given.mkdir()
+    result = CliRunner().invoke(cli, ["serve", f"--{kind}", str(given), "--workdir", str(tmp_path / "w")])
+    assert_one_message(result.exit_code, result.output, str(given))
+    assert "Started a local Ray" not in result.output
+
+
+def test_a_replicas_expected_error_is_said_without_its_class_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from iaa.platform import ray_serve
+
+    message = "Traceback (most recent call last):\n  ...\niaa.errors.IaaError: /m/ensemble.json lists no members"
+    status = SimpleNamespace(applications={"iaa": SimpleNamespace(deployments={"Reader": SimpleNamespace(
+        message=message)})})
+    monkeypatch.setattr(ray_serve.serve, "status", lambda: status)
+    assert ray_serve.replica_failure("iaa") == "/m/ensemble.json lists no members"

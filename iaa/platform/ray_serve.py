@@ -33,6 +33,7 @@ Two deployments. ``Reader`` replicas each hold the answerer that the job's ``cod
 # reads its routes' annotations (``request: Request``) in the replica, where a string would not resolve.
 import asyncio
 import functools
+import re
 import json
 import logging
 import os
@@ -367,7 +368,7 @@ def start(cfg: ServeConfig, code: ServeCode) -> str:
                     controller_options={"runtime_env": {"env_vars": proxy_env(cfg.limits.max_request_bytes)}})
         # serve.run without its own wait, which has no bound: wait_running waits, bounded
         ray_internals.deploy_without_waiting(build(to_dict(cfg), code), cfg.app_name, ROUTE)
-        wait_running(cfg, local, functools.partial(_failure, cfg.app_name))
+        wait_running(cfg, local, functools.partial(replica_failure, cfg.app_name))
     host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
     return f"http://{host}:{cfg.port}"
 
@@ -384,12 +385,13 @@ def _connect(cfg: ServeConfig) -> bool:
     return cluster.connect(cfg.address, dashboard=False).address is None     # Serve needs no dashboard: seconds saved
 
 
-def _failure(app: str) -> str:
+def replica_failure(app: str) -> str:
     """The last line of the error a replica's constructor raised (Serve keeps its traceback)."""
     status = serve.status().applications.get(app)
     messages = [d.message for d in (status.deployments.values() if status else ()) if d.message]
     lines = [line for m in messages for line in m.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
+    last = lines[-1].strip() if lines else ""
+    return re.sub(r"^iaa(\.\w+)*\.\w*Error: ", "", last)        # an expected error: its message alone
 
 
 def replicas(app: str = "iaa") -> dict[str, int]:

@@ -57,7 +57,25 @@ def config(*, model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path
                              str(workdir))
     limits = Limits(max_document_words=max_document_words, max_query_words=max_query_words,
                     max_candidates=max_candidates)
+    check_source(source)
     return ServeConfig(source, limits=limits, **deploy)
+
+
+def check_source(source: ModelSource) -> None:
+    """Refuse a checkpoint or an ensemble that no replica could load, before a cluster starts for
+    it: a file that is no checkpoint, an ensemble folder without its record, a member missing or
+    changed. (A logged model is fetched by the replicas.)
+
+    Raises:
+        IaaError: naming the file and what is wrong.
+    """
+    from iaa.jobs.evaluation import predictor
+    from iaa.jobs.modeling import checkpoint
+
+    if source.kind == "checkpoint":
+        checkpoint.load(Path(source.ref))
+    elif source.kind == "ensemble":
+        predictor.ensemble_members(Path(source.ref))         # its record read, each member there and unchanged
 
 
 # --- requests ------------------------------------------------------------------------------------
