@@ -189,41 +189,32 @@ def test_with_log_format_json_the_summary_and_an_error_are_json_objects(model, t
     assert_says(error["message"], "cbt-ne")
 
 
+def _json_of(*args: str) -> dict:
+    """The JSON object of one command that must succeed."""
+    result = CliRunner().invoke(cli.cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 def test_json_paths_are_absolute_whatever_was_typed(model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    prepared, ckpt, _ = model
-    monkeypatch.chdir(tmp_path)
-    typed = [os.path.relpath(p, tmp_path) for p in (ckpt, prepared)]
-    scored = CliRunner().invoke(cli.cli, ["evaluate", "--checkpoint", typed[0], "--data", typed[1], "--split", "valid",
-                                          "--out", "p.parquet", "--workdir", "w", "--json"])
-    assert scored.exit_code == 0, scored.output
-    fields = json.loads(scored.stdout.splitlines()[-1])
-    explained = CliRunner().invoke(cli.cli, ["explain", "--checkpoint", typed[0], "--data", typed[1], "--first", "1",
-                                             "--out", "e.html", "--png", "e.png", "--workdir", "w", "--json"])
-    assert explained.exit_code == 0, explained.output
-    fields.update(json.loads(explained.stdout.splitlines()[-1]))
-    answered = CliRunner().invoke(cli.cli, ["predict", "--checkpoint", typed[0], "--input",
-                                            os.path.relpath(model[2], tmp_path), "--out", "a.jsonl", "--json"])
-    assert answered.exit_code == 0, answered.output
-    fields["answers"] = json.loads(answered.stdout.splitlines()[-1])["predictions"]
-    prepared_again = CliRunner().invoke(cli.cli, ["prepare", "--dataset", "demo", "--out", "d", "--workdir", "w",
-                                                  "--json"])
-    assert prepared_again.exit_code == 0, prepared_again.output
-    fields["out"] = json.loads(prepared_again.stdout.splitlines()[-1])["out"]
     from tests._tiny import TINY_SETS
 
-    trained = CliRunner().invoke(cli.cli, ["train", "--data", typed[1], *[a for s in TINY_SETS for a in ("--set", s)],
-                                           "--set", "train.max_epochs=0.5", "--workdir", "w", "--json"])
-    assert trained.exit_code == 0, trained.output
-    fields["trained_on"] = json.loads(trained.stdout.splitlines()[-1])["data_dir"]
-    drawn = CliRunner().invoke(cli.cli, ["report", "--experiment", "train-cbt-ne", "--out", "c.png", "--workdir", "w",
-                                         "--json"])
-    assert drawn.exit_code == 0, drawn.output
-    fields["figure"] = json.loads(drawn.stdout.splitlines()[-1])["out"]
-    listed = CliRunner().invoke(cli.cli, ["report", "--sweeps", "--workdir", "w", "--json"])
-    assert listed.exit_code == 0, listed.output
-    fields["workdir"] = json.loads(listed.stdout.splitlines()[-1])["workdir"]
+    prepared, ckpt, questions = model
+    monkeypatch.chdir(tmp_path)
+    checkpoint, data = (os.path.relpath(p, tmp_path) for p in (ckpt, prepared))
+    sets = [a for s in (*TINY_SETS, "train.max_epochs=0.5") for a in ("--set", s)]
+    fields = _json_of("evaluate", "--checkpoint", checkpoint, "--data", data, "--split", "valid", "--out", "p.parquet",
+                      "--workdir", "w")
+    fields.update(_json_of("explain", "--checkpoint", checkpoint, "--data", data, "--first", "1", "--out", "e.html",
+                           "--png", "e.png", "--workdir", "w"))
+    fields["answers"] = _json_of("predict", "--checkpoint", checkpoint, "--input", os.path.relpath(questions, tmp_path),
+                                 "--out", "a.jsonl")["predictions"]
+    fields["out"] = _json_of("prepare", "--dataset", "demo", "--out", "d", "--workdir", "w")["out"]
+    fields["trained_on"] = _json_of("train", "--data", data, *sets, "--workdir", "w")["data_dir"]
+    fields["figure"] = _json_of("report", "--experiment", "train-cbt-ne", "--out", "c.png", "--workdir", "w")["out"]
+    fields["workdir"] = _json_of("report", "--sweeps", "--workdir", "w")["workdir"]
     for key in ("checkpoint", "data_dir", "predictions", "html", "png", "answers", "out", "trained_on", "figure",
                 "workdir"):
         assert Path(fields[key]).is_absolute() and Path(fields[key]).exists(), key
