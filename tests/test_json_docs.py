@@ -323,7 +323,7 @@ def test_each_example_is_json_whose_keys_are_documented_in_order(page, title):
 def test_the_failure_and_stop_objects_are_those_the_command_line_prints(page, capsys):
     from iaa.cli import output
 
-    output._failure("a failure", as_json=True)
+    output.expected_failure("a failure", as_json=True)
     failure = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     with pytest.raises(SystemExit):
         output._interrupted(KeyboardInterrupt(), as_json=True)

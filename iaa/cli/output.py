@@ -149,21 +149,21 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         except IaaError as err:
             if _debug(click.get_current_context(silent=True)):
                 raise
-            raise _failure(shown(err), as_json) from err
+            raise expected_failure(shown(err), as_json) from err
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
                 raise
             if err.filename is None and err.errno != errno.EROFS:    # no file: no free space to tell (the
-                raise _failure(                                      # working folder's is another disk's)
+                raise expected_failure(                                      # working folder's is another disk's)
                     f"no space left on device ({err.strerror or err}); the write named no file: free some space "
                     "on the disks this command writes (its outputs, the work folder) and run it again",
                     as_json) from err
-            raise _failure(shown(unwritable_message(err, err.filename or "the output")), as_json) from err
+            raise expected_failure(shown(unwritable_message(err, err.filename or "the output")), as_json) from err
 
     return wrapper
 
 
-def _failure(line: str, as_json: bool) -> click.ClickException:
+def expected_failure(line: str, as_json: bool) -> click.ClickException:
     """The one ``Error:`` line of an expected failure (exit status 1), said first on stdout as a
     JSON object with ``--json``; with ``--log-format json`` the line is a JSON object too (level
     ``error``, event ``failed``)."""
