@@ -153,8 +153,9 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or _debug(click.get_current_context(silent=True)):
                 raise
-            if err.filename is None and err.errno != errno.EROFS:    # no file: no free space to tell (the
-                raise expected_failure(                                      # working folder's is another disk's)
+            if err.filename is None and err.errno != errno.EROFS:
+                # no file: no free space to tell (the working folder's is another disk's)
+                raise expected_failure(
                     f"no space left on device ({err.strerror or err}); the write named no file: free some space "
                     "on the disks this command writes (its outputs, the work folder) and run it again",
                     as_json) from err
