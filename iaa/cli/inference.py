@@ -186,6 +186,7 @@ def serve(model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | N
                      max_batch=max_batch, batch_wait_ms=batch_wait_ms, cpus_per_replica=cpus_per_replica,
                      threads=threads, max_document_words=max_document_words, max_query_words=max_query_words,
                      max_candidates=max_candidates, host=host, port=port, address=address)
+    job.check_source(cfg.source)                # before Ray starts: a file no replica could load fails at once
     from iaa.platform import serve_life
 
     serve_life.check_port(cfg)                  # before Ray is imported: a taken port fails in a second

@@ -57,7 +57,6 @@ def config(*, model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path
                              str(workdir))
     limits = Limits(max_document_words=max_document_words, max_query_words=max_query_words,
                     max_candidates=max_candidates)
-    check_source(source)
     return ServeConfig(source, limits=limits, **deploy)
 
 
