@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from iaa.data.batch import Batch
+from iaa.data.loading.batch import Batch
 from iaa.model.config import ReaderConfig
 
 

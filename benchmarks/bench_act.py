@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from iaa.data.loader import PreparedData, iter_batches
+from iaa.data.loading.loader import PreparedData, iter_batches
 from iaa.jobs.modeling import checkpoint
 
 

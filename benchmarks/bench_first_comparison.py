@@ -83,7 +83,7 @@ def main() -> int:
     from iaa.jobs.config.presets import TUNE_PRESETS
     from iaa.jobs.reports import sweep_report
     from iaa.jobs.sweeps import comparison
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
 
     full, space = replay.load(args.table)
     best = max(max(c.valid_acc for c in curve) for curve in full.curves.values())

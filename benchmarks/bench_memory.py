@@ -6,7 +6,7 @@
 Two processes train the same reader on the same prepared data at once, one thread each, with
 freed memory retained in the heap as ``iaa-cli train`` sets it (``step.retain_freed_memory``):
 ``padded`` pads each batch's widths to multiples, as the loop does on the CPU
-(``iaa.data.batch.pad_to_multiple``); ``as-loaded`` trains the batches as the loader cuts them.
+(``iaa.data.loading.batch.pad_to_multiple``); ``as-loaded`` trains the batches as the loader cuts them.
 Every 10 steps each reads its resident memory; every ``--report-every`` steps (100) it reports
 it, its peak so far and its seconds. The two run side by side, so the seconds' ratio is the padding's cost on this machine
 (the sides share the memory bus).

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from iaa.data.build import default_workers  # noqa: E402
+from iaa.data.prepared.build import default_workers  # noqa: E402
 from iaa.jobs.datasets import prepare  # noqa: E402
 
 DEFAULT_SOURCE = Path(os.environ.get("IAA_SHARED_DATA", REPO.parent / "shared" / "data")) / "cbt-recon" / "CBTest"

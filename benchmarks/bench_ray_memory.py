@@ -35,8 +35,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iaa.data import manifest as M
-from iaa.data.shards import SCHEMA, file_sha256
+from iaa.data.prepared import manifest as M
+from iaa.data.prepared.shards import SCHEMA, file_sha256
 
 ROWS_PER_SHARD = 20_000
 VOCAB_SIZE = 50_000
@@ -93,7 +93,7 @@ def _peak_mib() -> float:
 def _worker(config: dict[str, Any]) -> None:
     import ray.train
 
-    from iaa.data.loader import PreparedData, iter_batches
+    from iaa.data.loading.loader import PreparedData, iter_batches
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -117,7 +117,7 @@ def run_mode(mode: str, data: Path, workers: int, out: Path) -> dict[str, Any]:
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     started = time.time()

@@ -28,7 +28,7 @@ from typing import Any
 
 import ray.tune
 
-from iaa.data import demo
+from iaa.data.formats import demo
 from iaa.jobs.datasets import prepare
 from iaa.jobs.tune import tune
 from iaa.platform.sweeps.launch import RayLauncher

@@ -52,8 +52,8 @@ WITHIN = (0.5, 1.0)               # points from the table's best
 def _samplers() -> dict[str, replay.Strategy]:
     from optuna.samplers import RandomSampler, TPESampler
 
-    from iaa.platform.sweeps import search_algorithm as search
-    from iaa.platform.sweeps.distinct_search import DistinctSampler
+    from iaa.platform.sweeps.search import search_algorithm as search
+    from iaa.platform.sweeps.search.distinct_search import DistinctSampler
 
     class IndependentDistinct(DistinctSampler):
         """The wrapper as it was: each parameter drawn on its own, TPE's joint model never asked."""

@@ -52,7 +52,7 @@ MAX_DOCUMENT_WORDS = 5000
 
 def questions(cbt_recon: Path | None, cbt_sample: int, seed: int = 0) -> list[dict[str, Any]]:
     """Demo valid questions, then a seeded sample of a CBT-format valid file, as predict records."""
-    from iaa.data import cbt, demo
+    from iaa.data.formats import cbt, demo
 
     with tempfile.TemporaryDirectory() as tmp:
         demo_valid = demo.write_files(Path(tmp))["valid"]

@@ -53,7 +53,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from iaa.jobs.config.presets import TUNE_PRESETS
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
 
     table, space = replay.load(args.table)
     preset = TUNE_PRESETS["cnn"]          # TPE, grace 1, keep a third (as cbt-*)

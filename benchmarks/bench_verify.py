@@ -2,7 +2,7 @@
 
     python benchmarks/bench_verify.py --data iaa-work/data/cbt-ne [--train-ex-per-s 40] [--repeats 3]
 
-Times ``iaa.data.verify.verify`` cold (every shard hashed, read and range-checked, as a new
+Times ``iaa.data.prepared.verify.verify`` cold (every shard hashed, read and range-checked, as a new
 process does) and warm (unchanged files skipped by their stat identity, as a second job in the
 same process does). The epoch time is the split's example count over a training throughput:
 given with ``--train-ex-per-s`` (for instance ``iaa-cli bench``'s ``train_examples_per_s``), or
@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def time_verify(data: Path, repeats: int) -> dict[str, float]:
-    from iaa.data import verify
+    from iaa.data.prepared import verify
 
     cold, warm = [], []
     for _ in range(repeats):
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from iaa.data import manifest as M
+    from iaa.data.prepared import manifest as M
 
     manifest = M.read(args.data)
     shard_bytes = sum(s.bytes for e in manifest.splits.values() for s in e.shards)

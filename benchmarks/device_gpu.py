@@ -287,7 +287,7 @@ def captured_step(args, model):
 
 
 def _bench_batches(args, cfg, shapes: int | None = None):
-    from iaa.data.batch import pad_to_buckets
+    from iaa.data.loading.batch import pad_to_buckets
     from iaa.jobs.modeling import graphs
     from iaa.jobs.train import bench
 

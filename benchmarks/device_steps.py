@@ -313,7 +313,7 @@ def step_sync_check(args) -> dict:
 
 def step_prefetch(args) -> dict:
     """Training steps fed by the host's padding, in the training thread or prefetched."""
-    from iaa.data.prefetch import prefetch
+    from iaa.data.loading.prefetch import prefetch
     from iaa.jobs.train import bench
     from iaa.jobs.training.step import train_step
 
@@ -362,7 +362,7 @@ def step_prepare_cn(args) -> dict:
 
 def demo_cn(work: Path, sizes: dict[str, int] | None = None) -> Path:
     """Demo-grammar examples (``sizes``: the tiny run's by default) in cbt-recon CN's file layout."""
-    from iaa.data import demo
+    from iaa.data.formats import demo
 
     data = work / "demo-CBTest" / "data"
     paths = demo.write_files(data, sizes=sizes or {"train": 192, "valid": 64, "test": 64})

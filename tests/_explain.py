@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from iaa.data.loader import PreparedData
+from iaa.data.loading.loader import PreparedData
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.datasets import resolve
 from iaa.model.reader import build_reader

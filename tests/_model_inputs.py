@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from iaa.data.batch import Batch
+from iaa.data.loading.batch import Batch
 
 
 def random_batch(doc_lens: list[int], query_lens: list[int], vocab: int = 40, cands: int = 4,

@@ -11,7 +11,7 @@ from typing import Iterator, Mapping
 def bound_study(url: str, name: str, run_ids: Mapping[str, str] | None = None) -> Iterator[None]:
     """While the block runs, the Tune run ``name``'s searcher uses the Optuna study ``name`` at ``url``."""
     from iaa.platform.sweeps import driver_side
-    from iaa.platform.sweeps.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial import TrialSpec
 
     spec = TrialSpec(name=name, fit=None, storage_path=str(Path(url.removeprefix("sqlite:///")).parent),
                      workers=1, threads=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from iaa.data import demo
+from iaa.data.formats import demo
 from iaa.jobs.datasets import prepare
 
 TINY_SIZES = {"train": 192, "valid": 64, "test": 64}

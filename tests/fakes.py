@@ -285,7 +285,7 @@ class FakeLauncher:
         folder.mkdir(parents=True)
 
     def connect(self, request: ConnectRequest) -> Placement:
-        from iaa.data.manifest import counted
+        from iaa.data.prepared.manifest import counted
 
         self.requests.append(request)
         rows = counted(Path(request.prepared), "train")
@@ -380,8 +380,8 @@ class FakeLauncher:
 
 def _fit(fit: WorkerFit, cfg: JobConfig, link: FakeLink, prepared: Path) -> Metrics:
     """The job's loop on ``link`` over the whole prepared folder, as a one-worker trial runs it."""
-    from iaa.data.loader import PreparedData
-    from iaa.data.manifest import vocab_card
+    from iaa.data.loading.loader import PreparedData
+    from iaa.data.prepared.manifest import vocab_card
 
     data = PreparedData.open(Path(prepared))
     return fit(cfg, link, WorkerData(vocab_hash=data.manifest.vocab_hash, train=data.table("train"),

@@ -10,10 +10,10 @@ import pytest
 from ray.tune.schedulers import TrialScheduler
 
 from iaa.jobs.config.presets import TunePreset
-from iaa.platform.sweeps import search_algorithm
+from iaa.platform.sweeps.search import search_algorithm
 from iaa.platform.sweeps.driver_side import DriverSide, bound
-from iaa.platform.sweeps.given import TRIED_FIRST
-from iaa.platform.sweeps.carried_trials import CARRIED_FROM
+from iaa.platform.sweeps.studies.given import TRIED_FIRST
+from iaa.platform.sweeps.studies.carried_trials import CARRIED_FROM
 
 
 class _Trial:

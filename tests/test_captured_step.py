@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from iaa.data.batch import pad_to_buckets
+from iaa.data.loading.batch import pad_to_buckets
 from iaa.jobs.config.job_config import JobConfig, TrainConfig, from_dict
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.train import bench

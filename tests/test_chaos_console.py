@@ -52,7 +52,7 @@ def test_a_sweep_without_restores_says_nothing_of_them() -> None:
 def test_a_lost_node_is_said_once_with_what_becomes_of_its_trials(monkeypatch) -> None:
     import ray
 
-    from iaa.platform.sweeps.trial_events import NodeWatch
+    from iaa.platform.sweeps.trials.trial_events import NodeWatch
 
     class Heard:
         def __init__(self) -> None:
@@ -83,8 +83,8 @@ def test_a_node_whose_trial_lost_its_worker_is_named_in_that_trials_line_alone(m
     names is told once ``NODE_CLAIM_S`` has passed."""
     import ray
 
-    from iaa.platform.sweeps import trial_events
-    from iaa.platform.sweeps.trial_events import NodeWatch, lost_worker_text
+    from iaa.platform.sweeps.trials import trial_events
+    from iaa.platform.sweeps.trials.trial_events import NodeWatch, lost_worker_text
 
     class Heard:
         def __init__(self) -> None:
@@ -124,8 +124,8 @@ def test_tunes_records_of_a_lost_worker_reach_the_sweeps_log_file_and_not_the_co
 
     from ray.exceptions import RayActorError
 
-    from iaa.platform.sweeps.lost_trials import END_LOGGER, keep_tune_records_off_the_console
-    from iaa.platform.sweeps.full_disk import TRIAL_LOGGER
+    from iaa.platform.sweeps.trials.lost_trials import END_LOGGER, keep_tune_records_off_the_console
+    from iaa.platform.sweeps.trials.full_disk import TRIAL_LOGGER
 
     class Trial:
         pickled_error_file = error_file = None
@@ -169,7 +169,7 @@ def test_a_resumed_trial_restored_from_a_checkpoint_continues_on_the_console() -
 
     from iaa.jobs.sweeps.console import SweepConsole
     from iaa.platform.sweeps.driver_side import DriverSide, bound
-    from iaa.platform.sweeps.trial_events import ConsoleCallback
+    from iaa.platform.sweeps.trials.trial_events import ConsoleCallback
 
     @dataclass
     class Trial:

@@ -68,7 +68,7 @@ class _MetaSession(SessionBase):
     resumed_from = "last.pt"
 
     def __init__(self, prepared: Path, state: dict, batch_size: int) -> None:
-        from iaa.data.loader import PreparedData
+        from iaa.data.loading.loader import PreparedData
 
         data = PreparedData.open(prepared)
         super().__init__(data.table("train"), data.table("valid"), batch_size=batch_size, seed=0, device="meta")

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from iaa import cli
-from iaa.data.manifest import vocab_card
+from iaa.data.prepared.manifest import vocab_card
 from iaa.jobs.modeling import checkpoint
 from tests._explain import tiny_checkpoint
 from tests._tiny import make_tiny_prepared

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.data import cbt, cnn
+from iaa.data.formats import cbt, cnn
 from iaa.data import bad_input as E
 from iaa.data.cloze import cbt_recipe, cnn_recipe, splits
 from iaa.data.cloze.sources import TEXT, TOKENS, SourceSpec, read_documents

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from iaa.data import cbt
+from iaa.data.formats import cbt
 from iaa.data.cloze.sources import TEXT, TOKENS, SourceSpec
 from iaa.data.cloze.tagging import DEFAULT_PIPELINE, SpacyTagger, check_pipeline
 from iaa.errors import IaaError
@@ -68,7 +68,7 @@ def test_cli_makes_cnn_questions_from_plain_text(tmp_path: Path):
     from click.testing import CliRunner
 
     from iaa.cli import cli
-    from iaa.data import cnn
+    from iaa.data.formats import cnn
 
     people = ["Alice Brown", "Tom Green", "Mary Stone", "Peter White"]
     text = "\n\n".join(f"{people[i % 4]} walked to London with {people[(i + 1) % 4]} on day {i}. "

@@ -11,7 +11,7 @@ import pytest
 
 from _cbt_fixtures import CANDS, doc_tokens, example, sentences
 from _shared import require_shared
-from iaa.data import cbt
+from iaa.data.formats import cbt
 from iaa.data import bad_input as E
 from iaa.data.bad_input import DataError
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from _faults import assert_says
-from iaa.data import cnn
+from iaa.data.formats import cnn
 from iaa.data import bad_input as E
 from iaa.data.bad_input import DataError
 

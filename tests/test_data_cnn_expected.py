@@ -10,7 +10,7 @@ import pytest
 
 from _faults import assert_one_message, assert_says, invoke, logged
 from _shared import require_shared
-from iaa.data import expected_names
+from iaa.data.prepared import expected_names
 from iaa.data.bad_input import DataError
 from iaa.jobs.datasets import prepare
 from test_data_cnn import question, write_tree

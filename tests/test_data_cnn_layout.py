@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from _faults import assert_says, invoke, logged
-from iaa.data import cnn
+from iaa.data.formats import cnn
 from iaa.data.bad_input import DataError
 from iaa.jobs.datasets import prepare
 from test_data_cnn import GOOD, question, write_tgz, write_tree

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from _faults import TINY_MODEL, assert_one_message, assert_says, invoke, questions
-from iaa.data.raw_text import InputError, read_input
+from iaa.data.formats.raw_text import InputError, read_input
 from test_data_cnn import GOOD, question, write_tree
 
 NAMES = {"@entity0": "Ann Lee", "@entity3": "Bob", "@entity7": "Paris"}

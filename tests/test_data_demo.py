@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from iaa.data import cbt, demo, manifest as M
+from iaa.data.formats import cbt, demo
+from iaa.data.prepared import manifest as M
 from iaa.jobs.datasets import prepare
 
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from iaa.data.loader import PreparedData, batch_plan, collate, iter_batches, num_batches
-from iaa.data.shards import SCHEMA
+from iaa.data.loading.loader import PreparedData, batch_plan, collate, iter_batches, num_batches
+from iaa.data.prepared.shards import SCHEMA
 
 
 @pytest.mark.parametrize("n, batch_size, world_size", [(1, 4, 1), (10, 4, 1), (10, 4, 2), (1000, 32, 1),

@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from _cbt_fixtures import doc_tokens, example, sentences
-from iaa.data import cbt, manifest as M, verify
+from iaa.data.formats import cbt
+from iaa.data.prepared import manifest as M, verify
 from iaa.data.bad_input import DataError
-from iaa.data.loader import PreparedData
-from iaa.data.shards import SCHEMA, file_sha256
+from iaa.data.loading.loader import PreparedData
+from iaa.data.prepared.shards import SCHEMA, file_sha256
 from iaa.errors import IaaError
 from iaa.jobs.datasets import prepare
 

@@ -17,8 +17,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from _faults import assert_says
-from iaa.data.batch import DOC_MULTIPLE, QUERY_MULTIPLE, bucket_width, pad_to_buckets, pad_to_multiple
-from iaa.data.prefetch import prefetch
+from iaa.data.loading.batch import DOC_MULTIPLE, QUERY_MULTIPLE, bucket_width, pad_to_buckets, pad_to_multiple
+from iaa.data.loading.prefetch import prefetch
 from iaa.jobs.training.step import build_optimizer, train_step
 from iaa.model import MODEL_KINDS, build_reader, nll_loss, preset
 from iaa.model.encoder import BiGRUEncoder

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iaa.data.loader import PreparedData, TEACHER_COLUMN, iter_batches
+from iaa.data.loading.loader import PreparedData, TEACHER_COLUMN, iter_batches
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.distill import distill, outcome, teacher
 from iaa.jobs.datasets import resolve

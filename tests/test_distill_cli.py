@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.data import cbt
+from iaa.data.formats import cbt
 from tests._tiny import TINY_SETS, make_tiny_prepared
 from tests.test_mlflow_model import LOAD_AND_PREDICT
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from _faults import assert_says, make_checkpoint, make_prepared
-from iaa.data import cbt
+from iaa.data.formats import cbt
 from iaa.jobs.evaluation import evaluate, frequency
 from iaa.jobs.inference import predict
 
@@ -83,7 +83,7 @@ def test_predict_gives_the_baseline_of_the_questions_that_give_an_answer(scored,
     source, prepared, ckpt = scored
     questions = _questions(source, tmp_path / "q.jsonl", answered=range(4))
     result = predict.run(questions, tmp_path / "a.jsonl", checkpoint=ckpt, data_dir=prepared, precision="fp32")
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     rows = PreparedData.open(prepared).table("valid").slice(0, 4)        # the answered ones, as prepared
     expected = frequency.of_table(rows)

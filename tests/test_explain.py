@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.data.loader import PreparedData, collate
+from iaa.data.loading.loader import PreparedData, collate
 from iaa.jobs.modeling import checkpoint
 from iaa.model.pointer import candidate_probs, pointer_sum
 from tests._explain import tiny_setup
@@ -141,7 +141,7 @@ def test_unknown_example_is_a_clear_error(setup, tmp_path):
 
 
 def _questions(root: Path, n: int) -> list[dict]:
-    from iaa.data import cbt
+    from iaa.data.formats import cbt
 
     examples = cbt.read(root / "CBTest" / "data" / "cbtest_NE_valid_2000ex.txt").examples()[:n]
     return [{"id": ex.example_id, "document": " ".join(ex.doc), "query": " ".join(ex.query),
@@ -151,7 +151,7 @@ def _questions(root: Path, n: int) -> list[dict]:
 def _answered(setup, tmp_path, right: int) -> tuple[Path, Path, list[dict]]:
     """The iaa checkpoint with its vocabulary (as training saves it), and eight questions whose
     answers are its own predictions for the first ``right`` of them and another candidate for the rest."""
-    from iaa.data.manifest import vocab_card
+    from iaa.data.prepared.manifest import vocab_card
 
     prepared, ckpts = setup
     ckpt = checkpoint.save(tmp_path / "with-vocab.pt", {**checkpoint.load(ckpts["iaa"]), "vocab": vocab_card(prepared)})

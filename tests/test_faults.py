@@ -24,8 +24,8 @@ from click.testing import CliRunner
 from _cbt_fixtures import example, write_source
 from _faults import assert_says
 from iaa import cli
-from iaa.data import verify
-from iaa.data.shards import SCHEMA, file_sha256
+from iaa.data.prepared import verify
+from iaa.data.prepared.shards import SCHEMA, file_sha256
 
 TINY = ["--set", "model.embed_dim=16", "--set", "model.hidden_dim=8", "--set", "model.state_dim=12",
         "--set", "model.gate_dim=10", "--set", "model.steps=1", "--set", "train.max_epochs=0.02"]
@@ -162,7 +162,7 @@ def test_broken_manifest_is_one_message_and_prepare_replaces_it(data, source, te
 
 
 def test_the_typed_manifest_reads_and_writes_the_file_key_for_key(data):
-    from iaa.data import manifest as M
+    from iaa.data.prepared import manifest as M
 
     written = json.loads((data / "manifest.json").read_text())
     manifest = M.read(data)

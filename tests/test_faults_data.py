@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from _faults import assert_one_message, invoke, make_prepared, question, questions
-from iaa.data import cnn
-from iaa.data import manifest as M
+from iaa.data.formats import cnn
+from iaa.data.prepared import manifest as M
 from iaa.data.cloze import sources
-from iaa.data.loader import PreparedData
-from iaa.data.shards import file_sha256
-from iaa.data.verify import verify
+from iaa.data.loading.loader import PreparedData
+from iaa.data.prepared.shards import file_sha256
+from iaa.data.prepared.verify import verify
 from test_faults_inputs import model, predict  # noqa: F401 - the fixture and how predict runs
 
 ENTITIES = 40_000           # distinct candidates in one document: past int16's 32,767

@@ -126,7 +126,7 @@ def test_a_metrics_line_cut_by_a_full_disk_is_not_left_half_written(tmp_path, mo
 def test_a_shard_on_a_full_disk_is_one_error_naming_it_and_no_partial_file(disk):
     import pyarrow as pa
 
-    from iaa.data.shards import write_part
+    from iaa.data.prepared.shards import write_part
     from iaa.files import DiskFullError
 
     table = pa.table({"x": [os.urandom(1000) for _ in range(200)]})         # 200 KB that do not compress
@@ -141,7 +141,7 @@ def test_a_shard_write_fed_enospc_is_one_error(tmp_path, monkeypatch):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from iaa.data.shards import write_part
+    from iaa.data.prepared.shards import write_part
     from iaa.files import DiskFullError
 
     def full(table, where, **kwargs):
@@ -248,7 +248,7 @@ def test_a_store_created_on_a_nearly_full_disk_is_one_error_naming_it_and_its_fr
 
 def test_a_full_optuna_store_is_one_error_naming_it(tmp_path):
     from iaa.files import DiskFullError
-    from iaa.platform.sweeps.study_store import study_storage
+    from iaa.platform.sweeps.studies.study_store import study_storage
 
     with small_fs(tmp_path / "small", size="64k") as folder:
         fill(folder)

@@ -37,7 +37,7 @@ def _free_kib(line: str) -> int:
 def _side(tmp_path: Path, tracker=None, storage: str | None = None):
     from iaa.jobs.config.job_config import JobConfig, to_dict
     from iaa.platform.sweeps.driver_side import DriverSide
-    from iaa.platform.sweeps.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial import TrialSpec
 
     spec = TrialSpec(name="s", fit=lambda *a, **k: {}, storage_path=str(tmp_path / "ray"), workers=1, threads=1,
                      base=to_dict(JobConfig()))
@@ -50,7 +50,7 @@ def _side(tmp_path: Path, tracker=None, storage: str | None = None):
 
 def test_a_trials_enospc_names_the_trials_folder_and_its_own_free_space(tmp_path):
     from iaa.files import DiskFullError
-    from iaa.platform.sweeps.full_disk import in_trial
+    from iaa.platform.sweeps.trials.full_disk import in_trial
 
     with small_fs(tmp_path / "small", size="64k") as folder:
         fill(folder)
@@ -63,8 +63,8 @@ def test_a_trials_enospc_names_the_trials_folder_and_its_own_free_space(tmp_path
 
 def test_a_trials_full_disk_in_tunes_log_record_is_noted_once_and_not_printed(tmp_path, caplog):
     from iaa.files import DiskFullError
-    from iaa.platform.sweeps import full_disk
-    from iaa.platform.sweeps.full_disk import TRIAL_LOGGER, stopped_by, watching
+    from iaa.platform.sweeps.trials import full_disk
+    from iaa.platform.sweeps.trials.full_disk import TRIAL_LOGGER, stopped_by, watching
 
     side = _side(tmp_path)
     first = DiskFullError("no space left on device writing /w/ray/s/t1 (0 KiB free): first")
@@ -88,7 +88,7 @@ def test_a_trials_full_disk_in_tunes_log_record_is_noted_once_and_not_printed(tm
 @pytest.mark.parametrize("source", ["syncer", "state"])
 def test_tunes_failed_copy_of_the_run_state_names_the_runs_folder(tmp_path, caplog, source):
     from iaa.platform.cluster.ray_internals import SYNC_LOGGER
-    from iaa.platform.sweeps.full_disk import STATE_LOGGER, watching
+    from iaa.platform.sweeps.trials.full_disk import STATE_LOGGER, watching
 
     side = _side(tmp_path)
     with small_fs(tmp_path / "small", size="64k") as folder:
@@ -107,7 +107,7 @@ def test_tunes_failed_copy_of_the_run_state_names_the_runs_folder(tmp_path, capl
 
 def test_a_full_optuna_store_mid_sweep_is_noted_and_tune_is_told_nothing(tmp_path):
     from iaa.platform.sweeps import driver_side
-    from iaa.platform.sweeps.search_algorithm import searcher
+    from iaa.platform.sweeps.search.search_algorithm import searcher
     from iaa.jobs.config.job_config import JobConfig
     from iaa.jobs.config import search_space
 
@@ -129,7 +129,7 @@ def test_a_full_optuna_store_mid_sweep_is_noted_and_tune_is_told_nothing(tmp_pat
 def test_a_full_mlflow_store_mid_sweep_is_noted_and_ends_the_tune_loop(tmp_path):
     from iaa.files import DiskFullError
     from iaa.platform.sweeps import driver_side
-    from iaa.platform.sweeps.trial_runs import TrialRuns
+    from iaa.platform.sweeps.trials.trial_runs import TrialRuns
     from iaa.platform.tracking.tracker import MlflowTracker
 
     class Trial:

@@ -78,7 +78,7 @@ def test_a_teacher_edited_into_valid_distributions_is_refused_by_its_content_dig
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
     from iaa.jobs.distill import teacher
 
     rows = PreparedData.open(prepared).rows("train", 0, 8)

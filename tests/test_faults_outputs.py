@@ -225,7 +225,7 @@ def _ensemble(folder: Path, record: object) -> Path:
 
 
 def test_an_ensemble_with_relative_members_reads_them_from_its_work_folder_not_the_current_one(w, monkeypatch):
-    from iaa.data.shards import file_sha256
+    from iaa.data.prepared.shards import file_sha256
 
     member = "run/checkpoints/best.pt"                          # relative to the work folder (w["root"])
     ens = _ensemble(w["root"] / "ensembles" / "e", {"members": [member],
@@ -250,7 +250,7 @@ def test_an_ensemble_with_relative_members_reads_them_from_its_work_folder_not_t
 
 
 def test_an_ensemble_member_changed_after_the_ensemble_was_made_is_refused(w):
-    from iaa.data.shards import file_sha256
+    from iaa.data.prepared.shards import file_sha256
 
     member = str(w["ckpt"].resolve())
     ens = _ensemble(w["root"] / "ens", {"members": [member], "member_sha256": {member: file_sha256(w["ckpt"])}})

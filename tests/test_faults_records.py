@@ -139,7 +139,7 @@ def test_each_trial_a_sweep_asks_carries_the_process_that_runs_it():
     import optuna
 
     from iaa.platform.cluster.owner import owner
-    from iaa.platform.sweeps.distinct_search import StudySearch
+    from iaa.platform.sweeps.search.distinct_search import StudySearch
 
     search = StudySearch({"x": optuna.distributions.CategoricalDistribution([1, 2])}, optuna.samplers.RandomSampler())
     search.suggest("t1")

@@ -14,7 +14,7 @@ import tarfile
 import pytest
 
 from _shared import require_shared
-from iaa.data import cbt, cnn, raw_text
+from iaa.data.formats import cbt, cnn, raw_text
 from iaa.data.bad_input import DataError
 
 SEED = 20260101

@@ -98,7 +98,7 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu(tiny, cuda, tmp_path) -> None:
 
 
 def test_a_gpu_trained_checkpoint_evaluates_on_the_cpu(tiny, cuda, tmp_path, no_tf32) -> None:
-    from iaa.data.loader import PreparedData, iter_batches
+    from iaa.data.loading.loader import PreparedData, iter_batches
 
     result = train_job.run(_cfg(tiny, "train.max_epochs=1"), tiny, tmp_path / "run", device=cuda, show_progress=False)
     path = Path(result.checkpoint)

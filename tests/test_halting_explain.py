@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.data.loader import PreparedData, collate
+from iaa.data.loading.loader import PreparedData, collate
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.datasets import resolve
 from iaa.model.reader import build_reader

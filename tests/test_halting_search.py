@@ -20,7 +20,7 @@ model.steps: [4, 8]
 
 def test_a_yaml_space_searches_the_ponder_cost_and_trials_train_with_it(tmp_path: Path) -> None:
     pytest.importorskip("optuna")
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
 
     path = tmp_path / "act.yaml"
     path.write_text(SPACE, encoding="utf-8")

@@ -563,7 +563,7 @@ def test_a_store_that_fails_during_a_sweep_costs_the_trial_its_tracking_not_its_
     """The real Tune callback on the fake tracker: a store that is down is a warning per trial."""
     pytest.importorskip("ray.tune", reason="the callback is Ray Tune's")
     from iaa.platform.sweeps import driver_side
-    from iaa.platform.sweeps.trial_runs import TrialRuns
+    from iaa.platform.sweeps.trials.trial_runs import TrialRuns
 
     class Trial:
         trial_id, config, last_result = "t1", {}, {"stop_reason": "patience"}

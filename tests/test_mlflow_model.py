@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from _faults import assert_says
 from iaa.cli import cli
-from iaa.data import cbt
+from iaa.data.formats import cbt
 from iaa.jobs.ports import ModelFiles
 from iaa.platform import mlflow_model
 from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -167,7 +167,7 @@ def test_a_model_logged_again_takes_its_runs_tags_and_stays_one_model(tmp_path):
     # the run trained on (a resume): its checkpoint has other weights, so its model is a new one
     import shutil
 
-    from iaa.data.shards import file_sha256
+    from iaa.data.prepared.shards import file_sha256
 
     shutil.copyfile(ckpts["iaa-fixed-query"], ckpts["iaa"])
     resumed = mlflow_model.log(uri, run.run_id, ModelFiles.of(ckpts["iaa"], prepared), MODEL_CODE, model_file=MODEL_FILE)

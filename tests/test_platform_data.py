@@ -9,9 +9,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from iaa.data import loader
-from iaa.data.loader import PreparedData, rank_range
-from iaa.data.shards import file_sha256
+from iaa.data.loading import loader
+from iaa.data.loading.loader import PreparedData, rank_range
+from iaa.data.prepared.shards import file_sha256
 from tests._tiny import make_tiny_prepared
 
 pytestmark = pytest.mark.timeout(120)

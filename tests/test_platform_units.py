@@ -192,7 +192,7 @@ def test_yaml_ranges_choices_log_scale_and_fixed_values(tmp_path: Path) -> None:
     assert (hidden.low, hidden.high, hidden.step, hidden.integer) == (64, 256, 64, True)
     assert space.params["model.steps"].choices == (3, 5)
     assert space.fixed == {"train.batch_size": 64}
-    from iaa.platform.sweeps.search_algorithm import to_optuna
+    from iaa.platform.sweeps.search.search_algorithm import to_optuna
 
     dists = to_optuna(space)
     assert dists["train.lr"].log and dists["model.hidden_dim"].step == 64
@@ -229,7 +229,7 @@ def test_bad_search_spaces_say_what_is_wrong(tmp_path: Path, text: str, message:
 
 
 def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> None:
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
 
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
     searcher = search.searcher(space, seed=0)
@@ -249,7 +249,7 @@ def test_the_searcher_is_told_a_trials_best_check_and_asha_the_current_one() -> 
 def test_the_searcher_proposes_every_configuration_of_a_finite_space_once_before_any_repeat() -> None:
     from optuna.trial import TrialState
 
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
 
     space = search_space.parse(search_space.DEMO_GRID, JobConfig())
     size = space.size
@@ -271,7 +271,7 @@ def test_the_searcher_proposes_every_configuration_of_a_finite_space_once_before
 
 def _demo_proposals(seed: int) -> list[dict]:
     """The quick start's four trials, two at a time as on a 2-core laptop."""
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
 
     preset = TUNE_PRESETS["demo"]
     searcher = search.searcher(search_space.parse(preset.space, JobConfig()), seed=seed)
@@ -294,7 +294,7 @@ def test_the_quick_starts_four_trials_try_every_searched_value_deterministically
 
 
 def test_the_study_notes_too_few_trials_and_a_parameter_that_never_varied() -> None:
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
 
     searcher = search.searcher(search_space.parse({"model.steps": [1, 2]}, JobConfig()), seed=0)
     for i in range(2):
@@ -311,8 +311,8 @@ def test_the_study_notes_too_few_trials_and_a_parameter_that_never_varied() -> N
 def test_the_start_up_design_spreads_a_range_over_its_strata_and_walks_every_choice() -> None:
     import math
 
-    from iaa.platform.sweeps import search_algorithm as search
-    from iaa.platform.sweeps.space_filling import RANGE_STRATA
+    from iaa.platform.sweeps.search import search_algorithm as search
+    from iaa.platform.sweeps.search.space_filling import RANGE_STRATA
 
     space = search_space.parse({"train.lr": {"low": 1e-4, "high": 1e-2, "log": True}, "model.steps": [1, 2, 3]},
                                JobConfig())
@@ -329,7 +329,7 @@ def test_a_trial_asha_stopped_is_pruned_with_its_checks_in_a_persistent_study(tm
     import optuna
     from optuna.trial import TrialState
 
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
     from tests._study import bound_study
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -351,7 +351,7 @@ def test_a_trial_that_ends_on_its_own_keeps_the_check_delivered_with_its_end(tmp
     import optuna
     from optuna.trial import TrialState
 
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
     from tests._study import bound_study
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -372,7 +372,7 @@ def test_a_trial_that_failed_and_runs_again_from_its_checkpoint_comes_back_with_
     import optuna
     from optuna.trial import TrialState
 
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
     from tests._study import bound_study
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -393,7 +393,7 @@ def test_a_trial_that_failed_and_runs_again_from_its_checkpoint_comes_back_with_
 
 def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
     from iaa.jobs.tune import tune
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
 
     preset = TUNE_PRESETS["demo"]
     assert tune.asha_preset(tune.TuneRequest(dataset="demo")) == preset
@@ -606,7 +606,7 @@ def test_trial_records_take_the_end_from_the_results_and_mark_a_lost_worker(tmp_
     from ray.exceptions import ActorDiedError
 
     from iaa.jobs.ports import WORKER_LOST
-    from iaa.platform.sweeps.trial import TrialSpec, records
+    from iaa.platform.sweeps.trials.trial import TrialSpec, records
 
     spec = TrialSpec(name="s", fit=lambda *a, **k: None, storage_path=str(tmp_path), workers=1, threads=1,
                      base={"dataset": "cbt-ne"})
@@ -651,7 +651,7 @@ def test_a_sweep_with_a_trial_that_lost_its_worker_is_not_finished_and_resuming_
 def test_the_runs_of_a_resumed_sweep_name_their_trials_by_the_numbers_they_started_with() -> None:
     from types import SimpleNamespace
 
-    from iaa.platform.sweeps.trial_runs import child_runs
+    from iaa.platform.sweeps.trials.trial_runs import child_runs
 
     class Runs:
         def find_runs(self, experiment, tags):         # newest first, as the store lists them
@@ -670,7 +670,7 @@ def test_cluster_sessions_report_the_checkpoint_score_and_when_the_first_batch_w
     """What Tune and Ray Train receive through the link: the base report plus the score Ray ranks checkpoints by."""
     from contextlib import nullcontext
 
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
     from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE
     from iaa.jobs.training.session import ClusterSession
 
@@ -712,7 +712,7 @@ def test_cluster_sessions_report_the_checkpoint_score_and_when_the_first_batch_w
 
 
 def test_a_restored_searcher_continues_the_same_persistent_study(tmp_path: Path) -> None:
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
     from tests._study import bound_study
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -742,7 +742,7 @@ def test_a_pyfunc_model_logged_without_its_loader_names_the_way_out() -> None:
 def test_a_trial_hands_the_jobs_loop_its_config_with_the_base_settings_and_its_sampled_values() -> None:
     """``--set model.steps=2`` reaches the loop the job injected: base config, fixed and sampled values merged."""
     from iaa.jobs.config.job_config import apply, to_dict
-    from iaa.platform.sweeps.trial import TrialSpec, run_trial
+    from iaa.platform.sweeps.trials.trial import TrialSpec, run_trial
 
     seen = []
 
@@ -891,3 +891,50 @@ def test_a_train_run_whose_driving_actor_is_lost_is_restores_spent_with_its_chec
         fit_or_fail(Trainer(), "run-1")
     assert_says(lost.value, "Ray Train run run-1 lost the actor that drives it", "ActorUnavailableError",
                 "the cluster's head node")
+
+
+# --- a sweep's saved Tune state, named by an earlier module layout ----------------------------------
+
+_LOAD_EARLIER = """
+import pickle, sys
+saved = open(sys.argv[1], "rb").read()
+try:
+    pickle.loads(saved)
+    print("loaded before keep")
+except ModuleNotFoundError as err:
+    print("not found:", err.name)
+from iaa.platform.sweeps import saved_state
+saved_state.keep()
+print(" ".join(f"{type(o).__module__}.{type(o).__name__}" for o in pickle.loads(saved)))
+"""
+
+
+def test_a_sweep_saved_before_the_sub_packages_loads_its_searcher_scheduler_and_callbacks(tmp_path: Path) -> None:
+    """What Tune pickles of a sweep (``tuner.pkl``: the searcher with its sampler, ASHA, the
+    callbacks), with each class named at the path an earlier version saved, loads after
+    ``saved_state.keep`` as the classes that this version holds."""
+    import pickle
+    import subprocess
+
+    from iaa.platform.sweeps.search import search_algorithm as search
+    from iaa.platform.sweeps.trials.trial_events import ConsoleCallback
+    from iaa.platform.sweeps.trials.trial_runs import TrialRuns
+
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    saved = [search.searcher(space, seed=0, sweep="s"), search.searcher(space, seed=0, sweep="s", sampler="grid"),
+             search.scheduler(TUNE_PRESETS["demo"], max_t=4, sweep="s"), TrialRuns("s"), ConsoleCallback("s")]
+    now = pickle.dumps(saved, protocol=0)          # protocol 0 names each class as text: `c<module>\n<name>\n`
+    earlier = now.replace(b"iaa.platform.sweeps.search.", b"iaa.platform.sweeps.").replace(
+        b"iaa.platform.sweeps.trials.", b"iaa.platform.sweeps.")
+    assert earlier != now
+    (tmp_path / "tuner.pkl").write_bytes(earlier)
+
+    done = subprocess.run([sys.executable, "-c", _LOAD_EARLIER, str(tmp_path / "tuner.pkl")], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, loaded = done.stdout.splitlines()
+    assert first.startswith("not found: iaa.platform.sweeps.")       # the earlier paths are gone from the package
+    assert loaded.split() == [
+        "iaa.platform.sweeps.search.distinct_search.StudySearch", "iaa.platform.sweeps.search.distinct_search.StudySearch",
+        "iaa.platform.sweeps.search.asha.GivenAside", "iaa.platform.sweeps.trials.trial_runs.TrialRuns",
+        "iaa.platform.sweeps.trials.trial_events.ConsoleCallback"]

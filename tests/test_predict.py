@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.data import cbt
+from iaa.data.formats import cbt
 from tests._explain import tiny_checkpoint, tiny_setup
 from tests._faults import assert_one_message, assert_says, small_fs
 

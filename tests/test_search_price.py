@@ -79,7 +79,7 @@ def test_prices_of_another_table_or_none_are_one_line_saying_what_to_run(tmp_pat
 def test_every_configuration_of_a_table_is_priced_on_the_same_batches(tmp_path: Path) -> None:
     import torch
 
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
     from tests._tiny import make_tiny_prepared
 
     prepared = make_tiny_prepared(tmp_path / "data")

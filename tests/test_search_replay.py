@@ -32,7 +32,7 @@ def test_a_ray_tune_sweep_and_the_replay_propose_and_stop_alike(tmp_path: Path) 
     from iaa.jobs.config.job_config import JobConfig
     from iaa.jobs.config.presets import TUNE_PRESETS
     from iaa.jobs.config.search_space import parse
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
     from iaa.platform.sweeps.launch import ResumableSearch
     from tests._platform import start_local_ray
     from tests._study import bound_study

@@ -23,9 +23,9 @@ from optuna.samplers import TPESampler  # noqa: E402
 
 from iaa.jobs.config.search_space import parse  # noqa: E402
 from iaa.jobs.config.job_config import JobConfig  # noqa: E402
-from iaa.platform.sweeps import search_algorithm as search  # noqa: E402
-from iaa.platform.sweeps.distinct_search import DistinctSampler  # noqa: E402
-from iaa.platform.sweeps.space_filling import startup_trials  # noqa: E402
+from iaa.platform.sweeps.search import search_algorithm as search  # noqa: E402
+from iaa.platform.sweeps.search.distinct_search import DistinctSampler  # noqa: E402
+from iaa.platform.sweeps.search.space_filling import startup_trials  # noqa: E402
 
 SEEDS = range(12)
 TRIALS = 40
@@ -265,7 +265,7 @@ def test_a_stopped_trial_and_its_continuation_take_one_point_of_the_start_up_des
     next trial takes the design's second point, so no searched value is passed by."""
     from optuna.trial import TrialState
 
-    from iaa.platform.sweeps.space_filling import stratified_config
+    from iaa.platform.sweeps.search.space_filling import stratified_config
 
     space = parse(SMALL, JobConfig())
     distributions = search.to_optuna(space)

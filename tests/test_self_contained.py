@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from iaa.cli import cli
-from iaa.data import cbt
-from iaa.data.manifest import read
+from iaa.data.formats import cbt
+from iaa.data.prepared.manifest import read
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.datasets import resolve
 from iaa.jobs.train import train as train_job
@@ -188,7 +188,7 @@ def test_predict_and_evaluate_answer_at_the_precision_asked_and_report_it(traine
 
     from iaa.jobs.modeling import precision_policy as precision
     from iaa.jobs.evaluation.predictor import Predictor
-    from iaa.data.raw_text import read_input
+    from iaa.data.formats.raw_text import read_input
 
     prepared, best, questions = trained
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

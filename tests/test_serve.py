@@ -282,7 +282,7 @@ def test_served_answers_equal_predict_and_bad_requests_leave_the_replicas_up(set
     import urllib.request
     from urllib.parse import unquote
 
-    from iaa.data import cbt
+    from iaa.data.formats import cbt
     from iaa.platform import ray_serve as platform_serve
 
     root, prepared, ckpt = setup

@@ -34,7 +34,7 @@ def _study(url: str) -> None:
 
 
 def test_the_study_gives_importances_and_three_figures_with_asha_stops(tmp_path: Path) -> None:
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     _study(url)
@@ -55,7 +55,7 @@ def test_two_trials_that_differ_in_every_parameter_get_no_importances_and_whole_
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    from iaa.platform.sweeps import study as study_module
+    from iaa.platform.sweeps.studies import study as study_module
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="two", storage=url, direction="maximize")
@@ -87,7 +87,7 @@ def test_the_analyzer_returns_a_record_and_the_json_object_keeps_its_keys(tmp_pa
 
     from iaa.jobs.ports import BestTrial, HistoryPoint
     from iaa.jobs.reports.sweep_report import from_analysis
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     _study(url)
@@ -115,7 +115,7 @@ def test_the_analyzer_returns_a_record_and_the_json_object_keeps_its_keys(tmp_pa
 
 def test_a_missing_study_is_one_clear_error(tmp_path: Path) -> None:
     from iaa.errors import IaaError
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     with pytest.raises(IaaError, match="no Optuna study 'nope'"):
         analyze(f"sqlite:///{tmp_path / 'optuna.db'}", "nope", tmp_path / "report")
@@ -133,7 +133,7 @@ def _pedanova(study) -> dict[str, float]:
 
 def test_the_report_gives_the_dashboards_importances_beside_its_own(tmp_path: Path) -> None:
     from iaa.jobs.reports.sweep_report import describe, from_analysis
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     _study(url)
@@ -153,7 +153,7 @@ def test_the_dashboard_importances_are_optuna_dashboards_own(tmp_path: Path) -> 
     importance = pytest.importorskip("optuna_dashboard._importance", reason="optuna-dashboard is not installed")
     from optuna_dashboard._inmemory_cache import InMemoryCache
 
-    from iaa.platform.sweeps.study import dashboard_importances
+    from iaa.platform.sweeps.studies.study import dashboard_importances
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     _study(url)
@@ -204,7 +204,7 @@ def test_the_history_gives_the_best_so_far_as_the_trials_ended(tmp_path: Path) -
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import FrozenTrial, TrialState
 
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="h", storage=url, direction="maximize")
@@ -332,7 +332,7 @@ def test_a_trial_a_resume_continued_keeps_its_name_in_the_report(tmp_path: Path)
 
     from _faults import assert_says
     from iaa.jobs.reports.sweep_report import describe, from_analysis
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="r", storage=url, direction="maximize")
@@ -357,7 +357,7 @@ def test_a_study_of_under_two_scored_trials_draws_the_checks_and_history_without
 
     from _faults import invoke
     from iaa.jobs.sweeps import record
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     workdir = tmp_path / "work"
     url = f"sqlite:///{workdir / 'optuna.db'}"

@@ -63,7 +63,7 @@ def test_a_logged_model_carries_the_accuracy_of_its_checkpoint(tmp_path: Path) -
 def test_the_study_names_its_objective_and_links_each_trial(tmp_path: Path) -> None:
     from optuna.distributions import CategoricalDistribution
 
-    from iaa.platform.sweeps.distinct_search import StudySearch
+    from iaa.platform.sweeps.search.distinct_search import StudySearch
     from tests._study import bound_study
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -90,7 +90,7 @@ def test_the_report_figures_use_visible_colours_and_trial_labels(tmp_path: Path)
     from optuna.trial import create_trial
     from optuna.visualization import matplotlib as vis
 
-    from iaa.platform.sweeps import study as study_figures
+    from iaa.platform.sweeps.studies import study as study_figures
 
     study = optuna.create_study(direction="maximize")
     dists = {"train.lr": CategoricalDistribution([0.002, 0.004])}

@@ -183,7 +183,7 @@ def test_the_trials_the_budget_stopped_end_their_runs_and_those_that_ended_befor
     whose end Tune told, in this process or an earlier one, keeps it."""
     from iaa.jobs.ports import TIME_BUDGET
     from iaa.platform.sweeps import driver_side
-    from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns
+    from iaa.platform.sweeps.trials.trial_runs import ConsoleCallback, TrialRuns
 
     ended: list[tuple[str, str, str]] = []
     told: list[tuple[str, str]] = []
@@ -228,7 +228,7 @@ def test_the_trials_the_budget_stopped_end_their_runs_and_those_that_ended_befor
 
 def test_records_give_the_trials_the_budget_stopped_its_stop_reason(tmp_path: Path) -> None:
     from iaa.jobs.ports import TIME_BUDGET
-    from iaa.platform.sweeps.trial import TrialSpec, records
+    from iaa.platform.sweeps.trials.trial import TrialSpec, records
 
     def result(trial_id: str, **metrics: object):
         return SimpleNamespace(metrics={"trial_id": trial_id, **metrics}, path=f"/runs/{trial_id}", error=None,
@@ -249,7 +249,7 @@ def test_records_give_the_trials_the_budget_stopped_its_stop_reason(tmp_path: Pa
 def test_the_optuna_trials_the_budget_stopped_end_pruned_at_their_last_check(tmp_path: Path) -> None:
     import optuna
 
-    from iaa.platform.sweeps.study import end_untold
+    from iaa.platform.sweeps.studies.study import end_untold
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
@@ -301,7 +301,7 @@ def test_the_report_tells_the_trials_the_budget_stopped_from_those_asha_stopped(
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")

@@ -80,8 +80,8 @@ def test_members_are_named_by_ensemble_and_seed_with_the_seed_and_data_as_column
     from iaa.jobs.datasets import resolve
     from iaa.jobs.evaluation.predictor import MODEL_CODE
     from iaa.jobs.ports import ModelFiles
-    from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec
-    from iaa.platform.sweeps.trial_runs import TrialRuns
+    from iaa.platform.sweeps.trials.trial import MEMBER_KEY, TrialSpec
+    from iaa.platform.sweeps.trials.trial_runs import TrialRuns
 
     tracker = _tracker(tmp_path)
     configs = [resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, f"train.seed={s}")) for s in (7, 8)]
@@ -112,8 +112,8 @@ def test_a_sweeps_trials_are_numbered_in_the_order_they_started(tmp_path: Path, 
     from iaa.jobs.config.job_config import to_dict
     from iaa.jobs.datasets import resolve
     from iaa.platform import mlflow_model
-    from iaa.platform.sweeps.trial import TrialSpec
-    from iaa.platform.sweeps.trial_runs import TrialRuns
+    from iaa.platform.sweeps.trials.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial_runs import TrialRuns
 
     tracker = _tracker(tmp_path)
     base = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, "train.seed=3"))
@@ -142,8 +142,8 @@ def test_a_resumed_trial_counts_its_restores_on_from_the_ones_its_run_holds(tmp_
     finds its run and counts on (``restores`` 1, then 2 after a restore of its own), never back to 0."""
     from iaa.jobs.config.job_config import to_dict
     from iaa.jobs.datasets import resolve
-    from iaa.platform.sweeps.trial import TrialSpec
-    from iaa.platform.sweeps.trial_runs import TrialRuns
+    from iaa.platform.sweeps.trials.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial_runs import TrialRuns
 
     tracker = _tracker(tmp_path)
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)
@@ -180,8 +180,8 @@ def test_a_trial_has_one_name_in_its_run_its_model_and_on_the_console(tmp_path: 
     from iaa.jobs.config.job_config import to_dict
     from iaa.jobs.datasets import resolve
     from iaa.platform import mlflow_model
-    from iaa.platform.sweeps.trial import TrialSpec
-    from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns
+    from iaa.platform.sweeps.trials.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial_runs import ConsoleCallback, TrialRuns
 
     class Heard:
         def __init__(self) -> None:
@@ -218,8 +218,8 @@ def test_a_resumed_trial_that_never_started_keeps_the_number_its_study_gave_it(t
 
     from iaa.jobs.config.job_config import to_dict
     from iaa.jobs.datasets import resolve
-    from iaa.platform.sweeps.trial import TrialSpec
-    from iaa.platform.sweeps.trial_runs import TrialRuns
+    from iaa.platform.sweeps.trials.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial_runs import TrialRuns
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="demo-iaa-aaa", storage=url, direction="maximize")

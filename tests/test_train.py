@@ -241,8 +241,8 @@ def test_every_check_records_the_resident_memory_of_the_training_process(tiny: P
 def test_the_resident_memory_of_a_data_parallel_run_sums_its_workers(tiny: Path, tmp_path: Path) -> None:
     from fakes import FakeLink
 
-    from iaa.data.loader import PreparedData
-    from iaa.data.manifest import vocab_card
+    from iaa.data.loading.loader import PreparedData
+    from iaa.data.prepared.manifest import vocab_card
     from iaa.jobs.ports import WorkerData
     from iaa.jobs.training.loop import fit_on_worker
 
@@ -268,8 +268,8 @@ def test_a_check_interval_longer_than_the_run_is_one_warning_naming_half_an_epoc
     """CNN's preset checks every 5,000 batches: on a small training split the run makes only its
     last check, where the learning-rate decay and the early stop cannot act."""
     from iaa.jobs.config.presets import DATASET_PRESETS
-    from iaa.data.loader import num_batches
-    from iaa.data import manifest
+    from iaa.data.loading.loader import num_batches
+    from iaa.data.prepared import manifest
 
     cnn_like = resolve.job_config("cbt-ne", tiny, sets=(*TINY_SETS, f"train.check_every={DATASET_PRESETS['cnn'].train.check_every}"))
     warning = train_job.few_checks_warning(cnn_like, tiny, workers=0)

@@ -71,7 +71,7 @@ def test_a_bad_file_is_one_error_naming_the_file_the_line_and_the_key(tmp_path: 
 
 
 def _searcher(given: tuple, sweep: str | None = None):
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
 
     space = parse({"train.lr": [0.001, 0.002, 0.004], "model.steps": [1, 2, 3]}, JobConfig())
     return search.searcher(space, 0, sweep, sampler="tpe", try_first=given)
@@ -186,7 +186,7 @@ def _check(asha, trial_id: str, value: float) -> str:
 def test_asha_sets_the_given_trials_aside(tmp_path: Path) -> None:
     from iaa.jobs.config.presets import TUNE_PRESETS
     from iaa.platform.sweeps import driver_side
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
     from tests._study import bound_study
 
     preset = TUNE_PRESETS["cnn"]                                 # grace 1, keep a third
@@ -218,7 +218,7 @@ def test_the_report_names_the_trials_that_ran_a_given_configuration(tmp_path: Pa
     from tests._study import bound_study
 
     from iaa.jobs.reports.sweep_report import from_analysis, given_line
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     given = ({"train.lr": 0.001, "model.steps": 1}, {"train.lr": 0.002, "model.steps": 1})

@@ -119,8 +119,8 @@ def test_a_resumed_sweep_does_not_start_or_finish_again_on_the_console_a_trial_i
     from iaa.jobs.config.job_config import JobConfig, to_dict
     from iaa.jobs.sweeps.console import SweepConsole
     from iaa.platform.sweeps import driver_side
-    from iaa.platform.sweeps.trial import TrialSpec
-    from iaa.platform.sweeps.trial_runs import ConsoleCallback, TrialRuns
+    from iaa.platform.sweeps.trials.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial_runs import ConsoleCallback, TrialRuns
 
     tracker, said = FakeTracker(), []
     parent = tracker.start_run("e", "s")
@@ -167,7 +167,7 @@ def test_a_resumed_searcher_opens_its_study_without_optunas_own_lines(tmp_path: 
 
     from iaa.jobs.config import search_space
     from iaa.jobs.config.job_config import JobConfig
-    from iaa.platform.sweeps import search_algorithm as search
+    from iaa.platform.sweeps.search import search_algorithm as search
     from tests._study import bound_study
 
     class Kept(logging.Handler):
@@ -390,9 +390,10 @@ def test_a_restored_search_creates_trials_up_to_the_number_the_resume_asks_for(t
     or the sweep would say trials are left and run none."""
     from iaa.jobs.config import search_space
     from iaa.jobs.config.job_config import JobConfig
-    from iaa.platform.sweeps import driver_side, search_algorithm as search
+    from iaa.platform.sweeps import driver_side
+    from iaa.platform.sweeps.search import search_algorithm as search
     from iaa.platform.sweeps.launch import ResumableSearch
-    from iaa.platform.sweeps.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial import TrialSpec
 
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
     spec = TrialSpec(name="s", fit=None, storage_path=str(tmp_path), workers=1, threads=1)

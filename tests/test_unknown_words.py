@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from _faults import assert_says
 from iaa.cli import cli
-from iaa.data import cbt
+from iaa.data.formats import cbt
 from iaa.jobs.evaluation import unknowns
 from iaa.jobs.evaluation.predictor import Predictor
-from iaa.data.manifest import vocab_card
-from iaa.data.raw_text import read_input
+from iaa.data.prepared.manifest import vocab_card
+from iaa.data.formats.raw_text import read_input
 from iaa.jobs.modeling import checkpoint
 from tests._explain import tiny_setup
 

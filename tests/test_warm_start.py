@@ -68,7 +68,7 @@ def test_the_scored_trials_that_lie_in_the_space_are_carried_with_their_checks_a
     import optuna
     from optuna.trial import TrialState
 
-    from iaa.platform.sweeps.carried_trials import carry
+    from iaa.platform.sweeps.studies.carried_trials import carry
 
     source = _source([
         (TrialState.COMPLETE, {"train.lr": 0.004, "model.steps": 3}, 0.9, {1: 0.5, 2: 0.9}),
@@ -100,7 +100,7 @@ def test_a_trial_carried_twice_keeps_the_sweep_it_ran_in_and_its_number_there() 
     import optuna
     from optuna.trial import TrialState
 
-    from iaa.platform.sweeps.carried_trials import carry
+    from iaa.platform.sweeps.studies.carried_trials import carry
 
     first = _source([(TrialState.COMPLETE, {"train.lr": 0.002, "model.steps": 2}, 0.5, {1: 0.5}),
                      (TrialState.COMPLETE, {"train.lr": 0.004, "model.steps": 3}, 0.9, {1: 0.9})])
@@ -121,7 +121,7 @@ def test_a_parameter_one_sweep_searched_and_the_other_fixed_carries_only_where_i
     import optuna
     from optuna.trial import TrialState
 
-    from iaa.platform.sweeps.carried_trials import carry
+    from iaa.platform.sweeps.studies.carried_trials import carry
 
     # the earlier sweep searched train.lr and model.hidden_dim with model.steps fixed at 3; this one
     # searches train.lr and model.steps with model.hidden_dim fixed at 64
@@ -146,8 +146,8 @@ def test_a_warm_started_study_never_proposes_a_carried_configuration_again() -> 
 
     from iaa.jobs.config.search_space import parse
     from iaa.jobs.config.job_config import JobConfig
-    from iaa.platform.sweeps.search_algorithm import build_sampler, to_optuna
-    from iaa.platform.sweeps.carried_trials import carry
+    from iaa.platform.sweeps.search.search_algorithm import build_sampler, to_optuna
+    from iaa.platform.sweeps.studies.carried_trials import carry
 
     space = parse({"train.lr": [0.001, 0.002, 0.004], "model.steps": [1, 2, 3], "model.hidden_dim": [32, 64]},
                   JobConfig())
@@ -174,7 +174,7 @@ def test_the_new_study_is_made_in_its_storage_and_an_existing_one_is_refused(tmp
     from optuna.trial import TrialState
 
     from iaa.errors import IaaError
-    from iaa.platform.sweeps.carried_trials import carry_into
+    from iaa.platform.sweeps.studies.carried_trials import carry_into
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     source = optuna.create_study(storage=url, study_name="earlier", direction="maximize")
@@ -401,8 +401,8 @@ def test_the_report_counts_carried_trials_in_the_importances_only(tmp_path: Path
     from optuna.trial import TrialState, create_trial
 
     from iaa.jobs.reports.sweep_report import carried_line, from_analysis
-    from iaa.platform.sweeps.study import analyze
-    from iaa.platform.sweeps.carried_trials import carry
+    from iaa.platform.sweeps.studies.study import analyze
+    from iaa.platform.sweeps.studies.carried_trials import carry
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(storage=url, study_name="later", direction="maximize")

@@ -108,7 +108,7 @@ def _ensemble(work: Path, members: list[str], digests: dict[str, str]) -> Path:
 
 
 def test_a_moved_ensemble_finds_its_members_under_the_new_folder_and_checks_their_digests(tmp_path, base):
-    from iaa.data.shards import file_sha256
+    from iaa.data.prepared.shards import file_sha256
     from iaa.jobs.evaluation.predictor import ensemble_members
 
     work = _work(tmp_path, base)
@@ -128,7 +128,7 @@ def test_a_moved_ensemble_finds_its_members_under_the_new_folder_and_checks_thei
 
 
 def test_an_old_ensemble_json_with_absolute_members_is_read_in_the_moved_folder(tmp_path, base):
-    from iaa.data.shards import file_sha256
+    from iaa.data.prepared.shards import file_sha256
     from iaa.jobs.evaluation.predictor import ensemble_members
 
     work = _work(tmp_path, base)

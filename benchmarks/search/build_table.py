@@ -149,7 +149,7 @@ def append_part(path: Path, record: Mapping[str, Any]) -> None:
 
 def train_configuration(config_id: int, params: Mapping[str, Any], plan: Plan, train_rows: Any) -> dict[str, Any]:
     """Train one configuration; returns its record: the params and one row per check."""
-    from iaa.data.loader import num_batches
+    from iaa.data.loading.loader import num_batches
     from iaa.jobs.config.job_config import apply
     from iaa.jobs.datasets.resolve import job_config
     from iaa.jobs.train import train
@@ -189,7 +189,7 @@ def work(worker: int, config_ids: Sequence[int], plan: Plan) -> None:
     """One worker: train ``config_ids`` in turn with one torch thread, appending each to its part file."""
     import torch
 
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     torch.set_num_threads(1)
     build = os.getppid()
@@ -255,7 +255,7 @@ def table_metadata(plan: Plan, records: Iterable[Mapping[str, Any]], command: st
     """How the table was built: command, data and its size, settings, machine, software, dates."""
     import torch
 
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     records = list(records)
     prepared = PreparedData.open(Path(plan.data))

@@ -52,7 +52,7 @@ def measure(table: curves_table.CurveTable, data: Path, rounds: int, batches: in
     ``batches`` training steps on the data prepared at ``data``."""
     import torch
 
-    from iaa.data.loader import PreparedData, iter_batches
+    from iaa.data.loading.loader import PreparedData, iter_batches
     from iaa.jobs.config.job_config import apply
     from iaa.jobs.datasets.resolve import job_config
     from iaa.jobs.training.step import build_optimizer, train_step
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from build_table import cpu_model, git_commit
 
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     table = curves_table.load(args.table)
     vocab_hash = PreparedData.open(args.data).manifest.vocab_hash

@@ -1,9 +1,9 @@
 """A sweep of ``iaa-cli tune`` replayed against the table of learning curves, in simulated time.
 
 The replay drives the project's own search stack as Ray Tune drives it, without Ray and without
-training: the searcher ``tune`` builds (:func:`iaa.platform.sweeps.search_algorithm.searcher`, a
+training: the searcher ``tune`` builds (:func:`iaa.platform.sweeps.search.search_algorithm.searcher`, a
 Ray Tune ``Searcher`` over an Optuna study, here in memory) proposes each trial; the preset's
-ASHA (:func:`iaa.platform.sweeps.search_algorithm.scheduler`, Ray's own ``ASHAScheduler``) sees
+ASHA (:func:`iaa.platform.sweeps.search.search_algorithm.scheduler`, Ray's own ``ASHAScheduler``) sees
 every check and stops trials; a trial's checks are read from the table (:mod:`table`) instead of
 trained. A trial reports exactly what the training loop reports: ``valid_acc`` (ASHA's metric),
 ``best_valid_acc`` (the searcher's), ``checks`` (ASHA's clock) and, on its last check,
@@ -120,8 +120,8 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
     --try-first`` gives them; ``price``: each configuration's cost per example (None: 1 each)."""
     from dataclasses import replace
 
-    from iaa.platform.sweeps import search_algorithm as search
-    from iaa.platform.sweeps.distinct_search import StudySearch
+    from iaa.platform.sweeps.search import search_algorithm as search
+    from iaa.platform.sweeps.search.distinct_search import StudySearch
 
     checks = len(next(iter(table.curves.values())))
     epoch_examples = next(iter(table.curves.values()))[-1].examples / next(iter(table.curves.values()))[-1].epoch
@@ -139,7 +139,7 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
         searcher = StudySearch(search.to_optuna(space), strategy.sampler(space, seed), None, given=given)
         if warm_start is not None:
             from iaa.jobs.ports import WarmStart
-            from iaa.platform.sweeps.carried_trials import carry
+            from iaa.platform.sweeps.studies.carried_trials import carry
 
             carry(warm_start, searcher.study, search.to_optuna(space),
                   WarmStart(sweep="earlier", study_storage="", study_name="", filled={}, fixed={}))
@@ -183,7 +183,7 @@ def replay(table: curves_table.CurveTable, space: Any, strategy: Strategy, seed:
         result = {"valid_acc": check.valid_acc, "best_valid_acc": check.best_valid_acc, "checks": k,
                   "training_iteration": k, "stop_reason": "max-epochs" if last else ""}
         stopped = False
-        # as the sweep's scheduler does (iaa.platform.sweeps.asha): a given configuration's trial
+        # as the sweep's scheduler does (iaa.platform.sweeps.search.asha): a given configuration's trial
         # runs to its end, its checks left out of ASHA
         scheduled = asha is not None and (searcher is None or trial_id not in searcher.given_ids)
         if scheduled:

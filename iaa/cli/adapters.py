@@ -42,6 +42,6 @@ def open_tracker(uri: str) -> Tracker:
 
 def study_analyzer() -> StudyAnalyzer:
     """The jobs' StudyAnalyzer: a sweep's Optuna study read back, its figures drawn with matplotlib."""
-    from iaa.platform.sweeps.study import analyze
+    from iaa.platform.sweeps.studies.study import analyze
 
     return analyze

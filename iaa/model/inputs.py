@@ -1,6 +1,6 @@
 """What a reader reads from a batch, as a Protocol: the model depends only on torch.
 
-``iaa.data.batch.Batch`` (the loader's padded batch) satisfies it, and so does any object with
+``iaa.data.loading.batch.Batch`` (the loader's padded batch) satisfies it, and so does any object with
 these tensors, e.g. a test's hand-made batch. A batch may also carry ``doc_lengths`` and
 ``query_lengths``, (B,) int64 on the CPU (the masks' row sums): the ``nn.GRU`` encoders pack by
 them without reading the masks back from a GPU.

@@ -235,7 +235,7 @@ class _Reader(nn.Module):
         The first shape compiles a static graph and the next one a graph with dynamic sizes
         (torch's automatic dynamic shapes), which serves every later shape. CUDA graphs are
         recorded per shape, so callers pad Lq and Ld to a few widths
-        (``iaa.data.batch.pad_to_buckets``). The compiled reads are the reference ones (no slot
+        (``iaa.data.loading.batch.pad_to_buckets``). The compiled reads are the reference ones (no slot
         runs inside the graph: the compiler fuses them itself); ACT's steps stay eager.
         """
         if self.cfg.halting != "none":

@@ -47,7 +47,7 @@ from mlflow.models import ModelSignature, set_model
 from mlflow.tracking import MlflowClient
 
 import iaa
-from iaa.data.manifest import MANIFEST, VOCAB
+from iaa.data.prepared.manifest import MANIFEST, VOCAB
 from iaa.errors import IaaError, brief
 from iaa.jobs.ports import Answerer, LoadedModel, ModelCard, ModelCode, ModelFiles
 from iaa.platform.tracking.connection import TRANSIENT, quiet_store_logs
@@ -169,7 +169,7 @@ def input_example(placeholder: str) -> Any:
 
 
 def _placeholder(prepared: Path) -> str:
-    from iaa.data.vocab import Vocab
+    from iaa.data.prepared.vocab import Vocab
 
     return Vocab.load(Path(prepared) / VOCAB).placeholder
 
@@ -222,7 +222,7 @@ def log(uri: str, run_id: str, files: ModelFiles, code: ModelCode, register: str
     """
     from mlflow.entities import LoggedModelOutput
 
-    from iaa.data.shards import file_sha256
+    from iaa.data.prepared.shards import file_sha256
 
     client = MlflowClient(uri)
     digest = ",".join(file_sha256(Path(c)) for c in files.checkpoints)

@@ -4,9 +4,9 @@ Going distributed changes only what the loop's :class:`~iaa.jobs.training.sessio
 its :class:`~iaa.jobs.ports.WorkerLink`, and where its rows come from:
 
 - **data**: each worker reads its own rows of the training split from the prepared folder's
-  Parquet shards (:meth:`iaa.data.loader.PreparedData.rank_rows`: a contiguous share, the same on
+  Parquet shards (:meth:`iaa.data.loading.loader.PreparedData.rank_rows`: a contiguous share, the same on
   every restart) and cuts them into length-bucketed batches by (seed, epoch) with
-  :func:`iaa.data.loader.iter_batches`; nothing goes through the driver or the object store.
+  :func:`iaa.data.loading.loader.iter_batches`; nothing goes through the driver or the object store.
   Each worker reads the (small) validation split whole and scores its rank's disjoint share of the
   loader's batch plan, so every example counts exactly once. On a cluster the prepared folder
   must be on storage every node sees;
@@ -22,7 +22,7 @@ A worker failure is retried from the last checkpoint up to ``MAX_FAILURES`` time
 restores a run whose ``RunConfig(name, storage_path)`` is unchanged, which is how ``--resume``
 and a restored Tune trial continue. The ``train --workers N`` driver is
 :func:`iaa.platform.train_workers.fit_workers`; a multi-worker Tune trial runs :func:`build_trainer`
-from :func:`iaa.platform.sweeps.trial.run_trial`.
+from :func:`iaa.platform.sweeps.trials.trial.run_trial`.
 """
 
 from __future__ import annotations

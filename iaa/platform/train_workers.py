@@ -198,7 +198,7 @@ def fit_workers(request: WorkersRequest, *, address: str | None = None,
     from ray.util.queue import Queue
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
     from iaa.platform.cluster import connect as cluster
 
     cfg, workers, storage = request.cfg, request.workers, request.storage

@@ -2,7 +2,7 @@
 
 CBT: ``cbtest_<TYPE>_{train,valid_2000ex,test_2500ex}.txt``, one example per 21 numbered lines and a
 blank line. CNN: ``questions/{training,validation,test}/<sha1 of the url>.question``, as DeepMind's
-rc-data names them. Both are read back unchanged by :mod:`iaa.data.cbt` and :mod:`iaa.data.cnn`.
+rc-data names them. Both are read back unchanged by :mod:`iaa.data.formats.cbt` and :mod:`iaa.data.formats.cnn`.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ FIRST_COMPARISON_EXAMPLES = 16_000
 def _longest_trial(cfg: JobConfig, space: SearchSpace, train_rows: int, workers: int) -> tuple[TrainConfig, int]:
     """The training settings of the trial with the most steps and checks ``space`` allows (its most
     epochs, at its smallest batch), and its batches per epoch on each worker."""
-    from iaa.data.loader import num_batches
+    from iaa.data.loading.loader import num_batches
 
     train = space.costliest(cfg)[0].train
     return train, num_batches(train_rows, train.batch_size, max(workers, 1))

@@ -1,7 +1,7 @@
 """The prepare job: source text -> ``DIR/{manifest.json, vocab.json, <split>/part-*.parquet}``.
 
 Idempotent: when ``DIR``'s manifest records the same source fingerprint and options and every
-file in ``DIR`` verifies against it (``iaa.data.verify``), nothing is done; a damaged folder is
+file in ``DIR`` verifies against it (``iaa.data.prepared.verify``), nothing is done; a damaged folder is
 rebuilt. A dataset of another source or options is replaced only with ``overwrite``. Output is
 built in a sibling temporary directory and moved in file by file, the manifest last, so an
 interrupted run never leaves a half-written dataset behind; the manifest lists the files it
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from iaa import __version__
-from iaa.data import build as B
-from iaa.data import cbt, cnn, demo
+from iaa.data.prepared import build as B
+from iaa.data.formats import cbt, cnn, demo
 from iaa.data import bad_input as E
-from iaa.data import manifest as M
-from iaa.data import expected_names, verify
+from iaa.data.prepared import manifest as M
+from iaa.data.prepared import expected_names, verify
 from iaa.data.datasets import DATASETS, TRAINING_SPLITS
 from iaa.data.bad_input import DataError
 from iaa.files import DiskFullError, disk_full_message, ensure_writable, writing
@@ -271,7 +271,7 @@ def _report(manifest: M.Manifest) -> None:
 
 def _report_shared(out: Path, manifest: M.Manifest) -> None:
     """Warn of valid or test questions that train holds too: a score on them is not held out."""
-    from iaa.data.overlap import shared_with_train
+    from iaa.data.prepared.overlap import shared_with_train
 
     for split, n in shared_with_train(out, manifest).items():
         _log.warning(f"{n} of the {manifest.count(split)} {split} questions are in train too (the same query, "

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from iaa.data.bad_input import DataError
-from iaa.data.manifest import MANIFEST, VOCAB, Manifest, rebuild_hint
+from iaa.data.prepared.manifest import MANIFEST, VOCAB, Manifest, rebuild_hint
 from iaa.jobs.config import job_config as config_mod
 from iaa.jobs.config.job_config import ConfigError, JobConfig
 from iaa.jobs.config.presets import for_dataset
@@ -20,12 +20,12 @@ def data_dir(dataset: str | None, data: Path | None, workdir: Path,
     """The dataset name and prepared folder: ``data`` as given, or ``dataset`` under ``workdir``.
 
     ``demo`` is generated and prepared on first use; other datasets must have been prepared.
-    Every job opens its data here, so every shard is verified here (see ``iaa.data.verify``).
+    Every job opens its data here, so every shard is verified here (see ``iaa.data.prepared.verify``).
     With both, ``dataset`` must be the one the folder's manifest names (a ConfigError otherwise).
     ``splits``: those the job reads (training: train and valid), refused at once where missing,
     before the job opens a run.
     """
-    from iaa.data import verify
+    from iaa.data.prepared import verify
 
     if data is not None:
         prepared = Path(data)

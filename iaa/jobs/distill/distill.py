@@ -96,7 +96,7 @@ def teacher_path(workdir: Path, ensemble_dir: Path, limit: int | None) -> Path:
 def prepare_teacher(req: DistillRequest, prepared: Path, members: Sequence[teacher_mod.Member],
                     score: teacher_mod.Scorer) -> tuple[Path, bool]:
     """The teacher file for ``req``: reused when fresh, else computed. Returns (path, computed)."""
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     vocab_hash = PreparedData.open(prepared).manifest.vocab_hash
     path = teacher_path(req.workdir, req.ensemble, req.train_examples)
@@ -180,7 +180,7 @@ def resume_command(req: DistillRequest, resume: bool = True) -> Command:
 
 def _run(req: DistillRequest, *, train: TrainWorkflow[TrainResult], score: teacher_mod.Scorer,
          claim: Callable[[Path], Any] | None) -> DistillResult:
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
     from iaa.jobs.datasets import resolve
 
     if req.train_examples is not None and req.train_examples < 1:

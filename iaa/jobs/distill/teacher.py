@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iaa.data.loader import TEACHER_COLUMN
+from iaa.data.loading.loader import TEACHER_COLUMN
 from iaa.errors import IaaError
 from iaa.files import atomic_write
 from iaa.jobs.evaluation import ensemble_record

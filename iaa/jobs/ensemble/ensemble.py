@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Sequence
 
 from iaa.data.datasets import TRAINING_SPLITS
-from iaa.data.shards import file_sha256
+from iaa.data.prepared.shards import file_sha256
 from iaa.errors import IaaError
 from iaa.jobs import interrupt
 from iaa.jobs.ensemble import configurations, ensemble_run, scoring, sweep_training
@@ -135,7 +135,7 @@ def read_sweep(workdir: Path, name: str) -> SweepRecord:
 
 
 def _has_split(prepared: Path, split: str) -> bool:
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     data = PreparedData.open(Path(prepared))
     return split in data.splits and data.table(split).num_rows > 0
@@ -242,7 +242,7 @@ def _vocab_hash(path: Path) -> str:
 def check_vocabulary(members: Sequence[tuple[Path, str]], prepared: Path) -> None:
     """Refuse a member (a checkpoint and its vocabulary's hash) trained on another vocabulary
     than the prepared data's: its word ids would mean other words there."""
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
     from iaa.jobs.modeling import checkpoint
 
     data_hash = PreparedData.open(Path(prepared)).manifest.vocab_hash

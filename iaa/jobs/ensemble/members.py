@@ -47,7 +47,7 @@ class Member:
 
 def first_read(member: Member) -> Member:
     """``member`` with its absolute path and the sha256 of its file, taken now (keeps one taken earlier)."""
-    from iaa.data.shards import file_sha256
+    from iaa.data.prepared.shards import file_sha256
 
     path = Path(member.checkpoint).resolve()
     return replace(member, checkpoint=path, sha256=member.sha256 or file_sha256(path))
@@ -56,7 +56,7 @@ def first_read(member: Member) -> Member:
 def check_unchanged(members: Sequence[Member], name: str) -> None:
     """Refuse a member whose file is no longer the one first read (retrained or replaced meanwhile):
     its accuracy and predictions belong to other weights."""
-    from iaa.data.shards import file_sha256
+    from iaa.data.prepared.shards import file_sha256
 
     for member in members:
         now = file_sha256(member.checkpoint) if Path(member.checkpoint).is_file() else "missing"

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 def split_sizes(prepared: Path) -> dict[str, int]:
     """Questions in the valid and test splits of the prepared folder (0 where a split is absent)."""
-    from iaa.data.manifest import counted
+    from iaa.data.prepared.manifest import counted
 
     return {split: counted(Path(prepared), split) for split in ("valid", "test")}
 

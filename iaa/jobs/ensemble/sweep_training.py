@@ -171,7 +171,7 @@ def member_console(configs: Sequence[JobConfig], labels: Sequence[str], prepared
                    req: EnsembleRequest) -> SweepConsole:
     """The console of the members being trained (``labels``: ``config0-seed-1``, ...): one line per
     member event and an ETA, as a sweep's."""
-    from iaa.data.manifest import counted
+    from iaa.data.prepared.manifest import counted
 
     rows = counted(prepared, "train")
     cost = SweepCost(trials=len(configs), epochs=max(c.train.max_epochs for c in configs), examples=rows,

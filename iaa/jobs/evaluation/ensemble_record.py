@@ -137,7 +137,7 @@ def members(ensemble_dir: Path) -> list[Path]:
     ``ensemble.json`` recorded for it (an ensemble written before digests were recorded is read
     without that check); a missing or changed member is refused.
     """
-    from iaa.data.shards import file_sha256
+    from iaa.data.prepared.shards import file_sha256
 
     summary = Path(ensemble_dir) / SUMMARY
     record = read(ensemble_dir)

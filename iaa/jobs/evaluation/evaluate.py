@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from iaa.data.batch import Batch
+from iaa.data.loading.batch import Batch
 from iaa.errors import IaaError, printable
 from iaa.files import atomic_write, spellings
 from iaa.jobs.evaluation import calibration, frequency, uncertainty
@@ -109,7 +109,7 @@ class Examples:
 
     model: nn.Module
     kind: str                  # the reader variant
-    table: pa.Table            # rows in iaa.data.shards.SCHEMA; ``answer`` is -1 where a question gives none
+    table: pa.Table            # rows in iaa.data.prepared.shards.SCHEMA; ``answer`` is -1 where a question gives none
     tokens: Sequence[str]      # the vocabulary's words, by id
     name: str                  # the split, or the input's :func:`input_name`: in default output names
     title: str                 # "DATASET (SPLIT)", or the input file
@@ -150,7 +150,7 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
 
     if input_path is not None:
         from iaa.jobs.evaluation.predictor import Predictor
-        from iaa.data.raw_text import labelled_rows, read_input
+        from iaa.data.formats.raw_text import labelled_rows, read_input
 
         predictor = Predictor.load([Path(checkpoint_path)], data_dir, precision=precision)
         with warnings.catch_warnings(record=True) as caught:
@@ -161,7 +161,7 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
         return Examples(model, model.cfg.kind, table.slice(0, limit), predictor.vocab.tokens, input_name(input_path),
                         str(input_path), example_inputs(checkpoint_path, data_dir, input_path),
                         tuple(str(w.message) for w in caught), predictor.temperature)
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     assert data_dir is not None and split is not None
     model, cfg, state = checkpoint.load_model(Path(checkpoint_path), precision=precision)
@@ -217,7 +217,7 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, out: Pa
     folder may be another's or read-only); ``limit``: the first rows only; ``precision``: what
     the reader multiplies in (auto | fp32 | bf16); ``progress``: called with 1 after each example
     is scored."""
-    from iaa.data.loader import iter_batches
+    from iaa.data.loading.loader import iter_batches
     from iaa.jobs.workdir import outputs
 
     used = precision_lib.resolve(precision)

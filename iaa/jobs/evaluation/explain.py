@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import pyarrow as pa
 from torch import nn
 
-from iaa.data.vocab import PLACEHOLDER_ID
+from iaa.data.prepared.vocab import PLACEHOLDER_ID
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.evaluation import calibration, unknowns
@@ -47,7 +47,7 @@ def example_records(found: Examples, rows: Sequence[int]) -> list[ExplainedExamp
     distribution, at the temperature the reader answers at."""
     import torch
 
-    from iaa.data.loader import collate
+    from iaa.data.loading.loader import collate
     from iaa.model.pointer import candidate_probs
 
     model, table, tokens, kind = found.model, found.table, found.tokens, found.kind
@@ -112,7 +112,7 @@ SCAN_CHUNK = 256      # examples scored at once while searching
 def first_mistake(model: nn.Module, table: pa.Table, after: Sequence[int]) -> tuple[int | None, int]:
     """The row of ``table``'s first example that ``model`` gets wrong, other than the rows ``after``
     (the examples already shown), searching its first :data:`MISTAKE_SCAN` rows; and how many it searched."""
-    from iaa.data.loader import iter_batches
+    from iaa.data.loading.loader import iter_batches
     from iaa.jobs.evaluation.evaluate import predict
 
     end, shown = min(table.num_rows, MISTAKE_SCAN), set(after)

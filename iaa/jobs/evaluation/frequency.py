@@ -32,7 +32,7 @@ class BaselineResult(Keyed, Result):
 
 def of_table(table: Any) -> float | None:
     """The baseline's accuracy over the rows of ``table`` (a pyarrow table with the columns of
-    ``iaa.data.shards.SCHEMA``) that give an answer: a prepared split, or questions read from a
+    ``iaa.data.prepared.shards.SCHEMA``) that give an answer: a prepared split, or questions read from a
     file, where ``answer`` is -1 for a question that gives none; None where no row gives one."""
     rows = [(positions, len(cands), gold) for positions, cands, gold in zip(
         table.column("doc_cand").to_pylist(), table.column("candidates").to_pylist(),
@@ -45,7 +45,7 @@ def of_table(table: Any) -> float | None:
 
 def run(data_dir: Path, split: str) -> BaselineResult:
     """The baseline's accuracy on ``split`` of the prepared ``data_dir``."""
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     table = PreparedData.open(Path(data_dir)).table(split)
     acc = of_table(table)

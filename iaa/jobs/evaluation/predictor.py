@@ -19,13 +19,13 @@ from typing import Any, Callable, Sequence
 
 from torch import nn
 
-from iaa.data.vocab import Vocab
+from iaa.data.prepared.vocab import Vocab
 from iaa.errors import IaaError
 from iaa.jobs.evaluation import calibration, unknowns
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.modeling import precision_policy as precision_lib
 from iaa.jobs.ports import ModelCode
-from iaa.data.raw_text import Question, from_record, to_rows
+from iaa.data.formats.raw_text import Question, from_record, to_rows
 from iaa.jobs.evaluation.ensemble_record import SUMMARY, members as ensemble_members  # noqa: F401 - the readers' names
 from iaa.jobs.evaluation.ensemble_record import temperature as ensemble_temperature  # noqa: F401
 
@@ -50,7 +50,7 @@ class Predictor:
         one the first checkpoint carries; refuse a member trained on another vocabulary.
         ``temperature``: what the averaged distributions are scaled by (an ensemble's); None:
         the one checkpoint's own, 1.0 for several."""
-        from iaa.data.loader import PreparedData
+        from iaa.data.loading.loader import PreparedData
 
         used = precision_lib.resolve(precision)
         loaded = [(Path(path), *checkpoint.load_model(Path(path), precision=used)) for path in checkpoints]
@@ -82,7 +82,7 @@ class Predictor:
         questions once it is answered."""
         import torch
 
-        from iaa.data.loader import collate
+        from iaa.data.loading.loader import collate
         from iaa.model.pointer import candidate_probs
 
         if not questions:
@@ -109,7 +109,7 @@ class Predictor:
         where none gives one."""
         import warnings
 
-        from iaa.data.raw_text import labelled_rows
+        from iaa.data.formats.raw_text import labelled_rows
         from iaa.jobs.evaluation import frequency
 
         answered = [q for q in questions if q.gold is not None]

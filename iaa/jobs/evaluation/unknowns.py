@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from iaa.data.vocab import UNK
+from iaa.data.prepared.vocab import UNK
 
 UNKNOWN_WARN_SHARE = 1 / 3     # a document more than a third <unk>: the answer rests on the gaps
 

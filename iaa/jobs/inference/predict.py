@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from iaa.data.raw_text import Question, read_input
+from iaa.data.formats.raw_text import Question, read_input
 from iaa.jobs.evaluation import frequency, uncertainty
 from iaa.jobs.evaluation.predictor import Predictor, ensemble_members, ensemble_temperature
 from iaa.jobs.evaluation.result import Result, hidden
@@ -83,7 +83,7 @@ def check_out(out: Path, *, input_path: Path, checkpoints: Sequence[Path], data_
     (:func:`iaa.jobs.workdir.outputs.check_file_output`): a folder, a name without a JSON Lines
     suffix, an input (the questions, a checkpoint, a file of the prepared data or of the ensemble),
     or a place where no file can be created."""
-    from iaa.data.raw_text import JSONL_SUFFIXES
+    from iaa.data.formats.raw_text import JSONL_SUFFIXES
     from iaa.jobs.workdir import outputs
 
     outputs.check_file_output(out, suffixes=JSONL_SUFFIXES, what="JSON Lines", inputs={

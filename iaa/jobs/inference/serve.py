@@ -38,7 +38,7 @@ from iaa.errors import IaaError
 from iaa.jobs.ports import (Limits, LoadedModel, ModelFetcher, ModelSource, RequestError, ServeApi, ServeCode,
                             ServeConfig)
 from iaa.jobs.workdir.paths import ENSEMBLE_RECORD, Workdir
-from iaa.data.raw_text import InputError, LongNumber, Question, assembled, from_record, loads, text_problem
+from iaa.data.formats.raw_text import InputError, LongNumber, Question, assembled, from_record, loads, text_problem
 
 
 def config(*, model_uri: str | None, checkpoint: Path | None, ensemble_dir: Path | None, data_dir: Path | None,

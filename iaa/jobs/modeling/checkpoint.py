@@ -3,7 +3,7 @@
 A checkpoint is a plain dict of CPU tensors and primitives, so it loads with
 ``torch.load(weights_only=True)`` on any machine, with or without a GPU. It holds the whole job
 config, so the model can be rebuilt from the file alone; its vocabulary (``vocab``: the prepared
-``vocab.json`` text and the dataset's lowercasing, :func:`iaa.data.manifest.vocab_card`), so it
+``vocab.json`` text and the dataset's lowercasing, :func:`iaa.data.prepared.manifest.vocab_card`), so it
 answers raw questions alone; the temperature that calibrates its answers (:func:`temperature`);
 and the RNG and loop state, so ``--resume`` continues exactly. Checkpoints written before the
 vocabulary was embedded still load; they need the prepared folder they were trained on. Since
@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from iaa.data.vocab import Vocab
+from iaa.data.prepared.vocab import Vocab
 from iaa.errors import IaaError, printable
 from iaa.files import atomic_path
 from iaa.jobs.config.job_config import IMPLEMENTATION_KEYS, ConfigError, JobConfig, from_dict, to_dict

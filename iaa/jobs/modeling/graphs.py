@@ -2,7 +2,7 @@
 forward pass replayed from graphs (inference: validation and the bench).
 
 The training step's graphs (:mod:`iaa.jobs.training.captured`) build on the same pieces. Batches
-are padded to bucketed widths (:func:`iaa.data.batch.pad_to_buckets`), so a run sees a handful of
+are padded to bucketed widths (:func:`iaa.data.loading.batch.pad_to_buckets`), so a run sees a handful of
 shapes; each shape is captured once, and later batches of that shape are copied into the graph's
 input buffers and replayed with one launch instead of the thousands of small kernels of an eager
 pass, which at batch 32 the host, not the GPU, sets the pace of.
@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import nn
 
-from iaa.data.batch import Batch, pad_to_buckets
+from iaa.data.loading.batch import Batch, pad_to_buckets
 from iaa.jobs.modeling.checkpoint import unwrap
 
 MAX_GRAPHS = 24     # shapes captured per run; the buckets give a handful, the last batch of an epoch one more
@@ -123,7 +123,7 @@ class _Graph:
 class ShapeGraphs:
     """``fn(batch)`` replayed from CUDA graphs, one per batch shape, all on one :class:`GraphStream`.
 
-    A batch is padded to bucketed widths first (:func:`iaa.data.batch.pad_to_buckets`). The first
+    A batch is padded to bucketed widths first (:func:`iaa.data.loading.batch.pad_to_buckets`). The first
     batch of a shape runs ``fn`` eagerly on the side stream (the warm-up), then ``fn`` is captured
     for that shape; capture runs nothing, so ``fn`` runs once per batch. Later batches of the
     shape are copied into the graph's input buffers and the graph replays. What a call returns is

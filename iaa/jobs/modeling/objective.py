@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from iaa.data.batch import Batch
+from iaa.data.loading.batch import Batch
 from iaa.errors import IaaError
 from iaa.model.halting import Halting
 from iaa.model.pointer import nll_loss

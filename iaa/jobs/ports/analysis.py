@@ -3,7 +3,7 @@
 A :class:`StudyAnalyzer` draws the study's figures into a folder and returns a
 :class:`StudyAnalysis`: the figures' paths, the parameter importances, each trial
 (:class:`StudyTrial`), the best trial (:class:`BestTrial`) and the best valid_acc found over the
-sweep's time (:class:`HistoryPoint`). The adapter is :func:`iaa.platform.sweeps.study.analyze`.
+sweep's time (:class:`HistoryPoint`). The adapter is :func:`iaa.platform.sweeps.studies.study.analyze`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 from iaa.jobs.ports.records import Limits, LoadedModel, ModelSource, ServeApi
 
 if TYPE_CHECKING:
-    from iaa.data.raw_text import Question
+    from iaa.data.formats.raw_text import Question
 
 
 @dataclass(frozen=True)

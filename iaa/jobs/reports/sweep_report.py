@@ -4,7 +4,7 @@ Four figures (parameter importances, parallel coordinates, each trial's checks w
 stops marked, and the best valid_acc found over the sweep's time) go to ``--out`` (default
 ``WORKDIR/sweeps/NAME/report``) and to the sweep's parent run under ``report/``; the numbers
 behind them are the returned :class:`SweepReportResult` (``--json``). The study is read by a
-:class:`~iaa.jobs.ports.StudyAnalyzer` (the adapter: :func:`iaa.platform.sweeps.study.analyze`),
+:class:`~iaa.jobs.ports.StudyAnalyzer` (the adapter: :func:`iaa.platform.sweeps.studies.study.analyze`),
 which returns a :class:`~iaa.jobs.ports.StudyAnalysis`.
 
 Importances and parallel coordinates compare trials: a study of fewer than two scored trials has
@@ -145,7 +145,7 @@ def close_trials(sweep: SweepRecord, workdir: Path) -> tuple[tuple[str, ...], st
     """The trials of ``sweep`` within chance of its best on its validation split, and the line that
     names them with the ensemble that ranks them (None when there are none); None when the
     split's size is not known (its prepared folder is gone)."""
-    from iaa.data.manifest import counted
+    from iaa.data.prepared.manifest import counted
 
     try:
         n = counted(Path(sweep.data_dir), "valid") if sweep.data_dir else 0

@@ -140,7 +140,7 @@ def probe(cfg: JobConfig, prepared: Path, threads: int, split: str = "train") ->
     on the first training examples, or (``split="valid"``) scoring the first validation ones."""
     import torch
 
-    from iaa.data.loader import PreparedData, iter_batches
+    from iaa.data.loading.loader import PreparedData, iter_batches
     from iaa.jobs.evaluation.evaluate import score_batches
     from iaa.jobs.training.step import build_optimizer, train_step
     from iaa.model.reader import build_reader

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 import numpy as np
 import torch
 
-from iaa.data.batch import Batch, pad_to_buckets
+from iaa.data.loading.batch import Batch, pad_to_buckets
 from iaa.model import kernels as fast
 from iaa.model.config import PRESETS, ReaderConfig
 from iaa.jobs.train.flops import batch_flops, batch_recurrent_flops, step_layer_flops

@@ -373,8 +373,8 @@ def few_checks_warning(cfg: JobConfig, prepared: Path, workers: int) -> str | No
     ``train.check_every`` is longer than the run (a large dataset's, as CNN's, on a small training
     split): the learning-rate decay and the early stop act on checks, so they never act. None
     otherwise (a run checked every half epoch makes one check only where it asks for half an epoch)."""
-    from iaa.data import manifest as manifest_mod
-    from iaa.data.loader import num_batches
+    from iaa.data.prepared import manifest as manifest_mod
+    from iaa.data.loading.loader import num_batches
 
     if not cfg.train.check_every:                # every half epoch: one check is a budget of half an epoch
         return None

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from iaa.data import manifest as manifest_mod
+from iaa.data.prepared import manifest as manifest_mod
 from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.workdir import fields, recorded

@@ -7,7 +7,7 @@ clipping and Adam) once and replays it with one launch.
 How (the recipe of torch's "CUDA Graphs" notes, whole-network capture; the buffers and the
 refusals are :mod:`iaa.jobs.modeling.graphs`, which the forward pass's graphs share):
 
-- Lengths are padded to a few widths (``iaa.data.batch.pad_to_buckets``), so a run sees few
+- Lengths are padded to a few widths (``iaa.data.loading.batch.pad_to_buckets``), so a run sees few
   shapes. The first batch of a shape is trained eagerly on a side stream (the warm-up: it
   allocates what the graph will reuse and creates Adam's state); then the same step,
   ``iaa.jobs.training.step.train_step``, is captured into a graph for that shape. Capture runs
@@ -33,7 +33,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from iaa.data.batch import Batch
+from iaa.data.loading.batch import Batch
 from iaa.jobs.modeling import graphs
 from iaa.jobs.modeling.graphs import MAX_GRAPHS, ShapeGraphs
 from iaa.jobs.modeling.objective import Objective

@@ -16,7 +16,7 @@ parameters, gradients and Adam's state stay fp32. ``auto`` (the default) is bf16
 On one CUDA device with ``train.cuda_graphs`` (the default) each step is replayed from a CUDA
 graph (:mod:`iaa.jobs.training.captured`) where the reader allows it; otherwise, and always on
 the CPU, the eager ``train_step`` runs. The result names the reason a reader was refused.
-On the CPU the batches' widths are padded to multiples (``iaa.data.batch.pad_to_multiple``):
+On the CPU the batches' widths are padded to multiples (``iaa.data.loading.batch.pad_to_multiple``):
 with a new width at every batch, a long run's heap grows with its steps.
 """
 
@@ -34,8 +34,8 @@ import psutil
 import torch
 from tqdm import tqdm
 
-from iaa.data.batch import Batch, pad_to_buckets, pad_to_multiple
-from iaa.data.prefetch import prefetch
+from iaa.data.loading.batch import Batch, pad_to_buckets, pad_to_multiple
+from iaa.data.loading.prefetch import prefetch
 from iaa.errors import IaaError
 from iaa.jobs.modeling import checkpoint, precision_policy as precision
 from iaa.jobs.config.job_config import JobConfig
@@ -52,7 +52,7 @@ from iaa.model.reader import build_reader
 
 
 TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks, and between loss checks on a GPU
-PREFETCH_DEPTH = 3     # batches padded and copied ahead on a GPU (iaa.data.prefetch)
+PREFETCH_DEPTH = 3     # batches padded and copied ahead on a GPU (iaa.data.loading.prefetch)
 LOG_PROGRESS_S = 30.0  # the progress bar's interval when stderr is a file or a pipe (a terminal: 0.1 s)
 
 
@@ -313,8 +313,8 @@ def fit_on_worker(cfg: JobConfig, link: WorkerLink, data: WorkerData, *, threads
     """The loop on a cluster worker (a :class:`~iaa.jobs.ports.WorkerFit`): on the given ``train`` and
     ``valid`` tables of ``data`` (a one-worker trial), else on this rank's rows of its ``prepared``
     folder's training split and the whole validation split (each rank scores its own share of it)."""
-    from iaa.data.loader import PreparedData
-    from iaa.data.manifest import vocab_card
+    from iaa.data.loading.loader import PreparedData
+    from iaa.data.prepared.manifest import vocab_card
     from iaa.jobs.training.session import ClusterSession
 
     train, valid, vocab = data.train, data.valid, data.vocab

@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 import torch
 from torch import nn
 
-from iaa.data.batch import Batch
-from iaa.data.manifest import vocab_card
+from iaa.data.loading.batch import Batch
+from iaa.data.prepared.manifest import vocab_card
 from iaa.files import remove_dead_leftovers, writing
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.ports import CHECKPOINT_FILE, CHECKPOINT_SCORE, MetricsCallback, WorkerLink
@@ -71,12 +71,12 @@ class SessionBase:
         self.device = torch.device(device)
 
     def num_train_batches(self) -> int:
-        from iaa.data.loader import num_batches
+        from iaa.data.loading.loader import num_batches
 
         return num_batches(self.train.num_rows, self.batch_size)
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
-        from iaa.data.loader import iter_batches
+        from iaa.data.loading.loader import iter_batches
 
         batches = iter_batches(self.train, self.batch_size, seed=self.seed, epoch=epoch, shuffle=True)
         return islice(batches, skip, self.num_train_batches())
@@ -85,7 +85,7 @@ class SessionBase:
         """The examples in the first ``batches`` of ``train_batches(epoch)``: every row for a whole
         epoch, else the sizes of those batches (an epoch spreads its rows over its batches, so
         some hold fewer than ``batch_size``)."""
-        from iaa.data.loader import batch_plan, num_batches
+        from iaa.data.loading.loader import batch_plan, num_batches
 
         if batches >= num_batches(self.train.num_rows, self.batch_size):
             return self.train.num_rows
@@ -94,7 +94,7 @@ class SessionBase:
         return sum(len(rows) for rows in plan[:max(batches, 0)])
 
     def valid_batches(self) -> Iterator[Batch]:
-        from iaa.data.loader import iter_batches
+        from iaa.data.loading.loader import iter_batches
 
         return iter_batches(self.valid, self.batch_size, seed=self.seed, epoch=0, shuffle=False,
                             rank=self.rank, world_size=self.world_size)   # each rank scores its own share
@@ -144,7 +144,7 @@ class LocalSession(SessionBase):
     def __init__(self, data_dir: Path, run_dir: Path, *, batch_size: int, seed: int, resume: bool = False,
                  on_metrics: MetricsCallback | None = None, device: str = "cpu",
                  train_rows: pa.Table | None = None) -> None:
-        from iaa.data.loader import PreparedData
+        from iaa.data.loading.loader import PreparedData
 
         self.data = PreparedData.open(Path(data_dir))
         train = self.data.table("train") if train_rows is None else train_rows

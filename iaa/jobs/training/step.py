@@ -40,7 +40,7 @@ import sys
 import torch
 from torch import nn
 
-from iaa.data.batch import Batch
+from iaa.data.loading.batch import Batch
 from iaa.jobs.modeling.checkpoint import unwrap
 from iaa.jobs.modeling.objective import Objective
 from iaa.jobs.training.torch_internals import foreach_mul_, foreach_norm
@@ -53,7 +53,7 @@ def retain_freed_memory() -> bool:
     above glibc's mmap threshold, so each is a fresh mmap whose pages the kernel faults in and
     zeroes again: ~47,000 page faults per batch, ~13% of a step's CPU time (benchmarks/HISTORY.md).
     Cost: resident memory stays at its peak, and the heap grows where block sizes never recur
-    (the CPU loop pads the batches' widths for that: ``iaa.data.batch.pad_to_multiple``).
+    (the CPU loop pads the batches' widths for that: ``iaa.data.loading.batch.pad_to_multiple``).
     Process-wide and idempotent; returns whether it applied.
     Nothing calls it implicitly: an entry point opts in once at process start (``iaa.jobs.train.train.run``,
     ``iaa-cli bench`` and the benchmark scripts do).

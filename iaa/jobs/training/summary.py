@@ -69,7 +69,7 @@ def with_baseline(result: TrainResult, prepared: Path) -> TrainResult:
     accuracy (a warning when the reader is not above it), the split's size, the accuracy's
     standard error, the data folder and whether it has a test split; a result that has them
     already (a tracked run's) as it is."""
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     if result.baseline_valid_acc is not None:
         return result

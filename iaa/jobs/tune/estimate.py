@@ -19,7 +19,7 @@ def estimate_cost(launch: Placement, search: SearchPlan, prepared: Path, per_che
     first trial starts: the throughput of the costliest trial the space allows, and of the base
     config where that differs; a warning where the time budget ends the trials before their first
     check (``per_check`` training examples; 0: not known)."""
-    from iaa.data.manifest import counted
+    from iaa.data.prepared.manifest import counted
 
     gpus = launch.gpus_per_worker > 0
     largest, raised = search.space.costliest(search.base)

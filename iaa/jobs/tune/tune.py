@@ -4,7 +4,7 @@ A sweep is one run of the :class:`~iaa.jobs.ports.Launcher` named ``NAME`` (``--
 ``DATASET-MODEL-<id>`` with a short random id, so sweeps never share a folder). With the Ray
 adapter (:class:`iaa.platform.sweeps.launch.RayLauncher`):
 
-- **search** (:data:`~iaa.jobs.config.presets.TUNE_PRESETS`, :mod:`~iaa.platform.sweeps.search_algorithm`): an
+- **search** (:data:`~iaa.jobs.config.presets.TUNE_PRESETS`, :mod:`~iaa.platform.sweeps.search.search_algorithm`): an
   Optuna sampler (:data:`~iaa.jobs.config.presets.SAMPLERS`; TPE by default) over the paper's
   grid, a per-dataset preset, or ``--search-space FILE.yaml``, learning from each trial's best
   check; ASHA stops trials;

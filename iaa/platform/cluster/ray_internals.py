@@ -15,7 +15,7 @@
   which it creates the run's new trials (:func:`relocate_experiment`);
 - the logger of Tune's syncer, which copies a run's state into its storage and says in a warning
   when a copy failed (:data:`SYNC_LOGGER`: a full disk there ends a sweep,
-  :mod:`iaa.platform.sweeps.full_disk`), and the driver's logger of the errors of tasks whose result
+  :mod:`iaa.platform.sweeps.trials.full_disk`), and the driver's logger of the errors of tasks whose result
   nobody fetched (:data:`UNHANDLED_LOGGER`: the trials Tune stopped, whose full disk is said once).
 - the name of the driver's thread that prints what the cluster publishes to every driver (a dead
   raylet's last 20 log lines, ``[state-dump] ...``) on the driver's stdout, with no option to turn

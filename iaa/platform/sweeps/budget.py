@@ -7,7 +7,7 @@ the seconds since the last save when a process is killed). The total comes from 
 that runs the sweep now (:class:`~iaa.platform.sweeps.driver_side.TimeBudget`), so a resumed
 sweep may be given another. When the clock reaches it, Tune stops every trial where it stands
 (each keeps its checks and its last checkpoint) and starts no other; Tune tells neither its
-searcher nor its callbacks of those stops, so :class:`~iaa.platform.sweeps.trial_runs.TrialRuns`
+searcher nor its callbacks of those stops, so :class:`~iaa.platform.sweeps.trials.trial_runs.TrialRuns`
 ends their runs and the launcher their Optuna trials.
 """
 

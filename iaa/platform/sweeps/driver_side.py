@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from iaa.errors import IaaError
 from iaa.jobs.ports import SweepEvents, Tracker
-from iaa.platform.sweeps.trial import TrialSpec
+from iaa.platform.sweeps.trials.trial import TrialSpec
 
 
 @dataclass
@@ -66,7 +66,7 @@ class DriverSide:
 
     def note_full(self, err: IaaError) -> None:
         """A write of the run met a full disk: the first one is what the command reports, and the
-        Tune loop ends at its next step (:class:`~iaa.platform.sweeps.trial_runs.TrialRuns`)."""
+        Tune loop ends at its next step (:class:`~iaa.platform.sweeps.trials.trial_runs.TrialRuns`)."""
         if not self.full:
             self.full.append(err)
 

@@ -25,7 +25,7 @@ from ray.tune.search import ConcurrencyLimiter, SearchGenerator
 
 from iaa.errors import IaaError
 from iaa.files import is_remote_uri
-from iaa.data.manifest import vocab_card
+from iaa.data.prepared.manifest import vocab_card
 from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.config.presets import MODE, SEARCH_METRIC
 from iaa.jobs.ports import (CHECKPOINT_SCORE, Carried, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
@@ -33,13 +33,15 @@ from iaa.jobs.ports import (CHECKPOINT_SCORE, Carried, ConnectRequest, MembersRe
 from iaa.platform.cluster import connect as cluster
 from iaa.platform.cluster.driver_lines import cluster_lines_to
 from iaa.platform.cluster.ray_internals import relocate_experiment
-from iaa.platform.sweeps import driver_side, full_disk, search_algorithm as search
 from iaa.platform.cluster.storage import check_private
 from iaa.platform.ray_train import max_failures
+from iaa.platform.sweeps import driver_side, saved_state
 from iaa.platform.sweeps.budget import SweepClock
-from iaa.platform.sweeps.trial import MEMBER_KEY, TrialSpec, records, run_trial
-from iaa.platform.sweeps.trial_events import ConsoleCallback
-from iaa.platform.sweeps.trial_runs import TrialRuns, child_runs
+from iaa.platform.sweeps.search import search_algorithm as search
+from iaa.platform.sweeps.trials import full_disk
+from iaa.platform.sweeps.trials.trial import MEMBER_KEY, TrialSpec, records, run_trial
+from iaa.platform.sweeps.trials.trial_events import ConsoleCallback
+from iaa.platform.sweeps.trials.trial_runs import TrialRuns, child_runs
 
 _log = logging.getLogger(__name__)
 
@@ -106,7 +108,7 @@ def connect(request: ConnectRequest, address: str | None, storage_path: str | No
 
 def trial_spec(launch: Launch, fit: WorkerFit, *, base: JobConfig | None = None, fixed: Mapping[str, Any] | None = None,
                members: Sequence[JobConfig] = ()) -> TrialSpec:
-    from iaa.data.manifest import read
+    from iaa.data.prepared.manifest import read
 
     manifest = read(launch.prepared)
     return TrialSpec(name=launch.name, fit=fit, storage_path=launch.storage, workers=launch.plan.workers,
@@ -119,7 +121,7 @@ def trial_spec(launch: Launch, fit: WorkerFit, *, base: JobConfig | None = None,
 
 def trainable(launch: Launch, spec: TrialSpec) -> tuple[Any, int]:
     """The trial function with its data and resources, and the number of training rows."""
-    from iaa.data.loader import PreparedData
+    from iaa.data.loading.loader import PreparedData
 
     data = PreparedData.open(launch.prepared)
     train_rows = data.manifest.count("train")
@@ -188,6 +190,7 @@ def restore(launch: Launch, fn: Any) -> Any:
     check_private(launch.experiment_path)
     if not tune.Tuner.can_restore(launch.experiment_path):
         raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
+    saved_state.keep()
     try:
         with _pending_trials_unsaid():               # the restore reads the run's results too
             return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
@@ -210,7 +213,7 @@ def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, di
     # Tune snapshots the experiment at every kept checkpoint (what --resume needs); don't warn about it.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # a trial's error reaches the driver only in Tune's log record of it: a full disk is read there
-    # (iaa.platform.sweeps.full_disk), so that record must be made
+    # (iaa.platform.sweeps.trials.full_disk), so that record must be made
     os.environ["TUNE_PRINT_ALL_TRIAL_ERRORS"] = "1"
     before = os.environ.get("RAY_AIR_NEW_OUTPUT")
     if quiet:
@@ -302,7 +305,7 @@ def _end_untold_trials(plan: SearchPlan, side: driver_side.DriverSide) -> None:
     searcher would have told it."""
     if not plan.study_storage or not plan.study_name:
         return
-    from iaa.platform.sweeps.study import end_untold
+    from iaa.platform.sweeps.studies.study import end_untold
 
     ends = {side.numbers[t]: (last.get(SEARCH_METRIC) if last.get("stop_reason") else None)
             for t, last in side.budget.untold.items() if t in side.numbers}
@@ -338,7 +341,7 @@ class RayLauncher:
     claim = staticmethod(claim)
 
     def connect(self, request: ConnectRequest) -> Placement:
-        from iaa.data.manifest import counted
+        from iaa.data.prepared.manifest import counted
 
         launch = connect(request, self.address, self.storage_path)
         rows = counted(launch.prepared, "train")
@@ -401,13 +404,13 @@ class RayLauncher:
         """The plan's study: every unfinished trial ends FAIL with ``attrs`` as user attributes."""
         if not plan.study_storage or not plan.study_name:
             return 0
-        from iaa.platform.sweeps.study import fail_unfinished
+        from iaa.platform.sweeps.studies.study import fail_unfinished
 
         return fail_unfinished(plan.study_storage, plan.study_name, attrs)
 
     def has_study(self, storage: str, name: str) -> bool:
         """Whether study ``name`` is in the Optuna storage ``storage``; Ray is not started."""
-        from iaa.platform.sweeps.study import study_exists
+        from iaa.platform.sweeps.studies.study import study_exists
 
         return study_exists(storage, name)
 
@@ -416,8 +419,8 @@ class RayLauncher:
         plan's study, made here; Ray is not started."""
         if plan.warm_start is None or not plan.study_storage or not plan.study_name:
             raise IaaError("a warm start needs an earlier sweep and the new sweep's study in a storage")
-        from iaa.platform.sweeps.distinct_search import OBJECTIVE_NAME
-        from iaa.platform.sweeps.carried_trials import carry_into
+        from iaa.platform.sweeps.search.distinct_search import OBJECTIVE_NAME
+        from iaa.platform.sweeps.studies.carried_trials import carry_into
 
         return carry_into(plan.warm_start, plan.study_storage, plan.study_name, search.to_optuna(plan.space),
                           "maximize" if MODE == "max" else "minimize", OBJECTIVE_NAME)

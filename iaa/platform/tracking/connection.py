@@ -254,7 +254,7 @@ def experiment_id(uri: str, name: str, note: str | None = None) -> str:
 def close_orphans(uri: str) -> list[str]:
     """Mark ``KILLED`` the runs left ``RUNNING`` by a process of this host that is gone, and FAIL
     the Optuna trials that such processes left in the studies of those runs' sweeps
-    (:mod:`iaa.platform.sweeps.orphans`)."""
+    (:mod:`iaa.platform.sweeps.studies.orphans`)."""
     client = store_client(uri)
     ids = [e.experiment_id for e in client.search_experiments()]
     if not ids:
@@ -267,7 +267,7 @@ def close_orphans(uri: str) -> list[str]:
             client.set_terminated(run.info.run_id, status="KILLED")
             closed.append(run)
     if any(run.data.tags.get("sweep") for run in closed):
-        from iaa.platform.sweeps.orphans import fail_orphaned_trials
+        from iaa.platform.sweeps.studies.orphans import fail_orphaned_trials
 
         fail_orphaned_trials(client, uri, closed)
     return [run.info.run_id for run in closed]

@@ -30,7 +30,7 @@ from mlflow.entities import Metric, Param
 
 from iaa import signals
 from iaa.errors import IaaError, brief
-from iaa.data.manifest import MANIFEST, read
+from iaa.data.prepared.manifest import MANIFEST, read
 from iaa.jobs.config.job_config import flatten
 from iaa.platform.cluster.owner import owner
 from iaa.files import disk_full

@@ -6,7 +6,7 @@ clusters too. Tune pickles its callbacks into the run (``tuner.pkl``) and brings
 name and finds the store through :mod:`~iaa.platform.sweeps.driver_side`, and a resumed trial
 finds its child run again by its tags. Nothing reads the callback back after
 a run: records come from the results and the store. The trials' events on the console are
-:mod:`~iaa.platform.sweeps.trial_events`'s.
+:mod:`~iaa.platform.sweeps.trials.trial_events`'s.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from iaa.jobs.ports import (CHECKPOINT_FILE, TIME_BUDGET, TUNE_RUN_TAG, WORKER_L
                             trial_name)
 from iaa.platform.sweeps import driver_side
 from iaa.platform.cluster.lost import worker_lost
-from iaa.platform.sweeps.lost_trials import last_error
-from iaa.platform.sweeps.trial import MEMBER_KEY, job_config
-from iaa.platform.sweeps.trial_events import stop_reason
-# A saved Tune run (``tuner.pkl``) names each callback by the module it was found in; a sweep whose
-# run names ``iaa.platform.sweeps.trial_runs.ConsoleCallback`` finds it here when it is resumed.
-from iaa.platform.sweeps.trial_events import ConsoleCallback  # noqa: F401
+from iaa.platform.sweeps.trials.lost_trials import last_error
+from iaa.platform.sweeps.trials.trial import MEMBER_KEY, job_config
+from iaa.platform.sweeps.trials.trial_events import stop_reason
+# A saved Tune run (``tuner.pkl``) names each callback by the module it was found in; a sweep saved
+# while this module held the console's callback names it here (see ``saved_state``).
+from iaa.platform.sweeps.trials.trial_events import ConsoleCallback  # noqa: F401
 
 _log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def asked_number(side: driver_side.DriverSide, trial_id: str) -> int | None:
     was not asked in this process: the study still holds its number."""
     import optuna
 
-    from iaa.platform.sweeps.study_store import study_storage
+    from iaa.platform.sweeps.studies.study_store import study_storage
 
     if not side.study_storage or not side.study_name:
         return None
@@ -230,7 +230,7 @@ class TrialRuns(tune.Callback):
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         """A full disk was met (a trial's checkpoint, the study, a run): the Tune loop ends here, and
-        Tune stops the trials' actors on its way out (:mod:`~iaa.platform.sweeps.full_disk`). Once
+        Tune stops the trials' actors on its way out (:mod:`~iaa.platform.sweeps.trials.full_disk`). Once
         the sweep's time budget is spent, the trials it stopped end their runs here."""
         if not driver_side.is_bound(self.sweep):
             return

@@ -2,7 +2,7 @@
 
 Kept free of MLflow and of the driver's code so that a trial actor starts fast: it imports
 torch, the model and the loop (the job's ``fit``, carried by :class:`TrialSpec`), nothing more.
-All tracking happens in the driver (see :mod:`iaa.platform.sweeps.trial_runs`), which also keeps a
+All tracking happens in the driver (see :mod:`iaa.platform.sweeps.trials.trial_runs`), which also keeps a
 SQLite store usable on multi-node clusters.
 
 - One worker per trial: the loop runs inside the trial actor on a
@@ -73,14 +73,14 @@ def run_trial(config: dict[str, Any], *, spec: TrialSpec, train: pa.Table, valid
     """The Tune function trainable (wrapped with ``tune.with_parameters(spec=, train=, valid=)``).
 
     A full disk ends the trial with a DiskFullError naming the file or folder it could not write
-    (:func:`iaa.platform.sweeps.full_disk.in_trial`), which ends the sweep without a traceback."""
+    (:func:`iaa.platform.sweeps.trials.full_disk.in_trial`), which ends the sweep without a traceback."""
     logs.in_worker()
     try:
         _run_trial(config, spec, train, valid)
     except Exception as err:
         import ray.tune
 
-        from iaa.platform.sweeps.full_disk import in_trial
+        from iaa.platform.sweeps.trials.full_disk import in_trial
 
         full = in_trial(err, trial_folder(spec, ray.tune.get_context().get_trial_id()))
         if full is err:

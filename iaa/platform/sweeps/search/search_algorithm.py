@@ -1,18 +1,18 @@
 """The search of a sweep on Ray Tune: an Optuna sampler and ASHA early stopping.
 
 - **searcher**: a Ray Tune ``Searcher`` over an Optuna study
-  (:class:`~iaa.platform.sweeps.distinct_search.StudySearch`, ask and tell) of a
+  (:class:`~iaa.platform.sweeps.search.distinct_search.StudySearch`, ask and tell) of a
   :mod:`~iaa.jobs.config.search_space`, with the sampler the sweep names (:data:`SAMPLERS`,
   seeded; multivariate ``TPESampler`` by default) after a seeded space-filling start that tries
-  every searched value (:mod:`~iaa.platform.sweeps.space_filling`), proposing each configuration
-  of a finite space once (:mod:`~iaa.platform.sweeps.distinct_search`); ``grid`` instead tries
+  every searched value (:mod:`~iaa.platform.sweeps.search.space_filling`), proposing each configuration
+  of a finite space once (:mod:`~iaa.platform.sweeps.search.distinct_search`); ``grid`` instead tries
   every configuration of a finite space once, in a seeded order. It learns from each trial's
   *best* validation accuracy (``best_valid_acc`` of the trial's last report), so that a trial
   ASHA cut short feeds the sampler the best score it reached, not a rung-level one;
 - **scheduler**: ASHA stops trials on the per-check ``valid_acc``, with ``checks`` as its
   clock: every validation check of the loop (every half epoch by default) is one report; the
   trials of configurations given to try first are left out of it
-  (:class:`~iaa.platform.sweeps.asha.GivenAside`).
+  (:class:`~iaa.platform.sweeps.search.asha.GivenAside`).
 
 Each gets its own metric, so the Tune config names none (Tune refuses a metric given twice).
 """
@@ -79,8 +79,8 @@ def searcher(space: SearchSpace, seed: int, sweep: str | None = None, sampler: s
     kept after the process ends, so that ``optuna-dashboard URL`` opens it and a resumed sweep
     continues it); without ``sweep``, a study in memory.
     """
-    from iaa.platform.sweeps.distinct_search import StudySearch
-    from iaa.platform.sweeps.study_store import quiet_optuna
+    from iaa.platform.sweeps.search.distinct_search import StudySearch
+    from iaa.platform.sweeps.studies.study_store import quiet_optuna
 
     quiet_optuna()
     return StudySearch(to_optuna(space), build_sampler(space, seed, sampler), sweep, given=try_first)
@@ -93,7 +93,7 @@ def build_sampler(space: SearchSpace, seed: int, name: str = DEFAULT_SAMPLER) ->
 
     Raises IaaError when ``name`` cannot search ``space`` (``grid`` over a range) or a package it
     needs is missing (``cmaes``)."""
-    from iaa.platform.sweeps.distinct_search import DistinctSampler
+    from iaa.platform.sweeps.search.distinct_search import DistinctSampler
 
     build, distinct = SAMPLERS[name]
     inner = build(space, seed)
@@ -103,8 +103,8 @@ def build_sampler(space: SearchSpace, seed: int, name: str = DEFAULT_SAMPLER) ->
 def scheduler(preset: TunePreset, max_t: int, sweep: str | None = None) -> Any:
     """ASHA on the current check's ``valid_acc``; a trial reaching ``max_t`` checks is stopped. The
     trials of the Tune run ``sweep`` that run a configuration given to try first are left out of
-    it (:class:`~iaa.platform.sweeps.asha.GivenAside`)."""
-    from iaa.platform.sweeps.asha import GivenAside
+    it (:class:`~iaa.platform.sweeps.search.asha.GivenAside`)."""
+    from iaa.platform.sweeps.search.asha import GivenAside
 
     return GivenAside(time_attr=TIME_ATTR, metric=STOP_METRIC, mode=MODE, max_t=max_t,
                       grace_period=min(preset.grace_period, max_t), reduction_factor=preset.reduction_factor,

@@ -2,7 +2,7 @@
 Tune's own records of it kept off the console.
 
 The sweep's console says such a trial in one line as it ends
-(:class:`~iaa.platform.sweeps.trial_events.ConsoleCallback`), and the closing summary names it once
+(:class:`~iaa.platform.sweeps.trials.trial_events.ConsoleCallback`), and the closing summary names it once
 more with the resume that runs it again. Tune says it twice on its own, by its internal id: the
 failure with Ray's whole traceback ("Trial task failed for trial run_trial_ID", which the launcher
 has Tune make for every failure), and, once the run ends, the trials that did not finish ("Trials
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from iaa.platform.cluster.lost import worker_lost
-from iaa.platform.sweeps.full_disk import TRIAL_LOGGER
+from iaa.platform.sweeps.trials.full_disk import TRIAL_LOGGER
 
 END_LOGGER = "ray.tune.tune"   # logs "Trials did not complete: [T, ...]" with the trials as its argument
 LOG_FILE_LOGGER = "ray.tune"   # where the launcher attaches the sweep's log file

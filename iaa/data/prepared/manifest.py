@@ -2,7 +2,7 @@
 
 A prepared directory is current when its manifest has this schema version, the same dataset,
 options and source fingerprint, and every shard it lists is present with its recorded size;
-``iaa.data.verify`` then checks the shards' contents. :class:`Manifest` is the file as a typed
+``iaa.data.prepared.verify`` then checks the shards' contents. :class:`Manifest` is the file as a typed
 record: :func:`read` checks its form, and :meth:`Manifest.to_json` writes it back key for key.
 """
 
@@ -26,7 +26,7 @@ VOCAB = "vocab.json"
 
 @dataclass(frozen=True)
 class Shard:
-    """One Parquet file of a split, as written (:func:`iaa.data.shards.write_part`)."""
+    """One Parquet file of a split, as written (:func:`iaa.data.prepared.shards.write_part`)."""
 
     file: str        # relative to the prepared folder: ``train/part-00000.parquet``
     rows: int
@@ -55,7 +55,7 @@ class Split:
 @dataclass(frozen=True)
 class Manifest:
     """What ``iaa-cli prepare`` wrote into a folder: the dataset, how it was built, its vocabulary
-    and its splits. ``counts`` is the file's own per-split tally, which ``iaa.data.verify`` holds
+    and its splits. ``counts`` is the file's own per-split tally, which ``iaa.data.prepared.verify`` holds
     to the splits' rows; readers ask :meth:`count`."""
 
     dataset: str

@@ -9,7 +9,7 @@ repeats one the study already holds, so the study never records a discarded repe
 that keeps coming back to a configuration the study holds (a Gaussian process's optimum of its
 acquisition) is redrawn at random. Once every configuration of the space is taken, repeats are
 allowed. Its first trials follow a seeded
-space-filling design (:mod:`~iaa.platform.sweeps.space_filling`), so that every searched value is
+space-filling design (:mod:`~iaa.platform.sweeps.search.space_filling`), so that every searched value is
 tried before TPE takes over.
 
 :class:`StudySearch` also makes the study tell what happened: every check's ``valid_acc`` is an
@@ -45,11 +45,11 @@ from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC
 from iaa.jobs.ports import trial_name
 from iaa.platform.cluster.owner import owner
 from iaa.platform.sweeps import driver_side
-from iaa.platform.sweeps.given import TRIED_FIRST, is_given
-from iaa.platform.sweeps.orphans import OWNER_ATTR
-from iaa.platform.sweeps.space_filling import points, stratified_config
-from iaa.platform.sweeps.study_store import quiet_optuna, study_full, study_storage, study_writes
-from iaa.platform.sweeps.carried_trials import CARRIED_FROM
+from iaa.platform.sweeps.studies.given import TRIED_FIRST, is_given
+from iaa.platform.sweeps.studies.orphans import OWNER_ATTR
+from iaa.platform.sweeps.search.space_filling import points, stratified_config
+from iaa.platform.sweeps.studies.study_store import quiet_optuna, study_full, study_storage, study_writes
+from iaa.platform.sweeps.studies.carried_trials import CARRIED_FROM
 
 OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validation accuracy
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
@@ -214,7 +214,7 @@ class StudySearch(Searcher):
 
     def _full(self, err: BaseException, failed: str) -> bool:
         """Whether ``err``, met writing the study, is a full disk; if so it is noted for the sweep,
-        which stops at its next step (:mod:`~iaa.platform.sweeps.full_disk`), and the write is
+        which stops at its next step (:mod:`~iaa.platform.sweeps.trials.full_disk`), and the write is
         left undone: Tune is not told an error of its searcher (a traceback, and no stop)."""
         if not disk_full(err) and not isinstance(err, DiskFullError):
             return False

@@ -8,12 +8,12 @@ Wherever it strikes, the first write that meets a full disk is noted in the run'
   (:func:`in_trial` names that folder; the loop's own writes name their files). Tune hands a
   trial's error to the driver only in its log record ("Trial task failed"), which :func:`watching`
   reads, notes and drops: the trial's traceback is never printed, and the trial is not retried;
-- **in the driver**: the Optuna study (:class:`~iaa.platform.sweeps.distinct_search.StudySearch`),
-  the trials' MLflow runs (:class:`~iaa.platform.sweeps.trial_runs.TrialRuns`), and Tune's own copy
+- **in the driver**: the Optuna study (:class:`~iaa.platform.sweeps.search.distinct_search.StudySearch`),
+  the trials' MLflow runs (:class:`~iaa.platform.sweeps.trials.trial_runs.TrialRuns`), and Tune's own copy
   of the run's state into ``STORAGE/NAME`` (its syncer's warning and its failed save, read by
   :func:`watching` too). Ray's later report of the stopped trials' unfetched errors is dropped.
 
-:class:`~iaa.platform.sweeps.trial_runs.TrialRuns` then ends the Tune loop at its next step (Tune
+:class:`~iaa.platform.sweeps.trials.trial_runs.TrialRuns` then ends the Tune loop at its next step (Tune
 stops the trials' actors on the way out), and the launcher raises :func:`stopped_by`'s error in
 place of whatever Tune raised. The job marks the runs and trials it can; the next command that opens
 the work folder marks the rest (:func:`iaa.platform.tracking.connection.close_orphans`).

@@ -15,8 +15,8 @@ from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
 from iaa.jobs.config.presets import STOP_METRIC, TIME_ATTR
 from iaa.platform.sweeps import driver_side
-from iaa.platform.sweeps.given import TRIED_FIRST
-from iaa.platform.sweeps.carried_trials import CARRIED_FROM
+from iaa.platform.sweeps.studies.given import TRIED_FIRST
+from iaa.platform.sweeps.studies.carried_trials import CARRIED_FROM
 
 
 class GivenAside(ASHAScheduler):
@@ -89,7 +89,7 @@ def past_checks(storage_url: str, study_name: str) -> dict[str, dict[int, float]
     carried from another sweep, nor those given to try first (ASHA leaves them out)."""
     import optuna
 
-    from iaa.platform.sweeps.study_store import study_storage
+    from iaa.platform.sweeps.studies.study_store import study_storage
 
     try:
         study = optuna.load_study(study_name=study_name, storage=study_storage(storage_url))

@@ -29,8 +29,8 @@ import numpy as np
 import pyarrow as pa
 
 from iaa.data.parsed import ClozeExample, ParsedChunk, assemble, encode, match_keys, offsets_of
-from iaa.data.shards import to_table
-from iaa.data.vocab import Vocab
+from iaa.data.prepared.shards import to_table
+from iaa.data.prepared.vocab import Vocab
 from iaa.errors import IaaError
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -66,14 +66,14 @@ def read_input(path: Path, placeholder: str) -> list[Question]:
     if path.name.endswith(JSONL_SUFFIXES):
         return _read_jsonl(path, placeholder)
     if path.suffix == ".question":
-        from iaa.data import cnn
+        from iaa.data.formats import cnn
 
         try:
             ex, names = cnn.read_question(str(path), path.read_bytes())
         except cnn.DataError as err:               # prepare's words: the file, the line, what is wrong
             raise InputError(str(err)) from None
         return [Question(ex, ex.answer, f"{path}:{CNN_QUERY_LINE}", tuple(names.items()))]
-    from iaa.data import cbt
+    from iaa.data.formats import cbt
 
     chunk = cbt.read(path, on_error="fail")
     questions = [Question(ex, ex.answer, f"{path}:{ex.example_id.rsplit(':', 1)[-1]}") for ex in chunk.examples()]
@@ -275,7 +275,7 @@ def named(words: Sequence[str]) -> str:
 
 
 def to_rows(questions: Sequence[Question], vocab: Vocab, lowercase: bool) -> pa.Table:
-    """Rows with ``iaa.data.shards.SCHEMA`` columns, one per question, in order.
+    """Rows with ``iaa.data.prepared.shards.SCHEMA`` columns, one per question, in order.
 
     ``answer`` holds a candidate that occurs in the document (the model needs none; the gold is
     kept on the ``Question``). A candidate absent from its document gets probability 0: warned

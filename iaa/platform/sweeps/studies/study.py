@@ -27,8 +27,8 @@ from typing import Any, Callable, Mapping
 from iaa.errors import IaaError
 from iaa.jobs.config.exploration import RANKED_FROM, separable
 from iaa.jobs.ports import TIME_BUDGET, BestTrial, HistoryPoint, StudyAnalysis, StudyTrial, trial_name
-from iaa.platform.sweeps.given import TRIED_FIRST, is_given
-from iaa.platform.sweeps.carried_trials import CARRIED_FROM, scored_value
+from iaa.platform.sweeps.studies.given import TRIED_FIRST, is_given
+from iaa.platform.sweeps.studies.carried_trials import CARRIED_FROM, scored_value
 
 FIGURES = ("importances", "parallel_coordinates", "intermediate_values", "history")
 RANKING_FIGURES = ("importances", "parallel_coordinates")   # drawn from RANKED_FROM scored trials on
@@ -78,7 +78,7 @@ def _load(storage_url: str, study_name: str) -> Any:
     """The study ``study_name`` of the storage ``storage_url``; IaaError where it holds none."""
     import optuna
 
-    from iaa.platform.sweeps.study_store import study_storage
+    from iaa.platform.sweeps.studies.study_store import study_storage
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
@@ -352,7 +352,7 @@ def _save(plt: Any, path: Path) -> None:
 def study_exists(storage_url: str, study_name: str) -> bool:
     """Whether study ``study_name`` is in the storage ``storage_url``; a SQLite file that does not
     exist holds none (and is not made)."""
-    from iaa.platform.sweeps.study_store import study_storage
+    from iaa.platform.sweeps.studies.study_store import study_storage
 
     if storage_url.startswith("sqlite:///") and not Path(storage_url.removeprefix("sqlite:///")).is_file():
         return False
@@ -366,7 +366,7 @@ def study_exists(storage_url: str, study_name: str) -> bool:
 def fail_unfinished(storage_url: str, study_name: str, attrs: Mapping[str, str]) -> int:
     """End FAIL every RUNNING or WAITING trial of study ``study_name``, with ``attrs`` as its user
     attributes (why it ended); returns how many. A study that does not exist has none."""
-    from iaa.platform.sweeps.study_store import study_storage, study_writes
+    from iaa.platform.sweeps.studies.study_store import study_storage, study_writes
 
     if storage_url.startswith("sqlite:///") and not Path(storage_url.removeprefix("sqlite:///")).is_file():
         return 0
@@ -390,7 +390,7 @@ def end_untold(storage_url: str, study_name: str, ends: Mapping[int, float | Non
     FAIL when it has none. Returns how many."""
     from optuna.trial import TrialState
 
-    from iaa.platform.sweeps.study_store import study_storage, study_writes
+    from iaa.platform.sweeps.studies.study_store import study_storage, study_writes
 
     if not ends or not study_exists(storage_url, study_name):
         return 0
@@ -414,7 +414,7 @@ def fail_trials(storage_url: str, study_name: str, why: Callable[[Any], str | No
     """End FAIL each RUNNING or WAITING trial of study ``study_name`` for which ``why(trial)`` gives
     a reason, kept as its user attribute ``killed``; returns how many. A study (or a SQLite file)
     that does not exist has none, and none is made."""
-    from iaa.platform.sweeps.study_store import study_storage, study_writes
+    from iaa.platform.sweeps.studies.study_store import study_storage, study_writes
 
     if not study_exists(storage_url, study_name):
         return 0

@@ -158,4 +158,4 @@ def write_files(folder: Path, *, seed: int | None = None, sizes: dict[str, int] 
 def fingerprint(seed: int | None = None, sizes: dict[str, int] | None = None) -> dict:
     """What identifies the generated source: generator version, seed and sizes (default: SEED, SIZES)."""
     seed, sizes = (SEED if seed is None else seed), (SIZES if sizes is None else sizes)
-    return {"generator": f"iaa.data.demo v{VERSION}", "seed": seed, "sizes": dict(sizes)}
+    return {"generator": f"iaa.data.formats.demo v{VERSION}", "seed": seed, "sizes": dict(sizes)}

@@ -6,7 +6,7 @@ best check, and PRUNED with the checks ASHA let them make, as TPE reads them) in
 sweep's study before its first trial: their parameters, value, checks and times, marked with the
 user attributes ``carried_from`` (the sweep they ran in) and ``carried_number`` (their number
 there). The sampler models them from its first proposal (TPE's start-up counts them), and
-:class:`~iaa.platform.sweeps.distinct_search.DistinctSampler` never proposes their
+:class:`~iaa.platform.sweeps.search.distinct_search.DistinctSampler` never proposes their
 configurations again. The new trials are numbered after them, so optuna-dashboard, the console
 and MLflow still name the same trials.
 
@@ -65,7 +65,7 @@ def carry_into(warm: WarmStart, storage: str, name: str, space: Mapping[str, Bas
     """:func:`carry` from ``warm``'s study into a new study ``name`` in ``storage`` (an Optuna
     RDB URL), made here with its ``direction`` and ``objective`` name; IaaError when the earlier
     study is missing or the new one exists."""
-    from iaa.platform.sweeps.study_store import study_storage, study_writes
+    from iaa.platform.sweeps.studies.study_store import study_storage, study_writes
 
     try:
         source = optuna.load_study(study_name=warm.study_name, storage=study_storage(warm.study_storage))

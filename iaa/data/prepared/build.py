@@ -20,11 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from iaa.data import bad_input as E
-from iaa.data import manifest as M
+from iaa.data.prepared import manifest as M
 from iaa.data.bad_input import DataError
 from iaa.data.parsed import MAX_MESSAGES, ParsedChunk
-from iaa.data.shards import chunk_ids, length_histogram, to_table, write_part
-from iaa.data.vocab import Vocab
+from iaa.data.prepared.shards import chunk_ids, length_histogram, to_table, write_part
+from iaa.data.prepared.vocab import Vocab
 
 PART_ROWS = 10_000  # examples per Parquet part, at least (whole chunks are never split)
 SPLITS = ("train", "valid", "test")

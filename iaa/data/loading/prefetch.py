@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from iaa.data.batch import Batch
+from iaa.data.loading.batch import Batch
 
 _DONE = object()
 

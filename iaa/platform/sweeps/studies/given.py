@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from iaa.platform.sweeps.carried_trials import CARRIED_FROM
+from iaa.platform.sweeps.studies.carried_trials import CARRIED_FROM
 
 TRIED_FIRST = "tried_first"
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from iaa.data.manifest import Manifest
+from iaa.data.prepared.manifest import Manifest
 
 KEY_COLUMNS = ["query", "candidate_words", "answer", "doc_len"]
 

@@ -23,11 +23,11 @@ import pyarrow.parquet as pq
 import torch
 
 from iaa.data import bad_input as E
-from iaa.data import manifest as M
-from iaa.data.batch import Batch
+from iaa.data.prepared import manifest as M
+from iaa.data.loading.batch import Batch
 from iaa.data.bad_input import DataError
-from iaa.data.shards import SCHEMA
-from iaa.data.vocab import Vocab
+from iaa.data.prepared.shards import SCHEMA
+from iaa.data.prepared.vocab import Vocab
 
 TEACHER_COLUMN = "teacher_probs"  # optional list<float32> column of soft targets (iaa.jobs.distill.distill)
 POOL_BATCHES = 50  # batches per length-sorted pool: larger pools pad less but shuffle less
@@ -56,7 +56,7 @@ class PreparedData:
         return tuple(self.manifest.splits)
 
     def table(self, split: str) -> pa.Table:
-        """All rows of one split, in file order (columns as ``iaa.data.shards.SCHEMA``)."""
+        """All rows of one split, in file order (columns as ``iaa.data.prepared.shards.SCHEMA``)."""
         self._need_split(split)
         files = [self.root / s.file for s in self.manifest.splits[split].shards]
         if not files:

@@ -39,8 +39,8 @@ import numpy as np
 import pyarrow as pa
 
 from iaa.data import bad_input as E
-from iaa.data import manifest as M
-from iaa.data.build import SplitSource
+from iaa.data.prepared import manifest as M
+from iaa.data.prepared.build import SplitSource
 from iaa.data.bad_input import DataError
 from iaa.data.parsed import ClozeExample, ParsedChunk, assemble, encode, note_errors, offsets_of
 

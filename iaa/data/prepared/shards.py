@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from iaa.data.parsed import ParsedChunk
 from iaa.files import atomic_write
-from iaa.data.vocab import Vocab
+from iaa.data.prepared.vocab import Vocab
 
 SCHEMA = pa.schema([
     ("example_id", pa.string()),                 # CBT: "<file stem>:<first line>", CNN: the file name's stem

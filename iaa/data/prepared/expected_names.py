@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from iaa.data import bad_input as E
 from iaa.data.bad_input import DataError
-from iaa.data.manifest import Manifest
+from iaa.data.prepared.manifest import Manifest
 
 SUFFIX = ".question"
 

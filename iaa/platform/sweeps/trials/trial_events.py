@@ -4,7 +4,7 @@
 (:class:`~iaa.jobs.ports.SweepEvents`) that the running process bound to the Tune run's name. Tune
 pickles its callbacks into the run (``tuner.pkl``) and brings them back on ``--resume``, so it
 holds only that name and finds the console through :mod:`~iaa.platform.sweeps.driver_side`; the
-trials' names are those :class:`~iaa.platform.sweeps.trial_runs.TrialRuns` gave their runs.
+trials' names are those :class:`~iaa.platform.sweeps.trials.trial_runs.TrialRuns` gave their runs.
 :class:`NodeWatch` asks Ray which nodes died, so that each lost node is told once: on a line of its
 own, or in the line of a trial that lost its worker with it and had no restores left.
 """
@@ -22,7 +22,7 @@ from iaa.jobs.ports import TIME_BUDGET, SweepEvents
 from iaa.platform.cluster.lost import worker_lost
 from iaa.platform.ray_train import MAX_FAILURES_ENV, max_failures
 from iaa.platform.sweeps import driver_side
-from iaa.platform.sweeps.lost_trials import keep_tune_records_off_the_console, last_error
+from iaa.platform.sweeps.trials.lost_trials import keep_tune_records_off_the_console, last_error
 
 NODE_POLL_S = 1.0           # how often the console's callback asks Ray which nodes are alive
 NODE_CLAIM_S = 5.0          # how long a dead node waits for its trials' failures to name it, before its own line
@@ -33,14 +33,14 @@ class ConsoleCallback(tune.Callback):
     ``sweep`` (:class:`iaa.jobs.sweeps.console.SweepConsole`; none: silence).
 
     A trial whose run had finished before this process met it (``DriverSide.finished_before``,
-    which :class:`~iaa.platform.sweeps.trial_runs.TrialRuns`, called before this callback, fills as the trial starts) was kept by
+    which :class:`~iaa.platform.sweeps.trials.trial_runs.TrialRuns`, called before this callback, fills as the trial starts) was kept by
     the sweep's earlier run: Tune restored it from its final checkpoint and ends it at once. It
     is neither started nor finished again on the console, where it would have no checks; only
     checks it reports in this process are told, and then its end, with them.
 
     A trial that lost its worker with no restores left is one line, naming the node that died with
     it (which then has no line of its own); Tune's own records of it stay off the console
-    (:mod:`~iaa.platform.sweeps.lost_trials`).
+    (:mod:`~iaa.platform.sweeps.trials.lost_trials`).
     """
 
     def __init__(self, sweep: str) -> None:
@@ -60,7 +60,7 @@ class ConsoleCallback(tune.Callback):
         return driver_side.of(self.sweep).console if driver_side.is_bound(self.sweep) else None
 
     def name(self, trial: Any) -> str:
-        """The trial's one name (``trial-0003``, ``seed-7``), which :class:`~iaa.platform.sweeps.trial_runs.TrialRuns` gave its run."""
+        """The trial's one name (``trial-0003``, ``seed-7``), which :class:`~iaa.platform.sweeps.trials.trial_runs.TrialRuns` gave its run."""
         return driver_side.of(self.sweep).names.get(trial.trial_id, trial.trial_id)
 
     def _kept_before(self, trial: Any) -> bool:

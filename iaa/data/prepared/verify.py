@@ -23,10 +23,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from iaa.data import bad_input as E
-from iaa.data import manifest as M
+from iaa.data.prepared import manifest as M
 from iaa.data.cloze import advice
 from iaa.data.bad_input import DataError
-from iaa.data.shards import SCHEMA, file_sha256
+from iaa.data.prepared.shards import SCHEMA, file_sha256
 
 _VERIFIED: dict[str, tuple] = {}  # resolved path -> (stat identity, what it was checked against)
 
