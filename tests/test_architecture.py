@@ -300,8 +300,8 @@ def test_the_checker_fails_on_a_planted_import_across_the_walls() -> None:
     across = _planted(GRAPH, "iaa.jobs.tune.tune", "iaa.jobs.ensemble.members")
     assert wall_breaches(across) == ["iaa.jobs.tune.tune (the use case tune) imports iaa.jobs.ensemble.members "
                                      "(the use case ensemble)"]
-    downward = _planted(GRAPH, "iaa.jobs.evaluation.explain", "iaa.jobs.reports.report")
-    assert wall_breaches(downward) == ["iaa.jobs.evaluation.explain (the base evaluation) imports "
+    downward = _planted(GRAPH, "iaa.jobs.evaluation.explaining.explain", "iaa.jobs.reports.report")
+    assert wall_breaches(downward) == ["iaa.jobs.evaluation.explaining.explain (the base evaluation) imports "
                                        "iaa.jobs.reports.report (the use case reports)"]
     unplaced = _planted(GRAPH, "iaa.jobs.newthing.job", "iaa.jobs.config.job_config")
     assert wall_breaches(unplaced) == ["iaa.jobs.newthing.job: iaa.jobs.newthing is neither a use case nor the base"]
@@ -531,7 +531,7 @@ def prints(source: str) -> list[int]:
 
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
-NOT_FLAGS = {"iaa.jobs.evaluation.explain_html": {"--a"},       # a CSS custom property
+NOT_FLAGS = {"iaa.jobs.evaluation.explaining.explain_html": {"--a"},       # a CSS custom property
              "iaa.platform.tracking.queries": {"--backend-store-uri"},   # mlflow ui's
              "iaa.platform.cluster.connect": {"--address"}}              # ray status's
 

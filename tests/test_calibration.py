@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from _faults import assert_says
-from iaa.jobs.evaluation import averaging, calibration
+from iaa.jobs.evaluation.ensembling import averaging
+from iaa.jobs.evaluation import calibration
 from test_ensemble import write_member
 
 

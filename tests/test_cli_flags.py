@@ -73,7 +73,7 @@ def test_explain_input_alone_explains_every_question_of_a_small_file(model, tmp_
 
 
 def test_explain_input_alone_refuses_a_large_file_in_one_line(model, tmp_path: Path) -> None:
-    from iaa.jobs.evaluation.explain import WHOLE_INPUT
+    from iaa.jobs.evaluation.explaining.explain import WHOLE_INPUT
 
     prepared, ckpt, questions = model
     big = tmp_path / "big.jsonl"

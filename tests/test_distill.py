@@ -17,7 +17,7 @@ from iaa.data.loading.loader import PreparedData, TEACHER_COLUMN, iter_batches
 from iaa.jobs.modeling import checkpoint
 from iaa.jobs.distill import distill, outcome, teacher
 from iaa.jobs.datasets import resolve
-from iaa.jobs.evaluation import averaging as ensemble_job
+from iaa.jobs.evaluation.ensembling import averaging as ensemble_job
 from iaa.jobs.evaluation import evaluate
 from iaa.jobs.train import train as train_job
 from iaa.jobs.config.job_config import JobConfig

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from iaa.jobs.evaluation import averaging as ensemble
+from iaa.jobs.evaluation.ensembling import averaging as ensemble
 
 pytestmark = pytest.mark.timeout(60)
 

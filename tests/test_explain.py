@@ -214,14 +214,14 @@ def test_a_question_without_an_answer_is_not_judged_and_what_the_reader_cannot_s
 
 
 def test_probabilities_are_shown_without_hiding_small_ones():
-    from iaa.jobs.evaluation.explain_html import probability
+    from iaa.jobs.evaluation.explaining.explain_html import probability
 
     assert [probability(p) for p in (0.97312, 0.00012, 3.2e-06)] == ["0.9731", "0.0001", "3.2e-06"]
     assert probability(0.0, absent=True) == "0" and probability(0.0) == "&lt;1e-06"
 
 
 def test_the_page_names_its_sweep_trial_and_checkpoint(setup, tmp_path):
-    from iaa.jobs.evaluation import explain
+    from iaa.jobs.evaluation.explaining import explain
 
     prepared, ckpts = setup
     out = tmp_path / "page.html"
@@ -233,7 +233,7 @@ def test_the_page_names_its_sweep_trial_and_checkpoint(setup, tmp_path):
 
 
 def test_the_figures_document_labels_keep_apart_most_attended_first():
-    from iaa.jobs.evaluation.explain_png import MAX_DOC_LABELS, spaced_labels
+    from iaa.jobs.evaluation.explaining.explain_png import MAX_DOC_LABELS, spaced_labels
 
     assert spaced_labels([10, 11, 3, 12, 40], gap=2) == [3, 10, 12, 40]     # 11 would sit on 10's label
     assert spaced_labels([5, 6, 7], gap=1) == [5, 6, 7]                     # room for every one

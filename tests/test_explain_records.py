@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from iaa.jobs.evaluation import explain
-from iaa.jobs.evaluation.explain_html import render_page
-from iaa.jobs.evaluation.explain_png import draw
-from iaa.jobs.evaluation.explained import ExplainedExample, ExplainedStep
+from iaa.jobs.evaluation.explaining import explain
+from iaa.jobs.evaluation.explaining.explain_html import render_page
+from iaa.jobs.evaluation.explaining.explain_png import draw
+from iaa.jobs.evaluation.explaining.explained import ExplainedExample, ExplainedStep
 from tests._explain import tiny_setup
 
 EXAMPLE_KEYS = ["example_id", "model", "steps", "placeholder", "query_tokens", "doc_tokens", "doc_cand",

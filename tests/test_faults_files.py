@@ -249,7 +249,7 @@ def test_a_damaged_sweep_record_is_one_line_naming_the_file_and_key(tmp_path, ed
 ])
 def test_a_damaged_ensemble_record_is_one_line_naming_the_file_and_key(tmp_path, edit, key):
     from iaa.errors import IaaError
-    from iaa.jobs.evaluation import ensemble_record
+    from iaa.jobs.evaluation.ensembling import ensemble_record
 
     folder = tmp_path / "w" / "ensembles" / "e"
     folder.mkdir(parents=True)

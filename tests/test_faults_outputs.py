@@ -239,7 +239,7 @@ def test_an_ensemble_with_relative_members_reads_them_from_its_work_folder_not_t
     assert code == 0, out
     assert (w["root"] / "answers.jsonl").is_file()
     assert_unchanged(before, w["root"] / "run")
-    from iaa.jobs.evaluation import ensemble_record
+    from iaa.jobs.evaluation.ensembling import ensemble_record
 
     assert ensemble_record.members(ens) == [w["ckpt"]]
     monkeypatch.chdir(w["root"])
@@ -442,7 +442,7 @@ def test_a_trial_model_the_store_refuses_marks_its_run_failed_and_is_named(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every output of the sweep is written; the trial run whose model the store refused ends FAILED,
     and the loss is reported (the command then exits 1) rather than passed over."""
-    from iaa.jobs.evaluation import explain
+    from iaa.jobs.evaluation.explaining import explain
     from iaa.jobs.tune import tune
     from iaa.jobs.ports import TrialRecord
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from _faults import as_shown, assert_says
 from iaa.cli import cli
 from iaa.jobs.evaluation import closing, uncertainty
-from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
+from iaa.jobs.evaluation.ensembling.ensemble_record import EnsembleRecord
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = pytest.mark.timeout(300)

@@ -29,8 +29,8 @@ from iaa.jobs.ensemble import configurations
 from iaa.jobs.ensemble.ensemble_result import EnsembleResult
 from iaa.jobs.evaluation import result as result_module
 from iaa.jobs.evaluation.evaluate import EvaluateResult
-from iaa.jobs.evaluation.explain import ExplainResult
-from iaa.jobs.evaluation.explained import ExplainedExample, ExplainedStep
+from iaa.jobs.evaluation.explaining.explain import ExplainResult
+from iaa.jobs.evaluation.explaining.explained import ExplainedExample, ExplainedStep
 from iaa.jobs.evaluation.frequency import BaselineResult
 from iaa.jobs.inference.predict import PredictResult
 from iaa.jobs.own_data.cloze_summary import ClozeResult

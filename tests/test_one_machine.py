@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from iaa.jobs.evaluation import ensemble_record
+from iaa.jobs.evaluation.ensembling import ensemble_record
 from iaa.jobs.sweeps import record as sweep_file
 from tests._platform import write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared

@@ -142,7 +142,8 @@ def test_an_ensemble_answers_at_the_temperature_its_record_holds(setup, tmp_path
 def test_a_reader_alone_answers_at_the_temperature_its_checkpoint_holds(setup, tmp_path):
     """predict, evaluate, explain and what serve loads scale a lone reader's distributions by its
     checkpoint's temperature, keeping every answer; an ensemble of it averages the plain ones."""
-    from iaa.jobs.evaluation import calibration, explain
+    from iaa.jobs.evaluation import calibration
+    from iaa.jobs.evaluation.explaining import explain
     from iaa.jobs.inference import serve
     from iaa.jobs.ports import ModelSource
 

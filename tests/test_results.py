@@ -13,10 +13,11 @@ from _faults import invoke, make_checkpoint, make_prepared
 from iaa.jobs.datasets.prepare import PrepareResult
 from iaa.jobs.distill.outcome import DistillResult
 from iaa.jobs.ensemble.ensemble_result import EnsembleResult
-from iaa.jobs.evaluation import evaluate, explain, frequency
+from iaa.jobs.evaluation import evaluate, frequency
+from iaa.jobs.evaluation.explaining import explain
 from iaa.jobs.evaluation.closing import Command
 from iaa.jobs.evaluation.evaluate import EvaluateResult
-from iaa.jobs.evaluation.explain import ExplainResult
+from iaa.jobs.evaluation.explaining.explain import ExplainResult
 from iaa.jobs.evaluation.frequency import BaselineResult
 from iaa.jobs.evaluation.result import Result, absent_when_none, hidden, spread
 from iaa.jobs.inference.predict import PredictResult

@@ -98,7 +98,7 @@ def test_paths_outside_the_work_folder_and_uris_stay_as_they_are(tmp_path):
 
 
 def _ensemble(work: Path, members: list[str], digests: dict[str, str]) -> Path:
-    from iaa.jobs.evaluation import ensemble_record
+    from iaa.jobs.evaluation.ensembling import ensemble_record
 
     folder = work / "ensembles" / "e"
     ensemble_record.write(folder, ensemble_record.EnsembleRecord(
@@ -275,7 +275,7 @@ def test_a_sweep_record_is_typed_versioned_and_keeps_keys_it_does_not_know(tmp_p
 
 
 def test_an_ensemble_record_is_typed_versioned_and_keeps_what_it_does_not_know(tmp_path):
-    from iaa.jobs.evaluation import ensemble_record
+    from iaa.jobs.evaluation.ensembling import ensemble_record
 
     folder = tmp_path / "w" / "ensembles" / "e"
     folder.mkdir(parents=True)

@@ -87,7 +87,7 @@ def explain(checkpoint: Path, dataset: str | None, data: Path | None, input_path
             example_ids: tuple[str, ...], first: int | None, out: Path | None, png: Path | None, precision: str,
             workdir: Path, as_json: bool) -> None:
     """Show what the reader attends to at each inference step, as an HTML page (and a PNG)."""
-    from iaa.jobs.evaluation import explain as job
+    from iaa.jobs.evaluation.explaining import explain as job
 
     prepared = examples_source(dataset, data, input_path, workdir)
     if not example_ids and not first and input_path is None:

@@ -34,7 +34,7 @@ from iaa.jobs.distill import identity, teacher as teacher_mod
 from iaa.jobs.config.job_config import JobConfig, from_dict, load
 from iaa.jobs.distill.outcome import COMPARED, DistillResult, run_note
 from iaa.jobs.evaluation.closing import Command, where
-from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
+from iaa.jobs.evaluation.ensembling.ensemble_record import EnsembleRecord
 from iaa.jobs.ports import Tracker, TrainRun, TrainWorkflow
 from iaa.jobs.training.summary import TrainResult
 from iaa.jobs.workdir import recorded

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from iaa.jobs.evaluation import closing, uncertainty
-from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
+from iaa.jobs.evaluation.ensembling.ensemble_record import EnsembleRecord
 from iaa.jobs.training import summary as train_summary
 from iaa.jobs.training.summary import TrainResult
 

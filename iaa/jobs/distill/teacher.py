@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 from iaa.data.loading.loader import TEACHER_COLUMN
 from iaa.errors import IaaError
 from iaa.files import atomic_write
-from iaa.jobs.evaluation import ensemble_record
-from iaa.jobs.evaluation.ensemble_record import EnsembleRecord
+from iaa.jobs.evaluation.ensembling import ensemble_record
+from iaa.jobs.evaluation.ensembling.ensemble_record import EnsembleRecord
 from iaa.jobs.ports import Scorer
 from iaa.jobs.workdir.paths import ENSEMBLE_RECORD
 
@@ -86,7 +86,7 @@ def members_of(ensemble_dir: Path) -> tuple[EnsembleRecord, list[Member]]:
 def compute(members: Sequence[Member], prepared: Path, split: str, limit: int | None, work_dir: Path,
             score: Scorer) -> pa.Table:
     """The members' averaged distribution on ``split`` (its first ``limit`` rows), by example."""
-    from iaa.jobs.evaluation import averaging as ensemble_job
+    from iaa.jobs.evaluation.ensembling import averaging as ensemble_job
 
     files = score([m.checkpoint for m in members], prepared, split, limit, work_dir)
     aligned = ensemble_job.align(split, [(str(m.checkpoint), pq.read_table(f)) for m, f in zip(members, files)])

@@ -9,7 +9,7 @@ Members come from one of two places:
   x N seeds and the checkpoints to reuse; :mod:`iaa.jobs.ensemble.sweep_training` trains the rest in
   parallel as trials of the :class:`~iaa.jobs.ports.Launcher` (``train_many``).
 
-Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.evaluation.averaging`
+Every member is evaluated on valid and test with the evaluate job; :mod:`iaa.jobs.evaluation.ensembling.averaging`
 does the alignment, averaging and selection, and fits the temperature that calibrates the
 ensemble's probabilities on valid (``calibrate``), which its model answers with. Everything
 lands in ``WORKDIR/ensembles/NAME/``, and one MLflow run, open for the whole job, records it
@@ -17,8 +17,8 @@ lands in ``WORKDIR/ensembles/NAME/``, and one MLflow run, open for the whole job
 sweep's parent run).
 ``ensemble.json`` names every member with the sha256 of the file taken when the ensemble first
 read it (``member_sha256``); paths inside the work folder are stored relative to it
-(:mod:`iaa.jobs.evaluation.ensemble_record`), so the folder means the same wherever it is used or
-moved, and a changed member is refused (``iaa.jobs.evaluation.ensemble_record.members``). A
+(:mod:`iaa.jobs.evaluation.ensembling.ensemble_record`), so the folder means the same wherever it is used or
+moved, and a changed member is refused (``iaa.jobs.evaluation.ensembling.ensemble_record.members``). A
 member whose file changes before the end (retrained meanwhile) is refused too, before
 ``ensemble.json`` is written and again after the model is logged. A finished ensemble is
 replaced only with ``overwrite``.
@@ -41,7 +41,7 @@ from iaa.jobs import interrupt
 from iaa.jobs.ensemble import configurations, ensemble_run, scoring, sweep_training
 from iaa.jobs.ensemble.ensemble_request import EnsembleRequest
 from iaa.jobs.ensemble.ensemble_result import EnsembleResult, describe, of_record
-from iaa.jobs.evaluation import averaging, ensemble_record
+from iaa.jobs.evaluation.ensembling import averaging, ensemble_record
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ensemble import members as ledger
 from iaa.jobs.training.loop import LOG_PROGRESS_S

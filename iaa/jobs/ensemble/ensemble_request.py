@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from iaa.jobs.config.job_config import ConfigError
-from iaa.jobs.evaluation import averaging
+from iaa.jobs.evaluation.ensembling import averaging
 from iaa.jobs.workdir import names
 from iaa.jobs.workdir.paths import DEFAULT_WORKDIR
 

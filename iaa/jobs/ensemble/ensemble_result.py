@@ -63,7 +63,7 @@ class EnsembleResult(Result):
     model_uri: str | None = None
     baseline_valid_acc: float | None = None     # the most-frequent-candidate accuracy on valid
     baseline_test_acc: float | None = absent_when_none()    # and on test, where the data has it
-    calibration: dict[str, float] | None = absent_when_none()   # iaa.jobs.evaluation.averaging.calibrations
+    calibration: dict[str, float] | None = absent_when_none()   # iaa.jobs.evaluation.ensembling.averaging.calibrations
     temperature: float = 1.0                    # the ensemble's distributions are scaled by it (fitted on valid)
     calibrate: bool = True                      # whether it was fitted (False: --no-calibrate)
     configurations: tuple[dict[str, Any], ...] | None = absent_when_none()

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 from iaa.files import atomic_write_text
 from iaa.jobs.ensemble.members import Member
 from iaa.jobs.evaluation import model_card, uncertainty
-from iaa.jobs.evaluation.averaging import Averaged
+from iaa.jobs.evaluation.ensembling.averaging import Averaged
 from iaa.jobs.evaluation.predictor import MODEL_CODE, SUMMARY
 from iaa.jobs.ports import ModelCard, ModelFiles, TrackedRun, Tracker
 from iaa.jobs.sweeps.record import SweepRecord

@@ -1,1 +1,2 @@
-"""Scoring a trained reader (base): evaluation, the predictor and model code, explain pages, ensemble averaging and the frequency baseline."""
+"""Scoring a trained reader (base): evaluation, calibration, the predictor and model code, the frequency
+baseline and how a command ends; explain pages (``explaining``) and seed ensembles (``ensembling``)."""

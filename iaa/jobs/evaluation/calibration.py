@@ -19,7 +19,7 @@ distribution is raised to the power 1/T and renormalised over its candidates,
 T that minimises the log-loss on the validation split (:func:`fit_temperature`). T < 1 sharpens,
 T > 1 softens; the order of the candidates, hence every answer, stays. A reader's T is fitted at
 each training check, on that check's validation answers (``iaa.jobs.training.loop``), and kept in
-its checkpoint; an ensemble's on its averaged answers (``iaa.jobs.evaluation.averaging``).
+its checkpoint; an ensemble's on its averaged answers (``iaa.jobs.evaluation.ensembling.averaging``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ any folder; an older one without it needs the prepared folder it was trained on.
 
 A reader alone answers at the temperature its checkpoint holds (fitted on valid while it
 trained: :func:`iaa.jobs.modeling.checkpoint.temperature`). An ensemble's distribution is the
-mean of its members' plain candidate probabilities, as in ``iaa.jobs.evaluation.averaging``, at
+mean of its members' plain candidate probabilities, as in ``iaa.jobs.evaluation.ensembling.averaging``, at
 the temperature the ensemble was calibrated to (:func:`iaa.jobs.evaluation.calibration.scaled`;
 1.0 leaves it as averaged).
 """
@@ -26,8 +26,8 @@ from iaa.jobs.modeling import checkpoint
 from iaa.jobs.modeling import precision_policy as precision_lib
 from iaa.jobs.ports import ModelCode
 from iaa.data.formats.raw_text import Question, from_record, to_rows
-from iaa.jobs.evaluation.ensemble_record import SUMMARY, members as ensemble_members  # noqa: F401 - the readers' names
-from iaa.jobs.evaluation.ensemble_record import temperature as ensemble_temperature  # noqa: F401
+from iaa.jobs.evaluation.ensembling.ensemble_record import SUMMARY, members as ensemble_members  # noqa: F401 - the readers' names
+from iaa.jobs.evaluation.ensembling.ensemble_record import temperature as ensemble_temperature  # noqa: F401
 
 BATCH_SIZE = 32
 

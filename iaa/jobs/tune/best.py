@@ -269,7 +269,7 @@ def remade_outputs(plan: SweepPlan, sweep: SweepRecord, best: TrialRecord, track
 
 def _explain_best(best: TrialRecord, sweep_dir: Path, prepared: Path) -> Any:
     """The best trial's explain page and figure in the sweep's folder (its first validation examples)."""
-    from iaa.jobs.evaluation import explain
+    from iaa.jobs.evaluation.explaining import explain
 
     assert best.checkpoint is not None
     return explain.run(Path(best.checkpoint), prepared, "valid", first=EXPLAIN_EXAMPLES,

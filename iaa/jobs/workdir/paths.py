@@ -42,7 +42,7 @@ LAST = "last.pt"    # a run's latest checkpoint, in its checkpoints/ folder
 BEST = "best.pt"    # its best checkpoint by validation accuracy
 SWEEP_RECORD = "sweep.json"         # a sweep folder's record (iaa.jobs.sweeps.record)
 BEST_CONFIG = "best_config.yaml"    # the config of a sweep's best trial, for ``train --config``
-ENSEMBLE_RECORD = "ensemble.json"   # an ensemble folder's record (iaa.jobs.evaluation.ensemble_record)
+ENSEMBLE_RECORD = "ensemble.json"   # an ensemble folder's record (iaa.jobs.evaluation.ensembling.ensemble_record)
 
 
 def sqlite_file(uri: str) -> Path | None:

@@ -5,7 +5,7 @@ seeds". Here a member is one evaluated checkpoint, known only by its predictions
 evaluate job's Parquet: ``example_id``, ``candidate_words``, ``probs``, ``pred``, ``gold``). This
 module is pure numpy/pyarrow; training and evaluating the members is the platform's business.
 
-- **Alignment** (:mod:`iaa.jobs.evaluation.alignment`). Members are matched by ``example_id`` and
+- **Alignment** (:mod:`iaa.jobs.evaluation.ensembling.alignment`). Members are matched by ``example_id`` and
   then checked to hold the same ``candidate_words`` (and gold index) for every example, never by
   row position alone. A member with another example set or other candidates is rejected with a
   :class:`MismatchError` naming it and the first example that differs.
@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from iaa.errors import IaaError
 from iaa.files import atomic_write, atomic_write_text
 from iaa.jobs.evaluation import calibration
-from iaa.jobs.evaluation.alignment import REQUIRED_COLUMNS, AlignedSplit, MismatchError, align, read_predictions
+from iaa.jobs.evaluation.ensembling.alignment import REQUIRED_COLUMNS, AlignedSplit, MismatchError, align, read_predictions
 
 __all__ = ["ENSEMBLE_SCHEMA", "REQUIRED_COLUMNS", "SELECT_MODES", "SPLITS", "AlignedSplit", "Averaged", "MismatchError",
            "align", "boo_n", "read_predictions", "results_table", "run", "select", "select_all", "select_greedy",

@@ -16,7 +16,7 @@ from iaa.errors import IaaError
 from iaa.files import atomic_write_text
 from iaa.jobs.evaluation import calibration, unknowns
 from iaa.jobs.evaluation.evaluate import Examples
-from iaa.jobs.evaluation.explained import ExplainedExample, ExplainedStep
+from iaa.jobs.evaluation.explaining.explained import ExplainedExample, ExplainedStep
 from iaa.jobs.evaluation.result import Keyed, Result, absent_when_none
 from iaa.jobs.modeling import precision_policy as precision_lib
 
@@ -180,7 +180,7 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
     from iaa.jobs.workdir import outputs
     from iaa.jobs.workdir.paths import DEFAULT_WORKDIR, Workdir
     from iaa.jobs.evaluation.evaluate import load_examples
-    from iaa.jobs.evaluation.explain_html import render_page
+    from iaa.jobs.evaluation.explaining.explain_html import render_page
 
     if not example_ids and not first and input_path is None:
         raise IaaError("choose examples with `example_ids` ID (repeatable) or `first` N")
@@ -210,7 +210,7 @@ def run(checkpoint_path: Path, data_dir: Path | None, split: str | None, *, exam
     gaps = unknowns.warnings_of([r.example_id for r in records], [r.unknowns() for r in records])
     drawn = None
     if png is not None:
-        from iaa.jobs.evaluation.explain_png import draw
+        from iaa.jobs.evaluation.explaining.explain_png import draw
 
         drawn = str(draw(records[0], Path(png)).resolve())
     return ExplainResult(html=str(Path(out).resolve()), examples=tuple(records), title=title, precision=used,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from iaa.files import atomic_path
-from iaa.jobs.evaluation.explained import ExplainedExample, ExplainedStep
+from iaa.jobs.evaluation.explaining.explained import ExplainedExample, ExplainedStep
 
 MAX_DOC_LABELS = 40   # document positions labelled on the x axis: the most attended ones ...
 LABEL_SHARE = 0.02    # ... that reach this share of the figure's largest document weight
@@ -27,7 +27,7 @@ def spaced_labels(ranked: list[int], gap: int) -> list[int]:
 
 
 def draw(record: ExplainedExample, out: Path) -> Path:
-    """Write the figure for ``record`` (from ``iaa.jobs.evaluation.explain.example_records``) as a PNG."""
+    """Write the figure for ``record`` (from ``iaa.jobs.evaluation.explaining.explain.example_records``) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from typing import Sequence
 
-from iaa.jobs.evaluation.explained import ExplainedExample, ExplainedStep
+from iaa.jobs.evaluation.explaining.explained import ExplainedExample, ExplainedStep
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
@@ -42,7 +42,7 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 6px;border-top
 
 
 def render_page(records: Sequence[ExplainedExample], title: str, *, origin: str = "", note: str | None = None) -> str:
-    """The whole page for ``records`` from ``iaa.jobs.evaluation.explain.example_records``: ``title``
+    """The whole page for ``records`` from ``iaa.jobs.evaluation.explaining.explain.example_records``: ``title``
     (the model, its data and where it comes from: a sweep's trial), then ``origin`` (its checkpoint)
     in the window's title and under the heading, and a ``note`` (why an example was added)."""
     body = "".join(_example(r) for r in records)
