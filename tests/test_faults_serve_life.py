@@ -211,6 +211,19 @@ def test_a_port_that_reuseport_listeners_would_share_is_not_free():
             assert f"port {port} on {host} is taken by pid {os.getpid()} (" in str(caught.value)
 
 
+def test_the_url_said_for_a_host_is_one_a_client_here_can_open():
+    """A wildcard host is reached on loopback, an IPv6 address in brackets (``http://::1:8000``
+    is no URL: its port would read as part of the address)."""
+    import urllib.parse
+
+    from iaa.platform import listeners
+
+    said = {host: listeners.url(host, 8000) for host in ("127.0.0.1", "0.0.0.0", "::", "::1", "fe80::1", "reader.local")}
+    assert said == {"127.0.0.1": "http://127.0.0.1:8000", "0.0.0.0": "http://127.0.0.1:8000", "::": "http://[::1]:8000",
+                    "::1": "http://[::1]:8000", "fe80::1": "http://[fe80::1]:8000", "reader.local": "http://reader.local:8000"}
+    assert all(urllib.parse.urlsplit(url).port == 8000 for url in said.values())
+
+
 def test_the_first_replicas_and_the_ingress_must_fit_the_cpus(tmp_path):
     from iaa.errors import IaaError
     from iaa.jobs.inference import serve as job

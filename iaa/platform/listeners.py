@@ -43,6 +43,13 @@ def holders(port: int) -> list[tuple[int, str]]:
     return sorted((pid, _name(pid)) for pid in pids)
 
 
+def url(host: str, port: int) -> str:
+    """The base URL at which this machine reaches a server listening on ``host``: a wildcard
+    address on its loopback, an IPv6 address in brackets (``http://[::1]:8000``)."""
+    reach = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{reach}]:{port}" if ":" in reach else f"http://{reach}:{port}"
+
+
 def _bind(host: str, port: int) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:

@@ -48,7 +48,7 @@ from starlette.responses import Response
 from iaa import __version__
 from iaa.errors import IaaError
 from iaa.jobs.ports import Limits, ModelSource, RequestError, ServeCode, ServeConfig
-from iaa.platform import serve_life
+from iaa.platform import listeners, serve_life
 from iaa.platform.cluster import ray_internals
 from iaa.platform.serve_capacity import INGRESS_CPUS, check_fits, ingresses, wait_running
 from iaa.platform.serve_docs import DOCS_URL, Index, Ready, add_docs, openapi_document, served_name
@@ -369,8 +369,7 @@ def start(cfg: ServeConfig, code: ServeCode) -> str:
         # serve.run without its own wait, which has no bound: wait_running waits, bounded
         ray_internals.deploy_without_waiting(build(to_dict(cfg), code), cfg.app_name, ROUTE)
         wait_running(cfg, local, functools.partial(replica_failure, cfg.app_name))
-    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::") else cfg.host
-    return f"http://{host}:{cfg.port}"
+    return listeners.url(cfg.host, cfg.port)
 
 
 def _connect(cfg: ServeConfig) -> bool:

@@ -18,6 +18,7 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Any, Collection, Iterator
 
+from iaa.platform import listeners
 from iaa.platform.cluster import driver_lines, head_watch, ray_internals, resources
 from iaa.platform.cluster.resources import ClusterError, Node, TrialPlan, node_summary, plan
 from iaa.platform.cluster.storage import check_storage
@@ -275,7 +276,7 @@ def _start_local(num_cpus: int | None, num_gpus: int | None, env: dict[str, str]
     taken: set[int] = set()
     for attempt in range(1, LOCAL_START_TRIES + 1):
         port = dashboard_port(host, avoid=taken)
-        env["RAY_API_SERVER_ADDRESS"] = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+        env["RAY_API_SERVER_ADDRESS"] = listeners.url(host, port)
         try:
             # address="local": without it, ray.init joins the latest `ray start` cluster on this machine
             with _loopback_only(_loopback(host)), _ray_start_log_quiet():
