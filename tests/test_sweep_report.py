@@ -108,7 +108,7 @@ def test_the_analyzer_returns_a_record_and_the_json_object_keeps_its_keys(tmp_pa
     assert found["trials"][1]["intermediate_values"] == {1: 0.5, 2: 0.55}
     assert found["best"] == {"params": {"train.lr": 0.004, "model.steps": 2}, "value": 0.93}
     assert found["figures"] == {name: str(tmp_path / "report" / f"{name}.png") for name in analysis.figures}
-    assert [list(p) for p in found["history"]] == [["number", "name", "hours", "value", "best", "cut"]] * 8
+    assert [list(p) for p in found["history"]] == [["number", "name", "hours", "value", "best", "cut", "running_hours"]] * 8
     assert (found["importance_evaluator"], found["carried_trials"], found["carried_best"]) == ("fANOVA", 0, None)
     json.dumps(found)
 
@@ -172,7 +172,7 @@ def test_the_report_names_the_sampler_of_the_sweep_and_tpe_for_an_older_record(t
     path = record.sweep_file(workdir, "old")
     path.parent.mkdir(parents=True)
     record.write(path, record.SweepRecord(name="old", optuna=record.Study("sqlite:///x.db", "old"), sampler=recorded))
-    def analyze(storage: str, study: str, folder: Path) -> StudyAnalysis:
+    def analyze(storage: str, study: str, folder: Path, spans=()) -> StudyAnalysis:
         return _analysis_of(study, ())
     result = sweep_report.run("old", workdir, analyze, open_tracker=lambda uri: None)
     assert result.sampler == shown
@@ -191,7 +191,7 @@ def test_the_report_reads_asha_s_first_comparison_at_the_grace_period_the_sweep_
                                           asha=record.Asha(grace_period=2, reduction_factor=2.0)))
     trials = tuple(StudyTrial(number=n, name=f"trial-{n:04d}", state="COMPLETE", params={}, value=0.5,
                               intermediate_values={1: 0.1 * n, 2: 0.2 * n, 3: 0.3 * n}) for n in (1, 2, 3))
-    result = sweep_report.run("s", workdir, lambda storage, study, folder: _analysis_of(study, trials),
+    result = sweep_report.run("s", workdir, lambda storage, study, folder, spans: _analysis_of(study, trials),
                               open_tracker=lambda uri: None)
     assert result.first_comparison == {"check": 2, "compared": 3, "stopped": 0, "went_on": 3, "spearman": 1.0}
 
@@ -235,6 +235,51 @@ def test_the_history_gives_the_best_so_far_as_the_trials_ended(tmp_path: Path) -
                 "the last one at 1h30m")
 
 
+def test_the_history_leaves_out_the_time_a_sweep_stood_stopped(tmp_path: Path) -> None:
+    """A sweep ran 40 minutes, stood stopped 10 hours, and was resumed for an hour: its trials'
+    ends count the time it ran (its runs' spans), not the night between; where a trial ended
+    outside every recorded run (a run killed before it could record itself), the history keeps
+    to the wall clock, and says so."""
+    from datetime import datetime, timedelta
+
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import FrozenTrial, TrialState
+
+    from iaa.jobs.reports.sweep_report import describe, from_analysis
+    from iaa.platform.sweeps.studies.study import analyze
+
+    t0 = datetime(2026, 1, 1, 12, 0, 0)
+    resumed = t0 + timedelta(hours=10, minutes=40)
+    spans = ((t0.timestamp(), 40 * 60.0), (resumed.timestamp(), 60 * 60.0))
+    dists = {"model.steps": CategoricalDistribution([1, 2, 3])}
+
+    def study(url: str, trials) -> None:
+        made = optuna.create_study(study_name="p", storage=url, direction="maximize")
+        for steps, value, start, end in trials:
+            made.add_trial(FrozenTrial(number=0, trial_id=0, state=TrialState.COMPLETE, value=value,
+                                       params={"model.steps": steps}, distributions=dists, user_attrs={},
+                                       system_attrs={}, intermediate_values={1: value}, datetime_start=start,
+                                       datetime_complete=end))
+
+    ran = [(1, 0.5, t0, t0 + timedelta(minutes=30)),                               # in the first run
+           (2, 0.6, resumed, resumed + timedelta(minutes=30)),                     # in the resume
+           (3, 0.7, resumed + timedelta(minutes=1), resumed + timedelta(minutes=50))]
+    study(f"sqlite:///{tmp_path / 'a.db'}", ran)
+    result = analyze(f"sqlite:///{tmp_path / 'a.db'}", "p", tmp_path / "a", spans)
+    assert [(p.hours, p.running_hours) for p in result.history] == [(0.5, 0.5), (11 + 10 / 60, 70 / 60), (11.5, 1.5)]
+    assert_says(describe(from_analysis(result, sweep="s")), "best trial (trial-0002, valid_acc 0.7000) ended 1h30m",
+                "the last one at 1h30m", "of the sweep's running time")
+
+    without = analyze(f"sqlite:///{tmp_path / 'a.db'}", "p", tmp_path / "b")          # a record without spans
+    assert [(p.hours, p.running_hours) for p in without.history] == [(0.5, None), (11 + 10 / 60, None), (11.5, None)]
+    assert_says(describe(from_analysis(without, sweep="s")), "ended 11h30m", "by the wall clock")
+
+    study(f"sqlite:///{tmp_path / 'c.db'}", [*ran, (1, 0.4, t0 + timedelta(hours=2), t0 + timedelta(hours=3))])
+    unrecorded = analyze(f"sqlite:///{tmp_path / 'c.db'}", "p", tmp_path / "c", spans)   # ended in no run
+    assert [p.running_hours for p in unrecorded.history] == [0.5, None, 70 / 60, 1.5]
+    assert_says(describe(from_analysis(unrecorded, sweep="s")), "ended 11h30m", "by the wall clock")
+
+
 def _recorded_sweep(workdir: Path, name: str, trials: int, failed: int = 0):
     """A sweep record of ``trials`` trials (the last ``failed`` of them ERROR), searching lr and steps."""
     from iaa.jobs.config.job_config import JobConfig
@@ -268,7 +313,7 @@ def _analysis(states: list[str]):
                    for n, state in enumerate(states))
     scored = sum(state in ("COMPLETE", "PRUNED") for state in states)
 
-    def analyze(storage: str, study: str, folder: Path) -> StudyAnalysis:
+    def analyze(storage: str, study: str, folder: Path, spans=()) -> StudyAnalysis:
         drawn = ("intermediate_values", "history") + (("importances", "parallel_coordinates") if scored >= 2 else ())
         return _analysis_of(study, trials, scored_trials=scored, complete_trials=scored,
                             dashboard_importances={"train.lr": 0.5, "model.steps": 0.5} if scored >= 2 else {},

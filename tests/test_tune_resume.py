@@ -99,6 +99,8 @@ def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with
                 "1 start from the beginning")
     assert "starting a local Ray cluster" in resumed.stderr.splitlines()[0]
     assert record.read(record.sweep_file(work, "k")).wall_s > sweep.wall_s      # both parts counted
+    [first], (again, second) = sweep.spans, record.read(record.sweep_file(work, "k")).spans
+    assert again == first and second[0] >= first[0] + first[1]       # each run's span, the stop between them
 
     done = CliRunner().invoke(cli.cli, ["tune", "--resume", "k", "--workdir", str(work)])
     assert done.exit_code == 0 and "nothing left to run" in done.stderr, done.output

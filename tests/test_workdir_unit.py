@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from _faults import make_checkpoint, make_prepared
+from _faults import assert_says, make_checkpoint, make_prepared
+from iaa.errors import IaaError
 from iaa.jobs.config.job_config import JobConfig
 from iaa.jobs.ports import TrialRecord
 from iaa.jobs.sweeps import record as sweep_file
@@ -269,9 +270,17 @@ def test_a_sweep_record_is_typed_versioned_and_keeps_keys_it_does_not_know(tmp_p
     sweep = sweep_file.read(path)
     assert isinstance(sweep.optuna, sweep_file.Study) and sweep.optuna.study == "s"
     assert sweep.trials[0].trial_id == "t0" and sweep.unknown == {"added_later": {"x": 1}}
-    sweep_file.write(path, sweep.with_run(sweep.trials, 12.34))
+    assert sweep.spans is None                          # written before runs were recorded
+    sweep_file.write(path, sweep.with_run(sweep.trials, 1_700_000_000.0, 12.34))
     again = json.loads(path.read_text())
     assert again["added_later"] == {"x": 1} and again["wall_s"] == 12.3 and again["schema"] == sweep_file.SCHEMA
+    assert again["spans"] == [[1_700_000_000.0, 12.34]]
+    resumed = sweep_file.read(path).with_run(sweep.trials, 1_700_100_000.0, 5.0)   # each run adds its span
+    assert resumed.spans == ((1_700_000_000.0, 12.34), (1_700_100_000.0, 5.0)) and resumed.wall_s == 17.3
+    path.write_text(json.dumps({**again, "spans": [[1_700_000_000.0]]}))
+    with pytest.raises(IaaError) as bad:
+        sweep_file.read(path)
+    assert_says(str(bad.value), "spans", "[start, seconds] pairs")
 
 
 def test_an_ensemble_record_is_typed_versioned_and_keeps_what_it_does_not_know(tmp_path):

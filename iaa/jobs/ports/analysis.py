@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 SCORED_STATES = ("COMPLETE", "PRUNED")    # finished, or stopped by ASHA with the checks it made
 
@@ -71,6 +71,10 @@ class HistoryPoint:
         value: its best check.
         best: the best value of all the trials ended by then.
         cut: the sweep's time budget stopped it.
+        running_hours: when it ended, in hours that the sweep had run by then: the wall clock less
+            the time it stood stopped between its runs. None where the sweep's record holds no
+            runs (written before they were recorded) or the trial ended outside them (a run
+            killed before it could record itself).
     """
 
     number: int
@@ -79,6 +83,7 @@ class HistoryPoint:
     value: float
     best: float
     cut: bool = False
+    running_hours: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,8 +134,10 @@ class StudyAnalysis:
 class StudyAnalyzer(Protocol):
     """Reads a sweep's Optuna study and draws its figures."""
 
-    def __call__(self, storage_url: str, study_name: str, out_dir: Path, /) -> StudyAnalysis:
+    def __call__(self, storage_url: str, study_name: str, out_dir: Path,
+                 spans: Sequence[tuple[float, float]] = (), /) -> StudyAnalysis:
         """Draw the figures of study ``study_name`` of the storage ``storage_url`` into
         ``out_dir`` and return them with the study's numbers; IaaError when the storage holds no
-        such study."""
+        such study. ``spans``: the sweep's runs, each (its start in Unix seconds, its seconds),
+        which the history's time counts instead of the wall clock where they hold every trial's end."""
         ...

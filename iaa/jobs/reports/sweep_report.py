@@ -125,7 +125,7 @@ def run(name: str, workdir: Path, analyze: StudyAnalyzer, open_tracker: Callable
         raise IaaError(f"{path}: the sweep kept no Optuna study (it ran before studies were stored); "
                        "run the sweep again to analyse it")
     folder = Path(out) if out is not None else path.parent / "report"
-    analysis = analyze(sweep.optuna.storage, sweep.optuna.study, folder)
+    analysis = analyze(sweep.optuna.storage, sweep.optuna.study, folder, sweep.spans or ())
     logged = False
     if sweep.parent_run_id and sweep.tracking_uri:
         parent = open_tracker(sweep.tracking_uri).attach(sweep.parent_run_id)
@@ -174,13 +174,17 @@ def dashboard_line(result: SweepReportResult) -> list[str]:
 
 
 def history_line(result: SweepReportResult) -> list[str]:
-    """When the sweep found its best, against how long its trials ran (wall clock)."""
+    """When the sweep found its best, against how long it ran (its stops left out, where its
+    runs are recorded; else by the wall clock)."""
     if not result.history:
         return []
-    best, last = result.history[-1].best, result.history[-1].hours
-    found = next(p for p in result.history if p.best == best)
-    return [f"the best trial ({found.name}, valid_acc {best:.4f}) ended {duration(found.hours * 3600)} after "
-            f"the first trial started, the last one at {duration(last * 3600)} (figure: history)"]
+    running = all(p.running_hours is not None for p in result.history)
+    hours = [p.running_hours if running else p.hours for p in result.history]
+    best = result.history[-1].best
+    found = next(k for k, p in enumerate(result.history) if p.best == best)
+    clock = "of the sweep's running time (its stops left out)" if running else "by the wall clock"
+    return [f"the best trial ({result.history[found].name}, valid_acc {best:.4f}) ended {duration(hours[found] * 3600)} "
+            f"after the first trial started, the last one at {duration(hours[-1] * 3600)}, {clock} (figure: history)"]
 
 
 def comparison_line(result: SweepReportResult) -> list[str]:

@@ -7,7 +7,7 @@
     {"schema", "name", "dataset", "data_dir", "tracking_uri", "experiment", "parent_run_id",
      "storage", "address", "search_space", "sampler", "seed", "num_samples", "time_budget_s", "asha", "optuna", "base",
      "warm_start", "try_first", "workers_per_trial", "gpus_per_worker", "max_concurrent", "register",
-     "trials": [row, ...], "wall_s"}
+     "trials": [row, ...], "wall_s", "spans"}
 
 ``schema`` is 1 (a record without it was written before it was versioned, and reads the same);
 keys this version does not know are kept as they are when the record is written again; ``sampler`` names the Optuna sampler that proposed the
@@ -15,6 +15,8 @@ trials (:data:`~iaa.jobs.config.presets.SAMPLERS`; a record without it was searc
 ``seed`` the seed it proposed them with, ``try_first`` the configurations its first trials ran
 (``tune --try-first``), ``workers_per_trial``, ``gpus_per_worker`` and ``register`` what a
 resume runs its trials on and registers the best under, unless its command line says otherwise.
+``wall_s`` is the time the sweep ran, over all its runs, and ``spans`` each run as ``[start,
+seconds]`` (Unix seconds; a record without it was written before runs were recorded).
 Paths inside the work folder (``data_dir``, ``storage``, ``tracking_uri``, ``optuna.storage`` and
 each trial's ``checkpoint``) are stored relative to it and found again under the folder the
 record is in now (:mod:`iaa.jobs.workdir.recorded`), so a copied or moved work folder reads its
@@ -92,6 +94,9 @@ class SweepRecord:
     max_concurrent: int | None = None
     register: str | None = None                      # the registered model name the best trial goes to
     wall_s: float = 0.0
+    # each run of the sweep's command, as (its start in Unix seconds, its seconds); None: written
+    # before they were recorded. Between two, the sweep stood stopped.
+    spans: tuple[tuple[float, float], ...] | None = None
     unknown: Mapping[str, Any] = field(default_factory=dict)    # keys of a newer version, written back as read
 
     @classmethod
@@ -106,6 +111,8 @@ class SweepRecord:
         values["warm_start"] = Carried.from_json(data["warm_start"]) if data.get("warm_start") else None
         values["try_first"] = tuple(dict(c) for c in data["try_first"]) if data.get("try_first") else None
         values["wall_s"] = float(data.get("wall_s") or 0.0)
+        values["spans"] = tuple((float(start), float(seconds)) for start, seconds in data["spans"]) \
+            if data.get("spans") is not None else None
         return cls(**values, unknown=unknown)
 
     def to_json(self) -> dict[str, Any]:
@@ -134,9 +141,11 @@ class SweepRecord:
         """The sweep's time budget ended it: the trials it stopped are cut (their checks count)."""
         return any(t.cut for t in self.trials)
 
-    def with_run(self, trials: Sequence[TrialRecord], seconds: float) -> SweepRecord:
-        """The record after a run of ``seconds`` that left ``trials``."""
-        return replace(self, trials=tuple(trials), wall_s=round(self.wall_s + seconds, 1))
+    def with_run(self, trials: Sequence[TrialRecord], started: float, seconds: float) -> SweepRecord:
+        """The record after a run that began at ``started`` (Unix seconds), ran ``seconds`` and
+        left ``trials``."""
+        return replace(self, trials=tuple(trials), wall_s=round(self.wall_s + seconds, 1),
+                       spans=(*(self.spans or ()), (round(started, 3), round(seconds, 3))))
 
 
 def sweep_dir(workdir: Path, name: str) -> Path:
@@ -204,7 +213,7 @@ HEADER = {"schema": "positive?", "name": "name", "dataset": "text?", "data_dir":
           "optuna": "mapping?", "asha": "mapping?", "base": "mapping?", "num_samples": "positive?",
           "time_budget_s": "seconds?", "warm_start": "mapping?", "try_first": "list?",
           "workers_per_trial": "positive?", "gpus_per_worker": "share?", "max_concurrent": "positive?",
-          "register": "text?", "wall_s": "number?", "trials": "list"}
+          "register": "text?", "wall_s": "number?", "spans": "spans?", "trials": "list"}
 ROW = {"trial_id": "text", "config": "mapping", "params": "mapping?", "best_valid_acc": "accuracy?",
        "checkpoint": "text?", "mlflow_run_id": "text?", "status": "text", "checks": "count", "steps": "count",
        "stop_reason": "text?", "error": "text?", "name": "text?", "seconds": "seconds?"}

@@ -145,7 +145,7 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
     try:
         records = launcher.sweep(request)
     except KeyboardInterrupt:                # the stop marks every run of the sweep (stops.on_stop)
-        _record_stop(plan, sweep, launcher, request, time.time() - started)
+        _record_stop(plan, sweep, launcher, request, started)
         raise
     except DiskFullError as err:             # the trials are stopped: mark the runs and trials
         raise stops.stopped_by_full_disk(tracker, launcher, plan.experiment, plan.name, search, err,
@@ -153,7 +153,7 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
     except BaseException:
         parent.end("FAILED")
         raise
-    sweep = sweep.with_run(records, time.time() - started)
+    sweep = sweep.with_run(records, started, time.time() - started)
     if console is not None:
         _log.info(console.summary(time.time() - started))
         for note in comparison.ranked_poorly(console.first_comparison(search.preset.grace_period)):
@@ -165,14 +165,14 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
 
 
 def _record_stop(plan: SweepPlan, sweep: SweepRecord, launcher: Launcher, request: SweepRequest,
-                 seconds: float) -> None:
+                 started: float) -> None:
     """The record of a sweep that a signal stopped: its trials as its run last saved them and the
-    ``seconds`` it ran, so that it is listed as interrupted with its trials and its time adds up
-    over its resumes. A record that cannot be made is a warning: the resume needs only the one
-    the sweep began with."""
+    time it ran since ``started``, so that it is listed as interrupted with its trials and its
+    time adds up over its resumes. A record that cannot be made is a warning: the resume needs
+    only the one the sweep began with."""
     try:
         trials = launcher.saved_trials(request) or sweep.trials
-        sweep_file.write(plan.record_file, sweep.with_run(trials, seconds))
+        sweep_file.write(plan.record_file, sweep.with_run(trials, started, time.time() - started))
     except Exception as err:  # noqa: BLE001 - the stop goes on: its line and the marks matter more
         _log.warning(printable(f"sweep {plan.name}: its trials were not recorded at the stop ({err}); "
                                f"its resume continues it all the same"))

@@ -41,6 +41,9 @@ KINDS: dict[str, tuple[str, Any]] = {
     "positive": ("a whole number >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
     "list": ("a list", lambda v: isinstance(v, list)),
     "mapping": ("a mapping", lambda v: isinstance(v, Mapping)),
+    "spans": ("a list of [start, seconds] pairs of finite numbers, seconds >= 0",
+              lambda v: isinstance(v, list) and all(isinstance(s, list) and len(s) == 2 and all(map(_number, s))
+                                                    and s[1] >= 0 for s in v)),
 }
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs.config.exploration import RANKED_FROM, separable
@@ -33,6 +33,7 @@ from iaa.platform.sweeps.studies.carried_trials import CARRIED_FROM, scored_valu
 FIGURES = ("importances", "parallel_coordinates", "intermediate_values", "history")
 RANKING_FIGURES = ("importances", "parallel_coordinates")   # drawn from RANKED_FROM scored trials on
 OBJECTIVE = "best valid_acc"       # what each trial is valued by (its best check)
+_SPAN_SLACK_S = 1.0                # a run's span is rounded: a trial's end this close to it is inside
 
 
 def named(trial: Any) -> str:
@@ -56,8 +57,10 @@ def _scored_copy(study: Any) -> Any:
     return copy
 
 
-def analyze(storage_url: str, study_name: str, out_dir: Path) -> StudyAnalysis:
+def analyze(storage_url: str, study_name: str, out_dir: Path,
+            spans: Sequence[tuple[float, float]] = ()) -> StudyAnalysis:
     """Draw the figures of study ``study_name`` into ``out_dir``; return their paths and numbers.
+    ``spans``: the sweep's runs (start in Unix seconds, seconds), for the history's running time.
 
     Importances and parallel coordinates compare trials: with fewer than
     :data:`~iaa.jobs.config.exploration.RANKED_FROM` scored trials there are none (``importances``
@@ -69,7 +72,7 @@ def analyze(storage_url: str, study_name: str, out_dir: Path) -> StudyAnalysis:
     scored = _scored_copy(study)
     evaluator = _fanova() if _apart(scored) else None      # None: no importances
     importances = _importances(scored, evaluator) if evaluator is not None else {}
-    history = best_so_far(study)
+    history = best_so_far(study, spans)
     figures = _draw(study, scored, history, out_dir, evaluator=evaluator)
     return _analysis(study, scored, storage_url, importances, history, figures)
 
@@ -212,11 +215,12 @@ def _plot_checks(study: Any) -> None:
     ax.set_ylabel("valid_acc")
 
 
-def best_so_far(study: Any) -> tuple[HistoryPoint, ...]:
+def best_so_far(study: Any, spans: Sequence[tuple[float, float]] = ()) -> tuple[HistoryPoint, ...]:
     """The sweep's best valid_acc as its own trials ended (not those carried from an earlier
-    sweep): each finished or stopped trial (by its end, hours after the first trial started, wall
-    clock: a resumed sweep's pause counts) with its value (its best check), the best of all the
-    trials ended by then, and whether the time budget stopped it (``cut``)."""
+    sweep): each finished or stopped trial (by its end, hours after the first trial started: by
+    the wall clock, and by the time the sweep ran, its ``spans``, where they hold that end) with
+    its value (its best check), the best of all the trials ended by then, and whether the time
+    budget stopped it (``cut``)."""
     from optuna.trial import TrialState
 
     trials = [t for t in study.get_trials(deepcopy=False) if not _carried(t)]
@@ -224,30 +228,43 @@ def best_so_far(study: Any) -> tuple[HistoryPoint, ...]:
     if not starts:
         return ()
     first, points, best = min(starts), [], None
+    origin = _ran_s(spans, first.timestamp())
     ended = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.datetime_complete]
     for t in sorted(ended, key=lambda t: t.datetime_complete):
         value = t.value if t.state == TrialState.COMPLETE else max(t.intermediate_values.values(), default=None)
         if value is None:
             continue
         best = value if best is None else max(best, value)
+        ran = _ran_s(spans, t.datetime_complete.timestamp())
         points.append(HistoryPoint(number=t.number, name=named(t), value=value, best=best, cut=_cut(t),
-                                   hours=(t.datetime_complete - first).total_seconds() / 3600))
+                                   hours=(t.datetime_complete - first).total_seconds() / 3600,
+                                   running_hours=None if ran is None or origin is None else (ran - origin) / 3600))
     return tuple(points)
 
 
+def _ran_s(spans: Sequence[tuple[float, float]], at: float) -> float | None:
+    """Seconds that the sweep's runs (``spans``: start, seconds) had run by ``at`` (Unix seconds);
+    None where ``at`` falls in no run (a run that did not record itself, or a record without runs)."""
+    if not any(start - _SPAN_SLACK_S <= at <= start + seconds + _SPAN_SLACK_S for start, seconds in spans):
+        return None
+    return sum(min(max(at - start, 0.0), seconds) for start, seconds in spans)
+
+
 def _plot_history(plt: Any, history: tuple[HistoryPoint, ...], carried: list[Any]) -> None:
-    """The best valid_acc so far against the sweep's wall-clock hours, each trial's end a dot (a
-    square where the time budget stopped it): how
-    long the search took to find its best, and whether more time would likely pay; the best of
-    the trials a warm start ``carried`` is a dashed line."""
+    """The best valid_acc so far against the hours the sweep ran (the wall clock where its runs
+    are not all recorded), each trial's end a dot (a square where the time budget stopped it):
+    how long the search took to find its best, and whether more time would likely pay; the best
+    of the trials a warm start ``carried`` is a dashed line."""
     _, ax = plt.subplots()
     if carried:
         origins = ", ".join(sorted({t.user_attrs[CARRIED_FROM] for t in carried}))
         ax.axhline(max(map(scored_value, carried)), color="steelblue", linestyle="--", linewidth=1.5,
                    label=f"best of the {len(carried)} trials carried from sweep {origins}")
-    unit, per_hour = ("hours", 1) if history and history[-1].hours >= 2 else ("minutes", 60)
+    running = bool(history) and all(p.running_hours is not None for p in history)
+    hours = [p.running_hours if running else p.hours for p in history]
+    unit, per_hour = ("hours", 1) if hours and hours[-1] >= 2 else ("minutes", 60)
     if history:
-        at = [p.hours * per_hour for p in history]
+        at = [h * per_hour for h in hours]
         ax.step(at, [p.best for p in history], where="post", color="crimson", linewidth=2, label="best so far")
         ended = [(x, p.value) for x, p in zip(at, history) if not p.cut]
         cut = [(x, p.value) for x, p in zip(at, history) if p.cut]
@@ -259,7 +276,8 @@ def _plot_history(plt: Any, history: tuple[HistoryPoint, ...], carried: list[Any
     if history or carried:
         ax.legend(loc="best", fontsize="small")
     ax.set_xlim(left=0)
-    ax.set_xlabel(f"{unit} since the first trial started (wall clock)")
+    ax.set_xlabel(f"{unit} since the first trial started"
+                  + (" (the sweep's running time: its stops left out)" if running else " (wall clock)"))
     ax.set_ylabel("valid_acc")
     ax.set_title("Best valid_acc found over time")
 
