@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 
 import psutil
 
@@ -100,6 +101,20 @@ def descendants(root: int) -> list[int]:
         return [child.pid for child in psutil.Process(root).children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def end(pids: Sequence[int], wait_s: float) -> None:
+    """SIGKILL ``pids`` and wait, at most ``wait_s``, until they have exited: a port one of them
+    listened on is free once this returns, so a server started right after finds it so."""
+    killed = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            process.kill()
+        except psutil.Error:                    # gone already, or not this user's
+            continue
+        killed.append(process)
+    psutil.wait_procs(killed, timeout=wait_s)
 
 
 def adopt_orphans() -> None:

@@ -35,6 +35,7 @@ from iaa.platform import listeners
 _log = logging.getLogger(__name__)
 
 STOP_S = 20.0                      # the most a stop takes before the process ends anyway
+KILLED_WAIT_S = 3.0                # the most it then waits for the processes it killed to exit
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -163,9 +164,6 @@ def _end_now(local: bool, code: int, pending: BaseException | None = None) -> No
 
 
 def _kill_ours() -> None:
-    """SIGKILL every process below this one (all of them this command's local Ray's)."""
-    for pid in listeners.descendants(os.getpid()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    """SIGKILL every process below this one (all of them this command's local Ray's), and wait for
+    them to exit: the port their proxy held is free when the command ends."""
+    listeners.end(listeners.descendants(os.getpid()), KILLED_WAIT_S)
