@@ -85,6 +85,37 @@ def ingress(answerer, setup, monkeypatch):  # noqa: F811 - the fixtures imported
     return made
 
 
+@pytest.mark.timeout(60)
+def test_ready_says_503_at_once_while_no_reader_has_loaded_the_model(monkeypatch):
+    """A starting server's readers are still loading the model: ``/ready`` answers 503 at once, as
+    a readiness probe (with its timeout of a second or so) expects, rather than waiting the time
+    that a busy reader is given; once a reader has answered, that longer wait applies."""
+    from ray import serve
+
+    class Loading:
+        loaded = False
+
+        async def describe(self, extra):
+            if not self.loaded:
+                await asyncio.sleep(3600)           # a replica still in its constructor
+            return 200, json.dumps({"ready": True}), {}
+
+    monkeypatch.setattr(ray_serve, "_grpc_on_node_address", lambda: None)
+    reader = Loading()
+    user_class = ray_serve.Ingress.func_or_class.__bases__[0]
+    # the class's own module globals (Serve's wrapper holds a copy of them): without a shorter
+    # first wait, the call would hang
+    monkeypatch.setitem(user_class._describe.__globals__, "READY_WAIT_S", 3600.0)
+    made = user_class(_Handle(reader), asdict(job.Limits()), job.CODE, {"kind": "checkpoint", "ref": "m.pt"})
+    monkeypatch.setattr(serve, "get_replica_context", lambda: SimpleNamespace(servable_object=made))
+
+    status, _, body = _get("/ready")
+    assert status == 503 and json.loads(body)["ready"] is False
+    assert_says(json.loads(body)["error"], "no reader replica has loaded the model yet")
+    reader.loaded = True
+    assert _get("/ready")[0] == 200 and made._wait_s() == 3600.0          # a busy reader is waited for now
+
+
 def _urls(page: str) -> list[str]:
     return re.findall(r'(?:src|href|url:)\s*=?\s*"([^"]+)"', page)
 

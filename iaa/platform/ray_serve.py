@@ -14,7 +14,9 @@ Two deployments. ``Reader`` replicas each hold the answerer that the job's ``cod
   answering it in a batch: ``serve.batch`` gathers up to ``max_batch`` requests (waiting at most
   ``batch_wait_ms``) into one model call.
 - ``GET /ready`` answers 200 once a reader has loaded the model and answered a warm-up question
-  (a reader takes requests only after its constructor), else 503. ``GET /`` adds the limits and
+  (a reader takes requests only after its constructor), else 503: within :data:`FIRST_WAIT_S`
+  while no reader has answered yet, after :data:`READY_WAIT_S` once one has (the readers are
+  busy, or being replaced). ``GET /`` adds the limits and
   the URLs of ``GET /docs`` and ``GET /openapi.json``, which describe the API for the served
   model (named in the title; the request body's examples, and the model's answers to them); the
   page's script and styles are served here too (:mod:`iaa.platform.serve_docs`), not from a CDN.
@@ -57,7 +59,8 @@ from iaa.platform.serve_proxy import over_limit, proxy_env
 from iaa.platform.serve_text import log_text, model_headers
 
 ROUTE = "/"
-READY_WAIT_S = 5.0                 # GET /ready, /openapi.json: how long to wait for a reader before 503
+READY_WAIT_S = 5.0                 # GET /ready, /openapi.json: how long to wait for a busy reader before 503
+FIRST_WAIT_S = 0.5                 # ... before any reader has answered (they are loading the model): 503 at once
 OPENAPI_URL = "/openapi.json"
 
 
@@ -201,13 +204,14 @@ class Ingress:
         self.parse, self.api = code.parse, code.api
         self.traits: tuple[str, bool] | None = None        # the model's placeholder and lowercasing, once known
         self.document: dict[str, Any] | None = None         # the OpenAPI document, once the placeholder is known
+        self.answered = False                               # a reader has described itself: the model is loaded
 
     @app.get(OPENAPI_URL, include_in_schema=False)
     async def openapi(self, request: Request) -> Response:
         """The OpenAPI document, for the served model (its name, its placeholder word, examples it
         answers and its answers to them)."""
         try:
-            placeholder, lowercase = await asyncio.wait_for(self._traits(), READY_WAIT_S)
+            placeholder, lowercase = await asyncio.wait_for(self._traits(), self._wait_s())
         except (asyncio.TimeoutError, _NoReader):
             return _refusal(503, "no reader replica has loaded the model yet")
         if self.document is None:
@@ -266,11 +270,18 @@ class Ingress:
             self.traits = tuple(await self._remote("traits"))
         return self.traits
 
+    def _wait_s(self) -> float:
+        """How long a readiness question waits for a reader: briefly while none has answered yet (a
+        starting server says so at once, as a probe expects), longer once one has (a busy reader)."""
+        return READY_WAIT_S if self.answered or self.traits is not None else FIRST_WAIT_S
+
     async def _describe(self, limits: dict[str, int] | None) -> Response:
         try:
-            return await asyncio.wait_for(self._call("describe", limits), READY_WAIT_S)
+            described = await asyncio.wait_for(self._call("describe", limits), self._wait_s())
         except asyncio.TimeoutError:
             return _json({"ready": False, "error": "no reader replica has loaded the model yet", "status": 503}, 503)
+        self.answered = self.answered or described.status_code == 200
+        return described
 
     async def _call(self, method: str, *args: Any) -> Response:
         try:
