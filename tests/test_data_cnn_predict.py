@@ -83,6 +83,21 @@ def test_a_question_file_gives_the_prediction_its_name(model, tmp_path):
     assert {"probs", "correct", "absent_candidates", "unknown_share"} <= set(row)
 
 
+def test_the_explain_page_and_json_give_the_entities_real_names(model, tmp_path):
+    """A CNN question file names its entities: the explain page shows each candidate's name beside
+    it and in its words' tooltips, and ``--json`` gives them (``entity_names``)."""
+    path = tmp_path / "q.question"
+    path.write_text(question())
+    code, output = invoke("explain", *model, "--input", path, "--out", tmp_path / "x.html", "--json")
+    assert code == 0, output
+    (record,) = json.loads(output[output.index("{"):])["examples"]
+    assert record["entity_names"] == {word: NAMES[word] for word in record["candidates"] if word in NAMES} != {}
+    page = (tmp_path / "x.html").read_text()
+    for word, name in record["entity_names"].items():
+        assert f'<td>{word}<span class="name">{name}</span>' in page
+        assert f'title="{name}: ' in page
+
+
 def test_json_lines_records_may_carry_entity_names(model, tmp_path):
     record = {"id": "r1", "document": question().split("\n")[2], "query": "@placeholder left @entity3 behind",
               "candidates": ["@entity3", "@entity0", "@entity7"]}

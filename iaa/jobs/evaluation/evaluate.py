@@ -12,7 +12,7 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -116,6 +116,9 @@ class Examples:
     inputs: dict[str, Any]     # what the output policy keeps outputs off
     warnings: tuple[str, ...] = ()   # about the input's questions (a candidate absent from its document)
     temperature: float = 1.0         # the one the reader answers at (iaa.jobs.modeling.checkpoint.temperature)
+    # per row of ``table``, the real names of its entity words (``@entity0`` -> ``Ann Lee``) where
+    # the input gives them (a CNN question file, a record's ``entities``); a prepared split keeps none
+    names: tuple[Mapping[str, str], ...] = ()
 
 
 def input_name(input_path: Path) -> str:
@@ -155,12 +158,13 @@ def load_examples(checkpoint_path: Path, *, data_dir: Path | None = None, split:
         predictor = Predictor.load([Path(checkpoint_path)], data_dir, precision=precision)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            table = labelled_rows(read_input(Path(input_path), predictor.vocab.placeholder), predictor.vocab,
-                                  predictor.lowercase, need_answers=need_answers)
+            questions = read_input(Path(input_path), predictor.vocab.placeholder)
+            table = labelled_rows(questions, predictor.vocab, predictor.lowercase, need_answers=need_answers)
         model = predictor.models[0]
         return Examples(model, model.cfg.kind, table.slice(0, limit), predictor.vocab.tokens, input_name(input_path),
                         str(input_path), example_inputs(checkpoint_path, data_dir, input_path),
-                        tuple(str(w.message) for w in caught), predictor.temperature)
+                        tuple(str(w.message) for w in caught), predictor.temperature,
+                        tuple(dict(q.names) for q in questions[:limit]))
     from iaa.data.loading.loader import PreparedData
 
     assert data_dir is not None and split is not None

@@ -64,6 +64,7 @@ def example_records(found: Examples, rows: Sequence[int]) -> list[ExplainedExamp
         scaled = calibration.scaled(candidate_probs(log_p).double().numpy(), found.temperature)
         probs = [round(p, ROUND) for p in scaled[0].tolist()]
         pointed = set(shard["doc_cand"])                                   # the candidates a document word names
+        named = found.names[row] if row < len(found.names) else {}
         gaps = unknowns.of_row(shard["doc"], shard["candidates"], words)
         records.append(ExplainedExample(
             example_id=shard["example_id"],
@@ -84,6 +85,7 @@ def example_records(found: Examples, rows: Sequence[int]) -> list[ExplainedExamp
             unknown_share=gaps["unknown_share"],
             unknown_candidates=tuple(gaps["unknown_candidates"]),
             absent_candidates=tuple(w for i, w in enumerate(words) if i not in pointed),
+            entity_names={w: named[w] for w in words if w in named},
         ))
     return records
 

@@ -8,7 +8,7 @@ and its tooltip. Query attention is blue, document attention red, as in the pape
 from __future__ import annotations
 
 from html import escape
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from iaa.jobs.evaluation.explaining.explained import ExplainedExample, ExplainedStep
 
@@ -38,6 +38,7 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 6px;border-top
 .verdict.right{background:#e3f3e3;color:#2a7d2a}.verdict.wrong{background:#fbe4e2;color:#b3261e}
 .verdict.none{background:#eee;color:#555}.mp.open{background:#555}.mark.unk,.mark.absent{background:#8a6d00}
 .gaps{font-size:12px;color:#8a6d00;margin:2px 0}
+.name{color:#555;margin-left:6px;font-size:12px}
 """
 
 
@@ -58,7 +59,7 @@ def render_page(records: Sequence[ExplainedExample], title: str, *, origin: str 
             +
             "<p class=\"legend\">Each row is an inference step t. Blue: query attention q<sub>i,t</sub>; red: "
             "document attention d<sub>i,t</sub> (colour scaled to the step's largest weight; hover a word for "
-            "its value). r<sub>q</sub>, r<sub>d</sub>: mean search-gate values. Dotted underline: a candidate.</p>"
+            "its value, and an entity's real name where the question gives it). r<sub>q</sub>, r<sub>d</sub>: mean search-gate values. Dotted underline: a candidate.</p>"
             f"{body}</body></html>\n")
 
 
@@ -85,8 +86,14 @@ def _verdict(r: ExplainedExample) -> str:
         return " <span class=\"verdict none\">no answer given</span>"
     if r.pred == r.gold:
         return " <span class=\"verdict right\">right</span>"
-    return (f" <span class=\"verdict wrong\">wrong: predicted {escape(r.candidates[r.pred])}, "
-            f"gold {escape(r.candidates[r.gold])}</span>")
+    return (f" <span class=\"verdict wrong\">wrong: predicted {escape(_named(r, r.candidates[r.pred]))}, "
+            f"gold {escape(_named(r, r.candidates[r.gold]))}</span>")
+
+
+def _named(r: ExplainedExample, word: str) -> str:
+    """``word``, with its real name where the question gives one: ``@entity3 (Ann Lee)``."""
+    name = r.entity_names.get(word)
+    return f"{word} ({name})" if name else word
 
 
 def _steps_taken(r: ExplainedExample) -> str:
@@ -114,7 +121,9 @@ def _candidates(r: ExplainedExample) -> str:
         if absent:
             marks += "<span class=\"mark absent\">not in the document</span>"
         cls = " class=\"gold\"" if i == r.gold else ""
-        rows.append(f"<tr{cls} data-cand=\"{escape(word)}\" data-p=\"{p}\"><td>{escape(word)}"
+        name = r.entity_names.get(word)
+        named = f"<span class=\"name\">{escape(name)}</span>" if name else ""
+        rows.append(f"<tr{cls} data-cand=\"{escape(word)}\" data-p=\"{p}\"><td>{escape(word)}{named}"
                     f"{marks}</td><td>{probability(p, absent)}</td><td><span class=\"bar\" style=\"width:{300 * p:.1f}px\"></span></td></tr>")
     return f"<table class=\"cands\">{''.join(rows)}</table>"
 
@@ -135,16 +144,19 @@ def _step(r: ExplainedExample, s: ExplainedStep) -> str:
     if s.halt_prob is not None:
         halt = "no halting unit (last step)" if s.r_q is None else f"halt h<sub>t</sub> {s.halt_prob:.3f}"
         gates += f"<br><span data-halt=\"{s.halt_prob}\">{halt}</span><br>weight p<sub>t</sub> {s.weight:.3f}"
-    query = (_tokens(r.query_tokens, s.query_attention, "q", placeholder=r.placeholder)
+    query = (_tokens(r.query_tokens, s.query_attention, "q", placeholder=r.placeholder, names=r.entity_names)
              if s.query_attention is not None else "<div class=\"q\">(final encoder states, no query attention)</div>")
-    doc = _tokens(r.doc_tokens, s.doc_attention, "d", cand=r.doc_cand)
+    doc = _tokens(r.doc_tokens, s.doc_attention, "d", cand=r.doc_cand, names=r.entity_names)
     return (f"<div class=\"step\" data-step=\"{s.step}\"><div><div class=\"t\">t = {s.step}</div>"
             f"<div class=\"gates\">{gates}</div></div><div>{query}{doc}</div></div>")
 
 
 def _tokens(words: Sequence[str], weights: Sequence[float], kind: str, *, placeholder: str | None = None,
-            cand: Sequence[int] | None = None) -> str:
+            cand: Sequence[int] | None = None, names: Mapping[str, str] | None = None) -> str:
+    """The words of the query or the document, each coloured by its weight; its tooltip gives the
+    weight, after the word's real name where ``names`` has one (a CNN entity)."""
     peak = max(weights, default=0.0) or 1.0
+    names = names or {}
     spans = []
     for i, (word, w) in enumerate(zip(words, weights)):
         cls = "w"
@@ -152,6 +164,7 @@ def _tokens(words: Sequence[str], weights: Sequence[float], kind: str, *, placeh
             cls += " c"
         if word == placeholder:
             cls += " ph"
-        spans.append(f"<span class=\"{cls}\" data-w=\"{w}\" title=\"{w:.4f}\" style=\"--a:{w / peak:.3f}\">"
+        tip = f"{names[word]}: {w:.4f}" if word in names else f"{w:.4f}"
+        spans.append(f"<span class=\"{cls}\" data-w=\"{w}\" title=\"{escape(tip)}\" style=\"--a:{w / peak:.3f}\">"
                      f"{escape(word)}</span>")
     return f"<div class=\"{kind}\" data-kind=\"{kind}\">{' '.join(spans)}</div>"

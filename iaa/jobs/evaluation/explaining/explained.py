@@ -8,8 +8,8 @@ programs parse that object, so a field may be added, never renamed or removed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,9 @@ class ExplainedExample:
         unknown_share: the share of the document's words that are ``<unk>`` to the reader.
         unknown_candidates: the candidates that are ``<unk>`` to the reader.
         absent_candidates: the candidates no document word names (probability 0).
+        entity_names: the real names of its candidates where the question gives them (a CNN
+            question file, or an ``--input`` record's ``entities``: ``@entity0`` -> ``Ann Lee``);
+            empty where it gives none (a prepared split keeps no names).
     """
 
     example_id: str
@@ -77,6 +80,7 @@ class ExplainedExample:
     unknown_share: float
     unknown_candidates: tuple[str, ...]
     absent_candidates: tuple[str, ...]
+    entity_names: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def is_mistake(self) -> bool:
