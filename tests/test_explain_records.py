@@ -16,7 +16,7 @@ from tests._explain import tiny_setup
 
 EXAMPLE_KEYS = ["example_id", "model", "steps", "placeholder", "query_tokens", "doc_tokens", "doc_cand",
                 "candidates", "gold", "pred", "probs", "temperature", "stopped_at", "max_steps", "trace",
-                "unknown_share", "unknown_candidates", "absent_candidates"]
+                "unknown_share", "unknown_candidates", "absent_candidates", "entity_names"]
 STEP_KEYS = ["step", "query_attention", "doc_attention", "r_q", "r_d", "halt_prob", "weight"]
 
 
