@@ -431,6 +431,37 @@ def test_tune_cli_refuses_a_reduction_factor_of_one() -> None:
 # --- sweep names, records and epochs -----------------------------------------------------------------
 
 
+def test_resume_alone_finds_the_latest_sweep_of_the_dataset_and_model_whatever_its_name(tmp_path: Path) -> None:
+    """``tune --resume --dataset demo``: the most recently written sweep of demo and iaa, named with
+    ``--name`` or not; another dataset's or model's sweep is not it, and none is one line."""
+    import os
+
+    from iaa.errors import IaaError
+    from iaa.jobs.config.job_config import JobConfig, to_dict
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.tune import tune
+
+    def sweep(name: str, dataset: str, kind: str, written: float) -> None:
+        path = record.sweep_file(tmp_path, name)
+        path.parent.mkdir(parents=True)
+        base = to_dict(JobConfig(dataset=dataset))
+        base["model"]["kind"] = kind
+        record.write(path, record.SweepRecord(name=name, dataset=dataset, base=base))
+        os.utime(path, (written, written))
+
+    sweep("s1", "demo", "iaa", 1000.0)
+    sweep("demo-iaa-3f9c2a", "demo", "iaa", 2000.0)
+    sweep("s3", "demo", "iaa", 3000.0)                   # the latest of demo and iaa
+    sweep("s4", "demo", "as-reader", 4000.0)              # another model
+    sweep("s5", "cbt-ne", "iaa", 5000.0)                  # another dataset
+    assert tune.sweep_name(tune.TuneRequest(dataset="demo", workdir=tmp_path, resume=True)) == "s3"
+    assert tune.sweep_name(tune.TuneRequest(dataset="demo", model_kind="as-reader", workdir=tmp_path,
+                                            resume=True)) == "s4"
+    with pytest.raises(IaaError) as none:
+        tune.sweep_name(tune.TuneRequest(dataset="cbt-cn", workdir=tmp_path, resume=True))
+    assert_says(str(none.value), "no sweep of iaa on cbt-cn", "its sweeps, newest first: s5, s4, s3")
+
+
 def test_default_sweep_names_are_unique_and_a_taken_name_is_refused(tmp_path: Path) -> None:
     from iaa.errors import IaaError
     from iaa.jobs.tune import tune

@@ -294,6 +294,25 @@ def find(workdir: Path, name: str) -> Path:
     raise IaaError(f"no sweep {name!r}: {exact} does not exist; {there}")
 
 
+def latest(workdir: Path, dataset: str, model_kind: str) -> Path:
+    """The ``sweep.json`` of the most recently written sweep of ``dataset`` and ``model_kind``,
+    whatever its name (a damaged record is passed over). Raises :class:`IaaError` when there is none."""
+    for path in newest(workdir):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        base = data.get("base") if isinstance(data, Mapping) else None
+        model = base.get("model") if isinstance(base, Mapping) else None
+        kind = model.get("kind", "iaa") if isinstance(model, Mapping) else "iaa"
+        if data.get("dataset") == dataset and kind == model_kind:
+            return path
+    held = [path.parent.name for path in newest(workdir)]
+    there = (f"its sweeps, newest first: {', '.join(held[:8])}{' ...' if len(held) > 8 else ''}"
+             if held else f"{Workdir(workdir).sweeps} holds no sweep: give the `workdir` a sweep ran in")
+    raise IaaError(f"no sweep of {model_kind} on {dataset} in the work folder {Path(workdir).absolute()}; {there}")
+
+
 def newest(workdir: Path) -> list[Path]:
     """The ``sweep.json`` of every sweep of ``workdir``, the most recently written first."""
     def written(path: Path) -> float:

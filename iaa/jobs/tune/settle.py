@@ -201,13 +201,13 @@ def sweep_config(req: TuneRequest, cfg: JobConfig, preset: TunePreset, chosen: s
 
 
 def sweep_name(req: TuneRequest) -> str:
-    """``name``; else a new unique name, or with ``resume`` the latest sweep of dataset and model."""
+    """``name``; else a new unique name, or with ``resume`` the latest sweep of dataset and model
+    (named or not)."""
     if req.name:
         return req.name
-    base = f"{req.dataset}-{req.model_kind}"
     if not req.resume:
-        return sweep_file.unique_name(base)
-    return sweep_file.find(Path(req.workdir), base).parent.name
+        return sweep_file.unique_name(f"{req.dataset}-{req.model_kind}")
+    return sweep_file.latest(Path(req.workdir), req.dataset, req.model_kind).parent.name
 
 
 def _record(workdir: Path, name: str) -> SweepRecord:
