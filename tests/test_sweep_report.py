@@ -148,6 +148,19 @@ def test_the_report_gives_the_dashboards_importances_beside_its_own(tmp_path: Pa
     assert "4 COMPLETE" in line and "all 8 scored" in line
 
 
+def test_the_dashboard_importances_that_tie_are_in_the_order_of_their_names(tmp_path: Path, monkeypatch) -> None:
+    """PED-ANOVA orders tied importances by chance: the report orders them by name, so two runs
+    of it print the same line."""
+    from iaa.platform.sweeps.studies.study import dashboard_importances
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    _study(url)
+    study = optuna.load_study(study_name="demo-x", storage=url)
+    monkeypatch.setattr(optuna.importance, "get_param_importances",
+                        lambda *args, **kwargs: {"train.lr": 0.0, "model.steps": 0.0, "model.hidden_dim": 0.5})
+    assert list(dashboard_importances(study)) == ["model.hidden_dim", "model.steps", "train.lr"]
+
+
 def test_the_dashboard_importances_are_optuna_dashboards_own(tmp_path: Path) -> None:
     """Against optuna-dashboard's code where it is installed (the ``dashboard`` extra)."""
     importance = pytest.importorskip("optuna_dashboard._importance", reason="optuna-dashboard is not installed")

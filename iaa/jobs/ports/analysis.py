@@ -73,8 +73,9 @@ class HistoryPoint:
         cut: the sweep's time budget stopped it.
         running_hours: when it ended, in hours that the sweep had run by then: the wall clock less
             the time it stood stopped between its runs. None where the sweep's record holds no
-            runs (written before they were recorded) or the trial ended outside them (in a run
-            still going, or in one killed before it could record itself).
+            runs (written before they were recorded), or where the sweep's first trial started or
+            this one ended outside them (a run begun by an earlier version, one still going, or
+            one killed before it could record itself).
     """
 
     number: int

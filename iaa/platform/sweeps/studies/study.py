@@ -292,7 +292,8 @@ def _lower_is_better(study: Any) -> Any:
 
 def dashboard_importances(study: Any) -> dict[str, float]:
     """The parameter importances optuna-dashboard shows for ``study``: PED-ANOVA with its defaults
-    over the COMPLETE trials, highest first; {} with fewer than 2 (the dashboard shows none)."""
+    over the COMPLETE trials, highest first, ties by name (the evaluator orders them by chance); {}
+    with fewer than 2 (the dashboard shows none)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -306,7 +307,7 @@ def dashboard_importances(study: Any) -> dict[str, float]:
     if not found:                                  # the dashboard's equal shares
         names = sorted({name for t in trials for name in t.distributions})
         found = {name: 1 / len(names) for name in names}
-    return {k: float(v) for k, v in found.items()}
+    return {k: float(v) for k, v in sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))}
 
 
 def _readable_lines(ax: Any) -> None:
