@@ -534,7 +534,7 @@ def test_an_explicit_max_epochs_is_kept_whatever_it_is(tiny: Path, tmp_path: Pat
 @pytest.mark.parametrize("args, message", [
     (["--resume", "gone"], "no sweep 'gone' to resume in the work folder"),
     (["--name", "gone", "--resume"], "give the --workdir it ran in"),
-    (["--resume"], "no sweep 'cbt-ne-iaa'"),
+    (["--resume"], "no sweep of iaa on cbt-ne in the work folder"),
     (["--resume", "a", "--name", "b"], "name different sweeps"),
 ])
 def test_resume_names_the_sweep_to_continue(tiny: Path, tmp_path: Path, args: list, message: str) -> None:
