@@ -288,9 +288,7 @@ def find(workdir: Path, name: str) -> Path:
     runs = [p for p in Workdir(workdir).sweeps.glob(f"{name}-*/{SWEEP_RECORD}") if _is_id(p.parent.name, name)]
     if runs:
         return max(runs, key=lambda p: p.stat().st_mtime)
-    held = [path.parent.name for path in newest(workdir)]
-    there = (f"this work folder's sweeps, newest first: {', '.join(held[:8])}{' ...' if len(held) > 8 else ''}"
-             if held else f"{Workdir(workdir).sweeps} holds no sweep: give the `workdir` a sweep ran in")
+    there = _held(workdir, "this work folder's")
     raise IaaError(f"no sweep {name!r}: {exact} does not exist; {there}")
 
 
@@ -307,10 +305,16 @@ def latest(workdir: Path, dataset: str, model_kind: str) -> Path:
         kind = model.get("kind", "iaa") if isinstance(model, Mapping) else "iaa"
         if data.get("dataset") == dataset and kind == model_kind:
             return path
+    raise IaaError(f"no sweep of {model_kind} on {dataset} in the work folder {Path(workdir).absolute()}; "
+                   f"{_held(workdir, 'its')}")
+
+
+def _held(workdir: Path, whose: str) -> str:
+    """The sweeps ``workdir`` holds, newest first (``whose`` sweeps), for a refusal; or that it holds none."""
     held = [path.parent.name for path in newest(workdir)]
-    there = (f"its sweeps, newest first: {', '.join(held[:8])}{' ...' if len(held) > 8 else ''}"
-             if held else f"{Workdir(workdir).sweeps} holds no sweep: give the `workdir` a sweep ran in")
-    raise IaaError(f"no sweep of {model_kind} on {dataset} in the work folder {Path(workdir).absolute()}; {there}")
+    if not held:
+        return f"{Workdir(workdir).sweeps} holds no sweep: give the `workdir` a sweep ran in"
+    return f"{whose} sweeps, newest first: {', '.join(held[:8])}{' ...' if len(held) > 8 else ''}"
 
 
 def newest(workdir: Path) -> list[Path]:
