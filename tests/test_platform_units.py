@@ -391,6 +391,39 @@ def test_a_trial_that_failed_and_runs_again_from_its_checkpoint_comes_back_with_
     assert again.params == failed.params == params and again.user_attrs["continues_trial"] == failed.number
 
 
+def test_a_trial_a_stop_cut_off_before_tune_saved_it_runs_again_under_its_name(tmp_path: Path) -> None:
+    """Tune saves a sweep (its searcher with it) every few seconds: a trial asked after the last
+    save is unknown to the resumed sweep, whose first new trial runs its configuration again,
+    under its name, and tells the sweep's runs which trial it replaces; the next one is new."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from iaa.platform.sweeps import driver_side
+    from iaa.platform.sweeps.search import search_algorithm as search
+    from iaa.platform.sweeps.studies.study import fail_unfinished
+    from tests._study import bound_study
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = search_space.parse({"model.steps": [1, 2, 3, 4], "model.hidden_dim": [16, 32]}, JobConfig())
+    with bound_study(url, "cut"):
+        first = search.searcher(space, seed=0, sweep="cut")
+        first.suggest("a")
+        first.save(str(tmp_path / "searcher.json"))            # Tune's last save before the stop
+        cut = first.suggest("b")
+        fail_unfinished(url, "cut", {"interrupted": "SIGINT"})  # what a stop marks
+        resumed = search.searcher(space, seed=0, sweep="cut")
+        resumed.restore(str(tmp_path / "searcher.json"))
+        again = resumed.suggest("c")
+        new = resumed.suggest("d")
+        assert driver_side.of("cut").again == {"c": "b"}
+    trials = optuna.load_study(study_name="cut", storage=url).trials
+    assert again == cut and new not in (cut, trials[0].params)
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING]
+    assert trials[2].user_attrs["trial_name"] == trials[1].user_attrs["trial_name"] == "trial-0001"
+    assert trials[2].user_attrs["continues_trial"] == 1 and trials[2].user_attrs["tune_trial_id"] == "c"
+    assert "interrupted" not in trials[2].user_attrs and trials[3].user_attrs["trial_name"] == "trial-0003"
+
+
 def test_grace_period_and_reduction_factor_override_the_preset_and_reach_asha() -> None:
     from iaa.jobs.tune import tune
     from iaa.platform.sweeps.search import search_algorithm as search

@@ -108,6 +108,34 @@ def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with
     assert "Ray" not in done.stderr.splitlines()[0]                 # a finished sweep starts no cluster
 
 
+def test_a_trial_that_runs_again_one_a_stop_cut_off_takes_its_run_and_name(tmp_path: Path) -> None:
+    """A resumed sweep's new trial ``c`` that runs again trial ``b``, which a stop cut off before
+    Tune saved it (``DriverSide.again``), goes on in ``b``'s run, RUNNING again under its name:
+    one run per trial, found by ``c`` from then on, and the sweep's tally counts it once."""
+    from iaa.jobs.config.job_config import JobConfig, to_dict
+    from iaa.jobs.tune import stops
+    from iaa.platform.sweeps import driver_side
+    from iaa.platform.sweeps.trials.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial_runs import TrialRuns
+
+    tracker = FakeTracker()
+    parent = tracker.start_run("e", "s")
+    cut = tracker.start_run("e", "trial-0001 h=8", parent_run_id=parent.run_id,
+                            tags={"sweep": "s", "trial_id": "b", "trial_number": "0001", "interrupted": "SIGINT"})
+    cut.end("KILLED")
+    spec = TrialSpec(name="s", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(JobConfig()))
+    side = driver_side.DriverSide(tracker=tracker, experiment="e", parent_run_id=parent.run_id, dataset="demo",
+                                  spec=spec, numbers={"c": 2}, again={"c": "b"})
+    with driver_side.bound("s", side):
+        TrialRuns("s").on_trial_start(0, [], _trial("c"))
+
+    assert side.run_ids == {"c": cut.run_id} and side.names == {"c": "trial-0001"}
+    assert cut.state == "RUNNING" and cut.tags["trial_id"] == "c" and "interrupted" not in cut.tags
+    assert len(tracker.find_runs("e", {"sweep": "s"})) == 1                        # one run for the trial
+    tally = stops.standing(tracker, "e", "s", parent.run_id)
+    assert (tally.finished, tally.unfinished) == (0, 1)
+
+
 def _trial(trial_id: str, **last: object) -> SimpleNamespace:
     return SimpleNamespace(trial_id=trial_id, config={"model.hidden_dim": 8}, status="TERMINATED",
                            last_result=dict(last), pickled_error_file=None, error_file=None)

@@ -59,6 +59,8 @@ class DriverSide:
     numbers: dict[str, int] = field(default_factory=dict)   # Tune trial id -> its number in the study, as asked
     names: dict[str, str] = field(default_factory=dict)     # Tune trial id -> its one name (``trial-0003``, ``seed-7``)
     given: set[str] = field(default_factory=set)            # Tune trial ids of configurations given to try first
+    again: dict[str, str] = field(default_factory=dict)     # Tune trial id -> the Tune id of the trial it runs
+                                                            # again (one a stop cut off before Tune saved it)
     finished_before: set[str] = field(default_factory=set)  # Tune trial ids whose runs had ended FINISHED when
                                                             # this process met them (a resumed sweep's)
     full: list[IaaError] = field(default_factory=list)      # the first full disk met (a DiskFullError): the run stops

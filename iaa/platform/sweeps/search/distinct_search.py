@@ -42,7 +42,7 @@ from iaa.errors import IaaError
 from iaa.files import DiskFullError, disk_full
 from iaa.jobs.config import exploration
 from iaa.jobs.config.presets import MODE, SEARCH_METRIC, STOP_METRIC
-from iaa.jobs.ports import trial_name
+from iaa.jobs.ports import INTERRUPTED_TAG, trial_name
 from iaa.platform.cluster.owner import owner
 from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.studies.given import TRIED_FIRST, is_given
@@ -55,6 +55,7 @@ OBJECTIVE_NAME = "valid_acc"   # the study's objective: a trial's best validatio
 MAX_REDRAWS = 50   # draws per proposal before a repeat is accepted (a range space almost never repeats)
 CYCLE = 3          # inner proposing one taken configuration this often: the rest of the draws are random
 MAX_ENUMERATED = 100_000   # a finite space up to this size: a random draw picks among its untried configurations
+STOP_MARKS = {INTERRUPTED_TAG, "killed", "disk_full"}   # user attributes of a trial a stop ended FAIL
 
 
 class DistinctSampler(BaseSampler):
@@ -233,20 +234,42 @@ class StudySearch(Searcher):
             raise
 
     def _suggest(self, trial_id: str) -> dict[str, Any] | None:
-        given = self._next_given()
+        cut_off = self._cut_off()
+        if cut_off is not None:                  # its configuration and name again, from the beginning
+            trial = self._ask_again(cut_off, checks=False)
+            if self.sweep is not None and driver_side.is_bound(self.sweep):
+                driver_side.of(self.sweep).again[trial_id] = cut_off.user_attrs["tune_trial_id"]
+            given = cut_off.user_attrs.get(TRIED_FIRST)
+        else:
+            given = self._next_given()
+            if given is not None:
+                self.study.enqueue_trial(self.given[given], user_attrs={TRIED_FIRST: given})
+            trial = self.study.ask(fixed_distributions=self.space)
+            trial.set_user_attr(OWNER_ATTR, owner())    # who runs it: a later command fails it once that is gone
+            trial.set_user_attr("trial_name", trial_name(trial.number))
         if given is not None:
-            self.study.enqueue_trial(self.given[given], user_attrs={TRIED_FIRST: given})
             self.given_ids.add(trial_id)
             if self.sweep is not None and driver_side.is_bound(self.sweep):
                 driver_side.of(self.sweep).given.add(trial_id)    # the scheduler sets it aside
-        trial = self.study.ask(fixed_distributions=self.space)
-        trial.set_user_attr(OWNER_ATTR, owner())        # who runs it: a later command fails it once that is gone
         trial.set_user_attr("tune_trial_id", trial_id)
-        trial.set_user_attr("trial_name", trial_name(trial.number))
         self.numbers[trial_id], self._live[trial_id] = trial.number, trial
         if self.sweep is not None and driver_side.is_bound(self.sweep):
             driver_side.of(self.sweep).numbers[trial_id] = trial.number   # the trial's run takes this number too
         return dict(trial.params)
+
+    def _cut_off(self) -> FrozenTrial | None:
+        """The first trial that a stop cut off before Tune saved it, to run again under its name.
+
+        Tune saves a sweep every few seconds (``TUNE_GLOBAL_CHECKPOINT_S``), its searcher with it.
+        A trial asked after the last save is unknown to the resumed sweep, which asks for a trial
+        in its place; without this, that place would go to a new configuration, and the one cut
+        off, counted as tried, would be skipped. Such a trial ended FAIL with a stop's mark, its
+        Tune id is neither restored nor asked here, and no later trial continues it."""
+        trials = self.study.get_trials(deepcopy=False)
+        continued = {t.user_attrs.get("continues_trial") for t in trials}
+        return next((t for t in trials if t.state == TrialState.FAIL and STOP_MARKS & t.user_attrs.keys()
+                     and t.user_attrs.get("tune_trial_id") not in (None, *self.numbers)
+                     and t.number not in continued and CARRIED_FROM not in t.user_attrs), None)
 
     def _next_given(self) -> int | None:
         """The index of the first given configuration that no trial of this sweep has run and that
@@ -275,14 +298,20 @@ class StudySearch(Searcher):
         elif frozen.state != TrialState.FAIL:                         # COMPLETE or PRUNED: told already
             self.completed.add(trial_id)
             return None
-        attrs = {k: v for k, v in frozen.user_attrs.items() if k not in ("interrupted", "killed", OWNER_ATTR)}
-        self.study.enqueue_trial(frozen.params, user_attrs={**attrs, "continues_trial": frozen.number})
-        revived = self.study.ask(fixed_distributions=self.space)
-        revived.set_user_attr(OWNER_ATTR, owner())
-        for step, value in sorted(frozen.intermediate_values.items()):
-            revived.report(value, step)
+        revived = self._ask_again(frozen, checks=True)
         self.numbers[trial_id], self._live[trial_id] = revived.number, revived
         return revived
+
+    def _ask_again(self, frozen: FrozenTrial, checks: bool) -> optuna.Trial:
+        """A new RUNNING trial with ``frozen``'s configuration and user attributes (its name, its
+        Tune id) but for a stop's marks, noted as continuing it; with its ``checks`` so far or none."""
+        attrs = {k: v for k, v in frozen.user_attrs.items() if k not in (*STOP_MARKS, OWNER_ATTR)}
+        self.study.enqueue_trial(frozen.params, user_attrs={**attrs, "continues_trial": frozen.number})
+        again = self.study.ask(fixed_distributions=self.space)
+        again.set_user_attr(OWNER_ATTR, owner())
+        for step, value in sorted(frozen.intermediate_values.items()) if checks else ():
+            again.report(value, step)
+        return again
 
     def _frozen(self, number: int) -> FrozenTrial | None:
         found = [t for t in self.study.get_trials(deepcopy=False) if t.number == number]

@@ -174,6 +174,9 @@ class TrialRuns(tune.Callback):
             return self._runs[trial.trial_id]
         side = self.side
         found = None if trial.trial_id in side.run_ids else self._find(trial.trial_id)
+        cut_off = side.again.get(trial.trial_id)
+        if found is None and cut_off is not None and trial.trial_id not in side.run_ids:
+            found = self._find(cut_off)          # the run of the trial it runs again: its name, one run
         run_id = side.run_ids.get(trial.trial_id) or (found.run_id if found else None)
         number = tagged_number(found.tags) if found is not None else None      # a resumed trial keeps its number
         earlier = found.tags.get(RESTORES_TAG, "") if found is not None else ""
@@ -201,6 +204,8 @@ class TrialRuns(tune.Callback):
                 run.log_dataset(side.data_dir)
         else:
             run = side.tracker.attach(run_id)
+            if found is not None and found.tags.get("trial_id") != trial.trial_id:
+                run.set_tags({"trial_id": trial.trial_id})      # a resume finds it by its new trial
         side.run_ids[trial.trial_id] = run.run_id
         side.names[trial.trial_id] = (run_name(self.sweep, trial.trial_id, trial.config, side.member_names)
                                       if trial.config and MEMBER_KEY in trial.config else trial_name(number))
