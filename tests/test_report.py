@@ -23,8 +23,9 @@ HISTORY = {"iaa": [(200, 0.31), (400, 0.36), (600, 0.41)], "as-reader": [(200, 0
 
 
 def _log_run(uri: str, experiment: str, name: str, model: str, points: list[tuple[int, float]], *,
-             batch: int = 32, workers: str = "0", parent: str | None = None) -> str:
-    run = tracking.Run.start(uri, experiment, name, tags={"model": model, "workers": workers}, parent_run_id=parent)
+             batch: int = 32, workers: str = "0", parent: str | None = None, sweep: str | None = None) -> str:
+    tags = {"model": model, "workers": workers, **({"sweep": sweep} if sweep else {})}
+    run = tracking.Run.start(uri, experiment, name, tags=tags, parent_run_id=parent)
     run.log_params({"train": {"batch_size": batch}, "model": {"kind": model}})
     for step, acc in points:
         run.log_metrics({"valid_acc": acc, "step": step, "train_loss": 2.0 - acc}, step=step)
@@ -139,6 +140,29 @@ def test_legend_entries_that_would_read_the_same_carry_their_run_ids() -> None:
     twice = [curve("aaaaaaaa11", "demo-iaa-seed0", "iaa"), curve("bbbbbbbb22", "demo-iaa-seed0", "iaa"),
              curve("cccccccc33", "run", "as-reader")]
     assert labels(twice) == ["demo-iaa-seed0 [aaaaaaaa]", "demo-iaa-seed0 [bbbbbbbb]", "run (as-reader)"]
+
+
+def test_the_trials_of_two_sweeps_are_told_apart_by_their_sweeps_names(tmp_path: Path) -> None:
+    """Every sweep numbers its trials from trial-0000: drawn together, each trial's legend entry and
+    line begin with its sweep's name; the trials of one sweep alone read as their runs are named."""
+    workdir = tmp_path / "work"
+    uri = Workdir(workdir).tracking_uri()
+    for sweep, h in (("demo-iaa-aaa111", 8), ("demo-iaa-bbb222", 16)):
+        parent = tracking.Run.start(uri, "tune-demo", sweep, tags={"sweep": sweep})
+        parent.end()
+        _log_run(uri, "tune-demo", f"trial-0000 h={h}", "iaa", HISTORY["iaa"], parent=parent.run_id, sweep=sweep)
+    out = workdir / "sweeps.png"
+    result = CliRunner().invoke(cli, ["report", "--workdir", str(workdir), "--experiment", "tune-demo",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = sorted(line.split(":")[0] for line in result.output.splitlines() if "points;" in line)
+    assert lines == ["demo-iaa-aaa111 trial-0000 h=8 (iaa)", "demo-iaa-bbb222 trial-0000 h=16 (iaa)"]
+    [run_id] = [r.run_id for r in queries.find_runs(uri, "tune-demo", {"sweep": "demo-iaa-aaa111"}) if r.parent_run_id]
+    one = CliRunner().invoke(cli, ["report", "--workdir", str(workdir), "--experiment", "tune-demo", "--out", str(out),
+                                   "--runs", run_id])
+    assert one.exit_code == 0 and one.output.startswith("trial-0000 h=8 (iaa): 3 points"), one.output
+    drawn = _report(workdir, "--experiment", "tune-demo", "--out", str(out))["runs"]
+    assert sorted(run["sweep"] for run in drawn) == ["demo-iaa-aaa111", "demo-iaa-bbb222"]
 
 
 def test_the_best_of_a_loss_is_its_lowest_and_numbers_are_grouped(store: tuple[Path, str]) -> None:

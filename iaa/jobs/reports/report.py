@@ -33,7 +33,8 @@ X_LABELS = {"examples": "training examples seen", "steps": "optimizer steps", "s
 
 @dataclass(frozen=True)
 class Curve:
-    """One run's metric against the chosen x; ``steps`` are the MLflow steps of the points."""
+    """One run's metric against the chosen x; ``steps`` are the MLflow steps of the points;
+    ``sweep``: the sweep whose trial the run is ("" for a run of its own)."""
 
     run_id: str
     name: str
@@ -41,6 +42,7 @@ class Curve:
     steps: tuple[int, ...]
     x: tuple[float, ...]
     y: tuple[float, ...]
+    sweep: str = ""
 
 
 def select_runs(tracker: Tracker, experiment: str, run_ids: Sequence[str] = ()) -> list[RunRecord]:
@@ -91,14 +93,18 @@ def curve(tracker: Tracker, record: RunRecord, metric: str, x: str) -> Curve | N
         return None
     points = [by_step[s] for s in sorted(by_step)]
     return Curve(record.run_id, record.name, record.tags.get("model", ""), tuple(p.step for p in points),
-                 tuple(x_values(record, points, x)), tuple(p.value for p in points))
+                 tuple(x_values(record, points, x)), tuple(p.value for p in points),
+                 record.tags.get("sweep", "") if record.parent_run_id else "")
 
 
 def labels(curves: Sequence[Curve]) -> list[str]:
-    """Each curve's legend entry: its run's name (and model, where the name does not say it), with
-    the run's id where two curves would read the same (a folder trained twice, or runs of two work
-    folders that share a store)."""
+    """Each curve's legend entry: its run's name (and model, where the name does not say it), after
+    its sweep's name where the curves come from more than one sweep (each numbers its trials from
+    ``trial-0000``), with the run's id where two curves would still read the same (a folder trained
+    twice, or runs of two work folders that share a store)."""
     named = [c.name if not c.model or c.model in c.name else f"{c.name} ({c.model})" for c in curves]
+    if len({c.sweep for c in curves if c.sweep}) > 1:
+        named = [f"{c.sweep} {label}" if c.sweep else label for c, label in zip(curves, named)]
     return [f"{label} [{c.run_id[:8]}]" if named.count(label) > 1 else label for c, label in zip(curves, named)]
 
 
@@ -207,9 +213,9 @@ def describe(result: ReportResult) -> str:
     metric, x = result.metric, result.x
     pick = min if lower_is_better(metric) else max
     lines = []
-    for c in result.runs:
+    for c, label in zip(result.runs, labels(result.runs)):
         best = pick(range(len(c.y)), key=lambda i: c.y[i])
-        lines.append(f"{c.name}: {len(c.y)} points; last {metric} {c.y[-1]:.4f} at {x} {_at(c.x[-1])}; "
+        lines.append(f"{label}: {len(c.y)} points; last {metric} {c.y[-1]:.4f} at {x} {_at(c.x[-1])}; "
                      f"best {c.y[best]:.4f} at {x} {_at(c.x[best])}")
     return "\n".join([*lines, f"figure: {result.out}"])
 
