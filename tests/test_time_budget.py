@@ -253,13 +253,17 @@ def test_the_optuna_trials_the_budget_stopped_end_pruned_at_their_last_check(tmp
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    stopped = study.ask()
+    stopped.set_user_attr("tune_trial_id", "a")
+    study.tell(stopped, state=optuna.trial.TrialState.FAIL)      # a stop, then a resume continued it
     checked, unchecked, own_end, other = study.ask(), study.ask(), study.ask(), study.ask()
+    for trial, tune_id in ((checked, "a"), (unchecked, "b"), (own_end, "c"), (other, "d")):
+        trial.set_user_attr("tune_trial_id", tune_id)
     checked.report(0.3, 1)
     checked.report(0.4, 2)
     own_end.report(0.7, 1)
     other.report(0.9, 1)
-    ends = {checked.number: None, unchecked.number: None, own_end.number: 0.8}
-    assert end_untold(storage, "s", ends, {"stopped_by": "time-budget"}) == 3
+    assert end_untold(storage, "s", {"a": None, "b": None, "c": 0.8}, {"stopped_by": "time-budget"}) == 3
     trials = {t.number: t for t in optuna.load_study(study_name="s", storage=storage).trials}
     assert trials[checked.number].state.name == "PRUNED" and trials[checked.number].value == 0.4
     assert trials[unchecked.number].state.name == "FAIL"
@@ -267,7 +271,39 @@ def test_the_optuna_trials_the_budget_stopped_end_pruned_at_their_last_check(tmp
     assert trials[checked.number].user_attrs["stopped_by"] == "time-budget"
     assert "stopped_by" not in trials[own_end.number].user_attrs
     assert trials[other.number].state.name == "RUNNING", "a trial it did not stop is left to its sweep"
-    assert end_untold(storage, "missing", {1: None}, {}) == 0 and end_untold(storage, "s", {}, {}) == 0
+    assert trials[stopped.number].state.name == "FAIL" and "stopped_by" not in trials[stopped.number].user_attrs
+    assert end_untold(storage, "missing", {"a": None}, {}) == 0 and end_untold(storage, "s", {}, {}) == 0
+
+
+def test_a_trial_a_resume_continued_and_the_budget_stopped_ends_pruned_in_the_study(tmp_path: Path) -> None:
+    """A resumed sweep's trial continues from its checkpoint as a new Optuna trial, asked in no
+    process: once the budget stops it, that trial too ends PRUNED at its last check."""
+    import optuna
+
+    from iaa.jobs.config import search_space
+    from iaa.jobs.config.job_config import JobConfig
+    from iaa.platform.sweeps import driver_side, launch
+    from iaa.platform.sweeps.search import search_algorithm as search
+    from iaa.platform.sweeps.studies.study import fail_unfinished
+    from tests._study import bound_study
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
+    with bound_study(url, "s"):
+        first = search.searcher(space, seed=0, sweep="s")
+        first.suggest("a")
+        first.on_trial_result("a", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
+        first.save(str(tmp_path / "searcher.json"))
+        fail_unfinished(url, "s", {"interrupted": "SIGINT"})
+        resumed = search.searcher(space, seed=0, sweep="s")
+        resumed.restore(str(tmp_path / "searcher.json"))
+        resumed.on_trial_result("a", {"valid_acc": 0.5, "best_valid_acc": 0.5, "checks": 2})
+        side = driver_side.of("s")
+        side.budget.untold["a"] = {"checks": 2, "valid_acc": 0.5}
+        launch._end_untold_trials(SimpleNamespace(study_storage=url, study_name="s"), side)
+    stopped, continued = optuna.load_study(study_name="s", storage=url).trials
+    assert stopped.state.name == "FAIL" and continued.state.name == "PRUNED" and continued.value == 0.5
+    assert continued.user_attrs["stopped_by"] == "time-budget"
 
 
 # --- what the sweep makes of them ---------------------------------------------------------------

@@ -307,8 +307,7 @@ def _end_untold_trials(plan: SearchPlan, side: driver_side.DriverSide) -> None:
         return
     from iaa.platform.sweeps.studies.study import end_untold
 
-    ends = {side.numbers[t]: (last.get(SEARCH_METRIC) if last.get("stop_reason") else None)
-            for t, last in side.budget.untold.items() if t in side.numbers}
+    ends = {t: (last.get(SEARCH_METRIC) if last.get("stop_reason") else None) for t, last in side.budget.untold.items()}
     end_untold(plan.study_storage, plan.study_name, ends, {"stopped_by": TIME_BUDGET})
 
 

@@ -402,11 +402,12 @@ def fail_unfinished(storage_url: str, study_name: str, attrs: Mapping[str, str])
 _Ending = tuple[Any, "list[float] | None", Mapping[str, str]]
 
 
-def end_untold(storage_url: str, study_name: str, ends: Mapping[int, float | None], attrs: Mapping[str, str]) -> int:
-    """End each RUNNING trial of study ``study_name`` numbered in ``ends``, trials that the sweep's
-    time budget stopped: with a value (its best check: it had reported its own end) COMPLETE;
-    else, with ``attrs``, PRUNED at its last intermediate value as Optuna ends a pruned trial, or
-    FAIL when it has none. Returns how many."""
+def end_untold(storage_url: str, study_name: str, ends: Mapping[str, float | None], attrs: Mapping[str, str]) -> int:
+    """End each RUNNING trial of study ``study_name`` asked for a Tune trial of ``ends`` (its user
+    attribute ``tune_trial_id``, which a trial a resume continues carries too), trials that the
+    sweep's time budget stopped: with a value (its best check: it had reported its own end)
+    COMPLETE; else, with ``attrs``, PRUNED at its last intermediate value as Optuna ends a pruned
+    trial, or FAIL when it has none. Returns how many."""
     from optuna.trial import TrialState
 
     from iaa.platform.sweeps.studies.study_store import study_storage, study_writes
@@ -416,9 +417,9 @@ def end_untold(storage_url: str, study_name: str, ends: Mapping[int, float | Non
     storage = study_storage(storage_url)
 
     def ending(trial: Any) -> _Ending | None:
-        if trial.number not in ends:
+        if trial.user_attrs.get("tune_trial_id") not in ends:
             return None
-        value = ends[trial.number]
+        value = ends[trial.user_attrs["tune_trial_id"]]
         if value is not None:
             return TrialState.COMPLETE, [float(value)], {}
         if not trial.intermediate_values:
