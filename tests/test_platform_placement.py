@@ -63,11 +63,11 @@ def test_asha_stopped_two_worker_trials_release_their_placement_groups(tmp_path:
     tiny = make_tiny_prepared(tmp_path / "data")
     space = tmp_path / "space.yaml"
     space.write_text(SPACE, encoding="utf-8")
-    run_sweep(dataset="cbt-ne", data=tiny, num_samples=3, search_space=space, sets=TINY_SETS,
+    run_sweep(dataset="cbt-ne", data=tiny, num_samples=2, search_space=space, sets=TINY_SETS,
               workdir=tmp_path / "work", name="pg", workers_per_trial=2, seed=0, show_progress=False,
               grace_period=2)              # the schedule whose stops this seed's trials are known to meet
     trials = read_sweep(tmp_path / "work", "pg")["trials"]
-    assert len(trials) == 3 and all(t["status"] == "TERMINATED" for t in trials)
+    assert len(trials) == 2 and all(t["status"] == "TERMINATED" for t in trials)
     assert any(t["stop_reason"] == "asha" for t in trials), [t["stop_reason"] for t in trials]
     deadline = time.time() + 60          # the cleaner polls every second
     while _live_groups() and time.time() < deadline:
