@@ -136,6 +136,34 @@ def test_a_trial_that_runs_again_one_a_stop_cut_off_takes_its_run_and_name(tmp_p
     assert (tally.finished, tally.unfinished) == (0, 1)
 
 
+def test_a_check_a_resumed_trial_makes_again_is_logged_once(tmp_path: Path) -> None:
+    """A sweep stopped just after a trial's check, before Tune saved it, resumes the trial from the
+    checkpoint before: it makes that check again, with the same values, and its run keeps one."""
+    from iaa.jobs.config.job_config import JobConfig, to_dict
+    from iaa.platform.sweeps import driver_side
+    from iaa.platform.sweeps.trials.trial import TrialSpec
+    from iaa.platform.sweeps.trials.trial_runs import TrialRuns
+
+    tracker = FakeTracker()
+    parent = tracker.start_run("e", "s")
+    run = tracker.start_run("e", "trial-0000 h=8", parent_run_id=parent.run_id,
+                            tags={"sweep": "s", "trial_id": "a", "trial_number": "0000"})
+    for step, acc in ((10, 0.3), (20, 0.5)):
+        run.log_metrics({"valid_acc": acc, "train_loss": 2 - acc}, step=step)
+    run.end("KILLED")
+    spec = TrialSpec(name="s", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(JobConfig()))
+    side = driver_side.DriverSide(tracker=tracker, experiment="e", parent_run_id=parent.run_id, dataset="demo",
+                                  spec=spec)
+    runs, trial = TrialRuns("s"), _trial("a")
+    with driver_side.bound("s", side):
+        runs.on_trial_start(0, [], trial)
+        for step, acc in ((20, 0.5), (30, 0.7)):            # from the checkpoint of step 10
+            runs.on_trial_result(0, [], trial, {"valid_acc": acc, "train_loss": 2 - acc, "step": step})
+
+    assert [p.step for p in tracker.metric_history(run.run_id, "valid_acc")] == [10, 20, 30]
+    assert [p.step for p in tracker.metric_history(run.run_id, "train_loss")] == [10, 20, 30]
+
+
 def _trial(trial_id: str, **last: object) -> SimpleNamespace:
     return SimpleNamespace(trial_id=trial_id, config={"model.hidden_dim": 8}, status="TERMINATED",
                            last_result=dict(last), pickled_error_file=None, error_file=None)

@@ -21,6 +21,7 @@ import ray.tune as tune
 from iaa.errors import brief
 from iaa.files import disk_full
 from iaa.jobs.config.job_config import config_label, to_dict
+from iaa.jobs.config.presets import STOP_METRIC
 from iaa.jobs.ports import (CHECKPOINT_FILE, TIME_BUDGET, TUNE_RUN_TAG, WORKER_LOST, RunRecord, TrackedRun, Tracker,
                             trial_name)
 from iaa.platform.sweeps import driver_side
@@ -153,6 +154,7 @@ class TrialRuns(tune.Callback):
         self._restores: dict[str, int] = {}  # trial id -> restores from its last checkpoint (a node died, ...)
         self._ended: set[str] = set()        # trials whose end this process heard of
         self._live: set[str] = set()         # trials this process saw unfinished, up to the last step
+        self._logged: dict[str, set[int]] = {}   # trial id -> the steps whose checks its run holds
 
     def __getstate__(self) -> dict[str, Any]:
         return {"sweep": self.sweep, "best": {}}
@@ -206,6 +208,7 @@ class TrialRuns(tune.Callback):
             run = side.tracker.attach(run_id)
             if found is not None and found.tags.get("trial_id") != trial.trial_id:
                 run.set_tags({"trial_id": trial.trial_id})      # a resume finds it by its new trial
+            self._logged[trial.trial_id] = {p.step for p in side.tracker.metric_history(run.run_id, STOP_METRIC)}
         side.run_ids[trial.trial_id] = run.run_id
         side.names[trial.trial_id] = (run_name(self.sweep, trial.trial_id, trial.config, side.member_names)
                                       if trial.config and MEMBER_KEY in trial.config else trial_name(number))
@@ -279,13 +282,25 @@ class TrialRuns(tune.Callback):
         first = trial.trial_id not in self._reported
         self._reported.add(trial.trial_id)
         metrics = {k: result[k] for k in TRIAL_METRICS if k in result}
-        self._track("log metrics", trial, lambda: self._run(trial).log_metrics(metrics, step=int(result.get("step", 0))))
+        self._track("log metrics", trial, lambda: self._log_check(trial, metrics, int(result.get("step", 0))))
         if first and result.get("precision"):          # what the trial multiplied in, decided where it ran
             self._track("tag its precision", trial,
                         lambda: self._run(trial).set_tags({"precision": str(result["precision"])}))
         path = result.get("checkpoint_path")      # multi-worker trials: the Train run's checkpoint
         if path and result.get("is_best"):
             self.best[trial.trial_id] = str(path)
+
+    def _log_check(self, trial: Any, metrics: Mapping[str, Any], step: int) -> None:
+        """Log a check's metrics at ``step``, once: a trial restored from a checkpoint older than its
+        last check (a stop just after that check, before Tune saved the sweep; a lost node) makes
+        that check again, with the same values, which its run already holds."""
+        run = self._run(trial)
+        logged = self._logged.setdefault(trial.trial_id, set())
+        if step in logged and STOP_METRIC in metrics:
+            return
+        run.log_metrics(metrics, step=step)
+        if STOP_METRIC in metrics:
+            logged.add(step)
 
     def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         """The trial failed and Tune restarts it from its last checkpoint: its run counts the restores
