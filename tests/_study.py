@@ -19,3 +19,15 @@ def bound_study(url: str, name: str, run_ids: Mapping[str, str] | None = None) -
                                   study_storage=url, study_name=name, run_ids=dict(run_ids or {}))
     with driver_side.bound(name, side):
         yield
+
+
+def stopped_and_resumed(url: str, name: str, space, saved: Path):
+    """The searcher of sweep ``name`` after a stop (its study's unfinished trials FAIL, as a SIGINT
+    marks them) and a resume (a new searcher restored from what Tune saved at ``saved``)."""
+    from iaa.platform.sweeps.search import search_algorithm as search
+    from iaa.platform.sweeps.studies.study import fail_unfinished
+
+    fail_unfinished(url, name, {"interrupted": "SIGINT"})
+    resumed = search.searcher(space, seed=0, sweep=name)
+    resumed.restore(str(saved))
+    return resumed

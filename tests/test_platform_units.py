@@ -400,8 +400,7 @@ def test_a_trial_a_stop_cut_off_before_tune_saved_it_runs_again_under_its_name(t
 
     from iaa.platform.sweeps import driver_side
     from iaa.platform.sweeps.search import search_algorithm as search
-    from iaa.platform.sweeps.studies.study import fail_unfinished
-    from tests._study import bound_study
+    from tests._study import bound_study, stopped_and_resumed
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = search_space.parse({"model.steps": [1, 2, 3, 4], "model.hidden_dim": [16, 32]}, JobConfig())
@@ -410,9 +409,7 @@ def test_a_trial_a_stop_cut_off_before_tune_saved_it_runs_again_under_its_name(t
         first.suggest("a")
         first.save(str(tmp_path / "searcher.json"))            # Tune's last save before the stop
         cut = first.suggest("b")
-        fail_unfinished(url, "cut", {"interrupted": "SIGINT"})  # what a stop marks
-        resumed = search.searcher(space, seed=0, sweep="cut")
-        resumed.restore(str(tmp_path / "searcher.json"))
+        resumed = stopped_and_resumed(url, "cut", space, tmp_path / "searcher.json")
         again = resumed.suggest("c")
         new = resumed.suggest("d")
         assert driver_side.of("cut").again == {"c": "b"}

@@ -284,8 +284,7 @@ def test_a_trial_a_resume_continued_and_the_budget_stopped_ends_pruned_in_the_st
     from iaa.jobs.config.job_config import JobConfig
     from iaa.platform.sweeps import driver_side, launch
     from iaa.platform.sweeps.search import search_algorithm as search
-    from iaa.platform.sweeps.studies.study import fail_unfinished
-    from tests._study import bound_study
+    from tests._study import bound_study, stopped_and_resumed
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = search_space.parse({"model.steps": [1, 2, 3]}, JobConfig())
@@ -294,9 +293,7 @@ def test_a_trial_a_resume_continued_and_the_budget_stopped_ends_pruned_in_the_st
         first.suggest("a")
         first.on_trial_result("a", {"valid_acc": 0.4, "best_valid_acc": 0.4, "checks": 1})
         first.save(str(tmp_path / "searcher.json"))
-        fail_unfinished(url, "s", {"interrupted": "SIGINT"})
-        resumed = search.searcher(space, seed=0, sweep="s")
-        resumed.restore(str(tmp_path / "searcher.json"))
+        resumed = stopped_and_resumed(url, "s", space, tmp_path / "searcher.json")
         resumed.on_trial_result("a", {"valid_acc": 0.5, "best_valid_acc": 0.5, "checks": 2})
         side = driver_side.of("s")
         side.budget.untold["a"] = {"checks": 2, "valid_acc": 0.5}
