@@ -49,7 +49,7 @@ def _finished_children(workdir: Path) -> list:
 
 @dataclass(frozen=True)
 class Killed:
-    """A sweep killed (the CLI and its Ray, SIGKILL) after its first trial finished."""
+    """A sweep killed (the CLI and its Ray, SIGKILL) after its first trial finished (and before the last)."""
 
     tiny: Path
     space: Path
@@ -57,6 +57,7 @@ class Killed:
     env: dict[str, str]
     done_before: dict[str, Any]
     checks_before: dict[str, int]
+    record: dict[str, Any]                    # sweep.json as the killed process left it
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,9 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Killed:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 600
     try:
-        while not _finished_children(work):
+        # once the record kept as the trials run holds the first one's end (a few seconds after it,
+        # while the next one trains), or else once a second one ended
+        while not _recorded_finished(work) and len(_finished_children(work)) < 2:
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
             assert time.time() < deadline, "no trial finished in time"
             time.sleep(0.25)
@@ -87,7 +90,33 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Killed:
     assert 1 <= len(done_before) < 3, "the sweep must be killed part-way"
     client = MlflowClient(read_sweep(work, "r")["tracking_uri"])
     checks_before = {t: len(client.get_metric_history(r.info.run_id, "valid_acc")) for t, r in done_before.items()}
-    return Killed(tiny, space, work, env, done_before, checks_before)
+    return Killed(tiny, space, work, env, done_before, checks_before, read_sweep(work, "r"))
+
+
+def _recorded_finished(work: Path) -> bool:
+    with contextlib.suppress(OSError, ValueError):
+        return any(t["status"] == "TERMINATED" for t in read_sweep(work, "r")["trials"])
+    return False
+
+
+def test_a_killed_sweeps_record_holds_the_trials_and_time_of_its_run(killed: Killed) -> None:
+    """The process was killed, so it wrote nothing as it died: its record is the one it kept as
+    its trials ran. ``report --sweeps`` lists the sweep as interrupted, with its finished trial."""
+    from iaa.jobs.reports import sweep_list
+    from iaa.jobs.sweeps.record import SweepRecord
+
+    finished = {t["trial_id"]: t for t in killed.record["trials"] if t["status"] == "TERMINATED"}
+    assert sorted(finished) == sorted(killed.done_before)
+    for trial_id, row in finished.items():
+        assert row["mlflow_run_id"] == killed.done_before[trial_id].info.run_id
+        assert row["best_valid_acc"] == killed.done_before[trial_id].data.metrics["best_valid_acc"]
+        assert row["checks"] == killed.checks_before[trial_id] and row["stop_reason"]
+        assert Path(row["checkpoint"]).is_file()
+    [(_, seconds)] = killed.record["spans"]
+    assert seconds > 0 and killed.record["wall_s"] > 0
+    summary = sweep_list.summary(SweepRecord.from_json(killed.record), killed.work / "sweeps" / "r", {})
+    assert (summary.state, summary.ended, summary.best_trial) == (
+        "interrupted", len(finished), min(finished.values(), key=lambda t: -t["best_valid_acc"])["name"])
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:

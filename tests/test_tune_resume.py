@@ -108,6 +108,60 @@ def test_a_stopped_sweep_and_its_resume_count_as_continuing_only_the_trials_with
     assert "Ray" not in done.stderr.splitlines()[0]                 # a finished sweep starts no cluster
 
 
+class _Killed(BaseException):
+    """The sweep's process dies here: nothing of it runs any more (SIGKILL, a lost head node)."""
+
+
+class _KilledLauncher(FakeLauncher):
+    """A sweep whose process is killed after its trials stood as ``standing`` (told once, as the
+    Ray launcher tells them while they run)."""
+
+    def __init__(self, standing: list[tuple[str, str, float | None]]) -> None:
+        super().__init__()
+        self.standing = standing
+
+    def can_resume(self, placement) -> bool:
+        return True
+
+    def sweep(self, request: SweepRequest):
+        assert request.standing is not None, "the sweep's record is not kept as its trials run"
+        time.sleep(0.3)                           # the sweep ran a while: its record counts it
+        request.standing([TrialRecord(trial_id=trial_id, config=request.plan.base, status=status,
+                                      best_valid_acc=best, checks=int(best is not None), name=f"trial-{trial_id}")
+                          for trial_id, status, best in self.standing])
+        raise _Killed
+
+
+def test_a_killed_sweeps_record_holds_its_trials_and_time_as_they_last_stood(
+        tiny: Path, tmp_path: Path) -> None:
+    """No stop is heard when the process is killed: its record is the one kept as its trials ran,
+    listed as interrupted with its trials, its best and the time it ran; its resume adds a span."""
+    from iaa.jobs.reports import sweep_list
+    from iaa.jobs.sweeps import record
+    from iaa.jobs.tune import tune
+
+    space, tracker = write_space(tmp_path), FakeTracker()
+    launcher = _KilledLauncher([("a", "TERMINATED", 0.75), ("b", "RUNNING", 0.5), ("c", "PENDING", None)])
+    request = tune.TuneRequest(dataset="cbt-ne", data=tiny, num_samples=4, search_space=space, sets=TINY_SETS,
+                               workdir=tmp_path / "work", name="k", show_progress=False)
+    with pytest.raises(_Killed):
+        tune.run(request, lambda uri: tracker, launcher)
+
+    sweep = record.read(record.sweep_file(tmp_path / "work", "k"))
+    assert [(t.label, t.status) for t in sweep.trials] == [("trial-a", "TERMINATED"), ("trial-b", "RUNNING"),
+                                                          ("trial-c", "PENDING")]
+    [(started, seconds)] = sweep.spans
+    assert seconds >= 0.3 and sweep.wall_s >= 0.3
+    [row] = sweep_list.run(tmp_path / "work").sweeps
+    assert (row.state, row.trials, row.ended, row.best_trial) == ("interrupted", 3, 1, "trial-a")
+
+    launcher.standing = [("a", "TERMINATED", 0.75)]
+    with pytest.raises(_Killed):                  # killed again on its resume
+        tune.run(replace(request, resume="k", name=None), lambda uri: tracker, launcher)
+    first, again = record.read(record.sweep_file(tmp_path / "work", "k")).spans
+    assert first == (started, seconds) and again[0] >= started + seconds
+
+
 def test_a_trial_that_runs_again_one_a_stop_cut_off_takes_its_run_and_name(tmp_path: Path) -> None:
     """A resumed sweep's new trial ``c`` that runs again trial ``b``, which a stop cut off before
     Tune saved it (``DriverSide.again``), goes on in ``b``'s run, RUNNING again under its name:
@@ -214,6 +268,77 @@ def test_a_resumed_sweep_does_not_start_or_finish_again_on_the_console_a_trial_i
     [ended] = [line for line in said if "trial-0003 finished" in line]
     assert_says(ended, "after 2 checks", "0.8295")
     assert side.finished_before == {"a", "c"}
+
+
+def test_the_trials_standing_is_told_once_tunes_save_holds_a_start_or_end_and_every_half_minute(
+        tmp_path: Path) -> None:
+    """Told on the step after a trial's start or end has had time to be saved, then not again
+    until a trial starts or ends or ``EVERY_S`` passes; pickled, the callback holds only its name."""
+    import pickle
+
+    from iaa.jobs.config.job_config import JobConfig, to_dict
+    from iaa.platform.sweeps import driver_side
+    from iaa.platform.sweeps.trials import standing as kept
+    from iaa.platform.sweeps.trials.trial import TrialSpec
+
+    now, told = [0.0], []
+    spec = TrialSpec(name="s", fit=None, storage_path=str(tmp_path), workers=1, threads=1, base=to_dict(JobConfig()))
+    side = driver_side.DriverSide(tracker=FakeTracker(), experiment="e", parent_run_id=None, dataset="demo", spec=spec,
+                                  standing=lambda live: told.append((now[0], [t.trial_id for t in live])))
+    callback, lag = kept.StandingCallback("s", clock=lambda: now[0]), kept.saved_within()
+    a, b = _trial("a"), _trial("b")
+
+    def step(at: float) -> None:
+        now[0] = at
+        callback.on_step_end(0, [a, b])
+
+    with driver_side.bound("s", side):
+        callback.on_trial_start(0, [a], a)
+        step(lag - 0.5)
+        assert told == []                                 # Tune's save may not hold it yet
+        step(lag)
+        assert told == [(lag, ["a", "b"])]
+        step(lag + 1)
+        callback.on_trial_complete(0, [a, b], a)
+        step(2 * lag + 0.5)
+        step(2 * lag + 1)
+        assert [at for at, _ in told] == [lag, 2 * lag + 1]
+        step(2 * lag + 1 + kept.EVERY_S - 1)
+        step(2 * lag + 1 + kept.EVERY_S)                  # nothing started or ended: every EVERY_S
+        assert [at for at, _ in told] == [lag, 2 * lag + 1, 2 * lag + 1 + kept.EVERY_S]
+    step(1000.0)                                          # no process runs the sweep: no one to tell
+    assert len(told) == 3
+    assert vars(pickle.loads(pickle.dumps(callback)))["sweep"] == "s"
+
+
+def test_the_trials_standing_that_cannot_be_read_is_one_warning_and_a_full_disk_stops_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from iaa.files import DiskFullError
+    from iaa.jobs.config.job_config import JobConfig, to_dict
+    from iaa.jobs.ports import TrialTracking
+    from iaa.platform.sweeps import driver_side, launch
+    from iaa.platform.sweeps.trials.trial import TrialSpec
+
+    spec = TrialSpec(name="s-run", fit=None, storage_path=str(tmp_path), workers=1, threads=1,
+                     base=to_dict(JobConfig()))
+    side = driver_side.DriverSide(tracker=FakeTracker(), experiment="e", parent_run_id=None, dataset="demo", spec=spec)
+    tracking = TrialTracking(tracker=side.tracker, experiment="e", parent_run_id=None, sweep="s", dataset="demo",
+                             data_dir=tmp_path)
+    request = SimpleNamespace(standing=lambda trials: None, trials=SimpleNamespace(tracking=tracking))
+    failures = iter([OSError("the results are being written"), OSError("again"), DiskFullError("disk full")])
+
+    def unreadable(*args, **kwargs):
+        raise next(failures)
+
+    monkeypatch.setattr(launch, "_saved_trials", unreadable)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            launch._tell_standing(request, spec, side, [_trial("a")])
+    [said] = logged(caplog, "WARNING", "sweep s:")
+    assert_says(said, "not kept up to date", "the results are being written", "written when the sweep ends")
+    assert side.full == []
+    launch._tell_standing(request, spec, side, [_trial("a")])
+    assert [str(err) for err in side.full] == ["disk full"]          # the run ends at its next step
 
 
 def test_a_resumed_searcher_opens_its_study_without_optunas_own_lines(tmp_path: Path) -> None:

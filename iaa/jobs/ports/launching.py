@@ -203,6 +203,10 @@ class SweepRequest:
     trials: TrialRun
     resume: bool = False               # continue the saved run of ``placement``
     show_progress: bool = True
+    # hears the trials as they stand while the sweep runs, soon after a trial starts or ends and at
+    # least every half minute (what a sweep's record keeps, should its process be killed); a
+    # trial's checkpoint kept in a bucket is not fetched for it (None)
+    standing: Callable[[Sequence[TrialRecord]], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,8 @@ class SweepListResult(Result):
 def state(sweep: SweepRecord, running: bool = False) -> str:
     """Where ``sweep`` stands: running (a process holds its lock), finished, its time budget spent,
     trials lost with no restores left (a resume runs them again), interrupted (a resume continues
-    it), or no trials recorded (a sweep records them when it stops: it was killed, or its process
-    died)."""
+    it), or no trials recorded (a sweep records them as they run: its process was killed, or
+    died, before Tune first saved them)."""
     if running:
         return RUNNING
     if sweep.budget_spent:

@@ -12,7 +12,8 @@ adapter (:class:`iaa.platform.sweeps.launch.RayLauncher`):
 - **tracking** (the :class:`~iaa.jobs.ports.Tracker`): one parent run per sweep and one child
   run per trial, all from the driver;
 - **outputs**: ``WORKDIR/sweeps/NAME/sweep.json`` (:mod:`iaa.jobs.sweeps.record`: every trial's config,
-  best accuracy, checkpoint file, MLflow run, status), ``best_config.yaml`` (for
+  best accuracy, checkpoint file, MLflow run, status; kept as the trials run, so that a killed
+  process leaves them and its time so far), ``best_config.yaml`` (for
   ``iaa-cli train --config``), and a table of the best trials on stderr;
 - **resume**: ``--resume NAME`` (or ``--resume`` with ``--name``; alone, the latest sweep of
   the dataset and model) restores the Tune run: finished trials are kept, unfinished ones
@@ -33,14 +34,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
 from iaa.errors import IaaError, printable
 from iaa.files import DiskFullError
 from iaa.jobs import interrupt
 from iaa.jobs.config.presets import TUNE_PRESETS, examples_per_check, max_checks
 from iaa.jobs.ports import (ConnectRequest, Launcher, Placement, SearchPlan, SweepRequest, TrackedRun, Tracker,
-                            TrialRun, TrialTracking)
+                            TrialRecord, TrialRun, TrialTracking)
 from iaa.jobs.sweeps import comparison
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.cost import duration
@@ -141,7 +142,7 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
     run_trials = TrialRun(fit=fit_on_worker, tracking=trials, downloads=plan.folder / "checkpoints",
                           console=console, verbose=plan.verbose)
     request = SweepRequest(placement=launch, plan=search, trials=run_trials, resume=plan.recorded is not None,
-                           show_progress=plan.show_progress)
+                           show_progress=plan.show_progress, standing=_keep_record(plan, sweep, started))
     try:
         records = launcher.sweep(request)
     except KeyboardInterrupt:                # the stop marks every run of the sweep (stops.on_stop)
@@ -162,6 +163,14 @@ def _run(plan: SweepPlan, tracker: Tracker, launcher: Launcher, stop: interrupt.
     if plan.recorded is not None:
         close_lost_runs(tracker, parent, plan.experiment, {r.mlflow_run_id for r in sweep.trials})
     return finish(plan, sweep, parent, tracker)
+
+
+def _keep_record(plan: SweepPlan, sweep: SweepRecord, started: float) -> Callable[[Sequence[TrialRecord]], None]:
+    """What keeps the record of the sweep, run from ``started``, as its trials stand: a process
+    that is killed leaves its trials and its time so far, where a resume and ``report`` find them."""
+    def keep(trials: Sequence[TrialRecord]) -> None:
+        sweep_file.write(plan.record_file, sweep.with_run(trials, started, time.time() - started))
+    return keep
 
 
 def _record_stop(plan: SweepPlan, sweep: SweepRecord, launcher: Launcher, request: SweepRequest,

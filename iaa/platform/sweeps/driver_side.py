@@ -13,7 +13,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from iaa.errors import IaaError
 from iaa.jobs.ports import SweepEvents, Tracker
@@ -65,6 +65,9 @@ class DriverSide:
                                                             # this process met them (a resumed sweep's)
     full: list[IaaError] = field(default_factory=list)      # the first full disk met (a DiskFullError): the run stops
     budget: TimeBudget = field(default_factory=TimeBudget)
+    # Tune's live trials -> what the process keeps of them while they run (a sweep's record), told
+    # by StandingCallback (iaa.platform.sweeps.trials.standing); None: nothing is kept
+    standing: Callable[[Sequence[Any]], None] | None = None
 
     def note_full(self, err: IaaError) -> None:
         """A write of the run met a full disk: the first one is what the command reports, and the

@@ -23,8 +23,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import ray.tune as tune
 from ray.tune.search import ConcurrencyLimiter, SearchGenerator
 
-from iaa.errors import IaaError
-from iaa.files import is_remote_uri
+from iaa.errors import IaaError, printable
+from iaa.files import DiskFullError, is_remote_uri
 from iaa.data.prepared.manifest import vocab_card
 from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.config.presets import MODE, SEARCH_METRIC
@@ -40,6 +40,7 @@ from iaa.platform.sweeps.budget import SweepClock
 from iaa.platform.sweeps.search import search_algorithm as search
 from iaa.platform.sweeps.trials import full_disk
 from iaa.platform.sweeps.trials.trial import MEMBER_KEY, TrialSpec, records, run_trial
+from iaa.platform.sweeps.trials.standing import StandingCallback
 from iaa.platform.sweeps.trials.trial_events import ConsoleCallback
 from iaa.platform.sweeps.trials.trial_runs import TrialRuns, child_runs
 
@@ -298,6 +299,44 @@ class _LogFile(logging.FileHandler):
         return None
 
 
+def _saved_trials(request: SweepRequest, spec: TrialSpec, side: driver_side.DriverSide | None = None,
+                  statuses: Mapping[str, str] | None = None) -> list[TrialRecord]:
+    """The trials of ``request``'s Tune run as it last saved them, with ``statuses`` (Tune's live
+    ones) over its saved ones. With the ``side`` of the running process, a checkpoint kept in a
+    bucket is not fetched, and the trials' names and cuts are that process's."""
+    run, trials = request.trials, request.trials.tracking
+    launch = _launch_of(request.placement)
+    if not tune.Tuner.can_restore(launch.experiment_path):
+        return []
+    analysis = _analysis(launch.experiment_path)
+    children = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
+    return records(tune.ResultGrid(analysis), spec,
+                   statuses={**{t.trial_id: t.status for t in analysis.trials}, **(statuses or {})},
+                   run_ids=children.run_ids, tagged=children.checkpoints,
+                   downloads=run.downloads if side is None else None,
+                   names={**children.names, **(side.names if side is not None else {})},
+                   cut=side.budget.cut if side is not None else ())
+
+
+def _tell_standing(request: SweepRequest, spec: TrialSpec, side: driver_side.DriverSide, live: Sequence[Any]) -> None:
+    """Tell ``request.standing`` the running sweep's trials (:func:`_saved_trials`, with Tune's
+    ``live`` trials' statuses). A full disk stops the run, as any of its writes does; any other
+    failure is a warning, once, and the sweep goes on: its record is written when it ends."""
+    assert request.standing is not None
+    try:
+        request.standing(_saved_trials(request, spec, side, statuses={t.trial_id: t.status for t in live}))
+    except DiskFullError as err:
+        side.note_full(err)
+    except Exception as err:  # noqa: BLE001 - the trials run on; the record is whole at the end
+        if spec.name not in _UNTOLD:
+            _UNTOLD.add(spec.name)
+            _log.warning(printable(f"sweep {request.trials.tracking.sweep}: its record is not kept up to date as "
+                                   f"its trials run ({err}); it is written when the sweep ends"))
+
+
+_UNTOLD: set[str] = set()        # the Tune runs whose standing could not be told (said once)
+
+
 def _end_untold_trials(plan: SearchPlan, side: driver_side.DriverSide) -> None:
     """The Optuna trials of the trials that Tune stopped at the time budget without telling its
     searcher: one stopped where it stood is PRUNED at its last check, as ASHA's stops are (FAIL
@@ -364,12 +403,15 @@ class RayLauncher:
                                       data_dir=trials.data_dir, console=run.console,
                                       study_storage=plan.study_storage, study_name=plan.study_name,
                                       num_samples=plan.num_samples,
-                                      budget=driver_side.TimeBudget(total_s=plan.time_budget_s))
+                                      budget=driver_side.TimeBudget(total_s=plan.time_budget_s),
+                                      standing=(lambda live: _tell_standing(request, spec, side, live))
+                                      if request.standing is not None else None)
         with driver_side.bound(launch.name, side):
             if request.resume:
                 tuner_ = restore(launch, fn)
             else:
-                callbacks = [TrialRuns(launch.name), *self.callbacks, ConsoleCallback(launch.name)]
+                callbacks = [TrialRuns(launch.name), *self.callbacks, ConsoleCallback(launch.name),
+                             StandingCallback(launch.name)]
                 tuner_ = tuner(launch, fn, callbacks, show_progress=run.verbose,
                                search_alg=ResumableSearch(
                                    search.searcher(plan.space, plan.seed, launch.name, sampler=plan.sampler,
@@ -388,16 +430,9 @@ class RayLauncher:
         """The trials of ``request``'s Tune run as it last saved its state (every few seconds), one
         record each: what a sweep stopped by a signal records. An unfinished trial keeps Tune's
         status (RUNNING, PENDING) and its best check so far; none for a run that saved nothing."""
-        plan, run, trials = request.plan, request.trials, request.trials.tracking
-        launch = _launch_of(request.placement)
-        if not tune.Tuner.can_restore(launch.experiment_path):
-            return []
-        analysis = _analysis(launch.experiment_path)
-        spec = trial_spec(launch, run.fit, base=plan.base, fixed=plan.space.fixed)
-        children = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
-        return records(tune.ResultGrid(analysis), spec, statuses={t.trial_id: t.status for t in analysis.trials},
-                       run_ids=children.run_ids, tagged=children.checkpoints, downloads=run.downloads,
-                       names=children.names)
+        plan = request.plan
+        spec = trial_spec(_launch_of(request.placement), request.trials.fit, base=plan.base, fixed=plan.space.fixed)
+        return _saved_trials(request, spec)
 
     def fail_unfinished_trials(self, plan: SearchPlan, attrs: Mapping[str, str]) -> int:
         """The plan's study: every unfinished trial ends FAIL with ``attrs`` as user attributes."""

@@ -134,13 +134,16 @@ def _best_checkpoint(result: Any, spec: TrialSpec, trial_id: str) -> str | None:
     return max(scored)[1] if scored else None
 
 
-def local_checkpoint(ckpt_dir: str | None, storage: str, dest: Path) -> str | None:
-    """A checkpoint file readable here: in place on a local/NFS store, downloaded from a bucket."""
+def local_checkpoint(ckpt_dir: str | None, storage: str, dest: Path | None) -> str | None:
+    """A checkpoint file readable here: in place on a local/NFS store, downloaded from a bucket to
+    ``dest`` (None: not fetched, and none is named)."""
     if ckpt_dir is None:
         return None
     source = f"{str(ckpt_dir).rstrip('/')}/{CHECKPOINT_FILE}"
     if not is_remote_uri(storage):
         return source
+    if dest is None:
+        return None
     import pyarrow.fs
 
     fs, _ = pyarrow.fs.FileSystem.from_uri(storage)
@@ -150,7 +153,7 @@ def local_checkpoint(ckpt_dir: str | None, storage: str, dest: Path) -> str | No
 
 
 def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_ids: Mapping[str, str],
-            tagged: Mapping[str, str], downloads: Path, names: Mapping[str, str] | None = None,
+            tagged: Mapping[str, str], downloads: Path | None, names: Mapping[str, str] | None = None,
             cut: Collection[str] = ()) -> list[TrialRecord]:
     """One record per trial of a Tune ``ResultGrid``.
 
@@ -160,7 +163,8 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
             worker with no restores left has the stop reason ``WORKER_LOST``.
         run_ids: the trials' MLflow child runs by trial id.
         tagged: the checkpoint directories that the child runs' tags name (a fallback).
-        downloads: where checkpoints kept in a bucket are copied.
+        downloads: where checkpoints kept in a bucket are copied (None: they are not, and a
+            trial's record names none).
         names: each trial's one name by trial id.
         cut: the trials that the sweep's time budget stopped (stop reason ``TIME_BUDGET``).
     """
@@ -179,7 +183,7 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
             config=job_config(spec, result.config or {}),
             params=dict(result.config or {}),
             best_valid_acc=float(best_acc) if best_acc is not None else None,
-            checkpoint=local_checkpoint(ckpt, spec.storage_path, downloads / f"{trial_id}.pt"),
+            checkpoint=local_checkpoint(ckpt, spec.storage_path, downloads / f"{trial_id}.pt" if downloads else None),
             mlflow_run_id=run_ids.get(trial_id),
             status=status,
             checks=int(metrics.get("checks", 0) or 0),
