@@ -6,11 +6,13 @@ The port and CPU checks themselves are also tested without Ray, at the end."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,18 +90,47 @@ def _one_error_line(out: str, *names: str) -> str:
     return lines[0]
 
 
+class _Asking(threading.Thread):
+    """Asks ``GET url`` every 20 ms until told to stop, keeping each answer: (status, content
+    type, body); a connection refused is not kept."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.answers, self.done = url, [], threading.Event()
+
+    def run(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        while not self.done.is_set():
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as reply:
+                    self.answers.append((reply.status, reply.headers.get("content-type"), reply.read()))
+            except urllib.error.HTTPError as err:
+                self.answers.append((err.code, err.headers.get("content-type"), err.read()))
+            except OSError:
+                pass
+            time.sleep(0.02)
+
+
 @pytest.fixture(scope="module")
 def running(tiny, tmp_path_factory):
-    """A serve of one replica, running; stopped (and its session killed) at the end at the latest."""
+    """A serve of one replica, running, and what ``/ready`` answered as it started; stopped (and
+    its session killed) at the end at the latest."""
     port, log = free_port(), tmp_path_factory.mktemp("running") / "serve.log"
-    proc = _serve(tiny, port, log)
+    proc, asking = _serve(tiny, port, log), _Asking(f"http://127.0.0.1:{port}/ready")
+    asking.start()
     deadline = time.monotonic() + START_WAIT_S
-    while "serving on" not in log.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _kill_session(proc.pid)
-            pytest.fail(f"serve did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield proc, port, log
+    try:
+        while "serving on" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _kill_session(proc.pid)
+                pytest.fail(f"serve did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+    finally:
+        asking.done.set()
+        asking.join()
+    yield proc, port, log, asking.answers
     if proc.poll() is None:
         _kill_session(proc.pid)
         proc.wait()
@@ -107,8 +138,19 @@ def running(tiny, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_a_starting_serve_answers_json_503s_until_ready_and_never_the_proxys_404(running):
+    """Before the application's route exists, Serve's proxy answers every path itself: its plain
+    404 is a JSON 503 to retry, as is the ingress's while no reader has loaded the model."""
+    answers = running[3]
+    assert answers, "the starting serve answered nothing"
+    assert {(status, kind) for status, kind, _ in answers} <= {(503, "application/json"), (200, "application/json")}
+    assert all(json.loads(body)["status"] == 503 for status, _, body in answers if status == 503)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_second_serve_on_a_running_ones_port_fails_in_one_line(tiny, running, tmp_path):
-    first, port, _ = running
+    first, port, _, _ = running
     log = tmp_path / "second.log"
     code, took, out = _finish(_serve(tiny, port, log), log, 60)
     assert code not in (None, 0), out[-3000:]
@@ -124,7 +166,7 @@ def test_sigterm_to_every_process_of_a_serve_ends_it_cleanly(running):
     processes get the signal too, so the command must not wait for them to answer."""
     from iaa.platform import listeners
 
-    proc, port, log = running
+    proc, port, log, _ = running
     os.killpg(proc.pid, signal.SIGTERM)
     code, took, out = _finish(proc, log, 60)
     listeners.check_free("127.0.0.1", port)     # free as the command ends: a restart right after can listen

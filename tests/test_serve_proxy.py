@@ -1,6 +1,7 @@
-"""The body limit in Ray Serve's HTTP proxy (:mod:`iaa.platform.serve_proxy`), as ASGI: a body
+"""What Ray Serve's HTTP proxy answers itself (:mod:`iaa.platform.serve_proxy`), as ASGI: a body
 over the limit is refused with the ingress's 413 having read at most the limit, and one within it
-reaches the proxy's app as sent. (That Serve's proxy runs it, and what it saves, are slow tests
+reaches the proxy's app as sent; the proxy's own plain 404, while no application is routed, is a
+JSON 503 to retry. (That Serve's proxy runs it, and what it saves, are slow tests
 in ``tests/test_faults_serve.py``.)"""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 
 pytest.importorskip("starlette", reason="needs ray[serve] (Starlette)")
 
+from _faults import assert_says  # noqa: E402
 from iaa.platform import serve_proxy  # noqa: E402
 
 LIMIT = 1000
@@ -103,7 +105,49 @@ def test_the_proxy_takes_the_limit_from_its_environment(monkeypatch):
         monkeypatch.setenv(name, value)
     module, _, function = serve_proxy.proxy_env(1)[serve_proxy.CALLBACK_ENV].rpartition(".")
     assert (module, function) == ("iaa.platform.serve_proxy", "middlewares")
-    [middleware] = serve_proxy.middlewares()
-    assert middleware.cls is serve_proxy.BodyLimit and middleware.kwargs == {"limit": 1234}
+    routes, limit = serve_proxy.middlewares()
+    assert routes.cls is serve_proxy.NoRoute
+    assert limit.cls is serve_proxy.BodyLimit and limit.kwargs == {"limit": 1234}
     monkeypatch.delenv(serve_proxy.LIMIT_ENV)
-    assert serve_proxy.middlewares() == []
+    assert [m.cls for m in serve_proxy.middlewares()] == [serve_proxy.NoRoute]
+
+
+class _Answers:
+    """The proxy's app: answers ``status`` with ``body`` as ``content_type``, in two body messages."""
+
+    def __init__(self, status: int, body: bytes, content_type: bytes) -> None:
+        self.status, self.body, self.content_type = status, body, content_type
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": [(b"content-type", self.content_type)]})
+        await send({"type": "http.response.body", "body": self.body[:5], "more_body": True})
+        await send({"type": "http.response.body", "body": self.body[5:]})
+
+
+def _through_no_route(app: _Answers) -> _Client:
+    client = _Client(b"")
+    asyncio.run(serve_proxy.NoRoute(app)({"type": "http", "method": "GET", "path": "/ready", "headers": []},
+                                         client.receive, client.send))
+    return client
+
+
+def test_the_proxys_own_404_while_no_application_is_routed_is_a_json_503_to_retry():
+    client = _through_no_route(_Answers(404, b"Path '/ready' not found. Ping http://.../-/routes for available "
+                                             b"routes.", b"text/plain; charset=utf-8"))
+    assert client.status() == 503 and (b"retry-after", b"1") in client.sent[0]["headers"]
+    reply = client.reply()
+    assert reply["status"] == 503 and "Path" not in reply["error"]
+    assert_says(reply["error"], "starting or stopping", "try again")
+
+
+@pytest.mark.parametrize("status, body, content_type", [
+    (404, b'{"error": "GET /nope: no such path", "status": 404}', b"application/json"),
+    (200, b'{"ready": true}', b"application/json"),
+    (200, b"<html>the docs</html>", b"text/html; charset=utf-8"),
+    (503, b"Service Unavailable", b"text/plain"),
+])
+def test_every_other_answer_passes_the_no_route_middleware_as_it_is(status, body, content_type):
+    client = _through_no_route(_Answers(status, body, content_type))
+    assert client.status() == status and client.sent[0]["headers"] == [(b"content-type", content_type)]
+    assert b"".join(m.get("body", b"") for m in client.sent[1:]) == body
