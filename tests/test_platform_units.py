@@ -681,6 +681,18 @@ def test_trial_records_take_the_end_from_the_results_and_mark_a_lost_worker(tmp_
     assert got["a"].lost and not got["b"].lost and got["a"].label == "trial-0000" and got["a"].best_valid_acc == 0.5
 
 
+def test_a_trial_tune_saved_as_pending_after_a_check_is_recorded_running(tmp_path: Path) -> None:
+    """Tune saves a running trial as PENDING, to start it again on a restore: a stopped sweep's
+    record says RUNNING of one that had made a check, and PENDING of one that had made none."""
+    from iaa.platform.sweeps.trials.trial import TrialSpec, records
+
+    spec = TrialSpec(name="s", fit=lambda *a, **k: None, storage_path=str(tmp_path), workers=1, threads=1,
+                     base={"dataset": "cbt-ne"})
+    results = [_result("a", None, checks=1, best_valid_acc=0.2), _result("b", None)]
+    got = records(results, spec, statuses={"a": "PENDING", "b": "PENDING"}, run_ids={}, tagged={}, downloads=tmp_path)
+    assert [(r.trial_id, r.status, r.checks) for r in got] == [("a", "RUNNING", 1), ("b", "PENDING", 0)]
+
+
 def test_a_sweep_with_a_trial_that_lost_its_worker_is_not_finished_and_resuming_runs_it_again() -> None:
     from dataclasses import replace
 

@@ -160,7 +160,9 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
     Args:
         statuses: Tune's last saved status by trial id, for trials without an error (one a run left
             unfinished is not TERMINATED); a trial with an error is ERROR, and one that lost its
-            worker with no restores left has the stop reason ``WORKER_LOST``.
+            worker with no restores left has the stop reason ``WORKER_LOST``. Tune saves a
+            running trial as PENDING (to start it again on a restore): one that had reported a
+            check is RUNNING.
         run_ids: the trials' MLflow child runs by trial id.
         tagged: the checkpoint directories that the child runs' tags name (a fallback).
         downloads: where checkpoints kept in a bucket are copied (None: they are not, and a
@@ -176,6 +178,8 @@ def records(results: Any, spec: TrialSpec, *, statuses: Mapping[str, str], run_i
         trial_id = (metrics.get("trial_id") if "checks" in metrics else None) or Path(result.path).name
         # fit returned, so a trial with an error ended ERROR, whatever Tune's last saved state says
         status = "ERROR" if result.error else statuses.get(trial_id) or "TERMINATED"
+        if status == "PENDING" and "checks" in metrics:
+            status = "RUNNING"
         best_acc = metrics.get("best_valid_acc")
         ckpt = _best_checkpoint(result, spec, trial_id) or tagged.get(trial_id)
         out.append(TrialRecord(
