@@ -6,6 +6,7 @@ once a head runs again at the address (docs/platform.md, "Node failures")."""
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -33,12 +34,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _head(port: int, temp: Path, log: Path) -> subprocess.Popen:
+def _head(port: int, temp: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
     """A one-node cluster's head, in a process group of its own (its GCS, raylet and workers)."""
     with open(log, "ab") as out:
         head = subprocess.Popen(["ray", "start", "--head", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
                                  "--include-dashboard=false", f"--temp-dir={temp}", "--block", "--disable-usage-stats"],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -60,11 +61,14 @@ def test_a_sweep_whose_head_node_dies_stops_marked_and_resumes(tmp_path: Path) -
     tiny = make_tiny_prepared(tmp_path / "data")
     port, temp, work = _free_port(), Path(f"/tmp/iaa-head-{os.getpid()}"), tmp_path / "work"
     address = f"127.0.0.1:{port}"
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # The head and the sweep share a token of the test's own: a `ray start` with no mode set turns
+    # tokens on only where ~/.ray/auth_token already exists, which a fresh machine lacks.
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     command = [sys.executable, "-m", "iaa.cli", "tune", "--dataset", "cbt-ne", "--data", str(tiny), "--num-samples",
                "2", "--search-space", str(write_space(tmp_path)), *[a for s in SETS for a in ("--set", s)],
                "--workdir", str(work), "--name", "h", "--address", address, "--storage-path", str(tmp_path / "ray")]
-    head = _head(port, temp, tmp_path / "head.log")
+    head = _head(port, temp, tmp_path / "head.log", env)
     try:
         err = tmp_path / "tune.err"
         with open(err, "wb") as stderr:
@@ -91,7 +95,7 @@ def test_a_sweep_whose_head_node_dies_stops_marked_and_resumes(tmp_path: Path) -
         study = optuna.load_study(study_name=record["optuna"]["study"], storage=record["optuna"]["storage"])
         assert not [t for t in study.trials if t.state.name == "RUNNING"]
 
-        head = _head(port, temp, tmp_path / "head.log")                  # the cluster runs again
+        head = _head(port, temp, tmp_path / "head.log", env)             # the cluster runs again
         again = line.split("resume with: iaa-cli ", 1)[1].split()
         resumed = subprocess.run([sys.executable, "-m", "iaa.cli", *again, "--json"], env=env, cwd=tmp_path,
                                  capture_output=True, text=True, timeout=240)
