@@ -39,6 +39,17 @@ def pytest_configure(config):
             os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Keep the crash handler on after pytest's own is off: a fault while the process ends (a
+    library's thread or finaliser) then prints every thread's stack, not a bare exit status."""
+    import faulthandler
+    import sys
+
+    if sys.__stderr__ is not None and not sys.__stderr__.closed:
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
+
+
 def pytest_pycollect_makemodule(module_path, parent):
     return OptionalDepsModule.from_parent(parent, path=module_path)
 
