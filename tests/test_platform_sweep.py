@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -221,7 +222,10 @@ def test_a_sweep_ends_at_its_time_budget_with_nothing_left_running(tiny: Path, t
     request = dict(dataset="cbt-ne", data=tiny, num_samples=100, search_space=write_space(tmp_path),
                    sets=(*TINY_SETS, "train.max_epochs=4"), workdir=tmp_path, name="timed", show_progress=False,
                    time_budget_s=15.0)
+    threads = set(threading.enumerate())
     result = run_sweep(**request)
+    left = [t for t in set(threading.enumerate()) - threads if type(t).__module__.startswith("tensorboardX")]
+    assert not left, "a stopped trial's TensorBoard writer outlives the sweep"
     sweep = read_sweep(tmp_path, "timed")
     trials = sweep["trials"]
     cut = [t for t in trials if t["stop_reason"] == TIME_BUDGET]

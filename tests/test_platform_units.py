@@ -1011,3 +1011,37 @@ def test_a_sweep_saved_before_the_sub_packages_loads_its_searcher_scheduler_and_
         "iaa.platform.sweeps.search.distinct_search.StudySearch", "iaa.platform.sweeps.search.distinct_search.StudySearch",
         "iaa.platform.sweeps.search.asha.GivenAside", "iaa.platform.sweeps.trials.trial_runs.TrialRuns",
         "iaa.platform.sweeps.trials.trial_events.ConsoleCallback"]
+
+
+def test_a_trial_tune_never_ends_has_its_result_files_closed_when_the_run_ends(tmp_path: Path) -> None:
+    """Tune closes a trial's result files only when it ends the trial, which a time-budget stop
+    never does: the run's end closes them, TensorBoard's writer thread with them."""
+    import threading
+
+    pytest.importorskip("tensorboardX", reason="TensorBoard's writer is tensorboardX's")
+    from iaa.platform.sweeps.trials import result_files
+
+    def writers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if type(t).__module__.startswith("tensorboardX")}
+
+    before = writers()
+    class Trial:                                 # what the loggers read of Tune's Trial
+        local_path, checkpoint = str(tmp_path / "trial"), None
+        config = evaluated_params = {"lr": 0.1}
+
+        def init_local_path(self) -> None:
+            Path(self.local_path).mkdir(exist_ok=True)
+
+    trial = Trial()
+    loggers = result_files.loggers()
+    assert [type(x).__name__ for x in loggers] == ["CsvFiles", "JsonFiles", "TensorBoardFiles"]
+    for logger in loggers:
+        logger.on_trial_start(iteration=0, trials=[trial], trial=trial)
+        logger.on_trial_result(iteration=1, trials=[trial], trial=trial,
+                               result={"training_iteration": 1, "valid_acc": 0.5, "timesteps_total": None})
+    assert writers() - before, "the writer runs while the trial does"
+    for logger in loggers:
+        logger.on_experiment_end(trials=[trial])
+    assert not writers() - before
+    assert {p.name for p in (tmp_path / "trial").iterdir()} >= {"progress.csv", "result.json"}
+    assert "valid_acc" in (tmp_path / "trial" / "progress.csv").read_text()

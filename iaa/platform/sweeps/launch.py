@@ -38,7 +38,7 @@ from iaa.platform.ray_train import max_failures
 from iaa.platform.sweeps import driver_side, saved_state
 from iaa.platform.sweeps.budget import SweepClock
 from iaa.platform.sweeps.search import search_algorithm as search
-from iaa.platform.sweeps.trials import full_disk
+from iaa.platform.sweeps.trials import full_disk, result_files
 from iaa.platform.sweeps.trials.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.sweeps.trials.standing import StandingCallback
 from iaa.platform.sweeps.trials.trial_events import ConsoleCallback
@@ -168,7 +168,9 @@ def _trial_dirname(trial: Any) -> str:
 def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: bool, search_alg: Any = None,
           scheduler: Any = None, num_samples: int = 1, param_space: Mapping[str, Any] | None = None,
           stop: Any = None) -> Any:
-    """A new ``Tuner``; the searcher and scheduler carry their own metrics; ``stop``: its stopper."""
+    """A new ``Tuner``; the searcher and scheduler carry their own metrics; ``stop``: its stopper.
+    Tune's result files are written by loggers that close them when the run ends
+    (:mod:`~iaa.platform.sweeps.trials.result_files`)."""
     in_actor = launch.plan.in_actor
     return tune.Tuner(
         fn, param_space=dict(param_space or {}),
@@ -181,7 +183,7 @@ def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: b
             failure_config=tune.FailureConfig(max_failures=max_failures(MAX_TRIAL_FAILURES if in_actor else 1)),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
                                                     checkpoint_score_order="max"),
-            callbacks=list(callbacks), verbose=1 if show_progress else 0, stop=stop,
+            callbacks=[*callbacks, *result_files.loggers()], verbose=1 if show_progress else 0, stop=stop,
         ),
     )
 
