@@ -904,7 +904,7 @@ def test_a_resume_leaves_tunes_word_on_trials_that_never_reported_off_the_consol
     "Failed to fetch metrics" warning names its internal id, before the sweep's log file is open."""
     from ray import tune
 
-    from iaa.platform.sweeps import launch
+    from iaa.platform.sweeps import tune_run
 
     def restore(path, trainable, resume_errored):
         logging.getLogger("ray.tune.analysis.experiment_analysis").warning(
@@ -914,13 +914,13 @@ def test_a_resume_leaves_tunes_word_on_trials_that_never_reported_off_the_consol
 
     monkeypatch.setattr(tune.Tuner, "restore", restore)
     monkeypatch.setattr(tune.Tuner, "can_restore", lambda path: True)
-    monkeypatch.setattr(launch, "check_private", lambda path: None)
+    monkeypatch.setattr(tune_run, "check_private", lambda path: None)
     logger, heard = logging.getLogger("ray.tune.analysis.experiment_analysis"), []
     handler = logging.Handler()
     handler.emit = heard.append                           # Ray's loggers do not propagate to the root
     logger.addHandler(handler)
     try:
-        assert launch.restore(SimpleNamespace(experiment_path=str(tmp_path)), fn=None) == "restored"
+        assert tune_run.restore(SimpleNamespace(experiment_path=str(tmp_path)), fn=None) == "restored"
     finally:
         logger.removeHandler(handler)
     assert [r.getMessage() for r in heard] == ["a real failure"]
@@ -934,16 +934,16 @@ def test_a_saved_sweep_naming_code_this_version_lacks_is_one_error_naming_the_wa
     from ray import tune
 
     from iaa.errors import IaaError
-    from iaa.platform.sweeps import launch
+    from iaa.platform.sweeps import tune_run
 
     def restore(path, trainable, resume_errored):
         raise ModuleNotFoundError("No module named 'iaa.platform.sweeps.gone'")
 
     monkeypatch.setattr(tune.Tuner, "restore", restore)
     monkeypatch.setattr(tune.Tuner, "can_restore", lambda path: True)
-    monkeypatch.setattr(launch, "check_private", lambda path: None)
+    monkeypatch.setattr(tune_run, "check_private", lambda path: None)
     with pytest.raises(IaaError) as refused:
-        launch.restore(SimpleNamespace(experiment_path=str(tmp_path), name="s1"), fn=None)
+        tune_run.restore(SimpleNamespace(experiment_path=str(tmp_path), name="s1"), fn=None)
     assert_says(refused.value, str(tmp_path), "iaa.platform.sweeps.gone", "another version", "`warm_start` s1")
 
 

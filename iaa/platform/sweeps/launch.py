@@ -1,11 +1,12 @@
 """The jobs' Launcher on Ray: Tune runs of the trial function, and Train runs of one job.
 
 :class:`RayLauncher` implements :class:`iaa.jobs.ports.Launcher`. :func:`connect` builds one
-frozen :class:`Launch`: the Ray cluster it joined, what each trial holds there
+frozen :class:`~iaa.platform.sweeps.tune_run.Launch`: the Ray cluster it joined, what each trial holds there
 (:func:`iaa.platform.cluster.connect.plan`, so that trial drivers never hold the CPUs their workers
 need) and where checkpoints go (``STORAGE/NAME``; ``STORAGE`` from
 :meth:`iaa.jobs.workdir.paths.Workdir.storage`). A sweep (:mod:`iaa.jobs.tune.tune`) and an ensemble's
-members (:meth:`RayLauncher.train_many`) both start from it.
+members (:meth:`RayLauncher.train_many`) both start from it, and both run as one Tune run
+(:mod:`~iaa.platform.sweeps.tune_run`).
 
 Run names are never reused: a folder that exists under the storage path belongs to another run
 and is refused (:func:`claim`), never deleted.
@@ -14,11 +15,9 @@ and is refused (:func:`claim`), never deleted.
 from __future__ import annotations
 
 import logging
-import os
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import ray.tune as tune
 from ray.tune.search import ConcurrencyLimiter, SearchGenerator
@@ -28,41 +27,20 @@ from iaa.files import DiskFullError, is_remote_uri
 from iaa.data.prepared.manifest import vocab_card
 from iaa.jobs.config.job_config import JobConfig, to_dict
 from iaa.jobs.config.presets import MODE, SEARCH_METRIC
-from iaa.jobs.ports import (CHECKPOINT_SCORE, Carried, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
+from iaa.jobs.ports import (Carried, ConnectRequest, MembersRequest, Metrics, Placement, SearchPlan,
                             SweepRequest, TIME_BUDGET, TrialRecord, WorkerFit, WorkersRequest)
 from iaa.platform.cluster import connect as cluster
-from iaa.platform.cluster.driver_lines import cluster_lines_to
 from iaa.platform.cluster.ray_internals import relocate_experiment
-from iaa.platform.cluster.storage import check_private
-from iaa.platform.ray_train import max_failures
-from iaa.platform.sweeps import driver_side, saved_state
+from iaa.platform.sweeps import driver_side
 from iaa.platform.sweeps.budget import SweepClock
 from iaa.platform.sweeps.search import search_algorithm as search
-from iaa.platform.sweeps.trials import full_disk, result_files
 from iaa.platform.sweeps.trials.trial import MEMBER_KEY, TrialSpec, records, run_trial
 from iaa.platform.sweeps.trials.standing import StandingCallback
 from iaa.platform.sweeps.trials.trial_events import ConsoleCallback
 from iaa.platform.sweeps.trials.trial_runs import TrialRuns, child_runs
+from iaa.platform.sweeps.tune_run import Launch, analysis, restore, run_tuner, tuner
 
 _log = logging.getLogger(__name__)
-
-MAX_TRIAL_FAILURES = 2      # a failed trial restarts from its last checkpoint this many times
-# (a multi-worker trial once more only: its Train run already restarts failed workers itself)
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Where and how the trials of one Tune run train."""
-
-    name: str                    # the Tune run's name: its folder under ``storage``
-    storage: str                 # STORAGE: a local path or a bucket URI
-    prepared: Path               # the prepared data folder
-    info: cluster.ClusterInfo
-    plan: cluster.TrialPlan
-
-    @property
-    def experiment_path(self) -> str:
-        return f"{self.storage.rstrip('/')}/{self.name}"
 
 
 def taken(storage: str, name: str) -> bool:
@@ -161,146 +139,6 @@ class ResumableSearch(SearchGenerator):
             limiter.searcher.on_trial_complete(trial_id, result=result, error=error)
 
 
-def _trial_dirname(trial: Any) -> str:
-    return trial.trial_id
-
-
-def tuner(launch: Launch, fn: Any, callbacks: Sequence[Any], *, show_progress: bool, search_alg: Any = None,
-          scheduler: Any = None, num_samples: int = 1, param_space: Mapping[str, Any] | None = None,
-          stop: Any = None) -> Any:
-    """A new ``Tuner``; the searcher and scheduler carry their own metrics; ``stop``: its stopper.
-    Tune's result files are written by loggers that close them when the run ends
-    (:mod:`~iaa.platform.sweeps.trials.result_files`)."""
-    in_actor = launch.plan.in_actor
-    return tune.Tuner(
-        fn, param_space=dict(param_space or {}),
-        tune_config=tune.TuneConfig(search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
-                                    max_concurrent_trials=None if search_alg is not None else launch.plan.max_concurrent,
-                                    reuse_actors=in_actor,
-                                    trial_dirname_creator=_trial_dirname),
-        run_config=tune.RunConfig(
-            name=launch.name, storage_path=launch.storage,
-            failure_config=tune.FailureConfig(max_failures=max_failures(MAX_TRIAL_FAILURES if in_actor else 1)),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_SCORE,
-                                                    checkpoint_score_order="max"),
-            callbacks=[*callbacks, *result_files.loggers()], verbose=1 if show_progress else 0, stop=stop,
-        ),
-    )
-
-
-def restore(launch: Launch, fn: Any) -> Any:
-    """The interrupted Tune run of ``launch``: searcher, scheduler and callbacks as they were saved."""
-    check_private(launch.experiment_path)
-    if not tune.Tuner.can_restore(launch.experiment_path):
-        raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
-    saved_state.keep()
-    try:
-        with _pending_trials_unsaid():               # the restore reads the run's results too
-            return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
-    except (ImportError, AttributeError) as err:    # Tune pickled the searcher and callbacks by module path
-        raise IaaError(f"{launch.experiment_path}: the sweep's saved Tune state names code that this version of iaa "
-                       f"does not have ({err}): another version saved it. Continue it with that version, or begin a "
-                       f"new sweep from its trials with `warm_start` {launch.name}") from err
-
-
-def run_tuner(launch: Launch, tuner_: Any, quiet: bool = False) -> tuple[Any, dict[str, str]]:
-    """Run ``tuner_``; returns its ``ResultGrid`` and every trial's Tune status by trial id.
-
-    ``quiet``: not even Tune's banner (its configuration box, results folder and TensorBoard
-    hint, which its new output prints at every verbosity; the older one is silent at 0).
-    """
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # save the experiment state often, for --resume
-    # SIGINT stays the command's (iaa.jobs.interrupt): Tune's own handler would spend seconds on a
-    # last save and print its Tuner.restore advice, while --resume continues from the saved state
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    # Tune snapshots the experiment at every kept checkpoint (what --resume needs); don't warn about it.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    # a trial's error reaches the driver only in Tune's log record of it: a full disk is read there
-    # (iaa.platform.sweeps.trials.full_disk), so that record must be made
-    os.environ["TUNE_PRINT_ALL_TRIAL_ERRORS"] = "1"
-    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
-    if quiet:
-        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    side = driver_side.of(launch.name) if driver_side.is_bound(launch.name) else None
-    try:
-        with _tune_log_in_file(launch, quiet), full_disk.watching(side, launch.experiment_path):
-            results = tuner_.fit()
-    except Exception as err:
-        full = full_disk.stopped_by(side, err, launch.experiment_path)
-        if full is None:
-            raise
-        raise full from None
-    finally:
-        if quiet and before is None:
-            del os.environ["RAY_AIR_NEW_OUTPUT"]
-        elif quiet:
-            os.environ["RAY_AIR_NEW_OUTPUT"] = before
-    full = full_disk.stopped_by(side, None, launch.experiment_path)
-    if full is not None:                    # met as the last trials ended: the run is not whole either
-        raise full
-    analysis = _analysis(launch.experiment_path)
-    return results, {t.trial_id: t.status for t in analysis.trials}
-
-
-def _analysis(experiment_path: str) -> Any:
-    """Tune's ``ExperimentAnalysis`` of the run at ``experiment_path``."""
-    with _pending_trials_unsaid():
-        return tune.ExperimentAnalysis(experiment_path)
-
-
-@contextmanager
-def _pending_trials_unsaid() -> Iterator[None]:
-    """While Tune reads a run's results: a trial that had not reported yet (one a stop left
-    pending) has no results file, which Tune logs as a warning naming its internal
-    ``run_trial_ID``; the trial's record says it had no check, and a resume starts it."""
-    logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-@contextmanager
-def _tune_log_in_file(launch: Launch, quiet: bool) -> Iterator[None]:
-    """While ``quiet``, Ray Tune's log (its warnings and advice) goes to ``STORAGE/NAME/tune.log``
-    (a bucket: only its errors, to the console), not to the console; so do the lines the cluster
-    publishes to drivers (a dead node's raylet log tail, ``[state-dump] ...``), which Ray prints on
-    stdout from a thread of its own (:func:`~iaa.platform.cluster.driver_lines.cluster_lines_to`; a
-    bucket: dropped)."""
-    logger = logging.getLogger("ray.tune")
-    if not quiet:
-        yield
-        return
-    saved = (list(logger.handlers), logger.propagate, logger.level)
-    handler: logging.Handler | None = None
-    if is_remote_uri(launch.storage):
-        logger.setLevel(logging.ERROR)
-    else:
-        folder = Path(launch.experiment_path)
-        folder.mkdir(parents=True, exist_ok=True)
-        handler = _LogFile(folder / "tune.log", encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.handlers, logger.propagate = [handler], False
-    try:
-        with cluster_lines_to(handler):
-            yield
-    finally:
-        logger.handlers, logger.propagate = saved[0], saved[1]
-        logger.setLevel(saved[2])
-        if handler is not None:
-            handler.close()
-
-
-class _LogFile(logging.FileHandler):
-    """Tune's log file: a line it cannot write (a full disk) is lost, not reported on the console
-    with a traceback (logging's own ``handleError``), which the command's one line replaces."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        return None
-
-
 def _saved_trials(request: SweepRequest, spec: TrialSpec, side: driver_side.DriverSide | None = None,
                   statuses: Mapping[str, str] | None = None) -> list[TrialRecord]:
     """The trials of ``request``'s Tune run as it last saved them, with ``statuses`` (Tune's live
@@ -310,10 +148,10 @@ def _saved_trials(request: SweepRequest, spec: TrialSpec, side: driver_side.Driv
     launch = _launch_of(request.placement)
     if not tune.Tuner.can_restore(launch.experiment_path):
         return []
-    analysis = _analysis(launch.experiment_path)
+    analysis_ = analysis(launch.experiment_path)
     children = child_runs(trials.tracker, trials.experiment, trials.sweep, trials.parent_run_id)
-    return records(tune.ResultGrid(analysis), spec,
-                   statuses={**{t.trial_id: t.status for t in analysis.trials}, **(statuses or {})},
+    return records(tune.ResultGrid(analysis_), spec,
+                   statuses={**{t.trial_id: t.status for t in analysis_.trials}, **(statuses or {})},
                    run_ids=children.run_ids, tagged=children.checkpoints,
                    downloads=run.downloads if side is None else None,
                    names={**children.names, **(side.names if side is not None else {})},
