@@ -27,11 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tests._platform import ray_command
+
 # Node death is noticed by the GCS health check (Ray's defaults: every 3 s, 5 misses); a test
 # cluster checks every 0.5 s and gives up after 3 misses, so a lost node is seen within ~2 s.
 FAST_DEATH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
               "health_check_timeout_ms": 1000}
 HOLD_S = 60.0      # how long a held checkpoint write waits for its node to die
+
 
 
 @dataclass
@@ -77,9 +80,13 @@ class ChaosCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 0, "include_dashboard": False, "_system_config": self.system_config})
-        connect(self.address)
-        for _ in range(self.workers):
-            self._add()
+        try:
+            connect(self.address)
+            for _ in range(self.workers):
+                self._add()
+        except BaseException:
+            self.shutdown()      # a head with no CPUs left up would hold every later ray.init() of the process
+            raise
 
     @property
     def address(self) -> str:
@@ -95,7 +102,7 @@ class ChaosCluster:
         name = f"chaos-{self._started}"
         with open(self.logs / f"{name}.log", "wb") as log:
             process = subprocess.Popen(
-                ["ray", "start", f"--address={self.address}", f"--num-cpus={self.cpus_per_worker}", "--num-gpus=0",
+                [ray_command(), "start", f"--address={self.address}", f"--num-cpus={self.cpus_per_worker}", "--num-gpus=0",
                  f"--node-name={name}", "--object-store-memory=100000000", "--block", "--disable-usage-stats"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         worker = _Worker(name, process)

@@ -1,7 +1,9 @@
-"""Shared bits of the platform tests: a tiny search space and MLflow read-back helpers."""
+"""Shared bits of the platform tests: a tiny search space, MLflow read-back helpers and the
+``ray`` command."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,12 @@ from mlflow.tracking import MlflowClient
 
 # Two knobs of the tiny model: 4 points, so 2-3 trials stay cheap.
 TINY_SPACE = "model.hidden_dim: [8, 12]\nmodel.steps: [1, 2]\n"
+
+
+def ray_command() -> str:
+    """The ``ray`` command of the environment whose Python runs the tests, activated or not."""
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else "ray"
 
 
 def write_space(folder: Path) -> Path:

@@ -20,7 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from _faults import assert_says
-from tests._platform import children, read_sweep, write_space
+from tests._platform import ray_command, children, read_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -37,7 +37,7 @@ def _free_port() -> int:
 def _head(port: int, temp: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
     """A one-node cluster's head, in a process group of its own (its GCS, raylet and workers)."""
     with open(log, "ab") as out:
-        head = subprocess.Popen(["ray", "start", "--head", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
+        head = subprocess.Popen([ray_command(), "start", "--head", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
                                  "--include-dashboard=false", f"--temp-dir={temp}", "--block", "--disable-usage-stats"],
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120

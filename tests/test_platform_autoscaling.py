@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._platform import read_sweep, run_sweep, write_space
+from tests._platform import ray_command, read_sweep, run_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -74,7 +74,7 @@ def _cluster(worker_types: dict):
     # turned it on (with the token in ~/.ray/auth_token), and Ray reads the mode once per process.
     env = {**os.environ, "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1",
            "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    head = subprocess.Popen(["ray", "start", "--head", f"--port={port}", "--num-cpus=1",
+    head = subprocess.Popen([ray_command(), "start", "--head", f"--port={port}", "--num-cpus=1",
                              "--resources", json.dumps({"trial_driver": 10}), f"--autoscaling-config={config}",
                              f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats", "--block"],
                             env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
