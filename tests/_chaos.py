@@ -34,6 +34,8 @@ from tests._platform import ray_command
 FAST_DEATH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
               "health_check_timeout_ms": 1000}
 HOLD_S = 60.0      # how long a held checkpoint write waits for its node to die
+NODE_START_S = 120.0   # how long one start of a worker node may take
+NODE_START_TRIES = 3
 
 
 
@@ -98,6 +100,18 @@ class ChaosCluster:
         return {n["NodeName"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
     def _add(self) -> _Worker:
+        """A fresh worker node. A start that gives up (Ray's node start times out when a busy
+        machine keeps its raylet from registering in time) is made again, as a replacement would be."""
+        for _ in range(NODE_START_TRIES):
+            worker = self._start_node()
+            if worker is not None:
+                self._workers.append(worker)
+                return worker
+        raise TimeoutError(f"no worker node came up in {NODE_START_TRIES} starts; their logs: {self.logs}")
+
+    def _start_node(self) -> _Worker | None:
+        """One ``ray start`` of a worker node: the node once it is alive, or None when its start
+        ended without it or took over ``NODE_START_S`` (its process group is then killed)."""
         self._started += 1
         name = f"chaos-{self._started}"
         with open(self.logs / f"{name}.log", "wb") as log:
@@ -105,14 +119,18 @@ class ChaosCluster:
                 [ray_command(), "start", f"--address={self.address}", f"--num-cpus={self.cpus_per_worker}", "--num-gpus=0",
                  f"--node-name={name}", "--object-store-memory=100000000", "--block", "--disable-usage-stats"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        worker = _Worker(name, process)
+        deadline = time.monotonic() + NODE_START_S
+        while time.monotonic() < deadline and process.poll() is None:    # --block: the process lives with its node
+            node_id = self._alive().get(name)
+            if node_id:
+                return _Worker(name, process, node_id)
+            time.sleep(0.5)
         try:
-            worker.node_id = wait_for(lambda: self._alive().get(name), 120, poll_s=0.5)
-        except TimeoutError:
             os.killpg(process.pid, signal.SIGKILL)
-            raise
-        self._workers.append(worker)
-        return worker
+        except ProcessLookupError:
+            pass
+        process.wait()
+        return None
 
     def worker_ids(self) -> list[str]:
         return [w.node_id for w in self._workers]
