@@ -38,7 +38,6 @@ NODE_START_S = 120.0   # how long one start of a worker node may take
 NODE_START_TRIES = 3
 
 
-
 @dataclass
 class Kill:
     node_id: str

@@ -20,7 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from _faults import assert_says
-from tests._platform import ray_command, children, read_sweep, write_space
+from tests._platform import children, ray_command, read_sweep, write_space
 from tests._tiny import TINY_SETS, make_tiny_prepared
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
