@@ -325,6 +325,34 @@ def test_the_start_up_design_spreads_a_range_over_its_strata_and_walks_every_cho
         assert {c["model.steps"] for c in first} == {1, 2, 3}
 
 
+def test_a_stop_that_meets_another_write_of_a_trial_still_fails_every_unfinished_trial(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    """Marking a stopped sweep's trials FAIL can meet the sweep's own write of the same trial:
+    SQLite's unique constraint, which Optuna raises as a ``StorageInternalError``. The write is
+    made again, and no trial is left RUNNING."""
+    import optuna
+    from optuna.exceptions import StorageInternalError
+    from optuna.storages import RDBStorage
+
+    from iaa.platform.sweeps.studies.study import fail_unfinished
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url)
+    study.ask(), study.ask()
+    attr, met = RDBStorage.set_trial_user_attr, []
+
+    def clashing(self, trial_id, key, value):
+        if not met:
+            met.append(trial_id)
+            raise StorageInternalError("An exception is raised during the commit.")
+        return attr(self, trial_id, key, value)
+
+    monkeypatch.setattr(RDBStorage, "set_trial_user_attr", clashing)
+    assert fail_unfinished(url, "s", {"interrupted": "SIGINT"}) == 2
+    trials = optuna.load_study(study_name="s", storage=url).get_trials()
+    assert met and [(t.state.name, t.user_attrs) for t in trials] == [("FAIL", {"interrupted": "SIGINT"})] * 2
+
+
 def test_a_trial_asha_stopped_is_pruned_with_its_checks_in_a_persistent_study(tmp_path: Path) -> None:
     import optuna
     from optuna.trial import TrialState

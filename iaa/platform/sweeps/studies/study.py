@@ -20,6 +20,7 @@ and the history show the sweep's own trials, the history with the best value car
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -458,22 +459,38 @@ def _fail_trials(storage: Any, study_id: int, attrs: Mapping[str, str] | Callabl
 
 def _end_trials(storage: Any, study_id: int, ending: Callable[[Any], _Ending | None]) -> int:
     """End each unfinished trial of the study as ``ending(trial)`` says (None: left as it is);
-    returns how many."""
-    from optuna.exceptions import UpdateFinishedTrialError
+    returns how many. A write that meets another process's write of the same trial (SQLite's
+    unique constraint, which Optuna reports as a ``StorageInternalError``) is made again, up to
+    ``END_TRIES`` times: a trial finished meanwhile by the sweep itself keeps its end."""
     from optuna.trial import TrialState
 
     ended = 0
     for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
         how = ending(trial)
-        if how is None:
-            continue
-        state, values, marks = how
+        if how is not None and _end_trial(storage, study_id, trial.number, how):
+            ended += 1
+    return ended
+
+
+END_TRIES = 3
+
+
+def _end_trial(storage: Any, study_id: int, number: int, how: _Ending) -> bool:
+    """End trial ``number`` as ``how`` says; False where it had finished meanwhile."""
+    from optuna.exceptions import StorageInternalError, UpdateFinishedTrialError
+
+    state, values, marks = how
+    for attempt in range(END_TRIES):
         try:
-            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
             for key, value in marks.items():
                 storage.set_trial_user_attr(trial_id, key, value)
             storage.set_trial_state_values(trial_id, state, values=values)
+            return True
         except UpdateFinishedTrialError:
-            continue                        # finished meanwhile by the sweep itself
-        ended += 1
-    return ended
+            return False
+        except StorageInternalError:
+            if attempt == END_TRIES - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+    return False
