@@ -24,6 +24,7 @@ from iaa.errors import printable
 ROOT = "iaa"
 _ROOT_LOGGER = logging.getLogger(ROOT)
 KEPT_WARNINGS = 1000
+LOG_PROGRESS_S = 30.0   # a progress bar's interval when stderr is a file or a pipe (a terminal: 0.1 s)
 _STANDARD = frozenset(vars(logging.makeLogRecord({})))    # a record's own attributes, not an event's fields
 
 
@@ -101,6 +102,19 @@ def in_worker() -> None:
 def on_console() -> bool:
     """Whether :func:`to_console` has installed its handler in this process."""
     return any(isinstance(h, _Stderr) for h in _ROOT_LOGGER.handlers)
+
+
+def progress(desc: str, unit: str, *, total: int | None = None, shown: bool = True, **options: Any) -> Any:
+    """A tqdm progress bar on stderr (``shown`` False: none), as every bar of ``iaa`` draws it:
+    ten times a second on a terminal; in a log file or a pipe at its start, every
+    :data:`LOG_PROGRESS_S` and its end, its last state left on a line of its own (``leave``
+    applies on a terminal only), so that the next line of the log starts a line."""
+    from tqdm import tqdm
+
+    terminal = sys.stderr.isatty()
+    leave = options.pop("leave", True) or not terminal
+    return tqdm(total=total, desc=desc, unit=unit, disable=not shown, file=sys.stderr, leave=leave,
+                mininterval=0.1 if terminal else LOG_PROGRESS_S, **options)
 
 
 def warned() -> tuple[str, ...]:

@@ -168,6 +168,8 @@ def test_cli_train_then_evaluate_end_to_end(tiny: Path, tmp_path: Path) -> None:
                               "--out", str(preds), "--json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     ev = json.loads(res.stdout.strip().splitlines()[-1])
+    bar = [line for line in res.stderr.split("\n") if "scoring:" in line]      # a log's lines, as grep reads them
+    assert len(bar) == 1 and bar[0].count("\r") <= 3 and "accuracy" not in bar[0], bar   # its states, then a line of its own
     table = pq.read_table(preds).to_pylist()
     assert len(table) == 64 == ev["examples"]
     recomputed = sum(r["pred"] == r["gold"] for r in table) / len(table)

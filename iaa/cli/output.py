@@ -102,13 +102,11 @@ def progress_shown() -> bool:
 def progress_bar(desc: str, unit: str = "q") -> Iterator[Callable[[int], Any]]:
     """A tqdm bar on stderr (off with ``--quiet``); yields its ``update``. The bar opens at the
     first update, so a command refused before any work shows its one error line alone."""
-    from tqdm import tqdm
-
     bars: list[Any] = []
 
     def update(n: int) -> Any:
         if not bars:
-            bars.append(tqdm(desc=desc, unit=unit, disable=not progress_shown(), file=sys.stderr, leave=False))
+            bars.append(logs.progress(desc, unit, shown=progress_shown(), leave=False))
         return bars[0].update(n)
 
     try:

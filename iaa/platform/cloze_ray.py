@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from iaa import logs
 from iaa.data.cloze.tagging import Tagger, Unit, tag_units
 
 BATCH_UNITS = 4  # units per map_batches call (about 1,000 sentences)
@@ -38,7 +39,6 @@ def tag(units: Sequence[Unit], factory: Callable[[], Tagger], *, workers: int | 
         address: Ray cluster to use [default: ``RAY_ADDRESS``, else a new local Ray].
     """
     import ray
-    from tqdm import tqdm
 
     from iaa.platform.cluster.connect import connect
 
@@ -52,7 +52,7 @@ def tag(units: Sequence[Unit], factory: Callable[[], Tagger], *, workers: int | 
                             batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1)
     out: list[str | None] = [None] * len(units)
     position = {u.unit: i for i, u in enumerate(units)}
-    with tqdm(total=len(units), desc=f"tagging on Ray ({actors} actors)", unit="unit", disable=not progress) as bar:
+    with logs.progress(f"tagging on Ray ({actors} actors)", "unit", total=len(units), shown=progress) as bar:
         for row in tagged.iter_rows():
             out[position[int(row["unit"])]] = str(row["tagged"])
             bar.update(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from iaa import logs
 from iaa.jobs.ports import MemberScore, Scorer
 
 
@@ -27,7 +28,6 @@ def scorer(score_member: MemberScore, workers: int | None = None, address: str |
     def score(checkpoints: Sequence[Path], prepared: Path, split: str, limit: int | None,
               out_dir: Path) -> list[Path]:
         import ray
-        from tqdm import tqdm
 
         from iaa.platform.cluster.connect import connect
 
@@ -39,8 +39,8 @@ def scorer(score_member: MemberScore, workers: int | None = None, address: str |
                 for i, c in enumerate(checkpoints)]
         pending: dict = {}
         done: dict[int, str] = {}
-        with tqdm(total=len(jobs), desc=f"teacher: scoring members on Ray ({slots} at a time)", unit="member",
-                  disable=not show_progress) as bar:
+        with logs.progress(f"teacher: scoring members on Ray ({slots} at a time)", "member", total=len(jobs),
+                           shown=show_progress) as bar:
             for i, job in enumerate(jobs):
                 if len(pending) >= slots:
                     _collect(pending, done, bar)

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from iaa import logs
 from iaa.data import bad_input as E
 from iaa.data.prepared import manifest as M
 from iaa.data.bad_input import DataError
@@ -161,8 +162,4 @@ def _split_entry(chunks: list[ParsedChunk], shards: list[M.Shard]) -> M.Split:
 
 
 def _progress(enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(unit=" ex", desc="parsing", leave=False)
+    return logs.progress("parsing", " ex", leave=False) if enabled else None

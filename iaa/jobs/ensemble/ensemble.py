@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+from iaa import logs
 from iaa.data.datasets import TRAINING_SPLITS
 from iaa.data.prepared.shards import file_sha256
 from iaa.errors import IaaError
@@ -44,7 +45,6 @@ from iaa.jobs.ensemble.ensemble_result import EnsembleResult, describe, of_recor
 from iaa.jobs.evaluation.ensembling import averaging, ensemble_record
 from iaa.jobs.evaluation.closing import Command, where
 from iaa.jobs.ensemble import members as ledger
-from iaa.jobs.training.loop import LOG_PROGRESS_S
 from iaa.jobs.workdir import lock
 from iaa.jobs.sweeps import record as sweep_file
 from iaa.jobs.sweeps.record import SweepRecord
@@ -143,21 +143,18 @@ def _has_split(prepared: Path, split: str) -> bool:
 
 def evaluate_members(members: Sequence[Member], prepared: Path, out_dir: Path, show_progress: bool) -> list[dict[str, Path | None]]:
     """Each member's predictions files on valid and (where the data has it) test."""
-    from tqdm import tqdm
-
     from iaa.jobs.evaluation import evaluate
 
     splits = ["valid"] + (["test"] if _has_split(prepared, "test") else [])
     sizes = scoring.split_sizes(prepared)
     files: list[dict[str, Path | None]] = []
-    terminal = sys.stderr.isatty()    # a log file or a pipe gets the bar at its start, every 30 s and its end
-    bar = tqdm(total=len(members) * sum(sizes[s] for s in splits), desc="evaluate members", unit="q",
-               disable=not show_progress, file=sys.stderr, mininterval=0.1 if terminal else LOG_PROGRESS_S)
+    bar = logs.progress("evaluate members", "q", total=len(members) * sum(sizes[s] for s in splits),
+                        shown=show_progress)
     for i, member in enumerate(members):
         entry: dict[str, Path | None] = {"valid": None, "test": None}
         for split in splits:
             out = out_dir / "members" / f"{i:02d}-{split}.parquet"
-            bar.set_postfix_str(f"member {i + 1}/{len(members)} {split}", refresh=terminal)
+            bar.set_postfix_str(f"member {i + 1}/{len(members)} {split}", refresh=sys.stderr.isatty())
             entry[split] = Path(evaluate.run(member.checkpoint, prepared, split, out, progress=bar.update).predictions)
         files.append(entry)
     bar.close()

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from iaa import logs
 from iaa.data import bad_input as E
 from iaa.data.cloze import cbt_recipe, cnn_recipe, splits, writers
 from iaa.data.cloze.sources import TOKENS, Document, SourceSpec, read_documents
@@ -237,9 +238,7 @@ def _tag_here(units: list[Unit], factory: Callable[[], Tagger], progress: bool) 
 
 
 def _bar(total: int, progress: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="tagging", unit="unit", disable=not progress)
+    return logs.progress("tagging", "unit", total=total, shown=progress)
 
 
 def _short(doc: Document, n: int, window: int) -> str:

@@ -23,7 +23,6 @@ with a new width at every batch, a long run's heap grows with its steps.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -32,8 +31,8 @@ from typing import Any, Iterator
 
 import psutil
 import torch
-from tqdm import tqdm
 
+from iaa import logs
 from iaa.data.loading.batch import Batch, pad_to_buckets, pad_to_multiple
 from iaa.data.loading.prefetch import prefetch
 from iaa.errors import IaaError
@@ -53,7 +52,6 @@ from iaa.model.reader import build_reader
 
 TIME_CHECK_EVERY = 10  # steps between (all-reduced) wall-clock budget checks, and between loss checks on a GPU
 PREFETCH_DEPTH = 3     # batches padded and copied ahead on a GPU (iaa.data.loading.prefetch)
-LOG_PROGRESS_S = 30.0  # the progress bar's interval when stderr is a file or a pipe (a terminal: 0.1 s)
 
 
 class DivergedError(IaaError):
@@ -99,10 +97,9 @@ class Trainer:
         self.progress.resume(max_steps=self.max_steps, max_seconds=self.tc.max_minutes * 60)
         self.start_step = self.progress.step                               # where this process began
         shown = show_progress and session.rank == 0
-        self.bar = tqdm(total=self.examples(self.max_steps) if shown else 0,
-                        initial=self.examples(self.progress.step) if shown else 0, unit="ex",
-                        unit_scale=True, dynamic_ncols=True, desc=f"train {cfg.model.kind}",
-                        mininterval=0.1 if sys.stderr.isatty() else LOG_PROGRESS_S, disable=not shown)
+        self.bar = logs.progress(f"train {cfg.model.kind}", "ex", total=self.examples(self.max_steps) if shown else 0,
+                                 shown=shown, initial=self.examples(self.progress.step) if shown else 0,
+                                 unit_scale=True, dynamic_ncols=True)
         self.window = _LossWindow()
         self.last: dict[str, Any] = {}
         self._clock_base = self.progress.elapsed_s - time.perf_counter()
