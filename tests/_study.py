@@ -25,7 +25,7 @@ def stopped_and_resumed(url: str, name: str, space, saved: Path):
     """The searcher of sweep ``name`` after a stop (its study's unfinished trials FAIL, as a SIGINT
     marks them) and a resume (a new searcher restored from what Tune saved at ``saved``)."""
     from iaa.platform.sweeps.search import search_algorithm as search
-    from iaa.platform.sweeps.studies.study import fail_unfinished
+    from iaa.platform.sweeps.studies.endings import fail_unfinished
 
     fail_unfinished(url, name, {"interrupted": "SIGINT"})
     resumed = search.searcher(space, seed=0, sweep=name)

@@ -268,7 +268,7 @@ def test_a_stop_fails_the_studys_running_trials_and_a_resumed_trial_goes_on_in_a
     from iaa.jobs.config import search_space
     from iaa.jobs.datasets import resolve
     from iaa.platform.sweeps.search import search_algorithm
-    from iaa.platform.sweeps.studies.study import fail_unfinished
+    from iaa.platform.sweeps.studies.endings import fail_unfinished
     from tests._study import bound_study
 
     base = resolve.job_config("cbt-ne", tiny, sets=TINY_SETS)

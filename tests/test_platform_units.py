@@ -334,7 +334,7 @@ def test_a_stop_that_meets_another_write_of_a_trial_still_fails_every_unfinished
     from optuna.exceptions import StorageInternalError
     from optuna.storages import RDBStorage
 
-    from iaa.platform.sweeps.studies.study import fail_unfinished
+    from iaa.platform.sweeps.studies.endings import fail_unfinished
 
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="s", storage=url)

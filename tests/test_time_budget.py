@@ -249,7 +249,7 @@ def test_records_give_the_trials_the_budget_stopped_its_stop_reason(tmp_path: Pa
 def test_the_optuna_trials_the_budget_stopped_end_pruned_at_their_last_check(tmp_path: Path) -> None:
     import optuna
 
-    from iaa.platform.sweeps.studies.study import end_untold
+    from iaa.platform.sweeps.studies.endings import end_untold
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")

@@ -184,7 +184,7 @@ def _end_untold_trials(plan: SearchPlan, side: driver_side.DriverSide) -> None:
     searcher would have told it."""
     if not plan.study_storage or not plan.study_name:
         return
-    from iaa.platform.sweeps.studies.study import end_untold
+    from iaa.platform.sweeps.studies.endings import end_untold
 
     ends = {t: (last.get(SEARCH_METRIC) if last.get("stop_reason") else None) for t, last in side.budget.untold.items()}
     end_untold(plan.study_storage, plan.study_name, ends, {"stopped_by": TIME_BUDGET})
@@ -278,13 +278,13 @@ class RayLauncher:
         """The plan's study: every unfinished trial ends FAIL with ``attrs`` as user attributes."""
         if not plan.study_storage or not plan.study_name:
             return 0
-        from iaa.platform.sweeps.studies.study import fail_unfinished
+        from iaa.platform.sweeps.studies.endings import fail_unfinished
 
         return fail_unfinished(plan.study_storage, plan.study_name, attrs)
 
     def has_study(self, storage: str, name: str) -> bool:
         """Whether study ``name`` is in the Optuna storage ``storage``; Ray is not started."""
-        from iaa.platform.sweeps.studies.study import study_exists
+        from iaa.platform.sweeps.studies.study_store import study_exists
 
         return study_exists(storage, name)
 

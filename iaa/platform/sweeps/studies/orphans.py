@@ -35,7 +35,7 @@ PARENT_TAG = "mlflow.parentRunId"
 def fail_orphaned_trials(client: Any, uri: str, closed: Iterable[Any]) -> int:
     """FAIL the trials left by processes that are gone, in the studies of the sweeps of ``closed``
     (MLflow runs of the store ``uri`` just ended KILLED, read with ``client``); returns how many."""
-    from iaa.platform.sweeps.studies.study import fail_trials
+    from iaa.platform.sweeps.studies.endings import fail_trials
 
     by_study: dict[tuple[str, str], _Closed] = {}
     for run in closed:

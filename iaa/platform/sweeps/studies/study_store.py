@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Iterator
 
 from iaa.files import DiskFullError, disk_full, free_bytes, size_text
@@ -30,6 +31,23 @@ def study_storage(url: str) -> Any:
     kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
     with study_writes(url, "be opened"):
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def existing_study(url: str, name: str) -> tuple[Any, int] | None:
+    """The storage at ``url`` and the id of its study ``name``; None where it holds no such study.
+    A SQLite file that does not exist holds none, and none is made."""
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return None
+    storage = study_storage(url)
+    try:
+        return storage, storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+
+
+def study_exists(url: str, name: str) -> bool:
+    """Whether the storage at ``url`` holds study ``name`` (see :func:`existing_study`)."""
+    return existing_study(url, name) is not None
 
 
 @contextlib.contextmanager
