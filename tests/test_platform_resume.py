@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from _faults import assert_says
 from tests._platform import children, read_sweep, write_space
 from tests._processes import process_tree
 from tests._tiny import TINY_SETS, make_tiny_prepared
@@ -156,6 +157,41 @@ def test_a_copied_folder_resumed_with_more_trials_runs_them_all_in_its_own_store
     study = optuna.load_study(study_name=sweep["optuna"]["study"], storage=f"sqlite:///{copy / 'optuna.db'}")
     ended = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
     assert len(ended) == 4 and not [t for t in study.trials if t.state.name == "RUNNING"]
+
+
+def test_a_trial_whose_last_checkpoint_was_deleted_before_the_state_was_saved_resumes_from_an_older_one(
+        killed: Killed, tmp_path: Path) -> None:
+    """Tune deletes a trial's superseded checkpoint when the next arrives, and saves the sweep's
+    state a moment later: a kill in between leaves a state that names a deleted checkpoint. Here
+    the killed trial's named checkpoint is deleted, in a copy of the work folder, with an older
+    one beside it (Tune keeps the trial's best). The resume says so, continues the trial from the
+    older one, and every trial ends TERMINATED with each of its checks logged once."""
+    import shutil
+
+    import ray.tune as tune
+
+    copy = tmp_path / "lost"
+    subprocess.run(["cp", "-a", str(killed.work), str(copy)], check=True)
+    running = [t for t in tune.ExperimentAnalysis(str(copy / "ray" / "r")).trials
+               if t.status != "TERMINATED" and t.checkpoint is not None]
+    named = Path(running[0].checkpoint.path) if running else None
+    assert named is None or copy in named.parents, named
+    if named is None or named.name == "checkpoint_000000":
+        pytest.skip("the sweep was killed before its running trial made two checks")
+    older = named.with_name("checkpoint_000000")
+    if not older.exists():                         # as the trial's best, kept by Tune
+        shutil.copytree(named, older)
+    shutil.rmtree(named)
+    resumed = subprocess.run(_command(killed.tiny, copy, killed.space, "--resume"), cwd=tmp_path, env=killed.env,
+                             capture_output=True, text=True, timeout=800)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert_says(resumed.stderr, f"Tune trial {running[0].trial_id}", "deleted as the sweep was stopped")
+    sweep = read_sweep(copy, "r")
+    assert {t["status"] for t in sweep["trials"]} == {"TERMINATED"}, sweep["trials"]
+    client = MlflowClient(sweep["tracking_uri"])
+    for run in children(sweep):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "valid_acc")]
+        assert len(steps) == len(set(steps)), (run.data.tags["trial_id"], steps)
 
 
 def test_killed_sweep_resumes_without_rerunning_finished_trials(killed: Killed, tmp_path: Path) -> None:

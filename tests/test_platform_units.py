@@ -943,6 +943,7 @@ def test_a_resume_leaves_tunes_word_on_trials_that_never_reported_off_the_consol
     monkeypatch.setattr(tune.Tuner, "restore", restore)
     monkeypatch.setattr(tune.Tuner, "can_restore", lambda path: True)
     monkeypatch.setattr(tune_run, "check_private", lambda path: None)
+    monkeypatch.setattr(tune_run, "analysis", lambda path: SimpleNamespace(trials=[]))   # no checkpoint to mend
     logger, heard = logging.getLogger("ray.tune.analysis.experiment_analysis"), []
     handler = logging.Handler()
     handler.emit = heard.append                           # Ray's loggers do not propagate to the root
@@ -970,6 +971,7 @@ def test_a_saved_sweep_naming_code_this_version_lacks_is_one_error_naming_the_wa
     monkeypatch.setattr(tune.Tuner, "restore", restore)
     monkeypatch.setattr(tune.Tuner, "can_restore", lambda path: True)
     monkeypatch.setattr(tune_run, "check_private", lambda path: None)
+    monkeypatch.setattr(tune_run, "analysis", lambda path: SimpleNamespace(trials=[]))   # no checkpoint to mend
     with pytest.raises(IaaError) as refused:
         tune_run.restore(SimpleNamespace(experiment_path=str(tmp_path), name="s1"), fn=None)
     assert_says(refused.value, str(tmp_path), "iaa.platform.sweeps.gone", "another version", "`warm_start` s1")
@@ -1073,3 +1075,35 @@ def test_a_trial_tune_never_ends_has_its_result_files_closed_when_the_run_ends(t
     assert not writers() - before
     assert {p.name for p in (tmp_path / "trial").iterdir()} >= {"progress.csv", "result.json"}
     assert "valid_acc" in (tmp_path / "trial" / "progress.csv").read_text()
+
+
+def test_a_trial_whose_saved_last_checkpoint_is_gone_gets_the_newest_older_one_under_its_name(tmp_path: Path) -> None:
+    """A sweep killed after Tune deleted a trial's superseded checkpoint and before it saved its
+    state names a checkpoint that is gone: the newest older one is copied under its name (not a
+    newer one, which Tune never received), and a trial whose checkpoint is there, a finished
+    one, or one with nothing older is left as it is."""
+    from types import SimpleNamespace
+
+    import pyarrow.fs as fs
+    import ray.tune as tune
+
+    from iaa.platform.sweeps.trials.lost_checkpoints import mend
+
+    def trial(name: str, named: str | None, kept: tuple[str, ...], status: str = "RUNNING") -> SimpleNamespace:
+        folder = tmp_path / name
+        for ckpt in kept:
+            (folder / ckpt).mkdir(parents=True)
+            (folder / ckpt / "checkpoint.pt").write_text(f"{name} {ckpt}")
+        checkpoint = tune.Checkpoint(str(folder / named), filesystem=fs.LocalFileSystem()) if named else None
+        return SimpleNamespace(trial_id=name, status=status, checkpoint=checkpoint)
+
+    trials = [trial("lost", "checkpoint_000004", ("checkpoint_000001", "checkpoint_000002", "checkpoint_000005")),
+              trial("whole", "checkpoint_000003", ("checkpoint_000001", "checkpoint_000003")),
+              trial("ended", "checkpoint_000004", ("checkpoint_000002",), status="TERMINATED"),
+              trial("alone", "checkpoint_000004", ("checkpoint_000005",)),
+              trial("none", None, ())]
+    mended = mend(trials)
+    assert [(m.trial_id, m.lost, m.used) for m in mended] == [("lost", "checkpoint_000004", "checkpoint_000002")]
+    assert (tmp_path / "lost" / "checkpoint_000004" / "checkpoint.pt").read_text() == "lost checkpoint_000002"
+    assert not (tmp_path / "ended" / "checkpoint_000004").exists() and not (tmp_path / "alone" / "checkpoint_000004").exists()
+    assert (tmp_path / "whole" / "checkpoint_000003" / "checkpoint.pt").read_text() == "whole checkpoint_000003"

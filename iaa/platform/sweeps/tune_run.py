@@ -26,7 +26,9 @@ from iaa.platform.cluster.driver_lines import cluster_lines_to
 from iaa.platform.cluster.storage import check_private
 from iaa.platform.ray_train import max_failures
 from iaa.platform.sweeps import driver_side, saved_state
-from iaa.platform.sweeps.trials import full_disk, result_files
+from iaa.platform.sweeps.trials import full_disk, lost_checkpoints, result_files
+
+_log = logging.getLogger(__name__)
 
 MAX_TRIAL_FAILURES = 2      # a failed trial restarts from its last checkpoint this many times
 # (a multi-worker trial once more only: its Train run already restarts failed workers itself)
@@ -82,6 +84,10 @@ def restore(launch: Launch, fn: Any) -> Any:
         raise IaaError(f"no Tune run to resume at {launch.experiment_path}; run the sweep without `resume`")
     saved_state.keep()
     try:
+        for mended in lost_checkpoints.mend(analysis(launch.experiment_path).trials):
+            _log.warning(f"Tune trial {mended.trial_id}: its last checkpoint ({mended.lost}) was deleted as the "
+                         f"sweep was stopped, before the sweep's state was saved; it continues from "
+                         f"{mended.used} and makes its later checks again")
         with _pending_trials_unsaid():               # the restore reads the run's results too
             return tune.Tuner.restore(launch.experiment_path, trainable=fn, resume_errored=True)
     except (ImportError, AttributeError) as err:    # Tune pickled the searcher and callbacks by module path
